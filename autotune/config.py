@@ -1,0 +1,234 @@
+"""The run config: one versioned schema that autotune writes and the trainer reads.
+
+A YAML file with the top-level sections ``schema_version, model, hardware, cluster, strategy,
+workload, trainer`` and optional ``predicted``/``measured`` figures. Loading validates every
+section and rejects unknown keys and impossible values with a coded error; saving is atomic
+(write to a temporary file in the same folder, fsync, rename).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from costmodel.errors import ConfigError, GrpoTuneError, UnknownKeyError, close_matches
+from costmodel.specs import HardwareSpec, ModelSpec, load_hardware, load_model
+from costmodel.strategy import Cluster, Strategy, Workload, validate
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerOptions:
+    """Options only the trainer reads. Defaults follow verl's GRPO example."""
+
+    rollout_engine: str = "auto"
+    """``auto`` (vllm on GPU, megatron on CPU), ``vllm`` or ``megatron``."""
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 1234
+    steps: int = 100
+    dataset: str = "synthetic"
+    """A JSONL or Parquet file with ``prompt`` and ``answer`` fields, or ``synthetic``."""
+    reward: str = "math"
+    """``math`` (final-number match) or a dotted path ``package.module:function``."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    clip_ratio: float = 0.2
+    clip_ratio_high: float | None = None
+    """Clip-higher (DAPO); None means the same as ``clip_ratio``."""
+    loss_agg_mode: str = "token-mean"
+    kl_coef: float = 0.001
+    kl_type: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    norm_adv_by_std: bool = True
+    hf_checkpoint: str | None = None
+    """A Hugging Face checkpoint folder (safetensors + config.json + tokenizer.json); None = random init."""
+    out_dir: str = "runs/train"
+    """Checkpoints and metrics.jsonl go here."""
+    checkpoint_every: int = 10
+    log_every: int = 1
+
+
+_SECTIONS = ("schema_version", "model", "hardware", "cluster", "strategy", "workload", "trainer",
+             "predicted", "measured", "meta")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    model: ModelSpec
+    hardware: HardwareSpec
+    cluster: Cluster
+    strategy: Strategy
+    workload: Workload = field(default_factory=Workload)
+    trainer: TrainerOptions = field(default_factory=TrainerOptions)
+    predicted: dict[str, Any] | None = None
+    """The cost model's figures when the config was emitted."""
+    measured: dict[str, Any] | None = None
+    """Figures measured by a profiling run (autotune --refine)."""
+    meta: dict[str, Any] | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "schema_version": self.schema_version,
+            "model": self.model.to_dict(),
+            "hardware": self.hardware.to_dict(),
+            "cluster": dataclasses.asdict(self.cluster),
+            "strategy": self.strategy.to_dict(),
+            "workload": self.workload.to_dict(),
+            "trainer": dataclasses.asdict(self.trainer),
+        }
+        for k in ("predicted", "measured", "meta"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str = "config") -> "RunConfig":
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
+        for k in data:
+            if k not in _SECTIONS:
+                near = close_matches(str(k), _SECTIONS)
+                raise UnknownKeyError(f"{where}: unknown section {k!r}",
+                                      hint=f"did you mean {near[0]!r}?" if near else f"sections: {', '.join(_SECTIONS)}")
+        ver = data.get("schema_version")
+        if ver != SCHEMA_VERSION:
+            raise ConfigError(f"{where}: schema_version {ver!r} is not supported (this grpo-tune reads {SCHEMA_VERSION})",
+                              hint="re-emit the config with this grpo-tune version")
+        for k in ("model", "hardware", "cluster", "strategy"):
+            if k not in data:
+                raise ConfigError(f"{where}: missing section {k!r}")
+        model = _model(data["model"], where)
+        hw = _hardware(data["hardware"], where)
+        cluster = _section(Cluster, data["cluster"], f"{where}.cluster")
+        strategy = Strategy.from_dict(data["strategy"] or {}, where=f"{where}.strategy")
+        workload = Workload.from_dict(data.get("workload") or {}, where=f"{where}.workload")
+        trainer = _section(TrainerOptions, data.get("trainer") or {}, f"{where}.trainer")
+        _check_trainer(trainer, f"{where}.trainer")
+        strategy = validate(model, strategy, cluster.gpus, gpus_per_node=cluster.gpus_per_node,
+                            allow_cross_node_tp=True)
+        extras = {}
+        for k in ("predicted", "measured", "meta"):
+            v = data.get(k)
+            if v is not None and not isinstance(v, dict):
+                raise ConfigError(f"{where}.{k} must be a mapping")
+            extras[k] = v
+        return cls(model=model, hardware=hw, cluster=cluster, strategy=strategy, workload=workload,
+                   trainer=trainer, **extras)
+
+    def replace(self, **kw) -> "RunConfig":
+        return dataclasses.replace(self, **kw)
+
+
+def _model(v: Any, where: str) -> ModelSpec:
+    if isinstance(v, str):
+        return load_model(v)
+    if isinstance(v, dict) and set(v) == {"name"}:
+        return load_model(v["name"])
+    return ModelSpec.from_dict(v, where=f"{where}.model")
+
+
+def _hardware(v: Any, where: str) -> HardwareSpec:
+    if isinstance(v, str):
+        return load_hardware(v)
+    if isinstance(v, dict) and set(v) == {"name"}:
+        return load_hardware(v["name"])
+    return HardwareSpec.from_dict(v, where=f"{where}.hardware")
+
+
+def _section(cls, data: Any, where: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping")
+    names = [f.name for f in dataclasses.fields(cls)]
+    for k in data:
+        if k not in names:
+            near = close_matches(str(k), names)
+            raise UnknownKeyError(f"{where}: unknown key {k!r}",
+                                  hint=f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(names)}")
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{where}: missing key {f.name!r}")
+            continue
+        v = data[f.name]
+        t = f.type
+        if v is None and "None" in t:
+            continue
+        if t.startswith("int") and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise ConfigError(f"{where}.{f.name} must be a positive integer, got {v!r}")
+        if t.startswith("float") and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or v != v):
+            raise ConfigError(f"{where}.{f.name} must be a number >= 0, got {v!r}")
+        if t.startswith("bool") and not isinstance(v, bool):
+            raise ConfigError(f"{where}.{f.name} must be true or false, got {v!r}")
+        if t.startswith("str") and not isinstance(v, str):
+            raise ConfigError(f"{where}.{f.name} must be a string, got {v!r}")
+    return cls(**data)
+
+
+def _check_trainer(t: TrainerOptions, where: str) -> None:
+    choices = {"rollout_engine": ("auto", "vllm", "megatron"), "loss_agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
+               "kl_type": ("low_var_kl", "k1", "k2", "k3", "kl", "abs", "mse")}
+    for k, allowed in choices.items():
+        if getattr(t, k) not in allowed:
+            raise ConfigError(f"{where}.{k} must be one of {', '.join(allowed)}, got {getattr(t, k)!r}")
+    if not 0 < t.top_p <= 1:
+        raise ConfigError(f"{where}.top_p must be in (0, 1]")
+
+
+def load(path: str | os.PathLike) -> RunConfig:
+    """Read and validate a run config; every failure is a coded :class:`GrpoTuneError`."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"no config file at {p}", hint="run `grpo-tune search` to emit one") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {p}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    try:
+        return RunConfig.from_dict(data, where=str(p))
+    except GrpoTuneError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:  # last line of defence: never a traceback
+        raise ConfigError(f"{p}: {exc}") from None
+
+
+def dumps(cfg: RunConfig) -> str:
+    header = "# grpo-tune run config (schema_version {v}). `grpo-tune train --config THIS` runs it.\n".format(v=SCHEMA_VERSION)
+    return header + yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=False)
+
+
+def atomic_write(path: str | os.PathLike, text: str | bytes) -> Path:
+    """Write a file so that readers see the old or the new content, never a torn one."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    data = text.encode() if isinstance(text, str) else text
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return p
+
+
+def save(cfg: RunConfig, path: str | os.PathLike) -> Path:
+    return atomic_write(path, dumps(cfg))

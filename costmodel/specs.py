@@ -1,0 +1,391 @@
+"""Model and hardware specs: the data the cost model reads.
+
+Both are frozen, keyword-only dataclasses. Presets live as TOML files in ``profiles/``;
+a user adds one by dropping a file in ``profiles/{models,hardware}/``, in a folder named by
+``GRPO_TUNE_PROFILES`` (``$DIR/models``, ``$DIR/hardware``), or by passing a path. A model can
+also come from a Hugging Face ``config.json``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, UnknownHardwareError, UnknownModelError, close_matches
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer, exact enough to count every parameter."""
+
+    name: str
+    """Canonical preset name, e.g. ``qwen2.5-7b``."""
+    family: str
+    """``llama``, ``qwen2``, ``qwen3``, ``qwen3_moe``, ``deepseek_v3``."""
+    layers: int
+    hidden: int
+    ffn_hidden: int
+    """SwiGLU intermediate size of the dense MLP (dense models and DeepSeek's first dense layers)."""
+    heads: int
+    kv_heads: int
+    """Key/value heads (GQA); equal to ``heads`` for MHA."""
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool = False
+    qkv_bias: bool = False
+    """Biases on the Q, K and V projections (Qwen2/2.5)."""
+    qk_norm: bool = False
+    """RMSNorm over each head's query and key (Qwen3)."""
+    norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_seq_len: int = 4096
+    # --- mixture of experts -------------------------------------------------------------
+    experts: int = 0
+    """Routed experts per MoE layer; 0 for a dense model."""
+    top_k: int = 0
+    expert_ffn_hidden: int = 0
+    shared_experts: int = 0
+    """Number of shared experts; together they form one MLP of ``shared_experts * expert_ffn_hidden``."""
+    dense_layers: int = 0
+    """Leading layers with a dense MLP instead of MoE (DeepSeek's ``first_k_dense_replace``)."""
+    router_bias: bool = False
+    """DeepSeek's ``e_score_correction_bias`` (one value per routed expert, aux-loss-free balancing)."""
+    # --- multi-head latent attention (DeepSeek) -----------------------------------------
+    q_lora_rank: int = 0
+    """0 means queries are projected directly (no low-rank query)."""
+    kv_lora_rank: int = 0
+    """Non-zero means MLA."""
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    mtp_layers: int = 0
+    """Multi-token-prediction layers shipped in the checkpoint; not counted as model parameters."""
+    hf_id: str = ""
+    source: str = ""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.is_moe else 0
+
+    @property
+    def q_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, where: str = "model") -> "ModelSpec":
+        return _build(cls, data, where)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HardwareSpec:
+    """One GPU kind and the node around it. Every key carries its unit."""
+
+    name: str
+    source: str
+    bf16_dense_flops_per_s: float
+    """Peak dense bf16 tensor-core FLOP/s (fp32 for the ``cpu`` profile)."""
+    hbm_bytes: float
+    hbm_bandwidth_bytes_per_s: float
+    gpus_per_node: int
+    intra_node_bandwidth_bytes_per_s: float
+    """Per GPU, one direction (NVLink: half the bidirectional datasheet figure)."""
+    inter_node_bandwidth_bytes_per_s: float
+    """Per GPU, one direction (NICs per node x line rate / GPUs per node)."""
+    host_memory_bytes: float
+    """Per node."""
+    host_to_device_bandwidth_bytes_per_s: float
+    reserved_memory_bytes: float
+    """CUDA context, NCCL buffers and allocator fragmentation that no tensor can use."""
+    price_per_gpu_hour_usd: float | None = None
+    aliases: tuple[str, ...] = ()
+    efficiency: dict[str, float] = field(default_factory=dict)
+    """Efficiency curve parameters read by the time model (see costmodel.timing)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["aliases"] = list(self.aliases)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, where: str = "hardware") -> "HardwareSpec":
+        data = dict(data)
+        if "aliases" in data:
+            data["aliases"] = tuple(data["aliases"])
+        return _build(cls, data, where)
+
+    def __hash__(self) -> int:  # efficiency is a dict; hash by name + numbers
+        return hash((self.name, self.bf16_dense_flops_per_s, self.hbm_bytes, self.gpus_per_node))
+
+
+def _build(cls, data: dict[str, Any], where: str):
+    """Build a dataclass from a mapping, rejecting unknown keys and wrong types with coded errors."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a table/mapping, got {type(data).__name__}")
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        from .errors import UnknownKeyError
+
+        k = unknown[0]
+        near = close_matches(k, names)
+        raise UnknownKeyError(
+            f"{where}: unknown key {k!r}",
+            hint=f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(sorted(names))}",
+        )
+    missing = [
+        n for n, f in names.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and n not in data
+    ]
+    if missing:
+        raise ConfigError(f"{where}: missing required key(s) {', '.join(missing)}")
+    for k, v in data.items():
+        _check_type(where, k, names[k].type, v)
+    obj = cls(**data)
+    _check_values(where, obj)
+    return obj
+
+
+_TYPES = {"int": int, "float": (int, float), "str": str, "bool": bool}
+
+
+def _check_type(where: str, key: str, typ: str, value: Any) -> None:
+    base = typ.replace(" | None", "")
+    if value is None and "None" in typ:
+        return
+    want = _TYPES.get(base)
+    if want is None:
+        return
+    ok = isinstance(value, want) and not (base in ("int", "float") and isinstance(value, bool))
+    if not ok:
+        raise ConfigError(f"{where}.{key} must be {base}, got {value!r}")
+
+
+def _check_values(where: str, obj) -> None:
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if v != v or v < 0 or v == float("inf"):
+                raise ConfigError(f"{where}.{f.name} must be a finite number >= 0, got {v!r}")
+    if isinstance(obj, ModelSpec):
+        for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab"):
+            if getattr(obj, k) <= 0:
+                raise ConfigError(f"{where}.{k} must be positive")
+        if obj.heads % obj.kv_heads:
+            raise ConfigError(f"{where}: heads ({obj.heads}) must be a multiple of kv_heads ({obj.kv_heads})")
+        if obj.is_moe and not (0 < obj.top_k <= obj.experts and obj.expert_ffn_hidden > 0):
+            raise ConfigError(f"{where}: MoE needs 0 < top_k <= experts and expert_ffn_hidden > 0")
+        if obj.dense_layers > obj.layers:
+            raise ConfigError(f"{where}: dense_layers exceeds layers")
+        if not obj.is_moe and obj.ffn_hidden <= 0:
+            raise ConfigError(f"{where}.ffn_hidden must be positive for a dense model")
+    if isinstance(obj, HardwareSpec):
+        for k in ("bf16_dense_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s", "gpus_per_node",
+                  "intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s",
+                  "host_to_device_bandwidth_bytes_per_s"):
+            if getattr(obj, k) <= 0:
+                raise ConfigError(f"{where}.{k} must be positive")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading presets
+# ---------------------------------------------------------------------------------------------
+
+def _search_dirs(kind: str) -> list[Path]:
+    dirs = [PROFILES_DIR / kind]
+    extra = os.environ.get("GRPO_TUNE_PROFILES")
+    if extra:
+        for d in extra.split(os.pathsep):
+            dirs.append(Path(d) / kind)
+    return dirs
+
+
+def _read_toml(path: Path, where: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})", hint="fix the file's syntax") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+@lru_cache(maxsize=None)
+def _catalog(kind: str, env: str | None) -> dict[str, Path]:
+    """name/alias (lower-case) -> file, later folders overriding earlier ones."""
+    out: dict[str, Path] = {}
+    for d in _search_dirs(kind):
+        if not d.is_dir():
+            continue
+        for p in sorted(d.glob("*.toml")):
+            data = _read_toml(p, kind)
+            names = [data.get("name", p.stem), p.stem, *data.get("aliases", [])]
+            for n in names:
+                out[str(n).lower()] = p
+    return out
+
+
+def catalog(kind: str) -> dict[str, Path]:
+    return _catalog(kind, os.environ.get("GRPO_TUNE_PROFILES"))
+
+
+def list_models() -> list[str]:
+    return sorted({_read_toml(p, "models").get("name", p.stem) for p in set(catalog("models").values())})
+
+
+def list_hardware() -> list[str]:
+    return sorted({_read_toml(p, "hardware").get("name", p.stem) for p in set(catalog("hardware").values())})
+
+
+@lru_cache(maxsize=256)
+def _load_model_file(path: str) -> ModelSpec:
+    data = _read_toml(Path(path), "model")
+    data.pop("aliases", None)
+    return ModelSpec.from_dict(data, where=f"model file {path}")
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A preset name or alias (``7b``, ``qwen2.5-7b``), a model TOML, or a HF ``config.json``."""
+    p = Path(name_or_path)
+    if name_or_path.endswith(".json") or p.is_dir():
+        cfg = p / "config.json" if p.is_dir() else p
+        if not cfg.exists():
+            raise UnknownModelError(f"no config.json at {name_or_path}", hint="pass a Hugging Face config.json or a preset name")
+        return from_hf_config(cfg)
+    if name_or_path.endswith(".toml"):
+        if not p.exists():
+            raise UnknownModelError(f"no model file {name_or_path}")
+        return _load_model_file(str(p.resolve()))
+    cat = catalog("models")
+    key = name_or_path.lower()
+    if key not in cat:
+        near = close_matches(key, cat)
+        raise UnknownModelError(
+            f"unknown model {name_or_path!r}",
+            hint=(f"close matches: {', '.join(near)}; " if near else "")
+            + "see `grpo-tune models`, or pass a config.json",
+        )
+    return _load_model_file(str(cat[key]))
+
+
+@lru_cache(maxsize=64)
+def _load_hardware_file(path: str) -> HardwareSpec:
+    return HardwareSpec.from_dict(_read_toml(Path(path), "hardware"), where=f"hardware file {path}")
+
+
+def load_hardware(name_or_path: str) -> HardwareSpec:
+    p = Path(name_or_path)
+    if name_or_path.endswith(".toml") or p.suffix == ".toml":
+        if not p.exists():
+            raise UnknownHardwareError(f"no hardware file {name_or_path}")
+        return _load_hardware_file(str(p.resolve()))
+    cat = catalog("hardware")
+    key = name_or_path.lower()
+    if key not in cat:
+        near = close_matches(key, cat)
+        raise UnknownHardwareError(
+            f"unknown hardware {name_or_path!r}",
+            hint=(f"close matches: {', '.join(near)}; " if near else "")
+            + "see `grpo-tune hardware`, or pass a profile .toml",
+        )
+    return _load_hardware_file(str(cat[key]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face config.json
+# ---------------------------------------------------------------------------------------------
+
+_HF_FAMILIES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+}
+
+
+def from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
+    """Read a Hugging Face ``config.json`` of the Llama, Qwen2, Qwen3, Qwen3-MoE or DeepSeek-V3 family."""
+    path = Path(path)
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UnknownModelError(f"cannot read {path}: {exc}") from None
+    return spec_from_hf_dict(cfg, name=name or path.parent.name or path.stem, source=str(path))
+
+
+def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, source: str = "") -> ModelSpec:
+    archs = cfg.get("architectures") or []
+    family = next((_HF_FAMILIES[a] for a in archs if a in _HF_FAMILIES), None)
+    if family is None:
+        mt = cfg.get("model_type", "")
+        family = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe",
+                  "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3"}.get(mt)
+    if family is None:
+        raise UnknownModelError(
+            f"{source or name}: unsupported architecture {archs or cfg.get('model_type')}",
+            hint="supported: " + ", ".join(sorted(_HF_FAMILIES)),
+        )
+    try:
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        kw: dict[str, Any] = dict(
+            name=name,
+            family=family,
+            layers=int(cfg["num_hidden_layers"]),
+            hidden=hidden,
+            ffn_hidden=int(cfg.get("intermediate_size", 0)),
+            heads=heads,
+            kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            vocab=int(cfg["vocab_size"]),
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=bool(cfg.get("attention_bias", family == "qwen2")),
+            qk_norm=family in ("qwen3", "qwen3_moe"),
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            max_seq_len=int(cfg.get("max_position_embeddings", 4096)),
+            source=source,
+        )
+        if family == "qwen2":
+            kw["qkv_bias"] = True  # Qwen2 always has q/k/v biases; config.json does not say so
+        if family == "qwen3_moe":
+            kw.update(experts=int(cfg["num_experts"]), top_k=int(cfg["num_experts_per_tok"]),
+                      expert_ffn_hidden=int(cfg["moe_intermediate_size"]))
+            if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step", 1)) != 1:
+                raise UnknownModelError(f"{name}: interleaved dense/MoE layers are not supported")
+        if family == "deepseek_v3":
+            kw.update(
+                experts=int(cfg["n_routed_experts"]), top_k=int(cfg["num_experts_per_tok"]),
+                expert_ffn_hidden=int(cfg["moe_intermediate_size"]),
+                shared_experts=int(cfg.get("n_shared_experts") or 0),
+                dense_layers=int(cfg.get("first_k_dense_replace", 0)),
+                router_bias=cfg.get("topk_method", "noaux_tc") == "noaux_tc",
+                q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=int(cfg["kv_lora_rank"]),
+                qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
+                v_head_dim=int(cfg["v_head_dim"]), mtp_layers=int(cfg.get("num_nextn_predict_layers", 0)),
+                head_dim=int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"]),
+                kv_heads=heads,
+            )
+    except KeyError as exc:
+        raise UnknownModelError(f"{source or name}: config.json lacks {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise UnknownModelError(f"{source or name}: bad value in config.json ({exc})") from None
+    return ModelSpec.from_dict(kw, where=f"model {name}")
