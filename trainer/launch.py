@@ -1,0 +1,270 @@
+"""Start the trainer: checks that run before any process starts, the torchrun command, an sbatch script.
+
+Torch-free on purpose: ``grpo-tune train`` and ``grpo-tune profile`` call :func:`preflight` and
+:func:`torchrun_command` without importing torch, so a bad config fails in a second with a coded
+error instead of after N process start-ups. Processes are started by torchrun
+(``python -m torch.distributed.run``), never by a home-made launcher.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from costmodel.errors import ConfigError, GrpoTuneError, MissingDependencyError
+
+DEFAULT_MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the ranks go: ``nnodes`` machines with ``nproc_per_node`` processes each."""
+
+    world_size: int
+    nnodes: int
+    nproc_per_node: int
+
+
+def layout(cfg, *, nnodes: int | None = None) -> Layout:
+    """World size from the config; nodes from ``--nnodes`` or from ``cluster.gpus_per_node``."""
+    gpus = cfg.cluster.gpus
+    if nnodes is None:
+        nnodes = cfg.cluster.nnodes
+        per = min(gpus, cfg.cluster.gpus_per_node)
+    else:
+        if nnodes < 1:
+            raise ConfigError(f"--nnodes must be >= 1, got {nnodes}")
+        per = gpus // nnodes
+    if per * nnodes != gpus:
+        raise ConfigError(f"the config's {gpus} GPUs do not split evenly over {nnodes} nodes",
+                          hint="make cluster.gpus a multiple of the node count (torchrun starts the same "
+                               "number of processes on every node)")
+    return Layout(world_size=gpus, nnodes=nnodes, nproc_per_node=per)
+
+
+def micro_batches(cfg) -> dict[str, int]:
+    """Sequences per step / mini-batch per DP rank and micro-batches per mini-batch."""
+    s, w = cfg.strategy, cfg.workload
+    seqs = w.prompts * w.n
+    mini = w.mini_batch * w.n
+    return {"sequences_per_step": seqs, "sequences_per_mini_batch": mini,
+            "mini_batches_per_step": w.prompts // w.mini_batch,
+            "sequences_per_dp_rank": seqs // s.dp, "mini_batch_per_dp_rank": mini // s.dp,
+            "micro_batches_per_mini_batch": mini // (s.dp * s.mbs)}
+
+
+def preflight(cfg, *, nnodes: int | None = None, node_rank: int = 0, resume_dir: str | os.PathLike | None = None,
+              need_torch: bool = True) -> Layout:
+    """Every check that can fail before a process starts; raises a coded :class:`GrpoTuneError`.
+
+    ``cfg`` is a loaded (hence already degree-validated) RunConfig.
+    """
+    from costmodel.errors import InvalidDegreesError
+
+    lay = layout(cfg, nnodes=nnodes)
+    if not 0 <= node_rank < lay.nnodes:
+        raise ConfigError(f"--node-rank {node_rank} is outside 0..{lay.nnodes - 1}")
+    s, w, t, m = cfg.strategy, cfg.workload, cfg.trainer, cfg.model
+    if s.tp * s.pp * s.cp * s.dp != lay.world_size:  # validate() guarantees it; kept as a guard
+        raise InvalidDegreesError(f"tp*pp*cp*dp = {s.tp * s.pp * s.cp * s.dp} differs from the world size {lay.world_size}")
+    if w.kind != "grpo":
+        raise ConfigError(f"the trainer runs GRPO workloads; workload.kind is {w.kind!r}",
+                          hint="set workload.kind: grpo")
+    if s.cp > 1:
+        raise InvalidDegreesError("cp > 1 is not supported by this trainer's megatron backend (variable-length "
+                                  "GRPO batches)", hint="set strategy.cp: 1")
+    # verl's validate_config rules, with sequences = prompts * n (facts/verl-config.md).
+    mb = micro_batches(cfg)
+    if (w.mini_batch * w.n) % (s.dp * s.mbs):
+        raise GrpoTuneError(f"a mini-batch of {w.mini_batch} prompts x n={w.n} = {w.mini_batch * w.n} sequences "
+                            f"does not split over dp={s.dp} x mbs={s.mbs}",
+                            hint="choose mini_batch * n divisible by dp * mbs", code="BATCH_DIVISIBILITY")
+    if s.vpp > 1:
+        # megatron-core's interleaved schedule (schedules.py): micro-batches >= pp, and the remainder
+        # modulo the group size (= pp) must be 0 or >= pp, i.e. 0.
+        k = mb["micro_batches_per_mini_batch"]
+        if k < s.pp or k % s.pp:
+            raise GrpoTuneError(f"vpp={s.vpp} needs micro-batches per mini-batch ({k}) to be a multiple of pp={s.pp}",
+                                hint="raise mini_batch or lower mbs", code="BATCH_DIVISIBILITY")
+    if w.prompt_len + w.response_len > m.max_seq_len:
+        raise ConfigError(f"prompt_len + response_len = {w.prompt_len + w.response_len} exceeds {m.name}'s "
+                          f"max_seq_len {m.max_seq_len}", hint="shorten workload.prompt_len / response_len")
+    if t.dataset != "synthetic" and not Path(t.dataset).is_file():
+        raise GrpoTuneError(f"dataset {t.dataset!r} does not exist", code="MISSING_DATASET",
+                            hint="give a .jsonl/.parquet file with prompt and answer fields, or 'synthetic'")
+    if t.dataset.endswith(".parquet") and importlib.util.find_spec("pyarrow") is None:
+        raise MissingDependencyError("reading a Parquet dataset needs pyarrow", hint="pip install pyarrow")
+    _check_reward(t.reward)
+    if t.hf_checkpoint is not None and not (Path(t.hf_checkpoint) / "config.json").is_file():
+        raise GrpoTuneError(f"hf_checkpoint {t.hf_checkpoint!r} has no config.json", code="CHECKPOINT_ERROR",
+                            hint="point trainer.hf_checkpoint at a Hugging Face model folder, or remove it")
+    if t.rollout_engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise MissingDependencyError("trainer.rollout_engine is vllm, but vllm is not installed",
+                                     hint="pip install 'grpo-tune[gpu]', or set rollout_engine: megatron")
+    if t.steps < 1 or t.checkpoint_every < 1:
+        raise ConfigError("trainer.steps and trainer.checkpoint_every must be >= 1")
+    if need_torch:
+        for mod, extra in (("torch", "train"), ("megatron.core", "train")):
+            if importlib.util.find_spec(mod.split(".")[0]) is None:
+                raise MissingDependencyError(f"{mod} is not installed", hint=f"pip install 'grpo-tune[{extra}]'")
+    if resume_dir is not None:
+        check_resume(resume_dir, lay.world_size)
+    return lay
+
+
+def _check_reward(spec: str) -> None:
+    if spec == "math":
+        return
+    mod, sep, fn = spec.partition(":")
+    if not sep or not mod or not fn.isidentifier():
+        raise ConfigError(f"trainer.reward {spec!r} is neither 'math' nor a dotted path 'package.module:function'")
+    try:
+        found = importlib.util.find_spec(mod)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise ConfigError(f"trainer.reward: module {mod!r} cannot be found", hint="put it on PYTHONPATH")
+
+
+def check_resume(out_dir: str | os.PathLike, world_size: int) -> int | None:
+    """The step of the latest complete checkpoint in ``out_dir`` (None: fresh start); a world-size change is an error."""
+    latest = Path(out_dir) / "checkpoints" / "latest.json"
+    if not latest.exists():
+        return None
+    try:
+        meta = json.loads(latest.read_text())
+        step, ws = int(meta["step"]), int(meta["world_size"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise GrpoTuneError(f"{latest} is unreadable ({exc})", code="CHECKPOINT_ERROR",
+                            hint="delete the checkpoints folder to start over") from None
+    if ws != world_size:
+        raise GrpoTuneError(f"the checkpoint in {latest.parent} was written by {ws} ranks; this config has {world_size}",
+                            code="CHECKPOINT_ERROR", hint="resume with the same degrees, or use another --out")
+    return step
+
+
+def torchrun_command(config: str | os.PathLike, lay: Layout, *, node_rank: int = 0, master_addr: str | None = None,
+                     master_port: int | None = None, worker_args: list[str] = (), python: str | None = None) -> list[str]:
+    """argv for ``torchrun`` running ``python -m trainer.main --config CONFIG [worker_args]``.
+
+    One node: ``--standalone`` (torchrun picks a free port, so parallel runs don't collide) unless a
+    port is given. Several nodes: static rendezvous at ``master_addr:master_port`` with this node's rank,
+    exactly torchrun's ``--nnodes --node-rank --master-addr --master-port``.
+    """
+    cmd = [python or sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={lay.nproc_per_node}"]
+    if lay.nnodes == 1 and master_addr is None and master_port is None:
+        cmd.append("--standalone")
+    else:
+        if lay.nnodes > 1 and master_addr is None:
+            raise ConfigError(f"{lay.nnodes} nodes need --master-addr (the address of node 0)")
+        cmd += [f"--nnodes={lay.nnodes}", f"--node-rank={node_rank}", f"--master-addr={master_addr or '127.0.0.1'}",
+                f"--master-port={master_port or DEFAULT_MASTER_PORT}"]
+    cmd += ["-m", "trainer.main", "--config", str(config), *worker_args]
+    return cmd
+
+
+def slurm_script(config: str | os.PathLike, lay: Layout, *, worker_args: list[str] = (), job_name: str = "grpo-tune",
+                 master_port: int = DEFAULT_MASTER_PORT, python: str = "python") -> str:
+    """An sbatch script: one task per node, each running torchrun with the node's rank from Slurm."""
+    args = " ".join(shlex.quote(a) for a in ["--config", str(Path(config).resolve()), *worker_args])
+    return f"""#!/bin/bash
+#SBATCH --job-name={job_name}
+#SBATCH --nodes={lay.nnodes}
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node={lay.nproc_per_node}
+#SBATCH --exclusive
+# Written by `grpo-tune train --slurm`: {lay.world_size} ranks = {lay.nnodes} node(s) x {lay.nproc_per_node}.
+set -euo pipefail
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_ADDR MASTER_PORT={master_port}
+srun --ntasks-per-node=1 bash -c '{python} -m torch.distributed.run \\
+  --nnodes={lay.nnodes} --nproc-per-node={lay.nproc_per_node} --node-rank=$SLURM_NODEID \\
+  --master-addr=$MASTER_ADDR --master-port=$MASTER_PORT \\
+  -m trainer.main {args}'
+"""
+
+
+# Exit codes shared by `grpo-tune train`, `grpo-tune profile` and the workers (the profile JSON contract).
+EXIT_OK, EXIT_BAD_CONFIG, EXIT_OOM, EXIT_ERROR = 0, 2, 3, 4
+
+
+def failure_path(out_dir: str | os.PathLike, rank: int) -> Path:
+    """Where a worker that fails records ``{"status": "oom"|"error", "message": ...}`` before exiting."""
+    return Path(out_dir) / f"failure.rank{rank}.json"
+
+
+def read_failures(out_dir: str | os.PathLike) -> list[dict]:
+    out = []
+    for p in sorted(Path(out_dir).glob("failure.rank*.json")):
+        try:
+            out.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def clear_failures(out_dir: str | os.PathLike) -> None:
+    for p in Path(out_dir).glob("failure.rank*.json"):
+        p.unlink(missing_ok=True)
+
+
+def run_workers(cmd: list[str], out_dir: str | os.PathLike, *, poll=None, poll_every_s: float = 0.5,
+                env: dict | None = None) -> int:
+    """Run torchrun with its output in ``out_dir/train.log``; call ``poll()`` while it runs; return its exit code.
+
+    The child gets its own process group, so Ctrl-C or a kill of the CLI takes the workers with it.
+    """
+    import signal
+    import subprocess
+    import time
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ if env is None else env)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    with open(out / "train.log", "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                if poll is not None:
+                    poll()
+                time.sleep(poll_every_s)
+        except BaseException:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        if poll is not None:
+            poll()
+    return proc.returncode
+
+
+def worker_status(rc: int, out_dir: str | os.PathLike) -> tuple[str, str | None, int]:
+    """(status, message, exit code) of a finished launch from torchrun's code and the workers' failure files."""
+    fails = read_failures(out_dir)
+    if rc == 0 and not fails:
+        return "ok", None, EXIT_OK
+    if any(f.get("status") == "oom" for f in fails):
+        f = next(f for f in fails if f.get("status") == "oom")
+        return "oom", f.get("message"), EXIT_OOM
+    if fails:
+        return "error", fails[0].get("message"), EXIT_ERROR
+    if rc in (-9, 137):  # SIGKILL with no failure file: most often the kernel's OOM killer
+        return "oom", f"a worker was killed (exit {rc}); likely out of host memory", EXIT_OOM
+    return "error", f"torchrun exited with {rc}; see {Path(out_dir) / 'train.log'}", EXIT_ERROR
+
+
+def log_tail(out_dir: str | os.PathLike, lines: int = 30) -> str:
+    p = Path(out_dir) / "train.log"
+    try:
+        return "\n".join(p.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
