@@ -1,0 +1,114 @@
+"""Batched autoregressive sampling driven by a next-token-logits callable.
+
+The sampler knows nothing about Megatron: ``next_logits_fn(tokens, lengths)`` returns the logits
+of the token after position ``lengths[b] - 1`` of each row, so the same code runs on the pipeline
+model (``Engine.next_token_logits``), on a plain torch model in a unit test, or on a fake.
+
+Collective safety: every decoding step calls ``next_logits_fn`` once with *all* rows, finished or
+not, and the loop ends on the same step on every rank as long as every rank sees the same logits
+and draws from a generator in the same state. Under TP/PP the logits are identical on each rank
+of the group, so pass each rank a generator seeded the same way (or ``params.seed``).
+No KV cache: each step re-runs the whole prefix, O(T^2) work, fine for the short CPU runs.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from .base import SamplingParams
+
+NextLogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def sample_next(logits: torch.Tensor, *, temperature: float, top_p: float,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token per row from ``logits[B, V]``; returns LongTensor[B].
+
+    temperature 0 is greedy. Top-p follows Holtzman et al. 2020 (nucleus sampling, sec. 3.1): keep
+    the smallest prefix of the probability-sorted vocabulary whose mass reaches ``top_p``.
+    """
+    logits = logits.float()
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly before each token
+        sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)  # the top token always stays (before=0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def sample(next_logits_fn: NextLogitsFn, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, *,
+           pad_id: int, eos_id: int, generator: torch.Generator | None = None,
+           max_seq_len: int | None = None, device: torch.device | str | None = None) -> list[list[int]]:
+    """Sample one response per prompt; returns the response ids only (see ``RolloutEngine.generate``).
+
+    A response ends after EOS or any of ``params.stop_token_ids`` (kept as its last id), after
+    ``params.max_tokens`` ids, or when prompt + response reaches ``max_seq_len``.
+    ``generator`` wins over ``params.seed``; with neither, torch's global RNG is used.
+    """
+    n = len(prompt_ids)
+    if n == 0:
+        return []
+    lens = [len(p) for p in prompt_ids]
+    if min(lens) < 1:
+        raise ValueError("every prompt needs at least one token (e.g. BOS)")
+    budget = [params.max_tokens if max_seq_len is None else max(0, min(params.max_tokens, max_seq_len - k))
+              for k in lens]
+    width = max(k + b for k, b in zip(lens, budget))
+    tokens = torch.full((n, width), pad_id, dtype=torch.long, device=device)
+    for i, p in enumerate(prompt_ids):
+        tokens[i, :lens[i]] = torch.as_tensor(list(p), dtype=torch.long)
+    lengths = torch.tensor(lens, dtype=torch.long, device=device)
+    stop = torch.tensor(sorted({eos_id, *params.stop_token_ids}), dtype=torch.long, device=device)
+    done = torch.tensor([b == 0 for b in budget], dtype=torch.bool, device=device)
+    limit = torch.tensor(budget, dtype=torch.long, device=device)
+    produced = torch.zeros(n, dtype=torch.long, device=device)
+    rows = torch.arange(n, device=device)
+
+    for _ in range(max(budget)):
+        if bool(done.all()):
+            break
+        cur = int(lengths.max())
+        logits = next_logits_fn(tokens[:, :cur], lengths)
+        if generator is None and params.seed is not None:
+            generator = torch.Generator(device=logits.device).manual_seed(params.seed)
+        nxt = sample_next(logits, temperature=params.temperature, top_p=params.top_p,
+                          generator=generator).to(tokens.device)
+        live = ~done
+        tokens[rows[live], lengths[live]] = nxt[live]
+        lengths = lengths + live.long()
+        produced = produced + live.long()
+        done = done | (live & torch.isin(nxt, stop)) | (produced >= limit)
+
+    return [tokens[i, lens[i]:int(lengths[i])].tolist() for i in range(n)]
+
+
+def pack(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], *, pad_id: int,
+         width: int | None = None) -> dict[str, torch.Tensor]:
+    """Right-padded training rows ``prompt + response + pad`` and the masks the loss needs.
+
+    Returns ``tokens`` LongTensor[B, S] and ``response_mask`` FloatTensor[B, S-1] with a 1 where
+    ``tokens[:, 1:]`` is a response token, i.e. aligned with ``Engine.logprobs`` (log p of
+    ``tokens[:, 1:]``). ``width`` fixes S (pipeline stages need one sequence length); it must fit
+    the longest row. ``prompt_lengths`` and ``response_lengths`` (LongTensor[B]) come along.
+    """
+    if len(prompt_ids) != len(response_ids):
+        raise ValueError(f"{len(prompt_ids)} prompts but {len(response_ids)} responses")
+    total = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    s = max(total) if width is None else width
+    if total and max(total) > s:
+        raise ValueError(f"a row of {max(total)} tokens does not fit width {s}")
+    b = len(prompt_ids)
+    tokens = torch.full((b, s), pad_id, dtype=torch.long)
+    mask = torch.zeros((b, max(s - 1, 0)), dtype=torch.float32)
+    for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
+        row = list(p) + list(r)
+        tokens[i, :len(row)] = torch.as_tensor(row, dtype=torch.long)
+        # position t of the mask predicts token t+1: response tokens sit at len(p) .. len(p)+len(r)-1
+        mask[i, len(p) - 1:len(p) - 1 + len(r)] = 1.0
+    return {"tokens": tokens, "response_mask": mask,
+            "prompt_lengths": torch.tensor([len(p) for p in prompt_ids], dtype=torch.long),
+            "response_lengths": torch.tensor([len(r) for r in response_ids], dtype=torch.long)}
