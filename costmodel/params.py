@@ -38,9 +38,9 @@ def _attention(m: ModelSpec) -> tuple[int, int]:
     return shard, rep
 
 
-def _mlp(h: int, ffn: int) -> int:
-    """SwiGLU MLP: gate, up and down projections, no bias."""
-    return 3 * h * ffn
+def _mlp(h: int, ffn: int, gated: bool = True) -> int:
+    """SwiGLU MLP: gate, up and down projections, no bias (a plain GeLU MLP has no gate)."""
+    return (3 if gated else 2) * h * ffn
 
 
 def _expert(m: ModelSpec) -> int:
@@ -69,7 +69,7 @@ def layer_params(m: ModelSpec, index: int) -> LayerParams:
         rep += m.experts * m.hidden + (m.experts if m.router_bias else 0)  # router
         shard += _mlp(m.hidden, m.shared_experts * m.expert_ffn_hidden) if m.shared_experts else 0
         return LayerParams(shard, rep, m.experts * _expert(m))
-    return LayerParams(shard + _mlp(m.hidden, m.ffn_hidden), rep, 0)
+    return LayerParams(shard + _mlp(m.hidden, m.ffn_hidden, m.gated_mlp), rep, 0)
 
 
 def embedding_params(m: ModelSpec) -> int:

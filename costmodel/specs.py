@@ -43,6 +43,8 @@ class ModelSpec:
     """Biases on the Q, K and V projections (Qwen2/2.5)."""
     qk_norm: bool = False
     """RMSNorm over each head's query and key (Qwen3)."""
+    gated_mlp: bool = True
+    """SwiGLU (gate, up, down) MLP; False for a plain two-matrix GeLU MLP (GPT-3 style)."""
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_seq_len: int = 4096
