@@ -12,6 +12,7 @@ from typing import Iterable
 CODES = {
     "BAD_CONFIG": "the run config is malformed or has an impossible value",
     "UNKNOWN_KEY": "a key that the schema (or verl) does not have",
+    "UNKNOWN_COMMAND": "a command or flag that verl does not have (verl-train, --dry-run, ...)",
     "UNKNOWN_MODEL": "no model preset or config.json by that name",
     "UNKNOWN_HARDWARE": "no hardware profile by that name",
     "INVALID_DEGREES": "the parallel degrees cannot exist for this model and GPU count",
