@@ -36,13 +36,16 @@ class PhaseMemory:
 
     name: str
     parts: dict[str, float]
+    info: dict[str, float] = field(default_factory=dict)
+    """Figures that are not bytes (rollout: kv_cache_tokens, max_concurrent_sequences, ...)."""
 
     @property
     def total_bytes(self) -> float:
         return float(sum(self.parts.values()))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"total_bytes": int(self.total_bytes), **{f"{k}_bytes": int(v) for k, v in self.parts.items()}}
+        return {"total_bytes": int(self.total_bytes), **{f"{k}_bytes": int(v) for k, v in self.parts.items()},
+                **self.info}
 
 
 @dataclass

@@ -12,6 +12,7 @@ per-rank count follows megatron-core's layout:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .specs import ModelSpec
 from .strategy import Strategy, stage_layers
@@ -61,6 +62,7 @@ class LayerParams:
         return self.sharded + self.replicated + self.expert
 
 
+@lru_cache(maxsize=65536)
 def layer_params(m: ModelSpec, index: int) -> LayerParams:
     """Parameters of decoder layer ``index`` (0-based)."""
     shard, rep = _attention(m)
@@ -76,11 +78,13 @@ def embedding_params(m: ModelSpec) -> int:
     return m.vocab * m.hidden
 
 
+@lru_cache(maxsize=1024)
 def total_params(m: ModelSpec) -> int:
     n = embedding_params(m) * (1 if m.tied_embeddings else 2) + m.hidden  # + final norm
     return n + sum(layer_params(m, i).total for i in range(m.layers))
 
 
+@lru_cache(maxsize=1024)
 def active_params(m: ModelSpec) -> int:
     """Parameters touched per token: only ``top_k`` of the routed experts."""
     if not m.is_moe:
@@ -113,8 +117,12 @@ class StageParams:
 
 def per_stage_params(m: ModelSpec, s: Strategy) -> list[StageParams]:
     """Per-rank parameter count of each pipeline stage under the strategy's TP/PP/EP/ETP."""
-    tp, ep, etp = s.tp, s.ep, s.etp_
-    counts = stage_layers(m, s)
+    # Cached on the few fields that matter: the search calls this for thousands of strategies.
+    return list(_per_stage(m, s.tp, s.ep, s.etp_, tuple(stage_layers(m, s))))
+
+
+@lru_cache(maxsize=8192)
+def _per_stage(m: ModelSpec, tp: int, ep: int, etp: int, counts: tuple[int, ...]) -> tuple[StageParams, ...]:
     out = []
     start = 0
     vshard = padded_vocab(m, tp) // tp * m.hidden
@@ -135,7 +143,7 @@ def per_stage_params(m: ModelSpec, s: Strategy) -> list[StageParams]:
             if not m.tied_embeddings or len(counts) > 1:
                 dense += vshard  # output layer, or the tied copy on the last stage
         out.append(StageParams(st, n, dense, ex // (ep * etp), rep))
-    return out
+    return tuple(out)
 
 
 def max_rank_params(m: ModelSpec, s: Strategy) -> int:

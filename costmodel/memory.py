@@ -1,0 +1,466 @@
+"""Bytes per rank, per GRPO phase: ``phase_memory(model, hardware, cluster, strategy, workload)``.
+
+Every figure is the most loaded rank of the worst pipeline stage, per phase. Phases:
+
+- ``update``: the actor's forward/backward/step. Model state follows Megatron's rule
+  (docs/source/api-guide/dist_optimizer.md, "bf16 param, fp32 grads": 18 B/param, or 6 + 12/d with
+  the distributed optimizer, d the data-parallel group *with* context parallel, since Megatron shards
+  the optimizer over the DP x CP group). Activations follow Korthikanti et al. 2022
+  (arXiv 2205.05198) per tensor; see :func:`layer_activation_bytes` for our variant.
+- ``old_logprob`` / ``ref_logprob``: forward only (one layer's working set + logits).
+- ``rollout``: verl's colocated hybrid engine: vLLM takes ``gpu_memory_utilization`` x HBM for its
+  weights, its working set and the KV cache; training state that is not offloaded stays resident.
+- ``weight_sync``: training weights + the rollout copy + one gathered tensor (verl reshards per tensor).
+
+Offloaded state lives in host memory outside the phase that needs it; the host total per node is
+checked against the profile. ``reserved_memory_bytes`` (CUDA context, NCCL, fragmentation) is
+already subtracted from the capacity, so no framework overhead is added here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .estimate import PhaseMemory, Violation
+from .params import padded_vocab, per_stage_params
+from .specs import HardwareSpec, ModelSpec
+from .strategy import Cluster, Strategy, Workload, stage_layers
+
+GiB = 1024**3
+BF16 = 2
+FP32 = 4
+
+# Log-prob / entropy over the vocabulary, per token per local vocab entry: the output layer's bf16
+# logits (2 B), the fp32 copy that verl's log-prob/entropy kernels work on (4 B) and the fp32
+# softmax kept for backward (4 B). Korthikanti sec. 4.3 counts 4 B (fp32 cross-entropy) alone.
+LOGITS_BYTES = 2 + 4 + 4
+# verl's rollout defaults (actor_rollout_ref.rollout.max_num_batched_tokens / max_num_seqs): they
+# size vLLM's profiling run, whose peak is kept out of the KV cache.
+ROLLOUT_MAX_BATCHED_TOKENS = 8192
+ROLLOUT_MAX_NUM_SEQS = 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# Model state
+# ---------------------------------------------------------------------------------------------
+
+def model_state_bytes_per_param(d: int, distributed_optimizer: bool) -> float:
+    """Megatron's rule for bf16 params + fp32 main grads + fp32 Adam (master, m, v).
+
+    docs/source/api-guide/dist_optimizer.md: 18 B/param, or 6 + 12/d with the distributed optimizer.
+    """
+    return 6 + 12 / d if distributed_optimizer else 18.0
+
+
+@dataclass(frozen=True)
+class ModelState:
+    weights: float
+    grads: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer
+
+
+def model_state_bytes(dense: int, expert: int, *, dp: int, cp: int, tp: int, ep: int, etp: int,
+                      distributed_optimizer: bool) -> ModelState:
+    """bf16 weights (2 B), fp32 grads (4 B, Megatron's DDP grad buffer) and Adam (12 B) on one rank.
+
+    The distributed optimizer shards dense state over DP x CP and expert state over expert-DP =
+    tp*cp*dp/(ep*etp) (Megatron's MoE parallel folding, arXiv 2504.14960).
+    """
+    n = dense + expert
+    if distributed_optimizer:
+        edp = max(1, tp * cp * dp // (ep * etp))
+        opt = 12 * (dense / (dp * cp) + expert / edp)
+    else:
+        opt = 12.0 * n
+    return ModelState(weights=float(BF16 * n), grads=float(FP32 * n), optimizer=opt)
+
+
+# ---------------------------------------------------------------------------------------------
+# Activations (Korthikanti et al. 2022)
+# ---------------------------------------------------------------------------------------------
+
+def paper_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, *, sp: bool = False,
+                                 recompute: str = "none") -> float:
+    """Korthikanti et al. 2022, Table 2: activation bytes of one GPT-3-style layer.
+
+    none: sbh(10 + 24/t + 5as/(ht)), with SP sbh/t (34 + 5as/h) (eqs. 1-4); selective drops the
+    5as/h term (sec. 5); full keeps the layer input, 2sbh (/t when SP shards it).
+    """
+    sbh = s * b * h
+    if recompute == "full":
+        return 2 * sbh / (t if sp else 1)
+    quad = 0.0 if recompute == "selective" else 5 * a * s / h
+    if sp:
+        return sbh / t * (34 + quad)
+    return sbh * (10 + 24 / t + quad / t)
+
+
+@dataclass(frozen=True)
+class LayerCoeffs:
+    """Bytes stored per token of one micro-batch (per CP rank) for one layer on one rank."""
+
+    linear: float
+    """No recompute, everything linear in the tokens."""
+    quad: float
+    """Bytes per (query token x key token) for the attention scores (0 with flash attention)."""
+    layer_input: float
+    """The layer input kept by full recompute."""
+
+
+@lru_cache(maxsize=4096)
+def layer_coeffs(m: ModelSpec, moe: bool, tp: int, etp: int, sp: bool, *, flash: bool = True,
+                 paper: bool = False) -> LayerCoeffs:
+    """Per-tensor activation bytes of one layer, after Korthikanti sec. 4.1.
+
+    ``paper=True`` is the paper's bookkeeping (LayerNorm, GeLU MLP of 4f bytes, dropout masks after
+    attention and MLP, softmax + dropout mask + dropout output = 5 B per score); for a GPT-3 shape
+    it reproduces Table 2 exactly. Our variant (default) for today's models:
+    - no dropout (verl/Megatron GRPO run with dropout 0): no masks, 2 B per score (softmax output);
+    - RMSNorm stores its input like LayerNorm (2h each);
+    - GQA: Q is 2*heads*hd, K and V 2*kv_heads*hd each; the core-attention output 2*heads*hd;
+    - SwiGLU: fc1 writes gate and up (2 x 2f), the activation writes 2f: 6f instead of GeLU's 4f;
+    - flash attention (the GPU default): no score matrix, an fp32 log-sum-exp per head and token;
+    - MLA: the down-projections and their norms (replicated, SP-sharded) + Q, K, the kv_b output
+      (of which V is a view) and the attention output (TP-sharded);
+    - MoE: per routed copy (top_k per token) the expert's fc1 input 2h (gathered over ETP) plus 6f_e
+      split by ETP, spread evenly over the expert grid (balanced routing); the router's fp32 probs
+      4E per token; shared experts as a TP-sharded SwiGLU.
+    Under SP the replicated tensors are split by TP too (Korthikanti sec. 4.2.2).
+    """
+    h = m.hidden
+    d_sp = tp if sp else 1
+    if m.is_mla:
+        a = m.heads
+        rep = 2 * h + 2 * h  # input norm in/out (the down-projections' input)
+        if m.q_lora_rank:
+            rep += 2 * m.q_lora_rank * 2  # q_a output and its norm output
+        rep += 2 * (m.kv_lora_rank + m.qk_rope_head_dim) + 2 * m.kv_lora_rank  # kv_a out + norm out
+        shard = 2 * a * m.q_head_dim * 2 + 2 * a * (m.qk_nope_head_dim + m.v_head_dim) + 2 * a * m.v_head_dim
+    else:
+        a = m.heads
+        q, kv = m.heads * m.head_dim, m.kv_heads * m.head_dim
+        rep = 2 * h + 2 * h  # input norm's input, QKV linear's input
+        shard = 2 * q + 2 * kv * 2 + 2 * q  # Q, K, V into core attention; its output into the projection
+    rep += 2 * h + 2 * h  # pre-MLP norm's input, fc1 (or router/shared-expert) input
+    expert = 0.0
+    if paper:
+        rep += h + h  # dropout masks (1 B) after attention and after the MLP
+        shard += 4 * m.ffn_hidden  # GeLU input and output, 2f each
+        score = 5.0
+    else:
+        score = 2.0
+        if moe:
+            rep += FP32 * m.experts  # router probabilities
+            if m.shared_experts:
+                shard += 6 * m.shared_experts * m.expert_ffn_hidden
+            expert = m.top_k * (2 * h * etp + 6 * m.expert_ffn_hidden) / d_sp
+        else:
+            shard += 6 * m.ffn_hidden
+        if flash:
+            shard += FP32 * a  # log-sum-exp per head
+            score = 0.0
+    return LayerCoeffs(linear=rep / d_sp + shard / tp + expert, quad=score * a / tp, layer_input=2 * h / d_sp)
+
+
+def layer_activation_bytes(c: LayerCoeffs, s_local: int, s_keys: int, b: int, recompute: str) -> float:
+    """One layer, one micro-batch: ``s_local`` query tokens per CP rank attending to ``s_keys`` keys."""
+    tokens = s_local * b
+    if recompute == "full":
+        return c.layer_input * tokens
+    if recompute == "selective":  # Megatron's default selective recompute is core attention
+        return c.linear * tokens
+    return c.linear * tokens + c.quad * s_local * s_keys * b
+
+
+def in_flight_microbatches(pp: int, vpp: int, stage: int, microbatches: int) -> float:
+    """Micro-batches whose activations a stage holds at its peak, in units of the stage's layers.
+
+    1F1B (Narayanan et al. 2021): stage i holds pp - i. Interleaved: megatron-core's warm-up of
+    2(pp-i-1) + (v-1)pp chunk micro-batches plus the one in flight, each 1/v of the stage; on the
+    first stage that is pp(1 + (pp-1)/(pp v)), Korthikanti sec. 4.2.3.
+    """
+    if pp == 1:
+        return 1.0
+    if vpp == 1:
+        return float(min(pp - stage, microbatches))
+    chunks = min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, microbatches * vpp)
+    return chunks / vpp
+
+
+@lru_cache(maxsize=4096)
+def _stage_layout(m: ModelSpec, stages: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """(dense layers, MoE layers) on each stage."""
+    out, start = [], 0
+    for n in stages:
+        moe = sum(1 for i in range(start, start + n) if m.is_moe and i >= m.dense_layers)
+        out.append((n - moe, moe))
+        start += n
+    return tuple(out)
+
+
+def _stage_coeffs(m: ModelSpec, s: Strategy, flash: bool) -> tuple[LayerCoeffs, LayerCoeffs | None]:
+    dense = layer_coeffs(m, False, s.tp, s.etp_, s.sp, flash=flash)
+    moe = layer_coeffs(m, True, s.tp, s.etp_, s.sp, flash=flash) if m.is_moe else None
+    return dense, moe
+
+
+def train_activation_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int, microbatches: int,
+                           flash: bool = True) -> list[float]:
+    """Per stage: activations held at the peak of 1F1B (logits not included)."""
+    stages = tuple(stage_layers(m, s))
+    layout = _stage_layout(m, stages)
+    cd, cm = _stage_coeffs(m, s, flash)
+    s_local = -(-seq_len // s.cp)  # CP splits the sequence (Megatron context parallel)
+    out = []
+    for i, ((nd, nm), n) in enumerate(zip(layout, stages)):
+        def per_layer(c, rc):
+            return layer_activation_bytes(c, s_local, seq_len, mbs, rc)
+
+        if s.recompute == "full":
+            r = n if s.recompute_layers is None else min(s.recompute_layers, n)
+            # Megatron's "block" method: the first r layers keep their input only, the rest everything.
+            keep_nm = max(0, nm - max(0, r - nd))
+            keep_nd = max(0, nd - r)
+            held = (nd + nm - keep_nd - keep_nm) * cd.layer_input * s_local * mbs
+            held += keep_nd * per_layer(cd, "none") + (keep_nm * per_layer(cm, "none") if cm else 0.0)
+            # Recomputing a layer in backward re-materializes its full working set once.
+            work = max(per_layer(cd, "none") if nd else 0.0, per_layer(cm, "none") if (cm and nm) else 0.0)
+        else:
+            held = nd * per_layer(cd, s.recompute) + (nm * per_layer(cm, s.recompute) if cm else 0.0)
+            work = 0.0
+        out.append(held * in_flight_microbatches(s.pp, s.vpp, i, microbatches) + work)
+    return out
+
+
+def forward_activation_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int, flash: bool = True) -> float:
+    """Forward without grad (log-prob): the residual in and out plus one layer's working set."""
+    cd, cm = _stage_coeffs(m, s, flash)
+    s_local = -(-seq_len // s.cp)
+    work = layer_activation_bytes(cm if cm is not None else cd, s_local, seq_len, mbs, "none")
+    if cm is not None and m.dense_layers:
+        work = max(work, layer_activation_bytes(cd, s_local, seq_len, mbs, "none"))
+    return work + 2 * cd.layer_input * s_local * mbs
+
+
+def logits_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int) -> float:
+    """Last stage: the output layer's input (final norm in/out, 2h each) and the vocab-parallel logits."""
+    tokens = -(-seq_len // s.cp) * mbs
+    d_sp = s.tp if s.sp else 1
+    return tokens * (4 * m.hidden / d_sp + LOGITS_BYTES * padded_vocab(m, s.tp) / s.tp)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout (vLLM, colocated)
+# ---------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=1024)
+def rollout_weight_bytes(m: ModelSpec, rollout_tp: int) -> float:
+    """bf16 weights on one vLLM rank: linears and vocab split by TP, norms/router replicated.
+
+    With rollout_tp > kv_heads, vLLM replicates each KV head, so K/V weights do not shrink below one head.
+    """
+    st = per_stage_params(m, Strategy(tp=rollout_tp, etp=rollout_tp))[0]
+    n = float(st.total)
+    if not m.is_mla and rollout_tp > m.kv_heads:
+        kv_w = 2 * m.hidden * m.kv_heads * m.head_dim + (2 * m.kv_heads * m.head_dim if m.qkv_bias else 0)
+        n += m.layers * kv_w * (1 / m.kv_heads - 1 / rollout_tp)
+    return BF16 * n
+
+
+@lru_cache(maxsize=1024)
+def kv_bytes_per_token(m: ModelSpec, rollout_tp: int) -> float:
+    """KV-cache bytes per token on one rollout rank (bf16).
+
+    GQA/MHA: 2 (K, V) x layers x kv heads per rank x head_dim x 2 B, kv heads replicated when
+    rollout_tp > kv_heads. MLA (DeepSeek-V2 sec. 2.1.2): the latent (kv_lora_rank + rope dim) per
+    layer, which vLLM keeps whole on every TP rank.
+    """
+    if m.is_mla:
+        return float(m.layers * (m.kv_lora_rank + m.qk_rope_head_dim) * BF16)
+    heads = max(1, m.kv_heads // rollout_tp)
+    return float(2 * m.layers * heads * m.head_dim * BF16)
+
+
+@lru_cache(maxsize=1024)
+def rollout_working_bytes(m: ModelSpec, rollout_tp: int) -> float:
+    """vLLM's profiled peak outside weights and KV: one layer's forward at max_num_batched_tokens
+    (no score matrix, paged/flash attention) plus the sampler's fp32 logits for max_num_seqs."""
+    c = layer_coeffs(m, m.is_moe, rollout_tp, rollout_tp, False, flash=True)
+    return ROLLOUT_MAX_BATCHED_TOKENS * (c.linear + 2 * 2 * m.hidden) + ROLLOUT_MAX_NUM_SEQS * m.vocab * FP32
+
+
+@dataclass(frozen=True)
+class KvCapacity:
+    budget_bytes: float
+    """gpu_memory_utilization x HBM: what vLLM takes."""
+    weights_bytes: float
+    working_bytes: float
+    kv_bytes: float
+    """What is left for the KV cache (can be <= 0: vLLM would fail to start)."""
+    bytes_per_token: float
+    tokens: int
+    sequences: int
+    """Sequences of prompt_len + response_len that fit at once, per rollout replica."""
+    replicas: int
+
+    def to_info(self) -> dict[str, float]:
+        return {"kv_cache_tokens": self.tokens, "max_concurrent_sequences": self.sequences,
+                "rollout_replicas": self.replicas, "kv_bytes_per_token": self.bytes_per_token}
+
+
+def kv_cache_capacity(model: ModelSpec, hardware: HardwareSpec, strategy: Strategy, workload: Workload,
+                      gpus: int | None = None) -> KvCapacity:
+    """The KV cache that ``gpu_memory_utilization`` leaves, and the concurrent sequences it holds."""
+    budget = strategy.gpu_memory_utilization * hardware.hbm_bytes
+    w = rollout_weight_bytes(model, strategy.rollout_tp)
+    work = rollout_working_bytes(model, strategy.rollout_tp)
+    kv = budget - w - work
+    per_tok = kv_bytes_per_token(model, strategy.rollout_tp)
+    tokens = int(kv // per_tok) if kv > 0 else 0
+    seq = workload.prompt_len + workload.response_len
+    return KvCapacity(budget_bytes=budget, weights_bytes=w, working_bytes=work, kv_bytes=kv,
+                      bytes_per_token=per_tok, tokens=tokens, sequences=tokens // seq,
+                      replicas=(gpus // strategy.rollout_tp) if gpus else 0)
+
+
+@lru_cache(maxsize=1024)
+def sync_bucket_bytes(m: ModelSpec, ep: int) -> float:
+    """The largest tensor gathered whole while verl reshards training weights for vLLM
+    (verl.utils.megatron_utils.per_tensor_generator gathers one tensor at a time over TP/EP)."""
+    biggest = max(m.vocab * m.hidden, 2 * m.ffn_hidden * m.hidden,
+                  (m.heads + 2 * m.kv_heads) * m.head_dim * m.hidden)
+    if m.is_moe:
+        biggest = max(biggest, ep * 2 * m.expert_ffn_hidden * m.hidden)
+    return float(BF16 * biggest)
+
+
+# ---------------------------------------------------------------------------------------------
+# Phases
+# ---------------------------------------------------------------------------------------------
+
+def _microbatches(s: Strategy, w: Workload) -> int:
+    seqs = w.mini_batch * w.n if w.kind == "grpo" else w.gbs
+    return max(1, -(-seqs // (s.dp * s.mbs)))
+
+
+def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strategy: Strategy,
+                 workload: Workload, *, flash: bool | None = None
+                 ) -> tuple[dict[str, PhaseMemory], float, list[Violation]]:
+    """Bytes per phase on the most loaded rank, host bytes per node, and coded violations.
+
+    ``strategy`` must be resolved (``validate`` fills dp/etp/sequence_parallel). ``flash``: flash
+    attention (default: on, except on the ``cpu`` profile, where Megatron's local attention keeps
+    the score matrix).
+    """
+    m, s, w = model, strategy, workload
+    if flash is None:
+        flash = hardware.name != "cpu"
+    dp = s.dp or 1
+    off = set(s.offload)
+    kl = w.kind == "grpo" and w.kl
+    stages = per_stage_params(m, s)
+    states = [model_state_bytes(p.dense, p.expert, dp=dp, cp=s.cp, tp=s.tp, ep=s.ep, etp=s.etp_,
+                                distributed_optimizer=s.distributed_optimizer) for p in stages]
+    seq = w.train_seq_len
+    acts = train_activation_bytes(m, s, seq_len=seq, mbs=s.mbs, microbatches=_microbatches(s, w), flash=flash)
+    logit = logits_bytes(m, s, seq_len=seq, mbs=s.mbs)
+    last = len(stages) - 1
+    phases: dict[str, list[dict[str, float]]] = {}
+
+    def resident(st: ModelState, *, weights_needed: bool) -> dict[str, float]:
+        """Training state on the GPU during a phase (offloaded parts are on the host)."""
+        d = {"weights": st.weights if (weights_needed or "param" not in off) else 0.0,
+             "grads": 0.0 if "grad" in off else st.grads,
+             "optimizer": 0.0 if "optimizer" in off else st.optimizer}
+        if kl:
+            d["ref_weights"] = 0.0 if "param" in off else st.weights
+        return d
+
+    # update: fwd/bwd needs weights, grads and activations; with optimizer offload the optimizer
+    # comes back only for the step, after the activations are freed: report the larger moment.
+    upd = []
+    for i, st in enumerate(states):
+        base = resident(st, weights_needed=True)
+        base["grads"] = st.grads
+        fb = dict(base, activations=acts[i], logits=logit if i == last else 0.0)
+        if "optimizer" in off:
+            step = dict(base, optimizer=st.optimizer, activations=0.0, logits=0.0)
+            fb = fb if sum(fb.values()) >= sum(step.values()) else step
+        upd.append(fb)
+    phases["update"] = upd
+
+    if w.kind == "grpo":
+        fwd = forward_activation_bytes(m, s, seq_len=seq, mbs=s.mbs, flash=flash)
+        olp = []
+        for i, st in enumerate(states):
+            olp.append(dict(resident(st, weights_needed=True), activations=fwd, logits=logit if i == last else 0.0))
+        if kl:
+            rlp = []
+            for i, st in enumerate(states):
+                d = resident(st, weights_needed=False)
+                d["ref_weights"] = st.weights
+                rlp.append(dict(d, activations=fwd, logits=logit if i == last else 0.0))
+        kvc = kv_cache_capacity(m, hardware, s, w, cluster.gpus)
+        bucket = sync_bucket_bytes(m, s.ep)
+        ws, ro = [], []
+        for st in states:
+            ws.append(dict(resident(st, weights_needed=True), rollout_weights=kvc.weights_bytes, sync_bucket=bucket))
+            ro.append(dict(resident(st, weights_needed=False), rollout_weights=kvc.weights_bytes,
+                           rollout_activations=kvc.working_bytes, rollout_kv_cache=max(0.0, kvc.kv_bytes)))
+        phases = {"rollout": ro, "weight_sync": ws, "old_logprob": olp,
+                  **({"ref_logprob": rlp} if kl else {}), "update": upd}
+
+    out: dict[str, PhaseMemory] = {}
+    for name, per_stage in phases.items():
+        worst = max(per_stage, key=lambda d: sum(d.values()))
+        out[name] = PhaseMemory(name, {k: float(v) for k, v in worst.items()})
+    if w.kind == "grpo":
+        out["rollout"].info = kvc.to_info()
+
+    cap = hardware.hbm_bytes - hardware.reserved_memory_bytes
+    violations: list[Violation] = []
+    for name, pm in out.items():
+        tot = pm.total_bytes
+        if tot > cap:
+            violations.append(Violation(
+                "OOM_RISK", f"phase {name} needs {tot / GiB:.1f} GiB > {cap / GiB:.1f} GiB capacity "
+                            f"({(tot - cap) / GiB:.1f} GiB over; largest part: {max(pm.parts, key=pm.parts.get)})",
+                phase=name, bytes_over=tot - cap))
+    if w.kind == "grpo":
+        if kvc.kv_bytes <= 0:
+            violations.append(Violation(
+                "OOM_RISK", f"gpu_memory_utilization={s.gpu_memory_utilization} gives vLLM {kvc.budget_bytes / GiB:.1f} GiB, "
+                            f"less than its weights + working set ({(kvc.weights_bytes + kvc.working_bytes) / GiB:.1f} GiB at "
+                            f"rollout_tp={s.rollout_tp}): no KV cache", phase="rollout", bytes_over=-kvc.kv_bytes))
+        elif kvc.sequences < 1:
+            violations.append(Violation(
+                "OOM_RISK", f"the KV cache ({kvc.tokens} tokens) cannot hold one sequence of "
+                            f"{w.prompt_len + w.response_len} tokens; raise gpu_memory_utilization or rollout_tp",
+                phase="rollout", bytes_over=(w.prompt_len + w.response_len) * kvc.bytes_per_token - kvc.kv_bytes))
+
+    # Host memory: every rank of a node keeps its offloaded state there (worst stage, conservative).
+    host_rank = 0.0
+    for st in states:
+        h = (st.weights * (2 if kl else 1) if "param" in off else 0.0) + (st.grads if "grad" in off else 0.0) \
+            + (st.optimizer if "optimizer" in off else 0.0)
+        host_rank = max(host_rank, h)
+    ranks = min(cluster.gpus_per_node, cluster.gpus)
+    host = host_rank * ranks
+    if host > hardware.host_memory_bytes:
+        violations.append(Violation(
+            "OOM_RISK", f"offloaded state needs {host / GiB:.1f} GiB of host memory per node ({ranks} ranks x "
+                        f"{host_rank / GiB:.1f} GiB) > {hardware.host_memory_bytes / GiB:.1f} GiB",
+            phase="host", bytes_over=host - hardware.host_memory_bytes))
+    return out, host, violations
+
+
+__all__ = [
+    "KvCapacity", "LayerCoeffs", "ModelState", "forward_activation_bytes", "in_flight_microbatches",
+    "kv_bytes_per_token", "kv_cache_capacity", "layer_activation_bytes", "layer_coeffs", "logits_bytes",
+    "model_state_bytes", "model_state_bytes_per_param", "paper_layer_activation_bytes", "phase_memory",
+    "rollout_weight_bytes", "sync_bucket_bytes", "train_activation_bytes",
+]
