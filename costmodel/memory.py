@@ -159,7 +159,7 @@ def layer_coeffs(m: ModelSpec, moe: bool, tp: int, etp: int, sp: bool, *, flash:
                 shard += 6 * m.shared_experts * m.expert_ffn_hidden
             expert = m.top_k * (2 * h * etp + 6 * m.expert_ffn_hidden) / d_sp
         else:
-            shard += 6 * m.ffn_hidden
+            shard += (6 if m.gated_mlp else 4) * m.ffn_hidden  # SwiGLU 6f; a plain GeLU MLP 4f
         if flash:
             shard += FP32 * a  # log-sum-exp per head
             score = 0.0

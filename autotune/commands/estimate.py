@@ -1,0 +1,130 @@
+"""``grpo-tune estimate``: the cost model's figures for one plan.
+
+Parses the flags, calls :func:`costmodel.estimate.estimate` once, and prints a breakdown (or one
+JSON object with ``--json``). A plan that cannot exist exits 2 with a coded error; a plan that
+exists but does not fit exits 0 with ``fits: false`` and its violations.
+"""
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from autotune.options import (
+    WORKLOAD_DEFAULTS, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Hardware,
+    Json, Kl, LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute,
+    ResponseLen, RolloutTp, SeqLen, SeqPar, Tp, Vpp, WorkloadKind, plan_inputs, strategy_pins,
+)
+from costmodel.estimate import Estimate, estimate as run_estimate
+from costmodel.strategy import Strategy
+
+GiB = 1024**3
+WD = WORKLOAD_DEFAULTS
+
+
+def _gib(x: float) -> str:
+    return f"{x / GiB:,.2f}"
+
+
+def print_estimate(est: Estimate, console: Console) -> None:
+    """The human-readable breakdown. The time model adds its section in the marked place below."""
+    s, m, c = est.strategy, est.model, est.cluster
+    deg = (f"tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} etp={s.etp_} dp={s.dp} mbs={s.mbs} "
+           f"sp={'on' if s.sp else 'off'} recompute={s.recompute} dist-opt={'on' if s.distributed_optimizer else 'off'} "
+           f"offload={','.join(s.offload) or 'none'} rollout_tp={s.rollout_tp} gpu_mem_util={s.gpu_memory_utilization}")
+    console.print(f"[bold]{m.name}[/] on {c.gpus} x {est.hardware.name} ({c.gpus_per_node}/node)", highlight=False)
+    console.print(deg, highlight=False)
+    w = est.workload
+    if w.kind == "grpo":
+        console.print(f"workload: grpo, {w.prompts} prompts x n={w.n}, {w.prompt_len}+{w.response_len} tokens, "
+                      f"mini-batch {w.mini_batch}, {w.ppo_epochs} epoch(s), kl={'on' if w.kl else 'off'}", highlight=False)
+    else:
+        console.print(f"workload: pretrain, seq {w.seq_len}, global batch {w.gbs}", highlight=False)
+    p = est.params
+    console.print(f"params: total {p['total']:,}  active {p['active']:,}  per-rank max {p['per_rank_max']:,}",
+                  highlight=False)
+
+    parts: list[str] = []
+    for pm in est.memory.values():
+        for k in pm.parts:
+            if k not in parts:
+                parts.append(k)
+    # Parts down, phases across: five phases fit an 80-column terminal, a dozen parts do not.
+    t = Table(title=f"GiB per rank (capacity {_gib(est.capacity_bytes)})")
+    t.add_column("part")
+    for name in est.memory:
+        t.add_column(name, justify="right")
+    for k in parts:
+        t.add_row(k.replace("_", " "), *[_gib(pm.parts[k]) if k in pm.parts else "-" for pm in est.memory.values()])
+    t.add_row("[bold]total[/]", *[f"[bold]{_gib(pm.total_bytes)}[/]" for pm in est.memory.values()])
+    t.add_row("fits", *["[green]yes[/]" if pm.total_bytes <= est.capacity_bytes else "[red]no[/]"
+                        for pm in est.memory.values()])
+    console.print(t)
+    ro = est.memory.get("rollout")
+    if ro is not None and ro.info:
+        i = ro.info
+        console.print(f"rollout: KV cache {i['kv_cache_tokens']:,} tokens per replica "
+                      f"({i['kv_bytes_per_token']:,.0f} B/token), {i['max_concurrent_sequences']:,} concurrent sequences "
+                      f"x {i['rollout_replicas']} replicas", highlight=False)
+    if est.host_bytes_per_node:
+        console.print(f"host memory for offloaded state: {_gib(est.host_bytes_per_node)} GiB per node "
+                      f"(of {_gib(est.hardware.host_memory_bytes)})", highlight=False)
+    console.print(f"peak {_gib(est.peak_bytes)} GiB in {est.peak_phase}, headroom {_gib(est.headroom_bytes)} GiB",
+                  highlight=False)
+
+    # --- time (filled by costmodel.timing; extend here) ---------------------------------------
+    if est.time is not None:
+        tt = Table(title="Time per step (s)")
+        tt.add_column("phase")
+        tt.add_column("seconds", justify="right")
+        for k, v in est.time.get("phases", {}).items():
+            tt.add_row(k.removesuffix("_s"), f"{v:,.3f}")
+        tt.add_row("[bold]step[/]", f"[bold]{est.time['step_s']:,.3f}[/]")
+        console.print(tt)
+    if est.throughput is not None:
+        th = est.throughput
+        console.print("throughput: " + ", ".join(f"{k} {v:,.3g}" for k, v in th.items() if v is not None),
+                      highlight=False)
+
+    if est.violations:
+        for v in est.violations:
+            console.print(f"[bold red][{v.code}][/] {v.message}", highlight=False)
+    console.print("[bold green]fits[/]" if est.fits else "[bold red]does not fit[/]")
+
+
+def estimate(
+    model: Model,
+    hardware: Hardware = "h100",
+    gpus: Gpus = 8,
+    gpus_per_node: GpusPerNode = None,
+    tp: Tp = None, pp: Pp = None, vpp: Vpp = None, cp: Cp = None, ep: Ep = None, etp: Etp = None, mbs: Mbs = None,
+    first_stage_layers: FirstStage = None, last_stage_layers: LastStage = None,
+    recompute: Recompute = None, sequence_parallel: SeqPar = None, distributed_optimizer: DistOpt = None,
+    offload: Offload = None, rollout_tp: RolloutTp = None, gpu_memory_utilization: GpuMemUtil = None,
+    workload: WorkloadKind = WD["workload"], prompts: Prompts = WD["prompts"], n: GroupN = WD["n"],
+    prompt_len: PromptLen = WD["prompt_len"], response_len: ResponseLen = WD["response_len"],
+    mini_batch: MiniBatch = WD["mini_batch"], ppo_epochs: PpoEpochs = WD["ppo_epochs"], kl: Kl = WD["kl"],
+    seq_len: SeqLen = WD["seq_len"], gbs: Gbs = WD["gbs"],
+    json_out: Json = False,
+) -> None:
+    """Memory per rank per GRPO phase (and time, where the time model is present) for one plan."""
+    m, hw, cluster, wl = plan_inputs(model=model, hardware=hardware, gpus=gpus, gpus_per_node=gpus_per_node,
+                                     workload=workload, prompts=prompts, n=n, prompt_len=prompt_len,
+                                     response_len=response_len, mini_batch=mini_batch, ppo_epochs=ppo_epochs,
+                                     kl=kl, seq_len=seq_len, gbs=gbs)
+    pins = strategy_pins(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs, recompute=recompute,
+                         sequence_parallel=sequence_parallel, distributed_optimizer=distributed_optimizer,
+                         offload=offload, rollout_tp=rollout_tp, gpu_memory_utilization=gpu_memory_utilization,
+                         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
+    strategy = Strategy.from_dict(pins, where="options")
+    est = run_estimate(model=m, hardware=hw, cluster=cluster, strategy=strategy, workload=wl)
+    if json_out:
+        print(json.dumps(est.to_dict(), indent=2))
+        return
+    print_estimate(est, Console())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("estimate")(estimate)
