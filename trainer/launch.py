@@ -93,7 +93,7 @@ def preflight(cfg, *, nnodes: int | None = None, node_rank: int = 0, resume_dir:
     if w.prompt_len + w.response_len > m.max_seq_len:
         raise ConfigError(f"prompt_len + response_len = {w.prompt_len + w.response_len} exceeds {m.name}'s "
                           f"max_seq_len {m.max_seq_len}", hint="shorten workload.prompt_len / response_len")
-    if t.dataset != "synthetic" and not Path(t.dataset).is_file():
+    if t.dataset.split(":")[0] != "synthetic" and not Path(t.dataset).is_file():
         raise GrpoTuneError(f"dataset {t.dataset!r} does not exist", code="MISSING_DATASET",
                             hint="give a .jsonl/.parquet file with prompt and answer fields, or 'synthetic'")
     if t.dataset.endswith(".parquet") and importlib.util.find_spec("pyarrow") is None:

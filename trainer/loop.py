@@ -1,0 +1,371 @@
+"""The GRPO step: rollout -> weight sync -> old log-probs -> ref log-probs -> update (ppo_epochs x mini-batches).
+
+One step, as verl's ``RayPPOTrainer.fit`` does it for GRPO, with the batch laid out so that no rank
+ever needs another rank's tensors:
+
+* Sequences are numbered prompt-major: sequence ``j = p * n + k`` is response k to prompt p, so a
+  group is ``n`` consecutive sequences (what :func:`trainer.grpo.group_advantages` expects).
+* Mini-batch ``b`` is sequences ``[b*M, (b+1)*M)`` with ``M = mini_batch * n``; DP rank r owns the
+  r-th contiguous ``M / dp`` slice of every mini-batch. A rank rolls out, scores and trains exactly
+  its own sequences; responses are then all-gathered over DP (token ids only, small) so that every
+  rank computes rewards, group advantages and the logged reward statistics on the whole batch.
+* Prompts come from :class:`trainer.data.PromptStream` (seeded per-epoch shuffles; its position is
+  checkpointed) and sampling is seeded by ``(seed, step, dp_rank)``, so a resumed run replays the
+  uninterrupted run exactly, given the restored weights and optimizer state.
+* The loss is :func:`trainer.grpo.actor_loss`, normalized by the *mini-batch's* token (or sequence)
+  count summed over micro-batches and DP ranks, so the gradient does not depend on how the batch is
+  split; :meth:`Engine.train_step` undoes megatron's own averaging (see its docstring).
+
+Phase timers bracket each phase with a device sync and a barrier, so the per-phase times are those
+of the slowest rank (what the cost model predicts).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from . import checkpoint
+from .data import PromptStream
+from .grpo import LossConfig, actor_loss, agg_loss, group_advantages
+from .rollout.base import SamplingParams
+
+PHASES = ("rollout", "weight_sync", "old_logprob", "ref_logprob", "update")
+
+
+@dataclass
+class Item:
+    """One prompt: its token ids and whatever the reward needs (e.g. the reference answer)."""
+
+    prompt_ids: list[int]
+    answer: Any = None
+
+
+@dataclass
+class Dist:
+    """This rank's place in the run, as the loop needs it (decoupled from megatron for unit tests)."""
+
+    rank: int = 0
+    world_size: int = 1
+    dp_rank: int = 0
+    dp: int = 1
+    dp_group: Any = None
+    """The data-parallel process group (None with dp == 1)."""
+    log_rank: bool = True
+    """Whether this rank writes metrics (global rank 0)."""
+
+    def barrier(self) -> None:
+        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
+            dist.barrier()
+
+
+def sync(d: Dist) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    d.barrier()
+
+
+class PhaseTimer:
+    def __init__(self, d: Dist):
+        self.d = d
+        self.times = {p: 0.0 for p in PHASES} | {"offload": 0.0}
+
+    def __call__(self, phase: str):
+        timer = self
+
+        class _T:
+            def __enter__(self):
+                sync(timer.d)
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc):
+                if exc[0] is None:
+                    sync(timer.d)
+                timer.times[phase] += time.perf_counter() - self.t0
+
+        return _T()
+
+
+@dataclass
+class LoopConfig:
+    """The knobs of one GRPO step, read from a RunConfig by :meth:`from_run_config`."""
+
+    prompts: int
+    n: int
+    mini_batch: int
+    ppo_epochs: int
+    mbs: int
+    max_response_len: int
+    seed: int = 1234
+    temperature: float = 1.0
+    top_p: float = 1.0
+    norm_adv_by_std: bool = True
+    loss: LossConfig = field(default_factory=LossConfig)
+    stop_token_ids: tuple[int, ...] = ()
+    seq_multiple: int = 1
+    """Pad the sequence dimension up to a multiple of this (sequence parallel splits it over TP)."""
+    max_seq_len: int | None = None
+
+    @classmethod
+    def from_run_config(cls, cfg) -> "LoopConfig":
+        w, s, t = cfg.workload, cfg.strategy, cfg.trainer
+        return cls(prompts=w.prompts, n=w.n, mini_batch=w.mini_batch, ppo_epochs=w.ppo_epochs, mbs=s.mbs,
+                   max_response_len=w.response_len, seed=t.seed, temperature=t.temperature, top_p=t.top_p,
+                   norm_adv_by_std=t.norm_adv_by_std, loss=LossConfig.from_options(t, use_kl=w.kl),
+                   seq_multiple=s.tp * s.cp if s.sp or s.cp > 1 else 1, max_seq_len=cfg.model.max_seq_len)
+
+
+def local_indices(cfg: LoopConfig, dp_rank: int, dp: int) -> list[int]:
+    """Global sequence indices owned by ``dp_rank``: its slice of every mini-batch, in order."""
+    M = cfg.mini_batch * cfg.n
+    m = M // dp
+    out: list[int] = []
+    for b in range(cfg.prompts // cfg.mini_batch):
+        out.extend(range(b * M + dp_rank * m, b * M + (dp_rank + 1) * m))
+    return out
+
+
+def _pad_to(x: int, k: int) -> int:
+    return -(-x // k) * k
+
+
+def build_batch(prompts: list[list[int]], responses: list[list[int]], *, pad_id: int,
+                seq_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``tokens[B, S]`` = prompt + response + pad, and ``mask[B, S-1]`` over predicted response tokens.
+
+    Position t of the log-prob tensors predicts ``tokens[:, t+1]``; it counts iff that token is a
+    response token. Right padding keeps positions (RoPE) identical to generation, and causal
+    attention keeps the padding from touching earlier positions.
+    """
+    S = max(len(p) + len(r) for p, r in zip(prompts, responses))
+    S = _pad_to(max(S, 2), seq_multiple)
+    tokens = torch.full((len(prompts), S), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), S - 1), dtype=torch.float32)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        seq = list(p) + list(r)
+        tokens[i, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+        mask[i, len(p) - 1:len(seq) - 1] = 1.0
+    return tokens, mask
+
+
+def _gather_dp(obj: list, d: Dist) -> list[list]:
+    if d.dp == 1:
+        return [obj]
+    out: list = [None] * d.dp
+    dist.all_gather_object(out, obj, group=d.dp_group)
+    return out
+
+
+class GRPOLoop:
+    """Runs GRPO steps on an actor :class:`Engine`, an optional reference, and a rollout engine.
+
+    ``reward_fn(item, response_ids) -> float`` scores one response. ``metrics_path`` (on the logging
+    rank) receives one JSON line per step. ``offloader`` (trainer.offload) moves training state off
+    the device around the rollout when the strategy asks for it.
+    """
+
+    def __init__(self, cfg: LoopConfig, *, actor, rollout, dataset: Sequence[Item], reward_fn: Callable[[Item, list[int]], float],
+                 pad_id: int, eos_id: int, ref=None, d: Dist | None = None, out_dir: str | os.PathLike | None = None,
+                 checkpoint_every: int = 0, offloader=None, world_size_for_ckpt: int | None = None,
+                 sync_weights: bool | None = None):
+        self.cfg, self.actor, self.ref, self.rollout = cfg, actor, ref, rollout
+        self.stream = PromptStream(list(dataset), cfg.prompts, seed=cfg.seed)
+        self.reward_fn, self.pad_id, self.eos_id = reward_fn, pad_id, eos_id
+        self.d = d or Dist()
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.checkpoint_every = checkpoint_every
+        self.offloader = offloader
+        self.step_done = 0
+        self.history: list[dict] = []
+        # A rollout engine that runs on the actor's own parameters needs no weight copy.
+        self.sync_weights = (not getattr(rollout, "shares_actor_weights", False)) if sync_weights is None else sync_weights
+        if cfg.loss.use_kl and cfg.loss.kl_coef > 0 and ref is None:
+            raise ValueError("KL loss needs a reference engine")
+        if (cfg.mini_batch * cfg.n) % (self.d.dp * cfg.mbs) or cfg.prompts % cfg.mini_batch:
+            raise ValueError("mini_batch * n must split over dp * mbs, and prompts over mini_batch")
+
+    # -- phases ---------------------------------------------------------------------------------
+    def _generate(self, items: list[Item], local: list[int], step: int) -> list[list[int]]:
+        prompts = [items[j // self.cfg.n].prompt_ids for j in local]
+        params = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                                max_tokens=self.cfg.max_response_len, stop_token_ids=self.cfg.stop_token_ids,
+                                seed=(self.cfg.seed * 1_000_003 + step) * 4099 + self.d.dp_rank)
+        return self.rollout.generate(prompts, params)
+
+    def step(self, step: int) -> dict:
+        """Run step ``step`` (0-based) and return its metrics (complete on the logging rank)."""
+        c, d = self.cfg, self.d
+        timer = PhaseTimer(d)
+        t0 = time.perf_counter()
+        items = self.stream.next_batch()
+        local = local_indices(c, d.dp_rank, d.dp)
+
+        if self.offloader is not None:
+            with timer("offload"):
+                self.offloader.offload()
+        with timer("weight_sync"):
+            if hasattr(self.rollout, "resume"):
+                self.rollout.resume()
+            if self.sync_weights:
+                self.rollout.update_weights(self.actor.named_parameters_for_export())
+        with timer("rollout"):
+            local_resp = self._generate(items, local, step)
+            if hasattr(self.rollout, "release"):
+                self.rollout.release()
+        if self.offloader is not None:
+            with timer("offload"):
+                self.offloader.reload()
+
+        # Every rank gets every response (ids only), so rewards and advantages are global.
+        parts = _gather_dp(local_resp, d)
+        responses: list[list[int]] = [None] * (c.prompts * c.n)  # type: ignore[list-item]
+        for r, part in enumerate(parts):
+            for j, resp in zip(local_indices(c, r, d.dp), part):
+                responses[j] = resp
+        rewards = torch.tensor([float(self.reward_fn(items[j // c.n], responses[j])) for j in range(len(responses))])
+        adv_all = group_advantages(rewards, c.n, norm_by_std=c.norm_adv_by_std)
+
+        tokens, mask = build_batch([items[j // c.n].prompt_ids for j in local], [responses[j] for j in local],
+                                   pad_id=self.pad_id, seq_multiple=c.seq_multiple)
+        adv = adv_all[local]
+
+        with timer("old_logprob"):
+            old_lp, old_ent = self.actor.logprobs(tokens, micro_batch_size=c.mbs, with_entropy=True)
+        ref_lp = None
+        if self.ref is not None and c.loss.use_kl:
+            with timer("ref_logprob"):
+                ref_lp, _ = self.ref.logprobs(tokens, micro_batch_size=c.mbs)
+
+        M = c.mini_batch * c.n
+        m = M // d.dp
+        mb_metrics: list[dict] = []
+        with timer("update"):
+            for _epoch in range(c.ppo_epochs):
+                for b in range(c.prompts // c.mini_batch):
+                    sl = slice(b * m, (b + 1) * m)
+                    # The mini-batch's token / sequence totals over all DP ranks (grpo.agg_loss normalizers).
+                    num_tokens = float(self._dp_sum(mask[sl].sum()))
+                    num_seqs = float(self._dp_sum((mask[sl].sum(-1) > 0).sum().float()))
+                    batch = {"tokens": tokens[sl], "mask": mask[sl], "old_logprobs": old_lp[sl], "advantages": adv[sl]}
+                    if ref_lp is not None:
+                        batch["ref_logprobs"] = ref_lp[sl]
+                    loss_fn = self._loss_fn(num_tokens, num_seqs)
+                    mb_metrics.append(self.actor.train_step(batch, loss_fn, micro_batch_size=c.mbs))
+
+        step_s = time.perf_counter() - t0
+        resp_lens = [len(r) for r in responses]
+        total_tokens = sum(len(items[j // c.n].prompt_ids) + resp_lens[j] for j in range(len(responses)))
+        ent = float(self._dp_mean(agg_loss(old_ent, mask, "token-mean"))) if old_ent is not None else None
+        out = {
+            "step": step + 1,
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "response_len": float(statistics.fmean(resp_lens)),
+            "response_len_max": max(resp_lens),
+            "entropy": ent,
+            "step_s": step_s,
+            "phases_s": {p: timer.times[p] for p in PHASES},
+            "offload_s": timer.times["offload"],
+            "tokens": total_tokens,
+            "tokens_per_s": total_tokens / step_s,
+            "tokens_per_s_per_gpu": total_tokens / step_s / d.world_size,
+        }
+        for k in ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "grad_norm", "lr"):
+            vals = [float(x[k]) for x in mb_metrics if x.get(k) is not None]
+            out[k] = statistics.fmean(vals) if vals else None
+        return out
+
+    def _loss_fn(self, num_tokens: float, num_seqs: float):
+        cfg = self.cfg.loss
+
+        def loss_fn(logprobs, entropy, mb):
+            return actor_loss(logprobs, entropy, old_logprobs=mb["old_logprobs"], advantages=mb["advantages"],
+                              mask=mb["mask"], cfg=cfg, ref_logprobs=mb.get("ref_logprobs"),
+                              num_tokens=num_tokens, num_seqs=num_seqs)
+
+        loss_fn.wants_entropy = cfg.entropy_coef > 0
+        return loss_fn
+
+    def _dp_sum(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.detach().float().reshape(()).clone()
+        if self.d.dp > 1:
+            dist.all_reduce(x, group=self.d.dp_group)
+        return x
+
+    def _dp_mean(self, x: torch.Tensor) -> torch.Tensor:
+        return self._dp_sum(x) / self.d.dp
+
+    # -- the run --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"step": self.step_done, "engine": self.actor.state_dict(), "data": self.stream.state_dict()}
+
+    def load_state_dict(self, st: dict) -> None:
+        self.actor.load_state_dict(st["engine"])
+        self.stream.load_state_dict(st["data"])
+        self.step_done = int(st["step"])
+
+    def resume(self) -> int:
+        """Load the latest complete checkpoint, if any; returns the number of steps already done."""
+        if self.out_dir is None:
+            return 0
+        got = checkpoint.load(self.out_dir, rank=self.d.rank, world_size=self.d.world_size)
+        if got is None:
+            return 0
+        self.load_state_dict(got[1])
+        if self.d.log_rank:
+            _truncate_metrics(self.out_dir / "metrics.jsonl", self.step_done)
+        return self.step_done
+
+    def save(self) -> None:
+        checkpoint.save(self.out_dir, self.step_done, self.state_dict(), rank=self.d.rank,
+                        world_size=self.d.world_size, barrier=self.d.barrier)
+
+    def run(self, steps: int, *, on_step: Callable[[dict], None] | None = None) -> list[dict]:
+        """Run until ``steps`` steps are done in total (resumed steps count), checkpointing every K."""
+        while self.step_done < steps:
+            m = self.step(self.step_done)
+            self.step_done += 1
+            self.history.append(m)
+            if self.d.log_rank and self.out_dir is not None:
+                _append_jsonl(self.out_dir / "metrics.jsonl", m)
+            if on_step is not None:
+                on_step(m)
+            if self.out_dir is not None and self.checkpoint_every and (
+                    self.step_done % self.checkpoint_every == 0 or self.step_done == steps):
+                self.save()
+        return self.history
+
+
+def _append_jsonl(path: Path, rec: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fh.write(json.dumps(rec, allow_nan=True) + "\n")
+        fh.flush()
+
+
+def _truncate_metrics(path: Path, steps_done: int) -> None:
+    """Drop metric lines after the checkpoint we resume from (a killed run may have logged more)."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= steps_done:
+                keep.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line from a kill
+    from autotune.config import atomic_write
+
+    atomic_write(path, "".join(k + "\n" for k in keep))
+
+
+def finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
