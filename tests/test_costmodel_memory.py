@@ -1,0 +1,302 @@
+"""Memory model: Korthikanti's activation formulas, Megatron's model-state rule, rollout KV, offload."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from costmodel.errors import InvalidDegreesError
+from costmodel.estimate import estimate
+from costmodel.memory import (
+    in_flight_microbatches, kv_bytes_per_token, kv_cache_capacity, layer_activation_bytes, layer_coeffs,
+    model_state_bytes_per_param, paper_layer_activation_bytes, phase_memory, rollout_weight_bytes,
+    train_activation_bytes,
+)
+from costmodel.params import per_stage_params
+from costmodel.specs import ModelSpec, load_hardware, load_model
+from costmodel.strategy import Cluster, Strategy, Workload, validate
+
+H100 = load_hardware("h100")
+
+
+def gpt3(a: int, h: int, L: int) -> ModelSpec:
+    """A GPT-3-style model as in Korthikanti Table 3: MHA, GeLU MLP of 4h, vocab 51200."""
+    return ModelSpec(name=f"gpt-{h}", family="gpt", layers=L, hidden=h, ffn_hidden=4 * h, heads=a, kv_heads=a,
+                     head_dim=h // a, vocab=51200, gated_mlp=False)
+
+
+# Korthikanti et al. 2022 (arXiv 2205.05198), Table 3 (s = 2048, t = 8 for all four).
+TABLE3 = {"22B": (64, 6144, 48), "175B": (96, 12288, 96), "530B": (128, 20480, 105), "1T": (160, 25600, 128)}
+S = 2048
+
+
+# ---------------------------------------------------------------------------------------------
+# Korthikanti: per-layer formulas
+# ---------------------------------------------------------------------------------------------
+
+def test_paper_closed_forms_by_hand():
+    s, b, h, a = 2048, 1, 12288, 96
+    assert 5 * a * s / h == 80  # the paper's "5as/h = 80" for GPT-3 175B (sec. 5)
+    assert paper_layer_activation_bytes(s, b, h, a, 1) == s * b * h * (34 + 80)  # eq. 1
+    assert paper_layer_activation_bytes(s, b, h, a, 8, sp=True, recompute="selective") == 106_954_752  # 34sbh/t
+    assert paper_layer_activation_bytes(s, b, h, a, 8, sp=False) == s * b * h * (10 + 24 / 8 + 80 / 8)  # eq. 2
+    assert paper_layer_activation_bytes(s, b, h, a, 8, recompute="full") == 2 * s * b * h
+    # Selective recompute drops 70% of GPT-3's and 65% of MT-NLG's activations (sec. 5).
+    for (a_, h_), saved in (((96, 12288), 0.70), ((128, 20480), 0.65)):
+        full = paper_layer_activation_bytes(S, 1, h_, a_, 1)
+        sel = paper_layer_activation_bytes(S, 1, h_, a_, 1, recompute="selective")
+        assert 1 - sel / full == pytest.approx(saved, abs=0.01)
+
+
+@pytest.mark.parametrize("size", sorted(TABLE3))
+@pytest.mark.parametrize("t", [1, 2, 8])
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("rc", ["none", "selective", "full"])
+def test_per_tensor_bookkeeping_reproduces_the_paper_exactly(size, t, sp, rc):
+    """The per-tensor code, with the paper switch, gives Table 2's formulas to the byte."""
+    a, h, L = TABLE3[size]
+    m = gpt3(a, h, L)
+    for b in (1, 4):
+        c = layer_coeffs(m, False, t, t, sp and t > 1, flash=False, paper=True)
+        got = layer_activation_bytes(c, S, S, b, rc)
+        want = paper_layer_activation_bytes(S, b, h, a, t, sp=sp and t > 1, recompute=rc)
+        assert got == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_our_variant_is_the_paper_without_dropout(sp):
+    """Without dropout (GRPO runs with dropout 0): minus the two 1-byte masks and 3 of the 5 B per score."""
+    a, h, L = TABLE3["175B"]
+    m, t, b = gpt3(a, h, L), 8, 2
+    paper = layer_activation_bytes(layer_coeffs(m, False, t, t, sp, flash=False, paper=True), S, S, b, "none")
+    ours = layer_activation_bytes(layer_coeffs(m, False, t, t, sp, flash=False), S, S, b, "none")
+    d_sp = t if sp else 1
+    assert paper - ours == pytest.approx(2 * S * b * h / d_sp + 3 * a * S * S * b / t, rel=1e-12)
+
+
+def test_swiglu_gqa_flash_variant_per_tensor():
+    """Qwen2.5-7B, tp=2 with SP: norms/inputs 8h/t, Q K V O 2(2q + 2kv)/t, SwiGLU 6f/t, LSE 4a/t."""
+    m = load_model("qwen2.5-7b")
+    c = layer_coeffs(m, False, 2, 2, True, flash=True)
+    h, q, kv, f, a = m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim, m.ffn_hidden, m.heads
+    assert c.linear == pytest.approx((8 * h + 4 * q + 4 * kv + 6 * f + 4 * a) / 2)
+    assert c.quad == 0.0
+    assert c.layer_input == 2 * h / 2
+
+
+def fig7(size: str) -> dict[str, float]:
+    """Korthikanti Fig. 7: memory as a fraction of the tensor-parallel baseline (eq. 2), t = 8."""
+    a, h, _ = TABLE3[size]
+    base = paper_layer_activation_bytes(S, 1, h, a, 8)
+    return {
+        "sp": paper_layer_activation_bytes(S, 1, h, a, 8, sp=True) / base,
+        "selective": paper_layer_activation_bytes(S, 1, h, a, 8, recompute="selective") / base,
+        "both": paper_layer_activation_bytes(S, 1, h, a, 8, sp=True, recompute="selective") / base,
+        "full": paper_layer_activation_bytes(S, 1, h, a, 8, recompute="full") / base,
+    }
+
+
+def test_fig7_ratios():
+    """What Fig. 7 shows for the four Table 3 models: each technique alone roughly halves the
+    activation memory of the tensor-parallel baseline, together they cut it ~5x (to about 20%),
+    and the two techniques' savings grow alike as the model grows. Tolerance: alone within
+    45-70%, together within 15-21%, as read off the figure."""
+    rows = {k: fig7(k) for k in ("22B", "175B", "530B", "1T")}
+    for r in rows.values():
+        assert 0.45 <= r["sp"] <= 0.70
+        assert 0.45 <= r["selective"] <= 0.70
+        assert 0.15 <= r["both"] <= 0.21
+        assert r["full"] < r["both"]
+    gaps = [abs(rows[k]["sp"] - rows[k]["selective"]) for k in ("22B", "175B", "530B")]
+    assert gaps[0] > gaps[1] > gaps[2]
+    # the exact bars from the equations (Table 3 shapes): 22B 66.8/49.4/16.1 %, 175B 62.0/56.5/18.5 %
+    assert rows["22B"]["sp"] == pytest.approx(17.583 / 26.333, abs=1e-3)
+    assert rows["175B"]["both"] == pytest.approx(4.25 / 23, abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pipeline: micro-batches in flight
+# ---------------------------------------------------------------------------------------------
+
+def test_in_flight_1f1b_and_interleaved():
+    assert [in_flight_microbatches(4, 1, i, 64) for i in range(4)] == [4, 3, 2, 1]
+    assert in_flight_microbatches(4, 1, 0, 2) == 2  # fewer micro-batches than stages
+    for p, v in ((4, 2), (8, 3), (16, 4)):
+        # Korthikanti sec. 4.2.3: the first stage holds p micro-batches x (1 + (p-1)/(p v))
+        assert in_flight_microbatches(p, v, 0, 1000) == pytest.approx(p * (1 + (p - 1) / (p * v)))
+
+
+def test_first_stage_holds_all_layers_worth_of_activations():
+    """1F1B: L/p layers x p micro-batches = L layers (Korthikanti eq. 5, independent of p)."""
+    m = load_model("llama-3.1-70b")
+    per_layer = layer_activation_bytes(layer_coeffs(m, False, 8, 8, True), 4096, 4096, 1, "selective")
+    for pp in (1, 2, 4, 8):
+        s = validate(m, Strategy(tp=8, pp=pp), 8 * pp)
+        acts = train_activation_bytes(m, s, seq_len=4096, mbs=1, microbatches=64)
+        assert acts[0] == pytest.approx(m.layers * per_layer)
+        assert acts == sorted(acts, reverse=True)
+
+
+def test_cp_divides_the_sequence_and_recompute_orders():
+    m = load_model("qwen2.5-7b")
+    s1 = validate(m, Strategy(tp=2), 8)
+    s2 = validate(m, Strategy(tp=2, cp=2), 8)
+    a1 = train_activation_bytes(m, s1, seq_len=8192, mbs=1, microbatches=8)[0]
+    a2 = train_activation_bytes(m, s2, seq_len=8192, mbs=1, microbatches=8)[0]
+    assert a2 == pytest.approx(a1 / 2)
+    cpu = load_hardware("cpu")  # no flash attention there: the score matrix is stored
+    w = Workload(kind="pretrain", seq_len=2048, gbs=64)
+    got = {rc: phase_memory(m, cpu, Cluster(gpus=8), validate(m, Strategy(tp=2, recompute=rc), 8), w)[0]
+           ["update"].parts["activations"] for rc in ("none", "selective", "full")}
+    assert got["none"] > got["selective"] > got["full"] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Model state: Megatron's rule
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dist", [True, False])
+@pytest.mark.parametrize("gpus,kw", [(8, dict(tp=2)), (16, dict(tp=2, cp=2)), (16, dict(tp=4, pp=2))])
+def test_dense_model_state_follows_megatrons_rule(dist, gpus, kw):
+    """docs/source/api-guide/dist_optimizer.md: bf16 param + fp32 grads = 18 B/param, or 6 + 12/d
+    with the distributed optimizer, d = DP x CP (Megatron shards over the DP group with CP)."""
+    m = load_model("qwen2.5-7b")
+    s = validate(m, Strategy(distributed_optimizer=dist, **kw), gpus)
+    d = s.dp * s.cp
+    assert model_state_bytes_per_param(d, dist) == (6 + 12 / d if dist else 18)
+    mem, _, _ = phase_memory(m, H100, Cluster(gpus=gpus), s, Workload())
+    upd = mem["update"].parts
+    state = upd["weights"] + upd["grads"] + upd["optimizer"]
+    # the worst stage (by its phase total) is the one reported: its params follow the rule
+    rule = [p.total * model_state_bytes_per_param(d, dist) for p in per_stage_params(m, s)]
+    assert any(state == pytest.approx(r, rel=1e-12) for r in rule)
+
+
+def test_moe_optimizer_shards_experts_over_expert_dp():
+    m = load_model("qwen3-30b-a3b")
+    s = validate(m, Strategy(tp=2, ep=8, etp=1), 16)  # dp=8, expert-DP = 2*1*8/(8*1) = 2
+    mem, _, _ = phase_memory(m, H100, Cluster(gpus=16), s, Workload())
+    st = per_stage_params(m, s)[0]
+    assert mem["update"].parts["optimizer"] == pytest.approx(12 * (st.dense / 8 + st.expert / 2))
+    assert mem["update"].parts["grads"] == 4 * st.total
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout, offload, violations
+# ---------------------------------------------------------------------------------------------
+
+def test_kv_bytes_per_token():
+    # 2 (K,V) x layers x kv heads x head_dim x 2 B: Qwen2.5-7B 56 KiB, Llama-3.1-8B 128 KiB per token.
+    assert kv_bytes_per_token(load_model("qwen2.5-7b"), 1) == 2 * 28 * 4 * 128 * 2 == 57344
+    assert kv_bytes_per_token(load_model("llama-3.1-8b"), 1) == 131072
+    assert kv_bytes_per_token(load_model("llama-3.1-8b"), 4) == 131072 / 4
+    # rollout_tp 8 > 4 KV heads: each rank keeps one replicated head
+    assert kv_bytes_per_token(load_model("qwen2.5-7b"), 8) == 57344 / 4
+    # MLA caches the latent (512 + 64) per layer, whole on every rank (DeepSeek-V2 sec. 2.1.2)
+    assert kv_bytes_per_token(load_model("deepseek-v3"), 8) == 61 * 576 * 2
+
+
+def test_kv_capacity_and_concurrency():
+    m = load_model("qwen2.5-7b")
+    s = validate(m, Strategy(tp=2, rollout_tp=2, gpu_memory_utilization=0.6), 8)
+    w = Workload()
+    k = kv_cache_capacity(m, H100, s, w, 8)
+    assert k.weights_bytes == pytest.approx(2 * per_stage_params(m, Strategy(tp=2))[0].total)
+    assert k.kv_bytes == pytest.approx(0.6 * H100.hbm_bytes - k.weights_bytes - k.working_bytes)
+    assert k.tokens == int(k.kv_bytes // (57344 / 2))
+    assert k.sequences == k.tokens // 2048 and k.sequences > 100
+    assert k.replicas == 4
+    # more memory for vLLM, more sequences; a larger rollout TP, smaller weights per rank
+    assert kv_cache_capacity(m, H100, s.replace(gpu_memory_utilization=0.8), w, 8).sequences > k.sequences
+    assert rollout_weight_bytes(m, 4) < rollout_weight_bytes(m, 2)
+    mem, _, _ = phase_memory(m, H100, Cluster(gpus=8), s, w)
+    assert mem["rollout"].info["max_concurrent_sequences"] == k.sequences
+
+
+def test_rollout_budget_below_weights_is_an_oom_risk():
+    m = load_model("llama-3.1-70b")
+    e = estimate(model=m, hardware=H100, cluster=Cluster(gpus=8),
+                 strategy=Strategy(tp=8, rollout_tp=1, gpu_memory_utilization=0.5), workload=Workload())
+    assert not e.fits
+    ro = [v for v in e.violations if v.phase == "rollout" and "KV cache" in v.message]
+    assert ro and ro[0].code == "OOM_RISK" and ro[0].bytes_over > 0
+    assert e.memory["rollout"].parts["rollout_kv_cache"] == 0
+
+
+def test_offload_moves_state_to_the_host_and_checks_it():
+    m = load_model("qwen2.5-7b")
+    w = Workload()
+    s = validate(m, Strategy(tp=2, offload=("param", "grad", "optimizer")), 8)
+    mem, host, viol = phase_memory(m, H100, Cluster(gpus=8), s, w)
+    on = phase_memory(m, H100, Cluster(gpus=8), validate(m, Strategy(tp=2), 8), w)[0]
+    ro = mem["rollout"].parts
+    assert ro["weights"] == ro["grads"] == ro["optimizer"] == ro["ref_weights"] == 0
+    assert mem["rollout"].total_bytes < on["rollout"].total_bytes
+    assert mem["old_logprob"].parts["weights"] > 0  # the phase that needs them has them
+    upd = on["update"].parts
+    per_rank = 2 * upd["weights"] + upd["grads"] + upd["optimizer"]  # actor + reference weights
+    assert host == pytest.approx(8 * per_rank)
+    assert not [v for v in viol if v.phase == "host"]
+    small = dataclasses.replace(H100, host_memory_bytes=host / 2)
+    _, _, viol = phase_memory(m, small, Cluster(gpus=8), s, w)
+    hv = [v for v in viol if v.phase == "host"]
+    assert hv and hv[0].code == "OOM_RISK" and hv[0].bytes_over == pytest.approx(host / 2)
+
+
+def test_plan_that_does_not_fit_is_data():
+    m = load_model("llama-3.1-70b")
+    e = estimate(model=m, hardware=H100, cluster=Cluster(gpus=8), strategy=Strategy(tp=1),
+                 workload=Workload(kind="pretrain"))
+    assert list(e.memory) == ["update"]
+    assert not e.fits
+    v = [v for v in e.violations if v.phase == "update"][0]
+    assert v.code == "OOM_RISK" and v.bytes_over == pytest.approx(e.memory["update"].total_bytes - e.capacity_bytes)
+    d = e.to_dict()
+    assert d["fits"] is False and d["violations"][0]["code"] == "OOM_RISK"
+    assert set(d["memory"]["phases"]["update"]) >= {"total_bytes", "weights_bytes", "activations_bytes"}
+
+
+def test_grpo_phases_and_reference_model():
+    m = load_model("qwen2.5-7b")
+    s = validate(m, Strategy(tp=2), 8)
+    mem, _, _ = phase_memory(m, H100, Cluster(gpus=8), s, Workload(kl=True))
+    assert list(mem) == ["rollout", "weight_sync", "old_logprob", "ref_logprob", "update"]
+    assert mem["ref_logprob"].parts["ref_weights"] == mem["update"].parts["weights"]
+    nokl, _, _ = phase_memory(m, H100, Cluster(gpus=8), s, Workload(kl=False))
+    assert "ref_logprob" not in nokl and "ref_weights" not in nokl["update"].parts
+    # forward-only log-prob holds far less than training's 1F1B activations
+    assert mem["old_logprob"].parts["activations"] < mem["update"].parts["activations"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Property: any valid plan gives a well-formed estimate; only coded errors otherwise
+# ---------------------------------------------------------------------------------------------
+
+MODELS = ["tiny", "tiny-moe", "qwen2.5-0.5b", "qwen2.5-7b", "llama-3.1-70b", "qwen3-30b-a3b", "deepseek-v3"]
+POW2 = st.sampled_from([1, 2, 4, 8, 16])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(MODELS), gpus=st.sampled_from([1, 2, 4, 8, 16, 64, 256]), tp=POW2, pp=POW2,
+       cp=st.sampled_from([1, 2]), ep=POW2, mbs=st.sampled_from([1, 2, 4]),
+       rc=st.sampled_from(["none", "selective", "full"]),
+       off=st.sets(st.sampled_from(["param", "grad", "optimizer"])), rtp=POW2,
+       util=st.floats(0.1, 0.95), kind=st.sampled_from(["grpo", "pretrain"]))
+def test_estimate_is_well_formed(name, gpus, tp, pp, cp, ep, mbs, rc, off, rtp, util, kind):
+    m = load_model(name)
+    s = Strategy(tp=tp, pp=pp, cp=cp, ep=ep if m.is_moe else 1, etp=1 if m.is_moe else None, mbs=mbs,
+                 recompute=rc, offload=tuple(sorted(off)), rollout_tp=rtp, gpu_memory_utilization=util)
+    try:
+        e = estimate(model=m, hardware=H100, cluster=Cluster(gpus=gpus), strategy=s, workload=Workload(kind=kind))
+    except InvalidDegreesError:
+        return
+    assert e.strategy.tp * e.strategy.pp * e.strategy.cp * e.strategy.dp == gpus
+    for pm in e.memory.values():
+        assert all(v >= 0 for v in pm.parts.values()), pm
+    assert e.peak_bytes == max(pm.total_bytes for pm in e.memory.values())
+    over = {name for name, pm in e.memory.items() if pm.total_bytes > e.capacity_bytes}
+    assert over <= {v.phase for v in e.violations if v.code == "OOM_RISK"}
+    assert e.fits == (not any(v.code == "OOM_RISK" for v in e.violations))
+
