@@ -13,7 +13,7 @@ import torch
 
 from trainer import checkpoint
 from trainer.grpo import LossConfig
-from trainer.loop import GRPOLoop, Item, LoopConfig, build_batch, local_indices
+from trainer.loop import GRPOLoop, Item, LoopConfig, build_batch
 from trainer.rollout.sampling import sample
 
 V, PAD, EOS, BOS = 16, 0, 1, 2
@@ -30,26 +30,29 @@ class BigramEngine:
     def _logits(self, tokens):
         return self.table[tokens[:, :-1]]
 
-    def logprobs(self, tokens, *, micro_batch_size, with_entropy=False):
+    def logprobs(self, tokens, *, micro_batch_size, with_entropy=False, temperature=1.0):
         with torch.no_grad():
             z = torch.log_softmax(self._logits(tokens), -1)
             lp = z.gather(-1, tokens[:, 1:, None]).squeeze(-1)
             ent = -(z.exp() * z).sum(-1) if with_entropy else None
         return lp, ent
 
-    def train_step(self, batch, loss_fn, *, micro_batch_size):
+    def train_step(self, batch, loss_fn, *, micro_batch_size, with_entropy=False, temperature=1.0):
+        """Like Engine.train_step: the gradient of the mean of loss_fn over micro-batches; mean metrics."""
         self.opt.zero_grad()
         B = batch["tokens"].shape[0]
+        n = B // micro_batch_size
         sums: dict = {}
         for i in range(0, B, micro_batch_size):
             mb = {k: v[i:i + micro_batch_size] for k, v in batch.items()}
+            mb["_scale_ctx"] = {"micro_batches": n, "rows": micro_batch_size}
             z = torch.log_softmax(self._logits(mb["tokens"]), -1)
             lp = z.gather(-1, mb["tokens"][:, 1:, None]).squeeze(-1)
-            ent = -(z.exp() * z).sum(-1)
+            ent = -(z.exp() * z).sum(-1) if with_entropy else None
             loss, m = loss_fn(lp, ent, mb)
-            loss.backward()  # loss is a partial sum of the mini-batch mean (grpo.agg_loss normalizers)
+            (loss / n).backward()
             for k, v in m.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
+                sums[k] = sums.get(k, 0.0) + float(v) / n
         self.opt.step()
         return sums
 
@@ -71,6 +74,7 @@ class BigramEngine:
 
 class FakeRollout:
     shares_actor_weights = True
+    collective_batch = True
 
     def __init__(self, engine):
         self.engine = engine
@@ -92,15 +96,6 @@ def make_loop(tmp_path=None, *, steps_seed=0, checkpoint_every=0, kl=True):
     data = [Item(prompt_ids=[BOS, 3 + i % 5]) for i in range(10)]
     return GRPOLoop(cfg, actor=actor, ref=ref, rollout=FakeRollout(actor), dataset=data, reward_fn=reward_token7,
                     pad_id=PAD, eos_id=EOS, out_dir=tmp_path, checkpoint_every=checkpoint_every)
-
-
-def test_local_indices_partition_every_mini_batch():
-    cfg = LoopConfig(prompts=8, n=4, mini_batch=4, ppo_epochs=1, mbs=2, max_response_len=4)
-    parts = [local_indices(cfg, r, 4) for r in range(4)]
-    flat = sorted(i for p in parts for i in p)
-    assert flat == list(range(32))
-    # each rank owns one contiguous quarter of each of the 2 mini-batches
-    assert parts[1] == [4, 5, 6, 7, 20, 21, 22, 23]
 
 
 def test_build_batch_masks_exactly_the_response_predictions():

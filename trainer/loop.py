@@ -1,26 +1,30 @@
 """The GRPO step: rollout -> weight sync -> old log-probs -> ref log-probs -> update (ppo_epochs x mini-batches).
 
-One step, as verl's ``RayPPOTrainer.fit`` does it for GRPO, with the batch laid out so that no rank
-ever needs another rank's tensors:
+One step, as verl's ``RayPPOTrainer.fit`` does it for GRPO:
 
 * Sequences are numbered prompt-major: sequence ``j = p * n + k`` is response k to prompt p, so a
   group is ``n`` consecutive sequences (what :func:`trainer.grpo.group_advantages` expects).
-* Mini-batch ``b`` is sequences ``[b*M, (b+1)*M)`` with ``M = mini_batch * n``; DP rank r owns the
-  r-th contiguous ``M / dp`` slice of every mini-batch. A rank rolls out, scores and trains exactly
-  its own sequences; responses are then all-gathered over DP (token ids only, small) so that every
-  rank computes rewards, group advantages and the logged reward statistics on the whole batch.
+  Mini-batch ``b`` is sequences ``[b*M, (b+1)*M)`` with ``M = mini_batch * n``.
+* :class:`trainer.engine.Engine` methods are collectives that take the *whole* batch on every rank
+  and hand each DP rank its contiguous share themselves, so every rank builds the same batch here.
+  A rollout engine that is itself such a collective (``collective_batch = True``, the native
+  megatron sampler) gets every prompt on every rank with the same seed; any other engine (vLLM,
+  one replica per ``rollout_tp`` ranks) gets its replica's contiguous share of the sequences and
+  the responses (token ids only) are all-gathered.
 * Prompts come from :class:`trainer.data.PromptStream` (seeded per-epoch shuffles; its position is
-  checkpointed) and sampling is seeded by ``(seed, step, dp_rank)``, so a resumed run replays the
+  checkpointed) and sampling is seeded by ``(seed, step)``, so a resumed run replays the
   uninterrupted run exactly, given the restored weights and optimizer state.
-* The loss is :func:`trainer.grpo.actor_loss`, normalized by the *mini-batch's* token (or sequence)
-  count summed over micro-batches and DP ranks, so the gradient does not depend on how the batch is
-  split; :meth:`Engine.train_step` undoes megatron's own averaging (see its docstring).
+* The loss is :func:`trainer.grpo.actor_loss` normalized by the *mini-batch's* token (or sequence)
+  totals; each micro-batch's value is a partial sum, which ``loss_fn`` multiplies by the global
+  micro-batch count to undo the engine's mean over micro-batches and DP ranks, so the gradient is
+  that of the mini-batch mean however the batch is split.
 
 Phase timers bracket each phase with a device sync and a barrier, so the per-phase times are those
 of the slowest rank (what the cost model predicts).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -55,10 +59,8 @@ class Dist:
 
     rank: int = 0
     world_size: int = 1
-    dp_rank: int = 0
-    dp: int = 1
-    dp_group: Any = None
-    """The data-parallel process group (None with dp == 1)."""
+    rollout_tp: int = 1
+    """Ranks per rollout replica (engines that are not batch collectives)."""
     log_rank: bool = True
     """Whether this rank writes metrics (global rank 0)."""
 
@@ -123,16 +125,6 @@ class LoopConfig:
                    seq_multiple=s.tp * s.cp if s.sp or s.cp > 1 else 1, max_seq_len=cfg.model.max_seq_len)
 
 
-def local_indices(cfg: LoopConfig, dp_rank: int, dp: int) -> list[int]:
-    """Global sequence indices owned by ``dp_rank``: its slice of every mini-batch, in order."""
-    M = cfg.mini_batch * cfg.n
-    m = M // dp
-    out: list[int] = []
-    for b in range(cfg.prompts // cfg.mini_batch):
-        out.extend(range(b * M + dp_rank * m, b * M + (dp_rank + 1) * m))
-    return out
-
-
 def _pad_to(x: int, k: int) -> int:
     return -(-x // k) * k
 
@@ -154,14 +146,6 @@ def build_batch(prompts: list[list[int]], responses: list[list[int]], *, pad_id:
         tokens[i, :len(seq)] = torch.tensor(seq, dtype=torch.long)
         mask[i, len(p) - 1:len(seq) - 1] = 1.0
     return tokens, mask
-
-
-def _gather_dp(obj: list, d: Dist) -> list[list]:
-    if d.dp == 1:
-        return [obj]
-    out: list = [None] * d.dp
-    dist.all_gather_object(out, obj, group=d.dp_group)
-    return out
 
 
 class GRPOLoop:
@@ -189,88 +173,88 @@ class GRPOLoop:
         self.sync_weights = (not getattr(rollout, "shares_actor_weights", False)) if sync_weights is None else sync_weights
         if cfg.loss.use_kl and cfg.loss.kl_coef > 0 and ref is None:
             raise ValueError("KL loss needs a reference engine")
-        if (cfg.mini_batch * cfg.n) % (self.d.dp * cfg.mbs) or cfg.prompts % cfg.mini_batch:
-            raise ValueError("mini_batch * n must split over dp * mbs, and prompts over mini_batch")
+        if cfg.prompts % cfg.mini_batch:
+            raise ValueError("prompts must be a multiple of mini_batch")
 
     # -- phases ---------------------------------------------------------------------------------
-    def _generate(self, items: list[Item], local: list[int], step: int) -> list[list[int]]:
-        prompts = [items[j // self.cfg.n].prompt_ids for j in local]
-        params = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                                max_tokens=self.cfg.max_response_len, stop_token_ids=self.cfg.stop_token_ids,
-                                seed=(self.cfg.seed * 1_000_003 + step) * 4099 + self.d.dp_rank)
-        return self.rollout.generate(prompts, params)
+    def _generate(self, prompts: list[list[int]], step: int) -> list[list[int]]:
+        c, d = self.cfg, self.d
+        params = SamplingParams(temperature=c.temperature, top_p=c.top_p, max_tokens=c.max_response_len,
+                                stop_token_ids=c.stop_token_ids, seed=c.seed * 1_000_003 + step)
+        if getattr(self.rollout, "collective_batch", False) or d.world_size == 1:
+            return self.rollout.generate(prompts, params)
+        # One replica per rollout_tp ranks; each replica samples its contiguous share.
+        replicas = d.world_size // d.rollout_tp
+        rep = d.rank // d.rollout_tp
+        per = -(-len(prompts) // replicas)
+        mine = self.rollout.generate(prompts[rep * per:(rep + 1) * per],
+                                     dataclasses.replace(params, seed=params.seed * 4099 + rep))
+        parts: list = [None] * d.world_size
+        dist.all_gather_object(parts, mine)
+        return [r for k in range(replicas) for r in parts[k * d.rollout_tp]]
 
     def step(self, step: int) -> dict:
-        """Run step ``step`` (0-based) and return its metrics (complete on the logging rank)."""
+        """Run step ``step`` (0-based) and return its metrics (the same on every rank)."""
         c, d = self.cfg, self.d
         timer = PhaseTimer(d)
         t0 = time.perf_counter()
         items = self.stream.next_batch()
-        local = local_indices(c, d.dp_rank, d.dp)
+        prompts = [items[j // c.n].prompt_ids for j in range(c.prompts * c.n)]
 
-        if self.offloader is not None:
-            with timer("offload"):
-                self.offloader.offload()
         with timer("weight_sync"):
             if hasattr(self.rollout, "resume"):
                 self.rollout.resume()
             if self.sync_weights:
                 self.rollout.update_weights(self.actor.named_parameters_for_export())
+        if self.offloader is not None:  # after the sync, which reads the parameters
+            with timer("offload"):
+                self.offloader.offload(keep_params=not self.sync_weights)
         with timer("rollout"):
-            local_resp = self._generate(items, local, step)
+            responses = self._generate(prompts, step)
             if hasattr(self.rollout, "release"):
                 self.rollout.release()
         if self.offloader is not None:
             with timer("offload"):
                 self.offloader.reload()
 
-        # Every rank gets every response (ids only), so rewards and advantages are global.
-        parts = _gather_dp(local_resp, d)
-        responses: list[list[int]] = [None] * (c.prompts * c.n)  # type: ignore[list-item]
-        for r, part in enumerate(parts):
-            for j, resp in zip(local_indices(c, r, d.dp), part):
-                responses[j] = resp
-        rewards = torch.tensor([float(self.reward_fn(items[j // c.n], responses[j])) for j in range(len(responses))])
-        adv_all = group_advantages(rewards, c.n, norm_by_std=c.norm_adv_by_std)
-
-        tokens, mask = build_batch([items[j // c.n].prompt_ids for j in local], [responses[j] for j in local],
-                                   pad_id=self.pad_id, seq_multiple=c.seq_multiple)
-        adv = adv_all[local]
+        rewards = torch.tensor([float(self.reward_fn(items[j // c.n], r)) for j, r in enumerate(responses)])
+        adv = group_advantages(rewards, c.n, norm_by_std=c.norm_adv_by_std)
+        tokens, mask = build_batch(prompts, responses, pad_id=self.pad_id, seq_multiple=c.seq_multiple)
+        temp = {"temperature": c.temperature} if c.temperature > 0 and c.temperature != 1.0 else {}
 
         with timer("old_logprob"):
-            old_lp, old_ent = self.actor.logprobs(tokens, micro_batch_size=c.mbs, with_entropy=True)
+            old_lp, old_ent = self.actor.logprobs(tokens, micro_batch_size=c.mbs, with_entropy=True, **temp)
         ref_lp = None
         if self.ref is not None and c.loss.use_kl:
             with timer("ref_logprob"):
-                ref_lp, _ = self.ref.logprobs(tokens, micro_batch_size=c.mbs)
+                ref_lp, _ = self.ref.logprobs(tokens, micro_batch_size=c.mbs, **temp)
 
         M = c.mini_batch * c.n
-        m = M // d.dp
         mb_metrics: list[dict] = []
         with timer("update"):
             for _epoch in range(c.ppo_epochs):
                 for b in range(c.prompts // c.mini_batch):
-                    sl = slice(b * m, (b + 1) * m)
-                    # The mini-batch's token / sequence totals over all DP ranks (grpo.agg_loss normalizers).
-                    num_tokens = float(self._dp_sum(mask[sl].sum()))
-                    num_seqs = float(self._dp_sum((mask[sl].sum(-1) > 0).sum().float()))
+                    sl = slice(b * M, (b + 1) * M)
                     batch = {"tokens": tokens[sl], "mask": mask[sl], "old_logprobs": old_lp[sl], "advantages": adv[sl]}
                     if ref_lp is not None:
                         batch["ref_logprobs"] = ref_lp[sl]
-                    loss_fn = self._loss_fn(num_tokens, num_seqs)
-                    mb_metrics.append(self.actor.train_step(batch, loss_fn, micro_batch_size=c.mbs))
+                    # grpo.agg_loss normalizers: the whole mini-batch's token and sequence counts.
+                    num_tokens = float(mask[sl].sum())
+                    num_seqs = float((mask[sl].sum(-1) > 0).sum())
+                    mb_metrics.append(self.actor.train_step(batch, self._loss_fn(num_tokens, num_seqs),
+                                                            micro_batch_size=c.mbs,
+                                                            with_entropy=c.loss.entropy_coef > 0, **temp))
 
         step_s = time.perf_counter() - t0
         resp_lens = [len(r) for r in responses]
-        total_tokens = sum(len(items[j // c.n].prompt_ids) + resp_lens[j] for j in range(len(responses)))
-        ent = float(self._dp_mean(agg_loss(old_ent, mask, "token-mean"))) if old_ent is not None else None
+        total_tokens = sum(len(p) for p in prompts) + sum(resp_lens)
         out = {
             "step": step + 1,
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
             "response_len": float(statistics.fmean(resp_lens)),
             "response_len_max": max(resp_lens),
-            "entropy": ent,
+            "entropy": float(agg_loss(old_ent, mask, "token-mean")) if old_ent is not None else None,
             "step_s": step_s,
             "phases_s": {p: timer.times[p] for p in PHASES},
             "offload_s": timer.times["offload"],
@@ -278,7 +262,7 @@ class GRPOLoop:
             "tokens_per_s": total_tokens / step_s,
             "tokens_per_s_per_gpu": total_tokens / step_s / d.world_size,
         }
-        for k in ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "grad_norm", "lr"):
+        for k in ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "grad_norm"):
             vals = [float(x[k]) for x in mb_metrics if x.get(k) is not None]
             out[k] = statistics.fmean(vals) if vals else None
         return out
@@ -287,21 +271,15 @@ class GRPOLoop:
         cfg = self.cfg.loss
 
         def loss_fn(logprobs, entropy, mb):
-            return actor_loss(logprobs, entropy, old_logprobs=mb["old_logprobs"], advantages=mb["advantages"],
-                              mask=mb["mask"], cfg=cfg, ref_logprobs=mb.get("ref_logprobs"),
-                              num_tokens=num_tokens, num_seqs=num_seqs)
+            loss, metrics = actor_loss(logprobs, entropy, old_logprobs=mb["old_logprobs"], advantages=mb["advantages"],
+                                       mask=mb["mask"], cfg=cfg, ref_logprobs=mb.get("ref_logprobs"),
+                                       num_tokens=num_tokens, num_seqs=num_seqs)
+            # Engine.train_step averages over micro-batches x DP ranks; the values here are partial
+            # sums of the mini-batch mean, so scale by that count (engine.py, "Loss scaling").
+            k = float(mb.get("_scale_ctx", {}).get("micro_batches", 1))
+            return loss * k, {name: v * k for name, v in metrics.items()}
 
-        loss_fn.wants_entropy = cfg.entropy_coef > 0
         return loss_fn
-
-    def _dp_sum(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.detach().float().reshape(()).clone()
-        if self.d.dp > 1:
-            dist.all_reduce(x, group=self.d.dp_group)
-        return x
-
-    def _dp_mean(self, x: torch.Tensor) -> torch.Tensor:
-        return self._dp_sum(x) / self.d.dp
 
     # -- the run --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
