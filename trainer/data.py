@@ -4,14 +4,21 @@ A record needs a prompt and an answer. Accepted field names: ``prompt`` (a strin
 ``[{"role": ..., "content": ...}]`` whose contents are joined, as in verl's parquet files) or
 ``question``; ``answer`` or ``reward_model.ground_truth`` (verl) or ``ground_truth``.
 
-The synthetic task ("sum"): the prompt is ``a+b=`` with digits a, b whose sum is at most 9 and
-the answer is that sum, one digit; ``math`` reward grades the last number of the response.
-Why this task: an untrained ``tiny`` model samples near-uniformly from 128 ASCII ids, so a short
-response happens to end in the right digit a few percent of the time (about 4% for 4-token
-responses; measured in tests/test_trainer_data.py), every group of 8 has a fair chance to hold a
-rewarded response, and GRPO gets signal from step one. Learning shows in two stages: first the
-policy learns to answer with a single digit (reward towards the ~1/7 share of the most common
-sum), then to add. ``synthetic:copy`` is an easier variant (``d=`` -> ``d``: copy one digit).
+The synthetic tasks (``load_dataset("synthetic")`` is ``synthetic:copy``), graded by the ``math``
+reward (the last number in the response must equal the answer):
+
+* ``copy``: the prompt is ``d=`` for a digit d, the answer is d.
+* ``sum``: the prompt is ``a+b=``, the answer the one-digit sum; sums are uniform over 0..9.
+
+Why these: an untrained ``tiny`` model samples near-uniformly from the 128 ASCII ids, so a short
+response ends in the right digit by chance (about 2.5% of 4-token responses, 4% of 8-token ones:
+a digit must turn up, be the last number and be the right one; tests/test_trainer_data.py checks
+the exact figure), so most steps hold a rewarded response in some group and GRPO has signal
+from the start. No fixed answer pays more than ~10%, so reward above that needs the prompt.
+What was seen with a plain-torch model of tiny's shape (4 layers, hidden 64; prompts 16 x n 8,
+4 response tokens, AdamW lr 1e-3, no KL, 1 CPU thread, ~0.1-0.2 s a step): ``copy`` went from
+~3% to ~80% reward in 200 steps; ``sum`` only to ~14% in 300 steps (mostly the single-digit
+format), so ``sum`` is the harder option, not the one to show learning in minutes.
 """
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ from pathlib import Path
 
 from costmodel.errors import ConfigError, GrpoTuneError, try_import
 
-SYNTHETIC_TASKS = ("sum", "copy")
+SYNTHETIC_TASKS = ("copy", "sum")
 
 
 @dataclass(frozen=True)
@@ -31,7 +38,7 @@ class Example:
     answer: str
 
 
-def synthetic_examples(n: int, seed: int = 0, *, task: str = "sum") -> list[Example]:
+def synthetic_examples(n: int, seed: int = 0, *, task: str = "copy") -> list[Example]:
     """``n`` examples of the synthetic task, reproducible from ``seed`` (see module doc)."""
     if task not in SYNTHETIC_TASKS:
         raise ConfigError(f"unknown synthetic task {task!r}", hint=f"choose one of: {', '.join(SYNTHETIC_TASKS)}")
@@ -42,13 +49,13 @@ def synthetic_examples(n: int, seed: int = 0, *, task: str = "sum") -> list[Exam
             d = rng.randrange(10)
             out.append(Example(f"{d}=", str(d)))
         else:
-            a = rng.randrange(10)
-            b = rng.randrange(10 - a)  # a + b <= 9: the answer is one digit
-            out.append(Example(f"{a}+{b}=", str(a + b)))
+            s = rng.randrange(10)  # the answer is uniform over 0..9, so no single guess pays more than ~10%
+            a = rng.randrange(s + 1)
+            out.append(Example(f"{a}+{s - a}=", str(s)))
     return out
 
 
-def write_synthetic(path: str | Path, n: int, seed: int = 0, *, task: str = "sum") -> Path:
+def write_synthetic(path: str | Path, n: int, seed: int = 0, *, task: str = "copy") -> Path:
     """Write the synthetic task as JSONL with ``prompt`` and ``answer`` fields."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -93,12 +100,12 @@ def _records_to_examples(records, where: str, prompt_key: str, answer_key: str) 
 
 def load_dataset(spec: str, *, n: int = 1024, seed: int = 0, prompt_key: str = "prompt",
                  answer_key: str = "answer") -> list[Example]:
-    """``synthetic`` / ``synthetic:copy`` (``n`` examples from ``seed``), or a ``.jsonl`` / ``.parquet`` file.
+    """``synthetic`` (= ``synthetic:copy``) / ``synthetic:sum`` (``n`` examples from ``seed``), or a ``.jsonl`` / ``.parquet`` file.
 
     A missing file raises the coded MISSING_DATASET error; malformed records raise BAD_CONFIG.
     """
     if spec == "synthetic" or spec.startswith("synthetic:"):
-        return synthetic_examples(n, seed, task=spec.partition(":")[2] or "sum")
+        return synthetic_examples(n, seed, task=spec.partition(":")[2] or "copy")
     p = Path(spec)
     if not p.is_file():
         raise GrpoTuneError(f"dataset {spec!r} does not exist", code="MISSING_DATASET",
