@@ -41,8 +41,9 @@ def report_error(exc: GrpoTuneError) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    rc = 0
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)  # non-standalone click returns typer.Exit's code
     except GrpoTuneError as exc:
         report_error(exc)
         return 2
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             exc.show()
             return exc.exit_code
         raise
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 def run() -> None:  # console-script entry point

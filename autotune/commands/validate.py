@@ -1,0 +1,55 @@
+"""``grpo-tune validate``: the time model against published Megatron-LM measurements."""
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from autotune.options import Json
+
+Tolerance = Annotated[float, typer.Option("--tolerance", help="Fail (exit 1) when the MAPE (all rows or held-out rows) exceeds this many percent.")]
+DataFile = Annotated[Optional[str], typer.Option("--data", help="Measurements CSV (default: the shipped profiles/data/published.csv).")]
+HardwareOpt = Annotated[str, typer.Option("--hardware", help="Hardware profile the rows ran on.")]
+Refit = Annotated[bool, typer.Option("--refit", help="Refit the efficiency curve on the rows marked fit, then report every row.")]
+
+
+def validate(json_out: Json = False, tolerance: Tolerance = 10.0, data: DataFile = None,
+             hardware: HardwareOpt = "a100", refit: Refit = False) -> None:
+    """Predicted vs published throughput and iteration times (Narayanan et al. 2021, Korthikanti et al. 2022)."""
+    from autotune.validate import run
+
+    rep = run(hardware=hardware, path=data, tolerance_pct=tolerance, refit=refit)
+    if json_out:
+        print(json.dumps(rep, indent=2))
+    else:
+        _print(rep)
+    if not rep["passed"]:
+        raise typer.Exit(1)
+
+
+def _print(rep: dict) -> None:
+    con = Console()
+    t = Table(title=f"Time model vs published measurements ({rep['hardware']})")
+    for c in ("row", "source", "split", "t/p/GPUs", "batch", "recompute", "metric", "published", "predicted", "error"):
+        t.add_column(c, justify="right" if c in ("published", "predicted", "error", "batch") else "left")
+    for r in rep["rows"]:
+        fmt = "{:.2f}" if r["metric"] == "iteration_s" else "{:.1f}"
+        err = r["error_pct"]
+        colour = "green" if abs(err) <= rep["tolerance_pct"] else "red"
+        t.add_row(r["id"], f"{r['source'].split(' arXiv')[0]}, {r['table']}", r["split"], f"{r['tp']}/{r['pp']}/{r['gpus']}",
+                  str(r["gbs"]), r["recompute"], r["metric"], fmt.format(r["published"]), fmt.format(r["predicted"]),
+                  f"[{colour}]{err:+.1f}%[/]")
+    con.print(t)
+    m = rep["mape_pct"]
+    eff = ", ".join(f"{k}={v}" for k, v in rep["efficiency"].items())
+    con.print(f"efficiency curve: {eff}" + (" (refitted on the fit rows)" if rep["refit"] else ""), highlight=False)
+    con.print(f"MAPE: all rows {m['all']:.1f}%, fit rows {m['fit']:.1f}%, held-out rows {m['holdout']:.1f}% "
+              f"(tolerance {rep['tolerance_pct']:g}%): " + ("[green]pass[/]" if rep["passed"] else "[red]FAIL[/]"),
+              highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate")(validate)
