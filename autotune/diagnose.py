@@ -240,6 +240,16 @@ def parse_script(text: str) -> tuple[list[Override], list[Finding], dict[str, An
     """Overrides passed to verl in a bash launch script, plus parse-level findings and facts
     (``config_name``, ``commands``)."""
     lines, findings = _logical_lines(text)
+    physical = text.splitlines()
+
+    def line_of(token: str, start: int) -> int:
+        """The physical line (1-based) at or after ``start`` where ``token`` is written."""
+        needle = token.split("=", 1)[0] + ("=" if "=" in token else "")
+        for j in range(start - 1, len(physical)):
+            if needle in physical[j]:
+                return j + 1
+        return start
+
     env: dict[str, str] = {}
     overrides: list[Override] = []
     facts: dict[str, Any] = {"config_name": None, "commands": []}
@@ -266,7 +276,7 @@ def parse_script(text: str) -> tuple[list[Override], list[Finding], dict[str, An
         args = _verl_args(tokens, lineno, findings, facts)
         if args is None:
             continue
-        _parse_args(args, env, lineno, overrides, findings, facts)
+        _parse_args(args, env, lambda tok, _l=lineno: line_of(tok, _l), overrides, findings, facts)
     if not facts["commands"]:
         findings.append(Finding("warning", "UNKNOWN_COMMAND", "no `python3 -m verl.trainer.main_ppo` command found",
                                 "verl's entry point is `python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer ...`"))
@@ -300,12 +310,13 @@ def _verl_args(tokens: list[str], lineno: int, findings: list[Finding], facts: d
     return None
 
 
-def _parse_args(args: list[str], env: dict[str, str], lineno: int, overrides: list[Override],
+def _parse_args(args: list[str], env: dict[str, str], line_of, overrides: list[Override],
                 findings: list[Finding], facts: dict) -> None:
     i = 0
     while i < len(args):
         tok = args[i]
         i += 1
+        lineno = line_of(tok)
         if tok in ("$@", "$*"):
             continue
         if tok.startswith("-"):
