@@ -24,6 +24,11 @@ GiB = 1024**3
 WD = WORKLOAD_DEFAULTS
 
 
+# Display names for the rollout engine's parts (JSON keys stay rollout_*).
+_LABELS = {"rollout_weights": "vLLM weights", "rollout_activations": "vLLM activations",
+           "rollout_kv_cache": "vLLM KV cache", "ref_weights": "ref weights", "sync_bucket": "sync bucket"}
+
+
 def _gib(x: float) -> str:
     return f"{x / GiB:,.2f}"
 
@@ -52,12 +57,12 @@ def print_estimate(est: Estimate, console: Console) -> None:
             if k not in parts:
                 parts.append(k)
     # Parts down, phases across: five phases fit an 80-column terminal, a dozen parts do not.
-    t = Table(title=f"GiB per rank (capacity {_gib(est.capacity_bytes)})")
-    t.add_column("part")
+    t = Table(title=f"GiB per rank (capacity {_gib(est.capacity_bytes)})", show_edge=False)
+    t.add_column("part", no_wrap=True)
     for name in est.memory:
         t.add_column(name, justify="right")
     for k in parts:
-        t.add_row(k.replace("_", " "), *[_gib(pm.parts[k]) if k in pm.parts else "-" for pm in est.memory.values()])
+        t.add_row(_LABELS.get(k, k.replace("_", " ")), *[_gib(pm.parts[k]) if k in pm.parts else "-" for pm in est.memory.values()])
     t.add_row("[bold]total[/]", *[f"[bold]{_gib(pm.total_bytes)}[/]" for pm in est.memory.values()])
     t.add_row("fits", *["[green]yes[/]" if pm.total_bytes <= est.capacity_bytes else "[red]no[/]"
                         for pm in est.memory.values()])
