@@ -1,0 +1,194 @@
+"""``grpo-tune search``: rank the valid plans, print the best, write ``runs/<id>/``.
+
+Takes every flag ``estimate`` takes; a degree or option given on the command line is pinned and
+search tunes the rest. ``--refine`` then measures the most promising plans with real profiling
+runs (:func:`autotune.refine.refine`, imported only then).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from autotune.options import (
+    WORKLOAD_DEFAULTS, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Hardware,
+    Json, Kl, LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute,
+    ResponseLen, RolloutTp, SeqLen, SeqPar, Tp, Vpp, WorkloadKind, plan_inputs, strategy_pins,
+)
+from costmodel.errors import ConfigError
+from costmodel.estimate import Estimate
+
+GiB = 1024 ** 3
+WD = WORKLOAD_DEFAULTS
+P_OUT = "Output"
+P_REF = "Refinement (real profiling runs)"
+
+Top = Annotated[int, typer.Option("--top", help="Plans to show.", rich_help_panel=P_OUT)]
+Out = Annotated[Path, typer.Option("--out", help="Parent folder of the run folder <model>-<gpus>g-<hw>-<time>.", rich_help_panel=P_OUT)]
+Emit = Annotated[bool, typer.Option("--emit/--no-emit", help="Write the run folder (best.yaml, verl.sh, ...).", rich_help_panel=P_OUT)]
+CrossNode = Annotated[bool, typer.Option("--allow-cross-node-tp", help="Let TP groups span nodes.", rich_help_panel="Parallel degrees (unset: default in estimate, tuned in search)")]
+Calibration = Annotated[Optional[Path], typer.Option("--calibration", help="Calibration JSON (autotune/calibrate.py) applied to the time model.", rich_help_panel=P_REF)]
+Refine = Annotated[bool, typer.Option("--refine", help="Measure the best plans with short real runs (Optuna).", rich_help_panel=P_REF)]
+Trials = Annotated[int, typer.Option("--trials", help="Profiled trials the study should hold.", rich_help_panel=P_REF)]
+Storage = Annotated[Optional[str], typer.Option("--storage", help="SQLAlchemy URL of the Optuna study (default: SQLite in the run folder).", rich_help_panel=P_REF)]
+StudyName = Annotated[Optional[str], typer.Option("--study-name", help="Optuna study name (default: derived from the inputs, so a re-run resumes).", rich_help_panel=P_REF)]
+TrialSteps = Annotated[int, typer.Option("--trial-steps", help="Training steps per profiling run (first is warm-up).", rich_help_panel=P_REF)]
+TrialTimeout = Annotated[float, typer.Option("--trial-timeout", help="Seconds before a profiling run is killed.", rich_help_panel=P_REF)]
+
+
+def _gib(x: float) -> str:
+    return f"{x / GiB:.1f}"
+
+
+def print_plans(ranked: list[Estimate], console: Console, *, top: int, title: str = "Top plans") -> None:
+    """Two tables: the plans (degrees, rollout, step time, throughput), then seconds and GiB per
+    GPU for each phase against the capacity."""
+    from autotune.report import phase_seconds
+    from autotune.search import step_s, tokens_per_s_per_gpu
+
+    plans = ranked[:top]
+    if not plans:
+        return
+    t = Table(title=title, title_justify="left", caption="offload: p=param g=grad o=optimizer", caption_justify="left")
+    for c in ("#", "degrees", "mbs", "recompute", "offload", "rollout", "step s", "tok/s/GPU", "MFU"):
+        t.add_column(c, justify="left" if c in ("degrees", "recompute", "offload", "rollout") else "right",
+                     style="bold" if c == "step s" else None)
+    for i, e in enumerate(plans):
+        s = e.strategy
+        mfu = (e.throughput or {}).get("mfu")
+        deg = f"tp{s.tp} pp{s.pp}"
+        if s.first_stage_layers or s.last_stage_layers:
+            deg += f"({s.first_stage_layers or '-'}/{s.last_stage_layers or '-'})"
+        deg += (f" vpp{s.vpp}" if s.vpp > 1 else "") + (f" cp{s.cp}" if s.cp > 1 else "")
+        deg += (f" ep{s.ep} etp{s.etp_}" if e.model.is_moe else "") + f" dp{s.dp}"
+        t.add_row(str(i + 1), deg, str(s.mbs), s.recompute, ",".join(o[0] for o in s.offload) or "-",
+                  f"tp{s.rollout_tp} mem{s.gpu_memory_utilization:g}", f"{step_s(e):.2f}",
+                  f"{tokens_per_s_per_gpu(e):,.0f}", "-" if mfu is None else f"{100 * mfu:.1f}%")
+    console.print(t)
+    phases = list(plans[0].memory)
+    for e in plans:
+        for k in phase_seconds(e):
+            if k not in phases:
+                phases.append(k)
+    short = {"rollout": "rollout", "weight_sync": "w-sync", "old_logprob": "old-lp", "ref_logprob": "ref-lp",
+             "update": "update", "offload": "offload"}
+    mt = Table(title=f"Per phase: seconds/GiB per GPU (capacity {_gib(plans[0].capacity_bytes)} GiB)",
+               title_justify="left")
+    mt.add_column("#", justify="right")
+    for p in phases:
+        mt.add_column(short.get(p, p), justify="right")
+    mt.add_column("free GiB", justify="right")
+    for i, e in enumerate(plans):
+        ph = phase_seconds(e)
+        cells = []
+        for p in phases:
+            sec = f"{ph[p]:.1f}" if p in ph else "-"
+            pm = e.memory.get(p)
+            gib = "" if pm is None else f"/{pm.total_bytes / GiB:.0f}"
+            cells.append(f"[bold]{sec}{gib}[/]" if p == e.peak_phase else f"{sec}{gib}")
+        mt.add_row(str(i + 1), *cells, _gib(e.headroom_bytes))
+    console.print(mt)
+
+
+def search(
+    model: Model,
+    gpus: Gpus,
+    hardware: Hardware = "h100",
+    gpus_per_node: GpusPerNode = None,
+    tp: Tp = None, pp: Pp = None, vpp: Vpp = None, cp: Cp = None, ep: Ep = None, etp: Etp = None, mbs: Mbs = None,
+    first_stage_layers: FirstStage = None, last_stage_layers: LastStage = None,
+    recompute: Recompute = None, sequence_parallel: SeqPar = None, distributed_optimizer: DistOpt = None,
+    offload: Offload = None, rollout_tp: RolloutTp = None, gpu_memory_utilization: GpuMemUtil = None,
+    allow_cross_node_tp: CrossNode = False,
+    workload: WorkloadKind = WD["workload"], prompts: Prompts = WD["prompts"], n: GroupN = WD["n"],
+    prompt_len: PromptLen = WD["prompt_len"], response_len: ResponseLen = WD["response_len"],
+    mini_batch: MiniBatch = WD["mini_batch"], ppo_epochs: PpoEpochs = WD["ppo_epochs"], kl: Kl = WD["kl"],
+    seq_len: SeqLen = WD["seq_len"], gbs: Gbs = WD["gbs"],
+    top: Top = 10, json_out: Json = False, out: Out = Path("runs"), emit: Emit = True,
+    calibration: Calibration = None,
+    refine: Refine = False, trials: Trials = 8, storage: Storage = None, study_name: StudyName = None,
+    trial_steps: TrialSteps = 3, trial_timeout: TrialTimeout = 600.0,
+) -> None:
+    """Rank every valid plan by predicted step time; print the best and write runs/<id>/."""
+    from autotune import search as S
+    from autotune.emit import emit as emit_into, emit_run
+
+    if top < 1:
+        raise ConfigError(f"--top must be >= 1, got {top}")
+    m, hw, cluster, wl = plan_inputs(model=model, hardware=hardware, gpus=gpus, gpus_per_node=gpus_per_node,
+                                     workload=workload, prompts=prompts, n=n, prompt_len=prompt_len,
+                                     response_len=response_len, mini_batch=mini_batch, ppo_epochs=ppo_epochs,
+                                     kl=kl, seq_len=seq_len, gbs=gbs)
+    pins = strategy_pins(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs, recompute=recompute,
+                         sequence_parallel=sequence_parallel, distributed_optimizer=distributed_optimizer,
+                         offload=offload, rollout_tp=rollout_tp, gpu_memory_utilization=gpu_memory_utilization,
+                         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
+    cal = None
+    if calibration is not None:
+        from autotune.calibrate import load as load_calibration
+
+        cal = load_calibration(calibration, hardware=hw.name)
+    console = Console()
+    err = Console(stderr=True)
+    result = _run_search(S, m, hw, cluster, wl, pins, top, cal, allow_cross_node_tp, err)
+
+    run_dir: Path | None = None
+    files: dict[str, Path] = {}
+    if emit or refine:
+        kw: dict[str, Any] = dict(ranked=result.ranked, pareto=result.pareto, stats=result.stats(),
+                                  meta={"calibration": str(calibration)} if calibration else None)
+        if refine:
+            # A stable folder (named like the study) so that re-running the command resumes it.
+            from autotune.refine import default_study_name
+
+            run_dir = out / (study_name or default_study_name(m, hw, cluster, wl))
+            files = emit_into(result.best, run_dir, **kw)
+        else:
+            run_dir, files = emit_run(result.best, out=out, **kw)
+
+    if json_out and not refine:
+        print(json.dumps({"run_dir": None if run_dir is None else str(run_dir),
+                          "files": {k: str(v) for k, v in files.items()}, "stats": result.stats(),
+                          "best": result.best.to_dict(), "top": [e.to_dict() for e in result.ranked[:top]],
+                          "pareto": [e.to_dict() for e in result.pareto]}, indent=2, default=str))
+        return
+    if not json_out:
+        print_plans(result.ranked, console, top=top)
+        st = result.stats()
+        console.print(f"{st['candidates']:,} valid plans; {st['evaluated']:,} cost-model calls, "
+                      f"{st['combined']:,} combined; {st['pruned_layouts']:,}/{st['layouts']:,} layouts pruned; "
+                      f"{st['seconds']:.2f} s; Pareto front: {len(result.pareto)} plan(s)", highlight=False)
+        if run_dir is not None:
+            console.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})",
+                          highlight=False)
+    if refine:
+        from autotune.refine import refine as run_refine
+
+        res = run_refine(ranked=result.ranked, model=m, hardware=hw, cluster=cluster, workload=wl, out_dir=run_dir,
+                         trials=trials, storage=storage, study_name=study_name, trial_steps=trial_steps,
+                         trial_timeout=trial_timeout, calibration=cal, console=err)
+        if json_out:
+            print(json.dumps({"run_dir": str(run_dir), "stats": result.stats(), "refine": res.to_dict()},
+                             indent=2, default=str))
+
+
+def _run_search(S, m, hw, cluster, wl, pins, top, cal, cross, err: Console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[bold]search[/] layouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("search", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return S.search(m, hw, cluster, wl, pins=pins, top=top, calibration=cal, allow_cross_node_tp=cross,
+                        progress=progress)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("search")(search)

@@ -1,0 +1,113 @@
+"""Write a chosen plan as a run folder: ``runs/<id>/``.
+
+``best.yaml`` (the RunConfig that ``grpo-tune train`` reads, with the cost model's figures in
+``predicted``), ``verl.sh`` and ``megatron_args.txt`` (from :mod:`autotune.export`), and
+``report.md`` with its plots. Every file is written atomically. ``search`` and ``refine`` both
+emit through :func:`emit`, so a refined winner looks exactly like a searched one plus its
+``measured`` figures.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from costmodel.estimate import Estimate
+
+from .config import RunConfig, TrainerOptions, atomic_write, save
+
+SCHEMA_FILES = ("best.yaml", "verl.sh", "megatron_args.txt", "report.md", "step_breakdown.png", "pareto.png")
+
+
+def run_id(est: Estimate, now: _dt.datetime | None = None) -> str:
+    """``<model>-<gpus>g-<hardware>-<YYYYmmdd-HHMMSS>`` (UTC)."""
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    safe = lambda x: re.sub(r"[^A-Za-z0-9._-]+", "_", x)  # noqa: E731
+    return f"{safe(est.model.name)}-{est.cluster.gpus}g-{safe(est.hardware.name)}-{now:%Y%m%d-%H%M%S}"
+
+
+def predicted(est: Estimate) -> dict[str, Any]:
+    """The cost model's figures for ``best.yaml``'s ``predicted`` section (plain YAML types)."""
+    from .search import tokens_per_s_per_gpu
+
+    t = est.time or {}
+    thr = est.throughput or {}
+    return {
+        "step_s": None if t.get("step_s") is None else float(t["step_s"]),
+        "phases_s": {k[:-2] if k.endswith("_s") else k: float(v) for k, v in (t.get("phases") or {}).items()},
+        "tokens_per_s_per_gpu": float(tokens_per_s_per_gpu(est)),
+        "model_tflops_per_gpu": None if thr.get("model_tflops_per_gpu") is None else float(thr["model_tflops_per_gpu"]),
+        "mfu": None if thr.get("mfu") is None else float(thr["mfu"]),
+        "peak_memory_bytes": int(est.peak_bytes),
+        "peak_phase": est.peak_phase,
+        "capacity_bytes": int(est.capacity_bytes),
+        "headroom_bytes": int(est.headroom_bytes),
+        "memory_bytes": {k: int(v.total_bytes) for k, v in est.memory.items()},
+        "fits": bool(est.fits),
+    }
+
+
+def run_config(est: Estimate, *, run_dir: Path | None = None, measured: dict[str, Any] | None = None,
+               meta: dict[str, Any] | None = None, trainer: TrainerOptions | None = None) -> RunConfig:
+    trainer = trainer or TrainerOptions()
+    if run_dir is not None and trainer.out_dir == TrainerOptions().out_dir:
+        trainer = TrainerOptions(**{**trainer.__dict__, "out_dir": str(Path(run_dir) / "train")})
+    return RunConfig(model=est.model, hardware=est.hardware, cluster=est.cluster, strategy=est.strategy,
+                     workload=est.workload, trainer=trainer, predicted=predicted(est), measured=measured, meta=meta)
+
+
+def emit(est: Estimate, out_dir: str | os.PathLike, *, measured: dict[str, Any] | None = None,
+         ranked: Sequence[Estimate] = (), pareto: Sequence[Estimate] = (), stats: dict[str, Any] | None = None,
+         meta: dict[str, Any] | None = None, trainer: TrainerOptions | None = None) -> dict[str, Path]:
+    """Write the run folder for ``est`` into ``out_dir`` (created); return ``{name: path}``.
+
+    Args:
+        est: the chosen plan (an exact estimate).
+        out_dir: the run folder itself (``runs/<id>``), not its parent.
+        measured: figures from profiling runs (refine); go to ``best.yaml`` and the report.
+        ranked, pareto, stats: the search's top plans, Pareto front and counters, for the report.
+        meta: extra ``meta`` entries for ``best.yaml``.
+        trainer: trainer options (default: TrainerOptions with ``out_dir`` inside the run folder).
+    """
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    from . import __version__ as version
+
+    meta = {"run_id": d.name, "emitted_by": f"grpo-tune {version}",
+            "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            **({"search": stats} if stats else {}), **(meta or {})}
+    cfg = run_config(est, run_dir=d, measured=measured, meta=meta, trainer=trainer)
+    paths: dict[str, Path] = {"best": save(cfg, d / "best.yaml")}
+    from . import export  # part B's exporters
+
+    paths["verl"] = atomic_write(d / "verl.sh", export.verl_script(cfg))
+    paths["megatron_args"] = atomic_write(d / "megatron_args.txt", export.megatron_args_text(cfg))
+    from .report import write_report
+
+    files = {"run config for `grpo-tune train`": paths["best"], "verl 0.9.1 launch": paths["verl"],
+             "Megatron-LM flags": paths["megatron_args"]}
+    paths.update(write_report(d, est, ranked=ranked, pareto=pareto, stats=stats, measured=measured, files=files,
+                              run_id=d.name))
+    umask = os.umask(0)
+    os.umask(umask)
+    for key, p in paths.items():  # atomic_write's temp files are private (0600); these are for sharing
+        os.chmod(p, (0o777 if key == "verl" else 0o666) & ~umask)
+    return paths
+
+
+def emit_run(est: Estimate, *, out: str | os.PathLike = "runs", run_name: str | None = None,
+             **kw: Any) -> tuple[Path, dict[str, Path]]:
+    """Create ``out/<run id>/`` (a fresh name; ``-2``, ``-3``... when taken) and :func:`emit` into it."""
+    base = Path(out)
+    name = run_name or run_id(est)
+    base.mkdir(parents=True, exist_ok=True)
+    d, k = base / name, 2
+    while True:
+        try:
+            d.mkdir()  # atomic claim of the name, even against a concurrent search
+            break
+        except FileExistsError:
+            d, k = base / f"{name}-{k}", k + 1
+    return d, emit(est, d, **kw)
