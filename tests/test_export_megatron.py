@@ -1,0 +1,111 @@
+"""Megatron-LM flags: every emitted flag is declared in Megatron-LM's arguments.py, and the values
+are the plan's."""
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+from autotune.export import megatron_args, megatron_args_text
+from autotune.verl import DATA_DIR
+from tests._export_configs import configs, make
+
+FLAGS_FILE = DATA_DIR / "megatron-lm-arguments-flags.txt"
+
+
+def declared_flags() -> set[str]:
+    return {l.strip() for l in FLAGS_FILE.read_text().splitlines() if l.strip().startswith("--")}
+
+
+def undeclared(args: list[str], flags: set[str]) -> list[str]:
+    return [a for a in args if a.startswith("--") and a not in flags]
+
+
+def as_namespace(args: list[str]) -> argparse.Namespace:
+    """Parse the emitted flags the way Megatron would (flags with values vs store_true switches)."""
+    p = argparse.ArgumentParser(allow_abbrev=False)
+    for i, a in enumerate(args):
+        if not a.startswith("--"):
+            continue
+        takes_value = i + 1 < len(args) and not args[i + 1].startswith("--")
+        if takes_value:
+            p.add_argument(a, nargs="+" if a == "--recompute-modules" else None)
+        else:
+            p.add_argument(a, action="store_true")
+    return p.parse_args(args)
+
+
+def test_flag_list_has_its_source():
+    head = FLAGS_FILE.read_text().splitlines()[:4]
+    assert any("NVIDIA/Megatron-LM" in l for l in head)
+    assert any(re.search(r"commit [0-9a-f]{40}", l) for l in head)
+    flags = declared_flags()
+    assert len(flags) > 150
+    # spot checks against what arguments.py declares
+    for f in ("--tensor-model-parallel-size", "--num-virtual-stages-per-pipeline-rank", "--expert-tensor-parallel-size",
+              "--decoder-first-pipeline-num-layers", "--recompute-num-layers", "--use-distributed-optimizer"):
+        assert f in flags
+
+
+def test_the_check_catches_a_flag_that_does_not_exist():
+    args = megatron_args(configs()["7b-tp2"]) + ["--grad-offload"]
+    assert undeclared(args, declared_flags()) == ["--grad-offload"]
+
+
+@pytest.mark.parametrize("name", sorted(configs()))
+def test_every_emitted_flag_is_declared(name):
+    args = megatron_args(configs()[name])
+    assert undeclared(args, declared_flags()) == []
+    assert len(args) == len(set(a for a in args if a.startswith("--"))) + sum(not a.startswith("--") for a in args)
+
+
+@pytest.mark.parametrize("name", sorted(configs()))
+def test_flag_values_follow_the_plan(name):
+    cfg = configs()[name]
+    s, m, w = cfg.strategy, cfg.model, cfg.workload
+    ns = as_namespace(megatron_args(cfg))
+    assert int(ns.tensor_model_parallel_size) == s.tp
+    assert int(ns.pipeline_model_parallel_size) == s.pp
+    assert int(ns.context_parallel_size) == s.cp
+    assert int(ns.micro_batch_size) == s.mbs
+    # one optimizer step per PPO mini-batch: mini_batch prompts x n responses
+    assert int(ns.global_batch_size) == w.mini_batch * w.n
+    assert int(ns.seq_length) == w.prompt_len + w.response_len
+    assert int(ns.num_layers) == m.layers and int(ns.hidden_size) == m.hidden
+    assert ns.sequence_parallel == s.sp
+    assert ns.use_distributed_optimizer == s.distributed_optimizer
+    assert getattr(ns, w.dtype) is True
+    if s.vpp > 1:
+        assert int(ns.num_virtual_stages_per_pipeline_rank) == s.vpp
+    if s.first_stage_layers:
+        assert int(ns.decoder_first_pipeline_num_layers) == s.first_stage_layers
+    if m.is_moe:
+        assert int(ns.expert_model_parallel_size) == s.ep
+        assert int(ns.expert_tensor_parallel_size) == s.etp_
+        assert int(ns.num_experts) == m.experts and int(ns.moe_router_topk) == m.top_k
+    else:
+        assert not hasattr(ns, "num_experts")
+    if m.is_mla:
+        assert ns.multi_latent_attention and int(ns.kv_lora_rank) == m.kv_lora_rank
+    elif m.kv_heads != m.heads:
+        assert int(ns.num_query_groups) == m.kv_heads
+    if s.recompute == "full":
+        assert ns.recompute_granularity == "full"
+        assert ns.recompute_method == ("uniform" if s.recompute_layers is None else "block")
+
+
+def test_dense_layers_pattern_counts_layers():
+    cfg = configs()["deepseek-v3-cp"]
+    args = megatron_args(cfg)
+    pattern = args[args.index("--moe-layer-freq") + 1]
+    layers = eval(pattern, {"__builtins__": {}})  # Megatron evaluates the same list expression
+    assert len(layers) == cfg.model.layers and layers.count(0) == cfg.model.dense_layers
+
+
+def test_text_form_keeps_every_flag():
+    cfg = make("qwen2-7b", 8, tp=2, rollout_tp=2, offload=("param",))
+    text = megatron_args_text(cfg)
+    assert "Megatron-LM has no flag" in text
+    lines = [l for l in text.splitlines() if l.startswith("--")]
+    assert sum(a.startswith("--") for a in megatron_args(cfg)) == len(lines)
