@@ -1,0 +1,197 @@
+"""The one CPU compatibility layer for megatron-core 0.16.1: active only when no CUDA device exists.
+
+megatron-core assumes CUDA in a few recurring ways (measured in issue 5, see the list there):
+
+1. literal ``device="cuda"`` / ``torch.cuda.current_device()`` allocations and ``tensor.cuda()``
+   in the pipeline schedules, optimizer, grad clipping, causal mask, RoPE and MoE router;
+2. ``torch.cuda`` runtime calls: synchronize, streams, events, empty_cache, memory counters;
+3. the CUDA RNG tracker (``model_parallel_cuda_manual_seed``, recompute's RNG restore);
+4. optimizer and grad-clipping asserts on type strings such as ``torch.cuda.FloatTensor``;
+5. the torch norm fallback refuses sequence parallel (TE/Apex are GPU-only).
+
+:func:`enable` fixes them without editing megatron's files:
+(1) and (4) by a :class:`~torch.overrides.TorchFunctionMode` that maps CUDA devices to CPU and
+reports ``Tensor.type()`` with the ``cuda`` infix; (2) and (3) by replacing a handful of
+``torch.cuda`` functions with CPU equivalents (the RNG ones forward to the CPU generator, so a
+fork of the "CUDA" RNG is a fork of the CPU RNG); (5) by a norm that marks its weight
+``sequence_parallel`` so that ``finalize_model_grads`` all-reduces its gradient over TP, as
+TE's norm does. On a machine with CUDA, :func:`enable` does nothing and returns False.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_lock = threading.Lock()
+_active = False
+
+
+def needed() -> bool:
+    """True when megatron-core must be shimmed: no usable CUDA device."""
+    return not torch.cuda.is_available()
+
+
+def active() -> bool:
+    return _active
+
+
+def _is_cuda(d) -> bool:
+    if isinstance(d, int) and not isinstance(d, bool):
+        return True  # an int device means cuda:<int> in torch
+    if isinstance(d, str):
+        return d.startswith("cuda")
+    return isinstance(d, torch.device) and d.type == "cuda"
+
+
+def _device_like(x) -> bool:
+    return isinstance(x, (str, torch.device)) or (isinstance(x, int) and not isinstance(x, bool))
+
+
+class _CudaToCpu(TorchFunctionMode):
+    """Rewrites CUDA devices to CPU in every torch call; makes ``Tensor.cuda()`` a no-op."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if "device" in kwargs and _is_cuda(kwargs["device"]):
+            kwargs = dict(kwargs, device="cpu")
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.to and len(args) > 1 and _device_like(args[1]) and _is_cuda(args[1]):
+            args = (args[0], "cpu", *args[2:])
+        if func is torch.Tensor.record_stream:
+            return None
+        out = func(*args, **kwargs)
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs and isinstance(out, str):
+            # megatron's optimizers assert 'torch.cuda.FloatTensor' and friends
+            return out.replace("torch.", "torch.cuda.", 1)
+        return out
+
+
+class _Stream:
+    """Stand-in for torch.cuda.Stream/Event: CPU ops are synchronous, so every wait is a no-op."""
+
+    def __init__(self, *a, **k):
+        pass
+
+    def wait_stream(self, *a, **k):
+        pass
+
+    def wait_event(self, *a, **k):
+        pass
+
+    def record_event(self, *a, **k):
+        return _Stream()
+
+    def record(self, *a, **k):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+    def elapsed_time(self, other):
+        return 0.0
+
+
+def _cpu_get_rng_state(device="cuda", clone=False, graph_safe=False):
+    return torch.get_rng_state()
+
+
+def _cpu_set_rng_state(new_state, device=-1, graph_safe=False):
+    torch.set_rng_state(new_state)
+
+
+def enable() -> bool:
+    """Install the shims once per process when CUDA is absent. Returns whether they are active."""
+    global _active
+    with _lock:
+        if _active:
+            return True
+        if not needed():
+            return False
+        cuda = torch.cuda
+        cuda.current_device = lambda: 0
+        cuda.device_count = lambda: 0
+        cuda.set_device = lambda *a, **k: None
+        cuda.synchronize = lambda *a, **k: None
+        cuda.empty_cache = lambda: None
+        cuda.Stream = _Stream
+        cuda.Event = _Stream
+        cuda.current_stream = lambda *a, **k: _Stream()
+        cuda.default_stream = lambda *a, **k: _Stream()
+        cuda.stream = lambda *a, **k: contextlib.nullcontext()
+        # torch.manual_seed itself calls cuda.manual_seed_all: that one must not recurse.
+        cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
+        cuda.manual_seed_all = lambda seed: None
+        cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
+        cuda.set_rng_state = lambda s, *a, **k: torch.set_rng_state(s)
+        for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
+            setattr(cuda, name, lambda *a, **k: 0)
+        cuda.reset_peak_memory_stats = lambda *a, **k: None
+
+        from megatron.core.tensor_parallel import random as mrandom
+
+        mrandom._get_cuda_rng_state = _cpu_get_rng_state
+        mrandom._set_cuda_rng_state = _cpu_set_rng_state
+
+        _patch_torch_norm()
+        # Pushed for the life of the process: megatron allocates on "cuda" deep inside its calls.
+        mode = _CudaToCpu()
+        mode.__enter__()
+        _patch_custom_backward(mode)
+        _active = True
+        return True
+
+
+def _patch_custom_backward(mode: TorchFunctionMode) -> None:
+    """Re-enter the mode in custom autograd backward passes.
+
+    The autograd engine runs a Python ``Function.backward`` with an empty torch-function mode
+    stack, and megatron's backward passes allocate on "cuda" too (recompute, SP gathers).
+    """
+    from torch.autograd import function as af
+    from torch.overrides import _get_current_function_mode_stack
+
+    orig = af.BackwardCFunction.apply
+
+    def apply(self, *args):
+        if _get_current_function_mode_stack():
+            return orig(self, *args)
+        with mode:
+            return orig(self, *args)
+
+    af.BackwardCFunction.apply = apply
+
+
+def _patch_torch_norm() -> None:
+    """Let megatron's torch norm fallback run with sequence parallel.
+
+    Under SP each TP rank normalizes its own slice of the sequence, so the norm weight's gradient
+    is partial; megatron sums it over TP in ``finalize_model_grads`` for every parameter marked
+    ``sequence_parallel`` (what TE's norm does), so marking the weight is all that is needed.
+    """
+    from megatron.core.transformer import torch_norm
+
+    orig_new = torch_norm.WrappedTorchNorm.__new__
+    if getattr(orig_new, "_grpo_tune", False):
+        return
+
+    def __new__(cls, config, hidden_size, eps=1e-5, **kw):
+        sp = config.sequence_parallel
+        if sp:
+            config.sequence_parallel = False
+        try:
+            norm = orig_new(cls, config, hidden_size, eps, **kw)
+        finally:
+            config.sequence_parallel = sp
+        for p in norm.parameters():
+            p.sequence_parallel = sp
+        return norm
+
+    __new__._grpo_tune = True
+    torch_norm.WrappedTorchNorm.__new__ = staticmethod(__new__)

@@ -1,0 +1,404 @@
+"""Engine: the megatron-core model of one role (actor or reference) with its DDP and optimizer.
+
+Build it after :func:`trainer.parallel.init`. Every method is a collective: all ranks call it
+with the same arguments (the full batch; the engine takes this data-parallel rank's share), and
+every rank gets the full result back.
+
+Loss scaling: megatron's schedule divides each micro-batch's loss by the number of micro-batches
+and DDP averages gradients over DP ranks, so ``train_step`` follows the gradient of the *mean of
+``loss_fn`` over all micro-batches of the mini-batch* (on all DP ranks). A loss that must weigh
+micro-batches differently (token-mean over the whole mini-batch) scales inside ``loss_fn``, e.g.
+by ``n_micro_batches_global * mb_tokens / total_tokens`` (``micro_batch["_scale_ctx"]`` gives the
+counts).
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from functools import partial
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from costmodel.params import padded_vocab
+
+from . import hf
+from . import model as tmodel
+
+LossFn = Callable[[torch.Tensor, "torch.Tensor | None", dict], "tuple[torch.Tensor, dict]"]
+
+
+def vocab_parallel_logprobs(logits: torch.Tensor, target: torch.Tensor, *, vocab: int,
+                            with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(target) and entropy from vocab-sharded logits ``[..., V/tp]`` (differentiable).
+
+    log p = z_t - log sum_v exp z_v, entropy = log Z - sum_v p_v z_v, with each sum over the TP
+    shards done by megatron's reduce (all-reduce forward, identity backward: the loss is
+    replicated on every TP rank). Columns past ``vocab`` (TP padding) are masked out.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region as tp_sum
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    vl = logits.shape[-1]
+    start = ps.get_tensor_model_parallel_rank() * vl
+    logits = logits.float()
+    if start + vl > vocab:
+        pad = torch.arange(start, start + vl, device=logits.device) >= vocab
+        logits = logits.masked_fill(pad, float("-inf"))
+    with torch.no_grad():
+        m = logits.max(-1, keepdim=True).values
+        if tp > 1:
+            dist.all_reduce(m, op=dist.ReduceOp.MAX, group=ps.get_tensor_model_parallel_group())
+    z = logits - m
+    e = z.exp()
+    sumexp = tp_sum(e.sum(-1))
+    log_z = sumexp.log()
+    local_t = target - start
+    ok = (local_t >= 0) & (local_t < vl)
+    picked = z.gather(-1, local_t.clamp(0, vl - 1).unsqueeze(-1)).squeeze(-1)
+    picked = tp_sum(torch.where(ok, picked, torch.zeros_like(picked)))
+    logp = picked - log_z
+    ent = None
+    if with_entropy:
+        pz = torch.where(e > 0, e * z, torch.zeros_like(z)).sum(-1)  # exp(-inf) * -inf is nan
+        ent = log_z - tp_sum(pz) / sumexp
+    return logp, ent
+
+
+class Engine:
+    """The actor (``trainable=True``: DDP + distributed optimizer) or a frozen reference model."""
+
+    def __init__(self, cfg, *, trainable: bool = True, init_weights: bool = True):
+        from megatron.core import parallel_state as ps
+
+        if not ps.model_parallel_is_initialized():
+            raise RuntimeError("call trainer.parallel.init(cfg) before building an Engine")
+        self.cfg = cfg
+        self.spec = cfg.model
+        self.strategy = cfg.strategy
+        self.trainable = trainable
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.config = tmodel.transformer_config(self.spec, self.strategy, dtype=cfg.workload.dtype)
+        self.dtype = self.config.params_dtype
+        chunks = tmodel.build_chunks(self.spec, self.strategy, self.config)
+        if init_weights:
+            if cfg.trainer.hf_checkpoint:
+                hf.load_hf(chunks, self.spec, cfg.trainer.hf_checkpoint)
+            else:
+                hf.init_random(chunks, self.spec, cfg.trainer.seed)
+        if self.dtype != torch.float32:
+            from megatron.core.transformer.module import Float16Module
+
+            chunks = [Float16Module(self.config, c) for c in chunks]
+        self.optimizer = None
+        if trainable:
+            chunks = self._wrap_ddp(chunks)
+            self.optimizer = self._build_optimizer(chunks)
+        else:
+            for c in chunks:
+                c.requires_grad_(False)
+                c.eval()
+        self.chunks = chunks
+
+    # --- construction ------------------------------------------------------------------------
+
+    def _wrap_ddp(self, chunks):
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+
+        s = self.strategy
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=s.distributed_optimizer,
+            check_for_nan_in_grad=False,
+        )
+        wrapped = [DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=c,
+                                           disable_bucketing=i > 0)
+                   for i, c in enumerate(chunks)]
+        for w in wrapped:
+            w.broadcast_params()
+        # Issue 5: without this, DP / SP-norm / tied-embedding gradient reductions are skipped.
+        self.config.finalize_model_grads_func = finalize_model_grads
+        self.config.no_sync_func = [w.no_sync for w in wrapped] if len(wrapped) > 1 else wrapped[0].no_sync
+        return wrapped
+
+    def _build_optimizer(self, chunks):
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        t = self.cfg.trainer
+        oc = OptimizerConfig(
+            optimizer="adam",
+            lr=t.lr,
+            min_lr=t.lr,
+            weight_decay=t.weight_decay,
+            adam_beta1=0.9,
+            adam_beta2=0.999,
+            adam_eps=1e-8,
+            clip_grad=t.grad_clip,
+            bf16=self.dtype == torch.bfloat16,
+            fp16=self.dtype == torch.float16,
+            params_dtype=self.dtype,
+            use_distributed_optimizer=self.strategy.distributed_optimizer,
+        )
+        opt = get_megatron_optimizer(oc, chunks, use_gloo_process_groups=False)
+        self.config.grad_scale_func = opt.scale_loss
+        return opt
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    @property
+    def layout(self):
+        from . import parallel
+
+        return parallel.layout()
+
+    def param_count(self) -> int:
+        """Parameters held by this rank (shards), summed over its virtual-pipeline chunks."""
+        return tmodel.local_param_count(self.chunks)
+
+    def _pad_seq(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Pad the sequence to a multiple of TP (sequence parallel splits it) and 2*CP."""
+        s = self.strategy
+        mult = (s.tp if s.sp else 1) * (2 * s.cp if s.cp > 1 else 1)
+        S = tokens.shape[1]
+        pad = (-S) % mult
+        if pad:
+            tokens = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], pad)], 1)
+        return tokens
+
+    def _dp_rows(self, B: int) -> tuple[int, int]:
+        from megatron.core import parallel_state as ps
+
+        dp = ps.get_data_parallel_world_size()
+        r = ps.get_data_parallel_rank()
+        per = B // dp
+        return r * per, (r + 1) * per
+
+    def _contributes(self) -> bool:
+        """One rank per DP replica holds the final answer: last stage, TP rank 0, CP rank 0."""
+        from megatron.core import parallel_state as ps
+
+        return (ps.is_pipeline_last_stage(ignore_virtual=True) and ps.get_tensor_model_parallel_rank() == 0
+                and ps.get_context_parallel_rank() == 0)
+
+    def _run(self, micro_batches: list[dict], loss_func, *, forward_only: bool, seq_len: int, mbs: int):
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def forward_step(data_iterator, model):
+            mb = next(data_iterator)
+            tokens = mb["tokens"]
+            pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
+            out = model(tokens, pos, attention_mask=None)
+            return out, partial(loss_func, mb)
+
+        iters = [iter(micro_batches) for _ in self.chunks]
+        fb = get_forward_backward_func()
+        ctx = torch.no_grad() if forward_only else nullcontext()  # issue 5: forward_only keeps autograd on
+        with ctx:
+            return fb(
+                forward_step_func=forward_step,
+                data_iterator=iters if len(iters) > 1 else iters[0],
+                model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
+                num_microbatches=len(micro_batches),
+                seq_length=seq_len,
+                micro_batch_size=mbs,
+                forward_only=forward_only,
+            )
+
+    def _split(self, batch: dict[str, torch.Tensor], mbs: int, *, pad_ok: bool) -> tuple[list[dict], int, int]:
+        """This DP rank's rows of the batch, cut into micro-batches. Returns (micro-batches, lo, hi)."""
+        from megatron.core import parallel_state as ps
+
+        dp = ps.get_data_parallel_world_size()
+        B = batch["tokens"].shape[0]
+        unit = dp * mbs
+        if B % unit:
+            if not pad_ok:
+                raise ValueError(f"batch of {B} sequences is not a multiple of dp*micro_batch_size = {dp}*{mbs}")
+            extra = unit - B % unit
+            batch = {k: torch.cat([v, v[-1:].expand(extra, *v.shape[1:])], 0) if torch.is_tensor(v) and v.dim() and v.shape[0] == B else v
+                     for k, v in batch.items()}
+            B += extra
+        lo, hi = self._dp_rows(B)
+        mbs_list = []
+        for i in range(lo, hi, mbs):
+            mb = {k: (v[i:i + mbs].to(self.device) if torch.is_tensor(v) and v.dim() and v.shape[0] == B else v)
+                  for k, v in batch.items()}
+            mbs_list.append(mb)
+        return mbs_list, lo, hi
+
+    # --- forward-only -----------------------------------------------------------------------
+
+    def logprobs(self, tokens: torch.Tensor, *, micro_batch_size: int, with_entropy: bool = False,
+                 temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log p(tokens[:, 1:]) ``[B, S-1]`` (fp32) and optionally the entropy of each
+        next-token distribution ``[B, S-1]``, computed under no_grad through the pipeline; the
+        result is on every rank (CPU tensors)."""
+        B, S = tokens.shape
+        padded = self._pad_seq(tokens.long())
+        Sp = padded.shape[1]
+        mbs, lo, hi = self._split({"tokens": padded}, micro_batch_size, pad_ok=True)
+
+        def loss_func(mb, logits):
+            t = mb["tokens"]
+            lp, ent = vocab_parallel_logprobs(logits[:, :-1] / temperature, t[:, 1:], vocab=self.spec.vocab,
+                                              with_entropy=with_entropy)
+            return logits.new_zeros(()), {"logprobs": lp, "entropy": ent}
+
+        out = self._run(mbs, loss_func, forward_only=True, seq_len=Sp, mbs=micro_batch_size)
+        full = torch.zeros(2 if with_entropy else 1, self._padded_rows(B, micro_batch_size), Sp - 1, device=self.device)
+        if self._contributes():
+            rows = torch.cat([d["logprobs"].float() for d in out], 0)
+            full[0, lo:hi] = rows
+            if with_entropy:
+                full[1, lo:hi] = torch.cat([d["entropy"].float() for d in out], 0)
+        self._world_sum(full)
+        full = full[:, :B, : S - 1].cpu()
+        return full[0], (full[1] if with_entropy else None)
+
+    def _padded_rows(self, B: int, mbs: int) -> int:
+        from megatron.core import parallel_state as ps
+
+        unit = ps.get_data_parallel_world_size() * mbs
+        return -(-B // unit) * unit
+
+    def _world_sum(self, t: torch.Tensor) -> None:
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(t)
+
+    def next_token_logits(self, tokens: torch.Tensor, lengths: torch.Tensor | list[int], *,
+                          micro_batch_size: int | None = None) -> torch.Tensor:
+        """Full-vocabulary logits ``[B, V]`` (fp32, CPU) of the token after ``tokens[b, :lengths[b]]``,
+        on every rank. ``tokens`` is right-padded; the causal mask makes the padding irrelevant.
+        Recomputes the whole prefix (no KV cache): meant for the CPU sampler and small models."""
+        from megatron.core import parallel_state as ps
+
+        B, S = tokens.shape
+        lengths = torch.as_tensor(lengths, dtype=torch.long)
+        mbs = micro_batch_size or max(1, -(-B // ps.get_data_parallel_world_size()))
+        padded = self._pad_seq(tokens.long())
+        Sp = padded.shape[1]
+        micro, lo, hi = self._split({"tokens": padded, "last": lengths - 1}, mbs, pad_ok=True)
+        V = self.spec.vocab
+
+        def loss_func(mb, logits):
+            rows = torch.arange(logits.shape[0], device=logits.device)
+            return logits.new_zeros(()), {"logits": logits[rows, mb["last"].to(logits.device)].float()}
+
+        out = self._run(micro, loss_func, forward_only=True, seq_len=Sp, mbs=mbs)
+        tp = ps.get_tensor_model_parallel_world_size()
+        vl = padded_vocab(self.spec, tp) // tp
+        full = torch.zeros(self._padded_rows(B, mbs), vl * tp, device=self.device)
+        if ps.is_pipeline_last_stage(ignore_virtual=True) and ps.get_context_parallel_rank() == 0:
+            r = ps.get_tensor_model_parallel_rank()
+            full[lo:hi, r * vl:(r + 1) * vl] = torch.cat([d["logits"] for d in out], 0)
+        self._world_sum(full)
+        return full[:B, :V].cpu()
+
+    # --- training -----------------------------------------------------------------------------
+
+    def train_step(self, batch: dict[str, torch.Tensor], loss_fn: LossFn, *, micro_batch_size: int,
+                   with_entropy: bool = False, temperature: float = 1.0) -> dict[str, float]:
+        """One optimizer step over one mini-batch.
+
+        ``batch["tokens"]`` is ``[B, S]`` (the whole mini-batch, on every rank); other tensors with
+        leading dim B travel with their rows. For each micro-batch the last stage calls
+        ``loss_fn(logprobs [b, S-1], entropy [b, S-1] | None, micro_batch) -> (loss, metrics)``;
+        ``micro_batch["_scale_ctx"]`` is ``{"micro_batches": n_global, "rows": b}``. Returns the
+        mean of ``loss`` and of each metric over micro-batches and DP ranks, plus ``grad_norm``
+        and ``update_ok``, on every rank.
+        """
+        from megatron.core import parallel_state as ps
+
+        if not self.trainable:
+            raise RuntimeError("train_step on a frozen (reference) engine")
+        B, S = batch["tokens"].shape
+        batch = dict(batch, tokens=self._pad_seq(batch["tokens"].long()))
+        Sp = batch["tokens"].shape[1]
+        micro, _, _ = self._split(batch, micro_batch_size, pad_ok=False)
+        n_global = len(micro) * ps.get_data_parallel_world_size()
+        for mb in micro:
+            mb["_scale_ctx"] = {"micro_batches": n_global, "rows": mb["tokens"].shape[0]}
+
+        def loss_func(mb, logits):
+            t = mb["tokens"]
+            lp, ent = vocab_parallel_logprobs(logits[:, : S - 1] / temperature, t[:, 1:S], vocab=self.spec.vocab,
+                                              with_entropy=with_entropy)
+            loss, metrics = loss_fn(lp, ent, mb)
+            rep = {"loss": float(loss.detach())}
+            rep.update({k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in (metrics or {}).items()})
+            return loss, rep
+
+        for c in self.chunks:
+            c.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        out = self._run(micro, loss_func, forward_only=False, seq_len=Sp, mbs=micro_batch_size)
+        ok, grad_norm, _ = self.optimizer.step()
+        local = None
+        if self._contributes():
+            keys = out[0].keys() if out else []
+            local = {k: sum(d[k] for d in out) / len(out) for k in keys}
+        metrics = _mean_over_contributors(local)
+        metrics["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+        metrics["update_ok"] = float(bool(ok))
+        return metrics
+
+    # --- weights ------------------------------------------------------------------------------
+
+    def named_parameters_for_export(self, dtype: torch.dtype | None = None):
+        """(HF name, full tensor) for every weight, on every rank; a collective generator."""
+        return hf.named_hf_tensors(self.chunks, self.spec, dtype)
+
+    def load_hf_tensors(self, get: Callable[[str], torch.Tensor]) -> None:
+        """Overwrite the weights from full HF tensors (``get(name)``), e.g. to sync a reference."""
+        hf.load_into(self.chunks, self.spec, get)
+        if self.optimizer is not None:
+            self.optimizer.reload_model_params()
+
+    def export_hf(self, path, *, dtype: torch.dtype = torch.float32):
+        """Write a HF safetensors checkpoint (global rank 0 writes; all ranks must call)."""
+        write = not dist.is_initialized() or dist.get_rank() == 0
+        out = hf.save_hf(self.named_parameters_for_export(), self.spec, path, write=write, dtype=dtype)
+        if dist.is_initialized():
+            dist.barrier()
+        return out
+
+    def _inner_optimizers(self):
+        return getattr(self.optimizer, "chained_optimizers", [self.optimizer])
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shards: model chunks and (actor) optimizer state incl. fp32 main params."""
+        sd: dict[str, Any] = {"model": [c.state_dict() for c in self.chunks]}
+        if self.optimizer is not None:
+            opts = []
+            for o in self._inner_optimizers():
+                main = [[p.detach().clone() for p in g] for g in getattr(o, "shard_fp32_from_float16_groups", [])]
+                opts.append({"inner": o.optimizer.state_dict(), "main": main})
+            sd["optimizer"] = opts
+        return sd
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        with torch.no_grad():
+            for c, s in zip(self.chunks, sd["model"]):
+                c.load_state_dict(s, strict=False)
+        if self.optimizer is not None and "optimizer" in sd:
+            for o, s in zip(self._inner_optimizers(), sd["optimizer"]):
+                o.optimizer.load_state_dict(s["inner"])
+                for g, sg in zip(getattr(o, "shard_fp32_from_float16_groups", []), s["main"]):
+                    for p, v in zip(g, sg):
+                        p.data.copy_(v)
+            if not sd["optimizer"] or not sd["optimizer"][0]["main"]:
+                self.optimizer.reload_model_params()
+
+
+def _mean_over_contributors(local: dict[str, float] | None) -> dict[str, float]:
+    """Average dicts held by some ranks (None elsewhere); every rank gets the result."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return dict(local or {})
+    objs: list = [None] * dist.get_world_size()
+    dist.all_gather_object(objs, local)
+    got = [o for o in objs if o]
+    if not got:
+        return {}
+    return {k: sum(o[k] for o in got) / len(got) for k in got[0]}
