@@ -205,9 +205,11 @@ class Space:
         if "rollout_tp" in self.pins:
             rtps = [self.pins["rollout_tp"]] if self.pins["rollout_tp"] in ok else []
         else:
-            # vLLM TP within a node, unless the weights only fit across nodes.
-            rtps = [t for t in fit if t <= gpn or self.allow_cross_node_tp] or fit[:2]
-        return [(t, g) for t in rtps for g in gmus if "rollout_tp" in self.pins or weights / t < g * self.hardware.hbm_bytes]
+            # vLLM TP within a node, unless the weights only fit across nodes; when they fit
+            # nowhere, keep the largest TP so that the estimate says which phase overflows.
+            rtps = [t for t in fit if t <= gpn or self.allow_cross_node_tp] or fit[:2] or ok[-1:]
+        pairs = [(t, g) for t in rtps for g in gmus if weights / t < g * self.hardware.hbm_bytes]
+        return pairs or [(t, max(gmus)) for t in rtps]
 
     def strategy(self, lay: dict[str, Any], opt: dict[str, Any], roll: tuple[int, float]) -> Strategy:
         return Strategy(**lay, **opt, rollout_tp=roll[0], gpu_memory_utilization=roll[1],
@@ -539,14 +541,13 @@ def _no_fit_from(est: Estimate, space: Space) -> NoFeasiblePlanError:
     need, cap = phase.total_bytes, est.capacity_bytes
     s = est.strategy
     gpus = space.cluster.gpus
-    more = max(2 * gpus, int(gpus * math.ceil(2 * need / cap)))
+    more = 1 << max(1, math.ceil(2 * need / cap * gpus) - 1).bit_length()  # a power of two, ~2x the bytes
+    more = max(more, 2 * gpus)
     tips = [f"more GPUs (e.g. --gpus {more})"]
     if phase.name == "rollout":
         tips += [f"shorter responses (--response-len {max(1, space.workload.response_len // 2)})",
                  "a lower --gpu-memory-utilization or a larger --rollout-tp"]
-    if len(s.offload) < len(OFFLOAD) and "offload" in space.pins:
-        tips.append("offload (--offload param,grad,optimizer)")
-    elif len(s.offload) < len(OFFLOAD):
+    if len(s.offload) < len(OFFLOAD):
         tips.append("offload (--offload param,grad,optimizer)")
     else:
         tips.append("offload is already on in the closest plan")

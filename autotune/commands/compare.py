@@ -1,0 +1,126 @@
+"""``grpo-tune compare``: the best plan on each hardware profile, side by side.
+
+Runs the same search once per profile and reports step time, tokens/s/GPU, the cost per million
+tokens where the profile has a price, and the winner's memory headroom; a table (or ``--json``)
+and a PNG.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from autotune.options import (
+    WORKLOAD_DEFAULTS, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Json, Kl,
+    LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute, ResponseLen, RolloutTp,
+    SeqLen, SeqPar, Tp, Vpp, WorkloadKind, plan_inputs, strategy_pins,
+)
+from costmodel.errors import ConfigError, NoFeasiblePlanError
+
+GiB = 1024 ** 3
+WD = WORKLOAD_DEFAULTS
+
+HardwareList = Annotated[str, typer.Option("--hardware", help="Comma list of hardware profiles (names, aliases or .toml files).", rich_help_panel="Model")]
+CompareOut = Annotated[Optional[Path], typer.Option("--out", help="Folder for compare.png and compare.json (default runs/compare-<model>-<gpus>g-<time>).", rich_help_panel="Output")]
+
+
+def usd_per_million_tokens(price_per_gpu_hour: float | None, tokens_per_s_per_gpu: float) -> float | None:
+    """$/GPU-hour / (3600 s/h x tokens/s/GPU) x 1e6."""
+    if price_per_gpu_hour is None or tokens_per_s_per_gpu <= 0:
+        return None
+    return price_per_gpu_hour / (3600.0 * tokens_per_s_per_gpu) * 1e6
+
+
+def compare_rows(*, model: str, gpus: int, hardware: list[str], gpus_per_node: int | None, pins: dict[str, Any],
+                 workload_kw: dict[str, Any], calibration: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """One row per hardware profile: the best plan's figures, or why none fits."""
+    from autotune.report import plan_label
+    from autotune.search import search, step_s, tokens_per_s_per_gpu
+
+    rows = []
+    for name in hardware:
+        m, hw, cluster, wl = plan_inputs(model=model, hardware=name, gpus=gpus, gpus_per_node=gpus_per_node,
+                                         **workload_kw)
+        row: dict[str, Any] = {"hardware": hw.name, "gpus": cluster.gpus, "gpus_per_node": cluster.gpus_per_node,
+                               "price_per_gpu_hour_usd": hw.price_per_gpu_hour_usd}
+        try:
+            res = search(m, hw, cluster, wl, pins=pins, top=1, calibration=calibration)
+        except NoFeasiblePlanError as exc:
+            row.update(fits=False, error=exc.to_dict())
+            rows.append(row)
+            continue
+        b = res.best
+        tps = tokens_per_s_per_gpu(b)
+        row.update(fits=True, plan=plan_label(b.strategy), strategy=b.strategy.to_dict(), step_s=step_s(b),
+                   tokens_per_s_per_gpu=tps, mfu=(b.throughput or {}).get("mfu"),
+                   usd_per_million_tokens=usd_per_million_tokens(hw.price_per_gpu_hour_usd, tps),
+                   peak_bytes=int(b.peak_bytes), peak_phase=b.peak_phase, capacity_bytes=int(b.capacity_bytes),
+                   headroom_bytes=int(b.headroom_bytes), search=res.stats())
+        rows.append(row)
+    return rows
+
+
+def compare(
+    model: Model,
+    gpus: Gpus,
+    hardware: HardwareList = "h100,h200,a100",
+    gpus_per_node: GpusPerNode = None,
+    tp: Tp = None, pp: Pp = None, vpp: Vpp = None, cp: Cp = None, ep: Ep = None, etp: Etp = None, mbs: Mbs = None,
+    first_stage_layers: FirstStage = None, last_stage_layers: LastStage = None,
+    recompute: Recompute = None, sequence_parallel: SeqPar = None, distributed_optimizer: DistOpt = None,
+    offload: Offload = None, rollout_tp: RolloutTp = None, gpu_memory_utilization: GpuMemUtil = None,
+    workload: WorkloadKind = WD["workload"], prompts: Prompts = WD["prompts"], n: GroupN = WD["n"],
+    prompt_len: PromptLen = WD["prompt_len"], response_len: ResponseLen = WD["response_len"],
+    mini_batch: MiniBatch = WD["mini_batch"], ppo_epochs: PpoEpochs = WD["ppo_epochs"], kl: Kl = WD["kl"],
+    seq_len: SeqLen = WD["seq_len"], gbs: Gbs = WD["gbs"],
+    json_out: Json = False, out: CompareOut = None,
+) -> None:
+    """Best plan per hardware: step time, tokens/s/GPU, $ per million tokens, memory headroom."""
+    from autotune.config import atomic_write
+    from autotune.report import plot_compare
+
+    names = [h.strip() for h in hardware.split(",") if h.strip()]
+    if not names:
+        raise ConfigError("--hardware needs at least one profile", hint="e.g. --hardware h100,h200,a100")
+    pins = strategy_pins(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs, recompute=recompute,
+                         sequence_parallel=sequence_parallel, distributed_optimizer=distributed_optimizer,
+                         offload=offload, rollout_tp=rollout_tp, gpu_memory_utilization=gpu_memory_utilization,
+                         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
+    wkw = dict(workload=workload, prompts=prompts, n=n, prompt_len=prompt_len, response_len=response_len,
+               mini_batch=mini_batch, ppo_epochs=ppo_epochs, kl=kl, seq_len=seq_len, gbs=gbs)
+    rows = compare_rows(model=model, gpus=gpus, hardware=names, gpus_per_node=gpus_per_node, pins=pins,
+                        workload_kw=wkw)
+    if out is None:
+        from costmodel.specs import load_model
+
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        out = Path("runs") / f"compare-{load_model(model).name}-{gpus}g-{stamp}"
+    out.mkdir(parents=True, exist_ok=True)
+    png = plot_compare(rows, out / "compare.png")
+    doc = {"model": model, "gpus": gpus, "rows": rows, "png": str(png)}
+    atomic_write(out / "compare.json", json.dumps(doc, indent=2, default=str) + "\n")
+    if json_out:
+        print(json.dumps(doc, indent=2, default=str))
+        return
+    t = Table(title=f"Best plan per hardware: {model} on {gpus} GPUs", title_justify="left")
+    for c in ("hardware", "best plan", "step s", "tok/s/GPU", "$/M tok", "free GiB"):
+        t.add_column(c, justify="left" if c in ("hardware", "best plan") else "right")
+    for r in rows:
+        if not r["fits"]:
+            t.add_row(r["hardware"], f"[red]{r['error']['code']}[/]: no plan fits", "-", "-", "-", "-")
+            continue
+        cost = r["usd_per_million_tokens"]
+        t.add_row(r["hardware"], r["plan"], f"{r['step_s']:.2f}", f"{r['tokens_per_s_per_gpu']:,.0f}",
+                  "-" if cost is None else f"{cost:.2f}", f"{r['headroom_bytes'] / GiB:.1f}")
+    console = Console()
+    console.print(t)
+    console.print(f"wrote {png} and {out / 'compare.json'}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("compare")(compare)
