@@ -903,6 +903,9 @@ def diagnose_path(path: str | os.PathLike, *, hardware: str | None = None, model
             raise ConfigError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
         if isinstance(data, dict) and ("schema_version" in data or "strategy" in data):
             return _run_config(p, data, hardware)
+        if isinstance(data, dict) and "model_type" in data and "hidden_size" in data:
+            raise ConfigError(f"{p} is a Hugging Face model config, not a launch",
+                              hint=f"pass the launch script, and --model {p} if its model path maps to no preset")
         if isinstance(data, dict):
             return diagnose_overrides(_from_mapping(data), hardware=hardware, model=model, source=str(p),
                                       kind="verl_yaml")
