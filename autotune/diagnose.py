@@ -317,8 +317,11 @@ def _parse_args(args: list[str], env: dict[str, str], line_of, overrides: list[O
         tok = args[i]
         i += 1
         lineno = line_of(tok)
-        if tok in ("$@", "$*"):
-            continue
+        if re.fullmatch(r"\$\{?[@*]\}?", tok):
+            continue  # the caller's extra arguments
+        if tok in ("|", "||", "&&", ";", "&") or re.match(r"^\d*[<>]", tok):
+            break  # a pipe or redirection ends verl's arguments
+
         if tok.startswith("-"):
             name, _, inline = tok.partition("=")
             takes = HYDRA_FLAGS.get(name)
