@@ -1,0 +1,164 @@
+"""Candidate generation: every plan is valid, none is missed, pins are honoured."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from autotune.search import Space, stage_splits
+from costmodel.errors import GrpoTuneError
+from costmodel.specs import load_hardware, load_model
+from costmodel.strategy import Cluster, Strategy, Workload, divisors, stage_layers, validate
+
+H100 = load_hardware("h100")
+WL = Workload()
+SMALL = Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8)
+
+
+def _space(model, gpus, wl=WL, pins=None, gpn=8, hw=H100):
+    return Space(load_model(model), hw, Cluster(gpus=gpus, gpus_per_node=min(gpn, gpus)), wl, dict(pins or {}))
+
+
+def _check_valid(sp: Space, s: Strategy) -> Strategy:
+    r = validate(sp.model, s, sp.cluster.gpus, gpus_per_node=sp.cluster.gpus_per_node,
+                 allow_cross_node_tp=sp.allow_cross_node_tp)
+    wl = sp.workload
+    seqs = wl.mini_batch * wl.n if wl.kind == "grpo" else wl.gbs
+    assert seqs % (r.dp * r.mbs) == 0, "mbs must divide the per-DP micro-batch count (verl's rule)"
+    assert r.sp == (r.tp > 1)
+    assert sp.workload.train_seq_len % (2 * r.cp) == 0 or r.cp == 1
+    return r
+
+
+@pytest.mark.parametrize("model,gpus", [("tiny", 4), ("tiny-moe", 4)])
+def test_every_candidate_validates_small(model, gpus):
+    sp = _space(model, gpus, SMALL, hw=load_hardware("cpu"))
+    n = 0
+    for s in sp.candidates():
+        _check_valid(sp, s)
+        n += 1
+    assert n == sp.candidate_count() > 100
+
+
+@pytest.mark.parametrize("model,gpus", [("7b", 8), ("moonlight-16b-a3b", 32), ("qwen3-30b-a3b", 64),
+                                        ("deepseek-v3", 256), ("qwen3-235b-a22b", 64)])
+def test_every_layout_and_rollout_validates(model, gpus):
+    """Validity depends on the layout and the rollout TP; mbs/recompute/offload are checked per layout."""
+    sp = _space(model, gpus)
+    rolls = sp.rollout_options()
+    assert rolls
+    layouts = sp.layouts()
+    assert layouts
+    seqs = sp.workload.mini_batch * sp.workload.n
+    for lay in layouts:
+        opts = sp.train_options(lay)
+        for roll in rolls:
+            r = _check_valid(sp, sp.strategy(lay, opts[0], roll))
+        for opt in opts:  # validate() does not read mbs/recompute/offload: check verl's batch rule here
+            assert seqs % (r.dp * opt["mbs"]) == 0
+
+
+@pytest.mark.parametrize("model,gpus,layers", [("deepseek-v3", 256, 61), ("qwen3-235b-a22b", 64, 94)])
+def test_uneven_pipeline_splits(model, gpus, layers):
+    sp = _space(model, gpus)
+    uneven = [lay for lay in sp.layouts() if lay["first_stage_layers"] or lay["last_stage_layers"]]
+    pps = {lay["pp"] for lay in uneven}
+    need = {lay["pp"] for lay in sp.layouts()} | {p for p in (2, 4, 8, 16) if layers % p}
+    assert {p for p in need if layers % p} <= pps and pps, "PP not dividing the layers gets uneven stages"
+    m = load_model(model)
+    for lay in uneven:
+        stages = stage_layers(m, Strategy(**lay))
+        assert sum(stages) == layers and min(stages) >= 1
+        # balanced: no stage more than one layer above the even share
+        assert max(stages) <= -(-layers // lay["pp"]) + 1
+
+
+def test_layouts_complete_against_brute_force():
+    """The generator finds every (tp, pp, vpp, cp, ep, etp) that validate and verl's batch rule accept."""
+    sp = _space("tiny-moe", 8, SMALL, hw=load_hardware("cpu"))
+    got = {tuple(lay[k] for k in ("tp", "pp", "vpp", "cp", "ep", "etp")) for lay in sp.layouts()}
+    want = set()
+    m = sp.model
+    for tp, pp, vpp, cp, ep, etp in itertools.product(range(1, 9), range(1, 5), range(1, 5), range(1, 9),
+                                                      range(1, 9), range(1, 9)):
+        if m.layers % pp or etp > tp or tp % etp:  # even stages here; etp among tp's divisors
+            continue
+        try:
+            r = validate(m, Strategy(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp), 8, gpus_per_node=8)
+        except GrpoTuneError:
+            continue
+        if SMALL.train_seq_len % (2 * cp) and cp > 1:
+            continue
+        if (SMALL.mini_batch * SMALL.n) % r.dp:
+            continue
+        want.add((tp, pp, vpp, cp, ep, etp))
+    assert got == want
+
+
+def test_tp_within_node_unless_allowed():
+    sp = _space("llama-3.1-70b", 32, gpn=4)
+    assert max(lay["tp"] for lay in sp.layouts()) == 4
+    wide = Space(sp.model, sp.hardware, sp.cluster, sp.workload, {}, allow_cross_node_tp=True)
+    assert max(lay["tp"] for lay in wide.layouts()) == 8  # 64 heads, 8 KV heads
+
+
+def test_rollout_tp_fits_weights():
+    sp = _space("llama-3.1-70b", 16)
+    rtps = {t for t, _ in sp.rollout_options()}
+    # 70.6e9 params x 2 B = 141 GB: TP 1 cannot hold them in 80 GiB, TP 2 can at a high fraction.
+    assert 1 not in rtps and 2 in rtps and max(rtps) <= 8
+    for t, g in sp.rollout_options():
+        assert 2 * 70_553_706_496 / t < g * H100.hbm_bytes
+
+
+def test_offload_subsets_and_recompute():
+    sp = _space("7b", 8)
+    lay = sp.layouts()[0]
+    opts = sp.train_options(lay)
+    assert {o["offload"] for o in opts} == {(), ("param",), ("grad",), ("optimizer",), ("param", "grad"),
+                                            ("param", "optimizer"), ("grad", "optimizer"),
+                                            ("param", "grad", "optimizer")}
+    assert {o["recompute"] for o in opts} == {"none", "selective", "full"}
+
+
+@pytest.mark.parametrize("pins", [{"tp": 2}, {"offload": ("optimizer",)}, {"rollout_tp": 4},
+                                  {"pp": 2, "vpp": 2, "mbs": 4}, {"recompute": "full", "gpu_memory_utilization": 0.5},
+                                  {"cp": 2, "distributed_optimizer": False}])
+def test_pins_are_honoured(pins):
+    sp = _space("7b", 8, pins=pins)
+    n = 0
+    for lay in sp.layouts():
+        for opt in sp.train_options(lay):
+            for roll in sp.rollout_options()[:2]:
+                s = sp.strategy(lay, opt, roll)
+                for k, v in pins.items():
+                    assert getattr(s, k) == v
+                n += 1
+    assert n > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(layers=st.integers(1, 200), pp=st.integers(1, 64))
+def test_stage_splits_are_valid(layers, pp):
+    for first, last in stage_splits(layers, pp):
+        m = load_model("tiny").__class__(name="x", family="llama", layers=layers, hidden=8, ffn_hidden=8, heads=1,
+                                         kv_heads=1, head_dim=8, vocab=8)
+        s = Strategy(pp=pp, first_stage_layers=first, last_stage_layers=last)
+        validate(m, s, pp)  # raises if the split cannot exist
+        assert sum(stage_layers(m, s)) == layers
+    if pp <= layers and layers % pp == 0:
+        assert stage_splits(layers, pp) == [(None, None)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(tp=st.sampled_from([None, 1, 2, 3, 4, 8]), pp=st.sampled_from([None, 1, 2, 3, 4]),
+       cp=st.sampled_from([None, 1, 2, 4]), mbs=st.sampled_from([None, 1, 2, 3, 64]),
+       rollout_tp=st.sampled_from([None, 1, 2, 3, 4, 16]))
+def test_random_pins_give_valid_plans_or_coded_errors(tp, pp, cp, mbs, rollout_tp):
+    pins = {k: v for k, v in dict(tp=tp, pp=pp, cp=cp, mbs=mbs, rollout_tp=rollout_tp).items() if v is not None}
+    sp = _space("tiny", 4, SMALL, pins=pins, hw=load_hardware("cpu"))
+    for s in itertools.islice(sp.candidates(), 200):
+        r = _check_valid(sp, s)
+        for k, v in pins.items():
+            assert getattr(r, k) == v
