@@ -1,0 +1,251 @@
+"""Fit the time model's efficiency parameters to measured trials; save and load calibration files.
+
+The time model (:mod:`costmodel.timing`) exposes its tunable efficiencies as
+``CALIBRATION_DEFAULTS`` (name -> value) and accepts ``calibration=`` overrides. Given measured
+trials, :func:`fit` solves
+
+    min_x  sum_i (log pred_i(p) - log meas_i)^2 + w_ph * sum_{i,phase} (...)^2 + lam * |x|^2,
+    p_j = p0_j * exp(x_j)
+
+with ``scipy.optimize.least_squares``. Log residuals make the error relative (a 10 ms and a 10 s
+step weigh the same); the parameterisation keeps every parameter positive; the small ridge term
+keeps parameters that the measurements cannot see at their defaults instead of drifting.
+
+A calibration file is JSON ``{"version": 1, "hardware": name, "params": {...}, "fit": {...}}``;
+``grpo-tune search --calibration FILE`` reads it with :func:`load`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from costmodel.errors import ConfigError
+from costmodel.specs import HardwareSpec, ModelSpec
+from costmodel.strategy import Cluster, Strategy, Workload
+
+VERSION = 1
+PHASE_WEIGHT = 0.5
+"""Weight of each per-phase log residual relative to the step's (phases add information, the step is the objective)."""
+RIDGE = 0.03
+BOUND = math.log(100.0)
+"""Each parameter may move by at most 100x either way from its default."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured plan: what ran, and what it measured."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    cluster: Cluster
+    strategy: Strategy
+    workload: Workload
+    measured_step_s: float
+    measured_phases_s: dict[str, float] = field(default_factory=dict)
+    label: str = ""
+
+
+Predict = Callable[[dict[str, float], Point], "tuple[float, dict[str, float]]"]
+
+
+def defaults() -> dict[str, float]:
+    """The time model's calibration parameters and their defaults."""
+    from costmodel import timing
+
+    d = getattr(timing, "CALIBRATION_DEFAULTS", None)
+    if not d:
+        raise ConfigError("the time model exposes no calibration parameters (costmodel.timing.CALIBRATION_DEFAULTS)",
+                          hint="this grpo-tune's time model cannot be calibrated yet")
+    return {k: float(v) for k, v in d.items()}
+
+
+def _bounds() -> dict[str, tuple[float, float]]:
+    from costmodel import timing
+
+    return dict(getattr(timing, "CALIBRATION_BOUNDS", {}) or {})
+
+
+def predict_estimate(params: dict[str, float], pt: Point) -> tuple[float, dict[str, float]]:
+    """Predicted step and phase seconds from :func:`costmodel.estimate.estimate` with ``params``."""
+    from costmodel.estimate import estimate
+
+    e = estimate(model=pt.model, hardware=pt.hardware, cluster=pt.cluster, strategy=pt.strategy,
+                 workload=pt.workload, calibration=params)
+    if e.time is None:
+        raise ConfigError("the time model returned no time for a measured plan", hint="calibration needs the time model")
+    phases = {k[:-2] if k.endswith("_s") else k: float(v) for k, v in (e.time.get("phases") or {}).items()
+              if isinstance(v, (int, float))}
+    return float(e.time["step_s"]), phases
+
+
+def mape(pred: Sequence[float], meas: Sequence[float]) -> float:
+    """Mean absolute percentage error of predictions against measurements, in percent."""
+    return 100.0 * sum(abs(p - m) / m for p, m in zip(pred, meas)) / len(meas)
+
+
+def _spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    from .refine import spearman
+
+    return spearman(x, y)
+
+
+@dataclass
+class CalibrationResult:
+    params: dict[str, float]
+    """Fitted values of every calibration parameter (unchanged ones at their default)."""
+    base: dict[str, float]
+    before: dict[str, Any]
+    """``{"mape_pct", "spearman", "n"}`` of step time with the base parameters."""
+    after: dict[str, Any]
+    points: list[dict[str, Any]]
+    """Per measured plan: label, measured, predicted before and after (step seconds)."""
+    cost: float = 0.0
+    success: bool = True
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"params": self.params, "base": self.base, "before": self.before, "after": self.after,
+                "points": self.points, "cost": self.cost, "success": self.success, "message": self.message}
+
+    def save(self, path: str | os.PathLike, *, hardware: str) -> Path:
+        return save(path, params=self.params, hardware=hardware, fit=self.to_dict())
+
+
+def _score(pred: list[float], meas: list[float]) -> dict[str, Any]:
+    return {"mape_pct": round(mape(pred, meas), 3), "spearman": _spearman(pred, meas), "n": len(meas)}
+
+
+def fit(points: Sequence[Point], *, base: dict[str, float] | None = None, predict: Predict | None = None,
+        names: Sequence[str] | None = None, ridge: float = RIDGE, phase_weight: float = PHASE_WEIGHT,
+        bounds: dict[str, tuple[float, float]] | None = None) -> CalibrationResult:
+    """Fit the parameters ``names`` (default: all of ``base``) to the measured ``points``.
+
+    ``base`` defaults to the time model's ``CALIBRATION_DEFAULTS`` (overridden by any given
+    values); ``predict`` defaults to the real cost model.
+    """
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    predict = predict or predict_estimate
+    if predict is predict_estimate:
+        p0 = {**defaults(), **(base or {})}
+        bounds = {**_bounds(), **(bounds or {})}
+    else:
+        if not base:
+            raise ConfigError("fit() with a custom predict needs base parameters")
+        p0 = dict(base)
+        bounds = dict(bounds or {})
+    points = [p for p in points if p.measured_step_s and p.measured_step_s > 0]
+    if len(points) < 2:
+        raise ConfigError(f"calibration needs at least 2 measured trials, got {len(points)}")
+    names = list(names or sorted(p0))
+    unknown = [n for n in names if n not in p0]
+    if unknown:
+        raise ConfigError(f"unknown calibration parameter {unknown[0]!r}", hint=f"known: {', '.join(sorted(p0))}")
+
+    def params_of(x) -> dict[str, float]:
+        p = dict(p0)
+        for n, xi in zip(names, x):
+            p[n] = p0[n] * math.exp(float(xi))
+        return p
+
+    def residuals(x):
+        p = params_of(x)
+        r = []
+        for pt in points:
+            step, phases = predict(p, pt)
+            r.append(math.log(max(step, 1e-12)) - math.log(pt.measured_step_s))
+            for ph, m in sorted(pt.measured_phases_s.items()):
+                if m and m > 0 and phases.get(ph, 0) > 0:
+                    r.append(phase_weight * (math.log(phases[ph]) - math.log(m)))
+        r.extend(ridge * float(xi) for xi in x)
+        return np.asarray(r)
+
+    lo, hi = [], []
+    for n in names:
+        b = bounds.get(n)
+        lo.append(-BOUND if b is None or b[0] is None else max(-BOUND, math.log(max(b[0], 1e-30) / p0[n])))
+        hi.append(BOUND if b is None or b[1] is None else min(BOUND, math.log(b[1] / p0[n])))
+    x0 = np.zeros(len(names))
+    x0 = np.clip(x0, np.asarray(lo) + 1e-9, np.asarray(hi) - 1e-9)
+    sol = least_squares(residuals, x0, bounds=(lo, hi), method="trf", diff_step=1e-4, x_scale=1.0,
+                        max_nfev=200 * (len(names) + 1))
+    fitted = params_of(sol.x)
+    meas = [pt.measured_step_s for pt in points]
+    before = [predict(p0, pt)[0] for pt in points]
+    after = [predict(fitted, pt)[0] for pt in points]
+    return CalibrationResult(
+        params={k: float(v) for k, v in fitted.items()}, base=p0,
+        before=_score(before, meas), after=_score(after, meas),
+        points=[{"label": pt.label, "measured_step_s": m, "predicted_before_s": b, "predicted_after_s": a}
+                for pt, m, b, a in zip(points, meas, before, after)],
+        cost=float(sol.cost), success=bool(sol.success), message=str(sol.message))
+
+
+def fit_records(records, *, model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload: Workload,
+                base: dict[str, float] | None = None, **kw) -> CalibrationResult:
+    """Fit to completed :class:`autotune.refine.TrialRecord` s of one study."""
+    pts = []
+    for r in records:
+        if not (r.strategy and r.measured_step_s):
+            continue
+        pts.append(Point(model=model, hardware=hardware, cluster=cluster, workload=workload,
+                         strategy=Strategy.from_dict(r.strategy), measured_step_s=float(r.measured_step_s),
+                         measured_phases_s=dict(r.measured_phases_s or {}), label=f"#{r.number}"))
+    return fit(pts, base=base, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------------------------
+
+def save(path: str | os.PathLike, *, params: dict[str, float], hardware: str, fit: dict[str, Any] | None = None) -> Path:
+    from .config import atomic_write
+
+    doc = {"version": VERSION, "hardware": hardware, "params": {k: float(v) for k, v in params.items()},
+           "fit": fit or {}}
+    return atomic_write(path, json.dumps(doc, indent=2, default=str) + "\n")
+
+
+def load(path: str | os.PathLike, *, hardware: str | None = None) -> dict[str, float]:
+    """Read a calibration file; returns the ``params`` for ``estimate(..., calibration=...)``.
+
+    Every failure is a coded error: a missing or malformed file, another version, a parameter the
+    time model does not have, or (when ``hardware`` is given) a file made on other hardware.
+    """
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"no calibration file at {p}", hint="run `grpo-tune search ... --refine` to make one") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{p}: not a readable calibration file ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("version") != VERSION:
+        raise ConfigError(f"{p}: calibration version {doc.get('version') if isinstance(doc, dict) else None!r} "
+                          f"is not supported (this grpo-tune reads {VERSION})")
+    params = doc.get("params")
+    if not isinstance(params, dict):
+        raise ConfigError(f"{p}: 'params' must be a mapping")
+    try:
+        known = defaults()
+    except ConfigError:
+        known = None
+    out = {}
+    for k, v in params.items():
+        if known is not None and k not in known:
+            from costmodel.errors import UnknownKeyError, close_matches
+
+            near = close_matches(k, known)
+            raise UnknownKeyError(f"{p}: unknown calibration parameter {k!r}",
+                                  hint=f"did you mean {near[0]!r}?" if near else f"known: {', '.join(sorted(known))}")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not (v > 0 and math.isfinite(v)):
+            raise ConfigError(f"{p}: calibration parameter {k} must be a positive number, got {v!r}")
+        out[k] = float(v)
+    if hardware is not None and doc.get("hardware") not in (None, hardware):
+        raise ConfigError(f"{p} was fitted on hardware {doc.get('hardware')!r}, not {hardware!r}",
+                          hint="calibrate on the hardware you search for, or drop --calibration")
+    return out
