@@ -1,0 +1,159 @@
+"""`grpo-tune train` / `grpo-tune profile` before any process starts: dry-run summary, coded errors,
+the torchrun command, the sbatch script. None of these tests starts a trainer process."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autotune.cli import main as cli_main
+from autotune.config import RunConfig, TrainerOptions, load, save
+from costmodel.specs import load_hardware, load_model
+from costmodel.strategy import Cluster, Strategy, Workload
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write_cfg(path: Path, *, model="tiny", gpus=2, gpn=2, strategy=None, workload=None, trainer=None) -> Path:
+    cfg = RunConfig(model=load_model(model), hardware=load_hardware("cpu"), cluster=Cluster(gpus=gpus, gpus_per_node=gpn),
+                    strategy=Strategy(**(strategy or {"tp": 2})),
+                    workload=Workload(**({"prompts": 4, "n": 4, "prompt_len": 16, "response_len": 8, "mini_batch": 2,
+                                          "dtype": "fp32"} | (workload or {}))),
+                    trainer=TrainerOptions(**({"steps": 2, "out_dir": str(path.parent / "run")} | (trainer or {}))))
+    save(cfg, path)
+    return path
+
+
+def edit(path: Path, section: str, **kw) -> Path:
+    d = yaml.safe_load(path.read_text())
+    d[section] = kw if section == "model" and "name" in kw else {**(d.get(section) or {}), **kw}
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from autotune.cli import run; run()", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=60)
+
+
+def test_dry_run_prints_the_summary_and_starts_nothing_without_torch(tmp_path):
+    cfg = write_cfg(tmp_path / "c.yaml", strategy={"tp": 2}, gpus=2)
+    code = ("import sys; from autotune.cli import main; rc = main(['train', '--config', sys.argv[1], '--dry-run']);"
+            "assert 'torch' not in sys.modules, 'dry-run imported torch'; sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "Parallel Config Summary" in r.stdout
+    assert "torch.distributed.run --nproc-per-node=2 --standalone -m trainer.main" in r.stdout.replace("\n", " ")
+    assert not (tmp_path / "run").exists()  # no output folder, no log: nothing started
+
+
+def test_dry_run_json_has_degrees_micro_batches_and_memory(tmp_path, capsys):
+    cfg = write_cfg(tmp_path / "c.yaml", gpus=4, gpn=4, strategy={"tp": 2, "mbs": 2},
+                    workload={"prompts": 8, "n": 4, "mini_batch": 4})
+    assert cli_main(["train", "--config", str(cfg), "--dry-run", "--json"]) == 0
+    sm = json.loads(capsys.readouterr().out)
+    assert sm["world_size"] == 4 and sm["dp"] == 2
+    assert sm["roles"]["actor"]["tp"] == 2 and sm["roles"]["reference"]["tp"] == 2
+    assert sm["roles"]["rollout"]["replicas"] == 4  # rollout_tp 1
+    # 4 prompts x 4 = 16 sequences per mini-batch over dp 2 x mbs 2 -> 4 micro-batches
+    assert sm["batch"]["micro_batches_per_mini_batch"] == 4 and sm["batch"]["mini_batches_per_step"] == 2
+    if sm["memory"] is not None:
+        assert {"rollout", "update"} <= set(sm["memory"]["phases"])
+        assert all(v > 0 for v in sm["memory"]["phases"].values())
+
+
+@pytest.mark.parametrize("mutate, code", [
+    (lambda p: edit(p, "strategy", dp=3), "INVALID_DEGREES"),  # 2 (tp) x 3 != 2 GPUs
+    (lambda p: edit(p, "strategy", tp=4), "INVALID_DEGREES"),  # tp does not divide the 2 GPUs
+    (lambda p: edit(p, "model", name="no-such-model"), "UNKNOWN_MODEL"),
+    (lambda p: edit(p, "trainer", dataset="/nonexistent/prompts.jsonl"), "MISSING_DATASET"),
+    (lambda p: edit(p, "workload", n=3), "BATCH_DIVISIBILITY"),  # mini-batch 2 x 3 = 6 over dp 1 x mbs 4
+    (lambda p: edit(p, "workload", prompt_len=250), "BAD_CONFIG"),  # past tiny's 256 positions
+    (lambda p: edit(p, "trainer", reward="nomodule_xyz:score"), "BAD_CONFIG"),
+    (lambda p: edit(p, "trainer", lr_rate=0.1), "UNKNOWN_KEY"),
+])
+def test_bad_config_is_a_coded_error_before_any_process(tmp_path, mutate, code):
+    cfg = write_cfg(tmp_path / "c.yaml", strategy={"tp": 2, "mbs": 4} if code == "BATCH_DIVISIBILITY" else {"tp": 2})
+    mutate(cfg)
+    r = run_cli("train", "--config", str(cfg))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert f"[{code}]" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "run" / "train.log").exists()
+
+
+def test_profile_bad_config_exits_2(tmp_path):
+    cfg = edit(write_cfg(tmp_path / "c.yaml"), "strategy", pp=3)
+    r = run_cli("profile", "--config", str(cfg), "--steps", "2", "--json", str(tmp_path / "p.json"))
+    assert r.returncode == 2 and "[INVALID_DEGREES]" in r.stderr
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_torchrun_command_single_and_multi_node(tmp_path):
+    from trainer import launch
+
+    cfg = load(write_cfg(tmp_path / "c.yaml", gpus=8, gpn=4, strategy={"tp": 2, "pp": 2}))
+    lay = launch.layout(cfg)
+    assert (lay.nnodes, lay.nproc_per_node) == (2, 4)
+    cmd = launch.torchrun_command("c.yaml", lay, node_rank=1, master_addr="10.0.0.1", master_port=29600)
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    for flag in ("--nproc-per-node=4", "--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29600"):
+        assert flag in cmd
+    assert cmd[-4:] == ["-m", "trainer.main", "--config", "c.yaml"]
+    # --nnodes overrides the node split; it must divide the world size
+    assert launch.layout(cfg, nnodes=4).nproc_per_node == 2
+    with pytest.raises(Exception) as e:
+        launch.layout(cfg, nnodes=3)
+    assert getattr(e.value, "code", None) == "BAD_CONFIG"
+    with pytest.raises(Exception) as e:  # several nodes need node 0's address
+        launch.torchrun_command("c.yaml", lay)
+    assert getattr(e.value, "code", None) == "BAD_CONFIG"
+
+
+def test_slurm_script(tmp_path):
+    cfg = write_cfg(tmp_path / "c.yaml", gpus=8, gpn=4, strategy={"tp": 2, "pp": 2})
+    out = tmp_path / "job.sbatch"
+    assert cli_main(["train", "--config", str(cfg), "--slurm", str(out), "--steps", "5"]) == 0
+    s = out.read_text()
+    assert "#SBATCH --nodes=2" in s and "#SBATCH --gpus-per-node=4" in s and "#SBATCH --ntasks-per-node=1" in s
+    assert "--node-rank=$SLURM_NODEID" in s and "--nnodes=2 --nproc-per-node=4" in s
+    assert f"-m trainer.main --config {cfg.resolve()} --steps 5" in s
+    assert subprocess.run(["bash", "-n", str(out)]).returncode == 0  # valid shell
+
+
+def test_no_resume_refuses_to_overwrite_checkpoints(tmp_path):
+    cfg = write_cfg(tmp_path / "c.yaml")
+    ck = tmp_path / "run" / "checkpoints"
+    ck.mkdir(parents=True)
+    (ck / "latest.json").write_text(json.dumps({"step": 2, "world_size": 4, "dir": "step_00000002"}))
+    r = run_cli("train", "--config", str(cfg), "--no-resume")
+    assert r.returncode == 2 and "[BAD_CONFIG]" in r.stderr
+    r = run_cli("train", "--config", str(cfg))  # resuming a 4-rank checkpoint with 2 ranks
+    assert r.returncode == 2 and "[CHECKPOINT_ERROR]" in r.stderr
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tp=st.integers(1, 5), pp=st.integers(1, 5), vpp=st.integers(1, 3), gpus=st.integers(1, 8),
+       mbs=st.integers(1, 6), n=st.integers(1, 6), nnodes=st.one_of(st.none(), st.integers(0, 3)))
+def test_any_degrees_give_a_summary_or_a_coded_error(tmp_path, capsys, tp, pp, vpp, gpus, mbs, n, nnodes):
+    p = tmp_path / "h.yaml"
+    d = yaml.safe_load(write_cfg(p).read_text())
+    d["cluster"] = {"gpus": gpus, "gpus_per_node": 8}
+    d["strategy"] = {"tp": tp, "pp": pp, "vpp": vpp, "mbs": mbs}
+    d["workload"]["n"] = n
+    p.write_text(yaml.safe_dump(d))
+    argv = ["train", "--config", str(p), "--dry-run", "--json"] + ([] if nnodes is None else ["--nnodes", str(nnodes)])
+    rc = cli_main(argv)
+    out = capsys.readouterr()
+    if rc == 0:
+        sm = json.loads(out.out)
+        r = sm["roles"]["actor"]
+        assert r["tp"] * r["pp"] * r["dp"] == gpus == sm["nnodes"] * sm["nproc_per_node"]
+        assert (sm["batch"]["sequences_per_mini_batch"]) % (r["dp"] * mbs) == 0
+    else:
+        assert rc == 2 and "[" in out.err and "Traceback" not in out.err
