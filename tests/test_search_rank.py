@@ -1,0 +1,123 @@
+"""Ranking: the factored search finds what an exhaustive pass finds; the winner fits; pins hold;
+the Pareto front is non-dominated; NO_FEASIBLE_PLAN names the tightest phase."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from autotune.search import Space, pareto_front, rank_key, search, step_s, tokens_per_s_per_gpu
+from costmodel.errors import GrpoTuneError, NoFeasiblePlanError
+from costmodel.estimate import estimate
+from costmodel.specs import load_hardware, load_model
+from costmodel.strategy import Cluster, Workload
+
+H100 = load_hardware("h100")
+CPU = load_hardware("cpu")
+SMALL = Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8)
+
+
+def _exhaustive(sp: Space):
+    best = None
+    for s in sp.candidates():
+        e = estimate(model=sp.model, hardware=sp.hardware, cluster=sp.cluster, strategy=s, workload=sp.workload)
+        if e.fits and (best is None or rank_key(e) < rank_key(best)):
+            best = e
+    return best
+
+
+@pytest.mark.parametrize("model,gpus,hw,wl,pins", [
+    ("tiny", 4, CPU, SMALL, {}),
+    ("7b", 8, H100, Workload(), {"tp": 2, "recompute": "selective"}),
+    ("qwen3-30b-a3b", 16, H100, Workload(), {"tp": 2, "pp": 1, "cp": 1, "mbs": 4, "recompute": "selective"}),
+])
+def test_factored_search_matches_exhaustive(model, gpus, hw, wl, pins):
+    m = load_model(model)
+    cl = Cluster(gpus=gpus, gpus_per_node=min(8, gpus))
+    sp = Space(m, hw, cl, wl, pins)
+    want = _exhaustive(sp)
+    got = search(m, hw, cl, wl, pins=pins)
+    assert want is not None
+    assert got.candidates == sp.candidate_count()
+    assert got.evaluated < got.candidates or got.candidates < 2000
+    assert step_s(got.best) == pytest.approx(step_s(want), rel=1e-9)
+
+
+def _check_result(res, pins=None):
+    assert res.ranked and all(e.fits for e in res.ranked)
+    keys = [rank_key(e) for e in res.ranked]
+    assert keys == sorted(keys)
+    assert res.best.fits and res.best.peak_bytes <= res.best.capacity_bytes
+    for k, v in (pins or {}).items():
+        assert all(getattr(e.strategy, k) == v for e in res.ranked), k
+    # Pareto: nothing evaluated dominates a front point; the fastest plan is on the front.
+    for p in res.pareto:
+        for e in res.ranked:
+            assert not (tokens_per_s_per_gpu(e) > tokens_per_s_per_gpu(p) and e.peak_bytes < p.peak_bytes)
+    assert max(tokens_per_s_per_gpu(p) for p in res.pareto) == pytest.approx(tokens_per_s_per_gpu(res.best))
+
+
+def test_7b_on_8_h100_winner_fits():
+    res = search(load_model("7b"), H100, Cluster(gpus=8), Workload())
+    _check_result(res)
+    assert res.candidates > 100_000 and res.combined > 100_000
+    assert res.best.time is not None and math.isfinite(step_s(res.best))
+    assert res.best.strategy.tp * res.best.strategy.pp * res.best.strategy.cp * res.best.strategy.dp == 8
+
+
+@pytest.mark.parametrize("pins", [{"tp": 2}, {"offload": ("optimizer",)}, {"rollout_tp": 4},
+                                  {"tp": 1, "pp": 2, "recompute": "full", "gpu_memory_utilization": 0.5}])
+def test_pins_honoured_in_ranking(pins):
+    res = search(load_model("7b"), H100, Cluster(gpus=8), Workload(), pins=pins)
+    _check_result(res, pins)
+
+
+def test_moe_uneven_pipeline_search():
+    m = load_model("deepseek-v3")
+    res = search(m, H100, Cluster(gpus=256), Workload(), top=5)
+    _check_result(res)
+    assert res.pruned_layouts > 0  # the 671B model cannot fit most layouts
+
+
+def test_no_feasible_plan_names_tightest_phase():
+    with pytest.raises(NoFeasiblePlanError) as ei:
+        search(load_model("llama-3.1-405b"), H100, Cluster(gpus=1, gpus_per_node=1), Workload())
+    err = ei.value
+    assert err.code == "NO_FEASIBLE_PLAN"
+    assert "tightest phase" in err.message and "GiB" in err.message
+    assert "--gpus" in err.hint and "response-len" in err.hint
+
+
+def test_no_feasible_rollout_suggests_shorter_responses():
+    pins = {"offload": (), "gpu_memory_utilization": 0.9, "recompute": "none"}
+    with pytest.raises(NoFeasiblePlanError) as ei:
+        search(load_model("7b"), H100, Cluster(gpus=8), Workload(response_len=8192), pins=pins)
+    assert "offload" in ei.value.hint and "--response-len" in ei.value.hint
+
+
+def test_invalid_pin_is_a_coded_error():
+    with pytest.raises(GrpoTuneError) as ei:
+        search(load_model("7b"), H100, Cluster(gpus=8), Workload(), pins={"tp": 3})
+    assert ei.value.code == "INVALID_DEGREES"
+
+
+def test_search_is_deterministic():
+    a = search(load_model("7b"), H100, Cluster(gpus=8), Workload(), top=5)
+    b = search(load_model("7b"), H100, Cluster(gpus=8), Workload(), top=5)
+    assert [e.strategy for e in a.ranked] == [e.strategy for e in b.ranked]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 100), st.floats(0, 100)), min_size=1, max_size=30))
+def test_pareto_front_brute_force(points):
+    front = set(pareto_front(points))
+    for i, (t, m) in enumerate(points):
+        dominated = any((t2 >= t and m2 <= m) and (t2 > t or m2 < m) for t2, m2 in points)
+        if dominated:
+            assert i not in front
+    # every non-dominated value pair is represented
+    kept = {points[i] for i in front}
+    for t, m in points:
+        if not any((t2 >= t and m2 <= m) and (t2 > t or m2 < m) for t2, m2 in points):
+            assert (t, m) in kept
