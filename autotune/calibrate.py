@@ -147,10 +147,15 @@ def fit(points: Sequence[Point], *, base: dict[str, float] | None = None, predic
     if unknown:
         raise ConfigError(f"unknown calibration parameter {unknown[0]!r}", hint=f"known: {', '.join(sorted(p0))}")
 
+    # Positive knobs move multiplicatively (p0 * e^x); knobs that default to 0 (per-phase overheads,
+    # seconds) move additively in units of the median measured step (x * s_ref, x >= 0).
+    s_ref = float(np.median([pt.measured_step_s for pt in points]))
+    additive = [p0[n] == 0.0 for n in names]
+
     def params_of(x) -> dict[str, float]:
         p = dict(p0)
-        for n, xi in zip(names, x):
-            p[n] = p0[n] * math.exp(float(xi))
+        for n, xi, add in zip(names, x, additive):
+            p[n] = float(xi) * s_ref if add else p0[n] * math.exp(float(xi))
         return p
 
     def residuals(x):
@@ -166,13 +171,18 @@ def fit(points: Sequence[Point], *, base: dict[str, float] | None = None, predic
         return np.asarray(r)
 
     lo, hi = [], []
-    for n in names:
+    for n, add in zip(names, additive):
         b = bounds.get(n)
+        if add:
+            lo.append(0.0 if b is None or b[0] is None else b[0] / s_ref)
+            hi.append(10.0 if b is None or b[1] is None else b[1] / s_ref)
+            continue
         lo.append(-BOUND if b is None or b[0] is None else max(-BOUND, math.log(max(b[0], 1e-30) / p0[n])))
         hi.append(BOUND if b is None or b[1] is None else min(BOUND, math.log(b[1] / p0[n])))
-    x0 = np.zeros(len(names))
-    x0 = np.clip(x0, np.asarray(lo) + 1e-9, np.asarray(hi) - 1e-9)
-    sol = least_squares(residuals, x0, bounds=(lo, hi), method="trf", diff_step=1e-4, x_scale=1.0,
+    lo_a, hi_a = np.asarray(lo), np.asarray(hi)
+    x0 = np.clip(np.zeros(len(names)), lo_a, hi_a)
+    x0 = np.where(x0 <= lo_a, lo_a + 1e-6 * (hi_a - lo_a), x0)  # trf wants a strictly feasible start
+    sol = least_squares(residuals, x0, bounds=(lo_a, hi_a), method="trf", diff_step=1e-4, x_scale=1.0,
                         max_nfev=200 * (len(names) + 1))
     fitted = params_of(sol.x)
     meas = [pt.measured_step_s for pt in points]
