@@ -38,6 +38,9 @@ def active() -> bool:
     return _active
 
 
+_all_to_all_single = torch.distributed.all_to_all_single
+
+
 def _is_cuda(d) -> bool:
     if isinstance(d, int) and not isinstance(d, bool):
         return True  # an int device means cuda:<int> in torch
@@ -63,6 +66,11 @@ class _CudaToCpu(TorchFunctionMode):
             args = (args[0], "cpu", *args[2:])
         if func is torch.Tensor.record_stream:
             return None
+        if func is _all_to_all_single:
+            # megatron's MoE dispatcher passes numpy split sizes; this torch's binding wants ints
+            for k in ("output_split_sizes", "input_split_sizes"):
+                if kwargs.get(k) is not None:
+                    kwargs = dict(kwargs, **{k: [int(x) for x in kwargs[k]]})
         out = func(*args, **kwargs)
         if func is torch.Tensor.type and len(args) == 1 and not kwargs and isinstance(out, str):
             # megatron's optimizers assert 'torch.cuda.FloatTensor' and friends
@@ -140,12 +148,23 @@ def enable() -> bool:
         mrandom._set_cuda_rng_state = _cpu_set_rng_state
 
         _patch_torch_norm()
+        fix_missing_te_symbols()
         # Pushed for the life of the process: megatron allocates on "cuda" deep inside its calls.
         mode = _CudaToCpu()
         mode.__enter__()
         _patch_custom_backward(mode)
         _active = True
         return True
+
+
+def fix_missing_te_symbols() -> None:
+    """megatron 0.16.1's MoE router calls ``te_general_gemm`` when it is None-checked but only
+    defined if TransformerEngine imported; without TE the name is undefined (NameError). Defining
+    it as None selects megatron's own torch.mm path. Harmless with TE (the name then exists)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def _patch_custom_backward(mode: TorchFunctionMode) -> None:
