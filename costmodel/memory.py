@@ -363,61 +363,72 @@ def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, str
     off = set(s.offload)
     kl = w.kind == "grpo" and w.kl
     stages = per_stage_params(m, s)
-    states = [model_state_bytes(p.dense, p.expert, dp=dp, cp=s.cp, tp=s.tp, ep=s.ep, etp=s.etp_,
-                                distributed_optimizer=s.distributed_optimizer) for p in stages]
     seq = w.train_seq_len
     acts = train_activation_bytes(m, s, seq_len=seq, mbs=s.mbs, microbatches=_microbatches(s, w), flash=flash)
     logit = logits_bytes(m, s, seq_len=seq, mbs=s.mbs)
     last = len(stages) - 1
-    phases: dict[str, list[dict[str, float]]] = {}
+    # Stages with the same parameters differ only in activations: per (params, last?) keep the
+    # stage that holds the most. Two or three candidates instead of pp, for speed.
+    best: dict[tuple[int, int, bool], int] = {}
+    for i, p in enumerate(stages):
+        key = (p.dense, p.expert, i == last)
+        j = best.get(key)
+        if j is None or acts[i] > acts[j]:
+            best[key] = i
+    cand = sorted(best.values())
+    states = {i: model_state_bytes(stages[i].dense, stages[i].expert, dp=dp, cp=s.cp, tp=s.tp, ep=s.ep,
+                                   etp=s.etp_, distributed_optimizer=s.distributed_optimizer) for i in cand}
+    p_off, g_off, o_off = "param" in off, "grad" in off, "optimizer" in off
+    # Each phase: its part names, and per candidate stage a tuple of bytes in that order. Only the
+    # worst stage becomes a dict (this runs thousands of times per search).
+    ref = ("ref_weights",) if kl else ()
+    phases: dict[str, tuple[tuple[str, ...], list[tuple[float, ...]]]] = {}
 
-    def resident(st: ModelState, *, weights_needed: bool) -> dict[str, float]:
+    def res(st: ModelState, weights_needed: bool) -> tuple[float, ...]:
         """Training state on the GPU during a phase (offloaded parts are on the host)."""
-        d = {"weights": st.weights if (weights_needed or "param" not in off) else 0.0,
-             "grads": 0.0 if "grad" in off else st.grads,
-             "optimizer": 0.0 if "optimizer" in off else st.optimizer}
-        if kl:
-            d["ref_weights"] = 0.0 if "param" in off else st.weights
-        return d
+        r = (st.weights if (weights_needed or not p_off) else 0.0, 0.0 if g_off else st.grads,
+             0.0 if o_off else st.optimizer)
+        return r + ((0.0 if p_off else st.weights),) if kl else r
 
     # update: fwd/bwd needs weights, grads and activations; with optimizer offload the optimizer
     # comes back only for the step, after the activations are freed: report the larger moment.
     upd = []
-    for i, st in enumerate(states):
-        base = resident(st, weights_needed=True)
-        base["grads"] = st.grads
-        fb = dict(base, activations=acts[i], logits=logit if i == last else 0.0)
-        if "optimizer" in off:
-            step = dict(base, optimizer=st.optimizer, activations=0.0, logits=0.0)
-            fb = fb if sum(fb.values()) >= sum(step.values()) else step
+    for i, st in states.items():
+        refw = (0.0 if p_off else st.weights,) if kl else ()
+        lg = logit if i == last else 0.0
+        fb = (st.weights, st.grads, 0.0 if o_off else st.optimizer) + refw + (acts[i], lg)
+        if o_off:
+            step = (st.weights, st.grads, st.optimizer) + refw + (0.0, 0.0)
+            fb = fb if sum(fb) >= sum(step) else step
         upd.append(fb)
-    phases["update"] = upd
+    state_keys = ("weights", "grads", "optimizer") + ref
+    upd_entry = (state_keys + ("activations", "logits"), upd)
 
     if w.kind == "grpo":
         fwd = forward_activation_bytes(m, s, seq_len=seq, mbs=s.mbs, flash=flash)
-        olp = []
-        for i, st in enumerate(states):
-            olp.append(dict(resident(st, weights_needed=True), activations=fwd, logits=logit if i == last else 0.0))
-        if kl:
-            rlp = []
-            for i, st in enumerate(states):
-                d = resident(st, weights_needed=False)
-                d["ref_weights"] = st.weights
-                rlp.append(dict(d, activations=fwd, logits=logit if i == last else 0.0))
+        olp, rlp, ws, ro = [], [], [], []
         kvc = kv_cache_capacity(m, hardware, s, w, cluster.gpus)
         bucket = sync_bucket_bytes(m, s.ep)
-        ws, ro = [], []
-        for st in states:
-            ws.append(dict(resident(st, weights_needed=True), rollout_weights=kvc.weights_bytes, sync_bucket=bucket))
-            ro.append(dict(resident(st, weights_needed=False), rollout_weights=kvc.weights_bytes,
-                           rollout_activations=kvc.working_bytes, rollout_kv_cache=max(0.0, kvc.kv_bytes)))
-        phases = {"rollout": ro, "weight_sync": ws, "old_logprob": olp,
-                  **({"ref_logprob": rlp} if kl else {}), "update": upd}
+        kv_left = max(0.0, kvc.kv_bytes)
+        for i, st in states.items():
+            lg = logit if i == last else 0.0
+            need = res(st, True)
+            olp.append(need + (fwd, lg))
+            if kl:
+                rlp.append(res(st, False)[:3] + (st.weights, fwd, lg))
+            ws.append(need + (kvc.weights_bytes, bucket))
+            ro.append(res(st, False) + (kvc.weights_bytes, kvc.working_bytes, kv_left))
+        phases["rollout"] = (state_keys + ("rollout_weights", "rollout_activations", "rollout_kv_cache"), ro)
+        phases["weight_sync"] = (state_keys + ("rollout_weights", "sync_bucket"), ws)
+        phases["old_logprob"] = (state_keys + ("activations", "logits"), olp)
+        if kl:
+            phases["ref_logprob"] = (state_keys + ("activations", "logits"), rlp)
+    phases["update"] = upd_entry
 
     out: dict[str, PhaseMemory] = {}
-    for name, per_stage in phases.items():
-        worst = max(per_stage, key=lambda d: sum(d.values()))
-        out[name] = PhaseMemory(name, {k: float(v) for k, v in worst.items()})
+    for name, (keys, rows) in phases.items():
+        worst = rows[0] if len(rows) == 1 else max(rows, key=sum)
+        out[name] = PhaseMemory(name, dict(zip(keys, map(float, worst))))
     if w.kind == "grpo":
         out["rollout"].info = kvc.to_info()
 
@@ -444,10 +455,11 @@ def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, str
 
     # Host memory: every rank of a node keeps its offloaded state there (worst stage, conservative).
     host_rank = 0.0
-    for st in states:
-        h = (st.weights * (2 if kl else 1) if "param" in off else 0.0) + (st.grads if "grad" in off else 0.0) \
-            + (st.optimizer if "optimizer" in off else 0.0)
-        host_rank = max(host_rank, h)
+    if off:
+        for st in states.values():
+            h = (st.weights * (2 if kl else 1) if p_off else 0.0) + (st.grads if g_off else 0.0) \
+                + (st.optimizer if o_off else 0.0)
+            host_rank = max(host_rank, h)
     ranks = min(cluster.gpus_per_node, cluster.gpus)
     host = host_rank * ranks
     if host > hardware.host_memory_bytes:

@@ -72,6 +72,18 @@ class ModelSpec:
     hf_id: str = ""
     source: str = ""
 
+    def __hash__(self) -> int:
+        # The cost model's caches key on the spec thousands of times per search; hashing ~30 fields
+        # each time dominated. Computed once, and never pickled (str hashes differ per process).
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @property
     def is_moe(self) -> bool:
         return self.experts > 0
