@@ -5,6 +5,7 @@ import json
 from typing import Annotated, Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -30,19 +31,26 @@ def validate(json_out: Json = False, tolerance: Tolerance = 10.0, data: DataFile
         raise typer.Exit(1)
 
 
+_UNITS = {"tflops_per_gpu": ("{:.1f}", "TF/s"), "iteration_s": ("{:.2f}", "s"), "mfu_pct": ("{:.1f}", "MFU%")}
+_PAPERS = ("rows: n21 = Narayanan et al. 2021 (arXiv 2104.04473), TF/s per GPU by their eq. 3; k22 = Korthikanti "
+           "et al. 2022 (arXiv 2205.05198), seconds per iteration or MFU; t1/t2/t5 = table, abs = abstract. "
+           "Sources per row: profiles/data/published.csv")
+
+
 def _print(rep: dict) -> None:
     con = Console()
-    t = Table(title=f"Time model vs published measurements ({rep['hardware']})")
-    for c in ("row", "source", "split", "t/p/GPUs", "batch", "recompute", "metric", "published", "predicted", "error"):
-        t.add_column(c, justify="right" if c in ("published", "predicted", "error", "batch") else "left")
+    t = Table(title=f"Time model vs published ({rep['hardware']})", box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
+    for c in ("row", "split", "t/p/GPUs", "batch", "recomp", "unit", "published", "predicted", "error"):
+        t.add_column(c, justify="left" if c in ("row", "split", "t/p/GPUs", "recomp", "unit") else "right", no_wrap=True, min_width=len(c))
     for r in rep["rows"]:
-        fmt = "{:.2f}" if r["metric"] == "iteration_s" else "{:.1f}"
+        fmt, unit = _UNITS[r["metric"]]
         err = r["error_pct"]
         colour = "green" if abs(err) <= rep["tolerance_pct"] else "red"
-        t.add_row(r["id"], f"{r['source'].split(' arXiv')[0]}, {r['table']}", r["split"], f"{r['tp']}/{r['pp']}/{r['gpus']}",
-                  str(r["gbs"]), r["recompute"], r["metric"], fmt.format(r["published"]), fmt.format(r["predicted"]),
+        t.add_row(r["id"], "fit" if r["split"] == "fit" else "held", f"{r['tp']}/{r['pp']}/{r['gpus']}", str(r["gbs"]),
+                  r["recompute"][:4], unit, fmt.format(r["published"]), fmt.format(r["predicted"]),
                   f"[{colour}]{err:+.1f}%[/]")
     con.print(t)
+    con.print(_PAPERS, highlight=False)
     m = rep["mape_pct"]
     eff = ", ".join(f"{k}={v}" for k, v in rep["efficiency"].items())
     con.print(f"efficiency curve: {eff}" + (" (refitted on the fit rows)" if rep["refit"] else ""), highlight=False)
