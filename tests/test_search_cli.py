@@ -1,0 +1,132 @@
+"""The golden path: `grpo-tune search --model 7b --gpus 8 --out DIR` prints the table and writes
+a run folder whose best.yaml loads, whose verl.sh and best.yaml diagnose clean; plus the coded
+errors and the emitter that refine shares."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.config import load
+from autotune.emit import emit, run_id
+from autotune.search import search
+from costmodel.specs import load_hardware, load_model
+from costmodel.strategy import Cluster, Workload
+
+CLI = [sys.executable, "-c", "from autotune.cli import run; run()"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _run(*args, cwd=None):
+    env = {**os.environ, "COLUMNS": "160"}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    p = _run("search", "--model", "7b", "--gpus", "8", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    dirs = [d for d in out.iterdir() if d.is_dir()]
+    assert len(dirs) == 1
+    return p, dirs[0]
+
+
+def test_golden_path_writes_run_folder(golden):
+    p, d = golden
+    assert d.name.startswith("qwen2.5-7b-8g-h100-sxm-80gb-")
+    for f in ("best.yaml", "verl.sh", "megatron_args.txt", "report.md", "step_breakdown.png", "pareto.png"):
+        assert (d / f).stat().st_size > 0, f
+    for png in ("step_breakdown.png", "pareto.png"):
+        assert (d / png).read_bytes()[:8] == PNG_MAGIC
+    assert os.access(d / "verl.sh", os.X_OK)
+    assert "Top plans" in p.stdout and "tok/s/GPU" in p.stdout and "capacity" in p.stdout
+    assert str(d) in p.stdout.replace("\n", "")
+
+
+def test_best_yaml_loads_and_matches_the_table(golden):
+    _, d = golden
+    cfg = load(d / "best.yaml")
+    s = cfg.strategy
+    assert cfg.cluster.gpus == 8 and s.tp * s.pp * s.cp * s.dp == 8
+    pred = cfg.predicted
+    assert pred["fits"] is True and pred["peak_memory_bytes"] <= pred["capacity_bytes"]
+    assert pred["step_s"] == pytest.approx(sum(pred["phases_s"].values()), rel=1e-6)
+    assert set(pred["memory_bytes"]) >= {"rollout", "update"}
+    assert cfg.trainer.out_dir == str(d / "train")
+    # the winner is the same plan a library search ranks first
+    res = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), Workload(), top=1)
+    assert res.best.strategy == s
+
+
+def test_verl_and_megatron_exports_agree_with_plan(golden):
+    _, d = golden
+    cfg = load(d / "best.yaml")
+    s = cfg.strategy
+    sh = (d / "verl.sh").read_text()
+    assert "verl.trainer.main_ppo" in sh
+    assert f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={s.tp}" in sh
+    assert f"actor_rollout_ref.ref.megatron.tensor_model_parallel_size={s.tp}" in sh
+    assert f"actor_rollout_ref.rollout.tensor_model_parallel_size={s.rollout_tp}" in sh
+    assert "actor_rollout_ref.rollout.n=5" in sh and "data.train_batch_size=1024" in sh
+    args = (d / "megatron_args.txt").read_text()
+    assert f"--tensor-model-parallel-size {s.tp}" in args and f"--micro-batch-size {s.mbs}" in args
+
+
+def test_report_references_plots(golden):
+    _, d = golden
+    rep = (d / "report.md").read_text()
+    assert "(step_breakdown.png)" in rep and "(pareto.png)" in rep
+    assert "## Winner" in rep and "## Pareto front" in rep
+
+
+@pytest.mark.parametrize("name", ["best.yaml", "verl.sh"])
+def test_diagnose_finds_no_errors(golden, name):
+    pytest.importorskip("autotune.commands.diagnose")
+    _, d = golden
+    p = _run("diagnose", str(d / name), "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(p.stdout)
+    assert isinstance(doc["findings"], list) and doc["summary"]["world_size"] == 8
+    assert not [f for f in doc["findings"] if f["severity"] == "error"]
+
+
+def test_json_output(tmp_path):
+    p = _run("search", "--model", "7b", "--gpus", "8", "--tp", "2", "--top", "3", "--json", "--out", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert len(doc["top"]) == 3 and all(e["strategy"]["tp"] == 2 for e in doc["top"])
+    assert doc["best"]["fits"] is True and doc["stats"]["candidates"] > doc["stats"]["evaluated"]
+    assert Path(doc["files"]["best"]).exists()
+
+
+def test_no_feasible_plan_exit_2(tmp_path):
+    p = _run("search", "--model", "llama-3.1-405b", "--gpus", "1", "--out", str(tmp_path))
+    assert p.returncode == 2
+    assert "[NO_FEASIBLE_PLAN]" in p.stderr and "hint:" in p.stderr and "Traceback" not in p.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_bad_pin_exit_2(tmp_path):
+    p = _run("search", "--model", "7b", "--gpus", "8", "--tp", "3", "--out", str(tmp_path))
+    assert p.returncode == 2 and "[INVALID_DEGREES]" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_emit_for_refine_adds_measured(tmp_path):
+    """refine emits its winner through emit(est, dir, measured=...) exactly as search does."""
+    res = search(load_model("tiny"), load_hardware("cpu"), Cluster(gpus=4, gpus_per_node=4),
+                 Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8), top=3)
+    measured = {"step_s": 1.5, "tokens_per_s": 42.0}
+    paths = emit(res.best, tmp_path / "r", measured=measured, ranked=res.ranked, pareto=res.pareto)
+    assert {"best", "verl", "megatron_args", "report", "pareto_png", "breakdown_png"} <= set(paths)
+    cfg = load(paths["best"])
+    assert cfg.measured == measured and cfg.strategy == res.best.strategy
+    raw = yaml.safe_load(paths["best"].read_text())
+    assert raw["predicted"]["step_s"] == pytest.approx(res.best.time["step_s"])
+    assert "## Measured" in paths["report"].read_text()
+    assert run_id(res.best).startswith("tiny-4g-cpu-")
