@@ -493,11 +493,17 @@ def _check_keys(c: _Ctx) -> None:
         status = verl.key_status(key)
         leaf = key.rsplit(".", 1)[-1]
         if status == "declared":
-            if ov.prefix == "+" and verl.default(key) is not None:
+            # Hydra's `+` merges a list/dict value into an existing key but refuses a scalar
+            # (hydra/_internal/config_loader_impl.py, _apply_overrides_to_config)
+            if ov.prefix == "+" and verl.default(key) is not None and not isinstance(ov.value, (list, dict)):
                 c.add("error", "BAD_CONFIG", f"+{key}: the key already exists in verl's config, and Hydra refuses "
                       "to add it again", f"drop the `+`: {key}={ov.raw}", key=key)
             continue
         if status == "parent":
+            if not isinstance(ov.value, (list, dict)) and ov.value is not None:
+                c.add("error", "BAD_CONFIG", f"{key}={ov.raw} replaces a whole section of verl's config with a value",
+                      f"set a key inside it, e.g. {next(k for k in verl.snapshot() if k.startswith(key + '.'))}=...",
+                      key=key)
             continue
         otc = next((p for p in (OTC, REF_OTC) if key.startswith(p + ".")), None)
         if otc is not None:

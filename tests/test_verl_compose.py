@@ -84,3 +84,30 @@ def test_example_scripts_compose(path):
     assert facts["config_name"] == verl.CONFIG_NAME
     assert overrides
     verl.compose([f"{o.prefix}{o.key}={o.raw}" for o in overrides])
+
+
+O = "actor_rollout_ref.actor.megatron.override_transformer_config"
+HYDRA_CASES = [
+    "algorithm.group_size=5", "+algorithm.group_size=5", "+actor_rollout_ref.rollout.n=5",
+    "++actor_rollout_ref.rollout.n=5", f"{O}.fp16=True", f"+{O}.fp16=True", f"+{O}.recompute_granularity=full",
+    f"{O}.recompute_granularity=full", f"+{O}.recompute_modules=[mlp]", "actor_rollout_ref.model.override_config.foo=1",
+    "+actor_rollout_ref.model.override_config.foo=1", "actor_rollout_ref.actor.megatron.grad_offload=True",
+    "+trainer.foo.bar=1", "data.train_batch_size=64",
+]
+
+
+@pytest.mark.parametrize("override", HYDRA_CASES)
+def test_diagnose_agrees_with_hydra_on_keys(override):
+    """diagnose flags a key as refused exactly when real Hydra + verl's config refuse to compose it."""
+    from costmodel.errors import GrpoTuneError
+    from autotune.diagnose import diagnose_overrides
+
+    try:
+        verl.compose([override])
+        composes = True
+    except GrpoTuneError:
+        composes = False
+    key = override.lstrip("+").split("=", 1)[0]
+    rep = diagnose_overrides([override])
+    refused = [f for f in rep.findings if f.key == key and f.severity == "error" and f.code in ("UNKNOWN_KEY", "BAD_CONFIG")]
+    assert bool(refused) == (not composes), (override, [f.to_dict() for f in refused])
