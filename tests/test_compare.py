@@ -1,0 +1,59 @@
+"""`grpo-tune compare`: best plan per hardware, cost per million tokens, PNG, coded rows."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from autotune.commands.compare import usd_per_million_tokens
+from autotune.search import search, tokens_per_s_per_gpu
+from costmodel.specs import load_hardware, load_model
+from costmodel.strategy import Cluster, Workload
+
+CLI = [sys.executable, "-c", "from autotune.cli import run; run()"]
+
+
+def test_cost_per_million_tokens_by_hand():
+    # $3.60/GPU-h = $0.001/GPU-s; at 1000 tokens/s/GPU a million tokens take 1000 GPU-s = $1.00.
+    assert usd_per_million_tokens(3.6, 1000.0) == pytest.approx(1.0)
+    assert usd_per_million_tokens(None, 1000.0) is None
+    assert usd_per_million_tokens(2.0, 0.0) is None
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cmp")
+    p = subprocess.run([*CLI, "compare", "--model", "7b", "--gpus", "8", "--hardware", "h100,a100,cpu", "--json",
+                        "--out", str(out)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "COLUMNS": "160"})
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout), out
+
+
+def test_rows_per_hardware(compared):
+    doc, out = compared
+    rows = {r["hardware"]: r for r in doc["rows"]}
+    assert set(rows) == {"h100-sxm-80gb", "a100-sxm-80gb", "cpu"}
+    h100, a100 = rows["h100-sxm-80gb"], rows["a100-sxm-80gb"]
+    assert h100["fits"] and a100["fits"]
+    # H100 has 3.2x the bf16 FLOP/s and 1.6x the HBM bandwidth of A100: its best plan is faster.
+    assert h100["step_s"] < a100["step_s"]
+    assert h100["usd_per_million_tokens"] == pytest.approx(
+        usd_per_million_tokens(h100["price_per_gpu_hour_usd"], h100["tokens_per_s_per_gpu"]))
+    assert h100["headroom_bytes"] == h100["capacity_bytes"] - h100["peak_bytes"] >= 0
+    # the row is the same plan a direct search picks
+    best = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), Workload(), top=1).best
+    assert h100["tokens_per_s_per_gpu"] == pytest.approx(tokens_per_s_per_gpu(best))
+    # 7B cannot be trained on the 2-core CPU profile: a coded row, not a crash
+    assert rows["cpu"]["fits"] is False and rows["cpu"]["error"]["code"] == "NO_FEASIBLE_PLAN"
+    assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((out / "compare.json").read_text())["rows"] == doc["rows"]
+
+
+def test_unknown_hardware_exit_2(tmp_path):
+    p = subprocess.run([*CLI, "compare", "--model", "7b", "--gpus", "8", "--hardware", "h100,h1000",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "[UNKNOWN_HARDWARE]" in p.stderr and "Traceback" not in p.stderr
