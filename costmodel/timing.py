@@ -529,3 +529,23 @@ def step_time(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strate
     throughput = {"tokens_per_s_per_gpu": tokens / step / gpus, "model_tflops_per_gpu": tflops / 1e12,
                   "mfu": tflops / hw.bf16_dense_flops_per_s}
     return time, throughput
+
+
+def explain(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strategy: Strategy, workload: Workload,
+            *, calibration: dict[str, float] | None = None) -> dict[str, float]:
+    """The figures behind the phase times, for people (``grpo-tune estimate`` prints them)."""
+    cal = check_calibration(calibration)
+    s, wl = strategy, workload
+    if s.dp is None:
+        s = s.replace(dp=cluster.gpus // (s.tp * s.pp * s.cp))
+    seqs = wl.mini_batch * wl.n if wl.kind == "grpo" else wl.gbs
+    seq_len = wl.prompt_len + wl.mean_response_len if wl.kind == "grpo" else wl.seq_len
+    tr = train_s(model, hardware, cluster, s, sequences=seqs, seq_len=seq_len, cal=cal)
+    m_micro = tr["micro_batches"]
+    out = {"micro_batches": m_micro, "bubble_fraction": (s.pp - 1) / (s.vpp * m_micro),
+           "dp_exposed_s": tr["dp_s"], "optimizer_s": tr["optimizer_s"]}
+    if wl.kind == "grpo":
+        ro = rollout_s(model, hardware, cluster, s, wl, cal)
+        out.update(prefill_s=ro["prefill_s"], decode_s=ro["decode_s"], decode_step_s=ro["decode_step_s"],
+                   decode_concurrency=ro["concurrency"], decode_memory_bound=ro["memory_bound"])
+    return out

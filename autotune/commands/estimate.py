@@ -88,6 +88,16 @@ def print_estimate(est: Estimate, console: Console) -> None:
             tt.add_row(k.removesuffix("_s"), f"{v:,.3f}")
         tt.add_row("[bold]step[/]", f"[bold]{est.time['step_s']:,.3f}[/]")
         console.print(tt)
+        from costmodel.timing import explain
+
+        x = explain(est.model, est.hardware, est.cluster, est.strategy, est.workload)
+        if "decode_step_s" in x:
+            console.print(f"rollout: prefill {x['prefill_s']:,.2f} s, decode {x['decode_s']:,.2f} s at "
+                          f"{x['decode_concurrency']:,.0f} sequences per replica, {x['decode_step_s'] * 1e3:,.1f} ms "
+                          f"per step ({'HBM' if x['decode_memory_bound'] else 'compute'}-bound)", highlight=False)
+        console.print(f"update: {x['micro_batches']} micro-batches per optimizer step, pipeline bubble "
+                      f"{100 * x['bubble_fraction']:.1f}%, exposed DP comm {x['dp_exposed_s']:,.3f} s, "
+                      f"optimizer {x['optimizer_s']:,.3f} s", highlight=False)
     if est.throughput is not None:
         th = est.throughput
         console.print("throughput: " + ", ".join(f"{k} {v:,.3g}" for k, v in th.items() if v is not None),
