@@ -1,0 +1,53 @@
+"""How long the full search takes on one core: 7B on 8 H100 (target <= 1 s) and DeepSeek-V3 on
+512 H100 (target <= 15 s).
+
+    python benchmarks/bench_search.py [--repeat 3]
+
+Prints the size of the valid space, the cost-model calls, the plans scored by combination and
+the best wall time of ``--repeat`` runs. Pin the process to one core with ``taskset -c 0`` to
+match the target's "one core".
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from autotune.search import search, step_s
+from costmodel.specs import load_hardware, load_model
+from costmodel.strategy import Cluster, Workload
+
+CASES = [("7b", 8, "h100", 1.0), ("qwen3-30b-a3b", 64, "h100", None), ("deepseek-v3", 512, "h100", 15.0)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover
+        cores = os.cpu_count()
+    print(f"cores available to this process: {cores}")
+    print(f"{'case':<28}{'candidates':>12}{'evaluated':>11}{'combined':>11}{'layouts':>9}{'pruned':>8}"
+          f"{'best s':>9}{'target':>8}  winner")
+    for model, gpus, hw, target in CASES:
+        m, h = load_model(model), load_hardware(hw)
+        cl = Cluster(gpus=gpus, gpus_per_node=8)
+        best_t, res = float("inf"), None
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            res = search(m, h, cl, Workload())
+            best_t = min(best_t, time.perf_counter() - t0)
+        s = res.best.strategy
+        win = (f"tp{s.tp} pp{s.pp} cp{s.cp} ep{s.ep} dp{s.dp} mbs{s.mbs} {s.recompute} "
+               f"off={','.join(s.offload) or '-'} rtp{s.rollout_tp}@{s.gpu_memory_utilization} "
+               f"step {step_s(res.best):.1f}s")
+        tgt = "-" if target is None else f"{target:g}"
+        ok = "" if target is None else (" ok" if best_t <= target else " SLOW")
+        print(f"{model + f' / {gpus} x {hw}':<28}{res.candidates:>12,}{res.evaluated:>11,}{res.combined:>11,}"
+              f"{res.layouts:>9,}{res.pruned_layouts:>8,}{best_t:>9.2f}{tgt:>8}{ok}  {win}")
+
+
+if __name__ == "__main__":
+    main()
