@@ -9,7 +9,7 @@ from autotune.config import save
 from autotune.diagnose import Finding, diagnose_overrides, diagnose_path, parse_script
 from autotune.export import verl_script
 from costmodel.errors import CODES
-from tests._export_configs import configs, make
+from _export_configs import configs, make
 
 A = "actor_rollout_ref.actor.megatron"
 R = "actor_rollout_ref.ref.megatron"

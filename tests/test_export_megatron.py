@@ -9,7 +9,7 @@ import pytest
 
 from autotune.export import megatron_args, megatron_args_text
 from autotune.verl import DATA_DIR
-from tests._export_configs import configs, make
+from _export_configs import configs, make
 
 FLAGS_FILE = DATA_DIR / "megatron-lm-arguments-flags.txt"
 

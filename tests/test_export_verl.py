@@ -11,7 +11,7 @@ import pytest
 
 from autotune.diagnose import diagnose_overrides, parse_script
 from autotune.export import verl_overrides, verl_script
-from tests._export_configs import configs
+from _export_configs import configs
 
 BASH = shutil.which("bash")
 

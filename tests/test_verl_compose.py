@@ -11,7 +11,7 @@ from autotune import verl
 from autotune.diagnose import parse_script
 from autotune.export import verl_overrides
 from costmodel.errors import UnknownKeyError
-from tests._export_configs import configs
+from _export_configs import configs
 
 from pathlib import Path
 
