@@ -47,6 +47,15 @@ CALIBRATION_DEFAULTS: dict[str, float] = {
     "step_overhead_s": 0.0,
 }
 
+# Ranges a calibration fit may explore (autotune.calibrate reads this).
+CALIBRATION_BOUNDS: dict[str, tuple[float, float]] = {
+    "compute_efficiency_scale": (0.05, 20.0),
+    "comm_efficiency_scale": (0.05, 20.0),
+    "rollout_efficiency_scale": (0.05, 20.0),
+    "moe_imbalance": (1.0, 4.0),
+    **{k: (0.0, 3600.0) for k in CALIBRATION_DEFAULTS if k.endswith("_overhead_s")},
+}
+
 # Used when a hardware profile's [efficiency] table lacks a key (profiles should set them all).
 EFFICIENCY_DEFAULTS: dict[str, float] = {
     "gemm_efficiency_max": 0.7,
@@ -259,7 +268,7 @@ def _layer_times(m: ModelSpec, hw: HardwareSpec, e: dict[str, float], cluster: C
         a2a_bytes = tokens / (tp if s.sp else 1) * m.top_k * m.hidden * PARAM_BYTES * cal["moe_imbalance"]
         t_ep = 2 * comm.all_to_all_s(a2a_bytes, ep, comm.link_bw(hw, span, gpn, ce), comm.link_latency(hw, span, gpn))
     t_ep *= c["moe_fraction"]
-    ovh = e["layer_overhead_s"]
+    ovh = e["layer_overhead_s"] / cal["compute_efficiency_scale"]  # launch/dispatch cost speeds up with the rest
     fwd = t_comp_f + t_tp + t_cp_f + t_ep + ovh
     # Backward: Megatron overlaps the TP all-reduce with the weight-gradient GEMMs (about half of
     # the backward compute); Korthikanti et al. 2022 Table 4 notes this overlap.
@@ -429,7 +438,7 @@ def rollout_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl:
     flops = conc * (body_flops + m.layers * c["attn_coef"] * ctx + c["head_flops"]) / rtp
     t_comp = flops / (peak * gemm_efficiency(e, conc, m.hidden, (m.ffn_hidden or m.expert_ffn_hidden) / rtp))
     t_comm = 2 * m.layers * comm.all_reduce_s(conc * m.hidden * PARAM_BYTES, rtp, bw, lat) if rtp > 1 else 0.0
-    t_step = max(t_mem, t_comp) + t_comm + e["decode_step_overhead_s"]
+    t_step = max(t_mem, t_comp) + t_comm + e["decode_step_overhead_s"] / cal["rollout_efficiency_scale"]
     # Continuous batching keeps ``conc`` sequences running; the longest response drains alone.
     steps = seqs * mean / conc + (longest - mean)
     return {"prefill_s": t_pre, "decode_s": steps * t_step, "decode_step_s": t_step, "concurrency": conc,

@@ -116,6 +116,27 @@ def test_tp_all_reduce_term_by_hand():
     assert f_slow - f_fast == pytest.approx(want, rel=1e-9)
 
 
+def test_cp_ring_exchange_by_hand():
+    # cp-1 hops of this rank's K/V chunk per layer forward, hidden behind attention when it can be;
+    # with attention made free the whole ring shows.
+    m = load_model("llama-3.1-8b")  # 8 KV heads of 128
+    e = {**timing.EFFICIENCY_DEFAULTS, **H100.efficiency, "attention_efficiency": 1e12}
+    s = validate(m, Strategy(cp=4, mbs=1), 4)
+    c = Cluster(gpus=4, gpus_per_node=8)
+    slow = hw_with(H100, intra_node_bandwidth_bytes_per_s=10e9)
+    fast = hw_with(H100, intra_node_bandwidth_bytes_per_s=40e9)
+    d = timing._layer_times(m, slow, e, c, s, 8192, CAL)["fwd"] - timing._layer_times(m, fast, e, c, s, 8192, CAL)["fwd"]
+    chunk = 8192 / 4 * 2 * 8 * 128 * 2  # tokens per rank x (K, V) x kv heads x head_dim x bf16
+    ce = e["comm_efficiency"]
+    assert d == pytest.approx(3 * chunk * (1 / (10e9 * ce) - 1 / (40e9 * ce)), rel=1e-9)
+    # On NVLink the ring (3 x 8.4 MB) takes less than the attention it overlaps with: fully hidden,
+    # the same forward as with infinitely fast links (Megatron/TE overlap the ring with attention).
+    e_real = timing.efficiency(H100)
+    free = hw_with(H100, intra_node_bandwidth_bytes_per_s=1e18, intra_node_latency_s=0.0)
+    assert timing._layer_times(m, H100, e_real, c, s, 8192, CAL)["fwd"] == pytest.approx(
+        timing._layer_times(m, free, e_real, c, s, 8192, CAL)["fwd"])
+
+
 def test_dp_all_reduce_term_by_hand():
     m = gpt(2048, 16, 4)
     hw = hw_with(A100, dp_overlap=0.0)
