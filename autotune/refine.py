@@ -4,9 +4,13 @@
 
 How a study runs:
 
-- The plan space is the ranked list that search produced, kept to plans predicted to fit, as one
-  categorical parameter ``plan`` whose choices are stable plan keys (``tp=2,pp=1,...``). Optuna
-  needs the same choices every time, so the same command always builds the same space.
+- The plan space is every valid plan of the search space (:class:`autotune.search.Space`, the
+  user's pins applied, the rollout memory fraction fixed to the best plan's, which on CPU changes
+  nothing measurable) plus search's ranked list, kept to plans predicted to fit, one plan per
+  distinct key, sorted by predicted step time. The study has one integer parameter
+  ``plan_rank``: the plan's position in that order, so TPE sees neighbouring ranks as similar
+  plans. Each trial also records the plan's stable key (``tp=2,pp=1,...``) in ``user_attrs``;
+  duplicates are detected by key, so a re-ranked space (a new calibration) cannot fool them.
 - The cost model's top-k plans are enqueued first (``study.enqueue_trial``, skipped if already
   there); then the sampler (TPE) picks among the rest.
 - A sampled plan is *not run* and is marked PRUNED, with the reason in ``user_attrs["reason"]``,
@@ -55,7 +59,8 @@ from costmodel.strategy import Cluster, Strategy, Workload
 from .config import RunConfig, TrainerOptions, atomic_write, save as save_config
 
 PHASES = ("rollout", "weight_sync", "old_logprob", "ref_logprob", "update")
-PARAM = "plan"
+PARAM = "plan_rank"
+MAX_SPACE = 20000  # beyond this many candidates only search's ranked list is used
 # The profile command, run as `PROFILE_CMD + ["--config", X, "--steps", K, "--json", OUT]`.
 PROFILE_CMD = [sys.executable, "-c", "from autotune.cli import run; run()", "profile"]
 
@@ -133,13 +138,30 @@ def plan_key(s: Strategy) -> str:
     return ",".join(f"{k}={d[k]}" for k in sorted(d))
 
 
-def _plans(ranked: Sequence[Estimate]) -> dict[str, Estimate]:
-    """Plan key -> estimate, in rank order, fitting plans only, first occurrence wins."""
+def build_space(ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSpec, cluster: Cluster,
+                workload: Workload, *, calibration: dict[str, float] | None = None,
+                pins: dict[str, Any] | None = None, allow_cross_node_tp: bool = False) -> list[Estimate]:
+    """The refinement's plan space: fitting plans, one per key, fastest predicted first (see module doc)."""
+    from .search import Space, step_s
+
+    pool: list[Estimate] = list(ranked)
+    pins = dict(pins or {})
+    if ranked and "gpu_memory_utilization" not in pins:
+        pins["gpu_memory_utilization"] = ranked[0].strategy.gpu_memory_utilization
+    space = Space(model, hardware, cluster, workload, pins, allow_cross_node_tp)
+    if space.candidate_count() <= MAX_SPACE:
+        for s in space.candidates():
+            try:
+                pool.append(cost_estimate(model=model, hardware=hardware, cluster=cluster, strategy=s,
+                                          workload=workload, calibration=calibration))
+            except GrpoTuneError:
+                continue
     out: dict[str, Estimate] = {}
-    for e in ranked:
-        if e.fits:
-            out.setdefault(plan_key(e.strategy), e)
-    return out
+    for e in pool:
+        if e.fits:  # one memory fraction per plan: the best-ranked one
+            out.setdefault(plan_key(e.strategy.replace(gpu_memory_utilization=1.0)), e)
+    # stable: equal predictions keep search's order (ranked first)
+    return sorted(out.values(), key=lambda e: round(step_s(e), 9))
 
 
 def default_study_name(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload: Workload) -> str:
@@ -255,7 +277,12 @@ def _open_study(storage: str, study_name: str, seed: int, heartbeat_s: int, grac
     import optuna
     from optuna.storages import RDBStorage
 
+    import warnings
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Heartbeats are used deliberately with ask/tell (see _Heartbeat); silence optuna's notices about it.
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     if storage.startswith("sqlite:///"):
         Path(storage[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -285,17 +312,17 @@ def _recover(study, host: str) -> list[str]:
                 study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
             except Exception:  # another worker got there first
                 continue
-            if t.params.get(PARAM):
-                plans.append(t.params[PARAM])
+            if t.user_attrs.get("plan"):
+                plans.append(t.user_attrs["plan"])
     before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
     optuna.storages.fail_stale_trials(study)
     for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-        if t.number not in before and t.params.get(PARAM):
+        if t.number not in before and t.user_attrs.get("plan"):
             try:
                 study._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted: heartbeat went stale")
             except Exception:
                 pass
-            plans.append(t.params[PARAM])
+            plans.append(t.user_attrs["plan"])
     return plans
 
 
@@ -304,7 +331,7 @@ def _records(study) -> list[TrialRecord]:
     for t in study.get_trials(deepcopy=False):
         a = t.user_attrs
         out.append(TrialRecord(
-            number=t.number, state=t.state.name, plan=t.params.get(PARAM) or (t.system_attrs.get("fixed_params") or {}).get(PARAM),
+            number=t.number, state=t.state.name, plan=a.get("plan"),
             reason=a.get("reason"), ran=bool(a.get("ran")), strategy=a.get("strategy"),
             predicted_step_s=a.get("predicted_step_s"), predicted_tokens_per_s=a.get("predicted_tokens_per_s"),
             measured_step_s=a.get("measured_step_s"), measured_tokens_per_s=a.get("measured_tokens_per_s"),
@@ -370,7 +397,8 @@ def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSp
            calibration: dict[str, float] | None = None, trainer: TrainerOptions | None = None,
            profile_cmd: Sequence[str] | None = None, slower_than: float = 3.0, seed: int = 0,
            heartbeat_s: int = 10, console=None, emit: bool = True, calibrate: bool = True,
-           progress: bool = True) -> RefineResult:
+           progress: bool = True, pins: dict[str, Any] | None = None,
+           allow_cross_node_tp: bool = False) -> RefineResult:
     """Measure the most promising plans of ``ranked`` with real profiling runs and pick the fastest.
 
     Args:
@@ -392,6 +420,7 @@ def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSp
         emit: write the winner through search's emitter (``autotune.emit``) into ``out_dir``.
         calibrate: fit the cost model to the completed trials (:mod:`autotune.calibrate`) and save
             ``out_dir/calibration.json``.
+        pins, allow_cross_node_tp: the search's pins and TP rule, so the plan space matches search's.
 
     Returns:
         A :class:`RefineResult` with every trial, the winner's RunConfig with ``measured`` filled,
@@ -408,33 +437,42 @@ def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSp
         raise ConfigError(f"--trial-timeout must be > 0, got {trial_timeout}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plans = _plans(ranked)
-    if not plans:
+    space = build_space(ranked, model, hardware, cluster, workload, calibration=calibration, pins=pins,
+                        allow_cross_node_tp=allow_cross_node_tp)
+    if not space:
         from costmodel.errors import NoFeasiblePlanError
 
         raise NoFeasiblePlanError("no plan predicted to fit: nothing to refine",
                                   hint="add GPUs, shrink the workload, or relax pinned degrees")
-    keys = list(plans)
+    keys = [plan_key(e.strategy) for e in space]
+    index = {k: i for i, k in enumerate(keys)}
     storage = storage or f"sqlite:///{(out / 'study.db').resolve()}"
     study_name = study_name or default_study_name(model, hardware, cluster, workload)
     study = _open_study(storage, study_name, seed, heartbeat_s, max(3 * heartbeat_s, 30))
     host = socket.gethostname()
     console = console or _console()
     base_trainer = trainer or TrainerOptions()
+    dist = optuna.distributions.IntDistribution(0, len(keys) - 1)
+    space_id = hashlib.sha1("\n".join(keys).encode()).hexdigest()[:12]
 
     if not study.user_attrs.get("inputs"):
         study.set_user_attr("inputs", {"model": model.name, "hardware": hardware.name, "gpus": cluster.gpus,
                                        "gpus_per_node": cluster.gpus_per_node, "workload": workload.to_dict(),
-                                       "calibration": calibration, "plans": len(keys)})
+                                       "calibration": calibration, "plans": len(keys), "space": space_id})
+    elif study.user_attrs["inputs"].get("space") != space_id:
+        console.print("[yellow]the plan space differs from the one this study started with (another calibration "
+                      "or profile?); plan_rank values are not comparable across the two, plan keys still are[/]")
     for plan in _recover(study, host):
-        study.enqueue_trial({PARAM: plan}, user_attrs={"requeued": True})
-        console.print(f"[yellow]requeued interrupted plan[/] {plan}")
-    for k in keys[:top_k]:
-        study.enqueue_trial({PARAM: k}, user_attrs={"seed": "cost-model top-k"}, skip_if_exists=True)
+        if plan in index:
+            study.enqueue_trial({PARAM: index[plan]}, user_attrs={"requeued": True})
+            console.print(f"[yellow]requeued interrupted plan[/] {plan}", highlight=False)
+    for i in range(min(top_k, len(keys))):
+        study.enqueue_trial({PARAM: i}, user_attrs={"seed": "cost-model top-k"}, skip_if_exists=True)
 
     done_before = _counted(study)
     if done_before:
-        console.print(f"resuming study [bold]{study_name}[/]: {done_before} profiled trial(s) already recorded")
+        console.print(f"resuming study [bold]{study_name}[/]: {done_before} profiled trial(s) already recorded",
+                      highlight=False)
 
     def best_complete():
         best = None
@@ -443,44 +481,47 @@ def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSp
                 best = t
         return best
 
-    def next_unattempted() -> str | None:
+    def next_unattempted() -> int | None:
         seen = set()
         for t in study.get_trials(deepcopy=False):
-            p = t.params.get(PARAM) or (t.system_attrs.get("fixed_params") or {}).get(PARAM)
-            if t.state in (TrialState.WAITING, TrialState.RUNNING) or t.user_attrs.get("ran"):
-                seen.add(p)
-        for k in keys:
-            if k not in seen and not _too_slow(k):
-                return k
+            if t.state == TrialState.WAITING:
+                i = (t.system_attrs.get("fixed_params") or {}).get(PARAM)
+                if isinstance(i, int) and 0 <= i < len(keys):
+                    seen.add(keys[i])
+            elif t.state == TrialState.RUNNING or t.user_attrs.get("ran"):
+                seen.add(t.user_attrs.get("plan"))
+        for i, k in enumerate(keys):
+            if k not in seen and not _too_slow(i):
+                return i
         return None
 
-    def _too_slow(k: str) -> str | None:
+    def _too_slow(i: int) -> str | None:
         best = best_complete()
         if best is None:
             return None
         p_best = best.user_attrs.get("predicted_step_s")
-        p = _predicted(plans[k])[0]
+        p = _predicted(space[i])[0]
         if p_best and p and p > slower_than * p_best:
             return (f"predicted {p / p_best:.1f}x slower than the best measured plan "
                     f"(trial #{best.number}) in the cost model's own terms; not run")
         return None
 
-    budget_skips = 10 * len(keys) + 10  # hard stop for sampling loops that find nothing new
+    budget_skips = 20 * trials + 20  # hard stop for sampling loops that find nothing new
     latest = "-"
     prog_ctx = _progress(console, total=trials, enabled=progress)
     with prog_ctx as prog:
         task = prog.add_task("trials", total=trials, completed=min(done_before, trials), best="-", latest=latest)
         while _counted(study) < trials and budget_skips > 0:
-            trial = study.ask({PARAM: optuna.distributions.CategoricalDistribution(keys)})
-            key = trial.params[PARAM]
-            est = plans[key]
+            trial = study.ask({PARAM: dist})
+            rank = trial.params[PARAM]
+            est, key = space[rank], keys[rank]
             pred_step, pred_tps = _predicted(est)
+            trial.set_user_attr("plan", key)
             trial.set_user_attr("worker", {"host": host, "pid": os.getpid()})
             trial.set_user_attr("strategy", est.strategy.to_dict())
             trial.set_user_attr("predicted_step_s", pred_step)
             trial.set_user_attr("predicted_tokens_per_s", pred_tps)
-            trial.set_user_attr("predicted_rank", keys.index(key) + 1)
-            reason = _duplicate(study, trial, key) or _too_slow(key)
+            reason = _duplicate(study, trial, key) or _too_slow(rank)
             if reason:
                 budget_skips -= 1
                 trial.set_user_attr("reason", reason)
@@ -531,7 +572,8 @@ def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSp
                         best="-" if b is None else f"#{b.number} {b.value:,.0f} tok/s", latest=latest)
 
     return finish(study, study_name=study_name, storage=storage, out=out, model=model, hardware=hardware,
-                  cluster=cluster, workload=workload, plans=plans, base_trainer=base_trainer, calibration=calibration,
+                  cluster=cluster, workload=workload, space=dict(zip(keys, space)), ranked=space,
+                  base_trainer=base_trainer, calibration=calibration,
                   console=console, emit=emit, calibrate=calibrate)
 
 
@@ -540,7 +582,7 @@ def _duplicate(study, trial, key: str) -> str | None:
 
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.PRUNED,
                                                       TrialState.FAIL)):
-        if t.number == trial.number or t.params.get(PARAM) != key:
+        if t.number == trial.number or t.user_attrs.get("plan") != key:
             continue
         if t.state == TrialState.RUNNING and t.user_attrs.get("running_profile"):
             return f"duplicate: trial #{t.number} is profiling this plan now; not run"
@@ -594,8 +636,8 @@ def _progress(console, *, total: int, enabled: bool):
 # ---------------------------------------------------------------------------------------------
 
 def finish(study, *, study_name: str, storage: str, out: Path, model, hardware, cluster, workload,
-           plans: dict[str, Estimate], base_trainer: TrainerOptions, calibration, console, emit: bool,
-           calibrate: bool) -> RefineResult:
+           space: dict[str, Estimate], base_trainer: TrainerOptions, calibration, console, emit: bool,
+           calibrate: bool, ranked: Sequence[Estimate] = ()) -> RefineResult:
     records = _records(study)
     result = RefineResult(study_name=study_name, storage=storage, out_dir=out, records=records)
     done = result.completed
@@ -616,7 +658,7 @@ def finish(study, *, study_name: str, storage: str, out: Path, model, hardware, 
         "speedup_vs_median_trial": best.measured_tokens_per_s / result.median_tokens_per_s,
         "trials_completed": len(done),
     }
-    est = plans.get(best.plan) if best.plan else None
+    est = space.get(best.plan) if best.plan else None
     strategy = est.strategy if est is not None else Strategy.from_dict(best.strategy or {})
     result.winner = RunConfig(model=model, hardware=hardware, cluster=cluster, strategy=strategy, workload=workload,
                               trainer=base_trainer, predicted=_predicted_block(est) if est else None,
@@ -636,29 +678,63 @@ def finish(study, *, study_name: str, storage: str, out: Path, model, hardware, 
     atomic_write(out / "refine.json", json.dumps(result.to_dict(), indent=2, default=str))
     result.emitted["refine_json"] = out / "refine.json"
     if emit:
-        result.emitted.update(_emit(result, est))
+        result.emitted.update(_emit(result, est, ranked))
+    print_summary(result, console)
     return result
 
 
-def _emit(result: RefineResult, est: Estimate | None) -> dict[str, Path]:
-    """Write the winner as search writes its best plan, then add the measured figures to best.yaml."""
-    out = result.out_dir
-    paths: dict[str, Path] = {}
-    try:
-        from . import emit as emitter  # the search engineer's module
-    except ModuleNotFoundError:
-        emitter = None
-    if emitter is not None and est is not None and hasattr(emitter, "emit"):
-        got = emitter.emit(est, out, measured=result.winner_measured)
-        if isinstance(got, dict):
-            paths.update({k: Path(v) for k, v in got.items()})
-    best = out / "best.yaml"
-    if best.exists():
-        from .config import load
+def _label(r: TrialRecord) -> str | None:
+    if not r.strategy:
+        return r.plan
+    from .report import plan_label
 
-        cfg = load(best)
-        cfg = cfg.replace(measured=result.winner_measured, meta={**(cfg.meta or {}), **(result.winner.meta or {})})
-    else:
-        cfg = result.winner
-    paths["best"] = save_config(cfg, best)
+    return plan_label(Strategy.from_dict(r.strategy))
+
+
+def print_summary(result: RefineResult, console) -> None:
+    """Trials table, rank correlation before/after calibration, winner vs the median trial."""
+    from rich.table import Table
+
+    t = Table(title=f"Refinement: study {result.study_name}", title_justify="left")
+    for c in ("#", "state", "predicted s", "measured s", "tokens/s", "plan / reason"):
+        t.add_column(c, justify="left" if c in ("state", "plan / reason") else "right")
+    for r in result.records:
+        f = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
+        t.add_row(str(r.number), r.state, f(r.predicted_step_s), f(r.measured_step_s),
+                  "-" if r.measured_tokens_per_s is None else f"{r.measured_tokens_per_s:,.1f}",
+                  (r.reason or _label(r) or "")[:90])
+    console.print(t)
+    sp = "-" if result.spearman_step_s is None else f"{result.spearman_step_s:.3f}"
+    console.print(f"Spearman rank correlation, predicted vs measured step time ({len(result.completed)} trials): "
+                  f"[bold]{sp}[/]", highlight=False)
+    cal = result.calibration
+    if cal is not None:
+        b, a = cal.before, cal.after
+        fs = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+        console.print(f"calibration: MAPE {b['mape_pct']:.1f}% -> {a['mape_pct']:.1f}%, Spearman {fs(b['spearman'])} -> "
+                      f"[bold]{fs(a['spearman'])}[/] (saved {result.out_dir / 'calibration.json'})", highlight=False)
+    w = result.winner_measured
+    if w:
+        console.print(f"winner: trial #{w['trial']} measured [bold]{w['tokens_per_s']:,.1f} tokens/s[/] "
+                      f"({w['tokens_per_s_per_gpu']:,.1f}/GPU, {w['step_s']:.3g} s/step) vs median trial "
+                      f"{w['median_trial_tokens_per_s']:,.1f} tokens/s: [bold]{w['speedup_vs_median_trial']:.2f}x[/]",
+                      highlight=False)
+    console.print(f"study: {result.storage} (optuna-dashboard {result.storage})", highlight=False)
+
+
+def _emit(result: RefineResult, est: Estimate | None, ranked: Sequence[Estimate]) -> dict[str, Path]:
+    """Write the winner through search's emitter (best.yaml with ``measured``, exports, report.md),
+    then append the refinement to report.md."""
+    out = result.out_dir
+    meta = {"refine": {k: v for k, v in (result.winner.meta or {}).items()}}
+    if est is not None:
+        from .emit import emit as emit_plan
+
+        paths = dict(emit_plan(est, out, measured=result.winner_measured, ranked=list(ranked)[:10], meta=meta,
+                               trainer=None))
+    else:  # the winner's plan is not in this space (a resumed study with another space): config only
+        paths = {"best": save_config(result.winner, out / "best.yaml")}
+    from .refine_report import append_report
+
+    paths.update(append_report(out, result))
     return paths
