@@ -39,6 +39,30 @@ def active() -> bool:
 
 
 _all_to_all_single = torch.distributed.all_to_all_single
+_all_gather = torch.distributed.all_gather
+_reduce_scatter = torch.distributed.reduce_scatter
+
+
+def _uneven_all_gather(tensor_list, tensor, group=None, async_op=False):
+    """gloo's all_gather needs equal shapes; MoE with expert TP gathers uneven token counts.
+    Pad every piece to the longest, gather, and copy the real rows back."""
+    n = max(t.shape[0] for t in tensor_list)
+    pad = lambda t: torch.cat([t, t.new_zeros(n - t.shape[0], *t.shape[1:])]) if t.shape[0] < n else t
+    bufs = [torch.empty(n, *t.shape[1:], dtype=t.dtype) for t in tensor_list]
+    _all_gather(bufs, pad(tensor.contiguous()), group=group)
+    for out, b in zip(tensor_list, bufs):
+        out.copy_(b[: out.shape[0]])
+    return None
+
+
+def _reduce_scatter_by_all_reduce(output, input_list, op=torch.distributed.ReduceOp.SUM, group=None, async_op=False):
+    """gloo has no list reduce_scatter: all-reduce the concatenation and keep this rank's piece."""
+    full = torch.cat([t.contiguous().view(t.shape[0], -1) if t.dim() else t.view(1) for t in input_list])
+    torch.distributed.all_reduce(full, op=op, group=group)
+    rank = torch.distributed.get_rank(group)
+    start = sum(t.shape[0] if t.dim() else 1 for t in input_list[:rank])
+    output.copy_(full[start:start + (output.shape[0] if output.dim() else 1)].view_as(output))
+    return None
 
 
 def _is_cuda(d) -> bool:
@@ -66,6 +90,10 @@ class _CudaToCpu(TorchFunctionMode):
             args = (args[0], "cpu", *args[2:])
         if func is torch.Tensor.record_stream:
             return None
+        if func is _all_gather and len({tuple(t.shape) for t in args[0]}) > 1:
+            return _uneven_all_gather(*args, **kwargs)
+        if func is _reduce_scatter:
+            return _reduce_scatter_by_all_reduce(*args, **kwargs)
         if func is _all_to_all_single:
             # megatron's MoE dispatcher passes numpy split sizes; this torch's binding wants ints
             for k in ("output_split_sizes", "input_split_sizes"):
