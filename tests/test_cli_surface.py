@@ -1,0 +1,76 @@
+"""The CLI's surface, pinned: the set of commands and each command's options.
+
+A change here is a change of the public interface: update the table on purpose (and the README).
+"""
+from __future__ import annotations
+
+import typer.main
+
+from autotune.cli import app
+
+# Degree, memory, rollout and workload flags shared by estimate, search and compare (autotune/options.py).
+PLAN = [
+    "--cp", "--distributed-optimizer / --no-distributed-optimizer", "--ep", "--etp", "--first-stage-layers", "--gbs",
+    "--gpu-memory-utilization", "--gpus -g", "--gpus-per-node", "--hardware", "--json", "--kl / --no-kl",
+    "--last-stage-layers", "--mbs", "--mini-batch", "--model -m", "--n", "--offload", "--pp", "--ppo-epochs",
+    "--prompt-len", "--prompts", "--recompute", "--response-len", "--rollout-tp", "--seq-len",
+    "--sequence-parallel / --no-sequence-parallel", "--tp", "--vpp", "--workload",
+]
+
+SURFACE = {
+    "estimate": PLAN,
+    "search": PLAN + ["--allow-cross-node-tp", "--calibration", "--emit / --no-emit", "--out", "--refine", "--storage",
+                      "--study-name", "--top", "--trial-steps", "--trial-timeout", "--trials"],
+    "compare": PLAN + ["--out"],
+    "diagnose": ["--hardware", "--json", "--model -m", "PATH"],
+    "validate": ["--data", "--hardware", "--json", "--refit", "--tolerance"],
+    "train": ["--config -c", "--dry-run", "--json", "--master-addr", "--master-port", "--nnodes", "--node-rank", "--out",
+              "--resume / --no-resume", "--slurm", "--steps"],
+    "profile": ["--config -c", "--json", "--master-addr", "--master-port", "--nnodes", "--node-rank", "--out", "--steps"],
+    "probe-hardware": ["--base", "--name", "--nproc", "--out -o", "--quick"],
+    "models": ["--json"],
+    "hardware": ["--json"],
+}
+
+
+def surface() -> dict[str, list[str]]:
+    root = typer.main.get_command(app)
+    out = {}
+    for name, cmd in root.commands.items():
+        items = []
+        for p in cmd.params:
+            if p.param_type_name == "option":
+                s = " ".join(sorted(p.opts))
+                if p.secondary_opts:
+                    s += " / " + " ".join(sorted(p.secondary_opts))
+                items.append(s)
+            else:
+                items.append(p.name.upper())
+        out[name] = sorted(items)
+    return out
+
+
+def test_commands_are_pinned():
+    assert sorted(surface()) == sorted(SURFACE)
+
+
+def test_options_are_pinned():
+    got = surface()
+    for name, want in SURFACE.items():
+        assert got[name] == sorted(want), name
+
+
+def test_search_takes_every_estimate_flag():
+    """Any flag estimate takes pins that choice in search (and compare)."""
+    got = surface()
+    assert set(got["estimate"]) <= set(got["search"])
+    assert set(got["estimate"]) <= set(got["compare"])
+
+
+def test_every_command_has_help():
+    root = typer.main.get_command(app)
+    for name, cmd in root.commands.items():
+        assert (cmd.help or "").strip(), name
+        for p in cmd.params:
+            if p.param_type_name == "option":
+                assert (p.help or "").strip(), f"{name} {p.opts}"
