@@ -324,15 +324,20 @@ def rank_params(m: ModelSpec, s: Strategy) -> tuple[float, float]:
 
 
 def train_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, *, sequences: int, seq_len: float,
-            cal: dict[str, float], forward_only: bool = False) -> dict[str, float]:
+            cal: dict[str, float], forward_only: bool = False, _lt: dict | None = None) -> dict[str, float]:
     """Seconds to run ``sequences`` sequences of ``seq_len`` tokens through the training layout:
-    one optimizer step (or forward only, for log-probs). Returns the parts."""
+    one optimizer step (or forward only, for log-probs). Returns the parts (and ``_lt``, the
+    per-layer times, which a second call at the same length may pass back to skip recomputing)."""
     e = efficiency(hw)
     gpn = cluster.gpus_per_node
     dp = s.dp or 1
-    lt = _layer_times(m, hw, e, cluster, s, seq_len, cal)
+    if _lt is None:
+        lt = _layer_times(m, hw, e, cluster, s, seq_len, cal)
+        lt["head"] = _head_s(m, hw, e, s, lt["tokens"], cal)
+    else:
+        lt = _lt
     first, mid, last = _stage_counts(m, s)
-    head_f = _head_s(m, hw, e, s, lt["tokens"], cal)
+    head_f = lt["head"]
     m_micro = max(1, -(-sequences // (dp * s.mbs)))
     ce = e["comm_efficiency"] * cal["comm_efficiency_scale"]
     # p2p: the stage's output activation per micro-batch and chunk, forward and backward
@@ -346,7 +351,7 @@ def train_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, *, se
         stages = [first * lt["fwd"], mid * lt["fwd"], last * lt["fwd"] + head_f]
         t_mb = max(stages) + t_p2p
         return {"compute_s": pipeline_s(t_mb, m_micro, s.pp, s.vpp), "dp_s": 0.0, "optimizer_s": 0.0,
-                "micro_batches": m_micro, "fwd_mb_s": t_mb, "bwd_mb_s": 0.0}
+                "micro_batches": m_micro, "fwd_mb_s": t_mb, "bwd_mb_s": 0.0, "_lt": lt}
 
     def stage(n: int, head: float) -> tuple[float, float]:
         return n * lt["fwd"] + head, n * lt["bwd"] + _recompute_s(lt, s, n) + 2 * head
@@ -382,7 +387,7 @@ def train_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, *, se
     shard = (dense / dp + expert / max(1, s.tp * s.cp * dp // (s.ep * s.etp_))) if s.distributed_optimizer else dense + expert
     t_opt = shard * ADAM_BYTES_PER_PARAM / (hw.hbm_bandwidth_bytes_per_s * e["hbm_efficiency"])
     return {"compute_s": compute, "dp_s": t_dp, "optimizer_s": t_opt, "micro_batches": m_micro,
-            "fwd_mb_s": tf, "bwd_mb_s": tb}
+            "fwd_mb_s": tf, "bwd_mb_s": tb, "_lt": lt}
 
 
 def _total(parts: dict[str, float]) -> float:
@@ -515,10 +520,11 @@ def step_time(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strate
         ro = rollout_s(m, hw, cluster, s, wl, cal)
         rollout = ro["prefill_s"] + ro["decode_s"] + cal["rollout_overhead_s"]
         sync = weight_sync_s(m, hw, cluster, s, cal) + cal["weight_sync_overhead_s"]
-        fwd = _total(train_s(m, hw, cluster, s, sequences=seqs, seq_len=seq_len, cal=cal, forward_only=True))
+        fparts = train_s(m, hw, cluster, s, sequences=seqs, seq_len=seq_len, cal=cal, forward_only=True)
+        fwd = _total(fparts)
         old = fwd + cal["old_logprob_overhead_s"]
         ref = (fwd + cal["ref_logprob_overhead_s"]) if wl.kl else 0.0
-        mini = train_s(m, hw, cluster, s, sequences=wl.mini_batch * wl.n, seq_len=seq_len, cal=cal)
+        mini = train_s(m, hw, cluster, s, sequences=wl.mini_batch * wl.n, seq_len=seq_len, cal=cal, _lt=fparts["_lt"])
         upd = wl.ppo_epochs * (wl.prompts // wl.mini_batch) * _total(mini) + cal["update_overhead_s"]
         off = offload_s(m, hw, s, wl) + (cal["offload_overhead_s"] if s.offload else 0.0)
         step = rollout + sync + old + ref + upd + off + cal["step_overhead_s"]
