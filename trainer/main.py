@@ -36,7 +36,9 @@ def is_oom(exc: BaseException) -> bool:
 
     if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
         return True
-    return isinstance(exc, RuntimeError) and ("out of memory" in str(exc).lower() or "CUDA error: out of memory" in str(exc))
+    msg = str(exc).lower()
+    # torch's CPU allocator: "DefaultCPUAllocator: can't allocate memory"
+    return isinstance(exc, RuntimeError) and ("out of memory" in msg or "can't allocate memory" in msg)
 
 
 def load_config(args):

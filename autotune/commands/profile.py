@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from autotune.commands.train import ConfigOpt, MasterAddrOpt, MasterPortOpt, NnodesOpt, NodeRankOpt
 
@@ -45,7 +46,7 @@ def profile(config: ConfigOpt,
     if code != launch.EXIT_OK:
         tprofile.write(json_path, tprofile.result(status, message=message, config=str(config), steps=steps,
                                                   world_size=lay.world_size))
-        console.print(f"[bold red]profile {status}[/]: {message}", highlight=False, soft_wrap=True)
+        console.print(f"[bold red]profile {status}[/]: " + escape(str(message)), highlight=False, soft_wrap=True)
         console.print(launch.log_tail(out_dir, 15), highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(code)
     import json

@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Run config written by `grpo-tune search` (best.yaml).")]
@@ -227,7 +228,7 @@ def train(config: ConfigOpt, steps: StepsOpt = None, dry_run: Annotated[bool, ty
     status, message, code = launch.worker_status(rc, out_dir)
     if code:
         err = Console(stderr=True)
-        err.print(f"[bold red]training failed ({status})[/]: {message}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]training failed ({status})[/]: " + escape(str(message)), highlight=False, soft_wrap=True)
         err.print(launch.log_tail(out_dir), highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(code)
     console.print(f"done: metrics in {out_dir / 'metrics.jsonl'}, checkpoints in {out_dir / 'checkpoints'}", highlight=False)
