@@ -93,8 +93,10 @@ def check_calibration(calibration: dict[str, float] | None) -> dict[str, float]:
                               hint=f"did you mean {near[0]!r}?" if near else "known: " + ", ".join(CALIBRATION_DEFAULTS))
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ConfigError(f"calibration.{k} must be a finite number >= 0, got {v!r}")
-        if (k.endswith("_scale") or k == "moe_imbalance") and v <= 0:
-            raise ConfigError(f"calibration.{k} must be > 0, got {v!r}")
+        if (k.endswith("_scale") or k == "moe_imbalance") and not (0 < v <= 1e3):
+            raise ConfigError(f"calibration.{k} must be in (0, 1000], got {v!r}")
+        if k.endswith("_overhead_s") and v > 1e6:
+            raise ConfigError(f"calibration.{k} must be at most 1e6 seconds, got {v!r}")
         cal[k] = float(v)
     return cal
 

@@ -368,3 +368,18 @@ def test_times_are_finite_and_positive(tp, pp, mbs, recompute, prompts, n, plen,
     assert math.isfinite(t["step_s"]) and t["step_s"] > 0
     assert all(math.isfinite(v) and v >= 0 for v in t["phases"].values())
     assert 0 < th["mfu"] < 1
+
+
+@settings(max_examples=80, deadline=None)
+@given(cal=st.dictionaries(st.one_of(st.sampled_from(sorted(timing.CALIBRATION_DEFAULTS)), st.text(max_size=12)),
+                           st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5), st.booleans(),
+                                     st.text(max_size=3), st.none()), max_size=4))
+def test_any_calibration_is_accepted_or_a_coded_error(cal):
+    m = load_model("tiny")
+    try:
+        t, _ = step(m, CPU, 2, Strategy(), Workload(prompts=8, n=2, prompt_len=16, response_len=16, mini_batch=4),
+                    calibration=cal)
+    except GrpoTuneError as exc:
+        assert exc.code == "BAD_CONFIG"
+        return
+    assert math.isfinite(t["step_s"]) and t["step_s"] > 0
