@@ -395,7 +395,7 @@ def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSp
            workload: Workload, out_dir: str | os.PathLike, trials: int = 8, storage: str | None = None,
            study_name: str | None = None, trial_steps: int = 3, trial_timeout: float = 600.0, top_k: int = 4,
            calibration: dict[str, float] | None = None, trainer: TrainerOptions | None = None,
-           profile_cmd: Sequence[str] | None = None, slower_than: float = 3.0, seed: int = 0,
+           profile_cmd: Sequence[str] | None = None, slower_than: float = 3.0, seed: int | None = None,
            heartbeat_s: int = 10, console=None, emit: bool = True, calibrate: bool = True,
            progress: bool = True, pins: dict[str, Any] | None = None,
            allow_cross_node_tp: bool = False) -> RefineResult:
