@@ -690,7 +690,7 @@ def _check_batches(c: _Ctx, dp: int | None) -> dict[str, Any]:
     if dyn:
         return out
     mkey = f"{ACTOR}.ppo_micro_batch_size_per_gpu"
-    if micro is None and not c.set(mkey):
+    if micro is None and c.raw(mkey) is None:
         c.add("error", "BATCH_DIVISIBILITY", f"{mkey} is not set; verl requires it unless use_dynamic_bsz=True",
               f"add {mkey}=1 (or more if memory allows)")
     for role in (ROLLOUT, REF):
@@ -731,7 +731,7 @@ _FP32 = ("fp32", "float32", "torch.float32")
 
 def _check_dtypes(c: _Ctx) -> None:
     dtype = c.raw(f"{ACTOR}.megatron.dtype")
-    ref_dtype = c.raw(f"{REF}.megatron.dtype") if c.set(f"{REF}.megatron.dtype") else dtype
+    ref_dtype = c.raw(f"{REF}.megatron.dtype")  # not inherited from the actor (engine/megatron.yaml default)
     if dtype not in ("bfloat16", "float16"):
         c.add("error", "DTYPE_CONFLICT", f"{ACTOR}.megatron.dtype={dtype!r}: verl's Megatron engine trains in bfloat16 or float16",
               key=f"{ACTOR}.megatron.dtype")
@@ -739,29 +739,27 @@ def _check_dtypes(c: _Ctx) -> None:
         c.add("warning", "DTYPE_CONFLICT", f"reference dtype {ref_dtype} differs from the actor's {dtype}",
               "the KL term then compares log-probs computed in two precisions", key=f"{REF}.megatron.dtype")
     rdtype = c.raw(f"{ROLLOUT}.dtype")
-    if c.set(f"{ROLLOUT}.dtype") and rdtype != dtype:
+    if rdtype != dtype:
         c.add("warning", "DTYPE_CONFLICT", f"rollout dtype {rdtype} differs from the actor's {dtype}",
               "rollout and training log-probs drift apart; keep them equal", key=f"{ROLLOUT}.dtype")
-    for otc in (OTC, REF_OTC):
+    for otc, role_dtype in ((OTC, dtype), (REF_OTC, ref_dtype)):
         fp16 = c.raw(f"{otc}.fp16") is True
         bf16 = c.raw(f"{otc}.bf16") is True
         pd = c.raw(f"{otc}.params_dtype")
         if fp16 and bf16:
             c.add("error", "DTYPE_CONFLICT", f"{otc}: fp16 and bf16 are both on",
                   "Megatron's TransformerConfig rejects both; choose one with megatron.dtype", key=f"{otc}.fp16")
-        elif fp16 and dtype == "bfloat16":
+        elif fp16 and role_dtype == "bfloat16":
             c.add("error", "DTYPE_CONFLICT",
                   f"{otc}.fp16=True while megatron.dtype=bfloat16: verl sets bf16 from dtype, so either both are on "
                   "(Megatron's TransformerConfig refuses) or the override is silently overwritten",
                   f"to train in fp16 set {ACTOR}.megatron.dtype=float16 (and the reference's) and drop the override; "
                   "bf16 needs no loss scaling", key=f"{otc}.fp16")
-        if pd is not None and str(pd).lower() in _FP32 and (fp16 or dtype == "float16"):
+        if pd is not None and str(pd).lower() in _FP32 and (fp16 or role_dtype == "float16"):
             c.add("error", "DTYPE_CONFLICT", f"{otc}.params_dtype={pd} with fp16 on: the weights stay fp32 while "
                   "the compute is fp16, the float16/float32 mismatch in attention that it was meant to fix",
                   "drop params_dtype: verl derives it from megatron.dtype (attention_softmax_in_fp32 is fine)",
                   key=f"{otc}.params_dtype")
-        if otc == REF_OTC:
-            break
 
 
 def _memory(c: _Ctx, model: ModelSpec, hw: HardwareSpec, roles: dict, world: int, gpn: int,

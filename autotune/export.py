@@ -109,6 +109,7 @@ def verl_overrides(cfg: RunConfig, *, model_path: str = "$MODEL_PATH", train_fil
         f"{ROLLOUT}.n={w.n}",
         f"{ROLLOUT}.tensor_model_parallel_size={s.rollout_tp}",
         f"{ROLLOUT}.gpu_memory_utilization={s.gpu_memory_utilization}",
+        *([f"{ROLLOUT}.dtype={VERL_DTYPE[w.dtype]}"] if w.dtype in VERL_DTYPE else []),
         f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu={s.mbs}",
         # vLLM schedules at most this many tokens per step; one whole sequence must fit
         f"{ROLLOUT}.max_num_batched_tokens={max(8192, w.prompt_len + w.response_len)}",

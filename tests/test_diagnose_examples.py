@@ -118,3 +118,17 @@ def test_model_flag_when_the_path_maps_to_nothing(tmp_path):
     p.write_text(text.replace("/ckpt/my-finetune", str(ck)))
     rep = diagnose_path(p)
     assert rep.summary["memory"] is not None, rep.summary["model_note"]
+
+
+def test_fp16_actor_alone_warns_about_ref_and_rollout():
+    from autotune.diagnose import diagnose_overrides
+
+    rep = diagnose_overrides(["actor_rollout_ref.actor.megatron.dtype=float16"])
+    warned = {f.key for f in rep.findings if f.code == "DTYPE_CONFLICT" and f.severity == "warning"}
+    assert warned == {"actor_rollout_ref.ref.megatron.dtype", "actor_rollout_ref.rollout.dtype"}
+    rep = diagnose_overrides(["actor_rollout_ref.actor.megatron.dtype=float16", "actor_rollout_ref.ref.megatron.dtype=float16",
+                              "actor_rollout_ref.rollout.dtype=float16"])
+    assert "DTYPE_CONFLICT" not in rep.codes()
+    rep = diagnose_overrides(["+actor_rollout_ref.actor.megatron.override_transformer_config.fp16=True",
+                              "+actor_rollout_ref.actor.megatron.override_transformer_config.bf16=True"])
+    assert "DTYPE_CONFLICT" in rep.codes("error")
