@@ -211,7 +211,8 @@ def gemm_efficiency(e: dict[str, float], rows: float, k: float, n: float) -> flo
 
 def _layer_times(m: ModelSpec, hw: HardwareSpec, e: dict[str, float], cluster: Cluster, s: Strategy,
                  seq_len: float, cal: dict[str, float]) -> dict[str, float]:
-    """Seconds for one layer and one micro-batch on one rank: forward, backward, recompute."""
+    """Seconds for one (average) layer and one micro-batch on one rank: ``fwd``, ``bwd`` (without
+    recompute), ``attn`` (the core-attention forward that selective recompute repeats), ``tokens``."""
     c = model_consts(m)
     gpn = cluster.gpus_per_node
     tp, cp = s.tp, s.cp
