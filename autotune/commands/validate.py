@@ -13,7 +13,7 @@ from autotune.options import Json
 
 Tolerance = Annotated[float, typer.Option("--tolerance", help="Fail (exit 1) when the MAPE (all rows or held-out rows) exceeds this many percent.")]
 DataFile = Annotated[Optional[str], typer.Option("--data", help="Measurements CSV (default: the shipped profiles/data/published.csv).")]
-HardwareOpt = Annotated[str, typer.Option("--hardware", help="Hardware profile the rows ran on.")]
+HardwareOpt = Annotated[str, typer.Option("--hardware", help="Hardware profile the rows ran on (the shipped rows: A100; pass yours with --data).")]
 Refit = Annotated[bool, typer.Option("--refit", help="Refit the efficiency curve on the rows marked fit, then report every row.")]
 
 
