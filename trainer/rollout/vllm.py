@@ -79,10 +79,12 @@ class VLLMRollout:
     shares_actor_weights = False
 
     def __init__(self, *, cfg, engine=None, tokenizer=None, sleep_level: int = 2, bucket_bytes: int = 512 << 20,
-                 enforce_eager: bool = True, **llm_kwargs):
+                 enforce_eager: bool = True, device: str | None = None, **llm_kwargs):
         vllm = try_import("vllm", "gpu")
-        if not torch.cuda.is_available():
+        if device is None and not torch.cuda.is_available():
             raise ConfigError("the vllm rollout engine needs a CUDA GPU", hint="use rollout_engine: megatron on CPU")
+        # where update_weights stages tensors (default: this rank's GPU); tests with a fake vllm use "cpu"
+        self._device = torch.device(device) if device else torch.device("cuda", torch.cuda.current_device())
         if sleep_level not in (1, 2):
             raise ConfigError(f"sleep_level must be 1 or 2, got {sleep_level}")
         self._vllm = vllm
@@ -155,21 +157,27 @@ class VLLMRollout:
         rank (it is a collective on the training side)."""
         if self._asleep:
             self.resume()
-        device = torch.device("cuda", torch.cuda.current_device())
         bucket, size = [], 0
         for name, t in named_tensors:
-            bucket.append((name, t.detach().to(device, non_blocking=True)))
+            bucket.append((name, t.detach().to(self._device, non_blocking=True)))
             size += t.numel() * t.element_size()
             if size >= self.bucket_bytes:
                 self._model.load_weights(bucket)
                 bucket, size = [], 0
         if bucket:
             self._model.load_weights(bucket)
-        torch.cuda.synchronize()
+        if self._device.type == "cuda":
+            torch.cuda.synchronize()
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[int]]:
+        return self.generate_with_logprobs(prompt_ids, params, logprobs=False)[0]
+
+    def generate_with_logprobs(self, prompt_ids: list[list[int]], params: SamplingParams, *,
+                               logprobs: bool = True) -> tuple[list[list[int]], list[list[float]] | None]:
+        """Responses (as :meth:`generate`) and, with ``logprobs``, vLLM's log-probability of each
+        sampled token: what a rollout-vs-training mismatch check compares against Engine.logprobs."""
         if not prompt_ids:
-            return []
+            return [], ([] if logprobs else None)
         if self._asleep:
             self.resume()
         if self._kv_asleep:
@@ -178,6 +186,8 @@ class VLLMRollout:
         stop = sorted({*params.stop_token_ids, *([] if self.eos_id is None else [self.eos_id])})
         base = dict(n=1, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_tokens,
                     stop_token_ids=stop, detokenize=False)
+        if logprobs:
+            base["logprobs"] = 0  # the sampled token's own log-prob only
         if params.seed is None:
             sps = self._vllm.SamplingParams(**base)
         else:
@@ -185,9 +195,12 @@ class VLLMRollout:
         outs = self.llm.generate([{"prompt_token_ids": list(map(int, p))} for p in prompt_ids], sampling_params=sps,
                                  use_tqdm=False)
         stops = set(stop)
-        result = []
+        ids_out, lps_out = [], []
         for o in outs:
-            ids = list(o.outputs[0].token_ids)[:params.max_tokens]
+            c = o.outputs[0]
+            ids = list(c.token_ids)[:params.max_tokens]
             cut = next((k + 1 for k, t in enumerate(ids) if t in stops), len(ids))  # the stop id ends it, kept
-            result.append(ids[:cut])
-        return result
+            ids_out.append(ids[:cut])
+            if logprobs:
+                lps_out.append([float(c.logprobs[k][t].logprob) for k, t in enumerate(ids[:cut])])
+        return ids_out, (lps_out if logprobs else None)
