@@ -135,3 +135,29 @@ def test_resume_replays_the_uninterrupted_run(tmp_path):
         assert b["loss"] == a["loss"] and b["reward_mean"] == a["reward_mean"]
     steps = [json.loads(x)["step"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_loss_does_not_depend_on_the_micro_batch_split(mode):
+    """The loop's loss_fn undoes the engine's mean over micro-batches: same loss and gradient for any mbs."""
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(3, V, (8, 7), generator=g)
+    lens = [1, 2, 3, 4, 5, 6, 2, 3]  # ragged responses: micro-batch token counts differ
+    mask = torch.zeros(8, 6)
+    for i, n in enumerate(lens):
+        mask[i, 6 - n:] = 1
+    batch = {"tokens": tokens, "mask": mask, "old_logprobs": torch.full((8, 6), -2.7),
+             "advantages": torch.randn(8, generator=g), "ref_logprobs": torch.full((8, 6), -2.8)}
+    results = []
+    for mbs in (1, 2, 8):
+        loop = make_loop()
+        loop.cfg.loss = LossConfig(kl_coef=0.1, loss_agg_mode=mode)
+        eng = loop.actor
+        eng.opt = torch.optim.SGD([eng.table], lr=1.0)  # the update then equals the gradient
+        before = eng.table.detach().clone()
+        num_tokens, num_seqs = float(mask.sum()), float((mask.sum(-1) > 0).sum())
+        m = eng.train_step(batch, loop._loss_fn(num_tokens, num_seqs), micro_batch_size=mbs)
+        results.append((m["loss"], before - eng.table.detach()))
+    for loss, grad in results[1:]:
+        assert loss == pytest.approx(results[0][0], rel=1e-5)
+        assert torch.allclose(grad, results[0][1], atol=1e-6)
