@@ -1,0 +1,138 @@
+"""Launch real torchrun workers from tests, and the worker tasks themselves.
+
+From a test::
+
+    from trainer_harness import torchrun_json
+    out = torchrun_json("layouts", nproc=2, spec={...})   # rank 0's JSON result
+
+``python -m torch.distributed.run ... tests/trainer_harness.py TASK SPEC_JSON OUT_JSON`` runs
+``TASK`` on every rank; rank 0 writes the result. Several layouts run inside one launch
+(``parallel.reinit`` rebuilds megatron's groups), since process start-up dominates on CPU.
+Other engineers may add tasks: a function ``task_<name>(spec) -> dict`` in their own module,
+named ``module:function`` as TASK.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(args: list[str], *, nproc: int, timeout: float = 180, env: dict | None = None,
+             script: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``script args`` (default: this file) under torchrun with ``nproc`` CPU processes."""
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
+    e.update(env or {})
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
+           f"--master-port={free_port()}", "--master-addr=127.0.0.1", script or str(Path(__file__).resolve()), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
+
+
+def torchrun_json(task: str, *, nproc: int, spec: dict, timeout: float = 180) -> dict:
+    """Run a task on ``nproc`` ranks; return rank 0's JSON result (raises with the log on failure)."""
+    return _cached(task, nproc, json.dumps(spec, sort_keys=True), timeout)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached(task: str, nproc: int, spec_json: str, timeout: float) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "out.json"
+        p = torchrun([task, spec_json, str(out)], nproc=nproc, timeout=timeout)
+        if p.returncode != 0 or not out.exists():
+            tail = "\n".join((p.stdout + p.stderr).splitlines()[-60:])
+            raise RuntimeError(f"torchrun {task} x{nproc} failed (rc={p.returncode}):\n{tail}")
+        return json.loads(out.read_text())
+
+
+# --- worker side ---------------------------------------------------------------------------------
+
+def run_config(model: str, strategy: dict, world: int, **trainer):
+    """A RunConfig for a tiny CPU run (fp32)."""
+    from autotune.config import RunConfig, TrainerOptions
+    from costmodel.specs import load_hardware, load_model
+    from costmodel.strategy import Cluster, Strategy, Workload, validate
+
+    m = load_model(model)
+    s = validate(m, Strategy.from_dict(strategy), world)
+    return RunConfig(model=m, hardware=load_hardware("cpu"),
+                     cluster=Cluster(gpus=world), strategy=s, workload=Workload(dtype="fp32"),
+                     trainer=TrainerOptions(**{"lr": 1e-3, **trainer}))
+
+
+def task_layouts(spec: dict) -> dict:
+    """For each layout: param count per rank, forward log-probs and a few training steps' losses.
+
+    spec: {"layouts": [{"model": "tiny", "strategy": {...}}, ...], "steps": 3, "batch": 8,
+    "seq": 20, "mbs": 2}. Every layout sees the same tokens and the same (layout-free) init.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from trainer import parallel
+    from trainer.engine import Engine
+
+    parallel.init_distributed()
+    world = dist.get_world_size()
+    results = []
+    for lay in spec["layouts"]:
+        cfg = run_config(lay["model"], lay["strategy"], world)
+        layout = parallel.reinit(cfg.strategy, seed=cfg.trainer.seed)
+        eng = Engine(cfg)
+        g = torch.Generator().manual_seed(spec.get("data_seed", 0))
+        tokens = torch.randint(0, cfg.model.vocab, (spec.get("batch", 8), spec.get("seq", 20)), generator=g)
+        lp, ent = eng.logprobs(tokens, micro_batch_size=spec.get("mbs", 2), with_entropy=True)
+
+        def loss_fn(logp, entropy, mb):
+            return -logp.mean(), {"entropy": entropy.mean()}
+
+        losses, norms = [], []
+        for _ in range(spec.get("steps", 3)):
+            met = eng.train_step({"tokens": tokens}, loss_fn, micro_batch_size=spec.get("mbs", 2), with_entropy=True)
+            losses.append(met["loss"])
+            norms.append(met["grad_norm"])
+        counts = [None] * world
+        coords = [None] * world
+        dist.all_gather_object(counts, eng.param_count())
+        dist.all_gather_object(coords, {"pp_rank": layout.pp_rank, "tp_rank": layout.tp_rank, "ep_rank": layout.ep_rank})
+        results.append({"model": lay["model"], "strategy": lay["strategy"], "losses": losses, "grad_norms": norms,
+                        "logprob_sum": float(lp.sum()), "entropy_mean": float(ent.mean()),
+                        "param_counts": counts, "coords": coords})
+        del eng
+    parallel.destroy()
+    return {"world": world, "results": results}
+
+
+def _main(argv: list[str]) -> None:
+    task, spec_json, out = argv[:3]
+    if ":" in task:
+        import importlib
+
+        mod, fn = task.split(":")
+        func = getattr(importlib.import_module(mod), fn)
+    else:
+        func = globals()[f"task_{task}"]
+    result = func(json.loads(spec_json))
+    if int(os.environ.get("RANK", "0")) == 0:
+        tmp = Path(out + ".tmp")
+        tmp.write_text(json.dumps(result))
+        tmp.replace(out)
+
+
+if __name__ == "__main__":
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    _main(sys.argv[1:])
