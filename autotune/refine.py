@@ -285,15 +285,22 @@ def _open_study(storage: str, study_name: str, seed: int, heartbeat_s: int, grac
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     if storage.startswith("sqlite:///"):
         Path(storage[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    try:
-        st = RDBStorage(storage, heartbeat_interval=heartbeat_s, grace_period=grace_s,
-                        engine_kwargs={"connect_args": {"timeout": 60}} if storage.startswith("sqlite") else None)
-    except Exception as exc:  # bad URL, missing driver: a user's mistake
-        raise ConfigError(f"cannot open study storage {storage!r}: {exc}",
-                          hint="pass a SQLAlchemy URL such as sqlite:///runs/x/study.db or postgresql://...") from None
-    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4)
-    return optuna.create_study(storage=st, study_name=study_name, direction="maximize", sampler=sampler,
-                               load_if_exists=True)
+    last = None
+    for attempt in range(6):  # two workers starting together race to create the schema: retry
+        try:
+            st = RDBStorage(storage, heartbeat_interval=heartbeat_s, grace_period=grace_s,
+                            engine_kwargs={"connect_args": {"timeout": 60}} if storage.startswith("sqlite") else None)
+            sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4)
+            return optuna.create_study(storage=st, study_name=study_name, direction="maximize", sampler=sampler,
+                                       load_if_exists=True)
+        except Exception as exc:
+            last = exc
+            if "IntegrityError" not in type(exc).__name__ + str(exc) and "locked" not in str(exc):
+                break
+            time.sleep(0.5 * (attempt + 1))
+    # bad URL, missing driver: a user's mistake
+    raise ConfigError(f"cannot open study storage {storage!r}: {last}",
+                      hint="pass a SQLAlchemy URL such as sqlite:///runs/x/study.db or postgresql://...")
 
 
 def _recover(study, host: str) -> list[str]:
