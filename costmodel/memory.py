@@ -13,7 +13,8 @@ Every figure is the most loaded rank of the worst pipeline stage, per phase. Pha
 - ``weight_sync``: training weights + the rollout copy + one gathered tensor (verl reshards per tensor).
 
 Offloaded state lives in host memory outside the phase that needs it; the host total per node is
-checked against the profile. ``reserved_memory_bytes`` (CUDA context, NCCL, fragmentation) is
+checked against the profile. On the ``cpu`` profile the activations follow the trainer's CPU build
+(megatron's local spec, fp32), measured with autograd's saved-tensor hooks to within 1%. ``reserved_memory_bytes`` (CUDA context, NCCL, fragmentation) is
 already subtracted from the capacity, so no framework overhead is added here.
 """
 from __future__ import annotations
@@ -44,12 +45,17 @@ ROLLOUT_MAX_NUM_SEQS = 1024
 # Model state
 # ---------------------------------------------------------------------------------------------
 
-def model_state_bytes_per_param(d: int, distributed_optimizer: bool) -> float:
-    """Megatron's rule for bf16 params + fp32 main grads + fp32 Adam (master, m, v).
+# docs/source/api-guide/dist_optimizer.md, bytes per parameter as (weights, grads, optimizer):
+# bf16 params + fp32 grads: 2 + 4 + 12 (fp32 master, m, v) = 18; fp16 params + fp16 grads:
+# 2 + 2 + 16 (fp32 master params and grads, m, v) = 20; fp32: 4 + 4 + 8 (m, v) = 16.
+STATE_BYTES = {"bf16": (2, 4, 12), "fp16": (2, 2, 16), "fp32": (4, 4, 8)}
 
-    docs/source/api-guide/dist_optimizer.md: 18 B/param, or 6 + 12/d with the distributed optimizer.
-    """
-    return 6 + 12 / d if distributed_optimizer else 18.0
+
+def model_state_bytes_per_param(d: int, distributed_optimizer: bool, dtype: str = "bf16") -> float:
+    """Megatron's rule: 18 B/param for bf16, or 6 + 12/d with the distributed optimizer (which
+    shards only the optimizer part over the d data-parallel ranks)."""
+    w, g, o = STATE_BYTES[dtype]
+    return w + g + (o / d if distributed_optimizer else o)
 
 
 @dataclass(frozen=True)
@@ -64,24 +70,48 @@ class ModelState:
 
 
 def model_state_bytes(dense: int, expert: int, *, dp: int, cp: int, tp: int, ep: int, etp: int,
-                      distributed_optimizer: bool) -> ModelState:
-    """bf16 weights (2 B), fp32 grads (4 B, Megatron's DDP grad buffer) and Adam (12 B) on one rank.
+                      distributed_optimizer: bool, dtype: str = "bf16") -> ModelState:
+    """Weights, main grads (Megatron's DDP grad buffer) and optimizer state on one rank.
 
     The distributed optimizer shards dense state over DP x CP and expert state over expert-DP =
     tp*cp*dp/(ep*etp) (Megatron's MoE parallel folding, arXiv 2504.14960).
     """
+    w, g, o = STATE_BYTES[dtype]
     n = dense + expert
     if distributed_optimizer:
         edp = max(1, tp * cp * dp // (ep * etp))
-        opt = 12 * (dense / (dp * cp) + expert / edp)
+        opt = o * (dense / (dp * cp) + expert / edp)
     else:
-        opt = 12.0 * n
-    return ModelState(weights=float(BF16 * n), grads=float(FP32 * n), optimizer=opt)
+        opt = float(o * n)
+    return ModelState(weights=float(w * n), grads=float(g * n), optimizer=opt)
 
 
 # ---------------------------------------------------------------------------------------------
 # Activations (Korthikanti et al. 2022)
 # ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Kernels:
+    """How the trainer's layers run, which decides what autograd keeps."""
+
+    flash: bool = True
+    """Flash/fused attention (no score matrix)."""
+    fused: bool = True
+    """Fused SwiGLU/norm kernels (TransformerEngine); False: megatron's local torch spec."""
+    act_bytes: int = BF16
+    """Bytes per activation element."""
+
+
+GPU_KERNELS = Kernels()
+# The trainer on CPU: megatron's local spec, unfused attention, everything fp32 (trainer/model.py).
+CPU_KERNELS = Kernels(flash=False, fused=False, act_bytes=FP32)
+
+
+def kernels_for(hardware: HardwareSpec, workload: Workload) -> Kernels:
+    if hardware.name == "cpu":
+        return CPU_KERNELS
+    return GPU_KERNELS if workload.dtype != "fp32" else Kernels(act_bytes=FP32)
+
 
 def paper_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, *, sp: bool = False,
                                  recompute: str = "none") -> float:
@@ -104,66 +134,86 @@ class LayerCoeffs:
     """Bytes stored per token of one micro-batch (per CP rank) for one layer on one rank."""
 
     linear: float
-    """No recompute, everything linear in the tokens."""
+    """No recompute: everything linear in the tokens."""
     quad: float
     """Bytes per (query token x key token) for the attention scores (0 with flash attention)."""
     layer_input: float
     """The layer input kept by full recompute."""
+    selective: float
+    """Selective recompute (core attention recomputed): linear bytes kept."""
 
 
 @lru_cache(maxsize=4096)
 def layer_coeffs(m: ModelSpec, moe: bool, tp: int, etp: int, sp: bool, *, flash: bool = True,
-                 paper: bool = False) -> LayerCoeffs:
+                 paper: bool = False, fused: bool = True, act_bytes: int = BF16) -> LayerCoeffs:
     """Per-tensor activation bytes of one layer, after Korthikanti sec. 4.1.
 
     ``paper=True`` is the paper's bookkeeping (LayerNorm, GeLU MLP of 4f bytes, dropout masks after
     attention and MLP, softmax + dropout mask + dropout output = 5 B per score); for a GPT-3 shape
-    it reproduces Table 2 exactly. Our variant (default) for today's models:
-    - no dropout (verl/Megatron GRPO run with dropout 0): no masks, 2 B per score (softmax output);
-    - RMSNorm stores its input like LayerNorm (2h each);
-    - GQA: Q is 2*heads*hd, K and V 2*kv_heads*hd each; the core-attention output 2*heads*hd;
-    - SwiGLU: fc1 writes gate and up (2 x 2f), the activation writes 2f: 6f instead of GeLU's 4f;
+    it reproduces Table 2 exactly. Our variant (default) for today's models, in elements of
+    ``act_bytes`` each:
+    - no dropout (verl/Megatron GRPO run with dropout 0): no masks, 1 element per score (softmax out);
+    - RMSNorm stores its input like LayerNorm (h each), the linear after it its input (h each);
+    - GQA: Q heads*hd, K and V kv_heads*hd each, the core-attention output heads*hd;
+    - SwiGLU (fused, Megatron's bias_activation_fusion): fc1 writes gate and up (2f), fc2 keeps its
+      input (f): 3f instead of GeLU's 2f;
     - flash attention (the GPU default): no score matrix, an fp32 log-sum-exp per head and token;
     - MLA: the down-projections and their norms (replicated, SP-sharded) + Q, K, the kv_b output
       (of which V is a view) and the attention output (TP-sharded);
-    - MoE: per routed copy (top_k per token) the expert's fc1 input 2h (gathered over ETP) plus 6f_e
+    - MoE: per routed copy (top_k per token) the expert's fc1 input h (gathered over ETP) plus 3f_e
       split by ETP, spread evenly over the expert grid (balanced routing); the router's fp32 probs
-      4E per token; shared experts as a TP-sharded SwiGLU.
+      E per token; shared experts as a TP-sharded SwiGLU.
+    ``fused=False`` is megatron-core's local (pure torch) spec, which the trainer runs on CPU; its
+    layout was measured with autograd's saved-tensor hooks (tests/test_costmodel_memory.py): torch
+    RMSNorm also keeps the normalized input (3h per norm), unfused SwiGLU keeps silu's input,
+    output, an add and the product (5f), RoPE's q/k copies keep the whole fused QKV output alive
+    under selective recompute (3q + 3kv), and unfused attention without recompute keeps Q, K and V
+    expanded to all heads plus the context (4q) and the softmax.
     Under SP the replicated tensors are split by TP too (Korthikanti sec. 4.2.2).
     """
     h = m.hidden
     d_sp = tp if sp else 1
-    if m.is_mla:
-        a = m.heads
-        rep = 2 * h + 2 * h  # input norm in/out (the down-projections' input)
-        if m.q_lora_rank:
-            rep += 2 * m.q_lora_rank * 2  # q_a output and its norm output
-        rep += 2 * (m.kv_lora_rank + m.qk_rope_head_dim) + 2 * m.kv_lora_rank  # kv_a out + norm out
-        shard = 2 * a * m.q_head_dim * 2 + 2 * a * (m.qk_nope_head_dim + m.v_head_dim) + 2 * a * m.v_head_dim
-    else:
-        a = m.heads
+    a = m.heads
+    if paper:  # bytes, exactly as the paper counts them
         q, kv = m.heads * m.head_dim, m.kv_heads * m.head_dim
-        rep = 2 * h + 2 * h  # input norm's input, QKV linear's input
-        shard = 2 * q + 2 * kv * 2 + 2 * q  # Q, K, V into core attention; its output into the projection
-    rep += 2 * h + 2 * h  # pre-MLP norm's input, fc1 (or router/shared-expert) input
-    expert = 0.0
-    if paper:
-        rep += h + h  # dropout masks (1 B) after attention and after the MLP
-        shard += 4 * m.ffn_hidden  # GeLU input and output, 2f each
-        score = 5.0
+        rep = 2 * h + 2 * h + 2 * h + 2 * h + h + h  # 2 LN inputs, QKV and fc1 inputs, 2 dropout masks
+        shard = 2 * q + 2 * kv * 2 + 2 * q + 4 * m.ffn_hidden  # Q K V, attention out, GeLU in + out
+        lin = rep / d_sp + shard / tp
+        return LayerCoeffs(linear=lin, quad=5.0 * a / tp, layer_input=2 * h / d_sp, selective=lin)
+    fp32 = 0.0  # bytes per token that stay fp32 whatever the activation dtype, already per rank
+    expert = 0.0  # elements per token, already per rank
+    if m.is_mla:
+        rep = 2 * h  # input norm in/out (the down-projections' input)
+        if m.q_lora_rank:
+            rep += 2 * m.q_lora_rank  # q_a output and its norm output
+        rep += (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank  # kv_a out + norm out
+        attn = 2 * a * m.q_head_dim + a * (m.qk_nope_head_dim + m.v_head_dim) + a * m.v_head_dim
+        attn_sel = attn
     else:
-        score = 2.0
-        if moe:
-            rep += FP32 * m.experts  # router probabilities
-            if m.shared_experts:
-                shard += 6 * m.shared_experts * m.expert_ffn_hidden
-            expert = m.top_k * (2 * h * etp + 6 * m.expert_ffn_hidden) / d_sp
+        q, kv = m.heads * m.head_dim, m.kv_heads * m.head_dim
+        rep = (3 if not fused else 2) * h  # input norm (input[, normalized]) + QKV linear's input
+        if fused:
+            attn = attn_sel = q + 2 * kv + q  # Q, K, V into core attention; its output into the projection
         else:
-            shard += (6 if m.gated_mlp else 4) * m.ffn_hidden  # SwiGLU 6f; a plain GeLU MLP 4f
-        if flash:
-            shard += FP32 * a  # log-sum-exp per head
-            score = 0.0
-    return LayerCoeffs(linear=rep / d_sp + shard / tp + expert, quad=score * a / tp, layer_input=2 * h / d_sp)
+            attn_sel = 3 * q + 3 * kv  # fused QKV output (V is a view), RoPE'd Q and K, context
+            attn = 4 * q  # without recompute: Q, K and V expanded to all heads, the context
+    rep += (3 if not fused else 2) * h  # pre-MLP norm, fc1 (or router/shared-expert) input
+    if moe:
+        fp32 += FP32 * m.experts / d_sp  # router probabilities
+        mlp = 3 * m.shared_experts * m.expert_ffn_hidden
+        expert = m.top_k * (h * etp + 3 * m.expert_ffn_hidden) / d_sp
+    else:
+        f = m.ffn_hidden
+        mlp = (3 if fused else 5) * f if m.gated_mlp else 2 * f  # SwiGLU 3f (fused) or 5f; GeLU 2f
+    lse = 0.0
+    if flash:
+        lse = FP32 * a / tp  # log-sum-exp per head
+        score = 0.0
+    else:
+        score = 1.0
+    lin = act_bytes * (rep / d_sp + (attn + mlp) / tp + expert) + fp32 + lse
+    sel = act_bytes * (rep / d_sp + (attn_sel + mlp) / tp + expert) + fp32
+    return LayerCoeffs(linear=lin, quad=act_bytes * score * a / tp, layer_input=act_bytes * h / d_sp, selective=sel)
 
 
 def layer_activation_bytes(c: LayerCoeffs, s_local: int, s_keys: int, b: int, recompute: str) -> float:
@@ -172,7 +222,7 @@ def layer_activation_bytes(c: LayerCoeffs, s_local: int, s_keys: int, b: int, re
     if recompute == "full":
         return c.layer_input * tokens
     if recompute == "selective":  # Megatron's default selective recompute is core attention
-        return c.linear * tokens
+        return c.selective * tokens
     return c.linear * tokens + c.quad * s_local * s_keys * b
 
 
@@ -202,18 +252,19 @@ def _stage_layout(m: ModelSpec, stages: tuple[int, ...]) -> tuple[tuple[int, int
     return tuple(out)
 
 
-def _stage_coeffs(m: ModelSpec, s: Strategy, flash: bool) -> tuple[LayerCoeffs, LayerCoeffs | None]:
-    dense = layer_coeffs(m, False, s.tp, s.etp_, s.sp, flash=flash)
-    moe = layer_coeffs(m, True, s.tp, s.etp_, s.sp, flash=flash) if m.is_moe else None
+def _stage_coeffs(m: ModelSpec, s: Strategy, k: Kernels) -> tuple[LayerCoeffs, LayerCoeffs | None]:
+    kw = dict(flash=k.flash, fused=k.fused, act_bytes=k.act_bytes)
+    dense = layer_coeffs(m, False, s.tp, s.etp_, s.sp, **kw)
+    moe = layer_coeffs(m, True, s.tp, s.etp_, s.sp, **kw) if m.is_moe else None
     return dense, moe
 
 
 def train_activation_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int, microbatches: int,
-                           flash: bool = True) -> list[float]:
+                           kernels: Kernels = GPU_KERNELS) -> list[float]:
     """Per stage: activations held at the peak of 1F1B (logits not included)."""
     stages = tuple(stage_layers(m, s))
     layout = _stage_layout(m, stages)
-    cd, cm = _stage_coeffs(m, s, flash)
+    cd, cm = _stage_coeffs(m, s, kernels)
     s_local = -(-seq_len // s.cp)  # CP splits the sequence (Megatron context parallel)
     out = []
     for i, ((nd, nm), n) in enumerate(zip(layout, stages)):
@@ -236,9 +287,10 @@ def train_activation_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int,
     return out
 
 
-def forward_activation_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int, flash: bool = True) -> float:
+def forward_activation_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int,
+                             kernels: Kernels = GPU_KERNELS) -> float:
     """Forward without grad (log-prob): the residual in and out plus one layer's working set."""
-    cd, cm = _stage_coeffs(m, s, flash)
+    cd, cm = _stage_coeffs(m, s, kernels)
     s_local = -(-seq_len // s.cp)
     work = layer_activation_bytes(cm if cm is not None else cd, s_local, seq_len, mbs, "none")
     if cm is not None and m.dense_layers:
@@ -246,11 +298,12 @@ def forward_activation_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: in
     return work + 2 * cd.layer_input * s_local * mbs
 
 
-def logits_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int) -> float:
-    """Last stage: the output layer's input (final norm in/out, 2h each) and the vocab-parallel logits."""
+def logits_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int, act_bytes: int = BF16) -> float:
+    """Last stage: the output layer's input (final norm in/out, h each) and the vocab-parallel logits."""
     tokens = -(-seq_len // s.cp) * mbs
     d_sp = s.tp if s.sp else 1
-    return tokens * (4 * m.hidden / d_sp + LOGITS_BYTES * padded_vocab(m, s.tp) / s.tp)
+    per_vocab = LOGITS_BYTES - BF16 + act_bytes  # the output layer writes logits in the activation dtype
+    return tokens * (2 * act_bytes * m.hidden / d_sp + per_vocab * padded_vocab(m, s.tp) / s.tp)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,24 +401,24 @@ def _microbatches(s: Strategy, w: Workload) -> int:
 
 
 def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strategy: Strategy,
-                 workload: Workload, *, flash: bool | None = None
+                 workload: Workload, *, kernels: Kernels | None = None
                  ) -> tuple[dict[str, PhaseMemory], float, list[Violation]]:
     """Bytes per phase on the most loaded rank, host bytes per node, and coded violations.
 
-    ``strategy`` must be resolved (``validate`` fills dp/etp/sequence_parallel). ``flash``: flash
-    attention (default: on, except on the ``cpu`` profile, where Megatron's local attention keeps
-    the score matrix).
+    ``strategy`` must be resolved (``validate`` fills dp/etp/sequence_parallel). ``kernels``: what
+    the layers run (default: :func:`kernels_for`, flash/fused bf16 on GPUs, the trainer's fp32
+    local spec on the ``cpu`` profile).
     """
     m, s, w = model, strategy, workload
-    if flash is None:
-        flash = hardware.name != "cpu"
+    k = kernels or kernels_for(hardware, w)
+    dtype = "fp32" if k.act_bytes == FP32 else w.dtype
     dp = s.dp or 1
     off = set(s.offload)
     kl = w.kind == "grpo" and w.kl
     stages = per_stage_params(m, s)
     seq = w.train_seq_len
-    acts = train_activation_bytes(m, s, seq_len=seq, mbs=s.mbs, microbatches=_microbatches(s, w), flash=flash)
-    logit = logits_bytes(m, s, seq_len=seq, mbs=s.mbs)
+    acts = train_activation_bytes(m, s, seq_len=seq, mbs=s.mbs, microbatches=_microbatches(s, w), kernels=k)
+    logit = logits_bytes(m, s, seq_len=seq, mbs=s.mbs, act_bytes=k.act_bytes)
     last = len(stages) - 1
     # Stages with the same parameters differ only in activations: per (params, last?) keep the
     # stage that holds the most. Two or three candidates instead of pp, for speed.
@@ -377,7 +430,7 @@ def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, str
             best[key] = i
     cand = sorted(best.values())
     states = {i: model_state_bytes(stages[i].dense, stages[i].expert, dp=dp, cp=s.cp, tp=s.tp, ep=s.ep,
-                                   etp=s.etp_, distributed_optimizer=s.distributed_optimizer) for i in cand}
+                                   etp=s.etp_, distributed_optimizer=s.distributed_optimizer, dtype=dtype) for i in cand}
     p_off, g_off, o_off = "param" in off, "grad" in off, "optimizer" in off
     # Each phase: its part names, and per candidate stage a tuple of bytes in that order. Only the
     # worst stage becomes a dict (this runs thousands of times per search).
@@ -405,7 +458,7 @@ def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, str
     upd_entry = (state_keys + ("activations", "logits"), upd)
 
     if w.kind == "grpo":
-        fwd = forward_activation_bytes(m, s, seq_len=seq, mbs=s.mbs, flash=flash)
+        fwd = forward_activation_bytes(m, s, seq_len=seq, mbs=s.mbs, kernels=k)
         olp, rlp, ws, ro = [], [], [], []
         kvc = kv_cache_capacity(m, hardware, s, w, cluster.gpus)
         bucket = sync_bucket_bytes(m, s.ep)
@@ -471,7 +524,7 @@ def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, str
 
 
 __all__ = [
-    "KvCapacity", "LayerCoeffs", "ModelState", "forward_activation_bytes", "in_flight_microbatches",
+    "CPU_KERNELS", "GPU_KERNELS", "Kernels", "KvCapacity", "LayerCoeffs", "kernels_for", "ModelState", "forward_activation_bytes", "in_flight_microbatches",
     "kv_bytes_per_token", "kv_cache_capacity", "layer_activation_bytes", "layer_coeffs", "logits_bytes",
     "model_state_bytes", "model_state_bytes_per_param", "paper_layer_activation_bytes", "phase_memory",
     "rollout_weight_bytes", "sync_bucket_bytes", "train_activation_bytes",

@@ -300,3 +300,74 @@ def test_estimate_is_well_formed(name, gpus, tp, pp, cp, ep, mbs, rc, off, rtp, 
     assert over <= {v.phase for v in e.violations if v.code == "OOM_RISK"}
     assert e.fits == (not any(v.code == "OOM_RISK" for v in e.violations))
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured: what autograd really keeps in a megatron-core layer (CPU, the trainer's local spec)
+# ---------------------------------------------------------------------------------------------
+
+_SAVED_SCRIPT = r'''
+import dataclasses, json, os, sys
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+import warnings; warnings.filterwarnings("ignore")
+import torch
+from trainer import compat, parallel, model as tm
+from costmodel.specs import ModelSpec
+from costmodel.strategy import Strategy, validate
+compat.enable()
+seq, b = 128, 4
+
+def saved(m, rc):
+    s = validate(m, Strategy(recompute=rc), 1)
+    parallel.init(s)
+    net = tm.build_chunks(m, s, tm.transformer_config(m, s))[0]
+    params = {p.untyped_storage().data_ptr() for p in net.parameters()}
+    seen = {}
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+    ids = torch.randint(0, m.vocab, (b, seq))
+    pos = torch.arange(seq).unsqueeze(0).expand(b, seq)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = net(ids, pos, None)
+    out.float().sum().backward()
+    return sum(seen.values())
+
+m1 = ModelSpec(name="chk", family="llama", layers=1, hidden=256, ffn_hidden=768, heads=8, kv_heads=2,
+               head_dim=32, vocab=64, max_seq_len=512)
+m2 = dataclasses.replace(m1, layers=2)
+print(json.dumps({rc: saved(m2, rc) - saved(m1, rc) for rc in ("none", "selective", "full")}))
+'''
+
+
+def test_local_spec_layout_matches_autograd_on_cpu(tmp_path):
+    """Build 1- and 2-layer megatron-core GPT models (the trainer's CPU build), run forward and
+    backward, and sum the bytes of every storage autograd saves (parameters excluded): the
+    difference is one layer's activations. Our per-tensor count for the local spec (fp32, unfused)
+    must match within 2% (the rest: RoPE's cos/sin tables and the causal mask)."""
+    import importlib.util
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("megatron") is None:
+        pytest.skip("needs torch and megatron-core (the train extra)")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    script = tmp_path / "saved.py"
+    script.write_text(_SAVED_SCRIPT)
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, str(script), str(port)], capture_output=True, text=True, timeout=300,
+                         cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    measured = __import__("json").loads(out.stdout.strip().splitlines()[-1])
+    m = ModelSpec(name="chk", family="llama", layers=1, hidden=256, ffn_hidden=768, heads=8, kv_heads=2,
+                  head_dim=32, vocab=64, max_seq_len=512)
+    c = layer_coeffs(m, False, 1, 1, False, flash=False, fused=False, act_bytes=4)
+    for rc in ("none", "selective", "full"):
+        model = layer_activation_bytes(c, 128, 128, 4, rc)
+        assert measured[rc] == pytest.approx(model, rel=0.02), (rc, measured[rc], model)
