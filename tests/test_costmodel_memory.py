@@ -174,6 +174,26 @@ def test_dense_model_state_follows_megatrons_rule(dist, gpus, kw):
     assert any(state == pytest.approx(r, rel=1e-12) for r in rule)
 
 
+def test_all_rows_of_megatrons_table():
+    # dist_optimizer.md: fp16 param/fp16 grads 20 or 4 + 16/d; bf16/fp32 grads 18 or 6 + 12/d;
+    # fp32 16 or 8 + 8/d.
+    for d in (1, 2, 8, 64):
+        assert model_state_bytes_per_param(d, True, "fp16") == pytest.approx(4 + 16 / d)
+        assert model_state_bytes_per_param(d, True, "bf16") == pytest.approx(6 + 12 / d)
+        assert model_state_bytes_per_param(d, True, "fp32") == pytest.approx(8 + 8 / d)
+    assert [model_state_bytes_per_param(4, False, k) for k in ("fp16", "bf16", "fp32")] == [20, 18, 16]
+
+
+def test_cpu_profile_counts_fp32_like_the_trainer():
+    m = load_model("tiny")
+    s = validate(m, Strategy(tp=2), 2)
+    st = max(p.total for p in per_stage_params(m, s))
+    mem, _, _ = phase_memory(m, load_hardware("cpu"), Cluster(gpus=2), s, Workload(kind="pretrain", seq_len=64, gbs=8))
+    upd = mem["update"].parts
+    assert upd["weights"] == 4 * st and upd["grads"] == 4 * st
+    assert upd["optimizer"] == pytest.approx(8 * st)  # m and v only: the fp32 params are the master copy
+
+
 def test_moe_optimizer_shards_experts_over_expert_dp():
     m = load_model("qwen3-30b-a3b")
     s = validate(m, Strategy(tp=2, ep=8, etp=1), 16)  # dp=8, expert-DP = 2*1*8/(8*1) = 2
