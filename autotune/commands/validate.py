@@ -47,7 +47,7 @@ def _print(rep: dict) -> None:
         err = r["error_pct"]
         colour = "green" if abs(err) <= rep["tolerance_pct"] else "red"
         t.add_row(r["id"], "fit" if r["split"] == "fit" else "held", f"{r['tp']}/{r['pp']}/{r['gpus']}", str(r["gbs"]),
-                  r["recompute"][:4], unit, fmt.format(r["published"]), fmt.format(r["predicted"]),
+                  {"selective": "sel"}.get(r["recompute"], r["recompute"]), unit, fmt.format(r["published"]), fmt.format(r["predicted"]),
                   f"[{colour}]{err:+.1f}%[/]")
     con.print(t)
     con.print(_PAPERS, highlight=False)
