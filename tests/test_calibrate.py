@@ -1,0 +1,132 @@
+"""Calibration: recovering known parameters from synthetic measurements; the calibration file."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from autotune import calibrate
+from autotune.calibrate import Point, fit, load, predict_estimate, save
+from costmodel.errors import ConfigError, GrpoTuneError
+from costmodel.specs import load_hardware, load_model
+from costmodel.strategy import Cluster, Strategy, Workload, validate
+
+TINY = load_model("tiny")
+CPU = load_hardware("cpu")
+CLUSTER = Cluster(gpus=4, gpus_per_node=8)
+WL = Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8)
+
+
+def _plans() -> list[Strategy]:
+    out = []
+    for tp in (1, 2):
+        for pp in (1, 2, 4):
+            for mbs in (1, 2, 4):
+                for rtp in (1, 2):
+                    try:
+                        out.append(validate(TINY, Strategy(tp=tp, pp=pp, mbs=mbs, rollout_tp=rtp), 4, gpus_per_node=8))
+                    except GrpoTuneError:
+                        pass
+    return out[::2]
+
+
+def _synthetic(true: dict[str, float]) -> list[Point]:
+    pts = []
+    for s in _plans():
+        probe = Point(model=TINY, hardware=CPU, cluster=CLUSTER, strategy=s, workload=WL, measured_step_s=1.0)
+        step, phases = predict_estimate(true, probe)
+        pts.append(Point(model=TINY, hardware=CPU, cluster=CLUSTER, strategy=s, workload=WL, measured_step_s=step,
+                         measured_phases_s=phases, label=str(s.tp)))
+    return pts
+
+
+def test_recovers_known_parameters_of_the_time_model():
+    true = {"compute_efficiency_scale": 0.5, "comm_efficiency_scale": 2.0, "update_overhead_s": 0.05,
+            "rollout_overhead_s": 0.2}
+    pts = _synthetic(true)
+    assert len(pts) >= 8
+    res = fit(pts)
+    for k, v in true.items():
+        assert res.params[k] == pytest.approx(v, rel=0.05), k  # 5%: the ridge term pulls slightly to defaults
+    # parameters the data cannot move stay at their defaults (no drift)
+    assert res.params["moe_imbalance"] == pytest.approx(calibrate.defaults()["moe_imbalance"])
+    assert res.params["offload_overhead_s"] == pytest.approx(0.0, abs=1e-3)
+    assert res.before["mape_pct"] > 20 and res.after["mape_pct"] < 1.0
+    assert res.after["spearman"] > 0.99
+
+
+def test_fit_machinery_with_a_closed_form_model():
+    # t = a / c + b * k, phases split 2:1: three plans with different k pin both parameters down
+    def predict(p, pt):
+        k = pt.strategy.tp
+        step = 1.0 / p["c"] + p["b"] * k
+        return step, {"x": 2 * step / 3, "y": step / 3}
+
+    base = {"c": 1.0, "b": 0.5}
+    plans = [Strategy(tp=t) for t in (1, 2, 4)]
+    pts = []
+    for s in plans:
+        step, ph = predict({"c": 4.0, "b": 2.0}, Point(model=TINY, hardware=CPU, cluster=CLUSTER, strategy=s,
+                                                        workload=WL, measured_step_s=1.0))
+        pts.append(Point(model=TINY, hardware=CPU, cluster=CLUSTER, strategy=s, workload=WL, measured_step_s=step,
+                         measured_phases_s=ph))
+    res = fit(pts, base=base, predict=predict, ridge=1e-4)
+    assert res.params["c"] == pytest.approx(4.0, rel=0.01)
+    assert res.params["b"] == pytest.approx(2.0, rel=0.01)
+
+
+def test_needs_two_points():
+    pts = _synthetic({})[:1]
+    with pytest.raises(ConfigError, match="at least 2"):
+        fit(pts)
+
+
+def test_file_round_trip_and_estimate_uses_it(tmp_path):
+    res = fit(_synthetic({"compute_efficiency_scale": 0.5}))
+    path = res.save(tmp_path / "cal.json", hardware="cpu")
+    doc = json.loads(path.read_text())
+    assert doc["version"] == 1 and doc["hardware"] == "cpu" and "before" in doc["fit"]
+    params = load(path, hardware="cpu")
+    assert params == pytest.approx(res.params)
+    s = _plans()[0]
+    pt = Point(model=TINY, hardware=CPU, cluster=CLUSTER, strategy=s, workload=WL, measured_step_s=1.0)
+    assert predict_estimate(params, pt)[0] > predict_estimate({}, pt)[0] * 1.2  # half the FLOP/s: slower
+
+
+@pytest.mark.parametrize("doc, match", [
+    ({"version": 2, "params": {}}, "version"),
+    ({"version": 1, "params": []}, "mapping"),
+    ({"version": 1, "params": {"compute_eficiency_scale": 1.0}}, "unknown calibration parameter"),
+    ({"version": 1, "params": {"compute_efficiency_scale": -1}}, "positive"),
+    ({"version": 1, "hardware": "h100-sxm-80gb", "params": {}}, "fitted on hardware"),
+])
+def test_bad_files_are_coded_errors(tmp_path, doc, match):
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(GrpoTuneError, match=match):
+        load(p, hardware="cpu")
+
+
+def test_missing_and_garbled_files(tmp_path):
+    with pytest.raises(ConfigError, match="no calibration file"):
+        load(tmp_path / "nope.json")
+    (tmp_path / "g.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not a readable"):
+        load(tmp_path / "g.json")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.one_of(st.none(), st.booleans(), st.text(max_size=5), st.floats(allow_nan=True, allow_infinity=True),
+                 st.integers(max_value=0)))
+def test_any_bad_value_is_a_coded_error(tmp_path_factory, v):
+    if isinstance(v, float) and v > 0 and math.isfinite(v):
+        return
+    p = tmp_path_factory.mktemp("c") / "c.json"
+    save(p, params={}, hardware="cpu")
+    doc = json.loads(p.read_text())
+    doc["params"]["step_overhead_s"] = v
+    p.write_text(json.dumps(doc))
+    with pytest.raises(GrpoTuneError):
+        load(p)
