@@ -30,7 +30,7 @@ FOUR = [
 
 
 def _run(nproc, layouts):
-    return torchrun_json("layouts", nproc=nproc, spec={"layouts": layouts, "steps": STEPS}, timeout=240)["results"]
+    return torchrun_json("layouts", nproc=nproc, spec={"layouts": layouts, "steps": STEPS, "generate": 6}, timeout=240)["results"]
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +45,8 @@ def _check(ref, r):
         assert math.isfinite(b)
         assert abs(a - b) < TOL, (r["strategy"], ref["losses"], r["losses"])
     assert abs(ref["logprob_sum"] - r["logprob_sum"]) < TOL * abs(ref["logprob_sum"])
+    # the native megatron sampler draws the same tokens under every layout (same seed)
+    assert r["responses"] == ref["responses"], (r["strategy"], ref["responses"], r["responses"])
     for a, b in zip(ref["grad_norms"], r["grad_norms"]):
         assert abs(a - b) < 1e-4 * a, (r["strategy"], ref["grad_norms"], r["grad_norms"])
 
@@ -53,6 +55,7 @@ def test_reference_learns(reference):
     # The reference itself must be a real run: the loss falls over the steps on fixed data.
     for r in reference.values():
         assert r["losses"][-1] < r["losses"][0] - 0.1, r["losses"]
+        assert len(r["responses"]) == 5 and all(1 <= len(x) <= 6 for x in r["responses"])
 
 
 def test_parity_two_processes(reference):

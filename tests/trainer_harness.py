@@ -94,6 +94,16 @@ def task_layouts(spec: dict) -> dict:
         g = torch.Generator().manual_seed(spec.get("data_seed", 0))
         tokens = torch.randint(0, cfg.model.vocab, (spec.get("batch", 8), spec.get("seq", 20)), generator=g)
         lp, ent = eng.logprobs(tokens, micro_batch_size=spec.get("mbs", 2), with_entropy=True)
+        responses = None
+        if spec.get("generate"):
+            from types import SimpleNamespace
+
+            from trainer.rollout.base import SamplingParams
+            from trainer.rollout.megatron import MegatronRollout
+
+            ro = MegatronRollout(engine=eng, tokenizer=SimpleNamespace(pad_id=0, eos_id=1), max_seq_len=64)
+            prompts = [t[: 3 + i].tolist() for i, t in enumerate(tokens[:5])]
+            responses = ro.generate(prompts, SamplingParams(max_tokens=spec["generate"], seed=5))
 
         def loss_fn(logp, entropy, mb):
             return -logp.mean(), {"entropy": entropy.mean()}
@@ -108,7 +118,7 @@ def task_layouts(spec: dict) -> dict:
         dist.all_gather_object(counts, eng.param_count())
         dist.all_gather_object(coords, {"pp_rank": layout.pp_rank, "tp_rank": layout.tp_rank, "ep_rank": layout.ep_rank})
         results.append({"model": lay["model"], "strategy": lay["strategy"], "losses": losses, "grad_norms": norms,
-                        "logprob_sum": float(lp.sum()), "entropy_mean": float(ent.mean()),
+                        "logprob_sum": float(lp.sum()), "responses": responses, "entropy_mean": float(ent.mean()),
                         "param_counts": counts, "coords": coords})
         del eng
     parallel.destroy()
