@@ -201,7 +201,9 @@ def layer_coeffs(m: ModelSpec, moe: bool, tp: int, etp: int, sp: bool, *, flash:
     if moe:
         fp32 += FP32 * m.experts / d_sp  # router probabilities
         mlp = 3 * m.shared_experts * m.expert_ffn_hidden
-        expert = m.top_k * (h * etp + 3 * m.expert_ffn_hidden) / d_sp
+        # Each (token, expert) pair runs on the etp ranks of its expert: h of input each, 3f_e split.
+        # A TP group owns T*k distinct pairs (with SP or not), spread over its tp ranks.
+        expert = m.top_k * (h * etp + 3 * m.expert_ffn_hidden) / tp
     else:
         f = m.ffn_hidden
         mlp = (3 if fused else 5) * f if m.gated_mlp else 2 * f  # SwiGLU 3f (fused) or 5f; GeLU 2f

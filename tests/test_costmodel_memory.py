@@ -12,7 +12,7 @@ from costmodel.estimate import estimate
 from costmodel.memory import (
     in_flight_microbatches, kv_bytes_per_token, kv_cache_capacity, layer_activation_bytes, layer_coeffs,
     model_state_bytes_per_param, paper_layer_activation_bytes, phase_memory, rollout_weight_bytes,
-    train_activation_bytes,
+    rollout_working_bytes, train_activation_bytes,
 )
 from costmodel.params import per_stage_params
 from costmodel.specs import ModelSpec, load_hardware, load_model
@@ -233,6 +233,18 @@ def test_kv_capacity_and_concurrency():
     assert rollout_weight_bytes(m, 4) < rollout_weight_bytes(m, 2)
     mem, _, _ = phase_memory(m, H100, Cluster(gpus=8), s, w)
     assert mem["rollout"].info["max_concurrent_sequences"] == k.sequences
+
+
+def test_moe_expert_activations():
+    m = load_model("qwen3-30b-a3b")
+    h, f, k = m.hidden, m.expert_ffn_hidden, m.top_k
+    # tp=etp=4 with SP: each rank keeps T*k/4 pair inputs gathered over ETP (h each) and 3f/4 of each
+    # pair's MLP; the router's fp32 probabilities over E experts, split by SP.
+    c = layer_coeffs(m, True, 4, 4, True)
+    dense_part = 2 * (4 * h / 4 + (2 * 4096 + 2 * 512) / 4) + 4 * m.heads / 4
+    assert c.linear == pytest.approx(dense_part + 2 * k * (4 * h + 3 * f) / 4 + 4 * m.experts / 4)
+    # the vLLM working set holds every token on every rank: more rollout TP, less per rank
+    assert rollout_working_bytes(m, 4) < rollout_working_bytes(m, 2) < rollout_working_bytes(m, 1)
 
 
 def test_rollout_budget_below_weights_is_an_oom_risk():
