@@ -1,0 +1,55 @@
+"""grpo-tune probe-hardware: a real torchrun run over gloo that writes a loadable hardware profile."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from costmodel.specs import load_hardware
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-c", "from autotune.cli import run; run()", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_probe_writes_a_loadable_profile(tmp_path):
+    out = tmp_path / "probed.toml"
+    r = _cli("probe-hardware", "--out", str(out), "--nproc", "2", "--quick", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    hw = load_hardware(str(out))
+    assert hw.name == "probed"
+    assert hw.source.startswith("measured by grpo-tune probe-hardware") and "gloo" in hw.source
+    # plausible for any CPU that runs this suite: between 0.1 GFLOP/s and 10 TFLOP/s per core
+    assert 1e8 < hw.bf16_dense_flops_per_s < 1e13
+    assert 1e8 < hw.hbm_bandwidth_bytes_per_s < 1e12
+    assert 1e5 < hw.intra_node_bandwidth_bytes_per_s < 1e12
+    assert 0 < hw.efficiency["intra_node_latency_s"] < 1.0
+    assert 0 < hw.efficiency["gemm_efficiency_max"] <= 1.0
+    assert hw.efficiency["max_parallel_ranks"] == os.cpu_count()
+    assert hw.reserved_memory_bytes > 50 * 2**20  # a process that imported torch holds at least this much
+    text = out.read_text()
+    for coll in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"):
+        assert f"# {coll} busbw:" in text
+    # the search accepts it
+    r = _cli("estimate", "--model", "tiny", "--gpus", "2", "--hardware", str(out), "--prompts", "8", "--n", "2",
+             "--prompt-len", "16", "--response-len", "16", "--mini-batch", "8", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+def test_bad_out_is_a_coded_error(tmp_path):
+    r = _cli("probe-hardware", "--out", str(tmp_path / "x.yaml"), cwd=tmp_path)
+    assert r.returncode == 2 and "[BAD_CONFIG]" in r.stderr and "hint:" in r.stderr
+
+
+def test_bad_base_is_a_coded_error_before_launch(tmp_path):
+    r = _cli("probe-hardware", "--out", str(tmp_path / "x.toml"), "--base", "h1000", cwd=tmp_path)
+    assert r.returncode == 2 and "[UNKNOWN_HARDWARE]" in r.stderr
+    assert not (tmp_path / "x.toml").exists()
