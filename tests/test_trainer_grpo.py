@@ -220,3 +220,76 @@ def test_loss_config_from_trainer_options():
     assert (cfg.kl_type, cfg.clip_ratio_high, cfg.use_kl, cfg.clip_ratio_c) == ("k2", 0.28, False, None)
     with pytest.raises(GrpoTuneError):
         grpo.LossConfig(loss_agg_mode="mean")
+
+
+# ---- the pieces together: GRPO on the synthetic task with a plain-torch model ------------------
+
+class _TinyGPT(torch.nn.Module):
+    """A 2-layer, width-32 causal transformer: just enough to learn the copy task on a CPU."""
+
+    def __init__(self, vocab=128, d=32, heads=4, layers=2, max_len=32):
+        super().__init__()
+        nn = torch.nn
+        self.emb, self.pos = nn.Embedding(vocab, d), nn.Embedding(max_len, d)
+        self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(d, heads, 2 * d, dropout=0.0, batch_first=True,
+                                                               norm_first=True) for _ in range(layers))
+        self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, tokens):
+        t = tokens.shape[1]
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(t)
+        x = self.emb(tokens) + self.pos(torch.arange(t))
+        for b in self.blocks:
+            x = b(x, src_mask=mask, is_causal=True)
+        return self.head(self.norm(x))
+
+
+def test_grpo_raises_reward_on_the_copy_task():
+    """sample -> math reward -> group advantages -> pack -> actor_loss, 100 steps of 16 prompts x 8.
+
+    Seen on this machine (2 shared cores, ~10 s): mean reward ~0.03 over the first 20 steps, ~0.15
+    over the last 20. Asserted: the last 20 steps beat the first 20 by 2x and by 0.04.
+    """
+    from trainer.data import PromptStream, synthetic_examples
+    from trainer.reward import math_reward
+    from trainer.rollout import SamplingParams
+    from trainer.rollout.sampling import pack, sample
+    from trainer.tokenizer import CharTokenizer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        model, tok = _TinyGPT(), CharTokenizer()
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+        stream = PromptStream(synthetic_examples(512, seed=0), 16, seed=0)
+        cfg = grpo.LossConfig(kl_coef=0.0)
+        gen = torch.Generator().manual_seed(1)
+
+        @torch.no_grad()
+        def next_logits(tokens, lengths):
+            return model(tokens)[torch.arange(tokens.shape[0]), lengths - 1]
+
+        history = []
+        for _ in range(100):
+            exs = [e for e in stream.next_batch() for _ in range(8)]
+            prompts = [tok.encode_prompt(e.prompt) for e in exs]
+            resp = sample(next_logits, prompts, SamplingParams(max_tokens=4), pad_id=tok.pad_id, eos_id=tok.eos_id,
+                          generator=gen)
+            r = torch.tensor([math_reward(tok.decode(x), e.answer) for x, e in zip(resp, exs)])
+            b = pack(prompts, resp, pad_id=tok.pad_id)
+            lp = grpo.logprobs_from_logits(model(b["tokens"])[:, :-1], b["tokens"][:, 1:])
+            loss, _ = grpo.actor_loss(lp, None, old_logprobs=lp.detach(), advantages=grpo.group_advantages(r, 8),
+                                      mask=b["response_mask"], cfg=cfg)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            history.append(r.mean().item())
+    finally:
+        torch.set_num_threads(threads)
+    before, after = sum(history[:20]) / 20, sum(history[-20:]) / 20
+    print(f"mean reward: first 20 steps {before:.3f}, last 20 steps {after:.3f}")
+    assert after >= 2 * before and after >= before + 0.04, (before, after)
