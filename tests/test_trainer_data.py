@@ -157,3 +157,25 @@ def test_prompt_stream_covers_epochs_and_resumes_exactly():
     s3 = PromptStream(exs, batch_size=4, seed=9)
     s3.load_state_dict(state)
     assert [s3.next_batch() for _ in range(2)] == first[3:]
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                            lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(
+                                ["prompt", "answer", "question", "reward_model", "ground_truth", "x"]), c, max_size=4),
+                            max_leaves=8)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(st.one_of(_json_values.map(json.dumps), st.text(max_size=20)), max_size=5))
+def test_any_file_gives_examples_or_a_coded_error(tmp_path, lines):
+    p = tmp_path / "h.jsonl"
+    p.write_text("\n".join(x.replace("\n", " ") for x in lines))
+    try:
+        out = load_dataset(str(p))
+    except GrpoTuneError as e:
+        assert e.code == "BAD_CONFIG"
+    else:
+        assert out and all(isinstance(e.prompt, str) and isinstance(e.answer, str) for e in out)

@@ -73,3 +73,10 @@ def test_custom_reward_by_dotted_path_and_file(tmp_path, monkeypatch):
         with pytest.raises(GrpoTuneError) as e:
             load_reward(spec)
         assert e.value.code == "BAD_CONFIG"
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(max_size=40), st.text(max_size=12))
+def test_math_reward_never_raises_and_is_binary(response, answer):
+    assert math_reward(response, answer) in (0.0, 1.0)
+    assert math_format_reward(response, answer) in (0.0, 0.1, 1.0)
