@@ -1,7 +1,8 @@
 """The whole GRPO step (rollout, rewards, old/ref log-probs, update) gives the same numbers under
 DP2, TP2 and PP2: one torchrun launch of 2 CPU processes, layouts rebuilt in place
-(tests/trainer_harness.py). Same seed and data -> same sampled responses and rewards, and losses
-and KL equal within 1e-5 (fp32; TP and PP reorder the reductions)."""
+(tests/trainer_harness.py). Same seed and data -> same sampled responses and rewards; loss, entropy and
+clip fraction equal within 1e-5 relative, KL within 1e-5 absolute (fp32; TP reorders the reductions;
+PP2 matched DP2 bit for bit when measured)."""
 from __future__ import annotations
 
 import pytest
@@ -49,5 +50,8 @@ def test_grpo_step_is_layout_independent():
     for r in res[1:]:
         for a, b in zip(base, r["hist"]):
             assert b["reward_mean"] == a["reward_mean"] and b["response_len"] == a["response_len"], r["strategy"]
-            for k in ("loss", "kl", "entropy", "clip_frac"):
+            for k in ("loss", "entropy", "clip_frac"):
                 assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-7), (r["strategy"], k, a[k], b[k])
+            # KL is a mean of differences of nearly equal log-probs: TP's reordered sums move it by
+            # ~2e-6 absolute (measured), so it gets an absolute tolerance.
+            assert b["kl"] == pytest.approx(a["kl"], abs=1e-5), (r["strategy"], a["kl"], b["kl"])
