@@ -1,0 +1,67 @@
+"""`grpo-tune search --refine` end to end with the real trainer (`grpo-tune profile`, torchrun, gloo).
+
+Two real trials of the tiny model on 2 CPU ranks, then the same command again: the study resumes,
+keeps both trials, and profiles nothing anew.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CMD = ["search", "--model", "tiny", "--gpus", "2", "--hardware", "cpu", "--prompts", "4", "--n", "2",
+       "--prompt-len", "8", "--response-len", "8", "--mini-batch", "4", "--refine", "--trials", "2",
+       "--trial-steps", "2", "--trial-timeout", "400", "--json"]
+
+
+def _run(tmp: Path) -> tuple[subprocess.CompletedProcess, dict]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", "from autotune.cli import run; run()", *CMD, "--out", str(tmp / "runs")],
+                       cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r, json.loads(r.stdout)
+
+
+@pytest.mark.slow
+def test_refine_with_real_trials_then_resume(tmp_path):
+    r, doc = _run(tmp_path)
+    ref = doc["refine"]
+    run_dir = Path(doc["run_dir"])
+    ran = [t for t in ref["trials"] if t["ran"]]
+    assert len(ran) == 2
+    done = [t for t in ran if t["state"] == "COMPLETE"]
+    assert done, [t["reason"] for t in ran]
+    for t in done:  # figures from the real profile JSON
+        assert t["measured_step_s"] > 0 and t["measured_tokens_per_s"] > 0 and t["peak_memory_bytes"] > 0
+        assert set(t["measured_phases_s"]) >= {"rollout", "update"}
+        prof = json.loads((run_dir / "trials" / f"{t['number']:04d}" / "profile.json").read_text())
+        assert prof["status"] == "ok" and prof["world_size"] == 2
+        assert t["measured_tokens_per_s"] == pytest.approx(prof["tokens_per_s"])
+    best = yaml.safe_load((run_dir / "best.yaml").read_text())
+    w = max(done, key=lambda t: t["measured_tokens_per_s"])
+    assert best["measured"]["trial"] == w["number"]
+    assert best["measured"]["tokens_per_s"] == pytest.approx(w["measured_tokens_per_s"])
+    assert best["strategy"]["tp"] == w["strategy"]["tp"] and best["strategy"]["pp"] == w["strategy"]["pp"]
+    report = (run_dir / "report.md").read_text()
+    assert "## Refinement (real profiling runs)" in report and "optuna-dashboard sqlite:///" in report
+    assert (run_dir / "refine_history.png").stat().st_size > 1000
+    assert (run_dir / "refine_scatter.png").stat().st_size > 1000
+    assert "Spearman" in r.stderr and "winner: trial" in r.stderr
+    if len(done) == 2:
+        cal = json.loads((run_dir / "calibration.json").read_text())
+        assert cal["version"] == 1 and cal["hardware"] == "cpu" and cal["fit"]["after"]["n"] == 2
+        assert cal["fit"]["after"]["mape_pct"] <= cal["fit"]["before"]["mape_pct"] + 1e-6
+
+    # the same command again: resumes, keeps both trials, profiles nothing
+    mtimes = {p: p.stat().st_mtime for p in (run_dir / "trials").glob("*/profile.json")}
+    r2, doc2 = _run(tmp_path)
+    assert "resuming study" in r2.stderr
+    ran2 = [t for t in doc2["refine"]["trials"] if t["ran"]]
+    assert [(t["number"], t["measured_step_s"]) for t in ran2] == [(t["number"], t["measured_step_s"]) for t in ran]
+    assert {p: p.stat().st_mtime for p in (run_dir / "trials").glob("*/profile.json")} == mtimes
