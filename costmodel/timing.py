@@ -453,6 +453,27 @@ def rollout_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl:
             "memory_bound": float(t_mem >= t_comp)}
 
 
+def native_rollout_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload,
+                     cal: dict[str, float]) -> dict[str, float]:
+    """The CPU trainer's sampler (trainer/rollout/megatron.py): no KV cache, so each of the
+    ``response_len`` steps is a forward-only pass of the training layout over every prefix (each DP
+    rank one micro-batch of its rows), then the last token's fp32 logits are summed over the world."""
+    e = efficiency(hw)
+    seqs = wl.prompts * wl.n
+    dp = s.dp or 1
+    rows = -(-seqs // dp)
+    s1 = s.replace(mbs=rows)
+    ctx = wl.prompt_len + wl.response_len / 2  # padded prefix length, averaged over the steps
+    fwd = _total(train_s(m, hw, cluster, s1, sequences=seqs, seq_len=ctx, cal=cal, forward_only=True))
+    ce = e["comm_efficiency"] * cal["comm_efficiency_scale"]
+    gpn = cluster.gpus_per_node
+    gather = comm.all_reduce_s(seqs * m.vocab * 4, cluster.gpus, comm.link_bw(hw, cluster.gpus, gpn, ce),
+                               comm.link_latency(hw, cluster.gpus, gpn))
+    t_step = fwd + gather + e["decode_step_overhead_s"] / cal["rollout_efficiency_scale"]
+    return {"prefill_s": 0.0, "decode_s": wl.response_len * t_step, "decode_step_s": t_step,
+            "concurrency": float(seqs), "memory_bound": 0.0}
+
+
 def weight_sync_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, cal: dict[str, float]) -> float:
     """Training layout -> rollout TP. verl's Megatron exporter walks every parameter: TP shards are
     all-gathered, pipeline stages broadcast theirs, EP gathers experts; then vLLM copies its slice."""
@@ -520,9 +541,10 @@ def step_time(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strate
     else:
         seq_len = wl.prompt_len + wl.mean_response_len
         seqs = wl.prompts * wl.n
-        ro = rollout_s(m, hw, cluster, s, wl, cal)
+        native = e.get("native_rollout", 0.0) >= 1.0  # the profile's trainer samples with Megatron itself
+        ro = (native_rollout_s if native else rollout_s)(m, hw, cluster, s, wl, cal)
         rollout = ro["prefill_s"] + ro["decode_s"] + cal["rollout_overhead_s"]
-        sync = weight_sync_s(m, hw, cluster, s, cal) + cal["weight_sync_overhead_s"]
+        sync = (0.0 if native else weight_sync_s(m, hw, cluster, s, cal)) + cal["weight_sync_overhead_s"]
         fparts = train_s(m, hw, cluster, s, sequences=seqs, seq_len=seq_len, cal=cal, forward_only=True)
         fwd = _total(fparts)
         old = fwd + cal["old_logprob_overhead_s"]
@@ -563,7 +585,8 @@ def explain(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strategy
     out = {"micro_batches": m_micro, "bubble_fraction": (s.pp - 1) / (s.vpp * m_micro),
            "dp_exposed_s": tr["dp_s"], "optimizer_s": tr["optimizer_s"]}
     if wl.kind == "grpo":
-        ro = rollout_s(model, hardware, cluster, s, wl, cal)
+        native = efficiency(hardware).get("native_rollout", 0.0) >= 1.0
+        ro = (native_rollout_s if native else rollout_s)(model, hardware, cluster, s, wl, cal)
         out.update(prefill_s=ro["prefill_s"], decode_s=ro["decode_s"], decode_step_s=ro["decode_step_s"],
                    decode_concurrency=ro["concurrency"], decode_memory_bound=ro["memory_bound"])
     return out

@@ -383,3 +383,22 @@ def test_any_calibration_is_accepted_or_a_coded_error(cal):
         assert exc.code == "BAD_CONFIG"
         return
     assert math.isfinite(t["step_s"]) and t["step_s"] > 0
+
+
+def test_cpu_rollout_is_the_native_sampler():
+    # trainer/rollout/megatron.py: no KV cache, one forward-only pass over every prefix per step,
+    # weights shared with the actor (no sync).
+    m = load_model("tiny")
+    wl = Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=4)
+    s = validate(m, Strategy(), 2)
+    c = Cluster(gpus=2)
+    ro = timing.native_rollout_s(m, CPU, c, s, wl, CAL)
+    assert ro["decode_s"] == pytest.approx(16 * ro["decode_step_s"])
+    fwd = timing.train_s(m, CPU, c, s.replace(mbs=16), sequences=32, seq_len=16 + 8, cal=CAL, forward_only=True)
+    assert ro["decode_step_s"] > fwd["compute_s"]
+    t, _ = timing.step_time(m, CPU, c, s, wl)
+    assert t["phases"]["weight_sync_s"] == 0.0
+    assert t["phases"]["rollout_s"] == pytest.approx(ro["decode_s"])
+    # Longer responses cost more than linearly: every step recomputes a longer prefix.
+    ro2 = timing.native_rollout_s(m, CPU, c, s, wl.replace(response_len=64), CAL)
+    assert ro2["decode_s"] > 4 * ro["decode_s"]
