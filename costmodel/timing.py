@@ -15,7 +15,8 @@ search can rank thousands of plans per second. The parts:
   reduce-scatter / all-reduce and parameter all-gather with overlap, offload over PCIe.
 - Rollout (vLLM, colocated): prefill at GEMM efficiency; decode bound by max(weights + KV reads
   over HBM bandwidth, compute) at the concurrency the KV cache allows; the longest response sets
-  the tail.
+  the tail. A profile with ``native_rollout = 1`` (the ``cpu`` one) samples with the trainer's
+  own Megatron model instead: no KV cache, one forward pass over every prefix per step.
 
 Calibration: :data:`CALIBRATION_DEFAULTS` lists the knobs a least-squares fit may move.
 """
