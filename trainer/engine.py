@@ -213,10 +213,14 @@ class Engine:
         dp = ps.get_data_parallel_world_size()
         B = batch["tokens"].shape[0]
         unit = dp * mbs
-        if B % unit:
+        # megatron's interleaved (VPP) schedule needs at least pp micro-batches per DP rank
+        least = unit * self.strategy.pp if self.strategy.vpp > 1 else unit
+        if B % unit or B < least:
             if not pad_ok:
-                raise ValueError(f"batch of {B} sequences is not a multiple of dp*micro_batch_size = {dp}*{mbs}")
-            extra = unit - B % unit
+                raise ValueError(f"batch of {B} sequences is not a multiple of dp*micro_batch_size = {dp}*{mbs}"
+                                 + (f" or has fewer than pp={self.strategy.pp} micro-batches per DP rank (VPP)"
+                                    if B >= unit else ""))
+            extra = max(-(-B // unit) * unit, least) - B
             batch = {k: torch.cat([v, v[-1:].expand(extra, *v.shape[1:])], 0) if torch.is_tensor(v) and v.dim() and v.shape[0] == B else v
                      for k, v in batch.items()}
             B += extra
@@ -261,7 +265,8 @@ class Engine:
         from megatron.core import parallel_state as ps
 
         unit = ps.get_data_parallel_world_size() * mbs
-        return -(-B // unit) * unit
+        least = unit * self.strategy.pp if self.strategy.vpp > 1 else unit
+        return max(-(-B // unit) * unit, least)
 
     def _world_sum(self, t: torch.Tensor) -> None:
         if dist.is_initialized() and dist.get_world_size() > 1:
@@ -276,7 +281,8 @@ class Engine:
 
         B, S = tokens.shape
         lengths = torch.as_tensor(lengths, dtype=torch.long)
-        mbs = micro_batch_size or max(1, -(-B // ps.get_data_parallel_world_size()))
+        # one micro-batch per pipeline stage and DP rank keeps every stage busy
+        mbs = micro_batch_size or max(1, -(-B // (ps.get_data_parallel_world_size() * self.strategy.pp)))
         padded = self._pad_seq(tokens.long())
         Sp = padded.shape[1]
         micro, lo, hi = self._split({"tokens": padded, "last": lengths - 1}, mbs, pad_ok=True)
