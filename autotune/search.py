@@ -11,9 +11,10 @@ MoE model, so the search factors it (see :func:`search`):
 1. layouts whose most frugal variant (smallest mbs, full recompute, every offload) does not fit
    the training phases are dropped: memory only grows with mbs, with less recompute and with less
    offload;
-2. per surviving layout, the mbs x recompute grid and the offload subsets are evaluated apart,
-   and the rollout options once for the whole space; each phase's memory and time is then the
-   base value plus the deltas (the cost model sums parts per phase, so the deltas add);
+2. per surviving layout, the mbs x recompute x optimizer-offload grid and the param/grad offload
+   subsets are evaluated apart, and the rollout options once for the whole space; each phase's
+   memory and time is then the base value plus the deltas (the cost model sums parts per phase,
+   so the deltas add; :attr:`SearchResult.combination_error` reports how exactly);
 3. the best combinations by that sum (and the Pareto points) are evaluated exactly with
    :func:`costmodel.estimate.estimate`, and ranked on the exact figures.
 """
@@ -172,7 +173,7 @@ class Space:
 
     def mbs_options(self, lay: dict[str, Any]) -> list[int]:
         per = self.sequences_per_dp(lay)
-        opts = [b for b in divisors(per) if b <= MAX_MBS] if per else []
+        opts = [b for b in range(1, min(per, MAX_MBS) + 1) if per % b == 0]
         if "mbs" in self.pins:
             return [self.pins["mbs"]] if per and per % self.pins["mbs"] == 0 else []
         return opts
@@ -259,6 +260,9 @@ class SearchResult:
     layouts: int
     pruned_layouts: int
     seconds: float
+    combination_error: float = 0.0
+    """Largest relative gap between a combined figure (step time, peak memory) and the exact
+    estimate, over the plans evaluated exactly; 0 when the cost model is additive as assumed."""
 
     @property
     def best(self) -> Estimate:
@@ -266,7 +270,8 @@ class SearchResult:
 
     def stats(self) -> dict[str, Any]:
         return {"candidates": self.candidates, "evaluated": self.evaluated, "combined": self.combined,
-                "layouts": self.layouts, "pruned_layouts": self.pruned_layouts, "seconds": round(self.seconds, 3)}
+                "layouts": self.layouts, "pruned_layouts": self.pruned_layouts, "seconds": round(self.seconds, 3),
+                "combination_error": round(self.combination_error, 6)}
 
 
 def step_s(est: Estimate) -> float:
@@ -298,6 +303,15 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return front
 
 
+def _pareto_arrays(thr: np.ndarray, peak: np.ndarray) -> np.ndarray:
+    """:func:`pareto_front` for arrays: sort by throughput (desc) then peak (asc) and keep each
+    point whose peak is below every peak before it."""
+    order = np.lexsort((peak, -thr))
+    p = peak[order]
+    prev = np.minimum.accumulate(np.concatenate(([np.inf], p[:-1])))
+    return order[p < prev]
+
+
 class _Evaluator:
     """Calls the cost model and turns an Estimate into flat per-phase vectors."""
 
@@ -305,15 +319,19 @@ class _Evaluator:
         self.space = space
         self.calibration = calibration
         self.calls = 0
+        self.cache: dict[Strategy, Estimate] = {}
         self.mem_keys: list[str] | None = None
         self.time_keys: list[str] | None = None
         self.capacity = 0.0
 
     def __call__(self, s: Strategy) -> Estimate:
-        self.calls += 1
-        sp = self.space
-        return estimate(model=sp.model, hardware=sp.hardware, cluster=sp.cluster, strategy=s,
-                        workload=sp.workload, calibration=self.calibration)
+        est = self.cache.get(s)
+        if est is None:
+            self.calls += 1
+            sp = self.space
+            est = self.cache[s] = estimate(model=sp.model, hardware=sp.hardware, cluster=sp.cluster, strategy=s,
+                                           workload=sp.workload, calibration=self.calibration)
+        return est
 
     def vector(self, est: Estimate) -> tuple[np.ndarray, np.ndarray]:
         if self.mem_keys is None:
@@ -390,35 +408,41 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
     screened.sort()
     shortlist = [li for _, li in screened[:keep_layouts]]
 
-    # Full train-option grid on the shortlisted layouts; offload enters as a delta.
+    # Full train-option grid on the shortlisted layouts. Optimizer offload is a grid dimension:
+    # with it, the update phase peaks at the larger of fwd/bwd and the optimizer step (a max, not
+    # a sum). Param and grad offload shift every moment of a phase alike, so they enter as deltas.
+    offload_groups: dict[bool, list[tuple[str, ...]]] = {}
+    for o in space.offload_options():
+        offload_groups.setdefault("optimizer" in o, []).append(o)
     rows_mem, rows_tm, rows_id = [], [], []
     for k, li in enumerate(shortlist):
         if progress:
             progress(n_lay + k, total_work)
         lay = layouts[li]
         frugal = _frugal(space, lay)
-        base_off = min(space.offload_options(), key=len)
-        grid = {}
-        for b in space.mbs_options(lay):
-            for r in space.recompute_options():
-                for d in space.dist_opt_options():
-                    grid[(b, r, d)] = ev.vector(ev(space.strategy(
-                        lay, dict(mbs=b, recompute=r, distributed_optimizer=d, offload=base_off), roll0)))
         b0 = (frugal["mbs"], frugal["recompute"], frugal["distributed_optimizer"])
-        gm0, gt0 = grid[b0]
-        offs = {}
-        for o in space.offload_options():
-            if o == base_off:
-                offs[o] = (0.0, 0.0)
-                continue
-            om, ot = ev.vector(ev(space.strategy(lay, dict(zip(("mbs", "recompute", "distributed_optimizer"), b0),
-                                                            offload=o), roll0)))
-            offs[o] = (om - gm0, ot - gt0)
-        for (b, r, d), (gm, gt) in grid.items():
-            for o, (dm, dt) in offs.items():
-                rows_mem.append(gm + dm)
-                rows_tm.append(gt + dt)
-                rows_id.append((li, dict(mbs=b, recompute=r, distributed_optimizer=d, offload=o)))
+        for sets in offload_groups.values():
+            base_off = min(sets, key=len)
+            grid = {}
+            for b in space.mbs_options(lay):
+                for r in space.recompute_options():
+                    for d in space.dist_opt_options():
+                        grid[(b, r, d)] = ev.vector(ev(space.strategy(
+                            lay, dict(mbs=b, recompute=r, distributed_optimizer=d, offload=base_off), roll0)))
+            gm0, gt0 = grid[b0]
+            offs = {}
+            for o in sets:
+                if o == base_off:
+                    offs[o] = (0.0, 0.0)
+                    continue
+                om, ot = ev.vector(ev(space.strategy(
+                    lay, dict(zip(("mbs", "recompute", "distributed_optimizer"), b0), offload=o), roll0)))
+                offs[o] = (om - gm0, ot - gt0)
+            for (b, r, d), (gm, gt) in grid.items():
+                for o, (dm, dt) in offs.items():
+                    rows_mem.append(gm + dm)
+                    rows_tm.append(gt + dt)
+                    rows_id.append((li, dict(mbs=b, recompute=r, distributed_optimizer=d, offload=o)))
     if progress:
         progress(total_work, total_work)
 
@@ -442,6 +466,7 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
     exact = exact or max(40, 4 * top)
     ranked: list[Estimate] = []
     seen: set = set()
+    err = 0.0  # largest relative gap between combined and exact figures among exact evaluations
     if fits.any():
         key = np.where(fits, step, np.inf).ravel()
         n = min(exact, int(fits.sum()))
@@ -450,12 +475,12 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
         for flat in order:
             est = ev(plan(flat))
             seen.add(int(flat))
+            err = max(err, _rel(step.flat[flat], step_s(est)), _rel(peak.flat[flat], est.peak_bytes))
             if est.fits:
                 ranked.append(est)
         # Pareto candidates by the combined figures, then exact.
         fi = np.flatnonzero(fits.ravel())
-        pts = list(zip((-step.ravel()[fi]).tolist(), peak.ravel()[fi].tolist()))
-        front = [int(fi[k]) for k in pareto_front(pts)]
+        front = [int(fi[k]) for k in _pareto_arrays(-step.ravel()[fi], peak.ravel()[fi])]
         if len(front) > 40:
             front = [front[k] for k in np.linspace(0, len(front) - 1, 40).round().astype(int)]
         for flat in front:
@@ -477,7 +502,14 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
     pts = [(tokens_per_s_per_gpu(e), e.peak_bytes) for e in uniq]
     pareto = [uniq[i] for i in pareto_front(pts)]
     return SearchResult(ranked=uniq, pareto=pareto, candidates=n_candidates, evaluated=ev.calls, combined=combined,
-                        layouts=len(layouts), pruned_layouts=pruned, seconds=time.perf_counter() - t0)
+                        layouts=len(layouts), pruned_layouts=pruned, seconds=time.perf_counter() - t0,
+                        combination_error=err)
+
+
+def _rel(approx: float, exact: float) -> float:
+    if not math.isfinite(exact) or exact == 0:
+        return 0.0
+    return abs(float(approx) - exact) / abs(exact)
 
 
 def _frugal(space: Space, lay: dict[str, Any]) -> dict[str, Any] | None:

@@ -130,3 +130,19 @@ def test_emit_for_refine_adds_measured(tmp_path):
     assert raw["predicted"]["step_s"] == pytest.approx(res.best.time["step_s"])
     assert "## Measured" in paths["report"].read_text()
     assert run_id(res.best).startswith("tiny-4g-cpu-")
+
+
+def test_calibration_flag(tmp_path):
+    from autotune.calibrate import save as save_cal
+
+    cal = save_cal(tmp_path / "cal.json", params={"compute_efficiency_scale": 0.5}, hardware="h100-sxm-80gb")
+    plain = json.loads(_run("search", "--model", "7b", "--gpus", "8", "--tp", "2", "--top", "1", "--json",
+                            "--no-emit").stdout)
+    p = _run("search", "--model", "7b", "--gpus", "8", "--tp", "2", "--top", "1", "--json", "--no-emit",
+             "--calibration", str(cal))
+    assert p.returncode == 0, p.stderr
+    slow = json.loads(p.stdout)
+    assert slow["run_dir"] is None and slow["files"] == {}
+    assert slow["best"]["time"]["step_s"] > 1.2 * plain["best"]["time"]["step_s"]
+    bad = _run("search", "--model", "7b", "--gpus", "8", "--calibration", str(tmp_path / "missing.json"))
+    assert bad.returncode == 2 and "[BAD_CONFIG]" in bad.stderr

@@ -121,3 +121,32 @@ def test_pareto_front_brute_force(points):
     for t, m in points:
         if not any((t2 >= t and m2 <= m) and (t2 > t or m2 < m) for t2, m2 in points):
             assert (t, m) in kept
+
+
+@pytest.mark.parametrize("model,gpus", [("7b", 8), ("qwen3-30b-a3b", 32)])
+def test_combined_figures_equal_exact_estimates(model, gpus):
+    """The factored combination (grid + offload deltas + rollout deltas) reproduces the exact
+    estimate of every plan evaluated exactly: the cost model is additive the way search assumes."""
+    res = search(load_model(model), H100, Cluster(gpus=gpus), Workload())
+    assert res.combination_error < 1e-9
+
+
+def test_screening_keeps_the_optimum():
+    """Screening layouts down to 8 finds the same winner as the full grid over all 220 layouts."""
+    m = load_model("llama-3.1-70b")
+    full = search(m, H100, Cluster(gpus=32), Workload(), keep_layouts=10_000)
+    screened = search(m, H100, Cluster(gpus=32), Workload(), keep_layouts=8)
+    assert full.layouts > 200 and screened.evaluated < full.evaluated / 3
+    assert step_s(screened.best) == pytest.approx(step_s(full.best), rel=1e-9)
+
+
+def test_calibration_reaches_the_ranking(tmp_path):
+    """--calibration FILE is applied: halving compute efficiency slows the predicted winner."""
+    from autotune.calibrate import load as load_cal, save as save_cal
+
+    path = save_cal(tmp_path / "cal.json", params={"compute_efficiency_scale": 0.5}, hardware=H100.name)
+    cal = load_cal(path, hardware=H100.name)
+    base = search(load_model("7b"), H100, Cluster(gpus=8), Workload(), top=1)
+    slow = search(load_model("7b"), H100, Cluster(gpus=8), Workload(), top=1, calibration=cal)
+    assert step_s(slow.best) > 1.2 * step_s(base.best)
+    assert slow.best.time["phases"]["update_s"] > 1.8 * base.best.time["phases"]["update_s"]
