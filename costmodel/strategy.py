@@ -90,7 +90,7 @@ class Strategy:
             off = data["offload"]
             if isinstance(off, str):
                 off = [o for o in off.split(",") if o]
-            if not isinstance(off, (list, tuple)):
+            if not isinstance(off, (list, tuple)) or not all(isinstance(o, str) for o in off):
                 raise ConfigError(f"{where}.offload must be a list of {', '.join(OFFLOAD)}")
             data["offload"] = tuple(sorted(set(off), key=lambda o: OFFLOAD.index(o) if o in OFFLOAD else 99))
         return _typed(cls(**data), where)

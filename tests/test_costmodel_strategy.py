@@ -64,7 +64,10 @@ def test_rollout_tp_above_kv_heads_is_allowed_when_a_multiple():
 
 MODELS = ["tiny", "tiny-moe", "qwen2.5-7b", "llama-3.1-70b", "qwen3-30b-a3b", "deepseek-v3", "qwen3-235b-a22b"]
 ANY = st.one_of(st.none(), st.booleans(), st.integers(-4, 300), st.floats(allow_nan=True), st.text(max_size=6),
-                st.lists(st.integers(), max_size=2))
+                st.lists(st.one_of(st.integers(), st.sampled_from(["param", "grad", "optimizer"]),
+                                   st.lists(st.integers(), max_size=1), st.dictionaries(st.text(max_size=2), st.none(), max_size=1)),
+                         max_size=2),
+                st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 SMALL = st.integers(1, 64)
 KEYS = ["tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "sequence_parallel", "recompute", "recompute_layers",
         "distributed_optimizer", "offload", "first_stage_layers", "last_stage_layers", "rollout_tp",
