@@ -196,6 +196,9 @@ class _FakeVllm:
             def sleep(self, level=1):
                 fake.events.append(("sleep", level))
 
+            def reset_prefix_cache(self):
+                fake.events.append(("reset_prefix_cache",))
+
             def wake_up(self, tags=None):
                 fake.events.append(("wake", tuple(tags or ())))
 
@@ -252,7 +255,8 @@ def test_adapter_wakes_weights_before_kv_cache_and_buckets_the_sync(fake_vllm, t
                                                                                      stop_token_ids=(99,)))
     eng.release()
     assert fake_vllm.events == [("wake", ("weights",)), ("load", ["w0", "w1"]), ("load", ["w2", "w3"]),
-                                ("load", ["w4"]), ("wake", ("kv_cache",)), ("generate", 2), ("sleep", 1)]
+                                ("load", ["w4"]), ("reset_prefix_cache",), ("wake", ("kv_cache",)), ("generate", 2),
+                                ("sleep", 1)]
     assert ids == [[ids[0][0], 61, 3], [ids[1][0], 61, 3]]  # cut after EOS, which is kept
     assert lps == [[-0.5, -1.0, -1.5]] * 2
     seeds = [sp.kw["seed"] for sp in fake_vllm.seen_params]

@@ -166,6 +166,8 @@ class VLLMRollout:
                 bucket, size = [], 0
         if bucket:
             self._model.load_weights(bucket)
+        if hasattr(self.llm, "reset_prefix_cache"):  # cached prefixes were computed with the old weights
+            self.llm.reset_prefix_cache()
         if self._device.type == "cuda":
             torch.cuda.synchronize()
 
