@@ -28,7 +28,7 @@ def _exhaustive(sp: Space):
 
 
 @pytest.mark.parametrize("model,gpus,hw,wl,pins", [
-    ("tiny", 4, CPU, SMALL, {}),
+    ("tiny", 4, CPU, SMALL, {"gpu_memory_utilization": 0.5}),
     ("7b", 8, H100, Workload(), {"tp": 2, "recompute": "selective"}),
     ("qwen3-30b-a3b", 16, H100, Workload(), {"tp": 2, "pp": 1, "cp": 1, "mbs": 4, "recompute": "selective"}),
 ])
