@@ -255,7 +255,7 @@ def test_adapter_wakes_weights_before_kv_cache_and_buckets_the_sync(fake_vllm, t
                                                                                      stop_token_ids=(99,)))
     eng.release()
     assert fake_vllm.events == [("wake", ("weights",)), ("load", ["w0", "w1"]), ("load", ["w2", "w3"]),
-                                ("load", ["w4"]), ("reset_prefix_cache",), ("wake", ("kv_cache",)), ("generate", 2),
+                                ("load", ["w4"]), ("wake", ("kv_cache",)), ("reset_prefix_cache",), ("generate", 2),
                                 ("sleep", 1)]
     assert ids == [[ids[0][0], 61, 3], [ids[1][0], 61, 3]]  # cut after EOS, which is kept
     assert lps == [[-0.5, -1.0, -1.5]] * 2

@@ -122,8 +122,7 @@ class VLLMRollout:
         self.llm = vllm.LLM(**kw)
         self._model = _inner_model(self.llm)
         self._tags = "tags" in inspect.signature(self.llm.wake_up).parameters
-        self._kv_asleep = False
-        self._asleep = False
+        self._kv_asleep = self._asleep = self._stale_prefixes = False
         self.release()  # hand the memory back to training until the first rollout
 
     @staticmethod
@@ -166,8 +165,7 @@ class VLLMRollout:
                 bucket, size = [], 0
         if bucket:
             self._model.load_weights(bucket)
-        if hasattr(self.llm, "reset_prefix_cache"):  # cached prefixes were computed with the old weights
-            self.llm.reset_prefix_cache()
+        self._stale_prefixes = True
         if self._device.type == "cuda":
             torch.cuda.synchronize()
 
@@ -185,6 +183,9 @@ class VLLMRollout:
         if self._kv_asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self._kv_asleep = False
+        if self._stale_prefixes and hasattr(self.llm, "reset_prefix_cache"):
+            self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        self._stale_prefixes = False
         stop = sorted({*params.stop_token_ids, *([] if self.eos_id is None else [self.eos_id])})
         base = dict(n=1, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_tokens,
                     stop_token_ids=stop, detokenize=False)
