@@ -15,10 +15,12 @@ response ends in the right digit by chance (about 2.5% of 4-token responses, 4% 
 a digit must turn up, be the last number and be the right one; tests/test_trainer_data.py checks
 the exact figure), so most steps hold a rewarded response in some group and GRPO has signal
 from the start. No fixed answer pays more than ~10%, so reward above that needs the prompt.
-What was seen with a plain-torch model of tiny's shape (4 layers, hidden 64; prompts 16 x n 8,
-4 response tokens, AdamW lr 1e-3, no KL, 1 CPU thread, ~0.1-0.2 s a step): ``copy`` went from
-~3% to ~80% reward in 200 steps; ``sum`` only to ~14% in 300 steps (mostly the single-digit
-format), so ``sum`` is the harder option, not the one to show learning in minutes.
+What was seen on this 2-core machine: the real trainer (tiny, megatron sampler, 16 prompts x 8,
+4 response tokens, lr 3e-3, no KL; tests/test_trainer_learning.py) went from a mean reward of 0.043
+over steps 1-20 to 0.198 over steps 61-80 on ``copy`` (about a minute); a plain-torch model
+(tests/test_trainer_grpo.py) from ~0.03 to ~0.15-0.18 in 100 steps. ``sum`` learns far slower
+(a plain-torch model of tiny's shape: ~14% after 300 steps, mostly the single-digit format), so it
+is the harder option, not the one to show learning in minutes.
 """
 from __future__ import annotations
 
