@@ -18,6 +18,10 @@ from costmodel.estimate import Estimate
 
 from .config import RunConfig, TrainerOptions, atomic_write, save
 
+# Run folder -> (ranked, pareto, stats) of the search that emitted into it in this process, so that
+# refine's emit(winner, folder, measured=...) keeps the report's tables.
+_CONTEXT: dict[str, tuple[list[Estimate], list[Estimate], dict[str, Any] | None]] = {}
+
 SCHEMA_FILES = ("best.yaml", "verl.sh", "megatron_args.txt", "report.md", "step_breakdown.png", "pareto.png")
 
 
@@ -73,6 +77,11 @@ def emit(est: Estimate, out_dir: str | os.PathLike, *, measured: dict[str, Any] 
     """
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
+    key = str(d.resolve())
+    if ranked or pareto or stats:
+        _CONTEXT[key] = (list(ranked), list(pareto), stats)
+    elif key in _CONTEXT:  # refine re-emitting into search's folder: keep the search's tables
+        ranked, pareto, stats = _CONTEXT[key]
     from . import __version__ as version
 
     meta = {"run_id": d.name, "emitted_by": f"grpo-tune {version}",

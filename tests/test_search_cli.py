@@ -146,3 +146,15 @@ def test_calibration_flag(tmp_path):
     assert slow["best"]["time"]["step_s"] > 1.2 * plain["best"]["time"]["step_s"]
     bad = _run("search", "--model", "7b", "--gpus", "8", "--calibration", str(tmp_path / "missing.json"))
     assert bad.returncode == 2 and "[BAD_CONFIG]" in bad.stderr
+
+
+def test_refine_reemit_keeps_search_tables(tmp_path):
+    res = search(load_model("tiny"), load_hardware("cpu"), Cluster(gpus=4, gpus_per_node=4),
+                 Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8), top=3)
+    d = tmp_path / "run"
+    emit(res.best, d, ranked=res.ranked, pareto=res.pareto, stats=res.stats())
+    winner = res.ranked[1]
+    emit(winner, d, measured={"tokens_per_s": 10.0})  # what autotune.refine does
+    rep = (d / "report.md").read_text()
+    assert "## Top plans" in rep and "## Search" in rep and "## Measured" in rep
+    assert load(d / "best.yaml").strategy == winner.strategy
