@@ -140,9 +140,18 @@ class HardwareSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "hardware") -> "HardwareSpec":
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where} must be a table/mapping, got {type(data).__name__}")
         data = dict(data)
         if "aliases" in data:
-            data["aliases"] = tuple(data["aliases"])
+            al = data["aliases"]
+            if not isinstance(al, (list, tuple)) or not all(isinstance(a, str) for a in al):
+                raise ConfigError(f"{where}.aliases must be a list of names, got {al!r}")
+            data["aliases"] = tuple(al)
+        eff = data.get("efficiency")
+        if eff is not None and not (isinstance(eff, dict) and all(
+                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in eff.items())):
+            raise ConfigError(f"{where}.efficiency must be a table of numbers, got {eff!r}")
         return _build(cls, data, where)
 
     def __hash__(self) -> int:  # efficiency is a dict; hash by name + numbers

@@ -153,6 +153,23 @@ def test_corrupted_configs_give_coded_errors(section, key, value, whole):
         assert s.tp * s.pp * s.cp * s.dp == cfg.cluster.gpus
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(section=st.sampled_from(["model", "hardware", "cluster", "strategy", "workload", "trainer"]),
+       key=st.sampled_from(["tp", "pp", "offload", "gpus", "layers", "heads", "kv_heads", "experts", "top_k",
+                            "hbm_bytes", "efficiency", "aliases", "steps", "lr", "prompts", "kind", "name",
+                            "first_stage_layers", "dataset", "vocab", "source"]),
+       value=VALUES)
+def test_from_dict_needs_no_safety_net(section, key, value):
+    """RunConfig.from_dict itself raises only coded errors (load() also turns a stray TypeError into
+    one, as a last line of defence; this checks that the defence is not what saves us)."""
+    d = copy.deepcopy(BASE)
+    d[section][key] = value
+    try:
+        RunConfig.from_dict(d)
+    except GrpoTuneError:
+        pass
+
+
 def test_save_is_readable_by_others_atomically(tmp_path):
     """A reader polling the file never sees a torn write."""
     p = tmp_path / "best.yaml"
