@@ -8,10 +8,11 @@ The variant implemented, stated exactly (it follows verl's ``core_algos`` defaul
   or ``r_i - mean_g`` when std normalization is off (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783).
   A group of one gets advantage ``r_i`` (verl: mean 0, std 1).
 * PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, eq. 7) per token, with an
-  optional asymmetric upper bound ("clip-higher", DAPO, Yu et al. 2025, arXiv:2503.14476 eq. 10)
-  and optional dual-clip for negative advantages (Ye et al. 2020, arXiv:1912.09729, eq. 5).
-* The KL term is a *loss* against the frozen reference (GRPO eq. 3, verl ``use_kl_loss``), not a
-  reward penalty; estimators k1/k2/k3 from Schulman, "Approximating KL Divergence" (2020).
+  optional asymmetric upper bound ("clip-higher", DAPO, Yu et al. 2025, arXiv:2503.14476 sec. 3.1)
+  and optional dual-clip for negative advantages (Ye et al. 2020, arXiv:1912.09729).
+* The KL term is a *loss* against the frozen reference (GRPO eq. 3-4, verl ``use_kl_loss``), not a
+  reward penalty; estimators k1/k2/k3 from Schulman, "Approximating KL Divergence" (2020); the
+  paper's estimator is k3.
   Departure from the paper: the GRPO paper averages per sequence then over the group
   (``seq-mean-token-mean``); the default here is verl's ``token-mean``.
 * An entropy bonus is subtracted: ``loss = pg + kl_coef * kl - entropy_coef * entropy``.
