@@ -13,7 +13,7 @@ The variant implemented, stated exactly (it follows verl's ``core_algos`` defaul
 * The KL term is a *loss* against the frozen reference (GRPO eq. 3-4, verl ``use_kl_loss``), not a
   reward penalty; estimators k1/k2/k3 from Schulman, "Approximating KL Divergence" (2020); the
   paper's estimator is k3.
-  Departure from the paper: the GRPO paper averages per sequence then over the group
+* Departure from the paper: the GRPO paper averages per sequence, then over the group
   (``seq-mean-token-mean``); the default here is verl's ``token-mean``.
 * An entropy bonus is subtracted: ``loss = pg + kl_coef * kl - entropy_coef * entropy``.
 
