@@ -201,6 +201,8 @@ class Space:
         kv = m.heads if m.is_mla else m.kv_heads
         weights = 2 * total_params(m)  # bf16 rollout weights
         gmus = self._choices("gpu_memory_utilization", list(self.gmu_grid))
+        if self.workload.kind != "grpo":  # plain pretraining has no rollout: one placeholder option
+            return [(self.pins.get("rollout_tp", 1), self.pins.get("gpu_memory_utilization", 0.6))]
         ok = [t for t in divisors(gpus) if m.heads % t == 0 and (kv % t == 0 or t % kv == 0)]
         fit = [t for t in ok if weights / t < max(gmus) * self.hardware.hbm_bytes]
         if "rollout_tp" in self.pins:

@@ -150,3 +150,12 @@ def test_calibration_reaches_the_ranking(tmp_path):
     slow = search(load_model("7b"), H100, Cluster(gpus=8), Workload(), top=1, calibration=cal)
     assert step_s(slow.best) > 1.2 * step_s(base.best)
     assert slow.best.time["phases"]["update_s"] > 1.8 * base.best.time["phases"]["update_s"]
+
+
+def test_pretrain_has_no_rollout_axis():
+    wl = Workload(kind="pretrain", seq_len=4096, gbs=512)
+    sp = Space(load_model("7b"), H100, Cluster(gpus=8), wl)
+    assert len(sp.rollout_options()) == 1
+    res = search(load_model("7b"), H100, Cluster(gpus=8), wl, top=3)
+    _check_result(res)
+    assert set(res.best.memory) == {"update"}

@@ -66,7 +66,8 @@ def print_plans(ranked: list[Estimate], console: Console, *, top: int, title: st
         deg += (f" vpp{s.vpp}" if s.vpp > 1 else "") + (f" cp{s.cp}" if s.cp > 1 else "")
         deg += (f" ep{s.ep} etp{s.etp_}" if e.model.is_moe else "") + f" dp{s.dp}"
         t.add_row(str(i + 1), deg, str(s.mbs), s.recompute, ",".join(o[0] for o in s.offload) or "-",
-                  f"tp{s.rollout_tp} mem{s.gpu_memory_utilization:g}", f"{step_s(e):.2f}",
+                  f"tp{s.rollout_tp} mem{s.gpu_memory_utilization:g}" if e.workload.kind == "grpo" else "-",
+                  f"{step_s(e):.2f}",
                   f"{tokens_per_s_per_gpu(e):,.0f}", "-" if mfu is None else f"{100 * mfu:.1f}%")
     console.print(t)
     phases = list(plans[0].memory)
