@@ -14,8 +14,9 @@ Every figure is the most loaded rank of the worst pipeline stage, per phase. Pha
 
 Offloaded state lives in host memory outside the phase that needs it; the host total per node is
 checked against the profile. On the ``cpu`` profile the activations follow the trainer's CPU build
-(megatron's local spec, fp32), measured with autograd's saved-tensor hooks to within 1%. ``reserved_memory_bytes`` (CUDA context, NCCL, fragmentation) is
-already subtracted from the capacity, so no framework overhead is added here.
+(megatron's local spec, fp32), measured with autograd's saved-tensor hooks to within 1%.
+``reserved_memory_bytes`` (CUDA context, NCCL, fragmentation) is already subtracted from the
+capacity, so no framework overhead is added here.
 """
 from __future__ import annotations
 
