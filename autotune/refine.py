@@ -11,8 +11,11 @@ How a study runs:
   ``plan_rank``: the plan's position in that order, so TPE sees neighbouring ranks as similar
   plans. Each trial also records the plan's stable key (``tp=2,pp=1,...``) in ``user_attrs``;
   duplicates are detected by key, so a re-ranked space (a new calibration) cannot fool them.
-- The cost model's top-k plans are enqueued first (``study.enqueue_trial``, skipped if already
-  there); then the sampler (TPE) picks among the rest.
+- Plans the trainer would reject before starting (``trainer.launch.preflight``, torch-free) are
+  left out of the space.
+- The cost model's top-k plans with distinct predictions (more than 3% apart: the model cannot
+  rank closer ones) are enqueued first (``study.enqueue_trial``, skipped if already there); then
+  the sampler (TPE) picks among the rest.
 - A sampled plan is *not run* and is marked PRUNED, with the reason in ``user_attrs["reason"]``,
   when it duplicates a plan already measured or running, or when its predicted step time is more
   than ``slower_than`` times the prediction for the best plan measured so far (comparing
@@ -162,6 +165,49 @@ def build_space(ranked: Sequence[Estimate], model: ModelSpec, hardware: Hardware
             out.setdefault(plan_key(e.strategy.replace(gpu_memory_utilization=1.0)), e)
     # stable: equal predictions keep search's order (ranked first)
     return sorted(out.values(), key=lambda e: round(step_s(e), 9))
+
+
+SAME_PREDICTION = 0.03
+"""Plans predicted within 3% of each other are ones the cost model cannot tell apart."""
+
+
+def _close(a: Estimate, b: Estimate) -> bool:
+    pa, pb = _predicted(a)[0], _predicted(b)[0]
+    return pa is not None and pb is not None and abs(pa - pb) <= SAME_PREDICTION * min(pa, pb)
+
+
+def _distinct(space: Sequence[Estimate], k: int) -> list[int]:
+    """Indices of the cost model's top-k plans with distinct predictions (the seeds of the study).
+
+    Measuring two plans the model predicts alike teaches it nothing about its ranking; the sampler
+    can still reach the near-ties later.
+    """
+    out: list[int] = []
+    for i, e in enumerate(space):
+        if len(out) >= k:
+            break
+        if all(not _close(e, space[j]) for j in out):
+            out.append(i)
+    return out
+
+
+def _runnable(space: list[Estimate], trainer: TrainerOptions) -> tuple[list[Estimate], list[str]]:
+    """Plans the trainer accepts (its torch-free pre-start checks, ``trainer.launch.preflight``)."""
+    try:
+        from trainer.launch import preflight  # torch-free; imported here, never at autotune import time
+    except ImportError:
+        return space, []
+    keep, why = [], []
+    for e in space:
+        cfg = RunConfig(model=e.model, hardware=e.hardware, cluster=e.cluster, strategy=e.strategy,
+                        workload=e.workload, trainer=trainer)
+        try:
+            preflight(cfg, need_torch=False)
+        except GrpoTuneError as exc:
+            why.append(f"[{exc.code}] {exc.message}")
+            continue
+        keep.append(e)
+    return keep, why
 
 
 def default_study_name(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload: Workload) -> str:
@@ -400,7 +446,7 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
 
 def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSpec, cluster: Cluster,
            workload: Workload, out_dir: str | os.PathLike, trials: int = 8, storage: str | None = None,
-           study_name: str | None = None, trial_steps: int = 3, trial_timeout: float = 600.0, top_k: int = 4,
+           study_name: str | None = None, trial_steps: int = 6, trial_timeout: float = 600.0, top_k: int = 4,
            calibration: dict[str, float] | None = None, trainer: TrainerOptions | None = None,
            profile_cmd: Sequence[str] | None = None, slower_than: float = 3.0, seed: int | None = None,
            heartbeat_s: int = 10, console=None, emit: bool = True, calibrate: bool = True,
@@ -419,7 +465,7 @@ def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSp
         study_name: default :func:`default_study_name` (stable for the same inputs).
         trial_steps: ``--steps`` for each profiling run (the first step is warm-up).
         trial_timeout: seconds before a profiling run is killed and marked FAIL.
-        top_k: how many of the cost model's best plans are enqueued before sampling.
+        top_k: how many of the cost model's best plans (with distinct predictions) are enqueued first.
         calibration: efficiency parameters the estimates were made with (recorded on the study).
         trainer: trainer options for trial configs (``steps``/``out_dir`` are set per trial).
         profile_cmd: argv prefix of the profile command (default ``grpo-tune profile``).
@@ -451,6 +497,13 @@ def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSp
 
         raise NoFeasiblePlanError("no plan predicted to fit: nothing to refine",
                                   hint="add GPUs, shrink the workload, or relax pinned degrees")
+    base_trainer = trainer or TrainerOptions()
+    space, rejected = _runnable(space, base_trainer)
+    if not space:
+        from costmodel.errors import NoFeasiblePlanError
+
+        raise NoFeasiblePlanError("the trainer rejects every plan predicted to fit: nothing to refine",
+                                  hint=f"e.g. {rejected[0]}" if rejected else "")
     keys = [plan_key(e.strategy) for e in space]
     index = {k: i for i, k in enumerate(keys)}
     storage = storage or f"sqlite:///{(out / 'study.db').resolve()}"
@@ -458,7 +511,9 @@ def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSp
     study = _open_study(storage, study_name, seed, heartbeat_s, max(3 * heartbeat_s, 30))
     host = socket.gethostname()
     console = console or _console()
-    base_trainer = trainer or TrainerOptions()
+    if rejected:
+        console.print(f"{len(rejected)} plan(s) the trainer cannot run were left out (e.g. {rejected[0]})",
+                      highlight=False)
     dist = optuna.distributions.IntDistribution(0, len(keys) - 1)
     space_id = hashlib.sha1("\n".join(keys).encode()).hexdigest()[:12]
 
@@ -473,7 +528,7 @@ def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSp
         if plan in index:
             study.enqueue_trial({PARAM: index[plan]}, user_attrs={"requeued": True})
             console.print(f"[yellow]requeued interrupted plan[/] {plan}", highlight=False)
-    for i in range(min(top_k, len(keys))):
+    for i in _distinct(space, top_k):
         study.enqueue_trial({PARAM: i}, user_attrs={"seed": "cost-model top-k"}, skip_if_exists=True)
 
     done_before = _counted(study)
@@ -497,10 +552,16 @@ def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSp
                     seen.add(keys[i])
             elif t.state == TrialState.RUNNING or t.user_attrs.get("ran"):
                 seen.add(t.user_attrs.get("plan"))
+        taken = [space[index[k]] for k in seen if k in index]
+        fallback = None
         for i, k in enumerate(keys):
-            if k not in seen and not _too_slow(i):
+            if k in seen or _too_slow(i):
+                continue
+            if fallback is None:
+                fallback = i
+            if all(not _close(space[i], e) for e in taken):
                 return i
-        return None
+        return fallback
 
     def _too_slow(i: int) -> str | None:
         best = best_complete()

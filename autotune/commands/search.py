@@ -112,7 +112,7 @@ def search(
     top: Top = 10, json_out: Json = False, out: Out = Path("runs"), emit: Emit = True,
     calibration: Calibration = None,
     refine: Refine = False, trials: Trials = 8, storage: Storage = None, study_name: StudyName = None,
-    trial_steps: TrialSteps = 3, trial_timeout: TrialTimeout = 600.0,
+    trial_steps: TrialSteps = 6, trial_timeout: TrialTimeout = 600.0,
 ) -> None:
     """Rank every valid plan by predicted step time; print the best and write runs/<id>/."""
     from autotune import search as S
