@@ -500,9 +500,10 @@ def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, str
     if w.kind == "grpo":
         if kvc.kv_bytes <= 0:
             violations.append(Violation(
-                "OOM_RISK", f"gpu_memory_utilization={s.gpu_memory_utilization} gives vLLM {kvc.budget_bytes / GiB:.1f} GiB, "
-                            f"less than its weights + working set ({(kvc.weights_bytes + kvc.working_bytes) / GiB:.1f} GiB at "
-                            f"rollout_tp={s.rollout_tp}): no KV cache", phase="rollout", bytes_over=-kvc.kv_bytes))
+                "OOM_RISK",
+                f"gpu_memory_utilization={s.gpu_memory_utilization} gives vLLM {kvc.budget_bytes / GiB:.1f} GiB, less "
+                f"than its weights + working set ({(kvc.weights_bytes + kvc.working_bytes) / GiB:.1f} GiB at "
+                f"rollout_tp={s.rollout_tp}): no KV cache", phase="rollout", bytes_over=-kvc.kv_bytes))
         elif kvc.sequences < 1:
             violations.append(Violation(
                 "OOM_RISK", f"the KV cache ({kvc.tokens} tokens) cannot hold one sequence of "
@@ -527,7 +528,8 @@ def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, str
 
 
 __all__ = [
-    "CPU_KERNELS", "GPU_KERNELS", "Kernels", "KvCapacity", "LayerCoeffs", "kernels_for", "ModelState", "forward_activation_bytes", "in_flight_microbatches",
+    "CPU_KERNELS", "GPU_KERNELS", "Kernels", "KvCapacity", "LayerCoeffs", "ModelState", "forward_activation_bytes",
+    "in_flight_microbatches", "kernels_for",
     "kv_bytes_per_token", "kv_cache_capacity", "layer_activation_bytes", "layer_coeffs", "logits_bytes",
     "model_state_bytes", "model_state_bytes_per_param", "paper_layer_activation_bytes", "phase_memory",
     "rollout_weight_bytes", "sync_bucket_bytes", "train_activation_bytes",
