@@ -176,7 +176,8 @@ class Progress:
                 continue
             self.rows.append(r)
             if self.live is None:
-                self.console.print("  ".join(f"{c}={self._fmt(r, c, f)}" for c, f in self.COLS), highlight=False)
+                self.console.print("  ".join(f"{c}={self._fmt(r, c, f)}" for c, f in self.COLS), highlight=False,
+                                   soft_wrap=True)
         if self.live is not None:
             self.live.update(self._table())
 
