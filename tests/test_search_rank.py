@@ -159,3 +159,25 @@ def test_pretrain_has_no_rollout_axis():
     res = search(load_model("7b"), H100, Cluster(gpus=8), wl, top=3)
     _check_result(res)
     assert set(res.best.memory) == {"update"}
+
+
+@settings(max_examples=25, deadline=None)
+@given(gpus=st.sampled_from([1, 2, 3, 4, 6, 8]), prompts=st.sampled_from([1, 2, 4, 6, 8, 16]),
+       n=st.integers(1, 6), mini=st.sampled_from([1, 2, 3, 4, 8]), plen=st.sampled_from([8, 15, 16, 32]),
+       rlen=st.sampled_from([8, 16, 24]),
+       pins=st.dictionaries(st.sampled_from(["tp", "pp", "cp", "mbs", "rollout_tp", "vpp"]),
+                            st.sampled_from([1, 2, 3, 4]), max_size=3))
+def test_random_inputs_give_valid_fitting_plans_or_coded_errors(gpus, prompts, n, mini, plen, rlen, pins):
+    from costmodel.strategy import validate
+
+    try:
+        wl = Workload.from_dict(dict(prompts=prompts, n=n, mini_batch=mini, prompt_len=plen, response_len=rlen))
+        res = search(load_model("tiny"), CPU, Cluster(gpus=gpus, gpus_per_node=min(4, gpus)), wl, pins=pins, top=3)
+    except GrpoTuneError as exc:
+        assert exc.code in ("BAD_CONFIG", "INVALID_DEGREES", "NO_FEASIBLE_PLAN")
+        return
+    _check_result(res, pins)
+    for e in res.ranked:
+        s = e.strategy
+        validate(e.model, s, gpus, gpus_per_node=min(4, gpus))
+        assert (mini * n) % (s.dp * s.mbs) == 0
