@@ -171,7 +171,8 @@ def search(
 
         res = run_refine(ranked=result.ranked, model=m, hardware=hw, cluster=cluster, workload=wl, out_dir=run_dir,
                          trials=trials, storage=storage, study_name=study_name, trial_steps=trial_steps,
-                         trial_timeout=trial_timeout, calibration=cal, console=err)
+                         trial_timeout=trial_timeout, calibration=cal, console=err, pins=pins,
+                         allow_cross_node_tp=allow_cross_node_tp)
         if json_out:
             print(json.dumps({"run_dir": str(run_dir), "stats": result.stats(), "refine": res.to_dict()},
                              indent=2, default=str))
