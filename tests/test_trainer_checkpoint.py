@@ -150,3 +150,36 @@ def test_kill_9_then_resume_loses_at_most_the_steps_since_the_checkpoint(tmp_pat
         assert b["reward_mean"] == a["reward_mean"]
         assert b["kl"] == pytest.approx(a["kl"], rel=1e-6, abs=1e-9)
     assert any(r["loss"] != 0 for r in ref[ck["step"]:])  # the compared steps carry a real gradient
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_launcher_group_leaves_no_worker(tmp_path):
+    """autotune's refinement kills a timed-out trial's process group with SIGKILL; no worker may survive
+    (torchrun gives each worker its own session; the workers set PR_SET_PDEATHSIG)."""
+    out = tmp_path / "run"
+    cfg = _config(tmp_path / "c.yaml", out, 500)
+    p = _cli("train", "--config", str(cfg))
+    deadline = time.time() + 180
+    while time.time() < deadline and not _metrics(out):
+        assert p.poll() is None, p.stdout.read()
+        time.sleep(0.2)
+
+    def workers():
+        found = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+                except OSError:
+                    continue
+                if str(cfg) in cmd and "trainer.main" in cmd:
+                    found.append(int(d))
+        return found
+
+    assert len(workers()) >= 3  # torchrun + 2 workers
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait(timeout=30)
+    deadline = time.time() + 20
+    while workers() and time.time() < deadline:
+        time.sleep(0.2)
+    assert workers() == []

@@ -216,9 +216,10 @@ def run_workers(cmd: list[str], out_dir: str | os.PathLike, *, poll=None, poll_e
                 env: dict | None = None) -> int:
     """Run torchrun with its output in ``out_dir/train.log``; call ``poll()`` while it runs; return its exit code.
 
-    The child gets its own process group, so Ctrl-C or a kill of the CLI takes the workers with it.
+    torchrun stays in the caller's process group, so a caller that kills that group (autotune's
+    refinement on a trial timeout) reaches it; torchrun puts each worker in a session of its own,
+    and the workers ask the kernel to kill them when torchrun dies (``trainer.main``).
     """
-    import signal
     import subprocess
     import time
 
@@ -229,18 +230,18 @@ def run_workers(cmd: list[str], out_dir: str | os.PathLike, *, poll=None, poll_e
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("PYTHONUNBUFFERED", "1")
     with open(out / "train.log", "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
         try:
             while proc.poll() is None:
                 if poll is not None:
                     poll()
                 time.sleep(poll_every_s)
-        except BaseException:
+        except BaseException:  # Ctrl-C or an error in poll(): torchrun tears its workers down on SIGTERM
+            proc.terminate()
             try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
             raise
         if poll is not None:
             poll()

@@ -127,7 +127,28 @@ def train(cfg, *, resume: bool = True) -> list[dict]:
     return hist
 
 
+def die_with_parent() -> None:
+    """Linux: SIGKILL this worker when torchrun dies (even by SIGKILL), so no worker outlives its launch.
+
+    torchrun starts each worker in a session of its own, out of reach of a kill of the launcher's
+    process group; prctl(PR_SET_PDEATHSIG) closes that gap.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1 (linux/prctl.h)
+        if os.getppid() == 1:  # the parent died before prctl took effect
+            os._exit(EXIT_ERROR)
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv=None) -> int:
+    die_with_parent()
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     out = Path(args.out) if args.out else None
