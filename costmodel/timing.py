@@ -36,7 +36,7 @@ PHASES = ("rollout", "weight_sync", "old_logprob", "ref_logprob", "update", "off
 
 CALIBRATION_DEFAULTS: dict[str, float] = {
     "compute_efficiency_scale": 1.0,  # x achieved FLOP/s of training and log-prob passes
-    "comm_efficiency_scale": 1.0,  # x achieved bus bandwidth of every collective
+    "comm_efficiency_scale": 1.0,  # speed of every collective (bus bandwidth and latency)
     "rollout_efficiency_scale": 1.0,  # x achieved HBM bandwidth and FLOP/s of prefill/decode
     "moe_imbalance": 1.1,  # busiest expert rank's load over the mean (1 = perfect balance)
     "rollout_overhead_s": 0.0,
@@ -250,7 +250,7 @@ def _layer_times(m: ModelSpec, hw: HardwareSpec, e: dict[str, float], cluster: C
     t_tp = 0.0
     if tp > 1:
         bw = comm.link_bw(hw, tp, gpn, ce)
-        lat = comm.link_latency(hw, tp, gpn)
+        lat = comm.link_latency(hw, tp, gpn) / cal["comm_efficiency_scale"]
         if s.sp:
             t_tp = 2 * (comm.reduce_scatter_s(act_bytes, tp, bw, lat) + comm.all_gather_s(act_bytes, tp, bw, lat))
         else:
@@ -262,7 +262,7 @@ def _layer_times(m: ModelSpec, hw: HardwareSpec, e: dict[str, float], cluster: C
         kv_w = (m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else 2 * m.kv_heads * m.head_dim / tp
         chunk = tokens * kv_w * PARAM_BYTES
         span = tp * cp
-        hop = comm.p2p_s(chunk, comm.link_bw(hw, span, gpn, ce), comm.link_latency(hw, span, gpn))
+        hop = comm.p2p_s(chunk, comm.link_bw(hw, span, gpn, ce), comm.link_latency(hw, span, gpn) / cal["comm_efficiency_scale"])
         t_cp_f = max(0.0, (cp - 1) * hop - t_attn)
         t_cp_b = max(0.0, 2 * (cp - 1) * hop - 2 * t_attn)
     # EP: dispatch + combine all-to-all forward, the same backward (Megatron-core MoE token dispatcher).
@@ -270,7 +270,7 @@ def _layer_times(m: ModelSpec, hw: HardwareSpec, e: dict[str, float], cluster: C
     if c["routed_flops"] and ep > 1:
         span = etp * ep
         a2a_bytes = tokens / (tp if s.sp else 1) * m.top_k * m.hidden * PARAM_BYTES * cal["moe_imbalance"]
-        t_ep = 2 * comm.all_to_all_s(a2a_bytes, ep, comm.link_bw(hw, span, gpn, ce), comm.link_latency(hw, span, gpn))
+        t_ep = 2 * comm.all_to_all_s(a2a_bytes, ep, comm.link_bw(hw, span, gpn, ce), comm.link_latency(hw, span, gpn) / cal["comm_efficiency_scale"])
     t_ep *= c["moe_fraction"]
     ovh = e["layer_overhead_s"] / cal["compute_efficiency_scale"]  # launch/dispatch cost speeds up with the rest
     fwd = t_comp_f + t_tp + t_cp_f + t_ep + ovh
@@ -350,7 +350,7 @@ def train_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, *, se
     if s.pp > 1:
         span = cluster.gpus
         nbytes = lt["tokens"] * m.hidden * PARAM_BYTES / s.tp
-        t_p2p = s.vpp * comm.p2p_s(nbytes, comm.link_bw(hw, span, gpn, ce), comm.link_latency(hw, span, gpn))
+        t_p2p = s.vpp * comm.p2p_s(nbytes, comm.link_bw(hw, span, gpn, ce), comm.link_latency(hw, span, gpn) / cal["comm_efficiency_scale"])
     if forward_only:
         stages = [first * lt["fwd"], mid * lt["fwd"], last * lt["fwd"] + head_f]
         t_mb = max(stages) + t_p2p
@@ -378,7 +378,7 @@ def train_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, *, se
         if n <= 1:
             continue
         bw = comm.link_bw(hw, span, gpn, ce)
-        lat = comm.link_latency(hw, span, gpn)
+        lat = comm.link_latency(hw, span, gpn) / cal["comm_efficiency_scale"]
         if s.distributed_optimizer:
             t_dp += max(comm.reduce_scatter_s(nparams * GRAD_REDUCE_BYTES, n, bw, lat) - tb * e["dp_overlap"],
                         comm.reduce_scatter_s(nparams * GRAD_REDUCE_BYTES, n, bw, lat) * (1 - e["dp_overlap"]))
@@ -414,7 +414,7 @@ def rollout_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl:
     peak = hw.bf16_dense_flops_per_s * cal["rollout_efficiency_scale"]
     hbm = hw.hbm_bandwidth_bytes_per_s * e["hbm_efficiency"] * cal["rollout_efficiency_scale"]
     ce = e["comm_efficiency"] * cal["comm_efficiency_scale"]
-    bw, lat = comm.link_bw(hw, rtp, gpn, ce), comm.link_latency(hw, rtp, gpn)
+    bw, lat = comm.link_bw(hw, rtp, gpn, ce), comm.link_latency(hw, rtp, gpn) / cal["comm_efficiency_scale"]
     causal = e["causal_attention_fraction"]
     body_flops = m.layers * (c["dense_flops"] + c["routed_flops"])
 
@@ -469,7 +469,7 @@ def native_rollout_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strate
     ce = e["comm_efficiency"] * cal["comm_efficiency_scale"]
     gpn = cluster.gpus_per_node
     gather = comm.all_reduce_s(seqs * m.vocab * 4, cluster.gpus, comm.link_bw(hw, cluster.gpus, gpn, ce),
-                               comm.link_latency(hw, cluster.gpus, gpn))
+                               comm.link_latency(hw, cluster.gpus, gpn) / cal["comm_efficiency_scale"])
     t_step = fwd + gather + e["decode_step_overhead_s"] / cal["rollout_efficiency_scale"]
     return {"prefill_s": 0.0, "decode_s": wl.response_len * t_step, "decode_step_s": t_step,
             "concurrency": float(seqs), "memory_bound": 0.0}
@@ -485,14 +485,14 @@ def weight_sync_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy,
     total = c["total_params"] * PARAM_BYTES
     t = 0.0
     if s.tp > 1:
-        t += comm.all_gather_s(total / s.pp, s.tp, comm.link_bw(hw, s.tp, gpn, ce), comm.link_latency(hw, s.tp, gpn))
+        t += comm.all_gather_s(total / s.pp, s.tp, comm.link_bw(hw, s.tp, gpn, ce), comm.link_latency(hw, s.tp, gpn) / cal["comm_efficiency_scale"])
     if s.pp > 1:
         span = cluster.gpus
         t += (s.pp - 1) / s.pp * total / comm.link_bw(hw, span, gpn, ce)
     if m.is_moe and s.ep > 1:
         span = s.ep * s.etp_
         t += comm.all_gather_s(total * (1 - c["active_params"] / c["total_params"]), s.ep,
-                               comm.link_bw(hw, span, gpn, ce), comm.link_latency(hw, span, gpn))
+                               comm.link_bw(hw, span, gpn, ce), comm.link_latency(hw, span, gpn) / cal["comm_efficiency_scale"])
     t += total / s.rollout_tp / (hw.hbm_bandwidth_bytes_per_s * e["hbm_efficiency"])
     return t
 
