@@ -41,8 +41,6 @@ OFFLOAD_SETS = tuple(tuple(o for i, o in enumerate(OFFLOAD) if mask >> i & 1) fo
 GiB = 1024 ** 3
 
 LAYOUT_KEYS = ("tp", "pp", "first_stage_layers", "last_stage_layers", "vpp", "cp", "ep", "etp")
-TRAIN_KEYS = ("mbs", "recompute", "distributed_optimizer", "offload")
-ROLLOUT_KEYS = ("rollout_tp", "gpu_memory_utilization")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -78,7 +76,8 @@ def stage_splits(layers: int, pp: int) -> list[tuple[int | None, int | None]]:
         rest = layers - (f or 0) - (l_ or 0)
         per = rest // mid if mid else 0
         stages = [x for x in (f, l_) if x is not None] + ([per] if mid else [])
-        return (max(stages), l_ if l_ is not None else per, f is None)
+        # A total order (set iteration order of tuples holding None varies between processes).
+        return (max(stages), l_ if l_ is not None else per, f is None, f or 0, l_ or 0)
 
     return sorted(found, key=key)[:3]
 

@@ -162,3 +162,17 @@ def test_random_pins_give_valid_plans_or_coded_errors(tp, pp, cp, mbs, rollout_t
         r = _check_valid(sp, s)
         for k, v in pins.items():
             assert getattr(r, k) == v
+
+
+def test_space_is_identical_across_processes():
+    """refine rebuilds the space in later runs: it must not depend on hash seeds or set order."""
+    import subprocess
+    import sys
+
+    code = ("from autotune.search import Space; from costmodel.specs import load_model, load_hardware; "
+            "from costmodel.strategy import Cluster, Workload; "
+            "sp = Space(load_model('deepseek-v3'), load_hardware('h100'), Cluster(gpus=256), Workload()); "
+            "print(repr([tuple(sorted(l.items())) for l in sp.layouts()][:400]), sp.candidate_count())")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2)}
+    assert len(outs) == 1
