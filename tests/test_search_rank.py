@@ -181,3 +181,10 @@ def test_random_inputs_give_valid_fitting_plans_or_coded_errors(gpus, prompts, n
         s = e.strategy
         validate(e.model, s, gpus, gpus_per_node=min(4, gpus))
         assert (mini * n) % (s.dp * s.mbs) == 0
+
+
+def test_progress_reports_up_to_total():
+    seen = []
+    search(load_model("llama-3.1-70b"), H100, Cluster(gpus=32), Workload(), progress=lambda d, t: seen.append((d, t)))
+    done = [d for d, _ in seen]
+    assert done == sorted(done) and seen[-1][0] == seen[-1][1] > 0
