@@ -8,30 +8,13 @@ import pytest
 from costmodel.params import per_stage_params, total_params
 from costmodel.specs import load_model
 from costmodel.strategy import Strategy, validate
-from trainer_harness import torchrun_json
+from test_trainer_parity import BASE, FOUR, TWO, run_layouts
 
 pytestmark = pytest.mark.slow
 
-TWO = [
-    {"model": "tiny", "strategy": {}},
-    {"model": "tiny", "strategy": {"tp": 2}},
-    {"model": "tiny", "strategy": {"pp": 2}},
-    {"model": "tiny", "strategy": {"pp": 2, "vpp": 2}},
-    {"model": "tiny", "strategy": {"pp": 2, "first_stage_layers": 1}},
-    {"model": "tiny-moe", "strategy": {"ep": 2}},
-    {"model": "tiny-moe", "strategy": {"pp": 2}},
-]
-FOUR = [
-    {"model": "tiny", "strategy": {"tp": 2, "pp": 2}},
-    {"model": "tiny", "strategy": {"pp": 4}},
-    {"model": "tiny", "strategy": {"tp": 2}},  # with dp=2
-    {"model": "tiny-moe", "strategy": {"tp": 2, "ep": 2}},
-    {"model": "tiny-moe", "strategy": {"ep": 4, "etp": 1}},
-]
-
 
 def _check(nproc, layouts):
-    res = torchrun_json("layouts", nproc=nproc, spec={"layouts": layouts, "steps": 0}, timeout=240)["results"]
+    res = run_layouts(nproc, layouts)  # the parity launch: the counts belong to the runs that trained
     assert len(res) == len(layouts)
     for r in res:
         m = load_model(r["model"])
@@ -50,3 +33,7 @@ def test_param_counts_two_processes():
 
 def test_param_counts_four_processes():
     _check(4, FOUR)
+
+
+def test_param_counts_single_process():
+    _check(1, BASE)

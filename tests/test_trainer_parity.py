@@ -21,21 +21,28 @@ TWO = [
     {"model": "tiny", "strategy": {"pp": 2}},
     {"model": "tiny", "strategy": {}},  # dp=2
     {"model": "tiny", "strategy": {"pp": 2, "vpp": 2}},
+    {"model": "tiny", "strategy": {"pp": 2, "first_stage_layers": 1}},  # uneven stages 1 + 3
     {"model": "tiny-moe", "strategy": {"ep": 2}},
+    {"model": "tiny-moe", "strategy": {"pp": 2}},
 ]
 FOUR = [
     {"model": "tiny", "strategy": {"tp": 2, "pp": 2}},
+    {"model": "tiny", "strategy": {"pp": 4}},
+    {"model": "tiny", "strategy": {"tp": 2}},  # with dp=2
     {"model": "tiny-moe", "strategy": {"tp": 2, "ep": 2}},  # expert TP 2 + sequence parallel
+    {"model": "tiny-moe", "strategy": {"ep": 4, "etp": 1}},
 ]
 
 
-def _run(nproc, layouts):
-    return torchrun_json("layouts", nproc=nproc, spec={"layouts": layouts, "steps": STEPS, "generate": 6}, timeout=240)["results"]
+def run_layouts(nproc, layouts):
+    """One torchrun launch per process count, shared with test_trainer_params (same spec)."""
+    return torchrun_json("layouts", nproc=nproc, spec={"layouts": layouts, "steps": STEPS, "generate": 6},
+                         timeout=300)["results"]
 
 
 @pytest.fixture(scope="module")
 def reference():
-    res = _run(1, BASE)
+    res = run_layouts(1, BASE)
     return {r["model"]: r for r in res}
 
 
@@ -59,12 +66,29 @@ def test_reference_learns(reference):
 
 
 def test_parity_two_processes(reference):
-    """TP2, PP2, DP2, PP2xVPP2 (tiny) and EP2 (tiny-moe) against the single-process run."""
-    for r in _run(2, TWO):
+    """TP2, PP2, DP2, PP2xVPP2, uneven PP2 (tiny); EP2, PP2 (tiny-moe) vs the single-process run."""
+    for r in run_layouts(2, TWO):
         _check(reference[r["model"]], r)
 
 
 def test_parity_four_processes(reference):
-    """TP2xPP2 (tiny) and TP2xEP2 with expert TP and SP (tiny-moe)."""
-    for r in _run(4, FOUR):
+    """TP2xPP2, PP4, TP2xDP2 (tiny); TP2xEP2 with expert TP and SP, EP4 (tiny-moe)."""
+    for r in run_layouts(4, FOUR):
         _check(reference[r["model"]], r)
+
+
+@pytest.mark.gpu
+def test_bf16_on_gpu_tracks_fp32():
+    """GPU only: bf16 (Float16Module, TE layer spec when installed) follows the fp32 run within
+    bf16's resolution (8 mantissa bits: ~1e-2 relative on a loss of ~4.9)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    layouts = [{"model": "tiny", "strategy": {}}]
+    fp32 = torchrun_json("layouts", nproc=1, spec={"layouts": layouts, "steps": STEPS}, timeout=240)["results"][0]
+    bf16 = torchrun_json("layouts", nproc=1, spec={"layouts": layouts, "steps": STEPS, "dtype": "bf16"},
+                         timeout=240)["results"][0]
+    assert bf16["dtype"] == "torch.bfloat16" and fp32["dtype"] == "torch.float32"
+    for a, b in zip(fp32["losses"], bf16["losses"]):
+        assert abs(a - b) < 0.05, (fp32["losses"], bf16["losses"])
+    assert bf16["losses"][-1] < bf16["losses"][0]

@@ -48,6 +48,28 @@ def torchrun_json(task: str, *, nproc: int, spec: dict, timeout: float = 180) ->
 
 @functools.lru_cache(maxsize=32)
 def _cached(task: str, nproc: int, spec_json: str, timeout: float) -> dict:
+    """One launch per (task, nproc, spec) per test run, shared by pytest-xdist workers through a
+    locked file under the run's id (two test files can then assert on the same launch)."""
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not uid:
+        return _launch(task, nproc, spec_json, timeout)
+    import fcntl
+    import hashlib
+
+    d = Path(tempfile.gettempdir()) / f"grpo-tune-harness-{uid}"
+    d.mkdir(exist_ok=True)
+    key = hashlib.sha1(f"{task}|{nproc}|{spec_json}".encode()).hexdigest()
+    with open(d / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = d / f"{key}.json"
+        if done.exists():
+            return json.loads(done.read_text())
+        result = _launch(task, nproc, spec_json, timeout)
+        done.write_text(json.dumps(result))
+        return result
+
+
+def _launch(task: str, nproc: int, spec_json: str, timeout: float) -> dict:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "out.json"
         p = torchrun([task, spec_json, str(out)], nproc=nproc, timeout=timeout)
@@ -59,7 +81,7 @@ def _cached(task: str, nproc: int, spec_json: str, timeout: float) -> dict:
 
 # --- worker side ---------------------------------------------------------------------------------
 
-def run_config(model: str, strategy: dict, world: int, **trainer):
+def run_config(model: str, strategy: dict, world: int, *, dtype: str = "fp32", **trainer):
     """A RunConfig for a tiny CPU run (fp32)."""
     from autotune.config import RunConfig, TrainerOptions
     from costmodel.specs import load_hardware, load_model
@@ -68,7 +90,7 @@ def run_config(model: str, strategy: dict, world: int, **trainer):
     m = load_model(model)
     s = validate(m, Strategy.from_dict(strategy), world)
     return RunConfig(model=m, hardware=load_hardware("cpu"),
-                     cluster=Cluster(gpus=world), strategy=s, workload=Workload(dtype="fp32"),
+                     cluster=Cluster(gpus=world), strategy=s, workload=Workload(dtype=dtype),
                      trainer=TrainerOptions(**{"lr": 1e-3, **trainer}))
 
 
@@ -83,12 +105,13 @@ def task_layouts(spec: dict) -> dict:
 
     from trainer import parallel
     from trainer.engine import Engine
+    from trainer.model import use_transformer_engine
 
     parallel.init_distributed()
     world = dist.get_world_size()
     results = []
     for lay in spec["layouts"]:
-        cfg = run_config(lay["model"], lay["strategy"], world)
+        cfg = run_config(lay["model"], lay["strategy"], world, dtype=spec.get("dtype", "fp32"))
         layout = parallel.reinit(cfg.strategy, seed=cfg.trainer.seed)
         eng = Engine(cfg)
         g = torch.Generator().manual_seed(spec.get("data_seed", 0))
@@ -119,7 +142,8 @@ def task_layouts(spec: dict) -> dict:
         dist.all_gather_object(coords, {"pp_rank": layout.pp_rank, "tp_rank": layout.tp_rank, "ep_rank": layout.ep_rank})
         results.append({"model": lay["model"], "strategy": lay["strategy"], "losses": losses, "grad_norms": norms,
                         "logprob_sum": float(lp.sum()), "responses": responses, "entropy_mean": float(ent.mean()),
-                        "param_counts": counts, "coords": coords})
+                        "param_counts": counts, "coords": coords, "dtype": str(eng.dtype),
+                        "transformer_engine": use_transformer_engine()})
         del eng
     parallel.destroy()
     return {"world": world, "results": results}
