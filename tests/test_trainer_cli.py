@@ -157,3 +157,30 @@ def test_any_degrees_give_a_summary_or_a_coded_error(tmp_path, capsys, tp, pp, v
         assert (sm["batch"]["sequences_per_mini_batch"]) % (r["dp"] * mbs) == 0
     else:
         assert rc == 2 and "[" in out.err and "Traceback" not in out.err
+
+
+def test_progress_follows_metrics_jsonl_live_and_plain(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from autotune.commands.train import Progress
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 1, "loss": 0.5}) + "\n")  # an earlier launch's line: not shown
+    for terminal in (False, True):
+        buf = io.StringIO()
+        prog = Progress(path, 3, Console(file=buf, force_terminal=terminal, width=200))
+        with open(path, "a") as fh:
+            fh.write(json.dumps({"step": 2, "loss": -0.25, "reward_mean": 0.5, "kl": 0.01, "step_s": 1.5}) + "\n")
+            fh.write('{"step": 3, "loss"')  # a line still being written
+        prog.poll()
+        assert [r["step"] for r in prog.rows] == [2]
+        with open(path, "a") as fh:
+            fh.write(': 0.125}\n')
+        prog.poll()
+        prog.stop()
+        assert [r["step"] for r in prog.rows] == [2, 3]
+        text = buf.getvalue()
+        assert "reward_mean=0.500" in text if not terminal else "GRPO step 3/3" in text
+        path.write_text(json.dumps({"step": 1, "loss": 0.5}) + "\n")

@@ -13,7 +13,6 @@ LAYOUTS = [{"mbs": 4}, {"tp": 2, "mbs": 4}, {"pp": 2, "mbs": 4}]
 
 
 def task_grpo_layouts(spec: dict) -> dict:
-    import dataclasses
     import tempfile
 
     import torch.distributed as dist

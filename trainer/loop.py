@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import statistics
 import time
@@ -158,14 +157,15 @@ class GRPOLoop:
 
     def __init__(self, cfg: LoopConfig, *, actor, rollout, dataset: Sequence[Item], reward_fn: Callable[[Item, list[int]], float],
                  pad_id: int, eos_id: int, ref=None, d: Dist | None = None, out_dir: str | os.PathLike | None = None,
-                 checkpoint_every: int = 0, offloader=None, world_size_for_ckpt: int | None = None,
-                 sync_weights: bool | None = None):
+                 checkpoint_every: int = 0, offloader=None,
+                 sync_weights: bool | None = None, log_every: int = 1):
         self.cfg, self.actor, self.ref, self.rollout = cfg, actor, ref, rollout
         self.stream = PromptStream(list(dataset), cfg.prompts, seed=cfg.seed)
         self.reward_fn, self.pad_id, self.eos_id = reward_fn, pad_id, eos_id
         self.d = d or Dist()
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.checkpoint_every = checkpoint_every
+        self.log_every = max(1, log_every)
         self.offloader = offloader
         self.step_done = 0
         self.history: list[dict] = []
@@ -312,7 +312,8 @@ class GRPOLoop:
             m = self.step(self.step_done)
             self.step_done += 1
             self.history.append(m)
-            if self.d.log_rank and self.out_dir is not None:
+            if self.d.log_rank and self.out_dir is not None and (
+                    self.step_done % self.log_every == 0 or self.step_done == steps):
                 _append_jsonl(self.out_dir / "metrics.jsonl", m)
             if on_step is not None:
                 on_step(m)
@@ -343,7 +344,3 @@ def _truncate_metrics(path: Path, steps_done: int) -> None:
     from autotune.config import atomic_write
 
     atomic_write(path, "".join(k + "\n" for k in keep))
-
-
-def finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)

@@ -97,6 +97,7 @@ def build(cfg, *, items=None, reward_fn=None, tokenizer=None, checkpoint_every: 
     loop = GRPOLoop(lc, actor=actor, ref=ref, rollout=rollout, dataset=items, reward_fn=reward_fn,
                     pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id, d=d, out_dir=t.out_dir,
                     checkpoint_every=t.checkpoint_every if checkpoint_every is None else checkpoint_every,
+                    log_every=t.log_every,
                     offloader=Offloader(actor, cfg.strategy.offload) if cfg.strategy.offload else None)
     return loop, lay
 

@@ -8,7 +8,6 @@ lazily here, and trainer.launch is torch-free, so ``autotune`` never imports tor
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
