@@ -86,6 +86,13 @@ def summary(cfg, lay) -> dict:
     return out
 
 
+def _human(b: float) -> str:
+    for unit, k in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= k:
+            return f"{b / k:.2f} {unit}"
+    return f"{b:.0f} B"
+
+
 def print_summary(sm: dict, cmd: list[str], console: Console) -> None:
     t = Table(title=f"Parallel Config Summary: {sm['model']} on {sm['world_size']} x {sm['hardware']} "
                     f"({sm['nnodes']} node(s) x {sm['nproc_per_node']})")
@@ -112,13 +119,13 @@ def print_summary(sm: dict, cmd: list[str], console: Console) -> None:
     if sm["memory"]:
         m = Table(title="Memory estimate per phase (cost model, most loaded rank)")
         m.add_column("phase")
-        m.add_column("GiB", justify="right")
+        m.add_column("bytes", justify="right")
         m.add_column("of capacity", justify="right")
         cap = sm["memory"]["capacity_bytes"]
         for ph, b_ in sm["memory"]["phases"].items():
-            m.add_row(ph, f"{b_ / 2**30:.2f}", f"{100 * b_ / cap:.0f}%")
+            m.add_row(ph, _human(b_), f"{100 * b_ / cap:.1f}%")
         console.print(m)
-        console.print(f"capacity {cap / 2**30:.1f} GiB: {'fits' if sm['memory']['fits'] else '[red]does not fit[/]'}")
+        console.print(f"capacity {_human(cap)}: {'fits' if sm['memory']['fits'] else '[red]does not fit[/]'}")
         for v in sm["memory"]["violations"]:
             console.print(f"[yellow][{v['code']}][/] {v['message']}", highlight=False)
     else:
@@ -231,7 +238,8 @@ def train(config: ConfigOpt, steps: StepsOpt = None, dry_run: Annotated[bool, ty
         err.print(f"[bold red]training failed ({status})[/]: " + escape(str(message)), highlight=False, soft_wrap=True)
         err.print(launch.log_tail(out_dir), highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(code)
-    console.print(f"done: metrics in {out_dir / 'metrics.jsonl'}, checkpoints in {out_dir / 'checkpoints'}", highlight=False)
+    console.print(f"done: metrics in {out_dir / 'metrics.jsonl'}, checkpoints in {out_dir / 'checkpoints'}", highlight=False,
+                  soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
