@@ -5,6 +5,8 @@ so the single-process run is the reference. Tolerance: 1e-5 absolute on losses o
 (issue 5's bar); measured differences are ~1e-7 (reduction order only).
 """
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -92,3 +94,45 @@ def test_bf16_on_gpu_tracks_fp32():
     for a, b in zip(fp32["losses"], bf16["losses"]):
         assert abs(a - b) < 0.05, (fp32["losses"], bf16["losses"])
     assert bf16["losses"][-1] < bf16["losses"][0]
+
+
+COMPAT_CHECK = """
+import torch
+from trainer import compat
+assert compat.needed() and not compat.active()
+try:
+    torch.zeros(1, device="cuda")
+    raise SystemExit("a CUDA allocation worked without CUDA: this check would prove nothing")
+except (AssertionError, RuntimeError):
+    pass
+assert compat.enable() and compat.active()
+assert torch.zeros(2, device="cuda").device.type == "cpu"
+assert torch.zeros(2, device=torch.device("cuda", 0)).device.type == "cpu"
+assert torch.ones(1).cuda().device.type == "cpu" and torch.ones(1).to("cuda").device.type == "cpu"
+assert torch.ones(1).type() == "torch.cuda.FloatTensor"  # megatron's optimizer asserts this
+assert torch.ones(1).type(torch.float64).dtype == torch.float64
+class F(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+    @staticmethod
+    def backward(ctx, g):  # the engine runs this with no torch-function mode of its own
+        return g * torch.full((1,), 2.0, device="cuda")
+x = torch.ones(2, requires_grad=True)
+F.apply(x).sum().backward()
+assert x.grad.tolist() == [2.0, 2.0]
+torch.cuda.manual_seed(3); a = torch.rand(1); torch.manual_seed(3)
+assert torch.equal(a, torch.rand(1))  # the "CUDA" RNG is the CPU RNG
+torch.cuda.synchronize(); torch.cuda.Stream().wait_stream(torch.cuda.current_stream())
+print("compat-ok")
+"""
+
+
+def test_compat_layer_on_cpu():
+    """The CPU shims, in a fresh process (they are process-wide): off until enabled, then CUDA
+    devices map to CPU, also inside custom backward passes."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("the compatibility layer is never active with CUDA")
+    p = subprocess.run([sys.executable, "-c", COMPAT_CHECK], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "compat-ok" in p.stdout, p.stdout + p.stderr

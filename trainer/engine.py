@@ -387,7 +387,7 @@ class Engine:
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         with torch.no_grad():
             for c, s in zip(self.chunks, sd["model"]):
-                c.load_state_dict(s, strict=False)
+                c.load_state_dict(s, strict=True)
         if self.optimizer is not None and "optimizer" in sd:
             for o, s in zip(self._inner_optimizers(), sd["optimizer"]):
                 o.optimizer.load_state_dict(s["inner"])
