@@ -24,6 +24,7 @@ TWO = [
     {"model": "tiny", "strategy": {}},  # dp=2
     {"model": "tiny", "strategy": {"pp": 2, "vpp": 2}},
     {"model": "tiny", "strategy": {"pp": 2, "first_stage_layers": 1}},  # uneven stages 1 + 3
+    {"model": "tiny", "strategy": {"tp": 2, "recompute": "full"}},
     {"model": "tiny-moe", "strategy": {"ep": 2}},
     {"model": "tiny-moe", "strategy": {"pp": 2}},
 ]

@@ -42,7 +42,11 @@ def compute_dtype(dtype: str) -> torch.dtype:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
 
 
-def check_supported(m: ModelSpec) -> None:
+def check_supported(m: ModelSpec, s: Strategy | None = None) -> None:
+    """Raise a coded error for what the trainer cannot build (callable before any process starts)."""
+    if s is not None and s.cp > 1:
+        raise ConfigError("cp > 1 is not implemented in the trainer (inputs are not split per CP rank)",
+                          hint="set strategy.cp: 1 for `grpo-tune train` / `profile`")
     if m.family not in SUPPORTED_FAMILIES or m.is_mla or m.dense_layers or m.shared_experts:
         raise ConfigError(
             f"model {m.name} ({m.family}) is not supported by the trainer",
@@ -54,7 +58,7 @@ def transformer_config(m: ModelSpec, s: Strategy, *, dtype: str = "fp32"):
     """megatron TransformerConfig for the model under the strategy's degrees."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    check_supported(m)
+    check_supported(m, s)
     dt = compute_dtype(dtype)
     kw = dict(
         num_layers=m.layers,
@@ -105,8 +109,12 @@ def transformer_config(m: ModelSpec, s: Strategy, *, dtype: str = "fp32"):
     if s.recompute == "selective":
         kw.update(recompute_granularity="selective")
     elif s.recompute == "full":
-        kw.update(recompute_granularity="full", recompute_method="uniform",
-                  recompute_num_layers=s.recompute_layers or 1)
+        # Strategy.recompute_layers = layers per stage recomputed (None = all): megatron's "block"
+        # method recomputes the first N layers of each stage; "uniform" with 1 recomputes every layer.
+        if s.recompute_layers is None:
+            kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        else:
+            kw.update(recompute_granularity="full", recompute_method="block", recompute_num_layers=s.recompute_layers)
     if m.is_moe:
         kw.update(
             num_moe_experts=m.experts,
