@@ -126,9 +126,11 @@ def test_pareto_front_brute_force(points):
 @pytest.mark.parametrize("model,gpus", [("7b", 8), ("qwen3-30b-a3b", 32)])
 def test_combined_figures_equal_exact_estimates(model, gpus):
     """The factored combination (grid + offload deltas + rollout deltas) reproduces the exact
-    estimate of every plan evaluated exactly: the cost model is additive the way search assumes."""
+    estimate of every plan evaluated exactly, and of each layout's far-corner probe, within 1%
+    (the exact pass widens above that). The only gap today is the worst pipeline stage changing
+    between variants when the stages are uneven (~0.1% of peak memory)."""
     res = search(load_model(model), H100, Cluster(gpus=gpus), Workload())
-    assert res.combination_error < 1e-6  # float summation order only
+    assert res.combination_error < 0.01
 
 
 def test_screening_keeps_the_optimum():
@@ -188,3 +190,33 @@ def test_progress_reports_up_to_total():
     search(load_model("llama-3.1-70b"), H100, Cluster(gpus=32), Workload(), progress=lambda d, t: seen.append((d, t)))
     done = [d for d, _ in seen]
     assert done == sorted(done) and seen[-1][0] == seen[-1][1] > 0
+
+
+def test_non_additive_cost_model_widens_exact_pass(monkeypatch):
+    """A cost model with an interaction the factoring cannot see (param+grad offload speeding up
+    the update only at large micro-batches) is detected, and the wider exact pass still finds the best plan."""
+    import autotune.search as S
+
+    real = S.estimate
+
+    def skewed(**kw):
+        e = real(**kw)
+        s = e.strategy
+        if e.time and {"param", "grad"} <= set(s.offload) and s.mbs >= 8:
+            ph = dict(e.time["phases"])
+            ph["update_s"] *= 0.5  # faster only in combination: not the sum of the two effects
+            e.time = {"step_s": sum(ph.values()), "phases": ph}
+        return e
+
+    monkeypatch.setattr(S, "estimate", skewed)
+    m = load_model("7b")
+    pins = {"tp": 2, "recompute": "selective", "gpu_memory_utilization": 0.6}
+    sp = Space(m, H100, Cluster(gpus=8), Workload(), pins)
+    best = None
+    for s in sp.candidates():
+        e = skewed(model=m, hardware=H100, cluster=sp.cluster, strategy=s, workload=sp.workload)
+        if e.fits and (best is None or rank_key(e) < rank_key(best)):
+            best = e
+    res = search(m, H100, Cluster(gpus=8), Workload(), pins=pins, exact=5)  # 5 alone misses it
+    assert res.combination_error > 0.01
+    assert step_s(res.best) == pytest.approx(step_s(best), rel=1e-9)
