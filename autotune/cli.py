@@ -41,25 +41,21 @@ def report_error(exc: GrpoTuneError) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    rc = 0
+    """Run the CLI; return the exit code. Usage errors are shown by click (exit 2), coded errors here."""
     try:
-        rc = app(args=argv, standalone_mode=False)  # non-standalone click returns typer.Exit's code
+        app(args=argv, standalone_mode=True)  # click shows usage errors itself and raises SystemExit
     except GrpoTuneError as exc:
         report_error(exc)
         return 2
-    except typer.Exit as exc:
-        return exc.exit_code
-    except typer.Abort:
-        err_console.print("aborted")
-        return 130
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
-    return rc if isinstance(rc, int) else 0
+    except SystemExit as exc:
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        err_console.print(str(code))
+        return 1
+    return 0
 
 
 def run() -> None:  # console-script entry point
