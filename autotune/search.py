@@ -132,7 +132,8 @@ class Space:
                             for ep, etp in self._experts(tp, cp, dp):
                                 out.append(dict(tp=tp, pp=pp, first_stage_layers=first, last_stage_layers=last,
                                                 vpp=vpp, cp=cp, ep=ep, etp=etp))
-        return [lay for lay in out if self._valid_layout(lay)]
+        # A layout with no micro-batch that divides its per-DP batch (a pinned --mbs) has no plan.
+        return [lay for lay in out if self._valid_layout(lay) and self.mbs_options(lay)]
 
     def _experts(self, tp: int, cp: int, dp: int) -> list[tuple[int, int | None]]:
         m = self.model
@@ -560,10 +561,11 @@ def _explain_empty(space: Space, layouts: list, rolls: list) -> None:
         validate(space.model, s, space.cluster.gpus, gpus_per_node=space.cluster.gpus_per_node,
                  allow_cross_node_tp=space.allow_cross_node_tp)
     wl = space.workload
+    mbs = f" and micro-batch {pins['mbs']} dividing the per-DP batch" if "mbs" in pins else ""
     raise InvalidDegreesError(
         f"no parallel layout of {space.model.name} on {space.cluster.gpus} GPUs satisfies the pins "
-        f"{pins or '{}'} and verl's batch rule ((mini_batch*n) % dp == 0 with mini_batch={wl.mini_batch}, n={wl.n})",
-        "relax a pinned degree, or choose a GPU count / mini-batch that divide evenly")
+        f"{pins or '{}'} and verl's batch rule ((mini_batch*n) % dp == 0 with mini_batch={wl.mini_batch}, "
+        f"n={wl.n}){mbs}", "relax a pinned degree, or choose a GPU count / mini-batch that divide evenly")
 
 
 def _no_fit(space: Space, ev: _Evaluator, layouts: list, rolls: list) -> NoFeasiblePlanError:
