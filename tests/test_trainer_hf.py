@@ -242,3 +242,51 @@ def test_import_matches_reference_and_export_round_trips(tmp_path, family, layou
     # 3) re-import of the export under another layout gives the same logits
     assert torch.allclose(torch.tensor(b["last_logits"]), torch.tensor(a["last_logits"]), atol=1e-5), family
     assert torch.allclose(torch.tensor(b["logprobs"]), torch.tensor(a["logprobs"]), atol=1e-5), family
+
+
+# --- layout algebra (no processes) ------------------------------------------------------------
+
+def test_every_preset_maps_onto_exactly_its_hf_parameters():
+    """For each supported preset, the HF tensors the importer expects hold exactly the cost
+    model's total parameter count (so no tensor is dropped or invented by the mapping)."""
+    from costmodel.params import total_params
+    from costmodel.specs import list_models, load_model
+    from trainer import hf
+    from trainer.model import SUPPORTED_FAMILIES
+
+    checked = 0
+    for name in list_models():
+        m = load_model(name)
+        if m.family not in SUPPORTED_FAMILIES or m.is_mla or m.dense_layers or m.shared_experts:
+            continue
+        shapes = hf.hf_shapes(m)
+        assert sum(math.prod(s) for s in shapes.values()) == total_params(m), name
+        assert ("lm_head.weight" in shapes) == (not m.tied_embeddings), name
+        checked += 1
+    assert checked >= 10
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_shards_tile_the_full_tensor(tp):
+    """shard() over all TP ranks, placed back with place(), rebuilds every full tensor; and the
+    HF <-> full conversion is a bijection (Qwen2 spec: QKV bias, GQA; tiny-moe: experts)."""
+    from costmodel.specs import load_model
+    from trainer import hf
+
+    for name in ("qwen2.5-0.5b", "tiny-moe"):
+        m = load_model(name)
+        m = type(m)(**{**m.to_dict(), "layers": 1, "vocab": 1001})  # small, and a vocab TP must pad
+        g = torch.Generator().manual_seed(tp)
+        for key in hf.param_keys(m, tp):
+            hf_parts = [torch.randn(t.shape, generator=g) for t in hf.from_full(key, m, torch.empty(key.shape))]
+            full = hf.to_full(key, m, hf_parts)
+            assert tuple(full.shape) == key.shape
+            for a, b in zip(hf.from_full(key, m, full), hf_parts):
+                assert torch.equal(a, b), key.name
+            size = 1 if key.expert else tp
+            rebuilt = torch.zeros(key.shape)
+            for r in range(size):
+                piece = hf.shard(key, full, r, size)
+                assert piece.numel() * (size if key.split != "rep" else 1) == full.numel(), key.name
+                hf.place(key, piece, r, size, rebuilt)
+            assert torch.equal(rebuilt, full), key.name
