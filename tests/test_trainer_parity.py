@@ -21,7 +21,8 @@ BASE = [{"model": "tiny", "strategy": {}}, {"model": "tiny-moe", "strategy": {}}
 TWO = [
     {"model": "tiny", "strategy": {"tp": 2}},
     {"model": "tiny", "strategy": {"pp": 2}},
-    {"model": "tiny", "strategy": {}},  # dp=2
+    {"model": "tiny", "strategy": {}},  # dp=2, distributed optimizer
+    {"model": "tiny", "strategy": {"distributed_optimizer": False}},  # dp=2, plain DDP + Adam
     {"model": "tiny", "strategy": {"pp": 2, "vpp": 2}},
     {"model": "tiny", "strategy": {"pp": 2, "first_stage_layers": 1}},  # uneven stages 1 + 3
     {"model": "tiny", "strategy": {"tp": 2, "recompute": "full"}},
