@@ -528,7 +528,7 @@ def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSp
         if plan in index:
             study.enqueue_trial({PARAM: index[plan]}, user_attrs={"requeued": True})
             console.print(f"[yellow]requeued interrupted plan[/] {plan}", highlight=False)
-    for i in _distinct(space, top_k):
+    for i in _distinct(space, min(top_k, trials)):
         study.enqueue_trial({PARAM: i}, user_attrs={"seed": "cost-model top-k"}, skip_if_exists=True)
 
     done_before = _counted(study)
@@ -639,6 +639,9 @@ def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSp
             prog.update(task, completed=min(_counted(study), trials),
                         best="-" if b is None else f"#{b.number} {b.value:,.0f} tok/s", latest=latest)
 
+    if budget_skips <= 0:
+        console.print("[yellow]stopped sampling: the sampler kept proposing plans already measured or predicted "
+                      "far slower[/]")
     return finish(study, study_name=study_name, storage=storage, out=out, model=model, hardware=hardware,
                   cluster=cluster, workload=workload, space=dict(zip(keys, space)), ranked=space,
                   base_trainer=base_trainer, calibration=calibration,
