@@ -25,16 +25,15 @@ from typing import Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from costmodel.errors import CODES, GrpoTuneError
+from costmodel.errors import GrpoTuneError
 from costmodel.params import padded_vocab
 from costmodel.specs import ModelSpec, spec_from_hf_dict
 
 
 class CheckpointError(GrpoTuneError):
+    """A HF checkpoint that is missing, incomplete or does not fit the configured model."""
+
     code = "CHECKPOINT_ERROR"
-
-
-assert "CHECKPOINT_ERROR" in CODES
 
 
 @dataclass(frozen=True)
