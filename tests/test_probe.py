@@ -53,3 +53,17 @@ def test_bad_base_is_a_coded_error_before_launch(tmp_path):
     r = _cli("probe-hardware", "--out", str(tmp_path / "x.toml"), "--base", "h1000", cwd=tmp_path)
     assert r.returncode == 2 and "[UNKNOWN_HARDWARE]" in r.stderr
     assert not (tmp_path / "x.toml").exists()
+
+
+@pytest.mark.gpu
+def test_probe_on_gpu_uses_nccl(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    out = tmp_path / "gpu.toml"
+    r = _cli("probe-hardware", "--out", str(out), "--quick", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    hw = load_hardware(str(out))
+    assert "backend nccl" in hw.source and "bfloat16" in hw.source
+    assert hw.hbm_bytes == torch.cuda.get_device_properties(0).total_memory
+    assert hw.bf16_dense_flops_per_s > 1e13  # any datacenter GPU of the last years does 10+ TFLOP/s bf16

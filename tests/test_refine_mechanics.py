@@ -154,3 +154,55 @@ def test_timeout_marks_trial_failed(tmp_path):
     (t,) = [t for t in _study(out).trials if t.user_attrs.get("ran")]
     assert t.state.name == "FAIL" and t.user_attrs["reason"].startswith("timeout")
     assert t.user_attrs["duration_s"] < 15  # killed, not waited for
+
+
+def _inputs():
+    from autotune.options import plan_inputs
+    from autotune.search import search
+
+    m, hw, cl, wl = plan_inputs(model="tiny", hardware="cpu", gpus=2, gpus_per_node=None, workload="grpo", prompts=4,
+                                n=2, prompt_len=8, response_len=8, mini_batch=4, ppo_epochs=1, kl=True, seq_len=64, gbs=8)
+    return search(m, hw, cl, wl).ranked, m, hw, cl, wl
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"trials": 0}, "--trials"),
+    ({"trial_steps": 1}, "--trial-steps"),
+    ({"trial_timeout": 0}, "--trial-timeout"),
+    ({"storage": "nosuchdb://x/y"}, "cannot open study storage"),
+])
+def test_bad_refine_arguments_are_coded_errors(tmp_path, kw, match):
+    from autotune.refine import refine
+    from costmodel.errors import ConfigError
+
+    ranked, m, hw, cl, wl = _inputs()
+    with pytest.raises(ConfigError, match=match):
+        refine(ranked=ranked, model=m, hardware=hw, cluster=cl, workload=wl, out_dir=tmp_path, profile_cmd=STANDIN,
+               emit=False, calibrate=False, progress=False, **kw)
+
+
+def test_space_holds_only_fitting_plans_the_trainer_accepts():
+    from autotune.refine import _distinct, _predicted, _runnable, build_space, plan_key
+    from autotune.config import TrainerOptions
+
+    ranked, m, hw, cl, wl = _inputs()
+    space = build_space(ranked, m, hw, cl, wl)
+    keys = [plan_key(e.strategy) for e in space]
+    assert len(keys) == len(set(keys)) and all(e.fits for e in space)
+    steps = [_predicted(e)[0] for e in space]
+    assert steps == sorted(steps)
+    ok, rejected = _runnable(space, TrainerOptions())
+    assert all(e.strategy.cp == 1 for e in ok)  # this trainer's megatron backend has no CP
+    assert len(ok) + len(rejected) == len(space)
+    seeds = _distinct(ok, 4)
+    assert seeds[0] == 0
+    for a in seeds:
+        for b in seeds:
+            if a < b:
+                assert steps_of(ok, b) > 1.03 * steps_of(ok, a) - 1e-12
+
+
+def steps_of(space, i):
+    from autotune.refine import _predicted
+
+    return _predicted(space[i])[0]
