@@ -290,3 +290,23 @@ def test_shards_tile_the_full_tensor(tp):
                 assert piece.numel() * (size if key.split != "rep" else 1) == full.numel(), key.name
                 hf.place(key, piece, r, size, rebuilt)
             assert torch.equal(rebuilt, full), key.name
+
+
+def test_mismatched_or_incomplete_checkpoint_is_a_coded_error(tmp_path):
+    from costmodel.errors import GrpoTuneError
+    from costmodel.specs import load_model
+    from trainer import hf
+
+    ck = write_checkpoint(tmp_path / "l", "llama")
+    spec = hf.load_spec(ck)
+    hf.check_matches(spec, spec)  # its own config matches
+    with pytest.raises(GrpoTuneError) as e:
+        hf.check_matches(load_model("tiny"), spec)  # vocab 128 vs 96, ffn 128 vs 96
+    assert e.value.code == "CHECKPOINT_ERROR" and "vocab" in e.value.message
+    (ck / "config.json").unlink()
+    with pytest.raises(GrpoTuneError) as e:
+        hf.load_spec(ck)
+    assert e.value.code == "CHECKPOINT_ERROR"
+    with pytest.raises(GrpoTuneError) as e:
+        hf._index(tmp_path / "empty")
+    assert e.value.code == "CHECKPOINT_ERROR"
