@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,21 @@ from costmodel.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from costmodel.strategy import Cluster, Strategy, Workload, validate
 
 SCHEMA_VERSION = 1
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads ``3e-3`` as a float, as YAML 1.2 does (1.1 wants ``3.0e-3``)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"""),
+    list("-+0123456789"),
+)
+
+
+def yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,7 +209,7 @@ def load(path: str | os.PathLike) -> RunConfig:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {p}: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
     try:

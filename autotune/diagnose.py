@@ -905,7 +905,7 @@ def diagnose_path(path: str | os.PathLike, *, hardware: str | None = None, model
         raise ConfigError(f"{p} is empty")
     if p.suffix in (".yaml", ".yml", ".json"):
         try:
-            data = yaml.safe_load(text)
+            data = yaml_load(text)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
         if isinstance(data, dict) and ("schema_version" in data or "strategy" in data):

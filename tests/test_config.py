@@ -180,3 +180,17 @@ def test_save_is_readable_by_others_atomically(tmp_path):
         assert load(p).meta == {"i": i}
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
     assert dumps(cfg).count("schema_version") == 2  # header comment + key
+
+
+def test_exponent_floats_without_a_dot_load_as_numbers(tmp_path):
+    """YAML 1.1 reads ``3e-3`` as a string; users write it that way, so the loader reads it as 1.2 does."""
+    from autotune.config import Cluster, RunConfig, load, save
+    from costmodel.specs import load_hardware, load_model
+    from costmodel.strategy import Strategy
+
+    cfg = RunConfig(model=load_model("tiny"), hardware=load_hardware("cpu"),
+                    cluster=Cluster(gpus=1, gpus_per_node=1), strategy=Strategy())
+    p = tmp_path / "c.yaml"
+    save(cfg, p)
+    p.write_text(p.read_text().replace("lr: 1.0e-06", "lr: 3e-3"))
+    assert load(p).trainer.lr == 0.003
