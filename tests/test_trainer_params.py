@@ -3,6 +3,8 @@
 Each rank reports the numel of the parameters it holds (all its virtual-pipeline chunks);
 costmodel.params.per_stage_params gives the per-rank count of each pipeline stage.
 """
+import dataclasses
+
 import pytest
 
 from costmodel.params import per_stage_params, total_params
@@ -17,7 +19,7 @@ def _check(nproc, layouts):
     res = run_layouts(nproc, layouts)  # the parity launch: the counts belong to the runs that trained
     assert len(res) == len(layouts)
     for r in res:
-        m = load_model(r["model"])
+        m = dataclasses.replace(load_model(r["model"]), **(r.get("overrides") or {}))
         s = validate(m, Strategy.from_dict(r["strategy"]), nproc)
         stages = per_stage_params(m, s)
         for count, coord in zip(r["param_counts"], r["coords"]):

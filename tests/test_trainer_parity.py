@@ -17,7 +17,10 @@ pytestmark = pytest.mark.slow
 STEPS = 3
 TOL = 1e-5
 
-BASE = [{"model": "tiny", "strategy": {}}, {"model": "tiny-moe", "strategy": {}}]
+# tiny with tied embeddings (a copy on the last stage under PP), Qwen2 QKV bias and Qwen3 qk-norm
+VARIANT = {"tied_embeddings": True, "qkv_bias": True, "qk_norm": True}
+BASE = [{"model": "tiny", "strategy": {}}, {"model": "tiny-moe", "strategy": {}},
+        {"model": "tiny", "overrides": VARIANT, "strategy": {}}]
 TWO = [
     {"model": "tiny", "strategy": {"tp": 2}},
     {"model": "tiny", "strategy": {"pp": 2}},
@@ -28,6 +31,8 @@ TWO = [
     {"model": "tiny", "strategy": {"tp": 2, "recompute": "full"}},
     {"model": "tiny-moe", "strategy": {"ep": 2}},
     {"model": "tiny-moe", "strategy": {"pp": 2}},
+    {"model": "tiny", "overrides": VARIANT, "strategy": {"pp": 2}},
+    {"model": "tiny", "overrides": VARIANT, "strategy": {"tp": 2}},
 ]
 FOUR = [
     {"model": "tiny", "strategy": {"tp": 2, "pp": 2}},
@@ -47,7 +52,11 @@ def run_layouts(nproc, layouts):
 @pytest.fixture(scope="module")
 def reference():
     res = run_layouts(1, BASE)
-    return {r["model"]: r for r in res}
+    return {key(r): r for r in res}
+
+
+def key(r):
+    return r["model"] + ("+" + ",".join(sorted(r["overrides"])) if r.get("overrides") else "")
 
 
 def _check(ref, r):
@@ -72,13 +81,13 @@ def test_reference_learns(reference):
 def test_parity_two_processes(reference):
     """TP2, PP2, DP2, PP2xVPP2, uneven PP2 (tiny); EP2, PP2 (tiny-moe) vs the single-process run."""
     for r in run_layouts(2, TWO):
-        _check(reference[r["model"]], r)
+        _check(reference[key(r)], r)
 
 
 def test_parity_four_processes(reference):
     """TP2xPP2, PP4, TP2xDP2 (tiny); TP2xEP2 with expert TP and SP, EP4 (tiny-moe)."""
     for r in run_layouts(4, FOUR):
-        _check(reference[r["model"]], r)
+        _check(reference[key(r)], r)
 
 
 @pytest.mark.gpu

@@ -81,13 +81,18 @@ def _launch(task: str, nproc: int, spec_json: str, timeout: float) -> dict:
 
 # --- worker side ---------------------------------------------------------------------------------
 
-def run_config(model: str, strategy: dict, world: int, *, dtype: str = "fp32", **trainer):
-    """A RunConfig for a tiny CPU run (fp32)."""
+def run_config(model: str, strategy: dict, world: int, *, dtype: str = "fp32", overrides: dict | None = None,
+               **trainer):
+    """A RunConfig for a tiny CPU run (fp32); ``overrides`` replace model-spec fields."""
+    import dataclasses
+
     from autotune.config import RunConfig, TrainerOptions
     from costmodel.specs import load_hardware, load_model
     from costmodel.strategy import Cluster, Strategy, Workload, validate
 
     m = load_model(model)
+    if overrides:
+        m = dataclasses.replace(m, **overrides)
     s = validate(m, Strategy.from_dict(strategy), world)
     return RunConfig(model=m, hardware=load_hardware("cpu"),
                      cluster=Cluster(gpus=world), strategy=s, workload=Workload(dtype=dtype),
@@ -111,7 +116,8 @@ def task_layouts(spec: dict) -> dict:
     world = dist.get_world_size()
     results = []
     for lay in spec["layouts"]:
-        cfg = run_config(lay["model"], lay["strategy"], world, dtype=spec.get("dtype", "fp32"))
+        cfg = run_config(lay["model"], lay["strategy"], world, dtype=spec.get("dtype", "fp32"),
+                         overrides=lay.get("overrides"))
         layout = parallel.reinit(cfg.strategy, seed=cfg.trainer.seed)
         eng = Engine(cfg)
         g = torch.Generator().manual_seed(spec.get("data_seed", 0))
@@ -140,7 +146,7 @@ def task_layouts(spec: dict) -> dict:
         coords = [None] * world
         dist.all_gather_object(counts, eng.param_count())
         dist.all_gather_object(coords, {"pp_rank": layout.pp_rank, "tp_rank": layout.tp_rank, "ep_rank": layout.ep_rank})
-        results.append({"model": lay["model"], "strategy": lay["strategy"], "losses": losses, "grad_norms": norms,
+        results.append({"model": lay["model"], "overrides": lay.get("overrides"), "strategy": lay["strategy"], "losses": losses, "grad_norms": norms,
                         "logprob_sum": float(lp.sum()), "responses": responses, "entropy_mean": float(ent.mean()),
                         "param_counts": counts, "coords": coords, "dtype": str(eng.dtype),
                         "transformer_engine": use_transformer_engine()})
