@@ -20,10 +20,14 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from costmodel.params import padded_vocab
+from costmodel.params import padded_vocab, total_params
 
 from . import hf
 from . import model as tmodel
+
+LAYOUT_FREE_INIT_MAX_PARAMS = 2_000_000_000
+"""Random init draws every full tensor from its own seed (same weights under any layout) up to
+this size; larger random models use megatron's faster per-shard init."""
 
 LossFn = Callable[[torch.Tensor, "torch.Tensor | None", dict], "tuple[torch.Tensor, dict]"]
 
@@ -85,8 +89,10 @@ class Engine:
         if init_weights:
             if cfg.trainer.hf_checkpoint:
                 hf.load_hf(chunks, self.spec, cfg.trainer.hf_checkpoint)
-            else:
+            elif total_params(self.spec) <= LAYOUT_FREE_INIT_MAX_PARAMS:
                 hf.init_random(chunks, self.spec, cfg.trainer.seed)
+            # else: megatron's own (per-layout, on-device) init, done while building: a random
+            # large model only serves profiling, where drawing full tensors per rank costs minutes.
         if self.dtype != torch.float32:
             from megatron.core.transformer.module import Float16Module
 
