@@ -104,12 +104,15 @@ class CalibrationResult:
     points: list[dict[str, Any]]
     """Per measured plan: label, measured, predicted before and after (step seconds)."""
     cost: float = 0.0
+    """Half the sum of squared residuals (step, phases, ridge) at the fitted parameters."""
+    cost_before: float = 0.0
+    """The same at the base parameters; least squares guarantees ``cost <= cost_before``."""
     success: bool = True
     message: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"params": self.params, "base": self.base, "before": self.before, "after": self.after,
-                "points": self.points, "cost": self.cost, "success": self.success, "message": self.message}
+                "points": self.points, "cost": self.cost, "cost_before": self.cost_before, "success": self.success, "message": self.message}
 
     def save(self, path: str | os.PathLike, *, hardware: str) -> Path:
         return save(path, params=self.params, hardware=hardware, fit=self.to_dict())
@@ -193,7 +196,7 @@ def fit(points: Sequence[Point], *, base: dict[str, float] | None = None, predic
         before=_score(before, meas), after=_score(after, meas),
         points=[{"label": pt.label, "measured_step_s": m, "predicted_before_s": b, "predicted_after_s": a}
                 for pt, m, b, a in zip(points, meas, before, after)],
-        cost=float(sol.cost), success=bool(sol.success), message=str(sol.message))
+        cost=float(sol.cost), cost_before=float(0.5 * np.sum(residuals(x0) ** 2)), success=bool(sol.success), message=str(sol.message))
 
 
 def fit_records(records, *, model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload: Workload,

@@ -55,6 +55,7 @@ def test_recovers_known_parameters_of_the_time_model():
     assert res.params["offload_overhead_s"] == pytest.approx(0.0, abs=1e-3)
     assert res.before["mape_pct"] > 20 and res.after["mape_pct"] < 1.0
     assert res.after["spearman"] > 0.99
+    assert res.cost < res.cost_before
 
 
 def test_fit_machinery_with_a_closed_form_model():
