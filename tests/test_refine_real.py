@@ -1,14 +1,17 @@
 """`grpo-tune search --refine` end to end with the real trainer (`grpo-tune profile`, torchrun, gloo).
 
-Two real trials of the tiny model on 2 CPU ranks, then the same command again: the study resumes,
-keeps both trials, and profiles nothing anew.
+Real trials of the tiny model on 2 CPU ranks. The search is killed (SIGKILL) while its second
+trial runs; the same command then resumes (the first trial kept, the killed one marked FAIL and
+its plan profiled again), and a third run profiles nothing anew.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,19 +23,43 @@ CMD = ["search", "--model", "tiny", "--gpus", "2", "--hardware", "cpu", "--promp
        "--trial-steps", "2", "--trial-timeout", "400", "--json"]
 
 
+def _argv(tmp: Path) -> list[str]:
+    return [sys.executable, "-c", "from autotune.cli import run; run()", *CMD, "--out", str(tmp / "runs")]
+
+
 def _run(tmp: Path) -> tuple[subprocess.CompletedProcess, dict]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-c", "from autotune.cli import run; run()", *CMD, "--out", str(tmp / "runs")],
-                       cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(_argv(tmp), cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r, json.loads(r.stdout)
 
 
 @pytest.mark.slow
-def test_refine_with_real_trials_then_resume(tmp_path):
+def test_refine_with_real_trials_kill_and_resume(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.Popen(_argv(tmp_path), cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    logs = []
+    while time.time() < deadline and p.poll() is None:
+        logs = list((tmp_path / "runs").glob("*/trials/0001/profile.log"))
+        if logs and logs[0].stat().st_size > 0:
+            break
+        time.sleep(0.2)
+    assert logs and p.poll() is None, "the second trial never started"
+    time.sleep(2.0)  # inside the trial: torchrun is starting the ranks
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert not (logs[0].parent / "profile.json").exists()
+
     r, doc = _run(tmp_path)
+    assert "requeued interrupted plan" in r.stderr and "resuming study" in r.stderr
     ref = doc["refine"]
     run_dir = Path(doc["run_dir"])
+    by_no = {t["number"]: t for t in ref["trials"]}
+    assert by_no[0]["state"] == "COMPLETE"  # kept from the killed run
+    assert by_no[1]["state"] == "FAIL" and by_no[1]["reason"].startswith("interrupted")
+    rerun = [t for t in ref["trials"] if t["number"] > 1 and t["plan"] == by_no[1]["plan"] and t["ran"]]
+    assert len(rerun) == 1
     ran = [t for t in ref["trials"] if t["ran"]]
     assert len(ran) == 2
     done = [t for t in ran if t["state"] == "COMPLETE"]
