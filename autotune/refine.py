@@ -349,6 +349,23 @@ def _open_study(storage: str, study_name: str, seed: int, heartbeat_s: int, grac
                       hint="pass a SQLAlchemy URL such as sqlite:///runs/x/study.db or postgresql://...")
 
 
+def _group_runs(pgid: int, config: str | None) -> bool:
+    """Is process group ``pgid`` still running this trial's profile (Linux /proc; a reused id is left alone)?"""
+    if not config:
+        return False
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:  # field 5 of /proc/<pid>/stat: the process group
+                continue
+            cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        if config in cmd or "trainer" in cmd:
+            return True
+    return False
+
+
 def _recover(study, host: str) -> list[str]:
     """Fail trials left RUNNING by dead workers on this host (and stale ones elsewhere); return their plans."""
     import optuna
@@ -358,7 +375,7 @@ def _recover(study, host: str) -> list[str]:
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         w = t.user_attrs.get("worker") or {}
         if w.get("host") == host and isinstance(w.get("pid"), int) and not _pid_alive(w["pid"]):
-            if isinstance(w.get("pgid"), int):
+            if isinstance(w.get("pgid"), int) and _group_runs(w["pgid"], t.user_attrs.get("config")):
                 _kill_group(w["pgid"])  # orphaned profiling processes of the dead worker
             try:
                 study._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted: its worker process died")
