@@ -20,8 +20,10 @@ How a study runs:
   when it duplicates a plan already measured or running, or when its predicted step time is more
   than ``slower_than`` times the prediction for the best plan measured so far (comparing
   predictions with predictions keeps the cost model's absolute error out of the decision).
-  Such trials do not count toward ``trials``; the next unmeasured plan in rank order is enqueued
-  instead, so the study always makes progress.
+  Such trials do not count toward ``trials``; the next unmeasured plan in rank order (preferring
+  one whose prediction differs from those measured) is enqueued instead, so the study always
+  makes progress.
+- Up to ``MAX_SPACE`` candidates are enumerated; a larger space uses search's ranked list only.
 - A plan that runs is written as a RunConfig (``trials/<number>/config.yaml``) and profiled with
   ``grpo-tune profile --config X --steps K --json out.json`` in a subprocess (own process group,
   killed on timeout). The objective is the measured tokens/s (maximized). OOM -> PRUNED,
@@ -135,7 +137,7 @@ class RefineResult:
 # ---------------------------------------------------------------------------------------------
 
 def plan_key(s: Strategy) -> str:
-    """A stable, readable key for a resolved strategy (the study's categorical choice)."""
+    """A stable, readable key for a resolved strategy (stored on each trial; duplicates compare it)."""
     d = s.to_dict()
     d["offload"] = "+".join(d["offload"]) or "none"
     return ",".join(f"{k}={d[k]}" for k in sorted(d))
