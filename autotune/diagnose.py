@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from autotune.config import yaml_load
 from autotune import verl
 from autotune.verl import OPEN_PREFIXES
 from costmodel.errors import CODES, ConfigError, GrpoTuneError, InvalidDegreesError, UnknownModelError, close_matches
