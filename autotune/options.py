@@ -48,6 +48,10 @@ PpoEpochs = Annotated[int, typer.Option("--ppo-epochs", help="PPO epochs per ste
 Kl = Annotated[bool, typer.Option("--kl/--no-kl", help="KL loss against a reference model.", rich_help_panel=P_WL)]
 SeqLen = Annotated[int, typer.Option("--seq-len", help="Pretrain sequence length.", rich_help_panel=P_WL)]
 Gbs = Annotated[int, typer.Option("--gbs", help="Pretrain global batch (sequences).", rich_help_panel=P_WL)]
+MinHeadroom = Annotated[float, typer.Option(
+    "--min-headroom", help="Fraction of GPU memory every phase must leave free (allocator fragmentation, "
+    "model error); 0 packs plans to the limit.", rich_help_panel=P_MEM)]
+MIN_HEADROOM_DEFAULT = 0.05
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from costmodel.errors import InvalidDegreesError, NoFeasiblePlanError
+from costmodel.errors import ConfigError, InvalidDegreesError, NoFeasiblePlanError
 from costmodel.estimate import Estimate, estimate
 from costmodel.params import total_params
 from costmodel.specs import HardwareSpec, ModelSpec
@@ -351,15 +351,20 @@ class _Evaluator:
 def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload: Workload, *,
            pins: dict[str, Any] | None = None, top: int = 10, calibration: dict[str, float] | None = None,
            allow_cross_node_tp: bool = False, exact: int | None = None, keep_layouts: int = 48,
-           progress: Callable[[int, int], None] | None = None) -> SearchResult:
+           min_headroom: float = 0.0, progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """Rank the valid plans for ``model`` on ``cluster``; raise NO_FEASIBLE_PLAN when none fits.
 
     ``pins`` are strategy fields the user fixed (see :func:`autotune.options.strategy_pins`).
     ``exact`` is how many of the best combined plans are re-evaluated exactly (default 4 x top,
     at least 40). ``keep_layouts`` is how many layouts (ordered by the screening call) get the
     full train-option grid; with fewer layouts than that, the search is exhaustive over the
-    factored space. ``progress(done, total)`` is called as layouts are evaluated.
+    factored space. ``min_headroom`` is a fraction of HBM that every phase must leave free (a
+    margin for allocator fragmentation and for the memory model's own error); plans that fit
+    only without it are not ranked. ``progress(done, total)`` is called as layouts are evaluated.
     """
+    if not 0.0 <= min_headroom < 0.5:
+        raise ConfigError(f"min_headroom must be a fraction in [0, 0.5), got {min_headroom!r}")
+    margin = min_headroom * hardware.hbm_bytes
     t0 = time.perf_counter()
     space = Space(model, hardware, cluster, workload, dict(pins or {}), allow_cross_node_tp)
     layouts = space.layouts()
@@ -382,7 +387,7 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
         r_tm.append(t_ - b_tm)
     R_mem, R_tm = np.array(r_mem), np.array(r_tm)  # (n_roll, phases)
     train_mask = ev.train_phase_mask()
-    cap = ev.capacity
+    cap = ev.capacity - margin
 
     # Screen: two calls per layout. The frugal variant bounds memory from below (prune); a
     # representative variant (no offload, selective recompute, middle mbs) orders the layouts.
@@ -460,7 +465,7 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
 
     if not rows_id:
         # No layout fits even frugally: report the closest frugal plan.
-        raise _no_fit(space, ev, layouts, rolls)
+        raise _no_fit(space, ev, layouts, rolls, margin)
 
     T_mem, T_tm = np.array(rows_mem), np.array(rows_tm)  # (n_train, phases)
     mem = T_mem[:, None, :] + R_mem[None, :, :]  # (n_train, n_roll, phases)
@@ -492,7 +497,7 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
             est = ev(plan(flat))
             seen.add(int(flat))
             err = max(err, _rel(step.flat[flat], step_s(est)), _rel(peak.flat[flat], est.peak_bytes))
-            if est.fits:
+            if est.fits and est.headroom_bytes >= margin:
                 ranked.append(est)
         # Pareto candidates by the combined figures, then exact.
         fi = np.flatnonzero(fits.ravel())
@@ -503,11 +508,11 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
             if flat not in seen:
                 est = ev(plan(flat))
                 seen.add(flat)
-                if est.fits:
+                if est.fits and est.headroom_bytes >= margin:
                     ranked.append(est)
     if not ranked:
         flat = int(np.argmin(over))
-        raise _no_fit_from(ev(plan(flat)), space)
+        raise _no_fit_from(ev(plan(flat)), space, margin)
     ranked.sort(key=rank_key)
     uniq, keys = [], set()
     for e in ranked:
@@ -568,7 +573,7 @@ def _explain_empty(space: Space, layouts: list, rolls: list) -> None:
         f"n={wl.n}){mbs}", "relax a pinned degree, or choose a GPU count / mini-batch that divide evenly")
 
 
-def _no_fit(space: Space, ev: _Evaluator, layouts: list, rolls: list) -> NoFeasiblePlanError:
+def _no_fit(space: Space, ev: _Evaluator, layouts: list, rolls: list, margin: float = 0.0) -> NoFeasiblePlanError:
     best, best_over = None, math.inf
     for lay in layouts:
         fr = _frugal(space, lay)
@@ -582,10 +587,10 @@ def _no_fit(space: Space, ev: _Evaluator, layouts: list, rolls: list) -> NoFeasi
     if best is None:
         return NoFeasiblePlanError(f"no plan with a valid micro-batch for {space.model.name} on {space.cluster.gpus} GPUs",
                                    "change --mini-batch or --n so that mini_batch*n splits over data-parallel ranks")
-    return _no_fit_from(best, space)
+    return _no_fit_from(best, space, margin)
 
 
-def _no_fit_from(est: Estimate, space: Space) -> NoFeasiblePlanError:
+def _no_fit_from(est: Estimate, space: Space, margin: float = 0.0) -> NoFeasiblePlanError:
     phase = max(est.memory.values(), key=lambda p: p.total_bytes - est.capacity_bytes)
     need, cap = phase.total_bytes, est.capacity_bytes
     s = est.strategy
@@ -603,9 +608,13 @@ def _no_fit_from(est: Estimate, space: Space) -> NoFeasiblePlanError:
     if phase.name != "rollout":
         tips.append(f"shorter sequences (--response-len {max(1, space.workload.response_len // 2)})")
     tips.append("a GPU with more memory (--hardware h200)")
+    if margin > 0 and need <= cap:
+        tips.insert(0, f"a smaller safety margin (--min-headroom; {margin / GiB:.1f} GiB asked, this plan leaves "
+                       f"{(cap - need) / GiB:.1f} GiB)")
     return NoFeasiblePlanError(
         f"no plan for {space.model.name} fits on {gpus} x {space.hardware.name}: the closest "
         f"(tp={s.tp} pp={s.pp} cp={s.cp} ep={s.ep} recompute={s.recompute} offload={','.join(s.offload) or 'none'} "
         f"rollout_tp={s.rollout_tp}) needs {need / GiB:.1f} GiB in the tightest phase '{phase.name}' "
-        f"> {cap / GiB:.1f} GiB capacity",
+        + (f"> {(cap - margin) / GiB:.1f} GiB ({cap / GiB:.1f} GiB capacity less a {margin / GiB:.1f} GiB "
+           "safety margin)" if margin else f"> {cap / GiB:.1f} GiB capacity"),
         "try " + "; ".join(tips))

@@ -19,9 +19,9 @@ PLAN = [
 
 SURFACE = {
     "estimate": PLAN,
-    "search": PLAN + ["--allow-cross-node-tp", "--calibration", "--emit / --no-emit", "--out", "--refine", "--storage",
+    "search": PLAN + ["--allow-cross-node-tp", "--calibration", "--emit / --no-emit", "--min-headroom", "--out", "--refine", "--storage",
                       "--study-name", "--top", "--trial-steps", "--trial-timeout", "--trials"],
-    "compare": PLAN + ["--out"],
+    "compare": PLAN + ["--min-headroom", "--out"],
     "diagnose": ["--hardware", "--json", "--model -m", "PATH"],
     "validate": ["--data", "--hardware", "--json", "--refit", "--tolerance"],
     "train": ["--config -c", "--dry-run", "--json", "--master-addr", "--master-port", "--nnodes", "--node-rank", "--out",

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from autotune.options import MIN_HEADROOM_DEFAULT
+
 from autotune.commands.compare import usd_per_million_tokens
 from autotune.search import search, tokens_per_s_per_gpu
 from costmodel.specs import load_hardware, load_model
@@ -45,7 +47,9 @@ def test_rows_per_hardware(compared):
         usd_per_million_tokens(h100["price_per_gpu_hour_usd"], h100["tokens_per_s_per_gpu"]))
     assert h100["headroom_bytes"] == h100["capacity_bytes"] - h100["peak_bytes"] >= 0
     # the row is the same plan a direct search picks
-    best = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), Workload(), top=1).best
+    best = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), Workload(), top=1,
+                  min_headroom=MIN_HEADROOM_DEFAULT).best
+    assert h100["headroom_bytes"] >= MIN_HEADROOM_DEFAULT * load_hardware("h100").hbm_bytes
     assert h100["tokens_per_s_per_gpu"] == pytest.approx(tokens_per_s_per_gpu(best))
     # 7B cannot be trained on the 2-core CPU profile: a coded row, not a crash
     assert rows["cpu"]["fits"] is False and rows["cpu"]["error"]["code"] == "NO_FEASIBLE_PLAN"

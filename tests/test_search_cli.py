@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from autotune.options import MIN_HEADROOM_DEFAULT
 import yaml
 
 from autotune.config import load
@@ -60,7 +62,8 @@ def test_best_yaml_loads_and_matches_the_table(golden):
     assert set(pred["memory_bytes"]) >= {"rollout", "update"}
     assert cfg.trainer.out_dir == str(d / "train")
     # the winner is the same plan a library search ranks first
-    res = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), Workload(), top=1)
+    res = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), Workload(), top=1,
+                 min_headroom=MIN_HEADROOM_DEFAULT)
     assert res.best.strategy == s
 
 

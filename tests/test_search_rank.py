@@ -220,3 +220,22 @@ def test_non_additive_cost_model_widens_exact_pass(monkeypatch):
     res = search(m, H100, Cluster(gpus=8), Workload(), pins=pins, exact=5)  # 5 alone misses it
     assert res.combination_error > 0.01
     assert step_s(res.best) == pytest.approx(step_s(best), rel=1e-9)
+
+
+def test_min_headroom_keeps_every_phase_that_far_below_capacity():
+    """A safety margin drops the plans packed to the limit; 0 gives them back; too much is NO_FEASIBLE_PLAN."""
+    from costmodel.errors import NoFeasiblePlanError
+    from costmodel.specs import load_hardware, load_model
+    from costmodel.strategy import Cluster, Workload
+
+    m, hw = load_model("7b"), load_hardware("h100")
+    tight = search(m, hw, Cluster(gpus=8), Workload(), top=3)
+    margin = 0.1
+    safe = search(m, hw, Cluster(gpus=8), Workload(), top=3, min_headroom=margin)
+    assert all(e.headroom_bytes >= margin * hw.hbm_bytes for e in safe.ranked)
+    assert tight.best.headroom_bytes < margin * hw.hbm_bytes  # the unconstrained winner is packed tighter
+    assert step_s(safe.best) >= step_s(tight.best)
+    # 7B on 2 GPUs fits with at most ~16% of HBM free in its roomiest plan: a 30% margin rules all out
+    search(m, hw, Cluster(gpus=2), Workload(), top=1)
+    with pytest.raises(NoFeasiblePlanError, match="safety margin"):
+        search(m, hw, Cluster(gpus=2), Workload(), top=1, min_headroom=0.3)

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.options import (
-    WORKLOAD_DEFAULTS, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Json, Kl,
+    MIN_HEADROOM_DEFAULT, WORKLOAD_DEFAULTS, MinHeadroom, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Json, Kl,
     LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute, ResponseLen, RolloutTp,
     SeqLen, SeqPar, Tp, Vpp, WorkloadKind, plan_inputs, strategy_pins,
 )
@@ -37,7 +37,8 @@ def usd_per_million_tokens(price_per_gpu_hour: float | None, tokens_per_s_per_gp
 
 
 def compare_rows(*, model: str, gpus: int, hardware: list[str], gpus_per_node: int | None, pins: dict[str, Any],
-                 workload_kw: dict[str, Any], calibration: dict[str, float] | None = None) -> list[dict[str, Any]]:
+                 workload_kw: dict[str, Any], calibration: dict[str, float] | None = None,
+                 min_headroom: float = 0.0) -> list[dict[str, Any]]:
     """One row per hardware profile: the best plan's figures, or why none fits."""
     from autotune.report import plan_label
     from autotune.search import search, step_s, tokens_per_s_per_gpu
@@ -49,7 +50,7 @@ def compare_rows(*, model: str, gpus: int, hardware: list[str], gpus_per_node: i
         row: dict[str, Any] = {"hardware": hw.name, "gpus": cluster.gpus, "gpus_per_node": cluster.gpus_per_node,
                                "price_per_gpu_hour_usd": hw.price_per_gpu_hour_usd}
         try:
-            res = search(m, hw, cluster, wl, pins=pins, top=1, calibration=calibration)
+            res = search(m, hw, cluster, wl, pins=pins, top=1, calibration=calibration, min_headroom=min_headroom)
         except NoFeasiblePlanError as exc:
             row.update(fits=False, error=exc.to_dict())
             rows.append(row)
@@ -74,6 +75,7 @@ def compare(
     first_stage_layers: FirstStage = None, last_stage_layers: LastStage = None,
     recompute: Recompute = None, sequence_parallel: SeqPar = None, distributed_optimizer: DistOpt = None,
     offload: Offload = None, rollout_tp: RolloutTp = None, gpu_memory_utilization: GpuMemUtil = None,
+    min_headroom: MinHeadroom = MIN_HEADROOM_DEFAULT,
     workload: WorkloadKind = WD["workload"], prompts: Prompts = WD["prompts"], n: GroupN = WD["n"],
     prompt_len: PromptLen = WD["prompt_len"], response_len: ResponseLen = WD["response_len"],
     mini_batch: MiniBatch = WD["mini_batch"], ppo_epochs: PpoEpochs = WD["ppo_epochs"], kl: Kl = WD["kl"],
@@ -94,7 +96,7 @@ def compare(
     wkw = dict(workload=workload, prompts=prompts, n=n, prompt_len=prompt_len, response_len=response_len,
                mini_batch=mini_batch, ppo_epochs=ppo_epochs, kl=kl, seq_len=seq_len, gbs=gbs)
     rows = compare_rows(model=model, gpus=gpus, hardware=names, gpus_per_node=gpus_per_node, pins=pins,
-                        workload_kw=wkw)
+                        workload_kw=wkw, min_headroom=min_headroom)
     if out is None:
         from costmodel.specs import load_model
 

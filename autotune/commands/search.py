@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.options import (
-    WORKLOAD_DEFAULTS, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Hardware,
+    MIN_HEADROOM_DEFAULT, WORKLOAD_DEFAULTS, MinHeadroom, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Hardware,
     Json, Kl, LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute,
     ResponseLen, RolloutTp, SeqLen, SeqPar, Tp, Vpp, WorkloadKind, plan_inputs, strategy_pins,
 )
@@ -104,7 +104,7 @@ def search(
     first_stage_layers: FirstStage = None, last_stage_layers: LastStage = None,
     recompute: Recompute = None, sequence_parallel: SeqPar = None, distributed_optimizer: DistOpt = None,
     offload: Offload = None, rollout_tp: RolloutTp = None, gpu_memory_utilization: GpuMemUtil = None,
-    allow_cross_node_tp: CrossNode = False,
+    allow_cross_node_tp: CrossNode = False, min_headroom: MinHeadroom = MIN_HEADROOM_DEFAULT,
     workload: WorkloadKind = WD["workload"], prompts: Prompts = WD["prompts"], n: GroupN = WD["n"],
     prompt_len: PromptLen = WD["prompt_len"], response_len: ResponseLen = WD["response_len"],
     mini_batch: MiniBatch = WD["mini_batch"], ppo_epochs: PpoEpochs = WD["ppo_epochs"], kl: Kl = WD["kl"],
@@ -135,7 +135,7 @@ def search(
         cal = load_calibration(calibration, hardware=hw.name)
     console = Console()
     err = Console(stderr=True)
-    result = _run_search(S, m, hw, cluster, wl, pins, top, cal, allow_cross_node_tp, err)
+    result = _run_search(S, m, hw, cluster, wl, pins, top, cal, allow_cross_node_tp, err, min_headroom)
 
     run_dir: Path | None = None
     files: dict[str, Path] = {}
@@ -178,7 +178,7 @@ def search(
                              indent=2, default=str))
 
 
-def _run_search(S, m, hw, cluster, wl, pins, top, cal, cross, err: Console):
+def _run_search(S, m, hw, cluster, wl, pins, top, cal, cross, err: Console, min_headroom: float = 0.0):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("[bold]search[/] layouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -189,7 +189,7 @@ def _run_search(S, m, hw, cluster, wl, pins, top, cal, cross, err: Console):
             bar.update(task, completed=done, total=total)
 
         return S.search(m, hw, cluster, wl, pins=pins, top=top, calibration=cal, allow_cross_node_tp=cross,
-                        progress=progress)
+                        min_headroom=min_headroom, progress=progress)
 
 
 def register(app: typer.Typer) -> None:
