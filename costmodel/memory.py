@@ -10,6 +10,8 @@ Every figure is the most loaded rank of the worst pipeline stage, per phase. Pha
 - ``old_logprob`` / ``ref_logprob``: forward only (one layer's working set + logits).
 - ``rollout``: verl's colocated hybrid engine: vLLM takes ``gpu_memory_utilization`` x HBM for its
   weights, its working set and the KV cache; training state that is not offloaded stays resident.
+  A profile with ``native_rollout = 1`` (``cpu``) samples with the trainer's own Megatron model
+  instead: the actor's weights and one forward's activations, no second copy, no KV cache.
 - ``weight_sync``: training weights + the rollout copy + one gathered tensor (verl reshards per tensor).
 
 Offloaded state lives in host memory outside the phase that needs it; the host total per node is
@@ -460,6 +462,7 @@ def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, str
     state_keys = ("weights", "grads", "optimizer") + ref
     upd_entry = (state_keys + ("activations", "logits"), upd)
 
+    native = hardware.efficiency.get("native_rollout", 0.0) >= 1.0
     if w.kind == "grpo":
         fwd = forward_activation_bytes(m, s, seq_len=seq, mbs=s.mbs, kernels=k)
         olp, rlp, ws, ro = [], [], [], []
@@ -472,8 +475,14 @@ def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, str
             olp.append(need + (fwd, lg))
             if kl:
                 rlp.append(res(st, False)[:3] + (st.weights, fwd, lg))
-            ws.append(need + (kvc.weights_bytes, bucket))
-            ro.append(res(st, False) + (kvc.weights_bytes, kvc.working_bytes, kv_left))
+            if native:
+                # The trainer's own sampler runs on the actor's live weights: no second copy, no
+                # KV cache, one forward at a time (the cpu profile; timing.native_rollout_s).
+                ws.append(need + (0.0, 0.0))
+                ro.append(need + (0.0, fwd + lg, 0.0))
+            else:
+                ws.append(need + (kvc.weights_bytes, bucket))
+                ro.append(res(st, False) + (kvc.weights_bytes, kvc.working_bytes, kv_left))
         phases["rollout"] = (state_keys + ("rollout_weights", "rollout_activations", "rollout_kv_cache"), ro)
         phases["weight_sync"] = (state_keys + ("rollout_weights", "sync_bucket"), ws)
         phases["old_logprob"] = (state_keys + ("activations", "logits"), olp)
@@ -486,7 +495,7 @@ def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, str
         worst = rows[0] if len(rows) == 1 else max(rows, key=sum)
         out[name] = PhaseMemory(name, dict(zip(keys, map(float, worst))))
     if w.kind == "grpo":
-        out["rollout"].info = kvc.to_info()
+        out["rollout"].info = {"native_rollout": 1.0} if native else kvc.to_info()
 
     cap = hardware.hbm_bytes - hardware.reserved_memory_bytes
     violations: list[Violation] = []
@@ -497,7 +506,7 @@ def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, str
                 "OOM_RISK", f"phase {name} needs {tot / GiB:.1f} GiB > {cap / GiB:.1f} GiB capacity "
                             f"({(tot - cap) / GiB:.1f} GiB over; largest part: {max(pm.parts, key=pm.parts.get)})",
                 phase=name, bytes_over=tot - cap))
-    if w.kind == "grpo":
+    if w.kind == "grpo" and not native:
         if kvc.kv_bytes <= 0:
             violations.append(Violation(
                 "OOM_RISK",

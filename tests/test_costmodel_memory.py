@@ -403,3 +403,22 @@ def test_local_spec_layout_matches_autograd_on_cpu(tmp_path):
     for rc in ("none", "selective", "full"):
         model = layer_activation_bytes(c, 128, 128, 4, rc)
         assert measured[rc] == pytest.approx(model, rel=0.02), (rc, measured[rc], model)
+
+
+def test_native_rollout_profile_has_no_vllm_budget():
+    """On the cpu profile the trainer samples with its own Megatron model: the rollout phase holds the
+    actor's state and one forward, not gpu_memory_utilization x HBM, and weight sync copies nothing."""
+    from costmodel.estimate import estimate
+    from costmodel.specs import load_hardware, load_model
+    from costmodel.strategy import Cluster, Strategy, Workload
+
+    wl = Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8)
+    cpu = load_hardware("cpu")
+    est = estimate(model=load_model("tiny"), hardware=cpu, cluster=Cluster(gpus=2, gpus_per_node=2),
+                   strategy=Strategy(tp=2, gpu_memory_utilization=0.6), workload=wl)
+    ro, upd = est.memory["rollout"], est.memory["update"]
+    assert ro.parts["rollout_kv_cache"] == 0 and ro.parts["rollout_weights"] == 0
+    assert ro.total_bytes < 0.01 * 0.6 * cpu.hbm_bytes
+    assert ro.parts["weights"] == upd.parts["weights"] > 0
+    assert est.memory["weight_sync"].parts["rollout_weights"] == 0
+    assert ro.info == {"native_rollout": 1.0}
