@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from costmodel.errors import ConfigError, GrpoTuneError, UnknownKeyError, close_matches
-from costmodel.specs import HardwareSpec, ModelSpec, load_hardware, load_model
+from costmodel.specs import HardwareSpec, ModelSpec, check_keys, load_hardware, load_model
 from costmodel.strategy import Cluster, Strategy, Workload, validate
 
 SCHEMA_VERSION = 1
@@ -161,14 +161,7 @@ def _hardware(v: Any, where: str) -> HardwareSpec:
 
 
 def _section(cls, data: Any, where: str):
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a mapping")
-    names = [f.name for f in dataclasses.fields(cls)]
-    for k in data:
-        if k not in names:
-            near = close_matches(str(k), names)
-            raise UnknownKeyError(f"{where}: unknown key {k!r}",
-                                  hint=f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(names)}")
+    check_keys(cls, data, where)
     for f in dataclasses.fields(cls):
         if f.name not in data:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:

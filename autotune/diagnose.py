@@ -27,8 +27,7 @@ import yaml
 
 from autotune.config import yaml_load
 from autotune import verl
-from autotune.verl import OPEN_PREFIXES
-from costmodel.errors import CODES, ConfigError, GrpoTuneError, InvalidDegreesError, UnknownModelError, close_matches
+from costmodel.errors import CODES, ConfigError, GrpoTuneError, InvalidDegreesError, close_matches
 from costmodel.specs import HardwareSpec, ModelSpec, from_hf_config, list_models, load_hardware, load_model
 from costmodel.strategy import Cluster, Strategy, Workload, validate
 

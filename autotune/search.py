@@ -20,7 +20,6 @@ MoE model, so the search factors it (see :func:`search`):
 """
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from dataclasses import dataclass, field

@@ -158,21 +158,28 @@ class HardwareSpec:
         return hash((self.name, self.bf16_dense_flops_per_s, self.hbm_bytes, self.gpus_per_node))
 
 
-def _build(cls, data: dict[str, Any], where: str):
-    """Build a dataclass from a mapping, rejecting unknown keys and wrong types with coded errors."""
+def check_keys(cls, data: Any, where: str) -> dict[str, Any]:
+    """``data`` as a dict whose keys are all fields of the dataclass ``cls``.
+
+    Not a mapping is BAD_CONFIG; an unknown key is UNKNOWN_KEY with the closest field as the hint.
+    """
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be a table/mapping, got {type(data).__name__}")
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = [k for k in data if k not in names]
-    if unknown:
-        from .errors import UnknownKeyError
+    names = [f.name for f in dataclasses.fields(cls)]
+    for k in data:
+        if k not in names:
+            from .errors import UnknownKeyError
 
-        k = unknown[0]
-        near = close_matches(k, names)
-        raise UnknownKeyError(
-            f"{where}: unknown key {k!r}",
-            hint=f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(sorted(names))}",
-        )
+            near = close_matches(str(k), names)
+            raise UnknownKeyError(f"{where}: unknown key {k!r}",
+                                  hint=f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(sorted(names))}")
+    return dict(data)
+
+
+def _build(cls, data: dict[str, Any], where: str):
+    """Build a dataclass from a mapping, rejecting unknown keys and wrong types with coded errors."""
+    check_keys(cls, data, where)
+    names = {f.name: f for f in dataclasses.fields(cls)}
     missing = [
         n for n, f in names.items()
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and n not in data

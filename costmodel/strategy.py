@@ -9,8 +9,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError, InvalidDegreesError, UnknownKeyError, close_matches
-from .specs import ModelSpec
+from .errors import ConfigError, InvalidDegreesError
+from .specs import ModelSpec, check_keys
 
 RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("param", "grad", "optimizer")
@@ -85,7 +85,7 @@ class Strategy:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "strategy") -> "Strategy":
-        data = _check_keys(cls, data, where)
+        data = check_keys(cls, data, where)
         if "offload" in data:
             off = data["offload"]
             if isinstance(off, str):
@@ -143,22 +143,10 @@ class Workload:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "workload") -> "Workload":
-        return _typed(cls(**_check_keys(cls, data, where)), where)
+        return _typed(cls(**check_keys(cls, data, where)), where)
 
     def replace(self, **kw) -> "Workload":
         return dataclasses.replace(self, **kw)
-
-
-def _check_keys(cls, data: Any, where: str) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
-    names = [f.name for f in dataclasses.fields(cls)]
-    for k in data:
-        if k not in names:
-            near = close_matches(str(k), names)
-            raise UnknownKeyError(f"{where}: unknown key {k!r}",
-                                  hint=f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(names)}")
-    return dict(data)
 
 
 def _typed(obj, where: str):
