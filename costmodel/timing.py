@@ -311,10 +311,21 @@ def _stage_counts(m: ModelSpec, s: Strategy) -> tuple[int, int, int]:
     return st[0], mid, st[-1]
 
 
-def pipeline_s(t_mb: float, m_micro: int, pp: int, vpp: int) -> float:
+def pipeline_s(t_mb: float, m_micro: int, pp: int, vpp: int, share: float = 1.0) -> float:
     """1F1B: m micro-batches plus a bubble of (p-1)/v micro-batch times
-    (Narayanan et al. 2021 sec. 2.2.1: bubble fraction (p-1)/m; sec. 2.2.2 interleaved: (p-1)/(v m))."""
-    return t_mb * (m_micro + (pp - 1) / vpp)
+    (Narayanan et al. 2021 sec. 2.2.1: bubble fraction (p-1)/m; sec. 2.2.2 interleaved: (p-1)/(v m)).
+
+    ``share`` > 1 means ranks share cores (the cpu profile: ranks / max_parallel_ranks). A stage
+    idle in its bubble then hands its core to the others, so the wall time is the larger of the
+    critical path and the busy time x share. step_time scales every phase by ``share`` at the end,
+    hence the division here."""
+    crit = m_micro + (pp - 1) / vpp
+    return t_mb * max(crit, m_micro * share) / share
+
+
+def core_share(e: dict[str, float], cluster: Cluster) -> float:
+    """Ranks per core when a profile has fewer cores than ranks (``max_parallel_ranks``), else 1."""
+    return max(1.0, cluster.gpus / e.get("max_parallel_ranks", float("inf")))
 
 
 def rank_params(m: ModelSpec, s: Strategy) -> tuple[float, float]:
@@ -354,7 +365,7 @@ def train_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, *, se
     if forward_only:
         stages = [first * lt["fwd"], mid * lt["fwd"], last * lt["fwd"] + head_f]
         t_mb = max(stages) + t_p2p
-        return {"compute_s": pipeline_s(t_mb, m_micro, s.pp, s.vpp), "dp_s": 0.0, "optimizer_s": 0.0,
+        return {"compute_s": pipeline_s(t_mb, m_micro, s.pp, s.vpp, core_share(e, cluster)), "dp_s": 0.0, "optimizer_s": 0.0,
                 "micro_batches": m_micro, "fwd_mb_s": t_mb, "bwd_mb_s": 0.0, "_lt": lt}
 
     def stage(n: int, head: float) -> tuple[float, float]:
@@ -363,7 +374,7 @@ def train_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, *, se
     sf = [stage(first, 0.0 if s.pp > 1 else head_f), stage(mid, 0.0), stage(last, head_f)]
     tf, tb = max(sf, key=lambda x: x[0] + x[1])
     t_mb = tf + tb + 2 * t_p2p
-    compute = pipeline_s(t_mb, m_micro, s.pp, s.vpp)
+    compute = pipeline_s(t_mb, m_micro, s.pp, s.vpp, core_share(e, cluster))
 
     # DP: gradients reduce-scattered (distributed optimizer) or all-reduced, updated parameters
     # all-gathered; Megatron overlaps the reduce with the last micro-batch's backward and the
@@ -458,11 +469,12 @@ def native_rollout_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strate
                      cal: dict[str, float]) -> dict[str, float]:
     """The CPU trainer's sampler (trainer/rollout/megatron.py): no KV cache, so each of the
     ``response_len`` steps is a forward-only pass of the training layout over every prefix (each DP
-    rank one micro-batch of its rows), then the last token's fp32 logits are summed over the world."""
+    rank splits its rows into ``pp`` micro-batches, as Engine.next_token_logits does, so the
+    pipeline bubble is (p-1)/p), then the last token's fp32 logits are summed over the world."""
     e = efficiency(hw)
     seqs = wl.prompts * wl.n
     dp = s.dp or 1
-    rows = -(-seqs // dp)
+    rows = -(-seqs // (dp * s.pp))
     s1 = s.replace(mbs=rows)
     ctx = wl.prompt_len + wl.response_len / 2  # padded prefix length, averaged over the steps
     fwd = _total(train_s(m, hw, cluster, s1, sequences=seqs, seq_len=ctx, cal=cal, forward_only=True))
@@ -561,7 +573,7 @@ def step_time(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strate
         phases = {"rollout_s": rollout, "weight_sync_s": sync, "old_logprob_s": old, "ref_logprob_s": ref,
                   "update_s": upd, "offload_s": off}
     # Ranks sharing fewer cores than there are ranks (the cpu profile) run that much slower.
-    slow = max(1.0, gpus / e.get("max_parallel_ranks", float("inf")))
+    slow = core_share(e, cluster)
     if slow > 1.0:
         phases = {k: v * slow for k, v in phases.items()}
         step *= slow

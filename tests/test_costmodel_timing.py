@@ -402,3 +402,31 @@ def test_cpu_rollout_is_the_native_sampler():
     # Longer responses cost more than linearly: every step recomputes a longer prefix.
     ro2 = timing.native_rollout_s(m, CPU, c, s, wl.replace(response_len=64), CAL)
     assert ro2["decode_s"] > 4 * ro["decode_s"]
+
+
+def test_oversubscribed_ranks_fill_the_pipeline_bubble():
+    """With more ranks than cores (cpu profile), a stage idle in its bubble lends its core to the
+    others: the wall time is max(critical path, busy time x ranks-per-core), not their product."""
+    from costmodel.timing import pipeline_s
+
+    t, m, p = 0.1, 2, 2
+    assert pipeline_s(t, m, p, 1) == pytest.approx(t * (m + p - 1))          # dedicated cores
+    # 2 ranks per core: busy time x 2 = 0.4 s beats the critical path 0.3 s; returned / share
+    assert pipeline_s(t, m, p, 1, share=2.0) * 2.0 == pytest.approx(t * m * 2.0)
+    # a deep bubble still dominates when sharing is light
+    assert pipeline_s(t, 1, 8, 1, share=2.0) * 2.0 == pytest.approx(t * 8)
+
+
+def test_native_rollout_splits_rows_into_pp_micro_batches():
+    """Engine.next_token_logits runs pp micro-batches per DP rank, so PP2 costs (p-1)/p of bubble,
+    not a whole extra pass; on 2 ranks with 2 cores PP2 and DP2 roll out in about the same time."""
+    from costmodel.timing import native_rollout_s, check_calibration
+
+    m, hw = load_model("tiny"), load_hardware("cpu")
+    wl = Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8)
+    cl = Cluster(gpus=2, gpus_per_node=2)
+    cal = check_calibration(None)
+    dp2 = native_rollout_s(m, hw, cl, validate(m, Strategy(), 2), wl, cal)["decode_s"]
+    pp2 = native_rollout_s(m, hw, cl, validate(m, Strategy(pp=2), 2), wl, cal)["decode_s"]
+    # critical path: 3 half-batch slots of 2 layers vs one full batch of 4 layers -> 1.5x at most
+    assert pp2 / dp2 < 1.6
