@@ -39,6 +39,9 @@ MAX_MBS = 16
 OFFLOAD_SETS = tuple(tuple(o for i, o in enumerate(OFFLOAD) if mask >> i & 1) for mask in range(1 << len(OFFLOAD)))
 GiB = 1024 ** 3
 
+CP_MIN_TOKENS = 4096
+"""Tokens of one sequence each context-parallel rank must keep for search to propose CP > 1 (unpinned)."""
+
 LAYOUT_KEYS = ("tp", "pp", "first_stage_layers", "last_stage_layers", "vpp", "cp", "ep", "etp")
 
 
@@ -120,7 +123,10 @@ class Space:
                     vpps = [1] + ([v for v in divisors(g) if v > 1] if pp > 1 else [])
                     for vpp in self._choices("vpp", vpps):
                         # CP splits the sequence in 2*cp chunks (Megatron's load-balanced causal CP).
-                        cps = [c for c in divisors(gpus // (tp * pp)) if seq % (2 * c) == 0 or c == 1] \
+                        # Unless pinned, CP is for long sequences only (verl's perf guide: TP first,
+                        # then PP, then CP for long sequences): each rank keeps >= CP_MIN_TOKENS.
+                        cps = [c for c in divisors(gpus // (tp * pp))
+                               if c == 1 or (seq % (2 * c) == 0 and ("cp" in self.pins or seq // c >= CP_MIN_TOKENS))] \
                             if gpus % (tp * pp) == 0 else []
                         for cp in self._choices("cp", cps):
                             if gpus % (tp * pp * cp):

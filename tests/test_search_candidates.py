@@ -6,7 +6,7 @@ import itertools
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from autotune.search import Space, stage_splits
+from autotune.search import CP_MIN_TOKENS, Space, stage_splits
 from costmodel.errors import GrpoTuneError
 from costmodel.specs import load_hardware, load_model
 from costmodel.strategy import Cluster, Strategy, Workload, divisors, stage_layers, validate
@@ -88,12 +88,22 @@ def test_layouts_complete_against_brute_force():
             r = validate(m, Strategy(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp), 8, gpus_per_node=8)
         except GrpoTuneError:
             continue
-        if SMALL.train_seq_len % (2 * cp) and cp > 1:
+        if cp > 1 and (SMALL.train_seq_len % (2 * cp) or SMALL.train_seq_len // cp < CP_MIN_TOKENS):
             continue
         if (SMALL.mini_batch * SMALL.n) % r.dp:
             continue
         want.add((tp, pp, vpp, cp, ep, etp))
     assert got == want
+
+
+def test_cp_only_for_long_sequences_unless_pinned():
+    """Unpinned, CP > 1 appears only when each CP rank keeps >= CP_MIN_TOKENS of the sequence."""
+    short = _space("7b", 8, Workload())  # 2k tokens
+    assert {lay["cp"] for lay in short.layouts()} == {1}
+    long = _space("7b", 8, Workload(prompt_len=4096, response_len=12288))  # 16k tokens
+    assert {lay["cp"] for lay in long.layouts()} >= {1, 2, 4}
+    pinned = Space(short.model, short.hardware, short.cluster, short.workload, {"cp": 2}, False)
+    assert {lay["cp"] for lay in pinned.layouts()} == {2}
 
 
 def test_tp_within_node_unless_allowed():

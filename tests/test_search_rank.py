@@ -61,8 +61,10 @@ def _check_result(res, pins=None):
 def test_7b_on_8_h100_winner_fits():
     res = search(load_model("7b"), H100, Cluster(gpus=8), Workload())
     _check_result(res)
-    assert res.candidates > 100_000 and res.combined > 100_000
+    assert res.candidates > 50_000 and res.combined > 50_000
     assert res.best.time is not None and math.isfinite(step_s(res.best))
+    # 2k-token sequences: no context parallelism (the trainer runs the winner as emitted)
+    assert all(e.strategy.cp == 1 for e in res.ranked)
     assert res.best.strategy.tp * res.best.strategy.pp * res.best.strategy.cp * res.best.strategy.dp == 8
 
 
@@ -134,12 +136,17 @@ def test_combined_figures_equal_exact_estimates(model, gpus):
 
 
 def test_screening_keeps_the_optimum():
-    """Screening layouts down to 8 finds the same winner as the full grid over all 220 layouts."""
+    """Screening layouts down to 16 finds the same winner as the full grid over all 140 layouts
+    (8k-token sequences, so context parallelism is in the space too). The default keeps 48; 8 is
+    too few here (8% slower winner), which is why the default is not lower."""
     m = load_model("llama-3.1-70b")
-    full = search(m, H100, Cluster(gpus=32), Workload(), keep_layouts=10_000)
-    screened = search(m, H100, Cluster(gpus=32), Workload(), keep_layouts=8)
-    assert full.layouts > 200 and screened.evaluated < full.evaluated / 3
+    wl = Workload(prompt_len=4096, response_len=4096)
+    full = search(m, H100, Cluster(gpus=32), wl, keep_layouts=10_000)
+    screened = search(m, H100, Cluster(gpus=32), wl, keep_layouts=16)
+    assert full.layouts > 100 and screened.evaluated < full.evaluated / 3
+    assert any(e.strategy.cp > 1 for e in full.ranked)
     assert step_s(screened.best) == pytest.approx(step_s(full.best), rel=1e-9)
+    assert step_s(search(m, H100, Cluster(gpus=32), wl).best) == pytest.approx(step_s(full.best), rel=1e-9)
 
 
 def test_calibration_reaches_the_ranking(tmp_path):
