@@ -96,6 +96,29 @@ def plan_inputs(*, model: str, hardware: str, gpus: int, gpus_per_node: int | No
     return m, hw, cluster, wl
 
 
+WORKLOAD_FLAGS = ("workload", "prompts", "n", "prompt_len", "response_len", "mini_batch", "ppo_epochs", "kl",
+                  "seq_len", "gbs")
+PIN_FLAGS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "sequence_parallel", "distributed_optimizer",
+             "offload", "rollout_tp", "gpu_memory_utilization", "first_stage_layers", "last_stage_layers")
+
+
+def workload_flags(flags: dict[str, Any]) -> dict[str, Any]:
+    """The workload flags of a command's parameters (its ``locals()``)."""
+    return {k: flags[k] for k in WORKLOAD_FLAGS}
+
+
+def pins_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
+    """The strategy fields a command's degree/memory/rollout flags pinned."""
+    return strategy_pins(**{k: flags[k] for k in PIN_FLAGS})
+
+
+def inputs_from_flags(flags: dict[str, Any]) -> tuple[ModelSpec, HardwareSpec, Cluster, Workload, dict[str, Any]]:
+    """Model, hardware, cluster, workload and pins from the flags that estimate and search share."""
+    m, hw, cluster, wl = plan_inputs(model=flags["model"], hardware=flags["hardware"], gpus=flags["gpus"],
+                                     gpus_per_node=flags["gpus_per_node"], **workload_flags(flags))
+    return m, hw, cluster, wl, pins_from_flags(flags)
+
+
 # Defaults follow common verl GRPO practice (verl's GRPO examples): 1024 prompts, n=5,
 # 1024/1024 tokens, mini-batch 256, KL on.
 WORKLOAD_DEFAULTS = dict(workload="grpo", prompts=1024, n=5, prompt_len=1024, response_len=1024, mini_batch=256,

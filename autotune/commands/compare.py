@@ -18,7 +18,7 @@ from rich.table import Table
 from autotune.options import (
     MIN_HEADROOM_DEFAULT, WORKLOAD_DEFAULTS, MinHeadroom, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Json, Kl,
     LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute, ResponseLen, RolloutTp,
-    SeqLen, SeqPar, Tp, Vpp, WorkloadKind, plan_inputs, strategy_pins,
+    SeqLen, SeqPar, Tp, Vpp, WorkloadKind, pins_from_flags, plan_inputs, workload_flags,
 )
 from costmodel.errors import ConfigError, NoFeasiblePlanError
 
@@ -89,12 +89,8 @@ def compare(
     names = [h.strip() for h in hardware.split(",") if h.strip()]
     if not names:
         raise ConfigError("--hardware needs at least one profile", hint="e.g. --hardware h100,h200,a100")
-    pins = strategy_pins(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs, recompute=recompute,
-                         sequence_parallel=sequence_parallel, distributed_optimizer=distributed_optimizer,
-                         offload=offload, rollout_tp=rollout_tp, gpu_memory_utilization=gpu_memory_utilization,
-                         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
-    wkw = dict(workload=workload, prompts=prompts, n=n, prompt_len=prompt_len, response_len=response_len,
-               mini_batch=mini_batch, ppo_epochs=ppo_epochs, kl=kl, seq_len=seq_len, gbs=gbs)
+    flags = locals()
+    pins, wkw = pins_from_flags(flags), workload_flags(flags)
     rows = compare_rows(model=model, gpus=gpus, hardware=names, gpus_per_node=gpus_per_node, pins=pins,
                         workload_kw=wkw, min_headroom=min_headroom)
     if out is None:

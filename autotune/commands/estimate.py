@@ -15,7 +15,7 @@ from rich.table import Table
 from autotune.options import (
     WORKLOAD_DEFAULTS, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Hardware,
     Json, Kl, LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute,
-    ResponseLen, RolloutTp, SeqLen, SeqPar, Tp, Vpp, WorkloadKind, plan_inputs, strategy_pins,
+    ResponseLen, RolloutTp, SeqLen, SeqPar, Tp, Vpp, WorkloadKind, inputs_from_flags,
 )
 from costmodel.estimate import Estimate, estimate as run_estimate
 from costmodel.strategy import Strategy
@@ -125,14 +125,7 @@ def estimate(
     json_out: Json = False,
 ) -> None:
     """Memory per rank per GRPO phase (and time, where the time model is present) for one plan."""
-    m, hw, cluster, wl = plan_inputs(model=model, hardware=hardware, gpus=gpus, gpus_per_node=gpus_per_node,
-                                     workload=workload, prompts=prompts, n=n, prompt_len=prompt_len,
-                                     response_len=response_len, mini_batch=mini_batch, ppo_epochs=ppo_epochs,
-                                     kl=kl, seq_len=seq_len, gbs=gbs)
-    pins = strategy_pins(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs, recompute=recompute,
-                         sequence_parallel=sequence_parallel, distributed_optimizer=distributed_optimizer,
-                         offload=offload, rollout_tp=rollout_tp, gpu_memory_utilization=gpu_memory_utilization,
-                         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
+    m, hw, cluster, wl, pins = inputs_from_flags(locals())
     strategy = Strategy.from_dict(pins, where="options")
     est = run_estimate(model=m, hardware=hw, cluster=cluster, strategy=strategy, workload=wl)
     if json_out:

@@ -17,7 +17,7 @@ from rich.table import Table
 from autotune.options import (
     MIN_HEADROOM_DEFAULT, WORKLOAD_DEFAULTS, MinHeadroom, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Hardware,
     Json, Kl, LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute,
-    ResponseLen, RolloutTp, SeqLen, SeqPar, Tp, Vpp, WorkloadKind, plan_inputs, strategy_pins,
+    ResponseLen, RolloutTp, SeqLen, SeqPar, Tp, Vpp, WorkloadKind, inputs_from_flags,
 )
 from costmodel.errors import ConfigError
 from costmodel.estimate import Estimate
@@ -120,14 +120,7 @@ def search(
 
     if top < 1:
         raise ConfigError(f"--top must be >= 1, got {top}")
-    m, hw, cluster, wl = plan_inputs(model=model, hardware=hardware, gpus=gpus, gpus_per_node=gpus_per_node,
-                                     workload=workload, prompts=prompts, n=n, prompt_len=prompt_len,
-                                     response_len=response_len, mini_batch=mini_batch, ppo_epochs=ppo_epochs,
-                                     kl=kl, seq_len=seq_len, gbs=gbs)
-    pins = strategy_pins(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs, recompute=recompute,
-                         sequence_parallel=sequence_parallel, distributed_optimizer=distributed_optimizer,
-                         offload=offload, rollout_tp=rollout_tp, gpu_memory_utilization=gpu_memory_utilization,
-                         first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
+    m, hw, cluster, wl, pins = inputs_from_flags(locals())
     cal = None
     if calibration is not None:
         from autotune.calibrate import load as load_calibration
