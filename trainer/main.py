@@ -110,6 +110,13 @@ def rollout_kwargs(cfg, actor, tokenizer) -> dict:
     kw = {"engine": actor, "tokenizer": tokenizer}
     if name == "megatron":
         kw["max_seq_len"] = cfg.workload.prompt_len + cfg.workload.response_len
+        s = cfg.strategy
+        if s.rollout_tp != s.tp:
+            import torch.distributed as dist
+
+            if not dist.is_initialized() or dist.get_rank() == 0:
+                print(f"[trainer] the native Megatron sampler generates with the training layout (tp={s.tp}); "
+                      f"strategy.rollout_tp={s.rollout_tp} applies to the vLLM engine only", flush=True)
     elif name == "vllm":
         kw["cfg"] = cfg
     return kw
