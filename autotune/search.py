@@ -294,8 +294,11 @@ def tokens_per_s_per_gpu(est: Estimate) -> float:
 
 
 def rank_key(est: Estimate) -> tuple[float, float]:
-    """Faster first; among equal step times, more memory headroom first."""
-    return (round(step_s(est), 9), -est.headroom_bytes)
+    """Faster first; step times equal to 3 significant figures are ties (the cost model is not
+    more precise than that: `grpo-tune validate`'s error is a few %), and among ties more memory
+    headroom comes first."""
+    t = step_s(est)
+    return (float(f"{t:.3g}") if math.isfinite(t) else math.inf, -est.headroom_bytes)
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:

@@ -41,7 +41,7 @@ def test_factored_search_matches_exhaustive(model, gpus, hw, wl, pins):
     assert want is not None
     assert got.candidates == sp.candidate_count()
     assert got.evaluated < got.candidates or got.candidates < 2000
-    assert step_s(got.best) == pytest.approx(step_s(want), rel=1e-9)
+    assert rank_key(got.best)[0] == rank_key(want)[0]  # same step time to 3 significant figures (a tie class)
 
 
 def _check_result(res, pins=None):
@@ -55,7 +55,10 @@ def _check_result(res, pins=None):
     for p in res.pareto:
         for e in res.ranked:
             assert not (tokens_per_s_per_gpu(e) > tokens_per_s_per_gpu(p) and e.peak_bytes < p.peak_bytes)
-    assert max(tokens_per_s_per_gpu(p) for p in res.pareto) == pytest.approx(tokens_per_s_per_gpu(res.best))
+    fastest = max(tokens_per_s_per_gpu(e) for e in res.ranked)
+    assert max(tokens_per_s_per_gpu(p) for p in res.pareto) == pytest.approx(fastest)
+    # the winner is the roomiest of the plans tied with the fastest (equal to 3 significant figures)
+    assert rank_key(res.best)[0] == min(k[0] for k in keys)
 
 
 def test_7b_on_8_h100_winner_fits():
@@ -145,8 +148,8 @@ def test_screening_keeps_the_optimum():
     screened = search(m, H100, Cluster(gpus=32), wl, keep_layouts=16)
     assert full.layouts > 100 and screened.evaluated < full.evaluated / 3
     assert any(e.strategy.cp > 1 for e in full.ranked)
-    assert step_s(screened.best) == pytest.approx(step_s(full.best), rel=1e-9)
-    assert step_s(search(m, H100, Cluster(gpus=32), wl).best) == pytest.approx(step_s(full.best), rel=1e-9)
+    assert rank_key(screened.best)[0] == rank_key(full.best)[0]
+    assert rank_key(search(m, H100, Cluster(gpus=32), wl).best)[0] == rank_key(full.best)[0]
 
 
 def test_calibration_reaches_the_ranking(tmp_path):
@@ -226,7 +229,7 @@ def test_non_additive_cost_model_widens_exact_pass(monkeypatch):
             best = e
     res = search(m, H100, Cluster(gpus=8), Workload(), pins=pins, exact=5)  # 5 alone misses it
     assert res.combination_error > 0.01
-    assert step_s(res.best) == pytest.approx(step_s(best), rel=1e-9)
+    assert rank_key(res.best)[0] == rank_key(best)[0]
 
 
 def test_min_headroom_keeps_every_phase_that_far_below_capacity():
@@ -237,11 +240,11 @@ def test_min_headroom_keeps_every_phase_that_far_below_capacity():
 
     m, hw = load_model("7b"), load_hardware("h100")
     tight = search(m, hw, Cluster(gpus=8), Workload(), top=3)
-    margin = 0.1
+    margin = 0.2
     safe = search(m, hw, Cluster(gpus=8), Workload(), top=3, min_headroom=margin)
     assert all(e.headroom_bytes >= margin * hw.hbm_bytes for e in safe.ranked)
     assert tight.best.headroom_bytes < margin * hw.hbm_bytes  # the unconstrained winner is packed tighter
-    assert step_s(safe.best) >= step_s(tight.best)
+    assert rank_key(safe.best)[0] >= rank_key(tight.best)[0]
     # 7B on 2 GPUs fits with at most ~16% of HBM free in its roomiest plan: a 30% margin rules all out
     search(m, hw, Cluster(gpus=2), Workload(), top=1)
     with pytest.raises(NoFeasiblePlanError, match="safety margin"):
