@@ -155,6 +155,19 @@ def die_with_parent() -> None:
         pass
 
 
+def teardown() -> None:
+    """Leave together and close the process groups before the interpreter exits. Without it,
+    gloo's threads can be torn down at exit while a peer is already gone, and the process aborts
+    ("terminate called without an active exception", seen once in CI)."""
+    import torch.distributed as dist
+
+    from . import parallel
+
+    if dist.is_initialized():
+        dist.barrier()
+    parallel.destroy()
+
+
 def main(argv=None) -> int:
     die_with_parent()
     args = parse_args(argv)
@@ -169,6 +182,7 @@ def main(argv=None) -> int:
             run_profile(cfg, args.profile_json, config_path=args.config)
         else:
             train(cfg, resume=not args.no_resume)
+        teardown()
         return 0
     except BaseException as exc:  # record why, then exit with the contract's code
         if isinstance(exc, KeyboardInterrupt):
