@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -342,19 +341,6 @@ def test_cpu_profile_gives_sensible_times_for_tiny(gpus, strategy):
     assert 0.1 < t["step_s"] < 60
     assert all(v >= 0 and math.isfinite(v) for v in t["phases"].values())
     assert t["phases"]["rollout_s"] > 0 and t["phases"]["update_s"] > 0
-
-
-def test_step_time_is_cheap():
-    m = load_model("qwen3-30b-a3b")
-    s = validate(m, Strategy(tp=2, ep=4, pp=2, rollout_tp=4), 16)
-    c, wl = Cluster(gpus=16), Workload()
-    timing.step_time(m, H100, c, s, wl)
-    n = 1000
-    t0 = time.perf_counter()
-    for _ in range(n):
-        timing.step_time(m, H100, c, s, wl)
-    per = (time.perf_counter() - t0) / n
-    assert per < 500e-6, f"{per * 1e6:.0f} us per call"  # ~60 us on one free core; slack for shared CPUs
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
