@@ -21,6 +21,7 @@ from costmodel.specs import ModelSpec
 from costmodel.strategy import Strategy
 
 from . import compat
+from .parallel import megatron_degrees
 
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
@@ -77,12 +78,7 @@ def transformer_config(m: ModelSpec, s: Strategy, *, dtype: str = "fp32"):
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=0.02,
-        tensor_model_parallel_size=s.tp,
-        pipeline_model_parallel_size=s.pp,
-        virtual_pipeline_model_parallel_size=s.vpp if s.vpp > 1 else None,
-        context_parallel_size=s.cp,
-        expert_model_parallel_size=s.ep,
-        expert_tensor_parallel_size=s.etp_,
+        **megatron_degrees(s),
         sequence_parallel=s.sp,
         params_dtype=dt,
         pipeline_dtype=dt,

@@ -79,6 +79,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+
+def megatron_degrees(s: Strategy) -> dict[str, int | None]:
+    """The strategy's degrees under megatron-core's names (initialize_model_parallel and
+    TransformerConfig take the same keywords)."""
+    return dict(
+        tensor_model_parallel_size=s.tp,
+        pipeline_model_parallel_size=s.pp,
+        virtual_pipeline_model_parallel_size=s.vpp if s.vpp > 1 else None,
+        context_parallel_size=s.cp,
+        expert_model_parallel_size=s.ep,
+        expert_tensor_parallel_size=s.etp_,
+    )
+
 def init(cfg_or_strategy, *, seed: int | None = None) -> Layout:
     """Distributed start-up plus megatron's groups for ``cfg.strategy``; returns this rank's layout."""
     strategy = getattr(cfg_or_strategy, "strategy", cfg_or_strategy)
@@ -106,15 +119,7 @@ def reinit(s: Strategy, *, seed: int = 1234) -> Layout:
                                   hint="set cp: 1 for CPU runs")
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
-    ps.initialize_model_parallel(
-        tensor_model_parallel_size=s.tp,
-        pipeline_model_parallel_size=s.pp,
-        virtual_pipeline_model_parallel_size=s.vpp if s.vpp > 1 else None,
-        context_parallel_size=s.cp,
-        expert_model_parallel_size=s.ep,
-        expert_tensor_parallel_size=s.etp_,
-        create_gloo_process_groups=False,
-    )
+    ps.initialize_model_parallel(**megatron_degrees(s), create_gloo_process_groups=False)
     # Same seed on every rank: dropout is off and weights come from a layout-free init
     # (trainer.model.init_weights), so the RNG only needs to be valid, not rank-specific.
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
