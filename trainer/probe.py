@@ -240,23 +240,25 @@ def collectives(dev: torch.device, sizes: list[int], min_s: float) -> tuple[dict
     return res, notes
 
 
-def _rss_bytes() -> int:
+def _proc_kib_field(path: str, key: str) -> int | None:
+    """Bytes of a ``Key:  N kB`` line in a /proc file (Linux), or None when absent."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return None
+
+
+def _rss_bytes() -> int:
+    return _proc_kib_field("/proc/self/status", "VmRSS") or 0
 
 
 def _mem_total_bytes() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    total = _proc_kib_field("/proc/meminfo", "MemTotal")
+    if total is not None:
+        return total
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
