@@ -462,7 +462,7 @@ def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, str
     state_keys = ("weights", "grads", "optimizer") + ref
     upd_entry = (state_keys + ("activations", "logits"), upd)
 
-    native = hardware.efficiency.get("native_rollout", 0.0) >= 1.0
+    native = hardware.native_rollout
     if w.kind == "grpo":
         fwd = forward_activation_bytes(m, s, seq_len=seq, mbs=s.mbs, kernels=k)
         olp, rlp, ws, ro = [], [], [], []

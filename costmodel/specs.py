@@ -133,6 +133,12 @@ class HardwareSpec:
     efficiency: dict[str, float] = field(default_factory=dict)
     """Efficiency curve parameters read by the time model (see costmodel.timing)."""
 
+    @property
+    def native_rollout(self) -> bool:
+        """The profile's trainer samples with its own Megatron model instead of vLLM
+        (``[efficiency] native_rollout = 1``, the ``cpu`` profile): no second weight copy, no KV cache."""
+        return self.efficiency.get("native_rollout", 0.0) >= 1.0
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["aliases"] = list(self.aliases)

@@ -554,7 +554,7 @@ def step_time(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strate
     else:
         seq_len = wl.prompt_len + wl.mean_response_len
         seqs = wl.prompts * wl.n
-        native = e.get("native_rollout", 0.0) >= 1.0  # the profile's trainer samples with Megatron itself
+        native = hw.native_rollout  # the profile's trainer samples with Megatron itself
         ro = (native_rollout_s if native else rollout_s)(m, hw, cluster, s, wl, cal)
         rollout = ro["prefill_s"] + ro["decode_s"] + cal["rollout_overhead_s"]
         sync = (0.0 if native else weight_sync_s(m, hw, cluster, s, cal)) + cal["weight_sync_overhead_s"]
@@ -598,7 +598,7 @@ def explain(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strategy
     out = {"micro_batches": m_micro, "bubble_fraction": (s.pp - 1) / (s.vpp * m_micro),
            "dp_exposed_s": tr["dp_s"], "optimizer_s": tr["optimizer_s"]}
     if wl.kind == "grpo":
-        native = efficiency(hardware).get("native_rollout", 0.0) >= 1.0
+        native = hardware.native_rollout
         ro = (native_rollout_s if native else rollout_s)(model, hardware, cluster, s, wl, cal)
         out.update(prefill_s=ro["prefill_s"], decode_s=ro["decode_s"], decode_step_s=ro["decode_step_s"],
                    decode_concurrency=ro["concurrency"], decode_memory_bound=ro["memory_bound"])
