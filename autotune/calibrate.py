@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from costmodel.errors import ConfigError
-from costmodel.specs import HardwareSpec, ModelSpec
-from costmodel.strategy import Cluster, Strategy, Workload
+from core.errors import ConfigError
+from core.specs import HardwareSpec, ModelSpec
+from core.strategy import Cluster, Strategy, Workload
 
 VERSION = 1
 PHASE_WEIGHT = 0.5
@@ -217,7 +217,7 @@ def fit_records(records, *, model: ModelSpec, hardware: HardwareSpec, cluster: C
 # ---------------------------------------------------------------------------------------------
 
 def save(path: str | os.PathLike, *, params: dict[str, float], hardware: str, fit: dict[str, Any] | None = None) -> Path:
-    from .config import atomic_write
+    from core.config import atomic_write
 
     doc = {"version": VERSION, "hardware": hardware, "params": {k: float(v) for k, v in params.items()},
            "fit": fit or {}}
@@ -250,7 +250,7 @@ def load(path: str | os.PathLike, *, hardware: str | None = None) -> dict[str, f
     out = {}
     for k, v in params.items():
         if known is not None and k not in known:
-            from costmodel.errors import UnknownKeyError, close_matches
+            from core.errors import UnknownKeyError, close_matches
 
             near = close_matches(k, known)
             raise UnknownKeyError(f"{p}: unknown calibration parameter {k!r}",

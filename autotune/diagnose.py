@@ -25,11 +25,11 @@ from typing import Any
 
 import yaml
 
-from autotune.config import yaml_load
+from core.config import yaml_load
 from autotune import verl
-from costmodel.errors import CODES, ConfigError, GrpoTuneError, InvalidDegreesError, close_matches
-from costmodel.specs import HardwareSpec, ModelSpec, from_hf_config, list_models, load_hardware, load_model
-from costmodel.strategy import Cluster, Strategy, Workload, validate
+from core.errors import CODES, ConfigError, GrpoTuneError, InvalidDegreesError, close_matches
+from core.specs import HardwareSpec, ModelSpec, from_hf_config, list_models, load_hardware, load_model
+from core.strategy import Cluster, Strategy, Workload, validate
 
 ARO = "actor_rollout_ref"
 ACTOR = f"{ARO}.actor"
@@ -932,7 +932,7 @@ def diagnose_path(path: str | os.PathLike, *, hardware: str | None = None, model
 
 
 def _run_config(p: Path, data: dict, hardware: str | None) -> Report:
-    from autotune.config import RunConfig
+    from core.config import RunConfig
 
     try:
         cfg = RunConfig.from_dict(data, where=str(p))

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from costmodel.estimate import Estimate
 
-from .config import RunConfig, TrainerOptions, atomic_write, save
+from core.config import RunConfig, TrainerOptions, atomic_write, save
 
 # Run folder -> (ranked, pareto, stats) of the search that emitted into it in this process, so that
 # refine's emit(winner, folder, measured=...) keeps the report's tables.

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import shlex
 
-from autotune.config import RunConfig
+from core.config import RunConfig
 from autotune.verl import CONFIG_NAME, VERL_VERSION
-from costmodel.strategy import stage_layers
+from core.strategy import stage_layers
 
 ARO = "actor_rollout_ref"
 ACTOR = f"{ARO}.actor"

@@ -9,9 +9,9 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from costmodel.errors import ConfigError
-from costmodel.specs import HardwareSpec, ModelSpec, load_hardware, load_model
-from costmodel.strategy import OFFLOAD, RECOMPUTE, Cluster, Workload
+from core.errors import ConfigError
+from core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
+from core.strategy import OFFLOAD, RECOMPUTE, Cluster, Workload
 
 P_MODEL = "Model"
 P_PAR = "Parallel degrees (unset: default in estimate, tuned in search)"

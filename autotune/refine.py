@@ -56,18 +56,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from costmodel.errors import ConfigError, GrpoTuneError
+from core.errors import ConfigError, GrpoTuneError
 from costmodel.estimate import Estimate, estimate as cost_estimate
-from costmodel.specs import HardwareSpec, ModelSpec
-from costmodel.strategy import Cluster, Strategy, Workload
+from core.specs import HardwareSpec, ModelSpec
+from core.strategy import Cluster, Strategy, Workload
 
-from .config import RunConfig, TrainerOptions, atomic_write, save as save_config
+from core.config import RunConfig, TrainerOptions, atomic_write, save as save_config
 
 PHASES = ("rollout", "weight_sync", "old_logprob", "ref_logprob", "update")
 PARAM = "plan_rank"
 MAX_SPACE = 20000  # beyond this many candidates only search's ranked list is used
 # The profile command, run as `PROFILE_CMD + ["--config", X, "--steps", K, "--json", OUT]`.
-PROFILE_CMD = [sys.executable, "-c", "from autotune.cli import run; run()", "profile"]
+PROFILE_CMD = [sys.executable, "-c", "from cli.main import run; run()", "profile"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -512,14 +512,14 @@ def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSp
     space = build_space(ranked, model, hardware, cluster, workload, calibration=calibration, pins=pins,
                         allow_cross_node_tp=allow_cross_node_tp)
     if not space:
-        from costmodel.errors import NoFeasiblePlanError
+        from core.errors import NoFeasiblePlanError
 
         raise NoFeasiblePlanError("no plan predicted to fit: nothing to refine",
                                   hint="add GPUs, shrink the workload, or relax pinned degrees")
     base_trainer = trainer or TrainerOptions()
     space, rejected = _runnable(space, base_trainer)
     if not space:
-        from costmodel.errors import NoFeasiblePlanError
+        from core.errors import NoFeasiblePlanError
 
         raise NoFeasiblePlanError("the trainer rejects every plan predicted to fit: nothing to refine",
                                   hint=f"e.g. {rejected[0]}" if rejected else "")

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .config import atomic_write
+from core.config import atomic_write
 from .report import _plt, _save_png
 
 STATE_STYLE = {"COMPLETE": ("o", "#4C72B0"), "PRUNED": ("x", "#CCB974"), "FAIL": ("X", "#C44E52")}
@@ -109,7 +109,7 @@ def section(result) -> list[str]:
     for r in recs:
         plan = r.plan or "-"
         if r.strategy:
-            from costmodel.strategy import Strategy
+            from core.strategy import Strategy
 
             from .report import plan_label
 

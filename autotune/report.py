@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from costmodel.estimate import Estimate
-from costmodel.strategy import Strategy
+from core.strategy import Strategy
 
-from .config import atomic_write
+from core.config import atomic_write
 
 GiB = 1024 ** 3
 PHASE_COLORS = {"rollout": "#4C72B0", "weight_sync": "#8172B2", "old_logprob": "#55A868", "ref_logprob": "#64B5CD",

@@ -1,6 +1,6 @@
 """Candidate generation, ranking and the Pareto front.
 
-Generation yields only plans that :func:`costmodel.strategy.validate` accepts (and that satisfy
+Generation yields only plans that :func:`core.strategy.validate` accepts (and that satisfy
 verl's batch rules): the space is built from divisors, never filtered from a product.
 
 A plan splits in three: the *layout* (tp, pp with its first/last stage split, vpp, cp, ep, etp),
@@ -27,11 +27,11 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from costmodel.errors import ConfigError, InvalidDegreesError, NoFeasiblePlanError
+from core.errors import ConfigError, InvalidDegreesError, NoFeasiblePlanError
 from costmodel.estimate import Estimate, estimate
 from costmodel.params import total_params
-from costmodel.specs import HardwareSpec, ModelSpec
-from costmodel.strategy import OFFLOAD, RECOMPUTE, Cluster, Strategy, Workload, divisors, validate
+from core.specs import HardwareSpec, ModelSpec
+from core.strategy import OFFLOAD, RECOMPUTE, Cluster, Strategy, Workload, divisors, validate
 
 GMU_GRID = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 """vLLM memory fractions tried; verl's perf guide suggests 0.5-0.7 without offload, 0.8-0.9 with."""

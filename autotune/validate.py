@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from costmodel.errors import ConfigError
-from costmodel.specs import PROFILES_DIR, HardwareSpec, ModelSpec, load_hardware
-from costmodel.strategy import Cluster, Strategy, Workload, validate as validate_degrees
+from core.errors import ConfigError
+from core.specs import PROFILES_DIR, HardwareSpec, ModelSpec, load_hardware
+from core.strategy import Cluster, Strategy, Workload, validate as validate_degrees
 from costmodel.timing import step_time
 
 DATA_PATH = PROFILES_DIR / "data" / "published.csv"

@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-from costmodel.errors import ConfigError, GrpoTuneError, MissingDependencyError, UnknownKeyError, try_import
+from core.errors import ConfigError, GrpoTuneError, MissingDependencyError, UnknownKeyError, try_import
 
 VERL_VERSION = "0.9.1"
 CONFIG_NAME = "ppo_megatron_trainer"

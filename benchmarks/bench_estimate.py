@@ -17,11 +17,11 @@ import os
 import time
 
 from costmodel import timing
-from costmodel.errors import InvalidDegreesError
+from core.errors import InvalidDegreesError
 from costmodel.estimate import estimate
 from costmodel.memory import phase_memory
-from costmodel.specs import load_hardware, load_model
-from costmodel.strategy import Cluster, Strategy, Workload, validate
+from core.specs import load_hardware, load_model
+from core.strategy import Cluster, Strategy, Workload, validate
 
 GPUS = {"7b": 8, "8b": 8, "70b": 64, "30b-a3b": 32, "dsv3": 256, "tiny": 4}
 

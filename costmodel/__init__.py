@@ -1,11 +1,5 @@
-"""grpo-tune's analytic cost model: pure functions, no torch, no megatron, no vllm."""
-from .errors import GrpoTuneError
+"""grpo-tune's analytic cost model: pure functions over core's specs, no torch, no megatron, no vllm."""
+from .estimate import Estimate, estimate
 from .params import active_params, max_rank_params, per_stage_params, total_params
-from .specs import HardwareSpec, ModelSpec, list_hardware, list_models, load_hardware, load_model
-from .strategy import Cluster, Strategy, Workload, validate
 
-__all__ = [
-    "Cluster", "GrpoTuneError", "HardwareSpec", "ModelSpec", "Strategy", "Workload",
-    "active_params", "list_hardware", "list_models", "load_hardware", "load_model",
-    "max_rank_params", "per_stage_params", "total_params", "validate",
-]
+__all__ = ["Estimate", "active_params", "estimate", "max_rank_params", "per_stage_params", "total_params"]

@@ -7,7 +7,7 @@ Plain float math: the search calls these thousands of times.
 """
 from __future__ import annotations
 
-from .specs import HardwareSpec
+from core.specs import HardwareSpec
 
 
 def all_reduce_s(nbytes: float, n: int, bw: float, latency_s: float = 0.0) -> float:

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .params import active_params, max_rank_params, total_params
-from .specs import HardwareSpec, ModelSpec
-from .strategy import Cluster, Strategy, Workload, validate
+from core.specs import HardwareSpec, ModelSpec
+from core.strategy import Cluster, Strategy, Workload, validate
 
 
 @dataclass

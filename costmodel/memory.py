@@ -27,8 +27,8 @@ from functools import lru_cache
 
 from .estimate import PhaseMemory, Violation
 from .params import padded_vocab, per_stage_params
-from .specs import HardwareSpec, ModelSpec
-from .strategy import Cluster, Strategy, Workload, stage_layers
+from core.specs import HardwareSpec, ModelSpec
+from core.strategy import Cluster, Strategy, Workload, stage_layers
 
 GiB = 1024**3
 BF16 = 2

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .specs import ModelSpec
-from .strategy import Strategy, stage_layers
+from core.specs import ModelSpec
+from core.strategy import Strategy, stage_layers
 
 
 def _attention(m: ModelSpec) -> tuple[int, int]:

@@ -27,10 +27,10 @@ from functools import lru_cache
 from typing import Any
 
 from . import comm, memory
-from .errors import ConfigError
+from core.errors import ConfigError
 from .params import active_params, embedding_params, layer_params, total_params
-from .specs import HardwareSpec, ModelSpec
-from .strategy import Cluster, Strategy, Workload, stage_layers
+from core.specs import HardwareSpec, ModelSpec
+from core.strategy import Cluster, Strategy, Workload, stage_layers
 
 PHASES = ("rollout", "weight_sync", "old_logprob", "ref_logprob", "update", "offload")
 
@@ -87,7 +87,7 @@ def check_calibration(calibration: dict[str, float] | None) -> dict[str, float]:
     cal = dict(CALIBRATION_DEFAULTS)
     for k, v in calibration.items():
         if k not in CALIBRATION_DEFAULTS:
-            from .errors import close_matches
+            from core.errors import close_matches
 
             near = close_matches(str(k), CALIBRATION_DEFAULTS)
             raise ConfigError(f"calibration: unknown parameter {k!r}",

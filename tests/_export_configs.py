@@ -1,9 +1,9 @@
 """Run configs shared by the export and diagnose tests (a plain module, not a test file)."""
 from __future__ import annotations
 
-from autotune.config import RunConfig, TrainerOptions
-from costmodel.specs import load_hardware, load_model
-from costmodel.strategy import Cluster, Strategy, Workload, validate
+from core.config import RunConfig, TrainerOptions
+from core.specs import load_hardware, load_model
+from core.strategy import Cluster, Strategy, Workload, validate
 
 
 def make(model: str, gpus: int, *, hardware: str = "h100", gpus_per_node: int = 8, workload: Workload | None = None,

@@ -9,9 +9,9 @@ from hypothesis import given, settings, strategies as st
 
 from autotune import calibrate
 from autotune.calibrate import Point, fit, load, predict_estimate, save
-from costmodel.errors import ConfigError, GrpoTuneError
-from costmodel.specs import load_hardware, load_model
-from costmodel.strategy import Cluster, Strategy, Workload, validate
+from core.errors import ConfigError, GrpoTuneError
+from core.specs import load_hardware, load_model
+from core.strategy import Cluster, Strategy, Workload, validate
 
 TINY = load_model("tiny")
 CPU = load_hardware("cpu")

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from autotune.cli import main
+from cli.main import main
 from costmodel.params import total_params
-from costmodel.specs import load_model
+from core.specs import load_model
 
 
 def run(capsys, *args):
@@ -108,7 +108,7 @@ def test_human_output_has_the_breakdown(capsys):
 
 def test_console_script_exit_codes():
     exe = shutil.which("grpo-tune")
-    cmd = [exe] if exe else [sys.executable, "-c", "from autotune.cli import run; run()"]
+    cmd = [exe] if exe else [sys.executable, "-c", "from cli.main import run; run()"]
     bad = subprocess.run(cmd + ["estimate", "--model", "7b", "--tp", "3", "--gpus", "24"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("[INVALID_DEGREES]") and "Traceback" not in bad.stderr

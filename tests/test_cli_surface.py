@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer.main
 
-from autotune.cli import app
+from cli.main import app
 
 # Degree, memory, rollout and workload flags shared by estimate, search and compare (autotune/options.py).
 PLAN = [

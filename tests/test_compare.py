@@ -10,12 +10,12 @@ import pytest
 
 from autotune.options import MIN_HEADROOM_DEFAULT
 
-from autotune.commands.compare import usd_per_million_tokens
+from cli.compare import usd_per_million_tokens
 from autotune.search import search, tokens_per_s_per_gpu
-from costmodel.specs import load_hardware, load_model
-from costmodel.strategy import Cluster, Workload
+from core.specs import load_hardware, load_model
+from core.strategy import Cluster, Workload
 
-CLI = [sys.executable, "-c", "from autotune.cli import run; run()"]
+CLI = [sys.executable, "-c", "from cli.main import run; run()"]
 
 
 def test_cost_per_million_tokens_by_hand():

@@ -11,10 +11,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autotune.config import SCHEMA_VERSION, RunConfig, TrainerOptions, atomic_write, dumps, load, save
-from costmodel.errors import GrpoTuneError
-from costmodel.specs import load_hardware, load_model
-from costmodel.strategy import Cluster, Strategy, Workload, validate
+from core.config import SCHEMA_VERSION, RunConfig, TrainerOptions, atomic_write, dumps, load, save
+from core.errors import GrpoTuneError
+from core.specs import load_hardware, load_model
+from core.strategy import Cluster, Strategy, Workload, validate
 
 
 def make_cfg(**kw) -> RunConfig:
@@ -184,9 +184,9 @@ def test_save_is_readable_by_others_atomically(tmp_path):
 
 def test_exponent_floats_without_a_dot_load_as_numbers(tmp_path):
     """YAML 1.1 reads ``3e-3`` as a string; users write it that way, so the loader reads it as 1.2 does."""
-    from autotune.config import Cluster, RunConfig, load, save
-    from costmodel.specs import load_hardware, load_model
-    from costmodel.strategy import Strategy
+    from core.config import Cluster, RunConfig, load, save
+    from core.specs import load_hardware, load_model
+    from core.strategy import Strategy
 
     cfg = RunConfig(model=load_model("tiny"), hardware=load_hardware("cpu"),
                     cluster=Cluster(gpus=1, gpus_per_node=1), strategy=Strategy())

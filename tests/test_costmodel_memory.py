@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from costmodel.errors import InvalidDegreesError
+from core.errors import InvalidDegreesError
 from costmodel.estimate import estimate
 from costmodel.memory import (
     in_flight_microbatches, kv_bytes_per_token, kv_cache_capacity, layer_activation_bytes, layer_coeffs,
@@ -15,8 +15,8 @@ from costmodel.memory import (
     rollout_working_bytes, train_activation_bytes,
 )
 from costmodel.params import per_stage_params
-from costmodel.specs import ModelSpec, load_hardware, load_model
-from costmodel.strategy import Cluster, Strategy, Workload, validate
+from core.specs import ModelSpec, load_hardware, load_model
+from core.strategy import Cluster, Strategy, Workload, validate
 
 H100 = load_hardware("h100")
 
@@ -344,8 +344,8 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WO
 import warnings; warnings.filterwarnings("ignore")
 import torch
 from trainer import compat, parallel, model as tm
-from costmodel.specs import ModelSpec
-from costmodel.strategy import Strategy, validate
+from core.specs import ModelSpec
+from core.strategy import Strategy, validate
 compat.enable()
 seq, b = 128, 4
 
@@ -409,8 +409,8 @@ def test_native_rollout_profile_has_no_vllm_budget():
     """On the cpu profile the trainer samples with its own Megatron model: the rollout phase holds the
     actor's state and one forward, not gpu_memory_utilization x HBM, and weight sync copies nothing."""
     from costmodel.estimate import estimate
-    from costmodel.specs import load_hardware, load_model
-    from costmodel.strategy import Cluster, Strategy, Workload
+    from core.specs import load_hardware, load_model
+    from core.strategy import Cluster, Strategy, Workload
 
     wl = Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8)
     cpu = load_hardware("cpu")

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from costmodel.errors import UnknownModelError
+from core.errors import UnknownModelError
 from costmodel.params import active_params, layer_params, padded_vocab, per_stage_params, total_params
-from costmodel.specs import from_hf_config, load_model
-from costmodel.strategy import Strategy, validate
+from core.specs import from_hf_config, load_model
+from core.strategy import Strategy, validate
 
 # Published totals: the Hugging Face checkpoints' parameter counts (safetensors metadata, or the
 # index's total_size / 2 for bf16 files). Exact, so the tolerance is zero.

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.errors import ConfigError, GrpoTuneError, InvalidDegreesError
-from costmodel.specs import load_model
-from costmodel.strategy import Strategy, Workload, stage_layers, validate
+from core.errors import ConfigError, GrpoTuneError, InvalidDegreesError
+from core.specs import load_model
+from core.strategy import Strategy, Workload, stage_layers, validate
 
 
 @pytest.mark.parametrize("name,gpus,kw,why", [

@@ -10,12 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from costmodel import comm, timing
-from costmodel.errors import GrpoTuneError
+from core.errors import GrpoTuneError
 from costmodel.estimate import estimate
 from costmodel.memory import kv_bytes_per_token, kv_cache_capacity, rollout_weight_bytes
 from costmodel.params import active_params, embedding_params
-from costmodel.specs import ModelSpec, load_hardware, load_model
-from costmodel.strategy import Cluster, Strategy, Workload, validate
+from core.specs import ModelSpec, load_hardware, load_model
+from core.strategy import Cluster, Strategy, Workload, validate
 
 A100 = load_hardware("a100")
 H100 = load_hardware("h100")

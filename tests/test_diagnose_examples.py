@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli import main
+from cli.main import main
 from autotune.diagnose import diagnose_path
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autotune.config import save
+from core.config import save
 from autotune.diagnose import Finding, diagnose_overrides, diagnose_path, parse_script
 from autotune.export import verl_script
-from costmodel.errors import CODES
+from core.errors import CODES
 from _export_configs import configs, make
 
 A = "actor_rollout_ref.actor.megatron"

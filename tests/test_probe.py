@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.specs import load_hardware
+from core.specs import load_hardware
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-c", "from autotune.cli import run; run()", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-c", "from cli.main import run; run()", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
 

@@ -173,7 +173,7 @@ def _inputs():
 ])
 def test_bad_refine_arguments_are_coded_errors(tmp_path, kw, match):
     from autotune.refine import refine
-    from costmodel.errors import ConfigError
+    from core.errors import ConfigError
 
     ranked, m, hw, cl, wl = _inputs()
     with pytest.raises(ConfigError, match=match):
@@ -183,7 +183,7 @@ def test_bad_refine_arguments_are_coded_errors(tmp_path, kw, match):
 
 def test_space_holds_only_fitting_plans_the_trainer_accepts():
     from autotune.refine import _distinct, _predicted, _runnable, build_space, plan_key
-    from autotune.config import TrainerOptions
+    from core.config import TrainerOptions
 
     ranked, m, hw, cl, wl = _inputs()
     space = build_space(ranked, m, hw, cl, wl)

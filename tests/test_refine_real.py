@@ -24,7 +24,7 @@ CMD = ["search", "--model", "tiny", "--gpus", "2", "--hardware", "cpu", "--promp
 
 
 def _argv(tmp: Path) -> list[str]:
-    return [sys.executable, "-c", "from autotune.cli import run; run()", *CMD, "--out", str(tmp / "runs")]
+    return [sys.executable, "-c", "from cli.main import run; run()", *CMD, "--out", str(tmp / "runs")]
 
 
 def _run(tmp: Path) -> tuple[subprocess.CompletedProcess, dict]:

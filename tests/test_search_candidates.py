@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from autotune.search import CP_MIN_TOKENS, Space, stage_splits
-from costmodel.errors import GrpoTuneError
-from costmodel.specs import load_hardware, load_model
-from costmodel.strategy import Cluster, Strategy, Workload, divisors, stage_layers, validate
+from core.errors import GrpoTuneError
+from core.specs import load_hardware, load_model
+from core.strategy import Cluster, Strategy, Workload, divisors, stage_layers, validate
 
 H100 = load_hardware("h100")
 WL = Workload()
@@ -179,8 +179,8 @@ def test_space_is_identical_across_processes():
     import subprocess
     import sys
 
-    code = ("from autotune.search import Space; from costmodel.specs import load_model, load_hardware; "
-            "from costmodel.strategy import Cluster, Workload; "
+    code = ("from autotune.search import Space; from core.specs import load_model, load_hardware; "
+            "from core.strategy import Cluster, Workload; "
             "sp = Space(load_model('deepseek-v3'), load_hardware('h100'), Cluster(gpus=256), Workload()); "
             "print(repr([tuple(sorted(l.items())) for l in sp.layouts()][:400]), sp.candidate_count())")
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

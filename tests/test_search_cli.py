@@ -14,13 +14,13 @@ import pytest
 from autotune.options import MIN_HEADROOM_DEFAULT
 import yaml
 
-from autotune.config import load
+from core.config import load
 from autotune.emit import emit, run_id
 from autotune.search import search
-from costmodel.specs import load_hardware, load_model
-from costmodel.strategy import Cluster, Workload
+from core.specs import load_hardware, load_model
+from core.strategy import Cluster, Workload
 
-CLI = [sys.executable, "-c", "from autotune.cli import run; run()"]
+CLI = [sys.executable, "-c", "from cli.main import run; run()"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -90,7 +90,7 @@ def test_report_references_plots(golden):
 
 @pytest.mark.parametrize("name", ["best.yaml", "verl.sh"])
 def test_diagnose_finds_no_errors(golden, name):
-    pytest.importorskip("autotune.commands.diagnose")
+    pytest.importorskip("cli.diagnose")
     _, d = golden
     p = _run("diagnose", str(d / name), "--json")
     assert p.returncode == 0, p.stdout + p.stderr

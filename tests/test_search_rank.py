@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from autotune.search import Space, pareto_front, rank_key, search, step_s, tokens_per_s_per_gpu
-from costmodel.errors import GrpoTuneError, NoFeasiblePlanError
+from core.errors import GrpoTuneError, NoFeasiblePlanError
 from costmodel.estimate import estimate
-from costmodel.specs import load_hardware, load_model
-from costmodel.strategy import Cluster, Workload
+from core.specs import load_hardware, load_model
+from core.strategy import Cluster, Workload
 
 H100 = load_hardware("h100")
 CPU = load_hardware("cpu")
@@ -180,7 +180,7 @@ def test_pretrain_has_no_rollout_axis():
        pins=st.dictionaries(st.sampled_from(["tp", "pp", "cp", "mbs", "rollout_tp", "vpp"]),
                             st.sampled_from([1, 2, 3, 4]), max_size=3))
 def test_random_inputs_give_valid_fitting_plans_or_coded_errors(gpus, prompts, n, mini, plen, rlen, pins):
-    from costmodel.strategy import validate
+    from core.strategy import validate
 
     try:
         wl = Workload.from_dict(dict(prompts=prompts, n=n, mini_batch=mini, prompt_len=plen, response_len=rlen))
@@ -234,9 +234,9 @@ def test_non_additive_cost_model_widens_exact_pass(monkeypatch):
 
 def test_min_headroom_keeps_every_phase_that_far_below_capacity():
     """A safety margin drops the plans packed to the limit; 0 gives them back; too much is NO_FEASIBLE_PLAN."""
-    from costmodel.errors import NoFeasiblePlanError
-    from costmodel.specs import load_hardware, load_model
-    from costmodel.strategy import Cluster, Workload
+    from core.errors import NoFeasiblePlanError
+    from core.specs import load_hardware, load_model
+    from core.strategy import Cluster, Workload
 
     m, hw = load_model("7b"), load_hardware("h100")
     tight = search(m, hw, Cluster(gpus=8), Workload(), top=3)

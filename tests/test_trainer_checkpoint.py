@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune.config import RunConfig, TrainerOptions, save
-from costmodel.specs import load_hardware, load_model
-from costmodel.strategy import Cluster, Strategy, Workload
+from core.config import RunConfig, TrainerOptions, save
+from core.specs import load_hardware, load_model
+from core.strategy import Cluster, Strategy, Workload
 from trainer import checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,7 +73,7 @@ def _config(path: Path, out: Path, steps: int) -> Path:
 
 
 def _cli(*args: str, **kw):
-    return subprocess.Popen([sys.executable, "-c", "from autotune.cli import run; run()", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-c", "from cli.main import run; run()", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
 
 

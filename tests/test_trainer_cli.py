@@ -12,10 +12,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autotune.cli import main as cli_main
-from autotune.config import RunConfig, TrainerOptions, load, save
-from costmodel.specs import load_hardware, load_model
-from costmodel.strategy import Cluster, Strategy, Workload
+from cli.main import main as cli_main
+from core.config import RunConfig, TrainerOptions, load, save
+from core.specs import load_hardware, load_model
+from core.strategy import Cluster, Strategy, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,13 +38,13 @@ def edit(path: Path, section: str, **kw) -> Path:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from autotune.cli import run; run()", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-c", "from cli.main import run; run()", *args], capture_output=True,
                           text=True, cwd=ROOT, timeout=60)
 
 
 def test_dry_run_prints_the_summary_and_starts_nothing_without_torch(tmp_path):
     cfg = write_cfg(tmp_path / "c.yaml", strategy={"tp": 2}, gpus=2)
-    code = ("import sys; from autotune.cli import main; rc = main(['train', '--config', sys.argv[1], '--dry-run']);"
+    code = ("import sys; from cli.main import main; rc = main(['train', '--config', sys.argv[1], '--dry-run']);"
             "assert 'torch' not in sys.modules, 'dry-run imported torch'; sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -164,7 +164,7 @@ def test_progress_follows_metrics_jsonl_live_and_plain(tmp_path):
 
     from rich.console import Console
 
-    from autotune.commands.train import Progress
+    from cli.train import Progress
 
     path = tmp_path / "metrics.jsonl"
     path.write_text(json.dumps({"step": 1, "loss": 0.5}) + "\n")  # an earlier launch's line: not shown

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from costmodel.errors import GrpoTuneError
+from core.errors import GrpoTuneError
 from trainer.data import Example, PromptStream, load_dataset, synthetic_examples, write_synthetic
 from trainer.reward import math_reward
 from trainer.rollout import SamplingParams

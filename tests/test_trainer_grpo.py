@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.errors import GrpoTuneError
+from core.errors import GrpoTuneError
 from trainer import grpo
 
 
@@ -213,7 +213,7 @@ def test_actor_loss_combines_terms():
 
 
 def test_loss_config_from_trainer_options():
-    from autotune.config import TrainerOptions
+    from core.config import TrainerOptions
 
     cfg = grpo.LossConfig.from_options(TrainerOptions(kl_type="k2", clip_ratio_high=0.28), use_kl=False)
     assert (cfg.kl_type, cfg.clip_ratio_high, cfg.use_kl, cfg.clip_ratio_c) == ("k2", 0.28, False, None)

@@ -152,9 +152,9 @@ def task_hf(spec: dict) -> dict:
     tokens; the first layout also exports to ``spec["export"]``."""
     import torch.distributed as dist
 
-    from autotune.config import RunConfig, TrainerOptions
-    from costmodel.specs import load_hardware
-    from costmodel.strategy import Cluster, Strategy, Workload, validate
+    from core.config import RunConfig, TrainerOptions
+    from core.specs import load_hardware
+    from core.strategy import Cluster, Strategy, Workload, validate
     from trainer import hf, parallel
     from trainer.engine import Engine
 
@@ -250,7 +250,7 @@ def test_every_preset_maps_onto_exactly_its_hf_parameters():
     """For each supported preset, the HF tensors the importer expects hold exactly the cost
     model's total parameter count (so no tensor is dropped or invented by the mapping)."""
     from costmodel.params import total_params
-    from costmodel.specs import list_models, load_model
+    from core.specs import list_models, load_model
     from trainer import hf
     from trainer.model import SUPPORTED_FAMILIES
 
@@ -270,7 +270,7 @@ def test_every_preset_maps_onto_exactly_its_hf_parameters():
 def test_shards_tile_the_full_tensor(tp):
     """shard() over all TP ranks, placed back with place(), rebuilds every full tensor; and the
     HF <-> full conversion is a bijection (Qwen2 spec: QKV bias, GQA; tiny-moe: experts)."""
-    from costmodel.specs import load_model
+    from core.specs import load_model
     from trainer import hf
 
     for name in ("qwen2.5-0.5b", "tiny-moe"):
@@ -293,8 +293,8 @@ def test_shards_tile_the_full_tensor(tp):
 
 
 def test_mismatched_or_incomplete_checkpoint_is_a_coded_error(tmp_path):
-    from costmodel.errors import GrpoTuneError
-    from costmodel.specs import load_model
+    from core.errors import GrpoTuneError
+    from core.specs import load_model
     from trainer import hf
 
     ck = write_checkpoint(tmp_path / "l", "llama")

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import RunConfig, TrainerOptions, save
-from costmodel.specs import load_hardware, load_model
-from costmodel.strategy import Cluster, Strategy, Workload
+from core.config import RunConfig, TrainerOptions, save
+from core.specs import load_hardware, load_model
+from core.strategy import Cluster, Strategy, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, WINDOW = 80, 20
@@ -34,7 +34,7 @@ def test_mean_reward_rises_on_the_synthetic_task(tmp_path):
                     trainer=TrainerOptions(steps=STEPS, lr=3e-3, dataset="synthetic", reward="math", out_dir=str(out),
                                            checkpoint_every=STEPS, rollout_engine="megatron"))
     save(cfg, tmp_path / "learn.yaml")
-    r = subprocess.run([sys.executable, "-c", "from autotune.cli import run; run()", "train", "--config",
+    r = subprocess.run([sys.executable, "-c", "from cli.main import run; run()", "train", "--config",
                         str(tmp_path / "learn.yaml")], cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

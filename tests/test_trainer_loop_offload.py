@@ -7,9 +7,9 @@ import logging
 import pytest
 import torch
 
-from autotune.config import RunConfig, TrainerOptions
-from costmodel.specs import load_hardware, load_model
-from costmodel.strategy import Cluster, Strategy, Workload
+from core.config import RunConfig, TrainerOptions
+from core.specs import load_hardware, load_model
+from core.strategy import Cluster, Strategy, Workload
 
 
 def _cfg(offload=("param", "grad", "optimizer"), dtype="bf16"):

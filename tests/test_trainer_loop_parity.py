@@ -17,7 +17,7 @@ def task_grpo_layouts(spec: dict) -> dict:
 
     import torch.distributed as dist
 
-    from costmodel.strategy import Workload
+    from core.strategy import Workload
     from trainer import parallel
     from trainer.main import build
     from trainer_harness import run_config

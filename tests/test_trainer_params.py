@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from costmodel.params import per_stage_params, total_params
-from costmodel.specs import load_model
-from costmodel.strategy import Strategy, validate
+from core.specs import load_model
+from core.strategy import Strategy, validate
 from test_trainer_parity import BASE, FOUR, TWO, run_layouts
 
 pytestmark = pytest.mark.slow

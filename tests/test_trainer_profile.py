@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import RunConfig, TrainerOptions, save
-from costmodel.specs import load_hardware, load_model
-from costmodel.strategy import Cluster, Strategy, Workload
+from core.config import RunConfig, TrainerOptions, save
+from core.specs import load_hardware, load_model
+from core.strategy import Cluster, Strategy, Workload
 from trainer.profile import PHASES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +36,7 @@ def _cfg(path: Path, *, model="tiny", gpus=2, strategy=None, trainer=None, workl
 
 
 def _profile(cfg: Path, out: Path, steps: int = 3, preexec=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from autotune.cli import run; run()", "profile", "--config", str(cfg),
+    return subprocess.run([sys.executable, "-c", "from cli.main import run; run()", "profile", "--config", str(cfg),
                            "--steps", str(steps), "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, preexec_fn=preexec)
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.errors import GrpoTuneError
+from core.errors import GrpoTuneError
 from trainer.reward import extract_answer, load_reward, math_format_reward, math_reward
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from costmodel.errors import GrpoTuneError
+from core.errors import GrpoTuneError
 from trainer.rollout import SamplingParams, get_rollout_engine, register_rollout_engine
 from trainer.rollout.sampling import pack, sample, sample_next
 

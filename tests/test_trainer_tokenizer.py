@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.errors import GrpoTuneError
-from costmodel.specs import load_model
+from core.errors import GrpoTuneError
+from core.specs import load_model
 from trainer.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
 
 

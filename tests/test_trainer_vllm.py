@@ -31,9 +31,9 @@ needs_gpu = pytest.mark.skipif(not (_CUDA and _VLLM), reason="needs a CUDA GPU a
 
 
 def _cfg(tmp: Path, *, rollout_tp=1, gpus=1, steps=3, engine="vllm"):
-    from autotune.config import RunConfig, TrainerOptions
-    from costmodel.specs import load_hardware, load_model
-    from costmodel.strategy import Cluster, Strategy, Workload
+    from core.config import RunConfig, TrainerOptions
+    from core.specs import load_hardware, load_model
+    from core.strategy import Cluster, Strategy, Workload
 
     return RunConfig(model=load_model("tiny"), hardware=load_hardware("h200-141gb"), cluster=Cluster(gpus=gpus, gpus_per_node=gpus),
                      strategy=Strategy(mbs=8, recompute="none", rollout_tp=rollout_tp, gpu_memory_utilization=0.3),
@@ -130,11 +130,11 @@ def test_vllm_weight_sync_logprobs_and_sleep(tmp_path):
 @pytest.mark.gpu
 @needs_gpu
 def test_grpo_train_with_vllm_rollout(tmp_path):
-    from autotune.config import save
+    from core.config import save
 
     cfg = _cfg(tmp_path, steps=3)
     save(cfg, tmp_path / "c.yaml")
-    r = subprocess.run([sys.executable, "-c", "from autotune.cli import run; run()", "train", "--config",
+    r = subprocess.run([sys.executable, "-c", "from cli.main import run; run()", "train", "--config",
                         str(tmp_path / "c.yaml")], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -147,11 +147,11 @@ def test_grpo_train_with_vllm_rollout(tmp_path):
 @pytest.mark.skipif(not _CUDA or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_grpo_train_rollout_tp2_with_train_tp1(tmp_path):
     """Rollout TP differs from training TP (2 processes: train DP2, one rollout replica of TP2)."""
-    from autotune.config import save
+    from core.config import save
 
     cfg = _cfg(tmp_path, rollout_tp=2, gpus=2, steps=2)
     save(cfg, tmp_path / "c.yaml")
-    r = subprocess.run([sys.executable, "-c", "from autotune.cli import run; run()", "train", "--config",
+    r = subprocess.run([sys.executable, "-c", "from cli.main import run; run()", "train", "--config",
                         str(tmp_path / "c.yaml")], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -269,7 +269,7 @@ def test_adapter_wakes_weights_before_kv_cache_and_buckets_the_sync(fake_vllm, t
 
 
 def test_adapter_rejects_bad_options(fake_vllm, tmp_path):
-    from costmodel.errors import GrpoTuneError
+    from core.errors import GrpoTuneError
     from trainer.rollout.vllm import VLLMRollout
 
     with pytest.raises(GrpoTuneError):

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from autotune import validate as v
-from autotune.cli import main
-from costmodel.errors import GrpoTuneError
-from costmodel.specs import load_hardware
+from cli.main import main
+from core.errors import GrpoTuneError
+from core.specs import load_hardware
 
 TOLERANCE = 10.0  # the target MAPE on the pretraining rows
 

@@ -10,7 +10,7 @@ import pytest
 from autotune import verl
 from autotune.diagnose import parse_script
 from autotune.export import verl_overrides
-from costmodel.errors import UnknownKeyError
+from core.errors import UnknownKeyError
 from _export_configs import configs
 
 from pathlib import Path
@@ -99,7 +99,7 @@ HYDRA_CASES = [
 @pytest.mark.parametrize("override", HYDRA_CASES)
 def test_diagnose_agrees_with_hydra_on_keys(override):
     """diagnose flags a key as refused exactly when real Hydra + verl's config refuse to compose it."""
-    from costmodel.errors import GrpoTuneError
+    from core.errors import GrpoTuneError
     from autotune.diagnose import diagnose_overrides
 
     try:

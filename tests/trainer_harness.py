@@ -86,9 +86,9 @@ def run_config(model: str, strategy: dict, world: int, *, dtype: str = "fp32", o
     """A RunConfig for a tiny CPU run (fp32); ``overrides`` replace model-spec fields."""
     import dataclasses
 
-    from autotune.config import RunConfig, TrainerOptions
-    from costmodel.specs import load_hardware, load_model
-    from costmodel.strategy import Cluster, Strategy, Workload, validate
+    from core.config import RunConfig, TrainerOptions
+    from core.specs import load_hardware, load_model
+    from core.strategy import Cluster, Strategy, Workload, validate
 
     m = load_model(model)
     if overrides:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from costmodel.errors import GrpoTuneError
+from core.errors import GrpoTuneError
 
 
 def _err(msg: str, hint: str = "") -> GrpoTuneError:

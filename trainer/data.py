@@ -29,7 +29,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from costmodel.errors import ConfigError, GrpoTuneError, try_import
+from core.errors import ConfigError, GrpoTuneError, try_import
 
 SYNTHETIC_TASKS = ("copy", "sum")
 

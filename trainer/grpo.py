@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from costmodel.errors import ConfigError
+from core.errors import ConfigError
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_TYPES = ("low_var_kl", "k3", "k1", "kl", "k2", "mse", "abs")
@@ -188,7 +188,7 @@ class LossConfig:
 
     @classmethod
     def from_options(cls, trainer, *, use_kl: bool = True) -> "LossConfig":
-        """From an ``autotune.config.TrainerOptions`` (and ``workload.kl`` as ``use_kl``)."""
+        """From an ``core.config.TrainerOptions`` (and ``workload.kl`` as ``use_kl``)."""
         return cls(clip_ratio=trainer.clip_ratio, clip_ratio_high=trainer.clip_ratio_high,
                    clip_ratio_c=getattr(trainer, "clip_ratio_c", None), loss_agg_mode=trainer.loss_agg_mode,
                    kl_coef=trainer.kl_coef, kl_type=trainer.kl_type, use_kl=use_kl,

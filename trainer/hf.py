@@ -25,9 +25,9 @@ from typing import Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from costmodel.errors import GrpoTuneError
+from core.errors import GrpoTuneError
 from costmodel.params import padded_vocab
-from costmodel.specs import ModelSpec, spec_from_hf_dict
+from core.specs import ModelSpec, spec_from_hf_dict
 
 
 class CheckpointError(GrpoTuneError):

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from costmodel.errors import ConfigError, GrpoTuneError, MissingDependencyError
+from core.errors import ConfigError, GrpoTuneError, MissingDependencyError
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -63,7 +63,7 @@ def preflight(cfg, *, nnodes: int | None = None, node_rank: int = 0, resume_dir:
 
     ``cfg`` is a loaded (hence already degree-validated) RunConfig.
     """
-    from costmodel.errors import InvalidDegreesError
+    from core.errors import InvalidDegreesError
 
     lay = layout(cfg, nnodes=nnodes)
     if not 0 <= node_rank < lay.nnodes:

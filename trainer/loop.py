@@ -341,6 +341,6 @@ def _truncate_metrics(path: Path, steps_done: int) -> None:
                 keep.append(line)
         except (ValueError, KeyError, TypeError):
             continue  # a torn last line from a kill
-    from autotune.config import atomic_write
+    from core.config import atomic_write
 
     atomic_write(path, "".join(k + "\n" for k in keep))

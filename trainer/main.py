@@ -42,7 +42,7 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def load_config(args):
-    from autotune import config as run_config
+    from core import config as run_config
 
     cfg = run_config.load(args.config)
     over = {}
@@ -78,7 +78,7 @@ def build(cfg, *, items=None, reward_fn=None, tokenizer=None, checkpoint_every: 
         items = [Item(tokenizer.encode_prompt(e.prompt), e.answer) for e in examples]
         items = [it for it in items if len(it.prompt_ids) <= w.prompt_len]  # verl drops over-long prompts
         if not items:
-            from costmodel.errors import ConfigError
+            from core.errors import ConfigError
 
             raise ConfigError(f"every prompt of {t.dataset} is longer than workload.prompt_len={w.prompt_len} tokens")
     if reward_fn is None:
@@ -188,13 +188,13 @@ def main(argv=None) -> int:
         if isinstance(exc, KeyboardInterrupt):
             raise
         oom = is_oom(exc)
-        from costmodel.errors import GrpoTuneError
+        from core.errors import GrpoTuneError
 
         msg = f"[{exc.code}] {exc.message}" if isinstance(exc, GrpoTuneError) else f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
         if out is not None:
             try:
-                from autotune.config import atomic_write
+                from core.config import atomic_write
 
                 atomic_write(failure_path(out, rank), json.dumps({"status": "oom" if oom else "error", "message": msg,
                                                                   "rank": rank}))

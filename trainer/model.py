@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from costmodel.errors import ConfigError
+from core.errors import ConfigError
 from costmodel.params import padded_vocab
-from costmodel.specs import ModelSpec
-from costmodel.strategy import Strategy
+from core.specs import ModelSpec
+from core.strategy import Strategy
 
 from . import compat
 from .parallel import megatron_degrees

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from costmodel.errors import InvalidDegreesError
-from costmodel.strategy import Strategy
+from core.errors import InvalidDegreesError
+from core.strategy import Strategy
 
 from . import compat
 

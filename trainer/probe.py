@@ -12,7 +12,7 @@ training run loads the machine (on CPU the ranks share cores and memory bandwidt
   equivalent, and the output says so;
 - on GPU, pinned host-to-device copy bandwidth; on CPU host and "device" memory are the same RAM.
 
-Rank 0 writes a hardware profile TOML that ``costmodel.specs.load_hardware`` reads. Figures one
+Rank 0 writes a hardware profile TOML that ``core.specs.load_hardware`` reads. Figures one
 machine cannot measure (inter-node bandwidth, price) come from a base profile, and ``source``
 says which are measured, when, and how.
 """
@@ -301,7 +301,7 @@ def _toml_num(v) -> str:
 
 
 def _base_profile(name: str | None, on_gpu: bool) -> dict:
-    from costmodel.specs import list_hardware, load_hardware
+    from core.specs import list_hardware, load_hardware
 
     if name is None:
         if on_gpu:

@@ -49,7 +49,7 @@ def result(status: str, *, message: str | None, config: str, steps: int, world_s
 
 
 def write(path: str | Path, obj: dict) -> None:
-    from autotune.config import atomic_write
+    from core.config import atomic_write
 
     atomic_write(path, json.dumps(obj, indent=2) + "\n")
 

@@ -26,7 +26,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Callable
 
-from costmodel.errors import ConfigError
+from core.errors import ConfigError
 
 RewardFn = Callable[[str, str], float]
 

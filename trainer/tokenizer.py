@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from costmodel.errors import ConfigError, GrpoTuneError, try_import
+from core.errors import ConfigError, GrpoTuneError, try_import
 
 
 class CharTokenizer:

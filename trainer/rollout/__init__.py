@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from costmodel.errors import ConfigError, close_matches
+from core.errors import ConfigError, close_matches
 
 from .base import RolloutEngine, SamplingParams
 

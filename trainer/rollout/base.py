@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Protocol, runtime_checkable
 
-from costmodel.errors import ConfigError
+from core.errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)

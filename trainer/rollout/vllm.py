@@ -34,7 +34,7 @@ from typing import Iterable
 
 import torch
 
-from costmodel.errors import ConfigError, try_import
+from core.errors import ConfigError, try_import
 
 from .base import SamplingParams
 

@@ -1,7 +1,7 @@
 """``grpo-tune probe-hardware --out FILE [--nproc N]``: measure this machine into a hardware profile.
 
 Launches ``torchrun --standalone --nproc-per-node N -m trainer.probe`` (NCCL on GPU, gloo on
-CPU), then loads the written profile with ``costmodel.specs.load_hardware`` to prove it is usable.
+CPU), then loads the written profile with ``core.specs.load_hardware`` to prove it is usable.
 No torch import here: the probe runs in the subprocess.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from costmodel.errors import ConfigError, GrpoTuneError
+from core.errors import ConfigError, GrpoTuneError
 
 
 def _gpu_count() -> int:
@@ -45,7 +45,7 @@ def default_nproc() -> int:
 def probe_hardware(out: Path, *, nproc: int | None = None, base: str | None = None, name: str | None = None,
                    quick: bool = False, timeout_s: float = 1800, console: Console | None = None):
     """Run the probe and return the loaded :class:`HardwareSpec`; raises a coded error on failure."""
-    from costmodel.specs import load_hardware
+    from core.specs import load_hardware
 
     nproc = nproc or default_nproc()
     if nproc < 1:
@@ -64,7 +64,7 @@ def probe_hardware(out: Path, *, nproc: int | None = None, base: str | None = No
         cmd += ["--quick"]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default with several ranks; say it explicitly
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     (console or Console(stderr=True)).print(f"probing with {nproc} rank(s): {' '.join(cmd[1:])}", highlight=False)
     try:

@@ -19,7 +19,7 @@ from autotune.options import (
     Json, Kl, LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute,
     ResponseLen, RolloutTp, SeqLen, SeqPar, Tp, Vpp, WorkloadKind, inputs_from_flags,
 )
-from costmodel.errors import ConfigError
+from core.errors import ConfigError
 from costmodel.estimate import Estimate
 
 GiB = 1024 ** 3

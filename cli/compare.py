@@ -20,7 +20,7 @@ from autotune.options import (
     LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute, ResponseLen, RolloutTp,
     SeqLen, SeqPar, Tp, Vpp, WorkloadKind, pins_from_flags, plan_inputs, workload_flags,
 )
-from costmodel.errors import ConfigError, NoFeasiblePlanError
+from core.errors import ConfigError, NoFeasiblePlanError
 
 GiB = 1024 ** 3
 WD = WORKLOAD_DEFAULTS
@@ -83,7 +83,7 @@ def compare(
     json_out: Json = False, out: CompareOut = None,
 ) -> None:
     """Best plan per hardware: step time, tokens/s/GPU, $ per million tokens, memory headroom."""
-    from autotune.config import atomic_write
+    from core.config import atomic_write
     from autotune.report import plot_compare
 
     names = [h.strip() for h in hardware.split(",") if h.strip()]
@@ -94,7 +94,7 @@ def compare(
     rows = compare_rows(model=model, gpus=gpus, hardware=names, gpus_per_node=gpus_per_node, pins=pins,
                         workload_kw=wkw, min_headroom=min_headroom)
     if out is None:
-        from costmodel.specs import load_model
+        from core.specs import load_model
 
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
         out = Path("runs") / f"compare-{load_model(model).name}-{gpus}g-{stamp}"

@@ -18,7 +18,7 @@ from autotune.options import (
     ResponseLen, RolloutTp, SeqLen, SeqPar, Tp, Vpp, WorkloadKind, inputs_from_flags,
 )
 from costmodel.estimate import Estimate, estimate as run_estimate
-from costmodel.strategy import Strategy
+from core.strategy import Strategy
 
 GiB = 1024**3
 WD = WORKLOAD_DEFAULTS

@@ -65,6 +65,28 @@ class Strategy:
     """Tensor parallel of the rollout engine (vLLM)."""
     gpu_memory_utilization: float = 0.6
     """vLLM's fraction of total GPU memory for weights + KV cache during rollout."""
+    max_tokens_per_gpu: int | None = None
+    """Dynamic batching (verl's ``use_dynamic_bsz`` + ``ppo_max_token_len_per_gpu``): micro-batches are
+    packed up to this many tokens per GPU instead of ``mbs`` sequences. None = off (``mbs`` applies)."""
+    log_prob_max_tokens_per_gpu: int | None = None
+    """Token cap for the log-prob passes (verl's ``log_prob_max_token_len_per_gpu``); None = the update's."""
+    cpu_optimizer: float | None = None
+    """Megatron's hybrid CPU optimizer: the fraction of optimizer state and step on the host
+    (``optimizer_cpu_offload`` + ``optimizer_offload_fraction``). None = off."""
+    overlap_cpu_optimizer: bool = False
+    """Megatron's ``overlap_cpu_optimizer_d2h_h2d`` (with the CPU optimizer)."""
+    precision_aware_optimizer: bool = False
+    """Megatron's ``use_precision_aware_optimizer`` (bf16 master-weight-free Adam state where supported)."""
+    max_num_seqs: int = 256
+    """vLLM's ``max_num_seqs``: concurrent sequences per rollout replica (verl's default 256)."""
+    max_num_batched_tokens: int = 8192
+    """vLLM's ``max_num_batched_tokens``: tokens per engine step (prefill chunk + decodes)."""
+    enforce_eager: bool = False
+    """vLLM without CUDA graphs (a per-step launch overhead) when true."""
+    chunked_prefill: bool = True
+    """vLLM's ``enable_chunked_prefill``."""
+    free_cache_engine: bool = True
+    """verl's ``free_cache_engine``: vLLM sleeps (frees its KV cache) during training and wakes for rollout."""
 
     @property
     def etp_(self) -> int:
@@ -113,6 +135,8 @@ class Workload:
     """Maximum prompt tokens."""
     response_len: int = 1024
     """Maximum response tokens."""
+    prompt_len_mean: int | None = None
+    """Mean prompt tokens (None = the maximum)."""
     response_len_mean: int | None = None
     """Mean response tokens (None = the maximum); sets the work, the maximum sets the decode tail."""
     mini_batch: int = 256

@@ -30,8 +30,8 @@ def load_checked(config: Path, *, steps: int | None = None, out: Path | None = N
     """Load the config, apply CLI overrides, run every pre-start check. Returns (cfg, layout, out_dir)."""
     import dataclasses
 
-    from autotune import config as run_config
-    from costmodel.errors import ConfigError
+    from core import config as run_config
+    from core.errors import ConfigError
     from trainer import launch
 
     cfg = run_config.load(config)
@@ -55,7 +55,7 @@ def load_checked(config: Path, *, steps: int | None = None, out: Path | None = N
 
 def summary(cfg, lay) -> dict:
     """The Parallel Config Summary as data (printed as tables, or as JSON with --json)."""
-    from costmodel.errors import GrpoTuneError
+    from core.errors import GrpoTuneError
     from trainer import launch
 
     s, w, t = cfg.strategy, cfg.workload, cfg.trainer
@@ -208,7 +208,7 @@ def train(config: ConfigOpt, steps: StepsOpt = None, dry_run: Annotated[bool, ty
         worker_args.append("--no-resume")
     console = Console()
     if slurm is not None:
-        from autotune.config import atomic_write
+        from core.config import atomic_write
 
         abs_args = ["--steps", str(cfg.trainer.steps), "--out", str(out_dir.resolve())]
         atomic_write(slurm, launch.slurm_script(config, lay, worker_args=abs_args))

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from autotune.options import Json
 from costmodel.params import active_params, total_params
-from costmodel.specs import list_hardware, list_models, load_hardware, load_model
+from core.specs import list_hardware, list_models, load_hardware, load_model
 
 
 def models(json_out: Json = False) -> None:

@@ -1,6 +1,6 @@
 """The ``grpo-tune`` command line. Thin: parse, call one function, print a rich table or JSON.
 
-Each command lives in ``autotune/commands/<name>.py`` and registers itself here. A user's mistake
+Each command lives in ``cli/<name>.py`` and registers itself here; a missing module is an error. A user's mistake
 (a :class:`GrpoTuneError`) prints ``[CODE] message`` and a hint and exits 2, with no traceback.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import typer
 from rich.console import Console
 
-from costmodel.errors import GrpoTuneError
+from core.errors import GrpoTuneError
 
 app = typer.Typer(
     name="grpo-tune",
@@ -23,13 +23,7 @@ app = typer.Typer(
 
 COMMAND_MODULES = ("estimate", "search", "compare", "diagnose", "validate", "train", "profile", "probe", "catalog")
 for _name in COMMAND_MODULES:
-    try:
-        _mod = importlib.import_module(f"autotune.commands.{_name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"autotune.commands.{_name}":
-            raise
-        continue  # command not built yet
-    _mod.register(app)
+    importlib.import_module(f"cli.{_name}").register(app)
 
 err_console = Console(stderr=True)
 

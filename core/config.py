@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from costmodel.errors import ConfigError, GrpoTuneError, UnknownKeyError, close_matches
-from costmodel.specs import HardwareSpec, ModelSpec, check_keys, load_hardware, load_model
-from costmodel.strategy import Cluster, Strategy, Workload, validate
+from core.errors import ConfigError, GrpoTuneError, UnknownKeyError, close_matches
+from core.specs import HardwareSpec, ModelSpec, check_keys, load_hardware, load_model
+from core.strategy import Cluster, Strategy, Workload, validate
 
 SCHEMA_VERSION = 1
 
@@ -70,6 +70,10 @@ class TrainerOptions:
     """Checkpoints and metrics.jsonl go here."""
     checkpoint_every: int = 10
     log_every: int = 1
+    moe_aux_loss_coeff: float = 0.0
+    """MoE load-balancing auxiliary loss coefficient (Megatron's and verl's ``moe_aux_loss_coeff``)."""
+    moe_router_load_balancing_type: str = "aux_loss"
+    """Megatron's ``moe_router_load_balancing_type``: ``aux_loss``, ``seq_aux_loss`` or ``none``."""
 
 
 _SECTIONS = ("schema_version", "model", "hardware", "cluster", "strategy", "workload", "trainer",

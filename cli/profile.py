@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from autotune.commands.train import ConfigOpt, MasterAddrOpt, MasterPortOpt, NnodesOpt, NodeRankOpt
+from cli.train import ConfigOpt, MasterAddrOpt, MasterPortOpt, NnodesOpt, NodeRankOpt
 
 
 def profile(config: ConfigOpt,
@@ -24,7 +24,7 @@ def profile(config: ConfigOpt,
             nnodes: NnodesOpt = None, node_rank: NodeRankOpt = 0, master_addr: MasterAddrOpt = None,
             master_port: MasterPortOpt = None) -> None:
     """Profile a run config: time per phase, tokens/s, peak memory per rank -> JSON."""
-    from autotune.commands.train import load_checked
+    from cli.train import load_checked
     from trainer import launch
     from trainer import profile as tprofile
 
