@@ -183,6 +183,212 @@ def _now() -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# Strategies against the cached truth
+# ---------------------------------------------------------------------------------------------
+
+def regret(chosen_s: float, best_s: float) -> float:
+    """The chosen plan's true (median) step time over the true best's: 1.0 is the best."""
+    return chosen_s / best_s
+
+
+def summarize(regrets: Sequence[float], within: float = WITHIN) -> dict[str, float]:
+    """Mean and median regret, and the share of seeds within ``within`` of the best."""
+    return {"mean": statistics.fmean(regrets), "median": statistics.median(regrets),
+            "p_within": sum(r <= 1 + within + 1e-12 for r in regrets) / len(regrets), "n": len(regrets)}
+
+
+class Draws:
+    """Cached measurements as a seed sees them: the j-th measurement of a plan is one of its repeats.
+
+    The order of a plan's repeats depends on the seed and the plan only, so every strategy sees
+    the same draw for the same plan at the same seed (common random numbers).
+    """
+
+    def __init__(self, cache: dict[str, Any], seed: int):
+        self.cache, self.seed, self.count = cache, seed, {}
+
+    def run(self, key: str) -> dict[str, Any]:
+        runs = ok_runs(self.cache["plans"][key])
+        order = list(range(len(runs)))
+        random.Random(f"{self.seed}:{key}").shuffle(order)
+        j = self.count.get(key, 0)
+        self.count[key] = j + 1
+        return runs[order[j % len(runs)]]
+
+
+def strat_model(space, draws, k, rng) -> tuple[str, int]:
+    return space[0][0], 0
+
+
+def strat_random(space, draws, k, rng) -> tuple[str, int]:
+    keys = rng.sample([key for key, _ in space], k)
+    return min(keys, key=lambda key: draws.run(key)["step_s"]), k
+
+
+def strat_calibrated(space, draws, k, rng) -> tuple[str, int]:
+    """Measure K random plans, fit the time model to them (autotune.calibrate), take its top-1."""
+    from autotune.calibrate import Point, fit
+    from costmodel.estimate import estimate
+
+    keys = rng.sample([key for key, _ in space], k)
+    by = dict(space)
+    pts = []
+    for key in keys:
+        e, r = by[key], draws.run(key)
+        pts.append(Point(model=e.model, hardware=e.hardware, cluster=e.cluster, strategy=e.strategy,
+                         workload=e.workload, measured_step_s=float(r["step_s"]),
+                         measured_phases_s=dict(r.get("phases_s") or {}), label=key))
+    params = fit(pts).params
+    pred = {key: estimate(model=e.model, hardware=e.hardware, cluster=e.cluster, strategy=e.strategy,
+                          workload=e.workload, calibration=params).step_s for key, e in space}
+    strat_calibrated.last_pred = pred
+    return min(pred, key=pred.get), k
+
+
+def strat_tpe_plain(space, draws, k, rng) -> tuple[str, int]:
+    """Optuna TPE (default settings) over the plan's own dimensions, no model seeding."""
+    import optuna
+    from autotune.refine.study import memory_study
+
+    h = memory_study(rng.randrange(2**31))
+    grid = {(e.strategy.tp, e.strategy.pp, e.strategy.vpp, e.strategy.mbs, e.strategy.recompute): key
+            for key, e in space}
+    layouts = sorted({g[:3] for g in grid})
+    mbs = sorted({g[3] for g in grid})
+    rec = sorted({g[4] for g in grid})
+    seen: dict[str, float] = {}
+    for _ in range(50 * k):
+        if len(seen) >= k:
+            break
+        t = h.study.ask()
+        g = (*layouts[t.suggest_categorical("layout", list(range(len(layouts))))],
+             t.suggest_categorical("mbs", mbs), t.suggest_categorical("recompute", rec))
+        key = grid.get(g)
+        if key is None or key in seen:  # not a plan of the space, or measured already: not a trial
+            h.study.tell(t, state=optuna.trial.TrialState.PRUNED)
+            continue
+        seen[key] = float(draws.run(key)["step_s"])
+        h.study.tell(t, -seen[key])
+    return min(seen, key=seen.get), len(seen)
+
+
+def _refine(policy: str):
+    def strat(space, draws, k, rng) -> tuple[str, int]:
+        """refine's own plan-choosing loop (autotune.refine.run_trials) with cached measurements."""
+        from autotune.refine import (Plans, ProfileOutcome, RefineOptions, best_plan, by_plan, memory_study,
+                                     run_trials, seed_study)
+        from autotune.refine.study import counted, records
+
+        opts = RefineOptions(trials=k, policy=policy, seed=rng.randrange(2**31), progress=False, emit=False,
+                             calibrate=False)
+        plans = Plans.of([e for _, e in space], opts)
+        h = memory_study(opts.seed)
+        seed_study(h, plans, opts)
+
+        def measure(_h, _number, est) -> ProfileOutcome:
+            from autotune.refine import plan_key
+
+            r = draws.run(plan_key(est.strategy))
+            return ProfileOutcome("ok", None, {"step_s": r["step_s"], "tokens_per_s": r["tokens_per_s"],
+                                               "phases_s": r.get("phases_s") or {}}, 0.0)
+
+        run_trials(h, plans, opts, measure, host="bench")
+        done = [r for r in records(h.study) if r.state == "COMPLETE" and r.measured_tokens_per_s]
+        return best_plan(by_plan(done)), counted(h.study)
+
+    strat.__doc__ = f"refine, policy {policy}"
+    return strat
+
+
+STRATEGIES: dict[str, Callable] = {
+    "model top-1 (uncalibrated)": strat_model,
+    "model top-1 (calibrated on K random plans)": strat_calibrated,
+    "refine as shipped (top-4 seeds + TPE)": _refine("tpe"),
+    "refine (model prior + GP, noise-aware)": _refine("model"),
+    "random search": strat_random,
+    "Optuna TPE, no model seeding": strat_tpe_plain,
+}
+
+
+def evaluate(cache: dict[str, Any], space: Sequence, *, budgets: Sequence[int], seeds: int,
+             skip: Sequence[str] = ()) -> dict[str, Any]:
+    """Every strategy at every budget over ``seeds`` seeds: regret, P(within 5%), trials used."""
+    from autotune.refine import plan_key, spearman
+
+    tr = truth(cache)
+    full = [(plan_key(e.strategy), e) for e in space if plan_key(e.strategy) in tr]
+    best_s = min(tr[k]["median_s"] for k, _ in full)
+    out: dict[str, Any] = {"plans": len(full), "best_s": best_s, "results": {}, "spearman": {}}
+    out["spearman"]["uncalibrated"] = spearman([e.step_s for _, e in full], [tr[k]["median_s"] for k, _ in full])
+    for name, strat in STRATEGIES.items():
+        if name in skip:
+            continue
+        t0 = time.monotonic()
+        out["results"][name] = {}
+        for k in budgets:
+            regs, used, sps = [], [], []
+            for seed in range(seeds):
+                rng = random.Random(f"{name}:{k}:{seed}")
+                chosen, n = strat(full, Draws(cache, seed), k, rng)
+                regs.append(regret(tr[chosen]["median_s"], best_s))
+                used.append(n)
+                if strat is strat_calibrated:
+                    p = strat_calibrated.last_pred
+                    sps.append(spearman([p[key] for key, _ in full], [tr[key]["median_s"] for key, _ in full]))
+            out["results"][name][k] = {**summarize(regs), "trials_mean": statistics.fmean(used)}
+            if sps:
+                out["spearman"][f"calibrated on {k}"] = statistics.fmean(s for s in sps if s is not None)
+            if strat is strat_model:  # deterministic and free of K: one seed says it all
+                out["results"][name] = {kk: out["results"][name][k] for kk in budgets}
+                break
+        print(f"  {name}: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def noise_summary(cache: dict[str, Any]) -> dict[str, float]:
+    tr = truth(cache)
+    sp = [v["spread"] for v in tr.values() if v["n"] >= 2]
+    return {"plans": len(tr), "runs": sum(v["n"] for v in tr.values()),
+            "spread_median": statistics.median(sp) if sp else float("nan"),
+            "spread_max": max(sp) if sp else float("nan")}
+
+
+def table(res: dict[str, Any], budgets: Sequence[int]) -> str:
+    head = "| strategy | " + " | ".join(f"K={k}: regret mean / P(<=5%)" for k in budgets) + " |"
+    lines = [head, "|---|" + "---|" * len(budgets)]
+    for name, by_k in res["results"].items():
+        cells = [f"{by_k[k]['mean']:.3f} / {by_k[k]['p_within']:.0%}" for k in budgets]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(res: dict[str, Any], budgets: Sequence[int], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name, by_k in res["results"].items():
+        a.plot(budgets, [by_k[k]["mean"] for k in budgets], marker="o", label=name)
+        b.plot(budgets, [100 * by_k[k]["p_within"] for k in budgets], marker="o", label=name)
+    a.set_xlabel("trial budget K (profiling runs)")
+    a.set_ylabel("mean regret (chosen / best step time)")
+    b.set_xlabel("trial budget K (profiling runs)")
+    b.set_ylabel("% of seeds within 5% of the best")
+    for ax in (a, b):
+        ax.set_xticks(list(budgets))
+        ax.grid(alpha=0.3)
+    a.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------
 
@@ -199,6 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--budgets", default="2,4,8,12")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     ap.add_argument("--work", type=Path, default=None, help="scratch folder for profiling runs")
+    ap.add_argument("--skip", action="append", default=[], help="a strategy name to leave out (repeatable)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     space = plan_space(a.space)
@@ -210,8 +417,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"measured in {time.monotonic() - t0:.0f} s", flush=True)
     if a.measure_only:
         return 0
-    from benchmarks_eval import evaluate  # noqa: F401  (replaced below once the evaluation lands)
-
+    budgets = [int(x) for x in a.budgets.split(",")]
+    nz = noise_summary(cache)
+    t1 = time.monotonic()
+    res = evaluate(cache, space, budgets=budgets, seeds=a.seeds, skip=a.skip)
+    res["noise"] = nz
+    res["meta"] = cache["meta"]
+    print(f"{res['plans']} plans measured {nz['runs']} times in all; true best {res['best_s']:.3f} s/step; "
+          f"spread of repeats (max-min)/median: median {nz['spread_median']:.1%}, max {nz['spread_max']:.1%}")
+    print(f"Spearman, cost model vs truth: uncalibrated {res['spearman']['uncalibrated']:.3f}; " +
+          ", ".join(f"{k} {v:.3f}" for k, v in res["spearman"].items() if k != "uncalibrated"))
+    print(f"regret = chosen plan's true median step time / the best's; {a.seeds} seeds; K = profiled trials")
+    print(table(res, budgets))
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "bench_refine.json").write_text(json.dumps(res, indent=1, default=str))
+    png = plot(res, budgets, a.out / "refine_regret.png",
+               f"{res['plans']} plans, tiny on 4 CPU ranks (shared, loaded 2-core machine), {a.seeds} seeds")
+    print(f"wrote {png} and {a.out / 'bench_refine.json'}; evaluation {time.monotonic() - t1:.0f} s, "
+          f"total {time.monotonic() - t0:.0f} s")
     return 0
 
 

@@ -354,13 +354,18 @@ def _prepare(h: StudyHandle, plans: Plans, opts: RefineOptions, inputs: tuple, h
         if plan in plans.index:
             study.enqueue_trial({PARAM: plans.index[plan]}, user_attrs={"requeued": True})
             console.print(f"[yellow]requeued interrupted plan[/] {plan}", highlight=False)
-    if plans.chooser is None:
-        for i in S.distinct(plans.space, min(opts.top_k, opts.trials)):
-            study.enqueue_trial({PARAM: i}, user_attrs={"seed": "cost-model top-k"}, skip_if_exists=True)
+    seed_study(h, plans, opts)
     done = counted(study)
     if done:
         console.print(f"resuming study [bold]{h.study.study_name}[/]: {done} profiled trial(s) already recorded",
                       highlight=False)
+
+
+def seed_study(h: StudyHandle, plans: Plans, opts: RefineOptions) -> None:
+    """``tpe``: enqueue the cost model's top-k plans with distinct predictions (skipped if already there)."""
+    if plans.chooser is None:
+        for i in S.distinct(plans.space, min(opts.top_k, opts.trials)):
+            h.study.enqueue_trial({PARAM: i}, user_attrs={"seed": "cost-model top-k"}, skip_if_exists=True)
 
 
 def _console():

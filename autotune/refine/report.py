@@ -90,10 +90,16 @@ def differ(a_s: float, b_s: float, threshold: float) -> bool:
     return abs(a_s - b_s) > threshold * min(a_s, b_s)
 
 
+def best_plan(groups: dict[str, list[TrialRecord]]) -> str:
+    """The plan whose completed trials have the best median tokens/s (the refinement's choice)."""
+    med = {k: statistics.median(r.measured_tokens_per_s for r in v) for k, v in groups.items()}
+    return max(med, key=med.get)
+
+
 def _winner(result: RefineResult, groups: dict[str, list[TrialRecord]], gpus: int, study_name: str) -> TrialRecord:
     """The plan with the best median tokens/s over its trials; figures are its medians."""
     med = {k: statistics.median(r.measured_tokens_per_s for r in v) for k, v in groups.items()}
-    plan = max(med, key=med.get)
+    plan = best_plan(groups)
     trials = groups[plan]
     rep = min(trials, key=lambda r: abs(r.measured_tokens_per_s - med[plan]))
     step = statistics.median(r.measured_step_s for r in trials)
