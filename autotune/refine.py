@@ -63,7 +63,7 @@ from core.strategy import Cluster, Strategy, Workload
 
 from core.config import RunConfig, TrainerOptions, atomic_write, save as save_config
 
-PHASES = ("rollout", "weight_sync", "old_logprob", "ref_logprob", "update")
+from core.phases import MEASURED_PHASES as PHASES  # named once, in core/phases.py
 PARAM = "plan_rank"
 MAX_SPACE = 20000  # beyond this many candidates only search's ranked list is used
 # The profile command, run as `PROFILE_CMD + ["--config", X, "--steps", K, "--json", OUT]`.
