@@ -56,7 +56,7 @@ def tune(launch: Launch, hardware: Hardware = "h100", model: ModelOpt = None, ke
          response_len_mean: ResponseLenMean = None, emit: Emit = True) -> None:
     """Price your verl launch, find a faster plan for the same workload, and print only the overrides that change."""
     from autotune import tune as T
-    from autotune.emit import emit_run
+    from autotune.emit import Tables, emit_run
     from core.config import atomic_write
 
     plan = T.plan_of(launch, model=model, hardware=hardware, prompt_len_mean=prompt_len_mean,
@@ -72,7 +72,7 @@ def tune(launch: Launch, hardware: Hardware = "h100", model: ModelOpt = None, ke
     run_dir = None
     files: dict[str, Path] = {}
     if emit:
-        run_dir, files = emit_run(res.best, out=out, ranked=res.ranked, stats=res.search_stats,
+        run_dir, files = emit_run(res.best, out=out, search=Tables(ranked=res.ranked, counters=res.search_stats),
                                   meta={"tuned_from": str(launch), **({"calibration": str(calibration)} if calibration else {})})
         tp = run_dir / "tuned.sh"
         atomic_write(tp, tuned)
