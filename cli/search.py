@@ -165,7 +165,7 @@ def search(
         opts = RefineOptions(trials=trials, storage=storage, study_name=study_name, trial_steps=trial_steps,
                              trial_timeout_s=trial_timeout, calibration=cal, pins=pins,
                              allow_cross_node_tp=allow_cross_node_tp)
-        res = run_refine(result.ranked, m, hw, cluster, wl, run_dir, opts, console=err, search_result=result)
+        res = run_refine(result.ranked, m, hw, cluster, wl, run_dir, opts, console=err, search=result)
         if json_out:
             print(json.dumps({"run_dir": str(run_dir), "stats": result.stats(), "refine": res.to_dict()},
                              indent=2, default=str))

@@ -306,11 +306,11 @@ def plan_space(ranked: Sequence[Estimate], inputs: tuple, opts: RefineOptions) -
 
 def refine(ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSpec, cluster: Cluster,
            workload: Workload, out_dir: str | os.PathLike, opts: RefineOptions = RefineOptions(), *,
-           console=None, search_result=None):
+           console=None, search=None):
     """Measure the most promising plans of ``ranked`` with real profiling runs and pick the fastest.
 
     ``ranked``: search's estimates, best first (made with ``opts.calibration`` when given).
-    ``search_result``: the :class:`autotune.search.SearchResult` they came from, for the emitted
+    ``search``: the :class:`autotune.search.SearchResult` they came from, for the emitted
     report's tables. Returns a :class:`autotune.refine.report.RefineResult`.
     """
     from .report import finish, progress_bar
@@ -334,7 +334,7 @@ def refine(ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSpec,
         run_trials(h, plans, opts, profile_measure(out, inputs, opts, name), host=host,
                    say=lambda s: console.print(f"[yellow]{s}[/]"), on_trial=lambda s: bar.advance(h, s))
     return finish(h, name=name, storage=storage, out=out, inputs=inputs, plans=plans, opts=opts, console=console,
-                  search_result=search_result)
+                  search=search)
 
 
 def _prepare(h: StudyHandle, plans: Plans, opts: RefineOptions, inputs: tuple, host: str, console) -> None:

@@ -121,7 +121,7 @@ def _winner(result: RefineResult, groups: dict[str, list[TrialRecord]], gpus: in
 
 
 def finish(h: StudyHandle, *, name: str, storage: str, out: Path, inputs: tuple, plans, opts, console,
-           search_result=None) -> RefineResult:
+           search=None) -> RefineResult:
     model, hardware, cluster, workload = inputs
     result = RefineResult(study_name=name, storage=storage, out_dir=out, records=records(h.study))
     done = result.completed
@@ -144,7 +144,7 @@ def finish(h: StudyHandle, *, name: str, storage: str, out: Path, inputs: tuple,
     atomic_write(out / "refine.json", json.dumps(result.to_dict(), indent=2, default=str))
     result.emitted["refine_json"] = out / "refine.json"
     if opts.emit:
-        result.emitted.update(_emit(result, est, search_result))
+        result.emitted.update(_emit(result, est, search))
     print_summary(result, console)
     return result
 
@@ -223,7 +223,7 @@ def print_summary(result: RefineResult, console) -> None:
     console.print(f"study: {result.storage} (optuna-dashboard {result.storage})", highlight=False)
 
 
-def _emit(result: RefineResult, est: Estimate | None, search_result) -> dict[str, Path]:
+def _emit(result: RefineResult, est: Estimate | None, search) -> dict[str, Path]:
     """Write the winner through search's emitter (best.yaml with ``measured``, exports, report.md),
     then append the refinement to report.md."""
     out = result.out_dir
@@ -231,11 +231,8 @@ def _emit(result: RefineResult, est: Estimate | None, search_result) -> dict[str
     if est is not None:
         from autotune.emit import emit as emit_plan
 
-        kw: dict[str, Any] = {}
-        if search_result is not None:
-            kw = dict(ranked=list(search_result.ranked)[:10], pareto=search_result.pareto,
-                      stats=search_result.stats())
-        paths = dict(emit_plan(est, out, measured=result.winner_measured, meta=meta, trainer=None, **kw))
+        paths = dict(emit_plan(est, out, search=search, measured=result.winner_measured, meta=meta,
+                               trainer=None))
     else:  # the winner's plan is not in this space (a resumed study with another space): config only
         paths = {"best": save_config(result.winner, out / "best.yaml")}
     from .markdown import append_report
