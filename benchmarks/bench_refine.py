@@ -22,7 +22,6 @@ and cache format).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import json
 import os
@@ -31,8 +30,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 CACHE_VERSION = 1
 WITHIN = 0.05
@@ -40,7 +40,7 @@ WITHIN = 0.05
 
 # The measured space: tiny on 4 CPU ranks, the README's refinement workload.
 MODEL, HARDWARE, GPUS = "tiny", "cpu", 4
-WORKLOAD = dict(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8)
+WORKLOAD = {"prompts": 8, "n": 4, "prompt_len": 16, "response_len": 16, "mini_batch": 8}
 LAYOUTS = ((1, 1, 4, 1), (1, 2, 2, 1), (1, 4, 1, 1), (2, 1, 2, 1), (2, 2, 1, 1), (1, 2, 2, 2))
 """(tp, pp, dp, vpp)."""
 MBS = (1, 2, 8)
@@ -248,6 +248,7 @@ def strat_calibrated(space, draws, k, rng) -> tuple[str, int]:
 def strat_tpe_plain(space, draws, k, rng) -> tuple[str, int]:
     """Optuna TPE (default settings) over the plan's own dimensions, no model seeding."""
     import optuna
+
     from autotune.refine.study import memory_study
 
     h = memory_study(rng.randrange(2**31))
@@ -275,8 +276,16 @@ def strat_tpe_plain(space, draws, k, rng) -> tuple[str, int]:
 def _refine(policy: str):
     def strat(space, draws, k, rng) -> tuple[str, int]:
         """refine's own plan-choosing loop (autotune.refine.run_trials) with cached measurements."""
-        from autotune.refine import (Plans, ProfileOutcome, RefineOptions, best_plan, by_plan, memory_study,
-                                     run_trials, seed_study)
+        from autotune.refine import (
+            Plans,
+            ProfileOutcome,
+            RefineOptions,
+            best_plan,
+            by_plan,
+            memory_study,
+            run_trials,
+            seed_study,
+        )
         from autotune.refine.study import counted, records
 
         opts = RefineOptions(trials=k, policy=policy, seed=rng.randrange(2**31), progress=False, emit=False,

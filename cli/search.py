@@ -133,8 +133,7 @@ def search(
     run_dir: Path | None = None
     files: dict[str, Path] = {}
     if emit or refine:
-        kw: dict[str, Any] = dict(ranked=result.ranked, pareto=result.pareto, stats=result.stats(),
-                                  meta={"calibration": str(calibration)} if calibration else None)
+        kw: dict[str, Any] = dict(search=result, meta={"calibration": str(calibration)} if calibration else None)
         if refine:
             # A stable folder (named like the study) so that re-running the command resumes it.
             from autotune.refine import default_study_name

@@ -46,7 +46,7 @@ def test_stale_heartbeat_and_dead_worker_are_failed_with_their_reasons(tmp_path)
     plans = recover(h, "this-host")
     assert sorted(plans) == ["dead-here", "never-beat-elsewhere", "stale-elsewhere"]
     trials = _reload(url, "s")
-    reason = lambda p: trials[numbers[p]].user_attrs.get("reason")  # noqa: E731
+    reason = lambda p: trials[numbers[p]].user_attrs.get("reason")
     assert trials[numbers["stale-elsewhere"]].state.name == "FAIL"
     assert reason("stale-elsewhere") == "interrupted: heartbeat went stale"
     assert reason("never-beat-elsewhere") == "interrupted: heartbeat went stale"

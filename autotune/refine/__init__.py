@@ -31,15 +31,61 @@ entry point; ``grpo-tune search ... --refine`` calls it lazily. The parts:
 Storage defaults to ``sqlite:///<out_dir>/study.db``; open it with
 ``optuna-dashboard sqlite:///<out_dir>/study.db`` (``pip install optuna-dashboard``).
 """
-from .loop import POLICIES, Measure, Plans, RefineOptions, plan_space, refine, run_trials, seed_study
+from .loop import (
+           POLICIES,
+           Measure,
+           Plans,
+           RefineOptions,
+           plan_space,
+           refine,
+           run_trials,
+           seed_study,
+)
 from .policy import ModelGuided, Pick, measured_noise, spread
 from .report import RefineResult, best_plan, by_plan, differ, spearman
 from .runner import PROFILE_CMD, ProfileOutcome, run_profile
-from .space import build_space, default_study_name, distinct, features, plan_key, predicted, runnable
+from .space import (
+           build_space,
+           default_study_name,
+           distinct,
+           features,
+           plan_key,
+           predicted,
+           runnable,
+)
 from .study import StudyHandle, TrialRecord, memory_study, open_study, recover
 
-__all__ = ["POLICIES", "PROFILE_CMD", "Measure", "ModelGuided", "Pick", "Plans", "ProfileOutcome", "RefineOptions",
-           "RefineResult", "StudyHandle", "TrialRecord", "build_space", "default_study_name", "differ", "distinct",
-           "features", "measured_noise", "memory_study", "open_study", "plan_key", "plan_space", "predicted",
-           "recover", "refine", "run_profile", "run_trials", "spearman", "spread", "runnable", "seed_study", "best_plan",
-           "by_plan"]
+__all__ = [
+           "POLICIES",
+           "PROFILE_CMD",
+           "Measure",
+           "ModelGuided",
+           "Pick",
+           "Plans",
+           "ProfileOutcome",
+           "RefineOptions",
+           "RefineResult",
+           "StudyHandle",
+           "TrialRecord",
+           "best_plan",
+           "build_space",
+           "by_plan",
+           "default_study_name",
+           "differ",
+           "distinct",
+           "features",
+           "measured_noise",
+           "memory_study",
+           "open_study",
+           "plan_key",
+           "plan_space",
+           "predicted",
+           "recover",
+           "refine",
+           "run_profile",
+           "run_trials",
+           "runnable",
+           "seed_study",
+           "spearman",
+           "spread",
+]

@@ -4,11 +4,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from core.config import RunConfig, TrainerOptions, save as save_config
+from core.config import RunConfig, TrainerOptions
+from core.config import save as save_config
 from core.errors import ConfigError, NoFeasiblePlanError
 from core.specs import HardwareSpec, ModelSpec
 from core.strategy import Cluster, Workload
@@ -82,7 +84,7 @@ class Plans:
     chooser: ModelGuided | None
 
     @classmethod
-    def of(cls, space: Sequence[Estimate], opts: RefineOptions) -> "Plans":
+    def of(cls, space: Sequence[Estimate], opts: RefineOptions) -> Plans:
         keys = [S.plan_key(e.strategy) for e in space]
         chooser = ModelGuided(space, noise=opts.noise) if opts.policy == "model" else None
         return cls(list(space), keys, {k: i for i, k in enumerate(keys)}, chooser)

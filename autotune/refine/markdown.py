@@ -9,8 +9,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from core.config import atomic_write
 from autotune.report import _plt, _save_png
+from core.config import atomic_write
+from core.errors import GrpoTuneError
 
 STATE_STYLE = {"COMPLETE": ("o", "#4C72B0"), "PRUNED": ("x", "#CCB974"), "FAIL": ("X", "#C44E52")}
 
@@ -87,9 +88,9 @@ def section(result) -> list[str]:
     recs = result.records
     ran = [r for r in recs if r.ran]
     L = ["", "## Refinement (real profiling runs)", "",
-         f"- Optuna study `{result.study_name}` in `{result.storage}`; "
-         f"{len(ran)} profiled trial(s), {len(result.completed)} completed, "
-         f"{sum(1 for r in recs if r.state == 'PRUNED' and not r.ran)} skipped without running.",
+         (f"- Optuna study `{result.study_name}` in `{result.storage}`; "
+          f"{len(ran)} profiled trial(s), {len(result.completed)} completed, "
+          f"{sum(1 for r in recs if r.state == 'PRUNED' and not r.ran)} skipped without running."),
          f"- Open it: `pip install optuna-dashboard && optuna-dashboard {result.storage}`."]
     if result.winner_measured:
         w = result.winner_measured
@@ -113,14 +114,13 @@ def section(result) -> list[str]:
     for r in recs:
         plan = r.plan or "-"
         if r.strategy:
-            from core.strategy import Strategy
-
             from autotune.report import plan_label
+            from core.strategy import Strategy
 
             try:
                 plan = plan_label(Strategy.from_dict(r.strategy))
-            except Exception:  # a record from an older schema: show the key
-                pass
+            except (GrpoTuneError, TypeError, ValueError, KeyError):  # a record from an older schema: show the key
+                plan = r.plan or "-"
         reason = (r.reason or "").replace("|", "/")
         state = r.state + (" (repeat)" if r.repeat and r.ran else "")
         L.append(f"| {r.number} | {state} | `{plan}` | {_f(r.predicted_step_s)} | {_f(r.measured_step_s)} | "

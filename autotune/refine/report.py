@@ -7,12 +7,15 @@ than that spread (or by more than the assumed noise when no plan was measured tw
 from __future__ import annotations
 
 import json
+import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from core.config import RunConfig, TrainerOptions, atomic_write, save as save_config
+from core.config import RunConfig, TrainerOptions, atomic_write
+from core.config import save as save_config
 from core.errors import GrpoTuneError
 from core.strategy import Strategy
 from costmodel.estimate import Estimate
@@ -68,7 +71,7 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     if len(set(x)) < 2 or len(set(y)) < 2:
         return None
     r = spearmanr(x, y).statistic
-    return None if r != r else float(r)
+    return None if math.isnan(r) else float(r)
 
 
 def by_plan(done: Sequence[TrialRecord]) -> dict[str, list[TrialRecord]]:
@@ -180,8 +183,8 @@ def noise_lines(result: RefineResult) -> list[str]:
         out = [f"noise: no plan was measured twice; assuming {n['threshold']:.1%} (differences below it are ties)"]
     else:
         per = ", ".join(f"{v:.1%}" for v in n["per_plan"].values())
-        out = [f"noise: spread of repeated trials (max-min)/median: {per}; plans closer than "
-               f"{n['threshold']:.1%} are called tied"]
+        out = [(f"noise: spread of repeated trials (max-min)/median: {per}; plans closer than "
+                f"{n['threshold']:.1%} are called tied")]
     w = result.winner_measured or {}
     if w.get("runner_up_step_s") is not None:
         gap = w["runner_up_step_s"] / w["step_s"] - 1
@@ -198,7 +201,7 @@ def print_summary(result: RefineResult, console) -> None:
     for c in ("#", "state", "predicted s", "measured s", "tokens/s", "plan / reason"):
         t.add_column(c, justify="left" if c in ("state", "plan / reason") else "right")
     for r in result.records:
-        f = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
+        f = lambda x: "-" if x is None else f"{x:.3g}"
         t.add_row(str(r.number), r.state + (" (repeat)" if r.repeat and r.ran else ""), f(r.predicted_step_s),
                   f(r.measured_step_s), "-" if r.measured_tokens_per_s is None else f"{r.measured_tokens_per_s:,.1f}",
                   (r.reason or _label(r) or "")[:90])
@@ -209,7 +212,7 @@ def print_summary(result: RefineResult, console) -> None:
     cal = result.calibration
     if cal is not None:
         b, a = cal.before, cal.after
-        fs = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+        fs = lambda x: "-" if x is None else f"{x:.3f}"
         console.print(f"calibration: MAPE {b['mape_pct']:.1f}% -> {a['mape_pct']:.1f}%, Spearman {fs(b['spearman'])} -> "
                       f"[bold]{fs(a['spearman'])}[/] (saved {result.out_dir / 'calibration.json'})", highlight=False)
     for line in noise_lines(result):
@@ -266,7 +269,13 @@ class progress_bar:
     def __enter__(self) -> _Bar:
         if not self.enabled:
             return _Bar(None, 0, self.total)
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self.prog = Progress(TextColumn("[bold]refine[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                              TextColumn("best {task.fields[best]}"), TextColumn("| latest {task.fields[latest]}"),

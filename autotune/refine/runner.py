@@ -9,9 +9,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 # The profile command, run as `PROFILE_CMD + ["--config", X, "--steps", K, "--json", OUT]`.
 PROFILE_CMD = [sys.executable, "-c", "from cli.main import run; run()", "profile"]

@@ -4,13 +4,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from core.config import RunConfig, TrainerOptions
 from core.errors import GrpoTuneError
 from core.specs import HardwareSpec, ModelSpec
 from core.strategy import Cluster, Strategy, Workload
-from costmodel.estimate import Estimate, estimate as cost_estimate
+from costmodel.estimate import Estimate
+from costmodel.estimate import estimate as cost_estimate
 
 MAX_SPACE = 20000
 """Beyond this many candidates only search's ranked list is used."""
@@ -60,7 +62,9 @@ def build_space(ranked: Sequence[Estimate], model: ModelSpec, hardware: Hardware
 def runnable(space: list[Estimate], trainer: TrainerOptions) -> tuple[list[Estimate], list[str]]:
     """Plans the trainer accepts (its torch-free pre-start checks, ``trainer.launch.preflight``)."""
     try:
-        from trainer.launch import preflight  # torch-free; imported here, never at autotune import time
+        from trainer.launch import (
+            preflight,  # torch-free; imported here, never at autotune import time
+        )
     except ImportError:
         return space, []
     keep, why = [], []
@@ -107,7 +111,7 @@ def distinct(space: Sequence[Estimate], k: int) -> list[int]:
 
 def features(s: Strategy) -> list[float]:
     """A plan as numbers for the similarity kernel: one unit per doubling of a degree or size."""
-    lg = lambda x: math.log2(x) if x else 0.0  # noqa: E731
+    lg = lambda x: math.log2(x) if x else 0.0
     return [lg(s.tp), lg(s.pp), lg(s.dp), lg(s.vpp), lg(s.cp), lg(s.ep), lg(s.mbs),
             RECOMPUTE_LEVEL.get(s.recompute, 0.5), float(s.sequence_parallel), float(s.distributed_optimizer),
             len(s.offload) / 3, lg(s.rollout_tp), 2.0 * s.gpu_memory_utilization,

@@ -44,7 +44,7 @@ class StudyHandle:
         """Set a user attribute on a RUNNING trial by number (also one asked by another worker)."""
         self.storage.set_trial_user_attr(self.trial_id(number), key, value)
 
-    def heartbeat(self, number: int) -> "_Heartbeat":
+    def heartbeat(self, number: int) -> _Heartbeat:
         if self.heartbeat_s:
             return _Heartbeat(self.storage, self.trial_id(number), self.heartbeat_s)
         return _Heartbeat(None, 0, 0)
@@ -75,7 +75,7 @@ def open_study(storage: str, study_name: str, seed: int | None, heartbeat_s: int
             study = optuna.create_study(storage=st, study_name=study_name, direction="maximize", sampler=sampler,
                                         load_if_exists=True)
             return StudyHandle(study, st, st.get_study_id_from_name(study_name), heartbeat_s, grace_s)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - SQLAlchemy, driver and URL errors all end as a coded error below
             last = exc
             if "IntegrityError" not in type(exc).__name__ + str(exc) and "locked" not in str(exc):
                 break
@@ -226,7 +226,7 @@ class _Heartbeat:
         while True:
             try:
                 storage.set_trial_user_attr(trial_id, "heartbeat_utc", time.time())
-            except Exception:  # a lost DB connection must not kill the trial; the next beat retries
+            except Exception:  # noqa: BLE001, S110 - a lost DB connection must not kill the trial; the next beat retries
                 pass
             if self._stop.wait(interval_s):
                 return
