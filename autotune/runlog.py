@@ -290,3 +290,140 @@ def summary(log: RunLog, *, skip_warmup: int = 0) -> dict[str, Any]:
         vals = [getattr(r, k) for r in recs if getattr(r, k) is not None]
         out[k] = max(vals) if vals else None
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibrating the time model from logs (grpo-tune calibrate --from-log)
+# ---------------------------------------------------------------------------------------------
+
+GiB = 1024**3
+ANOTHER_MODEL_RATIO = 10.0
+"""A log whose training phases take over 10x more or less than the launch's model predicts is taken for a log
+of another model (the uncalibrated model is within a few x of real runs; 7B vs 0.5B is ~15x)."""
+
+
+@dataclass
+class LogPoint:
+    """One log matched with the launch that produced it."""
+
+    log: RunLog
+    plan: Any
+    """autotune.tune.LaunchPlan, with the logged mean lengths in its workload."""
+    point: Any
+    """autotune.calibrate.Point."""
+    summary: dict[str, Any]
+    kept_steps: int
+
+
+def predict_folded(params: dict[str, float], pt) -> tuple[float, dict[str, float]]:
+    """The cost model's step and phases as verl times them: verl has no offload timer (its offloads run inside
+    old_log_prob, update_actor and update_weights), so the predicted offload seconds are added to ``update``."""
+    from autotune.calibrate import predict_estimate
+
+    step, phases = predict_estimate(params, pt)
+    off = phases.pop("offload", 0.0)
+    if off:
+        phases["update"] = phases.get("update", 0.0) + off
+    return step, phases
+
+
+def log_point(log: RunLog, launch: str | os.PathLike, *, model: str | None = None, hardware: str | None = None,
+              skip_warmup: int = 1, label: str = "") -> LogPoint:
+    """Match a log with its launch: the launch gives the plan, the log the lengths and the measured seconds."""
+    from autotune.calibrate import Point
+    from autotune.tune import plan_of
+
+    recs = log.records
+    kept = recs[skip_warmup:] if len(recs) > skip_warmup else recs
+    if len(kept) < len(recs) - skip_warmup or len(recs) <= skip_warmup:
+        log.warnings.append(f"{log.path}: only {len(recs)} step(s) logged; warm-up steps kept")
+    sub = RunLog(path=log.path, format=log.format, records=kept)
+    s = summary(sub)
+    rmean = s.get("response_len_mean")
+    pmean = s.get("prompt_len_mean")
+    plan = plan_of(launch, model=model, hardware=hardware)
+    wl = plan.workload
+    rmax = s.get("response_len_max")
+    if rmax is not None and rmax > wl.response_len * 1.001 + 1:
+        raise ConfigError(f"{log.path}: responses of up to {rmax:.0f} tokens, but the launch {launch} allows "
+                          f"{wl.response_len} (data.max_response_length): this log is not a run of that launch",
+                          hint="pass the launch each log ran (--launch once per --from-log, in the same order)")
+    lens = {}
+    if rmean:
+        lens["response_len_mean"] = max(1, min(wl.response_len, round(rmean)))
+    if pmean:
+        lens["prompt_len_mean"] = max(1, min(wl.prompt_len, round(pmean)))
+    if lens:
+        import dataclasses
+
+        plan = dataclasses.replace(plan, workload=wl.replace(**lens))
+    phases = dict(s["phases_s"])
+    step = s.get("step_s")
+    if step is None:
+        step = sum(phases.values())
+    pt = Point(model=plan.model, hardware=plan.hardware, cluster=plan.cluster, strategy=plan.strategy,
+               workload=plan.workload, measured_step_s=float(step), measured_phases_s=phases,
+               label=label or Path(log.path).name)
+    return LogPoint(log=log, plan=plan, point=pt, summary=s, kept_steps=len(kept))
+
+
+def check_same_model(lp: LogPoint, params: dict[str, float] | None = None) -> None:
+    """A log that cannot come from the launch's model (training phases 10x off the prediction) is an error."""
+    from autotune.calibrate import defaults
+
+    _, pred = predict_folded(params or defaults(), lp.point)
+    meas = lp.point.measured_phases_s
+    keys = [k for k in ("old_logprob", "ref_logprob", "update") if meas.get(k) and pred.get(k)]
+    if not keys:
+        return
+    ratio = sum(meas[k] for k in keys) / sum(pred[k] for k in keys)
+    if not (1 / ANOTHER_MODEL_RATIO <= ratio <= ANOTHER_MODEL_RATIO):
+        raise ConfigError(f"{lp.log.path}: its training phases ({', '.join(keys)}) took {ratio:.3g}x what "
+                          f"{lp.plan.model.name} on {lp.plan.cluster.gpus} x {lp.plan.hardware.name} predicts: "
+                          "this log looks like a run of another model or other hardware",
+                          hint="pass the launch (and --model/--hardware) the logged run used")
+
+
+def memory_check(lp: LogPoint) -> dict[str, Any] | None:
+    """Logged peak allocated memory (training side) against the predicted peak of the training phases."""
+    from costmodel.estimate import estimate
+
+    logged = lp.summary.get("max_memory_allocated_gib")
+    if logged is None:
+        return None
+    p = lp.plan
+    est = estimate(model=p.model, hardware=p.hardware, cluster=p.cluster, strategy=p.strategy, workload=p.workload)
+    # verl's perf/max_memory_allocated_gb is torch's allocator peak in the trainer process (engine_workers.py
+    # l.219); vLLM's KV cache is allocated by the rollout server, so compare the training phases only.
+    train = {k: v.total_bytes for k, v in est.memory.items() if k != "rollout"}
+    if not train:
+        return None
+    phase = max(train, key=train.get)
+    pred_gib = train[phase] / GiB
+    return {"log": lp.log.path, "logged_gib": round(logged, 2), "predicted_gib": round(pred_gib, 2),
+            "phase": phase, "optimistic": logged > pred_gib * 1.05,
+            "error_pct": round(100.0 * (pred_gib - logged) / logged, 1) if logged else None}
+
+
+def calibrate_logs(points: list[LogPoint], *, names: list[str] | None = None):
+    """Fit the calibration to every log jointly (autotune.calibrate.fit, with offload folded as verl times it)."""
+    from autotune.calibrate import defaults, fit
+    from costmodel.timing import CALIBRATION_BOUNDS
+
+    pts = [lp.point for lp in points]
+    if len(pts) == 1:
+        # fit() wants two points; one log's phases still pin the per-phase knobs, so count it twice
+        pts = pts * 2
+    return fit(pts, base=defaults(), predict=predict_folded, names=names, bounds=dict(CALIBRATION_BOUNDS))
+
+
+def phase_mape(points: list[LogPoint], params: dict[str, float]) -> dict[str, float]:
+    """Per-phase mean absolute percentage error of the prediction with ``params`` over the logs."""
+    errs: dict[str, list[float]] = {}
+    for lp in points:
+        step, pred = predict_folded(params, lp.point)
+        for k, m in lp.point.measured_phases_s.items():
+            if m > 0 and k in pred:
+                errs.setdefault(k, []).append(abs(pred[k] - m) / m)
+        errs.setdefault("step", []).append(abs(step - lp.point.measured_step_s) / lp.point.measured_step_s)
+    return {k: round(100.0 * sum(v) / len(v), 2) for k, v in errs.items()}
