@@ -80,7 +80,7 @@ def preflight(cfg, *, nnodes: int | None = None, node_rank: int = 0, resume_dir:
                                   "GRPO batches)", hint="set strategy.cp: 1")
     # verl's batch rules and megatron-core's interleaving rule, written once in core/rules.py.
     for f in errors(check_batches(w, dp=s.dp, mbs=s.mbs, pp=s.pp, vpp=s.vpp)):
-        raise GrpoTuneError(f.message, hint=f.hint, code=f.code)
+        raise f.to_error()
     if w.prompt_len + w.response_len > m.max_seq_len:
         raise ConfigError(f"prompt_len + response_len = {w.prompt_len + w.response_len} exceeds {m.name}'s "
                           f"max_seq_len {m.max_seq_len}", hint="shorten workload.prompt_len / response_len")
