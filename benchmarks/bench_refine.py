@@ -280,13 +280,12 @@ def _refine(policy: str):
             Plans,
             ProfileOutcome,
             RefineOptions,
-            best_plan,
-            by_plan,
             memory_study,
             run_trials,
             seed_study,
         )
-        from autotune.refine.study import counted, records
+        from autotune.refine.loop import winner_plan
+        from autotune.refine.study import counted
 
         opts = RefineOptions(trials=k, policy=policy, seed=rng.randrange(2**31), progress=False, emit=False,
                              calibrate=False)
@@ -302,8 +301,7 @@ def _refine(policy: str):
                                                "phases_s": r.get("phases_s") or {}}, 0.0)
 
         run_trials(h, plans, opts, measure, host="bench")
-        done = [r for r in records(h.study) if r.state == "COMPLETE" and r.measured_tokens_per_s]
-        return best_plan(by_plan(done)), counted(h.study)
+        return winner_plan(h, plans), counted(h.study)
 
     strat.__doc__ = f"refine, policy {policy}"
     return strat
