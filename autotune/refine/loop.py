@@ -367,7 +367,9 @@ def _prepare(h: StudyHandle, plans: Plans, opts: RefineOptions, inputs: tuple, h
                       "or profile?); plan_rank values are not comparable across the two, plan keys still are[/]")
     for plan in recover(h, host):
         if plan in plans.index:
-            study.enqueue_trial({PARAM: plans.index[plan]}, user_attrs={"requeued": True})
+            # an interrupted re-measurement of a plan measured before stays a repeat
+            again = any(i == plans.index[plan] for i, _ in _measured(h, plans)[0])
+            study.enqueue_trial({PARAM: plans.index[plan]}, user_attrs={"requeued": True, "repeat": again})
             console.print(f"[yellow]requeued interrupted plan[/] {plan}", highlight=False)
     seed_study(h, plans, opts)
     done = counted(study)
