@@ -74,9 +74,10 @@ def preflight(cfg, *, nnodes: int | None = None, node_rank: int = 0, resume_dir:
     if w.kind != "grpo":
         raise ConfigError(f"the trainer runs GRPO workloads; workload.kind is {w.kind!r}",
                           hint="set workload.kind: grpo")
-    if s.cp > 1:
-        raise InvalidDegreesError("cp > 1 is not supported by this trainer's megatron backend (variable-length "
-                                  "GRPO batches)", hint="set strategy.cp: 1")
+    from core.support import first_refusal
+
+    # every refusal the workers would make (core/support.py: the search applies the same rules)
+    first_refusal(m, s, cfg.hardware, workload=w)
     # verl's validate_config rules, with sequences = prompts * n (facts/verl-config.md).
     mb = micro_batches(cfg)
     if (w.mini_batch * w.n) % (s.dp * s.mbs):
