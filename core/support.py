@@ -68,6 +68,12 @@ def check_supported(model: ModelSpec, strategy: Strategy, hardware: HardwareSpec
         if v is not None and v < 1:
             out.append(_no(f"strategy.{name} must be >= 1 tokens (None/0 turns it off), got {v}",
                            f"set strategy.{name} to a token budget or leave it unset", code="BAD_CONFIG"))
+    if workload is not None and workload.kind == "grpo":
+        out += _batch_rules(s, workload)
+        if workload.prompt_len + workload.response_len > m.max_seq_len:
+            out.append(_no(f"prompt_len + response_len = {workload.prompt_len + workload.response_len} exceeds "
+                           f"{m.name}'s max_seq_len {m.max_seq_len}", "shorten workload.prompt_len / response_len",
+                           code="BAD_CONFIG"))
     if workload is not None:
         longest = workload.prompt_len + workload.response_len
         for name in ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu"):
@@ -77,6 +83,27 @@ def check_supported(model: ModelSpec, strategy: Strategy, hardware: HardwareSpec
                 out.append(_no(f"strategy.{name}={v} is below the longest sequence ({longest} tokens = "
                                f"prompt_len + response_len)", f"raise {name} to at least {longest}",
                                code="BATCH_DIVISIBILITY"))
+    return out
+
+
+def _batch_rules(s: Strategy, w: Workload) -> list[GrpoTuneError]:
+    """verl's and megatron's micro-batch rules for one GRPO mini-batch (fixed ``mbs`` only: with a
+    token budget the trainer sets the micro-batch count itself, equal on every DP rank)."""
+    out: list[GrpoTuneError] = []
+    dp = s.dp or 1
+    seqs = w.mini_batch * w.n
+    if s.max_tokens_per_gpu is None:
+        if seqs % (dp * s.mbs):
+            out.append(_no(f"a mini-batch of {w.mini_batch} prompts x n={w.n} = {seqs} sequences does not split "
+                           f"over dp={dp} x mbs={s.mbs}", "choose mini_batch * n divisible by dp * mbs",
+                           code="BATCH_DIVISIBILITY"))
+        elif s.vpp > 1:
+            # megatron-core's interleaved schedule: micro-batches >= pp, and the remainder modulo the
+            # group size (= pp) must be 0 or >= pp, i.e. 0
+            k = seqs // (dp * s.mbs)
+            if k < s.pp or k % s.pp:
+                out.append(_no(f"vpp={s.vpp} needs micro-batches per mini-batch ({k}) to be a multiple of pp={s.pp}",
+                               "raise mini_batch or lower mbs", code="BATCH_DIVISIBILITY"))
     return out
 
 

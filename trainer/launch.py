@@ -78,22 +78,6 @@ def preflight(cfg, *, nnodes: int | None = None, node_rank: int = 0, resume_dir:
 
     # every refusal the workers would make (core/support.py: the search applies the same rules)
     first_refusal(m, s, cfg.hardware, workload=w)
-    # verl's validate_config rules, with sequences = prompts * n (facts/verl-config.md).
-    mb = micro_batches(cfg)
-    if (w.mini_batch * w.n) % (s.dp * s.mbs):
-        raise GrpoTuneError(f"a mini-batch of {w.mini_batch} prompts x n={w.n} = {w.mini_batch * w.n} sequences "
-                            f"does not split over dp={s.dp} x mbs={s.mbs}",
-                            hint="choose mini_batch * n divisible by dp * mbs", code="BATCH_DIVISIBILITY")
-    if s.vpp > 1:
-        # megatron-core's interleaved schedule (schedules.py): micro-batches >= pp, and the remainder
-        # modulo the group size (= pp) must be 0 or >= pp, i.e. 0.
-        k = mb["micro_batches_per_mini_batch"]
-        if k < s.pp or k % s.pp:
-            raise GrpoTuneError(f"vpp={s.vpp} needs micro-batches per mini-batch ({k}) to be a multiple of pp={s.pp}",
-                                hint="raise mini_batch or lower mbs", code="BATCH_DIVISIBILITY")
-    if w.prompt_len + w.response_len > m.max_seq_len:
-        raise ConfigError(f"prompt_len + response_len = {w.prompt_len + w.response_len} exceeds {m.name}'s "
-                          f"max_seq_len {m.max_seq_len}", hint="shorten workload.prompt_len / response_len")
     if t.dataset.split(":")[0] != "synthetic" and not Path(t.dataset).is_file():
         raise GrpoTuneError(f"dataset {t.dataset!r} does not exist", code="MISSING_DATASET",
                             hint="give a .jsonl/.parquet file with prompt and answer fields, or 'synthetic'")
