@@ -19,17 +19,22 @@ from core.config import RunConfig, TrainerOptions
 from core.errors import GrpoTuneError, NoFeasiblePlanError
 from core.specs import load_hardware, load_model
 from core.strategy import Cluster, Workload, validate
-from core.support import check_supported
+from core.support import check_plan, check_supported
 from trainer.launch import preflight
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = sorted(p.stem for p in (ROOT / "profiles" / "models").glob("*.toml"))
 GPU_STEPS = (8, 64, 256, 512)
-BUILD = 40  # accepted plans per preset whose megatron TransformerConfig is built
+BUILD = 12  # accepted plans per preset whose megatron TransformerConfig is built
 
 
 def _plans(m, hw, w, pins=None):
-    for gpus in GPU_STEPS:
+    from costmodel.params import total_params
+
+    big = total_params(m)
+    # start near the smallest cluster that fits (each infeasible search costs a second on big models)
+    start = 0 if big < 20e9 else 1 if big < 150e9 else 3 if big > 400e9 else 2
+    for gpus in GPU_STEPS[start:]:
         cluster = Cluster(gpus=gpus, gpus_per_node=8)
         try:
             res = search(m, hw, cluster, w, pins=pins, top=10)
@@ -52,7 +57,7 @@ def _plans(m, hw, w, pins=None):
 def _check(m, hw, cluster, w, plans, *, build_config: bool = True) -> tuple[int, set[str]]:
     from trainer.model import transformer_config
 
-    accepted, codes = 0, set()
+    accepted, codes, built = 0, set(), set()
     for s in plans:
         cfg = RunConfig(model=m, hardware=hw, cluster=cluster, strategy=s, workload=w,
                         trainer=TrainerOptions(rollout_engine="auto"))
@@ -63,10 +68,15 @@ def _check(m, hw, cluster, w, plans, *, build_config: bool = True) -> tuple[int,
             assert shared, f"{m.name}: preflight refused a plan the shared check accepts: {exc} ({s})"
             assert (exc.code, exc.message) == (shared[0].code, shared[0].message), (exc, shared[0])
             codes.add(exc.code)
+            # the search itself applies every rule but the trainer-only ones (CP, model family)
+            assert not check_plan(m, s, workload=w), (m.name, s, exc)
             continue
         assert not shared, (m.name, s, shared)
         accepted += 1
-        if build_config and accepted <= BUILD:
+        if s in built:
+            continue
+        built.add(s)
+        if build_config and len(built) <= BUILD:
             transformer_config(m, s, dtype=w.dtype)  # megatron's own checks: must not raise
     return accepted, codes
 
@@ -103,5 +113,6 @@ def test_shared_check_is_what_the_refusals_say():
     assert [e.code for e in check_supported(m, Strategy(cpu_optimizer=0.5, distributed_optimizer=False))] == [
         "TRAINER_UNSUPPORTED"]
     w = Workload(prompt_len=100, response_len=100)
-    assert [e.code for e in check_supported(m, Strategy(max_tokens_per_gpu=150), workload=w)] == ["BATCH_DIVISIBILITY"]
-    assert check_supported(m, Strategy(max_tokens_per_gpu=200), workload=w) == []
+    assert [e.code for e in check_supported(m, Strategy(max_tokens_per_gpu=150, dp=1), workload=w)] == [
+        "BATCH_DIVISIBILITY"]
+    assert check_supported(m, Strategy(max_tokens_per_gpu=200, dp=1), workload=w) == []

@@ -23,7 +23,7 @@ import json
 import statistics
 from pathlib import Path
 
-PHASES = ("rollout", "weight_sync", "old_logprob", "ref_logprob", "update")
+from core.phases import MEASURED_PHASES as PHASES  # named once, in core/phases.py
 
 
 def result(status: str, *, message: str | None, config: str, steps: int, world_size: int, history: list[dict] = (),
@@ -38,7 +38,7 @@ def result(status: str, *, message: str | None, config: str, steps: int, world_s
         "steps": len(history) if history else steps,
         "world_size": world_size,
         "step_s": med([h["step_s"] for h in timed]),
-        "phases_s": {p: med([h["phases_s"][p] for h in timed]) for p in PHASES},
+        "phases_s": {p.value: med([h["phases_s"][p] for h in timed]) for p in PHASES},
         "tokens_per_s": med([h["tokens_per_s"] for h in timed]),
         "tokens_per_s_per_gpu": med([h["tokens_per_s_per_gpu"] for h in timed]),
         "peak_memory_bytes": peak or {"per_rank": [], "max": None},
