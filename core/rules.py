@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from .errors import GrpoTuneError
+
 if TYPE_CHECKING:  # annotations only: core/strategy.py imports this module
     from .specs import ModelSpec
     from .strategy import Strategy, Workload
@@ -40,6 +42,10 @@ class Finding:
     message: str
     hint: str = ""
     severity: Severity = Severity.ERROR
+
+    def to_error(self) -> GrpoTuneError:
+        """The coded error a caller that stops at this finding raises."""
+        return GrpoTuneError(self.message, hint=self.hint, code=self.code)
 
 
 def errors(findings: list[Finding]) -> list[Finding]:

@@ -9,14 +9,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from .choices import Dtype, Offload, Recompute, WorkloadKind
 from .errors import ConfigError, InvalidDegreesError
 from .rules import check_degrees, divisors, errors, stage_layers
-from .specs import ModelSpec, check_keys
+from .specs import ModelSpec
+from .validation import FRACTION, Schema, check_keys, from_mapping
 
-__all__ = ["Cluster", "Strategy", "Workload", "divisors", "stage_layers", "validate"]
+__all__ = ["OFFLOAD", "RECOMPUTE", "Cluster", "Strategy", "Workload", "divisors", "stage_layers", "validate"]
 
-RECOMPUTE = ("none", "selective", "full")
-OFFLOAD = ("param", "grad", "optimizer")
+RECOMPUTE = Recompute.values()
+OFFLOAD = Offload.values()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,7 +120,7 @@ class Strategy:
             if not isinstance(off, (list, tuple)) or not all(isinstance(o, str) for o in off):
                 raise ConfigError(f"{where}.offload must be a list of {', '.join(OFFLOAD)}")
             data["offload"] = tuple(sorted(set(off), key=lambda o: OFFLOAD.index(o) if o in OFFLOAD else 99))
-        return _typed(cls(**data), where)
+        return from_mapping(cls, data, where, _STRATEGY_SCHEMA)
 
     def replace(self, **kw) -> "Strategy":
         return dataclasses.replace(self, **kw)
@@ -126,7 +128,11 @@ class Strategy:
 
 @dataclass(frozen=True, kw_only=True)
 class Workload:
-    """A GRPO step (default) or a plain pretraining step."""
+    """A GRPO step (default) or a plain pretraining step.
+
+    The defaults follow common verl GRPO practice (verl's GRPO examples): 1024 prompts, n=5,
+    1024/1024 tokens, mini-batch 256, KL on. The CLI's flag defaults are these (autotune/options.py).
+    """
 
     kind: str = "grpo"
     """``grpo`` or ``pretrain``."""
@@ -170,48 +176,27 @@ class Workload:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "workload") -> "Workload":
-        return _typed(cls(**check_keys(cls, data, where)), where)
+        return _check_workload(from_mapping(cls, data, where, _WORKLOAD_SCHEMA), where)
 
     def replace(self, **kw) -> "Workload":
         return dataclasses.replace(self, **kw)
 
 
-def _typed(obj, where: str):
-    """Type and range checks shared by Strategy and Workload: coded errors only."""
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        t = f.type
-        if v is None and "None" in t:
-            continue
-        if t.startswith("int"):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{where}.{f.name} must be a positive integer, got {v!r}")
-        elif t.startswith("float"):
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not (0 < v <= 1):
-                raise ConfigError(f"{where}.{f.name} must be a number in (0, 1], got {v!r}")
-        elif t.startswith("bool"):
-            if not isinstance(v, bool):
-                raise ConfigError(f"{where}.{f.name} must be true or false, got {v!r}")
-        elif t == "str" and not isinstance(v, str):
-            raise ConfigError(f"{where}.{f.name} must be a string, got {v!r}")
-    if isinstance(obj, Strategy):
-        if obj.recompute not in RECOMPUTE:
-            raise ConfigError(f"{where}.recompute must be one of {', '.join(RECOMPUTE)}, got {obj.recompute!r}")
-        bad = [o for o in obj.offload if o not in OFFLOAD]
-        if bad:
-            raise ConfigError(f"{where}.offload: unknown {bad[0]!r}", hint=f"choose from {', '.join(OFFLOAD)}")
-    if isinstance(obj, Workload):
-        if obj.kind not in ("grpo", "pretrain"):
-            raise ConfigError(f"{where}.kind must be grpo or pretrain, got {obj.kind!r}")
-        if obj.dtype not in ("bf16", "fp16", "fp32"):
-            raise ConfigError(f"{where}.dtype must be bf16, fp16 or fp32, got {obj.dtype!r}")
-        if obj.kind == "grpo" and obj.mini_batch > obj.prompts:
-            raise ConfigError(f"{where}: mini_batch ({obj.mini_batch}) exceeds prompts ({obj.prompts})",
-                              hint="verl requires ppo_mini_batch_size <= data.train_batch_size")
-        if obj.kind == "grpo" and obj.prompts % obj.mini_batch:
-            raise ConfigError(f"{where}: prompts ({obj.prompts}) is not a multiple of mini_batch ({obj.mini_batch})")
-        if obj.response_len_mean is not None and obj.response_len_mean > obj.response_len:
-            raise ConfigError(f"{where}: response_len_mean exceeds response_len")
+# ints are positive; the two fractions are in (0, 1].
+_STRATEGY_SCHEMA = Schema(ranges={"gpu_memory_utilization": FRACTION, "cpu_optimizer": FRACTION},
+                          choices={"recompute": Recompute, "offload": Offload})
+_WORKLOAD_SCHEMA = Schema(choices={"kind": WorkloadKind, "dtype": Dtype})
+
+
+def _check_workload(obj: Workload, where: str) -> Workload:
+    """The rules between a workload's fields (each field's own range is in ``_WORKLOAD_SCHEMA``)."""
+    if obj.kind == "grpo" and obj.mini_batch > obj.prompts:
+        raise ConfigError(f"{where}: mini_batch ({obj.mini_batch}) exceeds prompts ({obj.prompts})",
+                          hint="verl requires ppo_mini_batch_size <= data.train_batch_size")
+    if obj.kind == "grpo" and obj.prompts % obj.mini_batch:
+        raise ConfigError(f"{where}: prompts ({obj.prompts}) is not a multiple of mini_batch ({obj.mini_batch})")
+    if obj.response_len_mean is not None and obj.response_len_mean > obj.response_len:
+        raise ConfigError(f"{where}: response_len_mean exceeds response_len")
     return obj
 
 

@@ -9,7 +9,6 @@ trainer) stops. Degree rules live in core/rules.py (``check_degrees``) and batch
 """
 from __future__ import annotations
 
-from .errors import GrpoTuneError
 from .rules import Finding, check_batches, errors
 from .specs import HardwareSpec, ModelSpec
 from .strategy import Strategy, Workload
@@ -108,5 +107,4 @@ def first_refusal(model: ModelSpec, strategy: Strategy, hardware: HardwareSpec |
     """Raise the first refusal of :func:`check_supported` as a coded :class:`GrpoTuneError`."""
     found = check_supported(model, strategy, hardware, workload=workload)
     if found:
-        f = found[0]
-        raise GrpoTuneError(f.message, hint=f.hint, code=f.code)
+        raise found[0].to_error()
