@@ -246,9 +246,43 @@ def _load_model_file(path: str) -> ModelSpec:
     return ModelSpec.from_dict(data, where=f"model file {path}")
 
 
+# Suffixes of Hugging Face repo names whose weights differ from the base model's but whose architecture
+# (config.json shapes) is the same: Qwen/Qwen2.5-7B-Instruct has Qwen/Qwen2.5-7B's shapes, and so on.
+_VARIANT_SUFFIXES = ("-instruct", "-chat", "-base", "-it", "-hf")
+
+
+@lru_cache(maxsize=8)
+def _hf_index(env: str | None) -> dict[str, Path]:
+    """HF id (lower-case, ``org/name`` and bare ``name``) -> preset file."""
+    out: dict[str, Path] = {}
+    for p in set(catalog("models").values()):
+        hf = str(_read_toml(p, "models").get("hf_id") or "").strip().lower()
+        if hf:
+            out.setdefault(hf, p)
+            out.setdefault(hf.rsplit("/", 1)[-1], p)
+    return out
+
+
+def resolve_hf_id(name: str) -> Path | None:
+    """The preset holding HF id ``name`` (``Qwen/Qwen2.5-7B-Instruct``), or one of its instruct/base variants
+    that share the architecture (the suffixes in ``_VARIANT_SUFFIXES``); None when no preset holds it."""
+    idx = _hf_index(os.environ.get("GRPO_TUNE_PROFILES"))
+    key = name.strip().rstrip("/").lower()
+    cands = [key, key.rsplit("/", 1)[-1]]
+    for c in list(cands):
+        for suf in _VARIANT_SUFFIXES:
+            if c.endswith(suf):
+                cands.append(c[: -len(suf)])
+    for c in cands:
+        if c in idx:
+            return idx[c]
+    return None
+
+
 def load_model(name_or_path: str) -> ModelSpec:
-    """A preset name or alias (``7b``, ``qwen2.5-7b``), a model TOML, or a HF ``config.json``."""
-    p = Path(name_or_path)
+    """A preset name or alias (``7b``, ``qwen2.5-7b``), a HF id (``Qwen/Qwen2.5-7B-Instruct``: the preset holding
+    it, or its base/instruct twin), a model TOML, a HF ``config.json`` or a local checkpoint folder holding one."""
+    p = Path(os.path.expanduser(name_or_path))
     if name_or_path.endswith(".json") or p.is_dir():
         cfg = p / "config.json" if p.is_dir() else p
         if not cfg.exists():
@@ -261,11 +295,14 @@ def load_model(name_or_path: str) -> ModelSpec:
     cat = catalog("models")
     key = name_or_path.lower()
     if key not in cat:
-        near = close_matches(key, cat)
+        hf = resolve_hf_id(name_or_path)
+        if hf is not None:
+            return _load_model_file(str(hf))
+        near = close_matches(key.rsplit("/", 1)[-1], cat)
         raise UnknownModelError(
             f"unknown model {name_or_path!r}",
             hint=(f"close matches: {', '.join(near)}; " if near else "")
-            + "see `grpo-tune models`, or pass a config.json",
+            + "see `grpo-tune models`, or pass a config.json or a checkpoint folder",
         )
     return _load_model_file(str(cat[key]))
 
