@@ -12,24 +12,17 @@ import json
 import os
 import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+from core.config import RunConfig
 from core.errors import ConfigError, GrpoTuneError, MissingDependencyError
+
+from .layout import Layout
 
 DEFAULT_MASTER_PORT = 29500
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Where the ranks go: ``nnodes`` machines with ``nproc_per_node`` processes each."""
-
-    world_size: int
-    nnodes: int
-    nproc_per_node: int
-
-
-def layout(cfg, *, nnodes: int | None = None) -> Layout:
+def layout(cfg: RunConfig, *, nnodes: int | None = None) -> Layout:
     """World size from the config; nodes from ``--nnodes`` or from ``cluster.gpus_per_node``."""
     gpus = cfg.cluster.gpus
     if nnodes is None:
@@ -43,10 +36,12 @@ def layout(cfg, *, nnodes: int | None = None) -> Layout:
         raise ConfigError(f"the config's {gpus} GPUs do not split evenly over {nnodes} nodes",
                           hint="make cluster.gpus a multiple of the node count (torchrun starts the same "
                                "number of processes on every node)")
-    return Layout(world_size=gpus, nnodes=nnodes, nproc_per_node=per)
+    s = cfg.strategy
+    return Layout(world_size=gpus, nnodes=nnodes, nproc_per_node=per, tp=s.tp, pp=s.pp, vpp=s.vpp, cp=s.cp, ep=s.ep,
+                  etp=s.etp_, dp=s.dp or gpus // (s.tp * s.pp * s.cp))
 
 
-def micro_batches(cfg) -> dict[str, int]:
+def micro_batches(cfg: RunConfig) -> dict[str, int]:
     """Sequences per step / mini-batch per DP rank and micro-batches per mini-batch."""
     s, w = cfg.strategy, cfg.workload
     seqs = w.prompts * w.n
@@ -57,7 +52,7 @@ def micro_batches(cfg) -> dict[str, int]:
             "micro_batches_per_mini_batch": mini // (s.dp * s.mbs)}
 
 
-def preflight(cfg, *, nnodes: int | None = None, node_rank: int = 0, resume_dir: str | os.PathLike | None = None,
+def preflight(cfg: RunConfig, *, nnodes: int | None = None, node_rank: int = 0, resume_dir: str | os.PathLike | None = None,
               need_torch: bool = True) -> Layout:
     """Every check that can fail before a process starts; raises a coded :class:`GrpoTuneError`.
 
