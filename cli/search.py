@@ -168,12 +168,12 @@ def search(
             console.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})",
                           highlight=False)
     if refine:
-        from autotune.refine import refine as run_refine
+        from autotune.refine import RefineOptions, refine as run_refine
 
-        res = run_refine(ranked=result.ranked, search=result, model=m, hardware=hw, cluster=cluster, workload=wl, out_dir=run_dir,
-                         trials=trials, storage=storage, study_name=study_name, trial_steps=trial_steps,
-                         trial_timeout=trial_timeout, calibration=cal, console=err, pins=pins,
-                         allow_cross_node_tp=allow_cross_node_tp)
+        opts = RefineOptions(trials=trials, storage=storage, study_name=study_name, trial_steps=trial_steps,
+                             trial_timeout_s=trial_timeout, calibration=cal, pins=pins,
+                             allow_cross_node_tp=allow_cross_node_tp)
+        res = run_refine(result.ranked, m, hw, cluster, wl, run_dir, opts, console=err, search=result)
         if json_out:
             print(json.dumps({"run_dir": str(run_dir), "stats": result.stats(), "refine": res.to_dict()},
                              indent=2, default=str))
