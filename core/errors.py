@@ -32,6 +32,7 @@ CODES = {
     "MISSING_DEPENDENCY": "an optional dependency is not installed",
     "TRIAL_FAILED": "a profiling trial failed",
     "CHECKPOINT_ERROR": "a checkpoint could not be read or written",
+    "TRAINER_UNSUPPORTED": "a valid plan that grpo-tune's megatron-core trainer cannot run (core/support.py)",
 }
 
 

@@ -61,6 +61,12 @@ class ModelSpec:
     """Leading layers with a dense MLP instead of MoE (DeepSeek's ``first_k_dense_replace``)."""
     router_bias: bool = False
     """DeepSeek's ``e_score_correction_bias`` (one value per routed expert, aux-loss-free balancing)."""
+    router_groups: int = 0
+    """DeepSeek's ``n_group``: routed experts split into this many groups (0 = no group limit)."""
+    router_group_topk: int = 0
+    """DeepSeek's ``topk_group``: top-k picks experts only from this many best groups."""
+    routed_scaling: float = 1.0
+    """DeepSeek's ``routed_scaling_factor``: the routed experts' weights are scaled by it."""
     # --- multi-head latent attention (DeepSeek) -----------------------------------------
     q_lora_rank: int = 0
     """0 means queries are projected directly (no low-rank query)."""
@@ -402,6 +408,8 @@ def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, source: str = "") -> Mo
                 shared_experts=int(cfg.get("n_shared_experts") or 0),
                 dense_layers=int(cfg.get("first_k_dense_replace", 0)),
                 router_bias=cfg.get("topk_method", "noaux_tc") == "noaux_tc",
+                router_groups=int(cfg.get("n_group") or 0), router_group_topk=int(cfg.get("topk_group") or 0),
+                routed_scaling=float(cfg.get("routed_scaling_factor") or 1.0),
                 q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=int(cfg["kv_lora_rank"]),
                 qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
                 v_head_dim=int(cfg["v_head_dim"]), mtp_layers=int(cfg.get("num_nextn_predict_layers", 0)),

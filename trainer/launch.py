@@ -16,7 +16,6 @@ from pathlib import Path
 
 from core.config import RunConfig
 from core.errors import ConfigError, GrpoTuneError, MissingDependencyError
-from core.rules import check_batches, errors
 
 from .layout import Layout
 
@@ -70,15 +69,10 @@ def preflight(cfg: RunConfig, *, nnodes: int | None = None, node_rank: int = 0, 
     if w.kind != "grpo":
         raise ConfigError(f"the trainer runs GRPO workloads; workload.kind is {w.kind!r}",
                           hint="set workload.kind: grpo")
-    if s.cp > 1:
-        raise InvalidDegreesError("cp > 1 is not supported by this trainer's megatron backend (variable-length "
-                                  "GRPO batches)", hint="set strategy.cp: 1")
-    # verl's batch rules and megatron-core's interleaving rule, written once in core/rules.py.
-    for f in errors(check_batches(w, dp=s.dp, mbs=s.mbs, pp=s.pp, vpp=s.vpp)):
-        raise f.to_error()
-    if w.prompt_len + w.response_len > m.max_seq_len:
-        raise ConfigError(f"prompt_len + response_len = {w.prompt_len + w.response_len} exceeds {m.name}'s "
-                          f"max_seq_len {m.max_seq_len}", hint="shorten workload.prompt_len / response_len")
+    from core.support import first_refusal
+
+    # every refusal the workers would make (core/support.py: the search applies the same rules)
+    first_refusal(m, s, cfg.hardware, workload=w)
     if t.dataset.split(":")[0] != "synthetic" and not Path(t.dataset).is_file():
         raise GrpoTuneError(f"dataset {t.dataset!r} does not exist", code="MISSING_DATASET",
                             hint="give a .jsonl/.parquet file with prompt and answer fields, or 'synthetic'")
