@@ -164,7 +164,8 @@ class HardwareSpec:
             data["aliases"] = tuple(al)
         eff = data.get("efficiency")
         if eff is not None and not (isinstance(eff, dict) and all(
-                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in eff.items())):
+                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                for k, v in eff.items())):
             raise ConfigError(f"{where}.efficiency must be a table of numbers, got {eff!r}")
         return from_mapping(cls, data, where, _HARDWARE_SCHEMA)
 
@@ -292,7 +293,8 @@ def load_model(name_or_path: str) -> ModelSpec:
     if name_or_path.endswith(".json") or p.is_dir():
         cfg = p / "config.json" if p.is_dir() else p
         if not cfg.exists():
-            raise UnknownModelError(f"no config.json at {name_or_path}", hint="pass a Hugging Face config.json or a preset name")
+            raise UnknownModelError(f"no config.json at {name_or_path}",
+                                    hint="pass a Hugging Face config.json or a preset name")
         return from_hf_config(cfg)
     if name_or_path.endswith(".toml"):
         if not p.exists():
