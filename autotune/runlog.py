@@ -348,7 +348,7 @@ def log_point(log: RunLog, launch: str | os.PathLike, *, model: str | None = Non
     s = summary(sub)
     rmean = s.get("response_len_mean")
     pmean = s.get("prompt_len_mean")
-    plan = plan_of(launch, model=model, hardware=hardware)
+    plan = plan_of(Path(launch), model=model, hardware=hardware)
     wl = plan.workload
     rmax = s.get("response_len_max")
     if rmax is not None and rmax > wl.response_len * 1.001 + 1:
@@ -415,7 +415,7 @@ def memory_check(lp: LogPoint) -> dict[str, Any] | None:
     train = {k: v.total_bytes for k, v in est.memory.items() if k in TRAIN_MEMORY_PHASES}
     if not train:
         return None
-    phase = max(train, key=train.get)
+    phase = max(train, key=lambda k: train[k])
     pred_gib = train[phase] / GiB
     return {"log": lp.log.path, "logged_gib": round(logged, 2), "predicted_gib": round(pred_gib, 2),
             "phase": phase, "optimistic": logged > pred_gib * 1.05,

@@ -122,7 +122,8 @@ def test_calibration_from_logs_applies_to_tune(capsys, tmp_path):
     capsys.readouterr()
     lens = ["--response-len-mean", "412", "--prompt-len-mean", "234"]  # what run_a logged (make_fixtures.py)
     plain = _tune(capsys, fix / "launch_a.txt", "h100", tmp_path / "p", "--no-emit", *lens)
-    calibrated = _tune(capsys, fix / "launch_a.txt", "h100", tmp_path / "c", "--no-emit", "--calibration", str(cal), *lens)
+    calibrated = _tune(capsys, fix / "launch_a.txt", "h100", tmp_path / "c", "--no-emit",
+                       "--calibration", str(cal), *lens)
     # the logs ran slower than the uncalibrated model predicts (truth.json: scales < 1, overheads > 0)
     assert calibrated["current"]["step_s"] > 1.2 * plain["current"]["step_s"]
     assert calibrated["current"]["phases_s"]["rollout"] == pytest.approx(
