@@ -222,8 +222,8 @@ def default_study_name(model: ModelSpec, hardware: HardwareSpec, cluster: Cluste
 def _predicted(e: Estimate) -> tuple[float | None, float | None]:
     step = e.step_s
     tps = None
-    if e.throughput and e.throughput.get("tokens_per_s_per_gpu") is not None:
-        tps = float(e.throughput["tokens_per_s_per_gpu"]) * e.cluster.gpus
+    if e.throughput is not None:
+        tps = float(e.throughput.tokens_per_s_per_gpu) * e.cluster.gpus
     return (None if step is None else float(step)), tps
 
 
@@ -688,7 +688,8 @@ def _fmt_latest(number: int, pred: float | None, meas: float) -> str:
 
 def _predicted_block(e: Estimate) -> dict[str, Any]:
     return {"step_s": e.step_s, "peak_bytes": int(e.peak_bytes), "fits": e.fits,
-            "phases": (e.time or {}).get("phases"), "throughput": e.throughput}
+            "phases": None if e.time is None else dict(e.time.phases),
+            "throughput": None if e.throughput is None else e.throughput.to_dict()}
 
 
 def _console():

@@ -268,7 +268,9 @@ def test_offload_moves_state_to_the_host_and_checks_it():
     assert mem["rollout"].total_bytes < on["rollout"].total_bytes
     assert mem["old_logprob"].parts["weights"] > 0  # the phase that needs them has them
     upd = on["update"].parts
-    per_rank = 2 * upd["weights"] + upd["grads"] + upd["optimizer"]  # actor + reference weights
+    # actor + reference weights and the optimizer; verl 0.9.1 frees gradient buffers rather than
+    # copying them to the host (verl/utils/megatron_utils.py offload_megatron_model_to_cpu)
+    per_rank = 2 * upd["weights"] + upd["optimizer"]
     assert host == pytest.approx(8 * per_rank)
     assert not [v for v in viol if v.phase == "host"]
     small = dataclasses.replace(H100, host_memory_bytes=host / 2)
