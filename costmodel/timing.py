@@ -32,7 +32,7 @@ from .timing_base import (  # noqa: F401  (re-exported: the time model's public 
     CALIBRATION_BOUNDS, CALIBRATION_DEFAULTS, PHASES, attention_fraction, check_calibration,
     forward_flops_per_token, gemm_efficiency, model_consts,
 )
-from .train_time import core_share, rank_params, train_s  # noqa: F401
+from .train_time import core_share, pipeline_s, rank_params, train_s  # noqa: F401
 from .weight_sync import offload_s, sleep_s, weight_sync_s
 
 
