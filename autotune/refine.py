@@ -62,8 +62,9 @@ from core.specs import HardwareSpec, ModelSpec
 from core.strategy import Cluster, Strategy, Workload
 
 from core.config import RunConfig, TrainerOptions, atomic_write, save as save_config
+from .emit import SearchTables, Tables
 
-PHASES = ("rollout", "weight_sync", "old_logprob", "ref_logprob", "update")
+from core.phases import MEASURED_PHASES as PHASES  # named once, in core/phases.py
 PARAM = "plan_rank"
 MAX_SPACE = 20000  # beyond this many candidates only search's ranked list is used
 # The profile command, run as `PROFILE_CMD + ["--config", X, "--steps", K, "--json", OUT]`.
@@ -470,7 +471,7 @@ def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSp
            profile_cmd: Sequence[str] | None = None, slower_than: float = 3.0, seed: int | None = None,
            heartbeat_s: int = 10, console=None, emit: bool = True, calibrate: bool = True,
            progress: bool = True, pins: dict[str, Any] | None = None,
-           allow_cross_node_tp: bool = False) -> RefineResult:
+           allow_cross_node_tp: bool = False, search: SearchTables | None = None) -> RefineResult:
     """Measure the most promising plans of ``ranked`` with real profiling runs and pick the fastest.
 
     Args:
@@ -493,6 +494,7 @@ def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSp
         calibrate: fit the cost model to the completed trials (:mod:`autotune.calibrate`) and save
             ``out_dir/calibration.json``.
         pins, allow_cross_node_tp: the search's pins and TP rule, so the plan space matches search's.
+        search: the search result whose tables the emitted report shows (default: the top of ``ranked``).
 
     Returns:
         A :class:`RefineResult` with every trial, the winner's RunConfig with ``measured`` filled,
@@ -662,7 +664,7 @@ def refine(*, ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSp
         console.print("[yellow]stopped sampling: the sampler kept proposing plans already measured or predicted "
                       "far slower[/]")
     return finish(study, study_name=study_name, storage=storage, out=out, model=model, hardware=hardware,
-                  cluster=cluster, workload=workload, space=dict(zip(keys, space)), ranked=space,
+                  cluster=cluster, workload=workload, space=dict(zip(keys, space)), ranked=space, search=search,
                   base_trainer=base_trainer, calibration=calibration,
                   console=console, emit=emit, calibrate=calibrate)
 
@@ -728,7 +730,7 @@ def _progress(console, *, total: int, enabled: bool):
 
 def finish(study, *, study_name: str, storage: str, out: Path, model, hardware, cluster, workload,
            space: dict[str, Estimate], base_trainer: TrainerOptions, calibration, console, emit: bool,
-           calibrate: bool, ranked: Sequence[Estimate] = ()) -> RefineResult:
+           calibrate: bool, ranked: Sequence[Estimate] = (), search: SearchTables | None = None) -> RefineResult:
     records = _records(study)
     result = RefineResult(study_name=study_name, storage=storage, out_dir=out, records=records)
     done = result.completed
@@ -769,7 +771,7 @@ def finish(study, *, study_name: str, storage: str, out: Path, model, hardware, 
     atomic_write(out / "refine.json", json.dumps(result.to_dict(), indent=2, default=str))
     result.emitted["refine_json"] = out / "refine.json"
     if emit:
-        result.emitted.update(_emit(result, est, ranked))
+        result.emitted.update(_emit(result, est, search or Tables(ranked=list(ranked)[:10])))
     print_summary(result, console)
     return result
 
@@ -813,7 +815,7 @@ def print_summary(result: RefineResult, console) -> None:
     console.print(f"study: {result.storage} (optuna-dashboard {result.storage})", highlight=False)
 
 
-def _emit(result: RefineResult, est: Estimate | None, ranked: Sequence[Estimate]) -> dict[str, Path]:
+def _emit(result: RefineResult, est: Estimate | None, search: SearchTables) -> dict[str, Path]:
     """Write the winner through search's emitter (best.yaml with ``measured``, exports, report.md),
     then append the refinement to report.md."""
     out = result.out_dir
@@ -821,7 +823,7 @@ def _emit(result: RefineResult, est: Estimate | None, ranked: Sequence[Estimate]
     if est is not None:
         from .emit import emit as emit_plan
 
-        paths = dict(emit_plan(est, out, measured=result.winner_measured, ranked=list(ranked)[:10], meta=meta,
+        paths = dict(emit_plan(est, out, measured=result.winner_measured, search=search, meta=meta,
                                trainer=None))
     else:  # the winner's plan is not in this space (a resumed study with another space): config only
         paths = {"best": save_config(result.winner, out / "best.yaml")}

@@ -31,6 +31,7 @@ from core.errors import ConfigError, InvalidDegreesError, NoFeasiblePlanError
 from costmodel.estimate import Estimate, estimate
 from costmodel.params import total_params
 from core.specs import HardwareSpec, ModelSpec
+from core.rules import check_batches
 from core.strategy import OFFLOAD, RECOMPUTE, Cluster, Strategy, Workload, divisors, validate
 
 GMU_GRID = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -161,11 +162,8 @@ class Space:
         return out
 
     def _batch_ok(self, dp: int) -> bool:
-        wl = self.workload
-        if wl.kind == "grpo":
-            # verl normalizes the mini-batch per DP rank: (mini_batch * n) % dp == 0.
-            return (wl.mini_batch * wl.n) % dp == 0 and (wl.prompts * wl.n) % dp == 0
-        return wl.gbs % dp == 0
+        # verl normalizes the mini-batch per DP rank (core/rules.py holds the rule).
+        return not check_batches(self.workload, dp=dp)
 
     def _valid_layout(self, lay: dict[str, Any]) -> bool:
         try:

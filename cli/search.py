@@ -137,8 +137,7 @@ def search(
     run_dir: Path | None = None
     files: dict[str, Path] = {}
     if emit or refine:
-        kw: dict[str, Any] = dict(ranked=result.ranked, pareto=result.pareto, stats=result.stats(),
-                                  meta={"calibration": str(calibration)} if calibration else None)
+        kw: dict[str, Any] = dict(search=result, meta={"calibration": str(calibration)} if calibration else None)
         if refine:
             # A stable folder (named like the study) so that re-running the command resumes it.
             from autotune.refine import default_study_name
@@ -166,7 +165,7 @@ def search(
     if refine:
         from autotune.refine import refine as run_refine
 
-        res = run_refine(ranked=result.ranked, model=m, hardware=hw, cluster=cluster, workload=wl, out_dir=run_dir,
+        res = run_refine(ranked=result.ranked, search=result, model=m, hardware=hw, cluster=cluster, workload=wl, out_dir=run_dir,
                          trials=trials, storage=storage, study_name=study_name, trial_steps=trial_steps,
                          trial_timeout=trial_timeout, calibration=cal, console=err, pins=pins,
                          allow_cross_node_tp=allow_cross_node_tp)

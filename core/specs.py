@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, UnknownHardwareError, UnknownModelError, close_matches
+from .validation import FINITE_NON_NEGATIVE, FINITE_POSITIVE, POSITIVE, Schema, from_mapping
+from .validation import check_keys as check_keys  # re-exported: older callers import it from here
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -105,7 +107,7 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "model") -> "ModelSpec":
-        return _build(cls, data, where)
+        return _check_model(where, from_mapping(cls, data, where, _MODEL_SCHEMA))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -239,7 +241,7 @@ class HardwareSpec:
                              ("activation_layout", ACTIVATION_LAYOUTS)):
             if key in data and data[key] not in allowed:
                 raise ConfigError(f"{where}.{key} must be one of {', '.join(allowed)}, got {data[key]!r}")
-        return _build(cls, data, where)
+        return from_mapping(cls, data, where, _HARDWARE_SCHEMA)
 
     def with_efficiency(self, **eff: float) -> "HardwareSpec":
         return dataclasses.replace(self, efficiency=dataclasses.replace(self.efficiency, **eff))
@@ -249,80 +251,28 @@ class HardwareSpec:
                      self.rollout_engine, self.attention_kernel, self.activation_layout))
 
 
-def check_keys(cls, data: Any, where: str) -> dict[str, Any]:
-    """``data`` as a dict whose keys are all fields of the dataclass ``cls``.
-
-    Not a mapping is BAD_CONFIG; an unknown key is UNKNOWN_KEY with the closest field as the hint.
-    """
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a table/mapping, got {type(data).__name__}")
-    names = [f.name for f in dataclasses.fields(cls)]
-    for k in data:
-        if k not in names:
-            from .errors import UnknownKeyError
-
-            near = close_matches(str(k), names)
-            raise UnknownKeyError(f"{where}: unknown key {k!r}",
-                                  hint=f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(sorted(names))}")
-    return dict(data)
+# ints and floats >= 0 and finite; the sizes a model or a GPU cannot do without, > 0.
+_MODEL_SCHEMA = Schema(ints=FINITE_NON_NEGATIVE, floats=FINITE_NON_NEGATIVE,
+                       ranges={k: POSITIVE for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab")})
+_HARDWARE_SCHEMA = Schema(ints=FINITE_NON_NEGATIVE, floats=FINITE_NON_NEGATIVE, ranges={
+    "gpus_per_node": POSITIVE,
+    **{k: FINITE_POSITIVE for k in ("bf16_dense_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s",
+                                    "intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s",
+                                    "host_to_device_bandwidth_bytes_per_s", "host_flops_per_s",
+                                    "host_memory_bandwidth_bytes_per_s")}})
 
 
-def _build(cls, data: dict[str, Any], where: str):
-    """Build a dataclass from a mapping, rejecting unknown keys and wrong types with coded errors."""
-    check_keys(cls, data, where)
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    missing = [
-        n for n, f in names.items()
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and n not in data
-    ]
-    if missing:
-        raise ConfigError(f"{where}: missing required key(s) {', '.join(missing)}")
-    for k, v in data.items():
-        _check_type(where, k, names[k].type, v)
-    obj = cls(**data)
-    _check_values(where, obj)
+def _check_model(where: str, obj: ModelSpec) -> ModelSpec:
+    """The rules between fields of a model (each field's own range is in ``_MODEL_SCHEMA``)."""
+    if obj.heads % obj.kv_heads:
+        raise ConfigError(f"{where}: heads ({obj.heads}) must be a multiple of kv_heads ({obj.kv_heads})")
+    if obj.is_moe and not (0 < obj.top_k <= obj.experts and obj.expert_ffn_hidden > 0):
+        raise ConfigError(f"{where}: MoE needs 0 < top_k <= experts and expert_ffn_hidden > 0")
+    if obj.dense_layers > obj.layers:
+        raise ConfigError(f"{where}: dense_layers exceeds layers")
+    if not obj.is_moe and obj.ffn_hidden <= 0:
+        raise ConfigError(f"{where}.ffn_hidden must be positive for a dense model")
     return obj
-
-
-_TYPES = {"int": int, "float": (int, float), "str": str, "bool": bool}
-
-
-def _check_type(where: str, key: str, typ: str, value: Any) -> None:
-    base = typ.replace(" | None", "")
-    if value is None and "None" in typ:
-        return
-    want = _TYPES.get(base)
-    if want is None:
-        return
-    ok = isinstance(value, want) and not (base in ("int", "float") and isinstance(value, bool))
-    if not ok:
-        raise ConfigError(f"{where}.{key} must be {base}, got {value!r}")
-
-
-def _check_values(where: str, obj) -> None:
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            if v != v or v < 0 or v == float("inf"):
-                raise ConfigError(f"{where}.{f.name} must be a finite number >= 0, got {v!r}")
-    if isinstance(obj, ModelSpec):
-        for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab"):
-            if getattr(obj, k) <= 0:
-                raise ConfigError(f"{where}.{k} must be positive")
-        if obj.heads % obj.kv_heads:
-            raise ConfigError(f"{where}: heads ({obj.heads}) must be a multiple of kv_heads ({obj.kv_heads})")
-        if obj.is_moe and not (0 < obj.top_k <= obj.experts and obj.expert_ffn_hidden > 0):
-            raise ConfigError(f"{where}: MoE needs 0 < top_k <= experts and expert_ffn_hidden > 0")
-        if obj.dense_layers > obj.layers:
-            raise ConfigError(f"{where}: dense_layers exceeds layers")
-        if not obj.is_moe and obj.ffn_hidden <= 0:
-            raise ConfigError(f"{where}.ffn_hidden must be positive for a dense model")
-    if isinstance(obj, HardwareSpec):
-        for k in ("bf16_dense_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s", "gpus_per_node",
-                  "intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s",
-                  "host_to_device_bandwidth_bytes_per_s"):
-            if getattr(obj, k) <= 0:
-                raise ConfigError(f"{where}.{k} must be positive")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from functools import lru_cache
 from .estimate import PhaseMemory, Violation
 from .params import padded_vocab, per_stage_params
 from core.specs import HardwareSpec, ModelSpec
+from core.rules import micro_batches
 from core.strategy import Cluster, Strategy, Workload, stage_layers
 
 GiB = 1024**3
@@ -407,7 +408,7 @@ def _microbatches(s: Strategy, w: Workload) -> int:
     seqs = w.mini_batch * w.n if w.kind == "grpo" else w.gbs
     if s.max_tokens_per_gpu:
         return max(1, -(-int(seqs * w.mean_seq_len) // (s.dp * s.max_tokens_per_gpu * s.cp)))
-    return max(1, -(-seqs // (s.dp * s.mbs)))
+    return micro_batches(seqs, dp=s.dp, mbs=s.mbs)
 
 
 def micro_batch_shape(s: Strategy, w: Workload, cap: int | None) -> tuple[int, float]:

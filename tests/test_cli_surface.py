@@ -33,6 +33,10 @@ SURFACE = {
     "probe-hardware": ["--base", "--name", "--nproc", "--out -o", "--quick"],
     "models": ["--json"],
     "hardware": ["--json"],
+    "tune": ["--calibration", "--emit / --no-emit", "--hardware", "--json", "--keep", "--min-headroom", "--model -m",
+             "--out", "--prompt-len-mean", "--response-len-mean", "LAUNCH"],
+    "calibrate": ["--from-log", "--hardware", "--json", "--launch", "--model -m", "--out", "--params", "--warmup",
+                  "EXTRA"],
 }
 
 

@@ -32,10 +32,11 @@ from dataclasses import dataclass
 
 import torch
 
+from core.choices import KlType, LossAgg
 from core.errors import ConfigError
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-KL_TYPES = ("low_var_kl", "k3", "k1", "kl", "k2", "mse", "abs")
+LOSS_AGG_MODES = LossAgg.values()  # named once, in core/choices.py
+KL_TYPES = KlType.values()
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, *, norm_by_std: bool = True,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import ConfigError, GrpoTuneError, MissingDependencyError
+from core.rules import check_batches, errors
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -77,19 +78,9 @@ def preflight(cfg, *, nnodes: int | None = None, node_rank: int = 0, resume_dir:
     if s.cp > 1:
         raise InvalidDegreesError("cp > 1 is not supported by this trainer's megatron backend (variable-length "
                                   "GRPO batches)", hint="set strategy.cp: 1")
-    # verl's validate_config rules, with sequences = prompts * n (facts/verl-config.md).
-    mb = micro_batches(cfg)
-    if (w.mini_batch * w.n) % (s.dp * s.mbs):
-        raise GrpoTuneError(f"a mini-batch of {w.mini_batch} prompts x n={w.n} = {w.mini_batch * w.n} sequences "
-                            f"does not split over dp={s.dp} x mbs={s.mbs}",
-                            hint="choose mini_batch * n divisible by dp * mbs", code="BATCH_DIVISIBILITY")
-    if s.vpp > 1:
-        # megatron-core's interleaved schedule (schedules.py): micro-batches >= pp, and the remainder
-        # modulo the group size (= pp) must be 0 or >= pp, i.e. 0.
-        k = mb["micro_batches_per_mini_batch"]
-        if k < s.pp or k % s.pp:
-            raise GrpoTuneError(f"vpp={s.vpp} needs micro-batches per mini-batch ({k}) to be a multiple of pp={s.pp}",
-                                hint="raise mini_batch or lower mbs", code="BATCH_DIVISIBILITY")
+    # verl's batch rules and megatron-core's interleaving rule, written once in core/rules.py.
+    for f in errors(check_batches(w, dp=s.dp, mbs=s.mbs, pp=s.pp, vpp=s.vpp)):
+        raise f.to_error()
     if w.prompt_len + w.response_len > m.max_seq_len:
         raise ConfigError(f"prompt_len + response_len = {w.prompt_len + w.response_len} exceeds {m.name}'s "
                           f"max_seq_len {m.max_seq_len}", hint="shorten workload.prompt_len / response_len")

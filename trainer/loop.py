@@ -41,7 +41,7 @@ from .data import PromptStream
 from .grpo import LossConfig, actor_loss, agg_loss, group_advantages
 from .rollout.base import SamplingParams
 
-PHASES = ("rollout", "weight_sync", "old_logprob", "ref_logprob", "update")
+from core.phases import MEASURED_PHASES as PHASES  # named once, in core/phases.py
 
 
 @dataclass
@@ -256,7 +256,7 @@ class GRPOLoop:
             "response_len_max": max(resp_lens),
             "entropy": float(agg_loss(old_ent, mask, "token-mean")) if old_ent is not None else None,
             "step_s": step_s,
-            "phases_s": {p: timer.times[p] for p in PHASES},
+            "phases_s": {p.value: timer.times[p] for p in PHASES},
             "offload_s": timer.times["offload"],
             "tokens": total_tokens,
             "tokens_per_s": total_tokens / step_s,

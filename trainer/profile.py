@@ -1,11 +1,6 @@
 """Profile mode: a short GRPO run on a synthetic workload at the config's lengths; writes the profile JSON.
 
-The contract (read by autotune's refinement)::
-
-    {"status": "ok"|"oom"|"error", "message": str|null, "config": str, "steps": int, "world_size": int,
-     "step_s": float, "phases_s": {"rollout", "weight_sync", "old_logprob", "ref_logprob", "update"},
-     "tokens_per_s": float, "tokens_per_s_per_gpu": float,
-     "peak_memory_bytes": {"per_rank": [int...], "max": int}, "loss": [float...], "reward": [float...]}
+The contract (read by autotune's refinement) is :class:`core.profile_report.ProfileReport`.
 
 ``step_s`` and each phase are medians over the steps after the first (the first pays one-off
 costs: allocator warm-up, lazy initialisation). Peak memory is the allocator's peak on a GPU and
@@ -20,32 +15,18 @@ Only :func:`run_profile` imports torch; the writers below are used by the CLI to
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 
-PHASES = ("rollout", "weight_sync", "old_logprob", "ref_logprob", "update")
+from core.phases import MEASURED_PHASES as PHASES  # noqa: F401 - named once, in core/phases.py; tests import it
+from core.profile_report import ProfileReport
 
 
 def result(status: str, *, message: str | None, config: str, steps: int, world_size: int, history: list[dict] = (),
-           peak: dict | None = None) -> dict:
-    """The profile JSON object; with no history (a failed run) the figures are null/empty."""
-    timed = list(history[1:]) or list(history)
-    med = (lambda xs: float(statistics.median(xs))) if timed else (lambda xs: None)
-    return {
-        "status": status,
-        "message": message,
-        "config": str(config),
-        "steps": len(history) if history else steps,
-        "world_size": world_size,
-        "step_s": med([h["step_s"] for h in timed]),
-        "phases_s": {p: med([h["phases_s"][p] for h in timed]) for p in PHASES},
-        "tokens_per_s": med([h["tokens_per_s"] for h in timed]),
-        "tokens_per_s_per_gpu": med([h["tokens_per_s_per_gpu"] for h in timed]),
-        "peak_memory_bytes": peak or {"per_rank": [], "max": None},
-        "loss": [h.get("loss") for h in history],
-        "reward": [h["reward_mean"] for h in history],
-        "response_len": [h["response_len"] for h in history],
-    }
+           peak: dict | None = None, peak_bytes_by_phase: dict[str, int] | None = None) -> dict:
+    """The profile JSON object (core/profile_report.py's ProfileReport); with no history (a failed run)
+    the figures are null/empty."""
+    return ProfileReport.from_history(status, message=message, config=config, steps=steps, world_size=world_size,
+                                      history=history, peak=peak, peak_bytes_by_phase=peak_bytes_by_phase).to_dict()
 
 
 def write(path: str | Path, obj: dict) -> None:
