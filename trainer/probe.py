@@ -273,7 +273,7 @@ def write_profile(path: Path, *, name: str, base: dict, fields: dict, efficiency
     lines.append(f'name = "{name}"')
     lines.append(f"source = {_toml_str(source)}")
     for k, v in fields.items():
-        lines.append(f"{k} = {_toml_num(v)}")
+        lines.append(f"{k} = {_toml_str(v) if isinstance(v, str) else _toml_num(v)}")
     if base.get("price_per_gpu_hour_usd") is not None:
         lines.append(f"price_per_gpu_hour_usd = {_toml_num(base['price_per_gpu_hour_usd'])}  # from the base profile")
     eff = {**(base.get("efficiency") or {}), **efficiency}
