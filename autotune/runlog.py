@@ -299,7 +299,10 @@ def summary(log: RunLog, *, skip_warmup: int = 0) -> dict[str, Any]:
 GiB = 1024**3
 ANOTHER_MODEL_RATIO = 10.0
 """A log whose training phases take over 10x more or less than the launch's model predicts is taken for a log
-of another model (the uncalibrated model is within a few x of real runs; 7B vs 0.5B is ~15x)."""
+of another model (the uncalibrated model is within a few x of real runs; 7B vs 0.5B is ~9-15x)."""
+ANOTHER_MODEL_MEMORY_RATIO = 3.0
+"""Nor can a log whose peak allocated memory is over 3x above or below the predicted training peak (the memory
+model is within 1% of autograd on CPU; allocator and framework extras stay well under 3x)."""
 
 
 @dataclass
@@ -368,9 +371,18 @@ def log_point(log: RunLog, launch: str | os.PathLike, *, model: str | None = Non
 
 
 def check_same_model(lp: LogPoint, params: dict[str, float] | None = None) -> None:
-    """A log that cannot come from the launch's model (training phases 10x off the prediction) is an error."""
+    """A log that cannot come from the launch's model (training phases 10x, or peak memory 3x, off the
+    prediction) is an error."""
     from autotune.calibrate import defaults
 
+    mem = memory_check(lp)
+    if mem and mem["logged_gib"] > 0 and mem["predicted_gib"] > 0:
+        r = mem["logged_gib"] / mem["predicted_gib"]
+        if not (1 / ANOTHER_MODEL_MEMORY_RATIO <= r <= ANOTHER_MODEL_MEMORY_RATIO):
+            raise ConfigError(f"{lp.log.path}: it allocated at most {mem['logged_gib']:.1f} GiB per GPU, {r:.2g}x the "
+                              f"{mem['predicted_gib']:.1f} GiB that {lp.plan.model.name} with this plan needs for "
+                              "training: this log looks like a run of another model or another plan",
+                              hint="pass the launch (and --model) the logged run used")
     _, pred = predict_folded(params or defaults(), lp.point)
     meas = lp.point.measured_phases_s
     keys = [k for k in ("old_logprob", "ref_logprob", "update") if meas.get(k) and pred.get(k)]

@@ -255,7 +255,8 @@ def resolve_launch_model(launch: Launch, model: str | None) -> tuple[ModelSpec, 
 
 @dataclass
 class LaunchPlan:
-    launch: Launch
+    launch: Launch | None
+    """None for a run config (best.yaml), which has no verl overrides to edit."""
     model: ModelSpec
     model_note: str
     hardware: HardwareSpec
@@ -266,7 +267,10 @@ class LaunchPlan:
 
 def plan_of(path: str | Path, *, model: str | None = None, hardware: str | None = None,
             prompt_len_mean: int | None = None, response_len_mean: int | None = None) -> LaunchPlan:
-    """Model, hardware, GPUs, workload and plan of a launch."""
+    """Model, hardware, GPUs, workload and plan of a launch (or of a grpo-tune run config, best.yaml)."""
+    if Path(path).suffix in (".yaml", ".yml") and Path(path).is_file():
+        return _plan_of_run_config(Path(path), hardware=hardware, prompt_len_mean=prompt_len_mean,
+                                   response_len_mean=response_len_mean)
     launch = read_launch(path)
     m, note = resolve_launch_model(launch, model)
     hw = load_hardware(hardware or "h100")
@@ -281,6 +285,18 @@ def plan_of(path: str | Path, *, model: str | None = None, hardware: str | None 
 
     s = validate(m, s, cluster.gpus, gpus_per_node=gpn, allow_cross_node_tp=True)
     return LaunchPlan(launch=launch, model=m, model_note=note, hardware=hw, cluster=cluster, strategy=s, workload=wl)
+
+
+def _plan_of_run_config(p: Path, *, hardware: str | None, prompt_len_mean: int | None,
+                        response_len_mean: int | None) -> LaunchPlan:
+    from core.config import load as load_run_config
+
+    cfg = load_run_config(p)
+    wl = cfg.workload
+    lens = {k: v for k, v in (("prompt_len_mean", prompt_len_mean), ("response_len_mean", response_len_mean)) if v}
+    hw = load_hardware(hardware) if hardware else cfg.hardware
+    return LaunchPlan(launch=None, model=cfg.model, model_note=f"run config {p}", hardware=hw, cluster=cfg.cluster,
+                      strategy=cfg.strategy, workload=wl.replace(**lens) if lens else wl)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,14 +15,14 @@ from core.errors import ConfigError
 FromLog = Annotated[list[Path], typer.Option("--from-log", help="verl console log, verl file-logger JSONL or our metrics.jsonl (repeat, or list files after it).")]
 LaunchOpt = Annotated[list[Path], typer.Option("--launch", help="The launch each log ran (once for all logs, or once per --from-log, in order).")]
 Extra = Annotated[list[Path] | None, typer.Argument(help="More log files (`--from-log a.jsonl b.jsonl`).", show_default=False)]
-Hardware = Annotated[str, typer.Option("--hardware", help="Hardware profile of the GPUs the logs ran on.")]
+Hardware = Annotated[str | None, typer.Option("--hardware", help="Hardware profile of the GPUs the logs ran on (default: a best.yaml's own, else h100).")]
 ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Preset, HF id or config.json folder (default: the launch's model path).")]
 OutOpt = Annotated[Path, typer.Option("--out", help="Calibration JSON to write (--calibration of estimate/search/tune/compare reads it).")]
 Warmup = Annotated[int, typer.Option("--warmup", help="Logged steps to drop at the start of each log (CUDA graphs, allocator, compile).")]
 Params = Annotated[str | None, typer.Option("--params", help="Comma list of calibration knobs to fit (default: all).")]
 
 
-def calibrate(from_log: FromLog, launch: LaunchOpt, extra: Extra = None, hardware: Hardware = "h100",
+def calibrate(from_log: FromLog, launch: LaunchOpt, extra: Extra = None, hardware: Hardware = None,
               model: ModelOpt = None, out: OutOpt = Path("calibration.json"), warmup: Warmup = 1,
               params: Params = None, json_out: Json = False) -> None:
     """Fit the time model's calibration knobs to verl logs of your own runs; write CAL.json."""

@@ -61,6 +61,12 @@ class ModelSpec:
     """Leading layers with a dense MLP instead of MoE (DeepSeek's ``first_k_dense_replace``)."""
     router_bias: bool = False
     """DeepSeek's ``e_score_correction_bias`` (one value per routed expert, aux-loss-free balancing)."""
+    router_groups: int = 0
+    """DeepSeek's ``n_group``: routed experts split into this many groups (0 = no group limit)."""
+    router_group_topk: int = 0
+    """DeepSeek's ``topk_group``: top-k picks experts only from this many best groups."""
+    routed_scaling: float = 1.0
+    """DeepSeek's ``routed_scaling_factor``: the routed experts' weights are scaled by it."""
     # --- multi-head latent attention (DeepSeek) -----------------------------------------
     q_lora_rank: int = 0
     """0 means queries are projected directly (no low-rank query)."""
@@ -332,9 +338,43 @@ def _load_model_file(path: str) -> ModelSpec:
     return ModelSpec.from_dict(data, where=f"model file {path}")
 
 
+# Suffixes of Hugging Face repo names whose weights differ from the base model's but whose architecture
+# (config.json shapes) is the same: Qwen/Qwen2.5-7B-Instruct has Qwen/Qwen2.5-7B's shapes, and so on.
+_VARIANT_SUFFIXES = ("-instruct", "-chat", "-base", "-it", "-hf")
+
+
+@lru_cache(maxsize=8)
+def _hf_index(env: str | None) -> dict[str, Path]:
+    """HF id (lower-case, ``org/name`` and bare ``name``) -> preset file."""
+    out: dict[str, Path] = {}
+    for p in set(catalog("models").values()):
+        hf = str(_read_toml(p, "models").get("hf_id") or "").strip().lower()
+        if hf:
+            out.setdefault(hf, p)
+            out.setdefault(hf.rsplit("/", 1)[-1], p)
+    return out
+
+
+def resolve_hf_id(name: str) -> Path | None:
+    """The preset holding HF id ``name`` (``Qwen/Qwen2.5-7B-Instruct``), or one of its instruct/base variants
+    that share the architecture (the suffixes in ``_VARIANT_SUFFIXES``); None when no preset holds it."""
+    idx = _hf_index(os.environ.get("GRPO_TUNE_PROFILES"))
+    key = name.strip().rstrip("/").lower()
+    cands = [key, key.rsplit("/", 1)[-1]]
+    for c in list(cands):
+        for suf in _VARIANT_SUFFIXES:
+            if c.endswith(suf):
+                cands.append(c[: -len(suf)])
+    for c in cands:
+        if c in idx:
+            return idx[c]
+    return None
+
+
 def load_model(name_or_path: str) -> ModelSpec:
-    """A preset name or alias (``7b``, ``qwen2.5-7b``), a model TOML, or a HF ``config.json``."""
-    p = Path(name_or_path)
+    """A preset name or alias (``7b``, ``qwen2.5-7b``), a HF id (``Qwen/Qwen2.5-7B-Instruct``: the preset holding
+    it, or its base/instruct twin), a model TOML, a HF ``config.json`` or a local checkpoint folder holding one."""
+    p = Path(os.path.expanduser(name_or_path))
     if name_or_path.endswith(".json") or p.is_dir():
         cfg = p / "config.json" if p.is_dir() else p
         if not cfg.exists():
@@ -347,11 +387,14 @@ def load_model(name_or_path: str) -> ModelSpec:
     cat = catalog("models")
     key = name_or_path.lower()
     if key not in cat:
-        near = close_matches(key, cat)
+        hf = resolve_hf_id(name_or_path)
+        if hf is not None:
+            return _load_model_file(str(hf))
+        near = close_matches(key.rsplit("/", 1)[-1], cat)
         raise UnknownModelError(
             f"unknown model {name_or_path!r}",
             hint=(f"close matches: {', '.join(near)}; " if near else "")
-            + "see `grpo-tune models`, or pass a config.json",
+            + "see `grpo-tune models`, or pass a config.json or a checkpoint folder",
         )
     return _load_model_file(str(cat[key]))
 
@@ -449,6 +492,8 @@ def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, source: str = "") -> Mo
                 shared_experts=int(cfg.get("n_shared_experts") or 0),
                 dense_layers=int(cfg.get("first_k_dense_replace", 0)),
                 router_bias=cfg.get("topk_method", "noaux_tc") == "noaux_tc",
+                router_groups=int(cfg.get("n_group") or 0), router_group_topk=int(cfg.get("topk_group") or 0),
+                routed_scaling=float(cfg.get("routed_scaling_factor") or 1.0),
                 q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=int(cfg["kv_lora_rank"]),
                 qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
                 v_head_dim=int(cfg["v_head_dim"]), mtp_layers=int(cfg.get("num_nextn_predict_layers", 0)),

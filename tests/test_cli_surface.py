@@ -22,7 +22,7 @@ PLAN = [
 
 SURFACE = {
     "estimate": PLAN,
-    "search": PLAN + ["--allow-cross-node-tp", "--calibration", "--emit / --no-emit", "--min-headroom", "--out", "--refine", "--storage",
+    "search": PLAN + ["--all", "--allow-cross-node-tp", "--calibration", "--emit / --no-emit", "--min-headroom", "--out", "--refine", "--storage",
                       "--study-name", "--top", "--trial-steps", "--trial-timeout", "--trials"],
     "compare": PLAN + ["--min-headroom", "--out"],
     "diagnose": ["--hardware", "--json", "--model -m", "PATH"],

@@ -31,7 +31,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,9 @@ from .grpo import LossConfig, actor_loss, agg_loss, group_advantages
 from .rollout.base import SamplingParams
 
 from core.phases import MEASURED_PHASES as PHASES  # named once, in core/phases.py
+
+if TYPE_CHECKING:  # annotations only
+    from core.config import RunConfig
 
 
 @dataclass
@@ -116,7 +119,7 @@ class LoopConfig:
     max_seq_len: int | None = None
 
     @classmethod
-    def from_run_config(cls, cfg) -> "LoopConfig":
+    def from_run_config(cls, cfg: RunConfig) -> LoopConfig:
         w, s, t = cfg.workload, cfg.strategy, cfg.trainer
         return cls(prompts=w.prompts, n=w.n, mini_batch=w.mini_batch, ppo_epochs=w.ppo_epochs, mbs=s.mbs,
                    max_response_len=w.response_len, seed=t.seed, temperature=t.temperature, top_p=t.top_p,

@@ -16,9 +16,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from core.phases import MEASURED_PHASES as PHASES  # noqa: F401 - named once, in core/phases.py; tests import it
 from core.profile_report import ProfileReport
+
+if TYPE_CHECKING:  # annotations only
+    from core.config import RunConfig
+
+    from .loop import Item
 
 
 def result(status: str, *, message: str | None, config: str, steps: int, world_size: int, history: list[dict] = (),
@@ -35,7 +41,7 @@ def write(path: str | Path, obj: dict) -> None:
     atomic_write(path, json.dumps(obj, indent=2) + "\n")
 
 
-def synthetic_items(cfg, seed: int):
+def synthetic_items(cfg: RunConfig, seed: int) -> list[Item]:
     """``prompts`` prompts of ``prompt_len`` ids drawn from the non-special part of the vocabulary."""
     import random
 
@@ -84,7 +90,7 @@ def peak_memory(actor) -> dict:
     return {"bytes": int(rss), "kind": "peak_rss", "tensor_bytes": tensor_bytes(actor.state_dict())}
 
 
-def run_profile(cfg, json_path: str | Path, *, config_path: str | Path = "") -> dict:
+def run_profile(cfg: RunConfig, json_path: str | Path, *, config_path: str | Path = "") -> dict:
     """Run ``cfg.trainer.steps`` GRPO steps on the synthetic workload and write the JSON (rank 0)."""
     import dataclasses
     import tempfile
