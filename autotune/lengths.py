@@ -37,7 +37,8 @@ def read_lengths(path: str, *, model: ModelSpec | None, prompt_len: int, respons
     ``lengths_source``) from ``path``; a missing or unreadable file is a BAD_CONFIG error."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"--lengths: no file {path}", hint="pass a .jsonl/.parquet dataset or a run's metrics/log file")
+        raise ConfigError(f"--lengths: no file {path}",
+                          hint="pass a .jsonl/.parquet dataset or a run's metrics/log file")
     steps = _run_metrics(p)
     if steps:
         return _from_run(steps, p, prompt_len, response_len)
@@ -129,7 +130,8 @@ def _dataset(p: Path) -> tuple[list[str], list[str]]:
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise ConfigError("--lengths: reading .parquet needs pyarrow", hint="pip install pyarrow, or pass .jsonl") from None
+            raise ConfigError("--lengths: reading .parquet needs pyarrow",
+                              hint="pip install pyarrow, or pass .jsonl") from None
         try:
             rows = pq.read_table(p).slice(0, MAX_RECORDS).to_pylist()
         except Exception as exc:  # noqa: BLE001 - any parquet error is the user's file

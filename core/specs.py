@@ -378,7 +378,8 @@ def load_model(name_or_path: str) -> ModelSpec:
     if name_or_path.endswith(".json") or p.is_dir():
         cfg = p / "config.json" if p.is_dir() else p
         if not cfg.exists():
-            raise UnknownModelError(f"no config.json at {name_or_path}", hint="pass a Hugging Face config.json or a preset name")
+            raise UnknownModelError(f"no config.json at {name_or_path}",
+                                    hint="pass a Hugging Face config.json or a preset name")
         return from_hf_config(cfg)
     if name_or_path.endswith(".toml"):
         if not p.exists():

@@ -82,7 +82,8 @@ def check_keys(cls: type, data: Any, where: str) -> dict[str, Any]:
         if k not in names:
             near = close_matches(str(k), names)
             raise UnknownKeyError(f"{where}: unknown key {k!r}",
-                                  hint=f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(sorted(names))}")
+                                  hint=f"did you mean {near[0]!r}?" if near
+                                  else f"valid keys: {', '.join(sorted(names))}")
     return dict(data)
 
 
@@ -141,7 +142,7 @@ def from_mapping(cls: type[T], data: Any, where: str, schema: Schema = Schema())
                and f.default_factory is dataclasses.MISSING and f.name not in data]
     if missing:
         raise ConfigError(f"{where}: missing required key(s) {', '.join(missing)}")
-    hints = _hints(cls)
+    hints = _hints(cls)  # type: ignore[arg-type]  # a class is hashable
     for k, v in data.items():
         check_value(where, k, hints[k], v, schema)
     return cls(**data)

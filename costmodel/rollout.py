@@ -103,11 +103,13 @@ def rollout_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl:
     pre_tokens = seqs / wl.n * prompt
     chunk = s.max_num_batched_tokens if s.chunked_prefill else max(s.max_num_batched_tokens, wl.prompt_len)
     pre_rows = min(chunk, max(1.0, pre_tokens))
-    pre_flops = pre_tokens * (step.body_flops + step.attn * prompt * attention_fraction(hw)) / rtp + seqs * c["head_flops"] / rtp
+    pre_flops = (pre_tokens * (step.body_flops + step.attn * prompt * attention_fraction(hw))
+                 + seqs * c["head_flops"]) / rtp
     t_pre = pre_flops / (step.peak * gemm_efficiency(e, pre_rows, m.hidden, step.ffn))
     t_pre += math.ceil(pre_tokens / chunk) * step.graph_ovh
     if rtp > 1:
-        t_pre += 2 * m.layers * _tp_allreduce_s(hw, pre_tokens * m.hidden * PARAM_BYTES, rtp, cluster.gpus_per_node, cal)
+        t_pre += 2 * m.layers * _tp_allreduce_s(hw, pre_tokens * m.hidden * PARAM_BYTES, rtp,
+                                                cluster.gpus_per_node, cal)
 
     # Concurrency: max_num_seqs, the KV cache (a sequence holds prompt + mean response tokens at its
     # end; vLLM allocates blocks as sequences grow) and the sequences this replica has.

@@ -169,7 +169,6 @@ def train_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, *, to
 
     e = hw.efficiency
     gpn = cluster.gpus_per_node
-    dp = s.dp or 1
     if lt is None:
         lt = layer_times(m, hw, e, cluster, s, tokens_mb, seq_len, cal)
         lt["head"] = head_s(m, hw, e, s, lt["tokens"], cal, logprob)

@@ -47,7 +47,8 @@ def weight_sync_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy,
     total = c["total_params"] * PARAM_BYTES
     gather = 0.0
     if s.tp > 1:
-        gather += comm.all_gather_s(total / s.pp, s.tp, comm.link_bw(hw, s.tp, gpn, ce), comm.link_latency(hw, s.tp, gpn) / cs)
+        gather += comm.all_gather_s(total / s.pp, s.tp, comm.link_bw(hw, s.tp, gpn, ce),
+                                    comm.link_latency(hw, s.tp, gpn) / cs)
     if s.pp > 1:  # every stage's tensors reach every rank: (p-1)/p of the model over the stage link
         span = cluster.gpus
         gather += (s.pp - 1) / s.pp * total / comm.link_bw(hw, span, gpn, ce)

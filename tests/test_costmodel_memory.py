@@ -437,7 +437,8 @@ def test_a_probed_cpu_profile_keeps_the_cpu_trainers_activations():
 
     cpu = load_hardware("cpu").to_dict()
     probed = {k: cpu[k] for k in ("source", "bf16_dense_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s",
-                                  "gpus_per_node", "intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s",
+                                  "gpus_per_node", "intra_node_bandwidth_bytes_per_s",
+                                  "inter_node_bandwidth_bytes_per_s",
                                   "host_memory_bytes", "host_to_device_bandwidth_bytes_per_s", "reserved_memory_bytes",
                                   "rollout_engine", "attention_kernel", "activation_layout", "efficiency")}
     hw = HardwareSpec.from_dict({**probed, "name": "my-laptop"})
