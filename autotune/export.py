@@ -119,9 +119,9 @@ def verl_script(cfg: RunConfig) -> str:
 def megatron_args(cfg: RunConfig) -> list[str]:
     """Megatron-LM ``pretrain_gpt.py`` flags for the same plan (training side only).
 
-    Rollout settings have no Megatron-LM equivalent. Offload between phases (verl's
-    param/optimizer offload) has none either; ``--optimizer-cpu-offload`` (Megatron's CPU optimizer
-    step) is emitted for optimizer offload as the nearest flag.
+    Rollout settings have no Megatron-LM equivalent, nor have offload between phases (verl's
+    param/optimizer offload) and dynamic batching (verl's token-budget micro-batches): the text form
+    says so in comments. Megatron's hybrid CPU optimizer is ``--optimizer-cpu-offload``.
     """
     m, s, w = cfg.model, cfg.strategy, cfg.workload
     a: list[str] = [
@@ -141,8 +141,12 @@ def megatron_args(cfg: RunConfig) -> list[str]:
         a.append("--sequence-parallel")
     if s.distributed_optimizer:
         a.append("--use-distributed-optimizer")
-    if "optimizer" in s.offload:
-        a.append("--optimizer-cpu-offload")
+    if s.cpu_optimizer is not None:  # Megatron's hybrid CPU optimizer (training group of arguments.py)
+        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", repr(float(s.cpu_optimizer))]
+    if s.overlap_cpu_optimizer:
+        a.append("--overlap-cpu-optimizer-d2h-h2d")
+    if s.precision_aware_optimizer:
+        a.append("--use-precision-aware-optimizer")
     if s.recompute == "selective":
         a += ["--recompute-granularity", "selective", "--recompute-modules", "core_attn"]
     elif s.recompute == "full":
@@ -187,6 +191,9 @@ def megatron_args(cfg: RunConfig) -> list[str]:
         if m.dense_layers:
             # Megatron's list pattern: 0 = dense layer, 1 = MoE layer
             a += ["--moe-layer-freq", f"([0]*{m.dense_layers}+[1]*{m.layers - m.dense_layers})"]
+        t = cfg.trainer
+        a += ["--moe-router-load-balancing-type", t.moe_router_load_balancing_type,
+              "--moe-aux-loss-coeff", repr(float(t.moe_aux_loss_coeff))]
         if m.router_bias:  # DeepSeek-V3 aux-loss-free balancing with sigmoid scores (arXiv 2412.19437 §2.1.2)
             a += ["--moe-router-enable-expert-bias", "--moe-router-score-function", "sigmoid"]
     return a
@@ -199,6 +206,11 @@ def megatron_args_text(cfg: RunConfig) -> str:
            f"# Pipeline stages (layers): {stage_layers(cfg.model, s)}"]
     if {"param", "grad"} & set(s.offload):
         out.append("# param/grad offload between phases is verl's (param_offload); Megatron-LM has no flag for it.")
+    if "optimizer" in s.offload:
+        out.append("# optimizer offload between phases is verl's (optimizer_offload); Megatron-LM has no flag for it.")
+    if s.max_tokens_per_gpu is not None:
+        out.append(f"# dynamic batching ({s.max_tokens_per_gpu} tokens per GPU) is verl's use_dynamic_bsz; "
+                   "Megatron-LM's pretrain_gpt.py has no flag for it.")
     args = megatron_args(cfg)
     i = 0
     while i < len(args):
