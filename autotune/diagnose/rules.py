@@ -77,6 +77,10 @@ LEAF_RENAMES: dict[str, tuple[str | None, str]] = {
 }
 
 
+MAX_SUGGESTIONS = 50
+"""Unknown keys that get a 'did you mean' search; the rest get a plain hint."""
+
+
 @lru_cache(maxsize=1)
 def transformer_config_fields() -> frozenset[str]:
     path = verl.DATA_DIR / "megatron-core-0.16.1-transformer-config-fields.txt"
@@ -85,6 +89,7 @@ def transformer_config_fields() -> frozenset[str]:
 
 @register("keys")
 def check_keys(c: Ctx) -> None:
+    suggested = 0
     fields = transformer_config_fields()
     for key, ov in c.items.items():
         status = verl.key_status(key)
@@ -134,7 +139,10 @@ def check_keys(c: Ctx) -> None:
             c.add(sev, "UNKNOWN_KEY", f"{key} does not exist in verl {verl.VERL_VERSION}{tail}", hint, key=key)
             continue
         cands = verl.leaf_names().get(leaf, [])
-        if cands:
+        suggested += 1
+        if suggested > MAX_SUGGESTIONS:  # a close-match search per key would make a long list quadratic-ish
+            hint = "see verl's ppo_megatron_trainer config"
+        elif cands:
             best = max(cands, key=lambda k: len(os.path.commonprefix([k, key])))
             hint = f"did you mean {best}?"
         else:
