@@ -131,20 +131,12 @@ def _check_reward(spec: str) -> None:
 
 
 def check_resume(out_dir: str | os.PathLike, world_size: int) -> int | None:
-    """The step of the latest complete checkpoint in ``out_dir`` (None: fresh start); a world-size change is an error."""
-    latest = Path(out_dir) / "checkpoints" / "latest.json"
-    if not latest.exists():
-        return None
-    try:
-        meta = json.loads(latest.read_text())
-        step, ws = int(meta["step"]), int(meta["world_size"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise GrpoTuneError(f"{latest} is unreadable ({exc})", code="CHECKPOINT_ERROR",
-                            hint="delete the checkpoints folder to start over") from None
-    if ws != world_size:
-        raise GrpoTuneError(f"the checkpoint in {latest.parent} was written by {ws} ranks; this config has {world_size}",
-                            code="CHECKPOINT_ERROR", hint="resume with the same degrees, or use another --out")
-    return step
+    """The step of the latest complete checkpoint in ``out_dir`` (None: fresh start). A world-size change,
+    a ``latest.json`` pointing outside the folder or a corrupt shard is a CHECKPOINT_ERROR here, before
+    any worker starts (trainer/checkpoint.py verify)."""
+    from trainer import checkpoint
+
+    return checkpoint.verify(out_dir, world_size)
 
 
 def torchrun_command(config: str | os.PathLike, lay: Layout, *, node_rank: int = 0, master_addr: str | None = None,
