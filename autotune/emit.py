@@ -12,15 +12,36 @@ import datetime as _dt
 import os
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
 
 from costmodel.estimate import Estimate
 
 from core.config import RunConfig, TrainerOptions, atomic_write, save
 
-# Run folder -> (ranked, pareto, stats) of the search that emitted into it in this process, so that
-# refine's emit(winner, folder, measured=...) keeps the report's tables.
-_CONTEXT: dict[str, tuple[list[Estimate], list[Estimate], dict[str, Any] | None]] = {}
+
+class SearchTables(Protocol):
+    """What the report needs from a search: :class:`autotune.search.SearchResult` is one."""
+
+    @property
+    def ranked(self) -> Sequence[Estimate]: ...
+
+    @property
+    def pareto(self) -> Sequence[Estimate]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Tables:
+    """Report tables without a full search result (e.g. refine's own ranked space)."""
+
+    ranked: Sequence[Estimate] = ()
+    pareto: Sequence[Estimate] = ()
+    counters: dict[str, Any] | None = None
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.counters or {})
 
 SCHEMA_FILES = ("best.yaml", "verl.sh", "megatron_args.txt", "report.md", "step_breakdown.png", "pareto.png")
 
@@ -62,26 +83,28 @@ def run_config(est: Estimate, *, run_dir: Path | None = None, measured: dict[str
                      workload=est.workload, trainer=trainer, predicted=predicted(est), measured=measured, meta=meta)
 
 
-def emit(est: Estimate, out_dir: str | os.PathLike, *, measured: dict[str, Any] | None = None,
-         ranked: Sequence[Estimate] = (), pareto: Sequence[Estimate] = (), stats: dict[str, Any] | None = None,
-         meta: dict[str, Any] | None = None, trainer: TrainerOptions | None = None) -> dict[str, Path]:
+def emit(est: Estimate, out_dir: str | os.PathLike, *, search: SearchTables | None = None,
+         measured: dict[str, Any] | None = None, meta: dict[str, Any] | None = None,
+         trainer: TrainerOptions | None = None) -> dict[str, Path]:
     """Write the run folder for ``est`` into ``out_dir`` (created); return ``{name: path}``.
+
+    The same inputs always write the same folder: nothing is remembered between calls, so refine,
+    re-emitting its winner into search's folder, passes the search result it was given.
 
     Args:
         est: the chosen plan (an exact estimate).
         out_dir: the run folder itself (``runs/<id>``), not its parent.
+        search: the search's top plans, Pareto front and counters, for the report (a
+            :class:`autotune.search.SearchResult` or :class:`Tables`); None: the report shows ``est`` only.
         measured: figures from profiling runs (refine); go to ``best.yaml`` and the report.
-        ranked, pareto, stats: the search's top plans, Pareto front and counters, for the report.
         meta: extra ``meta`` entries for ``best.yaml``.
         trainer: trainer options (default: TrainerOptions with ``out_dir`` inside the run folder).
     """
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    key = str(d.resolve())
-    if ranked or pareto or stats:
-        _CONTEXT[key] = (list(ranked), list(pareto), stats)
-    elif key in _CONTEXT:  # refine re-emitting into search's folder: keep the search's tables
-        ranked, pareto, stats = _CONTEXT[key]
+    ranked: Sequence[Estimate] = search.ranked if search is not None else ()
+    pareto: Sequence[Estimate] = search.pareto if search is not None else ()
+    stats = (search.stats() or None) if search is not None else None
     from . import __version__ as version
 
     meta = {"run_id": d.name, "emitted_by": f"grpo-tune {version}",

@@ -119,7 +119,8 @@ def inputs_from_flags(flags: dict[str, Any]) -> tuple[ModelSpec, HardwareSpec, C
     return m, hw, cluster, wl, pins_from_flags(flags)
 
 
-# Defaults follow common verl GRPO practice (verl's GRPO examples): 1024 prompts, n=5,
-# 1024/1024 tokens, mini-batch 256, KL on.
-WORKLOAD_DEFAULTS = dict(workload="grpo", prompts=1024, n=5, prompt_len=1024, response_len=1024, mini_batch=256,
-                         ppo_epochs=1, kl=True, seq_len=4096, gbs=1024)
+# The flags' defaults are Workload's (core/strategy.py, which says where they come from).
+_W = Workload()
+WORKLOAD_DEFAULTS = dict(workload=_W.kind, prompts=_W.prompts, n=_W.n, prompt_len=_W.prompt_len,
+                         response_len=_W.response_len, mini_batch=_W.mini_batch, ppo_epochs=_W.ppo_epochs, kl=_W.kl,
+                         seq_len=_W.seq_len, gbs=_W.gbs)

@@ -31,6 +31,8 @@ from core.errors import ConfigError, InvalidDegreesError, NoFeasiblePlanError
 from costmodel.estimate import Estimate, estimate
 from costmodel.params import total_params
 from core.specs import HardwareSpec, ModelSpec
+from core.rules import check_batches
+from core.support import check_plan
 from core.strategy import OFFLOAD, RECOMPUTE, Cluster, Strategy, Workload, divisors, validate
 
 GMU_GRID = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -156,11 +158,8 @@ class Space:
         return out
 
     def _batch_ok(self, dp: int) -> bool:
-        wl = self.workload
-        if wl.kind == "grpo":
-            # verl normalizes the mini-batch per DP rank: (mini_batch * n) % dp == 0.
-            return (wl.mini_batch * wl.n) % dp == 0 and (wl.prompts * wl.n) % dp == 0
-        return wl.gbs % dp == 0
+        # verl normalizes the mini-batch per DP rank (core/rules.py holds the rule).
+        return not check_batches(self.workload, dp=dp)
 
     def _valid_layout(self, lay: dict[str, Any]) -> bool:
         try:
@@ -179,6 +178,9 @@ class Space:
     def mbs_options(self, lay: dict[str, Any]) -> list[int]:
         per = self.sequences_per_dp(lay)
         opts = [b for b in range(1, min(per, MAX_MBS) + 1) if per % b == 0]
+        # megatron's refusals shared with the trainer (core/support.py), e.g. the interleaving rule per mbs
+        dp = self.cluster.gpus // (lay["tp"] * lay["pp"] * lay["cp"])
+        opts = [b for b in opts if not check_plan(self.model, Strategy(**lay, mbs=b, dp=dp), workload=self.workload)]
         if "mbs" in self.pins:
             return [self.pins["mbs"]] if per and per % self.pins["mbs"] == 0 else []
         return opts

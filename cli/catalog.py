@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.options import Json
-from costmodel.params import active_params, total_params
 from core.specs import list_hardware, list_models, load_hardware, load_model
+from costmodel.params import active_params, total_params
 
 
 def models(json_out: Json = False) -> None:
@@ -22,13 +22,23 @@ def models(json_out: Json = False) -> None:
     if json_out:
         print(json.dumps(rows, indent=2))
         return
-    t = Table(title="Model presets")
-    for c in ("name", "family", "layers", "hidden", "total params", "active params", "HF id"):
-        t.add_column(c, justify="right" if "params" in c or c in ("layers", "hidden") else "left")
+    console = Console()
+    # Names never wrap or truncate (users copy them into --model); a narrow terminal drops the shape and
+    # HF id columns instead (all of them are in --json).
+    narrow = console.width < 130
+    t = Table(title="Model presets", caption="HF ids and shapes: a wider terminal or --json" if narrow else None)
+    t.add_column("name", no_wrap=True, min_width=max(len(r["name"]) for r in rows))
+    if not narrow:
+        for c in ("family", "layers", "hidden"):
+            t.add_column(c, justify="left" if c == "family" else "right")
+    t.add_column("total params", justify="right", no_wrap=True)
+    t.add_column("active params", justify="right", no_wrap=True)
+    if not narrow:
+        t.add_column("HF id", no_wrap=True)
     for r in rows:
-        t.add_row(r["name"], r["family"], str(r["layers"]), str(r["hidden"]), f"{r['total_params']:,}",
-                  f"{r['active_params']:,}", r["hf_id"])
-    Console().print(t)
+        shape = [] if narrow else [r["family"], str(r["layers"]), str(r["hidden"])]
+        t.add_row(r["name"], *shape, f"{r['total_params']:,}", f"{r['active_params']:,}", *([] if narrow else [r["hf_id"]]))
+    console.print(t)
 
 
 def hardware(json_out: Json = False) -> None:

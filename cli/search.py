@@ -14,6 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from autotune.grouping import caption as grouping_caption
+from autotune.grouping import group_by_layout
 from autotune.options import (
     MIN_HEADROOM_DEFAULT, WORKLOAD_DEFAULTS, MinHeadroom, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Hardware,
     Json, Kl, LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute,
@@ -29,6 +31,7 @@ P_REF = "Refinement (real profiling runs)"
 
 Top = Annotated[int, typer.Option("--top", help="Plans to show.", rich_help_panel=P_OUT)]
 Out = Annotated[Path, typer.Option("--out", help="Parent folder of the run folder <model>-<gpus>g-<hw>-<time>.", rich_help_panel=P_OUT)]
+AllPlans = Annotated[bool, typer.Option("--all", help="List every top plan, not one row per layout.", rich_help_panel=P_OUT)]
 Emit = Annotated[bool, typer.Option("--emit/--no-emit", help="Write the run folder (best.yaml, verl.sh, ...).", rich_help_panel=P_OUT)]
 CrossNode = Annotated[bool, typer.Option("--allow-cross-node-tp", help="Let TP groups span nodes.", rich_help_panel="Parallel degrees (unset: default in estimate, tuned in search)")]
 Calibration = Annotated[Optional[Path], typer.Option("--calibration", help="Calibration JSON (autotune/calibrate.py) applied to the time model.", rich_help_panel=P_REF)]
@@ -109,7 +112,7 @@ def search(
     prompt_len: PromptLen = WD["prompt_len"], response_len: ResponseLen = WD["response_len"],
     mini_batch: MiniBatch = WD["mini_batch"], ppo_epochs: PpoEpochs = WD["ppo_epochs"], kl: Kl = WD["kl"],
     seq_len: SeqLen = WD["seq_len"], gbs: Gbs = WD["gbs"],
-    top: Top = 10, json_out: Json = False, out: Out = Path("runs"), emit: Emit = True,
+    top: Top = 10, all_plans: AllPlans = False, json_out: Json = False, out: Out = Path("runs"), emit: Emit = True,
     calibration: Calibration = None,
     refine: Refine = False, trials: Trials = 8, storage: Storage = None, study_name: StudyName = None,
     trial_steps: TrialSteps = 6, trial_timeout: TrialTimeout = 600.0,
@@ -133,8 +136,7 @@ def search(
     run_dir: Path | None = None
     files: dict[str, Path] = {}
     if emit or refine:
-        kw: dict[str, Any] = dict(ranked=result.ranked, pareto=result.pareto, stats=result.stats(),
-                                  meta={"calibration": str(calibration)} if calibration else None)
+        kw: dict[str, Any] = dict(search=result, meta={"calibration": str(calibration)} if calibration else None)
         if refine:
             # A stable folder (named like the study) so that re-running the command resumes it.
             from autotune.refine import default_study_name
@@ -148,10 +150,16 @@ def search(
         print(json.dumps({"run_dir": None if run_dir is None else str(run_dir),
                           "files": {k: str(v) for k, v in files.items()}, "stats": result.stats(),
                           "best": result.best.to_dict(), "top": [e.to_dict() for e in result.ranked[:top]],
+                          "layouts": [r.to_dict() for r in group_by_layout(result.ranked)[:top]],
                           "pareto": [e.to_dict() for e in result.pareto]}, indent=2, default=str))
         return
     if not json_out:
-        print_plans(result.ranked, console, top=top)
+        if all_plans:
+            print_plans(result.ranked, console, top=top)
+        else:  # one row per layout (autotune/grouping.py)
+            rows = group_by_layout(result.ranked)[:top]
+            print_plans([r.best for r in rows], console, top=top, title="Top plans, one row per layout (its best variant)")
+            console.print(grouping_caption(rows), highlight=False)
         st = result.stats()
         console.print(f"{st['candidates']:,} valid plans; {st['evaluated']:,} cost-model calls, "
                       f"{st['combined']:,} combined; {st['pruned_layouts']:,}/{st['layouts']:,} layouts pruned; "
@@ -160,12 +168,12 @@ def search(
             console.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})",
                           highlight=False)
     if refine:
-        from autotune.refine import refine as run_refine
+        from autotune.refine import RefineOptions, refine as run_refine
 
-        res = run_refine(ranked=result.ranked, model=m, hardware=hw, cluster=cluster, workload=wl, out_dir=run_dir,
-                         trials=trials, storage=storage, study_name=study_name, trial_steps=trial_steps,
-                         trial_timeout=trial_timeout, calibration=cal, console=err, pins=pins,
-                         allow_cross_node_tp=allow_cross_node_tp)
+        opts = RefineOptions(trials=trials, storage=storage, study_name=study_name, trial_steps=trial_steps,
+                             trial_timeout_s=trial_timeout, calibration=cal, pins=pins,
+                             allow_cross_node_tp=allow_cross_node_tp)
+        res = run_refine(result.ranked, m, hw, cluster, wl, run_dir, opts, console=err, search=result)
         if json_out:
             print(json.dumps({"run_dir": str(run_dir), "stats": result.stats(), "refine": res.to_dict()},
                              indent=2, default=str))

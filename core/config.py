@@ -18,8 +18,10 @@ from typing import Any
 import yaml
 
 from core.errors import ConfigError, GrpoTuneError, UnknownKeyError, close_matches
-from core.specs import HardwareSpec, ModelSpec, check_keys, load_hardware, load_model
+from core.choices import KlType, LossAgg, RolloutEngine
+from core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from core.strategy import Cluster, Strategy, Workload, validate
+from core.validation import FRACTION, Schema, from_mapping
 
 SCHEMA_VERSION = 1
 
@@ -118,31 +120,32 @@ class RunConfig:
             if k not in _SECTIONS:
                 near = close_matches(str(k), _SECTIONS)
                 raise UnknownKeyError(f"{where}: unknown section {k!r}",
-                                      hint=f"did you mean {near[0]!r}?" if near else f"sections: {', '.join(_SECTIONS)}")
+                                      hint=f"did you mean {near[0]!r}?" if near
+                                      else f"sections: {', '.join(_SECTIONS)}")
         ver = data.get("schema_version")
         if ver != SCHEMA_VERSION:
-            raise ConfigError(f"{where}: schema_version {ver!r} is not supported (this grpo-tune reads {SCHEMA_VERSION})",
+            raise ConfigError(f"{where}: schema_version {ver!r} is not supported "
+                              f"(this grpo-tune reads {SCHEMA_VERSION})",
                               hint="re-emit the config with this grpo-tune version")
         for k in ("model", "hardware", "cluster", "strategy"):
             if k not in data:
                 raise ConfigError(f"{where}: missing section {k!r}")
         model = _model(data["model"], where)
         hw = _hardware(data["hardware"], where)
-        cluster = _section(Cluster, data["cluster"], f"{where}.cluster")
+        cluster = from_mapping(Cluster, data["cluster"], f"{where}.cluster", _CLUSTER_SCHEMA)
         strategy = Strategy.from_dict(data["strategy"] or {}, where=f"{where}.strategy")
         workload = Workload.from_dict(data.get("workload") or {}, where=f"{where}.workload")
-        trainer = _section(TrainerOptions, data.get("trainer") or {}, f"{where}.trainer")
-        _check_trainer(trainer, f"{where}.trainer")
+        trainer = from_mapping(TrainerOptions, data.get("trainer") or {}, f"{where}.trainer", _TRAINER_SCHEMA)
         strategy = validate(model, strategy, cluster.gpus, gpus_per_node=cluster.gpus_per_node,
                             allow_cross_node_tp=True)
-        extras = {}
+        extras: dict[str, dict[str, Any] | None] = {}
         for k in ("predicted", "measured", "meta"):
             v = data.get(k)
             if v is not None and not isinstance(v, dict):
                 raise ConfigError(f"{where}.{k} must be a mapping")
             extras[k] = v
         return cls(model=model, hardware=hw, cluster=cluster, strategy=strategy, workload=workload,
-                   trainer=trainer, **extras)
+                   trainer=trainer, predicted=extras["predicted"], measured=extras["measured"], meta=extras["meta"])
 
     def replace(self, **kw) -> "RunConfig":
         return dataclasses.replace(self, **kw)
@@ -164,36 +167,10 @@ def _hardware(v: Any, where: str) -> HardwareSpec:
     return HardwareSpec.from_dict(v, where=f"{where}.hardware")
 
 
-def _section(cls, data: Any, where: str):
-    check_keys(cls, data, where)
-    for f in dataclasses.fields(cls):
-        if f.name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ConfigError(f"{where}: missing key {f.name!r}")
-            continue
-        v = data[f.name]
-        t = f.type
-        if v is None and "None" in t:
-            continue
-        if t.startswith("int") and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-            raise ConfigError(f"{where}.{f.name} must be a positive integer, got {v!r}")
-        if t.startswith("float") and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or v != v):
-            raise ConfigError(f"{where}.{f.name} must be a number >= 0, got {v!r}")
-        if t.startswith("bool") and not isinstance(v, bool):
-            raise ConfigError(f"{where}.{f.name} must be true or false, got {v!r}")
-        if t.startswith("str") and not isinstance(v, str):
-            raise ConfigError(f"{where}.{f.name} must be a string, got {v!r}")
-    return cls(**data)
-
-
-def _check_trainer(t: TrainerOptions, where: str) -> None:
-    choices = {"rollout_engine": ("auto", "vllm", "megatron"), "loss_agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
-               "kl_type": ("low_var_kl", "k1", "k2", "k3", "kl", "abs", "mse")}
-    for k, allowed in choices.items():
-        if getattr(t, k) not in allowed:
-            raise ConfigError(f"{where}.{k} must be one of {', '.join(allowed)}, got {getattr(t, k)!r}")
-    if not 0 < t.top_p <= 1:
-        raise ConfigError(f"{where}.top_p must be in (0, 1]")
+# ints are positive, floats >= 0 (not NaN); top_p is a fraction; the named choices come from core/choices.py.
+_CLUSTER_SCHEMA = Schema()
+_TRAINER_SCHEMA = Schema(ranges={"top_p": FRACTION},
+                         choices={"rollout_engine": RolloutEngine, "loss_agg_mode": LossAgg, "kl_type": KlType})
 
 
 def load(path: str | os.PathLike) -> RunConfig:
@@ -218,7 +195,7 @@ def load(path: str | os.PathLike) -> RunConfig:
 
 
 def dumps(cfg: RunConfig) -> str:
-    header = "# grpo-tune run config (schema_version {v}). `grpo-tune train --config THIS` runs it.\n".format(v=SCHEMA_VERSION)
+    header = f"# grpo-tune run config (schema_version {SCHEMA_VERSION}). `grpo-tune train --config THIS` runs it.\n"
     return header + yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=False)
 
 

@@ -11,6 +11,8 @@ from typing import Iterable
 # Stable codes. Tests and scripts match on these strings; never rename one.
 CODES = {
     "BAD_CONFIG": "the run config is malformed or has an impossible value",
+    "IO_ERROR": "a file could not be read or written (permissions, a missing folder, a full disk)",
+    "INTERNAL_ERROR": "a bug in grpo-tune, not in the input",
     "UNKNOWN_KEY": "a key that the schema (or verl) does not have",
     "UNKNOWN_COMMAND": "a command or flag that verl does not have (verl-train, --dry-run, ...)",
     "UNKNOWN_MODEL": "no model preset or config.json by that name",
@@ -30,6 +32,38 @@ CODES = {
     "MISSING_DEPENDENCY": "an optional dependency is not installed",
     "TRIAL_FAILED": "a profiling trial failed",
     "CHECKPOINT_ERROR": "a checkpoint could not be read or written",
+    "TRAINER_UNSUPPORTED": "a valid plan that grpo-tune's megatron-core trainer cannot run (core/support.py)",
+}
+
+
+# What to do, for an error raised without its own hint (each code has one; tests/test_errors.py checks it).
+HINTS = {
+    "BAD_CONFIG": "fix the value named above; `grpo-tune diagnose CONFIG` lists every problem of a config at once",
+    "IO_ERROR": "check that the path exists and is writable, and that the disk has space",
+    "INTERNAL_ERROR": "please report it with the command line; GRPO_TUNE_DEBUG=1 prints the traceback",
+    "UNKNOWN_KEY": "check the key's spelling; `grpo-tune diagnose` names the closest valid key",
+    "UNKNOWN_COMMAND": "use verl's own entry point and flags (python3 -m verl.trainer.main_ppo key=value ...)",
+    "UNKNOWN_MODEL": "`grpo-tune models` lists the presets; a path to a Hugging Face config.json works too",
+    "UNKNOWN_HARDWARE": "`grpo-tune hardware` lists the profiles; `grpo-tune probe-hardware` writes one for this "
+                        "machine",
+    "INVALID_DEGREES": "choose degrees that divide the GPU count and the model's heads/layers/experts "
+                       "(`grpo-tune search` only proposes valid ones)",
+    "NO_FEASIBLE_PLAN": "add GPUs, shorten the sequences, or allow offload/recompute; `--json` shows each plan's "
+                        "memory",
+    "TP_MISMATCH": "give the actor, the reference and the rollout the same tensor-parallel degree",
+    "PP_MISMATCH": "give the actor and the reference the same pipeline degree",
+    "CP_MISMATCH": "give the actor and the reference the same context-parallel degree",
+    "EP_MISMATCH": "give the actor and the reference the same expert-parallel degree",
+    "BATCH_DIVISIBILITY": "make prompts x n and mini_batch x n multiples of dp x mbs",
+    "OOM_RISK": "lower mbs, turn on recompute or offload, or raise tp/pp; `grpo-tune estimate` shows each phase",
+    "DTYPE_CONFLICT": "use one precision (bf16) for the actor, the reference and the rollout",
+    "EXPERT_IMBALANCE": "choose an ep that divides the number of experts",
+    "EXPERT_DEGREES": "lower ep or etp so that ep x etp divides tp x cp x dp",
+    "MISSING_DATASET": "give an existing .jsonl/.parquet file, or 'synthetic'",
+    "MISSING_DEPENDENCY": "pip install the extra named in the message (e.g. pip install 'grpo-tune[train]')",
+    "TRIAL_FAILED": "read the trial's profile.log in the run folder's trials/<number>/",
+    "CHECKPOINT_ERROR": "check the checkpoint folder (or start without --resume)",
+    "TRAINER_UNSUPPORTED": "choose a plan the trainer runs; `grpo-tune search` proposes only those",
 }
 
 
@@ -44,7 +78,7 @@ class GrpoTuneError(Exception):
                 raise ValueError(f"unregistered error code {code!r}")
             self.code = code
         self.message = message
-        self.hint = hint
+        self.hint = hint or HINTS.get(self.code, "")
         super().__init__(f"[{self.code}] {message}")
 
     def to_dict(self) -> dict:

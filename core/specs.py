@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, UnknownHardwareError, UnknownModelError, close_matches
+from .validation import FINITE_NON_NEGATIVE, FINITE_POSITIVE, POSITIVE, Schema, from_mapping
+from .validation import check_keys as check_keys  # re-exported: older callers import it from here
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -59,6 +61,12 @@ class ModelSpec:
     """Leading layers with a dense MLP instead of MoE (DeepSeek's ``first_k_dense_replace``)."""
     router_bias: bool = False
     """DeepSeek's ``e_score_correction_bias`` (one value per routed expert, aux-loss-free balancing)."""
+    router_groups: int = 0
+    """DeepSeek's ``n_group``: routed experts split into this many groups (0 = no group limit)."""
+    router_group_topk: int = 0
+    """DeepSeek's ``topk_group``: top-k picks experts only from this many best groups."""
+    routed_scaling: float = 1.0
+    """DeepSeek's ``routed_scaling_factor``: the routed experts' weights are scaled by it."""
     # --- multi-head latent attention (DeepSeek) -----------------------------------------
     q_lora_rank: int = 0
     """0 means queries are projected directly (no low-rank query)."""
@@ -105,7 +113,7 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "model") -> "ModelSpec":
-        return _build(cls, data, where)
+        return _check_model(where, from_mapping(cls, data, where, _MODEL_SCHEMA))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,88 +164,36 @@ class HardwareSpec:
             data["aliases"] = tuple(al)
         eff = data.get("efficiency")
         if eff is not None and not (isinstance(eff, dict) and all(
-                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in eff.items())):
+                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                for k, v in eff.items())):
             raise ConfigError(f"{where}.efficiency must be a table of numbers, got {eff!r}")
-        return _build(cls, data, where)
+        return from_mapping(cls, data, where, _HARDWARE_SCHEMA)
 
     def __hash__(self) -> int:  # efficiency is a dict; hash by name + numbers
         return hash((self.name, self.bf16_dense_flops_per_s, self.hbm_bytes, self.gpus_per_node))
 
 
-def check_keys(cls, data: Any, where: str) -> dict[str, Any]:
-    """``data`` as a dict whose keys are all fields of the dataclass ``cls``.
-
-    Not a mapping is BAD_CONFIG; an unknown key is UNKNOWN_KEY with the closest field as the hint.
-    """
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a table/mapping, got {type(data).__name__}")
-    names = [f.name for f in dataclasses.fields(cls)]
-    for k in data:
-        if k not in names:
-            from .errors import UnknownKeyError
-
-            near = close_matches(str(k), names)
-            raise UnknownKeyError(f"{where}: unknown key {k!r}",
-                                  hint=f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(sorted(names))}")
-    return dict(data)
+# ints and floats >= 0 and finite; the sizes a model or a GPU cannot do without, > 0.
+_MODEL_SCHEMA = Schema(ints=FINITE_NON_NEGATIVE, floats=FINITE_NON_NEGATIVE,
+                       ranges={k: POSITIVE for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab")})
+_HARDWARE_SCHEMA = Schema(ints=FINITE_NON_NEGATIVE, floats=FINITE_NON_NEGATIVE, ranges={
+    "gpus_per_node": POSITIVE,
+    **{k: FINITE_POSITIVE for k in ("bf16_dense_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s",
+                                    "intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s",
+                                    "host_to_device_bandwidth_bytes_per_s")}})
 
 
-def _build(cls, data: dict[str, Any], where: str):
-    """Build a dataclass from a mapping, rejecting unknown keys and wrong types with coded errors."""
-    check_keys(cls, data, where)
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    missing = [
-        n for n, f in names.items()
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and n not in data
-    ]
-    if missing:
-        raise ConfigError(f"{where}: missing required key(s) {', '.join(missing)}")
-    for k, v in data.items():
-        _check_type(where, k, names[k].type, v)
-    obj = cls(**data)
-    _check_values(where, obj)
+def _check_model(where: str, obj: ModelSpec) -> ModelSpec:
+    """The rules between fields of a model (each field's own range is in ``_MODEL_SCHEMA``)."""
+    if obj.heads % obj.kv_heads:
+        raise ConfigError(f"{where}: heads ({obj.heads}) must be a multiple of kv_heads ({obj.kv_heads})")
+    if obj.is_moe and not (0 < obj.top_k <= obj.experts and obj.expert_ffn_hidden > 0):
+        raise ConfigError(f"{where}: MoE needs 0 < top_k <= experts and expert_ffn_hidden > 0")
+    if obj.dense_layers > obj.layers:
+        raise ConfigError(f"{where}: dense_layers exceeds layers")
+    if not obj.is_moe and obj.ffn_hidden <= 0:
+        raise ConfigError(f"{where}.ffn_hidden must be positive for a dense model")
     return obj
-
-
-_TYPES = {"int": int, "float": (int, float), "str": str, "bool": bool}
-
-
-def _check_type(where: str, key: str, typ: str, value: Any) -> None:
-    base = typ.replace(" | None", "")
-    if value is None and "None" in typ:
-        return
-    want = _TYPES.get(base)
-    if want is None:
-        return
-    ok = isinstance(value, want) and not (base in ("int", "float") and isinstance(value, bool))
-    if not ok:
-        raise ConfigError(f"{where}.{key} must be {base}, got {value!r}")
-
-
-def _check_values(where: str, obj) -> None:
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            if v != v or v < 0 or v == float("inf"):
-                raise ConfigError(f"{where}.{f.name} must be a finite number >= 0, got {v!r}")
-    if isinstance(obj, ModelSpec):
-        for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab"):
-            if getattr(obj, k) <= 0:
-                raise ConfigError(f"{where}.{k} must be positive")
-        if obj.heads % obj.kv_heads:
-            raise ConfigError(f"{where}: heads ({obj.heads}) must be a multiple of kv_heads ({obj.kv_heads})")
-        if obj.is_moe and not (0 < obj.top_k <= obj.experts and obj.expert_ffn_hidden > 0):
-            raise ConfigError(f"{where}: MoE needs 0 < top_k <= experts and expert_ffn_hidden > 0")
-        if obj.dense_layers > obj.layers:
-            raise ConfigError(f"{where}: dense_layers exceeds layers")
-        if not obj.is_moe and obj.ffn_hidden <= 0:
-            raise ConfigError(f"{where}.ffn_hidden must be positive for a dense model")
-    if isinstance(obj, HardwareSpec):
-        for k in ("bf16_dense_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s", "gpus_per_node",
-                  "intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s",
-                  "host_to_device_bandwidth_bytes_per_s"):
-            if getattr(obj, k) <= 0:
-                raise ConfigError(f"{where}.{k} must be positive")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,13 +253,48 @@ def _load_model_file(path: str) -> ModelSpec:
     return ModelSpec.from_dict(data, where=f"model file {path}")
 
 
+# Suffixes of Hugging Face repo names whose weights differ from the base model's but whose architecture
+# (config.json shapes) is the same: Qwen/Qwen2.5-7B-Instruct has Qwen/Qwen2.5-7B's shapes, and so on.
+_VARIANT_SUFFIXES = ("-instruct", "-chat", "-base", "-it", "-hf")
+
+
+@lru_cache(maxsize=8)
+def _hf_index(env: str | None) -> dict[str, Path]:
+    """HF id (lower-case, ``org/name`` and bare ``name``) -> preset file."""
+    out: dict[str, Path] = {}
+    for p in set(catalog("models").values()):
+        hf = str(_read_toml(p, "models").get("hf_id") or "").strip().lower()
+        if hf:
+            out.setdefault(hf, p)
+            out.setdefault(hf.rsplit("/", 1)[-1], p)
+    return out
+
+
+def resolve_hf_id(name: str) -> Path | None:
+    """The preset holding HF id ``name`` (``Qwen/Qwen2.5-7B-Instruct``), or one of its instruct/base variants
+    that share the architecture (the suffixes in ``_VARIANT_SUFFIXES``); None when no preset holds it."""
+    idx = _hf_index(os.environ.get("GRPO_TUNE_PROFILES"))
+    key = name.strip().rstrip("/").lower()
+    cands = [key, key.rsplit("/", 1)[-1]]
+    for c in list(cands):
+        for suf in _VARIANT_SUFFIXES:
+            if c.endswith(suf):
+                cands.append(c[: -len(suf)])
+    for c in cands:
+        if c in idx:
+            return idx[c]
+    return None
+
+
 def load_model(name_or_path: str) -> ModelSpec:
-    """A preset name or alias (``7b``, ``qwen2.5-7b``), a model TOML, or a HF ``config.json``."""
-    p = Path(name_or_path)
+    """A preset name or alias (``7b``, ``qwen2.5-7b``), a HF id (``Qwen/Qwen2.5-7B-Instruct``: the preset holding
+    it, or its base/instruct twin), a model TOML, a HF ``config.json`` or a local checkpoint folder holding one."""
+    p = Path(os.path.expanduser(name_or_path))
     if name_or_path.endswith(".json") or p.is_dir():
         cfg = p / "config.json" if p.is_dir() else p
         if not cfg.exists():
-            raise UnknownModelError(f"no config.json at {name_or_path}", hint="pass a Hugging Face config.json or a preset name")
+            raise UnknownModelError(f"no config.json at {name_or_path}",
+                                    hint="pass a Hugging Face config.json or a preset name")
         return from_hf_config(cfg)
     if name_or_path.endswith(".toml"):
         if not p.exists():
@@ -312,11 +303,14 @@ def load_model(name_or_path: str) -> ModelSpec:
     cat = catalog("models")
     key = name_or_path.lower()
     if key not in cat:
-        near = close_matches(key, cat)
+        hf = resolve_hf_id(name_or_path)
+        if hf is not None:
+            return _load_model_file(str(hf))
+        near = close_matches(key.rsplit("/", 1)[-1], cat)
         raise UnknownModelError(
             f"unknown model {name_or_path!r}",
             hint=(f"close matches: {', '.join(near)}; " if near else "")
-            + "see `grpo-tune models`, or pass a config.json",
+            + "see `grpo-tune models`, or pass a config.json or a checkpoint folder",
         )
     return _load_model_file(str(cat[key]))
 
@@ -414,6 +408,8 @@ def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, source: str = "") -> Mo
                 shared_experts=int(cfg.get("n_shared_experts") or 0),
                 dense_layers=int(cfg.get("first_k_dense_replace", 0)),
                 router_bias=cfg.get("topk_method", "noaux_tc") == "noaux_tc",
+                router_groups=int(cfg.get("n_group") or 0), router_group_topk=int(cfg.get("topk_group") or 0),
+                routed_scaling=float(cfg.get("routed_scaling_factor") or 1.0),
                 q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=int(cfg["kv_lora_rank"]),
                 qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
                 v_head_dim=int(cfg["v_head_dim"]), mtp_layers=int(cfg.get("num_nextn_predict_layers", 0)),

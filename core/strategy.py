@@ -9,11 +9,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from .choices import Dtype, Offload, Recompute, WorkloadKind
 from .errors import ConfigError, InvalidDegreesError
-from .specs import ModelSpec, check_keys
+from .rules import check_degrees, divisors, errors, stage_layers
+from .specs import ModelSpec
+from .validation import FRACTION, Schema, check_keys, from_mapping
 
-RECOMPUTE = ("none", "selective", "full")
-OFFLOAD = ("param", "grad", "optimizer")
+__all__ = ["OFFLOAD", "RECOMPUTE", "Cluster", "Strategy", "Workload", "divisors", "stage_layers", "validate"]
+
+RECOMPUTE = Recompute.values()
+OFFLOAD = Offload.values()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,7 +120,7 @@ class Strategy:
             if not isinstance(off, (list, tuple)) or not all(isinstance(o, str) for o in off):
                 raise ConfigError(f"{where}.offload must be a list of {', '.join(OFFLOAD)}")
             data["offload"] = tuple(sorted(set(off), key=lambda o: OFFLOAD.index(o) if o in OFFLOAD else 99))
-        return _typed(cls(**data), where)
+        return from_mapping(cls, data, where, _STRATEGY_SCHEMA)
 
     def replace(self, **kw) -> "Strategy":
         return dataclasses.replace(self, **kw)
@@ -123,7 +128,11 @@ class Strategy:
 
 @dataclass(frozen=True, kw_only=True)
 class Workload:
-    """A GRPO step (default) or a plain pretraining step."""
+    """A GRPO step (default) or a plain pretraining step.
+
+    The defaults follow common verl GRPO practice (verl's GRPO examples): 1024 prompts, n=5,
+    1024/1024 tokens, mini-batch 256, KL on. The CLI's flag defaults are these (autotune/options.py).
+    """
 
     kind: str = "grpo"
     """``grpo`` or ``pretrain``."""
@@ -167,141 +176,39 @@ class Workload:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "workload") -> "Workload":
-        return _typed(cls(**check_keys(cls, data, where)), where)
+        return _check_workload(from_mapping(cls, data, where, _WORKLOAD_SCHEMA), where)
 
     def replace(self, **kw) -> "Workload":
         return dataclasses.replace(self, **kw)
 
 
-def _typed(obj, where: str):
-    """Type and range checks shared by Strategy and Workload: coded errors only."""
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        t = f.type
-        if v is None and "None" in t:
-            continue
-        if t.startswith("int"):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{where}.{f.name} must be a positive integer, got {v!r}")
-        elif t.startswith("float"):
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not (0 < v <= 1):
-                raise ConfigError(f"{where}.{f.name} must be a number in (0, 1], got {v!r}")
-        elif t.startswith("bool"):
-            if not isinstance(v, bool):
-                raise ConfigError(f"{where}.{f.name} must be true or false, got {v!r}")
-        elif t == "str" and not isinstance(v, str):
-            raise ConfigError(f"{where}.{f.name} must be a string, got {v!r}")
-    if isinstance(obj, Strategy):
-        if obj.recompute not in RECOMPUTE:
-            raise ConfigError(f"{where}.recompute must be one of {', '.join(RECOMPUTE)}, got {obj.recompute!r}")
-        bad = [o for o in obj.offload if o not in OFFLOAD]
-        if bad:
-            raise ConfigError(f"{where}.offload: unknown {bad[0]!r}", hint=f"choose from {', '.join(OFFLOAD)}")
-    if isinstance(obj, Workload):
-        if obj.kind not in ("grpo", "pretrain"):
-            raise ConfigError(f"{where}.kind must be grpo or pretrain, got {obj.kind!r}")
-        if obj.dtype not in ("bf16", "fp16", "fp32"):
-            raise ConfigError(f"{where}.dtype must be bf16, fp16 or fp32, got {obj.dtype!r}")
-        if obj.kind == "grpo" and obj.mini_batch > obj.prompts:
-            raise ConfigError(f"{where}: mini_batch ({obj.mini_batch}) exceeds prompts ({obj.prompts})",
-                              hint="verl requires ppo_mini_batch_size <= data.train_batch_size")
-        if obj.kind == "grpo" and obj.prompts % obj.mini_batch:
-            raise ConfigError(f"{where}: prompts ({obj.prompts}) is not a multiple of mini_batch ({obj.mini_batch})")
-        if obj.response_len_mean is not None and obj.response_len_mean > obj.response_len:
-            raise ConfigError(f"{where}: response_len_mean exceeds response_len")
+# ints are positive; the two fractions are in (0, 1].
+_STRATEGY_SCHEMA = Schema(ranges={"gpu_memory_utilization": FRACTION, "cpu_optimizer": FRACTION},
+                          choices={"recompute": Recompute, "offload": Offload})
+_WORKLOAD_SCHEMA = Schema(choices={"kind": WorkloadKind, "dtype": Dtype})
+
+
+def _check_workload(obj: Workload, where: str) -> Workload:
+    """The rules between a workload's fields (each field's own range is in ``_WORKLOAD_SCHEMA``)."""
+    if obj.kind == "grpo" and obj.mini_batch > obj.prompts:
+        raise ConfigError(f"{where}: mini_batch ({obj.mini_batch}) exceeds prompts ({obj.prompts})",
+                          hint="verl requires ppo_mini_batch_size <= data.train_batch_size")
+    if obj.kind == "grpo" and obj.prompts % obj.mini_batch:
+        raise ConfigError(f"{where}: prompts ({obj.prompts}) is not a multiple of mini_batch ({obj.mini_batch})")
+    if obj.response_len_mean is not None and obj.response_len_mean > obj.response_len:
+        raise ConfigError(f"{where}: response_len_mean exceeds response_len")
     return obj
-
-
-def stage_layers(model: ModelSpec, s: Strategy) -> list[int]:
-    """Layers on each pipeline stage (Megatron's uneven first/last stage rule)."""
-    if s.pp == 1:
-        return [model.layers]
-    first, last = s.first_stage_layers, s.last_stage_layers
-    if first is None and last is None:
-        return [model.layers // s.pp] * s.pp
-    middle = s.pp - (first is not None) - (last is not None)
-    rest = model.layers - (first or 0) - (last or 0)
-    per = rest // middle if middle else 0
-    out = [per] * s.pp
-    if first is not None:
-        out[0] = first
-    if last is not None:
-        out[-1] = last
-    return out
 
 
 def validate(model: ModelSpec, s: Strategy, gpus: int, *, gpus_per_node: int | None = None,
              allow_cross_node_tp: bool = False) -> Strategy:
-    """Check that the degrees can exist; return the strategy with ``dp`` and ``etp`` resolved."""
+    """Check that the degrees can exist; return the strategy with ``dp`` and ``etp`` resolved.
 
-    def bad(msg: str, hint: str = "") -> InvalidDegreesError:
-        return InvalidDegreesError(msg, hint)
-
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
-        raise bad(f"GPU count must be a positive integer, got {gpus!r}")
-    mp = s.tp * s.pp * s.cp
-    if gpus % mp:
-        raise bad(f"tp*pp*cp = {s.tp}*{s.pp}*{s.cp} = {mp} does not divide {gpus} GPUs",
-                  "choose degrees whose product divides the GPU count")
-    dp = gpus // mp
-    if s.dp is not None and s.dp != dp:
-        raise bad(f"tp*pp*cp*dp = {mp * s.dp} differs from the {gpus} GPUs",
-                  f"with tp={s.tp} pp={s.pp} cp={s.cp}, dp must be {dp}")
-    if model.heads % s.tp:
-        raise bad(f"tp={s.tp} does not divide the {model.heads} attention heads of {model.name}",
-                  f"use a tp among {', '.join(map(str, divisors(model.heads)))}")
-    kv = model.heads if model.is_mla else model.kv_heads
-    if kv % s.tp:
-        raise bad(f"tp={s.tp} does not divide the {kv} key/value heads of {model.name} "
-                  "(Megatron splits query groups evenly)",
-                  f"use a tp among {', '.join(map(str, divisors(kv)))}")
-    if gpus_per_node and s.tp > gpus_per_node and not allow_cross_node_tp:
-        raise bad(f"tp={s.tp} spans nodes of {gpus_per_node} GPUs", "keep tp <= GPUs per node, or allow it explicitly")
-    if s.first_stage_layers is not None or s.last_stage_layers is not None:
-        if s.pp == 1:
-            raise bad("uneven first/last stage layers need pp > 1")
-        stages = stage_layers(model, s)
-        middle = s.pp - (s.first_stage_layers is not None) - (s.last_stage_layers is not None)
-        rest = model.layers - (s.first_stage_layers or 0) - (s.last_stage_layers or 0)
-        if rest < 0 or (middle and rest % middle) or (not middle and rest) or min(stages) < 1:
-            raise bad(f"first/last stage layers ({s.first_stage_layers}/{s.last_stage_layers}) leave {rest} "
-                      f"layers that do not split evenly over {middle} middle stages of {model.name}'s {model.layers}")
-    elif model.layers % s.pp:
-        raise bad(f"pp={s.pp} does not divide the {model.layers} layers of {model.name}",
-                  "use --first-stage-layers/--last-stage-layers for uneven stages, or another pp")
-    if s.vpp > 1:
-        if s.pp == 1:
-            raise bad("vpp > 1 needs pp > 1")
-        stages = stage_layers(model, s)
-        if any(n % s.vpp for n in stages):
-            raise bad(f"vpp={s.vpp} does not divide the layers per stage {stages}")
-    etp = s.etp_
-    if model.is_moe:
-        if model.experts % s.ep:
-            raise bad(f"ep={s.ep} does not divide the {model.experts} experts of {model.name}",
-                      f"use an ep among {', '.join(map(str, divisors(model.experts)))}")
-        if (s.tp * s.cp * dp) % (s.ep * etp):
-            raise bad(f"ep*etp = {s.ep}*{etp} does not divide tp*cp*dp = {s.tp * s.cp * dp} "
-                      "(Megatron's MoE parallel folding)", "lower ep or etp")
-    elif s.ep > 1 or (s.etp is not None and s.etp != s.tp):
-        raise bad(f"{model.name} is dense: ep/etp apply to MoE models only")
-    if gpus % s.rollout_tp:
-        raise bad(f"rollout_tp={s.rollout_tp} does not divide {gpus} GPUs")
-    if model.heads % s.rollout_tp:
-        raise bad(f"rollout_tp={s.rollout_tp} does not divide the {model.heads} attention heads")
-    if kv % s.rollout_tp and s.rollout_tp % kv:
-        raise bad(f"rollout_tp={s.rollout_tp} neither divides nor is a multiple of the {kv} KV heads")
-    return dataclasses.replace(s, dp=dp, etp=etp, sequence_parallel=s.sp)
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of ``n`` in increasing order, by trial division up to sqrt(n) (a billion GPUs: 31,623 steps)."""
-    small, large = [], []
-    d = 1
-    while d * d <= n:
-        if n % d == 0:
-            small.append(d)
-            if d * d != n:
-                large.append(n // d)
-        d += 1
-    return small + large[::-1]
+    Raises :class:`InvalidDegreesError` (code ``INVALID_DEGREES``) with the first error of
+    :func:`core.rules.check_degrees`.
+    """
+    for f in errors(check_degrees(model, s, gpus, gpus_per_node=gpus_per_node,
+                                  allow_cross_node_tp=allow_cross_node_tp)):
+        raise InvalidDegreesError(f.message, f.hint)
+    dp = gpus // (s.tp * s.pp * s.cp)
+    return dataclasses.replace(s, dp=dp, etp=s.etp_, sequence_parallel=s.sp)

@@ -28,6 +28,7 @@ from functools import lru_cache
 from .estimate import PhaseMemory, Violation
 from .params import padded_vocab, per_stage_params
 from core.specs import HardwareSpec, ModelSpec
+from core.rules import micro_batches
 from core.strategy import Cluster, Strategy, Workload, stage_layers
 
 GiB = 1024**3
@@ -402,7 +403,7 @@ def sync_bucket_bytes(m: ModelSpec, ep: int) -> float:
 
 def _microbatches(s: Strategy, w: Workload) -> int:
     seqs = w.mini_batch * w.n if w.kind == "grpo" else w.gbs
-    return max(1, -(-seqs // (s.dp * s.mbs)))
+    return micro_batches(seqs, dp=s.dp, mbs=s.mbs)
 
 
 def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strategy: Strategy,

@@ -19,7 +19,7 @@ PLAN = [
 
 SURFACE = {
     "estimate": PLAN,
-    "search": PLAN + ["--allow-cross-node-tp", "--calibration", "--emit / --no-emit", "--min-headroom", "--out", "--refine", "--storage",
+    "search": PLAN + ["--all", "--allow-cross-node-tp", "--calibration", "--emit / --no-emit", "--min-headroom", "--out", "--refine", "--storage",
                       "--study-name", "--top", "--trial-steps", "--trial-timeout", "--trials"],
     "compare": PLAN + ["--min-headroom", "--out"],
     "diagnose": ["--hardware", "--json", "--model -m", "PATH"],
@@ -30,6 +30,10 @@ SURFACE = {
     "probe-hardware": ["--base", "--name", "--nproc", "--out -o", "--quick"],
     "models": ["--json"],
     "hardware": ["--json"],
+    "tune": ["--calibration", "--emit / --no-emit", "--hardware", "--json", "--keep", "--min-headroom", "--model -m",
+             "--out", "--prompt-len-mean", "--response-len-mean", "LAUNCH"],
+    "calibrate": ["--from-log", "--hardware", "--json", "--launch", "--model -m", "--out", "--params", "--warmup",
+                  "EXTRA"],
 }
 
 

@@ -23,14 +23,15 @@ DRIVER = r'''
 import sys
 from autotune.options import plan_inputs
 from autotune.search import search
-from autotune.refine import refine
+from autotune.refine import RefineOptions, refine
 out, trials, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 m, hw, cl, wl = plan_inputs(model="tiny", hardware="cpu", gpus=4, gpus_per_node=None, workload="grpo", prompts=8,
                             n=4, prompt_len=16, response_len=16, mini_batch=8, ppo_epochs=1, kl=True, seq_len=64, gbs=8)
 r = search(m, hw, cl, wl)
-refine(ranked=r.ranked, model=m, hardware=hw, cluster=cl, workload=wl, out_dir=out, trials=trials,
-       profile_cmd=[sys.executable, sys.argv[4]], trial_steps=2, trial_timeout=float(sys.argv[5]), seed=seed,
-       emit=False, calibrate=False, progress=False, heartbeat_s=1)
+policy = sys.argv[6] if len(sys.argv) > 6 else "model"
+refine(r.ranked, m, hw, cl, wl, out, RefineOptions(
+    trials=trials, profile_cmd=[sys.executable, sys.argv[4]], trial_steps=2, trial_timeout_s=float(sys.argv[5]),
+    seed=seed, emit=False, calibrate=False, progress=False, heartbeat_s=1, policy=policy))
 '''
 
 
@@ -47,9 +48,10 @@ def _driver(tmp: Path) -> Path:
     return p
 
 
-def _start(tmp: Path, out: Path, trials: int, *, seed: int = 0, timeout_s: float = 60, **env) -> subprocess.Popen:
+def _start(tmp: Path, out: Path, trials: int, *, seed: int = 0, timeout_s: float = 60, policy: str = "tpe",
+           **env) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(_driver(tmp)), str(out), str(trials), str(seed),
-                             STANDIN[1], str(timeout_s)], env=_env(**env), cwd=tmp,
+                             STANDIN[1], str(timeout_s), policy], env=_env(**env), cwd=tmp,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -87,9 +89,10 @@ def test_crashing_trial_is_recorded_and_study_continues(tmp_path):
     assert len(_calls(log)) == 8  # skipped plans (pruned without running) never called the profiler
 
 
-def test_kill_mid_trial_then_resume(tmp_path):
+@pytest.mark.parametrize("policy", ["tpe", "model"])
+def test_kill_mid_trial_then_resume(tmp_path, policy):
     out, log = tmp_path / "run", tmp_path / "calls.jsonl"
-    p = _start(tmp_path, out, 5, REFINE_STANDIN_DELAY_S=1.5, REFINE_STANDIN_LOG=log)
+    p = _start(tmp_path, out, 5, policy=policy, REFINE_STANDIN_DELAY_S=1.5, REFINE_STANDIN_LOG=log)
     deadline = time.time() + 120
     while len(_calls(log)) < 3 and time.time() < deadline:  # third trial is running
         time.sleep(0.1)
@@ -102,7 +105,7 @@ def test_kill_mid_trial_then_resume(tmp_path):
     before = {t.number: (t.value, t.user_attrs["plan"]) for t in st.trials if t.state.name == "COMPLETE"}
     killed = next(t for t in st.trials if t.state.name == "RUNNING")
 
-    p = _start(tmp_path, out, 5, REFINE_STANDIN_LOG=log)
+    p = _start(tmp_path, out, 5, policy=policy, REFINE_STANDIN_LOG=log)
     text, _ = p.communicate(timeout=240)
     assert p.returncode == 0, text
     assert "requeued interrupted plan" in text and "resuming study" in text
@@ -168,33 +171,34 @@ def _inputs():
 @pytest.mark.parametrize("kw, match", [
     ({"trials": 0}, "--trials"),
     ({"trial_steps": 1}, "--trial-steps"),
-    ({"trial_timeout": 0}, "--trial-timeout"),
+    ({"trial_timeout_s": 0}, "--trial-timeout"),
+    ({"policy": "greedy"}, "unknown refine policy"),
     ({"storage": "nosuchdb://x/y"}, "cannot open study storage"),
 ])
 def test_bad_refine_arguments_are_coded_errors(tmp_path, kw, match):
-    from autotune.refine import refine
+    from autotune.refine import RefineOptions, refine
     from core.errors import ConfigError
 
     ranked, m, hw, cl, wl = _inputs()
     with pytest.raises(ConfigError, match=match):
-        refine(ranked=ranked, model=m, hardware=hw, cluster=cl, workload=wl, out_dir=tmp_path, profile_cmd=STANDIN,
-               emit=False, calibrate=False, progress=False, **kw)
+        refine(ranked, m, hw, cl, wl, tmp_path, RefineOptions(profile_cmd=STANDIN, emit=False, calibrate=False,
+                                                              progress=False, **kw))
 
 
 def test_space_holds_only_fitting_plans_the_trainer_accepts():
-    from autotune.refine import _distinct, _predicted, _runnable, build_space, plan_key
+    from autotune.refine import build_space, distinct, plan_key, predicted, runnable
     from core.config import TrainerOptions
 
     ranked, m, hw, cl, wl = _inputs()
     space = build_space(ranked, m, hw, cl, wl)
     keys = [plan_key(e.strategy) for e in space]
     assert len(keys) == len(set(keys)) and all(e.fits for e in space)
-    steps = [_predicted(e)[0] for e in space]
+    steps = [predicted(e)[0] for e in space]
     assert steps == sorted(steps)
-    ok, rejected = _runnable(space, TrainerOptions())
+    ok, rejected = runnable(space, TrainerOptions())
     assert all(e.strategy.cp == 1 for e in ok)  # this trainer's megatron backend has no CP
     assert len(ok) + len(rejected) == len(space)
-    seeds = _distinct(ok, 4)
+    seeds = distinct(ok, 4)
     assert seeds[0] == 0
     for a in seeds:
         for b in seeds:
@@ -203,6 +207,6 @@ def test_space_holds_only_fitting_plans_the_trainer_accepts():
 
 
 def steps_of(space, i):
-    from autotune.refine import _predicted
+    from autotune.refine import predicted
 
-    return _predicted(space[i])[0]
+    return predicted(space[i])[0]

@@ -125,7 +125,7 @@ def test_emit_for_refine_adds_measured(tmp_path):
     res = search(load_model("tiny"), load_hardware("cpu"), Cluster(gpus=4, gpus_per_node=4),
                  Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8), top=3)
     measured = {"step_s": 1.5, "tokens_per_s": 42.0}
-    paths = emit(res.best, tmp_path / "r", measured=measured, ranked=res.ranked, pareto=res.pareto)
+    paths = emit(res.best, tmp_path / "r", measured=measured, search=res)
     assert {"best", "verl", "megatron_args", "report", "pareto_png", "breakdown_png"} <= set(paths)
     cfg = load(paths["best"])
     assert cfg.measured == measured and cfg.strategy == res.best.strategy
@@ -155,9 +155,24 @@ def test_refine_reemit_keeps_search_tables(tmp_path):
     res = search(load_model("tiny"), load_hardware("cpu"), Cluster(gpus=4, gpus_per_node=4),
                  Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8), top=3)
     d = tmp_path / "run"
-    emit(res.best, d, ranked=res.ranked, pareto=res.pareto, stats=res.stats())
+    emit(res.best, d, search=res)
     winner = res.ranked[1]
-    emit(winner, d, measured={"tokens_per_s": 10.0})  # what autotune.refine does
+    emit(winner, d, search=res, measured={"tokens_per_s": 10.0})  # what autotune.refine does
     rep = (d / "report.md").read_text()
     assert "## Top plans" in rep and "## Search" in rep and "## Measured" in rep
     assert load(d / "best.yaml").strategy == winner.strategy
+
+
+def test_emit_keeps_no_state_between_calls(tmp_path):
+    """emit writes what it is given: a second emit into the same folder without the search result
+    shows no search tables (there used to be a module-global cache keyed by folder)."""
+    import autotune.emit as E
+
+    res = search(load_model("tiny"), load_hardware("cpu"), Cluster(gpus=4, gpus_per_node=4),
+                 Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8), top=3)
+    d = tmp_path / "run"
+    emit(res.best, d, search=res)
+    assert "## Search" in (d / "report.md").read_text()
+    emit(res.best, d)
+    assert "## Search" not in (d / "report.md").read_text()
+    assert not [k for k, v in vars(E).items() if k.startswith("_") and isinstance(v, dict) and not k.startswith("__")]

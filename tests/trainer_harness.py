@@ -34,7 +34,8 @@ def free_port() -> int:
 def torchrun(args: list[str], *, nproc: int, timeout: float = 180, env: dict | None = None,
              script: str | None = None) -> subprocess.CompletedProcess:
     """Run ``script args`` (default: this file) under torchrun with ``nproc`` CPU processes."""
-    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=path)
     e.update(env or {})
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
            f"--master-port={free_port()}", "--master-addr=127.0.0.1", script or str(Path(__file__).resolve()), *args]

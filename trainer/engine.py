@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from functools import partial
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -24,6 +24,9 @@ from costmodel.params import padded_vocab, total_params
 
 from . import hf
 from . import model as tmodel
+
+if TYPE_CHECKING:  # annotations only
+    from core.config import RunConfig
 
 LAYOUT_FREE_INIT_MAX_PARAMS = 2_000_000_000
 """Random init draws every full tensor from its own seed (same weights under any layout) up to
@@ -73,7 +76,7 @@ def vocab_parallel_logprobs(logits: torch.Tensor, target: torch.Tensor, *, vocab
 class Engine:
     """The actor (``trainable=True``: DDP + distributed optimizer) or a frozen reference model."""
 
-    def __init__(self, cfg, *, trainable: bool = True, init_weights: bool = True):
+    def __init__(self, cfg: RunConfig, *, trainable: bool = True, init_weights: bool = True):
         from megatron.core import parallel_state as ps
 
         if not ps.model_parallel_is_initialized():

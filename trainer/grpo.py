@@ -29,13 +29,18 @@ averaging its schedule applies (Megatron divides by the number of micro-batches,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+from core.choices import KlType, LossAgg
 from core.errors import ConfigError
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-KL_TYPES = ("low_var_kl", "k3", "k1", "kl", "k2", "mse", "abs")
+if TYPE_CHECKING:  # annotations only
+    from core.config import TrainerOptions
+
+LOSS_AGG_MODES = LossAgg.values()  # named once, in core/choices.py
+KL_TYPES = KlType.values()
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, *, norm_by_std: bool = True,
@@ -187,7 +192,7 @@ class LossConfig:
             raise ConfigError(f"unknown kl_type {self.kl_type!r}", hint=f"choose one of: {', '.join(KL_TYPES)}")
 
     @classmethod
-    def from_options(cls, trainer, *, use_kl: bool = True) -> "LossConfig":
+    def from_options(cls, trainer: TrainerOptions, *, use_kl: bool = True) -> LossConfig:
         """From an ``core.config.TrainerOptions`` (and ``workload.kl`` as ``use_kl``)."""
         return cls(clip_ratio=trainer.clip_ratio, clip_ratio_high=trainer.clip_ratio_high,
                    clip_ratio_c=getattr(trainer, "clip_ratio_c", None), loss_agg_mode=trainer.loss_agg_mode,

@@ -12,24 +12,17 @@ import json
 import os
 import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+from core.config import RunConfig
 from core.errors import ConfigError, GrpoTuneError, MissingDependencyError
+
+from .layout import Layout
 
 DEFAULT_MASTER_PORT = 29500
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Where the ranks go: ``nnodes`` machines with ``nproc_per_node`` processes each."""
-
-    world_size: int
-    nnodes: int
-    nproc_per_node: int
-
-
-def layout(cfg, *, nnodes: int | None = None) -> Layout:
+def layout(cfg: RunConfig, *, nnodes: int | None = None) -> Layout:
     """World size from the config; nodes from ``--nnodes`` or from ``cluster.gpus_per_node``."""
     gpus = cfg.cluster.gpus
     if nnodes is None:
@@ -43,10 +36,12 @@ def layout(cfg, *, nnodes: int | None = None) -> Layout:
         raise ConfigError(f"the config's {gpus} GPUs do not split evenly over {nnodes} nodes",
                           hint="make cluster.gpus a multiple of the node count (torchrun starts the same "
                                "number of processes on every node)")
-    return Layout(world_size=gpus, nnodes=nnodes, nproc_per_node=per)
+    s = cfg.strategy
+    return Layout(world_size=gpus, nnodes=nnodes, nproc_per_node=per, tp=s.tp, pp=s.pp, vpp=s.vpp, cp=s.cp, ep=s.ep,
+                  etp=s.etp_, dp=s.dp or gpus // (s.tp * s.pp * s.cp))
 
 
-def micro_batches(cfg) -> dict[str, int]:
+def micro_batches(cfg: RunConfig) -> dict[str, int]:
     """Sequences per step / mini-batch per DP rank and micro-batches per mini-batch."""
     s, w = cfg.strategy, cfg.workload
     seqs = w.prompts * w.n
@@ -57,7 +52,7 @@ def micro_batches(cfg) -> dict[str, int]:
             "micro_batches_per_mini_batch": mini // (s.dp * s.mbs)}
 
 
-def preflight(cfg, *, nnodes: int | None = None, node_rank: int = 0, resume_dir: str | os.PathLike | None = None,
+def preflight(cfg: RunConfig, *, nnodes: int | None = None, node_rank: int = 0, resume_dir: str | os.PathLike | None = None,
               need_torch: bool = True) -> Layout:
     """Every check that can fail before a process starts; raises a coded :class:`GrpoTuneError`.
 
@@ -74,25 +69,10 @@ def preflight(cfg, *, nnodes: int | None = None, node_rank: int = 0, resume_dir:
     if w.kind != "grpo":
         raise ConfigError(f"the trainer runs GRPO workloads; workload.kind is {w.kind!r}",
                           hint="set workload.kind: grpo")
-    if s.cp > 1:
-        raise InvalidDegreesError("cp > 1 is not supported by this trainer's megatron backend (variable-length "
-                                  "GRPO batches)", hint="set strategy.cp: 1")
-    # verl's validate_config rules, with sequences = prompts * n (facts/verl-config.md).
-    mb = micro_batches(cfg)
-    if (w.mini_batch * w.n) % (s.dp * s.mbs):
-        raise GrpoTuneError(f"a mini-batch of {w.mini_batch} prompts x n={w.n} = {w.mini_batch * w.n} sequences "
-                            f"does not split over dp={s.dp} x mbs={s.mbs}",
-                            hint="choose mini_batch * n divisible by dp * mbs", code="BATCH_DIVISIBILITY")
-    if s.vpp > 1:
-        # megatron-core's interleaved schedule (schedules.py): micro-batches >= pp, and the remainder
-        # modulo the group size (= pp) must be 0 or >= pp, i.e. 0.
-        k = mb["micro_batches_per_mini_batch"]
-        if k < s.pp or k % s.pp:
-            raise GrpoTuneError(f"vpp={s.vpp} needs micro-batches per mini-batch ({k}) to be a multiple of pp={s.pp}",
-                                hint="raise mini_batch or lower mbs", code="BATCH_DIVISIBILITY")
-    if w.prompt_len + w.response_len > m.max_seq_len:
-        raise ConfigError(f"prompt_len + response_len = {w.prompt_len + w.response_len} exceeds {m.name}'s "
-                          f"max_seq_len {m.max_seq_len}", hint="shorten workload.prompt_len / response_len")
+    from core.support import first_refusal
+
+    # every refusal the workers would make (core/support.py: the search applies the same rules)
+    first_refusal(m, s, cfg.hardware, workload=w)
     if t.dataset.split(":")[0] != "synthetic" and not Path(t.dataset).is_file():
         raise GrpoTuneError(f"dataset {t.dataset!r} does not exist", code="MISSING_DATASET",
                             hint="give a .jsonl/.parquet file with prompt and answer fields, or 'synthetic'")

@@ -31,7 +31,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -41,7 +41,10 @@ from .data import PromptStream
 from .grpo import LossConfig, actor_loss, agg_loss, group_advantages
 from .rollout.base import SamplingParams
 
-PHASES = ("rollout", "weight_sync", "old_logprob", "ref_logprob", "update")
+from core.phases import MEASURED_PHASES as PHASES  # named once, in core/phases.py
+
+if TYPE_CHECKING:  # annotations only
+    from core.config import RunConfig
 
 
 @dataclass
@@ -116,7 +119,7 @@ class LoopConfig:
     max_seq_len: int | None = None
 
     @classmethod
-    def from_run_config(cls, cfg) -> "LoopConfig":
+    def from_run_config(cls, cfg: RunConfig) -> LoopConfig:
         w, s, t = cfg.workload, cfg.strategy, cfg.trainer
         return cls(prompts=w.prompts, n=w.n, mini_batch=w.mini_batch, ppo_epochs=w.ppo_epochs, mbs=s.mbs,
                    max_response_len=w.response_len, seed=t.seed, temperature=t.temperature, top_p=t.top_p,
@@ -256,7 +259,7 @@ class GRPOLoop:
             "response_len_max": max(resp_lens),
             "entropy": float(agg_loss(old_ent, mask, "token-mean")) if old_ent is not None else None,
             "step_s": step_s,
-            "phases_s": {p: timer.times[p] for p in PHASES},
+            "phases_s": {p.value: timer.times[p] for p in PHASES},
             "offload_s": timer.times["offload"],
             "tokens": total_tokens,
             "tokens_per_s": total_tokens / step_s,

@@ -236,7 +236,7 @@ def collectives(dev: torch.device, sizes: list[int], min_s: float) -> tuple[dict
 
             t = _agree(_timeit(pp, dev, min_s=min_s, collective=True)) / 2
             res["p2p"].append({"bytes": nbytes, "time_s": t, "busbw_bytes_per_s": nbytes / t})
-        del x, y, chunk, big
+        x = y = chunk = big = None  # free this size's buffers (not `del`: the closures above name them)
     return res, notes
 
 

@@ -1,11 +1,6 @@
 """Profile mode: a short GRPO run on a synthetic workload at the config's lengths; writes the profile JSON.
 
-The contract (read by autotune's refinement)::
-
-    {"status": "ok"|"oom"|"error", "message": str|null, "config": str, "steps": int, "world_size": int,
-     "step_s": float, "phases_s": {"rollout", "weight_sync", "old_logprob", "ref_logprob", "update"},
-     "tokens_per_s": float, "tokens_per_s_per_gpu": float,
-     "peak_memory_bytes": {"per_rank": [int...], "max": int}, "loss": [float...], "reward": [float...]}
+The contract (read by autotune's refinement) is :class:`core.profile_report.ProfileReport`.
 
 ``step_s`` and each phase are medians over the steps after the first (the first pays one-off
 costs: allocator warm-up, lazy initialisation). Peak memory is the allocator's peak on a GPU and
@@ -20,32 +15,24 @@ Only :func:`run_profile` imports torch; the writers below are used by the CLI to
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-PHASES = ("rollout", "weight_sync", "old_logprob", "ref_logprob", "update")
+from core.phases import MEASURED_PHASES as PHASES  # noqa: F401 - named once, in core/phases.py; tests import it
+from core.profile_report import ProfileReport
+
+if TYPE_CHECKING:  # annotations only
+    from core.config import RunConfig
+
+    from .loop import Item
 
 
 def result(status: str, *, message: str | None, config: str, steps: int, world_size: int, history: list[dict] = (),
-           peak: dict | None = None) -> dict:
-    """The profile JSON object; with no history (a failed run) the figures are null/empty."""
-    timed = list(history[1:]) or list(history)
-    med = (lambda xs: float(statistics.median(xs))) if timed else (lambda xs: None)
-    return {
-        "status": status,
-        "message": message,
-        "config": str(config),
-        "steps": len(history) if history else steps,
-        "world_size": world_size,
-        "step_s": med([h["step_s"] for h in timed]),
-        "phases_s": {p: med([h["phases_s"][p] for h in timed]) for p in PHASES},
-        "tokens_per_s": med([h["tokens_per_s"] for h in timed]),
-        "tokens_per_s_per_gpu": med([h["tokens_per_s_per_gpu"] for h in timed]),
-        "peak_memory_bytes": peak or {"per_rank": [], "max": None},
-        "loss": [h.get("loss") for h in history],
-        "reward": [h["reward_mean"] for h in history],
-        "response_len": [h["response_len"] for h in history],
-    }
+           peak: dict | None = None, peak_bytes_by_phase: dict[str, int] | None = None) -> dict:
+    """The profile JSON object (core/profile_report.py's ProfileReport); with no history (a failed run)
+    the figures are null/empty."""
+    return ProfileReport.from_history(status, message=message, config=config, steps=steps, world_size=world_size,
+                                      history=history, peak=peak, peak_bytes_by_phase=peak_bytes_by_phase).to_dict()
 
 
 def write(path: str | Path, obj: dict) -> None:
@@ -54,7 +41,7 @@ def write(path: str | Path, obj: dict) -> None:
     atomic_write(path, json.dumps(obj, indent=2) + "\n")
 
 
-def synthetic_items(cfg, seed: int):
+def synthetic_items(cfg: RunConfig, seed: int) -> list[Item]:
     """``prompts`` prompts of ``prompt_len`` ids drawn from the non-special part of the vocabulary."""
     import random
 
@@ -103,7 +90,7 @@ def peak_memory(actor) -> dict:
     return {"bytes": int(rss), "kind": "peak_rss", "tensor_bytes": tensor_bytes(actor.state_dict())}
 
 
-def run_profile(cfg, json_path: str | Path, *, config_path: str | Path = "") -> dict:
+def run_profile(cfg: RunConfig, json_path: str | Path, *, config_path: str | Path = "") -> dict:
     """Run ``cfg.trainer.steps`` GRPO steps on the synthetic workload and write the JSON (rank 0)."""
     import dataclasses
     import tempfile

@@ -9,8 +9,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from autotune.report import _plt, _save_png
 from core.config import atomic_write
-from .report import _plt, _save_png
+from core.errors import GrpoTuneError
 
 STATE_STYLE = {"COMPLETE": ("o", "#4C72B0"), "PRUNED": ("x", "#CCB974"), "FAIL": ("X", "#C44E52")}
 
@@ -87,9 +88,9 @@ def section(result) -> list[str]:
     recs = result.records
     ran = [r for r in recs if r.ran]
     L = ["", "## Refinement (real profiling runs)", "",
-         f"- Optuna study `{result.study_name}` in `{result.storage}`; "
-         f"{len(ran)} profiled trial(s), {len(result.completed)} completed, "
-         f"{sum(1 for r in recs if r.state == 'PRUNED' and not r.ran)} skipped without running.",
+         (f"- Optuna study `{result.study_name}` in `{result.storage}`; "
+          f"{len(ran)} profiled trial(s), {len(result.completed)} completed, "
+          f"{sum(1 for r in recs if r.state == 'PRUNED' and not r.ran)} skipped without running."),
          f"- Open it: `pip install optuna-dashboard && optuna-dashboard {result.storage}`."]
     if result.winner_measured:
         w = result.winner_measured
@@ -97,6 +98,9 @@ def section(result) -> list[str]:
                  f"({w['step_s']:.3g} s/step), {w['speedup_vs_median_trial']:.2f}x the median trial "
                  f"({w['median_trial_tokens_per_s']:,.1f} tokens/s).")
     L.append(f"- Spearman rank correlation, predicted vs measured step time: {_f(result.spearman_step_s, '{:.3f}')}")
+    from .report import noise_lines
+
+    L += [f"- {line[0].upper()}{line[1:]}." for line in noise_lines(result)]
     cal = result.calibration
     if cal is not None:
         L.append(f"- Calibration ({cal.before['n']} trials, `calibration.json`): MAPE {cal.before['mape_pct']:.1f}% -> "
@@ -105,20 +109,21 @@ def section(result) -> list[str]:
         moved = {k: v for k, v in cal.params.items() if abs(v - cal.base.get(k, v)) > 1e-9 * max(1.0, abs(v))}
         if moved:
             L.append("- Fitted parameters: " + ", ".join(f"`{k}` {cal.base[k]:.3g} -> {v:.3g}" for k, v in moved.items()))
-    L += ["", "| trial | state | plan | predicted step s | measured step s | tokens/s | reason |", "|---|---|---|---|---|---|---|"]
+    L += ["", "| trial | state | plan | predicted step s | measured step s | tokens/s | reason |",
+          "|---|---|---|---|---|---|---|"]
     for r in recs:
         plan = r.plan or "-"
         if r.strategy:
+            from autotune.report import plan_label
             from core.strategy import Strategy
-
-            from .report import plan_label
 
             try:
                 plan = plan_label(Strategy.from_dict(r.strategy))
-            except Exception:  # a record from an older schema: show the key
-                pass
+            except (GrpoTuneError, TypeError, ValueError, KeyError):  # a record from an older schema: show the key
+                plan = r.plan or "-"
         reason = (r.reason or "").replace("|", "/")
-        L.append(f"| {r.number} | {r.state} | `{plan}` | {_f(r.predicted_step_s)} | {_f(r.measured_step_s)} | "
+        state = r.state + (" (repeat)" if r.repeat and r.ran else "")
+        L.append(f"| {r.number} | {state} | `{plan}` | {_f(r.predicted_step_s)} | {_f(r.measured_step_s)} | "
                  f"{_f(r.measured_tokens_per_s, '{:,.1f}')} | {reason[:160]} |")
     L += ["", "![Optuna history](refine_history.png)", "", "![predicted vs measured](refine_scatter.png)", ""]
     return L

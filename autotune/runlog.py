@@ -1,0 +1,441 @@
+"""Read a training run's per-step log into records: verl's file logger, verl's console, or our metrics.jsonl.
+
+Three formats are read (detected from the content, not the file name):
+
+- ``verl-jsonl``: verl's file logger (``trainer.logger=['console','file']``), one JSON object per step,
+  ``{"step": N, "data": {key: value, ...}}`` (verl 0.9.1 ``verl/utils/tracking.py`` ``FileLogger.log``;
+  orjson writes NaN as ``null``).
+- ``verl-console``: verl's console logger, one line per step, ``step:N - key:value - key:value ...``
+  (``verl/utils/logger/aggregate_logger.py`` ``concat_dict_to_str``; values are ``pprint.pformat`` of
+  numbers, so numpy scalars appear as ``np.float64(1.5)``). Lines may carry a Ray prefix such as
+  ``(TaskRunner pid=12) `` and colour codes; every other line is ignored.
+- ``grpo-tune``: our trainer's ``metrics.jsonl`` (trainer/loop.py: ``step``, ``step_s``, ``phases_s``,
+  ``response_len``, ``response_len_max``, ``tokens``, ...).
+
+verl's timers map to our phases as below (verl 0.9.1 ``ray_trainer.py``: ``marked_timer("gen")`` wraps
+``generate_sequences`` *and* ``sleep_replicas``, so vLLM's sleep is inside ``gen``; offload moves happen
+inside the phase that needs them, so verl has no separate offload timer).
+
+Reads are bounded (regular files only, at most :data:`MAX_LOG_BYTES`). A last line without its newline
+(a run killed mid-write) is skipped with a warning. A log in which no step has a timing key is a
+coded error.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.errors import ConfigError
+
+MAX_LOG_BYTES = 256 * 1024 * 1024
+"""Largest log read (a 10,000-step verl JSONL with ~300 keys per step is ~50 MB)."""
+
+VERL_PHASES: dict[str, str] = {
+    "timing_s/gen": "rollout",  # includes vLLM sleep (verl 0.9.1 ray_trainer.py l.1510-1514)
+    "timing_s/update_weights": "weight_sync",
+    "timing_s/old_log_prob": "old_logprob",
+    "timing_s/ref": "ref_logprob",
+    "timing_s/update_actor": "update",
+}
+"""verl 0.9.1 timer key -> our phase name (costmodel.timing.PHASES)."""
+
+PHASES = ("rollout", "weight_sync", "old_logprob", "ref_logprob", "update")
+
+_LENGTH_KEYS = {
+    "response_length/mean": "response_len_mean", "response_length/max": "response_len_max",
+    "response_length/min": "response_len_min", "prompt_length/mean": "prompt_len_mean",
+    "prompt_length/max": "prompt_len_max", "prompt_length/min": "prompt_len_min",
+}
+
+_CONSOLE_STEP = re.compile(r"(?:^|[\s)\]])step:(\d+)((?: - .*)?)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_WRAPPED = re.compile(r"^[A-Za-z_][\w.]*\((.*)\)$")  # np.float64(1.5), tensor(2.0)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One logged training step. Seconds and GiB as logged; ``None`` where the log has no such key."""
+
+    step: int
+    phases_s: dict[str, float]
+    """Our phase name -> seconds (only the phases the log timed)."""
+    step_s: float | None = None
+    response_len_mean: float | None = None
+    response_len_max: float | None = None
+    response_len_min: float | None = None
+    prompt_len_mean: float | None = None
+    prompt_len_max: float | None = None
+    prompt_len_min: float | None = None
+    max_memory_allocated_gib: float | None = None
+    """verl's ``perf/max_memory_allocated_gb`` (bytes / 1024**3, engine_workers.py l.219): training side only."""
+    max_memory_reserved_gib: float | None = None
+    total_tokens: float | None = None
+    throughput_tok_s_gpu: float | None = None
+    timing_s: dict[str, float] = field(default_factory=dict)
+    """Every raw ``timing_s/*`` key of the step (verl's names)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass
+class RunLog:
+    path: str
+    format: str
+    """``verl-jsonl``, ``verl-console`` or ``grpo-tune``."""
+    records: list[StepRecord]
+    warnings: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Run facts the log states itself (our metrics.jsonl: nothing yet; reserved for model/plan ids)."""
+
+    def steps(self, *, skip_warmup: int = 0) -> list[StepRecord]:
+        """Records after the first ``skip_warmup`` logged steps (warm-up: CUDA graphs, allocator, compile)."""
+        return self.records[skip_warmup:]
+
+
+def _resolve(path: Path) -> Path:
+    """A run folder stands for its metrics.jsonl."""
+    return path / "metrics.jsonl" if path.is_dir() and (path / "metrics.jsonl").is_file() else path
+
+
+def _read_bounded(path: Path, max_bytes: int) -> tuple[str, bool]:
+    """The file's text and whether it ends with a newline; only regular files, at most ``max_bytes``."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ConfigError(f"no log file at {path}", hint="pass verl's console log, its file-logger JSONL, "
+                          "or our metrics.jsonl") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{path}: not a regular file", hint="pass a log file (a folder only if it holds metrics.jsonl)")
+    if st.st_size > max_bytes:
+        raise ConfigError(f"{path}: {st.st_size:,} bytes is larger than the {max_bytes:,}-byte limit for a log",
+                          hint="cut the log to the steps you want (e.g. `tail -n 500`)")
+    with open(path, "rb") as fh:
+        raw = fh.read(max_bytes + 1)
+    text = raw.decode("utf-8", errors="replace")
+    return text, text.endswith("\n")
+
+
+def _num(v: Any) -> float | None:
+    """A logged value as a finite float, or None (null, NaN, a string, a list)."""
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        f = float(v)
+        return f if math.isfinite(f) else None
+    if isinstance(v, str):
+        s = v.strip()
+        m = _WRAPPED.match(s)
+        if m:
+            s = m.group(1).split(",")[0].strip()
+        try:
+            f = float(s)
+        except ValueError:
+            return None
+        return f if math.isfinite(f) else None
+    return None
+
+
+def _verl_record(step: int, data: dict[str, Any]) -> StepRecord | None:
+    timing = {k: f for k, v in data.items() if isinstance(k, str) and k.startswith("timing_s/")
+              and (f := _num(v)) is not None}
+    phases = {VERL_PHASES[k]: v for k, v in timing.items() if k in VERL_PHASES}
+    if not phases:
+        return None  # a validation-only step (val-core/*) or a step without timers
+    lens = {ours: _num(data.get(k)) for k, ours in _LENGTH_KEYS.items()}
+    step_s = timing.get("timing_s/step")
+    if step_s is None:
+        step_s = _num(data.get("perf/time_per_step"))
+    return StepRecord(step=step, phases_s=phases, step_s=step_s, **lens,
+                      max_memory_allocated_gib=_num(data.get("perf/max_memory_allocated_gb")),
+                      max_memory_reserved_gib=_num(data.get("perf/max_memory_reserved_gb")),
+                      total_tokens=_num(data.get("perf/total_num_tokens")),
+                      throughput_tok_s_gpu=_num(data.get("perf/throughput")), timing_s=timing)
+
+
+def _ours_record(obj: dict[str, Any]) -> StepRecord | None:
+    ph = obj.get("phases_s")
+    if not isinstance(ph, dict):
+        return None
+    phases = {k: f for k, v in ph.items() if k in PHASES and (f := _num(v)) is not None}
+    if not phases:
+        return None
+    step = obj.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        return None
+    timing = {f"phases_s/{k}": v for k, v in phases.items()}
+    if (off := _num(obj.get("offload_s"))) is not None:
+        timing["phases_s/offload"] = off
+    return StepRecord(step=step, phases_s=phases, step_s=_num(obj.get("step_s")),
+                      response_len_mean=_num(obj.get("response_len")),
+                      response_len_max=_num(obj.get("response_len_max")),
+                      total_tokens=_num(obj.get("tokens")), throughput_tok_s_gpu=_num(obj.get("tokens_per_s_per_gpu")),
+                      timing_s=timing)
+
+
+def _detect(lines: list[str]) -> str:
+    for line in lines[:200]:
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith("{"):
+            try:
+                obj = json.loads(s)
+            except ValueError:
+                continue
+            if isinstance(obj, dict) and isinstance(obj.get("data"), dict) and "step" in obj:
+                return "verl-jsonl"
+            if isinstance(obj, dict) and "phases_s" in obj:
+                return "grpo-tune"
+    for line in lines:
+        if _CONSOLE_STEP.search(_ANSI.sub("", line)):
+            return "verl-console"
+    return "unknown"
+
+
+def _parse_console_line(line: str) -> tuple[int, dict[str, Any]] | None:
+    m = _CONSOLE_STEP.search(_ANSI.sub("", line).rstrip())
+    if not m:
+        return None
+    data: dict[str, Any] = {}
+    for part in m.group(2).split(" - ")[1:]:
+        key, sep, val = part.partition(":")
+        if sep:
+            data[key.strip()] = val.strip()
+    return int(m.group(1)), data
+
+
+def read_log(path: str | os.PathLike, *, max_bytes: int = MAX_LOG_BYTES) -> RunLog:
+    """Parse one log file into per-step records, oldest first (a re-logged step keeps its last record)."""
+    p = _resolve(Path(path))
+    text, ends_nl = _read_bounded(p, max_bytes)
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    warnings: list[str] = []
+    if lines and not ends_nl:
+        warnings.append(f"{p}: the last line ({len(lines[-1])} characters) has no newline (a run killed while "
+                        "writing?); skipped")
+        lines.pop()
+    fmt = _detect(lines)
+    by_step: dict[int, StepRecord] = {}
+    if fmt in ("verl-jsonl", "grpo-tune"):
+        bad = 0
+        for i, line in enumerate(lines, 1):
+            s = line.strip()
+            if not s:
+                continue
+            try:
+                obj = json.loads(s)
+            except ValueError:
+                bad += 1
+                if bad <= 3:
+                    warnings.append(f"{p}:{i}: not a JSON object; skipped")
+                continue
+            if not isinstance(obj, dict):
+                continue
+            if fmt == "verl-jsonl":
+                step, data = obj.get("step"), obj.get("data")
+                if not isinstance(step, int) or isinstance(step, bool) or not isinstance(data, dict):
+                    continue
+                rec = _verl_record(step, data)
+            else:
+                rec = _ours_record(obj)
+            if rec is not None:
+                by_step[rec.step] = rec
+        if bad > 3:
+            warnings.append(f"{p}: {bad} lines in all were not JSON")
+    elif fmt == "verl-console":
+        for line in lines:
+            got = _parse_console_line(line)
+            if got is not None and (rec := _verl_record(*got)) is not None:
+                by_step[rec.step] = rec
+    else:
+        raise ConfigError(f"{p}: not a training log grpo-tune reads (no `step:N - key:value` line, no "
+                          "`{\"step\": N, \"data\": {...}}` object, no metrics.jsonl record)",
+                          hint="pass verl's console output, its file logger's JSONL (trainer.logger=['console','file']), "
+                          "or the metrics.jsonl of `grpo-tune train`")
+    if not by_step:
+        raise ConfigError(f"{p}: no step in this {fmt} log has a timing key ("
+                          + ", ".join(VERL_PHASES if fmt != "grpo-tune" else ("phases_s",)) + ")",
+                          hint="verl logs timing_s/* on every training step; was the run stopped before its first step?")
+    records = [by_step[k] for k in sorted(by_step)]
+    return RunLog(path=str(p), format=fmt, records=records, warnings=warnings)
+
+
+def summary(log: RunLog, *, skip_warmup: int = 0) -> dict[str, Any]:
+    """Medians over the kept steps: phases, step, lengths, peak memory (what calibrate fits to)."""
+    import statistics
+
+    recs = log.steps(skip_warmup=skip_warmup) or log.records
+
+    def med(vals: list[float | None]) -> float | None:
+        v = [x for x in vals if x is not None]
+        return float(statistics.median(v)) if v else None
+
+    phases = {ph: m for ph in PHASES if (m := med([r.phases_s.get(ph) for r in recs])) is not None}
+    out: dict[str, Any] = {"steps": [r.step for r in recs], "phases_s": phases,
+                           "step_s": med([r.step_s for r in recs])}
+    for k in ("response_len_mean", "prompt_len_mean", "total_tokens", "throughput_tok_s_gpu"):
+        out[k] = med([getattr(r, k) for r in recs])
+    for k in ("response_len_max", "prompt_len_max", "max_memory_allocated_gib", "max_memory_reserved_gib"):
+        vals = [getattr(r, k) for r in recs if getattr(r, k) is not None]
+        out[k] = max(vals) if vals else None
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibrating the time model from logs (grpo-tune calibrate --from-log)
+# ---------------------------------------------------------------------------------------------
+
+GiB = 1024**3
+ANOTHER_MODEL_RATIO = 10.0
+"""A log whose training phases take over 10x more or less than the launch's model predicts is taken for a log
+of another model (the uncalibrated model is within a few x of real runs; 7B vs 0.5B is ~9-15x)."""
+ANOTHER_MODEL_MEMORY_RATIO = 3.0
+"""Nor can a log whose peak allocated memory is over 3x above or below the predicted training peak (the memory
+model is within 1% of autograd on CPU; allocator and framework extras stay well under 3x)."""
+
+
+@dataclass
+class LogPoint:
+    """One log matched with the launch that produced it."""
+
+    log: RunLog
+    plan: Any
+    """autotune.tune.LaunchPlan, with the logged mean lengths in its workload."""
+    point: Any
+    """autotune.calibrate.Point."""
+    summary: dict[str, Any]
+    kept_steps: int
+
+
+def predict_folded(params: dict[str, float], pt) -> tuple[float, dict[str, float]]:
+    """The cost model's step and phases as verl times them: verl has no offload timer (its offloads run inside
+    old_log_prob, update_actor and update_weights), so the predicted offload seconds are added to ``update``."""
+    from autotune.calibrate import predict_estimate
+
+    step, phases = predict_estimate(params, pt)
+    off = phases.pop("offload", 0.0)
+    if off:
+        phases["update"] = phases.get("update", 0.0) + off
+    return step, phases
+
+
+def log_point(log: RunLog, launch: str | os.PathLike, *, model: str | None = None, hardware: str | None = None,
+              skip_warmup: int = 1, label: str = "") -> LogPoint:
+    """Match a log with its launch: the launch gives the plan, the log the lengths and the measured seconds."""
+    from autotune.calibrate import Point
+    from autotune.tune import plan_of
+
+    recs = log.records
+    kept = recs[skip_warmup:] if len(recs) > skip_warmup else recs
+    if len(kept) < len(recs) - skip_warmup or len(recs) <= skip_warmup:
+        log.warnings.append(f"{log.path}: only {len(recs)} step(s) logged; warm-up steps kept")
+    sub = RunLog(path=log.path, format=log.format, records=kept)
+    s = summary(sub)
+    rmean = s.get("response_len_mean")
+    pmean = s.get("prompt_len_mean")
+    plan = plan_of(launch, model=model, hardware=hardware)
+    wl = plan.workload
+    rmax = s.get("response_len_max")
+    if rmax is not None and rmax > wl.response_len * 1.001 + 1:
+        raise ConfigError(f"{log.path}: responses of up to {rmax:.0f} tokens, but the launch {launch} allows "
+                          f"{wl.response_len} (data.max_response_length): this log is not a run of that launch",
+                          hint="pass the launch each log ran (--launch once per --from-log, in the same order)")
+    lens = {}
+    if rmean:
+        lens["response_len_mean"] = max(1, min(wl.response_len, round(rmean)))
+    if pmean:
+        lens["prompt_len_mean"] = max(1, min(wl.prompt_len, round(pmean)))
+    if lens:
+        import dataclasses
+
+        plan = dataclasses.replace(plan, workload=wl.replace(**lens))
+    phases = dict(s["phases_s"])
+    step = s.get("step_s")
+    if step is None:
+        step = sum(phases.values())
+    pt = Point(model=plan.model, hardware=plan.hardware, cluster=plan.cluster, strategy=plan.strategy,
+               workload=plan.workload, measured_step_s=float(step), measured_phases_s=phases,
+               label=label or Path(log.path).name)
+    return LogPoint(log=log, plan=plan, point=pt, summary=s, kept_steps=len(kept))
+
+
+def check_same_model(lp: LogPoint, params: dict[str, float] | None = None) -> None:
+    """A log that cannot come from the launch's model (training phases 10x, or peak memory 3x, off the
+    prediction) is an error."""
+    from autotune.calibrate import defaults
+
+    mem = memory_check(lp)
+    if mem and mem["logged_gib"] > 0 and mem["predicted_gib"] > 0:
+        r = mem["logged_gib"] / mem["predicted_gib"]
+        if not (1 / ANOTHER_MODEL_MEMORY_RATIO <= r <= ANOTHER_MODEL_MEMORY_RATIO):
+            raise ConfigError(f"{lp.log.path}: it allocated at most {mem['logged_gib']:.1f} GiB per GPU, {r:.2g}x the "
+                              f"{mem['predicted_gib']:.1f} GiB that {lp.plan.model.name} with this plan needs for "
+                              "training: this log looks like a run of another model or another plan",
+                              hint="pass the launch (and --model) the logged run used")
+    _, pred = predict_folded(params or defaults(), lp.point)
+    meas = lp.point.measured_phases_s
+    keys = [k for k in ("old_logprob", "ref_logprob", "update") if meas.get(k) and pred.get(k)]
+    if not keys:
+        return
+    ratio = sum(meas[k] for k in keys) / sum(pred[k] for k in keys)
+    if not (1 / ANOTHER_MODEL_RATIO <= ratio <= ANOTHER_MODEL_RATIO):
+        raise ConfigError(f"{lp.log.path}: its training phases ({', '.join(keys)}) took {ratio:.3g}x what "
+                          f"{lp.plan.model.name} on {lp.plan.cluster.gpus} x {lp.plan.hardware.name} predicts: "
+                          "this log looks like a run of another model or other hardware",
+                          hint="pass the launch (and --model/--hardware) the logged run used")
+
+
+def memory_check(lp: LogPoint) -> dict[str, Any] | None:
+    """Logged peak allocated memory (training side) against the predicted peak of the training phases."""
+    from costmodel.estimate import estimate
+
+    logged = lp.summary.get("max_memory_allocated_gib")
+    if logged is None:
+        return None
+    p = lp.plan
+    est = estimate(model=p.model, hardware=p.hardware, cluster=p.cluster, strategy=p.strategy, workload=p.workload)
+    # verl's perf/max_memory_allocated_gb is torch's allocator peak in the trainer process (engine_workers.py
+    # l.219); vLLM's KV cache is allocated by the rollout server, so compare the training phases only.
+    train = {k: v.total_bytes for k, v in est.memory.items() if k != "rollout"}
+    if not train:
+        return None
+    phase = max(train, key=train.get)
+    pred_gib = train[phase] / GiB
+    return {"log": lp.log.path, "logged_gib": round(logged, 2), "predicted_gib": round(pred_gib, 2),
+            "phase": phase, "optimistic": logged > pred_gib * 1.05,
+            "error_pct": round(100.0 * (pred_gib - logged) / logged, 1) if logged else None}
+
+
+def calibrate_logs(points: list[LogPoint], *, names: list[str] | None = None):
+    """Fit the calibration to every log jointly (autotune.calibrate.fit, with offload folded as verl times it)."""
+    from autotune.calibrate import defaults, fit
+    from costmodel.timing import CALIBRATION_BOUNDS
+
+    pts = [lp.point for lp in points]
+    if len(pts) == 1:
+        # fit() wants two points; one log's phases still pin the per-phase knobs, so count it twice
+        pts = pts * 2
+    return fit(pts, base=defaults(), predict=predict_folded, names=names, bounds=dict(CALIBRATION_BOUNDS))
+
+
+def phase_mape(points: list[LogPoint], params: dict[str, float]) -> dict[str, float]:
+    """Per-phase mean absolute percentage error of the prediction with ``params`` over the logs."""
+    errs: dict[str, list[float]] = {}
+    for lp in points:
+        step, pred = predict_folded(params, lp.point)
+        for k, m in lp.point.measured_phases_s.items():
+            if m > 0 and k in pred:
+                errs.setdefault(k, []).append(abs(pred[k] - m) / m)
+        errs.setdefault("step", []).append(abs(step - lp.point.measured_step_s) / lp.point.measured_step_s)
+    return {k: round(100.0 * sum(v) / len(v), 2) for k, v in errs.items()}

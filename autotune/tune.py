@@ -1,0 +1,514 @@
+"""Start from the user's verl launch: read its plan, price it, search with the same workload, and hand back
+only the overrides that change (``grpo-tune tune``); also the launch -> plan reader that ``calibrate`` uses.
+
+The launch is read with diagnose's parsers (a bash script or a Hydra override list). Every value not set in
+the launch is verl 0.9.1's default (autotune/data/verl-0.9.1-keys.json). The table :data:`TABLE` below says
+which verl keys carry which strategy field, in both directions: :func:`strategy_from` reads a plan from
+overrides and :func:`overrides_for` writes a plan back. The tuned plan is re-read from the edited overrides
+and priced again, so the plan we print is the plan the edited script runs.
+"""
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune import diagnose as D
+from autotune import verl
+from core.errors import ConfigError, GrpoTuneError, UnknownModelError
+from core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
+from core.strategy import Cluster, Strategy, Workload
+
+ARO = "actor_rollout_ref"
+ACTOR = f"{ARO}.actor"
+REF = f"{ARO}.ref"
+ROLLOUT = f"{ARO}.rollout"
+OTC = f"{ACTOR}.megatron.override_transformer_config"
+OOC = f"{ACTOR}.optim.override_optimizer_config"
+DEGREE_KEYS = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
+               "vpp": "virtual_pipeline_model_parallel_size", "cp": "context_parallel_size",
+               "ep": "expert_model_parallel_size", "etp": "expert_tensor_parallel_size"}
+
+# Strategy fields the search may change and tune writes back; the rest of the plan (dynamic-batching caps,
+# the CPU optimizer, vLLM engine knobs) is the user's and stays pinned to the launch's values.
+SEARCHED = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "offload", "distributed_optimizer",
+            "rollout_tp", "gpu_memory_utilization", "first_stage_layers", "last_stage_layers")
+USER_FIELDS = ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu", "cpu_optimizer", "overlap_cpu_optimizer",
+               "precision_aware_optimizer", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
+               "chunked_prefill", "free_cache_engine", "sequence_parallel")
+MIN_GAIN = 0.01
+"""A plan must be this much faster (fraction of step time) to be proposed: below it the cost model cannot
+tell the plans apart (`grpo-tune validate`: a few %), and proposing it would break the fixed point."""
+
+
+Get = Callable[[str], Any]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# ---------------------------------------------------------------------------------------------
+# The two-way table: verl keys <-> Strategy
+# ---------------------------------------------------------------------------------------------
+
+def strategy_from(get: Get, model: ModelSpec) -> Strategy:
+    """The plan a launch runs (``get(key)`` returns the launch's value or verl's default)."""
+    deg = {}
+    for d, k in DEGREE_KEYS.items():
+        v = get(f"{ACTOR}.megatron.{k}")
+        deg[d] = v if _is_int(v) and v > 0 else None
+    gran = get(f"{OTC}.recompute_granularity")
+    recompute = gran if gran in ("selective", "full") else "none"
+    method, nlayers = get(f"{OTC}.recompute_method"), get(f"{OTC}.recompute_num_layers")
+    rlayers = nlayers if recompute == "full" and method == "block" and _is_int(nlayers) and nlayers > 0 else None
+    offload: list[str] = []
+    if get(f"{ACTOR}.megatron.param_offload") is True:
+        offload += ["param", "grad"]  # verl 0.9.1: param_offload also frees the grad buffers
+    if get(f"{ACTOR}.megatron.optimizer_offload") is True:
+        offload.append("optimizer")
+    dyn = get(f"{ACTOR}.use_dynamic_bsz") is True
+    mbs = get(f"{ACTOR}.ppo_micro_batch_size_per_gpu")
+    first, last = get(f"{OTC}.num_layers_in_first_pipeline_stage"), get(f"{OTC}.num_layers_in_last_pipeline_stage")
+    cap, lp_cap = get(f"{ACTOR}.ppo_max_token_len_per_gpu"), get(f"{ROLLOUT}.log_prob_max_token_len_per_gpu")
+    cpu_opt = get(f"{OOC}.optimizer_cpu_offload") is True
+    frac = get(f"{OOC}.optimizer_offload_fraction")
+    sp = get(f"{ACTOR}.megatron.sequence_parallel")
+    gmu = get(f"{ROLLOUT}.gpu_memory_utilization")
+    rtp = get(f"{ROLLOUT}.tensor_model_parallel_size")
+    d = {"tp": deg["tp"] or 1, "pp": deg["pp"] or 1, "vpp": deg["vpp"] or 1, "cp": deg["cp"] or 1, "ep": deg["ep"] or 1,
+             "etp": deg["etp"] if model.is_moe else None,
+             "mbs": mbs if _is_int(mbs) and mbs > 0 else 1,
+             "sequence_parallel": sp if isinstance(sp, bool) else None, "recompute": recompute, "recompute_layers": rlayers,
+             "distributed_optimizer": get(f"{ACTOR}.megatron.use_distributed_optimizer") is not False,
+             "offload": tuple(offload),
+             "first_stage_layers": first if _is_int(first) and first > 0 else None,
+             "last_stage_layers": last if _is_int(last) and last > 0 else None,
+             "rollout_tp": rtp if _is_int(rtp) and rtp > 0 else 1,
+             "gpu_memory_utilization": float(gmu) if isinstance(gmu, (int, float)) and not isinstance(gmu, bool) else 0.5,
+             "max_tokens_per_gpu": cap if dyn and _is_int(cap) and cap > 0 else None,
+             "log_prob_max_tokens_per_gpu": lp_cap if dyn and _is_int(lp_cap) and lp_cap > 0 else None,
+             "cpu_optimizer": float(frac) if cpu_opt and isinstance(frac, (int, float)) and frac > 0 else None,
+             "overlap_cpu_optimizer": get(f"{OOC}.overlap_cpu_optimizer_d2h_h2d") is True,
+             "precision_aware_optimizer": (get(f"{ACTOR}.optim.use_precision_aware_optimizer") is True
+                                        or get(f"{OOC}.use_precision_aware_optimizer") is True)}
+    for key, fld in (("max_num_seqs", "max_num_seqs"), ("max_num_batched_tokens", "max_num_batched_tokens")):
+        v = get(f"{ROLLOUT}.{key}")
+        if _is_int(v) and v > 0:
+            d[fld] = v
+    for key, fld in (("enforce_eager", "enforce_eager"), ("enable_chunked_prefill", "chunked_prefill"),
+                     ("free_cache_engine", "free_cache_engine")):
+        v = get(f"{ROLLOUT}.{key}")
+        if isinstance(v, bool):
+            d[fld] = v
+    return Strategy.from_dict(d, where="launch plan")
+
+
+def overrides_for(s: Strategy, model: ModelSpec, get: Get, present: set[str]) -> dict[str, Any]:
+    """verl key -> value that makes a launch run ``s`` (only the keys of :data:`SEARCHED` fields).
+
+    ``present`` are the keys the launch sets: the reference's keys are written only where the launch
+    sets them (verl's reference inherits the actor's degrees and param_offload by ``oc.select``).
+    """
+    out: dict[str, Any] = {}
+    roles = [ACTOR] + ([REF] if any(k.startswith(f"{REF}.megatron.") for k in present) else [])
+    for role in roles:
+        for d, k in DEGREE_KEYS.items():
+            key = f"{role}.megatron.{k}"
+            if role == REF and key not in present:
+                continue
+            if d == "vpp":
+                out[key] = s.vpp if s.vpp > 1 else None
+            elif d == "etp":
+                if model.is_moe:
+                    out[key] = s.etp_
+            else:
+                out[key] = getattr(s, d)
+        key = f"{role}.megatron.param_offload"
+        if role == ACTOR or key in present:
+            out[key] = bool({"param", "grad"} & set(s.offload))
+    out[f"{ACTOR}.megatron.optimizer_offload"] = "optimizer" in s.offload
+    out[f"{ACTOR}.megatron.use_distributed_optimizer"] = s.distributed_optimizer
+    if get(f"{ACTOR}.use_dynamic_bsz") is not True:
+        out[f"{ACTOR}.ppo_micro_batch_size_per_gpu"] = s.mbs
+    out[f"{OTC}.recompute_granularity"] = None if s.recompute == "none" else s.recompute
+    if s.recompute == "full":
+        out[f"{OTC}.recompute_method"] = "uniform" if s.recompute_layers is None else "block"
+        out[f"{OTC}.recompute_num_layers"] = 1 if s.recompute_layers is None else s.recompute_layers
+    for fld in ("first_stage_layers", "last_stage_layers"):
+        key = f"{OTC}.num_layers_in_{fld.split('_')[0]}_pipeline_stage"
+        v = getattr(s, fld)
+        if v is not None or get(key) is not None:
+            out[key] = v
+    out[f"{ROLLOUT}.tensor_model_parallel_size"] = s.rollout_tp
+    out[f"{ROLLOUT}.gpu_memory_utilization"] = s.gpu_memory_utilization
+    return out
+
+
+def workload_from(get: Get, *, prompt_len_mean: int | None = None, response_len_mean: int | None = None) -> Workload:
+    def pos(key: str) -> int:
+        v = get(key)
+        if not _is_int(v) or v < 1:
+            raise ConfigError(f"{key}={v!r}: tune needs a positive integer here",
+                              hint=f"set {key} in the launch (a literal or a variable with a default, ${{VAR:-8}})")
+        return v
+
+    prompts, n = pos("data.train_batch_size"), pos(f"{ROLLOUT}.n")
+    mini = pos(f"{ACTOR}.ppo_mini_batch_size")
+    epochs = get(f"{ACTOR}.ppo_epochs")
+    dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(get(f"{ACTOR}.megatron.dtype"), "bf16")
+    kl = get(f"{ACTOR}.use_kl_loss") is True or get("algorithm.use_kl_in_reward") is True
+    return Workload.from_dict({"prompts": prompts, "n": n, "prompt_len": pos("data.max_prompt_length"),
+                                   "response_len": pos("data.max_response_length"),
+                                   "prompt_len_mean": prompt_len_mean, "response_len_mean": response_len_mean,
+                                   "mini_batch": min(mini, prompts), "ppo_epochs": epochs if _is_int(epochs) and epochs > 0 else 1,
+                                   "kl": kl, "dtype": dtype}, where="launch workload")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a launch
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Launch:
+    path: Path
+    text: str
+    kind: str
+    """``verl_script`` or ``overrides``."""
+    overrides: list[D.Override]
+    values: dict[str, D.Override] = field(default_factory=dict)
+
+    def get(self, key: str) -> Any:
+        ov = self.values.get(key)
+        if ov is not None:
+            return ov.value
+        # the reference inherits the actor's degrees and param_offload (verl 0.9.1 ref/ref.yaml oc.select)
+        if key.startswith(f"{REF}.megatron.") and key.rsplit(".", 1)[-1] in (*DEGREE_KEYS.values(), "param_offload"):
+            return self.get(f"{ACTOR}.megatron." + key.rsplit(".", 1)[-1])
+        return verl.default(key)
+
+
+def read_launch(path: str | Path) -> Launch:
+    """Parse a verl launch script or override list; a launch we cannot read is a coded error."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"no launch file at {p}", hint="pass a verl launch script (bash) or a file of Hydra overrides")
+    if p.stat().st_size > 4 * 1024 * 1024:
+        raise ConfigError(f"{p}: larger than 4 MiB; not a launch script")
+    try:
+        text = p.read_text()
+    except (UnicodeDecodeError, OSError) as exc:
+        raise ConfigError(f"{p}: not a readable text file ({exc})") from None
+    if re.search(r"main_ppo|verl-train|^#!", text, re.MULTILINE):
+        ovs, findings, facts = D.parse_script(text)
+        kind = "verl_script"
+        if not facts.get("commands"):
+            raise ConfigError(f"{p}: no `python3 -m verl.trainer.main_ppo` command in this script",
+                              hint="tune reads the overrides passed to verl's main_ppo")
+    else:
+        ovs, findings = D.parse_override_list(text)
+        kind = "overrides"
+    errors = [f for f in findings if f.severity == "error" and f.code == "BAD_CONFIG"]
+    if errors:
+        raise ConfigError(f"{p}: {errors[0].message}", hint=errors[0].hint or "fix the launch; `grpo-tune diagnose` lists every problem")
+    if not ovs:
+        raise ConfigError(f"{p}: no key=value overrides found",
+                          hint="pass a verl launch script or a file with one Hydra override per line")
+    unresolved = [o for o in ovs if o.unresolved and not o.key.startswith(("data.train_files", "data.val_files"))
+                  and o.key != f"{ARO}.model.path"]
+    launch = Launch(path=p, text=text, kind=kind, overrides=ovs, values={o.key: o for o in ovs})
+    for o in unresolved:
+        if o.key in _planned_keys(launch):
+            raise ConfigError(f"{p}:{o.line}: {o.key}={o.raw} comes from a variable the script does not set",
+                              hint="give the variable a default (${VAR:-2}) so that the plan is known")
+    return launch
+
+
+def _planned_keys(launch: Launch) -> set[str]:
+    keys = {f"{r}.megatron.{k}" for r in (ACTOR, REF) for k in (*DEGREE_KEYS.values(), "param_offload")}
+    keys |= {"data.train_batch_size", "data.max_prompt_length", "data.max_response_length", f"{ROLLOUT}.n",
+             f"{ACTOR}.ppo_mini_batch_size", f"{ACTOR}.ppo_micro_batch_size_per_gpu",
+             f"{ROLLOUT}.tensor_model_parallel_size", f"{ROLLOUT}.gpu_memory_utilization",
+             "trainer.n_gpus_per_node", "trainer.nnodes"}
+    return keys
+
+
+def resolve_launch_model(launch: Launch, model: str | None) -> tuple[ModelSpec, str]:
+    if model:
+        return load_model(model), f"--model {model}"
+    mp = launch.get(f"{ARO}.model.path")
+    spec, note = D.resolve_model(mp)
+    if spec is None and isinstance(mp, str):
+        try:  # HF ids and local folders as load_model reads them
+            spec, note = load_model(mp), f"{mp} -> preset"
+        except GrpoTuneError:
+            spec = None
+    if spec is None:
+        raise UnknownModelError(f"{launch.path}: {note}",
+                                hint="pass --model PRESET (see `grpo-tune models`), a HF id, or a folder with config.json")
+    return spec, note
+
+
+@dataclass
+class LaunchPlan:
+    launch: Launch | None
+    """None for a run config (best.yaml), which has no verl overrides to edit."""
+    model: ModelSpec
+    model_note: str
+    hardware: HardwareSpec
+    cluster: Cluster
+    strategy: Strategy
+    workload: Workload
+
+
+def plan_of(path: str | Path, *, model: str | None = None, hardware: str | None = None,
+            prompt_len_mean: int | None = None, response_len_mean: int | None = None) -> LaunchPlan:
+    """Model, hardware, GPUs, workload and plan of a launch (or of a grpo-tune run config, best.yaml)."""
+    if Path(path).suffix in (".yaml", ".yml") and Path(path).is_file():
+        return _plan_of_run_config(Path(path), hardware=hardware, prompt_len_mean=prompt_len_mean,
+                                   response_len_mean=response_len_mean)
+    launch = read_launch(path)
+    m, note = resolve_launch_model(launch, model)
+    hw = load_hardware(hardware or "h100")
+    gpn, nn = launch.get("trainer.n_gpus_per_node"), launch.get("trainer.nnodes")
+    if not (_is_int(gpn) and gpn > 0 and _is_int(nn) and nn > 0):
+        raise ConfigError(f"{launch.path}: trainer.n_gpus_per_node={gpn!r} x trainer.nnodes={nn!r} is not a GPU count",
+                          hint="set both to positive integers")
+    cluster = Cluster(gpus=gpn * nn, gpus_per_node=gpn)
+    wl = workload_from(launch.get, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean)
+    s = strategy_from(launch.get, m)
+    from core.strategy import validate
+
+    s = validate(m, s, cluster.gpus, gpus_per_node=gpn, allow_cross_node_tp=True)
+    return LaunchPlan(launch=launch, model=m, model_note=note, hardware=hw, cluster=cluster, strategy=s, workload=wl)
+
+
+def _plan_of_run_config(p: Path, *, hardware: str | None, prompt_len_mean: int | None,
+                        response_len_mean: int | None) -> LaunchPlan:
+    from core.config import load as load_run_config
+
+    cfg = load_run_config(p)
+    wl = cfg.workload
+    lens = {k: v for k, v in (("prompt_len_mean", prompt_len_mean), ("response_len_mean", response_len_mean)) if v}
+    hw = load_hardware(hardware) if hardware else cfg.hardware
+    return LaunchPlan(launch=None, model=cfg.model, model_note=f"run config {p}", hardware=hw, cluster=cfg.cluster,
+                      strategy=cfg.strategy, workload=wl.replace(**lens) if lens else wl)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tuning
+# ---------------------------------------------------------------------------------------------
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    return str(v)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+        return math.isclose(float(a), float(b), rel_tol=1e-9)
+    return a == b
+
+
+@dataclass
+class TuneResult:
+    plan: LaunchPlan
+    current: Any
+    """Estimate of the launch as it is."""
+    best: Any
+    """Estimate of the tuned launch (re-read from the edited overrides): ``current`` when nothing changes."""
+    changes: dict[str, tuple[Any, Any]]
+    """verl key -> (old value, new value) for the overrides that change."""
+    ranked: list[Any]
+    nearest_fit: list[Any]
+    search_stats: dict[str, Any]
+    pins: dict[str, Any]
+
+    def gain(self) -> float | None:
+        from autotune.search import step_s
+
+        a, b = step_s(self.current), step_s(self.best)
+        return a / b if math.isfinite(a) and b > 0 and math.isfinite(b) else None
+
+
+def _fits(est) -> bool:
+    return not any(v.code == "OOM_RISK" for v in est.violations)
+
+
+def tune(plan: LaunchPlan, *, keep: list[str] = (), calibration: dict[str, float] | None = None,
+         min_headroom: float = 0.05, top: int = 10) -> TuneResult:
+    from autotune.search import rank_key, search, step_s
+    from core.errors import NoFeasiblePlanError
+    from costmodel.estimate import estimate
+
+    def price(s: Strategy):
+        return estimate(model=plan.model, hardware=plan.hardware, cluster=plan.cluster, strategy=s,
+                        workload=plan.workload, calibration=calibration)
+
+    cur = price(plan.strategy)
+    bad = [k for k in keep if k not in SEARCHED]
+    if bad:
+        raise ConfigError(f"--keep {bad[0]}: not a strategy field tune changes", hint=f"choose from {', '.join(SEARCHED)}")
+    s0 = plan.strategy
+    pins = {k: getattr(s0, k) for k in keep}
+    if "offload" in pins:
+        pins["offload"] = tuple(pins["offload"])
+    if "etp" in pins and not plan.model.is_moe:
+        pins.pop("etp")
+    user = {k: getattr(s0, k) for k in USER_FIELDS}
+    try:
+        res = search(plan.model, plan.hardware, plan.cluster, plan.workload, pins=pins, top=max(top, 40),
+                     calibration=calibration, allow_cross_node_tp=True, min_headroom=min_headroom)
+        ranked = res.ranked
+        stats = res.stats()
+    except NoFeasiblePlanError:
+        ranked, stats = [], {}
+    # The search prices the engine knobs at their defaults; re-price its plans with the user's own
+    # (dynamic-batching caps, CPU optimizer, vLLM engine) so that current and best compare like for like.
+    launch = plan.launch
+    present = set(launch.values)
+    candidates = []
+    for est in ranked:
+        new = overrides_for(est.strategy.replace(**user), plan.model, launch.get, present)
+        edited = _Edited(launch, new)
+        try:
+            s_new = strategy_from(edited.get, plan.model)
+            e = price(s_new)
+        except GrpoTuneError:
+            continue
+        if _fits(e) and _headroom_ok(e, min_headroom):
+            candidates.append((e, new))
+    candidates.sort(key=lambda t: rank_key(t[0]))
+    best, changes = cur, {}
+    if candidates:
+        e, new = candidates[0]
+        better = step_s(e) < step_s(cur) * (1 - MIN_GAIN)
+        if better or not _fits(cur):
+            changes = {k: (launch.get(k), v) for k, v in new.items() if not _same(launch.get(k), v)}
+            best = e if changes else cur
+    nearest = []
+    if not _fits(cur):
+        # plans that fit, nearest to the current one: fewest changed overrides, then fastest
+        cur_ov = overrides_for(plan.strategy, plan.model, launch.get, present)
+        scored = [(sum(1 for k, v in new.items() if not _same(cur_ov.get(k), v)), step_s(e), e) for e, new in candidates]
+        seen: set[str] = set()
+        for _, _, e in sorted(scored, key=lambda t: (t[0], t[1])):
+            key = repr(sorted(e.strategy.to_dict().items()))
+            if key not in seen and len(nearest) < 3:
+                seen.add(key)
+                nearest.append(e)
+    return TuneResult(plan=plan, current=cur, best=best, changes=changes, ranked=[e for e, _ in candidates[:top]],
+                      nearest_fit=nearest, search_stats=stats, pins=pins)
+
+
+def _headroom_ok(est, min_headroom: float) -> bool:
+    cap = est.capacity_bytes
+    return est.peak_bytes <= cap - min_headroom * est.hardware.hbm_bytes
+
+
+class _Edited:
+    """The launch's values with ``new`` applied (what the edited script passes to verl)."""
+
+    def __init__(self, launch: Launch, new: dict[str, Any]):
+        self.launch, self.new = launch, new
+
+    def get(self, key: str) -> Any:
+        if key in self.new:
+            return self.new[key]
+        if key.startswith(f"{REF}.megatron.") and key.rsplit(".", 1)[-1] in (*DEGREE_KEYS.values(), "param_offload") \
+                and key not in self.launch.values:
+            return self.get(f"{ACTOR}.megatron." + key.rsplit(".", 1)[-1])
+        return self.launch.get(key)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing tuned.sh
+# ---------------------------------------------------------------------------------------------
+
+def _word_span(line: str, start: int) -> tuple[int, int]:
+    """The shell word of ``line`` that contains position ``start`` (quotes respected)."""
+    i = start
+    # walk back to the word's start (a quote that opens it belongs to it)
+    while i > 0 and not line[i - 1].isspace():
+        i -= 1
+    j, quote = i, None
+    while j < len(line):
+        ch = line[j]
+        if quote:
+            if ch == quote:
+                quote = None
+            elif ch == "\\" and quote == '"':
+                j += 1
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "\\" and j + 1 < len(line) and not line[j + 1].isspace():
+            j += 1
+        elif ch.isspace():
+            break
+        j += 1
+    return i, j
+
+
+def _token(prefix: str, key: str, value: Any) -> str:
+    return shlex.quote(f"{prefix}{key}={_fmt(value)}")
+
+
+def tuned_text(launch: Launch, changes: dict[str, tuple[Any, Any]]) -> str:
+    """The launch with each changed override rewritten in place; keys it did not set are added after its
+    last override. Everything else (paths, env, comments, unrelated keys) is left byte for byte."""
+    lines = launch.text.split("\n")
+    missing: list[str] = []
+    for key, (_old, new) in changes.items():
+        ov = launch.values.get(key)
+        if ov is None or ov.line is None:
+            plus = "+" if verl.key_status(key) != "declared" else ""
+            missing.append(_token(plus, key, new))
+            continue
+        idx = ov.line - 1
+        pat = re.compile(r"(?<![\w.+])\+{0,2}" + re.escape(key) + r"=")
+        m = None
+        for j in range(idx, min(idx + 3, len(lines))):
+            m = pat.search(lines[j])
+            if m:
+                idx = j
+                break
+        if m is None:
+            missing.append(_token("", key, new))
+            continue
+        a, b = _word_span(lines[idx], m.start())
+        lines[idx] = lines[idx][:a] + _token(ov.prefix or "", key, new) + lines[idx][b:]
+    if missing:
+        last = max((o.line for o in launch.overrides if o.line), default=None)
+        if launch.kind == "verl_script" and last is not None:
+            src = lines[last - 1]
+            indent = re.match(r"\s*", src).group(0)
+            if last >= 2 and lines[last - 2].rstrip().endswith("\\"):
+                # new lines go just above the last override line, which stays as the user wrote it
+                lines[last - 1:last - 1] = [f"{indent}{t} \\" for t in missing]
+            else:
+                lines[last - 1] = src.rstrip() + " \\"
+                lines[last:last] = [f"{indent}{t} \\" for t in missing[:-1]] + [f"{indent}{missing[-1]}"]
+        else:
+            tail = "" if launch.text.endswith("\n") else "\n"
+            return launch.text + tail + "\n".join(missing) + "\n"
+    return "\n".join(lines)
+
+
+def parse_value_str(raw: str):
+    """An override value as Hydra reads it (the inverse of how tuned.sh writes it)."""
+    return D.parse_value(raw)
+
+
+def diff_lines(changes: dict[str, tuple[Any, Any]]) -> list[str]:
+    out = []
+    for key, (old, new) in changes.items():
+        out.append(f"- {key}={_fmt(old)}")
+        out.append(f"+ {key}={_fmt(new)}")
+    return out

@@ -1,0 +1,208 @@
+"""The degree and batch rules, written once: each returns findings instead of raising.
+
+Callers decide what a finding means: :func:`core.strategy.validate` raises the first error as
+:class:`~core.errors.InvalidDegreesError`, the trainer's preflight raises the first batch error,
+search drops a candidate with any error, and diagnose reports them all.
+
+Sources: Megatron-LM's ``initialize_model_parallel`` (world size = tp*pp*cp*dp; MoE parallel
+folding, ep*etp dividing tp*cp*dp, arXiv 2504.14960), megatron-core's interleaved schedule
+(micro-batches a multiple of pp), verl 0.9.1's batch normalisation (mini-batch sequences split
+over DP, then over micro-batches; /work/scratch/research/verl_091_facts.md is where it was read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from .errors import GrpoTuneError
+
+if TYPE_CHECKING:  # annotations only: core/strategy.py imports this module
+    from .specs import ModelSpec
+    from .strategy import Strategy, Workload
+
+
+class Severity(str, Enum):
+    """How bad a finding is, most severe first."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One broken rule: a stable code (core/errors.py CODES), what is wrong and what to do."""
+
+    code: str
+    message: str
+    hint: str = ""
+    severity: Severity = Severity.ERROR
+
+    def to_error(self) -> GrpoTuneError:
+        """The coded error a caller that stops at this finding raises."""
+        return GrpoTuneError(self.message, hint=self.hint, code=self.code)
+
+
+def errors(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity is Severity.ERROR]
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` in increasing order, by trial division up to sqrt(n) (a billion GPUs: 31,623 steps)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+def _err(message: str, hint: str = "", code: str = "INVALID_DEGREES") -> Finding:
+    return Finding(code, message, hint)
+
+
+def check_degrees(model: ModelSpec, s: Strategy, gpus: int, *, gpus_per_node: int | None = None,
+                  allow_cross_node_tp: bool = False) -> list[Finding]:
+    """Every reason the degrees of ``s`` cannot exist for ``model`` on ``gpus`` GPUs, in a fixed order.
+
+    Codes: ``INVALID_DEGREES``, ``EXPERT_IMBALANCE`` (ep does not divide the experts) and
+    ``EXPERT_DEGREES`` (ep*etp does not divide tp*cp*dp). A check that needs an earlier one to
+    hold (dp needs tp*pp*cp to divide the GPUs) is skipped when that one failed.
+    """
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        return [_err(f"GPU count must be a positive integer, got {gpus!r}")]
+    out: list[Finding] = []
+    mp = s.tp * s.pp * s.cp
+    dp: int | None = None
+    if gpus % mp:
+        out.append(_err(f"tp*pp*cp = {s.tp}*{s.pp}*{s.cp} = {mp} does not divide {gpus} GPUs",
+                        "choose degrees whose product divides the GPU count"))
+    else:
+        dp = gpus // mp
+        if s.dp is not None and s.dp != dp:
+            out.append(_err(f"tp*pp*cp*dp = {mp * s.dp} differs from the {gpus} GPUs",
+                            f"with tp={s.tp} pp={s.pp} cp={s.cp}, dp must be {dp}"))
+    if model.heads % s.tp:
+        out.append(_err(f"tp={s.tp} does not divide the {model.heads} attention heads of {model.name}",
+                        f"use a tp among {', '.join(map(str, divisors(model.heads)))}"))
+    kv = model.heads if model.is_mla else model.kv_heads
+    if kv % s.tp:
+        out.append(_err(f"tp={s.tp} does not divide the {kv} key/value heads of {model.name} "
+                        "(Megatron splits query groups evenly)",
+                        f"use a tp among {', '.join(map(str, divisors(kv)))}"))
+    if gpus_per_node and s.tp > gpus_per_node and not allow_cross_node_tp:
+        out.append(_err(f"tp={s.tp} spans nodes of {gpus_per_node} GPUs",
+                        "keep tp <= GPUs per node, or allow it explicitly"))
+    out += _check_stages(model, s)
+    etp = s.etp_
+    if model.is_moe:
+        if model.experts % s.ep:
+            out.append(_err(f"ep={s.ep} does not divide the {model.experts} experts of {model.name}",
+                            f"use an ep among {', '.join(map(str, divisors(model.experts)))}", "EXPERT_IMBALANCE"))
+        if dp is not None and (s.tp * s.cp * dp) % (s.ep * etp):
+            out.append(_err(f"ep*etp = {s.ep}*{etp} does not divide tp*cp*dp = {s.tp * s.cp * dp} "
+                            "(Megatron's MoE parallel folding)", "lower ep or etp", "EXPERT_DEGREES"))
+    elif s.ep > 1 or (s.etp is not None and s.etp != s.tp):
+        out.append(_err(f"{model.name} is dense: ep/etp apply to MoE models only"))
+    if gpus % s.rollout_tp:
+        out.append(_err(f"rollout_tp={s.rollout_tp} does not divide {gpus} GPUs"))
+    if model.heads % s.rollout_tp:
+        out.append(_err(f"rollout_tp={s.rollout_tp} does not divide the {model.heads} attention heads"))
+    if kv % s.rollout_tp and s.rollout_tp % kv:
+        out.append(_err(f"rollout_tp={s.rollout_tp} neither divides nor is a multiple of the {kv} KV heads"))
+    return out
+
+
+def stage_layers(model: ModelSpec, s: Strategy) -> list[int]:
+    """Layers on each pipeline stage (Megatron's uneven first/last stage rule)."""
+    if s.pp == 1:
+        return [model.layers]
+    first, last = s.first_stage_layers, s.last_stage_layers
+    if first is None and last is None:
+        return [model.layers // s.pp] * s.pp
+    middle = s.pp - (first is not None) - (last is not None)
+    rest = model.layers - (first or 0) - (last or 0)
+    per = rest // middle if middle else 0
+    out = [per] * s.pp
+    if first is not None:
+        out[0] = first
+    if last is not None:
+        out[-1] = last
+    return out
+
+
+def _check_stages(model: ModelSpec, s: Strategy) -> list[Finding]:
+    """Pipeline stages: uneven first/last stages, pp dividing the layers, vpp dividing each stage."""
+    out: list[Finding] = []
+    if s.first_stage_layers is not None or s.last_stage_layers is not None:
+        if s.pp == 1:
+            out.append(_err("uneven first/last stage layers need pp > 1"))
+        else:
+            stages = stage_layers(model, s)
+            middle = s.pp - (s.first_stage_layers is not None) - (s.last_stage_layers is not None)
+            rest = model.layers - (s.first_stage_layers or 0) - (s.last_stage_layers or 0)
+            if rest < 0 or (middle and rest % middle) or (not middle and rest) or min(stages) < 1:
+                out.append(_err(f"first/last stage layers ({s.first_stage_layers}/{s.last_stage_layers}) leave "
+                                f"{rest} layers that do not split evenly over {middle} middle stages of "
+                                f"{model.name}'s {model.layers}"))
+    elif model.layers % s.pp:
+        out.append(_err(f"pp={s.pp} does not divide the {model.layers} layers of {model.name}",
+                        "use --first-stage-layers/--last-stage-layers for uneven stages, or another pp"))
+    if s.vpp > 1:
+        if s.pp == 1:
+            out.append(_err("vpp > 1 needs pp > 1"))
+        else:
+            stages = stage_layers(model, s)
+            if any(n % s.vpp for n in stages):
+                out.append(_err(f"vpp={s.vpp} does not divide the layers per stage {stages}"))
+    return out
+
+
+def micro_batches(sequences: int, *, dp: int, mbs: int) -> int:
+    """Micro-batches each DP rank runs for ``sequences`` sequences (at least one; the last may be short)."""
+    return max(1, -(-sequences // (dp * mbs)))
+
+
+def check_batches(w: Workload, *, dp: int, mbs: int | None = None, pp: int = 1, vpp: int = 1) -> list[Finding]:
+    """Every reason the workload's batches do not split over ``dp`` ranks (and ``mbs``-sequence micro-batches).
+
+    GRPO (verl): the mini-batch's ``mini_batch * n`` sequences split over dp ranks (and then into
+    micro-batches of ``mbs``), and so do the step's ``prompts * n``. Pretraining: the global batch.
+    With ``vpp > 1`` megatron-core's interleaved schedule needs the micro-batches per mini-batch
+    to be a multiple of pp. Code: ``BATCH_DIVISIBILITY``.
+    """
+    code = "BATCH_DIVISIBILITY"
+    out: list[Finding] = []
+    if w.kind == "grpo":
+        mini = w.mini_batch * w.n
+        if mbs is not None and mini % (dp * mbs):
+            out.append(Finding(code, f"a mini-batch of {w.mini_batch} prompts x n={w.n} = {mini} sequences "
+                                     f"does not split over dp={dp} x mbs={mbs}",
+                               "choose mini_batch * n divisible by dp * mbs"))
+        elif mbs is None and mini % dp:
+            out.append(Finding(code, f"a mini-batch of {w.mini_batch} prompts x n={w.n} = {mini} sequences "
+                                     f"does not split over dp={dp}", "choose mini_batch * n divisible by dp"))
+        if (w.prompts * w.n) % dp:
+            out.append(Finding(code, f"a step's {w.prompts} prompts x n={w.n} = {w.prompts * w.n} sequences "
+                                     f"do not split over dp={dp}", "choose prompts * n divisible by dp"))
+    else:
+        mini = w.gbs
+        if w.gbs % (dp * (mbs or 1)):
+            out.append(Finding(code, f"the global batch of {w.gbs} sequences does not split over dp={dp}"
+                                     + (f" x mbs={mbs}" if mbs else ""), "choose gbs divisible by dp * mbs"))
+    if vpp > 1 and mbs is not None and not out:
+        # megatron-core's interleaved schedule (schedules.py): micro-batches >= pp, and the remainder
+        # modulo the group size (= pp) must be 0 or >= pp, i.e. 0.
+        k = mini // (dp * mbs)
+        if k < pp or k % pp:
+            out.append(Finding(code, f"vpp={vpp} needs micro-batches per mini-batch ({k}) to be a multiple of pp={pp}",
+                               "raise mini_batch or lower mbs"))
+    return out

@@ -1,0 +1,74 @@
+"""core/rules.py: the degree and batch rules return findings; validate/preflight/search raise or filter on them."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.errors import InvalidDegreesError
+from core.rules import Finding, Severity, check_batches, check_degrees, errors, micro_batches
+from core.specs import load_model
+from core.strategy import Strategy, Workload, validate
+
+
+def test_check_degrees_reports_every_broken_rule_with_its_code():
+    m = load_model("tiny")  # 4 heads, 2 kv heads, 4 layers (profiles/models/tiny.toml)
+    fs = check_degrees(m, Strategy(tp=3, pp=3, rollout_tp=3), 9)
+    msgs = [f.message for f in fs]
+    assert any("tp=3 does not divide the 4 attention heads" in x for x in msgs)
+    assert any("tp=3 does not divide the 2 key/value heads" in x for x in msgs)
+    assert any("pp=3 does not divide the" in x for x in msgs)
+    assert any("rollout_tp=3 does not divide the 4 attention heads" in x for x in msgs)
+    assert all(f.code == "INVALID_DEGREES" and f.severity is Severity.ERROR for f in fs)
+    with pytest.raises(InvalidDegreesError, match="tp=3 does not divide the 4 attention heads"):
+        validate(m, Strategy(tp=3, pp=3, rollout_tp=3), 9)  # the first finding, as before
+
+
+def test_expert_rules_carry_their_own_codes():
+    m = load_model("tiny-moe")  # 4 experts
+    codes = {f.code for f in check_degrees(m, Strategy(tp=1, ep=3), 8)}
+    assert codes == {"EXPERT_IMBALANCE", "EXPERT_DEGREES"}  # 3 divides neither 4 experts nor tp*cp*dp = 8
+    codes = {f.code for f in check_degrees(m, Strategy(tp=2, ep=4, etp=2), 4)}
+    assert codes == {"EXPERT_DEGREES"}  # ep*etp = 8 does not divide tp*cp*dp = 2*1*2 = 4
+    with pytest.raises(InvalidDegreesError) as exc:
+        validate(m, Strategy(tp=2, ep=4, etp=2), 4)
+    assert exc.value.code == "INVALID_DEGREES"  # validate's code is unchanged
+
+
+def test_valid_degrees_have_no_findings():
+    assert check_degrees(load_model("tiny"), Strategy(tp=2, pp=2), 8) == []
+
+
+def test_check_batches_hand_computed():
+    w = Workload(prompts=8, n=3, mini_batch=2, prompt_len=8, response_len=8)  # 6 sequences per mini-batch
+    assert check_batches(w, dp=2) == [] and check_batches(w, dp=3, mbs=2) == []
+    (f,) = check_batches(w, dp=4)  # 6 % 4 and 24 % 4 == 0: only the mini-batch rule
+    assert f.code == "BATCH_DIVISIBILITY" and "6 sequences does not split over dp=4" in f.message
+    (f,) = check_batches(w, dp=1, mbs=4)
+    assert "does not split over dp=1 x mbs=4" in f.message
+    # vpp: 6 / (1 x 1) = 6 micro-batches per mini-batch; pp=4 does not divide 6, pp=3 does.
+    assert [f.message for f in check_batches(w, dp=1, mbs=1, pp=4, vpp=2)] == [
+        "vpp=2 needs micro-batches per mini-batch (6) to be a multiple of pp=4"]
+    assert check_batches(w, dp=1, mbs=1, pp=3, vpp=2) == []
+    pre = Workload(kind="pretrain", gbs=12)
+    assert check_batches(pre, dp=4) == [] and len(check_batches(pre, dp=5)) == 1
+
+
+def test_micro_batches_rounds_up_and_is_at_least_one():
+    assert micro_batches(6, dp=4, mbs=1) == 2 and micro_batches(1, dp=8, mbs=2) == 1
+    assert micro_batches(8, dp=2, mbs=2) == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(prompts_per_mini=st.integers(1, 8), minis=st.integers(1, 4), n=st.integers(1, 8),
+       dp=st.integers(1, 16), mbs=st.integers(1, 8))
+def test_no_error_iff_every_rank_gets_whole_micro_batches(prompts_per_mini, minis, n, dp, mbs):
+    w = Workload(prompts=prompts_per_mini * minis, mini_batch=prompts_per_mini, n=n)
+    ok = (prompts_per_mini * n) % (dp * mbs) == 0
+    assert (errors(check_batches(w, dp=dp, mbs=mbs)) == []) == ok
+
+
+def test_finding_is_frozen_and_defaults_to_error():
+    f = Finding("BAD_CONFIG", "x")
+    assert f.severity is Severity.ERROR and str(Severity.WARNING) == "warning"
+    with pytest.raises(AttributeError):
+        f.code = "OOM_RISK"  # type: ignore[misc]

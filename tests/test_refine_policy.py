@@ -1,0 +1,65 @@
+"""The model-guided policy (autotune.refine.policy) on a real plan space with hand-made measurements."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autotune.refine import ModelGuided, measured_noise, predicted, spread
+
+
+@pytest.fixture(scope="module")
+def space():
+    from autotune.options import plan_inputs
+    from autotune.refine import build_space, runnable
+    from autotune.search import search
+    from core.config import TrainerOptions
+
+    m, hw, cl, wl = plan_inputs(model="tiny", hardware="cpu", gpus=4, gpus_per_node=None, workload="grpo", prompts=8,
+                                n=4, prompt_len=16, response_len=16, mini_batch=8, ppo_epochs=1, kl=True, seq_len=64,
+                                gbs=8)
+    sp, _ = runnable(build_space(search(m, hw, cl, wl).ranked, m, hw, cl, wl), TrainerOptions())
+    keep = [e for e in sp if not e.strategy.offload and e.strategy.rollout_tp == e.strategy.tp][:30]
+    assert len(keep) >= 12
+    return keep
+
+
+def test_spread_and_noise_by_hand():
+    assert spread([1.0]) == 0.0
+    assert spread([1.0, 1.2, 1.1]) == pytest.approx(0.2 / 1.1)
+    assert measured_noise({0: [1.0], 1: [2.0]}) is None
+    assert measured_noise({0: [1.0, 1.1], 1: [2.0, 2.4, 2.2]}) == pytest.approx(max(0.1 / 1.05, 0.4 / 2.2))
+
+
+def test_first_pick_is_the_models_best(space):
+    pol = ModelGuided(space)
+    pick = pol.choose([])
+    assert pick.index == 0 and not pick.repeat
+
+
+def test_a_measurement_recalibrates_every_plan(space):
+    pol = ModelGuided(space)
+    p0 = predicted(space[0])[0]
+    mu, sd = pol.posterior([(0, 0.5 * p0)], 0.05)
+    # the measured plan is pulled to its measurement, every other plan moves the same way (shared error)
+    assert math.exp(mu[0]) == pytest.approx(0.5 * p0, rel=0.02)
+    assert all(mu[i] < pol.prior[i] for i in range(len(space)))
+    assert sd[0] < sd[1:].min()
+
+
+def test_never_picks_a_busy_or_measured_plan(space):
+    pol = ModelGuided(space)
+    obs = [(0, predicted(space[0])[0])]
+    pick = pol.choose(obs, busy={1, 2})
+    assert pick.index not in (0, 1, 2)
+
+
+def test_stops_exploring_when_nothing_can_beat_the_best_by_more_than_noise(space):
+    pol = ModelGuided(space, noise=0.05)
+    # every plan measured exactly as predicted except the best, measured 3x faster: nothing left to find
+    obs = [(i, predicted(e)[0]) for i, e in enumerate(space)]
+    obs[0] = (0, predicted(space[0])[0] / 3)
+    pick = pol.choose(obs[:1] + obs[1:])
+    assert pick is not None and pick.repeat and pick.index == 0  # one repeat of the best measures the noise
+    pick = pol.choose(obs + [(0, predicted(space[0])[0] / 3 * 1.01)])
+    assert pick is None  # noise measured, no contender within it

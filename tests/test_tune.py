@@ -1,0 +1,114 @@
+"""grpo-tune tune: on our examples and on our renditions of verl's 7B and Qwen3-30B-A3B examples, the tuned
+script passes `bash -n`, composes against verl 0.9.1's Hydra config, changes only the overrides it reports,
+and tuning it again proposes no change (a fixed point)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from autotune import tune as T
+from autotune import verl
+from autotune.diagnose import parse_script
+from cli.main import main
+
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCHES = [(p, "h100") for p in sorted((ROOT / "examples").glob("*.sh"))] + [
+    (ROOT / "tests/fixtures/verl_examples/qwen2-7b-math-megatron.sh", "h100"),
+    (ROOT / "tests/fixtures/verl_examples/qwen3moe-30b-megatron-96gb.sh", "h20"),
+]
+BASH = shutil.which("bash")
+
+
+def _tune(capsys, path: Path, hw: str, out: Path, *extra: str) -> dict:
+    rc = main(["tune", str(path), "--hardware", hw, "--out", str(out), "--json", *extra])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    return json.loads(captured.out)
+
+
+def _overrides(path: Path) -> dict[str, str]:
+    ovs, _, _ = parse_script(path.read_text())
+    return {o.key: o.raw for o in ovs}
+
+
+@pytest.fixture(scope="module")
+def hydra_config(tmp_path_factory):
+    """verl 0.9.1's config folder (a local wheel in /tmp/verlwheel or $GRPO_TUNE_VERL_WHEEL, else PyPI)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GRPO_TUNE_CACHE", str(tmp_path_factory.mktemp("cache")))
+    local = sorted(Path("/tmp/verlwheel").glob("verl-0.9.1-*.whl"))
+    if not os.environ.get("GRPO_TUNE_VERL_WHEEL") and local:
+        mp.setenv("GRPO_TUNE_VERL_WHEEL", str(local[0]))
+    cdir = verl.config_dir(fetch=True)
+    yield cdir
+    mp.undo()
+
+
+@pytest.mark.parametrize("launch,hw", LAUNCHES, ids=[p.name for p, _ in LAUNCHES])
+def test_tune_diff_applies_and_is_a_fixed_point(capsys, tmp_path, launch, hw, hydra_config):
+    first = _tune(capsys, launch, hw, tmp_path / "a")
+    assert {"step_s", "fits"} <= set(first["current"]) and {"step_s", "fits"} <= set(first["best"])
+    tuned = Path(first["files"]["tuned.sh"])
+    assert tuned.parent == Path(first["run_dir"]) and (tuned.parent / "best.yaml").is_file()
+    if BASH:
+        r = subprocess.run([BASH, "-n", str(tuned)], check=False, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    # only the reported overrides change; every other line is byte for byte the user's
+    before, after = _overrides(launch), _overrides(tuned)
+    changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
+    assert changed == set(first["overrides"])
+    for k, v in first["overrides"].items():
+        assert T.parse_value_str(after[k]) == v["new"]
+    old_lines = launch.read_text().splitlines()
+    new_lines = tuned.read_text().splitlines()
+    untouched = [ln for ln in old_lines if not any(k + "=" in ln for k in first["overrides"])]
+    assert all(ln in new_lines for ln in untouched)
+    # verl 0.9.1 accepts the tuned overrides
+    ovs, _, _ = parse_script(tuned.read_text())
+    tree = verl.compose([f"{o.prefix}{o.key}={o.raw}" for o in ovs])
+    meg = tree["actor_rollout_ref"]["actor"]["megatron"]
+    assert meg["tensor_model_parallel_size"] == first["best"]["strategy"]["tp"]
+    assert meg["pipeline_model_parallel_size"] == first["best"]["strategy"]["pp"]
+    assert tree["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == first["best"]["strategy"]["rollout_tp"]
+    # the plan we print is the plan the tuned script runs, and tuning it again changes nothing
+    second = _tune(capsys, tuned, hw, tmp_path / "b")
+    assert second["overrides"] == {}
+    assert second["current"]["strategy"] == first["best"]["strategy"]
+    assert second["current"]["step_s"] == pytest.approx(first["best"]["step_s"], rel=1e-9)
+
+
+def test_keep_pins_the_fields(capsys, tmp_path):
+    launch = ROOT / "examples/qwen2-7b-grpo-megatron.sh"
+    res = _tune(capsys, launch, "h100", tmp_path, "--keep", "tp,pp")
+    assert res["best"]["strategy"]["tp"] == res["current"]["strategy"]["tp"]
+    assert not any(k.endswith(("tensor_model_parallel_size", "pipeline_model_parallel_size"))
+                   and "rollout" not in k for k in res["overrides"])
+
+
+def test_launch_that_does_not_parse_is_a_coded_error(capsys, tmp_path):
+    bad = tmp_path / "bad.sh"
+    bad.write_text("#!/usr/bin/env bash\npython3 -m verl.trainer.main_ppo data.train_batch_size='unclosed \\\n")
+    assert main(["tune", str(bad), "--out", str(tmp_path)]) == 2
+    assert "[BAD_CONFIG]" in capsys.readouterr().err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# nothing\n")
+    assert main(["tune", str(empty), "--out", str(tmp_path)]) == 2
+    nomodel = tmp_path / "o.txt"
+    nomodel.write_text("actor_rollout_ref.model.path=/nowhere/unknown-model\ndata.train_batch_size=8\n")
+    assert main(["tune", str(nomodel), "--out", str(tmp_path)]) == 2
+    assert "[UNKNOWN_MODEL]" in capsys.readouterr().err
+    assert main(["tune", str(tmp_path / "missing.sh")]) == 2
+
+
+def test_current_plan_that_does_not_fit_says_which_phase_and_nearest_fits(capsys, tmp_path):
+    res = _tune(capsys, ROOT / "tests/fixtures/verl_examples/qwen3moe-30b-megatron-96gb.sh", "h100", tmp_path)
+    if res["current"]["fits"]:
+        pytest.skip("the cost model fits this plan on H100 now")
+    assert res["current"]["oom"] and res["current"]["oom"][0]["phase"]
+    assert res["best"]["fits"] and res["nearest_fit"]
+    assert all(p["fits"] for p in res["nearest_fit"])
