@@ -50,7 +50,7 @@ def comment(text: str) -> str:
     return "# " + "".join(" " if ord(ch) < 0x20 or ord(ch) == 0x7F else ch for ch in text)
 
 
-def dumps(data: Mapping[str, Any], *, comments: list[str] = ()) -> str:
+def dumps(data: Mapping[str, Any], *, comments: tuple[str, ...] | list[str] = ()) -> str:
     """Top-level keys first, then one ``[table]`` per mapping value (one level, as the profiles use)."""
     lines = [comment(c) for c in comments]
     tables = {k: v for k, v in data.items() if isinstance(v, Mapping)}

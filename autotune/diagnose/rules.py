@@ -18,9 +18,11 @@ from typing import Any, Callable
 
 from autotune import verl
 from autotune import verl_table as table
-from autotune.verl_table import ACTOR, ARO, OTC, REF, REF_OTC, ROLLOUT
-from core.errors import CODES, ConfigError, GrpoTuneError, InvalidDegreesError, close_matches
-from core.strategy import Cluster, Strategy, Workload, validate
+from autotune.verl_table import ACTOR, OTC, REF, REF_OTC, ROLLOUT
+from core.errors import CODES, ConfigError, GrpoTuneError, close_matches
+from core.rules import Finding as RuleFinding
+from core.rules import check_degrees as core_check_degrees
+from core.strategy import Cluster, Strategy, Workload
 
 from .context import Ctx
 from .findings import Severity
@@ -223,7 +225,8 @@ def _check_degrees(c: Ctx) -> bool:
             # (megatron/core/parallel_state.py, initialize_model_parallel)
             if (tp * cp * dp) % (ep * etp):
                 c.add(E, "EXPERT_DEGREES",
-                      f"EP x ETP = {ep} x {etp} = {ep * etp} does not divide TP x CP x DP = {tp} x {cp} x {dp} = {tp * cp * dp}",
+                      f"EP x ETP = {ep} x {etp} = {ep * etp} does not divide TP x CP x DP = "
+                      f"{tp} x {cp} x {dp} = {tp * cp * dp}",
                       "lower expert_model_parallel_size or expert_tensor_parallel_size (ETP may differ from TP; "
                       "Moonlight runs TP4/EP4/ETP1)", key=f"{ACTOR}.megatron.expert_model_parallel_size")
                 ok = False
@@ -261,7 +264,8 @@ def _check_degrees(c: Ctx) -> bool:
               key=f"{ROLLOUT}.tensor_model_parallel_size")
     if rpp is not None and rpp > 1 and rollout["name"] == "vllm":
         c.add(E, "PP_MISMATCH", f"rollout pipeline_model_parallel_size={rpp}: verl's vLLM rollout has no PP",
-              f"set {ROLLOUT}.pipeline_model_parallel_size=1 and raise rollout TP", key=f"{ROLLOUT}.pipeline_model_parallel_size")
+              f"set {ROLLOUT}.pipeline_model_parallel_size=1 and raise rollout TP",
+              key=f"{ROLLOUT}.pipeline_model_parallel_size")
         ok = False
     if rollout["name"] in ("???", None):
         c.add(E, "BAD_CONFIG", f"{ROLLOUT}.name is mandatory in verl {verl.VERL_VERSION}",
@@ -271,16 +275,18 @@ def _check_degrees(c: Ctx) -> bool:
         c.add(E, "BAD_CONFIG", f"{ROLLOUT}.gpu_memory_utilization={gmu!r} must be a fraction in (0, 1]",
               key=f"{ROLLOUT}.gpu_memory_utilization")
         ok = False
-    # model-dependent degree rules (heads, layers, VPP, rollout TP vs heads) via the cost model's validator
-    if ok and model is not None and rtp is not None:
+    # model-dependent degree rules (heads, layers, VPP, rollout TP vs heads): the one rule set, core.rules
+    if ok and model is not None and rtp is not None and world is not None:
         try:
-            validate(model, _strategy(c, roles), world, gpus_per_node=gpn, allow_cross_node_tp=True)
-        except InvalidDegreesError as exc:
-            c.add(E, "INVALID_DEGREES", exc.message, exc.hint)
-            ok = False
+            found = core_check_degrees(model, _strategy(c, roles), world, gpus_per_node=gpn,
+                                       allow_cross_node_tp=True)
         except ConfigError as exc:
-            c.add(E, exc.code, exc.message, exc.hint)
-            ok = False
+            found = [RuleFinding(exc.code, exc.message, exc.hint)]
+        for f in found:
+            if f.code == "EXPERT_IMBALANCE" and any(x.code == f.code for x in c.findings):
+                continue  # already said from the verl keys
+            c.add(Severity(str(f.severity)), f.code, f.message, f.hint)
+            ok = ok and f.severity != "error"
     return ok
 
 
@@ -332,12 +338,13 @@ def _check_batches(c: Ctx, dp: int | None) -> dict[str, Any]:
               f"add {mkey}=1 (or more if memory allows)")
     for role in (ROLLOUT, REF):
         k = f"{role}.log_prob_micro_batch_size_per_gpu"
-        if role == REF and c.raw(f"{ACTOR}.use_kl_loss") is not True and c.raw("algorithm.use_kl_in_reward") is not True:
+        kl = c.raw(f"{ACTOR}.use_kl_loss") is True or c.raw("algorithm.use_kl_in_reward") is True
+        if role == REF and not kl:
             continue
         if c.raw(k) is None and c.raw(f"{role}.log_prob_micro_batch_size") is None:
             c.add(E, "BATCH_DIVISIBILITY", f"{k} is not set; verl requires it unless use_dynamic_bsz=True",
                   f"add {k}={micro or 1}")
-    if None in (tb, n, mini):
+    if tb is None or n is None or mini is None:
         return out
     if mini > tb:
         c.add(E, "BATCH_DIVISIBILITY", f"ppo_mini_batch_size={mini} exceeds data.train_batch_size={tb}",
@@ -349,7 +356,8 @@ def _check_batches(c: Ctx, dp: int | None) -> dict[str, Any]:
         return out
     if (tb * n) % (dp * micro):
         c.add(E, "BATCH_DIVISIBILITY",
-              f"train_batch_size x n = {tb} x {n} = {tb * n} is not divisible by DP x micro = {dp} x {micro} = {dp * micro}",
+              f"train_batch_size x n = {tb} x {n} = {tb * n} is not divisible by DP x micro = "
+              f"{dp} x {micro} = {dp * micro}",
               "verl asserts (train_batch_size * n) % (DP * ppo_micro_batch_size_per_gpu) == 0",
               key="data.train_batch_size")
     if (mini * n) % dp:
@@ -371,7 +379,8 @@ def check_dtypes(c: Ctx) -> None:
     dtype = c.raw(f"{ACTOR}.megatron.dtype")
     ref_dtype = c.raw(f"{REF}.megatron.dtype")  # not inherited from the actor (engine/megatron.yaml default)
     if dtype not in ("bfloat16", "float16"):
-        c.add(E, "DTYPE_CONFLICT", f"{ACTOR}.megatron.dtype={dtype!r}: verl's Megatron engine trains in bfloat16 or float16",
+        c.add(E, "DTYPE_CONFLICT",
+              f"{ACTOR}.megatron.dtype={dtype!r}: verl's Megatron engine trains in bfloat16 or float16",
               key=f"{ACTOR}.megatron.dtype")
     if ref_dtype != dtype:
         c.add(W, "DTYPE_CONFLICT", f"reference dtype {ref_dtype} differs from the actor's {dtype}",
@@ -402,6 +411,8 @@ def check_dtypes(c: Ctx) -> None:
 
 def _memory(c: Ctx) -> dict[str, Any] | None:
     model, hw, roles, world, gpn, batches = c.model, c.hardware, c.roles, c.world, c.gpn, c.batches
+    if model is None or hw is None or world is None or gpn is None:
+        return None
     try:
         from costmodel.estimate import estimate
     except ImportError:  # pragma: no cover

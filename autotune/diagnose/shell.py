@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 _PLAIN = re.compile(r"[^\s'\"\\$`;&|<>()#]+")
+_DQ_PLAIN = re.compile(r'[^"\\$`]+')
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\+?=")
 _SPECIAL = "@*#?$!-0123456789"
@@ -293,8 +294,8 @@ class ShellReader:
             elif c == "`":
                 self._backtick(out)
             else:
-                m = re.compile(r'[^"\\$`]+').match(self.s, self.i)
-                out.text += self._adv(m.end() - self.i)
+                m = _DQ_PLAIN.match(self.s, self.i)
+                out.text += self._adv(m.end() - self.i if m else 1)
 
     # ------------------------------------------------------------------ words and commands
     def _word(self) -> Word | None:
