@@ -90,7 +90,6 @@ def test_report_references_plots(golden):
 
 @pytest.mark.parametrize("name", ["best.yaml", "verl.sh"])
 def test_diagnose_finds_no_errors(golden, name):
-    pytest.importorskip("cli.diagnose")
     _, d = golden
     p = _run("diagnose", str(d / name), "--json")
     assert p.returncode == 0, p.stdout + p.stderr
