@@ -52,6 +52,12 @@ def probe_hardware(out: Path, *, nproc: int | None = None, base: str | None = No
         raise ConfigError(f"--nproc must be >= 1, got {nproc}")
     if out.suffix != ".toml":
         raise ConfigError(f"--out must end in .toml, got {out}", hint="e.g. --out cpu-probed.toml")
+    from autotune.export import check_name
+    from autotune.outputs import check_output
+
+    check_output(out, "--out")  # before the probe runs, not after
+    if name is not None:
+        check_name(name, "--name")
     if base is not None:
         load_hardware(base)  # a bad --base is the user's mistake: say so before launching
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",

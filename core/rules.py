@@ -54,7 +54,16 @@ def errors(findings: list[Finding]) -> list[Finding]:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` in increasing order, by trial division up to sqrt(n) (a billion GPUs: 31,623 steps)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
 def _err(message: str, hint: str = "", code: str = "INVALID_DEGREES") -> Finding:
