@@ -44,7 +44,7 @@ def _summary(est) -> dict[str, Any]:
             "tokens_per_s_per_gpu": round(tokens_per_s_per_gpu(est), 1),
             "peak_gib": round(est.peak_bytes / GiB, 2), "peak_phase": est.peak_phase,
             "headroom_gib": round((est.capacity_bytes - est.peak_bytes) / GiB, 2),
-            "phases_s": {k.removesuffix("_s"): round(float(v), 3) for k, v in (est.time or {}).get("phases", {}).items()},
+            "phases_s": {} if est.time is None else {k: round(float(v), 3) for k, v in est.time.phases.items()},
             "plan": _plan_row(est), "strategy": est.strategy.to_dict(),
             "oom": [{"phase": v.phase, "bytes_over": v.bytes_over, "message": v.message}
                     for v in est.violations if v.code == "OOM_RISK"]}
