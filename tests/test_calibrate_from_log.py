@@ -140,3 +140,24 @@ def test_our_cpu_trainer_log_end_to_end(capsys, tmp_path):
     assert res["hardware"] == "cpu" and res["logs"][0]["steps_kept"] == 3
     assert res["phase_mape_after_pct"]["step"] <= res["phase_mape_before_pct"]["step"]
     assert load(out, hardware="cpu")
+
+
+def test_fixtures_were_written_from_the_current_cost_model():
+    """The synthetic truth is the cost model's own prediction: when the model changes, the fixtures must be
+    written again (python tests/fixtures/verl_logs/make_fixtures.py), or the recovery tests test nothing."""
+    from autotune.calibrate import Point
+    from autotune.tune import plan_of
+
+    for name, doc in TRUTH["logs"].items():
+        lp = R.log_point(R.read_log(FIX / f"{name}.jsonl"), FIX / doc["launch"])
+        wl = lp.plan.workload
+        # the generator used the logged means before noise; the reader rounds the logged (noisy) median
+        plan = plan_of(FIX / doc["launch"])
+        assert plan.model.name == doc["model"]
+        pt = Point(model=plan.model, hardware=plan.hardware, cluster=plan.cluster, strategy=plan.strategy,
+                   workload=wl, measured_step_s=1.0)
+        _, phases = R.predict_folded({**defaults(), **TRUTH["knobs"]}, pt)
+        for ph, v in doc["phases_s"].items():
+            assert phases[ph] == pytest.approx(v, rel=0.03), (
+                f"{name} {ph}: the cost model now predicts {phases[ph]:.3f} s, the fixture holds {v:.3f} s; "
+                "rerun tests/fixtures/verl_logs/make_fixtures.py")
