@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
+from core.phases import MEASURED_PHASES
 
 MAX_LOG_BYTES = 256 * 1024 * 1024
 """Largest log read (a 10,000-step verl JSONL with ~300 keys per step is ~50 MB)."""
@@ -45,7 +46,7 @@ VERL_PHASES: dict[str, str] = {
 }
 """verl 0.9.1 timer key -> our phase name (costmodel.timing.PHASES)."""
 
-PHASES = ("rollout", "weight_sync", "old_logprob", "ref_logprob", "update")
+PHASES = tuple(p.value for p in MEASURED_PHASES)  # named once, in core/phases.py
 
 _LENGTH_KEYS = {
     "response_length/mean": "response_len_mean", "response_length/max": "response_len_max",
