@@ -14,7 +14,7 @@ the DP size, then split into ``ppo_micro_batch_size_per_gpu`` micro-batches).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from .errors import GrpoTuneError
@@ -24,15 +24,12 @@ if TYPE_CHECKING:  # annotations only: core/strategy.py imports this module
     from .strategy import Strategy, Workload
 
 
-class Severity(str, Enum):
+class Severity(StrEnum):
     """How bad a finding is, most severe first."""
 
     ERROR = "error"
     WARNING = "warning"
     INFO = "info"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
