@@ -41,7 +41,7 @@ def layout(cfg: RunConfig, *, nnodes: int | None = None) -> Layout:
                   etp=s.etp_, dp=s.dp or gpus // (s.tp * s.pp * s.cp))
 
 
-def micro_batches(cfg: RunConfig) -> dict[str, int]:
+def micro_batches(cfg: RunConfig) -> dict[str, int | str | None]:
     """Sequences per step / mini-batch per DP rank and micro-batches per mini-batch."""
     s, w = cfg.strategy, cfg.workload
     seqs = w.prompts * w.n
@@ -49,7 +49,15 @@ def micro_batches(cfg: RunConfig) -> dict[str, int]:
     return {"sequences_per_step": seqs, "sequences_per_mini_batch": mini,
             "mini_batches_per_step": w.prompts // w.mini_batch,
             "sequences_per_dp_rank": seqs // s.dp, "mini_batch_per_dp_rank": mini // s.dp,
-            "micro_batches_per_mini_batch": mini // (s.dp * s.mbs)}
+            "micro_batches_per_mini_batch": mini // (s.dp * s.mbs),
+            "max_tokens_per_gpu": s.max_tokens_per_gpu,
+            "log_prob_max_tokens_per_gpu": s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu,
+            "packing": None if s.max_tokens_per_gpu is None else PACKING_NOTE}
+
+
+PACKING_NOTE = ("token-budget micro-batches: sequences sorted by length and packed greedily under the budget, "
+                "the same micro-batch count on every DP rank; each micro-batch is padded only to its own "
+                "longest sequence (CPU / megatron's local spec; THD packing needs TransformerEngine)")
 
 
 def preflight(cfg: RunConfig, *, nnodes: int | None = None, node_rank: int = 0, resume_dir: str | os.PathLike | None = None,

@@ -117,6 +117,10 @@ class LoopConfig:
     seq_multiple: int = 1
     """Pad the sequence dimension up to a multiple of this (sequence parallel splits it over TP)."""
     max_seq_len: int | None = None
+    max_tokens_per_gpu: int | None = None
+    """Token budget of an update micro-batch (verl's use_dynamic_bsz); None: ``mbs`` rows each."""
+    log_prob_max_tokens_per_gpu: int | None = None
+    """Token budget of a log-prob micro-batch; None: the update's."""
 
     @classmethod
     def from_run_config(cls, cfg: RunConfig) -> LoopConfig:
@@ -124,7 +128,9 @@ class LoopConfig:
         return cls(prompts=w.prompts, n=w.n, mini_batch=w.mini_batch, ppo_epochs=w.ppo_epochs, mbs=s.mbs,
                    max_response_len=w.response_len, seed=t.seed, temperature=t.temperature, top_p=t.top_p,
                    norm_adv_by_std=t.norm_adv_by_std, loss=LossConfig.from_options(t, use_kl=w.kl),
-                   seq_multiple=s.tp * s.cp if s.sp or s.cp > 1 else 1, max_seq_len=cfg.model.max_seq_len)
+                   seq_multiple=s.tp * s.cp if s.sp or s.cp > 1 else 1, max_seq_len=cfg.model.max_seq_len,
+                   max_tokens_per_gpu=s.max_tokens_per_gpu,
+                   log_prob_max_tokens_per_gpu=s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu)
 
 
 def _pad_to(x: int, k: int) -> int:
@@ -225,12 +231,14 @@ class GRPOLoop:
         tokens, mask = build_batch(prompts, responses, pad_id=self.pad_id, seq_multiple=c.seq_multiple)
         temp = {"temperature": c.temperature} if c.temperature > 0 and c.temperature != 1.0 else {}
 
+        lengths = torch.tensor([len(p) + len(r) for p, r in zip(prompts, responses)], dtype=torch.long)
+        lp_kw = dict(max_tokens=c.log_prob_max_tokens_per_gpu, lengths=lengths) if c.log_prob_max_tokens_per_gpu else {}
         with timer("old_logprob"):
-            old_lp, old_ent = self.actor.logprobs(tokens, micro_batch_size=c.mbs, with_entropy=True, **temp)
+            old_lp, old_ent = self.actor.logprobs(tokens, micro_batch_size=c.mbs, with_entropy=True, **temp, **lp_kw)
         ref_lp = None
         if self.ref is not None and c.loss.use_kl:
             with timer("ref_logprob"):
-                ref_lp, _ = self.ref.logprobs(tokens, micro_batch_size=c.mbs, **temp)
+                ref_lp, _ = self.ref.logprobs(tokens, micro_batch_size=c.mbs, **temp, **lp_kw)
 
         M = c.mini_batch * c.n
         mb_metrics: list[dict] = []
@@ -244,9 +252,11 @@ class GRPOLoop:
                     # grpo.agg_loss normalizers: the whole mini-batch's token and sequence counts.
                     num_tokens = float(mask[sl].sum())
                     num_seqs = float((mask[sl].sum(-1) > 0).sum())
+                    up_kw = dict(max_tokens=c.max_tokens_per_gpu, lengths=lengths[sl]) if c.max_tokens_per_gpu else {}
                     mb_metrics.append(self.actor.train_step(batch, self._loss_fn(num_tokens, num_seqs),
                                                             micro_batch_size=c.mbs,
-                                                            with_entropy=c.loss.entropy_coef > 0, **temp))
+                                                            with_entropy=c.loss.entropy_coef > 0, **temp, **up_kw))
+                    mb_metrics[-1]["_micro_batches"] = getattr(self.actor, "last_micro_batches", 0)
 
         step_s = time.perf_counter() - t0
         resp_lens = [len(r) for r in responses]
@@ -265,6 +275,7 @@ class GRPOLoop:
             "tokens_per_s": total_tokens / step_s,
             "tokens_per_s_per_gpu": total_tokens / step_s / d.world_size,
         }
+        out["update_micro_batches"] = int(sum(x.get("_micro_batches", 0) for x in mb_metrics))
         for k in ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "grad_norm"):
             vals = [float(x[k]) for x in mb_metrics if x.get(k) is not None]
             out[k] = statistics.fmean(vals) if vals else None
