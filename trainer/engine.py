@@ -13,7 +13,7 @@ counts).
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -201,8 +201,14 @@ class Engine:
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
             tokens = mb["tokens"]
-            pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
-            out = model(tokens, pos, attention_mask=None)
+            kv = mb.get("_kv")
+            if kv is None:
+                pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
+                out = model(tokens, pos, attention_mask=None)
+            else:  # a KV-cached decoding step: this micro-batch's rows and positions in the cache
+                ctx, ctx.batch_size_offset, ctx.sequence_len_offset = kv
+                pos = torch.arange(kv[2], kv[2] + tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
+                out = model(tokens, pos, attention_mask=None, inference_context=ctx, runtime_gather_output=True)
             return out, partial(loss_func, mb)
 
         iters = [iter(micro_batches) for _ in self.chunks]
@@ -391,6 +397,62 @@ class Engine:
     def _world_sum(self, t: torch.Tensor) -> None:
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(t)
+
+    # --- KV-cached decoding -------------------------------------------------------------------
+
+    @contextmanager
+    def kv_session(self, batch: int, max_len: int, *, micro_batch_size: int | None = None):
+        """A KV cache for ``batch`` rows of up to ``max_len`` tokens: megatron-core's static
+        inference context on this rank's rows (DP splits them, micro-batches use
+        ``batch_size_offset``), with the training model in eval mode and sequence parallel off
+        (a decoding step has one token, which SP cannot split over TP ranks). Yields a callable
+        ``step(tokens [B, T], start) -> logits [B, V]`` of the chunk's last position; chunks
+        must be fed in order, ``start`` being the position of the chunk's first token."""
+        from megatron.core import parallel_state as ps
+        from megatron.core.inference.contexts import StaticInferenceContext
+
+        mbs = micro_batch_size or max(1, -(-batch // (ps.get_data_parallel_world_size() * self.strategy.pp)))
+        rows = self._padded_rows(batch, mbs) // ps.get_data_parallel_world_size()
+        ctx = StaticInferenceContext(max_batch_size=rows, max_sequence_length=max_len)
+        flipped = []
+        for c in self.chunks:
+            for mod in c.modules():
+                for attr in ("sequence_parallel", "reduce_scatter_embeddings"):
+                    if getattr(mod, attr, None) is True:
+                        setattr(mod, attr, False)
+                        flipped.append((mod, attr))
+        sp, self.config.sequence_parallel = self.config.sequence_parallel, False
+        modes = [c.training for c in self.chunks]
+        for c in self.chunks:
+            c.eval()
+        try:
+            yield lambda tokens, start: self._kv_step(ctx, tokens, start, mbs)
+        finally:
+            self.config.sequence_parallel = sp
+            for mod, attr in flipped:
+                setattr(mod, attr, True)
+            for c, m in zip(self.chunks, modes):
+                c.train(m)
+
+    def _kv_step(self, ctx, tokens: torch.Tensor, start: int, mbs: int) -> torch.Tensor:
+        from megatron.core import parallel_state as ps
+
+        B, T = tokens.shape
+        micro, lo, hi = self._split({"tokens": tokens.long()}, mbs, pad_ok=True)
+        for i, mb in enumerate(micro):
+            mb["_kv"] = (ctx, i * mbs, start)
+
+        def loss_func(mb, logits):
+            return logits.new_zeros(()), {"logits": logits[:, -1].float()}
+
+        out = self._run(micro, loss_func, forward_only=True, seq_len=T, mbs=mbs, variable=True)
+        # inference gathers the TP logits: every TP rank holds the whole (padded) vocabulary
+        full = torch.zeros(self._padded_rows(B, mbs), padded_vocab(self.spec, ps.get_tensor_model_parallel_world_size()),
+                           device=self.device)
+        if self._contributes():
+            full[lo:hi] = torch.cat([d["logits"] for d in out], 0)
+        self._world_sum(full)
+        return full[:B, :self.spec.vocab].cpu()
 
     def next_token_logits(self, tokens: torch.Tensor, lengths: torch.Tensor | list[int], *,
                           micro_batch_size: int | None = None) -> torch.Tensor:
