@@ -86,7 +86,10 @@ class Engine:
         self.strategy = cfg.strategy
         self.trainable = trainable
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        self.config = tmodel.transformer_config(self.spec, self.strategy, dtype=cfg.workload.dtype)
+        t = cfg.trainer
+        self.config = tmodel.transformer_config(self.spec, self.strategy, dtype=cfg.workload.dtype,
+                                                aux_loss_coeff=t.moe_aux_loss_coeff if trainable else 0.0,
+                                                load_balancing_type=t.moe_router_load_balancing_type)
         self.dtype = self.config.params_dtype
         chunks = tmodel.build_chunks(self.spec, self.strategy, self.config)
         if init_weights:

@@ -20,6 +20,8 @@ from core.errors import ConfigError, GrpoTuneError, MissingDependencyError
 from .layout import Layout
 
 DEFAULT_MASTER_PORT = 29500
+# megatron-core 0.16.1 TopKRouter load-balancing types (moe_router_load_balancing_type)
+LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
 
 
 def layout(cfg: RunConfig, *, nnodes: int | None = None) -> Layout:
@@ -87,6 +89,11 @@ def preflight(cfg: RunConfig, *, nnodes: int | None = None, node_rank: int = 0, 
     if t.dataset.endswith(".parquet") and importlib.util.find_spec("pyarrow") is None:
         raise MissingDependencyError("reading a Parquet dataset needs pyarrow", hint="pip install pyarrow")
     _check_reward(t.reward)
+    if t.moe_router_load_balancing_type not in LOAD_BALANCING_TYPES:
+        raise ConfigError(f"trainer.moe_router_load_balancing_type {t.moe_router_load_balancing_type!r} is not one "
+                          f"of {', '.join(LOAD_BALANCING_TYPES)}", hint="megatron-core 0.16.1's router types")
+    if t.moe_aux_loss_coeff < 0:
+        raise ConfigError(f"trainer.moe_aux_loss_coeff must be >= 0, got {t.moe_aux_loss_coeff}")
     if t.hf_checkpoint is not None and not (Path(t.hf_checkpoint) / "config.json").is_file():
         raise GrpoTuneError(f"hf_checkpoint {t.hf_checkpoint!r} has no config.json", code="CHECKPOINT_ERROR",
                             hint="point trainer.hf_checkpoint at a Hugging Face model folder, or remove it")
