@@ -126,20 +126,12 @@ def _check_reward(spec: str) -> None:
 
 
 def check_resume(out_dir: str | os.PathLike, world_size: int) -> int | None:
-    """The step of the latest complete checkpoint in ``out_dir`` (None: fresh start); a world-size change is an error."""
-    latest = Path(out_dir) / "checkpoints" / "latest.json"
-    if not latest.exists():
-        return None
-    try:
-        meta = json.loads(latest.read_text())
-        step, ws = int(meta["step"]), int(meta["world_size"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise GrpoTuneError(f"{latest} is unreadable ({exc})", code="CHECKPOINT_ERROR",
-                            hint="delete the checkpoints folder to start over") from None
-    if ws != world_size:
-        raise GrpoTuneError(f"the checkpoint in {latest.parent} was written by {ws} ranks; this config has {world_size}",
-                            code="CHECKPOINT_ERROR", hint="resume with the same degrees, or use another --out")
-    return step
+    """The step of the latest complete checkpoint in ``out_dir`` (None: fresh start). A world-size change,
+    a ``latest.json`` pointing outside the folder or a corrupt shard is a CHECKPOINT_ERROR here, before
+    any worker starts (trainer/checkpoint.py verify)."""
+    from trainer import checkpoint
+
+    return checkpoint.verify(out_dir, world_size)
 
 
 def torchrun_command(config: str | os.PathLike, lay: Layout, *, node_rank: int = 0, master_addr: str | None = None,
@@ -164,10 +156,22 @@ def torchrun_command(config: str | os.PathLike, lay: Layout, *, node_rank: int =
 
 def slurm_script(config: str | os.PathLike, lay: Layout, *, worker_args: list[str] = (), job_name: str = "grpo-tune",
                  master_port: int = DEFAULT_MASTER_PORT, python: str = "python") -> str:
-    """An sbatch script: one task per node, each running torchrun with the node's rank from Slurm."""
-    args = " ".join(shlex.quote(a) for a in ["--config", str(Path(config).resolve()), *worker_args])
+    """An sbatch script: one task per node, each running torchrun with the node's rank from Slurm.
+
+    Every value is one shell-quoted word of the batch script; no user value is ever placed inside
+    another quoted string (``bash -c '...'``). The node's rank reaches torchrun through its
+    ``PET_NODE_RANK`` variable (torch/distributed/argparse_util.py: every torchrun option reads
+    ``PET_<NAME>``), so that the per-node shell runs one constant line.
+    """
+    for value, what in ((str(config), "config path"), (job_name, "job name"), *((a, "argument") for a in worker_args)):
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+            raise ConfigError(f"{what} {value!r} holds a control character", hint="use printable characters only")
+    q = shlex.quote
+    torchrun = [python, "-m", "torch.distributed.run", f"--nnodes={lay.nnodes}", f"--nproc-per-node={lay.nproc_per_node}"]
+    worker = ["-m", "trainer.main", "--config", str(Path(config).resolve()), *worker_args]
+    words = " ".join(map(q, torchrun)) + " \\\n  " + " ".join(map(q, worker))
     return f"""#!/bin/bash
-#SBATCH --job-name={job_name}
+#SBATCH --job-name={q(job_name)}
 #SBATCH --nodes={lay.nnodes}
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node={lay.nproc_per_node}
@@ -175,11 +179,9 @@ def slurm_script(config: str | os.PathLike, lay: Layout, *, worker_args: list[st
 # Written by `grpo-tune train --slurm`: {lay.world_size} ranks = {lay.nnodes} node(s) x {lay.nproc_per_node}.
 set -euo pipefail
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-export MASTER_ADDR MASTER_PORT={master_port}
-srun --ntasks-per-node=1 bash -c '{python} -m torch.distributed.run \\
-  --nnodes={lay.nnodes} --nproc-per-node={lay.nproc_per_node} --node-rank=$SLURM_NODEID \\
-  --master-addr=$MASTER_ADDR --master-port=$MASTER_PORT \\
-  -m trainer.main {args}'
+export PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT={int(master_port)}
+srun --ntasks-per-node=1 bash -c 'PET_NODE_RANK="$SLURM_NODEID" exec "$@"' grpo-tune-node \\
+  {words}
 """
 
 
