@@ -152,6 +152,7 @@ class Engine:
             fp16=self.dtype == torch.float16,
             params_dtype=self.dtype,
             use_distributed_optimizer=self.strategy.distributed_optimizer,
+            **optimizer_offload_kwargs(self.strategy, cuda=torch.cuda.is_available()),
         )
         opt = get_megatron_optimizer(oc, chunks, use_gloo_process_groups=False)
         self.config.grad_scale_func = opt.scale_loss
@@ -597,6 +598,33 @@ class Engine:
                         p.data.copy_(v)
             if not sd["optimizer"] or not sd["optimizer"][0]["main"]:
                 self.optimizer.reload_model_params()
+
+
+def optimizer_offload_kwargs(s, *, cuda: bool) -> dict:
+    """megatron-core OptimizerConfig keywords for Megatron's hybrid CPU optimizer
+    (``strategy.cpu_optimizer``: the fraction of the optimizer state and step on the host;
+    ``overlap_cpu_optimizer``: overlap its copies) and precision-aware optimizer state.
+
+    On CPU they are no-ops, stated once, like offload: the optimizer state already lives in host
+    memory, and the CPU build trains in fp32 (precision-aware state needs TransformerEngine's
+    FusedAdam or the hybrid optimizer on a GPU).
+    """
+    import logging
+
+    want = [n for n, on in (("cpu_optimizer", s.cpu_optimizer), ("precision_aware_optimizer",
+                                                                  s.precision_aware_optimizer)) if on]
+    if not cuda:
+        if want:
+            logging.getLogger("trainer.engine").warning(
+                "%s requested: a no-op on CPU (optimizer state already lives in host memory)", ", ".join(want))
+        return {}
+    kw: dict = {}
+    if s.cpu_optimizer:
+        kw.update(optimizer_cpu_offload=True, optimizer_offload_fraction=float(s.cpu_optimizer),
+                  overlap_cpu_optimizer_d2h_h2d=bool(s.overlap_cpu_optimizer))
+    if s.precision_aware_optimizer:
+        kw["use_precision_aware_optimizer"] = True
+    return kw
 
 
 def _mean_over_contributors(local: dict[str, float] | None) -> dict[str, float]:

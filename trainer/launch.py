@@ -102,6 +102,11 @@ def preflight(cfg: RunConfig, *, nnodes: int | None = None, node_rank: int = 0, 
                                      hint="pip install 'grpo-tune[gpu]', or set rollout_engine: megatron")
     if t.steps < 1 or t.checkpoint_every < 1:
         raise ConfigError("trainer.steps and trainer.checkpoint_every must be >= 1")
+    if (need_torch and s.precision_aware_optimizer and not s.cpu_optimizer and not cfg.hardware.native_rollout
+            and importlib.util.find_spec("transformer_engine") is None):
+        # megatron-core 0.16.1 OptimizerConfig: precision-aware state needs TE's FusedAdam (or the hybrid optimizer)
+        raise MissingDependencyError("strategy.precision_aware_optimizer needs TransformerEngine's FusedAdam on a GPU",
+                                     hint="pip install transformer-engine, or set cpu_optimizer, or turn it off")
     if need_torch:
         for mod, extra in (("torch", "train"), ("megatron.core", "train")):
             if importlib.util.find_spec(mod.split(".")[0]) is None:

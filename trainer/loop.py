@@ -77,10 +77,34 @@ def sync(d: Dist) -> None:
     d.barrier()
 
 
+def live_tensor_bytes() -> int:
+    """Bytes of every tensor storage alive in this process (a gc scan; CPU phase memory)."""
+    import gc
+
+    seen, n = set(), 0
+    for o in gc.get_objects():
+        try:
+            if isinstance(o, torch.Tensor) and not o.is_meta:
+                st = o.untyped_storage()
+                if st.data_ptr() not in seen:
+                    seen.add(st.data_ptr())
+                    n += st.nbytes()
+        except (RuntimeError, ReferenceError, TypeError):
+            continue
+    return n
+
+
 class PhaseTimer:
-    def __init__(self, d: Dist):
+    """Times each phase (device sync + barrier on both ends). With ``memory``, also its memory:
+    on a GPU the CUDA allocator's peak within the phase (peak stats reset at its start); on CPU,
+    which has no allocator statistics, the bytes of live tensors at the phase's end (a gc scan,
+    taken after the clock stops, so it does not count in the phase's time)."""
+
+    def __init__(self, d: Dist, *, memory: bool = False):
         self.d = d
         self.times = {p: 0.0 for p in PHASES} | {"offload": 0.0}
+        self.memory = memory
+        self.peak_bytes: dict[str, int] = {}
 
     def __call__(self, phase: str):
         timer = self
@@ -88,12 +112,19 @@ class PhaseTimer:
         class _T:
             def __enter__(self):
                 sync(timer.d)
+                if timer.memory and torch.cuda.is_available():
+                    timer.peak_bytes["_before"] = max(timer.peak_bytes.get("_before", 0),
+                                                      int(torch.cuda.max_memory_allocated()))
+                    torch.cuda.reset_peak_memory_stats()
                 self.t0 = time.perf_counter()
 
             def __exit__(self, *exc):
                 if exc[0] is None:
                     sync(timer.d)
                 timer.times[phase] += time.perf_counter() - self.t0
+                if timer.memory and exc[0] is None:
+                    b = int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else live_tensor_bytes()
+                    timer.peak_bytes[str(phase)] = max(timer.peak_bytes.get(str(phase), 0), b)
 
         return _T()
 
@@ -177,6 +208,8 @@ class GRPOLoop:
         self.log_every = max(1, log_every)
         self.offloader = offloader
         self.step_done = 0
+        self.track_memory = False
+        """Record each phase's memory (PhaseTimer); profile mode turns it on."""
         self.history: list[dict] = []
         # A rollout engine that runs on the actor's own parameters needs no weight copy.
         self.sync_weights = (not getattr(rollout, "shares_actor_weights", False)) if sync_weights is None else sync_weights
@@ -205,7 +238,7 @@ class GRPOLoop:
     def step(self, step: int) -> dict:
         """Run step ``step`` (0-based) and return its metrics (the same on every rank)."""
         c, d = self.cfg, self.d
-        timer = PhaseTimer(d)
+        timer = PhaseTimer(d, memory=self.track_memory)
         t0 = time.perf_counter()
         items = self.stream.next_batch()
         prompts = [items[j // c.n].prompt_ids for j in range(c.prompts * c.n)]
@@ -270,6 +303,8 @@ class GRPOLoop:
             "entropy": float(agg_loss(old_ent, mask, "token-mean")) if old_ent is not None else None,
             "step_s": step_s,
             "phases_s": {p.value: timer.times[p] for p in PHASES},
+            **({"phase_memory_bytes": {str(k): v for k, v in timer.peak_bytes.items() if not k.startswith("_")}}
+               if self.track_memory else {}),
             "offload_s": timer.times["offload"],
             "tokens": total_tokens,
             "tokens_per_s": total_tokens / step_s,
