@@ -8,19 +8,13 @@ in tests/test_export_megatron.py.
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
-from core.config import RunConfig
+from autotune import verl_table as table
 from autotune.verl import CONFIG_NAME, VERL_VERSION
+from core.config import RunConfig
+from core.errors import ConfigError
 from core.strategy import stage_layers
-
-ARO = "actor_rollout_ref"
-ACTOR = f"{ARO}.actor"
-REF = f"{ARO}.ref"
-ROLLOUT = f"{ARO}.rollout"
-OTC = f"{ACTOR}.megatron.override_transformer_config"
-
-# verl's engine dtype names (engine/megatron.yaml: dtype ["bfloat16", "float16"]).
-VERL_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 
 ENV_DEFAULTS = {
     "TRAIN_FILES": "$HOME/data/gsm8k/train.parquet",
@@ -28,127 +22,85 @@ ENV_DEFAULTS = {
 }
 
 
-def _b(v: bool) -> str:
-    return "True" if v else "False"
+def plan_of(cfg: RunConfig) -> table.Plan:
+    return {"strategy": cfg.strategy, "workload": cfg.workload, "trainer": cfg.trainer, "cluster": cfg.cluster}
+
+
+def verl_values(cfg: RunConfig, *, model_path: str = "$MODEL_PATH", train_files: str = "$TRAIN_FILES",
+                val_files: str = "$VAL_FILES") -> dict[str, Any]:
+    """Every verl key grpo-tune sets for this plan -> its Python value (the table's rows, then fixed keys)."""
+    out: dict[str, Any] = {
+        **{k: v for k, v in table.FIXED.items() if not k.startswith("trainer.")},
+        "data.train_files": train_files,
+        "data.val_files": val_files,
+        f"{table.ARO}.model.path": model_path,
+    }
+    out.update(table.write_plan(plan_of(cfg)))
+    out.update({k: v for k, v in table.FIXED.items() if k.startswith("trainer.")})
+    out["trainer.experiment_name"] = f"{cfg.model.name}-{cfg.cluster.gpus}gpu"
+    return out
 
 
 def verl_overrides(cfg: RunConfig, *, model_path: str = "$MODEL_PATH", train_files: str = "$TRAIN_FILES",
                    val_files: str = "$VAL_FILES") -> list[str]:
     """Hydra overrides for ``python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer``.
 
-    The reference model gets the actor's degrees, written out explicitly (verl would default them
-    to the actor's, but an explicit line is what a reader checks). ``+`` marks keys that verl's
-    schema does not declare (they go to Megatron's TransformerConfig).
+    Every plan field with a verl setting is written explicitly (autotune/verl_table.py), defaults
+    included, so that the launch runs the plan that was priced. The reference model gets the actor's
+    degrees, written out. ``+`` marks keys that verl's schema does not declare.
     """
-    s, w, t, m = cfg.strategy, cfg.workload, cfg.trainer, cfg.model
-    etp = s.etp_
-    ov: list[str] = [
-        "algorithm.adv_estimator=grpo",
-        f"algorithm.norm_adv_by_std_in_grpo={_b(t.norm_adv_by_std)}",
-        "algorithm.use_kl_in_reward=False",
-        f"data.train_files={train_files}",
-        f"data.val_files={val_files}",
-        f"data.train_batch_size={w.prompts}",
-        f"data.max_prompt_length={w.prompt_len}",
-        f"data.max_response_length={w.response_len}",
-        "data.filter_overlong_prompts=True",
-        "data.truncation=error",
-        f"{ARO}.model.path={model_path}",
-        f"{ACTOR}.optim.lr={t.lr}",
-        f"{ACTOR}.ppo_mini_batch_size={w.mini_batch}",
-        f"{ACTOR}.ppo_micro_batch_size_per_gpu={s.mbs}",
-        f"{ACTOR}.use_dynamic_bsz=False",
-        f"{ACTOR}.ppo_epochs={w.ppo_epochs}",
-        f"{ACTOR}.use_kl_loss={_b(w.kl)}",
-        f"{ACTOR}.kl_loss_coef={t.kl_coef}",
-        f"{ACTOR}.kl_loss_type={t.kl_type}",
-        f"{ACTOR}.clip_ratio={t.clip_ratio}",
-        f"{ACTOR}.entropy_coeff={t.entropy_coef}",
-        f"{ACTOR}.loss_agg_mode={t.loss_agg_mode}",
-    ]
-    if t.clip_ratio_high is not None:
-        ov.append(f"{ACTOR}.clip_ratio_high={t.clip_ratio_high}")
-    for role in (ACTOR, REF):
-        meg = f"{role}.megatron"
-        ov += [
-            f"{meg}.tensor_model_parallel_size={s.tp}",
-            f"{meg}.pipeline_model_parallel_size={s.pp}",
-            f"{meg}.virtual_pipeline_model_parallel_size={s.vpp if s.vpp > 1 else 'null'}",
-            f"{meg}.context_parallel_size={s.cp}",
-            f"{meg}.expert_model_parallel_size={s.ep}",
-            f"{meg}.expert_tensor_parallel_size={etp if m.is_moe else 'null'}",
-            f"{meg}.sequence_parallel={_b(s.sp)}",
-            # verl 0.9.1 has no grad_offload: param_offload also releases the gradient buffers
-            # while the actor is inactive (engine/megatron.yaml), so param or grad offload map here.
-            f"{meg}.param_offload={_b(bool({'param', 'grad'} & set(s.offload)))}",
-        ]
-        if w.dtype in VERL_DTYPE:  # fp32 has no verl engine dtype; verl's default (bfloat16) stays
-            ov.append(f"{meg}.dtype={VERL_DTYPE[w.dtype]}")
-    ov += [
-        f"{ACTOR}.megatron.optimizer_offload={_b('optimizer' in s.offload)}",
-        f"{ACTOR}.megatron.use_distributed_optimizer={_b(s.distributed_optimizer)}",
-    ]
-    # Recompute goes to Megatron's TransformerConfig (verl declares these four keys, null by default).
-    if s.recompute == "selective":
-        ov += [f"{OTC}.recompute_granularity=selective", f"{OTC}.recompute_modules=[core_attn]"]
-    elif s.recompute == "full":
-        if s.recompute_layers is None:  # uniform, 1 layer per chunk = every layer recomputed
-            ov += [f"{OTC}.recompute_granularity=full", f"{OTC}.recompute_method=uniform",
-                   f"{OTC}.recompute_num_layers=1"]
-        else:  # block: the first N layers of each stage are recomputed
-            ov += [f"{OTC}.recompute_granularity=full", f"{OTC}.recompute_method=block",
-                   f"{OTC}.recompute_num_layers={s.recompute_layers}"]
-    # Uneven pipeline stages: TransformerConfig fields that verl's schema does not declare.
-    if s.first_stage_layers is not None:
-        ov.append(f"+{OTC}.num_layers_in_first_pipeline_stage={s.first_stage_layers}")
-    if s.last_stage_layers is not None:
-        ov.append(f"+{OTC}.num_layers_in_last_pipeline_stage={s.last_stage_layers}")
-    ov += [
-        f"{REF}.log_prob_micro_batch_size_per_gpu={s.mbs}",
-        f"{ROLLOUT}.name=vllm",
-        f"{ROLLOUT}.n={w.n}",
-        f"{ROLLOUT}.tensor_model_parallel_size={s.rollout_tp}",
-        f"{ROLLOUT}.gpu_memory_utilization={s.gpu_memory_utilization}",
-        *([f"{ROLLOUT}.dtype={VERL_DTYPE[w.dtype]}"] if w.dtype in VERL_DTYPE else []),
-        f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu={s.mbs}",
-        # vLLM schedules at most this many tokens per step; one whole sequence must fit
-        f"{ROLLOUT}.max_num_batched_tokens={max(8192, w.prompt_len + w.response_len)}",
-        f"{ROLLOUT}.temperature={t.temperature}",
-        f"{ROLLOUT}.top_p={t.top_p}",
-        f"trainer.n_gpus_per_node={cfg.cluster.gpus_per_node}",
-        f"trainer.nnodes={cfg.cluster.nnodes}",
-        f"trainer.total_training_steps={t.steps}",
-        "trainer.critic_warmup=0",
-        "trainer.logger=[console]",
-        "trainer.project_name=grpo_tune",
-        f"trainer.experiment_name={m.name}-{cfg.cluster.gpus}gpu",
-    ]
-    return ov
+    return table.overrides(verl_values(cfg, model_path=model_path, train_files=train_files, val_files=val_files))
 
 
-def _quote(arg: str) -> str:
-    """Shell-quote an override, keeping ``$VAR`` expandable."""
-    if "$" in arg:
-        return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+# Words a script may keep expandable: exactly these variables, nothing else.
+_SCRIPT_VARS = {"$MODEL_PATH": "MODEL_PATH", "$TRAIN_FILES": "TRAIN_FILES", "$VAL_FILES": "VAL_FILES"}
+
+
+def _quote_override(arg: str) -> str:
+    """Shell-quote one override. Only the launch's own variables stay expandable (a value ending in one
+    of them: ``key=$MODEL_PATH``); everything else is single-quoted, so bash passes it verbatim."""
+    key, _, val = arg.partition("=")
+    if val in _SCRIPT_VARS:
+        return shlex.quote(key + "=") + f'"${{{_SCRIPT_VARS[val]}}}"'
     return shlex.quote(arg)
+
+
+def check_name(value: str, what: str) -> str:
+    """Refuse control characters (a newline in a name starts a new shell command or TOML key)."""
+    bad = next((ch for ch in value if ord(ch) < 32 or ord(ch) == 127), None)
+    if bad is not None:
+        raise ConfigError(f"{what} {value!r} holds a control character ({ord(bad):#04x})",
+                          hint="use printable characters only")
+    return value
+
+
+def _comment(text: str) -> str:
+    """Text safe inside one ``#`` comment line."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text)
 
 
 def verl_script(cfg: RunConfig) -> str:
     """A bash launch for verl 0.9.1. ``MODEL_PATH``, ``TRAIN_FILES`` and ``VAL_FILES`` may be set by
-    the caller; extra overrides can be appended as arguments (``"$@"``)."""
+    the caller; extra overrides can be appended as arguments (``"$@"``). Every value from the plan is
+    single-quoted (a model name or hf_id can never run as code)."""
     s, c, m = cfg.strategy, cfg.cluster, cfg.model
+    for value, what in ((m.name, "model name"), (m.hf_id or "", "model hf_id"), (cfg.hardware.name, "hardware name")):
+        check_name(value, what)
     plan = (f"tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} etp={s.etp_} dp={s.dp} mbs={s.mbs} "
             f"recompute={s.recompute} offload={','.join(s.offload) or 'none'} rollout_tp={s.rollout_tp} "
-            f"gpu_memory_utilization={s.gpu_memory_utilization}")
+            f"gpu_memory_utilization={s.gpu_memory_utilization} max_tokens_per_gpu={s.max_tokens_per_gpu} "
+            f"cpu_optimizer={s.cpu_optimizer}")
     lines = [
         "#!/usr/bin/env bash",
-        f"# GRPO for {m.name} on {c.gpus} x {cfg.hardware.name} ({c.nnodes} node(s) of {c.gpus_per_node}), "
-        f"verl {VERL_VERSION} + Megatron.",
-        f"# Emitted by grpo-tune. Plan: {plan}",
+        _comment(f"# GRPO for {m.name} on {c.gpus} x {cfg.hardware.name} ({c.nnodes} node(s) of "
+                 f"{min(c.gpus, c.gpus_per_node)}), verl {VERL_VERSION} + Megatron."),
+        _comment(f"# Emitted by grpo-tune. Plan: {plan}"),
         "# Check it before a run: grpo-tune diagnose THIS_FILE",
         "set -euo pipefail",
         "",
-        f"MODEL_PATH=${{MODEL_PATH:-{m.hf_id or m.name}}}",
+        # the default is a plain quoted assignment: a value with `}` or `$(...)` stays data
+        f"DEFAULT_MODEL_PATH={shlex.quote(m.hf_id or m.name)}",
+        "MODEL_PATH=${MODEL_PATH:-$DEFAULT_MODEL_PATH}",
     ]
     for k, v in ENV_DEFAULTS.items():
         lines.append(f"{k}=${{{k}:-{v}}}")
@@ -159,7 +111,7 @@ def verl_script(cfg: RunConfig) -> str:
         f"python3 -m verl.trainer.main_ppo --config-name={CONFIG_NAME} \\",
     ]
     for o in verl_overrides(cfg):
-        lines.append(f"    {_quote(o)} \\")
+        lines.append(f"    {_quote_override(o)} \\")
     lines.append('    "$@"')
     return "\n".join(lines) + "\n"
 
@@ -167,9 +119,9 @@ def verl_script(cfg: RunConfig) -> str:
 def megatron_args(cfg: RunConfig) -> list[str]:
     """Megatron-LM ``pretrain_gpt.py`` flags for the same plan (training side only).
 
-    Rollout settings have no Megatron-LM equivalent. Offload between phases (verl's
-    param/optimizer offload) has none either; ``--optimizer-cpu-offload`` (Megatron's CPU optimizer
-    step) is emitted for optimizer offload as the nearest flag.
+    Rollout settings have no Megatron-LM equivalent, nor have offload between phases (verl's
+    param/optimizer offload) and dynamic batching (verl's token-budget micro-batches): the text form
+    says so in comments. Megatron's hybrid CPU optimizer is ``--optimizer-cpu-offload``.
     """
     m, s, w = cfg.model, cfg.strategy, cfg.workload
     a: list[str] = [
@@ -189,8 +141,12 @@ def megatron_args(cfg: RunConfig) -> list[str]:
         a.append("--sequence-parallel")
     if s.distributed_optimizer:
         a.append("--use-distributed-optimizer")
-    if "optimizer" in s.offload:
-        a.append("--optimizer-cpu-offload")
+    if s.cpu_optimizer is not None:  # Megatron's hybrid CPU optimizer (training group of arguments.py)
+        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", repr(float(s.cpu_optimizer))]
+    if s.overlap_cpu_optimizer:
+        a.append("--overlap-cpu-optimizer-d2h-h2d")
+    if s.precision_aware_optimizer:
+        a.append("--use-precision-aware-optimizer")
     if s.recompute == "selective":
         a += ["--recompute-granularity", "selective", "--recompute-modules", "core_attn"]
     elif s.recompute == "full":
@@ -235,6 +191,9 @@ def megatron_args(cfg: RunConfig) -> list[str]:
         if m.dense_layers:
             # Megatron's list pattern: 0 = dense layer, 1 = MoE layer
             a += ["--moe-layer-freq", f"([0]*{m.dense_layers}+[1]*{m.layers - m.dense_layers})"]
+        t = cfg.trainer
+        a += ["--moe-router-load-balancing-type", t.moe_router_load_balancing_type,
+              "--moe-aux-loss-coeff", repr(float(t.moe_aux_loss_coeff))]
         if m.router_bias:  # DeepSeek-V3 aux-loss-free balancing with sigmoid scores (arXiv 2412.19437 §2.1.2)
             a += ["--moe-router-enable-expert-bias", "--moe-router-score-function", "sigmoid"]
     return a
@@ -247,6 +206,11 @@ def megatron_args_text(cfg: RunConfig) -> str:
            f"# Pipeline stages (layers): {stage_layers(cfg.model, s)}"]
     if {"param", "grad"} & set(s.offload):
         out.append("# param/grad offload between phases is verl's (param_offload); Megatron-LM has no flag for it.")
+    if "optimizer" in s.offload:
+        out.append("# optimizer offload between phases is verl's (optimizer_offload); Megatron-LM has no flag for it.")
+    if s.max_tokens_per_gpu is not None:
+        out.append(f"# dynamic batching ({s.max_tokens_per_gpu} tokens per GPU) is verl's use_dynamic_bsz; "
+                   "Megatron-LM's pretrain_gpt.py has no flag for it.")
     args = megatron_args(cfg)
     i = 0
     while i < len(args):

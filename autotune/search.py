@@ -32,6 +32,7 @@ from costmodel.estimate import Estimate, estimate
 from costmodel.params import total_params
 from core.specs import HardwareSpec, ModelSpec
 from core.rules import check_batches
+from core.support import check_plan
 from core.strategy import OFFLOAD, RECOMPUTE, Cluster, Strategy, Workload, divisors, validate
 
 GMU_GRID = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -42,6 +43,11 @@ GiB = 1024 ** 3
 
 CP_MIN_TOKENS = 4096
 """Tokens of one sequence each context-parallel rank must keep for search to propose CP > 1 (unpinned)."""
+
+ENGINE_KEYS = ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu", "cpu_optimizer", "overlap_cpu_optimizer",
+               "precision_aware_optimizer", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
+               "chunked_prefill", "free_cache_engine")
+"""Strategy fields passed through from the pins (the searched ones among them are set per plan)."""
 
 LAYOUT_KEYS = ("tp", "pp", "first_stage_layers", "last_stage_layers", "vpp", "cp", "ep", "etp")
 
@@ -177,6 +183,9 @@ class Space:
     def mbs_options(self, lay: dict[str, Any]) -> list[int]:
         per = self.sequences_per_dp(lay)
         opts = [b for b in range(1, min(per, MAX_MBS) + 1) if per % b == 0]
+        # megatron's refusals shared with the trainer (core/support.py), e.g. the interleaving rule per mbs
+        dp = self.cluster.gpus // (lay["tp"] * lay["pp"] * lay["cp"])
+        opts = [b for b in opts if not check_plan(self.model, Strategy(**lay, mbs=b, dp=dp), workload=self.workload)]
         if "mbs" in self.pins:
             return [self.pins["mbs"]] if per and per % self.pins["mbs"] == 0 else []
         return opts
@@ -218,7 +227,8 @@ class Space:
         return pairs or [(t, max(gmus)) for t in rtps]
 
     def strategy(self, lay: dict[str, Any], opt: dict[str, Any], roll: tuple[int, float]) -> Strategy:
-        return Strategy(**lay, **opt, rollout_tp=roll[0], gpu_memory_utilization=roll[1],
+        fixed = {k: self.pins[k] for k in ENGINE_KEYS if k in self.pins and k not in opt}
+        return Strategy(**lay, **opt, **fixed, rollout_tp=roll[0], gpu_memory_utilization=roll[1],
                         sequence_parallel=self.pins.get("sequence_parallel"))
 
     def candidate_count(self, layouts: list[dict[str, Any]] | None = None) -> int:
@@ -280,12 +290,12 @@ class SearchResult:
 
 
 def step_s(est: Estimate) -> float:
-    return math.inf if est.time is None else float(est.time["step_s"])
+    return math.inf if est.time is None else float(est.time.step_s)
 
 
 def tokens_per_s_per_gpu(est: Estimate) -> float:
-    if est.throughput and est.throughput.get("tokens_per_s_per_gpu") is not None:
-        return float(est.throughput["tokens_per_s_per_gpu"])
+    if est.throughput is not None:
+        return float(est.throughput.tokens_per_s_per_gpu)
     s = step_s(est)
     wl = est.workload
     return 0.0 if not math.isfinite(s) else wl.sequences * wl.train_seq_len / s / est.cluster.gpus
@@ -344,10 +354,10 @@ class _Evaluator:
     def vector(self, est: Estimate) -> tuple[np.ndarray, np.ndarray]:
         if self.mem_keys is None:
             self.mem_keys = list(est.memory)
-            self.time_keys = [] if est.time is None else list(est.time["phases"])
+            self.time_keys = [] if est.time is None else list(est.time.phases)
             self.capacity = est.capacity_bytes
         mem = np.array([est.memory[k].total_bytes if k in est.memory else 0.0 for k in self.mem_keys])
-        tm = np.array([est.time["phases"].get(k, 0.0) for k in self.time_keys]) if est.time else np.zeros(0)
+        tm = np.array([est.time.phases.get(k, 0.0) for k in self.time_keys]) if est.time else np.zeros(0)
         return mem, tm
 
     def train_phase_mask(self) -> np.ndarray:

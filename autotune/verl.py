@@ -153,21 +153,26 @@ def snapshot() -> dict[str, Any]:
 def key_status(key: str) -> str:
     """``declared`` (in verl's schema), ``open`` (under a free-form section), ``parent`` (a section
     name, not a leaf) or ``unknown``."""
-    keys = snapshot()
-    if key in keys:
+    if key in snapshot():
         return "declared"
     if any(key == p or key.startswith(p + ".") for p in OPEN_PREFIXES):
         return "open"
-    pre = key + "."
-    if any(k.startswith(pre) for k in keys):
+    if key in _parents():
         return "parent"
     return "unknown"
+
+
+@lru_cache(maxsize=1)
+def _parents() -> frozenset[str]:
+    """Every section name of the key tree (``a`` and ``a.b`` for ``a.b.c``): one set look-up per key."""
+    return frozenset(k.rsplit(".", i)[0] for k in snapshot() for i in range(1, k.count(".") + 1))
 
 
 def default(key: str, fallback: Any = None) -> Any:
     return snapshot().get(key, fallback)
 
 
+@lru_cache(maxsize=1)
 def leaf_names() -> dict[str, list[str]]:
     """Last key component -> full keys (for 'did you mean' on a bare or misplaced name)."""
     out: dict[str, list[str]] = {}

@@ -25,7 +25,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMAND_MODULES = ("estimate", "search", "compare", "diagnose", "validate", "train", "profile", "probe", "catalog", "tune",
+COMMAND_MODULES = ("estimate", "search", "compare", "diagnose", "validate", "train", "profile", "probe", "catalog",
+                   "tune",
                    "calibrate")
 for _name in COMMAND_MODULES:
     importlib.import_module(f"cli.{_name}").register(app)

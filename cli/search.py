@@ -14,7 +14,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from autotune.grouping import caption as grouping_caption
+from autotune.grouping import group_by_layout
 from autotune.options import (
+    PromptLenMean, ResponseLenMean, Lengths, MaxTokensPerGpu, CpuOptimizer, MaxNumSeqs, EnforceEager,
     MIN_HEADROOM_DEFAULT, WORKLOAD_DEFAULTS, MinHeadroom, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Hardware,
     Json, Kl, LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute,
     ResponseLen, RolloutTp, SeqLen, SeqPar, Tp, Vpp, WorkloadKind, inputs_from_flags,
@@ -29,6 +32,7 @@ P_REF = "Refinement (real profiling runs)"
 
 Top = Annotated[int, typer.Option("--top", help="Plans to show.", rich_help_panel=P_OUT)]
 Out = Annotated[Path, typer.Option("--out", help="Parent folder of the run folder <model>-<gpus>g-<hw>-<time>.", rich_help_panel=P_OUT)]
+AllPlans = Annotated[bool, typer.Option("--all", help="List every top plan, not one row per layout.", rich_help_panel=P_OUT)]
 Emit = Annotated[bool, typer.Option("--emit/--no-emit", help="Write the run folder (best.yaml, verl.sh, ...).", rich_help_panel=P_OUT)]
 CrossNode = Annotated[bool, typer.Option("--allow-cross-node-tp", help="Let TP groups span nodes.", rich_help_panel="Parallel degrees (unset: default in estimate, tuned in search)")]
 Calibration = Annotated[Optional[Path], typer.Option("--calibration", help="Calibration JSON (autotune/calibrate.py) applied to the time model.", rich_help_panel=P_REF)]
@@ -59,7 +63,7 @@ def print_plans(ranked: list[Estimate], console: Console, *, top: int, title: st
                      style="bold" if c == "step s" else None)
     for i, e in enumerate(plans):
         s = e.strategy
-        mfu = (e.throughput or {}).get("mfu")
+        mfu = None if e.throughput is None else e.throughput.mfu
         deg = f"tp{s.tp} pp{s.pp}"
         if s.first_stage_layers or s.last_stage_layers:
             deg += f"({s.first_stage_layers or '-'}/{s.last_stage_layers or '-'})"
@@ -104,12 +108,15 @@ def search(
     first_stage_layers: FirstStage = None, last_stage_layers: LastStage = None,
     recompute: Recompute = None, sequence_parallel: SeqPar = None, distributed_optimizer: DistOpt = None,
     offload: Offload = None, rollout_tp: RolloutTp = None, gpu_memory_utilization: GpuMemUtil = None,
+    max_tokens_per_gpu: MaxTokensPerGpu = None, cpu_optimizer: CpuOptimizer = None, max_num_seqs: MaxNumSeqs = None,
+    enforce_eager: EnforceEager = None,
     allow_cross_node_tp: CrossNode = False, min_headroom: MinHeadroom = MIN_HEADROOM_DEFAULT,
     workload: WorkloadKind = WD["workload"], prompts: Prompts = WD["prompts"], n: GroupN = WD["n"],
     prompt_len: PromptLen = WD["prompt_len"], response_len: ResponseLen = WD["response_len"],
+    prompt_len_mean: PromptLenMean = None, response_len_mean: ResponseLenMean = None, lengths: Lengths = None,
     mini_batch: MiniBatch = WD["mini_batch"], ppo_epochs: PpoEpochs = WD["ppo_epochs"], kl: Kl = WD["kl"],
     seq_len: SeqLen = WD["seq_len"], gbs: Gbs = WD["gbs"],
-    top: Top = 10, json_out: Json = False, out: Out = Path("runs"), emit: Emit = True,
+    top: Top = 10, all_plans: AllPlans = False, json_out: Json = False, out: Out = Path("runs"), emit: Emit = True,
     calibration: Calibration = None,
     refine: Refine = False, trials: Trials = 8, storage: Storage = None, study_name: StudyName = None,
     trial_steps: TrialSteps = 6, trial_timeout: TrialTimeout = 600.0,
@@ -147,10 +154,16 @@ def search(
         print(json.dumps({"run_dir": None if run_dir is None else str(run_dir),
                           "files": {k: str(v) for k, v in files.items()}, "stats": result.stats(),
                           "best": result.best.to_dict(), "top": [e.to_dict() for e in result.ranked[:top]],
+                          "layouts": [r.to_dict() for r in group_by_layout(result.ranked)[:top]],
                           "pareto": [e.to_dict() for e in result.pareto]}, indent=2, default=str))
         return
     if not json_out:
-        print_plans(result.ranked, console, top=top)
+        if all_plans:
+            print_plans(result.ranked, console, top=top)
+        else:  # one row per layout (autotune/grouping.py)
+            rows = group_by_layout(result.ranked)[:top]
+            print_plans([r.best for r in rows], console, top=top, title="Top plans, one row per layout (its best variant)")
+            console.print(grouping_caption(rows), highlight=False)
         st = result.stats()
         console.print(f"{st['candidates']:,} valid plans; {st['evaluated']:,} cost-model calls, "
                       f"{st['combined']:,} combined; {st['pruned_layouts']:,}/{st['layouts']:,} layouts pruned; "

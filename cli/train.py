@@ -45,6 +45,9 @@ def load_checked(config: Path, *, steps: int | None = None, out: Path | None = N
     if over:
         cfg = cfg.replace(trainer=dataclasses.replace(cfg.trainer, **over))
     out_dir = Path(cfg.trainer.out_dir)
+    from autotune.outputs import check_out_dir
+
+    check_out_dir(out_dir, "--out", inputs=(config,))
     if not resume and (out_dir / "checkpoints" / "latest.json").exists():
         raise ConfigError(f"{out_dir} already holds checkpoints and --no-resume was given",
                           hint="choose another --out, or drop --no-resume to continue that run")
@@ -116,6 +119,9 @@ def print_summary(sm: dict, cmd: list[str], console: Console) -> None:
                   f"{b['mini_batches_per_step']} mini-batch(es) of {b['sequences_per_mini_batch']}, "
                   f"{b['micro_batches_per_mini_batch']} micro-batch(es) per mini-batch per DP rank, "
                   f"ppo_epochs {w['ppo_epochs']}, lengths {w['prompt_len']}+{w['response_len']}", highlight=False)
+    if b.get("packing"):
+        console.print(f"dynamic batching: {b['max_tokens_per_gpu']} tokens per update micro-batch, "
+                      f"{b['log_prob_max_tokens_per_gpu']} per log-prob micro-batch; {b['packing']}", highlight=False)
     if sm["memory"]:
         m = Table(title="Memory estimate per phase (cost model, most loaded rank)")
         m.add_column("phase")
@@ -199,8 +205,11 @@ def train(config: ConfigOpt, steps: StepsOpt = None, dry_run: Annotated[bool, ty
           resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Continue from the latest checkpoint in the output folder.")] = True,
           json_out: Annotated[bool, typer.Option("--json", help="With --dry-run: print the summary as JSON.")] = False) -> None:
     """Run GRPO training with the config's parallel strategy (torchrun; megatron-core)."""
+    from autotune.outputs import check_output
     from trainer import launch
 
+    if slurm is not None:  # before anything is read or written: never over the config itself
+        check_output(slurm, "--slurm", inputs=(config,))
     cfg, lay, out_dir = load_checked(config, steps=steps, out=out, nnodes=nnodes, node_rank=node_rank, resume=resume,
                                      need_torch=not (dry_run or slurm))
     worker_args = ["--steps", str(cfg.trainer.steps), "--out", str(out_dir)]

@@ -17,11 +17,11 @@ from typing import Any
 
 import yaml
 
-from core.errors import ConfigError, GrpoTuneError, UnknownKeyError, close_matches
+from core.errors import ConfigError, GrpoTuneError
 from core.choices import KlType, LossAgg, RolloutEngine
 from core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from core.strategy import Cluster, Strategy, Workload, validate
-from core.validation import FRACTION, Schema, from_mapping
+from core.validation import FRACTION, Schema, check_names, from_mapping
 
 SCHEMA_VERSION = 1
 
@@ -116,14 +116,11 @@ class RunConfig:
     def from_dict(cls, data: Any, *, where: str = "config") -> "RunConfig":
         if not isinstance(data, dict):
             raise ConfigError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
-        for k in data:
-            if k not in _SECTIONS:
-                near = close_matches(str(k), _SECTIONS)
-                raise UnknownKeyError(f"{where}: unknown section {k!r}",
-                                      hint=f"did you mean {near[0]!r}?" if near else f"sections: {', '.join(_SECTIONS)}")
+        check_names(data, _SECTIONS, where, noun="section")
         ver = data.get("schema_version")
         if ver != SCHEMA_VERSION:
-            raise ConfigError(f"{where}: schema_version {ver!r} is not supported (this grpo-tune reads {SCHEMA_VERSION})",
+            raise ConfigError(f"{where}: schema_version {ver!r} is not supported "
+                              f"(this grpo-tune reads {SCHEMA_VERSION})",
                               hint="re-emit the config with this grpo-tune version")
         for k in ("model", "hardware", "cluster", "strategy"):
             if k not in data:
@@ -136,14 +133,14 @@ class RunConfig:
         trainer = from_mapping(TrainerOptions, data.get("trainer") or {}, f"{where}.trainer", _TRAINER_SCHEMA)
         strategy = validate(model, strategy, cluster.gpus, gpus_per_node=cluster.gpus_per_node,
                             allow_cross_node_tp=True)
-        extras = {}
+        extras: dict[str, dict[str, Any] | None] = {}
         for k in ("predicted", "measured", "meta"):
             v = data.get(k)
             if v is not None and not isinstance(v, dict):
                 raise ConfigError(f"{where}.{k} must be a mapping")
             extras[k] = v
         return cls(model=model, hardware=hw, cluster=cluster, strategy=strategy, workload=workload,
-                   trainer=trainer, **extras)
+                   trainer=trainer, predicted=extras["predicted"], measured=extras["measured"], meta=extras["meta"])
 
     def replace(self, **kw) -> "RunConfig":
         return dataclasses.replace(self, **kw)
@@ -193,7 +190,7 @@ def load(path: str | os.PathLike) -> RunConfig:
 
 
 def dumps(cfg: RunConfig) -> str:
-    header = "# grpo-tune run config (schema_version {v}). `grpo-tune train --config THIS` runs it.\n".format(v=SCHEMA_VERSION)
+    header = f"# grpo-tune run config (schema_version {SCHEMA_VERSION}). `grpo-tune train --config THIS` runs it.\n"
     return header + yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=False)
 
 

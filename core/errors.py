@@ -32,6 +32,7 @@ CODES = {
     "MISSING_DEPENDENCY": "an optional dependency is not installed",
     "TRIAL_FAILED": "a profiling trial failed",
     "CHECKPOINT_ERROR": "a checkpoint could not be read or written",
+    "TRAINER_UNSUPPORTED": "a valid plan that grpo-tune's megatron-core trainer cannot run (core/support.py)",
 }
 
 
@@ -43,10 +44,12 @@ HINTS = {
     "UNKNOWN_KEY": "check the key's spelling; `grpo-tune diagnose` names the closest valid key",
     "UNKNOWN_COMMAND": "use verl's own entry point and flags (python3 -m verl.trainer.main_ppo key=value ...)",
     "UNKNOWN_MODEL": "`grpo-tune models` lists the presets; a path to a Hugging Face config.json works too",
-    "UNKNOWN_HARDWARE": "`grpo-tune hardware` lists the profiles; `grpo-tune probe-hardware` writes one for this machine",
+    "UNKNOWN_HARDWARE": "`grpo-tune hardware` lists the profiles; `grpo-tune probe-hardware` writes one for this "
+                        "machine",
     "INVALID_DEGREES": "choose degrees that divide the GPU count and the model's heads/layers/experts "
                        "(`grpo-tune search` only proposes valid ones)",
-    "NO_FEASIBLE_PLAN": "add GPUs, shorten the sequences, or allow offload/recompute; `--json` shows each plan's memory",
+    "NO_FEASIBLE_PLAN": "add GPUs, shorten the sequences, or allow offload/recompute; `--json` shows each plan's "
+                        "memory",
     "TP_MISMATCH": "give the actor, the reference and the rollout the same tensor-parallel degree",
     "PP_MISMATCH": "give the actor and the reference the same pipeline degree",
     "CP_MISMATCH": "give the actor and the reference the same context-parallel degree",

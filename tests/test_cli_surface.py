@@ -15,15 +15,18 @@ PLAN = [
     "--last-stage-layers", "--mbs", "--mini-batch", "--model -m", "--n", "--offload", "--pp", "--ppo-epochs",
     "--prompt-len", "--prompts", "--recompute", "--response-len", "--rollout-tp", "--seq-len",
     "--sequence-parallel / --no-sequence-parallel", "--tp", "--vpp", "--workload",
+    # issue 9: lengths, dynamic batching, the CPU optimizer and vLLM's knobs
+    "--prompt-len-mean", "--response-len-mean", "--lengths", "--max-tokens-per-gpu", "--cpu-optimizer",
+    "--max-num-seqs", "--enforce-eager / --no-enforce-eager",
 ]
 
 SURFACE = {
     "estimate": PLAN,
-    "search": PLAN + ["--allow-cross-node-tp", "--calibration", "--emit / --no-emit", "--min-headroom", "--out", "--refine", "--storage",
+    "search": PLAN + ["--all", "--allow-cross-node-tp", "--calibration", "--emit / --no-emit", "--min-headroom", "--out", "--refine", "--storage",
                       "--study-name", "--top", "--trial-steps", "--trial-timeout", "--trials"],
     "compare": PLAN + ["--min-headroom", "--out"],
     "diagnose": ["--hardware", "--json", "--model -m", "PATH"],
-    "validate": ["--data", "--hardware", "--json", "--refit", "--tolerance"],
+    "validate": ["--data", "--grpo", "--hardware", "--json", "--refit", "--tolerance"],
     "train": ["--config -c", "--dry-run", "--json", "--master-addr", "--master-port", "--nnodes", "--node-rank", "--out",
               "--resume / --no-resume", "--slurm", "--steps"],
     "profile": ["--config -c", "--json", "--master-addr", "--master-port", "--nnodes", "--node-rank", "--out", "--steps"],

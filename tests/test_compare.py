@@ -43,14 +43,20 @@ def test_rows_per_hardware(compared):
     assert h100["fits"] and a100["fits"]
     # H100 has 3.2x the bf16 FLOP/s and 1.6x the HBM bandwidth of A100: its best plan is faster.
     assert h100["step_s"] < a100["step_s"]
+    # $ per million tokens by hand: the profile's $/GPU-h over 3600 s/h x tokens/s/GPU, x 1e6.
+    hw = load_hardware("h100")
+    assert h100["price_per_gpu_hour_usd"] == hw.price_per_gpu_hour_usd
     assert h100["usd_per_million_tokens"] == pytest.approx(
-        usd_per_million_tokens(h100["price_per_gpu_hour_usd"], h100["tokens_per_s_per_gpu"]))
-    assert h100["headroom_bytes"] == h100["capacity_bytes"] - h100["peak_bytes"] >= 0
+        hw.price_per_gpu_hour_usd / 3600.0 / h100["tokens_per_s_per_gpu"] * 1e6, rel=1e-9)
+    # capacity is the profile's HBM less what no tensor can use; headroom is what the peak phase leaves of it.
+    assert h100["capacity_bytes"] == pytest.approx(hw.hbm_bytes - hw.reserved_memory_bytes, abs=1)
+    assert 0 <= h100["headroom_bytes"] == pytest.approx(h100["capacity_bytes"] - h100["peak_bytes"], abs=1)
     # the row is the same plan a direct search picks
     best = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), Workload(), top=1,
                   min_headroom=MIN_HEADROOM_DEFAULT).best
     assert h100["headroom_bytes"] >= MIN_HEADROOM_DEFAULT * load_hardware("h100").hbm_bytes
     assert h100["tokens_per_s_per_gpu"] == pytest.approx(tokens_per_s_per_gpu(best))
+    assert h100["peak_bytes"] == pytest.approx(best.peak_bytes, abs=1)
     # 7B cannot be trained on the 2-core CPU profile: a coded row, not a crash
     assert rows["cpu"]["fits"] is False and rows["cpu"]["error"]["code"] == "NO_FEASIBLE_PLAN"
     assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"

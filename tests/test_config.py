@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.config import SCHEMA_VERSION, RunConfig, TrainerOptions, atomic_write, dumps, load, save
-from core.errors import GrpoTuneError
+from core.errors import CODES, GrpoTuneError
 from core.specs import load_hardware, load_model
 from core.strategy import Cluster, Strategy, Workload, validate
 
@@ -114,20 +114,30 @@ BASE = make_cfg().to_dict()
 
 
 def _load_text(text: str):
+    """The loaded config, or None after a coded error that says where and what (never a bare exception)."""
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "c.yaml"
         p.write_text(text)
         try:
             return load(p)
         except GrpoTuneError as exc:
-            assert exc.code and exc.message
+            assert exc.code in CODES, exc.code
+            assert str(exc) == f"[{exc.code}] {exc.message}" and exc.message.strip()
+            assert exc.hint.strip(), f"[{exc.code}] {exc.message} has no hint"
             return None
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=st.text(max_size=200))
 def test_random_text_gives_coded_errors(text):
-    _load_text(text)
+    # Random text is never a run config: it must be refused, and only as malformed YAML/shape or an unknown key.
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "c.yaml"
+        p.write_text(text)
+        with pytest.raises(GrpoTuneError) as exc:
+            load(p)
+    assert exc.value.code in ("BAD_CONFIG", "UNKNOWN_KEY"), str(exc.value)
+    assert exc.value.hint.strip()
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -11,7 +11,7 @@ from core.config import TrainerOptions, _TRAINER_SCHEMA
 from core.errors import ConfigError, GrpoTuneError, UnknownKeyError
 from core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from core.strategy import Cluster, Strategy, Workload
-from core.validation import FRACTION, POSITIVE, Range, from_mapping
+from core.validation import POSITIVE, Range, from_mapping
 
 
 @pytest.mark.parametrize("build, data, code, text", [

@@ -109,3 +109,21 @@ def test_text_form_keeps_every_flag():
     assert "Megatron-LM has no flag" in text
     lines = [l for l in text.splitlines() if l.startswith("--")]
     assert sum(a.startswith("--") for a in megatron_args(cfg)) == len(lines)
+
+
+def test_new_knobs_have_declared_megatron_flags():
+    """The hybrid CPU optimizer and its companions reach Megatron-LM with the plan's values."""
+    cfg = configs()["qwen3-30b-a3b-ep8"]
+    s = cfg.strategy.replace(cpu_optimizer=0.25, overlap_cpu_optimizer=True, precision_aware_optimizer=True,
+                             max_tokens_per_gpu=8192)
+    cfg = cfg.replace(strategy=s)
+    args = megatron_args(cfg)
+    assert undeclared(args, declared_flags()) == []
+    ns = as_namespace(args)
+    assert ns.optimizer_cpu_offload and float(ns.optimizer_offload_fraction) == 0.25
+    assert ns.overlap_cpu_optimizer_d2h_h2d and ns.use_precision_aware_optimizer
+    assert ns.moe_router_load_balancing_type == cfg.trainer.moe_router_load_balancing_type
+    assert float(ns.moe_aux_loss_coeff) == cfg.trainer.moe_aux_loss_coeff
+    assert "dynamic batching (8192 tokens per GPU)" in megatron_args_text(cfg)
+    # verl's optimizer offload between phases is not Megatron's CPU optimizer
+    assert "--optimizer-cpu-offload" not in megatron_args(configs()["7b-tp2"])

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from autotune.search import CP_MIN_TOKENS, Space, stage_splits
 from core.errors import GrpoTuneError
 from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Strategy, Workload, divisors, stage_layers, validate
+from core.strategy import Cluster, Strategy, Workload, stage_layers, validate
 
 H100 = load_hardware("h100")
 WL = Workload()

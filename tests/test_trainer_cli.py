@@ -121,7 +121,7 @@ def test_slurm_script(tmp_path):
     assert cli_main(["train", "--config", str(cfg), "--slurm", str(out), "--steps", "5"]) == 0
     s = out.read_text()
     assert "#SBATCH --nodes=2" in s and "#SBATCH --gpus-per-node=4" in s and "#SBATCH --ntasks-per-node=1" in s
-    assert "--node-rank=$SLURM_NODEID" in s and "--nnodes=2 --nproc-per-node=4" in s
+    assert 'PET_NODE_RANK="$SLURM_NODEID"' in s and "--nnodes=2 --nproc-per-node=4" in s
     assert f"-m trainer.main --config {cfg.resolve()} --steps 5" in s
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0  # valid shell
 

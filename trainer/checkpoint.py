@@ -6,7 +6,10 @@ Layout under ``<out_dir>/checkpoints``::
     step_00000010/meta.json           written by rank 0 once every rank's file is on disk
     latest.json                       {"step", "world_size", "dir"}: replaced atomically, last
 
-A reader trusts only ``latest.json``. Each shard is written to a temporary name, fsynced and renamed,
+A reader trusts only ``latest.json``, and only a ``dir`` that names a ``step_NNNNNNNN`` folder inside
+the checkpoint folder. Shards load with ``torch.load(weights_only=True)`` (tensors and plain Python
+values only: RNG states are stored as such). :func:`verify` checks every shard's zip records against
+their CRC-32 before any worker starts, and names the corrupt shard and the last intact checkpoint. Each shard is written to a temporary name, fsynced and renamed,
 then all ranks meet at a barrier, and only then does rank 0 write ``meta.json`` and swing
 ``latest.json``. A run killed at any instant (kill -9 included) therefore leaves ``latest.json``
 pointing at a complete checkpoint, or absent. Older checkpoints beyond ``keep`` are removed.
@@ -16,14 +19,15 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-import torch
-
 from core.errors import GrpoTuneError
+
+_STEP_DIR = re.compile(r"step_[0-9]{8}")
 
 
 def _err(msg: str, hint: str = "") -> GrpoTuneError:
@@ -62,8 +66,14 @@ def _atomic_json(path: Path, obj: dict) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    """Every RNG a step may touch: Python, NumPy, torch CPU, CUDA, and megatron's CUDA tracker."""
-    st: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG a step may touch: Python, NumPy, torch CPU, CUDA, and megatron's CUDA tracker.
+    NumPy's state is kept as plain values (a list of ints), so that the shard loads with weights_only."""
+    import numpy as np
+    import torch
+
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    st: dict[str, Any] = {"python": random.getstate(), "numpy": [kind, keys.tolist(), int(pos), int(has_gauss),
+                                                                 float(cached)], "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         st["cuda"] = torch.cuda.get_rng_state()
         try:
@@ -76,8 +86,13 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(st: dict[str, Any]) -> None:
-    random.setstate(st["python"])
-    np.random.set_state(st["numpy"])
+    import numpy as np
+    import torch
+
+    py = st["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    kind, keys, pos, has_gauss, cached = st["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(st["torch"])
     if "cuda" in st and torch.cuda.is_available():
         torch.cuda.set_rng_state(st["cuda"])
@@ -90,6 +105,8 @@ def set_rng_state(st: dict[str, Any]) -> None:
 def save(out_dir: str | os.PathLike, step: int, state: dict[str, Any], *, rank: int, world_size: int,
          barrier: Callable[[], None] = lambda: None, keep: int = 2) -> Path:
     """Save this rank's ``state`` for ``step`` (collective: every rank calls it)."""
+    import torch
+
     d = step_dir(out_dir, step)
     try:
         _atomic_bytes(d / f"rank_{rank:05d}.pt", lambda fh: torch.save({**state, "rng": rng_state()}, fh))
@@ -111,31 +128,101 @@ def _prune(out_dir, keep: int, current: int) -> None:
             shutil.rmtree(step_dir(out_dir, s), ignore_errors=True)
 
 
+def _shard(d: Path, rank: int) -> Path:
+    return d / f"rank_{rank:05d}.pt"
+
+
 def latest(out_dir: str | os.PathLike) -> dict | None:
+    """``latest.json`` checked: step and world size are integers, ``dir`` names a step folder in this
+    checkpoint folder (``"../../etc"`` or an absolute path is refused, never followed)."""
     p = root(out_dir) / "latest.json"
     if not p.exists():
         return None
     try:
         meta = json.loads(p.read_text())
         int(meta["step"]), int(meta["world_size"])
-        return meta
+        d = meta["dir"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise _err(f"{p} is unreadable ({exc})", "delete the checkpoints folder to start over") from None
+    if not isinstance(d, str) or not _STEP_DIR.fullmatch(d):
+        raise _err(f"{p}: dir {d!r} is not a step_NNNNNNNN folder of {root(out_dir)}",
+                   "latest.json only ever names a folder next to it; delete it to start over")
+    return meta
+
+
+def _bad_shard(f: Path) -> str | None:
+    """Why a shard cannot be loaded (missing, truncated, a failed CRC-32), or None when it is intact."""
+    try:
+        with zipfile.ZipFile(f) as zf:
+            broken = zf.testzip()  # reads every record and checks its CRC-32 (torch.save writes a zip)
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError, RuntimeError) as exc:
+        return f"not a readable torch checkpoint ({exc})"
+    return None if broken is None else f"record {broken} fails its CRC-32 check"
+
+
+def _intact(out_dir, d: Path, world_size: int) -> bool:
+    try:
+        meta = json.loads((d / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return meta.get("world_size") == world_size and all(_bad_shard(_shard(d, r)) is None for r in range(world_size))
+
+
+def last_intact(out_dir: str | os.PathLike, world_size: int, *, before: int | None = None) -> Path | None:
+    """The newest step folder (older than ``before``) whose meta.json and every shard are intact."""
+    steps = sorted((p for p in root(out_dir).glob("step_*") if _STEP_DIR.fullmatch(p.name)), reverse=True)
+    for d in steps:
+        if (before is None or int(d.name[5:]) < before) and _intact(out_dir, d, world_size):
+            return d
+    return None
+
+
+def _corrupt(out_dir, f: Path, why: str, step: int, world_size: int) -> GrpoTuneError:
+    good = last_intact(out_dir, world_size, before=step)
+    if good is None:
+        hint = f"no older intact checkpoint is left; delete {root(out_dir)} to start over"
+    else:
+        hint = (f"the last intact checkpoint is {good}: resume from it by writing "
+                f'{{"step": {int(good.name[5:])}, "world_size": {world_size}, "dir": "{good.name}"}} '
+                f"into {root(out_dir) / 'latest.json'}")
+    return _err(f"checkpoint shard {f} is corrupt: {why}", hint)
+
+
+def verify(out_dir: str | os.PathLike, world_size: int) -> int | None:
+    """Before any worker starts: the step of the latest checkpoint, every shard checked; None when there is none."""
+    meta = latest(out_dir)
+    if meta is None:
+        return None
+    if int(meta["world_size"]) != world_size:
+        raise _err(f"the checkpoint in {root(out_dir)} was written by {meta['world_size']} ranks; this config has "
+                   f"{world_size}", "resume with the same degrees, or use another --out")
+    d = root(out_dir) / meta["dir"]
+    for r in range(world_size):
+        why = _bad_shard(_shard(d, r))
+        if why is not None:
+            raise _corrupt(out_dir, _shard(d, r), why, int(meta["step"]), world_size)
+    return int(meta["step"])
 
 
 def load(out_dir: str | os.PathLike, *, rank: int, world_size: int, restore_rng: bool = True) -> tuple[int, dict] | None:
     """(step, this rank's state) of the latest complete checkpoint, or None when there is none."""
+    import pickle
+
+    import torch
+
     meta = latest(out_dir)
     if meta is None:
         return None
     if int(meta["world_size"]) != world_size:
         raise _err(f"checkpoint written by {meta['world_size']} ranks, this run has {world_size}",
                    "resume with the same degrees")
-    f = root(out_dir) / meta["dir"] / f"rank_{rank:05d}.pt"
+    f = _shard(root(out_dir) / meta["dir"], rank)
     try:
-        state = torch.load(f, map_location="cpu", weights_only=False)  # our own files: RNG tuples, numpy arrays
-    except (OSError, RuntimeError, EOFError) as exc:
-        raise _err(f"cannot read {f}: {exc}") from exc
+        state = torch.load(f, map_location="cpu", weights_only=True)  # tensors and plain values only
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as exc:
+        raise _corrupt(out_dir, f, str(exc).splitlines()[0], int(meta["step"]), world_size) from exc
     if restore_rng:
         set_rng_state(state["rng"])
     return int(meta["step"]), state

@@ -193,6 +193,12 @@ def fix_missing_te_symbols() -> None:
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+    # MLA: megatron's extensions module imports without TE but leaves TELinear a non-type, and
+    # MLASelfAttention's isinstance(..., TELinear) then raises; without TE there is no TE layer.
+    from megatron.core.transformer import multi_latent_attention as mla
+
+    if mla.HAVE_TE and not isinstance(mla.TELinear, type):
+        mla.HAVE_TE = False
 
 
 def _patch_custom_backward(mode: TorchFunctionMode) -> None:

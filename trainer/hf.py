@@ -1,4 +1,5 @@
-"""Hugging Face <-> megatron-core weights for Llama / Qwen2 / Qwen3 / Qwen3-MoE, sharded for TP/PP/EP.
+"""Hugging Face <-> megatron-core weights for Llama / Qwen2 / Qwen3 / Qwen3-MoE / DeepSeek-V3 (Moonlight),
+sharded for TP/PP/EP.
 
 Every megatron parameter has a *global key*: its name with the global layer number and global
 expert id, and a *full* layout that does not depend on the degrees:
@@ -59,23 +60,32 @@ def param_keys(m: ModelSpec, tp: int) -> list[Key]:
     for i in range(m.layers):
         L, H = f"decoder.layers.{i}.", f"model.layers.{i}."
         attn = H + "self_attn."
-        keys += [
-            Key(L + "input_layernorm.weight", (h,), "rep", "plain", (H + "input_layernorm.weight",)),
-            Key(L + "self_attention.linear_qkv.weight", (qkv_rows, h), "col", "qkv",
-                (attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight")),
-        ]
-        if m.qkv_bias:
-            keys.append(Key(L + "self_attention.linear_qkv.bias", (qkv_rows,), "col", "qkv",
-                            (attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias")))
-        if m.qk_norm:
-            keys += [Key(L + "self_attention.q_layernorm.weight", (hd,), "rep", "plain", (attn + "q_norm.weight",)),
-                     Key(L + "self_attention.k_layernorm.weight", (hd,), "rep", "plain", (attn + "k_norm.weight",))]
-        keys += [
-            Key(L + "self_attention.linear_proj.weight", (h, m.heads * hd), "row", "plain", (attn + "o_proj.weight",)),
-            Key(L + "pre_mlp_layernorm.weight", (h,), "rep", "plain", (H + "post_attention_layernorm.weight",)),
-        ]
-        if m.is_moe:
+        keys.append(Key(L + "input_layernorm.weight", (h,), "rep", "plain", (H + "input_layernorm.weight",)))
+        if m.is_mla:
+            keys += _mla_keys(m, L, attn)
+        else:
+            keys.append(Key(L + "self_attention.linear_qkv.weight", (qkv_rows, h), "col", "qkv",
+                            (attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight")))
+            if m.qkv_bias:
+                keys.append(Key(L + "self_attention.linear_qkv.bias", (qkv_rows,), "col", "qkv",
+                                (attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias")))
+            if m.qk_norm:
+                keys += [Key(L + "self_attention.q_layernorm.weight", (hd,), "rep", "plain", (attn + "q_norm.weight",)),
+                         Key(L + "self_attention.k_layernorm.weight", (hd,), "rep", "plain", (attn + "k_norm.weight",))]
+            keys.append(Key(L + "self_attention.linear_proj.weight", (h, m.heads * hd), "row", "plain",
+                            (attn + "o_proj.weight",)))
+        keys.append(Key(L + "pre_mlp_layernorm.weight", (h,), "rep", "plain", (H + "post_attention_layernorm.weight",)))
+        if m.is_moe and i >= m.dense_layers:
             keys.append(Key(L + "mlp.router.weight", (m.experts, h), "rep", "plain", (H + "mlp.gate.weight",)))
+            if m.router_bias:  # a buffer in megatron (updated by rule, not by the optimizer)
+                keys.append(Key(L + "mlp.router.expert_bias", (m.experts,), "rep", "plain",
+                                (H + "mlp.gate.e_score_correction_bias",)))
+            if m.shared_experts:
+                fs = m.shared_experts * m.expert_ffn_hidden
+                S, HS = L + "mlp.shared_experts.", H + "mlp.shared_experts."
+                keys += [Key(S + "linear_fc1.weight", (2 * fs, h), "col", "fc1",
+                             (HS + "gate_proj.weight", HS + "up_proj.weight")),
+                         Key(S + "linear_fc2.weight", (h, fs), "row", "plain", (HS + "down_proj.weight",))]
             f = m.expert_ffn_hidden
             for e in range(m.experts):
                 E, HE = L + f"mlp.experts.local_experts.{e}.", H + f"mlp.experts.{e}."
@@ -90,6 +100,34 @@ def param_keys(m: ModelSpec, tp: int) -> list[Key]:
     keys.append(Key("decoder.final_layernorm.weight", (h,), "rep", "plain", ("model.norm.weight",)))
     if not m.tied_embeddings:
         keys.append(Key("output_layer.weight", (vp, h), "col", "vocab", ("lm_head.weight",)))
+    return keys
+
+
+def _mla_keys(m: ModelSpec, L: str, attn: str) -> list[Key]:
+    """DeepSeek-V3 / Moonlight attention (HF ``modeling_deepseek.py`` names) onto megatron's MLA.
+
+    Both sides lay a head out the same way: q rows ``[nope ; rope]`` per head, kv_b rows
+    ``[k_nope ; v]`` per head, ``kv_a_proj_with_mqa`` rows ``[latent ; k_rope]``; megatron's MLA
+    de-interleaves the rope dims as HF does, so every tensor maps one to one. The down-projections
+    and the latent norms are replicated on TP ranks (megatron's ``duplicated`` mode).
+    """
+    h, qd = m.hidden, m.heads * m.q_head_dim
+    S = L + "self_attention."
+    keys = []
+    if m.q_lora_rank:
+        keys += [Key(S + "linear_q_down_proj.weight", (m.q_lora_rank, h), "rep", "plain", (attn + "q_a_proj.weight",)),
+                 Key(S + "q_layernorm.weight", (m.q_lora_rank,), "rep", "plain", (attn + "q_a_layernorm.weight",)),
+                 Key(S + "linear_q_up_proj.weight", (qd, m.q_lora_rank), "col", "plain", (attn + "q_b_proj.weight",))]
+    else:
+        keys.append(Key(S + "linear_q_proj.weight", (qd, h), "col", "plain", (attn + "q_proj.weight",)))
+    keys += [
+        Key(S + "linear_kv_down_proj.weight", (m.kv_lora_rank + m.qk_rope_head_dim, h), "rep", "plain",
+            (attn + "kv_a_proj_with_mqa.weight",)),
+        Key(S + "kv_layernorm.weight", (m.kv_lora_rank,), "rep", "plain", (attn + "kv_a_layernorm.weight",)),
+        Key(S + "linear_kv_up_proj.weight", (m.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank), "col",
+            "plain", (attn + "kv_b_proj.weight",)),
+        Key(S + "linear_proj.weight", (h, m.heads * m.v_head_dim), "row", "plain", (attn + "o_proj.weight",)),
+    ]
     return keys
 
 
@@ -200,7 +238,10 @@ def local_params(chunks, m: ModelSpec) -> list[tuple[str, torch.nn.Parameter]]:
                 mlp = layer.mlp
                 if hasattr(mlp, "experts") and hasattr(mlp.experts, "local_experts"):
                     experts_per_rank[i] = len(mlp.experts.local_experts)
-        for name, p in model.named_parameters():
+        named = list(model.named_parameters())
+        # DeepSeek's router bias is a megatron buffer but a tensor of the HF checkpoint
+        named += [(n, b) for n, b in model.named_buffers() if n.endswith("router.expert_bias")]
+        for name, p in named:
             mt = re.match(r"decoder\.layers\.(\d+)\.(.*)", name)
             if mt:
                 i, rest = int(mt.group(1)), mt.group(2)
@@ -277,7 +318,7 @@ def random_tensor(name: str, shape: tuple[int, ...], seed: int, std: float = 0.0
     """The full HF tensor ``name`` drawn from a seed of its own: the same on every rank and layout."""
     if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
         return torch.ones(shape)
-    if name.endswith(".bias"):
+    if name.endswith(".bias") or name.endswith("e_score_correction_bias"):
         return torch.zeros(shape)
     g = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
     return torch.randn(shape, generator=g) * std
@@ -325,7 +366,8 @@ def load_spec(path: str | Path) -> ModelSpec:
 
 def check_matches(m: ModelSpec, ckpt: ModelSpec) -> None:
     fields = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "head_dim", "vocab", "qkv_bias", "qk_norm",
-              "experts", "top_k", "expert_ffn_hidden", "tied_embeddings")
+              "experts", "top_k", "expert_ffn_hidden", "tied_embeddings", "shared_experts", "dense_layers",
+              "router_bias", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
     bad = [f"{f}: config {getattr(m, f)} vs checkpoint {getattr(ckpt, f)}" for f in fields
            if getattr(m, f) != getattr(ckpt, f)]
     if bad:
@@ -359,7 +401,7 @@ def load_hf(chunks, m: ModelSpec, path: str | Path) -> None:
 def hf_config(m: ModelSpec, dtype: str = "float32") -> dict:
     """A transformers ``config.json`` for the spec (Llama, Qwen2, Qwen3, Qwen3-MoE)."""
     arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-            "qwen3_moe": "Qwen3MoeForCausalLM"}[m.family]
+            "qwen3_moe": "Qwen3MoeForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}[m.family]
     cfg = {
         "architectures": [arch], "model_type": m.family, "hidden_size": m.hidden,
         "intermediate_size": m.ffn_hidden, "num_hidden_layers": m.layers,
@@ -373,6 +415,17 @@ def hf_config(m: ModelSpec, dtype: str = "float32") -> dict:
     if m.family == "qwen3_moe":
         cfg.update(num_experts=m.experts, num_experts_per_tok=m.top_k, moe_intermediate_size=m.expert_ffn_hidden,
                    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+    if m.family == "deepseek_v3":
+        # keys as in deepseek-ai/DeepSeek-V3 and moonshotai/Moonlight-16B-A3B config.json
+        cfg.update(n_routed_experts=m.experts, num_experts_per_tok=m.top_k, moe_intermediate_size=m.expert_ffn_hidden,
+                   n_shared_experts=m.shared_experts or None, first_k_dense_replace=m.dense_layers, moe_layer_freq=1,
+                   topk_method="noaux_tc" if m.router_bias else "greedy", scoring_func="sigmoid",
+                   norm_topk_prob=True, n_group=m.router_groups or 1, topk_group=m.router_group_topk or 1,
+                   routed_scaling_factor=m.routed_scaling, q_lora_rank=m.q_lora_rank or None,
+                   kv_lora_rank=m.kv_lora_rank, qk_nope_head_dim=m.qk_nope_head_dim,
+                   qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim, num_nextn_predict_layers=0,
+                   rope_scaling=None)
+        cfg.pop("head_dim")
     return cfg
 
 

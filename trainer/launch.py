@@ -12,25 +12,19 @@ import json
 import os
 import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+from core.config import RunConfig
 from core.errors import ConfigError, GrpoTuneError, MissingDependencyError
-from core.rules import check_batches, errors
+
+from .layout import Layout
 
 DEFAULT_MASTER_PORT = 29500
+# megatron-core 0.16.1 TopKRouter load-balancing types (moe_router_load_balancing_type)
+LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Where the ranks go: ``nnodes`` machines with ``nproc_per_node`` processes each."""
-
-    world_size: int
-    nnodes: int
-    nproc_per_node: int
-
-
-def layout(cfg, *, nnodes: int | None = None) -> Layout:
+def layout(cfg: RunConfig, *, nnodes: int | None = None) -> Layout:
     """World size from the config; nodes from ``--nnodes`` or from ``cluster.gpus_per_node``."""
     gpus = cfg.cluster.gpus
     if nnodes is None:
@@ -44,10 +38,12 @@ def layout(cfg, *, nnodes: int | None = None) -> Layout:
         raise ConfigError(f"the config's {gpus} GPUs do not split evenly over {nnodes} nodes",
                           hint="make cluster.gpus a multiple of the node count (torchrun starts the same "
                                "number of processes on every node)")
-    return Layout(world_size=gpus, nnodes=nnodes, nproc_per_node=per)
+    s = cfg.strategy
+    return Layout(world_size=gpus, nnodes=nnodes, nproc_per_node=per, tp=s.tp, pp=s.pp, vpp=s.vpp, cp=s.cp, ep=s.ep,
+                  etp=s.etp_, dp=s.dp or gpus // (s.tp * s.pp * s.cp))
 
 
-def micro_batches(cfg) -> dict[str, int]:
+def micro_batches(cfg: RunConfig) -> dict[str, int | str | None]:
     """Sequences per step / mini-batch per DP rank and micro-batches per mini-batch."""
     s, w = cfg.strategy, cfg.workload
     seqs = w.prompts * w.n
@@ -55,10 +51,18 @@ def micro_batches(cfg) -> dict[str, int]:
     return {"sequences_per_step": seqs, "sequences_per_mini_batch": mini,
             "mini_batches_per_step": w.prompts // w.mini_batch,
             "sequences_per_dp_rank": seqs // s.dp, "mini_batch_per_dp_rank": mini // s.dp,
-            "micro_batches_per_mini_batch": mini // (s.dp * s.mbs)}
+            "micro_batches_per_mini_batch": mini // (s.dp * s.mbs),
+            "max_tokens_per_gpu": s.max_tokens_per_gpu,
+            "log_prob_max_tokens_per_gpu": s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu,
+            "packing": None if s.max_tokens_per_gpu is None else PACKING_NOTE}
 
 
-def preflight(cfg, *, nnodes: int | None = None, node_rank: int = 0, resume_dir: str | os.PathLike | None = None,
+PACKING_NOTE = ("token-budget micro-batches: sequences sorted by length and packed greedily under the budget, "
+                "the same micro-batch count on every DP rank; each micro-batch is padded only to its own "
+                "longest sequence (CPU / megatron's local spec; THD packing needs TransformerEngine)")
+
+
+def preflight(cfg: RunConfig, *, nnodes: int | None = None, node_rank: int = 0, resume_dir: str | os.PathLike | None = None,
               need_torch: bool = True) -> Layout:
     """Every check that can fail before a process starts; raises a coded :class:`GrpoTuneError`.
 
@@ -75,21 +79,21 @@ def preflight(cfg, *, nnodes: int | None = None, node_rank: int = 0, resume_dir:
     if w.kind != "grpo":
         raise ConfigError(f"the trainer runs GRPO workloads; workload.kind is {w.kind!r}",
                           hint="set workload.kind: grpo")
-    if s.cp > 1:
-        raise InvalidDegreesError("cp > 1 is not supported by this trainer's megatron backend (variable-length "
-                                  "GRPO batches)", hint="set strategy.cp: 1")
-    # verl's batch rules and megatron-core's interleaving rule, written once in core/rules.py.
-    for f in errors(check_batches(w, dp=s.dp, mbs=s.mbs, pp=s.pp, vpp=s.vpp)):
-        raise f.to_error()
-    if w.prompt_len + w.response_len > m.max_seq_len:
-        raise ConfigError(f"prompt_len + response_len = {w.prompt_len + w.response_len} exceeds {m.name}'s "
-                          f"max_seq_len {m.max_seq_len}", hint="shorten workload.prompt_len / response_len")
+    from core.support import first_refusal
+
+    # every refusal the workers would make (core/support.py: the search applies the same rules)
+    first_refusal(m, s, cfg.hardware, workload=w)
     if t.dataset.split(":")[0] != "synthetic" and not Path(t.dataset).is_file():
         raise GrpoTuneError(f"dataset {t.dataset!r} does not exist", code="MISSING_DATASET",
                             hint="give a .jsonl/.parquet file with prompt and answer fields, or 'synthetic'")
     if t.dataset.endswith(".parquet") and importlib.util.find_spec("pyarrow") is None:
         raise MissingDependencyError("reading a Parquet dataset needs pyarrow", hint="pip install pyarrow")
     _check_reward(t.reward)
+    if t.moe_router_load_balancing_type not in LOAD_BALANCING_TYPES:
+        raise ConfigError(f"trainer.moe_router_load_balancing_type {t.moe_router_load_balancing_type!r} is not one "
+                          f"of {', '.join(LOAD_BALANCING_TYPES)}", hint="megatron-core 0.16.1's router types")
+    if t.moe_aux_loss_coeff < 0:
+        raise ConfigError(f"trainer.moe_aux_loss_coeff must be >= 0, got {t.moe_aux_loss_coeff}")
     if t.hf_checkpoint is not None and not (Path(t.hf_checkpoint) / "config.json").is_file():
         raise GrpoTuneError(f"hf_checkpoint {t.hf_checkpoint!r} has no config.json", code="CHECKPOINT_ERROR",
                             hint="point trainer.hf_checkpoint at a Hugging Face model folder, or remove it")
@@ -98,6 +102,11 @@ def preflight(cfg, *, nnodes: int | None = None, node_rank: int = 0, resume_dir:
                                      hint="pip install 'grpo-tune[gpu]', or set rollout_engine: megatron")
     if t.steps < 1 or t.checkpoint_every < 1:
         raise ConfigError("trainer.steps and trainer.checkpoint_every must be >= 1")
+    if (need_torch and s.precision_aware_optimizer and not s.cpu_optimizer and not cfg.hardware.native_rollout
+            and importlib.util.find_spec("transformer_engine") is None):
+        # megatron-core 0.16.1 OptimizerConfig: precision-aware state needs TE's FusedAdam (or the hybrid optimizer)
+        raise MissingDependencyError("strategy.precision_aware_optimizer needs TransformerEngine's FusedAdam on a GPU",
+                                     hint="pip install transformer-engine, or set cpu_optimizer, or turn it off")
     if need_torch:
         for mod, extra in (("torch", "train"), ("megatron.core", "train")):
             if importlib.util.find_spec(mod.split(".")[0]) is None:
@@ -122,20 +131,12 @@ def _check_reward(spec: str) -> None:
 
 
 def check_resume(out_dir: str | os.PathLike, world_size: int) -> int | None:
-    """The step of the latest complete checkpoint in ``out_dir`` (None: fresh start); a world-size change is an error."""
-    latest = Path(out_dir) / "checkpoints" / "latest.json"
-    if not latest.exists():
-        return None
-    try:
-        meta = json.loads(latest.read_text())
-        step, ws = int(meta["step"]), int(meta["world_size"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise GrpoTuneError(f"{latest} is unreadable ({exc})", code="CHECKPOINT_ERROR",
-                            hint="delete the checkpoints folder to start over") from None
-    if ws != world_size:
-        raise GrpoTuneError(f"the checkpoint in {latest.parent} was written by {ws} ranks; this config has {world_size}",
-                            code="CHECKPOINT_ERROR", hint="resume with the same degrees, or use another --out")
-    return step
+    """The step of the latest complete checkpoint in ``out_dir`` (None: fresh start). A world-size change,
+    a ``latest.json`` pointing outside the folder or a corrupt shard is a CHECKPOINT_ERROR here, before
+    any worker starts (trainer/checkpoint.py verify)."""
+    from trainer import checkpoint
+
+    return checkpoint.verify(out_dir, world_size)
 
 
 def torchrun_command(config: str | os.PathLike, lay: Layout, *, node_rank: int = 0, master_addr: str | None = None,
@@ -160,10 +161,22 @@ def torchrun_command(config: str | os.PathLike, lay: Layout, *, node_rank: int =
 
 def slurm_script(config: str | os.PathLike, lay: Layout, *, worker_args: list[str] = (), job_name: str = "grpo-tune",
                  master_port: int = DEFAULT_MASTER_PORT, python: str = "python") -> str:
-    """An sbatch script: one task per node, each running torchrun with the node's rank from Slurm."""
-    args = " ".join(shlex.quote(a) for a in ["--config", str(Path(config).resolve()), *worker_args])
+    """An sbatch script: one task per node, each running torchrun with the node's rank from Slurm.
+
+    Every value is one shell-quoted word of the batch script; no user value is ever placed inside
+    another quoted string (``bash -c '...'``). The node's rank reaches torchrun through its
+    ``PET_NODE_RANK`` variable (torch/distributed/argparse_util.py: every torchrun option reads
+    ``PET_<NAME>``), so that the per-node shell runs one constant line.
+    """
+    for value, what in ((str(config), "config path"), (job_name, "job name"), *((a, "argument") for a in worker_args)):
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+            raise ConfigError(f"{what} {value!r} holds a control character", hint="use printable characters only")
+    q = shlex.quote
+    torchrun = [python, "-m", "torch.distributed.run", f"--nnodes={lay.nnodes}", f"--nproc-per-node={lay.nproc_per_node}"]
+    worker = ["-m", "trainer.main", "--config", str(Path(config).resolve()), *worker_args]
+    words = " ".join(map(q, torchrun)) + " \\\n  " + " ".join(map(q, worker))
     return f"""#!/bin/bash
-#SBATCH --job-name={job_name}
+#SBATCH --job-name={q(job_name)}
 #SBATCH --nodes={lay.nnodes}
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node={lay.nproc_per_node}
@@ -171,11 +184,9 @@ def slurm_script(config: str | os.PathLike, lay: Layout, *, worker_args: list[st
 # Written by `grpo-tune train --slurm`: {lay.world_size} ranks = {lay.nnodes} node(s) x {lay.nproc_per_node}.
 set -euo pipefail
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-export MASTER_ADDR MASTER_PORT={master_port}
-srun --ntasks-per-node=1 bash -c '{python} -m torch.distributed.run \\
-  --nnodes={lay.nnodes} --nproc-per-node={lay.nproc_per_node} --node-rank=$SLURM_NODEID \\
-  --master-addr=$MASTER_ADDR --master-port=$MASTER_PORT \\
-  -m trainer.main {args}'
+export PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT={int(master_port)}
+srun --ntasks-per-node=1 bash -c 'PET_NODE_RANK="$SLURM_NODEID" exec "$@"' grpo-tune-node \\
+  {words}
 """
 
 

@@ -17,8 +17,12 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .launch import EXIT_ERROR, EXIT_OOM, failure_path
+
+if TYPE_CHECKING:  # annotations only
+    from core.config import RunConfig
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -53,7 +57,7 @@ def load_config(args):
     return cfg.replace(trainer=dataclasses.replace(cfg.trainer, **over)) if over else cfg
 
 
-def build(cfg, *, items=None, reward_fn=None, tokenizer=None, checkpoint_every: int | None = None):
+def build(cfg: RunConfig, *, items=None, reward_fn=None, tokenizer=None, checkpoint_every: int | None = None):
     """Everything a rank needs for GRPO, from the config: (loop, layout).
 
     ``items``/``reward_fn``/``tokenizer`` replace the dataset, the reward and the tokenizer (profile
@@ -102,7 +106,7 @@ def build(cfg, *, items=None, reward_fn=None, tokenizer=None, checkpoint_every: 
     return loop, lay
 
 
-def rollout_kwargs(cfg, actor, tokenizer) -> dict:
+def rollout_kwargs(cfg: RunConfig, actor, tokenizer) -> dict:
     """Keyword arguments for the chosen rollout engine's constructor (see trainer/rollout/*)."""
     from .rollout import resolve_engine_name
 
@@ -122,7 +126,7 @@ def rollout_kwargs(cfg, actor, tokenizer) -> dict:
     return kw
 
 
-def train(cfg, *, resume: bool = True) -> list[dict]:
+def train(cfg: RunConfig, *, resume: bool = True) -> list[dict]:
     from . import parallel
 
     parallel.init(cfg)

@@ -9,42 +9,16 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from core.errors import InvalidDegreesError
+from core.config import RunConfig
 from core.strategy import Strategy
 
 from . import compat
-
-
-@dataclass(frozen=True)
-class Layout:
-    """This rank's coordinates, read back from megatron after the groups exist."""
-
-    world_size: int
-    rank: int
-    tp: int
-    pp: int
-    vpp: int
-    cp: int
-    ep: int
-    etp: int
-    dp: int
-    tp_rank: int
-    pp_rank: int
-    dp_rank: int
-    ep_rank: int
-
-    @property
-    def is_first_stage(self) -> bool:
-        return self.pp_rank == 0
-
-    @property
-    def is_last_stage(self) -> bool:
-        return self.pp_rank == self.pp - 1
+from .layout import Layout
 
 
 def device() -> torch.device:
@@ -92,7 +66,7 @@ def megatron_degrees(s: Strategy) -> dict[str, int | None]:
         expert_tensor_parallel_size=s.etp_,
     )
 
-def init(cfg_or_strategy, *, seed: int | None = None) -> Layout:
+def init(cfg_or_strategy: RunConfig | Strategy, *, seed: int | None = None) -> Layout:
     """Distributed start-up plus megatron's groups for ``cfg.strategy``; returns this rank's layout."""
     strategy = getattr(cfg_or_strategy, "strategy", cfg_or_strategy)
     if seed is None:
@@ -130,8 +104,11 @@ def reinit(s: Strategy, *, seed: int = 1234) -> Layout:
 def layout() -> Layout:
     from megatron.core import parallel_state as ps
 
+    world = dist.get_world_size()
     return Layout(
-        world_size=dist.get_world_size(),
+        world_size=world,
+        nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+        nnodes=world // int(os.environ.get("LOCAL_WORLD_SIZE", world)),
         rank=dist.get_rank(),
         tp=ps.get_tensor_model_parallel_world_size(),
         pp=ps.get_pipeline_model_parallel_world_size(),

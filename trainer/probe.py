@@ -236,7 +236,7 @@ def collectives(dev: torch.device, sizes: list[int], min_s: float) -> tuple[dict
 
             t = _agree(_timeit(pp, dev, min_s=min_s, collective=True)) / 2
             res["p2p"].append({"bytes": nbytes, "time_s": t, "busbw_bytes_per_s": nbytes / t})
-        del x, y, chunk, big
+        x = y = chunk = big = None  # free this size's buffers (not `del`: the closures above name them)
     return res, notes
 
 
@@ -268,36 +268,21 @@ def _fmt_bw(b: float) -> str:
 
 def write_profile(path: Path, *, name: str, base: dict, fields: dict, efficiency: dict, source: str,
                   comments: list[str]) -> None:
-    lines = [f"# Written by `grpo-tune probe-hardware` ({source.split(';')[0]})."]
-    lines += [f"# {c}" for c in comments]
-    lines.append(f'name = "{name}"')
-    lines.append(f"source = {_toml_str(source)}")
-    for k, v in fields.items():
-        lines.append(f"{k} = {_toml_num(v)}")
+    """The profile as TOML, through a writer that escapes every string (a name can never add a key)."""
+    from core import tomlwrite
+
+    data: dict = {"name": name, "source": source, **fields}
     if base.get("price_per_gpu_hour_usd") is not None:
-        lines.append(f"price_per_gpu_hour_usd = {_toml_num(base['price_per_gpu_hour_usd'])}  # from the base profile")
+        data["price_per_gpu_hour_usd"] = base["price_per_gpu_hour_usd"]  # from the base profile
     eff = {**(base.get("efficiency") or {}), **efficiency}
     if eff:
-        lines.append("")
-        lines.append("[efficiency]")
-        for k, v in eff.items():
-            lines.append(f"{k} = {_toml_num(v)}")
+        data["efficiency"] = eff
+    text = tomlwrite.dumps(data, comments=[f"Written by `grpo-tune probe-hardware` ({source.split(';')[0]}).",
+                                           *comments])
     tmp = path.with_name(f".{path.name}.tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp.write_text("\n".join(lines) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
-
-
-def _toml_str(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _toml_num(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    return repr(float(v))
 
 
 def _base_profile(name: str | None, on_gpu: bool) -> dict:
@@ -389,6 +374,11 @@ def main(argv: list[str] | None = None) -> int:
         fields["host_memory_bytes"] = _mem_total_bytes()
         fields["host_to_device_bandwidth_bytes_per_s"] = h2d
         fields["reserved_memory_bytes"] = reserved
+        # What the base says about the engine and kernels (a CPU probe keeps the CPU trainer's).
+        for k in ("rollout_engine", "attention_kernel", "activation_layout", "host_flops_per_s",
+                  "host_memory_bandwidth_bytes_per_s"):
+            if k in base:
+                fields[k] = base[k]
         # Measured figures are achieved ones: bandwidth efficiencies are 1 (the base's are for datasheet peaks).
         efficiency = {"hbm_efficiency": 1.0}
         if ar:

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from core.config import RunConfig, TrainerOptions
+from core.config import TrainerOptions
 from core.errors import GrpoTuneError
 from core.specs import HardwareSpec, ModelSpec
 from core.strategy import Cluster, Strategy, Workload
@@ -60,21 +60,17 @@ def build_space(ranked: Sequence[Estimate], model: ModelSpec, hardware: Hardware
 
 
 def runnable(space: list[Estimate], trainer: TrainerOptions) -> tuple[list[Estimate], list[str]]:
-    """Plans the trainer accepts (its torch-free pre-start checks, ``trainer.launch.preflight``)."""
-    try:
-        from trainer.launch import (
-            preflight,  # torch-free; imported here, never at autotune import time
-        )
-    except ImportError:
-        return space, []
+    """Plans the trainer accepts: core.support's rules, which the trainer's preflight applies too.
+
+    The trainer options (``trainer``: dataset, reward, rollout engine) are the same for every plan;
+    the profile command's preflight checks them, so a bad option fails each trial with its code."""
+    from core.support import check_supported
+
     keep, why = [], []
     for e in space:
-        cfg = RunConfig(model=e.model, hardware=e.hardware, cluster=e.cluster, strategy=e.strategy,
-                        workload=e.workload, trainer=trainer)
-        try:
-            preflight(cfg, need_torch=False)
-        except GrpoTuneError as exc:
-            why.append(f"[{exc.code}] {exc.message}")
+        found = check_supported(e.model, e.strategy, e.hardware, workload=e.workload)
+        if found:
+            why.append(f"[{found[0].code}] {found[0].message}")
             continue
         keep.append(e)
     return keep, why
@@ -84,8 +80,8 @@ def predicted(e: Estimate) -> tuple[float | None, float | None]:
     """(step seconds, tokens/s of the whole cluster) the cost model predicts for ``e``."""
     step = e.step_s
     tps = None
-    if e.throughput and e.throughput.get("tokens_per_s_per_gpu") is not None:
-        tps = float(e.throughput["tokens_per_s_per_gpu"]) * e.cluster.gpus
+    if e.throughput is not None:
+        tps = float(e.throughput.tokens_per_s_per_gpu) * e.cluster.gpus
     return (None if step is None else float(step)), tps
 
 

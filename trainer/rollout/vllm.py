@@ -30,13 +30,16 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 
 from core.errors import ConfigError, try_import
 
 from .base import SamplingParams
+
+if TYPE_CHECKING:  # annotations only
+    from core.config import RunConfig
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
            "bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
@@ -78,7 +81,7 @@ class VLLMRollout:
     collective_batch = False  # each rollout replica samples its own share (see trainer.loop)
     shares_actor_weights = False
 
-    def __init__(self, *, cfg, engine=None, tokenizer=None, sleep_level: int = 2, bucket_bytes: int = 512 << 20,
+    def __init__(self, *, cfg: RunConfig, engine=None, tokenizer=None, sleep_level: int = 2, bucket_bytes: int = 512 << 20,
                  enforce_eager: bool = True, device: str | None = None, **llm_kwargs):
         vllm = try_import("vllm", "gpu")
         if device is None and not torch.cuda.is_available():
@@ -126,7 +129,7 @@ class VLLMRollout:
         self.release()  # hand the memory back to training until the first rollout
 
     @staticmethod
-    def _write_config(cfg) -> Path:
+    def _write_config(cfg: RunConfig) -> Path:
         from .. import hf
 
         folder = Path(tempfile.mkdtemp(prefix="grpo-tune-vllm-"))

@@ -1,0 +1,468 @@
+"""Read a bash script's words as bash does, or say that we cannot.
+
+A small reader for the part of bash that verl launch scripts use: quoting (``'...'``, ``"..."``,
+backslashes), line continuations, comments, assignments (``A=1`` for the rest of the script,
+``A=1 cmd`` for that command's environment only), ``$A``/``${A}``, the ``${A:-word}`` family
+(nested), ``$((arithmetic))``, ``;``/``&&``/``||``/``|`` and redirections. Command substitution
+(``$(...)``, backticks) and the rarer expansions are not run: the word is marked *unevaluable*, so
+diagnose says "could not evaluate" instead of guessing a value. A variable the script never sets
+may come from the caller's environment: the word is marked *unresolved*.
+
+One pass over the text, linear in its length (plain runs of characters are taken by one regex).
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+_PLAIN = re.compile(r"[^\s'\"\\$`;&|<>()#]+")
+_DQ_PLAIN = re.compile(r'[^"\\$`]+')
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\+?=")
+_SPECIAL = "@*#?$!-0123456789"
+DECLARE = ("export", "declare", "local", "readonly", "typeset")
+
+
+@dataclass
+class Value:
+    """Expanded text plus what we could not know."""
+
+    text: str = ""
+    unresolved: list[str] = field(default_factory=list)
+    """Variables the script does not set (they may come from the caller)."""
+    unevaluable: list[str] = field(default_factory=list)
+    """Constructs not evaluated (command substitution, ...), as written."""
+    literal_dollar: bool = False
+    """A ``$`` inside single quotes: bash passes it on unexpanded."""
+    caller_args: bool = False
+    """``"$@"``/``$*``: the caller's own arguments."""
+
+    def add(self, other: "Value") -> None:
+        self.text += other.text
+        self.unresolved += other.unresolved
+        self.unevaluable += other.unevaluable
+        self.literal_dollar |= other.literal_dollar
+        self.caller_args |= other.caller_args
+
+
+@dataclass
+class Word:
+    value: Value
+    line: int
+    raw: str
+
+
+@dataclass
+class Command:
+    words: list[Word]
+    assigns: list[tuple[str, Word]]
+    line: int
+    end: str = "\n"
+    """What ended it: newline, ``;``, ``&&``, ``||``, ``|``, ``&`` or end of text."""
+
+
+class ShellReader:
+    def __init__(self, text: str):
+        self.s = text
+        self.n = len(text)
+        self.i = 0
+        self.line = 1
+        self.env: dict[str, Value] = {}
+
+    # ------------------------------------------------------------------ low level
+    def _peek(self, k: int = 0) -> str:
+        j = self.i + k
+        return self.s[j] if j < self.n else ""
+
+    def _adv(self, k: int = 1) -> str:
+        out = self.s[self.i:self.i + k]
+        self.line += out.count("\n")
+        self.i += k
+        return out
+
+    def _matching(self, open_: str, close: str) -> int:
+        """Index just past the ``close`` that balances the ``open_`` before ``self.i`` (quotes skipped)."""
+        depth, j = 1, self.i
+        while j < self.n:
+            c = self.s[j]
+            if c == "\\":
+                j += 2
+                continue
+            if c == "'":
+                k = self.s.find("'", j + 1)
+                j = self.n if k < 0 else k + 1
+                continue
+            if c == '"':
+                j += 1
+                while j < self.n and self.s[j] != '"':
+                    j += 2 if self.s[j] == "\\" else 1
+                j += 1
+                continue
+            if c == open_:
+                depth += 1
+            elif c == close:
+                depth -= 1
+                if depth == 0:
+                    return j + 1
+            j += 1
+        return self.n
+
+    # ------------------------------------------------------------------ expansions
+    def _lookup(self, name: str, out: Value) -> None:
+        if name in self.env:
+            out.add(Value(**{**self.env[name].__dict__, "unresolved": list(self.env[name].unresolved),
+                             "unevaluable": list(self.env[name].unevaluable)}))
+        elif name in ("HOME", "PWD", "USER"):
+            out.text += "$" + name  # only in paths: left as written, not a finding
+        else:
+            out.text += "$" + name
+            out.unresolved.append(name)
+
+    def _dollar(self, out: Value, quoted: bool) -> None:
+        """At ``$``: expand what follows into ``out``."""
+        self._adv()
+        c = self._peek()
+        if c == "(" and self._peek(1) == "(":
+            start = self.i - 1
+            self._adv(2)
+            end = self._matching("(", ")")
+            expr = self.s[self.i:end - 1]
+            if end < self.n and self.s[end] == ")":
+                end += 1
+                expr = self.s[self.i:end - 2]
+            self._adv(end - self.i)
+            val = self._arith(expr)
+            if val is None:
+                out.text += self.s[start:self.i]
+                out.unevaluable.append(self.s[start:self.i])
+            else:
+                out.text += str(val)
+            return
+        if c == "(":
+            start = self.i - 1
+            self._adv()
+            end = self._matching("(", ")")
+            self._adv(end - self.i)
+            out.text += self.s[start:self.i]
+            out.unevaluable.append(self.s[start:self.i])
+            return
+        if c == "{":
+            self._adv()
+            self._brace(out)
+            return
+        m = _NAME.match(self.s, self.i)
+        if m:
+            self._adv(m.end() - self.i)
+            self._lookup(m.group(0), out)
+            return
+        if c and c in _SPECIAL:
+            self._adv()
+            if c in "@*":
+                out.caller_args = True
+            else:
+                out.text += "$" + c
+                out.unresolved.append("$" + c)
+            return
+        out.text += "$"  # a lone dollar is literal
+
+    def _brace(self, out: Value) -> None:
+        """After ``${``: ``NAME``, ``NAME[:][-=+?]word``; anything else is unevaluable."""
+        start = self.i - 2
+        m = _NAME.match(self.s, self.i)
+        op = None
+        if m:
+            rest = self.s[m.end():m.end() + 2]
+            for cand in (":-", ":=", ":+", ":?", "-", "=", "+", "?", "}"):
+                if rest.startswith(cand):
+                    op = cand
+                    break
+        if not m or op is None:
+            end = self._matching("{", "}")
+            self._adv(end - self.i)
+            out.text += self.s[start:self.i]
+            out.unevaluable.append(self.s[start:self.i])
+            return
+        name = m.group(0)
+        self._adv(m.end() - self.i + len(op))
+        if op == "}":
+            self._lookup(name, out)
+            return
+        word = self._word_until_brace()
+        known = name in self.env
+        empty = known and self.env[name].text == "" and not self.env[name].unresolved
+        use_word = not known or (":" in op and empty)
+        if op.endswith("+"):  # alternate value: the word when set
+            if known and not (":" in op and empty):
+                out.add(word)
+            elif not known:
+                out.unresolved.append(name)
+            return
+        if op.endswith("?"):
+            if known:
+                self._lookup(name, out)
+            else:
+                out.unresolved.append(name)
+            return
+        if use_word:
+            out.add(word)
+            if op.endswith("="):
+                self.env[name] = word
+        else:
+            self._lookup(name, out)
+
+    def _word_until_brace(self) -> Value:
+        """The word inside ``${A:-word}`` up to the matching ``}`` (quotes and expansions allowed)."""
+        out = Value()
+        while self.i < self.n:
+            c = self._peek()
+            if c == "}":
+                self._adv()
+                return out
+            if c == "\\":
+                self._adv()
+                out.text += self._adv()
+            elif c == "'":
+                self._single(out)
+            elif c == '"':
+                self._double(out)
+            elif c == "$":
+                self._dollar(out, quoted=False)
+            elif c == "`":
+                self._backtick(out)
+            else:
+                out.text += self._adv()
+        return out
+
+    def _arith(self, expr: str) -> int | None:
+        """Integer arithmetic as bash's ``$((...))`` does it; None when it holds anything else."""
+        unknown = False
+
+        def var(m: re.Match) -> str:
+            nonlocal unknown
+            v = self.env.get(m.group(1) or m.group(2))
+            if v is None or v.unresolved or v.unevaluable:
+                unknown = True
+                return "0"
+            return v.text.strip() or "0"
+
+        text = re.sub(r"\$\{?([A-Za-z_]\w*)\}?|\b([A-Za-z_]\w*)\b", var, expr)
+        if unknown or not re.fullmatch(r"[0-9+\-*/%() \t]*", text) or len(text) > 1000:
+            return None
+        try:
+            return _eval_int(ast.parse(text.strip() or "0", mode="eval").body)
+        except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
+            return None
+
+    def _backtick(self, out: Value) -> None:
+        start = self.i
+        self._adv()
+        while self.i < self.n and self._peek() != "`":
+            self._adv(2 if self._peek() == "\\" else 1)
+        self._adv()
+        out.text += self.s[start:self.i]
+        out.unevaluable.append(self.s[start:self.i])
+
+    def _single(self, out: Value) -> None:
+        self._adv()
+        end = self.s.find("'", self.i)
+        end = self.n if end < 0 else end
+        chunk = self.s[self.i:end]
+        out.text += chunk
+        if "$" in chunk:
+            out.literal_dollar = True
+        self._adv(end - self.i + 1)
+
+    def _double(self, out: Value) -> None:
+        self._adv()
+        while self.i < self.n:
+            c = self._peek()
+            if c == '"':
+                self._adv()
+                return
+            if c == "\\":
+                nxt = self._peek(1)
+                if nxt == "\n":
+                    self._adv(2)
+                elif nxt in ('$', '`', '"', '\\'):
+                    self._adv()
+                    out.text += self._adv()
+                else:
+                    out.text += self._adv()
+            elif c == "$":
+                self._dollar(out, quoted=True)
+            elif c == "`":
+                self._backtick(out)
+            else:
+                m = _DQ_PLAIN.match(self.s, self.i)
+                out.text += self._adv(m.end() - self.i if m else 1)
+
+    # ------------------------------------------------------------------ words and commands
+    def _word(self) -> Word | None:
+        """One word from ``self.i`` (at a non-blank, non-operator character)."""
+        start, line = self.i, self.line
+        out = Value()
+        while self.i < self.n:
+            c = self._peek()
+            m = _PLAIN.match(self.s, self.i)
+            if m:
+                out.text += self._adv(m.end() - self.i)
+                continue
+            if c == "\\":
+                nxt = self._peek(1)
+                if nxt == "\n":
+                    self._adv(2)  # line continuation
+                    continue
+                self._adv()
+                out.text += self._adv()
+            elif c == "'":
+                self._single(out)
+            elif c == '"':
+                self._double(out)
+            elif c == "$":
+                self._dollar(out, quoted=False)
+            elif c == "`":
+                self._backtick(out)
+            elif c == "#":
+                out.text += self._adv()  # inside a word '#' is literal
+            else:
+                break
+        return Word(out, line, self.s[start:self.i])
+
+    def commands(self):
+        """Yield each simple command in order; assignments take effect as bash applies them."""
+        words: list[Word] = []
+        assigns: list[tuple[str, Word]] = []
+        pending: dict[str, Value] = {}
+        redirect = False
+        heredoc: str | None = None
+        line = self.line
+
+        def finish(end: str) -> Command | None:
+            nonlocal words, assigns, pending, line
+            cmd = None
+            if words or assigns:
+                if words and words[0].value.text in DECLARE:
+                    for w in words[1:]:
+                        m = _ASSIGN.match(w.value.text)
+                        if m:
+                            self.env[m.group(1)] = _tail(w.value, len(m.group(0)))
+                if not words:
+                    self.env.update(pending)
+                first = words[0] if words else assigns[0][1]
+                cmd = Command(words, assigns, first.line, end)
+            words, assigns, pending = [], [], {}
+            return cmd
+
+        while self.i < self.n:
+            c = self._peek()
+            if c in " \t\r":
+                self._adv()
+                continue
+            if c == "\\" and self._peek(1) == "\n":
+                self._adv(2)
+                continue
+            if c == "#":
+                end = self.s.find("\n", self.i)
+                self._adv((self.n if end < 0 else end) - self.i)
+                continue
+            if c == "\n":
+                self._adv()
+                cmd = finish("\n")
+                if cmd:
+                    yield cmd
+                if heredoc is not None:
+                    self._skip_heredoc(heredoc)
+                    heredoc = None
+                line = self.line
+                continue
+            if c in ";&|()":
+                op = c
+                if self.s.startswith(("&&", "||", ";;"), self.i):
+                    op = self.s[self.i:self.i + 2]
+                elif c == "&" and self._peek(1) == ">":
+                    self._adv(2)
+                    redirect = True
+                    continue
+                self._adv(len(op))
+                cmd = finish(op)
+                if cmd:
+                    yield cmd
+                line = self.line
+                continue
+            if c in "<>":
+                if words and re.fullmatch(r"\d+", words[-1].raw) and self.s[self.i - 1].isdigit():
+                    words.pop()  # the fd number of 2>&1
+                if self.s.startswith("<<", self.i):
+                    self._adv(2)
+                    if self._peek() == "-":
+                        self._adv()
+                    while self._peek() in " \t":
+                        self._adv()
+                    w = self._word()
+                    heredoc = w.value.text if w else ""
+                    continue
+                self._adv()
+                while self._peek() in "<>&|":
+                    self._adv()
+                redirect = True
+                continue
+            w = self._word()
+            if w is None or (w.raw == "" and self.i < self.n and self._peek() not in "\n"):
+                self._adv()  # cannot start a word here: skip the character
+                continue
+            if redirect:
+                redirect = False
+                continue
+            m = _ASSIGN.match(w.raw) if not words else None
+            if m:
+                name = m.group(1)
+                val = _tail(w.value, len(m.group(0)))
+                assigns.append((name, Word(val, w.line, w.raw)))
+                pending[name] = val
+                continue
+            words.append(w)
+        cmd = finish("")
+        if cmd:
+            yield cmd
+
+    def _skip_heredoc(self, delim: str) -> None:
+        while self.i < self.n:
+            end = self.s.find("\n", self.i)
+            end = self.n if end < 0 else end
+            text = self.s[self.i:end]
+            self._adv(min(end + 1, self.n) - self.i)
+            if text.strip() == delim:
+                return
+
+
+def _tail(v: Value, k: int) -> Value:
+    """``v`` without its first ``k`` characters (the ``NAME=`` of an assignment word)."""
+    return Value(v.text[k:], list(v.unresolved), list(v.unevaluable), v.literal_dollar, v.caller_args)
+
+
+_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+        ast.Div: lambda a, b: _trunc_div(a, b), ast.FloorDiv: lambda a, b: _trunc_div(a, b),
+        ast.Mod: lambda a, b: a - b * _trunc_div(a, b)}
+
+
+def _trunc_div(a: int, b: int) -> int:
+    if b == 0:
+        raise ZeroDivisionError
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def _eval_int(node: ast.AST) -> int:
+    """Integer arithmetic only (bash's 64-bit integers), no names, no calls."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _eval_int(node.operand)
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        a, b = _eval_int(node.left), _eval_int(node.right)
+        if isinstance(node.op, ast.Mult) and max(abs(a), abs(b)) > 1 << 62:
+            raise ValueError("too large")
+        return _OPS[type(node.op)](a, b)
+    raise ValueError("not integer arithmetic")

@@ -1,0 +1,59 @@
+"""Output paths checked before anything runs or is written: never a folder, never one of the inputs,
+always in a writable folder. (Outputs are then replaced atomically: core.config.atomic_write.)"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from core.errors import ConfigError
+
+
+def check_output(path: str | os.PathLike, option: str, *, inputs: tuple[str | os.PathLike | None, ...] = ()) -> Path:
+    """``path`` can be written as a file: raise BAD_CONFIG now, before any work, when it cannot."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{option} {p} is a folder", hint=f"give {option} a file name")
+    for i in inputs:
+        if i is not None and _same(p, Path(i)):
+            raise ConfigError(f"{option} {p} is also an input of this command; writing it would destroy the input",
+                              hint=f"give {option} another file name")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.exists():
+        raise ConfigError(f"{option} {p}: the folder {parent} does not exist", hint="create it first")
+    if not parent.is_dir():
+        raise ConfigError(f"{option} {p}: {parent} is not a folder", hint=f"give {option} a path inside a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {p}: the folder {parent} is not writable", hint="choose a writable folder")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise ConfigError(f"{option} {p} is not writable", hint="choose another file name")
+    return p
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return a.resolve() == b.resolve()
+
+
+def check_out_dir(path: str | os.PathLike, option: str, *, inputs: tuple[str | os.PathLike | None, ...] = ()) -> Path:
+    """``path`` is (or can become) a writable folder that holds none of the inputs' own paths."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{option} {p} is a file, not a folder", hint=f"give {option} a folder (it is created)")
+    for i in inputs:
+        if i is not None and Path(i).exists() and p.exists() and _same(p, Path(i)):
+            raise ConfigError(f"{option} {p} is an input of this command", hint=f"give {option} another folder")
+    probe = p
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{option} {p}: {probe} is a file, so the folder cannot be created",
+                          hint=f"give {option} a path under a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {p}: {probe} is not writable", hint="choose a writable folder")
+    return p

@@ -1,0 +1,380 @@
+"""The one two-way table between a grpo-tune plan and verl 0.9.1's Hydra overrides.
+
+A plan is ``Strategy`` + ``Workload`` + ``TrainerOptions`` + the cluster. Each field is one :class:`Row`:
+the verl keys it writes (export: plan -> overrides) and how it is read back from a key lookup
+(diagnose: overrides -> plan). The key prefixes are spelled once, here. Rows with no keys say why
+verl has no setting for that field (a statistic of the data, a pretraining-only field, ...).
+
+Keys and defaults: verl 0.9.1's composed ``ppo_megatron_trainer`` (autotune/data/verl-0.9.1-keys.json);
+the hybrid CPU optimizer keys are spelled as verl's examples spell them
+(examples/grpo_trainer/run_deepseek671b_math_megatron_96gb.sh, see /work/scratch/research/verl_091_facts.md §1).
+
+Round trip: ``read_plan(write_plan(plan)) == canonical(plan)``, and ``canonical`` only folds what
+verl cannot tell apart (verl's param_offload releases parameters and gradients together; a dense
+model's expert TP is its TP; a log-prob token cap equal to the update's is the default).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from core.config import TrainerOptions
+from core.strategy import Cluster, Strategy, Workload
+
+ARO = "actor_rollout_ref"
+ACTOR = f"{ARO}.actor"
+REF = f"{ARO}.ref"
+ROLLOUT = f"{ARO}.rollout"
+MEG = "megatron"
+OTC = f"{ACTOR}.{MEG}.override_transformer_config"
+REF_OTC = f"{REF}.{MEG}.override_transformer_config"
+OPTIM = f"{ACTOR}.optim"
+OOC = f"{OPTIM}.override_optimizer_config"
+TRAINING_ROLES = (ACTOR, REF)
+LOG_PROB_ROLES = (REF, ROLLOUT)
+
+# verl's engine dtype names (engine/megatron.yaml: dtype ["bfloat16", "float16"]); fp32 has none.
+VERL_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
+DTYPE_FROM_VERL = {v: k for k, v in VERL_DTYPE.items()}
+
+Plan = dict[str, Any]
+"""``{"strategy": Strategy, "workload": Workload, "trainer": TrainerOptions, "cluster": Cluster}``."""
+Get = Callable[[str], Any]
+"""Key -> value as verl would see it (the override, else verl's default)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    section: str
+    """``strategy``, ``workload``, ``trainer`` or ``cluster``."""
+    field: str
+    keys: tuple[str, ...]
+    """Every verl key this field writes; ``+`` marks keys verl's schema does not declare."""
+    write: Callable[[Plan], dict[str, Any]] | None
+    """plan -> {key: value}; None when verl has no setting for the field."""
+    read: Callable[[Get], Any] | None
+    why: str = ""
+    """For a row without keys: why verl has none."""
+
+
+def _field(plan: Plan, section: str, name: str) -> Any:
+    return getattr(plan[section], name)
+
+
+def same(section: str, name: str, *keys: str) -> Row:
+    """The field's value, written to every key (actor and reference degrees, ...); read from the first."""
+    return Row(section, name, keys, lambda p: {k: _field(p, section, name) for k in keys},
+               lambda get: get(keys[0].lstrip("+")))
+
+
+def none_is_null(section: str, name: str, key: str, null_value: Any) -> Row:
+    """``null_value`` in the plan is verl's null."""
+    return Row(section, name, (key,),
+               lambda p: {key: None if _field(p, section, name) == null_value else _field(p, section, name)},
+               lambda get: null_value if get(key) is None else get(key))
+
+
+def optional(section: str, name: str, key: str) -> Row:
+    """An undeclared (``+``) key written only when the field is set."""
+    return Row(section, name, (key,),
+               lambda p: {} if _field(p, section, name) is None else {key: _field(p, section, name)},
+               lambda get: get(key.lstrip("+")))
+
+
+def none(section: str, name: str, why: str) -> Row:
+    return Row(section, name, (), None, None, why)
+
+
+def _megs(name: str) -> tuple[str, ...]:
+    return tuple(f"{r}.{MEG}.{name}" for r in TRAINING_ROLES)
+
+
+# --- strategy rows with more than one key ---------------------------------------------------
+
+def _offload_write(p: Plan) -> dict[str, Any]:
+    off = set(p["strategy"].offload)
+    # verl 0.9.1 has no grad_offload: param_offload also releases the gradient buffers (engine/megatron.yaml)
+    out = {k: bool({"param", "grad"} & off) for k in _megs("param_offload")}
+    out[f"{ACTOR}.{MEG}.optimizer_offload"] = "optimizer" in off
+    return out
+
+
+def _offload_read(get: Get) -> tuple[str, ...]:
+    off: tuple[str, ...] = ("param", "grad") if get(f"{ACTOR}.{MEG}.param_offload") is True else ()
+    return off + (("optimizer",) if get(f"{ACTOR}.{MEG}.optimizer_offload") is True else ())
+
+
+def _recompute_write(p: Plan) -> dict[str, Any]:
+    r = p["strategy"].recompute
+    if r == "selective":
+        return {f"{OTC}.recompute_granularity": "selective", f"{OTC}.recompute_modules": ["core_attn"]}
+    if r == "full":
+        return {f"{OTC}.recompute_granularity": "full"}
+    return {f"{OTC}.recompute_granularity": None}
+
+
+def _recompute_read(get: Get) -> str:
+    g = get(f"{OTC}.recompute_granularity")
+    return g if g in ("selective", "full") else "none"
+
+
+def _recompute_layers_write(p: Plan) -> dict[str, Any]:
+    s = p["strategy"]
+    if s.recompute != "full":
+        return {}
+    if s.recompute_layers is None:  # uniform, 1 layer per chunk = every layer recomputed
+        return {f"{OTC}.recompute_method": "uniform", f"{OTC}.recompute_num_layers": 1}
+    return {f"{OTC}.recompute_method": "block", f"{OTC}.recompute_num_layers": s.recompute_layers}
+
+
+def _recompute_layers_read(get: Get) -> int | None:
+    n = get(f"{OTC}.recompute_num_layers")
+    if get(f"{OTC}.recompute_granularity") == "full" and get(f"{OTC}.recompute_method") == "block":
+        return n
+    return None
+
+
+def _dyn_write(p: Plan) -> dict[str, Any]:
+    n = p["strategy"].max_tokens_per_gpu
+    out: dict[str, Any] = {f"{ACTOR}.use_dynamic_bsz": n is not None}
+    if n is not None:
+        out[f"{ACTOR}.ppo_max_token_len_per_gpu"] = n
+    # verl asserts the log-prob passes batch the same way as the update (workers/engine_workers.py l.616)
+    out.update({f"{r}.log_prob_use_dynamic_bsz": n is not None for r in LOG_PROB_ROLES})
+    return out
+
+
+def _dyn_read(get: Get) -> int | None:
+    return get(f"{ACTOR}.ppo_max_token_len_per_gpu") if get(f"{ACTOR}.use_dynamic_bsz") is True else None
+
+
+def _lp_tokens_write(p: Plan) -> dict[str, Any]:
+    s = p["strategy"]
+    if s.max_tokens_per_gpu is None:
+        return {}
+    n = s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu
+    return {f"{r}.log_prob_max_token_len_per_gpu": n for r in LOG_PROB_ROLES}
+
+
+def _lp_tokens_read(get: Get) -> int | None:
+    if get(f"{ACTOR}.use_dynamic_bsz") is not True:
+        return None
+    n = get(f"{ROLLOUT}.log_prob_max_token_len_per_gpu")
+    return None if n == get(f"{ACTOR}.ppo_max_token_len_per_gpu") else n
+
+
+def _cpu_opt_write(p: Plan) -> dict[str, Any]:
+    f = p["strategy"].cpu_optimizer
+    out: dict[str, Any] = {f"+{OOC}.optimizer_cpu_offload": f is not None}
+    if f is not None:
+        out[f"+{OOC}.optimizer_offload_fraction"] = float(f)
+    return out
+
+
+def _cpu_opt_read(get: Get) -> float | None:
+    if get(f"{OOC}.optimizer_cpu_offload") is not True:
+        return None
+    f = get(f"{OOC}.optimizer_offload_fraction")
+    return 1.0 if f is None else f  # Megatron's OptimizerConfig default fraction
+
+
+def _precision_aware_read(get: Get) -> bool:
+    # verl also declares the first-class key actor.optim.use_precision_aware_optimizer
+    return get(f"{OOC}.use_precision_aware_optimizer") is True or get(f"{OPTIM}.use_precision_aware_optimizer") is True
+
+
+def _dtype_write(p: Plan) -> dict[str, Any]:
+    d = VERL_DTYPE.get(p["workload"].dtype)
+    if d is None:  # fp32: verl's engine has no fp32; its default (bfloat16) stays (canonical() folds it)
+        return {}
+    return {**{k: d for k in _megs("dtype")}, f"{ROLLOUT}.dtype": d}
+
+
+def _gpn_write(p: Plan) -> dict[str, Any]:
+    c: Cluster = p["cluster"]
+    return {"trainer.n_gpus_per_node": min(c.gpus, c.gpus_per_node), "trainer.nnodes": c.nnodes}
+
+
+S, W, T, C = "strategy", "workload", "trainer", "cluster"
+ROWS: tuple[Row, ...] = (
+    # strategy: training degrees (the reference gets the actor's, written out)
+    same(S, "tp", *_megs("tensor_model_parallel_size")),
+    same(S, "pp", *_megs("pipeline_model_parallel_size")),
+    Row(S, "vpp", _megs("virtual_pipeline_model_parallel_size"),
+        lambda p: {k: p[S].vpp if p[S].vpp > 1 else None for k in _megs("virtual_pipeline_model_parallel_size")},
+        lambda get: get(_megs("virtual_pipeline_model_parallel_size")[0]) or 1),
+    same(S, "cp", *_megs("context_parallel_size")),
+    same(S, "ep", *_megs("expert_model_parallel_size")),
+    Row(S, "etp", _megs("expert_tensor_parallel_size"),
+        lambda p: {k: p[S].etp_ for k in _megs("expert_tensor_parallel_size")},
+        lambda get: get(_megs("expert_tensor_parallel_size")[0])),
+    none(S, "dp", "derived: world size / (tp x pp x cp), as verl and Megatron derive it"),
+    Row(S, "mbs", (f"{ACTOR}.ppo_micro_batch_size_per_gpu", *(f"{r}.log_prob_micro_batch_size_per_gpu"
+                                                              for r in LOG_PROB_ROLES)),
+        lambda p: {f"{ACTOR}.ppo_micro_batch_size_per_gpu": p[S].mbs,
+                   **{f"{r}.log_prob_micro_batch_size_per_gpu": p[S].mbs for r in LOG_PROB_ROLES}},
+        lambda get: get(f"{ACTOR}.ppo_micro_batch_size_per_gpu")),
+    Row(S, "sequence_parallel", _megs("sequence_parallel"),
+        lambda p: {k: p[S].sp for k in _megs("sequence_parallel")},
+        lambda get: get(_megs("sequence_parallel")[0])),
+    Row(S, "recompute", (f"{OTC}.recompute_granularity", f"{OTC}.recompute_modules"), _recompute_write,
+        _recompute_read),
+    Row(S, "recompute_layers", (f"{OTC}.recompute_method", f"{OTC}.recompute_num_layers"), _recompute_layers_write,
+        _recompute_layers_read),
+    same(S, "distributed_optimizer", f"{ACTOR}.{MEG}.use_distributed_optimizer"),
+    Row(S, "offload", (*_megs("param_offload"), f"{ACTOR}.{MEG}.optimizer_offload"), _offload_write, _offload_read),
+    optional(S, "first_stage_layers", f"+{OTC}.num_layers_in_first_pipeline_stage"),
+    optional(S, "last_stage_layers", f"+{OTC}.num_layers_in_last_pipeline_stage"),
+    same(S, "rollout_tp", f"{ROLLOUT}.tensor_model_parallel_size"),
+    same(S, "gpu_memory_utilization", f"{ROLLOUT}.gpu_memory_utilization"),
+    Row(S, "max_tokens_per_gpu", (f"{ACTOR}.use_dynamic_bsz", f"{ACTOR}.ppo_max_token_len_per_gpu",
+                                  *(f"{r}.log_prob_use_dynamic_bsz" for r in LOG_PROB_ROLES)), _dyn_write, _dyn_read),
+    Row(S, "log_prob_max_tokens_per_gpu", tuple(f"{r}.log_prob_max_token_len_per_gpu" for r in LOG_PROB_ROLES),
+        _lp_tokens_write, _lp_tokens_read),
+    Row(S, "cpu_optimizer", (f"+{OOC}.optimizer_cpu_offload", f"+{OOC}.optimizer_offload_fraction"),
+        _cpu_opt_write, _cpu_opt_read),
+    Row(S, "overlap_cpu_optimizer", (f"+{OOC}.overlap_cpu_optimizer_d2h_h2d",),
+        lambda p: {f"+{OOC}.overlap_cpu_optimizer_d2h_h2d": p[S].overlap_cpu_optimizer},
+        lambda get: get(f"{OOC}.overlap_cpu_optimizer_d2h_h2d") is True),
+    Row(S, "precision_aware_optimizer", (f"+{OOC}.use_precision_aware_optimizer",),
+        lambda p: {f"+{OOC}.use_precision_aware_optimizer": p[S].precision_aware_optimizer}, _precision_aware_read),
+    same(S, "max_num_seqs", f"{ROLLOUT}.max_num_seqs"),
+    same(S, "max_num_batched_tokens", f"{ROLLOUT}.max_num_batched_tokens"),
+    same(S, "enforce_eager", f"{ROLLOUT}.enforce_eager"),
+    same(S, "chunked_prefill", f"{ROLLOUT}.enable_chunked_prefill"),
+    same(S, "free_cache_engine", f"{ROLLOUT}.free_cache_engine"),
+    # workload
+    none(W, "kind", "verl runs GRPO; the pretraining workload exists for the cost model only"),
+    same(W, "prompts", "data.train_batch_size"),
+    same(W, "n", f"{ROLLOUT}.n"),
+    same(W, "prompt_len", "data.max_prompt_length"),
+    same(W, "response_len", "data.max_response_length"),
+    none(W, "prompt_len_mean", "a statistic of the dataset, not a setting: verl reads the data"),
+    none(W, "response_len_mean", "a statistic of the policy's answers, not a setting"),
+    same(W, "mini_batch", f"{ACTOR}.ppo_mini_batch_size"),
+    same(W, "ppo_epochs", f"{ACTOR}.ppo_epochs"),
+    same(W, "kl", f"{ACTOR}.use_kl_loss"),
+    Row(W, "dtype", (*_megs("dtype"), f"{ROLLOUT}.dtype"), _dtype_write,
+        lambda get: DTYPE_FROM_VERL.get(get(_megs("dtype")[0]), "bf16")),
+    none(W, "seq_len", "pretraining only"),
+    none(W, "gbs", "pretraining only"),
+    # trainer options
+    none(T, "rollout_engine", "verl's rollout engine is always vLLM here (rollout.name=vllm is fixed)"),
+    same(T, "lr", f"{OPTIM}.lr"),
+    same(T, "weight_decay", f"{OPTIM}.weight_decay"),
+    same(T, "grad_clip", f"{OPTIM}.clip_grad"),
+    same(T, "seed", "data.seed"),
+    same(T, "steps", "trainer.total_training_steps"),
+    none(T, "dataset", "verl.sh takes the data files from $TRAIN_FILES/$VAL_FILES"),
+    none(T, "reward", "verl picks the reward by data_source (verl/utils/reward_score)"),
+    same(T, "temperature", f"{ROLLOUT}.temperature"),
+    same(T, "top_p", f"{ROLLOUT}.top_p"),
+    same(T, "clip_ratio", f"{ACTOR}.clip_ratio"),
+    Row(T, "clip_ratio_high", (f"{ACTOR}.clip_ratio_high",),
+        lambda p: {f"{ACTOR}.clip_ratio_high": p[T].clip_ratio if p[T].clip_ratio_high is None
+                   else p[T].clip_ratio_high},
+        lambda get: None if get(f"{ACTOR}.clip_ratio_high") == get(f"{ACTOR}.clip_ratio")
+        else get(f"{ACTOR}.clip_ratio_high")),
+    same(T, "loss_agg_mode", f"{ACTOR}.loss_agg_mode"),
+    same(T, "kl_coef", f"{ACTOR}.kl_loss_coef"),
+    same(T, "kl_type", f"{ACTOR}.kl_loss_type"),
+    same(T, "entropy_coef", f"{ACTOR}.entropy_coeff"),
+    same(T, "norm_adv_by_std", "algorithm.norm_adv_by_std_in_grpo"),
+    none(T, "hf_checkpoint", "verl loads the model from actor_rollout_ref.model.path ($MODEL_PATH)"),
+    none(T, "out_dir", "verl writes under trainer.default_local_dir"),
+    none(T, "checkpoint_every", "verl's trainer.save_freq is left to the caller (verl.sh passes extra overrides on)"),
+    none(T, "log_every", "verl logs every step"),
+    same(T, "moe_aux_loss_coeff", f"+{OTC}.moe_aux_loss_coeff"),
+    same(T, "moe_router_load_balancing_type", f"+{OTC}.moe_router_load_balancing_type"),
+    # cluster
+    Row(C, "gpus_per_node", ("trainer.n_gpus_per_node", "trainer.nnodes"), _gpn_write,
+        lambda get: get("trainer.n_gpus_per_node")),
+    Row(C, "gpus", (), None, lambda get: get("trainer.n_gpus_per_node") * get("trainer.nnodes"),
+        "n_gpus_per_node x nnodes (written by the gpus_per_node row)"),
+)
+
+# Settings grpo-tune always emits (not plan fields): GRPO itself, the data handling, the logger.
+FIXED: dict[str, Any] = {
+    "algorithm.adv_estimator": "grpo",
+    "algorithm.use_kl_in_reward": False,
+    "data.filter_overlong_prompts": True,
+    "data.truncation": "error",
+    f"{ROLLOUT}.name": "vllm",
+    "trainer.critic_warmup": 0,
+    "trainer.logger": ["console"],
+    "trainer.project_name": "grpo_tune",
+}
+
+SECTIONS = {S: Strategy, W: Workload, T: TrainerOptions, C: Cluster}
+
+
+def rows(section: str | None = None) -> tuple[Row, ...]:
+    return tuple(r for r in ROWS if section is None or r.section == section)
+
+
+def write_plan(plan: Plan) -> dict[str, Any]:
+    """plan -> ordered {key (with ``+`` where verl's schema lacks it): Python value}."""
+    out: dict[str, Any] = {}
+    for r in ROWS:
+        if r.write is not None:
+            out.update(r.write(plan))
+    return out
+
+
+def read_fields(get: Get, section: str) -> dict[str, Any]:
+    """The section's fields that verl settings determine, read through ``get``."""
+    return {r.field: r.read(get) for r in ROWS if r.section == section and r.read is not None}
+
+
+def read_plan(get: Get) -> Plan:
+    """overrides -> plan: every field with a verl setting from ``get``; the rest keep their defaults."""
+    c = read_fields(get, C)
+    s = read_fields(get, S)
+    s["dp"] = c["gpus"] // (s["tp"] * s["pp"] * s["cp"])
+    s["offload"] = list(s["offload"])
+    return {S: Strategy.from_dict(s), W: Workload.from_dict(read_fields(get, W)),
+            T: TrainerOptions(**read_fields(get, T)), C: Cluster(**c)}
+
+
+def canonical(plan: Plan) -> Plan:
+    """The plan as verl can express it (see the module docstring); ``read_plan(write_plan(p)) == canonical(p)``."""
+    s: Strategy = plan[S]
+    w: Workload = plan[W]
+    t: TrainerOptions = plan[T]
+    c: Cluster = plan[C]
+    off = set(s.offload)
+    if off & {"param", "grad"}:
+        off |= {"param", "grad"}
+    lp = s.log_prob_max_tokens_per_gpu
+    if s.max_tokens_per_gpu is None or lp == s.max_tokens_per_gpu:
+        lp = None
+    s = dataclasses.replace(s, etp=s.etp_, sequence_parallel=s.sp, dp=c.gpus // s.model_parallel,
+                            offload=tuple(o for o in ("param", "grad", "optimizer") if o in off),
+                            recompute_layers=s.recompute_layers if s.recompute == "full" else None,
+                            log_prob_max_tokens_per_gpu=lp)
+    keep_w = {r.field for r in rows(W) if r.read is not None}
+    w = Workload(**{k: v for k, v in dataclasses.asdict(w).items() if k in keep_w})
+    if w.dtype not in VERL_DTYPE:
+        w = dataclasses.replace(w, dtype="bf16")
+    keep_t = {r.field for r in rows(T) if r.read is not None}
+    t = TrainerOptions(**{k: v for k, v in dataclasses.asdict(t).items() if k in keep_t})
+    if t.clip_ratio_high == t.clip_ratio:
+        t = dataclasses.replace(t, clip_ratio_high=None)
+    c = Cluster(gpus=c.gpus, gpus_per_node=min(c.gpus, c.gpus_per_node))
+    return {S: s, W: w, T: t, C: c}
+
+
+def format_value(v: Any) -> str:
+    """A Python value as a Hydra override value (``True``, ``null``, ``[a,b]``)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(format_value(x) for x in v) + "]"
+    return str(v)
+
+
+def overrides(values: dict[str, Any]) -> list[str]:
+    return [f"{k}={format_value(v)}" for k, v in values.items()]
