@@ -85,6 +85,20 @@ def plan_space(kind: str = "full") -> list:
     return out
 
 
+def cached_space(cache: dict[str, Any]) -> list:
+    """Estimates (today's cost model) of the plans the cache measured, fastest predicted first.
+
+    The cache, not today's search, fixes the plans: search may since propose other settings that do
+    not change a CPU run (e.g. the rollout memory fraction)."""
+    from core.strategy import Strategy
+    from costmodel.estimate import estimate
+
+    m, hw, cl, wl = inputs()
+    out = [estimate(model=m, hardware=hw, cluster=cl, workload=wl, strategy=Strategy.from_dict(p["strategy"]))
+           for p in cache["plans"].values()]
+    return sorted(out, key=lambda e: round(e.step_s, 9))
+
+
 # ---------------------------------------------------------------------------------------------
 # The cache of measurements
 # ---------------------------------------------------------------------------------------------
@@ -422,8 +436,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--skip", action="append", default=[], help="a strategy name to leave out (repeatable)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
-    space = plan_space(a.space)
-    cache = load_cache(a.cache) if a.cache.exists() else new_cache(space, steps=a.steps, repeats=a.repeats)
+    cache = load_cache(a.cache) if a.cache.exists() else new_cache(plan_space(a.space), steps=a.steps,
+                                                                   repeats=a.repeats)
+    space = cached_space(cache)  # the cache fixes the plans, so a partly filled cache continues with the same ones
     if not a.no_measure:
         work = a.work or Path(tempfile.mkdtemp(prefix="bench_refine-"))
         measure(cache, a.cache, space=space, steps=int(cache["meta"]["steps"]), repeats=a.repeats,
