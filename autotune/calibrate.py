@@ -77,9 +77,7 @@ def predict_estimate(params: dict[str, float], pt: Point) -> tuple[float, dict[s
                  workload=pt.workload, calibration=params)
     if e.time is None:
         raise ConfigError("the time model returned no time for a measured plan", hint="calibration needs the time model")
-    phases = {k[:-2] if k.endswith("_s") else k: float(v) for k, v in (e.time.get("phases") or {}).items()
-              if isinstance(v, (int, float))}
-    return float(e.time["step_s"]), phases
+    return float(e.time.step_s), {k: float(v) for k, v in e.time.phases.items()}
 
 
 def mape(pred: Sequence[float], meas: Sequence[float]) -> float:

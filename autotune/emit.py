@@ -55,23 +55,7 @@ def run_id(est: Estimate, now: _dt.datetime | None = None) -> str:
 
 def predicted(est: Estimate) -> dict[str, Any]:
     """The cost model's figures for ``best.yaml``'s ``predicted`` section (plain YAML types)."""
-    from .search import tokens_per_s_per_gpu
-
-    t = est.time or {}
-    thr = est.throughput or {}
-    return {
-        "step_s": None if t.get("step_s") is None else float(t["step_s"]),
-        "phases_s": {k[:-2] if k.endswith("_s") else k: float(v) for k, v in (t.get("phases") or {}).items()},
-        "tokens_per_s_per_gpu": float(tokens_per_s_per_gpu(est)),
-        "model_tflops_per_gpu": None if thr.get("model_tflops_per_gpu") is None else float(thr["model_tflops_per_gpu"]),
-        "mfu": None if thr.get("mfu") is None else float(thr["mfu"]),
-        "peak_memory_bytes": int(est.peak_bytes),
-        "peak_phase": est.peak_phase,
-        "capacity_bytes": int(est.capacity_bytes),
-        "headroom_bytes": int(est.headroom_bytes),
-        "memory_bytes": {k: int(v.total_bytes) for k, v in est.memory.items()},
-        "fits": bool(est.fits),
-    }
+    return est.predicted()
 
 
 def run_config(est: Estimate, *, run_dir: Path | None = None, measured: dict[str, Any] | None = None,

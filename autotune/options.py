@@ -43,6 +43,13 @@ Prompts = Annotated[int, typer.Option("--prompts", help="Prompts per step (data.
 GroupN = Annotated[int, typer.Option("--n", help="Responses per prompt (rollout.n).", rich_help_panel=P_WL)]
 PromptLen = Annotated[int, typer.Option("--prompt-len", help="Max prompt tokens.", rich_help_panel=P_WL)]
 ResponseLen = Annotated[int, typer.Option("--response-len", help="Max response tokens.", rich_help_panel=P_WL)]
+PromptLenMean = Annotated[Optional[int], typer.Option("--prompt-len-mean", help="Mean prompt tokens (default: the max, or --lengths).", rich_help_panel=P_WL)]
+ResponseLenMean = Annotated[Optional[int], typer.Option("--response-len-mean", help="Mean response tokens (default: the max, or --lengths); the max sets the decode tail.", rich_help_panel=P_WL)]
+Lengths = Annotated[Optional[str], typer.Option("--lengths", help="Length statistics from a JSONL/Parquet dataset of prompts, or from an earlier run's metrics (our metrics.jsonl, verl's JSONL or console log).", rich_help_panel=P_WL)]
+MaxTokensPerGpu = Annotated[Optional[int], typer.Option("--max-tokens-per-gpu", help="Dynamic batching: token cap per micro-batch per GPU (verl use_dynamic_bsz + ppo_max_token_len_per_gpu); 0 = off. Unset in search: searched.", rich_help_panel=P_MEM)]
+CpuOptimizer = Annotated[Optional[float], typer.Option("--cpu-optimizer", help="Megatron's hybrid CPU optimizer: fraction of optimizer state and step on the host (0 = off). Unset in search: searched where memory needs it.", rich_help_panel=P_MEM)]
+MaxNumSeqs = Annotated[Optional[int], typer.Option("--max-num-seqs", help="vLLM max_num_seqs per replica (verl default 256). Unset in search: searched.", rich_help_panel=P_ROLL)]
+EnforceEager = Annotated[Optional[bool], typer.Option("--enforce-eager/--no-enforce-eager", help="vLLM without CUDA graphs (default: graphs). Unset in search: searched.", rich_help_panel=P_ROLL)]
 MiniBatch = Annotated[int, typer.Option("--mini-batch", help="Prompts per PPO mini-batch.", rich_help_panel=P_WL)]
 PpoEpochs = Annotated[int, typer.Option("--ppo-epochs", help="PPO epochs per step.", rich_help_panel=P_WL)]
 Kl = Annotated[bool, typer.Option("--kl/--no-kl", help="KL loss against a reference model.", rich_help_panel=P_WL)]
@@ -69,20 +76,39 @@ def parse_offload(text: str | None) -> tuple[str, ...] | None:
 
 def strategy_pins(*, tp=None, pp=None, vpp=None, cp=None, ep=None, etp=None, mbs=None, recompute=None,
                   sequence_parallel=None, distributed_optimizer=None, offload=None, rollout_tp=None,
-                  gpu_memory_utilization=None, first_stage_layers=None, last_stage_layers=None) -> dict[str, Any]:
-    """The strategy fields the user set; the rest are left out."""
+                  gpu_memory_utilization=None, first_stage_layers=None, last_stage_layers=None,
+                  max_tokens_per_gpu=None, cpu_optimizer=None, max_num_seqs=None, enforce_eager=None) -> dict[str, Any]:
+    """The strategy fields the user set; the rest are left out. ``--max-tokens-per-gpu 0`` and
+    ``--cpu-optimizer 0`` pin the feature off (a None value in the pins)."""
     if recompute is not None and recompute not in RECOMPUTE:
         raise ConfigError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    if max_tokens_per_gpu is not None and max_tokens_per_gpu < 0:
+        raise ConfigError(f"--max-tokens-per-gpu must be >= 0 (0 = off), got {max_tokens_per_gpu}")
+    if cpu_optimizer is not None and not (0.0 <= cpu_optimizer <= 1.0):
+        raise ConfigError(f"--cpu-optimizer must be a fraction in [0, 1] (0 = off), got {cpu_optimizer}")
+    if max_num_seqs is not None and max_num_seqs < 1:
+        raise ConfigError(f"--max-num-seqs must be >= 1, got {max_num_seqs}")
     raw = dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs, recompute=recompute,
                sequence_parallel=sequence_parallel, distributed_optimizer=distributed_optimizer,
                offload=parse_offload(offload), rollout_tp=rollout_tp, gpu_memory_utilization=gpu_memory_utilization,
-               first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
-    return {k: v for k, v in raw.items() if v is not None}
+               first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
+               max_num_seqs=max_num_seqs, enforce_eager=enforce_eager)
+    out = {k: v for k, v in raw.items() if v is not None}
+    if max_tokens_per_gpu is not None:
+        out["max_tokens_per_gpu"] = max_tokens_per_gpu or None
+    if cpu_optimizer is not None:
+        out["cpu_optimizer"] = cpu_optimizer or None
+        if cpu_optimizer:  # as verl's examples set it: overlap the copies, precision-aware Adam
+            out["overlap_cpu_optimizer"] = True
+            out["precision_aware_optimizer"] = True
+    return out
 
 
 def plan_inputs(*, model: str, hardware: str, gpus: int, gpus_per_node: int | None, workload: str,
                 prompts: int, n: int, prompt_len: int, response_len: int, mini_batch: int, ppo_epochs: int,
-                kl: bool, seq_len: int, gbs: int) -> tuple[ModelSpec, HardwareSpec, Cluster, Workload]:
+                kl: bool, seq_len: int, gbs: int, prompt_len_mean: int | None = None,
+                response_len_mean: int | None = None, lengths: str | None = None
+                ) -> tuple[ModelSpec, HardwareSpec, Cluster, Workload]:
     m = load_model(model)
     hw = load_hardware(hardware)
     if gpus < 1:
@@ -90,26 +116,38 @@ def plan_inputs(*, model: str, hardware: str, gpus: int, gpus_per_node: int | No
     cluster = Cluster(gpus=gpus, gpus_per_node=gpus_per_node or min(hw.gpus_per_node, gpus))
     if cluster.gpus_per_node < 1:
         raise ConfigError("--gpus-per-node must be >= 1")
+    stats: dict[str, Any] = {}
+    if lengths:
+        from .lengths import read_lengths
+
+        stats = read_lengths(lengths, model=m, prompt_len=prompt_len, response_len=response_len)
+    if prompt_len_mean is not None:
+        stats["prompt_len_mean"] = prompt_len_mean
+    if response_len_mean is not None:
+        stats["response_len_mean"] = response_len_mean
+        if lengths:  # an explicit mean replaces the file's histogram
+            stats.pop("response_len_quantiles", None)
     wl = Workload.from_dict(dict(kind=workload, prompts=prompts, n=n, prompt_len=prompt_len, response_len=response_len,
                                  mini_batch=min(mini_batch, prompts), ppo_epochs=ppo_epochs, kl=kl, seq_len=seq_len,
-                                 gbs=gbs), where="workload")
+                                 gbs=gbs, **stats), where="workload")
     return m, hw, cluster, wl
 
 
 WORKLOAD_FLAGS = ("workload", "prompts", "n", "prompt_len", "response_len", "mini_batch", "ppo_epochs", "kl",
-                  "seq_len", "gbs")
+                  "seq_len", "gbs", "prompt_len_mean", "response_len_mean", "lengths")
 PIN_FLAGS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "sequence_parallel", "distributed_optimizer",
-             "offload", "rollout_tp", "gpu_memory_utilization", "first_stage_layers", "last_stage_layers")
+             "offload", "rollout_tp", "gpu_memory_utilization", "first_stage_layers", "last_stage_layers",
+             "max_tokens_per_gpu", "cpu_optimizer", "max_num_seqs", "enforce_eager")
 
 
 def workload_flags(flags: dict[str, Any]) -> dict[str, Any]:
     """The workload flags of a command's parameters (its ``locals()``)."""
-    return {k: flags[k] for k in WORKLOAD_FLAGS}
+    return {k: flags.get(k) for k in WORKLOAD_FLAGS}
 
 
 def pins_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
     """The strategy fields a command's degree/memory/rollout flags pinned."""
-    return strategy_pins(**{k: flags[k] for k in PIN_FLAGS})
+    return strategy_pins(**{k: flags.get(k) for k in PIN_FLAGS})
 
 
 def inputs_from_flags(flags: dict[str, Any]) -> tuple[ModelSpec, HardwareSpec, Cluster, Workload, dict[str, Any]]:

@@ -55,8 +55,7 @@ def _save_png(fig, path: Path) -> Path:
 
 
 def phase_seconds(est: Estimate) -> dict[str, float]:
-    ph = (est.time or {}).get("phases") or {}
-    return {k[:-2] if k.endswith("_s") else k: float(v) for k, v in ph.items()}
+    return {} if est.time is None else {k: float(v) for k, v in est.time.phases.items()}
 
 
 def plot_breakdown(plans: Sequence[Estimate], path: Path) -> Path:
@@ -145,7 +144,7 @@ def plans_table(plans: Sequence[Estimate]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, e in enumerate(plans):
         ph = phase_seconds(e)
-        mfu = (e.throughput or {}).get("mfu")
+        mfu = None if e.throughput is None else e.throughput.mfu
         lines.append("| " + " | ".join([
             str(i + 1), f"`{plan_label(e.strategy)}`", str(e.strategy.dp), _fmt_s(step_s(e)),
             *[_fmt_s(ph.get(p)) for p in phases], f"{tokens_per_s_per_gpu(e):,.0f}",
@@ -177,7 +176,7 @@ def write_report(run_dir: Path, best: Estimate, *, ranked: Sequence[Estimate] = 
                  f"KL {'on' if w.kl else 'off'}, {w.dtype}")
     else:
         L.append(f"- workload: pretrain, sequence {w.seq_len}, global batch {w.gbs}")
-    mfu = (best.throughput or {}).get("mfu")
+    mfu = None if best.throughput is None else best.throughput.mfu
     L += ["", "## Winner", "",
           f"`{plan_label(s)}`", "",
           f"- degrees: tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} etp={s.etp_} dp={s.dp}"

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
+from core.phases import MEASURED_PHASES
 
 MAX_LOG_BYTES = 256 * 1024 * 1024
 """Largest log read (a 10,000-step verl JSONL with ~300 keys per step is ~50 MB)."""
@@ -45,7 +46,7 @@ VERL_PHASES: dict[str, str] = {
 }
 """verl 0.9.1 timer key -> our phase name (costmodel.timing.PHASES)."""
 
-PHASES = ("rollout", "weight_sync", "old_logprob", "ref_logprob", "update")
+PHASES = tuple(p.value for p in MEASURED_PHASES)  # named once, in core/phases.py
 
 _LENGTH_KEYS = {
     "response_length/mean": "response_len_mean", "response_length/max": "response_len_max",
@@ -305,6 +306,10 @@ ANOTHER_MODEL_MEMORY_RATIO = 3.0
 model is within 1% of autograd on CPU; allocator and framework extras stay well under 3x)."""
 
 
+TRAIN_MEMORY_PHASES = ("old_logprob", "ref_logprob", "update")
+"""Phases whose memory verl's perf/max_memory_allocated_gb sees (the training engine's, not vLLM's)."""
+
+
 @dataclass
 class LogPoint:
     """One log matched with the launch that produced it."""
@@ -344,7 +349,7 @@ def log_point(log: RunLog, launch: str | os.PathLike, *, model: str | None = Non
     s = summary(sub)
     rmean = s.get("response_len_mean")
     pmean = s.get("prompt_len_mean")
-    plan = plan_of(launch, model=model, hardware=hardware)
+    plan = plan_of(Path(launch), model=model, hardware=hardware)
     wl = plan.workload
     rmax = s.get("response_len_max")
     if rmax is not None and rmax > wl.response_len * 1.001 + 1:
@@ -406,11 +411,12 @@ def memory_check(lp: LogPoint) -> dict[str, Any] | None:
     p = lp.plan
     est = estimate(model=p.model, hardware=p.hardware, cluster=p.cluster, strategy=p.strategy, workload=p.workload)
     # verl's perf/max_memory_allocated_gb is torch's allocator peak in the trainer process (engine_workers.py
-    # l.219); vLLM's KV cache is allocated by the rollout server, so compare the training phases only.
-    train = {k: v.total_bytes for k, v in est.memory.items() if k != "rollout"}
+    # l.219); vLLM's weights and KV cache are allocated by the rollout server, so compare the training engine's
+    # phases only.
+    train = {k: v.total_bytes for k, v in est.memory.items() if k in TRAIN_MEMORY_PHASES}
     if not train:
         return None
-    phase = max(train, key=train.get)
+    phase = max(train, key=lambda k: train[k])
     pred_gib = train[phase] / GiB
     return {"log": lp.log.path, "logged_gib": round(logged, 2), "predicted_gib": round(pred_gib, 2),
             "phase": phase, "optimistic": logged > pred_gib * 1.05,

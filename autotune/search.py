@@ -44,6 +44,11 @@ GiB = 1024 ** 3
 CP_MIN_TOKENS = 4096
 """Tokens of one sequence each context-parallel rank must keep for search to propose CP > 1 (unpinned)."""
 
+ENGINE_KEYS = ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu", "cpu_optimizer", "overlap_cpu_optimizer",
+               "precision_aware_optimizer", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
+               "chunked_prefill", "free_cache_engine")
+"""Strategy fields passed through from the pins (the searched ones among them are set per plan)."""
+
 LAYOUT_KEYS = ("tp", "pp", "first_stage_layers", "last_stage_layers", "vpp", "cp", "ep", "etp")
 
 
@@ -222,7 +227,8 @@ class Space:
         return pairs or [(t, max(gmus)) for t in rtps]
 
     def strategy(self, lay: dict[str, Any], opt: dict[str, Any], roll: tuple[int, float]) -> Strategy:
-        return Strategy(**lay, **opt, rollout_tp=roll[0], gpu_memory_utilization=roll[1],
+        fixed = {k: self.pins[k] for k in ENGINE_KEYS if k in self.pins and k not in opt}
+        return Strategy(**lay, **opt, **fixed, rollout_tp=roll[0], gpu_memory_utilization=roll[1],
                         sequence_parallel=self.pins.get("sequence_parallel"))
 
     def candidate_count(self, layouts: list[dict[str, Any]] | None = None) -> int:
@@ -284,12 +290,12 @@ class SearchResult:
 
 
 def step_s(est: Estimate) -> float:
-    return math.inf if est.time is None else float(est.time["step_s"])
+    return math.inf if est.time is None else float(est.time.step_s)
 
 
 def tokens_per_s_per_gpu(est: Estimate) -> float:
-    if est.throughput and est.throughput.get("tokens_per_s_per_gpu") is not None:
-        return float(est.throughput["tokens_per_s_per_gpu"])
+    if est.throughput is not None:
+        return float(est.throughput.tokens_per_s_per_gpu)
     s = step_s(est)
     wl = est.workload
     return 0.0 if not math.isfinite(s) else wl.sequences * wl.train_seq_len / s / est.cluster.gpus
@@ -348,10 +354,10 @@ class _Evaluator:
     def vector(self, est: Estimate) -> tuple[np.ndarray, np.ndarray]:
         if self.mem_keys is None:
             self.mem_keys = list(est.memory)
-            self.time_keys = [] if est.time is None else list(est.time["phases"])
+            self.time_keys = [] if est.time is None else list(est.time.phases)
             self.capacity = est.capacity_bytes
         mem = np.array([est.memory[k].total_bytes if k in est.memory else 0.0 for k in self.mem_keys])
-        tm = np.array([est.time["phases"].get(k, 0.0) for k in self.time_keys]) if est.time else np.zeros(0)
+        tm = np.array([est.time.phases.get(k, 0.0) for k in self.time_keys]) if est.time else np.zeros(0)
         return mem, tm
 
     def train_phase_mask(self) -> np.ndarray:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,9 +59,9 @@ def _is_int(v: Any) -> bool:
 def strategy_from(get: Get, model: ModelSpec) -> Strategy:
     """The plan a launch runs (``get(key)`` returns the launch's value or verl's default)."""
     deg = {}
-    for d, k in DEGREE_KEYS.items():
+    for dname, k in DEGREE_KEYS.items():
         v = get(f"{ACTOR}.megatron.{k}")
-        deg[d] = v if _is_int(v) and v > 0 else None
+        deg[dname] = v if _is_int(v) and v > 0 else None
     gran = get(f"{OTC}.recompute_granularity")
     recompute = gran if gran in ("selective", "full") else "none"
     method, nlayers = get(f"{OTC}.recompute_method"), get(f"{OTC}.recompute_num_layers")
@@ -80,7 +80,7 @@ def strategy_from(get: Get, model: ModelSpec) -> Strategy:
     sp = get(f"{ACTOR}.megatron.sequence_parallel")
     gmu = get(f"{ROLLOUT}.gpu_memory_utilization")
     rtp = get(f"{ROLLOUT}.tensor_model_parallel_size")
-    d = {"tp": deg["tp"] or 1, "pp": deg["pp"] or 1, "vpp": deg["vpp"] or 1, "cp": deg["cp"] or 1, "ep": deg["ep"] or 1,
+    d: dict[str, Any] = {"tp": deg["tp"] or 1, "pp": deg["pp"] or 1, "vpp": deg["vpp"] or 1, "cp": deg["cp"] or 1, "ep": deg["ep"] or 1,
              "etp": deg["etp"] if model.is_moe else None,
              "mbs": mbs if _is_int(mbs) and mbs > 0 else 1,
              "sequence_parallel": sp if isinstance(sp, bool) else None, "recompute": recompute, "recompute_layers": rlayers,
@@ -342,7 +342,7 @@ def _fits(est) -> bool:
     return not any(v.code == "OOM_RISK" for v in est.violations)
 
 
-def tune(plan: LaunchPlan, *, keep: list[str] = (), calibration: dict[str, float] | None = None,
+def tune(plan: LaunchPlan, *, keep: Sequence[str] = (), calibration: dict[str, float] | None = None,
          min_headroom: float = 0.05, top: int = 10) -> TuneResult:
     from autotune.search import rank_key, search, step_s
     from core.errors import NoFeasiblePlanError
@@ -373,6 +373,9 @@ def tune(plan: LaunchPlan, *, keep: list[str] = (), calibration: dict[str, float
     # The search prices the engine knobs at their defaults; re-price its plans with the user's own
     # (dynamic-batching caps, CPU optimizer, vLLM engine) so that current and best compare like for like.
     launch = plan.launch
+    if launch is None:
+        raise ConfigError("tune needs a verl launch (script or override list), not a run config",
+                          hint="for a best.yaml, `grpo-tune search` with its model and workload is the same search")
     present = set(launch.values)
     candidates = []
     for est in ranked:
@@ -393,7 +396,7 @@ def tune(plan: LaunchPlan, *, keep: list[str] = (), calibration: dict[str, float
         if better or not _fits(cur):
             changes = {k: (launch.get(k), v) for k, v in new.items() if not _same(launch.get(k), v)}
             best = e if changes else cur
-    nearest = []
+    nearest: list[Any] = []
     if not _fits(cur):
         # plans that fit, nearest to the current one: fewest changed overrides, then fastest
         cur_ov = overrides_for(plan.strategy, plan.model, launch.get, present)
@@ -488,7 +491,7 @@ def tuned_text(launch: Launch, changes: dict[str, tuple[Any, Any]]) -> str:
         last = max((o.line for o in launch.overrides if o.line), default=None)
         if launch.kind == "verl_script" and last is not None:
             src = lines[last - 1]
-            indent = re.match(r"\s*", src).group(0)
+            indent = src[: len(src) - len(src.lstrip())]
             if last >= 2 and lines[last - 2].rstrip().endswith("\\"):
                 # new lines go just above the last override line, which stays as the user wrote it
                 lines[last - 1:last - 1] = [f"{indent}{t} \\" for t in missing]

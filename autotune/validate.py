@@ -30,6 +30,15 @@ DATA_PATH = PROFILES_DIR / "data" / "published.csv"
 METRICS = ("tflops_per_gpu", "iteration_s", "mfu_pct")
 A100_PEAK_FLOPS = 312e12  # the peak both papers divide by (A100 datasheet, dense bf16/fp16)
 FIT_KEYS = ("gemm_efficiency_max", "gemm_intensity_half", "attention_efficiency")
+MEGATRON_2021_ATTENTION = 0.31
+"""Efficiency of 2021/2022 Megatron-LM's unfused (masked-softmax, full s x s) attention on A100,
+fitted with ``--refit`` on the four fit rows together with the GEMM curve. These rows ran that
+kernel, so they are priced with ``attention_kernel = "unfused"`` (the profile itself states flash)."""
+
+
+def megatron_2021(hw: HardwareSpec) -> HardwareSpec:
+    """The profile as the published rows ran it: unfused attention, same GEMM curve."""
+    return dataclasses.replace(hw, attention_kernel="unfused").with_efficiency(attention_efficiency=MEGATRON_2021_ATTENTION)
 
 
 @dataclass(frozen=True)
@@ -121,8 +130,8 @@ def predict_step_s(row: Row, hw: HardwareSpec, calibration: dict[str, float] | N
                  sequence_parallel=row.sequence_parallel, distributed_optimizer=row.distributed_optimizer)
     s = validate_degrees(m, s, row.gpus, gpus_per_node=hw.gpus_per_node)
     wl = Workload(kind="pretrain", seq_len=row.seq_len, gbs=row.gbs)
-    time, _ = step_time(m, hw, Cluster(gpus=row.gpus, gpus_per_node=hw.gpus_per_node), s, wl, calibration=calibration)
-    return time["step_s"]
+    time, _, _ = step_time(m, hw, Cluster(gpus=row.gpus, gpus_per_node=hw.gpus_per_node), s, wl, calibration=calibration)
+    return time.step_s
 
 
 def predict(row: Row, hw: HardwareSpec, calibration: dict[str, float] | None = None) -> float:
@@ -135,7 +144,7 @@ def predict(row: Row, hw: HardwareSpec, calibration: dict[str, float] | None = N
 
 
 def with_efficiency(hw: HardwareSpec, **eff: float) -> HardwareSpec:
-    return dataclasses.replace(hw, efficiency={**hw.efficiency, **eff})
+    return hw.with_efficiency(**eff)
 
 
 def fit_efficiency(rows: list[Row], hw: HardwareSpec) -> dict[str, float]:
@@ -146,8 +155,7 @@ def fit_efficiency(rows: list[Row], hw: HardwareSpec) -> dict[str, float]:
     fit_rows = [r for r in rows if r.split == "fit"]
     if not fit_rows:
         raise ConfigError("no rows marked split=fit to fit on")
-    x0 = [hw.efficiency.get("gemm_efficiency_max", 0.7), hw.efficiency.get("gemm_intensity_half", 100.0),
-          hw.efficiency.get("attention_efficiency", 0.5)]
+    x0 = [getattr(hw.efficiency, k) for k in FIT_KEYS]
 
     def resid(x):
         h = with_efficiency(hw, **dict(zip(FIT_KEYS, x)))
@@ -163,7 +171,7 @@ def run(*, hardware: str = "a100", path: str | Path | None = None, tolerance_pct
     if not (tolerance_pct > 0):
         raise ConfigError(f"--tolerance must be > 0, got {tolerance_pct}")
     rows = load_rows(path)
-    hw = load_hardware(hardware)
+    hw = megatron_2021(load_hardware(hardware))
     fitted = None
     if refit:
         fitted = fit_efficiency(rows, hw)
@@ -181,6 +189,7 @@ def run(*, hardware: str = "a100", path: str | Path | None = None, tolerance_pct
 
     m_all, m_fit, m_hold = mape(None), mape("fit"), mape("holdout")
     passed = all(v is None or v <= tolerance_pct for v in (m_all, m_hold))
-    return {"hardware": hw.name, "efficiency": {k: hw.efficiency.get(k) for k in FIT_KEYS}, "refit": fitted,
+    return {"hardware": hw.name, "attention_kernel": hw.attention_kernel,
+            "efficiency": {k: getattr(hw.efficiency, k) for k in FIT_KEYS}, "refit": fitted,
             "rows": out, "mape_pct": {"all": m_all, "fit": m_fit, "holdout": m_hold},
             "tolerance_pct": tolerance_pct, "passed": passed}

@@ -69,7 +69,7 @@ def main() -> None:
 
     full = rate(lambda m, c, s: estimate(model=m, hardware=hw, cluster=c, strategy=s, workload=wl))
     keep = timing.step_time
-    timing.step_time = lambda *a, **k: (None, None)  # the same call without the time model
+    timing.step_time = lambda *a, **k: (None, None, {})  # the same call without the time model
     try:
         no_time = rate(lambda m, c, s: estimate(model=m, hardware=hw, cluster=c, strategy=s, workload=wl))
     finally:

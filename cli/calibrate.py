@@ -70,13 +70,13 @@ def calibrate(from_log: FromLog, launch: LaunchOpt, extra: Extra = None, hardwar
     c = Console()
     c.print(f"{len(points)} log(s), {sum(p.kept_steps for p in points)} steps after dropping {warmup} warm-up "
             f"step(s) per log; {points[0].plan.model.name} on {hw_name}", highlight=False)
-    t = Table(title="Per-phase MAPE (predicted vs logged medians)", title_justify="left")
+    t = Table(title="Per-phase MAPE, predicted vs logged", title_justify="left")
     for col in ("phase", "before %", "after %"):
         t.add_column(col, justify="left" if col == "phase" else "right")
     for k in before:
         t.add_row(k, f"{before[k]:.1f}", f"{after.get(k, float('nan')):.1f}")
     c.print(t)
-    t2 = Table(title="Fitted knobs (changed from the defaults)", title_justify="left")
+    t2 = Table(title="Fitted knobs (those that moved)", title_justify="left")
     t2.add_column("knob")
     t2.add_column("default", justify="right")
     t2.add_column("fitted", justify="right")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -14,7 +15,7 @@ from costmodel.params import active_params, total_params
 
 def models(json_out: Json = False) -> None:
     """List model presets with exact parameter counts."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in list_models():
         m = load_model(name)
         rows.append({"name": m.name, "family": m.family, "layers": m.layers, "hidden": m.hidden,

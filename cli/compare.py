@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.options import (
+    PromptLenMean, ResponseLenMean, Lengths, MaxTokensPerGpu, CpuOptimizer, MaxNumSeqs, EnforceEager,
     MIN_HEADROOM_DEFAULT, WORKLOAD_DEFAULTS, MinHeadroom, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Json, Kl,
     LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute, ResponseLen, RolloutTp,
     SeqLen, SeqPar, Tp, Vpp, WorkloadKind, pins_from_flags, plan_inputs, workload_flags,
@@ -58,7 +59,7 @@ def compare_rows(*, model: str, gpus: int, hardware: list[str], gpus_per_node: i
         b = res.best
         tps = tokens_per_s_per_gpu(b)
         row.update(fits=True, plan=plan_label(b.strategy), strategy=b.strategy.to_dict(), step_s=step_s(b),
-                   tokens_per_s_per_gpu=tps, mfu=(b.throughput or {}).get("mfu"),
+                   tokens_per_s_per_gpu=tps, mfu=None if b.throughput is None else b.throughput.mfu,
                    usd_per_million_tokens=usd_per_million_tokens(hw.price_per_gpu_hour_usd, tps),
                    peak_bytes=int(b.peak_bytes), peak_phase=b.peak_phase, capacity_bytes=int(b.capacity_bytes),
                    headroom_bytes=int(b.headroom_bytes), search=res.stats())
@@ -75,9 +76,12 @@ def compare(
     first_stage_layers: FirstStage = None, last_stage_layers: LastStage = None,
     recompute: Recompute = None, sequence_parallel: SeqPar = None, distributed_optimizer: DistOpt = None,
     offload: Offload = None, rollout_tp: RolloutTp = None, gpu_memory_utilization: GpuMemUtil = None,
+    max_tokens_per_gpu: MaxTokensPerGpu = None, cpu_optimizer: CpuOptimizer = None, max_num_seqs: MaxNumSeqs = None,
+    enforce_eager: EnforceEager = None,
     min_headroom: MinHeadroom = MIN_HEADROOM_DEFAULT,
     workload: WorkloadKind = WD["workload"], prompts: Prompts = WD["prompts"], n: GroupN = WD["n"],
     prompt_len: PromptLen = WD["prompt_len"], response_len: ResponseLen = WD["response_len"],
+    prompt_len_mean: PromptLenMean = None, response_len_mean: ResponseLenMean = None, lengths: Lengths = None,
     mini_batch: MiniBatch = WD["mini_batch"], ppo_epochs: PpoEpochs = WD["ppo_epochs"], kl: Kl = WD["kl"],
     seq_len: SeqLen = WD["seq_len"], gbs: Gbs = WD["gbs"],
     json_out: Json = False, out: CompareOut = None,

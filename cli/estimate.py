@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.options import (
+    PromptLenMean, ResponseLenMean, Lengths, MaxTokensPerGpu, CpuOptimizer, MaxNumSeqs, EnforceEager,
     WORKLOAD_DEFAULTS, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Hardware,
     Json, Kl, LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute,
     ResponseLen, RolloutTp, SeqLen, SeqPar, Tp, Vpp, WorkloadKind, inputs_from_flags,
@@ -43,7 +44,8 @@ def print_estimate(est: Estimate, console: Console) -> None:
     console.print(deg, highlight=False)
     w = est.workload
     if w.kind == "grpo":
-        console.print(f"workload: grpo, {w.prompts} prompts x n={w.n}, {w.prompt_len}+{w.response_len} tokens, "
+        console.print(f"workload: grpo, {w.prompts} prompts x n={w.n}, {w.prompt_len}+{w.response_len} tokens max, "
+                      f"{w.mean_prompt_len:,.0f}+{w.mean_response_len:,.0f} mean, "
                       f"mini-batch {w.mini_batch}, {w.ppo_epochs} epoch(s), kl={'on' if w.kl else 'off'}", highlight=False)
     else:
         console.print(f"workload: pretrain, seq {w.seq_len}, global batch {w.gbs}", highlight=False)
@@ -84,22 +86,21 @@ def print_estimate(est: Estimate, console: Console) -> None:
         tt = Table(title="Time per step (s)")
         tt.add_column("phase")
         tt.add_column("seconds", justify="right")
-        for k, v in est.time.get("phases", {}).items():
-            tt.add_row(k.removesuffix("_s"), f"{v:,.3f}")
-        tt.add_row("[bold]step[/]", f"[bold]{est.time['step_s']:,.3f}[/]")
+        for k, v in est.time.phases.items():
+            tt.add_row(k, f"{v:,.3f}")
+        tt.add_row("[bold]step[/]", f"[bold]{est.time.step_s:,.3f}[/]")
         console.print(tt)
-        from costmodel.timing import explain
-
-        x = explain(est.model, est.hardware, est.cluster, est.strategy, est.workload)
+        x = est.details
         if "decode_step_s" in x:
             console.print(f"rollout: prefill {x['prefill_s']:,.2f} s, decode {x['decode_s']:,.2f} s at "
                           f"{x['decode_concurrency']:,.0f} sequences per replica, {x['decode_step_s'] * 1e3:,.1f} ms "
-                          f"per step ({'HBM' if x['decode_memory_bound'] else 'compute'}-bound)", highlight=False)
-        console.print(f"update: {x['micro_batches']} micro-batches per optimizer step, pipeline bubble "
+                          f"per step ({'HBM' if x['decode_memory_bound'] else 'compute'}-bound), expected longest "
+                          f"response {x['longest_response']:,.0f} tokens", highlight=False)
+        console.print(f"update: {x['micro_batches']:.0f} micro-batches per optimizer step, pipeline bubble "
                       f"{100 * x['bubble_fraction']:.1f}%, exposed DP comm {x['dp_exposed_s']:,.3f} s, "
                       f"optimizer {x['optimizer_s']:,.3f} s", highlight=False)
     if est.throughput is not None:
-        th = est.throughput
+        th = est.throughput.to_dict()
         console.print("throughput: " + ", ".join(f"{k} {v:,.3g}" for k, v in th.items() if v is not None),
                       highlight=False)
 
@@ -118,8 +119,11 @@ def estimate(
     first_stage_layers: FirstStage = None, last_stage_layers: LastStage = None,
     recompute: Recompute = None, sequence_parallel: SeqPar = None, distributed_optimizer: DistOpt = None,
     offload: Offload = None, rollout_tp: RolloutTp = None, gpu_memory_utilization: GpuMemUtil = None,
+    max_tokens_per_gpu: MaxTokensPerGpu = None, cpu_optimizer: CpuOptimizer = None, max_num_seqs: MaxNumSeqs = None,
+    enforce_eager: EnforceEager = None,
     workload: WorkloadKind = WD["workload"], prompts: Prompts = WD["prompts"], n: GroupN = WD["n"],
     prompt_len: PromptLen = WD["prompt_len"], response_len: ResponseLen = WD["response_len"],
+    prompt_len_mean: PromptLenMean = None, response_len_mean: ResponseLenMean = None, lengths: Lengths = None,
     mini_batch: MiniBatch = WD["mini_batch"], ppo_epochs: PpoEpochs = WD["ppo_epochs"], kl: Kl = WD["kl"],
     seq_len: SeqLen = WD["seq_len"], gbs: Gbs = WD["gbs"],
     json_out: Json = False,

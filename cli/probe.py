@@ -101,11 +101,9 @@ def probe_cmd(
     t.add_row("peak GEMM FLOP/s per rank", f"{hw.bf16_dense_flops_per_s / 1e9:,.1f} G")
     t.add_row("memory bandwidth per rank", f"{hw.hbm_bandwidth_bytes_per_s / 1e9:,.2f} GB/s")
     t.add_row("intra-node bus bandwidth", f"{hw.intra_node_bandwidth_bytes_per_s / 1e9:,.3f} GB/s")
-    if "intra_node_latency_s" in hw.efficiency:
-        t.add_row("intra-node latency", f"{hw.efficiency['intra_node_latency_s'] * 1e6:,.0f} us")
+    t.add_row("intra-node latency", f"{hw.efficiency.intra_node_latency_s * 1e6:,.0f} us")
     for k in ("gemm_efficiency_max", "gemm_intensity_half", "max_parallel_ranks"):
-        if k in hw.efficiency:
-            t.add_row(k, f"{hw.efficiency[k]:.3g}")
+        t.add_row(k, f"{getattr(hw.efficiency, k):.3g}")
     t.add_row("memory per rank", f"{hw.hbm_bytes / 2**30:,.1f} GiB")
     t.add_row("reserved per process", f"{hw.reserved_memory_bytes / 2**20:,.0f} MiB")
     console.print(t)

@@ -17,6 +17,7 @@ from rich.table import Table
 from autotune.grouping import caption as grouping_caption
 from autotune.grouping import group_by_layout
 from autotune.options import (
+    PromptLenMean, ResponseLenMean, Lengths, MaxTokensPerGpu, CpuOptimizer, MaxNumSeqs, EnforceEager,
     MIN_HEADROOM_DEFAULT, WORKLOAD_DEFAULTS, MinHeadroom, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Hardware,
     Json, Kl, LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute,
     ResponseLen, RolloutTp, SeqLen, SeqPar, Tp, Vpp, WorkloadKind, inputs_from_flags,
@@ -62,7 +63,7 @@ def print_plans(ranked: list[Estimate], console: Console, *, top: int, title: st
                      style="bold" if c == "step s" else None)
     for i, e in enumerate(plans):
         s = e.strategy
-        mfu = (e.throughput or {}).get("mfu")
+        mfu = None if e.throughput is None else e.throughput.mfu
         deg = f"tp{s.tp} pp{s.pp}"
         if s.first_stage_layers or s.last_stage_layers:
             deg += f"({s.first_stage_layers or '-'}/{s.last_stage_layers or '-'})"
@@ -107,9 +108,12 @@ def search(
     first_stage_layers: FirstStage = None, last_stage_layers: LastStage = None,
     recompute: Recompute = None, sequence_parallel: SeqPar = None, distributed_optimizer: DistOpt = None,
     offload: Offload = None, rollout_tp: RolloutTp = None, gpu_memory_utilization: GpuMemUtil = None,
+    max_tokens_per_gpu: MaxTokensPerGpu = None, cpu_optimizer: CpuOptimizer = None, max_num_seqs: MaxNumSeqs = None,
+    enforce_eager: EnforceEager = None,
     allow_cross_node_tp: CrossNode = False, min_headroom: MinHeadroom = MIN_HEADROOM_DEFAULT,
     workload: WorkloadKind = WD["workload"], prompts: Prompts = WD["prompts"], n: GroupN = WD["n"],
     prompt_len: PromptLen = WD["prompt_len"], response_len: ResponseLen = WD["response_len"],
+    prompt_len_mean: PromptLenMean = None, response_len_mean: ResponseLenMean = None, lengths: Lengths = None,
     mini_batch: MiniBatch = WD["mini_batch"], ppo_epochs: PpoEpochs = WD["ppo_epochs"], kl: Kl = WD["kl"],
     seq_len: SeqLen = WD["seq_len"], gbs: Gbs = WD["gbs"],
     top: Top = 10, all_plans: AllPlans = False, json_out: Json = False, out: Out = Path("runs"), emit: Emit = True,

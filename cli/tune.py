@@ -44,7 +44,7 @@ def _summary(est) -> dict[str, Any]:
             "tokens_per_s_per_gpu": round(tokens_per_s_per_gpu(est), 1),
             "peak_gib": round(est.peak_bytes / GiB, 2), "peak_phase": est.peak_phase,
             "headroom_gib": round((est.capacity_bytes - est.peak_bytes) / GiB, 2),
-            "phases_s": {k.removesuffix("_s"): round(float(v), 3) for k, v in (est.time or {}).get("phases", {}).items()},
+            "phases_s": {} if est.time is None else {k: round(float(v), 3) for k, v in est.time.phases.items()},
             "plan": _plan_row(est), "strategy": est.strategy.to_dict(),
             "oom": [{"phase": v.phase, "bytes_over": v.bytes_over, "message": v.message}
                     for v in est.violations if v.code == "OOM_RISK"]}
@@ -68,7 +68,12 @@ def tune(launch: Launch, hardware: Hardware = "h100", model: ModelOpt = None, ke
         cal = load_calibration(calibration, hardware=plan.hardware.name)
     keep_list = [k.strip() for k in (keep or "").split(",") if k.strip()]
     res = T.tune(plan, keep=keep_list, calibration=cal, min_headroom=min_headroom)
-    tuned = T.tuned_text(plan.launch, res.changes)
+    launch_obj = plan.launch
+    if launch_obj is None:  # plan_of reads a best.yaml too; tune edits launches only
+        from core.errors import ConfigError
+
+        raise ConfigError(f"{launch}: a run config, not a verl launch", hint="pass the verl script or override list")
+    tuned = T.tuned_text(launch_obj, res.changes)
     run_dir = None
     files: dict[str, Path] = {}
     if emit:
@@ -76,7 +81,7 @@ def tune(launch: Launch, hardware: Hardware = "h100", model: ModelOpt = None, ke
                                   meta={"tuned_from": str(launch), **({"calibration": str(calibration)} if calibration else {})})
         tp = run_dir / "tuned.sh"
         atomic_write(tp, tuned)
-        mode = plan.launch.path.stat().st_mode
+        mode = launch_obj.path.stat().st_mode
         tp.chmod(stat.S_IMODE(mode) | stat.S_IRUSR | stat.S_IWUSR)
         files["tuned.sh"] = tp
     cur, best = _summary(res.current), _summary(res.best)
@@ -92,7 +97,7 @@ def tune(launch: Launch, hardware: Hardware = "h100", model: ModelOpt = None, ke
                           "files": {k: str(v) for k, v in files.items()}}, indent=2, default=str))
         return
     c = Console()
-    c.print(f"{plan.launch.path}: {plan.model.name} ({plan.model_note}) on {plan.cluster.gpus} x {plan.hardware.name}, "
+    c.print(f"{launch_obj.path}: {plan.model.name} ({plan.model_note}) on {plan.cluster.gpus} x {plan.hardware.name}, "
             f"{plan.workload.prompts} prompts x n={plan.workload.n}, lengths {plan.workload.prompt_len}+"
             f"{plan.workload.response_len}", highlight=False)
     t = Table(title="Current plan vs best plan (predicted)", title_justify="left")

@@ -2,18 +2,15 @@
 
 Config fields stay plain strings (YAML and JSON round-trip them unchanged); these enums are the
 allowed values, which the validator (core/validation.py), the search space and the trainer read.
-Each is a ``str`` subclass, so ``Recompute.FULL == "full"``.
+Each is a StrEnum, so ``Recompute.FULL == "full"``.
 """
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class _Choice(str, Enum):
-    def __str__(self) -> str:
-        return self.value
-
+class _Choice(StrEnum):
     @classmethod
     def values(cls) -> tuple[str, ...]:
         """The allowed strings, in definition order."""

@@ -17,11 +17,11 @@ from typing import Any
 
 import yaml
 
-from core.errors import ConfigError, GrpoTuneError, UnknownKeyError, close_matches
+from core.errors import ConfigError, GrpoTuneError
 from core.choices import KlType, LossAgg, RolloutEngine
 from core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from core.strategy import Cluster, Strategy, Workload, validate
-from core.validation import FRACTION, Schema, from_mapping
+from core.validation import FRACTION, Schema, check_names, from_mapping
 
 SCHEMA_VERSION = 1
 
@@ -116,12 +116,7 @@ class RunConfig:
     def from_dict(cls, data: Any, *, where: str = "config") -> "RunConfig":
         if not isinstance(data, dict):
             raise ConfigError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
-        for k in data:
-            if k not in _SECTIONS:
-                near = close_matches(str(k), _SECTIONS)
-                raise UnknownKeyError(f"{where}: unknown section {k!r}",
-                                      hint=f"did you mean {near[0]!r}?" if near
-                                      else f"sections: {', '.join(_SECTIONS)}")
+        check_names(data, _SECTIONS, where, noun="section")
         ver = data.get("schema_version")
         if ver != SCHEMA_VERSION:
             raise ConfigError(f"{where}: schema_version {ver!r} is not supported "

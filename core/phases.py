@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class Phase(str, Enum):
-    """A phase of one GRPO step. A ``str`` subclass, so ``Phase.ROLLOUT == "rollout"`` and JSON keys stay plain."""
+class Phase(StrEnum):
+    """A phase of one GRPO step. A ``str`` (StrEnum), so ``Phase.ROLLOUT == "rollout"``, ``str()`` and f-strings
+    give the value, and JSON keys stay plain."""
 
     ROLLOUT = "rollout"
     WEIGHT_SYNC = "weight_sync"
@@ -14,10 +15,6 @@ class Phase(str, Enum):
     REF_LOGPROB = "ref_logprob"
     UPDATE = "update"
     OFFLOAD = "offload"
-
-    def __str__(self) -> str:
-        # f-strings and str() print "rollout", not "Phase.ROLLOUT".
-        return self.value
 
 
 # Every phase, in step order (the cost model prices all of them).

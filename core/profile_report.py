@@ -19,20 +19,17 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Mapping, Sequence
 
 from .errors import ConfigError
 from .phases import MEASURED_PHASES, Phase
 
 
-class ProfileStatus(str, Enum):
+class ProfileStatus(StrEnum):
     OK = "ok"
     OOM = "oom"
     ERROR = "error"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,7 +123,7 @@ class ProfileReport:
         if not isinstance(data, dict):
             raise ConfigError(f"{where}: expected a JSON object, got {type(data).__name__}")
         try:
-            status = ProfileStatus(data.get("status"))
+            status = ProfileStatus(str(data.get("status")))
         except ValueError:
             raise ConfigError(f"{where}.status must be ok, oom or error, got {data.get('status')!r}") from None
         phases = data.get("phases_s") or {}

@@ -4,16 +4,17 @@ Callers decide what a finding means: :func:`core.strategy.validate` raises the f
 :class:`~core.errors.InvalidDegreesError`, the trainer's preflight raises the first batch error,
 search drops a candidate with any error, and diagnose reports them all.
 
-Sources: Megatron-LM's ``initialize_model_parallel`` (world size = tp*pp*cp*dp; MoE parallel
-folding, ep*etp dividing tp*cp*dp, arXiv 2504.14960), megatron-core's interleaved schedule
-(micro-batches a multiple of pp), verl 0.9.1's batch normalisation (mini-batch sequences split
-over DP, then over micro-batches; /work/scratch/research/verl_091_facts.md is where it was read).
+Sources: megatron-core's ``parallel_state.initialize_model_parallel`` (world size = tp*pp*cp*dp;
+MoE parallel folding, ep*etp dividing tp*cp*dp, arXiv 2504.14960), megatron-core's interleaved
+schedule in ``pipeline_parallel/schedules.py`` (micro-batches a multiple of pp), verl 0.9.1's
+actor config (``ppo_mini_batch_size`` counts prompts, is multiplied by ``rollout.n`` and divided by
+the DP size, then split into ``ppo_micro_batch_size_per_gpu`` micro-batches).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from .errors import GrpoTuneError
@@ -23,15 +24,12 @@ if TYPE_CHECKING:  # annotations only: core/strategy.py imports this module
     from .strategy import Strategy, Workload
 
 
-class Severity(str, Enum):
+class Severity(StrEnum):
     """How bad a finding is, most severe first."""
 
     ERROR = "error"
     WARNING = "warning"
     INFO = "info"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

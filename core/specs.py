@@ -117,6 +117,73 @@ class ModelSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Efficiency:
+    """Time-model parameters of one hardware profile (its ``[efficiency]`` table). One set of
+    defaults, here; a profile overrides what it has measured or fitted. See costmodel/timing.py."""
+
+    gemm_efficiency_max: float = 0.7
+    """Fraction of peak a large GEMM reaches (the saturating curve's ceiling)."""
+    gemm_intensity_half: float = 100.0
+    """Arithmetic intensity at which a GEMM reaches half of ``gemm_efficiency_max``."""
+    attention_efficiency: float = 0.5
+    """Fraction of peak of core attention with the profile's ``attention_kernel``."""
+    comm_efficiency: float = 0.8
+    """Achieved over datasheet bandwidth of every collective."""
+    hbm_efficiency: float = 0.8
+    intra_node_latency_s: float = 10e-6
+    inter_node_latency_s: float = 20e-6
+    layer_overhead_s: float = 20e-6
+    """Kernel launch/dispatch cost per layer per micro-batch (forward; backward twice)."""
+    decode_step_overhead_s: float = 1e-3
+    """vLLM scheduler + sampler cost per decode step with CUDA graphs."""
+    eager_layer_overhead_s: float = 30e-6
+    """Extra launch cost per layer per decode step when vLLM runs eager (``enforce_eager``)."""
+    dp_overlap: float = 0.8
+    """Fraction of the DP gradient reduce / parameter gather that Megatron hides behind compute."""
+    tp_backward_overlap: float = 1.0
+    """Fraction of the backward TP communication hidden behind weight-gradient GEMMs."""
+    causal_attention_fraction: float = 0.5
+    max_parallel_ranks: float = 0.0
+    """Ranks that run at once (CPU cores); 0 = no limit."""
+    micro_batch_overhead_s: float = 0.0
+    """Fixed cost per micro-batch of a training or log-prob pass (data prep, schedule, loss)."""
+    moe_layer_overhead_s: float = 0.0
+    """Per MoE layer per micro-batch: token permutation, router, all-to-all launches (forward)."""
+    moe_decode_efficiency: float = 1.0
+    """Achieved over streaming HBM bandwidth when decode reads routed experts (grouped GEMM, few tokens each)."""
+    vllm_sleep_s: float = 0.0
+    """vLLM sleep (level 2: drop weights and KV cache), counted in verl's ``timing_s/gen``."""
+    vllm_wake_s: float = 0.0
+    """vLLM wake of weights and re-allocation of the KV cache, counted in ``timing_s/update_weights``."""
+    sync_tensor_overhead_s: float = 0.0
+    """Per HF tensor exported (bridge conversion, gather launch) during weight sync."""
+    sync_bucket_overhead_s: float = 0.0
+    """Per bucket shipped to vLLM by CUDA IPC (handle rebuild, load_weights)."""
+    pageable_copy_fraction: float = 0.5
+    """Pageable host<->device copies over pinned ones (verl copies optimizer state pageable)."""
+    packing_efficiency: float = 0.95
+    """Tokens per micro-batch under dynamic batching, over the token cap (balanced partitions)."""
+    rl_compute_scale: float = 1.0
+    """Achieved FLOP/s of RL training passes (short packed micro-batches, fp32 log-prob) over pretraining's."""
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str = "efficiency") -> "Efficiency":
+        data = check_keys(cls, data, where)
+        for k, v in data.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0:
+                raise ConfigError(f"{where}.{k} must be a number >= 0, got {v!r}")
+        return cls(**{k: float(v) for k, v in data.items()})
+
+
+ROLLOUT_ENGINES = ("vllm", "megatron-native")
+ATTENTION_KERNELS = ("flash", "unfused")
+ACTIVATION_LAYOUTS = ("te-bf16", "local-fp32")
+
+
+@dataclass(frozen=True, kw_only=True)
 class HardwareSpec:
     """One GPU kind and the node around it. Every key carries its unit."""
 
@@ -136,16 +203,25 @@ class HardwareSpec:
     host_to_device_bandwidth_bytes_per_s: float
     reserved_memory_bytes: float
     """CUDA context, NCCL buffers and allocator fragmentation that no tensor can use."""
+    host_flops_per_s: float = 5e12
+    """fp32 FLOP/s of the host CPUs per node (Megatron's CPU optimizer runs Adam there)."""
+    host_memory_bandwidth_bytes_per_s: float = 300e9
+    """Host DRAM bandwidth per node (CPU Adam is bound by it)."""
+    rollout_engine: str = "vllm"
+    """``vllm`` (colocated, KV cache) or ``megatron-native`` (the trainer's own sampler, no KV cache)."""
+    attention_kernel: str = "flash"
+    """``flash`` (no score matrix kept; causal block skipping) or ``unfused`` (softmax scores kept)."""
+    activation_layout: str = "te-bf16"
+    """``te-bf16`` (TransformerEngine fused layers, bf16) or ``local-fp32`` (megatron's local spec in fp32)."""
     price_per_gpu_hour_usd: float | None = None
     aliases: tuple[str, ...] = ()
-    efficiency: dict[str, float] = field(default_factory=dict)
-    """Efficiency curve parameters read by the time model (see costmodel.timing)."""
+    efficiency: Efficiency = field(default_factory=Efficiency)
+    """Time-model parameters (see costmodel.timing)."""
 
     @property
     def native_rollout(self) -> bool:
-        """The profile's trainer samples with its own Megatron model instead of vLLM
-        (``[efficiency] native_rollout = 1``, the ``cpu`` profile): no second weight copy, no KV cache."""
-        return self.efficiency.get("native_rollout", 0.0) >= 1.0
+        """The trainer samples with its own Megatron model (no second weight copy, no KV cache)."""
+        return self.rollout_engine == "megatron-native"
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -163,14 +239,22 @@ class HardwareSpec:
                 raise ConfigError(f"{where}.aliases must be a list of names, got {al!r}")
             data["aliases"] = tuple(al)
         eff = data.get("efficiency")
-        if eff is not None and not (isinstance(eff, dict) and all(
-                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
-                for k, v in eff.items())):
+        if isinstance(eff, dict):
+            data["efficiency"] = Efficiency.from_dict(eff, where=f"{where}.efficiency")
+        elif eff is not None and not isinstance(eff, Efficiency):
             raise ConfigError(f"{where}.efficiency must be a table of numbers, got {eff!r}")
+        for key, allowed in (("rollout_engine", ROLLOUT_ENGINES), ("attention_kernel", ATTENTION_KERNELS),
+                             ("activation_layout", ACTIVATION_LAYOUTS)):
+            if key in data and data[key] not in allowed:
+                raise ConfigError(f"{where}.{key} must be one of {', '.join(allowed)}, got {data[key]!r}")
         return from_mapping(cls, data, where, _HARDWARE_SCHEMA)
 
-    def __hash__(self) -> int:  # efficiency is a dict; hash by name + numbers
-        return hash((self.name, self.bf16_dense_flops_per_s, self.hbm_bytes, self.gpus_per_node))
+    def with_efficiency(self, **eff: float) -> "HardwareSpec":
+        return dataclasses.replace(self, efficiency=dataclasses.replace(self.efficiency, **eff))
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.bf16_dense_flops_per_s, self.hbm_bytes, self.gpus_per_node, self.efficiency,
+                     self.rollout_engine, self.attention_kernel, self.activation_layout))
 
 
 # ints and floats >= 0 and finite; the sizes a model or a GPU cannot do without, > 0.
@@ -180,7 +264,8 @@ _HARDWARE_SCHEMA = Schema(ints=FINITE_NON_NEGATIVE, floats=FINITE_NON_NEGATIVE, 
     "gpus_per_node": POSITIVE,
     **{k: FINITE_POSITIVE for k in ("bf16_dense_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s",
                                     "intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s",
-                                    "host_to_device_bandwidth_bytes_per_s")}})
+                                    "host_to_device_bandwidth_bytes_per_s", "host_flops_per_s",
+                                    "host_memory_bandwidth_bytes_per_s")}})
 
 
 def _check_model(where: str, obj: ModelSpec) -> ModelSpec:

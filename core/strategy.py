@@ -148,6 +148,11 @@ class Workload:
     """Mean prompt tokens (None = the maximum)."""
     response_len_mean: int | None = None
     """Mean response tokens (None = the maximum); sets the work, the maximum sets the decode tail."""
+    response_len_quantiles: tuple[int, ...] | None = None
+    """Measured response lengths at the midpoints of equal-mass bins (``--lengths``); None = the
+    cost model's assumed distribution fitted to the mean and the maximum (costmodel/lengths.py)."""
+    lengths_source: str | None = None
+    """Where the length statistics came from (a dataset or run log path and how it was measured)."""
     mini_batch: int = 256
     """Prompts per PPO mini-batch (verl's ``ppo_mini_batch_size``)."""
     ppo_epochs: int = 1
@@ -171,12 +176,34 @@ class Workload:
     def mean_response_len(self) -> float:
         return float(self.response_len if self.response_len_mean is None else self.response_len_mean)
 
+    @property
+    def mean_prompt_len(self) -> float:
+        return float(self.prompt_len if self.prompt_len_mean is None else self.prompt_len_mean)
+
+    @property
+    def mean_seq_len(self) -> float:
+        """Real (unpadded) tokens of a sequence on average: what packed training passes pay for."""
+        if self.kind != "grpo":
+            return float(self.seq_len)
+        return self.mean_prompt_len + self.mean_response_len
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if self.response_len_quantiles is not None:
+            d["response_len_quantiles"] = list(self.response_len_quantiles)
+        return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "workload") -> "Workload":
-        return _check_workload(from_mapping(cls, data, where, _WORKLOAD_SCHEMA), where)
+        data = dict(data) if isinstance(data, dict) else data
+        q = data.pop("response_len_quantiles", None) if isinstance(data, dict) else None
+        if q is not None and (not isinstance(q, (list, tuple)) or not q or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in q)):
+            raise ConfigError(f"{where}.response_len_quantiles must be a list of token counts, got {q!r}")
+        obj = from_mapping(cls, data, where, _WORKLOAD_SCHEMA)
+        if q is not None:
+            obj = dataclasses.replace(obj, response_len_quantiles=tuple(sorted(q)))
+        return _check_workload(obj, where)
 
     def replace(self, **kw) -> "Workload":
         return dataclasses.replace(self, **kw)
@@ -197,6 +224,11 @@ def _check_workload(obj: Workload, where: str) -> Workload:
         raise ConfigError(f"{where}: prompts ({obj.prompts}) is not a multiple of mini_batch ({obj.mini_batch})")
     if obj.response_len_mean is not None and obj.response_len_mean > obj.response_len:
         raise ConfigError(f"{where}: response_len_mean exceeds response_len")
+    if obj.prompt_len_mean is not None and obj.prompt_len_mean > obj.prompt_len:
+        raise ConfigError(f"{where}: prompt_len_mean exceeds prompt_len")
+    q = obj.response_len_quantiles
+    if q is not None and max(q) > obj.response_len:
+        raise ConfigError(f"{where}: response_len_quantiles exceed response_len ({max(q)} > {obj.response_len})")
     return obj
 
 

@@ -16,7 +16,7 @@ import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
-from typing import Any, Mapping, TypeVar
+from typing import Any, Mapping, Sequence, TypeVar
 
 from .errors import ConfigError, UnknownKeyError, close_matches
 
@@ -77,14 +77,18 @@ def check_keys(cls: type, data: Any, where: str) -> dict[str, Any]:
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be a table/mapping, got {type(data).__name__}")
-    names = [f.name for f in dataclasses.fields(cls)]
+    check_names(data, [f.name for f in dataclasses.fields(cls)], where)
+    return dict(data)
+
+
+def check_names(data: Mapping[Any, Any], names: Sequence[str], where: str, noun: str = "key") -> None:
+    """UNKNOWN_KEY for the first key of ``data`` not in ``names``, with the closest name as the hint."""
     for k in data:
         if k not in names:
             near = close_matches(str(k), names)
-            raise UnknownKeyError(f"{where}: unknown key {k!r}",
+            raise UnknownKeyError(f"{where}: unknown {noun} {k!r}",
                                   hint=f"did you mean {near[0]!r}?" if near
-                                  else f"valid keys: {', '.join(sorted(names))}")
-    return dict(data)
+                                  else f"valid {noun}s: {', '.join(sorted(names))}")
 
 
 @lru_cache(maxsize=None)

@@ -58,6 +58,4 @@ def link_bw(hw: HardwareSpec, span: int, gpus_per_node: int, comm_eff: float = 1
 
 def link_latency(hw: HardwareSpec, span: int, gpus_per_node: int) -> float:
     e = hw.efficiency
-    if spans_nodes(span, gpus_per_node):
-        return e.get("inter_node_latency_s", 10e-6)
-    return e.get("intra_node_latency_s", 5e-6)
+    return e.inter_node_latency_s if spans_nodes(span, gpus_per_node) else e.intra_node_latency_s

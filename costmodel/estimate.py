@@ -3,18 +3,23 @@
 Pure and stateless. It validates the degrees (raising InvalidDegreesError for a plan that cannot
 exist), then asks :mod:`costmodel.memory` for bytes per rank per phase and :mod:`costmodel.timing`
 for seconds per phase, and gathers violations. A plan that does not fit is data, not an error.
+Every result is a frozen dataclass; phases are named by :class:`core.phases.Phase` values.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 from .params import active_params, max_rank_params, total_params
+from core.phases import Phase
 from core.specs import HardwareSpec, ModelSpec
 from core.strategy import Cluster, Strategy, Workload, validate
 
+_EMPTY: Mapping[str, float] = MappingProxyType({})
 
-@dataclass
+
+@dataclass(frozen=True)
 class Violation:
     code: str
     message: str
@@ -30,13 +35,13 @@ class Violation:
         return d
 
 
-@dataclass
+@dataclass(frozen=True)
 class PhaseMemory:
     """Bytes on the most loaded rank during one phase, by part (``weights``, ``grads``, ...)."""
 
     name: str
-    parts: dict[str, float]
-    info: dict[str, float] = field(default_factory=dict)
+    parts: Mapping[str, float]
+    info: Mapping[str, float] = field(default_factory=dict)
     """Figures that are not bytes (rollout: kv_cache_tokens, max_concurrent_sequences, ...)."""
 
     @property
@@ -48,7 +53,50 @@ class PhaseMemory:
                 **self.info}
 
 
-@dataclass
+@dataclass(frozen=True)
+class TrainParts:
+    """One training (or forward-only) pass of a batch through the training layout, in seconds."""
+
+    compute_s: float
+    dp_s: float = 0.0
+    optimizer_s: float = 0.0
+    """GPU Adam over this rank's shard plus, with the CPU optimizer, the host part that is not hidden."""
+    micro_batches: int = 1
+    fwd_mb_s: float = 0.0
+    bwd_mb_s: float = 0.0
+    tokens_per_micro_batch: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.dp_s + self.optimizer_s
+
+
+@dataclass(frozen=True)
+class PhaseTimes:
+    """Seconds per phase of one step (``phases`` keyed by Phase value) and their sum."""
+
+    step_s: float
+    phases: Mapping[str, float]
+
+    def __getitem__(self, phase: str | Phase) -> float:
+        return self.phases.get(phase.value if isinstance(phase, Phase) else phase, 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_s": float(self.step_s), "phases_s": {k: float(v) for k, v in self.phases.items()}}
+
+
+@dataclass(frozen=True)
+class Throughput:
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    mfu: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "model_tflops_per_gpu": self.model_tflops_per_gpu,
+                "mfu": self.mfu}
+
+
+@dataclass(frozen=True)
 class Estimate:
     model: ModelSpec
     hardware: HardwareSpec
@@ -56,16 +104,16 @@ class Estimate:
     strategy: Strategy
     """Resolved: dp, etp and sequence_parallel filled in."""
     workload: Workload
-    params: dict[str, int]
-    memory: dict[str, PhaseMemory]
+    params: Mapping[str, int]
+    memory: Mapping[str, PhaseMemory]
     capacity_bytes: float
     """HBM minus the profile's reserved bytes."""
-    time: dict[str, Any] | None = None
-    """``{"step_s": float, "phases": {"<phase>_s": float}}``, filled by costmodel.timing."""
-    throughput: dict[str, float] | None = None
-    """``{"tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu"}``."""
-    violations: list[Violation] = field(default_factory=list)
+    time: PhaseTimes | None = None
+    throughput: Throughput | None = None
+    violations: tuple[Violation, ...] = ()
     host_bytes_per_node: float = 0.0
+    details: Mapping[str, float] = field(default_factory=dict)
+    """Figures behind the phase times for people (decode concurrency, micro-batches, ...)."""
 
     @property
     def peak_bytes(self) -> float:
@@ -85,7 +133,30 @@ class Estimate:
 
     @property
     def step_s(self) -> float | None:
-        return None if self.time is None else self.time["step_s"]
+        return None if self.time is None else self.time.step_s
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        if self.throughput is not None:
+            return self.throughput.tokens_per_s_per_gpu
+        return 0.0
+
+    def predicted(self) -> dict[str, Any]:
+        """The cost model's figures for ``best.yaml``'s ``predicted`` block (plain YAML types)."""
+        t, thr = self.time, self.throughput
+        return {
+            "step_s": None if t is None else float(t.step_s),
+            "phases_s": {} if t is None else {k: float(v) for k, v in t.phases.items()},
+            "tokens_per_s_per_gpu": float(self.tokens_per_s_per_gpu),
+            "model_tflops_per_gpu": None if thr is None else float(thr.model_tflops_per_gpu),
+            "mfu": None if thr is None else float(thr.mfu),
+            "peak_memory_bytes": int(self.peak_bytes),
+            "peak_phase": self.peak_phase,
+            "capacity_bytes": int(self.capacity_bytes),
+            "headroom_bytes": int(self.headroom_bytes),
+            "memory_bytes": {k: int(v.total_bytes) for k, v in self.memory.items()},
+            "fits": bool(self.fits),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -104,8 +175,9 @@ class Estimate:
             },
             "fits": self.fits,
             "violations": [v.to_dict() for v in self.violations],
-            "time": self.time,
-            "throughput": self.throughput,
+            "time": None if self.time is None else self.time.to_dict(),
+            "throughput": None if self.throughput is None else self.throughput.to_dict(),
+            "details": dict(self.details),
         }
 
 
@@ -116,8 +188,8 @@ def estimate(*, model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, stra
     s = validate(model, strategy, cluster.gpus, gpus_per_node=cluster.gpus_per_node, allow_cross_node_tp=True)
     params = {"total": total_params(model), "active": active_params(model), "per_rank_max": max_rank_params(model, s)}
     mem, host_bytes, violations = memory.phase_memory(model, hardware, cluster, s, workload)
-    est = Estimate(model=model, hardware=hardware, cluster=cluster, strategy=s, workload=workload, params=params,
-                   memory=mem, capacity_bytes=hardware.hbm_bytes - hardware.reserved_memory_bytes,
-                   violations=violations, host_bytes_per_node=host_bytes)
-    est.time, est.throughput = timing.step_time(model, hardware, cluster, s, workload, calibration=calibration)
-    return est
+    time, throughput, details = timing.step_time(model, hardware, cluster, s, workload, calibration=calibration)
+    return Estimate(model=model, hardware=hardware, cluster=cluster, strategy=s, workload=workload, params=params,
+                    memory=mem, capacity_bytes=hardware.hbm_bytes - hardware.reserved_memory_bytes,
+                    time=time, throughput=throughput, violations=tuple(violations), host_bytes_per_node=host_bytes,
+                    details=details)

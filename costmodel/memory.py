@@ -39,10 +39,9 @@ FP32 = 4
 # logits (2 B), the fp32 copy that verl's log-prob/entropy kernels work on (4 B) and the fp32
 # softmax kept for backward (4 B). Korthikanti sec. 4.3 counts 4 B (fp32 cross-entropy) alone.
 LOGITS_BYTES = 2 + 4 + 4
-# verl's rollout defaults (actor_rollout_ref.rollout.max_num_batched_tokens / max_num_seqs): they
-# size vLLM's profiling run, whose peak is kept out of the KV cache.
-ROLLOUT_MAX_BATCHED_TOKENS = 8192
-ROLLOUT_MAX_NUM_SEQS = 1024
+# vLLM's max_num_batched_tokens / max_num_seqs (Strategy fields; verl 0.9.1 defaults 8192 / 256,
+# rollout.yaml l.78/l.84) size vLLM's profiling run, whose peak is kept out of the KV cache.
+SYNC_BUCKET_BYTES = 2048 * 2**20  # verl's update_weights_bucket_megabytes default (rollout.yaml l.296)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,9 +111,12 @@ CPU_KERNELS = Kernels(flash=False, fused=False, act_bytes=FP32)
 
 
 def kernels_for(hardware: HardwareSpec, workload: Workload) -> Kernels:
-    if hardware.name == "cpu":
-        return CPU_KERNELS
-    return GPU_KERNELS if workload.dtype != "fp32" else Kernels(act_bytes=FP32)
+    """What the trainer's layers keep, from the profile's stated attention kernel and activation
+    layout (the same attention kernel the time model prices)."""
+    flash = hardware.attention_kernel == "flash"
+    if hardware.activation_layout == "local-fp32":
+        return Kernels(flash=flash, fused=False, act_bytes=FP32)
+    return Kernels(flash=flash, act_bytes=FP32 if workload.dtype == "fp32" else BF16)
 
 
 def paper_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, *, sp: bool = False,
@@ -345,11 +347,12 @@ def kv_bytes_per_token(m: ModelSpec, rollout_tp: int) -> float:
 
 
 @lru_cache(maxsize=1024)
-def rollout_working_bytes(m: ModelSpec, rollout_tp: int) -> float:
+def rollout_working_bytes(m: ModelSpec, rollout_tp: int, max_num_seqs: int = 256,
+                          max_num_batched_tokens: int = 8192) -> float:
     """vLLM's profiled peak outside weights and KV: one layer's forward at max_num_batched_tokens
     (no score matrix, paged/flash attention) plus the sampler's fp32 logits for max_num_seqs."""
     c = layer_coeffs(m, m.is_moe, rollout_tp, rollout_tp, False, flash=True)
-    return ROLLOUT_MAX_BATCHED_TOKENS * (c.linear + 2 * 2 * m.hidden) + ROLLOUT_MAX_NUM_SEQS * m.vocab * FP32
+    return max_num_batched_tokens * (c.linear + 2 * 2 * m.hidden) + max_num_seqs * m.vocab * FP32
 
 
 @dataclass(frozen=True)
@@ -376,7 +379,7 @@ def kv_cache_capacity(model: ModelSpec, hardware: HardwareSpec, strategy: Strate
     """The KV cache that ``gpu_memory_utilization`` leaves, and the concurrent sequences it holds."""
     budget = strategy.gpu_memory_utilization * hardware.hbm_bytes
     w = rollout_weight_bytes(model, strategy.rollout_tp)
-    work = rollout_working_bytes(model, strategy.rollout_tp)
+    work = rollout_working_bytes(model, strategy.rollout_tp, strategy.max_num_seqs, strategy.max_num_batched_tokens)
     kv = budget - w - work
     per_tok = kv_bytes_per_token(model, strategy.rollout_tp)
     tokens = int(kv // per_tok) if kv > 0 else 0
@@ -403,7 +406,21 @@ def sync_bucket_bytes(m: ModelSpec, ep: int) -> float:
 
 def _microbatches(s: Strategy, w: Workload) -> int:
     seqs = w.mini_batch * w.n if w.kind == "grpo" else w.gbs
+    if s.max_tokens_per_gpu:
+        return max(1, -(-int(seqs * w.mean_seq_len) // (s.dp * s.max_tokens_per_gpu * s.cp)))
     return micro_batches(seqs, dp=s.dp, mbs=s.mbs)
+
+
+def micro_batch_shape(s: Strategy, w: Workload, cap: int | None) -> tuple[int, float]:
+    """(sequence length, sequences) of the largest micro-batch a rank holds: ``mbs`` sequences of
+    the maximum length, or with dynamic batching a token cap filled by sequences of up to the
+    maximum length (verl asserts the cap holds the longest sequence)."""
+    seq = w.train_seq_len
+    if not cap:
+        return seq, float(s.mbs)
+    cap_rank = cap  # per CP rank (verl scales the cap by the CP size, and CP splits the sequence)
+    seq_eff = min(seq, cap_rank * s.cp)
+    return seq_eff, cap_rank * s.cp / seq_eff
 
 
 def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strategy: Strategy,
@@ -412,19 +429,16 @@ def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, str
     """Bytes per phase on the most loaded rank, host bytes per node, and coded violations.
 
     ``strategy`` must be resolved (``validate`` fills dp/etp/sequence_parallel). ``kernels``: what
-    the layers run (default: :func:`kernels_for`, flash/fused bf16 on GPUs, the trainer's fp32
-    local spec on the ``cpu`` profile).
+    the layers run (default: :func:`kernels_for`, from the profile's attention kernel and
+    activation layout).
     """
     m, s, w = model, strategy, workload
     k = kernels or kernels_for(hardware, w)
     dtype = "fp32" if k.act_bytes == FP32 else w.dtype
-    dp = s.dp or 1
-    off = set(s.offload)
-    kl = w.kind == "grpo" and w.kl
     stages = per_stage_params(m, s)
-    seq = w.train_seq_len
-    acts = train_activation_bytes(m, s, seq_len=seq, mbs=s.mbs, microbatches=_microbatches(s, w), kernels=k)
-    logit = logits_bytes(m, s, seq_len=seq, mbs=s.mbs, act_bytes=k.act_bytes)
+    seq, mbs = micro_batch_shape(s, w, s.max_tokens_per_gpu)
+    acts = train_activation_bytes(m, s, seq_len=seq, mbs=mbs, microbatches=_microbatches(s, w), kernels=k)
+    logit = logits_bytes(m, s, seq_len=seq, mbs=mbs, act_bytes=k.act_bytes)
     last = len(stages) - 1
     # Stages with the same parameters differ only in activations: per (params, last?) keep the
     # stage that holds the most. Two or three candidates instead of pp, for speed.
@@ -434,70 +448,86 @@ def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, str
         j = best.get(key)
         if j is None or acts[i] > acts[j]:
             best[key] = i
-    cand = sorted(best.values())
-    states = {i: model_state_bytes(stages[i].dense, stages[i].expert, dp=dp, cp=s.cp, tp=s.tp, ep=s.ep,
-                                   etp=s.etp_, distributed_optimizer=s.distributed_optimizer, dtype=dtype) for i in cand}
-    p_off, g_off, o_off = "param" in off, "grad" in off, "optimizer" in off
-    # Each phase: its part names, and per candidate stage a tuple of bytes in that order. Only the
-    # worst stage becomes a dict (this runs thousands of times per search).
+    full = {i: model_state_bytes(stages[i].dense, stages[i].expert, dp=s.dp or 1, cp=s.cp, tp=s.tp, ep=s.ep,
+                                 etp=s.etp_, distributed_optimizer=s.distributed_optimizer, dtype=dtype)
+            for i in sorted(best.values())}
+    # Megatron's hybrid CPU optimizer keeps only the GPU share of the optimizer state on the GPU.
+    gpu_share = 1.0 - (s.cpu_optimizer or 0.0)
+    states = {i: ModelState(st.weights, st.grads, st.optimizer * gpu_share) for i, st in full.items()}
+    kvc = kv_cache_capacity(m, hardware, s, w, cluster.gpus) if (w.kind == "grpo" and not hardware.native_rollout) else None
+    out = _phases(m, hardware, s, w, k, states, acts, logit, last, kvc)
+    violations = _violations(out, hardware, w, kvc)
+    host = _host_bytes(s, w, full, cluster)
+    if host > hardware.host_memory_bytes:
+        violations.append(Violation(
+            "OOM_RISK", f"offloaded state needs {host / GiB:.1f} GiB of host memory per node "
+                        f"> {hardware.host_memory_bytes / GiB:.1f} GiB",
+            phase="host", bytes_over=host - hardware.host_memory_bytes))
+    return out, host, violations
+
+
+def _phases(m, hardware, s, w, k, states, acts, logit, last, kvc) -> dict[str, PhaseMemory]:
+    """Per phase, the worst candidate stage's parts. Offload follows verl 0.9.1
+    (verl/utils/megatron_utils.py): param_offload moves weights to the host and frees the gradient
+    buffers outside the update; optimizer_offload brings the optimizer back for the whole update
+    (all mini-batches), so it adds to the activations' peak rather than replacing it."""
+    off = set(s.offload)
+    kl = w.kind == "grpo" and w.kl
+    p_off, o_off = "param" in off, "optimizer" in off
+    g_off = "grad" in off or p_off
+    native = hardware.native_rollout
+    resident = kvc.budget_bytes if (kvc is not None and not s.free_cache_engine) else 0.0
     ref = ("ref_weights",) if kl else ()
-    phases: dict[str, tuple[tuple[str, ...], list[tuple[float, ...]]]] = {}
+    state_keys = ("weights", "grads", "optimizer") + ref
+    extra = ("vllm_resident",) if resident else ()
 
     def res(st: ModelState, weights_needed: bool) -> tuple[float, ...]:
-        """Training state on the GPU during a phase (offloaded parts are on the host)."""
         r = (st.weights if (weights_needed or not p_off) else 0.0, 0.0 if g_off else st.grads,
              0.0 if o_off else st.optimizer)
         return r + ((0.0 if p_off else st.weights),) if kl else r
 
-    # update: fwd/bwd needs weights, grads and activations; with optimizer offload the optimizer
-    # comes back only for the step, after the activations are freed: report the larger moment.
+    rows: dict[str, tuple[tuple[str, ...], list[tuple[float, ...]]]] = {}
     upd = []
     for i, st in states.items():
         refw = (0.0 if p_off else st.weights,) if kl else ()
-        lg = logit if i == last else 0.0
-        fb = (st.weights, st.grads, 0.0 if o_off else st.optimizer) + refw + (acts[i], lg)
-        if o_off:
-            step = (st.weights, st.grads, st.optimizer) + refw + (0.0, 0.0)
-            fb = fb if sum(fb) >= sum(step) else step
-        upd.append(fb)
-    state_keys = ("weights", "grads", "optimizer") + ref
-    upd_entry = (state_keys + ("activations", "logits"), upd)
-
-    native = hardware.native_rollout
+        upd.append((st.weights, st.grads, st.optimizer) + refw + (acts[i], logit if i == last else 0.0) + (
+            (resident,) if resident else ()))
     if w.kind == "grpo":
-        fwd = forward_activation_bytes(m, s, seq_len=seq, mbs=s.mbs, kernels=k)
+        fseq, fmbs = micro_batch_shape(s, w, s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu)
+        fwd = forward_activation_bytes(m, s, seq_len=fseq, mbs=fmbs, kernels=k)
+        flog = logits_bytes(m, s, seq_len=fseq, mbs=fmbs, act_bytes=k.act_bytes)
         olp, rlp, ws, ro = [], [], [], []
-        kvc = kv_cache_capacity(m, hardware, s, w, cluster.gpus)
-        bucket = sync_bucket_bytes(m, s.ep)
-        kv_left = max(0.0, kvc.kv_bytes)
+        bucket = min(SYNC_BUCKET_BYTES, BF16 * float(per_stage_params(m, Strategy())[0].total)) + sync_bucket_bytes(m, s.ep)
         for i, st in states.items():
-            lg = logit if i == last else 0.0
+            lg = flog if i == last else 0.0
             need = res(st, True)
-            olp.append(need + (fwd, lg))
+            olp.append(need + (fwd, lg) + ((resident,) if resident else ()))
             if kl:
-                rlp.append(res(st, False)[:3] + (st.weights, fwd, lg))
-            if native:
-                # The trainer's own sampler runs on the actor's live weights: no second copy, no
-                # KV cache, one forward at a time (the cpu profile; timing.native_rollout_s).
+                rlp.append(res(st, False)[:3] + (st.weights, fwd, lg) + ((resident,) if resident else ()))
+            if native:  # the trainer's own sampler: live actor weights, one forward, no KV cache
                 ws.append(need + (0.0, 0.0))
                 ro.append(need + (0.0, fwd + lg, 0.0))
-            else:
+            else:  # verl wakes vLLM's weights first, the KV cache only after the sync
                 ws.append(need + (kvc.weights_bytes, bucket))
-                ro.append(res(st, False) + (kvc.weights_bytes, kvc.working_bytes, kv_left))
-        phases["rollout"] = (state_keys + ("rollout_weights", "rollout_activations", "rollout_kv_cache"), ro)
-        phases["weight_sync"] = (state_keys + ("rollout_weights", "sync_bucket"), ws)
-        phases["old_logprob"] = (state_keys + ("activations", "logits"), olp)
+                ro.append(res(st, False) + (kvc.weights_bytes, kvc.working_bytes, max(0.0, kvc.kv_bytes)))
+        rows["rollout"] = (state_keys + ("rollout_weights", "rollout_activations", "rollout_kv_cache"), ro)
+        rows["weight_sync"] = (state_keys + ("rollout_weights", "sync_bucket"), ws)
+        rows["old_logprob"] = (state_keys + ("activations", "logits") + extra, olp)
         if kl:
-            phases["ref_logprob"] = (state_keys + ("activations", "logits"), rlp)
-    phases["update"] = upd_entry
-
+            rows["ref_logprob"] = (state_keys + ("activations", "logits") + extra, rlp)
+    rows["update"] = (state_keys + ("activations", "logits") + extra, upd)
     out: dict[str, PhaseMemory] = {}
-    for name, (keys, rows) in phases.items():
-        worst = rows[0] if len(rows) == 1 else max(rows, key=sum)
-        out[name] = PhaseMemory(name, dict(zip(keys, map(float, worst))))
-    if w.kind == "grpo":
-        out["rollout"].info = {"native_rollout": 1.0} if native else kvc.to_info()
+    for name, (keys, vals) in rows.items():
+        worst = vals[0] if len(vals) == 1 else max(vals, key=sum)
+        info: dict[str, float] = {}
+        if name == "rollout":
+            info = {"native_rollout": 1.0} if native else kvc.to_info()
+        out[name] = PhaseMemory(name, dict(zip(keys, map(float, worst))), info)
+    return out
 
+
+def _violations(out: dict[str, PhaseMemory], hardware: HardwareSpec, w: Workload,
+                kvc: KvCapacity | None) -> list[Violation]:
     cap = hardware.hbm_bytes - hardware.reserved_memory_bytes
     violations: list[Violation] = []
     for name, pm in out.items():
@@ -507,34 +537,34 @@ def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, str
                 "OOM_RISK", f"phase {name} needs {tot / GiB:.1f} GiB > {cap / GiB:.1f} GiB capacity "
                             f"({(tot - cap) / GiB:.1f} GiB over; largest part: {max(pm.parts, key=pm.parts.get)})",
                 phase=name, bytes_over=tot - cap))
-    if w.kind == "grpo" and not native:
+    if kvc is not None:
         if kvc.kv_bytes <= 0:
             violations.append(Violation(
-                "OOM_RISK",
-                f"gpu_memory_utilization={s.gpu_memory_utilization} gives vLLM {kvc.budget_bytes / GiB:.1f} GiB, less "
-                f"than its weights + working set ({(kvc.weights_bytes + kvc.working_bytes) / GiB:.1f} GiB at "
-                f"rollout_tp={s.rollout_tp}): no KV cache", phase="rollout", bytes_over=-kvc.kv_bytes))
+                "OOM_RISK", f"gpu_memory_utilization gives vLLM {kvc.budget_bytes / GiB:.1f} GiB, less than its "
+                            f"weights + working set ({(kvc.weights_bytes + kvc.working_bytes) / GiB:.1f} GiB): no KV cache",
+                phase="rollout", bytes_over=-kvc.kv_bytes))
         elif kvc.sequences < 1:
+            need = (w.prompt_len + w.response_len) * kvc.bytes_per_token
             violations.append(Violation(
                 "OOM_RISK", f"the KV cache ({kvc.tokens} tokens) cannot hold one sequence of "
                             f"{w.prompt_len + w.response_len} tokens; raise gpu_memory_utilization or rollout_tp",
-                phase="rollout", bytes_over=(w.prompt_len + w.response_len) * kvc.bytes_per_token - kvc.kv_bytes))
+                phase="rollout", bytes_over=need - kvc.kv_bytes))
+    return violations
 
-    # Host memory: every rank of a node keeps its offloaded state there (worst stage, conservative).
+
+def _host_bytes(s: Strategy, w: Workload, states: dict[int, ModelState], cluster: Cluster) -> float:
+    """Host memory per node: every rank keeps its offloaded state there (worst stage), and the
+    CPU optimizer's share of the optimizer state (fp32 master + moments) plus its fp32 grad copy."""
+    off = set(s.offload)
+    kl = w.kind == "grpo" and w.kl
     host_rank = 0.0
-    if off:
-        for st in states.values():
-            h = (st.weights * (2 if kl else 1) if p_off else 0.0) + (st.grads if g_off else 0.0) \
-                + (st.optimizer if o_off else 0.0)
-            host_rank = max(host_rank, h)
-    ranks = min(cluster.gpus_per_node, cluster.gpus)
-    host = host_rank * ranks
-    if host > hardware.host_memory_bytes:
-        violations.append(Violation(
-            "OOM_RISK", f"offloaded state needs {host / GiB:.1f} GiB of host memory per node ({ranks} ranks x "
-                        f"{host_rank / GiB:.1f} GiB) > {hardware.host_memory_bytes / GiB:.1f} GiB",
-            phase="host", bytes_over=host - hardware.host_memory_bytes))
-    return out, host, violations
+    f = s.cpu_optimizer or 0.0
+    for st in states.values():
+        h = (st.weights * (2 if kl else 1) if "param" in off else 0.0) + (st.grads + st.optimizer) * f
+        if "optimizer" in off:
+            h += st.optimizer * (1.0 - f)
+        host_rank = max(host_rank, h)
+    return host_rank * min(cluster.gpus_per_node, cluster.gpus)
 
 
 __all__ = [

@@ -15,6 +15,9 @@ PLAN = [
     "--last-stage-layers", "--mbs", "--mini-batch", "--model -m", "--n", "--offload", "--pp", "--ppo-epochs",
     "--prompt-len", "--prompts", "--recompute", "--response-len", "--rollout-tp", "--seq-len",
     "--sequence-parallel / --no-sequence-parallel", "--tp", "--vpp", "--workload",
+    # issue 9: lengths, dynamic batching, the CPU optimizer and vLLM's knobs
+    "--prompt-len-mean", "--response-len-mean", "--lengths", "--max-tokens-per-gpu", "--cpu-optimizer",
+    "--max-num-seqs", "--enforce-eager / --no-enforce-eager",
 ]
 
 SURFACE = {

@@ -268,7 +268,9 @@ def test_offload_moves_state_to_the_host_and_checks_it():
     assert mem["rollout"].total_bytes < on["rollout"].total_bytes
     assert mem["old_logprob"].parts["weights"] > 0  # the phase that needs them has them
     upd = on["update"].parts
-    per_rank = 2 * upd["weights"] + upd["grads"] + upd["optimizer"]  # actor + reference weights
+    # actor + reference weights and the optimizer; verl 0.9.1 frees gradient buffers rather than
+    # copying them to the host (verl/utils/megatron_utils.py offload_megatron_model_to_cpu)
+    per_rank = 2 * upd["weights"] + upd["optimizer"]
     assert host == pytest.approx(8 * per_rank)
     assert not [v for v in viol if v.phase == "host"]
     small = dataclasses.replace(H100, host_memory_bytes=host / 2)
@@ -422,3 +424,28 @@ def test_native_rollout_profile_has_no_vllm_budget():
     assert ro.parts["weights"] == upd.parts["weights"] > 0
     assert est.memory["weight_sync"].parts["rollout_weights"] == 0
     assert ro.info == {"native_rollout": 1.0}
+
+
+def test_a_probed_cpu_profile_keeps_the_cpu_trainers_activations():
+    """The kernels come from the profile's stated fields, not its name: a profile written by
+    `probe-hardware` on a CPU (named after its file, engine and kernel fields copied from the
+    ``cpu`` base as trainer/probe.py writes them) prices tiny's activations like ``cpu`` does
+    (megatron's local fp32 spec: 671,744 B), not as a GPU's TE/bf16 layers (212,992 B)."""
+    from core.specs import HardwareSpec, load_hardware, load_model
+    from costmodel.estimate import estimate
+    from core.strategy import Cluster, Strategy, Workload
+
+    cpu = load_hardware("cpu").to_dict()
+    probed = {k: cpu[k] for k in ("source", "bf16_dense_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s",
+                                  "gpus_per_node", "intra_node_bandwidth_bytes_per_s",
+                                  "inter_node_bandwidth_bytes_per_s",
+                                  "host_memory_bytes", "host_to_device_bandwidth_bytes_per_s", "reserved_memory_bytes",
+                                  "rollout_engine", "attention_kernel", "activation_layout", "efficiency")}
+    hw = HardwareSpec.from_dict({**probed, "name": "my-laptop"})
+    wl = Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=4)
+    acts = {}
+    for h in (hw, HardwareSpec.from_dict({**probed, "name": "gpu-like", "rollout_engine": "vllm",
+                                          "attention_kernel": "flash", "activation_layout": "te-bf16"})):
+        e = estimate(model=load_model("tiny"), hardware=h, cluster=Cluster(gpus=1), strategy=Strategy(), workload=wl)
+        acts[h.name] = e.memory["update"].parts["activations"]
+    assert acts == {"my-laptop": 671_744, "gpu-like": 212_992}

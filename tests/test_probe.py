@@ -31,9 +31,9 @@ def test_probe_writes_a_loadable_profile(tmp_path):
     assert 1e8 < hw.bf16_dense_flops_per_s < 1e13
     assert 1e8 < hw.hbm_bandwidth_bytes_per_s < 1e12
     assert 1e5 < hw.intra_node_bandwidth_bytes_per_s < 1e12
-    assert 0 < hw.efficiency["intra_node_latency_s"] < 1.0
-    assert 0 < hw.efficiency["gemm_efficiency_max"] <= 1.0
-    assert hw.efficiency["max_parallel_ranks"] == os.cpu_count()
+    assert 0 < hw.efficiency.intra_node_latency_s < 1.0
+    assert 0 < hw.efficiency.gemm_efficiency_max <= 1.0
+    assert hw.efficiency.max_parallel_ranks == os.cpu_count()
     assert hw.reserved_memory_bytes > 50 * 2**20  # a process that imported torch holds at least this much
     text = out.read_text()
     for coll in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"):

@@ -129,7 +129,7 @@ def test_emit_for_refine_adds_measured(tmp_path):
     cfg = load(paths["best"])
     assert cfg.measured == measured and cfg.strategy == res.best.strategy
     raw = yaml.safe_load(paths["best"].read_text())
-    assert raw["predicted"]["step_s"] == pytest.approx(res.best.time["step_s"])
+    assert raw["predicted"]["step_s"] == pytest.approx(res.best.time.step_s)
     assert "## Measured" in paths["report"].read_text()
     assert run_id(res.best).startswith("tiny-4g-cpu-")
 

@@ -2,6 +2,8 @@
 the Pareto front is non-dominated; NO_FEASIBLE_PLAN names the tightest phase."""
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import pytest
@@ -9,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from autotune.search import Space, pareto_front, rank_key, search, step_s, tokens_per_s_per_gpu
 from core.errors import GrpoTuneError, NoFeasiblePlanError
-from costmodel.estimate import estimate
+from costmodel.estimate import PhaseTimes, estimate
 from core.specs import load_hardware, load_model
 from core.strategy import Cluster, Workload
 
@@ -161,7 +163,7 @@ def test_calibration_reaches_the_ranking(tmp_path):
     base = search(load_model("7b"), H100, Cluster(gpus=8), Workload(), top=1)
     slow = search(load_model("7b"), H100, Cluster(gpus=8), Workload(), top=1, calibration=cal)
     assert step_s(slow.best) > 1.2 * step_s(base.best)
-    assert slow.best.time["phases"]["update_s"] > 1.8 * base.best.time["phases"]["update_s"]
+    assert slow.best.time["update"] > 1.8 * base.best.time["update"]
 
 
 def test_pretrain_has_no_rollout_axis():
@@ -213,9 +215,9 @@ def test_non_additive_cost_model_widens_exact_pass(monkeypatch):
         e = real(**kw)
         s = e.strategy
         if e.time and {"param", "grad"} <= set(s.offload) and s.mbs >= 8:
-            ph = dict(e.time["phases"])
-            ph["update_s"] *= 0.5  # faster only in combination: not the sum of the two effects
-            e.time = {"step_s": sum(ph.values()), "phases": ph}
+            ph = dict(e.time.phases)
+            ph["update"] *= 0.5  # faster only in combination: not the sum of the two effects
+            e = dataclasses.replace(e, time=PhaseTimes(step_s=sum(ph.values()), phases=ph))
         return e
 
     monkeypatch.setattr(S, "estimate", skewed)
@@ -227,7 +229,9 @@ def test_non_additive_cost_model_widens_exact_pass(monkeypatch):
         e = skewed(model=m, hardware=H100, cluster=sp.cluster, strategy=s, workload=sp.workload)
         if e.fits and (best is None or rank_key(e) < rank_key(best)):
             best = e
-    res = search(m, H100, Cluster(gpus=8), Workload(), pins=pins, exact=5)  # 5 alone misses it
+    # exact=20 (widened 8x to 160): with packed micro-batches (issue 9) mbs barely moves the step
+    # time, so many plans tie ahead of the skewed one in the combined order and 5 x 8 misses it.
+    res = search(m, H100, Cluster(gpus=8), Workload(), pins=pins, exact=20)
     assert res.combination_error > 0.01
     assert rank_key(res.best)[0] == rank_key(best)[0]
 

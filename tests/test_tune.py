@@ -112,3 +112,21 @@ def test_current_plan_that_does_not_fit_says_which_phase_and_nearest_fits(capsys
     assert res["current"]["oom"] and res["current"]["oom"][0]["phase"]
     assert res["best"]["fits"] and res["nearest_fit"]
     assert all(p["fits"] for p in res["nearest_fit"])
+
+
+def test_calibration_from_logs_applies_to_tune(capsys, tmp_path):
+    fix = ROOT / "tests/fixtures/verl_logs"
+    cal = tmp_path / "cal.json"
+    assert main(["calibrate", "--from-log", str(fix / "run_a.jsonl"), "--from-log", str(fix / "run_b.jsonl"),
+                 "--launch", str(fix / "launch_a.txt"), "--launch", str(fix / "launch_b.txt"), "--out", str(cal)]) == 0
+    capsys.readouterr()
+    lens = ["--response-len-mean", "412", "--prompt-len-mean", "234"]  # what run_a logged (make_fixtures.py)
+    plain = _tune(capsys, fix / "launch_a.txt", "h100", tmp_path / "p", "--no-emit", *lens)
+    calibrated = _tune(capsys, fix / "launch_a.txt", "h100", tmp_path / "c", "--no-emit",
+                       "--calibration", str(cal), *lens)
+    # the logs ran slower than the uncalibrated model predicts (truth.json: scales < 1, overheads > 0)
+    assert calibrated["current"]["step_s"] > 1.2 * plain["current"]["step_s"]
+    assert calibrated["current"]["phases_s"]["rollout"] == pytest.approx(
+        json.loads((fix / "truth.json").read_text())["logs"]["run_a"]["phases_s"]["rollout"], rel=0.06)
+    assert main(["tune", str(fix / "launch_a.txt"), "--calibration", str(cal), "--hardware", "h200", "--no-emit"]) == 2
+    assert "[BAD_CONFIG]" in capsys.readouterr().err  # fitted on other hardware

@@ -374,6 +374,11 @@ def main(argv: list[str] | None = None) -> int:
         fields["host_memory_bytes"] = _mem_total_bytes()
         fields["host_to_device_bandwidth_bytes_per_s"] = h2d
         fields["reserved_memory_bytes"] = reserved
+        # What the base says about the engine and kernels (a CPU probe keeps the CPU trainer's).
+        for k in ("rollout_engine", "attention_kernel", "activation_layout", "host_flops_per_s",
+                  "host_memory_bandwidth_bytes_per_s"):
+            if k in base:
+                fields[k] = base[k]
         # Measured figures are achieved ones: bandwidth efficiencies are 1 (the base's are for datasheet peaks).
         efficiency = {"hbm_efficiency": 1.0}
         if ar:

@@ -80,8 +80,8 @@ def predicted(e: Estimate) -> tuple[float | None, float | None]:
     """(step seconds, tokens/s of the whole cluster) the cost model predicts for ``e``."""
     step = e.step_s
     tps = None
-    if e.throughput and e.throughput.get("tokens_per_s_per_gpu") is not None:
-        tps = float(e.throughput["tokens_per_s_per_gpu"]) * e.cluster.gpus
+    if e.throughput is not None:
+        tps = float(e.throughput.tokens_per_s_per_gpu) * e.cluster.gpus
     return (None if step is None else float(step)), tps
 
 

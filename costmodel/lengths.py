@@ -1,0 +1,93 @@
+"""Response-length distributions: what decode's shrinking batch and its tail are priced on.
+
+Assumed distribution (no histogram given): x = L / max ~ Beta(1, b), b = max/mean - 1, on
+[0, max]. It is the one-parameter family fixed by the mean and the cap: below max/2 the density
+falls from short responses to a tail that reaches the cap (typical of math/RL responses early in
+training); above max/2 it piles up at the cap (many responses truncated, as in NeMo-RL's
+Qwen3 rows with mean 3.2k of a 4k cap). Its survival is closed form, S(x) = (1 - x)^b, and so is
+the expected longest of N responses, the quantile N/(N+1). A histogram from ``--lengths``
+(``Workload.response_len_quantiles``) replaces it by its empirical quantiles.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+QUANTILE_POINTS = 20
+"""Quantiles a histogram is summarised by: the midpoints (k + 0.5)/20 of 20 equal-mass bins."""
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    max_len: float
+    mean_len: float
+    quantiles: tuple[float, ...] = ()
+    """Empirical lengths at probabilities (k + 0.5)/len, ascending; empty = the Beta(1, b) model."""
+
+    @property
+    def b(self) -> float:
+        mu = min(max(self.mean_len / self.max_len, 1e-6), 1.0)
+        return max(1.0 / mu - 1.0, 1e-6)
+
+    def quantile(self, q: float) -> float:
+        """Length at probability ``q`` (0..1)."""
+        q = min(max(q, 0.0), 1.0)
+        if self.quantiles:
+            qs = self.quantiles
+            k = len(qs)
+            pos = q * k - 0.5
+            if pos <= 0:
+                return qs[0] * max(0.0, q * k / 0.5) if q < 0.5 / k else qs[0]
+            if pos >= k - 1:  # between the last midpoint and the cap
+                top = (q - (k - 0.5) / k) / (0.5 / k)
+                return qs[-1] + (self.max_len - qs[-1]) * min(1.0, top)
+            i = int(pos)
+            f = pos - i
+            return qs[i] + f * (qs[i + 1] - qs[i])
+        return self.max_len * (1.0 - (1.0 - q) ** (1.0 / self.b))
+
+    def survival(self, length: float) -> float:
+        """Fraction of responses longer than ``length``."""
+        x = length / self.max_len
+        if x >= 1.0:
+            return 0.0
+        if x <= 0.0:
+            return 1.0
+        if self.quantiles:
+            qs = self.quantiles
+            k = len(qs)
+            if length <= qs[0]:
+                return 1.0 - 0.5 / k * length / max(qs[0], 1e-9)
+            if length >= qs[-1]:
+                return 0.5 / k * (self.max_len - length) / max(self.max_len - qs[-1], 1e-9)
+            for i in range(k - 1):
+                if length <= qs[i + 1]:
+                    f = (length - qs[i]) / max(qs[i + 1] - qs[i], 1e-9)
+                    return 1.0 - (i + 0.5 + f) / k
+            return 0.0
+        return (1.0 - x) ** self.b
+
+    def expected_max(self, n: float) -> float:
+        """Expected longest of ``n`` responses (the quantile n/(n+1), capped at the maximum)."""
+        if n <= 1:
+            return self.mean_len
+        return min(self.max_len, max(self.mean_len, self.quantile(n / (n + 1.0))))
+
+
+@lru_cache(maxsize=4096)
+def dist(max_len: float, mean_len: float, quantiles: tuple[float, ...] = ()) -> LengthDist:
+    return LengthDist(float(max_len), float(min(mean_len, max_len)), tuple(float(q) for q in quantiles))
+
+
+def quantiles_from_samples(lengths: list[float], points: int = QUANTILE_POINTS) -> tuple[int, ...]:
+    """Summarise measured lengths by the ``points`` equal-mass bin midpoints."""
+    xs = sorted(float(v) for v in lengths)
+    if not xs:
+        return ()
+    out = []
+    for k in range(points):
+        pos = (k + 0.5) / points * (len(xs) - 1)
+        i = int(pos)
+        f = pos - i
+        out.append(int(round(xs[i] + f * (xs[min(i + 1, len(xs) - 1)] - xs[i]))))
+    return tuple(out)
