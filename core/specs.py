@@ -173,8 +173,12 @@ class Efficiency:
     def from_dict(cls, data: Any, *, where: str = "efficiency") -> "Efficiency":
         data = check_keys(cls, data, where)
         for k, v in data.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0:
-                raise ConfigError(f"{where}.{k} must be a number >= 0, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0 or v == float("inf"):
+                raise ConfigError(f"{where}.{k} must be a finite number >= 0, got {v!r}")
+            # a fraction of peak: 0 divides step times by zero, above 1 beats the hardware (diag, issue 14 #8)
+            if (k.endswith("_efficiency") or k.endswith("_efficiency_max")) and not 0 < v <= 1:
+                raise ConfigError(f"{where}.{k} must be a fraction in (0, 1], got {v!r}",
+                                  hint="an efficiency is the achieved share of the peak figure")
         return cls(**{k: float(v) for k, v in data.items()})
 
 
