@@ -30,7 +30,7 @@ from cli.main import app, as_coded
 
 CASE_LIMIT_S = 60
 # The CI profile runs a few cases per command; --hypothesis-profile=long (tests/conftest.py) many.
-N = 8 if settings.default.max_examples <= 100 else settings.default.max_examples
+N = 25 if settings.default.max_examples <= 100 else settings.default.max_examples
 FUZZ = settings(max_examples=N, deadline=None, derandomize=N <= 100,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 

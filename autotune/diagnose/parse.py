@@ -191,7 +191,8 @@ def parse_value(raw: str) -> Any:
     if low in ("null", "~"):
         return None
     if _INT.fullmatch(v):
-        return int(v)
+        # Python refuses int() of over 4300 digits; no verl setting has more than a handful: keep the text
+        return int(v) if len(v) <= 64 else v
     if _FLOAT.fullmatch(v):
         return float(v)
     if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
