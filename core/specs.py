@@ -149,6 +149,9 @@ class Efficiency:
     """Fixed cost per micro-batch of a training or log-prob pass (data prep, schedule, loss)."""
     moe_layer_overhead_s: float = 0.0
     """Per MoE layer per micro-batch: token permutation, router, all-to-all launches (forward)."""
+    decode_efficiency: float = 1.0
+    """Achieved over the roofline (HBM bandwidth, GEMM curve) of vLLM's decode steps: paged attention,
+    sampling and scheduling between kernels."""
     moe_decode_efficiency: float = 1.0
     """Achieved over streaming HBM bandwidth when decode reads routed experts (grouped GEMM, few tokens each)."""
     vllm_sleep_s: float = 0.0

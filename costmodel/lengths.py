@@ -23,11 +23,8 @@ class LengthDist:
     mean_len: float
     quantiles: tuple[float, ...] = ()
     """Empirical lengths at probabilities (k + 0.5)/len, ascending; empty = the Beta(1, b) model."""
-
-    @property
-    def b(self) -> float:
-        mu = min(max(self.mean_len / self.max_len, 1e-6), 1.0)
-        return max(1.0 / mu - 1.0, 1e-6)
+    b: float = 1.0
+    """The Beta(1, b) shape, max/mean - 1 (set by :func:`dist`)."""
 
     def quantile(self, q: float) -> float:
         """Length at probability ``q`` (0..1)."""
@@ -76,7 +73,9 @@ class LengthDist:
 
 @lru_cache(maxsize=4096)
 def dist(max_len: float, mean_len: float, quantiles: tuple[float, ...] = ()) -> LengthDist:
-    return LengthDist(float(max_len), float(min(mean_len, max_len)), tuple(float(q) for q in quantiles))
+    mean = float(min(mean_len, max_len))
+    mu = min(max(mean / max(max_len, 1e-9), 1e-6), 1.0)
+    return LengthDist(float(max_len), mean, tuple(float(q) for q in quantiles), max(1.0 / mu - 1.0, 1e-6))
 
 
 def quantiles_from_samples(lengths: list[float], points: int = QUANTILE_POINTS) -> tuple[int, ...]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .estimate import PhaseMemory, Violation
+from .results import PhaseMemory, Violation
 from .params import padded_vocab, per_stage_params
 from core.specs import HardwareSpec, ModelSpec
 from core.rules import micro_batches

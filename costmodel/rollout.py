@@ -22,6 +22,7 @@ from core.strategy import Cluster, Strategy, Workload
 from . import comm, memory
 from .lengths import LengthDist, dist
 from .timing_base import PARAM_BYTES, attention_fraction, gemm_efficiency, model_consts
+from .train_time import train_s
 
 CUDA_GRAPH_MAX_BATCH = 512
 """vLLM's largest captured decode batch by default (``max_cudagraph_capture_size`` 512); larger
@@ -55,8 +56,9 @@ class _DecodeStep:
         rtp = s.rollout_tp
         self.m, self.hw, self.rtp, self.cal, self.prompt = m, hw, rtp, cal, prompt
         self.gpn = cluster.gpus_per_node
-        self.peak = hw.bf16_dense_flops_per_s * cal["rollout_efficiency_scale"]
-        self.hbm = hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency * cal["rollout_efficiency_scale"]
+        self.peak = hw.bf16_dense_flops_per_s * cal["rollout_efficiency_scale"] * e.decode_efficiency
+        self.hbm = (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency * cal["rollout_efficiency_scale"]
+                    * e.decode_efficiency)
         self.body_flops = m.layers * (c["dense_flops"] + c["routed_flops"])
         self.attn = m.layers * c["attn_coef"]
         self.head = c["head_flops"]
@@ -85,10 +87,28 @@ class _DecodeStep:
         return max(t_mem, t_comp) + t_comm + (self.eager_ovh if eager else self.graph_ovh), t_mem >= t_comp
 
 
+_CACHE: dict[tuple, tuple[tuple, dict[str, float]]] = {}
+
+
 def rollout_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload,
               cal: dict[str, float]) -> dict[str, float]:
     """``prefill_s``, ``decode_s``, ``decode_step_s`` (at full concurrency), ``concurrency``,
-    ``longest_response`` (expected, per replica), ``memory_bound``."""
+    ``longest_response`` (expected, per replica), ``memory_bound``. Memoized on the rollout's own
+    inputs (the search prices each rollout option against many training plans); read-only."""
+    key = (id(m), id(hw), id(wl), cluster.gpus, cluster.gpus_per_node, s.rollout_tp, s.gpu_memory_utilization,
+           s.max_num_seqs, s.max_num_batched_tokens, s.enforce_eager, s.chunked_prefill, tuple(cal.values()))
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0][0] is m and hit[0][1] is hw and hit[0][2] is wl:
+        return hit[1]
+    if len(_CACHE) > 4096:
+        _CACHE.clear()
+    out = _rollout_s(m, hw, cluster, s, wl, cal)
+    _CACHE[key] = ((m, hw, wl), out)
+    return out
+
+
+def _rollout_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload,
+               cal: dict[str, float]) -> dict[str, float]:
     e = hw.efficiency
     c = model_consts(m)
     rtp = s.rollout_tp
@@ -134,8 +154,6 @@ def native_rollout_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strate
     ``response_len`` steps is a forward-only pass of the training layout over every prefix (each DP
     rank splits its rows into ``pp`` micro-batches, as Engine.next_token_logits does), then the
     last token's fp32 logits are summed over the world."""
-    from .train_time import train_s
-
     e = hw.efficiency
     seqs = wl.prompts * wl.n
     dp = s.dp or 1

@@ -26,7 +26,7 @@ from core.phases import Phase
 from core.specs import HardwareSpec, ModelSpec
 from core.strategy import Cluster, Strategy, Workload
 
-from .estimate import PhaseTimes, Throughput
+from .results import PhaseTimes, Throughput
 from .rollout import native_rollout_s, rollout_s
 from .timing_base import (  # noqa: F401  (re-exported: the time model's public names)
     CALIBRATION_BOUNDS, CALIBRATION_DEFAULTS, PHASES, attention_fraction, check_calibration,

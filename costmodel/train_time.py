@@ -13,7 +13,7 @@ from core.specs import Efficiency, HardwareSpec, ModelSpec
 from core.strategy import Cluster, Strategy, stage_layers
 
 from . import comm
-from .estimate import TrainParts
+from .results import TrainParts
 from .timing_base import (ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, PARAM_BYTES, attention_fraction,
                           gemm_efficiency, model_consts)
 
@@ -165,8 +165,6 @@ def train_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, *, to
     """One optimizer step (or forward-only pass) over ``micro_batches`` micro-batches of ``tokens_mb``
     tokens per DP rank. Returns the parts and the per-layer times (pass them back as ``lt`` to a
     second call with the same micro-batch shape)."""
-    from .weight_sync import cpu_optimizer_s
-
     e = hw.efficiency
     gpn = cluster.gpus_per_node
     if lt is None:
@@ -199,9 +197,15 @@ def train_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, *, to
     gpu_part = 1.0 - (s.cpu_optimizer or 0.0)
     t_opt = gpu_part * shard * ADAM_BYTES_PER_PARAM / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
     if s.cpu_optimizer:
-        t_opt += cpu_optimizer_s(hw, cluster, s, shard)
+        t_opt += _cpu_optimizer_s(hw, cluster, s, shard)
     return TrainParts(compute_s=compute, dp_s=t_dp, optimizer_s=t_opt, micro_batches=micro_batches, fwd_mb_s=tf,
                       bwd_mb_s=tb, tokens_per_micro_batch=tokens_mb), lt
+
+
+def _cpu_optimizer_s(hw: HardwareSpec, cluster: Cluster, s: Strategy, shard: float) -> float:
+    from .weight_sync import cpu_optimizer_s  # weight_sync imports this module
+
+    return cpu_optimizer_s(hw, cluster, s, shard)
 
 
 def _dp_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, tf: float, tb: float,

@@ -22,6 +22,7 @@ from core.strategy import Cluster, Strategy, Workload
 
 from . import comm
 from .timing_base import OPT_STATE_BYTES, PARAM_BYTES, model_consts
+from .train_time import rank_params
 
 SYNC_BUCKET_BYTES = 2048 * 2**20
 """verl 0.9.1 ``rollout.checkpoint_engine.update_weights_bucket_megabytes`` default (rollout.yaml l.296)."""
@@ -37,8 +38,6 @@ def sleep_s(hw: HardwareSpec, s: Strategy) -> float:
 def weight_sync_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, cal: dict[str, float],
                   *, bucket_bytes: float = SYNC_BUCKET_BYTES) -> dict[str, float]:
     """Seconds of one refit by part: ``wake_s``, ``onload_s``, ``gather_s``, ``copy_s``, ``overhead_s``."""
-    from .train_time import rank_params
-
     e = hw.efficiency
     c = model_consts(m)
     gpn = cluster.gpus_per_node
@@ -76,8 +75,6 @@ def offload_s(m: ModelSpec, hw: HardwareSpec, s: Strategy, wl: Workload) -> floa
     are freed, not copied. Optimizer state (pageable) makes one round trip around the whole update."""
     if not s.offload:
         return 0.0
-    from .train_time import rank_params
-
     dense, expert = rank_params(m, s)
     p = dense + expert
     dp = s.dp or 1

@@ -26,7 +26,7 @@ SURFACE = {
                       "--study-name", "--top", "--trial-steps", "--trial-timeout", "--trials"],
     "compare": PLAN + ["--min-headroom", "--out"],
     "diagnose": ["--hardware", "--json", "--model -m", "PATH"],
-    "validate": ["--data", "--hardware", "--json", "--refit", "--tolerance"],
+    "validate": ["--data", "--grpo", "--hardware", "--json", "--refit", "--tolerance"],
     "train": ["--config -c", "--dry-run", "--json", "--master-addr", "--master-port", "--nnodes", "--node-rank", "--out",
               "--resume / --no-resume", "--slurm", "--steps"],
     "profile": ["--config -c", "--json", "--master-addr", "--master-port", "--nnodes", "--node-rank", "--out", "--steps"],

@@ -189,13 +189,14 @@ def test_decode_follows_the_formula():
     # Lengths ~ 1024 x Beta(1, b), b = 1024/600 - 1; the expected longest of 256 is its 256/257 quantile.
     b = 1024 / 600 - 1
     assert ro["longest_response"] == pytest.approx(1024 * (1 - (1 / 257) ** (1 / b)))
-    # The step is memory-bound at this size: weights + KV reads over HBM bandwidth set it.
+    # A step costs at least the weight + KV reads over the achieved HBM bandwidth (vLLM decode at
+    # decode_efficiency of its roofline), plus the TP all-reduces and the per-step overhead.
     e = H100.efficiency
     t_mem = (rollout_weight_bytes(m, 2) + conc * (512 + 300) * kv_bytes_per_token(m, 2)) / (
-        H100.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
-    assert ro["memory_bound"] == 1.0
+        H100.hbm_bandwidth_bytes_per_s * e.hbm_efficiency * e.decode_efficiency)
     assert ro["decode_step_s"] > t_mem + e.decode_step_overhead_s
-    assert ro["decode_step_s"] < 1.2 * (t_mem + e.decode_step_overhead_s) + 1e-3
+    if ro["memory_bound"]:
+        assert ro["decode_step_s"] < 1.2 * (t_mem + e.decode_step_overhead_s) + 1e-3
     # Every sequence runs at once (256 <= conc): the batch drains over the longest response, each
     # step cheaper than at full concurrency and dearer than with one sequence left.
     one = timing.rollout_s(m, H100, Cluster(gpus=8), s, wl.replace(prompts=1, n=1, mini_batch=1), CAL)
@@ -283,7 +284,7 @@ def test_rollout_tp_lowers_memory_and_changes_decode_as_modelled():
     assert res[2][1]["decode_s"] > res[4][1]["decode_s"] > res[8][1]["decode_s"]
     for rtp, (_, ro) in res.items():  # steps x step time, each replica with its share of sequences
         seqs = 128 * 8 / (8 // rtp)
-        assert ro["decode_s"] == pytest.approx((seqs * 2048 / ro["concurrency"]) * ro["decode_step_s"], rel=2e-3)
+        assert ro["decode_s"] == pytest.approx((seqs * 2048 / ro["concurrency"]) * ro["decode_step_s"], rel=1e-2)
     # Not KV-limited (every sequence runs at once): a step reads weights/rtp, so it gets cheaper
     # with rollout TP even though each replica carries more sequences.
     m = load_model("qwen2.5-7b")
@@ -291,7 +292,7 @@ def test_rollout_tp_lowers_memory_and_changes_decode_as_modelled():
     ro = {r: timing.rollout_s(m, H100, c, validate(m, Strategy(tp=2, rollout_tp=r), 8), wl, CAL) for r in (1, 2, 4)}
     assert [ro[r]["concurrency"] for r in (1, 2, 4)] == [32, 64, 128]
     assert ro[1]["decode_step_s"] > ro[2]["decode_step_s"] > ro[4]["decode_step_s"]
-    assert ro[1]["decode_s"] == pytest.approx(1024 * ro[1]["decode_step_s"], rel=2e-3)
+    assert ro[1]["decode_s"] == pytest.approx(1024 * ro[1]["decode_step_s"], rel=1e-2)
 
 
 def test_longer_tail_raises_rollout_and_leaves_the_update_alone():

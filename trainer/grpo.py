@@ -142,7 +142,8 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
     * ``k1`` / ``kl``: ``-log_r`` (unbiased, high variance, can be negative);
     * ``k2`` / ``mse``: ``0.5 * log_r**2`` (biased, low variance);
     * ``k3`` / ``low_var_kl``: ``r - 1 - log_r`` (unbiased, >= 0); as verl, log_r is clamped to
-      [-20, 20] and the result to [-10, 10];
+      [-20, 20] and the result to [-10, 10]; computed as ``expm1(log_r) - log_r`` so that float32
+      rounding near r = 1 cannot make it negative (verl's ``exp(log_r) - 1 - log_r`` can, by ~1e-38);
     * ``abs``: ``|log_r|``.
     """
     log_r = ref_logprobs - logprobs
@@ -152,7 +153,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
         return 0.5 * log_r.square()
     if kind in ("k3", "low_var_kl"):
         log_r = log_r.clamp(-20.0, 20.0)
-        return (torch.exp(log_r) - 1.0 - log_r).clamp(-10.0, 10.0)
+        return (torch.expm1(log_r) - log_r).clamp(-10.0, 10.0)  # expm1: exp(x)-1-x rounds below 0 near x=0
     if kind == "abs":
         return log_r.abs()
     raise ConfigError(f"unknown kl_type {kind!r}", hint=f"choose one of: {', '.join(KL_TYPES)}")

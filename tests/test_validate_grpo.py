@@ -1,0 +1,101 @@
+"""`grpo-tune validate --grpo`: the GRPO step against published verl / NeMo-RL runs.
+
+The shipped rows pass the stated tolerance on the held-out rows (15% step-time MAPE); corrupting
+the published figures of held-out rows makes it fail (exit 1); a malformed file is a coded error;
+the fit never reads a held-out row."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import autotune.validate_grpo as vg
+from core.errors import GrpoTuneError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from cli.main import run; run()", "validate", "--grpo", *args],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=300)
+
+
+def test_shipped_rows_pass_on_the_held_out_rows():
+    rep = vg.run_grpo()
+    assert rep["passed"], rep["mape_pct"]
+    hold = rep["mape_pct"]["holdout"]
+    assert hold["step_s"] <= vg.TOLERANCE_PCT
+    assert hold["gen_s"] is not None and hold["train_s"] is not None  # per-phase MAPE is reported
+    scored = [r for r in rep["rows"] if r["split"] != "excluded"]
+    assert {r["split"] for r in scored} == {"fit", "holdout"}
+    assert all(r["source"] for r in rep["rows"])
+
+
+def test_cli_prints_phases_and_passes():
+    p = cli()
+    assert p.returncode == 0, p.stderr
+    assert "held-out step MAPE" in p.stdout and "pass" in p.stdout
+    for phase in ("gen", "train", "logprob", "refit"):
+        assert f" {phase} " in p.stdout
+
+
+def corrupted(tmp_path: Path, factor: float) -> Path:
+    """The shipped file with every held-out row's published step and phases multiplied by ``factor``."""
+    lines = (ROOT / "profiles/data/published_grpo.csv").read_text().splitlines()
+    import csv
+    import io
+
+    body = [ln for ln in lines if not ln.startswith("#")]
+    reader = list(csv.DictReader(io.StringIO("\n".join(body))))
+    for r in reader:
+        if r["split"] == "holdout":
+            for k in ("step_s", *vg.PHASES):
+                if r[k]:
+                    r[k] = str(float(r[k]) * factor)
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=list(reader[0]))
+    w.writeheader()
+    w.writerows(reader)
+    path = tmp_path / "grpo.csv"
+    path.write_text(out.getvalue())
+    return path
+
+
+def test_corrupted_rows_fail(tmp_path):
+    path = corrupted(tmp_path, 2.0)
+    rep = vg.run_grpo(path=path)
+    assert not rep["passed"] and rep["mape_pct"]["holdout"]["step_s"] > 30
+    p = cli("--data", str(path), "--json")
+    assert p.returncode == 1
+    assert json.loads(p.stdout)["passed"] is False
+
+
+def test_fit_never_reads_held_out_rows(tmp_path):
+    base = vg.fit(vg.load_grpo_rows())
+    assert vg.fit(vg.load_grpo_rows(corrupted(tmp_path, 3.0))) == base
+
+
+def test_refit_lands_on_the_shipped_parameters():
+    from core.specs import load_hardware
+
+    got = vg.fit(vg.load_grpo_rows())
+    eff = load_hardware("h100").efficiency
+    for k, v in got.items():
+        assert v == pytest.approx(getattr(eff, k), rel=0.02, abs=1e-4), k
+
+
+def test_malformed_rows_are_coded_errors(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,split\nx,fit\n")
+    with pytest.raises(GrpoTuneError) as ei:
+        vg.load_grpo_rows(bad)
+    assert ei.value.code == "BAD_CONFIG"
+    text = (ROOT / "profiles/data/published_grpo.csv").read_text().replace(",holdout,", ",heldout,", 1)
+    bad.write_text(text)
+    with pytest.raises(GrpoTuneError):
+        vg.load_grpo_rows(bad)
