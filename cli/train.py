@@ -119,6 +119,9 @@ def print_summary(sm: dict, cmd: list[str], console: Console) -> None:
                   f"{b['mini_batches_per_step']} mini-batch(es) of {b['sequences_per_mini_batch']}, "
                   f"{b['micro_batches_per_mini_batch']} micro-batch(es) per mini-batch per DP rank, "
                   f"ppo_epochs {w['ppo_epochs']}, lengths {w['prompt_len']}+{w['response_len']}", highlight=False)
+    if b.get("packing"):
+        console.print(f"dynamic batching: {b['max_tokens_per_gpu']} tokens per update micro-batch, "
+                      f"{b['log_prob_max_tokens_per_gpu']} per log-prob micro-batch; {b['packing']}", highlight=False)
     if sm["memory"]:
         m = Table(title="Memory estimate per phase (cost model, most loaded rank)")
         m.add_column("phase")

@@ -60,6 +60,11 @@ def test_profile_writes_the_contract(tmp_path):
     assert len(mem["per_rank"]) == 2 and mem["max"] == max(mem["per_rank"]) > 50 * 2**20
     assert len(p["loss"]) == 3 and len(p["reward"]) == 3
     assert p["response_len"] == [6.0, 6.0, 6.0]  # EOS ignored: the config's full length
+    # per-phase memory: on CPU the live tensor bytes at each phase's end, which hold at least the
+    # actor's parameters and optimizer state (tensor_bytes_per_rank)
+    by_phase = p["peak_bytes_by_phase"]
+    assert {"rollout", "old_logprob", "ref_logprob", "update"} <= set(by_phase)
+    assert min(by_phase.values()) >= min(mem["tensor_bytes_per_rank"]) > 0, (by_phase, mem)
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ counts).
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -86,7 +86,10 @@ class Engine:
         self.strategy = cfg.strategy
         self.trainable = trainable
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        self.config = tmodel.transformer_config(self.spec, self.strategy, dtype=cfg.workload.dtype)
+        t = cfg.trainer
+        self.config = tmodel.transformer_config(self.spec, self.strategy, dtype=cfg.workload.dtype,
+                                                aux_loss_coeff=t.moe_aux_loss_coeff if trainable else 0.0,
+                                                load_balancing_type=t.moe_router_load_balancing_type)
         self.dtype = self.config.params_dtype
         chunks = tmodel.build_chunks(self.spec, self.strategy, self.config)
         if init_weights:
@@ -149,6 +152,7 @@ class Engine:
             fp16=self.dtype == torch.float16,
             params_dtype=self.dtype,
             use_distributed_optimizer=self.strategy.distributed_optimizer,
+            **optimizer_offload_kwargs(self.strategy, cuda=torch.cuda.is_available()),
         )
         opt = get_megatron_optimizer(oc, chunks, use_gloo_process_groups=False)
         self.config.grad_scale_func = opt.scale_loss
@@ -191,14 +195,24 @@ class Engine:
         return (ps.is_pipeline_last_stage(ignore_virtual=True) and ps.get_tensor_model_parallel_rank() == 0
                 and ps.get_context_parallel_rank() == 0)
 
-    def _run(self, micro_batches: list[dict], loss_func, *, forward_only: bool, seq_len: int, mbs: int):
+    def _run(self, micro_batches: list[dict], loss_func, *, forward_only: bool, seq_len: int, mbs: int,
+             variable: bool = False):
         from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        # micro-batches of different shapes: pipeline stages send each tensor's shape first
+        self.config.variable_seq_lengths = variable
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
             tokens = mb["tokens"]
-            pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
-            out = model(tokens, pos, attention_mask=None)
+            kv = mb.get("_kv")
+            if kv is None:
+                pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
+                out = model(tokens, pos, attention_mask=None)
+            else:  # a KV-cached decoding step: this micro-batch's rows and positions in the cache
+                ctx, ctx.batch_size_offset, ctx.sequence_len_offset = kv
+                pos = torch.arange(kv[2], kv[2] + tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
+                out = model(tokens, pos, attention_mask=None, inference_context=ctx, runtime_gather_output=True)
             return out, partial(loss_func, mb)
 
         iters = [iter(micro_batches) for _ in self.chunks]
@@ -241,16 +255,91 @@ class Engine:
             mbs_list.append(mb)
         return mbs_list, lo, hi
 
+    def _split_budget(self, batch: dict[str, torch.Tensor], lengths: torch.Tensor, max_tokens: int, *,
+                      pad_ok: bool, width: int | None = None) -> tuple[list[dict], int, int]:
+        """This DP rank's rows packed into token-budget micro-batches (trainer/batching.py).
+
+        Every DP rank runs the same number of micro-batches (the maximum, all-reduced over the DP
+        group; a multiple of pp under VPP). Each micro-batch is cut to its own longest row (padded
+        to the sequence-parallel multiple): on CPU and with megatron's local spec that right
+        padding is the only packing; THD packing (``PackedSeqParams``) needs TransformerEngine's
+        attention, see :meth:`_packed_seq_params`. ``mb["_rows"]`` holds the batch rows, ``mb["_len"]``
+        the real width, ``mb["_dummy"]`` marks a filler of one fully masked row (a rank with fewer
+        rows than micro-batches).
+        """
+        from megatron.core import parallel_state as ps
+
+        from .batching import count, pack
+
+        dp = ps.get_data_parallel_world_size()
+        B, Sp = batch["tokens"].shape
+        S = width or Sp  # the unpadded width: [B, S-1] tensors (mask, log-probs) are cut to L-1
+        if B % dp:
+            if not pad_ok:
+                raise ValueError(f"batch of {B} sequences is not a multiple of dp = {dp}")
+            extra = dp - B % dp
+            batch = {k: torch.cat([v, v[-1:].expand(extra, *v.shape[1:])], 0)
+                     if torch.is_tensor(v) and v.dim() and v.shape[0] == B else v for k, v in batch.items()}
+            lengths = torch.cat([lengths, lengths[-1:].expand(extra)])
+            B += extra
+        lo, hi = self._dp_rows(B)
+        mine = [int(x) for x in lengths[lo:hi]]
+        k = torch.tensor([count(mine, max_tokens)], dtype=torch.long, device=self.device)
+        if dp > 1:
+            dist.all_reduce(k, op=dist.ReduceOp.MAX, group=ps.get_data_parallel_group())
+        s = self.strategy
+        groups = pack(mine, max_tokens, min_count=int(k.item()), multiple=s.pp if s.vpp > 1 else 1)
+        mult = s.tp if s.sp else 1
+        micro = []
+        for g in groups:
+            dummy = not g
+            rows = [lo + i for i in g] if g else [lo]
+            L = min(S, max(2, max(int(lengths[r]) for r in rows)))
+            Lp = min(-(-L // mult) * mult, Sp)
+            idx = torch.tensor(rows, dtype=torch.long)
+            mb = {}
+            for key, v in batch.items():
+                if torch.is_tensor(v) and v.dim() and v.shape[0] == B:
+                    v = v[idx]
+                    if v.dim() >= 2 and v.shape[1] == Sp:
+                        v = v[:, :Lp]
+                    elif v.dim() >= 2 and v.shape[1] == S - 1:
+                        v = v[:, :L - 1]
+                    if dummy and key == "mask":
+                        v = torch.zeros_like(v)
+                    v = v.to(self.device)
+                mb[key] = v
+            mb.update(_rows=rows, _len=L, _dummy=dummy)
+            micro.append(mb)
+        return micro, lo, hi
+
+    def _packed_seq_params(self, lengths: list[int]):
+        """THD packing for TransformerEngine's attention on a GPU: one row of concatenated
+        sequences with cumulative lengths. Used only when TE is present (megatron's local
+        DotProductAttention asserts ``packed_seq_params is None``)."""
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        cu = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=self.device)
+        cu[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32, device=self.device), 0)
+        mx = int(max(lengths))
+        return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=mx,
+                               max_seqlen_kv=mx)
+
     # --- forward-only -----------------------------------------------------------------------
 
     def logprobs(self, tokens: torch.Tensor, *, micro_batch_size: int, with_entropy: bool = False,
-                 temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 temperature: float = 1.0, max_tokens: int | None = None,
+                 lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log p(tokens[:, 1:]) ``[B, S-1]`` (fp32) and optionally the entropy of each
         next-token distribution ``[B, S-1]``, computed under no_grad through the pipeline; the
-        result is on every rank (CPU tensors)."""
+        result is on every rank (CPU tensors). With ``max_tokens`` the rows (real ``lengths``) are
+        packed into token-budget micro-batches instead of ``micro_batch_size`` rows each; positions
+        past a row's length hold whatever the padding gave (callers mask them, as with ``mbs``)."""
         B, S = tokens.shape
         padded = self._pad_seq(tokens.long())
         Sp = padded.shape[1]
+        if max_tokens:
+            return self._logprobs_budget(padded, B, S, max_tokens, lengths, with_entropy, temperature)
         mbs, lo, hi = self._split({"tokens": padded}, micro_batch_size, pad_ok=True)
 
         def loss_func(mb, logits):
@@ -270,6 +359,38 @@ class Engine:
         full = full[:, :B, : S - 1].cpu()
         return full[0], (full[1] if with_entropy else None)
 
+    def _logprobs_budget(self, padded, B, S, max_tokens, lengths, with_entropy, temperature):
+        Sp = padded.shape[1]
+        lengths = torch.full((B,), S, dtype=torch.long) if lengths is None else torch.as_tensor(lengths).long()
+        micro, _, _ = self._split_budget({"tokens": padded}, lengths, max_tokens, pad_ok=True, width=S)
+
+        def loss_func(mb, logits):
+            t = mb["tokens"]
+            lp, ent = vocab_parallel_logprobs(logits[:, :-1] / temperature, t[:, 1:], vocab=self.spec.vocab,
+                                              with_entropy=with_entropy)
+            return logits.new_zeros(()), {"logprobs": lp, "entropy": ent}
+
+        out = self._run(micro, loss_func, forward_only=True, seq_len=Sp, mbs=1, variable=True)
+        rows_total = B + (-B) % max(1, self._dp())
+        full = torch.zeros(2 if with_entropy else 1, rows_total, Sp - 1, device=self.device)
+        if self._contributes():
+            for mb, d in zip(micro, out):
+                if mb["_dummy"]:
+                    continue
+                idx = torch.tensor(mb["_rows"], dtype=torch.long, device=self.device)
+                w = d["logprobs"].shape[1]
+                full[0, idx, :w] = d["logprobs"].float()
+                if with_entropy:
+                    full[1, idx, :w] = d["entropy"].float()
+        self._world_sum(full)
+        full = full[:, :B, : S - 1].cpu()
+        return full[0], (full[1] if with_entropy else None)
+
+    def _dp(self) -> int:
+        from megatron.core import parallel_state as ps
+
+        return ps.get_data_parallel_world_size()
+
     def _padded_rows(self, B: int, mbs: int) -> int:
         from megatron.core import parallel_state as ps
 
@@ -280,6 +401,62 @@ class Engine:
     def _world_sum(self, t: torch.Tensor) -> None:
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(t)
+
+    # --- KV-cached decoding -------------------------------------------------------------------
+
+    @contextmanager
+    def kv_session(self, batch: int, max_len: int, *, micro_batch_size: int | None = None):
+        """A KV cache for ``batch`` rows of up to ``max_len`` tokens: megatron-core's static
+        inference context on this rank's rows (DP splits them, micro-batches use
+        ``batch_size_offset``), with the training model in eval mode and sequence parallel off
+        (a decoding step has one token, which SP cannot split over TP ranks). Yields a callable
+        ``step(tokens [B, T], start) -> logits [B, V]`` of the chunk's last position; chunks
+        must be fed in order, ``start`` being the position of the chunk's first token."""
+        from megatron.core import parallel_state as ps
+        from megatron.core.inference.contexts import StaticInferenceContext
+
+        mbs = micro_batch_size or max(1, -(-batch // (ps.get_data_parallel_world_size() * self.strategy.pp)))
+        rows = self._padded_rows(batch, mbs) // ps.get_data_parallel_world_size()
+        ctx = StaticInferenceContext(max_batch_size=rows, max_sequence_length=max_len)
+        flipped = []
+        for c in self.chunks:
+            for mod in c.modules():
+                for attr in ("sequence_parallel", "reduce_scatter_embeddings"):
+                    if getattr(mod, attr, None) is True:
+                        setattr(mod, attr, False)
+                        flipped.append((mod, attr))
+        sp, self.config.sequence_parallel = self.config.sequence_parallel, False
+        modes = [c.training for c in self.chunks]
+        for c in self.chunks:
+            c.eval()
+        try:
+            yield lambda tokens, start: self._kv_step(ctx, tokens, start, mbs)
+        finally:
+            self.config.sequence_parallel = sp
+            for mod, attr in flipped:
+                setattr(mod, attr, True)
+            for c, m in zip(self.chunks, modes):
+                c.train(m)
+
+    def _kv_step(self, ctx, tokens: torch.Tensor, start: int, mbs: int) -> torch.Tensor:
+        from megatron.core import parallel_state as ps
+
+        B, T = tokens.shape
+        micro, lo, hi = self._split({"tokens": tokens.long()}, mbs, pad_ok=True)
+        for i, mb in enumerate(micro):
+            mb["_kv"] = (ctx, i * mbs, start)
+
+        def loss_func(mb, logits):
+            return logits.new_zeros(()), {"logits": logits[:, -1].float()}
+
+        out = self._run(micro, loss_func, forward_only=True, seq_len=T, mbs=mbs, variable=True)
+        # inference gathers the TP logits: every TP rank holds the whole (padded) vocabulary
+        full = torch.zeros(self._padded_rows(B, mbs), padded_vocab(self.spec, ps.get_tensor_model_parallel_world_size()),
+                           device=self.device)
+        if self._contributes():
+            full[lo:hi] = torch.cat([d["logits"] for d in out], 0)
+        self._world_sum(full)
+        return full[:B, :self.spec.vocab].cpu()
 
     def next_token_logits(self, tokens: torch.Tensor, lengths: torch.Tensor | list[int], *,
                           micro_batch_size: int | None = None) -> torch.Tensor:
@@ -314,7 +491,8 @@ class Engine:
     # --- training -----------------------------------------------------------------------------
 
     def train_step(self, batch: dict[str, torch.Tensor], loss_fn: LossFn, *, micro_batch_size: int,
-                   with_entropy: bool = False, temperature: float = 1.0) -> dict[str, float]:
+                   with_entropy: bool = False, temperature: float = 1.0, max_tokens: int | None = None,
+                   lengths: torch.Tensor | None = None) -> dict[str, float]:
         """One optimizer step over one mini-batch.
 
         ``batch["tokens"]`` is ``[B, S]`` (the whole mini-batch, on every rank); other tensors with
@@ -323,6 +501,11 @@ class Engine:
         ``micro_batch["_scale_ctx"]`` is ``{"micro_batches": n_global, "rows": b}``. Returns the
         mean of ``loss`` and of each metric over micro-batches and DP ranks, plus ``grad_norm``
         and ``update_ok``, on every rank.
+
+        With ``max_tokens`` (verl's ``use_dynamic_bsz``) the rows, of real ``lengths`` (default:
+        all ``S``), are packed into token-budget micro-batches (:meth:`_split_budget`); the
+        logprobs a micro-batch's ``loss_fn`` sees are then ``[b, L-1]`` with L its longest row,
+        and every ``[B, S-1]`` tensor of the batch is cut the same way.
         """
         from megatron.core import parallel_state as ps
 
@@ -331,16 +514,25 @@ class Engine:
         B, S = batch["tokens"].shape
         batch = dict(batch, tokens=self._pad_seq(batch["tokens"].long()))
         Sp = batch["tokens"].shape[1]
-        micro, _, _ = self._split(batch, micro_batch_size, pad_ok=False)
+        if max_tokens:
+            lengths = torch.full((B,), S, dtype=torch.long) if lengths is None else torch.as_tensor(lengths).long()
+            micro, _, _ = self._split_budget(batch, lengths, max_tokens, pad_ok=False, width=S)
+        else:
+            micro, _, _ = self._split(batch, micro_batch_size, pad_ok=False)
         n_global = len(micro) * ps.get_data_parallel_world_size()
+        self.last_micro_batches = len(micro)  # per DP rank (reported by the loop)
         for mb in micro:
             mb["_scale_ctx"] = {"micro_batches": n_global, "rows": mb["tokens"].shape[0]}
 
         def loss_func(mb, logits):
             t = mb["tokens"]
-            lp, ent = vocab_parallel_logprobs(logits[:, : S - 1] / temperature, t[:, 1:S], vocab=self.spec.vocab,
+            L = mb.get("_len", S)
+            lp, ent = vocab_parallel_logprobs(logits[:, : L - 1] / temperature, t[:, 1:L], vocab=self.spec.vocab,
                                               with_entropy=with_entropy)
             loss, metrics = loss_fn(lp, ent, mb)
+            if mb.get("_dummy"):  # a filler micro-batch: runs the schedule, adds nothing
+                loss = loss * 0.0
+                metrics = {k: 0.0 for k in (metrics or {})}
             rep = {"loss": float(loss.detach())}
             rep.update({k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in (metrics or {}).items()})
             return loss, rep
@@ -348,7 +540,8 @@ class Engine:
         for c in self.chunks:
             c.zero_grad_buffer()
         self.optimizer.zero_grad()
-        out = self._run(micro, loss_func, forward_only=False, seq_len=Sp, mbs=micro_batch_size)
+        out = self._run(micro, loss_func, forward_only=False, seq_len=Sp, mbs=micro_batch_size,
+                        variable=bool(max_tokens))
         ok, grad_norm, _ = self.optimizer.step()
         local = None
         if self._contributes():
@@ -405,6 +598,33 @@ class Engine:
                         p.data.copy_(v)
             if not sd["optimizer"] or not sd["optimizer"][0]["main"]:
                 self.optimizer.reload_model_params()
+
+
+def optimizer_offload_kwargs(s, *, cuda: bool) -> dict:
+    """megatron-core OptimizerConfig keywords for Megatron's hybrid CPU optimizer
+    (``strategy.cpu_optimizer``: the fraction of the optimizer state and step on the host;
+    ``overlap_cpu_optimizer``: overlap its copies) and precision-aware optimizer state.
+
+    On CPU they are no-ops, stated once, like offload: the optimizer state already lives in host
+    memory, and the CPU build trains in fp32 (precision-aware state needs TransformerEngine's
+    FusedAdam or the hybrid optimizer on a GPU).
+    """
+    import logging
+
+    want = [n for n, on in (("cpu_optimizer", s.cpu_optimizer), ("precision_aware_optimizer",
+                                                                  s.precision_aware_optimizer)) if on]
+    if not cuda:
+        if want:
+            logging.getLogger("trainer.engine").warning(
+                "%s requested: a no-op on CPU (optimizer state already lives in host memory)", ", ".join(want))
+        return {}
+    kw: dict = {}
+    if s.cpu_optimizer:
+        kw.update(optimizer_cpu_offload=True, optimizer_offload_fraction=float(s.cpu_optimizer),
+                  overlap_cpu_optimizer_d2h_h2d=bool(s.overlap_cpu_optimizer))
+    if s.precision_aware_optimizer:
+        kw["use_precision_aware_optimizer"] = True
+    return kw
 
 
 def _mean_over_contributors(local: dict[str, float] | None) -> dict[str, float]:

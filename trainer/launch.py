@@ -20,6 +20,8 @@ from core.errors import ConfigError, GrpoTuneError, MissingDependencyError
 from .layout import Layout
 
 DEFAULT_MASTER_PORT = 29500
+# megatron-core 0.16.1 TopKRouter load-balancing types (moe_router_load_balancing_type)
+LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
 
 
 def layout(cfg: RunConfig, *, nnodes: int | None = None) -> Layout:
@@ -41,7 +43,7 @@ def layout(cfg: RunConfig, *, nnodes: int | None = None) -> Layout:
                   etp=s.etp_, dp=s.dp or gpus // (s.tp * s.pp * s.cp))
 
 
-def micro_batches(cfg: RunConfig) -> dict[str, int]:
+def micro_batches(cfg: RunConfig) -> dict[str, int | str | None]:
     """Sequences per step / mini-batch per DP rank and micro-batches per mini-batch."""
     s, w = cfg.strategy, cfg.workload
     seqs = w.prompts * w.n
@@ -49,7 +51,15 @@ def micro_batches(cfg: RunConfig) -> dict[str, int]:
     return {"sequences_per_step": seqs, "sequences_per_mini_batch": mini,
             "mini_batches_per_step": w.prompts // w.mini_batch,
             "sequences_per_dp_rank": seqs // s.dp, "mini_batch_per_dp_rank": mini // s.dp,
-            "micro_batches_per_mini_batch": mini // (s.dp * s.mbs)}
+            "micro_batches_per_mini_batch": mini // (s.dp * s.mbs),
+            "max_tokens_per_gpu": s.max_tokens_per_gpu,
+            "log_prob_max_tokens_per_gpu": s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu,
+            "packing": None if s.max_tokens_per_gpu is None else PACKING_NOTE}
+
+
+PACKING_NOTE = ("token-budget micro-batches: sequences sorted by length and packed greedily under the budget, "
+                "the same micro-batch count on every DP rank; each micro-batch is padded only to its own "
+                "longest sequence (CPU / megatron's local spec; THD packing needs TransformerEngine)")
 
 
 def preflight(cfg: RunConfig, *, nnodes: int | None = None, node_rank: int = 0, resume_dir: str | os.PathLike | None = None,
@@ -79,6 +89,11 @@ def preflight(cfg: RunConfig, *, nnodes: int | None = None, node_rank: int = 0, 
     if t.dataset.endswith(".parquet") and importlib.util.find_spec("pyarrow") is None:
         raise MissingDependencyError("reading a Parquet dataset needs pyarrow", hint="pip install pyarrow")
     _check_reward(t.reward)
+    if t.moe_router_load_balancing_type not in LOAD_BALANCING_TYPES:
+        raise ConfigError(f"trainer.moe_router_load_balancing_type {t.moe_router_load_balancing_type!r} is not one "
+                          f"of {', '.join(LOAD_BALANCING_TYPES)}", hint="megatron-core 0.16.1's router types")
+    if t.moe_aux_loss_coeff < 0:
+        raise ConfigError(f"trainer.moe_aux_loss_coeff must be >= 0, got {t.moe_aux_loss_coeff}")
     if t.hf_checkpoint is not None and not (Path(t.hf_checkpoint) / "config.json").is_file():
         raise GrpoTuneError(f"hf_checkpoint {t.hf_checkpoint!r} has no config.json", code="CHECKPOINT_ERROR",
                             hint="point trainer.hf_checkpoint at a Hugging Face model folder, or remove it")
@@ -87,6 +102,11 @@ def preflight(cfg: RunConfig, *, nnodes: int | None = None, node_rank: int = 0, 
                                      hint="pip install 'grpo-tune[gpu]', or set rollout_engine: megatron")
     if t.steps < 1 or t.checkpoint_every < 1:
         raise ConfigError("trainer.steps and trainer.checkpoint_every must be >= 1")
+    if (need_torch and s.precision_aware_optimizer and not s.cpu_optimizer and not cfg.hardware.native_rollout
+            and importlib.util.find_spec("transformer_engine") is None):
+        # megatron-core 0.16.1 OptimizerConfig: precision-aware state needs TE's FusedAdam (or the hybrid optimizer)
+        raise MissingDependencyError("strategy.precision_aware_optimizer needs TransformerEngine's FusedAdam on a GPU",
+                                     hint="pip install transformer-engine, or set cpu_optimizer, or turn it off")
     if need_torch:
         for mod, extra in (("torch", "train"), ("megatron.core", "train")):
             if importlib.util.find_spec(mod.split(".")[0]) is None:

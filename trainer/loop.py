@@ -77,10 +77,34 @@ def sync(d: Dist) -> None:
     d.barrier()
 
 
+def live_tensor_bytes() -> int:
+    """Bytes of every tensor storage alive in this process (a gc scan; CPU phase memory)."""
+    import gc
+
+    seen, n = set(), 0
+    for o in gc.get_objects():
+        try:
+            if isinstance(o, torch.Tensor) and not o.is_meta:
+                st = o.untyped_storage()
+                if st.data_ptr() not in seen:
+                    seen.add(st.data_ptr())
+                    n += st.nbytes()
+        except (RuntimeError, ReferenceError, TypeError):
+            continue
+    return n
+
+
 class PhaseTimer:
-    def __init__(self, d: Dist):
+    """Times each phase (device sync + barrier on both ends). With ``memory``, also its memory:
+    on a GPU the CUDA allocator's peak within the phase (peak stats reset at its start); on CPU,
+    which has no allocator statistics, the bytes of live tensors at the phase's end (a gc scan,
+    taken after the clock stops, so it does not count in the phase's time)."""
+
+    def __init__(self, d: Dist, *, memory: bool = False):
         self.d = d
         self.times = {p: 0.0 for p in PHASES} | {"offload": 0.0}
+        self.memory = memory
+        self.peak_bytes: dict[str, int] = {}
 
     def __call__(self, phase: str):
         timer = self
@@ -88,12 +112,19 @@ class PhaseTimer:
         class _T:
             def __enter__(self):
                 sync(timer.d)
+                if timer.memory and torch.cuda.is_available():
+                    timer.peak_bytes["_before"] = max(timer.peak_bytes.get("_before", 0),
+                                                      int(torch.cuda.max_memory_allocated()))
+                    torch.cuda.reset_peak_memory_stats()
                 self.t0 = time.perf_counter()
 
             def __exit__(self, *exc):
                 if exc[0] is None:
                     sync(timer.d)
                 timer.times[phase] += time.perf_counter() - self.t0
+                if timer.memory and exc[0] is None:
+                    b = int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else live_tensor_bytes()
+                    timer.peak_bytes[str(phase)] = max(timer.peak_bytes.get(str(phase), 0), b)
 
         return _T()
 
@@ -117,6 +148,10 @@ class LoopConfig:
     seq_multiple: int = 1
     """Pad the sequence dimension up to a multiple of this (sequence parallel splits it over TP)."""
     max_seq_len: int | None = None
+    max_tokens_per_gpu: int | None = None
+    """Token budget of an update micro-batch (verl's use_dynamic_bsz); None: ``mbs`` rows each."""
+    log_prob_max_tokens_per_gpu: int | None = None
+    """Token budget of a log-prob micro-batch; None: the update's."""
 
     @classmethod
     def from_run_config(cls, cfg: RunConfig) -> LoopConfig:
@@ -124,7 +159,9 @@ class LoopConfig:
         return cls(prompts=w.prompts, n=w.n, mini_batch=w.mini_batch, ppo_epochs=w.ppo_epochs, mbs=s.mbs,
                    max_response_len=w.response_len, seed=t.seed, temperature=t.temperature, top_p=t.top_p,
                    norm_adv_by_std=t.norm_adv_by_std, loss=LossConfig.from_options(t, use_kl=w.kl),
-                   seq_multiple=s.tp * s.cp if s.sp or s.cp > 1 else 1, max_seq_len=cfg.model.max_seq_len)
+                   seq_multiple=s.tp * s.cp if s.sp or s.cp > 1 else 1, max_seq_len=cfg.model.max_seq_len,
+                   max_tokens_per_gpu=s.max_tokens_per_gpu,
+                   log_prob_max_tokens_per_gpu=s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu)
 
 
 def _pad_to(x: int, k: int) -> int:
@@ -171,6 +208,8 @@ class GRPOLoop:
         self.log_every = max(1, log_every)
         self.offloader = offloader
         self.step_done = 0
+        self.track_memory = False
+        """Record each phase's memory (PhaseTimer); profile mode turns it on."""
         self.history: list[dict] = []
         # A rollout engine that runs on the actor's own parameters needs no weight copy.
         self.sync_weights = (not getattr(rollout, "shares_actor_weights", False)) if sync_weights is None else sync_weights
@@ -199,7 +238,7 @@ class GRPOLoop:
     def step(self, step: int) -> dict:
         """Run step ``step`` (0-based) and return its metrics (the same on every rank)."""
         c, d = self.cfg, self.d
-        timer = PhaseTimer(d)
+        timer = PhaseTimer(d, memory=self.track_memory)
         t0 = time.perf_counter()
         items = self.stream.next_batch()
         prompts = [items[j // c.n].prompt_ids for j in range(c.prompts * c.n)]
@@ -225,12 +264,14 @@ class GRPOLoop:
         tokens, mask = build_batch(prompts, responses, pad_id=self.pad_id, seq_multiple=c.seq_multiple)
         temp = {"temperature": c.temperature} if c.temperature > 0 and c.temperature != 1.0 else {}
 
+        lengths = torch.tensor([len(p) + len(r) for p, r in zip(prompts, responses)], dtype=torch.long)
+        lp_kw = dict(max_tokens=c.log_prob_max_tokens_per_gpu, lengths=lengths) if c.log_prob_max_tokens_per_gpu else {}
         with timer("old_logprob"):
-            old_lp, old_ent = self.actor.logprobs(tokens, micro_batch_size=c.mbs, with_entropy=True, **temp)
+            old_lp, old_ent = self.actor.logprobs(tokens, micro_batch_size=c.mbs, with_entropy=True, **temp, **lp_kw)
         ref_lp = None
         if self.ref is not None and c.loss.use_kl:
             with timer("ref_logprob"):
-                ref_lp, _ = self.ref.logprobs(tokens, micro_batch_size=c.mbs, **temp)
+                ref_lp, _ = self.ref.logprobs(tokens, micro_batch_size=c.mbs, **temp, **lp_kw)
 
         M = c.mini_batch * c.n
         mb_metrics: list[dict] = []
@@ -244,9 +285,11 @@ class GRPOLoop:
                     # grpo.agg_loss normalizers: the whole mini-batch's token and sequence counts.
                     num_tokens = float(mask[sl].sum())
                     num_seqs = float((mask[sl].sum(-1) > 0).sum())
+                    up_kw = dict(max_tokens=c.max_tokens_per_gpu, lengths=lengths[sl]) if c.max_tokens_per_gpu else {}
                     mb_metrics.append(self.actor.train_step(batch, self._loss_fn(num_tokens, num_seqs),
                                                             micro_batch_size=c.mbs,
-                                                            with_entropy=c.loss.entropy_coef > 0, **temp))
+                                                            with_entropy=c.loss.entropy_coef > 0, **temp, **up_kw))
+                    mb_metrics[-1]["_micro_batches"] = getattr(self.actor, "last_micro_batches", 0)
 
         step_s = time.perf_counter() - t0
         resp_lens = [len(r) for r in responses]
@@ -260,11 +303,14 @@ class GRPOLoop:
             "entropy": float(agg_loss(old_ent, mask, "token-mean")) if old_ent is not None else None,
             "step_s": step_s,
             "phases_s": {p.value: timer.times[p] for p in PHASES},
+            **({"phase_memory_bytes": {str(k): v for k, v in timer.peak_bytes.items() if not k.startswith("_")}}
+               if self.track_memory else {}),
             "offload_s": timer.times["offload"],
             "tokens": total_tokens,
             "tokens_per_s": total_tokens / step_s,
             "tokens_per_s_per_gpu": total_tokens / step_s / d.world_size,
         }
+        out["update_micro_batches"] = int(sum(x.get("_micro_batches", 0) for x in mb_metrics))
         for k in ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "grad_norm"):
             vals = [float(x[k]) for x in mb_metrics if x.get(k) is not None]
             out[k] = statistics.fmean(vals) if vals else None

@@ -6,6 +6,10 @@ The contract (read by autotune's refinement) is :class:`core.profile_report.Prof
 costs: allocator warm-up, lazy initialisation). Peak memory is the allocator's peak on a GPU and
 the peak resident set size on CPU (``peak_memory_bytes.kind`` says which; on CPU
 ``tensor_bytes_per_rank`` adds the bytes of the actor's parameters and optimizer state).
+``peak_bytes_by_phase`` (max over steps and ranks) is, on a GPU, the CUDA allocator's peak within
+each phase (peak statistics reset at the phase's start); on CPU, which has no allocator
+statistics, the bytes of all live tensors at the phase's end (a gc scan outside the timed span):
+not a peak, but what the phase left resident, which the memory model's per-phase figures bound.
 
 The synthetic workload: ``prompts`` prompts of exactly ``prompt_len`` random token ids, and
 responses of exactly ``response_len`` tokens (EOS is ignored), so the measured work is the
@@ -112,8 +116,16 @@ def run_profile(cfg: RunConfig, json_path: str | Path, *, config_path: str | Pat
     tok = _NoEos(load_tokenizer(cfg.model, t.hf_checkpoint))
     loop, lay = build(cfg, items=synthetic_items(cfg, t.seed), reward_fn=even_share_reward, tokenizer=tok,
                       checkpoint_every=0)
+    loop.track_memory = True
     hist = loop.run(t.steps)
     mine = peak_memory(loop.actor)
+    by_phase: dict[str, int] = {}
+    for h in hist:
+        for ph, b in (h.get("phase_memory_bytes") or {}).items():
+            by_phase[ph] = max(by_phase.get(ph, 0), int(b))
+    if torch.cuda.is_available() and by_phase:  # the phase timer reset the allocator's peak per phase
+        mine["bytes"] = max(mine["bytes"], *by_phase.values())
+    mine["phases"] = by_phase
     peaks: list = [None] * lay.world_size
     if dist.is_initialized() and lay.world_size > 1:
         dist.all_gather_object(peaks, mine)
@@ -122,8 +134,9 @@ def run_profile(cfg: RunConfig, json_path: str | Path, *, config_path: str | Pat
     peak = {"per_rank": [p["bytes"] for p in peaks], "max": max(p["bytes"] for p in peaks), "kind": peaks[0]["kind"]}
     if "tensor_bytes" in peaks[0]:
         peak["tensor_bytes_per_rank"] = [p["tensor_bytes"] for p in peaks]
+    phases = {ph: max(p["phases"].get(ph, 0) for p in peaks) for ph in PHASES if any(ph in p["phases"] for p in peaks)}
     out = result("ok", message=None, config=str(config_path), steps=t.steps, world_size=lay.world_size, history=hist,
-                 peak=peak)
+                 peak=peak, peak_bytes_by_phase={str(k): v for k, v in phases.items()})
     if lay.rank == 0:
         write(json_path, out)
     return out

@@ -6,7 +6,9 @@ needed (``shares_actor_weights``) and rollout TP is the training TP. Every rank 
 :meth:`generate` with all prompts (``collective_batch``): each decoding step is one forward-only
 pipeline pass whose DP ranks split the rows, and every rank gets the full logits back, so every
 rank draws the same tokens from identically seeded generators and stops on the same step.
-No KV cache (each step recomputes the prefix): meant for small models and short responses.
+By default it decodes from a KV cache (megatron-core's static inference context on the training
+model's own layout, ``Engine.kv_session``), giving the uncached sampler's tokens at O(T) work per
+token; ``kv_cache=False`` re-runs the whole prefix each step (the reference the tests compare to).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Iterable
 import torch
 
 from .base import SamplingParams
-from .sampling import sample
+from .sampling import sample, sample_cached
 
 
 class MegatronRollout:
@@ -23,11 +25,12 @@ class MegatronRollout:
     shares_actor_weights = True
 
     def __init__(self, *, engine, tokenizer, max_seq_len: int | None = None, seed: int | None = None,
-                 micro_batch_size: int | None = None):
+                 micro_batch_size: int | None = None, kv_cache: bool = True):
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_seq_len = min(max_seq_len or engine.spec.max_seq_len, engine.spec.max_seq_len)
         self.micro_batch_size = micro_batch_size
+        self.kv_cache = kv_cache
         s = engine.cfg.trainer.seed if seed is None else seed
         # Same seed on every rank; advanced identically because every rank samples every row.
         self.generator = torch.Generator().manual_seed(int(s) + 7919)
@@ -37,9 +40,14 @@ class MegatronRollout:
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[int]]:
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else self.generator
+        kw = dict(pad_id=self.tokenizer.pad_id, eos_id=self.tokenizer.eos_id, generator=gen, max_seq_len=self.max_seq_len)
         with torch.no_grad():
-            return sample(self._next_logits, prompt_ids, params, pad_id=self.tokenizer.pad_id,
-                          eos_id=self.tokenizer.eos_id, generator=gen, max_seq_len=self.max_seq_len)
+            if not self.kv_cache or not prompt_ids:
+                return sample(self._next_logits, prompt_ids, params, **kw)
+            width = max(len(p) for p in prompt_ids) + params.max_tokens
+            with self.engine.kv_session(len(prompt_ids), min(width, self.max_seq_len),
+                                        micro_batch_size=self.micro_batch_size) as step:
+                return sample_cached(step, prompt_ids, params, **kw)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, object]]) -> None:
         """No-op: generation reads the actor's live parameters. Consumes nothing, so a collective

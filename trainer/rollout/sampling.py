@@ -8,7 +8,8 @@ Collective safety: every decoding step calls ``next_logits_fn`` once with *all* 
 not, and the loop ends on the same step on every rank as long as every rank sees the same logits
 and draws from a generator in the same state. Under TP/PP the logits are identical on each rank
 of the group, so pass each rank a generator seeded the same way (or ``params.seed``).
-No KV cache: each step re-runs the whole prefix, O(T^2) work, fine for the short CPU runs.
+:func:`sample` has no KV cache (each step re-runs the whole prefix, O(T^2) work); :func:`sample_cached`
+gives the same tokens from a KV cache (``Engine.kv_session``), O(T).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ NextLogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def sample_next(logits: torch.Tensor, *, temperature: float, top_p: float,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+                generator: torch.Generator | None = None, u: torch.Tensor | None = None) -> torch.Tensor:
     """Draw one token per row from ``logits[B, V]``; returns LongTensor[B].
 
     temperature 0 is greedy. Top-p follows Holtzman et al. 2020 (nucleus sampling, sec. 3.1): keep
@@ -40,7 +41,9 @@ def sample_next(logits: torch.Tensor, *, temperature: float, top_p: float,
     # inverse-CDF draw: one uniform per row (torch.multinomial is several times slower on CPU);
     # right=True skips zero-probability tokens, whose CDF interval is empty
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    if u is None:  # one uniform per row; a caller may pass its own (the cached sampler does)
+        u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype)
+    u = u.to(device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
@@ -88,6 +91,67 @@ def sample(next_logits_fn: NextLogitsFn, prompt_ids: Sequence[Sequence[int]], pa
 
     rows_out, ends = tokens.tolist(), lengths.tolist()
     return [row[k:e] for row, k, e in zip(rows_out, lens, ends)]
+
+
+StepFn = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+def sample_cached(step_fn: StepFn, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, *,
+                  pad_id: int, eos_id: int, generator: torch.Generator | None = None,
+                  max_seq_len: int | None = None) -> list[list[int]]:
+    """:func:`sample` on a KV cache: the same responses, each token's logits from one new position.
+
+    ``step_fn(chunk [B, T], start)`` feeds positions ``start .. start+T-1`` of every row to the
+    cache and returns the logits of the chunk's last position ``[B, V]``. Rows share positions
+    (the cache is aligned): the first call is the shortest prompt, then one position per call; a
+    row still inside its prompt gets its prompt token, a live row its sampled token, a finished
+    row padding (never read by another row). Work is O(T) per token instead of O(T^2).
+
+    Sampling matches :func:`sample` draw for draw: there, decoding step k draws one uniform per
+    row and row b's k-th token uses its own; here row b reaches its k-th token at position
+    ``len(prompt_b) + k``, so the k-th batch of uniforms is drawn (from the same generator, in
+    the same order) the first time any row needs it. Greedy (temperature 0) draws nothing.
+    """
+    n = len(prompt_ids)
+    if n == 0:
+        return []
+    lens = [len(p) for p in prompt_ids]
+    if min(lens) < 1:
+        raise ValueError("every prompt needs at least one token (e.g. BOS)")
+    budget = [params.max_tokens if max_seq_len is None else max(0, min(params.max_tokens, max_seq_len - k))
+              for k in lens]
+    width = max(k + b for k, b in zip(lens, budget))
+    tokens = torch.tensor([list(p) + [pad_id] * (width - k) for p, k in zip(prompt_ids, lens)], dtype=torch.long)
+    stop = {eos_id, *params.stop_token_ids}
+    produced = [0] * n
+    done = [b == 0 for b in budget]
+    draws: list[torch.Tensor] = []
+    pos = min(lens)
+    logits = step_fn(tokens[:, :pos], 0) if not all(done) else None
+    while not all(done) and pos < width:
+        live = [b for b in range(n) if not done[b] and lens[b] + produced[b] == pos]
+        if live:
+            if generator is None and params.seed is not None:
+                generator = torch.Generator(device=logits.device).manual_seed(params.seed)
+            u = None
+            if params.temperature != 0:
+                for k in sorted({produced[b] for b in live}):
+                    while len(draws) <= k:
+                        draws.append(torch.rand((n, 1), generator=generator, device=logits.device))
+                u = torch.stack([draws[produced[b]][b] for b in live])
+            rows = torch.tensor(live)
+            nxt = sample_next(logits[rows], temperature=params.temperature, top_p=params.top_p,
+                              generator=generator, u=u).tolist()
+            for b, t in zip(live, nxt):
+                tokens[b, pos] = t
+                produced[b] += 1
+                if t in stop or produced[b] >= budget[b]:
+                    done[b] = True
+        if all(done) or pos + 1 >= width:
+            break
+        logits = step_fn(tokens[:, pos:pos + 1], pos)
+        pos += 1
+    return [tokens[b, lens[b]:lens[b] + produced[b]].tolist() for b in range(n)]
 
 
 def pack(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], *, pad_id: int,
