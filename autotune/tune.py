@@ -204,6 +204,7 @@ def read_launch(path: str | Path) -> Launch:
     except (UnicodeDecodeError, OSError) as exc:
         raise ConfigError(f"{p}: not a readable text file ({exc})") from None
     if re.search(r"main_ppo|verl-train|^#!", text, re.MULTILINE):
+        _bash_syntax(p)
         ovs, findings, facts = D.parse_script(text)
         kind = "verl_script"
         if not facts.get("commands"):
@@ -226,6 +227,23 @@ def read_launch(path: str | Path) -> Launch:
             raise ConfigError(f"{p}:{o.line}: {o.key}={o.raw} comes from a variable the script does not set",
                               hint="give the variable a default (${VAR:-2}) so that the plan is known")
     return launch
+
+
+def _bash_syntax(p: Path) -> None:
+    """``bash -n``: a script bash itself cannot parse (an unclosed quote, a dangling ``\\``) is not a launch."""
+    import shutil
+    import subprocess
+
+    bash = shutil.which("bash")
+    if bash is None:
+        return
+    try:
+        r = subprocess.run([bash, "-n", str(p)], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    if r.returncode:
+        msg = (r.stderr.strip().splitlines() or ["syntax error"])[-1]
+        raise ConfigError(f"{p}: bash cannot parse this script ({msg})", hint="fix the script; `bash -n` must pass")
 
 
 def _planned_keys(launch: Launch) -> set[str]:

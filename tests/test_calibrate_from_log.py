@@ -2,7 +2,10 @@
 tests/fixtures/verl_logs/make_fixtures.py) and to our own trainer's metrics.jsonl.
 
 The synthetic truth: the cost model with perturbed knobs (truth.json) plus 3% log-normal noise per phase and
-step, three plans of Qwen2.5-7B on 8 x H100, 11 steps each after the warm-up step.
+step, three plans of Qwen2.5-7B on 8 x H100, 11 steps each after the warm-up step. The truth is the cost
+model's own prediction, so when the model changes the committed logs no longer match it: the `fix` fixture
+then writes them again, with verl 0.9.1's logger code, into a temporary folder (the wheel from
+$GRPO_TUNE_VERL_WHEEL, /tmp/verlwheel or PyPI, and orjson from PyPI; without them these tests fail).
 """
 from __future__ import annotations
 
@@ -15,11 +18,56 @@ from autotune import runlog as R
 from autotune.calibrate import defaults, load
 from cli.main import main
 
-FIX = Path(__file__).resolve().parent / "fixtures" / "verl_logs"
-TRUTH = json.loads((FIX / "truth.json").read_text())
+COMMITTED = Path(__file__).resolve().parent / "fixtures" / "verl_logs"
 
 
-def _calibrate(capsys, tmp_path, logs, launches, *extra):
+def _fresh(folder: Path) -> bool:
+    """Do the logs in ``folder`` hold the current cost model's truth (within the 3% noise)?"""
+    from autotune.calibrate import Point
+    from autotune.tune import plan_of
+
+    truth = json.loads((folder / "truth.json").read_text())
+    for name, doc in truth["logs"].items():
+        lp = R.log_point(R.read_log(folder / f"{name}.jsonl"), COMMITTED / doc["launch"])
+        plan = plan_of(COMMITTED / doc["launch"])
+        pt = Point(model=plan.model, hardware=plan.hardware, cluster=plan.cluster, strategy=plan.strategy,
+                   workload=lp.plan.workload, measured_step_s=1.0)
+        _, phases = R.predict_folded({**defaults(), **truth["knobs"]}, pt)
+        if any(phases[ph] != pytest.approx(v, rel=0.03) for ph, v in doc["phases_s"].items()):
+            return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def fix(tmp_path_factory) -> Path:
+    if _fresh(COMMITTED):
+        return COMMITTED
+    import importlib.util
+    import os
+    import shutil
+
+    out = tmp_path_factory.mktemp("verl_logs")
+    for p in COMMITTED.glob("launch_*.txt"):
+        shutil.copy(p, out)
+    local = sorted(Path("/tmp/verlwheel").glob("verl-0.9.1-*.whl"))
+    mp = pytest.MonkeyPatch()
+    if not os.environ.get("GRPO_TUNE_VERL_WHEEL") and local:
+        mp.setenv("GRPO_TUNE_VERL_WHEEL", str(local[0]))
+    spec = importlib.util.spec_from_file_location("make_fixtures", COMMITTED / "make_fixtures.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.write_all(out, tmp_path_factory.mktemp("wheel"))
+    mp.undo()
+    assert _fresh(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def TRUTH(fix) -> dict:
+    return json.loads((fix / "truth.json").read_text())
+
+
+def _calibrate(capsys, tmp_path, logs, launches, *extra, FIX=COMMITTED):
     out = tmp_path / "cal.json"
     args = ["calibrate"]
     for lg in logs:
@@ -32,10 +80,10 @@ def _calibrate(capsys, tmp_path, logs, launches, *extra):
     return json.loads(cap.out), out, cap.err
 
 
-def test_recovers_the_knobs_and_phase_times_of_a_synthetic_truth(capsys, tmp_path):
+def test_recovers_the_knobs_and_phase_times_of_a_synthetic_truth(capsys, tmp_path, fix, TRUTH):
     # JSONL and console logs mixed: both are read the same way
     res, out, _ = _calibrate(capsys, tmp_path, ["run_a.jsonl", "run_b.console.log", "run_c.jsonl"],
-                             ["launch_a.txt", "launch_b.txt", "launch_c.txt"])
+                             ["launch_a.txt", "launch_b.txt", "launch_c.txt"], FIX=fix)
     sigma_pct = 100 * TRUTH["noise_sigma"]
     before, after = res["phase_mape_before_pct"], res["phase_mape_after_pct"]
     for ph in ("rollout", "weight_sync", "old_logprob", "ref_logprob", "update", "step"):
@@ -56,27 +104,28 @@ def test_recovers_the_knobs_and_phase_times_of_a_synthetic_truth(capsys, tmp_pat
     assert mem["run_b.console.log"]["optimistic"] is False
 
 
-def test_fitted_knobs_predict_a_held_out_run_of_another_model(capsys, tmp_path):
+def test_fitted_knobs_predict_a_held_out_run_of_another_model(capsys, tmp_path, fix):
     res, _, _ = _calibrate(capsys, tmp_path, ["run_a.jsonl", "run_b.jsonl", "run_c.jsonl"],
-                           ["launch_a.txt", "launch_b.txt", "launch_c.txt"])
-    held = [R.log_point(R.read_log(FIX / "run_other_model.jsonl"), FIX / "launch_other_model.txt")]
+                           ["launch_a.txt", "launch_b.txt", "launch_c.txt"], FIX=fix)
+    held = [R.log_point(R.read_log(fix / "run_other_model.jsonl"), fix / "launch_other_model.txt")]
     before, after = R.phase_mape(held, defaults()), R.phase_mape(held, res["params"])
     assert after["step"] < 5.0 < before["step"]
     for ph in ("rollout", "old_logprob", "update"):
         assert after[ph] < 10.0 and after[ph] < before[ph], ph
 
 
-def test_one_launch_for_several_logs_and_files_after_from_log(capsys, tmp_path):
+def test_one_launch_for_several_logs_and_files_after_from_log(capsys, tmp_path, fix):
     out = tmp_path / "c.json"
-    rc = main(["calibrate", "--from-log", str(FIX / "run_a.jsonl"), str(FIX / "run_a.console.log"),
-               "--launch", str(FIX / "launch_a.txt"), "--out", str(out)])
+    rc = main(["calibrate", "--from-log", str(fix / "run_a.jsonl"), str(fix / "run_a.console.log"),
+               "--launch", str(fix / "launch_a.txt"), "--out", str(out)])
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     assert "Per-phase MAPE" in cap.out and out.is_file()
     assert "memory model optimistic" in " ".join(cap.out.split())
 
 
-def test_warmup_step_is_dropped():
+def test_warmup_step_is_dropped(fix, TRUTH):
+    FIX = fix
     log = R.read_log(FIX / "run_a.jsonl")
     assert [r.step for r in log.records] == list(range(1, TRUTH["steps"] + 1))  # step 0 is validation only
     lp = R.log_point(log, FIX / "launch_a.txt", skip_warmup=1)
@@ -87,11 +136,12 @@ def test_warmup_step_is_dropped():
     assert slow.point.measured_phases_s["rollout"] >= lp.point.measured_phases_s["rollout"]
 
 
-def test_killed_run_warns_and_still_fits(capsys, tmp_path):
+def test_killed_run_warns_and_still_fits(capsys, tmp_path, fix, TRUTH):
     for name in ("killed.jsonl", "killed.console.log"):
-        log = R.read_log(FIX / name)
+        log = R.read_log(fix / name)
         assert len(log.records) == TRUTH["steps"] - 1 and "no newline" in log.warnings[0]
-    _, _, err = _calibrate(capsys, tmp_path, ["killed.jsonl", "run_b.jsonl"], ["launch_a.txt", "launch_b.txt"])
+    _, _, err = _calibrate(capsys, tmp_path, ["killed.jsonl", "run_b.jsonl"], ["launch_a.txt", "launch_b.txt"],
+                           FIX=fix)
     assert "warning:" in err and "no newline" in err
 
 
@@ -102,9 +152,9 @@ def test_killed_run_warns_and_still_fits(capsys, tmp_path):
     (["run_a.jsonl"], ["truth.json"], "BAD_CONFIG", "truth.json"),
     (["run_a.jsonl", "run_b.jsonl"], ["launch_a.txt", "launch_b.txt", "launch_c.txt"], "BAD_CONFIG", "--launch"),
 ])
-def test_bad_input_is_a_coded_error(capsys, tmp_path, logs, launches, code, words):
-    args = ["calibrate"] + [a for lg in logs for a in ("--from-log", str(FIX / lg))]
-    args += [a for la in launches for a in ("--launch", str(FIX / la))]
+def test_bad_input_is_a_coded_error(capsys, tmp_path, fix, logs, launches, code, words):
+    args = ["calibrate"] + [a for lg in logs for a in ("--from-log", str(fix / lg))]
+    args += [a for la in launches for a in ("--launch", str(fix / la))]
     assert main([*args, "--out", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err
     assert f"[{code}]" in err and words in err
@@ -114,7 +164,7 @@ def test_bad_input_is_a_coded_error(capsys, tmp_path, logs, launches, code, word
 def test_unparseable_launch_is_a_coded_error(capsys, tmp_path):
     bad = tmp_path / "bad.sh"
     bad.write_text("#!/bin/bash\npython3 -m verl.trainer.main_ppo trainer.nnodes='1\n")
-    assert main(["calibrate", "--from-log", str(FIX / "run_a.jsonl"), "--launch", str(bad),
+    assert main(["calibrate", "--from-log", str(COMMITTED / "run_a.jsonl"), "--launch", str(bad),
                  "--out", str(tmp_path / "x.json")]) == 2
     assert "[BAD_CONFIG]" in capsys.readouterr().err
 
@@ -140,3 +190,10 @@ def test_our_cpu_trainer_log_end_to_end(capsys, tmp_path):
     assert res["hardware"] == "cpu" and res["logs"][0]["steps_kept"] == 3
     assert res["phase_mape_after_pct"]["step"] <= res["phase_mape_before_pct"]["step"]
     assert load(out, hardware="cpu")
+
+
+
+def test_the_logs_are_fresh_for_the_current_cost_model(fix):
+    """Either the committed logs match the cost model, or the fixture wrote fresh ones that do."""
+    assert _fresh(fix)
+    assert (fix / "run_a.jsonl").read_text().startswith('{"step":0,"data":{')  # orjson's compact form, as verl writes
