@@ -21,6 +21,7 @@ from autotune.options import (
     LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute, ResponseLen, RolloutTp,
     SeqLen, SeqPar, Tp, Vpp, WorkloadKind, pins_from_flags, plan_inputs, workload_flags,
 )
+from autotune.calibrate import load as load_calibration
 from core.errors import ConfigError, NoFeasiblePlanError
 
 GiB = 1024 ** 3
@@ -39,7 +40,7 @@ def usd_per_million_tokens(price_per_gpu_hour: float | None, tokens_per_s_per_gp
 
 def compare_rows(*, model: str, gpus: int, hardware: list[str], gpus_per_node: int | None, pins: dict[str, Any],
                  workload_kw: dict[str, Any], calibration: dict[str, float] | None = None,
-                 min_headroom: float = 0.0) -> list[dict[str, Any]]:
+                 min_headroom: float = 0.0, calibration_hardware: str | None = None) -> list[dict[str, Any]]:
     """One row per hardware profile: the best plan's figures, or why none fits."""
     from autotune.report import plan_label
     from autotune.search import search, step_s, tokens_per_s_per_gpu
@@ -51,7 +52,9 @@ def compare_rows(*, model: str, gpus: int, hardware: list[str], gpus_per_node: i
         row: dict[str, Any] = {"hardware": hw.name, "gpus": cluster.gpus, "gpus_per_node": cluster.gpus_per_node,
                                "price_per_gpu_hour_usd": hw.price_per_gpu_hour_usd}
         try:
-            res = search(m, hw, cluster, wl, pins=pins, top=1, calibration=calibration, min_headroom=min_headroom)
+            # a calibration file is fitted on one hardware: it applies to that profile's row only
+            cal = calibration if calibration_hardware in (None, hw.name) else None
+            res = search(m, hw, cluster, wl, pins=pins, top=1, calibration=cal, min_headroom=min_headroom)
         except NoFeasiblePlanError as exc:
             row.update(fits=False, error=exc.to_dict())
             rows.append(row)
@@ -65,6 +68,10 @@ def compare_rows(*, model: str, gpus: int, hardware: list[str], gpus_per_node: i
                    headroom_bytes=int(b.headroom_bytes), search=res.stats())
         rows.append(row)
     return rows
+
+
+CalibrationFile = Annotated[Path | None, typer.Option(
+    "--calibration", help="Calibration JSON (grpo-tune calibrate); applied to the row of the hardware it was fitted on.")]
 
 
 def compare(
@@ -84,7 +91,7 @@ def compare(
     prompt_len_mean: PromptLenMean = None, response_len_mean: ResponseLenMean = None, lengths: Lengths = None,
     mini_batch: MiniBatch = WD["mini_batch"], ppo_epochs: PpoEpochs = WD["ppo_epochs"], kl: Kl = WD["kl"],
     seq_len: SeqLen = WD["seq_len"], gbs: Gbs = WD["gbs"],
-    json_out: Json = False, out: CompareOut = None,
+    json_out: Json = False, out: CompareOut = None, calibration: CalibrationFile = None,
 ) -> None:
     """Best plan per hardware: step time, tokens/s/GPU, $ per million tokens, memory headroom."""
     from core.config import atomic_write
@@ -95,8 +102,12 @@ def compare(
         raise ConfigError("--hardware needs at least one profile", hint="e.g. --hardware h100,h200,a100")
     flags = locals()
     pins, wkw = pins_from_flags(flags), workload_flags(flags)
+    cal, cal_hw = None, None
+    if calibration is not None:
+        cal = load_calibration(calibration)
+        cal_hw = json.loads(calibration.read_text()).get("hardware")
     rows = compare_rows(model=model, gpus=gpus, hardware=names, gpus_per_node=gpus_per_node, pins=pins,
-                        workload_kw=wkw, min_headroom=min_headroom)
+                        workload_kw=wkw, min_headroom=min_headroom, calibration=cal, calibration_hardware=cal_hw)
     if out is None:
         from core.specs import load_model
 

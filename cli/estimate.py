@@ -7,6 +7,8 @@ exists but does not fit exits 0 with ``fits: false`` and its violations.
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -18,6 +20,7 @@ from autotune.options import (
     Json, Kl, LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute,
     ResponseLen, RolloutTp, SeqLen, SeqPar, Tp, Vpp, WorkloadKind, inputs_from_flags,
 )
+from autotune.calibrate import load as load_calibration
 from costmodel.estimate import Estimate, estimate as run_estimate
 from core.strategy import Strategy
 
@@ -70,7 +73,7 @@ def print_estimate(est: Estimate, console: Console) -> None:
                         for pm in est.memory.values()])
     console.print(t)
     ro = est.memory.get("rollout")
-    if ro is not None and ro.info:
+    if ro is not None and ro.info and "kv_cache_tokens" in ro.info:  # the CPU's native sampler has no KV cache
         i = ro.info
         console.print(f"rollout: KV cache {i['kv_cache_tokens']:,} tokens per replica "
                       f"({i['kv_bytes_per_token']:,.0f} B/token), {i['max_concurrent_sequences']:,} concurrent sequences "
@@ -110,6 +113,10 @@ def print_estimate(est: Estimate, console: Console) -> None:
     console.print("[bold green]fits[/]" if est.fits else "[bold red]does not fit[/]")
 
 
+CalibrationFile = Annotated[Path | None, typer.Option(
+    "--calibration", help="Calibration JSON (grpo-tune calibrate, search --refine) applied to the time model.")]
+
+
 def estimate(
     model: Model,
     hardware: Hardware = "h100",
@@ -127,11 +134,13 @@ def estimate(
     mini_batch: MiniBatch = WD["mini_batch"], ppo_epochs: PpoEpochs = WD["ppo_epochs"], kl: Kl = WD["kl"],
     seq_len: SeqLen = WD["seq_len"], gbs: Gbs = WD["gbs"],
     json_out: Json = False,
+    calibration: CalibrationFile = None,
 ) -> None:
     """Memory per rank per GRPO phase (and time, where the time model is present) for one plan."""
     m, hw, cluster, wl, pins = inputs_from_flags(locals())
     strategy = Strategy.from_dict(pins, where="options")
-    est = run_estimate(model=m, hardware=hw, cluster=cluster, strategy=strategy, workload=wl)
+    cal = load_calibration(calibration, hardware=hw.name) if calibration is not None else None
+    est = run_estimate(model=m, hardware=hw, cluster=cluster, strategy=strategy, workload=wl, calibration=cal)
     if json_out:
         print(json.dumps(est.to_dict(), indent=2))
         return

@@ -197,3 +197,28 @@ def test_the_logs_are_fresh_for_the_current_cost_model(fix):
     """Either the committed logs match the cost model, or the fixture wrote fresh ones that do."""
     assert _fresh(fix)
     assert (fix / "run_a.jsonl").read_text().startswith('{"step":0,"data":{')  # orjson's compact form, as verl writes
+
+
+def test_the_file_applies_to_estimate_search_and_compare(capsys, tmp_path, fix):
+    cal = tmp_path / "cal.json"
+    assert main(["calibrate", "--from-log", str(fix / "run_a.jsonl"), "--from-log", str(fix / "run_b.jsonl"),
+                 "--launch", str(fix / "launch_a.txt"), "--launch", str(fix / "launch_b.txt"), "--out", str(cal)]) == 0
+    capsys.readouterr()
+    plan = ["--model", "7b", "--gpus", "8", "--tp", "2", "--json"]
+
+    def step(args):
+        assert main(args) == 0
+        return json.loads(capsys.readouterr().out)
+
+    assert step(["estimate", *plan, "--calibration", str(cal)])["time"]["step_s"] > \
+        step(["estimate", *plan])["time"]["step_s"]  # the logs ran slower than the defaults predict
+    s_cal = step(["search", *plan, "--no-emit", "--calibration", str(cal)])["best"]["time"]["step_s"]
+    s_def = step(["search", *plan, "--no-emit"])["best"]["time"]["step_s"]
+    assert s_cal > s_def
+    rows = step(["compare", "--model", "7b", "--gpus", "8", "--hardware", "h100,h200", "--json", "--out",
+                 str(tmp_path / "cmp"), "--calibration", str(cal)])["rows"]
+    rows0 = step(["compare", "--model", "7b", "--gpus", "8", "--hardware", "h100,h200", "--json", "--out",
+                  str(tmp_path / "cmp0")])["rows"]
+    assert rows[0]["step_s"] > rows0[0]["step_s"]  # h100: the file's hardware
+    assert rows[1]["step_s"] == rows0[1]["step_s"]  # h200: not fitted there, left alone
+    assert main(["estimate", *plan, "--hardware", "h200", "--calibration", str(cal)]) == 2

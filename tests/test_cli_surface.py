@@ -21,10 +21,10 @@ PLAN = [
 ]
 
 SURFACE = {
-    "estimate": PLAN,
+    "estimate": PLAN + ["--calibration"],
     "search": PLAN + ["--all", "--allow-cross-node-tp", "--calibration", "--emit / --no-emit", "--min-headroom", "--out", "--refine", "--storage",
                       "--study-name", "--top", "--trial-steps", "--trial-timeout", "--trials"],
-    "compare": PLAN + ["--min-headroom", "--out"],
+    "compare": PLAN + ["--calibration", "--min-headroom", "--out"],
     "diagnose": ["--hardware", "--json", "--model -m", "PATH"],
     "validate": ["--data", "--grpo", "--hardware", "--json", "--refit", "--tolerance"],
     "train": ["--config -c", "--dry-run", "--json", "--master-addr", "--master-port", "--nnodes", "--node-rank", "--out",
