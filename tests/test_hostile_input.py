@@ -264,3 +264,15 @@ def test_documented_reward_forms_are_accepted(tmp_path):
     (tmp_path / "rw.py").write_text("def score(response, answer):\n    return 1.0\n")
     for spec in ("math", "math_format", f"{tmp_path / 'rw.py'}:score"):
         assert _preflight(tmp_path, reward=spec).world_size == 8
+
+
+def test_a_bad_refine_option_leaves_the_refined_run_folder_alone(tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "s"
+    run_dir.mkdir(parents=True)
+    best = run_dir / "best.yaml"
+    best.write_text("measured: {step_s: 1.0}  # a finished refine's result\n")
+    rc = cli_main(["search", "--model", "qwen2-7b", "--gpus", "8", "--refine", "--trials", "0",
+                   "--out", str(tmp_path / "runs"), "--study-name", "s"])
+    assert rc == 2 and "[BAD_CONFIG]" in capsys.readouterr().err
+    assert best.read_text() == "measured: {step_s: 1.0}  # a finished refine's result\n"
+    assert sorted(p.name for p in run_dir.iterdir()) == ["best.yaml"]
