@@ -276,3 +276,19 @@ def test_a_bad_refine_option_leaves_the_refined_run_folder_alone(tmp_path, capsy
     assert rc == 2 and "[BAD_CONFIG]" in capsys.readouterr().err
     assert best.read_text() == "measured: {step_s: 1.0}  # a finished refine's result\n"
     assert sorted(p.name for p in run_dir.iterdir()) == ["best.yaml"]
+
+
+@pytest.mark.parametrize("content", ["[" * 3000 + "]" * 3000, "a: " + "{b: " * 500 + "1" + "}" * 500])
+def test_deep_yaml_run_config_is_a_coded_error(tmp_path, capsys, content):
+    p = tmp_path / "deep.yaml"
+    p.write_text(content)
+    t0 = time.monotonic()
+    assert cli_main(["train", "--config", str(p), "--dry-run"]) == 2
+    assert time.monotonic() - t0 < 30 and "[BAD_CONFIG]" in capsys.readouterr().err
+
+
+def test_a_fifo_run_config_is_refused_unread(tmp_path, capsys):
+    p = tmp_path / "fifo.yaml"
+    os.mkfifo(p)
+    assert cli_main(["train", "--config", str(p), "--dry-run"]) == 2  # it used to block forever in read_text
+    assert "regular file" in capsys.readouterr().err
