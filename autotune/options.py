@@ -88,6 +88,16 @@ def strategy_pins(*, tp=None, pp=None, vpp=None, cp=None, ep=None, etp=None, mbs
         raise ConfigError(f"--cpu-optimizer must be a fraction in [0, 1] (0 = off), got {cpu_optimizer}")
     if max_num_seqs is not None and max_num_seqs < 1:
         raise ConfigError(f"--max-num-seqs must be >= 1, got {max_num_seqs}")
+    # issue 14 (diag): a zero degree divided by zero in search; 0/1.5/nan memory fractions fit nothing
+    for flag, v in (("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("etp", etp), ("mbs", mbs),
+                    ("rollout-tp", rollout_tp), ("first-stage-layers", first_stage_layers),
+                    ("last-stage-layers", last_stage_layers)):
+        if v is not None and v < 1:
+            raise ConfigError(f"--{flag} must be >= 1, got {v}", hint=f"leave --{flag} out to let search choose")
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+        raise ConfigError(f"--gpu-memory-utilization (vLLM gpu_memory_utilization) must be a fraction in (0, 1], "
+                          f"got {gpu_memory_utilization}",
+                          hint="vLLM's share of GPU memory for weights and KV cache, e.g. 0.6")
     raw = dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs, recompute=recompute,
                sequence_parallel=sequence_parallel, distributed_optimizer=distributed_optimizer,
                offload=parse_offload(offload), rollout_tp=rollout_tp, gpu_memory_utilization=gpu_memory_utilization,
@@ -113,6 +123,12 @@ def plan_inputs(*, model: str, hardware: str, gpus: int, gpus_per_node: int | No
     hw = load_hardware(hardware)
     if gpus < 1:
         raise ConfigError(f"--gpus must be >= 1, got {gpus}")
+    if gpus_per_node is not None and gpus_per_node < 1:  # 0 used to mean "the default" (issue 14 #8)
+        raise ConfigError(f"--gpus-per-node must be >= 1, got {gpus_per_node}",
+                          hint="leave it out to use the hardware profile's")
+    if mini_batch > prompts:  # it used to shrink silently to --prompts (issue 14 #8)
+        raise ConfigError(f"--mini-batch {mini_batch} exceeds --prompts {prompts}",
+                          hint="verl requires ppo_mini_batch_size <= data.train_batch_size")
     cluster = Cluster(gpus=gpus, gpus_per_node=gpus_per_node or min(hw.gpus_per_node, gpus))
     if cluster.gpus_per_node < 1:
         raise ConfigError("--gpus-per-node must be >= 1")

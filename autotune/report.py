@@ -30,11 +30,14 @@ def plan_label(s: Strategy) -> str:
         parts.append(f"cp{s.cp}")
     if s.ep > 1:
         parts.append(f"ep{s.ep}/etp{s.etp_}")
-    parts.append(f"mbs{s.mbs}")
+    parts.append(f"tok{s.max_tokens_per_gpu}" if s.max_tokens_per_gpu else f"mbs{s.mbs}")
     parts.append({"none": "rc-", "selective": "rcS", "full": "rcF"}[s.recompute])
     if s.offload:
         parts.append("off:" + "".join(o[0] for o in s.offload))
+    if s.cpu_optimizer:
+        parts.append(f"cpuopt{s.cpu_optimizer:g}")
     parts.append(f"R{s.rollout_tp}@{s.gpu_memory_utilization:g}")
+    parts.append(f"seqs{s.max_num_seqs}" + (" eager" if s.enforce_eager else ""))
     return " ".join(parts)
 
 

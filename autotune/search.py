@@ -20,6 +20,7 @@ MoE model, so the search factors it (see :func:`search`):
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,10 @@ from core.support import check_plan
 from core.strategy import OFFLOAD, RECOMPUTE, Cluster, Strategy, Workload, divisors, validate
 
 GMU_GRID = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+CAP_FACTORS = (1, 2, 4)
+"""Dynamic-batching caps searched, in multiples of the longest sequence."""
+MAX_NUM_SEQS_GRID = (256, 1024)
+"""vLLM max_num_seqs searched: verl's default and vLLM's own (V1, H100-class) default."""
 """vLLM memory fractions tried; verl's perf guide suggests 0.5-0.7 without offload, 0.8-0.9 with."""
 MAX_MBS = 16
 OFFLOAD_SETS = tuple(tuple(o for i, o in enumerate(OFFLOAD) if mask >> i & 1) for mask in range(1 << len(OFFLOAD)))
@@ -102,6 +107,8 @@ class Space:
     pins: dict[str, Any] = field(default_factory=dict)
     allow_cross_node_tp: bool = False
     gmu_grid: tuple[float, ...] = GMU_GRID
+    cpu_grid: tuple[float | None, ...] = (None,)
+    """CPU-optimizer fractions searched when unpinned; search() adds 1.0 when a layout needs it to fit."""
 
     # -- layouts ---------------------------------------------------------------------------
     def _choices(self, key: str, default: list) -> list:
@@ -202,10 +209,46 @@ class Space:
         # it is always on unless the user pins it off.
         return self._choices("distributed_optimizer", [True])
 
+    def cap_options(self) -> list[int]:
+        """Dynamic-batching token caps (verl's ppo_max_token_len_per_gpu): 1, 2 and 4 x the longest
+        sequence (verl asserts the cap holds it), or the pinned cap; none when pinned off."""
+        if "max_tokens_per_gpu" in self.pins:
+            cap = self.pins["max_tokens_per_gpu"]
+            return [cap] if cap else []
+        if self.workload.kind != "grpo":
+            return []
+        return [k * self.workload.train_seq_len for k in CAP_FACTORS]
+
+    def batch_options(self, lay: dict[str, Any]) -> list[dict[str, Any]]:
+        """Fixed micro-batches (``mbs``) and dynamic batching (a token cap, mbs unused)."""
+        mbs = self.mbs_options(lay)
+        if not mbs:
+            return []
+        fixed = [] if self.pins.get("max_tokens_per_gpu") else [dict(mbs=b) for b in mbs]
+        return fixed + [dict(mbs=min(mbs), max_tokens_per_gpu=c) for c in self.cap_options()]
+
+    def cpu_options(self) -> list[float | None]:
+        """Megatron's hybrid CPU optimizer: pinned, or off plus all-on when memory needs it (``cpu_grid``)."""
+        if "cpu_optimizer" in self.pins:
+            return [self.pins["cpu_optimizer"]]
+        return list(self.cpu_grid)
+
+    def extra_options(self) -> list[tuple[tuple[str, ...], float | None]]:
+        """(offload set, CPU-optimizer fraction) pairs."""
+        return [(o, c) for o in self.offload_options() for c in self.cpu_options()]
+
+    def engine_options(self) -> list[dict[str, Any]]:
+        """vLLM's max_num_seqs and eager mode (CUDA graphs cost memory, eager costs time per step)."""
+        if self.workload.kind != "grpo":
+            return [{}]
+        seqs = self._choices("max_num_seqs", list(MAX_NUM_SEQS_GRID))
+        eager = self._choices("enforce_eager", [False, True])
+        return [dict(max_num_seqs=n, enforce_eager=e) for n in seqs for e in eager]
+
     def train_options(self, lay: dict[str, Any]) -> list[dict[str, Any]]:
-        return [dict(mbs=b, recompute=r, distributed_optimizer=d, offload=o)
-                for b in self.mbs_options(lay) for r in self.recompute_options()
-                for d in self.dist_opt_options() for o in self.offload_options()]
+        return [dict(**b, recompute=r, distributed_optimizer=d, **_extra(x))
+                for b in self.batch_options(lay) for r in self.recompute_options()
+                for d in self.dist_opt_options() for x in self.extra_options()]
 
     # -- rollout options -------------------------------------------------------------------
     def rollout_options(self) -> list[tuple[int, float]]:
@@ -226,19 +269,24 @@ class Space:
         pairs = [(t, g) for t in rtps for g in gmus if weights / t < g * self.hardware.hbm_bytes]
         return pairs or [(t, max(gmus)) for t in rtps]
 
-    def strategy(self, lay: dict[str, Any], opt: dict[str, Any], roll: tuple[int, float]) -> Strategy:
-        fixed = {k: self.pins[k] for k in ENGINE_KEYS if k in self.pins and k not in opt}
-        return Strategy(**lay, **opt, **fixed, rollout_tp=roll[0], gpu_memory_utilization=roll[1],
+    def rolls(self) -> list[tuple]:
+        """Every rollout option: (rollout_tp, gpu_memory_utilization, engine knobs)."""
+        return [(t, g, eng) for t, g in self.rollout_options() for eng in self.engine_options()]
+
+    def strategy(self, lay: dict[str, Any], opt: dict[str, Any], roll: tuple) -> Strategy:
+        eng = roll[2] if len(roll) > 2 else {}
+        fixed = {k: self.pins[k] for k in ENGINE_KEYS if k in self.pins and k not in opt and k not in eng}
+        return Strategy(**lay, **opt, **fixed, **eng, rollout_tp=roll[0], gpu_memory_utilization=roll[1],
                         sequence_parallel=self.pins.get("sequence_parallel"))
 
     def candidate_count(self, layouts: list[dict[str, Any]] | None = None) -> int:
         layouts = self.layouts() if layouts is None else layouts
-        per = len(self.recompute_options()) * len(self.dist_opt_options()) * len(self.offload_options())
-        return sum(len(self.mbs_options(lay)) for lay in layouts) * per * len(self.rollout_options())
+        per = len(self.recompute_options()) * len(self.dist_opt_options()) * len(self.extra_options())
+        return sum(len(self.batch_options(lay)) for lay in layouts) * per * len(self.rolls())
 
     def candidates(self) -> Iterator[Strategy]:
         """Every plan of the space (the full product; use :func:`search` to rank it)."""
-        rolls = self.rollout_options()
+        rolls = self.rolls()
         for lay in self.layouts():
             for opt in self.train_options(lay):
                 for roll in rolls:
@@ -384,10 +432,9 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
     t0 = time.perf_counter()
     space = Space(model, hardware, cluster, workload, dict(pins or {}), allow_cross_node_tp)
     layouts = space.layouts()
-    rolls = space.rollout_options()
+    rolls = space.rolls()
     if not layouts or not rolls:
         _explain_empty(space, layouts, rolls)
-    n_candidates = space.candidate_count(layouts)
     ev = _Evaluator(space, calibration)
 
     # Rollout deltas: one train plan, every rollout option.
@@ -405,77 +452,17 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
     train_mask = ev.train_phase_mask()
     cap = ev.capacity - margin
 
-    # Screen: two calls per layout. The frugal variant bounds memory from below (prune); a
-    # representative variant (no offload, selective recompute, middle mbs) orders the layouts.
-    screened: list[tuple[float, int]] = []
-    pruned = 0
+    screened, pruned = _screen(space, ev, layouts, roll0, train_mask, cap, keep_layouts, progress)
+    if pruned and "cpu_optimizer" not in space.pins and space.cpu_grid == (None,):
+        # Some layouts overflow even frugally: search Megatron's CPU optimizer too (where memory needs it).
+        space = dataclasses.replace(space, cpu_grid=(None, 1.0))
+        ev.space = space
+        screened, pruned = _screen(space, ev, layouts, roll0, train_mask, cap, keep_layouts, None)
+    n_candidates = space.candidate_count(layouts)
+    shortlist = [li for _, li in screened[:keep_layouts]]
     n_lay = len(layouts)
     total_work = n_lay + min(n_lay, keep_layouts)
-    for li, lay in enumerate(layouts):
-        if progress and li % 64 == 0:
-            progress(li, total_work)
-        frugal = _frugal(space, lay)
-        if frugal is None:
-            pruned += 1
-            continue
-        fm, _ = ev.vector(ev(space.strategy(lay, frugal, roll0)))
-        if np.any(fm[train_mask] > cap):
-            pruned += 1  # even the most frugal variant overflows a training phase
-            continue
-        if n_lay <= keep_layouts:
-            screened.append((0.0, li))
-            continue
-        rep = _representative(space, lay)
-        _, rt = ev.vector(ev(space.strategy(lay, rep, roll0)))
-        screened.append((float(rt.sum()), li))
-    screened.sort()
-    shortlist = [li for _, li in screened[:keep_layouts]]
-
-    # Full train-option grid on the shortlisted layouts. Optimizer offload is a grid dimension:
-    # with it, the update phase peaks at the larger of fwd/bwd and the optimizer step (a max, not
-    # a sum). Param and grad offload shift every moment of a phase alike, so they enter as deltas.
-    offload_groups: dict[bool, list[tuple[str, ...]]] = {}
-    for o in space.offload_options():
-        offload_groups.setdefault("optimizer" in o, []).append(o)
-    rows_mem, rows_tm, rows_id = [], [], []
-    probe_err = 0.0
-    for k, li in enumerate(shortlist):
-        if progress:
-            progress(n_lay + k, total_work)
-        lay = layouts[li]
-        frugal = _frugal(space, lay)
-        b0 = (frugal["mbs"], frugal["recompute"], frugal["distributed_optimizer"])
-        for sets in offload_groups.values():
-            base_off = min(sets, key=len)
-            grid = {}
-            for b in space.mbs_options(lay):
-                for r in space.recompute_options():
-                    for d in space.dist_opt_options():
-                        grid[(b, r, d)] = ev.vector(ev(space.strategy(
-                            lay, dict(mbs=b, recompute=r, distributed_optimizer=d, offload=base_off), roll0)))
-            gm0, gt0 = grid[b0]
-            offs = {}
-            for o in sets:
-                if o == base_off:
-                    offs[o] = (0.0, 0.0)
-                    continue
-                om, ot = ev.vector(ev(space.strategy(
-                    lay, dict(zip(("mbs", "recompute", "distributed_optimizer"), b0), offload=o), roll0)))
-                offs[o] = (om - gm0, ot - gt0)
-            if len(offs) > 1:
-                # Additivity probe: the far corner (largest mbs, other recompute, most offload)
-                # evaluated exactly against its combined value.
-                far_b = max(grid, key=lambda k: (k[0], k[1] != b0[1]))
-                far_o = max(sets, key=len)
-                fm, ft = ev.vector(ev(space.strategy(
-                    lay, dict(zip(("mbs", "recompute", "distributed_optimizer"), far_b), offload=far_o), roll0)))
-                cm, ct = grid[far_b][0] + offs[far_o][0], grid[far_b][1] + offs[far_o][1]
-                probe_err = max(probe_err, _rel(float(ct.sum()), float(ft.sum())), _rel(float(cm.max()), float(fm.max())))
-            for (b, r, d), (gm, gt) in grid.items():
-                for o, (dm, dt) in offs.items():
-                    rows_mem.append(gm + dm)
-                    rows_tm.append(gt + dt)
-                    rows_id.append((li, dict(mbs=b, recompute=r, distributed_optimizer=d, offload=o)))
+    rows_mem, rows_tm, rows_id, probe_err = _grid(space, ev, layouts, shortlist, roll0, progress, n_lay, total_work)
     if progress:
         progress(total_work, total_work)
 
@@ -543,28 +530,120 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
                         combination_error=err)
 
 
+def _screen(space: Space, ev: "_Evaluator", layouts: list, roll0: tuple, train_mask: np.ndarray, cap: float,
+            keep_layouts: int, progress) -> tuple[list[tuple[float, int]], int]:
+    """Two calls per layout: the frugal variant bounds memory from below (prune); a representative
+    variant (no offload, selective recompute, a middle batch) orders the layouts."""
+    screened: list[tuple[float, int]] = []
+    pruned = 0
+    n_lay = len(layouts)
+    total_work = n_lay + min(n_lay, keep_layouts)
+    for li, lay in enumerate(layouts):
+        if progress and li % 64 == 0:
+            progress(li, total_work)
+        frugal = _frugal(space, lay)
+        if frugal is None:
+            pruned += 1
+            continue
+        fm, _ = ev.vector(ev(space.strategy(lay, frugal, roll0)))
+        if np.any(fm[train_mask] > cap):
+            pruned += 1  # even the most frugal variant overflows a training phase
+            continue
+        if n_lay <= keep_layouts:
+            screened.append((0.0, li))
+            continue
+        _, rt = ev.vector(ev(space.strategy(lay, _representative(space, lay), roll0)))
+        screened.append((float(rt.sum()), li))
+    screened.sort()
+    return screened, pruned
+
+
+def _grid(space: Space, ev: "_Evaluator", layouts: list, shortlist: list[int], roll0: tuple, progress, n_lay: int,
+          total_work: int) -> tuple[list, list, list, float]:
+    """The batch x recompute x optimizer grid per shortlisted layout, with the (offload, CPU
+    optimizer) options as deltas on it. Grouped by optimizer offload, so that each group's deltas
+    stay close to additive."""
+    groups: dict[bool, list[tuple[tuple[str, ...], float | None]]] = {}
+    for x in space.extra_options():
+        groups.setdefault("optimizer" in x[0], []).append(x)
+    rows_mem, rows_tm, rows_id = [], [], []
+    probe_err = 0.0
+    for k, li in enumerate(shortlist):
+        if progress:
+            progress(n_lay + k, total_work)
+        lay = layouts[li]
+        batches = space.batch_options(lay)
+        frugal = _frugal(space, lay)
+        b0 = (0, frugal["recompute"], frugal["distributed_optimizer"])
+        for sets in groups.values():
+            base_x = min(sets, key=lambda x: (len(x[0]), x[1] or 0.0))
+            grid = {}
+            for bi, b in enumerate(batches):
+                for r in space.recompute_options():
+                    for d in space.dist_opt_options():
+                        grid[(bi, r, d)] = ev.vector(ev(space.strategy(
+                            lay, dict(**b, recompute=r, distributed_optimizer=d, **_extra(base_x)), roll0)))
+            gm0, gt0 = grid[b0]
+
+            def opt(key, x):
+                return dict(**batches[key[0]], recompute=key[1], distributed_optimizer=key[2], **_extra(x))
+
+            offs = {}
+            for x in sets:
+                if x == base_x:
+                    offs[x] = (0.0, 0.0)
+                    continue
+                om, ot = ev.vector(ev(space.strategy(lay, opt(b0, x), roll0)))
+                offs[x] = (om - gm0, ot - gt0)
+            if len(offs) > 1:
+                # Additivity probe: the far corner (largest batch, other recompute, most offload)
+                # evaluated exactly against its combined value.
+                far_b = max(grid, key=lambda key: (key[0], key[1] != b0[1]))
+                far_x = max(sets, key=lambda x: (len(x[0]), x[1] or 0.0))
+                fm, ft = ev.vector(ev(space.strategy(lay, opt(far_b, far_x), roll0)))
+                cm, ct = grid[far_b][0] + offs[far_x][0], grid[far_b][1] + offs[far_x][1]
+                probe_err = max(probe_err, _rel(float(ct.sum()), float(ft.sum())), _rel(float(cm.max()), float(fm.max())))
+            for key, (gm, gt) in grid.items():
+                for x, (dm, dt) in offs.items():
+                    rows_mem.append(gm + dm)
+                    rows_tm.append(gt + dt)
+                    rows_id.append((li, opt(key, x)))
+    return rows_mem, rows_tm, rows_id, probe_err
+
+
 def _rel(approx: float, exact: float) -> float:
     if not math.isfinite(exact) or exact == 0:
         return 0.0
     return abs(float(approx) - exact) / abs(exact)
 
 
+def _extra(x: tuple[tuple[str, ...], float | None]) -> dict[str, Any]:
+    """Strategy fields of an (offload, CPU-optimizer) option; the CPU optimizer as verl's examples
+    run it (copies overlapped, precision-aware Adam)."""
+    o, c = x
+    if c is None:
+        return dict(offload=o)
+    return dict(offload=o, cpu_optimizer=c, overlap_cpu_optimizer=True, precision_aware_optimizer=True)
+
+
 def _frugal(space: Space, lay: dict[str, Any]) -> dict[str, Any] | None:
-    """The least memory-hungry train options of a layout: smallest mbs, most recompute, most offload."""
-    mbs = space.mbs_options(lay)
-    if not mbs:
+    """The least memory-hungry train options of a layout: smallest batch, most recompute, most
+    offload, the most CPU optimizer."""
+    batches = space.batch_options(lay)
+    if not batches:
         return None
     rc = space.recompute_options()
-    offs = space.offload_options()
-    return dict(mbs=min(mbs), recompute=max(rc, key=RECOMPUTE.index), distributed_optimizer=space.dist_opt_options()[0],
-                offload=max(offs, key=len))
+    x = max(space.extra_options(), key=lambda x: (len(x[0]), x[1] or 0.0))
+    return dict(**batches[0], recompute=max(rc, key=RECOMPUTE.index), distributed_optimizer=space.dist_opt_options()[0],
+                **_extra(x))
 
 
 def _representative(space: Space, lay: dict[str, Any]) -> dict[str, Any]:
-    mbs = space.mbs_options(lay)
+    batches = space.batch_options(lay)
     rc = space.recompute_options()
-    return dict(mbs=mbs[len(mbs) // 2], recompute="selective" if "selective" in rc else rc[0],
-                distributed_optimizer=space.dist_opt_options()[0], offload=min(space.offload_options(), key=len))
+    x = min(space.extra_options(), key=lambda x: (len(x[0]), x[1] or 0.0))
+    return dict(**batches[len(batches) // 2], recompute="selective" if "selective" in rc else rc[0],
+                distributed_optimizer=space.dist_opt_options()[0], **_extra(x))
 
 
 def _explain_empty(space: Space, layouts: list, rolls: list) -> None:

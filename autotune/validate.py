@@ -74,25 +74,40 @@ _BOOL = {"sequence_parallel", "distributed_optimizer"}
 def load_rows(path: str | Path | None = None) -> list[Row]:
     """Read the measurement file (``#`` lines are comments); malformed rows are BAD_CONFIG errors."""
     path = Path(path) if path else DATA_PATH
+    from core.specs import read_spec_bytes  # a regular file under a size cap (diag, issue 14)
+
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read measurements {path}: {exc.strerror}") from None
+        text = read_spec_bytes(path, "measurements CSV").decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a text file", hint="pass a CSV of measurements") from None
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     reader = csv.DictReader(io.StringIO("\n".join(lines)))
     names = [f.name for f in dataclasses.fields(Row)]
-    if reader.fieldnames is None or set(names) - set(reader.fieldnames):
-        missing = sorted(set(names) - set(reader.fieldnames or []))
-        raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}")
+    try:
+        fieldnames = reader.fieldnames
+    except csv.Error as exc:
+        raise ConfigError(f"{path}: not a CSV ({exc})", hint="pass a CSV of measurements") from None
+    if fieldnames is None or set(names) - set(fieldnames):
+        missing = sorted(set(names) - set(fieldnames or []))
+        raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}",
+                          hint="the header names every column of profiles/data's measurement file")
+    try:
+        raws = list(reader)
+    except csv.Error as exc:
+        raise ConfigError(f"{path}: not a CSV ({exc})", hint="pass a CSV of measurements") from None
+    if not raws:
+        raise ConfigError(f"{path}: no data rows, only a header", hint="add measurement rows under the header")
     rows = []
-    for i, raw in enumerate(reader, start=2):
+    for i, raw in enumerate(raws, start=2):
         kw: dict[str, Any] = {}
         try:
             for n in names:
                 v = (raw[n] or "").strip()
                 kw[n] = int(v) if n in _INT else float(v) if n in _FLOAT else (v.lower() == "true") if n in _BOOL else v
-        except ValueError as exc:
-            raise ConfigError(f"{path}: data row {i - 1}: {exc}") from None
+                if (n in _INT or n in _FLOAT) and not 0 < kw[n] < float("inf"):  # nan, 0 and inf too
+                    raise ValueError(f"{n} = {v!r} must be a finite number > 0")
+        except (ValueError, csv.Error) as exc:
+            raise ConfigError(f"{path}: data row {i - 1}: {exc}", hint="fix that row of the CSV") from None
         row = Row(**kw)
         if row.metric not in METRICS:
             raise ConfigError(f"{path}: row {row.id}: unknown metric {row.metric!r}", hint=f"use one of {', '.join(METRICS)}")

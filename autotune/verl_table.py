@@ -252,6 +252,8 @@ ROWS: tuple[Row, ...] = (
     same(W, "response_len", "data.max_response_length"),
     none(W, "prompt_len_mean", "a statistic of the dataset, not a setting: verl reads the data"),
     none(W, "response_len_mean", "a statistic of the policy's answers, not a setting"),
+    none(W, "response_len_quantiles", "a measured length histogram (--lengths), not a setting"),
+    none(W, "lengths_source", "where the length statistics came from: provenance, not a setting"),
     same(W, "mini_batch", f"{ACTOR}.ppo_mini_batch_size"),
     same(W, "ppo_epochs", f"{ACTOR}.ppo_epochs"),
     same(W, "kl", f"{ACTOR}.use_kl_loss"),

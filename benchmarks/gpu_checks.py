@@ -79,7 +79,7 @@ def check_cpu_optimizer(tmp: Path) -> dict:
     for name, frac in (("off", None), ("half", 0.5)):
         out = tmp / f"mem_{name}.json"
         spec = {"model": HALF_B, "strategy": {"cpu_optimizer": frac} if frac else {}}
-        p = _torchrun([__file__, "--worker", "state_memory", json.dumps(spec), str(out)], timeout=240)
+        p = _torchrun([__file__, "--worker", "state_memory", json.dumps(spec), str(out)], timeout=120)
         if p.returncode or not out.exists():
             raise RuntimeError(f"worker failed ({p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
         got[name] = json.loads(out.read_text())
@@ -101,9 +101,9 @@ def check_bf16(tmp: Path) -> dict:
     from trainer_harness import torchrun_json
 
     layouts = [{"model": "tiny", "strategy": {}}]
-    fp32 = torchrun_json("layouts", nproc=1, spec={"layouts": layouts, "steps": 3}, timeout=240)["results"][0]
+    fp32 = torchrun_json("layouts", nproc=1, spec={"layouts": layouts, "steps": 3}, timeout=120)["results"][0]
     bf16 = torchrun_json("layouts", nproc=1, spec={"layouts": layouts, "steps": 3, "dtype": "bf16"},
-                         timeout=240)["results"][0]
+                         timeout=120)["results"][0]
     diffs = [abs(a - b) for a, b in zip(fp32["losses"], bf16["losses"])]
     return {"fp32_losses": fp32["losses"], "bf16_losses": bf16["losses"], "max_abs_diff": max(diffs),
             "transformer_engine": bf16["transformer_engine"], "dtype": bf16["dtype"],
@@ -123,7 +123,8 @@ def check_profile(tmp: Path) -> dict:
                     trainer=TrainerOptions(steps=3, rollout_engine="megatron", out_dir=str(tmp / "prof")))
     save(cfg, tmp / "profile.yaml")
     out = tmp / "profile.json"
-    p = _torchrun(["-m", "trainer.main", "--config", str(tmp / "profile.yaml"), "--profile-json", str(out)], timeout=300)
+    p = _torchrun(["-m", "trainer.main", "--config", str(tmp / "profile.yaml"), "--profile-json", str(out)],
+                  timeout=150)
     if p.returncode or not out.exists():
         raise RuntimeError(f"profile failed ({p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
     prof = json.loads(out.read_text())

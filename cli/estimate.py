@@ -73,7 +73,7 @@ def print_estimate(est: Estimate, console: Console) -> None:
                         for pm in est.memory.values()])
     console.print(t)
     ro = est.memory.get("rollout")
-    if ro is not None and ro.info:
+    if ro is not None and ro.info and "kv_cache_tokens" in ro.info:  # the CPU's native sampler has no KV cache
         i = ro.info
         console.print(f"rollout: KV cache {i['kv_cache_tokens']:,} tokens per replica "
                       f"({i['kv_bytes_per_token']:,.0f} B/token), {i['max_concurrent_sequences']:,} concurrent sequences "

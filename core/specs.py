@@ -176,8 +176,12 @@ class Efficiency:
     def from_dict(cls, data: Any, *, where: str = "efficiency") -> "Efficiency":
         data = check_keys(cls, data, where)
         for k, v in data.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0:
-                raise ConfigError(f"{where}.{k} must be a number >= 0, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0 or v == float("inf"):
+                raise ConfigError(f"{where}.{k} must be a finite number >= 0, got {v!r}")
+            # a fraction of peak: 0 divides step times by zero, above 1 beats the hardware (diag, issue 14 #8)
+            if (k.endswith("_efficiency") or k.endswith("_efficiency_max")) and not 0 < v <= 1:
+                raise ConfigError(f"{where}.{k} must be a fraction in (0, 1], got {v!r}",
+                                  hint="an efficiency is the achieved share of the peak figure")
         return cls(**{k: float(v) for k, v in data.items()})
 
 
@@ -297,14 +301,36 @@ def _search_dirs(kind: str) -> list[Path]:
     return dirs
 
 
-def _read_toml(path: Path, where: str) -> dict[str, Any]:
+MAX_SPEC_BYTES = 1024 * 1024
+"""A model/hardware TOML or config.json is a few KiB; anything over this is not one (and is not read)."""
+
+
+def read_spec_bytes(path: Path, what: str) -> bytes:
+    """A regular file's bytes, at most MAX_SPEC_BYTES: a FIFO, a device or a huge file is refused unread."""
+    import stat
+
     try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path} is not a regular file", hint=f"pass a {what} file")
+        if st.st_size > MAX_SPEC_BYTES:
+            raise ConfigError(f"{path} is {st.st_size} bytes: too large for a {what}", hint=f"pass a {what} file")
         with open(path, "rb") as fh:
-            return tomllib.load(fh)
+            return fh.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})", hint="check the path and its permissions") from None
+
+
+def _read_toml(path: Path, where: str) -> dict[str, Any]:
+    data = read_spec_bytes(path, "TOML profile")
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file", hint="a profile is UTF-8 TOML") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})", hint="fix the file's syntax") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: the TOML nests too deeply", hint="a profile has one level of tables") from None
 
 
 @lru_cache(maxsize=None)
@@ -442,11 +468,34 @@ _HF_FAMILIES = {
 def from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     """Read a Hugging Face ``config.json`` of the Llama, Qwen2, Qwen3, Qwen3-MoE or DeepSeek-V3 family."""
     path = Path(path)
+    data = read_spec_bytes(path, "config.json")
+
+    def no_constant(c: str) -> Any:
+        raise ValueError(f"{c} is not a JSON number")
+
     try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UnknownModelError(f"cannot read {path}: {exc}") from None
+        cfg = json.loads(data.decode("utf-8"), parse_constant=no_constant)
+    except UnicodeDecodeError:
+        raise UnknownModelError(f"{path} is not a text file", hint="pass a Hugging Face config.json") from None
+    except RecursionError:
+        raise UnknownModelError(f"{path}: the JSON nests too deeply", hint="pass a Hugging Face config.json") from None
+    except ValueError as exc:  # json.JSONDecodeError included
+        raise UnknownModelError(f"{path}: not valid JSON ({exc})", hint="pass a Hugging Face config.json") from None
+    if not isinstance(cfg, dict):
+        raise UnknownModelError(f"{path}: a config.json is a JSON object, got {type(cfg).__name__}",
+                          hint="pass a Hugging Face config.json")
     return spec_from_hf_dict(cfg, name=name or path.parent.name or path.stem, source=str(path))
+
+
+def _hf_int(cfg: dict[str, Any], where: str, key: str, default: Any = KeyError, *, minimum: int = 1) -> int:
+    """An integer field of config.json: 2.7, true or "4" are refused, never rounded or coerced."""
+    v = cfg.get(key, default)
+    if v is KeyError:
+        raise KeyError(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ConfigError(f"{where}: {key} = {v!r} must be an integer >= {minimum}",
+                          hint="fix config.json (a Hugging Face config has integers here)")
+    return v
 
 
 def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, source: str = "") -> ModelSpec:
@@ -461,25 +510,30 @@ def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, source: str = "") -> Mo
             f"{source or name}: unsupported architecture {archs or cfg.get('model_type')}",
             hint="supported: " + ", ".join(sorted(_HF_FAMILIES)),
         )
+    where = source or name
     try:
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
+        heads = _hf_int(cfg, where, "num_attention_heads")
+        hidden = _hf_int(cfg, where, "hidden_size")
+        kv_heads = heads if cfg.get("num_key_value_heads") is None else _hf_int(cfg, where, "num_key_value_heads")
+        if cfg.get("head_dim") is None and hidden % heads:
+            raise ConfigError(f"{source or name}: hidden_size {hidden} is not a multiple of the {heads} heads "
+                              "and config.json gives no head_dim", hint="add head_dim to config.json")
         kw: dict[str, Any] = dict(
             name=name,
             family=family,
-            layers=int(cfg["num_hidden_layers"]),
+            layers=_hf_int(cfg, where, "num_hidden_layers"),
             hidden=hidden,
-            ffn_hidden=int(cfg.get("intermediate_size", 0)),
+            ffn_hidden=_hf_int(cfg, where, "intermediate_size", 0, minimum=0),
             heads=heads,
-            kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            vocab=int(cfg["vocab_size"]),
+            kv_heads=kv_heads,
+            head_dim=hidden // heads if cfg.get("head_dim") is None else _hf_int(cfg, where, "head_dim"),
+            vocab=_hf_int(cfg, where, "vocab_size"),
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(cfg.get("attention_bias", family == "qwen2")),
             qk_norm=family in ("qwen3", "qwen3_moe"),
             norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            max_seq_len=int(cfg.get("max_position_embeddings", 4096)),
+            max_seq_len=_hf_int(cfg, where, "max_position_embeddings", 4096),
             source=source,
         )
         if family == "qwen2":

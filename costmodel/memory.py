@@ -42,6 +42,10 @@ LOGITS_BYTES = 2 + 4 + 4
 # vLLM's max_num_batched_tokens / max_num_seqs (Strategy fields; verl 0.9.1 defaults 8192 / 256,
 # rollout.yaml l.78/l.84) size vLLM's profiling run, whose peak is kept out of the KV cache.
 SYNC_BUCKET_BYTES = 2048 * 2**20  # verl's update_weights_bucket_megabytes default (rollout.yaml l.296)
+ADAM_STEP_TEMP = 4 / 12  # Adam step temporaries over optimizer-state bytes (one fp32 per param of 12 B of state)
+CUDA_GRAPH_BYTES = 0.5 * 2**30
+"""vLLM's captured CUDA graphs (decode batches up to 512), kept outside the KV cache; an assumption
+of the size vLLM logs for 7-8B models ("Graph capturing finished ... took ~0.5 GiB"), not measured here."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,6 +384,8 @@ def kv_cache_capacity(model: ModelSpec, hardware: HardwareSpec, strategy: Strate
     budget = strategy.gpu_memory_utilization * hardware.hbm_bytes
     w = rollout_weight_bytes(model, strategy.rollout_tp)
     work = rollout_working_bytes(model, strategy.rollout_tp, strategy.max_num_seqs, strategy.max_num_batched_tokens)
+    if not strategy.enforce_eager:
+        work += CUDA_GRAPH_BYTES
     kv = budget - w - work
     per_tok = kv_bytes_per_token(model, strategy.rollout_tp)
     tokens = int(kv // per_tok) if kv > 0 else 0
@@ -490,8 +496,13 @@ def _phases(m, hardware, s, w, k, states, acts, logit, last, kvc) -> dict[str, P
     upd = []
     for i, st in states.items():
         refw = (0.0 if p_off else st.weights,) if kl else ()
-        upd.append((st.weights, st.grads, st.optimizer) + refw + (acts[i], logit if i == last else 0.0) + (
-            (resident,) if resident else ()))
+        tail = (resident,) if resident else ()
+        fb = (st.weights, st.grads, st.optimizer) + refw + (acts[i], logit if i == last else 0.0, 0.0) + tail
+        # The optimizer step, after the activations are freed: torch's foreach Adam (what Megatron
+        # falls back to, verl#3124's traceback) allocates sqrt(exp_avg_sq) for the whole shard, one
+        # fp32 value per parameter (torch/optim/adam.py _multi_tensor_adam): a third of the 12 B of state.
+        step = (st.weights, st.grads, st.optimizer) + refw + (0.0, 0.0, st.optimizer * ADAM_STEP_TEMP) + tail
+        upd.append(fb if sum(fb) >= sum(step) else step)
     if w.kind == "grpo":
         fseq, fmbs = micro_batch_shape(s, w, s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu)
         fwd = forward_activation_bytes(m, s, seq_len=fseq, mbs=fmbs, kernels=k)
@@ -515,7 +526,7 @@ def _phases(m, hardware, s, w, k, states, acts, logit, last, kvc) -> dict[str, P
         rows["old_logprob"] = (state_keys + ("activations", "logits") + extra, olp)
         if kl:
             rows["ref_logprob"] = (state_keys + ("activations", "logits") + extra, rlp)
-    rows["update"] = (state_keys + ("activations", "logits") + extra, upd)
+    rows["update"] = (state_keys + ("activations", "logits", "optimizer_step") + extra, upd)
     out: dict[str, PhaseMemory] = {}
     for name, (keys, vals) in rows.items():
         worst = vals[0] if len(vals) == 1 else max(vals, key=sum)

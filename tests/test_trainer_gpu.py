@@ -44,3 +44,38 @@ def test_cpu_optimizer_is_a_stated_no_op_on_cpu(caplog):
         "optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.5, "overlap_cpu_optimizer_d2h_h2d": True,
         "use_precision_aware_optimizer": True}
     assert importlib.util.find_spec("trainer.engine") is not None
+
+
+def task_thd(spec: dict) -> dict:
+    """Token-budget log-probs with THD packing (TE) vs the padded fixed-mbs pass, one GPU."""
+    import torch
+
+    from trainer import parallel
+    from trainer.engine import Engine
+    from trainer_harness import run_config
+
+    parallel.init_distributed()
+    cfg = run_config("tiny", {}, 1, dtype="bf16")
+    parallel.reinit(cfg.strategy, seed=cfg.trainer.seed)
+    eng = Engine(cfg)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(2, cfg.model.vocab, (8, 24), generator=g)
+    lengths = torch.tensor([24, 9, 17, 12, 24, 5, 20, 14])
+    ref, _ = eng.logprobs(tokens, micro_batch_size=8)
+    thd, _ = eng.logprobs(tokens, micro_batch_size=8, max_tokens=48, lengths=lengths)
+    mask = torch.arange(23)[None] < (lengths[:, None] - 1)
+    parallel.destroy()
+    return {"thd": eng.thd_packing, "max_abs_diff": float(((ref - thd).abs() * mask).max())}
+
+
+@pytest.mark.gpu
+def test_thd_packing_matches_padded_logprobs():
+    """GPU with TransformerEngine: packed (THD) token-budget log-probs equal the padded pass's on
+    every real position (bf16 tolerance)."""
+    if not _cuda():
+        pytest.skip("needs CUDA")
+    pytest.importorskip("transformer_engine")
+    from trainer_harness import torchrun_json
+
+    r = torchrun_json("test_trainer_gpu:task_thd", nproc=1, spec={}, timeout=240)
+    assert r["thd"] and r["max_abs_diff"] < 0.05, r

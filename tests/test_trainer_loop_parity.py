@@ -39,8 +39,8 @@ def task_grpo_layouts(spec: dict) -> dict:
         parallel.reinit(cfg.strategy, seed=cfg.trainer.seed)
         loop, _ = build(cfg, checkpoint_every=0)
         hist = loop.run(spec["steps"])
-        out.append({"strategy": strategy, "hist": [{k: h[k] for k in ("loss", "kl", "reward_mean", "response_len",
-                                                                        "entropy", "clip_frac", "update_micro_batches")} for h in hist]})
+        keys = ("loss", "kl", "reward_mean", "response_len", "entropy", "clip_frac", "update_micro_batches")
+        out.append({"strategy": strategy, "hist": [{k: h[k] for k in keys} for h in hist]})
         del loop
     parallel.destroy()
     return {"world": world, "results": out}

@@ -67,7 +67,6 @@ def task_balance(spec: dict) -> dict:
         for _ in range(spec["steps"]):
             eng.train_step({"tokens": tokens}, loss_fn, micro_batch_size=8)
         out[str(coeff)] = {"before": before, "after": cv()}
-        del eng
     parallel.destroy()
     return out
 
@@ -105,5 +104,6 @@ def test_tiny_moe_with_aux_loss_learns(tmp_path):
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     before = sum(x["reward_mean"] for x in rows[:window]) / window
     after = sum(x["reward_mean"] for x in rows[-window:]) / window
-    print(f"tiny-moe + aux loss: mean reward steps 1-{window} {before:.3f} -> steps {steps - window + 1}-{steps} {after:.3f}")
+    print(f"tiny-moe + aux loss: mean reward steps 1-{window} {before:.3f} -> "
+          f"steps {steps - window + 1}-{steps} {after:.3f}")
     assert after >= before + 0.05 and after >= 2 * before, (before, after)

@@ -206,7 +206,9 @@ class Engine:
             mb = next(data_iterator)
             tokens = mb["tokens"]
             kv = mb.get("_kv")
-            if kv is None:
+            if "_lens" in mb:  # token-budget micro-batch, THD-packed (TransformerEngine on a GPU)
+                out = self._thd_forward(model, mb)
+            elif kv is None:
                 pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
                 out = model(tokens, pos, attention_mask=None)
             else:  # a KV-cached decoding step: this micro-batch's rows and positions in the cache
@@ -290,6 +292,7 @@ class Engine:
         s = self.strategy
         groups = pack(mine, max_tokens, min_count=int(k.item()), multiple=s.pp if s.vpp > 1 else 1)
         mult = s.tp if s.sp else 1
+        thd = self.thd_packing
         micro = []
         for g in groups:
             dummy = not g
@@ -310,8 +313,38 @@ class Engine:
                     v = v.to(self.device)
                 mb[key] = v
             mb.update(_rows=rows, _len=L, _dummy=dummy)
+            if thd:
+                mb["_lens"] = [int(lengths[r]) for r in rows]
             micro.append(mb)
         return micro, lo, hi
+
+    @property
+    def thd_packing(self) -> bool:
+        """Token-budget micro-batches run as one packed THD row: needs TransformerEngine's
+        attention (a GPU with TE); megatron's local attention refuses ``packed_seq_params``."""
+        return tmodel.use_transformer_engine() and self.strategy.cp == 1
+
+    def _thd_forward(self, model, mb: dict):
+        """Forward a micro-batch as one packed row (its sequences back to back, positions restarting
+        at 0, ``cu_seqlens`` from :meth:`_packed_seq_params`); the last stage's logits are put back
+        into the padded ``[b, L, V/tp]`` layout, so the loss functions see what they see unpacked."""
+        rows, lens = mb["tokens"], list(mb["_lens"])
+        flat = torch.cat([rows[i, :n] for i, n in enumerate(lens)])
+        mult = self.strategy.tp if self.strategy.sp else 1
+        pad = (-flat.numel()) % mult
+        if pad:  # sequence parallel splits the packed row over TP: the last sequence absorbs the pad
+            flat = torch.cat([flat, flat.new_zeros(pad)])
+        cu_lens = lens[:-1] + [lens[-1] + pad]
+        pos = torch.cat([torch.arange(n, device=flat.device) for n in cu_lens])
+        out = model(flat[None], pos[None], attention_mask=None, packed_seq_params=self._packed_seq_params(cu_lens))
+        if not getattr(hf._unwrap(model), "post_process", False):
+            return out  # hidden states for the next stage (shapes travel with variable_seq_lengths)
+        full = out.new_zeros(rows.shape[0], rows.shape[1], out.shape[-1])
+        off = 0
+        for i, n in enumerate(lens):
+            full[i, :n] = out[0, off:off + n]
+            off += n
+        return full
 
     def _packed_seq_params(self, lengths: list[int]):
         """THD packing for TransformerEngine's attention on a GPU: one row of concatenated

@@ -58,8 +58,9 @@ def micro_batches(cfg: RunConfig) -> dict[str, int | str | None]:
 
 
 PACKING_NOTE = ("token-budget micro-batches: sequences sorted by length and packed greedily under the budget, "
-                "the same micro-batch count on every DP rank; each micro-batch is padded only to its own "
-                "longest sequence (CPU / megatron's local spec; THD packing needs TransformerEngine)")
+                "the same micro-batch count on every DP rank; with TransformerEngine on a GPU each micro-batch "
+                "runs as one THD-packed row (PackedSeqParams), elsewhere (CPU, megatron's local spec) it is "
+                "padded only to its own longest sequence")
 
 
 def preflight(cfg: RunConfig, *, nnodes: int | None = None, node_rank: int = 0, resume_dir: str | os.PathLike | None = None,

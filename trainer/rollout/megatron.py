@@ -40,7 +40,8 @@ class MegatronRollout:
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[int]]:
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else self.generator
-        kw = dict(pad_id=self.tokenizer.pad_id, eos_id=self.tokenizer.eos_id, generator=gen, max_seq_len=self.max_seq_len)
+        kw = dict(pad_id=self.tokenizer.pad_id, eos_id=self.tokenizer.eos_id, generator=gen,
+                  max_seq_len=self.max_seq_len)
         with torch.no_grad():
             if not self.kv_cache or not prompt_ids:
                 return sample(self._next_logits, prompt_ids, params, **kw)

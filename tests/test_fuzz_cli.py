@@ -1,0 +1,230 @@
+"""Fuzz every ``grpo-tune`` command in-process (typer's CliRunner on cli.main.app) with hostile values
+for its options and input files (issue 14).
+
+The invariant, for every case:
+- exit status 0, 1 or 2, and never INTERNAL_ERROR (a bug) nor a traceback;
+- every exit 2 carries a ``[CODE] message`` line and a ``hint:`` line, or is click's own usage error
+  for a value of the wrong type (``Usage: ... Error: ...``; see the README table);
+- no input file changed (checksums before and after) and nothing new written next to the inputs;
+- each case ends within CASE_LIMIT_S (a SIGALRM turns a hang into a failure).
+
+Commands that would start real work on good input (train, profile, probe-hardware) only get inputs
+that are refused before anything starts. ~30 s in CI; ``pytest --hypothesis-profile=long
+tests/test_fuzz_cli.py`` runs many more cases.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import typer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from cli.main import app, as_coded
+
+CASE_LIMIT_S = 60
+# The CI profile runs a few cases per command; --hypothesis-profile=long (tests/conftest.py) many.
+N = 25 if settings.default.max_examples <= 100 else settings.default.max_examples
+FUZZ = settings(max_examples=N, deadline=None, derandomize=N <= 100,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+LAUGHS = "\n".join(['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]'] +
+                   [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]) + "\n"
+FILES: dict[str, bytes] = {
+    "empty.yaml": b"",
+    "binary.toml": bytes(range(256)) * 4,
+    "binary.json": b"\x00\xff\xfe" * 100,
+    "laughs.yaml": LAUGHS.encode(),
+    "deep.yaml": b"[" * 3000 + b"]" * 3000,
+    "deep.json": b"[" * 3000 + b"]" * 3000,
+    "list.json": b"[]",
+    "null.json": b"null",
+    "inf.json": b'{"architectures": ["LlamaForCausalLM"], "num_attention_heads": Infinity}',
+    "neg.json": b'{"architectures": ["LlamaForCausalLM"], "num_attention_heads": -8, "hidden_size": 64, '
+                b'"num_hidden_layers": 2, "vocab_size": 10}',
+    "crlf.sh": b"#!/bin/bash\r\npython3 -m verl.trainer.main_ppo \\\r\n  data.train_batch_size=8\r\n",
+    "inject.sh": b"#!/bin/bash\npython3 -m verl.trainer.main_ppo trainer.n_gpus_per_node=$(touch pwned) "
+                 b"actor_rollout_ref.model.path='$(touch pwned)' ${A:-${B:-${C:-2}}}=1 x=$((1/0))\n",
+    "fullwidth.txt": "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=\uff14\n".encode(),
+    "dupes.yaml": b"schema_version: 1\nschema_version: 2\nstrategy: {tp: 0}\n",
+    "junk_config.yaml": b"schema_version: 1\nmodel: tiny\nhardware: cpu\ncluster: {gpus: 0}\nstrategy: {tp: -1}\n",
+    "nan.csv": b"id,gpus,tp\nx,nan,0\n",
+    "header.csv": b"id,gpus,tp,pp\n",
+    "big.sh": b"#!/bin/bash\n" + b"x" * (5 * 1024 * 1024),
+    "long_line.txt": b"a.b=" + b"1" * (2 * 1024 * 1024) + b"\n",
+    "unicode\u202e.yaml": b"model: \xe2\x80\xae\n",
+    "spaces and 'quotes' $(x).yaml": b"schema_version: 1\n",
+}
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("hostile")
+    for name, data in FILES.items():
+        (d / name).write_bytes(data)
+    os.mkfifo(d / "fifo.yaml")
+    (d / "folder.yaml").mkdir()
+    return d
+
+
+def _snapshot(d: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(d.rglob("*")):
+        if p.is_file() and not p.is_fifo():
+            out[p.name] = hashlib.sha256(p.read_bytes()).hexdigest()
+        else:
+            out[p.name] = "fifo" if p.is_fifo() else "dir"
+    return out
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: int):
+    def boom(signum, frame):
+        raise TimeoutError(f"a case ran over {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+runner = CliRunner()
+
+
+def check(argv: list[str], inputs: Path, cwd: Path) -> None:
+    before = _snapshot(inputs)
+    old = os.getcwd()
+    os.chdir(cwd)  # relative outputs land in a scratch folder
+    try:
+        with _time_limit(CASE_LIMIT_S):
+            res = runner.invoke(app, argv, catch_exceptions=True)
+    finally:
+        os.chdir(old)
+    text = (res.stdout or "") + (res.stderr or "")
+    exc = res.exception
+    code, exit_status, hint = None, res.exit_code, None
+    if exc is not None and not isinstance(exc, SystemExit):
+        assert not isinstance(exc, TimeoutError), (argv, str(exc))
+        err = as_coded(exc)  # what cli.main.main prints for it
+        assert err.code != "INTERNAL_ERROR", (argv, f"{type(exc).__name__}: {exc}")
+        code, exit_status, hint = err.code, 2, err.hint
+    else:
+        assert "Traceback" not in text, (argv, text[-2000:])
+        assert "[INTERNAL_ERROR]" not in text, (argv, text[-2000:])
+        if "[" in text:
+            import re
+
+            m = re.search(r"^\[([A-Z_]+)\]", text, re.M)
+            code = m.group(1) if m else None
+        hint = "hint:" in text or None
+    assert exit_status in (0, 1, 2), (argv, exit_status, text[-2000:])
+    if exit_status == 2:
+        usage = "Usage:" in text and "Error" in text
+        assert usage or (code and hint), (argv, text[-2000:])
+    assert _snapshot(inputs) == before, argv  # no input changed, nothing written beside them
+    assert not (cwd / "pwned").exists() and not (inputs / "pwned").exists()
+
+
+INTS = st.sampled_from(["0", "-1", "1", "3", "7", "1000000000", "99999999999999999999", "abc", "1e3", "\uff14",
+                        "2.5", ""])
+FLOATS = st.sampled_from(["nan", "inf", "-inf", "-0.5", "0", "1", "1.5", "1e-300", "abc", "0.6"])
+TEXT = st.one_of(st.sampled_from(["", " ", "../../etc/passwd", "a\nb", "$(touch pwned)", "\x1b[31mred", "tiny",
+                                  "qwen2-7b", "cpu", "h100", "-1", "--help"]),
+                 st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12))
+
+
+def _file(inputs: Path):
+    return st.sampled_from(sorted([*FILES, "fifo.yaml", "folder.yaml", "missing.yaml"])).map(lambda n: str(inputs / n))
+
+
+def _opts(draw, table: dict[str, st.SearchStrategy], k: int) -> list[str]:
+    names = draw(st.lists(st.sampled_from(sorted(table)), max_size=k, unique=True))
+    out: list[str] = []
+    for n in names:
+        v = draw(table[n])
+        out += [n] if v is True else [f"{n}={v}"]
+    return out
+
+
+PLAN = {"--gpus": INTS, "--gpus-per-node": INTS, "--tp": INTS, "--pp": INTS, "--vpp": INTS, "--cp": INTS,
+        "--ep": INTS, "--mbs": INTS, "--rollout-tp": INTS, "--gpu-memory-utilization": FLOATS,
+        "--max-tokens-per-gpu": INTS, "--prompts": INTS, "--mini-batch": INTS, "--n": INTS, "--prompt-len": INTS,
+        "--response-len": INTS, "--recompute": TEXT, "--offload": TEXT, "--hardware": TEXT,
+        "--first-stage-layers": INTS, "--cpu-optimizer": FLOATS, "--max-num-seqs": INTS}
+
+
+@FUZZ
+@given(data=st.data(), cmd=st.sampled_from(["estimate", "search", "compare"]))
+def test_plan_commands(inputs, tmp_path, data, cmd):
+    model = data.draw(st.one_of(TEXT, _file(inputs), st.just("tiny")))
+    argv = [cmd, "--model", model] + _opts(data.draw, PLAN, 4)
+    if cmd != "estimate" and "--gpus" not in " ".join(argv):
+        argv += ["--gpus", "2"]
+    if "--hardware" not in " ".join(argv):
+        argv += ["--hardware", data.draw(st.one_of(st.just("cpu"), _file(inputs)))]
+    check(argv, inputs, tmp_path)
+
+
+@FUZZ
+@given(data=st.data())
+def test_diagnose(inputs, tmp_path, data):
+    argv = ["diagnose", data.draw(_file(inputs))] + _opts(data.draw, {"--model": TEXT, "--hardware": TEXT,
+                                                                      "--json": st.just(True)}, 2)
+    check(argv, inputs, tmp_path)
+
+
+@FUZZ
+@given(data=st.data())
+def test_validate_tune_calibrate(inputs, tmp_path, data):
+    f = data.draw(_file(inputs))
+    which = data.draw(st.sampled_from(["validate", "tune", "calibrate"]))
+    if which == "validate":
+        argv = ["validate", "--data", f] + _opts(data.draw, {"--tolerance": FLOATS, "--hardware": TEXT}, 2)
+    elif which == "tune":
+        argv = ["tune", f, "--out", str(tmp_path / "o")] + _opts(data.draw, {"--model": TEXT, "--hardware": TEXT,
+                                                                             "--keep": INTS}, 2)
+    else:
+        argv = ["calibrate", "--from-log", f, "--launch", data.draw(_file(inputs)), "--out", str(tmp_path / "c.json")]
+    check(argv, inputs, tmp_path)
+
+
+@FUZZ
+@given(data=st.data())
+def test_commands_that_would_start_work_refuse_first(inputs, tmp_path, data):
+    """train/profile/probe-hardware with inputs that must be refused before any process starts."""
+    f = data.draw(_file(inputs))
+    which = data.draw(st.sampled_from(["train", "slurm", "profile", "probe"]))
+    if which == "train":
+        argv = ["train", "--config", f, "--dry-run"] + _opts(data.draw, {"--steps": INTS, "--nnodes": INTS,
+                                                                         "--node-rank": INTS, "--out": TEXT}, 2)
+    elif which == "slurm":
+        argv = ["train", "--config", f, "--slurm", data.draw(st.one_of(st.just(f), _file(inputs)))]
+    elif which == "profile":
+        argv = ["profile", "--config", f, "--json", data.draw(st.one_of(st.just(f), _file(inputs))), "--steps", "1"]
+    else:
+        bad_out = data.draw(st.sampled_from([str(inputs / "folder.yaml"), str(inputs / "nowhere" / "x.toml"), f,
+                                             str(inputs / "x.txt")]))
+        argv = ["probe-hardware", "--out", bad_out] + _opts(data.draw, {"--name": TEXT, "--nproc": INTS}, 1)
+    check(argv, inputs, tmp_path)
+
+
+def test_every_command_is_fuzzed():
+    names = set(typer.main.get_command(app).commands)
+    covered = {"estimate", "search", "compare", "diagnose", "validate", "tune", "calibrate", "train", "profile",
+               "probe-hardware", "models", "hardware"}
+    assert names <= covered, names - covered
+
+
+@pytest.mark.parametrize("argv", [["models", "--json"], ["hardware", "--json"], ["models"], ["hardware"]])
+def test_catalog_with_a_hostile_profiles_folder(inputs, tmp_path, monkeypatch, argv):
+    monkeypatch.setenv("GRPO_TUNE_PROFILES", str(inputs))
+    check(argv, inputs, tmp_path)

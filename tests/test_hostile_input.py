@@ -1,0 +1,223 @@
+"""Regression tests for issue 14 (hostile and careless input): injection into emitted scripts (#1),
+lost files (#2), hangs (#3, search), tracebacks (#4) and silently accepted nonsense (#8). Each test
+failed before its fix; the CLI runs in-process (cli.main.main), scripts run under bash only with a
+printf or fake binaries standing in for every real program."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autotune.export import verl_overrides, verl_script
+from cli.main import main as cli_main
+from core import tomlwrite
+from core.config import save
+from core.errors import GrpoTuneError
+from trainer.launch import slurm_script
+from trainer.layout import Layout
+from _export_configs import configs
+
+BASH = shutil.which("bash")
+needs_bash = pytest.mark.skipif(BASH is None, reason="needs bash")
+
+# Printable text of any script: quotes, $(...), backticks, braces, globs, spaces, unicode.
+names = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=40)
+
+
+def _bash_words(script: str, tmp: Path) -> list[str]:
+    """The words bash hands to the verl command, with ``printf`` in its place; PATH holds nothing, so no
+    external program can run, and the working folder is a scratch one."""
+    empty = tmp / "emptybin"
+    empty.mkdir(exist_ok=True)
+    body = script.replace("python3 -m verl.trainer.main_ppo", "printf '%s\\0'")
+    out = subprocess.run([BASH, "-c", body], capture_output=True, timeout=20, cwd=tmp,
+                         env={"PATH": str(empty), "HOME": "/home/u"})
+    assert out.returncode == 0, out.stderr
+    return [w.decode() for w in out.stdout.split(b"\0")[:-1]]
+
+
+# --- 1. injection -------------------------------------------------------------------------------
+
+@needs_bash
+@settings(max_examples=60, deadline=None)
+@given(name=names, hf_id=names)
+def test_bash_sees_the_model_name_and_hf_id_exactly(tmp_path_factory, name, hf_id):
+    tmp = tmp_path_factory.mktemp("sh")
+    cfg = configs()["7b-tp2"]
+    cfg = cfg.replace(model=dataclasses.replace(cfg.model, name=name, hf_id=hf_id))
+    words = _bash_words(verl_script(cfg), tmp)
+    assert f"actor_rollout_ref.model.path={hf_id}" in words
+    assert f"trainer.experiment_name={name}-{cfg.cluster.gpus}gpu" in words
+    assert list(tmp.iterdir()) == [tmp / "emptybin"]  # nothing was written by the script
+
+
+@needs_bash
+def test_the_known_payloads_stay_data(tmp_path):
+    cfg = configs()["7b-tp2"]
+    cfg = cfg.replace(model=dataclasses.replace(cfg.model, name="$(touch pwned)", hf_id="Qwen/x}$(touch pwned)"))
+    words = _bash_words(verl_script(cfg), tmp_path)
+    assert "actor_rollout_ref.model.path=Qwen/x}$(touch pwned)" in words
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_control_characters_in_names_are_refused():
+    cfg = configs()["7b-tp2"]
+    for bad in ("a\nrm -rf ~", "x\ry", "tab\tname", "nul\x00"):
+        with pytest.raises(GrpoTuneError):
+            verl_script(cfg.replace(hardware=dataclasses.replace(cfg.hardware, name=bad)))
+        with pytest.raises(GrpoTuneError):
+            verl_script(cfg.replace(model=dataclasses.replace(cfg.model, name=bad)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=60), st.dictionaries(st.text(min_size=1, max_size=10), st.text(max_size=20), max_size=4))
+def test_the_toml_writer_round_trips_any_string(name, table):
+    data = {"name": name, "x": 1.5, "efficiency": table}
+    assert tomllib.loads(tomlwrite.dumps(data, comments=[name])) == data
+
+
+def _fake_slurm_bin(tmp: Path) -> Path:
+    """srun runs its command once as node 0; scontrol names one host; python records its argv."""
+    b = tmp / "bin"
+    b.mkdir()
+    (b / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nSLURM_NODEID=0 exec "$@"\n')
+    (b / "scontrol").write_text("#!/bin/bash\necho node0\n")
+    (b / "python").write_text(f"#!{shutil.which('python3') or 'python3'}\nimport json, os, sys\n"
+                              f"json.dump([sys.argv[1:], os.environ.get('PET_NODE_RANK')], "
+                              f"open({str(tmp / 'argv.json')!r}, 'w'))\n")
+    for f in b.iterdir():
+        f.chmod(0o755)
+    return b
+
+
+@needs_bash
+def test_slurm_passes_hostile_paths_as_exact_arguments(tmp_path):
+    b = _fake_slurm_bin(tmp_path)
+    config = tmp_path / "my configs" / "it's $(touch X).yaml"
+    out = "'$(touch X)'"
+    script = slurm_script(config, Layout(world_size=8, nnodes=2, nproc_per_node=4),
+                          worker_args=["--steps", "5", "--out", out])
+    (tmp_path / "job.sbatch").write_text(script)
+    env = {"PATH": f"{b}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "node[0-1]"}
+    subprocess.run([BASH, str(tmp_path / "job.sbatch")], check=True, cwd=tmp_path, env=env, timeout=30)
+    argv, rank = json.loads((tmp_path / "argv.json").read_text())
+    assert argv[-7:] == ["trainer.main", "--config", str(config.resolve()), "--steps", "5", "--out", out]
+    assert rank == "0" and not (tmp_path / "X").exists()
+
+
+# --- 2. lost files ------------------------------------------------------------------------------
+
+def _digest(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def run_config(tmp_path):
+    p = tmp_path / "best.yaml"
+    save(configs()["7b-tp2"], p)
+    return p
+
+
+@pytest.mark.parametrize("argv", [
+    ["profile", "--config", "{cfg}", "--json", "{cfg}", "--steps", "1"],
+    ["train", "--config", "{cfg}", "--slurm", "{cfg}"],
+])
+def test_an_output_never_overwrites_the_input(run_config, capsys, argv):
+    before = _digest(run_config)
+    rc = cli_main([a.format(cfg=run_config) for a in argv])
+    assert rc == 2 and "[BAD_CONFIG]" in capsys.readouterr().err
+    assert _digest(run_config) == before
+
+
+@pytest.mark.parametrize("option", ["--slurm", "--json"])
+def test_a_folder_as_output_file_is_a_coded_error(run_config, tmp_path, capsys, option):
+    cmd = "train" if option == "--slurm" else "profile"
+    rc = cli_main([cmd, "--config", str(run_config), option, str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "[BAD_CONFIG]" in err and "hint:" in err
+
+
+def test_train_out_that_is_a_file_is_a_coded_error(run_config, tmp_path, capsys):
+    f = tmp_path / "afile"
+    f.write_text("keep me")
+    assert cli_main(["train", "--config", str(run_config), "--out", str(f), "--dry-run"]) == 2
+    assert "[BAD_CONFIG]" in capsys.readouterr().err and f.read_text() == "keep me"
+
+
+def test_probe_out_into_a_bad_path_fails_before_the_probe(tmp_path, capsys):
+    t0 = time.monotonic()
+    assert cli_main(["probe-hardware", "--out", str(tmp_path / "no" / "such" / "x.toml")]) == 2
+    assert time.monotonic() - t0 < 20  # the probe (torchrun, seconds to minutes) never started
+    assert "[BAD_CONFIG]" in capsys.readouterr().err
+    assert cli_main(["probe-hardware", "--out", str(tmp_path / "x.toml"), "--name", "a\nb"]) == 2
+
+
+# --- 3. hangs: search over a billion GPUs ------------------------------------------------------
+
+def test_search_over_a_billion_gpus_answers_quickly(capsys):
+    t0 = time.monotonic()
+    rc = cli_main(["search", "--model", "qwen2-7b", "--gpus", "1000000000"])
+    assert time.monotonic() - t0 < 60  # seconds; the old divisor loop ran for hours
+    assert rc in (0, 2)
+
+
+# --- 4 and 8: coded errors for bad model files -------------------------------------------------
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "num_attention_heads": 8, "hidden_size": 64, "num_hidden_layers": 2,
+         "vocab_size": 100, "intermediate_size": 128}
+
+
+@pytest.mark.parametrize("text", [
+    "[]", "null", "[" * 5000 + "]" * 5000, json.dumps({**LLAMA, "num_attention_heads": 0}),
+    json.dumps(LLAMA).replace("128", "Infinity"), json.dumps({**LLAMA, "num_hidden_layers": 2.7}),
+    json.dumps({**LLAMA, "num_hidden_layers": True}), json.dumps({**LLAMA, "num_key_value_heads": 0}),
+    json.dumps({**LLAMA, "num_attention_heads": 7}),
+])
+def test_bad_config_json_is_a_coded_error(tmp_path, capsys, text):
+    p = tmp_path / "config.json"
+    p.write_text(text)
+    assert cli_main(["estimate", "--model", str(p), "--gpus", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("[") and "hint:" in err
+
+
+def test_binary_and_special_files_as_profiles(tmp_path, capsys):
+    b = tmp_path / "bin.toml"
+    b.write_bytes(b"\x00\x01\xff binary")
+    for argv in (["--model", str(b)], ["--model", "qwen2-7b", "--hardware", str(b)],
+                 ["--model", "qwen2-7b", "--hardware", "/dev/zero"]):
+        assert cli_main(["estimate", "--gpus", "8", *argv]) == 2, argv
+        assert "hint:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-0.5"])
+def test_efficiency_outside_zero_one_is_refused(tmp_path, capsys, value):
+    src = Path(__file__).resolve().parent.parent / "profiles" / "hardware" / "cpu.toml"
+    text = src.read_text()
+    assert "\ncomm_efficiency = " in text
+    lines = [f"comm_efficiency = {value}" if ln.startswith("comm_efficiency =") else ln for ln in text.splitlines()]
+    p = tmp_path / "hw.toml"
+    p.write_text("\n".join(lines) + "\n")
+    assert cli_main(["estimate", "--model", "tiny", "--gpus", "2", "--hardware", str(p)]) == 2
+    assert "[BAD_CONFIG]" in capsys.readouterr().err
+
+
+def test_estimate_on_the_cpu_profile_prints_its_table(capsys):
+    assert cli_main(["estimate", "--model", "tiny", "--gpus", "2", "--hardware", "cpu"]) == 0
+
+
+def test_override_list_round_trip_keeps_hostile_model_path():
+    cfg = configs()["7b-tp2"]
+    ov = verl_overrides(cfg, model_path="a b'c\"$(d)")
+    assert "actor_rollout_ref.model.path=a b'c\"$(d)" in ov
+    assert os.sep  # the list itself is data; verl.sh quotes it (test above)
