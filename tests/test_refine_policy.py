@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from autotune.refine import ModelGuided, measured_noise, predicted, spread
+from autotune.refine import ModelGuided, features, measured_noise, predicted, spread
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,13 @@ def space():
                                 n=4, prompt_len=16, response_len=16, mini_batch=8, ppo_epochs=1, kl=True, seq_len=64,
                                 gbs=8)
     sp, _ = runnable(build_space(search(m, hw, cl, wl).ranked, m, hw, cl, wl), TrainerOptions())
-    keep = [e for e in sp if not e.strategy.offload and e.strategy.rollout_tp == e.strategy.tp][:30]
+    seen, uniq = set(), []
+    for e in sp:  # one plan per feature vector: plans alike in every feature are one plan to the kernel
+        f = tuple(features(e.strategy))
+        if f not in seen:
+            seen.add(f)
+            uniq.append(e)
+    keep = uniq[:20] + uniq[-10:]  # the model's best and its slowest
     assert len(keep) >= 12
     return keep
 
