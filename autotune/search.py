@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import lru_cache
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -192,7 +193,7 @@ class Space:
         opts = [b for b in range(1, min(per, MAX_MBS) + 1) if per % b == 0]
         # megatron's refusals shared with the trainer (core/support.py), e.g. the interleaving rule per mbs
         dp = self.cluster.gpus // (lay["tp"] * lay["pp"] * lay["cp"])
-        opts = [b for b in opts if not check_plan(self.model, Strategy(**lay, mbs=b, dp=dp), workload=self.workload)]
+        opts = [b for b in opts if _plan_ok(self.model, self.workload, tuple(sorted(lay.items())), b, dp)]
         if "mbs" in self.pins:
             return [self.pins["mbs"]] if per and per % self.pins["mbs"] == 0 else []
         return opts
@@ -291,6 +292,13 @@ class Space:
             for opt in self.train_options(lay):
                 for roll in rolls:
                     yield self.strategy(lay, opt, roll)
+
+
+@lru_cache(maxsize=65536)
+def _plan_ok(model: ModelSpec, workload: Workload, lay: tuple, mbs: int, dp: int) -> bool:
+    """No shared megatron refusal (core.support.check_plan) for this layout and micro-batch size;
+    cached because the search asks for a layout's options several times."""
+    return not check_plan(model, Strategy(**dict(lay), mbs=mbs, dp=dp), workload=workload)
 
 
 def _stages(layers: int, pp: int, first: int | None, last: int | None) -> list[int] | None:
