@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from autotune.refine import ModelGuided, measured_noise, predicted, spread
+from autotune.refine import ModelGuided, features, measured_noise, predicted, spread
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,13 @@ def space():
                                 n=4, prompt_len=16, response_len=16, mini_batch=8, ppo_epochs=1, kl=True, seq_len=64,
                                 gbs=8)
     sp, _ = runnable(build_space(search(m, hw, cl, wl).ranked, m, hw, cl, wl), TrainerOptions())
-    keep = [e for e in sp if not e.strategy.offload and e.strategy.rollout_tp == e.strategy.tp][:30]
+    seen, uniq = set(), []
+    for e in sp:  # one plan per feature vector: plans alike in every feature are one plan to the kernel
+        f = tuple(features(e.strategy))
+        if f not in seen:
+            seen.add(f)
+            uniq.append(e)
+    keep = uniq[:20] + uniq[-10:]  # the model's best and its slowest
     assert len(keep) >= 12
     return keep
 
@@ -63,3 +69,22 @@ def test_stops_exploring_when_nothing_can_beat_the_best_by_more_than_noise(space
     assert pick is not None and pick.repeat and pick.index == 0  # one repeat of the best measures the noise
     pick = pol.choose(obs + [(0, predicted(space[0])[0] / 3 * 1.01)])
     assert pick is None  # noise measured, no contender within it
+
+
+def test_noise_is_measured_before_measurements_are_compared(space):
+    pol = ModelGuided(space, noise=0.05)
+    p = [predicted(e)[0] for e in space]
+    pick = pol.choose([(0, p[0]), (5, p[5])])
+    assert pick.repeat and pick.index == 0  # the incumbent again: how noisy is a run here?
+
+
+def test_one_lucky_run_does_not_outvote_the_model_under_large_noise(space):
+    pol = ModelGuided(space, noise=0.05)
+    p = [predicted(e)[0] for e in space]
+    far = max(range(len(space)), key=lambda i: p[i])  # the model's slowest plan
+    assert p[far] > 1.2 * p[0]
+    # plan 0 measured three times with a 40% spread; the model's slowest plan once, 5% under plan 0's median
+    obs = [(0, p[0]), (0, 1.2 * p[0]), (0, 0.85 * p[0]), (far, 0.95 * p[0])]
+    assert pol.recommend(obs) == 0
+    # with a 0.1% spread the same single run wins
+    assert pol.recommend([(0, p[0]), (0, 1.001 * p[0]), (far, 0.95 * p[0])]) == far

@@ -109,6 +109,19 @@ def _measured(h: StudyHandle, plans: Plans) -> tuple[list[tuple[int, float]], se
     return obs, busy
 
 
+def winner_plan(h: StudyHandle, plans: Plans) -> str | None:
+    """The refinement's choice. ``model``: the measured plan with the fastest posterior mean
+    (measurements weighed against their noise and the model); ``tpe``: the best median tokens/s."""
+    from .report import best_plan, by_plan
+    from .study import records
+
+    obs, _ = _measured(h, plans)
+    if plans.chooser is not None and obs:
+        return plans.keys[plans.chooser.recommend(obs)]
+    done = [r for r in records(h.study) if r.state == "COMPLETE" and r.measured_tokens_per_s]
+    return best_plan(by_plan(done)) if done else None
+
+
 def _next_plan(h: StudyHandle, plans: Plans, opts: RefineOptions) -> tuple[int, str, bool] | None:
     """``tpe``: the next unmeasured plan in rank order (preferring a prediction unlike those measured)."""
     from optuna.trial import TrialState
@@ -354,7 +367,9 @@ def _prepare(h: StudyHandle, plans: Plans, opts: RefineOptions, inputs: tuple, h
                       "or profile?); plan_rank values are not comparable across the two, plan keys still are[/]")
     for plan in recover(h, host):
         if plan in plans.index:
-            study.enqueue_trial({PARAM: plans.index[plan]}, user_attrs={"requeued": True})
+            # an interrupted re-measurement of a plan measured before stays a repeat
+            again = any(i == plans.index[plan] for i, _ in _measured(h, plans)[0])
+            study.enqueue_trial({PARAM: plans.index[plan]}, user_attrs={"requeued": True, "repeat": again})
             console.print(f"[yellow]requeued interrupted plan[/] {plan}", highlight=False)
     seed_study(h, plans, opts)
     done = counted(study)

@@ -78,10 +78,20 @@ class ModelGuided:
         self.assumed_noise = noise
 
     def noise(self, by_plan: dict[int, list[float]]) -> float:
+        """The relative difference that counts as noise: the largest measured spread, else the assumed one."""
         m = measured_noise(by_plan)
         return max(MIN_NOISE, self.assumed_noise if m is None else m)
 
-    def posterior(self, obs: Sequence[tuple[int, float]], noise: float):
+    def noise_sd(self, by_plan: dict[int, list[float]]) -> float:
+        """Sd of one measurement's log: pooled over repeated plans, else from the assumed noise."""
+        groups = [[math.log(x) for x in v] for v in by_plan.values() if len(v) >= 2]
+        dof = sum(len(g) - 1 for g in groups)
+        if not dof:
+            return max(MIN_NOISE, math.log1p(self.assumed_noise) / 2)  # a range of ~3 draws spans ~2 sd
+        ss = sum((x - statistics.fmean(g)) ** 2 for g in groups for x in g)
+        return max(MIN_NOISE, math.sqrt(ss / dof))
+
+    def posterior(self, obs: Sequence[tuple[int, float]], noise_sd: float):
         """Mean and sd of every plan's log step time given ``(index, step_s)`` observations."""
         import numpy as np
 
@@ -89,28 +99,47 @@ class ModelGuided:
             return self.prior.copy(), np.sqrt(np.diag(self.k))
         idx = np.array([i for i, _ in obs])
         y = np.log([s for _, s in obs]) - self.prior[idx]
-        sn = max(MIN_NOISE, math.log1p(noise) / 2)  # a range of ~3 draws spans ~2 sd
-        kk = self.k[np.ix_(idx, idx)] + sn ** 2 * np.eye(len(idx))
+        kk = self.k[np.ix_(idx, idx)] + noise_sd ** 2 * np.eye(len(idx))
         ks = self.k[:, idx]
         sol = np.linalg.solve(kk, np.column_stack([y, ks.T]))
         mu = self.prior + ks @ sol[:, 0]
         var = np.diag(self.k) - np.einsum("ij,ji->i", ks, sol[:, 1:])
         return mu, np.sqrt(np.maximum(var, 1e-12))
 
-    def choose(self, obs: Sequence[tuple[int, float]], busy: set[int] = frozenset()) -> Pick | None:
-        """The next plan to measure, or None when nothing is worth a trial."""
+    @staticmethod
+    def _group(obs: Sequence[tuple[int, float]], n: int) -> dict[int, list[float]]:
         by_plan: dict[int, list[float]] = {}
         for i, s in obs:
-            by_plan.setdefault(i, []).append(s)
+            if 0 <= i < n:
+                by_plan.setdefault(i, []).append(s)
+        return by_plan
+
+    def recommend(self, obs: Sequence[tuple[int, float]]) -> int | None:
+        """The measured plan with the fastest posterior mean: measurements weighed against their noise
+        and the model, so one lucky run of a plan does not outvote the rest."""
+        by_plan = self._group(obs, self.n)
+        if not by_plan:
+            return None
+        mu, _ = self.posterior(obs, self.noise_sd(by_plan))
+        return min(by_plan, key=lambda i: (mu[i], statistics.median(by_plan[i])))
+
+    def choose(self, obs: Sequence[tuple[int, float]], busy: set[int] = frozenset()) -> Pick | None:
+        """The next plan to measure, or None when nothing is worth a trial.
+
+        Order: the model's best first; once two plans are measured and none twice, the incumbent
+        again (the noise must be known before measurements are compared); then the largest expected
+        improvement while an untried plan may beat the incumbent by more than the noise; then
+        repeats of the incumbent and plans within noise of it.
+        """
+        by_plan = self._group(obs, self.n)
         free = [i for i in range(self.n) if i not in by_plan and i not in busy]
-        by_plan = {i: v for i, v in by_plan.items() if i < self.n}
         if not by_plan:
             return Pick(min(free, key=lambda i: self.prior[i]), "cost model's best") if free else None
-        noise = self.noise(by_plan)
-        mu, sd = self.posterior(obs, noise)
-        med = {i: math.log(statistics.median(v)) for i, v in by_plan.items()}
-        best = min(med.values())
-        margin = math.log1p(noise)
+        mu, sd = self.posterior(obs, self.noise_sd(by_plan))
+        inc = min(by_plan, key=lambda i: (mu[i], statistics.median(by_plan[i])))
+        if len(by_plan) >= 2 and measured_noise(by_plan) is None and inc not in busy:
+            return Pick(inc, "repeat: the incumbent, to measure the noise", repeat=True)
+        best, margin = mu[inc], math.log1p(self.noise(by_plan))
         if free:
             p_beat = {i: _ncdf((best - margin - mu[i]) / sd[i]) for i in free}
             if max(p_beat.values()) > P_STOP:
@@ -118,11 +147,10 @@ class ModelGuided:
                       for i in free}
                 i = max(free, key=lambda j: (ei[j], -mu[j]))
                 return Pick(i, f"expected improvement {math.expm1(ei[i]):.1%}, "
-                               f"P(beats best by > noise) {p_beat[i]:.0%}")
-        # Exploring is done: re-measure the best and plans within noise of it (fewest repeats first).
-        near = [i for i, m in med.items() if m - best <= margin and len(by_plan[i]) < MAX_REPEATS and i not in busy]
-        if not near or (len(near) == 1 and measured_noise(by_plan) is not None):
+                               f"P(beats the incumbent by > noise) {p_beat[i]:.0%}")
+        # Exploring is done: re-measure the incumbent and plans within noise of it (fewest repeats first).
+        near = [i for i in by_plan if mu[i] - best <= margin and len(by_plan[i]) < MAX_REPEATS and i not in busy]
+        if not near or near == [inc] and len(by_plan[inc]) >= 2:
             return None
-        i = min(near, key=lambda j: (len(by_plan[j]), med[j]))
-        return Pick(i, "repeat: within noise of the best" if med[i] > best else "repeat: the best, to measure noise",
-                    repeat=True)
+        i = min(near, key=lambda j: (len(by_plan[j]), mu[j]))
+        return Pick(i, "repeat: within noise of the incumbent" if i != inc else "repeat: the incumbent", repeat=True)

@@ -99,10 +99,11 @@ def best_plan(groups: dict[str, list[TrialRecord]]) -> str:
     return max(med, key=med.get)
 
 
-def _winner(result: RefineResult, groups: dict[str, list[TrialRecord]], gpus: int, study_name: str) -> TrialRecord:
-    """The plan with the best median tokens/s over its trials; figures are its medians."""
+def _winner(result: RefineResult, groups: dict[str, list[TrialRecord]], gpus: int, study_name: str,
+            plan: str | None = None) -> TrialRecord:
+    """The chosen plan (default: the best median tokens/s over its trials); figures are its medians."""
     med = {k: statistics.median(r.measured_tokens_per_s for r in v) for k, v in groups.items()}
-    plan = best_plan(groups)
+    plan = plan if plan in groups else best_plan(groups)
     trials = groups[plan]
     rep = min(trials, key=lambda r: abs(r.measured_tokens_per_s - med[plan]))
     step = statistics.median(r.measured_step_s for r in trials)
@@ -117,6 +118,7 @@ def _winner(result: RefineResult, groups: dict[str, list[TrialRecord]], gpus: in
         "speedup_vs_median_trial": med[plan] / result.median_tokens_per_s,
         "trials_completed": len(result.completed),
         "runner_up_step_s": runner[0][0] if runner else None,
+        "chosen_by": "posterior mean (model prior + measurements)" if plan != best_plan(groups) else "best median",
         "beats_runner_up_beyond_noise": differ(step, runner[0][0], thr) if runner else None,
         "noise_threshold": thr,
     }
@@ -135,7 +137,9 @@ def finish(h: StudyHandle, *, name: str, storage: str, out: Path, inputs: tuple,
     result.spearman_step_s = spearman([p for p, _ in pairs], [m for _, m in pairs])
     result.median_tokens_per_s = statistics.median(r.measured_tokens_per_s for r in done)
     result.noise = noise_of(done, opts.noise)
-    best = _winner(result, by_plan(done), cluster.gpus, name)
+    from .loop import winner_plan
+
+    best = _winner(result, by_plan(done), cluster.gpus, name, winner_plan(h, plans))
     est = plans.space[plans.index[best.plan]] if best.plan in plans.index else None
     strategy = est.strategy if est is not None else Strategy.from_dict(best.strategy or {})
     result.winner = RunConfig(model=model, hardware=hardware, cluster=cluster, strategy=strategy, workload=workload,

@@ -1,4 +1,7 @@
-"""One profiling run: ``grpo-tune profile`` on one config in its own process group, never raising."""
+"""One profiling run: ``grpo-tune profile`` on one config in its own process group, never raising.
+
+The JSON it writes is read through the typed :class:`core.profile_report.ProfileReport`.
+"""
 from __future__ import annotations
 
 import json
@@ -13,6 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from core.errors import GrpoTuneError
+from core.profile_report import ProfileReport
 
 # The profile command, run as `PROFILE_CMD + ["--config", X, "--steps", K, "--json", OUT]`.
 PROFILE_CMD = [sys.executable, "-c", "from cli.main import run; run()", "profile"]
@@ -72,6 +78,10 @@ def run_profile(config_path: Path, *, steps: int, timeout_s: float, json_path: P
     if not isinstance(data, dict):
         return ProfileOutcome("oom" if rc == 3 else "error",
                               f"exit code {rc}, no profile JSON; last log lines: {_tail(log_path)}", None, dt)
+    try:  # the typed contract (core.profile_report) checks every field the study records
+        data = ProfileReport.from_dict(data, where=str(json_path)).to_dict()
+    except GrpoTuneError as exc:
+        return ProfileOutcome("error", f"malformed profile JSON: {exc.message}", None, dt)
     status = data.get("status")
     if status == "ok" and rc == 0:
         if not positive(data.get("tokens_per_s")) or not positive(data.get("step_s")):
