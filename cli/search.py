@@ -164,6 +164,14 @@ def search(
             rows = group_by_layout(result.ranked)[:top]
             print_plans([r.best for r in rows], console, top=top, title="Top plans, one row per layout (its best variant)")
             console.print(grouping_caption(rows), highlight=False)
+        from autotune.report import runner_ups, why_winner
+        from autotune.validate_grpo import STATED_ERROR_PCT
+
+        others = runner_ups(result.ranked)
+        if others and wl.kind == "grpo":
+            console.print("Why #1 wins (runner-up minus winner, by phase):", highlight=False)
+            for line in why_winner(result.best, others, STATED_ERROR_PCT):
+                console.print("  " + line.lstrip("- ").replace("`", ""), highlight=False, soft_wrap=True)
         st = result.stats()
         console.print(f"{st['candidates']:,} valid plans; {st['evaluated']:,} cost-model calls, "
                       f"{st['combined']:,} combined; {st['pruned_layouts']:,}/{st['layouts']:,} layouts pruned; "

@@ -90,6 +90,13 @@ def test_keep_pins_the_fields(capsys, tmp_path):
                    and "rollout" not in k for k in res["overrides"])
 
 
+def test_estimate_flags_pin_the_search(capsys, tmp_path):
+    launch = ROOT / "examples/qwen2-7b-grpo-megatron.sh"
+    res = _tune(capsys, launch, "h100", tmp_path, "--tp", "4", "--rollout-tp", "4", "--no-emit")
+    assert res["best"]["strategy"]["tp"] == 4 and res["best"]["strategy"]["rollout_tp"] == 4
+    assert res["overrides"]["actor_rollout_ref.actor.megatron.tensor_model_parallel_size"]["new"] == 4
+
+
 def test_launch_that_does_not_parse_is_a_coded_error(capsys, tmp_path):
     bad = tmp_path / "bad.sh"
     bad.write_text("#!/usr/bin/env bash\npython3 -m verl.trainer.main_ppo data.train_batch_size='unclosed \\\n")
