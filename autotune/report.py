@@ -155,6 +155,55 @@ def plans_table(plans: Sequence[Estimate]) -> list[str]:
     return lines
 
 
+def _layout_key(s: Strategy) -> tuple:
+    return (s.tp, s.pp, s.vpp, s.cp, s.ep, s.etp_, s.first_stage_layers, s.last_stage_layers)
+
+
+def runner_ups(ranked: Sequence[Estimate], k: int = 3) -> list[Estimate]:
+    """The best plan of each of the next ``k`` layouts after the winner's (variants of the winner's
+    layout differ in a knob, other layouts in how the model is split: both are worth a line)."""
+    if not ranked:
+        return []
+    seen = {_layout_key(ranked[0].strategy)}
+    out: list[Estimate] = []
+    for e in ranked[1:]:
+        key = _layout_key(e.strategy)
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+        if len(out) == k:
+            break
+    if not out:  # one layout only: its next variants
+        out = list(ranked[1:1 + k])
+    return out
+
+
+def why_winner(best: Estimate, others: Sequence[Estimate], error_pct: float) -> list[str]:
+    """One line per runner-up: the step-time gap and where it comes from, phase by phase (largest
+    first), and whether the gap is within the model's stated error (then measure both: --refine)."""
+    from .search import step_s
+
+    lines = []
+    pb = phase_seconds(best)
+    close = []
+    for i, e in enumerate(others):
+        po = phase_seconds(e)
+        gap = step_s(e) - step_s(best)
+        deltas = sorted(((po.get(k, 0.0) - pb.get(k, 0.0), k) for k in set(pb) | set(po)), key=lambda x: -abs(x[0]))
+        parts = ", ".join(f"{k} {'+' if d >= 0 else '-'}{abs(d):.1f} s" for d, k in deltas if abs(d) >= 0.05)
+        pct = 100.0 * gap / step_s(best) if step_s(best) else 0.0
+        within = pct <= error_pct
+        if within:
+            close.append(e)
+        lines.append(f"- vs `{plan_label(e.strategy)}`: {gap:+.1f} s per step ({pct:+.1f}%) for the runner-up"
+                     + (f" ({parts})" if parts else "")
+                     + (f"; within the model's stated error ({error_pct:g}%)" if within else ""))
+    if close:
+        lines.append(f"- {len(close)} runner-up(s) are within the model's stated error of the winner: the ranking "
+                     "between them is not settled by the model. Measure them: `grpo-tune search ... --refine`.")
+    return lines
+
+
 def write_report(run_dir: Path, best: Estimate, *, ranked: Sequence[Estimate] = (), pareto: Sequence[Estimate] = (),
                  stats: dict[str, Any] | None = None, measured: dict[str, Any] | None = None,
                  files: dict[str, Path] | None = None, run_id: str | None = None) -> dict[str, Path]:
@@ -205,6 +254,14 @@ def write_report(run_dir: Path, best: Estimate, *, ranked: Sequence[Estimate] = 
         for k, v in measured.items():
             if not isinstance(v, (dict, list)):
                 L.append(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |")
+    others = runner_ups(ranked)
+    if others:
+        from .validate_grpo import STATED_ERROR_PCT
+
+        L += ["", "## Why the winner", "",
+              f"Seconds per step of each runner-up layout relative to the winner, by phase (positive: the runner-up "
+              f"is slower there). The model's stated error is {STATED_ERROR_PCT:g}% (held-out step-time MAPE of "
+              "`grpo-tune validate --grpo`).", "", *why_winner(best, others, STATED_ERROR_PCT)]
     L += ["", "## Top plans", "", *plans_table(ranked[:10]), "",
           "![step time by phase](step_breakdown.png)", "",
           "## Pareto front (throughput vs peak memory)", "", *plans_table(pareto), "",

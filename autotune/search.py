@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import lru_cache
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -192,7 +193,7 @@ class Space:
         opts = [b for b in range(1, min(per, MAX_MBS) + 1) if per % b == 0]
         # megatron's refusals shared with the trainer (core/support.py), e.g. the interleaving rule per mbs
         dp = self.cluster.gpus // (lay["tp"] * lay["pp"] * lay["cp"])
-        opts = [b for b in opts if not check_plan(self.model, Strategy(**lay, mbs=b, dp=dp), workload=self.workload)]
+        opts = [b for b in opts if _plan_ok(self.model, self.workload, tuple(sorted(lay.items())), b, dp)]
         if "mbs" in self.pins:
             return [self.pins["mbs"]] if per and per % self.pins["mbs"] == 0 else []
         return opts
@@ -291,6 +292,13 @@ class Space:
             for opt in self.train_options(lay):
                 for roll in rolls:
                     yield self.strategy(lay, opt, roll)
+
+
+@lru_cache(maxsize=65536)
+def _plan_ok(model: ModelSpec, workload: Workload, lay: tuple, mbs: int, dp: int) -> bool:
+    """No shared megatron refusal (core.support.check_plan) for this layout and micro-batch size;
+    cached because the search asks for a layout's options several times."""
+    return not check_plan(model, Strategy(**dict(lay), mbs=mbs, dp=dp), workload=workload)
 
 
 def _stages(layers: int, pp: int, first: int | None, last: int | None) -> list[int] | None:
@@ -484,35 +492,7 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
         return space.strategy(layouts[li], opt, rolls[j])
 
     exact = exact or max(40, 4 * top)
-    ranked: list[Estimate] = []
-    seen: set = set()
-    err = probe_err  # largest relative gap between combined and exact figures seen so far
-    if fits.any():
-        key = np.where(fits, step, np.inf).ravel()
-        # If the cost model stops being additive the way the factoring assumes, the combined
-        # order is only approximate: evaluate a wider head exactly (up to 8x).
-        n_max = min(8 * exact, int(fits.sum()))
-        order = np.argpartition(key, n_max - 1)[:n_max] if n_max < key.size else np.arange(key.size)
-        order = order[np.argsort(key[order], kind="stable")]
-        for i, flat in enumerate(order):
-            if i >= exact and err <= 0.01:
-                break
-            est = ev(plan(flat))
-            seen.add(int(flat))
-            err = max(err, _rel(step.flat[flat], step_s(est)), _rel(peak.flat[flat], est.peak_bytes))
-            if est.fits and est.headroom_bytes >= margin:
-                ranked.append(est)
-        # Pareto candidates by the combined figures, then exact.
-        fi = np.flatnonzero(fits.ravel())
-        front = [int(fi[k]) for k in _pareto_arrays(-step.ravel()[fi], peak.ravel()[fi])]
-        if len(front) > 40:
-            front = [front[k] for k in np.linspace(0, len(front) - 1, 40).round().astype(int)]
-        for flat in front:
-            if flat not in seen:
-                est = ev(plan(flat))
-                seen.add(flat)
-                if est.fits and est.headroom_bytes >= margin:
-                    ranked.append(est)
+    ranked, err = _exact_pass(ev, plan, fits, step, peak, exact, margin, probe_err)
     if not ranked:
         flat = int(np.argmin(over))
         raise _no_fit_from(ev(plan(flat)), space, margin)
@@ -528,6 +508,42 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
     return SearchResult(ranked=uniq, pareto=pareto, candidates=n_candidates, evaluated=ev.calls, combined=combined,
                         layouts=len(layouts), pruned_layouts=pruned, seconds=time.perf_counter() - t0,
                         combination_error=err)
+
+
+def _exact_pass(ev: "_Evaluator", plan: Callable[[int], Strategy], fits: np.ndarray, step: np.ndarray,
+                peak: np.ndarray, exact: int, margin: float, err: float) -> tuple[list[Estimate], float]:
+    """Evaluate exactly the best combined plans and the combined Pareto points; ``err`` grows to the
+    largest relative gap seen between combined and exact figures (which widens the pass up to 8x)."""
+    ranked: list[Estimate] = []
+    seen: set = set()
+    if not fits.any():
+        return ranked, err
+    key = np.where(fits, step, np.inf).ravel()
+    # If the cost model stops being additive the way the factoring assumes, the combined
+    # order is only approximate: evaluate a wider head exactly (up to 8x).
+    n_max = min(8 * exact, int(fits.sum()))
+    order = np.argpartition(key, n_max - 1)[:n_max] if n_max < key.size else np.arange(key.size)
+    order = order[np.argsort(key[order], kind="stable")]
+    for i, flat in enumerate(order):
+        if i >= exact and err <= 0.01:
+            break
+        est = ev(plan(flat))
+        seen.add(int(flat))
+        err = max(err, _rel(step.flat[flat], step_s(est)), _rel(peak.flat[flat], est.peak_bytes))
+        if est.fits and est.headroom_bytes >= margin:
+            ranked.append(est)
+    # Pareto candidates by the combined figures, then exact.
+    fi = np.flatnonzero(fits.ravel())
+    front = [int(fi[k]) for k in _pareto_arrays(-step.ravel()[fi], peak.ravel()[fi])]
+    if len(front) > 40:
+        front = [front[k] for k in np.linspace(0, len(front) - 1, 40).round().astype(int)]
+    for flat in front:
+        if flat not in seen:
+            est = ev(plan(flat))
+            seen.add(flat)
+            if est.fits and est.headroom_bytes >= margin:
+                ranked.append(est)
+    return ranked, err
 
 
 def _screen(space: Space, ev: "_Evaluator", layouts: list, roll0: tuple, train_mask: np.ndarray, cap: float,

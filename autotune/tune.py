@@ -15,10 +15,11 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from autotune import diagnose as D
 from autotune import verl
+from autotune import verl_table as table
 from core.errors import ConfigError, GrpoTuneError, UnknownModelError
 from core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from core.strategy import Cluster, Strategy, Workload
@@ -48,7 +49,7 @@ tell the plans apart (`grpo-tune validate`: a few %), and proposing it would bre
 Get = Callable[[str], Any]
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -57,95 +58,53 @@ def _is_int(v: Any) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 def strategy_from(get: Get, model: ModelSpec) -> Strategy:
-    """The plan a launch runs (``get(key)`` returns the launch's value or verl's default)."""
-    deg = {}
-    for dname, k in DEGREE_KEYS.items():
-        v = get(f"{ACTOR}.megatron.{k}")
-        deg[dname] = v if _is_int(v) and v > 0 else None
-    gran = get(f"{OTC}.recompute_granularity")
-    recompute = gran if gran in ("selective", "full") else "none"
-    method, nlayers = get(f"{OTC}.recompute_method"), get(f"{OTC}.recompute_num_layers")
-    rlayers = nlayers if recompute == "full" and method == "block" and _is_int(nlayers) and nlayers > 0 else None
-    offload: list[str] = []
-    if get(f"{ACTOR}.megatron.param_offload") is True:
-        offload += ["param", "grad"]  # verl 0.9.1: param_offload also frees the grad buffers
-    if get(f"{ACTOR}.megatron.optimizer_offload") is True:
-        offload.append("optimizer")
-    dyn = get(f"{ACTOR}.use_dynamic_bsz") is True
-    mbs = get(f"{ACTOR}.ppo_micro_batch_size_per_gpu")
-    first, last = get(f"{OTC}.num_layers_in_first_pipeline_stage"), get(f"{OTC}.num_layers_in_last_pipeline_stage")
-    cap, lp_cap = get(f"{ACTOR}.ppo_max_token_len_per_gpu"), get(f"{ROLLOUT}.log_prob_max_token_len_per_gpu")
-    cpu_opt = get(f"{OOC}.optimizer_cpu_offload") is True
-    frac = get(f"{OOC}.optimizer_offload_fraction")
-    sp = get(f"{ACTOR}.megatron.sequence_parallel")
-    gmu = get(f"{ROLLOUT}.gpu_memory_utilization")
-    rtp = get(f"{ROLLOUT}.tensor_model_parallel_size")
-    d: dict[str, Any] = {"tp": deg["tp"] or 1, "pp": deg["pp"] or 1, "vpp": deg["vpp"] or 1, "cp": deg["cp"] or 1, "ep": deg["ep"] or 1,
-             "etp": deg["etp"] if model.is_moe else None,
-             "mbs": mbs if _is_int(mbs) and mbs > 0 else 1,
-             "sequence_parallel": sp if isinstance(sp, bool) else None, "recompute": recompute, "recompute_layers": rlayers,
-             "distributed_optimizer": get(f"{ACTOR}.megatron.use_distributed_optimizer") is not False,
-             "offload": tuple(offload),
-             "first_stage_layers": first if _is_int(first) and first > 0 else None,
-             "last_stage_layers": last if _is_int(last) and last > 0 else None,
-             "rollout_tp": rtp if _is_int(rtp) and rtp > 0 else 1,
-             "gpu_memory_utilization": float(gmu) if isinstance(gmu, (int, float)) and not isinstance(gmu, bool) else 0.5,
-             "max_tokens_per_gpu": cap if dyn and _is_int(cap) and cap > 0 else None,
-             "log_prob_max_tokens_per_gpu": lp_cap if dyn and _is_int(lp_cap) and lp_cap > 0 else None,
-             "cpu_optimizer": float(frac) if cpu_opt and isinstance(frac, (int, float)) and frac > 0 else None,
-             "overlap_cpu_optimizer": get(f"{OOC}.overlap_cpu_optimizer_d2h_h2d") is True,
-             "precision_aware_optimizer": (get(f"{ACTOR}.optim.use_precision_aware_optimizer") is True
-                                        or get(f"{OOC}.use_precision_aware_optimizer") is True)}
-    for key, fld in (("max_num_seqs", "max_num_seqs"), ("max_num_batched_tokens", "max_num_batched_tokens")):
-        v = get(f"{ROLLOUT}.{key}")
+    """The plan a launch runs (``get(key)`` returns the launch's value or verl's default), read through diag's
+    two-way table (autotune/verl_table.py); values verl leaves unset get the plan's defaults."""
+    f = table.read_fields(get, "strategy")
+    d: dict[str, Any] = {}
+    for k in ("tp", "pp", "vpp", "cp", "ep", "rollout_tp", "first_stage_layers", "last_stage_layers",
+              "max_num_seqs", "max_num_batched_tokens", "max_tokens_per_gpu", "log_prob_max_tokens_per_gpu"):
+        v = f.get(k)
         if _is_int(v) and v > 0:
-            d[fld] = v
-    for key, fld in (("enforce_eager", "enforce_eager"), ("enable_chunked_prefill", "chunked_prefill"),
-                     ("free_cache_engine", "free_cache_engine")):
-        v = get(f"{ROLLOUT}.{key}")
-        if isinstance(v, bool):
-            d[fld] = v
+            d[k] = v
+    d["etp"] = f.get("etp") if model.is_moe and _is_int(f.get("etp")) else None
+    mbs = f.get("mbs")
+    d["mbs"] = mbs if _is_int(mbs) and mbs > 0 else 1  # null with dynamic batching: the caps rule instead
+    for k in ("sequence_parallel", "distributed_optimizer", "enforce_eager", "chunked_prefill", "free_cache_engine",
+              "overlap_cpu_optimizer", "precision_aware_optimizer"):
+        if isinstance(f.get(k), bool):
+            d[k] = f[k]
+    d["recompute"] = f.get("recompute") or "none"
+    rl = f.get("recompute_layers")
+    d["recompute_layers"] = rl if _is_int(rl) and rl > 0 else None
+    d["offload"] = tuple(f.get("offload") or ())
+    gmu = f.get("gpu_memory_utilization")
+    if isinstance(gmu, (int, float)) and not isinstance(gmu, bool):
+        d["gpu_memory_utilization"] = float(gmu)
+    cpu = f.get("cpu_optimizer")
+    d["cpu_optimizer"] = float(cpu) if isinstance(cpu, (int, float)) and not isinstance(cpu, bool) and cpu > 0 else None
     return Strategy.from_dict(d, where="launch plan")
 
 
 def overrides_for(s: Strategy, model: ModelSpec, get: Get, present: set[str]) -> dict[str, Any]:
-    """verl key -> value that makes a launch run ``s`` (only the keys of :data:`SEARCHED` fields).
-
-    ``present`` are the keys the launch sets: the reference's keys are written only where the launch
-    sets them (verl's reference inherits the actor's degrees and param_offload by ``oc.select``).
-    """
+    """verl key -> value that makes a launch run ``s``, for the fields the search changes (:data:`SEARCHED`),
+    written by diag's two-way table. ``present`` (the keys the launch sets) is unused by the table, which
+    writes the reference's degrees out as verl's examples do; kept for callers."""
+    del present
     out: dict[str, Any] = {}
-    roles = [ACTOR] + ([REF] if any(k.startswith(f"{REF}.megatron.") for k in present) else [])
-    for role in roles:
-        for d, k in DEGREE_KEYS.items():
-            key = f"{role}.megatron.{k}"
-            if role == REF and key not in present:
-                continue
-            if d == "vpp":
-                out[key] = s.vpp if s.vpp > 1 else None
-            elif d == "etp":
-                if model.is_moe:
-                    out[key] = s.etp_
-            else:
-                out[key] = getattr(s, d)
-        key = f"{role}.megatron.param_offload"
-        if role == ACTOR or key in present:
-            out[key] = bool({"param", "grad"} & set(s.offload))
-    out[f"{ACTOR}.megatron.optimizer_offload"] = "optimizer" in s.offload
-    out[f"{ACTOR}.megatron.use_distributed_optimizer"] = s.distributed_optimizer
-    if get(f"{ACTOR}.use_dynamic_bsz") is not True:
-        out[f"{ACTOR}.ppo_micro_batch_size_per_gpu"] = s.mbs
-    out[f"{OTC}.recompute_granularity"] = None if s.recompute == "none" else s.recompute
-    if s.recompute == "full":
-        out[f"{OTC}.recompute_method"] = "uniform" if s.recompute_layers is None else "block"
-        out[f"{OTC}.recompute_num_layers"] = 1 if s.recompute_layers is None else s.recompute_layers
-    for fld in ("first_stage_layers", "last_stage_layers"):
-        key = f"{OTC}.num_layers_in_{fld.split('_')[0]}_pipeline_stage"
-        v = getattr(s, fld)
-        if v is not None or get(key) is not None:
-            out[key] = v
-    out[f"{ROLLOUT}.tensor_model_parallel_size"] = s.rollout_tp
-    out[f"{ROLLOUT}.gpu_memory_utilization"] = s.gpu_memory_utilization
+    plan = {"strategy": s}
+    for row in table.rows("strategy"):
+        if row.write is None or row.field not in (*SEARCHED, "recompute_layers"):
+            continue
+        if row.field == "etp" and not model.is_moe:
+            continue  # a dense model's expert TP is its TP: nothing to write
+        for key, value in row.write(plan).items():
+            out[key.lstrip("+")] = value
+    # a pipeline split the launch pins but the new plan does not use goes back to Megatron's even split
+    for fld in ("first", "last"):
+        key = f"{OTC}.num_layers_in_{fld}_pipeline_stage"
+        if key not in out and get(key) is not None:
+            out[key] = None
     return out
 
 
@@ -361,7 +320,8 @@ def _fits(est) -> bool:
 
 
 def tune(plan: LaunchPlan, *, keep: Sequence[str] = (), calibration: dict[str, float] | None = None,
-         min_headroom: float = 0.05, top: int = 10) -> TuneResult:
+         min_headroom: float = 0.05, top: int = 10, pins: dict[str, Any] | None = None) -> TuneResult:
+    """``keep``: fields held at the launch's values; ``pins``: fields set to given values (estimate's flags)."""
     from autotune.search import rank_key, search, step_s
     from core.errors import NoFeasiblePlanError
     from costmodel.estimate import estimate
@@ -375,11 +335,18 @@ def tune(plan: LaunchPlan, *, keep: Sequence[str] = (), calibration: dict[str, f
     if bad:
         raise ConfigError(f"--keep {bad[0]}: not a strategy field tune changes", hint=f"choose from {', '.join(SEARCHED)}")
     s0 = plan.strategy
-    pins = {k: getattr(s0, k) for k in keep}
+    extra = dict(pins or {})
+    bad = [k for k in extra if k not in SEARCHED]
+    if bad:
+        raise ConfigError(f"--{bad[0].replace('_', '-')}: tune keeps that setting as the launch has it",
+                          hint=f"pin one of {', '.join(SEARCHED)}")
+    pins = {k: getattr(s0, k) for k in keep} | extra
     if "offload" in pins:
         pins["offload"] = tuple(pins["offload"])
     if "etp" in pins and not plan.model.is_moe:
         pins.pop("etp")
+    if s0.max_tokens_per_gpu is not None:
+        pins["mbs"] = s0.mbs  # with verl's dynamic batching the token caps make the micro-batches, not mbs
     user = {k: getattr(s0, k) for k in USER_FIELDS}
     try:
         res = search(plan.model, plan.hardware, plan.cluster, plan.workload, pins=pins, top=max(top, 40),
@@ -411,7 +378,9 @@ def tune(plan: LaunchPlan, *, keep: Sequence[str] = (), calibration: dict[str, f
     if candidates:
         e, new = candidates[0]
         better = step_s(e) < step_s(cur) * (1 - MIN_GAIN)
-        if better or not _fits(cur):
+        # a value the user pinned that the launch does not have is a change asked for, faster or not
+        asked = any(_pinned_differs(s0, k, v) for k, v in extra.items())
+        if better or not _fits(cur) or asked:
             changes = {k: (launch.get(k), v) for k, v in new.items() if not _same(launch.get(k), v)}
             best = e if changes else cur
     nearest: list[Any] = []
@@ -427,6 +396,13 @@ def tune(plan: LaunchPlan, *, keep: Sequence[str] = (), calibration: dict[str, f
                 nearest.append(e)
     return TuneResult(plan=plan, current=cur, best=best, changes=changes, ranked=[e for e, _ in candidates[:top]],
                       nearest_fit=nearest, search_stats=stats, pins=pins)
+
+
+def _pinned_differs(s: Strategy, key: str, value: Any) -> bool:
+    have = getattr(s, key)
+    if key == "offload":
+        return tuple(have) != tuple(value)
+    return not _same(have, value)
 
 
 def _headroom_ok(est, min_headroom: float) -> bool:

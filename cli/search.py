@@ -139,6 +139,13 @@ def search(
 
     run_dir: Path | None = None
     files: dict[str, Path] = {}
+    if refine:  # every refine option is checked before the run folder (a finished refine's best.yaml) is written
+        from autotune.refine import RefineOptions
+
+        opts = RefineOptions(trials=trials, storage=storage, study_name=study_name, trial_steps=trial_steps,
+                             trial_timeout_s=trial_timeout, calibration=cal, pins=pins,
+                             allow_cross_node_tp=allow_cross_node_tp)
+        opts.check()
     if emit or refine:
         kw: dict[str, Any] = dict(search=result, meta={"calibration": str(calibration)} if calibration else None)
         if refine:
@@ -164,6 +171,14 @@ def search(
             rows = group_by_layout(result.ranked)[:top]
             print_plans([r.best for r in rows], console, top=top, title="Top plans, one row per layout (its best variant)")
             console.print(grouping_caption(rows), highlight=False)
+        from autotune.report import runner_ups, why_winner
+        from autotune.validate_grpo import STATED_ERROR_PCT
+
+        others = runner_ups(result.ranked)
+        if others and wl.kind == "grpo":
+            console.print("Why #1 wins (runner-up minus winner, by phase):", highlight=False)
+            for line in why_winner(result.best, others, STATED_ERROR_PCT):
+                console.print("  " + line.lstrip("- ").replace("`", ""), highlight=False, soft_wrap=True)
         st = result.stats()
         console.print(f"{st['candidates']:,} valid plans; {st['evaluated']:,} cost-model calls, "
                       f"{st['combined']:,} combined; {st['pruned_layouts']:,}/{st['layouts']:,} layouts pruned; "
@@ -172,11 +187,8 @@ def search(
             console.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})",
                           highlight=False)
     if refine:
-        from autotune.refine import RefineOptions, refine as run_refine
+        from autotune.refine import refine as run_refine
 
-        opts = RefineOptions(trials=trials, storage=storage, study_name=study_name, trial_steps=trial_steps,
-                             trial_timeout_s=trial_timeout, calibration=cal, pins=pins,
-                             allow_cross_node_tp=allow_cross_node_tp)
         res = run_refine(result.ranked, m, hw, cluster, wl, run_dir, opts, console=err, search=result)
         if json_out:
             print(json.dumps({"run_dir": str(run_dir), "stats": result.stats(), "refine": res.to_dict()},

@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from autotune import runlog
 from core.errors import ConfigError
@@ -108,3 +110,29 @@ def test_summary_drops_warmup_and_takes_medians_and_peaks(tmp_path):
     assert s["steps"] == [2, 3, 4]
     assert s["phases_s"] == {"rollout": 11.0} and s["step_s"] == 12.0
     assert s["max_memory_allocated_gib"] == 12.0 and s["response_len_mean"] == 103.0
+
+
+_LINE = st.one_of(
+    st.text(max_size=80),
+    st.builds(lambda k, v, s: f"step:{s} - {k}:{v}", st.sampled_from(["timing_s/gen", "timing_s/step", "x/y", ""]),
+              st.one_of(st.floats(allow_nan=True), st.text(max_size=8)), st.integers(-3, 10**12)),
+    st.builds(lambda d, s: json.dumps({"step": s, "data": d}),
+              st.dictionaries(st.sampled_from(["timing_s/gen", "timing_s/update_actor", "response_length/mean"]),
+                              st.one_of(st.none(), st.floats(allow_nan=True), st.text(max_size=5), st.booleans())),
+              st.one_of(st.integers(-5, 100), st.text(max_size=3), st.none())),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(_LINE, max_size=12), tail=st.booleans())
+def test_any_input_gives_records_or_a_coded_error(tmp_path, lines, tail):
+    p = tmp_path / "fuzz.log"
+    p.write_text("\n".join(lines) + ("\n" if tail else ""))
+    try:
+        log = runlog.read_log(p)
+    except ConfigError:
+        return
+    assert log.records and all(r.phases_s for r in log.records)
+    assert [r.step for r in log.records] == sorted({r.step for r in log.records})
+    for r in log.records:
+        assert all(isinstance(v, float) and v == v for v in r.phases_s.values())  # finite floats, no NaN

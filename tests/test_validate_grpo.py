@@ -99,3 +99,25 @@ def test_malformed_rows_are_coded_errors(tmp_path):
     bad.write_text(text)
     with pytest.raises(GrpoTuneError):
         vg.load_grpo_rows(bad)
+
+
+def test_stated_error_is_the_held_out_mape():
+    assert vg.STATED_ERROR_PCT == pytest.approx(vg.run_grpo()["mape_pct"]["holdout"]["step_s"], abs=0.05)
+
+
+def test_report_says_why_the_winner_wins_and_flags_close_plans(tmp_path):
+    from autotune.report import runner_ups, why_winner, write_report
+    from autotune.search import search
+    from core.specs import load_hardware, load_model
+    from core.strategy import Cluster, Workload
+
+    res = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), Workload(), top=5)
+    others = runner_ups(res.ranked)
+    assert others and all(o.strategy != res.best.strategy for o in others)
+    lines = why_winner(res.best, others, 100.0)  # everything "within error": the --refine advice appears
+    assert any("--refine" in ln for ln in lines)
+    assert any("rollout" in ln or "update" in ln for ln in lines)  # the gap is split by phase
+    assert not any("--refine" in ln for ln in why_winner(res.best, others, 0.0))
+    write_report(tmp_path, res.best, ranked=res.ranked, pareto=res.pareto)
+    text = (tmp_path / "report.md").read_text()
+    assert "## Why the winner" in text and "stated error" in text

@@ -21,6 +21,7 @@ from autotune import verl_table as table
 from autotune.verl_table import ACTOR, OTC, REF, REF_OTC, ROLLOUT
 from core.errors import CODES, ConfigError, GrpoTuneError, close_matches
 from core.rules import Finding as RuleFinding
+from core.rules import check_batches as core_check_batches
 from core.rules import check_degrees as core_check_degrees
 from core.strategy import Cluster, Strategy, Workload
 
@@ -360,11 +361,13 @@ def _check_batches(c: Ctx, dp: int | None) -> dict[str, Any]:
               f"{dp} x {micro} = {dp * micro}",
               "verl asserts (train_batch_size * n) % (DP * ppo_micro_batch_size_per_gpu) == 0",
               key="data.train_batch_size")
-    if (mini * n) % dp:
-        c.add(E, "BATCH_DIVISIBILITY",
-              f"ppo_mini_batch_size x n = {mini} x {n} = {mini * n} sequences do not split over DP={dp}",
-              "verl's engine asserts mini_batch_size % DP == 0 at the first update", key=f"{ACTOR}.ppo_mini_batch_size")
-    elif ((mini * n) // dp) % micro:
+    # the DP split is the one batch rule of core.rules (verl's engine asserts it at the first update); a
+    # micro-batch remainder only shortens verl's last micro-batch, so it stays a warning here
+    split = core_check_batches(Workload(prompts=mini, n=n, mini_batch=mini), dp=dp)[:1]  # (the step split is the same)
+    for f in split:
+        c.add(E, f.code, f.message, "verl's engine asserts mini_batch_size * n % DP == 0 at the first update",
+              key=f"{ACTOR}.ppo_mini_batch_size")
+    if not split and ((mini * n) // dp) % micro:
         c.add(W, "BATCH_DIVISIBILITY",
               f"each rank's mini-batch ({mini * n // dp} sequences) is not a multiple of the micro-batch {micro}",
               "the last micro-batch of each update is smaller", key=mkey)
