@@ -320,7 +320,8 @@ def _fits(est) -> bool:
 
 
 def tune(plan: LaunchPlan, *, keep: Sequence[str] = (), calibration: dict[str, float] | None = None,
-         min_headroom: float = 0.05, top: int = 10) -> TuneResult:
+         min_headroom: float = 0.05, top: int = 10, pins: dict[str, Any] | None = None) -> TuneResult:
+    """``keep``: fields held at the launch's values; ``pins``: fields set to given values (estimate's flags)."""
     from autotune.search import rank_key, search, step_s
     from core.errors import NoFeasiblePlanError
     from costmodel.estimate import estimate
@@ -334,7 +335,12 @@ def tune(plan: LaunchPlan, *, keep: Sequence[str] = (), calibration: dict[str, f
     if bad:
         raise ConfigError(f"--keep {bad[0]}: not a strategy field tune changes", hint=f"choose from {', '.join(SEARCHED)}")
     s0 = plan.strategy
-    pins = {k: getattr(s0, k) for k in keep}
+    extra = dict(pins or {})
+    bad = [k for k in extra if k not in SEARCHED]
+    if bad:
+        raise ConfigError(f"--{bad[0].replace('_', '-')}: tune keeps that setting as the launch has it",
+                          hint=f"pin one of {', '.join(SEARCHED)}")
+    pins = {k: getattr(s0, k) for k in keep} | extra
     if "offload" in pins:
         pins["offload"] = tuple(pins["offload"])
     if "etp" in pins and not plan.model.is_moe:
@@ -372,7 +378,9 @@ def tune(plan: LaunchPlan, *, keep: Sequence[str] = (), calibration: dict[str, f
     if candidates:
         e, new = candidates[0]
         better = step_s(e) < step_s(cur) * (1 - MIN_GAIN)
-        if better or not _fits(cur):
+        # a value the user pinned that the launch does not have is a change asked for, faster or not
+        asked = any(_pinned_differs(s0, k, v) for k, v in extra.items())
+        if better or not _fits(cur) or asked:
             changes = {k: (launch.get(k), v) for k, v in new.items() if not _same(launch.get(k), v)}
             best = e if changes else cur
     nearest: list[Any] = []
@@ -388,6 +396,13 @@ def tune(plan: LaunchPlan, *, keep: Sequence[str] = (), calibration: dict[str, f
                 nearest.append(e)
     return TuneResult(plan=plan, current=cur, best=best, changes=changes, ranked=[e for e, _ in candidates[:top]],
                       nearest_fit=nearest, search_stats=stats, pins=pins)
+
+
+def _pinned_differs(s: Strategy, key: str, value: Any) -> bool:
+    have = getattr(s, key)
+    if key == "offload":
+        return tuple(have) != tuple(value)
+    return not _same(have, value)
 
 
 def _headroom_ok(est, min_headroom: float) -> bool:

@@ -11,7 +11,23 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from autotune.options import MIN_HEADROOM_DEFAULT, Json, MinHeadroom
+from autotune.options import (
+    MIN_HEADROOM_DEFAULT,
+    Cp,
+    Ep,
+    Etp,
+    GpuMemUtil,
+    Json,
+    Mbs,
+    MinHeadroom,
+    Offload,
+    Pp,
+    Recompute,
+    RolloutTp,
+    Tp,
+    Vpp,
+    strategy_pins,
+)
 
 GiB = 1024 ** 3
 
@@ -53,7 +69,10 @@ def _summary(est) -> dict[str, Any]:
 def tune(launch: Launch, hardware: Hardware = "h100", model: ModelOpt = None, keep: Keep = None,
          out: Out = Path("runs"), json_out: Json = False, calibration: Calibration = None,
          min_headroom: MinHeadroom = MIN_HEADROOM_DEFAULT, prompt_len_mean: PromptLenMean = None,
-         response_len_mean: ResponseLenMean = None, emit: Emit = True) -> None:
+         response_len_mean: ResponseLenMean = None, emit: Emit = True,
+         tp: Tp = None, pp: Pp = None, vpp: Vpp = None, cp: Cp = None, ep: Ep = None, etp: Etp = None,
+         mbs: Mbs = None, recompute: Recompute = None, offload: Offload = None, rollout_tp: RolloutTp = None,
+         gpu_memory_utilization: GpuMemUtil = None) -> None:
     """Price your verl launch, find a faster plan for the same workload, and print only the overrides that change."""
     from autotune import tune as T
     from autotune.emit import Tables, emit_run
@@ -67,7 +86,9 @@ def tune(launch: Launch, hardware: Hardware = "h100", model: ModelOpt = None, ke
 
         cal = load_calibration(calibration, hardware=plan.hardware.name)
     keep_list = [k.strip() for k in (keep or "").split(",") if k.strip()]
-    res = T.tune(plan, keep=keep_list, calibration=cal, min_headroom=min_headroom)
+    pins = strategy_pins(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs, recompute=recompute, offload=offload,
+                         rollout_tp=rollout_tp, gpu_memory_utilization=gpu_memory_utilization)
+    res = T.tune(plan, keep=keep_list, calibration=cal, min_headroom=min_headroom, pins=pins)
     launch_obj = plan.launch
     if launch_obj is None:  # plan_of reads a best.yaml too; tune edits launches only
         from core.errors import ConfigError
@@ -79,11 +100,11 @@ def tune(launch: Launch, hardware: Hardware = "h100", model: ModelOpt = None, ke
     if emit:
         run_dir, files = emit_run(res.best, out=out, search=Tables(ranked=res.ranked, counters=res.search_stats),
                                   meta={"tuned_from": str(launch), **({"calibration": str(calibration)} if calibration else {})})
-        tp = run_dir / "tuned.sh"
-        atomic_write(tp, tuned)
+        tuned_path = run_dir / "tuned.sh"
+        atomic_write(tuned_path, tuned)
         mode = launch_obj.path.stat().st_mode
-        tp.chmod(stat.S_IMODE(mode) | stat.S_IRUSR | stat.S_IWUSR)
-        files["tuned.sh"] = tp
+        tuned_path.chmod(stat.S_IMODE(mode) | stat.S_IRUSR | stat.S_IWUSR)
+        files["tuned.sh"] = tuned_path
     cur, best = _summary(res.current), _summary(res.best)
     gain = res.gain()
     if json_out:

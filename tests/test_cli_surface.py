@@ -34,7 +34,10 @@ SURFACE = {
     "models": ["--json"],
     "hardware": ["--json"],
     "tune": ["--calibration", "--emit / --no-emit", "--hardware", "--json", "--keep", "--min-headroom", "--model -m",
-             "--out", "--prompt-len-mean", "--response-len-mean", "LAUNCH"],
+             "--out", "--prompt-len-mean", "--response-len-mean", "LAUNCH",
+             # pins as estimate spells them (issue 11: "--keep tp,pp or any estimate flag")
+             "--tp", "--pp", "--vpp", "--cp", "--ep", "--etp", "--mbs", "--recompute", "--offload", "--rollout-tp",
+             "--gpu-memory-utilization"],
     "calibrate": ["--from-log", "--hardware", "--json", "--launch", "--model -m", "--out", "--params", "--warmup",
                   "EXTRA"],
 }

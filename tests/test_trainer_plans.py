@@ -2,8 +2,8 @@
 check (what ``train --dry-run`` and ``profile`` run) or refused with a coded reason from
 ``core.support.check_supported``, the torch-free rule set the search side can apply too.
 
-Plans: the ranked and Pareto plans of ``autotune.search.search`` plus every layout x micro-batch
-x optimizer choice of the valid space (``autotune.search.Space``) for each preset on H100s (tiny
+Plans: the ranked and Pareto plans of ``autotune.search.search`` plus every layout x batching
+(fixed mbs or token budget) x optimizer (distributed, CPU optimizer) choice of the valid space (``autotune.search.Space``) for each preset on H100s (tiny
 presets on the ``cpu`` profile), and CP plans of a long-context workload. For the first accepted
 plans of each preset the megatron-core ``TransformerConfig`` the workers build must construct (its ``__post_init__`` holds megatron's own refusals), so a plan that passes the
 pre-start check is not refused later by megatron's config checks. No process is started.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.search import Space, search
+from autotune.search import Space, _extra, search
 from core.config import RunConfig, TrainerOptions
 from core.errors import GrpoTuneError, NoFeasiblePlanError
 from core.specs import load_hardware, load_model
@@ -25,6 +25,7 @@ from trainer.launch import preflight
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = sorted(p.stem for p in (ROOT / "profiles" / "models").glob("*.toml"))
 GPU_STEPS = (8, 64, 256, 512)
+PREFLIGHT_SAMPLE = 400  # plans of the sweep that go through the whole pre-start check
 BUILD = 12  # accepted plans per preset whose megatron TransformerConfig is built
 
 
@@ -41,24 +42,42 @@ def _plans(m, hw, w, pins=None):
         except NoFeasiblePlanError:
             continue
         plans = [e.strategy for e in res.ranked] + [e.strategy for e in res.pareto]
+        global SEARCHED
+        SEARCHED = len(plans)
         # every layout x micro-batch x optimizer choice of the space (the other options, recompute and
         # offload, never meet a trainer rule); one rollout option, which the trainer checks do not read
         space = Space(m, hw, cluster, w, dict(pins or {}))
         roll = space.rollout_options()[0]
         for lay in space.layouts():
-            for b in space.mbs_options(lay):
+            for b in space.batch_options(lay):  # fixed mbs and token budgets (dynamic batching)
                 for d in space.dist_opt_options():
-                    opt = dict(mbs=b, recompute=space.recompute_options()[0], distributed_optimizer=d, offload=())
-                    plans.append(validate(m, space.strategy(lay, opt, roll), gpus))
+                    for c in space.cpu_options():  # Megatron's CPU optimizer on/off
+                        opt = dict(**b, recompute=space.recompute_options()[0], distributed_optimizer=d,
+                                   **_extra(((), c)))
+                        plans.append(validate(m, space.strategy(lay, opt, roll), gpus))
         return cluster, plans
     pytest.fail(f"no GPU count in {GPU_STEPS} gives {m.name} a feasible plan")
+
+
+SEARCHED = 0  # set by _plans: how many leading plans came from search() itself
 
 
 def _check(m, hw, cluster, w, plans, *, build_config: bool = True) -> tuple[int, set[str]]:
     from trainer.model import transformer_config
 
     accepted, codes, built = 0, set(), set()
-    for s in plans:
+    # the whole pre-start check on the search's own plans and an even sample of the sweep (its
+    # plan-independent parts, dataset and reward lookups, cost a few ms); the shared rule set on all
+    stride = max(1, len(plans) // PREFLIGHT_SAMPLE)
+    for i, s in enumerate(plans):
+        if i >= SEARCHED and i % stride:
+            shared = check_supported(m, s, hw, workload=w)
+            assert not check_plan(m, s, workload=w), (m.name, s, shared)  # the search applies these
+            if shared:
+                codes.update(f.code for f in shared)
+            else:
+                accepted += 1
+            continue
         cfg = RunConfig(model=m, hardware=hw, cluster=cluster, strategy=s, workload=w,
                         trainer=TrainerOptions(rollout_engine="auto"))
         shared = check_supported(m, s, hw, workload=w)
