@@ -91,3 +91,10 @@ def test_weight_sync_grows_with_model_bytes_and_buckets():
     assert small["buckets"] == math.ceil(total / (SYNC_BUCKET_BYTES / 8))
     assert small["overhead_s"] - one["overhead_s"] == pytest.approx(
         (small["buckets"] - one["buckets"]) * e.sync_bucket_overhead_s)
+
+
+def test_a_token_budget_below_the_longest_sequence_is_flagged():
+    e = est(Strategy(tp=2, rollout_tp=2, max_tokens_per_gpu=1000))
+    assert "BATCH_DIVISIBILITY" in [v.code for v in e.violations]
+    ok = est(Strategy(tp=2, rollout_tp=2, max_tokens_per_gpu=2048))
+    assert "BATCH_DIVISIBILITY" not in [v.code for v in ok.violations]

@@ -292,3 +292,10 @@ def test_a_fifo_run_config_is_refused_unread(tmp_path, capsys):
     os.mkfifo(p)
     assert cli_main(["train", "--config", str(p), "--dry-run"]) == 2  # it used to block forever in read_text
     assert "regular file" in capsys.readouterr().err
+
+
+def test_probe_refuses_a_billion_ranks_before_starting(tmp_path, capsys):
+    t0 = time.monotonic()
+    assert cli_main(["probe-hardware", "--out", str(tmp_path / "x.toml"), "--nproc", "1000000000"]) == 2
+    assert time.monotonic() - t0 < 20 and "[BAD_CONFIG]" in capsys.readouterr().err
+    assert not (tmp_path / "x.toml").exists()

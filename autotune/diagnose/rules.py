@@ -202,7 +202,7 @@ def check_degrees(c: Ctx) -> None:
 
 def _check_degrees(c: Ctx) -> bool:
     roles, world, gpn, model = c.roles, c.world, c.gpn, c.model
-    actor, ref, rollout = roles["actor"], roles["ref"], roles["rollout"]
+    actor, ref, rollout = roles["actor"], roles["ref"], roles["rollout"]  # rollout: see _check_rollout
     ok = all(actor[d] is not None for d in DEGREES) and world is not None
     for d, k in DEGREES.items():
         key = f"{REF}.megatron.{k}"
@@ -247,7 +247,25 @@ def _check_degrees(c: Ctx) -> bool:
     if sp is True and tp == 1 and c.set(f"{ACTOR}.megatron.sequence_parallel"):
         c.add(I, "BAD_CONFIG", "sequence_parallel=True has no effect at TP=1 (verl turns it off)",
               key=f"{ACTOR}.megatron.sequence_parallel")
-    # rollout
+    ok = _check_rollout(c, tp) and ok
+    # model-dependent degree rules (heads, layers, VPP, rollout TP vs heads): the one rule set, core.rules
+    if ok and model is not None and rollout["tp"] is not None and world is not None:
+        try:
+            found = core_check_degrees(model, _strategy(c, roles), world, gpus_per_node=gpn,
+                                       allow_cross_node_tp=True)
+        except ConfigError as exc:
+            found = [RuleFinding(exc.code, exc.message, exc.hint)]
+        for f in found:
+            if f.code == "EXPERT_IMBALANCE" and any(x.code == f.code for x in c.findings):
+                continue  # already said from the verl keys
+            c.add(Severity(str(f.severity)), f.code, f.message, f.hint)
+            ok = ok and f.severity != "error"
+    return ok
+
+
+def _check_rollout(c: Ctx, tp: int | None) -> bool:
+    """verl's rollout rules (vLLM: TP only, within a node, dividing the world); False when one is broken."""
+    rollout, world, gpn, ok = c.roles["rollout"], c.world, c.gpn, True
     rtp, rpp = rollout["tp"], rollout["pp"]
     if rtp is not None and world is not None:
         if world % rtp:
@@ -276,18 +294,6 @@ def _check_degrees(c: Ctx) -> bool:
         c.add(E, "BAD_CONFIG", f"{ROLLOUT}.gpu_memory_utilization={gmu!r} must be a fraction in (0, 1]",
               key=f"{ROLLOUT}.gpu_memory_utilization")
         ok = False
-    # model-dependent degree rules (heads, layers, VPP, rollout TP vs heads): the one rule set, core.rules
-    if ok and model is not None and rtp is not None and world is not None:
-        try:
-            found = core_check_degrees(model, _strategy(c, roles), world, gpus_per_node=gpn,
-                                       allow_cross_node_tp=True)
-        except ConfigError as exc:
-            found = [RuleFinding(exc.code, exc.message, exc.hint)]
-        for f in found:
-            if f.code == "EXPERT_IMBALANCE" and any(x.code == f.code for x in c.findings):
-                continue  # already said from the verl keys
-            c.add(Severity(str(f.severity)), f.code, f.message, f.hint)
-            ok = ok and f.severity != "error"
     return ok
 
 
