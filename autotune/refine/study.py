@@ -145,7 +145,7 @@ def recover(h: StudyHandle, host: str) -> list[str]:
             if isinstance(w.get("pgid"), int) and _group_runs(w["pgid"], t.user_attrs.get("config")):
                 kill_group(w["pgid"])  # orphaned profiling processes of the dead worker
             reason = "interrupted: its worker process died"
-        elif not here and _stale(t.user_attrs.get("heartbeat_utc"), now, h.grace_s):
+        elif not here and _stale(_last_sign(t), now, h.grace_s):
             reason = "interrupted: heartbeat went stale"
         else:
             continue
@@ -154,9 +154,18 @@ def recover(h: StudyHandle, host: str) -> list[str]:
     return plans
 
 
-def _stale(beat: Any, now: float, grace_s: float) -> bool:
-    """A trial that never beat (asked, then its worker vanished) or last beat more than ``grace_s`` ago."""
-    return not isinstance(beat, (int, float)) or now - beat > grace_s
+def _last_sign(t) -> float | None:
+    """When the trial last showed life: its heartbeat, else when it was asked (a worker sets its
+    attributes one by one after ask(); another worker must not take that gap for death)."""
+    beat = t.user_attrs.get("heartbeat_utc")
+    if isinstance(beat, (int, float)):
+        return float(beat)
+    return None if t.datetime_start is None else t.datetime_start.timestamp()
+
+
+def _stale(beat: float | None, now: float, grace_s: float) -> bool:
+    """No sign of life for more than ``grace_s`` seconds (or none at all)."""
+    return beat is None or now - beat > grace_s
 
 
 @dataclass
