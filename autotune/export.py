@@ -158,8 +158,13 @@ def megatron_args(cfg: RunConfig) -> list[str]:
           "--seq-length", str(w.train_seq_len), "--max-position-embeddings", str(max(m.max_seq_len, w.train_seq_len))]
     if w.dtype in ("bf16", "fp16"):  # fp32 is Megatron's default: no flag
         a.append(f"--{w.dtype}")
-    # model shape
-    a += ["--num-layers", str(m.layers), "--hidden-size", str(m.hidden), "--num-attention-heads", str(m.heads),
+    return a + _model_args(cfg)
+
+
+def _model_args(cfg: RunConfig) -> list[str]:
+    """The model's shape, attention and MoE flags."""
+    m = cfg.model
+    a = ["--num-layers", str(m.layers), "--hidden-size", str(m.hidden), "--num-attention-heads", str(m.heads),
           "--vocab-size", str(m.vocab), "--make-vocab-size-divisible-by", "128",
           "--normalization", "RMSNorm", "--norm-epsilon", repr(m.norm_eps), "--swiglu",
           "--position-embedding-type", "rope", "--rotary-base", str(int(m.rope_theta)),

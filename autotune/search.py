@@ -240,8 +240,8 @@ class Space:
 
     def engine_options(self) -> list[dict[str, Any]]:
         """vLLM's max_num_seqs and eager mode (CUDA graphs cost memory, eager costs time per step)."""
-        if self.workload.kind != "grpo":
-            return [{}]
+        if self.workload.kind != "grpo" or self.hardware.native_rollout:
+            return [{}]  # no vLLM: its knobs change nothing (the CPU trainer samples with Megatron)
         seqs = self._choices("max_num_seqs", list(MAX_NUM_SEQS_GRID))
         eager = self._choices("enforce_eager", [False, True])
         return [dict(max_num_seqs=n, enforce_eager=e) for n in seqs for e in eager]

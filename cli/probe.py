@@ -50,6 +50,10 @@ def probe_hardware(out: Path, *, nproc: int | None = None, base: str | None = No
     nproc = nproc or default_nproc()
     if nproc < 1:
         raise ConfigError(f"--nproc must be >= 1, got {nproc}")
+    most = max(64, 4 * (os.cpu_count() or 1))  # one node's ranks: GPUs or cores, never a billion processes
+    if nproc > most:
+        raise ConfigError(f"--nproc {nproc} is more ranks than this machine can run (at most {most})",
+                          hint="the probe measures one node: use its GPU count, or leave --nproc out")
     if out.suffix != ".toml":
         raise ConfigError(f"--out must end in .toml, got {out}", hint="e.g. --out cpu-probed.toml")
     from autotune.export import check_name

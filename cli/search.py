@@ -139,6 +139,13 @@ def search(
 
     run_dir: Path | None = None
     files: dict[str, Path] = {}
+    if refine:  # every refine option is checked before the run folder (a finished refine's best.yaml) is written
+        from autotune.refine import RefineOptions
+
+        opts = RefineOptions(trials=trials, storage=storage, study_name=study_name, trial_steps=trial_steps,
+                             trial_timeout_s=trial_timeout, calibration=cal, pins=pins,
+                             allow_cross_node_tp=allow_cross_node_tp)
+        opts.check()
     if emit or refine:
         kw: dict[str, Any] = dict(search=result, meta={"calibration": str(calibration)} if calibration else None)
         if refine:
@@ -180,11 +187,8 @@ def search(
             console.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})",
                           highlight=False)
     if refine:
-        from autotune.refine import RefineOptions, refine as run_refine
+        from autotune.refine import refine as run_refine
 
-        opts = RefineOptions(trials=trials, storage=storage, study_name=study_name, trial_steps=trial_steps,
-                             trial_timeout_s=trial_timeout, calibration=cal, pins=pins,
-                             allow_cross_node_tp=allow_cross_node_tp)
         res = run_refine(result.ranked, m, hw, cluster, wl, run_dir, opts, console=err, search=result)
         if json_out:
             print(json.dumps({"run_dir": str(run_dir), "stats": result.stats(), "refine": res.to_dict()},

@@ -37,8 +37,32 @@ _Loader.add_implicit_resolver(
 )
 
 
+MAX_YAML_DEPTH = 64
+_FLOW = re.compile(r"""[\[\]{}]|"(?:[^"\\]|\\.)*"|'[^']*'|#[^\n]*""")
+
+
+def flow_depth(text: str) -> int:
+    """The deepest ``[``/``{`` nesting outside strings and comments: one regex pass, run before PyYAML
+    (whose scanner crawls, and whose composer recurses, on thousands of open brackets)."""
+    depth = best = 0
+    for m in _FLOW.finditer(text):
+        c = m.group(0)
+        if c in "[{":
+            depth += 1
+            best = max(best, depth)
+        elif c in "]}":
+            depth = max(0, depth - 1)
+    return best
+
+
 def yaml_load(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    """YAML with the safe loader; nesting deeper than MAX_YAML_DEPTH is a coded error, not a hang or a crash."""
+    if flow_depth(text) > MAX_YAML_DEPTH:
+        raise ConfigError(f"the YAML nests deeper than {MAX_YAML_DEPTH} levels", hint="a config nests a few levels")
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise ConfigError("the YAML nests too deeply to read", hint="a config nests a few levels") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,13 +194,15 @@ _TRAINER_SCHEMA = Schema(ranges={"top_p": FRACTION},
 
 def load(path: str | os.PathLike) -> RunConfig:
     """Read and validate a run config; every failure is a coded :class:`GrpoTuneError`."""
+    from core.specs import read_spec_bytes
+
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"no config file at {p}", hint="run `grpo-tune search` to emit one") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {p}: {exc}") from None
+    if not p.exists():
+        raise ConfigError(f"no config file at {p}", hint="run `grpo-tune search` to emit one")
+    try:  # a regular file under a size cap: a FIFO or /dev/zero is refused unread
+        text = read_spec_bytes(p, "run config").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read {p}: {exc}", hint="a run config is UTF-8 YAML") from None
     try:
         data = yaml_load(text)
     except yaml.YAMLError as exc:

@@ -10,8 +10,8 @@ Every figure is the most loaded rank of the worst pipeline stage, per phase. Pha
 - ``old_logprob`` / ``ref_logprob``: forward only (one layer's working set + logits).
 - ``rollout``: verl's colocated hybrid engine: vLLM takes ``gpu_memory_utilization`` x HBM for its
   weights, its working set and the KV cache; training state that is not offloaded stays resident.
-  A profile with ``native_rollout = 1`` (``cpu``) samples with the trainer's own Megatron model
-  instead: the actor's weights and one forward's activations, no second copy, no KV cache.
+  A profile with ``rollout_engine = "megatron-native"`` (``cpu``) samples with the trainer's own
+  Megatron model instead: the actor's weights and one forward's activations, no second copy, no KV cache.
 - ``weight_sync``: training weights + the rollout copy + one gathered tensor (verl reshards per tensor).
 
 Offloaded state lives in host memory outside the phase that needs it; the host total per node is

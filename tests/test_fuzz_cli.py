@@ -211,8 +211,9 @@ def test_commands_that_would_start_work_refuse_first(inputs, tmp_path, data):
     elif which == "profile":
         argv = ["profile", "--config", f, "--json", data.draw(st.one_of(st.just(f), _file(inputs))), "--steps", "1"]
     else:
-        bad_out = data.draw(st.sampled_from([str(inputs / "folder.yaml"), str(inputs / "nowhere" / "x.toml"), f,
-                                             str(inputs / "x.txt")]))
+        # never a writable .toml path: that is a good --out, and the probe would really run
+        bad_out = data.draw(st.sampled_from([str(inputs / "folder.yaml"), str(inputs / "nowhere" / "x.toml"),
+                                             str(inputs / "x.txt"), *([f] if not f.endswith(".toml") else [])]))
         argv = ["probe-hardware", "--out", bad_out] + _opts(data.draw, {"--name": TEXT, "--nproc": INTS}, 1)
     check(argv, inputs, tmp_path)
 

@@ -221,3 +221,81 @@ def test_override_list_round_trip_keeps_hostile_model_path():
     ov = verl_overrides(cfg, model_path="a b'c\"$(d)")
     assert "actor_rollout_ref.model.path=a b'c\"$(d)" in ov
     assert os.sep  # the list itself is data; verl.sh quotes it (test above)
+
+
+# --- 5 and 6: datasets and rewards checked before any process starts ---------------------------
+
+def _preflight(tmp_path, **trainer):
+    from trainer import launch
+
+    cfg = configs()["7b-tp2"]
+    cfg = cfg.replace(trainer=dataclasses.replace(cfg.trainer, out_dir=str(tmp_path / "run"), **trainer))
+    return launch.preflight(cfg, need_torch=False)
+
+
+@pytest.mark.parametrize("name,content,code", [
+    ("bad.jsonl", b'{"prompt": "1+1", "answer": "2"}\n{not json\n', "BAD_CONFIG"),
+    ("empty.jsonl", b"", "BAD_CONFIG"),
+    ("noprompt.jsonl", b'{"text": "1+1", "answer": "2"}\n', "BAD_CONFIG"),
+    ("data.csv", b"prompt,answer\n1+1,2\n", "BAD_CONFIG"),
+    ("binary.jsonl", b"\xff\xfe\x00\x01" * 64, "BAD_CONFIG"),
+    (None, "synthetic:banana", "BAD_CONFIG"),
+])
+def test_malformed_datasets_fail_the_pre_start_check(tmp_path, name, content, code):
+    if name is None:
+        spec = content
+    else:
+        (tmp_path / name).write_bytes(content)
+        spec = str(tmp_path / name)
+    with pytest.raises(GrpoTuneError) as exc:
+        _preflight(tmp_path, dataset=spec)
+    assert exc.value.code == code, exc.value.message
+
+
+@pytest.mark.parametrize("body,fn", [("def f(:\n", "f"), ("x = 1\n", "f"), ("raise RuntimeError('boom')\n", "f")])
+def test_broken_reward_modules_fail_the_pre_start_check(tmp_path, body, fn):
+    (tmp_path / "rw.py").write_text(body)
+    with pytest.raises(GrpoTuneError) as exc:
+        _preflight(tmp_path, reward=f"{tmp_path / 'rw.py'}:{fn}")
+    assert exc.value.code == "BAD_CONFIG"
+
+
+def test_documented_reward_forms_are_accepted(tmp_path):
+    (tmp_path / "rw.py").write_text("def score(response, answer):\n    return 1.0\n")
+    for spec in ("math", "math_format", f"{tmp_path / 'rw.py'}:score"):
+        assert _preflight(tmp_path, reward=spec).world_size == 8
+
+
+def test_a_bad_refine_option_leaves_the_refined_run_folder_alone(tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "s"
+    run_dir.mkdir(parents=True)
+    best = run_dir / "best.yaml"
+    best.write_text("measured: {step_s: 1.0}  # a finished refine's result\n")
+    rc = cli_main(["search", "--model", "qwen2-7b", "--gpus", "8", "--refine", "--trials", "0",
+                   "--out", str(tmp_path / "runs"), "--study-name", "s"])
+    assert rc == 2 and "[BAD_CONFIG]" in capsys.readouterr().err
+    assert best.read_text() == "measured: {step_s: 1.0}  # a finished refine's result\n"
+    assert sorted(p.name for p in run_dir.iterdir()) == ["best.yaml"]
+
+
+@pytest.mark.parametrize("content", ["[" * 3000 + "]" * 3000, "a: " + "{b: " * 500 + "1" + "}" * 500])
+def test_deep_yaml_run_config_is_a_coded_error(tmp_path, capsys, content):
+    p = tmp_path / "deep.yaml"
+    p.write_text(content)
+    t0 = time.monotonic()
+    assert cli_main(["train", "--config", str(p), "--dry-run"]) == 2
+    assert time.monotonic() - t0 < 30 and "[BAD_CONFIG]" in capsys.readouterr().err
+
+
+def test_a_fifo_run_config_is_refused_unread(tmp_path, capsys):
+    p = tmp_path / "fifo.yaml"
+    os.mkfifo(p)
+    assert cli_main(["train", "--config", str(p), "--dry-run"]) == 2  # it used to block forever in read_text
+    assert "regular file" in capsys.readouterr().err
+
+
+def test_probe_refuses_a_billion_ranks_before_starting(tmp_path, capsys):
+    t0 = time.monotonic()
+    assert cli_main(["probe-hardware", "--out", str(tmp_path / "x.toml"), "--nproc", "1000000000"]) == 2
+    assert time.monotonic() - t0 < 20 and "[BAD_CONFIG]" in capsys.readouterr().err
+    assert not (tmp_path / "x.toml").exists()

@@ -10,6 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from autotune import tune as T
 from autotune import verl
@@ -141,3 +143,31 @@ def test_calibration_from_logs_applies_to_tune(capsys, tmp_path):
     assert plain["current"]["step_s"] > 0  # priced without the file too
     assert main(["tune", str(fix / "launch_a.txt"), "--calibration", str(cal), "--hardware", "h200", "--no-emit"]) == 2
     assert "[BAD_CONFIG]" in capsys.readouterr().err  # fitted on other hardware
+
+
+_VALUES = st.one_of(st.integers(0, 64), st.booleans(), st.none(), st.sampled_from(["full", "it's", "a b", "$X"]),
+                    st.floats(0.05, 0.95).map(lambda x: round(x, 2)))
+_KEYS = ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "actor_rollout_ref.rollout.n",
+         "actor_rollout_ref.rollout.gpu_memory_utilization", "data.train_batch_size",
+         "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity",
+         "actor_rollout_ref.actor.megatron.expert_model_parallel_size", "trainer.nnodes",
+         "actor_rollout_ref.ref.megatron.context_parallel_size"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(launch=st.sampled_from([p for p, _ in LAUNCHES]), changes=st.dictionaries(st.sampled_from(_KEYS), _VALUES))
+def test_tuned_text_changes_exactly_the_given_overrides(tmp_path, launch, changes):
+    lt = T.read_launch(launch)
+    text = T.tuned_text(lt, {k: (lt.get(k), v) for k, v in changes.items()})
+    out = tmp_path / "t.sh"
+    out.write_text(text)
+    if BASH:
+        assert subprocess.run([BASH, "-n", str(out)], check=False, capture_output=True).returncode == 0
+    after = {o.key: o for o in parse_script(text)[0]}
+    before = {o.key: o for o in lt.overrides}
+    for k, v in changes.items():
+        assert after[k].value == v or (isinstance(v, str) and after[k].raw == v), (k, v, after[k])
+    for k, o in before.items():
+        if k not in changes:
+            assert after[k].raw == o.raw
+    assert set(after) == set(before) | set(changes)

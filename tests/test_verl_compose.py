@@ -111,3 +111,24 @@ def test_diagnose_agrees_with_hydra_on_keys(override):
     rep = diagnose_overrides([override])
     refused = [f for f in rep.findings if f.key == key and f.severity == "error" and f.code in ("UNKNOWN_KEY", "BAD_CONFIG")]
     assert bool(refused) == (not composes), (override, [f.to_dict() for f in refused])
+
+
+def test_new_contract_fields_compose_with_their_values():
+    """Dynamic batching, the hybrid CPU optimizer and the vLLM engine knobs reach verl's composed config."""
+    cfg = configs()["7b-tp2"]
+    s = cfg.strategy.replace(max_tokens_per_gpu=12000, log_prob_max_tokens_per_gpu=24000, cpu_optimizer=0.5,
+                             overlap_cpu_optimizer=True, precision_aware_optimizer=True, max_num_seqs=64,
+                             max_num_batched_tokens=4096, enforce_eager=True, chunked_prefill=False,
+                             free_cache_engine=False)
+    tree = verl.compose(verl_overrides(cfg.replace(strategy=s), model_path="/m", train_files="/t", val_files="/v"))
+    aro = tree["actor_rollout_ref"]
+    assert aro["actor"]["use_dynamic_bsz"] is True and aro["actor"]["ppo_max_token_len_per_gpu"] == 12000
+    for role in ("ref", "rollout"):
+        assert aro[role]["log_prob_use_dynamic_bsz"] is True
+        assert aro[role]["log_prob_max_token_len_per_gpu"] == 24000
+    assert aro["actor"]["optim"]["override_optimizer_config"] == {
+        "optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.5, "overlap_cpu_optimizer_d2h_h2d": True,
+        "use_precision_aware_optimizer": True}
+    r = aro["rollout"]
+    assert (r["max_num_seqs"], r["max_num_batched_tokens"], r["enforce_eager"], r["enable_chunked_prefill"],
+            r["free_cache_engine"]) == (64, 4096, True, False, False)

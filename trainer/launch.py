@@ -89,7 +89,7 @@ def preflight(cfg: RunConfig, *, nnodes: int | None = None, node_rank: int = 0, 
                             hint="give a .jsonl/.parquet file with prompt and answer fields, or 'synthetic'")
     if t.dataset.endswith(".parquet") and importlib.util.find_spec("pyarrow") is None:
         raise MissingDependencyError("reading a Parquet dataset needs pyarrow", hint="pip install pyarrow")
-    _check_reward(t.reward)
+    _check_data_and_reward(t.dataset, t.reward, seed=t.seed)
     if t.moe_router_load_balancing_type not in LOAD_BALANCING_TYPES:
         raise ConfigError(f"trainer.moe_router_load_balancing_type {t.moe_router_load_balancing_type!r} is not one "
                           f"of {', '.join(LOAD_BALANCING_TYPES)}", hint="megatron-core 0.16.1's router types")
@@ -117,18 +117,25 @@ def preflight(cfg: RunConfig, *, nnodes: int | None = None, node_rank: int = 0, 
     return lay
 
 
-def _check_reward(spec: str) -> None:
-    if spec == "math":
-        return
-    mod, sep, fn = spec.partition(":")
-    if not sep or not mod or not fn.isidentifier():
-        raise ConfigError(f"trainer.reward {spec!r} is neither 'math' nor a dotted path 'package.module:function'")
+def _check_data_and_reward(dataset: str, reward: str, *, seed: int) -> None:
+    """Load the dataset and the reward exactly as the workers will, before any process starts: a bad JSON
+    line, an empty file, a missing ``prompt``, a binary file or a reward module that fails to import is a
+    coded error here, not a ChildFailedError after torchrun (issue 14 #5, #6: math_format and
+    ``path/file.py:function`` are accepted because the workers' loader accepts them)."""
+    from trainer.data import load_dataset
+    from trainer.reward import load_reward
+
     try:
-        found = importlib.util.find_spec(mod)
-    except (ImportError, ValueError):
-        found = None
-    if found is None:
-        raise ConfigError(f"trainer.reward: module {mod!r} cannot be found", hint="put it on PYTHONPATH")
+        examples = load_dataset(dataset, seed=seed)
+    except UnicodeDecodeError:
+        raise ConfigError(f"dataset {dataset!r} is not UTF-8 text", hint="give a .jsonl or .parquet file") from None
+    except OSError as exc:
+        raise GrpoTuneError(f"dataset {dataset!r} cannot be read ({exc.strerror})", code="MISSING_DATASET",
+                            hint="check the path and its permissions") from None
+    if not examples:
+        raise GrpoTuneError(f"dataset {dataset!r} holds no examples", code="MISSING_DATASET",
+                            hint="give a .jsonl/.parquet file with prompt and answer fields, or 'synthetic'")
+    load_reward(reward)
 
 
 def check_resume(out_dir: str | os.PathLike, world_size: int) -> int | None:

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from autotune import verl
-from core.config import _Loader
+from core.config import _Loader, flow_depth
 from core.errors import ConfigError
 
 from .findings import Finding, Severity
@@ -132,26 +132,9 @@ def _check_size(root: yaml.Node | None, where: str) -> None:
                               hint="a verl config nests a few levels; check the file")
 
 
-_FLOW = re.compile(r"""[\[\]{}]|"(?:[^"\\]|\\.)*"|'[^']*'|#[^\n]*""")
-
-
-def _flow_depth(text: str) -> int:
-    """The deepest ``[``/``{`` nesting outside strings and comments: one regex pass, before PyYAML
-    (whose scanner slows down badly on thousands of open brackets)."""
-    depth = best = 0
-    for m in _FLOW.finditer(text):
-        c = m.group(0)
-        if c in "[{":
-            depth += 1
-            best = max(best, depth)
-        elif c in "]}":
-            depth = max(0, depth - 1)
-    return best
-
-
 def load_yaml(text: str, where: str) -> tuple[Any, list[tuple[str, int]]]:
     """(data, duplicate keys with their lines). Refuses over-deep or over-large (aliased) documents."""
-    if _flow_depth(text) > MAX_YAML_DEPTH:
+    if flow_depth(text) > MAX_YAML_DEPTH:
         raise ConfigError(f"{where}: the YAML nests deeper than {MAX_YAML_DEPTH} levels",
                           hint="a verl config nests a few levels; check the file")
     loader = _StrictLoader(text)

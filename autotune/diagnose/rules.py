@@ -21,6 +21,7 @@ from autotune import verl_table as table
 from autotune.verl_table import ACTOR, OTC, REF, REF_OTC, ROLLOUT
 from core.errors import CODES, ConfigError, GrpoTuneError, close_matches
 from core.rules import Finding as RuleFinding
+from core.rules import check_batches as core_check_batches
 from core.rules import check_degrees as core_check_degrees
 from core.strategy import Cluster, Strategy, Workload
 
@@ -201,7 +202,7 @@ def check_degrees(c: Ctx) -> None:
 
 def _check_degrees(c: Ctx) -> bool:
     roles, world, gpn, model = c.roles, c.world, c.gpn, c.model
-    actor, ref, rollout = roles["actor"], roles["ref"], roles["rollout"]
+    actor, ref, rollout = roles["actor"], roles["ref"], roles["rollout"]  # rollout: see _check_rollout
     ok = all(actor[d] is not None for d in DEGREES) and world is not None
     for d, k in DEGREES.items():
         key = f"{REF}.megatron.{k}"
@@ -246,7 +247,25 @@ def _check_degrees(c: Ctx) -> bool:
     if sp is True and tp == 1 and c.set(f"{ACTOR}.megatron.sequence_parallel"):
         c.add(I, "BAD_CONFIG", "sequence_parallel=True has no effect at TP=1 (verl turns it off)",
               key=f"{ACTOR}.megatron.sequence_parallel")
-    # rollout
+    ok = _check_rollout(c, tp) and ok
+    # model-dependent degree rules (heads, layers, VPP, rollout TP vs heads): the one rule set, core.rules
+    if ok and model is not None and rollout["tp"] is not None and world is not None:
+        try:
+            found = core_check_degrees(model, _strategy(c, roles), world, gpus_per_node=gpn,
+                                       allow_cross_node_tp=True)
+        except ConfigError as exc:
+            found = [RuleFinding(exc.code, exc.message, exc.hint)]
+        for f in found:
+            if f.code == "EXPERT_IMBALANCE" and any(x.code == f.code for x in c.findings):
+                continue  # already said from the verl keys
+            c.add(Severity(str(f.severity)), f.code, f.message, f.hint)
+            ok = ok and f.severity != "error"
+    return ok
+
+
+def _check_rollout(c: Ctx, tp: int | None) -> bool:
+    """verl's rollout rules (vLLM: TP only, within a node, dividing the world); False when one is broken."""
+    rollout, world, gpn, ok = c.roles["rollout"], c.world, c.gpn, True
     rtp, rpp = rollout["tp"], rollout["pp"]
     if rtp is not None and world is not None:
         if world % rtp:
@@ -275,18 +294,6 @@ def _check_degrees(c: Ctx) -> bool:
         c.add(E, "BAD_CONFIG", f"{ROLLOUT}.gpu_memory_utilization={gmu!r} must be a fraction in (0, 1]",
               key=f"{ROLLOUT}.gpu_memory_utilization")
         ok = False
-    # model-dependent degree rules (heads, layers, VPP, rollout TP vs heads): the one rule set, core.rules
-    if ok and model is not None and rtp is not None and world is not None:
-        try:
-            found = core_check_degrees(model, _strategy(c, roles), world, gpus_per_node=gpn,
-                                       allow_cross_node_tp=True)
-        except ConfigError as exc:
-            found = [RuleFinding(exc.code, exc.message, exc.hint)]
-        for f in found:
-            if f.code == "EXPERT_IMBALANCE" and any(x.code == f.code for x in c.findings):
-                continue  # already said from the verl keys
-            c.add(Severity(str(f.severity)), f.code, f.message, f.hint)
-            ok = ok and f.severity != "error"
     return ok
 
 
@@ -360,11 +367,13 @@ def _check_batches(c: Ctx, dp: int | None) -> dict[str, Any]:
               f"{dp} x {micro} = {dp * micro}",
               "verl asserts (train_batch_size * n) % (DP * ppo_micro_batch_size_per_gpu) == 0",
               key="data.train_batch_size")
-    if (mini * n) % dp:
-        c.add(E, "BATCH_DIVISIBILITY",
-              f"ppo_mini_batch_size x n = {mini} x {n} = {mini * n} sequences do not split over DP={dp}",
-              "verl's engine asserts mini_batch_size % DP == 0 at the first update", key=f"{ACTOR}.ppo_mini_batch_size")
-    elif ((mini * n) // dp) % micro:
+    # the DP split is the one batch rule of core.rules (verl's engine asserts it at the first update); a
+    # micro-batch remainder only shortens verl's last micro-batch, so it stays a warning here
+    split = core_check_batches(Workload(prompts=mini, n=n, mini_batch=mini), dp=dp)[:1]  # (the step split is the same)
+    for f in split:
+        c.add(E, f.code, f.message, "verl's engine asserts mini_batch_size * n % DP == 0 at the first update",
+              key=f"{ACTOR}.ppo_mini_batch_size")
+    if not split and ((mini * n) // dp) % micro:
         c.add(W, "BATCH_DIVISIBILITY",
               f"each rank's mini-batch ({mini * n // dp} sequences) is not a multiple of the micro-batch {micro}",
               "the last micro-batch of each update is smaller", key=mkey)

@@ -298,7 +298,7 @@ class ShellReader:
                 out.text += self._adv(m.end() - self.i if m else 1)
 
     # ------------------------------------------------------------------ words and commands
-    def _word(self) -> Word | None:
+    def _word(self) -> Word:
         """One word from ``self.i`` (at a non-blank, non-operator character)."""
         start, line = self.i, self.line
         out = Value()
@@ -329,100 +329,97 @@ class ShellReader:
                 break
         return Word(out, line, self.s[start:self.i])
 
+    def _finish(self, st: "_Building", end: str) -> Command | None:
+        """The command built so far (None when empty); a bare assignment list updates the script's variables."""
+        cmd = None
+        if st.words or st.assigns:
+            if st.words and st.words[0].value.text in DECLARE:
+                for w in st.words[1:]:
+                    m = _ASSIGN.match(w.value.text)
+                    if m:
+                        self.env[m.group(1)] = _tail(w.value, len(m.group(0)))
+            if not st.words:
+                self.env.update(st.pending)
+            first = st.words[0] if st.words else st.assigns[0][1]
+            cmd = Command(st.words, st.assigns, first.line, end)
+        st.words, st.assigns, st.pending = [], [], {}
+        return cmd
+
+    def _redirect(self, st: "_Building") -> None:
+        """At ``<`` or ``>``: drop the fd number (``2>&1``); a here-document's body is skipped at the newline."""
+        if st.words and re.fullmatch(r"\d+", st.words[-1].raw) and self.s[self.i - 1].isdigit():
+            st.words.pop()
+        if self.s.startswith("<<", self.i):
+            self._adv(2)
+            if self._peek() == "-":
+                self._adv()
+            while self._peek() in " \t":
+                self._adv()
+            st.heredoc = self._word().value.text
+            return
+        self._adv()
+        while self._peek() in "<>&|":
+            self._adv()
+        st.redirect = True
+
+    def _operator(self, st: "_Building") -> Command | None:
+        """At ``;``, ``&``, ``|``, ``(`` or ``)``: end the command (``&>`` is a redirection)."""
+        c = self._peek()
+        op = c
+        if self.s.startswith(("&&", "||", ";;"), self.i):
+            op = self.s[self.i:self.i + 2]
+        elif c == "&" and self._peek(1) == ">":
+            self._adv(2)
+            st.redirect = True
+            return None
+        self._adv(len(op))
+        return self._finish(st, op)
+
+    def _add_word(self, st: "_Building", w: Word) -> None:
+        if st.redirect:  # a redirection's target, not an argument
+            st.redirect = False
+            return
+        m = _ASSIGN.match(w.raw) if not st.words else None
+        if m:
+            val = _tail(w.value, len(m.group(0)))
+            st.assigns.append((m.group(1), Word(val, w.line, w.raw)))
+            st.pending[m.group(1)] = val
+        else:
+            st.words.append(w)
+
     def commands(self):
         """Yield each simple command in order; assignments take effect as bash applies them."""
-        words: list[Word] = []
-        assigns: list[tuple[str, Word]] = []
-        pending: dict[str, Value] = {}
-        redirect = False
-        heredoc: str | None = None
-        line = self.line
-
-        def finish(end: str) -> Command | None:
-            nonlocal words, assigns, pending, line
-            cmd = None
-            if words or assigns:
-                if words and words[0].value.text in DECLARE:
-                    for w in words[1:]:
-                        m = _ASSIGN.match(w.value.text)
-                        if m:
-                            self.env[m.group(1)] = _tail(w.value, len(m.group(0)))
-                if not words:
-                    self.env.update(pending)
-                first = words[0] if words else assigns[0][1]
-                cmd = Command(words, assigns, first.line, end)
-            words, assigns, pending = [], [], {}
-            return cmd
-
+        st = _Building()
         while self.i < self.n:
             c = self._peek()
             if c in " \t\r":
                 self._adv()
-                continue
-            if c == "\\" and self._peek(1) == "\n":
+            elif c == "\\" and self._peek(1) == "\n":
                 self._adv(2)
-                continue
-            if c == "#":
+            elif c == "#":
                 end = self.s.find("\n", self.i)
                 self._adv((self.n if end < 0 else end) - self.i)
-                continue
-            if c == "\n":
+            elif c == "\n":
                 self._adv()
-                cmd = finish("\n")
+                cmd = self._finish(st, "\n")
                 if cmd:
                     yield cmd
-                if heredoc is not None:
-                    self._skip_heredoc(heredoc)
-                    heredoc = None
-                line = self.line
-                continue
-            if c in ";&|()":
-                op = c
-                if self.s.startswith(("&&", "||", ";;"), self.i):
-                    op = self.s[self.i:self.i + 2]
-                elif c == "&" and self._peek(1) == ">":
-                    self._adv(2)
-                    redirect = True
-                    continue
-                self._adv(len(op))
-                cmd = finish(op)
+                if st.heredoc is not None:
+                    self._skip_heredoc(st.heredoc)
+                    st.heredoc = None
+            elif c in ";&|()":
+                cmd = self._operator(st)
                 if cmd:
                     yield cmd
-                line = self.line
-                continue
-            if c in "<>":
-                if words and re.fullmatch(r"\d+", words[-1].raw) and self.s[self.i - 1].isdigit():
-                    words.pop()  # the fd number of 2>&1
-                if self.s.startswith("<<", self.i):
-                    self._adv(2)
-                    if self._peek() == "-":
-                        self._adv()
-                    while self._peek() in " \t":
-                        self._adv()
-                    w = self._word()
-                    heredoc = w.value.text if w else ""
+            elif c in "<>":
+                self._redirect(st)
+            else:
+                w = self._word()
+                if w.raw == "" and self.i < self.n and self._peek() != "\n":
+                    self._adv()  # cannot start a word here: skip the character
                     continue
-                self._adv()
-                while self._peek() in "<>&|":
-                    self._adv()
-                redirect = True
-                continue
-            w = self._word()
-            if w is None or (w.raw == "" and self.i < self.n and self._peek() not in "\n"):
-                self._adv()  # cannot start a word here: skip the character
-                continue
-            if redirect:
-                redirect = False
-                continue
-            m = _ASSIGN.match(w.raw) if not words else None
-            if m:
-                name = m.group(1)
-                val = _tail(w.value, len(m.group(0)))
-                assigns.append((name, Word(val, w.line, w.raw)))
-                pending[name] = val
-                continue
-            words.append(w)
-        cmd = finish("")
+                self._add_word(st, w)
+        cmd = self._finish(st, "")
         if cmd:
             yield cmd
 
@@ -434,6 +431,17 @@ class ShellReader:
             self._adv(min(end + 1, self.n) - self.i)
             if text.strip() == delim:
                 return
+
+
+@dataclass
+class _Building:
+    """The simple command being read."""
+
+    words: list[Word] = field(default_factory=list)
+    assigns: list[tuple[str, Word]] = field(default_factory=list)
+    pending: dict[str, Value] = field(default_factory=dict)
+    redirect: bool = False
+    heredoc: str | None = None
 
 
 def _tail(v: Value, k: int) -> Value:
