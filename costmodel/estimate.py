@@ -17,11 +17,27 @@ from .results import Estimate, PhaseMemory, PhaseTimes, Throughput, TrainParts, 
 __all__ = ["Estimate", "PhaseMemory", "PhaseTimes", "Throughput", "TrainParts", "Violation", "estimate"]
 
 
+def _token_budget(s: Strategy, w: Workload) -> list[Violation]:
+    """verl's rearrange_micro_batches asserts that a token budget holds the longest sequence
+    (the budget is per CP rank and multiplied by the CP size)."""
+    if w.kind != "grpo":
+        return []
+    longest = w.prompt_len + w.response_len
+    out = []
+    for name in ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu"):
+        cap = getattr(s, name)
+        if cap and cap * s.cp < longest:
+            out.append(Violation("BATCH_DIVISIBILITY", f"{name}={cap} (x cp {s.cp}) is below the longest sequence "
+                                 f"({longest} tokens): verl refuses it; raise it to at least {-(-longest // s.cp)}"))
+    return out
+
+
 def estimate(*, model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strategy: Strategy,
              workload: Workload, calibration: dict[str, float] | None = None) -> Estimate:
     s = validate(model, strategy, cluster.gpus, gpus_per_node=cluster.gpus_per_node, allow_cross_node_tp=True)
     params = {"total": total_params(model), "active": active_params(model), "per_rank_max": max_rank_params(model, s)}
     mem, host_bytes, violations = memory.phase_memory(model, hardware, cluster, s, workload)
+    violations += _token_budget(s, workload)
     time, throughput, details = timing.step_time(model, hardware, cluster, s, workload, calibration=calibration)
     return Estimate(model=model, hardware=hardware, cluster=cluster, strategy=s, workload=workload, params=params,
                     memory=mem, capacity_bytes=hardware.hbm_bytes - hardware.reserved_memory_bytes,

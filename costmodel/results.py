@@ -39,10 +39,11 @@ class PhaseMemory:
     parts: Mapping[str, float]
     info: Mapping[str, float] = field(default_factory=dict)
     """Figures that are not bytes (rollout: kv_cache_tokens, max_concurrent_sequences, ...)."""
+    total_bytes: float = field(init=False, repr=False, compare=False)
+    """Sum of the parts (computed once: the search reads it for every plan and phase)."""
 
-    @property
-    def total_bytes(self) -> float:
-        return float(sum(self.parts.values()))
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total_bytes", float(sum(self.parts.values())))
 
     def to_dict(self) -> dict[str, Any]:
         return {"total_bytes": int(self.total_bytes), **{f"{k}_bytes": int(v) for k, v in self.parts.items()},

@@ -113,12 +113,13 @@ def _grpo(m, hw, cluster, s, wl, cal):
     # RL passes (short packed micro-batches, fp32 log-prob) reach rl_compute_scale of pretraining's FLOP/s.
     rl = dict(cal, compute_efficiency_scale=cal["compute_efficiency_scale"] * hw.efficiency.rl_compute_scale)
     tok_lp, micro_lp = micro_batch_plan(s, wl, seqs, pe, logprob=True)
-    fwd, _ = train_s(m, hw, cluster, s, tokens_mb=tok_lp, micro_batches=micro_lp, seq_len=seq, cal=rl,
-                     forward_only=True, logprob=True)
+    fwd, lt = train_s(m, hw, cluster, s, tokens_mb=tok_lp, micro_batches=micro_lp, seq_len=seq, cal=rl,
+                      forward_only=True, logprob=True)
     old = fwd.total_s + cal["old_logprob_overhead_s"]
     ref = (fwd.total_s + cal["ref_logprob_overhead_s"]) if wl.kl else 0.0
     tok_mb, micro = micro_batch_plan(s, wl, wl.mini_batch * wl.n, pe)
-    mini, _ = train_s(m, hw, cluster, s, tokens_mb=tok_mb, micro_batches=micro, seq_len=seq, cal=rl, logprob=True)
+    mini, _ = train_s(m, hw, cluster, s, tokens_mb=tok_mb, micro_batches=micro, seq_len=seq, cal=rl, logprob=True,
+                      lt=lt if tok_mb == tok_lp else None)  # same micro-batch shape: same per-layer times
     upd = wl.ppo_epochs * (wl.prompts // wl.mini_batch) * mini.total_s + cal["update_overhead_s"]
     off = offload_s(m, hw, s, wl) + (cal["offload_overhead_s"] if s.offload else 0.0)
     tokens = seqs * seq

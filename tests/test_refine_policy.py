@@ -88,3 +88,20 @@ def test_one_lucky_run_does_not_outvote_the_model_under_large_noise(space):
     assert pol.recommend(obs) == 0
     # with a 0.1% spread the same single run wins
     assert pol.recommend([(0, p[0]), (0, 1.001 * p[0]), (far, 0.95 * p[0])]) == far
+
+
+def test_a_space_of_ten_thousand_plans_needs_no_n_by_n_matrix():
+    # 12,000 plans: an n x n x features kernel would take 17 GB; columns for the measured plans only
+    from autotune.options import plan_inputs
+    from autotune.refine import build_space
+    from autotune.search import search
+
+    m, hw, cl, wl = plan_inputs(model="tiny", hardware="cpu", gpus=4, gpus_per_node=None, workload="grpo", prompts=8,
+                                n=4, prompt_len=16, response_len=16, mini_batch=8, ppo_epochs=1, kl=True, seq_len=64,
+                                gbs=8)
+    sp = build_space(search(m, hw, cl, wl).ranked, m, hw, cl, wl)
+    big = (sp * (12000 // len(sp) + 1))[:12000]
+    pol = ModelGuided(big)
+    obs = [(0, predicted(big[0])[0]), (7, 0.8 * predicted(big[7])[0]), (0, 1.1 * predicted(big[0])[0])]
+    pick = pol.choose(obs)
+    assert pick is not None and 0 <= pick.index < len(big)

@@ -109,6 +109,12 @@ def _measured(h: StudyHandle, plans: Plans) -> tuple[list[tuple[int, float]], se
     return obs, busy
 
 
+def enqueue(h: StudyHandle, plans: Plans, index: int, *, skip_if_exists: bool = False, **attrs: Any) -> None:
+    """Queue plan ``index`` for the next ask; the WAITING trial carries its plan key (public user attrs)."""
+    h.study.enqueue_trial({PARAM: index}, user_attrs={"plan": plans.keys[index], **attrs},
+                          skip_if_exists=skip_if_exists)
+
+
 def winner_plan(h: StudyHandle, plans: Plans) -> str | None:
     """The refinement's choice. ``model``: the measured plan with the fastest posterior mean
     (measurements weighed against their noise and the model); ``tpe``: the best median tokens/s."""
@@ -129,9 +135,7 @@ def _next_plan(h: StudyHandle, plans: Plans, opts: RefineOptions) -> tuple[int, 
     seen = set()
     for t in h.study.get_trials(deepcopy=False):
         if t.state == TrialState.WAITING:
-            i = (t.system_attrs.get("fixed_params") or {}).get(PARAM)
-            if isinstance(i, int) and 0 <= i < len(plans.keys):
-                seen.add(plans.keys[i])
+            seen.add(t.user_attrs.get("plan"))  # set by enqueue()
         elif t.state == TrialState.RUNNING or t.user_attrs.get("ran"):
             seen.add(t.user_attrs.get("plan"))
     taken = [plans.space[plans.index[k]] for k in seen if k in plans.index]
@@ -192,7 +196,7 @@ def _ask(h: StudyHandle, plans: Plans, dist) -> tuple[Any, bool] | None:
     pick = plans.chooser.choose(obs, busy)
     if pick is None:
         return None
-    h.study.enqueue_trial({PARAM: pick.index}, user_attrs={"seed": pick.why, "repeat": pick.repeat})
+    enqueue(h, plans, pick.index, seed=pick.why, repeat=pick.repeat)
     trial = h.study.ask({PARAM: dist})
     return trial, bool(trial.user_attrs.get("repeat"))
 
@@ -267,7 +271,7 @@ def run_trials(h: StudyHandle, plans: Plans, opts: RefineOptions, measure: Measu
                 say("every plan worth running has been tried; stopping early")
                 return
             if nxt is not None:
-                h.study.enqueue_trial({PARAM: nxt[0]}, user_attrs={"seed": nxt[1]})
+                enqueue(h, plans, nxt[0], seed=nxt[1])
             continue
         trial.set_user_attr("running_profile", True)
         on_trial(_tell(h, trial, measure(h, trial.number, est)))
@@ -369,7 +373,7 @@ def _prepare(h: StudyHandle, plans: Plans, opts: RefineOptions, inputs: tuple, h
         if plan in plans.index:
             # an interrupted re-measurement of a plan measured before stays a repeat
             again = any(i == plans.index[plan] for i, _ in _measured(h, plans)[0])
-            study.enqueue_trial({PARAM: plans.index[plan]}, user_attrs={"requeued": True, "repeat": again})
+            enqueue(h, plans, plans.index[plan], requeued=True, repeat=again)
             console.print(f"[yellow]requeued interrupted plan[/] {plan}", highlight=False)
     seed_study(h, plans, opts)
     done = counted(study)
@@ -382,7 +386,7 @@ def seed_study(h: StudyHandle, plans: Plans, opts: RefineOptions) -> None:
     """``tpe``: enqueue the cost model's top-k plans with distinct predictions (skipped if already there)."""
     if plans.chooser is None:
         for i in S.distinct(plans.space, min(opts.top_k, opts.trials)):
-            h.study.enqueue_trial({PARAM: i}, user_attrs={"seed": "cost-model top-k"}, skip_if_exists=True)
+            enqueue(h, plans, i, skip_if_exists=True, seed="cost-model top-k")
 
 
 def _console():

@@ -72,10 +72,16 @@ class ModelGuided:
 
         self.n = len(space)
         self.prior = np.array([math.log(predicted(e)[0] or 1.0) for e in space])
-        x = np.array([features(e.strategy) for e in space], dtype=float)
-        d2 = ((x[:, None, :] - x[None, :, :]) ** 2).sum(-1)
-        self.k = OFFSET_SD ** 2 + LOCAL_SD ** 2 * np.exp(-d2 / (2 * LENGTH ** 2))
+        self.x = np.array([features(e.strategy) for e in space], dtype=float)
+        self.prior_var = OFFSET_SD ** 2 + LOCAL_SD ** 2
         self.assumed_noise = noise
+
+    def kernel(self, idx):
+        """Kernel columns k(every plan, plans ``idx``): n x len(idx), never the full n x n (spaces reach 10^4+)."""
+        import numpy as np
+
+        d2 = ((self.x[:, None, :] - self.x[None, idx, :]) ** 2).sum(-1)
+        return OFFSET_SD ** 2 + LOCAL_SD ** 2 * np.exp(-d2 / (2 * LENGTH ** 2))
 
     def noise(self, by_plan: dict[int, list[float]]) -> float:
         """The relative difference that counts as noise: the largest measured spread, else the assumed one."""
@@ -96,14 +102,14 @@ class ModelGuided:
         import numpy as np
 
         if not obs:
-            return self.prior.copy(), np.sqrt(np.diag(self.k))
+            return self.prior.copy(), np.full(self.n, math.sqrt(self.prior_var))
         idx = np.array([i for i, _ in obs])
         y = np.log([s for _, s in obs]) - self.prior[idx]
-        kk = self.k[np.ix_(idx, idx)] + noise_sd ** 2 * np.eye(len(idx))
-        ks = self.k[:, idx]
+        ks = self.kernel(idx)
+        kk = ks[idx] + noise_sd ** 2 * np.eye(len(idx))
         sol = np.linalg.solve(kk, np.column_stack([y, ks.T]))
         mu = self.prior + ks @ sol[:, 0]
-        var = np.diag(self.k) - np.einsum("ij,ji->i", ks, sol[:, 1:])
+        var = self.prior_var - np.einsum("ij,ji->i", ks, sol[:, 1:])
         return mu, np.sqrt(np.maximum(var, 1e-12))
 
     @staticmethod
