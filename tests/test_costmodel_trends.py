@@ -98,3 +98,19 @@ def test_a_token_budget_below_the_longest_sequence_is_flagged():
     assert "BATCH_DIVISIBILITY" in [v.code for v in e.violations]
     ok = est(Strategy(tp=2, rollout_tp=2, max_tokens_per_gpu=2048))
     assert "BATCH_DIVISIBILITY" not in [v.code for v in ok.violations]
+
+
+def test_eager_costs_time_per_step_and_frees_the_graph_memory():
+    """Eager vLLM pays layers x eager_layer_overhead_s more per decode step (CUDA graphs replay a
+    layer as one launch) and gets the captured graphs' memory back for the KV cache."""
+    c = Cluster(gpus=8)
+    s = validate(M7, Strategy(tp=2, rollout_tp=2, max_num_seqs=256), 8)
+    graphs = timing.rollout_s(M7, H100, c, s, WL, CAL)
+    eager = timing.rollout_s(M7, H100, c, s.replace(enforce_eager=True), WL, CAL)
+    assert graphs["concurrency"] <= 512  # within vLLM's captured sizes
+    extra = M7.layers * H100.efficiency.eager_layer_overhead_s
+    if graphs["concurrency"] == eager["concurrency"]:
+        assert eager["decode_step_s"] - graphs["decode_step_s"] == pytest.approx(extra, rel=1e-6)
+    kv_g = memory.kv_cache_capacity(M7, H100, s, WL).kv_bytes
+    kv_e = memory.kv_cache_capacity(M7, H100, s.replace(enforce_eager=True), WL).kv_bytes
+    assert kv_e - kv_g == pytest.approx(memory.CUDA_GRAPH_BYTES)

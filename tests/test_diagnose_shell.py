@@ -147,3 +147,11 @@ def test_a_long_script_is_read_in_linear_time(tmp_path):
     rep = diagnose_path(p)
     assert time.monotonic() - t0 < 60  # seconds; ~10 s unloaded (the old reader was quadratic: many minutes)
     assert rep.summary["batch"]["train_batch_size"] == 64
+
+
+def test_an_unclosed_quote_is_an_error(tmp_path):
+    for script in (HEAD + f"{CMD} 'data.train_batch_size=8\n", HEAD + f'{CMD} "data.train_batch_size=8\n'):
+        rep = run(tmp_path, script)
+        assert any(f.severity == "error" and "never closes" in f.message and f.line == 2 for f in rep.findings)
+    rep = run(tmp_path, HEAD + f'{CMD} "data.train_batch_size=8" \'trainer.nnodes=1\'\n')
+    assert not any("never closes" in f.message for f in rep.findings)

@@ -201,6 +201,39 @@ def fix_missing_te_symbols() -> None:
         mla.HAVE_TE = False
 
 
+def fix_shape_exchange() -> None:
+    """megatron-core 0.16.1 exchanges micro-batch shapes (``variable_seq_lengths``, which
+    token-budget micro-batches need) with one ``batch_isend_irecv`` of up to four ops. With pp = 2
+    the previous and the next stage are the same peer, so the interleaved (VPP) schedule's combined
+    send/recv in both directions pairs this rank's "to previous" send with the peer's "from
+    previous" receive: shapes swap or the ranks wait on each other (seen as a hang on CPU, PP2xVPP2).
+    Route the shapes through megatron's own ``_p2p_ops``, which keeps the two directions apart (as
+    the tensors themselves travel with ``batch_p2p_comm=False``). Device-independent, idempotent."""
+    import torch
+    from megatron.core.pipeline_parallel import p2p_communication as p2p
+
+    if getattr(p2p.P2PCommunicator, "_grpo_shapes_fixed", False):
+        return
+
+    def _communicate_shapes(self, tensor_send_next, tensor_send_prev, recv_prev, recv_next):
+        dev = torch.cuda.current_device()
+
+        def shape_of(t):
+            return None if t is None else torch.tensor(t.size(), device=dev, dtype=torch.int64)
+
+        rp = torch.empty((3,), device=dev, dtype=torch.int64) if recv_prev else None
+        rn = torch.empty((3,), device=dev, dtype=torch.int64) if recv_next else None
+        reqs = p2p._p2p_ops(tensor_send_prev=shape_of(tensor_send_prev), tensor_recv_prev=rp,
+                            tensor_send_next=shape_of(tensor_send_next), tensor_recv_next=rn, group=self.pp_group,
+                            prev_pipeline_rank=self.prev_rank, next_pipeline_rank=self.next_rank)
+        for r in (reqs.values() if isinstance(reqs, dict) else reqs):
+            r.wait()
+        return (rp.tolist() if rp is not None else [0, 0, 0]), (rn.tolist() if rn is not None else [0, 0, 0])
+
+    p2p.P2PCommunicator._communicate_shapes = _communicate_shapes
+    p2p.P2PCommunicator._grpo_shapes_fixed = True
+
+
 def _patch_custom_backward(mode: TorchFunctionMode) -> None:
     """Re-enter the mode in custom autograd backward passes.
 

@@ -292,14 +292,21 @@ class Engine:
         s = self.strategy
         groups = pack(mine, max_tokens, min_count=int(k.item()), multiple=s.pp if s.vpp > 1 else 1)
         mult = s.tp if s.sp else 1
-        thd = self.thd_packing
+        # megatron's interleaved (VPP) schedule pairs a stage's sends and receives across calls, which
+        # its per-call shape exchange (variable_seq_lengths) cannot follow (it hangs): under VPP every
+        # micro-batch keeps one shape, [most rows, full width], filler rows fully masked
+        uniform = s.vpp > 1
+        width = max((len(g) for g in groups), default=1) or 1
+        thd = self.thd_packing and not uniform
         micro = []
         for g in groups:
             dummy = not g
             rows = [lo + i for i in g] if g else [lo]
-            L = min(S, max(2, max(int(lengths[r]) for r in rows)))
-            Lp = min(-(-L // mult) * mult, Sp)
-            idx = torch.tensor(rows, dtype=torch.long)
+            L = S if uniform else min(S, max(2, max(int(lengths[r]) for r in rows)))
+            Lp = Sp if uniform else min(-(-L // mult) * mult, Sp)
+            real = 0 if dummy else len(rows)
+            take = rows + [rows[-1]] * (width - len(rows)) if uniform else rows
+            idx = torch.tensor(take, dtype=torch.long)
             mb = {}
             for key, v in batch.items():
                 if torch.is_tensor(v) and v.dim() and v.shape[0] == B:
@@ -308,8 +315,9 @@ class Engine:
                         v = v[:, :Lp]
                     elif v.dim() >= 2 and v.shape[1] == S - 1:
                         v = v[:, :L - 1]
-                    if dummy and key == "mask":
-                        v = torch.zeros_like(v)
+                    if key == "mask" and real < len(take):
+                        v = v.clone()
+                        v[real:] = 0
                     v = v.to(self.device)
                 mb[key] = v
             mb.update(_rows=rows, _len=L, _dummy=dummy)
@@ -403,7 +411,9 @@ class Engine:
                                               with_entropy=with_entropy)
             return logits.new_zeros(()), {"logprobs": lp, "entropy": ent}
 
-        out = self._run(micro, loss_func, forward_only=True, seq_len=Sp, mbs=1, variable=True)
+        uniform = self.strategy.vpp > 1
+        out = self._run(micro, loss_func, forward_only=True, seq_len=Sp, mbs=micro[0]["tokens"].shape[0] if uniform else 1,
+                        variable=not uniform)
         rows_total = B + (-B) % max(1, self._dp())
         full = torch.zeros(2 if with_entropy else 1, rows_total, Sp - 1, device=self.device)
         if self._contributes():
@@ -411,10 +421,10 @@ class Engine:
                 if mb["_dummy"]:
                     continue
                 idx = torch.tensor(mb["_rows"], dtype=torch.long, device=self.device)
-                w = d["logprobs"].shape[1]
-                full[0, idx, :w] = d["logprobs"].float()
+                n, w = len(mb["_rows"]), d["logprobs"].shape[1]
+                full[0, idx, :w] = d["logprobs"][:n].float()
                 if with_entropy:
-                    full[1, idx, :w] = d["entropy"].float()
+                    full[1, idx, :w] = d["entropy"][:n].float()
         self._world_sum(full)
         full = full[:, :B, : S - 1].cpu()
         return full[0], (full[1] if with_entropy else None)
@@ -573,8 +583,10 @@ class Engine:
         for c in self.chunks:
             c.zero_grad_buffer()
         self.optimizer.zero_grad()
-        out = self._run(micro, loss_func, forward_only=False, seq_len=Sp, mbs=micro_batch_size,
-                        variable=bool(max_tokens))
+        uniform = bool(max_tokens) and self.strategy.vpp > 1  # one shape per micro-batch (_split_budget)
+        out = self._run(micro, loss_func, forward_only=False, seq_len=Sp,
+                        mbs=micro[0]["tokens"].shape[0] if uniform else micro_batch_size,
+                        variable=bool(max_tokens) and not uniform)
         ok, grad_norm, _ = self.optimizer.step()
         local = None
         if self._contributes():

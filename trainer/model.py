@@ -184,6 +184,7 @@ def build_chunks(m: ModelSpec, s: Strategy, config) -> list:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     compat.fix_missing_te_symbols()
+    compat.fix_shape_exchange()
     te = use_transformer_engine()
     chunks = []
     vpp = s.vpp if s.vpp > 1 else None

@@ -276,6 +276,10 @@ def parse_script(text: str) -> tuple[list[Override], list[Finding], dict[str, An
         words = cmd.words[len(cmd.words) - len(args):]
         prefixed = {name for name, _ in cmd.assigns}
         _parse_args(words, facts, overrides, findings, prefixed)
+    if reader.unclosed is not None:
+        findings.append(Finding(E, "BAD_CONFIG", f"line {reader.unclosed}: a quote opened here never closes; bash "
+                                "refuses the whole script (syntax error) and runs nothing",
+                                "close the quote", line=reader.unclosed))
     if stray:
         findings.append(Finding(E, "BAD_CONFIG", f"line(s) {', '.join(map(str, stray[:8]))}"
                                 f"{' ...' if len(stray) > 8 else ''}: overrides that bash runs as their own "

@@ -69,6 +69,8 @@ class ShellReader:
         self.i = 0
         self.line = 1
         self.env: dict[str, Value] = {}
+        self.unclosed: int | None = None
+        """The line of a quote that never closes (bash refuses the whole script: a syntax error)."""
 
     # ------------------------------------------------------------------ low level
     def _peek(self, k: int = 0) -> str:
@@ -264,9 +266,12 @@ class ShellReader:
         out.unevaluable.append(self.s[start:self.i])
 
     def _single(self, out: Value) -> None:
+        line = self.line
         self._adv()
         end = self.s.find("'", self.i)
-        end = self.n if end < 0 else end
+        if end < 0:
+            self.unclosed = self.unclosed or line
+            end = self.n
         chunk = self.s[self.i:end]
         out.text += chunk
         if "$" in chunk:
@@ -274,11 +279,16 @@ class ShellReader:
         self._adv(end - self.i + 1)
 
     def _double(self, out: Value) -> None:
+        line = self.line
         self._adv()
+        self.unclosed = self.unclosed or line  # cleared below when the closing quote comes
+        opened = self.unclosed == line
         while self.i < self.n:
             c = self._peek()
             if c == '"':
                 self._adv()
+                if opened:
+                    self.unclosed = None
                 return
             if c == "\\":
                 nxt = self._peek(1)
