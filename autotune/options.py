@@ -10,6 +10,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from core.errors import ConfigError
+from core.rules import check_lengths
 from core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from core.strategy import OFFLOAD, RECOMPUTE, Cluster, Workload
 
@@ -35,7 +36,7 @@ LastStage = Annotated[Optional[int], typer.Option("--last-stage-layers", help="L
 Recompute = Annotated[Optional[str], typer.Option("--recompute", help="none | selective | full.", rich_help_panel=P_MEM)]
 SeqPar = Annotated[Optional[bool], typer.Option("--sequence-parallel/--no-sequence-parallel", help="Sequence parallel (default: on when tp>1).", rich_help_panel=P_MEM)]
 DistOpt = Annotated[Optional[bool], typer.Option("--distributed-optimizer/--no-distributed-optimizer", help="Shard optimizer state over DP (default: on).", rich_help_panel=P_MEM)]
-Offload = Annotated[Optional[str], typer.Option("--offload", help="Comma list of param,grad,optimizer ('none' for none).", rich_help_panel=P_MEM)]
+Offload = Annotated[Optional[str], typer.Option("--offload", help="Comma list of param,grad,optimizer ('none' for none); param and grad go together (verl's param_offload frees both), so param or grad alone is refused.", rich_help_panel=P_MEM)]
 RolloutTp = Annotated[Optional[int], typer.Option("--rollout-tp", help="Rollout engine tensor parallel.", rich_help_panel=P_ROLL)]
 GpuMemUtil = Annotated[Optional[float], typer.Option("--gpu-memory-utilization", help="vLLM memory fraction (0-1].", rich_help_panel=P_ROLL)]
 WorkloadKind = Annotated[str, typer.Option("--workload", help="grpo | pretrain.", rich_help_panel=P_WL)]
@@ -71,6 +72,11 @@ def parse_offload(text: str | None) -> tuple[str, ...] | None:
     bad = [i for i in items if i not in OFFLOAD]
     if bad:
         raise ConfigError(f"--offload: unknown {bad[0]!r}", hint=f"use a comma list of {', '.join(OFFLOAD)}, or none")
+    if ("param" in items) != ("grad" in items):
+        # verl 0.9.1's param_offload frees parameters and gradient buffers together and it has no
+        # grad_offload (autotune/verl_table.py): a plan with only one of them would not be the plan that runs.
+        raise ConfigError(f"--offload {text}: verl offloads parameters and gradients together, not one alone",
+                          hint="use --offload param,grad (optionally with ,optimizer) or --offload optimizer")
     return tuple(o for o in OFFLOAD if o in items)
 
 
@@ -146,6 +152,8 @@ def plan_inputs(*, model: str, hardware: str, gpus: int, gpus_per_node: int | No
     wl = Workload.from_dict(dict(kind=workload, prompts=prompts, n=n, prompt_len=prompt_len, response_len=response_len,
                                  mini_batch=min(mini_batch, prompts), ppo_epochs=ppo_epochs, kl=kl, seq_len=seq_len,
                                  gbs=gbs, **stats), where="workload")
+    for f in check_lengths(m, wl):  # train refuses it; refuse it here before any search or estimate
+        raise f.to_error()
     return m, hw, cluster, wl
 
 

@@ -44,7 +44,10 @@ MAX_NUM_SEQS_GRID = (256, 1024)
 """vLLM max_num_seqs searched: verl's default and vLLM's own (V1, H100-class) default."""
 """vLLM memory fractions tried; verl's perf guide suggests 0.5-0.7 without offload, 0.8-0.9 with."""
 MAX_MBS = 16
-OFFLOAD_SETS = tuple(tuple(o for i, o in enumerate(OFFLOAD) if mask >> i & 1) for mask in range(1 << len(OFFLOAD)))
+OFFLOAD_SETS: tuple[tuple[str, ...], ...] = ((), ("optimizer",), ("param", "grad"), ("param", "grad", "optimizer"))
+"""Offload sets verl 0.9.1 can express: its ``param_offload`` frees parameters and gradient buffers
+together and it has no ``grad_offload`` (verl_091_facts.md; autotune/verl_table.py ``_offload_write``),
+so param-only and grad-only sets would be priced but never run."""
 GiB = 1024 ** 3
 
 CP_MIN_TOKENS = 4096

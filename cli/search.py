@@ -153,7 +153,8 @@ def search(
             from autotune.refine import default_study_name
 
             run_dir = out / (study_name or default_study_name(m, hw, cluster, wl))
-            files = emit_into(result.best, run_dir, **kw)
+            if not (run_dir / "best.yaml").exists():  # a re-run resumes: refine's finish replaces it atomically
+                files = emit_into(result.best, run_dir, **kw)
         else:
             run_dir, files = emit_run(result.best, out=out, **kw)
 

@@ -204,3 +204,17 @@ def check_batches(w: Workload, *, dp: int, mbs: int | None = None, pp: int = 1, 
             out.append(Finding(code, f"vpp={vpp} needs micro-batches per mini-batch ({k}) to be a multiple of pp={pp}",
                                "raise mini_batch or lower mbs"))
     return out
+
+
+def check_lengths(model: ModelSpec, w: Workload) -> list[Finding]:
+    """A GRPO sequence (prompt + response) longer than the model's positions (HF
+    ``max_position_embeddings``): the trainer refuses it, so search and estimate must too. Code: ``BAD_CONFIG``."""
+    if w.kind != "grpo":
+        return []
+    longest = w.prompt_len + w.response_len
+    if longest <= model.max_seq_len:
+        return []
+    return [Finding("BAD_CONFIG", f"prompt_len + response_len = {longest} exceeds {model.name}'s "
+                                  f"max_seq_len {model.max_seq_len}",
+                    f"shorten the prompt / response lengths (--prompt-len, --response-len) to at most "
+                    f"{model.max_seq_len} tokens together")]

@@ -259,7 +259,14 @@ class HardwareSpec:
                              ("activation_layout", ACTIVATION_LAYOUTS)):
             if key in data and data[key] not in allowed:
                 raise ConfigError(f"{where}.{key} must be one of {', '.join(allowed)}, got {data[key]!r}")
-        return from_mapping(cls, data, where, _HARDWARE_SCHEMA)
+        hw = from_mapping(cls, data, where, _HARDWARE_SCHEMA)
+        if hw.reserved_memory_bytes >= hw.hbm_bytes:
+            # capacity = hbm - reserved: zero or negative would make every plan "not fit" by a wrong amount
+            raise ConfigError(f"{where}.reserved_memory_bytes ({hw.reserved_memory_bytes:.4g}) must be below "
+                              f"hbm_bytes ({hw.hbm_bytes:.4g})",
+                              hint="reserved_memory_bytes is the part of HBM no tensor can use (CUDA context, "
+                                   "NCCL buffers), typically a few GiB")
+        return hw
 
     def with_efficiency(self, **eff: float) -> "HardwareSpec":
         return dataclasses.replace(self, efficiency=dataclasses.replace(self.efficiency, **eff))

@@ -9,7 +9,7 @@ trainer) stops. Degree rules live in core/rules.py (``check_degrees``) and batch
 """
 from __future__ import annotations
 
-from .rules import Finding, check_batches, errors
+from .rules import Finding, check_batches, check_lengths, errors
 from .specs import HardwareSpec, ModelSpec
 from .strategy import Strategy, Workload
 
@@ -89,9 +89,7 @@ def check_plan(model: ModelSpec, strategy: Strategy, *, workload: Workload | Non
         fixed = s.max_tokens_per_gpu is None
         out += check_batches(w, dp=s.dp or 1, mbs=s.mbs if fixed else None, pp=s.pp, vpp=s.vpp)
         longest = w.prompt_len + w.response_len
-        if longest > m.max_seq_len:
-            out.append(Finding("BAD_CONFIG", f"prompt_len + response_len = {longest} exceeds {m.name}'s "
-                                             f"max_seq_len {m.max_seq_len}", "shorten workload.prompt_len / response_len"))
+        out += check_lengths(m, w)
         for name in ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu"):
             v = getattr(s, name)
             if v is not None and 1 <= v < longest:

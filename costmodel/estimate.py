@@ -7,6 +7,7 @@ The results are the frozen dataclasses of :mod:`costmodel.results`.
 """
 from __future__ import annotations
 
+from core.rules import check_batches
 from core.specs import HardwareSpec, ModelSpec
 from core.strategy import Cluster, Strategy, Workload, validate
 
@@ -32,12 +33,20 @@ def _token_budget(s: Strategy, w: Workload) -> list[Violation]:
     return out
 
 
+def _batches(s: Strategy, w: Workload) -> list[Violation]:
+    """verl's (and megatron's) batch-split rules, as the trainer and diagnose apply them
+    (core/rules.check_batches); with a token budget mbs is unused, so only the DP split counts."""
+    fixed = s.max_tokens_per_gpu is None
+    found = check_batches(w, dp=s.dp or 1, mbs=s.mbs if fixed else None, pp=s.pp, vpp=s.vpp)
+    return [Violation(f.code, f"{f.message}; {f.hint}" if f.hint else f.message) for f in found]
+
+
 def estimate(*, model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strategy: Strategy,
              workload: Workload, calibration: dict[str, float] | None = None) -> Estimate:
     s = validate(model, strategy, cluster.gpus, gpus_per_node=cluster.gpus_per_node, allow_cross_node_tp=True)
     params = {"total": total_params(model), "active": active_params(model), "per_rank_max": max_rank_params(model, s)}
     mem, host_bytes, violations = memory.phase_memory(model, hardware, cluster, s, workload)
-    violations += _token_budget(s, workload)
+    violations += _token_budget(s, workload) + _batches(s, workload)
     time, throughput, details = timing.step_time(model, hardware, cluster, s, workload, calibration=calibration)
     return Estimate(model=model, hardware=hardware, cluster=cluster, strategy=s, workload=workload, params=params,
                     memory=mem, capacity_bytes=hardware.hbm_bytes - hardware.reserved_memory_bytes,

@@ -39,7 +39,7 @@ def test_json_has_the_contract_keys(capsys):
 def test_flags_reach_the_strategy_and_workload(capsys):
     rc, out, _ = run(capsys, "--model", "30b-a3b", "--gpus", "16", "--tp", "2", "--pp", "2", "--ep", "4",
                      "--etp", "1", "--mbs", "2", "--recompute", "full", "--no-sequence-parallel",
-                     "--no-distributed-optimizer", "--offload", "param,optimizer", "--rollout-tp", "4",
+                     "--no-distributed-optimizer", "--offload", "param,grad,optimizer", "--rollout-tp", "4",
                      "--gpu-memory-utilization", "0.8", "--prompts", "256", "--n", "8", "--prompt-len", "512",
                      "--response-len", "2048", "--mini-batch", "64", "--ppo-epochs", "2", "--no-kl",
                      "--hardware", "h200", "--gpus-per-node", "8", "--json")
@@ -48,7 +48,8 @@ def test_flags_reach_the_strategy_and_workload(capsys):
     s, w = d["strategy"], d["workload"]
     assert (s["tp"], s["pp"], s["ep"], s["etp"], s["dp"], s["mbs"]) == (2, 2, 4, 1, 4, 2)
     assert s["recompute"] == "full" and s["sequence_parallel"] is False and s["distributed_optimizer"] is False
-    assert s["offload"] == ["param", "optimizer"] and s["rollout_tp"] == 4 and s["gpu_memory_utilization"] == 0.8
+    assert s["offload"] == ["param", "grad", "optimizer"]
+    assert s["rollout_tp"] == 4 and s["gpu_memory_utilization"] == 0.8
     assert (w["prompts"], w["n"], w["prompt_len"], w["response_len"], w["mini_batch"], w["ppo_epochs"], w["kl"]) == \
         (256, 8, 512, 2048, 64, 2, False)
     assert "ref_logprob" not in d["memory"]["phases"]

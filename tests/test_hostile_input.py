@@ -22,7 +22,7 @@ from autotune.export import verl_overrides, verl_script
 from cli.main import main as cli_main
 from core import tomlwrite
 from core.config import save
-from core.errors import GrpoTuneError
+from core.errors import ConfigError, GrpoTuneError
 from trainer.launch import slurm_script
 from trainer.layout import Layout
 from _export_configs import configs
@@ -213,7 +213,9 @@ def test_efficiency_outside_zero_one_is_refused(tmp_path, capsys, value):
 
 
 def test_estimate_on_the_cpu_profile_prints_its_table(capsys):
-    assert cli_main(["estimate", "--model", "tiny", "--gpus", "2", "--hardware", "cpu"]) == 0
+    # (tiny holds 256 positions: the default 1024 + 1024 tokens are refused like train refuses them)
+    assert cli_main(["estimate", "--model", "tiny", "--gpus", "2", "--hardware", "cpu",
+                     "--prompt-len", "64", "--response-len", "64"]) == 0
 
 
 def test_override_list_round_trip_keeps_hostile_model_path():
@@ -299,3 +301,36 @@ def test_probe_refuses_a_billion_ranks_before_starting(tmp_path, capsys):
     assert cli_main(["probe-hardware", "--out", str(tmp_path / "x.toml"), "--nproc", "1000000000"]) == 2
     assert time.monotonic() - t0 < 20 and "[BAD_CONFIG]" in capsys.readouterr().err
     assert not (tmp_path / "x.toml").exists()
+
+
+def test_a_bad_storage_url_leaves_the_refined_run_folder_alone(tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "s"
+    run_dir.mkdir(parents=True)
+    best = run_dir / "best.yaml"
+    best.write_text("measured: {step_s: 1.0}  # a finished refine's result\n")
+    rc = cli_main(["search", "--model", "qwen2-7b", "--gpus", "8", "--refine", "--storage", "nosuchdb://x/y",
+                   "--out", str(tmp_path / "runs"), "--study-name", "s"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "[BAD_CONFIG]" in err and "hint:" in err
+    assert best.read_text() == "measured: {step_s: 1.0}  # a finished refine's result\n"
+    assert sorted(p.name for p in run_dir.iterdir()) == ["best.yaml"]
+
+
+def test_a_good_refine_rerun_keeps_the_refined_best_until_refine_replaces_it(tmp_path, capsys, monkeypatch):
+    import autotune.refine
+
+    run_dir = tmp_path / "runs" / "s"
+    run_dir.mkdir(parents=True)
+    best = run_dir / "best.yaml"
+    best.write_text("measured: {step_s: 1.0}  # a finished refine's result\n")
+    seen = []
+
+    def dies_at_start(*a, **k):  # the resumed study fails before any trial: nothing may have been replaced
+        seen.append(best.read_text())
+        raise ConfigError("study cannot be opened")
+
+    monkeypatch.setattr(autotune.refine, "refine", dies_at_start)
+    rc = cli_main(["search", "--model", "qwen2-7b", "--gpus", "8", "--refine", "--out", str(tmp_path / "runs"),
+                   "--study-name", "s", "--json"])
+    assert rc == 2 and seen == ["measured: {step_s: 1.0}  # a finished refine's result\n"]
+    assert best.read_text() == seen[0]

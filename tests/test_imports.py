@@ -24,7 +24,8 @@ def test_costmodel_and_autotune_leave_torch_out():
 
 def test_estimate_command_runs_without_torch():
     code = ("from cli.main import main\n"
-            "rc = main(['estimate', '--model', 'tiny', '--gpus', '2', '--tp', '2', '--hardware', 'cpu', '--json'])\n"
+            "rc = main(['estimate', '--model', 'tiny', '--gpus', '2', '--tp', '2', '--hardware', 'cpu', '--json',\n"
+            "           '--prompt-len', '64', '--response-len', '64'])\n"
             "assert rc == 0, rc")
     mods = _modules_after(code)
     assert not [m for m in mods if m.split(".")[0] in HEAVY]

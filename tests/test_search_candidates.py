@@ -126,9 +126,9 @@ def test_offload_subsets_and_recompute():
     sp = _space("7b", 8)
     lay = sp.layouts()[0]
     opts = sp.train_options(lay)
-    assert {o["offload"] for o in opts} == {(), ("param",), ("grad",), ("optimizer",), ("param", "grad"),
-                                            ("param", "optimizer"), ("grad", "optimizer"),
-                                            ("param", "grad", "optimizer")}
+    # Only the sets verl 0.9.1 can run: its param_offload frees parameters and gradients together and
+    # it has no grad_offload, so param-only / grad-only sets would be priced but never run.
+    assert {o["offload"] for o in opts} == {(), ("optimizer",), ("param", "grad"), ("param", "grad", "optimizer")}
     assert {o["recompute"] for o in opts} == {"none", "selective", "full"}
 
 
@@ -186,3 +186,32 @@ def test_space_is_identical_across_processes():
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2)}
     assert len(outs) == 1
+
+
+def test_offload_options_are_what_verl_runs():
+    """Every proposed offload set survives the verl table's round trip unchanged (the plan we price
+    is the plan that runs)."""
+    from autotune.verl_table import _offload_read, _offload_write
+
+    sp = _space("7b", 8)
+    for off in sp.offload_options():
+        written = _offload_write({"strategy": Strategy(offload=off)})
+        assert _offload_read(written.get) == off
+
+
+@pytest.mark.parametrize("text", ["param", "grad", "param,optimizer", "grad,optimizer"])
+def test_offload_pin_param_or_grad_alone_refused(text):
+    from autotune.options import strategy_pins
+    from core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        strategy_pins(offload=text)
+    assert e.value.code == "BAD_CONFIG" and "param,grad" in e.value.hint
+
+
+@pytest.mark.parametrize("text,want", [("param,grad", ("param", "grad")), ("optimizer", ("optimizer",)),
+                                       ("grad,param,optimizer", ("param", "grad", "optimizer")), ("none", ())])
+def test_offload_pin_verl_sets_accepted(text, want):
+    from autotune.options import strategy_pins
+
+    assert strategy_pins(offload=text)["offload"] == want

@@ -2,6 +2,7 @@
 CPU: a no-op that says so. Run the GPU part with `pytest -m gpu tests/test_trainer_loop_offload.py`."""
 from __future__ import annotations
 
+import gc
 import logging
 
 import pytest
@@ -55,6 +56,8 @@ def test_offload_frees_device_memory_and_keeps_training_exact():
 
     losses = []
     for use in (False, True):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()  # what the previous engine left (nothing, after the gc below)
         eng = Engine(cfg)
         eng.train_step({"tokens": tokens, "mask": mask}, loss_fn, micro_batch_size=4)  # creates optimizer state
         off = Offloader(eng, cfg.strategy.offload)
@@ -63,9 +66,12 @@ def test_offload_frees_device_memory_and_keeps_training_exact():
             before = torch.cuda.memory_allocated()
             off.offload()
             after = torch.cuda.memory_allocated()
-            assert after < before * 0.5, (before, after)
+            # this engine's own state (params, grads, optimizer) must mostly leave the device
+            assert before - after > 0.5 * (before - base), (base, before, after)
             off.reload()
         m = eng.train_step({"tokens": tokens, "mask": mask}, loss_fn, micro_batch_size=4)
         losses.append(m["loss"])
-        del eng
+        del eng, off  # the Offloader holds its engine: drop both, then collect megatron's reference cycles
+        gc.collect()
+        torch.cuda.empty_cache()
     assert losses[0] == pytest.approx(losses[1], rel=1e-6)

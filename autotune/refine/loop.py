@@ -68,6 +68,20 @@ class RefineOptions:
             raise ConfigError(f"unknown refine policy {self.policy!r}", hint=f"one of {', '.join(POLICIES)}")
         if not 0 <= self.noise < 1:
             raise ConfigError(f"noise must be in [0, 1), got {self.noise}")
+        if self.storage is not None:
+            _check_storage_url(self.storage)
+
+
+def _check_storage_url(url: str) -> None:
+    """Refuse a --storage that SQLAlchemy cannot parse or has no dialect for, before any file is written."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        make_url(url).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise ConfigError(f"--storage {url!r} is not a database URL SQLAlchemy can open ({exc})",
+                          hint="use sqlite:///path/study.db, postgresql://user@host/db or mysql://...") from None
 
 
 Measure = Callable[[StudyHandle, int, Estimate], ProfileOutcome]
