@@ -2,7 +2,8 @@
 
 Each command lives in ``cli/<name>.py`` and registers itself here; a missing module is an error. Every failure
 goes through :func:`report_error`: ``[CODE] message`` and a ``hint:`` line on stderr, no traceback; exit 2 for a
-user's mistake (a :class:`GrpoTuneError`, a file that cannot be read or written), 1 for a bug (INTERNAL_ERROR).
+user's mistake (a :class:`GrpoTuneError`, a command line click cannot parse, a file that cannot be read or written),
+1 for a bug (INTERNAL_ERROR).
 """
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from core.errors import GrpoTuneError
+
+try:  # typer >= 0.22 carries its own copy of click; its exceptions are not click's
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+except ImportError:  # pragma: no cover - an older typer runs on click itself
+    from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # type: ignore[assignment]
 
 app = typer.Typer(
     name="grpo-tune",
@@ -39,6 +45,12 @@ def as_coded(exc: BaseException) -> GrpoTuneError:
     (a bug) as INTERNAL_ERROR. The one place that decides what a failure looks like to the user."""
     if isinstance(exc, GrpoTuneError):
         return exc
+    if isinstance(exc, UsageError):  # unknown command/option, missing option, value of the wrong type
+        path = exc.ctx.command_path if exc.ctx is not None else "grpo-tune"
+        what = "no command given" if isinstance(exc, NoArgsIsHelpError) else exc.format_message()
+        return GrpoTuneError(f"{path}: {what}", hint=f"run `{path} --help` for its options", code="USAGE")
+    if isinstance(exc, ClickException):
+        return GrpoTuneError(exc.format_message(), code="BAD_CONFIG")
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
         return GrpoTuneError(f"{exc.strerror or exc}{where}", code="IO_ERROR")
@@ -58,10 +70,11 @@ def report_error(exc: BaseException) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; return the exit code. Usage errors are shown by click (exit 2), every other failure by
+    """Run the CLI; return the exit code. Every failure, click's usage errors included, is shown by
     :func:`report_error`."""
     try:
-        app(args=argv, standalone_mode=True)  # click shows usage errors itself and raises SystemExit
+        # not standalone: click raises its usage errors here instead of printing them itself
+        status = app(args=argv, prog_name="grpo-tune", standalone_mode=False)
     except SystemExit as exc:
         code = exc.code
         if code is None:
@@ -70,12 +83,19 @@ def main(argv: list[str] | None = None) -> int:
             return code
         err_console.print(str(code))
         return 1
+    except NoArgsIsHelpError as exc:
+        exc.show()  # the help, then the coded line
+        return report_error(exc)
+    except typer.Abort:  # end of input at a prompt; what click prints in standalone mode
+        err_console.print("Aborted!")
+        return 1
     except KeyboardInterrupt:
         err_console.print("interrupted")
         return 130
     except Exception as exc:  # noqa: BLE001 - the CLI's one error boundary
         return report_error(exc)
-    return 0
+    # a command returns None; click returns the code of a typer.Exit / ctx.exit(code) instead
+    return status if isinstance(status, int) else 0
 
 
 def run() -> None:  # console-script entry point

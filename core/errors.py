@@ -33,6 +33,7 @@ CODES = {
     "TRIAL_FAILED": "a profiling trial failed",
     "CHECKPOINT_ERROR": "a checkpoint could not be read or written",
     "TRAINER_UNSUPPORTED": "a valid plan that grpo-tune's megatron-core trainer cannot run (core/support.py)",
+    "USAGE": "a command line that cannot be parsed: an unknown command or option, a missing one, a wrong type",
 }
 
 
@@ -64,6 +65,7 @@ HINTS = {
     "TRIAL_FAILED": "read the trial's profile.log in the run folder's trials/<number>/",
     "CHECKPOINT_ERROR": "check the checkpoint folder (or start without --resume)",
     "TRAINER_UNSUPPORTED": "choose a plan the trainer runs; `grpo-tune search` proposes only those",
+    "USAGE": "run `grpo-tune --help` for the commands, `grpo-tune <command> --help` for a command's options",
 }
 
 

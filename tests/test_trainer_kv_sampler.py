@@ -10,7 +10,8 @@ from trainer_harness import torchrun_json
 
 pytestmark = pytest.mark.slow
 
-TWO = [{"model": "tiny", "strategy": {}}, {"model": "tiny", "strategy": {"tp": 2}}, {"model": "tiny", "strategy": {"pp": 2}},
+TWO = [{"model": "tiny", "strategy": {}}, {"model": "tiny", "strategy": {"tp": 2}},
+       {"model": "tiny", "strategy": {"pp": 2}},
        {"model": "tiny-mla-moe", "strategy": {"tp": 2}}, {"model": "tiny-mla-moe", "strategy": {"ep": 2}}]
 
 
