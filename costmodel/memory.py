@@ -483,9 +483,15 @@ def _phases(m, hardware, s, w, k, states, acts, logit, last, kvc) -> dict[str, P
     g_off = "grad" in off or p_off
     native = hardware.native_rollout
     resident = kvc.budget_bytes if (kvc is not None and not s.free_cache_engine) else 0.0
+    # A sleeping vLLM (free_cache_engine) releases its weights and KV cache but keeps its captured
+    # CUDA graphs' memory pool through the training phases (vllm-project/vllm#56373: "Level-1 cuMem
+    # sleep releases weights and KV cache, but leaves graph executables and native CUDA graph pools
+    # resident"; #45648 shows the same at level 2 on H20).
+    graphs = CUDA_GRAPH_BYTES if (kvc is not None and s.free_cache_engine and not s.enforce_eager) else 0.0
     ref = ("ref_weights",) if kl else ()
     state_keys = ("weights", "grads", "optimizer") + ref
-    extra = ("vllm_resident",) if resident else ()
+    extra = ("vllm_resident",) if resident else (("vllm_cuda_graphs",) if graphs else ())
+    resident = resident or graphs
 
     def res(st: ModelState, weights_needed: bool) -> tuple[float, ...]:
         r = (st.weights if (weights_needed or not p_off) else 0.0, 0.0 if g_off else st.grads,

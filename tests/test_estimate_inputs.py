@@ -46,3 +46,26 @@ def test_sequence_at_positions_accepted(capsys):
     rc, _, err = _run(capsys, "estimate", "--model", "qwen2.5-math-7b", "--gpus", "8",
                       "--prompt-len", "1024", "--response-len", "3072", "--json")
     assert rc == 0, err
+
+
+def _update_parts(**strategy):
+    from core.specs import load_hardware, load_model
+    from core.strategy import Cluster, Strategy, Workload
+    from costmodel.estimate import estimate
+
+    e = estimate(model=load_model("7b"), hardware=load_hardware("h100"), cluster=Cluster(gpus=8),
+                 strategy=Strategy(tp=2, **strategy), workload=Workload())
+    return e.memory["update"].parts, e.memory["old_logprob"].parts
+
+
+def test_sleeping_vllm_keeps_its_cuda_graphs_in_the_training_phases():
+    """vLLM's sleep frees weights and KV cache, not the captured CUDA graphs' pool
+    (vllm-project/vllm#56373): the training phases carry it unless vLLM runs eager."""
+    from costmodel.memory import CUDA_GRAPH_BYTES
+
+    upd, olp = _update_parts()
+    assert upd["vllm_cuda_graphs"] == olp["vllm_cuda_graphs"] == CUDA_GRAPH_BYTES
+    upd, _ = _update_parts(enforce_eager=True)
+    assert "vllm_cuda_graphs" not in upd
+    upd, _ = _update_parts(free_cache_engine=False)  # vLLM stays awake: its whole budget is resident
+    assert "vllm_cuda_graphs" not in upd and upd["vllm_resident"] > CUDA_GRAPH_BYTES
