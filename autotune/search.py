@@ -1,4 +1,4 @@
-"""Candidate generation, ranking and the Pareto front.
+"""The search: factored evaluation of the candidate space (autotune/space.py), ranking (autotune/rank.py).
 
 Generation yields only plans that :func:`core.strategy.validate` accepts (and that satisfy
 verl's batch rules): the space is built from divisors, never filtered from a product.
@@ -22,301 +22,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from functools import lru_cache
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
 from core.errors import ConfigError, InvalidDegreesError, NoFeasiblePlanError
 from costmodel.estimate import Estimate, estimate
-from costmodel.params import total_params
 from core.specs import HardwareSpec, ModelSpec
-from core.rules import check_batches
-from core.support import check_plan
-from core.strategy import OFFLOAD, RECOMPUTE, Cluster, Strategy, Workload, divisors, validate
+from core.strategy import OFFLOAD, RECOMPUTE, Cluster, Strategy, Workload, validate
 
-GMU_GRID = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-CAP_FACTORS = (1, 2, 4)
-"""Dynamic-batching caps searched, in multiples of the longest sequence."""
-MAX_NUM_SEQS_GRID = (256, 1024)
-"""vLLM max_num_seqs searched: verl's default and vLLM's own (V1, H100-class) default."""
-"""vLLM memory fractions tried; verl's perf guide suggests 0.5-0.7 without offload, 0.8-0.9 with."""
-MAX_MBS = 16
-OFFLOAD_SETS: tuple[tuple[str, ...], ...] = ((), ("optimizer",), ("param", "grad"), ("param", "grad", "optimizer"))
-"""Offload sets verl 0.9.1 can express: its ``param_offload`` frees parameters and gradient buffers
-together and it has no ``grad_offload`` (verl_091_facts.md; autotune/verl_table.py ``_offload_write``),
-so param-only and grad-only sets would be priced but never run."""
-GiB = 1024 ** 3
-
-CP_MIN_TOKENS = 4096
-"""Tokens of one sequence each context-parallel rank must keep for search to propose CP > 1 (unpinned)."""
-
-ENGINE_KEYS = ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu", "cpu_optimizer", "overlap_cpu_optimizer",
-               "precision_aware_optimizer", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
-               "chunked_prefill", "free_cache_engine")
-"""Strategy fields passed through from the pins (the searched ones among them are set per plan)."""
-
-LAYOUT_KEYS = ("tp", "pp", "first_stage_layers", "last_stage_layers", "vpp", "cp", "ep", "etp")
+# The candidate space and the ranking live in autotune/space.py and autotune/rank.py; their
+# names stay importable from here (tests and callers use autotune.search.Space, step_s, ...).
+from .rank import _pareto_arrays, pareto_front, rank_key, step_s, tokens_per_s_per_gpu  # noqa: F401
+from .space import (  # noqa: F401
+    CAP_FACTORS, CP_MIN_TOKENS, ENGINE_KEYS, GMU_GRID, LAYOUT_KEYS, MAX_MBS, MAX_NUM_SEQS_GRID, OFFLOAD_SETS,
+    GiB, Space, _extra, _plan_ok, _stages, stage_splits,
+)
 
 
-# ------------------------------------------------------------------------------------------------
-# Generation
-# ------------------------------------------------------------------------------------------------
-
-def stage_splits(layers: int, pp: int) -> list[tuple[int | None, int | None]]:
-    """(first, last) stage layer counts for ``pp`` stages: even when pp divides the layers, else a
-    few balanced uneven splits (Megatron's decoder_first/last_pipeline_num_layers). The last stage
-    also holds the output layer and the loss, so splits giving it fewer layers come first."""
-    if pp == 1:
-        return [(None, None)]
-    if pp > layers:
-        return []
-    if layers % pp == 0:
-        return [(None, None)]
-    found: set[tuple[int | None, int | None]] = set()
-    for per in {layers // pp, -(-layers // pp)}:
-        if per < 1:
-            continue
-        rest = layers - per * (pp - 2)  # first and last both set, pp-2 middle stages of `per`
-        first = -(-rest // 2)
-        if rest >= 2 and 1 <= rest - first <= first <= per + 1:
-            found.add((first, rest - first))
-        one = layers - per * (pp - 1)  # only the last (or only the first) stage differs
-        if 1 <= one <= per + 1 and one != per:
-            found.add((None, one))
-            found.add((one, None))
-
-    def key(fl):
-        f, l_ = fl
-        mid = pp - (f is not None) - (l_ is not None)
-        rest = layers - (f or 0) - (l_ or 0)
-        per = rest // mid if mid else 0
-        stages = [x for x in (f, l_) if x is not None] + ([per] if mid else [])
-        # A total order (set iteration order of tuples holding None varies between processes).
-        return (max(stages), l_ if l_ is not None else per, f is None, f or 0, l_ or 0)
-
-    return sorted(found, key=key)[:3]
-
-
-@dataclass(frozen=True)
-class Space:
-    """The search space for one model, cluster and workload, with the user's pins applied."""
-
-    model: ModelSpec
-    hardware: HardwareSpec
-    cluster: Cluster
-    workload: Workload
-    pins: dict[str, Any] = field(default_factory=dict)
-    allow_cross_node_tp: bool = False
-    gmu_grid: tuple[float, ...] = GMU_GRID
-    cpu_grid: tuple[float | None, ...] = (None,)
-    """CPU-optimizer fractions searched when unpinned; search() adds 1.0 when a layout needs it to fit."""
-
-    # -- layouts ---------------------------------------------------------------------------
-    def _choices(self, key: str, default: list) -> list:
-        return [self.pins[key]] if key in self.pins else default
-
-    def layouts(self) -> list[dict[str, Any]]:
-        m, gpus, gpn = self.model, self.cluster.gpus, self.cluster.gpus_per_node
-        kv = m.heads if m.is_mla else m.kv_heads
-        tps = [t for t in divisors(math.gcd(m.heads, kv)) if gpus % t == 0
-               and (t <= gpn or self.allow_cross_node_tp)]
-        seq = self.workload.train_seq_len
-        out = []
-        for tp in self._choices("tp", tps):
-            for pp in self._choices("pp", divisors(gpus // tp) if gpus % tp == 0 else []):
-                if "first_stage_layers" in self.pins or "last_stage_layers" in self.pins:
-                    splits = [(self.pins.get("first_stage_layers"), self.pins.get("last_stage_layers"))]
-                else:
-                    splits = stage_splits(m.layers, pp)
-                for first, last in splits:
-                    stages = _stages(m.layers, pp, first, last)
-                    if stages is None:
-                        continue
-                    g = 0
-                    for n in stages:
-                        g = math.gcd(g, n)
-                    vpps = [1] + ([v for v in divisors(g) if v > 1] if pp > 1 else [])
-                    for vpp in self._choices("vpp", vpps):
-                        # CP splits the sequence in 2*cp chunks (Megatron's load-balanced causal CP).
-                        # Unless pinned, CP is for long sequences only (verl's perf guide: TP first,
-                        # then PP, then CP for long sequences): each rank keeps >= CP_MIN_TOKENS.
-                        cps = [c for c in divisors(gpus // (tp * pp))
-                               if c == 1 or (seq % (2 * c) == 0 and ("cp" in self.pins or seq // c >= CP_MIN_TOKENS))] \
-                            if gpus % (tp * pp) == 0 else []
-                        for cp in self._choices("cp", cps):
-                            if gpus % (tp * pp * cp):
-                                continue
-                            dp = gpus // (tp * pp * cp)
-                            if not self._batch_ok(dp):
-                                continue
-                            for ep, etp in self._experts(tp, cp, dp):
-                                out.append(dict(tp=tp, pp=pp, first_stage_layers=first, last_stage_layers=last,
-                                                vpp=vpp, cp=cp, ep=ep, etp=etp))
-        # A layout with no micro-batch that divides its per-DP batch (a pinned --mbs) has no plan.
-        return [lay for lay in out if self._valid_layout(lay) and self.mbs_options(lay)]
-
-    def _experts(self, tp: int, cp: int, dp: int) -> list[tuple[int, int | None]]:
-        m = self.model
-        if not m.is_moe:
-            etp = self.pins.get("etp")
-            if self.pins.get("ep", 1) != 1 or (etp is not None and etp != tp):
-                return []
-            return [(1, None)]
-        out = []
-        # Megatron's MoE parallel folding: ep*etp must divide tp*cp*dp.
-        for ep in self._choices("ep", divisors(m.experts)):
-            for etp in self._choices("etp", divisors(tp)):
-                if (tp * cp * dp) % (ep * etp) == 0:
-                    out.append((ep, etp))
-        return out
-
-    def _batch_ok(self, dp: int) -> bool:
-        # verl normalizes the mini-batch per DP rank (core/rules.py holds the rule).
-        return not check_batches(self.workload, dp=dp)
-
-    def _valid_layout(self, lay: dict[str, Any]) -> bool:
-        try:
-            validate(self.model, Strategy(**lay), self.cluster.gpus, gpus_per_node=self.cluster.gpus_per_node,
-                     allow_cross_node_tp=self.allow_cross_node_tp)
-        except InvalidDegreesError:
-            return False
-        return True
-
-    # -- train options ---------------------------------------------------------------------
-    def sequences_per_dp(self, lay: dict[str, Any]) -> int:
-        dp = self.cluster.gpus // (lay["tp"] * lay["pp"] * lay["cp"])
-        wl = self.workload
-        return (wl.mini_batch * wl.n if wl.kind == "grpo" else wl.gbs) // dp
-
-    def mbs_options(self, lay: dict[str, Any]) -> list[int]:
-        per = self.sequences_per_dp(lay)
-        opts = [b for b in range(1, min(per, MAX_MBS) + 1) if per % b == 0]
-        # megatron's refusals shared with the trainer (core/support.py), e.g. the interleaving rule per mbs
-        dp = self.cluster.gpus // (lay["tp"] * lay["pp"] * lay["cp"])
-        opts = [b for b in opts if _plan_ok(self.model, self.workload, tuple(sorted(lay.items())), b, dp)]
-        if "mbs" in self.pins:
-            return [self.pins["mbs"]] if per and per % self.pins["mbs"] == 0 else []
-        return opts
-
-    def recompute_options(self) -> list[str]:
-        return self._choices("recompute", list(RECOMPUTE))
-
-    def offload_options(self) -> list[tuple[str, ...]]:
-        return self._choices("offload", list(OFFLOAD_SETS))
-
-    def dist_opt_options(self) -> list[bool]:
-        # The distributed optimizer moves the same bytes as a DP all-reduce (reduce-scatter +
-        # all-gather; Megatron-LM docs/distrib_optimizer.md) and shards the optimizer state, so
-        # it is always on unless the user pins it off.
-        return self._choices("distributed_optimizer", [True])
-
-    def cap_options(self) -> list[int]:
-        """Dynamic-batching token caps (verl's ppo_max_token_len_per_gpu): 1, 2 and 4 x the longest
-        sequence (verl asserts the cap holds it), or the pinned cap; none when pinned off."""
-        if "max_tokens_per_gpu" in self.pins:
-            cap = self.pins["max_tokens_per_gpu"]
-            return [cap] if cap else []
-        if self.workload.kind != "grpo":
-            return []
-        return [k * self.workload.train_seq_len for k in CAP_FACTORS]
-
-    def batch_options(self, lay: dict[str, Any]) -> list[dict[str, Any]]:
-        """Fixed micro-batches (``mbs``) and dynamic batching (a token cap, mbs unused)."""
-        mbs = self.mbs_options(lay)
-        if not mbs:
-            return []
-        fixed = [] if self.pins.get("max_tokens_per_gpu") else [dict(mbs=b) for b in mbs]
-        return fixed + [dict(mbs=min(mbs), max_tokens_per_gpu=c) for c in self.cap_options()]
-
-    def cpu_options(self) -> list[float | None]:
-        """Megatron's hybrid CPU optimizer: pinned, or off plus all-on when memory needs it (``cpu_grid``)."""
-        if "cpu_optimizer" in self.pins:
-            return [self.pins["cpu_optimizer"]]
-        return list(self.cpu_grid)
-
-    def extra_options(self) -> list[tuple[tuple[str, ...], float | None]]:
-        """(offload set, CPU-optimizer fraction) pairs."""
-        return [(o, c) for o in self.offload_options() for c in self.cpu_options()]
-
-    def engine_options(self) -> list[dict[str, Any]]:
-        """vLLM's max_num_seqs and eager mode (CUDA graphs cost memory, eager costs time per step)."""
-        if self.workload.kind != "grpo" or self.hardware.native_rollout:
-            return [{}]  # no vLLM: its knobs change nothing (the CPU trainer samples with Megatron)
-        seqs = self._choices("max_num_seqs", list(MAX_NUM_SEQS_GRID))
-        eager = self._choices("enforce_eager", [False, True])
-        return [dict(max_num_seqs=n, enforce_eager=e) for n in seqs for e in eager]
-
-    def train_options(self, lay: dict[str, Any]) -> list[dict[str, Any]]:
-        return [dict(**b, recompute=r, distributed_optimizer=d, **_extra(x))
-                for b in self.batch_options(lay) for r in self.recompute_options()
-                for d in self.dist_opt_options() for x in self.extra_options()]
-
-    # -- rollout options -------------------------------------------------------------------
-    def rollout_options(self) -> list[tuple[int, float]]:
-        m, gpus, gpn = self.model, self.cluster.gpus, self.cluster.gpus_per_node
-        kv = m.heads if m.is_mla else m.kv_heads
-        weights = 2 * total_params(m)  # bf16 rollout weights
-        gmus = self._choices("gpu_memory_utilization", list(self.gmu_grid))
-        if self.workload.kind != "grpo":  # plain pretraining has no rollout: one placeholder option
-            return [(self.pins.get("rollout_tp", 1), self.pins.get("gpu_memory_utilization", 0.6))]
-        ok = [t for t in divisors(gpus) if m.heads % t == 0 and (kv % t == 0 or t % kv == 0)]
-        fit = [t for t in ok if weights / t < max(gmus) * self.hardware.hbm_bytes]
-        if "rollout_tp" in self.pins:
-            rtps = [self.pins["rollout_tp"]] if self.pins["rollout_tp"] in ok else []
-        else:
-            # vLLM TP within a node, unless the weights only fit across nodes; when they fit
-            # nowhere, keep the largest TP so that the estimate says which phase overflows.
-            rtps = [t for t in fit if t <= gpn or self.allow_cross_node_tp] or fit[:2] or ok[-1:]
-        pairs = [(t, g) for t in rtps for g in gmus if weights / t < g * self.hardware.hbm_bytes]
-        return pairs or [(t, max(gmus)) for t in rtps]
-
-    def rolls(self) -> list[tuple]:
-        """Every rollout option: (rollout_tp, gpu_memory_utilization, engine knobs)."""
-        return [(t, g, eng) for t, g in self.rollout_options() for eng in self.engine_options()]
-
-    def strategy(self, lay: dict[str, Any], opt: dict[str, Any], roll: tuple) -> Strategy:
-        eng = roll[2] if len(roll) > 2 else {}
-        fixed = {k: self.pins[k] for k in ENGINE_KEYS if k in self.pins and k not in opt and k not in eng}
-        return Strategy(**lay, **opt, **fixed, **eng, rollout_tp=roll[0], gpu_memory_utilization=roll[1],
-                        sequence_parallel=self.pins.get("sequence_parallel"))
-
-    def candidate_count(self, layouts: list[dict[str, Any]] | None = None) -> int:
-        layouts = self.layouts() if layouts is None else layouts
-        per = len(self.recompute_options()) * len(self.dist_opt_options()) * len(self.extra_options())
-        return sum(len(self.batch_options(lay)) for lay in layouts) * per * len(self.rolls())
-
-    def candidates(self) -> Iterator[Strategy]:
-        """Every plan of the space (the full product; use :func:`search` to rank it)."""
-        rolls = self.rolls()
-        for lay in self.layouts():
-            for opt in self.train_options(lay):
-                for roll in rolls:
-                    yield self.strategy(lay, opt, roll)
-
-
-@lru_cache(maxsize=65536)
-def _plan_ok(model: ModelSpec, workload: Workload, lay: tuple, mbs: int, dp: int) -> bool:
-    """No shared megatron refusal (core.support.check_plan) for this layout and micro-batch size;
-    cached because the search asks for a layout's options several times."""
-    return not check_plan(model, Strategy(**dict(lay), mbs=mbs, dp=dp), workload=workload)
-
-
-def _stages(layers: int, pp: int, first: int | None, last: int | None) -> list[int] | None:
-    if pp == 1:
-        return None if first is not None or last is not None else [layers]
-    mid = pp - (first is not None) - (last is not None)
-    rest = layers - (first or 0) - (last or 0)
-    if rest < 0 or (mid and (rest % mid or rest // mid < 1)) or (not mid and rest) or min(first or 1, last or 1) < 1:
-        return None
-    per = rest // mid if mid else 0
-    return ([first] if first is not None else []) + [per] * mid + ([last] if last is not None else [])
-
-
-# ------------------------------------------------------------------------------------------------
-# Ranking
 # ------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -346,47 +71,6 @@ class SearchResult:
         return {"candidates": self.candidates, "evaluated": self.evaluated, "combined": self.combined,
                 "layouts": self.layouts, "pruned_layouts": self.pruned_layouts, "seconds": round(self.seconds, 3),
                 "combination_error": round(self.combination_error, 6)}
-
-
-def step_s(est: Estimate) -> float:
-    return math.inf if est.time is None else float(est.time.step_s)
-
-
-def tokens_per_s_per_gpu(est: Estimate) -> float:
-    if est.throughput is not None:
-        return float(est.throughput.tokens_per_s_per_gpu)
-    s = step_s(est)
-    wl = est.workload
-    return 0.0 if not math.isfinite(s) else wl.sequences * wl.train_seq_len / s / est.cluster.gpus
-
-
-def rank_key(est: Estimate) -> tuple[float, float]:
-    """Faster first; step times equal to 3 significant figures are ties (the cost model is not
-    more precise than that: `grpo-tune validate`'s error is a few %), and among ties more memory
-    headroom comes first."""
-    t = step_s(est)
-    return (float(f"{t:.3g}") if math.isfinite(t) else math.inf, -est.headroom_bytes)
-
-
-def pareto_front(points: list[tuple[float, float]]) -> list[int]:
-    """Indices of the points not dominated in (throughput: higher better, peak: lower better),
-    sorted by throughput, highest first."""
-    order = sorted(range(len(points)), key=lambda i: (-points[i][0], points[i][1]))
-    front, best_peak = [], math.inf
-    for i in order:
-        if points[i][1] < best_peak:
-            front.append(i)
-            best_peak = points[i][1]
-    return front
-
-
-def _pareto_arrays(thr: np.ndarray, peak: np.ndarray) -> np.ndarray:
-    """:func:`pareto_front` for arrays: sort by throughput (desc) then peak (asc) and keep each
-    point whose peak is below every peak before it."""
-    order = np.lexsort((peak, -thr))
-    p = peak[order]
-    prev = np.minimum.accumulate(np.concatenate(([np.inf], p[:-1])))
-    return order[p < prev]
 
 
 class _Evaluator:
@@ -448,18 +132,8 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
         _explain_empty(space, layouts, rolls)
     ev = _Evaluator(space, calibration)
 
-    # Rollout deltas: one train plan, every rollout option.
-    lay0 = layouts[0]
-    opt0 = _frugal(space, lay0)
     roll0 = rolls[0]
-    base0 = ev(space.strategy(lay0, opt0, roll0))
-    b_mem, b_tm = ev.vector(base0)
-    r_mem, r_tm = [], []
-    for roll in rolls:
-        m_, t_ = ev.vector(ev(space.strategy(lay0, opt0, roll)))
-        r_mem.append(m_ - b_mem)
-        r_tm.append(t_ - b_tm)
-    R_mem, R_tm = np.array(r_mem), np.array(r_tm)  # (n_roll, phases)
+    R_mem, R_tm = _rollout_deltas(space, ev, layouts[0], rolls)  # (n_roll, phases)
     train_mask = ev.train_phase_mask()
     cap = ev.capacity - margin
 
@@ -499,6 +173,30 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
     if not ranked:
         flat = int(np.argmin(over))
         raise _no_fit_from(ev(plan(flat)), space, margin)
+    uniq = _unique_ranked(ranked)
+    pts = [(tokens_per_s_per_gpu(e), e.peak_bytes) for e in uniq]
+    pareto = [uniq[i] for i in pareto_front(pts)]
+    return SearchResult(ranked=uniq, pareto=pareto, candidates=n_candidates, evaluated=ev.calls, combined=combined,
+                        layouts=len(layouts), pruned_layouts=pruned, seconds=time.perf_counter() - t0,
+                        combination_error=err)
+
+
+def _rollout_deltas(space: Space, ev: "_Evaluator", lay0: dict[str, Any], rolls: list[tuple]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Rollout deltas: one (frugal) train plan, every rollout option, minus the first option's figures."""
+    opt0 = _frugal(space, lay0)
+    base0 = ev(space.strategy(lay0, opt0, rolls[0]))
+    b_mem, b_tm = ev.vector(base0)
+    r_mem, r_tm = [], []
+    for roll in rolls:
+        m_, t_ = ev.vector(ev(space.strategy(lay0, opt0, roll)))
+        r_mem.append(m_ - b_mem)
+        r_tm.append(t_ - b_tm)
+    return np.array(r_mem), np.array(r_tm)
+
+
+def _unique_ranked(ranked: list[Estimate]) -> list[Estimate]:
+    """``ranked`` sorted by :func:`rank_key`, each strategy once (the first, best, copy)."""
     ranked.sort(key=rank_key)
     uniq, keys = [], set()
     for e in ranked:
@@ -506,11 +204,7 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
         if k not in keys:
             keys.add(k)
             uniq.append(e)
-    pts = [(tokens_per_s_per_gpu(e), e.peak_bytes) for e in uniq]
-    pareto = [uniq[i] for i in pareto_front(pts)]
-    return SearchResult(ranked=uniq, pareto=pareto, candidates=n_candidates, evaluated=ev.calls, combined=combined,
-                        layouts=len(layouts), pruned_layouts=pruned, seconds=time.perf_counter() - t0,
-                        combination_error=err)
+    return uniq
 
 
 def _exact_pass(ev: "_Evaluator", plan: Callable[[int], Strategy], fits: np.ndarray, step: np.ndarray,
@@ -634,15 +328,6 @@ def _rel(approx: float, exact: float) -> float:
     if not math.isfinite(exact) or exact == 0:
         return 0.0
     return abs(float(approx) - exact) / abs(exact)
-
-
-def _extra(x: tuple[tuple[str, ...], float | None]) -> dict[str, Any]:
-    """Strategy fields of an (offload, CPU-optimizer) option; the CPU optimizer as verl's examples
-    run it (copies overlapped, precision-aware Adam)."""
-    o, c = x
-    if c is None:
-        return dict(offload=o)
-    return dict(offload=o, cpu_optimizer=c, overlap_cpu_optimizer=True, precision_aware_optimizer=True)
 
 
 def _frugal(space: Space, lay: dict[str, Any]) -> dict[str, Any] | None:
