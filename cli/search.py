@@ -123,7 +123,6 @@ def search(
 ) -> None:
     """Rank every valid plan by predicted step time; print the best and write runs/<id>/."""
     from autotune import search as S
-    from autotune.emit import emit as emit_into, emit_run
 
     if top < 1:
         raise ConfigError(f"--top must be >= 1, got {top}")
@@ -137,8 +136,6 @@ def search(
     err = Console(stderr=True)
     result = _run_search(S, m, hw, cluster, wl, pins, top, cal, allow_cross_node_tp, err, min_headroom)
 
-    run_dir: Path | None = None
-    files: dict[str, Path] = {}
     if refine:  # every refine option is checked before the run folder (a finished refine's best.yaml) is written
         from autotune.refine import RefineOptions
 
@@ -146,47 +143,17 @@ def search(
                              trial_timeout_s=trial_timeout, calibration=cal, pins=pins,
                              allow_cross_node_tp=allow_cross_node_tp)
         opts.check()
+    run_dir: Path | None = None
+    files: dict[str, Path] = {}
     if emit or refine:
-        kw: dict[str, Any] = dict(search=result, meta={"calibration": str(calibration)} if calibration else None)
-        if refine:
-            # A stable folder (named like the study) so that re-running the command resumes it.
-            from autotune.refine import default_study_name
-
-            run_dir = out / (study_name or default_study_name(m, hw, cluster, wl))
-            if not (run_dir / "best.yaml").exists():  # a re-run resumes: refine's finish replaces it atomically
-                files = emit_into(result.best, run_dir, **kw)
-        else:
-            run_dir, files = emit_run(result.best, out=out, **kw)
+        run_dir, files = _write_run_folder(result, out, refine=refine, study_name=study_name, calibration=calibration,
+                                           inputs=(m, hw, cluster, wl))
 
     if json_out and not refine:
-        print(json.dumps({"run_dir": None if run_dir is None else str(run_dir),
-                          "files": {k: str(v) for k, v in files.items()}, "stats": result.stats(),
-                          "best": result.best.to_dict(), "top": [e.to_dict() for e in result.ranked[:top]],
-                          "layouts": [r.to_dict() for r in group_by_layout(result.ranked)[:top]],
-                          "pareto": [e.to_dict() for e in result.pareto]}, indent=2, default=str))
+        _print_json(result, run_dir, files, top)
         return
     if not json_out:
-        if all_plans:
-            print_plans(result.ranked, console, top=top)
-        else:  # one row per layout (autotune/grouping.py)
-            rows = group_by_layout(result.ranked)[:top]
-            print_plans([r.best for r in rows], console, top=top, title="Top plans, one row per layout (its best variant)")
-            console.print(grouping_caption(rows), highlight=False)
-        from autotune.report import runner_ups, why_winner
-        from autotune.validate_grpo import STATED_ERROR_PCT
-
-        others = runner_ups(result.ranked)
-        if others and wl.kind == "grpo":
-            console.print("Why #1 wins (runner-up minus winner, by phase):", highlight=False)
-            for line in why_winner(result.best, others, STATED_ERROR_PCT):
-                console.print("  " + line.lstrip("- ").replace("`", ""), highlight=False, soft_wrap=True)
-        st = result.stats()
-        console.print(f"{st['candidates']:,} valid plans; {st['evaluated']:,} cost-model calls, "
-                      f"{st['combined']:,} combined; {st['pruned_layouts']:,}/{st['layouts']:,} layouts pruned; "
-                      f"{st['seconds']:.2f} s; Pareto front: {len(result.pareto)} plan(s)", highlight=False)
-        if run_dir is not None:
-            console.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})",
-                          highlight=False)
+        _print_result(result, wl, console, top=top, all_plans=all_plans, run_dir=run_dir, files=files)
     if refine:
         from autotune.refine import refine as run_refine
 
@@ -194,6 +161,58 @@ def search(
         if json_out:
             print(json.dumps({"run_dir": str(run_dir), "stats": result.stats(), "refine": res.to_dict()},
                              indent=2, default=str))
+
+
+def _write_run_folder(result, out: Path, *, refine: bool, study_name: str | None, calibration: Path | None,
+                      inputs: tuple) -> tuple[Path, dict[str, Path]]:
+    """The run folder of the best plan: a new runs/<id>/, or under --refine a stable folder named like the
+    study, so that re-running the command resumes it (written only once: refine's finish replaces it atomically)."""
+    from autotune.emit import emit as emit_into, emit_run
+
+    kw: dict[str, Any] = dict(search=result, meta={"calibration": str(calibration)} if calibration else None)
+    if not refine:
+        return emit_run(result.best, out=out, **kw)
+    from autotune.refine import default_study_name
+
+    run_dir = out / (study_name or default_study_name(*inputs))
+    files: dict[str, Path] = {}
+    if not (run_dir / "best.yaml").exists():
+        files = emit_into(result.best, run_dir, **kw)
+    return run_dir, files
+
+
+def _print_json(result, run_dir: Path | None, files: dict[str, Path], top: int) -> None:
+    print(json.dumps({"run_dir": None if run_dir is None else str(run_dir),
+                      "files": {k: str(v) for k, v in files.items()}, "stats": result.stats(),
+                      "best": result.best.to_dict(), "top": [e.to_dict() for e in result.ranked[:top]],
+                      "layouts": [r.to_dict() for r in group_by_layout(result.ranked)[:top]],
+                      "pareto": [e.to_dict() for e in result.pareto]}, indent=2, default=str))
+
+
+def _print_result(result, wl, console: Console, *, top: int, all_plans: bool, run_dir: Path | None,
+                  files: dict[str, Path]) -> None:
+    """The plan tables, why #1 wins, the search's statistics and the run folder written."""
+    if all_plans:
+        print_plans(result.ranked, console, top=top)
+    else:  # one row per layout (autotune/grouping.py)
+        rows = group_by_layout(result.ranked)[:top]
+        print_plans([r.best for r in rows], console, top=top, title="Top plans, one row per layout (its best variant)")
+        console.print(grouping_caption(rows), highlight=False)
+    from autotune.report import runner_ups, why_winner
+    from autotune.validate_grpo import STATED_ERROR_PCT
+
+    others = runner_ups(result.ranked)
+    if others and wl.kind == "grpo":
+        console.print("Why #1 wins (runner-up minus winner, by phase):", highlight=False)
+        for line in why_winner(result.best, others, STATED_ERROR_PCT):
+            console.print("  " + line.lstrip("- ").replace("`", ""), highlight=False, soft_wrap=True)
+    st = result.stats()
+    console.print(f"{st['candidates']:,} valid plans; {st['evaluated']:,} cost-model calls, "
+                  f"{st['combined']:,} combined; {st['pruned_layouts']:,}/{st['layouts']:,} layouts pruned; "
+                  f"{st['seconds']:.2f} s; Pareto front: {len(result.pareto)} plan(s)", highlight=False)
+    if run_dir is not None:
+        console.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})",
+                      highlight=False)
 
 
 def _run_search(S, m, hw, cluster, wl, pins, top, cal, cross, err: Console, min_headroom: float = 0.0):

@@ -212,15 +212,15 @@ def train(config: ConfigOpt, steps: StepsOpt = None, dry_run: Annotated[bool, ty
         check_output(slurm, "--slurm", inputs=(config,))
     cfg, lay, out_dir = load_checked(config, steps=steps, out=out, nnodes=nnodes, node_rank=node_rank, resume=resume,
                                      need_torch=not (dry_run or slurm))
-    worker_args = ["--steps", str(cfg.trainer.steps), "--out", str(out_dir)]
-    if not resume:
-        worker_args.append("--no-resume")
+    def worker_args_for(out_path: Path) -> list[str]:  # the same flags for torchrun here and in the sbatch script
+        return ["--steps", str(cfg.trainer.steps), "--out", str(out_path), *([] if resume else ["--no-resume"])]
+
+    worker_args = worker_args_for(out_dir)
     console = Console()
     if slurm is not None:
         from core.config import atomic_write
 
-        abs_args = ["--steps", str(cfg.trainer.steps), "--out", str(out_dir.resolve())]
-        atomic_write(slurm, launch.slurm_script(config, lay, worker_args=abs_args))
+        atomic_write(slurm, launch.slurm_script(config, lay, worker_args=worker_args_for(out_dir.resolve())))
         console.print(f"wrote {slurm}: sbatch {slurm}  ({lay.nnodes} node(s) x {lay.nproc_per_node} ranks)", highlight=False)
         return
     cmd = launch.torchrun_command(config, lay, node_rank=node_rank, master_addr=master_addr, master_port=master_port,

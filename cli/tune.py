@@ -106,21 +106,33 @@ def tune(launch: Launch, hardware: Hardware = "h100", model: ModelOpt = None, ke
         tuned_path.chmod(stat.S_IMODE(mode) | stat.S_IRUSR | stat.S_IWUSR)
         files["tuned.sh"] = tuned_path
     cur, best = _summary(res.current), _summary(res.best)
-    gain = res.gain()
     if json_out:
-        print(json.dumps({"launch": str(launch), "model": plan.model.name, "model_note": plan.model_note,
-                          "hardware": plan.hardware.name, "gpus": plan.cluster.gpus,
-                          "workload": plan.workload.to_dict(), "current": cur, "best": best,
-                          "gain": None if gain is None else round(gain, 4),
-                          "overrides": {k: {"old": o, "new": n} for k, (o, n) in res.changes.items()},
-                          "nearest_fit": [_summary(e) for e in res.nearest_fit], "pins": res.pins,
-                          "run_dir": None if run_dir is None else str(run_dir),
-                          "files": {k: str(v) for k, v in files.items()}}, indent=2, default=str))
+        _print_json(launch, plan, res, cur, best, run_dir, files)
         return
     c = Console()
     c.print(f"{launch_obj.path}: {plan.model.name} ({plan.model_note}) on {plan.cluster.gpus} x {plan.hardware.name}, "
             f"{plan.workload.prompts} prompts x n={plan.workload.n}, lengths {plan.workload.prompt_len}+"
             f"{plan.workload.response_len}", highlight=False)
+    c.print(_compare_table(cur, best))
+    _print_verdict(c, res, cur, best, keep_list)
+    if run_dir is not None:
+        c.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False)
+
+
+def _print_json(launch: Path, plan, res, cur: dict, best: dict, run_dir: Path | None, files: dict[str, Path]) -> None:
+    gain = res.gain()
+    print(json.dumps({"launch": str(launch), "model": plan.model.name, "model_note": plan.model_note,
+                      "hardware": plan.hardware.name, "gpus": plan.cluster.gpus,
+                      "workload": plan.workload.to_dict(), "current": cur, "best": best,
+                      "gain": None if gain is None else round(gain, 4),
+                      "overrides": {k: {"old": o, "new": n} for k, (o, n) in res.changes.items()},
+                      "nearest_fit": [_summary(e) for e in res.nearest_fit], "pins": res.pins,
+                      "run_dir": None if run_dir is None else str(run_dir),
+                      "files": {k: str(v) for k, v in files.items()}}, indent=2, default=str))
+
+
+def _compare_table(cur: dict, best: dict) -> Table:
+    """The current plan next to the best one: degrees, phase seconds, step time, memory."""
     t = Table(title="Current plan vs best plan (predicted)", title_justify="left")
     t.add_column("")
     t.add_column("current")
@@ -134,7 +146,14 @@ def tune(launch: Launch, hardware: Hardware = "h100", model: ModelOpt = None, ke
     t.add_row("peak GiB (phase)", f"{cur['peak_gib']:.1f} ({cur['peak_phase']})", f"{best['peak_gib']:.1f} ({best['peak_phase']})")
     t.add_row("headroom GiB", f"{cur['headroom_gib']:.1f}", f"{best['headroom_gib']:.1f}")
     t.add_row("fits", "yes" if cur["fits"] else "[red]no[/]", "yes" if best["fits"] else "[red]no[/]")
-    c.print(t)
+    return t
+
+
+def _print_verdict(c: Console, res, cur: dict, best: dict, keep_list: list[str]) -> None:
+    """Why the current plan does not fit (and the nearest that do), then the gain and the overrides that change."""
+    from autotune import tune as T
+
+    gain = res.gain()
     if not cur["fits"]:
         for o in cur["oom"]:
             over = o["bytes_over"] or 0
@@ -156,8 +175,6 @@ def tune(launch: Launch, hardware: Hardware = "h100", model: ModelOpt = None, ke
     else:
         c.print("no change: no plan is predicted to be more than "
                 f"{T.MIN_GAIN:.0%} faster with the same workload" + (f" (keeping {', '.join(keep_list)})" if keep_list else ""))
-    if run_dir is not None:
-        c.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

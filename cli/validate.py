@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 from rich import box
@@ -28,20 +28,20 @@ def validate(json_out: Json = False, tolerance: Optional[float] = typer.Option(
         from autotune.validate_grpo import TOLERANCE_PCT, run_grpo
 
         rep = run_grpo(path=data, tolerance_pct=TOLERANCE_PCT if tolerance is None else tolerance, refit=refit)
-        if json_out:
-            print(json.dumps(rep, indent=2))
-        else:
-            _print_grpo(rep)
-        if not rep["passed"]:
-            raise typer.Exit(1)
+        _report(rep, json_out, _print_grpo)
         return
     from autotune.validate import run
 
     rep = run(hardware=hardware, path=data, tolerance_pct=10.0 if tolerance is None else tolerance, refit=refit)
+    _report(rep, json_out, _print)
+
+
+def _report(rep: dict, json_out: bool, print_table: Callable[[dict], None]) -> None:
+    """The report as JSON or as tables; exit 1 when it did not pass."""
     if json_out:
         print(json.dumps(rep, indent=2))
     else:
-        _print(rep)
+        print_table(rep)
     if not rep["passed"]:
         raise typer.Exit(1)
 

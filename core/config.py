@@ -13,7 +13,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import yaml
 
@@ -170,20 +170,24 @@ class RunConfig:
         return dataclasses.replace(self, **kw)
 
 
-def _model(v: Any, where: str) -> ModelSpec:
+_SpecT = TypeVar("_SpecT")
+
+
+def _spec(v: Any, load: Callable[[str], _SpecT], from_dict: Callable[..., _SpecT], where: str) -> _SpecT:
+    """A profile given by name (``tiny``, ``{name: tiny}``) is loaded; a full mapping is read as is."""
     if isinstance(v, str):
-        return load_model(v)
+        return load(v)
     if isinstance(v, dict) and set(v) == {"name"}:
-        return load_model(v["name"])
-    return ModelSpec.from_dict(v, where=f"{where}.model")
+        return load(v["name"])
+    return from_dict(v, where=where)
+
+
+def _model(v: Any, where: str) -> ModelSpec:
+    return _spec(v, load_model, ModelSpec.from_dict, f"{where}.model")
 
 
 def _hardware(v: Any, where: str) -> HardwareSpec:
-    if isinstance(v, str):
-        return load_hardware(v)
-    if isinstance(v, dict) and set(v) == {"name"}:
-        return load_hardware(v["name"])
-    return HardwareSpec.from_dict(v, where=f"{where}.hardware")
+    return _spec(v, load_hardware, HardwareSpec.from_dict, f"{where}.hardware")
 
 
 # ints are positive, floats >= 0 (not NaN); top_p is a fraction; the named choices come from core/choices.py.

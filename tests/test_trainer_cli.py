@@ -3,6 +3,7 @@ the torchrun command, the sbatch script. None of these tests starts a trainer pr
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -124,6 +125,18 @@ def test_slurm_script(tmp_path):
     assert 'PET_NODE_RANK="$SLURM_NODEID"' in s and "--nnodes=2 --nproc-per-node=4" in s
     assert f"-m trainer.main --config {cfg.resolve()} --steps 5" in s
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0  # valid shell
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_slurm_script_passes_no_resume_on(tmp_path, resume):
+    """The sbatch job's workers get the same --no-resume as a local run's (it was dropped)."""
+    cfg = write_cfg(tmp_path / "c.yaml")
+    out = tmp_path / "job.sbatch"
+    flag = [] if resume else ["--no-resume"]
+    assert cli_main(["train", "--config", str(cfg), "--slurm", str(out), "--steps", "3", *flag]) == 0
+    worker = shlex.split(out.read_text().rstrip().splitlines()[-1])
+    assert worker == ["-m", "trainer.main", "--config", str(cfg.resolve()), "--steps", "3",
+                      "--out", str((tmp_path / "run").resolve()), *flag]
 
 
 def test_no_resume_refuses_to_overwrite_checkpoints(tmp_path):

@@ -224,17 +224,24 @@ class ShellReader:
             if c == "\\":
                 self._adv()
                 out.text += self._adv()
-            elif c == "'":
-                self._single(out)
-            elif c == '"':
-                self._double(out)
-            elif c == "$":
-                self._dollar(out, quoted=False)
-            elif c == "`":
-                self._backtick(out)
-            else:
+            elif not self._quote_or_expansion(c, out):
                 out.text += self._adv()
         return out
+
+    def _quote_or_expansion(self, c: str, out: Value) -> bool:
+        """Read the quoted part or expansion that ``c`` starts, outside double quotes, into ``out``; False when
+        ``c`` starts none (the same in a word and in ``${A:-word}``)."""
+        if c == "'":
+            self._single(out)
+        elif c == '"':
+            self._double(out)
+        elif c == "$":
+            self._dollar(out, quoted=False)
+        elif c == "`":
+            self._backtick(out)
+        else:
+            return False
+        return True
 
     def _arith(self, expr: str) -> int | None:
         """Integer arithmetic as bash's ``$((...))`` does it; None when it holds anything else."""
@@ -325,14 +332,8 @@ class ShellReader:
                     continue
                 self._adv()
                 out.text += self._adv()
-            elif c == "'":
-                self._single(out)
-            elif c == '"':
-                self._double(out)
-            elif c == "$":
-                self._dollar(out, quoted=False)
-            elif c == "`":
-                self._backtick(out)
+            elif self._quote_or_expansion(c, out):
+                continue
             elif c == "#":
                 out.text += self._adv()  # inside a word '#' is literal
             else:

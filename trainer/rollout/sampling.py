@@ -47,6 +47,22 @@ def sample_next(logits: torch.Tensor, *, temperature: float, top_p: float,
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
+def _padded_prompts(prompt_ids: Sequence[Sequence[int]], params: SamplingParams, *, pad_id: int,
+                    max_seq_len: int | None, device: torch.device | str | None = None,
+                    ) -> tuple[list[int], list[int], torch.Tensor]:
+    """Each prompt's length, its response budget (``params.max_tokens``, cut so that prompt + response fits
+    ``max_seq_len``) and the prompts padded to the longest prompt + budget, ``LongTensor[B, W]``."""
+    lens = [len(p) for p in prompt_ids]
+    if min(lens) < 1:
+        raise ValueError("every prompt needs at least one token (e.g. BOS)")
+    budget = [params.max_tokens if max_seq_len is None else max(0, min(params.max_tokens, max_seq_len - k))
+              for k in lens]
+    width = max(k + b for k, b in zip(lens, budget))
+    tokens = torch.tensor([list(p) + [pad_id] * (width - k) for p, k in zip(prompt_ids, lens)],
+                          dtype=torch.long, device=device)
+    return lens, budget, tokens
+
+
 def sample(next_logits_fn: NextLogitsFn, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, *,
            pad_id: int, eos_id: int, generator: torch.Generator | None = None,
            max_seq_len: int | None = None, device: torch.device | str | None = None) -> list[list[int]]:
@@ -59,14 +75,7 @@ def sample(next_logits_fn: NextLogitsFn, prompt_ids: Sequence[Sequence[int]], pa
     n = len(prompt_ids)
     if n == 0:
         return []
-    lens = [len(p) for p in prompt_ids]
-    if min(lens) < 1:
-        raise ValueError("every prompt needs at least one token (e.g. BOS)")
-    budget = [params.max_tokens if max_seq_len is None else max(0, min(params.max_tokens, max_seq_len - k))
-              for k in lens]
-    width = max(k + b for k, b in zip(lens, budget))
-    tokens = torch.tensor([list(p) + [pad_id] * (width - k) for p, k in zip(prompt_ids, lens)],
-                          dtype=torch.long, device=device)
+    lens, budget, tokens = _padded_prompts(prompt_ids, params, pad_id=pad_id, max_seq_len=max_seq_len, device=device)
     lengths = torch.tensor(lens, dtype=torch.long, device=device)
     stop = torch.tensor(sorted({eos_id, *params.stop_token_ids}), dtype=torch.long, device=device)
     done = torch.tensor([b == 0 for b in budget], dtype=torch.bool, device=device)
@@ -115,13 +124,8 @@ def sample_cached(step_fn: StepFn, prompt_ids: Sequence[Sequence[int]], params: 
     n = len(prompt_ids)
     if n == 0:
         return []
-    lens = [len(p) for p in prompt_ids]
-    if min(lens) < 1:
-        raise ValueError("every prompt needs at least one token (e.g. BOS)")
-    budget = [params.max_tokens if max_seq_len is None else max(0, min(params.max_tokens, max_seq_len - k))
-              for k in lens]
-    width = max(k + b for k, b in zip(lens, budget))
-    tokens = torch.tensor([list(p) + [pad_id] * (width - k) for p, k in zip(prompt_ids, lens)], dtype=torch.long)
+    lens, budget, tokens = _padded_prompts(prompt_ids, params, pad_id=pad_id, max_seq_len=max_seq_len)
+    width = tokens.shape[1]
     stop = {eos_id, *params.stop_token_ids}
     produced = [0] * n
     done = [b == 0 for b in budget]
