@@ -28,10 +28,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from core.errors import ConfigError, InvalidDegreesError, NoFeasiblePlanError
+from core.errors import ConfigError, GrpoTuneError, InvalidDegreesError, NoFeasiblePlanError
 from costmodel.estimate import Estimate, estimate
 from core.specs import HardwareSpec, ModelSpec
 from core.strategy import OFFLOAD, RECOMPUTE, Cluster, Strategy, Workload, validate
+from core.support import trainer_only
 
 # The candidate space and the ranking live in autotune/space.py and autotune/rank.py; their
 # names stay importable from here (tests and callers use autotune.search.Space, step_s, ...).
@@ -107,6 +108,18 @@ class _Evaluator:
         return np.array([k not in ("rollout", "weight_sync") for k in self.mem_keys])
 
 
+def _trainer_runs(space: Space) -> list[dict[str, Any]]:
+    """The space's layouts that grpo-tune's own trainer runs (core.support.trainer_only: no CP, the
+    model families it builds): the search never emits a plan ``train`` would refuse. A pin or a model
+    that only the trainer refuses is a coded error here; ``grpo-tune estimate`` still prices it for verl."""
+    pinned = trainer_only(space.model, Strategy(cp=space.pins.get("cp", 1)))
+    if pinned:
+        f = pinned[0]
+        raise GrpoTuneError(f"{f.message}: search emits only plans `grpo-tune train` runs", code=f.code,
+                            hint=f"{f.hint}; `grpo-tune estimate` prices the plan for verl")
+    return [lay for lay in space.layouts() if not trainer_only(space.model, Strategy(**lay))]
+
+
 def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload: Workload, *,
            pins: dict[str, Any] | None = None, top: int = 10, calibration: dict[str, float] | None = None,
            allow_cross_node_tp: bool = False, exact: int | None = None, keep_layouts: int = 48,
@@ -126,7 +139,7 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
     margin = min_headroom * hardware.hbm_bytes
     t0 = time.perf_counter()
     space = Space(model, hardware, cluster, workload, dict(pins or {}), allow_cross_node_tp)
-    layouts = space.layouts()
+    layouts = _trainer_runs(space)
     rolls = space.rolls()
     if not layouts or not rolls:
         _explain_empty(space, layouts, rolls)

@@ -215,3 +215,22 @@ def test_offload_pin_verl_sets_accepted(text, want):
     from autotune.options import strategy_pins
 
     assert strategy_pins(offload=text)["offload"] == want
+
+
+def test_search_never_emits_a_plan_the_trainer_refuses():
+    """The plan we price is the plan that runs: CP (which only verl runs) is not proposed for long
+    sequences, and a pinned CP is a coded error naming the trainer, not a plan `train` refuses."""
+    from core.errors import GrpoTuneError
+    from core.specs import load_hardware, load_model
+    from core.strategy import Cluster, Workload
+    from core.support import check_supported
+    from autotune.search import search
+
+    m, hw = load_model("qwen2.5-7b"), load_hardware("h100")
+    long = Workload(prompts=64, n=8, mini_batch=32, prompt_len=2048, response_len=14336)
+    res = search(m, hw, Cluster(gpus=8), long, top=5)
+    assert res.ranked and all(e.strategy.cp == 1 for e in res.ranked + res.pareto)
+    assert all(not check_supported(m, e.strategy, workload=long) for e in res.ranked[:20])
+    with pytest.raises(GrpoTuneError) as exc:
+        search(m, hw, Cluster(gpus=8), long, pins={"cp": 2})
+    assert exc.value.code == "TRAINER_UNSUPPORTED" and "estimate" in exc.value.hint

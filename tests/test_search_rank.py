@@ -147,15 +147,16 @@ def test_combined_figures_equal_exact_estimates(model, gpus):
 
 
 def test_screening_keeps_the_optimum():
-    """Screening layouts down to 16 finds the same winner as the full grid over all 140 layouts
-    (8k-token sequences, so context parallelism is in the space too). The default keeps 48; 8 is
-    too few here (8% slower winner), which is why the default is not lower."""
+    """Screening layouts down to 16 finds the same winner as the full grid over all its layouts
+    (8k-token sequences: context parallelism would qualify, but the search keeps only plans the
+    trainer runs, so no CP). The default keeps 48; 8 is too few here (8% slower winner), which is
+    why the default is not lower."""
     m = load_model("llama-3.1-70b")
     wl = Workload(prompt_len=4096, response_len=4096)
     full = search(m, H100, Cluster(gpus=32), wl, keep_layouts=10_000)
     screened = search(m, H100, Cluster(gpus=32), wl, keep_layouts=16)
-    assert full.layouts > 100 and screened.evaluated < full.evaluated / 3
-    assert any(e.strategy.cp > 1 for e in full.ranked)
+    assert full.layouts > 60 and screened.evaluated < full.evaluated / 2  # 16 of 76 layouts: ~0.42 of the calls
+    assert all(e.strategy.cp == 1 for e in full.ranked)
     # Within 0.5%: with dynamic-batching caps and vLLM knobs in the space (issue 9) the screened
     # winner can be a neighbour of the full grid's that differs below the model's accuracy.
     assert rank_key(screened.best)[0] <= 1.005 * rank_key(full.best)[0]
@@ -196,7 +197,8 @@ def test_random_inputs_give_valid_fitting_plans_or_coded_errors(gpus, prompts, n
         wl = Workload.from_dict(dict(prompts=prompts, n=n, mini_batch=mini, prompt_len=plen, response_len=rlen))
         res = search(load_model("tiny"), CPU, Cluster(gpus=gpus, gpus_per_node=min(4, gpus)), wl, pins=pins, top=3)
     except GrpoTuneError as exc:
-        assert exc.code in ("BAD_CONFIG", "INVALID_DEGREES", "NO_FEASIBLE_PLAN")
+        allowed = ("BAD_CONFIG", "INVALID_DEGREES", "NO_FEASIBLE_PLAN")
+        assert exc.code in allowed + (("TRAINER_UNSUPPORTED",) if pins.get("cp", 1) > 1 else ())
         return
     _check_result(res, pins)
     for e in res.ranked:

@@ -117,9 +117,14 @@ def test_every_emitted_plan_is_accepted_or_refused_with_a_shared_code(preset):
 def test_context_parallel_plans_are_refused_with_the_shared_code():
     m, hw = load_model("qwen2.5-7b"), load_hardware("h100")
     w = Workload(prompt_len=16384, response_len=16384, prompts=64, n=8, mini_batch=16)
-    cluster, plans = _plans(m, hw, w, pins={"cp": 2})
-    accepted, codes = _check(m, hw, cluster, w, plans, build_config=False)
-    assert accepted == 0 and codes == {"TRAINER_UNSUPPORTED"}
+    # the search applies the trainer's refusal itself: a pinned CP is refused there, with the same code
+    with pytest.raises(GrpoTuneError) as exc:
+        search(m, hw, Cluster(gpus=8), w, pins={"cp": 2})
+    assert exc.value.code == "TRAINER_UNSUPPORTED"
+    # unpinned, the long workload would qualify for CP; what the search emits is all runnable
+    res = search(m, hw, Cluster(gpus=8), w, top=10)
+    plans = [e.strategy for e in res.ranked + res.pareto]
+    assert plans and all(s.cp == 1 and not check_supported(m, s, hw, workload=w) for s in plans)
 
 
 def test_shared_check_is_what_the_refusals_say():
