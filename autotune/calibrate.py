@@ -14,6 +14,7 @@ keeps parameters that the measurements cannot see at their defaults instead of d
 A calibration file is JSON ``{"version": 1, "hardware": name, "params": {...}, "fit": {...}}``;
 ``grpo-tune search --calibration FILE`` reads it with :func:`load`.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,10 @@ def defaults() -> dict[str, float]:
 
     d = getattr(timing, "CALIBRATION_DEFAULTS", None)
     if not d:
-        raise ConfigError("the time model exposes no calibration parameters (costmodel.timing.CALIBRATION_DEFAULTS)",
-                          hint="this grpo-tune's time model cannot be calibrated yet")
+        raise ConfigError(
+            "the time model exposes no calibration parameters (costmodel.timing.CALIBRATION_DEFAULTS)",
+            hint="this grpo-tune's time model cannot be calibrated yet",
+        )
     return {k: float(v) for k, v in d.items()}
 
 
@@ -73,10 +76,18 @@ def predict_estimate(params: dict[str, float], pt: Point) -> tuple[float, dict[s
     """Predicted step and phase seconds from :func:`costmodel.estimate.estimate` with ``params``."""
     from costmodel.estimate import estimate
 
-    e = estimate(model=pt.model, hardware=pt.hardware, cluster=pt.cluster, strategy=pt.strategy,
-                 workload=pt.workload, calibration=params)
+    e = estimate(
+        model=pt.model,
+        hardware=pt.hardware,
+        cluster=pt.cluster,
+        strategy=pt.strategy,
+        workload=pt.workload,
+        calibration=params,
+    )
     if e.time is None:
-        raise ConfigError("the time model returned no time for a measured plan", hint="calibration needs the time model")
+        raise ConfigError(
+            "the time model returned no time for a measured plan", hint="calibration needs the time model"
+        )
     return float(e.time.step_s), {k: float(v) for k, v in e.time.phases.items()}
 
 
@@ -109,8 +120,17 @@ class CalibrationResult:
     message: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"params": self.params, "base": self.base, "before": self.before, "after": self.after,
-                "points": self.points, "cost": self.cost, "cost_before": self.cost_before, "success": self.success, "message": self.message}
+        return {
+            "params": self.params,
+            "base": self.base,
+            "before": self.before,
+            "after": self.after,
+            "points": self.points,
+            "cost": self.cost,
+            "cost_before": self.cost_before,
+            "success": self.success,
+            "message": self.message,
+        }
 
     def save(self, path: str | os.PathLike, *, hardware: str) -> Path:
         return save(path, params=self.params, hardware=hardware, fit=self.to_dict())
@@ -120,9 +140,16 @@ def _score(pred: list[float], meas: list[float]) -> dict[str, Any]:
     return {"mape_pct": round(mape(pred, meas), 3), "spearman": _spearman(pred, meas), "n": len(meas)}
 
 
-def fit(points: Sequence[Point], *, base: dict[str, float] | None = None, predict: Predict | None = None,
-        names: Sequence[str] | None = None, ridge: float = RIDGE, phase_weight: float = PHASE_WEIGHT,
-        bounds: dict[str, tuple[float, float]] | None = None) -> CalibrationResult:
+def fit(
+    points: Sequence[Point],
+    *,
+    base: dict[str, float] | None = None,
+    predict: Predict | None = None,
+    names: Sequence[str] | None = None,
+    ridge: float = RIDGE,
+    phase_weight: float = PHASE_WEIGHT,
+    bounds: dict[str, tuple[float, float]] | None = None,
+) -> CalibrationResult:
     """Fit the parameters ``names`` (default: all of ``base``) to the measured ``points``.
 
     ``base`` defaults to the time model's ``CALIBRATION_DEFAULTS`` (overridden by any given
@@ -183,30 +210,56 @@ def fit(points: Sequence[Point], *, base: dict[str, float] | None = None, predic
     lo_a, hi_a = np.asarray(lo), np.asarray(hi)
     x0 = np.clip(np.zeros(len(names)), lo_a, hi_a)
     x0 = np.where(x0 <= lo_a, lo_a + 1e-6 * (hi_a - lo_a), x0)  # trf wants a strictly feasible start
-    sol = least_squares(residuals, x0, bounds=(lo_a, hi_a), method="trf", diff_step=1e-4, x_scale=1.0,
-                        max_nfev=200 * (len(names) + 1))
+    sol = least_squares(
+        residuals, x0, bounds=(lo_a, hi_a), method="trf", diff_step=1e-4, x_scale=1.0, max_nfev=200 * (len(names) + 1)
+    )
     fitted = params_of(sol.x)
     meas = [pt.measured_step_s for pt in points]
     before = [predict(p0, pt)[0] for pt in points]
     after = [predict(fitted, pt)[0] for pt in points]
     return CalibrationResult(
-        params={k: float(v) for k, v in fitted.items()}, base=p0,
-        before=_score(before, meas), after=_score(after, meas),
-        points=[{"label": pt.label, "measured_step_s": m, "predicted_before_s": b, "predicted_after_s": a}
-                for pt, m, b, a in zip(points, meas, before, after)],
-        cost=float(sol.cost), cost_before=float(0.5 * np.sum(residuals(x0) ** 2)), success=bool(sol.success), message=str(sol.message))
+        params={k: float(v) for k, v in fitted.items()},
+        base=p0,
+        before=_score(before, meas),
+        after=_score(after, meas),
+        points=[
+            {"label": pt.label, "measured_step_s": m, "predicted_before_s": b, "predicted_after_s": a}
+            for pt, m, b, a in zip(points, meas, before, after)
+        ],
+        cost=float(sol.cost),
+        cost_before=float(0.5 * np.sum(residuals(x0) ** 2)),
+        success=bool(sol.success),
+        message=str(sol.message),
+    )
 
 
-def fit_records(records, *, model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload: Workload,
-                base: dict[str, float] | None = None, **kw) -> CalibrationResult:
+def fit_records(
+    records,
+    *,
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    cluster: Cluster,
+    workload: Workload,
+    base: dict[str, float] | None = None,
+    **kw,
+) -> CalibrationResult:
     """Fit to completed :class:`autotune.refine.TrialRecord` s of one study."""
     pts = []
     for r in records:
         if not (r.strategy and r.measured_step_s):
             continue
-        pts.append(Point(model=model, hardware=hardware, cluster=cluster, workload=workload,
-                         strategy=Strategy.from_dict(r.strategy), measured_step_s=float(r.measured_step_s),
-                         measured_phases_s=dict(r.measured_phases_s or {}), label=f"#{r.number}"))
+        pts.append(
+            Point(
+                model=model,
+                hardware=hardware,
+                cluster=cluster,
+                workload=workload,
+                strategy=Strategy.from_dict(r.strategy),
+                measured_step_s=float(r.measured_step_s),
+                measured_phases_s=dict(r.measured_phases_s or {}),
+                label=f"#{r.number}",
+            )
+        )
     return fit(pts, base=base, **kw)
 
 
@@ -214,11 +267,18 @@ def fit_records(records, *, model: ModelSpec, hardware: HardwareSpec, cluster: C
 # Files
 # ---------------------------------------------------------------------------------------------
 
-def save(path: str | os.PathLike, *, params: dict[str, float], hardware: str, fit: dict[str, Any] | None = None) -> Path:
+
+def save(
+    path: str | os.PathLike, *, params: dict[str, float], hardware: str, fit: dict[str, Any] | None = None
+) -> Path:
     from core.config import atomic_write
 
-    doc = {"version": VERSION, "hardware": hardware, "params": {k: float(v) for k, v in params.items()},
-           "fit": fit or {}}
+    doc = {
+        "version": VERSION,
+        "hardware": hardware,
+        "params": {k: float(v) for k, v in params.items()},
+        "fit": fit or {},
+    }
     return atomic_write(path, json.dumps(doc, indent=2, default=str) + "\n")
 
 
@@ -232,12 +292,16 @@ def load(path: str | os.PathLike, *, hardware: str | None = None) -> dict[str, f
     try:
         doc = json.loads(p.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"no calibration file at {p}", hint="run `grpo-tune search ... --refine` to make one") from None
+        raise ConfigError(
+            f"no calibration file at {p}", hint="run `grpo-tune search ... --refine` to make one"
+        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{p}: not a readable calibration file ({exc})") from None
     if not isinstance(doc, dict) or doc.get("version") != VERSION:
-        raise ConfigError(f"{p}: calibration version {doc.get('version') if isinstance(doc, dict) else None!r} "
-                          f"is not supported (this grpo-tune reads {VERSION})")
+        raise ConfigError(
+            f"{p}: calibration version {doc.get('version') if isinstance(doc, dict) else None!r} "
+            f"is not supported (this grpo-tune reads {VERSION})"
+        )
     params = doc.get("params")
     if not isinstance(params, dict):
         raise ConfigError(f"{p}: 'params' must be a mapping")
@@ -251,12 +315,16 @@ def load(path: str | os.PathLike, *, hardware: str | None = None) -> dict[str, f
             from core.errors import UnknownKeyError, close_matches
 
             near = close_matches(k, known)
-            raise UnknownKeyError(f"{p}: unknown calibration parameter {k!r}",
-                                  hint=f"did you mean {near[0]!r}?" if near else f"known: {', '.join(sorted(known))}")
+            raise UnknownKeyError(
+                f"{p}: unknown calibration parameter {k!r}",
+                hint=f"did you mean {near[0]!r}?" if near else f"known: {', '.join(sorted(known))}",
+            )
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not (v > 0 and math.isfinite(v)):
             raise ConfigError(f"{p}: calibration parameter {k} must be a positive number, got {v!r}")
         out[k] = float(v)
     if hardware is not None and doc.get("hardware") not in (None, hardware):
-        raise ConfigError(f"{p} was fitted on hardware {doc.get('hardware')!r}, not {hardware!r}",
-                          hint="calibrate on the hardware you search for, or drop --calibration")
+        raise ConfigError(
+            f"{p} was fitted on hardware {doc.get('hardware')!r}, not {hardware!r}",
+            hint="calibrate on the hardware you search for, or drop --calibration",
+        )
     return out

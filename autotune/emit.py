@@ -6,6 +6,7 @@
 emit through :func:`emit`, so a refined winner looks exactly like a searched one plus its
 ``measured`` figures.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -43,6 +44,7 @@ class Tables:
     def stats(self) -> dict[str, Any]:
         return dict(self.counters or {})
 
+
 SCHEMA_FILES = ("best.yaml", "verl.sh", "megatron_args.txt", "report.md", "step_breakdown.png", "pareto.png")
 
 
@@ -58,18 +60,39 @@ def predicted(est: Estimate) -> dict[str, Any]:
     return est.predicted()
 
 
-def run_config(est: Estimate, *, run_dir: Path | None = None, measured: dict[str, Any] | None = None,
-               meta: dict[str, Any] | None = None, trainer: TrainerOptions | None = None) -> RunConfig:
+def run_config(
+    est: Estimate,
+    *,
+    run_dir: Path | None = None,
+    measured: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
+    trainer: TrainerOptions | None = None,
+) -> RunConfig:
     trainer = trainer or TrainerOptions()
     if run_dir is not None and trainer.out_dir == TrainerOptions().out_dir:
         trainer = TrainerOptions(**{**trainer.__dict__, "out_dir": str(Path(run_dir) / "train")})
-    return RunConfig(model=est.model, hardware=est.hardware, cluster=est.cluster, strategy=est.strategy,
-                     workload=est.workload, trainer=trainer, predicted=predicted(est), measured=measured, meta=meta)
+    return RunConfig(
+        model=est.model,
+        hardware=est.hardware,
+        cluster=est.cluster,
+        strategy=est.strategy,
+        workload=est.workload,
+        trainer=trainer,
+        predicted=predicted(est),
+        measured=measured,
+        meta=meta,
+    )
 
 
-def emit(est: Estimate, out_dir: str | os.PathLike, *, search: SearchTables | None = None,
-         measured: dict[str, Any] | None = None, meta: dict[str, Any] | None = None,
-         trainer: TrainerOptions | None = None) -> dict[str, Path]:
+def emit(
+    est: Estimate,
+    out_dir: str | os.PathLike,
+    *,
+    search: SearchTables | None = None,
+    measured: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
+    trainer: TrainerOptions | None = None,
+) -> dict[str, Path]:
     """Write the run folder for ``est`` into ``out_dir`` (created); return ``{name: path}``.
 
     The same inputs always write the same folder: nothing is remembered between calls, so refine,
@@ -91,9 +114,13 @@ def emit(est: Estimate, out_dir: str | os.PathLike, *, search: SearchTables | No
     stats = (search.stats() or None) if search is not None else None
     from . import __version__ as version
 
-    meta = {"run_id": d.name, "emitted_by": f"grpo-tune {version}",
-            "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            **({"search": stats} if stats else {}), **(meta or {})}
+    meta = {
+        "run_id": d.name,
+        "emitted_by": f"grpo-tune {version}",
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **({"search": stats} if stats else {}),
+        **(meta or {}),
+    }
     cfg = run_config(est, run_dir=d, measured=measured, meta=meta, trainer=trainer)
     paths: dict[str, Path] = {"best": save(cfg, d / "best.yaml")}
     from . import export  # part B's exporters
@@ -102,10 +129,14 @@ def emit(est: Estimate, out_dir: str | os.PathLike, *, search: SearchTables | No
     paths["megatron_args"] = atomic_write(d / "megatron_args.txt", export.megatron_args_text(cfg))
     from .report import write_report
 
-    files = {"run config for `grpo-tune train`": paths["best"], "verl 0.9.1 launch": paths["verl"],
-             "Megatron-LM flags": paths["megatron_args"]}
-    paths.update(write_report(d, est, ranked=ranked, pareto=pareto, stats=stats, measured=measured, files=files,
-                              run_id=d.name))
+    files = {
+        "run config for `grpo-tune train`": paths["best"],
+        "verl 0.9.1 launch": paths["verl"],
+        "Megatron-LM flags": paths["megatron_args"],
+    }
+    paths.update(
+        write_report(d, est, ranked=ranked, pareto=pareto, stats=stats, measured=measured, files=files, run_id=d.name)
+    )
     umask = os.umask(0)
     os.umask(umask)
     for key, p in paths.items():  # atomic_write's temp files are private (0600); these are for sharing
@@ -113,8 +144,9 @@ def emit(est: Estimate, out_dir: str | os.PathLike, *, search: SearchTables | No
     return paths
 
 
-def emit_run(est: Estimate, *, out: str | os.PathLike = "runs", run_name: str | None = None,
-             **kw: Any) -> tuple[Path, dict[str, Path]]:
+def emit_run(
+    est: Estimate, *, out: str | os.PathLike = "runs", run_name: str | None = None, **kw: Any
+) -> tuple[Path, dict[str, Path]]:
     """Create ``out/<run id>/`` (a fresh name; ``-2``, ``-3``... when taken) and :func:`emit` into it."""
     base = Path(out)
     name = run_name or run_id(est)

@@ -5,6 +5,7 @@ in tests/test_verl_compose.py, and every Megatron flag is checked against the fl
 Megatron-LM's ``megatron/training/arguments.py`` (autotune/data/megatron-lm-arguments-flags.txt)
 in tests/test_export_megatron.py.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -26,8 +27,9 @@ def plan_of(cfg: RunConfig) -> table.Plan:
     return {"strategy": cfg.strategy, "workload": cfg.workload, "trainer": cfg.trainer, "cluster": cfg.cluster}
 
 
-def verl_values(cfg: RunConfig, *, model_path: str = "$MODEL_PATH", train_files: str = "$TRAIN_FILES",
-                val_files: str = "$VAL_FILES") -> dict[str, Any]:
+def verl_values(
+    cfg: RunConfig, *, model_path: str = "$MODEL_PATH", train_files: str = "$TRAIN_FILES", val_files: str = "$VAL_FILES"
+) -> dict[str, Any]:
     """Every verl key grpo-tune sets for this plan -> its Python value (the table's rows, then fixed keys)."""
     out: dict[str, Any] = {
         **{k: v for k, v in table.FIXED.items() if not k.startswith("trainer.")},
@@ -41,8 +43,9 @@ def verl_values(cfg: RunConfig, *, model_path: str = "$MODEL_PATH", train_files:
     return out
 
 
-def verl_overrides(cfg: RunConfig, *, model_path: str = "$MODEL_PATH", train_files: str = "$TRAIN_FILES",
-                   val_files: str = "$VAL_FILES") -> list[str]:
+def verl_overrides(
+    cfg: RunConfig, *, model_path: str = "$MODEL_PATH", train_files: str = "$TRAIN_FILES", val_files: str = "$VAL_FILES"
+) -> list[str]:
     """Hydra overrides for ``python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer``.
 
     Every plan field with a verl setting is written explicitly (autotune/verl_table.py), defaults
@@ -69,8 +72,9 @@ def check_name(value: str, what: str) -> str:
     """Refuse control characters (a newline in a name starts a new shell command or TOML key)."""
     bad = next((ch for ch in value if ord(ch) < 32 or ord(ch) == 127), None)
     if bad is not None:
-        raise ConfigError(f"{what} {value!r} holds a control character ({ord(bad):#04x})",
-                          hint="use printable characters only")
+        raise ConfigError(
+            f"{what} {value!r} holds a control character ({ord(bad):#04x})", hint="use printable characters only"
+        )
     return value
 
 
@@ -86,14 +90,18 @@ def verl_script(cfg: RunConfig) -> str:
     s, c, m = cfg.strategy, cfg.cluster, cfg.model
     for value, what in ((m.name, "model name"), (m.hf_id or "", "model hf_id"), (cfg.hardware.name, "hardware name")):
         check_name(value, what)
-    plan = (f"tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} etp={s.etp_} dp={s.dp} mbs={s.mbs} "
-            f"recompute={s.recompute} offload={','.join(s.offload) or 'none'} rollout_tp={s.rollout_tp} "
-            f"gpu_memory_utilization={s.gpu_memory_utilization} max_tokens_per_gpu={s.max_tokens_per_gpu} "
-            f"cpu_optimizer={s.cpu_optimizer}")
+    plan = (
+        f"tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} etp={s.etp_} dp={s.dp} mbs={s.mbs} "
+        f"recompute={s.recompute} offload={','.join(s.offload) or 'none'} rollout_tp={s.rollout_tp} "
+        f"gpu_memory_utilization={s.gpu_memory_utilization} max_tokens_per_gpu={s.max_tokens_per_gpu} "
+        f"cpu_optimizer={s.cpu_optimizer}"
+    )
     lines = [
         "#!/usr/bin/env bash",
-        _comment(f"# GRPO for {m.name} on {c.gpus} x {cfg.hardware.name} ({c.nnodes} node(s) of "
-                 f"{min(c.gpus, c.gpus_per_node)}), verl {VERL_VERSION} + Megatron."),
+        _comment(
+            f"# GRPO for {m.name} on {c.gpus} x {cfg.hardware.name} ({c.nnodes} node(s) of "
+            f"{min(c.gpus, c.gpus_per_node)}), verl {VERL_VERSION} + Megatron."
+        ),
         _comment(f"# Emitted by grpo-tune. Plan: {plan}"),
         "# Check it before a run: grpo-tune diagnose THIS_FILE",
         "set -euo pipefail",
@@ -125,9 +133,12 @@ def megatron_args(cfg: RunConfig) -> list[str]:
     """
     m, s, w = cfg.model, cfg.strategy, cfg.workload
     a: list[str] = [
-        "--tensor-model-parallel-size", str(s.tp),
-        "--pipeline-model-parallel-size", str(s.pp),
-        "--context-parallel-size", str(s.cp),
+        "--tensor-model-parallel-size",
+        str(s.tp),
+        "--pipeline-model-parallel-size",
+        str(s.pp),
+        "--context-parallel-size",
+        str(s.cp),
     ]
     if s.vpp > 1:
         a += ["--num-virtual-stages-per-pipeline-rank", str(s.vpp)]
@@ -154,8 +165,16 @@ def megatron_args(cfg: RunConfig) -> list[str]:
         a += ["--recompute-granularity", "full", "--recompute-method", method, "--recompute-num-layers", str(n)]
     # GRPO: one optimizer step per PPO mini-batch of mini_batch prompts x n responses.
     gbs = w.mini_batch * w.n if w.kind == "grpo" else w.gbs
-    a += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(gbs),
-          "--seq-length", str(w.train_seq_len), "--max-position-embeddings", str(max(m.max_seq_len, w.train_seq_len))]
+    a += [
+        "--micro-batch-size",
+        str(s.mbs),
+        "--global-batch-size",
+        str(gbs),
+        "--seq-length",
+        str(w.train_seq_len),
+        "--max-position-embeddings",
+        str(max(m.max_seq_len, w.train_seq_len)),
+    ]
     if w.dtype in ("bf16", "fp16"):  # fp32 is Megatron's default: no flag
         a.append(f"--{w.dtype}")
     return a + _model_args(cfg)
@@ -164,11 +183,28 @@ def megatron_args(cfg: RunConfig) -> list[str]:
 def _model_args(cfg: RunConfig) -> list[str]:
     """The model's shape, attention and MoE flags."""
     m = cfg.model
-    a = ["--num-layers", str(m.layers), "--hidden-size", str(m.hidden), "--num-attention-heads", str(m.heads),
-          "--vocab-size", str(m.vocab), "--make-vocab-size-divisible-by", "128",
-          "--normalization", "RMSNorm", "--norm-epsilon", repr(m.norm_eps), "--swiglu",
-          "--position-embedding-type", "rope", "--rotary-base", str(int(m.rope_theta)),
-          "--disable-bias-linear"]
+    a = [
+        "--num-layers",
+        str(m.layers),
+        "--hidden-size",
+        str(m.hidden),
+        "--num-attention-heads",
+        str(m.heads),
+        "--vocab-size",
+        str(m.vocab),
+        "--make-vocab-size-divisible-by",
+        "128",
+        "--normalization",
+        "RMSNorm",
+        "--norm-epsilon",
+        repr(m.norm_eps),
+        "--swiglu",
+        "--position-embedding-type",
+        "rope",
+        "--rotary-base",
+        str(int(m.rope_theta)),
+        "--disable-bias-linear",
+    ]
     if m.ffn_hidden:
         a += ["--ffn-hidden-size", str(m.ffn_hidden)]
     if not m.tied_embeddings:
@@ -178,9 +214,17 @@ def _model_args(cfg: RunConfig) -> list[str]:
     if m.qk_norm:
         a.append("--qk-layernorm")
     if m.is_mla:
-        a += ["--multi-latent-attention", "--kv-lora-rank", str(m.kv_lora_rank),
-              "--qk-head-dim", str(m.qk_nope_head_dim), "--qk-pos-emb-head-dim", str(m.qk_rope_head_dim),
-              "--v-head-dim", str(m.v_head_dim)]
+        a += [
+            "--multi-latent-attention",
+            "--kv-lora-rank",
+            str(m.kv_lora_rank),
+            "--qk-head-dim",
+            str(m.qk_nope_head_dim),
+            "--qk-pos-emb-head-dim",
+            str(m.qk_rope_head_dim),
+            "--v-head-dim",
+            str(m.v_head_dim),
+        ]
         if m.q_lora_rank:
             a += ["--q-lora-rank", str(m.q_lora_rank)]
     else:
@@ -188,17 +232,29 @@ def _model_args(cfg: RunConfig) -> list[str]:
         if m.kv_heads != m.heads:
             a += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
     if m.is_moe:
-        a += ["--num-experts", str(m.experts), "--moe-router-topk", str(m.top_k),
-              "--moe-ffn-hidden-size", str(m.expert_ffn_hidden), "--moe-grouped-gemm",
-              "--moe-token-dispatcher-type", "alltoall"]
+        a += [
+            "--num-experts",
+            str(m.experts),
+            "--moe-router-topk",
+            str(m.top_k),
+            "--moe-ffn-hidden-size",
+            str(m.expert_ffn_hidden),
+            "--moe-grouped-gemm",
+            "--moe-token-dispatcher-type",
+            "alltoall",
+        ]
         if m.shared_experts:
             a += ["--moe-shared-expert-intermediate-size", str(m.shared_experts * m.expert_ffn_hidden)]
         if m.dense_layers:
             # Megatron's list pattern: 0 = dense layer, 1 = MoE layer
             a += ["--moe-layer-freq", f"([0]*{m.dense_layers}+[1]*{m.layers - m.dense_layers})"]
         t = cfg.trainer
-        a += ["--moe-router-load-balancing-type", t.moe_router_load_balancing_type,
-              "--moe-aux-loss-coeff", repr(float(t.moe_aux_loss_coeff))]
+        a += [
+            "--moe-router-load-balancing-type",
+            t.moe_router_load_balancing_type,
+            "--moe-aux-loss-coeff",
+            repr(float(t.moe_aux_loss_coeff)),
+        ]
         if m.router_bias:  # DeepSeek-V3 aux-loss-free balancing with sigmoid scores (arXiv 2412.19437 §2.1.2)
             a += ["--moe-router-enable-expert-bias", "--moe-router-score-function", "sigmoid"]
     return a
@@ -207,15 +263,19 @@ def _model_args(cfg: RunConfig) -> list[str]:
 def megatron_args_text(cfg: RunConfig) -> str:
     """``megatron_args`` as a file: one flag (with its value) per line, with a header."""
     s = cfg.strategy
-    out = [f"# Megatron-LM flags for {cfg.model.name} on {cfg.cluster.gpus} GPUs (emitted by grpo-tune).",
-           f"# Pipeline stages (layers): {stage_layers(cfg.model, s)}"]
+    out = [
+        f"# Megatron-LM flags for {cfg.model.name} on {cfg.cluster.gpus} GPUs (emitted by grpo-tune).",
+        f"# Pipeline stages (layers): {stage_layers(cfg.model, s)}",
+    ]
     if {"param", "grad"} & set(s.offload):
         out.append("# param/grad offload between phases is verl's (param_offload); Megatron-LM has no flag for it.")
     if "optimizer" in s.offload:
         out.append("# optimizer offload between phases is verl's (optimizer_offload); Megatron-LM has no flag for it.")
     if s.max_tokens_per_gpu is not None:
-        out.append(f"# dynamic batching ({s.max_tokens_per_gpu} tokens per GPU) is verl's use_dynamic_bsz; "
-                   "Megatron-LM's pretrain_gpt.py has no flag for it.")
+        out.append(
+            f"# dynamic batching ({s.max_tokens_per_gpu} tokens per GPU) is verl's use_dynamic_bsz; "
+            "Megatron-LM's pretrain_gpt.py has no flag for it."
+        )
     args = megatron_args(cfg)
     i = 0
     while i < len(args):

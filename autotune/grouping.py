@@ -6,6 +6,7 @@ micro-batch varied, all within a fraction of a percent: the table says nothing t
 Grouping works on the exactly evaluated plans the search returns (its ranked list), so a layout appears
 when at least one of its variants was evaluated exactly.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -33,9 +34,22 @@ class LayoutRow:
 
     def to_dict(self) -> dict[str, Any]:
         s = self.best.strategy
-        return {"layout": {"tp": s.tp, "pp": s.pp, "vpp": s.vpp, "cp": s.cp, "ep": s.ep, "etp": s.etp_, "dp": s.dp,
-                           "first_stage_layers": s.first_stage_layers, "last_stage_layers": s.last_stage_layers},
-                "variants": self.variants, "within_error": self.within_error, "best": self.best.to_dict()}
+        return {
+            "layout": {
+                "tp": s.tp,
+                "pp": s.pp,
+                "vpp": s.vpp,
+                "cp": s.cp,
+                "ep": s.ep,
+                "etp": s.etp_,
+                "dp": s.dp,
+                "first_stage_layers": s.first_stage_layers,
+                "last_stage_layers": s.last_stage_layers,
+            },
+            "variants": self.variants,
+            "within_error": self.within_error,
+            "best": self.best.to_dict(),
+        }
 
 
 def group_by_layout(ranked: Sequence[Any], rel_error: float = MODEL_REL_ERROR) -> list[LayoutRow]:
@@ -56,5 +70,8 @@ def group_by_layout(ranked: Sequence[Any], rel_error: float = MODEL_REL_ERROR) -
 def caption(rows: Sequence[LayoutRow], rel_error: float = MODEL_REL_ERROR) -> str:
     """One line: variants within the model's error per row."""
     parts = [f"#{i + 1} {r.within_error}/{r.variants}" for i, r in enumerate(rows)]
-    return (f"variants within {rel_error:.0%} of each layout's best (of those evaluated exactly): "
-            + ", ".join(parts) + "; --all lists every plan")
+    return (
+        f"variants within {rel_error:.0%} of each layout's best (of those evaluated exactly): "
+        + ", ".join(parts)
+        + "; --all lists every plan"
+    )

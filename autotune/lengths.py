@@ -16,6 +16,7 @@ This module reads those formats itself (a minimal reader): ``autotune/runlog.py`
 main when it was written. It returns Workload fields; a run log gives per-step means, so its
 response histogram is that of the per-step maxima and means is not claimed: only means are set.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,9 @@ def read_lengths(path: str, *, model: ModelSpec | None, prompt_len: int, respons
     ``lengths_source``) from ``path``; a missing or unreadable file is a BAD_CONFIG error."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"--lengths: no file {path}",
-                          hint="pass a .jsonl/.parquet dataset or a run's metrics/log file")
+        raise ConfigError(
+            f"--lengths: no file {path}", hint="pass a .jsonl/.parquet dataset or a run's metrics/log file"
+        )
     steps = _run_metrics(p)
     if steps:
         return _from_run(steps, p, prompt_len, response_len)
@@ -55,8 +57,10 @@ def read_lengths(path: str, *, model: ModelSpec | None, prompt_len: int, respons
         out["response_len_quantiles"] = quantiles_from_samples(rl)
         out["lengths_source"] += f", {len(rl)} responses"
     if not pl and not responses:
-        raise ConfigError(f"--lengths: {path} has no prompts or length metrics",
-                          hint="a dataset needs a 'prompt' field; a run log needs response_length/mean")
+        raise ConfigError(
+            f"--lengths: {path} has no prompts or length metrics",
+            hint="a dataset needs a 'prompt' field; a run log needs response_length/mean",
+        )
     return out
 
 
@@ -95,10 +99,16 @@ def _run_metrics(p: Path) -> list[dict[str, float]]:
                         continue
                     if isinstance(obj, dict) and isinstance(obj.get("data"), dict):
                         obj = obj["data"]
-                    if isinstance(obj, dict) and ("response_length/mean" in obj or
-                                                  ("response_len" in obj and "step" in obj and "phases_s" in obj)):
-                        steps.append({k: float(v) for k, v in obj.items()
-                                      if isinstance(v, (int, float)) and not isinstance(v, bool)})
+                    if isinstance(obj, dict) and (
+                        "response_length/mean" in obj or ("response_len" in obj and "step" in obj and "phases_s" in obj)
+                    ):
+                        steps.append(
+                            {
+                                k: float(v)
+                                for k, v in obj.items()
+                                if isinstance(v, (int, float)) and not isinstance(v, bool)
+                            }
+                        )
                 elif "response_length/mean" in line:
                     kv = {k: float(v) for k, v in _CONSOLE.findall(line) if _num(v)}
                     if "response_length/mean" in kv:
@@ -130,8 +140,9 @@ def _dataset(p: Path) -> tuple[list[str], list[str]]:
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise ConfigError("--lengths: reading .parquet needs pyarrow",
-                              hint="pip install pyarrow, or pass .jsonl") from None
+            raise ConfigError(
+                "--lengths: reading .parquet needs pyarrow", hint="pip install pyarrow, or pass .jsonl"
+            ) from None
         try:
             rows = pq.read_table(p).slice(0, MAX_RECORDS).to_pylist()
         except Exception as exc:  # noqa: BLE001 - any parquet error is the user's file
@@ -156,8 +167,9 @@ def _counter(model: ModelSpec | None):
     tok = _tokenizer(model)
     if tok is not None:
         return (lambda t: len(tok.encode(t).ids)), "counted with the model's tokenizer.json"
-    return (lambda t: max(1, round(len(t) / CHARS_PER_TOKEN))), \
-        f"estimated at {CHARS_PER_TOKEN:g} characters per token (no tokenizer.json on disk)"
+    return (
+        lambda t: max(1, round(len(t) / CHARS_PER_TOKEN))
+    ), f"estimated at {CHARS_PER_TOKEN:g} characters per token (no tokenizer.json on disk)"
 
 
 def _tokenizer(model: ModelSpec | None):

@@ -3,6 +3,7 @@
 ``estimate`` and ``search`` take the same flags: in ``estimate`` an unset degree means its default,
 in ``search`` it means "tune it". :func:`plan_inputs` turns the flags into typed specs.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Any, Optional
@@ -20,45 +21,154 @@ P_MEM = "Memory options"
 P_ROLL = "Rollout"
 P_WL = "Workload"
 
-Model = Annotated[str, typer.Option("--model", "-m", help="Preset or alias (7b, qwen3-30b-a3b, ...), a model .toml, or a HF config.json.", rich_help_panel=P_MODEL)]
-Hardware = Annotated[str, typer.Option("--hardware", help="Hardware profile name/alias (h100, h200, a100, ...) or a profile .toml.", rich_help_panel=P_MODEL)]
+Model = Annotated[
+    str,
+    typer.Option(
+        "--model",
+        "-m",
+        help="Preset or alias (7b, qwen3-30b-a3b, ...), a model .toml, or a HF config.json.",
+        rich_help_panel=P_MODEL,
+    ),
+]
+Hardware = Annotated[
+    str,
+    typer.Option(
+        "--hardware",
+        help="Hardware profile name/alias (h100, h200, a100, ...) or a profile .toml.",
+        rich_help_panel=P_MODEL,
+    ),
+]
 Gpus = Annotated[int, typer.Option("--gpus", "-g", help="Total GPUs.", rich_help_panel=P_MODEL)]
-GpusPerNode = Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node (default: the profile's).", rich_help_panel=P_MODEL)]
+GpusPerNode = Annotated[
+    Optional[int],
+    typer.Option("--gpus-per-node", help="GPUs per node (default: the profile's).", rich_help_panel=P_MODEL),
+]
 Tp = Annotated[Optional[int], typer.Option("--tp", help="Tensor parallel.", rich_help_panel=P_PAR)]
 Pp = Annotated[Optional[int], typer.Option("--pp", help="Pipeline parallel.", rich_help_panel=P_PAR)]
 Vpp = Annotated[Optional[int], typer.Option("--vpp", help="Virtual pipeline chunks per stage.", rich_help_panel=P_PAR)]
 Cp = Annotated[Optional[int], typer.Option("--cp", help="Context parallel.", rich_help_panel=P_PAR)]
 Ep = Annotated[Optional[int], typer.Option("--ep", help="Expert parallel (MoE).", rich_help_panel=P_PAR)]
-Etp = Annotated[Optional[int], typer.Option("--etp", help="Expert tensor parallel (default: tp).", rich_help_panel=P_PAR)]
+Etp = Annotated[
+    Optional[int], typer.Option("--etp", help="Expert tensor parallel (default: tp).", rich_help_panel=P_PAR)
+]
 Mbs = Annotated[Optional[int], typer.Option("--mbs", help="Micro-batch size.", rich_help_panel=P_PAR)]
-FirstStage = Annotated[Optional[int], typer.Option("--first-stage-layers", help="Layers on the first pipeline stage (uneven PP).", rich_help_panel=P_PAR)]
-LastStage = Annotated[Optional[int], typer.Option("--last-stage-layers", help="Layers on the last pipeline stage (uneven PP).", rich_help_panel=P_PAR)]
-Recompute = Annotated[Optional[str], typer.Option("--recompute", help="none | selective | full.", rich_help_panel=P_MEM)]
-SeqPar = Annotated[Optional[bool], typer.Option("--sequence-parallel/--no-sequence-parallel", help="Sequence parallel (default: on when tp>1).", rich_help_panel=P_MEM)]
-DistOpt = Annotated[Optional[bool], typer.Option("--distributed-optimizer/--no-distributed-optimizer", help="Shard optimizer state over DP (default: on).", rich_help_panel=P_MEM)]
-Offload = Annotated[Optional[str], typer.Option("--offload", help="Comma list of param,grad,optimizer ('none' for none); param and grad go together (verl's param_offload frees both), so param or grad alone is refused.", rich_help_panel=P_MEM)]
-RolloutTp = Annotated[Optional[int], typer.Option("--rollout-tp", help="Rollout engine tensor parallel.", rich_help_panel=P_ROLL)]
-GpuMemUtil = Annotated[Optional[float], typer.Option("--gpu-memory-utilization", help="vLLM memory fraction (0-1].", rich_help_panel=P_ROLL)]
+FirstStage = Annotated[
+    Optional[int],
+    typer.Option("--first-stage-layers", help="Layers on the first pipeline stage (uneven PP).", rich_help_panel=P_PAR),
+]
+LastStage = Annotated[
+    Optional[int],
+    typer.Option("--last-stage-layers", help="Layers on the last pipeline stage (uneven PP).", rich_help_panel=P_PAR),
+]
+Recompute = Annotated[
+    Optional[str], typer.Option("--recompute", help="none | selective | full.", rich_help_panel=P_MEM)
+]
+SeqPar = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--sequence-parallel/--no-sequence-parallel",
+        help="Sequence parallel (default: on when tp>1).",
+        rich_help_panel=P_MEM,
+    ),
+]
+DistOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--distributed-optimizer/--no-distributed-optimizer",
+        help="Shard optimizer state over DP (default: on).",
+        rich_help_panel=P_MEM,
+    ),
+]
+Offload = Annotated[
+    Optional[str],
+    typer.Option(
+        "--offload",
+        help="Comma list of param,grad,optimizer ('none' for none); param and grad go together (verl's param_offload frees both), so param or grad alone is refused.",
+        rich_help_panel=P_MEM,
+    ),
+]
+RolloutTp = Annotated[
+    Optional[int], typer.Option("--rollout-tp", help="Rollout engine tensor parallel.", rich_help_panel=P_ROLL)
+]
+GpuMemUtil = Annotated[
+    Optional[float],
+    typer.Option("--gpu-memory-utilization", help="vLLM memory fraction (0-1].", rich_help_panel=P_ROLL),
+]
 WorkloadKind = Annotated[str, typer.Option("--workload", help="grpo | pretrain.", rich_help_panel=P_WL)]
-Prompts = Annotated[int, typer.Option("--prompts", help="Prompts per step (data.train_batch_size).", rich_help_panel=P_WL)]
+Prompts = Annotated[
+    int, typer.Option("--prompts", help="Prompts per step (data.train_batch_size).", rich_help_panel=P_WL)
+]
 GroupN = Annotated[int, typer.Option("--n", help="Responses per prompt (rollout.n).", rich_help_panel=P_WL)]
 PromptLen = Annotated[int, typer.Option("--prompt-len", help="Max prompt tokens.", rich_help_panel=P_WL)]
 ResponseLen = Annotated[int, typer.Option("--response-len", help="Max response tokens.", rich_help_panel=P_WL)]
-PromptLenMean = Annotated[Optional[int], typer.Option("--prompt-len-mean", help="Mean prompt tokens (default: the max, or --lengths).", rich_help_panel=P_WL)]
-ResponseLenMean = Annotated[Optional[int], typer.Option("--response-len-mean", help="Mean response tokens (default: the max, or --lengths); the max sets the decode tail.", rich_help_panel=P_WL)]
-Lengths = Annotated[Optional[str], typer.Option("--lengths", help="Length statistics from a JSONL/Parquet dataset of prompts, or from an earlier run's metrics (our metrics.jsonl, verl's JSONL or console log).", rich_help_panel=P_WL)]
-MaxTokensPerGpu = Annotated[Optional[int], typer.Option("--max-tokens-per-gpu", help="Dynamic batching: token cap per micro-batch per GPU (verl use_dynamic_bsz + ppo_max_token_len_per_gpu); 0 = off. Unset in search: searched.", rich_help_panel=P_MEM)]
-CpuOptimizer = Annotated[Optional[float], typer.Option("--cpu-optimizer", help="Megatron's hybrid CPU optimizer: fraction of optimizer state and step on the host (0 = off). Unset in search: searched where memory needs it.", rich_help_panel=P_MEM)]
-MaxNumSeqs = Annotated[Optional[int], typer.Option("--max-num-seqs", help="vLLM max_num_seqs per replica (verl default 256). Unset in search: searched.", rich_help_panel=P_ROLL)]
-EnforceEager = Annotated[Optional[bool], typer.Option("--enforce-eager/--no-enforce-eager", help="vLLM without CUDA graphs (default: graphs). Unset in search: searched.", rich_help_panel=P_ROLL)]
+PromptLenMean = Annotated[
+    Optional[int],
+    typer.Option(
+        "--prompt-len-mean", help="Mean prompt tokens (default: the max, or --lengths).", rich_help_panel=P_WL
+    ),
+]
+ResponseLenMean = Annotated[
+    Optional[int],
+    typer.Option(
+        "--response-len-mean",
+        help="Mean response tokens (default: the max, or --lengths); the max sets the decode tail.",
+        rich_help_panel=P_WL,
+    ),
+]
+Lengths = Annotated[
+    Optional[str],
+    typer.Option(
+        "--lengths",
+        help="Length statistics from a JSONL/Parquet dataset of prompts, or from an earlier run's metrics (our metrics.jsonl, verl's JSONL or console log).",
+        rich_help_panel=P_WL,
+    ),
+]
+MaxTokensPerGpu = Annotated[
+    Optional[int],
+    typer.Option(
+        "--max-tokens-per-gpu",
+        help="Dynamic batching: token cap per micro-batch per GPU (verl use_dynamic_bsz + ppo_max_token_len_per_gpu); 0 = off. Unset in search: searched.",
+        rich_help_panel=P_MEM,
+    ),
+]
+CpuOptimizer = Annotated[
+    Optional[float],
+    typer.Option(
+        "--cpu-optimizer",
+        help="Megatron's hybrid CPU optimizer: fraction of optimizer state and step on the host (0 = off). Unset in search: searched where memory needs it.",
+        rich_help_panel=P_MEM,
+    ),
+]
+MaxNumSeqs = Annotated[
+    Optional[int],
+    typer.Option(
+        "--max-num-seqs",
+        help="vLLM max_num_seqs per replica (verl default 256). Unset in search: searched.",
+        rich_help_panel=P_ROLL,
+    ),
+]
+EnforceEager = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--enforce-eager/--no-enforce-eager",
+        help="vLLM without CUDA graphs (default: graphs). Unset in search: searched.",
+        rich_help_panel=P_ROLL,
+    ),
+]
 MiniBatch = Annotated[int, typer.Option("--mini-batch", help="Prompts per PPO mini-batch.", rich_help_panel=P_WL)]
 PpoEpochs = Annotated[int, typer.Option("--ppo-epochs", help="PPO epochs per step.", rich_help_panel=P_WL)]
 Kl = Annotated[bool, typer.Option("--kl/--no-kl", help="KL loss against a reference model.", rich_help_panel=P_WL)]
 SeqLen = Annotated[int, typer.Option("--seq-len", help="Pretrain sequence length.", rich_help_panel=P_WL)]
 Gbs = Annotated[int, typer.Option("--gbs", help="Pretrain global batch (sequences).", rich_help_panel=P_WL)]
-MinHeadroom = Annotated[float, typer.Option(
-    "--min-headroom", help="Fraction of GPU memory every phase must leave free (allocator fragmentation, "
-    "model error); 0 packs plans to the limit.", rich_help_panel=P_MEM)]
+MinHeadroom = Annotated[
+    float,
+    typer.Option(
+        "--min-headroom",
+        help="Fraction of GPU memory every phase must leave free (allocator fragmentation, "
+        "model error); 0 packs plans to the limit.",
+        rich_help_panel=P_MEM,
+    ),
+]
 MIN_HEADROOM_DEFAULT = 0.05
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 
@@ -75,15 +185,35 @@ def parse_offload(text: str | None) -> tuple[str, ...] | None:
     if ("param" in items) != ("grad" in items):
         # verl 0.9.1's param_offload frees parameters and gradient buffers together and it has no
         # grad_offload (autotune/verl_table.py): a plan with only one of them would not be the plan that runs.
-        raise ConfigError(f"--offload {text}: verl offloads parameters and gradients together, not one alone",
-                          hint="use --offload param,grad (optionally with ,optimizer) or --offload optimizer")
+        raise ConfigError(
+            f"--offload {text}: verl offloads parameters and gradients together, not one alone",
+            hint="use --offload param,grad (optionally with ,optimizer) or --offload optimizer",
+        )
     return tuple(o for o in OFFLOAD if o in items)
 
 
-def strategy_pins(*, tp=None, pp=None, vpp=None, cp=None, ep=None, etp=None, mbs=None, recompute=None,
-                  sequence_parallel=None, distributed_optimizer=None, offload=None, rollout_tp=None,
-                  gpu_memory_utilization=None, first_stage_layers=None, last_stage_layers=None,
-                  max_tokens_per_gpu=None, cpu_optimizer=None, max_num_seqs=None, enforce_eager=None) -> dict[str, Any]:
+def strategy_pins(
+    *,
+    tp=None,
+    pp=None,
+    vpp=None,
+    cp=None,
+    ep=None,
+    etp=None,
+    mbs=None,
+    recompute=None,
+    sequence_parallel=None,
+    distributed_optimizer=None,
+    offload=None,
+    rollout_tp=None,
+    gpu_memory_utilization=None,
+    first_stage_layers=None,
+    last_stage_layers=None,
+    max_tokens_per_gpu=None,
+    cpu_optimizer=None,
+    max_num_seqs=None,
+    enforce_eager=None,
+) -> dict[str, Any]:
     """The strategy fields the user set; the rest are left out. ``--max-tokens-per-gpu 0`` and
     ``--cpu-optimizer 0`` pin the feature off (a None value in the pins)."""
     if recompute is not None and recompute not in RECOMPUTE:
@@ -95,20 +225,45 @@ def strategy_pins(*, tp=None, pp=None, vpp=None, cp=None, ep=None, etp=None, mbs
     if max_num_seqs is not None and max_num_seqs < 1:
         raise ConfigError(f"--max-num-seqs must be >= 1, got {max_num_seqs}")
     # issue 14 (diag): a zero degree divided by zero in search; 0/1.5/nan memory fractions fit nothing
-    for flag, v in (("tp", tp), ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("etp", etp), ("mbs", mbs),
-                    ("rollout-tp", rollout_tp), ("first-stage-layers", first_stage_layers),
-                    ("last-stage-layers", last_stage_layers)):
+    for flag, v in (
+        ("tp", tp),
+        ("pp", pp),
+        ("vpp", vpp),
+        ("cp", cp),
+        ("ep", ep),
+        ("etp", etp),
+        ("mbs", mbs),
+        ("rollout-tp", rollout_tp),
+        ("first-stage-layers", first_stage_layers),
+        ("last-stage-layers", last_stage_layers),
+    ):
         if v is not None and v < 1:
             raise ConfigError(f"--{flag} must be >= 1, got {v}", hint=f"leave --{flag} out to let search choose")
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
-        raise ConfigError(f"--gpu-memory-utilization (vLLM gpu_memory_utilization) must be a fraction in (0, 1], "
-                          f"got {gpu_memory_utilization}",
-                          hint="vLLM's share of GPU memory for weights and KV cache, e.g. 0.6")
-    raw = dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs, recompute=recompute,
-               sequence_parallel=sequence_parallel, distributed_optimizer=distributed_optimizer,
-               offload=parse_offload(offload), rollout_tp=rollout_tp, gpu_memory_utilization=gpu_memory_utilization,
-               first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
-               max_num_seqs=max_num_seqs, enforce_eager=enforce_eager)
+        raise ConfigError(
+            f"--gpu-memory-utilization (vLLM gpu_memory_utilization) must be a fraction in (0, 1], "
+            f"got {gpu_memory_utilization}",
+            hint="vLLM's share of GPU memory for weights and KV cache, e.g. 0.6",
+        )
+    raw = dict(
+        tp=tp,
+        pp=pp,
+        vpp=vpp,
+        cp=cp,
+        ep=ep,
+        etp=etp,
+        mbs=mbs,
+        recompute=recompute,
+        sequence_parallel=sequence_parallel,
+        distributed_optimizer=distributed_optimizer,
+        offload=parse_offload(offload),
+        rollout_tp=rollout_tp,
+        gpu_memory_utilization=gpu_memory_utilization,
+        first_stage_layers=first_stage_layers,
+        last_stage_layers=last_stage_layers,
+        max_num_seqs=max_num_seqs,
+        enforce_eager=enforce_eager,
+    )
     out = {k: v for k, v in raw.items() if v is not None}
     if max_tokens_per_gpu is not None:
         out["max_tokens_per_gpu"] = max_tokens_per_gpu or None
@@ -120,21 +275,39 @@ def strategy_pins(*, tp=None, pp=None, vpp=None, cp=None, ep=None, etp=None, mbs
     return out
 
 
-def plan_inputs(*, model: str, hardware: str, gpus: int, gpus_per_node: int | None, workload: str,
-                prompts: int, n: int, prompt_len: int, response_len: int, mini_batch: int, ppo_epochs: int,
-                kl: bool, seq_len: int, gbs: int, prompt_len_mean: int | None = None,
-                response_len_mean: int | None = None, lengths: str | None = None
-                ) -> tuple[ModelSpec, HardwareSpec, Cluster, Workload]:
+def plan_inputs(
+    *,
+    model: str,
+    hardware: str,
+    gpus: int,
+    gpus_per_node: int | None,
+    workload: str,
+    prompts: int,
+    n: int,
+    prompt_len: int,
+    response_len: int,
+    mini_batch: int,
+    ppo_epochs: int,
+    kl: bool,
+    seq_len: int,
+    gbs: int,
+    prompt_len_mean: int | None = None,
+    response_len_mean: int | None = None,
+    lengths: str | None = None,
+) -> tuple[ModelSpec, HardwareSpec, Cluster, Workload]:
     m = load_model(model)
     hw = load_hardware(hardware)
     if gpus < 1:
         raise ConfigError(f"--gpus must be >= 1, got {gpus}")
     if gpus_per_node is not None and gpus_per_node < 1:  # 0 used to mean "the default" (issue 14 #8)
-        raise ConfigError(f"--gpus-per-node must be >= 1, got {gpus_per_node}",
-                          hint="leave it out to use the hardware profile's")
+        raise ConfigError(
+            f"--gpus-per-node must be >= 1, got {gpus_per_node}", hint="leave it out to use the hardware profile's"
+        )
     if mini_batch > prompts:  # it used to shrink silently to --prompts (issue 14 #8)
-        raise ConfigError(f"--mini-batch {mini_batch} exceeds --prompts {prompts}",
-                          hint="verl requires ppo_mini_batch_size <= data.train_batch_size")
+        raise ConfigError(
+            f"--mini-batch {mini_batch} exceeds --prompts {prompts}",
+            hint="verl requires ppo_mini_batch_size <= data.train_batch_size",
+        )
     cluster = Cluster(gpus=gpus, gpus_per_node=gpus_per_node or min(hw.gpus_per_node, gpus))
     if cluster.gpus_per_node < 1:
         raise ConfigError("--gpus-per-node must be >= 1")
@@ -149,19 +322,63 @@ def plan_inputs(*, model: str, hardware: str, gpus: int, gpus_per_node: int | No
         stats["response_len_mean"] = response_len_mean
         if lengths:  # an explicit mean replaces the file's histogram
             stats.pop("response_len_quantiles", None)
-    wl = Workload.from_dict(dict(kind=workload, prompts=prompts, n=n, prompt_len=prompt_len, response_len=response_len,
-                                 mini_batch=min(mini_batch, prompts), ppo_epochs=ppo_epochs, kl=kl, seq_len=seq_len,
-                                 gbs=gbs, **stats), where="workload")
+    wl = Workload.from_dict(
+        dict(
+            kind=workload,
+            prompts=prompts,
+            n=n,
+            prompt_len=prompt_len,
+            response_len=response_len,
+            mini_batch=min(mini_batch, prompts),
+            ppo_epochs=ppo_epochs,
+            kl=kl,
+            seq_len=seq_len,
+            gbs=gbs,
+            **stats,
+        ),
+        where="workload",
+    )
     for f in check_lengths(m, wl):  # train refuses it; refuse it here before any search or estimate
         raise f.to_error()
     return m, hw, cluster, wl
 
 
-WORKLOAD_FLAGS = ("workload", "prompts", "n", "prompt_len", "response_len", "mini_batch", "ppo_epochs", "kl",
-                  "seq_len", "gbs", "prompt_len_mean", "response_len_mean", "lengths")
-PIN_FLAGS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "sequence_parallel", "distributed_optimizer",
-             "offload", "rollout_tp", "gpu_memory_utilization", "first_stage_layers", "last_stage_layers",
-             "max_tokens_per_gpu", "cpu_optimizer", "max_num_seqs", "enforce_eager")
+WORKLOAD_FLAGS = (
+    "workload",
+    "prompts",
+    "n",
+    "prompt_len",
+    "response_len",
+    "mini_batch",
+    "ppo_epochs",
+    "kl",
+    "seq_len",
+    "gbs",
+    "prompt_len_mean",
+    "response_len_mean",
+    "lengths",
+)
+PIN_FLAGS = (
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "ep",
+    "etp",
+    "mbs",
+    "recompute",
+    "sequence_parallel",
+    "distributed_optimizer",
+    "offload",
+    "rollout_tp",
+    "gpu_memory_utilization",
+    "first_stage_layers",
+    "last_stage_layers",
+    "max_tokens_per_gpu",
+    "cpu_optimizer",
+    "max_num_seqs",
+    "enforce_eager",
+)
 
 
 def workload_flags(flags: dict[str, Any]) -> dict[str, Any]:
@@ -176,13 +393,27 @@ def pins_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
 
 def inputs_from_flags(flags: dict[str, Any]) -> tuple[ModelSpec, HardwareSpec, Cluster, Workload, dict[str, Any]]:
     """Model, hardware, cluster, workload and pins from the flags that estimate and search share."""
-    m, hw, cluster, wl = plan_inputs(model=flags["model"], hardware=flags["hardware"], gpus=flags["gpus"],
-                                     gpus_per_node=flags["gpus_per_node"], **workload_flags(flags))
+    m, hw, cluster, wl = plan_inputs(
+        model=flags["model"],
+        hardware=flags["hardware"],
+        gpus=flags["gpus"],
+        gpus_per_node=flags["gpus_per_node"],
+        **workload_flags(flags),
+    )
     return m, hw, cluster, wl, pins_from_flags(flags)
 
 
 # The flags' defaults are Workload's (core/strategy.py, which says where they come from).
 _W = Workload()
-WORKLOAD_DEFAULTS = dict(workload=_W.kind, prompts=_W.prompts, n=_W.n, prompt_len=_W.prompt_len,
-                         response_len=_W.response_len, mini_batch=_W.mini_batch, ppo_epochs=_W.ppo_epochs, kl=_W.kl,
-                         seq_len=_W.seq_len, gbs=_W.gbs)
+WORKLOAD_DEFAULTS = dict(
+    workload=_W.kind,
+    prompts=_W.prompts,
+    n=_W.n,
+    prompt_len=_W.prompt_len,
+    response_len=_W.response_len,
+    mini_batch=_W.mini_batch,
+    ppo_epochs=_W.ppo_epochs,
+    kl=_W.kl,
+    seq_len=_W.seq_len,
+    gbs=_W.gbs,
+)

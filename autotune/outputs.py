@@ -1,5 +1,6 @@
 """Output paths checked before anything runs or is written: never a folder, never one of the inputs,
 always in a writable folder. (Outputs are then replaced atomically: core.config.atomic_write.)"""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,10 @@ def check_output(path: str | os.PathLike, option: str, *, inputs: tuple[str | os
         raise ConfigError(f"{option} {p} is a folder", hint=f"give {option} a file name")
     for i in inputs:
         if i is not None and _same(p, Path(i)):
-            raise ConfigError(f"{option} {p} is also an input of this command; writing it would destroy the input",
-                              hint=f"give {option} another file name")
+            raise ConfigError(
+                f"{option} {p} is also an input of this command; writing it would destroy the input",
+                hint=f"give {option} another file name",
+            )
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.exists():
         raise ConfigError(f"{option} {p}: the folder {parent} does not exist", hint="create it first")
@@ -52,8 +55,10 @@ def check_out_dir(path: str | os.PathLike, option: str, *, inputs: tuple[str | o
             break
         probe = probe.parent
     if not probe.is_dir():
-        raise ConfigError(f"{option} {p}: {probe} is a file, so the folder cannot be created",
-                          hint=f"give {option} a path under a folder")
+        raise ConfigError(
+            f"{option} {p}: {probe} is a file, so the folder cannot be created",
+            hint=f"give {option} a path under a folder",
+        )
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(f"{option} {p}: {probe} is not writable", hint="choose a writable folder")
     return p

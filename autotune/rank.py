@@ -2,6 +2,7 @@
 
 Moved out of autotune/search.py unchanged (file-size rule of issue 10).
 """
+
 from __future__ import annotations
 
 import math
@@ -9,6 +10,7 @@ import math
 import numpy as np
 
 from costmodel.estimate import Estimate
+
 
 def step_s(est: Estimate) -> float:
     return math.inf if est.time is None else float(est.time.step_s)

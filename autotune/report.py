@@ -4,6 +4,7 @@ Two plots for a search: the step-time breakdown of the top plans (stacked bars, 
 phase) and the Pareto front of throughput vs peak memory with the winner marked. ``compare``
 gets one plot of the best plan per hardware.
 """
+
 from __future__ import annotations
 
 import io
@@ -16,9 +17,15 @@ from core.strategy import Strategy
 
 from core.config import atomic_write
 
-GiB = 1024 ** 3
-PHASE_COLORS = {"rollout": "#4C72B0", "weight_sync": "#8172B2", "old_logprob": "#55A868", "ref_logprob": "#64B5CD",
-                "update": "#C44E52", "offload": "#CCB974"}
+GiB = 1024**3
+PHASE_COLORS = {
+    "rollout": "#4C72B0",
+    "weight_sync": "#8172B2",
+    "old_logprob": "#55A868",
+    "ref_logprob": "#64B5CD",
+    "update": "#C44E52",
+    "offload": "#CCB974",
+}
 
 
 def plan_label(s: Strategy) -> str:
@@ -92,13 +99,31 @@ def plot_pareto(points: Sequence[Estimate], front: Sequence[Estimate], winner: E
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.scatter([e.peak_bytes / GiB for e in points], [tokens_per_s_per_gpu(e) for e in points], s=12, c="#999999",
-               label="evaluated plans that fit")
+    ax.scatter(
+        [e.peak_bytes / GiB for e in points],
+        [tokens_per_s_per_gpu(e) for e in points],
+        s=12,
+        c="#999999",
+        label="evaluated plans that fit",
+    )
     fr = sorted(front, key=lambda e: e.peak_bytes)
-    ax.plot([e.peak_bytes / GiB for e in fr], [tokens_per_s_per_gpu(e) for e in fr], "-o", c="#4C72B0", ms=4,
-            label="Pareto front")
-    ax.scatter([winner.peak_bytes / GiB], [tokens_per_s_per_gpu(winner)], marker="*", s=220, c="#C44E52",
-               zorder=5, label="winner")
+    ax.plot(
+        [e.peak_bytes / GiB for e in fr],
+        [tokens_per_s_per_gpu(e) for e in fr],
+        "-o",
+        c="#4C72B0",
+        ms=4,
+        label="Pareto front",
+    )
+    ax.scatter(
+        [winner.peak_bytes / GiB],
+        [tokens_per_s_per_gpu(winner)],
+        marker="*",
+        s=220,
+        c="#C44E52",
+        zorder=5,
+        label="winner",
+    )
     ax.axvline(winner.capacity_bytes / GiB, ls="--", c="#555555", lw=1, label="capacity")
     ax.set_xlabel("peak memory per GPU (GiB)")
     ax.set_ylabel("tokens/s per GPU (predicted)")
@@ -131,6 +156,7 @@ def plot_compare(rows: Sequence[dict[str, Any]], path: Path) -> Path:
 # Markdown
 # ------------------------------------------------------------------------------------------------
 
+
 def _fmt_s(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x:.2f}"
 
@@ -148,10 +174,23 @@ def plans_table(plans: Sequence[Estimate]) -> list[str]:
     for i, e in enumerate(plans):
         ph = phase_seconds(e)
         mfu = None if e.throughput is None else e.throughput.mfu
-        lines.append("| " + " | ".join([
-            str(i + 1), f"`{plan_label(e.strategy)}`", str(e.strategy.dp), _fmt_s(step_s(e)),
-            *[_fmt_s(ph.get(p)) for p in phases], f"{tokens_per_s_per_gpu(e):,.0f}",
-            "-" if mfu is None else f"{100 * mfu:.1f}%", f"{e.peak_bytes / GiB:.1f}", e.peak_phase]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    str(i + 1),
+                    f"`{plan_label(e.strategy)}`",
+                    str(e.strategy.dp),
+                    _fmt_s(step_s(e)),
+                    *[_fmt_s(ph.get(p)) for p in phases],
+                    f"{tokens_per_s_per_gpu(e):,.0f}",
+                    "-" if mfu is None else f"{100 * mfu:.1f}%",
+                    f"{e.peak_bytes / GiB:.1f}",
+                    e.peak_phase,
+                ]
+            )
+            + " |"
+        )
     return lines
 
 
@@ -174,7 +213,7 @@ def runner_ups(ranked: Sequence[Estimate], k: int = 3) -> list[Estimate]:
         if len(out) == k:
             break
     if not out:  # one layout only: its next variants
-        out = list(ranked[1:1 + k])
+        out = list(ranked[1 : 1 + k])
     return out
 
 
@@ -195,54 +234,83 @@ def why_winner(best: Estimate, others: Sequence[Estimate], error_pct: float) -> 
         within = pct <= error_pct
         if within:
             close.append(e)
-        lines.append(f"- vs `{plan_label(e.strategy)}`: {gap:+.1f} s per step ({pct:+.1f}%) for the runner-up"
-                     + (f" ({parts})" if parts else "")
-                     + (f"; within the model's stated error ({error_pct:g}%)" if within else ""))
+        lines.append(
+            f"- vs `{plan_label(e.strategy)}`: {gap:+.1f} s per step ({pct:+.1f}%) for the runner-up"
+            + (f" ({parts})" if parts else "")
+            + (f"; within the model's stated error ({error_pct:g}%)" if within else "")
+        )
     if close:
-        lines.append(f"- {len(close)} runner-up(s) are within the model's stated error of the winner: the ranking "
-                     "between them is not settled by the model. Measure them: `grpo-tune search ... --refine`.")
+        lines.append(
+            f"- {len(close)} runner-up(s) are within the model's stated error of the winner: the ranking "
+            "between them is not settled by the model. Measure them: `grpo-tune search ... --refine`."
+        )
     return lines
 
 
-def write_report(run_dir: Path, best: Estimate, *, ranked: Sequence[Estimate] = (), pareto: Sequence[Estimate] = (),
-                 stats: dict[str, Any] | None = None, measured: dict[str, Any] | None = None,
-                 files: dict[str, Path] | None = None, run_id: str | None = None) -> dict[str, Path]:
+def write_report(
+    run_dir: Path,
+    best: Estimate,
+    *,
+    ranked: Sequence[Estimate] = (),
+    pareto: Sequence[Estimate] = (),
+    stats: dict[str, Any] | None = None,
+    measured: dict[str, Any] | None = None,
+    files: dict[str, Path] | None = None,
+    run_id: str | None = None,
+) -> dict[str, Path]:
     """Write report.md and its two PNGs into ``run_dir``; return their paths."""
     from .search import step_s, tokens_per_s_per_gpu
 
     run_dir = Path(run_dir)
     ranked = list(ranked) or [best]
     pareto = list(pareto) or [best]
-    out = {"breakdown_png": plot_breakdown(ranked[:10], run_dir / "step_breakdown.png"),
-           "pareto_png": plot_pareto(ranked, pareto, best, run_dir / "pareto.png")}
+    out = {
+        "breakdown_png": plot_breakdown(ranked[:10], run_dir / "step_breakdown.png"),
+        "pareto_png": plot_pareto(ranked, pareto, best, run_dir / "pareto.png"),
+    }
     s, m, c, w, hw = best.strategy, best.model, best.cluster, best.workload, best.hardware
     L = [f"# grpo-tune plan: {m.name} on {c.gpus} x {hw.name}", ""]
     if run_id:
         L += [f"Run `{run_id}`.", ""]
-    L += ["## Inputs", "",
-          f"- model: `{m.name}` ({best.params['total']:,} parameters, {best.params['active']:,} active)",
-          f"- hardware: `{hw.name}`, {c.gpus} GPUs, {c.gpus_per_node} per node ({c.nnodes} node(s))"]
+    L += [
+        "## Inputs",
+        "",
+        f"- model: `{m.name}` ({best.params['total']:,} parameters, {best.params['active']:,} active)",
+        f"- hardware: `{hw.name}`, {c.gpus} GPUs, {c.gpus_per_node} per node ({c.nnodes} node(s))",
+    ]
     if w.kind == "grpo":
-        L.append(f"- workload: GRPO, {w.prompts} prompts x n={w.n}, prompt {w.prompt_len} + response "
-                 f"{w.response_len} tokens, mini-batch {w.mini_batch}, {w.ppo_epochs} PPO epoch(s), "
-                 f"KL {'on' if w.kl else 'off'}, {w.dtype}")
+        L.append(
+            f"- workload: GRPO, {w.prompts} prompts x n={w.n}, prompt {w.prompt_len} + response "
+            f"{w.response_len} tokens, mini-batch {w.mini_batch}, {w.ppo_epochs} PPO epoch(s), "
+            f"KL {'on' if w.kl else 'off'}, {w.dtype}"
+        )
     else:
         L.append(f"- workload: pretrain, sequence {w.seq_len}, global batch {w.gbs}")
     mfu = None if best.throughput is None else best.throughput.mfu
-    L += ["", "## Winner", "",
-          f"`{plan_label(s)}`", "",
-          f"- degrees: tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} etp={s.etp_} dp={s.dp}"
-          + (f" (first/last stage layers {s.first_stage_layers}/{s.last_stage_layers})"
-             if s.first_stage_layers or s.last_stage_layers else ""),
-          f"- micro-batch {s.mbs}, sequence parallel {'on' if s.sp else 'off'}, recompute {s.recompute}, "
-          f"distributed optimizer {'on' if s.distributed_optimizer else 'off'}, offload {', '.join(s.offload) or 'none'}",
-          f"- rollout: TP {s.rollout_tp}, gpu_memory_utilization {s.gpu_memory_utilization}; the reference model "
-          "uses the actor's degrees",
-          f"- predicted step time {_fmt_s(step_s(best))} s, {tokens_per_s_per_gpu(best):,.0f} tokens/s/GPU"
-          + ("" if mfu is None else f", MFU {100 * mfu:.1f}%"),
-          f"- peak memory {best.peak_bytes / GiB:.1f} GiB ({best.peak_phase}) of {best.capacity_bytes / GiB:.1f} GiB "
-          f"capacity (headroom {best.headroom_bytes / GiB:.1f} GiB)", "",
-          "| phase | GiB per rank | seconds |", "|---|---|---|"]
+    L += [
+        "",
+        "## Winner",
+        "",
+        f"`{plan_label(s)}`",
+        "",
+        f"- degrees: tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} etp={s.etp_} dp={s.dp}"
+        + (
+            f" (first/last stage layers {s.first_stage_layers}/{s.last_stage_layers})"
+            if s.first_stage_layers or s.last_stage_layers
+            else ""
+        ),
+        f"- micro-batch {s.mbs}, sequence parallel {'on' if s.sp else 'off'}, recompute {s.recompute}, "
+        f"distributed optimizer {'on' if s.distributed_optimizer else 'off'}, offload {', '.join(s.offload) or 'none'}",
+        f"- rollout: TP {s.rollout_tp}, gpu_memory_utilization {s.gpu_memory_utilization}; the reference model "
+        "uses the actor's degrees",
+        f"- predicted step time {_fmt_s(step_s(best))} s, {tokens_per_s_per_gpu(best):,.0f} tokens/s/GPU"
+        + ("" if mfu is None else f", MFU {100 * mfu:.1f}%"),
+        f"- peak memory {best.peak_bytes / GiB:.1f} GiB ({best.peak_phase}) of {best.capacity_bytes / GiB:.1f} GiB "
+        f"capacity (headroom {best.headroom_bytes / GiB:.1f} GiB)",
+        "",
+        "| phase | GiB per rank | seconds |",
+        "|---|---|---|",
+    ]
     ph = phase_seconds(best)
     for name, pm in best.memory.items():
         L.append(f"| {name} | {pm.total_bytes / GiB:.2f} | {_fmt_s(ph.get(name))} |")
@@ -258,28 +326,56 @@ def write_report(run_dir: Path, best: Estimate, *, ranked: Sequence[Estimate] = 
     if others:
         from .validate_grpo import STATED_ERROR_PCT
 
-        L += ["", "## Why the winner", "",
-              f"Seconds per step of each runner-up layout relative to the winner, by phase (positive: the runner-up "
-              f"is slower there). The model's stated error is {STATED_ERROR_PCT:g}% (held-out step-time MAPE of "
-              "`grpo-tune validate --grpo`).", "", *why_winner(best, others, STATED_ERROR_PCT)]
-    L += ["", "## Top plans", "", *plans_table(ranked[:10]), "",
-          "![step time by phase](step_breakdown.png)", "",
-          "## Pareto front (throughput vs peak memory)", "", *plans_table(pareto), "",
-          "![throughput vs peak memory](pareto.png)", ""]
+        L += [
+            "",
+            "## Why the winner",
+            "",
+            f"Seconds per step of each runner-up layout relative to the winner, by phase (positive: the runner-up "
+            f"is slower there). The model's stated error is {STATED_ERROR_PCT:g}% (held-out step-time MAPE of "
+            "`grpo-tune validate --grpo`).",
+            "",
+            *why_winner(best, others, STATED_ERROR_PCT),
+        ]
+    L += [
+        "",
+        "## Top plans",
+        "",
+        *plans_table(ranked[:10]),
+        "",
+        "![step time by phase](step_breakdown.png)",
+        "",
+        "## Pareto front (throughput vs peak memory)",
+        "",
+        *plans_table(pareto),
+        "",
+        "![throughput vs peak memory](pareto.png)",
+        "",
+    ]
     if stats:
-        L += ["## Search", "",
-              f"- valid candidates: {stats.get('candidates', 0):,}; cost-model calls: {stats.get('evaluated', 0):,}; "
-              f"plans scored by combination: {stats.get('combined', 0):,}",
-              f"- layouts: {stats.get('layouts', 0):,} ({stats.get('pruned_layouts', 0):,} pruned: even the most "
-              "frugal variant overflows a training phase)",
-              f"- time: {stats.get('seconds', 0):.2f} s", ""]
+        L += [
+            "## Search",
+            "",
+            f"- valid candidates: {stats.get('candidates', 0):,}; cost-model calls: {stats.get('evaluated', 0):,}; "
+            f"plans scored by combination: {stats.get('combined', 0):,}",
+            f"- layouts: {stats.get('layouts', 0):,} ({stats.get('pruned_layouts', 0):,} pruned: even the most "
+            "frugal variant overflows a training phase)",
+            f"- time: {stats.get('seconds', 0):.2f} s",
+            "",
+        ]
     if files:
         L += ["## Files", ""]
         for k, p in files.items():
             L.append(f"- `{Path(p).name}`: {k}")
         L.append("")
-    L += ["## Use it", "", "```bash", "grpo-tune train --config best.yaml    # megatron-core GRPO trainer",
-          "grpo-tune diagnose verl.sh            # check the verl launch", "bash verl.sh                          # verl 0.9.1",
-          "```", ""]
+    L += [
+        "## Use it",
+        "",
+        "```bash",
+        "grpo-tune train --config best.yaml    # megatron-core GRPO trainer",
+        "grpo-tune diagnose verl.sh            # check the verl launch",
+        "bash verl.sh                          # verl 0.9.1",
+        "```",
+        "",
+    ]
     out["report"] = atomic_write(run_dir / "report.md", "\n".join(L))
     return out

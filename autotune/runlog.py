@@ -20,6 +20,7 @@ Reads are bounded (regular files only, at most :data:`MAX_LOG_BYTES`). A last li
 (a run killed mid-write) is skipped with a warning. A log in which no step has a timing key is a
 coded error.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,9 +50,12 @@ VERL_PHASES: dict[str, str] = {
 PHASES = tuple(p.value for p in MEASURED_PHASES)  # named once, in core/phases.py
 
 _LENGTH_KEYS = {
-    "response_length/mean": "response_len_mean", "response_length/max": "response_len_max",
-    "response_length/min": "response_len_min", "prompt_length/mean": "prompt_len_mean",
-    "prompt_length/max": "prompt_len_max", "prompt_length/min": "prompt_len_min",
+    "response_length/mean": "response_len_mean",
+    "response_length/max": "response_len_max",
+    "response_length/min": "response_len_min",
+    "prompt_length/mean": "prompt_len_mean",
+    "prompt_length/max": "prompt_len_max",
+    "prompt_length/min": "prompt_len_min",
 }
 
 _CONSOLE_STEP = re.compile(r"(?:^|[\s)\]])step:(\d+)((?: - .*)?)$")
@@ -110,15 +114,20 @@ def _read_bounded(path: Path, max_bytes: int) -> tuple[str, bool]:
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise ConfigError(f"no log file at {path}", hint="pass verl's console log, its file-logger JSONL, "
-                          "or our metrics.jsonl") from None
+        raise ConfigError(
+            f"no log file at {path}", hint="pass verl's console log, its file-logger JSONL, or our metrics.jsonl"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{path}: not a regular file", hint="pass a log file (a folder only if it holds metrics.jsonl)")
+        raise ConfigError(
+            f"{path}: not a regular file", hint="pass a log file (a folder only if it holds metrics.jsonl)"
+        )
     if st.st_size > max_bytes:
-        raise ConfigError(f"{path}: {st.st_size:,} bytes is larger than the {max_bytes:,}-byte limit for a log",
-                          hint="cut the log to the steps you want (e.g. `tail -n 500`)")
+        raise ConfigError(
+            f"{path}: {st.st_size:,} bytes is larger than the {max_bytes:,}-byte limit for a log",
+            hint="cut the log to the steps you want (e.g. `tail -n 500`)",
+        )
     with open(path, "rb") as fh:
         raw = fh.read(max_bytes + 1)
     text = raw.decode("utf-8", errors="replace")
@@ -146,8 +155,9 @@ def _num(v: Any) -> float | None:
 
 
 def _verl_record(step: int, data: dict[str, Any]) -> StepRecord | None:
-    timing = {k: f for k, v in data.items() if isinstance(k, str) and k.startswith("timing_s/")
-              and (f := _num(v)) is not None}
+    timing = {
+        k: f for k, v in data.items() if isinstance(k, str) and k.startswith("timing_s/") and (f := _num(v)) is not None
+    }
     phases = {VERL_PHASES[k]: v for k, v in timing.items() if k in VERL_PHASES}
     if not phases:
         return None  # a validation-only step (val-core/*) or a step without timers
@@ -155,11 +165,17 @@ def _verl_record(step: int, data: dict[str, Any]) -> StepRecord | None:
     step_s = timing.get("timing_s/step")
     if step_s is None:
         step_s = _num(data.get("perf/time_per_step"))
-    return StepRecord(step=step, phases_s=phases, step_s=step_s, **lens,
-                      max_memory_allocated_gib=_num(data.get("perf/max_memory_allocated_gb")),
-                      max_memory_reserved_gib=_num(data.get("perf/max_memory_reserved_gb")),
-                      total_tokens=_num(data.get("perf/total_num_tokens")),
-                      throughput_tok_s_gpu=_num(data.get("perf/throughput")), timing_s=timing)
+    return StepRecord(
+        step=step,
+        phases_s=phases,
+        step_s=step_s,
+        **lens,
+        max_memory_allocated_gib=_num(data.get("perf/max_memory_allocated_gb")),
+        max_memory_reserved_gib=_num(data.get("perf/max_memory_reserved_gb")),
+        total_tokens=_num(data.get("perf/total_num_tokens")),
+        throughput_tok_s_gpu=_num(data.get("perf/throughput")),
+        timing_s=timing,
+    )
 
 
 def _ours_record(obj: dict[str, Any]) -> StepRecord | None:
@@ -175,11 +191,16 @@ def _ours_record(obj: dict[str, Any]) -> StepRecord | None:
     timing = {f"phases_s/{k}": v for k, v in phases.items()}
     if (off := _num(obj.get("offload_s"))) is not None:
         timing["phases_s/offload"] = off
-    return StepRecord(step=step, phases_s=phases, step_s=_num(obj.get("step_s")),
-                      response_len_mean=_num(obj.get("response_len")),
-                      response_len_max=_num(obj.get("response_len_max")),
-                      total_tokens=_num(obj.get("tokens")), throughput_tok_s_gpu=_num(obj.get("tokens_per_s_per_gpu")),
-                      timing_s=timing)
+    return StepRecord(
+        step=step,
+        phases_s=phases,
+        step_s=_num(obj.get("step_s")),
+        response_len_mean=_num(obj.get("response_len")),
+        response_len_max=_num(obj.get("response_len_max")),
+        total_tokens=_num(obj.get("tokens")),
+        throughput_tok_s_gpu=_num(obj.get("tokens_per_s_per_gpu")),
+        timing_s=timing,
+    )
 
 
 def _detect(lines: list[str]) -> str:
@@ -223,8 +244,9 @@ def read_log(path: str | os.PathLike, *, max_bytes: int = MAX_LOG_BYTES) -> RunL
         lines.pop()
     warnings: list[str] = []
     if lines and not ends_nl:
-        warnings.append(f"{p}: the last line ({len(lines[-1])} characters) has no newline (a run killed while "
-                        "writing?); skipped")
+        warnings.append(
+            f"{p}: the last line ({len(lines[-1])} characters) has no newline (a run killed while writing?); skipped"
+        )
         lines.pop()
     fmt = _detect(lines)
     by_step: dict[int, StepRecord] = {}
@@ -260,14 +282,19 @@ def read_log(path: str | os.PathLike, *, max_bytes: int = MAX_LOG_BYTES) -> RunL
             if got is not None and (rec := _verl_record(*got)) is not None:
                 by_step[rec.step] = rec
     else:
-        raise ConfigError(f"{p}: not a training log grpo-tune reads (no `step:N - key:value` line, no "
-                          "`{\"step\": N, \"data\": {...}}` object, no metrics.jsonl record)",
-                          hint="pass verl's console output, its file logger's JSONL (trainer.logger=['console','file']), "
-                          "or the metrics.jsonl of `grpo-tune train`")
+        raise ConfigError(
+            f"{p}: not a training log grpo-tune reads (no `step:N - key:value` line, no "
+            '`{"step": N, "data": {...}}` object, no metrics.jsonl record)',
+            hint="pass verl's console output, its file logger's JSONL (trainer.logger=['console','file']), "
+            "or the metrics.jsonl of `grpo-tune train`",
+        )
     if not by_step:
-        raise ConfigError(f"{p}: no step in this {fmt} log has a timing key ("
-                          + ", ".join(VERL_PHASES if fmt != "grpo-tune" else ("phases_s",)) + ")",
-                          hint="verl logs timing_s/* on every training step; was the run stopped before its first step?")
+        raise ConfigError(
+            f"{p}: no step in this {fmt} log has a timing key ("
+            + ", ".join(VERL_PHASES if fmt != "grpo-tune" else ("phases_s",))
+            + ")",
+            hint="verl logs timing_s/* on every training step; was the run stopped before its first step?",
+        )
     records = [by_step[k] for k in sorted(by_step)]
     return RunLog(path=str(p), format=fmt, records=records, warnings=warnings)
 
@@ -283,8 +310,7 @@ def summary(log: RunLog, *, skip_warmup: int = 0) -> dict[str, Any]:
         return float(statistics.median(v)) if v else None
 
     phases = {ph: m for ph in PHASES if (m := med([r.phases_s.get(ph) for r in recs])) is not None}
-    out: dict[str, Any] = {"steps": [r.step for r in recs], "phases_s": phases,
-                           "step_s": med([r.step_s for r in recs])}
+    out: dict[str, Any] = {"steps": [r.step for r in recs], "phases_s": phases, "step_s": med([r.step_s for r in recs])}
     for k in ("response_len_mean", "prompt_len_mean", "total_tokens", "throughput_tok_s_gpu"):
         out[k] = med([getattr(r, k) for r in recs])
     for k in ("response_len_max", "prompt_len_max", "max_memory_allocated_gib", "max_memory_reserved_gib"):
@@ -335,8 +361,15 @@ def predict_folded(params: dict[str, float], pt) -> tuple[float, dict[str, float
     return step, phases
 
 
-def log_point(log: RunLog, launch: str | os.PathLike, *, model: str | None = None, hardware: str | None = None,
-              skip_warmup: int = 1, label: str = "") -> LogPoint:
+def log_point(
+    log: RunLog,
+    launch: str | os.PathLike,
+    *,
+    model: str | None = None,
+    hardware: str | None = None,
+    skip_warmup: int = 1,
+    label: str = "",
+) -> LogPoint:
     """Match a log with its launch: the launch gives the plan, the log the lengths and the measured seconds."""
     from autotune.calibrate import Point
     from autotune.tune import plan_of
@@ -353,9 +386,11 @@ def log_point(log: RunLog, launch: str | os.PathLike, *, model: str | None = Non
     wl = plan.workload
     rmax = s.get("response_len_max")
     if rmax is not None and rmax > wl.response_len * 1.001 + 1:
-        raise ConfigError(f"{log.path}: responses of up to {rmax:.0f} tokens, but the launch {launch} allows "
-                          f"{wl.response_len} (data.max_response_length): this log is not a run of that launch",
-                          hint="pass the launch each log ran (--launch once per --from-log, in the same order)")
+        raise ConfigError(
+            f"{log.path}: responses of up to {rmax:.0f} tokens, but the launch {launch} allows "
+            f"{wl.response_len} (data.max_response_length): this log is not a run of that launch",
+            hint="pass the launch each log ran (--launch once per --from-log, in the same order)",
+        )
     lens = {}
     if rmean:
         lens["response_len_mean"] = max(1, min(wl.response_len, round(rmean)))
@@ -369,9 +404,16 @@ def log_point(log: RunLog, launch: str | os.PathLike, *, model: str | None = Non
     step = s.get("step_s")
     if step is None:
         step = sum(phases.values())
-    pt = Point(model=plan.model, hardware=plan.hardware, cluster=plan.cluster, strategy=plan.strategy,
-               workload=plan.workload, measured_step_s=float(step), measured_phases_s=phases,
-               label=label or Path(log.path).name)
+    pt = Point(
+        model=plan.model,
+        hardware=plan.hardware,
+        cluster=plan.cluster,
+        strategy=plan.strategy,
+        workload=plan.workload,
+        measured_step_s=float(step),
+        measured_phases_s=phases,
+        label=label or Path(log.path).name,
+    )
     return LogPoint(log=log, plan=plan, point=pt, summary=s, kept_steps=len(kept))
 
 
@@ -384,10 +426,12 @@ def check_same_model(lp: LogPoint, params: dict[str, float] | None = None) -> No
     if mem and mem["logged_gib"] > 0 and mem["predicted_gib"] > 0:
         r = mem["logged_gib"] / mem["predicted_gib"]
         if not (1 / ANOTHER_MODEL_MEMORY_RATIO <= r <= ANOTHER_MODEL_MEMORY_RATIO):
-            raise ConfigError(f"{lp.log.path}: it allocated at most {mem['logged_gib']:.1f} GiB per GPU, {r:.2g}x the "
-                              f"{mem['predicted_gib']:.1f} GiB that {lp.plan.model.name} with this plan needs for "
-                              "training: this log looks like a run of another model or another plan",
-                              hint="pass the launch (and --model) the logged run used")
+            raise ConfigError(
+                f"{lp.log.path}: it allocated at most {mem['logged_gib']:.1f} GiB per GPU, {r:.2g}x the "
+                f"{mem['predicted_gib']:.1f} GiB that {lp.plan.model.name} with this plan needs for "
+                "training: this log looks like a run of another model or another plan",
+                hint="pass the launch (and --model) the logged run used",
+            )
     _, pred = predict_folded(params or defaults(), lp.point)
     meas = lp.point.measured_phases_s
     keys = [k for k in ("old_logprob", "ref_logprob", "update") if meas.get(k) and pred.get(k)]
@@ -395,10 +439,12 @@ def check_same_model(lp: LogPoint, params: dict[str, float] | None = None) -> No
         return
     ratio = sum(meas[k] for k in keys) / sum(pred[k] for k in keys)
     if not (1 / ANOTHER_MODEL_RATIO <= ratio <= ANOTHER_MODEL_RATIO):
-        raise ConfigError(f"{lp.log.path}: its training phases ({', '.join(keys)}) took {ratio:.3g}x what "
-                          f"{lp.plan.model.name} on {lp.plan.cluster.gpus} x {lp.plan.hardware.name} predicts: "
-                          "this log looks like a run of another model or other hardware",
-                          hint="pass the launch (and --model/--hardware) the logged run used")
+        raise ConfigError(
+            f"{lp.log.path}: its training phases ({', '.join(keys)}) took {ratio:.3g}x what "
+            f"{lp.plan.model.name} on {lp.plan.cluster.gpus} x {lp.plan.hardware.name} predicts: "
+            "this log looks like a run of another model or other hardware",
+            hint="pass the launch (and --model/--hardware) the logged run used",
+        )
 
 
 def memory_check(lp: LogPoint) -> dict[str, Any] | None:
@@ -418,9 +464,14 @@ def memory_check(lp: LogPoint) -> dict[str, Any] | None:
         return None
     phase = max(train, key=lambda k: train[k])
     pred_gib = train[phase] / GiB
-    return {"log": lp.log.path, "logged_gib": round(logged, 2), "predicted_gib": round(pred_gib, 2),
-            "phase": phase, "optimistic": logged > pred_gib * 1.05,
-            "error_pct": round(100.0 * (pred_gib - logged) / logged, 1) if logged else None}
+    return {
+        "log": lp.log.path,
+        "logged_gib": round(logged, 2),
+        "predicted_gib": round(pred_gib, 2),
+        "phase": phase,
+        "optimistic": logged > pred_gib * 1.05,
+        "error_pct": round(100.0 * (pred_gib - logged) / logged, 1) if logged else None,
+    }
 
 
 def calibrate_logs(points: list[LogPoint], *, names: list[str] | None = None):

@@ -18,6 +18,7 @@ MoE model, so the search factors it (see :func:`search`):
 3. the best combinations by that sum (and the Pareto points) are evaluated exactly with
    :func:`costmodel.estimate.estimate`, and ranked on the exact figures.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,12 +39,25 @@ from core.support import trainer_only
 # names stay importable from here (tests and callers use autotune.search.Space, step_s, ...).
 from .rank import _pareto_arrays, pareto_front, rank_key, step_s, tokens_per_s_per_gpu  # noqa: F401
 from .space import (  # noqa: F401
-    CAP_FACTORS, CP_MIN_TOKENS, ENGINE_KEYS, GMU_GRID, LAYOUT_KEYS, MAX_MBS, MAX_NUM_SEQS_GRID, OFFLOAD_SETS,
-    GiB, Space, _extra, _plan_ok, _stages, stage_splits,
+    CAP_FACTORS,
+    CP_MIN_TOKENS,
+    ENGINE_KEYS,
+    GMU_GRID,
+    LAYOUT_KEYS,
+    MAX_MBS,
+    MAX_NUM_SEQS_GRID,
+    OFFLOAD_SETS,
+    GiB,
+    Space,
+    _extra,
+    _plan_ok,
+    _stages,
+    stage_splits,
 )
 
 
 # ------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class SearchResult:
@@ -69,9 +83,15 @@ class SearchResult:
         return self.ranked[0]
 
     def stats(self) -> dict[str, Any]:
-        return {"candidates": self.candidates, "evaluated": self.evaluated, "combined": self.combined,
-                "layouts": self.layouts, "pruned_layouts": self.pruned_layouts, "seconds": round(self.seconds, 3),
-                "combination_error": round(self.combination_error, 6)}
+        return {
+            "candidates": self.candidates,
+            "evaluated": self.evaluated,
+            "combined": self.combined,
+            "layouts": self.layouts,
+            "pruned_layouts": self.pruned_layouts,
+            "seconds": round(self.seconds, 3),
+            "combination_error": round(self.combination_error, 6),
+        }
 
 
 class _Evaluator:
@@ -91,8 +111,14 @@ class _Evaluator:
         if est is None:
             self.calls += 1
             sp = self.space
-            est = self.cache[s] = estimate(model=sp.model, hardware=sp.hardware, cluster=sp.cluster, strategy=s,
-                                           workload=sp.workload, calibration=self.calibration)
+            est = self.cache[s] = estimate(
+                model=sp.model,
+                hardware=sp.hardware,
+                cluster=sp.cluster,
+                strategy=s,
+                workload=sp.workload,
+                calibration=self.calibration,
+            )
         return est
 
     def vector(self, est: Estimate) -> tuple[np.ndarray, np.ndarray]:
@@ -115,15 +141,29 @@ def _trainer_runs(space: Space) -> list[dict[str, Any]]:
     pinned = trainer_only(space.model, Strategy(cp=space.pins.get("cp", 1)))
     if pinned:
         f = pinned[0]
-        raise GrpoTuneError(f"{f.message}: search emits only plans `grpo-tune train` runs", code=f.code,
-                            hint=f"{f.hint}; `grpo-tune estimate` prices the plan for verl")
+        raise GrpoTuneError(
+            f"{f.message}: search emits only plans `grpo-tune train` runs",
+            code=f.code,
+            hint=f"{f.hint}; `grpo-tune estimate` prices the plan for verl",
+        )
     return [lay for lay in space.layouts() if not trainer_only(space.model, Strategy(**lay))]
 
 
-def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload: Workload, *,
-           pins: dict[str, Any] | None = None, top: int = 10, calibration: dict[str, float] | None = None,
-           allow_cross_node_tp: bool = False, exact: int | None = None, keep_layouts: int = 48,
-           min_headroom: float = 0.0, progress: Callable[[int, int], None] | None = None) -> SearchResult:
+def search(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    cluster: Cluster,
+    workload: Workload,
+    *,
+    pins: dict[str, Any] | None = None,
+    top: int = 10,
+    calibration: dict[str, float] | None = None,
+    allow_cross_node_tp: bool = False,
+    exact: int | None = None,
+    keep_layouts: int = 48,
+    min_headroom: float = 0.0,
+    progress: Callable[[int, int], None] | None = None,
+) -> SearchResult:
     """Rank the valid plans for ``model`` on ``cluster``; raise NO_FEASIBLE_PLAN when none fits.
 
     ``pins`` are strategy fields the user fixed (see :func:`autotune.options.strategy_pins`).
@@ -189,13 +229,22 @@ def search(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload:
     uniq = _unique_ranked(ranked)
     pts = [(tokens_per_s_per_gpu(e), e.peak_bytes) for e in uniq]
     pareto = [uniq[i] for i in pareto_front(pts)]
-    return SearchResult(ranked=uniq, pareto=pareto, candidates=n_candidates, evaluated=ev.calls, combined=combined,
-                        layouts=len(layouts), pruned_layouts=pruned, seconds=time.perf_counter() - t0,
-                        combination_error=err)
+    return SearchResult(
+        ranked=uniq,
+        pareto=pareto,
+        candidates=n_candidates,
+        evaluated=ev.calls,
+        combined=combined,
+        layouts=len(layouts),
+        pruned_layouts=pruned,
+        seconds=time.perf_counter() - t0,
+        combination_error=err,
+    )
 
 
-def _rollout_deltas(space: Space, ev: "_Evaluator", lay0: dict[str, Any], rolls: list[tuple]
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def _rollout_deltas(
+    space: Space, ev: "_Evaluator", lay0: dict[str, Any], rolls: list[tuple]
+) -> tuple[np.ndarray, np.ndarray]:
     """Rollout deltas: one (frugal) train plan, every rollout option, minus the first option's figures."""
     opt0 = _frugal(space, lay0)
     base0 = ev(space.strategy(lay0, opt0, rolls[0]))
@@ -220,8 +269,16 @@ def _unique_ranked(ranked: list[Estimate]) -> list[Estimate]:
     return uniq
 
 
-def _exact_pass(ev: "_Evaluator", plan: Callable[[int], Strategy], fits: np.ndarray, step: np.ndarray,
-                peak: np.ndarray, exact: int, margin: float, err: float) -> tuple[list[Estimate], float]:
+def _exact_pass(
+    ev: "_Evaluator",
+    plan: Callable[[int], Strategy],
+    fits: np.ndarray,
+    step: np.ndarray,
+    peak: np.ndarray,
+    exact: int,
+    margin: float,
+    err: float,
+) -> tuple[list[Estimate], float]:
     """Evaluate exactly the best combined plans and the combined Pareto points; ``err`` grows to the
     largest relative gap seen between combined and exact figures (which widens the pass up to 8x)."""
     ranked: list[Estimate] = []
@@ -256,8 +313,16 @@ def _exact_pass(ev: "_Evaluator", plan: Callable[[int], Strategy], fits: np.ndar
     return ranked, err
 
 
-def _screen(space: Space, ev: "_Evaluator", layouts: list, roll0: tuple, train_mask: np.ndarray, cap: float,
-            keep_layouts: int, progress) -> tuple[list[tuple[float, int]], int]:
+def _screen(
+    space: Space,
+    ev: "_Evaluator",
+    layouts: list,
+    roll0: tuple,
+    train_mask: np.ndarray,
+    cap: float,
+    keep_layouts: int,
+    progress,
+) -> tuple[list[tuple[float, int]], int]:
     """Two calls per layout: the frugal variant bounds memory from below (prune); a representative
     variant (no offload, selective recompute, a middle batch) orders the layouts."""
     screened: list[tuple[float, int]] = []
@@ -284,8 +349,16 @@ def _screen(space: Space, ev: "_Evaluator", layouts: list, roll0: tuple, train_m
     return screened, pruned
 
 
-def _grid(space: Space, ev: "_Evaluator", layouts: list, shortlist: list[int], roll0: tuple, progress, n_lay: int,
-          total_work: int) -> tuple[list, list, list, float]:
+def _grid(
+    space: Space,
+    ev: "_Evaluator",
+    layouts: list,
+    shortlist: list[int],
+    roll0: tuple,
+    progress,
+    n_lay: int,
+    total_work: int,
+) -> tuple[list, list, list, float]:
     """The batch x recompute x optimizer grid per shortlisted layout, with the (offload, CPU
     optimizer) options as deltas on it. Grouped by optimizer offload, so that each group's deltas
     stay close to additive."""
@@ -307,8 +380,13 @@ def _grid(space: Space, ev: "_Evaluator", layouts: list, shortlist: list[int], r
             for bi, b in enumerate(batches):
                 for r in space.recompute_options():
                     for d in space.dist_opt_options():
-                        grid[(bi, r, d)] = ev.vector(ev(space.strategy(
-                            lay, dict(**b, recompute=r, distributed_optimizer=d, **_extra(base_x)), roll0)))
+                        grid[(bi, r, d)] = ev.vector(
+                            ev(
+                                space.strategy(
+                                    lay, dict(**b, recompute=r, distributed_optimizer=d, **_extra(base_x)), roll0
+                                )
+                            )
+                        )
             gm0, gt0 = grid[b0]
 
             def opt(key, x):
@@ -328,7 +406,9 @@ def _grid(space: Space, ev: "_Evaluator", layouts: list, shortlist: list[int], r
                 far_x = max(sets, key=lambda x: (len(x[0]), x[1] or 0.0))
                 fm, ft = ev.vector(ev(space.strategy(lay, opt(far_b, far_x), roll0)))
                 cm, ct = grid[far_b][0] + offs[far_x][0], grid[far_b][1] + offs[far_x][1]
-                probe_err = max(probe_err, _rel(float(ct.sum()), float(ft.sum())), _rel(float(cm.max()), float(fm.max())))
+                probe_err = max(
+                    probe_err, _rel(float(ct.sum()), float(ft.sum())), _rel(float(cm.max()), float(fm.max()))
+                )
             for key, (gm, gt) in grid.items():
                 for x, (dm, dt) in offs.items():
                     rows_mem.append(gm + dm)
@@ -351,16 +431,24 @@ def _frugal(space: Space, lay: dict[str, Any]) -> dict[str, Any] | None:
         return None
     rc = space.recompute_options()
     x = max(space.extra_options(), key=lambda x: (len(x[0]), x[1] or 0.0))
-    return dict(**batches[0], recompute=max(rc, key=RECOMPUTE.index), distributed_optimizer=space.dist_opt_options()[0],
-                **_extra(x))
+    return dict(
+        **batches[0],
+        recompute=max(rc, key=RECOMPUTE.index),
+        distributed_optimizer=space.dist_opt_options()[0],
+        **_extra(x),
+    )
 
 
 def _representative(space: Space, lay: dict[str, Any]) -> dict[str, Any]:
     batches = space.batch_options(lay)
     rc = space.recompute_options()
     x = min(space.extra_options(), key=lambda x: (len(x[0]), x[1] or 0.0))
-    return dict(**batches[len(batches) // 2], recompute="selective" if "selective" in rc else rc[0],
-                distributed_optimizer=space.dist_opt_options()[0], **_extra(x))
+    return dict(
+        **batches[len(batches) // 2],
+        recompute="selective" if "selective" in rc else rc[0],
+        distributed_optimizer=space.dist_opt_options()[0],
+        **_extra(x),
+    )
 
 
 def _explain_empty(space: Space, layouts: list, rolls: list) -> None:
@@ -369,20 +457,29 @@ def _explain_empty(space: Space, layouts: list, rolls: list) -> None:
         rt = pins.get("rollout_tp")
         if rt is not None:
             validate(space.model, Strategy(rollout_tp=rt, tp=1), space.cluster.gpus)  # raises the specific reason
-        raise InvalidDegreesError(f"no rollout TP fits {space.model.name}'s weights on {space.cluster.gpus} GPUs",
-                                  "use more GPUs or a GPU with more memory")
+        raise InvalidDegreesError(
+            f"no rollout TP fits {space.model.name}'s weights on {space.cluster.gpus} GPUs",
+            "use more GPUs or a GPU with more memory",
+        )
     train = {k: pins[k] for k in LAYOUT_KEYS if k in pins}
     if train:
         # Let the validator name the reason for the pinned degrees (raises a coded error).
         s = Strategy(**train, rollout_tp=pins.get("rollout_tp", 1))
-        validate(space.model, s, space.cluster.gpus, gpus_per_node=space.cluster.gpus_per_node,
-                 allow_cross_node_tp=space.allow_cross_node_tp)
+        validate(
+            space.model,
+            s,
+            space.cluster.gpus,
+            gpus_per_node=space.cluster.gpus_per_node,
+            allow_cross_node_tp=space.allow_cross_node_tp,
+        )
     wl = space.workload
     mbs = f" and micro-batch {pins['mbs']} dividing the per-DP batch" if "mbs" in pins else ""
     raise InvalidDegreesError(
         f"no parallel layout of {space.model.name} on {space.cluster.gpus} GPUs satisfies the pins "
         f"{pins or '{}'} and verl's batch rule ((mini_batch*n) % dp == 0 with mini_batch={wl.mini_batch}, "
-        f"n={wl.n}){mbs}", "relax a pinned degree, or choose a GPU count / mini-batch that divide evenly")
+        f"n={wl.n}){mbs}",
+        "relax a pinned degree, or choose a GPU count / mini-batch that divide evenly",
+    )
 
 
 def _no_fit(space: Space, ev: _Evaluator, layouts: list, rolls: list, margin: float = 0.0) -> NoFeasiblePlanError:
@@ -397,8 +494,10 @@ def _no_fit(space: Space, ev: _Evaluator, layouts: list, rolls: list, margin: fl
             if over < best_over:
                 best, best_over = est, over
     if best is None:
-        return NoFeasiblePlanError(f"no plan with a valid micro-batch for {space.model.name} on {space.cluster.gpus} GPUs",
-                                   "change --mini-batch or --n so that mini_batch*n splits over data-parallel ranks")
+        return NoFeasiblePlanError(
+            f"no plan with a valid micro-batch for {space.model.name} on {space.cluster.gpus} GPUs",
+            "change --mini-batch or --n so that mini_batch*n splits over data-parallel ranks",
+        )
     return _no_fit_from(best, space, margin)
 
 
@@ -411,8 +510,10 @@ def _no_fit_from(est: Estimate, space: Space, margin: float = 0.0) -> NoFeasible
     more = max(more, 2 * gpus)
     tips = [f"more GPUs (e.g. --gpus {more})"]
     if phase.name == "rollout":
-        tips += [f"shorter responses (--response-len {max(1, space.workload.response_len // 2)})",
-                 "a lower --gpu-memory-utilization or a larger --rollout-tp"]
+        tips += [
+            f"shorter responses (--response-len {max(1, space.workload.response_len // 2)})",
+            "a lower --gpu-memory-utilization or a larger --rollout-tp",
+        ]
     if len(s.offload) < len(OFFLOAD):
         tips.append("offload (--offload param,grad,optimizer)")
     else:
@@ -421,12 +522,20 @@ def _no_fit_from(est: Estimate, space: Space, margin: float = 0.0) -> NoFeasible
         tips.append(f"shorter sequences (--response-len {max(1, space.workload.response_len // 2)})")
     tips.append("a GPU with more memory (--hardware h200)")
     if margin > 0 and need <= cap:
-        tips.insert(0, f"a smaller safety margin (--min-headroom; {margin / GiB:.1f} GiB asked, this plan leaves "
-                       f"{(cap - need) / GiB:.1f} GiB)")
+        tips.insert(
+            0,
+            f"a smaller safety margin (--min-headroom; {margin / GiB:.1f} GiB asked, this plan leaves "
+            f"{(cap - need) / GiB:.1f} GiB)",
+        )
     return NoFeasiblePlanError(
         f"no plan for {space.model.name} fits on {gpus} x {space.hardware.name}: the closest "
         f"(tp={s.tp} pp={s.pp} cp={s.cp} ep={s.ep} recompute={s.recompute} offload={','.join(s.offload) or 'none'} "
         f"rollout_tp={s.rollout_tp}) needs {need / GiB:.1f} GiB in the tightest phase '{phase.name}' "
-        + (f"> {(cap - margin) / GiB:.1f} GiB ({cap / GiB:.1f} GiB capacity less a {margin / GiB:.1f} GiB "
-           "safety margin)" if margin else f"> {cap / GiB:.1f} GiB capacity"),
-        "try " + "; ".join(tips))
+        + (
+            f"> {(cap - margin) / GiB:.1f} GiB ({cap / GiB:.1f} GiB capacity less a {margin / GiB:.1f} GiB "
+            "safety margin)"
+            if margin
+            else f"> {cap / GiB:.1f} GiB capacity"
+        ),
+        "try " + "; ".join(tips),
+    )

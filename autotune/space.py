@@ -4,6 +4,7 @@ Generation yields only plans that :func:`core.strategy.validate` accepts (and th
 verl's batch rules): the space is built from divisors, never filtered from a product.
 Moved out of autotune/search.py unchanged (file-size rule of issue 10).
 """
+
 from __future__ import annotations
 
 import math
@@ -29,14 +30,23 @@ OFFLOAD_SETS: tuple[tuple[str, ...], ...] = ((), ("optimizer",), ("param", "grad
 """Offload sets verl 0.9.1 can express: its ``param_offload`` frees parameters and gradient buffers
 together and it has no ``grad_offload`` (verl_091_facts.md; autotune/verl_table.py ``_offload_write``),
 so param-only and grad-only sets would be priced but never run."""
-GiB = 1024 ** 3
+GiB = 1024**3
 
 CP_MIN_TOKENS = 4096
 """Tokens of one sequence each context-parallel rank must keep for search to propose CP > 1 (unpinned)."""
 
-ENGINE_KEYS = ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu", "cpu_optimizer", "overlap_cpu_optimizer",
-               "precision_aware_optimizer", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
-               "chunked_prefill", "free_cache_engine")
+ENGINE_KEYS = (
+    "max_tokens_per_gpu",
+    "log_prob_max_tokens_per_gpu",
+    "cpu_optimizer",
+    "overlap_cpu_optimizer",
+    "precision_aware_optimizer",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enforce_eager",
+    "chunked_prefill",
+    "free_cache_engine",
+)
 """Strategy fields passed through from the pins (the searched ones among them are set per plan)."""
 
 LAYOUT_KEYS = ("tp", "pp", "first_stage_layers", "last_stage_layers", "vpp", "cp", "ep", "etp")
@@ -45,6 +55,7 @@ LAYOUT_KEYS = ("tp", "pp", "first_stage_layers", "last_stage_layers", "vpp", "cp
 # ------------------------------------------------------------------------------------------------
 # Generation
 # ------------------------------------------------------------------------------------------------
+
 
 def stage_splits(layers: int, pp: int) -> list[tuple[int | None, int | None]]:
     """(first, last) stage layer counts for ``pp`` stages: even when pp divides the layers, else a
@@ -102,8 +113,7 @@ class Space:
     def layouts(self) -> list[dict[str, Any]]:
         m, gpus, gpn = self.model, self.cluster.gpus, self.cluster.gpus_per_node
         kv = m.heads if m.is_mla else m.kv_heads
-        tps = [t for t in divisors(math.gcd(m.heads, kv)) if gpus % t == 0
-               and (t <= gpn or self.allow_cross_node_tp)]
+        tps = [t for t in divisors(math.gcd(m.heads, kv)) if gpus % t == 0 and (t <= gpn or self.allow_cross_node_tp)]
         seq = self.workload.train_seq_len
         out = []
         for tp in self._choices("tp", tps):
@@ -124,9 +134,15 @@ class Space:
                         # CP splits the sequence in 2*cp chunks (Megatron's load-balanced causal CP).
                         # Unless pinned, CP is for long sequences only (verl's perf guide: TP first,
                         # then PP, then CP for long sequences): each rank keeps >= CP_MIN_TOKENS.
-                        cps = [c for c in divisors(gpus // (tp * pp))
-                               if c == 1 or (seq % (2 * c) == 0 and ("cp" in self.pins or seq // c >= CP_MIN_TOKENS))] \
-                            if gpus % (tp * pp) == 0 else []
+                        cps = (
+                            [
+                                c
+                                for c in divisors(gpus // (tp * pp))
+                                if c == 1 or (seq % (2 * c) == 0 and ("cp" in self.pins or seq // c >= CP_MIN_TOKENS))
+                            ]
+                            if gpus % (tp * pp) == 0
+                            else []
+                        )
                         for cp in self._choices("cp", cps):
                             if gpus % (tp * pp * cp):
                                 continue
@@ -134,8 +150,18 @@ class Space:
                             if not self._batch_ok(dp):
                                 continue
                             for ep, etp in self._experts(tp, cp, dp):
-                                out.append(dict(tp=tp, pp=pp, first_stage_layers=first, last_stage_layers=last,
-                                                vpp=vpp, cp=cp, ep=ep, etp=etp))
+                                out.append(
+                                    dict(
+                                        tp=tp,
+                                        pp=pp,
+                                        first_stage_layers=first,
+                                        last_stage_layers=last,
+                                        vpp=vpp,
+                                        cp=cp,
+                                        ep=ep,
+                                        etp=etp,
+                                    )
+                                )
         # A layout with no micro-batch that divides its per-DP batch (a pinned --mbs) has no plan.
         return [lay for lay in out if self._valid_layout(lay) and self.mbs_options(lay)]
 
@@ -160,8 +186,13 @@ class Space:
 
     def _valid_layout(self, lay: dict[str, Any]) -> bool:
         try:
-            validate(self.model, Strategy(**lay), self.cluster.gpus, gpus_per_node=self.cluster.gpus_per_node,
-                     allow_cross_node_tp=self.allow_cross_node_tp)
+            validate(
+                self.model,
+                Strategy(**lay),
+                self.cluster.gpus,
+                gpus_per_node=self.cluster.gpus_per_node,
+                allow_cross_node_tp=self.allow_cross_node_tp,
+            )
         except InvalidDegreesError:
             return False
         return True
@@ -231,9 +262,13 @@ class Space:
         return [dict(max_num_seqs=n, enforce_eager=e) for n in seqs for e in eager]
 
     def train_options(self, lay: dict[str, Any]) -> list[dict[str, Any]]:
-        return [dict(**b, recompute=r, distributed_optimizer=d, **_extra(x))
-                for b in self.batch_options(lay) for r in self.recompute_options()
-                for d in self.dist_opt_options() for x in self.extra_options()]
+        return [
+            dict(**b, recompute=r, distributed_optimizer=d, **_extra(x))
+            for b in self.batch_options(lay)
+            for r in self.recompute_options()
+            for d in self.dist_opt_options()
+            for x in self.extra_options()
+        ]
 
     # -- rollout options -------------------------------------------------------------------
     def rollout_options(self) -> list[tuple[int, float]]:
@@ -261,8 +296,15 @@ class Space:
     def strategy(self, lay: dict[str, Any], opt: dict[str, Any], roll: tuple) -> Strategy:
         eng = roll[2] if len(roll) > 2 else {}
         fixed = {k: self.pins[k] for k in ENGINE_KEYS if k in self.pins and k not in opt and k not in eng}
-        return Strategy(**lay, **opt, **fixed, **eng, rollout_tp=roll[0], gpu_memory_utilization=roll[1],
-                        sequence_parallel=self.pins.get("sequence_parallel"))
+        return Strategy(
+            **lay,
+            **opt,
+            **fixed,
+            **eng,
+            rollout_tp=roll[0],
+            gpu_memory_utilization=roll[1],
+            sequence_parallel=self.pins.get("sequence_parallel"),
+        )
 
     def candidate_count(self, layouts: list[dict[str, Any]] | None = None) -> int:
         layouts = self.layouts() if layouts is None else layouts

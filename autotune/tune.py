@@ -7,6 +7,7 @@ which verl keys carry which strategy field, in both directions: :func:`strategy_
 overrides and :func:`overrides_for` writes a plan back. The tuned plan is re-read from the edited overrides
 and priced again, so the plan we print is the plan the edited script runs.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,17 +31,46 @@ REF = f"{ARO}.ref"
 ROLLOUT = f"{ARO}.rollout"
 OTC = f"{ACTOR}.megatron.override_transformer_config"
 OOC = f"{ACTOR}.optim.override_optimizer_config"
-DEGREE_KEYS = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
-               "vpp": "virtual_pipeline_model_parallel_size", "cp": "context_parallel_size",
-               "ep": "expert_model_parallel_size", "etp": "expert_tensor_parallel_size"}
+DEGREE_KEYS = {
+    "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "vpp": "virtual_pipeline_model_parallel_size",
+    "cp": "context_parallel_size",
+    "ep": "expert_model_parallel_size",
+    "etp": "expert_tensor_parallel_size",
+}
 
 # Strategy fields the search may change and tune writes back; the rest of the plan (dynamic-batching caps,
 # the CPU optimizer, vLLM engine knobs) is the user's and stays pinned to the launch's values.
-SEARCHED = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "offload", "distributed_optimizer",
-            "rollout_tp", "gpu_memory_utilization", "first_stage_layers", "last_stage_layers")
-USER_FIELDS = ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu", "cpu_optimizer", "overlap_cpu_optimizer",
-               "precision_aware_optimizer", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
-               "chunked_prefill", "free_cache_engine", "sequence_parallel")
+SEARCHED = (
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "ep",
+    "etp",
+    "mbs",
+    "recompute",
+    "offload",
+    "distributed_optimizer",
+    "rollout_tp",
+    "gpu_memory_utilization",
+    "first_stage_layers",
+    "last_stage_layers",
+)
+USER_FIELDS = (
+    "max_tokens_per_gpu",
+    "log_prob_max_tokens_per_gpu",
+    "cpu_optimizer",
+    "overlap_cpu_optimizer",
+    "precision_aware_optimizer",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enforce_eager",
+    "chunked_prefill",
+    "free_cache_engine",
+    "sequence_parallel",
+)
 MIN_GAIN = 0.01
 """A plan must be this much faster (fraction of step time) to be proposed: below it the cost model cannot
 tell the plans apart (`grpo-tune validate`: a few %), and proposing it would break the fixed point."""
@@ -57,21 +87,41 @@ def _is_int(v: Any) -> TypeGuard[int]:
 # The two-way table: verl keys <-> Strategy
 # ---------------------------------------------------------------------------------------------
 
+
 def strategy_from(get: Get, model: ModelSpec) -> Strategy:
     """The plan a launch runs (``get(key)`` returns the launch's value or verl's default), read through diag's
     two-way table (autotune/verl_table.py); values verl leaves unset get the plan's defaults."""
     f = table.read_fields(get, "strategy")
     d: dict[str, Any] = {}
-    for k in ("tp", "pp", "vpp", "cp", "ep", "rollout_tp", "first_stage_layers", "last_stage_layers",
-              "max_num_seqs", "max_num_batched_tokens", "max_tokens_per_gpu", "log_prob_max_tokens_per_gpu"):
+    for k in (
+        "tp",
+        "pp",
+        "vpp",
+        "cp",
+        "ep",
+        "rollout_tp",
+        "first_stage_layers",
+        "last_stage_layers",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "max_tokens_per_gpu",
+        "log_prob_max_tokens_per_gpu",
+    ):
         v = f.get(k)
         if _is_int(v) and v > 0:
             d[k] = v
     d["etp"] = f.get("etp") if model.is_moe and _is_int(f.get("etp")) else None
     mbs = f.get("mbs")
     d["mbs"] = mbs if _is_int(mbs) and mbs > 0 else 1  # null with dynamic batching: the caps rule instead
-    for k in ("sequence_parallel", "distributed_optimizer", "enforce_eager", "chunked_prefill", "free_cache_engine",
-              "overlap_cpu_optimizer", "precision_aware_optimizer"):
+    for k in (
+        "sequence_parallel",
+        "distributed_optimizer",
+        "enforce_eager",
+        "chunked_prefill",
+        "free_cache_engine",
+        "overlap_cpu_optimizer",
+        "precision_aware_optimizer",
+    ):
         if isinstance(f.get(k), bool):
             d[k] = f[k]
     d["recompute"] = f.get("recompute") or "none"
@@ -112,8 +162,10 @@ def workload_from(get: Get, *, prompt_len_mean: int | None = None, response_len_
     def pos(key: str) -> int:
         v = get(key)
         if not _is_int(v) or v < 1:
-            raise ConfigError(f"{key}={v!r}: tune needs a positive integer here",
-                              hint=f"set {key} in the launch (a literal or a variable with a default, ${{VAR:-8}})")
+            raise ConfigError(
+                f"{key}={v!r}: tune needs a positive integer here",
+                hint=f"set {key} in the launch (a literal or a variable with a default, ${{VAR:-8}})",
+            )
         return v
 
     prompts, n = pos("data.train_batch_size"), pos(f"{ROLLOUT}.n")
@@ -121,16 +173,27 @@ def workload_from(get: Get, *, prompt_len_mean: int | None = None, response_len_
     epochs = get(f"{ACTOR}.ppo_epochs")
     dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(get(f"{ACTOR}.megatron.dtype"), "bf16")
     kl = get(f"{ACTOR}.use_kl_loss") is True or get("algorithm.use_kl_in_reward") is True
-    return Workload.from_dict({"prompts": prompts, "n": n, "prompt_len": pos("data.max_prompt_length"),
-                                   "response_len": pos("data.max_response_length"),
-                                   "prompt_len_mean": prompt_len_mean, "response_len_mean": response_len_mean,
-                                   "mini_batch": min(mini, prompts), "ppo_epochs": epochs if _is_int(epochs) and epochs > 0 else 1,
-                                   "kl": kl, "dtype": dtype}, where="launch workload")
+    return Workload.from_dict(
+        {
+            "prompts": prompts,
+            "n": n,
+            "prompt_len": pos("data.max_prompt_length"),
+            "response_len": pos("data.max_response_length"),
+            "prompt_len_mean": prompt_len_mean,
+            "response_len_mean": response_len_mean,
+            "mini_batch": min(mini, prompts),
+            "ppo_epochs": epochs if _is_int(epochs) and epochs > 0 else 1,
+            "kl": kl,
+            "dtype": dtype,
+        },
+        where="launch workload",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Reading a launch
 # ---------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Launch:
@@ -155,7 +218,9 @@ def read_launch(path: str | Path) -> Launch:
     """Parse a verl launch script or override list; a launch we cannot read is a coded error."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"no launch file at {p}", hint="pass a verl launch script (bash) or a file of Hydra overrides")
+        raise ConfigError(
+            f"no launch file at {p}", hint="pass a verl launch script (bash) or a file of Hydra overrides"
+        )
     if p.stat().st_size > 4 * 1024 * 1024:
         raise ConfigError(f"{p}: larger than 4 MiB; not a launch script")
     try:
@@ -167,24 +232,38 @@ def read_launch(path: str | Path) -> Launch:
         ovs, findings, facts = D.parse_script(text)
         kind = "verl_script"
         if not facts.get("commands"):
-            raise ConfigError(f"{p}: no `python3 -m verl.trainer.main_ppo` command in this script",
-                              hint="tune reads the overrides passed to verl's main_ppo")
+            raise ConfigError(
+                f"{p}: no `python3 -m verl.trainer.main_ppo` command in this script",
+                hint="tune reads the overrides passed to verl's main_ppo",
+            )
     else:
         ovs, findings = D.parse_override_list(text)
         kind = "overrides"
     errors = [f for f in findings if f.severity == "error" and f.code == "BAD_CONFIG"]
     if errors:
-        raise ConfigError(f"{p}: {errors[0].message}", hint=errors[0].hint or "fix the launch; `grpo-tune diagnose` lists every problem")
+        raise ConfigError(
+            f"{p}: {errors[0].message}",
+            hint=errors[0].hint or "fix the launch; `grpo-tune diagnose` lists every problem",
+        )
     if not ovs:
-        raise ConfigError(f"{p}: no key=value overrides found",
-                          hint="pass a verl launch script or a file with one Hydra override per line")
-    unresolved = [o for o in ovs if o.unresolved and not o.key.startswith(("data.train_files", "data.val_files"))
-                  and o.key != f"{ARO}.model.path"]
+        raise ConfigError(
+            f"{p}: no key=value overrides found",
+            hint="pass a verl launch script or a file with one Hydra override per line",
+        )
+    unresolved = [
+        o
+        for o in ovs
+        if o.unresolved
+        and not o.key.startswith(("data.train_files", "data.val_files"))
+        and o.key != f"{ARO}.model.path"
+    ]
     launch = Launch(path=p, text=text, kind=kind, overrides=ovs, values={o.key: o for o in ovs})
     for o in unresolved:
         if o.key in _planned_keys(launch):
-            raise ConfigError(f"{p}:{o.line}: {o.key}={o.raw} comes from a variable the script does not set",
-                              hint="give the variable a default (${VAR:-2}) so that the plan is known")
+            raise ConfigError(
+                f"{p}:{o.line}: {o.key}={o.raw} comes from a variable the script does not set",
+                hint="give the variable a default (${VAR:-2}) so that the plan is known",
+            )
     return launch
 
 
@@ -207,10 +286,18 @@ def _bash_syntax(p: Path) -> None:
 
 def _planned_keys(launch: Launch) -> set[str]:
     keys = {f"{r}.megatron.{k}" for r in (ACTOR, REF) for k in (*DEGREE_KEYS.values(), "param_offload")}
-    keys |= {"data.train_batch_size", "data.max_prompt_length", "data.max_response_length", f"{ROLLOUT}.n",
-             f"{ACTOR}.ppo_mini_batch_size", f"{ACTOR}.ppo_micro_batch_size_per_gpu",
-             f"{ROLLOUT}.tensor_model_parallel_size", f"{ROLLOUT}.gpu_memory_utilization",
-             "trainer.n_gpus_per_node", "trainer.nnodes"}
+    keys |= {
+        "data.train_batch_size",
+        "data.max_prompt_length",
+        "data.max_response_length",
+        f"{ROLLOUT}.n",
+        f"{ACTOR}.ppo_mini_batch_size",
+        f"{ACTOR}.ppo_micro_batch_size_per_gpu",
+        f"{ROLLOUT}.tensor_model_parallel_size",
+        f"{ROLLOUT}.gpu_memory_utilization",
+        "trainer.n_gpus_per_node",
+        "trainer.nnodes",
+    }
     return keys
 
 
@@ -225,8 +312,10 @@ def resolve_launch_model(launch: Launch, model: str | None) -> tuple[ModelSpec, 
         except GrpoTuneError:
             spec = None
     if spec is None:
-        raise UnknownModelError(f"{launch.path}: {note}",
-                                hint="pass --model PRESET (see `grpo-tune models`), a HF id, or a folder with config.json")
+        raise UnknownModelError(
+            f"{launch.path}: {note}",
+            hint="pass --model PRESET (see `grpo-tune models`), a HF id, or a folder with config.json",
+        )
     return spec, note
 
 
@@ -242,19 +331,28 @@ class LaunchPlan:
     workload: Workload
 
 
-def plan_of(path: str | Path, *, model: str | None = None, hardware: str | None = None,
-            prompt_len_mean: int | None = None, response_len_mean: int | None = None) -> LaunchPlan:
+def plan_of(
+    path: str | Path,
+    *,
+    model: str | None = None,
+    hardware: str | None = None,
+    prompt_len_mean: int | None = None,
+    response_len_mean: int | None = None,
+) -> LaunchPlan:
     """Model, hardware, GPUs, workload and plan of a launch (or of a grpo-tune run config, best.yaml)."""
     if Path(path).suffix in (".yaml", ".yml") and Path(path).is_file():
-        return _plan_of_run_config(Path(path), hardware=hardware, prompt_len_mean=prompt_len_mean,
-                                   response_len_mean=response_len_mean)
+        return _plan_of_run_config(
+            Path(path), hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
+        )
     launch = read_launch(path)
     m, note = resolve_launch_model(launch, model)
     hw = load_hardware(hardware or "h100")
     gpn, nn = launch.get("trainer.n_gpus_per_node"), launch.get("trainer.nnodes")
     if not (_is_int(gpn) and gpn > 0 and _is_int(nn) and nn > 0):
-        raise ConfigError(f"{launch.path}: trainer.n_gpus_per_node={gpn!r} x trainer.nnodes={nn!r} is not a GPU count",
-                          hint="set both to positive integers")
+        raise ConfigError(
+            f"{launch.path}: trainer.n_gpus_per_node={gpn!r} x trainer.nnodes={nn!r} is not a GPU count",
+            hint="set both to positive integers",
+        )
     cluster = Cluster(gpus=gpn * nn, gpus_per_node=gpn)
     wl = workload_from(launch.get, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean)
     s = strategy_from(launch.get, m)
@@ -264,21 +362,30 @@ def plan_of(path: str | Path, *, model: str | None = None, hardware: str | None 
     return LaunchPlan(launch=launch, model=m, model_note=note, hardware=hw, cluster=cluster, strategy=s, workload=wl)
 
 
-def _plan_of_run_config(p: Path, *, hardware: str | None, prompt_len_mean: int | None,
-                        response_len_mean: int | None) -> LaunchPlan:
+def _plan_of_run_config(
+    p: Path, *, hardware: str | None, prompt_len_mean: int | None, response_len_mean: int | None
+) -> LaunchPlan:
     from core.config import load as load_run_config
 
     cfg = load_run_config(p)
     wl = cfg.workload
     lens = {k: v for k, v in (("prompt_len_mean", prompt_len_mean), ("response_len_mean", response_len_mean)) if v}
     hw = load_hardware(hardware) if hardware else cfg.hardware
-    return LaunchPlan(launch=None, model=cfg.model, model_note=f"run config {p}", hardware=hw, cluster=cfg.cluster,
-                      strategy=cfg.strategy, workload=wl.replace(**lens) if lens else wl)
+    return LaunchPlan(
+        launch=None,
+        model=cfg.model,
+        model_note=f"run config {p}",
+        hardware=hw,
+        cluster=cfg.cluster,
+        strategy=cfg.strategy,
+        workload=wl.replace(**lens) if lens else wl,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Tuning
 # ---------------------------------------------------------------------------------------------
+
 
 def _fmt(v: Any) -> str:
     if v is None:
@@ -289,7 +396,12 @@ def _fmt(v: Any) -> str:
 
 
 def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+    if (
+        isinstance(a, (int, float))
+        and isinstance(b, (int, float))
+        and not isinstance(a, bool)
+        and not isinstance(b, bool)
+    ):
         return math.isclose(float(a), float(b), rel_tol=1e-9)
     return a == b
 
@@ -319,27 +431,44 @@ def _fits(est) -> bool:
     return not any(v.code == "OOM_RISK" for v in est.violations)
 
 
-def tune(plan: LaunchPlan, *, keep: Sequence[str] = (), calibration: dict[str, float] | None = None,
-         min_headroom: float = 0.05, top: int = 10, pins: dict[str, Any] | None = None) -> TuneResult:
+def tune(
+    plan: LaunchPlan,
+    *,
+    keep: Sequence[str] = (),
+    calibration: dict[str, float] | None = None,
+    min_headroom: float = 0.05,
+    top: int = 10,
+    pins: dict[str, Any] | None = None,
+) -> TuneResult:
     """``keep``: fields held at the launch's values; ``pins``: fields set to given values (estimate's flags)."""
     from autotune.search import rank_key, search, step_s
     from core.errors import NoFeasiblePlanError
     from costmodel.estimate import estimate
 
     def price(s: Strategy):
-        return estimate(model=plan.model, hardware=plan.hardware, cluster=plan.cluster, strategy=s,
-                        workload=plan.workload, calibration=calibration)
+        return estimate(
+            model=plan.model,
+            hardware=plan.hardware,
+            cluster=plan.cluster,
+            strategy=s,
+            workload=plan.workload,
+            calibration=calibration,
+        )
 
     cur = price(plan.strategy)
     bad = [k for k in keep if k not in SEARCHED]
     if bad:
-        raise ConfigError(f"--keep {bad[0]}: not a strategy field tune changes", hint=f"choose from {', '.join(SEARCHED)}")
+        raise ConfigError(
+            f"--keep {bad[0]}: not a strategy field tune changes", hint=f"choose from {', '.join(SEARCHED)}"
+        )
     s0 = plan.strategy
     extra = dict(pins or {})
     bad = [k for k in extra if k not in SEARCHED]
     if bad:
-        raise ConfigError(f"--{bad[0].replace('_', '-')}: tune keeps that setting as the launch has it",
-                          hint=f"pin one of {', '.join(SEARCHED)}")
+        raise ConfigError(
+            f"--{bad[0].replace('_', '-')}: tune keeps that setting as the launch has it",
+            hint=f"pin one of {', '.join(SEARCHED)}",
+        )
     pins = {k: getattr(s0, k) for k in keep} | extra
     if "offload" in pins:
         pins["offload"] = tuple(pins["offload"])
@@ -349,8 +478,17 @@ def tune(plan: LaunchPlan, *, keep: Sequence[str] = (), calibration: dict[str, f
         pins["mbs"] = s0.mbs  # with verl's dynamic batching the token caps make the micro-batches, not mbs
     user = {k: getattr(s0, k) for k in USER_FIELDS}
     try:
-        res = search(plan.model, plan.hardware, plan.cluster, plan.workload, pins=pins, top=max(top, 40),
-                     calibration=calibration, allow_cross_node_tp=True, min_headroom=min_headroom)
+        res = search(
+            plan.model,
+            plan.hardware,
+            plan.cluster,
+            plan.workload,
+            pins=pins,
+            top=max(top, 40),
+            calibration=calibration,
+            allow_cross_node_tp=True,
+            min_headroom=min_headroom,
+        )
         ranked = res.ranked
         stats = res.stats()
     except NoFeasiblePlanError:
@@ -359,8 +497,10 @@ def tune(plan: LaunchPlan, *, keep: Sequence[str] = (), calibration: dict[str, f
     # (dynamic-batching caps, CPU optimizer, vLLM engine) so that current and best compare like for like.
     launch = plan.launch
     if launch is None:
-        raise ConfigError("tune needs a verl launch (script or override list), not a run config",
-                          hint="for a best.yaml, `grpo-tune search` with its model and workload is the same search")
+        raise ConfigError(
+            "tune needs a verl launch (script or override list), not a run config",
+            hint="for a best.yaml, `grpo-tune search` with its model and workload is the same search",
+        )
     present = set(launch.values)
     candidates = []
     for est in ranked:
@@ -387,15 +527,25 @@ def tune(plan: LaunchPlan, *, keep: Sequence[str] = (), calibration: dict[str, f
     if not _fits(cur):
         # plans that fit, nearest to the current one: fewest changed overrides, then fastest
         cur_ov = overrides_for(plan.strategy, plan.model, launch.get, present)
-        scored = [(sum(1 for k, v in new.items() if not _same(cur_ov.get(k), v)), step_s(e), e) for e, new in candidates]
+        scored = [
+            (sum(1 for k, v in new.items() if not _same(cur_ov.get(k), v)), step_s(e), e) for e, new in candidates
+        ]
         seen: set[str] = set()
         for _, _, e in sorted(scored, key=lambda t: (t[0], t[1])):
             key = repr(sorted(e.strategy.to_dict().items()))
             if key not in seen and len(nearest) < 3:
                 seen.add(key)
                 nearest.append(e)
-    return TuneResult(plan=plan, current=cur, best=best, changes=changes, ranked=[e for e, _ in candidates[:top]],
-                      nearest_fit=nearest, search_stats=stats, pins=pins)
+    return TuneResult(
+        plan=plan,
+        current=cur,
+        best=best,
+        changes=changes,
+        ranked=[e for e, _ in candidates[:top]],
+        nearest_fit=nearest,
+        search_stats=stats,
+        pins=pins,
+    )
 
 
 def _pinned_differs(s: Strategy, key: str, value: Any) -> bool:
@@ -419,8 +569,11 @@ class _Edited:
     def get(self, key: str) -> Any:
         if key in self.new:
             return self.new[key]
-        if key.startswith(f"{REF}.megatron.") and key.rsplit(".", 1)[-1] in (*DEGREE_KEYS.values(), "param_offload") \
-                and key not in self.launch.values:
+        if (
+            key.startswith(f"{REF}.megatron.")
+            and key.rsplit(".", 1)[-1] in (*DEGREE_KEYS.values(), "param_offload")
+            and key not in self.launch.values
+        ):
             return self.get(f"{ACTOR}.megatron." + key.rsplit(".", 1)[-1])
         return self.launch.get(key)
 
@@ -428,6 +581,7 @@ class _Edited:
 # ---------------------------------------------------------------------------------------------
 # Writing tuned.sh
 # ---------------------------------------------------------------------------------------------
+
 
 def _word_span(line: str, start: int) -> tuple[int, int]:
     """The shell word of ``line`` that contains position ``start`` (quotes respected)."""
@@ -488,7 +642,7 @@ def tuned_text(launch: Launch, changes: dict[str, tuple[Any, Any]]) -> str:
             indent = src[: len(src) - len(src.lstrip())]
             if last >= 2 and lines[last - 2].rstrip().endswith("\\"):
                 # new lines go just above the last override line, which stays as the user wrote it
-                lines[last - 1:last - 1] = [f"{indent}{t} \\" for t in missing]
+                lines[last - 1 : last - 1] = [f"{indent}{t} \\" for t in missing]
             else:
                 lines[last - 1] = src.rstrip() + " \\"
                 lines[last:last] = [f"{indent}{t} \\" for t in missing[:-1]] + [f"{indent}{missing[-1]}"]

@@ -12,6 +12,7 @@ Metrics, computed from the predicted iteration time exactly as each paper comput
 - ``mfu_pct``: Korthikanti et al. 2022 eq. 7 model FLOPs, 72 B s l h^2 (1 + s/(6h) + V/(12 l h)),
   over (iteration time x GPUs x 312 TFLOP/s).
 """
+
 from __future__ import annotations
 
 import csv
@@ -38,7 +39,9 @@ kernel, so they are priced with ``attention_kernel = "unfused"`` (the profile it
 
 def megatron_2021(hw: HardwareSpec) -> HardwareSpec:
     """The profile as the published rows ran it: unfused attention, same GEMM curve."""
-    return dataclasses.replace(hw, attention_kernel="unfused").with_efficiency(attention_efficiency=MEGATRON_2021_ATTENTION)
+    return dataclasses.replace(hw, attention_kernel="unfused").with_efficiency(
+        attention_efficiency=MEGATRON_2021_ATTENTION
+    )
 
 
 @dataclass(frozen=True)
@@ -89,8 +92,10 @@ def load_rows(path: str | Path | None = None) -> list[Row]:
         raise ConfigError(f"{path}: not a CSV ({exc})", hint="pass a CSV of measurements") from None
     if fieldnames is None or set(names) - set(fieldnames):
         missing = sorted(set(names) - set(fieldnames or []))
-        raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}",
-                          hint="the header names every column of profiles/data's measurement file")
+        raise ConfigError(
+            f"{path}: missing column(s) {', '.join(missing)}",
+            hint="the header names every column of profiles/data's measurement file",
+        )
     try:
         raws = list(reader)
     except csv.Error as exc:
@@ -110,7 +115,9 @@ def load_rows(path: str | Path | None = None) -> list[Row]:
             raise ConfigError(f"{path}: data row {i - 1}: {exc}", hint="fix that row of the CSV") from None
         row = Row(**kw)
         if row.metric not in METRICS:
-            raise ConfigError(f"{path}: row {row.id}: unknown metric {row.metric!r}", hint=f"use one of {', '.join(METRICS)}")
+            raise ConfigError(
+                f"{path}: row {row.id}: unknown metric {row.metric!r}", hint=f"use one of {', '.join(METRICS)}"
+            )
         if row.split not in ("fit", "holdout"):
             raise ConfigError(f"{path}: row {row.id}: split must be fit or holdout")
         if not row.source:
@@ -121,10 +128,21 @@ def load_rows(path: str | Path | None = None) -> list[Row]:
 
 def gpt_model(row: Row) -> ModelSpec:
     """A GPT-3 style model: MHA, GeLU MLP of 4h, tied embeddings."""
-    return ModelSpec(name=f"gpt-{row.params_b:g}b", family="gpt", layers=row.layers, hidden=row.hidden,
-                     ffn_hidden=4 * row.hidden, heads=row.heads, kv_heads=row.heads, head_dim=row.hidden // row.heads,
-                     vocab=row.vocab, tied_embeddings=True, gated_mlp=False, max_seq_len=row.seq_len,
-                     source=row.source)
+    return ModelSpec(
+        name=f"gpt-{row.params_b:g}b",
+        family="gpt",
+        layers=row.layers,
+        hidden=row.hidden,
+        ffn_hidden=4 * row.hidden,
+        heads=row.heads,
+        kv_heads=row.heads,
+        head_dim=row.hidden // row.heads,
+        vocab=row.vocab,
+        tied_embeddings=True,
+        gated_mlp=False,
+        max_seq_len=row.seq_len,
+        source=row.source,
+    )
 
 
 def narayanan_flops(row: Row) -> float:
@@ -141,11 +159,20 @@ def korthikanti_model_flops(row: Row) -> float:
 
 def predict_step_s(row: Row, hw: HardwareSpec, calibration: dict[str, float] | None = None) -> float:
     m = gpt_model(row)
-    s = Strategy(tp=row.tp, pp=row.pp, vpp=row.vpp, mbs=row.mbs, recompute=row.recompute,
-                 sequence_parallel=row.sequence_parallel, distributed_optimizer=row.distributed_optimizer)
+    s = Strategy(
+        tp=row.tp,
+        pp=row.pp,
+        vpp=row.vpp,
+        mbs=row.mbs,
+        recompute=row.recompute,
+        sequence_parallel=row.sequence_parallel,
+        distributed_optimizer=row.distributed_optimizer,
+    )
     s = validate_degrees(m, s, row.gpus, gpus_per_node=hw.gpus_per_node)
     wl = Workload(kind="pretrain", seq_len=row.seq_len, gbs=row.gbs)
-    time, _, _ = step_time(m, hw, Cluster(gpus=row.gpus, gpus_per_node=hw.gpus_per_node), s, wl, calibration=calibration)
+    time, _, _ = step_time(
+        m, hw, Cluster(gpus=row.gpus, gpus_per_node=hw.gpus_per_node), s, wl, calibration=calibration
+    )
     return time.step_s
 
 
@@ -180,8 +207,9 @@ def fit_efficiency(rows: list[Row], hw: HardwareSpec) -> dict[str, float]:
     return {k: float(round(v, 4)) for k, v in zip(FIT_KEYS, res.x)}
 
 
-def run(*, hardware: str = "a100", path: str | Path | None = None, tolerance_pct: float = 10.0,
-        refit: bool = False) -> dict[str, Any]:
+def run(
+    *, hardware: str = "a100", path: str | Path | None = None, tolerance_pct: float = 10.0, refit: bool = False
+) -> dict[str, Any]:
     """Predicted vs published for every row, the MAPE (all, fit, held-out) and whether it passes."""
     if not (tolerance_pct > 0):
         raise ConfigError(f"--tolerance must be > 0, got {tolerance_pct}")
@@ -194,9 +222,24 @@ def run(*, hardware: str = "a100", path: str | Path | None = None, tolerance_pct
     out = []
     for r in rows:
         pred = predict(r, hw)
-        out.append({"id": r.id, "source": r.source, "table": r.table, "split": r.split, "metric": r.metric,
-                    "params_b": r.params_b, "tp": r.tp, "pp": r.pp, "gpus": r.gpus, "gbs": r.gbs, "recompute": r.recompute,
-                    "published": r.published, "predicted": pred, "error_pct": 100.0 * (pred / r.published - 1)})
+        out.append(
+            {
+                "id": r.id,
+                "source": r.source,
+                "table": r.table,
+                "split": r.split,
+                "metric": r.metric,
+                "params_b": r.params_b,
+                "tp": r.tp,
+                "pp": r.pp,
+                "gpus": r.gpus,
+                "gbs": r.gbs,
+                "recompute": r.recompute,
+                "published": r.published,
+                "predicted": pred,
+                "error_pct": 100.0 * (pred / r.published - 1),
+            }
+        )
 
     def mape(split: str | None) -> float | None:
         errs = [abs(o["error_pct"]) for o in out if split is None or o["split"] == split]
@@ -204,7 +247,13 @@ def run(*, hardware: str = "a100", path: str | Path | None = None, tolerance_pct
 
     m_all, m_fit, m_hold = mape(None), mape("fit"), mape("holdout")
     passed = all(v is None or v <= tolerance_pct for v in (m_all, m_hold))
-    return {"hardware": hw.name, "attention_kernel": hw.attention_kernel,
-            "efficiency": {k: getattr(hw.efficiency, k) for k in FIT_KEYS}, "refit": fitted,
-            "rows": out, "mape_pct": {"all": m_all, "fit": m_fit, "holdout": m_hold},
-            "tolerance_pct": tolerance_pct, "passed": passed}
+    return {
+        "hardware": hw.name,
+        "attention_kernel": hw.attention_kernel,
+        "efficiency": {k: getattr(hw.efficiency, k) for k in FIT_KEYS},
+        "refit": fitted,
+        "rows": out,
+        "mape_pct": {"all": m_all, "fit": m_fit, "holdout": m_hold},
+        "tolerance_pct": tolerance_pct,
+        "passed": passed,
+    }

@@ -9,6 +9,7 @@ efficiency was fitted on (:func:`fit`); ``holdout`` rows never enter a fit; ``ex
 not scored. The published step includes work the model does not price (reward, advantages,
 data loading), which is part of the error.
 """
+
 from __future__ import annotations
 
 import csv
@@ -76,8 +77,17 @@ def load_grpo_rows(path: str | Path | None = None) -> list[GrpoRow]:
                     raise ConfigError(f"{path}: row {rid}: {k} must be > 0")
         if "step_s" not in pub:
             raise ConfigError(f"{path}: row {rid} has no step_s")
-        rows.append(GrpoRow(id=rid, split=raw["split"], backend=raw.get("backend", ""), source=raw["source"],
-                            raw=dict(raw), published=pub, lp_combined=(raw.get("lp_combined") or "").lower() == "true"))
+        rows.append(
+            GrpoRow(
+                id=rid,
+                split=raw["split"],
+                backend=raw.get("backend", ""),
+                source=raw["source"],
+                raw=dict(raw),
+                published=pub,
+                lp_combined=(raw.get("lp_combined") or "").lower() == "true",
+            )
+        )
     return rows
 
 
@@ -96,21 +106,36 @@ def plan(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[Any, HardwareSpe
         cluster = Cluster(gpus=gpus, gpus_per_node=_i(r, "gpus_per_node") or hw.gpus_per_node)
         off = tuple(o for o in (r.get("offload") or "").split(",") if o)
         cpu = (r.get("cpu_optimizer") or "").strip()
-        s = Strategy(tp=_i(r, "tp") or 1, pp=_i(r, "pp") or 1, cp=_i(r, "cp") or 1, ep=_i(r, "ep") or 1,
-                     etp=_i(r, "etp"),
-                     last_stage_layers=_i(r, "last_stage_layers"), rollout_tp=_i(r, "rollout_tp") or 1,
-                     gpu_memory_utilization=float(r.get("gpu_memory_utilization") or 0.6), mbs=_i(r, "mbs") or 1,
-                     recompute=r.get("recompute") or "selective", offload=off,
-                     max_tokens_per_gpu=_i(r, "max_tokens_per_gpu"),
-                     log_prob_max_tokens_per_gpu=_i(r, "log_prob_max_tokens_per_gpu"),
-                     cpu_optimizer=float(cpu) if cpu else None, overlap_cpu_optimizer=bool(cpu),
-                     precision_aware_optimizer=bool(cpu),
-                     enforce_eager=(r.get("enforce_eager") or "").lower() == "true",
-                     max_num_seqs=_i(r, "max_num_seqs") or 256)
-        wl = Workload(prompts=_i(r, "prompts") or 1, n=_i(r, "n") or 1, mini_batch=_i(r, "mini_batch") or 1,
-                      prompt_len=_i(r, "prompt_len") or 1, prompt_len_mean=_i(r, "prompt_len_mean"),
-                      response_len=_i(r, "response_len") or 1, response_len_mean=_i(r, "response_len_mean"),
-                      kl=(r.get("kl") or "").lower() == "true")
+        s = Strategy(
+            tp=_i(r, "tp") or 1,
+            pp=_i(r, "pp") or 1,
+            cp=_i(r, "cp") or 1,
+            ep=_i(r, "ep") or 1,
+            etp=_i(r, "etp"),
+            last_stage_layers=_i(r, "last_stage_layers"),
+            rollout_tp=_i(r, "rollout_tp") or 1,
+            gpu_memory_utilization=float(r.get("gpu_memory_utilization") or 0.6),
+            mbs=_i(r, "mbs") or 1,
+            recompute=r.get("recompute") or "selective",
+            offload=off,
+            max_tokens_per_gpu=_i(r, "max_tokens_per_gpu"),
+            log_prob_max_tokens_per_gpu=_i(r, "log_prob_max_tokens_per_gpu"),
+            cpu_optimizer=float(cpu) if cpu else None,
+            overlap_cpu_optimizer=bool(cpu),
+            precision_aware_optimizer=bool(cpu),
+            enforce_eager=(r.get("enforce_eager") or "").lower() == "true",
+            max_num_seqs=_i(r, "max_num_seqs") or 256,
+        )
+        wl = Workload(
+            prompts=_i(r, "prompts") or 1,
+            n=_i(r, "n") or 1,
+            mini_batch=_i(r, "mini_batch") or 1,
+            prompt_len=_i(r, "prompt_len") or 1,
+            prompt_len_mean=_i(r, "prompt_len_mean"),
+            response_len=_i(r, "response_len") or 1,
+            response_len_mean=_i(r, "response_len_mean"),
+            kl=(r.get("kl") or "").lower() == "true",
+        )
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"published GRPO row {row.id}: bad value ({exc})") from None
     return m, hw, cluster, s, wl
@@ -123,8 +148,14 @@ def predict(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[dict[str, flo
     t = est.time
     assert t is not None
     lp = t["old_logprob"] + (t["ref_logprob"] if row.lp_combined else 0.0)
-    return {"step_s": t.step_s, "gen_s": t["rollout"], "train_s": t["update"] + t["offload"], "old_lp_s": lp,
-            "ref_lp_s": t["ref_logprob"], "refit_s": t["weight_sync"]}, est
+    return {
+        "step_s": t.step_s,
+        "gen_s": t["rollout"],
+        "train_s": t["update"] + t["offload"],
+        "old_lp_s": lp,
+        "ref_lp_s": t["ref_logprob"],
+        "refit_s": t["weight_sync"],
+    }, est
 
 
 FIT_KEYS = ("rl_compute_scale", "moe_layer_overhead_s", "decode_efficiency", "vllm_wake_s", "sync_tensor_overhead_s")
@@ -162,8 +193,9 @@ def fit(rows: list[GrpoRow]) -> dict[str, float]:
     return {k: float(f"{v:.4g}") for k, v in zip(FIT_KEYS, res.x)}
 
 
-def run_grpo(*, path: str | Path | None = None, tolerance_pct: float = TOLERANCE_PCT,
-             refit: bool = False) -> dict[str, Any]:
+def run_grpo(
+    *, path: str | Path | None = None, tolerance_pct: float = TOLERANCE_PCT, refit: bool = False
+) -> dict[str, Any]:
     """Predicted vs published per row (step and phases), step and per-phase MAPE on the held-out
     rows (and the fit rows), and whether the held-out step MAPE is within the tolerance."""
     if not (tolerance_pct > 0):
@@ -172,13 +204,22 @@ def run_grpo(*, path: str | Path | None = None, tolerance_pct: float = TOLERANCE
     fitted = fit(rows) if refit else None
     out = []
     for r in rows:
-        entry: dict[str, Any] = {"id": r.id, "split": r.split, "backend": r.backend, "source": r.source,
-                                 "assumptions": r.raw.get("assumptions", ""), "published": r.published}
+        entry: dict[str, Any] = {
+            "id": r.id,
+            "split": r.split,
+            "backend": r.backend,
+            "source": r.source,
+            "assumptions": r.raw.get("assumptions", ""),
+            "published": r.published,
+        }
         if r.split != "excluded":
             hw = load_hardware(r.raw["hardware"])
             pred, est = predict(r, _with(hw, fitted) if fitted else hw)
-            entry.update(predicted={k: pred[k] for k in r.published}, fits=est.fits,
-                         error_pct={k: 100.0 * (pred[k] / v - 1) for k, v in r.published.items()})
+            entry.update(
+                predicted={k: pred[k] for k in r.published},
+                fits=est.fits,
+                error_pct={k: 100.0 * (pred[k] / v - 1) for k, v in r.published.items()},
+            )
         out.append(entry)
 
     def mape(split: str, key: str) -> float | None:
@@ -188,5 +229,10 @@ def run_grpo(*, path: str | Path | None = None, tolerance_pct: float = TOLERANCE
     keys = ("step_s", *PHASES)
     m = {split: {k: mape(split, k) for k in keys} for split in ("fit", "holdout")}
     hold = m["holdout"]["step_s"]
-    return {"rows": out, "mape_pct": m, "tolerance_pct": tolerance_pct, "refit": fitted,
-            "passed": hold is not None and hold <= tolerance_pct}
+    return {
+        "rows": out,
+        "mape_pct": m,
+        "tolerance_pct": tolerance_pct,
+        "refit": fitted,
+        "passed": hold is not None and hold <= tolerance_pct,
+    }

@@ -12,6 +12,7 @@ composed tree (dotted key -> resolved default) ships as ``autotune/data/verl-0.9
 ``python -m autotune.verl --write-snapshot`` rebuilds it and tests/test_verl_compose.py checks that
 it still equals what the real wheel composes to.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,18 @@ def _download_wheel(dest: Path) -> Path:
         if not Path(local).is_file():
             raise ConfigError(f"GRPO_TUNE_VERL_WHEEL={local} is not a file")
         return Path(local)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-           f"verl=={VERL_VERSION}", "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "-q",
+        f"verl=={VERL_VERSION}",
+        "-d",
+        str(dest),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -71,8 +82,10 @@ def _download_wheel(dest: Path) -> Path:
     wheels = sorted(dest.glob(f"verl-{VERL_VERSION}-*.whl"))
     if proc.returncode or not wheels:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel"]
-        raise MissingDependencyError(f"pip download verl=={VERL_VERSION} failed: {tail[0]}",
-                                     hint="check network access to PyPI, or point GRPO_TUNE_VERL_WHEEL at a wheel")
+        raise MissingDependencyError(
+            f"pip download verl=={VERL_VERSION} failed: {tail[0]}",
+            hint="check network access to PyPI, or point GRPO_TUNE_VERL_WHEEL at a wheel",
+        )
     return wheels[0]
 
 
@@ -82,8 +95,10 @@ def config_dir(*, fetch: bool = True) -> Path:
     if (target / f"{CONFIG_NAME}.yaml").is_file():
         return target
     if not fetch:
-        raise MissingDependencyError(f"verl {VERL_VERSION}'s config is not cached in {cache_dir()}",
-                                     hint="run `python -m autotune.verl --fetch` (needs PyPI)")
+        raise MissingDependencyError(
+            f"verl {VERL_VERSION}'s config is not cached in {cache_dir()}",
+            hint="run `python -m autotune.verl --fetch` (needs PyPI)",
+        )
     cache_root().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_root(), prefix=".verl-") as tmp:
         wheel = _download_wheel(Path(tmp))
@@ -125,8 +140,10 @@ def compose(overrides: Iterable[str] = (), *, fetch: bool = True, resolve: bool 
     except (HydraException, OmegaConfBaseException) as exc:
         msg = str(exc).splitlines()[0]
         code = UnknownKeyError if "Could not override" in msg or "Key '" in msg else ConfigError
-        raise code(f"verl {VERL_VERSION} rejects the overrides: {msg}",
-                   hint="prefix an undeclared key with `+`, or fix its name") from None
+        raise code(
+            f"verl {VERL_VERSION} rejects the overrides: {msg}",
+            hint="prefix an undeclared key with `+`, or fix its name",
+        ) from None
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -183,9 +200,12 @@ def leaf_names() -> dict[str, list[str]]:
 
 def write_snapshot(path: Path = SNAPSHOT) -> Path:
     keys = flatten(compose([], fetch=True))
-    data = {"source": f"verl=={VERL_VERSION} wheel (PyPI), {CONFIG_SUBDIR}/{CONFIG_NAME}.yaml composed with "
-                      "hydra-core, OmegaConf-resolved; written by `python -m autotune.verl --write-snapshot`",
-            "verl_version": VERL_VERSION, "keys": keys}
+    data = {
+        "source": f"verl=={VERL_VERSION} wheel (PyPI), {CONFIG_SUBDIR}/{CONFIG_NAME}.yaml composed with "
+        "hydra-core, OmegaConf-resolved; written by `python -m autotune.verl --write-snapshot`",
+        "verl_version": VERL_VERSION,
+        "keys": keys,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
     return path

@@ -13,6 +13,7 @@ Round trip: ``read_plan(write_plan(plan)) == canonical(plan)``, and ``canonical`
 verl cannot tell apart (verl's param_offload releases parameters and gradients together; a dense
 model's expert TP is its TP; a log-prob token cap equal to the update's is the default).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,22 +65,31 @@ def _field(plan: Plan, section: str, name: str) -> Any:
 
 def same(section: str, name: str, *keys: str) -> Row:
     """The field's value, written to every key (actor and reference degrees, ...); read from the first."""
-    return Row(section, name, keys, lambda p: {k: _field(p, section, name) for k in keys},
-               lambda get: get(keys[0].lstrip("+")))
+    return Row(
+        section, name, keys, lambda p: {k: _field(p, section, name) for k in keys}, lambda get: get(keys[0].lstrip("+"))
+    )
 
 
 def none_is_null(section: str, name: str, key: str, null_value: Any) -> Row:
     """``null_value`` in the plan is verl's null."""
-    return Row(section, name, (key,),
-               lambda p: {key: None if _field(p, section, name) == null_value else _field(p, section, name)},
-               lambda get: null_value if get(key) is None else get(key))
+    return Row(
+        section,
+        name,
+        (key,),
+        lambda p: {key: None if _field(p, section, name) == null_value else _field(p, section, name)},
+        lambda get: null_value if get(key) is None else get(key),
+    )
 
 
 def optional(section: str, name: str, key: str) -> Row:
     """An undeclared (``+``) key written only when the field is set."""
-    return Row(section, name, (key,),
-               lambda p: {} if _field(p, section, name) is None else {key: _field(p, section, name)},
-               lambda get: get(key.lstrip("+")))
+    return Row(
+        section,
+        name,
+        (key,),
+        lambda p: {} if _field(p, section, name) is None else {key: _field(p, section, name)},
+        lambda get: get(key.lstrip("+")),
+    )
 
 
 def none(section: str, name: str, why: str) -> Row:
@@ -91,6 +101,7 @@ def _megs(name: str) -> tuple[str, ...]:
 
 
 # --- strategy rows with more than one key ---------------------------------------------------
+
 
 def _offload_write(p: Plan) -> dict[str, Any]:
     off = set(p["strategy"].offload)
@@ -201,44 +212,95 @@ ROWS: tuple[Row, ...] = (
     # strategy: training degrees (the reference gets the actor's, written out)
     same(S, "tp", *_megs("tensor_model_parallel_size")),
     same(S, "pp", *_megs("pipeline_model_parallel_size")),
-    Row(S, "vpp", _megs("virtual_pipeline_model_parallel_size"),
+    Row(
+        S,
+        "vpp",
+        _megs("virtual_pipeline_model_parallel_size"),
         lambda p: {k: p[S].vpp if p[S].vpp > 1 else None for k in _megs("virtual_pipeline_model_parallel_size")},
-        lambda get: get(_megs("virtual_pipeline_model_parallel_size")[0]) or 1),
+        lambda get: get(_megs("virtual_pipeline_model_parallel_size")[0]) or 1,
+    ),
     same(S, "cp", *_megs("context_parallel_size")),
     same(S, "ep", *_megs("expert_model_parallel_size")),
-    Row(S, "etp", _megs("expert_tensor_parallel_size"),
+    Row(
+        S,
+        "etp",
+        _megs("expert_tensor_parallel_size"),
         lambda p: {k: p[S].etp_ for k in _megs("expert_tensor_parallel_size")},
-        lambda get: get(_megs("expert_tensor_parallel_size")[0])),
+        lambda get: get(_megs("expert_tensor_parallel_size")[0]),
+    ),
     none(S, "dp", "derived: world size / (tp x pp x cp), as verl and Megatron derive it"),
-    Row(S, "mbs", (f"{ACTOR}.ppo_micro_batch_size_per_gpu", *(f"{r}.log_prob_micro_batch_size_per_gpu"
-                                                              for r in LOG_PROB_ROLES)),
-        lambda p: {f"{ACTOR}.ppo_micro_batch_size_per_gpu": p[S].mbs,
-                   **{f"{r}.log_prob_micro_batch_size_per_gpu": p[S].mbs for r in LOG_PROB_ROLES}},
-        lambda get: get(f"{ACTOR}.ppo_micro_batch_size_per_gpu")),
-    Row(S, "sequence_parallel", _megs("sequence_parallel"),
+    Row(
+        S,
+        "mbs",
+        (f"{ACTOR}.ppo_micro_batch_size_per_gpu", *(f"{r}.log_prob_micro_batch_size_per_gpu" for r in LOG_PROB_ROLES)),
+        lambda p: {
+            f"{ACTOR}.ppo_micro_batch_size_per_gpu": p[S].mbs,
+            **{f"{r}.log_prob_micro_batch_size_per_gpu": p[S].mbs for r in LOG_PROB_ROLES},
+        },
+        lambda get: get(f"{ACTOR}.ppo_micro_batch_size_per_gpu"),
+    ),
+    Row(
+        S,
+        "sequence_parallel",
+        _megs("sequence_parallel"),
         lambda p: {k: p[S].sp for k in _megs("sequence_parallel")},
-        lambda get: get(_megs("sequence_parallel")[0])),
-    Row(S, "recompute", (f"{OTC}.recompute_granularity", f"{OTC}.recompute_modules"), _recompute_write,
-        _recompute_read),
-    Row(S, "recompute_layers", (f"{OTC}.recompute_method", f"{OTC}.recompute_num_layers"), _recompute_layers_write,
-        _recompute_layers_read),
+        lambda get: get(_megs("sequence_parallel")[0]),
+    ),
+    Row(
+        S, "recompute", (f"{OTC}.recompute_granularity", f"{OTC}.recompute_modules"), _recompute_write, _recompute_read
+    ),
+    Row(
+        S,
+        "recompute_layers",
+        (f"{OTC}.recompute_method", f"{OTC}.recompute_num_layers"),
+        _recompute_layers_write,
+        _recompute_layers_read,
+    ),
     same(S, "distributed_optimizer", f"{ACTOR}.{MEG}.use_distributed_optimizer"),
     Row(S, "offload", (*_megs("param_offload"), f"{ACTOR}.{MEG}.optimizer_offload"), _offload_write, _offload_read),
     optional(S, "first_stage_layers", f"+{OTC}.num_layers_in_first_pipeline_stage"),
     optional(S, "last_stage_layers", f"+{OTC}.num_layers_in_last_pipeline_stage"),
     same(S, "rollout_tp", f"{ROLLOUT}.tensor_model_parallel_size"),
     same(S, "gpu_memory_utilization", f"{ROLLOUT}.gpu_memory_utilization"),
-    Row(S, "max_tokens_per_gpu", (f"{ACTOR}.use_dynamic_bsz", f"{ACTOR}.ppo_max_token_len_per_gpu",
-                                  *(f"{r}.log_prob_use_dynamic_bsz" for r in LOG_PROB_ROLES)), _dyn_write, _dyn_read),
-    Row(S, "log_prob_max_tokens_per_gpu", tuple(f"{r}.log_prob_max_token_len_per_gpu" for r in LOG_PROB_ROLES),
-        _lp_tokens_write, _lp_tokens_read),
-    Row(S, "cpu_optimizer", (f"+{OOC}.optimizer_cpu_offload", f"+{OOC}.optimizer_offload_fraction"),
-        _cpu_opt_write, _cpu_opt_read),
-    Row(S, "overlap_cpu_optimizer", (f"+{OOC}.overlap_cpu_optimizer_d2h_h2d",),
+    Row(
+        S,
+        "max_tokens_per_gpu",
+        (
+            f"{ACTOR}.use_dynamic_bsz",
+            f"{ACTOR}.ppo_max_token_len_per_gpu",
+            *(f"{r}.log_prob_use_dynamic_bsz" for r in LOG_PROB_ROLES),
+        ),
+        _dyn_write,
+        _dyn_read,
+    ),
+    Row(
+        S,
+        "log_prob_max_tokens_per_gpu",
+        tuple(f"{r}.log_prob_max_token_len_per_gpu" for r in LOG_PROB_ROLES),
+        _lp_tokens_write,
+        _lp_tokens_read,
+    ),
+    Row(
+        S,
+        "cpu_optimizer",
+        (f"+{OOC}.optimizer_cpu_offload", f"+{OOC}.optimizer_offload_fraction"),
+        _cpu_opt_write,
+        _cpu_opt_read,
+    ),
+    Row(
+        S,
+        "overlap_cpu_optimizer",
+        (f"+{OOC}.overlap_cpu_optimizer_d2h_h2d",),
         lambda p: {f"+{OOC}.overlap_cpu_optimizer_d2h_h2d": p[S].overlap_cpu_optimizer},
-        lambda get: get(f"{OOC}.overlap_cpu_optimizer_d2h_h2d") is True),
-    Row(S, "precision_aware_optimizer", (f"+{OOC}.use_precision_aware_optimizer",),
-        lambda p: {f"+{OOC}.use_precision_aware_optimizer": p[S].precision_aware_optimizer}, _precision_aware_read),
+        lambda get: get(f"{OOC}.overlap_cpu_optimizer_d2h_h2d") is True,
+    ),
+    Row(
+        S,
+        "precision_aware_optimizer",
+        (f"+{OOC}.use_precision_aware_optimizer",),
+        lambda p: {f"+{OOC}.use_precision_aware_optimizer": p[S].precision_aware_optimizer},
+        _precision_aware_read,
+    ),
     same(S, "max_num_seqs", f"{ROLLOUT}.max_num_seqs"),
     same(S, "max_num_batched_tokens", f"{ROLLOUT}.max_num_batched_tokens"),
     same(S, "enforce_eager", f"{ROLLOUT}.enforce_eager"),
@@ -257,8 +319,13 @@ ROWS: tuple[Row, ...] = (
     same(W, "mini_batch", f"{ACTOR}.ppo_mini_batch_size"),
     same(W, "ppo_epochs", f"{ACTOR}.ppo_epochs"),
     same(W, "kl", f"{ACTOR}.use_kl_loss"),
-    Row(W, "dtype", (*_megs("dtype"), f"{ROLLOUT}.dtype"), _dtype_write,
-        lambda get: DTYPE_FROM_VERL.get(get(_megs("dtype")[0]), "bf16")),
+    Row(
+        W,
+        "dtype",
+        (*_megs("dtype"), f"{ROLLOUT}.dtype"),
+        _dtype_write,
+        lambda get: DTYPE_FROM_VERL.get(get(_megs("dtype")[0]), "bf16"),
+    ),
     none(W, "seq_len", "pretraining only"),
     none(W, "gbs", "pretraining only"),
     # trainer options
@@ -273,11 +340,17 @@ ROWS: tuple[Row, ...] = (
     same(T, "temperature", f"{ROLLOUT}.temperature"),
     same(T, "top_p", f"{ROLLOUT}.top_p"),
     same(T, "clip_ratio", f"{ACTOR}.clip_ratio"),
-    Row(T, "clip_ratio_high", (f"{ACTOR}.clip_ratio_high",),
-        lambda p: {f"{ACTOR}.clip_ratio_high": p[T].clip_ratio if p[T].clip_ratio_high is None
-                   else p[T].clip_ratio_high},
-        lambda get: None if get(f"{ACTOR}.clip_ratio_high") == get(f"{ACTOR}.clip_ratio")
-        else get(f"{ACTOR}.clip_ratio_high")),
+    Row(
+        T,
+        "clip_ratio_high",
+        (f"{ACTOR}.clip_ratio_high",),
+        lambda p: {
+            f"{ACTOR}.clip_ratio_high": p[T].clip_ratio if p[T].clip_ratio_high is None else p[T].clip_ratio_high
+        },
+        lambda get: (
+            None if get(f"{ACTOR}.clip_ratio_high") == get(f"{ACTOR}.clip_ratio") else get(f"{ACTOR}.clip_ratio_high")
+        ),
+    ),
     same(T, "loss_agg_mode", f"{ACTOR}.loss_agg_mode"),
     same(T, "kl_coef", f"{ACTOR}.kl_loss_coef"),
     same(T, "kl_type", f"{ACTOR}.kl_loss_type"),
@@ -290,10 +363,21 @@ ROWS: tuple[Row, ...] = (
     same(T, "moe_aux_loss_coeff", f"+{OTC}.moe_aux_loss_coeff"),
     same(T, "moe_router_load_balancing_type", f"+{OTC}.moe_router_load_balancing_type"),
     # cluster
-    Row(C, "gpus_per_node", ("trainer.n_gpus_per_node", "trainer.nnodes"), _gpn_write,
-        lambda get: get("trainer.n_gpus_per_node")),
-    Row(C, "gpus", (), None, lambda get: get("trainer.n_gpus_per_node") * get("trainer.nnodes"),
-        "n_gpus_per_node x nnodes (written by the gpus_per_node row)"),
+    Row(
+        C,
+        "gpus_per_node",
+        ("trainer.n_gpus_per_node", "trainer.nnodes"),
+        _gpn_write,
+        lambda get: get("trainer.n_gpus_per_node"),
+    ),
+    Row(
+        C,
+        "gpus",
+        (),
+        None,
+        lambda get: get("trainer.n_gpus_per_node") * get("trainer.nnodes"),
+        "n_gpus_per_node x nnodes (written by the gpus_per_node row)",
+    ),
 )
 
 # Settings grpo-tune always emits (not plan fields): GRPO itself, the data handling, the logger.
@@ -335,8 +419,12 @@ def read_plan(get: Get) -> Plan:
     s = read_fields(get, S)
     s["dp"] = c["gpus"] // (s["tp"] * s["pp"] * s["cp"])
     s["offload"] = list(s["offload"])
-    return {S: Strategy.from_dict(s), W: Workload.from_dict(read_fields(get, W)),
-            T: TrainerOptions(**read_fields(get, T)), C: Cluster(**c)}
+    return {
+        S: Strategy.from_dict(s),
+        W: Workload.from_dict(read_fields(get, W)),
+        T: TrainerOptions(**read_fields(get, T)),
+        C: Cluster(**c),
+    }
 
 
 def canonical(plan: Plan) -> Plan:
@@ -351,10 +439,15 @@ def canonical(plan: Plan) -> Plan:
     lp = s.log_prob_max_tokens_per_gpu
     if s.max_tokens_per_gpu is None or lp == s.max_tokens_per_gpu:
         lp = None
-    s = dataclasses.replace(s, etp=s.etp_, sequence_parallel=s.sp, dp=c.gpus // s.model_parallel,
-                            offload=tuple(o for o in ("param", "grad", "optimizer") if o in off),
-                            recompute_layers=s.recompute_layers if s.recompute == "full" else None,
-                            log_prob_max_tokens_per_gpu=lp)
+    s = dataclasses.replace(
+        s,
+        etp=s.etp_,
+        sequence_parallel=s.sp,
+        dp=c.gpus // s.model_parallel,
+        offload=tuple(o for o in ("param", "grad", "optimizer") if o in off),
+        recompute_layers=s.recompute_layers if s.recompute == "full" else None,
+        log_prob_max_tokens_per_gpu=lp,
+    )
     keep_w = {r.field for r in rows(W) if r.read is not None}
     w = Workload(**{k: v for k, v in dataclasses.asdict(w).items() if k in keep_w})
     if w.dtype not in VERL_DTYPE:

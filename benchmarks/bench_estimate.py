@@ -9,6 +9,7 @@ cluster, then calls ``estimate()`` on them round-robin, pinned to one core, and 
 and the memory model alone. Plans repeat, so the per-(model, degrees) caches are warm, as they are
 in a search; no whole-estimate result is cached.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,10 +32,18 @@ def plans(name: str, gpus: int) -> list[Strategy]:
     out = []
     p2 = [1, 2, 4, 8, 16]
     for tp, pp, cp, ep, mbs, rc, off, rtp in itertools.product(
-            p2[:4], p2, [1, 2], p2 if m.is_moe else [1], [1, 2], ["selective", "full"],
-            [(), ("param", "optimizer")], [1, 4, 8]):
-        s = Strategy(tp=tp, pp=pp, cp=cp, ep=ep, etp=1 if m.is_moe else None, mbs=mbs, recompute=rc, offload=off,
-                     rollout_tp=rtp)
+        p2[:4],
+        p2,
+        [1, 2],
+        p2 if m.is_moe else [1],
+        [1, 2],
+        ["selective", "full"],
+        [(), ("param", "optimizer")],
+        [1, 4, 8],
+    ):
+        s = Strategy(
+            tp=tp, pp=pp, cp=cp, ep=ep, etp=1 if m.is_moe else None, mbs=mbs, recompute=rc, offload=off, rollout_tp=rtp
+        )
         try:
             validate(m, s, gpus, gpus_per_node=8)
         except InvalidDegreesError:

@@ -19,6 +19,7 @@
 The benchmark is not part of the test suite (tests/test_refine_bench.py checks its arithmetic
 and cache format).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,12 +54,12 @@ SMALL = 4
 # The plan space
 # ---------------------------------------------------------------------------------------------
 
+
 def inputs():
     from core.specs import load_hardware, load_model
     from core.strategy import Cluster, Workload
 
-    return (load_model(MODEL), load_hardware(HARDWARE), Cluster(gpus=GPUS, gpus_per_node=GPUS),
-            Workload(**WORKLOAD))
+    return (load_model(MODEL), load_hardware(HARDWARE), Cluster(gpus=GPUS, gpus_per_node=GPUS), Workload(**WORKLOAD))
 
 
 def plan_space(kind: str = "full") -> list:
@@ -77,8 +78,13 @@ def plan_space(kind: str = "full") -> list:
     out = []
     for e in space:
         s = e.strategy
-        if ((s.tp, s.pp, s.dp, s.vpp) in LAYOUTS and s.mbs in MBS and s.recompute in RECOMPUTE and not s.offload
-                and s.rollout_tp == s.tp):
+        if (
+            (s.tp, s.pp, s.dp, s.vpp) in LAYOUTS
+            and s.mbs in MBS
+            and s.recompute in RECOMPUTE
+            and not s.offload
+            and s.rollout_tp == s.tp
+        ):
             out.append(e)
     if kind == "small":
         out = out[:: max(1, len(out) // SMALL)][:SMALL]
@@ -94,14 +100,17 @@ def cached_space(cache: dict[str, Any]) -> list:
     from costmodel.estimate import estimate
 
     m, hw, cl, wl = inputs()
-    out = [estimate(model=m, hardware=hw, cluster=cl, workload=wl, strategy=Strategy.from_dict(p["strategy"]))
-           for p in cache["plans"].values()]
+    out = [
+        estimate(model=m, hardware=hw, cluster=cl, workload=wl, strategy=Strategy.from_dict(p["strategy"]))
+        for p in cache["plans"].values()
+    ]
     return sorted(out, key=lambda e: round(e.step_s, 9))
 
 
 # ---------------------------------------------------------------------------------------------
 # The cache of measurements
 # ---------------------------------------------------------------------------------------------
+
 
 def new_cache(space: Sequence, *, steps: int, repeats: int) -> dict[str, Any]:
     from autotune.refine import plan_key
@@ -111,12 +120,16 @@ def new_cache(space: Sequence, *, steps: int, repeats: int) -> dict[str, Any]:
         "meta": {
             "what": f"grpo-tune profile of every plan: {MODEL} on {GPUS} CPU ranks, workload {WORKLOAD}",
             "machine": f"{os.uname().nodename}, {os.cpu_count()} CPU cores, shared with other engineers' tests "
-                       "(loaded; load average recorded per run)",
-            "steps": steps, "repeats": repeats, "started_utc": _now(),
+            "(loaded; load average recorded per run)",
+            "steps": steps,
+            "repeats": repeats,
+            "started_utc": _now(),
             "code": os.environ.get("BENCH_CODE", "working tree"),
         },
-        "plans": {plan_key(e.strategy): {"strategy": e.strategy.to_dict(), "predicted_step_s": e.step_s, "runs": []}
-                  for e in space},
+        "plans": {
+            plan_key(e.strategy): {"strategy": e.strategy.to_dict(), "predicted_step_s": e.step_s, "runs": []}
+            for e in space
+        },
     }
 
 
@@ -162,8 +175,9 @@ def schedule(keys: Sequence[str], repeats: int, seed: int = 0) -> list[tuple[int
     return out
 
 
-def measure(cache: dict[str, Any], path: Path, *, space: Sequence, steps: int, repeats: int, timeout_s: float,
-            work: Path) -> None:
+def measure(
+    cache: dict[str, Any], path: Path, *, space: Sequence, steps: int, repeats: int, timeout_s: float, work: Path
+) -> None:
     """Profile every (repeat, plan) still missing from the cache; save after each run."""
     from autotune.refine import plan_key, run_profile
     from core.config import RunConfig, TrainerOptions, save
@@ -175,21 +189,37 @@ def measure(cache: dict[str, Any], path: Path, *, space: Sequence, steps: int, r
         e = by_key[k]
         d = work / f"r{r}-{abs(hash(k)) % 10**8:08d}"
         d.mkdir(parents=True, exist_ok=True)
-        cfg = RunConfig(model=e.model, hardware=e.hardware, cluster=e.cluster, strategy=e.strategy,
-                        workload=e.workload, trainer=TrainerOptions(steps=steps, out_dir=str(d / "train")))
+        cfg = RunConfig(
+            model=e.model,
+            hardware=e.hardware,
+            cluster=e.cluster,
+            strategy=e.strategy,
+            workload=e.workload,
+            trainer=TrainerOptions(steps=steps, out_dir=str(d / "train")),
+        )
         p = save(cfg, d / "config.yaml")
         load0 = os.getloadavg()[0]
         res = run_profile(p, steps=steps, timeout_s=timeout_s, json_path=d / "profile.json", log_path=d / "profile.log")
         data = res.data or {}
-        run = {"status": res.status, "message": res.message, "duration_s": round(res.duration_s, 2),
-               "step_s": data.get("step_s"), "tokens_per_s": data.get("tokens_per_s"),
-               "phases_s": data.get("phases_s"), "utc": _now(), "loadavg_1m": round(load0, 2)}
+        run = {
+            "status": res.status,
+            "message": res.message,
+            "duration_s": round(res.duration_s, 2),
+            "step_s": data.get("step_s"),
+            "tokens_per_s": data.get("tokens_per_s"),
+            "phases_s": data.get("phases_s"),
+            "utc": _now(),
+            "loadavg_1m": round(load0, 2),
+        }
         cache["plans"][k]["runs"].append(run)
         cache["meta"]["updated_utc"] = _now()
         save_cache(path, cache)
         st = "-" if run["step_s"] is None else f"{run['step_s']:.3f}"
-        print(f"[{i + 1}/{len(todo)}] repeat {r} {res.status} step {st} s in {res.duration_s:.0f} s "
-              f"(load {load0:.1f}) {k}", flush=True)
+        print(
+            f"[{i + 1}/{len(todo)}] repeat {r} {res.status} step {st} s in {res.duration_s:.0f} s "
+            f"(load {load0:.1f}) {k}",
+            flush=True,
+        )
 
 
 def _now() -> str:
@@ -200,6 +230,7 @@ def _now() -> str:
 # Strategies against the cached truth
 # ---------------------------------------------------------------------------------------------
 
+
 def regret(chosen_s: float, best_s: float) -> float:
     """The chosen plan's true (median) step time over the true best's: 1.0 is the best."""
     return chosen_s / best_s
@@ -207,8 +238,12 @@ def regret(chosen_s: float, best_s: float) -> float:
 
 def summarize(regrets: Sequence[float], within: float = WITHIN) -> dict[str, float]:
     """Mean and median regret, and the share of seeds within ``within`` of the best."""
-    return {"mean": statistics.fmean(regrets), "median": statistics.median(regrets),
-            "p_within": sum(r <= 1 + within + 1e-12 for r in regrets) / len(regrets), "n": len(regrets)}
+    return {
+        "mean": statistics.fmean(regrets),
+        "median": statistics.median(regrets),
+        "p_within": sum(r <= 1 + within + 1e-12 for r in regrets) / len(regrets),
+        "n": len(regrets),
+    }
 
 
 class Draws:
@@ -249,12 +284,30 @@ def strat_calibrated(space, draws, k, rng) -> tuple[str, int]:
     pts = []
     for key in keys:
         e, r = by[key], draws.run(key)
-        pts.append(Point(model=e.model, hardware=e.hardware, cluster=e.cluster, strategy=e.strategy,
-                         workload=e.workload, measured_step_s=float(r["step_s"]),
-                         measured_phases_s=dict(r.get("phases_s") or {}), label=key))
+        pts.append(
+            Point(
+                model=e.model,
+                hardware=e.hardware,
+                cluster=e.cluster,
+                strategy=e.strategy,
+                workload=e.workload,
+                measured_step_s=float(r["step_s"]),
+                measured_phases_s=dict(r.get("phases_s") or {}),
+                label=key,
+            )
+        )
     params = fit(pts).params
-    pred = {key: estimate(model=e.model, hardware=e.hardware, cluster=e.cluster, strategy=e.strategy,
-                          workload=e.workload, calibration=params).step_s for key, e in space}
+    pred = {
+        key: estimate(
+            model=e.model,
+            hardware=e.hardware,
+            cluster=e.cluster,
+            strategy=e.strategy,
+            workload=e.workload,
+            calibration=params,
+        ).step_s
+        for key, e in space
+    }
     strat_calibrated.last_pred = pred
     return min(pred, key=pred.get), k
 
@@ -266,8 +319,9 @@ def strat_tpe_plain(space, draws, k, rng) -> tuple[str, int]:
     from autotune.refine.study import memory_study
 
     h = memory_study(rng.randrange(2**31))
-    grid = {(e.strategy.tp, e.strategy.pp, e.strategy.vpp, e.strategy.mbs, e.strategy.recompute): key
-            for key, e in space}
+    grid = {
+        (e.strategy.tp, e.strategy.pp, e.strategy.vpp, e.strategy.mbs, e.strategy.recompute): key for key, e in space
+    }
     layouts = sorted({g[:3] for g in grid})
     mbs = sorted({g[3] for g in grid})
     rec = sorted({g[4] for g in grid})
@@ -276,8 +330,11 @@ def strat_tpe_plain(space, draws, k, rng) -> tuple[str, int]:
         if len(seen) >= k:
             break
         t = h.study.ask()
-        g = (*layouts[t.suggest_categorical("layout", list(range(len(layouts))))],
-             t.suggest_categorical("mbs", mbs), t.suggest_categorical("recompute", rec))
+        g = (
+            *layouts[t.suggest_categorical("layout", list(range(len(layouts))))],
+            t.suggest_categorical("mbs", mbs),
+            t.suggest_categorical("recompute", rec),
+        )
         key = grid.get(g)
         if key is None or key in seen:  # not a plan of the space, or measured already: not a trial
             h.study.tell(t, state=optuna.trial.TrialState.PRUNED)
@@ -301,8 +358,9 @@ def _refine(policy: str):
         from autotune.refine.loop import winner_plan
         from autotune.refine.study import counted
 
-        opts = RefineOptions(trials=k, policy=policy, seed=rng.randrange(2**31), progress=False, emit=False,
-                             calibrate=False)
+        opts = RefineOptions(
+            trials=k, policy=policy, seed=rng.randrange(2**31), progress=False, emit=False, calibrate=False
+        )
         plans = Plans.of([e for _, e in space], opts)
         h = memory_study(opts.seed)
         seed_study(h, plans, opts)
@@ -311,8 +369,12 @@ def _refine(policy: str):
             from autotune.refine import plan_key
 
             r = draws.run(plan_key(est.strategy))
-            return ProfileOutcome("ok", None, {"step_s": r["step_s"], "tokens_per_s": r["tokens_per_s"],
-                                               "phases_s": r.get("phases_s") or {}}, 0.0)
+            return ProfileOutcome(
+                "ok",
+                None,
+                {"step_s": r["step_s"], "tokens_per_s": r["tokens_per_s"], "phases_s": r.get("phases_s") or {}},
+                0.0,
+            )
 
         run_trials(h, plans, opts, measure, host="bench")
         return winner_plan(h, plans), counted(h.study)
@@ -331,8 +393,15 @@ STRATEGIES: dict[str, Callable] = {
 }
 
 
-def evaluate(cache: dict[str, Any], space: Sequence, *, budgets: Sequence[int], seeds: int,
-             skip: Sequence[str] = (), drop_best: int = 0) -> dict[str, Any]:
+def evaluate(
+    cache: dict[str, Any],
+    space: Sequence,
+    *,
+    budgets: Sequence[int],
+    seeds: int,
+    skip: Sequence[str] = (),
+    drop_best: int = 0,
+) -> dict[str, Any]:
     """Every strategy at every budget over ``seeds`` seeds: regret, P(within 5%), trials used.
 
     ``drop_best``: leave out the N truly fastest plans first (a stress test: the space where the
@@ -375,9 +444,12 @@ def evaluate(cache: dict[str, Any], space: Sequence, *, budgets: Sequence[int], 
 def noise_summary(cache: dict[str, Any]) -> dict[str, float]:
     tr = truth(cache)
     sp = [v["spread"] for v in tr.values() if v["n"] >= 2]
-    return {"plans": len(tr), "runs": sum(v["n"] for v in tr.values()),
-            "spread_median": statistics.median(sp) if sp else float("nan"),
-            "spread_max": max(sp) if sp else float("nan")}
+    return {
+        "plans": len(tr),
+        "runs": sum(v["n"] for v in tr.values()),
+        "spread_median": statistics.median(sp) if sp else float("nan"),
+        "spread_max": max(sp) if sp else float("nan"),
+    }
 
 
 def table(res: dict[str, Any], budgets: Sequence[int]) -> str:
@@ -419,6 +491,7 @@ def plot(res: dict[str, Any], budgets: Sequence[int], path: Path, title: str) ->
 # Main
 # ---------------------------------------------------------------------------------------------
 
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", type=Path, required=True, help="measurements JSON (created, continued or reused)")
@@ -436,21 +509,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--skip", action="append", default=[], help="a strategy name to leave out (repeatable)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
-    cache = load_cache(a.cache) if a.cache.exists() else new_cache(plan_space(a.space), steps=a.steps,
-                                                                   repeats=a.repeats)
+    cache = (
+        load_cache(a.cache) if a.cache.exists() else new_cache(plan_space(a.space), steps=a.steps, repeats=a.repeats)
+    )
     space = cached_space(cache)  # the cache fixes the plans, so a partly filled cache continues with the same ones
     if not a.no_measure:
         work = a.work or Path(tempfile.mkdtemp(prefix="bench_refine-"))
-        measure(cache, a.cache, space=space, steps=int(cache["meta"]["steps"]), repeats=a.repeats,
-                timeout_s=a.timeout, work=work)
+        measure(
+            cache,
+            a.cache,
+            space=space,
+            steps=int(cache["meta"]["steps"]),
+            repeats=a.repeats,
+            timeout_s=a.timeout,
+            work=work,
+        )
         print(f"measured in {time.monotonic() - t0:.0f} s", flush=True)
     if a.measure_only:
         return 0
     budgets = [int(x) for x in a.budgets.split(",")]
     nz = noise_summary(cache)
     t1 = time.monotonic()
-    print(f"{nz['plans']} plans measured {nz['runs']} times in all; spread of repeats (max-min)/median: "
-          f"median {nz['spread_median']:.1%}, max {nz['spread_max']:.1%} (shared, loaded 2-core machine)")
+    print(
+        f"{nz['plans']} plans measured {nz['runs']} times in all; spread of repeats (max-min)/median: "
+        f"median {nz['spread_median']:.1%}, max {nz['spread_max']:.1%} (shared, loaded 2-core machine)"
+    )
     a.out.mkdir(parents=True, exist_ok=True)
     every = {}
     for drop in range(a.drop_best + 1):
@@ -459,16 +542,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         every[drop] = res
         what = "the whole space" if not drop else f"the space without its {drop} truly fastest plan(s)"
         print(f"\n## {what}: {res['plans']} plans, true best {res['best_s']:.3f} s/step")
-        print(f"Spearman, cost model vs truth: uncalibrated {res['spearman']['uncalibrated']:.3f}; " +
-              ", ".join(f"{k} {v:.3f}" for k, v in res["spearman"].items() if k != "uncalibrated"))
+        print(
+            f"Spearman, cost model vs truth: uncalibrated {res['spearman']['uncalibrated']:.3f}; "
+            + ", ".join(f"{k} {v:.3f}" for k, v in res["spearman"].items() if k != "uncalibrated")
+        )
         print(f"regret = chosen plan's true median step time / the best's; {a.seeds} seeds; K = profiled trials")
         print(table(res, budgets))
         suffix = "" if not drop else f"_drop{drop}"
-        plot(res, budgets, a.out / f"refine_regret{suffix}.png",
-             f"{res['plans']} plans ({what}), tiny on 4 CPU ranks (shared, loaded 2-core machine), {a.seeds} seeds")
+        plot(
+            res,
+            budgets,
+            a.out / f"refine_regret{suffix}.png",
+            f"{res['plans']} plans ({what}), tiny on 4 CPU ranks (shared, loaded 2-core machine), {a.seeds} seeds",
+        )
     (a.out / "bench_refine.json").write_text(json.dumps(every, indent=1, default=str))
-    print(f"\nwrote {a.out}/refine_regret*.png and bench_refine.json; evaluation {time.monotonic() - t1:.0f} s, "
-          f"total {time.monotonic() - t0:.0f} s")
+    print(
+        f"\nwrote {a.out}/refine_regret*.png and bench_refine.json; evaluation {time.monotonic() - t1:.0f} s, "
+        f"total {time.monotonic() - t0:.0f} s"
+    )
     return 0
 
 

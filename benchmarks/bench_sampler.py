@@ -9,6 +9,7 @@ disabled) from random prompts of ``--prompt-len`` tokens, alternating uncached a
 ``--repeat`` times. Prints the best wall time of each, the speed-up, and whether the tokens were
 identical (they must be).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,9 +56,16 @@ def worker(args) -> None:
             dist.barrier()
             best[kv] = min(best[kv], time.perf_counter() - t0)
     if dist.get_rank() == 0:
-        Path(args.json).write_text(json.dumps({"uncached_s": best[False], "cached_s": best[True],
-                                               "same_tokens": out[False] == out[True],
-                                               "tokens": sum(len(r) for r in out[True])}))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "uncached_s": best[False],
+                    "cached_s": best[True],
+                    "same_tokens": out[False] == out[True],
+                    "tokens": sum(len(r) for r in out[True]),
+                }
+            )
+        )
     parallel.destroy()
 
 
@@ -79,16 +87,29 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as d:
         js = str(Path(d) / "out.json")
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
-                   PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-               str(Path(__file__).resolve()), "--worker", "--json", js, *sys.argv[1:]]
+        env = dict(
+            os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}"
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={args.nproc}",
+            str(Path(__file__).resolve()),
+            "--worker",
+            "--json",
+            js,
+            *sys.argv[1:],
+        ]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if p.returncode != 0 or not Path(js).exists():
             sys.exit(p.stdout[-3000:] + p.stderr[-3000:])
         r = json.loads(Path(js).read_text())
-    print(f"{args.model} tp{args.tp} pp{args.pp} x{args.nproc} proc, {args.prompts} prompts of {args.prompt_len} "
-          f"tokens, {args.response_len} greedy tokens each ({r['tokens']} generated)")
+    print(
+        f"{args.model} tp{args.tp} pp{args.pp} x{args.nproc} proc, {args.prompts} prompts of {args.prompt_len} "
+        f"tokens, {args.response_len} greedy tokens each ({r['tokens']} generated)"
+    )
     print(f"{'sampler':<10}{'best s':>10}{'tokens/s':>12}")
     for name, key in (("uncached", "uncached_s"), ("cached", "cached_s")):
         print(f"{name:<10}{r[key]:>10.2f}{r['tokens'] / r[key]:>12.1f}")

@@ -8,6 +8,7 @@ the best wall time and CPU time (this process, one thread) of ``--repeat`` runs.
 to one core with ``taskset -c 0`` to match the target's "one core"; on a shared, busy machine the
 CPU time is the figure that does not depend on what else runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,10 @@ def main() -> None:
     except AttributeError:  # pragma: no cover
         cores = os.cpu_count()
     print(f"cores available to this process: {cores}")
-    print(f"{'case':<28}{'candidates':>12}{'evaluated':>11}{'combined':>11}{'layouts':>9}{'pruned':>8}"
-          f"{'wall s':>8}{'cpu s':>7}{'target':>8}  winner")
+    print(
+        f"{'case':<28}{'candidates':>12}{'evaluated':>11}{'combined':>11}{'layouts':>9}{'pruned':>8}"
+        f"{'wall s':>8}{'cpu s':>7}{'target':>8}  winner"
+    )
     for model, gpus, hw, target in CASES:
         m, h = load_model(model), load_hardware(hw)
         cl = Cluster(gpus=gpus, gpus_per_node=8)
@@ -42,13 +45,17 @@ def main() -> None:
             best_t = min(best_t, time.perf_counter() - t0)
             best_cpu = min(best_cpu, time.process_time() - c0)
         s = res.best.strategy
-        win = (f"tp{s.tp} pp{s.pp} cp{s.cp} ep{s.ep} dp{s.dp} mbs{s.mbs} {s.recompute} "
-               f"off={','.join(s.offload) or '-'} rtp{s.rollout_tp}@{s.gpu_memory_utilization} "
-               f"step {step_s(res.best):.1f}s")
+        win = (
+            f"tp{s.tp} pp{s.pp} cp{s.cp} ep{s.ep} dp{s.dp} mbs{s.mbs} {s.recompute} "
+            f"off={','.join(s.offload) or '-'} rtp{s.rollout_tp}@{s.gpu_memory_utilization} "
+            f"step {step_s(res.best):.1f}s"
+        )
         tgt = "-" if target is None else f"{target:g}"
         ok = "" if target is None else (" ok" if min(best_t, best_cpu) <= target else " SLOW")
-        print(f"{model + f' / {gpus} x {hw}':<28}{res.candidates:>12,}{res.evaluated:>11,}{res.combined:>11,}"
-              f"{res.layouts:>9,}{res.pruned_layouts:>8,}{best_t:>8.2f}{best_cpu:>7.2f}{tgt:>8}{ok}  {win}")
+        print(
+            f"{model + f' / {gpus} x {hw}':<28}{res.candidates:>12,}{res.evaluated:>11,}{res.combined:>11,}"
+            f"{res.layouts:>9,}{res.pruned_layouts:>8,}{best_t:>8.2f}{best_cpu:>7.2f}{tgt:>8}{ok}  {win}"
+        )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ of failed checks.
   CUDA allocator's peak per phase; written next to the cost model's per-phase bytes for the same
   plan on the h200 profile (vLLM-free native rollout, so the rollout row is not comparable).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,11 @@ HALF_B = "qwen2.5-0.5b"
 
 def _env() -> dict:
     extra = os.environ.get("PYTHONPATH")
-    return dict(os.environ, PYTHONWARNINGS="ignore",
-                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), *([extra] if extra else [])]))
+    return dict(
+        os.environ,
+        PYTHONWARNINGS="ignore",
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), *([extra] if extra else [])]),
+    )
 
 
 def _torchrun(args: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -45,6 +49,7 @@ def _torchrun(args: list[str], timeout: float) -> subprocess.CompletedProcess:
 
 
 # --- worker: GPU memory after one optimizer step ----------------------------------------------
+
 
 def worker_state_memory(spec: dict, out: str) -> None:
     import torch
@@ -64,8 +69,9 @@ def worker_state_memory(spec: dict, out: str) -> None:
 
     eng.train_step({"tokens": tokens}, loss_fn, micro_batch_size=2)
     torch.cuda.synchronize()
-    Path(out).write_text(json.dumps({"allocated_bytes": int(torch.cuda.memory_allocated()),
-                                     "params": eng.param_count()}))
+    Path(out).write_text(
+        json.dumps({"allocated_bytes": int(torch.cuda.memory_allocated()), "params": eng.param_count()})
+    )
     parallel.destroy()
 
 
@@ -86,13 +92,18 @@ def check_cpu_optimizer(tmp: Path) -> dict:
     m = load_model(HALF_B)
     s = validate(m, Strategy(), 1)
     st = per_stage_params(m, s)[0]
-    opt = model_state_bytes(st.dense, st.expert, dp=1, cp=1, tp=1, ep=1, etp=1, distributed_optimizer=True,
-                            dtype="bf16").optimizer
+    opt = model_state_bytes(
+        st.dense, st.expert, dp=1, cp=1, tp=1, ep=1, etp=1, distributed_optimizer=True, dtype="bf16"
+    ).optimizer
     predicted = 0.5 * opt
     measured = got["off"]["allocated_bytes"] - got["half"]["allocated_bytes"]
-    res = {"allocated_off_bytes": got["off"]["allocated_bytes"], "allocated_half_bytes": got["half"]["allocated_bytes"],
-           "measured_drop_bytes": measured, "predicted_drop_bytes": predicted,
-           "rel_error": (measured - predicted) / predicted}
+    res = {
+        "allocated_off_bytes": got["off"]["allocated_bytes"],
+        "allocated_half_bytes": got["half"]["allocated_bytes"],
+        "measured_drop_bytes": measured,
+        "predicted_drop_bytes": predicted,
+        "rel_error": (measured - predicted) / predicted,
+    }
     res["ok"] = abs(res["rel_error"]) <= 0.15
     return res
 
@@ -102,12 +113,18 @@ def check_bf16(tmp: Path) -> dict:
 
     layouts = [{"model": "tiny", "strategy": {}}]
     fp32 = torchrun_json("layouts", nproc=1, spec={"layouts": layouts, "steps": 3}, timeout=120)["results"][0]
-    bf16 = torchrun_json("layouts", nproc=1, spec={"layouts": layouts, "steps": 3, "dtype": "bf16"},
-                         timeout=120)["results"][0]
+    bf16 = torchrun_json("layouts", nproc=1, spec={"layouts": layouts, "steps": 3, "dtype": "bf16"}, timeout=120)[
+        "results"
+    ][0]
     diffs = [abs(a - b) for a, b in zip(fp32["losses"], bf16["losses"])]
-    return {"fp32_losses": fp32["losses"], "bf16_losses": bf16["losses"], "max_abs_diff": max(diffs),
-            "transformer_engine": bf16["transformer_engine"], "dtype": bf16["dtype"],
-            "ok": bf16["dtype"] == "torch.bfloat16" and max(diffs) < 0.05 and bf16["losses"][-1] < bf16["losses"][0]}
+    return {
+        "fp32_losses": fp32["losses"],
+        "bf16_losses": bf16["losses"],
+        "max_abs_diff": max(diffs),
+        "transformer_engine": bf16["transformer_engine"],
+        "dtype": bf16["dtype"],
+        "ok": bf16["dtype"] == "torch.bfloat16" and max(diffs) < 0.05 and bf16["losses"][-1] < bf16["losses"][0],
+    }
 
 
 def check_profile(tmp: Path) -> dict:
@@ -118,23 +135,35 @@ def check_profile(tmp: Path) -> dict:
 
     m = load_model(HALF_B)
     w = Workload(prompts=4, n=2, prompt_len=64, response_len=64, mini_batch=4, dtype="bf16")
-    cfg = RunConfig(model=m, hardware=load_hardware("h200"), cluster=Cluster(gpus=1, gpus_per_node=1),
-                    strategy=validate(m, Strategy(mbs=2, recompute="none"), 1), workload=w,
-                    trainer=TrainerOptions(steps=3, rollout_engine="megatron", out_dir=str(tmp / "prof")))
+    cfg = RunConfig(
+        model=m,
+        hardware=load_hardware("h200"),
+        cluster=Cluster(gpus=1, gpus_per_node=1),
+        strategy=validate(m, Strategy(mbs=2, recompute="none"), 1),
+        workload=w,
+        trainer=TrainerOptions(steps=3, rollout_engine="megatron", out_dir=str(tmp / "prof")),
+    )
     save(cfg, tmp / "profile.yaml")
     out = tmp / "profile.json"
-    p = _torchrun(["-m", "trainer.main", "--config", str(tmp / "profile.yaml"), "--profile-json", str(out)],
-                  timeout=150)
+    p = _torchrun(
+        ["-m", "trainer.main", "--config", str(tmp / "profile.yaml"), "--profile-json", str(out)], timeout=150
+    )
     if p.returncode or not out.exists():
         raise RuntimeError(f"profile failed ({p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
     prof = json.loads(out.read_text())
     est = estimate(model=m, hardware=cfg.hardware, cluster=cfg.cluster, strategy=cfg.strategy, workload=w)
     by_phase = prof.get("peak_bytes_by_phase") or {}
-    return {"peak_memory_bytes": prof["peak_memory_bytes"], "peak_bytes_by_phase": by_phase,
-            "predicted_bytes_by_phase": {k: int(v.total_bytes) for k, v in est.memory.items()},
-            "step_s": prof["step_s"], "phases_s": prof["phases_s"],
-            "ok": prof["status"] == "ok" and prof["peak_memory_bytes"].get("kind") == "cuda_max_allocated"
-            and {"rollout", "old_logprob", "update"} <= set(by_phase) and min(by_phase.values()) > 2 * 494e6}
+    return {
+        "peak_memory_bytes": prof["peak_memory_bytes"],
+        "peak_bytes_by_phase": by_phase,
+        "predicted_bytes_by_phase": {k: int(v.total_bytes) for k, v in est.memory.items()},
+        "step_s": prof["step_s"],
+        "phases_s": prof["phases_s"],
+        "ok": prof["status"] == "ok"
+        and prof["peak_memory_bytes"].get("kind") == "cuda_max_allocated"
+        and {"rollout", "old_logprob", "update"} <= set(by_phase)
+        and min(by_phase.values()) > 2 * 494e6,
+    }
 
 
 CHECKS = {"cpu_optimizer": check_cpu_optimizer, "bf16": check_bf16, "profile": check_profile}

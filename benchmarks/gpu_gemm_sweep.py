@@ -9,6 +9,7 @@ of a few sequences (m = 8) to a packed training micro-batch (m = 32768); plus fl
 median of timed repeats after a warm-up, ``2*m*n*k / t`` for GEMMs and ``4*b*h*s^2*d/2 / t``
 (causal) for attention. The hardware profile's efficiency curve is fitted on these rows.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,17 @@ def gemm_rows(tokens: list[int]):
                 for m in tokens:
                     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                     t = _time(lambda: x @ w.t())
-                    yield {"kind": "gemm", "model": name, "tp": tp, "part": part, "m": m, "n": n, "k": k,
-                           "seconds": t, "tflops": 2 * m * n * k / t / 1e12}
+                    yield {
+                        "kind": "gemm",
+                        "model": name,
+                        "tp": tp,
+                        "part": part,
+                        "m": m,
+                        "n": n,
+                        "k": k,
+                        "seconds": t,
+                        "tflops": 2 * m * n * k / t / 1e12,
+                    }
 
 
 def attention_rows():
@@ -73,8 +83,17 @@ def attention_rows():
                 fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
                 t = _time(fn)
                 flops = 4 * b * hq * s * s * d / 2
-                yield {"kind": "attn_fwd", "model": name, "tp": tp, "part": "causal_sdpa", "m": b * s, "n": s,
-                       "k": d, "seconds": t, "tflops": flops / t / 1e12}
+                yield {
+                    "kind": "attn_fwd",
+                    "model": name,
+                    "tp": tp,
+                    "part": "causal_sdpa",
+                    "m": b * s,
+                    "n": s,
+                    "k": d,
+                    "seconds": t,
+                    "tflops": flops / t / 1e12,
+                }
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
 """``grpo-tune calibrate --from-log FILE... --launch LAUNCH``: fit the time model to the user's own verl logs."""
+
 from __future__ import annotations
 
 import json
@@ -12,19 +13,52 @@ from rich.table import Table
 from autotune.options import Json
 from core.errors import ConfigError
 
-FromLog = Annotated[list[Path], typer.Option("--from-log", help="verl console log, verl file-logger JSONL or our metrics.jsonl (repeat, or list files after it).")]
-LaunchOpt = Annotated[list[Path], typer.Option("--launch", help="The launch each log ran (once for all logs, or once per --from-log, in order).")]
-Extra = Annotated[list[Path] | None, typer.Argument(help="More log files (`--from-log a.jsonl b.jsonl`).", show_default=False)]
-Hardware = Annotated[str | None, typer.Option("--hardware", help="Hardware profile of the GPUs the logs ran on (default: a best.yaml's own, else h100).")]
-ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Preset, HF id or config.json folder (default: the launch's model path).")]
-OutOpt = Annotated[Path, typer.Option("--out", help="Calibration JSON to write (--calibration of estimate/search/tune/compare reads it).")]
-Warmup = Annotated[int, typer.Option("--warmup", help="Logged steps to drop at the start of each log (CUDA graphs, allocator, compile).")]
+FromLog = Annotated[
+    list[Path],
+    typer.Option(
+        "--from-log",
+        help="verl console log, verl file-logger JSONL or our metrics.jsonl (repeat, or list files after it).",
+    ),
+]
+LaunchOpt = Annotated[
+    list[Path],
+    typer.Option("--launch", help="The launch each log ran (once for all logs, or once per --from-log, in order)."),
+]
+Extra = Annotated[
+    list[Path] | None, typer.Argument(help="More log files (`--from-log a.jsonl b.jsonl`).", show_default=False)
+]
+Hardware = Annotated[
+    str | None,
+    typer.Option(
+        "--hardware", help="Hardware profile of the GPUs the logs ran on (default: a best.yaml's own, else h100)."
+    ),
+]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option("--model", "-m", help="Preset, HF id or config.json folder (default: the launch's model path)."),
+]
+OutOpt = Annotated[
+    Path,
+    typer.Option("--out", help="Calibration JSON to write (--calibration of estimate/search/tune/compare reads it)."),
+]
+Warmup = Annotated[
+    int,
+    typer.Option("--warmup", help="Logged steps to drop at the start of each log (CUDA graphs, allocator, compile)."),
+]
 Params = Annotated[str | None, typer.Option("--params", help="Comma list of calibration knobs to fit (default: all).")]
 
 
-def calibrate(from_log: FromLog, launch: LaunchOpt, extra: Extra = None, hardware: Hardware = None,
-              model: ModelOpt = None, out: OutOpt = Path("calibration.json"), warmup: Warmup = 1,
-              params: Params = None, json_out: Json = False) -> None:
+def calibrate(
+    from_log: FromLog,
+    launch: LaunchOpt,
+    extra: Extra = None,
+    hardware: Hardware = None,
+    model: ModelOpt = None,
+    out: OutOpt = Path("calibration.json"),
+    warmup: Warmup = 1,
+    params: Params = None,
+    json_out: Json = False,
+) -> None:
     """Fit the time model's calibration knobs to verl logs of your own runs; write CAL.json."""
     from autotune import runlog as R
     from autotune.calibrate import defaults, save
@@ -42,7 +76,9 @@ def calibrate(from_log: FromLog, launch: LaunchOpt, extra: Extra = None, hardwar
     points = []
     for i, (log_path, lp) in enumerate(zip(logs, launches)):
         log = R.read_log(log_path)
-        point = R.log_point(log, lp, model=model, hardware=hardware, skip_warmup=warmup, label=f"{i + 1}:{Path(log_path).name}")
+        point = R.log_point(
+            log, lp, model=model, hardware=hardware, skip_warmup=warmup, label=f"{i + 1}:{Path(log_path).name}"
+        )
         R.check_same_model(point)
         for w in log.warnings:
             err.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
@@ -52,24 +88,53 @@ def calibrate(from_log: FromLog, launch: LaunchOpt, extra: Extra = None, hardwar
     before, after = R.phase_mape(points, base), R.phase_mape(points, res.params)
     mem = [m for p in points if (m := R.memory_check(p)) is not None]
     hw_name = points[0].plan.hardware.name
-    fit_doc = {**res.to_dict(), "source": "verl logs",
-               "logs": [{"log": str(p.log.path), "format": p.log.format, "launch": str(lp), "steps_kept": p.kept_steps,
-                         "model": p.plan.model.name, "gpus": p.plan.cluster.gpus,
-                         "measured_phases_s": p.point.measured_phases_s, "measured_step_s": p.point.measured_step_s,
-                         "response_len_mean": p.plan.workload.response_len_mean,
-                         "prompt_len_mean": p.plan.workload.prompt_len_mean}
-                        for p, lp in zip(points, launches)],
-               "phase_mape_before_pct": before, "phase_mape_after_pct": after, "memory": mem}
+    fit_doc = {
+        **res.to_dict(),
+        "source": "verl logs",
+        "logs": [
+            {
+                "log": str(p.log.path),
+                "format": p.log.format,
+                "launch": str(lp),
+                "steps_kept": p.kept_steps,
+                "model": p.plan.model.name,
+                "gpus": p.plan.cluster.gpus,
+                "measured_phases_s": p.point.measured_phases_s,
+                "measured_step_s": p.point.measured_step_s,
+                "response_len_mean": p.plan.workload.response_len_mean,
+                "prompt_len_mean": p.plan.workload.prompt_len_mean,
+            }
+            for p, lp in zip(points, launches)
+        ],
+        "phase_mape_before_pct": before,
+        "phase_mape_after_pct": after,
+        "memory": mem,
+    }
     save(out, params=res.params, hardware=hw_name, fit=fit_doc)
     if json_out:
-        print(json.dumps({"out": str(out), "hardware": hw_name, "params": res.params,
-                          "changed": {k: v for k, v in res.params.items() if abs(v - base[k]) > 1e-9},
-                          "phase_mape_before_pct": before, "phase_mape_after_pct": after, "memory": mem,
-                          "logs": fit_doc["logs"]}, indent=2, default=str))
+        print(
+            json.dumps(
+                {
+                    "out": str(out),
+                    "hardware": hw_name,
+                    "params": res.params,
+                    "changed": {k: v for k, v in res.params.items() if abs(v - base[k]) > 1e-9},
+                    "phase_mape_before_pct": before,
+                    "phase_mape_after_pct": after,
+                    "memory": mem,
+                    "logs": fit_doc["logs"],
+                },
+                indent=2,
+                default=str,
+            )
+        )
         return
     c = Console()
-    c.print(f"{len(points)} log(s), {sum(p.kept_steps for p in points)} steps after dropping {warmup} warm-up "
-            f"step(s) per log; {points[0].plan.model.name} on {hw_name}", highlight=False)
+    c.print(
+        f"{len(points)} log(s), {sum(p.kept_steps for p in points)} steps after dropping {warmup} warm-up "
+        f"step(s) per log; {points[0].plan.model.name} on {hw_name}",
+        highlight=False,
+    )
     t = Table(title="Per-phase MAPE, predicted vs logged", title_justify="left")
     for col in ("phase", "before %", "after %"):
         t.add_column(col, justify="left" if col == "phase" else "right")
@@ -85,10 +150,16 @@ def calibrate(from_log: FromLog, launch: LaunchOpt, extra: Extra = None, hardwar
             t2.add_row(k, f"{base[k]:.4g}", f"{v:.4g}")
     c.print(t2)
     for m in mem:
-        verdict = ("[red]memory model optimistic[/]: the run allocated more than predicted" if m["optimistic"]
-                   else "memory model not optimistic")
-        c.print(f"{Path(m['log']).name}: logged peak {m['logged_gib']:.1f} GiB vs predicted {m['predicted_gib']:.1f} GiB "
-                f"({m['phase']}): {verdict}", highlight=False)
+        verdict = (
+            "[red]memory model optimistic[/]: the run allocated more than predicted"
+            if m["optimistic"]
+            else "memory model not optimistic"
+        )
+        c.print(
+            f"{Path(m['log']).name}: logged peak {m['logged_gib']:.1f} GiB vs predicted {m['predicted_gib']:.1f} GiB "
+            f"({m['phase']}): {verdict}",
+            highlight=False,
+        )
     c.print(f"wrote [bold]{out}[/] (use it with --calibration {out})", highlight=False)
 
 

@@ -1,4 +1,5 @@
 """``grpo-tune models`` and ``grpo-tune hardware``: what presets exist."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,17 @@ def models(json_out: Json = False) -> None:
     rows: list[dict[str, Any]] = []
     for name in list_models():
         m = load_model(name)
-        rows.append({"name": m.name, "family": m.family, "layers": m.layers, "hidden": m.hidden,
-                     "total_params": total_params(m), "active_params": active_params(m), "hf_id": m.hf_id})
+        rows.append(
+            {
+                "name": m.name,
+                "family": m.family,
+                "layers": m.layers,
+                "hidden": m.hidden,
+                "total_params": total_params(m),
+                "active_params": active_params(m),
+                "hf_id": m.hf_id,
+            }
+        )
     if json_out:
         print(json.dumps(rows, indent=2))
         return
@@ -38,7 +48,9 @@ def models(json_out: Json = False) -> None:
         t.add_column("HF id", no_wrap=True)
     for r in rows:
         shape = [] if narrow else [r["family"], str(r["layers"]), str(r["hidden"])]
-        t.add_row(r["name"], *shape, f"{r['total_params']:,}", f"{r['active_params']:,}", *([] if narrow else [r["hf_id"]]))
+        t.add_row(
+            r["name"], *shape, f"{r['total_params']:,}", f"{r['active_params']:,}", *([] if narrow else [r["hf_id"]])
+        )
     console.print(t)
 
 
@@ -49,13 +61,30 @@ def hardware(json_out: Json = False) -> None:
         print(json.dumps(rows, indent=2))
         return
     t = Table(title="Hardware profiles")
-    for c in ("name", "aliases", "bf16 TFLOP/s", "HBM GB", "HBM TB/s", "GPUs/node", "intra GB/s", "inter GB/s", "$/GPU-h"):
+    for c in (
+        "name",
+        "aliases",
+        "bf16 TFLOP/s",
+        "HBM GB",
+        "HBM TB/s",
+        "GPUs/node",
+        "intra GB/s",
+        "inter GB/s",
+        "$/GPU-h",
+    ):
         t.add_column(c)
     for r in rows:
-        t.add_row(r["name"], ",".join(r["aliases"]), f"{r['bf16_dense_flops_per_s'] / 1e12:.0f}", f"{r['hbm_bytes'] / 1e9:.0f}",
-                  f"{r['hbm_bandwidth_bytes_per_s'] / 1e12:.2f}", str(r["gpus_per_node"]),
-                  f"{r['intra_node_bandwidth_bytes_per_s'] / 1e9:.0f}", f"{r['inter_node_bandwidth_bytes_per_s'] / 1e9:.1f}",
-                  "-" if r["price_per_gpu_hour_usd"] is None else f"{r['price_per_gpu_hour_usd']:.2f}")
+        t.add_row(
+            r["name"],
+            ",".join(r["aliases"]),
+            f"{r['bf16_dense_flops_per_s'] / 1e12:.0f}",
+            f"{r['hbm_bytes'] / 1e9:.0f}",
+            f"{r['hbm_bandwidth_bytes_per_s'] / 1e12:.2f}",
+            str(r["gpus_per_node"]),
+            f"{r['intra_node_bandwidth_bytes_per_s'] / 1e9:.0f}",
+            f"{r['inter_node_bandwidth_bytes_per_s'] / 1e9:.1f}",
+            "-" if r["price_per_gpu_hour_usd"] is None else f"{r['price_per_gpu_hour_usd']:.2f}",
+        )
     Console().print(t)
 
 

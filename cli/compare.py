@@ -4,6 +4,7 @@ Runs the same search once per profile and reports step time, tokens/s/GPU, the c
 tokens where the profile has a price, and the winner's memory headroom; a table (or ``--json``)
 and a PNG.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -16,19 +17,69 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.options import (
-    PromptLenMean, ResponseLenMean, Lengths, MaxTokensPerGpu, CpuOptimizer, MaxNumSeqs, EnforceEager,
-    MIN_HEADROOM_DEFAULT, WORKLOAD_DEFAULTS, MinHeadroom, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Json, Kl,
-    LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute, ResponseLen, RolloutTp,
-    SeqLen, SeqPar, Tp, Vpp, WorkloadKind, pins_from_flags, plan_inputs, workload_flags,
+    PromptLenMean,
+    ResponseLenMean,
+    Lengths,
+    MaxTokensPerGpu,
+    CpuOptimizer,
+    MaxNumSeqs,
+    EnforceEager,
+    MIN_HEADROOM_DEFAULT,
+    WORKLOAD_DEFAULTS,
+    MinHeadroom,
+    Cp,
+    DistOpt,
+    Ep,
+    Etp,
+    FirstStage,
+    GpuMemUtil,
+    Gpus,
+    GpusPerNode,
+    Gbs,
+    GroupN,
+    Json,
+    Kl,
+    LastStage,
+    Mbs,
+    MiniBatch,
+    Model,
+    Offload,
+    Pp,
+    PpoEpochs,
+    PromptLen,
+    Prompts,
+    Recompute,
+    ResponseLen,
+    RolloutTp,
+    SeqLen,
+    SeqPar,
+    Tp,
+    Vpp,
+    WorkloadKind,
+    pins_from_flags,
+    plan_inputs,
+    workload_flags,
 )
 from autotune.calibrate import load as load_calibration
 from core.errors import ConfigError, NoFeasiblePlanError
 
-GiB = 1024 ** 3
+GiB = 1024**3
 WD = WORKLOAD_DEFAULTS
 
-HardwareList = Annotated[str, typer.Option("--hardware", help="Comma list of hardware profiles (names, aliases or .toml files).", rich_help_panel="Model")]
-CompareOut = Annotated[Optional[Path], typer.Option("--out", help="Folder for compare.png and compare.json (default runs/compare-<model>-<gpus>g-<time>).", rich_help_panel="Output")]
+HardwareList = Annotated[
+    str,
+    typer.Option(
+        "--hardware", help="Comma list of hardware profiles (names, aliases or .toml files).", rich_help_panel="Model"
+    ),
+]
+CompareOut = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--out",
+        help="Folder for compare.png and compare.json (default runs/compare-<model>-<gpus>g-<time>).",
+        rich_help_panel="Output",
+    ),
+]
 
 
 def usd_per_million_tokens(price_per_gpu_hour: float | None, tokens_per_s_per_gpu: float) -> float | None:
@@ -38,19 +89,33 @@ def usd_per_million_tokens(price_per_gpu_hour: float | None, tokens_per_s_per_gp
     return price_per_gpu_hour / (3600.0 * tokens_per_s_per_gpu) * 1e6
 
 
-def compare_rows(*, model: str, gpus: int, hardware: list[str], gpus_per_node: int | None, pins: dict[str, Any],
-                 workload_kw: dict[str, Any], calibration: dict[str, float] | None = None,
-                 min_headroom: float = 0.0, calibration_hardware: str | None = None) -> list[dict[str, Any]]:
+def compare_rows(
+    *,
+    model: str,
+    gpus: int,
+    hardware: list[str],
+    gpus_per_node: int | None,
+    pins: dict[str, Any],
+    workload_kw: dict[str, Any],
+    calibration: dict[str, float] | None = None,
+    min_headroom: float = 0.0,
+    calibration_hardware: str | None = None,
+) -> list[dict[str, Any]]:
     """One row per hardware profile: the best plan's figures, or why none fits."""
     from autotune.report import plan_label
     from autotune.search import search, step_s, tokens_per_s_per_gpu
 
     rows = []
     for name in hardware:
-        m, hw, cluster, wl = plan_inputs(model=model, hardware=name, gpus=gpus, gpus_per_node=gpus_per_node,
-                                         **workload_kw)
-        row: dict[str, Any] = {"hardware": hw.name, "gpus": cluster.gpus, "gpus_per_node": cluster.gpus_per_node,
-                               "price_per_gpu_hour_usd": hw.price_per_gpu_hour_usd}
+        m, hw, cluster, wl = plan_inputs(
+            model=model, hardware=name, gpus=gpus, gpus_per_node=gpus_per_node, **workload_kw
+        )
+        row: dict[str, Any] = {
+            "hardware": hw.name,
+            "gpus": cluster.gpus,
+            "gpus_per_node": cluster.gpus_per_node,
+            "price_per_gpu_hour_usd": hw.price_per_gpu_hour_usd,
+        }
         try:
             # a calibration file is fitted on one hardware: it applies to that profile's row only
             cal = calibration if calibration_hardware in (None, hw.name) else None
@@ -61,17 +126,31 @@ def compare_rows(*, model: str, gpus: int, hardware: list[str], gpus_per_node: i
             continue
         b = res.best
         tps = tokens_per_s_per_gpu(b)
-        row.update(fits=True, plan=plan_label(b.strategy), strategy=b.strategy.to_dict(), step_s=step_s(b),
-                   tokens_per_s_per_gpu=tps, mfu=None if b.throughput is None else b.throughput.mfu,
-                   usd_per_million_tokens=usd_per_million_tokens(hw.price_per_gpu_hour_usd, tps),
-                   peak_bytes=int(b.peak_bytes), peak_phase=b.peak_phase, capacity_bytes=int(b.capacity_bytes),
-                   headroom_bytes=int(b.headroom_bytes), search=res.stats())
+        row.update(
+            fits=True,
+            plan=plan_label(b.strategy),
+            strategy=b.strategy.to_dict(),
+            step_s=step_s(b),
+            tokens_per_s_per_gpu=tps,
+            mfu=None if b.throughput is None else b.throughput.mfu,
+            usd_per_million_tokens=usd_per_million_tokens(hw.price_per_gpu_hour_usd, tps),
+            peak_bytes=int(b.peak_bytes),
+            peak_phase=b.peak_phase,
+            capacity_bytes=int(b.capacity_bytes),
+            headroom_bytes=int(b.headroom_bytes),
+            search=res.stats(),
+        )
         rows.append(row)
     return rows
 
 
-CalibrationFile = Annotated[Path | None, typer.Option(
-    "--calibration", help="Calibration JSON (grpo-tune calibrate); applied to the row of the hardware it was fitted on.")]
+CalibrationFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--calibration",
+        help="Calibration JSON (grpo-tune calibrate); applied to the row of the hardware it was fitted on.",
+    ),
+]
 
 
 def compare(
@@ -79,19 +158,42 @@ def compare(
     gpus: Gpus,
     hardware: HardwareList = "h100,h200,a100",
     gpus_per_node: GpusPerNode = None,
-    tp: Tp = None, pp: Pp = None, vpp: Vpp = None, cp: Cp = None, ep: Ep = None, etp: Etp = None, mbs: Mbs = None,
-    first_stage_layers: FirstStage = None, last_stage_layers: LastStage = None,
-    recompute: Recompute = None, sequence_parallel: SeqPar = None, distributed_optimizer: DistOpt = None,
-    offload: Offload = None, rollout_tp: RolloutTp = None, gpu_memory_utilization: GpuMemUtil = None,
-    max_tokens_per_gpu: MaxTokensPerGpu = None, cpu_optimizer: CpuOptimizer = None, max_num_seqs: MaxNumSeqs = None,
+    tp: Tp = None,
+    pp: Pp = None,
+    vpp: Vpp = None,
+    cp: Cp = None,
+    ep: Ep = None,
+    etp: Etp = None,
+    mbs: Mbs = None,
+    first_stage_layers: FirstStage = None,
+    last_stage_layers: LastStage = None,
+    recompute: Recompute = None,
+    sequence_parallel: SeqPar = None,
+    distributed_optimizer: DistOpt = None,
+    offload: Offload = None,
+    rollout_tp: RolloutTp = None,
+    gpu_memory_utilization: GpuMemUtil = None,
+    max_tokens_per_gpu: MaxTokensPerGpu = None,
+    cpu_optimizer: CpuOptimizer = None,
+    max_num_seqs: MaxNumSeqs = None,
     enforce_eager: EnforceEager = None,
     min_headroom: MinHeadroom = MIN_HEADROOM_DEFAULT,
-    workload: WorkloadKind = WD["workload"], prompts: Prompts = WD["prompts"], n: GroupN = WD["n"],
-    prompt_len: PromptLen = WD["prompt_len"], response_len: ResponseLen = WD["response_len"],
-    prompt_len_mean: PromptLenMean = None, response_len_mean: ResponseLenMean = None, lengths: Lengths = None,
-    mini_batch: MiniBatch = WD["mini_batch"], ppo_epochs: PpoEpochs = WD["ppo_epochs"], kl: Kl = WD["kl"],
-    seq_len: SeqLen = WD["seq_len"], gbs: Gbs = WD["gbs"],
-    json_out: Json = False, out: CompareOut = None, calibration: CalibrationFile = None,
+    workload: WorkloadKind = WD["workload"],
+    prompts: Prompts = WD["prompts"],
+    n: GroupN = WD["n"],
+    prompt_len: PromptLen = WD["prompt_len"],
+    response_len: ResponseLen = WD["response_len"],
+    prompt_len_mean: PromptLenMean = None,
+    response_len_mean: ResponseLenMean = None,
+    lengths: Lengths = None,
+    mini_batch: MiniBatch = WD["mini_batch"],
+    ppo_epochs: PpoEpochs = WD["ppo_epochs"],
+    kl: Kl = WD["kl"],
+    seq_len: SeqLen = WD["seq_len"],
+    gbs: Gbs = WD["gbs"],
+    json_out: Json = False,
+    out: CompareOut = None,
+    calibration: CalibrationFile = None,
 ) -> None:
     """Best plan per hardware: step time, tokens/s/GPU, $ per million tokens, memory headroom."""
     from core.config import atomic_write
@@ -106,8 +208,17 @@ def compare(
     if calibration is not None:
         cal = load_calibration(calibration)
         cal_hw = json.loads(calibration.read_text()).get("hardware")
-    rows = compare_rows(model=model, gpus=gpus, hardware=names, gpus_per_node=gpus_per_node, pins=pins,
-                        workload_kw=wkw, min_headroom=min_headroom, calibration=cal, calibration_hardware=cal_hw)
+    rows = compare_rows(
+        model=model,
+        gpus=gpus,
+        hardware=names,
+        gpus_per_node=gpus_per_node,
+        pins=pins,
+        workload_kw=wkw,
+        min_headroom=min_headroom,
+        calibration=cal,
+        calibration_hardware=cal_hw,
+    )
     if out is None:
         from core.specs import load_model
 
@@ -128,8 +239,14 @@ def compare(
             t.add_row(r["hardware"], f"[red]{r['error']['code']}[/]: no plan fits", "-", "-", "-", "-")
             continue
         cost = r["usd_per_million_tokens"]
-        t.add_row(r["hardware"], r["plan"], f"{r['step_s']:.2f}", f"{r['tokens_per_s_per_gpu']:,.0f}",
-                  "-" if cost is None else f"{cost:.2f}", f"{r['headroom_bytes'] / GiB:.1f}")
+        t.add_row(
+            r["hardware"],
+            r["plan"],
+            f"{r['step_s']:.2f}",
+            f"{r['tokens_per_s_per_gpu']:,.0f}",
+            "-" if cost is None else f"{cost:.2f}",
+            f"{r['headroom_bytes'] / GiB:.1f}",
+        )
     console = Console()
     console.print(t)
     console.print(f"wrote {png} and {out / 'compare.json'}", highlight=False)

@@ -1,4 +1,5 @@
 """``grpo-tune diagnose PATH``: coded findings for a run config, a verl launch script or an override list."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ from rich.table import Table
 from autotune.diagnose import Report, diagnose_path
 from autotune.options import Json
 
-GiB = 1024 ** 3
+GiB = 1024**3
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
@@ -30,11 +31,17 @@ def render(report: Report, console: Console) -> None:
             t.add_row(name, _deg(roles[name], ("tp", "pp", "vpp", "cp", "ep", "etp", "dp")))
     if "rollout" in roles:
         r = roles["rollout"]
-        t.add_row("rollout", f"{_deg(r, ('tp', 'pp', 'replicas'))} gpu_memory_utilization={r.get('gpu_memory_utilization')} "
-                             f"engine={r.get('name')}")
+        t.add_row(
+            "rollout",
+            f"{_deg(r, ('tp', 'pp', 'replicas'))} gpu_memory_utilization={r.get('gpu_memory_utilization')} "
+            f"engine={r.get('name')}",
+        )
     if roles:
-        t.add_row("cluster", f"world={s.get('world_size')} = {s.get('nnodes')} node(s) x {s.get('gpus_per_node')} GPUs, "
-                             f"DP={s.get('dp')}")
+        t.add_row(
+            "cluster",
+            f"world={s.get('world_size')} = {s.get('nnodes')} node(s) x {s.get('gpus_per_node')} GPUs, "
+            f"DP={s.get('dp')}",
+        )
         b = s.get("batch") or {}
         t.add_row("batch", " ".join(f"{k}={v}" for k, v in b.items()))
         t.add_row("model", f"{s.get('model') or '-'} ({s.get('model_note')}), hardware {s.get('hardware')}")
@@ -56,16 +63,27 @@ def render(report: Report, console: Console) -> None:
         f.add_column(c, overflow="fold")
     order = {"error": 0, "warning": 1, "info": 2}
     for x in sorted(report.findings, key=lambda x: order[x.severity]):
-        f.add_row(f"[{STYLE[x.severity]}]{x.severity}[/]", x.code, "" if x.line is None else str(x.line),
-                  x.message, x.hint)
+        f.add_row(
+            f"[{STYLE[x.severity]}]{x.severity}[/]", x.code, "" if x.line is None else str(x.line), x.message, x.hint
+        )
     console.print(f)
     console.print(f"{report.count('error')} error(s), {report.count('warning')} warning(s)")
 
 
 def diagnose(
-    path: Annotated[str, typer.Argument(help="A run config (best.yaml), a verl launch script, or a Hydra override list.")],
-    hardware: Annotated[Optional[str], typer.Option("--hardware", help="Hardware profile for the memory check (default: the run config's, else h100).")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model preset or config.json when the script's model path maps to none.")] = None,
+    path: Annotated[
+        str, typer.Argument(help="A run config (best.yaml), a verl launch script, or a Hydra override list.")
+    ],
+    hardware: Annotated[
+        Optional[str],
+        typer.Option(
+            "--hardware", help="Hardware profile for the memory check (default: the run config's, else h100)."
+        ),
+    ] = None,
+    model: Annotated[
+        Optional[str],
+        typer.Option("--model", "-m", help="Model preset or config.json when the script's model path maps to none."),
+    ] = None,
     json_out: Json = False,
 ) -> None:
     """Check a GRPO launch: degrees per role, batch rules, dtypes, unknown keys, memory per phase."""

@@ -4,6 +4,7 @@ Parses the flags, calls :func:`costmodel.estimate.estimate` once, and prints a b
 JSON object with ``--json``). A plan that cannot exist exits 2 with a coded error; a plan that
 exists but does not fit exits 0 with ``fits: false`` and its violations.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,10 +16,45 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.options import (
-    PromptLenMean, ResponseLenMean, Lengths, MaxTokensPerGpu, CpuOptimizer, MaxNumSeqs, EnforceEager,
-    WORKLOAD_DEFAULTS, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Hardware,
-    Json, Kl, LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute,
-    ResponseLen, RolloutTp, SeqLen, SeqPar, Tp, Vpp, WorkloadKind, inputs_from_flags,
+    PromptLenMean,
+    ResponseLenMean,
+    Lengths,
+    MaxTokensPerGpu,
+    CpuOptimizer,
+    MaxNumSeqs,
+    EnforceEager,
+    WORKLOAD_DEFAULTS,
+    Cp,
+    DistOpt,
+    Ep,
+    Etp,
+    FirstStage,
+    GpuMemUtil,
+    Gpus,
+    GpusPerNode,
+    Gbs,
+    GroupN,
+    Hardware,
+    Json,
+    Kl,
+    LastStage,
+    Mbs,
+    MiniBatch,
+    Model,
+    Offload,
+    Pp,
+    PpoEpochs,
+    PromptLen,
+    Prompts,
+    Recompute,
+    ResponseLen,
+    RolloutTp,
+    SeqLen,
+    SeqPar,
+    Tp,
+    Vpp,
+    WorkloadKind,
+    inputs_from_flags,
 )
 from autotune.calibrate import load as load_calibration
 from costmodel.estimate import Estimate, estimate as run_estimate
@@ -29,8 +65,13 @@ WD = WORKLOAD_DEFAULTS
 
 
 # Display names for the rollout engine's parts (JSON keys stay rollout_*).
-_LABELS = {"rollout_weights": "vLLM weights", "rollout_activations": "vLLM activations",
-           "rollout_kv_cache": "vLLM KV cache", "ref_weights": "ref weights", "sync_bucket": "sync bucket"}
+_LABELS = {
+    "rollout_weights": "vLLM weights",
+    "rollout_activations": "vLLM activations",
+    "rollout_kv_cache": "vLLM KV cache",
+    "ref_weights": "ref weights",
+    "sync_bucket": "sync bucket",
+}
 
 
 def _gib(x: float) -> str:
@@ -40,23 +81,29 @@ def _gib(x: float) -> str:
 def print_estimate(est: Estimate, console: Console) -> None:
     """The human-readable breakdown. The time model adds its section in the marked place below."""
     s, m, c = est.strategy, est.model, est.cluster
-    deg = (f"tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} etp={s.etp_} dp={s.dp} mbs={s.mbs} "
-           f"sp={'on' if s.sp else 'off'} recompute={s.recompute} dist-opt={'on' if s.distributed_optimizer else 'off'} "
-           f"offload={','.join(s.offload) or 'none'} rollout_tp={s.rollout_tp} gpu_mem_util={s.gpu_memory_utilization} "
-           f"max_tokens_per_gpu={s.max_tokens_per_gpu or 'off'} cpu_optimizer={s.cpu_optimizer or 'off'} "
-           f"max_num_seqs={s.max_num_seqs} eager={'on' if s.enforce_eager else 'off'}")
+    deg = (
+        f"tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} etp={s.etp_} dp={s.dp} mbs={s.mbs} "
+        f"sp={'on' if s.sp else 'off'} recompute={s.recompute} dist-opt={'on' if s.distributed_optimizer else 'off'} "
+        f"offload={','.join(s.offload) or 'none'} rollout_tp={s.rollout_tp} gpu_mem_util={s.gpu_memory_utilization} "
+        f"max_tokens_per_gpu={s.max_tokens_per_gpu or 'off'} cpu_optimizer={s.cpu_optimizer or 'off'} "
+        f"max_num_seqs={s.max_num_seqs} eager={'on' if s.enforce_eager else 'off'}"
+    )
     console.print(f"[bold]{m.name}[/] on {c.gpus} x {est.hardware.name} ({c.gpus_per_node}/node)", highlight=False)
     console.print(deg, highlight=False)
     w = est.workload
     if w.kind == "grpo":
-        console.print(f"workload: grpo, {w.prompts} prompts x n={w.n}, {w.prompt_len}+{w.response_len} tokens max, "
-                      f"{w.mean_prompt_len:,.0f}+{w.mean_response_len:,.0f} mean, "
-                      f"mini-batch {w.mini_batch}, {w.ppo_epochs} epoch(s), kl={'on' if w.kl else 'off'}", highlight=False)
+        console.print(
+            f"workload: grpo, {w.prompts} prompts x n={w.n}, {w.prompt_len}+{w.response_len} tokens max, "
+            f"{w.mean_prompt_len:,.0f}+{w.mean_response_len:,.0f} mean, "
+            f"mini-batch {w.mini_batch}, {w.ppo_epochs} epoch(s), kl={'on' if w.kl else 'off'}",
+            highlight=False,
+        )
     else:
         console.print(f"workload: pretrain, seq {w.seq_len}, global batch {w.gbs}", highlight=False)
     p = est.params
-    console.print(f"params: total {p['total']:,}  active {p['active']:,}  per-rank max {p['per_rank_max']:,}",
-                  highlight=False)
+    console.print(
+        f"params: total {p['total']:,}  active {p['active']:,}  per-rank max {p['per_rank_max']:,}", highlight=False
+    )
 
     parts: list[str] = []
     for pm in est.memory.values():
@@ -69,22 +116,34 @@ def print_estimate(est: Estimate, console: Console) -> None:
     for name in est.memory:
         t.add_column(name, justify="right")
     for k in parts:
-        t.add_row(_LABELS.get(k, k.replace("_", " ")), *[_gib(pm.parts[k]) if k in pm.parts else "-" for pm in est.memory.values()])
+        t.add_row(
+            _LABELS.get(k, k.replace("_", " ")),
+            *[_gib(pm.parts[k]) if k in pm.parts else "-" for pm in est.memory.values()],
+        )
     t.add_row("[bold]total[/]", *[f"[bold]{_gib(pm.total_bytes)}[/]" for pm in est.memory.values()])
-    t.add_row("fits", *["[green]yes[/]" if pm.total_bytes <= est.capacity_bytes else "[red]no[/]"
-                        for pm in est.memory.values()])
+    t.add_row(
+        "fits",
+        *["[green]yes[/]" if pm.total_bytes <= est.capacity_bytes else "[red]no[/]" for pm in est.memory.values()],
+    )
     console.print(t)
     ro = est.memory.get("rollout")
     if ro is not None and ro.info and "kv_cache_tokens" in ro.info:  # the CPU's native sampler has no KV cache
         i = ro.info
-        console.print(f"rollout: KV cache {i['kv_cache_tokens']:,} tokens per replica "
-                      f"({i['kv_bytes_per_token']:,.0f} B/token), {i['max_concurrent_sequences']:,} concurrent sequences "
-                      f"x {i['rollout_replicas']} replicas", highlight=False)
+        console.print(
+            f"rollout: KV cache {i['kv_cache_tokens']:,} tokens per replica "
+            f"({i['kv_bytes_per_token']:,.0f} B/token), {i['max_concurrent_sequences']:,} concurrent sequences "
+            f"x {i['rollout_replicas']} replicas",
+            highlight=False,
+        )
     if est.host_bytes_per_node:
-        console.print(f"host memory for offloaded state: {_gib(est.host_bytes_per_node)} GiB per node "
-                      f"(of {_gib(est.hardware.host_memory_bytes)})", highlight=False)
-    console.print(f"peak {_gib(est.peak_bytes)} GiB in {est.peak_phase}, headroom {_gib(est.headroom_bytes)} GiB",
-                  highlight=False)
+        console.print(
+            f"host memory for offloaded state: {_gib(est.host_bytes_per_node)} GiB per node "
+            f"(of {_gib(est.hardware.host_memory_bytes)})",
+            highlight=False,
+        )
+    console.print(
+        f"peak {_gib(est.peak_bytes)} GiB in {est.peak_phase}, headroom {_gib(est.headroom_bytes)} GiB", highlight=False
+    )
 
     # --- time (filled by costmodel.timing; extend here) ---------------------------------------
     if est.time is not None:
@@ -97,17 +156,24 @@ def print_estimate(est: Estimate, console: Console) -> None:
         console.print(tt)
         x = est.details
         if "decode_step_s" in x:
-            console.print(f"rollout: prefill {x['prefill_s']:,.2f} s, decode {x['decode_s']:,.2f} s at "
-                          f"{x['decode_concurrency']:,.0f} sequences per replica, {x['decode_step_s'] * 1e3:,.1f} ms "
-                          f"per step ({'HBM' if x['decode_memory_bound'] else 'compute'}-bound), expected longest "
-                          f"response {x['longest_response']:,.0f} tokens", highlight=False)
-        console.print(f"update: {x['micro_batches']:.0f} micro-batches per optimizer step, pipeline bubble "
-                      f"{100 * x['bubble_fraction']:.1f}%, exposed DP comm {x['dp_exposed_s']:,.3f} s, "
-                      f"optimizer {x['optimizer_s']:,.3f} s", highlight=False)
+            console.print(
+                f"rollout: prefill {x['prefill_s']:,.2f} s, decode {x['decode_s']:,.2f} s at "
+                f"{x['decode_concurrency']:,.0f} sequences per replica, {x['decode_step_s'] * 1e3:,.1f} ms "
+                f"per step ({'HBM' if x['decode_memory_bound'] else 'compute'}-bound), expected longest "
+                f"response {x['longest_response']:,.0f} tokens",
+                highlight=False,
+            )
+        console.print(
+            f"update: {x['micro_batches']:.0f} micro-batches per optimizer step, pipeline bubble "
+            f"{100 * x['bubble_fraction']:.1f}%, exposed DP comm {x['dp_exposed_s']:,.3f} s, "
+            f"optimizer {x['optimizer_s']:,.3f} s",
+            highlight=False,
+        )
     if est.throughput is not None:
         th = est.throughput.to_dict()
-        console.print("throughput: " + ", ".join(f"{k} {v:,.3g}" for k, v in th.items() if v is not None),
-                      highlight=False)
+        console.print(
+            "throughput: " + ", ".join(f"{k} {v:,.3g}" for k, v in th.items() if v is not None), highlight=False
+        )
 
     if est.violations:
         for v in est.violations:
@@ -115,8 +181,12 @@ def print_estimate(est: Estimate, console: Console) -> None:
     console.print("[bold green]fits[/]" if est.fits else "[bold red]does not fit[/]")
 
 
-CalibrationFile = Annotated[Path | None, typer.Option(
-    "--calibration", help="Calibration JSON (grpo-tune calibrate, search --refine) applied to the time model.")]
+CalibrationFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--calibration", help="Calibration JSON (grpo-tune calibrate, search --refine) applied to the time model."
+    ),
+]
 
 
 def estimate(
@@ -124,17 +194,38 @@ def estimate(
     hardware: Hardware = "h100",
     gpus: Gpus = 8,
     gpus_per_node: GpusPerNode = None,
-    tp: Tp = None, pp: Pp = None, vpp: Vpp = None, cp: Cp = None, ep: Ep = None, etp: Etp = None, mbs: Mbs = None,
-    first_stage_layers: FirstStage = None, last_stage_layers: LastStage = None,
-    recompute: Recompute = None, sequence_parallel: SeqPar = None, distributed_optimizer: DistOpt = None,
-    offload: Offload = None, rollout_tp: RolloutTp = None, gpu_memory_utilization: GpuMemUtil = None,
-    max_tokens_per_gpu: MaxTokensPerGpu = None, cpu_optimizer: CpuOptimizer = None, max_num_seqs: MaxNumSeqs = None,
+    tp: Tp = None,
+    pp: Pp = None,
+    vpp: Vpp = None,
+    cp: Cp = None,
+    ep: Ep = None,
+    etp: Etp = None,
+    mbs: Mbs = None,
+    first_stage_layers: FirstStage = None,
+    last_stage_layers: LastStage = None,
+    recompute: Recompute = None,
+    sequence_parallel: SeqPar = None,
+    distributed_optimizer: DistOpt = None,
+    offload: Offload = None,
+    rollout_tp: RolloutTp = None,
+    gpu_memory_utilization: GpuMemUtil = None,
+    max_tokens_per_gpu: MaxTokensPerGpu = None,
+    cpu_optimizer: CpuOptimizer = None,
+    max_num_seqs: MaxNumSeqs = None,
     enforce_eager: EnforceEager = None,
-    workload: WorkloadKind = WD["workload"], prompts: Prompts = WD["prompts"], n: GroupN = WD["n"],
-    prompt_len: PromptLen = WD["prompt_len"], response_len: ResponseLen = WD["response_len"],
-    prompt_len_mean: PromptLenMean = None, response_len_mean: ResponseLenMean = None, lengths: Lengths = None,
-    mini_batch: MiniBatch = WD["mini_batch"], ppo_epochs: PpoEpochs = WD["ppo_epochs"], kl: Kl = WD["kl"],
-    seq_len: SeqLen = WD["seq_len"], gbs: Gbs = WD["gbs"],
+    workload: WorkloadKind = WD["workload"],
+    prompts: Prompts = WD["prompts"],
+    n: GroupN = WD["n"],
+    prompt_len: PromptLen = WD["prompt_len"],
+    response_len: ResponseLen = WD["response_len"],
+    prompt_len_mean: PromptLenMean = None,
+    response_len_mean: ResponseLenMean = None,
+    lengths: Lengths = None,
+    mini_batch: MiniBatch = WD["mini_batch"],
+    ppo_epochs: PpoEpochs = WD["ppo_epochs"],
+    kl: Kl = WD["kl"],
+    seq_len: SeqLen = WD["seq_len"],
+    gbs: Gbs = WD["gbs"],
     json_out: Json = False,
     calibration: CalibrationFile = None,
 ) -> None:

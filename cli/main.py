@@ -5,6 +5,7 @@ goes through :func:`report_error`: ``[CODE] message`` and a ``hint:`` line on st
 user's mistake (a :class:`GrpoTuneError`, a command line click cannot parse, a file that cannot be read or written),
 1 for a bug (INTERNAL_ERROR).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -31,9 +32,19 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMAND_MODULES = ("estimate", "search", "compare", "diagnose", "validate", "train", "profile", "probe", "catalog",
-                   "tune",
-                   "calibrate")
+COMMAND_MODULES = (
+    "estimate",
+    "search",
+    "compare",
+    "diagnose",
+    "validate",
+    "train",
+    "profile",
+    "probe",
+    "catalog",
+    "tune",
+    "calibrate",
+)
 for _name in COMMAND_MODULES:
     importlib.import_module(f"cli.{_name}").register(app)
 

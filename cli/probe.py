@@ -4,6 +4,7 @@ Launches ``torchrun --standalone --nproc-per-node N -m trainer.probe`` (NCCL on 
 CPU), then loads the written profile with ``core.specs.load_hardware`` to prove it is usable.
 No torch import here: the probe runs in the subprocess.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,16 @@ def default_nproc() -> int:
     return g if g else max(2, min(4, os.cpu_count() or 2))
 
 
-def probe_hardware(out: Path, *, nproc: int | None = None, base: str | None = None, name: str | None = None,
-                   quick: bool = False, timeout_s: float = 1800, console: Console | None = None):
+def probe_hardware(
+    out: Path,
+    *,
+    nproc: int | None = None,
+    base: str | None = None,
+    name: str | None = None,
+    quick: bool = False,
+    timeout_s: float = 1800,
+    console: Console | None = None,
+):
     """Run the probe and return the loaded :class:`HardwareSpec`; raises a coded error on failure."""
     from core.specs import load_hardware
 
@@ -52,8 +61,10 @@ def probe_hardware(out: Path, *, nproc: int | None = None, base: str | None = No
         raise ConfigError(f"--nproc must be >= 1, got {nproc}")
     most = max(64, 4 * (os.cpu_count() or 1))  # one node's ranks: GPUs or cores, never a billion processes
     if nproc > most:
-        raise ConfigError(f"--nproc {nproc} is more ranks than this machine can run (at most {most})",
-                          hint="the probe measures one node: use its GPU count, or leave --nproc out")
+        raise ConfigError(
+            f"--nproc {nproc} is more ranks than this machine can run (at most {most})",
+            hint="the probe measures one node: use its GPU count, or leave --nproc out",
+        )
     if out.suffix != ".toml":
         raise ConfigError(f"--out must end in .toml, got {out}", hint="e.g. --out cpu-probed.toml")
     from autotune.export import check_name
@@ -64,8 +75,17 @@ def probe_hardware(out: Path, *, nproc: int | None = None, base: str | None = No
         check_name(name, "--name")
     if base is not None:
         load_hardware(base)  # a bad --base is the user's mistake: say so before launching
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "trainer.probe", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "trainer.probe",
+        "--out",
+        str(out),
+    ]
     if base:
         cmd += ["--base", base]
     if name:
@@ -80,19 +100,30 @@ def probe_hardware(out: Path, *, nproc: int | None = None, base: str | None = No
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        raise GrpoTuneError(f"probe-hardware did not finish within {timeout_s:g} s", code="TRIAL_FAILED",
-                            hint="lower --nproc, or check that the ranks can reach each other") from None
+        raise GrpoTuneError(
+            f"probe-hardware did not finish within {timeout_s:g} s",
+            code="TRIAL_FAILED",
+            hint="lower --nproc, or check that the ranks can reach each other",
+        ) from None
     if proc.returncode != 0 or not out.exists():
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise GrpoTuneError(f"the probe failed (exit code {proc.returncode}):\n{tail}", code="TRIAL_FAILED",
-                            hint="see the output above; `python -m trainer.probe --help` lists the options")
+        raise GrpoTuneError(
+            f"the probe failed (exit code {proc.returncode}):\n{tail}",
+            code="TRIAL_FAILED",
+            hint="see the output above; `python -m trainer.probe --help` lists the options",
+        )
     return load_hardware(str(out.resolve())), proc.stdout
 
 
 def probe_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Hardware profile TOML to write.")],
-    nproc: Annotated[Optional[int], typer.Option("--nproc", help="Ranks (default: every GPU; on CPU one per core, 2 to 4).")] = None,
-    base: Annotated[Optional[str], typer.Option("--base", help="Profile for what one machine cannot measure (inter-node bandwidth, price).")] = None,
+    nproc: Annotated[
+        Optional[int], typer.Option("--nproc", help="Ranks (default: every GPU; on CPU one per core, 2 to 4).")
+    ] = None,
+    base: Annotated[
+        Optional[str],
+        typer.Option("--base", help="Profile for what one machine cannot measure (inter-node bandwidth, price)."),
+    ] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Profile name (default: the file's stem).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Fewer shapes and message sizes.")] = False,
 ) -> None:

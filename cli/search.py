@@ -4,6 +4,7 @@ Takes every flag ``estimate`` takes; a degree or option given on the command lin
 search tunes the rest. ``--refine`` then measures the most promising plans with real profiling
 runs (:func:`autotune.refine.refine`, imported only then).
 """
+
 from __future__ import annotations
 
 import json
@@ -17,31 +18,111 @@ from rich.table import Table
 from autotune.grouping import caption as grouping_caption
 from autotune.grouping import group_by_layout
 from autotune.options import (
-    PromptLenMean, ResponseLenMean, Lengths, MaxTokensPerGpu, CpuOptimizer, MaxNumSeqs, EnforceEager,
-    MIN_HEADROOM_DEFAULT, WORKLOAD_DEFAULTS, MinHeadroom, Cp, DistOpt, Ep, Etp, FirstStage, GpuMemUtil, Gpus, GpusPerNode, Gbs, GroupN, Hardware,
-    Json, Kl, LastStage, Mbs, MiniBatch, Model, Offload, Pp, PpoEpochs, PromptLen, Prompts, Recompute,
-    ResponseLen, RolloutTp, SeqLen, SeqPar, Tp, Vpp, WorkloadKind, inputs_from_flags,
+    PromptLenMean,
+    ResponseLenMean,
+    Lengths,
+    MaxTokensPerGpu,
+    CpuOptimizer,
+    MaxNumSeqs,
+    EnforceEager,
+    MIN_HEADROOM_DEFAULT,
+    WORKLOAD_DEFAULTS,
+    MinHeadroom,
+    Cp,
+    DistOpt,
+    Ep,
+    Etp,
+    FirstStage,
+    GpuMemUtil,
+    Gpus,
+    GpusPerNode,
+    Gbs,
+    GroupN,
+    Hardware,
+    Json,
+    Kl,
+    LastStage,
+    Mbs,
+    MiniBatch,
+    Model,
+    Offload,
+    Pp,
+    PpoEpochs,
+    PromptLen,
+    Prompts,
+    Recompute,
+    ResponseLen,
+    RolloutTp,
+    SeqLen,
+    SeqPar,
+    Tp,
+    Vpp,
+    WorkloadKind,
+    inputs_from_flags,
 )
 from core.errors import ConfigError
 from costmodel.estimate import Estimate
 
-GiB = 1024 ** 3
+GiB = 1024**3
 WD = WORKLOAD_DEFAULTS
 P_OUT = "Output"
 P_REF = "Refinement (real profiling runs)"
 
 Top = Annotated[int, typer.Option("--top", help="Plans to show.", rich_help_panel=P_OUT)]
-Out = Annotated[Path, typer.Option("--out", help="Parent folder of the run folder <model>-<gpus>g-<hw>-<time>.", rich_help_panel=P_OUT)]
-AllPlans = Annotated[bool, typer.Option("--all", help="List every top plan, not one row per layout.", rich_help_panel=P_OUT)]
-Emit = Annotated[bool, typer.Option("--emit/--no-emit", help="Write the run folder (best.yaml, verl.sh, ...).", rich_help_panel=P_OUT)]
-CrossNode = Annotated[bool, typer.Option("--allow-cross-node-tp", help="Let TP groups span nodes.", rich_help_panel="Parallel degrees (unset: default in estimate, tuned in search)")]
-Calibration = Annotated[Optional[Path], typer.Option("--calibration", help="Calibration JSON (autotune/calibrate.py) applied to the time model.", rich_help_panel=P_REF)]
-Refine = Annotated[bool, typer.Option("--refine", help="Measure the best plans with short real runs (Optuna).", rich_help_panel=P_REF)]
+Out = Annotated[
+    Path,
+    typer.Option("--out", help="Parent folder of the run folder <model>-<gpus>g-<hw>-<time>.", rich_help_panel=P_OUT),
+]
+AllPlans = Annotated[
+    bool, typer.Option("--all", help="List every top plan, not one row per layout.", rich_help_panel=P_OUT)
+]
+Emit = Annotated[
+    bool,
+    typer.Option("--emit/--no-emit", help="Write the run folder (best.yaml, verl.sh, ...).", rich_help_panel=P_OUT),
+]
+CrossNode = Annotated[
+    bool,
+    typer.Option(
+        "--allow-cross-node-tp",
+        help="Let TP groups span nodes.",
+        rich_help_panel="Parallel degrees (unset: default in estimate, tuned in search)",
+    ),
+]
+Calibration = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--calibration",
+        help="Calibration JSON (autotune/calibrate.py) applied to the time model.",
+        rich_help_panel=P_REF,
+    ),
+]
+Refine = Annotated[
+    bool, typer.Option("--refine", help="Measure the best plans with short real runs (Optuna).", rich_help_panel=P_REF)
+]
 Trials = Annotated[int, typer.Option("--trials", help="Profiled trials the study should hold.", rich_help_panel=P_REF)]
-Storage = Annotated[Optional[str], typer.Option("--storage", help="SQLAlchemy URL of the Optuna study (default: SQLite in the run folder).", rich_help_panel=P_REF)]
-StudyName = Annotated[Optional[str], typer.Option("--study-name", help="Optuna study name (default: derived from the inputs, so a re-run resumes).", rich_help_panel=P_REF)]
-TrialSteps = Annotated[int, typer.Option("--trial-steps", help="Training steps per profiling run (first is warm-up).", rich_help_panel=P_REF)]
-TrialTimeout = Annotated[float, typer.Option("--trial-timeout", help="Seconds before a profiling run is killed.", rich_help_panel=P_REF)]
+Storage = Annotated[
+    Optional[str],
+    typer.Option(
+        "--storage",
+        help="SQLAlchemy URL of the Optuna study (default: SQLite in the run folder).",
+        rich_help_panel=P_REF,
+    ),
+]
+StudyName = Annotated[
+    Optional[str],
+    typer.Option(
+        "--study-name",
+        help="Optuna study name (default: derived from the inputs, so a re-run resumes).",
+        rich_help_panel=P_REF,
+    ),
+]
+TrialSteps = Annotated[
+    int,
+    typer.Option("--trial-steps", help="Training steps per profiling run (first is warm-up).", rich_help_panel=P_REF),
+]
+TrialTimeout = Annotated[
+    float, typer.Option("--trial-timeout", help="Seconds before a profiling run is killed.", rich_help_panel=P_REF)
+]
 
 
 def _gib(x: float) -> str:
@@ -59,8 +140,11 @@ def print_plans(ranked: list[Estimate], console: Console, *, top: int, title: st
         return
     t = Table(title=title, title_justify="left", caption="offload: p=param g=grad o=optimizer", caption_justify="left")
     for c in ("#", "degrees", "mbs", "recompute", "offload", "rollout", "step s", "tok/s/GPU", "MFU"):
-        t.add_column(c, justify="left" if c in ("degrees", "recompute", "offload", "rollout") else "right",
-                     style="bold" if c == "step s" else None)
+        t.add_column(
+            c,
+            justify="left" if c in ("degrees", "recompute", "offload", "rollout") else "right",
+            style="bold" if c == "step s" else None,
+        )
     for i, e in enumerate(plans):
         s = e.strategy
         mfu = None if e.throughput is None else e.throughput.mfu
@@ -69,20 +153,34 @@ def print_plans(ranked: list[Estimate], console: Console, *, top: int, title: st
             deg += f"({s.first_stage_layers or '-'}/{s.last_stage_layers or '-'})"
         deg += (f" vpp{s.vpp}" if s.vpp > 1 else "") + (f" cp{s.cp}" if s.cp > 1 else "")
         deg += (f" ep{s.ep} etp{s.etp_}" if e.model.is_moe else "") + f" dp{s.dp}"
-        t.add_row(str(i + 1), deg, str(s.mbs), s.recompute, ",".join(o[0] for o in s.offload) or "-",
-                  f"tp{s.rollout_tp} mem{s.gpu_memory_utilization:g}" if e.workload.kind == "grpo" else "-",
-                  f"{step_s(e):.2f}",
-                  f"{tokens_per_s_per_gpu(e):,.0f}", "-" if mfu is None else f"{100 * mfu:.1f}%")
+        t.add_row(
+            str(i + 1),
+            deg,
+            str(s.mbs),
+            s.recompute,
+            ",".join(o[0] for o in s.offload) or "-",
+            f"tp{s.rollout_tp} mem{s.gpu_memory_utilization:g}" if e.workload.kind == "grpo" else "-",
+            f"{step_s(e):.2f}",
+            f"{tokens_per_s_per_gpu(e):,.0f}",
+            "-" if mfu is None else f"{100 * mfu:.1f}%",
+        )
     console.print(t)
     phases = list(plans[0].memory)
     for e in plans:
         for k in phase_seconds(e):
             if k not in phases:
                 phases.append(k)
-    short = {"rollout": "rollout", "weight_sync": "w-sync", "old_logprob": "old-lp", "ref_logprob": "ref-lp",
-             "update": "update", "offload": "offload"}
-    mt = Table(title=f"Per phase: seconds/GiB per GPU (capacity {_gib(plans[0].capacity_bytes)} GiB)",
-               title_justify="left")
+    short = {
+        "rollout": "rollout",
+        "weight_sync": "w-sync",
+        "old_logprob": "old-lp",
+        "ref_logprob": "ref-lp",
+        "update": "update",
+        "offload": "offload",
+    }
+    mt = Table(
+        title=f"Per phase: seconds/GiB per GPU (capacity {_gib(plans[0].capacity_bytes)} GiB)", title_justify="left"
+    )
     mt.add_column("#", justify="right")
     for p in phases:
         mt.add_column(short.get(p, p), justify="right")
@@ -104,22 +202,52 @@ def search(
     gpus: Gpus,
     hardware: Hardware = "h100",
     gpus_per_node: GpusPerNode = None,
-    tp: Tp = None, pp: Pp = None, vpp: Vpp = None, cp: Cp = None, ep: Ep = None, etp: Etp = None, mbs: Mbs = None,
-    first_stage_layers: FirstStage = None, last_stage_layers: LastStage = None,
-    recompute: Recompute = None, sequence_parallel: SeqPar = None, distributed_optimizer: DistOpt = None,
-    offload: Offload = None, rollout_tp: RolloutTp = None, gpu_memory_utilization: GpuMemUtil = None,
-    max_tokens_per_gpu: MaxTokensPerGpu = None, cpu_optimizer: CpuOptimizer = None, max_num_seqs: MaxNumSeqs = None,
+    tp: Tp = None,
+    pp: Pp = None,
+    vpp: Vpp = None,
+    cp: Cp = None,
+    ep: Ep = None,
+    etp: Etp = None,
+    mbs: Mbs = None,
+    first_stage_layers: FirstStage = None,
+    last_stage_layers: LastStage = None,
+    recompute: Recompute = None,
+    sequence_parallel: SeqPar = None,
+    distributed_optimizer: DistOpt = None,
+    offload: Offload = None,
+    rollout_tp: RolloutTp = None,
+    gpu_memory_utilization: GpuMemUtil = None,
+    max_tokens_per_gpu: MaxTokensPerGpu = None,
+    cpu_optimizer: CpuOptimizer = None,
+    max_num_seqs: MaxNumSeqs = None,
     enforce_eager: EnforceEager = None,
-    allow_cross_node_tp: CrossNode = False, min_headroom: MinHeadroom = MIN_HEADROOM_DEFAULT,
-    workload: WorkloadKind = WD["workload"], prompts: Prompts = WD["prompts"], n: GroupN = WD["n"],
-    prompt_len: PromptLen = WD["prompt_len"], response_len: ResponseLen = WD["response_len"],
-    prompt_len_mean: PromptLenMean = None, response_len_mean: ResponseLenMean = None, lengths: Lengths = None,
-    mini_batch: MiniBatch = WD["mini_batch"], ppo_epochs: PpoEpochs = WD["ppo_epochs"], kl: Kl = WD["kl"],
-    seq_len: SeqLen = WD["seq_len"], gbs: Gbs = WD["gbs"],
-    top: Top = 10, all_plans: AllPlans = False, json_out: Json = False, out: Out = Path("runs"), emit: Emit = True,
+    allow_cross_node_tp: CrossNode = False,
+    min_headroom: MinHeadroom = MIN_HEADROOM_DEFAULT,
+    workload: WorkloadKind = WD["workload"],
+    prompts: Prompts = WD["prompts"],
+    n: GroupN = WD["n"],
+    prompt_len: PromptLen = WD["prompt_len"],
+    response_len: ResponseLen = WD["response_len"],
+    prompt_len_mean: PromptLenMean = None,
+    response_len_mean: ResponseLenMean = None,
+    lengths: Lengths = None,
+    mini_batch: MiniBatch = WD["mini_batch"],
+    ppo_epochs: PpoEpochs = WD["ppo_epochs"],
+    kl: Kl = WD["kl"],
+    seq_len: SeqLen = WD["seq_len"],
+    gbs: Gbs = WD["gbs"],
+    top: Top = 10,
+    all_plans: AllPlans = False,
+    json_out: Json = False,
+    out: Out = Path("runs"),
+    emit: Emit = True,
     calibration: Calibration = None,
-    refine: Refine = False, trials: Trials = 8, storage: Storage = None, study_name: StudyName = None,
-    trial_steps: TrialSteps = 6, trial_timeout: TrialTimeout = 600.0,
+    refine: Refine = False,
+    trials: Trials = 8,
+    storage: Storage = None,
+    study_name: StudyName = None,
+    trial_steps: TrialSteps = 6,
+    trial_timeout: TrialTimeout = 600.0,
 ) -> None:
     """Rank every valid plan by predicted step time; print the best and write runs/<id>/."""
     from autotune import search as S
@@ -139,15 +267,23 @@ def search(
     if refine:  # every refine option is checked before the run folder (a finished refine's best.yaml) is written
         from autotune.refine import RefineOptions
 
-        opts = RefineOptions(trials=trials, storage=storage, study_name=study_name, trial_steps=trial_steps,
-                             trial_timeout_s=trial_timeout, calibration=cal, pins=pins,
-                             allow_cross_node_tp=allow_cross_node_tp)
+        opts = RefineOptions(
+            trials=trials,
+            storage=storage,
+            study_name=study_name,
+            trial_steps=trial_steps,
+            trial_timeout_s=trial_timeout,
+            calibration=cal,
+            pins=pins,
+            allow_cross_node_tp=allow_cross_node_tp,
+        )
         opts.check()
     run_dir: Path | None = None
     files: dict[str, Path] = {}
     if emit or refine:
-        run_dir, files = _write_run_folder(result, out, refine=refine, study_name=study_name, calibration=calibration,
-                                           inputs=(m, hw, cluster, wl))
+        run_dir, files = _write_run_folder(
+            result, out, refine=refine, study_name=study_name, calibration=calibration, inputs=(m, hw, cluster, wl)
+        )
 
     if json_out and not refine:
         _print_json(result, run_dir, files, top)
@@ -159,12 +295,16 @@ def search(
 
         res = run_refine(result.ranked, m, hw, cluster, wl, run_dir, opts, console=err, search=result)
         if json_out:
-            print(json.dumps({"run_dir": str(run_dir), "stats": result.stats(), "refine": res.to_dict()},
-                             indent=2, default=str))
+            print(
+                json.dumps(
+                    {"run_dir": str(run_dir), "stats": result.stats(), "refine": res.to_dict()}, indent=2, default=str
+                )
+            )
 
 
-def _write_run_folder(result, out: Path, *, refine: bool, study_name: str | None, calibration: Path | None,
-                      inputs: tuple) -> tuple[Path, dict[str, Path]]:
+def _write_run_folder(
+    result, out: Path, *, refine: bool, study_name: str | None, calibration: Path | None, inputs: tuple
+) -> tuple[Path, dict[str, Path]]:
     """The run folder of the best plan: a new runs/<id>/, or under --refine a stable folder named like the
     study, so that re-running the command resumes it (written only once: refine's finish replaces it atomically)."""
     from autotune.emit import emit as emit_into, emit_run
@@ -182,15 +322,26 @@ def _write_run_folder(result, out: Path, *, refine: bool, study_name: str | None
 
 
 def _print_json(result, run_dir: Path | None, files: dict[str, Path], top: int) -> None:
-    print(json.dumps({"run_dir": None if run_dir is None else str(run_dir),
-                      "files": {k: str(v) for k, v in files.items()}, "stats": result.stats(),
-                      "best": result.best.to_dict(), "top": [e.to_dict() for e in result.ranked[:top]],
-                      "layouts": [r.to_dict() for r in group_by_layout(result.ranked)[:top]],
-                      "pareto": [e.to_dict() for e in result.pareto]}, indent=2, default=str))
+    print(
+        json.dumps(
+            {
+                "run_dir": None if run_dir is None else str(run_dir),
+                "files": {k: str(v) for k, v in files.items()},
+                "stats": result.stats(),
+                "best": result.best.to_dict(),
+                "top": [e.to_dict() for e in result.ranked[:top]],
+                "layouts": [r.to_dict() for r in group_by_layout(result.ranked)[:top]],
+                "pareto": [e.to_dict() for e in result.pareto],
+            },
+            indent=2,
+            default=str,
+        )
+    )
 
 
-def _print_result(result, wl, console: Console, *, top: int, all_plans: bool, run_dir: Path | None,
-                  files: dict[str, Path]) -> None:
+def _print_result(
+    result, wl, console: Console, *, top: int, all_plans: bool, run_dir: Path | None, files: dict[str, Path]
+) -> None:
     """The plan tables, why #1 wins, the search's statistics and the run folder written."""
     if all_plans:
         print_plans(result.ranked, console, top=top)
@@ -207,26 +358,47 @@ def _print_result(result, wl, console: Console, *, top: int, all_plans: bool, ru
         for line in why_winner(result.best, others, STATED_ERROR_PCT):
             console.print("  " + line.lstrip("- ").replace("`", ""), highlight=False, soft_wrap=True)
     st = result.stats()
-    console.print(f"{st['candidates']:,} valid plans; {st['evaluated']:,} cost-model calls, "
-                  f"{st['combined']:,} combined; {st['pruned_layouts']:,}/{st['layouts']:,} layouts pruned; "
-                  f"{st['seconds']:.2f} s; Pareto front: {len(result.pareto)} plan(s)", highlight=False)
+    console.print(
+        f"{st['candidates']:,} valid plans; {st['evaluated']:,} cost-model calls, "
+        f"{st['combined']:,} combined; {st['pruned_layouts']:,}/{st['layouts']:,} layouts pruned; "
+        f"{st['seconds']:.2f} s; Pareto front: {len(result.pareto)} plan(s)",
+        highlight=False,
+    )
     if run_dir is not None:
-        console.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})",
-                      highlight=False)
+        console.print(
+            f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False
+        )
 
 
 def _run_search(S, m, hw, cluster, wl, pins, top, cal, cross, err: Console, min_headroom: float = 0.0):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("[bold]search[/] layouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True, disable=not err.is_terminal) as bar:
+    with Progress(
+        TextColumn("[bold]search[/] layouts"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:
         task = bar.add_task("search", total=None)
 
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        return S.search(m, hw, cluster, wl, pins=pins, top=top, calibration=cal, allow_cross_node_tp=cross,
-                        min_headroom=min_headroom, progress=progress)
+        return S.search(
+            m,
+            hw,
+            cluster,
+            wl,
+            pins=pins,
+            top=top,
+            calibration=cal,
+            allow_cross_node_tp=cross,
+            min_headroom=min_headroom,
+            progress=progress,
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -5,6 +5,7 @@ workload, trainer`` and optional ``predicted``/``measured`` figures. Loading val
 section and rejects unknown keys and impossible values with a coded error; saving is atomic
 (write to a temporary file in the same folder, fsync, rename).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -102,8 +103,18 @@ class TrainerOptions:
     """Megatron's ``moe_router_load_balancing_type``: ``aux_loss``, ``seq_aux_loss`` or ``none``."""
 
 
-_SECTIONS = ("schema_version", "model", "hardware", "cluster", "strategy", "workload", "trainer",
-             "predicted", "measured", "meta")
+_SECTIONS = (
+    "schema_version",
+    "model",
+    "hardware",
+    "cluster",
+    "strategy",
+    "workload",
+    "trainer",
+    "predicted",
+    "measured",
+    "meta",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,9 +154,10 @@ class RunConfig:
         check_names(data, _SECTIONS, where, noun="section")
         ver = data.get("schema_version")
         if ver != SCHEMA_VERSION:
-            raise ConfigError(f"{where}: schema_version {ver!r} is not supported "
-                              f"(this grpo-tune reads {SCHEMA_VERSION})",
-                              hint="re-emit the config with this grpo-tune version")
+            raise ConfigError(
+                f"{where}: schema_version {ver!r} is not supported (this grpo-tune reads {SCHEMA_VERSION})",
+                hint="re-emit the config with this grpo-tune version",
+            )
         for k in ("model", "hardware", "cluster", "strategy"):
             if k not in data:
                 raise ConfigError(f"{where}: missing section {k!r}")
@@ -155,16 +167,26 @@ class RunConfig:
         strategy = Strategy.from_dict(data["strategy"] or {}, where=f"{where}.strategy")
         workload = Workload.from_dict(data.get("workload") or {}, where=f"{where}.workload")
         trainer = from_mapping(TrainerOptions, data.get("trainer") or {}, f"{where}.trainer", _TRAINER_SCHEMA)
-        strategy = validate(model, strategy, cluster.gpus, gpus_per_node=cluster.gpus_per_node,
-                            allow_cross_node_tp=True)
+        strategy = validate(
+            model, strategy, cluster.gpus, gpus_per_node=cluster.gpus_per_node, allow_cross_node_tp=True
+        )
         extras: dict[str, dict[str, Any] | None] = {}
         for k in ("predicted", "measured", "meta"):
             v = data.get(k)
             if v is not None and not isinstance(v, dict):
                 raise ConfigError(f"{where}.{k} must be a mapping")
             extras[k] = v
-        return cls(model=model, hardware=hw, cluster=cluster, strategy=strategy, workload=workload,
-                   trainer=trainer, predicted=extras["predicted"], measured=extras["measured"], meta=extras["meta"])
+        return cls(
+            model=model,
+            hardware=hw,
+            cluster=cluster,
+            strategy=strategy,
+            workload=workload,
+            trainer=trainer,
+            predicted=extras["predicted"],
+            measured=extras["measured"],
+            meta=extras["meta"],
+        )
 
     def replace(self, **kw) -> "RunConfig":
         return dataclasses.replace(self, **kw)
@@ -192,8 +214,9 @@ def _hardware(v: Any, where: str) -> HardwareSpec:
 
 # ints are positive, floats >= 0 (not NaN); top_p is a fraction; the named choices come from core/choices.py.
 _CLUSTER_SCHEMA = Schema()
-_TRAINER_SCHEMA = Schema(ranges={"top_p": FRACTION},
-                         choices={"rollout_engine": RolloutEngine, "loss_agg_mode": LossAgg, "kl_type": KlType})
+_TRAINER_SCHEMA = Schema(
+    ranges={"top_p": FRACTION}, choices={"rollout_engine": RolloutEngine, "loss_agg_mode": LossAgg, "kl_type": KlType}
+)
 
 
 def load(path: str | os.PathLike) -> RunConfig:

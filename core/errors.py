@@ -3,6 +3,7 @@
 A user's mistake raises a :class:`GrpoTuneError` subclass. The CLI prints
 ``[CODE] message`` and ``hint: ...`` and exits 2, with no traceback.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -46,11 +47,11 @@ HINTS = {
     "UNKNOWN_COMMAND": "use verl's own entry point and flags (python3 -m verl.trainer.main_ppo key=value ...)",
     "UNKNOWN_MODEL": "`grpo-tune models` lists the presets; a path to a Hugging Face config.json works too",
     "UNKNOWN_HARDWARE": "`grpo-tune hardware` lists the profiles; `grpo-tune probe-hardware` writes one for this "
-                        "machine",
+    "machine",
     "INVALID_DEGREES": "choose degrees that divide the GPU count and the model's heads/layers/experts "
-                       "(`grpo-tune search` only proposes valid ones)",
+    "(`grpo-tune search` only proposes valid ones)",
     "NO_FEASIBLE_PLAN": "add GPUs, shorten the sequences, or allow offload/recompute; `--json` shows each plan's "
-                        "memory",
+    "memory",
     "TP_MISMATCH": "give the actor, the reference and the rollout the same tensor-parallel degree",
     "PP_MISMATCH": "give the actor and the reference the same pipeline degree",
     "CP_MISMATCH": "give the actor and the reference the same context-parallel degree",

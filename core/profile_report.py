@@ -78,9 +78,18 @@ class ProfileReport:
         return self.status is ProfileStatus.OK and _positive(self.tokens_per_s) and _positive(self.step_s)
 
     @classmethod
-    def from_history(cls, status: str, *, message: str | None, config: str, steps: int, world_size: int,
-                     history: Sequence[Mapping[str, Any]] = (), peak: Mapping[str, Any] | None = None,
-                     peak_bytes_by_phase: Mapping[str, int] | None = None) -> ProfileReport:
+    def from_history(
+        cls,
+        status: str,
+        *,
+        message: str | None,
+        config: str,
+        steps: int,
+        world_size: int,
+        history: Sequence[Mapping[str, Any]] = (),
+        peak: Mapping[str, Any] | None = None,
+        peak_bytes_by_phase: Mapping[str, int] | None = None,
+    ) -> ProfileReport:
         """Medians over the steps after the first (all steps if there is one); a failed run has no history."""
         timed = list(history[1:]) or list(history)
 
@@ -88,8 +97,11 @@ class ProfileReport:
             return float(statistics.median(xs)) if timed else None
 
         return cls(
-            status=ProfileStatus(status), message=message, config=str(config),
-            steps=len(history) if history else steps, world_size=world_size,
+            status=ProfileStatus(status),
+            message=message,
+            config=str(config),
+            steps=len(history) if history else steps,
+            world_size=world_size,
             step_s=med([h["step_s"] for h in timed]),
             phases_s={p: med([h["phases_s"][p] for h in timed]) for p in MEASURED_PHASES},
             tokens_per_s=med([h["tokens_per_s"] for h in timed]),
@@ -104,10 +116,15 @@ class ProfileReport:
     def to_dict(self) -> dict[str, Any]:
         """The JSON object (plain keys and types, in the order the contract lists them)."""
         d: dict[str, Any] = {
-            "status": self.status.value, "message": self.message, "config": self.config, "steps": self.steps,
-            "world_size": self.world_size, "step_s": self.step_s,
+            "status": self.status.value,
+            "message": self.message,
+            "config": self.config,
+            "steps": self.steps,
+            "world_size": self.world_size,
+            "step_s": self.step_s,
             "phases_s": {Phase(p).value: v for p, v in self.phases_s.items()},
-            "tokens_per_s": self.tokens_per_s, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
             "peak_memory_bytes": self.peak_memory.to_dict(),
         }
         if self.peak_bytes_by_phase is not None:
@@ -132,15 +149,19 @@ class ProfileReport:
         known = {p.value for p in Phase}
         by_phase = data.get("peak_bytes_by_phase")
         return cls(
-            status=status, message=_opt(data, "message", str, where), config=str(data.get("config") or ""),
-            steps=int(_opt(data, "steps", int, where) or 0), world_size=int(_opt(data, "world_size", int, where) or 1),
+            status=status,
+            message=_opt(data, "message", str, where),
+            config=str(data.get("config") or ""),
+            steps=int(_opt(data, "steps", int, where) or 0),
+            world_size=int(_opt(data, "world_size", int, where) or 1),
             step_s=_number(data, "step_s", where),
             phases_s={Phase(k): _number(phases, k, f"{where}.phases_s") for k in phases if k in known},
             tokens_per_s=_number(data, "tokens_per_s", where),
             tokens_per_s_per_gpu=_number(data, "tokens_per_s_per_gpu", where),
             peak_memory=_peak(data.get("peak_memory_bytes") or {}, f"{where}.peak_memory_bytes"),
             peak_bytes_by_phase=None if by_phase is None else _phase_ints(by_phase, f"{where}.peak_bytes_by_phase"),
-            loss=tuple(data.get("loss") or ()), reward=tuple(data.get("reward") or ()),
+            loss=tuple(data.get("loss") or ()),
+            reward=tuple(data.get("reward") or ()),
             response_len=tuple(data.get("response_len") or ()),
         )
 
@@ -178,9 +199,12 @@ def _peak(d: Mapping[str, Any], where: str) -> PeakMemory:
     if mx is not None and (not isinstance(mx, (int, float)) or isinstance(mx, bool)):
         raise ConfigError(f"{where}.max must be a byte count or null, got {mx!r}")
     tb = d.get("tensor_bytes_per_rank")
-    return PeakMemory(per_rank=_ints(d.get("per_rank") or [], f"{where}.per_rank"),
-                      max=None if mx is None else int(mx), kind=d.get("kind"),
-                      tensor_bytes_per_rank=None if tb is None else _ints(tb, f"{where}.tensor_bytes_per_rank"))
+    return PeakMemory(
+        per_rank=_ints(d.get("per_rank") or [], f"{where}.per_rank"),
+        max=None if mx is None else int(mx),
+        kind=d.get("kind"),
+        tensor_bytes_per_rank=None if tb is None else _ints(tb, f"{where}.tensor_bytes_per_rank"),
+    )
 
 
 def _phase_ints(d: Any, where: str) -> dict[Phase, int]:
@@ -191,8 +215,9 @@ def _phase_ints(d: Any, where: str) -> dict[Phase, int]:
         try:
             p = Phase(k)
         except ValueError:
-            raise ConfigError(f"{where}: unknown phase {k!r}",
-                              hint=f"phases: {', '.join(x.value for x in Phase)}") from None
+            raise ConfigError(
+                f"{where}: unknown phase {k!r}", hint=f"phases: {', '.join(x.value for x in Phase)}"
+            ) from None
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
             raise ConfigError(f"{where}.{k} must be a byte count >= 0, got {v!r}")
         out[p] = int(v)

@@ -67,8 +67,9 @@ def _err(message: str, hint: str = "", code: str = "INVALID_DEGREES") -> Finding
     return Finding(code, message, hint)
 
 
-def check_degrees(model: ModelSpec, s: Strategy, gpus: int, *, gpus_per_node: int | None = None,
-                  allow_cross_node_tp: bool = False) -> list[Finding]:
+def check_degrees(
+    model: ModelSpec, s: Strategy, gpus: int, *, gpus_per_node: int | None = None, allow_cross_node_tp: bool = False
+) -> list[Finding]:
     """Every reason the degrees of ``s`` cannot exist for ``model`` on ``gpus`` GPUs, in a fixed order.
 
     Codes: ``INVALID_DEGREES``, ``EXPERT_IMBALANCE`` (ep does not divide the experts) and
@@ -81,33 +82,61 @@ def check_degrees(model: ModelSpec, s: Strategy, gpus: int, *, gpus_per_node: in
     mp = s.tp * s.pp * s.cp
     dp: int | None = None
     if gpus % mp:
-        out.append(_err(f"tp*pp*cp = {s.tp}*{s.pp}*{s.cp} = {mp} does not divide {gpus} GPUs",
-                        "choose degrees whose product divides the GPU count"))
+        out.append(
+            _err(
+                f"tp*pp*cp = {s.tp}*{s.pp}*{s.cp} = {mp} does not divide {gpus} GPUs",
+                "choose degrees whose product divides the GPU count",
+            )
+        )
     else:
         dp = gpus // mp
         if s.dp is not None and s.dp != dp:
-            out.append(_err(f"tp*pp*cp*dp = {mp * s.dp} differs from the {gpus} GPUs",
-                            f"with tp={s.tp} pp={s.pp} cp={s.cp}, dp must be {dp}"))
+            out.append(
+                _err(
+                    f"tp*pp*cp*dp = {mp * s.dp} differs from the {gpus} GPUs",
+                    f"with tp={s.tp} pp={s.pp} cp={s.cp}, dp must be {dp}",
+                )
+            )
     if model.heads % s.tp:
-        out.append(_err(f"tp={s.tp} does not divide the {model.heads} attention heads of {model.name}",
-                        f"use a tp among {', '.join(map(str, divisors(model.heads)))}"))
+        out.append(
+            _err(
+                f"tp={s.tp} does not divide the {model.heads} attention heads of {model.name}",
+                f"use a tp among {', '.join(map(str, divisors(model.heads)))}",
+            )
+        )
     kv = model.heads if model.is_mla else model.kv_heads
     if kv % s.tp:
-        out.append(_err(f"tp={s.tp} does not divide the {kv} key/value heads of {model.name} "
-                        "(Megatron splits query groups evenly)",
-                        f"use a tp among {', '.join(map(str, divisors(kv)))}"))
+        out.append(
+            _err(
+                f"tp={s.tp} does not divide the {kv} key/value heads of {model.name} "
+                "(Megatron splits query groups evenly)",
+                f"use a tp among {', '.join(map(str, divisors(kv)))}",
+            )
+        )
     if gpus_per_node and s.tp > gpus_per_node and not allow_cross_node_tp:
-        out.append(_err(f"tp={s.tp} spans nodes of {gpus_per_node} GPUs",
-                        "keep tp <= GPUs per node, or allow it explicitly"))
+        out.append(
+            _err(f"tp={s.tp} spans nodes of {gpus_per_node} GPUs", "keep tp <= GPUs per node, or allow it explicitly")
+        )
     out += _check_stages(model, s)
     etp = s.etp_
     if model.is_moe:
         if model.experts % s.ep:
-            out.append(_err(f"ep={s.ep} does not divide the {model.experts} experts of {model.name}",
-                            f"use an ep among {', '.join(map(str, divisors(model.experts)))}", "EXPERT_IMBALANCE"))
+            out.append(
+                _err(
+                    f"ep={s.ep} does not divide the {model.experts} experts of {model.name}",
+                    f"use an ep among {', '.join(map(str, divisors(model.experts)))}",
+                    "EXPERT_IMBALANCE",
+                )
+            )
         if dp is not None and (s.tp * s.cp * dp) % (s.ep * etp):
-            out.append(_err(f"ep*etp = {s.ep}*{etp} does not divide tp*cp*dp = {s.tp * s.cp * dp} "
-                            "(Megatron's MoE parallel folding)", "lower ep or etp", "EXPERT_DEGREES"))
+            out.append(
+                _err(
+                    f"ep*etp = {s.ep}*{etp} does not divide tp*cp*dp = {s.tp * s.cp * dp} "
+                    "(Megatron's MoE parallel folding)",
+                    "lower ep or etp",
+                    "EXPERT_DEGREES",
+                )
+            )
     elif s.ep > 1 or (s.etp is not None and s.etp != s.tp):
         out.append(_err(f"{model.name} is dense: ep/etp apply to MoE models only"))
     if gpus % s.rollout_tp:
@@ -148,12 +177,20 @@ def _check_stages(model: ModelSpec, s: Strategy) -> list[Finding]:
             middle = s.pp - (s.first_stage_layers is not None) - (s.last_stage_layers is not None)
             rest = model.layers - (s.first_stage_layers or 0) - (s.last_stage_layers or 0)
             if rest < 0 or (middle and rest % middle) or (not middle and rest) or min(stages) < 1:
-                out.append(_err(f"first/last stage layers ({s.first_stage_layers}/{s.last_stage_layers}) leave "
-                                f"{rest} layers that do not split evenly over {middle} middle stages of "
-                                f"{model.name}'s {model.layers}"))
+                out.append(
+                    _err(
+                        f"first/last stage layers ({s.first_stage_layers}/{s.last_stage_layers}) leave "
+                        f"{rest} layers that do not split evenly over {middle} middle stages of "
+                        f"{model.name}'s {model.layers}"
+                    )
+                )
     elif model.layers % s.pp:
-        out.append(_err(f"pp={s.pp} does not divide the {model.layers} layers of {model.name}",
-                        "use --first-stage-layers/--last-stage-layers for uneven stages, or another pp"))
+        out.append(
+            _err(
+                f"pp={s.pp} does not divide the {model.layers} layers of {model.name}",
+                "use --first-stage-layers/--last-stage-layers for uneven stages, or another pp",
+            )
+        )
     if s.vpp > 1:
         if s.pp == 1:
             out.append(_err("vpp > 1 needs pp > 1"))
@@ -182,27 +219,53 @@ def check_batches(w: Workload, *, dp: int, mbs: int | None = None, pp: int = 1, 
     if w.kind == "grpo":
         mini = w.mini_batch * w.n
         if mbs is not None and mini % (dp * mbs):
-            out.append(Finding(code, f"a mini-batch of {w.mini_batch} prompts x n={w.n} = {mini} sequences "
-                                     f"does not split over dp={dp} x mbs={mbs}",
-                               "choose mini_batch * n divisible by dp * mbs"))
+            out.append(
+                Finding(
+                    code,
+                    f"a mini-batch of {w.mini_batch} prompts x n={w.n} = {mini} sequences "
+                    f"does not split over dp={dp} x mbs={mbs}",
+                    "choose mini_batch * n divisible by dp * mbs",
+                )
+            )
         elif mbs is None and mini % dp:
-            out.append(Finding(code, f"a mini-batch of {w.mini_batch} prompts x n={w.n} = {mini} sequences "
-                                     f"does not split over dp={dp}", "choose mini_batch * n divisible by dp"))
+            out.append(
+                Finding(
+                    code,
+                    f"a mini-batch of {w.mini_batch} prompts x n={w.n} = {mini} sequences does not split over dp={dp}",
+                    "choose mini_batch * n divisible by dp",
+                )
+            )
         if (w.prompts * w.n) % dp:
-            out.append(Finding(code, f"a step's {w.prompts} prompts x n={w.n} = {w.prompts * w.n} sequences "
-                                     f"do not split over dp={dp}", "choose prompts * n divisible by dp"))
+            out.append(
+                Finding(
+                    code,
+                    f"a step's {w.prompts} prompts x n={w.n} = {w.prompts * w.n} sequences do not split over dp={dp}",
+                    "choose prompts * n divisible by dp",
+                )
+            )
     else:
         mini = w.gbs
         if w.gbs % (dp * (mbs or 1)):
-            out.append(Finding(code, f"the global batch of {w.gbs} sequences does not split over dp={dp}"
-                                     + (f" x mbs={mbs}" if mbs else ""), "choose gbs divisible by dp * mbs"))
+            out.append(
+                Finding(
+                    code,
+                    f"the global batch of {w.gbs} sequences does not split over dp={dp}"
+                    + (f" x mbs={mbs}" if mbs else ""),
+                    "choose gbs divisible by dp * mbs",
+                )
+            )
     if vpp > 1 and mbs is not None and not out:
         # megatron-core's interleaved schedule (schedules.py): micro-batches >= pp, and the remainder
         # modulo the group size (= pp) must be 0 or >= pp, i.e. 0.
         k = mini // (dp * mbs)
         if k < pp or k % pp:
-            out.append(Finding(code, f"vpp={vpp} needs micro-batches per mini-batch ({k}) to be a multiple of pp={pp}",
-                               "raise mini_batch or lower mbs"))
+            out.append(
+                Finding(
+                    code,
+                    f"vpp={vpp} needs micro-batches per mini-batch ({k}) to be a multiple of pp={pp}",
+                    "raise mini_batch or lower mbs",
+                )
+            )
     return out
 
 
@@ -214,7 +277,11 @@ def check_lengths(model: ModelSpec, w: Workload) -> list[Finding]:
     longest = w.prompt_len + w.response_len
     if longest <= model.max_seq_len:
         return []
-    return [Finding("BAD_CONFIG", f"prompt_len + response_len = {longest} exceeds {model.name}'s "
-                                  f"max_seq_len {model.max_seq_len}",
-                    f"shorten the prompt / response lengths (--prompt-len, --response-len) to at most "
-                    f"{model.max_seq_len} tokens together")]
+    return [
+        Finding(
+            "BAD_CONFIG",
+            f"prompt_len + response_len = {longest} exceeds {model.name}'s max_seq_len {model.max_seq_len}",
+            f"shorten the prompt / response lengths (--prompt-len, --response-len) to at most "
+            f"{model.max_seq_len} tokens together",
+        )
+    ]

@@ -5,6 +5,7 @@ a user adds one by dropping a file in ``profiles/{models,hardware}/``, in a fold
 ``GRPO_TUNE_PROFILES`` (``$DIR/models``, ``$DIR/hardware``), or by passing a path. A model can
 also come from a Hugging Face ``config.json``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -185,8 +186,10 @@ class Efficiency:
                 raise ConfigError(f"{where}.{k} must be a finite number >= 0, got {v!r}")
             # a fraction of peak: 0 divides step times by zero, above 1 beats the hardware (diag, issue 14 #8)
             if (k.endswith("_efficiency") or k.endswith("_efficiency_max")) and not 0 < v <= 1:
-                raise ConfigError(f"{where}.{k} must be a fraction in (0, 1], got {v!r}",
-                                  hint="an efficiency is the achieved share of the peak figure")
+                raise ConfigError(
+                    f"{where}.{k} must be a fraction in (0, 1], got {v!r}",
+                    hint="an efficiency is the achieved share of the peak figure",
+                )
         return cls(**{k: float(v) for k, v in data.items()})
 
 
@@ -255,36 +258,68 @@ class HardwareSpec:
             data["efficiency"] = Efficiency.from_dict(eff, where=f"{where}.efficiency")
         elif eff is not None and not isinstance(eff, Efficiency):
             raise ConfigError(f"{where}.efficiency must be a table of numbers, got {eff!r}")
-        for key, allowed in (("rollout_engine", ROLLOUT_ENGINES), ("attention_kernel", ATTENTION_KERNELS),
-                             ("activation_layout", ACTIVATION_LAYOUTS)):
+        for key, allowed in (
+            ("rollout_engine", ROLLOUT_ENGINES),
+            ("attention_kernel", ATTENTION_KERNELS),
+            ("activation_layout", ACTIVATION_LAYOUTS),
+        ):
             if key in data and data[key] not in allowed:
                 raise ConfigError(f"{where}.{key} must be one of {', '.join(allowed)}, got {data[key]!r}")
         hw = from_mapping(cls, data, where, _HARDWARE_SCHEMA)
         if hw.reserved_memory_bytes >= hw.hbm_bytes:
             # capacity = hbm - reserved: zero or negative would make every plan "not fit" by a wrong amount
-            raise ConfigError(f"{where}.reserved_memory_bytes ({hw.reserved_memory_bytes:.4g}) must be below "
-                              f"hbm_bytes ({hw.hbm_bytes:.4g})",
-                              hint="reserved_memory_bytes is the part of HBM no tensor can use (CUDA context, "
-                                   "NCCL buffers), typically a few GiB")
+            raise ConfigError(
+                f"{where}.reserved_memory_bytes ({hw.reserved_memory_bytes:.4g}) must be below "
+                f"hbm_bytes ({hw.hbm_bytes:.4g})",
+                hint="reserved_memory_bytes is the part of HBM no tensor can use (CUDA context, "
+                "NCCL buffers), typically a few GiB",
+            )
         return hw
 
     def with_efficiency(self, **eff: float) -> "HardwareSpec":
         return dataclasses.replace(self, efficiency=dataclasses.replace(self.efficiency, **eff))
 
     def __hash__(self) -> int:
-        return hash((self.name, self.bf16_dense_flops_per_s, self.hbm_bytes, self.gpus_per_node, self.efficiency,
-                     self.rollout_engine, self.attention_kernel, self.activation_layout))
+        return hash(
+            (
+                self.name,
+                self.bf16_dense_flops_per_s,
+                self.hbm_bytes,
+                self.gpus_per_node,
+                self.efficiency,
+                self.rollout_engine,
+                self.attention_kernel,
+                self.activation_layout,
+            )
+        )
 
 
 # ints and floats >= 0 and finite; the sizes a model or a GPU cannot do without, > 0.
-_MODEL_SCHEMA = Schema(ints=FINITE_NON_NEGATIVE, floats=FINITE_NON_NEGATIVE,
-                       ranges={k: POSITIVE for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab")})
-_HARDWARE_SCHEMA = Schema(ints=FINITE_NON_NEGATIVE, floats=FINITE_NON_NEGATIVE, ranges={
-    "gpus_per_node": POSITIVE,
-    **{k: FINITE_POSITIVE for k in ("bf16_dense_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s",
-                                    "intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s",
-                                    "host_to_device_bandwidth_bytes_per_s", "host_flops_per_s",
-                                    "host_memory_bandwidth_bytes_per_s")}})
+_MODEL_SCHEMA = Schema(
+    ints=FINITE_NON_NEGATIVE,
+    floats=FINITE_NON_NEGATIVE,
+    ranges={k: POSITIVE for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab")},
+)
+_HARDWARE_SCHEMA = Schema(
+    ints=FINITE_NON_NEGATIVE,
+    floats=FINITE_NON_NEGATIVE,
+    ranges={
+        "gpus_per_node": POSITIVE,
+        **{
+            k: FINITE_POSITIVE
+            for k in (
+                "bf16_dense_flops_per_s",
+                "hbm_bytes",
+                "hbm_bandwidth_bytes_per_s",
+                "intra_node_bandwidth_bytes_per_s",
+                "inter_node_bandwidth_bytes_per_s",
+                "host_to_device_bandwidth_bytes_per_s",
+                "host_flops_per_s",
+                "host_memory_bandwidth_bytes_per_s",
+            )
+        },
+    },
+)
 
 
 def _check_model(where: str, obj: ModelSpec) -> ModelSpec:
@@ -303,6 +338,7 @@ def _check_model(where: str, obj: ModelSpec) -> ModelSpec:
 # ---------------------------------------------------------------------------------------------
 # Loading presets
 # ---------------------------------------------------------------------------------------------
+
 
 def _search_dirs(kind: str) -> list[Path]:
     dirs = [PROFILES_DIR / kind]
@@ -419,8 +455,9 @@ def load_model(name_or_path: str) -> ModelSpec:
     if name_or_path.endswith(".json") or p.is_dir():
         cfg = p / "config.json" if p.is_dir() else p
         if not cfg.exists():
-            raise UnknownModelError(f"no config.json at {name_or_path}",
-                                    hint="pass a Hugging Face config.json or a preset name")
+            raise UnknownModelError(
+                f"no config.json at {name_or_path}", hint="pass a Hugging Face config.json or a preset name"
+            )
         return from_hf_config(cfg)
     if name_or_path.endswith(".toml"):
         if not p.exists():
@@ -494,8 +531,9 @@ def from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     except ValueError as exc:  # json.JSONDecodeError included
         raise UnknownModelError(f"{path}: not valid JSON ({exc})", hint="pass a Hugging Face config.json") from None
     if not isinstance(cfg, dict):
-        raise UnknownModelError(f"{path}: a config.json is a JSON object, got {type(cfg).__name__}",
-                          hint="pass a Hugging Face config.json")
+        raise UnknownModelError(
+            f"{path}: a config.json is a JSON object, got {type(cfg).__name__}", hint="pass a Hugging Face config.json"
+        )
     return spec_from_hf_dict(cfg, name=name or path.parent.name or path.stem, source=str(path))
 
 
@@ -505,8 +543,10 @@ def _hf_int(cfg: dict[str, Any], where: str, key: str, default: Any = KeyError, 
     if v is KeyError:
         raise KeyError(key)
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ConfigError(f"{where}: {key} = {v!r} must be an integer >= {minimum}",
-                          hint="fix config.json (a Hugging Face config has integers here)")
+        raise ConfigError(
+            f"{where}: {key} = {v!r} must be an integer >= {minimum}",
+            hint="fix config.json (a Hugging Face config has integers here)",
+        )
     return v
 
 
@@ -515,8 +555,14 @@ def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, source: str = "") -> Mo
     family = next((_HF_FAMILIES[a] for a in archs if a in _HF_FAMILIES), None)
     if family is None:
         mt = cfg.get("model_type", "")
-        family = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe",
-                  "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3"}.get(mt)
+        family = {
+            "llama": "llama",
+            "qwen2": "qwen2",
+            "qwen3": "qwen3",
+            "qwen3_moe": "qwen3_moe",
+            "deepseek_v3": "deepseek_v3",
+            "kimi_k2": "deepseek_v3",
+        }.get(mt)
     if family is None:
         raise UnknownModelError(
             f"{source or name}: unsupported architecture {archs or cfg.get('model_type')}",
@@ -528,8 +574,11 @@ def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, source: str = "") -> Mo
         hidden = _hf_int(cfg, where, "hidden_size")
         kv_heads = heads if cfg.get("num_key_value_heads") is None else _hf_int(cfg, where, "num_key_value_heads")
         if cfg.get("head_dim") is None and hidden % heads:
-            raise ConfigError(f"{source or name}: hidden_size {hidden} is not a multiple of the {heads} heads "
-                              "and config.json gives no head_dim", hint="add head_dim to config.json")
+            raise ConfigError(
+                f"{source or name}: hidden_size {hidden} is not a multiple of the {heads} heads "
+                "and config.json gives no head_dim",
+                hint="add head_dim to config.json",
+            )
         kw: dict[str, Any] = dict(
             name=name,
             family=family,
@@ -551,22 +600,30 @@ def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, source: str = "") -> Mo
         if family == "qwen2":
             kw["qkv_bias"] = True  # Qwen2 always has q/k/v biases; config.json does not say so
         if family == "qwen3_moe":
-            kw.update(experts=int(cfg["num_experts"]), top_k=int(cfg["num_experts_per_tok"]),
-                      expert_ffn_hidden=int(cfg["moe_intermediate_size"]))
+            kw.update(
+                experts=int(cfg["num_experts"]),
+                top_k=int(cfg["num_experts_per_tok"]),
+                expert_ffn_hidden=int(cfg["moe_intermediate_size"]),
+            )
             if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step", 1)) != 1:
                 raise UnknownModelError(f"{name}: interleaved dense/MoE layers are not supported")
         if family == "deepseek_v3":
             kw.update(
-                experts=int(cfg["n_routed_experts"]), top_k=int(cfg["num_experts_per_tok"]),
+                experts=int(cfg["n_routed_experts"]),
+                top_k=int(cfg["num_experts_per_tok"]),
                 expert_ffn_hidden=int(cfg["moe_intermediate_size"]),
                 shared_experts=int(cfg.get("n_shared_experts") or 0),
                 dense_layers=int(cfg.get("first_k_dense_replace", 0)),
                 router_bias=cfg.get("topk_method", "noaux_tc") == "noaux_tc",
-                router_groups=int(cfg.get("n_group") or 0), router_group_topk=int(cfg.get("topk_group") or 0),
+                router_groups=int(cfg.get("n_group") or 0),
+                router_group_topk=int(cfg.get("topk_group") or 0),
                 routed_scaling=float(cfg.get("routed_scaling_factor") or 1.0),
-                q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=int(cfg["kv_lora_rank"]),
-                qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
-                v_head_dim=int(cfg["v_head_dim"]), mtp_layers=int(cfg.get("num_nextn_predict_layers", 0)),
+                q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+                kv_lora_rank=int(cfg["kv_lora_rank"]),
+                qk_nope_head_dim=int(cfg["qk_nope_head_dim"]),
+                qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
+                v_head_dim=int(cfg["v_head_dim"]),
+                mtp_layers=int(cfg.get("num_nextn_predict_layers", 0)),
                 head_dim=int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"]),
                 kv_heads=heads,
             )

@@ -3,6 +3,7 @@
 A plan that cannot exist (TP not dividing the heads, a product that differs from the GPU count)
 raises :class:`InvalidDegreesError`; a plan that exists but does not fit is data (violations).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -197,8 +198,11 @@ class Workload:
     def from_dict(cls, data: dict[str, Any], *, where: str = "workload") -> "Workload":
         data = dict(data) if isinstance(data, dict) else data
         q = data.pop("response_len_quantiles", None) if isinstance(data, dict) else None
-        if q is not None and (not isinstance(q, (list, tuple)) or not q or not all(
-                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in q)):
+        if q is not None and (
+            not isinstance(q, (list, tuple))
+            or not q
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in q)
+        ):
             raise ConfigError(f"{where}.response_len_quantiles must be a list of token counts, got {q!r}")
         obj = from_mapping(cls, data, where, _WORKLOAD_SCHEMA)
         if q is not None:
@@ -210,16 +214,20 @@ class Workload:
 
 
 # ints are positive; the two fractions are in (0, 1].
-_STRATEGY_SCHEMA = Schema(ranges={"gpu_memory_utilization": FRACTION, "cpu_optimizer": FRACTION},
-                          choices={"recompute": Recompute, "offload": Offload})
+_STRATEGY_SCHEMA = Schema(
+    ranges={"gpu_memory_utilization": FRACTION, "cpu_optimizer": FRACTION},
+    choices={"recompute": Recompute, "offload": Offload},
+)
 _WORKLOAD_SCHEMA = Schema(choices={"kind": WorkloadKind, "dtype": Dtype})
 
 
 def _check_workload(obj: Workload, where: str) -> Workload:
     """The rules between a workload's fields (each field's own range is in ``_WORKLOAD_SCHEMA``)."""
     if obj.kind == "grpo" and obj.mini_batch > obj.prompts:
-        raise ConfigError(f"{where}: mini_batch ({obj.mini_batch}) exceeds prompts ({obj.prompts})",
-                          hint="verl requires ppo_mini_batch_size <= data.train_batch_size")
+        raise ConfigError(
+            f"{where}: mini_batch ({obj.mini_batch}) exceeds prompts ({obj.prompts})",
+            hint="verl requires ppo_mini_batch_size <= data.train_batch_size",
+        )
     if obj.kind == "grpo" and obj.prompts % obj.mini_batch:
         raise ConfigError(f"{where}: prompts ({obj.prompts}) is not a multiple of mini_batch ({obj.mini_batch})")
     if obj.response_len_mean is not None and obj.response_len_mean > obj.response_len:
@@ -232,15 +240,17 @@ def _check_workload(obj: Workload, where: str) -> Workload:
     return obj
 
 
-def validate(model: ModelSpec, s: Strategy, gpus: int, *, gpus_per_node: int | None = None,
-             allow_cross_node_tp: bool = False) -> Strategy:
+def validate(
+    model: ModelSpec, s: Strategy, gpus: int, *, gpus_per_node: int | None = None, allow_cross_node_tp: bool = False
+) -> Strategy:
     """Check that the degrees can exist; return the strategy with ``dp`` and ``etp`` resolved.
 
     Raises :class:`InvalidDegreesError` (code ``INVALID_DEGREES``) with the first error of
     :func:`core.rules.check_degrees`.
     """
-    for f in errors(check_degrees(model, s, gpus, gpus_per_node=gpus_per_node,
-                                  allow_cross_node_tp=allow_cross_node_tp)):
+    for f in errors(
+        check_degrees(model, s, gpus, gpus_per_node=gpus_per_node, allow_cross_node_tp=allow_cross_node_tp)
+    ):
         raise InvalidDegreesError(f.message, f.hint)
     dp = gpus // (s.tp * s.pp * s.cp)
     return dataclasses.replace(s, dp=dp, etp=s.etp_, sequence_parallel=s.sp)

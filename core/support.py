@@ -7,6 +7,7 @@ and the trainer refuses exactly those. Each rule says where megatron-core 0.16.1
 trainer) stops. Degree rules live in core/rules.py (``check_degrees``) and batch rules there too
 (``check_batches``, reused here).
 """
+
 from __future__ import annotations
 
 from .rules import Finding, check_batches, check_lengths, errors
@@ -17,8 +18,9 @@ SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3")
 CODE = "TRAINER_UNSUPPORTED"
 
 
-def check_supported(model: ModelSpec, strategy: Strategy, hardware: HardwareSpec | None = None, *,
-                    workload: Workload | None = None) -> list[Finding]:
+def check_supported(
+    model: ModelSpec, strategy: Strategy, hardware: HardwareSpec | None = None, *, workload: Workload | None = None
+) -> list[Finding]:
     """Reasons why the trainer would refuse this (degree-validated) plan; [] if it runs it:
     :func:`trainer_only` + :func:`check_plan`.
 
@@ -36,17 +38,32 @@ def trainer_only(model: ModelSpec, strategy: Strategy) -> list[Finding]:
     m, s = model, strategy
     out: list[Finding] = []
     if m.family not in SUPPORTED_FAMILIES:
-        out.append(Finding(CODE, f"model {m.name} ({m.family}) is not built by the trainer",
-                           f"the trainer builds {', '.join(SUPPORTED_FAMILIES)} models"))
+        out.append(
+            Finding(
+                CODE,
+                f"model {m.name} ({m.family}) is not built by the trainer",
+                f"the trainer builds {', '.join(SUPPORTED_FAMILIES)} models",
+            )
+        )
     if not m.gated_mlp:
-        out.append(Finding(CODE, f"model {m.name} has a plain (non-SwiGLU) MLP, which the trainer does not build",
-                           "use a SwiGLU model (Llama / Qwen / DeepSeek)"))
+        out.append(
+            Finding(
+                CODE,
+                f"model {m.name} has a plain (non-SwiGLU) MLP, which the trainer does not build",
+                "use a SwiGLU model (Llama / Qwen / DeepSeek)",
+            )
+        )
     if s.cp > 1:
         # megatron-core's local attention (DotProductAttention) asserts context_parallel_size == 1;
         # only TransformerEngine's attention runs CP, and the trainer does not split GRPO's
         # variable-length sequences per CP rank.
-        out.append(Finding(CODE, f"cp={s.cp}: context parallelism is not implemented in the trainer",
-                           "set strategy.cp: 1 (the search keeps CP only where each CP rank holds >= 4k tokens)"))
+        out.append(
+            Finding(
+                CODE,
+                f"cp={s.cp}: context parallelism is not implemented in the trainer",
+                "set strategy.cp: 1 (the search keeps CP only where each CP rank holds >= 4k tokens)",
+            )
+        )
     return out
 
 
@@ -56,32 +73,67 @@ def check_plan(model: ModelSpec, strategy: Strategy, *, workload: Workload | Non
     out: list[Finding] = []
     if m.is_moe and s.tp > 1 and s.ep > 1 and not s.sp:
         # TransformerConfig.__post_init__: sequence parallelism must be used with EP and TP
-        out.append(Finding(CODE, "MoE with tp > 1 and ep > 1 needs sequence parallelism (megatron-core)",
-                           "leave strategy.sequence_parallel unset or true"))
+        out.append(
+            Finding(
+                CODE,
+                "MoE with tp > 1 and ep > 1 needs sequence parallelism (megatron-core)",
+                "leave strategy.sequence_parallel unset or true",
+            )
+        )
     if m.is_moe and m.router_groups > 1:
         if m.experts % m.router_groups or not 0 < m.router_group_topk <= m.router_groups:
-            out.append(Finding("BAD_CONFIG", f"{m.name}: {m.experts} experts do not split into {m.router_groups} "
-                                             f"router groups with topk_group {m.router_group_topk}",
-                               "fix router_groups / router_group_topk"))
+            out.append(
+                Finding(
+                    "BAD_CONFIG",
+                    f"{m.name}: {m.experts} experts do not split into {m.router_groups} "
+                    f"router groups with topk_group {m.router_group_topk}",
+                    "fix router_groups / router_group_topk",
+                )
+            )
         elif m.router_group_topk * (m.experts // m.router_groups) < m.top_k:
-            out.append(Finding("BAD_CONFIG", f"{m.name}: top_k={m.top_k} exceeds the experts of "
-                                             f"{m.router_group_topk} groups", "raise router_group_topk"))
+            out.append(
+                Finding(
+                    "BAD_CONFIG",
+                    f"{m.name}: top_k={m.top_k} exceeds the experts of {m.router_group_topk} groups",
+                    "raise router_group_topk",
+                )
+            )
     if s.cpu_optimizer is not None:
         if not 0.0 < s.cpu_optimizer <= 1.0:
-            out.append(Finding("BAD_CONFIG", f"cpu_optimizer={s.cpu_optimizer} is not a fraction in (0, 1]",
-                               "give the share of optimizer state on the host, e.g. 0.5 (0 turns it off)"))
+            out.append(
+                Finding(
+                    "BAD_CONFIG",
+                    f"cpu_optimizer={s.cpu_optimizer} is not a fraction in (0, 1]",
+                    "give the share of optimizer state on the host, e.g. 0.5 (0 turns it off)",
+                )
+            )
         if not s.distributed_optimizer:
-            out.append(Finding(CODE, "Megatron's hybrid CPU optimizer runs on the distributed optimizer's shards",
-                               "set strategy.distributed_optimizer: true or drop cpu_optimizer"))
+            out.append(
+                Finding(
+                    CODE,
+                    "Megatron's hybrid CPU optimizer runs on the distributed optimizer's shards",
+                    "set strategy.distributed_optimizer: true or drop cpu_optimizer",
+                )
+            )
     if s.precision_aware_optimizer and not s.distributed_optimizer:
         # OptimizerConfig.__post_init__: "only supported with distributed optimizer"
-        out.append(Finding(CODE, "precision_aware_optimizer needs the distributed optimizer (megatron-core)",
-                           "set strategy.distributed_optimizer: true"))
+        out.append(
+            Finding(
+                CODE,
+                "precision_aware_optimizer needs the distributed optimizer (megatron-core)",
+                "set strategy.distributed_optimizer: true",
+            )
+        )
     for name in ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu"):
         v = getattr(s, name)
         if v is not None and v < 1:
-            out.append(Finding("BAD_CONFIG", f"strategy.{name} must be >= 1 tokens (None turns it off), got {v}",
-                               f"set strategy.{name} to a token budget or leave it unset"))
+            out.append(
+                Finding(
+                    "BAD_CONFIG",
+                    f"strategy.{name} must be >= 1 tokens (None turns it off), got {v}",
+                    f"set strategy.{name} to a token budget or leave it unset",
+                )
+            )
     if workload is not None and workload.kind == "grpo":
         w = workload
         # verl's batch rules; megatron's interleaving rule only for a fixed mbs (with a token budget
@@ -94,14 +146,20 @@ def check_plan(model: ModelSpec, strategy: Strategy, *, workload: Workload | Non
             v = getattr(s, name)
             if v is not None and 1 <= v < longest:
                 # verl's rearrange_micro_batches asserts the same: one sequence must fit a micro-batch
-                out.append(Finding("BATCH_DIVISIBILITY", f"strategy.{name}={v} is below the longest sequence "
-                                                         f"({longest} tokens = prompt_len + response_len)",
-                                   f"raise {name} to at least {longest}"))
+                out.append(
+                    Finding(
+                        "BATCH_DIVISIBILITY",
+                        f"strategy.{name}={v} is below the longest sequence "
+                        f"({longest} tokens = prompt_len + response_len)",
+                        f"raise {name} to at least {longest}",
+                    )
+                )
     return errors(out)
 
 
-def first_refusal(model: ModelSpec, strategy: Strategy, hardware: HardwareSpec | None = None, *,
-                  workload: Workload | None = None) -> None:
+def first_refusal(
+    model: ModelSpec, strategy: Strategy, hardware: HardwareSpec | None = None, *, workload: Workload | None = None
+) -> None:
     """Raise the first refusal of :func:`check_supported` as a coded :class:`GrpoTuneError`."""
     found = check_supported(model, strategy, hardware, workload=workload)
     if found:

@@ -1,5 +1,6 @@
 """A small TOML writer (the standard library only reads TOML): every string is escaped by the TOML
 1.0 rules, so a value can never start a new key, table or line."""
+
 from __future__ import annotations
 
 import math

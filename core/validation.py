@@ -86,9 +86,10 @@ def check_names(data: Mapping[Any, Any], names: Sequence[str], where: str, noun:
     for k in data:
         if k not in names:
             near = close_matches(str(k), names)
-            raise UnknownKeyError(f"{where}: unknown {noun} {k!r}",
-                                  hint=f"did you mean {near[0]!r}?" if near
-                                  else f"valid {noun}s: {', '.join(sorted(names))}")
+            raise UnknownKeyError(
+                f"{where}: unknown {noun} {k!r}",
+                hint=f"did you mean {near[0]!r}?" if near else f"valid {noun}s: {', '.join(sorted(names))}",
+            )
 
 
 @lru_cache(maxsize=None)
@@ -142,8 +143,11 @@ def from_mapping(cls: type[T], data: Any, where: str, schema: Schema = Schema())
     """Build the dataclass ``cls`` from ``data``; every failure is a coded :class:`ConfigError`."""
     data = check_keys(cls, data, where)
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    missing = [f.name for f in fields if f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING and f.name not in data]
+    missing = [
+        f.name
+        for f in fields
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data
+    ]
     if missing:
         raise ConfigError(f"{where}: missing required key(s) {', '.join(missing)}")
     hints = _hints(cls)  # type: ignore[arg-type]  # a class is hashable

@@ -5,6 +5,7 @@ factors are those of nccl-tests' PERFORMANCE.md ("busbw"): all-reduce 2(n-1)/n, 
 reduce-scatter (n-1)/n (``bytes`` is the full, gathered buffer), all-to-all (n-1)/n.
 Plain float math: the search calls these thousands of times.
 """
+
 from __future__ import annotations
 
 from core.specs import HardwareSpec
@@ -52,7 +53,9 @@ def spans_nodes(span: int, gpus_per_node: int) -> bool:
 
 def link_bw(hw: HardwareSpec, span: int, gpus_per_node: int, comm_eff: float = 1.0) -> float:
     """Per-GPU one-direction bandwidth the group sees: NVLink inside a node, the NIC across nodes."""
-    bw = hw.inter_node_bandwidth_bytes_per_s if spans_nodes(span, gpus_per_node) else hw.intra_node_bandwidth_bytes_per_s
+    bw = (
+        hw.inter_node_bandwidth_bytes_per_s if spans_nodes(span, gpus_per_node) else hw.intra_node_bandwidth_bytes_per_s
+    )
     return bw * comm_eff
 
 

@@ -5,6 +5,7 @@ exist), then asks :mod:`costmodel.memory` for bytes per rank per phase and :mod:
 for seconds per phase, and gathers violations. A plan that does not fit is data, not an error.
 The results are the frozen dataclasses of :mod:`costmodel.results`.
 """
+
 from __future__ import annotations
 
 from core.rules import check_batches
@@ -28,8 +29,13 @@ def _token_budget(s: Strategy, w: Workload) -> list[Violation]:
     for name in ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu"):
         cap = getattr(s, name)
         if cap and cap * s.cp < longest:
-            out.append(Violation("BATCH_DIVISIBILITY", f"{name}={cap} (x cp {s.cp}) is below the longest sequence "
-                                 f"({longest} tokens): verl refuses it; raise it to at least {-(-longest // s.cp)}"))
+            out.append(
+                Violation(
+                    "BATCH_DIVISIBILITY",
+                    f"{name}={cap} (x cp {s.cp}) is below the longest sequence "
+                    f"({longest} tokens): verl refuses it; raise it to at least {-(-longest // s.cp)}",
+                )
+            )
     return out
 
 
@@ -41,14 +47,32 @@ def _batches(s: Strategy, w: Workload) -> list[Violation]:
     return [Violation(f.code, f"{f.message}; {f.hint}" if f.hint else f.message) for f in found]
 
 
-def estimate(*, model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strategy: Strategy,
-             workload: Workload, calibration: dict[str, float] | None = None) -> Estimate:
+def estimate(
+    *,
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    cluster: Cluster,
+    strategy: Strategy,
+    workload: Workload,
+    calibration: dict[str, float] | None = None,
+) -> Estimate:
     s = validate(model, strategy, cluster.gpus, gpus_per_node=cluster.gpus_per_node, allow_cross_node_tp=True)
     params = {"total": total_params(model), "active": active_params(model), "per_rank_max": max_rank_params(model, s)}
     mem, host_bytes, violations = memory.phase_memory(model, hardware, cluster, s, workload)
     violations += _token_budget(s, workload) + _batches(s, workload)
     time, throughput, details = timing.step_time(model, hardware, cluster, s, workload, calibration=calibration)
-    return Estimate(model=model, hardware=hardware, cluster=cluster, strategy=s, workload=workload, params=params,
-                    memory=mem, capacity_bytes=hardware.hbm_bytes - hardware.reserved_memory_bytes,
-                    time=time, throughput=throughput, violations=tuple(violations), host_bytes_per_node=host_bytes,
-                    details=details)
+    return Estimate(
+        model=model,
+        hardware=hardware,
+        cluster=cluster,
+        strategy=s,
+        workload=workload,
+        params=params,
+        memory=mem,
+        capacity_bytes=hardware.hbm_bytes - hardware.reserved_memory_bytes,
+        time=time,
+        throughput=throughput,
+        violations=tuple(violations),
+        host_bytes_per_node=host_bytes,
+        details=details,
+    )

@@ -8,6 +8,7 @@ Qwen3 rows with mean 3.2k of a 4k cap). Its survival is closed form, S(x) = (1 -
 the expected longest of N responses, the quantile N/(N+1). A histogram from ``--lengths``
 (``Workload.response_len_quantiles``) replaces it by its empirical quantiles.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

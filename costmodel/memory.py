@@ -20,6 +20,7 @@ checked against the profile. On the ``cpu`` profile the activations follow the t
 ``reserved_memory_bytes`` (CUDA context, NCCL, fragmentation) is already subtracted from the
 capacity, so no framework overhead is added here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -76,8 +77,18 @@ class ModelState:
         return self.weights + self.grads + self.optimizer
 
 
-def model_state_bytes(dense: int, expert: int, *, dp: int, cp: int, tp: int, ep: int, etp: int,
-                      distributed_optimizer: bool, dtype: str = "bf16") -> ModelState:
+def model_state_bytes(
+    dense: int,
+    expert: int,
+    *,
+    dp: int,
+    cp: int,
+    tp: int,
+    ep: int,
+    etp: int,
+    distributed_optimizer: bool,
+    dtype: str = "bf16",
+) -> ModelState:
     """Weights, main grads (Megatron's DDP grad buffer) and optimizer state on one rank.
 
     The distributed optimizer shards dense state over DP x CP and expert state over expert-DP =
@@ -96,6 +107,7 @@ def model_state_bytes(dense: int, expert: int, *, dp: int, cp: int, tp: int, ep:
 # ---------------------------------------------------------------------------------------------
 # Activations (Korthikanti et al. 2022)
 # ---------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Kernels:
@@ -123,8 +135,9 @@ def kernels_for(hardware: HardwareSpec, workload: Workload) -> Kernels:
     return Kernels(flash=flash, act_bytes=FP32 if workload.dtype == "fp32" else BF16)
 
 
-def paper_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, *, sp: bool = False,
-                                 recompute: str = "none") -> float:
+def paper_layer_activation_bytes(
+    s: int, b: int, h: int, a: int, t: int = 1, *, sp: bool = False, recompute: str = "none"
+) -> float:
     """Korthikanti et al. 2022, Table 2: activation bytes of one GPT-3-style layer.
 
     none: sbh(10 + 24/t + 5as/(ht)), with SP sbh/t (34 + 5as/h) (eqs. 1-4); selective drops the
@@ -154,8 +167,18 @@ class LayerCoeffs:
 
 
 @lru_cache(maxsize=4096)
-def layer_coeffs(m: ModelSpec, moe: bool, tp: int, etp: int, sp: bool, *, flash: bool = True,
-                 paper: bool = False, fused: bool = True, act_bytes: int = BF16) -> LayerCoeffs:
+def layer_coeffs(
+    m: ModelSpec,
+    moe: bool,
+    tp: int,
+    etp: int,
+    sp: bool,
+    *,
+    flash: bool = True,
+    paper: bool = False,
+    fused: bool = True,
+    act_bytes: int = BF16,
+) -> LayerCoeffs:
     """Per-tensor activation bytes of one layer, after Korthikanti sec. 4.1.
 
     ``paper=True`` is the paper's bookkeeping (LayerNorm, GeLU MLP of 4f bytes, dropout masks after
@@ -271,8 +294,9 @@ def _stage_coeffs(m: ModelSpec, s: Strategy, k: Kernels) -> tuple[LayerCoeffs, L
     return dense, moe
 
 
-def train_activation_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int, microbatches: int,
-                           kernels: Kernels = GPU_KERNELS) -> list[float]:
+def train_activation_bytes(
+    m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int, microbatches: int, kernels: Kernels = GPU_KERNELS
+) -> list[float]:
     """Per stage: activations held at the peak of 1F1B (logits not included)."""
     stages = tuple(stage_layers(m, s))
     layout = _stage_layout(m, stages)
@@ -280,6 +304,7 @@ def train_activation_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int,
     s_local = -(-seq_len // s.cp)  # CP splits the sequence (Megatron context parallel)
     out = []
     for i, ((nd, nm), n) in enumerate(zip(layout, stages)):
+
         def per_layer(c, rc):
             return layer_activation_bytes(c, s_local, seq_len, mbs, rc)
 
@@ -299,8 +324,9 @@ def train_activation_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int,
     return out
 
 
-def forward_activation_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int,
-                             kernels: Kernels = GPU_KERNELS) -> float:
+def forward_activation_bytes(
+    m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int, kernels: Kernels = GPU_KERNELS
+) -> float:
     """Forward without grad (log-prob): the residual in and out plus one layer's working set."""
     cd, cm = _stage_coeffs(m, s, kernels)
     s_local = -(-seq_len // s.cp)
@@ -321,6 +347,7 @@ def logits_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int, act_bytes
 # ---------------------------------------------------------------------------------------------
 # Rollout (vLLM, colocated)
 # ---------------------------------------------------------------------------------------------
+
 
 @lru_cache(maxsize=1024)
 def rollout_weight_bytes(m: ModelSpec, rollout_tp: int) -> float:
@@ -351,8 +378,9 @@ def kv_bytes_per_token(m: ModelSpec, rollout_tp: int) -> float:
 
 
 @lru_cache(maxsize=1024)
-def rollout_working_bytes(m: ModelSpec, rollout_tp: int, max_num_seqs: int = 256,
-                          max_num_batched_tokens: int = 8192) -> float:
+def rollout_working_bytes(
+    m: ModelSpec, rollout_tp: int, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192
+) -> float:
     """vLLM's profiled peak outside weights and KV: one layer's forward at max_num_batched_tokens
     (no score matrix, paged/flash attention) plus the sampler's fp32 logits for max_num_seqs."""
     c = layer_coeffs(m, m.is_moe, rollout_tp, rollout_tp, False, flash=True)
@@ -374,12 +402,17 @@ class KvCapacity:
     replicas: int
 
     def to_info(self) -> dict[str, float]:
-        return {"kv_cache_tokens": self.tokens, "max_concurrent_sequences": self.sequences,
-                "rollout_replicas": self.replicas, "kv_bytes_per_token": self.bytes_per_token}
+        return {
+            "kv_cache_tokens": self.tokens,
+            "max_concurrent_sequences": self.sequences,
+            "rollout_replicas": self.replicas,
+            "kv_bytes_per_token": self.bytes_per_token,
+        }
 
 
-def kv_cache_capacity(model: ModelSpec, hardware: HardwareSpec, strategy: Strategy, workload: Workload,
-                      gpus: int | None = None) -> KvCapacity:
+def kv_cache_capacity(
+    model: ModelSpec, hardware: HardwareSpec, strategy: Strategy, workload: Workload, gpus: int | None = None
+) -> KvCapacity:
     """The KV cache that ``gpu_memory_utilization`` leaves, and the concurrent sequences it holds."""
     budget = strategy.gpu_memory_utilization * hardware.hbm_bytes
     w = rollout_weight_bytes(model, strategy.rollout_tp)
@@ -390,17 +423,23 @@ def kv_cache_capacity(model: ModelSpec, hardware: HardwareSpec, strategy: Strate
     per_tok = kv_bytes_per_token(model, strategy.rollout_tp)
     tokens = int(kv // per_tok) if kv > 0 else 0
     seq = workload.prompt_len + workload.response_len
-    return KvCapacity(budget_bytes=budget, weights_bytes=w, working_bytes=work, kv_bytes=kv,
-                      bytes_per_token=per_tok, tokens=tokens, sequences=tokens // seq,
-                      replicas=(gpus // strategy.rollout_tp) if gpus else 0)
+    return KvCapacity(
+        budget_bytes=budget,
+        weights_bytes=w,
+        working_bytes=work,
+        kv_bytes=kv,
+        bytes_per_token=per_tok,
+        tokens=tokens,
+        sequences=tokens // seq,
+        replicas=(gpus // strategy.rollout_tp) if gpus else 0,
+    )
 
 
 @lru_cache(maxsize=1024)
 def sync_bucket_bytes(m: ModelSpec, ep: int) -> float:
     """The largest tensor gathered whole while verl reshards training weights for vLLM
     (verl.utils.megatron_utils.per_tensor_generator gathers one tensor at a time over TP/EP)."""
-    biggest = max(m.vocab * m.hidden, 2 * m.ffn_hidden * m.hidden,
-                  (m.heads + 2 * m.kv_heads) * m.head_dim * m.hidden)
+    biggest = max(m.vocab * m.hidden, 2 * m.ffn_hidden * m.hidden, (m.heads + 2 * m.kv_heads) * m.head_dim * m.hidden)
     if m.is_moe:
         biggest = max(biggest, ep * 2 * m.expert_ffn_hidden * m.hidden)
     return float(BF16 * biggest)
@@ -409,6 +448,7 @@ def sync_bucket_bytes(m: ModelSpec, ep: int) -> float:
 # ---------------------------------------------------------------------------------------------
 # Phases
 # ---------------------------------------------------------------------------------------------
+
 
 def _microbatches(s: Strategy, w: Workload) -> int:
     seqs = w.mini_batch * w.n if w.kind == "grpo" else w.gbs
@@ -429,9 +469,15 @@ def micro_batch_shape(s: Strategy, w: Workload, cap: int | None) -> tuple[int, f
     return seq_eff, cap_rank * s.cp / seq_eff
 
 
-def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strategy: Strategy,
-                 workload: Workload, *, kernels: Kernels | None = None
-                 ) -> tuple[dict[str, PhaseMemory], float, list[Violation]]:
+def phase_memory(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    cluster: Cluster,
+    strategy: Strategy,
+    workload: Workload,
+    *,
+    kernels: Kernels | None = None,
+) -> tuple[dict[str, PhaseMemory], float, list[Violation]]:
     """Bytes per phase on the most loaded rank, host bytes per node, and coded violations.
 
     ``strategy`` must be resolved (``validate`` fills dp/etp/sequence_parallel). ``kernels``: what
@@ -454,21 +500,41 @@ def phase_memory(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, str
         j = best.get(key)
         if j is None or acts[i] > acts[j]:
             best[key] = i
-    full = {i: model_state_bytes(stages[i].dense, stages[i].expert, dp=s.dp or 1, cp=s.cp, tp=s.tp, ep=s.ep,
-                                 etp=s.etp_, distributed_optimizer=s.distributed_optimizer, dtype=dtype)
-            for i in sorted(best.values())}
+    full = {
+        i: model_state_bytes(
+            stages[i].dense,
+            stages[i].expert,
+            dp=s.dp or 1,
+            cp=s.cp,
+            tp=s.tp,
+            ep=s.ep,
+            etp=s.etp_,
+            distributed_optimizer=s.distributed_optimizer,
+            dtype=dtype,
+        )
+        for i in sorted(best.values())
+    }
     # Megatron's hybrid CPU optimizer keeps only the GPU share of the optimizer state on the GPU.
     gpu_share = 1.0 - (s.cpu_optimizer or 0.0)
     states = {i: ModelState(st.weights, st.grads, st.optimizer * gpu_share) for i, st in full.items()}
-    kvc = kv_cache_capacity(m, hardware, s, w, cluster.gpus) if (w.kind == "grpo" and not hardware.native_rollout) else None
+    kvc = (
+        kv_cache_capacity(m, hardware, s, w, cluster.gpus)
+        if (w.kind == "grpo" and not hardware.native_rollout)
+        else None
+    )
     out = _phases(m, hardware, s, w, k, states, acts, logit, last, kvc)
     violations = _violations(out, hardware, w, kvc)
     host = _host_bytes(s, w, full, cluster)
     if host > hardware.host_memory_bytes:
-        violations.append(Violation(
-            "OOM_RISK", f"offloaded state needs {host / GiB:.1f} GiB of host memory per node "
-                        f"> {hardware.host_memory_bytes / GiB:.1f} GiB",
-            phase="host", bytes_over=host - hardware.host_memory_bytes))
+        violations.append(
+            Violation(
+                "OOM_RISK",
+                f"offloaded state needs {host / GiB:.1f} GiB of host memory per node "
+                f"> {hardware.host_memory_bytes / GiB:.1f} GiB",
+                phase="host",
+                bytes_over=host - hardware.host_memory_bytes,
+            )
+        )
     return out, host, violations
 
 
@@ -494,8 +560,11 @@ def _phases(m, hardware, s, w, k, states, acts, logit, last, kvc) -> dict[str, P
     resident = resident or graphs
 
     def res(st: ModelState, weights_needed: bool) -> tuple[float, ...]:
-        r = (st.weights if (weights_needed or not p_off) else 0.0, 0.0 if g_off else st.grads,
-             0.0 if o_off else st.optimizer)
+        r = (
+            st.weights if (weights_needed or not p_off) else 0.0,
+            0.0 if g_off else st.grads,
+            0.0 if o_off else st.optimizer,
+        )
         return r + ((0.0 if p_off else st.weights),) if kl else r
 
     rows: dict[str, tuple[tuple[str, ...], list[tuple[float, ...]]]] = {}
@@ -514,7 +583,9 @@ def _phases(m, hardware, s, w, k, states, acts, logit, last, kvc) -> dict[str, P
         fwd = forward_activation_bytes(m, s, seq_len=fseq, mbs=fmbs, kernels=k)
         flog = logits_bytes(m, s, seq_len=fseq, mbs=fmbs, act_bytes=k.act_bytes)
         olp, rlp, ws, ro = [], [], [], []
-        bucket = min(SYNC_BUCKET_BYTES, BF16 * float(per_stage_params(m, Strategy())[0].total)) + sync_bucket_bytes(m, s.ep)
+        bucket = min(SYNC_BUCKET_BYTES, BF16 * float(per_stage_params(m, Strategy())[0].total)) + sync_bucket_bytes(
+            m, s.ep
+        )
         for i, st in states.items():
             lg = flog if i == last else 0.0
             need = res(st, True)
@@ -543,29 +614,45 @@ def _phases(m, hardware, s, w, k, states, acts, logit, last, kvc) -> dict[str, P
     return out
 
 
-def _violations(out: dict[str, PhaseMemory], hardware: HardwareSpec, w: Workload,
-                kvc: KvCapacity | None) -> list[Violation]:
+def _violations(
+    out: dict[str, PhaseMemory], hardware: HardwareSpec, w: Workload, kvc: KvCapacity | None
+) -> list[Violation]:
     cap = hardware.hbm_bytes - hardware.reserved_memory_bytes
     violations: list[Violation] = []
     for name, pm in out.items():
         tot = pm.total_bytes
         if tot > cap:
-            violations.append(Violation(
-                "OOM_RISK", f"phase {name} needs {tot / GiB:.1f} GiB > {cap / GiB:.1f} GiB capacity "
-                            f"({(tot - cap) / GiB:.1f} GiB over; largest part: {max(pm.parts, key=pm.parts.get)})",
-                phase=name, bytes_over=tot - cap))
+            violations.append(
+                Violation(
+                    "OOM_RISK",
+                    f"phase {name} needs {tot / GiB:.1f} GiB > {cap / GiB:.1f} GiB capacity "
+                    f"({(tot - cap) / GiB:.1f} GiB over; largest part: {max(pm.parts, key=pm.parts.get)})",
+                    phase=name,
+                    bytes_over=tot - cap,
+                )
+            )
     if kvc is not None:
         if kvc.kv_bytes <= 0:
-            violations.append(Violation(
-                "OOM_RISK", f"gpu_memory_utilization gives vLLM {kvc.budget_bytes / GiB:.1f} GiB, less than its "
-                            f"weights + working set ({(kvc.weights_bytes + kvc.working_bytes) / GiB:.1f} GiB): no KV cache",
-                phase="rollout", bytes_over=-kvc.kv_bytes))
+            violations.append(
+                Violation(
+                    "OOM_RISK",
+                    f"gpu_memory_utilization gives vLLM {kvc.budget_bytes / GiB:.1f} GiB, less than its "
+                    f"weights + working set ({(kvc.weights_bytes + kvc.working_bytes) / GiB:.1f} GiB): no KV cache",
+                    phase="rollout",
+                    bytes_over=-kvc.kv_bytes,
+                )
+            )
         elif kvc.sequences < 1:
             need = (w.prompt_len + w.response_len) * kvc.bytes_per_token
-            violations.append(Violation(
-                "OOM_RISK", f"the KV cache ({kvc.tokens} tokens) cannot hold one sequence of "
-                            f"{w.prompt_len + w.response_len} tokens; raise gpu_memory_utilization or rollout_tp",
-                phase="rollout", bytes_over=need - kvc.kv_bytes))
+            violations.append(
+                Violation(
+                    "OOM_RISK",
+                    f"the KV cache ({kvc.tokens} tokens) cannot hold one sequence of "
+                    f"{w.prompt_len + w.response_len} tokens; raise gpu_memory_utilization or rollout_tp",
+                    phase="rollout",
+                    bytes_over=need - kvc.kv_bytes,
+                )
+            )
     return violations
 
 
@@ -585,9 +672,25 @@ def _host_bytes(s: Strategy, w: Workload, states: dict[int, ModelState], cluster
 
 
 __all__ = [
-    "CPU_KERNELS", "GPU_KERNELS", "Kernels", "KvCapacity", "LayerCoeffs", "ModelState", "forward_activation_bytes",
-    "in_flight_microbatches", "kernels_for",
-    "kv_bytes_per_token", "kv_cache_capacity", "layer_activation_bytes", "layer_coeffs", "logits_bytes",
-    "model_state_bytes", "model_state_bytes_per_param", "paper_layer_activation_bytes", "phase_memory",
-    "rollout_weight_bytes", "sync_bucket_bytes", "train_activation_bytes",
+    "CPU_KERNELS",
+    "GPU_KERNELS",
+    "Kernels",
+    "KvCapacity",
+    "LayerCoeffs",
+    "ModelState",
+    "forward_activation_bytes",
+    "in_flight_microbatches",
+    "kernels_for",
+    "kv_bytes_per_token",
+    "kv_cache_capacity",
+    "layer_activation_bytes",
+    "layer_coeffs",
+    "logits_bytes",
+    "model_state_bytes",
+    "model_state_bytes_per_param",
+    "paper_layer_activation_bytes",
+    "phase_memory",
+    "rollout_weight_bytes",
+    "sync_bucket_bytes",
+    "train_activation_bytes",
 ]

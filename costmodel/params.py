@@ -9,6 +9,7 @@ per-rank count follows megatron-core's layout:
   tied embeddings and PP > 1 the last stage holds its own copy of the embedding (Megatron's
   ``shared_embedding``), so it is counted on both stages.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -2,6 +2,7 @@
 throughput and training parts, and the Estimate that gathers them (``Estimate.predicted()`` is the
 block best.yaml records). Phases are named by :class:`core.phases.Phase` values.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -46,8 +47,11 @@ class PhaseMemory:
         object.__setattr__(self, "total_bytes", float(sum(self.parts.values())))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"total_bytes": int(self.total_bytes), **{f"{k}_bytes": int(v) for k, v in self.parts.items()},
-                **self.info}
+        return {
+            "total_bytes": int(self.total_bytes),
+            **{f"{k}_bytes": int(v) for k, v in self.parts.items()},
+            **self.info,
+        }
 
 
 @dataclass(frozen=True)
@@ -89,8 +93,11 @@ class Throughput:
     mfu: float
 
     def to_dict(self) -> dict[str, float]:
-        return {"tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "model_tflops_per_gpu": self.model_tflops_per_gpu,
-                "mfu": self.mfu}
+        return {
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "mfu": self.mfu,
+        }
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ cache holds, N) (vLLM continuous batching):
   is the scheduler's with CUDA graphs, or a per-layer launch cost when vLLM runs eager
   (``enforce_eager``, or a batch above the CUDA-graph capture sizes).
 """
+
 from __future__ import annotations
 
 import math
@@ -49,16 +50,18 @@ def _tp_allreduce_s(hw: HardwareSpec, nbytes: float, rtp: int, gpn: int, cal: di
 class _DecodeStep:
     """Seconds of one decode step at a given concurrency for one replica (constants hoisted)."""
 
-    def __init__(self, m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, prompt: float,
-                 cal: dict[str, float]):
+    def __init__(
+        self, m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, prompt: float, cal: dict[str, float]
+    ):
         e = hw.efficiency
         c = model_consts(m)
         rtp = s.rollout_tp
         self.m, self.hw, self.rtp, self.cal, self.prompt = m, hw, rtp, cal, prompt
         self.gpn = cluster.gpus_per_node
         self.peak = hw.bf16_dense_flops_per_s * cal["rollout_efficiency_scale"] * e.decode_efficiency
-        self.hbm = (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency * cal["rollout_efficiency_scale"]
-                    * e.decode_efficiency)
+        self.hbm = (
+            hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency * cal["rollout_efficiency_scale"] * e.decode_efficiency
+        )
         self.body_flops = m.layers * (c["dense_flops"] + c["routed_flops"])
         self.attn = m.layers * c["attn_coef"]
         self.head = c["head_flops"]
@@ -81,8 +84,11 @@ class _DecodeStep:
         t_mem = (self.dense_bytes + expert + conc * ctx * self.kv_tok) / self.hbm
         flops = conc * (self.body_flops + self.attn * ctx + self.head) / self.rtp
         t_comp = flops / (self.peak * gemm_efficiency(self.hw.efficiency, conc, self.m.hidden, self.ffn))
-        t_comm = 2 * self.m.layers * _tp_allreduce_s(self.hw, conc * self.m.hidden * PARAM_BYTES, self.rtp,
-                                                     self.gpn, self.cal)
+        t_comm = (
+            2
+            * self.m.layers
+            * _tp_allreduce_s(self.hw, conc * self.m.hidden * PARAM_BYTES, self.rtp, self.gpn, self.cal)
+        )
         eager = self.eager or conc > CUDA_GRAPH_MAX_BATCH
         return max(t_mem, t_comp) + t_comm + (self.eager_ovh if eager else self.graph_ovh), t_mem >= t_comp
 
@@ -90,13 +96,26 @@ class _DecodeStep:
 _CACHE: dict[tuple, tuple[tuple, dict[str, float]]] = {}
 
 
-def rollout_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload,
-              cal: dict[str, float]) -> dict[str, float]:
+def rollout_s(
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: dict[str, float]
+) -> dict[str, float]:
     """``prefill_s``, ``decode_s``, ``decode_step_s`` (at full concurrency), ``concurrency``,
     ``longest_response`` (expected, per replica), ``memory_bound``. Memoized on the rollout's own
     inputs (the search prices each rollout option against many training plans); read-only."""
-    key = (id(m), id(hw), id(wl), cluster.gpus, cluster.gpus_per_node, s.rollout_tp, s.gpu_memory_utilization,
-           s.max_num_seqs, s.max_num_batched_tokens, s.enforce_eager, s.chunked_prefill, tuple(cal.values()))
+    key = (
+        id(m),
+        id(hw),
+        id(wl),
+        cluster.gpus,
+        cluster.gpus_per_node,
+        s.rollout_tp,
+        s.gpu_memory_utilization,
+        s.max_num_seqs,
+        s.max_num_batched_tokens,
+        s.enforce_eager,
+        s.chunked_prefill,
+        tuple(cal.values()),
+    )
     hit = _CACHE.get(key)
     if hit is not None and hit[0][0] is m and hit[0][1] is hw and hit[0][2] is wl:
         return hit[1]
@@ -107,8 +126,9 @@ def rollout_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl:
     return out
 
 
-def _rollout_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload,
-               cal: dict[str, float]) -> dict[str, float]:
+def _rollout_s(
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: dict[str, float]
+) -> dict[str, float]:
     e = hw.efficiency
     c = model_consts(m)
     rtp = s.rollout_tp
@@ -123,13 +143,15 @@ def _rollout_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl
     pre_tokens = seqs / wl.n * prompt
     chunk = s.max_num_batched_tokens if s.chunked_prefill else max(s.max_num_batched_tokens, wl.prompt_len)
     pre_rows = min(chunk, max(1.0, pre_tokens))
-    pre_flops = (pre_tokens * (step.body_flops + step.attn * prompt * attention_fraction(hw))
-                 + seqs * c["head_flops"]) / rtp
+    pre_flops = (
+        pre_tokens * (step.body_flops + step.attn * prompt * attention_fraction(hw)) + seqs * c["head_flops"]
+    ) / rtp
     t_pre = pre_flops / (step.peak * gemm_efficiency(e, pre_rows, m.hidden, step.ffn))
     t_pre += math.ceil(pre_tokens / chunk) * step.graph_ovh
     if rtp > 1:
-        t_pre += 2 * m.layers * _tp_allreduce_s(hw, pre_tokens * m.hidden * PARAM_BYTES, rtp,
-                                                cluster.gpus_per_node, cal)
+        t_pre += (
+            2 * m.layers * _tp_allreduce_s(hw, pre_tokens * m.hidden * PARAM_BYTES, rtp, cluster.gpus_per_node, cal)
+        )
 
     # Concurrency: max_num_seqs, the KV cache (a sequence holds prompt + mean response tokens at its
     # end; vLLM allocates blocks as sequences grow) and the sequences this replica has.
@@ -144,12 +166,19 @@ def _rollout_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl
         j = (k + 0.5) * h
         running = conc * d.survival(j)
         drain += step(running, prompt + j)[0] * h
-    return {"prefill_s": t_pre, "decode_s": steady + drain, "decode_step_s": t_full, "concurrency": conc,
-            "longest_response": longest, "memory_bound": float(bound)}
+    return {
+        "prefill_s": t_pre,
+        "decode_s": steady + drain,
+        "decode_step_s": t_full,
+        "concurrency": conc,
+        "longest_response": longest,
+        "memory_bound": float(bound),
+    }
 
 
-def native_rollout_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload,
-                     cal: dict[str, float]) -> dict[str, float]:
+def native_rollout_s(
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: dict[str, float]
+) -> dict[str, float]:
     """The CPU trainer's sampler (trainer/rollout/megatron.py): no KV cache, so each of the
     ``response_len`` steps is a forward-only pass of the training layout over every prefix (each DP
     rank splits its rows into ``pp`` micro-batches, as Engine.next_token_logits does), then the
@@ -159,12 +188,23 @@ def native_rollout_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strate
     dp = s.dp or 1
     rows = -(-seqs // (dp * s.pp))
     ctx = wl.prompt_len + wl.response_len / 2  # padded prefix length, averaged over the steps
-    fwd, _ = train_s(m, hw, cluster, s, tokens_mb=rows * ctx, micro_batches=s.pp, seq_len=ctx, cal=cal,
-                     forward_only=True)
+    fwd, _ = train_s(
+        m, hw, cluster, s, tokens_mb=rows * ctx, micro_batches=s.pp, seq_len=ctx, cal=cal, forward_only=True
+    )
     gpn = cluster.gpus_per_node
     ce = e.comm_efficiency * cal["comm_efficiency_scale"]
-    gather = comm.all_reduce_s(seqs * m.vocab * 4, cluster.gpus, comm.link_bw(hw, cluster.gpus, gpn, ce),
-                               comm.link_latency(hw, cluster.gpus, gpn) / cal["comm_efficiency_scale"])
+    gather = comm.all_reduce_s(
+        seqs * m.vocab * 4,
+        cluster.gpus,
+        comm.link_bw(hw, cluster.gpus, gpn, ce),
+        comm.link_latency(hw, cluster.gpus, gpn) / cal["comm_efficiency_scale"],
+    )
     t_step = fwd.total_s + gather + e.decode_step_overhead_s / cal["rollout_efficiency_scale"]
-    return {"prefill_s": 0.0, "decode_s": wl.response_len * t_step, "decode_step_s": t_step,
-            "concurrency": float(seqs), "longest_response": float(wl.response_len), "memory_bound": 0.0}
+    return {
+        "prefill_s": 0.0,
+        "decode_s": wl.response_len * t_step,
+        "decode_step_s": t_step,
+        "concurrency": float(seqs),
+        "longest_response": float(wl.response_len),
+        "memory_bound": 0.0,
+    }

@@ -16,6 +16,7 @@ sequences (THD, remove-padding), so a micro-batch of ``mbs`` sequences holds mbs
 to the token cap times the packing efficiency, and the pass has as many micro-batches as the
 tokens need.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,15 +30,22 @@ from core.strategy import Cluster, Strategy, Workload
 from .results import PhaseTimes, Throughput
 from .rollout import native_rollout_s, rollout_s
 from .timing_base import (  # noqa: F401  (re-exported: the time model's public names)
-    CALIBRATION_BOUNDS, CALIBRATION_DEFAULTS, PHASES, attention_fraction, check_calibration,
-    forward_flops_per_token, gemm_efficiency, model_consts,
+    CALIBRATION_BOUNDS,
+    CALIBRATION_DEFAULTS,
+    PHASES,
+    attention_fraction,
+    check_calibration,
+    forward_flops_per_token,
+    gemm_efficiency,
+    model_consts,
 )
 from .train_time import core_share, pipeline_s, rank_params, train_s  # noqa: F401
 from .weight_sync import offload_s, sleep_s, weight_sync_s
 
 
-def micro_batch_plan(s: Strategy, wl: Workload, sequences: int, packing_efficiency: float, *,
-                     logprob: bool = False) -> tuple[float, int]:
+def micro_batch_plan(
+    s: Strategy, wl: Workload, sequences: int, packing_efficiency: float, *, logprob: bool = False
+) -> tuple[float, int]:
     """(tokens per micro-batch per DP rank, micro-batches) for ``sequences`` packed sequences.
 
     Fixed micro-batches: ``mbs`` sequences of the mean length each. Dynamic batching (verl's
@@ -58,8 +66,15 @@ def micro_batch_plan(s: Strategy, wl: Workload, sequences: int, packing_efficien
     return tokens / micro, micro
 
 
-def step_time(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strategy: Strategy, workload: Workload,
-              *, calibration: dict[str, float] | None = None) -> tuple[PhaseTimes, Throughput, MappingProxyType]:
+def step_time(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    cluster: Cluster,
+    strategy: Strategy,
+    workload: Workload,
+    *,
+    calibration: dict[str, float] | None = None,
+) -> tuple[PhaseTimes, Throughput, MappingProxyType]:
     """``(time, throughput, details)`` for a resolved strategy (dp filled in by strategy.validate)."""
     cal = check_calibration(calibration)
     m, hw, s, wl = model, hardware, strategy, workload
@@ -75,10 +90,15 @@ def step_time(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strate
     step = sum(phases.values()) + cal["step_overhead_s"] * slow
     gpus = cluster.gpus
     tflops = model_flops / step / gpus
-    return (PhaseTimes(step_s=step, phases=MappingProxyType(phases)),
-            Throughput(tokens_per_s_per_gpu=tokens / step / gpus, model_tflops_per_gpu=tflops / 1e12,
-                       mfu=tflops / hw.bf16_dense_flops_per_s),
-            MappingProxyType(details))
+    return (
+        PhaseTimes(step_s=step, phases=MappingProxyType(phases)),
+        Throughput(
+            tokens_per_s_per_gpu=tokens / step / gpus,
+            model_tflops_per_gpu=tflops / 1e12,
+            mfu=tflops / hw.bf16_dense_flops_per_s,
+        ),
+        MappingProxyType(details),
+    )
 
 
 def _pretrain(m, hw, cluster, s, wl, cal):
@@ -93,16 +113,22 @@ def _pretrain(m, hw, cluster, s, wl, cal):
 
 
 def _train_details(parts, s: Strategy) -> dict[str, float]:
-    return {"micro_batches": float(parts.micro_batches), "tokens_per_micro_batch": parts.tokens_per_micro_batch,
-            "bubble_fraction": (s.pp - 1) / (s.vpp * parts.micro_batches), "dp_exposed_s": parts.dp_s,
-            "optimizer_s": parts.optimizer_s}
+    return {
+        "micro_batches": float(parts.micro_batches),
+        "tokens_per_micro_batch": parts.tokens_per_micro_batch,
+        "bubble_fraction": (s.pp - 1) / (s.vpp * parts.micro_batches),
+        "dp_exposed_s": parts.dp_s,
+        "optimizer_s": parts.optimizer_s,
+    }
 
 
 def _grpo(m, hw, cluster, s, wl, cal):
     seq = wl.mean_seq_len
     seqs = wl.prompts * wl.n
     rs = (native_rollout_s if hw.native_rollout else rollout_s)(m, hw, cluster, s, wl, cal)
-    rollout = rs["prefill_s"] + rs["decode_s"] + (0.0 if hw.native_rollout else sleep_s(hw, s)) + cal["rollout_overhead_s"]
+    rollout = (
+        rs["prefill_s"] + rs["decode_s"] + (0.0 if hw.native_rollout else sleep_s(hw, s)) + cal["rollout_overhead_s"]
+    )
     if hw.native_rollout:
         sync, ws = 0.0, {}
     else:
@@ -113,29 +139,68 @@ def _grpo(m, hw, cluster, s, wl, cal):
     # RL passes (short packed micro-batches, fp32 log-prob) reach rl_compute_scale of pretraining's FLOP/s.
     rl = dict(cal, compute_efficiency_scale=cal["compute_efficiency_scale"] * hw.efficiency.rl_compute_scale)
     tok_lp, micro_lp = micro_batch_plan(s, wl, seqs, pe, logprob=True)
-    fwd, lt = train_s(m, hw, cluster, s, tokens_mb=tok_lp, micro_batches=micro_lp, seq_len=seq, cal=rl,
-                      forward_only=True, logprob=True)
+    fwd, lt = train_s(
+        m,
+        hw,
+        cluster,
+        s,
+        tokens_mb=tok_lp,
+        micro_batches=micro_lp,
+        seq_len=seq,
+        cal=rl,
+        forward_only=True,
+        logprob=True,
+    )
     old = fwd.total_s + cal["old_logprob_overhead_s"]
     ref = (fwd.total_s + cal["ref_logprob_overhead_s"]) if wl.kl else 0.0
     tok_mb, micro = micro_batch_plan(s, wl, wl.mini_batch * wl.n, pe)
-    mini, _ = train_s(m, hw, cluster, s, tokens_mb=tok_mb, micro_batches=micro, seq_len=seq, cal=rl, logprob=True,
-                      lt=lt if tok_mb == tok_lp else None)  # same micro-batch shape: same per-layer times
+    mini, _ = train_s(
+        m,
+        hw,
+        cluster,
+        s,
+        tokens_mb=tok_mb,
+        micro_batches=micro,
+        seq_len=seq,
+        cal=rl,
+        logprob=True,
+        lt=lt if tok_mb == tok_lp else None,
+    )  # same micro-batch shape: same per-layer times
     upd = wl.ppo_epochs * (wl.prompts // wl.mini_batch) * mini.total_s + cal["update_overhead_s"]
     off = offload_s(m, hw, s, wl) + (cal["offload_overhead_s"] if s.offload else 0.0)
     tokens = seqs * seq
     passes = 2 + (1 if wl.kl else 0) + 3 * wl.ppo_epochs  # generate, old, ref, update (fwd + 2x bwd)
     flops = passes * tokens * forward_flops_per_token(m, seq, causal_fraction=attention_fraction(hw))
-    phases = {Phase.ROLLOUT.value: rollout, Phase.WEIGHT_SYNC.value: sync, Phase.OLD_LOGPROB.value: old,
-              Phase.REF_LOGPROB.value: ref, Phase.UPDATE.value: upd, Phase.OFFLOAD.value: off}
+    phases = {
+        Phase.ROLLOUT.value: rollout,
+        Phase.WEIGHT_SYNC.value: sync,
+        Phase.OLD_LOGPROB.value: old,
+        Phase.REF_LOGPROB.value: ref,
+        Phase.UPDATE.value: upd,
+        Phase.OFFLOAD.value: off,
+    }
     details = _train_details(mini, s)
-    details.update(prefill_s=rs["prefill_s"], decode_s=rs["decode_s"], decode_step_s=rs["decode_step_s"],
-                   decode_concurrency=rs["concurrency"], decode_memory_bound=rs["memory_bound"],
-                   longest_response=rs["longest_response"], logprob_micro_batches=float(micro_lp),
-                   **{f"weight_sync_{k}": v for k, v in ws.items()})
+    details.update(
+        prefill_s=rs["prefill_s"],
+        decode_s=rs["decode_s"],
+        decode_step_s=rs["decode_step_s"],
+        decode_concurrency=rs["concurrency"],
+        decode_memory_bound=rs["memory_bound"],
+        longest_response=rs["longest_response"],
+        logprob_micro_batches=float(micro_lp),
+        **{f"weight_sync_{k}": v for k, v in ws.items()},
+    )
     return phases, details, tokens, flops
 
 
-def explain(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, strategy: Strategy, workload: Workload,
-            *, calibration: dict[str, float] | None = None) -> dict[str, Any]:
+def explain(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    cluster: Cluster,
+    strategy: Strategy,
+    workload: Workload,
+    *,
+    calibration: dict[str, float] | None = None,
+) -> dict[str, Any]:
     """The figures behind the phase times, for people (``grpo-tune estimate`` prints them)."""
     return dict(step_time(model, hardware, cluster, strategy, workload, calibration=calibration)[2])

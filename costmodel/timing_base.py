@@ -3,6 +3,7 @@ the GEMM-efficiency curve (costmodel.timing assembles the step from them).
 
 Calibration: :data:`CALIBRATION_DEFAULTS` lists the knobs a least-squares fit may move.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,9 +56,10 @@ def check_calibration(calibration: dict[str, float] | None) -> dict[str, float]:
             from core.errors import close_matches
 
             near = close_matches(str(k), CALIBRATION_DEFAULTS)
-            raise ConfigError(f"calibration: unknown parameter {k!r}",
-                              hint=f"did you mean {near[0]!r}?" if near
-                              else "known: " + ", ".join(CALIBRATION_DEFAULTS))
+            raise ConfigError(
+                f"calibration: unknown parameter {k!r}",
+                hint=f"did you mean {near[0]!r}?" if near else "known: " + ", ".join(CALIBRATION_DEFAULTS),
+            )
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ConfigError(f"calibration.{k} must be a finite number >= 0, got {v!r}")
         if (k.endswith("_scale") or k == "moe_imbalance") and not (0 < v <= 1e3):
@@ -118,8 +120,9 @@ def _model_consts(m: ModelSpec) -> dict[str, float]:
     lp0 = layer_params(m, 0)
     lpl = layer_params(m, m.layers - 1)
     layer_avg = (dense_layers * lp0.total + moe_layers * lpl.total) / m.layers if m.is_moe else lp0.total
-    dense_rank_layer = (dense_layers * (lp0.sharded + lp0.replicated)
-                        + moe_layers * (lpl.sharded + lpl.replicated)) / m.layers
+    dense_rank_layer = (
+        dense_layers * (lp0.sharded + lp0.replicated) + moe_layers * (lpl.sharded + lpl.replicated)
+    ) / m.layers
     return {
         "dense_flops": 2.0 * dense_w,  # per layer per token, TP-sharded
         "routed_flops": 2.0 * routed_w,  # per layer per token, top_k experts
@@ -177,5 +180,3 @@ def attention_fraction(hw: HardwareSpec) -> float:
     """Share of the s x s causal scores computed: the profile's figure with flash attention (block
     skipping), all of them with the unfused kernel (masked softmax over the full matrix)."""
     return hw.efficiency.causal_attention_fraction if hw.attention_kernel == "flash" else 1.0
-
-

@@ -7,6 +7,7 @@ ring, EP all-to-all and MoE's per-layer fixed cost. Then the 1F1B pipeline over 
 the DP gradient reduce / parameter gather with Megatron's overlap, and the optimizer step (on the
 GPU, or partly on the host with Megatron's hybrid CPU optimizer: costmodel.weight_sync).
 """
+
 from __future__ import annotations
 
 from core.specs import Efficiency, HardwareSpec, ModelSpec
@@ -14,12 +15,26 @@ from core.strategy import Cluster, Strategy, stage_layers
 
 from . import comm
 from .results import TrainParts
-from .timing_base import (ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, PARAM_BYTES, attention_fraction,
-                          gemm_efficiency, model_consts)
+from .timing_base import (
+    ADAM_BYTES_PER_PARAM,
+    GRAD_REDUCE_BYTES,
+    PARAM_BYTES,
+    attention_fraction,
+    gemm_efficiency,
+    model_consts,
+)
 
 
-def layer_times(m: ModelSpec, hw: HardwareSpec, e: Efficiency, cluster: Cluster, s: Strategy,
-                tokens_mb: float, seq_len: float, cal: dict[str, float]) -> dict[str, float]:
+def layer_times(
+    m: ModelSpec,
+    hw: HardwareSpec,
+    e: Efficiency,
+    cluster: Cluster,
+    s: Strategy,
+    tokens_mb: float,
+    seq_len: float,
+    cal: dict[str, float],
+) -> dict[str, float]:
     """Seconds for one (average) layer and one micro-batch of ``tokens_mb`` tokens (packed
     sequences of ``seq_len`` on average) on one rank: ``fwd``, ``bwd`` (without recompute),
     ``attn`` (the core-attention forward that selective recompute repeats) and ``tokens``."""
@@ -66,8 +81,11 @@ def layer_times(m: ModelSpec, hw: HardwareSpec, e: Efficiency, cluster: Cluster,
     if cp > 1:  # ring exchange of the K/V chunk (cp-1 hops), overlapped with attention; backward 2x
         kv_w = (m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else 2 * m.kv_heads * m.head_dim / tp
         span = tp * cp
-        hop = comm.p2p_s(tokens * kv_w * PARAM_BYTES, comm.link_bw(hw, span, gpn, ce),
-                         comm.link_latency(hw, span, gpn) / cal["comm_efficiency_scale"])
+        hop = comm.p2p_s(
+            tokens * kv_w * PARAM_BYTES,
+            comm.link_bw(hw, span, gpn, ce),
+            comm.link_latency(hw, span, gpn) / cal["comm_efficiency_scale"],
+        )
         t_cp_f = max(0.0, (cp - 1) * hop - t_attn)
         t_cp_b = max(0.0, 2 * (cp - 1) * hop - 2 * t_attn)
     t_ep = 0.0
@@ -75,16 +93,25 @@ def layer_times(m: ModelSpec, hw: HardwareSpec, e: Efficiency, cluster: Cluster,
         if ep > 1:  # dispatch + combine all-to-all (megatron-core token dispatcher)
             span = etp * ep
             a2a = tokens / (tp if s.sp else 1) * m.top_k * m.hidden * PARAM_BYTES * cal["moe_imbalance"]
-            t_ep = 2 * comm.all_to_all_s(a2a, ep, comm.link_bw(hw, span, gpn, ce),
-                                         comm.link_latency(hw, span, gpn) / cal["comm_efficiency_scale"])
+            t_ep = 2 * comm.all_to_all_s(
+                a2a,
+                ep,
+                comm.link_bw(hw, span, gpn, ce),
+                comm.link_latency(hw, span, gpn) / cal["comm_efficiency_scale"],
+            )
         t_ep = (t_ep + e.moe_layer_overhead_s) * c["moe_fraction"]
     ovh = e.layer_overhead_s / cal["compute_efficiency_scale"]
     fwd = t_comp_f + t_tp + t_cp_f + t_ep + ovh
     # Backward: Megatron overlaps the TP collectives with the weight-gradient GEMMs (about half of
     # the backward compute) up to tp_backward_overlap; SP's re-gather is exposed with the rest.
     t_tp_b = t_tp + t_sp_regather * (1.0 - e.tp_backward_overlap)
-    bwd = 2 * t_comp_f + max(t_tp_b - e.tp_backward_overlap * t_comp_f, t_tp_b * (1 - e.tp_backward_overlap)) \
-        + t_cp_b + t_ep + 2 * ovh
+    bwd = (
+        2 * t_comp_f
+        + max(t_tp_b - e.tp_backward_overlap * t_comp_f, t_tp_b * (1 - e.tp_backward_overlap))
+        + t_cp_b
+        + t_ep
+        + 2 * ovh
+    )
     return {"fwd": fwd, "bwd": bwd, "attn": t_attn, "tokens": tokens}
 
 
@@ -98,8 +125,9 @@ def recompute_s(lt: dict[str, float], s: Strategy, layers: int) -> float:
     return 0.0
 
 
-def head_s(m: ModelSpec, hw: HardwareSpec, e: Efficiency, s: Strategy, tokens: float, cal: dict[str, float],
-           logprob: bool) -> float:
+def head_s(
+    m: ModelSpec, hw: HardwareSpec, e: Efficiency, s: Strategy, tokens: float, cal: dict[str, float], logprob: bool
+) -> float:
     """Output layer forward on the last stage (vocab split by TP), plus, for RL passes, the fp32
     log-softmax, the chosen-token gather and the entropy over the vocabulary: ~5 fp32 passes
     over tokens x vocab/tp values (memory-bound)."""
@@ -159,9 +187,20 @@ def optimizer_shard(m: ModelSpec, s: Strategy) -> float:
     return dense / (dp * s.cp) + expert / max(1, s.tp * s.cp * dp // (s.ep * s.etp_))
 
 
-def train_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, *, tokens_mb: float, micro_batches: int,
-            seq_len: float, cal: dict[str, float], forward_only: bool = False, logprob: bool = False,
-            lt: dict | None = None) -> tuple[TrainParts, dict]:
+def train_s(
+    m: ModelSpec,
+    hw: HardwareSpec,
+    cluster: Cluster,
+    s: Strategy,
+    *,
+    tokens_mb: float,
+    micro_batches: int,
+    seq_len: float,
+    cal: dict[str, float],
+    forward_only: bool = False,
+    logprob: bool = False,
+    lt: dict | None = None,
+) -> tuple[TrainParts, dict]:
     """One optimizer step (or forward-only pass) over ``micro_batches`` micro-batches of ``tokens_mb``
     tokens per DP rank. Returns the parts and the per-layer times (pass them back as ``lt`` to a
     second call with the same micro-batch shape)."""
@@ -177,13 +216,20 @@ def train_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, *, to
     t_p2p = 0.0
     if s.pp > 1:  # the stage's output activation per micro-batch and chunk (Narayanan et al. 2021 sec. 4.1)
         nbytes = lt["tokens"] * m.hidden * PARAM_BYTES / s.tp
-        t_p2p = s.vpp * comm.p2p_s(nbytes, comm.link_bw(hw, cluster.gpus, gpn, ce),
-                                   comm.link_latency(hw, cluster.gpus, gpn) / cal["comm_efficiency_scale"])
+        t_p2p = s.vpp * comm.p2p_s(
+            nbytes,
+            comm.link_bw(hw, cluster.gpus, gpn, ce),
+            comm.link_latency(hw, cluster.gpus, gpn) / cal["comm_efficiency_scale"],
+        )
     share = core_share(e, cluster)
     if forward_only:
         t_mb = max(first * lt["fwd"], mid * lt["fwd"], last * lt["fwd"] + head_f) + t_p2p + mb_ovh
-        return TrainParts(compute_s=pipeline_s(t_mb, micro_batches, s.pp, s.vpp, share), micro_batches=micro_batches,
-                          fwd_mb_s=t_mb, tokens_per_micro_batch=tokens_mb), lt
+        return TrainParts(
+            compute_s=pipeline_s(t_mb, micro_batches, s.pp, s.vpp, share),
+            micro_batches=micro_batches,
+            fwd_mb_s=t_mb,
+            tokens_per_micro_batch=tokens_mb,
+        ), lt
 
     def stage(n: int, head: float) -> tuple[float, float]:
         return n * lt["fwd"] + head, n * lt["bwd"] + recompute_s(lt, s, n) + 2 * head
@@ -198,8 +244,15 @@ def train_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, *, to
     t_opt = gpu_part * shard * ADAM_BYTES_PER_PARAM / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
     if s.cpu_optimizer:
         t_opt += _cpu_optimizer_s(hw, cluster, s, shard)
-    return TrainParts(compute_s=compute, dp_s=t_dp, optimizer_s=t_opt, micro_batches=micro_batches, fwd_mb_s=tf,
-                      bwd_mb_s=tb, tokens_per_micro_batch=tokens_mb), lt
+    return TrainParts(
+        compute_s=compute,
+        dp_s=t_dp,
+        optimizer_s=t_opt,
+        micro_batches=micro_batches,
+        fwd_mb_s=tf,
+        bwd_mb_s=tb,
+        tokens_per_micro_batch=tokens_mb,
+    ), lt
 
 
 def _cpu_optimizer_s(hw: HardwareSpec, cluster: Cluster, s: Strategy, shard: float) -> float:
@@ -208,8 +261,9 @@ def _cpu_optimizer_s(hw: HardwareSpec, cluster: Cluster, s: Strategy, shard: flo
     return cpu_optimizer_s(hw, cluster, s, shard)
 
 
-def _dp_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, tf: float, tb: float,
-          cal: dict[str, float]) -> float:
+def _dp_s(
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, tf: float, tb: float, cal: dict[str, float]
+) -> float:
     """DP: gradients reduce-scattered (distributed optimizer) or all-reduced, updated parameters
     all-gathered; Megatron overlaps the reduce with the last backward and the gather with the
     first forward (overlap_grad_reduce / overlap_param_gather), up to dp_overlap."""

@@ -13,6 +13,7 @@ Offload (verl/utils/megatron_utils.py): parameters go to pinned host buffers syn
 come back from them; gradient buffers are freed and re-zeroed, not copied; optimizer state goes
 to pageable memory and comes back once for the whole update.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,15 @@ def sleep_s(hw: HardwareSpec, s: Strategy) -> float:
     return hw.efficiency.vllm_sleep_s if s.free_cache_engine else 0.0
 
 
-def weight_sync_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, cal: dict[str, float],
-                  *, bucket_bytes: float = SYNC_BUCKET_BYTES) -> dict[str, float]:
+def weight_sync_s(
+    m: ModelSpec,
+    hw: HardwareSpec,
+    cluster: Cluster,
+    s: Strategy,
+    cal: dict[str, float],
+    *,
+    bucket_bytes: float = SYNC_BUCKET_BYTES,
+) -> dict[str, float]:
     """Seconds of one refit by part: ``wake_s``, ``onload_s``, ``gather_s``, ``copy_s``, ``overhead_s``."""
     e = hw.efficiency
     c = model_consts(m)
@@ -46,15 +54,20 @@ def weight_sync_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy,
     total = c["total_params"] * PARAM_BYTES
     gather = 0.0
     if s.tp > 1:
-        gather += comm.all_gather_s(total / s.pp, s.tp, comm.link_bw(hw, s.tp, gpn, ce),
-                                    comm.link_latency(hw, s.tp, gpn) / cs)
+        gather += comm.all_gather_s(
+            total / s.pp, s.tp, comm.link_bw(hw, s.tp, gpn, ce), comm.link_latency(hw, s.tp, gpn) / cs
+        )
     if s.pp > 1:  # every stage's tensors reach every rank: (p-1)/p of the model over the stage link
         span = cluster.gpus
         gather += (s.pp - 1) / s.pp * total / comm.link_bw(hw, span, gpn, ce)
     if m.is_moe and s.ep > 1:
         span = s.ep * s.etp_
-        gather += comm.all_gather_s(total * (1 - c["active_params"] / c["total_params"]), s.ep,
-                                    comm.link_bw(hw, span, gpn, ce), comm.link_latency(hw, span, gpn) / cs)
+        gather += comm.all_gather_s(
+            total * (1 - c["active_params"] / c["total_params"]),
+            s.ep,
+            comm.link_bw(hw, span, gpn, ce),
+            comm.link_latency(hw, span, gpn) / cs,
+        )
     # Each colocated vLLM worker receives the whole model (HF tensors) and copies its rollout-TP slice.
     copy = total / s.rollout_tp / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
     buckets = math.ceil(total / bucket_bytes)
@@ -64,8 +77,14 @@ def weight_sync_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy,
         dense, expert = rank_params(m, s)
         onload = 2 * (dense + expert) * PARAM_BYTES / hw.host_to_device_bandwidth_bytes_per_s
     wake = e.vllm_wake_s if s.free_cache_engine else 0.0
-    return {"wake_s": wake, "onload_s": onload, "gather_s": gather, "copy_s": copy, "overhead_s": overhead,
-            "buckets": float(buckets)}
+    return {
+        "wake_s": wake,
+        "onload_s": onload,
+        "gather_s": gather,
+        "copy_s": copy,
+        "overhead_s": overhead,
+        "buckets": float(buckets),
+    }
 
 
 def offload_s(m: ModelSpec, hw: HardwareSpec, s: Strategy, wl: Workload) -> float:
@@ -103,7 +122,9 @@ def cpu_optimizer_s(hw: HardwareSpec, cluster: Cluster, s: Strategy, shard_param
         return 0.0
     n = f * shard_params
     ranks = min(cluster.gpus, cluster.gpus_per_node)
-    t_cpu = max(ranks * n * CPU_ADAM_BYTES_PER_PARAM / hw.host_memory_bandwidth_bytes_per_s,
-                ranks * n * CPU_ADAM_FLOPS_PER_PARAM / hw.host_flops_per_s)
+    t_cpu = max(
+        ranks * n * CPU_ADAM_BYTES_PER_PARAM / hw.host_memory_bandwidth_bytes_per_s,
+        ranks * n * CPU_ADAM_FLOPS_PER_PARAM / hw.host_flops_per_s,
+    )
     t_copy = n * (4 + PARAM_BYTES) / hw.host_to_device_bandwidth_bytes_per_s
     return max(t_cpu, t_copy) if s.overlap_cpu_optimizer else t_cpu + t_copy

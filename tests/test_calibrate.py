@@ -1,4 +1,5 @@
 """Calibration: recovering known parameters from synthetic measurements; the calibration file."""
+
 from __future__ import annotations
 
 import json
@@ -37,14 +38,28 @@ def _synthetic(true: dict[str, float]) -> list[Point]:
     for s in _plans():
         probe = Point(model=TINY, hardware=CPU, cluster=CLUSTER, strategy=s, workload=WL, measured_step_s=1.0)
         step, phases = predict_estimate(true, probe)
-        pts.append(Point(model=TINY, hardware=CPU, cluster=CLUSTER, strategy=s, workload=WL, measured_step_s=step,
-                         measured_phases_s=phases, label=str(s.tp)))
+        pts.append(
+            Point(
+                model=TINY,
+                hardware=CPU,
+                cluster=CLUSTER,
+                strategy=s,
+                workload=WL,
+                measured_step_s=step,
+                measured_phases_s=phases,
+                label=str(s.tp),
+            )
+        )
     return pts
 
 
 def test_recovers_known_parameters_of_the_time_model():
-    true = {"compute_efficiency_scale": 0.5, "comm_efficiency_scale": 2.0, "update_overhead_s": 0.05,
-            "rollout_overhead_s": 0.2}
+    true = {
+        "compute_efficiency_scale": 0.5,
+        "comm_efficiency_scale": 2.0,
+        "update_overhead_s": 0.05,
+        "rollout_overhead_s": 0.2,
+    }
     pts = _synthetic(true)
     assert len(pts) >= 8
     res = fit(pts)
@@ -69,10 +84,21 @@ def test_fit_machinery_with_a_closed_form_model():
     plans = [Strategy(tp=t) for t in (1, 2, 4)]
     pts = []
     for s in plans:
-        step, ph = predict({"c": 4.0, "b": 2.0}, Point(model=TINY, hardware=CPU, cluster=CLUSTER, strategy=s,
-                                                        workload=WL, measured_step_s=1.0))
-        pts.append(Point(model=TINY, hardware=CPU, cluster=CLUSTER, strategy=s, workload=WL, measured_step_s=step,
-                         measured_phases_s=ph))
+        step, ph = predict(
+            {"c": 4.0, "b": 2.0},
+            Point(model=TINY, hardware=CPU, cluster=CLUSTER, strategy=s, workload=WL, measured_step_s=1.0),
+        )
+        pts.append(
+            Point(
+                model=TINY,
+                hardware=CPU,
+                cluster=CLUSTER,
+                strategy=s,
+                workload=WL,
+                measured_step_s=step,
+                measured_phases_s=ph,
+            )
+        )
     res = fit(pts, base=base, predict=predict, ridge=1e-4)
     assert res.params["c"] == pytest.approx(4.0, rel=0.01)
     assert res.params["b"] == pytest.approx(2.0, rel=0.01)
@@ -96,13 +122,16 @@ def test_file_round_trip_and_estimate_uses_it(tmp_path):
     assert predict_estimate(params, pt)[0] > predict_estimate({}, pt)[0] * 1.2  # half the FLOP/s: slower
 
 
-@pytest.mark.parametrize("doc, match", [
-    ({"version": 2, "params": {}}, "version"),
-    ({"version": 1, "params": []}, "mapping"),
-    ({"version": 1, "params": {"compute_eficiency_scale": 1.0}}, "unknown calibration parameter"),
-    ({"version": 1, "params": {"compute_efficiency_scale": -1}}, "positive"),
-    ({"version": 1, "hardware": "h100-sxm-80gb", "params": {}}, "fitted on hardware"),
-])
+@pytest.mark.parametrize(
+    "doc, match",
+    [
+        ({"version": 2, "params": {}}, "version"),
+        ({"version": 1, "params": []}, "mapping"),
+        ({"version": 1, "params": {"compute_eficiency_scale": 1.0}}, "unknown calibration parameter"),
+        ({"version": 1, "params": {"compute_efficiency_scale": -1}}, "positive"),
+        ({"version": 1, "hardware": "h100-sxm-80gb", "params": {}}, "fitted on hardware"),
+    ],
+)
 def test_bad_files_are_coded_errors(tmp_path, doc, match):
     p = tmp_path / "c.json"
     p.write_text(json.dumps(doc))
@@ -119,8 +148,15 @@ def test_missing_and_garbled_files(tmp_path):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.one_of(st.none(), st.booleans(), st.text(max_size=5), st.floats(allow_nan=True, allow_infinity=True),
-                 st.integers(max_value=0)))
+@given(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.text(max_size=5),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(max_value=0),
+    )
+)
 def test_any_bad_value_is_a_coded_error(tmp_path_factory, v):
     if isinstance(v, float) and v > 0 and math.isfinite(v):
         return

@@ -7,6 +7,7 @@ model's own prediction, so when the model changes the committed logs no longer m
 then writes them again, with verl 0.9.1's logger code, into a temporary folder (the wheel from
 $GRPO_TUNE_VERL_WHEEL, /tmp/verlwheel or PyPI, and orjson from PyPI; without them these tests fail).
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,14 @@ def _fresh(folder: Path) -> bool:
     for name, doc in truth["logs"].items():
         lp = R.log_point(R.read_log(folder / f"{name}.jsonl"), COMMITTED / doc["launch"])
         plan = plan_of(COMMITTED / doc["launch"])
-        pt = Point(model=plan.model, hardware=plan.hardware, cluster=plan.cluster, strategy=plan.strategy,
-                   workload=lp.plan.workload, measured_step_s=1.0)
+        pt = Point(
+            model=plan.model,
+            hardware=plan.hardware,
+            cluster=plan.cluster,
+            strategy=plan.strategy,
+            workload=lp.plan.workload,
+            measured_step_s=1.0,
+        )
         _, phases = R.predict_folded({**defaults(), **truth["knobs"]}, pt)
         if any(phases[ph] != pytest.approx(v, rel=0.03) for ph, v in doc["phases_s"].items()):
             return False
@@ -82,8 +89,13 @@ def _calibrate(capsys, tmp_path, logs, launches, *extra, FIX=COMMITTED):
 
 def test_recovers_the_knobs_and_phase_times_of_a_synthetic_truth(capsys, tmp_path, fix, TRUTH):
     # JSONL and console logs mixed: both are read the same way
-    res, out, _ = _calibrate(capsys, tmp_path, ["run_a.jsonl", "run_b.console.log", "run_c.jsonl"],
-                             ["launch_a.txt", "launch_b.txt", "launch_c.txt"], FIX=fix)
+    res, out, _ = _calibrate(
+        capsys,
+        tmp_path,
+        ["run_a.jsonl", "run_b.console.log", "run_c.jsonl"],
+        ["launch_a.txt", "launch_b.txt", "launch_c.txt"],
+        FIX=fix,
+    )
     sigma_pct = 100 * TRUTH["noise_sigma"]
     before, after = res["phase_mape_before_pct"], res["phase_mape_after_pct"]
     for ph in ("rollout", "weight_sync", "old_logprob", "ref_logprob", "update", "step"):
@@ -105,8 +117,13 @@ def test_recovers_the_knobs_and_phase_times_of_a_synthetic_truth(capsys, tmp_pat
 
 
 def test_fitted_knobs_predict_a_held_out_run_of_another_model(capsys, tmp_path, fix):
-    res, _, _ = _calibrate(capsys, tmp_path, ["run_a.jsonl", "run_b.jsonl", "run_c.jsonl"],
-                           ["launch_a.txt", "launch_b.txt", "launch_c.txt"], FIX=fix)
+    res, _, _ = _calibrate(
+        capsys,
+        tmp_path,
+        ["run_a.jsonl", "run_b.jsonl", "run_c.jsonl"],
+        ["launch_a.txt", "launch_b.txt", "launch_c.txt"],
+        FIX=fix,
+    )
     held = [R.log_point(R.read_log(fix / "run_other_model.jsonl"), fix / "launch_other_model.txt")]
     before, after = R.phase_mape(held, defaults()), R.phase_mape(held, res["params"])
     assert after["step"] < 5.0 < before["step"]
@@ -116,8 +133,18 @@ def test_fitted_knobs_predict_a_held_out_run_of_another_model(capsys, tmp_path, 
 
 def test_one_launch_for_several_logs_and_files_after_from_log(capsys, tmp_path, fix):
     out = tmp_path / "c.json"
-    rc = main(["calibrate", "--from-log", str(fix / "run_a.jsonl"), str(fix / "run_a.console.log"),
-               "--launch", str(fix / "launch_a.txt"), "--out", str(out)])
+    rc = main(
+        [
+            "calibrate",
+            "--from-log",
+            str(fix / "run_a.jsonl"),
+            str(fix / "run_a.console.log"),
+            "--launch",
+            str(fix / "launch_a.txt"),
+            "--out",
+            str(out),
+        ]
+    )
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     assert "Per-phase MAPE" in cap.out and out.is_file()
@@ -140,18 +167,20 @@ def test_killed_run_warns_and_still_fits(capsys, tmp_path, fix, TRUTH):
     for name in ("killed.jsonl", "killed.console.log"):
         log = R.read_log(fix / name)
         assert len(log.records) == TRUTH["steps"] - 1 and "no newline" in log.warnings[0]
-    _, _, err = _calibrate(capsys, tmp_path, ["killed.jsonl", "run_b.jsonl"], ["launch_a.txt", "launch_b.txt"],
-                           FIX=fix)
+    _, _, err = _calibrate(capsys, tmp_path, ["killed.jsonl", "run_b.jsonl"], ["launch_a.txt", "launch_b.txt"], FIX=fix)
     assert "warning:" in err and "no newline" in err
 
 
-@pytest.mark.parametrize("logs,launches,code,words", [
-    (["no_timing.jsonl"], ["launch_a.txt"], "BAD_CONFIG", "timing key"),
-    (["run_other_model.jsonl"], ["launch_a.txt"], "BAD_CONFIG", "another model"),
-    (["run_b.jsonl"], ["launch_a.txt"], "BAD_CONFIG", "not a run of that launch"),  # 4096-token responses
-    (["run_a.jsonl"], ["truth.json"], "BAD_CONFIG", "truth.json"),
-    (["run_a.jsonl", "run_b.jsonl"], ["launch_a.txt", "launch_b.txt", "launch_c.txt"], "BAD_CONFIG", "--launch"),
-])
+@pytest.mark.parametrize(
+    "logs,launches,code,words",
+    [
+        (["no_timing.jsonl"], ["launch_a.txt"], "BAD_CONFIG", "timing key"),
+        (["run_other_model.jsonl"], ["launch_a.txt"], "BAD_CONFIG", "another model"),
+        (["run_b.jsonl"], ["launch_a.txt"], "BAD_CONFIG", "not a run of that launch"),  # 4096-token responses
+        (["run_a.jsonl"], ["truth.json"], "BAD_CONFIG", "truth.json"),
+        (["run_a.jsonl", "run_b.jsonl"], ["launch_a.txt", "launch_b.txt", "launch_c.txt"], "BAD_CONFIG", "--launch"),
+    ],
+)
 def test_bad_input_is_a_coded_error(capsys, tmp_path, fix, logs, launches, code, words):
     args = ["calibrate"] + [a for lg in logs for a in ("--from-log", str(fix / lg))]
     args += [a for la in launches for a in ("--launch", str(fix / la))]
@@ -164,8 +193,20 @@ def test_bad_input_is_a_coded_error(capsys, tmp_path, fix, logs, launches, code,
 def test_unparseable_launch_is_a_coded_error(capsys, tmp_path):
     bad = tmp_path / "bad.sh"
     bad.write_text("#!/bin/bash\npython3 -m verl.trainer.main_ppo trainer.nnodes='1\n")
-    assert main(["calibrate", "--from-log", str(COMMITTED / "run_a.jsonl"), "--launch", str(bad),
-                 "--out", str(tmp_path / "x.json")]) == 2
+    assert (
+        main(
+            [
+                "calibrate",
+                "--from-log",
+                str(COMMITTED / "run_a.jsonl"),
+                "--launch",
+                str(bad),
+                "--out",
+                str(tmp_path / "x.json"),
+            ]
+        )
+        == 2
+    )
     assert "[BAD_CONFIG]" in capsys.readouterr().err
 
 
@@ -175,10 +216,14 @@ def test_our_cpu_trainer_log_end_to_end(capsys, tmp_path):
     from core.specs import load_hardware, load_model
     from core.strategy import Cluster, Strategy, Workload
 
-    cfg = RunConfig(model=load_model("tiny"), hardware=load_hardware("cpu"), cluster=Cluster(gpus=2, gpus_per_node=2),
-                    strategy=Strategy(tp=2), workload=Workload(prompts=4, n=4, prompt_len=16, response_len=8,
-                                                               mini_batch=2, dtype="fp32"),
-                    trainer=TrainerOptions(steps=4, log_every=1, out_dir=str(tmp_path / "run")))
+    cfg = RunConfig(
+        model=load_model("tiny"),
+        hardware=load_hardware("cpu"),
+        cluster=Cluster(gpus=2, gpus_per_node=2),
+        strategy=Strategy(tp=2),
+        workload=Workload(prompts=4, n=4, prompt_len=16, response_len=8, mini_batch=2, dtype="fp32"),
+        trainer=TrainerOptions(steps=4, log_every=1, out_dir=str(tmp_path / "run")),
+    )
     best = save(cfg, tmp_path / "best.yaml")
     assert main(["train", "--config", str(best)]) == 0
     capsys.readouterr()
@@ -192,7 +237,6 @@ def test_our_cpu_trainer_log_end_to_end(capsys, tmp_path):
     assert load(out, hardware="cpu")
 
 
-
 def test_the_logs_are_fresh_for_the_current_cost_model(fix):
     """Either the committed logs match the cost model, or the fixture wrote fresh ones that do."""
     assert _fresh(fix)
@@ -201,8 +245,24 @@ def test_the_logs_are_fresh_for_the_current_cost_model(fix):
 
 def test_the_file_applies_to_estimate_search_and_compare(capsys, tmp_path, fix):
     cal = tmp_path / "cal.json"
-    assert main(["calibrate", "--from-log", str(fix / "run_a.jsonl"), "--from-log", str(fix / "run_b.jsonl"),
-                 "--launch", str(fix / "launch_a.txt"), "--launch", str(fix / "launch_b.txt"), "--out", str(cal)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--from-log",
+                str(fix / "run_a.jsonl"),
+                "--from-log",
+                str(fix / "run_b.jsonl"),
+                "--launch",
+                str(fix / "launch_a.txt"),
+                "--launch",
+                str(fix / "launch_b.txt"),
+                "--out",
+                str(cal),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     plan = ["--model", "7b", "--gpus", "8", "--tp", "2", "--json"]
 
@@ -210,15 +270,43 @@ def test_the_file_applies_to_estimate_search_and_compare(capsys, tmp_path, fix):
         assert main(args) == 0
         return json.loads(capsys.readouterr().out)
 
-    assert step(["estimate", *plan, "--calibration", str(cal)])["time"]["step_s"] > \
-        step(["estimate", *plan])["time"]["step_s"]  # the logs ran slower than the defaults predict
+    assert (
+        step(["estimate", *plan, "--calibration", str(cal)])["time"]["step_s"]
+        > step(["estimate", *plan])["time"]["step_s"]
+    )  # the logs ran slower than the defaults predict
     s_cal = step(["search", *plan, "--no-emit", "--calibration", str(cal)])["best"]["time"]["step_s"]
     s_def = step(["search", *plan, "--no-emit"])["best"]["time"]["step_s"]
     assert s_cal > s_def
-    rows = step(["compare", "--model", "7b", "--gpus", "8", "--hardware", "h100,h200", "--json", "--out",
-                 str(tmp_path / "cmp"), "--calibration", str(cal)])["rows"]
-    rows0 = step(["compare", "--model", "7b", "--gpus", "8", "--hardware", "h100,h200", "--json", "--out",
-                  str(tmp_path / "cmp0")])["rows"]
+    rows = step(
+        [
+            "compare",
+            "--model",
+            "7b",
+            "--gpus",
+            "8",
+            "--hardware",
+            "h100,h200",
+            "--json",
+            "--out",
+            str(tmp_path / "cmp"),
+            "--calibration",
+            str(cal),
+        ]
+    )["rows"]
+    rows0 = step(
+        [
+            "compare",
+            "--model",
+            "7b",
+            "--gpus",
+            "8",
+            "--hardware",
+            "h100,h200",
+            "--json",
+            "--out",
+            str(tmp_path / "cmp0"),
+        ]
+    )["rows"]
     assert rows[0]["step_s"] > rows0[0]["step_s"]  # h100: the file's hardware
     assert rows[1]["step_s"] == rows0[1]["step_s"]  # h200: not fitted there, left alone
     assert main(["estimate", *plan, "--hardware", "h200", "--calibration", str(cal)]) == 2

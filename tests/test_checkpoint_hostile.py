@@ -1,6 +1,7 @@
 """Corrupt and hostile checkpoints (issue 14, defect 7): a coded CHECKPOINT_ERROR that names the shard
 and the last intact checkpoint, before any worker starts; no pickle code runs on load; latest.json
 never leads outside the checkpoint folder. Each test failed before the fix."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ def _two_rank_checkpoints(tmp_path, steps=(2, 4)):
 def _corrupt(path):
     data = bytearray(path.read_bytes())
     mid = len(data) // 2
-    data[mid:mid + 16] = bytes(16)  # inside the tensor record: its CRC-32 no longer matches
+    data[mid : mid + 16] = bytes(16)  # inside the tensor record: its CRC-32 no longer matches
     path.write_bytes(bytes(data))
 
 

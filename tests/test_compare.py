@@ -1,4 +1,5 @@
 """`grpo-tune compare`: best plan per hardware, cost per million tokens, PNG, coded rows."""
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,13 @@ def test_cost_per_million_tokens_by_hand():
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     out = tmp_path_factory.mktemp("cmp")
-    p = subprocess.run([*CLI, "compare", "--model", "7b", "--gpus", "8", "--hardware", "h100,a100,cpu", "--json",
-                        "--out", str(out)], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "COLUMNS": "160"})
+    p = subprocess.run(
+        [*CLI, "compare", "--model", "7b", "--gpus", "8", "--hardware", "h100,a100,cpu", "--json", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "160"},
+    )
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout), out
 
@@ -47,13 +52,15 @@ def test_rows_per_hardware(compared):
     hw = load_hardware("h100")
     assert h100["price_per_gpu_hour_usd"] == hw.price_per_gpu_hour_usd
     assert h100["usd_per_million_tokens"] == pytest.approx(
-        hw.price_per_gpu_hour_usd / 3600.0 / h100["tokens_per_s_per_gpu"] * 1e6, rel=1e-9)
+        hw.price_per_gpu_hour_usd / 3600.0 / h100["tokens_per_s_per_gpu"] * 1e6, rel=1e-9
+    )
     # capacity is the profile's HBM less what no tensor can use; headroom is what the peak phase leaves of it.
     assert h100["capacity_bytes"] == pytest.approx(hw.hbm_bytes - hw.reserved_memory_bytes, abs=1)
     assert 0 <= h100["headroom_bytes"] == pytest.approx(h100["capacity_bytes"] - h100["peak_bytes"], abs=1)
     # the row is the same plan a direct search picks
-    best = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), Workload(), top=1,
-                  min_headroom=MIN_HEADROOM_DEFAULT).best
+    best = search(
+        load_model("7b"), load_hardware("h100"), Cluster(gpus=8), Workload(), top=1, min_headroom=MIN_HEADROOM_DEFAULT
+    ).best
     assert h100["headroom_bytes"] >= MIN_HEADROOM_DEFAULT * load_hardware("h100").hbm_bytes
     assert h100["tokens_per_s_per_gpu"] == pytest.approx(tokens_per_s_per_gpu(best))
     assert h100["peak_bytes"] == pytest.approx(best.peak_bytes, abs=1)
@@ -64,6 +71,10 @@ def test_rows_per_hardware(compared):
 
 
 def test_unknown_hardware_exit_2(tmp_path):
-    p = subprocess.run([*CLI, "compare", "--model", "7b", "--gpus", "8", "--hardware", "h100,h1000",
-                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [*CLI, "compare", "--model", "7b", "--gpus", "8", "--hardware", "h100,h1000", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2 and "[UNKNOWN_HARDWARE]" in p.stderr and "Traceback" not in p.stderr

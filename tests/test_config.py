@@ -1,4 +1,5 @@
 """The run-config schema: round trip, coded rejections, atomic writes, and a fuzzed loader."""
+
 from __future__ import annotations
 
 import copy
@@ -20,9 +21,16 @@ from core.strategy import Cluster, Strategy, Workload, validate
 def make_cfg(**kw) -> RunConfig:
     m = load_model("qwen2.5-7b")
     s = validate(m, Strategy(tp=2, pp=2, offload=("param",)), 8)
-    base = dict(model=m, hardware=load_hardware("h100"), cluster=Cluster(gpus=8), strategy=s,
-                workload=Workload(prompts=512, mini_batch=128), trainer=TrainerOptions(steps=3),
-                predicted={"step_s": 12.5}, meta={"by": "test"})
+    base = dict(
+        model=m,
+        hardware=load_hardware("h100"),
+        cluster=Cluster(gpus=8),
+        strategy=s,
+        workload=Workload(prompts=512, mini_batch=128),
+        trainer=TrainerOptions(steps=3),
+        predicted={"step_s": 12.5},
+        meta={"by": "test"},
+    )
     base.update(kw)
     return RunConfig(**base)
 
@@ -45,23 +53,26 @@ def test_model_and_hardware_by_name(tmp_path):
     assert cfg.model.name == "qwen2.5-7b" and cfg.hardware.name == "h100-sxm-80gb"
 
 
-@pytest.mark.parametrize("mutate,code,text", [
-    (lambda d: d.update(extra=1), "UNKNOWN_KEY", "unknown section 'extra'"),
-    (lambda d: d["strategy"].update(tensor_parallel=2), "UNKNOWN_KEY", "tensor_parallel"),
-    (lambda d: d["trainer"].update(lr_rate=1.0), "UNKNOWN_KEY", "lr_rate"),
-    (lambda d: d.update(schema_version=99), "BAD_CONFIG", "schema_version 99"),
-    (lambda d: d.pop("cluster"), "BAD_CONFIG", "missing section 'cluster'"),
-    (lambda d: d["strategy"].update(tp=3), "INVALID_DEGREES", "does not divide"),
-    (lambda d: d["strategy"].update(tp=-1), "BAD_CONFIG", "positive integer"),
-    (lambda d: d["strategy"].update(gpu_memory_utilization=1.5), "BAD_CONFIG", r"\(0, 1\]"),
-    (lambda d: d["strategy"].update(recompute="some"), "BAD_CONFIG", "recompute"),
-    (lambda d: d["strategy"].update(offload=["params"]), "BAD_CONFIG", "offload"),
-    (lambda d: d["workload"].update(mini_batch=1024), "BAD_CONFIG", "exceeds prompts"),
-    (lambda d: d["trainer"].update(kl_type="bogus"), "BAD_CONFIG", "kl_type"),
-    (lambda d: d.update(model="no-such-model"), "UNKNOWN_MODEL", "no-such-model"),
-    (lambda d: d.update(hardware="tpu-v9"), "UNKNOWN_HARDWARE", "tpu-v9"),
-    (lambda d: d["model"].update(heads=0), "BAD_CONFIG", "heads"),
-])
+@pytest.mark.parametrize(
+    "mutate,code,text",
+    [
+        (lambda d: d.update(extra=1), "UNKNOWN_KEY", "unknown section 'extra'"),
+        (lambda d: d["strategy"].update(tensor_parallel=2), "UNKNOWN_KEY", "tensor_parallel"),
+        (lambda d: d["trainer"].update(lr_rate=1.0), "UNKNOWN_KEY", "lr_rate"),
+        (lambda d: d.update(schema_version=99), "BAD_CONFIG", "schema_version 99"),
+        (lambda d: d.pop("cluster"), "BAD_CONFIG", "missing section 'cluster'"),
+        (lambda d: d["strategy"].update(tp=3), "INVALID_DEGREES", "does not divide"),
+        (lambda d: d["strategy"].update(tp=-1), "BAD_CONFIG", "positive integer"),
+        (lambda d: d["strategy"].update(gpu_memory_utilization=1.5), "BAD_CONFIG", r"\(0, 1\]"),
+        (lambda d: d["strategy"].update(recompute="some"), "BAD_CONFIG", "recompute"),
+        (lambda d: d["strategy"].update(offload=["params"]), "BAD_CONFIG", "offload"),
+        (lambda d: d["workload"].update(mini_batch=1024), "BAD_CONFIG", "exceeds prompts"),
+        (lambda d: d["trainer"].update(kl_type="bogus"), "BAD_CONFIG", "kl_type"),
+        (lambda d: d.update(model="no-such-model"), "UNKNOWN_MODEL", "no-such-model"),
+        (lambda d: d.update(hardware="tpu-v9"), "UNKNOWN_HARDWARE", "tpu-v9"),
+        (lambda d: d["model"].update(heads=0), "BAD_CONFIG", "heads"),
+    ],
+)
 def test_coded_rejections(tmp_path, mutate, code, text):
     d = make_cfg().to_dict()
     mutate(d)
@@ -106,10 +117,18 @@ def test_atomic_write_keeps_the_old_file_on_failure(tmp_path):
 # Fuzzing the loader: random YAML and randomly corrupted configs give a RunConfig or a coded error.
 # ---------------------------------------------------------------------------------------------
 
-SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**6), st.floats(allow_nan=True, allow_infinity=True),
-                    st.text(max_size=8))
-VALUES = st.recursive(SCALARS, lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=6), c, max_size=3)),
-                      max_leaves=6)
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-10, 10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=6), c, max_size=3)),
+    max_leaves=6,
+)
 BASE = make_cfg().to_dict()
 
 
@@ -141,12 +160,35 @@ def test_random_text_gives_coded_errors(text):
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(section=st.sampled_from(["model", "hardware", "cluster", "strategy", "workload", "trainer", "predicted",
-                                "schema_version", "meta"]),
-       key=st.one_of(st.sampled_from(["tp", "pp", "gpus", "layers", "heads", "hbm_bytes", "steps", "lr", "prompts",
-                                      "offload", "name", "vocab", "experts", "gpus_per_node", "rollout_engine"]),
-                     st.text(max_size=5)),
-       value=VALUES, whole=st.booleans())
+@given(
+    section=st.sampled_from(
+        ["model", "hardware", "cluster", "strategy", "workload", "trainer", "predicted", "schema_version", "meta"]
+    ),
+    key=st.one_of(
+        st.sampled_from(
+            [
+                "tp",
+                "pp",
+                "gpus",
+                "layers",
+                "heads",
+                "hbm_bytes",
+                "steps",
+                "lr",
+                "prompts",
+                "offload",
+                "name",
+                "vocab",
+                "experts",
+                "gpus_per_node",
+                "rollout_engine",
+            ]
+        ),
+        st.text(max_size=5),
+    ),
+    value=VALUES,
+    whole=st.booleans(),
+)
 def test_corrupted_configs_give_coded_errors(section, key, value, whole):
     d = copy.deepcopy(BASE)
     if whole or not isinstance(d.get(section), dict):
@@ -164,11 +206,35 @@ def test_corrupted_configs_give_coded_errors(section, key, value, whole):
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(section=st.sampled_from(["model", "hardware", "cluster", "strategy", "workload", "trainer"]),
-       key=st.sampled_from(["tp", "pp", "offload", "gpus", "layers", "heads", "kv_heads", "experts", "top_k",
-                            "hbm_bytes", "efficiency", "aliases", "steps", "lr", "prompts", "kind", "name",
-                            "first_stage_layers", "dataset", "vocab", "source"]),
-       value=VALUES)
+@given(
+    section=st.sampled_from(["model", "hardware", "cluster", "strategy", "workload", "trainer"]),
+    key=st.sampled_from(
+        [
+            "tp",
+            "pp",
+            "offload",
+            "gpus",
+            "layers",
+            "heads",
+            "kv_heads",
+            "experts",
+            "top_k",
+            "hbm_bytes",
+            "efficiency",
+            "aliases",
+            "steps",
+            "lr",
+            "prompts",
+            "kind",
+            "name",
+            "first_stage_layers",
+            "dataset",
+            "vocab",
+            "source",
+        ]
+    ),
+    value=VALUES,
+)
 def test_from_dict_needs_no_safety_net(section, key, value):
     """RunConfig.from_dict itself raises only coded errors (load() also turns a stray TypeError into
     one, as a last line of defence; this checks that the defence is not what saves us)."""
@@ -198,8 +264,12 @@ def test_exponent_floats_without_a_dot_load_as_numbers(tmp_path):
     from core.specs import load_hardware, load_model
     from core.strategy import Strategy
 
-    cfg = RunConfig(model=load_model("tiny"), hardware=load_hardware("cpu"),
-                    cluster=Cluster(gpus=1, gpus_per_node=1), strategy=Strategy())
+    cfg = RunConfig(
+        model=load_model("tiny"),
+        hardware=load_hardware("cpu"),
+        cluster=Cluster(gpus=1, gpus_per_node=1),
+        strategy=Strategy(),
+    )
     p = tmp_path / "c.yaml"
     save(cfg, p)
     p.write_text(p.read_text().replace("lr: 1.0e-06", "lr: 3e-3"))

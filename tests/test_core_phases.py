@@ -10,7 +10,12 @@ from costmodel import timing
 
 def test_values_are_the_names_written_to_json():
     assert [p.value for p in ALL_PHASES] == [
-        "rollout", "weight_sync", "old_logprob", "ref_logprob", "update", "offload"
+        "rollout",
+        "weight_sync",
+        "old_logprob",
+        "ref_logprob",
+        "update",
+        "offload",
     ]
     assert Phase.ROLLOUT == "rollout" and str(Phase.UPDATE) == "update" and f"{Phase.OFFLOAD}" == "offload"
     assert json.dumps({Phase.ROLLOUT: 1.0}) == '{"rollout": 1.0}'

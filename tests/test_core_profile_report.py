@@ -8,22 +8,41 @@ from core.errors import ConfigError
 from core.phases import MEASURED_PHASES, Phase
 from core.profile_report import PeakMemory, ProfileReport, ProfileStatus
 
-STEP = {"step_s": 2.0, "tokens_per_s": 100.0, "tokens_per_s_per_gpu": 50.0, "reward_mean": 0.5, "response_len": 8,
-        "loss": 0.1}
+STEP = {
+    "step_s": 2.0,
+    "tokens_per_s": 100.0,
+    "tokens_per_s_per_gpu": 50.0,
+    "reward_mean": 0.5,
+    "response_len": 8,
+    "loss": 0.1,
+}
 
 
 def _hist():
     # three steps; the first (warm-up) is slow and is left out of the medians
     out = []
     for k, step_s in enumerate((9.0, 2.0, 4.0)):
-        out.append({**STEP, "step_s": step_s, "phases_s": {p.value: float(k + 1) for p in MEASURED_PHASES},
-                    "tokens_per_s": 600.0 / step_s})
+        out.append(
+            {
+                **STEP,
+                "step_s": step_s,
+                "phases_s": {p.value: float(k + 1) for p in MEASURED_PHASES},
+                "tokens_per_s": 600.0 / step_s,
+            }
+        )
     return out
 
 
 def test_from_history_takes_medians_after_the_first_step():
-    r = ProfileReport.from_history("ok", message=None, config="c.yaml", steps=3, world_size=2, history=_hist(),
-                                   peak={"per_rank": [10, 12], "max": 12, "kind": "peak_rss"})
+    r = ProfileReport.from_history(
+        "ok",
+        message=None,
+        config="c.yaml",
+        steps=3,
+        world_size=2,
+        history=_hist(),
+        peak={"per_rank": [10, 12], "max": 12, "kind": "peak_rss"},
+    )
     assert r.step_s == 3.0  # median of 2.0 and 4.0
     assert r.tokens_per_s == pytest.approx((300.0 + 150.0) / 2)
     assert r.phases_s[Phase.UPDATE] == 2.5  # median of 2 and 3
@@ -31,9 +50,16 @@ def test_from_history_takes_medians_after_the_first_step():
 
 
 def test_json_round_trip_with_peak_bytes_by_phase():
-    r = ProfileReport.from_history("ok", message=None, config="c.yaml", steps=3, world_size=2, history=_hist(),
-                                   peak={"per_rank": [10, 12], "max": 12, "kind": "cuda_max_allocated"},
-                                   peak_bytes_by_phase={"rollout": 7, "update": 12})
+    r = ProfileReport.from_history(
+        "ok",
+        message=None,
+        config="c.yaml",
+        steps=3,
+        world_size=2,
+        history=_hist(),
+        peak={"per_rank": [10, 12], "max": 12, "kind": "cuda_max_allocated"},
+        peak_bytes_by_phase={"rollout": 7, "update": 12},
+    )
     d = json.loads(json.dumps(r.to_dict()))
     assert list(d["phases_s"]) == [p.value for p in MEASURED_PHASES]
     assert d["peak_bytes_by_phase"] == {"rollout": 7, "update": 12}
@@ -56,11 +82,18 @@ def test_trainer_writer_is_the_core_type():
     assert "peak_bytes_by_phase" not in d  # optional: only when the trainer measured it
 
 
-@pytest.mark.parametrize("bad", [
-    [], {"status": "done"}, {"status": "ok", "step_s": "fast"}, {"status": "ok", "phases_s": [1]},
-    {"status": "ok", "peak_memory_bytes": {"max": "lots"}}, {"status": "ok", "peak_bytes_by_phase": {"warmup": 1}},
-    {"status": "ok", "peak_bytes_by_phase": {"update": -1}},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [],
+        {"status": "done"},
+        {"status": "ok", "step_s": "fast"},
+        {"status": "ok", "phases_s": [1]},
+        {"status": "ok", "peak_memory_bytes": {"max": "lots"}},
+        {"status": "ok", "peak_bytes_by_phase": {"warmup": 1}},
+        {"status": "ok", "peak_bytes_by_phase": {"update": -1}},
+    ],
+)
 def test_malformed_json_is_a_coded_error(bad):
     with pytest.raises(ConfigError):
         ProfileReport.from_dict(bad)

@@ -47,7 +47,8 @@ def test_check_batches_hand_computed():
     assert "does not split over dp=1 x mbs=4" in f.message
     # vpp: 6 / (1 x 1) = 6 micro-batches per mini-batch; pp=4 does not divide 6, pp=3 does.
     assert [f.message for f in check_batches(w, dp=1, mbs=1, pp=4, vpp=2)] == [
-        "vpp=2 needs micro-batches per mini-batch (6) to be a multiple of pp=4"]
+        "vpp=2 needs micro-batches per mini-batch (6) to be a multiple of pp=4"
+    ]
     assert check_batches(w, dp=1, mbs=1, pp=3, vpp=2) == []
     pre = Workload(kind="pretrain", gbs=12)
     assert check_batches(pre, dp=4) == [] and len(check_batches(pre, dp=5)) == 1
@@ -59,8 +60,13 @@ def test_micro_batches_rounds_up_and_is_at_least_one():
 
 
 @settings(max_examples=200, deadline=None)
-@given(prompts_per_mini=st.integers(1, 8), minis=st.integers(1, 4), n=st.integers(1, 8),
-       dp=st.integers(1, 16), mbs=st.integers(1, 8))
+@given(
+    prompts_per_mini=st.integers(1, 8),
+    minis=st.integers(1, 4),
+    n=st.integers(1, 8),
+    dp=st.integers(1, 16),
+    mbs=st.integers(1, 8),
+)
 def test_no_error_iff_every_rank_gets_whole_micro_batches(prompts_per_mini, minis, n, dp, mbs):
     w = Workload(prompts=prompts_per_mini * minis, mini_batch=prompts_per_mini, n=n)
     ok = (prompts_per_mini * n) % (dp * mbs) == 0

@@ -14,22 +14,25 @@ from core.strategy import Cluster, Strategy, Workload
 from core.validation import POSITIVE, Range, from_mapping
 
 
-@pytest.mark.parametrize("build, data, code, text", [
-    (Strategy.from_dict, {"tp": 0}, "BAD_CONFIG", "strategy.tp must be a positive integer, got 0"),
-    (Strategy.from_dict, {"tp": True}, "BAD_CONFIG", "positive integer"),
-    (Strategy.from_dict, {"gpu_memory_utilization": 1.5}, "BAD_CONFIG", "must be a number in (0, 1], got 1.5"),
-    (Strategy.from_dict, {"gpu_memory_utilization": 0}, "BAD_CONFIG", "(0, 1]"),
-    (Strategy.from_dict, {"cpu_optimizer": float("nan")}, "BAD_CONFIG", "(0, 1]"),
-    (Strategy.from_dict, {"recompute": "some"}, "BAD_CONFIG", "must be one of none, selective, full"),
-    (Strategy.from_dict, {"offload": ["param", "kv"]}, "BAD_CONFIG", "unknown 'kv'"),
-    (Strategy.from_dict, {"sequence_parallel": "yes"}, "BAD_CONFIG", "true or false"),
-    (Strategy.from_dict, {"tpp": 2}, "UNKNOWN_KEY", "unknown key 'tpp'"),
-    (Strategy.from_dict, [1, 2], "BAD_CONFIG", "must be a table/mapping"),
-    (Workload.from_dict, {"kind": "sft"}, "BAD_CONFIG", "must be one of grpo, pretrain"),
-    (Workload.from_dict, {"dtype": "int8"}, "BAD_CONFIG", "must be one of bf16, fp16, fp32"),
-    (Workload.from_dict, {"prompts": 8, "mini_batch": 16}, "BAD_CONFIG", "exceeds prompts"),
-    (Workload.from_dict, {"n": 2.0}, "BAD_CONFIG", "positive integer"),
-])
+@pytest.mark.parametrize(
+    "build, data, code, text",
+    [
+        (Strategy.from_dict, {"tp": 0}, "BAD_CONFIG", "strategy.tp must be a positive integer, got 0"),
+        (Strategy.from_dict, {"tp": True}, "BAD_CONFIG", "positive integer"),
+        (Strategy.from_dict, {"gpu_memory_utilization": 1.5}, "BAD_CONFIG", "must be a number in (0, 1], got 1.5"),
+        (Strategy.from_dict, {"gpu_memory_utilization": 0}, "BAD_CONFIG", "(0, 1]"),
+        (Strategy.from_dict, {"cpu_optimizer": float("nan")}, "BAD_CONFIG", "(0, 1]"),
+        (Strategy.from_dict, {"recompute": "some"}, "BAD_CONFIG", "must be one of none, selective, full"),
+        (Strategy.from_dict, {"offload": ["param", "kv"]}, "BAD_CONFIG", "unknown 'kv'"),
+        (Strategy.from_dict, {"sequence_parallel": "yes"}, "BAD_CONFIG", "true or false"),
+        (Strategy.from_dict, {"tpp": 2}, "UNKNOWN_KEY", "unknown key 'tpp'"),
+        (Strategy.from_dict, [1, 2], "BAD_CONFIG", "must be a table/mapping"),
+        (Workload.from_dict, {"kind": "sft"}, "BAD_CONFIG", "must be one of grpo, pretrain"),
+        (Workload.from_dict, {"dtype": "int8"}, "BAD_CONFIG", "must be one of bf16, fp16, fp32"),
+        (Workload.from_dict, {"prompts": 8, "mini_batch": 16}, "BAD_CONFIG", "exceeds prompts"),
+        (Workload.from_dict, {"n": 2.0}, "BAD_CONFIG", "positive integer"),
+    ],
+)
 def test_bad_values_are_coded_errors(build, data, code, text):
     with pytest.raises(GrpoTuneError) as exc:
         build(data)
@@ -75,6 +78,7 @@ def test_cluster_needs_gpus():
 @given(st.one_of(st.integers(-5, 5), st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.none()))
 def test_ranges_accept_exactly_their_numbers(v):
     """A value passes POSITIVE iff it is an int >= 1, and FRACTION iff it is a number in (0, 1]."""
+
     def ok(field, value):
         try:
             Strategy.from_dict({field: value})

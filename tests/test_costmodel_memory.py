@@ -1,4 +1,5 @@
 """Memory model: Korthikanti's activation formulas, Megatron's model-state rule, rollout KV, offload."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,9 +11,17 @@ from hypothesis import strategies as st
 from core.errors import InvalidDegreesError
 from costmodel.estimate import estimate
 from costmodel.memory import (
-    in_flight_microbatches, kv_bytes_per_token, kv_cache_capacity, layer_activation_bytes, layer_coeffs,
-    model_state_bytes_per_param, paper_layer_activation_bytes, phase_memory, rollout_weight_bytes,
-    rollout_working_bytes, train_activation_bytes,
+    in_flight_microbatches,
+    kv_bytes_per_token,
+    kv_cache_capacity,
+    layer_activation_bytes,
+    layer_coeffs,
+    model_state_bytes_per_param,
+    paper_layer_activation_bytes,
+    phase_memory,
+    rollout_weight_bytes,
+    rollout_working_bytes,
+    train_activation_bytes,
 )
 from costmodel.params import per_stage_params
 from core.specs import ModelSpec, load_hardware, load_model
@@ -23,8 +32,18 @@ H100 = load_hardware("h100")
 
 def gpt3(a: int, h: int, L: int) -> ModelSpec:
     """A GPT-3-style model as in Korthikanti Table 3: MHA, GeLU MLP of 4h, vocab 51200."""
-    return ModelSpec(name=f"gpt-{h}", family="gpt", layers=L, hidden=h, ffn_hidden=4 * h, heads=a, kv_heads=a,
-                     head_dim=h // a, vocab=51200, gated_mlp=False)
+    return ModelSpec(
+        name=f"gpt-{h}",
+        family="gpt",
+        layers=L,
+        hidden=h,
+        ffn_hidden=4 * h,
+        heads=a,
+        kv_heads=a,
+        head_dim=h // a,
+        vocab=51200,
+        gated_mlp=False,
+    )
 
 
 # Korthikanti et al. 2022 (arXiv 2205.05198), Table 3 (s = 2048, t = 8 for all four).
@@ -35,6 +54,7 @@ S = 2048
 # ---------------------------------------------------------------------------------------------
 # Korthikanti: per-layer formulas
 # ---------------------------------------------------------------------------------------------
+
 
 def test_paper_closed_forms_by_hand():
     s, b, h, a = 2048, 1, 12288, 96
@@ -120,6 +140,7 @@ def test_fig7_ratios():
 # Pipeline: micro-batches in flight
 # ---------------------------------------------------------------------------------------------
 
+
 def test_in_flight_1f1b_and_interleaved():
     assert [in_flight_microbatches(4, 1, i, 64) for i in range(4)] == [4, 3, 2, 1]
     assert in_flight_microbatches(4, 1, 0, 2) == 2  # fewer micro-batches than stages
@@ -148,14 +169,19 @@ def test_cp_divides_the_sequence_and_recompute_orders():
     assert a2 == pytest.approx(a1 / 2)
     cpu = load_hardware("cpu")  # no flash attention there: the score matrix is stored
     w = Workload(kind="pretrain", seq_len=2048, gbs=64)
-    got = {rc: phase_memory(m, cpu, Cluster(gpus=8), validate(m, Strategy(tp=2, recompute=rc), 8), w)[0]
-           ["update"].parts["activations"] for rc in ("none", "selective", "full")}
+    got = {
+        rc: phase_memory(m, cpu, Cluster(gpus=8), validate(m, Strategy(tp=2, recompute=rc), 8), w)[0]["update"].parts[
+            "activations"
+        ]
+        for rc in ("none", "selective", "full")
+    }
     assert got["none"] > got["selective"] > got["full"] > 0
 
 
 # ---------------------------------------------------------------------------------------------
 # Model state: Megatron's rule
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dist", [True, False])
 @pytest.mark.parametrize("gpus,kw", [(8, dict(tp=2)), (16, dict(tp=2, cp=2)), (16, dict(tp=4, pp=2))])
@@ -207,6 +233,7 @@ def test_moe_optimizer_shards_experts_over_expert_dp():
 # Rollout, offload, violations
 # ---------------------------------------------------------------------------------------------
 
+
 def test_kv_bytes_per_token():
     # 2 (K,V) x layers x kv heads x head_dim x 2 B: Qwen2.5-7B 56 KiB, Llama-3.1-8B 128 KiB per token.
     assert kv_bytes_per_token(load_model("qwen2.5-7b"), 1) == 2 * 28 * 4 * 128 * 2 == 57344
@@ -249,8 +276,13 @@ def test_moe_expert_activations():
 
 def test_rollout_budget_below_weights_is_an_oom_risk():
     m = load_model("llama-3.1-70b")
-    e = estimate(model=m, hardware=H100, cluster=Cluster(gpus=8),
-                 strategy=Strategy(tp=8, rollout_tp=1, gpu_memory_utilization=0.5), workload=Workload())
+    e = estimate(
+        model=m,
+        hardware=H100,
+        cluster=Cluster(gpus=8),
+        strategy=Strategy(tp=8, rollout_tp=1, gpu_memory_utilization=0.5),
+        workload=Workload(),
+    )
     assert not e.fits
     ro = [v for v in e.violations if v.phase == "rollout" and "KV cache" in v.message]
     assert ro and ro[0].code == "OOM_RISK" and ro[0].bytes_over > 0
@@ -281,8 +313,9 @@ def test_offload_moves_state_to_the_host_and_checks_it():
 
 def test_plan_that_does_not_fit_is_data():
     m = load_model("llama-3.1-70b")
-    e = estimate(model=m, hardware=H100, cluster=Cluster(gpus=8), strategy=Strategy(tp=1),
-                 workload=Workload(kind="pretrain"))
+    e = estimate(
+        model=m, hardware=H100, cluster=Cluster(gpus=8), strategy=Strategy(tp=1), workload=Workload(kind="pretrain")
+    )
     assert list(e.memory) == ["update"]
     assert not e.fits
     v = [v for v in e.violations if v.phase == "update"][0]
@@ -313,15 +346,34 @@ POW2 = st.sampled_from([1, 2, 4, 8, 16])
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(name=st.sampled_from(MODELS), gpus=st.sampled_from([1, 2, 4, 8, 16, 64, 256]), tp=POW2, pp=POW2,
-       cp=st.sampled_from([1, 2]), ep=POW2, mbs=st.sampled_from([1, 2, 4]),
-       rc=st.sampled_from(["none", "selective", "full"]),
-       off=st.sets(st.sampled_from(["param", "grad", "optimizer"])), rtp=POW2,
-       util=st.floats(0.1, 0.95), kind=st.sampled_from(["grpo", "pretrain"]))
+@given(
+    name=st.sampled_from(MODELS),
+    gpus=st.sampled_from([1, 2, 4, 8, 16, 64, 256]),
+    tp=POW2,
+    pp=POW2,
+    cp=st.sampled_from([1, 2]),
+    ep=POW2,
+    mbs=st.sampled_from([1, 2, 4]),
+    rc=st.sampled_from(["none", "selective", "full"]),
+    off=st.sets(st.sampled_from(["param", "grad", "optimizer"])),
+    rtp=POW2,
+    util=st.floats(0.1, 0.95),
+    kind=st.sampled_from(["grpo", "pretrain"]),
+)
 def test_estimate_is_well_formed(name, gpus, tp, pp, cp, ep, mbs, rc, off, rtp, util, kind):
     m = load_model(name)
-    s = Strategy(tp=tp, pp=pp, cp=cp, ep=ep if m.is_moe else 1, etp=1 if m.is_moe else None, mbs=mbs,
-                 recompute=rc, offload=tuple(sorted(off)), rollout_tp=rtp, gpu_memory_utilization=util)
+    s = Strategy(
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ep if m.is_moe else 1,
+        etp=1 if m.is_moe else None,
+        mbs=mbs,
+        recompute=rc,
+        offload=tuple(sorted(off)),
+        rollout_tp=rtp,
+        gpu_memory_utilization=util,
+    )
     try:
         e = estimate(model=m, hardware=H100, cluster=Cluster(gpus=gpus), strategy=s, workload=Workload(kind=kind))
     except InvalidDegreesError:
@@ -335,12 +387,11 @@ def test_estimate_is_well_formed(name, gpus, tp, pp, cp, ep, mbs, rc, off, rtp, 
     assert e.fits == (not any(v.code == "OOM_RISK" for v in e.violations))
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Measured: what autograd really keeps in a megatron-core layer (CPU, the trainer's local spec)
 # ---------------------------------------------------------------------------------------------
 
-_SAVED_SCRIPT = r'''
+_SAVED_SCRIPT = r"""
 import dataclasses, json, os, sys
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 import warnings; warnings.filterwarnings("ignore")
@@ -373,7 +424,7 @@ m1 = ModelSpec(name="chk", family="llama", layers=1, hidden=256, ffn_hidden=768,
                head_dim=32, vocab=64, max_seq_len=512)
 m2 = dataclasses.replace(m1, layers=2)
 print(json.dumps({rc: saved(m2, rc) - saved(m1, rc) for rc in ("none", "selective", "full")}))
-'''
+"""
 
 
 def test_local_spec_layout_matches_autograd_on_cpu(tmp_path):
@@ -395,12 +446,28 @@ def test_local_spec_layout_matches_autograd_on_cpu(tmp_path):
     script = tmp_path / "saved.py"
     script.write_text(_SAVED_SCRIPT)
     root = Path(__file__).resolve().parent.parent
-    out = subprocess.run([sys.executable, str(script), str(port)], capture_output=True, text=True, timeout=300,
-                         cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    out = subprocess.run(
+        [sys.executable, str(script), str(port)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        env={**__import__("os").environ, "PYTHONPATH": str(root)},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     measured = __import__("json").loads(out.stdout.strip().splitlines()[-1])
-    m = ModelSpec(name="chk", family="llama", layers=1, hidden=256, ffn_hidden=768, heads=8, kv_heads=2,
-                  head_dim=32, vocab=64, max_seq_len=512)
+    m = ModelSpec(
+        name="chk",
+        family="llama",
+        layers=1,
+        hidden=256,
+        ffn_hidden=768,
+        heads=8,
+        kv_heads=2,
+        head_dim=32,
+        vocab=64,
+        max_seq_len=512,
+    )
     c = layer_coeffs(m, False, 1, 1, False, flash=False, fused=False, act_bytes=4)
     for rc in ("none", "selective", "full"):
         model = layer_activation_bytes(c, 128, 128, 4, rc)
@@ -416,8 +483,13 @@ def test_native_rollout_profile_has_no_vllm_budget():
 
     wl = Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8)
     cpu = load_hardware("cpu")
-    est = estimate(model=load_model("tiny"), hardware=cpu, cluster=Cluster(gpus=2, gpus_per_node=2),
-                   strategy=Strategy(tp=2, gpu_memory_utilization=0.6), workload=wl)
+    est = estimate(
+        model=load_model("tiny"),
+        hardware=cpu,
+        cluster=Cluster(gpus=2, gpus_per_node=2),
+        strategy=Strategy(tp=2, gpu_memory_utilization=0.6),
+        workload=wl,
+    )
     ro, upd = est.memory["rollout"], est.memory["update"]
     assert ro.parts["rollout_kv_cache"] == 0 and ro.parts["rollout_weights"] == 0
     assert ro.total_bytes < 0.01 * 0.6 * cpu.hbm_bytes
@@ -437,19 +509,44 @@ def test_a_probed_cpu_profile_keeps_the_cpu_trainers_activations():
     from core.strategy import Cluster, Strategy, Workload, validate
 
     cpu = load_hardware("cpu").to_dict()
-    probed = {k: cpu[k] for k in ("source", "bf16_dense_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s",
-                                  "gpus_per_node", "intra_node_bandwidth_bytes_per_s",
-                                  "inter_node_bandwidth_bytes_per_s",
-                                  "host_memory_bytes", "host_to_device_bandwidth_bytes_per_s", "reserved_memory_bytes",
-                                  "rollout_engine", "attention_kernel", "activation_layout", "efficiency")}
+    probed = {
+        k: cpu[k]
+        for k in (
+            "source",
+            "bf16_dense_flops_per_s",
+            "hbm_bytes",
+            "hbm_bandwidth_bytes_per_s",
+            "gpus_per_node",
+            "intra_node_bandwidth_bytes_per_s",
+            "inter_node_bandwidth_bytes_per_s",
+            "host_memory_bytes",
+            "host_to_device_bandwidth_bytes_per_s",
+            "reserved_memory_bytes",
+            "rollout_engine",
+            "attention_kernel",
+            "activation_layout",
+            "efficiency",
+        )
+    }
     hw = HardwareSpec.from_dict({**probed, "name": "my-laptop"})
     wl = Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=4)
     acts = {}
-    for h in (hw, HardwareSpec.from_dict({**probed, "name": "gpu-like", "rollout_engine": "vllm",
-                                          "attention_kernel": "flash", "activation_layout": "te-bf16"})):
+    for h in (
+        hw,
+        HardwareSpec.from_dict(
+            {
+                **probed,
+                "name": "gpu-like",
+                "rollout_engine": "vllm",
+                "attention_kernel": "flash",
+                "activation_layout": "te-bf16",
+            }
+        ),
+    ):
         s = validate(load_model("tiny"), Strategy(), 1)
-        acts[h.name] = train_activation_bytes(load_model("tiny"), s, seq_len=32, mbs=1, microbatches=1,
-                                              kernels=kernels_for(h, wl))[0]
+        acts[h.name] = train_activation_bytes(
+            load_model("tiny"), s, seq_len=32, mbs=1, microbatches=1, kernels=kernels_for(h, wl)
+        )[0]
         e = estimate(model=load_model("tiny"), hardware=h, cluster=Cluster(gpus=1), strategy=Strategy(), workload=wl)
         assert e.memory["update"].parts["activations"] in (0.0, acts[h.name])  # 0 when the optimizer step peaks
     assert acts == {"my-laptop": 671_744, "gpu-like": 212_992}

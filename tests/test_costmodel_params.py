@@ -1,4 +1,5 @@
 """Exact parameter counts against published figures, per-rank counts, and HF config.json reading."""
+
 from __future__ import annotations
 
 import json
@@ -72,17 +73,20 @@ def _expected_sum(m, s) -> int:
     return total_params(m) + (copies - (1 if m.tied_embeddings else 2)) * emb + copies * pad
 
 
-@pytest.mark.parametrize("name,gpus,kw", [
-    ("qwen2.5-7b", 8, dict(tp=4, pp=2)),
-    ("qwen2.5-7b", 8, dict(tp=2, pp=4)),
-    ("qwen2.5-0.5b", 4, dict(tp=2, pp=2)),  # tied embeddings: the last stage holds a copy
-    ("qwen2.5-0.5b", 2, dict(tp=2)),  # tied, one stage: counted once
-    ("llama-3.1-70b", 64, dict(tp=8, pp=8, vpp=5)),
-    ("qwen3-30b-a3b", 16, dict(tp=2, pp=2, ep=4, etp=1)),
-    ("qwen3-30b-a3b", 64, dict(tp=4, pp=4, ep=8, etp=2)),
-    ("deepseek-v3", 256, dict(tp=8, pp=16, ep=16, etp=1, first_stage_layers=1, last_stage_layers=4)),
-    ("qwen3-235b-a22b", 128, dict(tp=4, pp=8, ep=16, etp=1, first_stage_layers=10, last_stage_layers=12)),
-])
+@pytest.mark.parametrize(
+    "name,gpus,kw",
+    [
+        ("qwen2.5-7b", 8, dict(tp=4, pp=2)),
+        ("qwen2.5-7b", 8, dict(tp=2, pp=4)),
+        ("qwen2.5-0.5b", 4, dict(tp=2, pp=2)),  # tied embeddings: the last stage holds a copy
+        ("qwen2.5-0.5b", 2, dict(tp=2)),  # tied, one stage: counted once
+        ("llama-3.1-70b", 64, dict(tp=8, pp=8, vpp=5)),
+        ("qwen3-30b-a3b", 16, dict(tp=2, pp=2, ep=4, etp=1)),
+        ("qwen3-30b-a3b", 64, dict(tp=4, pp=4, ep=8, etp=2)),
+        ("deepseek-v3", 256, dict(tp=8, pp=16, ep=16, etp=1, first_stage_layers=1, last_stage_layers=4)),
+        ("qwen3-235b-a22b", 128, dict(tp=4, pp=8, ep=16, etp=1, first_stage_layers=10, last_stage_layers=12)),
+    ],
+)
 def test_per_rank_sums_back_to_total(name, gpus, kw):
     m = load_model(name)
     s = validate(m, Strategy(**kw), gpus)
@@ -117,49 +121,144 @@ def test_uneven_stages_put_embedding_and_output_on_the_ends():
 
 HF_CONFIGS = {
     # huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json
-    "llama-3.1-8b": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-                     "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
-                     "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False,
-                     "attention_bias": False, "mlp_bias": False, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
-                     "max_position_embeddings": 131072},
+    "llama-3.1-8b": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 131072,
+    },
     # huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json (no attention_bias key: Qwen2 has q/k/v biases)
-    "qwen2.5-7b": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
-                   "intermediate_size": 18944, "num_attention_heads": 28, "num_hidden_layers": 28,
-                   "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False,
-                   "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "max_position_embeddings": 131072},
+    "qwen2.5-7b": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_attention_heads": 28,
+        "num_hidden_layers": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 152064,
+        "tie_word_embeddings": False,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 131072,
+    },
     # huggingface.co/Qwen/Qwen2.5-0.5B/blob/main/config.json
-    "qwen2.5-0.5b": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
-                     "intermediate_size": 4864, "num_attention_heads": 14, "num_hidden_layers": 24,
-                     "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
-                     "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "max_position_embeddings": 32768},
+    "qwen2.5-0.5b": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_attention_heads": 14,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 32768,
+    },
     # huggingface.co/Qwen/Qwen3-8B/blob/main/config.json (head_dim given explicitly)
-    "qwen3-8b": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "head_dim": 128,
-                 "intermediate_size": 12288, "num_attention_heads": 32, "num_hidden_layers": 36,
-                 "num_key_value_heads": 8, "vocab_size": 151936, "tie_word_embeddings": False,
-                 "attention_bias": False, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
-                 "max_position_embeddings": 40960},
+    "qwen3-8b": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 4096,
+        "head_dim": 128,
+        "intermediate_size": 12288,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 36,
+        "num_key_value_heads": 8,
+        "vocab_size": 151936,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000,
+        "max_position_embeddings": 40960,
+    },
     # huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json
-    "qwen3-30b-a3b": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
-                      "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768,
-                      "num_attention_heads": 32, "num_hidden_layers": 48, "num_key_value_heads": 4,
-                      "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
-                      "norm_topk_prob": True, "vocab_size": 151936, "tie_word_embeddings": False,
-                      "attention_bias": False, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
-                      "max_position_embeddings": 40960},
+    "qwen3-30b-a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "hidden_size": 2048,
+        "head_dim": 128,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 48,
+        "num_key_value_heads": 4,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "vocab_size": 151936,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+    },
     # huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json
-    "deepseek-v3": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
-                    "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_attention_heads": 128,
-                    "num_key_value_heads": 128, "num_hidden_layers": 61, "n_routed_experts": 256,
-                    "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
-                    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-                    "v_head_dim": 128, "vocab_size": 129280, "topk_method": "noaux_tc",
-                    "num_nextn_predict_layers": 1, "tie_word_embeddings": False, "rms_norm_eps": 1e-06,
-                    "rope_theta": 10000, "max_position_embeddings": 163840},
+    "deepseek-v3": {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "num_hidden_layers": 61,
+        "n_routed_experts": 256,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "vocab_size": 129280,
+        "topk_method": "noaux_tc",
+        "num_nextn_predict_layers": 1,
+        "tie_word_embeddings": False,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000,
+        "max_position_embeddings": 163840,
+    },
 }
 
-_ARCH_FIELDS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "head_dim", "vocab", "tied_embeddings",
-                "qkv_bias", "qk_norm", "experts", "top_k", "expert_ffn_hidden", "shared_experts", "dense_layers",
-                "router_bias", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+_ARCH_FIELDS = (
+    "layers",
+    "hidden",
+    "ffn_hidden",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "vocab",
+    "tied_embeddings",
+    "qkv_bias",
+    "qk_norm",
+    "experts",
+    "top_k",
+    "expert_ffn_hidden",
+    "shared_experts",
+    "dense_layers",
+    "router_bias",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+)
 
 
 @pytest.mark.parametrize("name", sorted(HF_CONFIGS))

@@ -1,4 +1,5 @@
 """The degree validator: plans that cannot exist raise INVALID_DEGREES and say why; nothing else escapes."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,24 +11,31 @@ from core.specs import load_model
 from core.strategy import Strategy, Workload, stage_layers, validate
 
 
-@pytest.mark.parametrize("name,gpus,kw,why", [
-    ("qwen2.5-7b", 24, dict(tp=3), "does not divide the 28 attention heads"),
-    ("qwen2.5-7b", 8, dict(tp=8), "does not divide the 28 attention heads"),
-    ("llama-3.1-8b", 16, dict(tp=16), "does not divide the 8 key/value heads"),
-    ("qwen2.5-7b", 24, dict(pp=3), "does not divide the 28 layers"),
-    ("qwen3-30b-a3b", 8, dict(ep=3), "does not divide the 128 experts"),
-    ("qwen3-30b-a3b", 8, dict(tp=2, ep=8), "MoE parallel folding"),
-    ("qwen2.5-7b", 8, dict(tp=2, dp=2), "differs from the 8 GPUs"),
-    ("qwen2.5-7b", 12, dict(tp=4, pp=2), "does not divide 12 GPUs"),
-    ("qwen2.5-7b", 8, dict(ep=2), "dense: ep/etp apply to MoE models only"),
-    ("qwen2.5-7b", 8, dict(vpp=2), "vpp > 1 needs pp > 1"),
-    ("llama-3.1-8b", 8, dict(pp=4, vpp=3), "vpp=3 does not divide"),
-    ("qwen2.5-7b", 8, dict(first_stage_layers=4), "need pp > 1"),
-    ("deepseek-v3", 256, dict(tp=8, pp=16, ep=16, etp=1, first_stage_layers=3, last_stage_layers=4),
-     "do not split evenly"),
-    ("deepseek-v3", 256, dict(tp=8, pp=16, ep=16, etp=1), "does not divide the 61 layers"),
-    ("qwen2.5-7b", 8, dict(rollout_tp=3), "rollout_tp=3"),
-])
+@pytest.mark.parametrize(
+    "name,gpus,kw,why",
+    [
+        ("qwen2.5-7b", 24, dict(tp=3), "does not divide the 28 attention heads"),
+        ("qwen2.5-7b", 8, dict(tp=8), "does not divide the 28 attention heads"),
+        ("llama-3.1-8b", 16, dict(tp=16), "does not divide the 8 key/value heads"),
+        ("qwen2.5-7b", 24, dict(pp=3), "does not divide the 28 layers"),
+        ("qwen3-30b-a3b", 8, dict(ep=3), "does not divide the 128 experts"),
+        ("qwen3-30b-a3b", 8, dict(tp=2, ep=8), "MoE parallel folding"),
+        ("qwen2.5-7b", 8, dict(tp=2, dp=2), "differs from the 8 GPUs"),
+        ("qwen2.5-7b", 12, dict(tp=4, pp=2), "does not divide 12 GPUs"),
+        ("qwen2.5-7b", 8, dict(ep=2), "dense: ep/etp apply to MoE models only"),
+        ("qwen2.5-7b", 8, dict(vpp=2), "vpp > 1 needs pp > 1"),
+        ("llama-3.1-8b", 8, dict(pp=4, vpp=3), "vpp=3 does not divide"),
+        ("qwen2.5-7b", 8, dict(first_stage_layers=4), "need pp > 1"),
+        (
+            "deepseek-v3",
+            256,
+            dict(tp=8, pp=16, ep=16, etp=1, first_stage_layers=3, last_stage_layers=4),
+            "do not split evenly",
+        ),
+        ("deepseek-v3", 256, dict(tp=8, pp=16, ep=16, etp=1), "does not divide the 61 layers"),
+        ("qwen2.5-7b", 8, dict(rollout_tp=3), "rollout_tp=3"),
+    ],
+)
 def test_invalid_degrees_say_why(name, gpus, kw, why):
     with pytest.raises(InvalidDegreesError, match=why.replace("(", r"\(").replace(")", r"\)")) as exc:
         validate(load_model(name), Strategy(**kw), gpus)
@@ -63,20 +71,52 @@ def test_rollout_tp_above_kv_heads_is_allowed_when_a_multiple():
 # ---------------------------------------------------------------------------------------------
 
 MODELS = ["tiny", "tiny-moe", "qwen2.5-7b", "llama-3.1-70b", "qwen3-30b-a3b", "deepseek-v3", "qwen3-235b-a22b"]
-ANY = st.one_of(st.none(), st.booleans(), st.integers(-4, 300), st.floats(allow_nan=True), st.text(max_size=6),
-                st.lists(st.one_of(st.integers(), st.sampled_from(["param", "grad", "optimizer"]),
-                                   st.lists(st.integers(), max_size=1), st.dictionaries(st.text(max_size=2), st.none(), max_size=1)),
-                         max_size=2),
-                st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+ANY = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-4, 300),
+    st.floats(allow_nan=True),
+    st.text(max_size=6),
+    st.lists(
+        st.one_of(
+            st.integers(),
+            st.sampled_from(["param", "grad", "optimizer"]),
+            st.lists(st.integers(), max_size=1),
+            st.dictionaries(st.text(max_size=2), st.none(), max_size=1),
+        ),
+        max_size=2,
+    ),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
 SMALL = st.integers(1, 64)
-KEYS = ["tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "sequence_parallel", "recompute", "recompute_layers",
-        "distributed_optimizer", "offload", "first_stage_layers", "last_stage_layers", "rollout_tp",
-        "gpu_memory_utilization", "bogus_key"]
+KEYS = [
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "ep",
+    "etp",
+    "dp",
+    "mbs",
+    "sequence_parallel",
+    "recompute",
+    "recompute_layers",
+    "distributed_optimizer",
+    "offload",
+    "first_stage_layers",
+    "last_stage_layers",
+    "rollout_tp",
+    "gpu_memory_utilization",
+    "bogus_key",
+]
 
 
 @settings(max_examples=300, deadline=None)
-@given(name=st.sampled_from(MODELS), gpus=st.one_of(st.integers(-2, 512), st.sampled_from([8, 16, 64, 256])),
-       data=st.dictionaries(st.sampled_from(KEYS), st.one_of(ANY, SMALL), max_size=8))
+@given(
+    name=st.sampled_from(MODELS),
+    gpus=st.one_of(st.integers(-2, 512), st.sampled_from([8, 16, 64, 256])),
+    data=st.dictionaries(st.sampled_from(KEYS), st.one_of(ANY, SMALL), max_size=8),
+)
 def test_validator_raises_only_coded_errors(name, gpus, data):
     m = load_model(name)
     try:
@@ -94,9 +134,14 @@ def test_validator_raises_only_coded_errors(name, gpus, data):
 
 
 @settings(max_examples=200, deadline=None)
-@given(name=st.sampled_from(MODELS), gpus=st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128, 256, 512]),
-       tp=st.sampled_from([1, 2, 4, 8]), pp=st.integers(1, 16), cp=st.sampled_from([1, 2]),
-       ep=st.sampled_from([1, 2, 4, 8, 16, 32]))
+@given(
+    name=st.sampled_from(MODELS),
+    gpus=st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128, 256, 512]),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    pp=st.integers(1, 16),
+    cp=st.sampled_from([1, 2]),
+    ep=st.sampled_from([1, 2, 4, 8, 16, 32]),
+)
 def test_valid_degrees_satisfy_every_rule(name, gpus, tp, pp, cp, ep):
     m = load_model(name)
     try:
@@ -109,9 +154,29 @@ def test_valid_degrees_satisfy_every_rule(name, gpus, tp, pp, cp, ep):
 
 
 @settings(max_examples=200, deadline=None)
-@given(data=st.dictionaries(st.sampled_from(["kind", "prompts", "n", "prompt_len", "response_len", "mini_batch",
-                                             "response_len_mean", "ppo_epochs", "kl", "dtype", "seq_len", "gbs",
-                                             "nope"]), st.one_of(ANY, SMALL), max_size=6))
+@given(
+    data=st.dictionaries(
+        st.sampled_from(
+            [
+                "kind",
+                "prompts",
+                "n",
+                "prompt_len",
+                "response_len",
+                "mini_batch",
+                "response_len_mean",
+                "ppo_epochs",
+                "kl",
+                "dtype",
+                "seq_len",
+                "gbs",
+                "nope",
+            ]
+        ),
+        st.one_of(ANY, SMALL),
+        max_size=6,
+    )
+)
 def test_workload_raises_only_coded_errors(data):
     try:
         w = Workload.from_dict(data)

@@ -1,5 +1,6 @@
 """Time model: each term against hand-computed values, the trends the issue names, calibration,
 the CPU profile's sanity and the cost of one call."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,19 @@ CAL = timing.CALIBRATION_DEFAULTS
 
 
 def gpt(h: int, a: int, layers: int, vocab: int = 51200) -> ModelSpec:
-    return ModelSpec(name=f"gpt-{h}", family="gpt", layers=layers, hidden=h, ffn_hidden=4 * h, heads=a, kv_heads=a,
-                     head_dim=h // a, vocab=vocab, gated_mlp=False, tied_embeddings=True)
+    return ModelSpec(
+        name=f"gpt-{h}",
+        family="gpt",
+        layers=layers,
+        hidden=h,
+        ffn_hidden=4 * h,
+        heads=a,
+        kv_heads=a,
+        head_dim=h // a,
+        vocab=vocab,
+        gated_mlp=False,
+        tied_embeddings=True,
+    )
 
 
 EFF_KEYS = {f.name for f in dataclasses.fields(Efficiency)}
@@ -38,8 +50,9 @@ def hw_with(hw, **kw):
 
 def step(model, hw, gpus, strategy, workload, gpus_per_node=8, calibration=None):
     s = validate(model, strategy, gpus, gpus_per_node=gpus_per_node, allow_cross_node_tp=True)
-    t, th, _ = timing.step_time(model, hw, Cluster(gpus=gpus, gpus_per_node=gpus_per_node), s, workload,
-                                calibration=calibration)
+    t, th, _ = timing.step_time(
+        model, hw, Cluster(gpus=gpus, gpus_per_node=gpus_per_node), s, workload, calibration=calibration
+    )
     return t, th
 
 
@@ -51,6 +64,7 @@ def layer_fwd(m, hw, e, c, s, seq):
 # ---------------------------------------------------------------------------------------------
 # Terms in isolation
 # ---------------------------------------------------------------------------------------------
+
 
 def test_collectives_use_nccl_tests_bus_factors():
     # nccl-tests PERFORMANCE.md: all-reduce moves 2(n-1)/n of the buffer, all-gather/RS (n-1)/n.
@@ -148,12 +162,14 @@ def test_dp_all_reduce_term_by_hand():
     m = gpt(2048, 16, 4)
     hw = hw_with(A100, dp_overlap=0.0)
     s = validate(m, Strategy(mbs=1, distributed_optimizer=False), 8)
-    parts, _ = timing.train_s(m, hw, Cluster(gpus=8, gpus_per_node=8), s, tokens_mb=1024, micro_batches=8,
-                              seq_len=1024, cal=CAL)
+    parts, _ = timing.train_s(
+        m, hw, Cluster(gpus=8, gpus_per_node=8), s, tokens_mb=1024, micro_batches=8, seq_len=1024, cal=CAL
+    )
     dense, expert = timing.rank_params(m, s)
     e = hw.efficiency
-    want = comm.all_reduce_s(dense * 4, 8, A100.intra_node_bandwidth_bytes_per_s * e.comm_efficiency,
-                             e.intra_node_latency_s)
+    want = comm.all_reduce_s(
+        dense * 4, 8, A100.intra_node_bandwidth_bytes_per_s * e.comm_efficiency, e.intra_node_latency_s
+    )
     assert expert == 0
     assert parts.dp_s == pytest.approx(want)
     # 64 sequences / (dp 8 x mbs 1)
@@ -193,19 +209,25 @@ def test_decode_follows_the_formula():
     # decode_efficiency of its roofline), plus the TP all-reduces and the per-step overhead.
     e = H100.efficiency
     t_mem = (rollout_weight_bytes(m, 2) + conc * (512 + 300) * kv_bytes_per_token(m, 2)) / (
-        H100.hbm_bandwidth_bytes_per_s * e.hbm_efficiency * e.decode_efficiency)
+        H100.hbm_bandwidth_bytes_per_s * e.hbm_efficiency * e.decode_efficiency
+    )
     assert ro["decode_step_s"] > t_mem + e.decode_step_overhead_s
     if ro["memory_bound"]:
         assert ro["decode_step_s"] < 1.2 * (t_mem + e.decode_step_overhead_s) + 1e-3
     # Every sequence runs at once (256 <= conc): the batch drains over the longest response, each
     # step cheaper than at full concurrency and dearer than with one sequence left.
     one = timing.rollout_s(m, H100, Cluster(gpus=8), s, wl.replace(prompts=1, n=1, mini_batch=1), CAL)
-    assert ro["longest_response"] * one["decode_step_s"] * 0.9 < ro["decode_s"] < ro["longest_response"] * ro["decode_step_s"]
+    assert (
+        ro["longest_response"] * one["decode_step_s"] * 0.9
+        < ro["decode_s"]
+        < ro["longest_response"] * ro["decode_step_s"]
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Trends
 # ---------------------------------------------------------------------------------------------
+
 
 def pretrain_s(m, hw, gpus, strategy, gbs=64, seq_len=2048, gpus_per_node=8):
     t, _ = step(m, hw, gpus, strategy, Workload(kind="pretrain", gbs=gbs, seq_len=seq_len), gpus_per_node)
@@ -227,10 +249,26 @@ def test_more_micro_batches_shrink_the_bubble_and_vpp_shrinks_it_further():
     # micro-batch times. Interleaving also sends v times more p2p traffic (sec. 2.2.2): take the
     # links out to see the bubble alone.
     c = Cluster(gpus=32, gpus_per_node=8)
-    fast = hw_with(A100, inter_node_bandwidth_bytes_per_s=1e18, intra_node_bandwidth_bytes_per_s=1e18,
-                   inter_node_latency_s=0.0, intra_node_latency_s=0.0)
-    comp = {v: timing.train_s(m, fast, c, validate(m, Strategy(**base, vpp=v), 32), tokens_mb=2048, micro_batches=16,
-                              seq_len=2048, cal=CAL)[0].compute_s for v in (1, 2, 4)}
+    fast = hw_with(
+        A100,
+        inter_node_bandwidth_bytes_per_s=1e18,
+        intra_node_bandwidth_bytes_per_s=1e18,
+        inter_node_latency_s=0.0,
+        intra_node_latency_s=0.0,
+    )
+    comp = {
+        v: timing.train_s(
+            m,
+            fast,
+            c,
+            validate(m, Strategy(**base, vpp=v), 32),
+            tokens_mb=2048,
+            micro_batches=16,
+            seq_len=2048,
+            cal=CAL,
+        )[0].compute_s
+        for v in (1, 2, 4)
+    }
     assert comp[1] / comp[2] == pytest.approx((16 + 3) / (16 + 1.5), rel=0.01)
     assert comp[1] / comp[4] == pytest.approx((16 + 3) / (16 + 0.75), rel=0.01)
 
@@ -244,8 +282,12 @@ def test_tp_spanning_nodes_is_slower():
 
 def test_ep_spanning_nodes_is_slower():
     m = load_model("qwen3-30b-a3b")
-    e_in = layer_fwd(m, H100, H100.efficiency, Cluster(gpus=16, gpus_per_node=16), validate(m, Strategy(ep=16), 16), 4096)
-    e_out = layer_fwd(m, H100, H100.efficiency, Cluster(gpus=16, gpus_per_node=8), validate(m, Strategy(ep=16), 16), 4096)
+    e_in = layer_fwd(
+        m, H100, H100.efficiency, Cluster(gpus=16, gpus_per_node=16), validate(m, Strategy(ep=16), 16), 4096
+    )
+    e_out = layer_fwd(
+        m, H100, H100.efficiency, Cluster(gpus=16, gpus_per_node=8), validate(m, Strategy(ep=16), 16), 4096
+    )
     assert e_out > e_in
 
 
@@ -254,8 +296,13 @@ def test_offload_costs_time_and_saves_memory():
     c = Cluster(gpus=8)
     wl = Workload(prompts=64, n=4, prompt_len=512, response_len=512, mini_batch=16)
     plain = estimate(model=m, hardware=H100, cluster=c, strategy=Strategy(tp=2, rollout_tp=2), workload=wl)
-    off = estimate(model=m, hardware=H100, cluster=c, workload=wl,
-                   strategy=Strategy(tp=2, rollout_tp=2, offload=("param", "grad", "optimizer")))
+    off = estimate(
+        model=m,
+        hardware=H100,
+        cluster=c,
+        workload=wl,
+        strategy=Strategy(tp=2, rollout_tp=2, offload=("param", "grad", "optimizer")),
+    )
     assert off.time["offload"] > 0 == plain.time["offload"]
     assert off.step_s > plain.step_s
     assert off.memory["rollout"].total_bytes < plain.memory["rollout"].total_bytes
@@ -270,15 +317,21 @@ def test_rollout_tp_lowers_memory_and_changes_decode_as_modelled():
     wl = Workload(prompts=128, n=8, prompt_len=1024, response_len=2048, mini_batch=32)
     res = {}
     for rtp in (2, 4, 8):
-        est = estimate(model=m, hardware=H100, cluster=c, workload=wl,
-                       strategy=Strategy(tp=4, pp=2, rollout_tp=rtp, gpu_memory_utilization=0.7, max_num_seqs=4096))
+        est = estimate(
+            model=m,
+            hardware=H100,
+            cluster=c,
+            workload=wl,
+            strategy=Strategy(tp=4, pp=2, rollout_tp=rtp, gpu_memory_utilization=0.7, max_num_seqs=4096),
+        )
         res[rtp] = (est.memory["rollout"].parts, timing.rollout_s(m, H100, c, est.strategy, wl, CAL))
     w = {r: res[r][0]["rollout_weights"] for r in res}  # bytes per GPU, from the memory model
     assert w[2] > w[4] > w[8]
     # The time model's concurrency is the memory model's KV capacity (mean = max response here).
     for rtp in res:
-        est_seqs = kv_cache_capacity(m, H100, Strategy(rollout_tp=rtp, gpu_memory_utilization=0.7, max_num_seqs=4096),
-                                     wl).sequences
+        est_seqs = kv_cache_capacity(
+            m, H100, Strategy(rollout_tp=rtp, gpu_memory_utilization=0.7, max_num_seqs=4096), wl
+        ).sequences
         assert int(res[rtp][1]["concurrency"]) == est_seqs
     assert res[2][1]["concurrency"] < res[4][1]["concurrency"] < res[8][1]["concurrency"]
     assert res[2][1]["decode_s"] > res[4][1]["decode_s"] > res[8][1]["decode_s"]
@@ -326,6 +379,7 @@ def test_recompute_costs_time():
 # Calibration
 # ---------------------------------------------------------------------------------------------
 
+
 def test_calibration_unknown_key_is_coded():
     with pytest.raises(GrpoTuneError) as ei:
         timing.check_calibration({"compute_eficiency_scale": 1.0})
@@ -340,7 +394,9 @@ def test_calibration_is_applied():
     m = load_model("qwen2.5-7b")
     wl = Workload(prompts=64, n=4, prompt_len=512, response_len=512, mini_batch=16)
     base, _ = step(m, H100, 8, Strategy(tp=2, rollout_tp=2), wl)
-    over, _ = step(m, H100, 8, Strategy(tp=2, rollout_tp=2), wl, calibration={"rollout_overhead_s": 3.0, "step_overhead_s": 1.0})
+    over, _ = step(
+        m, H100, 8, Strategy(tp=2, rollout_tp=2), wl, calibration={"rollout_overhead_s": 3.0, "step_overhead_s": 1.0}
+    )
     assert over["rollout"] == pytest.approx(base["rollout"] + 3.0)
     assert over.step_s == pytest.approx(base.step_s + 4.0)
     fast, _ = step(m, H100, 8, Strategy(tp=2, rollout_tp=2), wl, calibration={"compute_efficiency_scale": 2.0})
@@ -360,8 +416,10 @@ def test_phases_sum_to_the_step():
 # The CPU profile and speed
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("gpus,strategy", [(1, Strategy()), (2, Strategy(tp=2)), (2, Strategy(pp=2)),
-                                           (4, Strategy(tp=2, pp=2))])
+
+@pytest.mark.parametrize(
+    "gpus,strategy", [(1, Strategy()), (2, Strategy(tp=2)), (2, Strategy(pp=2)), (4, Strategy(tp=2, pp=2))]
+)
 def test_cpu_profile_gives_sensible_times_for_tiny(gpus, strategy):
     m = load_model("tiny")
     wl = Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=4)
@@ -373,9 +431,17 @@ def test_cpu_profile_gives_sensible_times_for_tiny(gpus, strategy):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 4]), mbs=st.integers(1, 4),
-       recompute=st.sampled_from(["none", "selective", "full"]), prompts=st.sampled_from([8, 64, 512]),
-       n=st.integers(1, 8), plen=st.integers(1, 4096), rlen=st.integers(1, 8192), rtp=st.sampled_from([1, 2, 4, 8]))
+@given(
+    tp=st.sampled_from([1, 2, 4, 8]),
+    pp=st.sampled_from([1, 2, 4]),
+    mbs=st.integers(1, 4),
+    recompute=st.sampled_from(["none", "selective", "full"]),
+    prompts=st.sampled_from([8, 64, 512]),
+    n=st.integers(1, 8),
+    plen=st.integers(1, 4096),
+    rlen=st.integers(1, 8192),
+    rtp=st.sampled_from([1, 2, 4, 8]),
+)
 def test_times_are_finite_and_positive(tp, pp, mbs, recompute, prompts, n, plen, rlen, rtp):
     m = load_model("llama-3.1-8b")  # 32 heads, 8 KV heads: every tp/rollout_tp here divides them
     wl = Workload(prompts=prompts, n=n, prompt_len=plen, response_len=rlen, mini_batch=min(8, prompts))
@@ -386,14 +452,30 @@ def test_times_are_finite_and_positive(tp, pp, mbs, recompute, prompts, n, plen,
 
 
 @settings(max_examples=80, deadline=None)
-@given(cal=st.dictionaries(st.one_of(st.sampled_from(sorted(timing.CALIBRATION_DEFAULTS)), st.text(max_size=12)),
-                           st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5), st.booleans(),
-                                     st.text(max_size=3), st.none()), max_size=4))
+@given(
+    cal=st.dictionaries(
+        st.one_of(st.sampled_from(sorted(timing.CALIBRATION_DEFAULTS)), st.text(max_size=12)),
+        st.one_of(
+            st.floats(allow_nan=True, allow_infinity=True),
+            st.integers(-5, 5),
+            st.booleans(),
+            st.text(max_size=3),
+            st.none(),
+        ),
+        max_size=4,
+    )
+)
 def test_any_calibration_is_accepted_or_a_coded_error(cal):
     m = load_model("tiny")
     try:
-        t, _ = step(m, CPU, 2, Strategy(), Workload(prompts=8, n=2, prompt_len=16, response_len=16, mini_batch=4),
-                    calibration=cal)
+        t, _ = step(
+            m,
+            CPU,
+            2,
+            Strategy(),
+            Workload(prompts=8, n=2, prompt_len=16, response_len=16, mini_batch=4),
+            calibration=cal,
+        )
     except GrpoTuneError as exc:
         assert exc.code == "BAD_CONFIG"
         return
@@ -409,8 +491,9 @@ def test_cpu_rollout_is_the_native_sampler():
     c = Cluster(gpus=2)
     ro = timing.native_rollout_s(m, CPU, c, s, wl, CAL)
     assert ro["decode_s"] == pytest.approx(16 * ro["decode_step_s"])
-    fwd, _ = timing.train_s(m, CPU, c, s, tokens_mb=16 * 24, micro_batches=1, seq_len=16 + 8, cal=CAL,
-                            forward_only=True)
+    fwd, _ = timing.train_s(
+        m, CPU, c, s, tokens_mb=16 * 24, micro_batches=1, seq_len=16 + 8, cal=CAL, forward_only=True
+    )
     assert ro["decode_step_s"] > fwd.compute_s
     t, _, _ = timing.step_time(m, CPU, c, s, wl)
     assert t["weight_sync"] == 0.0
@@ -426,7 +509,7 @@ def test_oversubscribed_ranks_fill_the_pipeline_bubble():
     from costmodel.timing import pipeline_s
 
     t, m, p = 0.1, 2, 2
-    assert pipeline_s(t, m, p, 1) == pytest.approx(t * (m + p - 1))          # dedicated cores
+    assert pipeline_s(t, m, p, 1) == pytest.approx(t * (m + p - 1))  # dedicated cores
     # 2 ranks per core: busy time x 2 = 0.4 s beats the critical path 0.3 s; returned / share
     assert pipeline_s(t, m, p, 1, share=2.0) * 2.0 == pytest.approx(t * m * 2.0)
     # a deep bubble still dominates when sharing is light

@@ -1,4 +1,5 @@
 """Issue 9's trend checks, each against a value computed by hand from the model's stated formulas."""
+
 from __future__ import annotations
 
 import math
@@ -45,8 +46,10 @@ def test_the_cpu_optimizer_lowers_gpu_memory_and_adds_host_time():
     # FLOP/s; copies overlapped), - the GPU Adam it replaces; 4 mini-batches per step.
     s = validate(M7, base, 8)
     shard = train_time.optimizer_shard(M7, s)
-    t_cpu = max(8 * shard * CPU_ADAM_BYTES_PER_PARAM / H100.host_memory_bandwidth_bytes_per_s,
-                8 * shard * CPU_ADAM_FLOPS_PER_PARAM / H100.host_flops_per_s)
+    t_cpu = max(
+        8 * shard * CPU_ADAM_BYTES_PER_PARAM / H100.host_memory_bandwidth_bytes_per_s,
+        8 * shard * CPU_ADAM_FLOPS_PER_PARAM / H100.host_flops_per_s,
+    )
     t_copy = shard * 6 / H100.host_to_device_bandwidth_bytes_per_s
     t_gpu = shard * timing_base.ADAM_BYTES_PER_PARAM / (H100.hbm_bandwidth_bytes_per_s * H100.efficiency.hbm_efficiency)
     want = 4 * (max(t_cpu, t_copy) - t_gpu)
@@ -70,7 +73,7 @@ def test_max_num_seqs_raises_concurrency_until_the_kv_cache_binds():
     # Past the binding point a larger max_num_seqs only enlarges vLLM's sampler buffer (max_num_seqs x
     # vocab fp32 logits), which takes a little from the KV cache: concurrency stays at the KV bound.
     bound = next(i for i, (n, g, _) in enumerate(conc) if g < n)
-    assert all(b[1] > a[1] for a, b in zip(conc[:bound], conc[1:bound + 1]))
+    assert all(b[1] > a[1] for a, b in zip(conc[:bound], conc[1 : bound + 1]))
     assert all(g == pytest.approx(k) for _, g, k in conc[bound:])
 
 
@@ -81,8 +84,9 @@ def test_weight_sync_grows_with_model_bytes_and_buckets():
     for name in ("qwen2.5-7b", "qwen2.5-14b"):
         m = load_model(name)
         parts[name] = weight_sync_s(m, H100, c, validate(m, Strategy(tp=2, rollout_tp=2), 8), CAL)
-    assert sum(v for k, v in parts["qwen2.5-14b"].items() if k.endswith("_s")) > \
-        sum(v for k, v in parts["qwen2.5-7b"].items() if k.endswith("_s"))
+    assert sum(v for k, v in parts["qwen2.5-14b"].items() if k.endswith("_s")) > sum(
+        v for k, v in parts["qwen2.5-7b"].items() if k.endswith("_s")
+    )
     s = validate(M7, Strategy(tp=2, rollout_tp=2), 8)
     one = weight_sync_s(M7, H100, c, s, CAL)
     small = weight_sync_s(M7, H100, c, s, CAL, bucket_bytes=SYNC_BUCKET_BYTES / 8)
@@ -90,7 +94,8 @@ def test_weight_sync_grows_with_model_bytes_and_buckets():
     assert one["buckets"] == math.ceil(total / SYNC_BUCKET_BYTES)
     assert small["buckets"] == math.ceil(total / (SYNC_BUCKET_BYTES / 8))
     assert small["overhead_s"] - one["overhead_s"] == pytest.approx(
-        (small["buckets"] - one["buckets"]) * e.sync_bucket_overhead_s)
+        (small["buckets"] - one["buckets"]) * e.sync_bucket_overhead_s
+    )
 
 
 def test_a_token_budget_below_the_longest_sequence_is_flagged():

@@ -1,5 +1,6 @@
 """diagnose on the shipped examples: the good launches have no errors, each broken one gives the
 codes its ``# expect:`` line names; the CLI's exit codes and --json."""
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,10 @@ def test_good_examples_have_no_errors(path):
     rep = diagnose_path(path)
     assert rep.count("error") == 0, [f.to_dict() for f in rep.findings if f.severity == "error"]
     assert rep.summary["model"] is not None, "each example's model maps to a preset"
-    assert rep.summary["memory"] is not None and rep.summary["memory"]["peak_bytes"] <= rep.summary["memory"]["capacity_bytes"]
+    assert (
+        rep.summary["memory"] is not None
+        and rep.summary["memory"]["peak_bytes"] <= rep.summary["memory"]["capacity_bytes"]
+    )
     roles = rep.summary["roles"]
     assert roles["ref"] == roles["actor"]
 
@@ -100,8 +104,11 @@ def test_cli_exit_codes_and_json(capsys, tmp_path):
 
 
 def test_model_flag_when_the_path_maps_to_nothing(tmp_path):
-    text = (ROOT / "examples" / "qwen2-7b-grpo-megatron.sh").read_text().replace(
-        "Qwen/Qwen2-7B-Instruct", "/ckpt/my-finetune")
+    text = (
+        (ROOT / "examples" / "qwen2-7b-grpo-megatron.sh")
+        .read_text()
+        .replace("Qwen/Qwen2-7B-Instruct", "/ckpt/my-finetune")
+    )
     p = tmp_path / "x.sh"
     p.write_text(text)
     rep = diagnose_path(p)
@@ -111,10 +118,23 @@ def test_model_flag_when_the_path_maps_to_nothing(tmp_path):
     # a local checkpoint folder with config.json is read
     ck = tmp_path / "ckpt"
     ck.mkdir()
-    (ck / "config.json").write_text(json.dumps({
-        "model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584, "intermediate_size": 18944,
-        "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0, "max_position_embeddings": 32768, "tie_word_embeddings": False}))
+    (ck / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen2",
+                "num_hidden_layers": 28,
+                "hidden_size": 3584,
+                "intermediate_size": 18944,
+                "num_attention_heads": 28,
+                "num_key_value_heads": 4,
+                "vocab_size": 152064,
+                "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000.0,
+                "max_position_embeddings": 32768,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
     p.write_text(text.replace("/ckpt/my-finetune", str(ck)))
     rep = diagnose_path(p)
     assert rep.summary["memory"] is not None, rep.summary["model_note"]
@@ -126,9 +146,18 @@ def test_fp16_actor_alone_warns_about_ref_and_rollout():
     rep = diagnose_overrides(["actor_rollout_ref.actor.megatron.dtype=float16"])
     warned = {f.key for f in rep.findings if f.code == "DTYPE_CONFLICT" and f.severity == "warning"}
     assert warned == {"actor_rollout_ref.ref.megatron.dtype", "actor_rollout_ref.rollout.dtype"}
-    rep = diagnose_overrides(["actor_rollout_ref.actor.megatron.dtype=float16", "actor_rollout_ref.ref.megatron.dtype=float16",
-                              "actor_rollout_ref.rollout.dtype=float16"])
+    rep = diagnose_overrides(
+        [
+            "actor_rollout_ref.actor.megatron.dtype=float16",
+            "actor_rollout_ref.ref.megatron.dtype=float16",
+            "actor_rollout_ref.rollout.dtype=float16",
+        ]
+    )
     assert "DTYPE_CONFLICT" not in rep.codes()
-    rep = diagnose_overrides(["+actor_rollout_ref.actor.megatron.override_transformer_config.fp16=True",
-                              "+actor_rollout_ref.actor.megatron.override_transformer_config.bf16=True"])
+    rep = diagnose_overrides(
+        [
+            "+actor_rollout_ref.actor.megatron.override_transformer_config.fp16=True",
+            "+actor_rollout_ref.actor.megatron.override_transformer_config.bf16=True",
+        ]
+    )
     assert "DTYPE_CONFLICT" in rep.codes("error")

@@ -1,5 +1,6 @@
 """diagnose never raises on a parsable launch: random degrees, batches and junk values give only
 coded findings; run configs (best.yaml) are diagnosed through their verl export."""
+
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
@@ -36,18 +37,40 @@ def launches(draw):
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": draw(st.one_of(small, degree)),
         "trainer.n_gpus_per_node": draw(st.one_of(st.sampled_from([1, 2, 4, 8]), degree)),
         "trainer.nnodes": draw(st.one_of(st.integers(1, 64), degree)),
-        "actor_rollout_ref.model.path": draw(st.sampled_from(
-            ["Qwen/Qwen2-7B-Instruct", "Qwen/Qwen3-30B-A3B", "moonshotai/Moonlight-16B-A3B", "deepseek-ai/DeepSeek-V3",
-             "/nowhere/model", "$MODEL_PATH", "tiny"])),
+        "actor_rollout_ref.model.path": draw(
+            st.sampled_from(
+                [
+                    "Qwen/Qwen2-7B-Instruct",
+                    "Qwen/Qwen3-30B-A3B",
+                    "moonshotai/Moonlight-16B-A3B",
+                    "deepseek-ai/DeepSeek-V3",
+                    "/nowhere/model",
+                    "$MODEL_PATH",
+                    "tiny",
+                ]
+            )
+        ),
     }
     for k in list(ov):
         if k.startswith(A) and draw(st.booleans()):
             ov[k.replace(A, R)] = draw(st.one_of(small, degree))
     if draw(st.booleans()):
         ov[f"{A}.override_transformer_config.fp16"] = draw(st.sampled_from(["True", "False", "1"]))
-    keys = draw(st.lists(st.sampled_from(["algorithm.group_size", "kl_coeff", "training.batch_size",
-                                          "+x.y", f"+{A}.override_transformer_config.nope", f"{A}.grad_offload"]),
-                         max_size=3))
+    keys = draw(
+        st.lists(
+            st.sampled_from(
+                [
+                    "algorithm.group_size",
+                    "kl_coeff",
+                    "training.batch_size",
+                    "+x.y",
+                    f"+{A}.override_transformer_config.nope",
+                    f"{A}.grad_offload",
+                ]
+            ),
+            max_size=3,
+        )
+    )
     items = [f"{k}={v}" for k, v in ov.items()] + [f"{k}=1" for k in keys]
     return draw(st.permutations(items))
 
@@ -125,18 +148,36 @@ def test_best_yaml_with_impossible_degrees_is_a_finding(tmp_path):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from([("Qwen/Qwen2-7B-Instruct", 28), ("Qwen/Qwen3-30B-A3B", 48), ("moonshotai/Moonlight-16B-A3B", 27)]),
-       st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]), st.sampled_from([1, 2, 4, 8]),
-       st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2]), st.booleans(), st.sampled_from([0.4, 0.6, 0.9]))
+@given(
+    st.sampled_from([("Qwen/Qwen2-7B-Instruct", 28), ("Qwen/Qwen3-30B-A3B", 48), ("moonshotai/Moonlight-16B-A3B", 27)]),
+    st.sampled_from([1, 2, 4]),
+    st.sampled_from([1, 2, 4]),
+    st.sampled_from([1, 2]),
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([1, 2]),
+    st.booleans(),
+    st.sampled_from([0.4, 0.6, 0.9]),
+)
 def test_plausible_degrees_reach_the_memory_model(model, tp, pp, nodes, ep, rtp, mbs, offload, gmu):
     path, _layers = model
-    items = [f"actor_rollout_ref.model.path={path}", f"{A}.tensor_model_parallel_size={tp}",
-             f"{A}.pipeline_model_parallel_size={pp}", f"{A}.expert_model_parallel_size={ep}",
-             f"{A}.param_offload={offload}", f"{A}.optimizer_offload={offload}",
-             f"{RO}.tensor_model_parallel_size={rtp}", f"{RO}.gpu_memory_utilization={gmu}", f"{RO}.name=vllm",
-             f"{RO}.n=5", f"{RO}.log_prob_micro_batch_size_per_gpu={mbs}", "algorithm.adv_estimator=grpo",
-             f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mbs}", "trainer.n_gpus_per_node=8",
-             f"trainer.nnodes={nodes}"]
+    items = [
+        f"actor_rollout_ref.model.path={path}",
+        f"{A}.tensor_model_parallel_size={tp}",
+        f"{A}.pipeline_model_parallel_size={pp}",
+        f"{A}.expert_model_parallel_size={ep}",
+        f"{A}.param_offload={offload}",
+        f"{A}.optimizer_offload={offload}",
+        f"{RO}.tensor_model_parallel_size={rtp}",
+        f"{RO}.gpu_memory_utilization={gmu}",
+        f"{RO}.name=vllm",
+        f"{RO}.n=5",
+        f"{RO}.log_prob_micro_batch_size_per_gpu={mbs}",
+        "algorithm.adv_estimator=grpo",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mbs}",
+        "trainer.n_gpus_per_node=8",
+        f"trainer.nnodes={nodes}",
+    ]
     rep = diagnose_overrides(items)
     assert all(f.code in CODES for f in rep.findings)
     if not rep.has_errors:

@@ -1,5 +1,6 @@
 """diagnose reads a launch script as bash does, or says that it cannot (issue 14, defect 9), and reads
 any input in bounded time and memory (defect 3). Each test failed on the regex/shlex reader it replaces."""
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,10 @@ def bash_argv(script: str) -> list[str]:
 
 
 def test_arithmetic_and_nested_defaults_are_evaluated():
-    script = HEAD + f"B=2\n{CMD} {A}.tensor_model_parallel_size=$((1+1)) " \
-                    f"{A}.pipeline_model_parallel_size=${{A:-${{B:-3}}}} {A}.context_parallel_size=${{C:-${{D:-1}}}}\n"
+    script = (
+        HEAD + f"B=2\n{CMD} {A}.tensor_model_parallel_size=$((1+1)) "
+        f"{A}.pipeline_model_parallel_size=${{A:-${{B:-3}}}} {A}.context_parallel_size=${{C:-${{D:-1}}}}\n"
+    )
     v = values(script)
     assert v[f"{A}.tensor_model_parallel_size"] == 2
     assert v[f"{A}.pipeline_model_parallel_size"] == 2
@@ -46,16 +49,19 @@ def test_arithmetic_and_nested_defaults_are_evaluated():
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_values_equal_what_bash_passes():
-    script = HEAD + "X=abc\nY=\n" + f"{CMD} a.b=$((6/4)) c.d=${{Y:-z}} e.f=${{Y-z}} 'g.h=$X' \"i.j=$X\" k.l=a\\ b " \
-                                     "m.n=${X:+set} o.p=$((-7/2)) q.r=$((7%3))\n"
+    script = (
+        HEAD + "X=abc\nY=\n" + f"{CMD} a.b=$((6/4)) c.d=${{Y:-z}} e.f=${{Y-z}} 'g.h=$X' \"i.j=$X\" k.l=a\\ b "
+        "m.n=${X:+set} o.p=$((-7/2)) q.r=$((7%3))\n"
+    )
     got = [o for o in bash_argv(script) if "=" in o and not o.startswith("--")]
     ovs, _, _ = parse_script(script)
     assert [f"{o.key}={o.raw}" for o in ovs] == got
 
 
 def test_command_substitution_is_not_guessed(tmp_path):
-    rep = run(tmp_path, HEAD + f"{CMD} {A}.tensor_model_parallel_size=$(echo 4) trainer.n_gpus_per_node=8 "
-                              "trainer.nnodes=1\n")
+    rep = run(
+        tmp_path, HEAD + f"{CMD} {A}.tensor_model_parallel_size=$(echo 4) trainer.n_gpus_per_node=8 trainer.nnodes=1\n"
+    )
     key = f"{A}.tensor_model_parallel_size"
     mine = [f for f in rep.findings if f.key == key]
     assert mine and all(f.severity == "info" for f in mine), [f.to_dict() for f in mine]
@@ -101,6 +107,7 @@ def test_duplicate_yaml_keys_are_reported(tmp_path):
 
 
 # --- defect 3: bounded reads -----------------------------------------------------------------------
+
 
 def _refused_fast(path, limit_s: float = 10.0) -> GrpoTuneError:
     t0 = time.monotonic()
@@ -153,5 +160,5 @@ def test_an_unclosed_quote_is_an_error(tmp_path):
     for script in (HEAD + f"{CMD} 'data.train_batch_size=8\n", HEAD + f'{CMD} "data.train_batch_size=8\n'):
         rep = run(tmp_path, script)
         assert any(f.severity == "error" and "never closes" in f.message and f.line == 2 for f in rep.findings)
-    rep = run(tmp_path, HEAD + f'{CMD} "data.train_batch_size=8" \'trainer.nnodes=1\'\n')
+    rep = run(tmp_path, HEAD + f"{CMD} \"data.train_batch_size=8\" 'trainer.nnodes=1'\n")
     assert not any("never closes" in f.message for f in rep.findings)

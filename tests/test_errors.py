@@ -46,11 +46,14 @@ def _main_raising(monkeypatch, exc):
     return M.main([])
 
 
-@pytest.mark.parametrize("exc, code, rc", [
-    (E.UnknownModelError("unknown model 'x' [in profiles]"), "UNKNOWN_MODEL", 2),
-    (PermissionError(errno.EACCES, "Permission denied", "/root/out"), "IO_ERROR", 2),
-    (ZeroDivisionError("division by zero"), "INTERNAL_ERROR", 1),
-])
+@pytest.mark.parametrize(
+    "exc, code, rc",
+    [
+        (E.UnknownModelError("unknown model 'x' [in profiles]"), "UNKNOWN_MODEL", 2),
+        (PermissionError(errno.EACCES, "Permission denied", "/root/out"), "IO_ERROR", 2),
+        (ZeroDivisionError("division by zero"), "INTERNAL_ERROR", 1),
+    ],
+)
 def test_cli_prints_code_message_and_hint_without_traceback(monkeypatch, capsys, exc, code, rc):
     monkeypatch.delenv("GRPO_TUNE_DEBUG", raising=False)
     assert _main_raising(monkeypatch, exc) == rc

@@ -1,5 +1,6 @@
 """Inputs search/estimate must refuse or flag before pricing a plan (fix pass 1):
 batches DP cannot split, sequences longer than the model's positions."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ def test_estimate_divisible_batch_has_no_divisibility_violation(capsys):
 @pytest.mark.parametrize("cmd", ["estimate", "search"])
 def test_sequence_longer_than_positions_refused(capsys, cmd):
     # qwen2.5-math-7b holds 4096 positions (HF max_position_embeddings); 1024 + 4096 does not fit
-    rc, out, err = _run(capsys, cmd, "--model", "qwen2.5-math-7b", "--gpus", "8",
-                        "--prompt-len", "1024", "--response-len", "4096")
+    rc, out, err = _run(
+        capsys, cmd, "--model", "qwen2.5-math-7b", "--gpus", "8", "--prompt-len", "1024", "--response-len", "4096"
+    )
     assert rc == 2 and out == ""
     lines = err.strip().splitlines()
     assert lines[0].startswith("[BAD_CONFIG]") and "5120" in lines[0] and "4096" in lines[0]
@@ -43,8 +45,19 @@ def test_sequence_longer_than_positions_refused(capsys, cmd):
 
 
 def test_sequence_at_positions_accepted(capsys):
-    rc, _, err = _run(capsys, "estimate", "--model", "qwen2.5-math-7b", "--gpus", "8",
-                      "--prompt-len", "1024", "--response-len", "3072", "--json")
+    rc, _, err = _run(
+        capsys,
+        "estimate",
+        "--model",
+        "qwen2.5-math-7b",
+        "--gpus",
+        "8",
+        "--prompt-len",
+        "1024",
+        "--response-len",
+        "3072",
+        "--json",
+    )
     assert rc == 0, err
 
 
@@ -53,8 +66,13 @@ def _update_parts(**strategy):
     from core.strategy import Cluster, Strategy, Workload
     from costmodel.estimate import estimate
 
-    e = estimate(model=load_model("7b"), hardware=load_hardware("h100"), cluster=Cluster(gpus=8),
-                 strategy=Strategy(tp=2, **strategy), workload=Workload())
+    e = estimate(
+        model=load_model("7b"),
+        hardware=load_hardware("h100"),
+        cluster=Cluster(gpus=8),
+        strategy=Strategy(tp=2, **strategy),
+        workload=Workload(),
+    )
     return e.memory["update"].parts, e.memory["old_logprob"].parts
 
 

@@ -1,5 +1,6 @@
 """Megatron-LM flags: every emitted flag is declared in Megatron-LM's arguments.py, and the values
 are the plan's."""
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,14 @@ def test_flag_list_has_its_source():
     flags = declared_flags()
     assert len(flags) > 150
     # spot checks against what arguments.py declares
-    for f in ("--tensor-model-parallel-size", "--num-virtual-stages-per-pipeline-rank", "--expert-tensor-parallel-size",
-              "--decoder-first-pipeline-num-layers", "--recompute-num-layers", "--use-distributed-optimizer"):
+    for f in (
+        "--tensor-model-parallel-size",
+        "--num-virtual-stages-per-pipeline-rank",
+        "--expert-tensor-parallel-size",
+        "--decoder-first-pipeline-num-layers",
+        "--recompute-num-layers",
+        "--use-distributed-optimizer",
+    ):
         assert f in flags
 
 
@@ -114,8 +121,9 @@ def test_text_form_keeps_every_flag():
 def test_new_knobs_have_declared_megatron_flags():
     """The hybrid CPU optimizer and its companions reach Megatron-LM with the plan's values."""
     cfg = configs()["qwen3-30b-a3b-ep8"]
-    s = cfg.strategy.replace(cpu_optimizer=0.25, overlap_cpu_optimizer=True, precision_aware_optimizer=True,
-                             max_tokens_per_gpu=8192)
+    s = cfg.strategy.replace(
+        cpu_optimizer=0.25, overlap_cpu_optimizer=True, precision_aware_optimizer=True, max_tokens_per_gpu=8192
+    )
     cfg = cfg.replace(strategy=s)
     args = megatron_args(cfg)
     assert undeclared(args, declared_flags()) == []

@@ -1,4 +1,5 @@
 """The verl launch script: bash runs it with the overrides intact, and diagnose reads it back."""
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,9 @@ def run_with_fake_python(script: str, tmp_path, env: dict[str, str], *extra: str
     bindir = tmp_path / "bin"
     bindir.mkdir()
     fake = bindir / "python3"
-    fake.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(tmp_path / 'argv.json')!r}, 'w'))\n")
+    fake.write_text(
+        f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(tmp_path / 'argv.json')!r}, 'w'))\n"
+    )
     fake.chmod(0o755)
     path = tmp_path / "verl.sh"
     path.write_text(script)
@@ -36,8 +39,12 @@ def test_bash_passes_every_override(name, tmp_path):
     cfg = configs()[name]
     argv = run_with_fake_python(verl_script(cfg), tmp_path, {"MODEL_PATH": "/models/m"}, "trainer.save_freq=10")
     assert argv[:3] == ["-m", "verl.trainer.main_ppo", "--config-name=ppo_megatron_trainer"]
-    want = verl_overrides(cfg, model_path="/models/m", train_files=f"{tmp_path}/data/gsm8k/train.parquet",
-                          val_files=f"{tmp_path}/data/gsm8k/test.parquet")
+    want = verl_overrides(
+        cfg,
+        model_path="/models/m",
+        train_files=f"{tmp_path}/data/gsm8k/train.parquet",
+        val_files=f"{tmp_path}/data/gsm8k/test.parquet",
+    )
     assert argv[3:] == want + ["trainer.save_freq=10"]
 
 
@@ -64,11 +71,29 @@ def test_diagnose_reads_the_script_back(name):
     rep = diagnose_overrides(overrides, model=cfg.model, hardware=cfg.hardware, findings=findings)
     s = cfg.strategy
     actor = rep.summary["roles"]["actor"]
-    assert (actor["tp"], actor["pp"], actor["vpp"], actor["cp"], actor["ep"], actor["etp"], actor["dp"]) == \
-        (s.tp, s.pp, s.vpp, s.cp, s.ep, s.etp_, s.dp)
+    assert (actor["tp"], actor["pp"], actor["vpp"], actor["cp"], actor["ep"], actor["etp"], actor["dp"]) == (
+        s.tp,
+        s.pp,
+        s.vpp,
+        s.cp,
+        s.ep,
+        s.etp_,
+        s.dp,
+    )
     assert rep.summary["roles"]["ref"] == actor
     assert rep.summary["roles"]["rollout"]["tp"] == s.rollout_tp
     assert rep.summary["world_size"] == cfg.cluster.gpus
-    degree_codes = {"TP_MISMATCH", "PP_MISMATCH", "CP_MISMATCH", "EP_MISMATCH", "INVALID_DEGREES", "EXPERT_DEGREES",
-                    "EXPERT_IMBALANCE", "BATCH_DIVISIBILITY", "UNKNOWN_KEY", "DTYPE_CONFLICT", "BAD_CONFIG"}
+    degree_codes = {
+        "TP_MISMATCH",
+        "PP_MISMATCH",
+        "CP_MISMATCH",
+        "EP_MISMATCH",
+        "INVALID_DEGREES",
+        "EXPERT_DEGREES",
+        "EXPERT_IMBALANCE",
+        "BATCH_DIVISIBILITY",
+        "UNKNOWN_KEY",
+        "DTYPE_CONFLICT",
+        "BAD_CONFIG",
+    }
     assert not rep.codes("error") & degree_codes, [f.to_dict() for f in rep.findings]

@@ -12,6 +12,7 @@ Commands that would start real work on good input (train, profile, probe-hardwar
 that are refused before anything starts. ~30 s in CI; ``pytest --hypothesis-profile=long
 tests/test_fuzz_cli.py`` runs many more cases.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,11 +34,20 @@ from cli.main import app, main
 CASE_LIMIT_S = 60
 # The CI profile runs a few cases per command; --hypothesis-profile=long (tests/conftest.py) many.
 N = 25 if settings.default.max_examples <= 100 else settings.default.max_examples
-FUZZ = settings(max_examples=N, deadline=None, derandomize=N <= 100,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=N,
+    deadline=None,
+    derandomize=N <= 100,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
-LAUGHS = "\n".join(['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]'] +
-                   [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]) + "\n"
+LAUGHS = (
+    "\n".join(
+        ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+        + [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    )
+    + "\n"
+)
 FILES: dict[str, bytes] = {
     "empty.yaml": b"",
     "binary.toml": bytes(range(256)) * 4,
@@ -49,10 +59,10 @@ FILES: dict[str, bytes] = {
     "null.json": b"null",
     "inf.json": b'{"architectures": ["LlamaForCausalLM"], "num_attention_heads": Infinity}',
     "neg.json": b'{"architectures": ["LlamaForCausalLM"], "num_attention_heads": -8, "hidden_size": 64, '
-                b'"num_hidden_layers": 2, "vocab_size": 10}',
+    b'"num_hidden_layers": 2, "vocab_size": 10}',
     "crlf.sh": b"#!/bin/bash\r\npython3 -m verl.trainer.main_ppo \\\r\n  data.train_batch_size=8\r\n",
     "inject.sh": b"#!/bin/bash\npython3 -m verl.trainer.main_ppo trainer.n_gpus_per_node=$(touch pwned) "
-                 b"actor_rollout_ref.model.path='$(touch pwned)' ${A:-${B:-${C:-2}}}=1 x=$((1/0))\n",
+    b"actor_rollout_ref.model.path='$(touch pwned)' ${A:-${B:-${C:-2}}}=1 x=$((1/0))\n",
     "fullwidth.txt": "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=\uff14\n".encode(),
     "dupes.yaml": b"schema_version: 1\nschema_version: 2\nstrategy: {tp: 0}\n",
     "junk_config.yaml": b"schema_version: 1\nmodel: tiny\nhardware: cpu\ncluster: {gpus: 0}\nstrategy: {tp: -1}\n",
@@ -124,12 +134,29 @@ def check(argv: list[str], inputs: Path, cwd: Path) -> None:
     assert not (cwd / "pwned").exists() and not (inputs / "pwned").exists()
 
 
-INTS = st.sampled_from(["0", "-1", "1", "3", "7", "1000000000", "99999999999999999999", "abc", "1e3", "\uff14",
-                        "2.5", ""])
+INTS = st.sampled_from(
+    ["0", "-1", "1", "3", "7", "1000000000", "99999999999999999999", "abc", "1e3", "\uff14", "2.5", ""]
+)
 FLOATS = st.sampled_from(["nan", "inf", "-inf", "-0.5", "0", "1", "1.5", "1e-300", "abc", "0.6"])
-TEXT = st.one_of(st.sampled_from(["", " ", "../../etc/passwd", "a\nb", "$(touch pwned)", "\x1b[31mred", "tiny",
-                                  "qwen2-7b", "cpu", "h100", "-1", "--help"]),
-                 st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12))
+TEXT = st.one_of(
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "../../etc/passwd",
+            "a\nb",
+            "$(touch pwned)",
+            "\x1b[31mred",
+            "tiny",
+            "qwen2-7b",
+            "cpu",
+            "h100",
+            "-1",
+            "--help",
+        ]
+    ),
+    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12),
+)
 
 
 def _file(inputs: Path):
@@ -145,11 +172,30 @@ def _opts(draw, table: dict[str, st.SearchStrategy], k: int) -> list[str]:
     return out
 
 
-PLAN = {"--gpus": INTS, "--gpus-per-node": INTS, "--tp": INTS, "--pp": INTS, "--vpp": INTS, "--cp": INTS,
-        "--ep": INTS, "--mbs": INTS, "--rollout-tp": INTS, "--gpu-memory-utilization": FLOATS,
-        "--max-tokens-per-gpu": INTS, "--prompts": INTS, "--mini-batch": INTS, "--n": INTS, "--prompt-len": INTS,
-        "--response-len": INTS, "--recompute": TEXT, "--offload": TEXT, "--hardware": TEXT,
-        "--first-stage-layers": INTS, "--cpu-optimizer": FLOATS, "--max-num-seqs": INTS}
+PLAN = {
+    "--gpus": INTS,
+    "--gpus-per-node": INTS,
+    "--tp": INTS,
+    "--pp": INTS,
+    "--vpp": INTS,
+    "--cp": INTS,
+    "--ep": INTS,
+    "--mbs": INTS,
+    "--rollout-tp": INTS,
+    "--gpu-memory-utilization": FLOATS,
+    "--max-tokens-per-gpu": INTS,
+    "--prompts": INTS,
+    "--mini-batch": INTS,
+    "--n": INTS,
+    "--prompt-len": INTS,
+    "--response-len": INTS,
+    "--recompute": TEXT,
+    "--offload": TEXT,
+    "--hardware": TEXT,
+    "--first-stage-layers": INTS,
+    "--cpu-optimizer": FLOATS,
+    "--max-num-seqs": INTS,
+}
 
 
 @FUZZ
@@ -167,8 +213,9 @@ def test_plan_commands(inputs, tmp_path, data, cmd):
 @FUZZ
 @given(data=st.data())
 def test_diagnose(inputs, tmp_path, data):
-    argv = ["diagnose", data.draw(_file(inputs))] + _opts(data.draw, {"--model": TEXT, "--hardware": TEXT,
-                                                                      "--json": st.just(True)}, 2)
+    argv = ["diagnose", data.draw(_file(inputs))] + _opts(
+        data.draw, {"--model": TEXT, "--hardware": TEXT, "--json": st.just(True)}, 2
+    )
     check(argv, inputs, tmp_path)
 
 
@@ -180,8 +227,9 @@ def test_validate_tune_calibrate(inputs, tmp_path, data):
     if which == "validate":
         argv = ["validate", "--data", f] + _opts(data.draw, {"--tolerance": FLOATS, "--hardware": TEXT}, 2)
     elif which == "tune":
-        argv = ["tune", f, "--out", str(tmp_path / "o")] + _opts(data.draw, {"--model": TEXT, "--hardware": TEXT,
-                                                                             "--keep": INTS}, 2)
+        argv = ["tune", f, "--out", str(tmp_path / "o")] + _opts(
+            data.draw, {"--model": TEXT, "--hardware": TEXT, "--keep": INTS}, 2
+        )
     else:
         argv = ["calibrate", "--from-log", f, "--launch", data.draw(_file(inputs)), "--out", str(tmp_path / "c.json")]
     check(argv, inputs, tmp_path)
@@ -194,24 +242,45 @@ def test_commands_that_would_start_work_refuse_first(inputs, tmp_path, data):
     f = data.draw(_file(inputs))
     which = data.draw(st.sampled_from(["train", "slurm", "profile", "probe"]))
     if which == "train":
-        argv = ["train", "--config", f, "--dry-run"] + _opts(data.draw, {"--steps": INTS, "--nnodes": INTS,
-                                                                         "--node-rank": INTS, "--out": TEXT}, 2)
+        argv = ["train", "--config", f, "--dry-run"] + _opts(
+            data.draw, {"--steps": INTS, "--nnodes": INTS, "--node-rank": INTS, "--out": TEXT}, 2
+        )
     elif which == "slurm":
         argv = ["train", "--config", f, "--slurm", data.draw(st.one_of(st.just(f), _file(inputs)))]
     elif which == "profile":
         argv = ["profile", "--config", f, "--json", data.draw(st.one_of(st.just(f), _file(inputs))), "--steps", "1"]
     else:
         # never a writable .toml path: that is a good --out, and the probe would really run
-        bad_out = data.draw(st.sampled_from([str(inputs / "folder.yaml"), str(inputs / "nowhere" / "x.toml"),
-                                             str(inputs / "x.txt"), *([f] if not f.endswith(".toml") else [])]))
+        bad_out = data.draw(
+            st.sampled_from(
+                [
+                    str(inputs / "folder.yaml"),
+                    str(inputs / "nowhere" / "x.toml"),
+                    str(inputs / "x.txt"),
+                    *([f] if not f.endswith(".toml") else []),
+                ]
+            )
+        )
         argv = ["probe-hardware", "--out", bad_out] + _opts(data.draw, {"--name": TEXT, "--nproc": INTS}, 1)
     check(argv, inputs, tmp_path)
 
 
 def test_every_command_is_fuzzed():
     names = set(typer.main.get_command(app).commands)
-    covered = {"estimate", "search", "compare", "diagnose", "validate", "tune", "calibrate", "train", "profile",
-               "probe-hardware", "models", "hardware"}
+    covered = {
+        "estimate",
+        "search",
+        "compare",
+        "diagnose",
+        "validate",
+        "tune",
+        "calibrate",
+        "train",
+        "profile",
+        "probe-hardware",
+        "models",
+        "hardware",
+    }
     assert names <= covered, names - covered
 
 
@@ -221,8 +290,16 @@ def test_catalog_with_a_hostile_profiles_folder(inputs, tmp_path, monkeypatch, a
     check(argv, inputs, tmp_path)
 
 
-@pytest.mark.parametrize("argv", [["search", "--gpus", "abc", "--model", "tiny"], ["estimate", "--bogus", "1"],
-                                  ["estimate"], ["no-such-command"], []])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["search", "--gpus", "abc", "--model", "tiny"],
+        ["estimate", "--bogus", "1"],
+        ["estimate"],
+        ["no-such-command"],
+        [],
+    ],
+)
 def test_usage_errors_are_coded(argv, capsys):
     """A command line click cannot parse gets [USAGE], the click message and a hint naming the command."""
     assert main(argv) == 2

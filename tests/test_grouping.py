@@ -1,4 +1,5 @@
 """search's top table: one row per layout, its best variant, and how many variants are within the model's error."""
+
 from __future__ import annotations
 
 import json

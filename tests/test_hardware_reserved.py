@@ -1,5 +1,6 @@
 """A hardware profile whose reserved memory is not below its HBM is refused at load (fix pass 1):
 it used to give a zero or negative capacity and price every plan against it."""
+
 from __future__ import annotations
 
 import tomllib

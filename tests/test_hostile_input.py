@@ -2,6 +2,7 @@
 lost files (#2), hangs (#3, search), tracebacks (#4) and silently accepted nonsense (#8). Each test
 failed before its fix; the CLI runs in-process (cli.main.main), scripts run under bash only with a
 printf or fake binaries standing in for every real program."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,13 +41,15 @@ def _bash_words(script: str, tmp: Path) -> list[str]:
     empty = tmp / "emptybin"
     empty.mkdir(exist_ok=True)
     body = script.replace("python3 -m verl.trainer.main_ppo", "printf '%s\\0'")
-    out = subprocess.run([BASH, "-c", body], capture_output=True, timeout=20, cwd=tmp,
-                         env={"PATH": str(empty), "HOME": "/home/u"})
+    out = subprocess.run(
+        [BASH, "-c", body], capture_output=True, timeout=20, cwd=tmp, env={"PATH": str(empty), "HOME": "/home/u"}
+    )
     assert out.returncode == 0, out.stderr
     return [w.decode() for w in out.stdout.split(b"\0")[:-1]]
 
 
 # --- 1. injection -------------------------------------------------------------------------------
+
 
 @needs_bash
 @settings(max_examples=60, deadline=None)
@@ -92,9 +95,11 @@ def _fake_slurm_bin(tmp: Path) -> Path:
     b.mkdir()
     (b / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nSLURM_NODEID=0 exec "$@"\n')
     (b / "scontrol").write_text("#!/bin/bash\necho node0\n")
-    (b / "python").write_text(f"#!{shutil.which('python3') or 'python3'}\nimport json, os, sys\n"
-                              f"json.dump([sys.argv[1:], os.environ.get('PET_NODE_RANK')], "
-                              f"open({str(tmp / 'argv.json')!r}, 'w'))\n")
+    (b / "python").write_text(
+        f"#!{shutil.which('python3') or 'python3'}\nimport json, os, sys\n"
+        f"json.dump([sys.argv[1:], os.environ.get('PET_NODE_RANK')], "
+        f"open({str(tmp / 'argv.json')!r}, 'w'))\n"
+    )
     for f in b.iterdir():
         f.chmod(0o755)
     return b
@@ -105,8 +110,9 @@ def test_slurm_passes_hostile_paths_as_exact_arguments(tmp_path):
     b = _fake_slurm_bin(tmp_path)
     config = tmp_path / "my configs" / "it's $(touch X).yaml"
     out = "'$(touch X)'"
-    script = slurm_script(config, Layout(world_size=8, nnodes=2, nproc_per_node=4),
-                          worker_args=["--steps", "5", "--out", out])
+    script = slurm_script(
+        config, Layout(world_size=8, nnodes=2, nproc_per_node=4), worker_args=["--steps", "5", "--out", out]
+    )
     (tmp_path / "job.sbatch").write_text(script)
     env = {"PATH": f"{b}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "node[0-1]"}
     subprocess.run([BASH, str(tmp_path / "job.sbatch")], check=True, cwd=tmp_path, env=env, timeout=30)
@@ -116,6 +122,7 @@ def test_slurm_passes_hostile_paths_as_exact_arguments(tmp_path):
 
 
 # --- 2. lost files ------------------------------------------------------------------------------
+
 
 def _digest(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
@@ -128,10 +135,13 @@ def run_config(tmp_path):
     return p
 
 
-@pytest.mark.parametrize("argv", [
-    ["profile", "--config", "{cfg}", "--json", "{cfg}", "--steps", "1"],
-    ["train", "--config", "{cfg}", "--slurm", "{cfg}"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["profile", "--config", "{cfg}", "--json", "{cfg}", "--steps", "1"],
+        ["train", "--config", "{cfg}", "--slurm", "{cfg}"],
+    ],
+)
 def test_an_output_never_overwrites_the_input(run_config, capsys, argv):
     before = _digest(run_config)
     rc = cli_main([a.format(cfg=run_config) for a in argv])
@@ -164,6 +174,7 @@ def test_probe_out_into_a_bad_path_fails_before_the_probe(tmp_path, capsys):
 
 # --- 3. hangs: search over a billion GPUs ------------------------------------------------------
 
+
 def test_search_over_a_billion_gpus_answers_quickly(capsys):
     t0 = time.monotonic()
     rc = cli_main(["search", "--model", "qwen2-7b", "--gpus", "1000000000"])
@@ -173,16 +184,30 @@ def test_search_over_a_billion_gpus_answers_quickly(capsys):
 
 # --- 4 and 8: coded errors for bad model files -------------------------------------------------
 
-LLAMA = {"architectures": ["LlamaForCausalLM"], "num_attention_heads": 8, "hidden_size": 64, "num_hidden_layers": 2,
-         "vocab_size": 100, "intermediate_size": 128}
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "num_attention_heads": 8,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "vocab_size": 100,
+    "intermediate_size": 128,
+}
 
 
-@pytest.mark.parametrize("text", [
-    "[]", "null", "[" * 5000 + "]" * 5000, json.dumps({**LLAMA, "num_attention_heads": 0}),
-    json.dumps(LLAMA).replace("128", "Infinity"), json.dumps({**LLAMA, "num_hidden_layers": 2.7}),
-    json.dumps({**LLAMA, "num_hidden_layers": True}), json.dumps({**LLAMA, "num_key_value_heads": 0}),
-    json.dumps({**LLAMA, "num_attention_heads": 7}),
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[]",
+        "null",
+        "[" * 5000 + "]" * 5000,
+        json.dumps({**LLAMA, "num_attention_heads": 0}),
+        json.dumps(LLAMA).replace("128", "Infinity"),
+        json.dumps({**LLAMA, "num_hidden_layers": 2.7}),
+        json.dumps({**LLAMA, "num_hidden_layers": True}),
+        json.dumps({**LLAMA, "num_key_value_heads": 0}),
+        json.dumps({**LLAMA, "num_attention_heads": 7}),
+    ],
+)
 def test_bad_config_json_is_a_coded_error(tmp_path, capsys, text):
     p = tmp_path / "config.json"
     p.write_text(text)
@@ -194,8 +219,11 @@ def test_bad_config_json_is_a_coded_error(tmp_path, capsys, text):
 def test_binary_and_special_files_as_profiles(tmp_path, capsys):
     b = tmp_path / "bin.toml"
     b.write_bytes(b"\x00\x01\xff binary")
-    for argv in (["--model", str(b)], ["--model", "qwen2-7b", "--hardware", str(b)],
-                 ["--model", "qwen2-7b", "--hardware", "/dev/zero"]):
+    for argv in (
+        ["--model", str(b)],
+        ["--model", "qwen2-7b", "--hardware", str(b)],
+        ["--model", "qwen2-7b", "--hardware", "/dev/zero"],
+    ):
         assert cli_main(["estimate", "--gpus", "8", *argv]) == 2, argv
         assert "hint:" in capsys.readouterr().err
 
@@ -214,8 +242,24 @@ def test_efficiency_outside_zero_one_is_refused(tmp_path, capsys, value):
 
 def test_estimate_on_the_cpu_profile_prints_its_table(capsys):
     # (tiny holds 256 positions: the default 1024 + 1024 tokens are refused like train refuses them)
-    assert cli_main(["estimate", "--model", "tiny", "--gpus", "2", "--hardware", "cpu",
-                     "--prompt-len", "64", "--response-len", "64"]) == 0
+    assert (
+        cli_main(
+            [
+                "estimate",
+                "--model",
+                "tiny",
+                "--gpus",
+                "2",
+                "--hardware",
+                "cpu",
+                "--prompt-len",
+                "64",
+                "--response-len",
+                "64",
+            ]
+        )
+        == 0
+    )
 
 
 def test_override_list_round_trip_keeps_hostile_model_path():
@@ -227,6 +271,7 @@ def test_override_list_round_trip_keeps_hostile_model_path():
 
 # --- 5 and 6: datasets and rewards checked before any process starts ---------------------------
 
+
 def _preflight(tmp_path, **trainer):
     from trainer import launch
 
@@ -235,14 +280,17 @@ def _preflight(tmp_path, **trainer):
     return launch.preflight(cfg, need_torch=False)
 
 
-@pytest.mark.parametrize("name,content,code", [
-    ("bad.jsonl", b'{"prompt": "1+1", "answer": "2"}\n{not json\n', "BAD_CONFIG"),
-    ("empty.jsonl", b"", "BAD_CONFIG"),
-    ("noprompt.jsonl", b'{"text": "1+1", "answer": "2"}\n', "BAD_CONFIG"),
-    ("data.csv", b"prompt,answer\n1+1,2\n", "BAD_CONFIG"),
-    ("binary.jsonl", b"\xff\xfe\x00\x01" * 64, "BAD_CONFIG"),
-    (None, "synthetic:banana", "BAD_CONFIG"),
-])
+@pytest.mark.parametrize(
+    "name,content,code",
+    [
+        ("bad.jsonl", b'{"prompt": "1+1", "answer": "2"}\n{not json\n', "BAD_CONFIG"),
+        ("empty.jsonl", b"", "BAD_CONFIG"),
+        ("noprompt.jsonl", b'{"text": "1+1", "answer": "2"}\n', "BAD_CONFIG"),
+        ("data.csv", b"prompt,answer\n1+1,2\n", "BAD_CONFIG"),
+        ("binary.jsonl", b"\xff\xfe\x00\x01" * 64, "BAD_CONFIG"),
+        (None, "synthetic:banana", "BAD_CONFIG"),
+    ],
+)
 def test_malformed_datasets_fail_the_pre_start_check(tmp_path, name, content, code):
     if name is None:
         spec = content
@@ -273,8 +321,22 @@ def test_a_bad_refine_option_leaves_the_refined_run_folder_alone(tmp_path, capsy
     run_dir.mkdir(parents=True)
     best = run_dir / "best.yaml"
     best.write_text("measured: {step_s: 1.0}  # a finished refine's result\n")
-    rc = cli_main(["search", "--model", "qwen2-7b", "--gpus", "8", "--refine", "--trials", "0",
-                   "--out", str(tmp_path / "runs"), "--study-name", "s"])
+    rc = cli_main(
+        [
+            "search",
+            "--model",
+            "qwen2-7b",
+            "--gpus",
+            "8",
+            "--refine",
+            "--trials",
+            "0",
+            "--out",
+            str(tmp_path / "runs"),
+            "--study-name",
+            "s",
+        ]
+    )
     assert rc == 2 and "[BAD_CONFIG]" in capsys.readouterr().err
     assert best.read_text() == "measured: {step_s: 1.0}  # a finished refine's result\n"
     assert sorted(p.name for p in run_dir.iterdir()) == ["best.yaml"]
@@ -308,8 +370,22 @@ def test_a_bad_storage_url_leaves_the_refined_run_folder_alone(tmp_path, capsys)
     run_dir.mkdir(parents=True)
     best = run_dir / "best.yaml"
     best.write_text("measured: {step_s: 1.0}  # a finished refine's result\n")
-    rc = cli_main(["search", "--model", "qwen2-7b", "--gpus", "8", "--refine", "--storage", "nosuchdb://x/y",
-                   "--out", str(tmp_path / "runs"), "--study-name", "s"])
+    rc = cli_main(
+        [
+            "search",
+            "--model",
+            "qwen2-7b",
+            "--gpus",
+            "8",
+            "--refine",
+            "--storage",
+            "nosuchdb://x/y",
+            "--out",
+            str(tmp_path / "runs"),
+            "--study-name",
+            "s",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "[BAD_CONFIG]" in err and "hint:" in err
     assert best.read_text() == "measured: {step_s: 1.0}  # a finished refine's result\n"
@@ -330,7 +406,20 @@ def test_a_good_refine_rerun_keeps_the_refined_best_until_refine_replaces_it(tmp
         raise ConfigError("study cannot be opened")
 
     monkeypatch.setattr(autotune.refine, "refine", dies_at_start)
-    rc = cli_main(["search", "--model", "qwen2-7b", "--gpus", "8", "--refine", "--out", str(tmp_path / "runs"),
-                   "--study-name", "s", "--json"])
+    rc = cli_main(
+        [
+            "search",
+            "--model",
+            "qwen2-7b",
+            "--gpus",
+            "8",
+            "--refine",
+            "--out",
+            str(tmp_path / "runs"),
+            "--study-name",
+            "s",
+            "--json",
+        ]
+    )
     assert rc == 2 and seen == ["measured: {step_s: 1.0}  # a finished refine's result\n"]
     assert best.read_text() == seen[0]

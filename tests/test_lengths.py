@@ -1,4 +1,5 @@
 """--lengths: statistics from a dataset (chars/token estimate without a tokenizer) or a run's log."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,10 @@ from costmodel.lengths import dist, quantiles_from_samples
 
 def test_dataset_prompts_are_counted(tmp_path):
     p = tmp_path / "d.jsonl"
-    rows = [{"prompt": "x" * 400, "response": "y" * 800}, {"prompt": [{"role": "user", "content": "z" * 800}],
-                                                           "response": "w" * 1600}]
+    rows = [
+        {"prompt": "x" * 400, "response": "y" * 800},
+        {"prompt": [{"role": "user", "content": "z" * 800}], "response": "w" * 1600},
+    ]
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     got = read_lengths(str(p), model=None, prompt_len=1024, response_len=1024)
     assert got["prompt_len_mean"] == round((400 + 800) / CHARS_PER_TOKEN / 2)
@@ -25,8 +28,10 @@ def test_dataset_prompts_are_counted(tmp_path):
 
 def test_verl_console_and_jsonl_logs(tmp_path):
     con = tmp_path / "verl.log"
-    con.write_text("step:1 - response_length/mean:500.0 - response_length/max:1024.0 - prompt_length/mean:100.0\n"
-                   "step:2 - response_length/mean:700.0 - prompt_length/mean:120.0\n")
+    con.write_text(
+        "step:1 - response_length/mean:500.0 - response_length/max:1024.0 - prompt_length/mean:100.0\n"
+        "step:2 - response_length/mean:700.0 - prompt_length/mean:120.0\n"
+    )
     got = read_lengths(str(con), model=None, prompt_len=512, response_len=2048)
     assert got["response_len_mean"] == 600 and got["prompt_len_mean"] == 110
     js = tmp_path / "verl.jsonl"
@@ -37,9 +42,23 @@ def test_verl_console_and_jsonl_logs(tmp_path):
 def test_lengths_reach_the_workload_and_best_yaml(tmp_path):
     p = tmp_path / "d.jsonl"
     p.write_text("\n".join(json.dumps({"prompt": "a" * (40 * k), "response": "b" * (80 * k)}) for k in range(1, 50)))
-    _, _, _, wl = plan_inputs(model="7b", hardware="h100", gpus=8, gpus_per_node=None, workload="grpo", prompts=64,
-                              n=4, prompt_len=1024, response_len=1024, mini_batch=16, ppo_epochs=1, kl=True,
-                              seq_len=4096, gbs=64, lengths=str(p))
+    _, _, _, wl = plan_inputs(
+        model="7b",
+        hardware="h100",
+        gpus=8,
+        gpus_per_node=None,
+        workload="grpo",
+        prompts=64,
+        n=4,
+        prompt_len=1024,
+        response_len=1024,
+        mini_batch=16,
+        ppo_epochs=1,
+        kl=True,
+        seq_len=4096,
+        gbs=64,
+        lengths=str(p),
+    )
     assert wl.response_len_quantiles and wl.lengths_source and wl.prompt_len_mean < 1024
     d = wl.to_dict()
     assert isinstance(d["response_len_quantiles"], list)

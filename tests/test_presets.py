@@ -11,6 +11,7 @@ Exact parameter counts, tolerance zero. Sources (each preset file cites its conf
   safetensors.parameters.BF16; keras-hub qwen2.5_instruct_32b_en).
 - Llama-3.2-1B / -3B: 1,235,814,400 and 3,212,749,824 (HF API safetensors.parameters.BF16; tied).
 """
+
 from __future__ import annotations
 
 import io
@@ -50,15 +51,18 @@ def test_exact_parameter_counts(name):
     assert m.source.startswith("https://huggingface.co/") and m.hf_id in m.source
 
 
-@pytest.mark.parametrize("hf_id,preset", [
-    ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"),  # the issue's failing case
-    ("Qwen/Qwen2.5-7B", "qwen2.5-7b"),
-    ("qwen/qwen2.5-math-7b-instruct", "qwen2.5-math-7b"),
-    ("Qwen/Qwen3-4B-Base", "qwen3-4b"),
-    ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "deepseek-r1-distill-qwen-1.5b"),
-    ("meta-llama/Llama-3.2-3B-Instruct", "llama-3.2-3b"),
-    ("Qwen3-30B-A3B", "qwen3-30b-a3b"),
-])
+@pytest.mark.parametrize(
+    "hf_id,preset",
+    [
+        ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"),  # the issue's failing case
+        ("Qwen/Qwen2.5-7B", "qwen2.5-7b"),
+        ("qwen/qwen2.5-math-7b-instruct", "qwen2.5-math-7b"),
+        ("Qwen/Qwen3-4B-Base", "qwen3-4b"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "deepseek-r1-distill-qwen-1.5b"),
+        ("meta-llama/Llama-3.2-3B-Instruct", "llama-3.2-3b"),
+        ("Qwen3-30B-A3B", "qwen3-30b-a3b"),
+    ],
+)
 def test_hf_ids_and_their_instruct_base_variants_resolve(hf_id, preset):
     assert load_model(hf_id).name == preset
 
@@ -77,11 +81,25 @@ def test_cli_takes_the_hf_id(capsys):
 def test_local_checkpoint_folder_with_config_json(tmp_path):
     ckpt = tmp_path / "my-ckpt"
     ckpt.mkdir()
-    (ckpt / "config.json").write_text(json.dumps({
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
-        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-        "vocab_size": 151936, "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-        "max_position_embeddings": 40960}))
+    (ckpt / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Qwen3ForCausalLM"],
+                "model_type": "qwen3",
+                "hidden_size": 1024,
+                "intermediate_size": 3072,
+                "num_hidden_layers": 28,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "vocab_size": 151936,
+                "tie_word_embeddings": True,
+                "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000,
+                "max_position_embeddings": 40960,
+            }
+        )
+    )
     m = load_model(str(ckpt))
     assert total_params(m) == EXACT["qwen3-0.6b"][0]
 

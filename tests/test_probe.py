@@ -1,4 +1,5 @@
 """grpo-tune probe-hardware: a real torchrun run over gloo that writes a loadable hardware profile."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-c", "from cli.main import run; run()", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", "from cli.main import run; run()", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -39,8 +46,27 @@ def test_probe_writes_a_loadable_profile(tmp_path):
     for coll in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"):
         assert f"# {coll} busbw:" in text
     # the search accepts it
-    r = _cli("estimate", "--model", "tiny", "--gpus", "2", "--hardware", str(out), "--prompts", "8", "--n", "2",
-             "--prompt-len", "16", "--response-len", "16", "--mini-batch", "8", "--json", cwd=tmp_path)
+    r = _cli(
+        "estimate",
+        "--model",
+        "tiny",
+        "--gpus",
+        "2",
+        "--hardware",
+        str(out),
+        "--prompts",
+        "8",
+        "--n",
+        "2",
+        "--prompt-len",
+        "16",
+        "--response-len",
+        "16",
+        "--mini-batch",
+        "8",
+        "--json",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
 
 

@@ -1,4 +1,5 @@
 """benchmarks/bench_refine.py's arithmetic and cache format (the benchmark itself is not a test)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -19,9 +20,16 @@ def bench():
 
 
 def _cache(bench, runs: dict[str, list[float | None]]) -> dict:
-    plans = {k: {"strategy": {}, "predicted_step_s": 1.0,
-                 "runs": [{"status": "ok" if s else "error", "step_s": s, "tokens_per_s": 100 / s if s else None}
-                          for s in v]} for k, v in runs.items()}
+    plans = {
+        k: {
+            "strategy": {},
+            "predicted_step_s": 1.0,
+            "runs": [
+                {"status": "ok" if s else "error", "step_s": s, "tokens_per_s": 100 / s if s else None} for s in v
+            ],
+        }
+        for k, v in runs.items()
+    }
     return {"version": bench.CACHE_VERSION, "meta": {"steps": 6, "repeats": 3}, "plans": plans}
 
 

@@ -4,6 +4,7 @@ The stand-in writes the real profile JSON contract and can be slowed down or mad
 these tests check what the study does with trials (crash, kill and resume, two workers) without
 paying for a Megatron run each time; tests/test_refine_real.py runs the real trainer.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = [sys.executable, str(ROOT / "tests" / "refine_standin.py")]
 
-DRIVER = r'''
+DRIVER = r"""
 import sys
 from autotune.options import plan_inputs
 from autotune.search import search
@@ -32,7 +33,7 @@ policy = sys.argv[6] if len(sys.argv) > 6 else "model"
 refine(r.ranked, m, hw, cl, wl, out, RefineOptions(
     trials=trials, profile_cmd=[sys.executable, sys.argv[4]], trial_steps=2, trial_timeout_s=float(sys.argv[5]),
     seed=seed, emit=False, calibrate=False, progress=False, heartbeat_s=1, policy=policy))
-'''
+"""
 
 
 def _env(**kw) -> dict:
@@ -48,11 +49,17 @@ def _driver(tmp: Path) -> Path:
     return p
 
 
-def _start(tmp: Path, out: Path, trials: int, *, seed: int = 0, timeout_s: float = 60, policy: str = "tpe",
-           **env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(_driver(tmp)), str(out), str(trials), str(seed),
-                             STANDIN[1], str(timeout_s), policy], env=_env(**env), cwd=tmp,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _start(
+    tmp: Path, out: Path, trials: int, *, seed: int = 0, timeout_s: float = 60, policy: str = "tpe", **env
+) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(_driver(tmp)), str(out), str(trials), str(seed), STANDIN[1], str(timeout_s), policy],
+        env=_env(**env),
+        cwd=tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _study(out: Path):
@@ -163,26 +170,50 @@ def _inputs():
     from autotune.options import plan_inputs
     from autotune.search import search
 
-    m, hw, cl, wl = plan_inputs(model="tiny", hardware="cpu", gpus=2, gpus_per_node=None, workload="grpo", prompts=4,
-                                n=2, prompt_len=8, response_len=8, mini_batch=4, ppo_epochs=1, kl=True, seq_len=64, gbs=8)
+    m, hw, cl, wl = plan_inputs(
+        model="tiny",
+        hardware="cpu",
+        gpus=2,
+        gpus_per_node=None,
+        workload="grpo",
+        prompts=4,
+        n=2,
+        prompt_len=8,
+        response_len=8,
+        mini_batch=4,
+        ppo_epochs=1,
+        kl=True,
+        seq_len=64,
+        gbs=8,
+    )
     return search(m, hw, cl, wl).ranked, m, hw, cl, wl
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"trials": 0}, "--trials"),
-    ({"trial_steps": 1}, "--trial-steps"),
-    ({"trial_timeout_s": 0}, "--trial-timeout"),
-    ({"policy": "greedy"}, "unknown refine policy"),
-    ({"storage": "nosuchdb://x/y"}, "cannot open study storage"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"trials": 0}, "--trials"),
+        ({"trial_steps": 1}, "--trial-steps"),
+        ({"trial_timeout_s": 0}, "--trial-timeout"),
+        ({"policy": "greedy"}, "unknown refine policy"),
+        ({"storage": "nosuchdb://x/y"}, "not a database URL"),  # checked before any file is written
+    ],
+)
 def test_bad_refine_arguments_are_coded_errors(tmp_path, kw, match):
     from autotune.refine import RefineOptions, refine
     from core.errors import ConfigError
 
     ranked, m, hw, cl, wl = _inputs()
     with pytest.raises(ConfigError, match=match):
-        refine(ranked, m, hw, cl, wl, tmp_path, RefineOptions(profile_cmd=STANDIN, emit=False, calibrate=False,
-                                                              progress=False, **kw))
+        refine(
+            ranked,
+            m,
+            hw,
+            cl,
+            wl,
+            tmp_path,
+            RefineOptions(profile_cmd=STANDIN, emit=False, calibrate=False, progress=False, **kw),
+        )
 
 
 def test_space_holds_only_fitting_plans_the_trainer_accepts():

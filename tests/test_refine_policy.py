@@ -1,4 +1,5 @@
 """The model-guided policy (autotune.refine.policy) on a real plan space with hand-made measurements."""
+
 from __future__ import annotations
 
 import math
@@ -15,9 +16,22 @@ def space():
     from autotune.search import search
     from core.config import TrainerOptions
 
-    m, hw, cl, wl = plan_inputs(model="tiny", hardware="cpu", gpus=4, gpus_per_node=None, workload="grpo", prompts=8,
-                                n=4, prompt_len=16, response_len=16, mini_batch=8, ppo_epochs=1, kl=True, seq_len=64,
-                                gbs=8)
+    m, hw, cl, wl = plan_inputs(
+        model="tiny",
+        hardware="cpu",
+        gpus=4,
+        gpus_per_node=None,
+        workload="grpo",
+        prompts=8,
+        n=4,
+        prompt_len=16,
+        response_len=16,
+        mini_batch=8,
+        ppo_epochs=1,
+        kl=True,
+        seq_len=64,
+        gbs=8,
+    )
     sp, _ = runnable(build_space(search(m, hw, cl, wl).ranked, m, hw, cl, wl), TrainerOptions())
     seen, uniq = set(), []
     for e in sp:  # one plan per feature vector: plans alike in every feature are one plan to the kernel
@@ -96,9 +110,22 @@ def test_a_space_of_ten_thousand_plans_needs_no_n_by_n_matrix():
     from autotune.refine import build_space
     from autotune.search import search
 
-    m, hw, cl, wl = plan_inputs(model="tiny", hardware="cpu", gpus=4, gpus_per_node=None, workload="grpo", prompts=8,
-                                n=4, prompt_len=16, response_len=16, mini_batch=8, ppo_epochs=1, kl=True, seq_len=64,
-                                gbs=8)
+    m, hw, cl, wl = plan_inputs(
+        model="tiny",
+        hardware="cpu",
+        gpus=4,
+        gpus_per_node=None,
+        workload="grpo",
+        prompts=8,
+        n=4,
+        prompt_len=16,
+        response_len=16,
+        mini_batch=8,
+        ppo_epochs=1,
+        kl=True,
+        seq_len=64,
+        gbs=8,
+    )
     sp = build_space(search(m, hw, cl, wl).ranked, m, hw, cl, wl)
     big = (sp * (12000 // len(sp) + 1))[:12000]
     pol = ModelGuided(big)

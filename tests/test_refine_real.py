@@ -4,6 +4,7 @@ Real trials of the tiny model on 2 CPU ranks. The search is killed (SIGKILL) whi
 trial runs; the same command then resumes (the first trial kept, the killed one marked FAIL and
 its plan profiled again), and a third run profiles nothing anew.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,33 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-CMD = ["search", "--model", "tiny", "--gpus", "2", "--hardware", "cpu", "--prompts", "4", "--n", "2",
-       "--prompt-len", "8", "--response-len", "8", "--mini-batch", "4", "--refine", "--trials", "2",
-       "--trial-steps", "2", "--trial-timeout", "400", "--json"]
+CMD = [
+    "search",
+    "--model",
+    "tiny",
+    "--gpus",
+    "2",
+    "--hardware",
+    "cpu",
+    "--prompts",
+    "4",
+    "--n",
+    "2",
+    "--prompt-len",
+    "8",
+    "--response-len",
+    "8",
+    "--mini-batch",
+    "4",
+    "--refine",
+    "--trials",
+    "2",
+    "--trial-steps",
+    "2",
+    "--trial-timeout",
+    "400",
+    "--json",
+]
 
 
 def _argv(tmp: Path) -> list[str]:

@@ -3,6 +3,7 @@
 A finished Optuna trial cannot be changed, so the reason must be written while it is RUNNING;
 these tests read the reasons back from a fresh load of the storage.
 """
+
 from __future__ import annotations
 
 import subprocess

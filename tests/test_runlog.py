@@ -3,6 +3,7 @@
 The fixture logs under tests/fixtures/verl_logs/ are written by verl 0.9.1's own logger code
 (make_fixtures.py); the small inline cases here test edge cases of the reader.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,13 +27,16 @@ def _w(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def test_console_line_with_ray_prefix_numpy_scalars_and_validation_step(tmp_path):
-    p = _w(tmp_path, "console.log",
-           "Training Progress:   0%|\n"
-           "(TaskRunner pid=88) step:0 - val-core/openai/gsm8k/acc/mean@1:0.25\n"
-           "(TaskRunner pid=88) step:1 - actor/pg_loss:-0.01 - timing_s/gen:np.float64(61.5) - "
-           "timing_s/update_weights:4.0 - timing_s/old_log_prob:9.5 - timing_s/ref:9.0 - "
-           "timing_s/update_actor:30.25 - timing_s/step:120.0 - response_length/mean:512.5 - "
-           "prompt_length/max:1024.0 - perf/max_memory_allocated_gb:41.5\n")
+    p = _w(
+        tmp_path,
+        "console.log",
+        "Training Progress:   0%|\n"
+        "(TaskRunner pid=88) step:0 - val-core/openai/gsm8k/acc/mean@1:0.25\n"
+        "(TaskRunner pid=88) step:1 - actor/pg_loss:-0.01 - timing_s/gen:np.float64(61.5) - "
+        "timing_s/update_weights:4.0 - timing_s/old_log_prob:9.5 - timing_s/ref:9.0 - "
+        "timing_s/update_actor:30.25 - timing_s/step:120.0 - response_length/mean:512.5 - "
+        "prompt_length/max:1024.0 - perf/max_memory_allocated_gb:41.5\n",
+    )
     log = runlog.read_log(p)
     assert log.format == "verl-console"
     assert [r.step for r in log.records] == [1]
@@ -44,9 +48,11 @@ def test_console_line_with_ray_prefix_numpy_scalars_and_validation_step(tmp_path
 
 
 def test_jsonl_null_values_and_relogged_step_keeps_the_last(tmp_path):
-    lines = [{"step": 1, "data": {"timing_s/gen": 10.0, "timing_s/step": 20.0, "actor/kl": None}},
-             {"step": 2, "data": {"timing_s/gen": 11.0, "timing_s/step": None}},
-             {"step": 2, "data": {"timing_s/gen": 12.0, "timing_s/step": 22.0}}]
+    lines = [
+        {"step": 1, "data": {"timing_s/gen": 10.0, "timing_s/step": 20.0, "actor/kl": None}},
+        {"step": 2, "data": {"timing_s/gen": 11.0, "timing_s/step": None}},
+        {"step": 2, "data": {"timing_s/gen": 12.0, "timing_s/step": 22.0}},
+    ]
     p = _w(tmp_path, "run.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
     log = runlog.read_log(p)
     assert log.format == "verl-jsonl"
@@ -90,9 +96,18 @@ def test_bounded_read_refuses_big_files_and_non_regular_files(tmp_path):
 
 
 def test_our_metrics_jsonl(tmp_path):
-    rec = {"step": 1, "reward_mean": 0.1, "response_len": 7.5, "response_len_max": 12, "step_s": 2.0,
-           "phases_s": {"rollout": 1.0, "weight_sync": 0.1, "old_logprob": 0.2, "ref_logprob": 0.0, "update": 0.6},
-           "offload_s": 0.0, "tokens": 300, "tokens_per_s": 150.0, "tokens_per_s_per_gpu": 37.5}
+    rec = {
+        "step": 1,
+        "reward_mean": 0.1,
+        "response_len": 7.5,
+        "response_len_max": 12,
+        "step_s": 2.0,
+        "phases_s": {"rollout": 1.0, "weight_sync": 0.1, "old_logprob": 0.2, "ref_logprob": 0.0, "update": 0.6},
+        "offload_s": 0.0,
+        "tokens": 300,
+        "tokens_per_s": 150.0,
+        "tokens_per_s_per_gpu": 37.5,
+    }
     p = _w(tmp_path, "metrics.jsonl", json.dumps(rec) + "\n")
     log = runlog.read_log(tmp_path)  # the run folder works too
     assert log.format == "grpo-tune" and log.path == str(p)
@@ -102,9 +117,18 @@ def test_our_metrics_jsonl(tmp_path):
 
 
 def test_summary_drops_warmup_and_takes_medians_and_peaks(tmp_path):
-    lines = [{"step": s, "data": {"timing_s/gen": g, "timing_s/step": g + 1, "perf/max_memory_allocated_gb": m,
-                                 "response_length/mean": 100.0 + s}}
-             for s, g, m in ((1, 100.0, 10.0), (2, 10.0, 12.0), (3, 12.0, 11.0), (4, 11.0, 11.5))]
+    lines = [
+        {
+            "step": s,
+            "data": {
+                "timing_s/gen": g,
+                "timing_s/step": g + 1,
+                "perf/max_memory_allocated_gb": m,
+                "response_length/mean": 100.0 + s,
+            },
+        }
+        for s, g, m in ((1, 100.0, 10.0), (2, 10.0, 12.0), (3, 12.0, 11.0), (4, 11.0, 11.5))
+    ]
     p = _w(tmp_path, "r.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
     s = runlog.summary(runlog.read_log(p), skip_warmup=1)
     assert s["steps"] == [2, 3, 4]
@@ -114,12 +138,20 @@ def test_summary_drops_warmup_and_takes_medians_and_peaks(tmp_path):
 
 _LINE = st.one_of(
     st.text(max_size=80),
-    st.builds(lambda k, v, s: f"step:{s} - {k}:{v}", st.sampled_from(["timing_s/gen", "timing_s/step", "x/y", ""]),
-              st.one_of(st.floats(allow_nan=True), st.text(max_size=8)), st.integers(-3, 10**12)),
-    st.builds(lambda d, s: json.dumps({"step": s, "data": d}),
-              st.dictionaries(st.sampled_from(["timing_s/gen", "timing_s/update_actor", "response_length/mean"]),
-                              st.one_of(st.none(), st.floats(allow_nan=True), st.text(max_size=5), st.booleans())),
-              st.one_of(st.integers(-5, 100), st.text(max_size=3), st.none())),
+    st.builds(
+        lambda k, v, s: f"step:{s} - {k}:{v}",
+        st.sampled_from(["timing_s/gen", "timing_s/step", "x/y", ""]),
+        st.one_of(st.floats(allow_nan=True), st.text(max_size=8)),
+        st.integers(-3, 10**12),
+    ),
+    st.builds(
+        lambda d, s: json.dumps({"step": s, "data": d}),
+        st.dictionaries(
+            st.sampled_from(["timing_s/gen", "timing_s/update_actor", "response_length/mean"]),
+            st.one_of(st.none(), st.floats(allow_nan=True), st.text(max_size=5), st.booleans()),
+        ),
+        st.one_of(st.integers(-5, 100), st.text(max_size=3), st.none()),
+    ),
 )
 
 

@@ -1,4 +1,5 @@
 """Candidate generation: every plan is valid, none is missed, pins are honoured."""
+
 from __future__ import annotations
 
 import itertools
@@ -21,8 +22,9 @@ def _space(model, gpus, wl=WL, pins=None, gpn=8, hw=H100):
 
 
 def _check_valid(sp: Space, s: Strategy) -> Strategy:
-    r = validate(sp.model, s, sp.cluster.gpus, gpus_per_node=sp.cluster.gpus_per_node,
-                 allow_cross_node_tp=sp.allow_cross_node_tp)
+    r = validate(
+        sp.model, s, sp.cluster.gpus, gpus_per_node=sp.cluster.gpus_per_node, allow_cross_node_tp=sp.allow_cross_node_tp
+    )
     wl = sp.workload
     seqs = wl.mini_batch * wl.n if wl.kind == "grpo" else wl.gbs
     assert seqs % (r.dp * r.mbs) == 0, "mbs must divide the per-DP micro-batch count (verl's rule)"
@@ -41,8 +43,10 @@ def test_every_candidate_validates_small(model, gpus):
     assert n == sp.candidate_count() > 100
 
 
-@pytest.mark.parametrize("model,gpus", [("7b", 8), ("moonlight-16b-a3b", 32), ("qwen3-30b-a3b", 64),
-                                        ("deepseek-v3", 256), ("qwen3-235b-a22b", 64)])
+@pytest.mark.parametrize(
+    "model,gpus",
+    [("7b", 8), ("moonlight-16b-a3b", 32), ("qwen3-30b-a3b", 64), ("deepseek-v3", 256), ("qwen3-235b-a22b", 64)],
+)
 def test_every_layout_and_rollout_validates(model, gpus):
     """Validity depends on the layout and the rollout TP; mbs/recompute/offload are checked per layout."""
     sp = _space(model, gpus)
@@ -80,8 +84,9 @@ def test_layouts_complete_against_brute_force():
     got = {tuple(lay[k] for k in ("tp", "pp", "vpp", "cp", "ep", "etp")) for lay in sp.layouts()}
     want = set()
     m = sp.model
-    for tp, pp, vpp, cp, ep, etp in itertools.product(range(1, 9), range(1, 5), range(1, 5), range(1, 9),
-                                                      range(1, 9), range(1, 9)):
+    for tp, pp, vpp, cp, ep, etp in itertools.product(
+        range(1, 9), range(1, 5), range(1, 5), range(1, 9), range(1, 9), range(1, 9)
+    ):
         if m.layers % pp or etp > tp or tp % etp:  # even stages here; etp among tp's divisors
             continue
         try:
@@ -132,9 +137,17 @@ def test_offload_subsets_and_recompute():
     assert {o["recompute"] for o in opts} == {"none", "selective", "full"}
 
 
-@pytest.mark.parametrize("pins", [{"tp": 2}, {"offload": ("optimizer",)}, {"rollout_tp": 4},
-                                  {"pp": 2, "vpp": 2, "mbs": 4}, {"recompute": "full", "gpu_memory_utilization": 0.5},
-                                  {"cp": 2, "distributed_optimizer": False}])
+@pytest.mark.parametrize(
+    "pins",
+    [
+        {"tp": 2},
+        {"offload": ("optimizer",)},
+        {"rollout_tp": 4},
+        {"pp": 2, "vpp": 2, "mbs": 4},
+        {"recompute": "full", "gpu_memory_utilization": 0.5},
+        {"cp": 2, "distributed_optimizer": False},
+    ],
+)
 def test_pins_are_honoured(pins):
     sp = _space("7b", 8, pins=pins)
     n = 0
@@ -152,8 +165,9 @@ def test_pins_are_honoured(pins):
 @given(layers=st.integers(1, 200), pp=st.integers(1, 64))
 def test_stage_splits_are_valid(layers, pp):
     for first, last in stage_splits(layers, pp):
-        m = load_model("tiny").__class__(name="x", family="llama", layers=layers, hidden=8, ffn_hidden=8, heads=1,
-                                         kv_heads=1, head_dim=8, vocab=8)
+        m = load_model("tiny").__class__(
+            name="x", family="llama", layers=layers, hidden=8, ffn_hidden=8, heads=1, kv_heads=1, head_dim=8, vocab=8
+        )
         s = Strategy(pp=pp, first_stage_layers=first, last_stage_layers=last)
         validate(m, s, pp)  # raises if the split cannot exist
         assert sum(stage_layers(m, s)) == layers
@@ -162,9 +176,13 @@ def test_stage_splits_are_valid(layers, pp):
 
 
 @settings(max_examples=40, deadline=None)
-@given(tp=st.sampled_from([None, 1, 2, 3, 4, 8]), pp=st.sampled_from([None, 1, 2, 3, 4]),
-       cp=st.sampled_from([None, 1, 2, 4]), mbs=st.sampled_from([None, 1, 2, 3, 64]),
-       rollout_tp=st.sampled_from([None, 1, 2, 3, 4, 16]))
+@given(
+    tp=st.sampled_from([None, 1, 2, 3, 4, 8]),
+    pp=st.sampled_from([None, 1, 2, 3, 4]),
+    cp=st.sampled_from([None, 1, 2, 4]),
+    mbs=st.sampled_from([None, 1, 2, 3, 64]),
+    rollout_tp=st.sampled_from([None, 1, 2, 3, 4, 16]),
+)
 def test_random_pins_give_valid_plans_or_coded_errors(tp, pp, cp, mbs, rollout_tp):
     pins = {k: v for k, v in dict(tp=tp, pp=pp, cp=cp, mbs=mbs, rollout_tp=rollout_tp).items() if v is not None}
     sp = _space("tiny", 4, SMALL, pins=pins, hw=load_hardware("cpu"))
@@ -179,12 +197,22 @@ def test_space_is_identical_across_processes():
     import subprocess
     import sys
 
-    code = ("from autotune.search import Space; from core.specs import load_model, load_hardware; "
-            "from core.strategy import Cluster, Workload; "
-            "sp = Space(load_model('deepseek-v3'), load_hardware('h100'), Cluster(gpus=256), Workload()); "
-            "print(repr([tuple(sorted(l.items())) for l in sp.layouts()][:400]), sp.candidate_count())")
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2)}
+    code = (
+        "from autotune.search import Space; from core.specs import load_model, load_hardware; "
+        "from core.strategy import Cluster, Workload; "
+        "sp = Space(load_model('deepseek-v3'), load_hardware('h100'), Cluster(gpus=256), Workload()); "
+        "print(repr([tuple(sorted(l.items())) for l in sp.layouts()][:400]), sp.candidate_count())"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout
+        for seed in (1, 2)
+    }
     assert len(outs) == 1
 
 
@@ -209,8 +237,15 @@ def test_offload_pin_param_or_grad_alone_refused(text):
     assert e.value.code == "BAD_CONFIG" and "param,grad" in e.value.hint
 
 
-@pytest.mark.parametrize("text,want", [("param,grad", ("param", "grad")), ("optimizer", ("optimizer",)),
-                                       ("grad,param,optimizer", ("param", "grad", "optimizer")), ("none", ())])
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        ("param,grad", ("param", "grad")),
+        ("optimizer", ("optimizer",)),
+        ("grad,param,optimizer", ("param", "grad", "optimizer")),
+        ("none", ()),
+    ],
+)
 def test_offload_pin_verl_sets_accepted(text, want):
     from autotune.options import strategy_pins
 

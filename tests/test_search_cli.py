@@ -1,6 +1,7 @@
 """The golden path: `grpo-tune search --model 7b --gpus 8 --out DIR` prints the table and writes
 a run folder whose best.yaml loads, whose verl.sh and best.yaml diagnose clean; plus the coded
 errors and the emitter that refine shares."""
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,9 @@ def test_best_yaml_loads_and_matches_the_table(golden):
     assert set(pred["memory_bytes"]) >= {"rollout", "update"}
     assert cfg.trainer.out_dir == str(d / "train")
     # the winner is the same plan a library search ranks first
-    res = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), Workload(), top=1,
-                 min_headroom=MIN_HEADROOM_DEFAULT)
+    res = search(
+        load_model("7b"), load_hardware("h100"), Cluster(gpus=8), Workload(), top=1, min_headroom=MIN_HEADROOM_DEFAULT
+    )
     assert res.best.strategy == s
 
 
@@ -121,8 +123,13 @@ def test_bad_pin_exit_2(tmp_path):
 
 def test_emit_for_refine_adds_measured(tmp_path):
     """refine emits its winner through emit(est, dir, measured=...) exactly as search does."""
-    res = search(load_model("tiny"), load_hardware("cpu"), Cluster(gpus=4, gpus_per_node=4),
-                 Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8), top=3)
+    res = search(
+        load_model("tiny"),
+        load_hardware("cpu"),
+        Cluster(gpus=4, gpus_per_node=4),
+        Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8),
+        top=3,
+    )
     measured = {"step_s": 1.5, "tokens_per_s": 42.0}
     paths = emit(res.best, tmp_path / "r", measured=measured, search=res)
     assert {"best", "verl", "megatron_args", "report", "pareto_png", "breakdown_png"} <= set(paths)
@@ -138,10 +145,24 @@ def test_calibration_flag(tmp_path):
     from autotune.calibrate import save as save_cal
 
     cal = save_cal(tmp_path / "cal.json", params={"compute_efficiency_scale": 0.5}, hardware="h100-sxm-80gb")
-    plain = json.loads(_run("search", "--model", "7b", "--gpus", "8", "--tp", "2", "--top", "1", "--json",
-                            "--no-emit").stdout)
-    p = _run("search", "--model", "7b", "--gpus", "8", "--tp", "2", "--top", "1", "--json", "--no-emit",
-             "--calibration", str(cal))
+    plain = json.loads(
+        _run("search", "--model", "7b", "--gpus", "8", "--tp", "2", "--top", "1", "--json", "--no-emit").stdout
+    )
+    p = _run(
+        "search",
+        "--model",
+        "7b",
+        "--gpus",
+        "8",
+        "--tp",
+        "2",
+        "--top",
+        "1",
+        "--json",
+        "--no-emit",
+        "--calibration",
+        str(cal),
+    )
     assert p.returncode == 0, p.stderr
     slow = json.loads(p.stdout)
     assert slow["run_dir"] is None and slow["files"] == {}
@@ -151,8 +172,13 @@ def test_calibration_flag(tmp_path):
 
 
 def test_refine_reemit_keeps_search_tables(tmp_path):
-    res = search(load_model("tiny"), load_hardware("cpu"), Cluster(gpus=4, gpus_per_node=4),
-                 Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8), top=3)
+    res = search(
+        load_model("tiny"),
+        load_hardware("cpu"),
+        Cluster(gpus=4, gpus_per_node=4),
+        Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8),
+        top=3,
+    )
     d = tmp_path / "run"
     emit(res.best, d, search=res)
     winner = res.ranked[1]
@@ -167,8 +193,13 @@ def test_emit_keeps_no_state_between_calls(tmp_path):
     shows no search tables (there used to be a module-global cache keyed by folder)."""
     import autotune.emit as E
 
-    res = search(load_model("tiny"), load_hardware("cpu"), Cluster(gpus=4, gpus_per_node=4),
-                 Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8), top=3)
+    res = search(
+        load_model("tiny"),
+        load_hardware("cpu"),
+        Cluster(gpus=4, gpus_per_node=4),
+        Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8),
+        top=3,
+    )
     d = tmp_path / "run"
     emit(res.best, d, search=res)
     assert "## Search" in (d / "report.md").read_text()

@@ -1,5 +1,6 @@
 """Ranking: the factored search finds what an exhaustive pass finds; the winner fits; pins hold;
 the Pareto front is non-dominated; NO_FEASIBLE_PLAN names the tightest phase."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,11 +30,14 @@ def _exhaustive(sp: Space):
     return best
 
 
-@pytest.mark.parametrize("model,gpus,hw,wl,pins", [
-    ("tiny", 4, CPU, SMALL, {"gpu_memory_utilization": 0.5}),
-    ("7b", 8, H100, Workload(), {"tp": 2, "recompute": "selective"}),
-    ("qwen3-30b-a3b", 16, H100, Workload(), {"tp": 2, "pp": 1, "cp": 1, "mbs": 4, "recompute": "selective"}),
-])
+@pytest.mark.parametrize(
+    "model,gpus,hw,wl,pins",
+    [
+        ("tiny", 4, CPU, SMALL, {"gpu_memory_utilization": 0.5}),
+        ("7b", 8, H100, Workload(), {"tp": 2, "recompute": "selective"}),
+        ("qwen3-30b-a3b", 16, H100, Workload(), {"tp": 2, "pp": 1, "cp": 1, "mbs": 4, "recompute": "selective"}),
+    ],
+)
 def test_factored_search_matches_exhaustive(model, gpus, hw, wl, pins):
     m = load_model(model)
     cl = Cluster(gpus=gpus, gpus_per_node=min(8, gpus))
@@ -79,8 +83,15 @@ def test_7b_on_8_h100_winner_fits():
     assert res.best.strategy.tp * res.best.strategy.pp * res.best.strategy.cp * res.best.strategy.dp == 8
 
 
-@pytest.mark.parametrize("pins", [{"tp": 2}, {"offload": ("optimizer",)}, {"rollout_tp": 4},
-                                  {"tp": 1, "pp": 2, "recompute": "full", "gpu_memory_utilization": 0.5}])
+@pytest.mark.parametrize(
+    "pins",
+    [
+        {"tp": 2},
+        {"offload": ("optimizer",)},
+        {"rollout_tp": 4},
+        {"tp": 1, "pp": 2, "recompute": "full", "gpu_memory_utilization": 0.5},
+    ],
+)
 def test_pins_honoured_in_ranking(pins):
     res = search(load_model("7b"), H100, Cluster(gpus=8), Workload(), pins=pins)
     _check_result(res, pins)
@@ -185,11 +196,17 @@ def test_pretrain_has_no_rollout_axis():
 
 
 @settings(max_examples=25, deadline=None)
-@given(gpus=st.sampled_from([1, 2, 3, 4, 6, 8]), prompts=st.sampled_from([1, 2, 4, 6, 8, 16]),
-       n=st.integers(1, 6), mini=st.sampled_from([1, 2, 3, 4, 8]), plen=st.sampled_from([8, 15, 16, 32]),
-       rlen=st.sampled_from([8, 16, 24]),
-       pins=st.dictionaries(st.sampled_from(["tp", "pp", "cp", "mbs", "rollout_tp", "vpp"]),
-                            st.sampled_from([1, 2, 3, 4]), max_size=3))
+@given(
+    gpus=st.sampled_from([1, 2, 3, 4, 6, 8]),
+    prompts=st.sampled_from([1, 2, 4, 6, 8, 16]),
+    n=st.integers(1, 6),
+    mini=st.sampled_from([1, 2, 3, 4, 8]),
+    plen=st.sampled_from([8, 15, 16, 32]),
+    rlen=st.sampled_from([8, 16, 24]),
+    pins=st.dictionaries(
+        st.sampled_from(["tp", "pp", "cp", "mbs", "rollout_tp", "vpp"]), st.sampled_from([1, 2, 3, 4]), max_size=3
+    ),
+)
 def test_random_inputs_give_valid_fitting_plans_or_coded_errors(gpus, prompts, n, mini, plen, rlen, pins):
     from core.strategy import validate
 
@@ -233,8 +250,15 @@ def test_non_additive_cost_model_widens_exact_pass(monkeypatch):
     monkeypatch.setattr(S, "estimate", skewed)
     m = load_model("7b")
     # the pre-issue-9 space: no dynamic batching, verl's default vLLM knobs
-    pins = {"tp": 2, "recompute": "selective", "gpu_memory_utilization": 0.6, "max_tokens_per_gpu": None,
-            "max_num_seqs": 256, "enforce_eager": False, "cpu_optimizer": None}
+    pins = {
+        "tp": 2,
+        "recompute": "selective",
+        "gpu_memory_utilization": 0.6,
+        "max_tokens_per_gpu": None,
+        "max_num_seqs": 256,
+        "enforce_eager": False,
+        "cpu_optimizer": None,
+    }
     sp = Space(m, H100, Cluster(gpus=8), Workload(), pins)
     best = None
     for s in sp.candidates():

@@ -1,4 +1,5 @@
 """trainer/batching.py: token-budget packing (verl's use_dynamic_bsz), as properties."""
+
 from hypothesis import given
 from hypothesis import strategies as st
 

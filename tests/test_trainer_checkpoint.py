@@ -6,6 +6,7 @@ torchrun and both workers) right after it logs step 3, and a resume of the kille
 the resume starts from the last complete checkpoint (step 2, so at most ``checkpoint_every`` steps
 are lost) and its steps 3..6 reproduce the uninterrupted run's losses and rewards.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_save_load_roundtrip_and_prune(tmp_path):
     for step in (2, 4, 6):
-        checkpoint.save(tmp_path, step, {"w": torch.full((3,), float(step)), "data": {"epoch": 0, "index": step}},
-                        rank=0, world_size=1)
+        checkpoint.save(
+            tmp_path,
+            step,
+            {"w": torch.full((3,), float(step)), "data": {"epoch": 0, "index": step}},
+            rank=0,
+            world_size=1,
+        )
     assert checkpoint.latest(tmp_path) == {"step": 6, "world_size": 1, "dir": "step_00000006"}
     kept = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
     assert kept == ["step_00000004", "step_00000006"]  # keep=2
@@ -63,18 +69,30 @@ def test_a_torn_shard_is_never_pointed_at(tmp_path, monkeypatch):
 
 
 def _config(path: Path, out: Path, steps: int) -> Path:
-    cfg = RunConfig(model=load_model("tiny"), hardware=load_hardware("cpu"), cluster=Cluster(gpus=2, gpus_per_node=2),
-                    strategy=Strategy(mbs=4, recompute="none", distributed_optimizer=True),
-                    workload=Workload(prompts=4, n=4, prompt_len=8, response_len=4, mini_batch=2, dtype="fp32"),
-                    trainer=TrainerOptions(steps=steps, lr=3e-3, kl_coef=0.01, out_dir=str(out), checkpoint_every=2,
-                                           rollout_engine="megatron"))
+    cfg = RunConfig(
+        model=load_model("tiny"),
+        hardware=load_hardware("cpu"),
+        cluster=Cluster(gpus=2, gpus_per_node=2),
+        strategy=Strategy(mbs=4, recompute="none", distributed_optimizer=True),
+        workload=Workload(prompts=4, n=4, prompt_len=8, response_len=4, mini_batch=2, dtype="fp32"),
+        trainer=TrainerOptions(
+            steps=steps, lr=3e-3, kl_coef=0.01, out_dir=str(out), checkpoint_every=2, rollout_engine="megatron"
+        ),
+    )
     save(cfg, path)
     return path
 
 
 def _cli(*args: str, **kw):
-    return subprocess.Popen([sys.executable, "-c", "from cli.main import run; run()", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-c", "from cli.main import run; run()", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        **kw,
+    )
 
 
 def _tree(pid: int) -> list[int]:
@@ -149,7 +167,7 @@ def test_kill_9_then_resume_loses_at_most_the_steps_since_the_checkpoint(tmp_pat
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-6, abs=1e-9), (a["step"], a["loss"], b["loss"])
         assert b["reward_mean"] == a["reward_mean"]
         assert b["kl"] == pytest.approx(a["kl"], rel=1e-6, abs=1e-9)
-    assert any(r["loss"] != 0 for r in ref[ck["step"]:])  # the compared steps carry a real gradient
+    assert any(r["loss"] != 0 for r in ref[ck["step"] :])  # the compared steps carry a real gradient
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """`grpo-tune train` / `grpo-tune profile` before any process starts: dry-run summary, coded errors,
 the torchrun command, the sbatch script. None of these tests starts a trainer process."""
+
 from __future__ import annotations
 
 import json
@@ -22,11 +23,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def write_cfg(path: Path, *, model="tiny", gpus=2, gpn=2, strategy=None, workload=None, trainer=None) -> Path:
-    cfg = RunConfig(model=load_model(model), hardware=load_hardware("cpu"), cluster=Cluster(gpus=gpus, gpus_per_node=gpn),
-                    strategy=Strategy(**(strategy or {"tp": 2})),
-                    workload=Workload(**({"prompts": 4, "n": 4, "prompt_len": 16, "response_len": 8, "mini_batch": 2,
-                                          "dtype": "fp32"} | (workload or {}))),
-                    trainer=TrainerOptions(**({"steps": 2, "out_dir": str(path.parent / "run")} | (trainer or {}))))
+    cfg = RunConfig(
+        model=load_model(model),
+        hardware=load_hardware("cpu"),
+        cluster=Cluster(gpus=gpus, gpus_per_node=gpn),
+        strategy=Strategy(**(strategy or {"tp": 2})),
+        workload=Workload(
+            **(
+                {"prompts": 4, "n": 4, "prompt_len": 16, "response_len": 8, "mini_batch": 2, "dtype": "fp32"}
+                | (workload or {})
+            )
+        ),
+        trainer=TrainerOptions(**({"steps": 2, "out_dir": str(path.parent / "run")} | (trainer or {}))),
+    )
     save(cfg, path)
     return path
 
@@ -39,14 +48,21 @@ def edit(path: Path, section: str, **kw) -> Path:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from cli.main import run; run()", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", "from cli.main import run; run()", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
 
 
 def test_dry_run_prints_the_summary_and_starts_nothing_without_torch(tmp_path):
     cfg = write_cfg(tmp_path / "c.yaml", strategy={"tp": 2}, gpus=2)
-    code = ("import sys; from cli.main import main; rc = main(['train', '--config', sys.argv[1], '--dry-run']);"
-            "assert 'torch' not in sys.modules, 'dry-run imported torch'; sys.exit(rc)")
+    code = (
+        "import sys; from cli.main import main; rc = main(['train', '--config', sys.argv[1], '--dry-run']);"
+        "assert 'torch' not in sys.modules, 'dry-run imported torch'; sys.exit(rc)"
+    )
     r = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "Parallel Config Summary" in r.stdout
@@ -55,8 +71,13 @@ def test_dry_run_prints_the_summary_and_starts_nothing_without_torch(tmp_path):
 
 
 def test_dry_run_json_has_degrees_micro_batches_and_memory(tmp_path, capsys):
-    cfg = write_cfg(tmp_path / "c.yaml", gpus=4, gpn=4, strategy={"tp": 2, "mbs": 2},
-                    workload={"prompts": 8, "n": 4, "mini_batch": 4})
+    cfg = write_cfg(
+        tmp_path / "c.yaml",
+        gpus=4,
+        gpn=4,
+        strategy={"tp": 2, "mbs": 2},
+        workload={"prompts": 8, "n": 4, "mini_batch": 4},
+    )
     assert cli_main(["train", "--config", str(cfg), "--dry-run", "--json"]) == 0
     sm = json.loads(capsys.readouterr().out)
     assert sm["world_size"] == 4 and sm["dp"] == 2
@@ -69,16 +90,19 @@ def test_dry_run_json_has_degrees_micro_batches_and_memory(tmp_path, capsys):
         assert all(v > 0 for v in sm["memory"]["phases"].values())
 
 
-@pytest.mark.parametrize("mutate, code", [
-    (lambda p: edit(p, "strategy", dp=3), "INVALID_DEGREES"),  # 2 (tp) x 3 != 2 GPUs
-    (lambda p: edit(p, "strategy", tp=4), "INVALID_DEGREES"),  # tp does not divide the 2 GPUs
-    (lambda p: edit(p, "model", name="no-such-model"), "UNKNOWN_MODEL"),
-    (lambda p: edit(p, "trainer", dataset="/nonexistent/prompts.jsonl"), "MISSING_DATASET"),
-    (lambda p: edit(p, "workload", n=3), "BATCH_DIVISIBILITY"),  # mini-batch 2 x 3 = 6 over dp 1 x mbs 4
-    (lambda p: edit(p, "workload", prompt_len=250), "BAD_CONFIG"),  # past tiny's 256 positions
-    (lambda p: edit(p, "trainer", reward="nomodule_xyz:score"), "BAD_CONFIG"),
-    (lambda p: edit(p, "trainer", lr_rate=0.1), "UNKNOWN_KEY"),
-])
+@pytest.mark.parametrize(
+    "mutate, code",
+    [
+        (lambda p: edit(p, "strategy", dp=3), "INVALID_DEGREES"),  # 2 (tp) x 3 != 2 GPUs
+        (lambda p: edit(p, "strategy", tp=4), "INVALID_DEGREES"),  # tp does not divide the 2 GPUs
+        (lambda p: edit(p, "model", name="no-such-model"), "UNKNOWN_MODEL"),
+        (lambda p: edit(p, "trainer", dataset="/nonexistent/prompts.jsonl"), "MISSING_DATASET"),
+        (lambda p: edit(p, "workload", n=3), "BATCH_DIVISIBILITY"),  # mini-batch 2 x 3 = 6 over dp 1 x mbs 4
+        (lambda p: edit(p, "workload", prompt_len=250), "BAD_CONFIG"),  # past tiny's 256 positions
+        (lambda p: edit(p, "trainer", reward="nomodule_xyz:score"), "BAD_CONFIG"),
+        (lambda p: edit(p, "trainer", lr_rate=0.1), "UNKNOWN_KEY"),
+    ],
+)
 def test_bad_config_is_a_coded_error_before_any_process(tmp_path, mutate, code):
     cfg = write_cfg(tmp_path / "c.yaml", strategy={"tp": 2, "mbs": 4} if code == "BATCH_DIVISIBILITY" else {"tp": 2})
     mutate(cfg)
@@ -135,8 +159,17 @@ def test_slurm_script_passes_no_resume_on(tmp_path, resume):
     flag = [] if resume else ["--no-resume"]
     assert cli_main(["train", "--config", str(cfg), "--slurm", str(out), "--steps", "3", *flag]) == 0
     worker = shlex.split(out.read_text().rstrip().splitlines()[-1])
-    assert worker == ["-m", "trainer.main", "--config", str(cfg.resolve()), "--steps", "3",
-                      "--out", str((tmp_path / "run").resolve()), *flag]
+    assert worker == [
+        "-m",
+        "trainer.main",
+        "--config",
+        str(cfg.resolve()),
+        "--steps",
+        "3",
+        "--out",
+        str((tmp_path / "run").resolve()),
+        *flag,
+    ]
 
 
 def test_no_resume_refuses_to_overwrite_checkpoints(tmp_path):
@@ -151,8 +184,15 @@ def test_no_resume_refuses_to_overwrite_checkpoints(tmp_path):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(tp=st.integers(1, 5), pp=st.integers(1, 5), vpp=st.integers(1, 3), gpus=st.integers(1, 8),
-       mbs=st.integers(1, 6), n=st.integers(1, 6), nnodes=st.one_of(st.none(), st.integers(0, 3)))
+@given(
+    tp=st.integers(1, 5),
+    pp=st.integers(1, 5),
+    vpp=st.integers(1, 3),
+    gpus=st.integers(1, 8),
+    mbs=st.integers(1, 6),
+    n=st.integers(1, 6),
+    nnodes=st.one_of(st.none(), st.integers(0, 3)),
+)
 def test_any_degrees_give_a_summary_or_a_coded_error(tmp_path, capsys, tp, pp, vpp, gpus, mbs, n, nnodes):
     p = tmp_path / "h.yaml"
     d = yaml.safe_load(write_cfg(p).read_text())
@@ -190,7 +230,7 @@ def test_progress_follows_metrics_jsonl_live_and_plain(tmp_path):
         prog.poll()
         assert [r["step"] for r in prog.rows] == [2]
         with open(path, "a") as fh:
-            fh.write(': 0.125}\n')
+            fh.write(": 0.125}\n")
         prog.poll()
         prog.stop()
         assert [r["step"] for r in prog.rows] == [2, 3]

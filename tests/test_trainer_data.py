@@ -1,4 +1,5 @@
 """Prompt datasets, the synthetic task (including its chance reward) and the resumable stream."""
+
 from __future__ import annotations
 
 import json
@@ -83,8 +84,13 @@ def _check_chance():
     assert 0.02 < exact < 0.03  # the module doc says "about 2.5% of 4-token responses"
     uniform = lambda t, lengths: torch.zeros(t.shape[0], 128)  # noqa: E731  (an untrained model)
     for max_tokens, lo, hi in ((4, None, None), (8, 0.035, 0.05)):
-        resp = sample(uniform, [tok.encode_prompt(e.prompt) for e in exs], SamplingParams(max_tokens=max_tokens, seed=0),
-                      pad_id=tok.pad_id, eos_id=tok.eos_id)
+        resp = sample(
+            uniform,
+            [tok.encode_prompt(e.prompt) for e in exs],
+            SamplingParams(max_tokens=max_tokens, seed=0),
+            pad_id=tok.pad_id,
+            eos_id=tok.eos_id,
+        )
         mean = sum(math_reward(tok.decode(r), e.answer) for r, e in zip(resp, exs)) / len(exs)
         if lo is None:  # sampler + tokenizer + reward agree with the enumeration within 5 sigma
             assert abs(mean - exact) < 5 * math.sqrt(exact * (1 - exact) / len(exs)), (mean, exact)
@@ -96,10 +102,14 @@ def _check_chance():
 
 def test_jsonl_and_chat_and_verl_fields(tmp_path):
     p = tmp_path / "d.jsonl"
-    rows = [{"prompt": "1+1=", "answer": 2},
-            {"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}],
-             "reward_model": {"ground_truth": "4", "style": "rule"}},
-            {"question": "q?", "ground_truth": "x"}]
+    rows = [
+        {"prompt": "1+1=", "answer": 2},
+        {
+            "prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}],
+            "reward_model": {"ground_truth": "4", "style": "rule"},
+        },
+        {"question": "q?", "ground_truth": "x"},
+    ]
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     assert load_dataset(str(p)) == [Example("1+1=", "2"), Example("be brief\n2+2?", "4"), Example("q?", "x")]
     p2 = tmp_path / "k.jsonl"
@@ -121,12 +131,15 @@ def test_write_synthetic_round_trips(tmp_path):
     assert load_dataset(str(p)) == synthetic_examples(30, 2, task="sum")
 
 
-@pytest.mark.parametrize("content,match", [
-    ('{"prompt": "a", "answer": "b"}\n{"prompt": "c", "answer": \n', ":2:"),
-    ('{"prompt": "a"}\n', "'answer'"),
-    ('[1, 2]\n', "not an object"),
-    ("\n\n", "empty"),
-])
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        ('{"prompt": "a", "answer": "b"}\n{"prompt": "c", "answer": \n', ":2:"),
+        ('{"prompt": "a"}\n', "'answer'"),
+        ("[1, 2]\n", "not an object"),
+        ("\n\n", "empty"),
+    ],
+)
 def test_bad_files_give_coded_errors(tmp_path, content, match):
     p = tmp_path / "bad.jsonl"
     p.write_text(content)
@@ -162,10 +175,16 @@ def test_prompt_stream_covers_epochs_and_resumes_exactly():
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-_json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-                            lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(
-                                ["prompt", "answer", "question", "reward_model", "ground_truth", "x"]), c, max_size=4),
-                            max_leaves=8)
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda c: (
+        st.lists(c, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["prompt", "answer", "question", "reward_model", "ground_truth", "x"]), c, max_size=4
+        )
+    ),
+    max_leaves=8,
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -2,6 +2,7 @@
 on a GPU machine without pytest: the hybrid CPU optimizer lowers GPU memory by the cost model's
 figure (within 15%), bf16 tracks fp32 at world size 1, and ``profile`` reports the CUDA
 allocator's per-phase peaks on a 0.5B model. On CPU these skip; the CPU no-op is checked here too."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -41,8 +42,11 @@ def test_cpu_optimizer_is_a_stated_no_op_on_cpu(caplog):
         assert optimizer_offload_kwargs(s, cuda=False) == {}
     assert "no-op on CPU" in caplog.text and "cpu_optimizer" in caplog.text
     assert optimizer_offload_kwargs(s, cuda=True) == {
-        "optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.5, "overlap_cpu_optimizer_d2h_h2d": True,
-        "use_precision_aware_optimizer": True}
+        "optimizer_cpu_offload": True,
+        "optimizer_offload_fraction": 0.5,
+        "overlap_cpu_optimizer_d2h_h2d": True,
+        "use_precision_aware_optimizer": True,
+    }
     assert importlib.util.find_spec("trainer.engine") is not None
 
 

@@ -1,4 +1,5 @@
 """GRPO functions against hand-computed values, exact identities and a small learning run."""
+
 from __future__ import annotations
 
 import math
@@ -13,6 +14,7 @@ from trainer import grpo
 
 
 # ---- group advantages -------------------------------------------------------------------------
+
 
 def test_group_advantages_hand_computed():
     r = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0, 2, 2, 2, 2])
@@ -60,8 +62,9 @@ V = torch.tensor([[1.0, 2, 3], [4, 9, 9]])
 M = torch.tensor([[1.0, 1, 1], [1, 0, 0]])
 
 
-@pytest.mark.parametrize("mode,want", [("token-mean", 10 / 4), ("seq-mean-token-mean", (2 + 4) / 2),
-                                       ("seq-mean-token-sum", (6 + 4) / 2)])
+@pytest.mark.parametrize(
+    "mode,want", [("token-mean", 10 / 4), ("seq-mean-token-mean", (2 + 4) / 2), ("seq-mean-token-sum", (6 + 4) / 2)]
+)
 def test_agg_modes_hand_computed(mode, want):
     assert grpo.agg_loss(V, M, mode).item() == pytest.approx(want)
 
@@ -86,28 +89,33 @@ def test_agg_with_global_normalizers_sums_over_microbatches(mode):
     m = (torch.rand(6, 5, generator=g) > 0.4).float()
     m[:, 0] = 1  # every row live
     whole = grpo.agg_loss(v, m, mode)
-    parts = sum(grpo.agg_loss(v[i:i + 2], m[i:i + 2], mode, num_tokens=m.sum(), num_seqs=6) for i in (0, 2, 4))
+    parts = sum(grpo.agg_loss(v[i : i + 2], m[i : i + 2], mode, num_tokens=m.sum(), num_seqs=6) for i in (0, 2, 4))
     assert parts.item() == pytest.approx(whole.item(), rel=1e-6)
 
 
 # ---- PPO clip loss ----------------------------------------------------------------------------
 
+
 def _loss(ratio, adv, **kw):
     lp = torch.tensor([[math.log(ratio)]], requires_grad=True)
-    loss, m = grpo.policy_loss(lp, torch.zeros(1, 1), torch.tensor([adv]), torch.ones(1, 1),
-                               clip_ratio=kw.pop("clip_ratio", 0.2), **kw)
+    loss, m = grpo.policy_loss(
+        lp, torch.zeros(1, 1), torch.tensor([adv]), torch.ones(1, 1), clip_ratio=kw.pop("clip_ratio", 0.2), **kw
+    )
     loss.backward()
     return loss.item(), lp.grad.item(), m
 
 
-@pytest.mark.parametrize("ratio,adv,want_loss,want_grad,clipped", [
-    (1.5, 1.0, -1.2, 0.0, 1.0),    # A>0 above 1+eps: clipped, no gradient
-    (0.5, 1.0, -0.5, -0.5, 0.0),   # A>0 below 1-eps: unclipped (pessimistic bound), d/dlp = -A*ratio
-    (1.5, -1.0, 1.5, 1.5, 0.0),    # A<0 above 1+eps: unclipped
-    (0.5, -1.0, 0.8, 0.0, 1.0),    # A<0 below 1-eps: clipped
-    (1.1, 1.0, -1.1, -1.1, 0.0),   # inside the trust region
-    (1.2, 1.0, -1.2, -1.2, 0.0),   # exactly on the boundary: not counted as clipped
-])
+@pytest.mark.parametrize(
+    "ratio,adv,want_loss,want_grad,clipped",
+    [
+        (1.5, 1.0, -1.2, 0.0, 1.0),  # A>0 above 1+eps: clipped, no gradient
+        (0.5, 1.0, -0.5, -0.5, 0.0),  # A>0 below 1-eps: unclipped (pessimistic bound), d/dlp = -A*ratio
+        (1.5, -1.0, 1.5, 1.5, 0.0),  # A<0 above 1+eps: unclipped
+        (0.5, -1.0, 0.8, 0.0, 1.0),  # A<0 below 1-eps: clipped
+        (1.1, 1.0, -1.1, -1.1, 0.0),  # inside the trust region
+        (1.2, 1.0, -1.2, -1.2, 0.0),  # exactly on the boundary: not counted as clipped
+    ],
+)
 def test_clip_cases(ratio, adv, want_loss, want_grad, clipped):
     loss, grad, m = _loss(ratio, adv)
     assert loss == pytest.approx(want_loss, rel=1e-5)
@@ -144,8 +152,19 @@ def test_policy_loss_on_policy_equals_minus_mean_advantage():
 
 # ---- KL ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind,want", [("k1", 1.0), ("kl", 1.0), ("k2", 0.5), ("mse", 0.5), ("abs", 1.0),
-                                       ("k3", math.exp(-1)), ("low_var_kl", math.exp(-1))])
+
+@pytest.mark.parametrize(
+    "kind,want",
+    [
+        ("k1", 1.0),
+        ("kl", 1.0),
+        ("k2", 0.5),
+        ("mse", 0.5),
+        ("abs", 1.0),
+        ("k3", math.exp(-1)),
+        ("low_var_kl", math.exp(-1)),
+    ],
+)
 def test_kl_estimators_hand_computed(kind, want):
     # log r = ref - lp = -1: k1 = 1, k2 = 1/2, k3 = e^-1 - 1 + 1
     assert grpo.kl_penalty(torch.tensor([-1.0]), torch.tensor([-2.0]), kind).item() == pytest.approx(want, rel=1e-6)
@@ -181,6 +200,7 @@ def test_unknown_kl_type_is_coded():
 
 # ---- entropy and log-probs --------------------------------------------------------------------
 
+
 def test_entropy_and_logprobs():
     assert grpo.entropy_from_logits(torch.zeros(2, 128)).tolist() == pytest.approx([math.log(128)] * 2)
     peaked = torch.tensor([[100.0, 0, 0, 0]])
@@ -192,6 +212,7 @@ def test_entropy_and_logprobs():
 
 
 # ---- the combined actor loss ------------------------------------------------------------------
+
 
 def test_actor_loss_combines_terms():
     g = torch.Generator().manual_seed(1)
@@ -223,6 +244,7 @@ def test_loss_config_from_trainer_options():
 
 # ---- the pieces together: GRPO on the synthetic task with a plain-torch model ------------------
 
+
 class _TinyGPT(torch.nn.Module):
     """A 2-layer, width-32 causal transformer: just enough to learn the copy task on a CPU."""
 
@@ -230,8 +252,10 @@ class _TinyGPT(torch.nn.Module):
         super().__init__()
         nn = torch.nn
         self.emb, self.pos = nn.Embedding(vocab, d), nn.Embedding(max_len, d)
-        self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(d, heads, 2 * d, dropout=0.0, batch_first=True,
-                                                               norm_first=True) for _ in range(layers))
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(d, heads, 2 * d, dropout=0.0, batch_first=True, norm_first=True)
+            for _ in range(layers)
+        )
         self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
         for p in self.parameters():
             if p.dim() > 1:
@@ -276,13 +300,20 @@ def test_grpo_raises_reward_on_the_copy_task():
         for _ in range(100):
             exs = [e for e in stream.next_batch() for _ in range(8)]
             prompts = [tok.encode_prompt(e.prompt) for e in exs]
-            resp = sample(next_logits, prompts, SamplingParams(max_tokens=4), pad_id=tok.pad_id, eos_id=tok.eos_id,
-                          generator=gen)
+            resp = sample(
+                next_logits, prompts, SamplingParams(max_tokens=4), pad_id=tok.pad_id, eos_id=tok.eos_id, generator=gen
+            )
             r = torch.tensor([math_reward(tok.decode(x), e.answer) for x, e in zip(resp, exs)])
             b = pack(prompts, resp, pad_id=tok.pad_id)
             lp = grpo.logprobs_from_logits(model(b["tokens"])[:, :-1], b["tokens"][:, 1:])
-            loss, _ = grpo.actor_loss(lp, None, old_logprobs=lp.detach(), advantages=grpo.group_advantages(r, 8),
-                                      mask=b["response_mask"], cfg=cfg)
+            loss, _ = grpo.actor_loss(
+                lp,
+                None,
+                old_logprobs=lp.detach(),
+                advantages=grpo.group_advantages(r, 8),
+                mask=b["response_mask"],
+                cfg=cfg,
+            )
             opt.zero_grad()
             loss.backward()
             opt.step()

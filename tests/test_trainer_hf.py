@@ -6,6 +6,7 @@ The reference forward follows the transformers modeling code of these families (
 rotate-half RoPE, GQA by repeating KV heads, SwiGLU, Qwen3 qk-norm before RoPE, Qwen3-MoE
 softmax router with top-k renormalization).
 """
+
 import json
 import math
 from pathlib import Path
@@ -22,17 +23,36 @@ FAMILIES = {
     "llama": ("LlamaForCausalLM", {"tie_word_embeddings": False}),
     "qwen2": ("Qwen2ForCausalLM", {"tie_word_embeddings": True}),
     "qwen3": ("Qwen3ForCausalLM", {"tie_word_embeddings": False}),
-    "qwen3_moe": ("Qwen3MoeForCausalLM", {"tie_word_embeddings": False, "num_experts": 4, "num_experts_per_tok": 2,
-                                          "moe_intermediate_size": 32, "norm_topk_prob": True}),
+    "qwen3_moe": (
+        "Qwen3MoeForCausalLM",
+        {
+            "tie_word_embeddings": False,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+        },
+    ),
 }
 
 
 def hf_config(family: str) -> dict:
     arch, extra = FAMILIES[family]
-    cfg = {"architectures": [arch], "model_type": family, "hidden_size": 64, "intermediate_size": 96,
-           "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-           "vocab_size": 96, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 128,
-           "hidden_act": "silu"}
+    cfg = {
+        "architectures": [arch],
+        "model_type": family,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 96,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 128,
+        "hidden_act": "silu",
+    }
     cfg.update(extra)
     return cfg
 
@@ -68,9 +88,17 @@ def hf_tensors(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:
             t[p + "mlp.gate.weight"] = r(cfg["num_experts"], h) * 10
             for e in range(cfg["num_experts"]):
                 q = p + f"mlp.experts.{e}."
-                t[q + "gate_proj.weight"], t[q + "up_proj.weight"], t[q + "down_proj.weight"] = r(fe, h), r(fe, h), r(h, fe)
+                t[q + "gate_proj.weight"], t[q + "up_proj.weight"], t[q + "down_proj.weight"] = (
+                    r(fe, h),
+                    r(fe, h),
+                    r(h, fe),
+                )
         else:
-            t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"], t[p + "mlp.down_proj.weight"] = r(f, h), r(f, h), r(h, f)
+            t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"], t[p + "mlp.down_proj.weight"] = (
+                r(f, h),
+                r(f, h),
+                r(h, f),
+            )
     return t
 
 
@@ -89,6 +117,7 @@ def write_checkpoint(path: Path, family: str) -> Path:
 
 
 # --- an independent forward of the HF weights -------------------------------------------------
+
 
 def _rms(x, w, eps):
     x32 = x.double()
@@ -128,7 +157,10 @@ def reference_logits(t: dict, cfg: dict, ids: torch.Tensor) -> torch.Tensor:
         o = torch.einsum("bhqk,bkhd->bqhd", att.softmax(-1), v).reshape(B, S, nh * hd)
         x = x + o @ t[p + "self_attn.o_proj.weight"].T
         h = _rms(x, t[p + "post_attention_layernorm.weight"], eps)
-        swiglu = lambda q: (torch.nn.functional.silu(h @ t[q + "gate_proj.weight"].T) * (h @ t[q + "up_proj.weight"].T)) @ t[q + "down_proj.weight"].T
+        swiglu = lambda q: (
+            (torch.nn.functional.silu(h @ t[q + "gate_proj.weight"].T) * (h @ t[q + "up_proj.weight"].T))
+            @ t[q + "down_proj.weight"].T
+        )
         if cfg["model_type"] == "qwen3_moe":
             probs = (h @ t[p + "mlp.gate.weight"].T).softmax(-1)
             w, idx = probs.topk(cfg["num_experts_per_tok"], -1)
@@ -146,6 +178,7 @@ def reference_logits(t: dict, cfg: dict, ids: torch.Tensor) -> torch.Tensor:
 
 
 # --- worker ----------------------------------------------------------------------------------
+
 
 def task_hf(spec: dict) -> dict:
     """Import ``spec["ckpt"]`` under each layout: log-probs and last-position logits of fixed
@@ -165,8 +198,14 @@ def task_hf(spec: dict) -> dict:
         ckpt = lay.get("ckpt", spec["ckpt"])
         m = hf.load_spec(ckpt)
         s = validate(m, Strategy.from_dict(lay["strategy"]), world)
-        cfg = RunConfig(model=m, hardware=load_hardware("cpu"), cluster=Cluster(gpus=world), strategy=s,
-                        workload=Workload(dtype="fp32"), trainer=TrainerOptions(hf_checkpoint=ckpt))
+        cfg = RunConfig(
+            model=m,
+            hardware=load_hardware("cpu"),
+            cluster=Cluster(gpus=world),
+            strategy=s,
+            workload=Workload(dtype="fp32"),
+            trainer=TrainerOptions(hf_checkpoint=ckpt),
+        )
         parallel.reinit(s)
         eng = Engine(cfg, trainable=lay.get("trainable", False))
         ids = torch.tensor(spec["ids"])
@@ -209,23 +248,30 @@ def test_reference_forward_is_not_trivial(tmp_path):
     assert not torch.allclose(reference_logits(t2, cfg, torch.tensor(IDS))[:, -1], last, atol=1e-6)
 
 
-@pytest.mark.parametrize("family,layouts", [
-    ("llama", [{"tp": 2}, {"pp": 2}]),
-    ("qwen2", [{"pp": 2}, {"tp": 2}]),  # tied embeddings: the last stage holds a copy
-    ("qwen3", [{"tp": 2}, {"pp": 2, "vpp": 2}]),
-    ("qwen3_moe", [{"ep": 2}, {"tp": 2, "ep": 2, "etp": 1}]),
-])
+@pytest.mark.parametrize(
+    "family,layouts",
+    [
+        ("llama", [{"tp": 2}, {"pp": 2}]),
+        ("qwen2", [{"pp": 2}, {"tp": 2}]),  # tied embeddings: the last stage holds a copy
+        ("qwen3", [{"tp": 2}, {"pp": 2, "vpp": 2}]),
+        ("qwen3_moe", [{"ep": 2}, {"tp": 2, "ep": 2, "etp": 1}]),
+    ],
+)
 def test_import_matches_reference_and_export_round_trips(tmp_path, family, layouts):
     from safetensors.torch import load_file
 
     ck = write_checkpoint(tmp_path / family, family)
     exported = tmp_path / "exported"
     lp_ref, last_ref, tensors = _ref(ck)
-    spec = {"ckpt": str(ck), "ids": IDS, "layouts": [
-        {"strategy": layouts[0], "export": str(exported)},
-        # the exported checkpoint, read back under another layout
-        {"strategy": layouts[1], "ckpt": str(exported)},
-    ]}
+    spec = {
+        "ckpt": str(ck),
+        "ids": IDS,
+        "layouts": [
+            {"strategy": layouts[0], "export": str(exported)},
+            # the exported checkpoint, read back under another layout
+            {"strategy": layouts[1], "ckpt": str(exported)},
+        ],
+    }
     res = torchrun_json("test_trainer_hf:task_hf", nproc=2, spec=spec, timeout=240)["results"]
     a, b = res
     # 1) import under the first layout matches the independent HF forward (fp32 vs fp64)
@@ -233,7 +279,11 @@ def test_import_matches_reference_and_export_round_trips(tmp_path, family, layou
     assert torch.allclose(torch.tensor(a["last_logits"]), last_ref.float(), atol=2e-5), family
     # 2) export wrote the same tensors under the same names (fp32: bit-exact)
     back = load_file(str(exported / "model.safetensors"))
-    expect = {k: v for k, v in tensors.items() if not (k == "lm_head.weight" and json.loads((ck / "config.json").read_text())["tie_word_embeddings"])}
+    expect = {
+        k: v
+        for k, v in tensors.items()
+        if not (k == "lm_head.weight" and json.loads((ck / "config.json").read_text())["tie_word_embeddings"])
+    }
     assert set(back) == set(expect), set(back) ^ set(expect)
     for k, v in expect.items():
         assert torch.equal(back[k], v), k
@@ -245,6 +295,7 @@ def test_import_matches_reference_and_export_round_trips(tmp_path, family, layou
 
 
 # --- layout algebra (no processes) ------------------------------------------------------------
+
 
 def test_every_preset_maps_onto_exactly_its_hf_parameters():
     """For each supported preset, the HF tensors the importer expects hold exactly the cost
@@ -275,7 +326,9 @@ def test_shards_tile_the_full_tensor(tp):
 
     for name in ("qwen2.5-0.5b", "tiny-moe", "tiny-mla-moe"):
         m = load_model(name)
-        m = type(m)(**{**m.to_dict(), "layers": 2 if m.dense_layers else 1, "vocab": 1001})  # small, and a vocab TP must pad
+        m = type(m)(
+            **{**m.to_dict(), "layers": 2 if m.dense_layers else 1, "vocab": 1001}
+        )  # small, and a vocab TP must pad
         g = torch.Generator().manual_seed(tp)
         for key in hf.param_keys(m, tp):
             hf_parts = [torch.randn(t.shape, generator=g) for t in hf.from_full(key, m, torch.empty(key.shape))]

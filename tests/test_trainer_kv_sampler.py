@@ -2,6 +2,7 @@
 layout) gives the uncached sampler's tokens: greedy, and sampled draw for draw, under DP2,
 TP2 (sequence parallel switched off while decoding), PP2, and the MLA-MoE model under TP2 and EP2
 (real torchrun, CPU). The speed-up is measured by benchmarks/bench_sampler.py, not here."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,9 +11,13 @@ from trainer_harness import torchrun_json
 
 pytestmark = pytest.mark.slow
 
-TWO = [{"model": "tiny", "strategy": {}}, {"model": "tiny", "strategy": {"tp": 2}},
-       {"model": "tiny", "strategy": {"pp": 2}},
-       {"model": "tiny-mla-moe", "strategy": {"tp": 2}}, {"model": "tiny-mla-moe", "strategy": {"ep": 2}}]
+TWO = [
+    {"model": "tiny", "strategy": {}},
+    {"model": "tiny", "strategy": {"tp": 2}},
+    {"model": "tiny", "strategy": {"pp": 2}},
+    {"model": "tiny-mla-moe", "strategy": {"tp": 2}},
+    {"model": "tiny-mla-moe", "strategy": {"ep": 2}},
+]
 
 
 def task_kv(spec: dict) -> dict:

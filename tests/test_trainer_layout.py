@@ -13,8 +13,13 @@ from trainer.layout import Layout
 def test_launcher_layout_carries_placement_and_degrees():
     m = load_model("tiny")
     s = validate(m, Strategy(tp=2, pp=2), 8)
-    cfg = RunConfig(model=m, hardware=load_hardware("cpu"), cluster=Cluster(gpus=8, gpus_per_node=4), strategy=s,
-                    workload=Workload(prompts=8, n=2, mini_batch=4, prompt_len=8, response_len=8))
+    cfg = RunConfig(
+        model=m,
+        hardware=load_hardware("cpu"),
+        cluster=Cluster(gpus=8, gpus_per_node=4),
+        strategy=s,
+        workload=Workload(prompts=8, n=2, mini_batch=4, prompt_len=8, response_len=8),
+    )
     lay = layout(cfg)
     assert (lay.world_size, lay.nnodes, lay.nproc_per_node) == (8, 2, 4)
     assert (lay.tp, lay.pp, lay.dp, lay.rank) == (2, 2, 2, 0)

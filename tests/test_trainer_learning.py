@@ -6,6 +6,7 @@ A real `grpo-tune train` run (torchrun, one CPU process, megatron-core model, na
 learns to answer with one digit, then which one); each step takes about 0.25 s. The test asserts
 the last 20 steps' mean reward exceeds the first 20's by at least 0.05 and by a factor of 2.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,15 +28,30 @@ MIN_GAIN, MIN_RATIO = 0.05, 2.0
 @pytest.mark.slow
 def test_mean_reward_rises_on_the_synthetic_task(tmp_path):
     out = tmp_path / "run"
-    cfg = RunConfig(model=load_model("tiny"), hardware=load_hardware("cpu"), cluster=Cluster(gpus=1, gpus_per_node=1),
-                    strategy=Strategy(mbs=32, recompute="none"),
-                    workload=Workload(prompts=16, n=8, prompt_len=8, response_len=4, mini_batch=16, kl=False,
-                                      dtype="fp32"),
-                    trainer=TrainerOptions(steps=STEPS, lr=3e-3, dataset="synthetic", reward="math", out_dir=str(out),
-                                           checkpoint_every=STEPS, rollout_engine="megatron"))
+    cfg = RunConfig(
+        model=load_model("tiny"),
+        hardware=load_hardware("cpu"),
+        cluster=Cluster(gpus=1, gpus_per_node=1),
+        strategy=Strategy(mbs=32, recompute="none"),
+        workload=Workload(prompts=16, n=8, prompt_len=8, response_len=4, mini_batch=16, kl=False, dtype="fp32"),
+        trainer=TrainerOptions(
+            steps=STEPS,
+            lr=3e-3,
+            dataset="synthetic",
+            reward="math",
+            out_dir=str(out),
+            checkpoint_every=STEPS,
+            rollout_engine="megatron",
+        ),
+    )
     save(cfg, tmp_path / "learn.yaml")
-    r = subprocess.run([sys.executable, "-c", "from cli.main import run; run()", "train", "--config",
-                        str(tmp_path / "learn.yaml")], cwd=ROOT, capture_output=True, text=True, timeout=420)
+    r = subprocess.run(
+        [sys.executable, "-c", "from cli.main import run; run()", "train", "--config", str(tmp_path / "learn.yaml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in rows] == list(range(1, STEPS + 1))

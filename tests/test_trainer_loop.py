@@ -4,6 +4,7 @@ The fake is a bigram language model (logits = table[previous token]) that implem
 interface the loop uses: ``logprobs``, ``train_step``, ``next_token_logits``, ``state_dict``.
 The real Engine runs in tests/test_trainer_learning.py and tests/test_trainer_checkpoint.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,7 +45,7 @@ class BigramEngine:
         n = B // micro_batch_size
         sums: dict = {}
         for i in range(0, B, micro_batch_size):
-            mb = {k: v[i:i + micro_batch_size] for k, v in batch.items()}
+            mb = {k: v[i : i + micro_batch_size] for k, v in batch.items()}
             mb["_scale_ctx"] = {"micro_batches": n, "rows": micro_batch_size}
             z = torch.log_softmax(self._logits(mb["tokens"]), -1)
             lp = z.gather(-1, mb["tokens"][:, 1:, None]).squeeze(-1)
@@ -89,13 +90,31 @@ def reward_token7(item, resp):
 
 
 def make_loop(tmp_path=None, *, steps_seed=0, checkpoint_every=0, kl=True):
-    cfg = LoopConfig(prompts=4, n=8, mini_batch=2, ppo_epochs=2, mbs=4, max_response_len=3, seed=steps_seed,
-                     loss=LossConfig(kl_coef=0.01 if kl else 0.0, use_kl=kl))
+    cfg = LoopConfig(
+        prompts=4,
+        n=8,
+        mini_batch=2,
+        ppo_epochs=2,
+        mbs=4,
+        max_response_len=3,
+        seed=steps_seed,
+        loss=LossConfig(kl_coef=0.01 if kl else 0.0, use_kl=kl),
+    )
     actor = BigramEngine(0)
     ref = BigramEngine(0) if kl else None
     data = [Item(prompt_ids=[BOS, 3 + i % 5]) for i in range(10)]
-    return GRPOLoop(cfg, actor=actor, ref=ref, rollout=FakeRollout(actor), dataset=data, reward_fn=reward_token7,
-                    pad_id=PAD, eos_id=EOS, out_dir=tmp_path, checkpoint_every=checkpoint_every)
+    return GRPOLoop(
+        cfg,
+        actor=actor,
+        ref=ref,
+        rollout=FakeRollout(actor),
+        dataset=data,
+        reward_fn=reward_token7,
+        pad_id=PAD,
+        eos_id=EOS,
+        out_dir=tmp_path,
+        checkpoint_every=checkpoint_every,
+    )
 
 
 def test_build_batch_masks_exactly_the_response_predictions():
@@ -145,9 +164,14 @@ def test_loss_does_not_depend_on_the_micro_batch_split(mode):
     lens = [1, 2, 3, 4, 5, 6, 2, 3]  # ragged responses: micro-batch token counts differ
     mask = torch.zeros(8, 6)
     for i, n in enumerate(lens):
-        mask[i, 6 - n:] = 1
-    batch = {"tokens": tokens, "mask": mask, "old_logprobs": torch.full((8, 6), -2.7),
-             "advantages": torch.randn(8, generator=g), "ref_logprobs": torch.full((8, 6), -2.8)}
+        mask[i, 6 - n :] = 1
+    batch = {
+        "tokens": tokens,
+        "mask": mask,
+        "old_logprobs": torch.full((8, 6), -2.7),
+        "advantages": torch.randn(8, generator=g),
+        "ref_logprobs": torch.full((8, 6), -2.8),
+    }
     results = []
     for mbs in (1, 2, 8):
         loop = make_loop()

@@ -1,5 +1,6 @@
 """Offload between phases. GPU: memory really leaves the device and the next step is unchanged.
 CPU: a no-op that says so. Run the GPU part with `pytest -m gpu tests/test_trainer_loop_offload.py`."""
+
 from __future__ import annotations
 
 import gc
@@ -14,10 +15,14 @@ from core.strategy import Cluster, Strategy, Workload
 
 
 def _cfg(offload=("param", "grad", "optimizer"), dtype="bf16"):
-    return RunConfig(model=load_model("tiny"), hardware=load_hardware("h100" if torch.cuda.is_available() else "cpu"),
-                     cluster=Cluster(gpus=1, gpus_per_node=1), strategy=Strategy(offload=tuple(offload), mbs=4),
-                     workload=Workload(prompts=2, n=4, prompt_len=8, response_len=4, mini_batch=2, dtype=dtype),
-                     trainer=TrainerOptions(lr=1e-3))
+    return RunConfig(
+        model=load_model("tiny"),
+        hardware=load_hardware("h100" if torch.cuda.is_available() else "cpu"),
+        cluster=Cluster(gpus=1, gpus_per_node=1),
+        strategy=Strategy(offload=tuple(offload), mbs=4),
+        workload=Workload(prompts=2, n=4, prompt_len=8, response_len=4, mini_batch=2, dtype=dtype),
+        trainer=TrainerOptions(lr=1e-3),
+    )
 
 
 class _Fake:

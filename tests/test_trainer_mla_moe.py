@@ -5,6 +5,7 @@ each rank's parameter count equal to ``costmodel.params.per_stage_params``.
 
 The router's expert bias counts as a parameter on both sides (megatron keeps it as a buffer; it
 is a tensor of the HF checkpoint, which the cost model counts)."""
+
 import math
 
 import pytest
@@ -18,13 +19,17 @@ pytestmark = pytest.mark.slow
 
 STEPS, TOL = 3, 1e-5
 MODEL = "tiny-mla-moe"
-TWO = [{"model": MODEL, "strategy": {"tp": 2}}, {"model": MODEL, "strategy": {"pp": 2}},
-       {"model": MODEL, "strategy": {"ep": 2}}]
+TWO = [
+    {"model": MODEL, "strategy": {"tp": 2}},
+    {"model": MODEL, "strategy": {"pp": 2}},
+    {"model": MODEL, "strategy": {"ep": 2}},
+]
 
 
 def _run(nproc, layouts):
-    return torchrun_json("layouts", nproc=nproc, spec={"layouts": layouts, "steps": STEPS, "generate": 6},
-                         timeout=400)["results"]
+    return torchrun_json("layouts", nproc=nproc, spec={"layouts": layouts, "steps": STEPS, "generate": 6}, timeout=400)[
+        "results"
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +75,14 @@ def task_roundtrip(spec: dict) -> dict:
     m = load_model(MODEL)
     for lay in spec["layouts"]:
         s = validate(m, Strategy.from_dict(lay["strategy"]), world)
-        cfg = RunConfig(model=m, hardware=load_hardware("cpu"), cluster=Cluster(gpus=world), strategy=s,
-                        workload=Workload(dtype="fp32"), trainer=TrainerOptions(hf_checkpoint=lay.get("ckpt"), seed=7))
+        cfg = RunConfig(
+            model=m,
+            hardware=load_hardware("cpu"),
+            cluster=Cluster(gpus=world),
+            strategy=s,
+            workload=Workload(dtype="fp32"),
+            trainer=TrainerOptions(hf_checkpoint=lay.get("ckpt"), seed=7),
+        )
         parallel.reinit(s)
         eng = Engine(cfg, trainable=False)
         lp, _ = eng.logprobs(ids, micro_batch_size=1)
@@ -92,10 +103,18 @@ def test_deepseek_hf_export_import_round_trips(tmp_path):
     from trainer.hf import hf_shapes
 
     a, b = tmp_path / "a", tmp_path / "b"
-    r = torchrun_json("test_trainer_mla_moe:task_roundtrip", nproc=2, spec={"layouts": [
-        {"strategy": {"tp": 2}, "export": str(a)},
-        {"strategy": {"pp": 2}, "ckpt": str(a)},
-        {"strategy": {"ep": 2}, "ckpt": str(a), "export": str(b)}]}, timeout=400)["logprobs"]
+    r = torchrun_json(
+        "test_trainer_mla_moe:task_roundtrip",
+        nproc=2,
+        spec={
+            "layouts": [
+                {"strategy": {"tp": 2}, "export": str(a)},
+                {"strategy": {"pp": 2}, "ckpt": str(a)},
+                {"strategy": {"ep": 2}, "ckpt": str(a), "export": str(b)},
+            ]
+        },
+        timeout=400,
+    )["logprobs"]
     assert torch.allclose(torch.tensor(r[1]), torch.tensor(r[0]), atol=1e-5)
     assert torch.allclose(torch.tensor(r[2]), torch.tensor(r[0]), atol=1e-5)
     ta, tb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))

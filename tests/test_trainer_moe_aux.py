@@ -10,6 +10,7 @@
 Load evenness: the coefficient of variation (std / mean) of the tokens each expert receives,
 averaged over the MoE layers, counted from the router's routing map on a forward pass.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,7 @@ def task_balance(spec: dict) -> dict:
     parallel.init_distributed()
     out = {}
     for coeff in spec["coeffs"]:
-        cfg = run_config("tiny-moe", {}, dist.get_world_size(), overrides=MOE8, lr=spec["lr"],
-                         moe_aux_loss_coeff=coeff)
+        cfg = run_config("tiny-moe", {}, dist.get_world_size(), overrides=MOE8, lr=spec["lr"], moe_aux_loss_coeff=coeff)
         parallel.reinit(cfg.strategy, seed=cfg.trainer.seed)
         eng = Engine(cfg)
         loads: dict = {}
@@ -72,8 +72,12 @@ def task_balance(spec: dict) -> dict:
 
 
 def test_aux_loss_evens_out_expert_load():
-    r = torchrun_json("test_trainer_moe_aux:task_balance", nproc=1,
-                      spec={"coeffs": [0.0, 0.5], "steps": 30, "lr": 1e-2, "ids": 6, "lm_weight": 0.1}, timeout=300)
+    r = torchrun_json(
+        "test_trainer_moe_aux:task_balance",
+        nproc=1,
+        spec={"coeffs": [0.0, 0.5], "steps": 30, "lr": 1e-2, "ids": 6, "lm_weight": 0.1},
+        timeout=300,
+    )
     print(json.dumps(r))
     off, on = r["0.0"], r["0.5"]
     assert on["before"] == pytest.approx(off["before"])  # same start
@@ -90,20 +94,37 @@ def test_tiny_moe_with_aux_loss_learns(tmp_path):
 
     steps, window = 60, 15
     out = tmp_path / "run"
-    cfg = RunConfig(model=load_model("tiny-moe"), hardware=load_hardware("cpu"),
-                    cluster=Cluster(gpus=1, gpus_per_node=1), strategy=Strategy(mbs=32, recompute="none"),
-                    workload=Workload(prompts=16, n=8, prompt_len=8, response_len=4, mini_batch=16, kl=False,
-                                      dtype="fp32"),
-                    trainer=TrainerOptions(steps=steps, lr=3e-3, dataset="synthetic", reward="math", out_dir=str(out),
-                                           checkpoint_every=steps, rollout_engine="megatron",
-                                           moe_aux_loss_coeff=0.01))
+    cfg = RunConfig(
+        model=load_model("tiny-moe"),
+        hardware=load_hardware("cpu"),
+        cluster=Cluster(gpus=1, gpus_per_node=1),
+        strategy=Strategy(mbs=32, recompute="none"),
+        workload=Workload(prompts=16, n=8, prompt_len=8, response_len=4, mini_batch=16, kl=False, dtype="fp32"),
+        trainer=TrainerOptions(
+            steps=steps,
+            lr=3e-3,
+            dataset="synthetic",
+            reward="math",
+            out_dir=str(out),
+            checkpoint_every=steps,
+            rollout_engine="megatron",
+            moe_aux_loss_coeff=0.01,
+        ),
+    )
     save(cfg, tmp_path / "learn.yaml")
-    r = subprocess.run([sys.executable, "-c", "from cli.main import run; run()", "train", "--config",
-                        str(tmp_path / "learn.yaml")], cwd=ROOT, capture_output=True, text=True, timeout=420)
+    r = subprocess.run(
+        [sys.executable, "-c", "from cli.main import run; run()", "train", "--config", str(tmp_path / "learn.yaml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     before = sum(x["reward_mean"] for x in rows[:window]) / window
     after = sum(x["reward_mean"] for x in rows[-window:]) / window
-    print(f"tiny-moe + aux loss: mean reward steps 1-{window} {before:.3f} -> "
-          f"steps {steps - window + 1}-{steps} {after:.3f}")
+    print(
+        f"tiny-moe + aux loss: mean reward steps 1-{window} {before:.3f} -> "
+        f"steps {steps - window + 1}-{steps} {after:.3f}"
+    )
     assert after >= before + 0.05 and after >= 2 * before, (before, after)

@@ -3,6 +3,7 @@
 Each rank reports the numel of the parameters it holds (all its virtual-pipeline chunks);
 costmodel.params.per_stage_params gives the per-rank count of each pipeline stage.
 """
+
 import dataclasses
 
 import pytest
@@ -23,8 +24,13 @@ def _check(nproc, layouts):
         s = validate(m, Strategy.from_dict(r["strategy"]), nproc)
         stages = per_stage_params(m, s)
         for count, coord in zip(r["param_counts"], r["coords"]):
-            assert count == stages[coord["pp_rank"]].total, (r["model"], r["strategy"], coord, count,
-                                                              [p.total for p in stages])
+            assert count == stages[coord["pp_rank"]].total, (
+                r["model"],
+                r["strategy"],
+                coord,
+                count,
+                [p.total for p in stages],
+            )
         if s.pp == 1 and s.tp == 1 and s.ep == 1:
             assert r["param_counts"][0] == total_params(m)
 

@@ -4,6 +4,7 @@ Weights start from a layout-free init (each full tensor drawn from its own seed,
 so the single-process run is the reference. Tolerance: 1e-5 absolute on losses of ~4.9 in fp32
 (issue 5's bar); measured differences are ~1e-7 (reduction order only).
 """
+
 import math
 import subprocess
 import sys
@@ -19,8 +20,11 @@ TOL = 1e-5
 
 # tiny with tied embeddings (a copy on the last stage under PP), Qwen2 QKV bias and Qwen3 qk-norm
 VARIANT = {"tied_embeddings": True, "qkv_bias": True, "qk_norm": True}
-BASE = [{"model": "tiny", "strategy": {}}, {"model": "tiny-moe", "strategy": {}},
-        {"model": "tiny", "overrides": VARIANT, "strategy": {}}]
+BASE = [
+    {"model": "tiny", "strategy": {}},
+    {"model": "tiny-moe", "strategy": {}},
+    {"model": "tiny", "overrides": VARIANT, "strategy": {}},
+]
 TWO = [
     {"model": "tiny", "strategy": {"tp": 2}},
     {"model": "tiny", "strategy": {"pp": 2}},
@@ -45,8 +49,9 @@ FOUR = [
 
 def run_layouts(nproc, layouts):
     """One torchrun launch per process count, shared with test_trainer_params (same spec)."""
-    return torchrun_json("layouts", nproc=nproc, spec={"layouts": layouts, "steps": STEPS, "generate": 6},
-                         timeout=300)["results"]
+    return torchrun_json("layouts", nproc=nproc, spec={"layouts": layouts, "steps": STEPS, "generate": 6}, timeout=300)[
+        "results"
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +104,9 @@ def test_bf16_on_gpu_tracks_fp32():
         pytest.skip("needs CUDA")
     layouts = [{"model": "tiny", "strategy": {}}]
     fp32 = torchrun_json("layouts", nproc=1, spec={"layouts": layouts, "steps": STEPS}, timeout=240)["results"][0]
-    bf16 = torchrun_json("layouts", nproc=1, spec={"layouts": layouts, "steps": STEPS, "dtype": "bf16"},
-                         timeout=240)["results"][0]
+    bf16 = torchrun_json("layouts", nproc=1, spec={"layouts": layouts, "steps": STEPS, "dtype": "bf16"}, timeout=240)[
+        "results"
+    ][0]
     assert bf16["dtype"] == "torch.bfloat16" and fp32["dtype"] == "torch.float32"
     for a, b in zip(fp32["losses"], bf16["losses"]):
         assert abs(a - b) < 0.05, (fp32["losses"], bf16["losses"])

@@ -8,6 +8,7 @@ presets on the ``cpu`` profile), and CP plans of a long-context workload. For th
 plans of each preset the megatron-core ``TransformerConfig`` the workers build must construct (its ``__post_init__`` holds megatron's own refusals), so a plan that passes the
 pre-start check is not refused later by megatron's config checks. No process is started.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -52,8 +53,9 @@ def _plans(m, hw, w, pins=None):
             for b in space.batch_options(lay):  # fixed mbs and token budgets (dynamic batching)
                 for d in space.dist_opt_options():
                     for c in space.cpu_options():  # Megatron's CPU optimizer on/off
-                        opt = dict(**b, recompute=space.recompute_options()[0], distributed_optimizer=d,
-                                   **_extra(((), c)))
+                        opt = dict(
+                            **b, recompute=space.recompute_options()[0], distributed_optimizer=d, **_extra(((), c))
+                        )
                         plans.append(validate(m, space.strategy(lay, opt, roll), gpus))
         return cluster, plans
     pytest.fail(f"no GPU count in {GPU_STEPS} gives {m.name} a feasible plan")
@@ -78,8 +80,9 @@ def _check(m, hw, cluster, w, plans, *, build_config: bool = True) -> tuple[int,
             else:
                 accepted += 1
             continue
-        cfg = RunConfig(model=m, hardware=hw, cluster=cluster, strategy=s, workload=w,
-                        trainer=TrainerOptions(rollout_engine="auto"))
+        cfg = RunConfig(
+            model=m, hardware=hw, cluster=cluster, strategy=s, workload=w, trainer=TrainerOptions(rollout_engine="auto")
+        )
         shared = check_supported(m, s, hw, workload=w)
         try:
             preflight(cfg, need_torch=False)
@@ -105,8 +108,11 @@ def test_every_emitted_plan_is_accepted_or_refused_with_a_shared_code(preset):
     pytest.importorskip("megatron.core")
     m = load_model(preset)
     hw = load_hardware("cpu" if preset.startswith("tiny") else "h100")
-    w = Workload(prompts=32, n=4, prompt_len=96, response_len=96, mini_batch=16) if preset.startswith("tiny") \
+    w = (
+        Workload(prompts=32, n=4, prompt_len=96, response_len=96, mini_batch=16)
+        if preset.startswith("tiny")
         else Workload()
+    )
     cluster, plans = _plans(m, hw, w)
     accepted, codes = _check(m, hw, cluster, w, plans)
     assert plans and accepted + 0 >= 0
@@ -133,10 +139,14 @@ def test_shared_check_is_what_the_refusals_say():
     m = load_model("tiny-mla-moe")
     assert check_supported(m, Strategy()) == []
     assert [e.code for e in check_supported(m, Strategy(cp=2))] == ["TRAINER_UNSUPPORTED"]
-    assert [e.code for e in check_supported(m, Strategy(tp=2, ep=2, sequence_parallel=False))] == ["TRAINER_UNSUPPORTED"]
+    assert [e.code for e in check_supported(m, Strategy(tp=2, ep=2, sequence_parallel=False))] == [
+        "TRAINER_UNSUPPORTED"
+    ]
     assert [e.code for e in check_supported(m, Strategy(cpu_optimizer=0.5, distributed_optimizer=False))] == [
-        "TRAINER_UNSUPPORTED"]
+        "TRAINER_UNSUPPORTED"
+    ]
     w = Workload(prompt_len=100, response_len=100)
     assert [e.code for e in check_supported(m, Strategy(max_tokens_per_gpu=150, dp=1), workload=w)] == [
-        "BATCH_DIVISIBILITY"]
+        "BATCH_DIVISIBILITY"
+    ]
     assert check_supported(m, Strategy(max_tokens_per_gpu=200, dp=1), workload=w) == []

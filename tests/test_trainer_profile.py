@@ -7,6 +7,7 @@ oom: one process under a 3 GiB address-space limit (RLIMIT_AS; torch's import al
 building qwen2.5-0.5b in fp32 (2 GiB of weights, then grads and Adam state) -> the allocator fails
 -> status "oom", exit 3.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,19 +27,43 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _cfg(path: Path, *, model="tiny", gpus=2, strategy=None, trainer=None, workload=None) -> Path:
-    cfg = RunConfig(model=load_model(model), hardware=load_hardware("cpu"), cluster=Cluster(gpus=gpus, gpus_per_node=gpus),
-                    strategy=Strategy(**(strategy or {"tp": 2, "mbs": 4})),
-                    workload=Workload(**({"prompts": 2, "n": 4, "prompt_len": 12, "response_len": 6, "mini_batch": 2,
-                                          "dtype": "fp32"} | (workload or {}))),
-                    trainer=TrainerOptions(**({"rollout_engine": "megatron", "lr": 1e-4} | (trainer or {}))))
+    cfg = RunConfig(
+        model=load_model(model),
+        hardware=load_hardware("cpu"),
+        cluster=Cluster(gpus=gpus, gpus_per_node=gpus),
+        strategy=Strategy(**(strategy or {"tp": 2, "mbs": 4})),
+        workload=Workload(
+            **(
+                {"prompts": 2, "n": 4, "prompt_len": 12, "response_len": 6, "mini_batch": 2, "dtype": "fp32"}
+                | (workload or {})
+            )
+        ),
+        trainer=TrainerOptions(**({"rollout_engine": "megatron", "lr": 1e-4} | (trainer or {}))),
+    )
     save(cfg, path)
     return path
 
 
 def _profile(cfg: Path, out: Path, steps: int = 3, preexec=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from cli.main import run; run()", "profile", "--config", str(cfg),
-                           "--steps", str(steps), "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, preexec_fn=preexec)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from cli.main import run; run()",
+            "profile",
+            "--config",
+            str(cfg),
+            "--steps",
+            str(steps),
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=preexec,
+    )
 
 
 @pytest.mark.slow
@@ -87,8 +112,13 @@ def test_profile_out_of_memory_is_status_oom_exit_3(tmp_path):
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     out = tmp_path / "p.json"
-    cfg = _cfg(tmp_path / "c.yaml", model="qwen2.5-0.5b", gpus=1, strategy={"mbs": 1},
-               workload={"prompts": 1, "n": 2, "prompt_len": 8, "response_len": 2, "mini_batch": 1})
+    cfg = _cfg(
+        tmp_path / "c.yaml",
+        model="qwen2.5-0.5b",
+        gpus=1,
+        strategy={"mbs": 1},
+        workload={"prompts": 1, "n": 2, "prompt_len": 8, "response_len": 2, "mini_batch": 1},
+    )
     r = _profile(cfg, out, 2, preexec=cap)
     assert r.returncode == 3, r.stdout + r.stderr
     p = json.loads(out.read_text())

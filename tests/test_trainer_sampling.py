@@ -1,4 +1,5 @@
 """The batched sampler, driven by fake next-token-logits functions (no Megatron)."""
+
 from __future__ import annotations
 
 import math
@@ -15,18 +16,21 @@ V, PAD, EOS = 16, 0, 3
 
 def successor(calls=None):
     """Greedy model: the next token is (last token + 1) mod V, read at position lengths-1."""
+
     def fn(tokens, lengths):
         if calls is not None:
             calls.append((tuple(tokens.shape), lengths.tolist()))
         last = tokens[torch.arange(tokens.shape[0]), lengths - 1]
         return torch.nn.functional.one_hot((last + 1) % V, V).float() * 10
+
     return fn
 
 
 def test_greedy_follows_each_rows_own_prefix_and_stops_at_eos():
     calls = []
-    out = sample(successor(calls), [[1], [7, 8], [14]], SamplingParams(temperature=0, max_tokens=5),
-                 pad_id=PAD, eos_id=EOS)
+    out = sample(
+        successor(calls), [[1], [7, 8], [14]], SamplingParams(temperature=0, max_tokens=5), pad_id=PAD, eos_id=EOS
+    )
     assert out == [[2, 3], [9, 10, 11, 12, 13], [15, 0, 1, 2, 3]]  # EOS kept as the last id
     # every step calls the model once with all rows (collective safety) and true lengths
     assert len(calls) == 5 and all(shape[0] == 3 for shape, _ in calls)
@@ -36,11 +40,22 @@ def test_greedy_follows_each_rows_own_prefix_and_stops_at_eos():
 
 
 def test_stop_tokens_and_max_seq_len():
-    out = sample(successor(), [[4], [9]], SamplingParams(temperature=0, max_tokens=8, stop_token_ids=(6,)),
-                 pad_id=PAD, eos_id=EOS)
+    out = sample(
+        successor(),
+        [[4], [9]],
+        SamplingParams(temperature=0, max_tokens=8, stop_token_ids=(6,)),
+        pad_id=PAD,
+        eos_id=EOS,
+    )
     assert out == [[5, 6], [10, 11, 12, 13, 14, 15, 0, 1]]
-    out = sample(successor(), [[4, 4, 4], [9]], SamplingParams(temperature=0, max_tokens=8), pad_id=PAD,
-                 eos_id=EOS, max_seq_len=5)
+    out = sample(
+        successor(),
+        [[4, 4, 4], [9]],
+        SamplingParams(temperature=0, max_tokens=8),
+        pad_id=PAD,
+        eos_id=EOS,
+        max_seq_len=5,
+    )
     assert out == [[5, 6], [10, 11, 12, 13]]
     assert sample(successor(), [[1] * 5], SamplingParams(max_tokens=3), pad_id=PAD, eos_id=EOS, max_seq_len=5) == [[]]
     assert sample(successor(), [], SamplingParams(), pad_id=PAD, eos_id=EOS) == []

@@ -1,4 +1,5 @@
 """The ASCII tokenizer for tiny models and the tokenizer.json wrapper."""
+
 from __future__ import annotations
 
 import json

@@ -7,6 +7,7 @@ GPU only (``@pytest.mark.gpu``; skipped without CUDA or without vllm). Run on a 
 On CPU, the adapter's bookkeeping (engine options, sleep/wake order, bucketed sync, per-request
 seeds, stop handling) is checked against a fake ``vllm`` module, and import safety in a subprocess.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -35,14 +36,25 @@ def _cfg(tmp: Path, *, rollout_tp=1, gpus=1, steps=3, engine="vllm"):
     from core.specs import load_hardware, load_model
     from core.strategy import Cluster, Strategy, Workload
 
-    return RunConfig(model=load_model("tiny"), hardware=load_hardware("h200-141gb"), cluster=Cluster(gpus=gpus, gpus_per_node=gpus),
-                     strategy=Strategy(mbs=8, recompute="none", rollout_tp=rollout_tp, gpu_memory_utilization=0.3),
-                     workload=Workload(prompts=8, n=4, prompt_len=8, response_len=8, mini_batch=8, kl=True, dtype="bf16"),
-                     trainer=TrainerOptions(steps=steps, lr=1e-3, dataset="synthetic", out_dir=str(tmp / "run"),
-                                            checkpoint_every=steps, rollout_engine=engine))
+    return RunConfig(
+        model=load_model("tiny"),
+        hardware=load_hardware("h200-141gb"),
+        cluster=Cluster(gpus=gpus, gpus_per_node=gpus),
+        strategy=Strategy(mbs=8, recompute="none", rollout_tp=rollout_tp, gpu_memory_utilization=0.3),
+        workload=Workload(prompts=8, n=4, prompt_len=8, response_len=8, mini_batch=8, kl=True, dtype="bf16"),
+        trainer=TrainerOptions(
+            steps=steps,
+            lr=1e-3,
+            dataset="synthetic",
+            out_dir=str(tmp / "run"),
+            checkpoint_every=steps,
+            rollout_engine=engine,
+        ),
+    )
 
 
 # ---- the cases, each run in a fresh process -----------------------------------------------------
+
 
 def _case_sync(tmp: Path) -> dict:
     import torch
@@ -65,8 +77,9 @@ def _case_sync(tmp: Path) -> dict:
 
     # 1. a zero lm_head makes every logit 0: each sampled token then has log-prob -log(V)
     eng.resume()
-    eng.update_weights((n, torch.zeros_like(t) if n == "lm_head.weight" else t)
-                       for n, t in actor.named_parameters_for_export())
+    eng.update_weights(
+        (n, torch.zeros_like(t) if n == "lm_head.weight" else t) for n, t in actor.named_parameters_for_export()
+    )
     _, lps = eng.generate_with_logprobs(prompts, sp)
     res["zero_head_lp_err"] = max(abs(x + math.log(128)) for r in lps for x in r)
 
@@ -100,13 +113,15 @@ CASES = {"sync": _case_sync}
 
 def _run_case(name: str, tmp: Path, timeout: int = 600) -> dict:
     out = tmp / f"{name}.json"
-    r = subprocess.run([sys.executable, __file__, name, str(tmp), str(out)], cwd=ROOT, capture_output=True,
-                       text=True, timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, __file__, name, str(tmp), str(out)], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
     assert r.returncode == 0 and out.exists(), r.stdout[-4000:] + r.stderr[-4000:]
     return json.loads(out.read_text())
 
 
 # ---- tests ----------------------------------------------------------------------------------
+
 
 def test_importing_the_registry_never_imports_vllm():
     code = "import sys, trainer.rollout, trainer.rollout.vllm; assert 'vllm' not in sys.modules"
@@ -134,8 +149,13 @@ def test_grpo_train_with_vllm_rollout(tmp_path):
 
     cfg = _cfg(tmp_path, steps=3)
     save(cfg, tmp_path / "c.yaml")
-    r = subprocess.run([sys.executable, "-c", "from cli.main import run; run()", "train", "--config",
-                        str(tmp_path / "c.yaml")], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-c", "from cli.main import run; run()", "train", "--config", str(tmp_path / "c.yaml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in rows] == [1, 2, 3]
@@ -151,14 +171,20 @@ def test_grpo_train_rollout_tp2_with_train_tp1(tmp_path):
 
     cfg = _cfg(tmp_path, rollout_tp=2, gpus=2, steps=2)
     save(cfg, tmp_path / "c.yaml")
-    r = subprocess.run([sys.executable, "-c", "from cli.main import run; run()", "train", "--config",
-                        str(tmp_path / "c.yaml")], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-c", "from cli.main import run; run()", "train", "--config", str(tmp_path / "c.yaml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in rows] == [1, 2]
 
 
 # ---- the adapter's bookkeeping on CPU, against a fake vllm module ---------------------------------
+
 
 class _FakeVllm:
     """Stands in for the vllm package: records the calls the adapter makes."""
@@ -191,7 +217,8 @@ class _FakeVllm:
                 runner = types.SimpleNamespace(model=model)
                 worker = types.SimpleNamespace(model_runner=runner)
                 self.llm_engine = types.SimpleNamespace(
-                    model_executor=types.SimpleNamespace(driver_worker=types.SimpleNamespace(worker=worker)))
+                    model_executor=types.SimpleNamespace(driver_worker=types.SimpleNamespace(worker=worker))
+                )
 
             def sleep(self, level=1):
                 fake.events.append(("sleep", level))
@@ -232,9 +259,18 @@ def test_adapter_builds_a_colocated_sleeping_engine(fake_vllm, tmp_path):
     eng = get_rollout_engine("vllm", cfg=cfg, tokenizer=CharTokenizer(), device="cpu")
     kw = fake_vllm.llm_kwargs
     assert kw["enable_sleep_mode"] and kw["load_format"] == "dummy" and kw["skip_tokenizer_init"]
-    assert (kw["tensor_parallel_size"], kw["gpu_memory_utilization"], kw["max_model_len"], kw["dtype"]) == (1, 0.3, 16, "bfloat16")
+    assert (kw["tensor_parallel_size"], kw["gpu_memory_utilization"], kw["max_model_len"], kw["dtype"]) == (
+        1,
+        0.3,
+        16,
+        "bfloat16",
+    )
     hf_cfg = json.loads((Path(kw["model"]) / "config.json").read_text())
-    assert (hf_cfg["vocab_size"], hf_cfg["num_hidden_layers"], hf_cfg["architectures"]) == (128, 4, ["LlamaForCausalLM"])
+    assert (hf_cfg["vocab_size"], hf_cfg["num_hidden_layers"], hf_cfg["architectures"]) == (
+        128,
+        4,
+        ["LlamaForCausalLM"],
+    )
     assert fake_vllm.events == [("sleep", 2)]  # memory goes back to training until the first rollout
     assert eng.collective_batch is False and eng.shares_actor_weights is False
 
@@ -251,12 +287,20 @@ def test_adapter_wakes_weights_before_kv_cache_and_buckets_the_sync(fake_vllm, t
     eng.resume()
     tensors = [(f"w{i}", torch.zeros(8)) for i in range(5)]  # 32 bytes each: buckets of two
     eng.update_weights(iter(tensors))
-    ids, lps = eng.generate_with_logprobs([[2, 55, 61], [2, 56, 61]], SamplingParams(max_tokens=4, seed=5,
-                                                                                     stop_token_ids=(99,)))
+    ids, lps = eng.generate_with_logprobs(
+        [[2, 55, 61], [2, 56, 61]], SamplingParams(max_tokens=4, seed=5, stop_token_ids=(99,))
+    )
     eng.release()
-    assert fake_vllm.events == [("wake", ("weights",)), ("load", ["w0", "w1"]), ("load", ["w2", "w3"]),
-                                ("load", ["w4"]), ("wake", ("kv_cache",)), ("reset_prefix_cache",), ("generate", 2),
-                                ("sleep", 1)]
+    assert fake_vllm.events == [
+        ("wake", ("weights",)),
+        ("load", ["w0", "w1"]),
+        ("load", ["w2", "w3"]),
+        ("load", ["w4"]),
+        ("wake", ("kv_cache",)),
+        ("reset_prefix_cache",),
+        ("generate", 2),
+        ("sleep", 1),
+    ]
     assert ids == [[ids[0][0], 61, 3], [ids[1][0], 61, 3]]  # cut after EOS, which is kept
     assert lps == [[-0.5, -1.0, -1.5]] * 2
     seeds = [sp.kw["seed"] for sp in fake_vllm.seen_params]

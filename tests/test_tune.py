@@ -1,6 +1,7 @@
 """grpo-tune tune: on our examples and on our renditions of verl's 7B and Qwen3-30B-A3B examples, the tuned
 script passes `bash -n`, composes against verl 0.9.1's Hydra config, changes only the overrides it reports,
 and tuning it again proposes no change (a fixed point)."""
+
 from __future__ import annotations
 
 import json
@@ -88,8 +89,10 @@ def test_keep_pins_the_fields(capsys, tmp_path):
     launch = ROOT / "examples/qwen2-7b-grpo-megatron.sh"
     res = _tune(capsys, launch, "h100", tmp_path, "--keep", "tp,pp")
     assert res["best"]["strategy"]["tp"] == res["current"]["strategy"]["tp"]
-    assert not any(k.endswith(("tensor_model_parallel_size", "pipeline_model_parallel_size"))
-                   and "rollout" not in k for k in res["overrides"])
+    assert not any(
+        k.endswith(("tensor_model_parallel_size", "pipeline_model_parallel_size")) and "rollout" not in k
+        for k in res["overrides"]
+    )
 
 
 def test_estimate_flags_pin_the_search(capsys, tmp_path):
@@ -126,32 +129,60 @@ def test_current_plan_that_does_not_fit_says_which_phase_and_nearest_fits(capsys
 def test_calibration_from_logs_applies_to_tune(capsys, tmp_path):
     fix = ROOT / "tests/fixtures/verl_logs"
     cal = tmp_path / "cal.json"
-    assert main(["calibrate", "--from-log", str(fix / "run_a.jsonl"), "--from-log", str(fix / "run_b.jsonl"),
-                 "--launch", str(fix / "launch_a.txt"), "--launch", str(fix / "launch_b.txt"), "--out", str(cal)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--from-log",
+                str(fix / "run_a.jsonl"),
+                "--from-log",
+                str(fix / "run_b.jsonl"),
+                "--launch",
+                str(fix / "launch_a.txt"),
+                "--launch",
+                str(fix / "launch_b.txt"),
+                "--out",
+                str(cal),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     lens = ["--response-len-mean", "412", "--prompt-len-mean", "234"]  # what run_a logged (make_fixtures.py)
     plain = _tune(capsys, fix / "launch_a.txt", "h100", tmp_path / "p", "--no-emit", *lens)
-    calibrated = _tune(capsys, fix / "launch_a.txt", "h100", tmp_path / "c", "--no-emit",
-                       "--calibration", str(cal), *lens)
+    calibrated = _tune(
+        capsys, fix / "launch_a.txt", "h100", tmp_path / "c", "--no-emit", "--calibration", str(cal), *lens
+    )
     # the calibrated model reproduces what run_a logged (its medians after the warm-up step)
     from autotune import runlog
 
     logged = runlog.summary(runlog.read_log(fix / "run_a.jsonl"), skip_warmup=1)["phases_s"]
     assert calibrated["current"]["phases_s"]["rollout"] == pytest.approx(logged["rollout"], rel=0.06)
-    assert calibrated["current"]["phases_s"]["update"] + calibrated["current"]["phases_s"].get("offload", 0) \
-        == pytest.approx(logged["update"], rel=0.06)
+    assert calibrated["current"]["phases_s"]["update"] + calibrated["current"]["phases_s"].get(
+        "offload", 0
+    ) == pytest.approx(logged["update"], rel=0.06)
     assert plain["current"]["step_s"] > 0  # priced without the file too
     assert main(["tune", str(fix / "launch_a.txt"), "--calibration", str(cal), "--hardware", "h200", "--no-emit"]) == 2
     assert "[BAD_CONFIG]" in capsys.readouterr().err  # fitted on other hardware
 
 
-_VALUES = st.one_of(st.integers(0, 64), st.booleans(), st.none(), st.sampled_from(["full", "it's", "a b", "$X"]),
-                    st.floats(0.05, 0.95).map(lambda x: round(x, 2)))
-_KEYS = ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "actor_rollout_ref.rollout.n",
-         "actor_rollout_ref.rollout.gpu_memory_utilization", "data.train_batch_size",
-         "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity",
-         "actor_rollout_ref.actor.megatron.expert_model_parallel_size", "trainer.nnodes",
-         "actor_rollout_ref.ref.megatron.context_parallel_size"]
+_VALUES = st.one_of(
+    st.integers(0, 64),
+    st.booleans(),
+    st.none(),
+    st.sampled_from(["full", "it's", "a b", "$X"]),
+    st.floats(0.05, 0.95).map(lambda x: round(x, 2)),
+)
+_KEYS = [
+    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+    "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "data.train_batch_size",
+    "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity",
+    "actor_rollout_ref.actor.megatron.expert_model_parallel_size",
+    "trainer.nnodes",
+    "actor_rollout_ref.ref.megatron.context_parallel_size",
+]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -1,4 +1,5 @@
 """``grpo-tune validate``: the time model against published Megatron-LM measurements."""
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,12 @@ def test_shipped_rows_cite_their_source():
 def test_batch_reading_reproduces_korthikanti_mfu_column():
     # Their Table 5 MFU from their Table 3 batches and Table 5 times: 41.5, 51.4, 56.0, 56.3 %.
     rows = {r.id: r for r in v.load_rows()}
-    for rid, mfu in [("k22-t5-22b-sel", 41.5), ("k22-t5-175b-sel", 51.4), ("k22-t5-530b-sel", 56.0),
-                     ("k22-t5-1t-sel", 56.3)]:
+    for rid, mfu in [
+        ("k22-t5-22b-sel", 41.5),
+        ("k22-t5-175b-sel", 51.4),
+        ("k22-t5-530b-sel", 56.0),
+        ("k22-t5-1t-sel", 56.3),
+    ]:
         r = rows[rid]
         got = 100 * v.korthikanti_model_flops(r) / r.published / r.gpus / v.A100_PEAK_FLOPS
         assert got == pytest.approx(mfu, abs=0.3), rid
@@ -42,8 +47,9 @@ def test_table1_transcription_matches_its_aggregate_column():
         assert abs(r.published * r.gpus / 1e3 - agg) <= 0.5 * r.gpus / 1e3 + 0.05, r.id
     # eq. 3 has 96 B s l h^2 as its leading term.
     r = t1[-1]
-    assert v.narayanan_flops(r) / (96 * r.gbs * r.seq_len * r.layers * r.hidden ** 2) == pytest.approx(
-        1 + r.seq_len / (6 * r.hidden) + r.vocab / (16 * r.layers * r.hidden))
+    assert v.narayanan_flops(r) / (96 * r.gbs * r.seq_len * r.layers * r.hidden**2) == pytest.approx(
+        1 + r.seq_len / (6 * r.hidden) + r.vocab / (16 * r.layers * r.hidden)
+    )
 
 
 def test_model_meets_the_target_on_held_out_rows():
@@ -101,12 +107,15 @@ def test_a_wrong_measurement_fails_validation(tmp_path: Path):
     assert main(["validate", "--data", str(p)]) == 1
 
 
-@pytest.mark.parametrize("mutate,needle", [
-    (lambda t: t.replace(",metric,published", ",metric,value"), "missing column"),
-    (lambda t: t.replace("tflops_per_gpu,137", "tokens,137"), "unknown metric"),
-    (lambda t: t.replace(",fit,1.7,", ",train,1.7,"), "split"),
-    (lambda t: t.replace(",1,1,32,512,", ",1,1,x,512,"), "row"),
-])
+@pytest.mark.parametrize(
+    "mutate,needle",
+    [
+        (lambda t: t.replace(",metric,published", ",metric,value"), "missing column"),
+        (lambda t: t.replace("tflops_per_gpu,137", "tokens,137"), "unknown metric"),
+        (lambda t: t.replace(",fit,1.7,", ",train,1.7,"), "split"),
+        (lambda t: t.replace(",1,1,32,512,", ",1,1,x,512,"), "row"),
+    ],
+)
 def test_malformed_files_are_coded_errors(tmp_path: Path, mutate, needle):
     p = tmp_path / "m.csv"
     p.write_text(mutate(v.DATA_PATH.read_text()))

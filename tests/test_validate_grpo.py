@@ -3,6 +3,7 @@
 The shipped rows pass the stated tolerance on the held-out rows (15% step-time MAPE); corrupting
 the published figures of held-out rows makes it fail (exit 1); a malformed file is a coded error;
 the fit never reads a held-out row."""
+
 from __future__ import annotations
 
 import json
@@ -20,9 +21,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from cli.main import run; run()", "validate", "--grpo", *args],
-                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", "from cli.main import run; run()", "validate", "--grpo", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
 
 
 def test_shipped_rows_pass_on_the_held_out_rows():

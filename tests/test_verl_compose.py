@@ -3,6 +3,7 @@
 The wheel is fetched from PyPI here (``pip download --no-deps verl==0.9.1``) into a fresh cache:
 when it cannot be had, these tests fail, they do not skip.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -42,8 +43,9 @@ def test_snapshot_matches_the_composed_wheel():
 @pytest.mark.parametrize("name", sorted(configs()))
 def test_emitted_overrides_compose(name):
     cfg = configs()[name]
-    tree = verl.compose(verl_overrides(cfg, model_path="/models/x", train_files="/d/train.parquet",
-                                       val_files="/d/test.parquet"))
+    tree = verl.compose(
+        verl_overrides(cfg, model_path="/models/x", train_files="/d/train.parquet", val_files="/d/test.parquet")
+    )
     s, w = cfg.strategy, cfg.workload
     aro = tree["actor_rollout_ref"]
     for role in ("actor", "ref"):
@@ -88,11 +90,20 @@ def test_example_scripts_compose(path):
 
 O = "actor_rollout_ref.actor.megatron.override_transformer_config"
 HYDRA_CASES = [
-    "algorithm.group_size=5", "+algorithm.group_size=5", "+actor_rollout_ref.rollout.n=5",
-    "++actor_rollout_ref.rollout.n=5", f"{O}.fp16=True", f"+{O}.fp16=True", f"+{O}.recompute_granularity=full",
-    f"{O}.recompute_granularity=full", f"+{O}.recompute_modules=[mlp]", "actor_rollout_ref.model.override_config.foo=1",
-    "+actor_rollout_ref.model.override_config.foo=1", "actor_rollout_ref.actor.megatron.grad_offload=True",
-    "+trainer.foo.bar=1", "data.train_batch_size=64",
+    "algorithm.group_size=5",
+    "+algorithm.group_size=5",
+    "+actor_rollout_ref.rollout.n=5",
+    "++actor_rollout_ref.rollout.n=5",
+    f"{O}.fp16=True",
+    f"+{O}.fp16=True",
+    f"+{O}.recompute_granularity=full",
+    f"{O}.recompute_granularity=full",
+    f"+{O}.recompute_modules=[mlp]",
+    "actor_rollout_ref.model.override_config.foo=1",
+    "+actor_rollout_ref.model.override_config.foo=1",
+    "actor_rollout_ref.actor.megatron.grad_offload=True",
+    "+trainer.foo.bar=1",
+    "data.train_batch_size=64",
 ]
 
 
@@ -109,17 +120,27 @@ def test_diagnose_agrees_with_hydra_on_keys(override):
         composes = False
     key = override.lstrip("+").split("=", 1)[0]
     rep = diagnose_overrides([override])
-    refused = [f for f in rep.findings if f.key == key and f.severity == "error" and f.code in ("UNKNOWN_KEY", "BAD_CONFIG")]
+    refused = [
+        f for f in rep.findings if f.key == key and f.severity == "error" and f.code in ("UNKNOWN_KEY", "BAD_CONFIG")
+    ]
     assert bool(refused) == (not composes), (override, [f.to_dict() for f in refused])
 
 
 def test_new_contract_fields_compose_with_their_values():
     """Dynamic batching, the hybrid CPU optimizer and the vLLM engine knobs reach verl's composed config."""
     cfg = configs()["7b-tp2"]
-    s = cfg.strategy.replace(max_tokens_per_gpu=12000, log_prob_max_tokens_per_gpu=24000, cpu_optimizer=0.5,
-                             overlap_cpu_optimizer=True, precision_aware_optimizer=True, max_num_seqs=64,
-                             max_num_batched_tokens=4096, enforce_eager=True, chunked_prefill=False,
-                             free_cache_engine=False)
+    s = cfg.strategy.replace(
+        max_tokens_per_gpu=12000,
+        log_prob_max_tokens_per_gpu=24000,
+        cpu_optimizer=0.5,
+        overlap_cpu_optimizer=True,
+        precision_aware_optimizer=True,
+        max_num_seqs=64,
+        max_num_batched_tokens=4096,
+        enforce_eager=True,
+        chunked_prefill=False,
+        free_cache_engine=False,
+    )
     tree = verl.compose(verl_overrides(cfg.replace(strategy=s), model_path="/m", train_files="/t", val_files="/v"))
     aro = tree["actor_rollout_ref"]
     assert aro["actor"]["use_dynamic_bsz"] is True and aro["actor"]["ppo_max_token_len_per_gpu"] == 12000
@@ -127,8 +148,16 @@ def test_new_contract_fields_compose_with_their_values():
         assert aro[role]["log_prob_use_dynamic_bsz"] is True
         assert aro[role]["log_prob_max_token_len_per_gpu"] == 24000
     assert aro["actor"]["optim"]["override_optimizer_config"] == {
-        "optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.5, "overlap_cpu_optimizer_d2h_h2d": True,
-        "use_precision_aware_optimizer": True}
+        "optimizer_cpu_offload": True,
+        "optimizer_offload_fraction": 0.5,
+        "overlap_cpu_optimizer_d2h_h2d": True,
+        "use_precision_aware_optimizer": True,
+    }
     r = aro["rollout"]
-    assert (r["max_num_seqs"], r["max_num_batched_tokens"], r["enforce_eager"], r["enable_chunked_prefill"],
-            r["free_cache_engine"]) == (64, 4096, True, False, False)
+    assert (
+        r["max_num_seqs"],
+        r["max_num_batched_tokens"],
+        r["enforce_eager"],
+        r["enable_chunked_prefill"],
+        r["free_cache_engine"],
+    ) == (64, 4096, True, False, False)

@@ -1,6 +1,7 @@
 """The one Strategy/Workload/TrainerOptions <-> verl table: every field has a row, plan -> overrides ->
 plan is the identity (on the plans verl can express), and the emitted launch sets every priced
 assumption itself instead of leaning on verl's defaults."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,34 +59,76 @@ def plans(draw):
     dyn = draw(st.one_of(st.none(), st.integers(1024, 65536)))
     frac = st.floats(0.01, 1.0, allow_nan=False)
     s = Strategy(
-        tp=tp, pp=pp, cp=cp, dp=dp, vpp=draw(st.sampled_from([1, 2])) if pp > 1 else 1,
-        ep=draw(st.sampled_from([1, 2, 4])), etp=draw(st.sampled_from([None, 1, tp])), mbs=draw(pos),
-        sequence_parallel=draw(st.sampled_from([None, True, False])), recompute=recompute,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        dp=dp,
+        vpp=draw(st.sampled_from([1, 2])) if pp > 1 else 1,
+        ep=draw(st.sampled_from([1, 2, 4])),
+        etp=draw(st.sampled_from([None, 1, tp])),
+        mbs=draw(pos),
+        sequence_parallel=draw(st.sampled_from([None, True, False])),
+        recompute=recompute,
         recompute_layers=draw(st.one_of(st.none(), pos)) if recompute == "full" else None,
         distributed_optimizer=draw(st.booleans()),
-        offload=draw(st.sampled_from([(), ("param", "grad"), ("optimizer",), ("param", "grad", "optimizer"),
-                                      ("param",), ("grad", "optimizer")])),
-        first_stage_layers=draw(st.one_of(st.none(), pos)), last_stage_layers=draw(st.one_of(st.none(), pos)),
-        rollout_tp=draw(st.sampled_from([1, 2, 4, 8])), gpu_memory_utilization=draw(frac),
-        max_tokens_per_gpu=dyn, log_prob_max_tokens_per_gpu=draw(st.one_of(st.none(), st.integers(1024, 65536))),
-        cpu_optimizer=draw(st.one_of(st.none(), frac)), overlap_cpu_optimizer=draw(st.booleans()),
-        precision_aware_optimizer=draw(st.booleans()), max_num_seqs=draw(st.integers(1, 4096)),
-        max_num_batched_tokens=draw(st.integers(256, 1 << 20)), enforce_eager=draw(st.booleans()),
-        chunked_prefill=draw(st.booleans()), free_cache_engine=draw(st.booleans()))
+        offload=draw(
+            st.sampled_from(
+                [
+                    (),
+                    ("param", "grad"),
+                    ("optimizer",),
+                    ("param", "grad", "optimizer"),
+                    ("param",),
+                    ("grad", "optimizer"),
+                ]
+            )
+        ),
+        first_stage_layers=draw(st.one_of(st.none(), pos)),
+        last_stage_layers=draw(st.one_of(st.none(), pos)),
+        rollout_tp=draw(st.sampled_from([1, 2, 4, 8])),
+        gpu_memory_utilization=draw(frac),
+        max_tokens_per_gpu=dyn,
+        log_prob_max_tokens_per_gpu=draw(st.one_of(st.none(), st.integers(1024, 65536))),
+        cpu_optimizer=draw(st.one_of(st.none(), frac)),
+        overlap_cpu_optimizer=draw(st.booleans()),
+        precision_aware_optimizer=draw(st.booleans()),
+        max_num_seqs=draw(st.integers(1, 4096)),
+        max_num_batched_tokens=draw(st.integers(256, 1 << 20)),
+        enforce_eager=draw(st.booleans()),
+        chunked_prefill=draw(st.booleans()),
+        free_cache_engine=draw(st.booleans()),
+    )
     mini = draw(pos)
-    w = Workload(prompts=mini * draw(st.integers(1, 8)), n=draw(pos), prompt_len=draw(st.integers(1, 1 << 17)),
-                 response_len=draw(st.integers(1, 1 << 17)), mini_batch=mini, ppo_epochs=draw(st.integers(1, 4)),
-                 kl=draw(st.booleans()), dtype=draw(st.sampled_from(["bf16", "fp16", "fp32"])),
-                 prompt_len_mean=draw(st.one_of(st.none(), pos)))
+    w = Workload(
+        prompts=mini * draw(st.integers(1, 8)),
+        n=draw(pos),
+        prompt_len=draw(st.integers(1, 1 << 17)),
+        response_len=draw(st.integers(1, 1 << 17)),
+        mini_batch=mini,
+        ppo_epochs=draw(st.integers(1, 4)),
+        kl=draw(st.booleans()),
+        dtype=draw(st.sampled_from(["bf16", "fp16", "fp32"])),
+        prompt_len_mean=draw(st.one_of(st.none(), pos)),
+    )
     num = st.floats(1e-9, 10, allow_nan=False)
-    t = TrainerOptions(lr=draw(num), weight_decay=draw(num), grad_clip=draw(num), seed=draw(st.integers(0, 1 << 31)),
-                       steps=draw(st.integers(1, 10 ** 6)), temperature=draw(num), top_p=draw(frac),
-                       clip_ratio=draw(frac), clip_ratio_high=draw(st.one_of(st.none(), frac)),
-                       loss_agg_mode=draw(st.sampled_from(["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])),
-                       kl_coef=draw(num), kl_type=draw(st.sampled_from(["low_var_kl", "kl", "mse"])),
-                       entropy_coef=draw(num), norm_adv_by_std=draw(st.booleans()),
-                       moe_aux_loss_coeff=draw(num),
-                       moe_router_load_balancing_type=draw(st.sampled_from(["aux_loss", "seq_aux_loss", "none"])))
+    t = TrainerOptions(
+        lr=draw(num),
+        weight_decay=draw(num),
+        grad_clip=draw(num),
+        seed=draw(st.integers(0, 1 << 31)),
+        steps=draw(st.integers(1, 10**6)),
+        temperature=draw(num),
+        top_p=draw(frac),
+        clip_ratio=draw(frac),
+        clip_ratio_high=draw(st.one_of(st.none(), frac)),
+        loss_agg_mode=draw(st.sampled_from(["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])),
+        kl_coef=draw(num),
+        kl_type=draw(st.sampled_from(["low_var_kl", "kl", "mse"])),
+        entropy_coef=draw(num),
+        norm_adv_by_std=draw(st.booleans()),
+        moe_aux_loss_coeff=draw(num),
+        moe_router_load_balancing_type=draw(st.sampled_from(["aux_loss", "seq_aux_loss", "none"])),
+    )
     return {"strategy": s, "workload": w, "trainer": t, "cluster": Cluster(gpus=gpus, gpus_per_node=gpn)}
 
 
@@ -114,22 +157,43 @@ def test_the_emitted_launch_script_carries_the_priced_plan():
 
 def test_new_contract_fields_reach_verl():
     cfg = configs()["7b-tp2"]
-    s = cfg.strategy.replace(max_tokens_per_gpu=12000, log_prob_max_tokens_per_gpu=24000, cpu_optimizer=0.5,
-                             overlap_cpu_optimizer=True, precision_aware_optimizer=True, max_num_seqs=64,
-                             max_num_batched_tokens=4096, enforce_eager=True, chunked_prefill=False,
-                             free_cache_engine=False)
+    s = cfg.strategy.replace(
+        max_tokens_per_gpu=12000,
+        log_prob_max_tokens_per_gpu=24000,
+        cpu_optimizer=0.5,
+        overlap_cpu_optimizer=True,
+        precision_aware_optimizer=True,
+        max_num_seqs=64,
+        max_num_batched_tokens=4096,
+        enforce_eager=True,
+        chunked_prefill=False,
+        free_cache_engine=False,
+    )
     ov = verl_overrides(cfg.replace(strategy=s))
-    a, o, r = "actor_rollout_ref.actor", "+actor_rollout_ref.actor.optim.override_optimizer_config", \
-        "actor_rollout_ref.rollout"
-    for want in (f"{a}.use_dynamic_bsz=True", f"{a}.ppo_max_token_len_per_gpu=12000",
-                 "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True", f"{r}.log_prob_use_dynamic_bsz=True",
-                 "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=24000",
-                 f"{r}.log_prob_max_token_len_per_gpu=24000", f"{o}.optimizer_cpu_offload=True",
-                 f"{o}.optimizer_offload_fraction=0.5", f"{o}.overlap_cpu_optimizer_d2h_h2d=True",
-                 f"{o}.use_precision_aware_optimizer=True", f"{r}.max_num_seqs=64",
-                 f"{r}.max_num_batched_tokens=4096", f"{r}.enforce_eager=True", f"{r}.enable_chunked_prefill=False",
-                 f"{r}.free_cache_engine=False", f"data.max_prompt_length={cfg.workload.prompt_len}",
-                 f"data.max_response_length={cfg.workload.response_len}"):
+    a, o, r = (
+        "actor_rollout_ref.actor",
+        "+actor_rollout_ref.actor.optim.override_optimizer_config",
+        "actor_rollout_ref.rollout",
+    )
+    for want in (
+        f"{a}.use_dynamic_bsz=True",
+        f"{a}.ppo_max_token_len_per_gpu=12000",
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+        f"{r}.log_prob_use_dynamic_bsz=True",
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=24000",
+        f"{r}.log_prob_max_token_len_per_gpu=24000",
+        f"{o}.optimizer_cpu_offload=True",
+        f"{o}.optimizer_offload_fraction=0.5",
+        f"{o}.overlap_cpu_optimizer_d2h_h2d=True",
+        f"{o}.use_precision_aware_optimizer=True",
+        f"{r}.max_num_seqs=64",
+        f"{r}.max_num_batched_tokens=4096",
+        f"{r}.enforce_eager=True",
+        f"{r}.enable_chunked_prefill=False",
+        f"{r}.free_cache_engine=False",
+        f"data.max_prompt_length={cfg.workload.prompt_len}",
+        f"data.max_response_length={cfg.workload.response_len}",
+    ):
         assert want in ov, want
 
 

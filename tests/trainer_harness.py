@@ -11,6 +11,7 @@ From a test::
 Other engineers may add tasks: a function ``task_<name>(spec) -> dict`` in their own module,
 named ``module:function`` as TASK.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,14 +32,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(args: list[str], *, nproc: int, timeout: float = 180, env: dict | None = None,
-             script: str | None = None) -> subprocess.CompletedProcess:
+def torchrun(
+    args: list[str], *, nproc: int, timeout: float = 180, env: dict | None = None, script: str | None = None
+) -> subprocess.CompletedProcess:
     """Run ``script args`` (default: this file) under torchrun with ``nproc`` CPU processes."""
     path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])])
     e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=path)
     e.update(env or {})
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
-           f"--master-port={free_port()}", "--master-addr=127.0.0.1", script or str(Path(__file__).resolve()), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        "--nnodes=1",
+        f"--master-port={free_port()}",
+        "--master-addr=127.0.0.1",
+        script or str(Path(__file__).resolve()),
+        *args,
+    ]
     return subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
 
 
@@ -82,8 +93,10 @@ def _launch(task: str, nproc: int, spec_json: str, timeout: float) -> dict:
 
 # --- worker side ---------------------------------------------------------------------------------
 
-def run_config(model: str, strategy: dict, world: int, *, dtype: str = "fp32", overrides: dict | None = None,
-               **trainer):
+
+def run_config(
+    model: str, strategy: dict, world: int, *, dtype: str = "fp32", overrides: dict | None = None, **trainer
+):
     """A RunConfig for a tiny CPU run (fp32); ``overrides`` replace model-spec fields."""
     import dataclasses
 
@@ -95,9 +108,14 @@ def run_config(model: str, strategy: dict, world: int, *, dtype: str = "fp32", o
     if overrides:
         m = dataclasses.replace(m, **overrides)
     s = validate(m, Strategy.from_dict(strategy), world)
-    return RunConfig(model=m, hardware=load_hardware("cpu"),
-                     cluster=Cluster(gpus=world), strategy=s, workload=Workload(dtype=dtype),
-                     trainer=TrainerOptions(**{"lr": 1e-3, **trainer}))
+    return RunConfig(
+        model=m,
+        hardware=load_hardware("cpu"),
+        cluster=Cluster(gpus=world),
+        strategy=s,
+        workload=Workload(dtype=dtype),
+        trainer=TrainerOptions(**{"lr": 1e-3, **trainer}),
+    )
 
 
 def task_layouts(spec: dict) -> dict:
@@ -117,8 +135,9 @@ def task_layouts(spec: dict) -> dict:
     world = dist.get_world_size()
     results = []
     for lay in spec["layouts"]:
-        cfg = run_config(lay["model"], lay["strategy"], world, dtype=spec.get("dtype", "fp32"),
-                         overrides=lay.get("overrides"))
+        cfg = run_config(
+            lay["model"], lay["strategy"], world, dtype=spec.get("dtype", "fp32"), overrides=lay.get("overrides")
+        )
         layout = parallel.reinit(cfg.strategy, seed=cfg.trainer.seed)
         eng = Engine(cfg)
         g = torch.Generator().manual_seed(spec.get("data_seed", 0))
@@ -146,11 +165,25 @@ def task_layouts(spec: dict) -> dict:
         counts = [None] * world
         coords = [None] * world
         dist.all_gather_object(counts, eng.param_count())
-        dist.all_gather_object(coords, {"pp_rank": layout.pp_rank, "tp_rank": layout.tp_rank, "ep_rank": layout.ep_rank})
-        results.append({"model": lay["model"], "overrides": lay.get("overrides"), "strategy": lay["strategy"], "losses": losses, "grad_norms": norms,
-                        "logprob_sum": float(lp.sum()), "responses": responses, "entropy_mean": float(ent.mean()),
-                        "param_counts": counts, "coords": coords, "dtype": str(eng.dtype),
-                        "transformer_engine": use_transformer_engine()})
+        dist.all_gather_object(
+            coords, {"pp_rank": layout.pp_rank, "tp_rank": layout.tp_rank, "ep_rank": layout.ep_rank}
+        )
+        results.append(
+            {
+                "model": lay["model"],
+                "overrides": lay.get("overrides"),
+                "strategy": lay["strategy"],
+                "losses": losses,
+                "grad_norms": norms,
+                "logprob_sum": float(lp.sum()),
+                "responses": responses,
+                "entropy_mean": float(ent.mean()),
+                "param_counts": counts,
+                "coords": coords,
+                "dtype": str(eng.dtype),
+                "transformer_engine": use_transformer_engine(),
+            }
+        )
         del eng
     parallel.destroy()
     return {"world": world, "results": results}

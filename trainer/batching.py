@@ -16,6 +16,7 @@ refuses budgets below the longest sequence, as verl's ``rearrange_micro_batches`
 The loss does not depend on the split: the GRPO loss is normalized by the mini-batch's totals
 and each micro-batch contributes its partial sum (trainer/loop.py, engine.py "Loss scaling").
 """
+
 from __future__ import annotations
 
 from typing import Sequence

@@ -14,6 +14,7 @@ then all ranks meet at a barrier, and only then does rank 0 write ``meta.json`` 
 ``latest.json``. A run killed at any instant (kill -9 included) therefore leaves ``latest.json``
 pointing at a complete checkpoint, or absent. Older checkpoints beyond ``keep`` are removed.
 """
+
 from __future__ import annotations
 
 import json
@@ -72,8 +73,11 @@ def rng_state() -> dict[str, Any]:
     import torch
 
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    st: dict[str, Any] = {"python": random.getstate(), "numpy": [kind, keys.tolist(), int(pos), int(has_gauss),
-                                                                 float(cached)], "torch": torch.get_rng_state()}
+    st: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         st["cuda"] = torch.cuda.get_rng_state()
         try:
@@ -102,8 +106,16 @@ def set_rng_state(st: dict[str, Any]) -> None:
         tensor_parallel.get_cuda_rng_tracker().set_states(st["megatron_tracker"])
 
 
-def save(out_dir: str | os.PathLike, step: int, state: dict[str, Any], *, rank: int, world_size: int,
-         barrier: Callable[[], None] = lambda: None, keep: int = 2) -> Path:
+def save(
+    out_dir: str | os.PathLike,
+    step: int,
+    state: dict[str, Any],
+    *,
+    rank: int,
+    world_size: int,
+    barrier: Callable[[], None] = lambda: None,
+    keep: int = 2,
+) -> Path:
     """Save this rank's ``state`` for ``step`` (collective: every rank calls it)."""
     import torch
 
@@ -145,8 +157,10 @@ def latest(out_dir: str | os.PathLike) -> dict | None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise _err(f"{p} is unreadable ({exc})", "delete the checkpoints folder to start over") from None
     if not isinstance(d, str) or not _STEP_DIR.fullmatch(d):
-        raise _err(f"{p}: dir {d!r} is not a step_NNNNNNNN folder of {root(out_dir)}",
-                   "latest.json only ever names a folder next to it; delete it to start over")
+        raise _err(
+            f"{p}: dir {d!r} is not a step_NNNNNNNN folder of {root(out_dir)}",
+            "latest.json only ever names a folder next to it; delete it to start over",
+        )
     return meta
 
 
@@ -184,9 +198,11 @@ def _corrupt(out_dir, f: Path, why: str, step: int, world_size: int) -> GrpoTune
     if good is None:
         hint = f"no older intact checkpoint is left; delete {root(out_dir)} to start over"
     else:
-        hint = (f"the last intact checkpoint is {good}: resume from it by writing "
-                f'{{"step": {int(good.name[5:])}, "world_size": {world_size}, "dir": "{good.name}"}} '
-                f"into {root(out_dir) / 'latest.json'}")
+        hint = (
+            f"the last intact checkpoint is {good}: resume from it by writing "
+            f'{{"step": {int(good.name[5:])}, "world_size": {world_size}, "dir": "{good.name}"}} '
+            f"into {root(out_dir) / 'latest.json'}"
+        )
     return _err(f"checkpoint shard {f} is corrupt: {why}", hint)
 
 
@@ -196,8 +212,11 @@ def verify(out_dir: str | os.PathLike, world_size: int) -> int | None:
     if meta is None:
         return None
     if int(meta["world_size"]) != world_size:
-        raise _err(f"the checkpoint in {root(out_dir)} was written by {meta['world_size']} ranks; this config has "
-                   f"{world_size}", "resume with the same degrees, or use another --out")
+        raise _err(
+            f"the checkpoint in {root(out_dir)} was written by {meta['world_size']} ranks; this config has "
+            f"{world_size}",
+            "resume with the same degrees, or use another --out",
+        )
     d = root(out_dir) / meta["dir"]
     for r in range(world_size):
         why = _bad_shard(_shard(d, r))
@@ -206,7 +225,9 @@ def verify(out_dir: str | os.PathLike, world_size: int) -> int | None:
     return int(meta["step"])
 
 
-def load(out_dir: str | os.PathLike, *, rank: int, world_size: int, restore_rng: bool = True) -> tuple[int, dict] | None:
+def load(
+    out_dir: str | os.PathLike, *, rank: int, world_size: int, restore_rng: bool = True
+) -> tuple[int, dict] | None:
     """(step, this rank's state) of the latest complete checkpoint, or None when there is none."""
     import pickle
 
@@ -216,8 +237,10 @@ def load(out_dir: str | os.PathLike, *, rank: int, world_size: int, restore_rng:
     if meta is None:
         return None
     if int(meta["world_size"]) != world_size:
-        raise _err(f"checkpoint written by {meta['world_size']} ranks, this run has {world_size}",
-                   "resume with the same degrees")
+        raise _err(
+            f"checkpoint written by {meta['world_size']} ranks, this run has {world_size}",
+            "resume with the same degrees",
+        )
     f = _shard(root(out_dir) / meta["dir"], rank)
     try:
         state = torch.load(f, map_location="cpu", weights_only=True)  # tensors and plain values only

@@ -17,6 +17,7 @@ fork of the "CUDA" RNG is a fork of the CPU RNG); (5) by a norm that marks its w
 ``sequence_parallel`` so that ``finalize_model_grads`` all-reduces its gradient over TP, as
 TE's norm does. On a machine with CUDA, :func:`enable` does nothing and returns False.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -61,7 +62,7 @@ def _reduce_scatter_by_all_reduce(output, input_list, op=torch.distributed.Reduc
     torch.distributed.all_reduce(full, op=op, group=group)
     rank = torch.distributed.get_rank(group)
     start = sum(t.shape[0] if t.dim() else 1 for t in input_list[:rank])
-    output.copy_(full[start:start + (output.shape[0] if output.dim() else 1)].view_as(output))
+    output.copy_(full[start : start + (output.shape[0] if output.dim() else 1)].view_as(output))
     return None
 
 
@@ -223,10 +224,16 @@ def fix_shape_exchange() -> None:
 
         rp = torch.empty((3,), device=dev, dtype=torch.int64) if recv_prev else None
         rn = torch.empty((3,), device=dev, dtype=torch.int64) if recv_next else None
-        reqs = p2p._p2p_ops(tensor_send_prev=shape_of(tensor_send_prev), tensor_recv_prev=rp,
-                            tensor_send_next=shape_of(tensor_send_next), tensor_recv_next=rn, group=self.pp_group,
-                            prev_pipeline_rank=self.prev_rank, next_pipeline_rank=self.next_rank)
-        for r in (reqs.values() if isinstance(reqs, dict) else reqs):
+        reqs = p2p._p2p_ops(
+            tensor_send_prev=shape_of(tensor_send_prev),
+            tensor_recv_prev=rp,
+            tensor_send_next=shape_of(tensor_send_next),
+            tensor_recv_next=rn,
+            group=self.pp_group,
+            prev_pipeline_rank=self.prev_rank,
+            next_pipeline_rank=self.next_rank,
+        )
+        for r in reqs.values() if isinstance(reqs, dict) else reqs:
             r.wait()
         return (rp.tolist() if rp is not None else [0, 0, 0]), (rn.tolist() if rn is not None else [0, 0, 0])
 

@@ -22,6 +22,7 @@ over steps 1-20 to 0.198 over steps 61-80 on ``copy`` (about a minute); a plain-
 (a plain-torch model of tiny's shape: ~14% after 300 steps, mostly the single-digit format), so it
 is the harder option, not the one to show learning in minutes.
 """
+
 from __future__ import annotations
 
 import json
@@ -92,16 +93,18 @@ def _records_to_examples(records, where: str, prompt_key: str, answer_key: str) 
         prompt, answer = _prompt_of(rec, prompt_key), _answer_of(rec, answer_key)
         if prompt is None or answer is None:
             missing = prompt_key if prompt is None else answer_key
-            raise ConfigError(f"{where}: record {i + 1} has no {missing!r} field",
-                              hint=f"fields found: {', '.join(map(str, rec))}")
+            raise ConfigError(
+                f"{where}: record {i + 1} has no {missing!r} field", hint=f"fields found: {', '.join(map(str, rec))}"
+            )
         out.append(Example(prompt, answer))
     if not out:
         raise ConfigError(f"{where}: the dataset is empty")
     return out
 
 
-def load_dataset(spec: str, *, n: int = 1024, seed: int = 0, prompt_key: str = "prompt",
-                 answer_key: str = "answer") -> list[Example]:
+def load_dataset(
+    spec: str, *, n: int = 1024, seed: int = 0, prompt_key: str = "prompt", answer_key: str = "answer"
+) -> list[Example]:
     """``synthetic`` (= ``synthetic:copy``) / ``synthetic:sum`` (``n`` examples from ``seed``), or a ``.jsonl`` / ``.parquet`` file.
 
     A missing file raises the coded MISSING_DATASET error; malformed records raise BAD_CONFIG.
@@ -110,8 +113,11 @@ def load_dataset(spec: str, *, n: int = 1024, seed: int = 0, prompt_key: str = "
         return synthetic_examples(n, seed, task=spec.partition(":")[2] or "copy")
     p = Path(spec)
     if not p.is_file():
-        raise GrpoTuneError(f"dataset {spec!r} does not exist", code="MISSING_DATASET",
-                            hint="give a .jsonl/.parquet file with prompt and answer fields, or 'synthetic'")
+        raise GrpoTuneError(
+            f"dataset {spec!r} does not exist",
+            code="MISSING_DATASET",
+            hint="give a .jsonl/.parquet file with prompt and answer fields, or 'synthetic'",
+        )
     suffix = "".join(p.suffixes[-1:]).lower()
     if suffix in (".jsonl", ".json"):
         records = []
@@ -162,7 +168,7 @@ class PromptStream:
                 self.epoch, self.index = self.epoch + 1, 0
                 self._order = self._perm(self.epoch)
             take = min(self.batch_size - len(out), len(self._order) - self.index)
-            out += [self.examples[i] for i in self._order[self.index:self.index + take]]
+            out += [self.examples[i] for i in self._order[self.index : self.index + take]]
             self.index += take
         return out
 

@@ -11,6 +11,7 @@ micro-batches differently (token-mean over the whole mini-batch) scales inside `
 by ``n_micro_batches_global * mb_tokens / total_tokens`` (``micro_batch["_scale_ctx"]`` gives the
 counts).
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
@@ -35,8 +36,9 @@ this size; larger random models use megatron's faster per-shard init."""
 LossFn = Callable[[torch.Tensor, "torch.Tensor | None", dict], "tuple[torch.Tensor, dict]"]
 
 
-def vocab_parallel_logprobs(logits: torch.Tensor, target: torch.Tensor, *, vocab: int,
-                            with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def vocab_parallel_logprobs(
+    logits: torch.Tensor, target: torch.Tensor, *, vocab: int, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(target) and entropy from vocab-sharded logits ``[..., V/tp]`` (differentiable).
 
     log p = z_t - log sum_v exp z_v, entropy = log Z - sum_v p_v z_v, with each sum over the TP
@@ -85,11 +87,17 @@ class Engine:
         self.spec = cfg.model
         self.strategy = cfg.strategy
         self.trainable = trainable
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        )
         t = cfg.trainer
-        self.config = tmodel.transformer_config(self.spec, self.strategy, dtype=cfg.workload.dtype,
-                                                aux_loss_coeff=t.moe_aux_loss_coeff if trainable else 0.0,
-                                                load_balancing_type=t.moe_router_load_balancing_type)
+        self.config = tmodel.transformer_config(
+            self.spec,
+            self.strategy,
+            dtype=cfg.workload.dtype,
+            aux_loss_coeff=t.moe_aux_loss_coeff if trainable else 0.0,
+            load_balancing_type=t.moe_router_load_balancing_type,
+        )
         self.dtype = self.config.params_dtype
         chunks = tmodel.build_chunks(self.spec, self.strategy, self.config)
         if init_weights:
@@ -116,7 +124,11 @@ class Engine:
     # --- construction ------------------------------------------------------------------------
 
     def _wrap_ddp(self, chunks):
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
 
         s = self.strategy
         ddp_config = DistributedDataParallelConfig(
@@ -125,9 +137,10 @@ class Engine:
             use_distributed_optimizer=s.distributed_optimizer,
             check_for_nan_in_grad=False,
         )
-        wrapped = [DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=c,
-                                           disable_bucketing=i > 0)
-                   for i, c in enumerate(chunks)]
+        wrapped = [
+            DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=c, disable_bucketing=i > 0)
+            for i, c in enumerate(chunks)
+        ]
         for w in wrapped:
             w.broadcast_params()
         # Issue 5: without this, DP / SP-norm / tied-embedding gradient reductions are skipped.
@@ -192,11 +205,22 @@ class Engine:
         """One rank per DP replica holds the final answer: last stage, TP rank 0, CP rank 0."""
         from megatron.core import parallel_state as ps
 
-        return (ps.is_pipeline_last_stage(ignore_virtual=True) and ps.get_tensor_model_parallel_rank() == 0
-                and ps.get_context_parallel_rank() == 0)
+        return (
+            ps.is_pipeline_last_stage(ignore_virtual=True)
+            and ps.get_tensor_model_parallel_rank() == 0
+            and ps.get_context_parallel_rank() == 0
+        )
 
-    def _run(self, micro_batches: list[dict], loss_func, *, forward_only: bool, seq_len: int, mbs: int,
-             variable: bool = False):
+    def _run(
+        self,
+        micro_batches: list[dict],
+        loss_func,
+        *,
+        forward_only: bool,
+        seq_len: int,
+        mbs: int,
+        variable: bool = False,
+    ):
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         # micro-batches of different shapes: pipeline stages send each tensor's shape first
@@ -242,23 +266,37 @@ class Engine:
         least = unit * self.strategy.pp if self.strategy.vpp > 1 else unit
         if B % unit or B < least:
             if not pad_ok:
-                raise ValueError(f"batch of {B} sequences is not a multiple of dp*micro_batch_size = {dp}*{mbs}"
-                                 + (f" or has fewer than pp={self.strategy.pp} micro-batches per DP rank (VPP)"
-                                    if B >= unit else ""))
+                raise ValueError(
+                    f"batch of {B} sequences is not a multiple of dp*micro_batch_size = {dp}*{mbs}"
+                    + (f" or has fewer than pp={self.strategy.pp} micro-batches per DP rank (VPP)" if B >= unit else "")
+                )
             extra = max(-(-B // unit) * unit, least) - B
-            batch = {k: torch.cat([v, v[-1:].expand(extra, *v.shape[1:])], 0) if torch.is_tensor(v) and v.dim() and v.shape[0] == B else v
-                     for k, v in batch.items()}
+            batch = {
+                k: torch.cat([v, v[-1:].expand(extra, *v.shape[1:])], 0)
+                if torch.is_tensor(v) and v.dim() and v.shape[0] == B
+                else v
+                for k, v in batch.items()
+            }
             B += extra
         lo, hi = self._dp_rows(B)
         mbs_list = []
         for i in range(lo, hi, mbs):
-            mb = {k: (v[i:i + mbs].to(self.device) if torch.is_tensor(v) and v.dim() and v.shape[0] == B else v)
-                  for k, v in batch.items()}
+            mb = {
+                k: (v[i : i + mbs].to(self.device) if torch.is_tensor(v) and v.dim() and v.shape[0] == B else v)
+                for k, v in batch.items()
+            }
             mbs_list.append(mb)
         return mbs_list, lo, hi
 
-    def _split_budget(self, batch: dict[str, torch.Tensor], lengths: torch.Tensor, max_tokens: int, *,
-                      pad_ok: bool, width: int | None = None) -> tuple[list[dict], int, int]:
+    def _split_budget(
+        self,
+        batch: dict[str, torch.Tensor],
+        lengths: torch.Tensor,
+        max_tokens: int,
+        *,
+        pad_ok: bool,
+        width: int | None = None,
+    ) -> tuple[list[dict], int, int]:
         """This DP rank's rows packed into token-budget micro-batches (trainer/batching.py).
 
         Every DP rank runs the same number of micro-batches (the maximum, all-reduced over the DP
@@ -280,8 +318,12 @@ class Engine:
             if not pad_ok:
                 raise ValueError(f"batch of {B} sequences is not a multiple of dp = {dp}")
             extra = dp - B % dp
-            batch = {k: torch.cat([v, v[-1:].expand(extra, *v.shape[1:])], 0)
-                     if torch.is_tensor(v) and v.dim() and v.shape[0] == B else v for k, v in batch.items()}
+            batch = {
+                k: torch.cat([v, v[-1:].expand(extra, *v.shape[1:])], 0)
+                if torch.is_tensor(v) and v.dim() and v.shape[0] == B
+                else v
+                for k, v in batch.items()
+            }
             lengths = torch.cat([lengths, lengths[-1:].expand(extra)])
             B += extra
         lo, hi = self._dp_rows(B)
@@ -314,7 +356,7 @@ class Engine:
                     if v.dim() >= 2 and v.shape[1] == Sp:
                         v = v[:, :Lp]
                     elif v.dim() >= 2 and v.shape[1] == S - 1:
-                        v = v[:, :L - 1]
+                        v = v[:, : L - 1]
                     if key == "mask" and real < len(take):
                         v = v.clone()
                         v[real:] = 0
@@ -350,7 +392,7 @@ class Engine:
         full = out.new_zeros(rows.shape[0], rows.shape[1], out.shape[-1])
         off = 0
         for i, n in enumerate(lens):
-            full[i, :n] = out[0, off:off + n]
+            full[i, :n] = out[0, off : off + n]
             off += n
         return full
 
@@ -363,14 +405,20 @@ class Engine:
         cu = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=self.device)
         cu[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32, device=self.device), 0)
         mx = int(max(lengths))
-        return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=mx,
-                               max_seqlen_kv=mx)
+        return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=mx, max_seqlen_kv=mx)
 
     # --- forward-only -----------------------------------------------------------------------
 
-    def logprobs(self, tokens: torch.Tensor, *, micro_batch_size: int, with_entropy: bool = False,
-                 temperature: float = 1.0, max_tokens: int | None = None,
-                 lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def logprobs(
+        self,
+        tokens: torch.Tensor,
+        *,
+        micro_batch_size: int,
+        with_entropy: bool = False,
+        temperature: float = 1.0,
+        max_tokens: int | None = None,
+        lengths: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log p(tokens[:, 1:]) ``[B, S-1]`` (fp32) and optionally the entropy of each
         next-token distribution ``[B, S-1]``, computed under no_grad through the pipeline; the
         result is on every rank (CPU tensors). With ``max_tokens`` the rows (real ``lengths``) are
@@ -385,8 +433,9 @@ class Engine:
 
         def loss_func(mb, logits):
             t = mb["tokens"]
-            lp, ent = vocab_parallel_logprobs(logits[:, :-1] / temperature, t[:, 1:], vocab=self.spec.vocab,
-                                              with_entropy=with_entropy)
+            lp, ent = vocab_parallel_logprobs(
+                logits[:, :-1] / temperature, t[:, 1:], vocab=self.spec.vocab, with_entropy=with_entropy
+            )
             return logits.new_zeros(()), {"logprobs": lp, "entropy": ent}
 
         out = self._run(mbs, loss_func, forward_only=True, seq_len=Sp, mbs=micro_batch_size)
@@ -407,13 +456,20 @@ class Engine:
 
         def loss_func(mb, logits):
             t = mb["tokens"]
-            lp, ent = vocab_parallel_logprobs(logits[:, :-1] / temperature, t[:, 1:], vocab=self.spec.vocab,
-                                              with_entropy=with_entropy)
+            lp, ent = vocab_parallel_logprobs(
+                logits[:, :-1] / temperature, t[:, 1:], vocab=self.spec.vocab, with_entropy=with_entropy
+            )
             return logits.new_zeros(()), {"logprobs": lp, "entropy": ent}
 
         uniform = self.strategy.vpp > 1
-        out = self._run(micro, loss_func, forward_only=True, seq_len=Sp, mbs=micro[0]["tokens"].shape[0] if uniform else 1,
-                        variable=not uniform)
+        out = self._run(
+            micro,
+            loss_func,
+            forward_only=True,
+            seq_len=Sp,
+            mbs=micro[0]["tokens"].shape[0] if uniform else 1,
+            variable=not uniform,
+        )
         rows_total = B + (-B) % max(1, self._dp())
         full = torch.zeros(2 if with_entropy else 1, rows_total, Sp - 1, device=self.device)
         if self._contributes():
@@ -494,15 +550,19 @@ class Engine:
 
         out = self._run(micro, loss_func, forward_only=True, seq_len=T, mbs=mbs, variable=True)
         # inference gathers the TP logits: every TP rank holds the whole (padded) vocabulary
-        full = torch.zeros(self._padded_rows(B, mbs), padded_vocab(self.spec, ps.get_tensor_model_parallel_world_size()),
-                           device=self.device)
+        full = torch.zeros(
+            self._padded_rows(B, mbs),
+            padded_vocab(self.spec, ps.get_tensor_model_parallel_world_size()),
+            device=self.device,
+        )
         if self._contributes():
             full[lo:hi] = torch.cat([d["logits"] for d in out], 0)
         self._world_sum(full)
-        return full[:B, :self.spec.vocab].cpu()
+        return full[:B, : self.spec.vocab].cpu()
 
-    def next_token_logits(self, tokens: torch.Tensor, lengths: torch.Tensor | list[int], *,
-                          micro_batch_size: int | None = None) -> torch.Tensor:
+    def next_token_logits(
+        self, tokens: torch.Tensor, lengths: torch.Tensor | list[int], *, micro_batch_size: int | None = None
+    ) -> torch.Tensor:
         """Full-vocabulary logits ``[B, V]`` (fp32, CPU) of the token after ``tokens[b, :lengths[b]]``,
         on every rank. ``tokens`` is right-padded; the causal mask makes the padding irrelevant.
         Recomputes the whole prefix (no KV cache): meant for the CPU sampler and small models."""
@@ -527,15 +587,23 @@ class Engine:
         full = torch.zeros(self._padded_rows(B, mbs), vl * tp, device=self.device)
         if ps.is_pipeline_last_stage(ignore_virtual=True) and ps.get_context_parallel_rank() == 0:
             r = ps.get_tensor_model_parallel_rank()
-            full[lo:hi, r * vl:(r + 1) * vl] = torch.cat([d["logits"] for d in out], 0)
+            full[lo:hi, r * vl : (r + 1) * vl] = torch.cat([d["logits"] for d in out], 0)
         self._world_sum(full)
         return full[:B, :V].cpu()
 
     # --- training -----------------------------------------------------------------------------
 
-    def train_step(self, batch: dict[str, torch.Tensor], loss_fn: LossFn, *, micro_batch_size: int,
-                   with_entropy: bool = False, temperature: float = 1.0, max_tokens: int | None = None,
-                   lengths: torch.Tensor | None = None) -> dict[str, float]:
+    def train_step(
+        self,
+        batch: dict[str, torch.Tensor],
+        loss_fn: LossFn,
+        *,
+        micro_batch_size: int,
+        with_entropy: bool = False,
+        temperature: float = 1.0,
+        max_tokens: int | None = None,
+        lengths: torch.Tensor | None = None,
+    ) -> dict[str, float]:
         """One optimizer step over one mini-batch.
 
         ``batch["tokens"]`` is ``[B, S]`` (the whole mini-batch, on every rank); other tensors with
@@ -570,8 +638,9 @@ class Engine:
         def loss_func(mb, logits):
             t = mb["tokens"]
             L = mb.get("_len", S)
-            lp, ent = vocab_parallel_logprobs(logits[:, : L - 1] / temperature, t[:, 1:L], vocab=self.spec.vocab,
-                                              with_entropy=with_entropy)
+            lp, ent = vocab_parallel_logprobs(
+                logits[:, : L - 1] / temperature, t[:, 1:L], vocab=self.spec.vocab, with_entropy=with_entropy
+            )
             loss, metrics = loss_fn(lp, ent, mb)
             if mb.get("_dummy"):  # a filler micro-batch: runs the schedule, adds nothing
                 loss = loss * 0.0
@@ -584,9 +653,14 @@ class Engine:
             c.zero_grad_buffer()
         self.optimizer.zero_grad()
         uniform = bool(max_tokens) and self.strategy.vpp > 1  # one shape per micro-batch (_split_budget)
-        out = self._run(micro, loss_func, forward_only=False, seq_len=Sp,
-                        mbs=micro[0]["tokens"].shape[0] if uniform else micro_batch_size,
-                        variable=bool(max_tokens) and not uniform)
+        out = self._run(
+            micro,
+            loss_func,
+            forward_only=False,
+            seq_len=Sp,
+            mbs=micro[0]["tokens"].shape[0] if uniform else micro_batch_size,
+            variable=bool(max_tokens) and not uniform,
+        )
         ok, grad_norm, _ = self.optimizer.step()
         local = None
         if self._contributes():
@@ -656,17 +730,24 @@ def optimizer_offload_kwargs(s, *, cuda: bool) -> dict:
     """
     import logging
 
-    want = [n for n, on in (("cpu_optimizer", s.cpu_optimizer), ("precision_aware_optimizer",
-                                                                  s.precision_aware_optimizer)) if on]
+    want = [
+        n
+        for n, on in (("cpu_optimizer", s.cpu_optimizer), ("precision_aware_optimizer", s.precision_aware_optimizer))
+        if on
+    ]
     if not cuda:
         if want:
             logging.getLogger("trainer.engine").warning(
-                "%s requested: a no-op on CPU (optimizer state already lives in host memory)", ", ".join(want))
+                "%s requested: a no-op on CPU (optimizer state already lives in host memory)", ", ".join(want)
+            )
         return {}
     kw: dict = {}
     if s.cpu_optimizer:
-        kw.update(optimizer_cpu_offload=True, optimizer_offload_fraction=float(s.cpu_optimizer),
-                  overlap_cpu_optimizer_d2h_h2d=bool(s.overlap_cpu_optimizer))
+        kw.update(
+            optimizer_cpu_offload=True,
+            optimizer_offload_fraction=float(s.cpu_optimizer),
+            overlap_cpu_optimizer_d2h_h2d=bool(s.overlap_cpu_optimizer),
+        )
     if s.precision_aware_optimizer:
         kw["use_precision_aware_optimizer"] = True
     return kw

@@ -26,6 +26,7 @@ and each returned value becomes a partial sum whose sum over micro-batches and r
 the mini-batch mean, independent of how the batch was split. The caller must then undo any
 averaging its schedule applies (Megatron divides by the number of micro-batches, DDP by DP).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,8 +44,9 @@ LOSS_AGG_MODES = LossAgg.values()  # named once, in core/choices.py
 KL_TYPES = KlType.values()
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, *, norm_by_std: bool = True,
-                     eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, *, norm_by_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
     """Group-relative advantages, one per response: FloatTensor[N] from rewards[N].
 
     Responses ``g*G .. g*G+G-1`` form group g (the caller repeats each prompt G times in a row).
@@ -63,8 +65,14 @@ def group_advantages(rewards: torch.Tensor, group_size: int, *, norm_by_std: boo
     return adv.reshape(-1)
 
 
-def agg_loss(values: torch.Tensor, mask: torch.Tensor, mode: str, *, num_tokens: float | torch.Tensor | None = None,
-             num_seqs: float | torch.Tensor | None = None) -> torch.Tensor:
+def agg_loss(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    *,
+    num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+) -> torch.Tensor:
     """Reduce per-token ``values[B, T]`` under ``mask`` to a scalar.
 
     * ``token-mean``: sum(values * mask) / num_tokens (default: mask.sum()); every token weighs the same.
@@ -90,9 +98,19 @@ def _clamp1(x):
     return x.clamp(min=1) if isinstance(x, torch.Tensor) else max(float(x), 1.0)
 
 
-def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-                clip_ratio: float, clip_ratio_high: float | None = None, loss_agg_mode: str = "token-mean",
-                clip_ratio_c: float | None = None, num_tokens=None, num_seqs=None) -> tuple[torch.Tensor, dict]:
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_ratio: float,
+    clip_ratio_high: float | None = None,
+    loss_agg_mode: str = "token-mean",
+    clip_ratio_c: float | None = None,
+    num_tokens=None,
+    num_seqs=None,
+) -> tuple[torch.Tensor, dict]:
     """PPO clipped policy-gradient loss (to minimize) and its metrics.
 
     Per token, with ``ratio = exp(logprobs - old_logprobs)`` (log-ratio clamped to [-20, 20] as
@@ -187,23 +205,39 @@ class LossConfig:
 
     def __post_init__(self) -> None:
         if self.loss_agg_mode not in LOSS_AGG_MODES:
-            raise ConfigError(f"unknown loss_agg_mode {self.loss_agg_mode!r}",
-                              hint=f"choose one of: {', '.join(LOSS_AGG_MODES)}")
+            raise ConfigError(
+                f"unknown loss_agg_mode {self.loss_agg_mode!r}", hint=f"choose one of: {', '.join(LOSS_AGG_MODES)}"
+            )
         if self.kl_type not in KL_TYPES:
             raise ConfigError(f"unknown kl_type {self.kl_type!r}", hint=f"choose one of: {', '.join(KL_TYPES)}")
 
     @classmethod
     def from_options(cls, trainer: TrainerOptions, *, use_kl: bool = True) -> LossConfig:
         """From an ``core.config.TrainerOptions`` (and ``workload.kl`` as ``use_kl``)."""
-        return cls(clip_ratio=trainer.clip_ratio, clip_ratio_high=trainer.clip_ratio_high,
-                   clip_ratio_c=getattr(trainer, "clip_ratio_c", None), loss_agg_mode=trainer.loss_agg_mode,
-                   kl_coef=trainer.kl_coef, kl_type=trainer.kl_type, use_kl=use_kl,
-                   entropy_coef=trainer.entropy_coef)
+        return cls(
+            clip_ratio=trainer.clip_ratio,
+            clip_ratio_high=trainer.clip_ratio_high,
+            clip_ratio_c=getattr(trainer, "clip_ratio_c", None),
+            loss_agg_mode=trainer.loss_agg_mode,
+            kl_coef=trainer.kl_coef,
+            kl_type=trainer.kl_type,
+            use_kl=use_kl,
+            entropy_coef=trainer.entropy_coef,
+        )
 
 
-def actor_loss(logprobs: torch.Tensor, entropy: torch.Tensor | None, *, old_logprobs: torch.Tensor,
-               advantages: torch.Tensor, mask: torch.Tensor, cfg: LossConfig,
-               ref_logprobs: torch.Tensor | None = None, num_tokens=None, num_seqs=None) -> tuple[torch.Tensor, dict]:
+def actor_loss(
+    logprobs: torch.Tensor,
+    entropy: torch.Tensor | None,
+    *,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    ref_logprobs: torch.Tensor | None = None,
+    num_tokens=None,
+    num_seqs=None,
+) -> tuple[torch.Tensor, dict]:
     """The GRPO actor loss ``pg + kl_coef * kl - entropy_coef * entropy`` and its metrics.
 
     Each term is aggregated with ``cfg.loss_agg_mode`` and the same normalizers (see module doc).
@@ -211,9 +245,18 @@ def actor_loss(logprobs: torch.Tensor, entropy: torch.Tensor | None, *, old_logp
     ``cfg.entropy_coef > 0`` (otherwise, if given, it is only reported). Metrics: those of
     :func:`policy_loss` plus ``kl``, ``entropy`` (when computed) and ``loss``.
     """
-    loss, metrics = policy_loss(logprobs, old_logprobs, advantages, mask, clip_ratio=cfg.clip_ratio,
-                                clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
-                                loss_agg_mode=cfg.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs)
+    loss, metrics = policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_ratio=cfg.clip_ratio,
+        clip_ratio_high=cfg.clip_ratio_high,
+        clip_ratio_c=cfg.clip_ratio_c,
+        loss_agg_mode=cfg.loss_agg_mode,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+    )
     agg = dict(mode=cfg.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs)
     if cfg.use_kl and cfg.kl_coef > 0:
         if ref_logprobs is None:

@@ -14,6 +14,7 @@ random init) and keeps this rank's shard. Export rebuilds each full tensor with 
 over the world, to which only one replica of each shard contributes, and converts it back to HF
 names; every rank gets every tensor (what weight sync and ``save_pretrained`` need).
 """
+
 from __future__ import annotations
 
 import json
@@ -64,39 +65,91 @@ def param_keys(m: ModelSpec, tp: int) -> list[Key]:
         if m.is_mla:
             keys += _mla_keys(m, L, attn)
         else:
-            keys.append(Key(L + "self_attention.linear_qkv.weight", (qkv_rows, h), "col", "qkv",
-                            (attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight")))
+            keys.append(
+                Key(
+                    L + "self_attention.linear_qkv.weight",
+                    (qkv_rows, h),
+                    "col",
+                    "qkv",
+                    (attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"),
+                )
+            )
             if m.qkv_bias:
-                keys.append(Key(L + "self_attention.linear_qkv.bias", (qkv_rows,), "col", "qkv",
-                                (attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias")))
+                keys.append(
+                    Key(
+                        L + "self_attention.linear_qkv.bias",
+                        (qkv_rows,),
+                        "col",
+                        "qkv",
+                        (attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias"),
+                    )
+                )
             if m.qk_norm:
-                keys += [Key(L + "self_attention.q_layernorm.weight", (hd,), "rep", "plain", (attn + "q_norm.weight",)),
-                         Key(L + "self_attention.k_layernorm.weight", (hd,), "rep", "plain", (attn + "k_norm.weight",))]
-            keys.append(Key(L + "self_attention.linear_proj.weight", (h, m.heads * hd), "row", "plain",
-                            (attn + "o_proj.weight",)))
+                keys += [
+                    Key(L + "self_attention.q_layernorm.weight", (hd,), "rep", "plain", (attn + "q_norm.weight",)),
+                    Key(L + "self_attention.k_layernorm.weight", (hd,), "rep", "plain", (attn + "k_norm.weight",)),
+                ]
+            keys.append(
+                Key(
+                    L + "self_attention.linear_proj.weight",
+                    (h, m.heads * hd),
+                    "row",
+                    "plain",
+                    (attn + "o_proj.weight",),
+                )
+            )
         keys.append(Key(L + "pre_mlp_layernorm.weight", (h,), "rep", "plain", (H + "post_attention_layernorm.weight",)))
         if m.is_moe and i >= m.dense_layers:
             keys.append(Key(L + "mlp.router.weight", (m.experts, h), "rep", "plain", (H + "mlp.gate.weight",)))
             if m.router_bias:  # a buffer in megatron (updated by rule, not by the optimizer)
-                keys.append(Key(L + "mlp.router.expert_bias", (m.experts,), "rep", "plain",
-                                (H + "mlp.gate.e_score_correction_bias",)))
+                keys.append(
+                    Key(
+                        L + "mlp.router.expert_bias",
+                        (m.experts,),
+                        "rep",
+                        "plain",
+                        (H + "mlp.gate.e_score_correction_bias",),
+                    )
+                )
             if m.shared_experts:
                 fs = m.shared_experts * m.expert_ffn_hidden
                 S, HS = L + "mlp.shared_experts.", H + "mlp.shared_experts."
-                keys += [Key(S + "linear_fc1.weight", (2 * fs, h), "col", "fc1",
-                             (HS + "gate_proj.weight", HS + "up_proj.weight")),
-                         Key(S + "linear_fc2.weight", (h, fs), "row", "plain", (HS + "down_proj.weight",))]
+                keys += [
+                    Key(
+                        S + "linear_fc1.weight",
+                        (2 * fs, h),
+                        "col",
+                        "fc1",
+                        (HS + "gate_proj.weight", HS + "up_proj.weight"),
+                    ),
+                    Key(S + "linear_fc2.weight", (h, fs), "row", "plain", (HS + "down_proj.weight",)),
+                ]
             f = m.expert_ffn_hidden
             for e in range(m.experts):
                 E, HE = L + f"mlp.experts.local_experts.{e}.", H + f"mlp.experts.{e}."
-                keys += [Key(E + "linear_fc1.weight", (2 * f, h), "col", "fc1",
-                             (HE + "gate_proj.weight", HE + "up_proj.weight"), expert=True),
-                         Key(E + "linear_fc2.weight", (h, f), "row", "plain", (HE + "down_proj.weight",), expert=True)]
+                keys += [
+                    Key(
+                        E + "linear_fc1.weight",
+                        (2 * f, h),
+                        "col",
+                        "fc1",
+                        (HE + "gate_proj.weight", HE + "up_proj.weight"),
+                        expert=True,
+                    ),
+                    Key(E + "linear_fc2.weight", (h, f), "row", "plain", (HE + "down_proj.weight",), expert=True),
+                ]
         else:
             f = m.ffn_hidden
-            keys += [Key(L + "mlp.linear_fc1.weight", (2 * f, h), "col", "fc1",
-                         (H + "mlp.gate_proj.weight", H + "mlp.up_proj.weight")),
-                     Key(L + "mlp.linear_fc2.weight", (h, f), "row", "plain", (H + "mlp.down_proj.weight",))]
+            keys += [
+                Key(
+                    L + "mlp.linear_fc1.weight",
+                    (2 * f, h),
+                    "col",
+                    "fc1",
+                    (H + "mlp.gate_proj.weight", H + "mlp.up_proj.weight"),
+                ),
+                Key(L + "mlp.linear_fc2.weight", (h, f), "row", "plain", (H + "mlp.down_proj.weight",)),
+            ]
     keys.append(Key("decoder.final_layernorm.weight", (h,), "rep", "plain", ("model.norm.weight",)))
     if not m.tied_embeddings:
         keys.append(Key("output_layer.weight", (vp, h), "col", "vocab", ("lm_head.weight",)))
@@ -115,23 +168,36 @@ def _mla_keys(m: ModelSpec, L: str, attn: str) -> list[Key]:
     S = L + "self_attention."
     keys = []
     if m.q_lora_rank:
-        keys += [Key(S + "linear_q_down_proj.weight", (m.q_lora_rank, h), "rep", "plain", (attn + "q_a_proj.weight",)),
-                 Key(S + "q_layernorm.weight", (m.q_lora_rank,), "rep", "plain", (attn + "q_a_layernorm.weight",)),
-                 Key(S + "linear_q_up_proj.weight", (qd, m.q_lora_rank), "col", "plain", (attn + "q_b_proj.weight",))]
+        keys += [
+            Key(S + "linear_q_down_proj.weight", (m.q_lora_rank, h), "rep", "plain", (attn + "q_a_proj.weight",)),
+            Key(S + "q_layernorm.weight", (m.q_lora_rank,), "rep", "plain", (attn + "q_a_layernorm.weight",)),
+            Key(S + "linear_q_up_proj.weight", (qd, m.q_lora_rank), "col", "plain", (attn + "q_b_proj.weight",)),
+        ]
     else:
         keys.append(Key(S + "linear_q_proj.weight", (qd, h), "col", "plain", (attn + "q_proj.weight",)))
     keys += [
-        Key(S + "linear_kv_down_proj.weight", (m.kv_lora_rank + m.qk_rope_head_dim, h), "rep", "plain",
-            (attn + "kv_a_proj_with_mqa.weight",)),
+        Key(
+            S + "linear_kv_down_proj.weight",
+            (m.kv_lora_rank + m.qk_rope_head_dim, h),
+            "rep",
+            "plain",
+            (attn + "kv_a_proj_with_mqa.weight",),
+        ),
         Key(S + "kv_layernorm.weight", (m.kv_lora_rank,), "rep", "plain", (attn + "kv_a_layernorm.weight",)),
-        Key(S + "linear_kv_up_proj.weight", (m.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank), "col",
-            "plain", (attn + "kv_b_proj.weight",)),
+        Key(
+            S + "linear_kv_up_proj.weight",
+            (m.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
+            "col",
+            "plain",
+            (attn + "kv_b_proj.weight",),
+        ),
         Key(S + "linear_proj.weight", (h, m.heads * m.v_head_dim), "row", "plain", (attn + "o_proj.weight",)),
     ]
     return keys
 
 
 # --- full layout <-> HF tensors ----------------------------------------------------------------
+
 
 def to_full(key: Key, m: ModelSpec, hf: list[torch.Tensor]) -> torch.Tensor:
     """HF tensors (in ``key.hf`` order) -> the full megatron tensor."""
@@ -172,6 +238,7 @@ def from_full(key: Key, m: ModelSpec, full: torch.Tensor) -> list[torch.Tensor]:
 
 # --- full layout <-> one rank's shard ----------------------------------------------------------
 
+
 def _slices(key: Key, rank: int, size: int) -> list[tuple[slice, ...]]:
     """Index expressions into the full tensor that make up this rank's shard (in order)."""
     if key.split == "rep" or size == 1:
@@ -201,7 +268,7 @@ def place(key: Key, local: torch.Tensor, rank: int, size: int, out: torch.Tensor
         return
     n = local.shape[0] // len(sl)
     for j, s in enumerate(sl):
-        out[s] = local[j * n:(j + 1) * n]
+        out[s] = local[j * n : (j + 1) * n]
 
 
 # --- local parameters -> global keys -----------------------------------------------------------
@@ -314,6 +381,7 @@ def named_hf_tensors(chunks, m: ModelSpec, dtype: torch.dtype | None = None) -> 
 
 # --- random init -------------------------------------------------------------------------------
 
+
 def random_tensor(name: str, shape: tuple[int, ...], seed: int, std: float = 0.02) -> torch.Tensor:
     """The full HF tensor ``name`` drawn from a seed of its own: the same on every rank and layout."""
     if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
@@ -342,6 +410,7 @@ def init_random(chunks, m: ModelSpec, seed: int) -> None:
 
 # --- safetensors checkpoints -------------------------------------------------------------------
 
+
 def _index(path: Path) -> dict[str, Path]:
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -365,14 +434,39 @@ def load_spec(path: str | Path) -> ModelSpec:
 
 
 def check_matches(m: ModelSpec, ckpt: ModelSpec) -> None:
-    fields = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "head_dim", "vocab", "qkv_bias", "qk_norm",
-              "experts", "top_k", "expert_ffn_hidden", "tied_embeddings", "shared_experts", "dense_layers",
-              "router_bias", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-    bad = [f"{f}: config {getattr(m, f)} vs checkpoint {getattr(ckpt, f)}" for f in fields
-           if getattr(m, f) != getattr(ckpt, f)]
+    fields = (
+        "layers",
+        "hidden",
+        "ffn_hidden",
+        "heads",
+        "kv_heads",
+        "head_dim",
+        "vocab",
+        "qkv_bias",
+        "qk_norm",
+        "experts",
+        "top_k",
+        "expert_ffn_hidden",
+        "tied_embeddings",
+        "shared_experts",
+        "dense_layers",
+        "router_bias",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+    )
+    bad = [
+        f"{f}: config {getattr(m, f)} vs checkpoint {getattr(ckpt, f)}"
+        for f in fields
+        if getattr(m, f) != getattr(ckpt, f)
+    ]
     if bad:
-        raise CheckpointError(f"the checkpoint does not match model {m.name}: " + "; ".join(bad),
-                              hint="set model: to the checkpoint's config.json")
+        raise CheckpointError(
+            f"the checkpoint does not match model {m.name}: " + "; ".join(bad),
+            hint="set model: to the checkpoint's config.json",
+        )
 
 
 def load_hf(chunks, m: ModelSpec, path: str | Path) -> None:
@@ -400,37 +494,76 @@ def load_hf(chunks, m: ModelSpec, path: str | Path) -> None:
 
 def hf_config(m: ModelSpec, dtype: str = "float32") -> dict:
     """A transformers ``config.json`` for the spec (Llama, Qwen2, Qwen3, Qwen3-MoE)."""
-    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-            "qwen3_moe": "Qwen3MoeForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}[m.family]
+    arch = {
+        "llama": "LlamaForCausalLM",
+        "qwen2": "Qwen2ForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
+        "qwen3_moe": "Qwen3MoeForCausalLM",
+        "deepseek_v3": "DeepseekV3ForCausalLM",
+    }[m.family]
     cfg = {
-        "architectures": [arch], "model_type": m.family, "hidden_size": m.hidden,
-        "intermediate_size": m.ffn_hidden, "num_hidden_layers": m.layers,
-        "num_attention_heads": m.heads, "num_key_value_heads": m.kv_heads, "head_dim": m.head_dim,
-        "vocab_size": m.vocab, "rms_norm_eps": m.norm_eps, "rope_theta": m.rope_theta,
-        "max_position_embeddings": m.max_seq_len, "tie_word_embeddings": m.tied_embeddings,
-        "hidden_act": "silu", "torch_dtype": dtype,
+        "architectures": [arch],
+        "model_type": m.family,
+        "hidden_size": m.hidden,
+        "intermediate_size": m.ffn_hidden,
+        "num_hidden_layers": m.layers,
+        "num_attention_heads": m.heads,
+        "num_key_value_heads": m.kv_heads,
+        "head_dim": m.head_dim,
+        "vocab_size": m.vocab,
+        "rms_norm_eps": m.norm_eps,
+        "rope_theta": m.rope_theta,
+        "max_position_embeddings": m.max_seq_len,
+        "tie_word_embeddings": m.tied_embeddings,
+        "hidden_act": "silu",
+        "torch_dtype": dtype,
     }
     if m.family == "llama":
         cfg["attention_bias"] = m.qkv_bias
     if m.family == "qwen3_moe":
-        cfg.update(num_experts=m.experts, num_experts_per_tok=m.top_k, moe_intermediate_size=m.expert_ffn_hidden,
-                   norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+        cfg.update(
+            num_experts=m.experts,
+            num_experts_per_tok=m.top_k,
+            moe_intermediate_size=m.expert_ffn_hidden,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
     if m.family == "deepseek_v3":
         # keys as in deepseek-ai/DeepSeek-V3 and moonshotai/Moonlight-16B-A3B config.json
-        cfg.update(n_routed_experts=m.experts, num_experts_per_tok=m.top_k, moe_intermediate_size=m.expert_ffn_hidden,
-                   n_shared_experts=m.shared_experts or None, first_k_dense_replace=m.dense_layers, moe_layer_freq=1,
-                   topk_method="noaux_tc" if m.router_bias else "greedy", scoring_func="sigmoid",
-                   norm_topk_prob=True, n_group=m.router_groups or 1, topk_group=m.router_group_topk or 1,
-                   routed_scaling_factor=m.routed_scaling, q_lora_rank=m.q_lora_rank or None,
-                   kv_lora_rank=m.kv_lora_rank, qk_nope_head_dim=m.qk_nope_head_dim,
-                   qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim, num_nextn_predict_layers=0,
-                   rope_scaling=None)
+        cfg.update(
+            n_routed_experts=m.experts,
+            num_experts_per_tok=m.top_k,
+            moe_intermediate_size=m.expert_ffn_hidden,
+            n_shared_experts=m.shared_experts or None,
+            first_k_dense_replace=m.dense_layers,
+            moe_layer_freq=1,
+            topk_method="noaux_tc" if m.router_bias else "greedy",
+            scoring_func="sigmoid",
+            norm_topk_prob=True,
+            n_group=m.router_groups or 1,
+            topk_group=m.router_group_topk or 1,
+            routed_scaling_factor=m.routed_scaling,
+            q_lora_rank=m.q_lora_rank or None,
+            kv_lora_rank=m.kv_lora_rank,
+            qk_nope_head_dim=m.qk_nope_head_dim,
+            qk_rope_head_dim=m.qk_rope_head_dim,
+            v_head_dim=m.v_head_dim,
+            num_nextn_predict_layers=0,
+            rope_scaling=None,
+        )
         cfg.pop("head_dim")
     return cfg
 
 
-def save_hf(named: Iterator[tuple[str, torch.Tensor]], m: ModelSpec, path: str | Path, *, write: bool = True,
-            dtype: torch.dtype = torch.float32) -> Path | None:
+def save_hf(
+    named: Iterator[tuple[str, torch.Tensor]],
+    m: ModelSpec,
+    path: str | Path,
+    *,
+    write: bool = True,
+    dtype: torch.dtype = torch.float32,
+) -> Path | None:
     """Write ``model.safetensors`` + ``config.json``. ``named`` is consumed on every rank (it may be a
     collective); only ranks with ``write`` touch the disk."""
     from safetensors.torch import save_file

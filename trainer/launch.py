@@ -5,6 +5,7 @@ Torch-free on purpose: ``grpo-tune train`` and ``grpo-tune profile`` call :func:
 error instead of after N process start-ups. Processes are started by torchrun
 (``python -m torch.distributed.run``), never by a home-made launcher.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -35,12 +36,24 @@ def layout(cfg: RunConfig, *, nnodes: int | None = None) -> Layout:
             raise ConfigError(f"--nnodes must be >= 1, got {nnodes}")
         per = gpus // nnodes
     if per * nnodes != gpus:
-        raise ConfigError(f"the config's {gpus} GPUs do not split evenly over {nnodes} nodes",
-                          hint="make cluster.gpus a multiple of the node count (torchrun starts the same "
-                               "number of processes on every node)")
+        raise ConfigError(
+            f"the config's {gpus} GPUs do not split evenly over {nnodes} nodes",
+            hint="make cluster.gpus a multiple of the node count (torchrun starts the same "
+            "number of processes on every node)",
+        )
     s = cfg.strategy
-    return Layout(world_size=gpus, nnodes=nnodes, nproc_per_node=per, tp=s.tp, pp=s.pp, vpp=s.vpp, cp=s.cp, ep=s.ep,
-                  etp=s.etp_, dp=s.dp or gpus // (s.tp * s.pp * s.cp))
+    return Layout(
+        world_size=gpus,
+        nnodes=nnodes,
+        nproc_per_node=per,
+        tp=s.tp,
+        pp=s.pp,
+        vpp=s.vpp,
+        cp=s.cp,
+        ep=s.ep,
+        etp=s.etp_,
+        dp=s.dp or gpus // (s.tp * s.pp * s.cp),
+    )
 
 
 def micro_batches(cfg: RunConfig) -> dict[str, int | str | None]:
@@ -48,23 +61,35 @@ def micro_batches(cfg: RunConfig) -> dict[str, int | str | None]:
     s, w = cfg.strategy, cfg.workload
     seqs = w.prompts * w.n
     mini = w.mini_batch * w.n
-    return {"sequences_per_step": seqs, "sequences_per_mini_batch": mini,
-            "mini_batches_per_step": w.prompts // w.mini_batch,
-            "sequences_per_dp_rank": seqs // s.dp, "mini_batch_per_dp_rank": mini // s.dp,
-            "micro_batches_per_mini_batch": mini // (s.dp * s.mbs),
-            "max_tokens_per_gpu": s.max_tokens_per_gpu,
-            "log_prob_max_tokens_per_gpu": s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu,
-            "packing": None if s.max_tokens_per_gpu is None else PACKING_NOTE}
+    return {
+        "sequences_per_step": seqs,
+        "sequences_per_mini_batch": mini,
+        "mini_batches_per_step": w.prompts // w.mini_batch,
+        "sequences_per_dp_rank": seqs // s.dp,
+        "mini_batch_per_dp_rank": mini // s.dp,
+        "micro_batches_per_mini_batch": mini // (s.dp * s.mbs),
+        "max_tokens_per_gpu": s.max_tokens_per_gpu,
+        "log_prob_max_tokens_per_gpu": s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu,
+        "packing": None if s.max_tokens_per_gpu is None else PACKING_NOTE,
+    }
 
 
-PACKING_NOTE = ("token-budget micro-batches: sequences sorted by length and packed greedily under the budget, "
-                "the same micro-batch count on every DP rank; with TransformerEngine on a GPU each micro-batch "
-                "runs as one THD-packed row (PackedSeqParams), elsewhere (CPU, megatron's local spec) it is "
-                "padded only to its own longest sequence")
+PACKING_NOTE = (
+    "token-budget micro-batches: sequences sorted by length and packed greedily under the budget, "
+    "the same micro-batch count on every DP rank; with TransformerEngine on a GPU each micro-batch "
+    "runs as one THD-packed row (PackedSeqParams), elsewhere (CPU, megatron's local spec) it is "
+    "padded only to its own longest sequence"
+)
 
 
-def preflight(cfg: RunConfig, *, nnodes: int | None = None, node_rank: int = 0, resume_dir: str | os.PathLike | None = None,
-              need_torch: bool = True) -> Layout:
+def preflight(
+    cfg: RunConfig,
+    *,
+    nnodes: int | None = None,
+    node_rank: int = 0,
+    resume_dir: str | os.PathLike | None = None,
+    need_torch: bool = True,
+) -> Layout:
     """Every check that can fail before a process starts; raises a coded :class:`GrpoTuneError`.
 
     ``cfg`` is a loaded (hence already degree-validated) RunConfig.
@@ -76,38 +101,59 @@ def preflight(cfg: RunConfig, *, nnodes: int | None = None, node_rank: int = 0, 
         raise ConfigError(f"--node-rank {node_rank} is outside 0..{lay.nnodes - 1}")
     s, w, t, m = cfg.strategy, cfg.workload, cfg.trainer, cfg.model
     if s.tp * s.pp * s.cp * s.dp != lay.world_size:  # validate() guarantees it; kept as a guard
-        raise InvalidDegreesError(f"tp*pp*cp*dp = {s.tp * s.pp * s.cp * s.dp} differs from the world size {lay.world_size}")
+        raise InvalidDegreesError(
+            f"tp*pp*cp*dp = {s.tp * s.pp * s.cp * s.dp} differs from the world size {lay.world_size}"
+        )
     if w.kind != "grpo":
-        raise ConfigError(f"the trainer runs GRPO workloads; workload.kind is {w.kind!r}",
-                          hint="set workload.kind: grpo")
+        raise ConfigError(
+            f"the trainer runs GRPO workloads; workload.kind is {w.kind!r}", hint="set workload.kind: grpo"
+        )
     from core.support import first_refusal
 
     # every refusal the workers would make (core/support.py: the search applies the same rules)
     first_refusal(m, s, cfg.hardware, workload=w)
     if t.dataset.split(":")[0] != "synthetic" and not Path(t.dataset).is_file():
-        raise GrpoTuneError(f"dataset {t.dataset!r} does not exist", code="MISSING_DATASET",
-                            hint="give a .jsonl/.parquet file with prompt and answer fields, or 'synthetic'")
+        raise GrpoTuneError(
+            f"dataset {t.dataset!r} does not exist",
+            code="MISSING_DATASET",
+            hint="give a .jsonl/.parquet file with prompt and answer fields, or 'synthetic'",
+        )
     if t.dataset.endswith(".parquet") and importlib.util.find_spec("pyarrow") is None:
         raise MissingDependencyError("reading a Parquet dataset needs pyarrow", hint="pip install pyarrow")
     _check_data_and_reward(t.dataset, t.reward, seed=t.seed)
     if t.moe_router_load_balancing_type not in LOAD_BALANCING_TYPES:
-        raise ConfigError(f"trainer.moe_router_load_balancing_type {t.moe_router_load_balancing_type!r} is not one "
-                          f"of {', '.join(LOAD_BALANCING_TYPES)}", hint="megatron-core 0.16.1's router types")
+        raise ConfigError(
+            f"trainer.moe_router_load_balancing_type {t.moe_router_load_balancing_type!r} is not one "
+            f"of {', '.join(LOAD_BALANCING_TYPES)}",
+            hint="megatron-core 0.16.1's router types",
+        )
     if t.moe_aux_loss_coeff < 0:
         raise ConfigError(f"trainer.moe_aux_loss_coeff must be >= 0, got {t.moe_aux_loss_coeff}")
     if t.hf_checkpoint is not None and not (Path(t.hf_checkpoint) / "config.json").is_file():
-        raise GrpoTuneError(f"hf_checkpoint {t.hf_checkpoint!r} has no config.json", code="CHECKPOINT_ERROR",
-                            hint="point trainer.hf_checkpoint at a Hugging Face model folder, or remove it")
+        raise GrpoTuneError(
+            f"hf_checkpoint {t.hf_checkpoint!r} has no config.json",
+            code="CHECKPOINT_ERROR",
+            hint="point trainer.hf_checkpoint at a Hugging Face model folder, or remove it",
+        )
     if t.rollout_engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise MissingDependencyError("trainer.rollout_engine is vllm, but vllm is not installed",
-                                     hint="pip install 'grpo-tune[gpu]', or set rollout_engine: megatron")
+        raise MissingDependencyError(
+            "trainer.rollout_engine is vllm, but vllm is not installed",
+            hint="pip install 'grpo-tune[gpu]', or set rollout_engine: megatron",
+        )
     if t.steps < 1 or t.checkpoint_every < 1:
         raise ConfigError("trainer.steps and trainer.checkpoint_every must be >= 1")
-    if (need_torch and s.precision_aware_optimizer and not s.cpu_optimizer and not cfg.hardware.native_rollout
-            and importlib.util.find_spec("transformer_engine") is None):
+    if (
+        need_torch
+        and s.precision_aware_optimizer
+        and not s.cpu_optimizer
+        and not cfg.hardware.native_rollout
+        and importlib.util.find_spec("transformer_engine") is None
+    ):
         # megatron-core 0.16.1 OptimizerConfig: precision-aware state needs TE's FusedAdam (or the hybrid optimizer)
-        raise MissingDependencyError("strategy.precision_aware_optimizer needs TransformerEngine's FusedAdam on a GPU",
-                                     hint="pip install transformer-engine, or set cpu_optimizer, or turn it off")
+        raise MissingDependencyError(
+            "strategy.precision_aware_optimizer needs TransformerEngine's FusedAdam on a GPU",
+            hint="pip install transformer-engine, or set cpu_optimizer, or turn it off",
+        )
     if need_torch:
         for mod, extra in (("torch", "train"), ("megatron.core", "train")):
             if importlib.util.find_spec(mod.split(".")[0]) is None:
@@ -130,11 +176,17 @@ def _check_data_and_reward(dataset: str, reward: str, *, seed: int) -> None:
     except UnicodeDecodeError:
         raise ConfigError(f"dataset {dataset!r} is not UTF-8 text", hint="give a .jsonl or .parquet file") from None
     except OSError as exc:
-        raise GrpoTuneError(f"dataset {dataset!r} cannot be read ({exc.strerror})", code="MISSING_DATASET",
-                            hint="check the path and its permissions") from None
+        raise GrpoTuneError(
+            f"dataset {dataset!r} cannot be read ({exc.strerror})",
+            code="MISSING_DATASET",
+            hint="check the path and its permissions",
+        ) from None
     if not examples:
-        raise GrpoTuneError(f"dataset {dataset!r} holds no examples", code="MISSING_DATASET",
-                            hint="give a .jsonl/.parquet file with prompt and answer fields, or 'synthetic'")
+        raise GrpoTuneError(
+            f"dataset {dataset!r} holds no examples",
+            code="MISSING_DATASET",
+            hint="give a .jsonl/.parquet file with prompt and answer fields, or 'synthetic'",
+        )
     load_reward(reward)
 
 
@@ -147,8 +199,16 @@ def check_resume(out_dir: str | os.PathLike, world_size: int) -> int | None:
     return checkpoint.verify(out_dir, world_size)
 
 
-def torchrun_command(config: str | os.PathLike, lay: Layout, *, node_rank: int = 0, master_addr: str | None = None,
-                     master_port: int | None = None, worker_args: list[str] = (), python: str | None = None) -> list[str]:
+def torchrun_command(
+    config: str | os.PathLike,
+    lay: Layout,
+    *,
+    node_rank: int = 0,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    worker_args: list[str] = (),
+    python: str | None = None,
+) -> list[str]:
     """argv for ``torchrun`` running ``python -m trainer.main --config CONFIG [worker_args]``.
 
     One node: ``--standalone`` (torchrun picks a free port, so parallel runs don't collide) unless a
@@ -161,14 +221,25 @@ def torchrun_command(config: str | os.PathLike, lay: Layout, *, node_rank: int =
     else:
         if lay.nnodes > 1 and master_addr is None:
             raise ConfigError(f"{lay.nnodes} nodes need --master-addr (the address of node 0)")
-        cmd += [f"--nnodes={lay.nnodes}", f"--node-rank={node_rank}", f"--master-addr={master_addr or '127.0.0.1'}",
-                f"--master-port={master_port or DEFAULT_MASTER_PORT}"]
+        cmd += [
+            f"--nnodes={lay.nnodes}",
+            f"--node-rank={node_rank}",
+            f"--master-addr={master_addr or '127.0.0.1'}",
+            f"--master-port={master_port or DEFAULT_MASTER_PORT}",
+        ]
     cmd += ["-m", "trainer.main", "--config", str(config), *worker_args]
     return cmd
 
 
-def slurm_script(config: str | os.PathLike, lay: Layout, *, worker_args: list[str] = (), job_name: str = "grpo-tune",
-                 master_port: int = DEFAULT_MASTER_PORT, python: str = "python") -> str:
+def slurm_script(
+    config: str | os.PathLike,
+    lay: Layout,
+    *,
+    worker_args: list[str] = (),
+    job_name: str = "grpo-tune",
+    master_port: int = DEFAULT_MASTER_PORT,
+    python: str = "python",
+) -> str:
     """An sbatch script: one task per node, each running torchrun with the node's rank from Slurm.
 
     Every value is one shell-quoted word of the batch script; no user value is ever placed inside
@@ -180,7 +251,13 @@ def slurm_script(config: str | os.PathLike, lay: Layout, *, worker_args: list[st
         if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
             raise ConfigError(f"{what} {value!r} holds a control character", hint="use printable characters only")
     q = shlex.quote
-    torchrun = [python, "-m", "torch.distributed.run", f"--nnodes={lay.nnodes}", f"--nproc-per-node={lay.nproc_per_node}"]
+    torchrun = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={lay.nnodes}",
+        f"--nproc-per-node={lay.nproc_per_node}",
+    ]
     worker = ["-m", "trainer.main", "--config", str(Path(config).resolve()), *worker_args]
     words = " ".join(map(q, torchrun)) + " \\\n  " + " ".join(map(q, worker))
     return f"""#!/bin/bash
@@ -222,8 +299,9 @@ def clear_failures(out_dir: str | os.PathLike) -> None:
         p.unlink(missing_ok=True)
 
 
-def run_workers(cmd: list[str], out_dir: str | os.PathLike, *, poll=None, poll_every_s: float = 0.5,
-                env: dict | None = None) -> int:
+def run_workers(
+    cmd: list[str], out_dir: str | os.PathLike, *, poll=None, poll_every_s: float = 0.5, env: dict | None = None
+) -> int:
     """Run torchrun with its output in ``out_dir/train.log``; call ``poll()`` while it runs; return its exit code.
 
     torchrun stays in the caller's process group, so a caller that kills that group (autotune's

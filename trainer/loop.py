@@ -22,6 +22,7 @@ One step, as verl's ``RayPPOTrainer.fit`` does it for GRPO:
 Phase timers bracket each phase with a device sync and a barrier, so the per-phase times are those
 of the slowest rank (what the cost model predicts).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -113,8 +114,9 @@ class PhaseTimer:
             def __enter__(self):
                 sync(timer.d)
                 if timer.memory and torch.cuda.is_available():
-                    timer.peak_bytes["_before"] = max(timer.peak_bytes.get("_before", 0),
-                                                      int(torch.cuda.max_memory_allocated()))
+                    timer.peak_bytes["_before"] = max(
+                        timer.peak_bytes.get("_before", 0), int(torch.cuda.max_memory_allocated())
+                    )
                     torch.cuda.reset_peak_memory_stats()
                 self.t0 = time.perf_counter()
 
@@ -156,20 +158,32 @@ class LoopConfig:
     @classmethod
     def from_run_config(cls, cfg: RunConfig) -> LoopConfig:
         w, s, t = cfg.workload, cfg.strategy, cfg.trainer
-        return cls(prompts=w.prompts, n=w.n, mini_batch=w.mini_batch, ppo_epochs=w.ppo_epochs, mbs=s.mbs,
-                   max_response_len=w.response_len, seed=t.seed, temperature=t.temperature, top_p=t.top_p,
-                   norm_adv_by_std=t.norm_adv_by_std, loss=LossConfig.from_options(t, use_kl=w.kl),
-                   seq_multiple=s.tp * s.cp if s.sp or s.cp > 1 else 1, max_seq_len=cfg.model.max_seq_len,
-                   max_tokens_per_gpu=s.max_tokens_per_gpu,
-                   log_prob_max_tokens_per_gpu=s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu)
+        return cls(
+            prompts=w.prompts,
+            n=w.n,
+            mini_batch=w.mini_batch,
+            ppo_epochs=w.ppo_epochs,
+            mbs=s.mbs,
+            max_response_len=w.response_len,
+            seed=t.seed,
+            temperature=t.temperature,
+            top_p=t.top_p,
+            norm_adv_by_std=t.norm_adv_by_std,
+            loss=LossConfig.from_options(t, use_kl=w.kl),
+            seq_multiple=s.tp * s.cp if s.sp or s.cp > 1 else 1,
+            max_seq_len=cfg.model.max_seq_len,
+            max_tokens_per_gpu=s.max_tokens_per_gpu,
+            log_prob_max_tokens_per_gpu=s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu,
+        )
 
 
 def _pad_to(x: int, k: int) -> int:
     return -(-x // k) * k
 
 
-def build_batch(prompts: list[list[int]], responses: list[list[int]], *, pad_id: int,
-                seq_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def build_batch(
+    prompts: list[list[int]], responses: list[list[int]], *, pad_id: int, seq_multiple: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ``tokens[B, S]`` = prompt + response + pad, and ``mask[B, S-1]`` over predicted response tokens.
 
     Position t of the log-prob tensors predicts ``tokens[:, t+1]``; it counts iff that token is a
@@ -182,8 +196,8 @@ def build_batch(prompts: list[list[int]], responses: list[list[int]], *, pad_id:
     mask = torch.zeros((len(prompts), S - 1), dtype=torch.float32)
     for i, (p, r) in enumerate(zip(prompts, responses)):
         seq = list(p) + list(r)
-        tokens[i, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-        mask[i, len(p) - 1:len(seq) - 1] = 1.0
+        tokens[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        mask[i, len(p) - 1 : len(seq) - 1] = 1.0
     return tokens, mask
 
 
@@ -195,10 +209,24 @@ class GRPOLoop:
     the device around the rollout when the strategy asks for it.
     """
 
-    def __init__(self, cfg: LoopConfig, *, actor, rollout, dataset: Sequence[Item], reward_fn: Callable[[Item, list[int]], float],
-                 pad_id: int, eos_id: int, ref=None, d: Dist | None = None, out_dir: str | os.PathLike | None = None,
-                 checkpoint_every: int = 0, offloader=None,
-                 sync_weights: bool | None = None, log_every: int = 1):
+    def __init__(
+        self,
+        cfg: LoopConfig,
+        *,
+        actor,
+        rollout,
+        dataset: Sequence[Item],
+        reward_fn: Callable[[Item, list[int]], float],
+        pad_id: int,
+        eos_id: int,
+        ref=None,
+        d: Dist | None = None,
+        out_dir: str | os.PathLike | None = None,
+        checkpoint_every: int = 0,
+        offloader=None,
+        sync_weights: bool | None = None,
+        log_every: int = 1,
+    ):
         self.cfg, self.actor, self.ref, self.rollout = cfg, actor, ref, rollout
         self.stream = PromptStream(list(dataset), cfg.prompts, seed=cfg.seed)
         self.reward_fn, self.pad_id, self.eos_id = reward_fn, pad_id, eos_id
@@ -212,7 +240,9 @@ class GRPOLoop:
         """Record each phase's memory (PhaseTimer); profile mode turns it on."""
         self.history: list[dict] = []
         # A rollout engine that runs on the actor's own parameters needs no weight copy.
-        self.sync_weights = (not getattr(rollout, "shares_actor_weights", False)) if sync_weights is None else sync_weights
+        self.sync_weights = (
+            (not getattr(rollout, "shares_actor_weights", False)) if sync_weights is None else sync_weights
+        )
         if cfg.loss.use_kl and cfg.loss.kl_coef > 0 and ref is None:
             raise ValueError("KL loss needs a reference engine")
         if cfg.prompts % cfg.mini_batch:
@@ -221,16 +251,22 @@ class GRPOLoop:
     # -- phases ---------------------------------------------------------------------------------
     def _generate(self, prompts: list[list[int]], step: int) -> list[list[int]]:
         c, d = self.cfg, self.d
-        params = SamplingParams(temperature=c.temperature, top_p=c.top_p, max_tokens=c.max_response_len,
-                                stop_token_ids=c.stop_token_ids, seed=c.seed * 1_000_003 + step)
+        params = SamplingParams(
+            temperature=c.temperature,
+            top_p=c.top_p,
+            max_tokens=c.max_response_len,
+            stop_token_ids=c.stop_token_ids,
+            seed=c.seed * 1_000_003 + step,
+        )
         if getattr(self.rollout, "collective_batch", False) or d.world_size == 1:
             return self.rollout.generate(prompts, params)
         # One replica per rollout_tp ranks; each replica samples its contiguous share.
         replicas = d.world_size // d.rollout_tp
         rep = d.rank // d.rollout_tp
         per = -(-len(prompts) // replicas)
-        mine = self.rollout.generate(prompts[rep * per:(rep + 1) * per],
-                                     dataclasses.replace(params, seed=params.seed * 4099 + rep))
+        mine = self.rollout.generate(
+            prompts[rep * per : (rep + 1) * per], dataclasses.replace(params, seed=params.seed * 4099 + rep)
+        )
         parts: list = [None] * d.world_size
         dist.all_gather_object(parts, mine)
         return [r for k in range(replicas) for r in parts[k * d.rollout_tp]]
@@ -286,9 +322,16 @@ class GRPOLoop:
                     num_tokens = float(mask[sl].sum())
                     num_seqs = float((mask[sl].sum(-1) > 0).sum())
                     up_kw = dict(max_tokens=c.max_tokens_per_gpu, lengths=lengths[sl]) if c.max_tokens_per_gpu else {}
-                    mb_metrics.append(self.actor.train_step(batch, self._loss_fn(num_tokens, num_seqs),
-                                                            micro_batch_size=c.mbs,
-                                                            with_entropy=c.loss.entropy_coef > 0, **temp, **up_kw))
+                    mb_metrics.append(
+                        self.actor.train_step(
+                            batch,
+                            self._loss_fn(num_tokens, num_seqs),
+                            micro_batch_size=c.mbs,
+                            with_entropy=c.loss.entropy_coef > 0,
+                            **temp,
+                            **up_kw,
+                        )
+                    )
                     mb_metrics[-1]["_micro_batches"] = getattr(self.actor, "last_micro_batches", 0)
 
         step_s = time.perf_counter() - t0
@@ -303,8 +346,11 @@ class GRPOLoop:
             "entropy": float(agg_loss(old_ent, mask, "token-mean")) if old_ent is not None else None,
             "step_s": step_s,
             "phases_s": {p.value: timer.times[p] for p in PHASES},
-            **({"phase_memory_bytes": {str(k): v for k, v in timer.peak_bytes.items() if not k.startswith("_")}}
-               if self.track_memory else {}),
+            **(
+                {"phase_memory_bytes": {str(k): v for k, v in timer.peak_bytes.items() if not k.startswith("_")}}
+                if self.track_memory
+                else {}
+            ),
             "offload_s": timer.times["offload"],
             "tokens": total_tokens,
             "tokens_per_s": total_tokens / step_s,
@@ -320,9 +366,17 @@ class GRPOLoop:
         cfg = self.cfg.loss
 
         def loss_fn(logprobs, entropy, mb):
-            loss, metrics = actor_loss(logprobs, entropy, old_logprobs=mb["old_logprobs"], advantages=mb["advantages"],
-                                       mask=mb["mask"], cfg=cfg, ref_logprobs=mb.get("ref_logprobs"),
-                                       num_tokens=num_tokens, num_seqs=num_seqs)
+            loss, metrics = actor_loss(
+                logprobs,
+                entropy,
+                old_logprobs=mb["old_logprobs"],
+                advantages=mb["advantages"],
+                mask=mb["mask"],
+                cfg=cfg,
+                ref_logprobs=mb.get("ref_logprobs"),
+                num_tokens=num_tokens,
+                num_seqs=num_seqs,
+            )
             # Engine.train_step averages over micro-batches x DP ranks; the values here are partial
             # sums of the mini-batch mean, so scale by that count (engine.py, "Loss scaling").
             k = float(mb.get("_scale_ctx", {}).get("micro_batches", 1))
@@ -352,8 +406,14 @@ class GRPOLoop:
         return self.step_done
 
     def save(self) -> None:
-        checkpoint.save(self.out_dir, self.step_done, self.state_dict(), rank=self.d.rank,
-                        world_size=self.d.world_size, barrier=self.d.barrier)
+        checkpoint.save(
+            self.out_dir,
+            self.step_done,
+            self.state_dict(),
+            rank=self.d.rank,
+            world_size=self.d.world_size,
+            barrier=self.d.barrier,
+        )
 
     def run(self, steps: int, *, on_step: Callable[[dict], None] | None = None) -> list[dict]:
         """Run until ``steps`` steps are done in total (resumed steps count), checkpointing every K."""
@@ -361,13 +421,19 @@ class GRPOLoop:
             m = self.step(self.step_done)
             self.step_done += 1
             self.history.append(m)
-            if self.d.log_rank and self.out_dir is not None and (
-                    self.step_done % self.log_every == 0 or self.step_done == steps):
+            if (
+                self.d.log_rank
+                and self.out_dir is not None
+                and (self.step_done % self.log_every == 0 or self.step_done == steps)
+            ):
                 _append_jsonl(self.out_dir / "metrics.jsonl", m)
             if on_step is not None:
                 on_step(m)
-            if self.out_dir is not None and self.checkpoint_every and (
-                    self.step_done % self.checkpoint_every == 0 or self.step_done == steps):
+            if (
+                self.out_dir is not None
+                and self.checkpoint_every
+                and (self.step_done % self.checkpoint_every == 0 or self.step_done == steps)
+            ):
                 self.save()
         return self.history
 

@@ -8,6 +8,7 @@ A failure is recorded per rank in ``<out>/failure.rank<R>.json`` (``status`` oom
 the message) before the process exits with 3 (out of memory) or 4 (anything else), so the CLI can
 tell an OOM from a crash even after torchrun has torn the other ranks down.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--out", default=None, help="output folder (default: trainer.out_dir)")
     ap.add_argument("--no-resume", action="store_true", help="ignore checkpoints in --out")
-    ap.add_argument("--profile-json", default=None, help="profile mode: synthetic workload, write the profile JSON here")
+    ap.add_argument(
+        "--profile-json", default=None, help="profile mode: synthetic workload, write the profile JSON here"
+    )
     return ap.parse_args(argv)
 
 
@@ -98,11 +101,21 @@ def build(cfg: RunConfig, *, items=None, reward_fn=None, tokenizer=None, checkpo
     rollout = get_rollout_engine(t.rollout_engine, **rollout_kwargs(cfg, actor, tokenizer))
     lc = LoopConfig.from_run_config(cfg)
     d = Dist(rank=lay.rank, world_size=lay.world_size, rollout_tp=cfg.strategy.rollout_tp, log_rank=lay.rank == 0)
-    loop = GRPOLoop(lc, actor=actor, ref=ref, rollout=rollout, dataset=items, reward_fn=reward_fn,
-                    pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id, d=d, out_dir=t.out_dir,
-                    checkpoint_every=t.checkpoint_every if checkpoint_every is None else checkpoint_every,
-                    log_every=t.log_every,
-                    offloader=Offloader(actor, cfg.strategy.offload) if cfg.strategy.offload else None)
+    loop = GRPOLoop(
+        lc,
+        actor=actor,
+        ref=ref,
+        rollout=rollout,
+        dataset=items,
+        reward_fn=reward_fn,
+        pad_id=tokenizer.pad_id,
+        eos_id=tokenizer.eos_id,
+        d=d,
+        out_dir=t.out_dir,
+        checkpoint_every=t.checkpoint_every if checkpoint_every is None else checkpoint_every,
+        log_every=t.log_every,
+        offloader=Offloader(actor, cfg.strategy.offload) if cfg.strategy.offload else None,
+    )
     return loop, lay
 
 
@@ -119,8 +132,11 @@ def rollout_kwargs(cfg: RunConfig, actor, tokenizer) -> dict:
             import torch.distributed as dist
 
             if not dist.is_initialized() or dist.get_rank() == 0:
-                print(f"[trainer] the native Megatron sampler generates with the training layout (tp={s.tp}); "
-                      f"strategy.rollout_tp={s.rollout_tp} applies to the vLLM engine only", flush=True)
+                print(
+                    f"[trainer] the native Megatron sampler generates with the training layout (tp={s.tp}); "
+                    f"strategy.rollout_tp={s.rollout_tp} applies to the vLLM engine only",
+                    flush=True,
+                )
     elif name == "vllm":
         kw["cfg"] = cfg
     return kw
@@ -200,8 +216,10 @@ def main(argv=None) -> int:
             try:
                 from core.config import atomic_write
 
-                atomic_write(failure_path(out, rank), json.dumps({"status": "oom" if oom else "error", "message": msg,
-                                                                  "rank": rank}))
+                atomic_write(
+                    failure_path(out, rank),
+                    json.dumps({"status": "oom" if oom else "error", "message": msg, "rank": rank}),
+                )
             except OSError:
                 pass
         return EXIT_OOM if oom else EXIT_ERROR

@@ -13,6 +13,7 @@ Weights start layout-independent (see :func:`trainer.hf.init_random`): every ran
 tensor from a per-name seed and keeps its shard, so a model has the same weights under any
 TP/PP/EP, which is what makes the parity tests meaningful.
 """
+
 from __future__ import annotations
 
 import functools
@@ -52,8 +53,14 @@ def check_supported(m: ModelSpec, s: Strategy | None = None) -> None:
     first_refusal(m, s or Strategy())
 
 
-def transformer_config(m: ModelSpec, s: Strategy, *, dtype: str = "fp32", aux_loss_coeff: float = 0.0,
-                       load_balancing_type: str = "aux_loss"):
+def transformer_config(
+    m: ModelSpec,
+    s: Strategy,
+    *,
+    dtype: str = "fp32",
+    aux_loss_coeff: float = 0.0,
+    load_balancing_type: str = "aux_loss",
+):
     """megatron TransformerConfig for the model under the strategy's degrees."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -142,15 +149,19 @@ def moe_kwargs(m: ModelSpec, *, aux_loss_coeff: float = 0.0, load_balancing_type
         moe_router_dtype="fp32",
     )
     if m.family == "deepseek_v3":
-        kw.update(moe_router_score_function="sigmoid", moe_router_pre_softmax=False,
-                  moe_router_topk_scaling_factor=m.routed_scaling if m.routed_scaling != 1.0 else None)
+        kw.update(
+            moe_router_score_function="sigmoid",
+            moe_router_pre_softmax=False,
+            moe_router_topk_scaling_factor=m.routed_scaling if m.routed_scaling != 1.0 else None,
+        )
         if m.router_bias:
             kw.update(moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-3)
         if m.router_groups > 1:
             kw.update(moe_router_num_groups=m.router_groups, moe_router_group_topk=m.router_group_topk)
     if m.shared_experts:
-        kw.update(moe_shared_expert_intermediate_size=m.shared_experts * m.expert_ffn_hidden,
-                  moe_shared_expert_overlap=False)
+        kw.update(
+            moe_shared_expert_intermediate_size=m.shared_experts * m.expert_ffn_hidden, moe_shared_expert_overlap=False
+        )
     if m.dense_layers:
         kw["moe_layer_freq"] = [0] * m.dense_layers + [1] * (m.layers - m.dense_layers)
     return kw
@@ -190,8 +201,7 @@ def build_chunks(m: ModelSpec, s: Strategy, config) -> list:
     vpp = s.vpp if s.vpp > 1 else None
     for vp in range(s.vpp):
         vp_stage = vp if vpp else None
-        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=te, normalization="RMSNorm",
-                                          vp_stage=vp_stage)
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=te, normalization="RMSNorm", vp_stage=vp_stage)
         if getattr(config, "multi_latent_attention", False) and not te:
             spec = _local_mla_attention(spec)
         pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)

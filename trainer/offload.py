@@ -10,6 +10,7 @@ refilled. Gradients are zero between steps, so they are dropped, not copied.
 
 On CPU there is no device memory to free: the offloader is a no-op and says so once.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,8 +28,10 @@ class Offloader:
         self.offloaded: set[str] = set()
         self._moved: list = []  # (optimizer state dict, key) pairs moved to host
         if self.parts and not self.active:
-            log.warning("offload of %s requested: a no-op on CPU (training state already lives in host memory)",
-                        ",".join(self.parts))
+            log.warning(
+                "offload of %s requested: a no-op on CPU (training state already lives in host memory)",
+                ",".join(self.parts),
+            )
 
     # -- buffers of megatron's DDP ------------------------------------------------------------
     def _buffers(self):
@@ -103,6 +106,9 @@ class Offloader:
         self.offloaded.clear()
 
     def _in_buffer(self, p) -> bool:
-        return any(buf.param_data is not None and p.data_ptr() >= buf.param_data.data_ptr()
-                   and p.data_ptr() < buf.param_data.data_ptr() + buf.param_data.numel() * buf.param_data.element_size()
-                   for buf in self._buffers())
+        return any(
+            buf.param_data is not None
+            and p.data_ptr() >= buf.param_data.data_ptr()
+            and p.data_ptr() < buf.param_data.data_ptr() + buf.param_data.numel() * buf.param_data.element_size()
+            for buf in self._buffers()
+        )

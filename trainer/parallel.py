@@ -5,6 +5,7 @@ enables the CPU compatibility layer when there is no CUDA, and builds megatron's
 ``reinit(strategy)`` tears the groups down and builds new ones in the same processes, so that a
 test can run several layouts in one launch (process start-up dominates small runs).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -53,7 +54,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-
 def megatron_degrees(s: Strategy) -> dict[str, int | None]:
     """The strategy's degrees under megatron-core's names (initialize_model_parallel and
     TransformerConfig take the same keywords)."""
@@ -65,6 +65,7 @@ def megatron_degrees(s: Strategy) -> dict[str, int | None]:
         expert_model_parallel_size=s.ep,
         expert_tensor_parallel_size=s.etp_,
     )
+
 
 def init(cfg_or_strategy: RunConfig | Strategy, *, seed: int | None = None) -> Layout:
     """Distributed start-up plus megatron's groups for ``cfg.strategy``; returns this rank's layout."""
@@ -85,12 +86,15 @@ def reinit(s: Strategy, *, seed: int = 1234) -> Layout:
     if world % mp:
         raise InvalidDegreesError(f"tp*pp*cp = {mp} does not divide the world size {world}")
     if s.dp is not None and s.dp * mp != world:
-        raise InvalidDegreesError(f"tp*pp*cp*dp = {mp * s.dp} differs from the world size {world}",
-                                  hint=f"launch {mp * s.dp} processes (cluster.gpus)")
+        raise InvalidDegreesError(
+            f"tp*pp*cp*dp = {mp * s.dp} differs from the world size {world}",
+            hint=f"launch {mp * s.dp} processes (cluster.gpus)",
+        )
     if s.cp > 1 and compat.active():
         # megatron's context parallel needs TransformerEngine's attention (CUDA only).
-        raise InvalidDegreesError("cp > 1 needs TransformerEngine on a GPU; the CPU backend has none",
-                                  hint="set cp: 1 for CPU runs")
+        raise InvalidDegreesError(
+            "cp > 1 needs TransformerEngine on a GPU; the CPU backend has none", hint="set cp: 1 for CPU runs"
+        )
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(**megatron_degrees(s), create_gloo_process_groups=False)

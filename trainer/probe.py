@@ -16,6 +16,7 @@ Rank 0 writes a hardware profile TOML that ``core.specs.load_hardware`` reads. F
 machine cannot measure (inter-node bandwidth, price) come from a base profile, and ``source``
 says which are measured, when, and how.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,9 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def _timeit(fn, dev: torch.device, *, min_s: float, min_reps: int = 3, max_reps: int = 200,
-            collective: bool = False) -> float:
+def _timeit(
+    fn, dev: torch.device, *, min_s: float, min_reps: int = 3, max_reps: int = 200, collective: bool = False
+) -> float:
     """Median seconds of ``fn`` after one warm-up, over enough repeats for ``min_s`` of work.
 
     For a collective every rank must make the same number of calls, so the repeat count is agreed
@@ -123,8 +125,11 @@ def fit_gemm_curve(rows: list[dict]) -> tuple[float, float] | None:
     def res(x):  # log residuals; x = (log A, log I_half)
         return x[0] + np.log(inten / (inten + np.exp(x[1]))) - y
 
-    sol = least_squares(res, [float(y.max()), math.log(float(np.median(inten)) / 4)],
-                        bounds=([y.max() - 5, math.log(1e-3)], [y.max() + 5, math.log(1e6)]))
+    sol = least_squares(
+        res,
+        [float(y.max()), math.log(float(np.median(inten)) / 4)],
+        bounds=([y.max() - 5, math.log(1e-3)], [y.max() + 5, math.log(1e6)]),
+    )
     return (float(math.exp(sol.x[0])), float(math.exp(sol.x[1]))) if sol.success else None
 
 
@@ -170,7 +175,9 @@ def collectives(dev: torch.device, sizes: list[int], min_s: float) -> tuple[dict
     has_a2a = _supports(lambda: dist.all_to_all_single(torch.empty_like(probe), probe))
     has_agt = _supports(lambda: dist.all_gather_into_tensor(torch.empty(n * n * 4, device=dev), probe))
     if not has_rs:
-        notes["reduce_scatter"] = "backend lacks reduce_scatter: measured as all_reduce + local slice (moves ~2x the bytes)"
+        notes["reduce_scatter"] = (
+            "backend lacks reduce_scatter: measured as all_reduce + local slice (moves ~2x the bytes)"
+        )
     if not has_a2a:
         notes["all_to_all"] = "backend lacks all_to_all: measured as pairwise isend/irecv of every chunk"
     if not has_agt:
@@ -198,7 +205,7 @@ def collectives(dev: torch.device, sizes: list[int], min_s: float) -> tuple[dict
                 dist.reduce_scatter_tensor(chunk, x)
             else:
                 dist.all_reduce(x)
-                chunk.copy_(x[rank * (elems // n):(rank + 1) * (elems // n)])
+                chunk.copy_(x[rank * (elems // n) : (rank + 1) * (elems // n)])
 
         def a2a():
             if has_a2a:
@@ -266,8 +273,9 @@ def _fmt_bw(b: float) -> str:
     return f"{b / 1e9:.3g} GB/s"
 
 
-def write_profile(path: Path, *, name: str, base: dict, fields: dict, efficiency: dict, source: str,
-                  comments: list[str]) -> None:
+def write_profile(
+    path: Path, *, name: str, base: dict, fields: dict, efficiency: dict, source: str, comments: list[str]
+) -> None:
     """The profile as TOML, through a writer that escapes every string (a name can never add a key)."""
     from core import tomlwrite
 
@@ -277,8 +285,9 @@ def write_profile(path: Path, *, name: str, base: dict, fields: dict, efficiency
     eff = {**(base.get("efficiency") or {}), **efficiency}
     if eff:
         data["efficiency"] = eff
-    text = tomlwrite.dumps(data, comments=[f"Written by `grpo-tune probe-hardware` ({source.split(';')[0]}).",
-                                           *comments])
+    text = tomlwrite.dumps(
+        data, comments=[f"Written by `grpo-tune probe-hardware` ({source.split(';')[0]}).", *comments]
+    )
     tmp = path.with_name(f".{path.name}.tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_text(text)
@@ -301,7 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="trainer.probe", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="hardware profile TOML to write")
     ap.add_argument("--name", default=None, help="profile name (default: the file's stem)")
-    ap.add_argument("--base", default=None, help="profile for figures one machine cannot measure (default: cpu, or the GPU's preset)")
+    ap.add_argument(
+        "--base",
+        default=None,
+        help="profile for figures one machine cannot measure (default: cpu, or the GPU's preset)",
+    )
     ap.add_argument("--quick", action="store_true", help="fewer shapes and sizes (tests)")
     args = ap.parse_args(argv)
 
@@ -327,8 +340,15 @@ def main(argv: list[str] | None = None) -> int:
         mem_bytes = 1024 * MiB
     else:
         dtype = torch.float32
-        shapes = [(128, 128, 128), (512, 512, 512), (1024, 1024, 1024), (256, 1024, 1024), (4096, 64, 256),
-                  (2048, 64, 192), (8192, 64, 64)]
+        shapes = [
+            (128, 128, 128),
+            (512, 512, 512),
+            (1024, 1024, 1024),
+            (256, 1024, 1024),
+            (4096, 64, 256),
+            (2048, 64, 192),
+            (8192, 64, 64),
+        ]
         sizes = [4 * 1024, 256 * 1024, 4 * MiB, 16 * MiB]
         mem_bytes = 64 * MiB
     if args.quick:
@@ -368,15 +388,21 @@ def main(argv: list[str] | None = None) -> int:
             reserved = int(rss)
         ar = coll.get("all_reduce") or []
         ab = fit_alpha_beta(ar, 2.0 * (n - 1) / n)
-        fields["intra_node_bandwidth_bytes_per_s"] = ab[1] if ab else (
-            ar[-1]["busbw_bytes_per_s"] if ar else base["intra_node_bandwidth_bytes_per_s"])
+        fields["intra_node_bandwidth_bytes_per_s"] = (
+            ab[1] if ab else (ar[-1]["busbw_bytes_per_s"] if ar else base["intra_node_bandwidth_bytes_per_s"])
+        )
         fields["inter_node_bandwidth_bytes_per_s"] = base["inter_node_bandwidth_bytes_per_s"]
         fields["host_memory_bytes"] = _mem_total_bytes()
         fields["host_to_device_bandwidth_bytes_per_s"] = h2d
         fields["reserved_memory_bytes"] = reserved
         # What the base says about the engine and kernels (a CPU probe keeps the CPU trainer's).
-        for k in ("rollout_engine", "attention_kernel", "activation_layout", "host_flops_per_s",
-                  "host_memory_bandwidth_bytes_per_s"):
+        for k in (
+            "rollout_engine",
+            "attention_kernel",
+            "activation_layout",
+            "host_flops_per_s",
+            "host_memory_bandwidth_bytes_per_s",
+        ):
             if k in base:
                 fields[k] = base[k]
         # Measured figures are achieved ones: bandwidth efficiencies are 1 (the base's are for datasheet peaks).
@@ -393,15 +419,17 @@ def main(argv: list[str] | None = None) -> int:
             efficiency["max_parallel_ranks"] = cores
         when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         kind = torch.cuda.get_device_name(0) if on_gpu else (platform.processor() or platform.machine())
-        source = (f"measured by grpo-tune probe-hardware on {socket.gethostname()} ({kind}, {os.cpu_count()} CPUs) "
-                  f"at {when}; torchrun --nproc-per-node {n}, backend {backend}, torch {torch.__version__}, "
-                  f"all ranks at once; GEMM {str(dtype).replace('torch.', '')} peak over {len(g)} shapes; "
-                  f"{'' if on_gpu else f'{active} ranks (one per core) for compute and memory, '}"
-                  f"GEMM efficiency curve fitted over the shapes; memory copy {mem_bytes // MiB} MiB; intra-node "
-                  f"bandwidth and latency = alpha-beta fit of all-reduce times over {len(ar)} sizes "
-                  f"(nccl-tests busbw factors); inter-node bandwidth"
-                  f"{'' if base.get('price_per_gpu_hour_usd') is None else ', price'} from base profile "
-                  f"{base['name']!r} (not measurable on one machine)")
+        source = (
+            f"measured by grpo-tune probe-hardware on {socket.gethostname()} ({kind}, {os.cpu_count()} CPUs) "
+            f"at {when}; torchrun --nproc-per-node {n}, backend {backend}, torch {torch.__version__}, "
+            f"all ranks at once; GEMM {str(dtype).replace('torch.', '')} peak over {len(g)} shapes; "
+            f"{'' if on_gpu else f'{active} ranks (one per core) for compute and memory, '}"
+            f"GEMM efficiency curve fitted over the shapes; memory copy {mem_bytes // MiB} MiB; intra-node "
+            f"bandwidth and latency = alpha-beta fit of all-reduce times over {len(ar)} sizes "
+            f"(nccl-tests busbw factors); inter-node bandwidth"
+            f"{'' if base.get('price_per_gpu_hour_usd') is None else ', price'} from base profile "
+            f"{base['name']!r} (not measurable on one machine)"
+        )
         if notes:
             source += "; " + "; ".join(f"{k}: {v}" for k, v in notes.items())
         comments = [f"probe took {elapsed:.1f} s; per-process resident memory after imports {rss / MiB:.0f} MiB"]
@@ -410,8 +438,11 @@ def main(argv: list[str] | None = None) -> int:
         comments.append(f"memory copy bandwidth per rank: {_fmt_bw(bw)}")
         for cname, rows in coll.items():
             if rows:
-                comments.append(f"{cname} busbw: " + ", ".join(f"{r['bytes'] // 1024} KiB {_fmt_bw(r['busbw_bytes_per_s'])}"
-                                                               for r in rows) + (f"  ({notes[cname]})" if cname in notes else ""))
+                comments.append(
+                    f"{cname} busbw: "
+                    + ", ".join(f"{r['bytes'] // 1024} KiB {_fmt_bw(r['busbw_bytes_per_s'])}" for r in rows)
+                    + (f"  ({notes[cname]})" if cname in notes else "")
+                )
         write_profile(out, name=name, base=base, fields=fields, efficiency=efficiency, source=source, comments=comments)
         print("\n".join(comments), flush=True)
         print(f"wrote {out}", flush=True)

@@ -16,6 +16,7 @@ responses of exactly ``response_len`` tokens (EOS is ignored), so the measured w
 config's maximum; the reward is the share of even token ids in a response (any signal will do).
 Only :func:`run_profile` imports torch; the writers below are used by the CLI too.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,12 +32,29 @@ if TYPE_CHECKING:  # annotations only
     from .loop import Item
 
 
-def result(status: str, *, message: str | None, config: str, steps: int, world_size: int, history: list[dict] = (),
-           peak: dict | None = None, peak_bytes_by_phase: dict[str, int] | None = None) -> dict:
+def result(
+    status: str,
+    *,
+    message: str | None,
+    config: str,
+    steps: int,
+    world_size: int,
+    history: list[dict] = (),
+    peak: dict | None = None,
+    peak_bytes_by_phase: dict[str, int] | None = None,
+) -> dict:
     """The profile JSON object (core/profile_report.py's ProfileReport); with no history (a failed run)
     the figures are null/empty."""
-    return ProfileReport.from_history(status, message=message, config=config, steps=steps, world_size=world_size,
-                                      history=history, peak=peak, peak_bytes_by_phase=peak_bytes_by_phase).to_dict()
+    return ProfileReport.from_history(
+        status,
+        message=message,
+        config=config,
+        steps=steps,
+        world_size=world_size,
+        history=history,
+        peak=peak,
+        peak_bytes_by_phase=peak_bytes_by_phase,
+    ).to_dict()
 
 
 def write(path: str | Path, obj: dict) -> None:
@@ -53,8 +71,10 @@ def synthetic_items(cfg: RunConfig, seed: int) -> list[Item]:
 
     rng = random.Random(seed)
     lo = 4  # ids 0-3 are pad/specials in the byte tokenizer; harmless for HF vocabularies
-    return [Item(prompt_ids=[rng.randrange(lo, cfg.model.vocab) for _ in range(cfg.workload.prompt_len)])
-            for _ in range(cfg.workload.prompts)]
+    return [
+        Item(prompt_ids=[rng.randrange(lo, cfg.model.vocab) for _ in range(cfg.workload.prompt_len)])
+        for _ in range(cfg.workload.prompts)
+    ]
 
 
 def even_share_reward(item, ids) -> float:
@@ -114,8 +134,9 @@ def run_profile(cfg: RunConfig, json_path: str | Path, *, config_path: str | Pat
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     tok = _NoEos(load_tokenizer(cfg.model, t.hf_checkpoint))
-    loop, lay = build(cfg, items=synthetic_items(cfg, t.seed), reward_fn=even_share_reward, tokenizer=tok,
-                      checkpoint_every=0)
+    loop, lay = build(
+        cfg, items=synthetic_items(cfg, t.seed), reward_fn=even_share_reward, tokenizer=tok, checkpoint_every=0
+    )
     loop.track_memory = True
     hist = loop.run(t.steps)
     mine = peak_memory(loop.actor)
@@ -135,8 +156,16 @@ def run_profile(cfg: RunConfig, json_path: str | Path, *, config_path: str | Pat
     if "tensor_bytes" in peaks[0]:
         peak["tensor_bytes_per_rank"] = [p["tensor_bytes"] for p in peaks]
     phases = {ph: max(p["phases"].get(ph, 0) for p in peaks) for ph in PHASES if any(ph in p["phases"] for p in peaks)}
-    out = result("ok", message=None, config=str(config_path), steps=t.steps, world_size=lay.world_size, history=hist,
-                 peak=peak, peak_bytes_by_phase={str(k): v for k, v in phases.items()})
+    out = result(
+        "ok",
+        message=None,
+        config=str(config_path),
+        steps=t.steps,
+        world_size=lay.world_size,
+        history=hist,
+        peak=peak,
+        peak_bytes_by_phase={str(k): v for k, v in phases.items()},
+    )
     if lay.rank == 0:
         write(json_path, out)
     return out

@@ -16,6 +16,7 @@ else when their texts are equal after trimming spaces, ``$`` and a trailing peri
 
 Custom rewards: ``load_reward("package.module:function")`` or ``load_reward("path/to/file.py:function")``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -49,7 +50,7 @@ def _last_boxed(text: str) -> str | None:
         elif text[j] == "}":
             depth -= 1
             if depth == 0:
-                return text[i + 1:j]
+                return text[i + 1 : j]
     return None  # unbalanced: no answer
 
 
@@ -125,8 +126,10 @@ def load_reward(spec: str) -> RewardFn:
     if spec in BUILTIN:
         return BUILTIN[spec]
     if ":" not in spec:
-        raise ConfigError(f"unknown reward {spec!r}",
-                          hint=f"use one of {', '.join(BUILTIN)} or a dotted path 'package.module:function'")
+        raise ConfigError(
+            f"unknown reward {spec!r}",
+            hint=f"use one of {', '.join(BUILTIN)} or a dotted path 'package.module:function'",
+        )
     mod_name, _, fn_name = spec.rpartition(":")
     try:
         if mod_name.endswith(".py"):
@@ -141,8 +144,10 @@ def load_reward(spec: str) -> RewardFn:
     except ConfigError:
         raise
     except Exception as exc:  # a user's module failing to import is a config problem
-        raise ConfigError(f"cannot import reward module {mod_name!r}: {type(exc).__name__}: {exc}",
-                          hint="check the module is on PYTHONPATH (every process needs it)") from None
+        raise ConfigError(
+            f"cannot import reward module {mod_name!r}: {type(exc).__name__}: {exc}",
+            hint="check the module is on PYTHONPATH (every process needs it)",
+        ) from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise ConfigError(f"reward {spec!r}: {mod_name} has no function {fn_name!r}")

@@ -5,6 +5,7 @@ Both expose ``encode(text) -> list[int]`` (no special tokens), ``encode_prompt(t
 when the tokenizer has one), ``decode(ids) -> str`` (special tokens dropped), and ``pad_id``,
 ``eos_id``, ``bos_id`` (may be None for HF tokenizers without one) and ``vocab_size``.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,11 @@ class HFTokenizer:
         folder = p if p.is_dir() else p.parent
         file = folder / "tokenizer.json" if p.is_dir() else p
         if not file.is_file():
-            raise GrpoTuneError(f"no tokenizer.json at {file}", hint="point hf_checkpoint at a Hugging Face model folder",
-                                code="BAD_CONFIG")
+            raise GrpoTuneError(
+                f"no tokenizer.json at {file}",
+                hint="point hf_checkpoint at a Hugging Face model folder",
+                code="BAD_CONFIG",
+            )
         self.path = file
         self._tok = tokenizers.Tokenizer.from_file(str(file))
         cfg = _read_json(folder / "tokenizer_config.json")
@@ -120,6 +124,8 @@ def load_tokenizer(model_spec, hf_checkpoint: str | None = None):
         return tok
     vocab = getattr(model_spec, "vocab", CharTokenizer.vocab_size)
     if vocab < CharTokenizer.vocab_size:
-        raise ConfigError(f"model vocab {vocab} is smaller than the 128-id ASCII tokenizer",
-                          hint="use a model with vocab >= 128 or give hf_checkpoint")
+        raise ConfigError(
+            f"model vocab {vocab} is smaller than the 128-id ASCII tokenizer",
+            hint="use a model with vocab >= 128 or give hf_checkpoint",
+        )
     return CharTokenizer()

@@ -9,6 +9,7 @@ to a preset or a local config.json.
 Parts: :mod:`.parse` (inputs, bounded) and :mod:`.shell` (bash words), :mod:`.lookup` (model path ->
 preset), :mod:`.rules` (the registry), :mod:`.findings` (``Severity``, ``Finding``, ``Report``).
 """
+
 from __future__ import annotations
 
 import os
@@ -22,19 +23,47 @@ from core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from .context import Ctx
 from .findings import SEVERITIES, Finding, Report, Severity
 from .lookup import resolve_model
-from .parse import (Override, from_mapping, load_yaml, override, parse_override_list, parse_script, parse_value,
-                    read_text)
+from .parse import (
+    Override,
+    from_mapping,
+    load_yaml,
+    override,
+    parse_override_list,
+    parse_script,
+    parse_value,
+    read_text,
+)
 from .rules import RULES, register, run_rules
 from autotune.verl_table import ARO
 
-__all__ = ["Finding", "Override", "Report", "RULES", "SEVERITIES", "Severity", "diagnose_config",
-           "diagnose_overrides", "diagnose_path", "parse_override_list", "parse_script", "parse_value", "register",
-           "resolve_model"]
+__all__ = [
+    "Finding",
+    "Override",
+    "Report",
+    "RULES",
+    "SEVERITIES",
+    "Severity",
+    "diagnose_config",
+    "diagnose_overrides",
+    "diagnose_path",
+    "parse_override_list",
+    "parse_script",
+    "parse_value",
+    "register",
+    "resolve_model",
+]
 
 
-def diagnose_overrides(overrides: list[Override] | list[str], *, hardware: str | HardwareSpec | None = None,
-                       model: str | ModelSpec | None = None, source: str = "<overrides>", kind: str = "overrides",
-                       findings: list[Finding] | None = None, config_name: str | None = None) -> Report:
+def diagnose_overrides(
+    overrides: list[Override] | list[str],
+    *,
+    hardware: str | HardwareSpec | None = None,
+    model: str | ModelSpec | None = None,
+    source: str = "<overrides>",
+    kind: str = "overrides",
+    findings: list[Finding] | None = None,
+    config_name: str | None = None,
+) -> Report:
     """Check a list of verl overrides (strings ``key=value`` or parsed :class:`Override`)."""
     findings = list(findings or [])
     items: list[Override] = []
@@ -66,15 +95,23 @@ def _summary(c: Ctx) -> dict[str, Any]:
     a, r = c.roles["actor"], c.roles["rollout"]
     rtp, world = r["tp"], c.world
     return {
-        "model": c.model.name if c.model else None, "model_note": c.model_note,
+        "model": c.model.name if c.model else None,
+        "model_note": c.model_note,
         "hardware": c.hardware.name if c.hardware else None,
-        "world_size": world, "nnodes": c.nnodes, "gpus_per_node": c.gpn, "dp": c.dp,
+        "world_size": world,
+        "nnodes": c.nnodes,
+        "gpus_per_node": c.gpn,
+        "dp": c.dp,
         "roles": {
             "actor": {**a, "dp": c.dp},
             "ref": {**c.roles["ref"], "dp": c.dp},
-            "rollout": {"tp": rtp, "pp": r["pp"],
-                        "replicas": world // rtp if world and rtp and world % rtp == 0 else None,
-                        "gpu_memory_utilization": r["gpu_memory_utilization"], "name": r["name"]},
+            "rollout": {
+                "tp": rtp,
+                "pp": r["pp"],
+                "replicas": world // rtp if world and rtp and world % rtp == 0 else None,
+                "gpu_memory_utilization": r["gpu_memory_utilization"],
+                "name": r["name"],
+            },
         },
         "batch": c.batches,
         "memory": c.memory,
@@ -85,10 +122,10 @@ def diagnose_config(cfg, *, source: str = "<run config>", hardware: str | None =
     """A grpo-tune run config: checked as the verl launch it exports to, with its own model and hardware."""
     from autotune.export import verl_overrides
 
-    ovs = verl_overrides(cfg, model_path=cfg.model.hf_id or cfg.model.name, train_files="train.parquet",
-                         val_files="test.parquet")
-    return diagnose_overrides(ovs, hardware=hardware or cfg.hardware, model=cfg.model, source=source,
-                              kind="run_config")
+    ovs = verl_overrides(
+        cfg, model_path=cfg.model.hf_id or cfg.model.name, train_files="train.parquet", val_files="test.parquet"
+    )
+    return diagnose_overrides(ovs, hardware=hardware or cfg.hardware, model=cfg.model, source=source, kind="run_config")
 
 
 def diagnose_path(path: str | os.PathLike, *, hardware: str | None = None, model: str | None = None) -> Report:
@@ -102,34 +139,56 @@ def diagnose_path(path: str | os.PathLike, *, hardware: str | None = None, model
         return _yaml(p, text, hardware, model)
     if re.search(r"main_ppo|verl-train|diagnose\.py|^#!", text, re.M):
         ovs, fnd, facts = parse_script(text)
-        return diagnose_overrides(ovs, hardware=hardware, model=model, source=str(p), kind="verl_script",
-                                  findings=fnd, config_name=facts["config_name"])
+        return diagnose_overrides(
+            ovs,
+            hardware=hardware,
+            model=model,
+            source=str(p),
+            kind="verl_script",
+            findings=fnd,
+            config_name=facts["config_name"],
+        )
     ovs, fnd = parse_override_list(text)
     if not ovs:
-        raise ConfigError(f"{p}: no key=value overrides found",
-                          hint="pass a best.yaml, a verl launch script or a file with one override per line")
+        raise ConfigError(
+            f"{p}: no key=value overrides found",
+            hint="pass a best.yaml, a verl launch script or a file with one override per line",
+        )
     return diagnose_overrides(ovs, hardware=hardware, model=model, source=str(p), findings=fnd)
 
 
 def _yaml(p: Path, text: str, hardware: str | None, model: str | None) -> Report:
     data, dups = load_yaml(text, str(p))
-    found = [Finding(Severity.WARNING, "BAD_CONFIG", f"line {line}: key {k!r} appears twice in its mapping; YAML "
-                     "keeps the last one silently", "remove one of them", line=line) for k, line in dups]
+    found = [
+        Finding(
+            Severity.WARNING,
+            "BAD_CONFIG",
+            f"line {line}: key {k!r} appears twice in its mapping; YAML keeps the last one silently",
+            "remove one of them",
+            line=line,
+        )
+        for k, line in dups
+    ]
     if isinstance(data, dict) and ("schema_version" in data or "strategy" in data):
         rep = _run_config(p, data, hardware)
         rep.findings[:0] = found
         return rep
     if isinstance(data, dict) and "model_type" in data and "hidden_size" in data:
-        raise ConfigError(f"{p} is a Hugging Face model config, not a launch",
-                          hint=f"pass the launch script, and --model {p} if its model path maps to no preset")
+        raise ConfigError(
+            f"{p} is a Hugging Face model config, not a launch",
+            hint=f"pass the launch script, and --model {p} if its model path maps to no preset",
+        )
     if isinstance(data, dict):
-        return diagnose_overrides(from_mapping(data), hardware=hardware, model=model, source=str(p),
-                                  kind="verl_yaml", findings=found)
+        return diagnose_overrides(
+            from_mapping(data), hardware=hardware, model=model, source=str(p), kind="verl_yaml", findings=found
+        )
     if isinstance(data, list) and all(isinstance(x, str) for x in data):
         ovs, fnd = parse_override_list("\n".join(data))
         return diagnose_overrides(ovs, hardware=hardware, model=model, source=str(p), findings=found + fnd)
-    raise ConfigError(f"{p}: neither a run config, a verl config nor an override list",
-                      hint="pass a best.yaml, a verl YAML config, or a YAML list of key=value strings")
+    raise ConfigError(
+        f"{p}: neither a run config, a verl config nor an override list",
+        hint="pass a best.yaml, a verl YAML config, or a YAML list of key=value strings",
+    )
 
 
 def _run_config(p: Path, data: dict, hardware: str | None) -> Report:
@@ -139,8 +198,11 @@ def _run_config(p: Path, data: dict, hardware: str | None) -> Report:
         cfg = RunConfig.from_dict(data, where=str(p))
     except InvalidDegreesError as exc:
         # The file is readable but its degrees cannot exist: that is a finding, not a crash.
-        rep = Report(source=str(p), kind="run_config",
-                     findings=[Finding(Severity.ERROR, "INVALID_DEGREES", exc.message, exc.hint)])
+        rep = Report(
+            source=str(p),
+            kind="run_config",
+            findings=[Finding(Severity.ERROR, "INVALID_DEGREES", exc.message, exc.hint)],
+        )
         rep.summary = {"strategy": data.get("strategy"), "cluster": data.get("cluster")}
         return rep
     except GrpoTuneError:
@@ -148,6 +210,3 @@ def _run_config(p: Path, data: dict, hardware: str | None) -> Report:
     except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
         raise ConfigError(f"{p}: {exc}", hint="check the run config against `grpo-tune search` output") from None
     return diagnose_config(cfg, source=str(p), hardware=hardware)
-
-
-

@@ -1,5 +1,6 @@
 """The state the rules share: the overrides (the last one wins, as in Hydra), typed look-ups with
 verl's defaults, the findings so far, and what earlier rules worked out (roles, world size, model)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -37,8 +38,9 @@ class Ctx:
     def of(cls, overrides: list[Override], findings: list[Finding], **kw: Any) -> "Ctx":
         return cls({ov.key: ov for ov in overrides}, findings, **kw)
 
-    def add(self, severity: Severity | str, code: str, message: str, hint: str = "", key: str | None = None,
-            **kw: Any) -> None:
+    def add(
+        self, severity: Severity | str, code: str, message: str, hint: str = "", key: str | None = None, **kw: Any
+    ) -> None:
         line = self.items[key].line if key in self.items else None
         self.findings.append(Finding(Severity(severity), code, message, hint, key=key, line=line, **kw))
 
@@ -56,13 +58,21 @@ class Ctx:
         if key not in self._reported:
             self._reported.add(key)
             if ov.unevaluable:
-                self.add(Severity.INFO, "BAD_CONFIG", f"{key}={ov.raw}: could not evaluate {ov.unevaluable}; "
-                         "checks that need it are skipped", "write the value, or a variable with a literal value",
-                         key=key)
+                self.add(
+                    Severity.INFO,
+                    "BAD_CONFIG",
+                    f"{key}={ov.raw}: could not evaluate {ov.unevaluable}; checks that need it are skipped",
+                    "write the value, or a variable with a literal value",
+                    key=key,
+                )
             else:
-                self.add(Severity.WARNING, "BAD_CONFIG", f"{key}={ov.raw} comes from a variable the script does "
-                         "not set; checks that need it are skipped", "give the variable a default: ${VAR:-4}",
-                         key=key)
+                self.add(
+                    Severity.WARNING,
+                    "BAD_CONFIG",
+                    f"{key}={ov.raw} comes from a variable the script does not set; checks that need it are skipped",
+                    "give the variable a default: ${VAR:-4}",
+                    key=key,
+                )
         return False
 
     def int_(self, key: str, *, allow_none: bool = False, inherit: Any = _NO) -> int | None:

@@ -1,4 +1,5 @@
 """What diagnose reports: a :class:`Severity`, coded :class:`Finding` s, and the :class:`Report`."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -69,6 +70,11 @@ class Report:
         return sorted(self.findings, key=lambda f: _ORDER[f.severity])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "kind": self.kind, "summary": self.summary,
-                "errors": self.count(Severity.ERROR), "warnings": self.count(Severity.WARNING),
-                "findings": [f.to_dict() for f in self.sorted_findings()]}
+        return {
+            "source": self.source,
+            "kind": self.kind,
+            "summary": self.summary,
+            "errors": self.count(Severity.ERROR),
+            "warnings": self.count(Severity.WARNING),
+            "findings": [f.to_dict() for f in self.sorted_findings()],
+        }

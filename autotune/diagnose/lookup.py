@@ -1,4 +1,5 @@
 """Map verl's ``actor_rollout_ref.model.path`` to a model preset or a local config.json."""
+
 from __future__ import annotations
 
 import os
@@ -56,4 +57,3 @@ def resolve_model(path: Any) -> tuple[ModelSpec | None, str]:
     if "$" in path:
         return None, f"model path {path} comes from an unset variable"
     return None, f"model path {path} maps to no preset and has no local config.json"
-

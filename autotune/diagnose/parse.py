@@ -4,6 +4,7 @@ Reading is bounded: regular files only, at most :data:`MAX_INPUT_BYTES`; YAML wi
 :data:`MAX_YAML_NODES` nodes once aliases are expanded and :data:`MAX_YAML_DEPTH` levels (a
 "billion laughs" file is refused, not expanded). Every step is linear in the input's size.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,11 +30,32 @@ MAX_YAML_DEPTH = 64
 E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
 
 # Hydra's own command-line flags (hydra/_internal/utils.py get_args_parser); value-taking ones map to True.
-HYDRA_FLAGS = {"--config-name": True, "-cn": True, "--config-path": True, "-cp": True, "--config-dir": True,
-               "-cd": True, "--cfg": True, "-c": True, "--package": True, "-p": True, "--info": False, "-i": False,
-               "--resolve": False, "--multirun": False, "-m": False, "--run": False, "-r": False, "--help": False,
-               "-h": False, "--hydra-help": False, "--version": False, "--shell-completion": False, "-sc": False,
-               "--experimental-rerun": True}
+HYDRA_FLAGS = {
+    "--config-name": True,
+    "-cn": True,
+    "--config-path": True,
+    "-cp": True,
+    "--config-dir": True,
+    "-cd": True,
+    "--cfg": True,
+    "-c": True,
+    "--package": True,
+    "-p": True,
+    "--info": False,
+    "-i": False,
+    "--resolve": False,
+    "--multirun": False,
+    "-m": False,
+    "--run": False,
+    "-r": False,
+    "--help": False,
+    "-h": False,
+    "--hydra-help": False,
+    "--version": False,
+    "--shell-completion": False,
+    "-sc": False,
+    "--experimental-rerun": True,
+}
 DIAGNOSE_PY_FLAGS = ("--check-parallel", "--check-memory", "--check-data-types")
 
 
@@ -55,6 +77,7 @@ class Override:
 # Reading files
 # ---------------------------------------------------------------------------------------------
 
+
 def read_text(path: str | os.PathLike, *, limit: int = MAX_INPUT_BYTES, what: str = "input") -> str:
     """A regular file's text, at most ``limit`` bytes; FIFOs, devices and folders are refused unread."""
     p = Path(path)
@@ -69,8 +92,10 @@ def read_text(path: str | os.PathLike, *, limit: int = MAX_INPUT_BYTES, what: st
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"{p} is not a regular file (a device, FIFO or socket)", hint=f"pass a {what} file")
     if st.st_size > limit:
-        raise ConfigError(f"{p} is {st.st_size} bytes, over the {limit}-byte limit for a {what}",
-                          hint="pass the launch script or config itself, not a log or data file")
+        raise ConfigError(
+            f"{p} is {st.st_size} bytes, over the {limit}-byte limit for a {what}",
+            hint="pass the launch script or config itself, not a log or data file",
+        )
     try:
         with open(p, "rb") as fh:
             data = fh.read(limit + 1)
@@ -114,8 +139,13 @@ def _check_size(root: yaml.Node | None, where: str) -> None:
         nid = id(node)
         if nid in size:
             continue
-        kids = [c for kv in node.value for c in kv] if isinstance(node, yaml.MappingNode) else \
-            list(node.value) if isinstance(node, yaml.SequenceNode) else []
+        kids = (
+            [c for kv in node.value for c in kv]
+            if isinstance(node, yaml.MappingNode)
+            else list(node.value)
+            if isinstance(node, yaml.SequenceNode)
+            else []
+        )
         if not done:
             stack.append((node, True))
             stack.extend((k, False) for k in kids if id(k) not in size)
@@ -125,18 +155,24 @@ def _check_size(root: yaml.Node | None, where: str) -> None:
         size[nid] = 1 + sum(size.get(id(k), 1) for k in kids)
         depth[nid] = 1 + max((depth.get(id(k), 1) for k in kids), default=0)
         if size[nid] > MAX_YAML_NODES:
-            raise ConfigError(f"{where}: the YAML expands to more than {MAX_YAML_NODES} nodes (aliases)",
-                              hint="a verl config has a few hundred keys; remove the alias chain")
+            raise ConfigError(
+                f"{where}: the YAML expands to more than {MAX_YAML_NODES} nodes (aliases)",
+                hint="a verl config has a few hundred keys; remove the alias chain",
+            )
         if depth[nid] > MAX_YAML_DEPTH:
-            raise ConfigError(f"{where}: the YAML nests deeper than {MAX_YAML_DEPTH} levels",
-                              hint="a verl config nests a few levels; check the file")
+            raise ConfigError(
+                f"{where}: the YAML nests deeper than {MAX_YAML_DEPTH} levels",
+                hint="a verl config nests a few levels; check the file",
+            )
 
 
 def load_yaml(text: str, where: str) -> tuple[Any, list[tuple[str, int]]]:
     """(data, duplicate keys with their lines). Refuses over-deep or over-large (aliased) documents."""
     if flow_depth(text) > MAX_YAML_DEPTH:
-        raise ConfigError(f"{where}: the YAML nests deeper than {MAX_YAML_DEPTH} levels",
-                          hint="a verl config nests a few levels; check the file")
+        raise ConfigError(
+            f"{where}: the YAML nests deeper than {MAX_YAML_DEPTH} levels",
+            hint="a verl config nests a few levels; check the file",
+        )
     loader = _StrictLoader(text)
     loader.duplicates = []
     try:
@@ -144,11 +180,15 @@ def load_yaml(text: str, where: str) -> tuple[Any, list[tuple[str, int]]]:
         _check_size(root, where)
         data = loader.construct_document(root) if root is not None else None
     except RecursionError:
-        raise ConfigError(f"{where}: the YAML nests too deeply to read",
-                          hint=f"a verl config nests a few levels (limit {MAX_YAML_DEPTH})") from None
+        raise ConfigError(
+            f"{where}: the YAML nests too deeply to read",
+            hint=f"a verl config nests a few levels (limit {MAX_YAML_DEPTH})",
+        ) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})",
-                          hint="check the indentation and quoting near that line") from None
+        raise ConfigError(
+            f"{where}: not valid YAML ({str(exc).splitlines()[0]})",
+            hint="check the indentation and quoting near that line",
+        ) from None
     finally:
         loader.dispose()
     return data, loader.duplicates
@@ -189,15 +229,17 @@ def parse_value(raw: str) -> Any:
 _OVERRIDE = re.compile(r"(\+\+|\+|~)?([A-Za-z_][\w\-@/]*(?:\.[\w\-@/]+)*)=(.*)", re.S | re.ASCII)
 
 
-def override(token: str, line: int | None = None, *, unresolved: bool = False,
-             unevaluable: str | None = None) -> Override | None:
+def override(
+    token: str, line: int | None = None, *, unresolved: bool = False, unevaluable: str | None = None
+) -> Override | None:
     m = _OVERRIDE.fullmatch(token)
     if not m:
         return None
     prefix, key, raw = m.group(1) or "", m.group(2), m.group(3)
     value = raw if unevaluable else parse_value(raw)
-    return Override(key=key, value=value, raw=raw, prefix=prefix, line=line, unresolved=unresolved,
-                    unevaluable=unevaluable)
+    return Override(
+        key=key, value=value, raw=raw, prefix=prefix, line=line, unresolved=unresolved, unevaluable=unevaluable
+    )
 
 
 def parse_override_list(text: str) -> tuple[list[Override], list[Finding]]:
@@ -211,13 +253,13 @@ def parse_override_list(text: str) -> tuple[list[Override], list[Finding]]:
         if line.startswith("- "):
             line = line[2:].strip()
         for cmd in ShellReader(line).commands():
-            toks = [(f"{name}={w.value.text}", w.value) for name, w in cmd.assigns] + \
-                [(w.value.text, w.value) for w in cmd.words]
+            toks = [(f"{name}={w.value.text}", w.value) for name, w in cmd.assigns] + [
+                (w.value.text, w.value) for w in cmd.words
+            ]
             for tok, v in toks:
                 ov = override(tok, i, unresolved=bool(v.unresolved), unevaluable=", ".join(v.unevaluable) or None)
                 if ov is None:
-                    findings.append(Finding(W, "BAD_CONFIG", f"line {i}: {tok!r} is not a key=value override",
-                                            line=i))
+                    findings.append(Finding(W, "BAD_CONFIG", f"line {i}: {tok!r} is not a key=value override", line=i))
                 elif ov.prefix != "~":
                     out.append(ov)
     return out, findings
@@ -232,23 +274,39 @@ def from_mapping(tree: dict, prefix: str = "") -> list[Override]:
 # Launch scripts
 # ---------------------------------------------------------------------------------------------
 
+
 def _layout_findings(text: str) -> list[Finding]:
     """Line-level traps bash springs silently: CRLF, a backslash followed by a blank or a comment."""
     out: list[Finding] = []
     if "\r\n" in text:
         n = text.count("\r\n")
-        out.append(Finding(E, "BAD_CONFIG", f"the script has Windows (CRLF) line endings on {n} line(s): bash keeps "
-                           "the \\r in each word and ends the command at every line, so the overrides after the "
-                           "first line never reach verl", "convert it: dos2unix SCRIPT (or sed -i 's/\\r$//')"))
+        out.append(
+            Finding(
+                E,
+                "BAD_CONFIG",
+                f"the script has Windows (CRLF) line endings on {n} line(s): bash keeps "
+                "the \\r in each word and ends the command at every line, so the overrides after the "
+                "first line never reach verl",
+                "convert it: dos2unix SCRIPT (or sed -i 's/\\r$//')",
+            )
+        )
     for i, line in enumerate(text.replace("\r\n", "\n").split("\n"), 1):
         m = re.search(r"\\[ \t]+(#.*)?$", line)
         if m:
-            what = "a comment after the line-continuation backslash" if m.group(1) else \
-                "a blank after the line-continuation backslash"
-            out.append(Finding(W if m.group(1) else E, "BAD_CONFIG",
-                               f"line {i}: {what} ends the command in bash; the lines after it never reach verl",
-                               "put comments on their own line, before the command; end the line with the "
-                               "backslash itself", line=i))
+            what = (
+                "a comment after the line-continuation backslash"
+                if m.group(1)
+                else "a blank after the line-continuation backslash"
+            )
+            out.append(
+                Finding(
+                    W if m.group(1) else E,
+                    "BAD_CONFIG",
+                    f"line {i}: {what} ends the command in bash; the lines after it never reach verl",
+                    "put comments on their own line, before the command; end the line with the backslash itself",
+                    line=i,
+                )
+            )
     return out
 
 
@@ -273,23 +331,41 @@ def parse_script(text: str) -> tuple[list[Override], list[Finding], dict[str, An
                 _parse_args(cmd.words, facts, overrides, findings, set())
             continue
         verl_line = cmd.line
-        words = cmd.words[len(cmd.words) - len(args):]
+        words = cmd.words[len(cmd.words) - len(args) :]
         prefixed = {name for name, _ in cmd.assigns}
         _parse_args(words, facts, overrides, findings, prefixed)
     if reader.unclosed is not None:
-        findings.append(Finding(E, "BAD_CONFIG", f"line {reader.unclosed}: a quote opened here never closes; bash "
-                                "refuses the whole script (syntax error) and runs nothing",
-                                "close the quote", line=reader.unclosed))
+        findings.append(
+            Finding(
+                E,
+                "BAD_CONFIG",
+                f"line {reader.unclosed}: a quote opened here never closes; bash "
+                "refuses the whole script (syntax error) and runs nothing",
+                "close the quote",
+                line=reader.unclosed,
+            )
+        )
     if stray:
-        findings.append(Finding(E, "BAD_CONFIG", f"line(s) {', '.join(map(str, stray[:8]))}"
-                                f"{' ...' if len(stray) > 8 else ''}: overrides that bash runs as their own "
-                                f"command, after the verl command (line {verl_line}) has ended",
-                                "end each line of the verl command with a backslash and nothing after it",
-                                line=stray[0]))
+        findings.append(
+            Finding(
+                E,
+                "BAD_CONFIG",
+                f"line(s) {', '.join(map(str, stray[:8]))}"
+                f"{' ...' if len(stray) > 8 else ''}: overrides that bash runs as their own "
+                f"command, after the verl command (line {verl_line}) has ended",
+                "end each line of the verl command with a backslash and nothing after it",
+                line=stray[0],
+            )
+        )
     if not facts["commands"]:
-        findings.append(Finding(W, "UNKNOWN_COMMAND", "no `python3 -m verl.trainer.main_ppo` command found",
-                                "verl's entry point is `python3 -m verl.trainer.main_ppo "
-                                "--config-name=ppo_megatron_trainer ...`"))
+        findings.append(
+            Finding(
+                W,
+                "UNKNOWN_COMMAND",
+                "no `python3 -m verl.trainer.main_ppo` command found",
+                "verl's entry point is `python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer ...`",
+            )
+        )
     return overrides, findings, facts
 
 
@@ -299,29 +375,40 @@ def _verl_args(tokens: list[str], lineno: int, findings: list[Finding], facts: d
         base = tok.rsplit("/", 1)[-1]
         if tok == "verl.trainer.main_ppo" and i > 0 and tokens[i - 1] == "-m" or base == "main_ppo.py":
             facts["commands"].append("main_ppo")
-            return tokens[i + 1:]
+            return tokens[i + 1 :]
         if base == "verl-train":
             facts["commands"].append("verl-train")
-            findings.append(Finding(
-                E, "UNKNOWN_COMMAND", f"line {lineno}: `verl-train` is not a verl command",
-                "run `python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer key=value ...`; "
-                "`grpo-tune search` writes such a script (verl.sh)", line=lineno))
-            return tokens[i + 1:]
+            findings.append(
+                Finding(
+                    E,
+                    "UNKNOWN_COMMAND",
+                    f"line {lineno}: `verl-train` is not a verl command",
+                    "run `python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer key=value ...`; "
+                    "`grpo-tune search` writes such a script (verl.sh)",
+                    line=lineno,
+                )
+            )
+            return tokens[i + 1 :]
         if base == "diagnose.py":
             facts["commands"].append("diagnose.py")
-            flags = [t for t in tokens[i + 1:] if t in DIAGNOSE_PY_FLAGS]
-            findings.append(Finding(
-                E if flags else W, "UNKNOWN_COMMAND",
-                f"line {lineno}: verl's scripts/diagnose.py only checks the environment"
-                + (f"; it has no {', '.join(flags)}" if flags else ""),
-                "`grpo-tune diagnose SCRIPT` checks degrees, batch sizes, memory and dtypes of a verl launch",
-                line=lineno))
+            flags = [t for t in tokens[i + 1 :] if t in DIAGNOSE_PY_FLAGS]
+            findings.append(
+                Finding(
+                    E if flags else W,
+                    "UNKNOWN_COMMAND",
+                    f"line {lineno}: verl's scripts/diagnose.py only checks the environment"
+                    + (f"; it has no {', '.join(flags)}" if flags else ""),
+                    "`grpo-tune diagnose SCRIPT` checks degrees, batch sizes, memory and dtypes of a verl launch",
+                    line=lineno,
+                )
+            )
             return None
     return None
 
 
-def _parse_args(words: list[Word], facts: dict, overrides: list[Override], findings: list[Finding],
-                prefixed: set[str]) -> None:
+def _parse_args(
+    words: list[Word], facts: dict, overrides: list[Override], findings: list[Finding], prefixed: set[str]
+) -> None:
     i = 0
     while i < len(words):
         w = words[i]
@@ -333,8 +420,13 @@ def _parse_args(words: list[Word], facts: dict, overrides: list[Override], findi
             name, _, inline = tok.partition("=")
             takes = HYDRA_FLAGS.get(name)
             value = inline
-            if (takes or takes is None) and not inline and i < len(words) and "=" not in words[i].value.text \
-                    and not words[i].value.text.startswith("-"):
+            if (
+                (takes or takes is None)
+                and not inline
+                and i < len(words)
+                and "=" not in words[i].value.text
+                and not words[i].value.text.startswith("-")
+            ):
                 value = words[i].value.text
                 i += 1
             _flag(name, value, takes, lineno, facts, findings)
@@ -342,19 +434,36 @@ def _parse_args(words: list[Word], facts: dict, overrides: list[Override], findi
         unev = ", ".join(v.unevaluable) or None
         ov = override(tok, lineno, unresolved=bool(v.unresolved), unevaluable=unev)
         if ov is None:
-            findings.append(Finding(W, "BAD_CONFIG", f"line {lineno}: {tok!r} is not a key=value override",
-                                    line=lineno))
+            findings.append(
+                Finding(W, "BAD_CONFIG", f"line {lineno}: {tok!r} is not a key=value override", line=lineno)
+            )
             continue
         if v.literal_dollar:
-            findings.append(Finding(W, "BAD_CONFIG", f"line {lineno}: {ov.key}={ov.raw}: bash does not expand `$` "
-                                    "inside single quotes, so verl receives the text literally",
-                                    "use double quotes (\"key=$VAR\") or none", key=ov.key, line=lineno))
+            findings.append(
+                Finding(
+                    W,
+                    "BAD_CONFIG",
+                    f"line {lineno}: {ov.key}={ov.raw}: bash does not expand `$` "
+                    "inside single quotes, so verl receives the text literally",
+                    'use double quotes ("key=$VAR") or none',
+                    key=ov.key,
+                    line=lineno,
+                )
+            )
         used = [n for n in v.unresolved if n in prefixed]
         if used:
-            findings.append(Finding(E, "BAD_CONFIG", f"line {lineno}: {ov.key} uses ${used[0]}, which is set only as "
-                                    f"a prefix assignment ({used[0]}=... cmd): bash expands the arguments before "
-                                    "that assignment applies, so verl gets the caller's value or nothing",
-                                    f"set {used[0]} on its own line before the command", key=ov.key, line=lineno))
+            findings.append(
+                Finding(
+                    E,
+                    "BAD_CONFIG",
+                    f"line {lineno}: {ov.key} uses ${used[0]}, which is set only as "
+                    f"a prefix assignment ({used[0]}=... cmd): bash expands the arguments before "
+                    "that assignment applies, so verl gets the caller's value or nothing",
+                    f"set {used[0]} on its own line before the command",
+                    key=ov.key,
+                    line=lineno,
+                )
+            )
         if ov.prefix == "~":
             continue  # deletion: nothing to check
         overrides.append(ov)
@@ -364,16 +473,30 @@ def _flag(name: str, value: str, takes: bool | None, lineno: int, facts: dict, f
     if name in ("--config-name", "-cn"):
         facts["config_name"] = value
     elif name in ("--config-path", "-cp", "--config-dir", "-cd"):
-        findings.append(Finding(I, "BAD_CONFIG", f"line {lineno}: custom config folder {value!r}",
-                                f"keys are checked against verl {verl.VERL_VERSION}'s stock config", line=lineno))
+        findings.append(
+            Finding(
+                I,
+                "BAD_CONFIG",
+                f"line {lineno}: custom config folder {value!r}",
+                f"keys are checked against verl {verl.VERL_VERSION}'s stock config",
+                line=lineno,
+            )
+        )
     elif name == "--dry-run":
-        findings.append(Finding(
-            E, "UNKNOWN_COMMAND", f"line {lineno}: verl has no --dry-run flag (Hydra rejects it)",
-            "Hydra's `--cfg job` prints the composed config without training; "
-            "`grpo-tune diagnose SCRIPT` checks it and prints the Parallel Config Summary", line=lineno))
+        findings.append(
+            Finding(
+                E,
+                "UNKNOWN_COMMAND",
+                f"line {lineno}: verl has no --dry-run flag (Hydra rejects it)",
+                "Hydra's `--cfg job` prints the composed config without training; "
+                "`grpo-tune diagnose SCRIPT` checks it and prints the Parallel Config Summary",
+                line=lineno,
+            )
+        )
     elif takes is None:
-        hint = ("verl takes Hydra overrides (key=value), not --flags"
-                + ("; use --config-path/--config-name for a config file" if name == "--config" else ""))
+        hint = "verl takes Hydra overrides (key=value), not --flags" + (
+            "; use --config-path/--config-name for a config file" if name == "--config" else ""
+        )
         findings.append(Finding(E, "UNKNOWN_COMMAND", f"line {lineno}: unknown flag {name}", hint, line=lineno))
 
 

@@ -10,6 +10,7 @@ may come from the caller's environment: the word is marked *unresolved*.
 
 One pass over the text, linear in its length (plain runs of characters are taken by one regex).
 """
+
 from __future__ import annotations
 
 import ast
@@ -78,7 +79,7 @@ class ShellReader:
         return self.s[j] if j < self.n else ""
 
     def _adv(self, k: int = 1) -> str:
-        out = self.s[self.i:self.i + k]
+        out = self.s[self.i : self.i + k]
         self.line += out.count("\n")
         self.i += k
         return out
@@ -113,8 +114,15 @@ class ShellReader:
     # ------------------------------------------------------------------ expansions
     def _lookup(self, name: str, out: Value) -> None:
         if name in self.env:
-            out.add(Value(**{**self.env[name].__dict__, "unresolved": list(self.env[name].unresolved),
-                             "unevaluable": list(self.env[name].unevaluable)}))
+            out.add(
+                Value(
+                    **{
+                        **self.env[name].__dict__,
+                        "unresolved": list(self.env[name].unresolved),
+                        "unevaluable": list(self.env[name].unevaluable),
+                    }
+                )
+            )
         elif name in ("HOME", "PWD", "USER"):
             out.text += "$" + name  # only in paths: left as written, not a finding
         else:
@@ -129,15 +137,15 @@ class ShellReader:
             start = self.i - 1
             self._adv(2)
             end = self._matching("(", ")")
-            expr = self.s[self.i:end - 1]
+            expr = self.s[self.i : end - 1]
             if end < self.n and self.s[end] == ")":
                 end += 1
-                expr = self.s[self.i:end - 2]
+                expr = self.s[self.i : end - 2]
             self._adv(end - self.i)
             val = self._arith(expr)
             if val is None:
-                out.text += self.s[start:self.i]
-                out.unevaluable.append(self.s[start:self.i])
+                out.text += self.s[start : self.i]
+                out.unevaluable.append(self.s[start : self.i])
             else:
                 out.text += str(val)
             return
@@ -146,8 +154,8 @@ class ShellReader:
             self._adv()
             end = self._matching("(", ")")
             self._adv(end - self.i)
-            out.text += self.s[start:self.i]
-            out.unevaluable.append(self.s[start:self.i])
+            out.text += self.s[start : self.i]
+            out.unevaluable.append(self.s[start : self.i])
             return
         if c == "{":
             self._adv()
@@ -174,7 +182,7 @@ class ShellReader:
         m = _NAME.match(self.s, self.i)
         op = None
         if m:
-            rest = self.s[m.end():m.end() + 2]
+            rest = self.s[m.end() : m.end() + 2]
             for cand in (":-", ":=", ":+", ":?", "-", "=", "+", "?", "}"):
                 if rest.startswith(cand):
                     op = cand
@@ -182,8 +190,8 @@ class ShellReader:
         if not m or op is None:
             end = self._matching("{", "}")
             self._adv(end - self.i)
-            out.text += self.s[start:self.i]
-            out.unevaluable.append(self.s[start:self.i])
+            out.text += self.s[start : self.i]
+            out.unevaluable.append(self.s[start : self.i])
             return
         name = m.group(0)
         self._adv(m.end() - self.i + len(op))
@@ -269,8 +277,8 @@ class ShellReader:
         while self.i < self.n and self._peek() != "`":
             self._adv(2 if self._peek() == "\\" else 1)
         self._adv()
-        out.text += self.s[start:self.i]
-        out.unevaluable.append(self.s[start:self.i])
+        out.text += self.s[start : self.i]
+        out.unevaluable.append(self.s[start : self.i])
 
     def _single(self, out: Value) -> None:
         line = self.line
@@ -279,7 +287,7 @@ class ShellReader:
         if end < 0:
             self.unclosed = self.unclosed or line
             end = self.n
-        chunk = self.s[self.i:end]
+        chunk = self.s[self.i : end]
         out.text += chunk
         if "$" in chunk:
             out.literal_dollar = True
@@ -301,7 +309,7 @@ class ShellReader:
                 nxt = self._peek(1)
                 if nxt == "\n":
                     self._adv(2)
-                elif nxt in ('$', '`', '"', '\\'):
+                elif nxt in ("$", "`", '"', "\\"):
                     self._adv()
                     out.text += self._adv()
                 else:
@@ -338,7 +346,7 @@ class ShellReader:
                 out.text += self._adv()  # inside a word '#' is literal
             else:
                 break
-        return Word(out, line, self.s[start:self.i])
+        return Word(out, line, self.s[start : self.i])
 
     def _finish(self, st: "_Building", end: str) -> Command | None:
         """The command built so far (None when empty); a bare assignment list updates the script's variables."""
@@ -378,7 +386,7 @@ class ShellReader:
         c = self._peek()
         op = c
         if self.s.startswith(("&&", "||", ";;"), self.i):
-            op = self.s[self.i:self.i + 2]
+            op = self.s[self.i : self.i + 2]
         elif c == "&" and self._peek(1) == ">":
             self._adv(2)
             st.redirect = True
@@ -438,7 +446,7 @@ class ShellReader:
         while self.i < self.n:
             end = self.s.find("\n", self.i)
             end = self.n if end < 0 else end
-            text = self.s[self.i:end]
+            text = self.s[self.i : end]
             self._adv(min(end + 1, self.n) - self.i)
             if text.strip() == delim:
                 return
@@ -460,9 +468,14 @@ def _tail(v: Value, k: int) -> Value:
     return Value(v.text[k:], list(v.unresolved), list(v.unevaluable), v.literal_dollar, v.caller_args)
 
 
-_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-        ast.Div: lambda a, b: _trunc_div(a, b), ast.FloorDiv: lambda a, b: _trunc_div(a, b),
-        ast.Mod: lambda a, b: a - b * _trunc_div(a, b)}
+_OPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: _trunc_div(a, b),
+    ast.FloorDiv: lambda a, b: _trunc_div(a, b),
+    ast.Mod: lambda a, b: a - b * _trunc_div(a, b),
+}
 
 
 def _trunc_div(a: int, b: int) -> int:

@@ -1,4 +1,5 @@
 """The refinement loop: options, the plan-choosing loop (with any measuring function), ``refine()``."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -80,8 +81,10 @@ def _check_storage_url(url: str) -> None:
     try:
         make_url(url).get_dialect()
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
-        raise ConfigError(f"--storage {url!r} is not a database URL SQLAlchemy can open ({exc})",
-                          hint="use sqlite:///path/study.db, postgresql://user@host/db or mysql://...") from None
+        raise ConfigError(
+            f"--storage {url!r} is not a database URL SQLAlchemy can open ({exc})",
+            hint="use sqlite:///path/study.db, postgresql://user@host/db or mysql://...",
+        ) from None
 
 
 Measure = Callable[[StudyHandle, int, Estimate], ProfileOutcome]
@@ -125,8 +128,9 @@ def _measured(h: StudyHandle, plans: Plans) -> tuple[list[tuple[int, float]], se
 
 def enqueue(h: StudyHandle, plans: Plans, index: int, *, skip_if_exists: bool = False, **attrs: Any) -> None:
     """Queue plan ``index`` for the next ask; the WAITING trial carries its plan key (public user attrs)."""
-    h.study.enqueue_trial({PARAM: index}, user_attrs={"plan": plans.keys[index], **attrs},
-                          skip_if_exists=skip_if_exists)
+    h.study.enqueue_trial(
+        {PARAM: index}, user_attrs={"plan": plans.keys[index], **attrs}, skip_if_exists=skip_if_exists
+    )
 
 
 def winner_plan(h: StudyHandle, plans: Plans) -> str | None:
@@ -178,16 +182,19 @@ def _too_slow(h: StudyHandle, plans: Plans, opts: RefineOptions, i: int) -> str 
     p_best = best.user_attrs.get("predicted_step_s")
     p = S.predicted(plans.space[i])[0]
     if p_best and p and p > opts.slower_than * p_best:
-        return (f"predicted {p / p_best:.1f}x slower than the best measured plan "
-                f"(trial #{best.number}) in the cost model's own terms; not run")
+        return (
+            f"predicted {p / p_best:.1f}x slower than the best measured plan "
+            f"(trial #{best.number}) in the cost model's own terms; not run"
+        )
     return None
 
 
 def _duplicate(h: StudyHandle, number: int, key: str, repeat: bool) -> str | None:
     from optuna.trial import TrialState
 
-    for t in h.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.PRUNED,
-                                                        TrialState.FAIL)):
+    for t in h.study.get_trials(
+        deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.PRUNED, TrialState.FAIL)
+    ):
         if t.number == number or t.user_attrs.get("plan") != key:
             continue
         if t.state == TrialState.RUNNING and t.user_attrs.get("running_profile"):
@@ -219,9 +226,14 @@ def _start_trial(h: StudyHandle, trial, est: Estimate, key: str, host: str) -> N
     import time
 
     pred_step, pred_tps = S.predicted(est)
-    for k, v in (("plan", key), ("worker", {"host": host, "pid": os.getpid()}), ("strategy", est.strategy.to_dict()),
-                 ("predicted_step_s", pred_step), ("predicted_tokens_per_s", pred_tps),
-                 ("heartbeat_utc", time.time())):
+    for k, v in (
+        ("plan", key),
+        ("worker", {"host": host, "pid": os.getpid()}),
+        ("strategy", est.strategy.to_dict()),
+        ("predicted_step_s", pred_step),
+        ("predicted_tokens_per_s", pred_tps),
+        ("heartbeat_utc", time.time()),
+    ):
         trial.set_user_attr(k, v)
 
 
@@ -238,8 +250,9 @@ def _tell(h: StudyHandle, trial, res: ProfileOutcome) -> str:
     d = res.data
     trial.set_user_attr("measured_step_s", float(d["step_s"]))
     trial.set_user_attr("measured_tokens_per_s", float(d["tokens_per_s"]))
-    trial.set_user_attr("measured_phases_s", {k: float(v) for k, v in (d.get("phases_s") or {}).items()
-                                              if positive(v) or v == 0})
+    trial.set_user_attr(
+        "measured_phases_s", {k: float(v) for k, v in (d.get("phases_s") or {}).items() if positive(v) or v == 0}
+    )
     peak = (d.get("peak_memory_bytes") or {}).get("max")
     trial.set_user_attr("peak_memory_bytes", int(peak) if isinstance(peak, (int, float)) else None)
     h.study.tell(trial, float(d["tokens_per_s"]))
@@ -247,9 +260,16 @@ def _tell(h: StudyHandle, trial, res: ProfileOutcome) -> str:
     return f"#{trial.number} step predicted {'-' if pred is None else f'{pred:.3g}'} s / measured {d['step_s']:.3g} s"
 
 
-def run_trials(h: StudyHandle, plans: Plans, opts: RefineOptions, measure: Measure, *, host: str,
-               say: Callable[[str], None] = lambda s: None,
-               on_trial: Callable[[str], None] = lambda s: None) -> None:
+def run_trials(
+    h: StudyHandle,
+    plans: Plans,
+    opts: RefineOptions,
+    measure: Measure,
+    *,
+    host: str,
+    say: Callable[[str], None] = lambda s: None,
+    on_trial: Callable[[str], None] = lambda s: None,
+) -> None:
     """Choose, measure and record trials until the study holds ``opts.trials`` profiled ones.
 
     ``measure`` does the measuring; everything else (the choice of plan, duplicate and slow-plan
@@ -273,8 +293,9 @@ def run_trials(h: StudyHandle, plans: Plans, opts: RefineOptions, measure: Measu
         rank = trial.params[PARAM]
         est, key = plans.space[rank], plans.keys[rank]
         _start_trial(h, trial, est, key, host)
-        reason = _duplicate(h, trial.number, key, repeat) or (None if repeat or plans.chooser else
-                                                              _too_slow(h, plans, opts, rank))
+        reason = _duplicate(h, trial.number, key, repeat) or (
+            None if repeat or plans.chooser else _too_slow(h, plans, opts, rank)
+        )
         if reason:
             skips -= 1
             trial.set_user_attr("reason", reason)
@@ -303,10 +324,16 @@ def profile_measure(out: Path, inputs: tuple, opts: RefineOptions, study_name: s
 
         tdir = out / "trials" / f"{number:04d}"
         tdir.mkdir(parents=True, exist_ok=True)
-        cfg = RunConfig(model=model, hardware=hardware, cluster=cluster, strategy=est.strategy, workload=workload,
-                        trainer=dataclasses.replace(base, steps=opts.trial_steps, out_dir=str(tdir / "train")),
-                        predicted=predicted_block(est),
-                        meta={"study": study_name, "trial": number, "plan": S.plan_key(est.strategy)})
+        cfg = RunConfig(
+            model=model,
+            hardware=hardware,
+            cluster=cluster,
+            strategy=est.strategy,
+            workload=workload,
+            trainer=dataclasses.replace(base, steps=opts.trial_steps, out_dir=str(tdir / "train")),
+            predicted=predicted_block(est),
+            meta={"study": study_name, "trial": number, "plan": S.plan_key(est.strategy)},
+        )
         path = save_config(cfg, tdir / "config.yaml")
         h.set_attr(number, "config", str(path))
         host = socket.gethostname()
@@ -315,9 +342,15 @@ def profile_measure(out: Path, inputs: tuple, opts: RefineOptions, study_name: s
             h.set_attr(number, "worker", {"host": host, "pid": os.getpid(), "pgid": pid})
 
         with h.heartbeat(number):
-            return run_profile(path, steps=opts.trial_steps, timeout_s=opts.trial_timeout_s,
-                               json_path=tdir / "profile.json", log_path=tdir / "profile.log",
-                               profile_cmd=opts.profile_cmd, on_start=started)
+            return run_profile(
+                path,
+                steps=opts.trial_steps,
+                timeout_s=opts.trial_timeout_s,
+                json_path=tdir / "profile.json",
+                log_path=tdir / "profile.log",
+                profile_cmd=opts.profile_cmd,
+                on_start=started,
+            )
 
     return measure
 
@@ -325,21 +358,41 @@ def profile_measure(out: Path, inputs: tuple, opts: RefineOptions, study_name: s
 def plan_space(ranked: Sequence[Estimate], inputs: tuple, opts: RefineOptions) -> tuple[list[Estimate], list[str]]:
     """The study's plans: fitting (cost model) and accepted by the trainer (its preflight)."""
     model, hardware, cluster, workload = inputs
-    space = S.build_space(ranked, model, hardware, cluster, workload, calibration=opts.calibration, pins=opts.pins,
-                          allow_cross_node_tp=opts.allow_cross_node_tp)
+    space = S.build_space(
+        ranked,
+        model,
+        hardware,
+        cluster,
+        workload,
+        calibration=opts.calibration,
+        pins=opts.pins,
+        allow_cross_node_tp=opts.allow_cross_node_tp,
+    )
     if not space:
-        raise NoFeasiblePlanError("no plan predicted to fit: nothing to refine",
-                                  hint="add GPUs, shrink the workload, or relax pinned degrees")
+        raise NoFeasiblePlanError(
+            "no plan predicted to fit: nothing to refine", hint="add GPUs, shrink the workload, or relax pinned degrees"
+        )
     space, rejected = S.runnable(space, opts.trainer or TrainerOptions())
     if not space:
-        raise NoFeasiblePlanError("the trainer rejects every plan predicted to fit: nothing to refine",
-                                  hint=f"e.g. {rejected[0]}" if rejected else "")
+        raise NoFeasiblePlanError(
+            "the trainer rejects every plan predicted to fit: nothing to refine",
+            hint=f"e.g. {rejected[0]}" if rejected else "",
+        )
     return space, rejected
 
 
-def refine(ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSpec, cluster: Cluster,
-           workload: Workload, out_dir: str | os.PathLike, opts: RefineOptions = RefineOptions(), *,
-           console=None, search=None):
+def refine(
+    ranked: Sequence[Estimate],
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    cluster: Cluster,
+    workload: Workload,
+    out_dir: str | os.PathLike,
+    opts: RefineOptions = RefineOptions(),
+    *,
+    console=None,
+    search=None,
+):
     """Measure the most promising plans of ``ranked`` with real profiling runs and pick the fastest.
 
     ``ranked``: search's estimates, best first (made with ``opts.calibration`` when given).
@@ -360,14 +413,23 @@ def refine(ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSpec,
     host = socket.gethostname()
     console = console or _console()
     if rejected:
-        console.print(f"{len(rejected)} plan(s) the trainer cannot run were left out (e.g. {rejected[0]})",
-                      highlight=False)
+        console.print(
+            f"{len(rejected)} plan(s) the trainer cannot run were left out (e.g. {rejected[0]})", highlight=False
+        )
     _prepare(h, plans, opts, inputs, host, console)
     with progress_bar(console, total=opts.trials, enabled=opts.progress, done=counted(h.study)) as bar:
-        run_trials(h, plans, opts, profile_measure(out, inputs, opts, name), host=host,
-                   say=lambda s: console.print(f"[yellow]{s}[/]"), on_trial=lambda s: bar.advance(h, s))
-    return finish(h, name=name, storage=storage, out=out, inputs=inputs, plans=plans, opts=opts, console=console,
-                  search=search)
+        run_trials(
+            h,
+            plans,
+            opts,
+            profile_measure(out, inputs, opts, name),
+            host=host,
+            say=lambda s: console.print(f"[yellow]{s}[/]"),
+            on_trial=lambda s: bar.advance(h, s),
+        )
+    return finish(
+        h, name=name, storage=storage, out=out, inputs=inputs, plans=plans, opts=opts, console=console, search=search
+    )
 
 
 def _prepare(h: StudyHandle, plans: Plans, opts: RefineOptions, inputs: tuple, host: str, console) -> None:
@@ -376,13 +438,25 @@ def _prepare(h: StudyHandle, plans: Plans, opts: RefineOptions, inputs: tuple, h
     sid = S.space_id(plans.keys)
     study = h.study
     if not study.user_attrs.get("inputs"):
-        study.set_user_attr("inputs", {"model": model.name, "hardware": hardware.name, "gpus": cluster.gpus,
-                                       "gpus_per_node": cluster.gpus_per_node, "workload": workload.to_dict(),
-                                       "calibration": opts.calibration, "plans": len(plans.keys), "space": sid,
-                                       "policy": opts.policy})
+        study.set_user_attr(
+            "inputs",
+            {
+                "model": model.name,
+                "hardware": hardware.name,
+                "gpus": cluster.gpus,
+                "gpus_per_node": cluster.gpus_per_node,
+                "workload": workload.to_dict(),
+                "calibration": opts.calibration,
+                "plans": len(plans.keys),
+                "space": sid,
+                "policy": opts.policy,
+            },
+        )
     elif study.user_attrs["inputs"].get("space") != sid:
-        console.print("[yellow]the plan space differs from the one this study started with (another calibration "
-                      "or profile?); plan_rank values are not comparable across the two, plan keys still are[/]")
+        console.print(
+            "[yellow]the plan space differs from the one this study started with (another calibration "
+            "or profile?); plan_rank values are not comparable across the two, plan keys still are[/]"
+        )
     for plan in recover(h, host):
         if plan in plans.index:
             # an interrupted re-measurement of a plan measured before stays a repeat
@@ -392,8 +466,9 @@ def _prepare(h: StudyHandle, plans: Plans, opts: RefineOptions, inputs: tuple, h
     seed_study(h, plans, opts)
     done = counted(study)
     if done:
-        console.print(f"resuming study [bold]{h.study.study_name}[/]: {done} profiled trial(s) already recorded",
-                      highlight=False)
+        console.print(
+            f"resuming study [bold]{h.study.study_name}[/]: {done} profiled trial(s) already recorded", highlight=False
+        )
 
 
 def seed_study(h: StudyHandle, plans: Plans, opts: RefineOptions) -> None:

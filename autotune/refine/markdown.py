@@ -3,6 +3,7 @@
 :func:`append_report` adds a ``## Refinement`` section to the run folder's report.md (written by
 search's emitter just before) and writes ``refine_history.png`` and ``refine_scatter.png``.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,13 @@ def plot_history(records, path: Path) -> Path:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.6))
     done = [r for r in records if r.state == "COMPLETE" and r.measured_tokens_per_s]
-    ax.scatter([r.number for r in done], [r.measured_tokens_per_s for r in done], color=STATE_STYLE["COMPLETE"][1],
-               label="completed", zorder=3)
+    ax.scatter(
+        [r.number for r in done],
+        [r.measured_tokens_per_s for r in done],
+        color=STATE_STYLE["COMPLETE"][1],
+        label="completed",
+        zorder=3,
+    )
     best, xs, ys = -math.inf, [], []
     for r in sorted(done, key=lambda r: r.number):
         best = max(best, r.measured_tokens_per_s)
@@ -35,12 +41,19 @@ def plot_history(records, path: Path) -> Path:
         rs = [r for r in records if r.state == state and r.ran]
         if rs:
             mk, col = STATE_STYLE[state]
-            ax.scatter([r.number for r in rs], [floor] * len(rs), marker=mk, color=col,
-                       label=f"{state.lower()} (ran)", zorder=3)
+            ax.scatter(
+                [r.number for r in rs],
+                [floor] * len(rs),
+                marker=mk,
+                color=col,
+                label=f"{state.lower()} (ran)",
+                zorder=3,
+            )
     skipped = [r for r in records if r.state == "PRUNED" and not r.ran]
     if skipped:
-        ax.scatter([r.number for r in skipped], [floor] * len(skipped), marker="|", color="#999999",
-                   label="skipped (not run)")
+        ax.scatter(
+            [r.number for r in skipped], [floor] * len(skipped), marker="|", color="#999999", label="skipped (not run)"
+        )
     ax.set_xlabel("trial")
     ax.set_ylabel("measured tokens/s")
     ax.set_title("Optuna history")
@@ -59,8 +72,14 @@ def plot_scatter(records, calibration, path: Path) -> Path:
     allv = meas + [r.predicted_step_s for r in done]
     if calibration is not None:
         pts = calibration.points
-        ax.scatter([p["measured_step_s"] for p in pts], [p["predicted_after_s"] for p in pts], marker="^",
-                   color="#C44E52", label="after calibration", zorder=3)
+        ax.scatter(
+            [p["measured_step_s"] for p in pts],
+            [p["predicted_after_s"] for p in pts],
+            marker="^",
+            color="#C44E52",
+            label="after calibration",
+            zorder=3,
+        )
         allv += [p["predicted_after_s"] for p in pts]
     for r in done:
         ax.annotate(f"#{r.number}", (r.measured_step_s, r.predicted_step_s), fontsize=7, alpha=0.7)
@@ -87,30 +106,45 @@ def section(result) -> list[str]:
     """Markdown lines of the refinement section."""
     recs = result.records
     ran = [r for r in recs if r.ran]
-    L = ["", "## Refinement (real profiling runs)", "",
-         (f"- Optuna study `{result.study_name}` in `{result.storage}`; "
-          f"{len(ran)} profiled trial(s), {len(result.completed)} completed, "
-          f"{sum(1 for r in recs if r.state == 'PRUNED' and not r.ran)} skipped without running."),
-         f"- Open it: `pip install optuna-dashboard && optuna-dashboard {result.storage}`."]
+    L = [
+        "",
+        "## Refinement (real profiling runs)",
+        "",
+        (
+            f"- Optuna study `{result.study_name}` in `{result.storage}`; "
+            f"{len(ran)} profiled trial(s), {len(result.completed)} completed, "
+            f"{sum(1 for r in recs if r.state == 'PRUNED' and not r.ran)} skipped without running."
+        ),
+        f"- Open it: `pip install optuna-dashboard && optuna-dashboard {result.storage}`.",
+    ]
     if result.winner_measured:
         w = result.winner_measured
-        L.append(f"- Winner: trial #{w['trial']}, measured {w['tokens_per_s']:,.1f} tokens/s "
-                 f"({w['step_s']:.3g} s/step), {w['speedup_vs_median_trial']:.2f}x the median trial "
-                 f"({w['median_trial_tokens_per_s']:,.1f} tokens/s).")
+        L.append(
+            f"- Winner: trial #{w['trial']}, measured {w['tokens_per_s']:,.1f} tokens/s "
+            f"({w['step_s']:.3g} s/step), {w['speedup_vs_median_trial']:.2f}x the median trial "
+            f"({w['median_trial_tokens_per_s']:,.1f} tokens/s)."
+        )
     L.append(f"- Spearman rank correlation, predicted vs measured step time: {_f(result.spearman_step_s, '{:.3f}')}")
     from .report import noise_lines
 
     L += [f"- {line[0].upper()}{line[1:]}." for line in noise_lines(result)]
     cal = result.calibration
     if cal is not None:
-        L.append(f"- Calibration ({cal.before['n']} trials, `calibration.json`): MAPE {cal.before['mape_pct']:.1f}% -> "
-                 f"{cal.after['mape_pct']:.1f}%, Spearman {_f(cal.before['spearman'], '{:.3f}')} -> "
-                 f"{_f(cal.after['spearman'], '{:.3f}')}. Use it: `grpo-tune search ... --calibration calibration.json`.")
+        L.append(
+            f"- Calibration ({cal.before['n']} trials, `calibration.json`): MAPE {cal.before['mape_pct']:.1f}% -> "
+            f"{cal.after['mape_pct']:.1f}%, Spearman {_f(cal.before['spearman'], '{:.3f}')} -> "
+            f"{_f(cal.after['spearman'], '{:.3f}')}. Use it: `grpo-tune search ... --calibration calibration.json`."
+        )
         moved = {k: v for k, v in cal.params.items() if abs(v - cal.base.get(k, v)) > 1e-9 * max(1.0, abs(v))}
         if moved:
-            L.append("- Fitted parameters: " + ", ".join(f"`{k}` {cal.base[k]:.3g} -> {v:.3g}" for k, v in moved.items()))
-    L += ["", "| trial | state | plan | predicted step s | measured step s | tokens/s | reason |",
-          "|---|---|---|---|---|---|---|"]
+            L.append(
+                "- Fitted parameters: " + ", ".join(f"`{k}` {cal.base[k]:.3g} -> {v:.3g}" for k, v in moved.items())
+            )
+    L += [
+        "",
+        "| trial | state | plan | predicted step s | measured step s | tokens/s | reason |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in recs:
         plan = r.plan or "-"
         if r.strategy:
@@ -123,20 +157,24 @@ def section(result) -> list[str]:
                 plan = r.plan or "-"
         reason = (r.reason or "").replace("|", "/")
         state = r.state + (" (repeat)" if r.repeat and r.ran else "")
-        L.append(f"| {r.number} | {state} | `{plan}` | {_f(r.predicted_step_s)} | {_f(r.measured_step_s)} | "
-                 f"{_f(r.measured_tokens_per_s, '{:,.1f}')} | {reason[:160]} |")
+        L.append(
+            f"| {r.number} | {state} | `{plan}` | {_f(r.predicted_step_s)} | {_f(r.measured_step_s)} | "
+            f"{_f(r.measured_tokens_per_s, '{:,.1f}')} | {reason[:160]} |"
+        )
     L += ["", "![Optuna history](refine_history.png)", "", "![predicted vs measured](refine_scatter.png)", ""]
     return L
 
 
 def append_report(run_dir: Path, result) -> dict[str, Path]:
     run_dir = Path(run_dir)
-    out = {"history_png": plot_history(result.records, run_dir / "refine_history.png"),
-           "scatter_png": plot_scatter(result.records, result.calibration, run_dir / "refine_scatter.png")}
+    out = {
+        "history_png": plot_history(result.records, run_dir / "refine_history.png"),
+        "scatter_png": plot_scatter(result.records, result.calibration, run_dir / "refine_scatter.png"),
+    }
     rep = run_dir / "report.md"
     text = rep.read_text() if rep.exists() else f"# grpo-tune refinement: {result.study_name}\n"
     marker = "\n## Refinement (real profiling runs)"
     if marker in text:  # a resumed study replaces its old section
-        text = text[:text.index(marker)]
+        text = text[: text.index(marker)]
     out["report"] = atomic_write(rep, text.rstrip("\n") + "\n" + "\n".join(section(result)))
     return out

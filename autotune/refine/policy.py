@@ -17,6 +17,7 @@ The hyperparameters below are a priori choices (not fitted to any benchmark): th
 absolute error on a new machine can be ~50% (``OFFSET_SD``), errors between similar plans differ
 by ~25% (``LOCAL_SD``), and a plan one doubling away in one feature shares ~80% of the error.
 """
+
 from __future__ import annotations
 
 import math
@@ -73,7 +74,7 @@ class ModelGuided:
         self.n = len(space)
         self.prior = np.array([math.log(predicted(e)[0] or 1.0) for e in space])
         self.x = np.array([features(e.strategy) for e in space], dtype=float)
-        self.prior_var = OFFSET_SD ** 2 + LOCAL_SD ** 2
+        self.prior_var = OFFSET_SD**2 + LOCAL_SD**2
         self.assumed_noise = noise
 
     def kernel(self, idx):
@@ -81,7 +82,7 @@ class ModelGuided:
         import numpy as np
 
         d2 = ((self.x[:, None, :] - self.x[None, idx, :]) ** 2).sum(-1)
-        return OFFSET_SD ** 2 + LOCAL_SD ** 2 * np.exp(-d2 / (2 * LENGTH ** 2))
+        return OFFSET_SD**2 + LOCAL_SD**2 * np.exp(-d2 / (2 * LENGTH**2))
 
     def noise(self, by_plan: dict[int, list[float]]) -> float:
         """The relative difference that counts as noise: the largest measured spread, else the assumed one."""
@@ -106,7 +107,7 @@ class ModelGuided:
         idx = np.array([i for i, _ in obs])
         y = np.log([s for _, s in obs]) - self.prior[idx]
         ks = self.kernel(idx)
-        kk = ks[idx] + noise_sd ** 2 * np.eye(len(idx))
+        kk = ks[idx] + noise_sd**2 * np.eye(len(idx))
         sol = np.linalg.solve(kk, np.column_stack([y, ks.T]))
         mu = self.prior + ks @ sol[:, 0]
         var = self.prior_var - np.einsum("ij,ji->i", ks, sol[:, 1:])
@@ -149,11 +150,15 @@ class ModelGuided:
         if free:
             p_beat = {i: _ncdf((best - margin - mu[i]) / sd[i]) for i in free}
             if max(p_beat.values()) > P_STOP:
-                ei = {i: (best - mu[i]) * _ncdf((best - mu[i]) / sd[i]) + sd[i] * _npdf((best - mu[i]) / sd[i])
-                      for i in free}
+                ei = {
+                    i: (best - mu[i]) * _ncdf((best - mu[i]) / sd[i]) + sd[i] * _npdf((best - mu[i]) / sd[i])
+                    for i in free
+                }
                 i = max(free, key=lambda j: (ei[j], -mu[j]))
-                return Pick(i, f"expected improvement {math.expm1(ei[i]):.1%}, "
-                               f"P(beats the incumbent by > noise) {p_beat[i]:.0%}")
+                return Pick(
+                    i,
+                    f"expected improvement {math.expm1(ei[i]):.1%}, P(beats the incumbent by > noise) {p_beat[i]:.0%}",
+                )
         # Exploring is done: re-measure the incumbent and plans within noise of it (fewest repeats first).
         near = [i for i in by_plan if mu[i] - best <= margin and len(by_plan[i]) < MAX_REPEATS and i not in busy]
         if not near or near == [inc] and len(by_plan[inc]) >= 2:

@@ -4,6 +4,7 @@ Noise is reported honestly: the spread of repeated trials of one plan ((max - mi
 printed, and two plans are called different only when their measured step times differ by more
 than that spread (or by more than the assumed noise when no plan was measured twice).
 """
+
 from __future__ import annotations
 
 import json
@@ -52,9 +53,13 @@ class RefineResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "study_name": self.study_name, "storage": self.storage, "out_dir": str(self.out_dir),
-            "winner_trial": self.winner_trial, "winner_measured": self.winner_measured,
-            "median_tokens_per_s": self.median_tokens_per_s, "spearman_step_s": self.spearman_step_s,
+            "study_name": self.study_name,
+            "storage": self.storage,
+            "out_dir": str(self.out_dir),
+            "winner_trial": self.winner_trial,
+            "winner_measured": self.winner_measured,
+            "median_tokens_per_s": self.median_tokens_per_s,
+            "spearman_step_s": self.spearman_step_s,
             "noise": self.noise,
             "calibration": None if self.calibration is None else self.calibration.to_dict(),
             "emitted": {k: str(v) for k, v in self.emitted.items()},
@@ -99,8 +104,9 @@ def best_plan(groups: dict[str, list[TrialRecord]]) -> str:
     return max(med, key=med.get)
 
 
-def _winner(result: RefineResult, groups: dict[str, list[TrialRecord]], gpus: int, study_name: str,
-            plan: str | None = None) -> TrialRecord:
+def _winner(
+    result: RefineResult, groups: dict[str, list[TrialRecord]], gpus: int, study_name: str, plan: str | None = None
+) -> TrialRecord:
     """The chosen plan (default: the best median tokens/s over its trials); figures are its medians."""
     med = {k: statistics.median(r.measured_tokens_per_s for r in v) for k, v in groups.items()}
     plan = plan if plan in groups else best_plan(groups)
@@ -111,9 +117,15 @@ def _winner(result: RefineResult, groups: dict[str, list[TrialRecord]], gpus: in
     thr = result.noise["threshold"]
     result.winner_trial = rep.number
     result.winner_measured = {
-        "trial": rep.number, "trials_of_plan": [r.number for r in trials], "study": study_name,
-        "storage": result.storage, "step_s": step, "tokens_per_s": med[plan], "tokens_per_s_per_gpu": med[plan] / gpus,
-        "phases_s": rep.measured_phases_s, "peak_memory_bytes": rep.peak_memory_bytes,
+        "trial": rep.number,
+        "trials_of_plan": [r.number for r in trials],
+        "study": study_name,
+        "storage": result.storage,
+        "step_s": step,
+        "tokens_per_s": med[plan],
+        "tokens_per_s_per_gpu": med[plan] / gpus,
+        "phases_s": rep.measured_phases_s,
+        "peak_memory_bytes": rep.peak_memory_bytes,
         "median_trial_tokens_per_s": result.median_tokens_per_s,
         "speedup_vs_median_trial": med[plan] / result.median_tokens_per_s,
         "trials_completed": len(result.completed),
@@ -125,8 +137,9 @@ def _winner(result: RefineResult, groups: dict[str, list[TrialRecord]], gpus: in
     return rep
 
 
-def finish(h: StudyHandle, *, name: str, storage: str, out: Path, inputs: tuple, plans, opts, console,
-           search=None) -> RefineResult:
+def finish(
+    h: StudyHandle, *, name: str, storage: str, out: Path, inputs: tuple, plans, opts, console, search=None
+) -> RefineResult:
     model, hardware, cluster, workload = inputs
     result = RefineResult(study_name=name, storage=storage, out_dir=out, records=records(h.study))
     done = result.completed
@@ -142,10 +155,16 @@ def finish(h: StudyHandle, *, name: str, storage: str, out: Path, inputs: tuple,
     best = _winner(result, by_plan(done), cluster.gpus, name, winner_plan(h, plans))
     est = plans.space[plans.index[best.plan]] if best.plan in plans.index else None
     strategy = est.strategy if est is not None else Strategy.from_dict(best.strategy or {})
-    result.winner = RunConfig(model=model, hardware=hardware, cluster=cluster, strategy=strategy, workload=workload,
-                              trainer=opts.trainer or TrainerOptions(),
-                              measured=result.winner_measured,
-                              meta={"study": name, "trial": best.number, "storage": storage})
+    result.winner = RunConfig(
+        model=model,
+        hardware=hardware,
+        cluster=cluster,
+        strategy=strategy,
+        workload=workload,
+        trainer=opts.trainer or TrainerOptions(),
+        measured=result.winner_measured,
+        meta={"study": name, "trial": best.number, "storage": storage},
+    )
     if opts.calibrate:
         _calibrate(result, done, inputs, opts, console)
     atomic_write(out / "refine.json", json.dumps(result.to_dict(), indent=2, default=str))
@@ -161,8 +180,9 @@ def _calibrate(result: RefineResult, done, inputs: tuple, opts, console) -> None
     try:
         from autotune.calibrate import fit_records
 
-        result.calibration = fit_records(done, model=model, hardware=hardware, cluster=cluster, workload=workload,
-                                         base=opts.calibration)
+        result.calibration = fit_records(
+            done, model=model, hardware=hardware, cluster=cluster, workload=workload, base=opts.calibration
+        )
     except GrpoTuneError as exc:
         console.print(f"[yellow]calibration skipped[/]: {exc.message}", highlight=False)
     if result.calibration is not None:
@@ -187,8 +207,12 @@ def noise_lines(result: RefineResult) -> list[str]:
         out = [f"noise: no plan was measured twice; assuming {n['threshold']:.1%} (differences below it are ties)"]
     else:
         per = ", ".join(f"{v:.1%}" for v in n["per_plan"].values())
-        out = [(f"noise: spread of repeated trials (max-min)/median: {per}; plans closer than "
-                f"{n['threshold']:.1%} are called tied")]
+        out = [
+            (
+                f"noise: spread of repeated trials (max-min)/median: {per}; plans closer than "
+                f"{n['threshold']:.1%} are called tied"
+            )
+        ]
     w = result.winner_measured or {}
     if w.get("runner_up_step_s") is not None:
         gap = w["runner_up_step_s"] / w["step_s"] - 1
@@ -206,27 +230,40 @@ def print_summary(result: RefineResult, console) -> None:
         t.add_column(c, justify="left" if c in ("state", "plan / reason") else "right")
     for r in result.records:
         f = lambda x: "-" if x is None else f"{x:.3g}"
-        t.add_row(str(r.number), r.state + (" (repeat)" if r.repeat and r.ran else ""), f(r.predicted_step_s),
-                  f(r.measured_step_s), "-" if r.measured_tokens_per_s is None else f"{r.measured_tokens_per_s:,.1f}",
-                  (r.reason or _label(r) or "")[:90])
+        t.add_row(
+            str(r.number),
+            r.state + (" (repeat)" if r.repeat and r.ran else ""),
+            f(r.predicted_step_s),
+            f(r.measured_step_s),
+            "-" if r.measured_tokens_per_s is None else f"{r.measured_tokens_per_s:,.1f}",
+            (r.reason or _label(r) or "")[:90],
+        )
     console.print(t)
     sp = "-" if result.spearman_step_s is None else f"{result.spearman_step_s:.3f}"
-    console.print(f"Spearman rank correlation, predicted vs measured step time ({len(result.completed)} trials): "
-                  f"[bold]{sp}[/]", highlight=False)
+    console.print(
+        f"Spearman rank correlation, predicted vs measured step time ({len(result.completed)} trials): [bold]{sp}[/]",
+        highlight=False,
+    )
     cal = result.calibration
     if cal is not None:
         b, a = cal.before, cal.after
         fs = lambda x: "-" if x is None else f"{x:.3f}"
-        console.print(f"calibration: MAPE {b['mape_pct']:.1f}% -> {a['mape_pct']:.1f}%, Spearman {fs(b['spearman'])} -> "
-                      f"[bold]{fs(a['spearman'])}[/] (saved {result.out_dir / 'calibration.json'})", highlight=False)
+        console.print(
+            f"calibration: MAPE {b['mape_pct']:.1f}% -> {a['mape_pct']:.1f}%, Spearman {fs(b['spearman'])} -> "
+            f"[bold]{fs(a['spearman'])}[/] (saved {result.out_dir / 'calibration.json'})",
+            highlight=False,
+        )
     for line in noise_lines(result):
         console.print(line, highlight=False)
     w = result.winner_measured
     if w:
-        console.print(f"winner: trial #{w['trial']} measured [bold]{w['tokens_per_s']:,.1f} tokens/s[/] "
-                      f"({w['tokens_per_s_per_gpu']:,.1f}/GPU, {w['step_s']:.3g} s/step, median of "
-                      f"{len(w['trials_of_plan'])} trial(s)) vs median trial {w['median_trial_tokens_per_s']:,.1f} "
-                      f"tokens/s: [bold]{w['speedup_vs_median_trial']:.2f}x[/]", highlight=False)
+        console.print(
+            f"winner: trial #{w['trial']} measured [bold]{w['tokens_per_s']:,.1f} tokens/s[/] "
+            f"({w['tokens_per_s_per_gpu']:,.1f}/GPU, {w['step_s']:.3g} s/step, median of "
+            f"{len(w['trials_of_plan'])} trial(s)) vs median trial {w['median_trial_tokens_per_s']:,.1f} "
+            f"tokens/s: [bold]{w['speedup_vs_median_trial']:.2f}x[/]",
+            highlight=False,
+        )
     console.print(f"study: {result.storage} (optuna-dashboard {result.storage})", highlight=False)
 
 
@@ -238,8 +275,7 @@ def _emit(result: RefineResult, est: Estimate | None, search) -> dict[str, Path]
     if est is not None:
         from autotune.emit import emit as emit_plan
 
-        paths = dict(emit_plan(est, out, search=search, measured=result.winner_measured, meta=meta,
-                               trainer=None))
+        paths = dict(emit_plan(est, out, search=search, measured=result.winner_measured, meta=meta, trainer=None))
     else:  # the winner's plan is not in this space (a resumed study with another space): config only
         paths = {"best": save_config(result.winner, out / "best.yaml")}
     from .markdown import append_report
@@ -259,8 +295,12 @@ class _Bar:
 
         done = h.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         b = max(done, key=lambda t: t.value, default=None)
-        self.prog.update(self.task, completed=min(counted(h.study), self.total),
-                         best="-" if b is None else f"#{b.number} {b.value:,.0f} tok/s", latest=latest)
+        self.prog.update(
+            self.task,
+            completed=min(counted(h.study), self.total),
+            best="-" if b is None else f"#{b.number} {b.value:,.0f} tok/s",
+            latest=latest,
+        )
 
 
 class progress_bar:
@@ -281,12 +321,20 @@ class progress_bar:
             TimeElapsedColumn,
         )
 
-        self.prog = Progress(TextColumn("[bold]refine[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                             TextColumn("best {task.fields[best]}"), TextColumn("| latest {task.fields[latest]}"),
-                             console=self.console, transient=False)
+        self.prog = Progress(
+            TextColumn("[bold]refine[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("best {task.fields[best]}"),
+            TextColumn("| latest {task.fields[latest]}"),
+            console=self.console,
+            transient=False,
+        )
         self.prog.__enter__()
-        task = self.prog.add_task("trials", total=self.total, completed=min(self.done, self.total), best="-",
-                                  latest="-")
+        task = self.prog.add_task(
+            "trials", total=self.total, completed=min(self.done, self.total), best="-", latest="-"
+        )
         return _Bar(self.prog, task, self.total)
 
     def __exit__(self, *exc):

@@ -2,6 +2,7 @@
 
 The JSON it writes is read through the typed :class:`core.profile_report.ProfileReport`.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,16 @@ def kill_group(pgid: int) -> None:
         pass
 
 
-def run_profile(config_path: Path, *, steps: int, timeout_s: float, json_path: Path, log_path: Path,
-                profile_cmd: Sequence[str] | None = None, on_start: Callable[[int], None] | None = None) -> ProfileOutcome:
+def run_profile(
+    config_path: Path,
+    *,
+    steps: int,
+    timeout_s: float,
+    json_path: Path,
+    log_path: Path,
+    profile_cmd: Sequence[str] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> ProfileOutcome:
     """Run ``grpo-tune profile`` on one config in its own process group; never raises for a bad run."""
     cmd = [*(profile_cmd or PROFILE_CMD), "--config", str(config_path), "--steps", str(steps), "--json", str(json_path)]
     t0 = time.monotonic()
@@ -50,8 +59,9 @@ def run_profile(config_path: Path, *, steps: int, timeout_s: float, json_path: P
         log.write(("$ " + shlex.join(cmd) + "\n").encode())
         log.flush()
         try:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         except OSError as exc:
             return ProfileOutcome("error", f"cannot start the profile command: {exc}", None, 0.0)
         if on_start:
@@ -76,8 +86,12 @@ def run_profile(config_path: Path, *, steps: int, timeout_s: float, json_path: P
         except (OSError, json.JSONDecodeError) as exc:
             return ProfileOutcome("error", f"unreadable profile JSON ({exc}); exit code {rc}", None, dt)
     if not isinstance(data, dict):
-        return ProfileOutcome("oom" if rc == 3 else "error",
-                              f"exit code {rc}, no profile JSON; last log lines: {_tail(log_path)}", None, dt)
+        return ProfileOutcome(
+            "oom" if rc == 3 else "error",
+            f"exit code {rc}, no profile JSON; last log lines: {_tail(log_path)}",
+            None,
+            dt,
+        )
     try:  # the typed contract (core.profile_report) checks every field the study records
         data = ProfileReport.from_dict(data, where=str(json_path)).to_dict()
     except GrpoTuneError as exc:

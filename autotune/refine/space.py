@@ -1,4 +1,5 @@
 """The refinement's plan space: which plans a study may measure, in what order, and how alike they are."""
+
 from __future__ import annotations
 
 import hashlib
@@ -28,9 +29,17 @@ def plan_key(s: Strategy) -> str:
     return ",".join(f"{k}={d[k]}" for k in sorted(d))
 
 
-def build_space(ranked: Sequence[Estimate], model: ModelSpec, hardware: HardwareSpec, cluster: Cluster,
-                workload: Workload, *, calibration: dict[str, float] | None = None,
-                pins: dict[str, Any] | None = None, allow_cross_node_tp: bool = False) -> list[Estimate]:
+def build_space(
+    ranked: Sequence[Estimate],
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    cluster: Cluster,
+    workload: Workload,
+    *,
+    calibration: dict[str, float] | None = None,
+    pins: dict[str, Any] | None = None,
+    allow_cross_node_tp: bool = False,
+) -> list[Estimate]:
     """Fitting plans, one per key, fastest predicted first.
 
     Every valid plan of search's space (the user's pins applied, the rollout memory fraction fixed
@@ -47,8 +56,16 @@ def build_space(ranked: Sequence[Estimate], model: ModelSpec, hardware: Hardware
     if space.candidate_count() <= MAX_SPACE:
         for s in space.candidates():
             try:
-                pool.append(cost_estimate(model=model, hardware=hardware, cluster=cluster, strategy=s,
-                                          workload=workload, calibration=calibration))
+                pool.append(
+                    cost_estimate(
+                        model=model,
+                        hardware=hardware,
+                        cluster=cluster,
+                        strategy=s,
+                        workload=workload,
+                        calibration=calibration,
+                    )
+                )
             except GrpoTuneError:
                 continue
     out: dict[str, Estimate] = {}
@@ -108,10 +125,23 @@ def distinct(space: Sequence[Estimate], k: int) -> list[int]:
 def features(s: Strategy) -> list[float]:
     """A plan as numbers for the similarity kernel: one unit per doubling of a degree or size."""
     lg = lambda x: math.log2(x) if x else 0.0
-    return [lg(s.tp), lg(s.pp), lg(s.dp), lg(s.vpp), lg(s.cp), lg(s.ep), lg(s.mbs),
-            RECOMPUTE_LEVEL.get(s.recompute, 0.5), float(s.sequence_parallel), float(s.distributed_optimizer),
-            len(s.offload) / 3, lg(s.rollout_tp), 2.0 * s.gpu_memory_utilization,
-            lg(s.max_tokens_per_gpu or 0) / 4, float(s.cpu_optimizer or 0.0)]
+    return [
+        lg(s.tp),
+        lg(s.pp),
+        lg(s.dp),
+        lg(s.vpp),
+        lg(s.cp),
+        lg(s.ep),
+        lg(s.mbs),
+        RECOMPUTE_LEVEL.get(s.recompute, 0.5),
+        float(s.sequence_parallel),
+        float(s.distributed_optimizer),
+        len(s.offload) / 3,
+        lg(s.rollout_tp),
+        2.0 * s.gpu_memory_utilization,
+        lg(s.max_tokens_per_gpu or 0) / 4,
+        float(s.cpu_optimizer or 0.0),
+    ]
 
 
 def space_id(keys: Sequence[str]) -> str:
@@ -120,6 +150,16 @@ def space_id(keys: Sequence[str]) -> str:
 
 def default_study_name(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload: Workload) -> str:
     """Deterministic from the inputs, so that re-running the same command resumes the same study."""
-    blob = json.dumps([model.name, hardware.name, hardware.bf16_dense_flops_per_s, cluster.gpus,
-                       cluster.gpus_per_node, workload.to_dict()], sort_keys=True, default=str)
+    blob = json.dumps(
+        [
+            model.name,
+            hardware.name,
+            hardware.bf16_dense_flops_per_s,
+            cluster.gpus,
+            cluster.gpus_per_node,
+            workload.to_dict(),
+        ],
+        sort_keys=True,
+        default=str,
+    )
     return f"grpo-tune-{model.name}-{cluster.gpus}x{hardware.name}-{hashlib.sha1(blob.encode()).hexdigest()[:8]}"

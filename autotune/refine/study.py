@@ -8,6 +8,7 @@ own RDB heartbeat would need its private stale-trial query. A trial's reason is 
 is still RUNNING, then it is finished with ``study.tell(number, state=FAIL)``: a finished trial
 cannot be changed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -66,30 +67,36 @@ def open_study(storage: str, study_name: str, seed: int | None, heartbeat_s: int
     from optuna.storages import RDBStorage
 
     if storage.startswith("sqlite:///"):
-        Path(storage[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        Path(storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     last = None
     for attempt in range(6):  # two workers starting together race to create the schema: retry
         try:
-            st = RDBStorage(storage, engine_kwargs={"connect_args": {"timeout": 60}} if storage.startswith("sqlite") else None)
+            st = RDBStorage(
+                storage, engine_kwargs={"connect_args": {"timeout": 60}} if storage.startswith("sqlite") else None
+            )
             sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4)
-            study = optuna.create_study(storage=st, study_name=study_name, direction="maximize", sampler=sampler,
-                                        load_if_exists=True)
+            study = optuna.create_study(
+                storage=st, study_name=study_name, direction="maximize", sampler=sampler, load_if_exists=True
+            )
             return StudyHandle(study, st, st.get_study_id_from_name(study_name), heartbeat_s, grace_s)
         except Exception as exc:  # noqa: BLE001 - SQLAlchemy, driver and URL errors all end as a coded error below
             last = exc
             if "IntegrityError" not in type(exc).__name__ + str(exc) and "locked" not in str(exc):
                 break
             time.sleep(0.5 * (attempt + 1))
-    raise ConfigError(f"cannot open study storage {storage!r}: {last}",
-                      hint="pass a SQLAlchemy URL such as sqlite:///runs/x/study.db or postgresql://...")
+    raise ConfigError(
+        f"cannot open study storage {storage!r}: {last}",
+        hint="pass a SQLAlchemy URL such as sqlite:///runs/x/study.db or postgresql://...",
+    )
 
 
 def memory_study(seed: int | None) -> StudyHandle:
     """An in-memory study (the benchmark's simulated refinements: no heartbeats, no files)."""
     optuna = _quiet_optuna()
     st = optuna.storages.InMemoryStorage()
-    study = optuna.create_study(storage=st, direction="maximize",
-                                sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=4))
+    study = optuna.create_study(
+        storage=st, direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=4)
+    )
     return StudyHandle(study, st, st.get_study_id_from_name(study.study_name))
 
 
@@ -198,13 +205,24 @@ def records(study) -> list[TrialRecord]:
     out = []
     for t in study.get_trials(deepcopy=False):
         a = t.user_attrs
-        out.append(TrialRecord(
-            number=t.number, state=t.state.name, plan=a.get("plan"),
-            reason=a.get("reason"), ran=bool(a.get("ran")), strategy=a.get("strategy"),
-            predicted_step_s=a.get("predicted_step_s"), predicted_tokens_per_s=a.get("predicted_tokens_per_s"),
-            measured_step_s=a.get("measured_step_s"), measured_tokens_per_s=a.get("measured_tokens_per_s"),
-            measured_phases_s=a.get("measured_phases_s"), peak_memory_bytes=a.get("peak_memory_bytes"),
-            duration_s=a.get("duration_s"), repeat=bool(a.get("repeat"))))
+        out.append(
+            TrialRecord(
+                number=t.number,
+                state=t.state.name,
+                plan=a.get("plan"),
+                reason=a.get("reason"),
+                ran=bool(a.get("ran")),
+                strategy=a.get("strategy"),
+                predicted_step_s=a.get("predicted_step_s"),
+                predicted_tokens_per_s=a.get("predicted_tokens_per_s"),
+                measured_step_s=a.get("measured_step_s"),
+                measured_tokens_per_s=a.get("measured_tokens_per_s"),
+                measured_phases_s=a.get("measured_phases_s"),
+                peak_memory_bytes=a.get("peak_memory_bytes"),
+                duration_s=a.get("duration_s"),
+                repeat=bool(a.get("repeat")),
+            )
+        )
     return out
 
 
@@ -213,8 +231,9 @@ def counted(study) -> int:
     from optuna.trial import TrialState
 
     n = 0
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL,
-                                                      TrialState.RUNNING)):
+    for t in study.get_trials(
+        deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+    ):
         if t.user_attrs.get("ran") or (t.state == TrialState.RUNNING and t.user_attrs.get("running_profile")):
             if str(t.user_attrs.get("reason", "")).startswith("interrupted"):
                 continue

@@ -4,6 +4,7 @@
 on the training model itself (CPU and fallback); ``get_rollout_engine("vllm", ...)`` the colocated
 vLLM adapter (GPU). Keyword arguments go to the engine class unchanged; see each class.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -12,8 +13,14 @@ from core.errors import ConfigError, close_matches
 
 from .base import RolloutEngine, SamplingParams
 
-__all__ = ["RolloutEngine", "SamplingParams", "ENGINES", "get_rollout_engine", "register_rollout_engine",
-           "resolve_engine_name"]
+__all__ = [
+    "RolloutEngine",
+    "SamplingParams",
+    "ENGINES",
+    "get_rollout_engine",
+    "register_rollout_engine",
+    "resolve_engine_name",
+]
 
 # name -> "module:Class"; modules are imported lazily so that vllm is never imported on CPU.
 ENGINES: dict[str, str] = {
@@ -47,7 +54,9 @@ def get_rollout_engine(name: str, **kw) -> RolloutEngine:
     name = resolve_engine_name(name)
     if name not in ENGINES:
         near = close_matches(name, ENGINES)
-        raise ConfigError(f"unknown rollout engine {name!r}",
-                          hint=f"did you mean {near[0]!r}?" if near else f"choose one of: {', '.join(ENGINES)}")
+        raise ConfigError(
+            f"unknown rollout engine {name!r}",
+            hint=f"did you mean {near[0]!r}?" if near else f"choose one of: {', '.join(ENGINES)}",
+        )
     module, cls = ENGINES[name].split(":")
     return getattr(importlib.import_module(module), cls)(**kw)

@@ -6,6 +6,7 @@ engine never needs to know the group size. Between rollouts the loop calls :meth
 the engine's memory for training) and, before the next rollout, :meth:`resume` followed by
 :meth:`update_weights` with the freshly trained weights (verl's sleep/wake cycle).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -10,6 +10,7 @@ By default it decodes from a KV cache (megatron-core's static inference context 
 model's own layout, ``Engine.kv_session``), giving the uncached sampler's tokens at O(T) work per
 token; ``kv_cache=False`` re-runs the whole prefix each step (the reference the tests compare to).
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -24,8 +25,16 @@ class MegatronRollout:
     collective_batch = True
     shares_actor_weights = True
 
-    def __init__(self, *, engine, tokenizer, max_seq_len: int | None = None, seed: int | None = None,
-                 micro_batch_size: int | None = None, kv_cache: bool = True):
+    def __init__(
+        self,
+        *,
+        engine,
+        tokenizer,
+        max_seq_len: int | None = None,
+        seed: int | None = None,
+        micro_batch_size: int | None = None,
+        kv_cache: bool = True,
+    ):
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_seq_len = min(max_seq_len or engine.spec.max_seq_len, engine.spec.max_seq_len)
@@ -40,14 +49,16 @@ class MegatronRollout:
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[int]]:
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else self.generator
-        kw = dict(pad_id=self.tokenizer.pad_id, eos_id=self.tokenizer.eos_id, generator=gen,
-                  max_seq_len=self.max_seq_len)
+        kw = dict(
+            pad_id=self.tokenizer.pad_id, eos_id=self.tokenizer.eos_id, generator=gen, max_seq_len=self.max_seq_len
+        )
         with torch.no_grad():
             if not self.kv_cache or not prompt_ids:
                 return sample(self._next_logits, prompt_ids, params, **kw)
             width = max(len(p) for p in prompt_ids) + params.max_tokens
-            with self.engine.kv_session(len(prompt_ids), min(width, self.max_seq_len),
-                                        micro_batch_size=self.micro_batch_size) as step:
+            with self.engine.kv_session(
+                len(prompt_ids), min(width, self.max_seq_len), micro_batch_size=self.micro_batch_size
+            ) as step:
                 return sample_cached(step, prompt_ids, params, **kw)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, object]]) -> None:

@@ -11,6 +11,7 @@ of the group, so pass each rank a generator seeded the same way (or ``params.see
 :func:`sample` has no KV cache (each step re-runs the whole prefix, O(T^2) work); :func:`sample_cached`
 gives the same tokens from a KV cache (``Engine.kv_session``), O(T).
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -22,8 +23,14 @@ from .base import SamplingParams
 NextLogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def sample_next(logits: torch.Tensor, *, temperature: float, top_p: float,
-                generator: torch.Generator | None = None, u: torch.Tensor | None = None) -> torch.Tensor:
+def sample_next(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None = None,
+    u: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Draw one token per row from ``logits[B, V]``; returns LongTensor[B].
 
     temperature 0 is greedy. Top-p follows Holtzman et al. 2020 (nucleus sampling, sec. 3.1): keep
@@ -47,25 +54,40 @@ def sample_next(logits: torch.Tensor, *, temperature: float, top_p: float,
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
-def _padded_prompts(prompt_ids: Sequence[Sequence[int]], params: SamplingParams, *, pad_id: int,
-                    max_seq_len: int | None, device: torch.device | str | None = None,
-                    ) -> tuple[list[int], list[int], torch.Tensor]:
+def _padded_prompts(
+    prompt_ids: Sequence[Sequence[int]],
+    params: SamplingParams,
+    *,
+    pad_id: int,
+    max_seq_len: int | None,
+    device: torch.device | str | None = None,
+) -> tuple[list[int], list[int], torch.Tensor]:
     """Each prompt's length, its response budget (``params.max_tokens``, cut so that prompt + response fits
     ``max_seq_len``) and the prompts padded to the longest prompt + budget, ``LongTensor[B, W]``."""
     lens = [len(p) for p in prompt_ids]
     if min(lens) < 1:
         raise ValueError("every prompt needs at least one token (e.g. BOS)")
-    budget = [params.max_tokens if max_seq_len is None else max(0, min(params.max_tokens, max_seq_len - k))
-              for k in lens]
+    budget = [
+        params.max_tokens if max_seq_len is None else max(0, min(params.max_tokens, max_seq_len - k)) for k in lens
+    ]
     width = max(k + b for k, b in zip(lens, budget))
-    tokens = torch.tensor([list(p) + [pad_id] * (width - k) for p, k in zip(prompt_ids, lens)],
-                          dtype=torch.long, device=device)
+    tokens = torch.tensor(
+        [list(p) + [pad_id] * (width - k) for p, k in zip(prompt_ids, lens)], dtype=torch.long, device=device
+    )
     return lens, budget, tokens
 
 
-def sample(next_logits_fn: NextLogitsFn, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, *,
-           pad_id: int, eos_id: int, generator: torch.Generator | None = None,
-           max_seq_len: int | None = None, device: torch.device | str | None = None) -> list[list[int]]:
+def sample(
+    next_logits_fn: NextLogitsFn,
+    prompt_ids: Sequence[Sequence[int]],
+    params: SamplingParams,
+    *,
+    pad_id: int,
+    eos_id: int,
+    generator: torch.Generator | None = None,
+    max_seq_len: int | None = None,
+    device: torch.device | str | None = None,
+) -> list[list[int]]:
     """Sample one response per prompt; returns the response ids only (see ``RolloutEngine.generate``).
 
     A response ends after EOS or any of ``params.stop_token_ids`` (kept as its last id), after
@@ -90,8 +112,9 @@ def sample(next_logits_fn: NextLogitsFn, prompt_ids: Sequence[Sequence[int]], pa
         logits = next_logits_fn(tokens[:, :cur], lengths)
         if generator is None and params.seed is not None:
             generator = torch.Generator(device=logits.device).manual_seed(params.seed)
-        nxt = sample_next(logits, temperature=params.temperature, top_p=params.top_p,
-                          generator=generator).to(tokens.device)
+        nxt = sample_next(logits, temperature=params.temperature, top_p=params.top_p, generator=generator).to(
+            tokens.device
+        )
         live = ~done
         tokens[rows[live], lengths[live]] = nxt[live]
         lengths = lengths + live.long()
@@ -105,9 +128,16 @@ def sample(next_logits_fn: NextLogitsFn, prompt_ids: Sequence[Sequence[int]], pa
 StepFn = Callable[[torch.Tensor, int], torch.Tensor]
 
 
-def sample_cached(step_fn: StepFn, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, *,
-                  pad_id: int, eos_id: int, generator: torch.Generator | None = None,
-                  max_seq_len: int | None = None) -> list[list[int]]:
+def sample_cached(
+    step_fn: StepFn,
+    prompt_ids: Sequence[Sequence[int]],
+    params: SamplingParams,
+    *,
+    pad_id: int,
+    eos_id: int,
+    generator: torch.Generator | None = None,
+    max_seq_len: int | None = None,
+) -> list[list[int]]:
     """:func:`sample` on a KV cache: the same responses, each token's logits from one new position.
 
     ``step_fn(chunk [B, T], start)`` feeds positions ``start .. start+T-1`` of every row to the
@@ -144,8 +174,9 @@ def sample_cached(step_fn: StepFn, prompt_ids: Sequence[Sequence[int]], params: 
                         draws.append(torch.rand((n, 1), generator=generator, device=logits.device))
                 u = torch.stack([draws[produced[b]][b] for b in live])
             rows = torch.tensor(live)
-            nxt = sample_next(logits[rows], temperature=params.temperature, top_p=params.top_p,
-                              generator=generator, u=u).tolist()
+            nxt = sample_next(
+                logits[rows], temperature=params.temperature, top_p=params.top_p, generator=generator, u=u
+            ).tolist()
             for b, t in zip(live, nxt):
                 tokens[b, pos] = t
                 produced[b] += 1
@@ -153,13 +184,14 @@ def sample_cached(step_fn: StepFn, prompt_ids: Sequence[Sequence[int]], params: 
                     done[b] = True
         if all(done) or pos + 1 >= width:
             break
-        logits = step_fn(tokens[:, pos:pos + 1], pos)
+        logits = step_fn(tokens[:, pos : pos + 1], pos)
         pos += 1
-    return [tokens[b, lens[b]:lens[b] + produced[b]].tolist() for b in range(n)]
+    return [tokens[b, lens[b] : lens[b] + produced[b]].tolist() for b in range(n)]
 
 
-def pack(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], *, pad_id: int,
-         width: int | None = None) -> dict[str, torch.Tensor]:
+def pack(
+    prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], *, pad_id: int, width: int | None = None
+) -> dict[str, torch.Tensor]:
     """Right-padded training rows ``prompt + response + pad`` and the masks the loss needs.
 
     Returns ``tokens`` LongTensor[B, S] and ``response_mask`` FloatTensor[B, S-1] with a 1 where
@@ -178,9 +210,12 @@ def pack(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[in
     mask = torch.zeros((b, max(s - 1, 0)), dtype=torch.float32)
     for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
         row = list(p) + list(r)
-        tokens[i, :len(row)] = torch.as_tensor(row, dtype=torch.long)
+        tokens[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
         # position t of the mask predicts token t+1: response tokens sit at len(p) .. len(p)+len(r)-1
-        mask[i, len(p) - 1:len(p) - 1 + len(r)] = 1.0
-    return {"tokens": tokens, "response_mask": mask,
-            "prompt_lengths": torch.tensor([len(p) for p in prompt_ids], dtype=torch.long),
-            "response_lengths": torch.tensor([len(r) for r in response_ids], dtype=torch.long)}
+        mask[i, len(p) - 1 : len(p) - 1 + len(r)] = 1.0
+    return {
+        "tokens": tokens,
+        "response_mask": mask,
+        "prompt_lengths": torch.tensor([len(p) for p in prompt_ids], dtype=torch.long),
+        "response_lengths": torch.tensor([len(r) for r in response_ids], dtype=torch.long),
+    }

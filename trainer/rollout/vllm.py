@@ -22,6 +22,7 @@ How it works (the same scheme as verl's SPMD vLLM rollout):
 
 vllm is imported only inside this module's functions, so importing trainer.rollout never needs it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,8 +42,14 @@ from .base import SamplingParams
 if TYPE_CHECKING:  # annotations only
     from core.config import RunConfig
 
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
-           "bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
+_DTYPES = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+    "float32": "float32",
+}
 
 
 def _inner_model(llm):
@@ -60,8 +67,10 @@ def _inner_model(llm):
             continue
         if model is not None:
             return model
-    raise RuntimeError("cannot reach the model inside vLLM (multiprocess engine?): run under torchrun "
-                       "(external_launcher) or set VLLM_ENABLE_V1_MULTIPROCESSING=0")
+    raise RuntimeError(
+        "cannot reach the model inside vLLM (multiprocess engine?): run under torchrun "
+        "(external_launcher) or set VLLM_ENABLE_V1_MULTIPROCESSING=0"
+    )
 
 
 def _seeded(seed: int, i: int) -> int:
@@ -81,8 +90,18 @@ class VLLMRollout:
     collective_batch = False  # each rollout replica samples its own share (see trainer.loop)
     shares_actor_weights = False
 
-    def __init__(self, *, cfg: RunConfig, engine=None, tokenizer=None, sleep_level: int = 2, bucket_bytes: int = 512 << 20,
-                 enforce_eager: bool = True, device: str | None = None, **llm_kwargs):
+    def __init__(
+        self,
+        *,
+        cfg: RunConfig,
+        engine=None,
+        tokenizer=None,
+        sleep_level: int = 2,
+        bucket_bytes: int = 512 << 20,
+        enforce_eager: bool = True,
+        device: str | None = None,
+        **llm_kwargs,
+    ):
         vllm = try_import("vllm", "gpu")
         if device is None and not torch.cuda.is_available():
             raise ConfigError("the vllm rollout engine needs a CUDA GPU", hint="use rollout_engine: megatron on CPU")
@@ -175,8 +194,9 @@ class VLLMRollout:
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[int]]:
         return self.generate_with_logprobs(prompt_ids, params, logprobs=False)[0]
 
-    def generate_with_logprobs(self, prompt_ids: list[list[int]], params: SamplingParams, *,
-                               logprobs: bool = True) -> tuple[list[list[int]], list[list[float]] | None]:
+    def generate_with_logprobs(
+        self, prompt_ids: list[list[int]], params: SamplingParams, *, logprobs: bool = True
+    ) -> tuple[list[list[int]], list[list[float]] | None]:
         """Responses (as :meth:`generate`) and, with ``logprobs``, vLLM's log-probability of each
         sampled token: what a rollout-vs-training mismatch check compares against Engine.logprobs."""
         if not prompt_ids:
@@ -190,21 +210,28 @@ class VLLMRollout:
             self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self._stale_prefixes = False
         stop = sorted({*params.stop_token_ids, *([] if self.eos_id is None else [self.eos_id])})
-        base = dict(n=1, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_tokens,
-                    stop_token_ids=stop, detokenize=False)
+        base = dict(
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=params.max_tokens,
+            stop_token_ids=stop,
+            detokenize=False,
+        )
         if logprobs:
             base["logprobs"] = 0  # the sampled token's own log-prob only
         if params.seed is None:
             sps = self._vllm.SamplingParams(**base)
         else:
             sps = [self._vllm.SamplingParams(**base, seed=_seeded(params.seed, i)) for i in range(len(prompt_ids))]
-        outs = self.llm.generate([{"prompt_token_ids": list(map(int, p))} for p in prompt_ids], sampling_params=sps,
-                                 use_tqdm=False)
+        outs = self.llm.generate(
+            [{"prompt_token_ids": list(map(int, p))} for p in prompt_ids], sampling_params=sps, use_tqdm=False
+        )
         stops = set(stop)
         ids_out, lps_out = [], []
         for o in outs:
             c = o.outputs[0]
-            ids = list(c.token_ids)[:params.max_tokens]
+            ids = list(c.token_ids)[: params.max_tokens]
             cut = next((k + 1 for k, t in enumerate(ids) if t in stops), len(ids))  # the stop id ends it, kept
             ids_out.append(ids[:cut])
             if logprobs:
