@@ -17,54 +17,20 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.options import (
-    PromptLenMean,
-    ResponseLenMean,
-    Lengths,
-    MaxTokensPerGpu,
-    CpuOptimizer,
-    MaxNumSeqs,
-    EnforceEager,
     MIN_HEADROOM_DEFAULT,
-    WORKLOAD_DEFAULTS,
-    MinHeadroom,
-    Cp,
-    DistOpt,
-    Ep,
-    Etp,
-    FirstStage,
-    GpuMemUtil,
     Gpus,
-    GpusPerNode,
-    Gbs,
-    GroupN,
     Json,
-    Kl,
-    LastStage,
-    Mbs,
-    MiniBatch,
+    MinHeadroom,
     Model,
-    Offload,
-    Pp,
-    PpoEpochs,
-    PromptLen,
-    Prompts,
-    Recompute,
-    ResponseLen,
-    RolloutTp,
-    SeqLen,
-    SeqPar,
-    Tp,
-    Vpp,
-    WorkloadKind,
     pins_from_flags,
     plan_inputs,
     workload_flags,
 )
+from cli.plan_options import plan_flags, plan_options
 from autotune.calibrate import load as load_calibration
 from core.errors import ConfigError, NoFeasiblePlanError
 
 GiB = 1024**3
-WD = WORKLOAD_DEFAULTS
 
 HardwareList = Annotated[
     str,
@@ -153,47 +119,16 @@ CalibrationFile = Annotated[
 ]
 
 
+@plan_options(degrees_after="hardware", workload_before="json_out")
 def compare(
     model: Model,
     gpus: Gpus,
     hardware: HardwareList = "h100,h200,a100",
-    gpus_per_node: GpusPerNode = None,
-    tp: Tp = None,
-    pp: Pp = None,
-    vpp: Vpp = None,
-    cp: Cp = None,
-    ep: Ep = None,
-    etp: Etp = None,
-    mbs: Mbs = None,
-    first_stage_layers: FirstStage = None,
-    last_stage_layers: LastStage = None,
-    recompute: Recompute = None,
-    sequence_parallel: SeqPar = None,
-    distributed_optimizer: DistOpt = None,
-    offload: Offload = None,
-    rollout_tp: RolloutTp = None,
-    gpu_memory_utilization: GpuMemUtil = None,
-    max_tokens_per_gpu: MaxTokensPerGpu = None,
-    cpu_optimizer: CpuOptimizer = None,
-    max_num_seqs: MaxNumSeqs = None,
-    enforce_eager: EnforceEager = None,
     min_headroom: MinHeadroom = MIN_HEADROOM_DEFAULT,
-    workload: WorkloadKind = WD["workload"],
-    prompts: Prompts = WD["prompts"],
-    n: GroupN = WD["n"],
-    prompt_len: PromptLen = WD["prompt_len"],
-    response_len: ResponseLen = WD["response_len"],
-    prompt_len_mean: PromptLenMean = None,
-    response_len_mean: ResponseLenMean = None,
-    lengths: Lengths = None,
-    mini_batch: MiniBatch = WD["mini_batch"],
-    ppo_epochs: PpoEpochs = WD["ppo_epochs"],
-    kl: Kl = WD["kl"],
-    seq_len: SeqLen = WD["seq_len"],
-    gbs: Gbs = WD["gbs"],
     json_out: Json = False,
     out: CompareOut = None,
     calibration: CalibrationFile = None,
+    **plan: Any,
 ) -> None:
     """Best plan per hardware: step time, tokens/s/GPU, $ per million tokens, memory headroom."""
     from core.config import atomic_write
@@ -202,7 +137,7 @@ def compare(
     names = [h.strip() for h in hardware.split(",") if h.strip()]
     if not names:
         raise ConfigError("--hardware needs at least one profile", hint="e.g. --hardware h100,h200,a100")
-    flags = locals()
+    flags = plan_flags(plan)
     pins, wkw = pins_from_flags(flags), workload_flags(flags)
     cal, cal_hw = None, None
     if calibration is not None:
@@ -212,7 +147,7 @@ def compare(
         model=model,
         gpus=gpus,
         hardware=names,
-        gpus_per_node=gpus_per_node,
+        gpus_per_node=flags["gpus_per_node"],
         pins=pins,
         workload_kw=wkw,
         min_headroom=min_headroom,

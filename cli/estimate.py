@@ -9,59 +9,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from autotune.options import (
-    PromptLenMean,
-    ResponseLenMean,
-    Lengths,
-    MaxTokensPerGpu,
-    CpuOptimizer,
-    MaxNumSeqs,
-    EnforceEager,
-    WORKLOAD_DEFAULTS,
-    Cp,
-    DistOpt,
-    Ep,
-    Etp,
-    FirstStage,
-    GpuMemUtil,
-    Gpus,
-    GpusPerNode,
-    Gbs,
-    GroupN,
-    Hardware,
-    Json,
-    Kl,
-    LastStage,
-    Mbs,
-    MiniBatch,
-    Model,
-    Offload,
-    Pp,
-    PpoEpochs,
-    PromptLen,
-    Prompts,
-    Recompute,
-    ResponseLen,
-    RolloutTp,
-    SeqLen,
-    SeqPar,
-    Tp,
-    Vpp,
-    WorkloadKind,
-    inputs_from_flags,
-)
+from autotune.options import Gpus, Hardware, Json, Model, inputs_from_flags
 from autotune.calibrate import load as load_calibration
 from costmodel.estimate import Estimate, estimate as run_estimate
 from core.strategy import Strategy
+from cli.plan_options import plan_flags, plan_options
 
 GiB = 1024**3
-WD = WORKLOAD_DEFAULTS
 
 
 # Display names for the rollout engine's parts (JSON keys stay rollout_*).
@@ -176,8 +136,8 @@ def print_estimate(est: Estimate, console: Console) -> None:
         )
 
     if est.violations:
-        for v in est.violations:
-            console.print(f"[bold red][{v.code}][/] {v.message}", highlight=False)
+        for viol in est.violations:
+            console.print(f"[bold red][{viol.code}][/] {viol.message}", highlight=False)
     console.print("[bold green]fits[/]" if est.fits else "[bold red]does not fit[/]")
 
 
@@ -189,48 +149,17 @@ CalibrationFile = Annotated[
 ]
 
 
+@plan_options(degrees_after="gpus", workload_before="json_out")
 def estimate(
     model: Model,
     hardware: Hardware = "h100",
     gpus: Gpus = 8,
-    gpus_per_node: GpusPerNode = None,
-    tp: Tp = None,
-    pp: Pp = None,
-    vpp: Vpp = None,
-    cp: Cp = None,
-    ep: Ep = None,
-    etp: Etp = None,
-    mbs: Mbs = None,
-    first_stage_layers: FirstStage = None,
-    last_stage_layers: LastStage = None,
-    recompute: Recompute = None,
-    sequence_parallel: SeqPar = None,
-    distributed_optimizer: DistOpt = None,
-    offload: Offload = None,
-    rollout_tp: RolloutTp = None,
-    gpu_memory_utilization: GpuMemUtil = None,
-    max_tokens_per_gpu: MaxTokensPerGpu = None,
-    cpu_optimizer: CpuOptimizer = None,
-    max_num_seqs: MaxNumSeqs = None,
-    enforce_eager: EnforceEager = None,
-    workload: WorkloadKind = WD["workload"],
-    prompts: Prompts = WD["prompts"],
-    n: GroupN = WD["n"],
-    prompt_len: PromptLen = WD["prompt_len"],
-    response_len: ResponseLen = WD["response_len"],
-    prompt_len_mean: PromptLenMean = None,
-    response_len_mean: ResponseLenMean = None,
-    lengths: Lengths = None,
-    mini_batch: MiniBatch = WD["mini_batch"],
-    ppo_epochs: PpoEpochs = WD["ppo_epochs"],
-    kl: Kl = WD["kl"],
-    seq_len: SeqLen = WD["seq_len"],
-    gbs: Gbs = WD["gbs"],
     json_out: Json = False,
     calibration: CalibrationFile = None,
+    **plan: Any,
 ) -> None:
     """Memory per rank per GRPO phase (and time, where the time model is present) for one plan."""
-    m, hw, cluster, wl, pins = inputs_from_flags(locals())
+    m, hw, cluster, wl, pins = inputs_from_flags(plan_flags(plan, model=model, hardware=hardware, gpus=gpus))
     strategy = Strategy.from_dict(pins, where="options")
     cal = load_calibration(calibration, hardware=hw.name) if calibration is not None else None
     est = run_estimate(model=m, hardware=hw, cluster=cluster, strategy=strategy, workload=wl, calibration=cal)

@@ -56,7 +56,7 @@ def probe_hardware(
     """Run the probe and return the loaded :class:`HardwareSpec`; raises a coded error on failure."""
     from core.specs import load_hardware
 
-    nproc = nproc or default_nproc()
+    nproc = default_nproc() if nproc is None else nproc  # 0 is an error, not "default"
     if nproc < 1:
         raise ConfigError(f"--nproc must be >= 1, got {nproc}")
     most = max(64, 4 * (os.cpu_count() or 1))  # one node's ranks: GPUs or cores, never a billion processes

@@ -17,54 +17,12 @@ from rich.table import Table
 
 from autotune.grouping import caption as grouping_caption
 from autotune.grouping import group_by_layout
-from autotune.options import (
-    PromptLenMean,
-    ResponseLenMean,
-    Lengths,
-    MaxTokensPerGpu,
-    CpuOptimizer,
-    MaxNumSeqs,
-    EnforceEager,
-    MIN_HEADROOM_DEFAULT,
-    WORKLOAD_DEFAULTS,
-    MinHeadroom,
-    Cp,
-    DistOpt,
-    Ep,
-    Etp,
-    FirstStage,
-    GpuMemUtil,
-    Gpus,
-    GpusPerNode,
-    Gbs,
-    GroupN,
-    Hardware,
-    Json,
-    Kl,
-    LastStage,
-    Mbs,
-    MiniBatch,
-    Model,
-    Offload,
-    Pp,
-    PpoEpochs,
-    PromptLen,
-    Prompts,
-    Recompute,
-    ResponseLen,
-    RolloutTp,
-    SeqLen,
-    SeqPar,
-    Tp,
-    Vpp,
-    WorkloadKind,
-    inputs_from_flags,
-)
+from autotune.options import MIN_HEADROOM_DEFAULT, Gpus, Hardware, Json, MinHeadroom, Model, inputs_from_flags
+from cli.plan_options import plan_flags, plan_options
 from core.errors import ConfigError
 from costmodel.estimate import Estimate
 
 GiB = 1024**3
-WD = WORKLOAD_DEFAULTS
 P_OUT = "Output"
 P_REF = "Refinement (real profiling runs)"
 
@@ -197,45 +155,13 @@ def print_plans(ranked: list[Estimate], console: Console, *, top: int, title: st
     console.print(mt)
 
 
+@plan_options(degrees_after="hardware", workload_before="top")
 def search(
     model: Model,
     gpus: Gpus,
     hardware: Hardware = "h100",
-    gpus_per_node: GpusPerNode = None,
-    tp: Tp = None,
-    pp: Pp = None,
-    vpp: Vpp = None,
-    cp: Cp = None,
-    ep: Ep = None,
-    etp: Etp = None,
-    mbs: Mbs = None,
-    first_stage_layers: FirstStage = None,
-    last_stage_layers: LastStage = None,
-    recompute: Recompute = None,
-    sequence_parallel: SeqPar = None,
-    distributed_optimizer: DistOpt = None,
-    offload: Offload = None,
-    rollout_tp: RolloutTp = None,
-    gpu_memory_utilization: GpuMemUtil = None,
-    max_tokens_per_gpu: MaxTokensPerGpu = None,
-    cpu_optimizer: CpuOptimizer = None,
-    max_num_seqs: MaxNumSeqs = None,
-    enforce_eager: EnforceEager = None,
     allow_cross_node_tp: CrossNode = False,
     min_headroom: MinHeadroom = MIN_HEADROOM_DEFAULT,
-    workload: WorkloadKind = WD["workload"],
-    prompts: Prompts = WD["prompts"],
-    n: GroupN = WD["n"],
-    prompt_len: PromptLen = WD["prompt_len"],
-    response_len: ResponseLen = WD["response_len"],
-    prompt_len_mean: PromptLenMean = None,
-    response_len_mean: ResponseLenMean = None,
-    lengths: Lengths = None,
-    mini_batch: MiniBatch = WD["mini_batch"],
-    ppo_epochs: PpoEpochs = WD["ppo_epochs"],
-    kl: Kl = WD["kl"],
-    seq_len: SeqLen = WD["seq_len"],
-    gbs: Gbs = WD["gbs"],
     top: Top = 10,
     all_plans: AllPlans = False,
     json_out: Json = False,
@@ -248,13 +174,14 @@ def search(
     study_name: StudyName = None,
     trial_steps: TrialSteps = 6,
     trial_timeout: TrialTimeout = 600.0,
+    **plan: Any,
 ) -> None:
     """Rank every valid plan by predicted step time; print the best and write runs/<id>/."""
     from autotune import search as S
 
     if top < 1:
         raise ConfigError(f"--top must be >= 1, got {top}")
-    m, hw, cluster, wl, pins = inputs_from_flags(locals())
+    m, hw, cluster, wl, pins = inputs_from_flags(plan_flags(plan, model=model, hardware=hardware, gpus=gpus))
     cal = None
     if calibration is not None:
         from autotune.calibrate import load as load_calibration
@@ -293,6 +220,7 @@ def search(
     if refine:
         from autotune.refine import refine as run_refine
 
+        assert run_dir is not None  # --refine always writes the run folder above
         res = run_refine(result.ranked, m, hw, cluster, wl, run_dir, opts, console=err, search=result)
         if json_out:
             print(

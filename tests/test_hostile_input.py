@@ -423,3 +423,10 @@ def test_a_good_refine_rerun_keeps_the_refined_best_until_refine_replaces_it(tmp
     )
     assert rc == 2 and seen == ["measured: {step_s: 1.0}  # a finished refine's result\n"]
     assert best.read_text() == seen[0]
+
+
+def test_probe_nproc_zero_is_an_error_not_the_default(tmp_path, capsys):
+    rc = cli_main(["probe-hardware", "--nproc", "0", "--out", str(tmp_path / "p.toml")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "[BAD_CONFIG]" in err and "--nproc must be >= 1" in err and "hint:" in err
+    assert not (tmp_path / "p.toml").exists()
