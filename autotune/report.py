@@ -247,28 +247,9 @@ def why_winner(best: Estimate, others: Sequence[Estimate], error_pct: float) -> 
     return lines
 
 
-def write_report(
-    run_dir: Path,
-    best: Estimate,
-    *,
-    ranked: Sequence[Estimate] = (),
-    pareto: Sequence[Estimate] = (),
-    stats: dict[str, Any] | None = None,
-    measured: dict[str, Any] | None = None,
-    files: dict[str, Path] | None = None,
-    run_id: str | None = None,
-) -> dict[str, Path]:
-    """Write report.md and its two PNGs into ``run_dir``; return their paths."""
-    from .search import step_s, tokens_per_s_per_gpu
-
-    run_dir = Path(run_dir)
-    ranked = list(ranked) or [best]
-    pareto = list(pareto) or [best]
-    out = {
-        "breakdown_png": plot_breakdown(ranked[:10], run_dir / "step_breakdown.png"),
-        "pareto_png": plot_pareto(ranked, pareto, best, run_dir / "pareto.png"),
-    }
-    s, m, c, w, hw = best.strategy, best.model, best.cluster, best.workload, best.hardware
+def _inputs_lines(best: Estimate, run_id: str | None) -> list[str]:
+    """Title and the "Inputs" section."""
+    m, c, w, hw = best.model, best.cluster, best.workload, best.hardware
     L = [f"# grpo-tune plan: {m.name} on {c.gpus} x {hw.name}", ""]
     if run_id:
         L += [f"Run `{run_id}`.", ""]
@@ -286,6 +267,15 @@ def write_report(
         )
     else:
         L.append(f"- workload: pretrain, sequence {w.seq_len}, global batch {w.gbs}")
+    return L
+
+
+def _winner_lines(best: Estimate) -> list[str]:
+    """The "Winner" section: degrees, predicted figures and the per-phase table."""
+    from .search import step_s, tokens_per_s_per_gpu
+
+    s = best.strategy
+    L: list[str] = []
     mfu = None if best.throughput is None else best.throughput.mfu
     L += [
         "",
@@ -317,6 +307,12 @@ def write_report(
     for name in ph:
         if name not in best.memory:
             L.append(f"| {name} | - | {_fmt_s(ph[name])} |")
+    return L
+
+
+def _measured_and_why_lines(best: Estimate, ranked: list[Estimate], measured: dict[str, Any] | None) -> list[str]:
+    """The "Measured" and "Why the winner" sections (each only when it has content)."""
+    L: list[str] = []
     if measured:
         L += ["", "## Measured", "", "| figure | value |", "|---|---|"]
         for k, v in measured.items():
@@ -336,6 +332,17 @@ def write_report(
             "",
             *why_winner(best, others, STATED_ERROR_PCT),
         ]
+    return L
+
+
+def _plans_and_use_lines(
+    ranked: list[Estimate],
+    pareto: list[Estimate],
+    stats: dict[str, Any] | None,
+    files: dict[str, Path] | None,
+) -> list[str]:
+    """Top plans, Pareto front, search statistics, files and the "Use it" commands."""
+    L: list[str] = []
     L += [
         "",
         "## Top plans",
@@ -377,5 +384,31 @@ def write_report(
         "```",
         "",
     ]
+    return L
+
+
+def write_report(
+    run_dir: Path,
+    best: Estimate,
+    *,
+    ranked: Sequence[Estimate] = (),
+    pareto: Sequence[Estimate] = (),
+    stats: dict[str, Any] | None = None,
+    measured: dict[str, Any] | None = None,
+    files: dict[str, Path] | None = None,
+    run_id: str | None = None,
+) -> dict[str, Path]:
+    """Write report.md and its two PNGs into ``run_dir``; return their paths."""
+    run_dir = Path(run_dir)
+    ranked = list(ranked) or [best]
+    pareto = list(pareto) or [best]
+    out = {
+        "breakdown_png": plot_breakdown(ranked[:10], run_dir / "step_breakdown.png"),
+        "pareto_png": plot_pareto(ranked, pareto, best, run_dir / "pareto.png"),
+    }
+    L = _inputs_lines(best, run_id)
+    L += _winner_lines(best)
+    L += _measured_and_why_lines(best, ranked, measured)
+    L += _plans_and_use_lines(ranked, pareto, stats, files)
     out["report"] = atomic_write(run_dir / "report.md", "\n".join(L))
     return out

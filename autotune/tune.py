@@ -11,34 +11,28 @@ and priced again, so the plan we print is the plan the edited script runs.
 from __future__ import annotations
 
 import math
-import re
-import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
 from autotune import diagnose as D
-from autotune import verl
 from autotune import verl_table as table
+from autotune.tune_launch import ACTOR as ACTOR
+from autotune.tune_launch import ARO as ARO
+from autotune.tune_launch import DEGREE_KEYS as DEGREE_KEYS
+from autotune.tune_launch import OOC as OOC
+from autotune.tune_launch import OTC as OTC
+from autotune.tune_launch import REF as REF
+from autotune.tune_launch import ROLLOUT as ROLLOUT
+from autotune.tune_launch import Launch as Launch
+from autotune.tune_launch import read_launch as read_launch
+from autotune.tune_script import diff_lines as diff_lines
+from autotune.tune_script import parse_value_str as parse_value_str
+from autotune.tune_script import tuned_text as tuned_text
 from core.errors import ConfigError, GrpoTuneError, UnknownModelError
 from core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from core.strategy import Cluster, Strategy, Workload
-
-ARO = "actor_rollout_ref"
-ACTOR = f"{ARO}.actor"
-REF = f"{ARO}.ref"
-ROLLOUT = f"{ARO}.rollout"
-OTC = f"{ACTOR}.megatron.override_transformer_config"
-OOC = f"{ACTOR}.optim.override_optimizer_config"
-DEGREE_KEYS = {
-    "tp": "tensor_model_parallel_size",
-    "pp": "pipeline_model_parallel_size",
-    "vpp": "virtual_pipeline_model_parallel_size",
-    "cp": "context_parallel_size",
-    "ep": "expert_model_parallel_size",
-    "etp": "expert_tensor_parallel_size",
-}
 
 # Strategy fields the search may change and tune writes back; the rest of the plan (dynamic-batching caps,
 # the CPU optimizer, vLLM engine knobs) is the user's and stays pinned to the launch's values.
@@ -195,112 +189,6 @@ def workload_from(get: Get, *, prompt_len_mean: int | None = None, response_len_
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Launch:
-    path: Path
-    text: str
-    kind: str
-    """``verl_script`` or ``overrides``."""
-    overrides: list[D.Override]
-    values: dict[str, D.Override] = field(default_factory=dict)
-
-    def get(self, key: str) -> Any:
-        ov = self.values.get(key)
-        if ov is not None:
-            return ov.value
-        # the reference inherits the actor's degrees and param_offload (verl 0.9.1 ref/ref.yaml oc.select)
-        if key.startswith(f"{REF}.megatron.") and key.rsplit(".", 1)[-1] in (*DEGREE_KEYS.values(), "param_offload"):
-            return self.get(f"{ACTOR}.megatron." + key.rsplit(".", 1)[-1])
-        return verl.default(key)
-
-
-def read_launch(path: str | Path) -> Launch:
-    """Parse a verl launch script or override list; a launch we cannot read is a coded error."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(
-            f"no launch file at {p}", hint="pass a verl launch script (bash) or a file of Hydra overrides"
-        )
-    if p.stat().st_size > 4 * 1024 * 1024:
-        raise ConfigError(f"{p}: larger than 4 MiB; not a launch script")
-    try:
-        text = p.read_text()
-    except (UnicodeDecodeError, OSError) as exc:
-        raise ConfigError(f"{p}: not a readable text file ({exc})") from None
-    if re.search(r"main_ppo|verl-train|^#!", text, re.MULTILINE):
-        _bash_syntax(p)
-        ovs, findings, facts = D.parse_script(text)
-        kind = "verl_script"
-        if not facts.get("commands"):
-            raise ConfigError(
-                f"{p}: no `python3 -m verl.trainer.main_ppo` command in this script",
-                hint="tune reads the overrides passed to verl's main_ppo",
-            )
-    else:
-        ovs, findings = D.parse_override_list(text)
-        kind = "overrides"
-    errors = [f for f in findings if f.severity == "error" and f.code == "BAD_CONFIG"]
-    if errors:
-        raise ConfigError(
-            f"{p}: {errors[0].message}",
-            hint=errors[0].hint or "fix the launch; `grpo-tune diagnose` lists every problem",
-        )
-    if not ovs:
-        raise ConfigError(
-            f"{p}: no key=value overrides found",
-            hint="pass a verl launch script or a file with one Hydra override per line",
-        )
-    unresolved = [
-        o
-        for o in ovs
-        if o.unresolved
-        and not o.key.startswith(("data.train_files", "data.val_files"))
-        and o.key != f"{ARO}.model.path"
-    ]
-    launch = Launch(path=p, text=text, kind=kind, overrides=ovs, values={o.key: o for o in ovs})
-    for o in unresolved:
-        if o.key in _planned_keys(launch):
-            raise ConfigError(
-                f"{p}:{o.line}: {o.key}={o.raw} comes from a variable the script does not set",
-                hint="give the variable a default (${VAR:-2}) so that the plan is known",
-            )
-    return launch
-
-
-def _bash_syntax(p: Path) -> None:
-    """``bash -n``: a script bash itself cannot parse (an unclosed quote, a dangling ``\\``) is not a launch."""
-    import shutil
-    import subprocess
-
-    bash = shutil.which("bash")
-    if bash is None:
-        return
-    try:
-        r = subprocess.run([bash, "-n", str(p)], capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return
-    if r.returncode:
-        msg = (r.stderr.strip().splitlines() or ["syntax error"])[-1]
-        raise ConfigError(f"{p}: bash cannot parse this script ({msg})", hint="fix the script; `bash -n` must pass")
-
-
-def _planned_keys(launch: Launch) -> set[str]:
-    keys = {f"{r}.megatron.{k}" for r in (ACTOR, REF) for k in (*DEGREE_KEYS.values(), "param_offload")}
-    keys |= {
-        "data.train_batch_size",
-        "data.max_prompt_length",
-        "data.max_response_length",
-        f"{ROLLOUT}.n",
-        f"{ACTOR}.ppo_mini_batch_size",
-        f"{ACTOR}.ppo_micro_batch_size_per_gpu",
-        f"{ROLLOUT}.tensor_model_parallel_size",
-        f"{ROLLOUT}.gpu_memory_utilization",
-        "trainer.n_gpus_per_node",
-        "trainer.nnodes",
-    }
-    return keys
-
-
 def resolve_launch_model(launch: Launch, model: str | None) -> tuple[ModelSpec, str]:
     if model:
         return load_model(model), f"--model {model}"
@@ -387,14 +275,6 @@ def _plan_of_run_config(
 # ---------------------------------------------------------------------------------------------
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "True" if v else "False"
-    return str(v)
-
-
 def _same(a: Any, b: Any) -> bool:
     if (
         isinstance(a, (int, float))
@@ -431,31 +311,10 @@ def _fits(est) -> bool:
     return not any(v.code == "OOM_RISK" for v in est.violations)
 
 
-def tune(
-    plan: LaunchPlan,
-    *,
-    keep: Sequence[str] = (),
-    calibration: dict[str, float] | None = None,
-    min_headroom: float = 0.05,
-    top: int = 10,
-    pins: dict[str, Any] | None = None,
-) -> TuneResult:
-    """``keep``: fields held at the launch's values; ``pins``: fields set to given values (estimate's flags)."""
-    from autotune.search import rank_key, search, step_s
-    from core.errors import NoFeasiblePlanError
-    from costmodel.estimate import estimate
-
-    def price(s: Strategy):
-        return estimate(
-            model=plan.model,
-            hardware=plan.hardware,
-            cluster=plan.cluster,
-            strategy=s,
-            workload=plan.workload,
-            calibration=calibration,
-        )
-
-    cur = price(plan.strategy)
+def _tune_pins(
+    plan: LaunchPlan, keep: Sequence[str], pins: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Check ``keep`` and ``pins``; return (all pins for the search, the user's own pins)."""
     bad = [k for k in keep if k not in SEARCHED]
     if bad:
         raise ConfigError(
@@ -476,7 +335,20 @@ def tune(
         pins.pop("etp")
     if s0.max_tokens_per_gpu is not None:
         pins["mbs"] = s0.mbs  # with verl's dynamic batching the token caps make the micro-batches, not mbs
-    user = {k: getattr(s0, k) for k in USER_FIELDS}
+    return pins, extra
+
+
+def _tune_search(
+    plan: LaunchPlan,
+    pins: dict[str, Any],
+    top: int,
+    calibration: dict[str, float] | None,
+    min_headroom: float,
+) -> tuple[list[Any], dict[str, Any]]:
+    """The search's ranked plans and statistics (none when no plan fits)."""
+    from autotune.search import search
+    from core.errors import NoFeasiblePlanError
+
     try:
         res = search(
             plan.model,
@@ -493,14 +365,21 @@ def tune(
         stats = res.stats()
     except NoFeasiblePlanError:
         ranked, stats = [], {}
-    # The search prices the engine knobs at their defaults; re-price its plans with the user's own
-    # (dynamic-batching caps, CPU optimizer, vLLM engine) so that current and best compare like for like.
-    launch = plan.launch
-    if launch is None:
-        raise ConfigError(
-            "tune needs a verl launch (script or override list), not a run config",
-            hint="for a best.yaml, `grpo-tune search` with its model and workload is the same search",
-        )
+    return ranked, stats
+
+
+def _repriced(
+    plan: LaunchPlan,
+    launch: Launch,
+    ranked: list[Any],
+    price: Callable[[Strategy], Any],
+    min_headroom: float,
+) -> list[tuple[Any, dict[str, Any]]]:
+    """The search's plans re-priced with the launch's own engine knobs, those that fit, fastest first."""
+    from autotune.search import rank_key
+
+    s0 = plan.strategy
+    user = {k: getattr(s0, k) for k in USER_FIELDS}
     present = set(launch.values)
     candidates = []
     for est in ranked:
@@ -514,6 +393,20 @@ def tune(
         if _fits(e) and _headroom_ok(e, min_headroom):
             candidates.append((e, new))
     candidates.sort(key=lambda t: rank_key(t[0]))
+    return candidates
+
+
+def _choose(
+    plan: LaunchPlan,
+    launch: Launch,
+    cur: Any,
+    candidates: list[tuple[Any, dict[str, Any]]],
+    extra: dict[str, Any],
+) -> tuple[Any, dict[str, tuple[Any, Any]]]:
+    """The best plan and its changed overrides (the current plan and none when nothing is worth changing)."""
+    from autotune.search import step_s
+
+    s0 = plan.strategy
     best, changes = cur, {}
     if candidates:
         e, new = candidates[0]
@@ -523,19 +416,64 @@ def tune(
         if better or not _fits(cur) or asked:
             changes = {k: (launch.get(k), v) for k, v in new.items() if not _same(launch.get(k), v)}
             best = e if changes else cur
+    return best, changes
+
+
+def _nearest_fit(plan: LaunchPlan, launch: Launch, candidates: list[tuple[Any, dict[str, Any]]]) -> list[Any]:
+    """Plans that fit, nearest to the current one: fewest changed overrides, then fastest (at most 3)."""
+    from autotune.search import step_s
+
+    present = set(launch.values)
+    nearest: list[Any] = []
+    cur_ov = overrides_for(plan.strategy, plan.model, launch.get, present)
+    scored = [(sum(1 for k, v in new.items() if not _same(cur_ov.get(k), v)), step_s(e), e) for e, new in candidates]
+    seen: set[str] = set()
+    for _, _, e in sorted(scored, key=lambda t: (t[0], t[1])):
+        key = repr(sorted(e.strategy.to_dict().items()))
+        if key not in seen and len(nearest) < 3:
+            seen.add(key)
+            nearest.append(e)
+    return nearest
+
+
+def tune(
+    plan: LaunchPlan,
+    *,
+    keep: Sequence[str] = (),
+    calibration: dict[str, float] | None = None,
+    min_headroom: float = 0.05,
+    top: int = 10,
+    pins: dict[str, Any] | None = None,
+) -> TuneResult:
+    """``keep``: fields held at the launch's values; ``pins``: fields set to given values (estimate's flags)."""
+    from costmodel.estimate import estimate
+
+    def price(s: Strategy):
+        return estimate(
+            model=plan.model,
+            hardware=plan.hardware,
+            cluster=plan.cluster,
+            strategy=s,
+            workload=plan.workload,
+            calibration=calibration,
+        )
+
+    cur = price(plan.strategy)
+    pins, extra = _tune_pins(plan, keep, pins)
+    ranked, stats = _tune_search(plan, pins, top, calibration, min_headroom)
+    # The search prices the engine knobs at their defaults; re-price its plans with the user's own
+    # (dynamic-batching caps, CPU optimizer, vLLM engine) so that current and best compare like for like.
+    launch = plan.launch
+    if launch is None:
+        raise ConfigError(
+            "tune needs a verl launch (script or override list), not a run config",
+            hint="for a best.yaml, `grpo-tune search` with its model and workload is the same search",
+        )
+    candidates = _repriced(plan, launch, ranked, price, min_headroom)
+    best, changes = _choose(plan, launch, cur, candidates, extra)
     nearest: list[Any] = []
     if not _fits(cur):
-        # plans that fit, nearest to the current one: fewest changed overrides, then fastest
-        cur_ov = overrides_for(plan.strategy, plan.model, launch.get, present)
-        scored = [
-            (sum(1 for k, v in new.items() if not _same(cur_ov.get(k), v)), step_s(e), e) for e, new in candidates
-        ]
-        seen: set[str] = set()
-        for _, _, e in sorted(scored, key=lambda t: (t[0], t[1])):
-            key = repr(sorted(e.strategy.to_dict().items()))
-            if key not in seen and len(nearest) < 3:
-                seen.add(key)
-                nearest.append(e)
+        nearest = _nearest_fit(plan, launch, candidates)
     return TuneResult(
         plan=plan,
         current=cur,
@@ -576,90 +514,3 @@ class _Edited:
         ):
             return self.get(f"{ACTOR}.megatron." + key.rsplit(".", 1)[-1])
         return self.launch.get(key)
-
-
-# ---------------------------------------------------------------------------------------------
-# Writing tuned.sh
-# ---------------------------------------------------------------------------------------------
-
-
-def _word_span(line: str, start: int) -> tuple[int, int]:
-    """The shell word of ``line`` that contains position ``start`` (quotes respected)."""
-    i = start
-    # walk back to the word's start (a quote that opens it belongs to it)
-    while i > 0 and not line[i - 1].isspace():
-        i -= 1
-    j, quote = i, None
-    while j < len(line):
-        ch = line[j]
-        if quote:
-            if ch == quote:
-                quote = None
-            elif ch == "\\" and quote == '"':
-                j += 1
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "\\" and j + 1 < len(line) and not line[j + 1].isspace():
-            j += 1
-        elif ch.isspace():
-            break
-        j += 1
-    return i, j
-
-
-def _token(prefix: str, key: str, value: Any) -> str:
-    return shlex.quote(f"{prefix}{key}={_fmt(value)}")
-
-
-def tuned_text(launch: Launch, changes: dict[str, tuple[Any, Any]]) -> str:
-    """The launch with each changed override rewritten in place; keys it did not set are added after its
-    last override. Everything else (paths, env, comments, unrelated keys) is left byte for byte."""
-    lines = launch.text.split("\n")
-    missing: list[str] = []
-    for key, (_old, new) in changes.items():
-        ov = launch.values.get(key)
-        if ov is None or ov.line is None:
-            plus = "+" if verl.key_status(key) != "declared" else ""
-            missing.append(_token(plus, key, new))
-            continue
-        idx = ov.line - 1
-        pat = re.compile(r"(?<![\w.+])\+{0,2}" + re.escape(key) + r"=")
-        m = None
-        for j in range(idx, min(idx + 3, len(lines))):
-            m = pat.search(lines[j])
-            if m:
-                idx = j
-                break
-        if m is None:
-            missing.append(_token("", key, new))
-            continue
-        a, b = _word_span(lines[idx], m.start())
-        lines[idx] = lines[idx][:a] + _token(ov.prefix or "", key, new) + lines[idx][b:]
-    if missing:
-        last = max((o.line for o in launch.overrides if o.line), default=None)
-        if launch.kind == "verl_script" and last is not None:
-            src = lines[last - 1]
-            indent = src[: len(src) - len(src.lstrip())]
-            if last >= 2 and lines[last - 2].rstrip().endswith("\\"):
-                # new lines go just above the last override line, which stays as the user wrote it
-                lines[last - 1 : last - 1] = [f"{indent}{t} \\" for t in missing]
-            else:
-                lines[last - 1] = src.rstrip() + " \\"
-                lines[last:last] = [f"{indent}{t} \\" for t in missing[:-1]] + [f"{indent}{missing[-1]}"]
-        else:
-            tail = "" if launch.text.endswith("\n") else "\n"
-            return launch.text + tail + "\n".join(missing) + "\n"
-    return "\n".join(lines)
-
-
-def parse_value_str(raw: str):
-    """An override value as Hydra reads it (the inverse of how tuned.sh writes it)."""
-    return D.parse_value(raw)
-
-
-def diff_lines(changes: dict[str, tuple[Any, Any]]) -> list[str]:
-    out = []
-    for key, (old, new) in changes.items():
-        out.append(f"- {key}={_fmt(old)}")
-        out.append(f"+ {key}={_fmt(new)}")
-    return out
