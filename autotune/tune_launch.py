@@ -9,22 +9,13 @@ from typing import Any
 
 from autotune import diagnose as D
 from autotune import verl
+from autotune.verl_table import ACTOR, ARO, REF, ROLLOUT
+from autotune.verl_table import OOC as OOC  # re-exported by autotune.tune
+from autotune.verl_table import OTC as OTC
 from core.errors import ConfigError
 
-ARO = "actor_rollout_ref"
-ACTOR = f"{ARO}.actor"
-REF = f"{ARO}.ref"
-ROLLOUT = f"{ARO}.rollout"
-OTC = f"{ACTOR}.megatron.override_transformer_config"
-OOC = f"{ACTOR}.optim.override_optimizer_config"
-DEGREE_KEYS = {
-    "tp": "tensor_model_parallel_size",
-    "pp": "pipeline_model_parallel_size",
-    "vpp": "virtual_pipeline_model_parallel_size",
-    "cp": "context_parallel_size",
-    "ep": "expert_model_parallel_size",
-    "etp": "expert_tensor_parallel_size",
-}
+# verl's key prefixes and our degree -> Megatron key map live with the Strategy<->verl table and diagnose.
+DEGREE_KEYS = D.rules.DEGREES
 
 
 @dataclass

@@ -111,6 +111,17 @@ def transformer_config_fields() -> frozenset[str]:
     return frozenset(ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#"))
 
 
+def _needs_plus(c: Ctx, key: str, raw: str) -> None:
+    """A key verl's config does not declare, given without Hydra's ``+``."""
+    c.add(
+        E,
+        "BAD_CONFIG",
+        f"{key} is not declared in verl's config: Hydra refuses it without `+`",
+        f"write +{key}={raw}",
+        key=key,
+    )
+
+
 @register("keys")
 def check_keys(c: Ctx) -> None:
     suggested = 0
@@ -164,23 +175,11 @@ def check_keys(c: Ctx) -> None:
                     key=key,
                 )
             elif not ov.prefix:
-                c.add(
-                    E,
-                    "BAD_CONFIG",
-                    f"{key} is not declared in verl's config: Hydra refuses it without `+`",
-                    f"write +{key}={ov.raw}",
-                    key=key,
-                )
+                _needs_plus(c, key, ov.raw)
             continue
         if status == "open":
             if not ov.prefix:
-                c.add(
-                    E,
-                    "BAD_CONFIG",
-                    f"{key} is not declared in verl's config: Hydra refuses it without `+`",
-                    f"write +{key}={ov.raw}",
-                    key=key,
-                )
+                _needs_plus(c, key, ov.raw)
             continue
         # unknown
         real, why = RENAMES.get(key) or LEAF_RENAMES.get(leaf) or (None, "")
