@@ -122,7 +122,7 @@ class _Evaluator:
         return est
 
     def vector(self, est: Estimate) -> tuple[np.ndarray, np.ndarray]:
-        if self.mem_keys is None:
+        if self.mem_keys is None or self.time_keys is None:  # both are set together, on the first call
             self.mem_keys = list(est.memory)
             self.time_keys = [] if est.time is None else list(est.time.phases)
             self.capacity = est.capacity_bytes
@@ -131,6 +131,7 @@ class _Evaluator:
         return mem, tm
 
     def train_phase_mask(self) -> np.ndarray:
+        assert self.mem_keys is not None, "vector() sets the phase keys; call it first"
         return np.array([k not in ("rollout", "weight_sync") for k in self.mem_keys])
 
 
@@ -247,6 +248,8 @@ def _rollout_deltas(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rollout deltas: one (frugal) train plan, every rollout option, minus the first option's figures."""
     opt0 = _frugal(space, lay0)
+    # Not narrowed before: a first layout without batch options failed here too (a TypeError then).
+    assert opt0 is not None, "the first layout has no batch options"
     base0 = ev(space.strategy(lay0, opt0, rolls[0]))
     b_mem, b_tm = ev.vector(base0)
     r_mem, r_tm = [], []
@@ -373,6 +376,7 @@ def _grid(
         lay = layouts[li]
         batches = space.batch_options(lay)
         frugal = _frugal(space, lay)
+        assert frugal is not None, "the screen keeps only layouts with batch options"
         b0 = (0, frugal["recompute"], frugal["distributed_optimizer"])
         for sets in groups.values():
             base_x = min(sets, key=lambda x: (len(x[0]), x[1] or 0.0))

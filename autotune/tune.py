@@ -18,6 +18,7 @@ from typing import Any, TypeGuard
 
 from autotune import diagnose as D
 from autotune import verl_table as table
+from autotune.space import ENGINE_KEYS
 from autotune.tune_launch import ACTOR as ACTOR
 from autotune.tune_launch import ARO as ARO
 from autotune.tune_launch import DEGREE_KEYS as DEGREE_KEYS
@@ -52,19 +53,7 @@ SEARCHED = (
     "first_stage_layers",
     "last_stage_layers",
 )
-USER_FIELDS = (
-    "max_tokens_per_gpu",
-    "log_prob_max_tokens_per_gpu",
-    "cpu_optimizer",
-    "overlap_cpu_optimizer",
-    "precision_aware_optimizer",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "enforce_eager",
-    "chunked_prefill",
-    "free_cache_engine",
-    "sequence_parallel",
-)
+USER_FIELDS = (*ENGINE_KEYS, "sequence_parallel")
 MIN_GAIN = 0.01
 """A plan must be this much faster (fraction of step time) to be proposed: below it the cost model cannot
 tell the plans apart (`grpo-tune validate`: a few %), and proposing it would break the fixed point."""

@@ -219,7 +219,7 @@ def run(
     if refit:
         fitted = fit_efficiency(rows, hw)
         hw = with_efficiency(hw, **fitted)
-    out = []
+    out: list[dict[str, Any]] = []
     for r in rows:
         pred = predict(r, hw)
         out.append(

@@ -24,7 +24,7 @@ import tempfile
 import zipfile
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 from core.errors import ConfigError, GrpoTuneError, MissingDependencyError, UnknownKeyError, try_import
 
@@ -136,7 +136,8 @@ def compose(overrides: Iterable[str] = (), *, fetch: bool = True, resolve: bool 
     try:
         with initialize_config_dir(config_dir=str(cdir), version_base=None):
             cfg = hydra_compose(CONFIG_NAME, overrides=overrides)
-        return OmegaConf.to_container(cfg, resolve=resolve)
+        # to_container is typed for any node; a composed Hydra config's root is a mapping with str keys.
+        return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=resolve))
     except (HydraException, OmegaConfBaseException) as exc:
         msg = str(exc).splitlines()[0]
         code = UnknownKeyError if "Could not override" in msg or "Key '" in msg else ConfigError

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -62,7 +62,7 @@ def load_checked(
     from trainer import launch
 
     cfg = run_config.load(config)
-    over = {}
+    over: dict[str, Any] = {}  # TrainerOptions fields of mixed types, for dataclasses.replace
     if steps is not None:
         if steps < 1:
             raise ConfigError(f"--steps must be >= 1, got {steps}")

@@ -27,7 +27,7 @@ from autotune.options import (
     RolloutTp,
     Tp,
     Vpp,
-    strategy_pins,
+    pins_from_flags,
 )
 
 GiB = 1024**3
@@ -135,19 +135,7 @@ def tune(
 
         cal = load_calibration(calibration, hardware=plan.hardware.name)
     keep_list = [k.strip() for k in (keep or "").split(",") if k.strip()]
-    pins = strategy_pins(
-        tp=tp,
-        pp=pp,
-        vpp=vpp,
-        cp=cp,
-        ep=ep,
-        etp=etp,
-        mbs=mbs,
-        recompute=recompute,
-        offload=offload,
-        rollout_tp=rollout_tp,
-        gpu_memory_utilization=gpu_memory_utilization,
-    )
+    pins = pins_from_flags(locals())  # the flags tune lacks read as unset
     res = T.tune(plan, keep=keep_list, calibration=cal, min_headroom=min_headroom, pins=pins)
     launch_obj = plan.launch
     if launch_obj is None:  # plan_of reads a best.yaml too; tune edits launches only

@@ -251,7 +251,7 @@ def layer_coeffs(
     return LayerCoeffs(linear=lin, quad=act_bytes * score * a / tp, layer_input=act_bytes * h / d_sp, selective=sel)
 
 
-def layer_activation_bytes(c: LayerCoeffs, s_local: int, s_keys: int, b: int, recompute: str) -> float:
+def layer_activation_bytes(c: LayerCoeffs, s_local: int, s_keys: int, b: float, recompute: str) -> float:
     """One layer, one micro-batch: ``s_local`` query tokens per CP rank attending to ``s_keys`` keys."""
     tokens = s_local * b
     if recompute == "full":
@@ -295,7 +295,7 @@ def _stage_coeffs(m: ModelSpec, s: Strategy, k: Kernels) -> tuple[LayerCoeffs, L
 
 
 def train_activation_bytes(
-    m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int, microbatches: int, kernels: Kernels = GPU_KERNELS
+    m: ModelSpec, s: Strategy, *, seq_len: int, mbs: float, microbatches: int, kernels: Kernels = GPU_KERNELS
 ) -> list[float]:
     """Per stage: activations held at the peak of 1F1B (logits not included)."""
     stages = tuple(stage_layers(m, s))
@@ -325,7 +325,7 @@ def train_activation_bytes(
 
 
 def forward_activation_bytes(
-    m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int, kernels: Kernels = GPU_KERNELS
+    m: ModelSpec, s: Strategy, *, seq_len: int, mbs: float, kernels: Kernels = GPU_KERNELS
 ) -> float:
     """Forward without grad (log-prob): the residual in and out plus one layer's working set."""
     cd, cm = _stage_coeffs(m, s, kernels)
@@ -336,7 +336,7 @@ def forward_activation_bytes(
     return work + 2 * cd.layer_input * s_local * mbs
 
 
-def logits_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: int, act_bytes: int = BF16) -> float:
+def logits_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: float, act_bytes: int = BF16) -> float:
     """Last stage: the output layer's input (final norm in/out, h each) and the vocab-parallel logits."""
     tokens = -(-seq_len // s.cp) * mbs
     d_sp = s.tp if s.sp else 1
@@ -452,9 +452,11 @@ def sync_bucket_bytes(m: ModelSpec, ep: int) -> float:
 
 def _microbatches(s: Strategy, w: Workload) -> int:
     seqs = w.mini_batch * w.n if w.kind == "grpo" else w.gbs
+    dp = s.dp
+    assert dp is not None, "phase_memory takes a resolved strategy (validate fills dp)"
     if s.max_tokens_per_gpu:
-        return max(1, -(-int(seqs * w.mean_seq_len) // (s.dp * s.max_tokens_per_gpu * s.cp)))
-    return micro_batches(seqs, dp=s.dp, mbs=s.mbs)
+        return max(1, -(-int(seqs * w.mean_seq_len) // (dp * s.max_tokens_per_gpu * s.cp)))
+    return micro_batches(seqs, dp=dp, mbs=s.mbs)
 
 
 def micro_batch_shape(s: Strategy, w: Workload, cap: int | None) -> tuple[int, float]:
@@ -626,7 +628,7 @@ def _violations(
                 Violation(
                     "OOM_RISK",
                     f"phase {name} needs {tot / GiB:.1f} GiB > {cap / GiB:.1f} GiB capacity "
-                    f"({(tot - cap) / GiB:.1f} GiB over; largest part: {max(pm.parts, key=pm.parts.get)})",
+                    f"({(tot - cap) / GiB:.1f} GiB over; largest part: {max(pm.parts, key=lambda k: pm.parts[k])})",
                     phase=name,
                     bytes_over=tot - cap,
                 )

@@ -29,6 +29,22 @@ def make(
     )
 
 
+# Non-default values for the dynamic-batching, CPU-optimizer and vLLM-engine fields of Strategy, so that a test
+# sees each of them reach verl's overrides.
+ENGINE_KNOBS = dict(
+    max_tokens_per_gpu=12000,
+    log_prob_max_tokens_per_gpu=24000,
+    cpu_optimizer=0.5,
+    overlap_cpu_optimizer=True,
+    precision_aware_optimizer=True,
+    max_num_seqs=64,
+    max_num_batched_tokens=4096,
+    enforce_eager=True,
+    chunked_prefill=False,
+    free_cache_engine=False,
+)
+
+
 def configs() -> dict[str, RunConfig]:
     """Plans that exercise every branch of the exporters."""
     return {

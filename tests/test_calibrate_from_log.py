@@ -17,6 +17,7 @@ import pytest
 
 from autotune import runlog as R
 from autotune.calibrate import defaults, load
+from _verl_logs import calibrate_from_fixture_logs
 from cli.main import main
 
 COMMITTED = Path(__file__).resolve().parent / "fixtures" / "verl_logs"
@@ -245,24 +246,7 @@ def test_the_logs_are_fresh_for_the_current_cost_model(fix):
 
 def test_the_file_applies_to_estimate_search_and_compare(capsys, tmp_path, fix):
     cal = tmp_path / "cal.json"
-    assert (
-        main(
-            [
-                "calibrate",
-                "--from-log",
-                str(fix / "run_a.jsonl"),
-                "--from-log",
-                str(fix / "run_b.jsonl"),
-                "--launch",
-                str(fix / "launch_a.txt"),
-                "--launch",
-                str(fix / "launch_b.txt"),
-                "--out",
-                str(cal),
-            ]
-        )
-        == 0
-    )
+    assert calibrate_from_fixture_logs(fix, cal) == 0
     capsys.readouterr()
     plan = ["--model", "7b", "--gpus", "8", "--tp", "2", "--json"]
 

@@ -9,14 +9,11 @@ import pytest
 from autotune.refine import ModelGuided, features, measured_noise, predicted, spread
 
 
-@pytest.fixture(scope="module")
-def space():
+def _tiny_inputs():
+    """tiny on 4 CPU ranks, a small GRPO workload: the plan space both tests below build."""
     from autotune.options import plan_inputs
-    from autotune.refine import build_space, runnable
-    from autotune.search import search
-    from core.config import TrainerOptions
 
-    m, hw, cl, wl = plan_inputs(
+    return plan_inputs(
         model="tiny",
         hardware="cpu",
         gpus=4,
@@ -32,6 +29,15 @@ def space():
         seq_len=64,
         gbs=8,
     )
+
+
+@pytest.fixture(scope="module")
+def space():
+    from autotune.refine import build_space, runnable
+    from autotune.search import search
+    from core.config import TrainerOptions
+
+    m, hw, cl, wl = _tiny_inputs()
     sp, _ = runnable(build_space(search(m, hw, cl, wl).ranked, m, hw, cl, wl), TrainerOptions())
     seen, uniq = set(), []
     for e in sp:  # one plan per feature vector: plans alike in every feature are one plan to the kernel
@@ -106,26 +112,10 @@ def test_one_lucky_run_does_not_outvote_the_model_under_large_noise(space):
 
 def test_a_space_of_ten_thousand_plans_needs_no_n_by_n_matrix():
     # 12,000 plans: an n x n x features kernel would take 17 GB; columns for the measured plans only
-    from autotune.options import plan_inputs
     from autotune.refine import build_space
     from autotune.search import search
 
-    m, hw, cl, wl = plan_inputs(
-        model="tiny",
-        hardware="cpu",
-        gpus=4,
-        gpus_per_node=None,
-        workload="grpo",
-        prompts=8,
-        n=4,
-        prompt_len=16,
-        response_len=16,
-        mini_batch=8,
-        ppo_epochs=1,
-        kl=True,
-        seq_len=64,
-        gbs=8,
-    )
+    m, hw, cl, wl = _tiny_inputs()
     sp = build_space(search(m, hw, cl, wl).ranked, m, hw, cl, wl)
     big = (sp * (12000 // len(sp) + 1))[:12000]
     pol = ModelGuided(big)

@@ -25,6 +25,17 @@ CLI = [sys.executable, "-c", "from cli.main import run; run()"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def _tiny_search():
+    """The top 3 plans for tiny on 4 CPU ranks (a small GRPO workload)."""
+    return search(
+        load_model("tiny"),
+        load_hardware("cpu"),
+        Cluster(gpus=4, gpus_per_node=4),
+        Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8),
+        top=3,
+    )
+
+
 def _run(*args, cwd=None):
     env = {**os.environ, "COLUMNS": "160"}
     return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
@@ -123,13 +134,7 @@ def test_bad_pin_exit_2(tmp_path):
 
 def test_emit_for_refine_adds_measured(tmp_path):
     """refine emits its winner through emit(est, dir, measured=...) exactly as search does."""
-    res = search(
-        load_model("tiny"),
-        load_hardware("cpu"),
-        Cluster(gpus=4, gpus_per_node=4),
-        Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8),
-        top=3,
-    )
+    res = _tiny_search()
     measured = {"step_s": 1.5, "tokens_per_s": 42.0}
     paths = emit(res.best, tmp_path / "r", measured=measured, search=res)
     assert {"best", "verl", "megatron_args", "report", "pareto_png", "breakdown_png"} <= set(paths)
@@ -172,13 +177,7 @@ def test_calibration_flag(tmp_path):
 
 
 def test_refine_reemit_keeps_search_tables(tmp_path):
-    res = search(
-        load_model("tiny"),
-        load_hardware("cpu"),
-        Cluster(gpus=4, gpus_per_node=4),
-        Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8),
-        top=3,
-    )
+    res = _tiny_search()
     d = tmp_path / "run"
     emit(res.best, d, search=res)
     winner = res.ranked[1]
@@ -193,13 +192,7 @@ def test_emit_keeps_no_state_between_calls(tmp_path):
     shows no search tables (there used to be a module-global cache keyed by folder)."""
     import autotune.emit as E
 
-    res = search(
-        load_model("tiny"),
-        load_hardware("cpu"),
-        Cluster(gpus=4, gpus_per_node=4),
-        Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8),
-        top=3,
-    )
+    res = _tiny_search()
     d = tmp_path / "run"
     emit(res.best, d, search=res)
     assert "## Search" in (d / "report.md").read_text()

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from autotune import tune as T
 from autotune import verl
 from autotune.diagnose import parse_script
+from _verl_logs import calibrate_from_fixture_logs
 from cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,24 +130,7 @@ def test_current_plan_that_does_not_fit_says_which_phase_and_nearest_fits(capsys
 def test_calibration_from_logs_applies_to_tune(capsys, tmp_path):
     fix = ROOT / "tests/fixtures/verl_logs"
     cal = tmp_path / "cal.json"
-    assert (
-        main(
-            [
-                "calibrate",
-                "--from-log",
-                str(fix / "run_a.jsonl"),
-                "--from-log",
-                str(fix / "run_b.jsonl"),
-                "--launch",
-                str(fix / "launch_a.txt"),
-                "--launch",
-                str(fix / "launch_b.txt"),
-                "--out",
-                str(cal),
-            ]
-        )
-        == 0
-    )
+    assert calibrate_from_fixture_logs(fix, cal) == 0
     capsys.readouterr()
     lens = ["--response-len-mean", "412", "--prompt-len-mean", "234"]  # what run_a logged (make_fixtures.py)
     plain = _tune(capsys, fix / "launch_a.txt", "h100", tmp_path / "p", "--no-emit", *lens)

@@ -12,7 +12,7 @@ from autotune import verl
 from autotune.diagnose import parse_script
 from autotune.export import verl_overrides
 from core.errors import UnknownKeyError
-from _export_configs import configs
+from _export_configs import ENGINE_KNOBS, configs
 
 from pathlib import Path
 
@@ -129,18 +129,7 @@ def test_diagnose_agrees_with_hydra_on_keys(override):
 def test_new_contract_fields_compose_with_their_values():
     """Dynamic batching, the hybrid CPU optimizer and the vLLM engine knobs reach verl's composed config."""
     cfg = configs()["7b-tp2"]
-    s = cfg.strategy.replace(
-        max_tokens_per_gpu=12000,
-        log_prob_max_tokens_per_gpu=24000,
-        cpu_optimizer=0.5,
-        overlap_cpu_optimizer=True,
-        precision_aware_optimizer=True,
-        max_num_seqs=64,
-        max_num_batched_tokens=4096,
-        enforce_eager=True,
-        chunked_prefill=False,
-        free_cache_engine=False,
-    )
+    s = cfg.strategy.replace(**ENGINE_KNOBS)
     tree = verl.compose(verl_overrides(cfg.replace(strategy=s), model_path="/m", train_files="/t", val_files="/v"))
     aro = tree["actor_rollout_ref"]
     assert aro["actor"]["use_dynamic_bsz"] is True and aro["actor"]["ppo_max_token_len_per_gpu"] == 12000

@@ -14,7 +14,7 @@ from autotune.diagnose import parse_override_list, parse_script
 from autotune.export import plan_of, verl_overrides, verl_script
 from core.config import TrainerOptions
 from core.strategy import Cluster, Strategy, Workload
-from _export_configs import configs
+from _export_configs import ENGINE_KNOBS, configs
 
 
 def test_every_field_has_exactly_one_row():
@@ -157,18 +157,7 @@ def test_the_emitted_launch_script_carries_the_priced_plan():
 
 def test_new_contract_fields_reach_verl():
     cfg = configs()["7b-tp2"]
-    s = cfg.strategy.replace(
-        max_tokens_per_gpu=12000,
-        log_prob_max_tokens_per_gpu=24000,
-        cpu_optimizer=0.5,
-        overlap_cpu_optimizer=True,
-        precision_aware_optimizer=True,
-        max_num_seqs=64,
-        max_num_batched_tokens=4096,
-        enforce_eager=True,
-        chunked_prefill=False,
-        free_cache_engine=False,
-    )
+    s = cfg.strategy.replace(**ENGINE_KNOBS)
     ov = verl_overrides(cfg.replace(strategy=s))
     a, o, r = (
         "actor_rollout_ref.actor",

@@ -140,8 +140,9 @@ def winner_plan(h: StudyHandle, plans: Plans) -> str | None:
     from .study import records
 
     obs, _ = _measured(h, plans)
-    if plans.chooser is not None and obs:
-        return plans.keys[plans.chooser.recommend(obs)]
+    best = plans.chooser.recommend(obs) if plans.chooser is not None and obs else None
+    if best is not None:
+        return plans.keys[best]
     done = [r for r in records(h.study) if r.state == "COMPLETE" and r.measured_tokens_per_s]
     return best_plan(by_plan(done)) if done else None
 
@@ -206,7 +207,7 @@ def _duplicate(h: StudyHandle, number: int, key: str, repeat: bool) -> str | Non
     return None
 
 
-def _ask(h: StudyHandle, plans: Plans, dist) -> tuple[Any, bool] | None:
+def _ask(h: StudyHandle, plans: Plans, chooser: ModelGuided, dist) -> tuple[Any, bool] | None:
     """``model``: enqueue the chooser's pick and ask for it; None when nothing is worth a trial."""
     from optuna.trial import TrialState
 
@@ -214,7 +215,7 @@ def _ask(h: StudyHandle, plans: Plans, dist) -> tuple[Any, bool] | None:
         trial = h.study.ask({PARAM: dist})
         return trial, bool(trial.user_attrs.get("repeat"))
     obs, busy = _measured(h, plans)
-    pick = plans.chooser.choose(obs, busy)
+    pick = chooser.choose(obs, busy)
     if pick is None:
         return None
     enqueue(h, plans, pick.index, seed=pick.why, repeat=pick.repeat)
@@ -283,7 +284,7 @@ def run_trials(
     while counted(h.study) < opts.trials and skips > 0:
         repeat = False
         if plans.chooser is not None:
-            asked = _ask(h, plans, dist)
+            asked = _ask(h, plans, plans.chooser, dist)
             if asked is None:
                 say("no untried plan is likely to beat the best by more than the noise; stopping early")
                 return

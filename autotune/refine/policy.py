@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from costmodel.estimate import Estimate
@@ -130,7 +131,7 @@ class ModelGuided:
         mu, _ = self.posterior(obs, self.noise_sd(by_plan))
         return min(by_plan, key=lambda i: (mu[i], statistics.median(by_plan[i])))
 
-    def choose(self, obs: Sequence[tuple[int, float]], busy: set[int] = frozenset()) -> Pick | None:
+    def choose(self, obs: Sequence[tuple[int, float]], busy: AbstractSet[int] = frozenset()) -> Pick | None:
         """The next plan to measure, or None when nothing is worth a trial.
 
         Order: the model's best first; once two plans are measured and none twice, the incumbent

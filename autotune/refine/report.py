@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.config import RunConfig, TrainerOptions, atomic_write
 from core.config import save as save_config
@@ -23,6 +23,9 @@ from costmodel.estimate import Estimate
 
 from .policy import measured_noise, spread
 from .study import StudyHandle, TrialRecord, counted, records
+
+if TYPE_CHECKING:  # rich is imported lazily, only when a bar is shown
+    from rich.progress import Progress
 
 
 @dataclass
@@ -79,6 +82,18 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     return None if math.isnan(r) else float(r)
 
 
+def _tps(r: TrialRecord) -> float:
+    """A completed trial's measured tokens/s (``RefineResult.completed`` keeps only trials that have one)."""
+    assert r.measured_tokens_per_s is not None, f"trial #{r.number} has no measured tokens/s"
+    return r.measured_tokens_per_s
+
+
+def _step_s(r: TrialRecord) -> float:
+    """A completed trial's measured step time (the loop records it with its tokens/s)."""
+    assert r.measured_step_s is not None, f"trial #{r.number} has no measured step time"
+    return r.measured_step_s
+
+
 def by_plan(done: Sequence[TrialRecord]) -> dict[str, list[TrialRecord]]:
     out: dict[str, list[TrialRecord]] = {}
     for r in done:
@@ -88,8 +103,8 @@ def by_plan(done: Sequence[TrialRecord]) -> dict[str, list[TrialRecord]]:
 
 def noise_of(done: Sequence[TrialRecord], assumed: float) -> dict[str, Any]:
     groups = by_plan(done)
-    per = {k: spread([r.measured_step_s for r in v]) for k, v in groups.items() if len(v) >= 2}
-    s = measured_noise({i: [r.measured_step_s for r in v] for i, v in enumerate(groups.values())})
+    per = {k: spread([_step_s(r) for r in v]) for k, v in groups.items() if len(v) >= 2}
+    s = measured_noise({i: [_step_s(r) for r in v] for i, v in enumerate(groups.values())})
     return {"spread": s, "per_plan": per, "threshold": assumed if s is None else s, "assumed": s is None}
 
 
@@ -100,21 +115,23 @@ def differ(a_s: float, b_s: float, threshold: float) -> bool:
 
 def best_plan(groups: dict[str, list[TrialRecord]]) -> str:
     """The plan whose completed trials have the best median tokens/s (the refinement's choice)."""
-    med = {k: statistics.median(r.measured_tokens_per_s for r in v) for k, v in groups.items()}
-    return max(med, key=med.get)
+    med = {k: statistics.median(_tps(r) for r in v) for k, v in groups.items()}
+    return max(med, key=lambda k: med[k])
 
 
 def _winner(
     result: RefineResult, groups: dict[str, list[TrialRecord]], gpus: int, study_name: str, plan: str | None = None
 ) -> TrialRecord:
     """The chosen plan (default: the best median tokens/s over its trials); figures are its medians."""
-    med = {k: statistics.median(r.measured_tokens_per_s for r in v) for k, v in groups.items()}
-    plan = plan if plan in groups else best_plan(groups)
-    trials = groups[plan]
-    rep = min(trials, key=lambda r: abs(r.measured_tokens_per_s - med[plan]))
-    step = statistics.median(r.measured_step_s for r in trials)
-    runner = sorted(((statistics.median(r.measured_step_s for r in v), k) for k, v in groups.items() if k != plan))
+    med = {k: statistics.median(_tps(r) for r in v) for k, v in groups.items()}
+    chosen = plan if plan is not None and plan in groups else best_plan(groups)
+    trials = groups[chosen]
+    rep = min(trials, key=lambda r: abs(_tps(r) - med[chosen]))
+    step = statistics.median(_step_s(r) for r in trials)
+    runner = sorted(((statistics.median(_step_s(r) for r in v), k) for k, v in groups.items() if k != chosen))
     thr = result.noise["threshold"]
+    median_all = result.median_tokens_per_s
+    assert median_all is not None, "finish sets the median before it chooses the winner"
     result.winner_trial = rep.number
     result.winner_measured = {
         "trial": rep.number,
@@ -122,15 +139,15 @@ def _winner(
         "study": study_name,
         "storage": result.storage,
         "step_s": step,
-        "tokens_per_s": med[plan],
-        "tokens_per_s_per_gpu": med[plan] / gpus,
+        "tokens_per_s": med[chosen],
+        "tokens_per_s_per_gpu": med[chosen] / gpus,
         "phases_s": rep.measured_phases_s,
         "peak_memory_bytes": rep.peak_memory_bytes,
         "median_trial_tokens_per_s": result.median_tokens_per_s,
-        "speedup_vs_median_trial": med[plan] / result.median_tokens_per_s,
+        "speedup_vs_median_trial": med[chosen] / median_all,
         "trials_completed": len(result.completed),
         "runner_up_step_s": runner[0][0] if runner else None,
-        "chosen_by": "posterior mean (model prior + measurements)" if plan != best_plan(groups) else "best median",
+        "chosen_by": "posterior mean (model prior + measurements)" if chosen != best_plan(groups) else "best median",
         "beats_runner_up_beyond_noise": differ(step, runner[0][0], thr) if runner else None,
         "noise_threshold": thr,
     }
@@ -148,14 +165,14 @@ def finish(
         return result
     pairs = [(r.predicted_step_s, r.measured_step_s) for r in done if r.predicted_step_s and r.measured_step_s]
     result.spearman_step_s = spearman([p for p, _ in pairs], [m for _, m in pairs])
-    result.median_tokens_per_s = statistics.median(r.measured_tokens_per_s for r in done)
+    result.median_tokens_per_s = statistics.median(_tps(r) for r in done)
     result.noise = noise_of(done, opts.noise)
     from .loop import winner_plan
 
     best = _winner(result, by_plan(done), cluster.gpus, name, winner_plan(h, plans))
     est = plans.space[plans.index[best.plan]] if best.plan in plans.index else None
     strategy = est.strategy if est is not None else Strategy.from_dict(best.strategy or {})
-    result.winner = RunConfig(
+    winner = RunConfig(
         model=model,
         hardware=hardware,
         cluster=cluster,
@@ -165,12 +182,13 @@ def finish(
         measured=result.winner_measured,
         meta={"study": name, "trial": best.number, "storage": storage},
     )
+    result.winner = winner
     if opts.calibrate:
         _calibrate(result, done, inputs, opts, console)
     atomic_write(out / "refine.json", json.dumps(result.to_dict(), indent=2, default=str))
     result.emitted["refine_json"] = out / "refine.json"
     if opts.emit:
-        result.emitted.update(_emit(result, est, search))
+        result.emitted.update(_emit(result, winner, est, search))
     print_summary(result, console)
     return result
 
@@ -267,17 +285,17 @@ def print_summary(result: RefineResult, console) -> None:
     console.print(f"study: {result.storage} (optuna-dashboard {result.storage})", highlight=False)
 
 
-def _emit(result: RefineResult, est: Estimate | None, search) -> dict[str, Path]:
+def _emit(result: RefineResult, winner: RunConfig, est: Estimate | None, search) -> dict[str, Path]:
     """Write the winner through search's emitter (best.yaml with ``measured``, exports, report.md),
     then append the refinement to report.md."""
     out = result.out_dir
-    meta = {"refine": {k: v for k, v in (result.winner.meta or {}).items()}}
+    meta = {"refine": {k: v for k, v in (winner.meta or {}).items()}}
     if est is not None:
         from autotune.emit import emit as emit_plan
 
         paths = dict(emit_plan(est, out, search=search, measured=result.winner_measured, meta=meta, trainer=None))
     else:  # the winner's plan is not in this space (a resumed study with another space): config only
-        paths = {"best": save_config(result.winner, out / "best.yaml")}
+        paths = {"best": save_config(winner, out / "best.yaml")}
     from .markdown import append_report
 
     paths.update(append_report(out, result))
@@ -308,7 +326,7 @@ class progress_bar:
 
     def __init__(self, console, *, total: int, enabled: bool, done: int = 0):
         self.console, self.total, self.enabled, self.done = console, total, enabled, done
-        self.prog = None
+        self.prog: Progress | None = None
 
     def __enter__(self) -> _Bar:
         if not self.enabled:
@@ -321,7 +339,7 @@ class progress_bar:
             TimeElapsedColumn,
         )
 
-        self.prog = Progress(
+        prog = Progress(
             TextColumn("[bold]refine[/]"),
             BarColumn(),
             MofNCompleteColumn(),
@@ -331,11 +349,10 @@ class progress_bar:
             console=self.console,
             transient=False,
         )
-        self.prog.__enter__()
-        task = self.prog.add_task(
-            "trials", total=self.total, completed=min(self.done, self.total), best="-", latest="-"
-        )
-        return _Bar(self.prog, task, self.total)
+        self.prog = prog
+        prog.__enter__()
+        task = prog.add_task("trials", total=self.total, completed=min(self.done, self.total), best="-", latest="-")
+        return _Bar(prog, task, self.total)
 
     def __exit__(self, *exc):
         if self.prog is not None:

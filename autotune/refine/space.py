@@ -134,7 +134,7 @@ def features(s: Strategy) -> list[float]:
         lg(s.ep),
         lg(s.mbs),
         RECOMPUTE_LEVEL.get(s.recompute, 0.5),
-        float(s.sequence_parallel),
+        float(bool(s.sequence_parallel)),  # None (auto) counts as off, as before for False
         float(s.distributed_optimizer),
         len(s.offload) / 3,
         lg(s.rollout_tp),
