@@ -140,6 +140,42 @@ def _score(pred: list[float], meas: list[float]) -> dict[str, Any]:
     return {"mape_pct": round(mape(pred, meas), 3), "spearman": _spearman(pred, meas), "n": len(meas)}
 
 
+def _fit_base(
+    predict: Predict, base: dict[str, float] | None, bounds: dict[str, tuple[float, float]] | None
+) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """The starting parameters and their bounds (the cost model's own, or the caller's for a custom predict)."""
+    if predict is predict_estimate:
+        p0 = {**defaults(), **(base or {})}
+        bounds = {**_bounds(), **(bounds or {})}
+    else:
+        if not base:
+            raise ConfigError("fit() with a custom predict needs base parameters")
+        p0 = dict(base)
+        bounds = dict(bounds or {})
+    return p0, bounds
+
+
+def _fit_bounds(
+    names: list[str],
+    additive: list[bool],
+    bounds: dict[str, tuple[float, float]],
+    p0: dict[str, float],
+    s_ref: float,
+) -> tuple[list[float], list[float]]:
+    """Lower and upper bounds of the fit variables (log-ratios, or multiples of ``s_ref`` for additive knobs)."""
+    lo: list[float] = []
+    hi: list[float] = []
+    for n, add in zip(names, additive):
+        b = bounds.get(n)
+        if add:
+            lo.append(0.0 if b is None or b[0] is None else b[0] / s_ref)
+            hi.append(10.0 if b is None or b[1] is None else b[1] / s_ref)
+            continue
+        lo.append(-BOUND if b is None or b[0] is None else max(-BOUND, math.log(max(b[0], 1e-30) / p0[n])))
+        hi.append(BOUND if b is None or b[1] is None else min(BOUND, math.log(b[1] / p0[n])))
+    return lo, hi
+
+
 def fit(
     points: Sequence[Point],
     *,
@@ -159,14 +195,7 @@ def fit(
     from scipy.optimize import least_squares
 
     predict = predict or predict_estimate
-    if predict is predict_estimate:
-        p0 = {**defaults(), **(base or {})}
-        bounds = {**_bounds(), **(bounds or {})}
-    else:
-        if not base:
-            raise ConfigError("fit() with a custom predict needs base parameters")
-        p0 = dict(base)
-        bounds = dict(bounds or {})
+    p0, bounds = _fit_base(predict, base, bounds)
     points = [p for p in points if p.measured_step_s and p.measured_step_s > 0]
     if len(points) < 2:
         raise ConfigError(f"calibration needs at least 2 measured trials, got {len(points)}")
@@ -198,15 +227,7 @@ def fit(
         r.extend(ridge * float(xi) for xi in x)
         return np.asarray(r)
 
-    lo, hi = [], []
-    for n, add in zip(names, additive):
-        b = bounds.get(n)
-        if add:
-            lo.append(0.0 if b is None or b[0] is None else b[0] / s_ref)
-            hi.append(10.0 if b is None or b[1] is None else b[1] / s_ref)
-            continue
-        lo.append(-BOUND if b is None or b[0] is None else max(-BOUND, math.log(max(b[0], 1e-30) / p0[n])))
-        hi.append(BOUND if b is None or b[1] is None else min(BOUND, math.log(b[1] / p0[n])))
+    lo, hi = _fit_bounds(names, additive, bounds, p0, s_ref)
     lo_a, hi_a = np.asarray(lo), np.asarray(hi)
     x0 = np.clip(np.zeros(len(names)), lo_a, hi_a)
     x0 = np.where(x0 <= lo_a, lo_a + 1e-6 * (hi_a - lo_a), x0)  # trf wants a strictly feasible start

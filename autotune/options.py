@@ -192,6 +192,27 @@ def parse_offload(text: str | None) -> tuple[str, ...] | None:
     return tuple(o for o in OFFLOAD if o in items)
 
 
+def _check_scalar_pins(recompute, max_tokens_per_gpu, cpu_optimizer, max_num_seqs) -> None:
+    """The non-degree flags with a range (coded errors, in the order strategy_pins checked them)."""
+    if recompute is not None and recompute not in RECOMPUTE:
+        raise ConfigError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    if max_tokens_per_gpu is not None and max_tokens_per_gpu < 0:
+        raise ConfigError(f"--max-tokens-per-gpu must be >= 0 (0 = off), got {max_tokens_per_gpu}")
+    if cpu_optimizer is not None and not (0.0 <= cpu_optimizer <= 1.0):
+        raise ConfigError(f"--cpu-optimizer must be a fraction in [0, 1] (0 = off), got {cpu_optimizer}")
+    if max_num_seqs is not None and max_num_seqs < 1:
+        raise ConfigError(f"--max-num-seqs must be >= 1, got {max_num_seqs}")
+
+
+def _check_gpu_memory_utilization(gpu_memory_utilization) -> None:
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+        raise ConfigError(
+            f"--gpu-memory-utilization (vLLM gpu_memory_utilization) must be a fraction in (0, 1], "
+            f"got {gpu_memory_utilization}",
+            hint="vLLM's share of GPU memory for weights and KV cache, e.g. 0.6",
+        )
+
+
 def strategy_pins(
     *,
     tp=None,
@@ -216,14 +237,7 @@ def strategy_pins(
 ) -> dict[str, Any]:
     """The strategy fields the user set; the rest are left out. ``--max-tokens-per-gpu 0`` and
     ``--cpu-optimizer 0`` pin the feature off (a None value in the pins)."""
-    if recompute is not None and recompute not in RECOMPUTE:
-        raise ConfigError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
-    if max_tokens_per_gpu is not None and max_tokens_per_gpu < 0:
-        raise ConfigError(f"--max-tokens-per-gpu must be >= 0 (0 = off), got {max_tokens_per_gpu}")
-    if cpu_optimizer is not None and not (0.0 <= cpu_optimizer <= 1.0):
-        raise ConfigError(f"--cpu-optimizer must be a fraction in [0, 1] (0 = off), got {cpu_optimizer}")
-    if max_num_seqs is not None and max_num_seqs < 1:
-        raise ConfigError(f"--max-num-seqs must be >= 1, got {max_num_seqs}")
+    _check_scalar_pins(recompute, max_tokens_per_gpu, cpu_optimizer, max_num_seqs)
     # issue 14 (diag): a zero degree divided by zero in search; 0/1.5/nan memory fractions fit nothing
     for flag, v in (
         ("tp", tp),
@@ -239,12 +253,7 @@ def strategy_pins(
     ):
         if v is not None and v < 1:
             raise ConfigError(f"--{flag} must be >= 1, got {v}", hint=f"leave --{flag} out to let search choose")
-    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
-        raise ConfigError(
-            f"--gpu-memory-utilization (vLLM gpu_memory_utilization) must be a fraction in (0, 1], "
-            f"got {gpu_memory_utilization}",
-            hint="vLLM's share of GPU memory for weights and KV cache, e.g. 0.6",
-        )
+    _check_gpu_memory_utilization(gpu_memory_utilization)
     raw = dict(
         tp=tp,
         pp=pp,

@@ -67,39 +67,9 @@ def layer_times(
     # TP: 2 all-reduces per layer forward and 2 backward (Narayanan et al. 2021 sec. 3.2); with
     # SP each is RS + AG of the same volume (Korthikanti et al. 2022 sec. 4.2.2).
     act_bytes = tokens * m.hidden * PARAM_BYTES
-    t_tp = t_sp_regather = 0.0
-    if tp > 1:
-        bw = comm.link_bw(hw, tp, gpn, ce)
-        lat = comm.link_latency(hw, tp, gpn) / cal["comm_efficiency_scale"]
-        if s.sp:
-            ag = comm.all_gather_s(act_bytes, tp, bw, lat)
-            t_tp = 2 * (comm.reduce_scatter_s(act_bytes, tp, bw, lat) + ag)
-            t_sp_regather = 2 * ag  # backward gathers the SP-sharded inputs of the two GEMM blocks again
-        else:
-            t_tp = 2 * comm.all_reduce_s(act_bytes, tp, bw, lat)
-    t_cp_f = t_cp_b = 0.0
-    if cp > 1:  # ring exchange of the K/V chunk (cp-1 hops), overlapped with attention; backward 2x
-        kv_w = (m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else 2 * m.kv_heads * m.head_dim / tp
-        span = tp * cp
-        hop = comm.p2p_s(
-            tokens * kv_w * PARAM_BYTES,
-            comm.link_bw(hw, span, gpn, ce),
-            comm.link_latency(hw, span, gpn) / cal["comm_efficiency_scale"],
-        )
-        t_cp_f = max(0.0, (cp - 1) * hop - t_attn)
-        t_cp_b = max(0.0, 2 * (cp - 1) * hop - 2 * t_attn)
-    t_ep = 0.0
-    if c["routed_flops"]:
-        if ep > 1:  # dispatch + combine all-to-all (megatron-core token dispatcher)
-            span = etp * ep
-            a2a = tokens / (tp if s.sp else 1) * m.top_k * m.hidden * PARAM_BYTES * cal["moe_imbalance"]
-            t_ep = 2 * comm.all_to_all_s(
-                a2a,
-                ep,
-                comm.link_bw(hw, span, gpn, ce),
-                comm.link_latency(hw, span, gpn) / cal["comm_efficiency_scale"],
-            )
-        t_ep = (t_ep + e.moe_layer_overhead_s) * c["moe_fraction"]
+    t_tp, t_sp_regather = _tp_comm_s(m, hw, s, act_bytes, gpn, ce, cal)
+    t_cp_f, t_cp_b = _cp_comm_s(m, hw, s, tokens, t_attn, gpn, ce, cal)
+    t_ep = _ep_comm_s(m, hw, e, s, c, tokens, gpn, ce, cal)
     ovh = e.layer_overhead_s / cal["compute_efficiency_scale"]
     fwd = t_comp_f + t_tp + t_cp_f + t_ep + ovh
     # Backward: Megatron overlaps the TP collectives with the weight-gradient GEMMs (about half of
@@ -113,6 +83,78 @@ def layer_times(
         + 2 * ovh
     )
     return {"fwd": fwd, "bwd": bwd, "attn": t_attn, "tokens": tokens}
+
+
+def _tp_comm_s(
+    m: ModelSpec, hw: HardwareSpec, s: Strategy, act_bytes: float, gpn: int, ce: float, cal: dict[str, float]
+) -> tuple[float, float]:
+    """TP collectives of one layer's forward and the backward SP re-gather, seconds."""
+    tp = s.tp
+    t_tp = t_sp_regather = 0.0
+    if tp > 1:
+        bw = comm.link_bw(hw, tp, gpn, ce)
+        lat = comm.link_latency(hw, tp, gpn) / cal["comm_efficiency_scale"]
+        if s.sp:
+            ag = comm.all_gather_s(act_bytes, tp, bw, lat)
+            t_tp = 2 * (comm.reduce_scatter_s(act_bytes, tp, bw, lat) + ag)
+            t_sp_regather = 2 * ag  # backward gathers the SP-sharded inputs of the two GEMM blocks again
+        else:
+            t_tp = 2 * comm.all_reduce_s(act_bytes, tp, bw, lat)
+    return t_tp, t_sp_regather
+
+
+def _cp_comm_s(
+    m: ModelSpec,
+    hw: HardwareSpec,
+    s: Strategy,
+    tokens: float,
+    t_attn: float,
+    gpn: int,
+    ce: float,
+    cal: dict[str, float],
+) -> tuple[float, float]:
+    """Exposed CP ring exchange of one layer, forward and backward, seconds."""
+    tp, cp = s.tp, s.cp
+    t_cp_f = t_cp_b = 0.0
+    if cp > 1:  # ring exchange of the K/V chunk (cp-1 hops), overlapped with attention; backward 2x
+        kv_w = (m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else 2 * m.kv_heads * m.head_dim / tp
+        span = tp * cp
+        hop = comm.p2p_s(
+            tokens * kv_w * PARAM_BYTES,
+            comm.link_bw(hw, span, gpn, ce),
+            comm.link_latency(hw, span, gpn) / cal["comm_efficiency_scale"],
+        )
+        t_cp_f = max(0.0, (cp - 1) * hop - t_attn)
+        t_cp_b = max(0.0, 2 * (cp - 1) * hop - 2 * t_attn)
+    return t_cp_f, t_cp_b
+
+
+def _ep_comm_s(
+    m: ModelSpec,
+    hw: HardwareSpec,
+    e: Efficiency,
+    s: Strategy,
+    c: dict[str, float],
+    tokens: float,
+    gpn: int,
+    ce: float,
+    cal: dict[str, float],
+) -> float:
+    """EP dispatch + combine of one layer (averaged over the MoE layers), seconds."""
+    tp, ep, etp = s.tp, s.ep, s.etp_
+    t_ep = 0.0
+    if c["routed_flops"]:
+        if ep > 1:  # dispatch + combine all-to-all (megatron-core token dispatcher)
+            span = etp * ep
+            a2a = tokens / (tp if s.sp else 1) * m.top_k * m.hidden * PARAM_BYTES * cal["moe_imbalance"]
+            t_ep = 2 * comm.all_to_all_s(
+                a2a,
+                ep,
+                comm.link_bw(hw, span, gpn, ce),
+                comm.link_latency(hw, span, gpn) / cal["comm_efficiency_scale"],
+            )
+        t_ep = (t_ep + e.moe_layer_overhead_s) * c["moe_fraction"]
+    return t_ep
 
 
 def recompute_s(lt: dict[str, float], s: Strategy, layers: int) -> float:

@@ -7,7 +7,8 @@ verl's and Megatron's own divisibility rules, and the cost model's memory estima
 to a preset or a local config.json.
 
 Parts: :mod:`.parse` (inputs, bounded) and :mod:`.shell` (bash words), :mod:`.lookup` (model path ->
-preset), :mod:`.rules` (the registry), :mod:`.findings` (``Severity``, ``Finding``, ``Report``).
+preset), :mod:`.rules` (the registry) and :mod:`.rules_plan` (degrees, batches, memory),
+:mod:`.findings` (``Severity``, ``Finding``, ``Report``).
 """
 
 from __future__ import annotations
