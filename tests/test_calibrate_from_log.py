@@ -261,36 +261,9 @@ def test_the_file_applies_to_estimate_search_and_compare(capsys, tmp_path, fix):
     s_cal = step(["search", *plan, "--no-emit", "--calibration", str(cal)])["best"]["time"]["step_s"]
     s_def = step(["search", *plan, "--no-emit"])["best"]["time"]["step_s"]
     assert s_cal > s_def
-    rows = step(
-        [
-            "compare",
-            "--model",
-            "7b",
-            "--gpus",
-            "8",
-            "--hardware",
-            "h100,h200",
-            "--json",
-            "--out",
-            str(tmp_path / "cmp"),
-            "--calibration",
-            str(cal),
-        ]
-    )["rows"]
-    rows0 = step(
-        [
-            "compare",
-            "--model",
-            "7b",
-            "--gpus",
-            "8",
-            "--hardware",
-            "h100,h200",
-            "--json",
-            "--out",
-            str(tmp_path / "cmp0"),
-        ]
-    )["rows"]
+    cmp = ["compare", "--model", "7b", "--gpus", "8", "--hardware", "h100,h200", "--json"]
+    rows = step([*cmp, "--out", str(tmp_path / "cmp"), "--calibration", str(cal)])["rows"]
+    rows0 = step([*cmp, "--out", str(tmp_path / "cmp0")])["rows"]
     assert rows[0]["step_s"] > rows0[0]["step_s"]  # h100: the file's hardware
     assert rows[1]["step_s"] == rows0[1]["step_s"]  # h200: not fitted there, left alone
     assert main(["estimate", *plan, "--hardware", "h200", "--calibration", str(cal)]) == 2

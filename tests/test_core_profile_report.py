@@ -33,16 +33,22 @@ def _hist():
     return out
 
 
-def test_from_history_takes_medians_after_the_first_step():
-    r = ProfileReport.from_history(
+def _ok_report(peak_kind, **kw):
+    """A finished 3-step run on 2 ranks over _hist(), peak 12 bytes of the given kind."""
+    return ProfileReport.from_history(
         "ok",
         message=None,
         config="c.yaml",
         steps=3,
         world_size=2,
         history=_hist(),
-        peak={"per_rank": [10, 12], "max": 12, "kind": "peak_rss"},
+        peak={"per_rank": [10, 12], "max": 12, "kind": peak_kind},
+        **kw,
     )
+
+
+def test_from_history_takes_medians_after_the_first_step():
+    r = _ok_report("peak_rss")
     assert r.step_s == 3.0  # median of 2.0 and 4.0
     assert r.tokens_per_s == pytest.approx((300.0 + 150.0) / 2)
     assert r.phases_s[Phase.UPDATE] == 2.5  # median of 2 and 3
@@ -50,16 +56,7 @@ def test_from_history_takes_medians_after_the_first_step():
 
 
 def test_json_round_trip_with_peak_bytes_by_phase():
-    r = ProfileReport.from_history(
-        "ok",
-        message=None,
-        config="c.yaml",
-        steps=3,
-        world_size=2,
-        history=_hist(),
-        peak={"per_rank": [10, 12], "max": 12, "kind": "cuda_max_allocated"},
-        peak_bytes_by_phase={"rollout": 7, "update": 12},
-    )
+    r = _ok_report("cuda_max_allocated", peak_bytes_by_phase={"rollout": 7, "update": 12})
     d = json.loads(json.dumps(r.to_dict()))
     assert list(d["phases_s"]) == [p.value for p in MEASURED_PHASES]
     assert d["peak_bytes_by_phase"] == {"rollout": 7, "update": 12}
