@@ -209,24 +209,11 @@ def search(
         # No layout fits even frugally: report the closest frugal plan.
         raise _no_fit(space, ev, layouts, rolls, margin)
 
-    T_mem, T_tm = np.array(rows_mem), np.array(rows_tm)  # (n_train, phases)
-    mem = T_mem[:, None, :] + R_mem[None, :, :]  # (n_train, n_roll, phases)
-    over = (mem - cap).max(axis=2)
-    peak = mem.max(axis=2)
-    step = (T_tm.sum(axis=1)[:, None] + R_tm.sum(axis=1)[None, :]) if T_tm.size else np.zeros_like(peak)
-    combined = int(peak.size)
-    fits = over <= 0.01 * cap  # margin: the exact pass decides
-
-    def plan(flat: int) -> Strategy:
-        i, j = divmod(int(flat), len(rolls))
-        li, opt = rows_id[i]
-        return space.strategy(layouts[li], opt, rolls[j])
-
+    rows = (rows_mem, rows_tm, rows_id)
     exact = exact or max(40, 4 * top)
-    ranked, err = _exact_pass(ev, plan, fits, step, peak, exact, margin, probe_err)
-    if not ranked:
-        flat = int(np.argmin(over))
-        raise _no_fit_from(ev(plan(flat)), space, margin)
+    ranked, err, combined = _combine_and_rank(
+        space, ev, layouts, rolls, rows, (R_mem, R_tm), cap, exact, margin, probe_err
+    )
     uniq = _unique_ranked(ranked)
     pts = [(tokens_per_s_per_gpu(e), e.peak_bytes) for e in uniq]
     pareto = [uniq[i] for i in pareto_front(pts)]
@@ -241,6 +228,31 @@ def search(
         seconds=time.perf_counter() - t0,
         combination_error=err,
     )
+
+
+def _combine_and_rank(space, ev, layouts, rolls, rows, deltas, cap, exact, margin, probe_err):
+    """Every train row x rollout option by broadcasting (memory and time are additive per phase),
+    then the best ``exact`` combined plans re-evaluated exactly; NO_FEASIBLE_PLAN if none fits.
+    Returns (ranked estimates, the combination's largest error, the number of combined plans)."""
+    rows_mem, rows_tm, rows_id = rows
+    R_mem, R_tm = deltas
+    T_mem, T_tm = np.array(rows_mem), np.array(rows_tm)  # (n_train, phases)
+    mem = T_mem[:, None, :] + R_mem[None, :, :]  # (n_train, n_roll, phases)
+    over = (mem - cap).max(axis=2)
+    peak = mem.max(axis=2)
+    step = (T_tm.sum(axis=1)[:, None] + R_tm.sum(axis=1)[None, :]) if T_tm.size else np.zeros_like(peak)
+    fits = over <= 0.01 * cap  # margin: the exact pass decides
+
+    def plan(flat: int) -> Strategy:
+        i, j = divmod(int(flat), len(rolls))
+        li, opt = rows_id[i]
+        return space.strategy(layouts[li], opt, rolls[j])
+
+    ranked, err = _exact_pass(ev, plan, fits, step, peak, exact, margin, probe_err)
+    if not ranked:
+        flat = int(np.argmin(over))
+        raise _no_fit_from(ev(plan(flat)), space, margin)
+    return ranked, err, int(peak.size)
 
 
 def _rollout_deltas(
