@@ -7,7 +7,7 @@ verl has no setting for that field (a statistic of the data, a pretraining-only 
 
 Keys and defaults: verl 0.9.1's composed ``ppo_megatron_trainer`` (autotune/data/verl-0.9.1-keys.json);
 the hybrid CPU optimizer keys are spelled as verl's examples spell them
-(examples/grpo_trainer/run_deepseek671b_math_megatron_96gb.sh, see /work/scratch/research/verl_091_facts.md §1).
+(examples/grpo_trainer/run_deepseek671b_math_megatron_96gb.sh in volcengine/verl).
 
 Round trip: ``read_plan(write_plan(plan)) == canonical(plan)``, and ``canonical`` only folds what
 verl cannot tell apart (verl's param_offload releases parameters and gradients together; a dense
