@@ -316,29 +316,27 @@ def test_documented_reward_forms_are_accepted(tmp_path):
         assert _preflight(tmp_path, reward=spec).world_size == 8
 
 
-def test_a_bad_refine_option_leaves_the_refined_run_folder_alone(tmp_path, capsys):
+REFINED = "measured: {step_s: 1.0}  # a finished refine's result\n"
+
+
+def _refined_run(tmp_path):
+    """A finished refine's run folder (study ``s``) holding only its best.yaml."""
     run_dir = tmp_path / "runs" / "s"
     run_dir.mkdir(parents=True)
-    best = run_dir / "best.yaml"
-    best.write_text("measured: {step_s: 1.0}  # a finished refine's result\n")
-    rc = cli_main(
-        [
-            "search",
-            "--model",
-            "qwen2-7b",
-            "--gpus",
-            "8",
-            "--refine",
-            "--trials",
-            "0",
-            "--out",
-            str(tmp_path / "runs"),
-            "--study-name",
-            "s",
-        ]
-    )
+    (run_dir / "best.yaml").write_text(REFINED)
+    return run_dir
+
+
+def _refine_again(tmp_path, *extra):
+    base = ["search", "--model", "qwen2-7b", "--gpus", "8", "--refine"]
+    return cli_main([*base, *extra, "--out", str(tmp_path / "runs"), "--study-name", "s"])
+
+
+def test_a_bad_refine_option_leaves_the_refined_run_folder_alone(tmp_path, capsys):
+    run_dir = _refined_run(tmp_path)
+    rc = _refine_again(tmp_path, "--trials", "0")
     assert rc == 2 and "[BAD_CONFIG]" in capsys.readouterr().err
-    assert best.read_text() == "measured: {step_s: 1.0}  # a finished refine's result\n"
+    assert (run_dir / "best.yaml").read_text() == REFINED
     assert sorted(p.name for p in run_dir.iterdir()) == ["best.yaml"]
 
 
@@ -366,39 +364,18 @@ def test_probe_refuses_a_billion_ranks_before_starting(tmp_path, capsys):
 
 
 def test_a_bad_storage_url_leaves_the_refined_run_folder_alone(tmp_path, capsys):
-    run_dir = tmp_path / "runs" / "s"
-    run_dir.mkdir(parents=True)
-    best = run_dir / "best.yaml"
-    best.write_text("measured: {step_s: 1.0}  # a finished refine's result\n")
-    rc = cli_main(
-        [
-            "search",
-            "--model",
-            "qwen2-7b",
-            "--gpus",
-            "8",
-            "--refine",
-            "--storage",
-            "nosuchdb://x/y",
-            "--out",
-            str(tmp_path / "runs"),
-            "--study-name",
-            "s",
-        ]
-    )
+    run_dir = _refined_run(tmp_path)
+    rc = _refine_again(tmp_path, "--storage", "nosuchdb://x/y")
     err = capsys.readouterr().err
     assert rc == 2 and "[BAD_CONFIG]" in err and "hint:" in err
-    assert best.read_text() == "measured: {step_s: 1.0}  # a finished refine's result\n"
+    assert (run_dir / "best.yaml").read_text() == REFINED
     assert sorted(p.name for p in run_dir.iterdir()) == ["best.yaml"]
 
 
 def test_a_good_refine_rerun_keeps_the_refined_best_until_refine_replaces_it(tmp_path, capsys, monkeypatch):
     import autotune.refine
 
-    run_dir = tmp_path / "runs" / "s"
-    run_dir.mkdir(parents=True)
-    best = run_dir / "best.yaml"
-    best.write_text("measured: {step_s: 1.0}  # a finished refine's result\n")
+    best = _refined_run(tmp_path) / "best.yaml"
     seen = []
 
     def dies_at_start(*a, **k):  # the resumed study fails before any trial: nothing may have been replaced
@@ -406,23 +383,9 @@ def test_a_good_refine_rerun_keeps_the_refined_best_until_refine_replaces_it(tmp
         raise ConfigError("study cannot be opened")
 
     monkeypatch.setattr(autotune.refine, "refine", dies_at_start)
-    rc = cli_main(
-        [
-            "search",
-            "--model",
-            "qwen2-7b",
-            "--gpus",
-            "8",
-            "--refine",
-            "--out",
-            str(tmp_path / "runs"),
-            "--study-name",
-            "s",
-            "--json",
-        ]
-    )
-    assert rc == 2 and seen == ["measured: {step_s: 1.0}  # a finished refine's result\n"]
-    assert best.read_text() == seen[0]
+    rc = _refine_again(tmp_path, "--json")
+    assert rc == 2 and seen == [REFINED]
+    assert best.read_text() == REFINED
 
 
 def test_probe_nproc_zero_is_an_error_not_the_default(tmp_path, capsys):
