@@ -14,15 +14,11 @@ averaged over the MoE layers, counted from the router's routing map on a forward
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from trainer_harness import torchrun_json
+from trainer_harness import learning_run, torchrun_json
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 MOE8 = {"experts": 8, "top_k": 2}
 
@@ -88,39 +84,8 @@ def test_aux_loss_evens_out_expert_load():
 
 def test_tiny_moe_with_aux_loss_learns(tmp_path):
     """As tests/test_trainer_learning.py, on tiny-moe with moe_aux_loss_coeff 0.01."""
-    from core.config import RunConfig, TrainerOptions, save
-    from core.specs import load_hardware, load_model
-    from core.strategy import Cluster, Strategy, Workload
-
     steps, window = 60, 15
-    out = tmp_path / "run"
-    cfg = RunConfig(
-        model=load_model("tiny-moe"),
-        hardware=load_hardware("cpu"),
-        cluster=Cluster(gpus=1, gpus_per_node=1),
-        strategy=Strategy(mbs=32, recompute="none"),
-        workload=Workload(prompts=16, n=8, prompt_len=8, response_len=4, mini_batch=16, kl=False, dtype="fp32"),
-        trainer=TrainerOptions(
-            steps=steps,
-            lr=3e-3,
-            dataset="synthetic",
-            reward="math",
-            out_dir=str(out),
-            checkpoint_every=steps,
-            rollout_engine="megatron",
-            moe_aux_loss_coeff=0.01,
-        ),
-    )
-    save(cfg, tmp_path / "learn.yaml")
-    r = subprocess.run(
-        [sys.executable, "-c", "from cli.main import run; run()", "train", "--config", str(tmp_path / "learn.yaml")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=420,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = learning_run(tmp_path, "tiny-moe", steps, moe_aux_loss_coeff=0.01)
     before = sum(x["reward_mean"] for x in rows[:window]) / window
     after = sum(x["reward_mean"] for x in rows[-window:]) / window
     print(

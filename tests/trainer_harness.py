@@ -32,6 +32,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def learning_run(tmp_path: Path, model: str, steps: int, **trainer) -> list[dict]:
+    """The learning tests' run: a real `grpo-tune train` of ``model`` on the shipped synthetic task
+    (one CPU process, 16 prompts x 8 responses of at most 4 tokens, lr 3e-3, no KL); returns the
+    rows of its metrics.jsonl. ``trainer`` adds TrainerOptions fields (e.g. the MoE aux loss)."""
+    from core.config import RunConfig, TrainerOptions, save
+    from core.specs import load_hardware, load_model
+    from core.strategy import Cluster, Strategy, Workload
+
+    out = tmp_path / "run"
+    cfg = RunConfig(
+        model=load_model(model),
+        hardware=load_hardware("cpu"),
+        cluster=Cluster(gpus=1, gpus_per_node=1),
+        strategy=Strategy(mbs=32, recompute="none"),
+        workload=Workload(prompts=16, n=8, prompt_len=8, response_len=4, mini_batch=16, kl=False, dtype="fp32"),
+        trainer=TrainerOptions(
+            steps=steps,
+            lr=3e-3,
+            dataset="synthetic",
+            reward="math",
+            out_dir=str(out),
+            checkpoint_every=steps,
+            rollout_engine="megatron",
+            **trainer,
+        ),
+    )
+    save(cfg, tmp_path / "learn.yaml")
+    r = subprocess.run(
+        [sys.executable, "-c", "from cli.main import run; run()", "train", "--config", str(tmp_path / "learn.yaml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 def torchrun(
     args: list[str], *, nproc: int, timeout: float = 180, env: dict | None = None, script: str | None = None
 ) -> subprocess.CompletedProcess:
