@@ -8,6 +8,7 @@ No torch import here: the probe runs in the subprocess.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -96,23 +97,49 @@ def probe_hardware(
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default with several ranks; say it explicitly
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
-    (console or Console(stderr=True)).print(f"probing with {nproc} rank(s): {' '.join(cmd[1:])}", highlight=False)
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+    say = console or Console(stderr=True)
+    say.print(f"probing with {nproc} rank(s): {' '.join(cmd[1:])}", highlight=False)
+    # A rank killed by a signal (gloo's transport thread can abort when a peer closes a connection
+    # under heavy load) is the machine's hiccup, not a bad measurement: the probe runs once more,
+    # and says so. Any other failure, or a second crash, is reported with the ranks' own errors.
+    for attempt in (1, 2):
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise GrpoTuneError(
+                f"probe-hardware did not finish within {timeout_s:g} s",
+                code="TRIAL_FAILED",
+                hint="lower --nproc, or check that the ranks can reach each other",
+            ) from None
+        if proc.returncode == 0 and out.exists():
+            return load_hardware(str(out.resolve())), proc.stdout
+        text = proc.stdout + proc.stderr
+        if attempt == 1 and _rank_killed_by_signal(text):
+            say.print("a probe rank was killed by a signal; probing once more", highlight=False)
+            continue
         raise GrpoTuneError(
-            f"probe-hardware did not finish within {timeout_s:g} s",
-            code="TRIAL_FAILED",
-            hint="lower --nproc, or check that the ranks can reach each other",
-        ) from None
-    if proc.returncode != 0 or not out.exists():
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise GrpoTuneError(
-            f"the probe failed (exit code {proc.returncode}):\n{tail}",
+            f"the probe failed (exit code {proc.returncode}):\n{_failure_excerpt(text)}",
             code="TRIAL_FAILED",
             hint="see the output above; `python -m trainer.probe --help` lists the options",
         )
-    return load_hardware(str(out.resolve())), proc.stdout
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+_SIGNAL_EXIT = re.compile(r"exitcode\s*:\s*-\d+")
+_ERROR_LINE = re.compile(r"error|terminate called|what\(\)|exception|abort", re.IGNORECASE)
+
+
+def _rank_killed_by_signal(text: str) -> bool:
+    """torchrun's failure summary names a worker whose exit code is negative (killed by a signal)."""
+    return bool(_SIGNAL_EXIT.search(text))
+
+
+def _failure_excerpt(text: str, *, head: int = 10, tail: int = 15) -> str:
+    """The ranks' own error lines (the cause) and then torchrun's summary (the tail), without repeats."""
+    lines = text.strip().splitlines()
+    last = lines[-tail:]
+    cause = [ln for ln in lines[:-tail] if _ERROR_LINE.search(ln)][:head]
+    return "\n".join([*cause, *(["..."] if cause else []), *last])
 
 
 def probe_cmd(

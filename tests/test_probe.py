@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import GrpoTuneError
 from core.specs import load_hardware
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,3 +94,56 @@ def test_probe_on_gpu_uses_nccl(tmp_path):
     assert "backend nccl" in hw.source and "bfloat16" in hw.source
     assert hw.hbm_bytes == torch.cuda.get_device_properties(0).total_memory
     assert hw.bf16_dense_flops_per_s > 1e13  # any datacenter GPU of the last years does 10+ TFLOP/s bf16
+
+
+# torchrun's summary when one rank aborted (as CI printed it once) and the other was stopped.
+_CRASH = """\
+[rank1]: terminate called after throwing an instance of 'gloo::IoException'
+[rank1]:   what():  Connection closed by peer [127.0.0.1]:41234
+E1130 13:35:05 failed (exitcode: -6) local_rank: 1 (pid: 29620) of binary: python
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -6 (pid: 29620)
+""" + "\n".join(f"  filler {i}" for i in range(20))
+
+
+def _fake_runs(monkeypatch, tmp_path, outcomes):
+    """Replace the torchrun subprocess with ``outcomes`` (rc, text, writes_profile), one per call."""
+    import subprocess as sp
+
+    from cli import probe
+
+    calls = []
+    profile = (ROOT / "profiles" / "hardware" / "cpu.toml").read_text()
+
+    def run(cmd, **kw):
+        rc, text, writes = outcomes[len(calls)]
+        calls.append(cmd)
+        if writes:
+            Path(cmd[cmd.index("--out") + 1]).write_text(profile)
+        return sp.CompletedProcess(cmd, rc, stdout="", stderr=text)
+
+    monkeypatch.setattr(probe.subprocess, "run", run)
+    return probe, calls
+
+
+def test_a_rank_killed_by_a_signal_is_probed_once_more(monkeypatch, tmp_path):
+    probe, calls = _fake_runs(monkeypatch, tmp_path, [(1, _CRASH, False), (0, "", True)])
+    hw, _ = probe.probe_hardware(tmp_path / "p.toml", nproc=2)
+    assert len(calls) == 2 and hw.name == "cpu"
+
+
+def test_a_second_crash_reports_the_ranks_own_error(monkeypatch, tmp_path):
+    probe, calls = _fake_runs(monkeypatch, tmp_path, [(1, _CRASH, False), (1, _CRASH, False)])
+    with pytest.raises(GrpoTuneError) as e:
+        probe.probe_hardware(tmp_path / "p.toml", nproc=2)
+    assert len(calls) == 2 and e.value.code == "TRIAL_FAILED"
+    assert "Connection closed by peer" in str(e.value)  # the cause, not only torchrun's tail
+
+
+def test_an_ordinary_failure_is_not_retried(monkeypatch, tmp_path):
+    probe, calls = _fake_runs(monkeypatch, tmp_path, [(1, "ValueError: bad shape\nexitcode  : 1", False)])
+    with pytest.raises(GrpoTuneError, match="bad shape"):
+        probe.probe_hardware(tmp_path / "p.toml", nproc=2)
+    assert len(calls) == 1
