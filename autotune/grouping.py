@@ -18,9 +18,18 @@ MODEL_REL_ERROR = 0.05
 Megatron-LM runs (README, "Measured figures"); plans closer than this cannot be told apart."""
 
 
-def layout_key(s) -> tuple[Any, ...]:
+def degrees(s) -> dict[str, int]:
+    """A strategy's parallel degrees by name (``etp`` resolved), as search's and train's summaries show them."""
+    return {"tp": s.tp, "pp": s.pp, "vpp": s.vpp, "cp": s.cp, "ep": s.ep, "etp": s.etp_, "dp": s.dp}
+
+
+def layout(s) -> dict[str, Any]:
     """What makes a layout: the parallel degrees and the pipeline split (not mbs, recompute, offload, rollout)."""
-    return (s.tp, s.pp, s.vpp, s.cp, s.ep, s.etp_, s.dp, s.first_stage_layers, s.last_stage_layers)
+    return {**degrees(s), "first_stage_layers": s.first_stage_layers, "last_stage_layers": s.last_stage_layers}
+
+
+def layout_key(s) -> tuple[Any, ...]:
+    return tuple(layout(s).values())
 
 
 @dataclass(frozen=True)
@@ -33,19 +42,8 @@ class LayoutRow:
     """Of those, how many are within ``rel_error`` of the layout's best step time (the best included)."""
 
     def to_dict(self) -> dict[str, Any]:
-        s = self.best.strategy
         return {
-            "layout": {
-                "tp": s.tp,
-                "pp": s.pp,
-                "vpp": s.vpp,
-                "cp": s.cp,
-                "ep": s.ep,
-                "etp": s.etp_,
-                "dp": s.dp,
-                "first_stage_layers": s.first_stage_layers,
-                "last_stage_layers": s.last_stage_layers,
-            },
+            "layout": layout(self.best.strategy),
             "variants": self.variants,
             "within_error": self.within_error,
             "best": self.best.to_dict(),

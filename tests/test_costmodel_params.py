@@ -8,7 +8,7 @@ import pytest
 
 from core.errors import UnknownModelError
 from costmodel.params import active_params, layer_params, padded_vocab, per_stage_params, total_params
-from core.specs import from_hf_config, load_model
+from core.specs import ARCH_FIELDS, from_hf_config, load_model
 from core.strategy import Strategy, validate
 
 # Published totals: the Hugging Face checkpoints' parameter counts (safetensors metadata, or the
@@ -236,30 +236,6 @@ HF_CONFIGS = {
     },
 }
 
-_ARCH_FIELDS = (
-    "layers",
-    "hidden",
-    "ffn_hidden",
-    "heads",
-    "kv_heads",
-    "head_dim",
-    "vocab",
-    "tied_embeddings",
-    "qkv_bias",
-    "qk_norm",
-    "experts",
-    "top_k",
-    "expert_ffn_hidden",
-    "shared_experts",
-    "dense_layers",
-    "router_bias",
-    "q_lora_rank",
-    "kv_lora_rank",
-    "qk_nope_head_dim",
-    "qk_rope_head_dim",
-    "v_head_dim",
-)
-
 
 @pytest.mark.parametrize("name", sorted(HF_CONFIGS))
 def test_hf_config_gives_the_preset(tmp_path, name):
@@ -270,7 +246,7 @@ def test_hf_config_gives_the_preset(tmp_path, name):
     for path in (str(d / "config.json"), str(d)):  # the file or its folder
         m = load_model(path)
         assert m.family == preset.family
-        for f in _ARCH_FIELDS:
+        for f in ARCH_FIELDS:
             assert getattr(m, f) == getattr(preset, f), f
         assert total_params(m) == total_params(preset)
         assert active_params(m) == active_params(preset)
