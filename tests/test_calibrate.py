@@ -139,12 +139,13 @@ def test_bad_files_are_coded_errors(tmp_path, doc, match):
         load(p, hardware="cpu")
 
 
-def test_missing_and_garbled_files(tmp_path):
-    with pytest.raises(ConfigError, match="no calibration file"):
-        load(tmp_path / "nope.json")
-    (tmp_path / "g.json").write_text("{not json")
-    with pytest.raises(ConfigError, match="not a readable"):
-        load(tmp_path / "g.json")
+@pytest.mark.parametrize("text,match", [(None, "no calibration file"), ("{not json", "not a readable")])
+def test_missing_and_garbled_files(tmp_path, text, match):
+    p = tmp_path / "c.json"
+    if text is not None:
+        p.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load(p)
 
 
 @settings(max_examples=40, deadline=None)
