@@ -12,8 +12,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from autotune import calibrate as calibration
 from core.config import SCHEMA_VERSION, RunConfig, TrainerOptions, atomic_write, dumps, load, save
-from core.errors import CODES, GrpoTuneError
+from core.errors import CODES, ConfigError, GrpoTuneError
 from core.specs import load_hardware, load_model
 from core.strategy import Cluster, Strategy, Workload, validate
 
@@ -84,14 +85,22 @@ def test_coded_rejections(tmp_path, mutate, code, text):
 
 
 @pytest.mark.parametrize(
-    "content,match", [(None, "no config file"), (b"model: [unclosed", "not valid YAML"), (b"\xff\xfe\x00bad", None)]
+    "loader,name,content,error,match",
+    [
+        (load, "c.yaml", None, GrpoTuneError, "no config file"),
+        (load, "c.yaml", b"model: [unclosed", GrpoTuneError, "not valid YAML"),
+        (load, "c.yaml", b"\xff\xfe\x00bad", GrpoTuneError, None),
+        (calibration.load, "c.json", None, ConfigError, "no calibration file"),
+        (calibration.load, "c.json", b"{not json", ConfigError, "not a readable"),
+    ],
 )
-def test_unreadable_files_are_coded(tmp_path, content, match):
-    p = tmp_path / "c.yaml"
+def test_unreadable_files_are_coded(tmp_path, loader, name, content, error, match):
+    """A run config or a calibration file that is missing or not parseable is a coded error, not a traceback."""
+    p = tmp_path / name
     if content is not None:
         p.write_bytes(content)
-    with pytest.raises(GrpoTuneError, match=match):
-        load(p)
+    with pytest.raises(error, match=match):
+        loader(p)
 
 
 def test_atomic_write_keeps_the_old_file_on_failure(tmp_path):
