@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+from pathlib import Path
+
 from autotune.options import plan_inputs
 from core.specs import ModelSpec
 
@@ -30,3 +33,17 @@ def gpt_spec(h: int, a: int, layers: int, *, vocab: int = 51200, tied: bool) -> 
         gated_mlp=False,
         tied_embeddings=tied,
     )
+
+
+def param_counts() -> dict[str, dict]:
+    """Published parameter counts of presets, exact (tolerance zero), each row with its source
+    (tests/fixtures/param_counts.csv): ``total``, and ``active`` and ``tied`` where the source states them."""
+    with open(Path(__file__).parent / "fixtures" / "param_counts.csv", newline="") as f:
+        return {
+            r["model"]: {
+                "total": int(r["total_params"]),
+                "active": int(r["active_params"]) if r["active_params"] else None,
+                "tied": {"true": True, "false": False}.get(r["tied_embeddings"]),
+            }
+            for r in csv.DictReader(f)
+        }
