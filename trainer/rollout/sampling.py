@@ -14,6 +14,7 @@ it gives the same tokens from a KV cache (``Engine.kv_session``), O(T).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -102,31 +103,36 @@ def sample(
     if len(prompt_ids) == 0:
         return []
     lens, budget, tokens = _padded_prompts(prompt_ids, params, pad_id=pad_id, max_seq_len=max_seq_len, device=device)
-    stop_ids = {eos_id, *params.stop_token_ids}
-    decode = _decode_cached if cached else _decode
-    return decode(logits_fn, lens, budget, tokens, params, stop_ids, generator)
+    batch = _Batch(lens, budget, tokens, params, {eos_id, *params.stop_token_ids}, generator)
+    return _decode_cached(logits_fn, batch) if cached else _decode(logits_fn, batch)
 
 
-def _seeded(generator: torch.Generator | None, params: SamplingParams, device: torch.device) -> torch.Generator | None:
-    """The caller's generator, else one seeded with ``params.seed`` on the logits' device, else None (global RNG)."""
-    if generator is None and params.seed is not None:
-        return torch.Generator(device=device).manual_seed(params.seed)
-    return generator
+@dataclass
+class _Batch:
+    """What both decoding loops start from: each prompt's length and response budget, the padded token
+    buffer (responses are written into it), the sampling settings and stop ids, and the generator."""
+
+    lens: list[int]
+    budget: list[int]
+    tokens: torch.Tensor
+    params: SamplingParams
+    stop_ids: set[int]
+    generator: torch.Generator | None
+
+    def rng(self, device: torch.device) -> torch.Generator | None:
+        """The caller's generator, else one seeded with ``params.seed`` on the logits' device (made on first use),
+        else None (torch's global RNG)."""
+        if self.generator is None and self.params.seed is not None:
+            self.generator = torch.Generator(device=device).manual_seed(self.params.seed)
+        return self.generator
 
 
-def _decode(
-    next_logits_fn: NextLogitsFn,
-    lens: list[int],
-    budget: list[int],
-    tokens: torch.Tensor,
-    params: SamplingParams,
-    stop_ids: set[int],
-    generator: torch.Generator | None,
-) -> list[list[int]]:
+def _decode(next_logits_fn: NextLogitsFn, batch: _Batch) -> list[list[int]]:
     """The uncached loop: each step feeds every row's whole prefix to ``next_logits_fn``."""
+    lens, budget, tokens, params = batch.lens, batch.budget, batch.tokens, batch.params
     n, device = len(lens), tokens.device
     lengths = torch.tensor(lens, dtype=torch.long, device=device)
-    stop = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
+    stop = torch.tensor(sorted(batch.stop_ids), dtype=torch.long, device=device)
     done = torch.tensor([b == 0 for b in budget], dtype=torch.bool, device=device)
     limit = torch.tensor(budget, dtype=torch.long, device=device)
     produced = torch.zeros(n, dtype=torch.long, device=device)
@@ -137,10 +143,9 @@ def _decode(
             break
         cur = int(lengths.max())
         logits = next_logits_fn(tokens[:, :cur], lengths)
-        generator = _seeded(generator, params, logits.device)
-        nxt = sample_next(logits, temperature=params.temperature, top_p=params.top_p, generator=generator).to(
-            tokens.device
-        )
+        nxt = sample_next(
+            logits, temperature=params.temperature, top_p=params.top_p, generator=batch.rng(logits.device)
+        ).to(tokens.device)
         live = ~done
         tokens[rows[live], lengths[live]] = nxt[live]
         lengths = lengths + live.long()
@@ -151,15 +156,7 @@ def _decode(
     return [row[k:e] for row, k, e in zip(rows_out, lens, ends)]
 
 
-def _decode_cached(
-    step_fn: StepFn,
-    lens: list[int],
-    budget: list[int],
-    tokens: torch.Tensor,
-    params: SamplingParams,
-    stop_ids: set[int],
-    generator: torch.Generator | None,
-) -> list[list[int]]:
+def _decode_cached(step_fn: StepFn, batch: _Batch) -> list[list[int]]:
     """The KV-cache loop: each token's logits from one new position.
 
     ``step_fn(chunk [B, T], start)`` feeds positions ``start .. start+T-1`` of every row to the
@@ -173,6 +170,7 @@ def _decode_cached(
     ``len(prompt_b) + k``, so the k-th batch of uniforms is drawn (from the same generator, in
     the same order) the first time any row needs it. Greedy (temperature 0) draws nothing.
     """
+    lens, budget, tokens, params = batch.lens, batch.budget, batch.tokens, batch.params
     n, width = len(lens), tokens.shape[1]
     produced = [0] * n
     done = [b == 0 for b in budget]
@@ -182,7 +180,7 @@ def _decode_cached(
     while not all(done) and pos < width:
         live = [b for b in range(n) if not done[b] and lens[b] + produced[b] == pos]
         if live:
-            generator = _seeded(generator, params, logits.device)
+            generator = batch.rng(logits.device)
             u = None
             if params.temperature != 0:
                 for k in sorted({produced[b] for b in live}):
@@ -196,7 +194,7 @@ def _decode_cached(
             for b, t in zip(live, nxt):
                 tokens[b, pos] = t
                 produced[b] += 1
-                if t in stop_ids or produced[b] >= budget[b]:
+                if t in batch.stop_ids or produced[b] >= budget[b]:
                     done[b] = True
         if all(done) or pos + 1 >= width:
             break
