@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from core.config import inputs_of
 from core.errors import ConfigError
 from core.specs import HardwareSpec, ModelSpec
 from core.strategy import Cluster, Strategy, Workload
@@ -76,14 +77,7 @@ def predict_estimate(params: dict[str, float], pt: Point) -> tuple[float, dict[s
     """Predicted step and phase seconds from :func:`costmodel.estimate.estimate` with ``params``."""
     from costmodel.estimate import estimate
 
-    e = estimate(
-        model=pt.model,
-        hardware=pt.hardware,
-        cluster=pt.cluster,
-        strategy=pt.strategy,
-        workload=pt.workload,
-        calibration=params,
-    )
+    e = estimate(**inputs_of(pt), calibration=params)
     if e.time is None:
         raise ConfigError(
             "the time model returned no time for a measured plan", hint="calibration needs the time model"

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.config import inputs_of
 from core.errors import ConfigError
 from core.phases import MEASURED_PHASES
 
@@ -405,11 +406,7 @@ def log_point(
     if step is None:
         step = sum(phases.values())
     pt = Point(
-        model=plan.model,
-        hardware=plan.hardware,
-        cluster=plan.cluster,
-        strategy=plan.strategy,
-        workload=plan.workload,
+        **inputs_of(plan),
         measured_step_s=float(step),
         measured_phases_s=phases,
         label=label or Path(log.path).name,
