@@ -18,6 +18,8 @@ from .validation import FRACTION, Schema, check_keys, from_mapping, to_mapping
 
 __all__ = ["OFFLOAD", "RECOMPUTE", "Cluster", "Strategy", "Workload", "divisors", "stage_layers", "validate"]
 
+DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp")
+"""The parallel degrees a plan sets, in Strategy's field order (dp is derived from the GPU count)."""
 RECOMPUTE = Recompute.values()
 OFFLOAD = Offload.values()
 
