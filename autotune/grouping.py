@@ -13,9 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from core.strategy import DEGREES
+
 MODEL_REL_ERROR = 0.05
 """The cost model's relative error on step time: `grpo-tune validate` gives a 4.4% MAPE on published
 Megatron-LM runs (README, "Measured figures"); plans closer than this cannot be told apart."""
+
+
+LAYOUT_FIELDS = (*DEGREES, "dp", "first_stage_layers", "last_stage_layers")
+"""The names of :func:`layout_key`'s items."""
 
 
 def layout_key(s) -> tuple[Any, ...]:
@@ -33,19 +39,8 @@ class LayoutRow:
     """Of those, how many are within ``rel_error`` of the layout's best step time (the best included)."""
 
     def to_dict(self) -> dict[str, Any]:
-        s = self.best.strategy
         return {
-            "layout": {
-                "tp": s.tp,
-                "pp": s.pp,
-                "vpp": s.vpp,
-                "cp": s.cp,
-                "ep": s.ep,
-                "etp": s.etp_,
-                "dp": s.dp,
-                "first_stage_layers": s.first_stage_layers,
-                "last_stage_layers": s.last_stage_layers,
-            },
+            "layout": dict(zip(LAYOUT_FIELDS, layout_key(self.best.strategy))),
             "variants": self.variants,
             "within_error": self.within_error,
             "best": self.best.to_dict(),

@@ -372,15 +372,5 @@ def inputs_from_flags(flags: dict[str, Any]) -> tuple[ModelSpec, HardwareSpec, C
 
 # The flags' defaults are Workload's (core/strategy.py, which says where they come from).
 _W = Workload()
-WORKLOAD_DEFAULTS = dict(
-    workload=_W.kind,
-    prompts=_W.prompts,
-    n=_W.n,
-    prompt_len=_W.prompt_len,
-    response_len=_W.response_len,
-    mini_batch=_W.mini_batch,
-    ppo_epochs=_W.ppo_epochs,
-    kl=_W.kl,
-    seq_len=_W.seq_len,
-    gbs=_W.gbs,
-)
+_WL_FIELD_FLAGS = ("prompts", "n", "prompt_len", "response_len", "mini_batch", "ppo_epochs", "kl", "seq_len", "gbs")
+WORKLOAD_DEFAULTS = {"workload": _W.kind, **{k: getattr(_W, k) for k in _WL_FIELD_FLAGS}}
