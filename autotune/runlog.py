@@ -202,20 +202,25 @@ def _ours_record(obj: dict[str, Any]) -> StepRecord | None:
     return StepRecord(step=step, phases_s=phases, **_fields(obj, _OURS_KEYS), timing_s=timing)
 
 
+def json_object(text: str) -> dict[str, Any] | None:
+    """``text`` parsed as a JSON object; None when it is not JSON, or JSON of another kind."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 def _detect(lines: list[str]) -> str:
     for line in lines[:200]:
         s = line.strip()
-        if not s:
+        obj = json_object(s) if s.startswith("{") else None
+        if obj is None:
             continue
-        if s.startswith("{"):
-            try:
-                obj = json.loads(s)
-            except ValueError:
-                continue
-            if isinstance(obj, dict) and isinstance(obj.get("data"), dict) and "step" in obj:
-                return "verl-jsonl"
-            if isinstance(obj, dict) and "phases_s" in obj:
-                return "grpo-tune"
+        if isinstance(obj.get("data"), dict) and "step" in obj:
+            return "verl-jsonl"
+        if "phases_s" in obj:
+            return "grpo-tune"
     for line in lines:
         if _CONSOLE_STEP.search(_ANSI.sub("", line)):
             return "verl-console"
