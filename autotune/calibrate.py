@@ -17,6 +17,7 @@ A calibration file is JSON ``{"version": 1, "hardware": name, "params": {...}, "
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -114,17 +115,7 @@ class CalibrationResult:
     message: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "params": self.params,
-            "base": self.base,
-            "before": self.before,
-            "after": self.after,
-            "points": self.points,
-            "cost": self.cost,
-            "cost_before": self.cost_before,
-            "success": self.success,
-            "message": self.message,
-        }
+        return dataclasses.asdict(self)
 
     def save(self, path: str | os.PathLike, *, hardware: str) -> Path:
         return save(path, params=self.params, hardware=hardware, fit=self.to_dict())
