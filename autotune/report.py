@@ -17,8 +17,8 @@ from costmodel.estimate import Estimate
 from core.strategy import Strategy
 
 from core.config import atomic_write
+from core.units import GiB
 
-GiB = 1024**3
 PHASE_COLORS = {
     "rollout": "#4C72B0",
     "weight_sync": "#8172B2",

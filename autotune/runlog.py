@@ -35,6 +35,7 @@ from typing import Any
 from core.config import inputs_of
 from core.errors import ConfigError
 from core.phases import MEASURED_PHASES
+from core.units import GiB
 
 MAX_LOG_BYTES = 256 * 1024 * 1024
 """Largest log read (a 10,000-step verl JSONL with ~300 keys per step is ~50 MB)."""
@@ -327,7 +328,6 @@ def summary(log: RunLog, *, skip_warmup: int = 0) -> dict[str, Any]:
 # Calibrating the time model from logs (grpo-tune calibrate --from-log)
 # ---------------------------------------------------------------------------------------------
 
-GiB = 1024**3
 ANOTHER_MODEL_RATIO = 10.0
 """A log whose training phases take over 10x more or less than the launch's model predicts is taken for a log
 of another model (the uncalibrated model is within a few x of real runs; 7B vs 0.5B is ~9-15x)."""

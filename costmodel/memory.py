@@ -47,8 +47,8 @@ from .params import per_stage_params
 from core.specs import HardwareSpec, ModelSpec
 from core.rules import micro_batches
 from core.strategy import Cluster, Strategy, Workload
+from core.units import GiB
 
-GiB = 1024**3
 
 # vLLM's max_num_batched_tokens / max_num_seqs (Strategy fields; verl 0.9.1 defaults 8192 / 256,
 # rollout.yaml l.78/l.84) size vLLM's profiling run, whose peak is kept out of the KV cache.
