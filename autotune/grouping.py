@@ -13,20 +13,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.strategy import DEGREES
-
 MODEL_REL_ERROR = 0.05
 """The cost model's relative error on step time: `grpo-tune validate` gives a 4.4% MAPE on published
 Megatron-LM runs (README, "Measured figures"); plans closer than this cannot be told apart."""
 
 
-LAYOUT_FIELDS = (*DEGREES, "dp", "first_stage_layers", "last_stage_layers")
-"""The names of :func:`layout_key`'s items."""
+def degrees(s) -> dict[str, int]:
+    """A strategy's parallel degrees by name (``etp`` resolved), as search's and train's summaries show them."""
+    return {"tp": s.tp, "pp": s.pp, "vpp": s.vpp, "cp": s.cp, "ep": s.ep, "etp": s.etp_, "dp": s.dp}
+
+
+def layout(s) -> dict[str, Any]:
+    """What makes a layout: the parallel degrees and the pipeline split (not mbs, recompute, offload, rollout)."""
+    return {**degrees(s), "first_stage_layers": s.first_stage_layers, "last_stage_layers": s.last_stage_layers}
 
 
 def layout_key(s) -> tuple[Any, ...]:
-    """What makes a layout: the parallel degrees and the pipeline split (not mbs, recompute, offload, rollout)."""
-    return (s.tp, s.pp, s.vpp, s.cp, s.ep, s.etp_, s.dp, s.first_stage_layers, s.last_stage_layers)
+    return tuple(layout(s).values())
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class LayoutRow:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "layout": dict(zip(LAYOUT_FIELDS, layout_key(self.best.strategy))),
+            "layout": layout(self.best.strategy),
             "variants": self.variants,
             "within_error": self.within_error,
             "best": self.best.to_dict(),

@@ -29,8 +29,8 @@ from autotune.options import (
 from cli.plan_options import plan_flags, plan_options
 from autotune.calibrate import load as load_calibration
 from core.errors import ConfigError, NoFeasiblePlanError
+from costmodel.memory import GiB
 
-GiB = 1024**3
 
 HardwareList = Annotated[
     str,

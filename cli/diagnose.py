@@ -11,8 +11,8 @@ from rich.table import Table
 
 from autotune.diagnose import Report, diagnose_path
 from autotune.options import Json
+from costmodel.memory import GiB
 
-GiB = 1024**3
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 

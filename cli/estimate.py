@@ -20,8 +20,7 @@ from autotune.calibrate import load as load_calibration
 from costmodel.estimate import Estimate, estimate as run_estimate
 from core.strategy import Strategy
 from cli.plan_options import plan_flags, plan_options
-
-GiB = 1024**3
+from costmodel.memory import GiB
 
 
 # Display names for the rollout engine's parts (JSON keys stay rollout_*).

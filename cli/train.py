@@ -88,19 +88,14 @@ def load_checked(
 
 def summary(cfg, lay) -> dict:
     """The Parallel Config Summary as data (printed as tables, or as JSON with --json)."""
+    from autotune.grouping import degrees
     from core.errors import GrpoTuneError
     from trainer import launch
 
     s, w, t = cfg.strategy, cfg.workload, cfg.trainer
     roles = {
         "actor": {
-            "tp": s.tp,
-            "pp": s.pp,
-            "vpp": s.vpp,
-            "cp": s.cp,
-            "ep": s.ep,
-            "etp": s.etp_,
-            "dp": s.dp,
+            **degrees(s),
             "sequence_parallel": s.sp,
             "recompute": s.recompute,
             "distributed_optimizer": s.distributed_optimizer,
@@ -109,7 +104,7 @@ def summary(cfg, lay) -> dict:
     }
     if w.kl:
         # The reference shares the actor's process groups (a mismatch there is a classic verl crash).
-        roles["reference"] = {k: roles["actor"][k] for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp")}
+        roles["reference"] = degrees(s)
     roles["rollout"] = {
         "engine": t.rollout_engine,
         "tp": s.rollout_tp,

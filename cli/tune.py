@@ -29,8 +29,8 @@ from autotune.options import (
     Vpp,
     pins_from_flags,
 )
+from costmodel.memory import GiB
 
-GiB = 1024**3
 
 Launch = Annotated[Path, typer.Argument(help="A verl launch script (bash) or a file of Hydra overrides.")]
 Hardware = Annotated[

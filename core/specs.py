@@ -117,6 +117,33 @@ class ModelSpec:
         return _check_model(where, from_mapping(cls, data, where, _MODEL_SCHEMA))
 
 
+ARCH_FIELDS = (
+    "layers",
+    "hidden",
+    "ffn_hidden",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "vocab",
+    "tied_embeddings",
+    "qkv_bias",
+    "qk_norm",
+    "experts",
+    "top_k",
+    "expert_ffn_hidden",
+    "shared_experts",
+    "dense_layers",
+    "router_bias",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+)
+"""The ModelSpec fields that fix the weights' names and shapes: a checkpoint must match the configured model on
+all of them, and a model read from a HF config.json equals its preset on them."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Efficiency:
     """Time-model parameters of one hardware profile (its ``[efficiency]`` table). One set of

@@ -75,6 +75,10 @@ def TRUTH(fix) -> dict:
     return json.loads((fix / "truth.json").read_text())
 
 
+# The launches of the fixture's plans A, B and C (one per run_a/b/c log).
+LAUNCHES_ABC = ["launch_a.txt", "launch_b.txt", "launch_c.txt"]
+
+
 def _calibrate(capsys, tmp_path, logs, launches, *extra, FIX=COMMITTED):
     out = tmp_path / "cal.json"
     args = ["calibrate"]
@@ -91,11 +95,7 @@ def _calibrate(capsys, tmp_path, logs, launches, *extra, FIX=COMMITTED):
 def test_recovers_the_knobs_and_phase_times_of_a_synthetic_truth(capsys, tmp_path, fix, TRUTH):
     # JSONL and console logs mixed: both are read the same way
     res, out, _ = _calibrate(
-        capsys,
-        tmp_path,
-        ["run_a.jsonl", "run_b.console.log", "run_c.jsonl"],
-        ["launch_a.txt", "launch_b.txt", "launch_c.txt"],
-        FIX=fix,
+        capsys, tmp_path, ["run_a.jsonl", "run_b.console.log", "run_c.jsonl"], LAUNCHES_ABC, FIX=fix
     )
     sigma_pct = 100 * TRUTH["noise_sigma"]
     before, after = res["phase_mape_before_pct"], res["phase_mape_after_pct"]
@@ -118,13 +118,7 @@ def test_recovers_the_knobs_and_phase_times_of_a_synthetic_truth(capsys, tmp_pat
 
 
 def test_fitted_knobs_predict_a_held_out_run_of_another_model(capsys, tmp_path, fix):
-    res, _, _ = _calibrate(
-        capsys,
-        tmp_path,
-        ["run_a.jsonl", "run_b.jsonl", "run_c.jsonl"],
-        ["launch_a.txt", "launch_b.txt", "launch_c.txt"],
-        FIX=fix,
-    )
+    res, _, _ = _calibrate(capsys, tmp_path, ["run_a.jsonl", "run_b.jsonl", "run_c.jsonl"], LAUNCHES_ABC, FIX=fix)
     held = [R.log_point(R.read_log(fix / "run_other_model.jsonl"), fix / "launch_other_model.txt")]
     before, after = R.phase_mape(held, defaults()), R.phase_mape(held, res["params"])
     assert after["step"] < 5.0 < before["step"]
@@ -179,7 +173,7 @@ def test_killed_run_warns_and_still_fits(capsys, tmp_path, fix, TRUTH):
         (["run_other_model.jsonl"], ["launch_a.txt"], "BAD_CONFIG", "another model"),
         (["run_b.jsonl"], ["launch_a.txt"], "BAD_CONFIG", "not a run of that launch"),  # 4096-token responses
         (["run_a.jsonl"], ["truth.json"], "BAD_CONFIG", "truth.json"),
-        (["run_a.jsonl", "run_b.jsonl"], ["launch_a.txt", "launch_b.txt", "launch_c.txt"], "BAD_CONFIG", "--launch"),
+        (["run_a.jsonl", "run_b.jsonl"], LAUNCHES_ABC, "BAD_CONFIG", "--launch"),
     ],
 )
 def test_bad_input_is_a_coded_error(capsys, tmp_path, fix, logs, launches, code, words):

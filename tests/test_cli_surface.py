@@ -51,6 +51,18 @@ PLAN = [
     "--enforce-eager / --no-enforce-eager",
 ]
 
+# Flags of the commands that launch a run from a config (train and profile).
+RUN = [
+    "--config -c",
+    "--json",
+    "--master-addr",
+    "--master-port",
+    "--nnodes",
+    "--node-rank",
+    "--out",
+    "--steps",
+]
+
 SURFACE = {
     "estimate": PLAN + ["--calibration"],
     "search": PLAN
@@ -72,29 +84,8 @@ SURFACE = {
     "compare": PLAN + ["--calibration", "--min-headroom", "--out"],
     "diagnose": ["--hardware", "--json", "--model -m", "PATH"],
     "validate": ["--data", "--grpo", "--hardware", "--json", "--refit", "--tolerance"],
-    "train": [
-        "--config -c",
-        "--dry-run",
-        "--json",
-        "--master-addr",
-        "--master-port",
-        "--nnodes",
-        "--node-rank",
-        "--out",
-        "--resume / --no-resume",
-        "--slurm",
-        "--steps",
-    ],
-    "profile": [
-        "--config -c",
-        "--json",
-        "--master-addr",
-        "--master-port",
-        "--nnodes",
-        "--node-rank",
-        "--out",
-        "--steps",
-    ],
+    "train": RUN + ["--dry-run", "--resume / --no-resume", "--slurm"],
+    "profile": RUN,
     "probe-hardware": ["--base", "--name", "--nproc", "--out -o", "--quick"],
     "models": ["--json"],
     "hardware": ["--json"],

@@ -12,8 +12,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from autotune import calibrate as calibration
 from core.config import SCHEMA_VERSION, RunConfig, TrainerOptions, atomic_write, dumps, load, save
-from core.errors import CODES, GrpoTuneError
+from core.errors import CODES, ConfigError, GrpoTuneError
 from core.specs import load_hardware, load_model
 from core.strategy import Cluster, Strategy, Workload, validate
 
@@ -83,15 +84,23 @@ def test_coded_rejections(tmp_path, mutate, code, text):
     assert exc.value.code == code
 
 
-def test_unreadable_files_are_coded(tmp_path):
-    with pytest.raises(GrpoTuneError, match="no config file"):
-        load(tmp_path / "missing.yaml")
-    (tmp_path / "bad.yaml").write_text("model: [unclosed")
-    with pytest.raises(GrpoTuneError, match="not valid YAML"):
-        load(tmp_path / "bad.yaml")
-    (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe\x00bad")
-    with pytest.raises(GrpoTuneError):
-        load(tmp_path / "bin.yaml")
+@pytest.mark.parametrize(
+    "loader,name,content,error,match",
+    [
+        (load, "c.yaml", None, GrpoTuneError, "no config file"),
+        (load, "c.yaml", b"model: [unclosed", GrpoTuneError, "not valid YAML"),
+        (load, "c.yaml", b"\xff\xfe\x00bad", GrpoTuneError, None),
+        (calibration.load, "c.json", None, ConfigError, "no calibration file"),
+        (calibration.load, "c.json", b"{not json", ConfigError, "not a readable"),
+    ],
+)
+def test_unreadable_files_are_coded(tmp_path, loader, name, content, error, match):
+    """A run config or a calibration file that is missing or not parseable is a coded error, not a traceback."""
+    p = tmp_path / name
+    if content is not None:
+        p.write_bytes(content)
+    with pytest.raises(error, match=match):
+        loader(p)
 
 
 def test_atomic_write_keeps_the_old_file_on_failure(tmp_path):

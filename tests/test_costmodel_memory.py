@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidDegreesError
+from _inputs import gpt_spec
 from costmodel.estimate import estimate
 from costmodel.memory import (
     in_flight_microbatches,
@@ -32,18 +33,7 @@ H100 = load_hardware("h100")
 
 def gpt3(a: int, h: int, L: int) -> ModelSpec:
     """A GPT-3-style model as in Korthikanti Table 3: MHA, GeLU MLP of 4h, vocab 51200."""
-    return ModelSpec(
-        name=f"gpt-{h}",
-        family="gpt",
-        layers=L,
-        hidden=h,
-        ffn_hidden=4 * h,
-        heads=a,
-        kv_heads=a,
-        head_dim=h // a,
-        vocab=51200,
-        gated_mlp=False,
-    )
+    return gpt_spec(h, a, L, tied=False)
 
 
 # Korthikanti et al. 2022 (arXiv 2205.05198), Table 3 (s = 2048, t = 8 for all four).

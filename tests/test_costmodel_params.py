@@ -6,37 +6,22 @@ import json
 
 import pytest
 
+from _inputs import param_counts
 from core.errors import UnknownModelError
 from costmodel.params import active_params, layer_params, padded_vocab, per_stage_params, total_params
-from core.specs import from_hf_config, load_model
+from core.specs import ARCH_FIELDS, from_hf_config, load_model
 from core.strategy import Strategy, validate
 
-# Published totals: the Hugging Face checkpoints' parameter counts (safetensors metadata, or the
-# index's total_size / 2 for bf16 files). Exact, so the tolerance is zero.
-PUBLISHED = {
-    # huggingface.co/Qwen/Qwen2.5-7B: model.safetensors.index.json total_size 15,231,233,024 B / 2
-    "qwen2.5-7b": (7_615_616_512, None),
-    # huggingface.co/meta-llama/Llama-3.1-8B: safetensors "Model size" 8,030,261,248 params
-    "llama-3.1-8b": (8_030_261_248, None),
-    # huggingface.co/Qwen/Qwen3-30B-A3B: index total_size 61,064,245,248 B / 2; active 3.3B per the
-    # model card, exactly 3,353,032,704 with 8 of 128 experts (issue 2)
-    "qwen3-30b-a3b": (30_532_122_624, 3_353_032_704),
-    # huggingface.co/Qwen/Qwen3-8B: index total_size 16,381,470,720 B / 2
-    "qwen3-8b": (8_190_735_360, None),
-    # huggingface.co/meta-llama/Llama-3.1-70B: safetensors "Model size" 70,553,706,496 params
-    "llama-3.1-70b": (70_553_706_496, None),
-    # huggingface.co/Qwen/Qwen2.5-0.5B: safetensors 494,032,768 params (tied embeddings)
-    "qwen2.5-0.5b": (494_032_768, None),
-    # DeepSeek-V3 tech report (arXiv 2412.19437): 671B total, 37B active; the HF checkpoint's
-    # 685B includes the 14B MTP module, which the model count leaves out.
-    "deepseek-v3": (671_026_419_200, None),
-}
+# Published totals (tests/fixtures/param_counts.csv, each row with its source): the Hugging Face checkpoints'
+# parameter counts (safetensors metadata, or the index's total_size / 2 for bf16 files). Exact, so the tolerance
+# is zero.
+PUBLISHED = param_counts()
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_total_params_match_published(name):
     m = load_model(name)
-    total, active = PUBLISHED[name]
+    total, active = PUBLISHED[name]["total"], PUBLISHED[name]["active"]
     assert total_params(m) == total
     if active is not None:
         assert active_params(m) == active
@@ -236,30 +221,6 @@ HF_CONFIGS = {
     },
 }
 
-_ARCH_FIELDS = (
-    "layers",
-    "hidden",
-    "ffn_hidden",
-    "heads",
-    "kv_heads",
-    "head_dim",
-    "vocab",
-    "tied_embeddings",
-    "qkv_bias",
-    "qk_norm",
-    "experts",
-    "top_k",
-    "expert_ffn_hidden",
-    "shared_experts",
-    "dense_layers",
-    "router_bias",
-    "q_lora_rank",
-    "kv_lora_rank",
-    "qk_nope_head_dim",
-    "qk_rope_head_dim",
-    "v_head_dim",
-)
-
 
 @pytest.mark.parametrize("name", sorted(HF_CONFIGS))
 def test_hf_config_gives_the_preset(tmp_path, name):
@@ -270,12 +231,12 @@ def test_hf_config_gives_the_preset(tmp_path, name):
     for path in (str(d / "config.json"), str(d)):  # the file or its folder
         m = load_model(path)
         assert m.family == preset.family
-        for f in _ARCH_FIELDS:
+        for f in ARCH_FIELDS:
             assert getattr(m, f) == getattr(preset, f), f
         assert total_params(m) == total_params(preset)
         assert active_params(m) == active_params(preset)
     if name in PUBLISHED:
-        assert total_params(from_hf_config(d / "config.json")) == PUBLISHED[name][0]
+        assert total_params(from_hf_config(d / "config.json")) == PUBLISHED[name]["total"]
 
 
 def test_hf_config_errors_are_coded(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _inputs import gpt_spec
 from costmodel import comm, timing, train_time
 from core.errors import GrpoTuneError
 from costmodel.estimate import estimate
@@ -25,19 +26,7 @@ CAL = timing.CALIBRATION_DEFAULTS
 
 
 def gpt(h: int, a: int, layers: int, vocab: int = 51200) -> ModelSpec:
-    return ModelSpec(
-        name=f"gpt-{h}",
-        family="gpt",
-        layers=layers,
-        hidden=h,
-        ffn_hidden=4 * h,
-        heads=a,
-        kv_heads=a,
-        head_dim=h // a,
-        vocab=vocab,
-        gated_mlp=False,
-        tied_embeddings=True,
-    )
+    return gpt_spec(h, a, layers, vocab=vocab, tied=True)
 
 
 EFF_KEYS = {f.name for f in dataclasses.fields(Efficiency)}

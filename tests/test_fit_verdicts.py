@@ -160,7 +160,81 @@ REPORTED_OOM = {
         ),
         dict(prompts=128, n=8, mini_batch=64, prompt_len=2048, response_len=2048),
     ),
+    # volcengine/verl#388 (2025-02-26): PPO on Qwen2.5-32B-Instruct, 4 nodes of H800 (32 GPUs), micro 4,
+    # 32 prompts (n = 1, the default then), mini 2, 1024 + 1024, rollout TP2 gmu 0.3, KL in the reward
+    # (so a reference model). The script sets no Megatron degrees, so verl's defaults on that date apply
+    # (ppo_megatron_trainer.yaml at 540dc277c: actor and ref TP4 PP1, no offload, eager vLLM, max_num_seqs
+    # 1024); enable_gradient_checkpointing was not read by the Megatron workers then (no recompute). The
+    # critic (a second 32B with its own Adam state) is not priced here, which only lowers the peak.
+    "verl#388": (
+        "qwen2.5-32b",
+        "h800",
+        32,
+        dict(
+            tp=4,
+            mbs=4,
+            recompute="none",
+            rollout_tp=2,
+            gpu_memory_utilization=0.3,
+            enforce_eager=True,
+            max_num_seqs=1024,
+            chunked_prefill=False,
+        ),
+        dict(prompts=32, n=1, mini_batch=2, prompt_len=1024, response_len=1024),
+    ),
+    # volcengine/verl#1649 (2025-05-23): examples/grpo_trainer/run_qwen3moe-30b_megatron.sh as shipped then
+    # (9df7a77b3: 4 x 8 GPUs, TP4 PP2 EP4, ETP unset = TP, micro 4, 64 x 5, mini 64, 1024 + 2048, KL loss,
+    # rollout TP4, no offload; verl's defaults then: eager vLLM, max_num_seqs 1024, no chunked prefill,
+    # no recompute) on "4*8*80GB nodes" (GPU kind not stated: A100 80 GB assumed, a commenter reproduced
+    # on A800). With the script's gmu 0.6 vLLM found no room for its KV cache at start (not priced: that
+    # vLLM counted other allocations differently from the per-instance budget priced here); the reporter
+    # then set gmu 0.9 and hit the OOM in generate_sequences (vLLM wake_up), the case priced here.
+    "verl#1649 (gmu 0.9)": (
+        "qwen3-30b-a3b",
+        "a100",
+        32,
+        dict(
+            tp=4,
+            pp=2,
+            ep=4,
+            mbs=4,
+            recompute="none",
+            rollout_tp=4,
+            gpu_memory_utilization=0.9,
+            enforce_eager=True,
+            max_num_seqs=1024,
+            chunked_prefill=False,
+        ),
+        dict(prompts=64, n=5, mini_batch=64, prompt_len=1024, response_len=2048),
+    ),
+    # volcengine/verl#2935 (2025-08-06): Qwen3-30B-A3B, 32,000-token sequences, 4 x 8 A100 80 GB, TP4 PP1
+    # CP1 EP32 ETP1, param/grad/optimizer offload (all the issue states; the phase was asked for and never
+    # given). Assumed: the rest from the Qwen3-30B Megatron example of that date (0dc2a16de: micro 4,
+    # log-prob micro 4, no dynamic batching, 64 x 5, mini 64, KL loss, rollout TP4 gmu 0.6), prompt 1024
+    # + response 30976 = 32,000, no recompute (verl's default). The verdict rests on micro 4: with micro 1
+    # (or a 32k token cap) the same plan is predicted to fit, 67.4 of 77.0 GiB in the update (37.6 GiB
+    # activations, 11.4 GiB fp32 logits); we found no memory term missing there (see notes/oom.md).
+    "verl#2935": (
+        "qwen3-30b-a3b",
+        "a100",
+        32,
+        dict(
+            tp=4,
+            ep=32,
+            etp=1,
+            mbs=4,
+            recompute="none",
+            offload=("param", "grad", "optimizer"),
+            rollout_tp=4,
+            gpu_memory_utilization=0.6,
+        ),
+        dict(prompts=64, n=5, mini_batch=64, prompt_len=1024, response_len=30976),
+    ),
 }
+
+# Reported OOMs predicted not to fit outright: a phase's bytes exceed the GPU (an OOM_RISK violation with
+# a phase), whatever else is wrong with the plan. verl#3124 is not here (it fits by less than the margin).
+OUTRIGHT_OOM = ("verl#3364", "verl#5003", "verl#388", "verl#1649 (gmu 0.9)", "verl#2935")
 
 
 def _est(case):
@@ -205,7 +279,22 @@ def test_reported_ooms_are_not_proposed(name):
         assert e.peak_phase == "update" and e.memory["update"].parts["optimizer"] > 0
 
 
-def test_two_reported_ooms_do_not_fit_outright():
-    """verl#3364 and verl#5003 overflow outright (their assumptions above); verl#3124 fits by less than
-    the safety margin (see above), which is why it is not counted here."""
-    assert sum(not _est(c).fits for c in REPORTED_OOM.values()) >= 2
+@pytest.mark.parametrize("name", OUTRIGHT_OOM)
+def test_reported_oom_does_not_fit_outright(name):
+    """A memory phase overflows the GPU (not only a batch-split complaint)."""
+    e = _est(REPORTED_OOM[name])
+    over = [v for v in e.violations if v.code == "OOM_RISK" and v.phase != "host"]
+    assert not e.fits and over, (e.peak_bytes, e.capacity_bytes, [v.message for v in e.violations])
+
+
+def test_three_reported_ooms_do_not_fit_outright():
+    """Issue 9: at least three OOMs from verl's issues, each cited by number, predicted not to fit."""
+    out = {n for n in OUTRIGHT_OOM if any(v.code == "OOM_RISK" for v in _est(REPORTED_OOM[n]).violations)}
+    assert len({n.split(" ")[0] for n in out}) >= 3, out
+
+
+def test_verl2935_verdict_rests_on_the_micro_batch():
+    """The assumption behind verl#2935's verdict, pinned: one 32k sequence per micro-batch fits."""
+    model, hw, gpus, s, wl = REPORTED_OOM["verl#2935"]
+    e = _est((model, hw, gpus, {**s, "mbs": 1}, wl))
+    assert e.fits and e.peak_phase == "update", (e.peak_bytes, e.capacity_bytes)

@@ -242,24 +242,7 @@ def test_efficiency_outside_zero_one_is_refused(tmp_path, capsys, value):
 
 def test_estimate_on_the_cpu_profile_prints_its_table(capsys):
     # (tiny holds 256 positions: the default 1024 + 1024 tokens are refused like train refuses them)
-    assert (
-        cli_main(
-            [
-                "estimate",
-                "--model",
-                "tiny",
-                "--gpus",
-                "2",
-                "--hardware",
-                "cpu",
-                "--prompt-len",
-                "64",
-                "--response-len",
-                "64",
-            ]
-        )
-        == 0
-    )
+    assert cli_main("estimate --model tiny --gpus 2 --hardware cpu --prompt-len 64 --response-len 64".split()) == 0
 
 
 def test_override_list_round_trip_keeps_hostile_model_path():

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from autotune.lengths import CHARS_PER_TOKEN, read_lengths
-from autotune.options import plan_inputs
+from _inputs import grpo_inputs
 from core.errors import GrpoTuneError
 from costmodel.lengths import dist, quantiles_from_samples
 
@@ -42,23 +42,8 @@ def test_verl_console_and_jsonl_logs(tmp_path):
 def test_lengths_reach_the_workload_and_best_yaml(tmp_path):
     p = tmp_path / "d.jsonl"
     p.write_text("\n".join(json.dumps({"prompt": "a" * (40 * k), "response": "b" * (80 * k)}) for k in range(1, 50)))
-    _, _, _, wl = plan_inputs(
-        model="7b",
-        hardware="h100",
-        gpus=8,
-        gpus_per_node=None,
-        workload="grpo",
-        prompts=64,
-        n=4,
-        prompt_len=1024,
-        response_len=1024,
-        mini_batch=16,
-        ppo_epochs=1,
-        kl=True,
-        seq_len=4096,
-        gbs=64,
-        lengths=str(p),
-    )
+    sizes = dict(prompts=64, n=4, prompt_len=1024, response_len=1024, mini_batch=16, seq_len=4096, gbs=64)
+    _, _, _, wl = grpo_inputs("7b", "h100", 8, **sizes, lengths=str(p))
     assert wl.response_len_quantiles and wl.lengths_source and wl.prompt_len_mean < 1024
     d = wl.to_dict()
     assert isinstance(d["response_len_quantiles"], list)

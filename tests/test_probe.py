@@ -47,26 +47,9 @@ def test_probe_writes_a_loadable_profile(tmp_path):
     for coll in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"):
         assert f"# {coll} busbw:" in text
     # the search accepts it
+    workload = "--prompts 8 --n 2 --prompt-len 16 --response-len 16 --mini-batch 8"
     r = _cli(
-        "estimate",
-        "--model",
-        "tiny",
-        "--gpus",
-        "2",
-        "--hardware",
-        str(out),
-        "--prompts",
-        "8",
-        "--n",
-        "2",
-        "--prompt-len",
-        "16",
-        "--response-len",
-        "16",
-        "--mini-batch",
-        "8",
-        "--json",
-        cwd=tmp_path,
+        "estimate", "--model", "tiny", "--gpus", "2", "--hardware", str(out), *workload.split(), "--json", cwd=tmp_path
     )
     assert r.returncode == 0, r.stderr
 

@@ -167,24 +167,11 @@ def test_timeout_marks_trial_failed(tmp_path):
 
 
 def _inputs():
-    from autotune.options import plan_inputs
+    from _inputs import grpo_inputs
     from autotune.search import search
 
-    m, hw, cl, wl = plan_inputs(
-        model="tiny",
-        hardware="cpu",
-        gpus=2,
-        gpus_per_node=None,
-        workload="grpo",
-        prompts=4,
-        n=2,
-        prompt_len=8,
-        response_len=8,
-        mini_batch=4,
-        ppo_epochs=1,
-        kl=True,
-        seq_len=64,
-        gbs=8,
+    m, hw, cl, wl = grpo_inputs(
+        "tiny", "cpu", 2, prompts=4, n=2, prompt_len=8, response_len=8, mini_batch=4, seq_len=64, gbs=8
     )
     return search(m, hw, cl, wl).ranked, m, hw, cl, wl
 

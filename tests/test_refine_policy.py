@@ -11,23 +11,10 @@ from autotune.refine import ModelGuided, features, measured_noise, predicted, sp
 
 def _tiny_inputs():
     """tiny on 4 CPU ranks, a small GRPO workload: the plan space both tests below build."""
-    from autotune.options import plan_inputs
+    from _inputs import grpo_inputs
 
-    return plan_inputs(
-        model="tiny",
-        hardware="cpu",
-        gpus=4,
-        gpus_per_node=None,
-        workload="grpo",
-        prompts=8,
-        n=4,
-        prompt_len=16,
-        response_len=16,
-        mini_batch=8,
-        ppo_epochs=1,
-        kl=True,
-        seq_len=64,
-        gbs=8,
+    return grpo_inputs(
+        "tiny", "cpu", 4, prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8, seq_len=64, gbs=8
     )
 
 

@@ -19,33 +19,10 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-CMD = [
-    "search",
-    "--model",
-    "tiny",
-    "--gpus",
-    "2",
-    "--hardware",
-    "cpu",
-    "--prompts",
-    "4",
-    "--n",
-    "2",
-    "--prompt-len",
-    "8",
-    "--response-len",
-    "8",
-    "--mini-batch",
-    "4",
-    "--refine",
-    "--trials",
-    "2",
-    "--trial-steps",
-    "2",
-    "--trial-timeout",
-    "400",
-    "--json",
-]
+CMD = (
+    "search --model tiny --gpus 2 --hardware cpu --prompts 4 --n 2 --prompt-len 8 --response-len 8 --mini-batch 4"
+    " --refine --trials 2 --trial-steps 2 --trial-timeout 400 --json"
+).split()
 
 
 def _argv(tmp: Path) -> list[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer_harness import torchrun_json
+from trainer_harness import run_config, torchrun_json
 
 pytestmark = pytest.mark.slow
 
@@ -185,9 +185,6 @@ def task_hf(spec: dict) -> dict:
     tokens; the first layout also exports to ``spec["export"]``."""
     import torch.distributed as dist
 
-    from core.config import RunConfig, TrainerOptions
-    from core.specs import load_hardware
-    from core.strategy import Cluster, Strategy, Workload, validate
     from trainer import hf, parallel
     from trainer.engine import Engine
 
@@ -196,17 +193,8 @@ def task_hf(spec: dict) -> dict:
     out = []
     for i, lay in enumerate(spec["layouts"]):
         ckpt = lay.get("ckpt", spec["ckpt"])
-        m = hf.load_spec(ckpt)
-        s = validate(m, Strategy.from_dict(lay["strategy"]), world)
-        cfg = RunConfig(
-            model=m,
-            hardware=load_hardware("cpu"),
-            cluster=Cluster(gpus=world),
-            strategy=s,
-            workload=Workload(dtype="fp32"),
-            trainer=TrainerOptions(hf_checkpoint=ckpt),
-        )
-        parallel.reinit(s)
+        cfg = run_config(hf.load_spec(ckpt), lay["strategy"], world, hf_checkpoint=ckpt)
+        parallel.reinit(cfg.strategy)
         eng = Engine(cfg, trainable=lay.get("trainable", False))
         ids = torch.tensor(spec["ids"])
         lp, _ = eng.logprobs(ids, micro_batch_size=1)

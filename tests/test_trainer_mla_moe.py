@@ -13,7 +13,7 @@ import pytest
 from core.specs import load_model
 from core.strategy import Strategy, validate
 from costmodel.params import per_stage_params, total_params
-from trainer_harness import torchrun_json
+from trainer_harness import run_config, torchrun_json
 
 pytestmark = pytest.mark.slow
 
@@ -62,9 +62,6 @@ def task_roundtrip(spec: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    from core.config import RunConfig, TrainerOptions
-    from core.specs import load_hardware
-    from core.strategy import Cluster, Workload
     from trainer import parallel
     from trainer.engine import Engine
 
@@ -74,16 +71,8 @@ def task_roundtrip(spec: dict) -> dict:
     ids = torch.tensor([[3, 17, 42, 5, 77, 8, 13, 90, 21, 2, 64, 30], [11, 0, 95, 44, 6, 19, 58, 71, 25, 33, 4, 88]])
     m = load_model(MODEL)
     for lay in spec["layouts"]:
-        s = validate(m, Strategy.from_dict(lay["strategy"]), world)
-        cfg = RunConfig(
-            model=m,
-            hardware=load_hardware("cpu"),
-            cluster=Cluster(gpus=world),
-            strategy=s,
-            workload=Workload(dtype="fp32"),
-            trainer=TrainerOptions(hf_checkpoint=lay.get("ckpt"), seed=7),
-        )
-        parallel.reinit(s)
+        cfg = run_config(m, lay["strategy"], world, hf_checkpoint=lay.get("ckpt"), seed=7)
+        parallel.reinit(cfg.strategy)
         eng = Engine(cfg, trainable=False)
         lp, _ = eng.logprobs(ids, micro_batch_size=1)
         if lay.get("export"):

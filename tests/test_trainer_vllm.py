@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from trainer_harness import train_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -145,19 +146,7 @@ def test_vllm_weight_sync_logprobs_and_sleep(tmp_path):
 @pytest.mark.gpu
 @needs_gpu
 def test_grpo_train_with_vllm_rollout(tmp_path):
-    from core.config import save
-
-    cfg = _cfg(tmp_path, steps=3)
-    save(cfg, tmp_path / "c.yaml")
-    r = subprocess.run(
-        [sys.executable, "-c", "from cli.main import run; run()", "train", "--config", str(tmp_path / "c.yaml")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = train_run(_cfg(tmp_path, steps=3), tmp_path, timeout=900)
     assert [x["step"] for x in rows] == [1, 2, 3]
     assert all(math.isfinite(x["loss"]) and x["phases_s"]["weight_sync"] > 0 for x in rows)
 
@@ -167,19 +156,7 @@ def test_grpo_train_with_vllm_rollout(tmp_path):
 @pytest.mark.skipif(not _CUDA or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_grpo_train_rollout_tp2_with_train_tp1(tmp_path):
     """Rollout TP differs from training TP (2 processes: train DP2, one rollout replica of TP2)."""
-    from core.config import save
-
-    cfg = _cfg(tmp_path, rollout_tp=2, gpus=2, steps=2)
-    save(cfg, tmp_path / "c.yaml")
-    r = subprocess.run(
-        [sys.executable, "-c", "from cli.main import run; run()", "train", "--config", str(tmp_path / "c.yaml")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = train_run(_cfg(tmp_path, rollout_tp=2, gpus=2, steps=2), tmp_path, timeout=900)
     assert [x["step"] for x in rows] == [1, 2]
 
 

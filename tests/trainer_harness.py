@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,11 +37,10 @@ def learning_run(tmp_path: Path, model: str, steps: int, **trainer) -> list[dict
     """The learning tests' run: a real `grpo-tune train` of ``model`` on the shipped synthetic task
     (one CPU process, 16 prompts x 8 responses of at most 4 tokens, lr 3e-3, no KL); returns the
     rows of its metrics.jsonl. ``trainer`` adds TrainerOptions fields (e.g. the MoE aux loss)."""
-    from core.config import RunConfig, TrainerOptions, save
+    from core.config import RunConfig, TrainerOptions
     from core.specs import load_hardware, load_model
     from core.strategy import Cluster, Strategy, Workload
 
-    out = tmp_path / "run"
     cfg = RunConfig(
         model=load_model(model),
         hardware=load_hardware("cpu"),
@@ -52,22 +52,31 @@ def learning_run(tmp_path: Path, model: str, steps: int, **trainer) -> list[dict
             lr=3e-3,
             dataset="synthetic",
             reward="math",
-            out_dir=str(out),
+            out_dir=str(tmp_path / "run"),
             checkpoint_every=steps,
             rollout_engine="megatron",
             **trainer,
         ),
     )
-    save(cfg, tmp_path / "learn.yaml")
+    return train_run(cfg, tmp_path, timeout=420)
+
+
+def train_run(cfg, tmp_path: Path, *, timeout: float) -> list[dict]:
+    """`grpo-tune train --config` on ``cfg`` in a fresh process (saved under ``tmp_path``): asserts that it
+    exits 0 and returns the rows of the run's metrics.jsonl."""
+    from core.config import save
+
+    path = tmp_path / "train.yaml"
+    save(cfg, path)
     r = subprocess.run(
-        [sys.executable, "-c", "from cli.main import run; run()", "train", "--config", str(tmp_path / "learn.yaml")],
+        [sys.executable, "-c", "from cli.main import run; run()", "train", "--config", str(path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=420,
+        timeout=timeout,
     )
-    assert r.returncode == 0, r.stdout + r.stderr
-    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return [json.loads(x) for x in (Path(cfg.trainer.out_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
 def torchrun(
@@ -133,16 +142,17 @@ def _launch(task: str, nproc: int, spec_json: str, timeout: float) -> dict:
 
 
 def run_config(
-    model: str, strategy: dict, world: int, *, dtype: str = "fp32", overrides: dict | None = None, **trainer
+    model: Any, strategy: dict, world: int, *, dtype: str = "fp32", overrides: dict | None = None, **trainer
 ):
-    """A RunConfig for a tiny CPU run (fp32); ``overrides`` replace model-spec fields."""
+    """A RunConfig for a tiny CPU run (fp32) of ``model`` (a preset name or a ModelSpec); ``overrides`` replace
+    model-spec fields."""
     import dataclasses
 
     from core.config import RunConfig, TrainerOptions
     from core.specs import load_hardware, load_model
     from core.strategy import Cluster, Strategy, Workload, validate
 
-    m = load_model(model)
+    m = load_model(model) if isinstance(model, str) else model
     if overrides:
         m = dataclasses.replace(m, **overrides)
     s = validate(m, Strategy.from_dict(strategy), world)

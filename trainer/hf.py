@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from core.errors import GrpoTuneError
 from costmodel.params import padded_vocab
-from core.specs import ModelSpec, spec_from_hf_dict
+from core.specs import ARCH_FIELDS, ModelSpec, spec_from_hf_dict
 
 
 class CheckpointError(GrpoTuneError):
@@ -113,47 +113,25 @@ def param_keys(m: ModelSpec, tp: int) -> list[Key]:
                 )
             if m.shared_experts:
                 fs = m.shared_experts * m.expert_ffn_hidden
-                S, HS = L + "mlp.shared_experts.", H + "mlp.shared_experts."
-                keys += [
-                    Key(
-                        S + "linear_fc1.weight",
-                        (2 * fs, h),
-                        "col",
-                        "fc1",
-                        (HS + "gate_proj.weight", HS + "up_proj.weight"),
-                    ),
-                    Key(S + "linear_fc2.weight", (h, fs), "row", "plain", (HS + "down_proj.weight",)),
-                ]
-            f = m.expert_ffn_hidden
+                keys += _swiglu_keys(L + "mlp.shared_experts.", H + "mlp.shared_experts.", fs, h)
             for e in range(m.experts):
                 E, HE = L + f"mlp.experts.local_experts.{e}.", H + f"mlp.experts.{e}."
-                keys += [
-                    Key(
-                        E + "linear_fc1.weight",
-                        (2 * f, h),
-                        "col",
-                        "fc1",
-                        (HE + "gate_proj.weight", HE + "up_proj.weight"),
-                        expert=True,
-                    ),
-                    Key(E + "linear_fc2.weight", (h, f), "row", "plain", (HE + "down_proj.weight",), expert=True),
-                ]
+                keys += _swiglu_keys(E, HE, m.expert_ffn_hidden, h, expert=True)
         else:
-            f = m.ffn_hidden
-            keys += [
-                Key(
-                    L + "mlp.linear_fc1.weight",
-                    (2 * f, h),
-                    "col",
-                    "fc1",
-                    (H + "mlp.gate_proj.weight", H + "mlp.up_proj.weight"),
-                ),
-                Key(L + "mlp.linear_fc2.weight", (h, f), "row", "plain", (H + "mlp.down_proj.weight",)),
-            ]
+            keys += _swiglu_keys(L + "mlp.", H + "mlp.", m.ffn_hidden, h)
     keys.append(Key("decoder.final_layernorm.weight", (h,), "rep", "plain", ("model.norm.weight",)))
     if not m.tied_embeddings:
         keys.append(Key("output_layer.weight", (vp, h), "col", "vocab", ("lm_head.weight",)))
     return keys
+
+
+def _swiglu_keys(L: str, H: str, f: int, h: int, *, expert: bool = False) -> list[Key]:
+    """One SwiGLU MLP of intermediate size ``f`` (dense, shared experts or one routed expert): megatron's
+    ``linear_fc1`` is HF's gate and up projections stacked, ``linear_fc2`` its down projection."""
+    return [
+        Key(L + "linear_fc1.weight", (2 * f, h), "col", "fc1", (H + "gate_proj.weight", H + "up_proj.weight"), expert),
+        Key(L + "linear_fc2.weight", (h, f), "row", "plain", (H + "down_proj.weight",), expert),
+    ]
 
 
 def _mla_keys(m: ModelSpec, L: str, attn: str) -> list[Key]:
@@ -434,32 +412,9 @@ def load_spec(path: str | Path) -> ModelSpec:
 
 
 def check_matches(m: ModelSpec, ckpt: ModelSpec) -> None:
-    fields = (
-        "layers",
-        "hidden",
-        "ffn_hidden",
-        "heads",
-        "kv_heads",
-        "head_dim",
-        "vocab",
-        "qkv_bias",
-        "qk_norm",
-        "experts",
-        "top_k",
-        "expert_ffn_hidden",
-        "tied_embeddings",
-        "shared_experts",
-        "dense_layers",
-        "router_bias",
-        "q_lora_rank",
-        "kv_lora_rank",
-        "qk_nope_head_dim",
-        "qk_rope_head_dim",
-        "v_head_dim",
-    )
     bad = [
         f"{f}: config {getattr(m, f)} vs checkpoint {getattr(ckpt, f)}"
-        for f in fields
+        for f in ARCH_FIELDS
         if getattr(m, f) != getattr(ckpt, f)
     ]
     if bad:
