@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
 from core.config import RunConfig, TrainerOptions
 from core.specs import load_hardware, load_model
 from core.strategy import Cluster, Strategy, Workload, validate
@@ -46,63 +50,15 @@ ENGINE_KNOBS = dict(
 
 
 def configs() -> dict[str, RunConfig]:
-    """Plans that exercise every branch of the exporters."""
+    """Plans that exercise every branch of the exporters (tests/fixtures/export_configs.yaml)."""
+    table = yaml.safe_load((Path(__file__).parent / "fixtures" / "export_configs.yaml").read_text())
     return {
-        "7b-tp2": make("qwen2-7b", 8, tp=2, rollout_tp=2, mbs=2, offload=("param", "optimizer")),
-        "7b-fp16-grad-offload": make(
-            "qwen2.5-7b",
-            8,
-            tp=4,
-            rollout_tp=4,
-            mbs=1,
-            offload=("grad",),
-            recompute="none",
-            workload=Workload(dtype="fp16", n=8, prompts=512, mini_batch=128),
-            trainer=TrainerOptions(clip_ratio_high=0.28),
-        ),
-        "32b-pp-vpp-uneven": make(
-            "qwen2.5-32b",
-            32,
-            tp=4,
-            pp=4,
-            vpp=2,
-            first_stage_layers=14,
-            last_stage_layers=14,
-            rollout_tp=8,
-            mbs=1,
-            recompute="full",
-            recompute_layers=4,
-            offload=("param", "grad", "optimizer"),
-        ),
-        "moonlight-tp4-ep4-etp1": make(
-            "moonlight-16b-a3b", 8, tp=4, ep=4, etp=1, rollout_tp=4, mbs=1, offload=("param", "optimizer")
-        ),
-        "qwen3-30b-a3b-ep8": make(
-            "qwen3-30b-a3b",
-            16,
-            tp=2,
-            pp=2,
-            ep=8,
-            etp=1,
-            rollout_tp=4,
-            mbs=1,
-            recompute="full",
-            offload=("param", "optimizer"),
-        ),
-        "deepseek-v3-cp": make(
-            "deepseek-v3",
-            256,
-            tp=8,
-            pp=8,
-            cp=2,
-            ep=16,
-            etp=1,
-            rollout_tp=8,
-            mbs=1,
-            first_stage_layers=5,
-            last_stage_layers=8,
-            recompute="full",
-            distributed_optimizer=True,
-            offload=("param", "optimizer"),
-        ),
+        name: make(
+            e["model"],
+            e["gpus"],
+            workload=Workload(**e["workload"]) if "workload" in e else None,
+            trainer=TrainerOptions(**e["trainer"]) if "trainer" in e else None,
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in e["strategy"].items()},
+        )
+        for name, e in table.items()
     }

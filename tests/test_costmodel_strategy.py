@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -89,26 +91,8 @@ ANY = st.one_of(
     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
 )
 SMALL = st.integers(1, 64)
-KEYS = [
-    "tp",
-    "pp",
-    "vpp",
-    "cp",
-    "ep",
-    "etp",
-    "dp",
-    "mbs",
-    "sequence_parallel",
-    "recompute",
-    "recompute_layers",
-    "distributed_optimizer",
-    "offload",
-    "first_stage_layers",
-    "last_stage_layers",
-    "rollout_tp",
-    "gpu_memory_utilization",
-    "bogus_key",
-]
+# Every Strategy field (the list cannot go stale as fields are added) and one unknown key.
+KEYS = [f.name for f in dataclasses.fields(Strategy)] + ["bogus_key"]
 
 
 @settings(max_examples=300, deadline=None)

@@ -18,7 +18,7 @@ from typing import Iterable
 import torch
 
 from .base import SamplingParams
-from .sampling import sample, sample_cached
+from .sampling import sample
 
 
 class MegatronRollout:
@@ -59,7 +59,7 @@ class MegatronRollout:
             with self.engine.kv_session(
                 len(prompt_ids), min(width, self.max_seq_len), micro_batch_size=self.micro_batch_size
             ) as step:
-                return sample_cached(step, prompt_ids, params, **kw)
+                return sample(step, prompt_ids, params, cached=True, **kw)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, object]]) -> None:
         """No-op: generation reads the actor's live parameters. Consumes nothing, so a collective

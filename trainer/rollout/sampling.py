@@ -8,12 +8,13 @@ Collective safety: every decoding step calls ``next_logits_fn`` once with *all* 
 not, and the loop ends on the same step on every rank as long as every rank sees the same logits
 and draws from a generator in the same state. Under TP/PP the logits are identical on each rank
 of the group, so pass each rank a generator seeded the same way (or ``params.seed``).
-:func:`sample` has no KV cache (each step re-runs the whole prefix, O(T^2) work); :func:`sample_cached`
-gives the same tokens from a KV cache (``Engine.kv_session``), O(T).
+:func:`sample` without a KV cache re-runs the whole prefix each step (O(T^2) work); with ``cached=True``
+it gives the same tokens from a KV cache (``Engine.kv_session``), O(T).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -21,6 +22,7 @@ import torch
 from .base import SamplingParams
 
 NextLogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+StepFn = Callable[[torch.Tensor, int], torch.Tensor]
 
 
 def sample_next(
@@ -78,7 +80,7 @@ def _padded_prompts(
 
 
 def sample(
-    next_logits_fn: NextLogitsFn,
+    logits_fn: NextLogitsFn | StepFn,
     prompt_ids: Sequence[Sequence[int]],
     params: SamplingParams,
     *,
@@ -87,19 +89,50 @@ def sample(
     generator: torch.Generator | None = None,
     max_seq_len: int | None = None,
     device: torch.device | str | None = None,
+    cached: bool = False,
 ) -> list[list[int]]:
     """Sample one response per prompt; returns the response ids only (see ``RolloutEngine.generate``).
 
     A response ends after EOS or any of ``params.stop_token_ids`` (kept as its last id), after
     ``params.max_tokens`` ids, or when prompt + response reaches ``max_seq_len``.
     ``generator`` wins over ``params.seed``; with neither, torch's global RNG is used.
+
+    ``logits_fn`` is a :data:`NextLogitsFn` (each step re-runs the whole prefix), or with
+    ``cached=True`` a KV-cache :data:`StepFn` (``Engine.kv_session``): the same responses, draw for draw.
     """
-    n = len(prompt_ids)
-    if n == 0:
+    if len(prompt_ids) == 0:
         return []
     lens, budget, tokens = _padded_prompts(prompt_ids, params, pad_id=pad_id, max_seq_len=max_seq_len, device=device)
+    batch = _Batch(lens, budget, tokens, params, {eos_id, *params.stop_token_ids}, generator)
+    return _decode_cached(logits_fn, batch) if cached else _decode(logits_fn, batch)
+
+
+@dataclass
+class _Batch:
+    """What both decoding loops start from: each prompt's length and response budget, the padded token
+    buffer (responses are written into it), the sampling settings and stop ids, and the generator."""
+
+    lens: list[int]
+    budget: list[int]
+    tokens: torch.Tensor
+    params: SamplingParams
+    stop_ids: set[int]
+    generator: torch.Generator | None
+
+    def rng(self, device: torch.device) -> torch.Generator | None:
+        """The caller's generator, else one seeded with ``params.seed`` on the logits' device (made on first use),
+        else None (torch's global RNG)."""
+        if self.generator is None and self.params.seed is not None:
+            self.generator = torch.Generator(device=device).manual_seed(self.params.seed)
+        return self.generator
+
+
+def _decode(next_logits_fn: NextLogitsFn, batch: _Batch) -> list[list[int]]:
+    """The uncached loop: each step feeds every row's whole prefix to ``next_logits_fn``."""
+    lens, budget, tokens, params = batch.lens, batch.budget, batch.tokens, batch.params
+    n, device = len(lens), tokens.device
     lengths = torch.tensor(lens, dtype=torch.long, device=device)
-    stop = torch.tensor(sorted({eos_id, *params.stop_token_ids}), dtype=torch.long, device=device)
+    stop = torch.tensor(sorted(batch.stop_ids), dtype=torch.long, device=device)
     done = torch.tensor([b == 0 for b in budget], dtype=torch.bool, device=device)
     limit = torch.tensor(budget, dtype=torch.long, device=device)
     produced = torch.zeros(n, dtype=torch.long, device=device)
@@ -110,11 +143,9 @@ def sample(
             break
         cur = int(lengths.max())
         logits = next_logits_fn(tokens[:, :cur], lengths)
-        if generator is None and params.seed is not None:
-            generator = torch.Generator(device=logits.device).manual_seed(params.seed)
-        nxt = sample_next(logits, temperature=params.temperature, top_p=params.top_p, generator=generator).to(
-            tokens.device
-        )
+        nxt = sample_next(
+            logits, temperature=params.temperature, top_p=params.top_p, generator=batch.rng(logits.device)
+        ).to(tokens.device)
         live = ~done
         tokens[rows[live], lengths[live]] = nxt[live]
         lengths = lengths + live.long()
@@ -125,20 +156,8 @@ def sample(
     return [row[k:e] for row, k, e in zip(rows_out, lens, ends)]
 
 
-StepFn = Callable[[torch.Tensor, int], torch.Tensor]
-
-
-def sample_cached(
-    step_fn: StepFn,
-    prompt_ids: Sequence[Sequence[int]],
-    params: SamplingParams,
-    *,
-    pad_id: int,
-    eos_id: int,
-    generator: torch.Generator | None = None,
-    max_seq_len: int | None = None,
-) -> list[list[int]]:
-    """:func:`sample` on a KV cache: the same responses, each token's logits from one new position.
+def _decode_cached(step_fn: StepFn, batch: _Batch) -> list[list[int]]:
+    """The KV-cache loop: each token's logits from one new position.
 
     ``step_fn(chunk [B, T], start)`` feeds positions ``start .. start+T-1`` of every row to the
     cache and returns the logits of the chunk's last position ``[B, V]``. Rows share positions
@@ -146,17 +165,13 @@ def sample_cached(
     row still inside its prompt gets its prompt token, a live row its sampled token, a finished
     row padding (never read by another row). Work is O(T) per token instead of O(T^2).
 
-    Sampling matches :func:`sample` draw for draw: there, decoding step k draws one uniform per
+    Sampling matches :func:`_decode` draw for draw: there, decoding step k draws one uniform per
     row and row b's k-th token uses its own; here row b reaches its k-th token at position
     ``len(prompt_b) + k``, so the k-th batch of uniforms is drawn (from the same generator, in
     the same order) the first time any row needs it. Greedy (temperature 0) draws nothing.
     """
-    n = len(prompt_ids)
-    if n == 0:
-        return []
-    lens, budget, tokens = _padded_prompts(prompt_ids, params, pad_id=pad_id, max_seq_len=max_seq_len)
-    width = tokens.shape[1]
-    stop = {eos_id, *params.stop_token_ids}
+    lens, budget, tokens, params = batch.lens, batch.budget, batch.tokens, batch.params
+    n, width = len(lens), tokens.shape[1]
     produced = [0] * n
     done = [b == 0 for b in budget]
     draws: list[torch.Tensor] = []
@@ -165,8 +180,7 @@ def sample_cached(
     while not all(done) and pos < width:
         live = [b for b in range(n) if not done[b] and lens[b] + produced[b] == pos]
         if live:
-            if generator is None and params.seed is not None:
-                generator = torch.Generator(device=logits.device).manual_seed(params.seed)
+            generator = batch.rng(logits.device)
             u = None
             if params.temperature != 0:
                 for k in sorted({produced[b] for b in live}):
@@ -180,7 +194,7 @@ def sample_cached(
             for b, t in zip(live, nxt):
                 tokens[b, pos] = t
                 produced[b] += 1
-                if t in stop or produced[b] >= budget[b]:
+                if t in batch.stop_ids or produced[b] >= budget[b]:
                     done[b] = True
         if all(done) or pos + 1 >= width:
             break
