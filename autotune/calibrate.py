@@ -17,6 +17,7 @@ A calibration file is JSON ``{"version": 1, "hardware": name, "params": {...}, "
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from core.config import inputs_of
 from core.errors import ConfigError
 from core.specs import HardwareSpec, ModelSpec
 from core.strategy import Cluster, Strategy, Workload
@@ -76,14 +78,7 @@ def predict_estimate(params: dict[str, float], pt: Point) -> tuple[float, dict[s
     """Predicted step and phase seconds from :func:`costmodel.estimate.estimate` with ``params``."""
     from costmodel.estimate import estimate
 
-    e = estimate(
-        model=pt.model,
-        hardware=pt.hardware,
-        cluster=pt.cluster,
-        strategy=pt.strategy,
-        workload=pt.workload,
-        calibration=params,
-    )
+    e = estimate(**inputs_of(pt), calibration=params)
     if e.time is None:
         raise ConfigError(
             "the time model returned no time for a measured plan", hint="calibration needs the time model"
@@ -120,17 +115,7 @@ class CalibrationResult:
     message: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "params": self.params,
-            "base": self.base,
-            "before": self.before,
-            "after": self.after,
-            "points": self.points,
-            "cost": self.cost,
-            "cost_before": self.cost_before,
-            "success": self.success,
-            "message": self.message,
-        }
+        return dataclasses.asdict(self)
 
     def save(self, path: str | os.PathLike, *, hardware: str) -> Path:
         return save(path, params=self.params, hardware=hardware, fit=self.to_dict())

@@ -18,7 +18,7 @@ from typing import Any, Protocol, Sequence
 
 from costmodel.estimate import Estimate
 
-from core.config import RunConfig, TrainerOptions, atomic_write, save
+from core.config import RunConfig, TrainerOptions, atomic_write, inputs_of, save
 
 
 class SearchTables(Protocol):
@@ -72,11 +72,7 @@ def run_config(
     if run_dir is not None and trainer.out_dir == TrainerOptions().out_dir:
         trainer = TrainerOptions(**{**trainer.__dict__, "out_dir": str(Path(run_dir) / "train")})
     return RunConfig(
-        model=est.model,
-        hardware=est.hardware,
-        cluster=est.cluster,
-        strategy=est.strategy,
-        workload=est.workload,
+        **inputs_of(est),
         trainer=trainer,
         predicted=predicted(est),
         measured=measured,

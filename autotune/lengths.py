@@ -19,11 +19,11 @@ response histogram is that of the per-step maxima and means is not claimed: only
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
+from autotune.runlog import json_object
 from core.errors import ConfigError
 from core.specs import ModelSpec
 from costmodel.lengths import quantiles_from_samples
@@ -93,15 +93,12 @@ def _run_metrics(p: Path) -> list[dict[str, float]]:
                 if not line:
                     continue
                 if line.startswith("{"):
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError:
+                    obj = json_object(line)
+                    if obj is None:
                         continue
-                    if isinstance(obj, dict) and isinstance(obj.get("data"), dict):
+                    if isinstance(obj.get("data"), dict):
                         obj = obj["data"]
-                    if isinstance(obj, dict) and (
-                        "response_length/mean" in obj or ("response_len" in obj and "step" in obj and "phases_s" in obj)
-                    ):
+                    if "response_length/mean" in obj or ("response_len" in obj and "step" in obj and "phases_s" in obj):
                         steps.append(
                             {
                                 k: float(v)
@@ -152,11 +149,8 @@ def _dataset(p: Path) -> tuple[list[str], list[str]]:
             for i, line in enumerate(fh):
                 if i >= MAX_RECORDS:
                     break
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(obj, dict):
+                obj = json_object(line)
+                if obj is not None:
                     rows.append(obj)
     prompts = [_text(r["prompt"]) for r in rows if "prompt" in r]
     responses = [_text(r.get("response", r.get("completion"))) for r in rows if ("response" in r or "completion" in r)]

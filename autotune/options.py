@@ -13,7 +13,7 @@ import typer
 from core.errors import ConfigError
 from core.rules import check_lengths
 from core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
-from core.strategy import OFFLOAD, RECOMPUTE, Cluster, Workload
+from core.strategy import DEGREES, OFFLOAD, RECOMPUTE, Cluster, Workload
 
 P_MODEL = "Model"
 P_PAR = "Parallel degrees (unset: default in estimate, tuned in search)"
@@ -213,72 +213,35 @@ def _check_gpu_memory_utilization(gpu_memory_utilization) -> None:
         )
 
 
-def strategy_pins(
-    *,
-    tp=None,
-    pp=None,
-    vpp=None,
-    cp=None,
-    ep=None,
-    etp=None,
-    mbs=None,
-    recompute=None,
-    sequence_parallel=None,
-    distributed_optimizer=None,
-    offload=None,
-    rollout_tp=None,
-    gpu_memory_utilization=None,
-    first_stage_layers=None,
-    last_stage_layers=None,
-    max_tokens_per_gpu=None,
-    cpu_optimizer=None,
-    max_num_seqs=None,
-    enforce_eager=None,
-) -> dict[str, Any]:
-    """The strategy fields the user set; the rest are left out. ``--max-tokens-per-gpu 0`` and
-    ``--cpu-optimizer 0`` pin the feature off (a None value in the pins)."""
-    _check_scalar_pins(recompute, max_tokens_per_gpu, cpu_optimizer, max_num_seqs)
-    # issue 14 (diag): a zero degree divided by zero in search; 0/1.5/nan memory fractions fit nothing
-    for flag, v in (
-        ("tp", tp),
-        ("pp", pp),
-        ("vpp", vpp),
-        ("cp", cp),
-        ("ep", ep),
-        ("etp", etp),
-        ("mbs", mbs),
-        ("rollout-tp", rollout_tp),
-        ("first-stage-layers", first_stage_layers),
-        ("last-stage-layers", last_stage_layers),
-    ):
+# Pins that must be >= 1 when given (issue 14 (diag): a zero degree divided by zero in search).
+_POSITIVE_PINS = (*DEGREES, "mbs", "rollout_tp", "first_stage_layers", "last_stage_layers")
+# Pins whose 0 turns the feature off (a None value in the pins).
+_ZERO_IS_OFF = ("max_tokens_per_gpu", "cpu_optimizer")
+
+
+def strategy_pins(**flags: Any) -> dict[str, Any]:
+    """The strategy fields the user set (``flags`` named as in :data:`PIN_FLAGS`; unset ones None or
+    left out); the rest are left out. ``--max-tokens-per-gpu 0`` and ``--cpu-optimizer 0`` pin the
+    feature off (a None value in the pins)."""
+    unknown = sorted(set(flags) - set(PIN_FLAGS))
+    if unknown:
+        raise TypeError(f"strategy_pins() got unknown flag(s) {', '.join(unknown)}")
+    f = {k: flags.get(k) for k in PIN_FLAGS}
+    _check_scalar_pins(f["recompute"], f["max_tokens_per_gpu"], f["cpu_optimizer"], f["max_num_seqs"])
+    for name in _POSITIVE_PINS:
+        v = f[name]
         if v is not None and v < 1:
+            flag = name.replace("_", "-")
             raise ConfigError(f"--{flag} must be >= 1, got {v}", hint=f"leave --{flag} out to let search choose")
-    _check_gpu_memory_utilization(gpu_memory_utilization)
-    raw = dict(
-        tp=tp,
-        pp=pp,
-        vpp=vpp,
-        cp=cp,
-        ep=ep,
-        etp=etp,
-        mbs=mbs,
-        recompute=recompute,
-        sequence_parallel=sequence_parallel,
-        distributed_optimizer=distributed_optimizer,
-        offload=parse_offload(offload),
-        rollout_tp=rollout_tp,
-        gpu_memory_utilization=gpu_memory_utilization,
-        first_stage_layers=first_stage_layers,
-        last_stage_layers=last_stage_layers,
-        max_num_seqs=max_num_seqs,
-        enforce_eager=enforce_eager,
-    )
-    out = {k: v for k, v in raw.items() if v is not None}
-    if max_tokens_per_gpu is not None:
-        out["max_tokens_per_gpu"] = max_tokens_per_gpu or None
-    if cpu_optimizer is not None:
-        out["cpu_optimizer"] = cpu_optimizer or None
-        if cpu_optimizer:  # as verl's examples set it: overlap the copies, precision-aware Adam
+    _check_gpu_memory_utilization(f["gpu_memory_utilization"])  # 0/1.5/nan memory fractions fit nothing
+    f["offload"] = parse_offload(f["offload"])
+    out = {k: v for k, v in f.items() if v is not None and k not in _ZERO_IS_OFF}
+    tokens, cpu = f["max_tokens_per_gpu"], f["cpu_optimizer"]
+    if tokens is not None:
+        out["max_tokens_per_gpu"] = tokens or None
+    if cpu is not None:
+        out["cpu_optimizer"] = cpu or None
+        if cpu:  # as verl's examples set it: overlap the copies, precision-aware Adam
             out["overlap_cpu_optimizer"] = True
             out["precision_aware_optimizer"] = True
     return out
@@ -368,12 +331,7 @@ WORKLOAD_FLAGS = (
     "lengths",
 )
 PIN_FLAGS = (
-    "tp",
-    "pp",
-    "vpp",
-    "cp",
-    "ep",
-    "etp",
+    *DEGREES,
     "mbs",
     "recompute",
     "sequence_parallel",
@@ -414,15 +372,5 @@ def inputs_from_flags(flags: dict[str, Any]) -> tuple[ModelSpec, HardwareSpec, C
 
 # The flags' defaults are Workload's (core/strategy.py, which says where they come from).
 _W = Workload()
-WORKLOAD_DEFAULTS = dict(
-    workload=_W.kind,
-    prompts=_W.prompts,
-    n=_W.n,
-    prompt_len=_W.prompt_len,
-    response_len=_W.response_len,
-    mini_batch=_W.mini_batch,
-    ppo_epochs=_W.ppo_epochs,
-    kl=_W.kl,
-    seq_len=_W.seq_len,
-    gbs=_W.gbs,
-)
+_WL_FIELD_FLAGS = ("prompts", "n", "prompt_len", "response_len", "mini_batch", "ppo_epochs", "kl", "seq_len", "gbs")
+WORKLOAD_DEFAULTS = {"workload": _W.kind, **{k: getattr(_W, k) for k in _WL_FIELD_FLAGS}}

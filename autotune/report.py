@@ -12,12 +12,13 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from autotune.grouping import layout_key
 from costmodel.estimate import Estimate
 from core.strategy import Strategy
 
 from core.config import atomic_write
+from core.units import GiB
 
-GiB = 1024**3
 PHASE_COLORS = {
     "rollout": "#4C72B0",
     "weight_sync": "#8172B2",
@@ -194,19 +195,15 @@ def plans_table(plans: Sequence[Estimate]) -> list[str]:
     return lines
 
 
-def _layout_key(s: Strategy) -> tuple:
-    return (s.tp, s.pp, s.vpp, s.cp, s.ep, s.etp_, s.first_stage_layers, s.last_stage_layers)
-
-
 def runner_ups(ranked: Sequence[Estimate], k: int = 3) -> list[Estimate]:
     """The best plan of each of the next ``k`` layouts after the winner's (variants of the winner's
     layout differ in a knob, other layouts in how the model is split: both are worth a line)."""
     if not ranked:
         return []
-    seen = {_layout_key(ranked[0].strategy)}
+    seen = {layout_key(ranked[0].strategy)}
     out: list[Estimate] = []
     for e in ranked[1:]:
-        key = _layout_key(e.strategy)
+        key = layout_key(e.strategy)
         if key not in seen:
             seen.add(key)
             out.append(e)

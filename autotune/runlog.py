@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.config import inputs_of
 from core.errors import ConfigError
 from core.phases import MEASURED_PHASES
+from core.units import GiB
 
 MAX_LOG_BYTES = 256 * 1024 * 1024
 """Largest log read (a 10,000-step verl JSONL with ~300 keys per step is ~50 MB)."""
@@ -49,13 +51,26 @@ VERL_PHASES: dict[str, str] = {
 
 PHASES = tuple(p.value for p in MEASURED_PHASES)  # named once, in core/phases.py
 
-_LENGTH_KEYS = {
+# verl's metric -> StepRecord field (the step time comes from the timers, see _verl_record)
+_VERL_KEYS = {
     "response_length/mean": "response_len_mean",
     "response_length/max": "response_len_max",
     "response_length/min": "response_len_min",
     "prompt_length/mean": "prompt_len_mean",
     "prompt_length/max": "prompt_len_max",
     "prompt_length/min": "prompt_len_min",
+    "perf/max_memory_allocated_gb": "max_memory_allocated_gib",
+    "perf/max_memory_reserved_gb": "max_memory_reserved_gib",
+    "perf/total_num_tokens": "total_tokens",
+    "perf/throughput": "throughput_tok_s_gpu",
+}
+# grpo-tune's own metrics.jsonl key -> StepRecord field
+_OURS_KEYS = {
+    "step_s": "step_s",
+    "response_len": "response_len_mean",
+    "response_len_max": "response_len_max",
+    "tokens": "total_tokens",
+    "tokens_per_s_per_gpu": "throughput_tok_s_gpu",
 }
 
 _CONSOLE_STEP = re.compile(r"(?:^|[\s)\]])step:(\d+)((?: - .*)?)$")
@@ -154,6 +169,11 @@ def _num(v: Any) -> float | None:
     return None
 
 
+def _fields(obj: dict[str, Any], keys: dict[str, str]) -> dict[str, float | None]:
+    """StepRecord field -> the logged number (None where the log lacks it), for ``keys``' log keys."""
+    return {ours: _num(obj.get(k)) for k, ours in keys.items()}
+
+
 def _verl_record(step: int, data: dict[str, Any]) -> StepRecord | None:
     timing = {
         k: f for k, v in data.items() if isinstance(k, str) and k.startswith("timing_s/") and (f := _num(v)) is not None
@@ -161,21 +181,10 @@ def _verl_record(step: int, data: dict[str, Any]) -> StepRecord | None:
     phases = {VERL_PHASES[k]: v for k, v in timing.items() if k in VERL_PHASES}
     if not phases:
         return None  # a validation-only step (val-core/*) or a step without timers
-    lens = {ours: _num(data.get(k)) for k, ours in _LENGTH_KEYS.items()}
     step_s = timing.get("timing_s/step")
     if step_s is None:
         step_s = _num(data.get("perf/time_per_step"))
-    return StepRecord(
-        step=step,
-        phases_s=phases,
-        step_s=step_s,
-        **lens,
-        max_memory_allocated_gib=_num(data.get("perf/max_memory_allocated_gb")),
-        max_memory_reserved_gib=_num(data.get("perf/max_memory_reserved_gb")),
-        total_tokens=_num(data.get("perf/total_num_tokens")),
-        throughput_tok_s_gpu=_num(data.get("perf/throughput")),
-        timing_s=timing,
-    )
+    return StepRecord(step=step, phases_s=phases, step_s=step_s, **_fields(data, _VERL_KEYS), timing_s=timing)
 
 
 def _ours_record(obj: dict[str, Any]) -> StepRecord | None:
@@ -191,32 +200,28 @@ def _ours_record(obj: dict[str, Any]) -> StepRecord | None:
     timing = {f"phases_s/{k}": v for k, v in phases.items()}
     if (off := _num(obj.get("offload_s"))) is not None:
         timing["phases_s/offload"] = off
-    return StepRecord(
-        step=step,
-        phases_s=phases,
-        step_s=_num(obj.get("step_s")),
-        response_len_mean=_num(obj.get("response_len")),
-        response_len_max=_num(obj.get("response_len_max")),
-        total_tokens=_num(obj.get("tokens")),
-        throughput_tok_s_gpu=_num(obj.get("tokens_per_s_per_gpu")),
-        timing_s=timing,
-    )
+    return StepRecord(step=step, phases_s=phases, **_fields(obj, _OURS_KEYS), timing_s=timing)
+
+
+def json_object(text: str) -> dict[str, Any] | None:
+    """``text`` parsed as a JSON object; None when it is not JSON, or JSON of another kind."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def _detect(lines: list[str]) -> str:
     for line in lines[:200]:
         s = line.strip()
-        if not s:
+        obj = json_object(s) if s.startswith("{") else None
+        if obj is None:
             continue
-        if s.startswith("{"):
-            try:
-                obj = json.loads(s)
-            except ValueError:
-                continue
-            if isinstance(obj, dict) and isinstance(obj.get("data"), dict) and "step" in obj:
-                return "verl-jsonl"
-            if isinstance(obj, dict) and "phases_s" in obj:
-                return "grpo-tune"
+        if isinstance(obj.get("data"), dict) and "step" in obj:
+            return "verl-jsonl"
+        if "phases_s" in obj:
+            return "grpo-tune"
     for line in lines:
         if _CONSOLE_STEP.search(_ANSI.sub("", line)):
             return "verl-console"
@@ -323,7 +328,6 @@ def summary(log: RunLog, *, skip_warmup: int = 0) -> dict[str, Any]:
 # Calibrating the time model from logs (grpo-tune calibrate --from-log)
 # ---------------------------------------------------------------------------------------------
 
-GiB = 1024**3
 ANOTHER_MODEL_RATIO = 10.0
 """A log whose training phases take over 10x more or less than the launch's model predicts is taken for a log
 of another model (the uncalibrated model is within a few x of real runs; 7B vs 0.5B is ~9-15x)."""
@@ -405,11 +409,7 @@ def log_point(
     if step is None:
         step = sum(phases.values())
     pt = Point(
-        model=plan.model,
-        hardware=plan.hardware,
-        cluster=plan.cluster,
-        strategy=plan.strategy,
-        workload=plan.workload,
+        **inputs_of(plan),
         measured_step_s=float(step),
         measured_phases_s=phases,
         label=label or Path(log.path).name,

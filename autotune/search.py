@@ -34,6 +34,7 @@ from costmodel.estimate import Estimate, estimate
 from core.specs import HardwareSpec, ModelSpec
 from core.strategy import OFFLOAD, RECOMPUTE, Cluster, Strategy, Workload, validate
 from core.support import trainer_only
+from core.units import GiB
 
 # The candidate space and the ranking live in autotune/space.py and autotune/rank.py; their
 # names stay importable from here (tests and callers use autotune.search.Space, step_s, ...).
@@ -47,7 +48,6 @@ from .space import (  # noqa: F401
     MAX_MBS,
     MAX_NUM_SEQS_GRID,
     OFFLOAD_SETS,
-    GiB,
     Space,
     _extra,
     _plan_ok,

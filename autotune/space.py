@@ -30,7 +30,6 @@ OFFLOAD_SETS: tuple[tuple[str, ...], ...] = ((), ("optimizer",), ("param", "grad
 """Offload sets verl 0.9.1 can express: its ``param_offload`` frees parameters and gradient buffers
 together and it has no ``grad_offload`` (verl_091_facts.md; autotune/verl_table.py ``_offload_write``),
 so param-only and grad-only sets would be priced but never run."""
-GiB = 1024**3
 
 CP_MIN_TOKENS = 4096
 """Tokens of one sequence each context-parallel rank must keep for search to propose CP > 1 (unpinned)."""

@@ -33,17 +33,12 @@ from autotune.tune_script import parse_value_str as parse_value_str
 from autotune.tune_script import tuned_text as tuned_text
 from core.errors import ConfigError, GrpoTuneError, UnknownModelError
 from core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
-from core.strategy import Cluster, Strategy, Workload
+from core.strategy import DEGREES, Cluster, Strategy, Workload
 
 # Strategy fields the search may change and tune writes back; the rest of the plan (dynamic-batching caps,
 # the CPU optimizer, vLLM engine knobs) is the user's and stays pinned to the launch's values.
 SEARCHED = (
-    "tp",
-    "pp",
-    "vpp",
-    "cp",
-    "ep",
-    "etp",
+    *DEGREES,
     "mbs",
     "recompute",
     "offload",

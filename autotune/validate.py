@@ -69,6 +69,8 @@ class Row:
     published: float
 
 
+_PLAN_COLUMNS = ("tp", "pp", "vpp", "mbs", "recompute", "sequence_parallel", "distributed_optimizer")
+"""The columns that are Strategy fields of the same name."""
 _INT = {"layers", "hidden", "heads", "vocab", "seq_len", "tp", "pp", "vpp", "gpus", "gbs", "mbs"}
 _FLOAT = {"params_b", "published"}
 _BOOL = {"sequence_parallel", "distributed_optimizer"}
@@ -159,15 +161,7 @@ def korthikanti_model_flops(row: Row) -> float:
 
 def predict_step_s(row: Row, hw: HardwareSpec, calibration: dict[str, float] | None = None) -> float:
     m = gpt_model(row)
-    s = Strategy(
-        tp=row.tp,
-        pp=row.pp,
-        vpp=row.vpp,
-        mbs=row.mbs,
-        recompute=row.recompute,
-        sequence_parallel=row.sequence_parallel,
-        distributed_optimizer=row.distributed_optimizer,
-    )
+    s = Strategy(**{k: getattr(row, k) for k in _PLAN_COLUMNS})
     s = validate_degrees(m, s, row.gpus, gpus_per_node=hw.gpus_per_node)
     wl = Workload(kind="pretrain", seq_len=row.seq_len, gbs=row.gbs)
     time, _, _ = step_time(

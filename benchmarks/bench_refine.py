@@ -180,7 +180,7 @@ def measure(
 ) -> None:
     """Profile every (repeat, plan) still missing from the cache; save after each run."""
     from autotune.refine import plan_key, run_profile
-    from core.config import RunConfig, TrainerOptions, save
+    from core.config import RunConfig, TrainerOptions, inputs_of, save
 
     by_key = {plan_key(e.strategy): e for e in space}
     todo = [(r, k) for r, k in schedule(sorted(by_key), repeats) if len(cache["plans"][k]["runs"]) <= r]
@@ -190,11 +190,7 @@ def measure(
         d = work / f"r{r}-{abs(hash(k)) % 10**8:08d}"
         d.mkdir(parents=True, exist_ok=True)
         cfg = RunConfig(
-            model=e.model,
-            hardware=e.hardware,
-            cluster=e.cluster,
-            strategy=e.strategy,
-            workload=e.workload,
+            **inputs_of(e),
             trainer=TrainerOptions(steps=steps, out_dir=str(d / "train")),
         )
         p = save(cfg, d / "config.yaml")
@@ -277,6 +273,7 @@ def strat_random(space, draws, k, rng) -> tuple[str, int]:
 def strat_calibrated(space, draws, k, rng) -> tuple[str, int]:
     """Measure K random plans, fit the time model to them (autotune.calibrate), take its top-1."""
     from autotune.calibrate import Point, fit
+    from core.config import inputs_of
     from costmodel.estimate import estimate
 
     keys = rng.sample([key for key, _ in space], k)
@@ -286,28 +283,14 @@ def strat_calibrated(space, draws, k, rng) -> tuple[str, int]:
         e, r = by[key], draws.run(key)
         pts.append(
             Point(
-                model=e.model,
-                hardware=e.hardware,
-                cluster=e.cluster,
-                strategy=e.strategy,
-                workload=e.workload,
+                **inputs_of(e),
                 measured_step_s=float(r["step_s"]),
                 measured_phases_s=dict(r.get("phases_s") or {}),
                 label=key,
             )
         )
     params = fit(pts).params
-    pred = {
-        key: estimate(
-            model=e.model,
-            hardware=e.hardware,
-            cluster=e.cluster,
-            strategy=e.strategy,
-            workload=e.workload,
-            calibration=params,
-        ).step_s
-        for key, e in space
-    }
+    pred = {key: estimate(**inputs_of(e), calibration=params).step_s for key, e in space}
     strat_calibrated.last_pred = pred
     return min(pred, key=pred.get), k
 

@@ -92,9 +92,7 @@ def check_cpu_optimizer(tmp: Path) -> dict:
     m = load_model(HALF_B)
     s = validate(m, Strategy(), 1)
     st = per_stage_params(m, s)[0]
-    opt = model_state_bytes(
-        st.dense, st.expert, dp=1, cp=1, tp=1, ep=1, etp=1, distributed_optimizer=True, dtype="bf16"
-    ).optimizer
+    opt = model_state_bytes(st.dense, st.expert, s, "bf16").optimizer
     predicted = 0.5 * opt
     measured = got["off"]["allocated_bytes"] - got["half"]["allocated_bytes"]
     res = {

@@ -117,6 +117,17 @@ _SECTIONS = (
 )
 
 
+INPUT_FIELDS = ("model", "hardware", "cluster", "strategy", "workload")
+"""What a plan is priced from: ``costmodel.estimate``'s inputs, and the head of a RunConfig."""
+
+
+def inputs_of(plan: Any, **override: Any) -> dict[str, Any]:
+    """The five inputs of anything that carries them (an Estimate, a calibration Point, a RunConfig,
+    a parsed launch), as keywords for ``estimate``, ``RunConfig`` or ``Point``; ``override`` replaces
+    some of them (``strategy=s``)."""
+    return {**{k: getattr(plan, k) for k in INPUT_FIELDS}, **override}
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     model: ModelSpec

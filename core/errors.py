@@ -7,7 +7,7 @@ A user's mistake raises a :class:`GrpoTuneError` subclass. The CLI prints
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from typing import Any, Iterable
 
 # Stable codes. Tests and scripts match on these strings; never rename one.
 CODES = {
@@ -70,16 +70,26 @@ HINTS = {
 }
 
 
+def _registered(code: str) -> str:
+    if code not in CODES:
+        raise ValueError(f"unregistered error code {code!r}")
+    return code
+
+
 class GrpoTuneError(Exception):
     """Base of every user-facing error. ``code`` is stable, ``hint`` says what to do."""
 
     code = "BAD_CONFIG"
 
+    def __init_subclass__(cls, code: str | None = None, **kw: Any) -> None:
+        # A subclass names its code in its class line; an unregistered one fails at import, not when raised.
+        super().__init_subclass__(**kw)
+        if code is not None:
+            cls.code = _registered(code)
+
     def __init__(self, message: str, hint: str = "", *, code: str | None = None):
         if code is not None:
-            if code not in CODES:
-                raise ValueError(f"unregistered error code {code!r}")
-            self.code = code
+            self.code = _registered(code)
         self.message = message
         self.hint = hint or HINTS.get(self.code, "")
         super().__init__(f"[{self.code}] {message}")
@@ -88,32 +98,32 @@ class GrpoTuneError(Exception):
         return {"code": self.code, "message": self.message, "hint": self.hint}
 
 
-class ConfigError(GrpoTuneError):
-    code = "BAD_CONFIG"
+class ConfigError(GrpoTuneError, code="BAD_CONFIG"):
+    """A config, flag or file with a malformed or impossible value."""
 
 
-class UnknownKeyError(ConfigError):
-    code = "UNKNOWN_KEY"
+class UnknownKeyError(ConfigError, code="UNKNOWN_KEY"):
+    """A config or override key that the schema does not have."""
 
 
-class UnknownModelError(GrpoTuneError):
-    code = "UNKNOWN_MODEL"
+class UnknownModelError(GrpoTuneError, code="UNKNOWN_MODEL"):
+    """A model name that is neither a preset nor a config.json."""
 
 
-class UnknownHardwareError(GrpoTuneError):
-    code = "UNKNOWN_HARDWARE"
+class UnknownHardwareError(GrpoTuneError, code="UNKNOWN_HARDWARE"):
+    """A hardware name that is no profile."""
 
 
-class InvalidDegreesError(GrpoTuneError):
-    code = "INVALID_DEGREES"
+class InvalidDegreesError(GrpoTuneError, code="INVALID_DEGREES"):
+    """Degrees that cannot exist for the model and the GPU count."""
 
 
-class NoFeasiblePlanError(GrpoTuneError):
-    code = "NO_FEASIBLE_PLAN"
+class NoFeasiblePlanError(GrpoTuneError, code="NO_FEASIBLE_PLAN"):
+    """A search in which no plan fits."""
 
 
-class MissingDependencyError(GrpoTuneError):
-    code = "MISSING_DEPENDENCY"
+class MissingDependencyError(GrpoTuneError, code="MISSING_DEPENDENCY"):
+    """An optional package that the feature needs is not installed."""
 
 
 def close_matches(word: str, choices: Iterable[str], n: int = 3) -> list[str]:

@@ -15,10 +15,10 @@ import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
-from .errors import ConfigError, UnknownHardwareError, UnknownModelError, close_matches
-from .validation import FINITE_NON_NEGATIVE, FINITE_POSITIVE, POSITIVE, Schema, from_mapping
+from .errors import ConfigError, GrpoTuneError, UnknownHardwareError, UnknownModelError, close_matches
+from .validation import FINITE_NON_NEGATIVE, FINITE_POSITIVE, POSITIVE, Schema, from_mapping, to_mapping
 from .validation import check_keys as check_keys  # re-exported: older callers import it from here
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -266,9 +266,7 @@ class HardwareSpec:
         return self.rollout_engine == "megatron-native"
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["aliases"] = list(self.aliases)
-        return d
+        return to_mapping(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "hardware") -> "HardwareSpec":
@@ -463,16 +461,33 @@ def resolve_hf_id(name: str) -> Path | None:
     """The preset holding HF id ``name`` (``Qwen/Qwen2.5-7B-Instruct``), or one of its instruct/base variants
     that share the architecture (the suffixes in ``_VARIANT_SUFFIXES``); None when no preset holds it."""
     idx = _hf_index(os.environ.get("GRPO_TUNE_PROFILES"))
-    key = name.strip().rstrip("/").lower()
-    cands = [key, key.rsplit("/", 1)[-1]]
-    for c in list(cands):
-        for suf in _VARIANT_SUFFIXES:
-            if c.endswith(suf):
-                cands.append(c[: -len(suf)])
-    for c in cands:
+    for c in name_variants(name, _VARIANT_SUFFIXES):
         if c in idx:
             return idx[c]
     return None
+
+
+def name_variants(name: str, suffixes: tuple[str, ...]) -> list[str]:
+    """The keys an HF id is looked up by: ``name`` lower-cased, its last path part, and each without one
+    of ``suffixes`` (``qwen/qwen2.5-7b-instruct``, ``qwen2.5-7b-instruct``, ``qwen/qwen2.5-7b``, ...)."""
+    key = name.strip().rstrip("/").lower()
+    out = [key, key.rsplit("/", 1)[-1]]
+    for c in list(out):
+        out += [c[: -len(suf)] for suf in suffixes if c.endswith(suf)]
+    return out
+
+
+_T = TypeVar("_T")
+
+
+def _toml_file(p: Path, name_or_path: str, noun: str, load: Callable[[str], _T], error: type[GrpoTuneError]) -> _T:
+    if not p.exists():
+        raise error(f"no {noun} file {name_or_path}")
+    return load(str(p.resolve()))
+
+
+def _unknown(error: type[GrpoTuneError], noun: str, name_or_path: str, near: list[str], how: str) -> GrpoTuneError:
+    return error(f"unknown {noun} {name_or_path!r}", hint=(f"close matches: {', '.join(near)}; " if near else "") + how)
 
 
 def load_model(name_or_path: str) -> ModelSpec:
@@ -487,22 +502,14 @@ def load_model(name_or_path: str) -> ModelSpec:
             )
         return from_hf_config(cfg)
     if name_or_path.endswith(".toml"):
-        if not p.exists():
-            raise UnknownModelError(f"no model file {name_or_path}")
-        return _load_model_file(str(p.resolve()))
+        return _toml_file(p, name_or_path, "model", _load_model_file, UnknownModelError)
     cat = catalog("models")
     key = name_or_path.lower()
-    if key not in cat:
-        hf = resolve_hf_id(name_or_path)
-        if hf is not None:
-            return _load_model_file(str(hf))
-        near = close_matches(key.rsplit("/", 1)[-1], cat)
-        raise UnknownModelError(
-            f"unknown model {name_or_path!r}",
-            hint=(f"close matches: {', '.join(near)}; " if near else "")
-            + "see `grpo-tune models`, or pass a config.json or a checkpoint folder",
-        )
-    return _load_model_file(str(cat[key]))
+    found = cat.get(key) or resolve_hf_id(name_or_path)
+    if found is None:
+        how = "see `grpo-tune models`, or pass a config.json or a checkpoint folder"
+        raise _unknown(UnknownModelError, "model", name_or_path, close_matches(key.rsplit("/", 1)[-1], cat), how)
+    return _load_model_file(str(found))
 
 
 @lru_cache(maxsize=64)
@@ -513,18 +520,12 @@ def _load_hardware_file(path: str) -> HardwareSpec:
 def load_hardware(name_or_path: str) -> HardwareSpec:
     p = Path(name_or_path)
     if name_or_path.endswith(".toml") or p.suffix == ".toml":
-        if not p.exists():
-            raise UnknownHardwareError(f"no hardware file {name_or_path}")
-        return _load_hardware_file(str(p.resolve()))
+        return _toml_file(p, name_or_path, "hardware", _load_hardware_file, UnknownHardwareError)
     cat = catalog("hardware")
     key = name_or_path.lower()
     if key not in cat:
-        near = close_matches(key, cat)
-        raise UnknownHardwareError(
-            f"unknown hardware {name_or_path!r}",
-            hint=(f"close matches: {', '.join(near)}; " if near else "")
-            + "see `grpo-tune hardware`, or pass a profile .toml",
-        )
+        how = "see `grpo-tune hardware`, or pass a profile .toml"
+        raise _unknown(UnknownHardwareError, "hardware", name_or_path, close_matches(key, cat), how)
     return _load_hardware_file(str(cat[key]))
 
 

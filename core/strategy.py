@@ -14,10 +14,12 @@ from .choices import Dtype, Offload, Recompute, WorkloadKind
 from .errors import ConfigError, InvalidDegreesError
 from .rules import check_degrees, divisors, errors, stage_layers
 from .specs import ModelSpec
-from .validation import FRACTION, Schema, check_keys, from_mapping
+from .validation import FRACTION, Schema, check_keys, from_mapping, to_mapping
 
 __all__ = ["OFFLOAD", "RECOMPUTE", "Cluster", "Strategy", "Workload", "divisors", "stage_layers", "validate"]
 
+DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp")
+"""The parallel degrees a plan sets, in Strategy's field order (dp is derived from the GPU count)."""
 RECOMPUTE = Recompute.values()
 OFFLOAD = Offload.values()
 
@@ -107,9 +109,7 @@ class Strategy:
         return self.tp * self.pp * self.cp
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["offload"] = list(self.offload)
-        return d
+        return to_mapping(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "strategy") -> "Strategy":
@@ -189,10 +189,7 @@ class Workload:
         return self.mean_prompt_len + self.mean_response_len
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        if self.response_len_quantiles is not None:
-            d["response_len_quantiles"] = list(self.response_len_quantiles)
-        return d
+        return to_mapping(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "workload") -> "Workload":

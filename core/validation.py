@@ -139,6 +139,11 @@ def check_value(where: str, name: str, hint: Any, v: Any, schema: Schema) -> Non
             raise ConfigError(f"{key} must be a table/mapping, got {v!r}")
 
 
+def to_mapping(obj: Any) -> dict[str, Any]:
+    """``dataclasses.asdict`` with tuple fields as lists (what YAML and JSON write and read back)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(obj).items()}
+
+
 def from_mapping(cls: type[T], data: Any, where: str, schema: Schema = Schema()) -> T:
     """Build the dataclass ``cls`` from ``data``; every failure is a coded :class:`ConfigError`."""
     data = check_keys(cls, data, where)

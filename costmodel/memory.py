@@ -47,8 +47,8 @@ from .params import per_stage_params
 from core.specs import HardwareSpec, ModelSpec
 from core.rules import micro_batches
 from core.strategy import Cluster, Strategy, Workload
+from core.units import GiB
 
-GiB = 1024**3
 
 # vLLM's max_num_batched_tokens / max_num_seqs (Strategy fields; verl 0.9.1 defaults 8192 / 256,
 # rollout.yaml l.78/l.84) size vLLM's profiling run, whose peak is kept out of the KV cache.
@@ -87,28 +87,19 @@ class ModelState:
         return self.weights + self.grads + self.optimizer
 
 
-def model_state_bytes(
-    dense: int,
-    expert: int,
-    *,
-    dp: int,
-    cp: int,
-    tp: int,
-    ep: int,
-    etp: int,
-    distributed_optimizer: bool,
-    dtype: str = "bf16",
-) -> ModelState:
-    """Weights, main grads (Megatron's DDP grad buffer) and optimizer state on one rank.
+def model_state_bytes(dense: int, expert: int, s: Strategy, dtype: str = "bf16") -> ModelState:
+    """Weights, main grads (Megatron's DDP grad buffer) and optimizer state on one rank of ``s``
+    holding ``dense`` + ``expert`` parameters.
 
     The distributed optimizer shards dense state over DP x CP and expert state over expert-DP =
     tp*cp*dp/(ep*etp) (Megatron's MoE parallel folding, arXiv 2504.14960).
     """
     w, g, o = STATE_BYTES[dtype]
     n = dense + expert
-    if distributed_optimizer:
-        edp = max(1, tp * cp * dp // (ep * etp))
-        opt = o * (dense / (dp * cp) + expert / edp)
+    if s.distributed_optimizer:
+        dp = s.dp or 1
+        edp = max(1, s.tp * s.cp * dp // (s.ep * s.etp_))
+        opt = o * (dense / (dp * s.cp) + expert / edp)
     else:
         opt = float(o * n)
     return ModelState(weights=float(w * n), grads=float(g * n), optimizer=opt)
@@ -272,20 +263,7 @@ def phase_memory(
         j = best.get(key)
         if j is None or acts[i] > acts[j]:
             best[key] = i
-    full = {
-        i: model_state_bytes(
-            stages[i].dense,
-            stages[i].expert,
-            dp=s.dp or 1,
-            cp=s.cp,
-            tp=s.tp,
-            ep=s.ep,
-            etp=s.etp_,
-            distributed_optimizer=s.distributed_optimizer,
-            dtype=dtype,
-        )
-        for i in sorted(best.values())
-    }
+    full = {i: model_state_bytes(stages[i].dense, stages[i].expert, s, dtype) for i in sorted(best.values())}
     # Megatron's hybrid CPU optimizer keeps only the GPU share of the optimizer state on the GPU.
     gpu_share = 1.0 - (s.cpu_optimizer or 0.0)
     states = {i: ModelState(st.weights, st.grads, st.optimizer * gpu_share) for i, st in full.items()}

@@ -5,7 +5,7 @@ block best.yaml records). Phases are named by :class:`core.phases.Phase` values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -93,11 +93,7 @@ class Throughput:
     mfu: float
 
     def to_dict(self) -> dict[str, float]:
-        return {
-            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
-            "model_tflops_per_gpu": self.model_tflops_per_gpu,
-            "mfu": self.mfu,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from types import MappingProxyType
-from typing import Any
 
 from core.phases import Phase
 from core.specs import HardwareSpec, ModelSpec
@@ -191,16 +190,3 @@ def _grpo(m, hw, cluster, s, wl, cal):
         **{f"weight_sync_{k}": v for k, v in ws.items()},
     )
     return phases, details, tokens, flops
-
-
-def explain(
-    model: ModelSpec,
-    hardware: HardwareSpec,
-    cluster: Cluster,
-    strategy: Strategy,
-    workload: Workload,
-    *,
-    calibration: dict[str, float] | None = None,
-) -> dict[str, Any]:
-    """The figures behind the phase times, for people (``grpo-tune estimate`` prints them)."""
-    return dict(step_time(model, hardware, cluster, strategy, workload, calibration=calibration)[2])

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import GrpoTuneError
-from core.specs import ModelSpec, from_hf_config, list_models, load_model
+from core.specs import ModelSpec, from_hf_config, list_models, load_model, name_variants
 
 
 @lru_cache(maxsize=1)
@@ -39,13 +39,7 @@ def resolve_model(path: Any) -> tuple[ModelSpec | None, str]:
             return from_hf_config(p), f"read {p}"
     except (GrpoTuneError, OSError, ValueError) as exc:
         return None, f"{p}: {exc}"
-    key = path.strip().rstrip("/").lower()
-    names = [key, key.rsplit("/", 1)[-1]]
-    for n in list(names):
-        for suf in _SUFFIXES:
-            if n.endswith(suf):
-                names.append(n[: -len(suf)])
-    for n in names:
+    for n in name_variants(path, _SUFFIXES):
         if n in _hf_ids():
             return load_model(_hf_ids()[n]), f"{path} -> preset {_hf_ids()[n]}"
         if "/" not in n and "$" not in n:

@@ -233,14 +233,7 @@ def _strategy(c: Ctx, roles: dict) -> Strategy:
             continue
         fields[row.field] = list(v) if isinstance(v, tuple) else v
     fields.update(
-        tp=a["tp"],
-        pp=a["pp"],
-        vpp=a["vpp"],
-        cp=a["cp"],
-        ep=a["ep"],
-        etp=a["etp"],
-        rollout_tp=r["tp"],
-        gpu_memory_utilization=float(r["gpu_memory_utilization"]),
+        {d: a[d] for d in DEGREES}, rollout_tp=r["tp"], gpu_memory_utilization=float(r["gpu_memory_utilization"])
     )
     if fields.get("sequence_parallel") is not None:
         fields["sequence_parallel"] = bool(fields["sequence_parallel"])
@@ -376,7 +369,7 @@ def _memory(c: Ctx) -> dict[str, Any] | None:
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (tb, n, mini, plen, rlen)):
         c.add(I, "OOM_RISK", "batch sizes or lengths are not all known: memory not estimated")
         return None
-    dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(c.raw(f"{ACTOR}.megatron.dtype"), "bf16")
+    dtype = table.DTYPE_FROM_VERL.get(c.raw(f"{ACTOR}.megatron.dtype"), "bf16")
     kl = c.raw(f"{ACTOR}.use_kl_loss") is True or c.raw("algorithm.use_kl_in_reward") is True
     epochs = c.raw(f"{ACTOR}.ppo_epochs")
     try:

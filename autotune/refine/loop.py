@@ -358,16 +358,8 @@ def profile_measure(out: Path, inputs: tuple, opts: RefineOptions, study_name: s
 
 def plan_space(ranked: Sequence[Estimate], inputs: tuple, opts: RefineOptions) -> tuple[list[Estimate], list[str]]:
     """The study's plans: fitting (cost model) and accepted by the trainer (its preflight)."""
-    model, hardware, cluster, workload = inputs
-    space = S.build_space(
-        ranked,
-        model,
-        hardware,
-        cluster,
-        workload,
-        calibration=opts.calibration,
-        pins=opts.pins,
-        allow_cross_node_tp=opts.allow_cross_node_tp,
+    space = S.build_space(  # inputs: (model, hardware, cluster, workload), build_space's order
+        ranked, *inputs, calibration=opts.calibration, pins=opts.pins, allow_cross_node_tp=opts.allow_cross_node_tp
     )
     if not space:
         raise NoFeasiblePlanError(

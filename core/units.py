@@ -1,0 +1,3 @@
+"""Byte units, named once (values carry units in their names: ``_bytes``, ``_gib``)."""
+
+GiB = 1024**3
