@@ -14,7 +14,7 @@ from rich.table import Table
 
 from autotune.options import MIN_HEADROOM_DEFAULT, Json, MinHeadroom, pins_from_flags
 from cli.plan_options import pin_options
-from costmodel.memory import GiB
+from core.units import GiB
 
 
 Launch = Annotated[Path, typer.Argument(help="A verl launch script (bash) or a file of Hydra overrides.")]
