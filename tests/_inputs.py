@@ -1,4 +1,5 @@
-"""``plan_inputs`` with the values the search-level tests share (a plain module, not a test file)."""
+"""Inputs several test files share (a plain module, not a test file): plan_inputs with the common GRPO values,
+a GPT-3-style ModelSpec, and the published parameter counts of presets."""
 
 from __future__ import annotations
 
