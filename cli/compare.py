@@ -29,7 +29,7 @@ from autotune.options import (
 from cli.plan_options import plan_flags, plan_options
 from autotune.calibrate import load as load_calibration
 from core.errors import ConfigError, NoFeasiblePlanError
-from costmodel.memory import GiB
+from core.units import GiB
 
 
 HardwareList = Annotated[

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from autotune.diagnose import Report, diagnose_path
 from autotune.options import Json
-from costmodel.memory import GiB
+from core.units import GiB
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 

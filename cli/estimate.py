@@ -20,7 +20,7 @@ from autotune.calibrate import load as load_calibration
 from costmodel.estimate import Estimate, estimate as run_estimate
 from core.strategy import Strategy
 from cli.plan_options import plan_flags, plan_options
-from costmodel.memory import GiB
+from core.units import GiB
 
 
 # Display names for the rollout engine's parts (JSON keys stay rollout_*).

@@ -1,4 +1,4 @@
-"""The plan flags that ``estimate``, ``search`` and ``compare`` share, declared once.
+"""The plan flags that ``estimate``, ``search`` and ``compare`` share (and ``tune`` some of), declared once.
 
 Typer builds a command's options from its function's signature, so :func:`plan_options` rewrites
 ``__signature__``: it puts the shared degree/memory/rollout flags and the workload flags in the
@@ -75,6 +75,21 @@ def plan_options(*, degrees_after: str, workload_before: str) -> Callable[[F], F
         i, j = names.index(degrees_after) + 1, names.index(workload_before)
         params = own[:i] + _params(DEGREE_FLAGS) + own[i:j] + _params(WORKLOAD_FLAGS) + own[j:]
         func.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        return func
+
+    return wrap
+
+
+def pin_options(*names: str) -> Callable[[F], F]:
+    """Add the degree flags ``names`` (in DEGREE_FLAGS' order) after the own parameters of a command taking
+    ``**pins`` (tune: the plan fields a user may pin, spelled as estimate spells them)."""
+    flags = tuple(f for f in DEGREE_FLAGS if f[0] in names)
+    assert len(flags) == len(names), names
+
+    def wrap(func: F) -> F:
+        sig = inspect.signature(func, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        func.__signature__ = sig.replace(parameters=own + _params(flags))  # type: ignore[attr-defined]
         return func
 
     return wrap

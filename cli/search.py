@@ -21,7 +21,7 @@ from autotune.options import MIN_HEADROOM_DEFAULT, Gpus, Hardware, Json, MinHead
 from cli.plan_options import plan_flags, plan_options
 from core.errors import ConfigError
 from costmodel.estimate import Estimate
-from costmodel.memory import GiB
+from core.units import GiB
 
 P_OUT = "Output"
 P_REF = "Refinement (real profiling runs)"

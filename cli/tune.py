@@ -12,24 +12,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from autotune.options import (
-    MIN_HEADROOM_DEFAULT,
-    Cp,
-    Ep,
-    Etp,
-    GpuMemUtil,
-    Json,
-    Mbs,
-    MinHeadroom,
-    Offload,
-    Pp,
-    Recompute,
-    RolloutTp,
-    Tp,
-    Vpp,
-    pins_from_flags,
-)
-from costmodel.memory import GiB
+from autotune.options import MIN_HEADROOM_DEFAULT, Json, MinHeadroom, pins_from_flags
+from cli.plan_options import pin_options
+from core.units import GiB
 
 
 Launch = Annotated[Path, typer.Argument(help="A verl launch script (bash) or a file of Hydra overrides.")]
@@ -97,6 +82,10 @@ def _summary(est) -> dict[str, Any]:
     }
 
 
+# The plan fields a user may pin (issue 11: "--keep tp,pp or any estimate flag").
+@pin_options(
+    "tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "offload", "rollout_tp", "gpu_memory_utilization"
+)
 def tune(
     launch: Launch,
     hardware: Hardware = "h100",
@@ -109,17 +98,7 @@ def tune(
     prompt_len_mean: PromptLenMean = None,
     response_len_mean: ResponseLenMean = None,
     emit: Emit = True,
-    tp: Tp = None,
-    pp: Pp = None,
-    vpp: Vpp = None,
-    cp: Cp = None,
-    ep: Ep = None,
-    etp: Etp = None,
-    mbs: Mbs = None,
-    recompute: Recompute = None,
-    offload: Offload = None,
-    rollout_tp: RolloutTp = None,
-    gpu_memory_utilization: GpuMemUtil = None,
+    **pins: Any,
 ) -> None:
     """Price your verl launch, find a faster plan for the same workload, and print only the overrides that change."""
     from autotune import tune as T
@@ -135,8 +114,7 @@ def tune(
 
         cal = load_calibration(calibration, hardware=plan.hardware.name)
     keep_list = [k.strip() for k in (keep or "").split(",") if k.strip()]
-    pins = pins_from_flags(locals())  # the flags tune lacks read as unset
-    res = T.tune(plan, keep=keep_list, calibration=cal, min_headroom=min_headroom, pins=pins)
+    res = T.tune(plan, keep=keep_list, calibration=cal, min_headroom=min_headroom, pins=pins_from_flags(pins))
     launch_obj = plan.launch
     if launch_obj is None:  # plan_of reads a best.yaml too; tune edits launches only
         from core.errors import ConfigError

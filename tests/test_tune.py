@@ -22,8 +22,8 @@ from cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHES = [(p, "h100") for p in sorted((ROOT / "examples").glob("*.sh"))] + [
-    (ROOT / "tests/fixtures/verl_examples/qwen2-7b-math-megatron.sh", "h100"),
-    (ROOT / "tests/fixtures/verl_examples/qwen3moe-30b-megatron-96gb.sh", "h20"),
+    (ROOT / "examples/verl-upstream/qwen2-7b-math-megatron.sh", "h100"),
+    (ROOT / "examples/verl-upstream/qwen3moe-30b-megatron-96gb.sh", "h20"),
 ]
 BASH = shutil.which("bash")
 
@@ -119,7 +119,7 @@ def test_launch_that_does_not_parse_is_a_coded_error(capsys, tmp_path):
 
 
 def test_current_plan_that_does_not_fit_says_which_phase_and_nearest_fits(capsys, tmp_path):
-    res = _tune(capsys, ROOT / "tests/fixtures/verl_examples/qwen3moe-30b-megatron-96gb.sh", "h100", tmp_path)
+    res = _tune(capsys, ROOT / "examples/verl-upstream/qwen3moe-30b-megatron-96gb.sh", "h100", tmp_path)
     if res["current"]["fits"]:
         pytest.skip("the cost model fits this plan on H100 now")
     assert res["current"]["oom"] and res["current"]["oom"][0]["phase"]

@@ -15,6 +15,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from autotune.grouping import degrees
 from core.config import RunConfig
 from core.errors import ConfigError, GrpoTuneError, MissingDependencyError
 
@@ -42,18 +43,8 @@ def layout(cfg: RunConfig, *, nnodes: int | None = None) -> Layout:
             "number of processes on every node)",
         )
     s = cfg.strategy
-    return Layout(
-        world_size=gpus,
-        nnodes=nnodes,
-        nproc_per_node=per,
-        tp=s.tp,
-        pp=s.pp,
-        vpp=s.vpp,
-        cp=s.cp,
-        ep=s.ep,
-        etp=s.etp_,
-        dp=s.dp or gpus // (s.tp * s.pp * s.cp),
-    )
+    dp = s.dp or gpus // (s.tp * s.pp * s.cp)
+    return Layout(world_size=gpus, nnodes=nnodes, nproc_per_node=per, **{**degrees(s), "dp": dp})
 
 
 def micro_batches(cfg: RunConfig) -> dict[str, int | str | None]:
