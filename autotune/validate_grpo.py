@@ -96,7 +96,7 @@ def _i(raw: dict[str, str], k: str) -> int | None:
     return int(float(v)) if v else None
 
 
-def _ones(raw: dict[str, str], *keys: str) -> dict[str, int]:
+def _ones(raw: dict[str, str], *keys: str) -> dict[str, Any]:
     """The columns ``keys`` as ints, an empty (or 0) cell read as 1."""
     return {k: _i(raw, k) or 1 for k in keys}
 
