@@ -225,7 +225,9 @@ def why_winner(best: Estimate, others: Sequence[Estimate], error_pct: float) -> 
     for i, e in enumerate(others):
         po = phase_seconds(e)
         gap = step_s(e) - step_s(best)
-        deltas = sorted(((po.get(k, 0.0) - pb.get(k, 0.0), k) for k in set(pb) | set(po)), key=lambda x: -abs(x[0]))
+        # phase order (not a set's, which varies with PYTHONHASHSEED) breaks ties between equal deltas
+        phases = dict.fromkeys([*pb, *po])
+        deltas = sorted(((po.get(k, 0.0) - pb.get(k, 0.0), k) for k in phases), key=lambda x: -abs(x[0]))
         parts = ", ".join(f"{k} {'+' if d >= 0 else '-'}{abs(d):.1f} s" for d, k in deltas if abs(d) >= 0.05)
         pct = 100.0 * gap / step_s(best) if step_s(best) else 0.0
         within = pct <= error_pct

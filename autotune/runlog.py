@@ -425,25 +425,30 @@ def check_same_model(lp: LogPoint, params: dict[str, float] | None = None) -> No
     mem = memory_check(lp)
     if mem and mem["logged_gib"] > 0 and mem["predicted_gib"] > 0:
         r = mem["logged_gib"] / mem["predicted_gib"]
-        if not (1 / ANOTHER_MODEL_MEMORY_RATIO <= r <= ANOTHER_MODEL_MEMORY_RATIO):
-            raise ConfigError(
-                f"{lp.log.path}: it allocated at most {mem['logged_gib']:.1f} GiB per GPU, {r:.2g}x the "
-                f"{mem['predicted_gib']:.1f} GiB that {lp.plan.model.name} with this plan needs for "
-                "training: this log looks like a run of another model or another plan",
-                hint="pass the launch (and --model) the logged run used",
-            )
+        what = (
+            f"it allocated at most {mem['logged_gib']:.1f} GiB per GPU, {r:.2g}x the {mem['predicted_gib']:.1f} GiB "
+            f"that {lp.plan.model.name} with this plan needs for training"
+        )
+        _not_that_run(lp, r, ANOTHER_MODEL_MEMORY_RATIO, what, "another model or another plan", "--model")
     _, pred = predict_folded(params or defaults(), lp.point)
     meas = lp.point.measured_phases_s
     keys = [k for k in ("old_logprob", "ref_logprob", "update") if meas.get(k) and pred.get(k)]
     if not keys:
         return
     ratio = sum(meas[k] for k in keys) / sum(pred[k] for k in keys)
-    if not (1 / ANOTHER_MODEL_RATIO <= ratio <= ANOTHER_MODEL_RATIO):
+    what = (
+        f"its training phases ({', '.join(keys)}) took {ratio:.3g}x what {lp.plan.model.name} on "
+        f"{lp.plan.cluster.gpus} x {lp.plan.hardware.name} predicts"
+    )
+    _not_that_run(lp, ratio, ANOTHER_MODEL_RATIO, what, "another model or other hardware", "--model/--hardware")
+
+
+def _not_that_run(lp: LogPoint, ratio: float, limit: float, what: str, other: str, flags: str) -> None:
+    """A log ``ratio`` off its launch's prediction, beyond ``limit`` either way, is of another run."""
+    if not 1 / limit <= ratio <= limit:
         raise ConfigError(
-            f"{lp.log.path}: its training phases ({', '.join(keys)}) took {ratio:.3g}x what "
-            f"{lp.plan.model.name} on {lp.plan.cluster.gpus} x {lp.plan.hardware.name} predicts: "
-            "this log looks like a run of another model or other hardware",
-            hint="pass the launch (and --model/--hardware) the logged run used",
+            f"{lp.log.path}: {what}: this log looks like a run of {other}",
+            hint=f"pass the launch (and {flags}) the logged run used",
         )
 
 

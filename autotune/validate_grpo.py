@@ -96,6 +96,11 @@ def _i(raw: dict[str, str], k: str) -> int | None:
     return int(float(v)) if v else None
 
 
+def _ones(raw: dict[str, str], *keys: str) -> dict[str, Any]:
+    """The columns ``keys`` as ints, an empty (or 0) cell read as 1."""
+    return {k: _i(raw, k) or 1 for k in keys}
+
+
 def plan(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[Any, HardwareSpec, Cluster, Strategy, Workload]:
     """The row's model, hardware, cluster, strategy and workload."""
     r = row.raw
@@ -107,15 +112,10 @@ def plan(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[Any, HardwareSpe
         off = tuple(o for o in (r.get("offload") or "").split(",") if o)
         cpu = (r.get("cpu_optimizer") or "").strip()
         s = Strategy(
-            tp=_i(r, "tp") or 1,
-            pp=_i(r, "pp") or 1,
-            cp=_i(r, "cp") or 1,
-            ep=_i(r, "ep") or 1,
+            **_ones(r, "tp", "pp", "cp", "ep", "rollout_tp", "mbs"),
             etp=_i(r, "etp"),
             last_stage_layers=_i(r, "last_stage_layers"),
-            rollout_tp=_i(r, "rollout_tp") or 1,
             gpu_memory_utilization=float(r.get("gpu_memory_utilization") or 0.6),
-            mbs=_i(r, "mbs") or 1,
             recompute=r.get("recompute") or "selective",
             offload=off,
             max_tokens_per_gpu=_i(r, "max_tokens_per_gpu"),
@@ -127,12 +127,8 @@ def plan(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[Any, HardwareSpe
             max_num_seqs=_i(r, "max_num_seqs") or 256,
         )
         wl = Workload(
-            prompts=_i(r, "prompts") or 1,
-            n=_i(r, "n") or 1,
-            mini_batch=_i(r, "mini_batch") or 1,
-            prompt_len=_i(r, "prompt_len") or 1,
+            **_ones(r, "prompts", "n", "mini_batch", "prompt_len", "response_len"),
             prompt_len_mean=_i(r, "prompt_len_mean"),
-            response_len=_i(r, "response_len") or 1,
             response_len_mean=_i(r, "response_len_mean"),
             kl=(r.get("kl") or "").lower() == "true",
         )

@@ -43,7 +43,7 @@ from .activations import (  # re-exported: callers and tests read them from cost
     logits_bytes,
 )
 from .results import PhaseMemory, Violation
-from .params import per_stage_params
+from .params import optimizer_params, per_stage_params
 from core.specs import HardwareSpec, ModelSpec
 from core.rules import micro_batches
 from core.strategy import Cluster, Strategy, Workload
@@ -89,20 +89,10 @@ class ModelState:
 
 def model_state_bytes(dense: int, expert: int, s: Strategy, dtype: str = "bf16") -> ModelState:
     """Weights, main grads (Megatron's DDP grad buffer) and optimizer state on one rank of ``s``
-    holding ``dense`` + ``expert`` parameters.
-
-    The distributed optimizer shards dense state over DP x CP and expert state over expert-DP =
-    tp*cp*dp/(ep*etp) (Megatron's MoE parallel folding, arXiv 2504.14960).
-    """
+    holding ``dense`` + ``expert`` parameters (the optimizer's share: :func:`optimizer_params`)."""
     w, g, o = STATE_BYTES[dtype]
     n = dense + expert
-    if s.distributed_optimizer:
-        dp = s.dp or 1
-        edp = max(1, s.tp * s.cp * dp // (s.ep * s.etp_))
-        opt = o * (dense / (dp * s.cp) + expert / edp)
-    else:
-        opt = float(o * n)
-    return ModelState(weights=float(w * n), grads=float(g * n), optimizer=opt)
+    return ModelState(weights=float(w * n), grads=float(g * n), optimizer=float(o * optimizer_params(dense, expert, s)))
 
 
 # ---------------------------------------------------------------------------------------------

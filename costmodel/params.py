@@ -149,3 +149,15 @@ def _per_stage(m: ModelSpec, tp: int, ep: int, etp: int, counts: tuple[int, ...]
 
 def max_rank_params(m: ModelSpec, s: Strategy) -> int:
     return max(p.total for p in per_stage_params(m, s))
+
+
+def optimizer_params(dense: float, expert: float, s: Strategy) -> float:
+    """Of a rank's ``dense`` + ``expert`` parameters, those whose optimizer state it holds and steps.
+
+    The distributed optimizer shards dense state over DP x CP and expert state over expert-DP =
+    tp*cp*dp/(ep*etp) (Megatron's MoE parallel folding, arXiv 2504.14960); without it a rank holds all.
+    """
+    if not s.distributed_optimizer:
+        return dense + expert
+    dp = s.dp or 1
+    return dense / (dp * s.cp) + expert / max(1, s.tp * s.cp * dp // (s.ep * s.etp_))

@@ -14,6 +14,7 @@ from core.specs import Efficiency, HardwareSpec, ModelSpec
 from core.strategy import Cluster, Strategy, stage_layers
 
 from . import comm
+from .params import optimizer_params
 from .results import TrainParts
 from .timing_base import (
     ADAM_BYTES_PER_PARAM,
@@ -222,11 +223,7 @@ def rank_params(m: ModelSpec, s: Strategy) -> tuple[float, float]:
 
 def optimizer_shard(m: ModelSpec, s: Strategy) -> float:
     """Parameters whose optimizer state this rank steps (the distributed optimizer's shard)."""
-    dense, expert = rank_params(m, s)
-    dp = s.dp or 1
-    if not s.distributed_optimizer:
-        return dense + expert
-    return dense / (dp * s.cp) + expert / max(1, s.tp * s.cp * dp // (s.ep * s.etp_))
+    return optimizer_params(*rank_params(m, s), s)
 
 
 def train_s(
