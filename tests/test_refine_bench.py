@@ -49,8 +49,16 @@ def test_truth_is_the_median_of_ok_runs_with_its_spread(bench):
     assert set(tr) == {"a", "b"}  # a plan without an ok run has no truth
     assert tr["a"]["median_s"] == pytest.approx(1.1) and tr["a"]["spread"] == pytest.approx(0.2 / 1.1)
     assert tr["b"]["median_s"] == pytest.approx(0.55) and tr["b"]["n"] == 2
+    assert tr["a"]["true_s"] == tr["a"]["median_s"]  # the default truth is the median
     nz = bench.noise_summary(c)
     assert nz["runs"] == 5 and nz["spread_max"] == pytest.approx(0.1 / 0.55)
+
+
+def test_truth_min_is_the_fastest_repeat(bench):
+    c = _cache(bench, {"a": [1.0, 1.2, 1.1], "b": [0.5, None, 0.6]})
+    tr = bench.truth(c, "min")
+    assert tr["a"]["true_s"] == pytest.approx(1.0) and tr["b"]["true_s"] == pytest.approx(0.5)
+    assert tr["a"]["median_s"] == pytest.approx(1.1)  # the median is still reported
 
 
 def test_cache_round_trip_and_resume_order(bench, tmp_path):
