@@ -552,9 +552,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.out / f"refine_regret{suffix}.png",
             f"{res['plans']} plans ({what}), tiny on 4 CPU ranks (shared, loaded 2-core machine), {a.seeds} seeds",
         )
-    (a.out / f"bench_refine{'' if a.truth == 'median' else '_' + a.truth}.json").write_text(
-        json.dumps(every, indent=1, default=str)
-    )
+    name = "bench_refine.json" if a.truth == "median" else f"bench_refine_{a.truth}.json"
+    (a.out / name).write_text(json.dumps(every, indent=1, default=str))
     print(
         f"\nwrote {a.out}/refine_regret*.png and {name}; evaluation {time.monotonic() - t1:.0f} s, "
         f"total {time.monotonic() - t0:.0f} s"
