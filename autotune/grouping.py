@@ -18,14 +18,9 @@ MODEL_REL_ERROR = 0.05
 Megatron-LM runs (README, "Measured figures"); plans closer than this cannot be told apart."""
 
 
-def degrees(s) -> dict[str, int]:
-    """A strategy's parallel degrees by name (``etp`` resolved), as search's and train's summaries show them."""
-    return {"tp": s.tp, "pp": s.pp, "vpp": s.vpp, "cp": s.cp, "ep": s.ep, "etp": s.etp_, "dp": s.dp}
-
-
 def layout(s) -> dict[str, Any]:
     """What makes a layout: the parallel degrees and the pipeline split (not mbs, recompute, offload, rollout)."""
-    return {**degrees(s), "first_stage_layers": s.first_stage_layers, "last_stage_layers": s.last_stage_layers}
+    return {**s.degrees(), "first_stage_layers": s.first_stage_layers, "last_stage_layers": s.last_stage_layers}
 
 
 def layout_key(s) -> tuple[Any, ...]:

@@ -88,14 +88,13 @@ def load_checked(
 
 def summary(cfg, lay) -> dict:
     """The Parallel Config Summary as data (printed as tables, or as JSON with --json)."""
-    from autotune.grouping import degrees
     from core.errors import GrpoTuneError
     from trainer import launch
 
     s, w, t = cfg.strategy, cfg.workload, cfg.trainer
     roles = {
         "actor": {
-            **degrees(s),
+            **s.degrees(),
             "sequence_parallel": s.sp,
             "recompute": s.recompute,
             "distributed_optimizer": s.distributed_optimizer,
@@ -104,7 +103,7 @@ def summary(cfg, lay) -> dict:
     }
     if w.kl:
         # The reference shares the actor's process groups (a mismatch there is a classic verl crash).
-        roles["reference"] = degrees(s)
+        roles["reference"] = s.degrees()
     roles["rollout"] = {
         "engine": t.rollout_engine,
         "tp": s.rollout_tp,

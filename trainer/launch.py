@@ -15,7 +15,6 @@ import shlex
 import sys
 from pathlib import Path
 
-from autotune.grouping import degrees
 from core.config import RunConfig
 from core.errors import ConfigError, GrpoTuneError, MissingDependencyError
 
@@ -44,7 +43,7 @@ def layout(cfg: RunConfig, *, nnodes: int | None = None) -> Layout:
         )
     s = cfg.strategy
     dp = s.dp or gpus // (s.tp * s.pp * s.cp)
-    return Layout(world_size=gpus, nnodes=nnodes, nproc_per_node=per, **{**degrees(s), "dp": dp})
+    return Layout(world_size=gpus, nnodes=nnodes, nproc_per_node=per, **{**s.degrees(), "dp": dp})
 
 
 def micro_batches(cfg: RunConfig) -> dict[str, int | str | None]:
