@@ -34,9 +34,10 @@ class RefineOptions:
     trial_steps: int = 6
     """``--steps`` of each profiling run (the first step is warm-up)."""
     trial_timeout_s: float = 600.0
-    policy: str = "model"
-    """``model``: the cost model as a prior, re-calibrated after every trial (autotune.refine.policy).
-    ``tpe``: the first version: the model's top-k distinct plans, then Optuna's TPE over plan ranks."""
+    policy: str = "tpe"
+    """``tpe`` (the default: benchmarks/bench_refine.py measured it closer to the best than ``model`` at
+    every budget): the model's top-k distinct plans, then Optuna's TPE over plan ranks. ``model``: the
+    cost model as a prior, re-calibrated after every trial by a GP on its error (autotune.refine.policy)."""
     noise: float = 0.05
     """Relative noise assumed until repeated trials measure it."""
     top_k: int = 4
