@@ -127,17 +127,9 @@ class Strategy:
         return dataclasses.replace(self, **kw)
 
     def degrees(self) -> dict[str, int | None]:
-        """The parallel degrees by name (``etp`` resolved), as search's, train's and the launcher's
-        layouts name them; ``dp`` is None until :func:`validate` fills it in."""
-        return {
-            "tp": self.tp,
-            "pp": self.pp,
-            "vpp": self.vpp,
-            "cp": self.cp,
-            "ep": self.ep,
-            "etp": self.etp_,
-            "dp": self.dp,
-        }
+        """The parallel degrees by name, in :data:`DEGREES` order (``etp`` resolved), then ``dp``
+        (None until :func:`validate` fills it in), as search's, train's and the launcher's layouts show them."""
+        return {**{k: getattr(self, k) for k in DEGREES}, "etp": self.etp_, "dp": self.dp}
 
 
 @dataclass(frozen=True, kw_only=True)
