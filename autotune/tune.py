@@ -313,6 +313,9 @@ def _tune_pins(
             hint=f"pin one of {', '.join(SEARCHED)}",
         )
     pins = {k: getattr(s0, k) for k in keep} | extra
+    # The engine knobs are the user's and tuned.sh keeps them, so the search prices its plans with them too:
+    # left free, it would rank plans that only fit with, say, Megatron's CPU optimizer, which tune then drops.
+    pins |= {k: getattr(s0, k) for k in ENGINE_KEYS}
     if "offload" in pins:
         pins["offload"] = tuple(pins["offload"])
     if "etp" in pins and not plan.model.is_moe:
