@@ -140,10 +140,13 @@ def tune(
         _print_json(launch, plan, res, cur, best, run_dir, files)
         return
     c = Console()
+    wl = plan.workload
+    # the means priced (--prompt-len-mean/--response-len-mean), else the maxima are what the model assumes
+    means = f" (means {wl.prompt_len_mean or wl.prompt_len}+{wl.response_len_mean or wl.response_len})"
     c.print(
         f"{launch_obj.path}: {plan.model.name} ({plan.model_note}) on {plan.cluster.gpus} x {plan.hardware.name}, "
-        f"{plan.workload.prompts} prompts x n={plan.workload.n}, lengths {plan.workload.prompt_len}+"
-        f"{plan.workload.response_len}",
+        f"{wl.prompts} prompts x n={wl.n}, lengths {wl.prompt_len}+{wl.response_len}"
+        + (means if wl.prompt_len_mean or wl.response_len_mean else ""),
         highlight=False,
     )
     c.print(_compare_table(cur, best))

@@ -203,6 +203,8 @@ def test_calibration_from_logs_applies_to_tune(capsys, tmp_path):
         "offload", 0
     ) == pytest.approx(logged["update"], rel=0.06)
     assert plain["current"]["step_s"] > 0  # priced without the file too
+    assert main(["tune", str(fix / "launch_a.txt"), "--hardware", "h100", "--no-emit", *lens]) == 0
+    assert "lengths 1024+2048 (means 234+412)" in capsys.readouterr().out  # the header says what was priced
     assert main(["tune", str(fix / "launch_a.txt"), "--calibration", str(cal), "--hardware", "h200", "--no-emit"]) == 2
     assert "[BAD_CONFIG]" in capsys.readouterr().err  # fitted on other hardware
 
