@@ -63,22 +63,21 @@ def _field(plan: Plan, section: str, name: str) -> Any:
     return getattr(plan[section], name)
 
 
-def same(section: str, name: str, *keys: str) -> Row:
-    """The field's value, written to every key (actor and reference degrees, ...); read from the first."""
-    return Row(
-        section, name, keys, lambda p: {k: _field(p, section, name) for k in keys}, lambda get: get(keys[0].lstrip("+"))
-    )
-
-
-def none_is_null(section: str, name: str, key: str, null_value: Any) -> Row:
-    """``null_value`` in the plan is verl's null."""
+def same(section: str, name: str, *keys: str, attr: str = "", read: Callable[[Get], Any] | None = None) -> Row:
+    """The field's value (or the resolved property ``attr``: ``etp_``, ``sp``), written to every key (actor and
+    reference degrees, ...); read from the first key, or by ``read``."""
     return Row(
         section,
         name,
-        (key,),
-        lambda p: {key: None if _field(p, section, name) == null_value else _field(p, section, name)},
-        lambda get: null_value if get(key) is None else get(key),
+        keys,
+        lambda p: {k: _field(p, section, attr or name) for k in keys},
+        read or (lambda get: get(keys[0].lstrip("+"))),
     )
+
+
+def flag(section: str, name: str, key: str) -> Row:
+    """A boolean field on one key; anything but verl's ``True`` (unset, null) reads as off."""
+    return same(section, name, key, read=lambda get: get(key.lstrip("+")) is True)
 
 
 def optional(section: str, name: str, key: str) -> Row:
@@ -221,31 +220,15 @@ ROWS: tuple[Row, ...] = (
     ),
     same(S, "cp", *_megs("context_parallel_size")),
     same(S, "ep", *_megs("expert_model_parallel_size")),
-    Row(
-        S,
-        "etp",
-        _megs("expert_tensor_parallel_size"),
-        lambda p: {k: p[S].etp_ for k in _megs("expert_tensor_parallel_size")},
-        lambda get: get(_megs("expert_tensor_parallel_size")[0]),
-    ),
+    same(S, "etp", *_megs("expert_tensor_parallel_size"), attr="etp_"),
     none(S, "dp", "derived: world size / (tp x pp x cp), as verl and Megatron derive it"),
-    Row(
+    same(
         S,
         "mbs",
-        (f"{ACTOR}.ppo_micro_batch_size_per_gpu", *(f"{r}.log_prob_micro_batch_size_per_gpu" for r in LOG_PROB_ROLES)),
-        lambda p: {
-            f"{ACTOR}.ppo_micro_batch_size_per_gpu": p[S].mbs,
-            **{f"{r}.log_prob_micro_batch_size_per_gpu": p[S].mbs for r in LOG_PROB_ROLES},
-        },
-        lambda get: get(f"{ACTOR}.ppo_micro_batch_size_per_gpu"),
+        f"{ACTOR}.ppo_micro_batch_size_per_gpu",
+        *(f"{r}.log_prob_micro_batch_size_per_gpu" for r in LOG_PROB_ROLES),
     ),
-    Row(
-        S,
-        "sequence_parallel",
-        _megs("sequence_parallel"),
-        lambda p: {k: p[S].sp for k in _megs("sequence_parallel")},
-        lambda get: get(_megs("sequence_parallel")[0]),
-    ),
+    same(S, "sequence_parallel", *_megs("sequence_parallel"), attr="sp"),
     Row(
         S, "recompute", (f"{OTC}.recompute_granularity", f"{OTC}.recompute_modules"), _recompute_write, _recompute_read
     ),
@@ -287,20 +270,8 @@ ROWS: tuple[Row, ...] = (
         _cpu_opt_write,
         _cpu_opt_read,
     ),
-    Row(
-        S,
-        "overlap_cpu_optimizer",
-        (f"+{OOC}.overlap_cpu_optimizer_d2h_h2d",),
-        lambda p: {f"+{OOC}.overlap_cpu_optimizer_d2h_h2d": p[S].overlap_cpu_optimizer},
-        lambda get: get(f"{OOC}.overlap_cpu_optimizer_d2h_h2d") is True,
-    ),
-    Row(
-        S,
-        "precision_aware_optimizer",
-        (f"+{OOC}.use_precision_aware_optimizer",),
-        lambda p: {f"+{OOC}.use_precision_aware_optimizer": p[S].precision_aware_optimizer},
-        _precision_aware_read,
-    ),
+    flag(S, "overlap_cpu_optimizer", f"+{OOC}.overlap_cpu_optimizer_d2h_h2d"),
+    same(S, "precision_aware_optimizer", f"+{OOC}.use_precision_aware_optimizer", read=_precision_aware_read),
     same(S, "max_num_seqs", f"{ROLLOUT}.max_num_seqs"),
     same(S, "max_num_batched_tokens", f"{ROLLOUT}.max_num_batched_tokens"),
     same(S, "enforce_eager", f"{ROLLOUT}.enforce_eager"),

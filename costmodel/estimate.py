@@ -60,7 +60,7 @@ def estimate(
     params = {"total": total_params(model), "active": active_params(model), "per_rank_max": max_rank_params(model, s)}
     mem, host_bytes, violations = memory.phase_memory(model, hardware, cluster, s, workload)
     violations += _token_budget(s, workload) + _batches(s, workload)
-    time, throughput, details = timing.step_time(model, hardware, cluster, s, workload, calibration=calibration)
+    time, throughput, details = timing.step_time(model, hardware, cluster, s, workload, cal=calibration)
     return Estimate(
         model=model,
         hardware=hardware,

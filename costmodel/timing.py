@@ -66,17 +66,11 @@ def micro_batch_plan(
 
 
 def step_time(
-    model: ModelSpec,
-    hardware: HardwareSpec,
-    cluster: Cluster,
-    strategy: Strategy,
-    workload: Workload,
-    *,
-    calibration: dict[str, float] | None = None,
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, *, cal: dict[str, float] | None = None
 ) -> tuple[PhaseTimes, Throughput, MappingProxyType]:
-    """``(time, throughput, details)`` for a resolved strategy (dp filled in by strategy.validate)."""
-    cal = check_calibration(calibration)
-    m, hw, s, wl = model, hardware, strategy, workload
+    """``(time, throughput, details)`` for a resolved strategy (dp filled in by strategy.validate): the inputs
+    of :func:`costmodel.estimate.estimate` in this module's short names, ``cal`` its calibration overrides."""
+    cal = check_calibration(cal)
     if s.dp is None:
         s = s.replace(dp=cluster.gpus // (s.tp * s.pp * s.cp))
     if wl.kind == "pretrain":
