@@ -221,8 +221,10 @@ def _print_verdict(c: Console, res, cur: dict, best: dict, keep_list: list[str])
             c.print("nearest plans that fit:")
             for e in res.nearest_fit:
                 s = _summary(e)
+                row = s["plan"]  # labelled, as the table's rows are
                 c.print(
-                    f"  {' '.join(s['plan'].values())}: {s['step_s']:.1f} s, peak {s['peak_gib']:.1f} GiB",
+                    f"  {row['degrees']} mbs {row['mbs']} recompute {row['recompute']} offload {row['offload']} "
+                    f"rollout {row['rollout']}: {s['step_s']:.1f} s, peak {s['peak_gib']:.1f} GiB",
                     highlight=False,
                 )
         elif not res.changes:

@@ -75,6 +75,9 @@ def test_tune_diff_applies_and_is_a_fixed_point(capsys, tmp_path, launch, hw, hy
     # verl 0.9.1 accepts the tuned overrides
     ovs, _, _ = parse_script(tuned.read_text())
     tree = verl.compose([f"{o.prefix}{o.key}={o.raw}" for o in ovs])
+    flat = verl.flatten(tree)
+    for k, v in first["overrides"].items():  # each reported value is what verl composes
+        assert flat[k] == v["new"], (k, flat[k], v["new"])
     meg = tree["actor_rollout_ref"]["actor"]["megatron"]
     assert meg["tensor_model_parallel_size"] == first["best"]["strategy"]["tp"]
     assert meg["pipeline_model_parallel_size"] == first["best"]["strategy"]["pp"]
@@ -165,6 +168,9 @@ def test_a_plan_that_cannot_fit_names_the_phase_the_overshoot_and_the_nearest_fi
     for o in cur["oom"]:
         assert f"the current plan does not fit: {o['phase']} needs {o['bytes_over'] / 2**30:.1f} GiB more" in text
     assert "nearest plans that fit:" in text
+    for p in res["nearest_fit"]:
+        row = p["plan"]
+        assert f"{row['degrees']} mbs {row['mbs']} recompute {row['recompute']} offload {row['offload']}" in text
 
 
 def test_the_search_prices_plans_with_the_launchs_engine_knobs():
