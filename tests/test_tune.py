@@ -72,6 +72,9 @@ def test_tune_diff_applies_and_is_a_fixed_point(capsys, tmp_path, launch, hw, hy
     new_lines = tuned.read_text().splitlines()
     untouched = [ln for ln in old_lines if not any(k + "=" in ln for k in first["overrides"])]
     assert all(ln in new_lines for ln in untouched)
+    added = [ln for ln in new_lines if ln not in old_lines]  # and nothing but the reported keys is written
+    assert all(any(k + "=" in ln for k in first["overrides"]) for ln in added), added
+    assert len(new_lines) - len(old_lines) == len(set(first["overrides"]) - set(before))
     # verl 0.9.1 accepts the tuned overrides
     ovs, _, _ = parse_script(tuned.read_text())
     tree = verl.compose([f"{o.prefix}{o.key}={o.raw}" for o in ovs])
