@@ -72,9 +72,15 @@ def test_tune_diff_applies_and_is_a_fixed_point(capsys, tmp_path, launch, hw, hy
     new_lines = tuned.read_text().splitlines()
     untouched = [ln for ln in old_lines if not any(k + "=" in ln for k in first["overrides"])]
     assert all(ln in new_lines for ln in untouched)
+    added = [ln for ln in new_lines if ln not in old_lines]  # and nothing but the reported keys is written
+    assert all(any(k + "=" in ln for k in first["overrides"]) for ln in added), added
+    assert len(new_lines) - len(old_lines) == len(set(first["overrides"]) - set(before))
     # verl 0.9.1 accepts the tuned overrides
     ovs, _, _ = parse_script(tuned.read_text())
     tree = verl.compose([f"{o.prefix}{o.key}={o.raw}" for o in ovs])
+    flat = verl.flatten(tree)
+    for k, v in first["overrides"].items():  # each reported value is what verl composes
+        assert flat[k] == v["new"], (k, flat[k], v["new"])
     meg = tree["actor_rollout_ref"]["actor"]["megatron"]
     assert meg["tensor_model_parallel_size"] == first["best"]["strategy"]["tp"]
     assert meg["pipeline_model_parallel_size"] == first["best"]["strategy"]["pp"]
@@ -165,6 +171,9 @@ def test_a_plan_that_cannot_fit_names_the_phase_the_overshoot_and_the_nearest_fi
     for o in cur["oom"]:
         assert f"the current plan does not fit: {o['phase']} needs {o['bytes_over'] / 2**30:.1f} GiB more" in text
     assert "nearest plans that fit:" in text
+    for p in res["nearest_fit"]:
+        row = p["plan"]
+        assert f"{row['degrees']} mbs {row['mbs']} recompute {row['recompute']} offload {row['offload']}" in text
 
 
 def test_the_search_prices_plans_with_the_launchs_engine_knobs():
@@ -203,6 +212,8 @@ def test_calibration_from_logs_applies_to_tune(capsys, tmp_path):
         "offload", 0
     ) == pytest.approx(logged["update"], rel=0.06)
     assert plain["current"]["step_s"] > 0  # priced without the file too
+    assert main(["tune", str(fix / "launch_a.txt"), "--hardware", "h100", "--no-emit", *lens]) == 0
+    assert "lengths 1024+2048 (means 234+412)" in capsys.readouterr().out  # the header says what was priced
     assert main(["tune", str(fix / "launch_a.txt"), "--calibration", str(cal), "--hardware", "h200", "--no-emit"]) == 2
     assert "[BAD_CONFIG]" in capsys.readouterr().err  # fitted on other hardware
 
