@@ -11,7 +11,7 @@ the hybrid CPU optimizer keys are spelled as verl's examples spell them
 
 Round trip: ``read_plan(write_plan(plan)) == canonical(plan)``, and ``canonical`` only folds what
 verl cannot tell apart (verl's param_offload releases parameters and gradients together; a dense
-model's expert TP is its TP; a log-prob token cap equal to the update's is the default).
+model's expert TP is its TP; a log-prob token cap or micro-batch equal to the update's is the default).
 """
 
 from __future__ import annotations
@@ -174,6 +174,17 @@ def _lp_tokens_read(get: Get) -> int | None:
     return None if n == get(f"{ACTOR}.ppo_max_token_len_per_gpu") else n
 
 
+def _lp_mbs_write(p: Plan) -> dict[str, Any]:
+    # verl asserts both are set without dynamic batching (engine_workers.py l.636, utils/config.py)
+    return {f"{r}.log_prob_micro_batch_size_per_gpu": p["strategy"].log_prob_mbs_ for r in LOG_PROB_ROLES}
+
+
+def _lp_mbs_read(get: Get) -> int | None:
+    # the old log-prob pass (rollout key) is the one every step runs; the ref pass only with KL
+    n = get(f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu")
+    return None if n == get(f"{ACTOR}.ppo_micro_batch_size_per_gpu") else n
+
+
 def _cpu_opt_write(p: Plan) -> dict[str, Any]:
     f = p["strategy"].cpu_optimizer
     out: dict[str, Any] = {f"+{OOC}.optimizer_cpu_offload": f is not None}
@@ -222,11 +233,13 @@ ROWS: tuple[Row, ...] = (
     same(S, "ep", *_megs("expert_model_parallel_size")),
     same(S, "etp", *_megs("expert_tensor_parallel_size"), attr="etp_"),
     none(S, "dp", "derived: world size / (tp x pp x cp), as verl and Megatron derive it"),
-    same(
+    same(S, "mbs", f"{ACTOR}.ppo_micro_batch_size_per_gpu"),
+    Row(
         S,
-        "mbs",
-        f"{ACTOR}.ppo_micro_batch_size_per_gpu",
-        *(f"{r}.log_prob_micro_batch_size_per_gpu" for r in LOG_PROB_ROLES),
+        "log_prob_mbs",
+        tuple(f"{r}.log_prob_micro_batch_size_per_gpu" for r in LOG_PROB_ROLES),
+        _lp_mbs_write,
+        _lp_mbs_read,
     ),
     same(S, "sequence_parallel", *_megs("sequence_parallel"), attr="sp"),
     Row(
@@ -418,6 +431,7 @@ def canonical(plan: Plan) -> Plan:
         offload=tuple(o for o in ("param", "grad", "optimizer") if o in off),
         recompute_layers=s.recompute_layers if s.recompute == "full" else None,
         log_prob_max_tokens_per_gpu=lp,
+        log_prob_mbs=None if s.log_prob_mbs == s.mbs else s.log_prob_mbs,
     )
     keep_w = {r.field for r in rows(W) if r.read is not None}
     w = Workload(**{k: v for k, v in dataclasses.asdict(w).items() if k in keep_w})
