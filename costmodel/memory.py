@@ -319,9 +319,7 @@ def _phases(m, hardware, s, w, k, states, acts, logit, last, kvc) -> dict[str, P
         step = (st.weights, st.grads, st.optimizer) + refw + (0.0, 0.0, st.optimizer * ADAM_STEP_TEMP) + tail
         upd.append(fb if sum(fb) >= sum(step) else step)
     if w.kind == "grpo":
-        fseq, fmbs = micro_batch_shape(
-            s, w, s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu, mbs=s.log_prob_mbs_
-        )
+        fseq, fmbs = micro_batch_shape(s, w, s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu, mbs=s.log_prob_mbs_)
         fwd = forward_activation_bytes(m, s, seq_len=fseq, mbs=fmbs, kernels=k)
         flog = logits_bytes(m, s, seq_len=fseq, mbs=fmbs, act_bytes=k.act_bytes)
         olp, rlp, ws, ro = [], [], [], []
