@@ -82,10 +82,6 @@ class ModelState:
     grads: float
     optimizer: float
 
-    @property
-    def total(self) -> float:
-        return self.weights + self.grads + self.optimizer
-
 
 def model_state_bytes(dense: int, expert: int, s: Strategy, dtype: str = "bf16") -> ModelState:
     """Weights, main grads (Megatron's DDP grad buffer) and optimizer state on one rank of ``s``

@@ -369,21 +369,15 @@ def _memory(c: Ctx) -> dict[str, Any] | None:
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (tb, n, mini, plen, rlen)):
         c.add(I, "OOM_RISK", "batch sizes or lengths are not all known: memory not estimated")
         return None
-    dtype = table.DTYPE_FROM_VERL.get(c.raw(f"{ACTOR}.megatron.dtype"), "bf16")
     kl = c.raw(f"{ACTOR}.use_kl_loss") is True or c.raw("algorithm.use_kl_in_reward") is True
     epochs = c.raw(f"{ACTOR}.ppo_epochs")
+    epochs = epochs if isinstance(epochs, int) and epochs > 0 else 1
+    mini_batch = mini if tb % mini == 0 else tb
+    # the lengths (checked above) and the dtype as the verl table reads them; the batch sizes as checked above
+    read = table.read_fields(c.raw, "workload")
     try:
         wl = Workload.from_dict(
-            dict(
-                prompts=tb,
-                n=n,
-                prompt_len=plen,
-                response_len=rlen,
-                mini_batch=mini if tb % mini == 0 else tb,
-                ppo_epochs=epochs if isinstance(epochs, int) and epochs > 0 else 1,
-                kl=kl,
-                dtype=dtype,
-            )
+            {**read, "prompts": tb, "n": n, "mini_batch": mini_batch, "ppo_epochs": epochs, "kl": kl}
         )
         est = estimate(
             model=model,
