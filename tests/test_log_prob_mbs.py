@@ -244,3 +244,12 @@ def test_train_dry_run_takes_the_log_prob_micro_batch(capsys, tmp_path):
     rc = main(["train", "--config", str(tmp_path / "lp8.yaml"), "--dry-run"])
     text = " ".join(capsys.readouterr().out.split())  # rich wraps the line
     assert rc == 0 and "log-prob micro-batch 8 (2 per DP rank)" in text
+
+
+def test_search_prices_every_plan_with_a_pinned_log_prob_micro_batch():
+    from autotune.search import search
+
+    res = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), WL, pins={"log_prob_mbs": 8}, top=5)
+    assert res.ranked and all(e.strategy.log_prob_mbs == 8 for e in res.ranked)
+    fixed = [e for e in res.ranked if e.strategy.max_tokens_per_gpu is None]
+    assert fixed and all(e.details["logprob_micro_batches"] == 256 / e.strategy.dp / 8 for e in fixed)
