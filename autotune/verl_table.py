@@ -13,7 +13,7 @@ the hybrid CPU optimizer keys are spelled as verl's examples spell them
 
 Round trip: ``read_plan(write_plan(plan)) == canonical(plan)``, and ``canonical`` only folds what
 verl cannot tell apart (verl's param_offload releases parameters and gradients together; a dense
-model's expert TP is its TP; a log-prob token cap equal to the update's is the default).
+model's expert TP is its TP; a log-prob token cap or micro-batch equal to the update's is the default).
 """
 
 from __future__ import annotations
@@ -112,6 +112,7 @@ _DYN_KEYS = (
     *(f"{r}.log_prob_use_dynamic_bsz" for r in LOG_PROB_ROLES),
 )
 _LP_TOKEN_KEYS = tuple(f"{r}.log_prob_max_token_len_per_gpu" for r in LOG_PROB_ROLES)
+_LP_MBS_KEYS = tuple(f"{r}.log_prob_micro_batch_size_per_gpu" for r in LOG_PROB_ROLES)
 _CPU_OPT_KEYS = (f"+{OOC}.optimizer_cpu_offload", f"+{OOC}.optimizer_offload_fraction")
 _NODE_KEYS = (f"{TRAINER}.n_gpus_per_node", f"{TRAINER}.nnodes")
 _GPUS_WHY = "n_gpus_per_node x nnodes (written by the gpus_per_node row)"
@@ -192,6 +193,17 @@ def _lp_tokens_read(get: Get) -> int | None:
     return None if n == get(f"{ACTOR}.ppo_max_token_len_per_gpu") else n
 
 
+def _lp_mbs_write(p: Plan) -> dict[str, Any]:
+    # verl asserts both are set without dynamic batching (engine_workers.py l.636, utils/config.py)
+    return {f"{r}.log_prob_micro_batch_size_per_gpu": p["strategy"].log_prob_mbs_ for r in LOG_PROB_ROLES}
+
+
+def _lp_mbs_read(get: Get) -> int | None:
+    # the old log-prob pass (rollout key) is the one every step runs; the ref pass only with KL
+    n = get(f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu")
+    return None if n == get(f"{ACTOR}.ppo_micro_batch_size_per_gpu") else n
+
+
 def _cpu_opt_write(p: Plan) -> dict[str, Any]:
     f = p["strategy"].cpu_optimizer
     out: dict[str, Any] = {f"+{OOC}.optimizer_cpu_offload": f is not None}
@@ -234,10 +246,7 @@ AS_IS: dict[tuple[str, str], str | tuple[str, ...]] = {
     (S, "pp"): _megs("pipeline_model_parallel_size"),
     (S, "cp"): _megs("context_parallel_size"),
     (S, "ep"): _megs("expert_model_parallel_size"),
-    (S, "mbs"): (
-        f"{ACTOR}.ppo_micro_batch_size_per_gpu",
-        *(f"{r}.log_prob_micro_batch_size_per_gpu" for r in LOG_PROB_ROLES),
-    ),
+    (S, "mbs"): f"{ACTOR}.ppo_micro_batch_size_per_gpu",
     (S, "distributed_optimizer"): f"{ACTOR}.{MEG}.use_distributed_optimizer",
     (S, "rollout_tp"): f"{ROLLOUT}.tensor_model_parallel_size",
     (S, "gpu_memory_utilization"): f"{ROLLOUT}.gpu_memory_utilization",
@@ -314,6 +323,7 @@ def _dtype_read(get: Get) -> str:
 CODED: tuple[Row, ...] = (
     Row(S, "vpp", _VPP_KEYS, _vpp_write, lambda get: get(_VPP_KEYS[0]) or 1),
     same(S, "etp", *_megs("expert_tensor_parallel_size"), attr="etp_"),
+    Row(S, "log_prob_mbs", _LP_MBS_KEYS, _lp_mbs_write, _lp_mbs_read),
     same(S, "sequence_parallel", *_megs("sequence_parallel"), attr="sp"),
     Row(S, "recompute", _RECOMPUTE_KEYS, _recompute_write, _recompute_read),
     Row(S, "recompute_layers", _RECOMPUTE_LAYER_KEYS, _recompute_layers_write, _recompute_layers_read),
@@ -411,6 +421,7 @@ def canonical(plan: Plan) -> Plan:
         offload=tuple(o for o in ("param", "grad", "optimizer") if o in off),
         recompute_layers=s.recompute_layers if s.recompute == "full" else None,
         log_prob_max_tokens_per_gpu=lp,
+        log_prob_mbs=None if s.log_prob_mbs == s.mbs else s.log_prob_mbs,
     )
     keep_w = {r.field for r in rows(W) if r.read is not None}
     w = Workload(**{k: v for k, v in dataclasses.asdict(w).items() if k in keep_w})

@@ -27,6 +27,7 @@ DEGREE_FLAGS: tuple[tuple[str, Any, Any], ...] = (
     ("ep", O.Ep, None),
     ("etp", O.Etp, None),
     ("mbs", O.Mbs, None),
+    ("log_prob_mbs", O.LogProbMbs, None),
     ("first_stage_layers", O.FirstStage, None),
     ("last_stage_layers", O.LastStage, None),
     ("recompute", O.Recompute, None),

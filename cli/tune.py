@@ -52,7 +52,9 @@ def _plan_row(est) -> dict[str, Any]:
         + (f" cp{s.cp}" if s.cp > 1 else "")
         + (f" ep{s.ep} etp{s.etp_}" if est.model.is_moe else "")
         + f" dp{s.dp}",
-        "mbs": "dyn" if s.max_tokens_per_gpu else str(s.mbs),
+        "mbs": "dyn"
+        if s.max_tokens_per_gpu
+        else str(s.mbs) + (f" (log-prob {s.log_prob_mbs})" if s.log_prob_mbs not in (None, s.mbs) else ""),
         "recompute": s.recompute,
         "offload": ",".join(o[0] for o in s.offload) or "none",
         "rollout": f"tp{s.rollout_tp} mem{s.gpu_memory_utilization:g}",

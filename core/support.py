@@ -10,7 +10,7 @@ trainer) stops. Degree rules live in core/rules.py (``check_degrees``) and batch
 
 from __future__ import annotations
 
-from .rules import Finding, check_batches, check_lengths, errors
+from .rules import Finding, check_batches, check_lengths, check_log_prob_batches, errors
 from .specs import HardwareSpec, ModelSpec
 from .strategy import Strategy, Workload
 
@@ -80,6 +80,14 @@ def check_plan(model: ModelSpec, strategy: Strategy, *, workload: Workload | Non
                     f"set strategy.{name} to a token budget or leave it unset",
                 )
             )
+    if strategy.log_prob_mbs is not None and strategy.log_prob_mbs < 1:
+        out.append(
+            Finding(
+                "BAD_CONFIG",
+                f"strategy.log_prob_mbs must be >= 1 sequences (None = mbs), got {strategy.log_prob_mbs}",
+                "set strategy.log_prob_mbs to a micro-batch size or leave it unset",
+            )
+        )
     if workload is not None and workload.kind == "grpo":
         out += _workload_findings(model, strategy, workload)
     return errors(out)
@@ -153,6 +161,8 @@ def _workload_findings(m: ModelSpec, s: Strategy, w: Workload) -> list[Finding]:
     # the trainer pads the micro-batch count to a multiple of pp itself)
     fixed = s.max_tokens_per_gpu is None
     out = check_batches(w, dp=s.dp or 1, mbs=s.mbs if fixed else None, pp=s.pp, vpp=s.vpp)
+    if fixed and s.log_prob_mbs is not None and s.log_prob_mbs >= 1:
+        out += check_log_prob_batches(w, dp=s.dp or 1, log_prob_mbs=s.log_prob_mbs, pp=s.pp, vpp=s.vpp)
     longest = w.prompt_len + w.response_len
     out += check_lengths(m, w)
     for name in ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu"):

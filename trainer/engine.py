@@ -278,6 +278,7 @@ class Engine:
         if max_tokens:
             return self._logprobs_budget(padded, B, S, max_tokens, lengths, with_entropy, temperature)
         mbs, lo, hi = self._split({"tokens": padded}, micro_batch_size, pad_ok=True)
+        self.last_logprob_micro_batches = len(mbs)  # per DP rank (reported by the loop)
         loss_func = self._logprob_loss(with_entropy, temperature)
         out = self._run(mbs, loss_func, forward_only=True, seq_len=Sp, mbs=micro_batch_size)
         full = torch.zeros(2 if with_entropy else 1, self._padded_rows(B, micro_batch_size), Sp - 1, device=self.device)
@@ -305,6 +306,7 @@ class Engine:
         Sp = padded.shape[1]
         lengths = torch.full((B,), S, dtype=torch.long) if lengths is None else torch.as_tensor(lengths).long()
         micro, _, _ = self._split_budget({"tokens": padded}, lengths, max_tokens, pad_ok=True, width=S)
+        self.last_logprob_micro_batches = len(micro)
         loss_func = self._logprob_loss(with_entropy, temperature)
         uniform = self.strategy.vpp > 1
         out = self._run(
