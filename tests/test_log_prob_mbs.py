@@ -253,3 +253,35 @@ def test_search_prices_every_plan_with_a_pinned_log_prob_micro_batch():
     assert res.ranked and all(e.strategy.log_prob_mbs == 8 for e in res.ranked)
     fixed = [e for e in res.ranked if e.strategy.max_tokens_per_gpu is None]
     assert fixed and all(e.details["logprob_micro_batches"] == 256 / e.strategy.dp / 8 for e in fixed)
+
+
+def _diagnose(capsys, text: str, tmp_path: Path, name: str) -> dict:
+    p = tmp_path / name
+    p.write_text(text)
+    main(["diagnose", str(p), "--json"])
+    return json.loads(capsys.readouterr().out)
+
+
+def test_diagnose_prices_and_checks_the_launchs_log_prob_micro_batch(capsys, tmp_path):
+    """The example's log-prob micro-batch 8 (training 4) is what diagnose's memory estimate uses (8 holds more
+    than 4 in the log-prob phases, the update is the same), and 7, which does not divide a rank's 1280
+    sequences, is verl's assert: an error on the rollout key (and the ref key, KL being on)."""
+    text = EXAMPLE.read_text()
+    eight = _diagnose(capsys, text, tmp_path, "lp8.sh")
+    four = _diagnose(
+        capsys,
+        text.replace("log_prob_micro_batch_size_per_gpu=8", "log_prob_micro_batch_size_per_gpu=4"),
+        tmp_path,
+        "lp4.sh",
+    )
+    m8, m4 = eight["summary"]["memory"]["phases"], four["summary"]["memory"]["phases"]
+    assert m8["old_logprob"] > m4["old_logprob"] and m8["update"] == m4["update"]
+    assert not [f for f in eight["findings"] if f["code"] == "BATCH_DIVISIBILITY"]
+    seven = _diagnose(
+        capsys,
+        text.replace("log_prob_micro_batch_size_per_gpu=8", "log_prob_micro_batch_size_per_gpu=7"),
+        tmp_path,
+        "lp7.sh",
+    )
+    keys = {f.get("key") for f in seven["findings"] if f["code"] == "BATCH_DIVISIBILITY" and f["severity"] == "error"}
+    assert keys == set(LP_KEYS)
