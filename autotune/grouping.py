@@ -10,7 +10,7 @@ when at least one of its variants was evaluated exactly.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 MODEL_REL_ERROR = 0.05
@@ -29,20 +29,18 @@ def layout_key(s) -> tuple[Any, ...]:
 
 @dataclass(frozen=True)
 class LayoutRow:
-    best: Any
-    """The layout's best plan (an Estimate)."""
+    layout: dict[str, Any]
+    """The row's layout (:func:`layout` of its plans' strategies)."""
     variants: int
     """Plans of this layout among those ranked."""
     within_error: int
     """Of those, how many are within ``rel_error`` of the layout's best step time (the best included)."""
+    best: Any
+    """The layout's best plan (an Estimate)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "layout": layout(self.best.strategy),
-            "variants": self.variants,
-            "within_error": self.within_error,
-            "best": self.best.to_dict(),
-        }
+        """The fields in order, the best plan as its own dict."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "best": self.best.to_dict()}
 
 
 def group_by_layout(ranked: Sequence[Any], rel_error: float = MODEL_REL_ERROR) -> list[LayoutRow]:
@@ -56,7 +54,8 @@ def group_by_layout(ranked: Sequence[Any], rel_error: float = MODEL_REL_ERROR) -
     for plans in groups.values():
         best = plans[0]
         limit = step_s(best) * (1.0 + rel_error)
-        rows.append(LayoutRow(best=best, variants=len(plans), within_error=sum(1 for e in plans if step_s(e) <= limit)))
+        within = sum(1 for e in plans if step_s(e) <= limit)
+        rows.append(LayoutRow(layout=layout(best.strategy), best=best, variants=len(plans), within_error=within))
     return rows
 
 

@@ -52,6 +52,14 @@ Etp = Annotated[
     Optional[int], typer.Option("--etp", help="Expert tensor parallel (default: tp).", rich_help_panel=P_PAR)
 ]
 Mbs = Annotated[Optional[int], typer.Option("--mbs", help="Micro-batch size.", rich_help_panel=P_PAR)]
+LogProbMbs = Annotated[
+    Optional[int],
+    typer.Option(
+        "--log-prob-mbs",
+        help="Micro-batch size of the old/ref log-prob passes (verl log_prob_micro_batch_size_per_gpu; default: --mbs).",
+        rich_help_panel=P_PAR,
+    ),
+]
 FirstStage = Annotated[
     Optional[int],
     typer.Option("--first-stage-layers", help="Layers on the first pipeline stage (uneven PP).", rich_help_panel=P_PAR),
@@ -214,7 +222,7 @@ def _check_gpu_memory_utilization(gpu_memory_utilization) -> None:
 
 
 # Pins that must be >= 1 when given (issue 14 (diag): a zero degree divided by zero in search).
-_POSITIVE_PINS = (*DEGREES, "mbs", "rollout_tp", "first_stage_layers", "last_stage_layers")
+_POSITIVE_PINS = (*DEGREES, "mbs", "log_prob_mbs", "rollout_tp", "first_stage_layers", "last_stage_layers")
 # Pins whose 0 turns the feature off (a None value in the pins).
 _ZERO_IS_OFF = ("max_tokens_per_gpu", "cpu_optimizer")
 
@@ -333,6 +341,7 @@ WORKLOAD_FLAGS = (
 PIN_FLAGS = (
     *DEGREES,
     "mbs",
+    "log_prob_mbs",
     "recompute",
     "sequence_parallel",
     "distributed_optimizer",

@@ -288,7 +288,9 @@ def _winner_lines(best: Estimate) -> list[str]:
             if s.first_stage_layers or s.last_stage_layers
             else ""
         ),
-        f"- micro-batch {s.mbs}, sequence parallel {'on' if s.sp else 'off'}, recompute {s.recompute}, "
+        f"- micro-batch {s.mbs}"
+        + (f" (log-prob passes {s.log_prob_mbs})" if s.log_prob_mbs not in (None, s.mbs) else "")
+        + f", sequence parallel {'on' if s.sp else 'off'}, recompute {s.recompute}, "
         f"distributed optimizer {'on' if s.distributed_optimizer else 'off'}, offload {', '.join(s.offload) or 'none'}",
         f"- rollout: TP {s.rollout_tp}, gpu_memory_utilization {s.gpu_memory_utilization}; the reference model "
         "uses the actor's degrees",

@@ -338,6 +338,23 @@ model is within 1% of autograd on CPU; allocator and framework extras stay well 
 
 TRAIN_MEMORY_PHASES = ("old_logprob", "ref_logprob", "update")
 """Phases whose memory verl's perf/max_memory_allocated_gb sees (the training engine's, not vLLM's)."""
+VLLM_PARTS = ("vllm_resident", "vllm_cuda_graphs")
+"""Parts of the training phases' memory that vLLM holds. verl 0.9.1 runs vLLM only as an async server in its own
+process (rollout mode "async", workers/rollout/vllm_rollout/vllm_async_server.py), so the trainer's torch
+allocator, which perf/max_memory_allocated_gb reads, does not see them."""
+
+
+def train_peak_bytes(est) -> tuple[str, float] | None:
+    """(phase, bytes) of the training engine's own peak, as verl's logged allocator peak measures it."""
+    train = {
+        k: v.total_bytes - sum(v.parts.get(p, 0.0) for p in VLLM_PARTS)
+        for k, v in est.memory.items()
+        if k in TRAIN_MEMORY_PHASES
+    }
+    if not train:
+        return None
+    phase = max(train, key=lambda k: train[k])
+    return phase, train[phase]
 
 
 @dataclass
@@ -462,13 +479,12 @@ def memory_check(lp: LogPoint) -> dict[str, Any] | None:
     p = lp.plan
     est = estimate(model=p.model, hardware=p.hardware, cluster=p.cluster, strategy=p.strategy, workload=p.workload)
     # verl's perf/max_memory_allocated_gb is torch's allocator peak in the trainer process (engine_workers.py
-    # l.219); vLLM's weights and KV cache are allocated by the rollout server, so compare the training engine's
-    # phases only.
-    train = {k: v.total_bytes for k, v in est.memory.items() if k in TRAIN_MEMORY_PHASES}
-    if not train:
+    # l.219); vLLM's weights, KV cache and CUDA graphs are allocated by the rollout server, so compare the
+    # training engine's own bytes only.
+    peak = train_peak_bytes(est)
+    if peak is None:
         return None
-    phase = max(train, key=lambda k: train[k])
-    pred_gib = train[phase] / GiB
+    phase, pred_gib = peak[0], peak[1] / GiB
     return {
         "log": lp.log.path,
         "logged_gib": round(logged, 2),

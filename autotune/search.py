@@ -83,15 +83,9 @@ class SearchResult:
         return self.ranked[0]
 
     def stats(self) -> dict[str, Any]:
-        return {
-            "candidates": self.candidates,
-            "evaluated": self.evaluated,
-            "combined": self.combined,
-            "layouts": self.layouts,
-            "pruned_layouts": self.pruned_layouts,
-            "seconds": round(self.seconds, 3),
-            "combination_error": round(self.combination_error, 6),
-        }
+        """The counters as they are and the two figures rounded, for the run folder and ``--json``."""
+        counts = {k: getattr(self, k) for k in ("candidates", "evaluated", "combined", "layouts", "pruned_layouts")}
+        return {**counts, "seconds": round(self.seconds, 3), "combination_error": round(self.combination_error, 6)}
 
 
 class _Evaluator:

@@ -37,6 +37,7 @@ CP_MIN_TOKENS = 4096
 ENGINE_KEYS = (
     "max_tokens_per_gpu",
     "log_prob_max_tokens_per_gpu",
+    "log_prob_mbs",
     "cpu_optimizer",
     "overlap_cpu_optimizer",
     "precision_aware_optimizer",

@@ -40,6 +40,7 @@ from core.strategy import DEGREES, Cluster, Strategy, Workload
 SEARCHED = (
     *DEGREES,
     "mbs",
+    "log_prob_mbs",  # pinned to the launch's (an engine key); written back so that unset follows a new mbs
     "recompute",
     "offload",
     "distributed_optimizer",
@@ -84,6 +85,7 @@ def strategy_from(get: Get, model: ModelSpec) -> Strategy:
         "max_num_batched_tokens",
         "max_tokens_per_gpu",
         "log_prob_max_tokens_per_gpu",
+        "log_prob_mbs",
     ):
         v = f.get(k)
         if _is_int(v) and v > 0:
@@ -313,6 +315,9 @@ def _tune_pins(
             hint=f"pin one of {', '.join(SEARCHED)}",
         )
     pins = {k: getattr(s0, k) for k in keep} | extra
+    # The engine knobs are the user's and tuned.sh keeps them, so the search prices its plans with them too:
+    # left free, it would rank plans that only fit with, say, Megatron's CPU optimizer, which tune then drops.
+    pins |= {k: getattr(s0, k) for k in ENGINE_KEYS if k not in extra}  # log_prob_mbs may be pinned
     if "offload" in pins:
         pins["offload"] = tuple(pins["offload"])
     if "etp" in pins and not plan.model.is_moe:

@@ -164,9 +164,7 @@ def predict_step_s(row: Row, hw: HardwareSpec, calibration: dict[str, float] | N
     s = Strategy(**{k: getattr(row, k) for k in _PLAN_COLUMNS})
     s = validate_degrees(m, s, row.gpus, gpus_per_node=hw.gpus_per_node)
     wl = Workload(kind="pretrain", seq_len=row.seq_len, gbs=row.gbs)
-    time, _, _ = step_time(
-        m, hw, Cluster(gpus=row.gpus, gpus_per_node=hw.gpus_per_node), s, wl, calibration=calibration
-    )
+    time, _, _ = step_time(m, hw, Cluster(gpus=row.gpus, gpus_per_node=hw.gpus_per_node), s, wl, cal=calibration)
     return time.step_s
 
 

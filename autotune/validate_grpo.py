@@ -38,14 +38,14 @@ _REQUIRED = ("id", "split", "framework", "backend", "source", "model", "hardware
 
 @dataclass(frozen=True)
 class GrpoRow:
+    """One measurement row: the validated id and split, the published figures, and every column as read
+    (``raw``: the plan, backend, source, lp_combined, ...)."""
+
     id: str
     split: str
-    backend: str
-    source: str
     raw: dict[str, str]
     published: dict[str, float]
     """step_s and the published phases (seconds)."""
-    lp_combined: bool
 
 
 def load_grpo_rows(path: str | Path | None = None) -> list[GrpoRow]:
@@ -88,11 +88,8 @@ def load_grpo_rows(path: str | Path | None = None) -> list[GrpoRow]:
             GrpoRow(
                 id=rid,
                 split=raw["split"],
-                backend=raw.get("backend", ""),
-                source=raw["source"],
                 raw=dict(raw),
                 published=pub,
-                lp_combined=(raw.get("lp_combined") or "").lower() == "true",
             )
         )
     return rows
@@ -155,7 +152,8 @@ def predict(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[dict[str, flo
     est = estimate(model=m, hardware=hw, cluster=cluster, strategy=s, workload=wl)
     t = est.time
     assert t is not None
-    lp = t["old_logprob"] + (t["ref_logprob"] if row.lp_combined else 0.0)
+    lp_combined = (row.raw.get("lp_combined") or "").lower() == "true"  # NeMo-RL publishes old + reference together
+    lp = t["old_logprob"] + (t["ref_logprob"] if lp_combined else 0.0)
     return {
         "step_s": t.step_s,
         "gen_s": t["rollout"],
@@ -215,8 +213,8 @@ def run_grpo(
         entry: dict[str, Any] = {
             "id": r.id,
             "split": r.split,
-            "backend": r.backend,
-            "source": r.source,
+            "backend": r.raw.get("backend", ""),
+            "source": r.raw["source"],
             "assumptions": r.raw.get("assumptions", ""),
             "published": r.published,
         }

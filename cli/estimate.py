@@ -38,11 +38,21 @@ def _gib(x: float) -> str:
 
 
 def print_estimate(est: Estimate, console: Console) -> None:
-    """The human-readable breakdown. The time model adds its section in the marked place below."""
+    """The human-readable breakdown: the plan, memory per phase, time per phase, the verdict."""
+    _print_plan(est, console)
+    _print_memory(est, console)
+    _print_time(est, console)
+    if est.violations:
+        for viol in est.violations:
+            console.print(f"[bold red][{viol.code}][/] {viol.message}", highlight=False)
+    console.print("[bold green]fits[/]" if est.fits else "[bold red]does not fit[/]")
+
+
+def _print_plan(est: Estimate, console: Console) -> None:
     s, m, c = est.strategy, est.model, est.cluster
     deg = (
-        f"tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} etp={s.etp_} dp={s.dp} mbs={s.mbs} "
-        f"sp={'on' if s.sp else 'off'} recompute={s.recompute} dist-opt={'on' if s.distributed_optimizer else 'off'} "
+        f"{s.layout_text()} sp={'on' if s.sp else 'off'} recompute={s.recompute} "
+        f"dist-opt={'on' if s.distributed_optimizer else 'off'} "
         f"offload={','.join(s.offload) or 'none'} rollout_tp={s.rollout_tp} gpu_mem_util={s.gpu_memory_utilization} "
         f"max_tokens_per_gpu={s.max_tokens_per_gpu or 'off'} cpu_optimizer={s.cpu_optimizer or 'off'} "
         f"max_num_seqs={s.max_num_seqs} eager={'on' if s.enforce_eager else 'off'}"
@@ -64,6 +74,8 @@ def print_estimate(est: Estimate, console: Console) -> None:
         f"params: total {p['total']:,}  active {p['active']:,}  per-rank max {p['per_rank_max']:,}", highlight=False
     )
 
+
+def _print_memory(est: Estimate, console: Console) -> None:
     parts: list[str] = []
     for pm in est.memory.values():
         for k in pm.parts:
@@ -104,7 +116,8 @@ def print_estimate(est: Estimate, console: Console) -> None:
         f"peak {_gib(est.peak_bytes)} GiB in {est.peak_phase}, headroom {_gib(est.headroom_bytes)} GiB", highlight=False
     )
 
-    # --- time (filled by costmodel.timing; extend here) ---------------------------------------
+
+def _print_time(est: Estimate, console: Console) -> None:
     if est.time is not None:
         tt = Table(title="Time per step (s)")
         tt.add_column("phase")
@@ -133,11 +146,6 @@ def print_estimate(est: Estimate, console: Console) -> None:
         console.print(
             "throughput: " + ", ".join(f"{k} {v:,.3g}" for k, v in th.items() if v is not None), highlight=False
         )
-
-    if est.violations:
-        for viol in est.violations:
-            console.print(f"[bold red][{viol.code}][/] {viol.message}", highlight=False)
-    console.print("[bold green]fits[/]" if est.fits else "[bold red]does not fit[/]")
 
 
 CalibrationFile = Annotated[

@@ -190,7 +190,12 @@ def print_summary(sm: dict, cmd: list[str], console: Console) -> None:
         f"{w['prompts']} prompts x n={w['n']} = {b['sequences_per_step']} sequences/step, "
         f"{b['mini_batches_per_step']} mini-batch(es) of {b['sequences_per_mini_batch']}, "
         f"{b['micro_batches_per_mini_batch']} micro-batch(es) per mini-batch per DP rank, "
-        f"ppo_epochs {w['ppo_epochs']}, lengths {w['prompt_len']}+{w['response_len']}",
+        + (
+            f"log-prob micro-batch {b['log_prob_mbs']} ({b['log_prob_micro_batches_per_dp_rank']} per DP rank), "
+            if b["log_prob_mbs"] != sm["mbs"] and not b.get("packing")
+            else ""
+        )
+        + f"ppo_epochs {w['ppo_epochs']}, lengths {w['prompt_len']}+{w['response_len']}",
         highlight=False,
     )
     if b.get("packing"):

@@ -52,7 +52,9 @@ def _plan_row(est) -> dict[str, Any]:
         + (f" cp{s.cp}" if s.cp > 1 else "")
         + (f" ep{s.ep} etp{s.etp_}" if est.model.is_moe else "")
         + f" dp{s.dp}",
-        "mbs": "dyn" if s.max_tokens_per_gpu else str(s.mbs),
+        "mbs": "dyn"
+        if s.max_tokens_per_gpu
+        else str(s.mbs) + (f" (log-prob {s.log_prob_mbs})" if s.log_prob_mbs not in (None, s.mbs) else ""),
         "recompute": s.recompute,
         "offload": ",".join(o[0] for o in s.offload) or "none",
         "rollout": f"tp{s.rollout_tp} mem{s.gpu_memory_utilization:g}",
@@ -140,10 +142,13 @@ def tune(
         _print_json(launch, plan, res, cur, best, run_dir, files)
         return
     c = Console()
+    wl = plan.workload
+    # the means priced (--prompt-len-mean/--response-len-mean), else the maxima are what the model assumes
+    means = f" (means {wl.prompt_len_mean or wl.prompt_len}+{wl.response_len_mean or wl.response_len})"
     c.print(
         f"{launch_obj.path}: {plan.model.name} ({plan.model_note}) on {plan.cluster.gpus} x {plan.hardware.name}, "
-        f"{plan.workload.prompts} prompts x n={plan.workload.n}, lengths {plan.workload.prompt_len}+"
-        f"{plan.workload.response_len}",
+        f"{wl.prompts} prompts x n={wl.n}, lengths {wl.prompt_len}+{wl.response_len}"
+        + (means if wl.prompt_len_mean or wl.response_len_mean else ""),
         highlight=False,
     )
     c.print(_compare_table(cur, best))
@@ -218,8 +223,10 @@ def _print_verdict(c: Console, res, cur: dict, best: dict, keep_list: list[str])
             c.print("nearest plans that fit:")
             for e in res.nearest_fit:
                 s = _summary(e)
+                row = s["plan"]  # labelled, as the table's rows are
                 c.print(
-                    f"  {' '.join(s['plan'].values())}: {s['step_s']:.1f} s, peak {s['peak_gib']:.1f} GiB",
+                    f"  {row['degrees']} mbs {row['mbs']} recompute {row['recompute']} offload {row['offload']} "
+                    f"rollout {row['rollout']}: {s['step_s']:.1f} s, peak {s['peak_gib']:.1f} GiB",
                     highlight=False,
                 )
         elif not res.changes:

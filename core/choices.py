@@ -2,12 +2,14 @@
 
 Config fields stay plain strings (YAML and JSON round-trip them unchanged); these enums are the
 allowed values, which the validator (core/validation.py), the search space and the trainer read.
-Each is a StrEnum, so ``Recompute.FULL == "full"``.
+Each is a StrEnum, so ``Recompute.FULL == "full"``. They are sets of values and nothing more, so each
+is built from its values (:func:`_choice`): a member's name is its value in capitals, ``-`` read as ``_``.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import cast
 
 
 class _Choice(StrEnum):
@@ -17,56 +19,28 @@ class _Choice(StrEnum):
         return tuple(m.value for m in cls)
 
 
-class Recompute(_Choice):
-    """Activation recomputation (Megatron's ``recompute_granularity``; none = off)."""
-
-    NONE = "none"
-    SELECTIVE = "selective"  # core attention only (Korthikanti et al. 2022, sec. 5)
-    FULL = "full"
+def _choice(name: str, values: tuple[str, ...]) -> type[_Choice]:
+    members = [(v.upper().replace("-", "_"), v) for v in values]
+    # Enum's functional API (a call with a name and members makes a subclass); mypy reads the call as an instance's
+    return cast(type[_Choice], _Choice(name, members, module=__name__, qualname=name))  # type: ignore[call-arg]
 
 
-class Offload(_Choice):
-    """Training state moved to host memory between phases (verl's ``*_offload`` switches)."""
+# Activation recomputation (Megatron's ``recompute_granularity``; none = off); selective = core attention
+# only (Korthikanti et al. 2022, sec. 5).
+Recompute = _choice("Recompute", ("none", "selective", "full"))
 
-    PARAM = "param"
-    GRAD = "grad"
-    OPTIMIZER = "optimizer"
+# Training state moved to host memory between phases (verl's ``*_offload`` switches).
+Offload = _choice("Offload", ("param", "grad", "optimizer"))
 
+# verl's ``actor.loss_agg_mode`` (verl 0.9.1 trainer/ppo/core_algos.py agg_loss).
+LossAgg = _choice("LossAgg", ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
 
-class LossAgg(_Choice):
-    """verl's ``actor.loss_agg_mode`` (verl 0.9.1 trainer/ppo/core_algos.py agg_loss)."""
+# verl's ``kl_loss_type`` estimators (verl 0.9.1 trainer/ppo/core_algos.py kl_penalty).
+KlType = _choice("KlType", ("low_var_kl", "k3", "k1", "kl", "k2", "mse", "abs"))
 
-    TOKEN_MEAN = "token-mean"
-    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
-    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
+# Who samples the responses: ``auto`` = vllm on GPU, the training model itself (megatron) on CPU.
+RolloutEngine = _choice("RolloutEngine", ("auto", "vllm", "megatron"))
 
+WorkloadKind = _choice("WorkloadKind", ("grpo", "pretrain"))
 
-class KlType(_Choice):
-    """verl's ``kl_loss_type`` estimators (verl 0.9.1 trainer/ppo/core_algos.py kl_penalty)."""
-
-    LOW_VAR_KL = "low_var_kl"
-    K3 = "k3"
-    K1 = "k1"
-    KL = "kl"
-    K2 = "k2"
-    MSE = "mse"
-    ABS = "abs"
-
-
-class RolloutEngine(_Choice):
-    """Who samples the responses: ``auto`` = vllm on GPU, the training model itself (megatron) on CPU."""
-
-    AUTO = "auto"
-    VLLM = "vllm"
-    MEGATRON = "megatron"
-
-
-class WorkloadKind(_Choice):
-    GRPO = "grpo"
-    PRETRAIN = "pretrain"
-
-
-class Dtype(_Choice):
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP32 = "fp32"
+Dtype = _choice("Dtype", ("bf16", "fp16", "fp32"))

@@ -269,6 +269,40 @@ def check_batches(w: Workload, *, dp: int, mbs: int | None = None, pp: int = 1, 
     return out
 
 
+def check_log_prob_batches(w: Workload, *, dp: int, log_prob_mbs: int, pp: int = 1, vpp: int = 1) -> list[Finding]:
+    """Every reason the log-prob passes' batch does not split into ``log_prob_mbs``-sequence micro-batches.
+
+    verl 0.9.1 runs old and ref log-probs on the whole step batch of a DP rank, ``prompts * n / dp``
+    sequences (engine_workers.py ``infer_batch``); ``prepare_micro_batches`` (workers/engine/utils.py)
+    asserts that count divisible by ``micro_batch_size_per_gpu``, and the Megatron engine
+    (transformer_impl.py) asserts the micro-batch count divisible by ``microbatch_group_size_per_vp_stage``
+    (megatron-core's default: pp) with ``vpp > 1``. Only for a fixed micro-batch (no token cap).
+    With ``log_prob_mbs == mbs`` :func:`check_batches` implies both. Code: ``BATCH_DIVISIBILITY``.
+    """
+    if w.kind != "grpo" or (w.prompts * w.n) % dp:
+        return []  # check_batches reports the DP split
+    per_rank = w.prompts * w.n // dp
+    if per_rank % log_prob_mbs:
+        return [
+            Finding(
+                "BATCH_DIVISIBILITY",
+                f"a step's {per_rank} sequences per DP rank (prompts x n / dp={dp}) do not split "
+                f"into log-prob micro-batches of {log_prob_mbs}",
+                "choose a log-prob micro-batch that divides prompts * n / dp",
+            )
+        ]
+    k = per_rank // log_prob_mbs
+    if vpp > 1 and k % pp:
+        return [
+            Finding(
+                "BATCH_DIVISIBILITY",
+                f"vpp={vpp} needs the log-prob micro-batches per DP rank ({k}) to be a multiple of pp={pp}",
+                "choose a log-prob micro-batch that leaves a multiple of pp micro-batches",
+            )
+        ]
+    return []
+
+
 def check_lengths(model: ModelSpec, w: Workload) -> list[Finding]:
     """A GRPO sequence (prompt + response) longer than the model's positions (HF
     ``max_position_embeddings``): the trainer refuses it, so search and estimate must too. Code: ``BAD_CONFIG``."""

@@ -56,6 +56,9 @@ class Strategy:
     """Data parallel; derived from the GPU count when None."""
     mbs: int = 1
     """Micro-batch size (sequences)."""
+    log_prob_mbs: int | None = None
+    """Micro-batch size of the old/ref log-prob passes (verl's rollout and ref
+    ``log_prob_micro_batch_size_per_gpu``); None = ``mbs``."""
     sequence_parallel: bool | None = None
     """None means on whenever tp > 1 (Megatron requires it for MoE with TP)."""
     recompute: str = "selective"
@@ -101,6 +104,10 @@ class Strategy:
         return self.tp if self.etp is None else self.etp
 
     @property
+    def log_prob_mbs_(self) -> int:
+        return self.mbs if self.log_prob_mbs is None else self.log_prob_mbs
+
+    @property
     def sp(self) -> bool:
         return self.tp > 1 if self.sequence_parallel is None else (self.sequence_parallel and self.tp > 1)
 
@@ -109,7 +116,10 @@ class Strategy:
         return self.tp * self.pp * self.cp
 
     def to_dict(self) -> dict[str, Any]:
-        return to_mapping(self)
+        d = to_mapping(self)
+        if d["log_prob_mbs"] is None:  # unset means mbs: plans (best.yaml, --json) without it read as before
+            del d["log_prob_mbs"]
+        return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "strategy") -> "Strategy":
@@ -130,6 +140,12 @@ class Strategy:
         """The parallel degrees by name, in :data:`DEGREES` order (``etp`` resolved), then ``dp``
         (None until :func:`validate` fills it in), as search's, train's and the launcher's layouts show them."""
         return {**{k: getattr(self, k) for k in DEGREES}, "etp": self.etp_, "dp": self.dp}
+
+    def layout_text(self) -> str:
+        """``tp=.. pp=.. vpp=.. cp=.. ep=.. etp=.. dp=.. mbs=..`` (and ``log_prob_mbs=..`` when set): how
+        verl.sh's plan line and ``grpo-tune estimate`` begin."""
+        lp = "" if self.log_prob_mbs is None else f" log_prob_mbs={self.log_prob_mbs}"
+        return " ".join(f"{k}={v}" for k, v in self.degrees().items()) + f" mbs={self.mbs}{lp}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,7 +10,7 @@ trainer) stops. Degree rules live in core/rules.py (``check_degrees``) and batch
 
 from __future__ import annotations
 
-from .rules import Finding, check_batches, check_lengths, errors
+from .rules import Finding, check_batches, check_lengths, check_log_prob_batches, errors
 from .specs import HardwareSpec, ModelSpec
 from .strategy import Strategy, Workload
 
@@ -69,7 +69,31 @@ def trainer_only(model: ModelSpec, strategy: Strategy) -> list[Finding]:
 
 def check_plan(model: ModelSpec, strategy: Strategy, *, workload: Workload | None = None) -> list[Finding]:
     """Refusals any megatron-core backend makes (ours and verl's): the search applies these."""
-    m, s = model, strategy
+    out = _moe_findings(model, strategy) + _optimizer_findings(strategy)
+    for name in ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu"):
+        v = getattr(strategy, name)
+        if v is not None and v < 1:
+            out.append(
+                Finding(
+                    "BAD_CONFIG",
+                    f"strategy.{name} must be >= 1 tokens (None turns it off), got {v}",
+                    f"set strategy.{name} to a token budget or leave it unset",
+                )
+            )
+    if strategy.log_prob_mbs is not None and strategy.log_prob_mbs < 1:
+        out.append(
+            Finding(
+                "BAD_CONFIG",
+                f"strategy.log_prob_mbs must be >= 1 sequences (None = mbs), got {strategy.log_prob_mbs}",
+                "set strategy.log_prob_mbs to a micro-batch size or leave it unset",
+            )
+        )
+    if workload is not None and workload.kind == "grpo":
+        out += _workload_findings(model, strategy, workload)
+    return errors(out)
+
+
+def _moe_findings(m: ModelSpec, s: Strategy) -> list[Finding]:
     out: list[Finding] = []
     if m.is_moe and s.tp > 1 and s.ep > 1 and not s.sp:
         # TransformerConfig.__post_init__: sequence parallelism must be used with EP and TP
@@ -98,6 +122,11 @@ def check_plan(model: ModelSpec, strategy: Strategy, *, workload: Workload | Non
                     "raise router_group_topk",
                 )
             )
+    return out
+
+
+def _optimizer_findings(s: Strategy) -> list[Finding]:
+    out: list[Finding] = []
     if s.cpu_optimizer is not None:
         if not 0.0 < s.cpu_optimizer <= 1.0:
             out.append(
@@ -124,37 +153,30 @@ def check_plan(model: ModelSpec, strategy: Strategy, *, workload: Workload | Non
                 "set strategy.distributed_optimizer: true",
             )
         )
+    return out
+
+
+def _workload_findings(m: ModelSpec, s: Strategy, w: Workload) -> list[Finding]:
+    # verl's batch rules; megatron's interleaving rule only for a fixed mbs (with a token budget
+    # the trainer pads the micro-batch count to a multiple of pp itself)
+    fixed = s.max_tokens_per_gpu is None
+    out = check_batches(w, dp=s.dp or 1, mbs=s.mbs if fixed else None, pp=s.pp, vpp=s.vpp)
+    if fixed and s.log_prob_mbs is not None and s.log_prob_mbs >= 1:
+        out += check_log_prob_batches(w, dp=s.dp or 1, log_prob_mbs=s.log_prob_mbs, pp=s.pp, vpp=s.vpp)
+    longest = w.prompt_len + w.response_len
+    out += check_lengths(m, w)
     for name in ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu"):
         v = getattr(s, name)
-        if v is not None and v < 1:
+        if v is not None and 1 <= v < longest:
+            # verl's rearrange_micro_batches asserts the same: one sequence must fit a micro-batch
             out.append(
                 Finding(
-                    "BAD_CONFIG",
-                    f"strategy.{name} must be >= 1 tokens (None turns it off), got {v}",
-                    f"set strategy.{name} to a token budget or leave it unset",
+                    "BATCH_DIVISIBILITY",
+                    f"strategy.{name}={v} is below the longest sequence ({longest} tokens = prompt_len + response_len)",
+                    f"raise {name} to at least {longest}",
                 )
             )
-    if workload is not None and workload.kind == "grpo":
-        w = workload
-        # verl's batch rules; megatron's interleaving rule only for a fixed mbs (with a token budget
-        # the trainer pads the micro-batch count to a multiple of pp itself)
-        fixed = s.max_tokens_per_gpu is None
-        out += check_batches(w, dp=s.dp or 1, mbs=s.mbs if fixed else None, pp=s.pp, vpp=s.vpp)
-        longest = w.prompt_len + w.response_len
-        out += check_lengths(m, w)
-        for name in ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu"):
-            v = getattr(s, name)
-            if v is not None and 1 <= v < longest:
-                # verl's rearrange_micro_batches asserts the same: one sequence must fit a micro-batch
-                out.append(
-                    Finding(
-                        "BATCH_DIVISIBILITY",
-                        f"strategy.{name}={v} is below the longest sequence "
-                        f"({longest} tokens = prompt_len + response_len)",
-                        f"raise {name} to at least {longest}",
-                    )
-                )
-    return errors(out)
+    return out
 
 
 def first_refusal(

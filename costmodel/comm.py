@@ -8,7 +8,9 @@ Plain float math: the search calls these thousands of times.
 
 from __future__ import annotations
 
-from core.specs import HardwareSpec
+from collections.abc import Mapping
+
+from core.specs import Efficiency, HardwareSpec
 
 
 def all_reduce_s(nbytes: float, n: int, bw: float, latency_s: float = 0.0) -> float:
@@ -62,3 +64,13 @@ def link_bw(hw: HardwareSpec, span: int, gpus_per_node: int, comm_eff: float = 1
 def link_latency(hw: HardwareSpec, span: int, gpus_per_node: int) -> float:
     e = hw.efficiency
     return e.inter_node_latency_s if spans_nodes(span, gpus_per_node) else e.intra_node_latency_s
+
+
+def link(
+    hw: HardwareSpec, span: int, gpus_per_node: int, cal: Mapping[str, float], e: Efficiency | None = None
+) -> tuple[float, float]:
+    """``(bandwidth, latency_s)`` of the link a group of ``span`` ranks runs its collectives over, both scaled
+    by the calibration's collective speed (``comm_efficiency_scale``); ``e``: the efficiencies (the profile's)."""
+    scale = cal["comm_efficiency_scale"]
+    ce = (e or hw.efficiency).comm_efficiency * scale
+    return link_bw(hw, span, gpus_per_node, ce), link_latency(hw, span, gpus_per_node) / scale

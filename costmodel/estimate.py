@@ -8,7 +8,7 @@ The results are the frozen dataclasses of :mod:`costmodel.results`.
 
 from __future__ import annotations
 
-from core.rules import check_batches
+from core.rules import check_batches, check_log_prob_batches
 from core.specs import HardwareSpec, ModelSpec
 from core.strategy import Cluster, Strategy, Workload, validate
 
@@ -44,6 +44,8 @@ def _batches(s: Strategy, w: Workload) -> list[Violation]:
     (core/rules.check_batches); with a token budget mbs is unused, so only the DP split counts."""
     fixed = s.max_tokens_per_gpu is None
     found = check_batches(w, dp=s.dp or 1, mbs=s.mbs if fixed else None, pp=s.pp, vpp=s.vpp)
+    if fixed and s.log_prob_mbs is not None:
+        found += check_log_prob_batches(w, dp=s.dp or 1, log_prob_mbs=s.log_prob_mbs, pp=s.pp, vpp=s.vpp)
     return [Violation(f.code, f"{f.message}; {f.hint}" if f.hint else f.message) for f in found]
 
 
@@ -60,7 +62,7 @@ def estimate(
     params = {"total": total_params(model), "active": active_params(model), "per_rank_max": max_rank_params(model, s)}
     mem, host_bytes, violations = memory.phase_memory(model, hardware, cluster, s, workload)
     violations += _token_budget(s, workload) + _batches(s, workload)
-    time, throughput, details = timing.step_time(model, hardware, cluster, s, workload, calibration=calibration)
+    time, throughput, details = timing.step_time(model, hardware, cluster, s, workload, cal=calibration)
     return Estimate(
         model=model,
         hardware=hardware,

@@ -82,10 +82,6 @@ class ModelState:
     grads: float
     optimizer: float
 
-    @property
-    def total(self) -> float:
-        return self.weights + self.grads + self.optimizer
-
 
 def model_state_bytes(dense: int, expert: int, s: Strategy, dtype: str = "bf16") -> ModelState:
     """Weights, main grads (Megatron's DDP grad buffer) and optimizer state on one rank of ``s``
@@ -210,13 +206,13 @@ def _microbatches(s: Strategy, w: Workload) -> int:
     return micro_batches(seqs, dp=dp, mbs=s.mbs)
 
 
-def micro_batch_shape(s: Strategy, w: Workload, cap: int | None) -> tuple[int, float]:
-    """(sequence length, sequences) of the largest micro-batch a rank holds: ``mbs`` sequences of
-    the maximum length, or with dynamic batching a token cap filled by sequences of up to the
-    maximum length (verl asserts the cap holds the longest sequence)."""
+def micro_batch_shape(s: Strategy, w: Workload, cap: int | None, *, mbs: int | None = None) -> tuple[int, float]:
+    """(sequence length, sequences) of the largest micro-batch a rank holds: ``mbs`` (default
+    ``s.mbs``) sequences of the maximum length, or with dynamic batching a token cap filled by
+    sequences of up to the maximum length (verl asserts the cap holds the longest sequence)."""
     seq = w.train_seq_len
     if not cap:
-        return seq, float(s.mbs)
+        return seq, float(mbs or s.mbs)
     cap_rank = cap  # per CP rank (verl scales the cap by the CP size, and CP splits the sequence)
     seq_eff = min(seq, cap_rank * s.cp)
     return seq_eff, cap_rank * s.cp / seq_eff
@@ -319,7 +315,7 @@ def _phases(m, hardware, s, w, k, states, acts, logit, last, kvc) -> dict[str, P
         step = (st.weights, st.grads, st.optimizer) + refw + (0.0, 0.0, st.optimizer * ADAM_STEP_TEMP) + tail
         upd.append(fb if sum(fb) >= sum(step) else step)
     if w.kind == "grpo":
-        fseq, fmbs = micro_batch_shape(s, w, s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu)
+        fseq, fmbs = micro_batch_shape(s, w, s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu, mbs=s.log_prob_mbs_)
         fwd = forward_activation_bytes(m, s, seq_len=fseq, mbs=fmbs, kernels=k)
         flog = logits_bytes(m, s, seq_len=fseq, mbs=fmbs, act_bytes=k.act_bytes)
         olp, rlp, ws, ro = [], [], [], []

@@ -191,13 +191,8 @@ def native_rollout_s(
     fwd, _ = train_s(
         m, hw, cluster, s, tokens_mb=rows * ctx, micro_batches=s.pp, seq_len=ctx, cal=cal, forward_only=True
     )
-    gpn = cluster.gpus_per_node
-    ce = e.comm_efficiency * cal["comm_efficiency_scale"]
     gather = comm.all_reduce_s(
-        seqs * m.vocab * 4,
-        cluster.gpus,
-        comm.link_bw(hw, cluster.gpus, gpn, ce),
-        comm.link_latency(hw, cluster.gpus, gpn) / cal["comm_efficiency_scale"],
+        seqs * m.vocab * 4, cluster.gpus, *comm.link(hw, cluster.gpus, cluster.gpus_per_node, cal)
     )
     t_step = fwd.total_s + gather + e.decode_step_overhead_s / cal["rollout_efficiency_scale"]
     return {

@@ -47,16 +47,18 @@ def micro_batch_plan(
 ) -> tuple[float, int]:
     """(tokens per micro-batch per DP rank, micro-batches) for ``sequences`` packed sequences.
 
-    Fixed micro-batches: ``mbs`` sequences of the mean length each. Dynamic batching (verl's
-    rearrange_micro_batches): ceil(tokens / (cap x packing efficiency)) micro-batches, the same
-    count on every DP rank, rounded up to a multiple of pp with interleaving."""
+    Fixed micro-batches: ``mbs`` (log-prob passes: ``log_prob_mbs``) sequences of the mean length
+    each. Dynamic batching (verl's rearrange_micro_batches): ceil(tokens / (cap x packing
+    efficiency)) micro-batches, the same count on every DP rank, rounded up to a multiple of pp
+    with interleaving."""
     dp = s.dp or 1
     per_dp = sequences / dp
     seq = wl.mean_seq_len
     cap = (s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu) if logprob else s.max_tokens_per_gpu
     if not cap:
-        micro = max(1, math.ceil(per_dp / s.mbs))
-        return min(s.mbs, per_dp) * seq, micro
+        mbs = s.log_prob_mbs_ if logprob else s.mbs
+        micro = max(1, math.ceil(per_dp / mbs))
+        return min(mbs, per_dp) * seq, micro
     tokens = per_dp * seq
     # verl multiplies the cap by the CP size (transformer_impl: max_token_len * sp_size).
     micro = max(1, math.ceil(tokens / (cap * s.cp * packing_efficiency)))
@@ -66,17 +68,11 @@ def micro_batch_plan(
 
 
 def step_time(
-    model: ModelSpec,
-    hardware: HardwareSpec,
-    cluster: Cluster,
-    strategy: Strategy,
-    workload: Workload,
-    *,
-    calibration: dict[str, float] | None = None,
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, *, cal: dict[str, float] | None = None
 ) -> tuple[PhaseTimes, Throughput, MappingProxyType]:
-    """``(time, throughput, details)`` for a resolved strategy (dp filled in by strategy.validate)."""
-    cal = check_calibration(calibration)
-    m, hw, s, wl = model, hardware, strategy, workload
+    """``(time, throughput, details)`` for a resolved strategy (dp filled in by strategy.validate): the inputs
+    of :func:`costmodel.estimate.estimate` in this module's short names, ``cal`` its calibration overrides."""
+    cal = check_calibration(cal)
     if s.dp is None:
         s = s.replace(dp=cluster.gpus // (s.tp * s.pp * s.cp))
     if wl.kind == "pretrain":

@@ -10,6 +10,8 @@ GPU, or partly on the host with Megatron's hybrid CPU optimizer: costmodel.weigh
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from core.specs import Efficiency, HardwareSpec, ModelSpec
 from core.strategy import Cluster, Strategy, stage_layers
 
@@ -44,7 +46,9 @@ def layer_times(
     tp, cp, ep, etp = s.tp, s.cp, s.ep, s.etp_
     tokens = tokens_mb / cp  # CP splits every sequence
     peak = hw.bf16_dense_flops_per_s * cal["compute_efficiency_scale"]
-    ce = e.comm_efficiency * cal["comm_efficiency_scale"]
+
+    def link(span: int) -> tuple[float, float]:
+        return comm.link(hw, span, gpn, cal, e)
 
     # Dense weights split by TP; routed experts: each rank does tokens*top_k/tp expert passes
     # (MoE parallel folding spreads the tokens of tp*cp*dp ranks over ep*etp).
@@ -68,9 +72,9 @@ def layer_times(
     # TP: 2 all-reduces per layer forward and 2 backward (Narayanan et al. 2021 sec. 3.2); with
     # SP each is RS + AG of the same volume (Korthikanti et al. 2022 sec. 4.2.2).
     act_bytes = tokens * m.hidden * PARAM_BYTES
-    t_tp, t_sp_regather = _tp_comm_s(m, hw, s, act_bytes, gpn, ce, cal)
-    t_cp_f, t_cp_b = _cp_comm_s(m, hw, s, tokens, t_attn, gpn, ce, cal)
-    t_ep = _ep_comm_s(m, hw, e, s, c, tokens, gpn, ce, cal)
+    t_tp, t_sp_regather = _tp_comm_s(s, act_bytes, link)
+    t_cp_f, t_cp_b = _cp_comm_s(m, s, tokens, t_attn, link)
+    t_ep = _ep_comm_s(m, e, s, c, tokens, link, cal)
     ovh = e.layer_overhead_s / cal["compute_efficiency_scale"]
     fwd = t_comp_f + t_tp + t_cp_f + t_ep + ovh
     # Backward: Megatron overlaps the TP collectives with the weight-gradient GEMMs (about half of
@@ -86,15 +90,16 @@ def layer_times(
     return {"fwd": fwd, "bwd": bwd, "attn": t_attn, "tokens": tokens}
 
 
-def _tp_comm_s(
-    m: ModelSpec, hw: HardwareSpec, s: Strategy, act_bytes: float, gpn: int, ce: float, cal: dict[str, float]
-) -> tuple[float, float]:
+Link = Callable[[int], tuple[float, float]]
+"""Ranks in a group -> ``(bandwidth, latency_s)`` of the calibrated link its collectives use (comm.link)."""
+
+
+def _tp_comm_s(s: Strategy, act_bytes: float, link: Link) -> tuple[float, float]:
     """TP collectives of one layer's forward and the backward SP re-gather, seconds."""
     tp = s.tp
     t_tp = t_sp_regather = 0.0
     if tp > 1:
-        bw = comm.link_bw(hw, tp, gpn, ce)
-        lat = comm.link_latency(hw, tp, gpn) / cal["comm_efficiency_scale"]
+        bw, lat = link(tp)
         if s.sp:
             ag = comm.all_gather_s(act_bytes, tp, bw, lat)
             t_tp = 2 * (comm.reduce_scatter_s(act_bytes, tp, bw, lat) + ag)
@@ -104,56 +109,28 @@ def _tp_comm_s(
     return t_tp, t_sp_regather
 
 
-def _cp_comm_s(
-    m: ModelSpec,
-    hw: HardwareSpec,
-    s: Strategy,
-    tokens: float,
-    t_attn: float,
-    gpn: int,
-    ce: float,
-    cal: dict[str, float],
-) -> tuple[float, float]:
+def _cp_comm_s(m: ModelSpec, s: Strategy, tokens: float, t_attn: float, link: Link) -> tuple[float, float]:
     """Exposed CP ring exchange of one layer, forward and backward, seconds."""
     tp, cp = s.tp, s.cp
     t_cp_f = t_cp_b = 0.0
     if cp > 1:  # ring exchange of the K/V chunk (cp-1 hops), overlapped with attention; backward 2x
         kv_w = (m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else 2 * m.kv_heads * m.head_dim / tp
-        span = tp * cp
-        hop = comm.p2p_s(
-            tokens * kv_w * PARAM_BYTES,
-            comm.link_bw(hw, span, gpn, ce),
-            comm.link_latency(hw, span, gpn) / cal["comm_efficiency_scale"],
-        )
+        hop = comm.p2p_s(tokens * kv_w * PARAM_BYTES, *link(tp * cp))
         t_cp_f = max(0.0, (cp - 1) * hop - t_attn)
         t_cp_b = max(0.0, 2 * (cp - 1) * hop - 2 * t_attn)
     return t_cp_f, t_cp_b
 
 
 def _ep_comm_s(
-    m: ModelSpec,
-    hw: HardwareSpec,
-    e: Efficiency,
-    s: Strategy,
-    c: dict[str, float],
-    tokens: float,
-    gpn: int,
-    ce: float,
-    cal: dict[str, float],
+    m: ModelSpec, e: Efficiency, s: Strategy, c: dict[str, float], tokens: float, link: Link, cal: dict[str, float]
 ) -> float:
     """EP dispatch + combine of one layer (averaged over the MoE layers), seconds."""
     tp, ep, etp = s.tp, s.ep, s.etp_
     t_ep = 0.0
     if c["routed_flops"]:
         if ep > 1:  # dispatch + combine all-to-all (megatron-core token dispatcher)
-            span = etp * ep
             a2a = tokens / (tp if s.sp else 1) * m.top_k * m.hidden * PARAM_BYTES * cal["moe_imbalance"]
-            t_ep = 2 * comm.all_to_all_s(
-                a2a,
-                ep,
-                comm.link_bw(hw, span, gpn, ce),
-                comm.link_latency(hw, span, gpn) / cal["comm_efficiency_scale"],
-            )
+            t_ep = 2 * comm.all_to_all_s(a2a, ep, *link(etp * ep))
         t_ep = (t_ep + e.moe_layer_overhead_s) * c["moe_fraction"]
     return t_ep
 
@@ -250,16 +227,11 @@ def train_s(
         lt["head"] = head_s(m, hw, e, s, lt["tokens"], cal, logprob)
     first, mid, last = stage_counts(m, s)
     head_f = lt["head"]
-    ce = e.comm_efficiency * cal["comm_efficiency_scale"]
     mb_ovh = e.micro_batch_overhead_s / max(1, s.pp)  # per micro-batch, spread over the stages it crosses
     t_p2p = 0.0
     if s.pp > 1:  # the stage's output activation per micro-batch and chunk (Narayanan et al. 2021 sec. 4.1)
         nbytes = lt["tokens"] * m.hidden * PARAM_BYTES / s.tp
-        t_p2p = s.vpp * comm.p2p_s(
-            nbytes,
-            comm.link_bw(hw, cluster.gpus, gpn, ce),
-            comm.link_latency(hw, cluster.gpus, gpn) / cal["comm_efficiency_scale"],
-        )
+        t_p2p = s.vpp * comm.p2p_s(nbytes, *comm.link(hw, cluster.gpus, gpn, cal))
     share = core_share(e, cluster)
     if forward_only:
         t_mb = max(first * lt["fwd"], mid * lt["fwd"], last * lt["fwd"] + head_f) + t_p2p + mb_ovh
@@ -309,7 +281,6 @@ def _dp_s(
     e = hw.efficiency
     gpn = cluster.gpus_per_node
     dp = s.dp or 1
-    ce = e.comm_efficiency * cal["comm_efficiency_scale"]
     dense, expert = rank_params(m, s)
     groups = [(dense, dp * s.cp, s.tp * s.cp * dp)]
     if expert:
@@ -319,8 +290,7 @@ def _dp_s(
     for nparams, n, span in groups:
         if n <= 1:
             continue
-        bw = comm.link_bw(hw, span, gpn, ce)
-        lat = comm.link_latency(hw, span, gpn) / cal["comm_efficiency_scale"]
+        bw, lat = comm.link(hw, span, gpn, cal)
         if s.distributed_optimizer:
             rs = comm.reduce_scatter_s(nparams * GRAD_REDUCE_BYTES, n, bw, lat)
             ag = comm.all_gather_s(nparams * PARAM_BYTES, n, bw, lat)

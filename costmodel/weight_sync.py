@@ -49,25 +49,16 @@ def weight_sync_s(
     e = hw.efficiency
     c = model_consts(m)
     gpn = cluster.gpus_per_node
-    ce = e.comm_efficiency * cal["comm_efficiency_scale"]
-    cs = cal["comm_efficiency_scale"]
     total = c["total_params"] * PARAM_BYTES
     gather = 0.0
     if s.tp > 1:
-        gather += comm.all_gather_s(
-            total / s.pp, s.tp, comm.link_bw(hw, s.tp, gpn, ce), comm.link_latency(hw, s.tp, gpn) / cs
-        )
+        gather += comm.all_gather_s(total / s.pp, s.tp, *comm.link(hw, s.tp, gpn, cal))
     if s.pp > 1:  # every stage's tensors reach every rank: (p-1)/p of the model over the stage link
-        span = cluster.gpus
-        gather += (s.pp - 1) / s.pp * total / comm.link_bw(hw, span, gpn, ce)
+        bw, _ = comm.link(hw, cluster.gpus, gpn, cal)
+        gather += (s.pp - 1) / s.pp * total / bw
     if m.is_moe and s.ep > 1:
-        span = s.ep * s.etp_
-        gather += comm.all_gather_s(
-            total * (1 - c["active_params"] / c["total_params"]),
-            s.ep,
-            comm.link_bw(hw, span, gpn, ce),
-            comm.link_latency(hw, span, gpn) / cs,
-        )
+        expert_bytes = total * (1 - c["active_params"] / c["total_params"])
+        gather += comm.all_gather_s(expert_bytes, s.ep, *comm.link(hw, s.ep * s.etp_, gpn, cal))
     # Each colocated vLLM worker receives the whole model (HF tensors) and copies its rollout-TP slice.
     copy = total / s.rollout_tp / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
     buckets = math.ceil(total / bucket_bytes)

@@ -49,6 +49,8 @@ PLAN = [
     "--cpu-optimizer",
     "--max-num-seqs",
     "--enforce-eager / --no-enforce-eager",
+    # the log-prob passes' own micro-batch (verl's log_prob_micro_batch_size_per_gpu)
+    "--log-prob-mbs",
 ]
 
 # Flags of the commands that launch a run from a config (train and profile).

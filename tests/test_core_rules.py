@@ -59,17 +59,19 @@ def test_micro_batches_rounds_up_and_is_at_least_one():
     assert micro_batches(8, dp=2, mbs=2) == 2
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    prompts_per_mini=st.integers(1, 8),
-    minis=st.integers(1, 4),
-    n=st.integers(1, 8),
-    dp=st.integers(1, 16),
-    mbs=st.integers(1, 8),
+# A GRPO step of 1-4 mini-batches of 1-8 prompts each, every prompt answered n = 1-8 times.
+STEPS = st.builds(
+    lambda per_mini, minis, n: Workload(prompts=per_mini * minis, mini_batch=per_mini, n=n),
+    st.integers(1, 8),
+    st.integers(1, 4),
+    st.integers(1, 8),
 )
-def test_no_error_iff_every_rank_gets_whole_micro_batches(prompts_per_mini, minis, n, dp, mbs):
-    w = Workload(prompts=prompts_per_mini * minis, mini_batch=prompts_per_mini, n=n)
-    ok = (prompts_per_mini * n) % (dp * mbs) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(w=STEPS, dp=st.integers(1, 16), mbs=st.integers(1, 8))
+def test_no_error_iff_every_rank_gets_whole_micro_batches(w, dp, mbs):
+    ok = (w.mini_batch * w.n) % (dp * mbs) == 0
     assert (errors(check_batches(w, dp=dp, mbs=mbs)) == []) == ok
 
 

@@ -381,6 +381,20 @@ def test_estimate_is_well_formed(name, gpus, tp, pp, cp, ep, mbs, rc, off, rtp, 
 # Measured: what autograd really keeps in a megatron-core layer (CPU, the trainer's local spec)
 # ---------------------------------------------------------------------------------------------
 
+# The 1-layer GPT that the autograd check builds (in the script below) and prices (in the test), spelled once.
+_CHK_SPEC = {
+    "name": "chk",
+    "family": "llama",
+    "layers": 1,
+    "hidden": 256,
+    "ffn_hidden": 768,
+    "heads": 8,
+    "kv_heads": 2,
+    "head_dim": 32,
+    "vocab": 64,
+    "max_seq_len": 512,
+}
+
 _SAVED_SCRIPT = r"""
 import dataclasses, json, os, sys
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
@@ -410,8 +424,7 @@ def saved(m, rc):
     out.float().sum().backward()
     return sum(seen.values())
 
-m1 = ModelSpec(name="chk", family="llama", layers=1, hidden=256, ffn_hidden=768, heads=8, kv_heads=2,
-               head_dim=32, vocab=64, max_seq_len=512)
+m1 = ModelSpec(**json.loads(sys.argv[2]))
 m2 = dataclasses.replace(m1, layers=2)
 print(json.dumps({rc: saved(m2, rc) - saved(m1, rc) for rc in ("none", "selective", "full")}))
 """
@@ -437,7 +450,7 @@ def test_local_spec_layout_matches_autograd_on_cpu(tmp_path):
     script.write_text(_SAVED_SCRIPT)
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run(
-        [sys.executable, str(script), str(port)],
+        [sys.executable, str(script), str(port), __import__("json").dumps(_CHK_SPEC)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -446,18 +459,7 @@ def test_local_spec_layout_matches_autograd_on_cpu(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     measured = __import__("json").loads(out.stdout.strip().splitlines()[-1])
-    m = ModelSpec(
-        name="chk",
-        family="llama",
-        layers=1,
-        hidden=256,
-        ffn_hidden=768,
-        heads=8,
-        kv_heads=2,
-        head_dim=32,
-        vocab=64,
-        max_seq_len=512,
-    )
+    m = ModelSpec(**_CHK_SPEC)
     c = layer_coeffs(m, False, 1, 1, False, flash=False, fused=False, act_bytes=4)
     for rc in ("none", "selective", "full"):
         model = layer_activation_bytes(c, 128, 128, 4, rc)

@@ -40,7 +40,7 @@ def hw_with(hw, **kw):
 def step(model, hw, gpus, strategy, workload, gpus_per_node=8, calibration=None):
     s = validate(model, strategy, gpus, gpus_per_node=gpus_per_node, allow_cross_node_tp=True)
     t, th, _ = timing.step_time(
-        model, hw, Cluster(gpus=gpus, gpus_per_node=gpus_per_node), s, workload, calibration=calibration
+        model, hw, Cluster(gpus=gpus, gpus_per_node=gpus_per_node), s, workload, cal=calibration
     )
     return t, th
 

@@ -35,10 +35,10 @@ def test_gpu_check(check, tmp_path):
 def test_cpu_optimizer_is_a_stated_no_op_on_cpu(caplog):
     pytest.importorskip("megatron.core")
     from core.strategy import Strategy
-    from trainer.engine import optimizer_offload_kwargs
+    from trainer.optim import optimizer_offload_kwargs
 
     s = Strategy(cpu_optimizer=0.5, overlap_cpu_optimizer=True, precision_aware_optimizer=True)
-    with caplog.at_level(logging.WARNING, logger="trainer.engine"):
+    with caplog.at_level(logging.WARNING, logger="trainer.optim"):
         assert optimizer_offload_kwargs(s, cuda=False) == {}
     assert "no-op on CPU" in caplog.text and "cpu_optimizer" in caplog.text
     assert optimizer_offload_kwargs(s, cuda=True) == {

@@ -72,9 +72,15 @@ def test_tune_diff_applies_and_is_a_fixed_point(capsys, tmp_path, launch, hw, hy
     new_lines = tuned.read_text().splitlines()
     untouched = [ln for ln in old_lines if not any(k + "=" in ln for k in first["overrides"])]
     assert all(ln in new_lines for ln in untouched)
+    added = [ln for ln in new_lines if ln not in old_lines]  # and nothing but the reported keys is written
+    assert all(any(k + "=" in ln for k in first["overrides"]) for ln in added), added
+    assert len(new_lines) - len(old_lines) == len(set(first["overrides"]) - set(before))
     # verl 0.9.1 accepts the tuned overrides
     ovs, _, _ = parse_script(tuned.read_text())
     tree = verl.compose([f"{o.prefix}{o.key}={o.raw}" for o in ovs])
+    flat = verl.flatten(tree)
+    for k, v in first["overrides"].items():  # each reported value is what verl composes
+        assert flat[k] == v["new"], (k, flat[k], v["new"])
     meg = tree["actor_rollout_ref"]["actor"]["megatron"]
     assert meg["tensor_model_parallel_size"] == first["best"]["strategy"]["tp"]
     assert meg["pipeline_model_parallel_size"] == first["best"]["strategy"]["pp"]
@@ -127,6 +133,66 @@ def test_current_plan_that_does_not_fit_says_which_phase_and_nearest_fits(capsys
     assert all(p["fits"] for p in res["nearest_fit"])
 
 
+def test_a_plan_that_cannot_fit_names_the_phase_the_overshoot_and_the_nearest_fits(capsys, tmp_path):
+    """Qwen2.5-7B on 8 x H100, TP1, micro-batch 8 of 4096+4096-token sequences, no recompute: the update's
+    activations alone are far past 80 GB (Korthikanti: ~34 B x tokens x hidden per layer), so the current plan
+    cannot fit whatever the memory model's details (no skip), while smaller micro-batches with TP do."""
+    launch = tmp_path / "oom.txt"
+    launch.write_text(
+        "\n".join(
+            [
+                "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct",
+                "data.train_batch_size=64",
+                "data.max_prompt_length=4096",
+                "data.max_response_length=4096",
+                "actor_rollout_ref.rollout.n=8",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+                "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
+                "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                "trainer.n_gpus_per_node=8",
+                "trainer.nnodes=1",
+            ]
+        )
+        + "\n"
+    )
+    res = _tune(capsys, launch, "h100", tmp_path / "j")
+    cur = res["current"]
+    assert cur["fits"] is False and cur["oom"]
+    assert all(o["phase"] and o["bytes_over"] > 0 for o in cur["oom"])
+    assert "update" in {o["phase"] for o in cur["oom"]}
+    assert cur["peak_gib"] > 80 and cur["headroom_gib"] < 0
+    assert res["best"]["fits"] is True and res["overrides"]
+    assert 1 <= len(res["nearest_fit"]) <= 3 and all(p["fits"] for p in res["nearest_fit"])
+    # the text names each overflowing phase and its overshoot, and lists the nearest plans that fit
+    assert main(["tune", str(launch), "--hardware", "h100", "--no-emit"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for o in cur["oom"]:
+        assert f"the current plan does not fit: {o['phase']} needs {o['bytes_over'] / 2**30:.1f} GiB more" in text
+    assert "nearest plans that fit:" in text
+    for p in res["nearest_fit"]:
+        row = p["plan"]
+        assert f"{row['degrees']} mbs {row['mbs']} recompute {row['recompute']} offload {row['offload']}" in text
+
+
+def test_the_search_prices_plans_with_the_launchs_engine_knobs():
+    """tune keeps the user's engine knobs (CPU optimizer, vLLM max_num_seqs, ...), so its search must rank plans
+    with them: searched with other knobs, its shortlist filled with variants that collapse to one plan once the
+    user's knobs are put back, and the best plan (equally fast, 5.7 GiB more headroom) was missed."""
+    from autotune.rank import rank_key
+    from autotune.search import search
+    from autotune.space import ENGINE_KEYS
+
+    plan = T.plan_of(ROOT / "examples/qwen2-7b-grpo-megatron.sh", hardware="h100")
+    res = T.tune(plan)
+    engine = {k: getattr(plan.strategy, k) for k in ENGINE_KEYS}
+    direct = search(plan.model, plan.hardware, plan.cluster, plan.workload, pins=engine, top=10, min_headroom=0.05)
+    for e in [res.best, *res.ranked]:
+        assert {k: getattr(e.strategy, k) for k in ENGINE_KEYS} == engine
+    assert rank_key(res.best) <= rank_key(direct.ranked[0])
+
+
 def test_calibration_from_logs_applies_to_tune(capsys, tmp_path):
     fix = ROOT / "tests/fixtures/verl_logs"
     cal = tmp_path / "cal.json"
@@ -146,6 +212,8 @@ def test_calibration_from_logs_applies_to_tune(capsys, tmp_path):
         "offload", 0
     ) == pytest.approx(logged["update"], rel=0.06)
     assert plain["current"]["step_s"] > 0  # priced without the file too
+    assert main(["tune", str(fix / "launch_a.txt"), "--hardware", "h100", "--no-emit", *lens]) == 0
+    assert "lengths 1024+2048 (means 234+412)" in capsys.readouterr().out  # the header says what was priced
     assert main(["tune", str(fix / "launch_a.txt"), "--calibration", str(cal), "--hardware", "h200", "--no-emit"]) == 2
     assert "[BAD_CONFIG]" in capsys.readouterr().err  # fitted on other hardware
 

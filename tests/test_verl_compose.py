@@ -62,6 +62,9 @@ def test_emitted_overrides_compose(name):
     assert tree["data"]["train_batch_size"] == w.prompts
     assert aro["actor"]["ppo_mini_batch_size"] == w.mini_batch
     assert aro["actor"]["ppo_micro_batch_size_per_gpu"] == s.mbs
+    assert (
+        aro["rollout"]["log_prob_micro_batch_size_per_gpu"] == aro["ref"]["log_prob_micro_batch_size_per_gpu"] == s.mbs
+    )
     assert tree["trainer"]["n_gpus_per_node"] * tree["trainer"]["nnodes"] == cfg.cluster.gpus
     assert aro["actor"]["megatron"]["optimizer_offload"] == ("optimizer" in s.offload)
     assert aro["actor"]["megatron"]["param_offload"] == bool({"param", "grad"} & set(s.offload))
@@ -150,3 +153,12 @@ def test_new_contract_fields_compose_with_their_values():
         r["enable_chunked_prefill"],
         r["free_cache_engine"],
     ) == (64, 4096, True, False, False)
+
+
+def test_the_log_prob_micro_batch_composes_apart_from_the_training_one():
+    cfg = configs()["7b-tp2"]
+    s = cfg.strategy.replace(mbs=4, log_prob_mbs=8)
+    tree = verl.compose(verl_overrides(cfg.replace(strategy=s), model_path="/m", train_files="/t", val_files="/v"))
+    aro = tree["actor_rollout_ref"]
+    assert aro["actor"]["ppo_micro_batch_size_per_gpu"] == 4
+    assert aro["rollout"]["log_prob_micro_batch_size_per_gpu"] == aro["ref"]["log_prob_micro_batch_size_per_gpu"] == 8

@@ -67,6 +67,7 @@ def plans(draw):
         ep=draw(st.sampled_from([1, 2, 4])),
         etp=draw(st.sampled_from([None, 1, tp])),
         mbs=draw(pos),
+        log_prob_mbs=draw(st.one_of(st.none(), pos)),
         sequence_parallel=draw(st.sampled_from([None, True, False])),
         recompute=recompute,
         recompute_layers=draw(st.one_of(st.none(), pos)) if recompute == "full" else None,
@@ -191,3 +192,19 @@ def test_a_smaller_cluster_than_a_node_is_not_rounded_up_to_a_node():
     small = cfg.replace(cluster=Cluster(gpus=4, gpus_per_node=8))
     ov = verl_overrides(small)
     assert "trainer.n_gpus_per_node=4" in ov and "trainer.nnodes=1" in ov
+
+
+def test_the_log_prob_micro_batch_has_its_own_keys_both_ways():
+    """verl's rollout/ref log_prob_micro_batch_size_per_gpu carry log_prob_mbs, the actor's ppo key carries
+    mbs; unset (or equal to mbs) writes mbs to all three, and a launch's 8 vs 4 reads back as 8 vs 4."""
+    cfg = configs()["7b-tp2"]
+    lp_keys = [f"actor_rollout_ref.{r}.log_prob_micro_batch_size_per_gpu" for r in ("ref", "rollout")]
+    s = cfg.strategy.replace(mbs=4, max_tokens_per_gpu=None, log_prob_mbs=None)
+    ov = verl_overrides(cfg.replace(strategy=s))
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4" in ov
+    assert all(f"{k}=4" in ov for k in lp_keys)
+    ov = verl_overrides(cfg.replace(strategy=s.replace(log_prob_mbs=8)))
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4" in ov
+    assert all(f"{k}=8" in ov for k in lp_keys)
+    got = table.read_plan(_reader(ov, defaults=True))
+    assert (got["strategy"].mbs, got["strategy"].log_prob_mbs) == (4, 8)

@@ -25,6 +25,7 @@ from costmodel.params import padded_vocab, total_params
 
 from . import hf
 from . import model as tmodel
+from . import microbatch, optim
 
 if TYPE_CHECKING:  # annotations only
     from core.config import RunConfig
@@ -113,63 +114,13 @@ class Engine:
             chunks = [Float16Module(self.config, c) for c in chunks]
         self.optimizer = None
         if trainable:
-            chunks = self._wrap_ddp(chunks)
-            self.optimizer = self._build_optimizer(chunks)
+            chunks = optim.wrap_ddp(chunks, self.config, self.strategy)
+            self.optimizer = optim.build_optimizer(chunks, self.config, cfg.trainer, self.strategy, self.dtype)
         else:
             for c in chunks:
                 c.requires_grad_(False)
                 c.eval()
         self.chunks = chunks
-
-    # --- construction ------------------------------------------------------------------------
-
-    def _wrap_ddp(self, chunks):
-        from megatron.core.distributed import (
-            DistributedDataParallel,
-            DistributedDataParallelConfig,
-            finalize_model_grads,
-        )
-
-        s = self.strategy
-        ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True,
-            overlap_grad_reduce=False,
-            use_distributed_optimizer=s.distributed_optimizer,
-            check_for_nan_in_grad=False,
-        )
-        wrapped = [
-            DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=c, disable_bucketing=i > 0)
-            for i, c in enumerate(chunks)
-        ]
-        for w in wrapped:
-            w.broadcast_params()
-        # Issue 5: without this, DP / SP-norm / tied-embedding gradient reductions are skipped.
-        self.config.finalize_model_grads_func = finalize_model_grads
-        self.config.no_sync_func = [w.no_sync for w in wrapped] if len(wrapped) > 1 else wrapped[0].no_sync
-        return wrapped
-
-    def _build_optimizer(self, chunks):
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-        t = self.cfg.trainer
-        oc = OptimizerConfig(
-            optimizer="adam",
-            lr=t.lr,
-            min_lr=t.lr,
-            weight_decay=t.weight_decay,
-            adam_beta1=0.9,
-            adam_beta2=0.999,
-            adam_eps=1e-8,
-            clip_grad=t.grad_clip,
-            bf16=self.dtype == torch.bfloat16,
-            fp16=self.dtype == torch.float16,
-            params_dtype=self.dtype,
-            use_distributed_optimizer=self.strategy.distributed_optimizer,
-            **optimizer_offload_kwargs(self.strategy, cuda=torch.cuda.is_available()),
-        )
-        opt = get_megatron_optimizer(oc, chunks, use_gloo_process_groups=False)
-        self.config.grad_scale_func = opt.scale_loss
-        return opt
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -193,14 +144,6 @@ class Engine:
             tokens = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], pad)], 1)
         return tokens
 
-    def _dp_rows(self, B: int) -> tuple[int, int]:
-        from megatron.core import parallel_state as ps
-
-        dp = ps.get_data_parallel_world_size()
-        r = ps.get_data_parallel_rank()
-        per = B // dp
-        return r * per, (r + 1) * per
-
     def _contributes(self) -> bool:
         """One rank per DP replica holds the final answer: last stage, TP rank 0, CP rank 0."""
         from megatron.core import parallel_state as ps
@@ -210,6 +153,34 @@ class Engine:
             and ps.get_tensor_model_parallel_rank() == 0
             and ps.get_context_parallel_rank() == 0
         )
+
+    def _split(self, batch: dict, mbs: int, *, pad_ok: bool):
+        """This DP rank's rows in micro-batches of ``mbs`` rows (:func:`microbatch.split_rows`)."""
+        from megatron.core import parallel_state as ps
+
+        dp, rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+        return microbatch.split_rows(batch, mbs, dp=dp, rank=rank, s=self.strategy, device=self.device, pad_ok=pad_ok)
+
+    def _split_budget(self, batch: dict, lengths: torch.Tensor, max_tokens: int, *, pad_ok: bool, width: int):
+        """This DP rank's rows in token-budget micro-batches (:func:`microbatch.split_budget`)."""
+        from megatron.core import parallel_state as ps
+
+        return microbatch.split_budget(
+            batch,
+            lengths,
+            max_tokens,
+            dp=ps.get_data_parallel_world_size(),
+            rank=ps.get_data_parallel_rank(),
+            dp_group=ps.get_data_parallel_group(),
+            s=self.strategy,
+            device=self.device,
+            thd=self.thd_packing,
+            pad_ok=pad_ok,
+            width=width,
+        )
+
+    def _padded_rows(self, B: int, mbs: int) -> int:
+        return microbatch.padded_rows(B, mbs, self._dp(), self.strategy)
 
     def _run(
         self,
@@ -255,119 +226,6 @@ class Engine:
                 forward_only=forward_only,
             )
 
-    def _split(self, batch: dict[str, torch.Tensor], mbs: int, *, pad_ok: bool) -> tuple[list[dict], int, int]:
-        """This DP rank's rows of the batch, cut into micro-batches. Returns (micro-batches, lo, hi)."""
-        from megatron.core import parallel_state as ps
-
-        dp = ps.get_data_parallel_world_size()
-        B = batch["tokens"].shape[0]
-        unit = dp * mbs
-        # megatron's interleaved (VPP) schedule needs at least pp micro-batches per DP rank
-        least = unit * self.strategy.pp if self.strategy.vpp > 1 else unit
-        if B % unit or B < least:
-            if not pad_ok:
-                raise ValueError(
-                    f"batch of {B} sequences is not a multiple of dp*micro_batch_size = {dp}*{mbs}"
-                    + (f" or has fewer than pp={self.strategy.pp} micro-batches per DP rank (VPP)" if B >= unit else "")
-                )
-            extra = max(-(-B // unit) * unit, least) - B
-            batch = {
-                k: torch.cat([v, v[-1:].expand(extra, *v.shape[1:])], 0)
-                if torch.is_tensor(v) and v.dim() and v.shape[0] == B
-                else v
-                for k, v in batch.items()
-            }
-            B += extra
-        lo, hi = self._dp_rows(B)
-        mbs_list = []
-        for i in range(lo, hi, mbs):
-            mb = {
-                k: (v[i : i + mbs].to(self.device) if torch.is_tensor(v) and v.dim() and v.shape[0] == B else v)
-                for k, v in batch.items()
-            }
-            mbs_list.append(mb)
-        return mbs_list, lo, hi
-
-    def _split_budget(
-        self,
-        batch: dict[str, torch.Tensor],
-        lengths: torch.Tensor,
-        max_tokens: int,
-        *,
-        pad_ok: bool,
-        width: int | None = None,
-    ) -> tuple[list[dict], int, int]:
-        """This DP rank's rows packed into token-budget micro-batches (trainer/batching.py).
-
-        Every DP rank runs the same number of micro-batches (the maximum, all-reduced over the DP
-        group; a multiple of pp under VPP). Each micro-batch is cut to its own longest row (padded
-        to the sequence-parallel multiple): on CPU and with megatron's local spec that right
-        padding is the only packing; THD packing (``PackedSeqParams``) needs TransformerEngine's
-        attention, see :meth:`_packed_seq_params`. ``mb["_rows"]`` holds the batch rows, ``mb["_len"]``
-        the real width, ``mb["_dummy"]`` marks a filler of one fully masked row (a rank with fewer
-        rows than micro-batches).
-        """
-        from megatron.core import parallel_state as ps
-
-        from .batching import count, pack
-
-        dp = ps.get_data_parallel_world_size()
-        B, Sp = batch["tokens"].shape
-        S = width or Sp  # the unpadded width: [B, S-1] tensors (mask, log-probs) are cut to L-1
-        if B % dp:
-            if not pad_ok:
-                raise ValueError(f"batch of {B} sequences is not a multiple of dp = {dp}")
-            extra = dp - B % dp
-            batch = {
-                k: torch.cat([v, v[-1:].expand(extra, *v.shape[1:])], 0)
-                if torch.is_tensor(v) and v.dim() and v.shape[0] == B
-                else v
-                for k, v in batch.items()
-            }
-            lengths = torch.cat([lengths, lengths[-1:].expand(extra)])
-            B += extra
-        lo, hi = self._dp_rows(B)
-        mine = [int(x) for x in lengths[lo:hi]]
-        k = torch.tensor([count(mine, max_tokens)], dtype=torch.long, device=self.device)
-        if dp > 1:
-            dist.all_reduce(k, op=dist.ReduceOp.MAX, group=ps.get_data_parallel_group())
-        s = self.strategy
-        groups = pack(mine, max_tokens, min_count=int(k.item()), multiple=s.pp if s.vpp > 1 else 1)
-        mult = s.tp if s.sp else 1
-        # megatron's interleaved (VPP) schedule pairs a stage's sends and receives across calls, which
-        # its per-call shape exchange (variable_seq_lengths) cannot follow (it hangs): under VPP every
-        # micro-batch keeps one shape, [most rows, full width], filler rows fully masked
-        uniform = s.vpp > 1
-        width = max((len(g) for g in groups), default=1) or 1
-        thd = self.thd_packing and not uniform
-        micro = []
-        for g in groups:
-            dummy = not g
-            rows = [lo + i for i in g] if g else [lo]
-            L = S if uniform else min(S, max(2, max(int(lengths[r]) for r in rows)))
-            Lp = Sp if uniform else min(-(-L // mult) * mult, Sp)
-            real = 0 if dummy else len(rows)
-            take = rows + [rows[-1]] * (width - len(rows)) if uniform else rows
-            idx = torch.tensor(take, dtype=torch.long)
-            mb = {}
-            for key, v in batch.items():
-                if torch.is_tensor(v) and v.dim() and v.shape[0] == B:
-                    v = v[idx]
-                    if v.dim() >= 2 and v.shape[1] == Sp:
-                        v = v[:, :Lp]
-                    elif v.dim() >= 2 and v.shape[1] == S - 1:
-                        v = v[:, : L - 1]
-                    if key == "mask" and real < len(take):
-                        v = v.clone()
-                        v[real:] = 0
-                    v = v.to(self.device)
-                mb[key] = v
-            mb.update(_rows=rows, _len=L, _dummy=dummy)
-            if thd:
-                mb["_lens"] = [int(lengths[r]) for r in rows]
-            micro.append(mb)
-        return micro, lo, hi
-
     @property
     def thd_packing(self) -> bool:
         """Token-budget micro-batches run as one packed THD row: needs TransformerEngine's
@@ -376,7 +234,7 @@ class Engine:
 
     def _thd_forward(self, model, mb: dict):
         """Forward a micro-batch as one packed row (its sequences back to back, positions restarting
-        at 0, ``cu_seqlens`` from :meth:`_packed_seq_params`); the last stage's logits are put back
+        at 0, ``cu_seqlens`` from :func:`microbatch.packed_seq_params`); the last stage's logits are put back
         into the padded ``[b, L, V/tp]`` layout, so the loss functions see what they see unpacked."""
         rows, lens = mb["tokens"], list(mb["_lens"])
         flat = torch.cat([rows[i, :n] for i, n in enumerate(lens)])
@@ -386,7 +244,8 @@ class Engine:
             flat = torch.cat([flat, flat.new_zeros(pad)])
         cu_lens = lens[:-1] + [lens[-1] + pad]
         pos = torch.cat([torch.arange(n, device=flat.device) for n in cu_lens])
-        out = model(flat[None], pos[None], attention_mask=None, packed_seq_params=self._packed_seq_params(cu_lens))
+        thd = microbatch.packed_seq_params(cu_lens, self.device)
+        out = model(flat[None], pos[None], attention_mask=None, packed_seq_params=thd)
         if not getattr(hf._unwrap(model), "post_process", False):
             return out  # hidden states for the next stage (shapes travel with variable_seq_lengths)
         full = out.new_zeros(rows.shape[0], rows.shape[1], out.shape[-1])
@@ -395,17 +254,6 @@ class Engine:
             full[i, :n] = out[0, off : off + n]
             off += n
         return full
-
-    def _packed_seq_params(self, lengths: list[int]):
-        """THD packing for TransformerEngine's attention on a GPU: one row of concatenated
-        sequences with cumulative lengths. Used only when TE is present (megatron's local
-        DotProductAttention asserts ``packed_seq_params is None``)."""
-        from megatron.core.packed_seq_params import PackedSeqParams
-
-        cu = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=self.device)
-        cu[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32, device=self.device), 0)
-        mx = int(max(lengths))
-        return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=mx, max_seqlen_kv=mx)
 
     # --- forward-only -----------------------------------------------------------------------
 
@@ -430,14 +278,8 @@ class Engine:
         if max_tokens:
             return self._logprobs_budget(padded, B, S, max_tokens, lengths, with_entropy, temperature)
         mbs, lo, hi = self._split({"tokens": padded}, micro_batch_size, pad_ok=True)
-
-        def loss_func(mb, logits):
-            t = mb["tokens"]
-            lp, ent = vocab_parallel_logprobs(
-                logits[:, :-1] / temperature, t[:, 1:], vocab=self.spec.vocab, with_entropy=with_entropy
-            )
-            return logits.new_zeros(()), {"logprobs": lp, "entropy": ent}
-
+        self.last_logprob_micro_batches = len(mbs)  # per DP rank (reported by the loop)
+        loss_func = self._logprob_loss(with_entropy, temperature)
         out = self._run(mbs, loss_func, forward_only=True, seq_len=Sp, mbs=micro_batch_size)
         full = torch.zeros(2 if with_entropy else 1, self._padded_rows(B, micro_batch_size), Sp - 1, device=self.device)
         if self._contributes():
@@ -449,18 +291,23 @@ class Engine:
         full = full[:, :B, : S - 1].cpu()
         return full[0], (full[1] if with_entropy else None)
 
+    def _logprob_loss(self, with_entropy: bool, temperature: float):
+        """A forward-only "loss" that hands back each micro-batch's log-probs (and entropy)."""
+
+        def loss_func(mb, logits):
+            lp, ent = vocab_parallel_logprobs(
+                logits[:, :-1] / temperature, mb["tokens"][:, 1:], vocab=self.spec.vocab, with_entropy=with_entropy
+            )
+            return logits.new_zeros(()), {"logprobs": lp, "entropy": ent}
+
+        return loss_func
+
     def _logprobs_budget(self, padded, B, S, max_tokens, lengths, with_entropy, temperature):
         Sp = padded.shape[1]
         lengths = torch.full((B,), S, dtype=torch.long) if lengths is None else torch.as_tensor(lengths).long()
         micro, _, _ = self._split_budget({"tokens": padded}, lengths, max_tokens, pad_ok=True, width=S)
-
-        def loss_func(mb, logits):
-            t = mb["tokens"]
-            lp, ent = vocab_parallel_logprobs(
-                logits[:, :-1] / temperature, t[:, 1:], vocab=self.spec.vocab, with_entropy=with_entropy
-            )
-            return logits.new_zeros(()), {"logprobs": lp, "entropy": ent}
-
+        self.last_logprob_micro_batches = len(micro)
+        loss_func = self._logprob_loss(with_entropy, temperature)
         uniform = self.strategy.vpp > 1
         out = self._run(
             micro,
@@ -489,13 +336,6 @@ class Engine:
         from megatron.core import parallel_state as ps
 
         return ps.get_data_parallel_world_size()
-
-    def _padded_rows(self, B: int, mbs: int) -> int:
-        from megatron.core import parallel_state as ps
-
-        unit = ps.get_data_parallel_world_size() * mbs
-        least = unit * self.strategy.pp if self.strategy.vpp > 1 else unit
-        return max(-(-B // unit) * unit, least)
 
     def _world_sum(self, t: torch.Tensor) -> None:
         if dist.is_initialized() and dist.get_world_size() > 1:
@@ -717,40 +557,6 @@ class Engine:
                         p.data.copy_(v)
             if not sd["optimizer"] or not sd["optimizer"][0]["main"]:
                 self.optimizer.reload_model_params()
-
-
-def optimizer_offload_kwargs(s, *, cuda: bool) -> dict:
-    """megatron-core OptimizerConfig keywords for Megatron's hybrid CPU optimizer
-    (``strategy.cpu_optimizer``: the fraction of the optimizer state and step on the host;
-    ``overlap_cpu_optimizer``: overlap its copies) and precision-aware optimizer state.
-
-    On CPU they are no-ops, stated once, like offload: the optimizer state already lives in host
-    memory, and the CPU build trains in fp32 (precision-aware state needs TransformerEngine's
-    FusedAdam or the hybrid optimizer on a GPU).
-    """
-    import logging
-
-    want = [
-        n
-        for n, on in (("cpu_optimizer", s.cpu_optimizer), ("precision_aware_optimizer", s.precision_aware_optimizer))
-        if on
-    ]
-    if not cuda:
-        if want:
-            logging.getLogger("trainer.engine").warning(
-                "%s requested: a no-op on CPU (optimizer state already lives in host memory)", ", ".join(want)
-            )
-        return {}
-    kw: dict = {}
-    if s.cpu_optimizer:
-        kw.update(
-            optimizer_cpu_offload=True,
-            optimizer_offload_fraction=float(s.cpu_optimizer),
-            overlap_cpu_optimizer_d2h_h2d=bool(s.overlap_cpu_optimizer),
-        )
-    if s.precision_aware_optimizer:
-        kw["use_precision_aware_optimizer"] = True
-    return kw
 
 
 def _mean_over_contributors(local: dict[str, float] | None) -> dict[str, float]:

@@ -58,6 +58,8 @@ def micro_batches(cfg: RunConfig) -> dict[str, int | str | None]:
         "sequences_per_dp_rank": seqs // s.dp,
         "mini_batch_per_dp_rank": mini // s.dp,
         "micro_batches_per_mini_batch": mini // (s.dp * s.mbs),
+        "log_prob_mbs": s.log_prob_mbs_,
+        "log_prob_micro_batches_per_dp_rank": -(-(seqs // s.dp) // s.log_prob_mbs_),
         "max_tokens_per_gpu": s.max_tokens_per_gpu,
         "log_prob_max_tokens_per_gpu": s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu,
         "packing": None if s.max_tokens_per_gpu is None else PACKING_NOTE,

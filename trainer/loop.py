@@ -141,6 +141,8 @@ class LoopConfig:
     ppo_epochs: int
     mbs: int
     max_response_len: int
+    log_prob_mbs: int | None = None
+    """Rows per old/ref log-prob micro-batch (verl's log_prob_micro_batch_size_per_gpu); None: ``mbs``."""
     seed: int = 1234
     temperature: float = 1.0
     top_p: float = 1.0
@@ -165,6 +167,7 @@ class LoopConfig:
             ppo_epochs=w.ppo_epochs,
             mbs=s.mbs,
             max_response_len=w.response_len,
+            log_prob_mbs=s.log_prob_mbs,
             seed=t.seed,
             temperature=t.temperature,
             top_p=t.top_p,
@@ -302,12 +305,15 @@ class GRPOLoop:
 
         lengths = torch.tensor([len(p) + len(r) for p, r in zip(prompts, responses)], dtype=torch.long)
         lp_kw = dict(max_tokens=c.log_prob_max_tokens_per_gpu, lengths=lengths) if c.log_prob_max_tokens_per_gpu else {}
+        lp_mbs = c.log_prob_mbs or c.mbs
         with timer("old_logprob"):
-            old_lp, old_ent = self.actor.logprobs(tokens, micro_batch_size=c.mbs, with_entropy=True, **temp, **lp_kw)
+            old_lp, old_ent = self.actor.logprobs(tokens, micro_batch_size=lp_mbs, with_entropy=True, **temp, **lp_kw)
+        lp_micro = {"old_logprob_micro_batches": getattr(self.actor, "last_logprob_micro_batches", 0)}
         ref_lp = None
         if self.ref is not None and c.loss.use_kl:
             with timer("ref_logprob"):
-                ref_lp, _ = self.ref.logprobs(tokens, micro_batch_size=c.mbs, **temp, **lp_kw)
+                ref_lp, _ = self.ref.logprobs(tokens, micro_batch_size=lp_mbs, **temp, **lp_kw)
+            lp_micro["ref_logprob_micro_batches"] = getattr(self.ref, "last_logprob_micro_batches", 0)
 
         M = c.mini_batch * c.n
         mb_metrics: list[dict] = []
@@ -357,6 +363,7 @@ class GRPOLoop:
             "tokens_per_s_per_gpu": total_tokens / step_s / d.world_size,
         }
         out["update_micro_batches"] = int(sum(x.get("_micro_batches", 0) for x in mb_metrics))
+        out.update(lp_micro)  # per DP rank, like the update's
         for k in ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "grad_norm"):
             vals = [float(x[k]) for x in mb_metrics if x.get(k) is not None]
             out[k] = statistics.fmean(vals) if vals else None

@@ -27,6 +27,7 @@ import platform
 import socket
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -306,6 +307,158 @@ def _base_profile(name: str | None, on_gpu: bool) -> dict:
     return load_hardware(name).to_dict()
 
 
+@dataclass
+class Measured:
+    """What every rank measured together (rank 0 writes it)."""
+
+    on_gpu: bool
+    ranks: int
+    active: int
+    """Ranks that measured compute and memory at once (on CPU: at most one per core)."""
+    dtype: torch.dtype
+    gemm: list[dict]
+    mem_bytes: int
+    bandwidth: float
+    h2d: float
+    collectives: dict[str, list[dict]]
+    notes: dict[str, str]
+    rss: float
+    used_bytes: float | None
+    elapsed_s: float
+
+
+def _workload(on_gpu: bool, quick: bool) -> tuple[torch.dtype, list[tuple[int, int, int]], list[int], int]:
+    """(dtype, GEMM shapes, collective message sizes, memory-copy bytes) for this kind of machine."""
+    if on_gpu:
+        shapes = [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192), (16384, 8192, 1024), (4096, 14336, 4096)]
+        dtype, sizes, mem_bytes = torch.bfloat16, [64 * 1024, MiB, 16 * MiB, 256 * MiB], 1024 * MiB
+    else:
+        shapes = [
+            (128, 128, 128),
+            (512, 512, 512),
+            (1024, 1024, 1024),
+            (256, 1024, 1024),
+            (4096, 64, 256),
+            (2048, 64, 192),
+            (8192, 64, 64),
+        ]
+        dtype, sizes, mem_bytes = torch.float32, [4 * 1024, 256 * 1024, 4 * MiB, 16 * MiB], 64 * MiB
+    if quick:
+        shapes, sizes = shapes[:2] + shapes[-2:], sizes[:1] + sizes[-2:-1]
+        mem_bytes //= 4
+    return dtype, shapes, sizes, mem_bytes
+
+
+def measure(dev: torch.device, on_gpu: bool, quick: bool) -> Measured:
+    """Every rank runs this at once (a collective)."""
+    n = dist.get_world_size()
+    try:
+        import megatron.core  # noqa: F401  (the trainer imports it: count it in the per-process overhead)
+    except ImportError:
+        pass
+    rss = _agree(float(_rss_bytes()))
+    t_start = time.time()
+    min_s = 0.05 if quick else 0.2
+    dtype, shapes, sizes, mem_bytes = _workload(on_gpu, quick)
+    # On CPU, ranks beyond the core count would only time-share cores; the time model scales for
+    # that itself (efficiency.max_parallel_ranks), so compute and memory are measured per core.
+    active = n if on_gpu else min(n, os.cpu_count() or 1)
+    g = gemm(dev, dtype, shapes, min_s, active)
+    bw = mem_bandwidth(dev, mem_bytes, min_s, active)
+    h2d = h2d_bandwidth(dev, 256 * MiB if not quick else 32 * MiB, min_s) if on_gpu else bw
+    coll, notes = collectives(dev, sizes, min_s) if n > 1 else ({}, {"all": "one process: no collectives measured"})
+    used = None
+    if on_gpu:
+        free, total = torch.cuda.mem_get_info(dev)
+        used = _agree(float(total - free - torch.cuda.memory_allocated(dev)))
+    return Measured(
+        on_gpu, n, active, dtype, g, mem_bytes, bw, h2d, coll, notes, rss, used, elapsed_s=time.time() - t_start
+    )
+
+
+def profile_figures(m: Measured, base: dict, dev: torch.device) -> tuple[dict, dict]:
+    """The profile's measured fields and its ``[efficiency]`` table; the rest comes from ``base``."""
+    n = m.ranks
+    peak = max(r["flops_per_s"] for r in m.gemm)
+    fields: dict = {"bf16_dense_flops_per_s": peak}
+    if m.on_gpu:
+        fields["hbm_bytes"] = int(torch.cuda.get_device_properties(dev).total_memory)
+        fields["hbm_bandwidth_bytes_per_s"] = m.bandwidth
+        fields["gpus_per_node"] = torch.cuda.device_count()
+        # CUDA context + NCCL buffers measured, plus 1 GiB for allocator fragmentation
+        reserved = int(m.used_bytes or 0) + 1024 * MiB
+    else:
+        fields["hbm_bytes"] = _mem_total_bytes()
+        fields["hbm_bandwidth_bytes_per_s"] = m.bandwidth
+        # every process runs on this one machine: one "node" of (at least) 8 ranks, as profiles/hardware/cpu.toml
+        fields["gpus_per_node"] = max(8, n)
+        reserved = int(m.rss)
+    ar = m.collectives.get("all_reduce") or []
+    ab = fit_alpha_beta(ar, 2.0 * (n - 1) / n)
+    fields["intra_node_bandwidth_bytes_per_s"] = (
+        ab[1] if ab else (ar[-1]["busbw_bytes_per_s"] if ar else base["intra_node_bandwidth_bytes_per_s"])
+    )
+    fields["inter_node_bandwidth_bytes_per_s"] = base["inter_node_bandwidth_bytes_per_s"]
+    fields["host_memory_bytes"] = _mem_total_bytes()
+    fields["host_to_device_bandwidth_bytes_per_s"] = m.h2d
+    fields["reserved_memory_bytes"] = reserved
+    # What the base says about the engine and kernels (a CPU probe keeps the CPU trainer's).
+    for k in (
+        "rollout_engine",
+        "attention_kernel",
+        "activation_layout",
+        "host_flops_per_s",
+        "host_memory_bandwidth_bytes_per_s",
+    ):
+        if k in base:
+            fields[k] = base[k]
+    # Measured figures are achieved ones: bandwidth efficiencies are 1 (the base's are for datasheet peaks).
+    efficiency = {"hbm_efficiency": 1.0}
+    if ar:
+        efficiency["comm_efficiency"] = 1.0
+        efficiency["intra_node_latency_s"] = ab[0] if ab else ar[0]["time_s"]
+    curve = fit_gemm_curve(m.gemm)
+    if curve:
+        a_flops, i_half = curve
+        efficiency["gemm_efficiency_max"] = min(1.0, a_flops / peak)
+        efficiency["gemm_intensity_half"] = i_half
+    if not m.on_gpu:
+        efficiency["max_parallel_ranks"] = os.cpu_count() or 1
+    return fields, efficiency
+
+
+def provenance(m: Measured, base: dict, backend: str) -> tuple[str, list[str]]:
+    """The profile's ``source`` (what was measured, when, how) and the comment lines (the raw figures)."""
+    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    kind = torch.cuda.get_device_name(0) if m.on_gpu else (platform.processor() or platform.machine())
+    n_ar = len(m.collectives.get("all_reduce") or [])
+    source = (
+        f"measured by grpo-tune probe-hardware on {socket.gethostname()} ({kind}, {os.cpu_count()} CPUs) "
+        f"at {when}; torchrun --nproc-per-node {m.ranks}, backend {backend}, torch {torch.__version__}, "
+        f"all ranks at once; GEMM {str(m.dtype).replace('torch.', '')} peak over {len(m.gemm)} shapes; "
+        f"{'' if m.on_gpu else f'{m.active} ranks (one per core) for compute and memory, '}"
+        f"GEMM efficiency curve fitted over the shapes; memory copy {m.mem_bytes // MiB} MiB; intra-node "
+        f"bandwidth and latency = alpha-beta fit of all-reduce times over {n_ar} sizes "
+        f"(nccl-tests busbw factors); inter-node bandwidth"
+        f"{'' if base.get('price_per_gpu_hour_usd') is None else ', price'} from base profile "
+        f"{base['name']!r} (not measurable on one machine)"
+    )
+    if m.notes:
+        source += "; " + "; ".join(f"{k}: {v}" for k, v in m.notes.items())
+    comments = [f"probe took {m.elapsed_s:.1f} s; per-process resident memory after imports {m.rss / MiB:.0f} MiB"]
+    comments.append("GEMM (m x n x k -> FLOP/s per rank):")
+    comments += [f"  {r['m']}x{r['n']}x{r['k']}: {r['flops_per_s'] / 1e9:.2f} GFLOP/s" for r in m.gemm]
+    comments.append(f"memory copy bandwidth per rank: {_fmt_bw(m.bandwidth)}")
+    for cname, rows in m.collectives.items():
+        if rows:
+            comments.append(
+                f"{cname} busbw: "
+                + ", ".join(f"{r['bytes'] // 1024} KiB {_fmt_bw(r['busbw_bytes_per_s'])}" for r in rows)
+                + (f"  ({m.notes[cname]})" if cname in m.notes else "")
+            )
+    return source, comments
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="trainer.probe", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="hardware profile TOML to write")
@@ -325,124 +478,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(local)
     dev = torch.device("cuda", local) if on_gpu else torch.device("cpu")
     dist.init_process_group(backend)
-    rank, n = dist.get_rank(), dist.get_world_size()
-    try:
-        import megatron.core  # noqa: F401  (the trainer imports it: count it in the per-process overhead)
-    except ImportError:
-        pass
-    rss = _agree(float(_rss_bytes()))
-    t_start = time.time()
-    min_s = 0.05 if args.quick else 0.2
-    if on_gpu:
-        dtype = torch.bfloat16
-        shapes = [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192), (16384, 8192, 1024), (4096, 14336, 4096)]
-        sizes = [64 * 1024, MiB, 16 * MiB, 256 * MiB]
-        mem_bytes = 1024 * MiB
-    else:
-        dtype = torch.float32
-        shapes = [
-            (128, 128, 128),
-            (512, 512, 512),
-            (1024, 1024, 1024),
-            (256, 1024, 1024),
-            (4096, 64, 256),
-            (2048, 64, 192),
-            (8192, 64, 64),
-        ]
-        sizes = [4 * 1024, 256 * 1024, 4 * MiB, 16 * MiB]
-        mem_bytes = 64 * MiB
-    if args.quick:
-        shapes, sizes = shapes[:2] + shapes[-2:], sizes[:1] + sizes[-2:-1]
-        mem_bytes //= 4
-    # On CPU, ranks beyond the core count would only time-share cores; the time model scales for
-    # that itself (efficiency.max_parallel_ranks), so compute and memory are measured per core.
-    cores = os.cpu_count() or 1
-    active = n if on_gpu else min(n, cores)
-    g = gemm(dev, dtype, shapes, min_s, active)
-    bw = mem_bandwidth(dev, mem_bytes, min_s, active)
-    h2d = h2d_bandwidth(dev, 256 * MiB if not args.quick else 32 * MiB, min_s) if on_gpu else bw
-    coll, notes = collectives(dev, sizes, min_s) if n > 1 else ({}, {"all": "one process: no collectives measured"})
-    reserved = None
-    if on_gpu:
-        free, total = torch.cuda.mem_get_info(dev)
-        used = _agree(float(total - free - torch.cuda.memory_allocated(dev)))
-    elapsed = time.time() - t_start
-    if rank == 0:
+    m = measure(dev, on_gpu, args.quick)
+    if dist.get_rank() == 0:
         base = _base_profile(args.base, on_gpu)
         out = Path(args.out)
+        fields, efficiency = profile_figures(m, base, dev)
+        source, comments = provenance(m, base, backend)
         name = args.name or out.stem
-        peak = max(r["flops_per_s"] for r in g)
-        fields: dict = {"bf16_dense_flops_per_s": peak}
-        if on_gpu:
-            props = torch.cuda.get_device_properties(dev)
-            fields["hbm_bytes"] = int(props.total_memory)
-            fields["hbm_bandwidth_bytes_per_s"] = bw
-            fields["gpus_per_node"] = torch.cuda.device_count()
-            # CUDA context + NCCL buffers measured, plus 1 GiB for allocator fragmentation
-            reserved = int(used) + 1024 * MiB
-        else:
-            fields["hbm_bytes"] = _mem_total_bytes()
-            fields["hbm_bandwidth_bytes_per_s"] = bw
-            # every process runs on this one machine: one "node" of (at least) 8 ranks, as profiles/hardware/cpu.toml
-            fields["gpus_per_node"] = max(8, n)
-            reserved = int(rss)
-        ar = coll.get("all_reduce") or []
-        ab = fit_alpha_beta(ar, 2.0 * (n - 1) / n)
-        fields["intra_node_bandwidth_bytes_per_s"] = (
-            ab[1] if ab else (ar[-1]["busbw_bytes_per_s"] if ar else base["intra_node_bandwidth_bytes_per_s"])
-        )
-        fields["inter_node_bandwidth_bytes_per_s"] = base["inter_node_bandwidth_bytes_per_s"]
-        fields["host_memory_bytes"] = _mem_total_bytes()
-        fields["host_to_device_bandwidth_bytes_per_s"] = h2d
-        fields["reserved_memory_bytes"] = reserved
-        # What the base says about the engine and kernels (a CPU probe keeps the CPU trainer's).
-        for k in (
-            "rollout_engine",
-            "attention_kernel",
-            "activation_layout",
-            "host_flops_per_s",
-            "host_memory_bandwidth_bytes_per_s",
-        ):
-            if k in base:
-                fields[k] = base[k]
-        # Measured figures are achieved ones: bandwidth efficiencies are 1 (the base's are for datasheet peaks).
-        efficiency = {"hbm_efficiency": 1.0}
-        if ar:
-            efficiency["comm_efficiency"] = 1.0
-            efficiency["intra_node_latency_s"] = ab[0] if ab else ar[0]["time_s"]
-        curve = fit_gemm_curve(g)
-        if curve:
-            a_flops, i_half = curve
-            efficiency["gemm_efficiency_max"] = min(1.0, a_flops / peak)
-            efficiency["gemm_intensity_half"] = i_half
-        if not on_gpu:
-            efficiency["max_parallel_ranks"] = cores
-        when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        kind = torch.cuda.get_device_name(0) if on_gpu else (platform.processor() or platform.machine())
-        source = (
-            f"measured by grpo-tune probe-hardware on {socket.gethostname()} ({kind}, {os.cpu_count()} CPUs) "
-            f"at {when}; torchrun --nproc-per-node {n}, backend {backend}, torch {torch.__version__}, "
-            f"all ranks at once; GEMM {str(dtype).replace('torch.', '')} peak over {len(g)} shapes; "
-            f"{'' if on_gpu else f'{active} ranks (one per core) for compute and memory, '}"
-            f"GEMM efficiency curve fitted over the shapes; memory copy {mem_bytes // MiB} MiB; intra-node "
-            f"bandwidth and latency = alpha-beta fit of all-reduce times over {len(ar)} sizes "
-            f"(nccl-tests busbw factors); inter-node bandwidth"
-            f"{'' if base.get('price_per_gpu_hour_usd') is None else ', price'} from base profile "
-            f"{base['name']!r} (not measurable on one machine)"
-        )
-        if notes:
-            source += "; " + "; ".join(f"{k}: {v}" for k, v in notes.items())
-        comments = [f"probe took {elapsed:.1f} s; per-process resident memory after imports {rss / MiB:.0f} MiB"]
-        comments.append("GEMM (m x n x k -> FLOP/s per rank):")
-        comments += [f"  {r['m']}x{r['n']}x{r['k']}: {r['flops_per_s'] / 1e9:.2f} GFLOP/s" for r in g]
-        comments.append(f"memory copy bandwidth per rank: {_fmt_bw(bw)}")
-        for cname, rows in coll.items():
-            if rows:
-                comments.append(
-                    f"{cname} busbw: "
-                    + ", ".join(f"{r['bytes'] // 1024} KiB {_fmt_bw(r['busbw_bytes_per_s'])}" for r in rows)
-                    + (f"  ({notes[cname]})" if cname in notes else "")
-                )
         write_profile(out, name=name, base=base, fields=fields, efficiency=efficiency, source=source, comments=comments)
         print("\n".join(comments), flush=True)
         print(f"wrote {out}", flush=True)

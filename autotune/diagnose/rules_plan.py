@@ -14,6 +14,7 @@ from core.errors import CODES, ConfigError, GrpoTuneError
 from core.rules import Finding as RuleFinding
 from core.rules import check_batches as core_check_batches
 from core.rules import check_degrees as core_check_degrees
+from core.rules import check_log_prob_batches as core_check_log_prob_batches
 from core.strategy import Cluster, Strategy, Workload
 
 from .context import Ctx
@@ -346,6 +347,7 @@ def _check_dp_split(c: Ctx, tb: int, n: int, mini: int, micro: int, dp: int) -> 
             "verl's engine asserts mini_batch_size * n % DP == 0 at the first update",
             key=f"{ACTOR}.ppo_mini_batch_size",
         )
+    _check_log_prob_split(c, tb, n, dp)
     if not split and ((mini * n) // dp) % micro:
         c.add(
             W,
@@ -354,6 +356,19 @@ def _check_dp_split(c: Ctx, tb: int, n: int, mini: int, micro: int, dp: int) -> 
             "the last micro-batch of each update is smaller",
             key=mkey,
         )
+
+
+def _check_log_prob_split(c: Ctx, tb: int, n: int, dp: int) -> None:
+    """Each log-prob pass takes a rank's whole step batch in its own micro-batches (core.rules
+    check_log_prob_batches; the interleaving part is left to the estimate)."""
+    kl = c.raw(f"{ACTOR}.use_kl_loss") is True or c.raw("algorithm.use_kl_in_reward") is True
+    for role in (ROLLOUT, REF) if kl else (ROLLOUT,):
+        key = f"{role}.log_prob_micro_batch_size_per_gpu"
+        lp = c.int_(key, allow_none=True)
+        if lp is None or lp < 1:
+            continue
+        for f in core_check_log_prob_batches(Workload(prompts=tb, n=n, mini_batch=tb), dp=dp, log_prob_mbs=lp):
+            c.add(E, f.code, f.message, "verl's engine asserts it at the first log-prob pass", key=key)
 
 
 def _memory(c: Ctx) -> dict[str, Any] | None:
@@ -369,21 +384,15 @@ def _memory(c: Ctx) -> dict[str, Any] | None:
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (tb, n, mini, plen, rlen)):
         c.add(I, "OOM_RISK", "batch sizes or lengths are not all known: memory not estimated")
         return None
-    dtype = table.DTYPE_FROM_VERL.get(c.raw(f"{ACTOR}.megatron.dtype"), "bf16")
     kl = c.raw(f"{ACTOR}.use_kl_loss") is True or c.raw("algorithm.use_kl_in_reward") is True
     epochs = c.raw(f"{ACTOR}.ppo_epochs")
+    epochs = epochs if isinstance(epochs, int) and epochs > 0 else 1
+    mini_batch = mini if tb % mini == 0 else tb
+    # the lengths (checked above) and the dtype as the verl table reads them; the batch sizes as checked above
+    read = table.read_fields(c.raw, "workload")
     try:
         wl = Workload.from_dict(
-            dict(
-                prompts=tb,
-                n=n,
-                prompt_len=plen,
-                response_len=rlen,
-                mini_batch=mini if tb % mini == 0 else tb,
-                ppo_epochs=epochs if isinstance(epochs, int) and epochs > 0 else 1,
-                kl=kl,
-                dtype=dtype,
-            )
+            {**read, "prompts": tb, "n": n, "mini_batch": mini_batch, "ppo_epochs": epochs, "kl": kl}
         )
         est = estimate(
             model=model,

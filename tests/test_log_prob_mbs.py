@@ -1,0 +1,287 @@
+"""The log-prob passes' own micro-batch (``Strategy.log_prob_mbs``, verl's rollout/ref
+``log_prob_micro_batch_size_per_gpu``): priced, checked as verl checks it, kept by ``tune``, round-tripped
+through best.yaml, and run by the trainer."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from autotune import tune as T
+from autotune.options import strategy_pins
+from cli.main import main
+from core.config import RunConfig, TrainerOptions, load, save
+from core.errors import ConfigError
+from core.specs import load_hardware, load_model
+from core.strategy import Cluster, Strategy, Workload, validate
+from core.support import check_plan
+from costmodel.estimate import estimate
+from trainer_harness import torchrun_json
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples/qwen2-7b-grpo-megatron.sh"  # ppo micro-batch 4, log-prob micro-batch 8
+LP_KEYS = [f"actor_rollout_ref.{r}.log_prob_micro_batch_size_per_gpu" for r in ("ref", "rollout")]
+WL = Workload(prompts=64, n=4, mini_batch=16)  # 256 sequences, 1024 + 1024 tokens
+
+
+def _est(**kw):
+    return estimate(
+        model=load_model("7b"),
+        hardware=load_hardware("h100"),
+        cluster=Cluster(gpus=8),
+        strategy=Strategy(tp=2, mbs=4, **kw),
+        workload=WL,
+    )
+
+
+def test_log_prob_phase_memory_scales_with_log_prob_mbs_as_the_formulas_say():
+    """Hand arithmetic (costmodel/activations.py), qwen2.5-7b at TP2 with SP on an H100 (bf16 activations),
+    sequences of 2048 tokens, b = log-prob micro-batch:
+      logits_bytes = tokens x (2 x 2 B x hidden / tp + LOGITS_BYTES x vocab / tp)
+                   = 2048 b x (2 x 2 x 3584 / 2 + 10 x 152064 / 2) = 2048 b x 767,488 B
+      (b=4: 6,287,261,696 B; b=8: 12,574,523,392 B);
+      forward_activation_bytes = b x 2048 x (linear + quad x 2048 + 2 x layer_input): linear in b,
+      so b=8 holds exactly twice b=4 and 8x b=1.
+    The update phase (micro-batch 4) does not move, and every other part of the log-prob phases stays."""
+    m = load_model("7b")
+    assert (m.hidden, m.vocab) == (3584, 152064)
+    phases = {b: _est(log_prob_mbs=b).memory for b in (1, 4, 8)}
+    base = _est().memory
+    for b in (1, 4, 8):
+        for name in ("old_logprob", "ref_logprob"):
+            assert phases[b][name].parts["logits"] == 2048 * b * 767_488
+    assert phases[8]["old_logprob"].parts["logits"] == 12_574_523_392
+    act = {b: phases[b]["old_logprob"].parts["activations"] for b in (1, 4, 8)}
+    assert act[8] == pytest.approx(2 * act[4], rel=1e-12) and act[8] == pytest.approx(8 * act[1], rel=1e-12)
+    # log_prob_mbs == mbs prices exactly as unset
+    assert phases[4]["old_logprob"] == base["old_logprob"] and phases[4]["ref_logprob"] == base["ref_logprob"]
+    for name in ("old_logprob", "ref_logprob"):
+        moved = {k for k in base[name].parts if base[name].parts[k] != phases[8][name].parts[k]}
+        assert moved == {"activations", "logits"}
+    assert phases[8]["update"] == base["update"]
+
+
+def test_log_prob_time_counts_the_log_prob_micro_batches():
+    """256 sequences over dp=4 = 64 per rank: 16 micro-batches of 4, 8 of 8 (costmodel/timing.py micro_batch_plan);
+    the update's time does not move."""
+    a, b = _est(), _est(log_prob_mbs=8)
+    assert a.details["logprob_micro_batches"] == 16 and b.details["logprob_micro_batches"] == 8
+    assert a.time.phases["update"] == b.time.phases["update"]
+    assert a.time.phases["old_logprob"] != b.time.phases["old_logprob"]
+    assert _est(log_prob_mbs=4).time == a.time
+
+
+def test_the_log_prob_batch_rule_is_verls():
+    """verl 0.9.1: the log-prob pass takes a DP rank's prompts x n / dp sequences whole and asserts them
+    divisible by its micro-batch (workers/engine/utils.py prepare_micro_batches); with vpp the micro-batch count
+    must be a multiple of pp (megatron/transformer_impl.py, microbatch_group_size_per_vp_stage)."""
+    m = load_model("7b")
+
+    def codes(gpus: int, **kw) -> list[str]:
+        s = validate(m, Strategy(**kw), gpus)
+        return [f.code for f in check_plan(m, s, workload=WL)]
+
+    assert codes(8, tp=2, mbs=4, log_prob_mbs=8) == []  # 64 per rank / 8
+    assert codes(8, tp=2, mbs=4, log_prob_mbs=64) == []
+    assert codes(8, tp=2, mbs=4, log_prob_mbs=7) == ["BATCH_DIVISIBILITY"]
+    assert codes(8, tp=2, mbs=4, log_prob_mbs=128) == ["BATCH_DIVISIBILITY"]
+    # pp2 vpp2 dp2: 128 per rank; 64 -> 2 micro-batches (a multiple of pp), 128 -> 1 (not)
+    assert codes(8, tp=2, pp=2, vpp=2, mbs=4, log_prob_mbs=64) == []
+    assert codes(8, tp=2, pp=2, vpp=2, mbs=4, log_prob_mbs=128) == ["BATCH_DIVISIBILITY"]
+    # the estimate reports the same rule as a violation
+    assert any(v.code == "BATCH_DIVISIBILITY" for v in _est(log_prob_mbs=7).violations)
+    assert not any(v.code == "BATCH_DIVISIBILITY" for v in _est(log_prob_mbs=8).violations)
+
+
+@given(st.integers(-(2**40), 0))
+def test_a_log_prob_mbs_below_one_is_a_coded_error(v):
+    with pytest.raises(ConfigError):
+        Strategy.from_dict({"log_prob_mbs": v})
+    with pytest.raises(ConfigError, match="--log-prob-mbs must be >= 1"):
+        strategy_pins(log_prob_mbs=v)
+    assert [f.code for f in check_plan(load_model("tiny"), Strategy(log_prob_mbs=v))] == ["BAD_CONFIG"]
+
+
+def test_best_yaml_round_trips_log_prob_mbs(tmp_path):
+    m = load_model("tiny")
+    for lp in (None, 3):
+        cfg = RunConfig(
+            model=m,
+            hardware=load_hardware("cpu"),
+            cluster=Cluster(gpus=1),
+            strategy=validate(m, Strategy(mbs=2, log_prob_mbs=lp), 1),
+            workload=Workload(prompts=4, n=3, mini_batch=2, prompt_len=8, response_len=4),
+            trainer=TrainerOptions(),
+        )
+        p = save(cfg, tmp_path / f"best-{lp}.yaml")
+        assert ("log_prob_mbs" in p.read_text()) == (lp is not None)  # unset writes nothing: old files read the same
+        assert load(p).strategy == cfg.strategy
+
+
+def test_estimate_pin_flag(capsys):
+    rc = main(["estimate", "-m", "7b", "-g", "8", "--tp", "2", "--mbs", "4", "--log-prob-mbs", "8", "--prompts", "64"]
+              + ["--n", "4", "--mini-batch", "16", "--json"])  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["strategy"]["log_prob_mbs"] == 8 and out["details"]["logprob_micro_batches"] == 8
+
+
+def _tune(capsys, path: Path, out: Path) -> dict:
+    rc = main(["tune", str(path), "--hardware", "h100", "--out", str(out), "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    return json.loads(captured.out)
+
+
+def test_tune_prices_and_keeps_the_launchs_log_prob_micro_batch(capsys, tmp_path):
+    plan = T.plan_of(EXAMPLE, hardware="h100")
+    assert (plan.strategy.mbs, plan.strategy.log_prob_mbs) == (4, 8)
+    res = T.tune(plan)
+    # priced with 8: 1024 x 5 sequences / dp 4 = 1280 per rank -> 160 log-prob micro-batches (not 320)
+    assert res.current.details["logprob_micro_batches"] == 1280 / 8
+    assert res.best.strategy.log_prob_mbs_ == 8
+    assert not set(LP_KEYS) & set(res.changes)
+    first = _tune(capsys, EXAMPLE, tmp_path / "a")
+    tuned = Path(first["files"]["tuned.sh"]).read_text()
+    for k in LP_KEYS:
+        assert re.search(rf"^\s*{re.escape(k)}=8 \\$", tuned, re.M), k
+        assert k not in first["overrides"]
+
+
+def test_tune_moves_an_equal_log_prob_micro_batch_with_mbs_and_reports_it(capsys, tmp_path):
+    """A launch whose log-prob micro-batch equals the training one (4 and 4): unset in the plan, so it follows
+    the best plan's mbs and both keys are reported; the tuned script is a fixed point."""
+    text = EXAMPLE.read_text()
+    for k in LP_KEYS:
+        text, n = re.subn(rf"({re.escape(k)})=8", r"\1=4", text)
+        assert n == 1
+    launch = tmp_path / "equal.sh"
+    launch.write_text(text)
+    plan = T.plan_of(launch, hardware="h100")
+    assert (plan.strategy.mbs, plan.strategy.log_prob_mbs) == (4, None)
+    first = _tune(capsys, launch, tmp_path / "a")
+    new_mbs = first["best"]["strategy"]["mbs"]
+    assert new_mbs != 4  # the search changes mbs on this launch (README: 4 -> 5)
+    for k in LP_KEYS:
+        assert first["overrides"][k] == {"old": 4, "new": new_mbs}
+    second = _tune(capsys, Path(first["files"]["tuned.sh"]), tmp_path / "b")
+    assert second["overrides"] == {}
+
+
+def task_log_prob_passes(spec: dict) -> dict:
+    """Runs under torchrun (tests/trainer_harness.py): GRPO steps of the tiny model for each strategy; returns
+    the metrics the log-prob passes and the update report."""
+    import tempfile
+
+    from trainer import parallel
+    from trainer.main import build
+    from trainer_harness import run_config
+
+    parallel.init_distributed()
+    out = []
+    for strategy in spec["layouts"]:
+        cfg = run_config(
+            "tiny", strategy, 1, lr=3e-3, kl_coef=0.01, rollout_engine="megatron", out_dir=tempfile.mkdtemp()
+        )
+        cfg = cfg.replace(workload=Workload(prompts=4, n=4, prompt_len=8, response_len=4, mini_batch=2, dtype="fp32"))
+        parallel.reinit(cfg.strategy, seed=cfg.trainer.seed)
+        loop, _ = build(cfg, checkpoint_every=0)
+        keys = ("loss", "kl", "reward_mean", "old_logprob_micro_batches", "ref_logprob_micro_batches")
+        keys += ("update_micro_batches",)
+        out.append([{k: h[k] for k in keys} for h in loop.run(spec["steps"])])
+        del loop
+    parallel.destroy()
+    return {"results": out}
+
+
+@pytest.mark.slow
+def test_trainer_log_prob_passes_run_with_their_micro_batch():
+    """One CPU process, 16 sequences a step: mbs 4 with log-prob micro-batch 2 runs 8 old and 8 ref log-prob
+    micro-batches (unset: 4 each), the update keeps 4 per mini-batch of 8 (2 x 2 mini-batches), and the
+    log-probs, hence loss and KL, do not depend on how the forward pass was split (fp32, 1e-5)."""
+    res = torchrun_json(
+        "test_log_prob_mbs:task_log_prob_passes",
+        nproc=1,
+        spec={"layouts": [{"mbs": 4}, {"mbs": 4, "log_prob_mbs": 2}], "steps": 2},
+        timeout=300,
+    )["results"]
+    base, split = res
+    for a, b in zip(base, split):
+        assert (a["old_logprob_micro_batches"], a["ref_logprob_micro_batches"]) == (4, 4)
+        assert (b["old_logprob_micro_batches"], b["ref_logprob_micro_batches"]) == (8, 8)
+        assert a["update_micro_batches"] == b["update_micro_batches"] == 4
+        assert b["reward_mean"] == a["reward_mean"]
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+        assert b["kl"] == pytest.approx(a["kl"], abs=1e-5)
+
+
+def test_train_dry_run_takes_the_log_prob_micro_batch(capsys, tmp_path):
+    """16 sequences on one rank: log-prob micro-batch 8 -> 2 micro-batches; 3 does not divide 16, which verl
+    refuses, so the dry run does too (coded error, exit 2)."""
+    m = load_model("tiny")
+    for lp, rc_want in ((8, 0), (3, 2)):
+        cfg = RunConfig(
+            model=m,
+            hardware=load_hardware("cpu"),
+            cluster=Cluster(gpus=1),
+            strategy=validate(m, Strategy(mbs=4, log_prob_mbs=lp), 1),
+            workload=Workload(prompts=4, n=4, mini_batch=2, prompt_len=8, response_len=4, dtype="fp32"),
+            trainer=TrainerOptions(rollout_engine="megatron", dataset="synthetic", reward="math"),
+        )
+        p = save(cfg, tmp_path / f"lp{lp}.yaml")
+        rc = main(["train", "--config", str(p), "--dry-run", "--json"])
+        out = capsys.readouterr()
+        assert rc == rc_want, out.err
+        if rc == 0:
+            b = json.loads(out.out)["batch"]
+            assert (b["log_prob_mbs"], b["log_prob_micro_batches_per_dp_rank"]) == (8, 2)
+        else:
+            assert "[BATCH_DIVISIBILITY]" in out.err and "log-prob micro-batches of 3" in out.err
+    rc = main(["train", "--config", str(tmp_path / "lp8.yaml"), "--dry-run"])
+    text = " ".join(capsys.readouterr().out.split())  # rich wraps the line
+    assert rc == 0 and "log-prob micro-batch 8 (2 per DP rank)" in text
+
+
+def test_search_prices_every_plan_with_a_pinned_log_prob_micro_batch():
+    from autotune.search import search
+
+    res = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), WL, pins={"log_prob_mbs": 8}, top=5)
+    assert res.ranked and all(e.strategy.log_prob_mbs == 8 for e in res.ranked)
+    fixed = [e for e in res.ranked if e.strategy.max_tokens_per_gpu is None]
+    assert fixed and all(e.details["logprob_micro_batches"] == 256 / e.strategy.dp / 8 for e in fixed)
+
+
+def _diagnose(capsys, text: str, tmp_path: Path, name: str) -> dict:
+    p = tmp_path / name
+    p.write_text(text)
+    main(["diagnose", str(p), "--json"])
+    return json.loads(capsys.readouterr().out)
+
+
+def test_diagnose_prices_and_checks_the_launchs_log_prob_micro_batch(capsys, tmp_path):
+    """The example's log-prob micro-batch 8 (training 4) is what diagnose's memory estimate uses (8 holds more
+    than 4 in the log-prob phases, the update is the same), and 7, which does not divide a rank's 1280
+    sequences, is verl's assert: an error on the rollout key (and the ref key, KL being on)."""
+    text = EXAMPLE.read_text()
+    eight = _diagnose(capsys, text, tmp_path, "lp8.sh")
+    four = _diagnose(
+        capsys,
+        text.replace("log_prob_micro_batch_size_per_gpu=8", "log_prob_micro_batch_size_per_gpu=4"),
+        tmp_path,
+        "lp4.sh",
+    )
+    m8, m4 = eight["summary"]["memory"]["phases"], four["summary"]["memory"]["phases"]
+    assert m8["old_logprob"] > m4["old_logprob"] and m8["update"] == m4["update"]
+    assert not [f for f in eight["findings"] if f["code"] == "BATCH_DIVISIBILITY"]
+    seven = _diagnose(
+        capsys,
+        text.replace("log_prob_micro_batch_size_per_gpu=8", "log_prob_micro_batch_size_per_gpu=7"),
+        tmp_path,
+        "lp7.sh",
+    )
+    keys = {f.get("key") for f in seven["findings"] if f["code"] == "BATCH_DIVISIBILITY" and f["severity"] == "error"}
+    assert keys == set(LP_KEYS)
