@@ -91,9 +91,7 @@ def verl_script(cfg: RunConfig) -> str:
     for value, what in ((m.name, "model name"), (m.hf_id or "", "model hf_id"), (cfg.hardware.name, "hardware name")):
         check_name(value, what)
     plan = (
-        f"tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} etp={s.etp_} dp={s.dp} mbs={s.mbs} "
-        + (f"log_prob_mbs={s.log_prob_mbs} " if s.log_prob_mbs is not None else "")
-        + f"recompute={s.recompute} offload={','.join(s.offload) or 'none'} rollout_tp={s.rollout_tp} "
+        f"{s.layout_text()} recompute={s.recompute} offload={','.join(s.offload) or 'none'} rollout_tp={s.rollout_tp} "
         f"gpu_memory_utilization={s.gpu_memory_utilization} max_tokens_per_gpu={s.max_tokens_per_gpu} "
         f"cpu_optimizer={s.cpu_optimizer}"
     )

@@ -2,8 +2,10 @@
 
 A plan is ``Strategy`` + ``Workload`` + ``TrainerOptions`` + the cluster. Each field is one :class:`Row`:
 the verl keys it writes (export: plan -> overrides) and how it is read back from a key lookup
-(diagnose: overrides -> plan). The key prefixes are spelled once, here. Rows with no keys say why
-verl has no setting for that field (a statistic of the data, a pretraining-only field, ...).
+(diagnose: overrides -> plan). The key prefixes are spelled once, here. The rows come from three
+tables: :data:`AS_IS` (fields verl takes as they are), :data:`NO_SETTING` (fields verl has no setting
+for, and why: a statistic of the data, a pretraining-only field, ...) and :data:`CODED` (fields with
+their own rule); :data:`ROWS` holds them in the dataclasses' field order, the order export writes.
 
 Keys and defaults: verl 0.9.1's composed ``ppo_megatron_trainer`` (autotune/data/verl-0.9.1-keys.json);
 the hybrid CPU optimizer keys are spelled as verl's examples spell them
@@ -24,6 +26,7 @@ from core.config import TrainerOptions
 from core.strategy import Cluster, Strategy, Workload
 
 ARO = "actor_rollout_ref"
+DATA, TRAINER, ALGORITHM = "data", "trainer", "algorithm"
 ACTOR = f"{ARO}.actor"
 REF = f"{ARO}.ref"
 ROLLOUT = f"{ARO}.rollout"
@@ -97,6 +100,22 @@ def none(section: str, name: str, why: str) -> Row:
 
 def _megs(name: str) -> tuple[str, ...]:
     return tuple(f"{r}.{MEG}.{name}" for r in TRAINING_ROLES)
+
+
+# The keys of the coded rows (CODED below) that write more than one key.
+_VPP_KEYS = _megs("virtual_pipeline_model_parallel_size")
+_RECOMPUTE_KEYS = (f"{OTC}.recompute_granularity", f"{OTC}.recompute_modules")
+_RECOMPUTE_LAYER_KEYS = (f"{OTC}.recompute_method", f"{OTC}.recompute_num_layers")
+_DYN_KEYS = (
+    f"{ACTOR}.use_dynamic_bsz",
+    f"{ACTOR}.ppo_max_token_len_per_gpu",
+    *(f"{r}.log_prob_use_dynamic_bsz" for r in LOG_PROB_ROLES),
+)
+_LP_TOKEN_KEYS = tuple(f"{r}.log_prob_max_token_len_per_gpu" for r in LOG_PROB_ROLES)
+_LP_MBS_KEYS = tuple(f"{r}.log_prob_micro_batch_size_per_gpu" for r in LOG_PROB_ROLES)
+_CPU_OPT_KEYS = (f"+{OOC}.optimizer_cpu_offload", f"+{OOC}.optimizer_offload_fraction")
+_NODE_KEYS = (f"{TRAINER}.n_gpus_per_node", f"{TRAINER}.nnodes")
+_GPUS_WHY = "n_gpus_per_node x nnodes (written by the gpus_per_node row)"
 
 
 # --- strategy rows with more than one key ---------------------------------------------------
@@ -214,154 +233,127 @@ def _dtype_write(p: Plan) -> dict[str, Any]:
 
 def _gpn_write(p: Plan) -> dict[str, Any]:
     c: Cluster = p["cluster"]
-    return {"trainer.n_gpus_per_node": min(c.gpus, c.gpus_per_node), "trainer.nnodes": c.nnodes}
+    return dict(zip(_NODE_KEYS, (min(c.gpus, c.gpus_per_node), c.nnodes)))
 
 
 S, W, T, C = "strategy", "workload", "trainer", "cluster"
-ROWS: tuple[Row, ...] = (
-    # strategy: training degrees (the reference gets the actor's, written out)
-    same(S, "tp", *_megs("tensor_model_parallel_size")),
-    same(S, "pp", *_megs("pipeline_model_parallel_size")),
-    Row(
-        S,
-        "vpp",
-        _megs("virtual_pipeline_model_parallel_size"),
-        lambda p: {k: p[S].vpp if p[S].vpp > 1 else None for k in _megs("virtual_pipeline_model_parallel_size")},
-        lambda get: get(_megs("virtual_pipeline_model_parallel_size")[0]) or 1,
-    ),
-    same(S, "cp", *_megs("context_parallel_size")),
-    same(S, "ep", *_megs("expert_model_parallel_size")),
+SECTIONS = {S: Strategy, W: Workload, T: TrainerOptions, C: Cluster}
+
+# Fields verl takes as they are: the value is written to every key and read back from the first (same()).
+# The training degrees go to the actor and the reference alike, written out as verl's examples do.
+AS_IS: dict[tuple[str, str], str | tuple[str, ...]] = {
+    (S, "tp"): _megs("tensor_model_parallel_size"),
+    (S, "pp"): _megs("pipeline_model_parallel_size"),
+    (S, "cp"): _megs("context_parallel_size"),
+    (S, "ep"): _megs("expert_model_parallel_size"),
+    (S, "mbs"): f"{ACTOR}.ppo_micro_batch_size_per_gpu",
+    (S, "distributed_optimizer"): f"{ACTOR}.{MEG}.use_distributed_optimizer",
+    (S, "rollout_tp"): f"{ROLLOUT}.tensor_model_parallel_size",
+    (S, "gpu_memory_utilization"): f"{ROLLOUT}.gpu_memory_utilization",
+    (S, "max_num_seqs"): f"{ROLLOUT}.max_num_seqs",
+    (S, "max_num_batched_tokens"): f"{ROLLOUT}.max_num_batched_tokens",
+    (S, "enforce_eager"): f"{ROLLOUT}.enforce_eager",
+    (S, "chunked_prefill"): f"{ROLLOUT}.enable_chunked_prefill",
+    (S, "free_cache_engine"): f"{ROLLOUT}.free_cache_engine",
+    (W, "prompts"): f"{DATA}.train_batch_size",
+    (W, "n"): f"{ROLLOUT}.n",
+    (W, "prompt_len"): f"{DATA}.max_prompt_length",
+    (W, "response_len"): f"{DATA}.max_response_length",
+    (W, "mini_batch"): f"{ACTOR}.ppo_mini_batch_size",
+    (W, "ppo_epochs"): f"{ACTOR}.ppo_epochs",
+    (W, "kl"): f"{ACTOR}.use_kl_loss",
+    (T, "lr"): f"{OPTIM}.lr",
+    (T, "weight_decay"): f"{OPTIM}.weight_decay",
+    (T, "grad_clip"): f"{OPTIM}.clip_grad",
+    (T, "seed"): f"{DATA}.seed",
+    (T, "steps"): f"{TRAINER}.total_training_steps",
+    (T, "temperature"): f"{ROLLOUT}.temperature",
+    (T, "top_p"): f"{ROLLOUT}.top_p",
+    (T, "clip_ratio"): f"{ACTOR}.clip_ratio",
+    (T, "loss_agg_mode"): f"{ACTOR}.loss_agg_mode",
+    (T, "kl_coef"): f"{ACTOR}.kl_loss_coef",
+    (T, "kl_type"): f"{ACTOR}.kl_loss_type",
+    (T, "entropy_coef"): f"{ACTOR}.entropy_coeff",
+    (T, "norm_adv_by_std"): f"{ALGORITHM}.norm_adv_by_std_in_grpo",
+    (T, "moe_aux_loss_coeff"): f"+{OTC}.moe_aux_loss_coeff",
+    (T, "moe_router_load_balancing_type"): f"+{OTC}.moe_router_load_balancing_type",
+}
+
+# Fields verl has no setting for, and why.
+NO_SETTING: dict[tuple[str, str], str] = {
+    (S, "dp"): "derived: world size / (tp x pp x cp), as verl and Megatron derive it",
+    (W, "kind"): "verl runs GRPO; the pretraining workload exists for the cost model only",
+    (W, "prompt_len_mean"): "a statistic of the dataset, not a setting: verl reads the data",
+    (W, "response_len_mean"): "a statistic of the policy's answers, not a setting",
+    (W, "response_len_quantiles"): "a measured length histogram (--lengths), not a setting",
+    (W, "lengths_source"): "where the length statistics came from: provenance, not a setting",
+    (W, "seq_len"): "pretraining only",
+    (W, "gbs"): "pretraining only",
+    (T, "rollout_engine"): "verl's rollout engine is always vLLM here (rollout.name=vllm is fixed)",
+    (T, "dataset"): "verl.sh takes the data files from $TRAIN_FILES/$VAL_FILES",
+    (T, "reward"): "verl picks the reward by data_source (verl/utils/reward_score)",
+    (T, "hf_checkpoint"): "verl loads the model from actor_rollout_ref.model.path ($MODEL_PATH)",
+    (T, "out_dir"): "verl writes under trainer.default_local_dir",
+    (T, "checkpoint_every"): "verl's trainer.save_freq is left to the caller (verl.sh passes extra overrides on)",
+    (T, "log_every"): "verl logs every step",
+}
+
+
+def _clip_high_write(p: Plan) -> dict[str, Any]:
+    t: TrainerOptions = p[T]
+    return {f"{ACTOR}.clip_ratio_high": t.clip_ratio if t.clip_ratio_high is None else t.clip_ratio_high}
+
+
+def _clip_high_read(get: Get) -> float | None:
+    high = get(f"{ACTOR}.clip_ratio_high")
+    return None if high == get(f"{ACTOR}.clip_ratio") else high
+
+
+def _vpp_write(p: Plan) -> dict[str, Any]:
+    vpp = p[S].vpp
+    return {k: vpp if vpp > 1 else None for k in _VPP_KEYS}
+
+
+def _dtype_read(get: Get) -> str:
+    return DTYPE_FROM_VERL.get(get(_megs("dtype")[0]), "bf16")
+
+
+# Fields with their own rule: a resolved property, a flag, a key written only when set, several fields' worth
+# of keys (offload, recompute, dynamic batching, CPU optimizer), or a value verl spells differently.
+CODED: tuple[Row, ...] = (
+    Row(S, "vpp", _VPP_KEYS, _vpp_write, lambda get: get(_VPP_KEYS[0]) or 1),
     same(S, "etp", *_megs("expert_tensor_parallel_size"), attr="etp_"),
-    none(S, "dp", "derived: world size / (tp x pp x cp), as verl and Megatron derive it"),
-    same(S, "mbs", f"{ACTOR}.ppo_micro_batch_size_per_gpu"),
-    Row(
-        S,
-        "log_prob_mbs",
-        tuple(f"{r}.log_prob_micro_batch_size_per_gpu" for r in LOG_PROB_ROLES),
-        _lp_mbs_write,
-        _lp_mbs_read,
-    ),
+    Row(S, "log_prob_mbs", _LP_MBS_KEYS, _lp_mbs_write, _lp_mbs_read),
     same(S, "sequence_parallel", *_megs("sequence_parallel"), attr="sp"),
-    Row(
-        S, "recompute", (f"{OTC}.recompute_granularity", f"{OTC}.recompute_modules"), _recompute_write, _recompute_read
-    ),
-    Row(
-        S,
-        "recompute_layers",
-        (f"{OTC}.recompute_method", f"{OTC}.recompute_num_layers"),
-        _recompute_layers_write,
-        _recompute_layers_read,
-    ),
-    same(S, "distributed_optimizer", f"{ACTOR}.{MEG}.use_distributed_optimizer"),
+    Row(S, "recompute", _RECOMPUTE_KEYS, _recompute_write, _recompute_read),
+    Row(S, "recompute_layers", _RECOMPUTE_LAYER_KEYS, _recompute_layers_write, _recompute_layers_read),
     Row(S, "offload", (*_megs("param_offload"), f"{ACTOR}.{MEG}.optimizer_offload"), _offload_write, _offload_read),
     optional(S, "first_stage_layers", f"+{OTC}.num_layers_in_first_pipeline_stage"),
     optional(S, "last_stage_layers", f"+{OTC}.num_layers_in_last_pipeline_stage"),
-    same(S, "rollout_tp", f"{ROLLOUT}.tensor_model_parallel_size"),
-    same(S, "gpu_memory_utilization", f"{ROLLOUT}.gpu_memory_utilization"),
-    Row(
-        S,
-        "max_tokens_per_gpu",
-        (
-            f"{ACTOR}.use_dynamic_bsz",
-            f"{ACTOR}.ppo_max_token_len_per_gpu",
-            *(f"{r}.log_prob_use_dynamic_bsz" for r in LOG_PROB_ROLES),
-        ),
-        _dyn_write,
-        _dyn_read,
-    ),
-    Row(
-        S,
-        "log_prob_max_tokens_per_gpu",
-        tuple(f"{r}.log_prob_max_token_len_per_gpu" for r in LOG_PROB_ROLES),
-        _lp_tokens_write,
-        _lp_tokens_read,
-    ),
-    Row(
-        S,
-        "cpu_optimizer",
-        (f"+{OOC}.optimizer_cpu_offload", f"+{OOC}.optimizer_offload_fraction"),
-        _cpu_opt_write,
-        _cpu_opt_read,
-    ),
+    Row(S, "max_tokens_per_gpu", _DYN_KEYS, _dyn_write, _dyn_read),
+    Row(S, "log_prob_max_tokens_per_gpu", _LP_TOKEN_KEYS, _lp_tokens_write, _lp_tokens_read),
+    Row(S, "cpu_optimizer", _CPU_OPT_KEYS, _cpu_opt_write, _cpu_opt_read),
     flag(S, "overlap_cpu_optimizer", f"+{OOC}.overlap_cpu_optimizer_d2h_h2d"),
     same(S, "precision_aware_optimizer", f"+{OOC}.use_precision_aware_optimizer", read=_precision_aware_read),
-    same(S, "max_num_seqs", f"{ROLLOUT}.max_num_seqs"),
-    same(S, "max_num_batched_tokens", f"{ROLLOUT}.max_num_batched_tokens"),
-    same(S, "enforce_eager", f"{ROLLOUT}.enforce_eager"),
-    same(S, "chunked_prefill", f"{ROLLOUT}.enable_chunked_prefill"),
-    same(S, "free_cache_engine", f"{ROLLOUT}.free_cache_engine"),
-    # workload
-    none(W, "kind", "verl runs GRPO; the pretraining workload exists for the cost model only"),
-    same(W, "prompts", "data.train_batch_size"),
-    same(W, "n", f"{ROLLOUT}.n"),
-    same(W, "prompt_len", "data.max_prompt_length"),
-    same(W, "response_len", "data.max_response_length"),
-    none(W, "prompt_len_mean", "a statistic of the dataset, not a setting: verl reads the data"),
-    none(W, "response_len_mean", "a statistic of the policy's answers, not a setting"),
-    none(W, "response_len_quantiles", "a measured length histogram (--lengths), not a setting"),
-    none(W, "lengths_source", "where the length statistics came from: provenance, not a setting"),
-    same(W, "mini_batch", f"{ACTOR}.ppo_mini_batch_size"),
-    same(W, "ppo_epochs", f"{ACTOR}.ppo_epochs"),
-    same(W, "kl", f"{ACTOR}.use_kl_loss"),
-    Row(
-        W,
-        "dtype",
-        (*_megs("dtype"), f"{ROLLOUT}.dtype"),
-        _dtype_write,
-        lambda get: DTYPE_FROM_VERL.get(get(_megs("dtype")[0]), "bf16"),
-    ),
-    none(W, "seq_len", "pretraining only"),
-    none(W, "gbs", "pretraining only"),
-    # trainer options
-    none(T, "rollout_engine", "verl's rollout engine is always vLLM here (rollout.name=vllm is fixed)"),
-    same(T, "lr", f"{OPTIM}.lr"),
-    same(T, "weight_decay", f"{OPTIM}.weight_decay"),
-    same(T, "grad_clip", f"{OPTIM}.clip_grad"),
-    same(T, "seed", "data.seed"),
-    same(T, "steps", "trainer.total_training_steps"),
-    none(T, "dataset", "verl.sh takes the data files from $TRAIN_FILES/$VAL_FILES"),
-    none(T, "reward", "verl picks the reward by data_source (verl/utils/reward_score)"),
-    same(T, "temperature", f"{ROLLOUT}.temperature"),
-    same(T, "top_p", f"{ROLLOUT}.top_p"),
-    same(T, "clip_ratio", f"{ACTOR}.clip_ratio"),
-    Row(
-        T,
-        "clip_ratio_high",
-        (f"{ACTOR}.clip_ratio_high",),
-        lambda p: {
-            f"{ACTOR}.clip_ratio_high": p[T].clip_ratio if p[T].clip_ratio_high is None else p[T].clip_ratio_high
-        },
-        lambda get: (
-            None if get(f"{ACTOR}.clip_ratio_high") == get(f"{ACTOR}.clip_ratio") else get(f"{ACTOR}.clip_ratio_high")
-        ),
-    ),
-    same(T, "loss_agg_mode", f"{ACTOR}.loss_agg_mode"),
-    same(T, "kl_coef", f"{ACTOR}.kl_loss_coef"),
-    same(T, "kl_type", f"{ACTOR}.kl_loss_type"),
-    same(T, "entropy_coef", f"{ACTOR}.entropy_coeff"),
-    same(T, "norm_adv_by_std", "algorithm.norm_adv_by_std_in_grpo"),
-    none(T, "hf_checkpoint", "verl loads the model from actor_rollout_ref.model.path ($MODEL_PATH)"),
-    none(T, "out_dir", "verl writes under trainer.default_local_dir"),
-    none(T, "checkpoint_every", "verl's trainer.save_freq is left to the caller (verl.sh passes extra overrides on)"),
-    none(T, "log_every", "verl logs every step"),
-    same(T, "moe_aux_loss_coeff", f"+{OTC}.moe_aux_loss_coeff"),
-    same(T, "moe_router_load_balancing_type", f"+{OTC}.moe_router_load_balancing_type"),
-    # cluster
-    Row(
-        C,
-        "gpus_per_node",
-        ("trainer.n_gpus_per_node", "trainer.nnodes"),
-        _gpn_write,
-        lambda get: get("trainer.n_gpus_per_node"),
-    ),
-    Row(
-        C,
-        "gpus",
-        (),
-        None,
-        lambda get: get("trainer.n_gpus_per_node") * get("trainer.nnodes"),
-        "n_gpus_per_node x nnodes (written by the gpus_per_node row)",
-    ),
+    Row(W, "dtype", (*_megs("dtype"), f"{ROLLOUT}.dtype"), _dtype_write, _dtype_read),
+    Row(T, "clip_ratio_high", (f"{ACTOR}.clip_ratio_high",), _clip_high_write, _clip_high_read),
+    Row(C, "gpus_per_node", _NODE_KEYS, _gpn_write, lambda get: get(_NODE_KEYS[0])),
+    Row(C, "gpus", (), None, lambda get: get(_NODE_KEYS[0]) * get(_NODE_KEYS[1]), _GPUS_WHY),
+)
+
+
+def _in_field_order(rows: list[Row]) -> tuple[Row, ...]:
+    """The rows in the order of the sections' dataclass fields (the order write_plan writes the keys in)."""
+    fields = [(sec, f.name) for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+    return tuple(sorted(rows, key=lambda r: fields.index((r.section, r.field))))
+
+
+ROWS: tuple[Row, ...] = _in_field_order(
+    [
+        *(same(sec, name, *((keys,) if isinstance(keys, str) else keys)) for (sec, name), keys in AS_IS.items()),
+        *(none(sec, name, why) for (sec, name), why in NO_SETTING.items()),
+        *CODED,
+    ]
 )
 
 # Settings grpo-tune always emits (not plan fields): GRPO itself, the data handling, the logger.
@@ -375,8 +367,6 @@ FIXED: dict[str, Any] = {
     "trainer.logger": ["console"],
     "trainer.project_name": "grpo_tune",
 }
-
-SECTIONS = {S: Strategy, W: Workload, T: TrainerOptions, C: Cluster}
 
 
 def rows(section: str | None = None) -> tuple[Row, ...]:

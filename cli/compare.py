@@ -18,10 +18,8 @@ from rich.table import Table
 
 from autotune.options import (
     MIN_HEADROOM_DEFAULT,
-    Gpus,
     Json,
     MinHeadroom,
-    Model,
     pins_from_flags,
     plan_inputs,
     workload_flags,
@@ -119,10 +117,8 @@ CalibrationFile = Annotated[
 ]
 
 
-@plan_options(degrees_after="hardware", workload_before="json_out")
+@plan_options(degrees_after="hardware", workload_before="json_out", target=True)
 def compare(
-    model: Model,
-    gpus: Gpus,
     hardware: HardwareList = "h100,h200,a100",
     min_headroom: MinHeadroom = MIN_HEADROOM_DEFAULT,
     json_out: Json = False,
@@ -138,6 +134,7 @@ def compare(
     if not names:
         raise ConfigError("--hardware needs at least one profile", hint="e.g. --hardware h100,h200,a100")
     flags = plan_flags(plan)
+    model, gpus = flags["model"], flags["gpus"]
     pins, wkw = pins_from_flags(flags), workload_flags(flags)
     cal, cal_hw = None, None
     if calibration is not None:

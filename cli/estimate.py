@@ -51,9 +51,8 @@ def print_estimate(est: Estimate, console: Console) -> None:
 def _print_plan(est: Estimate, console: Console) -> None:
     s, m, c = est.strategy, est.model, est.cluster
     deg = (
-        f"tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} etp={s.etp_} dp={s.dp} mbs={s.mbs} "
-        + (f"log_prob_mbs={s.log_prob_mbs} " if s.log_prob_mbs is not None else "")
-        + f"sp={'on' if s.sp else 'off'} recompute={s.recompute} dist-opt={'on' if s.distributed_optimizer else 'off'} "
+        f"{s.layout_text()} sp={'on' if s.sp else 'off'} recompute={s.recompute} "
+        f"dist-opt={'on' if s.distributed_optimizer else 'off'} "
         f"offload={','.join(s.offload) or 'none'} rollout_tp={s.rollout_tp} gpu_mem_util={s.gpu_memory_utilization} "
         f"max_tokens_per_gpu={s.max_tokens_per_gpu or 'off'} cpu_optimizer={s.cpu_optimizer or 'off'} "
         f"max_num_seqs={s.max_num_seqs} eager={'on' if s.enforce_eager else 'off'}"

@@ -1,9 +1,10 @@
 """The plan flags that ``estimate``, ``search`` and ``compare`` share (and ``tune`` some of), declared once.
 
 Typer builds a command's options from its function's signature, so :func:`plan_options` rewrites
-``__signature__``: it puts the shared degree/memory/rollout flags and the workload flags in the
-same places they stood when each command listed them, and typer hands their values to the
-command's ``**plan``. ``--help`` stays as it was (tests/test_cli_surface.py pins it).
+``__signature__``: it puts the shared degree/memory/rollout flags and the workload flags (and the
+model and GPU count) in the same places they stood when each command listed them, and typer hands
+their values to the command's ``**plan``. :func:`flags_after` does the same for any group of flags
+(tune's pins, search's --refine flags). ``--help`` stays as it was (tests/test_cli_surface.py pins it).
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ WORKLOAD_FLAGS: tuple[tuple[str, Any, Any], ...] = (
     ("gbs", O.Gbs, _WD["gbs"]),
 )
 DEFAULTS: dict[str, Any] = {name: default for name, _, default in DEGREE_FLAGS + WORKLOAD_FLAGS}
+# What the plan is for (search and compare: required, first): the model and the GPU count.
+TARGET_FLAGS: tuple[tuple[str, Any, Any], ...] = (
+    ("model", O.Model, inspect.Parameter.empty),
+    ("gpus", O.Gpus, inspect.Parameter.empty),
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -65,16 +71,18 @@ def _params(flags: tuple[tuple[str, Any, Any], ...]) -> list[inspect.Parameter]:
     return [inspect.Parameter(name, kind, default=default, annotation=ann) for name, ann, default in flags]
 
 
-def plan_options(*, degrees_after: str, workload_before: str) -> Callable[[F], F]:
+def plan_options(*, degrees_after: str, workload_before: str, target: bool = False) -> Callable[[F], F]:
     """Add the shared flags to a command taking ``**plan``: the degree flags after its parameter
-    ``degrees_after``, the workload flags before its parameter ``workload_before``."""
+    ``degrees_after``, the workload flags before its parameter ``workload_before``, and with ``target``
+    the model and GPU count (:data:`TARGET_FLAGS`) before its own parameters."""
 
     def wrap(func: F) -> F:
         sig = inspect.signature(func, eval_str=True)
         own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
         names = [p.name for p in own]
         i, j = names.index(degrees_after) + 1, names.index(workload_before)
-        params = own[:i] + _params(DEGREE_FLAGS) + own[i:j] + _params(WORKLOAD_FLAGS) + own[j:]
+        head = _params(TARGET_FLAGS) if target else []
+        params = head + own[:i] + _params(DEGREE_FLAGS) + own[i:j] + _params(WORKLOAD_FLAGS) + own[j:]
         func.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
         return func
 
@@ -86,11 +94,18 @@ def pin_options(*names: str) -> Callable[[F], F]:
     ``**pins`` (tune: the plan fields a user may pin, spelled as estimate spells them)."""
     flags = tuple(f for f in DEGREE_FLAGS if f[0] in names)
     assert len(flags) == len(names), names
+    return flags_after(None, flags)
+
+
+def flags_after(name: str | None, flags: tuple[tuple[str, Any, Any], ...]) -> Callable[[F], F]:
+    """Add ``flags`` (a group a command takes in its ``**`` parameter) after its parameter ``name``
+    (None: after all of its own parameters)."""
 
     def wrap(func: F) -> F:
         sig = inspect.signature(func, eval_str=True)
         own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-        func.__signature__ = sig.replace(parameters=own + _params(flags))  # type: ignore[attr-defined]
+        i = len(own) if name is None else [p.name for p in own].index(name) + 1
+        func.__signature__ = sig.replace(parameters=own[:i] + _params(flags) + own[i:])  # type: ignore[attr-defined]
         return func
 
     return wrap

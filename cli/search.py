@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -17,11 +17,14 @@ from rich.table import Table
 
 from autotune.grouping import caption as grouping_caption
 from autotune.grouping import group_by_layout
-from autotune.options import MIN_HEADROOM_DEFAULT, Gpus, Hardware, Json, MinHeadroom, Model, inputs_from_flags
-from cli.plan_options import plan_flags, plan_options
+from autotune.options import MIN_HEADROOM_DEFAULT, Hardware, Json, MinHeadroom, inputs_from_flags
+from cli.plan_options import flags_after, plan_flags, plan_options
 from core.errors import ConfigError
 from costmodel.estimate import Estimate
 from core.units import GiB
+
+if TYPE_CHECKING:  # imported only under --refine (it loads Optuna)
+    from autotune.refine import RefineOptions
 
 P_OUT = "Output"
 P_REF = "Refinement (real profiling runs)"
@@ -81,6 +84,26 @@ TrialSteps = Annotated[
 TrialTimeout = Annotated[
     float, typer.Option("--trial-timeout", help="Seconds before a profiling run is killed.", rich_help_panel=P_REF)
 ]
+# The --refine flags (name, Annotated type, default) in --help order, after --calibration; all but --refine
+# itself are RefineOptions fields of the same name (trial_timeout: RefineOptions.trial_timeout_s).
+REFINE_FLAGS: tuple[tuple[str, Any, Any], ...] = (
+    ("refine", Refine, False),
+    ("trials", Trials, 8),
+    ("storage", Storage, None),
+    ("study_name", StudyName, None),
+    ("trial_steps", TrialSteps, 6),
+    ("trial_timeout", TrialTimeout, 600.0),
+)
+
+
+def _refine_options(flags: dict[str, Any], **more: Any) -> RefineOptions:
+    """RefineOptions from the --refine flags' values (checked: a bad value is a coded error)."""
+    from autotune.refine import RefineOptions
+
+    fields = {("trial_timeout_s" if k == "trial_timeout" else k): v for k, v in flags.items() if k != "refine"}
+    opts = RefineOptions(**fields, **more)
+    opts.check()
+    return opts
 
 
 def _gib(x: float) -> str:
@@ -155,10 +178,9 @@ def print_plans(ranked: list[Estimate], console: Console, *, top: int, title: st
     console.print(mt)
 
 
-@plan_options(degrees_after="hardware", workload_before="top")
+@flags_after("calibration", REFINE_FLAGS)
+@plan_options(degrees_after="hardware", workload_before="top", target=True)
 def search(
-    model: Model,
-    gpus: Gpus,
     hardware: Hardware = "h100",
     allow_cross_node_tp: CrossNode = False,
     min_headroom: MinHeadroom = MIN_HEADROOM_DEFAULT,
@@ -168,20 +190,16 @@ def search(
     out: Out = Path("runs"),
     emit: Emit = True,
     calibration: Calibration = None,
-    refine: Refine = False,
-    trials: Trials = 8,
-    storage: Storage = None,
-    study_name: StudyName = None,
-    trial_steps: TrialSteps = 6,
-    trial_timeout: TrialTimeout = 600.0,
     **plan: Any,
 ) -> None:
     """Rank every valid plan by predicted step time; print the best and write runs/<id>/."""
     from autotune import search as S
 
+    ref = {name: plan.pop(name, default) for name, _, default in REFINE_FLAGS}
+    refine, study_name = ref["refine"], ref["study_name"]
     if top < 1:
         raise ConfigError(f"--top must be >= 1, got {top}")
-    m, hw, cluster, wl, pins = inputs_from_flags(plan_flags(plan, model=model, hardware=hardware, gpus=gpus))
+    m, hw, cluster, wl, pins = inputs_from_flags(plan_flags(plan, hardware=hardware))
     cal = None
     if calibration is not None:
         from autotune.calibrate import load as load_calibration
@@ -192,19 +210,7 @@ def search(
     result = _run_search(S, m, hw, cluster, wl, pins, top, cal, allow_cross_node_tp, err, min_headroom)
 
     if refine:  # every refine option is checked before the run folder (a finished refine's best.yaml) is written
-        from autotune.refine import RefineOptions
-
-        opts = RefineOptions(
-            trials=trials,
-            storage=storage,
-            study_name=study_name,
-            trial_steps=trial_steps,
-            trial_timeout_s=trial_timeout,
-            calibration=cal,
-            pins=pins,
-            allow_cross_node_tp=allow_cross_node_tp,
-        )
-        opts.check()
+        opts = _refine_options(ref, calibration=cal, pins=pins, allow_cross_node_tp=allow_cross_node_tp)
     run_dir: Path | None = None
     files: dict[str, Path] = {}
     if emit or refine:

@@ -141,6 +141,12 @@ class Strategy:
         (None until :func:`validate` fills it in), as search's, train's and the launcher's layouts show them."""
         return {**{k: getattr(self, k) for k in DEGREES}, "etp": self.etp_, "dp": self.dp}
 
+    def layout_text(self) -> str:
+        """``tp=.. pp=.. vpp=.. cp=.. ep=.. etp=.. dp=.. mbs=..`` (and ``log_prob_mbs=..`` when set): how
+        verl.sh's plan line and ``grpo-tune estimate`` begin."""
+        lp = "" if self.log_prob_mbs is None else f" log_prob_mbs={self.log_prob_mbs}"
+        return " ".join(f"{k}={v}" for k, v in self.degrees().items()) + f" mbs={self.mbs}{lp}"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Workload:

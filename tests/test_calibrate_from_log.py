@@ -31,6 +31,7 @@ def _fresh(folder: Path) -> bool:
 
     from autotune.calibrate import Point
     from autotune.tune import plan_of
+    from core.config import inputs_of
     from costmodel.estimate import estimate
 
     truth = json.loads((folder / "truth.json").read_text())
@@ -40,14 +41,7 @@ def _fresh(folder: Path) -> bool:
         plan = plan_of(COMMITTED / doc["launch"])
         wl = plan.workload.replace(response_len_mean=doc["response_len_mean"], prompt_len_mean=doc["prompt_len_mean"])
         plan = dataclasses.replace(plan, workload=wl)
-        pt = Point(
-            model=plan.model,
-            hardware=plan.hardware,
-            cluster=plan.cluster,
-            strategy=plan.strategy,
-            workload=wl,
-            measured_step_s=1.0,
-        )
+        pt = Point(**inputs_of(plan), measured_step_s=1.0)
         _, phases = R.predict_folded({**defaults(), **truth["knobs"]}, pt)
         if set(phases) != set(doc["phases_s"]):
             return False

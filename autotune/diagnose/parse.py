@@ -12,7 +12,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import yaml
 
@@ -64,8 +64,8 @@ class Override:
     key: str
     value: Any
     raw: str
-    prefix: str = ""
-    """``""``, ``+`` (add) or ``++`` (add or override)."""
+    prefix: Literal["", "+", "++", "~"] = ""
+    """Hydra's: ``""``, ``+`` (add), ``++`` (add or override) or ``~`` (delete; diagnose drops those)."""
     line: int | None = None
     unresolved: bool = False
     """The value holds a variable the script does not set (it may come from the caller)."""
@@ -235,7 +235,8 @@ def override(
     m = _OVERRIDE.fullmatch(token)
     if not m:
         return None
-    prefix, key, raw = m.group(1) or "", m.group(2), m.group(3)
+    prefix = cast(Literal["", "+", "++", "~"], m.group(1) or "")  # what _OVERRIDE's first group matches
+    key, raw = m.group(2), m.group(3)
     value = raw if unevaluable else parse_value(raw)
     return Override(
         key=key, value=value, raw=raw, prefix=prefix, line=line, unresolved=unresolved, unevaluable=unevaluable
