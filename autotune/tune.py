@@ -368,7 +368,8 @@ def _repriced(
     from autotune.search import rank_key
 
     s0 = plan.strategy
-    user = {k: getattr(s0, k) for k in USER_FIELDS}
+    # log_prob_mbs is in the search's plans already: the launch's (pinned), the user's pin, or the search's choice
+    user = {k: getattr(s0, k) for k in USER_FIELDS if k != "log_prob_mbs"}
     present = set(launch.values)
     candidates = []
     for est in ranked:

@@ -86,7 +86,18 @@ def _summary(est) -> dict[str, Any]:
 
 # The plan fields a user may pin (issue 11: "--keep tp,pp or any estimate flag").
 @pin_options(
-    "tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "offload", "rollout_tp", "gpu_memory_utilization"
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "ep",
+    "etp",
+    "mbs",
+    "log_prob_mbs",
+    "recompute",
+    "offload",
+    "rollout_tp",
+    "gpu_memory_utilization",
 )
 def tune(
     launch: Launch,

@@ -111,6 +111,7 @@ SURFACE = {
         "--ep",
         "--etp",
         "--mbs",
+        "--log-prob-mbs",
         "--recompute",
         "--offload",
         "--rollout-tp",

@@ -336,8 +336,8 @@ def _check_dp_split(c: Ctx, tb: int, n: int, mini: int, micro: int, dp: int) -> 
             "verl asserts (train_batch_size * n) % (DP * ppo_micro_batch_size_per_gpu) == 0",
             key="data.train_batch_size",
         )
-    # the DP split is the one batch rule of core.rules (verl's engine asserts it at the first update); a
-    # micro-batch remainder only shortens verl's last micro-batch, so it stays a warning here
+    # core.rules.check_batches' update rules, errors as there: verl's engine asserts the DP split at the first
+    # update, and a micro-batch remainder too (see the last check)
     split = core_check_batches(Workload(prompts=mini, n=n, mini_batch=mini), dp=dp)[:1]  # (the step split is the same)
     for f in split:
         c.add(
@@ -349,11 +349,13 @@ def _check_dp_split(c: Ctx, tb: int, n: int, mini: int, micro: int, dp: int) -> 
         )
     _check_log_prob_split(c, tb, n, dp)
     if not split and ((mini * n) // dp) % micro:
+        # verl 0.9.1 hands each update a rank's mini_batch * n / dp sequences (engine_workers.py train_mini_batch)
+        # and prepare_micro_batches (workers/engine/utils.py l.125) asserts them divisible by the micro-batch
         c.add(
-            W,
+            E,
             "BATCH_DIVISIBILITY",
             f"each rank's mini-batch ({mini * n // dp} sequences) is not a multiple of the micro-batch {micro}",
-            "the last micro-batch of each update is smaller",
+            "verl's engine asserts it at the first update: choose a micro-batch dividing mini_batch * n / DP",
             key=mkey,
         )
 
