@@ -648,3 +648,14 @@ def test_validate_grpo_bad_rows_are_coded_errors(tmp_path, capsys, split, cells)
 
 def test_validate_grpo_one_good_held_out_row_scores(tmp_path):
     assert cli_main(["validate", "--grpo", "--data", str(_grpo_csv(tmp_path, "holdout")), "--tolerance", "1000"]) == 0
+
+
+def test_deeply_nested_json_lines_are_not_records(tmp_path, capsys):
+    """--lengths and calibrate --from-log read JSON lines; a line of 5,000 brackets was INTERNAL_ERROR
+    (RecursionError), found by tests/test_fuzz_cli.py."""
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"a": ' + "[" * 5000 + "]" * 5000 + "}\n")
+    rc = cli_main(["estimate", "--model", "qwen2-7b", "--lengths", str(deep)])
+    _coded(capsys, rc)
+    rc = cli_main(["calibrate", "--from-log", str(deep), "--launch", str(VERL_LOGS / "launch_a.txt")])
+    _coded(capsys, rc)
