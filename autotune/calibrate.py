@@ -294,15 +294,16 @@ def load(path: str | os.PathLike, *, hardware: str | None = None) -> dict[str, f
     Every failure is a coded error: a missing or malformed file, another version, a parameter the
     time model does not have, or (when ``hardware`` is given) a file made on other hardware.
     """
+    from core.specs import read_spec_bytes  # a regular file under a size cap: /dev/zero or a FIFO hung here
+
     p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"no calibration file at {p}", hint="run `grpo-tune search ... --refine` to make one")
     try:
-        doc = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(
-            f"no calibration file at {p}", hint="run `grpo-tune search ... --refine` to make one"
-        ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{p}: not a readable calibration file ({exc})") from None
+        doc = json.loads(read_spec_bytes(p, "calibration JSON").decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        why = "nests too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ConfigError(f"{p}: not a readable calibration file ({why})") from None
     if not isinstance(doc, dict) or doc.get("version") != VERSION:
         raise ConfigError(
             f"{p}: calibration version {doc.get('version') if isinstance(doc, dict) else None!r} "

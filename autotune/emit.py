@@ -104,7 +104,6 @@ def emit(
         trainer: trainer options (default: TrainerOptions with ``out_dir`` inside the run folder).
     """
     d = Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
     ranked: Sequence[Estimate] = search.ranked if search is not None else ()
     pareto: Sequence[Estimate] = search.pareto if search is not None else ()
     stats = (search.stats() or None) if search is not None else None
@@ -118,11 +117,15 @@ def emit(
         **(meta or {}),
     }
     cfg = run_config(est, run_dir=d, measured=measured, meta=meta, trainer=trainer)
-    paths: dict[str, Path] = {"best": save(cfg, d / "best.yaml")}
     from . import export  # part B's exporters
 
-    paths["verl"] = atomic_write(d / "verl.sh", export.verl_script(cfg))
-    paths["megatron_args"] = atomic_write(d / "megatron_args.txt", export.megatron_args_text(cfg))
+    # Rendered before any file is written: a name the exporters refuse (a control character) must not leave
+    # a best.yaml without its verl.sh, nor replace half of an earlier run's files.
+    verl_text, megatron_text = export.verl_script(cfg), export.megatron_args_text(cfg)
+    d.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {"best": save(cfg, d / "best.yaml")}
+    paths["verl"] = atomic_write(d / "verl.sh", verl_text)
+    paths["megatron_args"] = atomic_write(d / "megatron_args.txt", megatron_text)
     from .report import write_report
 
     files = {
@@ -154,4 +157,9 @@ def emit_run(
             break
         except FileExistsError:
             d, k = base / f"{name}-{k}", k + 1
-    return d, emit(est, d, **kw)
+    try:
+        return d, emit(est, d, **kw)
+    except BaseException:
+        if not any(d.iterdir()):  # the folder this call claimed, still empty: nothing of the user's
+            d.rmdir()
+        raise

@@ -12,8 +12,7 @@ data loading), which is part of the error.
 
 from __future__ import annotations
 
-import csv
-import io
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,8 @@ from core.errors import ConfigError
 from core.specs import PROFILES_DIR, HardwareSpec, load_hardware, load_model
 from core.strategy import Cluster, Strategy, Workload
 from costmodel.estimate import Estimate, estimate
+
+from .validate import read_records
 
 GRPO_DATA_PATH = PROFILES_DIR / "data" / "published_grpo.csv"
 PHASES = ("gen_s", "train_s", "old_lp_s", "ref_lp_s", "refit_s")
@@ -49,17 +50,9 @@ class GrpoRow:
 
 def load_grpo_rows(path: str | Path | None = None) -> list[GrpoRow]:
     path = Path(path) if path else GRPO_DATA_PATH
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read measurements {path}: {exc.strerror}") from None
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    reader = csv.DictReader(io.StringIO("\n".join(lines)))
-    missing = [c for c in _REQUIRED if c not in (reader.fieldnames or [])]
-    if missing:
-        raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}")
+    records = read_records(path, _REQUIRED, "published GRPO runs")
     rows = []
-    for raw in reader:
+    for raw in records:
         rid = (raw.get("id") or "").strip()
         if raw.get("split") not in ("fit", "holdout", "excluded"):
             raise ConfigError(f"{path}: row {rid}: split must be fit, holdout or excluded")
@@ -73,8 +66,8 @@ def load_grpo_rows(path: str | Path | None = None) -> list[GrpoRow]:
                     pub[k] = float(v)
                 except ValueError:
                     raise ConfigError(f"{path}: row {rid}: {k} is not a number ({v!r})") from None
-                if not pub[k] > 0:
-                    raise ConfigError(f"{path}: row {rid}: {k} must be > 0")
+                if not (math.isfinite(pub[k]) and pub[k] > 0):  # inf passed `> 0`: an infinite error, MAPE inf
+                    raise ConfigError(f"{path}: row {rid}: {k} must be a finite number > 0, got {v!r}")
         if "step_s" not in pub:
             raise ConfigError(f"{path}: row {rid} has no step_s")
         rows.append(
@@ -90,7 +83,12 @@ def load_grpo_rows(path: str | Path | None = None) -> list[GrpoRow]:
 
 def _i(raw: dict[str, str], k: str) -> int | None:
     v = (raw.get(k) or "").strip()
-    return int(float(v)) if v else None
+    if not v:
+        return None
+    f = float(v)  # "8" and "8.0" are 8; inf, nan and 2.5 are the file's mistake (plan() codes the ValueError)
+    if not (math.isfinite(f) and f == int(f)):
+        raise ValueError(f"{k} = {v!r} is not an integer")
+    return int(f)
 
 
 def _ones(raw: dict[str, str], *keys: str) -> dict[str, Any]:
@@ -223,6 +221,11 @@ def run_grpo(
     keys = ("step_s", *PHASES)
     m = {split: {k: mape(split, k) for k in keys} for split in ("fit", "holdout")}
     hold = m["holdout"]["step_s"]
+    if hold is None:  # the report's one figure; printing None crashed the command
+        raise ConfigError(
+            f"{path or GRPO_DATA_PATH}: no held-out row with a step time to score",
+            hint="mark at least one row's split as holdout",
+        )
     return {
         "rows": out,
         "mape_pct": m,

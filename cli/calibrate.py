@@ -71,6 +71,9 @@ def calibrate(
     if warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {warmup}")
     launches = list(launch) * len(logs) if len(launch) == 1 else list(launch)
+    from autotune.outputs import check_output
+
+    check_output(out, "--out", inputs=(*logs, *launch))  # before the fit: never over a log or a launch
     names = [n.strip() for n in params.split(",") if n.strip()] if params else None
     err = Console(stderr=True)
     points = []

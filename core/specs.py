@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from .errors import ConfigError, GrpoTuneError, UnknownHardwareError, UnknownModelError, close_matches
-from .validation import FINITE_NON_NEGATIVE, FINITE_POSITIVE, POSITIVE, Schema, from_mapping, to_mapping
+from .validation import FINITE_NON_NEGATIVE, FINITE_POSITIVE, POSITIVE, Range, Schema, from_mapping, to_mapping
 from .validation import check_keys as check_keys  # re-exported: older callers import it from here
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -320,10 +321,20 @@ class HardwareSpec:
 
 
 # ints and floats >= 0 and finite; the sizes a model or a GPU cannot do without, > 0.
+# Sanity ceilings, far above any published model (Llama-3.1-405B: 126 layers, hidden 16384; DeepSeek-V3:
+# 256 experts; vocabularies ~256k): the parameter count loops over the layers, so 10**23 of them was a hang.
+MAX_MODEL_LAYERS = 4096
+MAX_MODEL_SIZE = 2**30
+_SIZE = Range(lo=0, hi=MAX_MODEL_SIZE)
 _MODEL_SCHEMA = Schema(
-    ints=FINITE_NON_NEGATIVE,
+    ints=_SIZE,
     floats=FINITE_NON_NEGATIVE,
-    ranges={k: POSITIVE for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab")},
+    ranges={
+        **{k: Range(lo=1, hi=MAX_MODEL_SIZE) for k in ("hidden", "heads", "kv_heads", "head_dim", "vocab")},
+        "layers": Range(lo=1, hi=MAX_MODEL_LAYERS),
+        "dense_layers": Range(lo=0, hi=MAX_MODEL_LAYERS),
+        "mtp_layers": Range(lo=0, hi=MAX_MODEL_LAYERS),
+    },
 )
 _HARDWARE_SCHEMA = Schema(
     ints=FINITE_NON_NEGATIVE,
@@ -406,6 +417,22 @@ def _read_toml(path: Path, where: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: the TOML nests too deeply", hint="a profile has one level of tables") from None
 
 
+_SKIPPED: dict[str, str] = {}
+"""Profile files that could not be read while listing a folder: path -> why (each said once on stderr)."""
+
+
+def _listed(p: Path, kind: str) -> dict[str, Any] | None:
+    """A listed profile's data, or None for a file that cannot be read: one bad file in a profiles folder
+    must not break every command, only a command that asks for that profile (it is still found by its stem)."""
+    try:
+        return _read_toml(p, kind)
+    except GrpoTuneError as exc:
+        if str(p) not in _SKIPPED:
+            _SKIPPED[str(p)] = exc.message
+            print(f"warning: skipped {p}: {exc.message}", file=sys.stderr)
+        return None
+
+
 @lru_cache(maxsize=None)
 def _catalog(kind: str, env: str | None) -> dict[str, Path]:
     """name/alias (lower-case) -> file, later folders overriding earlier ones."""
@@ -414,8 +441,12 @@ def _catalog(kind: str, env: str | None) -> dict[str, Path]:
         if not d.is_dir():
             continue
         for p in sorted(d.glob("*.toml")):
-            data = _read_toml(p, kind)
-            names = [data.get("name", p.stem), p.stem, *data.get("aliases", [])]
+            data = _listed(p, kind)
+            if data is None:
+                out[p.stem.lower()] = p  # asking for it by name gives its own coded error
+                continue
+            aliases = data.get("aliases", [])
+            names = [data.get("name", p.stem), p.stem, *(aliases if isinstance(aliases, list) else [])]
             for n in names:
                 out[str(n).lower()] = p
     return out
@@ -425,12 +456,17 @@ def catalog(kind: str) -> dict[str, Path]:
     return _catalog(kind, os.environ.get("GRPO_TUNE_PROFILES"))
 
 
+def _names(kind: str) -> list[str]:
+    found = ((p, _listed(p, kind)) for p in set(catalog(kind).values()))
+    return sorted({str(data.get("name", p.stem)) for p, data in found if data is not None})
+
+
 def list_models() -> list[str]:
-    return sorted({_read_toml(p, "models").get("name", p.stem) for p in set(catalog("models").values())})
+    return _names("models")
 
 
 def list_hardware() -> list[str]:
-    return sorted({_read_toml(p, "hardware").get("name", p.stem) for p in set(catalog("hardware").values())})
+    return _names("hardware")
 
 
 @lru_cache(maxsize=256)
@@ -450,7 +486,7 @@ def _hf_index(env: str | None) -> dict[str, Path]:
     """HF id (lower-case, ``org/name`` and bare ``name``) -> preset file."""
     out: dict[str, Path] = {}
     for p in set(catalog("models").values()):
-        hf = str(_read_toml(p, "models").get("hf_id") or "").strip().lower()
+        hf = str((_listed(p, "models") or {}).get("hf_id") or "").strip().lower()
         if hf:
             out.setdefault(hf, p)
             out.setdefault(hf.rsplit("/", 1)[-1], p)
@@ -566,8 +602,9 @@ def from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
 
 
 def _hf_int(cfg: dict[str, Any], where: str, key: str, default: Any = KeyError, *, minimum: int = 1) -> int:
-    """An integer field of config.json: 2.7, true or "4" are refused, never rounded or coerced."""
-    v = cfg.get(key, default)
+    """An integer field of config.json: 2.7, true or "4" are refused, never rounded or coerced; null is unset."""
+    v = cfg.get(key)
+    v = default if v is None else v
     if v is KeyError:
         raise KeyError(key)
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
@@ -575,6 +612,14 @@ def _hf_int(cfg: dict[str, Any], where: str, key: str, default: Any = KeyError, 
             f"{where}: {key} = {v!r} must be an integer >= {minimum}",
             hint="fix config.json (a Hugging Face config has integers here)",
         )
+    return v
+
+
+def _hf_bool(cfg: dict[str, Any], where: str, key: str, default: bool) -> bool:
+    """A true/false field of config.json: "false" or 1 are refused (bool("false") is True)."""
+    v = cfg.get(key, default)
+    if not isinstance(v, bool):
+        raise ConfigError(f"{where}: {key} = {v!r} must be true or false", hint="fix config.json")
     return v
 
 
@@ -617,8 +662,8 @@ def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, source: str = "") -> Mo
             kv_heads=kv_heads,
             head_dim=hidden // heads if cfg.get("head_dim") is None else _hf_int(cfg, where, "head_dim"),
             vocab=_hf_int(cfg, where, "vocab_size"),
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=bool(cfg.get("attention_bias", family == "qwen2")),
+            tied_embeddings=_hf_bool(cfg, where, "tie_word_embeddings", False),
+            qkv_bias=_hf_bool(cfg, where, "attention_bias", family == "qwen2"),
             qk_norm=family in ("qwen3", "qwen3_moe"),
             norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(cfg.get("rope_theta", 10000.0)),
@@ -629,30 +674,30 @@ def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, source: str = "") -> Mo
             kw["qkv_bias"] = True  # Qwen2 always has q/k/v biases; config.json does not say so
         if family == "qwen3_moe":
             kw.update(
-                experts=int(cfg["num_experts"]),
-                top_k=int(cfg["num_experts_per_tok"]),
-                expert_ffn_hidden=int(cfg["moe_intermediate_size"]),
+                experts=_hf_int(cfg, where, "num_experts"),
+                top_k=_hf_int(cfg, where, "num_experts_per_tok"),
+                expert_ffn_hidden=_hf_int(cfg, where, "moe_intermediate_size"),
             )
-            if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step", 1)) != 1:
+            if cfg.get("mlp_only_layers") or _hf_int(cfg, where, "decoder_sparse_step", 1) != 1:
                 raise UnknownModelError(f"{name}: interleaved dense/MoE layers are not supported")
         if family == "deepseek_v3":
             kw.update(
-                experts=int(cfg["n_routed_experts"]),
-                top_k=int(cfg["num_experts_per_tok"]),
-                expert_ffn_hidden=int(cfg["moe_intermediate_size"]),
-                shared_experts=int(cfg.get("n_shared_experts") or 0),
-                dense_layers=int(cfg.get("first_k_dense_replace", 0)),
+                experts=_hf_int(cfg, where, "n_routed_experts"),
+                top_k=_hf_int(cfg, where, "num_experts_per_tok"),
+                expert_ffn_hidden=_hf_int(cfg, where, "moe_intermediate_size"),
+                shared_experts=_hf_int(cfg, where, "n_shared_experts", 0, minimum=0),
+                dense_layers=_hf_int(cfg, where, "first_k_dense_replace", 0, minimum=0),
                 router_bias=cfg.get("topk_method", "noaux_tc") == "noaux_tc",
-                router_groups=int(cfg.get("n_group") or 0),
-                router_group_topk=int(cfg.get("topk_group") or 0),
+                router_groups=_hf_int(cfg, where, "n_group", 0, minimum=0),
+                router_group_topk=_hf_int(cfg, where, "topk_group", 0, minimum=0),
                 routed_scaling=float(cfg.get("routed_scaling_factor") or 1.0),
-                q_lora_rank=int(cfg.get("q_lora_rank") or 0),
-                kv_lora_rank=int(cfg["kv_lora_rank"]),
-                qk_nope_head_dim=int(cfg["qk_nope_head_dim"]),
-                qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
-                v_head_dim=int(cfg["v_head_dim"]),
-                mtp_layers=int(cfg.get("num_nextn_predict_layers", 0)),
-                head_dim=int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"]),
+                q_lora_rank=_hf_int(cfg, where, "q_lora_rank", 0, minimum=0),
+                kv_lora_rank=_hf_int(cfg, where, "kv_lora_rank"),
+                qk_nope_head_dim=_hf_int(cfg, where, "qk_nope_head_dim"),
+                qk_rope_head_dim=_hf_int(cfg, where, "qk_rope_head_dim"),
+                v_head_dim=_hf_int(cfg, where, "v_head_dim"),
+                mtp_layers=_hf_int(cfg, where, "num_nextn_predict_layers", 0, minimum=0),
+                head_dim=_hf_int(cfg, where, "qk_nope_head_dim") + _hf_int(cfg, where, "qk_rope_head_dim"),
                 kv_heads=heads,
             )
     except KeyError as exc:

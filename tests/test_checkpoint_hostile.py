@@ -93,3 +93,18 @@ def test_latest_json_never_leaves_the_checkpoint_folder(tmp_path, d):
         with pytest.raises(GrpoTuneError) as exc:
             call()
         assert exc.value.code == "CHECKPOINT_ERROR"
+
+
+def test_a_shard_with_pickled_code_fails_the_pre_start_check(tmp_path):
+    """The workers refused it (weights_only), but only after torchrun started them: exit 4 and torch's
+    ChildFailedError. The pre-start check reads each shard's pickle opcodes (no unpickling) and names it."""
+    _two_rank_checkpoints(tmp_path, steps=(2, 4))
+    marker = tmp_path / "pwned"
+    _Payload.marker = str(marker)
+    bad = tmp_path / "checkpoints" / "step_00000004" / "rank_00001.pt"
+    torch.save({"w": _Payload()}, bad)
+    with pytest.raises(GrpoTuneError) as exc:
+        launch.check_resume(tmp_path, 2)
+    e = exc.value
+    assert e.code == "CHECKPOINT_ERROR" and str(bad) in e.message and "io.open" in e.message
+    assert "step_00000002" in e.hint and not marker.exists()

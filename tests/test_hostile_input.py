@@ -5,11 +5,14 @@ printf or fake binaries standing in for every real program."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import time
 import tomllib
@@ -376,3 +379,272 @@ def test_probe_nproc_zero_is_an_error_not_the_default(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "[BAD_CONFIG]" in err and "--nproc must be >= 1" in err and "hint:" in err
     assert not (tmp_path / "p.toml").exists()
+
+
+# --- found again on 2026-11-30's main (issue 14 re-verification); each failed before its fix ---------------
+
+VERL_LOGS = Path(__file__).resolve().parent / "fixtures" / "verl_logs"
+
+
+@contextlib.contextmanager
+def _within(seconds: int):
+    """A hang (a FIFO or /dev/zero read forever) becomes a failure instead of a stuck test."""
+
+    def boom(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _coded(capsys, rc: int) -> str:
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("[") and "hint:" in err and "Traceback" not in err, (rc, err)
+    return err
+
+
+def test_diagnose_command_prints_a_200k_line_script_in_bounded_time(tmp_path, capsys):
+    """The reader was linear (test_diagnose_shell), but the command drew one rich table row per finding:
+    200k unknown keys took minutes to print. The table now shows the first rows; --json has them all."""
+    p = tmp_path / "long.sh"
+    body = "".join(f" +t.x{i}=1 \\\n" for i in range(200_000))
+    p.write_text("#!/bin/bash\npython3 -m verl.trainer.main_ppo \\\n" + body + " data.train_batch_size=64\n")
+    t0 = time.monotonic()
+    with _within(300):
+        rc = cli_main(["diagnose", str(p)])
+    assert time.monotonic() - t0 < 60  # seconds; it took ~140 s unloaded before
+    out = capsys.readouterr().out
+    warnings = re.search(r"(\d+) warning\(s\)", out)
+    assert rc == 1 and warnings and int(warnings[1]) >= 200_000 and "more finding(s) not shown" in out
+
+
+@pytest.mark.parametrize("which", ["log", "launch"])
+def test_calibrate_out_never_overwrites_its_log_or_launch(tmp_path, capsys, which):
+    log, launch = tmp_path / "run_a.jsonl", tmp_path / "launch_a.txt"
+    shutil.copy(VERL_LOGS / log.name, log)
+    shutil.copy(VERL_LOGS / launch.name, launch)
+    before = (_digest(log), _digest(launch))
+    out = log if which == "log" else launch
+    rc = cli_main(["calibrate", "--from-log", str(log), "--launch", str(launch), "--out", str(out)])
+    assert "also an input" in _coded(capsys, rc)
+    assert (_digest(log), _digest(launch)) == before
+
+
+def test_calibrate_out_into_a_folder_is_refused_before_the_fit(tmp_path, capsys):
+    rc = cli_main(
+        ["calibrate", "--from-log", str(VERL_LOGS / "run_a.jsonl"), "--launch", str(VERL_LOGS / "launch_a.txt")]
+        + ["--out", str(tmp_path)]
+    )
+    assert "[BAD_CONFIG] --out" in _coded(capsys, rc)  # it used to name a temp file: IO_ERROR .x.tmp
+
+
+def test_probe_out_is_never_its_own_base(tmp_path, capsys):
+    base = tmp_path / "mine.toml"
+    shutil.copy(Path(__file__).resolve().parent.parent / "profiles" / "hardware" / "cpu.toml", base)
+    before = _digest(base)
+    t0 = time.monotonic()
+    rc = cli_main(["probe-hardware", "--out", str(base), "--base", str(base), "--quick", "--nproc", "1"])
+    assert "also an input" in _coded(capsys, rc)
+    assert time.monotonic() - t0 < 20 and _digest(base) == before  # refused before the probe ran
+
+
+def _cli_subprocess(argv: list[str], timeout_s: float = 60) -> tuple[int, str]:
+    """The console script in a child with 2 GiB of address space and a timeout: a read of /dev/zero or of a
+    FIFO that never ends (what these tests catch) cannot eat the machine's memory or hang the suite."""
+    import resource
+    import sys
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", "from cli.main import run; run()", *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            preexec_fn=cap,
+        )
+    except subprocess.TimeoutExpired:
+        return -1, f"still running after {timeout_s} s"
+    return out.returncode, out.stderr
+
+
+def _special_files(tmp_path) -> tuple[list[Path], list[Path]]:
+    """(files that hung: /dev/zero, a FIFO), (files that gave tracebacks: deep nesting, binary)."""
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(bytes(range(256)) * 8)
+    return [Path("/dev/zero"), fifo], [deep, binary]
+
+
+def _coded_child(rc: int, err: str) -> None:
+    assert rc == 2 and err.startswith("[") and "hint:" in err and "Traceback" not in err, (rc, err)
+
+
+def test_a_calibration_file_that_never_ends_is_refused_unread(tmp_path):
+    """/dev/zero grew without limit and a FIFO blocked forever (estimate, search, compare and tune share the reader)."""
+    for f in _special_files(tmp_path)[0]:
+        _coded_child(*_cli_subprocess(["estimate", "--model", "qwen2-7b", "--calibration", str(f)]))
+
+
+@pytest.mark.parametrize("cmd", ["estimate", "search", "compare"])
+def test_a_deep_or_binary_calibration_file_is_a_coded_error(tmp_path, capsys, cmd):
+    """Deep nesting was INTERNAL_ERROR (RecursionError)."""
+    for f in _special_files(tmp_path)[1]:
+        _coded(capsys, cli_main([cmd, "--model", "qwen2-7b", "--gpus", "8", "--calibration", str(f)]))
+
+
+def test_validate_grpo_reads_only_a_bounded_text_file(tmp_path, capsys):
+    """/dev/zero and a FIFO hung; a binary file was INTERNAL_ERROR (UnicodeDecodeError), a deep one (csv's
+    field limit) too."""
+    hang, bad = _special_files(tmp_path)
+    for f in hang:
+        _coded_child(*_cli_subprocess(["validate", "--grpo", "--data", str(f)]))
+    for f in bad:
+        _coded(capsys, cli_main(["validate", "--grpo", "--data", str(f)]))
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [("num_hidden_layers", 10**23), ("num_hidden_layers", 10**9), ("hidden_size", 2**70), ("vocab_size", 10**30)],
+)
+def test_absurd_model_sizes_are_refused_not_looped_over(tmp_path, capsys, key, value):
+    """10**23 layers made the parameter count loop over every layer (a hang); sizes have a ceiling now."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**LLAMA, key: value}))
+    t0 = time.monotonic()
+    with _within(60):
+        rc = cli_main(["estimate", "--model", str(p), "--gpus", "8", "--prompt-len", "64", "--response-len", "64"])
+    assert "[BAD_CONFIG]" in _coded(capsys, rc) and time.monotonic() - t0 < 20
+
+
+QWEN3_MOE = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "hidden_size": 64,
+    "head_dim": 8,
+    "num_hidden_layers": 2,
+    "vocab_size": 100,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+}
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"num_experts": 7.9},
+        {"num_experts": True},
+        {"num_experts_per_tok": "2"},
+        {"moe_intermediate_size": 31.5},
+        {"tie_word_embeddings": "false"},  # bool("false") is True: a tied model nobody asked for
+        {"attention_bias": 1},
+    ],
+)
+def test_moe_and_flag_fields_of_config_json_are_not_coerced(tmp_path, capsys, patch):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**QWEN3_MOE, **patch}))
+    rc = cli_main(["estimate", "--model", str(p), "--gpus", "8", "--prompt-len", "64", "--response-len", "64"])
+    assert "[BAD_CONFIG]" in _coded(capsys, rc)
+
+
+def test_the_moe_config_json_above_is_valid(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(QWEN3_MOE))
+    assert cli_main(["estimate", "--model", str(p), "--gpus", "8", "--prompt-len", "64", "--response-len", "64"]) == 0
+
+
+def test_one_bad_file_in_grpo_tune_profiles_breaks_only_itself(tmp_path, capsys, monkeypatch):
+    extra = tmp_path / "profiles"
+    (extra / "models").mkdir(parents=True)
+    (extra / "hardware").mkdir()
+    (extra / "models" / "broken.toml").write_bytes(b"\x00\xff binary")
+    (extra / "hardware" / "half.toml").write_text("name = 'half'\nhbm_bytes = [\n")
+    monkeypatch.setenv("GRPO_TUNE_PROFILES", str(extra))
+    for i, argv in enumerate(
+        (
+            ["estimate", "--model", "qwen2-7b", "--gpus", "8"],
+            ["estimate", "--model", "Qwen/Qwen2-7B-Instruct", "--gpus", "8"],
+            ["models"],
+            ["hardware"],
+        )
+    ):
+        assert cli_main(argv) == 0, argv
+        if i == 0:  # said on stderr (once per process), not silently dropped
+            err = capsys.readouterr().err
+            assert "warning: skipped" in err and "broken.toml" in err and "half.toml" in err, err
+    for argv in (["estimate", "--model", "broken"], ["estimate", "--model", "qwen2-7b", "--hardware", "half"]):
+        err = _coded(capsys, cli_main(argv))
+        assert "broken.toml" in err or "half.toml" in err, err
+
+
+def test_a_name_refused_at_emit_leaves_no_half_written_run_folder(tmp_path, capsys):
+    """The hardware name's newline was refused while writing verl.sh, after best.yaml was written."""
+    hw = tmp_path / "hw.toml"
+    text = (Path(__file__).resolve().parent.parent / "profiles" / "hardware" / "cpu.toml").read_text()
+    hw.write_text(text.replace('name = "cpu"', 'name = "cpu\\nrm -rf ~"', 1))
+    runs = tmp_path / "runs"
+    argv = ["search", "--model", "tiny", "--gpus", "2", "--hardware", str(hw), "--prompt-len", "64"]
+    rc = cli_main([*argv, "--response-len", "64", "--out", str(runs)])
+    assert "control character" in _coded(capsys, rc)
+    assert not runs.exists() or list(runs.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0])
+def test_trial_timeout_must_be_a_finite_positive_number(value):
+    from autotune.refine.loop import RefineOptions
+
+    with pytest.raises(ConfigError, match="--trial-timeout"):
+        RefineOptions(trial_timeout_s=value).check()
+
+
+def _grpo_csv(tmp_path, split: str, **cells: str) -> Path:
+    """The shipped published-GRPO table with its first row's split and ``cells`` replaced."""
+    import csv
+    import io
+
+    from autotune.validate_grpo import GRPO_DATA_PATH
+
+    lines = GRPO_DATA_PATH.read_text().splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.strip() and not ln.startswith("#"))
+    cols = next(csv.reader([lines[head]]))
+    row = next(csv.reader([lines[head + 1]]))
+    for k, v in {"split": split, **cells}.items():
+        row[cols.index(k)] = v
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow(row)
+    p = tmp_path / "grpo.csv"
+    p.write_text("\n".join(lines[: head + 1]) + "\n" + buf.getvalue())
+    return p
+
+
+@pytest.mark.parametrize(
+    "split,cells",
+    [
+        ("fit", {}),  # no held-out row: the report printed None with :.1f (INTERNAL_ERROR)
+        ("holdout", {"gpus": "inf"}),  # OverflowError in int(float(...))
+        ("holdout", {"tp": "2.5"}),  # was floored to 2
+        ("holdout", {"step_s": "inf"}),  # passed `> 0`
+    ],
+)
+def test_validate_grpo_bad_rows_are_coded_errors(tmp_path, capsys, split, cells):
+    data = _grpo_csv(tmp_path, split, **cells)
+    assert "[BAD_CONFIG]" in _coded(capsys, cli_main(["validate", "--grpo", "--data", str(data)]))
+
+
+def test_validate_grpo_one_good_held_out_row_scores(tmp_path):
+    assert cli_main(["validate", "--grpo", "--data", str(_grpo_csv(tmp_path, "holdout")), "--tolerance", "1000"]) == 0

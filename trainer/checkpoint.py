@@ -164,16 +164,64 @@ def latest(out_dir: str | os.PathLike) -> dict | None:
     return meta
 
 
+# Globals that torch.save writes for tensors and state dicts (protocol 2 GLOBAL opcodes); anything else is
+# checked against torch's own weights_only allowlist, which is what the workers' torch.load enforces.
+_PLAIN_GLOBALS = re.compile(r"collections OrderedDict|torch [A-Za-z0-9]*Storage|torch\._utils _rebuild_[a-z0-9_]+")
+
+
+def _pickle_globals(data: bytes) -> list[str]:
+    """``module name`` of every global a pickle would import, read from its opcodes without unpickling.
+    A global whose name is not spelled out (memo or extension lookups) is listed as ``?``."""
+    import pickletools
+
+    found, strings = [], []
+    for op, arg, _ in pickletools.genops(data):
+        if op.name in ("GLOBAL", "INST"):
+            found.append(str(arg))
+        elif op.name == "STACK_GLOBAL":
+            found.append(" ".join(strings[-2:]) if len(strings) >= 2 else "?")
+        elif op.name.startswith("EXT"):
+            found.append("?")
+        if isinstance(arg, str) and "UNICODE" in op.name:
+            strings.append(arg)
+        elif op.name != "MEMOIZE":
+            strings = []
+    return found
+
+
+def _unsafe_global(data: bytes) -> str | None:
+    """The first global of a shard's pickle that ``torch.load(weights_only=True)`` would refuse, or None."""
+    names = [g for g in _pickle_globals(data) if not _PLAIN_GLOBALS.fullmatch(g)]
+    if not names:
+        return None
+    try:  # the rare shard with other globals (dtypes, torch.Size): ask torch's own allowlist
+        from torch._weights_only_unpickler import _get_allowed_globals
+
+        allowed = set(_get_allowed_globals())
+    except ImportError:  # pragma: no cover - the workers need torch anyway; they will refuse it themselves
+        return None
+    return next((g for g in names if g.replace(" ", ".") not in allowed), None)
+
+
 def _bad_shard(f: Path) -> str | None:
-    """Why a shard cannot be loaded (missing, truncated, a failed CRC-32), or None when it is intact."""
+    """Why a shard cannot be loaded (missing, truncated, a failed CRC-32, pickled code), or None when it is
+    intact."""
     try:
         with zipfile.ZipFile(f) as zf:
             broken = zf.testzip()  # reads every record and checks its CRC-32 (torch.save writes a zip)
+            pkl = next((n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
+            bad_global = None if broken is not None or pkl is None else _unsafe_global(zf.read(pkl))
     except FileNotFoundError:
         return "missing"
     except (OSError, zipfile.BadZipFile, EOFError, ValueError, RuntimeError) as exc:
         return f"not a readable torch checkpoint ({exc})"
-    return None if broken is None else f"record {broken} fails its CRC-32 check"
+    if broken is not None:
+        return f"record {broken} fails its CRC-32 check"
+    if pkl is None:
+        return "not a torch checkpoint (no data.pkl record)"
+    if bad_global is not None:
+        return f"it holds pickled code ({bad_global.replace(' ', '.')}), which is never loaded"
+    return None
 
 
 def _intact(out_dir, d: Path, world_size: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 from collections.abc import Callable, Sequence
@@ -64,8 +65,8 @@ class RefineOptions:
             raise ConfigError(f"--trials must be >= 1, got {self.trials}")
         if self.trial_steps < 2:
             raise ConfigError(f"--trial-steps must be >= 2 (the first step is warm-up), got {self.trial_steps}")
-        if self.trial_timeout_s <= 0:
-            raise ConfigError(f"--trial-timeout must be > 0, got {self.trial_timeout_s}")
+        if not (math.isfinite(self.trial_timeout_s) and self.trial_timeout_s > 0):  # nan passed `<= 0`
+            raise ConfigError(f"--trial-timeout must be a finite number of seconds > 0, got {self.trial_timeout_s}")
         if self.policy not in POLICIES:
             raise ConfigError(f"unknown refine policy {self.policy!r}", hint=f"one of {', '.join(POLICIES)}")
         if not 0 <= self.noise < 1:
