@@ -38,6 +38,7 @@ from core.units import GiB
 
 # The candidate space and the ranking live in autotune/space.py and autotune/rank.py; their
 # names stay importable from here (tests and callers use autotune.search.Space, step_s, ...).
+from .log_prob import with_log_prob_mbs
 from .rank import _pareto_arrays, pareto_front, rank_key, step_s, tokens_per_s_per_gpu  # noqa: F401
 from .space import (  # noqa: F401
     CAP_FACTORS,
@@ -158,6 +159,7 @@ def search(
     keep_layouts: int = 48,
     min_headroom: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
+    log_prob_mbs_max: int | None = None,
 ) -> SearchResult:
     """Rank the valid plans for ``model`` on ``cluster``; raise NO_FEASIBLE_PLAN when none fits.
 
@@ -168,6 +170,8 @@ def search(
     factored space. ``min_headroom`` is a fraction of HBM that every phase must leave free (a
     margin for allocator fragmentation and for the memory model's own error); plans that fit
     only without it are not ranked. ``progress(done, total)`` is called as layouts are evaluated.
+    ``log_prob_mbs_max``: each ranked plan (log_prob_mbs unpinned) takes the log-prob micro-batch up to it that
+    ranks best (autotune/log_prob.py; tune passes a launch's that overflows); None: it follows mbs.
     """
     if not 0.0 <= min_headroom < 0.5:
         raise ConfigError(f"min_headroom must be a fraction in [0, 0.5), got {min_headroom!r}")
@@ -208,6 +212,10 @@ def search(
     ranked, err, combined = _combine_and_rank(
         space, ev, layouts, rolls, rows, (R_mem, R_tm), cap, exact, margin, probe_err
     )
+    if log_prob_mbs_max:
+        ranked = [
+            with_log_prob_mbs(e, ev, lambda x: x.fits and x.headroom_bytes >= margin, log_prob_mbs_max) for e in ranked
+        ]
     uniq = _unique_ranked(ranked)
     pts = [(tokens_per_s_per_gpu(e), e.peak_bytes) for e in uniq]
     pareto = [uniq[i] for i in pareto_front(pts)]

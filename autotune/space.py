@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import Any, Iterator
 
 from core.errors import InvalidDegreesError
-from core.rules import check_batches
+from core.rules import check_batches, check_log_prob_batches
 from core.specs import HardwareSpec, ModelSpec
 from core.strategy import RECOMPUTE, Cluster, Strategy, Workload, divisors, validate
 from core.support import check_plan
@@ -163,8 +163,9 @@ class Space:
                                         etp=etp,
                                     )
                                 )
-        # A layout with no micro-batch that divides its per-DP batch (a pinned --mbs) has no plan.
-        return [lay for lay in out if self._valid_layout(lay) and self.mbs_options(lay)]
+        # A layout with no micro-batch that divides its per-DP batch (a pinned --mbs), or whose batch a pinned
+        # --log-prob-mbs does not split with dynamic batching off, has no plan.
+        return [lay for lay in out if self._valid_layout(lay) and self.batch_options(lay)]
 
     def _experts(self, tp: int, cp: int, dp: int) -> list[tuple[int, int | None]]:
         m = self.model
@@ -241,8 +242,17 @@ class Space:
         mbs = self.mbs_options(lay)
         if not mbs:
             return []
-        fixed = [] if self.pins.get("max_tokens_per_gpu") else [dict(mbs=b) for b in mbs]
+        fixed = [] if self.pins.get("max_tokens_per_gpu") or not self._log_prob_ok(lay) else [dict(mbs=b) for b in mbs]
         return fixed + [dict(mbs=min(mbs), max_tokens_per_gpu=c) for c in self.cap_options()]
+
+    def _log_prob_ok(self, lay: dict[str, Any]) -> bool:
+        """A pinned log-prob micro-batch splits this layout's log-prob batch (verl asserts it with a fixed
+        micro-batch; dynamic batching does not use it)."""
+        lp = self.pins.get("log_prob_mbs")
+        dp = self.cluster.gpus // (lay["tp"] * lay["pp"] * lay["cp"])
+        return lp is None or not check_log_prob_batches(
+            self.workload, dp=dp, log_prob_mbs=lp, pp=lay["pp"], vpp=lay["vpp"]
+        )
 
     def cpu_options(self) -> list[float | None]:
         """Megatron's hybrid CPU optimizer: pinned, or off plus all-on when memory needs it (``cpu_grid``)."""

@@ -329,12 +329,24 @@ def _tune_pins(
     return pins, extra
 
 
+def _overflowing_log_prob_mbs(plan: LaunchPlan, cur: Any, keep: Sequence[str], extra: dict[str, Any]) -> int | None:
+    """The launch's log-prob micro-batch when it is what does not fit (an old/ref log-prob phase over capacity)
+    and the user did not pin it (--keep, --log-prob-mbs): the search then chooses one up to it, instead of
+    keeping it (autotune/log_prob.py). None: tune keeps the launch's, pinned."""
+    s0 = plan.strategy
+    if s0.log_prob_mbs is None or s0.max_tokens_per_gpu is not None or "log_prob_mbs" in (*keep, *extra):
+        return None
+    over = any(v.code == "OOM_RISK" and v.phase in ("old_logprob", "ref_logprob") for v in cur.violations)
+    return s0.log_prob_mbs if over else None
+
+
 def _tune_search(
     plan: LaunchPlan,
     pins: dict[str, Any],
     top: int,
     calibration: dict[str, float] | None,
     min_headroom: float,
+    log_prob_mbs_max: int | None = None,
 ) -> tuple[list[Any], dict[str, Any]]:
     """The search's ranked plans and statistics (none when no plan fits)."""
     from autotune.search import search
@@ -351,6 +363,7 @@ def _tune_search(
             calibration=calibration,
             allow_cross_node_tp=True,
             min_headroom=min_headroom,
+            log_prob_mbs_max=log_prob_mbs_max,
         )
         ranked = res.ranked
         stats = res.stats()
@@ -452,7 +465,10 @@ def tune(
 
     cur = price(plan.strategy)
     pins, extra = _tune_pins(plan, keep, pins)
-    ranked, stats = _tune_search(plan, pins, top, calibration, min_headroom)
+    lp_max = _overflowing_log_prob_mbs(plan, cur, keep, extra)
+    if lp_max is not None:
+        pins.pop("log_prob_mbs", None)  # the search chooses it, up to the launch's
+    ranked, stats = _tune_search(plan, pins, top, calibration, min_headroom, lp_max)
     # The search prices the engine knobs at their defaults; re-price its plans with the user's own
     # (dynamic-batching caps, CPU optimizer, vLLM engine) so that current and best compare like for like.
     launch = plan.launch

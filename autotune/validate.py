@@ -76,34 +76,37 @@ _FLOAT = {"params_b", "published"}
 _BOOL = {"sequence_parallel", "distributed_optimizer"}
 
 
-def load_rows(path: str | Path | None = None) -> list[Row]:
-    """Read the measurement file (``#`` lines are comments); malformed rows are BAD_CONFIG errors."""
-    path = Path(path) if path else DATA_PATH
-    from core.specs import read_spec_bytes  # a regular file under a size cap (diag, issue 14)
+def read_records(path: Path, required: list[str] | tuple[str, ...], what: str) -> list[dict[str, str]]:
+    """The rows of a measurement CSV (``#`` lines are comments) as dicts, read under a size cap; an
+    unreadable file, a missing column or a header without rows is a coded error naming ``what``."""
+    from core.specs import read_spec_bytes  # a regular file under a size cap: /dev/zero or a FIFO hung here
 
     try:
         text = read_spec_bytes(path, "measurements CSV").decode("utf-8")
     except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not a text file", hint="pass a CSV of measurements") from None
+        raise ConfigError(f"{path} is not a text file", hint=f"pass a CSV of {what}") from None
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    reader = csv.DictReader(io.StringIO("\n".join(lines)))
-    names = [f.name for f in dataclasses.fields(Row)]
-    try:
-        fieldnames = reader.fieldnames
+    try:  # csv's own limits (a 128 KiB field, a NUL) are the file's fault, not a bug
+        reader = csv.DictReader(io.StringIO("\n".join(lines)))
+        missing = [c for c in required if c not in (reader.fieldnames or [])]
+        records = list(reader)
     except csv.Error as exc:
-        raise ConfigError(f"{path}: not a CSV ({exc})", hint="pass a CSV of measurements") from None
-    if fieldnames is None or set(names) - set(fieldnames):
-        missing = sorted(set(names) - set(fieldnames or []))
+        raise ConfigError(f"{path}: not a CSV ({exc})", hint=f"pass a CSV of {what}") from None
+    if missing:
         raise ConfigError(
-            f"{path}: missing column(s) {', '.join(missing)}",
+            f"{path}: missing column(s) {', '.join(sorted(missing))}",
             hint="the header names every column of profiles/data's measurement file",
         )
-    try:
-        raws = list(reader)
-    except csv.Error as exc:
-        raise ConfigError(f"{path}: not a CSV ({exc})", hint="pass a CSV of measurements") from None
-    if not raws:
+    if not records:
         raise ConfigError(f"{path}: no data rows, only a header", hint="add measurement rows under the header")
+    return records
+
+
+def load_rows(path: str | Path | None = None) -> list[Row]:
+    """Read the measurement file (``#`` lines are comments); malformed rows are BAD_CONFIG errors."""
+    path = Path(path) if path else DATA_PATH
+    names = [f.name for f in dataclasses.fields(Row)]
+    raws = read_records(path, names, "measurements")
     rows = []
     for i, raw in enumerate(raws, start=2):
         kw: dict[str, Any] = {}

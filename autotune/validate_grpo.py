@@ -12,8 +12,6 @@ data loading), which is part of the error.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +21,8 @@ from core.errors import ConfigError
 from core.specs import PROFILES_DIR, HardwareSpec, load_hardware, load_model
 from core.strategy import Cluster, Strategy, Workload
 from costmodel.estimate import Estimate, estimate
+
+from .validate import read_records
 
 GRPO_DATA_PATH = PROFILES_DIR / "data" / "published_grpo.csv"
 PHASES = ("gen_s", "train_s", "old_lp_s", "ref_lp_s", "refit_s")
@@ -49,22 +49,8 @@ class GrpoRow:
 
 
 def load_grpo_rows(path: str | Path | None = None) -> list[GrpoRow]:
-    from core.specs import read_spec_bytes  # a regular file under a size cap: /dev/zero or a FIFO hung here
-
     path = Path(path) if path else GRPO_DATA_PATH
-    try:
-        text = read_spec_bytes(path, "measurements CSV").decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not a text file", hint="pass a CSV of published GRPO runs") from None
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    try:  # csv's own limits (a 128 KiB field, a NUL) are the file's fault, not a bug
-        reader = csv.DictReader(io.StringIO("\n".join(lines)))
-        missing = [c for c in _REQUIRED if c not in (reader.fieldnames or [])]
-        records = list(reader)
-    except csv.Error as exc:
-        raise ConfigError(f"{path}: not a CSV ({exc})", hint="pass a CSV of published GRPO runs") from None
-    if missing:
-        raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}")
+    records = read_records(path, _REQUIRED, "published GRPO runs")
     rows = []
     for raw in records:
         rid = (raw.get("id") or "").strip()

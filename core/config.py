@@ -66,37 +66,64 @@ def yaml_load(text: str) -> Any:
         raise ConfigError("the YAML nests too deeply to read", hint="a config nests a few levels") from None
 
 
+SYNTHETIC_DATASET = "synthetic"
+"""The shipped synthetic task (``synthetic`` = ``synthetic:copy``, or ``synthetic:<task>``): no file to read."""
+
+
+def is_synthetic(dataset: str) -> bool:
+    return dataset.split(":")[0] == SYNTHETIC_DATASET
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainerOptions:
     """Options only the trainer reads. Defaults follow verl's GRPO example."""
 
-    rollout_engine: str = "auto"
-    """``auto`` (vllm on GPU, megatron on CPU), ``vllm`` or ``megatron``."""
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    seed: int = 1234
+    # --- what runs --------------------------------------------------------------------------------
     steps: int = 100
-    dataset: str = "synthetic"
+    """GRPO steps (rollout + update) to run."""
+    seed: int = 1234
+    """Seeds the random init, the data order and the sampler; a resumed run continues the same streams."""
+    dataset: str = SYNTHETIC_DATASET
     """A JSONL or Parquet file with ``prompt`` and ``answer`` fields, or ``synthetic``."""
     reward: str = "math"
     """``math`` (final-number match) or a dotted path ``package.module:function``."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    clip_ratio: float = 0.2
-    clip_ratio_high: float | None = None
-    """Clip-higher (DAPO); None means the same as ``clip_ratio``."""
-    loss_agg_mode: str = "token-mean"
-    kl_coef: float = 0.001
-    kl_type: str = "low_var_kl"
-    entropy_coef: float = 0.0
-    norm_adv_by_std: bool = True
     hf_checkpoint: str | None = None
     """A Hugging Face checkpoint folder (safetensors + config.json + tokenizer.json); None = random init."""
     out_dir: str = "runs/train"
     """Checkpoints and metrics.jsonl go here."""
     checkpoint_every: int = 10
+    """Steps between atomic sharded checkpoints (a crash resumes from the last one)."""
     log_every: int = 1
+    """Steps between metrics.jsonl lines."""
+    # --- rollout ----------------------------------------------------------------------------------
+    rollout_engine: str = "auto"
+    """``auto`` (vllm on GPU, megatron on CPU), ``vllm`` or ``megatron``."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollout; the log-prob passes divide the logits by it too, as verl does."""
+    top_p: float = 1.0
+    """Nucleus sampling: draw from the smallest set of tokens holding this much probability (1 = all)."""
+    # --- optimizer (megatron-core) ----------------------------------------------------------------
+    lr: float = 1e-6
+    """Adam learning rate, constant over the run (megatron-core's OptimizerConfig ``lr`` = ``min_lr``)."""
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (megatron-core's ``clip_grad``)."""
+    # --- GRPO loss (verl's names) -----------------------------------------------------------------
+    clip_ratio: float = 0.2
+    """PPO's clip range epsilon on the probability ratio."""
+    clip_ratio_high: float | None = None
+    """Clip-higher (DAPO); None means the same as ``clip_ratio``."""
+    loss_agg_mode: str = "token-mean"
+    """How token losses become one number (core.choices.LossAgg, verl's ``actor.loss_agg_mode``)."""
+    kl_coef: float = 0.001
+    """Weight of the KL loss to the reference model (applied when ``workload.kl`` is on)."""
+    kl_type: str = "low_var_kl"
+    """The KL estimator (core.choices.KlType, verl's ``kl_loss_type``)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight: ``loss = pg + kl_coef * kl - entropy_coef * entropy``."""
+    norm_adv_by_std: bool = True
+    """Divide group-relative advantages by the group's std (GRPO); False keeps only the mean (Dr. GRPO)."""
+    # --- MoE router -------------------------------------------------------------------------------
     moe_aux_loss_coeff: float = 0.0
     """MoE load-balancing auxiliary loss coefficient (Megatron's and verl's ``moe_aux_loss_coeff``)."""
     moe_router_load_balancing_type: str = "aux_loss"

@@ -310,3 +310,85 @@ def test_tune_takes_the_log_prob_mbs_pin_as_estimate_does(capsys, tmp_path):
     # without the flag the launch's 8 stays (test above); a value below 1 is estimate's coded error
     assert main(["tune", str(EXAMPLE), "--no-emit", "--log-prob-mbs", "0"]) == 2
     assert "--log-prob-mbs must be >= 1" in capsys.readouterr().err
+
+
+def test_log_prob_choices_follow_verls_rule():
+    """1024 prompts x n=5 = 5120 sequences. dp 4: 1280 = 2^8 x 5 per rank, so above mbs 5 and up to 256 the
+    divisors 8 10 16 20 32 40 64 80 128 160 256. pp2 vpp2 dp2: 2560 per rank and the micro-batch count must be
+    even: 512 leaves 5 (refused), 640 leaves 4 (kept). Dynamic batching or a set log-prob micro-batch: none."""
+    from autotune.log_prob import log_prob_choices
+
+    wl = Workload(prompts=1024, n=5, mini_batch=256)
+    m = load_model("qwen2-7b")
+    s = validate(m, Strategy(tp=2, mbs=5), 8)
+    assert log_prob_choices(s, wl, 256, 8) == [8, 10, 16, 20, 32, 40, 64, 80, 128, 160, 256]
+    vp = validate(m, Strategy(tp=2, pp=2, vpp=2, mbs=4), 8)
+    got = log_prob_choices(vp, wl, 1024, 8)
+    assert 512 not in got and 640 in got and all(2560 % v == 0 and (2560 // v) % 2 == 0 for v in got)
+    assert log_prob_choices(s.replace(max_tokens_per_gpu=4096), wl, 256, 8) == []
+    assert log_prob_choices(s.replace(log_prob_mbs=8), wl, 256, 8) == []
+
+
+def test_search_keeps_a_pinned_log_prob_micro_batch_to_the_layouts_it_splits():
+    """1000 prompts x n=5 = 5000 sequences: dp 8 leaves 625 per rank, which a pinned log-prob micro-batch of 2
+    does not split (verl's engine refuses it), dp 4 and 2 leave 1250 and 2500, which it does. With dynamic
+    batching off, the search ranks no dp-8 plan (it used to rank 14, each with the BATCH_DIVISIBILITY violation);
+    with it on, dp-8 plans stay (verl does not use the micro-batch then)."""
+    from autotune.search import search
+
+    wl = Workload(prompts=1000, n=5, mini_batch=200)
+    args = (load_model("7b"), load_hardware("h100"), Cluster(gpus=8), wl)
+    fixed = search(*args, pins={"log_prob_mbs": 2, "max_tokens_per_gpu": None}, top=5).ranked
+    assert fixed and {e.strategy.dp for e in fixed} == {2, 4}
+    assert not [v for e in fixed for v in e.violations if v.code == "BATCH_DIVISIBILITY"]
+    dyn = search(*args, pins={"log_prob_mbs": 2}, top=5).ranked
+    assert {e.strategy.dp for e in dyn if e.strategy.max_tokens_per_gpu} >= {8}
+    assert not [v for e in dyn for v in e.violations if v.code == "BATCH_DIVISIBILITY"]
+
+
+def test_tune_chooses_a_log_prob_micro_batch_that_fits_when_the_launchs_overflows(capsys, tmp_path):
+    """The example with log-prob micro-batch 256 (training 4). One log-prob micro-batch's logits, by hand
+    (costmodel/activations.py: 2 x 2 B x hidden + 10 B x vocab per token, over TP), 2048-token sequences:
+      TP2 (the launch): 2048 x 256 x (2 x 2 x 3584 / 2 + 10 x 152064 / 2) = 402,384,748,544 B;
+      TP4 (the most qwen2-7b's 4 KV heads allow): 2048 x 256 x 383,744 = 201,192,374,272 B
+    both over an H100's 80 GiB = 85,899,345,920 B, so no layout runs 256 (the trainer has no CP) and keeping
+    it, as tune did, left no plan. tune now lets the search choose one up to 256: smaller, verl's rule holds
+    (a divisor of the rank's 5120 / dp sequences), it fits, both keys are reported, and re-tuning is a fixed
+    point."""
+    m = load_model("qwen2-7b")
+    assert (m.hidden, m.vocab, m.kv_heads) == (3584, 152064, 4)
+    hbm = load_hardware("h100").hbm_bytes
+    assert hbm == 80 * 2**30 < 2048 * 256 * (2 * 2 * 3584 // 4 + 10 * 152064 // 4) == 201_192_374_272
+    text = EXAMPLE.read_text().replace("log_prob_micro_batch_size_per_gpu=8", "log_prob_micro_batch_size_per_gpu=256")
+    launch = tmp_path / "lp256.sh"
+    launch.write_text(text)
+    plan = T.plan_of(launch, hardware="h100")
+    assert (plan.strategy.mbs, plan.strategy.log_prob_mbs) == (4, 256)
+    res = T.tune(plan)
+    assert res.current.memory["old_logprob"].parts["logits"] == 402_384_748_544
+    assert {v.phase for v in res.current.violations if v.code == "OOM_RISK"} == {"old_logprob", "ref_logprob"}
+
+    first = _tune(capsys, launch, tmp_path / "a")
+    assert not first["current"]["fits"] and first["best"]["fits"]
+    tuned = T.plan_of(Path(first["files"]["tuned.sh"]), hardware="h100")
+    s = tuned.strategy
+    lp = s.log_prob_mbs_
+    assert lp < 256 and (5120 // s.dp) % lp == 0
+    for k in LP_KEYS:
+        assert first["overrides"][k] == {"old": 256, "new": lp}
+    est = estimate(model=m, hardware=tuned.hardware, cluster=tuned.cluster, strategy=s, workload=tuned.workload)
+    assert est.fits and est.details["logprob_micro_batches"] == 5120 // s.dp // lp
+    assert est.memory["old_logprob"].total_bytes <= est.capacity_bytes
+    # the search chose it: no other value up to 256 that verl accepts for this plan ranks before it with the
+    # 5% headroom tune asks for (autotune/log_prob.py; 256 itself is over, as above)
+    from autotune.log_prob import log_prob_choices
+    from autotune.search import rank_key
+
+    base = s.replace(log_prob_mbs=None)
+    for v in [None, *log_prob_choices(base, tuned.workload, 256, 8)]:
+        e = estimate(model=m, hardware=tuned.hardware, cluster=tuned.cluster, strategy=base.replace(log_prob_mbs=v),
+                     workload=tuned.workload)  # fmt: skip
+        if e.fits and e.headroom_bytes >= 0.05 * hbm:
+            assert rank_key(est) <= rank_key(e), v
+    second = _tune(capsys, Path(first["files"]["tuned.sh"]), tmp_path / "b")
+    assert second["overrides"] == {} and second["current"]["fits"]

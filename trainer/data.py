@@ -30,6 +30,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.config import is_synthetic
 from core.errors import ConfigError, GrpoTuneError, try_import
 
 SYNTHETIC_TASKS = ("copy", "sum")
@@ -109,7 +110,7 @@ def load_dataset(
 
     A missing file raises the coded MISSING_DATASET error; malformed records raise BAD_CONFIG.
     """
-    if spec == "synthetic" or spec.startswith("synthetic:"):
+    if is_synthetic(spec):
         return synthetic_examples(n, seed, task=spec.partition(":")[2] or "copy")
     p = Path(spec)
     if not p.is_file():

@@ -15,7 +15,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from core.config import RunConfig
+from core.config import RunConfig, is_synthetic
 from core.errors import ConfigError, GrpoTuneError, MissingDependencyError
 
 from .layout import Layout
@@ -104,7 +104,7 @@ def preflight(
 
     # every refusal the workers would make (core/support.py: the search applies the same rules)
     first_refusal(m, s, cfg.hardware, workload=w)
-    if t.dataset.split(":")[0] != "synthetic" and not Path(t.dataset).is_file():
+    if not is_synthetic(t.dataset) and not Path(t.dataset).is_file():
         raise GrpoTuneError(
             f"dataset {t.dataset!r} does not exist",
             code="MISSING_DATASET",
