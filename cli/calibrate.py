@@ -62,6 +62,7 @@ def calibrate(
     """Fit the time model's calibration knobs to verl logs of your own runs; write CAL.json."""
     from autotune import runlog as R
     from autotune.calibrate import defaults, save
+    from autotune.outputs import check_output
 
     logs = list(from_log) + list(extra or [])
     if not launch:
@@ -71,10 +72,38 @@ def calibrate(
     if warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {warmup}")
     launches = list(launch) * len(logs) if len(launch) == 1 else list(launch)
-    from autotune.outputs import check_output
-
     check_output(out, "--out", inputs=(*logs, *launch))  # before the fit: never over a log or a launch
     names = [n.strip() for n in params.split(",") if n.strip()] if params else None
+    points = _read_points(logs, launches, model=model, hardware=hardware, warmup=warmup)
+    base = defaults()
+    res = R.calibrate_logs(points, names=names)
+    before, after = R.phase_mape(points, base), R.phase_mape(points, res.params)
+    mem = [m for p in points if (m := R.memory_check(p)) is not None]
+    hw_name = points[0].plan.hardware.name
+    logs_doc = [_log_doc(p, lp) for p, lp in zip(points, launches)]
+    mape = {"phase_mape_before_pct": before, "phase_mape_after_pct": after, "memory": mem}
+    save(
+        out, params=res.params, hardware=hw_name, fit={**res.to_dict(), "source": "verl logs", "logs": logs_doc, **mape}
+    )
+    if json_out:
+        changed = {k: v for k, v in res.params.items() if abs(v - base[k]) > 1e-9}
+        doc = {"out": str(out), "hardware": hw_name, "params": res.params, "changed": changed, **mape, "logs": logs_doc}
+        print(json.dumps(doc, indent=2, default=str))
+        return
+    c = Console()
+    c.print(
+        f"{len(points)} log(s), {sum(p.kept_steps for p in points)} steps after dropping {warmup} warm-up "
+        f"step(s) per log; {points[0].plan.model.name} on {hw_name}",
+        highlight=False,
+    )
+    _print_fit(c, before, after, base, res.params, mem)
+    c.print(f"wrote [bold]{out}[/] (use it with --calibration {out})", highlight=False)
+
+
+def _read_points(logs: list[Path], launches: list[Path], *, model, hardware, warmup: int) -> list:
+    """One calibration point per log (its plan from its launch), warnings (a cut last line) on stderr."""
+    from autotune import runlog as R
+
     err = Console(stderr=True)
     points = []
     for i, (log_path, lp) in enumerate(zip(logs, launches)):
@@ -86,58 +115,26 @@ def calibrate(
         for w in log.warnings:
             err.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
         points.append(point)
-    base = defaults()
-    res = R.calibrate_logs(points, names=names)
-    before, after = R.phase_mape(points, base), R.phase_mape(points, res.params)
-    mem = [m for p in points if (m := R.memory_check(p)) is not None]
-    hw_name = points[0].plan.hardware.name
-    fit_doc = {
-        **res.to_dict(),
-        "source": "verl logs",
-        "logs": [
-            {
-                "log": str(p.log.path),
-                "format": p.log.format,
-                "launch": str(lp),
-                "steps_kept": p.kept_steps,
-                "model": p.plan.model.name,
-                "gpus": p.plan.cluster.gpus,
-                "measured_phases_s": p.point.measured_phases_s,
-                "measured_step_s": p.point.measured_step_s,
-                "response_len_mean": p.plan.workload.response_len_mean,
-                "prompt_len_mean": p.plan.workload.prompt_len_mean,
-            }
-            for p, lp in zip(points, launches)
-        ],
-        "phase_mape_before_pct": before,
-        "phase_mape_after_pct": after,
-        "memory": mem,
+    return points
+
+
+def _log_doc(p, launch: Path) -> dict:
+    """What the calibration file records of one log: where it came from and what it measured."""
+    return {
+        "log": str(p.log.path),
+        "format": p.log.format,
+        "launch": str(launch),
+        "steps_kept": p.kept_steps,
+        "model": p.plan.model.name,
+        "gpus": p.plan.cluster.gpus,
+        "measured_phases_s": p.point.measured_phases_s,
+        "measured_step_s": p.point.measured_step_s,
+        "response_len_mean": p.plan.workload.response_len_mean,
+        "prompt_len_mean": p.plan.workload.prompt_len_mean,
     }
-    save(out, params=res.params, hardware=hw_name, fit=fit_doc)
-    if json_out:
-        print(
-            json.dumps(
-                {
-                    "out": str(out),
-                    "hardware": hw_name,
-                    "params": res.params,
-                    "changed": {k: v for k, v in res.params.items() if abs(v - base[k]) > 1e-9},
-                    "phase_mape_before_pct": before,
-                    "phase_mape_after_pct": after,
-                    "memory": mem,
-                    "logs": fit_doc["logs"],
-                },
-                indent=2,
-                default=str,
-            )
-        )
-        return
-    c = Console()
-    c.print(
-        f"{len(points)} log(s), {sum(p.kept_steps for p in points)} steps after dropping {warmup} warm-up "
-        f"step(s) per log; {points[0].plan.model.name} on {hw_name}",
-        highlight=False,
-    )
+
+
+def _print_fit(c: Console, before: dict, after: dict, base: dict, fitted: dict, mem: list[dict]) -> None:
     t = Table(title="Per-phase MAPE, predicted vs logged", title_justify="left")
     for col in ("phase", "before %", "after %"):
         t.add_column(col, justify="left" if col == "phase" else "right")
@@ -148,7 +145,7 @@ def calibrate(
     t2.add_column("knob")
     t2.add_column("default", justify="right")
     t2.add_column("fitted", justify="right")
-    for k, v in res.params.items():
+    for k, v in fitted.items():
         if abs(v - base[k]) > 1e-6 * max(1.0, abs(base[k])):
             t2.add_row(k, f"{base[k]:.4g}", f"{v:.4g}")
     c.print(t2)
@@ -163,7 +160,6 @@ def calibrate(
             f"({m['phase']}): {verdict}",
             highlight=False,
         )
-    c.print(f"wrote [bold]{out}[/] (use it with --calibration {out})", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

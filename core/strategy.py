@@ -176,10 +176,10 @@ class Workload:
     """Group size: responses per prompt (verl's ``actor_rollout_ref.rollout.n``)."""
     prompt_len: int = 1024
     """Maximum prompt tokens."""
-    response_len: int = 1024
-    """Maximum response tokens."""
     prompt_len_mean: int | None = None
     """Mean prompt tokens (None = the maximum)."""
+    response_len: int = 1024
+    """Maximum response tokens."""
     response_len_mean: int | None = None
     """Mean response tokens (None = the maximum); sets the work, the maximum sets the decode tail."""
     response_len_quantiles: tuple[int, ...] | None = None
