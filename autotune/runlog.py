@@ -207,7 +207,7 @@ def json_object(text: str) -> dict[str, Any] | None:
     """``text`` parsed as a JSON object; None when it is not JSON, or JSON of another kind."""
     try:
         obj = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # a line of 5,000 brackets is not a log record either
         return None
     return obj if isinstance(obj, dict) else None
 

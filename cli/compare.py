@@ -133,6 +133,10 @@ def compare(
     names = [h.strip() for h in hardware.split(",") if h.strip()]
     if not names:
         raise ConfigError("--hardware needs at least one profile", hint="e.g. --hardware h100,h200,a100")
+    if out is not None:
+        from autotune.outputs import check_out_dir
+
+        check_out_dir(out, "--out", inputs=(calibration,))  # before the searches, not after them (issue 14)
     flags = plan_flags(plan)
     model, gpus = flags["model"], flags["gpus"]
     pins, wkw = pins_from_flags(flags), workload_flags(flags)

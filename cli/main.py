@@ -80,9 +80,28 @@ def report_error(exc: BaseException) -> int:
     return 1 if err.code == "INTERNAL_ERROR" else 2
 
 
+def _terminated(signum: int, frame: object) -> None:
+    # SIGTERM (timeout, kill, a batch system) ends Python without unwinding; as an exception it runs the
+    # `finally` blocks that take child process groups down (refine's trials), instead of orphaning them.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit code. Every failure, click's usage errors included, is shown by
     :func:`report_error`."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        old_term = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        return _main(argv)
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         # not standalone: click raises its usage errors here instead of printing them itself
         status = app(args=argv, prog_name="grpo-tune", standalone_mode=False)

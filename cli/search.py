@@ -199,6 +199,10 @@ def search(
     refine, study_name = ref["refine"], ref["study_name"]
     if top < 1:
         raise ConfigError(f"--top must be >= 1, got {top}")
+    if emit:
+        from autotune.outputs import check_out_dir
+
+        check_out_dir(out, "--out", inputs=(calibration,))  # before the search, not after it (issue 14)
     m, hw, cluster, wl, pins = inputs_from_flags(plan_flags(plan, hardware=hardware))
     cal = None
     if calibration is not None:

@@ -119,6 +119,10 @@ def tune(
     from autotune.emit import Tables, emit_run
     from core.config import atomic_write
 
+    if emit:
+        from autotune.outputs import check_out_dir
+
+        check_out_dir(out, "--out", inputs=(launch, calibration))  # before the search, not after it (issue 14)
     plan = T.plan_of(
         launch, model=model, hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
     )

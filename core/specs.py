@@ -265,8 +265,22 @@ def catalog(kind: str) -> dict[str, Path]:
 
 
 def _names(kind: str) -> list[str]:
-    found = ((p, _listed(p, kind)) for p in set(catalog(kind).values()))
-    return sorted({str(data.get("name", p.stem)) for p, data in found if data is not None})
+    """The profiles of a kind that load; one that does not (bad TOML, an unknown key) is skipped and said."""
+    load: Callable[[str], object] = _load_model_file if kind == "models" else _load_hardware_file
+    names = set()
+    for p in set(catalog(kind).values()):
+        data = _listed(p, kind)
+        if data is None:
+            continue
+        try:
+            load(str(p))
+        except GrpoTuneError as exc:
+            if str(p) not in _SKIPPED:
+                _SKIPPED[str(p)] = exc.message
+                print(f"warning: skipped {p}: {exc.message}", file=sys.stderr)
+            continue
+        names.add(str(data.get("name", p.stem)))
+    return sorted(names)
 
 
 def list_models() -> list[str]:

@@ -33,7 +33,7 @@ from cli.main import app, main
 
 CASE_LIMIT_S = 60
 # The CI profile runs a few cases per command; --hypothesis-profile=long (tests/conftest.py) many.
-N = 25 if settings.default.max_examples <= 100 else settings.default.max_examples
+N = 100 if settings.default.max_examples <= 100 else settings.default.max_examples
 FUZZ = settings(
     max_examples=N,
     deadline=None,
@@ -72,6 +72,12 @@ FILES: dict[str, bytes] = {
     "long_line.txt": b"a.b=" + b"1" * (2 * 1024 * 1024) + b"\n",
     "unicode\u202e.yaml": b"model: \xe2\x80\xae\n",
     "spaces and 'quotes' $(x).yaml": b"schema_version: 1\n",
+    "cal_nan.json": b'{"version": 1, "params": {"compute_efficiency_scale": NaN}}',
+    "cal_types.json": b'{"version": 1, "params": {"compute_efficiency_scale": "0.5", "rollout_overhead_s": [1]}}',
+    "cal_deep.json": b'{"version": 1, "params": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+    "cal_huge.json": b'{"version": 1, "pad": "' + b"x" * (2 * 1024 * 1024) + b'"}',
+    "grpo_inf.csv": b"id,split,framework,backend,source,model,hardware,gpus,step_s\n"
+    b"x,holdout,verl,megatron,s,tiny,cpu,inf,inf\n",
 }
 
 
@@ -82,6 +88,10 @@ def inputs(tmp_path_factory) -> Path:
         (d / name).write_bytes(data)
     os.mkfifo(d / "fifo.yaml")
     (d / "folder.yaml").mkdir()
+    for kind in ("models", "hardware"):  # a $GRPO_TUNE_PROFILES folder of hostile profiles
+        (d / "profiles" / kind).mkdir(parents=True)
+        for name in ("binary.toml", "laughs.yaml", "deep.yaml", "empty.yaml", "junk_config.yaml"):
+            (d / "profiles" / kind / (Path(name).stem + ".toml")).write_bytes(FILES[name])
     return d
 
 
@@ -112,7 +122,7 @@ def _time_limit(seconds: int):
 runner = CliRunner()
 
 
-def check(argv: list[str], inputs: Path, cwd: Path) -> None:
+def check(argv: list[str], inputs: Path, cwd: Path) -> int:
     before = _snapshot(inputs)
     old = os.getcwd()
     os.chdir(cwd)  # relative outputs land in a scratch folder
@@ -132,6 +142,7 @@ def check(argv: list[str], inputs: Path, cwd: Path) -> None:
         assert re.search(r"^\[[A-Z_]+\] ", text, re.M) and re.search(r"^hint: ", text, re.M), (argv, text[-2000:])
     assert _snapshot(inputs) == before, argv  # no input changed, nothing written beside them
     assert not (cwd / "pwned").exists() and not (inputs / "pwned").exists()
+    return exit_status
 
 
 INTS = st.sampled_from(
@@ -195,14 +206,21 @@ PLAN = {
     "--first-stage-layers": INTS,
     "--cpu-optimizer": FLOATS,
     "--max-num-seqs": INTS,
+    "--calibration": None,  # a hostile file (drawn in _plan_opts)
+    "--lengths": None,
 }
+
+
+def _plan_opts(draw, inputs: Path, k: int) -> list[str]:
+    table = {n: (v if v is not None else _file(inputs)) for n, v in PLAN.items()}
+    return _opts(draw, table, k)
 
 
 @FUZZ
 @given(data=st.data(), cmd=st.sampled_from(["estimate", "search", "compare"]))
 def test_plan_commands(inputs, tmp_path, data, cmd):
     model = data.draw(st.one_of(TEXT, _file(inputs), st.just("tiny")))
-    argv = [cmd, "--model", model] + _opts(data.draw, PLAN, 4)
+    argv = [cmd, "--model", model] + _plan_opts(data.draw, inputs, 4)
     if cmd != "estimate" and "--gpus" not in " ".join(argv):
         argv += ["--gpus", "2"]
     if "--hardware" not in " ".join(argv):
@@ -223,15 +241,23 @@ def test_diagnose(inputs, tmp_path, data):
 @given(data=st.data())
 def test_validate_tune_calibrate(inputs, tmp_path, data):
     f = data.draw(_file(inputs))
-    which = data.draw(st.sampled_from(["validate", "tune", "calibrate"]))
+    which = data.draw(st.sampled_from(["validate", "validate_grpo", "tune", "calibrate"]))
     if which == "validate":
         argv = ["validate", "--data", f] + _opts(data.draw, {"--tolerance": FLOATS, "--hardware": TEXT}, 2)
+    elif which == "validate_grpo":
+        argv = ["validate", "--grpo", "--data", f] + _opts(
+            data.draw, {"--tolerance": FLOATS, "--refit": st.just(True)}, 1
+        )
     elif which == "tune":
         argv = ["tune", f, "--out", str(tmp_path / "o")] + _opts(
-            data.draw, {"--model": TEXT, "--hardware": TEXT, "--keep": INTS}, 2
+            data.draw,
+            {"--model": TEXT, "--hardware": TEXT, "--keep": INTS, "--calibration": _file(inputs), "--tp": INTS},
+            2,
         )
     else:
-        argv = ["calibrate", "--from-log", f, "--launch", data.draw(_file(inputs)), "--out", str(tmp_path / "c.json")]
+        # --out is a scratch file, or one of the inputs (it must never be written over)
+        out = data.draw(st.one_of(st.just(str(tmp_path / "c.json")), st.just(f), _file(inputs)))
+        argv = ["calibrate", "--from-log", f, "--launch", data.draw(_file(inputs)), "--out", out]
     check(argv, inputs, tmp_path)
 
 
@@ -284,10 +310,21 @@ def test_every_command_is_fuzzed():
     assert names <= covered, names - covered
 
 
-@pytest.mark.parametrize("argv", [["models", "--json"], ["hardware", "--json"], ["models"], ["hardware"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["models", "--json"],
+        ["hardware", "--json"],
+        ["models"],
+        ["hardware"],
+        ["estimate", "--model", "qwen2-7b", "--hardware", "h100"],
+        ["search", "--model", "tiny", "--gpus", "2", "--hardware", "cpu", "--prompt-len", "64", "--response-len", "64"],
+    ],
+)
 def test_catalog_with_a_hostile_profiles_folder(inputs, tmp_path, monkeypatch, argv):
-    monkeypatch.setenv("GRPO_TUNE_PROFILES", str(inputs))
-    check(argv, inputs, tmp_path)
+    """Unreadable files in $GRPO_TUNE_PROFILES are skipped with a warning: they break no other command."""
+    monkeypatch.setenv("GRPO_TUNE_PROFILES", str(inputs / "profiles"))
+    assert check([*argv, *(["--out", str(tmp_path / "runs")] if argv[0] == "search" else [])], inputs, tmp_path) == 0
 
 
 @pytest.mark.parametrize(

@@ -648,3 +648,100 @@ def test_validate_grpo_bad_rows_are_coded_errors(tmp_path, capsys, split, cells)
 
 def test_validate_grpo_one_good_held_out_row_scores(tmp_path):
     assert cli_main(["validate", "--grpo", "--data", str(_grpo_csv(tmp_path, "holdout")), "--tolerance", "1000"]) == 0
+
+
+def test_deeply_nested_json_lines_are_not_records(tmp_path, capsys):
+    """--lengths and calibrate --from-log read JSON lines; a line of 5,000 brackets was INTERNAL_ERROR
+    (RecursionError), found by tests/test_fuzz_cli.py."""
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"a": ' + "[" * 5000 + "]" * 5000 + "}\n")
+    rc = cli_main(["estimate", "--model", "qwen2-7b", "--lengths", str(deep)])
+    _coded(capsys, rc)
+    rc = cli_main(["calibrate", "--from-log", str(deep), "--launch", str(VERL_LOGS / "launch_a.txt")])
+    _coded(capsys, rc)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["search", "--model", "tiny", "--gpus", "2", "--hardware", "cpu", "--prompt-len", "64", "--response-len", "64"],
+        [
+            "compare",
+            "--model",
+            "tiny",
+            "--gpus",
+            "2",
+            "--hardware",
+            "cpu",
+            "--prompt-len",
+            "64",
+            "--response-len",
+            "64",
+        ],
+        ["tune", str(VERL_LOGS / "launch_a.txt")],
+    ],
+)
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_out_that_cannot_be_a_folder_is_refused_before_the_search(tmp_path, capsys, argv, where):
+    """It was IO_ERROR 'File exists' (or a temp file's name) after the whole search ran."""
+    f = tmp_path / "afile"
+    f.write_text("keep me")
+    out = f if where == "a file" else f / "runs"
+    assert "[BAD_CONFIG] --out" in _coded(capsys, cli_main([*argv, "--out", str(out)]))
+    assert f.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "..", "", "a\nb", "a\\b"])
+def test_study_name_is_one_folder_name(name):
+    """It names the run folder under --out: '../../x' wrote a refine run outside --out, and started it."""
+    from autotune.refine.loop import RefineOptions
+
+    with pytest.raises(ConfigError, match="--study-name"):
+        RefineOptions(study_name=name).check()
+    RefineOptions(study_name="qwen7b-8gpu v2").check()
+
+
+_TERM_CHILD = """
+import os, sys
+from pathlib import Path
+import cli.main as M
+from autotune.refine.runner import run_profile
+
+tmp = Path(sys.argv[1])
+code = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)"
+sleeper = [sys.executable, "-c", code, str(tmp / "trial.pid")]
+
+def app(**kw):  # the CLI, reduced to one refine trial that runs for minutes
+    run_profile(tmp / "c.yaml", steps=2, timeout_s=600, json_path=tmp / "p.json", log_path=tmp / "p.log",
+                profile_cmd=sleeper)
+
+M.app = app
+sys.exit(M.main([]))
+"""
+
+
+def test_sigterm_takes_a_running_trial_down_with_the_cli(tmp_path):
+    """`timeout`/kill of `grpo-tune search --refine` left its trial (its own session) running: SIGTERM ended
+    Python without unwinding, so the runner's cleanup never ran."""
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    cli = subprocess.Popen([sys.executable, "-c", _TERM_CHILD, str(tmp_path)], env=env)
+    pid_file = tmp_path / "trial.pid"
+    t0 = time.monotonic()
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() - t0 < 60:
+        time.sleep(0.1)
+    trial = int(pid_file.read_text())
+    cli.terminate()
+    rc = cli.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    alive = True
+    while alive and time.monotonic() < deadline:
+        try:
+            os.kill(trial, 0)
+            time.sleep(0.1)
+        except ProcessLookupError:
+            alive = False
+    if alive:
+        os.kill(trial, signal.SIGKILL)  # do not leave it behind when the test fails
+    assert not alive and rc == 128 + signal.SIGTERM

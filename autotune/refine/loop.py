@@ -73,6 +73,14 @@ class RefineOptions:
             raise ConfigError(f"noise must be in [0, 1), got {self.noise}")
         if self.storage is not None:
             _check_storage_url(self.storage)
+        name = self.study_name
+        if name is not None and (
+            not name.strip() or name in (".", "..") or any(c in name for c in "/\\") or not name.isprintable()
+        ):  # it names the run folder under --out: "../../x" wrote outside it, "a/b" nested folders
+            raise ConfigError(
+                f"--study-name {name!r} must be one folder name (no '/', '..' or control characters)",
+                hint="e.g. --study-name qwen7b-8gpu",
+            )
 
 
 def _check_storage_url(url: str) -> None:
