@@ -13,7 +13,7 @@ import typer
 from core.errors import ConfigError
 from core.rules import check_lengths
 from core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
-from core.strategy import DEGREES, OFFLOAD, RECOMPUTE, Cluster, Workload
+from core.strategy import DEGREES, OFFLOAD, RECOMPUTE, SYNC_BUCKET_MB, Cluster, Workload
 
 P_MODEL = "Model"
 P_PAR = "Parallel degrees (unset: default in estimate, tuned in search)"
@@ -163,6 +163,14 @@ EnforceEager = Annotated[
         rich_help_panel=P_ROLL,
     ),
 ]
+SyncBucketMb = Annotated[
+    Optional[int],
+    typer.Option(
+        "--sync-bucket-mb",
+        help="Weight-sync bucket in MiB (verl rollout.checkpoint_engine.update_weights_bucket_megabytes; default 2048).",
+        rich_help_panel=P_ROLL,
+    ),
+]
 MiniBatch = Annotated[int, typer.Option("--mini-batch", help="Prompts per PPO mini-batch.", rich_help_panel=P_WL)]
 PpoEpochs = Annotated[int, typer.Option("--ppo-epochs", help="PPO epochs per step.", rich_help_panel=P_WL)]
 Kl = Annotated[bool, typer.Option("--kl/--no-kl", help="KL loss against a reference model.", rich_help_panel=P_WL)]
@@ -222,7 +230,15 @@ def _check_gpu_memory_utilization(gpu_memory_utilization) -> None:
 
 
 # Pins that must be >= 1 when given (issue 14 (diag): a zero degree divided by zero in search).
-_POSITIVE_PINS = (*DEGREES, "mbs", "log_prob_mbs", "rollout_tp", "first_stage_layers", "last_stage_layers")
+_POSITIVE_PINS = (
+    *DEGREES,
+    "mbs",
+    "log_prob_mbs",
+    "rollout_tp",
+    "first_stage_layers",
+    "last_stage_layers",
+    "sync_bucket_mb",
+)
 # Pins whose 0 turns the feature off (a None value in the pins).
 _ZERO_IS_OFF = ("max_tokens_per_gpu", "cpu_optimizer")
 
@@ -240,7 +256,8 @@ def strategy_pins(**flags: Any) -> dict[str, Any]:
         v = f[name]
         if v is not None and v < 1:
             flag = name.replace("_", "-")
-            raise ConfigError(f"--{flag} must be >= 1, got {v}", hint=f"leave --{flag} out to let search choose")
+            unset = f"for verl's default ({SYNC_BUCKET_MB} MiB)" if name == "sync_bucket_mb" else "to let search choose"
+            raise ConfigError(f"--{flag} must be >= 1, got {v}", hint=f"leave --{flag} out {unset}")
     _check_gpu_memory_utilization(f["gpu_memory_utilization"])  # 0/1.5/nan memory fractions fit nothing
     f["offload"] = parse_offload(f["offload"])
     out = {k: v for k, v in f.items() if v is not None and k not in _ZERO_IS_OFF}
@@ -354,6 +371,7 @@ PIN_FLAGS = (
     "cpu_optimizer",
     "max_num_seqs",
     "enforce_eager",
+    "sync_bucket_mb",
 )
 
 

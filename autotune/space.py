@@ -46,6 +46,7 @@ ENGINE_KEYS = (
     "enforce_eager",
     "chunked_prefill",
     "free_cache_engine",
+    "sync_bucket_mb",
 )
 """Strategy fields passed through from the pins (the searched ones among them are set per plan)."""
 

@@ -48,6 +48,7 @@ SEARCHED = (
     "gpu_memory_utilization",
     "first_stage_layers",
     "last_stage_layers",
+    "sync_bucket_mb",  # like log_prob_mbs: pinned to the launch's, written back; --sync-bucket-mb changes it
 )
 USER_FIELDS = (*ENGINE_KEYS, "sequence_parallel")
 MIN_GAIN = 0.01
@@ -86,6 +87,7 @@ def strategy_from(get: Get, model: ModelSpec) -> Strategy:
         "max_tokens_per_gpu",
         "log_prob_max_tokens_per_gpu",
         "log_prob_mbs",
+        "sync_bucket_mb",
     ):
         v = f.get(k)
         if _is_int(v) and v > 0:
@@ -381,8 +383,8 @@ def _repriced(
     from autotune.search import rank_key
 
     s0 = plan.strategy
-    # log_prob_mbs is in the search's plans already: the launch's (pinned), the user's pin, or the search's choice
-    user = {k: getattr(s0, k) for k in USER_FIELDS if k != "log_prob_mbs"}
+    # log_prob_mbs and sync_bucket_mb are in the search's plans already: the launch's (pinned) or the user's pin
+    user = {k: getattr(s0, k) for k in USER_FIELDS if k not in ("log_prob_mbs", "sync_bucket_mb")}
     present = set(launch.values)
     candidates = []
     for est in ranked:

@@ -255,6 +255,7 @@ AS_IS: dict[tuple[str, str], str | tuple[str, ...]] = {
     (S, "enforce_eager"): f"{ROLLOUT}.enforce_eager",
     (S, "chunked_prefill"): f"{ROLLOUT}.enable_chunked_prefill",
     (S, "free_cache_engine"): f"{ROLLOUT}.free_cache_engine",
+    (S, "sync_bucket_mb"): f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes",
     (W, "prompts"): f"{DATA}.train_batch_size",
     (W, "n"): f"{ROLLOUT}.n",
     (W, "prompt_len"): f"{DATA}.max_prompt_length",

@@ -18,7 +18,7 @@ from rich.table import Table
 from autotune.options import Gpus, Hardware, Json, Model, inputs_from_flags
 from autotune.calibrate import load as load_calibration
 from costmodel.estimate import Estimate, estimate as run_estimate
-from core.strategy import Strategy
+from core.strategy import SYNC_BUCKET_MB, Strategy
 from cli.plan_options import plan_flags, plan_options
 from core.units import GiB
 
@@ -56,6 +56,7 @@ def _print_plan(est: Estimate, console: Console) -> None:
         f"offload={','.join(s.offload) or 'none'} rollout_tp={s.rollout_tp} gpu_mem_util={s.gpu_memory_utilization} "
         f"max_tokens_per_gpu={s.max_tokens_per_gpu or 'off'} cpu_optimizer={s.cpu_optimizer or 'off'} "
         f"max_num_seqs={s.max_num_seqs} eager={'on' if s.enforce_eager else 'off'}"
+        + ("" if s.sync_bucket_mb == SYNC_BUCKET_MB else f" sync_bucket_mb={s.sync_bucket_mb}")
     )
     console.print(f"[bold]{m.name}[/] on {c.gpus} x {est.hardware.name} ({c.gpus_per_node}/node)", highlight=False)
     console.print(deg, highlight=False)

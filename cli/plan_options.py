@@ -40,6 +40,7 @@ DEGREE_FLAGS: tuple[tuple[str, Any, Any], ...] = (
     ("cpu_optimizer", O.CpuOptimizer, None),
     ("max_num_seqs", O.MaxNumSeqs, None),
     ("enforce_eager", O.EnforceEager, None),
+    ("sync_bucket_mb", O.SyncBucketMb, None),
 )
 WORKLOAD_FLAGS: tuple[tuple[str, Any, Any], ...] = (
     ("workload", O.WorkloadKind, _WD["workload"]),

@@ -98,6 +98,7 @@ def _summary(est) -> dict[str, Any]:
     "offload",
     "rollout_tp",
     "gpu_memory_utilization",
+    "sync_bucket_mb",
 )
 def tune(
     launch: Launch,

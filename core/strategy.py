@@ -22,6 +22,9 @@ DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp")
 """The parallel degrees a plan sets, in Strategy's field order (dp is derived from the GPU count)."""
 RECOMPUTE = Recompute.values()
 OFFLOAD = Offload.values()
+SYNC_BUCKET_MB = 2048
+"""verl 0.9.1's ``rollout.checkpoint_engine.update_weights_bucket_megabytes`` default (verl/trainer/config/
+rollout/rollout.yaml l.296; /work/scratch/research/verl_091_facts.md): the default weight-sync bucket."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +101,9 @@ class Strategy:
     """vLLM's ``enable_chunked_prefill``."""
     free_cache_engine: bool = True
     """verl's ``free_cache_engine``: vLLM sleeps (frees its KV cache) during training and wakes for rollout."""
+    sync_bucket_mb: int = SYNC_BUCKET_MB
+    """Weight-sync bucket in MiB (verl's ``rollout.checkpoint_engine.update_weights_bucket_megabytes``, used as
+    ``<< 20`` bytes): the exported HF tensors are packed into buckets of this size, each shipped to vLLM by CUDA IPC."""
 
     @property
     def etp_(self) -> int:
@@ -106,6 +112,10 @@ class Strategy:
     @property
     def log_prob_mbs_(self) -> int:
         return self.mbs if self.log_prob_mbs is None else self.log_prob_mbs
+
+    @property
+    def sync_bucket_bytes(self) -> int:
+        return self.sync_bucket_mb << 20
 
     @property
     def sp(self) -> bool:
@@ -119,6 +129,8 @@ class Strategy:
         d = to_mapping(self)
         if d["log_prob_mbs"] is None:  # unset means mbs: plans (best.yaml, --json) without it read as before
             del d["log_prob_mbs"]
+        if d["sync_bucket_mb"] == SYNC_BUCKET_MB:  # verl's default: plans written before the field read as before
+            del d["sync_bucket_mb"]
         return d
 
     @classmethod

@@ -88,6 +88,14 @@ def check_plan(model: ModelSpec, strategy: Strategy, *, workload: Workload | Non
                 "set strategy.log_prob_mbs to a micro-batch size or leave it unset",
             )
         )
+    if strategy.sync_bucket_mb < 1:  # verl packs tensors into buckets of this many MiB: 0 is no bucket at all
+        out.append(
+            Finding(
+                "BAD_CONFIG",
+                f"strategy.sync_bucket_mb must be >= 1 MiB, got {strategy.sync_bucket_mb}",
+                "set strategy.sync_bucket_mb to a bucket size in MiB (verl's default 2048) or leave it unset",
+            )
+        )
     if workload is not None and workload.kind == "grpo":
         out += _workload_findings(model, strategy, workload)
     return errors(out)

@@ -15,6 +15,7 @@ from core.strategy import Cluster, Strategy, Workload, validate
 from . import memory, timing
 from .params import active_params, max_rank_params, total_params
 from .results import Estimate, PhaseMemory, PhaseTimes, Throughput, TrainParts, Violation
+from .timing_base import Calibration
 
 __all__ = ["Estimate", "PhaseMemory", "PhaseTimes", "Throughput", "TrainParts", "Violation", "estimate"]
 
@@ -56,7 +57,7 @@ def estimate(
     cluster: Cluster,
     strategy: Strategy,
     workload: Workload,
-    calibration: dict[str, float] | None = None,
+    calibration: Calibration | None = None,
 ) -> Estimate:
     s = validate(model, strategy, cluster.gpus, gpus_per_node=cluster.gpus_per_node, allow_cross_node_tp=True)
     params = {"total": total_params(model), "active": active_params(model), "per_rank_max": max_rank_params(model, s)}

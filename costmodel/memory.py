@@ -52,7 +52,6 @@ from core.units import GiB
 
 # vLLM's max_num_batched_tokens / max_num_seqs (Strategy fields; verl 0.9.1 defaults 8192 / 256,
 # rollout.yaml l.78/l.84) size vLLM's profiling run, whose peak is kept out of the KV cache.
-SYNC_BUCKET_BYTES = 2048 * 2**20  # verl's update_weights_bucket_megabytes default (rollout.yaml l.296)
 ADAM_STEP_TEMP = 4 / 12  # Adam step temporaries over optimizer-state bytes (one fp32 per param of 12 B of state)
 CUDA_GRAPH_BYTES = 0.5 * 2**30
 """vLLM's captured CUDA graphs (decode batches up to 512), kept outside the KV cache; an assumption
@@ -319,7 +318,7 @@ def _phases(m, hardware, s, w, k, states, acts, logit, last, kvc) -> dict[str, P
         fwd = forward_activation_bytes(m, s, seq_len=fseq, mbs=fmbs, kernels=k)
         flog = logits_bytes(m, s, seq_len=fseq, mbs=fmbs, act_bytes=k.act_bytes)
         olp, rlp, ws, ro = [], [], [], []
-        bucket = min(SYNC_BUCKET_BYTES, BF16 * float(per_stage_params(m, Strategy())[0].total)) + sync_bucket_bytes(
+        bucket = min(s.sync_bucket_bytes, BF16 * float(per_stage_params(m, Strategy())[0].total)) + sync_bucket_bytes(
             m, s.ep
         )
         for i, st in states.items():

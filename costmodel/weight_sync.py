@@ -4,8 +4,9 @@ Weight sync (verl's colocated "naive" checkpoint engine; verl/workers/engine_wor
 ``update_weights``, verl/workers/rollout/vllm_rollout/vllm_rollout.py): wake vLLM's weights,
 load the actor's parameters if they were offloaded, export every tensor in HF layout (the bridge
 gathers TP shards, broadcasts pipeline stages, gathers experts), pack the tensors into buckets of
-``update_weights_bucket_megabytes`` (2048) shipped to the colocated vLLM worker by CUDA IPC, each
-worker copying its rollout-TP slice; offload the parameters again; re-allocate the KV cache.
+``update_weights_bucket_megabytes`` MiB (the plan's ``Strategy.sync_bucket_mb``; verl's default 2048)
+shipped to the colocated vLLM worker by CUDA IPC, each worker copying its rollout-TP slice; offload
+the parameters again; re-allocate the KV cache.
 vLLM's sleep after generation is inside verl's ``timing_s/gen`` (ray_trainer.py), so it is
 priced in the rollout phase (:func:`sleep_s`).
 
@@ -22,11 +23,9 @@ from core.specs import HardwareSpec, ModelSpec
 from core.strategy import Cluster, Strategy, Workload
 
 from . import comm
-from .timing_base import OPT_STATE_BYTES, PARAM_BYTES, model_consts
+from .timing_base import OPT_STATE_BYTES, PARAM_BYTES, Calibration, model_consts
 from .train_time import rank_params
 
-SYNC_BUCKET_BYTES = 2048 * 2**20
-"""verl 0.9.1 ``rollout.checkpoint_engine.update_weights_bucket_megabytes`` default (rollout.yaml l.296)."""
 CPU_ADAM_BYTES_PER_PARAM = 4 * 7  # CPU Adam reads fp32 p, g, m, v and writes p, m, v
 CPU_ADAM_FLOPS_PER_PARAM = 16  # moment updates, bias corrections, sqrt, divide, weight decay
 
@@ -36,15 +35,7 @@ def sleep_s(hw: HardwareSpec, s: Strategy) -> float:
     return hw.efficiency.vllm_sleep_s if s.free_cache_engine else 0.0
 
 
-def weight_sync_s(
-    m: ModelSpec,
-    hw: HardwareSpec,
-    cluster: Cluster,
-    s: Strategy,
-    cal: dict[str, float],
-    *,
-    bucket_bytes: float = SYNC_BUCKET_BYTES,
-) -> dict[str, float]:
+def weight_sync_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, cal: Calibration) -> dict[str, float]:
     """Seconds of one refit by part: ``wake_s``, ``onload_s``, ``gather_s``, ``copy_s``, ``overhead_s``."""
     e = hw.efficiency
     c = model_consts(m)
@@ -61,7 +52,7 @@ def weight_sync_s(
         gather += comm.all_gather_s(expert_bytes, s.ep, *comm.link(hw, s.ep * s.etp_, gpn, cal))
     # Each colocated vLLM worker receives the whole model (HF tensors) and copies its rollout-TP slice.
     copy = total / s.rollout_tp / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
-    buckets = math.ceil(total / bucket_bytes)
+    buckets = math.ceil(total / s.sync_bucket_bytes)
     overhead = c["hf_tensors"] * e.sync_tensor_overhead_s + buckets * e.sync_bucket_overhead_s
     onload = 0.0
     if "param" in s.offload:  # loaded for the export, offloaded after it (pinned, synchronous)

@@ -46,6 +46,7 @@ ENGINE_KNOBS = dict(
     enforce_eager=True,
     chunked_prefill=False,
     free_cache_engine=False,
+    sync_bucket_mb=512,
 )
 
 

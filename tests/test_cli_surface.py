@@ -51,6 +51,8 @@ PLAN = [
     "--enforce-eager / --no-enforce-eager",
     # the log-prob passes' own micro-batch (verl's log_prob_micro_batch_size_per_gpu)
     "--log-prob-mbs",
+    # verl's weight-sync bucket (rollout.checkpoint_engine.update_weights_bucket_megabytes)
+    "--sync-bucket-mb",
 ]
 
 # Flags of the commands that launch a run from a config (train and profile).
@@ -116,6 +118,7 @@ SURFACE = {
         "--offload",
         "--rollout-tp",
         "--gpu-memory-utilization",
+        "--sync-bucket-mb",
     ],
     "calibrate": [
         "--from-log",

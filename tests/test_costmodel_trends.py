@@ -8,9 +8,9 @@ import pytest
 
 from costmodel import memory, timing, timing_base, train_time
 from costmodel.estimate import estimate
-from costmodel.weight_sync import CPU_ADAM_BYTES_PER_PARAM, CPU_ADAM_FLOPS_PER_PARAM, SYNC_BUCKET_BYTES, weight_sync_s
+from costmodel.weight_sync import CPU_ADAM_BYTES_PER_PARAM, CPU_ADAM_FLOPS_PER_PARAM, weight_sync_s
 from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Strategy, Workload, validate
+from core.strategy import SYNC_BUCKET_MB, Cluster, Strategy, Workload, validate
 
 H100 = load_hardware("h100")
 CAL = timing.CALIBRATION_DEFAULTS
@@ -89,10 +89,10 @@ def test_weight_sync_grows_with_model_bytes_and_buckets():
     )
     s = validate(M7, Strategy(tp=2, rollout_tp=2), 8)
     one = weight_sync_s(M7, H100, c, s, CAL)
-    small = weight_sync_s(M7, H100, c, s, CAL, bucket_bytes=SYNC_BUCKET_BYTES / 8)
+    small = weight_sync_s(M7, H100, c, s.replace(sync_bucket_mb=SYNC_BUCKET_MB // 8), CAL)
     total = timing.model_consts(M7)["total_params"] * 2
-    assert one["buckets"] == math.ceil(total / SYNC_BUCKET_BYTES)
-    assert small["buckets"] == math.ceil(total / (SYNC_BUCKET_BYTES / 8))
+    assert one["buckets"] == math.ceil(total / (SYNC_BUCKET_MB * 2**20))
+    assert small["buckets"] == math.ceil(total / (SYNC_BUCKET_MB * 2**20 / 8))
     assert small["overhead_s"] - one["overhead_s"] == pytest.approx(
         (small["buckets"] - one["buckets"]) * e.sync_bucket_overhead_s
     )

@@ -308,3 +308,23 @@ if __name__ == "__main__":  # a case in a fresh process: python tests/test_train
     import os
 
     os._exit(0)  # skip vLLM's and torch.distributed's slow or hanging teardown
+
+
+def test_adapter_buckets_the_sync_by_the_plans_sync_bucket_mb(fake_vllm, tmp_path):
+    """No bucket_bytes given: the bucket is strategy.sync_bucket_mb MiB (what the cost model priced and verl.sh
+    sets). 1 MiB and five 512 KiB tensors (2**17 fp32 values each) give buckets of two, two and one."""
+    import torch
+
+    from trainer.rollout.vllm import VLLMRollout
+    from trainer.tokenizer import CharTokenizer
+
+    cfg = _cfg(tmp_path)
+    cfg = cfg.replace(strategy=cfg.strategy.replace(sync_bucket_mb=1))
+    eng = VLLMRollout(cfg=cfg, tokenizer=CharTokenizer(), device="cpu", sleep_level=1)
+    assert eng.bucket_bytes == 1 << 20
+    fake_vllm.events.clear()
+    eng.update_weights(iter([(f"w{i}", torch.zeros(1 << 17)) for i in range(5)]))
+    loads = [e[1] for e in fake_vllm.events if e[0] == "load"]
+    assert loads == [["w0", "w1"], ["w2", "w3"], ["w4"]]
+    default = VLLMRollout(cfg=_cfg(tmp_path), tokenizer=CharTokenizer(), device="cpu", sleep_level=1)
+    assert default.bucket_bytes == 2048 << 20  # verl 0.9.1's default, the plan's when unset

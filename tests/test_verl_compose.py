@@ -66,6 +66,7 @@ def test_emitted_overrides_compose(name):
         aro["rollout"]["log_prob_micro_batch_size_per_gpu"] == aro["ref"]["log_prob_micro_batch_size_per_gpu"] == s.mbs
     )
     assert tree["trainer"]["n_gpus_per_node"] * tree["trainer"]["nnodes"] == cfg.cluster.gpus
+    assert aro["rollout"]["checkpoint_engine"]["update_weights_bucket_megabytes"] == s.sync_bucket_mb
     assert aro["actor"]["megatron"]["optimizer_offload"] == ("optimizer" in s.offload)
     assert aro["actor"]["megatron"]["param_offload"] == bool({"param", "grad"} & set(s.offload))
     otc = aro["actor"]["megatron"]["override_transformer_config"]
@@ -152,7 +153,8 @@ def test_new_contract_fields_compose_with_their_values():
         r["enforce_eager"],
         r["enable_chunked_prefill"],
         r["free_cache_engine"],
-    ) == (64, 4096, True, False, False)
+        r["checkpoint_engine"]["update_weights_bucket_megabytes"],
+    ) == (64, 4096, True, False, False, 512)
 
 
 def test_the_log_prob_micro_batch_composes_apart_from_the_training_one():
@@ -162,3 +164,19 @@ def test_the_log_prob_micro_batch_composes_apart_from_the_training_one():
     aro = tree["actor_rollout_ref"]
     assert aro["actor"]["ppo_micro_batch_size_per_gpu"] == 4
     assert aro["rollout"]["log_prob_micro_batch_size_per_gpu"] == aro["ref"]["log_prob_micro_batch_size_per_gpu"] == 8
+
+
+def test_the_weight_sync_bucket_composes_at_the_default_and_apart_from_it():
+    """verl 0.9.1 reads update_weights_bucket_megabytes from the rollout's checkpoint_engine (rollout.yaml l.296):
+    the exported key composes (2048 as written at the default, 64 when the plan says so), nothing else moves."""
+    cfg = configs()["7b-tp2"]
+    kw = dict(model_path="/m", train_files="/t", val_files="/v")
+    base = verl.compose(verl_overrides(cfg, **kw))
+    small = verl.compose(verl_overrides(cfg.replace(strategy=cfg.strategy.replace(sync_bucket_mb=64)), **kw))
+    ce = "checkpoint_engine"
+    assert base["actor_rollout_ref"]["rollout"][ce]["update_weights_bucket_megabytes"] == 2048
+    assert small["actor_rollout_ref"]["rollout"][ce]["update_weights_bucket_megabytes"] == 64
+    assert small["actor_rollout_ref"]["rollout"][ce]["backend"] == "naive"  # the colocated CUDA-IPC sync priced
+    flat_base, flat_small = verl.flatten(base), verl.flatten(small)
+    moved = {k for k in flat_base if flat_base[k] != flat_small.get(k)}
+    assert moved == {f"actor_rollout_ref.rollout.{ce}.update_weights_bucket_megabytes"}

@@ -13,7 +13,7 @@ from autotune import verl, verl_table as table
 from autotune.diagnose import parse_override_list, parse_script
 from autotune.export import plan_of, verl_overrides, verl_script
 from core.config import TrainerOptions
-from core.strategy import Cluster, Strategy, Workload
+from core.strategy import SYNC_BUCKET_MB, Cluster, Strategy, Workload
 from _export_configs import ENGINE_KNOBS, configs
 
 
@@ -98,6 +98,7 @@ def plans(draw):
         enforce_eager=draw(st.booleans()),
         chunked_prefill=draw(st.booleans()),
         free_cache_engine=draw(st.booleans()),
+        sync_bucket_mb=draw(st.one_of(st.just(SYNC_BUCKET_MB), st.integers(1, 1 << 16))),
     )
     mini = draw(pos)
     w = Workload(
@@ -181,6 +182,7 @@ def test_new_contract_fields_reach_verl():
         f"{r}.enforce_eager=True",
         f"{r}.enable_chunked_prefill=False",
         f"{r}.free_cache_engine=False",
+        f"{r}.checkpoint_engine.update_weights_bucket_megabytes=512",
         f"data.max_prompt_length={cfg.workload.prompt_len}",
         f"data.max_response_length={cfg.workload.response_len}",
     ):
@@ -208,3 +210,17 @@ def test_the_log_prob_micro_batch_has_its_own_keys_both_ways():
     assert all(f"{k}=8" in ov for k in lp_keys)
     got = table.read_plan(_reader(ov, defaults=True))
     assert (got["strategy"].mbs, got["strategy"].log_prob_mbs) == (4, 8)
+
+
+def test_the_weight_sync_bucket_is_written_even_at_verls_default():
+    """The cost model prices the bucket (weight_sync memory and time), so verl.sh sets it, at 2048 too,
+    rather than leaving it to verl's default; a launch's 512 reads back as 512, one without it as 2048."""
+    key = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
+    cfg = configs()["7b-tp2"]
+    assert cfg.strategy.sync_bucket_mb == SYNC_BUCKET_MB == 2048
+    assert f"{key}=2048" in verl_script(cfg).split()
+    ov = verl_overrides(cfg.replace(strategy=cfg.strategy.replace(sync_bucket_mb=512)))
+    assert f"{key}=512" in ov
+    assert table.read_plan(_reader(ov, defaults=True))["strategy"].sync_bucket_mb == 512
+    without = [o for o in ov if not o.startswith(key + "=")]
+    assert table.read_plan(_reader(without, defaults=True))["strategy"].sync_bucket_mb == 2048

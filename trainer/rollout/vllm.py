@@ -11,8 +11,11 @@ How it works (the same scheme as verl's SPMD vLLM rollout):
   read from disk because the trainer pushes its own before every rollout. For a random-init preset
   (``tiny``) the config is written from the model spec (``trainer.hf.hf_config``).
 * ``update_weights`` streams ``(hf_name, full_tensor)`` pairs (``Engine.named_parameters_for_export``)
-  in buckets of ``bucket_bytes`` into the in-process model's ``load_weights``, which slices each
-  full tensor for this rank's rollout-TP shard, so rollout TP need not equal training TP.
+  in buckets of ``bucket_bytes`` (the plan's ``strategy.sync_bucket_mb``, verl's
+  ``update_weights_bucket_megabytes``, which the cost model prices) into the in-process model's
+  ``load_weights``, which slices each full tensor for this rank's rollout-TP shard, so rollout TP need
+  not equal training TP. Unlike verl there is no CUDA IPC hop (vLLM lives in the same process): a bucket
+  is a list of tensors staged on the GPU, flushed once it reaches the bucket size.
 * Sleep mode (``enable_sleep_mode=True``): ``release()`` calls ``llm.sleep(level)``; ``resume()``
   wakes the weights only, and the KV cache is woken just before the next ``generate`` so the
   weight copy never overlaps a full KV cache (vLLM's documented RLHF pattern). Level 2 (default)
@@ -97,7 +100,7 @@ class VLLMRollout:
         engine=None,
         tokenizer=None,
         sleep_level: int = 2,
-        bucket_bytes: int = 512 << 20,
+        bucket_bytes: int | None = None,
         enforce_eager: bool = True,
         device: str | None = None,
         **llm_kwargs,
@@ -110,9 +113,11 @@ class VLLMRollout:
         if sleep_level not in (1, 2):
             raise ConfigError(f"sleep_level must be 1 or 2, got {sleep_level}")
         self._vllm = vllm
-        self.sleep_level, self.bucket_bytes = sleep_level, int(bucket_bytes)
-        self.eos_id = getattr(tokenizer, "eos_id", None)
         w, s = cfg.workload, cfg.strategy
+        # the bucket the plan priced (weight_sync memory and per-bucket time); bucket_bytes overrides it in tests
+        self.sleep_level = sleep_level
+        self.bucket_bytes = s.sync_bucket_bytes if bucket_bytes is None else int(bucket_bytes)
+        self.eos_id = getattr(tokenizer, "eos_id", None)
         model_path = cfg.trainer.hf_checkpoint or self._write_config(cfg)
         dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
         kw = dict(
