@@ -809,3 +809,19 @@ def test_the_probe_writer_keeps_a_hostile_name_exact(tmp_path):
     name = 'x" = 1 #\\ [efficiency] \u202e'
     write_profile(tmp_path / "p.toml", name=name, base={}, fields={}, efficiency={}, source="s", comments=[name])
     assert tomllib.loads((tmp_path / "p.toml").read_text())["name"] == name
+
+
+@pytest.mark.parametrize(
+    "flags,says",
+    [
+        (["--master-port", "99999", "--master-addr", "node0"], "--master-port must be a TCP port"),
+        (["--master-port", "0", "--master-addr", "node0"], "--master-port must be a TCP port"),
+        (["--master-addr", "a\nb"], "is not a host name"),
+        (["--master-addr", "a b"], "is not a host name"),
+    ],
+)
+def test_rendezvous_flags_are_checked_before_torchrun(run_config, capsys, flags, says):
+    """--dry-run accepted them; torchrun failed on them only after the launch."""
+    rc = cli_main(["train", "--config", str(run_config), "--nnodes", "2", "--dry-run", *flags])
+    assert says in _coded(capsys, rc)
+    assert cli_main(["train", "--config", str(run_config), "--nnodes", "2", "--dry-run", "--master-addr", "node0"]) == 0
