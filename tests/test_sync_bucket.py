@@ -18,13 +18,14 @@ from hypothesis import strategies as st
 from autotune import tune as T
 from autotune.options import strategy_pins
 from cli.main import main
-from core.config import RunConfig, TrainerOptions, dumps, load, save
+from core.config import RunConfig, dumps, load, save
 from core.errors import ConfigError
 from core.specs import load_hardware, load_model
 from core.strategy import SYNC_BUCKET_MB, Cluster, Strategy, Workload, validate
 from core.support import check_plan
 from costmodel.estimate import estimate
 from costmodel.weight_sync import weight_sync_s
+from trainer_harness import run_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples/qwen2-7b-grpo-megatron.sh"  # sets no bucket: verl's default 2048
@@ -113,15 +114,9 @@ def test_a_bucket_below_one_mib_is_a_coded_error_everywhere(mb):
 
 
 def _cfg(mb: int) -> RunConfig:
-    m = load_model("tiny")
-    return RunConfig(
-        model=m,
-        hardware=load_hardware("cpu"),
-        cluster=Cluster(gpus=1),
-        strategy=validate(m, Strategy(mbs=4, sync_bucket_mb=mb), 1),
-        workload=Workload(prompts=4, n=4, mini_batch=2, prompt_len=8, response_len=4, dtype="fp32"),
-        trainer=TrainerOptions(rollout_engine="megatron", dataset="synthetic", reward="math"),
-    )
+    """The tiny model on one CPU process (tests/trainer_harness.py), 16 sequences a step."""
+    cfg = run_config("tiny", {"mbs": 4, "sync_bucket_mb": mb}, 1, rollout_engine="megatron", dataset="synthetic")
+    return cfg.replace(workload=Workload(prompts=4, n=4, mini_batch=2, prompt_len=8, response_len=4, dtype="fp32"))
 
 
 def test_best_yaml_keeps_older_plans_bytes_and_round_trips_a_set_bucket(tmp_path):
