@@ -218,3 +218,15 @@ def test_diagnose_prices_the_launchs_bucket(capsys, tmp_path):
     default, small = phases(EXAMPLE), phases(_with_bucket(tmp_path, 64))
     assert default["weight_sync"] - small["weight_sync"] == (2048 - 64) * MiB == 2_080_374_784
     assert default["update"] == small["update"]
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1.5", "abc"])
+def test_diagnose_refuses_a_bucket_verl_cannot_shift_into_bytes(capsys, tmp_path, value):
+    """verl computes the bucket as ``update_weights_bucket_megabytes << 20`` (engine_workers.py l.681): 0 or less
+    is no bucket, a fraction or a word fails the shift. An error on the key, not a silent 2048."""
+    p = _with_bucket(tmp_path, 64)
+    p.write_text(p.read_text().replace(f"{KEY}=64", f"{KEY}={value}"))
+    main(["diagnose", str(p), "--json"])
+    d = json.loads(capsys.readouterr().out)
+    errors = [f for f in d["findings"] if f["severity"] == "error"]
+    assert [(f["code"], f["key"]) for f in errors] == [("BAD_CONFIG", KEY)]

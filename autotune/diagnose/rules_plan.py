@@ -215,6 +215,8 @@ def _check_rollout(c: Ctx, tp: int | None) -> bool:
             key=f"{ROLLOUT}.gpu_memory_utilization",
         )
         ok = False
+    # verl shifts it << 20 into the weight-sync bucket's bytes (engine_workers.py l.681): a positive int of MiB
+    c.int_(f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes")
     return ok
 
 
