@@ -189,12 +189,9 @@ def search(
     train_mask = ev.train_phase_mask()
     cap = ev.capacity - margin
 
-    screened, pruned = _screen(space, ev, layouts, roll0, train_mask, cap, keep_layouts, progress)
-    if pruned and "cpu_optimizer" not in space.pins and space.cpu_grid == (None,):
-        # Some layouts overflow even frugally: search Megatron's CPU optimizer too (where memory needs it).
-        space = dataclasses.replace(space, cpu_grid=(None, 1.0))
-        ev.space = space
-        screened, pruned = _screen(space, ev, layouts, roll0, train_mask, cap, keep_layouts, None)
+    space, screened, pruned = _screen_or_cpu_optimizer(
+        space, ev, layouts, roll0, train_mask, cap, keep_layouts, progress
+    )
     n_candidates = space.candidate_count(layouts)
     shortlist = [li for _, li in screened[:keep_layouts]]
     n_lay = len(layouts)
@@ -217,11 +214,9 @@ def search(
             with_log_prob_mbs(e, ev, lambda x: x.fits and x.headroom_bytes >= margin, log_prob_mbs_max) for e in ranked
         ]
     uniq = _unique_ranked(ranked)
-    pts = [(tokens_per_s_per_gpu(e), e.peak_bytes) for e in uniq]
-    pareto = [uniq[i] for i in pareto_front(pts)]
     return SearchResult(
         ranked=uniq,
-        pareto=pareto,
+        pareto=[uniq[i] for i in pareto_front([(tokens_per_s_per_gpu(e), e.peak_bytes) for e in uniq])],
         candidates=n_candidates,
         evaluated=ev.calls,
         combined=combined,
@@ -230,6 +225,17 @@ def search(
         seconds=time.perf_counter() - t0,
         combination_error=err,
     )
+
+
+def _screen_or_cpu_optimizer(space, ev, layouts, roll0, train_mask, cap, keep_layouts, progress):
+    """:func:`_screen`; when some layouts overflow even frugally, screen again with Megatron's CPU optimizer in
+    the space too (where memory needs it). Returns (the space searched, screened layouts, pruned count)."""
+    screened, pruned = _screen(space, ev, layouts, roll0, train_mask, cap, keep_layouts, progress)
+    if pruned and "cpu_optimizer" not in space.pins and space.cpu_grid == (None,):
+        space = dataclasses.replace(space, cpu_grid=(None, 1.0))
+        ev.space = space
+        screened, pruned = _screen(space, ev, layouts, roll0, train_mask, cap, keep_layouts, None)
+    return space, screened, pruned
 
 
 def _combine_and_rank(space, ev, layouts, rolls, rows, deltas, cap, exact, margin, probe_err):

@@ -155,11 +155,8 @@ def _print_fit(c: Console, before: dict, after: dict, base: dict, fitted: dict, 
             if m["optimistic"]
             else "memory model not optimistic"
         )
-        c.print(
-            f"{Path(m['log']).name}: logged peak {m['logged_gib']:.1f} GiB vs predicted {m['predicted_gib']:.1f} GiB "
-            f"({m['phase']}): {verdict}",
-            highlight=False,
-        )
+        peaks = f"logged peak {m['logged_gib']:.1f} GiB vs predicted {m['predicted_gib']:.1f} GiB ({m['phase']})"
+        c.print(f"{Path(m['log']).name}: {peaks}: {verdict}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
