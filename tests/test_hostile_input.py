@@ -745,3 +745,67 @@ def test_sigterm_takes_a_running_trial_down_with_the_cli(tmp_path):
     if alive:
         os.kill(trial, signal.SIGKILL)  # do not leave it behind when the test fails
     assert not alive and rc == 128 + signal.SIGTERM
+
+
+# --- bullets of defect 8 that only the fuzz suite or the estimate command covered ------------------------
+
+M7 = ["--model", "qwen2-7b", "--gpus", "8", "--hardware", "h100"]
+
+
+@pytest.mark.parametrize("cmd", ["estimate", "search", "compare"])
+@pytest.mark.parametrize("gmu", ["0", "1.5", "nan", "-0.5", "inf"])
+def test_gpu_memory_utilization_outside_zero_one_is_refused(capsys, cmd, gmu):
+    """search gave a self-contradicting NO_FEASIBLE_PLAN and compare exited 0 with nothing fitting."""
+    rc = cli_main([cmd, *M7, f"--gpu-memory-utilization={gmu}"])
+    assert "--gpu-memory-utilization" in _coded(capsys, rc)
+
+
+@pytest.mark.parametrize("cmd", ["estimate", "search"])
+@pytest.mark.parametrize(
+    "flags,says",
+    [
+        (["--mini-batch", "16", "--prompts", "8"], "--mini-batch 16 exceeds --prompts 8"),  # silently became 8
+        (["--gpus-per-node", "0"], "--gpus-per-node must be >= 1"),  # meant "the profile's"
+        (["--gpus-per-node", "-1"], "--gpus-per-node must be >= 1"),
+    ],
+)
+def test_flags_that_were_silently_rewritten_are_refused(capsys, cmd, flags, says):
+    assert says in _coded(capsys, cli_main([cmd, *M7, *flags]))
+
+
+@pytest.mark.parametrize("where", ["top", "efficiency"])
+def test_unknown_keys_in_a_hardware_file_are_refused(tmp_path, capsys, where):
+    text = (Path(__file__).resolve().parent.parent / "profiles" / "hardware" / "cpu.toml").read_text()
+    text = "hbm_gb = 24\n" + text if where == "top" else text.replace("[efficiency]\n", "[efficiency]\nmfu = 0.5\n")
+    (tmp_path / "hw.toml").write_text(text)
+    rc = cli_main(["estimate", "--model", "tiny", "--gpus", "2", "--hardware", str(tmp_path / "hw.toml")])
+    assert "[UNKNOWN_KEY]" in _coded(capsys, rc)
+
+
+@pytest.mark.parametrize("key", ["comm_efficiency", "hbm_efficiency"])
+@pytest.mark.parametrize("value", ["0", "-0.5", "1.5", "nan", "inf"])
+def test_any_efficiency_outside_zero_one_is_refused(tmp_path, capsys, key, value):
+    """comm/hbm efficiency 0 divided by zero (a traceback); below 0 or above 1 gave negative times and MFU > 1."""
+    text = (Path(__file__).resolve().parent.parent / "profiles" / "hardware" / "cpu.toml").read_text()
+    assert f"\n{key} = " in text
+    lines = [f"{key} = {value}" if ln.startswith(f"{key} =") else ln for ln in text.splitlines()]
+    (tmp_path / "hw.toml").write_text("\n".join(lines) + "\n")
+    rc = cli_main(["estimate", "--model", "tiny", "--gpus", "2", "--hardware", str(tmp_path / "hw.toml")])
+    assert "[BAD_CONFIG]" in _coded(capsys, rc)
+
+
+def test_python_requirement_matches_tomllib():
+    """core/specs.py imports tomllib (3.11+); pyproject said >= 3.10, so every command died at import on 3.10."""
+    root = Path(__file__).resolve().parent.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    uses_tomllib = any("import tomllib" in p.read_text() for p in root.glob("*/*.py") if p.parts[-2] != "tests")
+    tomli_fallback = any(d.startswith("tomli") for d in project.get("dependencies", []))
+    assert not uses_tomllib or tomli_fallback or project["requires-python"].replace(" ", "") in (">=3.11", ">=3.12")
+
+
+def test_the_probe_writer_keeps_a_hostile_name_exact(tmp_path):
+    from trainer.probe import write_profile
+
+    name = 'x" = 1 #\\ [efficiency] \u202e'
+    write_profile(tmp_path / "p.toml", name=name, base={}, fields={}, efficiency={}, source="s", comments=[name])
+    assert tomllib.loads((tmp_path / "p.toml").read_text())["name"] == name
