@@ -119,11 +119,15 @@ def _cfg(mb: int) -> RunConfig:
     return cfg.replace(workload=Workload(prompts=4, n=4, mini_batch=2, prompt_len=8, response_len=4, dtype="fp32"))
 
 
-def test_best_yaml_keeps_older_plans_bytes_and_round_trips_a_set_bucket(tmp_path):
-    """At the default the key is left out (a best.yaml written before the field has the same bytes and loads
-    to 2048); a set bucket is written and read back."""
+def test_best_yaml_spells_the_bucket_and_reads_older_plans_as_the_default(tmp_path):
+    """The plan we price is the plan we emit: best.yaml (and --json) always spell the bucket, verl's default
+    included; a best.yaml written before the field (no key) loads to 2048; a set bucket is written and read back."""
     text = dumps(_cfg(SYNC_BUCKET_MB))
-    assert "sync_bucket_mb" not in text and "sync_bucket_mb" not in json.dumps(Strategy().to_dict())
+    assert f"sync_bucket_mb: {SYNC_BUCKET_MB}" in text and Strategy().to_dict()["sync_bucket_mb"] == SYNC_BUCKET_MB
+    older = text.replace(f"  sync_bucket_mb: {SYNC_BUCKET_MB}\n", "")
+    assert "sync_bucket_mb" not in older
+    (tmp_path / "old.yaml").write_text(older)
+    assert load(tmp_path / "old.yaml").strategy.sync_bucket_mb == SYNC_BUCKET_MB
     assert load(save(_cfg(SYNC_BUCKET_MB), tmp_path / "a.yaml")).strategy.sync_bucket_mb == SYNC_BUCKET_MB
     assert "sync_bucket_mb: 512" in dumps(_cfg(512))
     assert load(save(_cfg(512), tmp_path / "b.yaml")).strategy.sync_bucket_mb == 512
