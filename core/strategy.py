@@ -129,8 +129,6 @@ class Strategy:
         d = to_mapping(self)
         if d["log_prob_mbs"] is None:  # unset means mbs: plans (best.yaml, --json) without it read as before
             del d["log_prob_mbs"]
-        if d["sync_bucket_mb"] == SYNC_BUCKET_MB:  # verl's default: plans written before the field read as before
-            del d["sync_bucket_mb"]
         return d
 
     @classmethod

@@ -15,7 +15,6 @@ from core.strategy import Cluster, Strategy, Workload, validate
 from . import memory, timing
 from .params import active_params, max_rank_params, total_params
 from .results import Estimate, PhaseMemory, PhaseTimes, Throughput, TrainParts, Violation
-from .timing_base import Calibration
 
 __all__ = ["Estimate", "PhaseMemory", "PhaseTimes", "Throughput", "TrainParts", "Violation", "estimate"]
 
@@ -57,7 +56,7 @@ def estimate(
     cluster: Cluster,
     strategy: Strategy,
     workload: Workload,
-    calibration: Calibration | None = None,
+    calibration: dict[str, float] | None = None,
 ) -> Estimate:
     s = validate(model, strategy, cluster.gpus, gpus_per_node=cluster.gpus_per_node, allow_cross_node_tp=True)
     params = {"total": total_params(model), "active": active_params(model), "per_rank_max": max_rank_params(model, s)}

@@ -22,7 +22,7 @@ from core.strategy import Cluster, Strategy, Workload
 
 from . import comm, memory
 from .lengths import LengthDist, dist
-from .timing_base import PARAM_BYTES, Calibration, attention_fraction, gemm_efficiency, model_consts
+from .timing_base import PARAM_BYTES, attention_fraction, gemm_efficiency, model_consts
 from .train_time import train_s
 
 CUDA_GRAPH_MAX_BATCH = 512
@@ -36,7 +36,7 @@ def response_dist(wl: Workload) -> LengthDist:
     return dist(float(wl.response_len), wl.mean_response_len, wl.response_len_quantiles or ())
 
 
-def _tp_allreduce_s(hw: HardwareSpec, nbytes: float, rtp: int, gpn: int, cal: Calibration) -> float:
+def _tp_allreduce_s(hw: HardwareSpec, nbytes: float, rtp: int, gpn: int, cal: dict[str, float]) -> float:
     """One rollout TP all-reduce: small messages are latency-bound, and the latency grows with the
     group (log2 steps of a tree / one-shot kernel); a group spanning nodes pays the inter-node figures."""
     if rtp <= 1:
@@ -50,7 +50,9 @@ def _tp_allreduce_s(hw: HardwareSpec, nbytes: float, rtp: int, gpn: int, cal: Ca
 class _DecodeStep:
     """Seconds of one decode step at a given concurrency for one replica (constants hoisted)."""
 
-    def __init__(self, m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, prompt: float, cal: Calibration):
+    def __init__(
+        self, m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, prompt: float, cal: dict[str, float]
+    ):
         e = hw.efficiency
         c = model_consts(m)
         rtp = s.rollout_tp
@@ -95,7 +97,7 @@ _CACHE: dict[tuple, tuple[tuple, dict[str, float]]] = {}
 
 
 def rollout_s(
-    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: Calibration
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: dict[str, float]
 ) -> dict[str, float]:
     """``prefill_s``, ``decode_s``, ``decode_step_s`` (at full concurrency), ``concurrency``,
     ``longest_response`` (expected, per replica), ``memory_bound``. Memoized on the rollout's own
@@ -125,7 +127,7 @@ def rollout_s(
 
 
 def _rollout_s(
-    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: Calibration
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: dict[str, float]
 ) -> dict[str, float]:
     e = hw.efficiency
     c = model_consts(m)
@@ -175,7 +177,7 @@ def _rollout_s(
 
 
 def native_rollout_s(
-    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: Calibration
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: dict[str, float]
 ) -> dict[str, float]:
     """The CPU trainer's sampler (trainer/rollout/megatron.py): no KV cache, so each of the
     ``response_len`` steps is a forward-only pass of the training layout over every prefix (each DP

@@ -32,7 +32,6 @@ from .timing_base import (  # noqa: F401  (re-exported: the time model's public 
     CALIBRATION_BOUNDS,
     CALIBRATION_DEFAULTS,
     PHASES,
-    Calibration,
     attention_fraction,
     check_calibration,
     forward_flops_per_token,
@@ -69,7 +68,7 @@ def micro_batch_plan(
 
 
 def step_time(
-    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, *, cal: Calibration | None = None
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, *, cal: dict[str, float] | None = None
 ) -> tuple[PhaseTimes, Throughput, MappingProxyType]:
     """``(time, throughput, details)`` for a resolved strategy (dp filled in by strategy.validate): the inputs
     of :func:`costmodel.estimate.estimate` in this module's short names, ``cal`` its calibration overrides."""

@@ -17,10 +17,7 @@ from .params import active_params, embedding_params, layer_params, total_params
 
 PHASES = tuple(p.value for p in Phase)
 
-Calibration = dict[str, float]
-"""A calibration: knob (a key of :data:`CALIBRATION_DEFAULTS`) -> value, as the time functions take it (``cal``)."""
-
-CALIBRATION_DEFAULTS: Calibration = {
+CALIBRATION_DEFAULTS: dict[str, float] = {
     "compute_efficiency_scale": 1.0,  # x achieved FLOP/s of training and log-prob passes
     "comm_efficiency_scale": 1.0,  # speed of every collective (bus bandwidth and latency)
     "rollout_efficiency_scale": 1.0,  # x achieved HBM bandwidth and FLOP/s of prefill/decode
@@ -49,7 +46,7 @@ ADAM_BYTES_PER_PARAM = 30  # Adam step reads p, g, m, v (fp32) and writes p, m, 
 OPT_STATE_BYTES = 12  # fp32 master + exp_avg + exp_avg_sq (Megatron distributed optimizer)
 
 
-def check_calibration(calibration: Calibration | None) -> Calibration:
+def check_calibration(calibration: dict[str, float] | None) -> dict[str, float]:
     """Defaults overlaid with ``calibration``; an unknown key or a bad value is a BAD_CONFIG error."""
     if not calibration:
         return CALIBRATION_DEFAULTS  # read-only

@@ -22,7 +22,6 @@ from .timing_base import (
     ADAM_BYTES_PER_PARAM,
     GRAD_REDUCE_BYTES,
     PARAM_BYTES,
-    Calibration,
     attention_fraction,
     gemm_efficiency,
     model_consts,
@@ -37,7 +36,7 @@ def layer_times(
     s: Strategy,
     tokens_mb: float,
     seq_len: float,
-    cal: Calibration,
+    cal: dict[str, float],
 ) -> dict[str, float]:
     """Seconds for one (average) layer and one micro-batch of ``tokens_mb`` tokens (packed
     sequences of ``seq_len`` on average) on one rank: ``fwd``, ``bwd`` (without recompute),
@@ -123,7 +122,7 @@ def _cp_comm_s(m: ModelSpec, s: Strategy, tokens: float, t_attn: float, link: Li
 
 
 def _ep_comm_s(
-    m: ModelSpec, e: Efficiency, s: Strategy, c: dict[str, float], tokens: float, link: Link, cal: Calibration
+    m: ModelSpec, e: Efficiency, s: Strategy, c: dict[str, float], tokens: float, link: Link, cal: dict[str, float]
 ) -> float:
     """EP dispatch + combine of one layer (averaged over the MoE layers), seconds."""
     tp, ep, etp = s.tp, s.ep, s.etp_
@@ -147,7 +146,7 @@ def recompute_s(lt: dict[str, float], s: Strategy, layers: int) -> float:
 
 
 def head_s(
-    m: ModelSpec, hw: HardwareSpec, e: Efficiency, s: Strategy, tokens: float, cal: Calibration, logprob: bool
+    m: ModelSpec, hw: HardwareSpec, e: Efficiency, s: Strategy, tokens: float, cal: dict[str, float], logprob: bool
 ) -> float:
     """Output layer forward on the last stage (vocab split by TP), plus, for RL passes, the fp32
     log-softmax, the chosen-token gather and the entropy over the vocabulary: ~5 fp32 passes
@@ -213,7 +212,7 @@ def train_s(
     tokens_mb: float,
     micro_batches: int,
     seq_len: float,
-    cal: Calibration,
+    cal: dict[str, float],
     forward_only: bool = False,
     logprob: bool = False,
     lt: dict | None = None,
@@ -274,7 +273,7 @@ def _cpu_optimizer_s(hw: HardwareSpec, cluster: Cluster, s: Strategy, shard: flo
 
 
 def _dp_s(
-    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, tf: float, tb: float, cal: Calibration
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, tf: float, tb: float, cal: dict[str, float]
 ) -> float:
     """DP: gradients reduce-scattered (distributed optimizer) or all-reduced, updated parameters
     all-gathered; Megatron overlaps the reduce with the last backward and the gather with the

@@ -23,7 +23,7 @@ from core.specs import HardwareSpec, ModelSpec
 from core.strategy import Cluster, Strategy, Workload
 
 from . import comm
-from .timing_base import OPT_STATE_BYTES, PARAM_BYTES, Calibration, model_consts
+from .timing_base import OPT_STATE_BYTES, PARAM_BYTES, model_consts
 from .train_time import rank_params
 
 CPU_ADAM_BYTES_PER_PARAM = 4 * 7  # CPU Adam reads fp32 p, g, m, v and writes p, m, v
@@ -35,7 +35,9 @@ def sleep_s(hw: HardwareSpec, s: Strategy) -> float:
     return hw.efficiency.vllm_sleep_s if s.free_cache_engine else 0.0
 
 
-def weight_sync_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, cal: Calibration) -> dict[str, float]:
+def weight_sync_s(
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, cal: dict[str, float]
+) -> dict[str, float]:
     """Seconds of one refit by part: ``wake_s``, ``onload_s``, ``gather_s``, ``copy_s``, ``overhead_s``."""
     e = hw.efficiency
     c = model_consts(m)

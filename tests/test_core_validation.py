@@ -41,7 +41,7 @@ def test_bad_values_are_coded_errors(build, data, code, text):
 
 def test_model_and_hardware_ranges():
     base = load_model("tiny").to_dict()
-    with pytest.raises(ConfigError, match=r"model.layers must be a positive integer, got 0"):
+    with pytest.raises(ConfigError, match=r"model.layers must be an integer in \[1, 4096\], got 0"):
         ModelSpec.from_dict({**base, "layers": 0})
     with pytest.raises(ConfigError, match=r"model.norm_eps must be a finite number >= 0, got inf"):
         ModelSpec.from_dict({**base, "norm_eps": math.inf})

@@ -79,3 +79,21 @@ def test_the_cited_verl_assert_is_in_the_wheel(tmp_path):
     assert utils[124].strip().startswith("assert total_data_size % (force_group_size * micro_batch_size_per_gpu)")
     assert "micro_batches, indices = prepare_micro_batches(" in engine
     assert "mini_batch_size_per_gpu = mini_batch_size // self.engine.get_data_parallel_size()" in workers[269]
+
+
+def test_a_train_batch_not_a_multiple_of_the_mini_batch_is_an_error(tmp_path):
+    """1000 prompts with mini-batch 256: 1000 = 3 x 256 + 232, an uneven cut that verl 0.9.1's make_iterator
+    asserts against (verl/utils/tensordict_utils.py l.588, read below from the wheel) and core's Workload
+    refuses; diagnose reports it as an error (it used to be a warning: "the last mini-batch is smaller")."""
+    text = EXAMPLE.read_text()
+    assert "data.train_batch_size=1024 " in text
+    p = tmp_path / "tb1000.sh"
+    p.write_text(text.replace("data.train_batch_size=1024 ", "data.train_batch_size=1000 "))
+    rep = diagnose_path(p)
+    hit = [f for f in rep.findings if f.key == "actor_rollout_ref.actor.ppo_mini_batch_size"]
+    assert [(f.code, f.severity) for f in hit] == [("BATCH_DIVISIBILITY", "error")], [f.to_dict() for f in hit]
+    assert "1000 is not a multiple of ppo_mini_batch_size=256" in hit[0].message
+    assert rep.exit_code == 1
+    with zipfile.ZipFile(verl._download_wheel(tmp_path)) as zf:
+        td = zf.read("verl/utils/tensordict_utils.py").decode().splitlines()
+    assert td[587].strip().startswith("assert tensordict.batch_size[0] % mini_batch_size == 0")

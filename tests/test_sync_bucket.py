@@ -18,13 +18,14 @@ from hypothesis import strategies as st
 from autotune import tune as T
 from autotune.options import strategy_pins
 from cli.main import main
-from core.config import RunConfig, TrainerOptions, dumps, load, save
+from core.config import RunConfig, dumps, load, save
 from core.errors import ConfigError
 from core.specs import load_hardware, load_model
 from core.strategy import SYNC_BUCKET_MB, Cluster, Strategy, Workload, validate
 from core.support import check_plan
 from costmodel.estimate import estimate
 from costmodel.weight_sync import weight_sync_s
+from trainer_harness import run_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples/qwen2-7b-grpo-megatron.sh"  # sets no bucket: verl's default 2048
@@ -113,22 +114,20 @@ def test_a_bucket_below_one_mib_is_a_coded_error_everywhere(mb):
 
 
 def _cfg(mb: int) -> RunConfig:
-    m = load_model("tiny")
-    return RunConfig(
-        model=m,
-        hardware=load_hardware("cpu"),
-        cluster=Cluster(gpus=1),
-        strategy=validate(m, Strategy(mbs=4, sync_bucket_mb=mb), 1),
-        workload=Workload(prompts=4, n=4, mini_batch=2, prompt_len=8, response_len=4, dtype="fp32"),
-        trainer=TrainerOptions(rollout_engine="megatron", dataset="synthetic", reward="math"),
-    )
+    """The tiny model on one CPU process (tests/trainer_harness.py), 16 sequences a step."""
+    cfg = run_config("tiny", {"mbs": 4, "sync_bucket_mb": mb}, 1, rollout_engine="megatron", dataset="synthetic")
+    return cfg.replace(workload=Workload(prompts=4, n=4, mini_batch=2, prompt_len=8, response_len=4, dtype="fp32"))
 
 
-def test_best_yaml_keeps_older_plans_bytes_and_round_trips_a_set_bucket(tmp_path):
-    """At the default the key is left out (a best.yaml written before the field has the same bytes and loads
-    to 2048); a set bucket is written and read back."""
+def test_best_yaml_spells_the_bucket_and_reads_older_plans_as_the_default(tmp_path):
+    """The plan we price is the plan we emit: best.yaml (and --json) always spell the bucket, verl's default
+    included; a best.yaml written before the field (no key) loads to 2048; a set bucket is written and read back."""
     text = dumps(_cfg(SYNC_BUCKET_MB))
-    assert "sync_bucket_mb" not in text and "sync_bucket_mb" not in json.dumps(Strategy().to_dict())
+    assert f"sync_bucket_mb: {SYNC_BUCKET_MB}" in text and Strategy().to_dict()["sync_bucket_mb"] == SYNC_BUCKET_MB
+    older = text.replace(f"  sync_bucket_mb: {SYNC_BUCKET_MB}\n", "")
+    assert "sync_bucket_mb" not in older
+    (tmp_path / "old.yaml").write_text(older)
+    assert load(tmp_path / "old.yaml").strategy.sync_bucket_mb == SYNC_BUCKET_MB
     assert load(save(_cfg(SYNC_BUCKET_MB), tmp_path / "a.yaml")).strategy.sync_bucket_mb == SYNC_BUCKET_MB
     assert "sync_bucket_mb: 512" in dumps(_cfg(512))
     assert load(save(_cfg(512), tmp_path / "b.yaml")).strategy.sync_bucket_mb == 512
@@ -223,3 +222,15 @@ def test_diagnose_prices_the_launchs_bucket(capsys, tmp_path):
     default, small = phases(EXAMPLE), phases(_with_bucket(tmp_path, 64))
     assert default["weight_sync"] - small["weight_sync"] == (2048 - 64) * MiB == 2_080_374_784
     assert default["update"] == small["update"]
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1.5", "abc"])
+def test_diagnose_refuses_a_bucket_verl_cannot_shift_into_bytes(capsys, tmp_path, value):
+    """verl computes the bucket as ``update_weights_bucket_megabytes << 20`` (engine_workers.py l.681): 0 or less
+    is no bucket, a fraction or a word fails the shift. An error on the key, not a silent 2048."""
+    p = _with_bucket(tmp_path, 64)
+    p.write_text(p.read_text().replace(f"{KEY}=64", f"{KEY}={value}"))
+    main(["diagnose", str(p), "--json"])
+    d = json.loads(capsys.readouterr().out)
+    errors = [f for f in d["findings"] if f["severity"] == "error"]
+    assert [(f["code"], f["key"]) for f in errors] == [("BAD_CONFIG", KEY)]

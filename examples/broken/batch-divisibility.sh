@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # expect: BATCH_DIVISIBILITY
-# 100 prompts x n=5 = 500 sequences do not split over DP4 x micro 8 = 32, and the mini-batch
-# (128 prompts) is larger than the train batch.
+# 100 prompts x n=5 = 500 sequences give each of the 4 DP ranks 125, not a multiple of the log-prob
+# micro-batch 8, and the mini-batch (128 prompts) is larger than the train batch.
 python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer \
     algorithm.adv_estimator=grpo \
     data.train_batch_size=100 \

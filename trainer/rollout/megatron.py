@@ -63,7 +63,8 @@ class MegatronRollout:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, object]]) -> None:
         """No-op: generation reads the actor's live parameters. Consumes nothing, so a collective
-        iterator passed here is never started (callers skip sync when ``shares_actor_weights``)."""
+        iterator passed here is never started (callers skip sync when ``shares_actor_weights``).
+        So ``strategy.sync_bucket_mb`` has nothing to size here (the cost model prices no sync on CPU)."""
 
     def release(self) -> None:
         """Nothing to free: the engine has no cache of its own."""
