@@ -825,3 +825,47 @@ def test_rendezvous_flags_are_checked_before_torchrun(run_config, capsys, flags,
     rc = cli_main(["train", "--config", str(run_config), "--nnodes", "2", "--dry-run", *flags])
     assert says in _coded(capsys, rc)
     assert cli_main(["train", "--config", str(run_config), "--nnodes", "2", "--dry-run", "--master-addr", "node0"]) == 0
+
+
+def _hf_folder(tmp_path, weights: bytes | None, tokenizer: bool = True) -> Path:
+    d = tmp_path / "hf"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(LLAMA))
+    if tokenizer:
+        (d / "tokenizer.json").write_text("{}")
+    if weights is not None:
+        (d / "model.safetensors").write_bytes(weights)
+    return d
+
+
+def _safetensors(header: dict, data: bytes = b"") -> bytes:
+    h = json.dumps(header).encode()
+    return len(h).to_bytes(8, "little") + h + data
+
+
+@pytest.mark.parametrize(
+    "weights,tokenizer,code",
+    [
+        (_safetensors({}), False, "BAD_CONFIG"),  # no tokenizer.json
+        (None, True, "CHECKPOINT_ERROR"),  # no weights
+        (b"garbage", True, "CHECKPOINT_ERROR"),
+        ((2**63 - 1).to_bytes(8, "little") + b"{", True, "CHECKPOINT_ERROR"),  # a header longer than the file
+        (
+            _safetensors({"w": {"dtype": "F32", "shape": [10**12], "data_offsets": [0, 4 * 10**12]}}),
+            True,
+            "CHECKPOINT_ERROR",
+        ),
+        (_safetensors({"w": {"dtype": "F32", "shape": [4], "data_offsets": "x"}}), True, "CHECKPOINT_ERROR"),
+    ],
+)
+def test_a_broken_hf_checkpoint_fails_the_pre_start_check(tmp_path, weights, tokenizer, code):
+    """Each passed `train --dry-run` and failed in the workers: exit 4 with torch's ChildFailedError."""
+    hf = _hf_folder(tmp_path, weights, tokenizer)
+    with pytest.raises(GrpoTuneError) as exc:
+        _preflight(tmp_path, hf_checkpoint=str(hf))
+    assert exc.value.code == code, exc.value.message
+
+
+def test_a_sound_hf_checkpoint_header_passes_the_pre_start_check(tmp_path):
+    hf = _hf_folder(tmp_path, _safetensors({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(8)))
+    assert _preflight(tmp_path, hf_checkpoint=str(hf)).world_size == 8

@@ -96,7 +96,10 @@ def test_profile_writes_the_contract(tmp_path):
 def test_profile_crash_in_the_workers_is_status_error_exit_4(tmp_path):
     ck = tmp_path / "ckpt"
     ck.mkdir()
-    (ck / "config.json").write_text(json.dumps({"model_type": "llama"}))  # passes the pre-start check, no weights
+    # passes the pre-start check (trainer/launch.py reads files and headers, not their contents); the workers crash
+    (ck / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (ck / "tokenizer.json").write_text("{}")
+    (ck / "model.safetensors").write_bytes((2).to_bytes(8, "little") + b"{}")
     out = tmp_path / "p.json"
     r = _profile(_cfg(tmp_path / "c.yaml", gpus=1, strategy={"mbs": 4}, trainer={"hf_checkpoint": str(ck)}), out, 2)
     assert r.returncode == 4, r.stdout + r.stderr

@@ -121,12 +121,8 @@ def preflight(
         )
     if t.moe_aux_loss_coeff < 0:
         raise ConfigError(f"trainer.moe_aux_loss_coeff must be >= 0, got {t.moe_aux_loss_coeff}")
-    if t.hf_checkpoint is not None and not (Path(t.hf_checkpoint) / "config.json").is_file():
-        raise GrpoTuneError(
-            f"hf_checkpoint {t.hf_checkpoint!r} has no config.json",
-            code="CHECKPOINT_ERROR",
-            hint="point trainer.hf_checkpoint at a Hugging Face model folder, or remove it",
-        )
+    if t.hf_checkpoint is not None:
+        _check_hf_folder(Path(t.hf_checkpoint))
     if t.rollout_engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise MissingDependencyError(
             "trainer.rollout_engine is vllm, but vllm is not installed",
@@ -153,6 +149,57 @@ def preflight(
     if resume_dir is not None:
         check_resume(resume_dir, lay.world_size)
     return lay
+
+
+def _check_hf_folder(p: Path) -> None:
+    """What the workers read from ``trainer.hf_checkpoint`` (trainer/hf.py, trainer/tokenizer.py), checked here:
+    a missing tokenizer.json or weights, or a truncated/garbage safetensors file, failed only in the workers."""
+    hint = "point trainer.hf_checkpoint at a Hugging Face model folder, or remove it"
+    if not (p / "config.json").is_file():
+        raise GrpoTuneError(f"hf_checkpoint {str(p)!r} has no config.json", code="CHECKPOINT_ERROR", hint=hint)
+    if not (p / "tokenizer.json").is_file():
+        raise ConfigError(f"hf_checkpoint {str(p)!r} has no tokenizer.json", hint=hint)
+    files = sorted(p.glob("*.safetensors"))
+    if not files:
+        raise GrpoTuneError(f"no *.safetensors in hf_checkpoint {str(p)!r}", code="CHECKPOINT_ERROR", hint=hint)
+    for f in files:
+        why = _safetensors_problem(f)
+        if why is not None:
+            raise GrpoTuneError(
+                f"{f} is not a readable safetensors file: {why}",
+                code="CHECKPOINT_ERROR",
+                hint="download or export the checkpoint again",
+            )
+
+
+def _safetensors_problem(f: Path) -> str | None:
+    """The header of a safetensors file, read without loading it: 8 bytes of little-endian header length, a JSON
+    header, then the tensors' bytes at ``data_offsets`` (github.com/huggingface/safetensors, README "Format")."""
+    try:
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                return f"{size} bytes, shorter than its header length"
+            n = int.from_bytes(head, "little")
+            if n > min(size - 8, 100 << 20):  # the library's own header limit is 100 MB
+                return f"its header claims {n} bytes; the file holds {size}"
+            header = json.loads(fh.read(n).decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # JSON and UTF-8 errors are ValueErrors
+        return f"its header is not JSON ({type(exc).__name__})"
+    if not isinstance(header, dict):
+        return "its header is not a JSON object"
+    end = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            return f"tensor {name!r} has no data_offsets"
+        end = max(end, offsets[1])
+    if 8 + n + end > size:
+        return f"truncated: its tensors end at byte {8 + n + end}, the file holds {size}"
+    return None
 
 
 def _check_data_and_reward(dataset: str, reward: str, *, seed: int) -> None:
