@@ -32,11 +32,12 @@ def profile(
 ) -> None:
     """Profile a run config: time per phase, tokens/s, peak memory per rank -> JSON."""
     from autotune.outputs import check_output
-    from cli.train import load_checked
+    from cli.train import check_rendezvous, load_checked
     from trainer import launch
     from trainer import profile as tprofile
 
     check_output(json_path, "--json", inputs=(config,))  # before anything runs: never over the config itself
+    check_rendezvous(master_addr, master_port)
     if out is None:
         out = json_path.parent / f"{json_path.stem}.run"
     cfg, lay, out_dir = load_checked(config, steps=steps, out=out, nnodes=nnodes, node_rank=node_rank, resume=False)

@@ -44,6 +44,16 @@ MasterPortOpt = Annotated[
 ]
 
 
+def check_rendezvous(master_addr: str | None, master_port: int | None) -> None:
+    """torchrun refuses these only after the launch: a port outside TCP's range, an address with blanks."""
+    from core.errors import ConfigError
+
+    if master_port is not None and not 1 <= master_port <= 65535:
+        raise ConfigError(f"--master-port must be a TCP port in 1..65535, got {master_port}")
+    if master_addr is not None and (not master_addr or not master_addr.isprintable() or " " in master_addr):
+        raise ConfigError(f"--master-addr {master_addr!r} is not a host name or address", hint="e.g. node0 or 10.0.0.1")
+
+
 def load_checked(
     config: Path,
     *,
@@ -314,16 +324,11 @@ def train(
 ) -> None:
     """Run GRPO training with the config's parallel strategy (torchrun; megatron-core)."""
     from autotune.outputs import check_output
-    from core.errors import ConfigError
     from trainer import launch
 
     if slurm is not None:  # before anything is read or written: never over the config itself
         check_output(slurm, "--slurm", inputs=(config,))
-    # torchrun would refuse these only after the launch: a port outside TCP's range, an address with blanks
-    if master_port is not None and not 1 <= master_port <= 65535:
-        raise ConfigError(f"--master-port must be a TCP port in 1..65535, got {master_port}")
-    if master_addr is not None and (not master_addr or not master_addr.isprintable() or " " in master_addr):
-        raise ConfigError(f"--master-addr {master_addr!r} is not a host name or address", hint="e.g. node0 or 10.0.0.1")
+    check_rendezvous(master_addr, master_port)
     cfg, lay, out_dir = load_checked(
         config,
         steps=steps,

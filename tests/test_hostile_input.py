@@ -820,9 +820,11 @@ def test_the_probe_writer_keeps_a_hostile_name_exact(tmp_path):
         (["--master-addr", "a b"], "is not a host name"),
     ],
 )
-def test_rendezvous_flags_are_checked_before_torchrun(run_config, capsys, flags, says):
-    """--dry-run accepted them; torchrun failed on them only after the launch."""
+def test_rendezvous_flags_are_checked_before_torchrun(run_config, tmp_path, capsys, flags, says):
+    """--dry-run accepted them; torchrun failed on them only after the launch (train and profile)."""
     rc = cli_main(["train", "--config", str(run_config), "--nnodes", "2", "--dry-run", *flags])
+    assert says in _coded(capsys, rc)
+    rc = cli_main(["profile", "--config", str(run_config), "--json", str(tmp_path / "p.json"), *flags])
     assert says in _coded(capsys, rc)
     assert cli_main(["train", "--config", str(run_config), "--nnodes", "2", "--dry-run", "--master-addr", "node0"]) == 0
 
