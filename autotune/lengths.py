@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, TextIO
 
 from autotune.runlog import json_object
 from core.errors import ConfigError
@@ -30,6 +30,26 @@ from costmodel.lengths import quantiles_from_samples
 
 CHARS_PER_TOKEN = 4.0
 MAX_RECORDS = 200_000
+MAX_LINE_CHARS = 4 << 20
+"""A line longer than this is skipped unread: a file without newlines (a weights file given by mistake) was read
+whole into memory, ~2 bytes of RSS per byte of file."""
+
+
+def _lines(fh: TextIO) -> Iterator[str]:
+    """At most MAX_RECORDS lines of ``fh``, each at most MAX_LINE_CHARS long (longer ones are skipped)."""
+    n = 0
+    while n < MAX_RECORDS:
+        line = fh.readline(MAX_LINE_CHARS)
+        if not line:
+            return
+        if len(line) >= MAX_LINE_CHARS and not line.endswith("\n"):
+            while (rest := fh.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
+                pass  # the rest of an over-long line, in bounded pieces
+            continue
+        n += 1
+        yield line
+
+
 _CONSOLE = re.compile(r"(?:^|\s-\s|\s)([A-Za-z_][\w/.]*):\s*(-?[0-9.eE+-]+)")
 
 
@@ -86,9 +106,7 @@ def _run_metrics(p: Path) -> list[dict[str, float]]:
     steps: list[dict[str, float]] = []
     try:
         with open(p, "r", errors="replace") as fh:
-            for i, line in enumerate(fh):
-                if i >= MAX_RECORDS:
-                    break
+            for line in _lines(fh):
                 line = line.strip()
                 if not line:
                     continue
@@ -146,9 +164,7 @@ def _dataset(p: Path) -> tuple[list[str], list[str]]:
             raise ConfigError(f"--lengths: cannot read {p}: {exc}") from None
     else:
         with open(p, "r", errors="replace") as fh:
-            for i, line in enumerate(fh):
-                if i >= MAX_RECORDS:
-                    break
+            for line in _lines(fh):
                 obj = json_object(line)
                 if obj is not None:
                     rows.append(obj)

@@ -453,14 +453,14 @@ def test_probe_out_is_never_its_own_base(tmp_path, capsys):
     assert time.monotonic() - t0 < 20 and _digest(base) == before  # refused before the probe ran
 
 
-def _cli_subprocess(argv: list[str], timeout_s: float = 60) -> tuple[int, str]:
+def _cli_subprocess(argv: list[str], timeout_s: float = 60, mem_bytes: int = 2 << 30) -> tuple[int, str]:
     """The console script in a child with 2 GiB of address space and a timeout: a read of /dev/zero or of a
     FIFO that never ends (what these tests catch) cannot eat the machine's memory or hang the suite."""
     import resource
     import sys
 
     def cap():
-        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+        resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     try:
@@ -871,3 +871,21 @@ def test_a_broken_hf_checkpoint_fails_the_pre_start_check(tmp_path, weights, tok
 def test_a_sound_hf_checkpoint_header_passes_the_pre_start_check(tmp_path):
     hf = _hf_folder(tmp_path, _safetensors({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(8)))
     assert _preflight(tmp_path, hf_checkpoint=str(hf)).world_size == 8
+
+
+def test_lengths_from_a_file_without_newlines_is_read_in_bounded_memory(tmp_path, capsys):
+    """--lengths read each line whole: a weights file given by mistake (no newlines) took ~2x its size in RSS.
+    Lines over MAX_LINE_CHARS are now skipped in bounded pieces. Measured here on a 200 MiB file: max RSS 450 MB
+    before (MemoryError under a 400 MB address-space cap), 57 MB after (runs under 150 MB); the child gets 320 MiB."""
+    from autotune.lengths import MAX_LINE_CHARS
+
+    big = tmp_path / "model.safetensors"
+    with open(big, "wb") as fh:
+        for _ in range(200):
+            fh.write(b"x" * (1 << 20))
+    rc, err = _cli_subprocess(["estimate", "--model", "qwen2-7b", "--lengths", str(big)], 120, mem_bytes=320 << 20)
+    assert rc == 2 and "has no prompts or length metrics" in err, (rc, err[-500:])
+    ok = tmp_path / "ok.jsonl"  # a normal dataset beside an over-long line still gives its lengths
+    ok.write_text('{"prompt": "' + "y" * MAX_LINE_CHARS + '"}\n' + '{"prompt": "what is 1+1?"}\n' * 3)
+    assert cli_main(["estimate", "--model", "qwen2-7b", "--lengths", str(ok), "--json"]) == 0
+    assert "3 prompts" in capsys.readouterr().out
