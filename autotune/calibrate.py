@@ -184,7 +184,9 @@ def fit(
     points = [p for p in points if p.measured_step_s and p.measured_step_s > 0]
     if len(points) < 2:
         raise ConfigError(f"calibration needs at least 2 measured trials, got {len(points)}")
-    names = list(names or sorted(p0))
+    names = sorted(p0) if names is None else list(names)
+    if not names:  # an empty selection is a mistake, not "all"
+        raise ConfigError("no calibration parameter to fit", hint=f"known: {', '.join(sorted(p0))}")
     unknown = [n for n in names if n not in p0]
     if unknown:
         raise ConfigError(f"unknown calibration parameter {unknown[0]!r}", hint=f"known: {', '.join(sorted(p0))}")

@@ -4,20 +4,41 @@ always in a writable folder. (Outputs are then replaced atomically: core.config.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from core.errors import ConfigError
 
+PathIn = str | os.PathLike | None
+# The command's inputs: {option: path or paths}, so that a collision names the option it collides with; a
+# plain tuple of paths is still taken (the message then says only "an input").
+Inputs = Mapping[str, PathIn | Iterable[PathIn]] | tuple[PathIn, ...]
 
-def check_output(path: str | os.PathLike, option: str, *, inputs: tuple[str | os.PathLike | None, ...] = ()) -> Path:
+
+def _named(inputs: Inputs) -> list[tuple[str, Path]]:
+    """(option, path) of every given input; option is "" for a plain tuple's paths."""
+    if not isinstance(inputs, Mapping):
+        return [("", Path(i)) for i in inputs if i is not None]
+    out = []
+    for opt, v in inputs.items():
+        vals = [v] if v is None or isinstance(v, (str, os.PathLike)) else list(v)
+        out += [(opt, Path(i)) for i in vals if i is not None]
+    return out
+
+
+def _which(opt: str, path: Path) -> str:
+    return f"{opt} {path}, an input of this command" if opt else "an input of this command"
+
+
+def check_output(path: str | os.PathLike, option: str, *, inputs: Inputs = ()) -> Path:
     """``path`` can be written as a file: raise BAD_CONFIG now, before any work, when it cannot."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{option} {p} is a folder", hint=f"give {option} a file name")
-    for i in inputs:
-        if i is not None and _same(p, Path(i)):
+    for opt, i in _named(inputs):
+        if _same(p, i):
             raise ConfigError(
-                f"{option} {p} is also an input of this command; writing it would destroy the input",
+                f"{option} {p} is also {_which(opt, i)}; writing it would destroy the input",
                 hint=f"give {option} another file name",
             )
     parent = p.parent if str(p.parent) else Path(".")
@@ -41,14 +62,19 @@ def _same(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
 
 
-def check_out_dir(path: str | os.PathLike, option: str, *, inputs: tuple[str | os.PathLike | None, ...] = ()) -> Path:
+def check_out_dir(path: str | os.PathLike, option: str, *, inputs: Inputs = ()) -> Path:
     """``path`` is (or can become) a writable folder that holds none of the inputs' own paths."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{option} {p} is a file, not a folder", hint=f"give {option} a folder (it is created)")
-    for i in inputs:
-        if i is not None and Path(i).exists() and p.exists() and _same(p, Path(i)):
-            raise ConfigError(f"{option} {p} is an input of this command", hint=f"give {option} another folder")
+    for opt, i in _named(inputs):
+        if i.exists() and p.exists() and _same(p, i):
+            # e.g. `search --calibration runs` with the default --out runs: say which input, and how to move --out
+            raise ConfigError(
+                f"{option} {p} (where the run folder would go) is also {_which(opt, i)}",
+                hint=f"give {option} another folder (e.g. {option} {p.name}-out)"
+                + (f", or pass {opt} a path other than {i}" if opt else ""),
+            )
     probe = p
     while not probe.exists():
         if probe.parent == probe:

@@ -169,6 +169,44 @@ def _num(v: Any) -> float | None:
     return None
 
 
+def _non_finite(v: Any) -> bool:
+    """A logged number that is NaN or infinite (``nan``, ``inf``, ``np.float64(nan)``): a broken timer, not a
+    missing key."""
+    if isinstance(v, bool) or v is None:
+        return False
+    if isinstance(v, (int, float)):
+        return not math.isfinite(float(v))
+    if isinstance(v, str):
+        s = v.strip()
+        m = _WRAPPED.match(s)
+        if m:
+            s = m.group(1).split(",")[0].strip()
+        try:
+            return not math.isfinite(float(s))
+        except ValueError:
+            return False
+    return False
+
+
+def _bad_timings(fmt: str, obj: dict[str, Any]) -> list[str]:
+    """The timing keys of one record whose value is NaN or infinite (verl's timing_s/*, our phases_s)."""
+    if fmt == "grpo-tune":
+        ph = obj.get("phases_s")
+        return [f"phases_s/{k}" for k, v in ph.items() if _non_finite(v)] if isinstance(ph, dict) else []
+    return [k for k, v in obj.items() if isinstance(k, str) and k.startswith("timing_s/") and _non_finite(v)]
+
+
+def _non_finite_warnings(p: Path, bad: list[tuple[int, list[str], bool]]) -> list[str]:
+    """One warning per step with a NaN/inf timing (the first three), and a count past those."""
+    out = []
+    for step, keys, dropped in bad[:3]:
+        what = "the step is skipped" if dropped else "left out of that step"
+        out.append(f"{p}: step {step}: {', '.join(keys)} {'is' if len(keys) == 1 else 'are'} NaN or infinite; {what}")
+    if len(bad) > 3:
+        out.append(f"{p}: {len(bad)} steps in all had a NaN or infinite timing")
+    return out
+
+
 def _fields(obj: dict[str, Any], keys: dict[str, str]) -> dict[str, float | None]:
     """StepRecord field -> the logged number (None where the log lacks it), for ``keys``' log keys."""
     return {ours: _num(obj.get(k)) for k, ours in keys.items()}
@@ -255,6 +293,7 @@ def read_log(path: str | os.PathLike, *, max_bytes: int = MAX_LOG_BYTES) -> RunL
         lines.pop()
     fmt = _detect(lines)
     by_step: dict[int, StepRecord] = {}
+    nan_steps: list[tuple[int, list[str], bool]] = []  # (step, keys, whole step dropped): warned, never silent
     if fmt in ("verl-jsonl", "grpo-tune"):
         bad = 0
         for i, line in enumerate(lines, 1):
@@ -275,8 +314,12 @@ def read_log(path: str | os.PathLike, *, max_bytes: int = MAX_LOG_BYTES) -> RunL
                 if not isinstance(step, int) or isinstance(step, bool) or not isinstance(data, dict):
                     continue
                 rec = _verl_record(step, data)
+                if keys := _bad_timings(fmt, data):
+                    nan_steps.append((step, keys, rec is None))
             else:
                 rec = _ours_record(obj)
+                if keys := _bad_timings(fmt, obj):
+                    nan_steps.append((obj.get("step", i), keys, rec is None))
             if rec is not None:
                 by_step[rec.step] = rec
         if bad > 3:
@@ -284,7 +327,12 @@ def read_log(path: str | os.PathLike, *, max_bytes: int = MAX_LOG_BYTES) -> RunL
     elif fmt == "verl-console":
         for line in lines:
             got = _parse_console_line(line)
-            if got is not None and (rec := _verl_record(*got)) is not None:
+            if got is None:
+                continue
+            rec = _verl_record(*got)
+            if keys := _bad_timings(fmt, got[1]):
+                nan_steps.append((got[0], keys, rec is None))
+            if rec is not None:
                 by_step[rec.step] = rec
     else:
         raise ConfigError(
@@ -293,6 +341,13 @@ def read_log(path: str | os.PathLike, *, max_bytes: int = MAX_LOG_BYTES) -> RunL
             hint="pass verl's console output, its file logger's JSONL (trainer.logger=['console','file']), "
             "or the metrics.jsonl of `grpo-tune train`",
         )
+    if not by_step and nan_steps:
+        raise ConfigError(
+            f"{p}: every step with timings has a NaN or infinite one ({len(nan_steps)} step(s), e.g. step "
+            f"{nan_steps[0][0]}: {', '.join(nan_steps[0][1])}): nothing to calibrate on",
+            hint="pass a log of a run whose timers worked (verl logs timing_s/* as seconds)",
+        )
+    warnings += _non_finite_warnings(p, nan_steps)
     if not by_step:
         raise ConfigError(
             f"{p}: no step in this {fmt} log has a timing key ("

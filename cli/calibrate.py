@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.options import Json
-from core.errors import ConfigError
+from core.errors import ConfigError, close_matches
 
 FromLog = Annotated[
     list[Path],
@@ -42,8 +42,13 @@ OutOpt = Annotated[
     typer.Option("--out", help="Calibration JSON to write (--calibration of estimate/search/tune/compare reads it)."),
 ]
 Warmup = Annotated[
-    int,
-    typer.Option("--warmup", help="Logged steps to drop at the start of each log (CUDA graphs, allocator, compile)."),
+    int | None,
+    typer.Option(
+        "--warmup",
+        help="Logged steps to drop at the start of each log (CUDA graphs, allocator, compile) [default: 1; "
+        "a one-step log keeps its step].",
+        show_default=False,
+    ),
 ]
 Params = Annotated[str | None, typer.Option("--params", help="Comma list of calibration knobs to fit (default: all).")]
 
@@ -55,7 +60,7 @@ def calibrate(
     hardware: Hardware = None,
     model: ModelOpt = None,
     out: OutOpt = Path("calibration.json"),
-    warmup: Warmup = 1,
+    warmup: Warmup = None,
     params: Params = None,
     json_out: Json = False,
 ) -> None:
@@ -69,13 +74,14 @@ def calibrate(
         raise ConfigError("--launch is required", hint="the launch (verl script or override list) each log ran")
     if len(launch) not in (1, len(logs)):
         raise ConfigError(f"{len(logs)} log(s) but {len(launch)} --launch: give one launch for all logs or one per log")
-    if warmup < 0:
+    if warmup is not None and warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {warmup}")
     launches = list(launch) * len(logs) if len(launch) == 1 else list(launch)
-    check_output(out, "--out", inputs=(*logs, *launch))  # before the fit: never over a log or a launch
-    names = [n.strip() for n in params.split(",") if n.strip()] if params else None
-    points = _read_points(logs, launches, model=model, hardware=hardware, warmup=warmup)
+    # before the fit: never over a log or a launch
+    check_output(out, "--out", inputs={"--from-log": logs, "--launch": launch})
     base = defaults()
+    names = _knobs(params, base)
+    points = _read_points(logs, launches, model=model, hardware=hardware, warmup=warmup)
     res = R.calibrate_logs(points, names=names)
     before, after = R.phase_mape(points, base), R.phase_mape(points, res.params)
     mem = [m for p in points if (m := R.memory_check(p)) is not None]
@@ -91,25 +97,55 @@ def calibrate(
         print(json.dumps(doc, indent=2, default=str))
         return
     c = Console()
+    dropped = {len(p.log.records) - p.kept_steps for p in points}  # what was dropped, not what was asked
+    per_log = f"{dropped.pop()} warm-up step(s) per log" if len(dropped) == 1 else "the warm-up steps"
     c.print(
-        f"{len(points)} log(s), {sum(p.kept_steps for p in points)} steps after dropping {warmup} warm-up "
-        f"step(s) per log; {points[0].plan.model.name} on {hw_name}",
+        f"{len(points)} log(s), {sum(p.kept_steps for p in points)} steps after dropping {per_log}; "
+        f"{points[0].plan.model.name} on {hw_name}",
         highlight=False,
     )
     _print_fit(c, before, after, base, res.params, mem)
     c.print(f"wrote [bold]{out}[/] (use it with --calibration {out})", highlight=False)
 
 
-def _read_points(logs: list[Path], launches: list[Path], *, model, hardware, warmup: int) -> list:
-    """One calibration point per log (its plan from its launch), warnings (a cut last line) on stderr."""
+def _knobs(params: str | None, base: dict[str, float]) -> list[str] | None:
+    """--params as knob names (None: all). An empty list (``--params ,``) or an unknown name is an error, not
+    a fit of every knob."""
+    if params is None:
+        return None
+    names = [n.strip() for n in params.split(",") if n.strip()]
+    known = ", ".join(sorted(base))
+    if not names:
+        raise ConfigError(f"--params {params!r} names no calibration knob", hint=f"name some of: {known}")
+    for n in names:
+        if n not in base:
+            near = close_matches(n, base)
+            maybe = f"did you mean {', '.join(near)}? " if near else ""
+            raise ConfigError(f"--params: unknown calibration knob {n!r}", hint=f"{maybe}known knobs: {known}")
+    return names
+
+
+def _read_points(logs: list[Path], launches: list[Path], *, model, hardware, warmup: int | None) -> list:
+    """One calibration point per log (its plan from its launch), warnings (a cut last line) on stderr.
+    An explicit --warmup that drops every step of a log is an error; the default (1) keeps a one-step log's step."""
     from autotune import runlog as R
 
     err = Console(stderr=True)
     points = []
     for i, (log_path, lp) in enumerate(zip(logs, launches)):
         log = R.read_log(log_path)
+        if warmup is not None and warmup > 0 and warmup >= len(log.records):
+            raise ConfigError(
+                f"--warmup {warmup} drops every step of {log.path}: it logged {len(log.records)} training step(s)",
+                hint=f"give --warmup below {len(log.records)} (0 keeps every step), or a longer log",
+            )
         point = R.log_point(
-            log, lp, model=model, hardware=hardware, skip_warmup=warmup, label=f"{i + 1}:{Path(log_path).name}"
+            log,
+            lp,
+            model=model,
+            hardware=hardware,
+            skip_warmup=1 if warmup is None else warmup,
+            label=f"{i + 1}:{Path(log_path).name}",
         )
         R.check_same_model(point)
         for w in log.warnings:

@@ -136,7 +136,8 @@ def compare(
     if out is not None:
         from autotune.outputs import check_out_dir
 
-        check_out_dir(out, "--out", inputs=(calibration,))  # before the searches, not after them (issue 14)
+        # before the searches, not after them (issue 14)
+        check_out_dir(out, "--out", inputs={"--calibration": calibration})
     flags = plan_flags(plan)
     model, gpus = flags["model"], flags["gpus"]
     pins, wkw = pins_from_flags(flags), workload_flags(flags)

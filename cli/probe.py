@@ -71,7 +71,7 @@ def probe_hardware(
     from autotune.export import check_name
     from autotune.outputs import check_output
 
-    check_output(out, "--out", inputs=(base,))  # before the probe runs, not after; never over its --base
+    check_output(out, "--out", inputs={"--base": base})  # before the probe runs, not after; never over its --base
     if name is not None:
         check_name(name, "--name")
     if base is not None:

@@ -36,7 +36,7 @@ def profile(
     from trainer import launch
     from trainer import profile as tprofile
 
-    check_output(json_path, "--json", inputs=(config,))  # before anything runs: never over the config itself
+    check_output(json_path, "--json", inputs={"CONFIG": config})  # before anything runs: never over the config itself
     check_rendezvous(master_addr, master_port)
     if out is None:
         out = json_path.parent / f"{json_path.stem}.run"

@@ -84,7 +84,7 @@ def load_checked(
     out_dir = Path(cfg.trainer.out_dir)
     from autotune.outputs import check_out_dir
 
-    check_out_dir(out_dir, "--out", inputs=(config,))
+    check_out_dir(out_dir, "--out", inputs={"CONFIG": config})
     if not resume and (out_dir / "checkpoints" / "latest.json").exists():
         raise ConfigError(
             f"{out_dir} already holds checkpoints and --no-resume was given",
@@ -327,7 +327,7 @@ def train(
     from trainer import launch
 
     if slurm is not None:  # before anything is read or written: never over the config itself
-        check_output(slurm, "--slurm", inputs=(config,))
+        check_output(slurm, "--slurm", inputs={"CONFIG": config})
     check_rendezvous(master_addr, master_port)
     cfg, lay, out_dir = load_checked(
         config,

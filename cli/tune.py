@@ -122,7 +122,8 @@ def tune(
     if emit:
         from autotune.outputs import check_out_dir
 
-        check_out_dir(out, "--out", inputs=(launch, calibration))  # before the search, not after it (issue 14)
+        # before the search, not after it (issue 14)
+        check_out_dir(out, "--out", inputs={"LAUNCH": launch, "--calibration": calibration})
     plan = T.plan_of(
         launch, model=model, hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
     )

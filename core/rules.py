@@ -304,18 +304,25 @@ def check_log_prob_batches(w: Workload, *, dp: int, log_prob_mbs: int, pp: int =
 
 
 def check_lengths(model: ModelSpec, w: Workload) -> list[Finding]:
-    """A GRPO sequence (prompt + response) longer than the model's positions (HF
-    ``max_position_embeddings``): the trainer refuses it, so search and estimate must too. Code: ``BAD_CONFIG``."""
-    if w.kind != "grpo":
-        return []
-    longest = w.prompt_len + w.response_len
+    """A sequence longer than the model's positions (HF ``max_position_embeddings``): a GRPO prompt + response,
+    or a pretraining ``seq_len``. Positions past it were never trained (the GRPO trainer refuses them), so search
+    and estimate refuse them too. Code: ``BAD_CONFIG``."""
+    if w.kind == "grpo":
+        longest = w.prompt_len + w.response_len
+        what, flags = (
+            f"prompt_len + response_len = {longest}",
+            "the prompt / response lengths (--prompt-len, --response-len)",
+        )
+        together = " together"
+    else:
+        longest = w.seq_len
+        what, flags, together = f"seq_len = {longest}", "the sequence length (--seq-len)", ""
     if longest <= model.max_seq_len:
         return []
     return [
         Finding(
             "BAD_CONFIG",
-            f"prompt_len + response_len = {longest} exceeds {model.name}'s max_seq_len {model.max_seq_len}",
-            f"shorten the prompt / response lengths (--prompt-len, --response-len) to at most "
-            f"{model.max_seq_len} tokens together",
+            f"{what} exceeds {model.name}'s max_seq_len {model.max_seq_len}",
+            f"shorten {flags} to at most {model.max_seq_len} tokens{together}",
         )
     ]
