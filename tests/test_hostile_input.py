@@ -889,3 +889,118 @@ def test_lengths_from_a_file_without_newlines_is_read_in_bounded_memory(tmp_path
     ok.write_text('{"prompt": "' + "y" * MAX_LINE_CHARS + '"}\n' + '{"prompt": "what is 1+1?"}\n' * 3)
     assert cli_main(["estimate", "--model", "qwen2-7b", "--lengths", str(ok), "--json"]) == 0
     assert "3 prompts" in capsys.readouterr().out
+
+
+# --- leftovers of the re-verification (notes/hostile14.md "Noticed, left alone") ----------------
+
+
+def _calibrate(log: Path, *extra: str, out: Path) -> list[str]:
+    return ["calibrate", "--from-log", str(log), "--launch", str(VERL_LOGS / "launch_a.txt"), "--out", str(out), *extra]
+
+
+@pytest.mark.parametrize("warmup", ["99999999999999999999", "12"])
+def test_calibrate_warmup_that_drops_every_step_is_refused(tmp_path, capsys, warmup):
+    """run_a logs 12 training steps. It warned "warm-up steps kept" and then printed "12 steps after dropping
+    99999999999999999999 warm-up step(s)": both cannot be true."""
+    rc = cli_main(_calibrate(VERL_LOGS / "run_a.jsonl", "--warmup", warmup, out=tmp_path / "c.json"))
+    err = _coded(capsys, rc)
+    assert f"[BAD_CONFIG] --warmup {warmup} drops every step of" in err and "12 training step(s)" in err
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_calibrate_summary_says_what_it_dropped(tmp_path, capsys):
+    rc = cli_main(_calibrate(VERL_LOGS / "run_a.jsonl", "--warmup", "11", out=tmp_path / "c.json"))
+    assert rc == 0 and "1 steps after dropping 11 warm-up step(s) per log" in capsys.readouterr().out
+    one = tmp_path / "one.jsonl"  # a one-step log keeps its step under the default warm-up, and says so
+    one.write_text("".join((VERL_LOGS / "run_a.jsonl").read_text().splitlines(keepends=True)[:2]))
+    rc = cli_main(_calibrate(one, out=tmp_path / "c.json"))
+    cap = capsys.readouterr()
+    assert rc == 0 and "warm-up steps kept" in cap.err, cap.err
+    assert "1 steps after dropping 0 warm-up step(s) per log" in cap.out, cap.out
+
+
+@pytest.mark.parametrize("params", [",", " , ,", "", "no_such_knob", "compute_efficiency_scale,bogus"])
+def test_calibrate_params_must_name_known_knobs(tmp_path, capsys, params):
+    """`--params ,` fitted every knob; an unknown name was refused only after every log was read."""
+    rc = cli_main(_calibrate(VERL_LOGS / "run_a.jsonl", "--params", params, out=tmp_path / "c.json"))
+    err = _coded(capsys, rc)
+    assert "[BAD_CONFIG] --params" in err and "compute_efficiency_scale" in err.split("hint:")[1]
+    assert not (tmp_path / "c.json").exists()
+
+
+def _with_timings(tmp_path, name: str, steps: set[int], keys: tuple[str, ...] = (), value=float("nan")) -> Path:
+    """run_a.jsonl with ``value`` in the timing keys ``keys`` (all of them when empty) of ``steps``."""
+    lines = []
+    for line in (VERL_LOGS / "run_a.jsonl").read_text().splitlines():
+        obj = json.loads(line)
+        if obj["step"] in steps:
+            for k in obj["data"]:
+                if k.startswith("timing_s/") and (not keys or k in keys):
+                    obj["data"][k] = value
+        lines.append(json.dumps(obj))  # NaN and Infinity as Python's json (and verl's file logger) write them
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_nan_timing_in_a_log_is_warned_not_silently_dropped(tmp_path, capsys, value):
+    log = _with_timings(tmp_path, "nan.jsonl", {5}, value=value)  # every timer of step 5, one of step 6
+    text = log.read_text()
+    one = _with_timings(tmp_path, "one.jsonl", {6}, ("timing_s/gen",), value)
+    log.write_text(text.replace(text.splitlines()[6], one.read_text().splitlines()[6]))
+    rc = cli_main(_calibrate(log, out=tmp_path / "c.json"))
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert "step 5: timing_s/gen, " in cap.err and "NaN or infinite; the step is skipped" in cap.err, cap.err
+    assert "step 6: timing_s/gen is NaN or infinite; left out of that step" in cap.err, cap.err
+    assert "10 steps after dropping 1 warm-up step(s)" in cap.out
+
+
+def test_a_log_whose_every_timing_is_nan_is_refused(tmp_path, capsys):
+    log = _with_timings(tmp_path, "allnan.jsonl", set(range(100)))
+    err = _coded(capsys, cli_main(_calibrate(log, out=tmp_path / "c.json")))
+    assert "every step with timings has a NaN or infinite one (12 step(s)" in err
+
+
+def test_a_nan_timing_in_a_console_log_is_warned(tmp_path):
+    from autotune.runlog import read_log
+
+    lines = (VERL_LOGS / "run_a.console.log").read_text().splitlines(keepends=True)
+    i = next(i for i, line in enumerate(lines) if "step:3 " in line and "timing_s/gen:" in line)
+    lines[i] = re.sub(r"timing_s/gen:[^ ]+", "timing_s/gen:nan", lines[i])
+    p = tmp_path / "nan.console.log"
+    p.write_text("".join(lines))
+    log = read_log(p)
+    assert any("step 3: timing_s/gen is NaN or infinite" in w for w in log.warnings), log.warnings
+    rec = next(r for r in log.records if r.step == 3)
+    assert "rollout" not in rec.phases_s and "update" in rec.phases_s  # only the broken timer is left out
+
+
+def test_search_top_is_bounded(capsys):
+    """--top sized the exact re-evaluation (4 x top): --top 10**20 evaluated every plan, 23 s for 7B on 8 GPUs."""
+    t0 = time.monotonic()
+    rc = cli_main(["search", "--model", "qwen2-7b", "--gpus", "8", "--top", str(10**20)])
+    assert "[BAD_CONFIG] --top must be between 1 and 1000" in _coded(capsys, rc)
+    assert time.monotonic() - t0 < 5  # seconds: refused before the search
+    tiny = ["search", "--model", "tiny", "--gpus", "2", "--hardware", "cpu", "--prompt-len", "64"]
+    assert cli_main([*tiny, "--response-len", "64", "--top", "1000", "--no-emit"]) == 0
+
+
+def test_pretrain_seq_len_is_checked_against_the_model_positions(capsys):
+    """GRPO lengths were checked against max_position_embeddings, pretraining's --seq-len was not: 10**20 gave
+    an OOM verdict of 5e17 GiB."""
+    base = ["estimate", "--model", "qwen2.5-7b", "--gpus", "8", "--workload", "pretrain"]
+    err = _coded(capsys, cli_main([*base, "--seq-len", str(10**20)]))
+    assert err.startswith(f"[BAD_CONFIG] seq_len = {10**20} exceeds qwen2.5-7b's max_seq_len 131072\n")
+    assert "hint: shorten the sequence length (--seq-len) to at most 131072 tokens" in err
+    assert cli_main([*base, "--seq-len", "131072"]) in (0, 1)  # at the limit: priced, not refused
+
+
+def test_out_colliding_with_an_input_names_that_input(tmp_path, capsys, monkeypatch):
+    """`search --calibration runs` (the default --out's name) said only "--out runs is an input"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    err = _coded(capsys, cli_main(["search", "--model", "qwen2-7b", "--gpus", "8", "--calibration", "runs"]))
+    assert "[BAD_CONFIG] --out runs (where the run folder would go) is also --calibration runs" in err
+    assert "give --out another folder (e.g. --out runs-out)" in err
