@@ -149,43 +149,35 @@ def _read_bounded(path: Path, max_bytes: int) -> tuple[str, bool]:
     return text, text.endswith("\n")
 
 
-def _num(v: Any) -> float | None:
-    """A logged value as a finite float, or None (null, NaN, a string, a list)."""
+def _as_float(v: Any) -> float | None:
+    """A logged number as a float, NaN and inf included (None: null, a bool, text, a list)."""
     if isinstance(v, bool) or v is None:
         return None
     if isinstance(v, (int, float)):
-        f = float(v)
-        return f if math.isfinite(f) else None
+        return float(v)
     if isinstance(v, str):
         s = v.strip()
         m = _WRAPPED.match(s)
         if m:
             s = m.group(1).split(",")[0].strip()
         try:
-            f = float(s)
+            return float(s)
         except ValueError:
             return None
-        return f if math.isfinite(f) else None
     return None
+
+
+def _num(v: Any) -> float | None:
+    """A logged value as a finite float, or None (null, NaN, a string, a list)."""
+    f = _as_float(v)
+    return f if f is not None and math.isfinite(f) else None
 
 
 def _non_finite(v: Any) -> bool:
     """A logged number that is NaN or infinite (``nan``, ``inf``, ``np.float64(nan)``): a broken timer, not a
     missing key."""
-    if isinstance(v, bool) or v is None:
-        return False
-    if isinstance(v, (int, float)):
-        return not math.isfinite(float(v))
-    if isinstance(v, str):
-        s = v.strip()
-        m = _WRAPPED.match(s)
-        if m:
-            s = m.group(1).split(",")[0].strip()
-        try:
-            return not math.isfinite(float(s))
-        except ValueError:
-            return False
-    return False
+    f = _as_float(v)
+    return f is not None and not math.isfinite(f)
 
 
 def _bad_timings(fmt: str, obj: dict[str, Any]) -> list[str]:
@@ -451,9 +443,13 @@ def log_point(
     from autotune.tune import plan_of
 
     recs = log.records
-    kept = recs[skip_warmup:] if len(recs) > skip_warmup else recs
-    if len(kept) < len(recs) - skip_warmup or len(recs) <= skip_warmup:
-        log.warnings.append(f"{log.path}: only {len(recs)} step(s) logged; warm-up steps kept")
+    if skip_warmup > 0 and len(recs) <= skip_warmup:
+        # Keeping them (with a warning) fitted the model to warm-up steps while the summary said they were dropped.
+        raise ConfigError(
+            f"--warmup {skip_warmup} drops every step of {log.path}: it logged {len(recs)} training step(s)",
+            hint=f"give --warmup below {len(recs)} (--warmup 0 keeps every step, warm-up included), or a longer log",
+        )
+    kept = recs[skip_warmup:]
     sub = RunLog(path=log.path, format=log.format, records=kept)
     s = summary(sub)
     rmean = s.get("response_len_mean")

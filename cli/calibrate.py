@@ -42,13 +42,8 @@ OutOpt = Annotated[
     typer.Option("--out", help="Calibration JSON to write (--calibration of estimate/search/tune/compare reads it)."),
 ]
 Warmup = Annotated[
-    int | None,
-    typer.Option(
-        "--warmup",
-        help="Logged steps to drop at the start of each log (CUDA graphs, allocator, compile) [default: 1; "
-        "a one-step log keeps its step].",
-        show_default=False,
-    ),
+    int,
+    typer.Option("--warmup", help="Logged steps to drop at the start of each log (CUDA graphs, allocator, compile)."),
 ]
 Params = Annotated[str | None, typer.Option("--params", help="Comma list of calibration knobs to fit (default: all).")]
 
@@ -60,7 +55,7 @@ def calibrate(
     hardware: Hardware = None,
     model: ModelOpt = None,
     out: OutOpt = Path("calibration.json"),
-    warmup: Warmup = None,
+    warmup: Warmup = 1,
     params: Params = None,
     json_out: Json = False,
 ) -> None:
@@ -74,7 +69,7 @@ def calibrate(
         raise ConfigError("--launch is required", hint="the launch (verl script or override list) each log ran")
     if len(launch) not in (1, len(logs)):
         raise ConfigError(f"{len(logs)} log(s) but {len(launch)} --launch: give one launch for all logs or one per log")
-    if warmup is not None and warmup < 0:
+    if warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {warmup}")
     launches = list(launch) * len(logs) if len(launch) == 1 else list(launch)
     # before the fit: never over a log or a launch
@@ -97,11 +92,9 @@ def calibrate(
         print(json.dumps(doc, indent=2, default=str))
         return
     c = Console()
-    dropped = {len(p.log.records) - p.kept_steps for p in points}  # what was dropped, not what was asked
-    per_log = f"{dropped.pop()} warm-up step(s) per log" if len(dropped) == 1 else "the warm-up steps"
     c.print(
-        f"{len(points)} log(s), {sum(p.kept_steps for p in points)} steps after dropping {per_log}; "
-        f"{points[0].plan.model.name} on {hw_name}",
+        f"{len(points)} log(s), {sum(p.kept_steps for p in points)} steps after dropping {warmup} warm-up "
+        f"step(s) per log; {points[0].plan.model.name} on {hw_name}",
         highlight=False,
     )
     _print_fit(c, before, after, base, res.params, mem)
@@ -125,27 +118,16 @@ def _knobs(params: str | None, base: dict[str, float]) -> list[str] | None:
     return names
 
 
-def _read_points(logs: list[Path], launches: list[Path], *, model, hardware, warmup: int | None) -> list:
-    """One calibration point per log (its plan from its launch), warnings (a cut last line) on stderr.
-    An explicit --warmup that drops every step of a log is an error; the default (1) keeps a one-step log's step."""
+def _read_points(logs: list[Path], launches: list[Path], *, model, hardware, warmup: int) -> list:
+    """One calibration point per log (its plan from its launch), warnings (a cut last line) on stderr."""
     from autotune import runlog as R
 
     err = Console(stderr=True)
     points = []
     for i, (log_path, lp) in enumerate(zip(logs, launches)):
         log = R.read_log(log_path)
-        if warmup is not None and warmup > 0 and warmup >= len(log.records):
-            raise ConfigError(
-                f"--warmup {warmup} drops every step of {log.path}: it logged {len(log.records)} training step(s)",
-                hint=f"give --warmup below {len(log.records)} (0 keeps every step), or a longer log",
-            )
         point = R.log_point(
-            log,
-            lp,
-            model=model,
-            hardware=hardware,
-            skip_warmup=1 if warmup is None else warmup,
-            label=f"{i + 1}:{Path(log_path).name}",
+            log, lp, model=model, hardware=hardware, skip_warmup=warmup, label=f"{i + 1}:{Path(log_path).name}"
         )
         R.check_same_model(point)
         for w in log.warnings:

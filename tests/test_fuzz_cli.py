@@ -15,12 +15,11 @@ tests/test_fuzz_cli.py`` runs many more cases.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
-import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from _hostile import within
 from cli.main import app, main
 
 CASE_LIMIT_S = 60
@@ -105,20 +105,6 @@ def _snapshot(d: Path) -> dict[str, str]:
     return out
 
 
-@contextlib.contextmanager
-def _time_limit(seconds: int):
-    def boom(signum, frame):
-        raise TimeoutError(f"a case ran over {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
 runner = CliRunner()
 
 
@@ -127,14 +113,14 @@ def check(argv: list[str], inputs: Path, cwd: Path) -> int:
     old = os.getcwd()
     os.chdir(cwd)  # relative outputs land in a scratch folder
     try:
-        with _time_limit(CASE_LIMIT_S), runner.isolation() as (out, err, _):
+        with within(CASE_LIMIT_S), runner.isolation() as (out, err, _):
             exit_status = main(argv)  # what the console script runs: the one error boundary
             sys.stdout.flush()
             sys.stderr.flush()
             text = out.getvalue().decode(errors="replace") + err.getvalue().decode(errors="replace")
     finally:
         os.chdir(old)
-    assert "a case ran over" not in text, (argv, text[-2000:])
+    assert "still running after" not in text, (argv, text[-2000:])  # within()'s TimeoutError
     assert "Traceback" not in text, (argv, text[-2000:])
     assert "[INTERNAL_ERROR]" not in text, (argv, text[-2000:])
     assert exit_status in (0, 1, 2), (argv, exit_status, text[-2000:])
@@ -237,58 +223,57 @@ def test_diagnose(inputs, tmp_path, data):
     check(argv, inputs, tmp_path)
 
 
+def _fuzz_one_of(data, inputs: Path, tmp_path: Path, cases: dict[str, Callable[[str], list[str]]]) -> None:
+    """Draw an input file and one of ``cases`` (name -> the argv it builds around that file); check() it."""
+    f = data.draw(_file(inputs))
+    which = data.draw(st.sampled_from(list(cases)))
+    check(cases[which](f), inputs, tmp_path)
+
+
 @FUZZ
 @given(data=st.data())
 def test_validate_tune_calibrate(inputs, tmp_path, data):
-    f = data.draw(_file(inputs))
-    which = data.draw(st.sampled_from(["validate", "validate_grpo", "tune", "calibrate"]))
-    if which == "validate":
-        argv = ["validate", "--data", f] + _opts(data.draw, {"--tolerance": FLOATS, "--hardware": TEXT}, 2)
-    elif which == "validate_grpo":
-        argv = ["validate", "--grpo", "--data", f] + _opts(
-            data.draw, {"--tolerance": FLOATS, "--refit": st.just(True)}, 1
-        )
-    elif which == "tune":
-        argv = ["tune", f, "--out", str(tmp_path / "o")] + _opts(
-            data.draw,
-            {"--model": TEXT, "--hardware": TEXT, "--keep": INTS, "--calibration": _file(inputs), "--tp": INTS},
-            2,
-        )
-    else:
+    def calibrate(f: str) -> list[str]:
         # --out is a scratch file, or one of the inputs (it must never be written over)
         out = data.draw(st.one_of(st.just(str(tmp_path / "c.json")), st.just(f), _file(inputs)))
-        argv = ["calibrate", "--from-log", f, "--launch", data.draw(_file(inputs)), "--out", out]
-    check(argv, inputs, tmp_path)
+        return ["calibrate", "--from-log", f, "--launch", data.draw(_file(inputs)), "--out", out]
+
+    tune_opts = {"--model": TEXT, "--hardware": TEXT, "--keep": INTS, "--calibration": _file(inputs), "--tp": INTS}
+    cases = {
+        "validate": lambda f: (
+            ["validate", "--data", f] + _opts(data.draw, {"--tolerance": FLOATS, "--hardware": TEXT}, 2)
+        ),
+        "validate_grpo": lambda f: (
+            ["validate", "--grpo", "--data", f] + _opts(data.draw, {"--tolerance": FLOATS, "--refit": st.just(True)}, 1)
+        ),
+        "tune": lambda f: ["tune", f, "--out", str(tmp_path / "o")] + _opts(data.draw, tune_opts, 2),
+        "calibrate": calibrate,
+    }
+    _fuzz_one_of(data, inputs, tmp_path, cases)
 
 
 @FUZZ
 @given(data=st.data())
 def test_commands_that_would_start_work_refuse_first(inputs, tmp_path, data):
     """train/profile/probe-hardware with inputs that must be refused before any process starts."""
-    f = data.draw(_file(inputs))
-    which = data.draw(st.sampled_from(["train", "slurm", "profile", "probe"]))
-    if which == "train":
-        argv = ["train", "--config", f, "--dry-run"] + _opts(
-            data.draw, {"--steps": INTS, "--nnodes": INTS, "--node-rank": INTS, "--out": TEXT}, 2
-        )
-    elif which == "slurm":
-        argv = ["train", "--config", f, "--slurm", data.draw(st.one_of(st.just(f), _file(inputs)))]
-    elif which == "profile":
-        argv = ["profile", "--config", f, "--json", data.draw(st.one_of(st.just(f), _file(inputs))), "--steps", "1"]
-    else:
+
+    def f_or_another(f: str) -> str:
+        return data.draw(st.one_of(st.just(f), _file(inputs)))
+
+    def probe(f: str) -> list[str]:
         # never a writable .toml path: that is a good --out, and the probe would really run
-        bad_out = data.draw(
-            st.sampled_from(
-                [
-                    str(inputs / "folder.yaml"),
-                    str(inputs / "nowhere" / "x.toml"),
-                    str(inputs / "x.txt"),
-                    *([f] if not f.endswith(".toml") else []),
-                ]
-            )
-        )
-        argv = ["probe-hardware", "--out", bad_out] + _opts(data.draw, {"--name": TEXT, "--nproc": INTS}, 1)
-    check(argv, inputs, tmp_path)
+        bad = [str(inputs / "folder.yaml"), str(inputs / "nowhere" / "x.toml"), str(inputs / "x.txt")]
+        bad_out = data.draw(st.sampled_from(bad + ([f] if not f.endswith(".toml") else [])))
+        return ["probe-hardware", "--out", bad_out] + _opts(data.draw, {"--name": TEXT, "--nproc": INTS}, 1)
+
+    train_opts = {"--steps": INTS, "--nnodes": INTS, "--node-rank": INTS, "--out": TEXT}
+    cases = {
+        "train": lambda f: ["train", "--config", f, "--dry-run"] + _opts(data.draw, train_opts, 2),
+        "slurm": lambda f: ["train", "--config", f, "--slurm", f_or_another(f)],
+        "profile": lambda f: ["profile", "--config", f, "--json", f_or_another(f), "--steps", "1"],
+        "probe": probe,
+    }
+    _fuzz_one_of(data, inputs, tmp_path, cases)
 
 
 def test_every_command_is_fuzzed():

@@ -5,7 +5,6 @@ printf or fake binaries standing in for every real program."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -30,6 +29,7 @@ from core.errors import ConfigError, GrpoTuneError
 from trainer.launch import slurm_script
 from trainer.layout import Layout
 from _export_configs import configs
+from _hostile import within
 
 BASH = shutil.which("bash")
 needs_bash = pytest.mark.skipif(BASH is None, reason="needs bash")
@@ -386,22 +386,6 @@ def test_probe_nproc_zero_is_an_error_not_the_default(tmp_path, capsys):
 VERL_LOGS = Path(__file__).resolve().parent / "fixtures" / "verl_logs"
 
 
-@contextlib.contextmanager
-def _within(seconds: int):
-    """A hang (a FIFO or /dev/zero read forever) becomes a failure instead of a stuck test."""
-
-    def boom(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def _coded(capsys, rc: int) -> str:
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("[") and "hint:" in err and "Traceback" not in err, (rc, err)
@@ -415,7 +399,7 @@ def test_diagnose_command_prints_a_200k_line_script_in_bounded_time(tmp_path, ca
     body = "".join(f" +t.x{i}=1 \\\n" for i in range(200_000))
     p.write_text("#!/bin/bash\npython3 -m verl.trainer.main_ppo \\\n" + body + " data.train_batch_size=64\n")
     t0 = time.monotonic()
-    with _within(300):
+    with within(300):
         rc = cli_main(["diagnose", str(p)])
     assert time.monotonic() - t0 < 60  # seconds; it took ~140 s unloaded before
     out = capsys.readouterr().out
@@ -524,7 +508,7 @@ def test_absurd_model_sizes_are_refused_not_looped_over(tmp_path, capsys, key, v
     p = tmp_path / "config.json"
     p.write_text(json.dumps({**LLAMA, key: value}))
     t0 = time.monotonic()
-    with _within(60):
+    with within(60):
         rc = cli_main(["estimate", "--model", str(p), "--gpus", "8", "--prompt-len", "64", "--response-len", "64"])
     assert "[BAD_CONFIG]" in _coded(capsys, rc) and time.monotonic() - t0 < 20
 
@@ -908,15 +892,15 @@ def test_calibrate_warmup_that_drops_every_step_is_refused(tmp_path, capsys, war
     assert not (tmp_path / "c.json").exists()
 
 
-def test_calibrate_summary_says_what_it_dropped(tmp_path, capsys):
-    rc = cli_main(_calibrate(VERL_LOGS / "run_a.jsonl", "--warmup", "11", out=tmp_path / "c.json"))
-    assert rc == 0 and "1 steps after dropping 11 warm-up step(s) per log" in capsys.readouterr().out
-    one = tmp_path / "one.jsonl"  # a one-step log keeps its step under the default warm-up, and says so
+def test_calibrate_one_step_log_needs_warmup_zero(tmp_path, capsys):
+    """A one-step log kept its step under the default --warmup 1 (a warning) and printed "after dropping 1
+    warm-up step(s)": it was fitted to the warm-up step. Now it is refused; --warmup 0 keeps it, and says so."""
+    one = tmp_path / "one.jsonl"  # step 0 is validation only; step 1 is the one training step
     one.write_text("".join((VERL_LOGS / "run_a.jsonl").read_text().splitlines(keepends=True)[:2]))
-    rc = cli_main(_calibrate(one, out=tmp_path / "c.json"))
-    cap = capsys.readouterr()
-    assert rc == 0 and "warm-up steps kept" in cap.err, cap.err
-    assert "1 steps after dropping 0 warm-up step(s) per log" in cap.out, cap.out
+    err = _coded(capsys, cli_main(_calibrate(one, out=tmp_path / "c.json")))
+    assert "--warmup 1 drops every step of" in err and "--warmup 0 keeps every step" in err
+    assert cli_main(_calibrate(one, "--warmup", "0", out=tmp_path / "c.json")) == 0
+    assert "1 steps after dropping 0 warm-up step(s) per log" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("params", [",", " , ,", "", "no_such_knob", "compute_efficiency_scale,bogus"])
