@@ -27,7 +27,7 @@ def _named(inputs: Inputs) -> list[tuple[str, Path]]:
 
 
 def _which(opt: str, path: Path) -> str:
-    return f"{opt} {path}, an input of this command" if opt else "an input of this command"
+    return f"an input of this command ({opt} {path})" if opt else "an input of this command"
 
 
 def check_output(path: str | os.PathLike, option: str, *, inputs: Inputs = ()) -> Path:

@@ -986,5 +986,6 @@ def test_out_colliding_with_an_input_names_that_input(tmp_path, capsys, monkeypa
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()
     err = _coded(capsys, cli_main(["search", "--model", "qwen2-7b", "--gpus", "8", "--calibration", "runs"]))
-    assert "[BAD_CONFIG] --out runs (where the run folder would go) is also --calibration runs" in err
+    assert "[BAD_CONFIG] --out runs (where the run folder would go) is also an input of this command " in err
+    assert "(--calibration runs)" in err
     assert "give --out another folder (e.g. --out runs-out)" in err
