@@ -144,7 +144,14 @@ class Strategy:
         return from_mapping(cls, data, where, _STRATEGY_SCHEMA)
 
     def replace(self, **kw) -> "Strategy":
-        return dataclasses.replace(self, **kw)
+        """``dataclasses.replace`` without re-running ``__init__`` over ~30 fields: estimate() resolves every plan
+        it prices through here (a search prices thousands), and Strategy has no ``__post_init__`` to re-run."""
+        if not kw.keys() <= _STRATEGY_FIELDS:
+            return dataclasses.replace(self, **kw)  # raises the TypeError naming the unknown field
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(kw)
+        return new
 
     def degrees(self) -> dict[str, int | None]:
         """The parallel degrees by name, in :data:`DEGREES` order (``etp`` resolved), then ``dp``
@@ -156,6 +163,9 @@ class Strategy:
         verl.sh's plan line and ``grpo-tune estimate`` begin."""
         lp = "" if self.log_prob_mbs is None else f" log_prob_mbs={self.log_prob_mbs}"
         return " ".join(f"{k}={v}" for k, v in self.degrees().items()) + f" mbs={self.mbs}{lp}"
+
+
+_STRATEGY_FIELDS = frozenset(f.name for f in dataclasses.fields(Strategy))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -281,4 +291,4 @@ def validate(
     ):
         raise InvalidDegreesError(f.message, f.hint)
     dp = gpus // (s.tp * s.pp * s.cp)
-    return dataclasses.replace(s, dp=dp, etp=s.etp_, sequence_parallel=s.sp)
+    return s.replace(dp=dp, etp=s.etp_, sequence_parallel=s.sp)

@@ -73,4 +73,7 @@ def link(
     by the calibration's collective speed (``comm_efficiency_scale``); ``e``: the efficiencies (the profile's)."""
     scale = cal["comm_efficiency_scale"]
     ce = (e or hw.efficiency).comm_efficiency * scale
-    return link_bw(hw, span, gpus_per_node, ce), link_latency(hw, span, gpus_per_node) / scale
+    # link_bw and link_latency inlined: a search calls this ~6 times per plan
+    if span > gpus_per_node:
+        return hw.inter_node_bandwidth_bytes_per_s * ce, hw.efficiency.inter_node_latency_s / scale
+    return hw.intra_node_bandwidth_bytes_per_s * ce, hw.efficiency.intra_node_latency_s / scale

@@ -43,7 +43,7 @@ from .activations import (  # re-exported: callers and tests read them from cost
     logits_bytes,
 )
 from .results import PhaseMemory, Violation
-from .params import optimizer_params, per_stage_params
+from .params import optimizer_params, per_stage_params, total_params
 from core.specs import HardwareSpec, ModelSpec
 from core.rules import micro_batches
 from core.strategy import Cluster, Strategy, Workload
@@ -318,9 +318,7 @@ def _phases(m, hardware, s, w, k, states, acts, logit, last, kvc) -> dict[str, P
         fwd = forward_activation_bytes(m, s, seq_len=fseq, mbs=fmbs, kernels=k)
         flog = logits_bytes(m, s, seq_len=fseq, mbs=fmbs, act_bytes=k.act_bytes)
         olp, rlp, ws, ro = [], [], [], []
-        bucket = min(s.sync_bucket_bytes, BF16 * float(per_stage_params(m, Strategy())[0].total)) + sync_bucket_bytes(
-            m, s.ep
-        )
+        bucket = min(s.sync_bucket_bytes, BF16 * float(total_params(m))) + sync_bucket_bytes(m, s.ep)
         for i, st in states.items():
             lg = flog if i == last else 0.0
             need = res(st, True)

@@ -167,3 +167,24 @@ def test_workload_raises_only_coded_errors(data):
     except ConfigError:
         return
     assert w.kind in ("grpo", "pretrain") and w.prompts % w.mini_batch == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tp=st.sampled_from([1, 2, 4]),
+    dp=st.one_of(st.none(), st.integers(1, 64)),
+    mbs=st.integers(1, 16),
+    offload=st.sampled_from([(), ("param",), ("param", "grad", "optimizer")]),
+    log_prob_mbs=st.one_of(st.none(), st.integers(1, 8)),
+)
+def test_strategy_replace_equals_dataclasses_replace(tp, dp, mbs, offload, log_prob_mbs):
+    """Strategy.replace copies the fields instead of re-running __init__ (estimate() resolves every plan through
+    it); that is only the same as dataclasses.replace while Strategy has no __post_init__ to re-run."""
+    assert not hasattr(Strategy, "__post_init__")
+    s = Strategy(tp=2, pp=2, mbs=3)
+    kw = {"tp": tp, "dp": dp, "mbs": mbs, "offload": offload, "log_prob_mbs": log_prob_mbs}
+    fast, ref = s.replace(**kw), dataclasses.replace(s, **kw)
+    assert fast == ref and hash(fast) == hash(ref) and fast.to_dict() == ref.to_dict() and type(fast) is Strategy
+    assert s == Strategy(tp=2, pp=2, mbs=3)  # the original is untouched
+    with pytest.raises(TypeError):
+        s.replace(no_such_field=1)
