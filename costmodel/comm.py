@@ -53,19 +53,6 @@ def spans_nodes(span: int, gpus_per_node: int) -> bool:
     return span > gpus_per_node
 
 
-def link_bw(hw: HardwareSpec, span: int, gpus_per_node: int, comm_eff: float = 1.0) -> float:
-    """Per-GPU one-direction bandwidth the group sees: NVLink inside a node, the NIC across nodes."""
-    bw = (
-        hw.inter_node_bandwidth_bytes_per_s if spans_nodes(span, gpus_per_node) else hw.intra_node_bandwidth_bytes_per_s
-    )
-    return bw * comm_eff
-
-
-def link_latency(hw: HardwareSpec, span: int, gpus_per_node: int) -> float:
-    e = hw.efficiency
-    return e.inter_node_latency_s if spans_nodes(span, gpus_per_node) else e.intra_node_latency_s
-
-
 def link(
     hw: HardwareSpec, span: int, gpus_per_node: int, cal: Mapping[str, float], e: Efficiency | None = None
 ) -> tuple[float, float]:
@@ -73,7 +60,6 @@ def link(
     by the calibration's collective speed (``comm_efficiency_scale``); ``e``: the efficiencies (the profile's)."""
     scale = cal["comm_efficiency_scale"]
     ce = (e or hw.efficiency).comm_efficiency * scale
-    # link_bw and link_latency inlined: a search calls this ~6 times per plan
-    if span > gpus_per_node:
+    if spans_nodes(span, gpus_per_node):  # NVLink inside a node, the NIC across nodes (per GPU, one direction)
         return hw.inter_node_bandwidth_bytes_per_s * ce, hw.efficiency.inter_node_latency_s / scale
     return hw.intra_node_bandwidth_bytes_per_s * ce, hw.efficiency.intra_node_latency_s / scale

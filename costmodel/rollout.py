@@ -41,10 +41,8 @@ def _tp_allreduce_s(hw: HardwareSpec, nbytes: float, rtp: int, gpn: int, cal: di
     group (log2 steps of a tree / one-shot kernel); a group spanning nodes pays the inter-node figures."""
     if rtp <= 1:
         return 0.0
-    e = hw.efficiency
-    lat = comm.link_latency(hw, rtp, gpn) * (1.0 + math.log2(rtp)) / cal["comm_efficiency_scale"]
-    bw = comm.link_bw(hw, rtp, gpn, e.comm_efficiency * cal["comm_efficiency_scale"])
-    return comm.all_reduce_s(nbytes, rtp, bw, lat)
+    bw, lat = comm.link(hw, rtp, gpn, cal)
+    return comm.all_reduce_s(nbytes, rtp, bw, lat * (1.0 + math.log2(rtp)))
 
 
 class _DecodeStep:

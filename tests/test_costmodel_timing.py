@@ -64,8 +64,15 @@ def test_collectives_use_nccl_tests_bus_factors():
     assert comm.p2p_s(5e8, 50e9) == pytest.approx(0.01)
     # Rank order tp -> cp -> dp -> pp: a group of 16 consecutive ranks crosses 8-GPU nodes.
     assert comm.spans_nodes(16, 8) and not comm.spans_nodes(8, 8)
-    assert comm.link_bw(A100, 16, 8) == A100.inter_node_bandwidth_bytes_per_s
-    assert comm.link_bw(A100, 8, 8) == A100.intra_node_bandwidth_bytes_per_s
+    ce, one = A100.efficiency.comm_efficiency, {"comm_efficiency_scale": 1.0}
+    assert comm.link(A100, 16, 8, one) == (
+        A100.inter_node_bandwidth_bytes_per_s * ce,
+        A100.efficiency.inter_node_latency_s,
+    )
+    assert comm.link(A100, 8, 8, one) == (
+        A100.intra_node_bandwidth_bytes_per_s * ce,
+        A100.efficiency.intra_node_latency_s,
+    )
 
 
 def test_gpt_flops_match_narayanan_eq3_by_hand():
