@@ -10,15 +10,12 @@ from pathlib import Path
 from core.errors import ConfigError
 
 PathIn = str | os.PathLike | None
-# The command's inputs: {option: path or paths}, so that a collision names the option it collides with; a
-# plain tuple of paths is still taken (the message then says only "an input").
-Inputs = Mapping[str, PathIn | Iterable[PathIn]] | tuple[PathIn, ...]
+Inputs = Mapping[str, PathIn | Iterable[PathIn]]
+"""The command's inputs, ``{option: path or paths}``: a collision names the option it collides with."""
 
 
 def _named(inputs: Inputs) -> list[tuple[str, Path]]:
-    """(option, path) of every given input; option is "" for a plain tuple's paths."""
-    if not isinstance(inputs, Mapping):
-        return [("", Path(i)) for i in inputs if i is not None]
+    """(option, path) of every given input."""
     out = []
     for opt, v in inputs.items():
         vals = [v] if v is None or isinstance(v, (str, os.PathLike)) else list(v)
@@ -26,19 +23,15 @@ def _named(inputs: Inputs) -> list[tuple[str, Path]]:
     return out
 
 
-def _which(opt: str, path: Path) -> str:
-    return f"an input of this command ({opt} {path})" if opt else "an input of this command"
-
-
-def check_output(path: str | os.PathLike, option: str, *, inputs: Inputs = ()) -> Path:
+def check_output(path: str | os.PathLike, option: str, *, inputs: Inputs | None = None) -> Path:
     """``path`` can be written as a file: raise BAD_CONFIG now, before any work, when it cannot."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{option} {p} is a folder", hint=f"give {option} a file name")
-    for opt, i in _named(inputs):
+    for opt, i in _named(inputs or {}):
         if _same(p, i):
             raise ConfigError(
-                f"{option} {p} is also {_which(opt, i)}; writing it would destroy the input",
+                f"{option} {p} is also an input of this command ({opt} {i}); writing it would destroy the input",
                 hint=f"give {option} another file name",
             )
     parent = p.parent if str(p.parent) else Path(".")
@@ -62,18 +55,17 @@ def _same(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
 
 
-def check_out_dir(path: str | os.PathLike, option: str, *, inputs: Inputs = ()) -> Path:
+def check_out_dir(path: str | os.PathLike, option: str, *, inputs: Inputs | None = None) -> Path:
     """``path`` is (or can become) a writable folder that holds none of the inputs' own paths."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{option} {p} is a file, not a folder", hint=f"give {option} a folder (it is created)")
-    for opt, i in _named(inputs):
+    for opt, i in _named(inputs or {}):
         if i.exists() and p.exists() and _same(p, i):
             # e.g. `search --calibration runs` with the default --out runs: say which input, and how to move --out
             raise ConfigError(
-                f"{option} {p} (where the run folder would go) is also {_which(opt, i)}",
-                hint=f"give {option} another folder (e.g. {option} {p.name}-out)"
-                + (f", or pass {opt} a path other than {i}" if opt else ""),
+                f"{option} {p} (where the run folder would go) is also an input of this command ({opt} {i})",
+                hint=f"give {option} another folder (e.g. {option} {p.name}-out), or pass {opt} a path other than {i}",
             )
     probe = p
     while not probe.exists():
