@@ -17,12 +17,12 @@ import itertools
 import os
 import time
 
-from costmodel import timing
-from core.errors import InvalidDegreesError
-from costmodel.estimate import estimate
-from costmodel.memory import phase_memory
-from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Strategy, Workload, validate
+from grpo_tune.costmodel import timing
+from grpo_tune.core.errors import InvalidDegreesError
+from grpo_tune.costmodel.estimate import estimate
+from grpo_tune.costmodel.memory import phase_memory
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
 
 GPUS = {"7b": 8, "8b": 8, "70b": 64, "30b-a3b": 32, "dsv3": 256, "tiny": 4}
 

@@ -56,8 +56,8 @@ SMALL = 4
 
 
 def inputs():
-    from core.specs import load_hardware, load_model
-    from core.strategy import Cluster, Workload
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Workload
 
     return (load_model(MODEL), load_hardware(HARDWARE), Cluster(gpus=GPUS, gpus_per_node=GPUS), Workload(**WORKLOAD))
 
@@ -68,9 +68,9 @@ def plan_space(kind: str = "full") -> list:
     Offload (a no-op on CPU) is off, and the rollout TP follows the training TP (the native CPU
     sampler ignores it), so no two plans are the same run.
     """
-    from autotune.refine import build_space, runnable
-    from autotune.search import search
-    from core.config import TrainerOptions
+    from grpo_tune.autotune.refine import build_space, runnable
+    from grpo_tune.autotune.search import search
+    from grpo_tune.core.config import TrainerOptions
 
     m, hw, cl, wl = inputs()
     ranked = search(m, hw, cl, wl, top=10).ranked
@@ -96,8 +96,8 @@ def cached_space(cache: dict[str, Any]) -> list:
 
     The cache, not today's search, fixes the plans: search may since propose other settings that do
     not change a CPU run (e.g. the rollout memory fraction)."""
-    from core.strategy import Strategy
-    from costmodel.estimate import estimate
+    from grpo_tune.core.strategy import Strategy
+    from grpo_tune.costmodel.estimate import estimate
 
     m, hw, cl, wl = inputs()
     out = [
@@ -113,7 +113,7 @@ def cached_space(cache: dict[str, Any]) -> list:
 
 
 def new_cache(space: Sequence, *, steps: int, repeats: int) -> dict[str, Any]:
-    from autotune.refine import plan_key
+    from grpo_tune.autotune.refine import plan_key
 
     return {
         "version": CACHE_VERSION,
@@ -186,8 +186,8 @@ def measure(
     cache: dict[str, Any], path: Path, *, space: Sequence, steps: int, repeats: int, timeout_s: float, work: Path
 ) -> None:
     """Profile every (repeat, plan) still missing from the cache; save after each run."""
-    from autotune.refine import plan_key, run_profile
-    from core.config import RunConfig, TrainerOptions, inputs_of, save
+    from grpo_tune.autotune.refine import plan_key, run_profile
+    from grpo_tune.core.config import RunConfig, TrainerOptions, inputs_of, save
 
     by_key = {plan_key(e.strategy): e for e in space}
     todo = [(r, k) for r, k in schedule(sorted(by_key), repeats) if len(cache["plans"][k]["runs"]) <= r]
@@ -279,9 +279,9 @@ def strat_random(space, draws, k, rng) -> tuple[str, int]:
 
 def strat_calibrated(space, draws, k, rng) -> tuple[str, int]:
     """Measure K random plans, fit the time model to them (autotune.calibrate), take its top-1."""
-    from autotune.calibrate import Point, fit
-    from core.config import inputs_of
-    from costmodel.estimate import estimate
+    from grpo_tune.autotune.calibrate import Point, fit
+    from grpo_tune.core.config import inputs_of
+    from grpo_tune.costmodel.estimate import estimate
 
     keys = rng.sample([key for key, _ in space], k)
     by = dict(space)
@@ -306,7 +306,7 @@ def strat_tpe_plain(space, draws, k, rng) -> tuple[str, int]:
     """Optuna TPE (default settings) over the plan's own dimensions, no model seeding."""
     import optuna
 
-    from autotune.refine.study import memory_study
+    from grpo_tune.autotune.refine.study import memory_study
 
     h = memory_study(rng.randrange(2**31))
     grid = {
@@ -337,7 +337,7 @@ def strat_tpe_plain(space, draws, k, rng) -> tuple[str, int]:
 def _refine(policy: str):
     def strat(space, draws, k, rng) -> tuple[str, int]:
         """refine's own plan-choosing loop (autotune.refine.run_trials) with cached measurements."""
-        from autotune.refine import (
+        from grpo_tune.autotune.refine import (
             Plans,
             ProfileOutcome,
             RefineOptions,
@@ -345,8 +345,8 @@ def _refine(policy: str):
             run_trials,
             seed_study,
         )
-        from autotune.refine.loop import winner_plan
-        from autotune.refine.study import counted
+        from grpo_tune.autotune.refine.loop import winner_plan
+        from grpo_tune.autotune.refine.study import counted
 
         opts = RefineOptions(
             trials=k, policy=policy, seed=rng.randrange(2**31), progress=False, emit=False, calibrate=False
@@ -356,7 +356,7 @@ def _refine(policy: str):
         seed_study(h, plans, opts)
 
         def measure(_h, _number, est) -> ProfileOutcome:
-            from autotune.refine import plan_key
+            from grpo_tune.autotune.refine import plan_key
 
             r = draws.run(plan_key(est.strategy))
             return ProfileOutcome(
@@ -398,7 +398,7 @@ def evaluate(
     ``drop_best``: leave out the N truly fastest plans first (a stress test: the space where the
     cost model's favourite is no longer the best, as on a machine the model knows less well).
     """
-    from autotune.refine import plan_key, spearman
+    from grpo_tune.autotune.refine import plan_key, spearman
 
     tr = truth(cache, truth_stat)
     full = [(plan_key(e.strategy), e) for e in space if plan_key(e.strategy) in tr]

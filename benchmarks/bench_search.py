@@ -15,9 +15,9 @@ import argparse
 import os
 import time
 
-from autotune.search import search, step_s
-from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Workload
+from grpo_tune.autotune.search import search, step_s
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Workload
 
 CASES = [("7b", 8, "h100", 1.0), ("qwen3-30b-a3b", 64, "h100", None), ("deepseek-v3", 512, "h100", 15.0)]
 

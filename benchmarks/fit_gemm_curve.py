@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CSV_DEFAULT = ROOT / "profiles" / "data" / "h200_gemm.csv"
+CSV_DEFAULT = ROOT / "grpo_tune" / "profiles" / "data" / "h200_gemm.csv"
 PROFILES = ("h100-sxm-80gb", "h200-141gb")
 
 
@@ -79,7 +79,7 @@ def fit(rows: list[tuple[float, float]], peak_tflops: float) -> Fit:
 
 def committed(profile: str) -> tuple[float, float, float]:
     """(gemm_efficiency_max, gemm_intensity_half, peak TFLOP/s) of a hardware profile."""
-    with open(ROOT / "profiles" / "hardware" / f"{profile}.toml", "rb") as f:
+    with open(ROOT / "grpo_tune" / "profiles" / "hardware" / f"{profile}.toml", "rb") as f:
         d = tomllib.load(f)
     e = d["efficiency"]
     return float(e["gemm_efficiency_max"]), float(e["gemm_intensity_half"]), float(d["bf16_dense_flops_per_s"]) / 1e12

@@ -54,8 +54,8 @@ def _torchrun(args: list[str], timeout: float) -> subprocess.CompletedProcess:
 def worker_state_memory(spec: dict, out: str) -> None:
     import torch
 
-    from trainer import parallel
-    from trainer.engine import Engine
+    from grpo_tune.trainer import parallel
+    from grpo_tune.trainer.engine import Engine
     from trainer_harness import run_config
 
     parallel.init_distributed()
@@ -76,10 +76,10 @@ def worker_state_memory(spec: dict, out: str) -> None:
 
 
 def check_cpu_optimizer(tmp: Path) -> dict:
-    from core.specs import load_model
-    from core.strategy import Strategy, validate
-    from costmodel.memory import model_state_bytes
-    from costmodel.params import per_stage_params
+    from grpo_tune.core.specs import load_model
+    from grpo_tune.core.strategy import Strategy, validate
+    from grpo_tune.costmodel.memory import model_state_bytes
+    from grpo_tune.costmodel.params import per_stage_params
 
     got = {}
     for name, frac in (("off", None), ("half", 0.5)):
@@ -126,10 +126,10 @@ def check_bf16(tmp: Path) -> dict:
 
 
 def check_profile(tmp: Path) -> dict:
-    from core.config import RunConfig, TrainerOptions, save
-    from core.specs import load_hardware, load_model
-    from core.strategy import Cluster, Strategy, Workload, validate
-    from costmodel.estimate import estimate
+    from grpo_tune.core.config import RunConfig, TrainerOptions, save
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
+    from grpo_tune.costmodel.estimate import estimate
 
     m = load_model(HALF_B)
     w = Workload(prompts=4, n=2, prompt_len=64, response_len=64, mini_batch=4, dtype="bf16")
@@ -144,7 +144,7 @@ def check_profile(tmp: Path) -> dict:
     save(cfg, tmp / "profile.yaml")
     out = tmp / "profile.json"
     p = _torchrun(
-        ["-m", "trainer.main", "--config", str(tmp / "profile.yaml"), "--profile-json", str(out)], timeout=150
+        ["-m", "grpo_tune.trainer.main", "--config", str(tmp / "profile.yaml"), "--profile-json", str(out)], timeout=150
     )
     if p.returncode or not out.exists():
         raise RuntimeError(f"profile failed ({p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")

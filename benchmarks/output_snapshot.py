@@ -78,7 +78,24 @@ def snapshot(out: Path) -> None:
             for f in RUN_FILES:
                 if (run / f).exists():
                     put(f"search-{i}-{f}", (run / f).read_text())
-        put("compare.txt", _cli(["compare", "--model", "7b", "--gpus", "8", "--hardware", "h100,h200,a100", "--json", "--out", str(tmp / "cmp")], tmp))
+        put(
+            "compare.txt",
+            _cli(
+                [
+                    "compare",
+                    "--model",
+                    "7b",
+                    "--gpus",
+                    "8",
+                    "--hardware",
+                    "h100,h200,a100",
+                    "--json",
+                    "--out",
+                    str(tmp / "cmp"),
+                ],
+                tmp,
+            ),
+        )
         put("validate.txt", _cli(["validate"], tmp))
         put("validate-grpo.txt", _cli(["validate", "--grpo"], tmp))
         for ex in sorted((ROOT / "examples").rglob("*")):

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import yaml
 
-from core.config import RunConfig, TrainerOptions
-from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Strategy, Workload, validate
+from grpo_tune.core.config import RunConfig, TrainerOptions
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
 
 
 def make(

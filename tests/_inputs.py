@@ -6,8 +6,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from autotune.options import plan_inputs
-from core.specs import ModelSpec
+from grpo_tune.autotune.options import plan_inputs
+from grpo_tune.core.specs import ModelSpec
 
 # A GRPO workload with the KL term, one PPO epoch, the hardware's default node size.
 GRPO = dict(gpus_per_node=None, workload="grpo", ppo_epochs=1, kl=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cli.main import main
+from grpo_tune.cli.main import main
 
 
 def calibrate_from_fixture_logs(fix: Path, out: Path) -> int:

@@ -8,11 +8,11 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from autotune import calibrate
-from autotune.calibrate import Point, fit, load, predict_estimate, save
-from core.errors import ConfigError, GrpoTuneError
-from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Strategy, Workload, validate
+from grpo_tune.autotune import calibrate
+from grpo_tune.autotune.calibrate import Point, fit, load, predict_estimate, save
+from grpo_tune.core.errors import ConfigError, GrpoTuneError
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
 
 TINY = load_model("tiny")
 CPU = load_hardware("cpu")

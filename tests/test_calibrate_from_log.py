@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune import runlog as R
-from autotune.calibrate import defaults, load
+from grpo_tune.autotune import runlog as R
+from grpo_tune.autotune.calibrate import defaults, load
 from _verl_logs import calibrate_from_fixture_logs
-from cli.main import main
+from grpo_tune.cli.main import main
 
 COMMITTED = Path(__file__).resolve().parent / "fixtures" / "verl_logs"
 
@@ -29,10 +29,10 @@ def _fresh(folder: Path) -> bool:
     be what the cost model predicts today (to truth.json's rounding), else the logs are stale."""
     import dataclasses
 
-    from autotune.calibrate import Point
-    from autotune.tune import plan_of
-    from core.config import inputs_of
-    from costmodel.estimate import estimate
+    from grpo_tune.autotune.calibrate import Point
+    from grpo_tune.autotune.tune import plan_of
+    from grpo_tune.core.config import inputs_of
+    from grpo_tune.costmodel.estimate import estimate
 
     truth = json.loads((folder / "truth.json").read_text())
     for doc in truth["logs"].values():
@@ -217,9 +217,9 @@ def test_unparseable_launch_is_a_coded_error(capsys, tmp_path):
 
 def test_our_cpu_trainer_log_end_to_end(capsys, tmp_path):
     """A real `grpo-tune train` run of `tiny` (2 ranks, torchrun on CPU), then calibrate from its metrics.jsonl."""
-    from core.config import RunConfig, TrainerOptions, save
-    from core.specs import load_hardware, load_model
-    from core.strategy import Cluster, Strategy, Workload
+    from grpo_tune.core.config import RunConfig, TrainerOptions, save
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
     cfg = RunConfig(
         model=load_model("tiny"),
@@ -278,7 +278,7 @@ def test_memory_check_leaves_out_what_vllm_holds(fix, tmp_path):
     server in its own process (/work/scratch/research/verl_091_facts.md: rollout mode "async", vllm_async_server.py),
     so the CUDA-graph pool a sleeping vLLM keeps, or the whole KV budget with free_cache_engine=False, is not in
     that figure and must not be in the prediction it is compared with."""
-    from costmodel.estimate import estimate
+    from grpo_tune.costmodel.estimate import estimate
 
     log = R.read_log(fix / "run_a.jsonl")
     plain = R.memory_check(R.log_point(log, fix / "launch_a.txt"))

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from core.errors import GrpoTuneError
-from trainer import checkpoint, launch
+from grpo_tune.core.errors import GrpoTuneError
+from grpo_tune.trainer import checkpoint, launch
 
 
 def _two_rank_checkpoints(tmp_path, steps=(2, 4)):

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from cli.main import main
-from costmodel.params import total_params
-from core.specs import load_model
+from grpo_tune.cli.main import main
+from grpo_tune.costmodel.params import total_params
+from grpo_tune.core.specs import load_model
 
 
 def run(capsys, *args):
@@ -194,7 +194,7 @@ def test_human_output_has_the_breakdown(capsys):
 
 def test_console_script_exit_codes():
     exe = shutil.which("grpo-tune")
-    cmd = [exe] if exe else [sys.executable, "-c", "from cli.main import run; run()"]
+    cmd = [exe] if exe else [sys.executable, "-c", "from grpo_tune.cli.main import run; run()"]
     bad = subprocess.run(
         cmd + ["estimate", "--model", "7b", "--tp", "3", "--gpus", "24"], capture_output=True, text=True, timeout=120
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer.main
 
-from cli.main import app
+from grpo_tune.cli.main import app
 
 # Degree, memory, rollout and workload flags shared by estimate, search and compare (autotune/options.py).
 PLAN = [

@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from autotune.options import MIN_HEADROOM_DEFAULT
+from grpo_tune.autotune.options import MIN_HEADROOM_DEFAULT
 
-from cli.compare import usd_per_million_tokens
-from autotune.search import search, tokens_per_s_per_gpu
-from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Workload
+from grpo_tune.cli.compare import usd_per_million_tokens
+from grpo_tune.autotune.search import search, tokens_per_s_per_gpu
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Workload
 
-CLI = [sys.executable, "-c", "from cli.main import run; run()"]
+CLI = [sys.executable, "-c", "from grpo_tune.cli.main import run; run()"]
 
 
 def test_cost_per_million_tokens_by_hand():

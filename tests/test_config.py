@@ -12,11 +12,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autotune import calibrate as calibration
-from core.config import SCHEMA_VERSION, RunConfig, TrainerOptions, atomic_write, dumps, load, save
-from core.errors import CODES, ConfigError, GrpoTuneError
-from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Strategy, Workload, validate
+from grpo_tune.autotune import calibrate as calibration
+from grpo_tune.core.config import SCHEMA_VERSION, RunConfig, TrainerOptions, atomic_write, dumps, load, save
+from grpo_tune.core.errors import CODES, ConfigError, GrpoTuneError
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
 
 
 def make_cfg(**kw) -> RunConfig:
@@ -269,9 +269,9 @@ def test_save_is_readable_by_others_atomically(tmp_path):
 
 def test_exponent_floats_without_a_dot_load_as_numbers(tmp_path):
     """YAML 1.1 reads ``3e-3`` as a string; users write it that way, so the loader reads it as 1.2 does."""
-    from core.config import Cluster, RunConfig, load, save
-    from core.specs import load_hardware, load_model
-    from core.strategy import Strategy
+    from grpo_tune.core.config import Cluster, RunConfig, load, save
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Strategy
 
     cfg = RunConfig(
         model=load_model("tiny"),

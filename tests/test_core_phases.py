@@ -4,8 +4,8 @@ import json
 
 import yaml
 
-from core.phases import ALL_PHASES, MEASURED_PHASES, Phase
-from costmodel import timing
+from grpo_tune.core.phases import ALL_PHASES, MEASURED_PHASES, Phase
+from grpo_tune.costmodel import timing
 
 
 def test_values_are_the_names_written_to_json():
@@ -30,7 +30,7 @@ def test_cost_model_prices_every_phase():
 
 
 def test_profile_report_keys_are_plain_strings():
-    from trainer.profile import result
+    from grpo_tune.trainer.profile import result
 
     out = result("ok", message=None, config="c.yaml", steps=1, world_size=1)
     assert all(type(k) is str for k in out["phases_s"])

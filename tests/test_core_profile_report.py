@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from core.errors import ConfigError
-from core.phases import MEASURED_PHASES, Phase
-from core.profile_report import PeakMemory, ProfileReport, ProfileStatus
+from grpo_tune.core.errors import ConfigError
+from grpo_tune.core.phases import MEASURED_PHASES, Phase
+from grpo_tune.core.profile_report import PeakMemory, ProfileReport, ProfileStatus
 
 STEP = {
     "step_s": 2.0,
@@ -72,7 +72,7 @@ def test_failed_run_has_null_figures_and_is_not_ok():
 
 
 def test_trainer_writer_is_the_core_type():
-    from trainer.profile import result
+    from grpo_tune.trainer.profile import result
 
     d = result("ok", message=None, config="c.yaml", steps=3, world_size=1, history=_hist())
     assert d == ProfileReport.from_dict(d).to_dict()

@@ -4,10 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.errors import InvalidDegreesError
-from core.rules import Finding, Severity, check_batches, check_degrees, errors, micro_batches
-from core.specs import load_model
-from core.strategy import Strategy, Workload, validate
+from grpo_tune.core.errors import InvalidDegreesError
+from grpo_tune.core.rules import Finding, Severity, check_batches, check_degrees, errors, micro_batches
+from grpo_tune.core.specs import load_model
+from grpo_tune.core.strategy import Strategy, Workload, validate
 
 
 def test_check_degrees_reports_every_broken_rule_with_its_code():

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.choices import KlType, LossAgg, Offload, Recompute, RolloutEngine
-from core.config import TrainerOptions, _TRAINER_SCHEMA
-from core.errors import ConfigError, GrpoTuneError, UnknownKeyError
-from core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
-from core.strategy import Cluster, Strategy, Workload
-from core.validation import POSITIVE, Range, from_mapping
+from grpo_tune.core.choices import KlType, LossAgg, Offload, Recompute, RolloutEngine
+from grpo_tune.core.config import TrainerOptions, _TRAINER_SCHEMA
+from grpo_tune.core.errors import ConfigError, GrpoTuneError, UnknownKeyError
+from grpo_tune.core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
+from grpo_tune.core.validation import POSITIVE, Range, from_mapping
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.errors import InvalidDegreesError
+from grpo_tune.core.errors import InvalidDegreesError
 from _inputs import gpt_spec
-from costmodel.estimate import estimate
-from costmodel.memory import (
+from grpo_tune.costmodel.estimate import estimate
+from grpo_tune.costmodel.memory import (
     in_flight_microbatches,
     kv_bytes_per_token,
     kv_cache_capacity,
@@ -24,9 +24,9 @@ from costmodel.memory import (
     rollout_working_bytes,
     train_activation_bytes,
 )
-from costmodel.params import per_stage_params
-from core.specs import ModelSpec, load_hardware, load_model
-from core.strategy import Cluster, Strategy, Workload, validate
+from grpo_tune.costmodel.params import per_stage_params
+from grpo_tune.core.specs import ModelSpec, load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
 
 H100 = load_hardware("h100")
 
@@ -400,9 +400,9 @@ import dataclasses, json, os, sys
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 import warnings; warnings.filterwarnings("ignore")
 import torch
-from trainer import compat, parallel, model as tm
-from core.specs import ModelSpec
-from core.strategy import Strategy, validate
+from grpo_tune.trainer import compat, parallel, model as tm
+from grpo_tune.core.specs import ModelSpec
+from grpo_tune.core.strategy import Strategy, validate
 compat.enable()
 seq, b = 128, 4
 
@@ -469,9 +469,9 @@ def test_local_spec_layout_matches_autograd_on_cpu(tmp_path):
 def test_native_rollout_profile_has_no_vllm_budget():
     """On the cpu profile the trainer samples with its own Megatron model: the rollout phase holds the
     actor's state and one forward, not gpu_memory_utilization x HBM, and weight sync copies nothing."""
-    from costmodel.estimate import estimate
-    from core.specs import load_hardware, load_model
-    from core.strategy import Cluster, Strategy, Workload
+    from grpo_tune.costmodel.estimate import estimate
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
     wl = Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8)
     cpu = load_hardware("cpu")
@@ -495,10 +495,10 @@ def test_a_probed_cpu_profile_keeps_the_cpu_trainers_activations():
     `probe-hardware` on a CPU (named after its file, engine and kernel fields copied from the
     ``cpu`` base as trainer/probe.py writes them) prices tiny's activations like ``cpu`` does
     (megatron's local fp32 spec: 671,744 B), not as a GPU's TE/bf16 layers (212,992 B)."""
-    from core.specs import HardwareSpec, load_hardware, load_model
-    from costmodel.estimate import estimate
-    from costmodel.memory import kernels_for, train_activation_bytes
-    from core.strategy import Cluster, Strategy, Workload, validate
+    from grpo_tune.core.specs import HardwareSpec, load_hardware, load_model
+    from grpo_tune.costmodel.estimate import estimate
+    from grpo_tune.costmodel.memory import kernels_for, train_activation_bytes
+    from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
 
     cpu = load_hardware("cpu").to_dict()
     probed = {

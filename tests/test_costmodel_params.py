@@ -7,10 +7,10 @@ import json
 import pytest
 
 from _inputs import param_counts
-from core.errors import UnknownModelError
-from costmodel.params import active_params, layer_params, padded_vocab, per_stage_params, total_params
-from core.specs import ARCH_FIELDS, from_hf_config, load_model
-from core.strategy import Strategy, validate
+from grpo_tune.core.errors import UnknownModelError
+from grpo_tune.costmodel.params import active_params, layer_params, padded_vocab, per_stage_params, total_params
+from grpo_tune.core.specs import ARCH_FIELDS, from_hf_config, load_model
+from grpo_tune.core.strategy import Strategy, validate
 
 # Published totals (tests/fixtures/param_counts.csv, each row with its source): the Hugging Face checkpoints'
 # parameter counts (safetensors metadata, or the index's total_size / 2 for bf16 files). Exact, so the tolerance

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.errors import ConfigError, GrpoTuneError, InvalidDegreesError
-from core.specs import load_model
-from core.strategy import Strategy, Workload, stage_layers, validate
+from grpo_tune.core.errors import ConfigError, GrpoTuneError, InvalidDegreesError
+from grpo_tune.core.specs import load_model
+from grpo_tune.core.strategy import Strategy, Workload, stage_layers, validate
 
 
 @pytest.mark.parametrize(

@@ -11,13 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _inputs import gpt_spec
-from costmodel import comm, timing, train_time
-from core.errors import GrpoTuneError
-from costmodel.estimate import estimate
-from costmodel.memory import kv_bytes_per_token, kv_cache_capacity, rollout_weight_bytes
-from costmodel.params import active_params, embedding_params
-from core.specs import Efficiency, ModelSpec, load_hardware, load_model
-from core.strategy import Cluster, Strategy, Workload, validate
+from grpo_tune.costmodel import comm, timing, train_time
+from grpo_tune.core.errors import GrpoTuneError
+from grpo_tune.costmodel.estimate import estimate
+from grpo_tune.costmodel.memory import kv_bytes_per_token, kv_cache_capacity, rollout_weight_bytes
+from grpo_tune.costmodel.params import active_params, embedding_params
+from grpo_tune.core.specs import Efficiency, ModelSpec, load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
 
 A100 = load_hardware("a100")
 H100 = load_hardware("h100")
@@ -502,7 +502,7 @@ def test_cpu_rollout_is_the_native_sampler():
 def test_oversubscribed_ranks_fill_the_pipeline_bubble():
     """With more ranks than cores (cpu profile), a stage idle in its bubble lends its core to the
     others: the wall time is max(critical path, busy time x ranks-per-core), not their product."""
-    from costmodel.timing import pipeline_s
+    from grpo_tune.costmodel.timing import pipeline_s
 
     t, m, p = 0.1, 2, 2
     assert pipeline_s(t, m, p, 1) == pytest.approx(t * (m + p - 1))  # dedicated cores
@@ -515,7 +515,7 @@ def test_oversubscribed_ranks_fill_the_pipeline_bubble():
 def test_native_rollout_splits_rows_into_pp_micro_batches():
     """Engine.next_token_logits runs pp micro-batches per DP rank, so PP2 costs (p-1)/p of bubble,
     not a whole extra pass; on 2 ranks with 2 cores PP2 and DP2 roll out in about the same time."""
-    from costmodel.timing import native_rollout_s, check_calibration
+    from grpo_tune.costmodel.timing import native_rollout_s, check_calibration
 
     m, hw = load_model("tiny"), load_hardware("cpu")
     wl = Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8)

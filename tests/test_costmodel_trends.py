@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from costmodel import memory, timing, timing_base, train_time
-from costmodel.estimate import estimate
-from costmodel.weight_sync import CPU_ADAM_BYTES_PER_PARAM, CPU_ADAM_FLOPS_PER_PARAM, weight_sync_s
-from core.specs import load_hardware, load_model
-from core.strategy import SYNC_BUCKET_MB, Cluster, Strategy, Workload, validate
+from grpo_tune.costmodel import memory, timing, timing_base, train_time
+from grpo_tune.costmodel.estimate import estimate
+from grpo_tune.costmodel.weight_sync import CPU_ADAM_BYTES_PER_PARAM, CPU_ADAM_FLOPS_PER_PARAM, weight_sync_s
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import SYNC_BUCKET_MB, Cluster, Strategy, Workload, validate
 
 H100 = load_hardware("h100")
 CAL = timing.CALIBRATION_DEFAULTS

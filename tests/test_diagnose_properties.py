@@ -6,10 +6,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.config import save
-from autotune.diagnose import Finding, diagnose_overrides, diagnose_path, parse_script
-from autotune.export import verl_script
-from core.errors import CODES
+from grpo_tune.core.config import save
+from grpo_tune.autotune.diagnose import Finding, diagnose_overrides, diagnose_path, parse_script
+from grpo_tune.autotune.export import verl_script
+from grpo_tune.core.errors import CODES
 from _export_configs import configs, make
 
 A = "actor_rollout_ref.actor.megatron"

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from autotune.diagnose import diagnose_path, parse_script
-from core.errors import GrpoTuneError
+from grpo_tune.autotune.diagnose import diagnose_path, parse_script
+from grpo_tune.core.errors import GrpoTuneError
 
 A = "actor_rollout_ref.actor.megatron"
 HEAD = "#!/bin/bash\n"

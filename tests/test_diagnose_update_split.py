@@ -13,11 +13,11 @@ import json
 import zipfile
 from pathlib import Path
 
-from autotune import verl
-from autotune.diagnose import diagnose_path
-from cli.main import main
-from core.rules import check_batches
-from core.strategy import Workload
+from grpo_tune.autotune import verl
+from grpo_tune.autotune.diagnose import diagnose_path
+from grpo_tune.cli.main import main
+from grpo_tune.core.rules import check_batches
+from grpo_tune.core.strategy import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples/qwen2-7b-grpo-megatron.sh"  # 1024 prompts x n=5, mini 256, micro 4, TP2 on 8 GPUs: dp 4

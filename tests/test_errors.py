@@ -5,8 +5,8 @@ import errno
 
 import pytest
 
-import core.errors as E
-from core.errors import CODES, HINTS, GrpoTuneError
+import grpo_tune.core.errors as E
+from grpo_tune.core.errors import CODES, HINTS, GrpoTuneError
 
 
 def _subclasses(cls):
@@ -21,8 +21,8 @@ def test_every_code_has_a_default_hint():
 
 
 def test_every_error_class_has_a_registered_code_and_hint():
-    import autotune  # noqa: F401 - load the packages that may subclass GrpoTuneError
-    import core.config  # noqa: F401
+    import grpo_tune.autotune  # noqa: F401 - load the packages that may subclass GrpoTuneError
+    import grpo_tune.core.config  # noqa: F401
 
     for cls in [GrpoTuneError, *_subclasses(GrpoTuneError)]:
         assert cls.code in CODES, cls
@@ -37,7 +37,7 @@ def test_an_explicit_hint_wins_and_unknown_codes_are_refused():
 
 
 def _main_raising(monkeypatch, exc):
-    import cli.main as M
+    import grpo_tune.cli.main as M
 
     def boom(**_kw):
         raise exc

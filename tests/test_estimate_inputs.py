@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cli.main import main
+from grpo_tune.cli.main import main
 
 
 def _run(capsys, *args):
@@ -62,9 +62,9 @@ def test_sequence_at_positions_accepted(capsys):
 
 
 def _update_parts(**strategy):
-    from core.specs import load_hardware, load_model
-    from core.strategy import Cluster, Strategy, Workload
-    from costmodel.estimate import estimate
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Strategy, Workload
+    from grpo_tune.costmodel.estimate import estimate
 
     e = estimate(
         model=load_model("7b"),
@@ -79,7 +79,7 @@ def _update_parts(**strategy):
 def test_sleeping_vllm_keeps_its_cuda_graphs_in_the_training_phases():
     """vLLM's sleep frees weights and KV cache, not the captured CUDA graphs' pool
     (vllm-project/vllm#56373): the training phases carry it unless vLLM runs eager."""
-    from costmodel.memory import CUDA_GRAPH_BYTES
+    from grpo_tune.costmodel.memory import CUDA_GRAPH_BYTES
 
     upd, olp = _update_parts()
     assert upd["vllm_cuda_graphs"] == olp["vllm_cuda_graphs"] == CUDA_GRAPH_BYTES

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from autotune.export import megatron_args, megatron_args_text
-from autotune.verl import DATA_DIR
+from grpo_tune.autotune.export import megatron_args, megatron_args_text
+from grpo_tune.autotune.verl import DATA_DIR
 from _export_configs import configs, make
 
 FLAGS_FILE = DATA_DIR / "megatron-lm-arguments-flags.txt"

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.options import MIN_HEADROOM_DEFAULT
-from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Strategy, Workload
-from costmodel.estimate import estimate
+from grpo_tune.autotune.options import MIN_HEADROOM_DEFAULT
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
+from grpo_tune.costmodel.estimate import estimate
 
 CASES_PATH = Path(__file__).parent / "fixtures" / "fit_verdicts.yaml"
 

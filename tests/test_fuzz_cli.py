@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from _hostile import within
-from cli.main import app, main
+from grpo_tune.cli.main import app, main
 
 CASE_LIMIT_S = 60
 # The CI profile runs a few cases per command; --hypothesis-profile=long (tests/conftest.py) many.

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from autotune.grouping import group_by_layout, layout_key
-from autotune.search import search, step_s
-from cli.main import main
-from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Workload
+from grpo_tune.autotune.grouping import group_by_layout, layout_key
+from grpo_tune.autotune.search import search, step_s
+from grpo_tune.cli.main import main
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Workload
 
 
 def test_rows_are_distinct_layouts_with_their_best_variant():

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main as cli_main
-from core import tomlwrite
-from core.errors import ConfigError
-from core.specs import HardwareSpec, load_hardware
+from grpo_tune.cli.main import main as cli_main
+from grpo_tune.core import tomlwrite
+from grpo_tune.core.errors import ConfigError
+from grpo_tune.core.specs import HardwareSpec, load_hardware
 
-H100 = Path(__file__).resolve().parent.parent / "profiles" / "hardware" / "h100-sxm-80gb.toml"
+H100 = Path(__file__).resolve().parent.parent / "grpo_tune" / "profiles" / "hardware" / "h100-sxm-80gb.toml"
 
 
 def _h100_with(tmp_path: Path, **kw: float) -> Path:

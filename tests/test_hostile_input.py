@@ -21,13 +21,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autotune.export import verl_overrides, verl_script
-from cli.main import main as cli_main
-from core import tomlwrite
-from core.config import save
-from core.errors import ConfigError, GrpoTuneError
-from trainer.launch import slurm_script
-from trainer.layout import Layout
+from grpo_tune.autotune.export import verl_overrides, verl_script
+from grpo_tune.cli.main import main as cli_main
+from grpo_tune.core import tomlwrite
+from grpo_tune.core.config import save
+from grpo_tune.core.errors import ConfigError, GrpoTuneError
+from grpo_tune.trainer.launch import slurm_script
+from grpo_tune.trainer.layout import Layout
 from _export_configs import configs
 from _hostile import within
 
@@ -120,7 +120,7 @@ def test_slurm_passes_hostile_paths_as_exact_arguments(tmp_path):
     env = {"PATH": f"{b}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "node[0-1]"}
     subprocess.run([BASH, str(tmp_path / "job.sbatch")], check=True, cwd=tmp_path, env=env, timeout=30)
     argv, rank = json.loads((tmp_path / "argv.json").read_text())
-    assert argv[-7:] == ["trainer.main", "--config", str(config.resolve()), "--steps", "5", "--out", out]
+    assert argv[-7:] == ["grpo_tune.trainer.main", "--config", str(config.resolve()), "--steps", "5", "--out", out]
     assert rank == "0" and not (tmp_path / "X").exists()
 
 
@@ -233,7 +233,7 @@ def test_binary_and_special_files_as_profiles(tmp_path, capsys):
 
 @pytest.mark.parametrize("value", ["0", "1.5", "-0.5"])
 def test_efficiency_outside_zero_one_is_refused(tmp_path, capsys, value):
-    src = Path(__file__).resolve().parent.parent / "profiles" / "hardware" / "cpu.toml"
+    src = Path(__file__).resolve().parent.parent / "grpo_tune" / "profiles" / "hardware" / "cpu.toml"
     text = src.read_text()
     assert "\ncomm_efficiency = " in text
     lines = [f"comm_efficiency = {value}" if ln.startswith("comm_efficiency =") else ln for ln in text.splitlines()]
@@ -259,7 +259,7 @@ def test_override_list_round_trip_keeps_hostile_model_path():
 
 
 def _preflight(tmp_path, **trainer):
-    from trainer import launch
+    from grpo_tune.trainer import launch
 
     cfg = configs()["7b-tp2"]
     cfg = cfg.replace(trainer=dataclasses.replace(cfg.trainer, out_dir=str(tmp_path / "run"), **trainer))
@@ -359,7 +359,7 @@ def test_a_bad_storage_url_leaves_the_refined_run_folder_alone(tmp_path, capsys)
 
 
 def test_a_good_refine_rerun_keeps_the_refined_best_until_refine_replaces_it(tmp_path, capsys, monkeypatch):
-    import autotune.refine
+    from grpo_tune import autotune
 
     best = _refined_run(tmp_path) / "best.yaml"
     seen = []
@@ -429,7 +429,7 @@ def test_calibrate_out_into_a_folder_is_refused_before_the_fit(tmp_path, capsys)
 
 def test_probe_out_is_never_its_own_base(tmp_path, capsys):
     base = tmp_path / "mine.toml"
-    shutil.copy(Path(__file__).resolve().parent.parent / "profiles" / "hardware" / "cpu.toml", base)
+    shutil.copy(Path(__file__).resolve().parent.parent / "grpo_tune" / "profiles" / "hardware" / "cpu.toml", base)
     before = _digest(base)
     t0 = time.monotonic()
     rc = cli_main(["probe-hardware", "--out", str(base), "--base", str(base), "--quick", "--nproc", "1"])
@@ -449,7 +449,7 @@ def _cli_subprocess(argv: list[str], timeout_s: float = 60, mem_bytes: int = 2 <
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     try:
         out = subprocess.run(
-            [sys.executable, "-c", "from cli.main import run; run()", *argv],
+            [sys.executable, "-c", "from grpo_tune.cli.main import run; run()", *argv],
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -579,7 +579,7 @@ def test_one_bad_file_in_grpo_tune_profiles_breaks_only_itself(tmp_path, capsys,
 def test_a_name_refused_at_emit_leaves_no_half_written_run_folder(tmp_path, capsys):
     """The hardware name's newline was refused while writing verl.sh, after best.yaml was written."""
     hw = tmp_path / "hw.toml"
-    text = (Path(__file__).resolve().parent.parent / "profiles" / "hardware" / "cpu.toml").read_text()
+    text = (Path(__file__).resolve().parent.parent / "grpo_tune" / "profiles" / "hardware" / "cpu.toml").read_text()
     hw.write_text(text.replace('name = "cpu"', 'name = "cpu\\nrm -rf ~"', 1))
     runs = tmp_path / "runs"
     argv = ["search", "--model", "tiny", "--gpus", "2", "--hardware", str(hw), "--prompt-len", "64"]
@@ -590,7 +590,7 @@ def test_a_name_refused_at_emit_leaves_no_half_written_run_folder(tmp_path, caps
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0])
 def test_trial_timeout_must_be_a_finite_positive_number(value):
-    from autotune.refine.loop import RefineOptions
+    from grpo_tune.autotune.refine.loop import RefineOptions
 
     with pytest.raises(ConfigError, match="--trial-timeout"):
         RefineOptions(trial_timeout_s=value).check()
@@ -601,7 +601,7 @@ def _grpo_csv(tmp_path, split: str, **cells: str) -> Path:
     import csv
     import io
 
-    from autotune.validate_grpo import GRPO_DATA_PATH
+    from grpo_tune.autotune.validate_grpo import GRPO_DATA_PATH
 
     lines = GRPO_DATA_PATH.read_text().splitlines()
     head = next(i for i, ln in enumerate(lines) if ln.strip() and not ln.startswith("#"))
@@ -678,7 +678,7 @@ def test_out_that_cannot_be_a_folder_is_refused_before_the_search(tmp_path, caps
 @pytest.mark.parametrize("name", ["../../x", "a/b", "..", "", "a\nb", "a\\b"])
 def test_study_name_is_one_folder_name(name):
     """It names the run folder under --out: '../../x' wrote a refine run outside --out, and started it."""
-    from autotune.refine.loop import RefineOptions
+    from grpo_tune.autotune.refine.loop import RefineOptions
 
     with pytest.raises(ConfigError, match="--study-name"):
         RefineOptions(study_name=name).check()
@@ -688,8 +688,8 @@ def test_study_name_is_one_folder_name(name):
 _TERM_CHILD = """
 import os, sys
 from pathlib import Path
-import cli.main as M
-from autotune.refine.runner import run_profile
+import grpo_tune.cli.main as M
+from grpo_tune.autotune.refine.runner import run_profile
 
 tmp = Path(sys.argv[1])
 code = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)"
@@ -759,7 +759,7 @@ def test_flags_that_were_silently_rewritten_are_refused(capsys, cmd, flags, says
 
 @pytest.mark.parametrize("where", ["top", "efficiency"])
 def test_unknown_keys_in_a_hardware_file_are_refused(tmp_path, capsys, where):
-    text = (Path(__file__).resolve().parent.parent / "profiles" / "hardware" / "cpu.toml").read_text()
+    text = (Path(__file__).resolve().parent.parent / "grpo_tune" / "profiles" / "hardware" / "cpu.toml").read_text()
     text = "hbm_gb = 24\n" + text if where == "top" else text.replace("[efficiency]\n", "[efficiency]\nmfu = 0.5\n")
     (tmp_path / "hw.toml").write_text(text)
     rc = cli_main(["estimate", "--model", "tiny", "--gpus", "2", "--hardware", str(tmp_path / "hw.toml")])
@@ -770,7 +770,7 @@ def test_unknown_keys_in_a_hardware_file_are_refused(tmp_path, capsys, where):
 @pytest.mark.parametrize("value", ["0", "-0.5", "1.5", "nan", "inf"])
 def test_any_efficiency_outside_zero_one_is_refused(tmp_path, capsys, key, value):
     """comm/hbm efficiency 0 divided by zero (a traceback); below 0 or above 1 gave negative times and MFU > 1."""
-    text = (Path(__file__).resolve().parent.parent / "profiles" / "hardware" / "cpu.toml").read_text()
+    text = (Path(__file__).resolve().parent.parent / "grpo_tune" / "profiles" / "hardware" / "cpu.toml").read_text()
     assert f"\n{key} = " in text
     lines = [f"{key} = {value}" if ln.startswith(f"{key} =") else ln for ln in text.splitlines()]
     (tmp_path / "hw.toml").write_text("\n".join(lines) + "\n")
@@ -788,7 +788,7 @@ def test_python_requirement_matches_tomllib():
 
 
 def test_the_probe_writer_keeps_a_hostile_name_exact(tmp_path):
-    from trainer.probe import write_profile
+    from grpo_tune.trainer.probe import write_profile
 
     name = 'x" = 1 #\\ [efficiency] \u202e'
     write_profile(tmp_path / "p.toml", name=name, base={}, fields={}, efficiency={}, source="s", comments=[name])
@@ -861,7 +861,7 @@ def test_lengths_from_a_file_without_newlines_is_read_in_bounded_memory(tmp_path
     """--lengths read each line whole: a weights file given by mistake (no newlines) took ~2x its size in RSS.
     Lines over MAX_LINE_CHARS are now skipped in bounded pieces. Measured here on a 200 MiB file: max RSS 450 MB
     before (MemoryError under a 400 MB address-space cap), 57 MB after (runs under 150 MB); the child gets 320 MiB."""
-    from autotune.lengths import MAX_LINE_CHARS
+    from grpo_tune.autotune.lengths import MAX_LINE_CHARS
 
     big = tmp_path / "model.safetensors"
     with open(big, "wb") as fh:
@@ -948,7 +948,7 @@ def test_a_log_whose_every_timing_is_nan_is_refused(tmp_path, capsys):
 
 
 def test_a_nan_timing_in_a_console_log_is_warned(tmp_path):
-    from autotune.runlog import read_log
+    from grpo_tune.autotune.runlog import read_log
 
     lines = (VERL_LOGS / "run_a.console.log").read_text().splitlines(keepends=True)
     i = next(i for i, line in enumerate(lines) if "step:3 " in line and "timing_s/gen:" in line)

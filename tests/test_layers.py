@@ -29,6 +29,7 @@ ALLOWED = {
 
 
 def _module_name(path: Path) -> str:
+    """``grpo_tune.autotune.search`` for ``ROOT/grpo_tune/autotune/search.py``."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -54,12 +55,18 @@ def imports_of(path: Path) -> set[str]:
                 names = [node.module or ""]
         else:
             continue
-        found |= {n.split(".")[0] for n in names if n.split(".")[0] in PACKAGES}
+        found |= {_ours(n) for n in names} - {""}
     return found
 
 
+def _ours(name: str) -> str:
+    """The sub-package of ``grpo_tune`` that a dotted import name lands in ('' if not ours)."""
+    parts = name.split(".")
+    return parts[1] if parts[0] == "grpo_tune" and len(parts) > 1 and parts[1] in PACKAGES else ""
+
+
 def _sources(package: str) -> list[Path]:
-    return sorted(p for p in (ROOT / package).rglob("*.py") if "__pycache__" not in p.parts)
+    return sorted(p for p in (ROOT / "grpo_tune" / package).rglob("*.py") if "__pycache__" not in p.parts)
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -88,9 +95,9 @@ def test_no_cycle_between_packages():
 
 def test_the_checker_sees_lazy_and_relative_imports(tmp_path, monkeypatch):
     """The checker itself can fail: a lazy import inside a function and a relative import are both found."""
-    src = "def f():\n    from autotune import search\n\nfrom . import launch\nfrom .. import cli\n"
-    fake = tmp_path / "trainer" / "x.py"
-    fake.parent.mkdir()
+    src = "def f():\n    from grpo_tune.autotune import search\n\nfrom . import launch\nfrom .. import cli\n"
+    fake = tmp_path / "grpo_tune" / "trainer" / "x.py"
+    fake.parent.mkdir(parents=True)
     fake.write_text(src)
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
     assert imports_of(fake) == {"autotune", "trainer", "cli"}

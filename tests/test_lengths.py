@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from autotune.lengths import CHARS_PER_TOKEN, read_lengths
+from grpo_tune.autotune.lengths import CHARS_PER_TOKEN, read_lengths
 from _inputs import grpo_inputs
-from core.errors import GrpoTuneError
-from costmodel.lengths import dist, quantiles_from_samples
+from grpo_tune.core.errors import GrpoTuneError
+from grpo_tune.costmodel.lengths import dist, quantiles_from_samples
 
 
 def test_dataset_prompts_are_counted(tmp_path):
@@ -47,7 +47,7 @@ def test_lengths_reach_the_workload_and_best_yaml(tmp_path):
     assert wl.response_len_quantiles and wl.lengths_source and wl.prompt_len_mean < 1024
     d = wl.to_dict()
     assert isinstance(d["response_len_quantiles"], list)
-    from core.strategy import Workload
+    from grpo_tune.core.strategy import Workload
 
     assert Workload.from_dict(d) == wl  # what best.yaml records loads back
 

@@ -14,10 +14,10 @@ import pytest
 from rich.console import Console
 
 from _inputs import param_counts
-from cli.main import main
-from core.errors import UnknownModelError
-from core.specs import load_model
-from costmodel.params import total_params
+from grpo_tune.cli.main import main
+from grpo_tune.core.errors import UnknownModelError
+from grpo_tune.core.specs import load_model
+from grpo_tune.costmodel.params import total_params
 
 # Presets whose published count also states tied embeddings (tests/fixtures/param_counts.csv; totals are checked
 # for every row there by test_costmodel_params).
@@ -87,14 +87,14 @@ def test_local_checkpoint_folder_with_config_json(tmp_path):
 
 
 def test_models_table_does_not_truncate_names_in_80_columns(monkeypatch):
-    from cli import catalog
+    from grpo_tune.cli import catalog
 
     buf = io.StringIO()
     monkeypatch.setattr(catalog, "Console", lambda: Console(file=buf, width=80))
     catalog.models(json_out=False)
     text = buf.getvalue()
     assert all(len(line) <= 80 for line in text.splitlines())
-    from core.specs import list_models
+    from grpo_tune.core.specs import list_models
 
     for name in list_models():
         assert f"│ {name} " in text, name  # whole, on one line

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import GrpoTuneError
-from core.specs import load_hardware
+from grpo_tune.core.errors import GrpoTuneError
+from grpo_tune.core.specs import load_hardware
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run(
-        [sys.executable, "-c", "from cli.main import run; run()", *args],
+        [sys.executable, "-c", "from grpo_tune.cli.main import run; run()", *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -95,10 +95,10 @@ def _fake_runs(monkeypatch, tmp_path, outcomes):
     """Replace the torchrun subprocess with ``outcomes`` (rc, text, writes_profile), one per call."""
     import subprocess as sp
 
-    from cli import probe
+    from grpo_tune.cli import probe
 
     calls = []
-    profile = (ROOT / "profiles" / "hardware" / "cpu.toml").read_text()
+    profile = (ROOT / "grpo_tune" / "profiles" / "hardware" / "cpu.toml").read_text()
 
     def run(cmd, **kw):
         rc, text, writes = outcomes[len(calls)]

@@ -22,9 +22,9 @@ STANDIN = [sys.executable, str(ROOT / "tests" / "refine_standin.py")]
 
 DRIVER = r"""
 import sys
-from autotune.options import plan_inputs
-from autotune.search import search
-from autotune.refine import RefineOptions, refine
+from grpo_tune.autotune.options import plan_inputs
+from grpo_tune.autotune.search import search
+from grpo_tune.autotune.refine import RefineOptions, refine
 out, trials, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 m, hw, cl, wl = plan_inputs(model="tiny", hardware="cpu", gpus=4, gpus_per_node=None, workload="grpo", prompts=8,
                             n=4, prompt_len=16, response_len=16, mini_batch=8, ppo_epochs=1, kl=True, seq_len=64, gbs=8)
@@ -168,7 +168,7 @@ def test_timeout_marks_trial_failed(tmp_path):
 
 def _inputs():
     from _inputs import grpo_inputs
-    from autotune.search import search
+    from grpo_tune.autotune.search import search
 
     m, hw, cl, wl = grpo_inputs(
         "tiny", "cpu", 2, prompts=4, n=2, prompt_len=8, response_len=8, mini_batch=4, seq_len=64, gbs=8
@@ -187,8 +187,8 @@ def _inputs():
     ],
 )
 def test_bad_refine_arguments_are_coded_errors(tmp_path, kw, match):
-    from autotune.refine import RefineOptions, refine
-    from core.errors import ConfigError
+    from grpo_tune.autotune.refine import RefineOptions, refine
+    from grpo_tune.core.errors import ConfigError
 
     ranked, m, hw, cl, wl = _inputs()
     with pytest.raises(ConfigError, match=match):
@@ -204,8 +204,8 @@ def test_bad_refine_arguments_are_coded_errors(tmp_path, kw, match):
 
 
 def test_space_holds_only_fitting_plans_the_trainer_accepts():
-    from autotune.refine import build_space, distinct, plan_key, predicted, runnable
-    from core.config import TrainerOptions
+    from grpo_tune.autotune.refine import build_space, distinct, plan_key, predicted, runnable
+    from grpo_tune.core.config import TrainerOptions
 
     ranked, m, hw, cl, wl = _inputs()
     space = build_space(ranked, m, hw, cl, wl)
@@ -225,6 +225,6 @@ def test_space_holds_only_fitting_plans_the_trainer_accepts():
 
 
 def steps_of(space, i):
-    from autotune.refine import predicted
+    from grpo_tune.autotune.refine import predicted
 
     return predicted(space[i])[0]

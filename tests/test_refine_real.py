@@ -26,7 +26,7 @@ CMD = (
 
 
 def _argv(tmp: Path) -> list[str]:
-    return [sys.executable, "-c", "from cli.main import run; run()", *CMD, "--out", str(tmp / "runs")]
+    return [sys.executable, "-c", "from grpo_tune.cli.main import run; run()", *CMD, "--out", str(tmp / "runs")]
 
 
 def _run(tmp: Path) -> tuple[subprocess.CompletedProcess, dict]:

@@ -13,7 +13,7 @@ import time
 import optuna
 import pytest
 
-from autotune.refine.study import fail_running, open_study, recover
+from grpo_tune.autotune.refine.study import fail_running, open_study, recover
 
 
 def _reload(url: str, name: str):

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autotune import runlog
-from core.errors import ConfigError
+from grpo_tune.autotune import runlog
+from grpo_tune.core.errors import ConfigError
 
 FIX = Path(__file__).parent / "fixtures" / "verl_logs"
 

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from autotune.options import MIN_HEADROOM_DEFAULT
+from grpo_tune.autotune.options import MIN_HEADROOM_DEFAULT
 import yaml
 
-from core.config import load
-from autotune.emit import emit, run_id
-from autotune.search import search
-from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Workload
+from grpo_tune.core.config import load
+from grpo_tune.autotune.emit import emit, run_id
+from grpo_tune.autotune.search import search
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Workload
 
-CLI = [sys.executable, "-c", "from cli.main import run; run()"]
+CLI = [sys.executable, "-c", "from grpo_tune.cli.main import run; run()"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -147,7 +147,7 @@ def test_emit_for_refine_adds_measured(tmp_path):
 
 
 def test_calibration_flag(tmp_path):
-    from autotune.calibrate import save as save_cal
+    from grpo_tune.autotune.calibrate import save as save_cal
 
     cal = save_cal(tmp_path / "cal.json", params={"compute_efficiency_scale": 0.5}, hardware="h100-sxm-80gb")
     plain = json.loads(
@@ -190,7 +190,7 @@ def test_refine_reemit_keeps_search_tables(tmp_path):
 def test_emit_keeps_no_state_between_calls(tmp_path):
     """emit writes what it is given: a second emit into the same folder without the search result
     shows no search tables (there used to be a module-global cache keyed by folder)."""
-    import autotune.emit as E
+    import grpo_tune.autotune.emit as E
 
     res = _tiny_search()
     d = tmp_path / "run"

@@ -10,11 +10,11 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from autotune.search import Space, pareto_front, rank_key, search, step_s, tokens_per_s_per_gpu
-from core.errors import GrpoTuneError, NoFeasiblePlanError
-from costmodel.estimate import PhaseTimes, estimate
-from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Workload
+from grpo_tune.autotune.search import Space, pareto_front, rank_key, search, step_s, tokens_per_s_per_gpu
+from grpo_tune.core.errors import GrpoTuneError, NoFeasiblePlanError
+from grpo_tune.costmodel.estimate import PhaseTimes, estimate
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Workload
 
 H100 = load_hardware("h100")
 CPU = load_hardware("cpu")
@@ -176,7 +176,7 @@ def test_screening_keeps_the_optimum():
 
 def test_calibration_reaches_the_ranking(tmp_path):
     """--calibration FILE is applied: halving compute efficiency slows the predicted winner."""
-    from autotune.calibrate import load as load_cal, save as save_cal
+    from grpo_tune.autotune.calibrate import load as load_cal, save as save_cal
 
     path = save_cal(tmp_path / "cal.json", params={"compute_efficiency_scale": 0.5}, hardware=H100.name)
     cal = load_cal(path, hardware=H100.name)
@@ -208,7 +208,7 @@ def test_pretrain_has_no_rollout_axis():
     ),
 )
 def test_random_inputs_give_valid_fitting_plans_or_coded_errors(gpus, prompts, n, mini, plen, rlen, pins):
-    from core.strategy import validate
+    from grpo_tune.core.strategy import validate
 
     try:
         wl = Workload.from_dict(dict(prompts=prompts, n=n, mini_batch=mini, prompt_len=plen, response_len=rlen))
@@ -234,7 +234,7 @@ def test_progress_reports_up_to_total():
 def test_non_additive_cost_model_widens_exact_pass(monkeypatch):
     """A cost model with an interaction the factoring cannot see (param+grad offload speeding up
     the update only at large micro-batches) is detected, and the wider exact pass still finds the best plan."""
-    import autotune.search as S
+    import grpo_tune.autotune.search as S
 
     real = S.estimate
 
@@ -274,9 +274,9 @@ def test_non_additive_cost_model_widens_exact_pass(monkeypatch):
 
 def test_min_headroom_keeps_every_phase_that_far_below_capacity():
     """A safety margin drops the plans packed to the limit; 0 gives them back; too much is NO_FEASIBLE_PLAN."""
-    from core.errors import NoFeasiblePlanError
-    from core.specs import load_hardware, load_model
-    from core.strategy import Cluster, Workload
+    from grpo_tune.core.errors import NoFeasiblePlanError
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Workload
 
     m, hw = load_model("7b"), load_hardware("h100")
     tight = search(m, hw, Cluster(gpus=8), Workload(), top=3)

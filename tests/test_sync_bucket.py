@@ -15,16 +15,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autotune import tune as T
-from autotune.options import strategy_pins
-from cli.main import main
-from core.config import RunConfig, dumps, load, save
-from core.errors import ConfigError
-from core.specs import load_hardware, load_model
-from core.strategy import SYNC_BUCKET_MB, Cluster, Strategy, Workload, validate
-from core.support import check_plan
-from costmodel.estimate import estimate
-from costmodel.weight_sync import weight_sync_s
+from grpo_tune.autotune import tune as T
+from grpo_tune.autotune.options import strategy_pins
+from grpo_tune.cli.main import main
+from grpo_tune.core.config import RunConfig, dumps, load, save
+from grpo_tune.core.errors import ConfigError
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import SYNC_BUCKET_MB, Cluster, Strategy, Workload, validate
+from grpo_tune.core.support import check_plan
+from grpo_tune.costmodel.estimate import estimate
+from grpo_tune.costmodel.weight_sync import weight_sync_s
 from trainer_harness import run_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,7 +87,7 @@ def test_weight_sync_buckets_and_overhead_follow_ceil_of_model_over_bucket():
     assert hw.efficiency.sync_bucket_overhead_s == 0.012
     c = Cluster(gpus=8)
     s = validate(m, Strategy(tp=2, rollout_tp=2), 8)
-    from costmodel.timing import CALIBRATION_DEFAULTS as CAL
+    from grpo_tune.costmodel.timing import CALIBRATION_DEFAULTS as CAL
 
     got = {mb: weight_sync_s(m, hw, c, s.replace(sync_bucket_mb=mb), CAL) for mb in (2048, 256, 1)}
     assert {mb: got[mb]["buckets"] for mb in got} == {2048: 8, 256: 57, 1: 14_526}
@@ -158,7 +158,7 @@ def test_estimate_takes_the_pin(capsys):
 
 
 def test_search_prices_every_plan_with_a_pinned_bucket():
-    from autotune.search import search
+    from grpo_tune.autotune.search import search
 
     res = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), WL, pins={"sync_bucket_mb": 64}, top=5)
     assert res.ranked and all(e.strategy.sync_bucket_mb == 64 for e in res.ranked)

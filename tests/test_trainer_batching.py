@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainer.batching import count, pack
+from grpo_tune.trainer.batching import count, pack
 
 lengths_st = st.lists(st.integers(1, 64), min_size=0, max_size=40)
 

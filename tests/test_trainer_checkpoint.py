@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.config import RunConfig, TrainerOptions, save
-from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Strategy, Workload
-from trainer import checkpoint
+from grpo_tune.core.config import RunConfig, TrainerOptions, save
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
+from grpo_tune.trainer import checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,7 +85,7 @@ def _config(path: Path, out: Path, steps: int) -> Path:
 
 def _cli(*args: str, **kw):
     return subprocess.Popen(
-        [sys.executable, "-c", "from cli.main import run; run()", *args],
+        [sys.executable, "-c", "from grpo_tune.cli.main import run; run()", *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -190,7 +190,7 @@ def test_sigkill_of_the_launcher_group_leaves_no_worker(tmp_path):
                     cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode()
                 except OSError:
                     continue
-                if str(cfg) in cmd and "trainer.main" in cmd:
+                if str(cfg) in cmd and "grpo_tune.trainer.main" in cmd:
                     found.append(int(d))
         return found
 

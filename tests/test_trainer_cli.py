@@ -14,10 +14,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cli.main import main as cli_main
-from core.config import RunConfig, TrainerOptions, load, save
-from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Strategy, Workload
+from grpo_tune.cli.main import main as cli_main
+from grpo_tune.core.config import RunConfig, TrainerOptions, load, save
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +49,7 @@ def edit(path: Path, section: str, **kw) -> Path:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", "from cli.main import run; run()", *args],
+        [sys.executable, "-c", "from grpo_tune.cli.main import run; run()", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -60,13 +60,14 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_dry_run_prints_the_summary_and_starts_nothing_without_torch(tmp_path):
     cfg = write_cfg(tmp_path / "c.yaml", strategy={"tp": 2}, gpus=2)
     code = (
-        "import sys; from cli.main import main; rc = main(['train', '--config', sys.argv[1], '--dry-run']);"
+        "import sys; from grpo_tune.cli.main import main; rc = main(['train', '--config', sys.argv[1], '--dry-run']);"
         "assert 'torch' not in sys.modules, 'dry-run imported torch'; sys.exit(rc)"
     )
     r = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "Parallel Config Summary" in r.stdout
-    assert "torch.distributed.run --nproc-per-node=2 --standalone -m trainer.main" in r.stdout.replace("\n", " ")
+    launch = "torch.distributed.run --nproc-per-node=2 --standalone -m grpo_tune.trainer.main"
+    assert launch in r.stdout.replace("\n", " ")
     assert not (tmp_path / "run").exists()  # no output folder, no log: nothing started
 
 
@@ -120,7 +121,7 @@ def test_profile_bad_config_exits_2(tmp_path):
 
 
 def test_torchrun_command_single_and_multi_node(tmp_path):
-    from trainer import launch
+    from grpo_tune.trainer import launch
 
     cfg = load(write_cfg(tmp_path / "c.yaml", gpus=8, gpn=4, strategy={"tp": 2, "pp": 2}))
     lay = launch.layout(cfg)
@@ -129,7 +130,7 @@ def test_torchrun_command_single_and_multi_node(tmp_path):
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     for flag in ("--nproc-per-node=4", "--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29600"):
         assert flag in cmd
-    assert cmd[-4:] == ["-m", "trainer.main", "--config", "c.yaml"]
+    assert cmd[-4:] == ["-m", "grpo_tune.trainer.main", "--config", "c.yaml"]
     # --nnodes overrides the node split; it must divide the world size
     assert launch.layout(cfg, nnodes=4).nproc_per_node == 2
     with pytest.raises(Exception) as e:
@@ -147,7 +148,7 @@ def test_slurm_script(tmp_path):
     s = out.read_text()
     assert "#SBATCH --nodes=2" in s and "#SBATCH --gpus-per-node=4" in s and "#SBATCH --ntasks-per-node=1" in s
     assert 'PET_NODE_RANK="$SLURM_NODEID"' in s and "--nnodes=2 --nproc-per-node=4" in s
-    assert f"-m trainer.main --config {cfg.resolve()} --steps 5" in s
+    assert f"-m grpo_tune.trainer.main --config {cfg.resolve()} --steps 5" in s
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0  # valid shell
 
 
@@ -161,7 +162,7 @@ def test_slurm_script_passes_no_resume_on(tmp_path, resume):
     worker = shlex.split(out.read_text().rstrip().splitlines()[-1])
     assert worker == [
         "-m",
-        "trainer.main",
+        "grpo_tune.trainer.main",
         "--config",
         str(cfg.resolve()),
         "--steps",
@@ -217,7 +218,7 @@ def test_progress_follows_metrics_jsonl_live_and_plain(tmp_path):
 
     from rich.console import Console
 
-    from cli.train import Progress
+    from grpo_tune.cli.train import Progress
 
     path = tmp_path / "metrics.jsonl"
     path.write_text(json.dumps({"step": 1, "loss": 0.5}) + "\n")  # an earlier launch's line: not shown

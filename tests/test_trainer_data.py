@@ -9,12 +9,12 @@ from collections import Counter
 import pytest
 import torch
 
-from core.errors import GrpoTuneError
-from trainer.data import Example, PromptStream, load_dataset, synthetic_examples, write_synthetic
-from trainer.reward import math_reward
-from trainer.rollout import SamplingParams
-from trainer.rollout.sampling import sample
-from trainer.tokenizer import CharTokenizer
+from grpo_tune.core.errors import GrpoTuneError
+from grpo_tune.trainer.data import Example, PromptStream, load_dataset, synthetic_examples, write_synthetic
+from grpo_tune.trainer.reward import math_reward
+from grpo_tune.trainer.rollout import SamplingParams
+from grpo_tune.trainer.rollout.sampling import sample
+from grpo_tune.trainer.tokenizer import CharTokenizer
 
 
 def test_synthetic_tasks_are_correct_seeded_and_balanced():

@@ -34,11 +34,11 @@ def test_gpu_check(check, tmp_path):
 
 def test_cpu_optimizer_is_a_stated_no_op_on_cpu(caplog):
     pytest.importorskip("megatron.core")
-    from core.strategy import Strategy
-    from trainer.optim import optimizer_offload_kwargs
+    from grpo_tune.core.strategy import Strategy
+    from grpo_tune.trainer.optim import optimizer_offload_kwargs
 
     s = Strategy(cpu_optimizer=0.5, overlap_cpu_optimizer=True, precision_aware_optimizer=True)
-    with caplog.at_level(logging.WARNING, logger="trainer.optim"):
+    with caplog.at_level(logging.WARNING, logger="grpo_tune.trainer.optim"):
         assert optimizer_offload_kwargs(s, cuda=False) == {}
     assert "no-op on CPU" in caplog.text and "cpu_optimizer" in caplog.text
     assert optimizer_offload_kwargs(s, cuda=True) == {
@@ -47,15 +47,15 @@ def test_cpu_optimizer_is_a_stated_no_op_on_cpu(caplog):
         "overlap_cpu_optimizer_d2h_h2d": True,
         "use_precision_aware_optimizer": True,
     }
-    assert importlib.util.find_spec("trainer.engine") is not None
+    assert importlib.util.find_spec("grpo_tune.trainer.engine") is not None
 
 
 def task_thd(spec: dict) -> dict:
     """Token-budget log-probs with THD packing (TE) vs the padded fixed-mbs pass, one GPU."""
     import torch
 
-    from trainer import parallel
-    from trainer.engine import Engine
+    from grpo_tune.trainer import parallel
+    from grpo_tune.trainer.engine import Engine
     from trainer_harness import run_config
 
     parallel.init_distributed()

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.errors import GrpoTuneError
-from trainer import grpo
+from grpo_tune.core.errors import GrpoTuneError
+from grpo_tune.trainer import grpo
 
 
 # ---- group advantages -------------------------------------------------------------------------
@@ -234,7 +234,7 @@ def test_actor_loss_combines_terms():
 
 
 def test_loss_config_from_trainer_options():
-    from core.config import TrainerOptions
+    from grpo_tune.core.config import TrainerOptions
 
     cfg = grpo.LossConfig.from_options(TrainerOptions(kl_type="k2", clip_ratio_high=0.28), use_kl=False)
     assert (cfg.kl_type, cfg.clip_ratio_high, cfg.use_kl, cfg.clip_ratio_c) == ("k2", 0.28, False, None)
@@ -276,11 +276,11 @@ def test_grpo_raises_reward_on_the_copy_task():
     Seen on this machine (2 shared cores, ~10 s): mean reward ~0.03 over the first 20 steps, ~0.15
     over the last 20. Asserted: the last 20 steps beat the first 20 by 2x and by 0.04.
     """
-    from trainer.data import PromptStream, synthetic_examples
-    from trainer.reward import math_reward
-    from trainer.rollout import SamplingParams
-    from trainer.rollout.sampling import pack, sample
-    from trainer.tokenizer import CharTokenizer
+    from grpo_tune.trainer.data import PromptStream, synthetic_examples
+    from grpo_tune.trainer.reward import math_reward
+    from grpo_tune.trainer.rollout import SamplingParams
+    from grpo_tune.trainer.rollout.sampling import pack, sample
+    from grpo_tune.trainer.tokenizer import CharTokenizer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -185,8 +185,8 @@ def task_hf(spec: dict) -> dict:
     tokens; the first layout also exports to ``spec["export"]``."""
     import torch.distributed as dist
 
-    from trainer import hf, parallel
-    from trainer.engine import Engine
+    from grpo_tune.trainer import hf, parallel
+    from grpo_tune.trainer.engine import Engine
 
     parallel.init_distributed()
     world = dist.get_world_size()
@@ -288,10 +288,10 @@ def test_import_matches_reference_and_export_round_trips(tmp_path, family, layou
 def test_every_preset_maps_onto_exactly_its_hf_parameters():
     """For each supported preset, the HF tensors the importer expects hold exactly the cost
     model's total parameter count (so no tensor is dropped or invented by the mapping)."""
-    from costmodel.params import total_params
-    from core.specs import list_models, load_model
-    from trainer import hf
-    from trainer.model import SUPPORTED_FAMILIES
+    from grpo_tune.costmodel.params import total_params
+    from grpo_tune.core.specs import list_models, load_model
+    from grpo_tune.trainer import hf
+    from grpo_tune.trainer.model import SUPPORTED_FAMILIES
 
     checked = 0
     for name in list_models():
@@ -309,8 +309,8 @@ def test_every_preset_maps_onto_exactly_its_hf_parameters():
 def test_shards_tile_the_full_tensor(tp):
     """shard() over all TP ranks, placed back with place(), rebuilds every full tensor; and the
     HF <-> full conversion is a bijection (Qwen2 spec: QKV bias, GQA; tiny-moe: experts)."""
-    from core.specs import load_model
-    from trainer import hf
+    from grpo_tune.core.specs import load_model
+    from grpo_tune.trainer import hf
 
     for name in ("qwen2.5-0.5b", "tiny-moe", "tiny-mla-moe"):
         m = load_model(name)
@@ -334,9 +334,9 @@ def test_shards_tile_the_full_tensor(tp):
 
 
 def test_mismatched_or_incomplete_checkpoint_is_a_coded_error(tmp_path):
-    from core.errors import GrpoTuneError
-    from core.specs import load_model
-    from trainer import hf
+    from grpo_tune.core.errors import GrpoTuneError
+    from grpo_tune.core.specs import load_model
+    from grpo_tune.trainer import hf
 
     ck = write_checkpoint(tmp_path / "l", "llama")
     spec = hf.load_spec(ck)

@@ -26,10 +26,10 @@ def task_kv(spec: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    from trainer import parallel
-    from trainer.engine import Engine
-    from trainer.rollout.base import SamplingParams
-    from trainer.rollout.megatron import MegatronRollout
+    from grpo_tune.trainer import parallel
+    from grpo_tune.trainer.engine import Engine
+    from grpo_tune.trainer.rollout.base import SamplingParams
+    from grpo_tune.trainer.rollout.megatron import MegatronRollout
     from trainer_harness import run_config
 
     parallel.init_distributed()

@@ -3,11 +3,11 @@
 import subprocess
 import sys
 
-from core.config import RunConfig
-from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Strategy, Workload, validate
-from trainer.launch import layout
-from trainer.layout import Layout
+from grpo_tune.core.config import RunConfig
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
+from grpo_tune.trainer.launch import layout
+from grpo_tune.trainer.layout import Layout
 
 
 def test_launcher_layout_carries_placement_and_degrees():
@@ -28,8 +28,8 @@ def test_launcher_layout_carries_placement_and_degrees():
 
 
 def test_one_layout_type_and_it_is_torch_free():
-    import trainer.launch as L
-    import trainer.parallel as P
+    import grpo_tune.trainer.launch as L
+    import grpo_tune.trainer.parallel as P
 
     assert L.Layout is Layout and P.Layout is Layout
     code = "import sys, trainer.launch, trainer.layout; sys.exit('torch' in sys.modules)"

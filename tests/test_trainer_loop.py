@@ -12,10 +12,10 @@ import json
 import pytest
 import torch
 
-from trainer import checkpoint
-from trainer.grpo import LossConfig
-from trainer.loop import GRPOLoop, Item, LoopConfig, build_batch
-from trainer.rollout.sampling import sample
+from grpo_tune.trainer import checkpoint
+from grpo_tune.trainer.grpo import LossConfig
+from grpo_tune.trainer.loop import GRPOLoop, Item, LoopConfig, build_batch
+from grpo_tune.trainer.rollout.sampling import sample
 
 V, PAD, EOS, BOS = 16, 0, 1, 2
 

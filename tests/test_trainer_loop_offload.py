@@ -9,9 +9,9 @@ import logging
 import pytest
 import torch
 
-from core.config import RunConfig, TrainerOptions
-from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Strategy, Workload
+from grpo_tune.core.config import RunConfig, TrainerOptions
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
 
 def _cfg(offload=("param", "grad", "optimizer"), dtype="bf16"):
@@ -31,10 +31,10 @@ class _Fake:
 
 
 def test_offload_on_cpu_is_a_no_op_that_says_so(caplog, monkeypatch):
-    from trainer.offload import Offloader
+    from grpo_tune.trainer.offload import Offloader
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with caplog.at_level(logging.WARNING, logger="trainer.offload"):
+    with caplog.at_level(logging.WARNING, logger="grpo_tune.trainer.offload"):
         off = Offloader(_Fake(), ("param", "optimizer"))
     assert not off.active
     assert "no-op on CPU" in caplog.text and "param,optimizer" in caplog.text
@@ -46,9 +46,9 @@ def test_offload_on_cpu_is_a_no_op_that_says_so(caplog, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_offload_frees_device_memory_and_keeps_training_exact():
-    from trainer import parallel
-    from trainer.engine import Engine
-    from trainer.offload import Offloader
+    from grpo_tune.trainer import parallel
+    from grpo_tune.trainer.engine import Engine
+    from grpo_tune.trainer.offload import Offloader
 
     cfg = _cfg()
     parallel.init(cfg)

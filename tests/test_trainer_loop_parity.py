@@ -27,9 +27,9 @@ def task_grpo_layouts(spec: dict) -> dict:
 
     import torch.distributed as dist
 
-    from core.strategy import Workload
-    from trainer import parallel
-    from trainer.main import build
+    from grpo_tune.core.strategy import Workload
+    from grpo_tune.trainer import parallel
+    from grpo_tune.trainer.main import build
     from trainer_harness import run_config
 
     parallel.init_distributed()

@@ -10,9 +10,9 @@ import math
 
 import pytest
 
-from core.specs import load_model
-from core.strategy import Strategy, validate
-from costmodel.params import per_stage_params, total_params
+from grpo_tune.core.specs import load_model
+from grpo_tune.core.strategy import Strategy, validate
+from grpo_tune.costmodel.params import per_stage_params, total_params
 from trainer_harness import run_config, torchrun_json
 
 pytestmark = pytest.mark.slow
@@ -62,8 +62,8 @@ def task_roundtrip(spec: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    from trainer import parallel
-    from trainer.engine import Engine
+    from grpo_tune.trainer import parallel
+    from grpo_tune.trainer.engine import Engine
 
     parallel.init_distributed()
     world = dist.get_world_size()
@@ -89,7 +89,7 @@ def test_deepseek_hf_export_import_round_trips(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from trainer.hf import hf_shapes
+    from grpo_tune.trainer.hf import hf_shapes
 
     a, b = tmp_path / "a", tmp_path / "b"
     r = torchrun_json(

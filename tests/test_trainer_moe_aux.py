@@ -28,8 +28,8 @@ def task_balance(spec: dict) -> dict:
     import torch.distributed as dist
     from megatron.core.transformer.moe.router import TopKRouter
 
-    from trainer import parallel
-    from trainer.engine import Engine
+    from grpo_tune.trainer import parallel
+    from grpo_tune.trainer.engine import Engine
     from trainer_harness import run_config
 
     parallel.init_distributed()

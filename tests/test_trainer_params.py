@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from costmodel.params import per_stage_params, total_params
-from core.specs import load_model
-from core.strategy import Strategy, validate
+from grpo_tune.costmodel.params import per_stage_params, total_params
+from grpo_tune.core.specs import load_model
+from grpo_tune.core.strategy import Strategy, validate
 from test_trainer_parity import BASE, FOUR, TWO, run_layouts
 
 pytestmark = pytest.mark.slow

@@ -115,7 +115,7 @@ def test_bf16_on_gpu_tracks_fp32():
 
 COMPAT_CHECK = """
 import torch
-from trainer import compat
+from grpo_tune.trainer import compat
 assert compat.needed() and not compat.active()
 try:
     torch.zeros(1, device="cuda")

@@ -15,23 +15,23 @@ from pathlib import Path
 
 import pytest
 
-from autotune.search import Space, _extra, search
-from core.config import RunConfig, TrainerOptions
-from core.errors import GrpoTuneError, NoFeasiblePlanError
-from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Workload, validate
-from core.support import check_plan, check_supported
-from trainer.launch import preflight
+from grpo_tune.autotune.search import Space, _extra, search
+from grpo_tune.core.config import RunConfig, TrainerOptions
+from grpo_tune.core.errors import GrpoTuneError, NoFeasiblePlanError
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Workload, validate
+from grpo_tune.core.support import check_plan, check_supported
+from grpo_tune.trainer.launch import preflight
 
 ROOT = Path(__file__).resolve().parent.parent
-PRESETS = sorted(p.stem for p in (ROOT / "profiles" / "models").glob("*.toml"))
+PRESETS = sorted(p.stem for p in (ROOT / "grpo_tune" / "profiles" / "models").glob("*.toml"))
 GPU_STEPS = (8, 64, 256, 512)
 PREFLIGHT_SAMPLE = 400  # plans of the sweep that go through the whole pre-start check
 BUILD = 12  # accepted plans per preset whose megatron TransformerConfig is built
 
 
 def _plans(m, hw, w, pins=None):
-    from costmodel.params import total_params
+    from grpo_tune.costmodel.params import total_params
 
     big = total_params(m)
     # start near the smallest cluster that fits (each infeasible search costs a second on big models)
@@ -65,7 +65,7 @@ SEARCHED = 0  # set by _plans: how many leading plans came from search() itself
 
 
 def _check(m, hw, cluster, w, plans, *, build_config: bool = True) -> tuple[int, set[str]]:
-    from trainer.model import transformer_config
+    from grpo_tune.trainer.model import transformer_config
 
     accepted, codes, built = 0, set(), set()
     # the whole pre-start check on the search's own plans and an even sample of the sweep (its
@@ -134,7 +134,7 @@ def test_context_parallel_plans_are_refused_with_the_shared_code():
 
 
 def test_shared_check_is_what_the_refusals_say():
-    from core.strategy import Strategy
+    from grpo_tune.core.strategy import Strategy
 
     m = load_model("tiny-mla-moe")
     assert check_supported(m, Strategy()) == []

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from core.config import RunConfig, TrainerOptions, save
-from core.specs import load_hardware, load_model
-from core.strategy import Cluster, Strategy, Workload
-from trainer.profile import PHASES
+from grpo_tune.core.config import RunConfig, TrainerOptions, save
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
+from grpo_tune.trainer.profile import PHASES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +49,7 @@ def _profile(cfg: Path, out: Path, steps: int = 3, preexec=None) -> subprocess.C
         [
             sys.executable,
             "-c",
-            "from cli.main import run; run()",
+            "from grpo_tune.cli.main import run; run()",
             "profile",
             "--config",
             str(cfg),

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.errors import GrpoTuneError
-from trainer.reward import extract_answer, load_reward, math_format_reward, math_reward
+from grpo_tune.core.errors import GrpoTuneError
+from grpo_tune.trainer.reward import extract_answer, load_reward, math_format_reward, math_reward
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from core.errors import GrpoTuneError
-from trainer.rollout import SamplingParams, get_rollout_engine, register_rollout_engine
-from trainer.rollout.sampling import pack, sample, sample_next
+from grpo_tune.core.errors import GrpoTuneError
+from grpo_tune.trainer.rollout import SamplingParams, get_rollout_engine, register_rollout_engine
+from grpo_tune.trainer.rollout.sampling import pack, sample, sample_next
 
 V, PAD, EOS = 16, 0, 3
 

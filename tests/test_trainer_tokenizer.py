@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.errors import GrpoTuneError
-from core.specs import load_model
-from trainer.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
+from grpo_tune.core.errors import GrpoTuneError
+from grpo_tune.core.specs import load_model
+from grpo_tune.trainer.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
 
 
 def test_char_tokenizer_round_trip_and_specials():

@@ -33,9 +33,9 @@ needs_gpu = pytest.mark.skipif(not (_CUDA and _VLLM), reason="needs a CUDA GPU a
 
 
 def _cfg(tmp: Path, *, rollout_tp=1, gpus=1, steps=3, engine="vllm"):
-    from core.config import RunConfig, TrainerOptions
-    from core.specs import load_hardware, load_model
-    from core.strategy import Cluster, Strategy, Workload
+    from grpo_tune.core.config import RunConfig, TrainerOptions
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
     return RunConfig(
         model=load_model("tiny"),
@@ -60,12 +60,12 @@ def _cfg(tmp: Path, *, rollout_tp=1, gpus=1, steps=3, engine="vllm"):
 def _case_sync(tmp: Path) -> dict:
     import torch
 
-    from trainer import parallel
-    from trainer.data import synthetic_examples
-    from trainer.engine import Engine
-    from trainer.rollout import SamplingParams, get_rollout_engine
-    from trainer.rollout.sampling import pack
-    from trainer.tokenizer import CharTokenizer
+    from grpo_tune.trainer import parallel
+    from grpo_tune.trainer.data import synthetic_examples
+    from grpo_tune.trainer.engine import Engine
+    from grpo_tune.trainer.rollout import SamplingParams, get_rollout_engine
+    from grpo_tune.trainer.rollout.sampling import pack
+    from grpo_tune.trainer.tokenizer import CharTokenizer
 
     cfg = _cfg(tmp)
     parallel.init(cfg)
@@ -229,8 +229,8 @@ def fake_vllm(monkeypatch):
 
 
 def test_adapter_builds_a_colocated_sleeping_engine(fake_vllm, tmp_path):
-    from trainer.rollout import get_rollout_engine
-    from trainer.tokenizer import CharTokenizer
+    from grpo_tune.trainer.rollout import get_rollout_engine
+    from grpo_tune.trainer.tokenizer import CharTokenizer
 
     cfg = _cfg(tmp_path)
     eng = get_rollout_engine("vllm", cfg=cfg, tokenizer=CharTokenizer(), device="cpu")
@@ -255,9 +255,9 @@ def test_adapter_builds_a_colocated_sleeping_engine(fake_vllm, tmp_path):
 def test_adapter_wakes_weights_before_kv_cache_and_buckets_the_sync(fake_vllm, tmp_path):
     import torch
 
-    from trainer.rollout import SamplingParams
-    from trainer.rollout.vllm import VLLMRollout
-    from trainer.tokenizer import CharTokenizer
+    from grpo_tune.trainer.rollout import SamplingParams
+    from grpo_tune.trainer.rollout.vllm import VLLMRollout
+    from grpo_tune.trainer.tokenizer import CharTokenizer
 
     eng = VLLMRollout(cfg=_cfg(tmp_path), tokenizer=CharTokenizer(), device="cpu", bucket_bytes=64, sleep_level=1)
     fake_vllm.events.clear()
@@ -290,8 +290,8 @@ def test_adapter_wakes_weights_before_kv_cache_and_buckets_the_sync(fake_vllm, t
 
 
 def test_adapter_rejects_bad_options(fake_vllm, tmp_path):
-    from core.errors import GrpoTuneError
-    from trainer.rollout.vllm import VLLMRollout
+    from grpo_tune.core.errors import GrpoTuneError
+    from grpo_tune.trainer.rollout.vllm import VLLMRollout
 
     with pytest.raises(GrpoTuneError):
         VLLMRollout(cfg=_cfg(tmp_path), device="cpu", sleep_level=3)
@@ -315,8 +315,8 @@ def test_adapter_buckets_the_sync_by_the_plans_sync_bucket_mb(fake_vllm, tmp_pat
     sets). 1 MiB and five 512 KiB tensors (2**17 fp32 values each) give buckets of two, two and one."""
     import torch
 
-    from trainer.rollout.vllm import VLLMRollout
-    from trainer.tokenizer import CharTokenizer
+    from grpo_tune.trainer.rollout.vllm import VLLMRollout
+    from grpo_tune.trainer.tokenizer import CharTokenizer
 
     cfg = _cfg(tmp_path)
     cfg = cfg.replace(strategy=cfg.strategy.replace(sync_bucket_mb=1))

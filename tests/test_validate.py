@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune import validate as v
-from cli.main import main
-from core.errors import GrpoTuneError
-from core.specs import load_hardware
+from grpo_tune.autotune import validate as v
+from grpo_tune.cli.main import main
+from grpo_tune.core.errors import GrpoTuneError
+from grpo_tune.core.specs import load_hardware
 
 TOLERANCE = 10.0  # the target MAPE on the pretraining rows
 

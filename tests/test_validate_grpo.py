@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-import autotune.validate_grpo as vg
-from core.errors import GrpoTuneError
+import grpo_tune.autotune.validate_grpo as vg
+from grpo_tune.core.errors import GrpoTuneError
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", "from cli.main import run; run()", "validate", "--grpo", *args],
+        [sys.executable, "-c", "from grpo_tune.cli.main import run; run()", "validate", "--grpo", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -52,7 +52,7 @@ def test_cli_prints_phases_and_passes():
 
 def corrupted(tmp_path: Path, factor: float) -> Path:
     """The shipped file with every held-out row's published step and phases multiplied by ``factor``."""
-    lines = (ROOT / "profiles/data/published_grpo.csv").read_text().splitlines()
+    lines = (ROOT / "grpo_tune/profiles/data/published_grpo.csv").read_text().splitlines()
     import csv
     import io
 
@@ -87,7 +87,7 @@ def test_fit_never_reads_held_out_rows(tmp_path):
 
 
 def test_refit_lands_on_the_shipped_parameters():
-    from core.specs import load_hardware
+    from grpo_tune.core.specs import load_hardware
 
     got = vg.fit(vg.load_grpo_rows())
     eff = load_hardware("h100").efficiency
@@ -101,7 +101,7 @@ def test_malformed_rows_are_coded_errors(tmp_path):
     with pytest.raises(GrpoTuneError) as ei:
         vg.load_grpo_rows(bad)
     assert ei.value.code == "BAD_CONFIG"
-    text = (ROOT / "profiles/data/published_grpo.csv").read_text().replace(",holdout,", ",heldout,", 1)
+    text = (ROOT / "grpo_tune/profiles/data/published_grpo.csv").read_text().replace(",holdout,", ",heldout,", 1)
     bad.write_text(text)
     with pytest.raises(GrpoTuneError):
         vg.load_grpo_rows(bad)
@@ -112,10 +112,10 @@ def test_stated_error_is_the_held_out_mape():
 
 
 def test_report_says_why_the_winner_wins_and_flags_close_plans(tmp_path):
-    from autotune.report import runner_ups, why_winner, write_report
-    from autotune.search import search
-    from core.specs import load_hardware, load_model
-    from core.strategy import Cluster, Workload
+    from grpo_tune.autotune.report import runner_ups, why_winner, write_report
+    from grpo_tune.autotune.search import search
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Workload
 
     res = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), Workload(), top=5)
     others = runner_ups(res.ranked)

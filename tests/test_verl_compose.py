@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from autotune import verl
-from autotune.diagnose import parse_script
-from autotune.export import verl_overrides
-from core.errors import UnknownKeyError
+from grpo_tune.autotune import verl
+from grpo_tune.autotune.diagnose import parse_script
+from grpo_tune.autotune.export import verl_overrides
+from grpo_tune.core.errors import UnknownKeyError
 from _export_configs import ENGINE_KNOBS, configs
 
 from pathlib import Path
@@ -114,8 +114,8 @@ HYDRA_CASES = [
 @pytest.mark.parametrize("override", HYDRA_CASES)
 def test_diagnose_agrees_with_hydra_on_keys(override):
     """diagnose flags a key as refused exactly when real Hydra + verl's config refuse to compose it."""
-    from core.errors import GrpoTuneError
-    from autotune.diagnose import diagnose_overrides
+    from grpo_tune.core.errors import GrpoTuneError
+    from grpo_tune.autotune.diagnose import diagnose_overrides
 
     try:
         verl.compose([override])

@@ -37,9 +37,9 @@ def learning_run(tmp_path: Path, model: str, steps: int, **trainer) -> list[dict
     """The learning tests' run: a real `grpo-tune train` of ``model`` on the shipped synthetic task
     (one CPU process, 16 prompts x 8 responses of at most 4 tokens, lr 3e-3, no KL); returns the
     rows of its metrics.jsonl. ``trainer`` adds TrainerOptions fields (e.g. the MoE aux loss)."""
-    from core.config import RunConfig, TrainerOptions
-    from core.specs import load_hardware, load_model
-    from core.strategy import Cluster, Strategy, Workload
+    from grpo_tune.core.config import RunConfig, TrainerOptions
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
     cfg = RunConfig(
         model=load_model(model),
@@ -64,12 +64,12 @@ def learning_run(tmp_path: Path, model: str, steps: int, **trainer) -> list[dict
 def train_run(cfg, tmp_path: Path, *, timeout: float) -> list[dict]:
     """`grpo-tune train --config` on ``cfg`` in a fresh process (saved under ``tmp_path``): asserts that it
     exits 0 and returns the rows of the run's metrics.jsonl."""
-    from core.config import save
+    from grpo_tune.core.config import save
 
     path = tmp_path / "train.yaml"
     save(cfg, path)
     r = subprocess.run(
-        [sys.executable, "-c", "from cli.main import run; run()", "train", "--config", str(path)],
+        [sys.executable, "-c", "from grpo_tune.cli.main import run; run()", "train", "--config", str(path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -148,9 +148,9 @@ def run_config(
     model-spec fields."""
     import dataclasses
 
-    from core.config import RunConfig, TrainerOptions
-    from core.specs import load_hardware, load_model
-    from core.strategy import Cluster, Strategy, Workload, validate
+    from grpo_tune.core.config import RunConfig, TrainerOptions
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
 
     m = load_model(model) if isinstance(model, str) else model
     if overrides:
@@ -175,9 +175,9 @@ def task_layouts(spec: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    from trainer import parallel
-    from trainer.engine import Engine
-    from trainer.model import use_transformer_engine
+    from grpo_tune.trainer import parallel
+    from grpo_tune.trainer.engine import Engine
+    from grpo_tune.trainer.model import use_transformer_engine
 
     parallel.init_distributed()
     world = dist.get_world_size()
@@ -195,8 +195,8 @@ def task_layouts(spec: dict) -> dict:
         if spec.get("generate"):
             from types import SimpleNamespace
 
-            from trainer.rollout.base import SamplingParams
-            from trainer.rollout.megatron import MegatronRollout
+            from grpo_tune.trainer.rollout.base import SamplingParams
+            from grpo_tune.trainer.rollout.megatron import MegatronRollout
 
             ro = MegatronRollout(engine=eng, tokenizer=SimpleNamespace(pad_id=0, eos_id=1), max_seq_len=64)
             prompts = [t[: 3 + i].tolist() for i, t in enumerate(tokens[:5])]

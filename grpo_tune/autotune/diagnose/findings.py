@@ -1,0 +1,80 @@
+"""What diagnose reports: a :class:`Severity`, coded :class:`Finding` s, and the :class:`Report`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from grpo_tune.core.errors import CODES
+
+
+class Severity(StrEnum):
+    """An error stops the launch (exit 1); a warning and an info do not."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+SEVERITIES = tuple(s.value for s in Severity)
+_ORDER = {s: i for i, s in enumerate(Severity)}
+
+
+@dataclass
+class Finding:
+    severity: Severity
+    code: str
+    message: str
+    hint: str = ""
+    key: str | None = None
+    phase: str | None = None
+    bytes: int | None = None
+    line: int | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            self.severity = Severity(self.severity)
+        except ValueError:
+            raise ValueError(f"bad severity {self.severity!r}") from None
+        if self.code not in CODES:
+            raise ValueError(f"unregistered code {self.code!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (str(v) if k == "severity" else v) for k, v in self.__dict__.items() if v is not None and v != ""}
+
+
+@dataclass
+class Report:
+    source: str
+    kind: str
+    """``run_config``, ``verl_script``, ``overrides`` or ``verl_yaml``."""
+    findings: list[Finding] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def count(self, severity: str) -> int:
+        return sum(f.severity == severity for f in self.findings)
+
+    @property
+    def has_errors(self) -> bool:
+        return self.count(Severity.ERROR) > 0
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.has_errors else 0
+
+    def codes(self, severity: str | None = None) -> set[str]:
+        return {f.code for f in self.findings if severity is None or f.severity == severity}
+
+    def sorted_findings(self) -> list[Finding]:
+        return sorted(self.findings, key=lambda f: _ORDER[f.severity])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "kind": self.kind,
+            "summary": self.summary,
+            "errors": self.count(Severity.ERROR),
+            "warnings": self.count(Severity.WARNING),
+            "findings": [f.to_dict() for f in self.sorted_findings()],
+        }

@@ -1,0 +1,53 @@
+"""Map verl's ``actor_rollout_ref.model.path`` to a model preset or a local config.json."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from grpo_tune.core.errors import GrpoTuneError
+from grpo_tune.core.specs import ModelSpec, from_hf_config, list_models, load_model, name_variants
+
+
+@lru_cache(maxsize=1)
+def _hf_ids() -> dict[str, str]:
+    out = {}
+    for name in list_models():
+        try:
+            m = load_model(name)
+        except GrpoTuneError:  # one bad user preset must not break every diagnosis
+            continue
+        if m.hf_id:
+            out[m.hf_id.lower()] = name
+    return out
+
+
+_SUFFIXES = ("-instruct", "-chat", "-base", "-it", "-hf", "-fp8", "-bf16")
+
+
+def resolve_model(path: Any) -> tuple[ModelSpec | None, str]:
+    """Map verl's ``actor_rollout_ref.model.path`` to a preset or a local config.json."""
+    if path is None or not isinstance(path, str) or not path.strip() or path == "???":
+        return None, "actor_rollout_ref.model.path is not set"
+    p = Path(os.path.expanduser(path))
+    try:
+        if p.is_dir() and (p / "config.json").is_file():
+            return from_hf_config(p / "config.json"), f"read {p / 'config.json'}"
+        if p.name == "config.json" and p.is_file():
+            return from_hf_config(p), f"read {p}"
+    except (GrpoTuneError, OSError, ValueError) as exc:
+        return None, f"{p}: {exc}"
+    for n in name_variants(path, _SUFFIXES):
+        if n in _hf_ids():
+            return load_model(_hf_ids()[n]), f"{path} -> preset {_hf_ids()[n]}"
+        if "/" not in n and "$" not in n:
+            try:
+                m = load_model(n)
+                return m, f"{path} -> preset {m.name}"
+            except GrpoTuneError:
+                pass
+    if "$" in path:
+        return None, f"model path {path} comes from an unset variable"
+    return None, f"model path {path} maps to no preset and has no local config.json"

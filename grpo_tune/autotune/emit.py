@@ -1,0 +1,165 @@
+"""Write a chosen plan as a run folder: ``runs/<id>/``.
+
+``best.yaml`` (the RunConfig that ``grpo-tune train`` reads, with the cost model's figures in
+``predicted``), ``verl.sh`` and ``megatron_args.txt`` (from :mod:`autotune.export`), and
+``report.md`` with its plots. Every file is written atomically. ``search`` and ``refine`` both
+emit through :func:`emit`, so a refined winner looks exactly like a searched one plus its
+``measured`` figures.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+from pathlib import Path
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+from grpo_tune.costmodel.estimate import Estimate
+
+from grpo_tune.core.config import RunConfig, TrainerOptions, atomic_write, inputs_of, save
+
+
+class SearchTables(Protocol):
+    """What the report needs from a search: :class:`autotune.search.SearchResult` is one."""
+
+    @property
+    def ranked(self) -> Sequence[Estimate]: ...
+
+    @property
+    def pareto(self) -> Sequence[Estimate]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Tables:
+    """Report tables without a full search result (e.g. refine's own ranked space)."""
+
+    ranked: Sequence[Estimate] = ()
+    pareto: Sequence[Estimate] = ()
+    counters: dict[str, Any] | None = None
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.counters or {})
+
+
+SCHEMA_FILES = ("best.yaml", "verl.sh", "megatron_args.txt", "report.md", "step_breakdown.png", "pareto.png")
+
+
+def run_id(est: Estimate, now: _dt.datetime | None = None) -> str:
+    """``<model>-<gpus>g-<hardware>-<YYYYmmdd-HHMMSS>`` (UTC)."""
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    safe = lambda x: re.sub(r"[^A-Za-z0-9._-]+", "_", x)  # noqa: E731
+    return f"{safe(est.model.name)}-{est.cluster.gpus}g-{safe(est.hardware.name)}-{now:%Y%m%d-%H%M%S}"
+
+
+def predicted(est: Estimate) -> dict[str, Any]:
+    """The cost model's figures for ``best.yaml``'s ``predicted`` section (plain YAML types)."""
+    return est.predicted()
+
+
+def run_config(
+    est: Estimate,
+    *,
+    run_dir: Path | None = None,
+    measured: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
+    trainer: TrainerOptions | None = None,
+) -> RunConfig:
+    trainer = trainer or TrainerOptions()
+    if run_dir is not None and trainer.out_dir == TrainerOptions().out_dir:
+        trainer = TrainerOptions(**{**trainer.__dict__, "out_dir": str(Path(run_dir) / "train")})
+    return RunConfig(
+        **inputs_of(est),
+        trainer=trainer,
+        predicted=predicted(est),
+        measured=measured,
+        meta=meta,
+    )
+
+
+def emit(
+    est: Estimate,
+    out_dir: str | os.PathLike,
+    *,
+    search: SearchTables | None = None,
+    measured: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
+    trainer: TrainerOptions | None = None,
+) -> dict[str, Path]:
+    """Write the run folder for ``est`` into ``out_dir`` (created); return ``{name: path}``.
+
+    The same inputs always write the same folder: nothing is remembered between calls, so refine,
+    re-emitting its winner into search's folder, passes the search result it was given.
+
+    Args:
+        est: the chosen plan (an exact estimate).
+        out_dir: the run folder itself (``runs/<id>``), not its parent.
+        search: the search's top plans, Pareto front and counters, for the report (a
+            :class:`autotune.search.SearchResult` or :class:`Tables`); None: the report shows ``est`` only.
+        measured: figures from profiling runs (refine); go to ``best.yaml`` and the report.
+        meta: extra ``meta`` entries for ``best.yaml``.
+        trainer: trainer options (default: TrainerOptions with ``out_dir`` inside the run folder).
+    """
+    d = Path(out_dir)
+    ranked: Sequence[Estimate] = search.ranked if search is not None else ()
+    pareto: Sequence[Estimate] = search.pareto if search is not None else ()
+    stats = (search.stats() or None) if search is not None else None
+    from . import __version__ as version
+
+    meta = {
+        "run_id": d.name,
+        "emitted_by": f"grpo-tune {version}",
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **({"search": stats} if stats else {}),
+        **(meta or {}),
+    }
+    cfg = run_config(est, run_dir=d, measured=measured, meta=meta, trainer=trainer)
+    from . import export  # part B's exporters
+
+    # Rendered before any file is written: a name the exporters refuse (a control character) must not leave
+    # a best.yaml without its verl.sh, nor replace half of an earlier run's files.
+    verl_text, megatron_text = export.verl_script(cfg), export.megatron_args_text(cfg)
+    d.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {"best": save(cfg, d / "best.yaml")}
+    paths["verl"] = atomic_write(d / "verl.sh", verl_text)
+    paths["megatron_args"] = atomic_write(d / "megatron_args.txt", megatron_text)
+    from .report import write_report
+
+    files = {
+        "run config for `grpo-tune train`": paths["best"],
+        "verl 0.9.1 launch": paths["verl"],
+        "Megatron-LM flags": paths["megatron_args"],
+    }
+    paths.update(
+        write_report(d, est, ranked=ranked, pareto=pareto, stats=stats, measured=measured, files=files, run_id=d.name)
+    )
+    umask = os.umask(0)
+    os.umask(umask)
+    for key, p in paths.items():  # atomic_write's temp files are private (0600); these are for sharing
+        os.chmod(p, (0o777 if key == "verl" else 0o666) & ~umask)
+    return paths
+
+
+def emit_run(
+    est: Estimate, *, out: str | os.PathLike = "runs", run_name: str | None = None, **kw: Any
+) -> tuple[Path, dict[str, Path]]:
+    """Create ``out/<run id>/`` (a fresh name; ``-2``, ``-3``... when taken) and :func:`emit` into it."""
+    base = Path(out)
+    name = run_name or run_id(est)
+    base.mkdir(parents=True, exist_ok=True)
+    d, k = base / name, 2
+    while True:
+        try:
+            d.mkdir()  # atomic claim of the name, even against a concurrent search
+            break
+        except FileExistsError:
+            d, k = base / f"{name}-{k}", k + 1
+    try:
+        return d, emit(est, d, **kw)
+    except BaseException:
+        if not any(d.iterdir()):  # the folder this call claimed, still empty: nothing of the user's
+            d.rmdir()
+        raise

@@ -1,0 +1,287 @@
+"""Export a run config as a verl 0.9.1 launch (Hydra overrides + bash script) and as Megatron-LM flags.
+
+Every verl key emitted here is composed against verl 0.9.1's real ``ppo_megatron_trainer`` config
+in tests/test_verl_compose.py, and every Megatron flag is checked against the flags declared in
+Megatron-LM's ``megatron/training/arguments.py`` (autotune/data/megatron-lm-arguments-flags.txt)
+in tests/test_export_megatron.py.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from grpo_tune.autotune import verl_table as table
+from grpo_tune.autotune.verl import CONFIG_NAME, VERL_VERSION
+from grpo_tune.core.config import RunConfig
+from grpo_tune.core.errors import ConfigError
+from grpo_tune.core.strategy import stage_layers
+
+ENV_DEFAULTS = {
+    "TRAIN_FILES": "$HOME/data/gsm8k/train.parquet",
+    "VAL_FILES": "$HOME/data/gsm8k/test.parquet",
+}
+
+
+def plan_of(cfg: RunConfig) -> table.Plan:
+    return {"strategy": cfg.strategy, "workload": cfg.workload, "trainer": cfg.trainer, "cluster": cfg.cluster}
+
+
+def verl_values(
+    cfg: RunConfig, *, model_path: str = "$MODEL_PATH", train_files: str = "$TRAIN_FILES", val_files: str = "$VAL_FILES"
+) -> dict[str, Any]:
+    """Every verl key grpo-tune sets for this plan -> its Python value (the table's rows, then fixed keys)."""
+    out: dict[str, Any] = {
+        **{k: v for k, v in table.FIXED.items() if not k.startswith("trainer.")},
+        "data.train_files": train_files,
+        "data.val_files": val_files,
+        f"{table.ARO}.model.path": model_path,
+    }
+    out.update(table.write_plan(plan_of(cfg)))
+    out.update({k: v for k, v in table.FIXED.items() if k.startswith("trainer.")})
+    out["trainer.experiment_name"] = f"{cfg.model.name}-{cfg.cluster.gpus}gpu"
+    return out
+
+
+def verl_overrides(
+    cfg: RunConfig, *, model_path: str = "$MODEL_PATH", train_files: str = "$TRAIN_FILES", val_files: str = "$VAL_FILES"
+) -> list[str]:
+    """Hydra overrides for ``python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer``.
+
+    Every plan field with a verl setting is written explicitly (autotune/verl_table.py), defaults
+    included, so that the launch runs the plan that was priced. The reference model gets the actor's
+    degrees, written out. ``+`` marks keys that verl's schema does not declare.
+    """
+    return table.overrides(verl_values(cfg, model_path=model_path, train_files=train_files, val_files=val_files))
+
+
+# Words a script may keep expandable: exactly these variables, nothing else.
+_SCRIPT_VARS = {"$MODEL_PATH": "MODEL_PATH", "$TRAIN_FILES": "TRAIN_FILES", "$VAL_FILES": "VAL_FILES"}
+
+
+def _quote_override(arg: str) -> str:
+    """Shell-quote one override. Only the launch's own variables stay expandable (a value ending in one
+    of them: ``key=$MODEL_PATH``); everything else is single-quoted, so bash passes it verbatim."""
+    key, _, val = arg.partition("=")
+    if val in _SCRIPT_VARS:
+        return shlex.quote(key + "=") + f'"${{{_SCRIPT_VARS[val]}}}"'
+    return shlex.quote(arg)
+
+
+def check_name(value: str, what: str) -> str:
+    """Refuse control characters (a newline in a name starts a new shell command or TOML key)."""
+    bad = next((ch for ch in value if ord(ch) < 32 or ord(ch) == 127), None)
+    if bad is not None:
+        raise ConfigError(
+            f"{what} {value!r} holds a control character ({ord(bad):#04x})", hint="use printable characters only"
+        )
+    return value
+
+
+def _comment(text: str) -> str:
+    """Text safe inside one ``#`` comment line."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text)
+
+
+def verl_script(cfg: RunConfig) -> str:
+    """A bash launch for verl 0.9.1. ``MODEL_PATH``, ``TRAIN_FILES`` and ``VAL_FILES`` may be set by
+    the caller; extra overrides can be appended as arguments (``"$@"``). Every value from the plan is
+    single-quoted (a model name or hf_id can never run as code)."""
+    s, c, m = cfg.strategy, cfg.cluster, cfg.model
+    for value, what in ((m.name, "model name"), (m.hf_id or "", "model hf_id"), (cfg.hardware.name, "hardware name")):
+        check_name(value, what)
+    plan = (
+        f"{s.layout_text()} recompute={s.recompute} offload={','.join(s.offload) or 'none'} rollout_tp={s.rollout_tp} "
+        f"gpu_memory_utilization={s.gpu_memory_utilization} max_tokens_per_gpu={s.max_tokens_per_gpu} "
+        f"cpu_optimizer={s.cpu_optimizer}"
+    )
+    lines = [
+        "#!/usr/bin/env bash",
+        _comment(
+            f"# GRPO for {m.name} on {c.gpus} x {cfg.hardware.name} ({c.nnodes} node(s) of "
+            f"{min(c.gpus, c.gpus_per_node)}), verl {VERL_VERSION} + Megatron."
+        ),
+        _comment(f"# Emitted by grpo-tune. Plan: {plan}"),
+        "# Check it before a run: grpo-tune diagnose THIS_FILE",
+        "set -euo pipefail",
+        "",
+        # the default is a plain quoted assignment: a value with `}` or `$(...)` stays data
+        f"DEFAULT_MODEL_PATH={shlex.quote(m.hf_id or m.name)}",
+        "MODEL_PATH=${MODEL_PATH:-$DEFAULT_MODEL_PATH}",
+    ]
+    for k, v in ENV_DEFAULTS.items():
+        lines.append(f"{k}=${{{k}:-{v}}}")
+    lines += [
+        "# Megatron overlaps TP communication only with one hardware queue (Megatron-LM README)",
+        "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+        "",
+        f"python3 -m verl.trainer.main_ppo --config-name={CONFIG_NAME} \\",
+    ]
+    for o in verl_overrides(cfg):
+        lines.append(f"    {_quote_override(o)} \\")
+    lines.append('    "$@"')
+    return "\n".join(lines) + "\n"
+
+
+def megatron_args(cfg: RunConfig) -> list[str]:
+    """Megatron-LM ``pretrain_gpt.py`` flags for the same plan (training side only).
+
+    Rollout settings have no Megatron-LM equivalent, nor have offload between phases (verl's
+    param/optimizer offload) and dynamic batching (verl's token-budget micro-batches): the text form
+    says so in comments. Megatron's hybrid CPU optimizer is ``--optimizer-cpu-offload``.
+    """
+    m, s, w = cfg.model, cfg.strategy, cfg.workload
+    a: list[str] = [
+        "--tensor-model-parallel-size",
+        str(s.tp),
+        "--pipeline-model-parallel-size",
+        str(s.pp),
+        "--context-parallel-size",
+        str(s.cp),
+    ]
+    if s.vpp > 1:
+        a += ["--num-virtual-stages-per-pipeline-rank", str(s.vpp)]
+    if s.first_stage_layers is not None:
+        a += ["--decoder-first-pipeline-num-layers", str(s.first_stage_layers)]
+    if s.last_stage_layers is not None:
+        a += ["--decoder-last-pipeline-num-layers", str(s.last_stage_layers)]
+    if m.is_moe:
+        a += ["--expert-model-parallel-size", str(s.ep), "--expert-tensor-parallel-size", str(s.etp_)]
+    if s.sp:
+        a.append("--sequence-parallel")
+    if s.distributed_optimizer:
+        a.append("--use-distributed-optimizer")
+    if s.cpu_optimizer is not None:  # Megatron's hybrid CPU optimizer (training group of arguments.py)
+        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", repr(float(s.cpu_optimizer))]
+    if s.overlap_cpu_optimizer:
+        a.append("--overlap-cpu-optimizer-d2h-h2d")
+    if s.precision_aware_optimizer:
+        a.append("--use-precision-aware-optimizer")
+    if s.recompute == "selective":
+        a += ["--recompute-granularity", "selective", "--recompute-modules", "core_attn"]
+    elif s.recompute == "full":
+        method, n = ("uniform", 1) if s.recompute_layers is None else ("block", s.recompute_layers)
+        a += ["--recompute-granularity", "full", "--recompute-method", method, "--recompute-num-layers", str(n)]
+    # GRPO: one optimizer step per PPO mini-batch of mini_batch prompts x n responses.
+    gbs = w.mini_batch * w.n if w.kind == "grpo" else w.gbs
+    a += [
+        "--micro-batch-size",
+        str(s.mbs),
+        "--global-batch-size",
+        str(gbs),
+        "--seq-length",
+        str(w.train_seq_len),
+        "--max-position-embeddings",
+        str(max(m.max_seq_len, w.train_seq_len)),
+    ]
+    if w.dtype in ("bf16", "fp16"):  # fp32 is Megatron's default: no flag
+        a.append(f"--{w.dtype}")
+    return a + _model_args(cfg)
+
+
+def _model_args(cfg: RunConfig) -> list[str]:
+    """The model's shape, attention and MoE flags."""
+    m = cfg.model
+    a = [
+        "--num-layers",
+        str(m.layers),
+        "--hidden-size",
+        str(m.hidden),
+        "--num-attention-heads",
+        str(m.heads),
+        "--vocab-size",
+        str(m.vocab),
+        "--make-vocab-size-divisible-by",
+        "128",
+        "--normalization",
+        "RMSNorm",
+        "--norm-epsilon",
+        repr(m.norm_eps),
+        "--swiglu",
+        "--position-embedding-type",
+        "rope",
+        "--rotary-base",
+        str(int(m.rope_theta)),
+        "--disable-bias-linear",
+    ]
+    if m.ffn_hidden:
+        a += ["--ffn-hidden-size", str(m.ffn_hidden)]
+    if not m.tied_embeddings:
+        a.append("--untie-embeddings-and-output-weights")
+    if m.qkv_bias:
+        a.append("--add-qkv-bias")
+    if m.qk_norm:
+        a.append("--qk-layernorm")
+    if m.is_mla:
+        a += [
+            "--multi-latent-attention",
+            "--kv-lora-rank",
+            str(m.kv_lora_rank),
+            "--qk-head-dim",
+            str(m.qk_nope_head_dim),
+            "--qk-pos-emb-head-dim",
+            str(m.qk_rope_head_dim),
+            "--v-head-dim",
+            str(m.v_head_dim),
+        ]
+        if m.q_lora_rank:
+            a += ["--q-lora-rank", str(m.q_lora_rank)]
+    else:
+        a += ["--kv-channels", str(m.head_dim)]
+        if m.kv_heads != m.heads:
+            a += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
+    if m.is_moe:
+        a += [
+            "--num-experts",
+            str(m.experts),
+            "--moe-router-topk",
+            str(m.top_k),
+            "--moe-ffn-hidden-size",
+            str(m.expert_ffn_hidden),
+            "--moe-grouped-gemm",
+            "--moe-token-dispatcher-type",
+            "alltoall",
+        ]
+        if m.shared_experts:
+            a += ["--moe-shared-expert-intermediate-size", str(m.shared_experts * m.expert_ffn_hidden)]
+        if m.dense_layers:
+            # Megatron's list pattern: 0 = dense layer, 1 = MoE layer
+            a += ["--moe-layer-freq", f"([0]*{m.dense_layers}+[1]*{m.layers - m.dense_layers})"]
+        t = cfg.trainer
+        a += [
+            "--moe-router-load-balancing-type",
+            t.moe_router_load_balancing_type,
+            "--moe-aux-loss-coeff",
+            repr(float(t.moe_aux_loss_coeff)),
+        ]
+        if m.router_bias:  # DeepSeek-V3 aux-loss-free balancing with sigmoid scores (arXiv 2412.19437 §2.1.2)
+            a += ["--moe-router-enable-expert-bias", "--moe-router-score-function", "sigmoid"]
+    return a
+
+
+def megatron_args_text(cfg: RunConfig) -> str:
+    """``megatron_args`` as a file: one flag (with its value) per line, with a header."""
+    s = cfg.strategy
+    out = [
+        f"# Megatron-LM flags for {cfg.model.name} on {cfg.cluster.gpus} GPUs (emitted by grpo-tune).",
+        f"# Pipeline stages (layers): {stage_layers(cfg.model, s)}",
+    ]
+    if {"param", "grad"} & set(s.offload):
+        out.append("# param/grad offload between phases is verl's (param_offload); Megatron-LM has no flag for it.")
+    if "optimizer" in s.offload:
+        out.append("# optimizer offload between phases is verl's (optimizer_offload); Megatron-LM has no flag for it.")
+    if s.max_tokens_per_gpu is not None:
+        out.append(
+            f"# dynamic batching ({s.max_tokens_per_gpu} tokens per GPU) is verl's use_dynamic_bsz; "
+            "Megatron-LM's pretrain_gpt.py has no flag for it."
+        )
+    args = megatron_args(cfg)
+    i = 0
+    while i < len(args):
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out.append(f"{args[i]} {shlex.quote(args[i + 1])}")
+            i += 2
+        else:
+            out.append(args[i])
+            i += 1
+    return "\n".join(out) + "\n"

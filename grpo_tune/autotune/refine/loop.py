@@ -1,0 +1,487 @@
+"""The refinement loop: options, the plan-choosing loop (with any measuring function), ``refine()``."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_tune.core.config import RunConfig, TrainerOptions
+from grpo_tune.core.config import save as save_config
+from grpo_tune.core.errors import ConfigError, NoFeasiblePlanError
+from grpo_tune.core.specs import HardwareSpec, ModelSpec
+from grpo_tune.core.strategy import Cluster, Workload
+from grpo_tune.costmodel.estimate import Estimate
+
+from . import space as S
+from .policy import ModelGuided
+from .runner import ProfileOutcome, positive, run_profile
+from .study import PARAM, StudyHandle, counted, open_study, recover
+
+POLICIES = ("model", "tpe")
+
+
+@dataclass(frozen=True)
+class RefineOptions:
+    """How a refinement runs (``grpo-tune search --refine`` flags map onto these)."""
+
+    trials: int = 8
+    """Profiled trials the study should hold in total (a resumed study counts its old ones)."""
+    trial_steps: int = 6
+    """``--steps`` of each profiling run (the first step is warm-up)."""
+    trial_timeout_s: float = 600.0
+    policy: str = "tpe"
+    """``tpe`` (the default: benchmarks/bench_refine.py measured it closer to the best than ``model`` at
+    every budget): the model's top-k distinct plans, then Optuna's TPE over plan ranks. ``model``: the
+    cost model as a prior, re-calibrated after every trial by a GP on its error (autotune.refine.policy)."""
+    noise: float = 0.05
+    """Relative noise assumed until repeated trials measure it."""
+    top_k: int = 4
+    """``tpe``: how many of the model's best plans (with distinct predictions) are enqueued first."""
+    slower_than: float = 3.0
+    """``tpe``: skip a plan predicted this many times slower than the best measured plan's prediction."""
+    storage: str | None = None
+    """Any SQLAlchemy URL; default ``sqlite:///<out_dir>/study.db``."""
+    study_name: str | None = None
+    seed: int | None = None
+    heartbeat_s: int = 10
+    calibration: dict[str, float] | None = None
+    """Efficiency parameters the estimates were made with (recorded on the study, base of the fit)."""
+    trainer: TrainerOptions | None = None
+    profile_cmd: Sequence[str] | None = None
+    emit: bool = True
+    calibrate: bool = True
+    progress: bool = True
+    pins: dict[str, Any] | None = None
+    allow_cross_node_tp: bool = False
+
+    def check(self) -> None:
+        if self.trials < 1:
+            raise ConfigError(f"--trials must be >= 1, got {self.trials}")
+        if self.trial_steps < 2:
+            raise ConfigError(f"--trial-steps must be >= 2 (the first step is warm-up), got {self.trial_steps}")
+        if not (math.isfinite(self.trial_timeout_s) and self.trial_timeout_s > 0):  # nan passed `<= 0`
+            raise ConfigError(f"--trial-timeout must be a finite number of seconds > 0, got {self.trial_timeout_s}")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"unknown refine policy {self.policy!r}", hint=f"one of {', '.join(POLICIES)}")
+        if not 0 <= self.noise < 1:
+            raise ConfigError(f"noise must be in [0, 1), got {self.noise}")
+        if self.storage is not None:
+            _check_storage_url(self.storage)
+        name = self.study_name
+        if name is not None and (
+            not name.strip() or name in (".", "..") or any(c in name for c in "/\\") or not name.isprintable()
+        ):  # it names the run folder under --out: "../../x" wrote outside it, "a/b" nested folders
+            raise ConfigError(
+                f"--study-name {name!r} must be one folder name (no '/', '..' or control characters)",
+                hint="e.g. --study-name qwen7b-8gpu",
+            )
+
+
+def _check_storage_url(url: str) -> None:
+    """Refuse a --storage that SQLAlchemy cannot parse or has no dialect for, before any file is written."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        make_url(url).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise ConfigError(
+            f"--storage {url!r} is not a database URL SQLAlchemy can open ({exc})",
+            hint="use sqlite:///path/study.db, postgresql://user@host/db or mysql://...",
+        ) from None
+
+
+Measure = Callable[[StudyHandle, int, Estimate], ProfileOutcome]
+"""(study, trial number, plan) -> outcome: a real profiling run, or the benchmark's cached one."""
+
+
+@dataclass
+class Plans:
+    """The space a loop chooses from, with its keys and the chooser."""
+
+    space: list[Estimate]
+    keys: list[str]
+    index: dict[str, int]
+    chooser: ModelGuided | None
+
+    @classmethod
+    def of(cls, space: Sequence[Estimate], opts: RefineOptions) -> Plans:
+        keys = [S.plan_key(e.strategy) for e in space]
+        chooser = ModelGuided(space, noise=opts.noise) if opts.policy == "model" else None
+        return cls(list(space), keys, {k: i for i, k in enumerate(keys)}, chooser)
+
+
+def _measured(h: StudyHandle, plans: Plans) -> tuple[list[tuple[int, float]], set[int]]:
+    """Completed measurements ``(plan index, step_s)``, and plans not to choose (profiling now, or failed)."""
+    from optuna.trial import TrialState
+
+    obs, busy = [], set()
+    for t in h.study.get_trials(deepcopy=False):
+        i = plans.index.get(t.user_attrs.get("plan"))
+        if i is None:
+            continue
+        if t.state == TrialState.RUNNING:
+            if t.user_attrs.get("running_profile"):
+                busy.add(i)
+        elif t.state == TrialState.COMPLETE and positive(t.user_attrs.get("measured_step_s")):
+            obs.append((i, float(t.user_attrs["measured_step_s"])))
+        elif t.user_attrs.get("ran") and not str(t.user_attrs.get("reason", "")).startswith("interrupted"):
+            busy.add(i)  # it crashed, ran out of memory or timed out: not again
+    return obs, busy
+
+
+def enqueue(h: StudyHandle, plans: Plans, index: int, *, skip_if_exists: bool = False, **attrs: Any) -> None:
+    """Queue plan ``index`` for the next ask; the WAITING trial carries its plan key (public user attrs)."""
+    h.study.enqueue_trial(
+        {PARAM: index}, user_attrs={"plan": plans.keys[index], **attrs}, skip_if_exists=skip_if_exists
+    )
+
+
+def winner_plan(h: StudyHandle, plans: Plans) -> str | None:
+    """The refinement's choice. ``model``: the measured plan with the fastest posterior mean
+    (measurements weighed against their noise and the model); ``tpe``: the best median tokens/s."""
+    from .report import best_plan, by_plan
+    from .study import records
+
+    obs, _ = _measured(h, plans)
+    best = plans.chooser.recommend(obs) if plans.chooser is not None and obs else None
+    if best is not None:
+        return plans.keys[best]
+    done = [r for r in records(h.study) if r.state == "COMPLETE" and r.measured_tokens_per_s]
+    return best_plan(by_plan(done)) if done else None
+
+
+def _next_plan(h: StudyHandle, plans: Plans, opts: RefineOptions) -> tuple[int, str, bool] | None:
+    """``tpe``: the next unmeasured plan in rank order (preferring a prediction unlike those measured)."""
+    from optuna.trial import TrialState
+
+    seen = set()
+    for t in h.study.get_trials(deepcopy=False):
+        if t.state == TrialState.WAITING:
+            seen.add(t.user_attrs.get("plan"))  # set by enqueue()
+        elif t.state == TrialState.RUNNING or t.user_attrs.get("ran"):
+            seen.add(t.user_attrs.get("plan"))
+    taken = [plans.space[plans.index[k]] for k in seen if k in plans.index]
+    fallback = None
+    for i, k in enumerate(plans.keys):
+        if k in seen or _too_slow(h, plans, opts, i):
+            continue
+        if fallback is None:
+            fallback = i
+        if all(not S.close(plans.space[i], e) for e in taken):
+            return i, "next unmeasured plan in rank order", False
+    return None if fallback is None else (fallback, "next unmeasured plan in rank order", False)
+
+
+def _best(h: StudyHandle):
+    from optuna.trial import TrialState
+
+    done = h.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return max(done, key=lambda t: t.value, default=None)
+
+
+def _too_slow(h: StudyHandle, plans: Plans, opts: RefineOptions, i: int) -> str | None:
+    best = _best(h)
+    if best is None:
+        return None
+    p_best = best.user_attrs.get("predicted_step_s")
+    p = S.predicted(plans.space[i])[0]
+    if p_best and p and p > opts.slower_than * p_best:
+        return (
+            f"predicted {p / p_best:.1f}x slower than the best measured plan "
+            f"(trial #{best.number}) in the cost model's own terms; not run"
+        )
+    return None
+
+
+def _duplicate(h: StudyHandle, number: int, key: str, repeat: bool) -> str | None:
+    from optuna.trial import TrialState
+
+    for t in h.study.get_trials(
+        deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.PRUNED, TrialState.FAIL)
+    ):
+        if t.number == number or t.user_attrs.get("plan") != key:
+            continue
+        if t.state == TrialState.RUNNING and t.user_attrs.get("running_profile"):
+            return f"duplicate: trial #{t.number} is profiling this plan now; not run"
+        if repeat:
+            continue
+        if t.user_attrs.get("ran") and not str(t.user_attrs.get("reason", "")).startswith("interrupted"):
+            return f"duplicate of trial #{t.number} ({t.state.name}); not run again"
+    return None
+
+
+def _ask(h: StudyHandle, plans: Plans, chooser: ModelGuided, dist) -> tuple[Any, bool] | None:
+    """``model``: enqueue the chooser's pick and ask for it; None when nothing is worth a trial."""
+    from optuna.trial import TrialState
+
+    if h.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):  # a requeued plan goes first
+        trial = h.study.ask({PARAM: dist})
+        return trial, bool(trial.user_attrs.get("repeat"))
+    obs, busy = _measured(h, plans)
+    pick = chooser.choose(obs, busy)
+    if pick is None:
+        return None
+    enqueue(h, plans, pick.index, seed=pick.why, repeat=pick.repeat)
+    trial = h.study.ask({PARAM: dist})
+    return trial, bool(trial.user_attrs.get("repeat"))
+
+
+def _start_trial(h: StudyHandle, trial, est: Estimate, key: str, host: str) -> None:
+    import time
+
+    pred_step, pred_tps = S.predicted(est)
+    for k, v in (
+        ("plan", key),
+        ("worker", {"host": host, "pid": os.getpid()}),
+        ("strategy", est.strategy.to_dict()),
+        ("predicted_step_s", pred_step),
+        ("predicted_tokens_per_s", pred_tps),
+        ("heartbeat_utc", time.time()),
+    ):
+        trial.set_user_attr(k, v)
+
+
+def _tell(h: StudyHandle, trial, res: ProfileOutcome) -> str:
+    """Record a profiling outcome on the trial (attributes first), finish it; return a one-line summary."""
+    from optuna.trial import TrialState
+
+    trial.set_user_attr("ran", True)
+    trial.set_user_attr("duration_s", round(res.duration_s, 3))
+    if res.status != "ok" or not res.data:
+        trial.set_user_attr("reason", f"{res.status}: {res.message}")
+        h.study.tell(trial, state=TrialState.PRUNED if res.status == "oom" else TrialState.FAIL)
+        return f"#{trial.number} {res.status}"
+    d = res.data
+    trial.set_user_attr("measured_step_s", float(d["step_s"]))
+    trial.set_user_attr("measured_tokens_per_s", float(d["tokens_per_s"]))
+    trial.set_user_attr(
+        "measured_phases_s", {k: float(v) for k, v in (d.get("phases_s") or {}).items() if positive(v) or v == 0}
+    )
+    peak = (d.get("peak_memory_bytes") or {}).get("max")
+    trial.set_user_attr("peak_memory_bytes", int(peak) if isinstance(peak, (int, float)) else None)
+    h.study.tell(trial, float(d["tokens_per_s"]))
+    pred = trial.user_attrs.get("predicted_step_s")
+    return f"#{trial.number} step predicted {'-' if pred is None else f'{pred:.3g}'} s / measured {d['step_s']:.3g} s"
+
+
+def run_trials(
+    h: StudyHandle,
+    plans: Plans,
+    opts: RefineOptions,
+    measure: Measure,
+    *,
+    host: str,
+    say: Callable[[str], None] = lambda s: None,
+    on_trial: Callable[[str], None] = lambda s: None,
+) -> None:
+    """Choose, measure and record trials until the study holds ``opts.trials`` profiled ones.
+
+    ``measure`` does the measuring; everything else (the choice of plan, duplicate and slow-plan
+    skips, the study's records) is the same whether it profiles for real or reads a cache.
+    """
+    from optuna.distributions import IntDistribution
+    from optuna.trial import TrialState
+
+    dist = IntDistribution(0, len(plans.keys) - 1)
+    skips = 20 * opts.trials + 20  # hard stop for sampling loops that find nothing new
+    while counted(h.study) < opts.trials and skips > 0:
+        repeat = False
+        if plans.chooser is not None:
+            asked = _ask(h, plans, plans.chooser, dist)
+            if asked is None:
+                say("no untried plan is likely to beat the best by more than the noise; stopping early")
+                return
+            trial, repeat = asked
+        else:
+            trial = h.study.ask({PARAM: dist})
+        rank = trial.params[PARAM]
+        est, key = plans.space[rank], plans.keys[rank]
+        _start_trial(h, trial, est, key, host)
+        reason = _duplicate(h, trial.number, key, repeat) or (
+            None if repeat or plans.chooser else _too_slow(h, plans, opts, rank)
+        )
+        if reason:
+            skips -= 1
+            trial.set_user_attr("reason", reason)
+            trial.set_user_attr("ran", False)
+            h.study.tell(trial, state=TrialState.PRUNED)
+            nxt = _next_plan(h, plans, opts) if plans.chooser is None else None
+            if plans.chooser is None and nxt is None:
+                say("every plan worth running has been tried; stopping early")
+                return
+            if nxt is not None:
+                enqueue(h, plans, nxt[0], seed=nxt[1])
+            continue
+        trial.set_user_attr("running_profile", True)
+        on_trial(_tell(h, trial, measure(h, trial.number, est)))
+    if skips <= 0:
+        say("stopped sampling: the sampler kept proposing plans already measured or predicted far slower")
+
+
+def profile_measure(out: Path, inputs: tuple, opts: RefineOptions, study_name: str) -> Measure:
+    """The real measuring function: write the trial's RunConfig and run ``grpo-tune profile`` on it."""
+    model, hardware, cluster, workload = inputs
+    base = opts.trainer or TrainerOptions()
+
+    def measure(h: StudyHandle, number: int, est: Estimate) -> ProfileOutcome:
+        from grpo_tune.autotune.emit import predicted as predicted_block
+
+        tdir = out / "trials" / f"{number:04d}"
+        tdir.mkdir(parents=True, exist_ok=True)
+        cfg = RunConfig(
+            model=model,
+            hardware=hardware,
+            cluster=cluster,
+            strategy=est.strategy,
+            workload=workload,
+            trainer=dataclasses.replace(base, steps=opts.trial_steps, out_dir=str(tdir / "train")),
+            predicted=predicted_block(est),
+            meta={"study": study_name, "trial": number, "plan": S.plan_key(est.strategy)},
+        )
+        path = save_config(cfg, tdir / "config.yaml")
+        h.set_attr(number, "config", str(path))
+        host = socket.gethostname()
+
+        def started(pid: int) -> None:
+            h.set_attr(number, "worker", {"host": host, "pid": os.getpid(), "pgid": pid})
+
+        with h.heartbeat(number):
+            return run_profile(
+                path,
+                steps=opts.trial_steps,
+                timeout_s=opts.trial_timeout_s,
+                json_path=tdir / "profile.json",
+                log_path=tdir / "profile.log",
+                profile_cmd=opts.profile_cmd,
+                on_start=started,
+            )
+
+    return measure
+
+
+def plan_space(ranked: Sequence[Estimate], inputs: tuple, opts: RefineOptions) -> tuple[list[Estimate], list[str]]:
+    """The study's plans: fitting (cost model) and accepted by the trainer (its preflight)."""
+    space = S.build_space(  # inputs: (model, hardware, cluster, workload), build_space's order
+        ranked, *inputs, calibration=opts.calibration, pins=opts.pins, allow_cross_node_tp=opts.allow_cross_node_tp
+    )
+    if not space:
+        raise NoFeasiblePlanError(
+            "no plan predicted to fit: nothing to refine", hint="add GPUs, shrink the workload, or relax pinned degrees"
+        )
+    space, rejected = S.runnable(space, opts.trainer or TrainerOptions())
+    if not space:
+        raise NoFeasiblePlanError(
+            "the trainer rejects every plan predicted to fit: nothing to refine",
+            hint=f"e.g. {rejected[0]}" if rejected else "",
+        )
+    return space, rejected
+
+
+def refine(
+    ranked: Sequence[Estimate],
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    cluster: Cluster,
+    workload: Workload,
+    out_dir: str | os.PathLike,
+    opts: RefineOptions = RefineOptions(),
+    *,
+    console=None,
+    search=None,
+):
+    """Measure the most promising plans of ``ranked`` with real profiling runs and pick the fastest.
+
+    ``ranked``: search's estimates, best first (made with ``opts.calibration`` when given).
+    ``search``: the :class:`autotune.search.SearchResult` they came from, for the emitted
+    report's tables. Returns a :class:`autotune.refine.report.RefineResult`.
+    """
+    from .report import finish, progress_bar
+
+    opts.check()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    inputs = (model, hardware, cluster, workload)
+    space, rejected = plan_space(ranked, inputs, opts)
+    plans = Plans.of(space, opts)
+    storage = opts.storage or f"sqlite:///{(out / 'study.db').resolve()}"
+    name = opts.study_name or S.default_study_name(model, hardware, cluster, workload)
+    h = open_study(storage, name, opts.seed, opts.heartbeat_s, max(3 * opts.heartbeat_s, 30))
+    host = socket.gethostname()
+    console = console or _console()
+    if rejected:
+        console.print(
+            f"{len(rejected)} plan(s) the trainer cannot run were left out (e.g. {rejected[0]})", highlight=False
+        )
+    _prepare(h, plans, opts, inputs, host, console)
+    with progress_bar(console, total=opts.trials, enabled=opts.progress, done=counted(h.study)) as bar:
+        run_trials(
+            h,
+            plans,
+            opts,
+            profile_measure(out, inputs, opts, name),
+            host=host,
+            say=lambda s: console.print(f"[yellow]{s}[/]"),
+            on_trial=lambda s: bar.advance(h, s),
+        )
+    return finish(
+        h, name=name, storage=storage, out=out, inputs=inputs, plans=plans, opts=opts, console=console, search=search
+    )
+
+
+def _prepare(h: StudyHandle, plans: Plans, opts: RefineOptions, inputs: tuple, host: str, console) -> None:
+    """Record the study's inputs, recover dead workers' trials, seed the TPE study, say if resuming."""
+    model, hardware, cluster, workload = inputs
+    sid = S.space_id(plans.keys)
+    study = h.study
+    if not study.user_attrs.get("inputs"):
+        study.set_user_attr(
+            "inputs",
+            {
+                "model": model.name,
+                "hardware": hardware.name,
+                "gpus": cluster.gpus,
+                "gpus_per_node": cluster.gpus_per_node,
+                "workload": workload.to_dict(),
+                "calibration": opts.calibration,
+                "plans": len(plans.keys),
+                "space": sid,
+                "policy": opts.policy,
+            },
+        )
+    elif study.user_attrs["inputs"].get("space") != sid:
+        console.print(
+            "[yellow]the plan space differs from the one this study started with (another calibration "
+            "or profile?); plan_rank values are not comparable across the two, plan keys still are[/]"
+        )
+    for plan in recover(h, host):
+        if plan in plans.index:
+            # an interrupted re-measurement of a plan measured before stays a repeat
+            again = any(i == plans.index[plan] for i, _ in _measured(h, plans)[0])
+            enqueue(h, plans, plans.index[plan], requeued=True, repeat=again)
+            console.print(f"[yellow]requeued interrupted plan[/] {plan}", highlight=False)
+    seed_study(h, plans, opts)
+    done = counted(study)
+    if done:
+        console.print(
+            f"resuming study [bold]{h.study.study_name}[/]: {done} profiled trial(s) already recorded", highlight=False
+        )
+
+
+def seed_study(h: StudyHandle, plans: Plans, opts: RefineOptions) -> None:
+    """``tpe``: enqueue the cost model's top-k plans with distinct predictions (skipped if already there)."""
+    if plans.chooser is None:
+        for i in S.distinct(plans.space, min(opts.top_k, opts.trials)):
+            enqueue(h, plans, i, skip_if_exists=True, seed="cost-model top-k")
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True)

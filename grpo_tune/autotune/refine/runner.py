@@ -1,0 +1,118 @@
+"""One profiling run: ``grpo-tune profile`` on one config in its own process group, never raising.
+
+The JSON it writes is read through the typed :class:`core.profile_report.ProfileReport`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_tune.core.errors import GrpoTuneError
+from grpo_tune.core.profile_report import ProfileReport
+
+# The profile command, run as `PROFILE_CMD + ["--config", X, "--steps", K, "--json", OUT]`.
+PROFILE_CMD = [sys.executable, "-c", "from grpo_tune.cli.main import run; run()", "profile"]
+
+
+@dataclass
+class ProfileOutcome:
+    status: str
+    """``ok``, ``oom``, ``error`` or ``timeout``."""
+    message: str | None
+    data: dict[str, Any] | None
+    duration_s: float
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_profile(
+    config_path: Path,
+    *,
+    steps: int,
+    timeout_s: float,
+    json_path: Path,
+    log_path: Path,
+    profile_cmd: Sequence[str] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> ProfileOutcome:
+    """Run ``grpo-tune profile`` on one config in its own process group; never raises for a bad run."""
+    cmd = [*(profile_cmd or PROFILE_CMD), "--config", str(config_path), "--steps", str(steps), "--json", str(json_path)]
+    t0 = time.monotonic()
+    json_path.unlink(missing_ok=True)
+    with open(log_path, "wb") as log:
+        log.write(("$ " + shlex.join(cmd) + "\n").encode())
+        log.flush()
+        try:
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        except OSError as exc:
+            return ProfileOutcome("error", f"cannot start the profile command: {exc}", None, 0.0)
+        if on_start:
+            on_start(proc.pid)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_group(proc.pid)
+            proc.wait()
+            return ProfileOutcome("timeout", f"timed out after {timeout_s:g} s", None, time.monotonic() - t0)
+        except BaseException:  # Ctrl-C / SIGTERM of the worker: take the trial's processes down with it
+            kill_group(proc.pid)
+            raise
+        finally:
+            # torchrun's workers live in the same group; make sure none outlive the trial.
+            kill_group(proc.pid)
+    dt = time.monotonic() - t0
+    data = None
+    if json_path.exists():
+        try:
+            data = json.loads(json_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            return ProfileOutcome("error", f"unreadable profile JSON ({exc}); exit code {rc}", None, dt)
+    if not isinstance(data, dict):
+        return ProfileOutcome(
+            "oom" if rc == 3 else "error",
+            f"exit code {rc}, no profile JSON; last log lines: {_tail(log_path)}",
+            None,
+            dt,
+        )
+    try:  # the typed contract (core.profile_report) checks every field the study records
+        data = ProfileReport.from_dict(data, where=str(json_path)).to_dict()
+    except GrpoTuneError as exc:
+        return ProfileOutcome("error", f"malformed profile JSON: {exc.message}", None, dt)
+    status = data.get("status")
+    if status == "ok" and rc == 0:
+        if not positive(data.get("tokens_per_s")) or not positive(data.get("step_s")):
+            return ProfileOutcome("error", "profile JSON lacks a positive tokens_per_s/step_s", data, dt)
+        return ProfileOutcome("ok", None, data, dt)
+    if status == "oom" or rc == 3:
+        return ProfileOutcome("oom", data.get("message") or "out of memory", data, dt)
+    return ProfileOutcome("error", data.get("message") or f"exit code {rc}: {_tail(log_path)}", data, dt)
+
+
+def positive(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 and math.isfinite(x)
+
+
+def _tail(path: Path, n: int = 3) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])[-400:]

@@ -1,0 +1,165 @@
+"""The refinement's plan space: which plans a study may measure, in what order, and how alike they are."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from grpo_tune.core.config import TrainerOptions
+from grpo_tune.core.errors import GrpoTuneError
+from grpo_tune.core.specs import HardwareSpec, ModelSpec
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
+from grpo_tune.costmodel.estimate import Estimate
+from grpo_tune.costmodel.estimate import estimate as cost_estimate
+
+MAX_SPACE = 20000
+"""Beyond this many candidates only search's ranked list is used."""
+SAME_PREDICTION = 0.03
+"""Plans predicted within 3% of each other are ones the cost model cannot tell apart."""
+RECOMPUTE_LEVEL = {"none": 0.0, "selective": 0.5, "full": 1.0}
+
+
+def plan_key(s: Strategy) -> str:
+    """A stable, readable key for a resolved strategy (stored on each trial; duplicates compare it)."""
+    d = s.to_dict()
+    d["offload"] = "+".join(d["offload"]) or "none"
+    return ",".join(f"{k}={d[k]}" for k in sorted(d))
+
+
+def build_space(
+    ranked: Sequence[Estimate],
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    cluster: Cluster,
+    workload: Workload,
+    *,
+    calibration: dict[str, float] | None = None,
+    pins: dict[str, Any] | None = None,
+    allow_cross_node_tp: bool = False,
+) -> list[Estimate]:
+    """Fitting plans, one per key, fastest predicted first.
+
+    Every valid plan of search's space (the user's pins applied, the rollout memory fraction fixed
+    to the best plan's) plus search's ranked list; with more than ``MAX_SPACE`` candidates only
+    the ranked list.
+    """
+    from grpo_tune.autotune.search import Space, step_s
+
+    pool: list[Estimate] = list(ranked)
+    pins = dict(pins or {})
+    if ranked and "gpu_memory_utilization" not in pins:
+        pins["gpu_memory_utilization"] = ranked[0].strategy.gpu_memory_utilization
+    space = Space(model, hardware, cluster, workload, pins, allow_cross_node_tp)
+    if space.candidate_count() <= MAX_SPACE:
+        for s in space.candidates():
+            try:
+                pool.append(
+                    cost_estimate(
+                        model=model,
+                        hardware=hardware,
+                        cluster=cluster,
+                        strategy=s,
+                        workload=workload,
+                        calibration=calibration,
+                    )
+                )
+            except GrpoTuneError:
+                continue
+    out: dict[str, Estimate] = {}
+    for e in pool:
+        if e.fits:  # one memory fraction per plan: the best-ranked one
+            out.setdefault(plan_key(e.strategy.replace(gpu_memory_utilization=1.0)), e)
+    # stable: equal predictions keep search's order (ranked first)
+    return sorted(out.values(), key=lambda e: round(step_s(e), 9))
+
+
+def runnable(space: list[Estimate], trainer: TrainerOptions) -> tuple[list[Estimate], list[str]]:
+    """Plans the trainer accepts: core.support's rules, which the trainer's preflight applies too.
+
+    The trainer options (``trainer``: dataset, reward, rollout engine) are the same for every plan;
+    the profile command's preflight checks them, so a bad option fails each trial with its code."""
+    from grpo_tune.core.support import check_supported
+
+    keep, why = [], []
+    for e in space:
+        found = check_supported(e.model, e.strategy, e.hardware, workload=e.workload)
+        if found:
+            why.append(f"[{found[0].code}] {found[0].message}")
+            continue
+        keep.append(e)
+    return keep, why
+
+
+def predicted(e: Estimate) -> tuple[float | None, float | None]:
+    """(step seconds, tokens/s of the whole cluster) the cost model predicts for ``e``."""
+    step = e.step_s
+    tps = None
+    if e.throughput is not None:
+        tps = float(e.throughput.tokens_per_s_per_gpu) * e.cluster.gpus
+    return (None if step is None else float(step)), tps
+
+
+def close(a: Estimate, b: Estimate) -> bool:
+    pa, pb = predicted(a)[0], predicted(b)[0]
+    return pa is not None and pb is not None and abs(pa - pb) <= SAME_PREDICTION * min(pa, pb)
+
+
+def distinct(space: Sequence[Estimate], k: int) -> list[int]:
+    """Indices of the cost model's top-k plans with distinct predictions (the TPE study's seeds).
+
+    Measuring two plans the model predicts alike teaches it nothing about its ranking; the sampler
+    can still reach the near-ties later.
+    """
+    out: list[int] = []
+    for i, e in enumerate(space):
+        if len(out) >= k:
+            break
+        if all(not close(e, space[j]) for j in out):
+            out.append(i)
+    return out
+
+
+def features(s: Strategy) -> list[float]:
+    """A plan as numbers for the similarity kernel: one unit per doubling of a degree or size."""
+    lg = lambda x: math.log2(x) if x else 0.0
+    return [
+        lg(s.tp),
+        lg(s.pp),
+        lg(s.dp),
+        lg(s.vpp),
+        lg(s.cp),
+        lg(s.ep),
+        lg(s.mbs),
+        RECOMPUTE_LEVEL.get(s.recompute, 0.5),
+        float(bool(s.sequence_parallel)),  # None (auto) counts as off, as before for False
+        float(s.distributed_optimizer),
+        len(s.offload) / 3,
+        lg(s.rollout_tp),
+        2.0 * s.gpu_memory_utilization,
+        lg(s.max_tokens_per_gpu or 0) / 4,
+        float(s.cpu_optimizer or 0.0),
+    ]
+
+
+def space_id(keys: Sequence[str]) -> str:
+    return hashlib.sha1("\n".join(keys).encode()).hexdigest()[:12]
+
+
+def default_study_name(model: ModelSpec, hardware: HardwareSpec, cluster: Cluster, workload: Workload) -> str:
+    """Deterministic from the inputs, so that re-running the same command resumes the same study."""
+    blob = json.dumps(
+        [
+            model.name,
+            hardware.name,
+            hardware.bf16_dense_flops_per_s,
+            cluster.gpus,
+            cluster.gpus_per_node,
+            workload.to_dict(),
+        ],
+        sort_keys=True,
+        default=str,
+    )
+    return f"grpo-tune-{model.name}-{cluster.gpus}x{hardware.name}-{hashlib.sha1(blob.encode()).hexdigest()[:8]}"

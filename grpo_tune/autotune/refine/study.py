@@ -1,0 +1,270 @@
+"""The Optuna study behind a refinement: open it, recover trials of dead workers, flatten its trials.
+
+Only Optuna's public API: ``Study.ask/tell/enqueue_trial/get_trials`` and the public methods of
+the storage object this module creates (``set_trial_user_attr``, ``get_study_id_from_name``,
+``get_trial_id_from_study_id_trial_number``). The heartbeat is a user attribute
+(``heartbeat_utc``, wall-clock seconds) that a thread refreshes while the trial profiles; Optuna's
+own RDB heartbeat would need its private stale-trial query. A trial's reason is written while it
+is still RUNNING, then it is finished with ``study.tell(number, state=FAIL)``: a finished trial
+cannot be changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_tune.core.errors import ConfigError
+
+from .runner import kill_group
+
+PARAM = "plan_rank"
+
+
+@dataclass
+class StudyHandle:
+    """A study with the storage object it was opened on (heartbeats and attributes go through it)."""
+
+    study: Any
+    storage: Any
+    study_id: int
+    heartbeat_s: float = 0.0
+    grace_s: float = 30.0
+    """A RUNNING trial whose heartbeat is older than this (and whose worker is not alive here) is stale."""
+
+    def trial_id(self, number: int) -> int:
+        return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+
+    def set_attr(self, number: int, key: str, value: Any) -> None:
+        """Set a user attribute on a RUNNING trial by number (also one asked by another worker)."""
+        self.storage.set_trial_user_attr(self.trial_id(number), key, value)
+
+    def heartbeat(self, number: int) -> _Heartbeat:
+        if self.heartbeat_s:
+            return _Heartbeat(self.storage, self.trial_id(number), self.heartbeat_s)
+        return _Heartbeat(None, 0, 0)
+
+
+def _quiet_optuna():
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Heartbeats are used deliberately with ask/tell (see _Heartbeat); silence optuna's notices about it.
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+    return optuna
+
+
+def open_study(storage: str, study_name: str, seed: int | None, heartbeat_s: int, grace_s: int) -> StudyHandle:
+    """Create or load the study on an RDB URL (a bad URL or missing driver is a coded error)."""
+    optuna = _quiet_optuna()
+    from optuna.storages import RDBStorage
+
+    if storage.startswith("sqlite:///"):
+        Path(storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    last = None
+    for attempt in range(6):  # two workers starting together race to create the schema: retry
+        try:
+            st = RDBStorage(
+                storage, engine_kwargs={"connect_args": {"timeout": 60}} if storage.startswith("sqlite") else None
+            )
+            sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4)
+            study = optuna.create_study(
+                storage=st, study_name=study_name, direction="maximize", sampler=sampler, load_if_exists=True
+            )
+            return StudyHandle(study, st, st.get_study_id_from_name(study_name), heartbeat_s, grace_s)
+        except Exception as exc:  # noqa: BLE001 - SQLAlchemy, driver and URL errors all end as a coded error below
+            last = exc
+            if "IntegrityError" not in type(exc).__name__ + str(exc) and "locked" not in str(exc):
+                break
+            time.sleep(0.5 * (attempt + 1))
+    raise ConfigError(
+        f"cannot open study storage {storage!r}: {last}",
+        hint="pass a SQLAlchemy URL such as sqlite:///runs/x/study.db or postgresql://...",
+    )
+
+
+def memory_study(seed: int | None) -> StudyHandle:
+    """An in-memory study (the benchmark's simulated refinements: no heartbeats, no files)."""
+    optuna = _quiet_optuna()
+    st = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(
+        storage=st, direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=4)
+    )
+    return StudyHandle(study, st, st.get_study_id_from_name(study.study_name))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _group_runs(pgid: int, config: str | None) -> bool:
+    """Is process group ``pgid`` still running this trial's profile (Linux /proc; a reused id is left alone)?"""
+    if not config:
+        return False
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:  # field 5 of /proc/<pid>/stat: the process group
+                continue
+            cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        if config in cmd or "trainer" in cmd:
+            return True
+    return False
+
+
+def fail_running(h: StudyHandle, number: int, reason: str) -> bool:
+    """Record ``reason`` on a RUNNING trial, then mark it FAIL. False when another worker got there first."""
+    from optuna.trial import TrialState
+
+    try:
+        h.set_attr(number, "reason", reason)  # before tell: a finished trial cannot be changed
+        h.study.tell(number, state=TrialState.FAIL)
+    except (RuntimeError, ValueError):  # already finished (by its worker or another recovering one)
+        return False
+    return True
+
+
+def recover(h: StudyHandle, host: str) -> list[str]:
+    """Fail trials left RUNNING by dead workers on this host, and stale ones elsewhere; return their plans."""
+    from optuna.trial import TrialState
+
+    plans = []
+    now = time.time()
+    for t in h.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        w = t.user_attrs.get("worker") or {}
+        here = w.get("host") == host and isinstance(w.get("pid"), int)
+        if here and not _pid_alive(w["pid"]):
+            if isinstance(w.get("pgid"), int) and _group_runs(w["pgid"], t.user_attrs.get("config")):
+                kill_group(w["pgid"])  # orphaned profiling processes of the dead worker
+            reason = "interrupted: its worker process died"
+        elif not here and _stale(_last_sign(t), now, h.grace_s):
+            reason = "interrupted: heartbeat went stale"
+        else:
+            continue
+        if fail_running(h, t.number, reason) and t.user_attrs.get("plan"):
+            plans.append(t.user_attrs["plan"])
+    return plans
+
+
+def _last_sign(t) -> float | None:
+    """When the trial last showed life: its heartbeat, else when it was asked (a worker sets its
+    attributes one by one after ask(); another worker must not take that gap for death)."""
+    beat = t.user_attrs.get("heartbeat_utc")
+    if isinstance(beat, (int, float)):
+        return float(beat)
+    return None if t.datetime_start is None else t.datetime_start.timestamp()
+
+
+def _stale(beat: float | None, now: float, grace_s: float) -> bool:
+    """No sign of life for more than ``grace_s`` seconds (or none at all)."""
+    return beat is None or now - beat > grace_s
+
+
+@dataclass
+class TrialRecord:
+    """One trial of the study, flattened for reports and calibration."""
+
+    number: int
+    state: str
+    """``COMPLETE``, ``PRUNED``, ``FAIL``, ``RUNNING`` or ``WAITING``."""
+    plan: str | None
+    reason: str | None
+    ran: bool
+    """True when the trial profiled its plan (counts toward ``trials``)."""
+    strategy: dict[str, Any] | None
+    predicted_step_s: float | None
+    predicted_tokens_per_s: float | None
+    measured_step_s: float | None
+    measured_tokens_per_s: float | None
+    measured_phases_s: dict[str, float] | None
+    peak_memory_bytes: int | None
+    duration_s: float | None
+    repeat: bool = False
+    """A deliberate re-measurement of a plan already measured (to see the noise)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def records(study) -> list[TrialRecord]:
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        a = t.user_attrs
+        out.append(
+            TrialRecord(
+                number=t.number,
+                state=t.state.name,
+                plan=a.get("plan"),
+                reason=a.get("reason"),
+                ran=bool(a.get("ran")),
+                strategy=a.get("strategy"),
+                predicted_step_s=a.get("predicted_step_s"),
+                predicted_tokens_per_s=a.get("predicted_tokens_per_s"),
+                measured_step_s=a.get("measured_step_s"),
+                measured_tokens_per_s=a.get("measured_tokens_per_s"),
+                measured_phases_s=a.get("measured_phases_s"),
+                peak_memory_bytes=a.get("peak_memory_bytes"),
+                duration_s=a.get("duration_s"),
+                repeat=bool(a.get("repeat")),
+            )
+        )
+    return out
+
+
+def counted(study) -> int:
+    """Trials that profiled (or are profiling) a plan: the budget ``trials`` refers to."""
+    from optuna.trial import TrialState
+
+    n = 0
+    for t in study.get_trials(
+        deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+    ):
+        if t.user_attrs.get("ran") or (t.state == TrialState.RUNNING and t.user_attrs.get("running_profile")):
+            if str(t.user_attrs.get("reason", "")).startswith("interrupted"):
+                continue
+            n += 1
+    return n
+
+
+class _Heartbeat:
+    """Refreshes the trial's ``heartbeat_utc`` user attribute while it runs."""
+
+    def __init__(self, storage, trial_id: int, interval_s: float):
+        self._stop = threading.Event()
+        self._t = None
+        if storage is not None:
+            self._t = threading.Thread(target=self._loop, args=(storage, trial_id, interval_s), daemon=True)
+
+    def _loop(self, storage, trial_id, interval_s):
+        while True:
+            try:
+                storage.set_trial_user_attr(trial_id, "heartbeat_utc", time.time())
+            except Exception:  # noqa: BLE001, S110 - a lost DB connection must not kill the trial; the next beat retries
+                pass
+            if self._stop.wait(interval_s):
+                return
+
+    def __enter__(self):
+        if self._t is not None:
+            self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._t is not None:
+            self._t.join()

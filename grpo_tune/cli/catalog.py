@@ -1,0 +1,93 @@
+"""``grpo-tune models`` and ``grpo-tune hardware``: what presets exist."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from grpo_tune.autotune.options import Json
+from grpo_tune.core.specs import list_hardware, list_models, load_hardware, load_model
+from grpo_tune.costmodel.params import active_params, total_params
+
+
+def models(json_out: Json = False) -> None:
+    """List model presets with exact parameter counts."""
+    rows: list[dict[str, Any]] = []
+    for name in list_models():
+        m = load_model(name)
+        rows.append(
+            {
+                "name": m.name,
+                "family": m.family,
+                "layers": m.layers,
+                "hidden": m.hidden,
+                "total_params": total_params(m),
+                "active_params": active_params(m),
+                "hf_id": m.hf_id,
+            }
+        )
+    if json_out:
+        print(json.dumps(rows, indent=2))
+        return
+    console = Console()
+    # Names never wrap or truncate (users copy them into --model); a narrow terminal drops the shape and
+    # HF id columns instead (all of them are in --json).
+    narrow = console.width < 130
+    t = Table(title="Model presets", caption="HF ids and shapes: a wider terminal or --json" if narrow else None)
+    t.add_column("name", no_wrap=True, min_width=max(len(r["name"]) for r in rows))
+    if not narrow:
+        for c in ("family", "layers", "hidden"):
+            t.add_column(c, justify="left" if c == "family" else "right")
+    t.add_column("total params", justify="right", no_wrap=True)
+    t.add_column("active params", justify="right", no_wrap=True)
+    if not narrow:
+        t.add_column("HF id", no_wrap=True)
+    for r in rows:
+        shape = [] if narrow else [r["family"], str(r["layers"]), str(r["hidden"])]
+        t.add_row(
+            r["name"], *shape, f"{r['total_params']:,}", f"{r['active_params']:,}", *([] if narrow else [r["hf_id"]])
+        )
+    console.print(t)
+
+
+def hardware(json_out: Json = False) -> None:
+    """List hardware profiles."""
+    rows = [load_hardware(n).to_dict() for n in list_hardware()]
+    if json_out:
+        print(json.dumps(rows, indent=2))
+        return
+    t = Table(title="Hardware profiles")
+    for c in (
+        "name",
+        "aliases",
+        "bf16 TFLOP/s",
+        "HBM GB",
+        "HBM TB/s",
+        "GPUs/node",
+        "intra GB/s",
+        "inter GB/s",
+        "$/GPU-h",
+    ):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(
+            r["name"],
+            ",".join(r["aliases"]),
+            f"{r['bf16_dense_flops_per_s'] / 1e12:.0f}",
+            f"{r['hbm_bytes'] / 1e9:.0f}",
+            f"{r['hbm_bandwidth_bytes_per_s'] / 1e12:.2f}",
+            str(r["gpus_per_node"]),
+            f"{r['intra_node_bandwidth_bytes_per_s'] / 1e9:.0f}",
+            f"{r['inter_node_bandwidth_bytes_per_s'] / 1e9:.1f}",
+            "-" if r["price_per_gpu_hour_usd"] is None else f"{r['price_per_gpu_hour_usd']:.2f}",
+        )
+    Console().print(t)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("models")(models)
+    app.command("hardware")(hardware)

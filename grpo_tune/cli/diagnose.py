@@ -1,0 +1,106 @@
+"""``grpo-tune diagnose PATH``: coded findings for a run config, a verl launch script or an override list."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from grpo_tune.autotune.diagnose import Report, diagnose_path
+from grpo_tune.autotune.options import Json
+from grpo_tune.core.units import GiB
+
+STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+MAX_ROWS = 200
+"""Findings drawn in the table (errors first); rich took ~0.7 ms a row, so 200k unknown keys printed for minutes.
+The counts below the table and ``--json`` cover every finding."""
+
+
+def _deg(role: dict, keys: tuple[str, ...]) -> str:
+    return " ".join(f"{k}={'?' if role.get(k) is None else role[k]}" for k in keys if k in role)
+
+
+def render(report: Report, console: Console) -> None:
+    s = report.summary
+    t = Table(title=f"Parallel Config Summary: {report.source}", title_justify="left")
+    t.add_column("role")
+    t.add_column("degrees")
+    roles = s.get("roles") or {}
+    for name in ("actor", "ref"):
+        if name in roles:
+            t.add_row(name, _deg(roles[name], ("tp", "pp", "vpp", "cp", "ep", "etp", "dp")))
+    if "rollout" in roles:
+        r = roles["rollout"]
+        t.add_row(
+            "rollout",
+            f"{_deg(r, ('tp', 'pp', 'replicas'))} gpu_memory_utilization={r.get('gpu_memory_utilization')} "
+            f"engine={r.get('name')}",
+        )
+    if roles:
+        t.add_row(
+            "cluster",
+            f"world={s.get('world_size')} = {s.get('nnodes')} node(s) x {s.get('gpus_per_node')} GPUs, "
+            f"DP={s.get('dp')}",
+        )
+        b = s.get("batch") or {}
+        t.add_row("batch", " ".join(f"{k}={v}" for k, v in b.items()))
+        t.add_row("model", f"{s.get('model') or '-'} ({s.get('model_note')}), hardware {s.get('hardware')}")
+    elif s:
+        t.add_row("config", json.dumps(s, default=str))
+    mem = s.get("memory")
+    if mem:
+        cap = mem["capacity_bytes"]
+        parts = ", ".join(f"{k} {v / GiB:.1f}" for k, v in mem["phases"].items())
+        t.add_row("memory (GiB/rank)", f"{parts}  | capacity {cap / GiB:.1f}, peak {mem['peak_phase']}")
+    else:
+        t.add_row("memory", "not estimated")
+    console.print(t)
+    if not report.findings:
+        console.print("[green]no findings[/]")
+        return
+    f = Table(title="Findings", title_justify="left")
+    for c in ("severity", "code", "line", "message", "hint"):
+        f.add_column(c, overflow="fold")
+    order = {"error": 0, "warning": 1, "info": 2}
+    shown = sorted(report.findings, key=lambda x: order[x.severity])[:MAX_ROWS]
+    for x in shown:
+        f.add_row(
+            f"[{STYLE[x.severity]}]{x.severity}[/]", x.code, "" if x.line is None else str(x.line), x.message, x.hint
+        )
+    console.print(f)
+    if len(report.findings) > len(shown):
+        console.print(f"... {len(report.findings) - len(shown)} more finding(s) not shown; --json lists them all")
+    console.print(f"{report.count('error')} error(s), {report.count('warning')} warning(s)")
+
+
+def diagnose(
+    path: Annotated[
+        str, typer.Argument(help="A run config (best.yaml), a verl launch script, or a Hydra override list.")
+    ],
+    hardware: Annotated[
+        Optional[str],
+        typer.Option(
+            "--hardware", help="Hardware profile for the memory check (default: the run config's, else h100)."
+        ),
+    ] = None,
+    model: Annotated[
+        Optional[str],
+        typer.Option("--model", "-m", help="Model preset or config.json when the script's model path maps to none."),
+    ] = None,
+    json_out: Json = False,
+) -> None:
+    """Check a GRPO launch: degrees per role, batch rules, dtypes, unknown keys, memory per phase."""
+    report = diagnose_path(path, hardware=hardware, model=model)
+    if json_out:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        render(report, Console(width=max(Console().width, 120)))
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("diagnose")(diagnose)

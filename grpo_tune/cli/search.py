@@ -1,0 +1,348 @@
+"""``grpo-tune search``: rank the valid plans, print the best, write ``runs/<id>/``.
+
+Takes every flag ``estimate`` takes; a degree or option given on the command line is pinned and
+search tunes the rest. ``--refine`` then measures the most promising plans with real profiling
+runs (:func:`autotune.refine.refine`, imported only then).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from grpo_tune.autotune.grouping import caption as grouping_caption
+from grpo_tune.autotune.grouping import group_by_layout
+from grpo_tune.autotune.options import MIN_HEADROOM_DEFAULT, Hardware, Json, MinHeadroom, inputs_from_flags
+from grpo_tune.cli.plan_options import flags_after, plan_flags, plan_options
+from grpo_tune.core.errors import ConfigError
+from grpo_tune.costmodel.estimate import Estimate
+from grpo_tune.core.units import GiB
+
+if TYPE_CHECKING:  # imported only under --refine (it loads Optuna)
+    from grpo_tune.autotune.refine import RefineOptions
+
+P_OUT = "Output"
+P_REF = "Refinement (real profiling runs)"
+
+# --top also sizes the exact re-evaluation (4 x top plans): 1,000 answers in ~1.5 s for 7B on 8 GPUs, 10**5 took
+# 22 s (measured on this repo's 2-core dev box). Nobody reads more rows than that.
+MAX_TOP = 1000
+Top = Annotated[int, typer.Option("--top", help=f"Plans to show (1..{MAX_TOP}).", rich_help_panel=P_OUT)]
+Out = Annotated[
+    Path,
+    typer.Option("--out", help="Parent folder of the run folder <model>-<gpus>g-<hw>-<time>.", rich_help_panel=P_OUT),
+]
+AllPlans = Annotated[
+    bool, typer.Option("--all", help="List every top plan, not one row per layout.", rich_help_panel=P_OUT)
+]
+Emit = Annotated[
+    bool,
+    typer.Option("--emit/--no-emit", help="Write the run folder (best.yaml, verl.sh, ...).", rich_help_panel=P_OUT),
+]
+CrossNode = Annotated[
+    bool,
+    typer.Option(
+        "--allow-cross-node-tp",
+        help="Let TP groups span nodes.",
+        rich_help_panel="Parallel degrees (unset: default in estimate, tuned in search)",
+    ),
+]
+Calibration = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--calibration",
+        help="Calibration JSON (autotune/calibrate.py) applied to the time model.",
+        rich_help_panel=P_REF,
+    ),
+]
+Refine = Annotated[
+    bool, typer.Option("--refine", help="Measure the best plans with short real runs (Optuna).", rich_help_panel=P_REF)
+]
+Trials = Annotated[int, typer.Option("--trials", help="Profiled trials the study should hold.", rich_help_panel=P_REF)]
+Storage = Annotated[
+    Optional[str],
+    typer.Option(
+        "--storage",
+        help="SQLAlchemy URL of the Optuna study (default: SQLite in the run folder).",
+        rich_help_panel=P_REF,
+    ),
+]
+StudyName = Annotated[
+    Optional[str],
+    typer.Option(
+        "--study-name",
+        help="Optuna study name (default: derived from the inputs, so a re-run resumes).",
+        rich_help_panel=P_REF,
+    ),
+]
+TrialSteps = Annotated[
+    int,
+    typer.Option("--trial-steps", help="Training steps per profiling run (first is warm-up).", rich_help_panel=P_REF),
+]
+TrialTimeout = Annotated[
+    float, typer.Option("--trial-timeout", help="Seconds before a profiling run is killed.", rich_help_panel=P_REF)
+]
+# The --refine flags (name, Annotated type, default) in --help order, after --calibration; all but --refine
+# itself are RefineOptions fields of the same name (trial_timeout: RefineOptions.trial_timeout_s).
+REFINE_FLAGS: tuple[tuple[str, Any, Any], ...] = (
+    ("refine", Refine, False),
+    ("trials", Trials, 8),
+    ("storage", Storage, None),
+    ("study_name", StudyName, None),
+    ("trial_steps", TrialSteps, 6),
+    ("trial_timeout", TrialTimeout, 600.0),
+)
+
+
+def _refine_options(flags: dict[str, Any], **more: Any) -> RefineOptions:
+    """RefineOptions from the --refine flags' values (checked: a bad value is a coded error)."""
+    from grpo_tune.autotune.refine import RefineOptions
+
+    fields = {("trial_timeout_s" if k == "trial_timeout" else k): v for k, v in flags.items() if k != "refine"}
+    opts = RefineOptions(**fields, **more)
+    opts.check()
+    return opts
+
+
+def _gib(x: float) -> str:
+    return f"{x / GiB:.1f}"
+
+
+def print_plans(ranked: list[Estimate], console: Console, *, top: int, title: str = "Top plans") -> None:
+    """Two tables: the plans (degrees, rollout, step time, throughput), then seconds and GiB per
+    GPU for each phase against the capacity."""
+    from grpo_tune.autotune.report import phase_seconds
+    from grpo_tune.autotune.search import step_s, tokens_per_s_per_gpu
+
+    plans = ranked[:top]
+    if not plans:
+        return
+    t = Table(title=title, title_justify="left", caption="offload: p=param g=grad o=optimizer", caption_justify="left")
+    for c in ("#", "degrees", "mbs", "recompute", "offload", "rollout", "step s", "tok/s/GPU", "MFU"):
+        t.add_column(
+            c,
+            justify="left" if c in ("degrees", "recompute", "offload", "rollout") else "right",
+            style="bold" if c == "step s" else None,
+        )
+    for i, e in enumerate(plans):
+        s = e.strategy
+        mfu = None if e.throughput is None else e.throughput.mfu
+        deg = f"tp{s.tp} pp{s.pp}"
+        if s.first_stage_layers or s.last_stage_layers:
+            deg += f"({s.first_stage_layers or '-'}/{s.last_stage_layers or '-'})"
+        deg += (f" vpp{s.vpp}" if s.vpp > 1 else "") + (f" cp{s.cp}" if s.cp > 1 else "")
+        deg += (f" ep{s.ep} etp{s.etp_}" if e.model.is_moe else "") + f" dp{s.dp}"
+        t.add_row(
+            str(i + 1),
+            deg,
+            str(s.mbs),
+            s.recompute,
+            ",".join(o[0] for o in s.offload) or "-",
+            f"tp{s.rollout_tp} mem{s.gpu_memory_utilization:g}" if e.workload.kind == "grpo" else "-",
+            f"{step_s(e):.2f}",
+            f"{tokens_per_s_per_gpu(e):,.0f}",
+            "-" if mfu is None else f"{100 * mfu:.1f}%",
+        )
+    console.print(t)
+    phases = list(plans[0].memory)
+    for e in plans:
+        for k in phase_seconds(e):
+            if k not in phases:
+                phases.append(k)
+    short = {
+        "rollout": "rollout",
+        "weight_sync": "w-sync",
+        "old_logprob": "old-lp",
+        "ref_logprob": "ref-lp",
+        "update": "update",
+        "offload": "offload",
+    }
+    mt = Table(
+        title=f"Per phase: seconds/GiB per GPU (capacity {_gib(plans[0].capacity_bytes)} GiB)", title_justify="left"
+    )
+    mt.add_column("#", justify="right")
+    for p in phases:
+        mt.add_column(short.get(p, p), justify="right")
+    mt.add_column("free GiB", justify="right")
+    for i, e in enumerate(plans):
+        ph = phase_seconds(e)
+        cells = []
+        for p in phases:
+            sec = f"{ph[p]:.1f}" if p in ph else "-"
+            pm = e.memory.get(p)
+            gib = "" if pm is None else f"/{pm.total_bytes / GiB:.0f}"
+            cells.append(f"[bold]{sec}{gib}[/]" if p == e.peak_phase else f"{sec}{gib}")
+        mt.add_row(str(i + 1), *cells, _gib(e.headroom_bytes))
+    console.print(mt)
+
+
+@flags_after("calibration", REFINE_FLAGS)
+@plan_options(degrees_after="hardware", workload_before="top", target=True)
+def search(
+    hardware: Hardware = "h100",
+    allow_cross_node_tp: CrossNode = False,
+    min_headroom: MinHeadroom = MIN_HEADROOM_DEFAULT,
+    top: Top = 10,
+    all_plans: AllPlans = False,
+    json_out: Json = False,
+    out: Out = Path("runs"),
+    emit: Emit = True,
+    calibration: Calibration = None,
+    **plan: Any,
+) -> None:
+    """Rank every valid plan by predicted step time; print the best and write runs/<id>/."""
+    from grpo_tune.autotune import search as S
+
+    ref = {name: plan.pop(name, default) for name, _, default in REFINE_FLAGS}
+    refine, study_name = ref["refine"], ref["study_name"]
+    if not 1 <= top <= MAX_TOP:
+        raise ConfigError(
+            f"--top must be between 1 and {MAX_TOP}, got {top}", hint=f"give --top {MAX_TOP} or fewer plans to show"
+        )
+    if emit:
+        from grpo_tune.autotune.outputs import check_out_dir
+
+        check_out_dir(out, "--out", inputs={"--calibration": calibration})  # before the search, not after it (issue 14)
+    m, hw, cluster, wl, pins = inputs_from_flags(plan_flags(plan, hardware=hardware))
+    cal = None
+    if calibration is not None:
+        from grpo_tune.autotune.calibrate import load as load_calibration
+
+        cal = load_calibration(calibration, hardware=hw.name)
+    console = Console()
+    err = Console(stderr=True)
+    result = _run_search(S, m, hw, cluster, wl, pins, top, cal, allow_cross_node_tp, err, min_headroom)
+
+    if refine:  # every refine option is checked before the run folder (a finished refine's best.yaml) is written
+        opts = _refine_options(ref, calibration=cal, pins=pins, allow_cross_node_tp=allow_cross_node_tp)
+    run_dir: Path | None = None
+    files: dict[str, Path] = {}
+    if emit or refine:
+        run_dir, files = _write_run_folder(
+            result, out, refine=refine, study_name=study_name, calibration=calibration, inputs=(m, hw, cluster, wl)
+        )
+
+    if json_out and not refine:
+        _print_json(result, run_dir, files, top)
+        return
+    if not json_out:
+        _print_result(result, wl, console, top=top, all_plans=all_plans, run_dir=run_dir, files=files)
+    if refine:
+        from grpo_tune.autotune.refine import refine as run_refine
+
+        assert run_dir is not None  # --refine always writes the run folder above
+        res = run_refine(result.ranked, m, hw, cluster, wl, run_dir, opts, console=err, search=result)
+        if json_out:
+            print(
+                json.dumps(
+                    {"run_dir": str(run_dir), "stats": result.stats(), "refine": res.to_dict()}, indent=2, default=str
+                )
+            )
+
+
+def _write_run_folder(
+    result, out: Path, *, refine: bool, study_name: str | None, calibration: Path | None, inputs: tuple
+) -> tuple[Path, dict[str, Path]]:
+    """The run folder of the best plan: a new runs/<id>/, or under --refine a stable folder named like the
+    study, so that re-running the command resumes it (written only once: refine's finish replaces it atomically)."""
+    from grpo_tune.autotune.emit import emit as emit_into, emit_run
+
+    kw: dict[str, Any] = dict(search=result, meta={"calibration": str(calibration)} if calibration else None)
+    if not refine:
+        return emit_run(result.best, out=out, **kw)
+    from grpo_tune.autotune.refine import default_study_name
+
+    run_dir = out / (study_name or default_study_name(*inputs))
+    files: dict[str, Path] = {}
+    if not (run_dir / "best.yaml").exists():
+        files = emit_into(result.best, run_dir, **kw)
+    return run_dir, files
+
+
+def _print_json(result, run_dir: Path | None, files: dict[str, Path], top: int) -> None:
+    print(
+        json.dumps(
+            {
+                "run_dir": None if run_dir is None else str(run_dir),
+                "files": {k: str(v) for k, v in files.items()},
+                "stats": result.stats(),
+                "best": result.best.to_dict(),
+                "top": [e.to_dict() for e in result.ranked[:top]],
+                "layouts": [r.to_dict() for r in group_by_layout(result.ranked)[:top]],
+                "pareto": [e.to_dict() for e in result.pareto],
+            },
+            indent=2,
+            default=str,
+        )
+    )
+
+
+def _print_result(
+    result, wl, console: Console, *, top: int, all_plans: bool, run_dir: Path | None, files: dict[str, Path]
+) -> None:
+    """The plan tables, why #1 wins, the search's statistics and the run folder written."""
+    if all_plans:
+        print_plans(result.ranked, console, top=top)
+    else:  # one row per layout (autotune/grouping.py)
+        rows = group_by_layout(result.ranked)[:top]
+        print_plans([r.best for r in rows], console, top=top, title="Top plans, one row per layout (its best variant)")
+        console.print(grouping_caption(rows), highlight=False)
+    from grpo_tune.autotune.report import runner_ups, why_winner
+    from grpo_tune.autotune.validate_grpo import STATED_ERROR_PCT
+
+    others = runner_ups(result.ranked)
+    if others and wl.kind == "grpo":
+        console.print("Why #1 wins (runner-up minus winner, by phase):", highlight=False)
+        for line in why_winner(result.best, others, STATED_ERROR_PCT):
+            console.print("  " + line.lstrip("- ").replace("`", ""), highlight=False, soft_wrap=True)
+    st = result.stats()
+    console.print(
+        f"{st['candidates']:,} valid plans; {st['evaluated']:,} cost-model calls, "
+        f"{st['combined']:,} combined; {st['pruned_layouts']:,}/{st['layouts']:,} layouts pruned; "
+        f"{st['seconds']:.2f} s; Pareto front: {len(result.pareto)} plan(s)",
+        highlight=False,
+    )
+    if run_dir is not None:
+        console.print(
+            f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False
+        )
+
+
+def _run_search(S, m, hw, cluster, wl, pins, top, cal, cross, err: Console, min_headroom: float = 0.0):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("[bold]search[/] layouts"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:
+        task = bar.add_task("search", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return S.search(
+            m,
+            hw,
+            cluster,
+            wl,
+            pins=pins,
+            top=top,
+            calibration=cal,
+            allow_cross_node_tp=cross,
+            min_headroom=min_headroom,
+            progress=progress,
+        )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("search")(search)

@@ -1,0 +1,272 @@
+"""``grpo-tune tune LAUNCH``: price the user's verl launch, search with the same workload, and hand back only
+the overrides that change (a diff, and tuned.sh: the script with those overrides edited in place)."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from grpo_tune.autotune.options import MIN_HEADROOM_DEFAULT, Json, MinHeadroom, pins_from_flags
+from grpo_tune.cli.plan_options import pin_options
+from grpo_tune.core.units import GiB
+
+
+Launch = Annotated[Path, typer.Argument(help="A verl launch script (bash) or a file of Hydra overrides.")]
+Hardware = Annotated[
+    str, typer.Option("--hardware", help="Hardware profile of the GPUs the launch runs on (h100, h200, a100, ...).")
+]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="Preset, HF id or config.json folder (default: the launch's actor_rollout_ref.model.path).",
+    ),
+]
+Keep = Annotated[
+    str | None,
+    typer.Option("--keep", help="Comma list of plan fields to keep as the launch has them (tp,pp,offload,...)."),
+]
+Out = Annotated[Path, typer.Option("--out", help="Parent folder of the run folder (runs/<id>/ with tuned.sh).")]
+Calibration = Annotated[
+    Path | None, typer.Option("--calibration", help="Calibration JSON (grpo-tune calibrate) applied to the time model.")
+]
+PromptLenMean = Annotated[int | None, typer.Option("--prompt-len-mean", help="Mean prompt tokens (default: the max).")]
+ResponseLenMean = Annotated[
+    int | None, typer.Option("--response-len-mean", help="Mean response tokens (default: the max).")
+]
+Emit = Annotated[bool, typer.Option("--emit/--no-emit", help="Write runs/<id>/ with tuned.sh.")]
+
+
+def _plan_row(est) -> dict[str, Any]:
+    s = est.strategy
+    return {
+        "degrees": f"tp{s.tp} pp{s.pp}"
+        + (f" vpp{s.vpp}" if s.vpp > 1 else "")
+        + (f" cp{s.cp}" if s.cp > 1 else "")
+        + (f" ep{s.ep} etp{s.etp_}" if est.model.is_moe else "")
+        + f" dp{s.dp}",
+        "mbs": "dyn"
+        if s.max_tokens_per_gpu
+        else str(s.mbs) + (f" (log-prob {s.log_prob_mbs})" if s.log_prob_mbs not in (None, s.mbs) else ""),
+        "recompute": s.recompute,
+        "offload": ",".join(o[0] for o in s.offload) or "none",
+        "rollout": f"tp{s.rollout_tp} mem{s.gpu_memory_utilization:g}",
+    }
+
+
+def _summary(est) -> dict[str, Any]:
+    from grpo_tune.autotune.search import step_s, tokens_per_s_per_gpu
+
+    fits = not any(v.code == "OOM_RISK" for v in est.violations)
+    t = step_s(est)
+    return {
+        "step_s": round(t, 3) if t != float("inf") else None,
+        "fits": fits,
+        "tokens_per_s_per_gpu": round(tokens_per_s_per_gpu(est), 1),
+        "peak_gib": round(est.peak_bytes / GiB, 2),
+        "peak_phase": est.peak_phase,
+        "headroom_gib": round((est.capacity_bytes - est.peak_bytes) / GiB, 2),
+        "phases_s": {} if est.time is None else {k: round(float(v), 3) for k, v in est.time.phases.items()},
+        "plan": _plan_row(est),
+        "strategy": est.strategy.to_dict(),
+        "oom": [
+            {"phase": v.phase, "bytes_over": v.bytes_over, "message": v.message}
+            for v in est.violations
+            if v.code == "OOM_RISK"
+        ],
+    }
+
+
+# The plan fields a user may pin (issue 11: "--keep tp,pp or any estimate flag").
+@pin_options(
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "ep",
+    "etp",
+    "mbs",
+    "log_prob_mbs",
+    "recompute",
+    "offload",
+    "rollout_tp",
+    "gpu_memory_utilization",
+    "sync_bucket_mb",
+)
+def tune(
+    launch: Launch,
+    hardware: Hardware = "h100",
+    model: ModelOpt = None,
+    keep: Keep = None,
+    out: Out = Path("runs"),
+    json_out: Json = False,
+    calibration: Calibration = None,
+    min_headroom: MinHeadroom = MIN_HEADROOM_DEFAULT,
+    prompt_len_mean: PromptLenMean = None,
+    response_len_mean: ResponseLenMean = None,
+    emit: Emit = True,
+    **pins: Any,
+) -> None:
+    """Price your verl launch, find a faster plan for the same workload, and print only the overrides that change."""
+    from grpo_tune.autotune import tune as T
+    from grpo_tune.autotune.emit import Tables, emit_run
+    from grpo_tune.core.config import atomic_write
+
+    if emit:
+        from grpo_tune.autotune.outputs import check_out_dir
+
+        # before the search, not after it (issue 14)
+        check_out_dir(out, "--out", inputs={"LAUNCH": launch, "--calibration": calibration})
+    plan = T.plan_of(
+        launch, model=model, hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
+    )
+    cal = None
+    if calibration is not None:
+        from grpo_tune.autotune.calibrate import load as load_calibration
+
+        cal = load_calibration(calibration, hardware=plan.hardware.name)
+    keep_list = [k.strip() for k in (keep or "").split(",") if k.strip()]
+    res = T.tune(plan, keep=keep_list, calibration=cal, min_headroom=min_headroom, pins=pins_from_flags(pins))
+    launch_obj = plan.launch
+    if launch_obj is None:  # plan_of reads a best.yaml too; tune edits launches only
+        from grpo_tune.core.errors import ConfigError
+
+        raise ConfigError(f"{launch}: a run config, not a verl launch", hint="pass the verl script or override list")
+    tuned = T.tuned_text(launch_obj, res.changes)
+    run_dir = None
+    files: dict[str, Path] = {}
+    if emit:
+        run_dir, files = emit_run(
+            res.best,
+            out=out,
+            search=Tables(ranked=res.ranked, counters=res.search_stats),
+            meta={"tuned_from": str(launch), **({"calibration": str(calibration)} if calibration else {})},
+        )
+        tuned_path = run_dir / "tuned.sh"
+        atomic_write(tuned_path, tuned)
+        mode = launch_obj.path.stat().st_mode
+        tuned_path.chmod(stat.S_IMODE(mode) | stat.S_IRUSR | stat.S_IWUSR)
+        files["tuned.sh"] = tuned_path
+    cur, best = _summary(res.current), _summary(res.best)
+    if json_out:
+        _print_json(launch, plan, res, cur, best, run_dir, files)
+        return
+    c = Console()
+    wl = plan.workload
+    # the means priced (--prompt-len-mean/--response-len-mean), else the maxima are what the model assumes
+    means = f" (means {wl.prompt_len_mean or wl.prompt_len}+{wl.response_len_mean or wl.response_len})"
+    c.print(
+        f"{launch_obj.path}: {plan.model.name} ({plan.model_note}) on {plan.cluster.gpus} x {plan.hardware.name}, "
+        f"{wl.prompts} prompts x n={wl.n}, lengths {wl.prompt_len}+{wl.response_len}"
+        + (means if wl.prompt_len_mean or wl.response_len_mean else ""),
+        highlight=False,
+    )
+    c.print(_compare_table(cur, best))
+    _print_verdict(c, res, cur, best, keep_list)
+    if run_dir is not None:
+        c.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False)
+
+
+def _print_json(launch: Path, plan, res, cur: dict, best: dict, run_dir: Path | None, files: dict[str, Path]) -> None:
+    gain = res.gain()
+    print(
+        json.dumps(
+            {
+                "launch": str(launch),
+                "model": plan.model.name,
+                "model_note": plan.model_note,
+                "hardware": plan.hardware.name,
+                "gpus": plan.cluster.gpus,
+                "workload": plan.workload.to_dict(),
+                "current": cur,
+                "best": best,
+                "gain": None if gain is None else round(gain, 4),
+                "overrides": {k: {"old": o, "new": n} for k, (o, n) in res.changes.items()},
+                "nearest_fit": [_summary(e) for e in res.nearest_fit],
+                "pins": res.pins,
+                "run_dir": None if run_dir is None else str(run_dir),
+                "files": {k: str(v) for k, v in files.items()},
+            },
+            indent=2,
+            default=str,
+        )
+    )
+
+
+def _compare_table(cur: dict, best: dict) -> Table:
+    """The current plan next to the best one: degrees, phase seconds, step time, memory."""
+    t = Table(title="Current plan vs best plan (predicted)", title_justify="left")
+    t.add_column("")
+    t.add_column("current")
+    t.add_column("best")
+    for key in ("degrees", "mbs", "recompute", "offload", "rollout"):
+        t.add_row(key, cur["plan"][key], best["plan"][key])
+    for ph in cur["phases_s"]:
+        t.add_row(f"{ph} s", f"{cur['phases_s'][ph]:.1f}", f"{best['phases_s'].get(ph, 0.0):.1f}")
+    t.add_row(
+        "step s", f"{cur['step_s']:.1f}" if cur["step_s"] else "-", f"{best['step_s']:.1f}" if best["step_s"] else "-"
+    )
+    t.add_row("tok/s/GPU", f"{cur['tokens_per_s_per_gpu']:,.0f}", f"{best['tokens_per_s_per_gpu']:,.0f}")
+    t.add_row(
+        "peak GiB (phase)",
+        f"{cur['peak_gib']:.1f} ({cur['peak_phase']})",
+        f"{best['peak_gib']:.1f} ({best['peak_phase']})",
+    )
+    t.add_row("headroom GiB", f"{cur['headroom_gib']:.1f}", f"{best['headroom_gib']:.1f}")
+    t.add_row("fits", "yes" if cur["fits"] else "[red]no[/]", "yes" if best["fits"] else "[red]no[/]")
+    return t
+
+
+def _print_verdict(c: Console, res, cur: dict, best: dict, keep_list: list[str]) -> None:
+    """Why the current plan does not fit (and the nearest that do), then the gain and the overrides that change."""
+    from grpo_tune.autotune import tune as T
+
+    gain = res.gain()
+    if not cur["fits"]:
+        for o in cur["oom"]:
+            over = o["bytes_over"] or 0
+            c.print(
+                f"[red]the current plan does not fit:[/] {o['phase']} needs {over / GiB:.1f} GiB more than the GPU has",
+                highlight=False,
+            )
+        if res.nearest_fit:
+            c.print("nearest plans that fit:")
+            for e in res.nearest_fit:
+                s = _summary(e)
+                row = s["plan"]  # labelled, as the table's rows are
+                c.print(
+                    f"  {row['degrees']} mbs {row['mbs']} recompute {row['recompute']} offload {row['offload']} "
+                    f"rollout {row['rollout']}: {s['step_s']:.1f} s, peak {s['peak_gib']:.1f} GiB",
+                    highlight=False,
+                )
+        elif not res.changes:
+            c.print(
+                "[red]no plan fits this workload on these GPUs[/] (more GPUs, shorter responses or a smaller batch)"
+            )
+    if res.changes:
+        c.print(
+            f"predicted gain: {gain:.2f}x ({cur['step_s']:.1f} s -> {best['step_s']:.1f} s per step)"
+            if gain and cur["fits"]
+            else "tuned plan fits",
+            highlight=False,
+        )
+        c.print("overrides that change:")
+        for line in T.diff_lines(res.changes):
+            c.print(f"[{'red' if line.startswith('-') else 'green'}]{line}[/]", highlight=False, soft_wrap=True)
+    else:
+        c.print(
+            "no change: no plan is predicted to be more than "
+            f"{T.MIN_GAIN:.0%} faster with the same workload"
+            + (f" (keeping {', '.join(keep_list)})" if keep_list else "")
+        )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(tune)

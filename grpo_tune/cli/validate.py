@@ -1,0 +1,181 @@
+"""``grpo-tune validate``: the time model against published Megatron-LM measurements."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Callable, Optional
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from grpo_tune.autotune.options import Json
+
+Tolerance = Annotated[
+    float,
+    typer.Option(
+        "--tolerance", help="Fail (exit 1) when the MAPE (all rows or held-out rows) exceeds this many percent."
+    ),
+]
+DataFile = Annotated[
+    Optional[str], typer.Option("--data", help="Measurements CSV (default: the shipped profiles/data/published.csv).")
+]
+HardwareOpt = Annotated[
+    str,
+    typer.Option(
+        "--hardware", help="Hardware profile the rows ran on (the shipped rows: A100; pass yours with --data)."
+    ),
+]
+Refit = Annotated[
+    bool, typer.Option("--refit", help="Refit the efficiency curve on the rows marked fit, then report every row.")
+]
+Grpo = Annotated[
+    bool,
+    typer.Option(
+        "--grpo",
+        help="The GRPO step against published verl/NeMo-RL runs (profiles/data/published_grpo.csv): step and per-phase errors, held-out step MAPE against the tolerance (default 15%).",
+    ),
+]
+
+
+def validate(
+    json_out: Json = False,
+    tolerance: Optional[float] = typer.Option(
+        None,
+        "--tolerance",
+        help="Fail (exit 1) above this MAPE in percent (pretraining: all or held-out rows, default 10; "
+        "--grpo: held-out step time, default 15).",
+    ),
+    data: DataFile = None,
+    hardware: HardwareOpt = "a100",
+    refit: Refit = False,
+    grpo: Grpo = False,
+) -> None:
+    """Predicted vs published throughput and iteration times (Narayanan et al. 2021, Korthikanti et al. 2022), or
+    with --grpo the GRPO step against published verl and NeMo-RL runs."""
+    if grpo:
+        from grpo_tune.autotune.validate_grpo import TOLERANCE_PCT, run_grpo
+
+        rep = run_grpo(path=data, tolerance_pct=TOLERANCE_PCT if tolerance is None else tolerance, refit=refit)
+        _report(rep, json_out, _print_grpo)
+        return
+    from grpo_tune.autotune.validate import run
+
+    rep = run(hardware=hardware, path=data, tolerance_pct=10.0 if tolerance is None else tolerance, refit=refit)
+    _report(rep, json_out, _print)
+
+
+def _report(rep: dict, json_out: bool, print_table: Callable[[dict], None]) -> None:
+    """The report as JSON or as tables; exit 1 when it did not pass."""
+    if json_out:
+        print(json.dumps(rep, indent=2))
+    else:
+        print_table(rep)
+    if not rep["passed"]:
+        raise typer.Exit(1)
+
+
+_UNITS = {"tflops_per_gpu": ("{:.1f}", "TF/s"), "iteration_s": ("{:.2f}", "s"), "mfu_pct": ("{:.1f}", "MFU%")}
+_PAPERS = (
+    "rows: n21 = Narayanan et al. 2021 (arXiv 2104.04473), TF/s per GPU by their eq. 3; k22 = Korthikanti "
+    "et al. 2022 (arXiv 2205.05198), seconds per iteration or MFU; t1/t2/t5 = table, abs = abstract. "
+    "Sources per row: profiles/data/published.csv"
+)
+
+
+def _print(rep: dict) -> None:
+    con = Console()
+    t = Table(title=f"Time model vs published ({rep['hardware']})", box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
+    for c in ("row", "split", "t/p/GPUs", "batch", "recomp", "unit", "published", "predicted", "error"):
+        t.add_column(
+            c,
+            justify="left" if c in ("row", "split", "t/p/GPUs", "recomp", "unit") else "right",
+            no_wrap=True,
+            min_width=len(c),
+        )
+    for r in rep["rows"]:
+        fmt, unit = _UNITS[r["metric"]]
+        err = r["error_pct"]
+        colour = "green" if abs(err) <= rep["tolerance_pct"] else "red"
+        t.add_row(
+            r["id"],
+            "fit" if r["split"] == "fit" else "held",
+            f"{r['tp']}/{r['pp']}/{r['gpus']}",
+            str(r["gbs"]),
+            {"selective": "sel"}.get(r["recompute"], r["recompute"]),
+            unit,
+            fmt.format(r["published"]),
+            fmt.format(r["predicted"]),
+            f"[{colour}]{err:+.1f}%[/]",
+        )
+    con.print(t)
+    con.print(_PAPERS, highlight=False)
+    m = rep["mape_pct"]
+    eff = ", ".join(f"{k}={v}" for k, v in rep["efficiency"].items())
+    con.print(f"efficiency curve: {eff}" + (" (refitted on the fit rows)" if rep["refit"] else ""), highlight=False)
+    con.print(
+        f"MAPE: all rows {m['all']:.1f}%, fit rows {m['fit']:.1f}%, held-out rows {m['holdout']:.1f}% "
+        f"(tolerance {rep['tolerance_pct']:g}%): " + ("[green]pass[/]" if rep["passed"] else "[red]FAIL[/]"),
+        highlight=False,
+    )
+
+
+_GRPO_COLS = (
+    ("step_s", "step"),
+    ("gen_s", "gen"),
+    ("train_s", "train"),
+    ("old_lp_s", "logprob"),
+    ("ref_lp_s", "ref"),
+    ("refit_s", "refit"),
+)
+
+
+def _print_grpo(rep: dict) -> None:
+    con = Console()
+    t = Table(title="GRPO step vs published runs (seconds)", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    for c in ("row", "split", "phase", "published", "predicted", "error"):
+        t.add_column(c, justify="left" if c in ("row", "split", "phase") else "right", no_wrap=True)
+    for r in rep["rows"]:
+        if r["split"] == "excluded":
+            continue
+        first = True
+        for key, label in _GRPO_COLS:
+            if key not in r["published"]:
+                continue
+            err = r["error_pct"][key]
+            colour = "green" if abs(err) <= rep["tolerance_pct"] else "red"
+            t.add_row(
+                r["id"] if first else "",
+                ("fit" if r["split"] == "fit" else "held") if first else "",
+                label,
+                f"{r['published'][key]:,.1f}",
+                f"{r['predicted'][key]:,.1f}",
+                f"[{colour}]{err:+.1f}%[/]",
+            )
+            first = False
+    con.print(t)
+    excl = [r["id"] for r in rep["rows"] if r["split"] == "excluded"]
+    con.print(
+        f"not scored ({len(excl)}): " + ", ".join(excl) + " (FSDP2/DTensor backends, or settings not "
+        "published; see each row's assumptions in profiles/data/published_grpo.csv)",
+        highlight=False,
+    )
+    m = rep["mape_pct"]
+    for split, name in (("fit", "fit rows"), ("holdout", "held-out rows")):
+        parts = ", ".join(f"{label} {m[split][key]:.1f}%" for key, label in _GRPO_COLS if m[split].get(key) is not None)
+        con.print(f"MAPE on {name}: {parts}", highlight=False)
+    if rep["refit"]:
+        con.print(
+            "refitted Hopper RL parameters: " + ", ".join(f"{k}={v}" for k, v in rep["refit"].items()), highlight=False
+        )
+    hold = m["holdout"]["step_s"]
+    con.print(
+        f"held-out step MAPE {hold:.1f}% (tolerance {rep['tolerance_pct']:g}%): "
+        + ("[green]pass[/]" if rep["passed"] else "[red]FAIL[/]"),
+        highlight=False,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate")(validate)

@@ -1,0 +1,310 @@
+"""The run config: one versioned schema that autotune writes and the trainer reads.
+
+A YAML file with the top-level sections ``schema_version, model, hardware, cluster, strategy,
+workload, trainer`` and optional ``predicted``/``measured`` figures. Loading validates every
+section and rejects unknown keys and impossible values with a coded error; saving is atomic
+(write to a temporary file in the same folder, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import yaml
+
+from grpo_tune.core.errors import ConfigError, GrpoTuneError
+from grpo_tune.core.choices import KlType, LossAgg, RolloutEngine
+from grpo_tune.core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
+from grpo_tune.core.validation import FRACTION, Schema, check_names, from_mapping
+
+SCHEMA_VERSION = 1
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads ``3e-3`` as a float, as YAML 1.2 does (1.1 wants ``3.0e-3``)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"""),
+    list("-+0123456789"),
+)
+
+
+MAX_YAML_DEPTH = 64
+_FLOW = re.compile(r"""[\[\]{}]|"(?:[^"\\]|\\.)*"|'[^']*'|#[^\n]*""")
+
+
+def flow_depth(text: str) -> int:
+    """The deepest ``[``/``{`` nesting outside strings and comments: one regex pass, run before PyYAML
+    (whose scanner crawls, and whose composer recurses, on thousands of open brackets)."""
+    depth = best = 0
+    for m in _FLOW.finditer(text):
+        c = m.group(0)
+        if c in "[{":
+            depth += 1
+            best = max(best, depth)
+        elif c in "]}":
+            depth = max(0, depth - 1)
+    return best
+
+
+def yaml_load(text: str) -> Any:
+    """YAML with the safe loader; nesting deeper than MAX_YAML_DEPTH is a coded error, not a hang or a crash."""
+    if flow_depth(text) > MAX_YAML_DEPTH:
+        raise ConfigError(f"the YAML nests deeper than {MAX_YAML_DEPTH} levels", hint="a config nests a few levels")
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise ConfigError("the YAML nests too deeply to read", hint="a config nests a few levels") from None
+
+
+SYNTHETIC_DATASET = "synthetic"
+"""The shipped synthetic task (``synthetic`` = ``synthetic:copy``, or ``synthetic:<task>``): no file to read."""
+
+
+def is_synthetic(dataset: str) -> bool:
+    return dataset.split(":")[0] == SYNTHETIC_DATASET
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerOptions:
+    """Options only the trainer reads. Defaults follow verl's GRPO example."""
+
+    # --- what runs --------------------------------------------------------------------------------
+    steps: int = 100
+    """GRPO steps (rollout + update) to run."""
+    seed: int = 1234
+    """Seeds the random init, the data order and the sampler; a resumed run continues the same streams."""
+    dataset: str = SYNTHETIC_DATASET
+    """A JSONL or Parquet file with ``prompt`` and ``answer`` fields, or ``synthetic``."""
+    reward: str = "math"
+    """``math`` (final-number match) or a dotted path ``package.module:function``."""
+    hf_checkpoint: str | None = None
+    """A Hugging Face checkpoint folder (safetensors + config.json + tokenizer.json); None = random init."""
+    out_dir: str = "runs/train"
+    """Checkpoints and metrics.jsonl go here."""
+    checkpoint_every: int = 10
+    """Steps between atomic sharded checkpoints (a crash resumes from the last one)."""
+    log_every: int = 1
+    """Steps between metrics.jsonl lines."""
+    # --- rollout ----------------------------------------------------------------------------------
+    rollout_engine: str = "auto"
+    """``auto`` (vllm on GPU, megatron on CPU), ``vllm`` or ``megatron``."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollout; the log-prob passes divide the logits by it too, as verl does."""
+    top_p: float = 1.0
+    """Nucleus sampling: draw from the smallest set of tokens holding this much probability (1 = all)."""
+    # --- optimizer (megatron-core) ----------------------------------------------------------------
+    lr: float = 1e-6
+    """Adam learning rate, constant over the run (megatron-core's OptimizerConfig ``lr`` = ``min_lr``)."""
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (megatron-core's ``clip_grad``)."""
+    # --- GRPO loss (verl's names) -----------------------------------------------------------------
+    clip_ratio: float = 0.2
+    """PPO's clip range epsilon on the probability ratio."""
+    clip_ratio_high: float | None = None
+    """Clip-higher (DAPO); None means the same as ``clip_ratio``."""
+    loss_agg_mode: str = "token-mean"
+    """How token losses become one number (core.choices.LossAgg, verl's ``actor.loss_agg_mode``)."""
+    kl_coef: float = 0.001
+    """Weight of the KL loss to the reference model (applied when ``workload.kl`` is on)."""
+    kl_type: str = "low_var_kl"
+    """The KL estimator (core.choices.KlType, verl's ``kl_loss_type``)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight: ``loss = pg + kl_coef * kl - entropy_coef * entropy``."""
+    norm_adv_by_std: bool = True
+    """Divide group-relative advantages by the group's std (GRPO); False keeps only the mean (Dr. GRPO)."""
+    # --- MoE router -------------------------------------------------------------------------------
+    moe_aux_loss_coeff: float = 0.0
+    """MoE load-balancing auxiliary loss coefficient (Megatron's and verl's ``moe_aux_loss_coeff``)."""
+    moe_router_load_balancing_type: str = "aux_loss"
+    """Megatron's ``moe_router_load_balancing_type``: ``aux_loss``, ``seq_aux_loss`` or ``none``."""
+
+
+_SECTIONS = (
+    "schema_version",
+    "model",
+    "hardware",
+    "cluster",
+    "strategy",
+    "workload",
+    "trainer",
+    "predicted",
+    "measured",
+    "meta",
+)
+
+
+INPUT_FIELDS = ("model", "hardware", "cluster", "strategy", "workload")
+"""What a plan is priced from: ``costmodel.estimate``'s inputs, and the head of a RunConfig."""
+
+
+def inputs_of(plan: Any, **override: Any) -> dict[str, Any]:
+    """The five inputs of anything that carries them (an Estimate, a calibration Point, a RunConfig,
+    a parsed launch), as keywords for ``estimate``, ``RunConfig`` or ``Point``; ``override`` replaces
+    some of them (``strategy=s``)."""
+    return {**{k: getattr(plan, k) for k in INPUT_FIELDS}, **override}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    model: ModelSpec
+    hardware: HardwareSpec
+    cluster: Cluster
+    strategy: Strategy
+    workload: Workload = field(default_factory=Workload)
+    trainer: TrainerOptions = field(default_factory=TrainerOptions)
+    predicted: dict[str, Any] | None = None
+    """The cost model's figures when the config was emitted."""
+    measured: dict[str, Any] | None = None
+    """Figures measured by a profiling run (autotune --refine)."""
+    meta: dict[str, Any] | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "schema_version": self.schema_version,
+            "model": self.model.to_dict(),
+            "hardware": self.hardware.to_dict(),
+            "cluster": dataclasses.asdict(self.cluster),
+            "strategy": self.strategy.to_dict(),
+            "workload": self.workload.to_dict(),
+            "trainer": dataclasses.asdict(self.trainer),
+        }
+        for k in ("predicted", "measured", "meta"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str = "config") -> "RunConfig":
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
+        check_names(data, _SECTIONS, where, noun="section")
+        ver = data.get("schema_version")
+        if ver != SCHEMA_VERSION:
+            raise ConfigError(
+                f"{where}: schema_version {ver!r} is not supported (this grpo-tune reads {SCHEMA_VERSION})",
+                hint="re-emit the config with this grpo-tune version",
+            )
+        for k in ("model", "hardware", "cluster", "strategy"):
+            if k not in data:
+                raise ConfigError(f"{where}: missing section {k!r}")
+        model = _model(data["model"], where)
+        hw = _hardware(data["hardware"], where)
+        cluster = from_mapping(Cluster, data["cluster"], f"{where}.cluster", _CLUSTER_SCHEMA)
+        strategy = Strategy.from_dict(data["strategy"] or {}, where=f"{where}.strategy")
+        workload = Workload.from_dict(data.get("workload") or {}, where=f"{where}.workload")
+        trainer = from_mapping(TrainerOptions, data.get("trainer") or {}, f"{where}.trainer", _TRAINER_SCHEMA)
+        strategy = validate(
+            model, strategy, cluster.gpus, gpus_per_node=cluster.gpus_per_node, allow_cross_node_tp=True
+        )
+        extras: dict[str, dict[str, Any] | None] = {}
+        for k in ("predicted", "measured", "meta"):
+            v = data.get(k)
+            if v is not None and not isinstance(v, dict):
+                raise ConfigError(f"{where}.{k} must be a mapping")
+            extras[k] = v
+        return cls(
+            model=model,
+            hardware=hw,
+            cluster=cluster,
+            strategy=strategy,
+            workload=workload,
+            trainer=trainer,
+            predicted=extras["predicted"],
+            measured=extras["measured"],
+            meta=extras["meta"],
+        )
+
+    def replace(self, **kw) -> "RunConfig":
+        return dataclasses.replace(self, **kw)
+
+
+_SpecT = TypeVar("_SpecT")
+
+
+def _spec(v: Any, load: Callable[[str], _SpecT], from_dict: Callable[..., _SpecT], where: str) -> _SpecT:
+    """A profile given by name (``tiny``, ``{name: tiny}``) is loaded; a full mapping is read as is."""
+    if isinstance(v, str):
+        return load(v)
+    if isinstance(v, dict) and set(v) == {"name"}:
+        return load(v["name"])
+    return from_dict(v, where=where)
+
+
+def _model(v: Any, where: str) -> ModelSpec:
+    return _spec(v, load_model, ModelSpec.from_dict, f"{where}.model")
+
+
+def _hardware(v: Any, where: str) -> HardwareSpec:
+    return _spec(v, load_hardware, HardwareSpec.from_dict, f"{where}.hardware")
+
+
+# ints are positive, floats >= 0 (not NaN); top_p is a fraction; the named choices come from core/choices.py.
+_CLUSTER_SCHEMA = Schema()
+_TRAINER_SCHEMA = Schema(
+    ranges={"top_p": FRACTION}, choices={"rollout_engine": RolloutEngine, "loss_agg_mode": LossAgg, "kl_type": KlType}
+)
+
+
+def load(path: str | os.PathLike) -> RunConfig:
+    """Read and validate a run config; every failure is a coded :class:`GrpoTuneError`."""
+    from grpo_tune.core.specs import read_spec_bytes
+
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"no config file at {p}", hint="run `grpo-tune search` to emit one")
+    try:  # a regular file under a size cap: a FIFO or /dev/zero is refused unread
+        text = read_spec_bytes(p, "run config").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read {p}: {exc}", hint="a run config is UTF-8 YAML") from None
+    try:
+        data = yaml_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    try:
+        return RunConfig.from_dict(data, where=str(p))
+    except GrpoTuneError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:  # last line of defence: never a traceback
+        raise ConfigError(f"{p}: {exc}") from None
+
+
+def dumps(cfg: RunConfig) -> str:
+    header = f"# grpo-tune run config (schema_version {SCHEMA_VERSION}). `grpo-tune train --config THIS` runs it.\n"
+    return header + yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=False)
+
+
+def atomic_write(path: str | os.PathLike, text: str | bytes) -> Path:
+    """Write a file so that readers see the old or the new content, never a torn one."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    data = text.encode() if isinstance(text, str) else text
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return p
+
+
+def save(cfg: RunConfig, path: str | os.PathLike) -> Path:
+    return atomic_write(path, dumps(cfg))

@@ -1,0 +1,65 @@
+"""Collective communication times and which link a process group uses.
+
+Ring algorithms, alpha-beta model: ``t = latency + bus_factor * bytes / bus_bandwidth``. The bus
+factors are those of nccl-tests' PERFORMANCE.md ("busbw"): all-reduce 2(n-1)/n, all-gather and
+reduce-scatter (n-1)/n (``bytes`` is the full, gathered buffer), all-to-all (n-1)/n.
+Plain float math: the search calls these thousands of times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from grpo_tune.core.specs import Efficiency, HardwareSpec
+
+
+def all_reduce_s(nbytes: float, n: int, bw: float, latency_s: float = 0.0) -> float:
+    """Ring all-reduce of ``nbytes`` per rank (nccl-tests PERFORMANCE.md: busbw = algbw * 2(n-1)/n)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return latency_s + 2.0 * (n - 1) / n * nbytes / bw
+
+
+def all_gather_s(nbytes: float, n: int, bw: float, latency_s: float = 0.0) -> float:
+    """All-gather producing ``nbytes`` per rank (nccl-tests PERFORMANCE.md: busbw = algbw * (n-1)/n)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return latency_s + (n - 1) / n * nbytes / bw
+
+
+def reduce_scatter_s(nbytes: float, n: int, bw: float, latency_s: float = 0.0) -> float:
+    """Reduce-scatter of an ``nbytes`` input per rank (nccl-tests PERFORMANCE.md: (n-1)/n)."""
+    return all_gather_s(nbytes, n, bw, latency_s)
+
+
+def all_to_all_s(nbytes: float, n: int, bw: float, latency_s: float = 0.0) -> float:
+    """All-to-all of ``nbytes`` per rank: a fraction (n-1)/n leaves the rank (nccl-tests alltoall busbw)."""
+    return all_gather_s(nbytes, n, bw, latency_s)
+
+
+def p2p_s(nbytes: float, bw: float, latency_s: float = 0.0) -> float:
+    """One send/recv between neighbouring pipeline stages."""
+    if nbytes <= 0:
+        return 0.0
+    return latency_s + nbytes / bw
+
+
+def spans_nodes(span: int, gpus_per_node: int) -> bool:
+    """Does a group whose ranks lie within ``span`` consecutive ranks cross a node boundary?
+
+    Megatron's rank order is tp -> cp -> ep/dp -> pp (fastest varying first), so a TP group spans
+    ``tp`` consecutive ranks, a CP group ``tp*cp``, a DP group ``tp*cp*dp`` and a PP group all of them.
+    """
+    return span > gpus_per_node
+
+
+def link(
+    hw: HardwareSpec, span: int, gpus_per_node: int, cal: Mapping[str, float], e: Efficiency | None = None
+) -> tuple[float, float]:
+    """``(bandwidth, latency_s)`` of the link a group of ``span`` ranks runs its collectives over, both scaled
+    by the calibration's collective speed (``comm_efficiency_scale``); ``e``: the efficiencies (the profile's)."""
+    scale = cal["comm_efficiency_scale"]
+    ce = (e or hw.efficiency).comm_efficiency * scale
+    if spans_nodes(span, gpus_per_node):  # NVLink inside a node, the NIC across nodes (per GPU, one direction)
+        return hw.inter_node_bandwidth_bytes_per_s * ce, hw.efficiency.inter_node_latency_s / scale
+    return hw.intra_node_bandwidth_bytes_per_s * ce, hw.efficiency.intra_node_latency_s / scale

@@ -1,0 +1,429 @@
+"""Bytes per rank, per GRPO phase: ``phase_memory(model, hardware, cluster, strategy, workload)``.
+
+Every figure is the most loaded rank of the worst pipeline stage, per phase. Phases:
+
+- ``update``: the actor's forward/backward/step. Model state follows Megatron's rule
+  (docs/source/api-guide/dist_optimizer.md, "bf16 param, fp32 grads": 18 B/param, or 6 + 12/d with
+  the distributed optimizer, d the data-parallel group *with* context parallel, since Megatron shards
+  the optimizer over the DP x CP group). Activations follow Korthikanti et al. 2022
+  (arXiv 2205.05198) per tensor; see :func:`layer_activation_bytes` for our variant.
+- ``old_logprob`` / ``ref_logprob``: forward only (one layer's working set + logits).
+- ``rollout``: verl's colocated hybrid engine: vLLM takes ``gpu_memory_utilization`` x HBM for its
+  weights, its working set and the KV cache; training state that is not offloaded stays resident.
+  A profile with ``rollout_engine = "megatron-native"`` (``cpu``) samples with the trainer's own
+  Megatron model instead: the actor's weights and one forward's activations, no second copy, no KV cache.
+- ``weight_sync``: training weights + the rollout copy + one gathered tensor (verl reshards per tensor).
+
+Offloaded state lives in host memory outside the phase that needs it; the host total per node is
+checked against the profile. On the ``cpu`` profile the activations follow the trainer's CPU build
+(megatron's local spec, fp32), measured with autograd's saved-tensor hooks to within 1%.
+``reserved_memory_bytes`` (CUDA context, NCCL, fragmentation) is already subtracted from the
+capacity, so no framework overhead is added here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .activations import (  # re-exported: callers and tests read them from costmodel.memory
+    BF16,
+    FP32,
+    Kernels,
+    GPU_KERNELS,
+    CPU_KERNELS,
+    kernels_for,
+    paper_layer_activation_bytes,
+    LayerCoeffs,
+    layer_coeffs,
+    layer_activation_bytes,
+    in_flight_microbatches,
+    train_activation_bytes,
+    forward_activation_bytes,
+    logits_bytes,
+)
+from .results import PhaseMemory, Violation
+from .params import optimizer_params, per_stage_params, total_params
+from grpo_tune.core.specs import HardwareSpec, ModelSpec
+from grpo_tune.core.rules import micro_batches
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
+from grpo_tune.core.units import GiB
+
+
+# vLLM's max_num_batched_tokens / max_num_seqs (Strategy fields; verl 0.9.1 defaults 8192 / 256,
+# rollout.yaml l.78/l.84) size vLLM's profiling run, whose peak is kept out of the KV cache.
+ADAM_STEP_TEMP = 4 / 12  # Adam step temporaries over optimizer-state bytes (one fp32 per param of 12 B of state)
+CUDA_GRAPH_BYTES = 0.5 * 2**30
+"""vLLM's captured CUDA graphs (decode batches up to 512), kept outside the KV cache; an assumption
+of the size vLLM logs for 7-8B models ("Graph capturing finished ... took ~0.5 GiB"), not measured here."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Model state
+# ---------------------------------------------------------------------------------------------
+
+# docs/source/api-guide/dist_optimizer.md, bytes per parameter as (weights, grads, optimizer):
+# bf16 params + fp32 grads: 2 + 4 + 12 (fp32 master, m, v) = 18; fp16 params + fp16 grads:
+# 2 + 2 + 16 (fp32 master params and grads, m, v) = 20; fp32: 4 + 4 + 8 (m, v) = 16.
+STATE_BYTES = {"bf16": (2, 4, 12), "fp16": (2, 2, 16), "fp32": (4, 4, 8)}
+
+
+def model_state_bytes_per_param(d: int, distributed_optimizer: bool, dtype: str = "bf16") -> float:
+    """Megatron's rule: 18 B/param for bf16, or 6 + 12/d with the distributed optimizer (which
+    shards only the optimizer part over the d data-parallel ranks)."""
+    w, g, o = STATE_BYTES[dtype]
+    return w + g + (o / d if distributed_optimizer else o)
+
+
+@dataclass(frozen=True)
+class ModelState:
+    weights: float
+    grads: float
+    optimizer: float
+
+
+def model_state_bytes(dense: int, expert: int, s: Strategy, dtype: str = "bf16") -> ModelState:
+    """Weights, main grads (Megatron's DDP grad buffer) and optimizer state on one rank of ``s``
+    holding ``dense`` + ``expert`` parameters (the optimizer's share: :func:`optimizer_params`)."""
+    w, g, o = STATE_BYTES[dtype]
+    n = dense + expert
+    return ModelState(weights=float(w * n), grads=float(g * n), optimizer=float(o * optimizer_params(dense, expert, s)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout (vLLM, colocated)
+# ---------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1024)
+def rollout_weight_bytes(m: ModelSpec, rollout_tp: int) -> float:
+    """bf16 weights on one vLLM rank: linears and vocab split by TP, norms/router replicated.
+
+    With rollout_tp > kv_heads, vLLM replicates each KV head, so K/V weights do not shrink below one head.
+    """
+    st = per_stage_params(m, Strategy(tp=rollout_tp, etp=rollout_tp))[0]
+    n = float(st.total)
+    if not m.is_mla and rollout_tp > m.kv_heads:
+        kv_w = 2 * m.hidden * m.kv_heads * m.head_dim + (2 * m.kv_heads * m.head_dim if m.qkv_bias else 0)
+        n += m.layers * kv_w * (1 / m.kv_heads - 1 / rollout_tp)
+    return BF16 * n
+
+
+@lru_cache(maxsize=1024)
+def kv_bytes_per_token(m: ModelSpec, rollout_tp: int) -> float:
+    """KV-cache bytes per token on one rollout rank (bf16).
+
+    GQA/MHA: 2 (K, V) x layers x kv heads per rank x head_dim x 2 B, kv heads replicated when
+    rollout_tp > kv_heads. MLA (DeepSeek-V2 sec. 2.1.2): the latent (kv_lora_rank + rope dim) per
+    layer, which vLLM keeps whole on every TP rank.
+    """
+    if m.is_mla:
+        return float(m.layers * (m.kv_lora_rank + m.qk_rope_head_dim) * BF16)
+    heads = max(1, m.kv_heads // rollout_tp)
+    return float(2 * m.layers * heads * m.head_dim * BF16)
+
+
+@lru_cache(maxsize=1024)
+def rollout_working_bytes(
+    m: ModelSpec, rollout_tp: int, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192
+) -> float:
+    """vLLM's profiled peak outside weights and KV: one layer's forward at max_num_batched_tokens
+    (no score matrix, paged/flash attention) plus the sampler's fp32 logits for max_num_seqs."""
+    c = layer_coeffs(m, m.is_moe, rollout_tp, rollout_tp, False, flash=True)
+    return max_num_batched_tokens * (c.linear + 2 * 2 * m.hidden) + max_num_seqs * m.vocab * FP32
+
+
+@dataclass(frozen=True)
+class KvCapacity:
+    budget_bytes: float
+    """gpu_memory_utilization x HBM: what vLLM takes."""
+    weights_bytes: float
+    working_bytes: float
+    kv_bytes: float
+    """What is left for the KV cache (can be <= 0: vLLM would fail to start)."""
+    bytes_per_token: float
+    tokens: int
+    sequences: int
+    """Sequences of prompt_len + response_len that fit at once, per rollout replica."""
+    replicas: int
+
+    def to_info(self) -> dict[str, float]:
+        return {
+            "kv_cache_tokens": self.tokens,
+            "max_concurrent_sequences": self.sequences,
+            "rollout_replicas": self.replicas,
+            "kv_bytes_per_token": self.bytes_per_token,
+        }
+
+
+def kv_cache_capacity(
+    model: ModelSpec, hardware: HardwareSpec, strategy: Strategy, workload: Workload, gpus: int | None = None
+) -> KvCapacity:
+    """The KV cache that ``gpu_memory_utilization`` leaves, and the concurrent sequences it holds."""
+    budget = strategy.gpu_memory_utilization * hardware.hbm_bytes
+    w = rollout_weight_bytes(model, strategy.rollout_tp)
+    work = rollout_working_bytes(model, strategy.rollout_tp, strategy.max_num_seqs, strategy.max_num_batched_tokens)
+    if not strategy.enforce_eager:
+        work += CUDA_GRAPH_BYTES
+    kv = budget - w - work
+    per_tok = kv_bytes_per_token(model, strategy.rollout_tp)
+    tokens = int(kv // per_tok) if kv > 0 else 0
+    seq = workload.prompt_len + workload.response_len
+    return KvCapacity(
+        budget_bytes=budget,
+        weights_bytes=w,
+        working_bytes=work,
+        kv_bytes=kv,
+        bytes_per_token=per_tok,
+        tokens=tokens,
+        sequences=tokens // seq,
+        replicas=(gpus // strategy.rollout_tp) if gpus else 0,
+    )
+
+
+@lru_cache(maxsize=1024)
+def sync_bucket_bytes(m: ModelSpec, ep: int) -> float:
+    """The largest tensor gathered whole while verl reshards training weights for vLLM
+    (verl.utils.megatron_utils.per_tensor_generator gathers one tensor at a time over TP/EP)."""
+    biggest = max(m.vocab * m.hidden, 2 * m.ffn_hidden * m.hidden, (m.heads + 2 * m.kv_heads) * m.head_dim * m.hidden)
+    if m.is_moe:
+        biggest = max(biggest, ep * 2 * m.expert_ffn_hidden * m.hidden)
+    return float(BF16 * biggest)
+
+
+# ---------------------------------------------------------------------------------------------
+# Phases
+# ---------------------------------------------------------------------------------------------
+
+
+def _microbatches(s: Strategy, w: Workload) -> int:
+    seqs = w.mini_batch * w.n if w.kind == "grpo" else w.gbs
+    dp = s.dp
+    assert dp is not None, "phase_memory takes a resolved strategy (validate fills dp)"
+    if s.max_tokens_per_gpu:
+        return max(1, -(-int(seqs * w.mean_seq_len) // (dp * s.max_tokens_per_gpu * s.cp)))
+    return micro_batches(seqs, dp=dp, mbs=s.mbs)
+
+
+def micro_batch_shape(s: Strategy, w: Workload, cap: int | None, *, mbs: int | None = None) -> tuple[int, float]:
+    """(sequence length, sequences) of the largest micro-batch a rank holds: ``mbs`` (default
+    ``s.mbs``) sequences of the maximum length, or with dynamic batching a token cap filled by
+    sequences of up to the maximum length (verl asserts the cap holds the longest sequence)."""
+    seq = w.train_seq_len
+    if not cap:
+        return seq, float(mbs or s.mbs)
+    cap_rank = cap  # per CP rank (verl scales the cap by the CP size, and CP splits the sequence)
+    seq_eff = min(seq, cap_rank * s.cp)
+    return seq_eff, cap_rank * s.cp / seq_eff
+
+
+def phase_memory(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    cluster: Cluster,
+    strategy: Strategy,
+    workload: Workload,
+    *,
+    kernels: Kernels | None = None,
+) -> tuple[dict[str, PhaseMemory], float, list[Violation]]:
+    """Bytes per phase on the most loaded rank, host bytes per node, and coded violations.
+
+    ``strategy`` must be resolved (``validate`` fills dp/etp/sequence_parallel). ``kernels``: what
+    the layers run (default: :func:`kernels_for`, from the profile's attention kernel and
+    activation layout).
+    """
+    m, s, w = model, strategy, workload
+    k = kernels or kernels_for(hardware, w)
+    dtype = "fp32" if k.act_bytes == FP32 else w.dtype
+    stages = per_stage_params(m, s)
+    seq, mbs = micro_batch_shape(s, w, s.max_tokens_per_gpu)
+    acts = train_activation_bytes(m, s, seq_len=seq, mbs=mbs, microbatches=_microbatches(s, w), kernels=k)
+    logit = logits_bytes(m, s, seq_len=seq, mbs=mbs, act_bytes=k.act_bytes)
+    last = len(stages) - 1
+    # Stages with the same parameters differ only in activations: per (params, last?) keep the
+    # stage that holds the most. Two or three candidates instead of pp, for speed.
+    best: dict[tuple[int, int, bool], int] = {}
+    for i, p in enumerate(stages):
+        key = (p.dense, p.expert, i == last)
+        j = best.get(key)
+        if j is None or acts[i] > acts[j]:
+            best[key] = i
+    full = {i: model_state_bytes(stages[i].dense, stages[i].expert, s, dtype) for i in sorted(best.values())}
+    # Megatron's hybrid CPU optimizer keeps only the GPU share of the optimizer state on the GPU.
+    gpu_share = 1.0 - (s.cpu_optimizer or 0.0)
+    states = {i: ModelState(st.weights, st.grads, st.optimizer * gpu_share) for i, st in full.items()}
+    kvc = (
+        kv_cache_capacity(m, hardware, s, w, cluster.gpus)
+        if (w.kind == "grpo" and not hardware.native_rollout)
+        else None
+    )
+    out = _phases(m, hardware, s, w, k, states, acts, logit, last, kvc)
+    violations = _violations(out, hardware, w, kvc)
+    host = _host_bytes(s, w, full, cluster)
+    if host > hardware.host_memory_bytes:
+        violations.append(
+            Violation(
+                "OOM_RISK",
+                f"offloaded state needs {host / GiB:.1f} GiB of host memory per node "
+                f"> {hardware.host_memory_bytes / GiB:.1f} GiB",
+                phase="host",
+                bytes_over=host - hardware.host_memory_bytes,
+            )
+        )
+    return out, host, violations
+
+
+def _phases(m, hardware, s, w, k, states, acts, logit, last, kvc) -> dict[str, PhaseMemory]:
+    """Per phase, the worst candidate stage's parts. Offload follows verl 0.9.1
+    (verl/utils/megatron_utils.py): param_offload moves weights to the host and frees the gradient
+    buffers outside the update; optimizer_offload brings the optimizer back for the whole update
+    (all mini-batches), so it adds to the activations' peak rather than replacing it."""
+    off = set(s.offload)
+    kl = w.kind == "grpo" and w.kl
+    p_off, o_off = "param" in off, "optimizer" in off
+    g_off = "grad" in off or p_off
+    native = hardware.native_rollout
+    resident = kvc.budget_bytes if (kvc is not None and not s.free_cache_engine) else 0.0
+    # A sleeping vLLM (free_cache_engine) releases its weights and KV cache but keeps its captured
+    # CUDA graphs' memory pool through the training phases (vllm-project/vllm#56373: "Level-1 cuMem
+    # sleep releases weights and KV cache, but leaves graph executables and native CUDA graph pools
+    # resident"; #45648 shows the same at level 2 on H20).
+    graphs = CUDA_GRAPH_BYTES if (kvc is not None and s.free_cache_engine and not s.enforce_eager) else 0.0
+    ref = ("ref_weights",) if kl else ()
+    state_keys = ("weights", "grads", "optimizer") + ref
+    extra = ("vllm_resident",) if resident else (("vllm_cuda_graphs",) if graphs else ())
+    resident = resident or graphs
+
+    def res(st: ModelState, weights_needed: bool) -> tuple[float, ...]:
+        r = (
+            st.weights if (weights_needed or not p_off) else 0.0,
+            0.0 if g_off else st.grads,
+            0.0 if o_off else st.optimizer,
+        )
+        return r + ((0.0 if p_off else st.weights),) if kl else r
+
+    rows: dict[str, tuple[tuple[str, ...], list[tuple[float, ...]]]] = {}
+    upd = []
+    for i, st in states.items():
+        refw = (0.0 if p_off else st.weights,) if kl else ()
+        tail = (resident,) if resident else ()
+        fb = (st.weights, st.grads, st.optimizer) + refw + (acts[i], logit if i == last else 0.0, 0.0) + tail
+        # The optimizer step, after the activations are freed: torch's foreach Adam (what Megatron
+        # falls back to, verl#3124's traceback) allocates sqrt(exp_avg_sq) for the whole shard, one
+        # fp32 value per parameter (torch/optim/adam.py _multi_tensor_adam): a third of the 12 B of state.
+        step = (st.weights, st.grads, st.optimizer) + refw + (0.0, 0.0, st.optimizer * ADAM_STEP_TEMP) + tail
+        upd.append(fb if sum(fb) >= sum(step) else step)
+    if w.kind == "grpo":
+        fseq, fmbs = micro_batch_shape(s, w, s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu, mbs=s.log_prob_mbs_)
+        fwd = forward_activation_bytes(m, s, seq_len=fseq, mbs=fmbs, kernels=k)
+        flog = logits_bytes(m, s, seq_len=fseq, mbs=fmbs, act_bytes=k.act_bytes)
+        olp, rlp, ws, ro = [], [], [], []
+        bucket = min(s.sync_bucket_bytes, BF16 * float(total_params(m))) + sync_bucket_bytes(m, s.ep)
+        for i, st in states.items():
+            lg = flog if i == last else 0.0
+            need = res(st, True)
+            olp.append(need + (fwd, lg) + ((resident,) if resident else ()))
+            if kl:
+                rlp.append(res(st, False)[:3] + (st.weights, fwd, lg) + ((resident,) if resident else ()))
+            if native:  # the trainer's own sampler: live actor weights, one forward, no KV cache
+                ws.append(need + (0.0, 0.0))
+                ro.append(need + (0.0, fwd + lg, 0.0))
+            else:  # verl wakes vLLM's weights first, the KV cache only after the sync
+                ws.append(need + (kvc.weights_bytes, bucket))
+                ro.append(res(st, False) + (kvc.weights_bytes, kvc.working_bytes, max(0.0, kvc.kv_bytes)))
+        rows["rollout"] = (state_keys + ("rollout_weights", "rollout_activations", "rollout_kv_cache"), ro)
+        rows["weight_sync"] = (state_keys + ("rollout_weights", "sync_bucket"), ws)
+        rows["old_logprob"] = (state_keys + ("activations", "logits") + extra, olp)
+        if kl:
+            rows["ref_logprob"] = (state_keys + ("activations", "logits") + extra, rlp)
+    rows["update"] = (state_keys + ("activations", "logits", "optimizer_step") + extra, upd)
+    out: dict[str, PhaseMemory] = {}
+    for name, (keys, vals) in rows.items():
+        worst = vals[0] if len(vals) == 1 else max(vals, key=sum)
+        info: dict[str, float] = {}
+        if name == "rollout":
+            info = {"native_rollout": 1.0} if native else kvc.to_info()
+        out[name] = PhaseMemory(name, dict(zip(keys, map(float, worst))), info)
+    return out
+
+
+def _violations(
+    out: dict[str, PhaseMemory], hardware: HardwareSpec, w: Workload, kvc: KvCapacity | None
+) -> list[Violation]:
+    cap = hardware.hbm_bytes - hardware.reserved_memory_bytes
+    violations: list[Violation] = []
+    for name, pm in out.items():
+        tot = pm.total_bytes
+        if tot > cap:
+            violations.append(
+                Violation(
+                    "OOM_RISK",
+                    f"phase {name} needs {tot / GiB:.1f} GiB > {cap / GiB:.1f} GiB capacity "
+                    f"({(tot - cap) / GiB:.1f} GiB over; largest part: {max(pm.parts, key=lambda k: pm.parts[k])})",
+                    phase=name,
+                    bytes_over=tot - cap,
+                )
+            )
+    if kvc is not None:
+        if kvc.kv_bytes <= 0:
+            violations.append(
+                Violation(
+                    "OOM_RISK",
+                    f"gpu_memory_utilization gives vLLM {kvc.budget_bytes / GiB:.1f} GiB, less than its "
+                    f"weights + working set ({(kvc.weights_bytes + kvc.working_bytes) / GiB:.1f} GiB): no KV cache",
+                    phase="rollout",
+                    bytes_over=-kvc.kv_bytes,
+                )
+            )
+        elif kvc.sequences < 1:
+            need = (w.prompt_len + w.response_len) * kvc.bytes_per_token
+            violations.append(
+                Violation(
+                    "OOM_RISK",
+                    f"the KV cache ({kvc.tokens} tokens) cannot hold one sequence of "
+                    f"{w.prompt_len + w.response_len} tokens; raise gpu_memory_utilization or rollout_tp",
+                    phase="rollout",
+                    bytes_over=need - kvc.kv_bytes,
+                )
+            )
+    return violations
+
+
+def _host_bytes(s: Strategy, w: Workload, states: dict[int, ModelState], cluster: Cluster) -> float:
+    """Host memory per node: every rank keeps its offloaded state there (worst stage), and the
+    CPU optimizer's share of the optimizer state (fp32 master + moments) plus its fp32 grad copy."""
+    off = set(s.offload)
+    kl = w.kind == "grpo" and w.kl
+    host_rank = 0.0
+    f = s.cpu_optimizer or 0.0
+    for st in states.values():
+        h = (st.weights * (2 if kl else 1) if "param" in off else 0.0) + (st.grads + st.optimizer) * f
+        if "optimizer" in off:
+            h += st.optimizer * (1.0 - f)
+        host_rank = max(host_rank, h)
+    return host_rank * min(cluster.gpus_per_node, cluster.gpus)
+
+
+__all__ = [
+    "CPU_KERNELS",
+    "GPU_KERNELS",
+    "Kernels",
+    "KvCapacity",
+    "LayerCoeffs",
+    "ModelState",
+    "forward_activation_bytes",
+    "in_flight_microbatches",
+    "kernels_for",
+    "kv_bytes_per_token",
+    "kv_cache_capacity",
+    "layer_activation_bytes",
+    "layer_coeffs",
+    "logits_bytes",
+    "model_state_bytes",
+    "model_state_bytes_per_param",
+    "paper_layer_activation_bytes",
+    "phase_memory",
+    "rollout_weight_bytes",
+    "sync_bucket_bytes",
+    "train_activation_bytes",
+]

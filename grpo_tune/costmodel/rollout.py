@@ -1,0 +1,203 @@
+"""Rollout seconds: vLLM colocated with the trainer (prefill + decode over a shrinking batch), or
+the CPU trainer's own Megatron sampler.
+
+Decode, per rollout replica of N sequences at concurrency C = min(max_num_seqs, what the KV
+cache holds, N) (vLLM continuous batching):
+- while sequences wait, C run; the first N - C responses take (N - C) x mean / C steps;
+- then the batch drains: at step j of the drain C x S(j) sequences still run (S the survival of
+  the response-length distribution, costmodel.lengths), until the expected longest of the N
+  responses ends. Each step costs what it costs at the concurrency running then: the larger of
+  the weight + KV-cache reads over HBM bandwidth and the FLOPs, plus the rollout TP all-reduces
+  (latency by group size, inter-node when the group spans nodes), plus a per-step overhead that
+  is the scheduler's with CUDA graphs, or a per-layer launch cost when vLLM runs eager
+  (``enforce_eager``, or a batch above the CUDA-graph capture sizes).
+"""
+
+from __future__ import annotations
+
+import math
+
+from grpo_tune.core.specs import HardwareSpec, ModelSpec
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
+
+from . import comm, memory
+from .lengths import LengthDist, dist
+from .timing_base import PARAM_BYTES, attention_fraction, gemm_efficiency, model_consts
+from .train_time import train_s
+
+CUDA_GRAPH_MAX_BATCH = 512
+"""vLLM's largest captured decode batch by default (``max_cudagraph_capture_size`` 512); larger
+batches run eager."""
+DRAIN_POINTS = 8
+"""Midpoint-rule points over the drain of the batch."""
+
+
+def response_dist(wl: Workload) -> LengthDist:
+    return dist(float(wl.response_len), wl.mean_response_len, wl.response_len_quantiles or ())
+
+
+def _tp_allreduce_s(hw: HardwareSpec, nbytes: float, rtp: int, gpn: int, cal: dict[str, float]) -> float:
+    """One rollout TP all-reduce: small messages are latency-bound, and the latency grows with the
+    group (log2 steps of a tree / one-shot kernel); a group spanning nodes pays the inter-node figures."""
+    if rtp <= 1:
+        return 0.0
+    bw, lat = comm.link(hw, rtp, gpn, cal)
+    return comm.all_reduce_s(nbytes, rtp, bw, lat * (1.0 + math.log2(rtp)))
+
+
+class _DecodeStep:
+    """Seconds of one decode step at a given concurrency for one replica (constants hoisted)."""
+
+    def __init__(
+        self, m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, prompt: float, cal: dict[str, float]
+    ):
+        e = hw.efficiency
+        c = model_consts(m)
+        rtp = s.rollout_tp
+        self.m, self.hw, self.rtp, self.cal, self.prompt = m, hw, rtp, cal, prompt
+        self.gpn = cluster.gpus_per_node
+        self.peak = hw.bf16_dense_flops_per_s * cal["rollout_efficiency_scale"] * e.decode_efficiency
+        self.hbm = (
+            hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency * cal["rollout_efficiency_scale"] * e.decode_efficiency
+        )
+        self.body_flops = m.layers * (c["dense_flops"] + c["routed_flops"])
+        self.attn = m.layers * c["attn_coef"]
+        self.head = c["head_flops"]
+        self.all_expert = (m.moe_layers * m.experts * c["expert_w"] * PARAM_BYTES / rtp) if m.is_moe else 0.0
+        self.dense_bytes = memory.rollout_weight_bytes(m, rtp) - self.all_expert
+        self.kv_tok = memory.kv_bytes_per_token(m, rtp)
+        self.ffn = (m.ffn_hidden or m.expert_ffn_hidden) / rtp
+        self.graph_ovh = e.decode_step_overhead_s / cal["rollout_efficiency_scale"]
+        self.eager_ovh = self.graph_ovh + m.layers * e.eager_layer_overhead_s / cal["rollout_efficiency_scale"]
+        self.eager = s.enforce_eager
+        self.moe_eff = e.moe_decode_efficiency
+
+    def __call__(self, conc: float, ctx: float) -> tuple[float, bool]:
+        conc = max(conc, 1e-3)
+        expert = 0.0
+        if self.all_expert:
+            m = self.m
+            touched = 1 - (1 - m.top_k / m.experts) ** max(conc, 1.0)  # share of experts some token visits
+            expert = self.all_expert * touched / self.moe_eff
+        t_mem = (self.dense_bytes + expert + conc * ctx * self.kv_tok) / self.hbm
+        flops = conc * (self.body_flops + self.attn * ctx + self.head) / self.rtp
+        t_comp = flops / (self.peak * gemm_efficiency(self.hw.efficiency, conc, self.m.hidden, self.ffn))
+        t_comm = (
+            2
+            * self.m.layers
+            * _tp_allreduce_s(self.hw, conc * self.m.hidden * PARAM_BYTES, self.rtp, self.gpn, self.cal)
+        )
+        eager = self.eager or conc > CUDA_GRAPH_MAX_BATCH
+        return max(t_mem, t_comp) + t_comm + (self.eager_ovh if eager else self.graph_ovh), t_mem >= t_comp
+
+
+_CACHE: dict[tuple, tuple[tuple, dict[str, float]]] = {}
+
+
+def rollout_s(
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: dict[str, float]
+) -> dict[str, float]:
+    """``prefill_s``, ``decode_s``, ``decode_step_s`` (at full concurrency), ``concurrency``,
+    ``longest_response`` (expected, per replica), ``memory_bound``. Memoized on the rollout's own
+    inputs (the search prices each rollout option against many training plans); read-only."""
+    key = (
+        id(m),
+        id(hw),
+        id(wl),
+        cluster.gpus,
+        cluster.gpus_per_node,
+        s.rollout_tp,
+        s.gpu_memory_utilization,
+        s.max_num_seqs,
+        s.max_num_batched_tokens,
+        s.enforce_eager,
+        s.chunked_prefill,
+        tuple(cal.values()),
+    )
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0][0] is m and hit[0][1] is hw and hit[0][2] is wl:
+        return hit[1]
+    if len(_CACHE) > 4096:
+        _CACHE.clear()
+    out = _rollout_s(m, hw, cluster, s, wl, cal)
+    _CACHE[key] = ((m, hw, wl), out)
+    return out
+
+
+def _rollout_s(
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: dict[str, float]
+) -> dict[str, float]:
+    e = hw.efficiency
+    c = model_consts(m)
+    rtp = s.rollout_tp
+    replicas = max(1, cluster.gpus // rtp)
+    seqs = wl.prompts * wl.n / replicas
+    d = response_dist(wl)
+    mean, prompt = d.mean_len, wl.mean_prompt_len
+    step = _DecodeStep(m, hw, cluster, s, prompt, cal)
+
+    # Prefill: the n copies of a prompt share it (prefix caching), so each unique prompt is
+    # computed once, in chunks of max_num_batched_tokens.
+    pre_tokens = seqs / wl.n * prompt
+    chunk = s.max_num_batched_tokens if s.chunked_prefill else max(s.max_num_batched_tokens, wl.prompt_len)
+    pre_rows = min(chunk, max(1.0, pre_tokens))
+    pre_flops = (
+        pre_tokens * (step.body_flops + step.attn * prompt * attention_fraction(hw)) + seqs * c["head_flops"]
+    ) / rtp
+    t_pre = pre_flops / (step.peak * gemm_efficiency(e, pre_rows, m.hidden, step.ffn))
+    t_pre += math.ceil(pre_tokens / chunk) * step.graph_ovh
+    if rtp > 1:
+        t_pre += (
+            2 * m.layers * _tp_allreduce_s(hw, pre_tokens * m.hidden * PARAM_BYTES, rtp, cluster.gpus_per_node, cal)
+        )
+
+    # Concurrency: max_num_seqs, the KV cache (a sequence holds prompt + mean response tokens at its
+    # end; vLLM allocates blocks as sequences grow) and the sequences this replica has.
+    kv_tokens = memory.kv_cache_capacity(m, hw, s, wl).tokens
+    conc = max(1.0, min(seqs, float(s.max_num_seqs), kv_tokens / (prompt + mean)))
+    t_full, bound = step(conc, prompt + mean / 2)
+    steady = max(0.0, seqs - conc) * mean / conc * t_full
+    longest = d.expected_max(seqs)
+    drain = 0.0
+    h = longest / DRAIN_POINTS
+    for k in range(DRAIN_POINTS):
+        j = (k + 0.5) * h
+        running = conc * d.survival(j)
+        drain += step(running, prompt + j)[0] * h
+    return {
+        "prefill_s": t_pre,
+        "decode_s": steady + drain,
+        "decode_step_s": t_full,
+        "concurrency": conc,
+        "longest_response": longest,
+        "memory_bound": float(bound),
+    }
+
+
+def native_rollout_s(
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: dict[str, float]
+) -> dict[str, float]:
+    """The CPU trainer's sampler (trainer/rollout/megatron.py): no KV cache, so each of the
+    ``response_len`` steps is a forward-only pass of the training layout over every prefix (each DP
+    rank splits its rows into ``pp`` micro-batches, as Engine.next_token_logits does), then the
+    last token's fp32 logits are summed over the world."""
+    e = hw.efficiency
+    seqs = wl.prompts * wl.n
+    dp = s.dp or 1
+    rows = -(-seqs // (dp * s.pp))
+    ctx = wl.prompt_len + wl.response_len / 2  # padded prefix length, averaged over the steps
+    fwd, _ = train_s(
+        m, hw, cluster, s, tokens_mb=rows * ctx, micro_batches=s.pp, seq_len=ctx, cal=cal, forward_only=True
+    )
+    gather = comm.all_reduce_s(
+        seqs * m.vocab * 4, cluster.gpus, *comm.link(hw, cluster.gpus, cluster.gpus_per_node, cal)
+    )
+    t_step = fwd.total_s + gather + e.decode_step_overhead_s / cal["rollout_efficiency_scale"]
+    return {
+        "prefill_s": 0.0,
+        "decode_s": wl.response_len * t_step,
+        "decode_step_s": t_step,
+        "concurrency": float(seqs),
+        "longest_response": float(wl.response_len),
+        "memory_bound": 0.0,
+    }

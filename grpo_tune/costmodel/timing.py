@@ -1,0 +1,188 @@
+"""Time model: seconds per phase of a GRPO step (or of a plain pretraining step).
+
+Closed-form float math over cached per-model constants, so the search ranks thousands of plans
+per second. The parts live in:
+
+- :mod:`costmodel.timing_base`: FLOPs per token (Narayanan et al. 2021 eq. 3 style counting of
+  every matmul, causal attention, MoE active experts, the output layer), the GEMM-efficiency
+  curve, calibration knobs;
+- :mod:`costmodel.train_time`: training and log-prob passes (per layer, pipeline, DP, optimizer);
+- :mod:`costmodel.rollout`: vLLM prefill + decode over a shrinking batch (or the CPU sampler);
+- :mod:`costmodel.weight_sync`: refit, offload copies, the hybrid CPU optimizer.
+
+Training and log-prob passes are priced on the tokens that exist: verl and NeMo-RL pack
+sequences (THD, remove-padding), so a micro-batch of ``mbs`` sequences holds mbs x (mean prompt
++ mean response) tokens; with dynamic batching (``max_tokens_per_gpu``) a micro-batch holds up
+to the token cap times the packing efficiency, and the pass has as many micro-batches as the
+tokens need.
+"""
+
+from __future__ import annotations
+
+import math
+from types import MappingProxyType
+
+from grpo_tune.core.phases import Phase
+from grpo_tune.core.specs import HardwareSpec, ModelSpec
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
+
+from .results import PhaseTimes, Throughput
+from .rollout import native_rollout_s, rollout_s
+from .timing_base import (  # noqa: F401  (re-exported: the time model's public names)
+    CALIBRATION_BOUNDS,
+    CALIBRATION_DEFAULTS,
+    PHASES,
+    attention_fraction,
+    check_calibration,
+    forward_flops_per_token,
+    gemm_efficiency,
+    model_consts,
+)
+from .train_time import core_share, pipeline_s, rank_params, train_s  # noqa: F401
+from .weight_sync import offload_s, sleep_s, weight_sync_s
+
+
+def micro_batch_plan(
+    s: Strategy, wl: Workload, sequences: int, packing_efficiency: float, *, logprob: bool = False
+) -> tuple[float, int]:
+    """(tokens per micro-batch per DP rank, micro-batches) for ``sequences`` packed sequences.
+
+    Fixed micro-batches: ``mbs`` (log-prob passes: ``log_prob_mbs``) sequences of the mean length
+    each. Dynamic batching (verl's rearrange_micro_batches): ceil(tokens / (cap x packing
+    efficiency)) micro-batches, the same count on every DP rank, rounded up to a multiple of pp
+    with interleaving."""
+    dp = s.dp or 1
+    per_dp = sequences / dp
+    seq = wl.mean_seq_len
+    cap = (s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu) if logprob else s.max_tokens_per_gpu
+    if not cap:
+        mbs = s.log_prob_mbs_ if logprob else s.mbs
+        micro = max(1, math.ceil(per_dp / mbs))
+        return min(mbs, per_dp) * seq, micro
+    tokens = per_dp * seq
+    # verl multiplies the cap by the CP size (transformer_impl: max_token_len * sp_size).
+    micro = max(1, math.ceil(tokens / (cap * s.cp * packing_efficiency)))
+    if s.vpp > 1:
+        micro = -(-micro // s.pp) * s.pp
+    return tokens / micro, micro
+
+
+def step_time(
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, *, cal: dict[str, float] | None = None
+) -> tuple[PhaseTimes, Throughput, MappingProxyType]:
+    """``(time, throughput, details)`` for a resolved strategy (dp filled in by strategy.validate): the inputs
+    of :func:`costmodel.estimate.estimate` in this module's short names, ``cal`` its calibration overrides."""
+    cal = check_calibration(cal)
+    if s.dp is None:
+        s = s.replace(dp=cluster.gpus // (s.tp * s.pp * s.cp))
+    if wl.kind == "pretrain":
+        phases, details, tokens, model_flops = _pretrain(m, hw, cluster, s, wl, cal)
+    else:
+        phases, details, tokens, model_flops = _grpo(m, hw, cluster, s, wl, cal)
+    slow = core_share(hw.efficiency, cluster)  # ranks sharing fewer cores than ranks (the cpu profile)
+    if slow > 1.0:
+        phases = {k: v * slow for k, v in phases.items()}
+    step = sum(phases.values()) + cal["step_overhead_s"] * slow
+    gpus = cluster.gpus
+    tflops = model_flops / step / gpus
+    return (
+        PhaseTimes(step_s=step, phases=MappingProxyType(phases)),
+        Throughput(
+            tokens_per_s_per_gpu=tokens / step / gpus,
+            model_tflops_per_gpu=tflops / 1e12,
+            mfu=tflops / hw.bf16_dense_flops_per_s,
+        ),
+        MappingProxyType(details),
+    )
+
+
+def _pretrain(m, hw, cluster, s, wl, cal):
+    tok_mb, micro = micro_batch_plan(s, wl, wl.gbs, hw.efficiency.packing_efficiency)
+    parts, _ = train_s(m, hw, cluster, s, tokens_mb=tok_mb, micro_batches=micro, seq_len=wl.seq_len, cal=cal)
+    upd = parts.total_s + cal["update_overhead_s"]
+    off = offload_s(m, hw, s, wl) + (cal["offload_overhead_s"] if s.offload else 0.0)
+    tokens = wl.gbs * wl.seq_len
+    flops = 3 * tokens * forward_flops_per_token(m, wl.seq_len, causal_fraction=attention_fraction(hw))
+    details = _train_details(parts, s)
+    return {Phase.UPDATE.value: upd, Phase.OFFLOAD.value: off}, details, tokens, flops
+
+
+def _train_details(parts, s: Strategy) -> dict[str, float]:
+    return {
+        "micro_batches": float(parts.micro_batches),
+        "tokens_per_micro_batch": parts.tokens_per_micro_batch,
+        "bubble_fraction": (s.pp - 1) / (s.vpp * parts.micro_batches),
+        "dp_exposed_s": parts.dp_s,
+        "optimizer_s": parts.optimizer_s,
+    }
+
+
+def _grpo(m, hw, cluster, s, wl, cal):
+    seq = wl.mean_seq_len
+    seqs = wl.prompts * wl.n
+    rs = (native_rollout_s if hw.native_rollout else rollout_s)(m, hw, cluster, s, wl, cal)
+    rollout = (
+        rs["prefill_s"] + rs["decode_s"] + (0.0 if hw.native_rollout else sleep_s(hw, s)) + cal["rollout_overhead_s"]
+    )
+    if hw.native_rollout:
+        sync, ws = 0.0, {}
+    else:
+        ws = weight_sync_s(m, hw, cluster, s, cal)
+        sync = sum(v for k, v in ws.items() if k.endswith("_s"))
+    sync += cal["weight_sync_overhead_s"]
+    pe = hw.efficiency.packing_efficiency
+    # RL passes (short packed micro-batches, fp32 log-prob) reach rl_compute_scale of pretraining's FLOP/s.
+    rl = dict(cal, compute_efficiency_scale=cal["compute_efficiency_scale"] * hw.efficiency.rl_compute_scale)
+    tok_lp, micro_lp = micro_batch_plan(s, wl, seqs, pe, logprob=True)
+    fwd, lt = train_s(
+        m,
+        hw,
+        cluster,
+        s,
+        tokens_mb=tok_lp,
+        micro_batches=micro_lp,
+        seq_len=seq,
+        cal=rl,
+        forward_only=True,
+        logprob=True,
+    )
+    old = fwd.total_s + cal["old_logprob_overhead_s"]
+    ref = (fwd.total_s + cal["ref_logprob_overhead_s"]) if wl.kl else 0.0
+    tok_mb, micro = micro_batch_plan(s, wl, wl.mini_batch * wl.n, pe)
+    mini, _ = train_s(
+        m,
+        hw,
+        cluster,
+        s,
+        tokens_mb=tok_mb,
+        micro_batches=micro,
+        seq_len=seq,
+        cal=rl,
+        logprob=True,
+        lt=lt if tok_mb == tok_lp else None,
+    )  # same micro-batch shape: same per-layer times
+    upd = wl.ppo_epochs * (wl.prompts // wl.mini_batch) * mini.total_s + cal["update_overhead_s"]
+    off = offload_s(m, hw, s, wl) + (cal["offload_overhead_s"] if s.offload else 0.0)
+    tokens = seqs * seq
+    passes = 2 + (1 if wl.kl else 0) + 3 * wl.ppo_epochs  # generate, old, ref, update (fwd + 2x bwd)
+    flops = passes * tokens * forward_flops_per_token(m, seq, causal_fraction=attention_fraction(hw))
+    phases = {
+        Phase.ROLLOUT.value: rollout,
+        Phase.WEIGHT_SYNC.value: sync,
+        Phase.OLD_LOGPROB.value: old,
+        Phase.REF_LOGPROB.value: ref,
+        Phase.UPDATE.value: upd,
+        Phase.OFFLOAD.value: off,
+    }
+    details = _train_details(mini, s)
+    details.update(
+        prefill_s=rs["prefill_s"],
+        decode_s=rs["decode_s"],
+        decode_step_s=rs["decode_step_s"],
+        decode_concurrency=rs["concurrency"],
+        decode_memory_bound=rs["memory_bound"],
+        longest_response=rs["longest_response"],
+        logprob_micro_batches=float(micro_lp),
+        **{f"weight_sync_{k}": v for k, v in ws.items()},
+    )
+    return phases, details, tokens, flops

@@ -1,0 +1,114 @@
+"""Weight sync, offload and Megatron's hybrid CPU optimizer, as verl 0.9.1 runs them.
+
+Weight sync (verl's colocated "naive" checkpoint engine; verl/workers/engine_workers.py
+``update_weights``, verl/workers/rollout/vllm_rollout/vllm_rollout.py): wake vLLM's weights,
+load the actor's parameters if they were offloaded, export every tensor in HF layout (the bridge
+gathers TP shards, broadcasts pipeline stages, gathers experts), pack the tensors into buckets of
+``update_weights_bucket_megabytes`` MiB (the plan's ``Strategy.sync_bucket_mb``; verl's default 2048)
+shipped to the colocated vLLM worker by CUDA IPC, each worker copying its rollout-TP slice; offload
+the parameters again; re-allocate the KV cache.
+vLLM's sleep after generation is inside verl's ``timing_s/gen`` (ray_trainer.py), so it is
+priced in the rollout phase (:func:`sleep_s`).
+
+Offload (verl/utils/megatron_utils.py): parameters go to pinned host buffers synchronously and
+come back from them; gradient buffers are freed and re-zeroed, not copied; optimizer state goes
+to pageable memory and comes back once for the whole update.
+"""
+
+from __future__ import annotations
+
+import math
+
+from grpo_tune.core.specs import HardwareSpec, ModelSpec
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
+
+from . import comm
+from .timing_base import OPT_STATE_BYTES, PARAM_BYTES, model_consts
+from .train_time import rank_params
+
+CPU_ADAM_BYTES_PER_PARAM = 4 * 7  # CPU Adam reads fp32 p, g, m, v and writes p, m, v
+CPU_ADAM_FLOPS_PER_PARAM = 16  # moment updates, bias corrections, sqrt, divide, weight decay
+
+
+def sleep_s(hw: HardwareSpec, s: Strategy) -> float:
+    """vLLM sleep after generation (inside verl's gen timer); none without free_cache_engine."""
+    return hw.efficiency.vllm_sleep_s if s.free_cache_engine else 0.0
+
+
+def weight_sync_s(
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, cal: dict[str, float]
+) -> dict[str, float]:
+    """Seconds of one refit by part: ``wake_s``, ``onload_s``, ``gather_s``, ``copy_s``, ``overhead_s``."""
+    e = hw.efficiency
+    c = model_consts(m)
+    gpn = cluster.gpus_per_node
+    total = c["total_params"] * PARAM_BYTES
+    gather = 0.0
+    if s.tp > 1:
+        gather += comm.all_gather_s(total / s.pp, s.tp, *comm.link(hw, s.tp, gpn, cal))
+    if s.pp > 1:  # every stage's tensors reach every rank: (p-1)/p of the model over the stage link
+        bw, _ = comm.link(hw, cluster.gpus, gpn, cal)
+        gather += (s.pp - 1) / s.pp * total / bw
+    if m.is_moe and s.ep > 1:
+        expert_bytes = total * (1 - c["active_params"] / c["total_params"])
+        gather += comm.all_gather_s(expert_bytes, s.ep, *comm.link(hw, s.ep * s.etp_, gpn, cal))
+    # Each colocated vLLM worker receives the whole model (HF tensors) and copies its rollout-TP slice.
+    copy = total / s.rollout_tp / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
+    buckets = math.ceil(total / s.sync_bucket_bytes)
+    overhead = c["hf_tensors"] * e.sync_tensor_overhead_s + buckets * e.sync_bucket_overhead_s
+    onload = 0.0
+    if "param" in s.offload:  # loaded for the export, offloaded after it (pinned, synchronous)
+        dense, expert = rank_params(m, s)
+        onload = 2 * (dense + expert) * PARAM_BYTES / hw.host_to_device_bandwidth_bytes_per_s
+    wake = e.vllm_wake_s if s.free_cache_engine else 0.0
+    return {
+        "wake_s": wake,
+        "onload_s": onload,
+        "gather_s": gather,
+        "copy_s": copy,
+        "overhead_s": overhead,
+        "buckets": float(buckets),
+    }
+
+
+def offload_s(m: ModelSpec, hw: HardwareSpec, s: Strategy, wl: Workload) -> float:
+    """Host<->device copies per step outside weight sync. Parameters (pinned) make a round trip
+    around each phase that needs them on the GPU: old log-prob and the update (the reference model,
+    offloaded with the actor's param_offload, around its log-prob, from pageable memory). Gradients
+    are freed, not copied. Optimizer state (pageable) makes one round trip around the whole update."""
+    if not s.offload:
+        return 0.0
+    dense, expert = rank_params(m, s)
+    p = dense + expert
+    dp = s.dp or 1
+    h2d = hw.host_to_device_bandwidth_bytes_per_s
+    pageable = h2d * hw.efficiency.pageable_copy_fraction
+    t = 0.0
+    if "param" in s.offload:
+        grpo = wl.kind == "grpo"
+        t += 2 * (2 if grpo else 1) * p * PARAM_BYTES / h2d
+        if grpo and wl.kl:
+            t += 2 * p * PARAM_BYTES / pageable
+    if "optimizer" in s.offload:
+        gpu_part = 1.0 - (s.cpu_optimizer or 0.0)
+        shard = p / (dp * s.cp) if s.distributed_optimizer else p
+        t += 2 * gpu_part * shard * OPT_STATE_BYTES / pageable
+    return t
+
+
+def cpu_optimizer_s(hw: HardwareSpec, cluster: Cluster, s: Strategy, shard_params: float) -> float:
+    """Megatron's HybridDeviceOptimizer: the ``cpu_optimizer`` fraction of this rank's shard is
+    stepped by CPU Adam (bound by host memory bandwidth or FLOP/s, shared by the node's ranks),
+    after its fp32 gradients go to the host and before its bf16 parameters come back. With
+    ``overlap_cpu_optimizer`` the copies overlap the CPU step."""
+    f = s.cpu_optimizer or 0.0
+    if f <= 0:
+        return 0.0
+    n = f * shard_params
+    ranks = min(cluster.gpus, cluster.gpus_per_node)
+    t_cpu = max(
+        ranks * n * CPU_ADAM_BYTES_PER_PARAM / hw.host_memory_bandwidth_bytes_per_s,
+        ranks * n * CPU_ADAM_FLOPS_PER_PARAM / hw.host_flops_per_s,
+    )
+    t_copy = n * (4 + PARAM_BYTES) / hw.host_to_device_bandwidth_bytes_per_s
+    return max(t_cpu, t_copy) if s.overlap_cpu_optimizer else t_cpu + t_copy

@@ -1,0 +1,229 @@
+"""The torchrun worker: ``python -m grpo_tune.trainer.main --config best.yaml [--steps N] [--out DIR] [...]``.
+
+Started by ``grpo-tune train`` / ``grpo-tune profile`` through :mod:`trainer.launch`. Each rank
+builds megatron's groups from the config, the actor (and reference) engines, the rollout engine and
+the GRPO loop, resumes from the latest checkpoint in ``--out`` when there is one, and runs.
+
+A failure is recorded per rank in ``<out>/failure.rank<R>.json`` (``status`` oom or error, and
+the message) before the process exits with 3 (out of memory) or 4 (anything else), so the CLI can
+tell an OOM from a crash even after torchrun has torn the other ranks down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .launch import EXIT_ERROR, EXIT_OOM, failure_path
+
+if TYPE_CHECKING:  # annotations only
+    from grpo_tune.core.config import RunConfig
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m grpo_tune.trainer.main", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--out", default=None, help="output folder (default: trainer.out_dir)")
+    ap.add_argument("--no-resume", action="store_true", help="ignore checkpoints in --out")
+    ap.add_argument(
+        "--profile-json", default=None, help="profile mode: synthetic workload, write the profile JSON here"
+    )
+    return ap.parse_args(argv)
+
+
+def is_oom(exc: BaseException) -> bool:
+    import torch
+
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    msg = str(exc).lower()
+    # torch's CPU allocator: "DefaultCPUAllocator: can't allocate memory"
+    return isinstance(exc, RuntimeError) and ("out of memory" in msg or "can't allocate memory" in msg)
+
+
+def load_config(args):
+    from grpo_tune.core import config as run_config
+
+    cfg = run_config.load(args.config)
+    over = {}
+    if args.steps is not None:
+        over["steps"] = args.steps
+    if args.out is not None:
+        over["out_dir"] = args.out
+    return cfg.replace(trainer=dataclasses.replace(cfg.trainer, **over)) if over else cfg
+
+
+def build(cfg: RunConfig, *, items=None, reward_fn=None, tokenizer=None, checkpoint_every: int | None = None):
+    """Everything a rank needs for GRPO, from the config: (loop, layout).
+
+    ``items``/``reward_fn``/``tokenizer`` replace the dataset, the reward and the tokenizer (profile
+    mode passes synthetic ones). Call after :func:`trainer.parallel.init`.
+    """
+    from . import parallel
+    from .engine import Engine
+    from .loop import Dist, GRPOLoop, Item, LoopConfig
+    from .offload import Offloader
+    from .rollout import get_rollout_engine
+
+    lay = parallel.layout()
+    t, w = cfg.trainer, cfg.workload
+    if tokenizer is None:
+        from .tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(cfg.model, t.hf_checkpoint)
+    if items is None:
+        from .data import load_dataset
+
+        examples = load_dataset(t.dataset, seed=t.seed)
+        items = [Item(tokenizer.encode_prompt(e.prompt), e.answer) for e in examples]
+        items = [it for it in items if len(it.prompt_ids) <= w.prompt_len]  # verl drops over-long prompts
+        if not items:
+            from grpo_tune.core.errors import ConfigError
+
+            raise ConfigError(f"every prompt of {t.dataset} is longer than workload.prompt_len={w.prompt_len} tokens")
+    if reward_fn is None:
+        from .reward import load_reward
+
+        score = load_reward(t.reward)
+
+        def reward_fn(item, ids):
+            return score(tokenizer.decode(ids), item.answer)
+
+    actor = Engine(cfg)
+    ref = Engine(cfg, trainable=False) if w.kl and t.kl_coef > 0 else None
+    rollout = get_rollout_engine(t.rollout_engine, **rollout_kwargs(cfg, actor, tokenizer))
+    lc = LoopConfig.from_run_config(cfg)
+    d = Dist(rank=lay.rank, world_size=lay.world_size, rollout_tp=cfg.strategy.rollout_tp, log_rank=lay.rank == 0)
+    loop = GRPOLoop(
+        lc,
+        actor=actor,
+        ref=ref,
+        rollout=rollout,
+        dataset=items,
+        reward_fn=reward_fn,
+        pad_id=tokenizer.pad_id,
+        eos_id=tokenizer.eos_id,
+        d=d,
+        out_dir=t.out_dir,
+        checkpoint_every=t.checkpoint_every if checkpoint_every is None else checkpoint_every,
+        log_every=t.log_every,
+        offloader=Offloader(actor, cfg.strategy.offload) if cfg.strategy.offload else None,
+    )
+    return loop, lay
+
+
+def rollout_kwargs(cfg: RunConfig, actor, tokenizer) -> dict:
+    """Keyword arguments for the chosen rollout engine's constructor (see trainer/rollout/*)."""
+    from .rollout import resolve_engine_name
+
+    name = resolve_engine_name(cfg.trainer.rollout_engine)
+    kw = {"engine": actor, "tokenizer": tokenizer}
+    if name == "megatron":
+        kw["max_seq_len"] = cfg.workload.prompt_len + cfg.workload.response_len
+        s = cfg.strategy
+        if s.rollout_tp != s.tp:
+            import torch.distributed as dist
+
+            if not dist.is_initialized() or dist.get_rank() == 0:
+                print(
+                    f"[trainer] the native Megatron sampler generates with the training layout (tp={s.tp}); "
+                    f"strategy.rollout_tp={s.rollout_tp} applies to the vLLM engine only",
+                    flush=True,
+                )
+    elif name == "vllm":
+        kw["cfg"] = cfg
+    return kw
+
+
+def train(cfg: RunConfig, *, resume: bool = True) -> list[dict]:
+    from . import parallel
+
+    parallel.init(cfg)
+    loop, lay = build(cfg)
+    if resume:
+        done = loop.resume()
+        if done and lay.rank == 0:
+            print(f"resumed from the checkpoint after step {done}", flush=True)
+    hist = loop.run(cfg.trainer.steps)
+    return hist
+
+
+def die_with_parent() -> None:
+    """Linux: SIGKILL this worker when torchrun dies (even by SIGKILL), so no worker outlives its launch.
+
+    torchrun starts each worker in a session of its own, out of reach of a kill of the launcher's
+    process group; prctl(PR_SET_PDEATHSIG) closes that gap.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1 (linux/prctl.h)
+        if os.getppid() == 1:  # the parent died before prctl took effect
+            os._exit(EXIT_ERROR)
+    except (OSError, AttributeError):
+        pass
+
+
+def teardown() -> None:
+    """Leave together and close the process groups before the interpreter exits. Without it,
+    gloo's threads can be torn down at exit while a peer is already gone, and the process aborts
+    ("terminate called without an active exception", seen once in CI)."""
+    import torch.distributed as dist
+
+    from . import parallel
+
+    if dist.is_initialized():
+        dist.barrier()
+    parallel.destroy()
+
+
+def main(argv=None) -> int:
+    die_with_parent()
+    args = parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    out = Path(args.out) if args.out else None
+    try:
+        cfg = load_config(args)
+        out = Path(cfg.trainer.out_dir)
+        if args.profile_json:
+            from .profile import run_profile
+
+            run_profile(cfg, args.profile_json, config_path=args.config)
+        else:
+            train(cfg, resume=not args.no_resume)
+        teardown()
+        return 0
+    except BaseException as exc:  # record why, then exit with the contract's code
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        oom = is_oom(exc)
+        from grpo_tune.core.errors import GrpoTuneError
+
+        msg = f"[{exc.code}] {exc.message}" if isinstance(exc, GrpoTuneError) else f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+        if out is not None:
+            try:
+                from grpo_tune.core.config import atomic_write
+
+                atomic_write(
+                    failure_path(out, rank),
+                    json.dumps({"status": "oom" if oom else "error", "message": msg, "rank": rank}),
+                )
+            except OSError:
+                pass
+        return EXIT_OOM if oom else EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
