@@ -58,6 +58,9 @@ def _normalise(text: str, tmp: Path) -> str:
     text = _RUN_ID.sub("<RUN>", text)
     text = re.sub(r'"seconds": [0-9.e-]+', '"seconds": <S>', text)
     text = re.sub(r"; [0-9.]+ s;", "; <S> s;", text)
+    text = re.sub(r"created_utc: '[^']*'", "created_utc: <T>", text)
+    text = re.sub(r"(\n\s+seconds): [0-9.e-]+", r"\1: <S>", text)
+    text = re.sub(r"- time: [0-9.]+ s", "- time: <S> s", text)
     return text
 
 
