@@ -300,6 +300,101 @@ def test_adapter_rejects_bad_options(fake_vllm, tmp_path):
             VLLMRollout(cfg=_cfg(tmp_path))
 
 
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(enforce_eager=False, max_num_seqs=256, max_num_batched_tokens=8192, chunked_prefill=True),
+        dict(enforce_eager=True, max_num_seqs=64, max_num_batched_tokens=4096, chunked_prefill=False),
+    ],
+)
+def test_every_engine_knob_of_the_plan_reaches_vllm_llm(fake_vllm, tmp_path, knobs):
+    """The engine that runs is the one the cost model priced: each rollout knob of the strategy arrives
+    in vllm.LLM's keywords under vLLM's own name (two settings, so a constant cannot pass)."""
+    from grpo_tune.trainer.rollout.vllm import VLLMRollout
+    from grpo_tune.trainer.tokenizer import CharTokenizer
+
+    cfg = _cfg(tmp_path)
+    cfg = cfg.replace(strategy=cfg.strategy.replace(gpu_memory_utilization=0.45, **knobs))
+    VLLMRollout(cfg=cfg, tokenizer=CharTokenizer(), device="cpu")
+    kw = fake_vllm.llm_kwargs
+    assert kw["enforce_eager"] is knobs["enforce_eager"]
+    assert kw["max_num_seqs"] == knobs["max_num_seqs"]
+    assert kw["max_num_batched_tokens"] == knobs["max_num_batched_tokens"]
+    assert kw["enable_chunked_prefill"] is knobs["chunked_prefill"]
+    assert kw["gpu_memory_utilization"] == 0.45 and kw["tensor_parallel_size"] == 1
+    assert kw["enable_sleep_mode"] is True
+
+
+def test_free_cache_engine_off_keeps_vllm_awake(fake_vllm, tmp_path):
+    """verl's free_cache_engine=False: the memory model keeps weights and KV cache resident, so the
+    adapter neither asks for sleep mode nor sleeps."""
+    from grpo_tune.trainer.rollout.vllm import VLLMRollout
+    from grpo_tune.trainer.tokenizer import CharTokenizer
+
+    cfg = _cfg(tmp_path)
+    eng = VLLMRollout(
+        cfg=cfg.replace(strategy=cfg.strategy.replace(free_cache_engine=False)), tokenizer=CharTokenizer(), device="cpu"
+    )
+    eng.release()
+    assert fake_vllm.llm_kwargs["enable_sleep_mode"] is False and fake_vllm.events == []
+
+
+def test_startup_memory_arithmetic():
+    """vLLM starts when fraction x total <= free (its start-up check); otherwise OOM_RISK names the
+    largest fraction that would start, rounded down."""
+    from grpo_tune.core.errors import GrpoTuneError
+    from grpo_tune.trainer.rollout.vllm import check_startup_memory
+
+    gib = 2**30
+    check_startup_memory(0.6, free_bytes=int(139.5 * gib), total_bytes=140 * gib)  # an empty H200
+    check_startup_memory(0.5, free_bytes=70 * gib, total_bytes=140 * gib)  # exactly enough
+    # the actor and reference resident first (say 60 GiB): 0.6 x 140 = 84 GiB > 80 GiB free
+    with pytest.raises(GrpoTuneError) as ei:
+        check_startup_memory(0.6, free_bytes=80 * gib, total_bytes=140 * gib)
+    assert ei.value.code == "OOM_RISK"
+    assert "84.00 GiB" in ei.value.message and "80.00 GiB is free" in ei.value.message
+    assert "0.57" in ei.value.hint  # floor(100 * 80 / 140) / 100
+
+
+def test_build_makes_vllm_before_the_actor_and_reference(monkeypatch, tmp_path):
+    """trainer.main.build starts vLLM on an empty GPU (its start-up check passes), then the actor and
+    the reference; the native sampler, which runs on the actor, comes after the actor."""
+    import types
+
+    import grpo_tune.trainer.engine
+    import grpo_tune.trainer.main
+    import grpo_tune.trainer.parallel
+    import grpo_tune.trainer.rollout
+    from grpo_tune import trainer
+    from grpo_tune.trainer.tokenizer import CharTokenizer
+
+    order: list[str] = []
+
+    class FakeEngine:
+        def __init__(self, cfg, trainable=True):
+            order.append("actor" if trainable else "reference")
+
+    def fake_rollout(name, **kw):
+        order.append(f"rollout:{name}")
+        return types.SimpleNamespace()
+
+    monkeypatch.setattr(trainer.engine, "Engine", FakeEngine)
+    monkeypatch.setattr(trainer.rollout, "get_rollout_engine", fake_rollout)
+    monkeypatch.setattr(trainer.parallel, "layout", lambda: types.SimpleNamespace(rank=0, world_size=1))
+    monkeypatch.setattr("grpo_tune.trainer.loop.GRPOLoop", lambda *a, **k: types.SimpleNamespace())
+    from grpo_tune.trainer.loop import Item
+
+    items = [Item(prompt_ids=[5, 6], answer="1")]
+    for engine, want in (
+        ("vllm", ["rollout:vllm", "actor", "reference"]),
+        ("megatron", ["actor", "reference", "rollout:megatron"]),
+    ):
+        order.clear()
+        cfg = _cfg(tmp_path, engine=engine)
+        trainer.main.build(cfg, items=items, reward_fn=lambda it, ids: 0.0, tokenizer=CharTokenizer())
+        assert order == want, engine
+
+
 if __name__ == "__main__":  # a case in a fresh process: python tests/test_trainer_vllm.py CASE TMP OUT
     sys.path.insert(0, str(ROOT))
     _name, _tmp, _out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])

@@ -70,7 +70,7 @@ def build(cfg: RunConfig, *, items=None, reward_fn=None, tokenizer=None, checkpo
     from .engine import Engine
     from .loop import Dist, GRPOLoop, Item, LoopConfig
     from .offload import Offloader
-    from .rollout import get_rollout_engine
+    from .rollout import get_rollout_engine, resolve_engine_name
 
     lay = parallel.layout()
     t, w = cfg.trainer, cfg.workload
@@ -96,9 +96,15 @@ def build(cfg: RunConfig, *, items=None, reward_fn=None, tokenizer=None, checkpo
         def reward_fn(item, ids):
             return score(tokenizer.decode(ids), item.answer)
 
+    rollout = None
+    if resolve_engine_name(t.rollout_engine) == "vllm":
+        # Before the actor and the reference: vLLM's start-up check wants gpu_memory_utilization x
+        # total free, which it is only on an empty GPU; the engine sleeps as soon as it is built.
+        rollout = get_rollout_engine("vllm", **rollout_kwargs(cfg, None, tokenizer))
     actor = Engine(cfg)
     ref = Engine(cfg, trainable=False) if w.kl and t.kl_coef > 0 else None
-    rollout = get_rollout_engine(t.rollout_engine, **rollout_kwargs(cfg, actor, tokenizer))
+    if rollout is None:
+        rollout = get_rollout_engine(t.rollout_engine, **rollout_kwargs(cfg, actor, tokenizer))
     lc = LoopConfig.from_run_config(cfg)
     d = Dist(rank=lay.rank, world_size=lay.world_size, rollout_tp=cfg.strategy.rollout_tp, log_rank=lay.rank == 0)
     loop = GRPOLoop(

@@ -23,6 +23,18 @@ How it works (the same scheme as verl's SPMD vLLM rollout):
   every rollout is preceded by a full weight push. Use level 1 if something else calls
   ``generate`` without pushing weights first.
 
+* The engine is the one the plan priced: ``enforce_eager``, ``max_num_seqs``,
+  ``max_num_batched_tokens``, ``enable_chunked_prefill`` (``strategy.chunked_prefill``),
+  ``gpu_memory_utilization``, the rollout TP, and sleep mode only when ``strategy.free_cache_engine``
+  (verl's ``free_cache_engine``: off keeps weights and KV cache resident, as the memory model prices
+  it). :func:`engine_kwargs` is that mapping.
+* Start-up memory: vLLM refuses to start when the GPU's free memory is below
+  ``gpu_memory_utilization`` x total ("Free memory on device ... is less than desired GPU memory
+  utilization"). ``trainer.main.build`` therefore builds the vLLM engine *before* the actor and
+  the reference, then puts it to sleep, so the check sees an empty GPU; :func:`check_startup_memory`
+  runs the same arithmetic first and turns a refusal (another process on the GPU) into a coded
+  error that names the largest fraction that would start.
+
 vllm is imported only inside this module's functions, so importing trainer.rollout never needs it.
 """
 
@@ -31,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -76,6 +89,38 @@ def _inner_model(llm):
     )
 
 
+def engine_kwargs(cfg: RunConfig) -> dict:
+    """The ``vllm.LLM`` options that are the plan's own engine knobs (what the cost model priced)."""
+    s = cfg.strategy
+    return dict(
+        tensor_parallel_size=s.rollout_tp,
+        gpu_memory_utilization=s.gpu_memory_utilization,
+        enforce_eager=s.enforce_eager,
+        max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        enable_chunked_prefill=s.chunked_prefill,
+        enable_sleep_mode=s.free_cache_engine,
+    )
+
+
+def check_startup_memory(fraction: float, free_bytes: int, total_bytes: int) -> None:
+    """vLLM's start-up check, done first: it asks for ``fraction`` x total and refuses to start when
+    less than that is free. Raises OOM_RISK with the largest fraction that would start."""
+    want = fraction * total_bytes
+    if want <= free_bytes:
+        return
+    gib = 2**30
+    fits = math.floor(100 * free_bytes / total_bytes) / 100
+    raise ConfigError(
+        f"vLLM would refuse to start: gpu_memory_utilization={fraction} asks for {want / gib:.2f} GiB of this "
+        f"GPU's {total_bytes / gib:.2f} GiB, but only {free_bytes / gib:.2f} GiB is free "
+        f"({(total_bytes - free_bytes) / gib:.2f} GiB is held by something else before the engine starts)",
+        hint=f"free the GPU (nvidia-smi shows who holds it), or lower strategy.gpu_memory_utilization to "
+        f"{fits:.2f} or less (the plan then has a smaller KV cache than it priced)",
+        code="OOM_RISK",
+    )
+
+
 def _seeded(seed: int, i: int) -> int:
     # distinct per request: copies of one prompt in a GRPO group must not share a seed
     return (seed * 1_000_003 + i) % (2**31 - 1)
@@ -101,7 +146,6 @@ class VLLMRollout:
         tokenizer=None,
         sleep_level: int = 2,
         bucket_bytes: int | None = None,
-        enforce_eager: bool = True,
         device: str | None = None,
         **llm_kwargs,
     ):
@@ -125,14 +169,12 @@ class VLLMRollout:
             skip_tokenizer_init=True,  # ids in, ids out
             load_format="dummy",  # weights arrive through update_weights
             dtype=_DTYPES.get(w.dtype, w.dtype),
-            tensor_parallel_size=s.rollout_tp,
-            gpu_memory_utilization=s.gpu_memory_utilization,
             max_model_len=w.prompt_len + w.response_len,
-            enable_sleep_mode=True,
-            enforce_eager=enforce_eager,
             enable_prefix_caching=True,  # the n copies of a prompt share its prefill
             seed=cfg.trainer.seed,
+            **engine_kwargs(cfg),
         )
+        self.sleeps = bool(kw["enable_sleep_mode"])
         if dist_on:
             kw["distributed_executor_backend"] = "external_launcher"
             world = torch.distributed.get_world_size()
@@ -146,6 +188,9 @@ class VLLMRollout:
         else:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the model in this process
         kw.update(llm_kwargs)
+        if self._device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self._device)
+            check_startup_memory(float(kw["gpu_memory_utilization"]), int(free), int(total))
         self.llm = vllm.LLM(**kw)
         self._model = _inner_model(self.llm)
         self._tags = "tags" in inspect.signature(self.llm.wake_up).parameters
@@ -164,6 +209,8 @@ class VLLMRollout:
 
     # -- RolloutEngine -----------------------------------------------------------------------------
     def release(self) -> None:
+        if not self.sleeps:  # free_cache_engine off: weights and KV cache stay resident, as priced
+            return
         if not self._asleep:
             self.llm.sleep(level=self.sleep_level)
             self._asleep = self._kv_asleep = True

@@ -1,0 +1,68 @@
+"""The ``gpu`` and ``train`` extras resolve together: vLLM pins torch exactly, so the pinned vLLM
+release must want the very torch the ``train`` extra pins.
+
+The pinned release's own requirements are read from a vendored copy of its METADATA
+(``grpo_tune/autotune/data/vllm-<version>-METADATA``, from PyPI's metadata for the wheel), so this runs
+offline. To move the pin: pick a vLLM release whose ``Requires-Dist: torch==X`` is the train
+extra's torch, vendor its METADATA, and update both pins in pyproject.toml together.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import tomllib
+from importlib.resources import files
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _extra(name: str) -> dict[str, Requirement]:
+    doc = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    reqs = [Requirement(r) for r in doc["project"]["optional-dependencies"][name]]
+    return {r.name: r for r in reqs}
+
+
+def _pinned(req: Requirement) -> Version:
+    (spec,) = req.specifier  # one exact pin, nothing looser
+    assert spec.operator == "==", f"{req} must be an exact pin"
+    return Version(spec.version)
+
+
+def _metadata(version: Version):
+    text = (files("grpo_tune.autotune") / "data" / f"vllm-{version}-METADATA").read_text()
+    return email.parser.Parser().parsestr(text)
+
+
+def test_the_gpu_extra_pins_a_vllm_whose_torch_is_the_train_extras():
+    torch_pin = _pinned(_extra("train")["torch"])
+    vllm_pin = _pinned(_extra("gpu")["vllm"])
+    meta = _metadata(vllm_pin)
+    assert meta["Name"] == "vllm" and Version(meta["Version"]) == vllm_pin
+    wants = [Requirement(r) for r in meta.get_all("Requires-Dist")]
+    (torch_req,) = [r for r in wants if r.name == "torch" and r.marker is None]
+    assert torch_req.specifier.contains(torch_pin), f"vllm {vllm_pin} wants {torch_req}, train pins torch=={torch_pin}"
+
+
+def test_the_shared_dependencies_of_the_two_extras_overlap():
+    """tokenizers and safetensors are in both: the train extra's lower bound must not exclude what vLLM wants."""
+    vllm_pin = _pinned(_extra("gpu")["vllm"])
+    wants = {
+        r.name: r for r in (Requirement(x) for x in _metadata(vllm_pin).get_all("Requires-Dist")) if r.marker is None
+    }
+    train = _extra("train")
+    for name in ("tokenizers", "safetensors"):
+        mine, theirs = train[name].specifier, wants[name].specifier
+        lowest_theirs = Version(next(s.version for s in theirs if s.operator == ">="))
+        assert mine.contains(lowest_theirs), f"{name}: train wants {mine}, vllm {vllm_pin} wants {theirs}"
+
+
+def test_the_project_python_range_is_one_vllm_supports():
+    doc = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    ours = Requirement(f"x{doc['project']['requires-python']}").specifier
+    theirs = Requirement(f"x{_metadata(_pinned(_extra('gpu')['vllm']))['Requires-Python']}").specifier
+    lowest = Version(next(s.version for s in ours if s.operator == ">="))
+    assert theirs.contains(lowest), f"vllm supports Python {theirs}; the project starts at {lowest}"
