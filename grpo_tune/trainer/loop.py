@@ -98,14 +98,17 @@ def live_tensor_bytes() -> int:
 class PhaseTimer:
     """Times each phase (device sync + barrier on both ends). With ``memory``, also its memory:
     on a GPU the CUDA allocator's peak within the phase (peak stats reset at its start); on CPU,
-    which has no allocator statistics, the bytes of live tensors at the phase's end (a gc scan,
-    taken after the clock stops, so it does not count in the phase's time)."""
+    which has no allocator statistics, the bytes of live tensors at the phase's end (a gc scan).
+    The memory reads happen while no clock runs: outside the phase's time, and ``instrument_s``
+    (their total) is taken off the step's time, so a profiled step times what a training step does."""
 
     def __init__(self, d: Dist, *, memory: bool = False):
         self.d = d
         self.times = {p: 0.0 for p in PHASES} | {"offload": 0.0}
         self.memory = memory
         self.peak_bytes: dict[str, int] = {}
+        self.instrument_s = 0.0
+        """Seconds spent reading memory (not GRPO work); the step timer leaves them out."""
 
     def __call__(self, phase: str):
         timer = self
@@ -114,19 +117,23 @@ class PhaseTimer:
             def __enter__(self):
                 sync(timer.d)
                 if timer.memory and torch.cuda.is_available():
+                    m0 = time.perf_counter()
                     timer.peak_bytes["_before"] = max(
                         timer.peak_bytes.get("_before", 0), int(torch.cuda.max_memory_allocated())
                     )
                     torch.cuda.reset_peak_memory_stats()
+                    timer.instrument_s += time.perf_counter() - m0
                 self.t0 = time.perf_counter()
 
             def __exit__(self, *exc):
                 if exc[0] is None:
                     sync(timer.d)
-                timer.times[phase] += time.perf_counter() - self.t0
+                t1 = time.perf_counter()
+                timer.times[phase] += t1 - self.t0
                 if timer.memory and exc[0] is None:
                     b = int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else live_tensor_bytes()
                     timer.peak_bytes[str(phase)] = max(timer.peak_bytes.get(str(phase), 0), b)
+                    timer.instrument_s += time.perf_counter() - t1
 
         return _T()
 
@@ -340,7 +347,7 @@ class GRPOLoop:
                     )
                     mb_metrics[-1]["_micro_batches"] = getattr(self.actor, "last_micro_batches", 0)
 
-        step_s = time.perf_counter() - t0
+        step_s = time.perf_counter() - t0 - timer.instrument_s  # the memory reads are not the step's work
         resp_lens = [len(r) for r in responses]
         total_tokens = sum(len(p) for p in prompts) + sum(resp_lens)
         out = {
