@@ -24,13 +24,13 @@ TOLERANCE = 1.35
 
 
 def _run(out: Path) -> None:
-    from core.config import RunConfig, TrainerOptions
-    from core.specs import load_hardware, load_model
-    from core.strategy import Cluster, Strategy, Workload
-    from trainer import parallel
-    from trainer.main import build
-    from trainer.profile import _NoEos, even_share_reward, synthetic_items
-    from trainer.tokenizer import load_tokenizer
+    from grpo_tune.core.config import RunConfig, TrainerOptions
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Strategy, Workload
+    from grpo_tune.trainer import parallel
+    from grpo_tune.trainer.main import build
+    from grpo_tune.trainer.profile import _NoEos, even_share_reward, synthetic_items
+    from grpo_tune.trainer.tokenizer import load_tokenizer
 
     cfg = RunConfig(
         model=load_model("tiny"),
