@@ -4,14 +4,14 @@ Profile mode reads each phase's memory (on CPU a gc scan of every live tensor, ~
 process that has torch and megatron loaded). Those reads must stay outside the step's clock, or
 ``profile`` reports a step several times slower than ``train`` and calibration fits the scan as
 "overhead". One real process (tiny, CPU, the profile's synthetic workload) alternates steps with and
-without memory tracking; the medians must agree within the noise of 2 shared cores.
+without memory tracking; their fastest steps must agree (the minimum, not the median: other work on
+the 2 shared cores only ever adds time, so the minimum is the step's own cost).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TOLERANCE = 1.35
-"""Allowed ratio of the medians either way; the scan inside the clock made it ~3-6x on tiny."""
+TOLERANCE = 1.5
+"""Allowed ratio of the fastest steps either way; the scan inside the clock made it ~3-6x on tiny."""
 
 
 def _run(out: Path) -> None:
@@ -44,7 +44,7 @@ def _run(out: Path) -> None:
     tok = _NoEos(load_tokenizer(cfg.model, None))
     loop, _ = build(cfg, items=synthetic_items(cfg, 7), reward_fn=even_share_reward, tokenizer=tok, checkpoint_every=0)
     rows = []
-    for k in range(13):
+    for k in range(17):
         loop.track_memory = k % 2 == 1
         m = loop.step(k)
         rows.append({"tracked": loop.track_memory, "step_s": m["step_s"], "mem": m.get("phase_memory_bytes")})
@@ -60,8 +60,8 @@ def test_a_profiled_step_takes_as_long_as_a_training_step(tmp_path):
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = json.loads(out.read_text())[1:]  # the first step pays one-off costs
-    tracked = statistics.median(x["step_s"] for x in rows if x["tracked"])
-    plain = statistics.median(x["step_s"] for x in rows if not x["tracked"])
+    tracked = min(x["step_s"] for x in rows if x["tracked"])
+    plain = min(x["step_s"] for x in rows if not x["tracked"])
     assert all(x["mem"] and x["mem"]["update"] > 0 for x in rows if x["tracked"])  # memory was read
     assert 1 / TOLERANCE < tracked / plain < TOLERANCE, (tracked, plain)
 

@@ -125,7 +125,7 @@ def _run_case(name: str, tmp: Path, timeout: int = 600) -> dict:
 
 
 def test_importing_the_registry_never_imports_vllm():
-    code = "import sys, trainer.rollout, trainer.rollout.vllm; assert 'vllm' not in sys.modules"
+    code = "import sys, grpo_tune.trainer.rollout, grpo_tune.trainer.rollout.vllm; assert 'vllm' not in sys.modules"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
 
