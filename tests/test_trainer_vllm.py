@@ -361,11 +361,7 @@ def test_build_makes_vllm_before_the_actor_and_reference(monkeypatch, tmp_path):
     the reference; the native sampler, which runs on the actor, comes after the actor."""
     import types
 
-    import grpo_tune.trainer.engine
-    import grpo_tune.trainer.main
-    import grpo_tune.trainer.parallel
-    import grpo_tune.trainer.rollout
-    from grpo_tune import trainer
+    from grpo_tune.trainer import engine, main, parallel, rollout
     from grpo_tune.trainer.tokenizer import CharTokenizer
 
     order: list[str] = []
@@ -378,21 +374,21 @@ def test_build_makes_vllm_before_the_actor_and_reference(monkeypatch, tmp_path):
         order.append(f"rollout:{name}")
         return types.SimpleNamespace()
 
-    monkeypatch.setattr(trainer.engine, "Engine", FakeEngine)
-    monkeypatch.setattr(trainer.rollout, "get_rollout_engine", fake_rollout)
-    monkeypatch.setattr(trainer.parallel, "layout", lambda: types.SimpleNamespace(rank=0, world_size=1))
+    monkeypatch.setattr(engine, "Engine", FakeEngine)
+    monkeypatch.setattr(rollout, "get_rollout_engine", fake_rollout)
+    monkeypatch.setattr(parallel, "layout", lambda: types.SimpleNamespace(rank=0, world_size=1))
     monkeypatch.setattr("grpo_tune.trainer.loop.GRPOLoop", lambda *a, **k: types.SimpleNamespace())
     from grpo_tune.trainer.loop import Item
 
     items = [Item(prompt_ids=[5, 6], answer="1")]
-    for engine, want in (
+    for name, want in (
         ("vllm", ["rollout:vllm", "actor", "reference"]),
         ("megatron", ["actor", "reference", "rollout:megatron"]),
     ):
         order.clear()
-        cfg = _cfg(tmp_path, engine=engine)
-        trainer.main.build(cfg, items=items, reward_fn=lambda it, ids: 0.0, tokenizer=CharTokenizer())
-        assert order == want, engine
+        cfg = _cfg(tmp_path, engine=name)
+        main.build(cfg, items=items, reward_fn=lambda it, ids: 0.0, tokenizer=CharTokenizer())
+        assert order == want, name
 
 
 if __name__ == "__main__":  # a case in a fresh process: python tests/test_trainer_vllm.py CASE TMP OUT
