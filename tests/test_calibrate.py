@@ -145,3 +145,34 @@ def test_any_bad_value_is_a_coded_error(tmp_path_factory, v):
     p.write_text(json.dumps(doc))
     with pytest.raises(GrpoTuneError):
         load(p)
+
+
+def _closed_form(p, pt):
+    k = pt.strategy.tp
+    step = 1.0 / p["c"] + p["b"] * k
+    return step, {}
+
+
+def test_refuses_more_knobs_than_measurements():
+    """Two plans with no phase split are two numbers: three knobs are not determined by them."""
+    base = {"c": 1.0, "b": 0.5, "d": 1.0}
+    pts = _measured(_closed_form, {"c": 2.0, "b": 1.0, "d": 1.0}, [Strategy(tp=t) for t in (1, 2)])
+    with pytest.raises(ConfigError, match="cannot fit 3 calibration knobs to 2 measurements"):
+        fit(pts, base=base, predict=_closed_form)
+    res = fit(pts, base=base, predict=_closed_form, names=["c", "b"])  # as many knobs as numbers: allowed
+    assert res.observations == 2 and res.at_bound == [] and res.warnings == []
+
+
+def test_flags_a_knob_that_ends_at_its_bound():
+    """The truth (c = 10) lies outside c's range (0.5, 2): the fit stops at 2, and says so in the result,
+    its JSON and the file; a truth inside the range raises no flag."""
+    base = {"c": 1.0, "b": 0.5}
+    plans = [Strategy(tp=t) for t in (1, 2, 4)]
+    bounds = {"c": (0.5, 2.0)}
+    res = fit(_measured(_closed_form, {"c": 10.0, "b": 0.5}, plans), base=base, predict=_closed_form, bounds=bounds)
+    assert res.params["c"] == pytest.approx(2.0, rel=1e-3)
+    assert res.at_bound == ["c"]
+    assert len(res.warnings) == 1 and "c sits at its upper bound" in res.warnings[0]
+    assert res.to_dict()["at_bound"] == ["c"] and res.to_dict()["warnings"] == res.warnings
+    ok = fit(_measured(_closed_form, {"c": 1.5, "b": 0.5}, plans), base=base, predict=_closed_form, bounds=bounds)
+    assert ok.at_bound == [] and ok.warnings == []

@@ -113,6 +113,13 @@ class CalibrationResult:
     """The same at the base parameters; least squares guarantees ``cost <= cost_before``."""
     success: bool = True
     message: str = ""
+    observations: int = 0
+    """Measurements the fit saw: each plan's step plus each of its measured phases."""
+    at_bound: list[str] = field(default_factory=list)
+    """Knobs that ended on a bound of their range: the data pushed them as far as allowed, so the
+    fitted value is a limit, not an estimate (the model is missing something, or a measurement is off)."""
+    warnings: list[str] = field(default_factory=list)
+    """One sentence per knob at a bound, for the console and the JSON."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -218,10 +225,18 @@ def fit(
     lo_a, hi_a = np.asarray(lo), np.asarray(hi)
     x0 = np.clip(np.zeros(len(names)), lo_a, hi_a)
     x0 = np.where(x0 <= lo_a, lo_a + 1e-6 * (hi_a - lo_a), x0)  # trf wants a strictly feasible start
+    observations = len(residuals(x0)) - len(names)  # the ridge rows are not data
+    if len(names) > observations:
+        raise ConfigError(
+            f"cannot fit {len(names)} calibration knobs to {observations} measurements "
+            f"({len(points)} plans, their steps and measured phases): more knobs than data points",
+            hint="measure more plans (more --trials), or name fewer knobs to fit",
+        )
     sol = least_squares(
         residuals, x0, bounds=(lo_a, hi_a), method="trf", diff_step=1e-4, x_scale=1.0, max_nfev=200 * (len(names) + 1)
     )
     fitted = params_of(sol.x)
+    at_bound = _at_bound(names, additive, sol.x, lo, hi)
     meas = [pt.measured_step_s for pt in points]
     before = [predict(p0, pt)[0] for pt in points]
     after = [predict(fitted, pt)[0] for pt in points]
@@ -238,7 +253,27 @@ def fit(
         cost_before=float(0.5 * np.sum(residuals(x0) ** 2)),
         success=bool(sol.success),
         message=str(sol.message),
+        observations=observations,
+        at_bound=[n for n, _ in at_bound],
+        warnings=[
+            f"{n} sits at its {side} bound ({fitted[n]:.4g}): the measurements push it as far as its range "
+            "allows, so it is a limit, not an estimate; the model misses something these plans measure"
+            for n, side in at_bound
+        ],
     )
+
+
+def _at_bound(names, additive, x, lo: list[float], hi: list[float]) -> list[tuple[str, str]]:
+    """(knob, "lower"/"upper") for each knob the fit left on an edge of its range. An overhead at 0 is
+    its default (not needed), not a bound the data pushed against."""
+    out = []
+    for n, add, xi, a, b in zip(names, additive, x, lo, hi):
+        tol = 1e-3 * (b - a)
+        if xi >= b - tol:
+            out.append((n, "upper"))
+        elif xi <= a + tol and not add:
+            out.append((n, "lower"))
+    return out
 
 
 def fit_records(

@@ -88,7 +88,16 @@ def calibrate(
     )
     if json_out:
         changed = {k: v for k, v in res.params.items() if abs(v - base[k]) > 1e-9}
-        doc = {"out": str(out), "hardware": hw_name, "params": res.params, "changed": changed, **mape, "logs": logs_doc}
+        doc = {
+            "out": str(out),
+            "hardware": hw_name,
+            "params": res.params,
+            "changed": changed,
+            "at_bound": res.at_bound,
+            "warnings": res.warnings,
+            **mape,
+            "logs": logs_doc,
+        }
         print(json.dumps(doc, indent=2, default=str))
         return
     c = Console()
@@ -98,6 +107,8 @@ def calibrate(
         highlight=False,
     )
     _print_fit(c, before, after, base, res.params, mem)
+    for w in res.warnings:
+        c.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
     c.print(f"wrote [bold]{out}[/] (use it with --calibration {out})", highlight=False)
 
 

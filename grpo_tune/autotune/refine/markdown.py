@@ -135,6 +135,7 @@ def section(result) -> list[str]:
             f"{cal.after['mape_pct']:.1f}%, Spearman {_f(cal.before['spearman'], '{:.3f}')} -> "
             f"{_f(cal.after['spearman'], '{:.3f}')}. Use it: `grpo-tune search ... --calibration calibration.json`."
         )
+        L += [f"- **Calibration warning:** {w}." for w in cal.warnings]
         moved = {k: v for k, v in cal.params.items() if abs(v - cal.base.get(k, v)) > 1e-9 * max(1.0, abs(v))}
         if moved:
             L.append(

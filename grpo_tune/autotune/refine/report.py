@@ -271,6 +271,8 @@ def print_summary(result: RefineResult, console) -> None:
             f"[bold]{fs(a['spearman'])}[/] (saved {result.out_dir / 'calibration.json'})",
             highlight=False,
         )
+        for w in cal.warnings:
+            console.print(f"[yellow]calibration warning[/]: {w}", highlight=False)
     for line in noise_lines(result):
         console.print(line, highlight=False)
     w = result.winner_measured
