@@ -221,10 +221,10 @@ def test_progress_follows_metrics_jsonl_live_and_plain(tmp_path):
     from grpo_tune.cli.train import Progress
 
     path = tmp_path / "metrics.jsonl"
-    path.write_text(json.dumps({"step": 1, "loss": 0.5}) + "\n")  # an earlier launch's line: not shown
+    path.write_text(json.dumps({"step": 1, "loss": 0.5}) + "\n")  # the checkpoint's step, resumed after: not shown
     for terminal in (False, True):
         buf = io.StringIO()
-        prog = Progress(path, 3, Console(file=buf, force_terminal=terminal, width=200))
+        prog = Progress(path, 3, Console(file=buf, force_terminal=terminal, width=200), after=1)
         with open(path, "a") as fh:
             fh.write(json.dumps({"step": 2, "loss": -0.25, "reward_mean": 0.5, "kl": 0.01, "step_s": 1.5}) + "\n")
             fh.write('{"step": 3, "loss"')  # a line still being written

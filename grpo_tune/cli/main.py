@@ -80,10 +80,24 @@ def report_error(exc: BaseException) -> int:
     return 1 if err.code == "INTERNAL_ERROR" else 2
 
 
+class Interrupted(SystemExit):
+    """A signal that ends the command (SIGTERM, SIGHUP, SIGQUIT), raised where the program is, so that the
+    ``finally`` blocks that take child process groups down run (the default action ends Python without
+    unwinding and orphans them). Exits with 128 + the signal's number, as the shell reports it."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
 def _terminated(signum: int, frame: object) -> None:
-    # SIGTERM (timeout, kill, a batch system) ends Python without unwinding; as an exception it runs the
-    # `finally` blocks that take child process groups down (refine's trials), instead of orphaning them.
-    raise SystemExit(128 + signum)
+    raise Interrupted(signum)
+
+
+def ending_signals() -> tuple[int, ...]:
+    import signal
+
+    return tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,13 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     import signal
     import threading
 
+    old: dict[int, object] = {}
     if threading.current_thread() is threading.main_thread():
-        old_term = signal.signal(signal.SIGTERM, _terminated)
+        for sig in ending_signals():
+            old[sig] = signal.signal(sig, _terminated)
     try:
         return _main(argv)
     finally:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, old_term)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
 def _main(argv: list[str] | None) -> int:

@@ -29,6 +29,14 @@ def profile(
     node_rank: NodeRankOpt = 0,
     master_addr: MasterAddrOpt = None,
     master_port: MasterPortOpt = None,
+    timeout: Annotated[
+        Optional[float],
+        typer.Option(
+            "--timeout",
+            help="Stop the workers after this many seconds (refine passes its --trial-timeout).",
+            hidden=True,
+        ),
+    ] = None,
 ) -> None:
     """Profile a run config: time per phase, tokens/s, peak memory per rank -> JSON."""
     from grpo_tune.autotune.outputs import check_output
@@ -40,7 +48,13 @@ def profile(
     check_rendezvous(master_addr, master_port)
     if out is None:
         out = json_path.parent / f"{json_path.stem}.run"
-    cfg, lay, out_dir = load_checked(config, steps=steps, out=out, nnodes=nnodes, node_rank=node_rank, resume=False)
+    cfg, lay, out_dir = load_checked(
+        config, steps=steps, out=out, nnodes=nnodes, node_rank=node_rank, resume=False, scratch=True
+    )
+    if timeout is not None and not (timeout > 0 and timeout < float("inf")):
+        from grpo_tune.core.errors import ConfigError
+
+        raise ConfigError(f"--timeout must be a finite number of seconds > 0, got {timeout}")
     cmd = launch.torchrun_command(
         config,
         lay,
@@ -57,15 +71,24 @@ def profile(
             str(json_path.resolve()),
         ],
     )
-    json_path.unlink(missing_ok=True)  # never report a previous run's figures
-    launch.clear_failures(out_dir)
+    from grpo_tune.core.runlock import acquire, lock_name
+
     console = Console(stderr=True)
-    console.print(
-        f"profiling {cfg.model.name} on {lay.world_size} rank(s), {steps} steps; log: {out_dir / 'train.log'}",
-        highlight=False,
-    )
-    rc = launch.run_workers(cmd, out_dir)
+    with acquire(
+        out_dir, "grpo-tune profile", say=lambda s: console.print(s, highlight=False), name=lock_name(node_rank)
+    ) as lk:
+        json_path.unlink(missing_ok=True)  # never report a previous run's figures
+        launch.clear_failures(out_dir)
+        launch.trim_metrics(out_dir, None)  # a scratch folder: this run's steps only
+        console.print(
+            f"profiling {cfg.model.name} on {lay.world_size} rank(s), {steps} steps; log: {out_dir / 'train.log'}",
+            highlight=False,
+        )
+        rc = launch.run_workers(cmd, out_dir, deadline_s=timeout, pass_fds=(lk.fd,))
+    message: str | None
     status, message, code = launch.worker_status(rc, out_dir)
+    if rc == 124 and timeout is not None:
+        status, message, code = "error", f"timed out: stopped after --timeout {timeout:g} s", launch.EXIT_ERROR
     if code == launch.EXIT_OK and not json_path.exists():
         status, message, code = (
             "error",

@@ -63,9 +63,13 @@ def load_checked(
     node_rank: int = 0,
     resume: bool = True,
     need_torch: bool = True,
+    scratch: bool = False,
 ):
-    """Load the config, apply CLI overrides, run every pre-start check. Returns (cfg, layout, out_dir)."""
+    """Load the config, apply CLI overrides, run every pre-start check. Returns (cfg, layout, out_dir).
+
+    ``scratch``: the output folder is the command's own scratch space (``profile``), reused freely."""
     import dataclasses
+    import os
 
     from grpo_tune.core import config as run_config
     from grpo_tune.core.errors import ConfigError
@@ -85,11 +89,13 @@ def load_checked(
     from grpo_tune.autotune.outputs import check_out_dir
 
     check_out_dir(out_dir, "--out", inputs={"CONFIG": config})
-    if not resume and (out_dir / "checkpoints" / "latest.json").exists():
-        raise ConfigError(
-            f"{out_dir} already holds checkpoints and --no-resume was given",
-            hint="choose another --out, or drop --no-resume to continue that run",
-        )
+    if not resume and not scratch:
+        held = [n for n in ("checkpoints/latest.json", "metrics.jsonl") if os.path.lexists(out_dir / n)]
+        if held:
+            raise ConfigError(
+                f"{out_dir} already holds {' and '.join(held)} of an earlier run and --no-resume was given",
+                hint="choose another --out, or drop --no-resume to continue that run",
+            )
     lay = launch.preflight(
         cfg, nnodes=nnodes, node_rank=node_rank, resume_dir=out_dir if resume else None, need_torch=need_torch
     )
@@ -246,9 +252,15 @@ class Progress:
         ("tokens_per_s", "{:.0f}"),
     )
 
-    def __init__(self, path: Path, total: int, console: Console):
+    def __init__(self, path: Path, total: int, console: Console, *, after: int = 0):
+        """Shows the steps after ``after`` (the checkpoint resumed from). The file is followed by the steps it
+        holds, not by a byte offset alone: the trainer rewrites it when it resumes (a new file), and every step
+        it logs after ``after`` is shown once."""
         self.path, self.total, self.console = path, total, console
-        self.offset = path.stat().st_size if path.exists() else 0  # only this launch's lines
+        self.after = after
+        self.offset = 0
+        self.ident: tuple[int, int] | None = None
+        self.shown: set[int] = set()
         self.rows: list[dict] = []
         self.live = None
         if console.is_terminal:
@@ -272,11 +284,18 @@ class Progress:
         return "-" if v is None else f.format(v)
 
     def poll(self) -> None:
+        import os
+
+        from grpo_tune.core import safeio
+        from grpo_tune.core.errors import GrpoTuneError
+
         try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-        except OSError:
+            st = os.lstat(self.path)
+            ident = (st.st_dev, st.st_ino)
+            if ident != self.ident or st.st_size < self.offset:  # replaced (trimmed on resume) or truncated
+                self.ident, self.offset = ident, 0
+            data = safeio.read_bytes(self.path, offset=self.offset, max_bytes=safeio.MAX_READ_BYTES)
+        except (OSError, GrpoTuneError):
             return
         end = data.rfind(b"\n")
         if end < 0:
@@ -285,8 +304,12 @@ class Progress:
         for line in data[:end].decode(errors="replace").splitlines():
             try:
                 r = json.loads(line)
-            except ValueError:
+                step = r["step"]
+            except (ValueError, KeyError, TypeError):
                 continue
+            if not isinstance(step, int) or step <= self.after or step in self.shown:
+                continue
+            self.shown.add(step)
             self.rows.append(r)
             if self.live is None:
                 self.console.print(
@@ -362,22 +385,34 @@ def train(
         else:
             print_summary(sm, cmd, console)
         return
-    start = launch.check_resume(out_dir, lay.world_size)
-    console.print(
-        f"training {cfg.model.name}: {lay.world_size} rank(s), {cfg.trainer.steps} steps"
-        + (f", resuming after step {start}" if start else "")
-        + f"; logs in {out_dir}",
-        highlight=False,
-    )
-    launch.clear_failures(out_dir)
-    prog = Progress(out_dir / "metrics.jsonl", cfg.trainer.steps, console)
-    try:
-        rc = launch.run_workers(cmd, out_dir, poll=prog.poll)
-    finally:
-        prog.stop()
+    from grpo_tune.core.runlock import acquire, lock_name
+
+    err = Console(stderr=True)
+    with acquire(out_dir, "grpo-tune train", say=lambda s: err.print(s, highlight=False), name=lock_name(node_rank)) as lk:
+        start = launch.check_resume(out_dir, lay.world_size)  # under the lock: no other writer can move it now
+        console.print(
+            f"training {cfg.model.name}: {lay.world_size} rank(s), {cfg.trainer.steps} steps"
+            + (f", resuming after step {start}" if start else "")
+            + f"; logs in {out_dir}",
+            highlight=False,
+        )
+        launch.clear_failures(out_dir)
+        if node_rank == 0:
+            launch.trim_metrics(out_dir, start if resume else None)
+        prog = Progress(out_dir / "metrics.jsonl", cfg.trainer.steps, console, after=start or 0)
+        try:
+            rc = launch.run_workers(cmd, out_dir, poll=prog.poll, pass_fds=(lk.fd,))
+        except (KeyboardInterrupt, SystemExit) as exc:
+            prog.stop()
+            code = interrupted_exit(exc)
+            if code is None:
+                raise
+            err.print(interrupted_line(out_dir, lay.world_size), highlight=False, soft_wrap=True)
+            raise typer.Exit(code) from None
+        finally:
+            prog.stop()
     status, message, code = launch.worker_status(rc, out_dir)
     if code:
-        err = Console(stderr=True)
         err.print(f"[bold red]training failed ({status})[/]: " + escape(str(message)), highlight=False, soft_wrap=True)
         err.print(launch.log_tail(out_dir), highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(code)
@@ -386,6 +421,32 @@ def train(
         highlight=False,
         soft_wrap=True,
     )
+
+
+def interrupted_exit(exc: BaseException) -> int | None:
+    """The exit code of a run stopped by a signal (130 for Ctrl-C, 128 + N for signal N), else None."""
+    import signal
+
+    if isinstance(exc, KeyboardInterrupt):
+        return 128 + signal.SIGINT
+    signum = getattr(exc, "signum", None)
+    return 128 + signum if isinstance(signum, int) else None
+
+
+def interrupted_line(out_dir: Path, world_size: int) -> str:
+    """``interrupted at step N; the last checkpoint is step M; rerun the same command to resume``."""
+    from grpo_tune.core.errors import GrpoTuneError
+    from grpo_tune.trainer import launch
+
+    steps = launch.metric_steps(out_dir)
+    try:
+        ck = launch.check_resume(out_dir, world_size)
+    except GrpoTuneError:
+        ck = None
+    at = f"interrupted at step {max(steps)}" if steps else "interrupted before the first step finished"
+    if ck:
+        return f"{at}; the last checkpoint is step {ck}; rerun the same command to resume"
+    return f"{at}; no checkpoint was written yet; rerun the same command to start again"
 
 
 def register(app: typer.Typer) -> None:

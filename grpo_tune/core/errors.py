@@ -35,6 +35,9 @@ CODES = {
     "CHECKPOINT_ERROR": "a checkpoint could not be read or written",
     "TRAINER_UNSUPPORTED": "a valid plan that grpo-tune's megatron-core trainer cannot run (core/support.py)",
     "USAGE": "a command line that cannot be parsed: an unknown command or option, a missing one, a wrong type",
+    "RUN_LOCKED": "another live process is writing to the same run folder",
+    "STORAGE_ERROR": "the study database cannot be opened or is held by another process",
+    "WORKER_FAILED": "a training worker failed for a reason of its machine (disk, files, memory)",
 }
 
 
@@ -67,6 +70,9 @@ HINTS = {
     "CHECKPOINT_ERROR": "check the checkpoint folder (or start without --resume)",
     "TRAINER_UNSUPPORTED": "choose a plan the trainer runs; `grpo-tune search` proposes only those",
     "USAGE": "run `grpo-tune --help` for the commands, `grpo-tune <command> --help` for a command's options",
+    "RUN_LOCKED": "wait for the other run to end (or stop it), or give this one another --out",
+    "STORAGE_ERROR": "check the database URL, that the server is up, and that no other program holds a lock on it",
+    "WORKER_FAILED": "free the resource named in the message (disk space, open-file limit, memory) and rerun",
 }
 
 
@@ -124,6 +130,10 @@ class NoFeasiblePlanError(GrpoTuneError, code="NO_FEASIBLE_PLAN"):
 
 class MissingDependencyError(GrpoTuneError, code="MISSING_DEPENDENCY"):
     """An optional package that the feature needs is not installed."""
+
+
+class StorageError(GrpoTuneError, code="STORAGE_ERROR"):
+    """A study database that cannot be opened, is damaged, or stays locked by another process."""
 
 
 def close_matches(word: str, choices: Iterable[str], n: int = 3) -> list[str]:

@@ -147,13 +147,17 @@ def _shard(d: Path, rank: int) -> Path:
 def latest(out_dir: str | os.PathLike) -> dict | None:
     """``latest.json`` checked: step and world size are integers, ``dir`` names a step folder in this
     checkpoint folder (``"../../etc"`` or an absolute path is refused, never followed)."""
+    from grpo_tune.core import safeio
+
     p = root(out_dir) / "latest.json"
-    if not p.exists():
+    if not os.path.lexists(p):
         return None
     try:
-        meta = json.loads(p.read_text())
+        meta = json.loads(safeio.read_text(p, max_bytes=1 << 16))  # a FIFO or a link there is refused, not waited on
         int(meta["step"]), int(meta["world_size"])
         d = meta["dir"]
+    except GrpoTuneError as exc:
+        raise _err(exc.message, "delete the checkpoints folder's latest.json to start over") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise _err(f"{p} is unreadable ({exc})", "delete the checkpoints folder to start over") from None
     if not isinstance(d, str) or not _STEP_DIR.fullmatch(d):
@@ -206,6 +210,16 @@ def _unsafe_global(data: bytes) -> str | None:
 def _bad_shard(f: Path) -> str | None:
     """Why a shard cannot be loaded (missing, truncated, a failed CRC-32, pickled code), or None when it is
     intact."""
+    import stat
+
+    try:
+        st = os.lstat(f)
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return f"not readable ({exc.strerror})"
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block the reader forever, a link points elsewhere
+        return "not a regular file (a link, FIFO or device)"
     try:
         with zipfile.ZipFile(f) as zf:
             broken = zf.testzip()  # reads every record and checks its CRC-32 (torch.save writes a zip)
@@ -225,9 +239,11 @@ def _bad_shard(f: Path) -> str | None:
 
 
 def _intact(out_dir, d: Path, world_size: int) -> bool:
+    from grpo_tune.core import safeio
+
     try:
-        meta = json.loads((d / "meta.json").read_text())
-    except (OSError, ValueError):
+        meta = json.loads(safeio.read_text(d / "meta.json", max_bytes=1 << 16))
+    except (OSError, ValueError, GrpoTuneError):
         return False
     return meta.get("world_size") == world_size and all(_bad_shard(_shard(d, r)) is None for r in range(world_size))
 

@@ -306,12 +306,16 @@ def failure_path(out_dir: str | os.PathLike, rank: int) -> Path:
 
 
 def read_failures(out_dir: str | os.PathLike) -> list[dict]:
+    from grpo_tune.core import safeio
+
     out = []
     for p in sorted(Path(out_dir).glob("failure.rank*.json")):
         try:
-            out.append(json.loads(p.read_text()))
-        except (OSError, ValueError):
+            rec = json.loads(safeio.read_text(p, max_bytes=1 << 20))
+        except (OSError, ValueError, GrpoTuneError):
             continue
+        if isinstance(rec, dict):
+            out.append(rec)
     return out
 
 
@@ -321,16 +325,28 @@ def clear_failures(out_dir: str | os.PathLike) -> None:
 
 
 def run_workers(
-    cmd: list[str], out_dir: str | os.PathLike, *, poll=None, poll_every_s: float = 0.5, env: dict | None = None
+    cmd: list[str],
+    out_dir: str | os.PathLike,
+    *,
+    poll=None,
+    poll_every_s: float = 0.5,
+    env: dict | None = None,
+    deadline_s: float | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> int:
     """Run torchrun with its output in ``out_dir/train.log``; call ``poll()`` while it runs; return its exit code.
 
-    torchrun stays in the caller's process group, so a caller that kills that group (autotune's
-    refinement on a trial timeout) reaches it; torchrun puts each worker in a session of its own,
-    and the workers ask the kernel to kill them when torchrun dies (``trainer.main``).
+    torchrun runs in a process group of its own that this process owns (core.lifeline): a Ctrl-C at the
+    terminal reaches this process only, which stops the group (SIGTERM, then SIGKILL) on every way out,
+    exceptions and signals included. torchrun gets a parent-death signal, and a watchdog stops the group
+    if this process is killed with SIGKILL; the workers, each in a session torchrun gives it, die with
+    torchrun (``trainer.main``). ``deadline_s``: the group is stopped after that many seconds (returns
+    124), even if this process is stuck. ``pass_fds``: descriptors torchrun keeps (the run folder's lock).
     """
     import subprocess
     import time
+
+    from grpo_tune.core import lifeline, safeio
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -338,23 +354,71 @@ def run_workers(
     root = str(Path(__file__).resolve().parents[2])  # the folder holding the grpo_tune package
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("PYTHONUNBUFFERED", "1")
-    with open(out / "train.log", "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    with safeio.open_append(out / "train.log") as log, lifeline.Watchdog() as wd:
+        proc = lifeline.spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=pass_fds)
+        wd.guard(proc.pid, deadline_s=None if deadline_s is None else deadline_s + lifeline.GRACE_S)
         try:
             while proc.poll() is None:
                 if poll is not None:
                     poll()
+                if deadline_s is not None and time.monotonic() - t0 > deadline_s:
+                    lifeline.stop_group(proc.pid, proc=proc)
+                    return 124
                 time.sleep(poll_every_s)
-        except BaseException:  # Ctrl-C or an error in poll(): torchrun tears its workers down on SIGTERM
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            raise
-        if poll is not None:
-            poll()
+            if poll is not None:
+                poll()
+        finally:  # Ctrl-C, SIGTERM/SIGHUP/SIGQUIT (raised by cli.main), an error in poll(), or a clean end
+            if proc.poll() is None or lifeline.group_alive(proc.pid):
+                lifeline.stop_group(proc.pid, proc=proc)
+            wd.release(proc.pid)
     return proc.returncode
+
+
+def metric_steps(out_dir: str | os.PathLike) -> list[int]:
+    """The steps logged in ``out_dir/metrics.jsonl`` (bounded read; a torn or foreign line is skipped)."""
+    from grpo_tune.core import safeio
+
+    p = Path(out_dir) / "metrics.jsonl"
+    try:
+        text = safeio.read_text(p)
+    except FileNotFoundError:
+        return []
+    steps = []
+    for line in text.splitlines():
+        try:
+            st = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(st, int) and not isinstance(st, bool):
+            steps.append(st)
+    return steps
+
+
+def trim_metrics(out_dir: str | os.PathLike, done: int | None) -> None:
+    """Keep only the metric lines of steps up to ``done`` (the checkpoint resumed from; None: none at all).
+
+    A run killed after its last checkpoint, or before its first, logged steps that the rerun replays;
+    without this they would be logged twice. Done here, before any worker starts, and again by the
+    trainer itself when it resumes (for launches that do not go through the CLI)."""
+    from grpo_tune.core import safeio
+    from grpo_tune.core.config import atomic_write
+
+    p = Path(out_dir) / "metrics.jsonl"
+    try:
+        text = safeio.read_text(p)
+    except FileNotFoundError:
+        return
+    keep = []
+    for line in text.splitlines():
+        try:
+            st = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue  # a torn last line from a kill
+        if isinstance(st, int) and st <= (done or 0):
+            keep.append(line)
+    if len(keep) != len(text.splitlines()) or not text.endswith("\n") and text:
+        atomic_write(p, "".join(k + "\n" for k in keep))
 
 
 def worker_status(rc: int, out_dir: str | os.PathLike) -> tuple[str, str | None, int]:
@@ -373,8 +437,13 @@ def worker_status(rc: int, out_dir: str | os.PathLike) -> tuple[str, str | None,
 
 
 def log_tail(out_dir: str | os.PathLike, lines: int = 30) -> str:
+    """The last ``lines`` lines of train.log (its last 1 MiB at most; a link or FIFO there reads as nothing)."""
+    from grpo_tune.core import safeio
+
     p = Path(out_dir) / "train.log"
     try:
-        return "\n".join(p.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
+        size = os.lstat(p).st_size
+        data = safeio.read_bytes(p, max_bytes=1 << 20, offset=max(0, size - (1 << 20)))
+    except (OSError, GrpoTuneError):
         return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])

@@ -412,10 +412,9 @@ class GRPOLoop:
         if self.out_dir is None:
             return 0
         got = checkpoint.load(self.out_dir, rank=self.d.rank, world_size=self.d.world_size)
-        if got is None:
-            return 0
-        self.load_state_dict(got[1])
-        if self.d.log_rank:
+        if got is not None:
+            self.load_state_dict(got[1])
+        if self.d.log_rank:  # also with no checkpoint yet: a run killed before its first one logged steps
             _truncate_metrics(self.out_dir / "metrics.jsonl", self.step_done)
         return self.step_done
 
@@ -453,18 +452,24 @@ class GRPOLoop:
 
 
 def _append_jsonl(path: Path, rec: dict) -> None:
+    from grpo_tune.core import safeio
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fh.write(json.dumps(rec, allow_nan=True) + "\n")
+    with safeio.open_append(path) as fh:  # never through a link planted in the run folder
+        fh.write((json.dumps(rec, allow_nan=True) + "\n").encode())
         fh.flush()
 
 
 def _truncate_metrics(path: Path, steps_done: int) -> None:
     """Drop metric lines after the checkpoint we resume from (a killed run may have logged more)."""
-    if not path.exists():
+    from grpo_tune.core import safeio
+
+    try:
+        text = safeio.read_text(path)
+    except FileNotFoundError:
         return
     keep = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             if json.loads(line)["step"] <= steps_done:
                 keep.append(line)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from grpo_tune.costmodel.estimate import Estimate
 from . import space as S
 from .policy import ModelGuided
 from .runner import ProfileOutcome, positive, run_profile
-from .study import PARAM, StudyHandle, counted, open_study, recover
+from .study import PARAM, StudyHandle, counted, open_study, recover, worker_host
 
 POLICIES = ("model", "tpe")
 
@@ -280,6 +279,7 @@ def run_trials(
     host: str,
     say: Callable[[str], None] = lambda s: None,
     on_trial: Callable[[str], None] = lambda s: None,
+    requeue: Callable[[], None] | None = None,
 ) -> None:
     """Choose, measure and record trials until the study holds ``opts.trials`` profiled ones.
 
@@ -291,7 +291,18 @@ def run_trials(
 
     dist = IntDistribution(0, len(plans.keys) - 1)
     skips = 20 * opts.trials + 20  # hard stop for sampling loops that find nothing new
-    while counted(h.study) < opts.trials and skips > 0:
+    while skips > 0:
+        if requeue is not None:
+            requeue()  # a dead worker's trial goes back to the queue before this worker asks for the next one
+        if counted(h.study) >= opts.trials:
+            if requeue is None or not _profiling_elsewhere(h):
+                break
+            # the budget is reached only if the trials other workers are profiling finish: wait for them, and
+            # take one over if its worker dies (requeue() above fails it, and the count drops)
+            import time
+
+            time.sleep(max(0.2, min(h.heartbeat_s or 1.0, 5.0)))
+            continue
         repeat = False
         if plans.chooser is not None:
             asked = _ask(h, plans, plans.chooser, dist)
@@ -325,7 +336,16 @@ def run_trials(
         say("stopped sampling: the sampler kept proposing plans already measured or predicted far slower")
 
 
-def profile_measure(out: Path, inputs: tuple, opts: RefineOptions, study_name: str) -> Measure:
+def _profiling_elsewhere(h: StudyHandle) -> bool:
+    """Does some worker hold a RUNNING trial that is profiling (and so counts toward the budget)?"""
+    from optuna.trial import TrialState
+
+    return any(
+        t.user_attrs.get("running_profile") for t in h.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    )
+
+
+def profile_measure(out: Path, inputs: tuple, opts: RefineOptions, study_name: str, *, watchdog=None) -> Measure:
     """The real measuring function: write the trial's RunConfig and run ``grpo-tune profile`` on it."""
     model, hardware, cluster, workload = inputs
     base = opts.trainer or TrainerOptions()
@@ -347,7 +367,7 @@ def profile_measure(out: Path, inputs: tuple, opts: RefineOptions, study_name: s
         )
         path = save_config(cfg, tdir / "config.yaml")
         h.set_attr(number, "config", str(path))
-        host = socket.gethostname()
+        host = worker_host()
 
         def started(pid: int) -> None:
             h.set_attr(number, "worker", {"host": host, "pid": os.getpid(), "pgid": pid})
@@ -361,6 +381,7 @@ def profile_measure(out: Path, inputs: tuple, opts: RefineOptions, study_name: s
                 log_path=tdir / "profile.log",
                 profile_cmd=opts.profile_cmd,
                 on_start=started,
+                watchdog=watchdog,
             )
 
     return measure
@@ -413,23 +434,30 @@ def refine(
     storage = opts.storage or f"sqlite:///{(out / 'study.db').resolve()}"
     name = opts.study_name or S.default_study_name(model, hardware, cluster, workload)
     h = open_study(storage, name, opts.seed, opts.heartbeat_s, max(3 * opts.heartbeat_s, 30))
-    host = socket.gethostname()
+    host = worker_host()
     console = console or _console()
     if rejected:
         console.print(
             f"{len(rejected)} plan(s) the trainer cannot run were left out (e.g. {rejected[0]})", highlight=False
         )
-    _prepare(h, plans, opts, inputs, host, console)
-    with progress_bar(console, total=opts.trials, enabled=opts.progress, done=counted(h.study)) as bar:
-        run_trials(
-            h,
-            plans,
-            opts,
-            profile_measure(out, inputs, opts, name),
-            host=host,
-            say=lambda s: console.print(f"[yellow]{s}[/]"),
-            on_trial=lambda s: bar.advance(h, s),
-        )
+    from grpo_tune.core import lifeline
+    from grpo_tune.core.runlock import acquire
+
+    # the workers of one study share its folder (they coordinate through the study); train/profile may not
+    lock = acquire(out, "grpo-tune search --refine", shared=True, say=lambda s: console.print(s, highlight=False))
+    with lock, lifeline.Watchdog() as wd:
+        _prepare(h, plans, opts, inputs, host, console)
+        with progress_bar(console, total=opts.trials, enabled=opts.progress, done=counted(h.study)) as bar:
+            run_trials(
+                h,
+                plans,
+                opts,
+                profile_measure(out, inputs, opts, name, watchdog=wd),
+                host=host,
+                say=lambda s: console.print(f"[yellow]{s}[/]"),
+                on_trial=lambda s: bar.advance(h, s),
+                requeue=lambda: _requeue(h, plans, host, console),
+            )
     return finish(
         h, name=name, storage=storage, out=out, inputs=inputs, plans=plans, opts=opts, console=console, search=search
     )
@@ -460,18 +488,25 @@ def _prepare(h: StudyHandle, plans: Plans, opts: RefineOptions, inputs: tuple, h
             "[yellow]the plan space differs from the one this study started with (another calibration "
             "or profile?); plan_rank values are not comparable across the two, plan keys still are[/]"
         )
-    for plan in recover(h, host):
-        if plan in plans.index:
-            # an interrupted re-measurement of a plan measured before stays a repeat
-            again = any(i == plans.index[plan] for i, _ in _measured(h, plans)[0])
-            enqueue(h, plans, plans.index[plan], requeued=True, repeat=again)
-            console.print(f"[yellow]requeued interrupted plan[/] {plan}", highlight=False)
+    _requeue(h, plans, host, console)
     seed_study(h, plans, opts)
     done = counted(study)
     if done:
         console.print(
             f"resuming study [bold]{h.study.study_name}[/]: {done} profiled trial(s) already recorded", highlight=False
         )
+
+
+def _requeue(h: StudyHandle, plans: Plans, host: str, console) -> None:
+    """Fail the trials of dead workers (this host: the pid is gone; elsewhere: the heartbeat went stale) and
+    queue their plans again. Run at start and before every trial, so the live workers of a study take over the
+    trial of one that was killed."""
+    for plan in recover(h, host):
+        if plan in plans.index:
+            # an interrupted re-measurement of a plan measured before stays a repeat
+            again = any(i == plans.index[plan] for i, _ in _measured(h, plans)[0])
+            enqueue(h, plans, plans.index[plan], requeued=True, repeat=again)
+            console.print(f"[yellow]requeued interrupted plan[/] {plan}", highlight=False)
 
 
 def seed_study(h: StudyHandle, plans: Plans, opts: RefineOptions) -> None:

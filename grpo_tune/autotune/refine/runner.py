@@ -50,20 +50,33 @@ def run_profile(
     log_path: Path,
     profile_cmd: Sequence[str] | None = None,
     on_start: Callable[[int], None] | None = None,
+    watchdog: Any = None,
 ) -> ProfileOutcome:
-    """Run ``grpo-tune profile`` on one config in its own process group; never raises for a bad run."""
+    """Run ``grpo-tune profile`` on one config in its own process group; never raises for a bad run.
+
+    The trial dies with this process (core.lifeline: a parent-death signal, and ``watchdog`` when given,
+    which also stops the trial at its timeout if this process is gone or stuck); ``--timeout`` makes the
+    profile command stop its own workers at the same deadline."""
+    from grpo_tune.core import lifeline, safeio
+
     cmd = [*(profile_cmd or PROFILE_CMD), "--config", str(config_path), "--steps", str(steps), "--json", str(json_path)]
+    if profile_cmd is None:
+        cmd += ["--timeout", repr(float(timeout_s))]
     t0 = time.monotonic()
     json_path.unlink(missing_ok=True)
-    with open(log_path, "wb") as log:
+    try:
+        log = safeio.open_write(log_path)
+    except GrpoTuneError as exc:
+        return ProfileOutcome("error", exc.message, None, 0.0)
+    with log:
         log.write(("$ " + shlex.join(cmd) + "\n").encode())
         log.flush()
         try:
-            proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-            )
+            proc = lifeline.spawn(cmd, stdout=log, stderr=subprocess.STDOUT, sig=signal.SIGKILL)
         except OSError as exc:
             return ProfileOutcome("error", f"cannot start the profile command: {exc}", None, 0.0)
+        if watchdog is not None:
+            watchdog.guard(proc.pid, deadline_s=timeout_s + 2 * lifeline.GRACE_S)
         if on_start:
             on_start(proc.pid)
         try:
@@ -78,12 +91,14 @@ def run_profile(
         finally:
             # torchrun's workers live in the same group; make sure none outlive the trial.
             kill_group(proc.pid)
+            if watchdog is not None:
+                watchdog.release(proc.pid)
     dt = time.monotonic() - t0
     data = None
     if json_path.exists():
         try:
-            data = json.loads(json_path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            data = json.loads(safeio.read_text(json_path, max_bytes=16 << 20))
+        except (OSError, json.JSONDecodeError, GrpoTuneError) as exc:
             return ProfileOutcome("error", f"unreadable profile JSON ({exc}); exit code {rc}", None, dt)
     if not isinstance(data, dict):
         return ProfileOutcome(
@@ -111,8 +126,12 @@ def positive(x: Any) -> bool:
 
 
 def _tail(path: Path, n: int = 3) -> str:
+    from grpo_tune.core import safeio
+
     try:
-        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
+        size = os.lstat(path).st_size
+        data = safeio.read_bytes(path, offset=max(0, size - 65536), max_bytes=65536)
+    except (OSError, GrpoTuneError):
         return ""
+    lines = [ln for ln in data.decode(errors="replace").splitlines() if ln.strip()]
     return " | ".join(lines[-n:])[-400:]

@@ -100,6 +100,15 @@ def memory_study(seed: int | None) -> StudyHandle:
     return StudyHandle(study, st, st.get_study_id_from_name(study.study_name))
 
 
+def worker_host() -> str:
+    """The name a worker records on its trials: ``GRPO_TUNE_HOST`` when set (containers that share one host name
+    across machines must set it), else the host name. A RUNNING trial of another host is failed only when its
+    heartbeat goes stale; one of this host, as soon as its worker's pid is gone."""
+    import socket
+
+    return os.environ.get("GRPO_TUNE_HOST") or socket.gethostname()
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

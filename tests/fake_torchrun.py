@@ -1,0 +1,41 @@
+"""A stand-in for torchrun in the signal and lock tests: the same process shape, none of the cost.
+
+``python fake_torchrun.py OUT STEPS DELAY_S``: starts one "worker" in a session of its own that asks the
+kernel to SIGKILL it when this process dies (what torchrun and trainer.main do), appends one metrics line
+per step to OUT/metrics.jsonl, and on SIGTERM stops its worker and exits 143, as torchrun does. The pids of
+both go to OUT/fake.pids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WORKER = "import ctypes, time; ctypes.CDLL(None).prctl(1, 9); time.sleep(600)"
+
+
+def main(argv: list[str]) -> int:
+    out, steps, delay = Path(argv[0]), int(argv[1]), float(argv[2])
+    worker = subprocess.Popen([sys.executable, "-c", WORKER], start_new_session=True)
+
+    def term(signum, frame):
+        worker.kill()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, term)
+    (out / "fake.pids").write_text(f"{os.getpid()} {worker.pid}\n")
+    for step in range(1, steps + 1):
+        time.sleep(delay)
+        with open(out / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps({"step": step, "loss": 0.0, "step_s": delay}) + "\n")
+    worker.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
