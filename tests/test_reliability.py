@@ -396,7 +396,9 @@ def test_ctrl_c_of_a_real_run_prints_the_resume_line_and_the_rerun_shows_every_s
     cfg = _config(tmp_path, out, steps=40)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     cli = [sys.executable, "-c", "from grpo_tune.cli.main import run; run()", "train", "--config", str(cfg)]
-    p = subprocess.Popen(cli, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        cli, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         assert _wait_for(lambda: (out / "checkpoints" / "latest.json").exists() and len(_steps(out)) >= 3, 240)
         os.killpg(p.pid, signal.SIGINT)
@@ -408,7 +410,9 @@ def test_ctrl_c_of_a_real_run_prints_the_resume_line_and_the_rerun_shows_every_s
     assert "Traceback" not in err and "SignalException" not in err, err
     import re
 
-    m = re.search(r"interrupted at step (\d+); the last checkpoint is step (\d+); rerun the same command to resume", err)
+    m = re.search(
+        r"interrupted at step (\d+); the last checkpoint is step (\d+); rerun the same command to resume", err
+    )
     assert m, err
     ck = int(m.group(2))
     done = subprocess.run(

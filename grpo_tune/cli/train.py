@@ -388,7 +388,9 @@ def train(
     from grpo_tune.core.runlock import acquire, lock_name
 
     err = Console(stderr=True)
-    with acquire(out_dir, "grpo-tune train", say=lambda s: err.print(s, highlight=False), name=lock_name(node_rank)) as lk:
+    with acquire(
+        out_dir, "grpo-tune train", say=lambda s: err.print(s, highlight=False), name=lock_name(node_rank)
+    ) as lk:
         start = launch.check_resume(out_dir, lay.world_size)  # under the lock: no other writer can move it now
         console.print(
             f"training {cfg.model.name}: {lay.world_size} rank(s), {cfg.trainer.steps} steps"
