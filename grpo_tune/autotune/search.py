@@ -92,8 +92,9 @@ class SearchResult:
 class _Evaluator:
     """Calls the cost model and turns an Estimate into flat per-phase vectors."""
 
-    def __init__(self, space: Space, calibration: dict[str, float] | None):
+    def __init__(self, space: Space, calibration: dict[str, float] | None, price: Callable[..., Estimate] = estimate):
         self.space = space
+        self.price = price
         self.calibration = calibration
         self.calls = 0
         self.cache: dict[Strategy, Estimate] = {}
@@ -106,7 +107,7 @@ class _Evaluator:
         if est is None:
             self.calls += 1
             sp = self.space
-            est = self.cache[s] = estimate(
+            est = self.cache[s] = self.price(
                 model=sp.model,
                 hardware=sp.hardware,
                 cluster=sp.cluster,
@@ -160,6 +161,7 @@ def search(
     min_headroom: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
     log_prob_mbs_max: int | None = None,
+    _price: Callable[..., Estimate] = estimate,
 ) -> SearchResult:
     """Rank the valid plans for ``model`` on ``cluster``; raise NO_FEASIBLE_PLAN when none fits.
 
@@ -172,6 +174,7 @@ def search(
     only without it are not ranked. ``progress(done, total)`` is called as layouts are evaluated.
     ``log_prob_mbs_max``: each ranked plan (log_prob_mbs unpinned) takes the log-prob micro-batch up to it that
     ranks best (autotune/log_prob.py; tune passes a launch's that overflows); None: it follows mbs.
+    ``_price``: the cost model the plans are priced with (autotune.placement_search passes the training pool's).
     """
     if not 0.0 <= min_headroom < 0.5:
         raise ConfigError(f"min_headroom must be a fraction in [0, 0.5), got {min_headroom!r}")
@@ -182,7 +185,7 @@ def search(
     rolls = space.rolls()
     if not layouts or not rolls:
         _explain_empty(space, layouts, rolls)
-    ev = _Evaluator(space, calibration)
+    ev = _Evaluator(space, calibration, _price)
 
     roll0 = rolls[0]
     R_mem, R_tm = _rollout_deltas(space, ev, layouts[0], rolls)  # (n_roll, phases)

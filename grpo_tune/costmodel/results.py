@@ -114,6 +114,9 @@ class Estimate:
     host_bytes_per_node: float = 0.0
     details: Mapping[str, float] = field(default_factory=dict)
     """Figures behind the phase times for people (decode concurrency, micro-batches, ...)."""
+    placement: Mapping[str, Any] = field(default_factory=dict)
+    """Separate pools only (costmodel.placement): the split, each pool's busy fraction and headroom,
+    the sync's parts, tokens per dollar. Empty for a colocated plan."""
 
     @property
     def peak_bytes(self) -> float:
@@ -129,7 +132,9 @@ class Estimate:
 
     @property
     def headroom_bytes(self) -> float:
-        return self.capacity_bytes - self.peak_bytes
+        """Capacity less the peak; with separate pools, the smaller of the two pools' (their GPUs may differ)."""
+        h = self.placement.get("headroom_bytes") if self.placement else None
+        return self.capacity_bytes - self.peak_bytes if h is None else float(h)
 
     @property
     def step_s(self) -> float | None:
@@ -156,6 +161,7 @@ class Estimate:
             "headroom_bytes": int(self.headroom_bytes),
             "memory_bytes": {k: int(v.total_bytes) for k, v in self.memory.items()},
             "fits": bool(self.fits),
+            **({"placement": _plain(self.placement)} if self.placement else {}),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -178,4 +184,10 @@ class Estimate:
             "time": None if self.time is None else self.time.to_dict(),
             "throughput": None if self.throughput is None else self.throughput.to_dict(),
             "details": dict(self.details),
+            **({"placement": _plain(self.placement)} if self.placement else {}),
         }
+
+
+def _plain(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A placement block as plain YAML/JSON types (nested mappings copied, floats as floats)."""
+    return {k: (_plain(v) if isinstance(v, Mapping) else (float(v) if isinstance(v, float) else v)) for k, v in d.items()}

@@ -1,0 +1,578 @@
+"""Separate rollout and training pools, priced as a producer and a consumer.
+
+A colocated plan runs every phase on every GPU, in sequence (costmodel.timing). A separate plan
+splits the cluster: a *rollout pool* of ``rollout_gpus`` GPUs (its own hardware profile when it
+differs) runs only vLLM, and a *training pool* (the rest) runs only Megatron. The two meet at the
+weight sync, when the training pool's new weights are broadcast to every rollout replica.
+
+What each pool costs:
+
+- rollout pool: prefill + decode (costmodel.rollout) on the pool's own GPUs, with no vLLM sleep
+  or wake (verl's separate trainers require ``free_cache_engine=False``), and with the KV cache
+  that ``gpu_memory_utilization`` leaves on a GPU that holds no training state (so the search can
+  give vLLM up to 0.9 of HBM there);
+- training pool: reference log-probs, the update and any offload (costmodel.timing), with no vLLM
+  on its GPUs; the old log-probs are the rollout's own (verl's fully-async recipe sets
+  ``use_rollout_log_probs`` and ``rollout_correction.bypass_mode``), so that pass is not run;
+- weight sync across pools: the training side exports its tensors in HF layout (the TP/PP/EP
+  gathers of the colocated refit), then the whole model (bf16) is broadcast to every rollout GPU
+  over the link between the pools (NVLink when they share nodes, the NIC otherwise; the slower
+  profile's when the pools differ), in buckets of ``sync_bucket_mb`` with the profile's per-tensor
+  and per-bucket costs; each vLLM worker copies its rollout-TP slice into place.
+
+How the step composes (steady state, seconds per optimizer step):
+
+- staleness 0 (on-policy): generation, then the sync, then training, in sequence;
+- staleness >= 1: the pools overlap; a step is bounded by the slower pool plus what cannot
+  overlap: the sync (both pools stop for it; every ``sync_interval`` steps). The pipeline fill
+  (the first batch's generation, once per run) is reported apart as ``fill_s``;
+- partial rollout (staleness >= 1 only): verl's fully-async rollouter aborts the unfinished
+  sequences at a sync and resumes them under the new weights, so the long tail no longer holds the
+  batch; decode is priced at the sustained concurrency (every slot busy) and the tail's tokens are
+  carried into the next step.
+
+Each pool's busy fraction (one minus verl's ``idle_ratio``) is its own work over the step.
+Pure float math, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from core.errors import ConfigError, InvalidDegreesError
+from core.phases import Phase
+from core.specs import HardwareSpec, ModelSpec
+from core.strategy import Cluster, Strategy, Workload
+from core.units import GiB
+
+from . import memory
+from .estimate import estimate
+from .results import Estimate, PhaseMemory, PhaseTimes, Throughput, Violation
+from .rollout import native_rollout_s, rollout_s
+from .timing_base import PARAM_BYTES, attention_fraction, check_calibration, forward_flops_per_token, model_consts
+from .weight_sync import weight_sync_s
+
+MODES = ("colocated", "separate")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Where the rollout runs and how stale its samples may be."""
+
+    mode: str = "colocated"
+    """``colocated`` (every GPU runs every phase) or ``separate`` (a rollout pool and a training pool)."""
+    rollout_gpus: int = 0
+    """GPUs of the rollout pool (separate only); the training pool is the rest of the cluster."""
+    rollout_hardware: str | None = None
+    """The rollout pool's hardware profile when it differs from the training pool's."""
+    staleness: int = 0
+    """0 = on-policy; k = a sample is at most k policy versions old."""
+    partial_rollout: bool = False
+    """Unfinished sequences are resumed under the new weights after a sync (staleness >= 1)."""
+    sync_interval: int = 1
+    """Optimizer steps between weight syncs (at most the staleness)."""
+
+    @property
+    def separate(self) -> bool:
+        return self.mode == "separate"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "rollout_gpus": self.rollout_gpus,
+            "rollout_hardware": self.rollout_hardware,
+            "staleness": self.staleness,
+            "partial_rollout": self.partial_rollout,
+            "sync_interval": self.sync_interval,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "placement") -> "Placement":
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{where} must be a mapping")
+        known = set(cls().to_dict())
+        bad = sorted(set(data) - known)
+        if bad:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(bad)}", hint=f"known: {', '.join(sorted(known))}")
+        p = cls(**dict(data))
+        check_fields(p, where)
+        return p
+
+
+def check_fields(p: Placement, where: str = "placement") -> None:
+    """The rules between the placement's own fields (those against the cluster: :func:`pools`)."""
+
+    def _int(name: str, lo: int) -> int:
+        v = getattr(p, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ConfigError(f"{where}.{name} must be an integer >= {lo}, got {v!r}")
+        return v
+
+    if p.mode not in MODES:
+        raise ConfigError(f"{where}.mode must be one of {', '.join(MODES)}, got {p.mode!r}")
+    _int("rollout_gpus", 0)
+    k = _int("staleness", 0)
+    n = _int("sync_interval", 1)
+    if not isinstance(p.partial_rollout, bool):
+        raise ConfigError(f"{where}.partial_rollout must be true or false")
+    if p.mode == "colocated":
+        if p.rollout_gpus or p.rollout_hardware or k or p.partial_rollout or n != 1:
+            raise ConfigError(
+                f"{where}: rollout_gpus, rollout_hardware, staleness, partial_rollout and sync_interval "
+                "apply to separate pools only",
+                hint="set --placement separate, or drop those options",
+            )
+        return
+    if p.rollout_gpus < 1:
+        raise ConfigError(f"{where}: separate pools need rollout_gpus >= 1", hint="give --rollout-gpus N")
+    if p.partial_rollout and k < 1:
+        raise ConfigError(
+            f"{where}: partial rollout resumes sequences under newer weights, so it needs staleness >= 1",
+            hint="give --staleness 1, or --no-partial-rollout",
+        )
+    if n > max(1, k):
+        raise ConfigError(
+            f"{where}: sync_interval {n} exceeds the staleness {k}: samples would be {n - 1} versions older than allowed",
+            hint=f"give sync_interval <= {max(1, k)}",
+        )
+
+
+@dataclass(frozen=True)
+class Pools:
+    """The two pools of a separate plan as clusters, and whether they share nodes."""
+
+    rollout: Cluster
+    train: Cluster
+    shared_nodes: bool
+    """Pools on the same nodes (GPUs within a node): the sync runs over NVLink."""
+
+
+def pools(cluster: Cluster, rollout_gpus: int) -> Pools:
+    """Split ``cluster`` as verl's separate trainers can (one GPU count per node per pool):
+
+    - whole nodes: ``rollout_gpus`` a multiple of the node size (``rollout.nnodes`` nodes roll out);
+    - GPUs within a node: on one node, or the same ``rollout_gpus / nodes`` GPUs on every node
+      (verl's ``trainer.nnodes = rollout.nnodes``, the two ``n_gpus_per_node`` summing to the node).
+    """
+    gpn, n = cluster.gpus_per_node, cluster.gpus
+    nodes = cluster.nnodes
+    if not 1 <= rollout_gpus < n:
+        raise InvalidDegreesError(
+            f"rollout_gpus {rollout_gpus} must leave the training pool at least one of the {n} GPUs",
+            f"give --rollout-gpus between 1 and {n - 1}",
+        )
+    if n % gpn and nodes > 1:
+        raise InvalidDegreesError(
+            f"{n} GPUs are not whole nodes of {gpn}: separate pools need whole nodes", "give a multiple of the node"
+        )
+    if rollout_gpus % gpn == 0:
+        return Pools(Cluster(gpus=rollout_gpus, gpus_per_node=gpn), Cluster(gpus=n - rollout_gpus, gpus_per_node=gpn), False)
+    if nodes == 1:
+        return Pools(
+            Cluster(gpus=rollout_gpus, gpus_per_node=rollout_gpus),
+            Cluster(gpus=n - rollout_gpus, gpus_per_node=n - rollout_gpus),
+            True,
+        )
+    if rollout_gpus % nodes == 0 and rollout_gpus // nodes < gpn:
+        per = rollout_gpus // nodes
+        return Pools(Cluster(gpus=rollout_gpus, gpus_per_node=per), Cluster(gpus=n - rollout_gpus, gpus_per_node=gpn - per), True)
+    raise InvalidDegreesError(
+        f"rollout_gpus {rollout_gpus} on {nodes} nodes of {gpn} is neither whole nodes nor the same GPUs on every node",
+        f"give a multiple of {gpn} (whole nodes) or of {nodes} below {gpn * nodes} (GPUs on every node)",
+    )
+
+
+def split_candidates(cluster: Cluster) -> list[int]:
+    """Every rollout pool size :func:`pools` accepts, smallest first."""
+    out = []
+    for r in range(1, cluster.gpus):
+        try:
+            pools(cluster, r)
+        except InvalidDegreesError:
+            continue
+        out.append(r)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The parts
+# ---------------------------------------------------------------------------------------------
+
+
+def rollout_strategy(s: Strategy) -> Strategy:
+    """The rollout pool's engine: vLLM stays awake (verl's separate trainers need free_cache_engine off)."""
+    return s.replace(free_cache_engine=False)
+
+
+def train_strategy(s: Strategy) -> Strategy:
+    """The training pool's plan: no vLLM on its GPUs (no resident engine, no captured graphs)."""
+    return s.replace(free_cache_engine=True, enforce_eager=True, rollout_tp=1)
+
+
+def generation(
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: dict[str, float], *, partial: bool
+) -> dict[str, float]:
+    """Seconds the rollout pool needs for one step's batch: ``gen_s`` and its parts. With ``partial``,
+    decode runs at the sustained concurrency (every slot refilled, the tail carried over)."""
+    fn = native_rollout_s if hw.native_rollout else rollout_s
+    rs = fn(m, hw, cluster, s, wl, cal)
+    decode = rs["decode_s"]
+    if partial and not hw.native_rollout:
+        replicas = max(1, cluster.gpus // s.rollout_tp)
+        seqs = wl.prompts * wl.n / replicas
+        decode = seqs * wl.mean_response_len / rs["concurrency"] * rs["decode_step_s"]
+    gen = rs["prefill_s"] + decode + cal["rollout_overhead_s"]
+    return {"gen_s": gen, "prefill_s": rs["prefill_s"], "decode_s": decode, "concurrency": rs["concurrency"]}
+
+
+def rollout_memory(
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload
+) -> tuple[PhaseMemory, list[Violation]]:
+    """Bytes on a rollout-pool GPU: vLLM's weights, working set and KV cache; nothing of training."""
+    if hw.native_rollout:
+        raise ConfigError(
+            f"{hw.name} samples with the trainer's own model: it cannot host a separate rollout pool",
+            hint="give a vLLM hardware profile to --rollout-hardware",
+        )
+    kvc = memory.kv_cache_capacity(m, hw, s, wl, cluster.gpus)
+    graphs = 0.0 if s.enforce_eager else memory.CUDA_GRAPH_BYTES
+    parts = {
+        "rollout_weights": kvc.weights_bytes,
+        "rollout_activations": kvc.working_bytes - graphs,
+        "rollout_cuda_graphs": graphs,
+        "rollout_kv_cache": max(0.0, kvc.kv_bytes),
+    }
+    pm = PhaseMemory("rollout", parts, kvc.to_info())
+    cap = hw.hbm_bytes - hw.reserved_memory_bytes
+    out = []
+    if pm.total_bytes > cap:
+        out.append(
+            Violation(
+                "OOM_RISK",
+                f"rollout pool: vLLM takes {pm.total_bytes / GiB:.1f} GiB > {cap / GiB:.1f} GiB capacity",
+                phase="rollout",
+                bytes_over=pm.total_bytes - cap,
+            )
+        )
+    if kvc.kv_bytes <= 0 or kvc.sequences < 1:
+        need = (wl.prompt_len + wl.response_len) * kvc.bytes_per_token
+        out.append(
+            Violation(
+                "OOM_RISK",
+                f"rollout pool: the KV cache ({kvc.tokens} tokens) cannot hold one sequence of "
+                f"{wl.prompt_len + wl.response_len} tokens; raise gpu_memory_utilization or rollout_tp",
+                phase="rollout",
+                bytes_over=need - max(0.0, kvc.kv_bytes),
+            )
+        )
+    return pm, out
+
+
+def sync_link(hw_train: HardwareSpec, hw_roll: HardwareSpec, shared_nodes: bool, cal: Mapping[str, float]) -> tuple[float, float]:
+    """(bandwidth per GPU, latency) of the link the cross-pool broadcast runs over: NVLink when the pools
+    share nodes, the NIC otherwise; the slower of the two profiles' when they differ."""
+    scale = cal["comm_efficiency_scale"]
+    if shared_nodes:
+        bw = min(hw_train.intra_node_bandwidth_bytes_per_s, hw_roll.intra_node_bandwidth_bytes_per_s)
+        lat = max(hw_train.efficiency.intra_node_latency_s, hw_roll.efficiency.intra_node_latency_s)
+    else:
+        bw = min(hw_train.inter_node_bandwidth_bytes_per_s, hw_roll.inter_node_bandwidth_bytes_per_s)
+        lat = max(hw_train.efficiency.inter_node_latency_s, hw_roll.efficiency.inter_node_latency_s)
+    ce = min(hw_train.efficiency.comm_efficiency, hw_roll.efficiency.comm_efficiency) * scale
+    return bw * ce, lat / scale
+
+
+def cross_pool_sync(
+    m: ModelSpec,
+    hw_train: HardwareSpec,
+    hw_roll: HardwareSpec,
+    ps: Pools,
+    s: Strategy,
+    cal: dict[str, float],
+) -> dict[str, float]:
+    """Seconds of one cross-pool weight sync by part: ``export_s`` (the training side's TP/PP/EP gathers
+    into HF tensors, and the onload of offloaded parameters), ``transfer_s`` (the whole bf16 model to every
+    rollout GPU over the pools' link: a pipelined NCCL broadcast costs the bytes over the per-GPU bandwidth,
+    plus a latency per bucket), ``copy_s`` (each vLLM worker loads its rollout-TP slice), ``overhead_s``
+    (per tensor and per bucket) and ``sync_s`` (their sum, with the calibration's fixed cost)."""
+    c = model_consts(m)
+    nbytes = c["total_params"] * PARAM_BYTES
+    ws = weight_sync_s(m, hw_train, ps.train, train_strategy(s), cal)
+    bw, lat = sync_link(hw_train, hw_roll, ps.shared_nodes, cal)
+    buckets = math.ceil(nbytes / s.sync_bucket_bytes)
+    transfer = nbytes / bw + buckets * lat
+    e = hw_roll.efficiency
+    copy = nbytes / s.rollout_tp / (hw_roll.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
+    overhead = c["hf_tensors"] * e.sync_tensor_overhead_s + buckets * e.sync_bucket_overhead_s
+    export = ws["gather_s"] + ws["onload_s"]
+    total = export + transfer + copy + overhead + cal["weight_sync_overhead_s"]
+    return {
+        "export_s": export,
+        "transfer_s": transfer,
+        "copy_s": copy,
+        "overhead_s": overhead,
+        "sync_s": total,
+        "bytes_per_rollout_gpu": float(nbytes),
+        "link_bytes_per_s": bw,
+        "buckets": float(buckets),
+    }
+
+
+def compose_step(gen_s: float, train_s: float, sync_s: float, staleness: int, sync_interval: int = 1) -> dict[str, float]:
+    """The steady-state step of two pools and each pool's busy fraction.
+
+    staleness 0: ``gen + sync + train`` (in sequence); staleness >= 1: ``max(gen, train) + sync / interval``
+    (the pools overlap, both stop for the sync)."""
+    if staleness <= 0:
+        step = gen_s + sync_s + train_s
+    else:
+        step = max(gen_s, train_s) + sync_s / sync_interval
+    return {
+        "step_s": step,
+        "rollout_busy": gen_s / step if step > 0 else 0.0,
+        "train_busy": train_s / step if step > 0 else 0.0,
+        "exposed_sync_s": sync_s if staleness <= 0 else sync_s / sync_interval,
+    }
+
+
+def tokens_per_usd(tokens: float, step_s: float, gpu_hours_price: float | None) -> float | None:
+    """Tokens trained per US dollar: ``gpu_hours_price`` is the cluster's price per hour (None: unknown)."""
+    if not gpu_hours_price or step_s <= 0:
+        return None
+    return tokens / (step_s / 3600.0 * gpu_hours_price)
+
+
+def cluster_price(hw_train: HardwareSpec, train_gpus: int, hw_roll: HardwareSpec | None = None, rollout_gpus: int = 0) -> float | None:
+    """US dollars per hour of the two pools together (None when a profile has no price)."""
+    pt = hw_train.price_per_gpu_hour_usd
+    if pt is None:
+        return None
+    if rollout_gpus:
+        pr = (hw_roll or hw_train).price_per_gpu_hour_usd
+        if pr is None:
+            return None
+        return pt * train_gpus + pr * rollout_gpus
+    return pt * train_gpus
+
+
+# ---------------------------------------------------------------------------------------------
+# The estimate
+# ---------------------------------------------------------------------------------------------
+
+_TRAIN_PHASES = (Phase.REF_LOGPROB.value, Phase.UPDATE.value, Phase.OFFLOAD.value)
+
+
+def train_pool(
+    *,
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    cluster: Cluster,
+    strategy: Strategy,
+    workload: Workload,
+    calibration: dict[str, float] | None = None,
+) -> Estimate:
+    """The training pool alone: the colocated estimate on the pool's GPUs without vLLM (its rollout and
+    weight-sync phases, the old log-prob pass that the rollout's log-probs replace, and their violations
+    dropped). ``time.step_s`` is the pool's own seconds per step. The search ranks training plans with it."""
+    est = estimate(
+        model=model,
+        hardware=hardware,
+        cluster=cluster,
+        strategy=train_strategy(strategy),
+        workload=workload,
+        calibration=calibration,
+    )
+    cal = check_calibration(calibration)
+    assert est.time is not None
+    phases = {k: v for k, v in est.time.phases.items() if k in _TRAIN_PHASES}
+    step = sum(phases.values()) + cal["step_overhead_s"]
+    mem = {k: v for k, v in est.memory.items() if k not in ("rollout", "weight_sync")}
+    viol = tuple(v for v in est.violations if v.phase not in ("rollout", "weight_sync"))
+    wl = workload
+    tokens = wl.sequences * wl.mean_seq_len
+    return _replace_est(
+        est,
+        memory=mem,
+        violations=viol,
+        time=PhaseTimes(step_s=step, phases=MappingProxyType(phases)),
+        throughput=Throughput(tokens_per_s_per_gpu=tokens / step / cluster.gpus, model_tflops_per_gpu=0.0, mfu=0.0),
+    )
+
+
+def _replace_est(est: Estimate, **kw: Any) -> Estimate:
+    import dataclasses
+
+    return dataclasses.replace(est, **kw)
+
+
+def estimate_separate(
+    *,
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    cluster: Cluster,
+    strategy: Strategy,
+    workload: Workload,
+    placement: Placement,
+    rollout_hardware: HardwareSpec | None = None,
+    calibration: dict[str, float] | None = None,
+    train: Estimate | None = None,
+) -> Estimate:
+    """A separate-pool plan: ``strategy`` holds the training pool's layout and the rollout pool's engine
+    (``rollout_tp``, ``gpu_memory_utilization``, ...); ``time.step_s`` is the steady-state step
+    (:func:`compose_step`), the phases are each pool's own, ``placement`` holds the pools' figures.
+    ``train``: the training pool's :func:`train_pool` estimate when the caller has it."""
+    check_fields(placement)
+    if not placement.separate:
+        raise ConfigError("estimate_separate prices separate pools: give placement.mode = 'separate'")
+    m, wl = model, workload
+    hw_r = rollout_hardware or hardware
+    cal = check_calibration(calibration)
+    ps = pools(cluster, placement.rollout_gpus)
+    s = strategy
+    _check_rollout_degrees(m, s, ps.rollout)
+    if train is None:
+        train = train_pool(model=m, hardware=hardware, cluster=ps.train, strategy=s, workload=wl, calibration=calibration)
+    assert train.time is not None
+    roll_s = rollout_strategy(s)
+    partial = placement.partial_rollout and placement.staleness >= 1
+    g = generation(m, hw_r, ps.rollout, roll_s, wl, cal, partial=partial)
+    rmem, rviol = rollout_memory(m, hw_r, ps.rollout, roll_s, wl)
+    sync = cross_pool_sync(m, hardware, hw_r, ps, s, cal)
+    t_train = train.time.step_s
+    comp = compose_step(g["gen_s"], t_train, sync["sync_s"], placement.staleness, placement.sync_interval)
+    step = comp["step_s"]
+    phases = {Phase.ROLLOUT.value: g["gen_s"], Phase.WEIGHT_SYNC.value: sync["sync_s"], **train.time.phases}
+    seq = wl.mean_seq_len
+    tokens = wl.sequences * seq
+    passes = 2 + (1 if wl.kl else 0) + 3 * wl.ppo_epochs
+    flops = passes * tokens * forward_flops_per_token(m, seq, causal_fraction=attention_fraction(hardware))
+    gpus = cluster.gpus
+    tflops = flops / step / gpus
+    price = cluster_price(hardware, ps.train.gpus, hw_r, ps.rollout.gpus)
+    cap_t = hardware.hbm_bytes - hardware.reserved_memory_bytes
+    cap_r = hw_r.hbm_bytes - hw_r.reserved_memory_bytes
+    head_t = cap_t - max((p.total_bytes for p in train.memory.values()), default=0.0)
+    head_r = cap_r - rmem.total_bytes
+    figures = {
+        "mode": "separate",
+        "rollout_gpus": ps.rollout.gpus,
+        "train_gpus": ps.train.gpus,
+        "rollout_gpus_per_node": ps.rollout.gpus_per_node,
+        "train_gpus_per_node": ps.train.gpus_per_node,
+        "shared_nodes": ps.shared_nodes,
+        "rollout_hardware": hw_r.name,
+        "staleness": placement.staleness,
+        "partial_rollout": partial,
+        "sync_interval": placement.sync_interval,
+        "gen_s": g["gen_s"],
+        "train_s": t_train,
+        "sync_s": sync["sync_s"],
+        "exposed_sync_s": comp["exposed_sync_s"],
+        "fill_s": g["gen_s"] if placement.staleness >= 1 else 0.0,
+        "rollout_busy": comp["rollout_busy"],
+        "train_busy": comp["train_busy"],
+        "tokens_per_usd": tokens_per_usd(tokens, step, price),
+        "price_per_hour_usd": price,
+        "rollout_capacity_bytes": cap_r,
+        "train_capacity_bytes": cap_t,
+        "rollout_headroom_bytes": head_r,
+        "train_headroom_bytes": head_t,
+        "headroom_bytes": min(head_t, head_r),
+        "sync": {k: v for k, v in sync.items()},
+        "decode_concurrency": g["concurrency"],
+        "kv_cache_tokens": float(rmem.info.get("kv_cache_tokens", 0.0)),
+    }
+    details = dict(train.details)
+    details.update(
+        prefill_s=g["prefill_s"],
+        decode_s=g["decode_s"],
+        decode_concurrency=g["concurrency"],
+        **{f"weight_sync_{k}": v for k, v in sync.items() if k.endswith("_s")},
+    )
+    mem = dict(train.memory)
+    mem["rollout"] = rmem
+    return Estimate(
+        model=m,
+        hardware=hardware,
+        cluster=cluster,
+        strategy=train.strategy.replace(
+            rollout_tp=s.rollout_tp,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            max_num_seqs=s.max_num_seqs,
+            enforce_eager=s.enforce_eager,
+            free_cache_engine=False,
+        ),
+        workload=wl,
+        params=train.params,
+        memory=mem,
+        capacity_bytes=cap_t,
+        time=PhaseTimes(step_s=step, phases=MappingProxyType(phases)),
+        throughput=Throughput(
+            tokens_per_s_per_gpu=tokens / step / gpus,
+            model_tflops_per_gpu=tflops / 1e12,
+            mfu=tflops / hardware.bf16_dense_flops_per_s,
+        ),
+        violations=tuple(train.violations) + tuple(rviol),
+        host_bytes_per_node=train.host_bytes_per_node,
+        details=MappingProxyType(details),
+        placement=MappingProxyType(figures),
+    )
+
+
+def colocated_figures(est: Estimate) -> dict[str, Any]:
+    """The placement block of a colocated estimate: every GPU busy all the step, its cost per token."""
+    wl = est.workload
+    tokens = wl.sequences * wl.mean_seq_len
+    step = est.step_s or 0.0
+    price = cluster_price(est.hardware, est.cluster.gpus)
+    return {
+        "mode": "colocated",
+        "rollout_gpus": est.cluster.gpus,
+        "train_gpus": est.cluster.gpus,
+        "staleness": 0,
+        "rollout_busy": 1.0,
+        "train_busy": 1.0,
+        "tokens_per_usd": tokens_per_usd(tokens, step, price),
+        "price_per_hour_usd": price,
+    }
+
+
+def _check_rollout_degrees(m: ModelSpec, s: Strategy, roll: Cluster) -> None:
+    """vLLM's TP must divide the rollout pool and the heads, within one of the pool's nodes."""
+    rtp = s.rollout_tp
+    kv = m.heads if m.is_mla else m.kv_heads
+    if roll.gpus % rtp:
+        raise InvalidDegreesError(
+            f"rollout_tp {rtp} does not divide the rollout pool's {roll.gpus} GPUs",
+            "give a rollout TP that divides --rollout-gpus",
+        )
+    if m.heads % rtp or not (kv % rtp == 0 or rtp % kv == 0):
+        raise InvalidDegreesError(
+            f"rollout_tp {rtp} does not divide {m.name}'s {m.heads} heads / {kv} KV heads", "give a divisor of the heads"
+        )
+    if rtp > roll.gpus_per_node and rtp % roll.gpus_per_node:
+        raise InvalidDegreesError(
+            f"rollout_tp {rtp} spans part of a node of the rollout pool ({roll.gpus_per_node} GPUs per node)",
+            "give a rollout TP within one node, or whole nodes",
+        )
+
+
+__all__ = [
+    "MODES",
+    "Placement",
+    "Pools",
+    "check_fields",
+    "colocated_figures",
+    "compose_step",
+    "cross_pool_sync",
+    "estimate_separate",
+    "generation",
+    "pools",
+    "rollout_memory",
+    "split_candidates",
+    "sync_link",
+    "train_pool",
+]
