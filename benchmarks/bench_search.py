@@ -1,7 +1,8 @@
 """How long the full search takes on one core: 7B on 8 H100 (target <= 1 s) and DeepSeek-V3 on
-512 H100 (target <= 15 s).
+512 H100 (target <= 15 s), with colocated plans only (default) or with separate pools in the space
+too (``--placement auto``, staleness up to 1; the winner column stays the colocated best).
 
-    python benchmarks/bench_search.py [--repeat 3]
+    python benchmarks/bench_search.py [--repeat 3] [--placement auto]
 
 Prints the size of the valid space, the cost-model calls, the plans scored by combination, and
 the best wall time and CPU time (this process, one thread) of ``--repeat`` runs. Pin the process
@@ -15,6 +16,7 @@ import argparse
 import os
 import time
 
+from grpo_tune.autotune.placement_search import search_placement
 from grpo_tune.autotune.search import search, step_s
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Workload
@@ -25,6 +27,12 @@ CASES = [("7b", 8, "h100", 1.0), ("qwen3-30b-a3b", 64, "h100", None), ("deepseek
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--placement",
+        default="colocated",
+        choices=("colocated", "auto"),
+        help="auto: colocated and separate pools in the space (staleness up to 1), same targets",
+    )
     args = ap.parse_args()
     try:
         cores = len(os.sched_getaffinity(0))
@@ -41,7 +49,11 @@ def main() -> None:
         best_t, best_cpu, res = float("inf"), float("inf"), None
         for _ in range(args.repeat):
             t0, c0 = time.perf_counter(), time.process_time()
-            res = search(m, h, cl, Workload())
+            if args.placement == "auto":
+                pres = search_placement(m, h, cl, Workload(), placement="auto", staleness=1)
+                res = pres.colocated
+            else:
+                res = search(m, h, cl, Workload())
             best_t = min(best_t, time.perf_counter() - t0)
             best_cpu = min(best_cpu, time.process_time() - c0)
         s = res.best.strategy
@@ -50,6 +62,14 @@ def main() -> None:
             f"off={','.join(s.offload) or '-'} rtp{s.rollout_tp}@{s.gpu_memory_utilization} "
             f"step {step_s(res.best):.1f}s"
         )
+        if args.placement == "auto":
+            sb = pres.best_separate
+            win += (
+                " | separate none fits"
+                if sb is None
+                else f" | separate {sb.placement['rollout_gpus']}+{sb.placement['train_gpus']} "
+                f"K{sb.placement['staleness']} step {sb.step_s:.1f}s ({pres.speedup():.2f}x)"
+            )
         tgt = "-" if target is None else f"{target:g}"
         ok = "" if target is None else (" ok" if min(best_t, best_cpu) <= target else " SLOW")
         print(

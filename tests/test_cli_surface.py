@@ -54,6 +54,14 @@ PLAN = [
     # verl's weight-sync bucket (rollout.checkpoint_engine.update_weights_bucket_megabytes)
     "--sync-bucket-mb",
 ]
+# Placement: separate rollout and training pools (estimate and search; auto on search only).
+PLACE = [
+    "--placement",
+    "--rollout-gpus",
+    "--rollout-hardware",
+    "--staleness",
+    "--partial-rollout / --no-partial-rollout",
+]
 
 # Flags of the commands that launch a run from a config (train and profile).
 RUN = [
@@ -68,8 +76,9 @@ RUN = [
 ]
 
 SURFACE = {
-    "estimate": PLAN + ["--calibration"],
+    "estimate": PLAN + PLACE + ["--calibration"],
     "search": PLAN
+    + PLACE
     + [
         "--all",
         "--allow-cross-node-tp",
@@ -85,7 +94,7 @@ SURFACE = {
         "--trial-timeout",
         "--trials",
     ],
-    "compare": PLAN + ["--calibration", "--min-headroom", "--out"],
+    "compare": PLAN + PLACE + ["--calibration", "--min-headroom", "--out"],
     "diagnose": ["--hardware", "--json", "--model -m", "PATH"],
     "validate": ["--data", "--grpo", "--hardware", "--json", "--refit", "--tolerance"],
     "train": RUN + ["--dry-run", "--resume / --no-resume", "--slurm"],

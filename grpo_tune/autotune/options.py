@@ -186,6 +186,64 @@ MinHeadroom = Annotated[
     ),
 ]
 MIN_HEADROOM_DEFAULT = 0.05
+P_PLACE = "Placement (separate rollout and training pools)"
+PlacementOpt = Annotated[
+    str,
+    typer.Option(
+        "--placement",
+        help="colocated (every GPU runs every phase) | separate (a rollout pool and a training pool); "
+        "search also takes auto (the better of the two). Default colocated.",
+        rich_help_panel=P_PLACE,
+    ),
+]
+RolloutGpus = Annotated[
+    Optional[int],
+    typer.Option(
+        "--rollout-gpus",
+        help="GPUs of the rollout pool (the training pool is the rest of --gpus): whole nodes, or the same "
+        "GPUs on every node. Unset in search: searched.",
+        rich_help_panel=P_PLACE,
+    ),
+]
+RolloutHardware = Annotated[
+    Optional[str],
+    typer.Option(
+        "--rollout-hardware",
+        help="Hardware profile of the rollout pool (default: --hardware).",
+        rich_help_panel=P_PLACE,
+    ),
+]
+Staleness = Annotated[
+    int,
+    typer.Option(
+        "--staleness",
+        help="Policy versions a sample may lag (0 = on-policy, the default; search tries 0..K).",
+        rich_help_panel=P_PLACE,
+    ),
+]
+PartialRollout = Annotated[
+    bool,
+    typer.Option(
+        "--partial-rollout/--no-partial-rollout",
+        help="Resume unfinished responses under the new weights after a sync (needs --staleness >= 1). Default off.",
+        rich_help_panel=P_PLACE,
+    ),
+]
+# (name, Annotated type, default) in --help order: the placement flags of estimate, search, compare and tune.
+PLACEMENT_FLAGS = (
+    ("placement", PlacementOpt, "colocated"),
+    ("rollout_gpus", RolloutGpus, None),
+    ("rollout_hardware", RolloutHardware, None),
+    ("staleness", Staleness, 0),
+    ("partial_rollout", PartialRollout, False),
+)
+
+
+def placement_flags(plan: dict) -> dict:
+    """Pop the placement flags out of a command's ``**plan`` (defaults filled in)."""
+    return {name: plan.pop(name, default) for name, _, default in PLACEMENT_FLAGS}
+
+
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 
 

@@ -23,13 +23,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from core.errors import ConfigError, GrpoTuneError, InvalidDegreesError
-from core.specs import HardwareSpec, ModelSpec
-from core.strategy import Cluster, Strategy, Workload, divisors
-from costmodel import placement as P
-from costmodel.estimate import Estimate
-from costmodel.params import total_params
-from costmodel.timing_base import check_calibration
+from grpo_tune.core.errors import ConfigError, GrpoTuneError, InvalidDegreesError
+from grpo_tune.core.specs import HardwareSpec, ModelSpec
+from grpo_tune.core.strategy import Cluster, Strategy, Workload, divisors
+from grpo_tune.costmodel import placement as P
+from grpo_tune.costmodel.estimate import Estimate
+from grpo_tune.costmodel.params import total_params
+from grpo_tune.costmodel.timing_base import check_calibration
 
 PLACEMENT_CHOICES = ("colocated", "separate", "auto")
 ROLLOUT_GMU_GRID = (0.6, 0.7, 0.8, 0.9)
@@ -80,7 +80,12 @@ class PlacementResult:
 
 
 def check_request(
-    mode: str, staleness: int, rollout_gpus: int | None, partial: bool | None, cluster: Cluster, rollout_hw: HardwareSpec | None
+    mode: str,
+    staleness: int,
+    rollout_gpus: int | None,
+    partial: bool | None,
+    cluster: Cluster,
+    rollout_hw: HardwareSpec | None,
 ) -> None:
     if mode not in PLACEMENT_CHOICES:
         raise ConfigError(f"--placement must be one of {', '.join(PLACEMENT_CHOICES)}, got {mode!r}")
@@ -99,9 +104,7 @@ def check_request(
         P.pools(cluster, rollout_gpus)  # a coded error for a split verl cannot express
 
 
-def rollout_options(
-    m: ModelSpec, hw: HardwareSpec, roll: Cluster, pins: dict[str, Any]
-) -> list[dict[str, Any]]:
+def rollout_options(m: ModelSpec, hw: HardwareSpec, roll: Cluster, pins: dict[str, Any]) -> list[dict[str, Any]]:
     """vLLM engines a rollout pool can run: TP within one of its nodes dividing its GPUs and the heads, memory
     fractions up to 0.9, max_num_seqs and CUDA graphs (the pins fix any of them)."""
     kv = m.heads if m.is_mla else m.kv_heads
@@ -127,7 +130,13 @@ def rollout_options(
 
 
 def best_rollout(
-    m: ModelSpec, hw: HardwareSpec, roll: Cluster, wl: Workload, pins: dict[str, Any], cal: dict[str, float], partial: bool
+    m: ModelSpec,
+    hw: HardwareSpec,
+    roll: Cluster,
+    wl: Workload,
+    pins: dict[str, Any],
+    cal: dict[str, float],
+    partial: bool,
 ) -> tuple[dict[str, Any], float] | None:
     """The fastest rollout engine that fits the pool: (knobs, generation seconds), or None."""
     best = None
@@ -193,7 +202,9 @@ def search_placement(
     if workload.kind != "grpo" and placement != "colocated":
         raise ConfigError("separate pools are for GRPO (there is no rollout in pretraining)", hint="drop --placement")
     res = PlacementResult(best=None)  # type: ignore[arg-type]
-    kw = dict(top=top, calibration=calibration, allow_cross_node_tp=allow_cross_node_tp, min_headroom=min_headroom)
+    kw: dict[str, Any] = dict(
+        top=top, calibration=calibration, allow_cross_node_tp=allow_cross_node_tp, min_headroom=min_headroom
+    )
     if placement in ("colocated", "auto"):
         res.colocated = colocated or search(model, hardware, cluster, workload, pins=pins, progress=progress, **kw)
     if placement in ("separate", "auto"):
@@ -218,7 +229,9 @@ def search_placement(
             res.separate = []  # auto: no separate plan fits; the colocated one stands
     cands = [e for e in (res.best_colocated, res.best_separate) if e is not None]
     if not cands:
-        raise InvalidDegreesError(f"no separate-pool plan fits {model.name} on {cluster.gpus} GPUs", "try --placement colocated")
+        raise InvalidDegreesError(
+            f"no separate-pool plan fits {model.name} on {cluster.gpus} GPUs", "try --placement colocated"
+        )
     res.best = min(cands, key=lambda e: (e.step_s, 0 if not e.placement else 1))
     res.seconds = time.perf_counter() - t0
     return res
@@ -229,7 +242,9 @@ def _train_pins(pins: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in pins.items() if k not in rollout}, **_TRAIN_PINS}
 
 
-def _separate(m, hw, cluster, wl, K, pinned_r, hw_r, partial_flag, pins, kw, colocated_train_s=None, colocated_seeds=None):
+def _separate(
+    m, hw, cluster, wl, K, pinned_r, hw_r, partial_flag, pins, kw, colocated_train_s=None, colocated_seeds=None
+):
     from .search import search
 
     hw_r = hw_r or hw
@@ -309,7 +324,9 @@ def _separate(m, hw, cluster, wl, K, pinned_r, hw_r, partial_flag, pins, kw, col
     # 3. exact: each kept split composed per staleness with its best training plans
     out: list[Estimate] = []
     if not any(repriced(r) for r in keep):  # none repriced: search the best kept split's pool in full
-        best_r = min(keep, key=lambda r: next((st for st, rr in _order0 if rr == r), math.inf)) if _order0 else min(keep)
+        best_r = (
+            min(keep, key=lambda r: next((st for st, rr in _order0 if rr == r), math.inf)) if _order0 else min(keep)
+        )
         repriced(best_r, search_if_none=True)
     for r in sorted(keep):
         tr = repriced(r)
@@ -346,7 +363,9 @@ def _separate(m, hw, cluster, wl, K, pinned_r, hw_r, partial_flag, pins, kw, col
             if best_e is not None:
                 out.append(best_e)
     if not out:
-        raise InvalidDegreesError(f"no separate-pool plan fits {m.name} on {cluster.gpus} GPUs", "try --placement colocated")
+        raise InvalidDegreesError(
+            f"no separate-pool plan fits {m.name} on {cluster.gpus} GPUs", "try --placement colocated"
+        )
     out.sort(key=_rank)
     return out, splits, len([v for v in tsearch.values() if v is not None])
 

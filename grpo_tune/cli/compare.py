@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_tune.autotune.options import (
+    PLACEMENT_FLAGS,
+    placement_flags,
     MIN_HEADROOM_DEFAULT,
     Json,
     MinHeadroom,
@@ -24,7 +26,7 @@ from grpo_tune.autotune.options import (
     plan_inputs,
     workload_flags,
 )
-from grpo_tune.cli.plan_options import plan_flags, plan_options
+from grpo_tune.cli.plan_options import flags_after, plan_flags, plan_options
 from grpo_tune.autotune.calibrate import load as load_calibration
 from grpo_tune.core.errors import ConfigError, NoFeasiblePlanError
 from grpo_tune.core.units import GiB
@@ -64,6 +66,7 @@ def compare_rows(
     calibration: dict[str, float] | None = None,
     min_headroom: float = 0.0,
     calibration_hardware: str | None = None,
+    place: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per hardware profile: the best plan's figures, or why none fits."""
     from grpo_tune.autotune.report import plan_label
@@ -84,11 +87,14 @@ def compare_rows(
             # a calibration file is fitted on one hardware: it applies to that profile's row only
             cal = calibration if calibration_hardware in (None, hw.name) else None
             res = search(m, hw, cluster, wl, pins=pins, top=1, calibration=cal, min_headroom=min_headroom)
+            placed = None
+            if place and (place["placement"] != "colocated" or _separate_asked(place)):
+                placed = _placed(m, hw, cluster, wl, pins, cal, min_headroom, place, res)
         except NoFeasiblePlanError as exc:
             row.update(fits=False, error=exc.to_dict())
             rows.append(row)
             continue
-        b = res.best
+        b = res.best if placed is None else placed.best
         tps = tokens_per_s_per_gpu(b)
         row.update(
             fits=True,
@@ -104,8 +110,42 @@ def compare_rows(
             headroom_bytes=int(b.headroom_bytes),
             search=res.stats(),
         )
+        if b.placement:
+            row["placement"] = dict(b.placement)
         rows.append(row)
     return rows
+
+
+def _separate_asked(place: dict[str, Any]) -> bool:
+    return bool(place["rollout_gpus"] or place["rollout_hardware"] or place["staleness"] or place["partial_rollout"])
+
+
+def _placed(m, hw, cluster, wl, pins, cal, min_headroom, place, colocated):
+    """The best plan of the placement asked for (auto: the better of colocated and separate pools)."""
+    from grpo_tune.autotune.placement_search import search_placement
+    from grpo_tune.core.specs import load_hardware
+
+    if place["placement"] == "colocated":
+        raise ConfigError(
+            "--rollout-gpus, --rollout-hardware, --staleness and --partial-rollout need separate pools",
+            hint="add --placement separate or --placement auto",
+        )
+    return search_placement(
+        m,
+        hw,
+        cluster,
+        wl,
+        placement=place["placement"],
+        staleness=place["staleness"],
+        rollout_gpus=place["rollout_gpus"],
+        rollout_hardware=load_hardware(place["rollout_hardware"]) if place["rollout_hardware"] else None,
+        partial_rollout=place["partial_rollout"],
+        pins=pins,
+        top=1,
+        calibration=cal,
+        min_headroom=min_headroom,
+        colocated=colocated if place["placement"] == "auto" else None,
+    )
 
 
 CalibrationFile = Annotated[
@@ -117,6 +157,7 @@ CalibrationFile = Annotated[
 ]
 
 
+@flags_after("calibration", PLACEMENT_FLAGS)
 @plan_options(degrees_after="hardware", workload_before="json_out", target=True)
 def compare(
     hardware: HardwareList = "h100,h200,a100",
@@ -138,6 +179,7 @@ def compare(
 
         # before the searches, not after them (issue 14)
         check_out_dir(out, "--out", inputs={"--calibration": calibration})
+    place = placement_flags(plan)
     flags = plan_flags(plan)
     model, gpus = flags["model"], flags["gpus"]
     pins, wkw = pins_from_flags(flags), workload_flags(flags)
@@ -155,6 +197,7 @@ def compare(
         min_headroom=min_headroom,
         calibration=cal,
         calibration_hardware=cal_hw,
+        place=place,
     )
     if out is None:
         from grpo_tune.core.specs import load_model

@@ -19,7 +19,8 @@ from grpo_tune.autotune.options import Gpus, Hardware, Json, Model, inputs_from_
 from grpo_tune.autotune.calibrate import load as load_calibration
 from grpo_tune.costmodel.estimate import Estimate, estimate as run_estimate
 from grpo_tune.core.strategy import SYNC_BUCKET_MB, Strategy
-from grpo_tune.cli.plan_options import plan_flags, plan_options
+from grpo_tune.cli.plan_options import flags_after, plan_flags, plan_options
+from grpo_tune.autotune.options import PLACEMENT_FLAGS, placement_flags
 from grpo_tune.core.units import GiB
 
 
@@ -157,6 +158,7 @@ CalibrationFile = Annotated[
 ]
 
 
+@flags_after("calibration", PLACEMENT_FLAGS)
 @plan_options(degrees_after="gpus", workload_before="json_out")
 def estimate(
     model: Model,
@@ -167,14 +169,100 @@ def estimate(
     **plan: Any,
 ) -> None:
     """Memory per rank per GRPO phase (and time, where the time model is present) for one plan."""
+    place = placement_flags(plan)
     m, hw, cluster, wl, pins = inputs_from_flags(plan_flags(plan, model=model, hardware=hardware, gpus=gpus))
     strategy = Strategy.from_dict(pins, where="options")
     cal = load_calibration(calibration, hardware=hw.name) if calibration is not None else None
-    est = run_estimate(model=m, hardware=hw, cluster=cluster, strategy=strategy, workload=wl, calibration=cal)
+    if place["placement"] == "colocated" and not _asks_separate(place):
+        est = run_estimate(model=m, hardware=hw, cluster=cluster, strategy=strategy, workload=wl, calibration=cal)
+    else:
+        est = _estimate_separate(m, hw, cluster, strategy, wl, cal, place)
     if json_out:
         print(json.dumps(est.to_dict(), indent=2))
         return
     print_estimate(est, Console())
+    if est.placement:
+        print_pools(est, Console())
+
+
+def _asks_separate(place: dict[str, Any]) -> bool:
+    return bool(place["rollout_gpus"] or place["rollout_hardware"] or place["staleness"] or place["partial_rollout"])
+
+
+def placement_of(place: dict[str, Any], gpus: int) -> Any:
+    """The Placement the placement flags ask for (a coded error for a bad combination)."""
+    from grpo_tune.core.errors import ConfigError
+    from grpo_tune.core.placement import Placement
+    from grpo_tune.costmodel.placement import check_fields
+
+    mode = place["placement"]
+    if mode not in ("colocated", "separate"):
+        raise ConfigError(
+            f"--placement must be colocated or separate here, got {mode!r}", hint="auto is for search: it searches both"
+        )
+    if mode == "separate" and place["rollout_gpus"] is None:
+        raise ConfigError(
+            "--placement separate needs --rollout-gpus N", hint=f"e.g. --rollout-gpus {max(1, gpus // 4)}"
+        )
+    p = Placement(
+        mode=mode,
+        rollout_gpus=place["rollout_gpus"] or 0,
+        rollout_hardware=place["rollout_hardware"],
+        staleness=place["staleness"],
+        partial_rollout=place["partial_rollout"],
+    )
+    check_fields(p, where="options")
+    return p
+
+
+def _estimate_separate(m, hw, cluster, strategy, wl, cal, place):
+    from grpo_tune.core.specs import load_hardware
+    from grpo_tune.costmodel.placement import estimate_separate
+
+    p = placement_of(place, cluster.gpus)
+    hw_r = load_hardware(p.rollout_hardware) if p.rollout_hardware else None
+    return estimate_separate(
+        model=m,
+        hardware=hw,
+        cluster=cluster,
+        strategy=strategy,
+        workload=wl,
+        placement=p,
+        rollout_hardware=hw_r,
+        calibration=cal,
+    )
+
+
+def print_pools(est: Estimate, console: Console) -> None:
+    """The separate plan's pools: the split, each pool's seconds and busy fraction, the sync, cost."""
+    f = est.placement
+    sy = f["sync"]
+    console.print(
+        f"pools: rollout {f['rollout_gpus']} x {f['rollout_hardware']} ({f['rollout_gpus_per_node']}/node), "
+        f"training {f['train_gpus']} x {est.hardware.name} ({f['train_gpus_per_node']}/node); "
+        f"staleness {f['staleness']}, partial rollout {'on' if f['partial_rollout'] else 'off'}, "
+        f"sync every {f['sync_interval']} step(s)",
+        highlight=False,
+    )
+    console.print(
+        f"steady state: generation {f['gen_s']:,.2f} s, training {f['train_s']:,.2f} s, sync {f['sync_s']:,.2f} s "
+        f"({f['exposed_sync_s']:,.2f} s exposed) -> step {est.step_s:,.2f} s; busy: rollout "
+        f"{100 * f['rollout_busy']:.0f}%, training {100 * f['train_busy']:.0f}%; "
+        f"pipeline fill {f['fill_s']:,.1f} s once",
+        highlight=False,
+    )
+    console.print(
+        f"sync: {sy['bytes_per_rollout_gpu'] / GiB:,.1f} GiB to every rollout GPU at "
+        f"{sy['link_bytes_per_s'] / 1e9:,.0f} GB/s ({'NVLink, shared nodes' if f['shared_nodes'] else 'inter-node'}): "
+        f"export {sy['export_s']:,.2f} s, transfer {sy['transfer_s']:,.2f} s, load {sy['copy_s']:,.2f} s, "
+        f"per-tensor/bucket {sy['overhead_s']:,.2f} s",
+        highlight=False,
+    )
+    if f.get("tokens_per_usd"):
+        console.print(
+            f"cost: {f['price_per_hour_usd']:,.2f} USD/h for both pools, {f['tokens_per_usd']:,.0f} tokens per USD",
+            highlight=False,
+        )
 
 
 def register(app: typer.Typer) -> None:

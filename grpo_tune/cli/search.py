@@ -17,7 +17,15 @@ from rich.table import Table
 
 from grpo_tune.autotune.grouping import caption as grouping_caption
 from grpo_tune.autotune.grouping import group_by_layout
-from grpo_tune.autotune.options import MIN_HEADROOM_DEFAULT, Hardware, Json, MinHeadroom, inputs_from_flags
+from grpo_tune.autotune.options import (
+    MIN_HEADROOM_DEFAULT,
+    PLACEMENT_FLAGS,
+    Hardware,
+    Json,
+    MinHeadroom,
+    inputs_from_flags,
+    placement_flags,
+)
 from grpo_tune.cli.plan_options import flags_after, plan_flags, plan_options
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.costmodel.estimate import Estimate
@@ -181,7 +189,7 @@ def print_plans(ranked: list[Estimate], console: Console, *, top: int, title: st
     console.print(mt)
 
 
-@flags_after("calibration", REFINE_FLAGS)
+@flags_after("calibration", REFINE_FLAGS + PLACEMENT_FLAGS)
 @plan_options(degrees_after="hardware", workload_before="top", target=True)
 def search(
     hardware: Hardware = "h100",
@@ -199,6 +207,7 @@ def search(
     from grpo_tune.autotune import search as S
 
     ref = {name: plan.pop(name, default) for name, _, default in REFINE_FLAGS}
+    place = placement_flags(plan)
     refine, study_name = ref["refine"], ref["study_name"]
     if not 1 <= top <= MAX_TOP:
         raise ConfigError(
@@ -217,6 +226,31 @@ def search(
     console = Console()
     err = Console(stderr=True)
     result = _run_search(S, m, hw, cluster, wl, pins, top, cal, allow_cross_node_tp, err, min_headroom)
+    if place["placement"] != "colocated" or _separate_flags(place):
+        if refine:
+            raise ConfigError(
+                "--refine measures colocated plans only", hint="drop --refine, or search --placement colocated"
+            )
+        _search_placement(
+            m,
+            hw,
+            cluster,
+            wl,
+            pins,
+            place,
+            result,
+            top=top,
+            cal=cal,
+            cross=allow_cross_node_tp,
+            min_headroom=min_headroom,
+            json_out=json_out,
+            emit=emit,
+            out=out,
+            calibration=calibration,
+            console=console,
+            all_plans=all_plans,
+        )
+        return
 
     if refine:  # every refine option is checked before the run folder (a finished refine's best.yaml) is written
         opts = _refine_options(ref, calibration=cal, pins=pins, allow_cross_node_tp=allow_cross_node_tp)
@@ -342,6 +376,169 @@ def _run_search(S, m, hw, cluster, wl, pins, top, cal, cross, err: Console, min_
             min_headroom=min_headroom,
             progress=progress,
         )
+
+
+def _separate_flags(place: dict[str, Any]) -> bool:
+    return bool(place["rollout_gpus"] or place["rollout_hardware"] or place["staleness"] or place["partial_rollout"])
+
+
+def _search_placement(
+    m,
+    hw,
+    cluster,
+    wl,
+    pins,
+    place,
+    colocated,
+    *,
+    top,
+    cal,
+    cross,
+    min_headroom,
+    json_out,
+    emit,
+    out,
+    calibration,
+    console,
+    all_plans,
+) -> None:
+    """search --placement separate|auto: the best plan of each placement side by side, the winner emitted."""
+    from grpo_tune.autotune.placement_search import search_placement
+    from grpo_tune.core.specs import load_hardware
+
+    mode = place["placement"]
+    if mode == "colocated":
+        raise ConfigError(
+            "--rollout-gpus, --rollout-hardware, --staleness and --partial-rollout need separate pools",
+            hint="add --placement separate or --placement auto",
+        )
+    hw_r = load_hardware(place["rollout_hardware"]) if place["rollout_hardware"] else None
+    res = search_placement(
+        m,
+        hw,
+        cluster,
+        wl,
+        placement=mode,
+        staleness=place["staleness"],
+        rollout_gpus=place["rollout_gpus"],
+        rollout_hardware=hw_r,
+        partial_rollout=place["partial_rollout"],
+        pins=pins,
+        top=top,
+        calibration=cal,
+        allow_cross_node_tp=cross,
+        min_headroom=min_headroom,
+        colocated=colocated if mode == "auto" else None,
+    )
+    run_dir: Path | None = None
+    files: dict[str, Path] = {}
+    if emit and res.best.placement:
+        console.print(
+            "note: launch files for separate pools are not written yet: no run folder (use --no-emit)",
+            highlight=False,
+        )
+    elif emit:
+        from grpo_tune.autotune.emit import emit_run
+
+        run_dir, files = emit_run(
+            res.best,
+            out=out,
+            search=colocated if not res.best.placement else None,
+            meta={"calibration": str(calibration)} if calibration else None,
+        )
+    if json_out:
+        print(json.dumps(placement_json(res, run_dir, files), indent=2, default=str))
+        return
+    if res.best_colocated is not None and not res.best.placement:
+        _print_result(colocated, wl, console, top=top, all_plans=all_plans, run_dir=None, files={})
+    print_placements(res, console)
+    if run_dir is not None:
+        console.print(
+            f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False
+        )
+
+
+def placement_json(res, run_dir, files) -> dict[str, Any]:
+    return {
+        "run_dir": None if run_dir is None else str(run_dir),
+        "files": {k: str(v) for k, v in files.items()},
+        "best": res.best.to_dict(),
+        "colocated": None if res.best_colocated is None else res.best_colocated.to_dict(),
+        "separate": None if res.best_separate is None else res.best_separate.to_dict(),
+        "speedup": res.speedup(),
+        "splits": res.splits,
+        "seconds": round(res.seconds, 3),
+    }
+
+
+def print_placements(res, console: Console) -> None:
+    """The best plan of each placement side by side (80 columns): split, staleness, seconds per pool, busy
+    fractions, the speed-up over colocated, tokens per dollar; then the model's stated error."""
+    from grpo_tune.autotune.validate_grpo import STATED_ERROR_PCT
+    from grpo_tune.costmodel.placement import colocated_figures
+
+    from rich import box
+
+    t = Table(
+        title="Best plan of each placement (s per step; R+T: rollout+training GPUs; K: staleness)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 1),
+    )
+    for c in ("placement", "R+T", "K", "step", "gen", "train", "sync", "busy R/T", "speed", "tok/$"):
+        t.add_column(c, justify="left" if c in ("placement", "R+T") else "right", no_wrap=True)
+    base = res.best_colocated
+    rows = [e for e in (base, res.best_separate) if e is not None]
+    for e in rows:
+        f = e.placement or colocated_figures(e)
+        sep = bool(e.placement)
+        ph = e.time.phases if e.time is not None else {}
+        train = (
+            f["train_s"] if sep else sum(ph.get(k, 0.0) for k in ("old_logprob", "ref_logprob", "update", "offload"))
+        )
+        gen = f["gen_s"] if sep else ph.get("rollout", 0.0)
+        sync = f["sync_s"] if sep else ph.get("weight_sync", 0.0)
+        split = f"{f['rollout_gpus']}+{f['train_gpus']}" if sep else f"{e.cluster.gpus} all"
+        speed = "-" if base is None or not e.step_s else f"{base.step_s / e.step_s:.2f}x"
+        tpd = f.get("tokens_per_usd")
+        t.add_row(
+            "separate" if sep else "colocated",
+            split,
+            str(f["staleness"]),
+            f"{e.step_s:.1f}",
+            f"{gen:.1f}",
+            f"{train:.1f}",
+            f"{sync:.1f}",
+            f"{100 * f['rollout_busy']:.0f}/{100 * f['train_busy']:.0f}%",
+            speed,
+            "-" if not tpd else (f"{tpd / 1e6:,.2f}M" if tpd >= 1e6 else f"{tpd / 1e3:,.0f}k"),
+        )
+    console.print(t)
+    s = res.best_separate
+    if s is not None:
+        st, f = s.strategy, s.placement
+        console.print(
+            f"separate: training {f['train_gpus']} x {s.hardware.name}: {st.layout_text()} {st.recompute}"
+            f" offload={','.join(st.offload) or 'none'}; rollout {f['rollout_gpus']} x {f['rollout_hardware']}: "
+            f"vLLM tp{st.rollout_tp} mem{st.gpu_memory_utilization:g} max_num_seqs {st.max_num_seqs}"
+            f"{' eager' if st.enforce_eager else ''}; partial rollout {'on' if f['partial_rollout'] else 'off'}",
+            highlight=False,
+        )
+    sp = res.speedup()
+    if sp is not None:
+        verdict = (
+            "within the model's error: treat the two as equal"
+            if abs(sp - 1) * 100 < STATED_ERROR_PCT
+            else "beyond the model's error"
+        )
+        console.print(
+            f"speed-up of separate pools {sp:.2f}x; stated error of a step time +/-{STATED_ERROR_PCT:g}% "
+            f"({verdict}). Busy = 1 - verl's idle_ratio; tok/$ from the profiles' illustrative prices.",
+            highlight=False,
+        )
+    winner = "separate" if res.best.placement else "colocated"
+    console.print(f"winner: {winner} ({res.seconds:.2f} s)", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

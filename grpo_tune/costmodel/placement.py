@@ -42,11 +42,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from core.errors import ConfigError, InvalidDegreesError
-from core.phases import Phase
-from core.specs import HardwareSpec, ModelSpec
-from core.strategy import Cluster, Strategy, Workload
-from core.units import GiB
+from grpo_tune.core.errors import ConfigError, InvalidDegreesError
+from grpo_tune.core.phases import Phase
+from grpo_tune.core.placement import Placement, check
+from grpo_tune.core.specs import HardwareSpec, ModelSpec
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
+from grpo_tune.core.units import GiB
 
 from . import memory
 from .estimate import estimate
@@ -58,85 +59,18 @@ from .weight_sync import weight_sync_s
 MODES = ("colocated", "separate")
 
 
-@dataclass(frozen=True, kw_only=True)
-class Placement:
-    """Where the rollout runs and how stale its samples may be."""
-
-    mode: str = "colocated"
-    """``colocated`` (every GPU runs every phase) or ``separate`` (a rollout pool and a training pool)."""
-    rollout_gpus: int = 0
-    """GPUs of the rollout pool (separate only); the training pool is the rest of the cluster."""
-    rollout_hardware: str | None = None
-    """The rollout pool's hardware profile when it differs from the training pool's."""
-    staleness: int = 0
-    """0 = on-policy; k = a sample is at most k policy versions old."""
-    partial_rollout: bool = False
-    """Unfinished sequences are resumed under the new weights after a sync (staleness >= 1)."""
-    sync_interval: int = 1
-    """Optimizer steps between weight syncs (at most the staleness)."""
-
-    @property
-    def separate(self) -> bool:
-        return self.mode == "separate"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "rollout_gpus": self.rollout_gpus,
-            "rollout_hardware": self.rollout_hardware,
-            "staleness": self.staleness,
-            "partial_rollout": self.partial_rollout,
-            "sync_interval": self.sync_interval,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, where: str = "placement") -> "Placement":
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"{where} must be a mapping")
-        known = set(cls().to_dict())
-        bad = sorted(set(data) - known)
-        if bad:
-            raise ConfigError(f"{where}: unknown key(s) {', '.join(bad)}", hint=f"known: {', '.join(sorted(known))}")
-        p = cls(**dict(data))
-        check_fields(p, where)
-        return p
-
-
 def check_fields(p: Placement, where: str = "placement") -> None:
-    """The rules between the placement's own fields (those against the cluster: :func:`pools`)."""
-
-    def _int(name: str, lo: int) -> int:
-        v = getattr(p, name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ConfigError(f"{where}.{name} must be an integer >= {lo}, got {v!r}")
-        return v
-
-    if p.mode not in MODES:
-        raise ConfigError(f"{where}.mode must be one of {', '.join(MODES)}, got {p.mode!r}")
-    _int("rollout_gpus", 0)
-    k = _int("staleness", 0)
-    n = _int("sync_interval", 1)
-    if not isinstance(p.partial_rollout, bool):
-        raise ConfigError(f"{where}.partial_rollout must be true or false")
-    if p.mode == "colocated":
-        if p.rollout_gpus or p.rollout_hardware or k or p.partial_rollout or n != 1:
-            raise ConfigError(
-                f"{where}: rollout_gpus, rollout_hardware, staleness, partial_rollout and sync_interval "
-                "apply to separate pools only",
-                hint="set --placement separate, or drop those options",
-            )
-        return
-    if p.rollout_gpus < 1:
-        raise ConfigError(f"{where}: separate pools need rollout_gpus >= 1", hint="give --rollout-gpus N")
-    if p.partial_rollout and k < 1:
+    """:func:`grpo_tune.core.placement.check`, and the sync interval against the staleness: syncing every
+    ``n`` steps makes the last batch of an interval ``n`` versions old (colocated: every step)."""
+    check(p, where)
+    n, k = p.sync_interval, p.staleness
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"{where}.sync_interval must be an integer >= 1, got {n!r}")
+    if n > max(1, k) and (p.separate or n != 1):
         raise ConfigError(
-            f"{where}: partial rollout resumes sequences under newer weights, so it needs staleness >= 1",
-            hint="give --staleness 1, or --no-partial-rollout",
-        )
-    if n > max(1, k):
-        raise ConfigError(
-            f"{where}: sync_interval {n} exceeds the staleness {k}: samples would be {n - 1} versions older than allowed",
-            hint=f"give sync_interval <= {max(1, k)}",
+            f"{where}: sync_interval {n} exceeds the staleness {k}: the last batch between two syncs "
+            f"would be {n} policy versions old",
+            hint=f"give sync_interval <= {max(1, k)}, or a larger staleness",
         )
 
 
@@ -169,7 +103,9 @@ def pools(cluster: Cluster, rollout_gpus: int) -> Pools:
             f"{n} GPUs are not whole nodes of {gpn}: separate pools need whole nodes", "give a multiple of the node"
         )
     if rollout_gpus % gpn == 0:
-        return Pools(Cluster(gpus=rollout_gpus, gpus_per_node=gpn), Cluster(gpus=n - rollout_gpus, gpus_per_node=gpn), False)
+        return Pools(
+            Cluster(gpus=rollout_gpus, gpus_per_node=gpn), Cluster(gpus=n - rollout_gpus, gpus_per_node=gpn), False
+        )
     if nodes == 1:
         return Pools(
             Cluster(gpus=rollout_gpus, gpus_per_node=rollout_gpus),
@@ -178,7 +114,9 @@ def pools(cluster: Cluster, rollout_gpus: int) -> Pools:
         )
     if rollout_gpus % nodes == 0 and rollout_gpus // nodes < gpn:
         per = rollout_gpus // nodes
-        return Pools(Cluster(gpus=rollout_gpus, gpus_per_node=per), Cluster(gpus=n - rollout_gpus, gpus_per_node=gpn - per), True)
+        return Pools(
+            Cluster(gpus=rollout_gpus, gpus_per_node=per), Cluster(gpus=n - rollout_gpus, gpus_per_node=gpn - per), True
+        )
     raise InvalidDegreesError(
         f"rollout_gpus {rollout_gpus} on {nodes} nodes of {gpn} is neither whole nodes nor the same GPUs on every node",
         f"give a multiple of {gpn} (whole nodes) or of {nodes} below {gpn * nodes} (GPUs on every node)",
@@ -271,7 +209,9 @@ def rollout_memory(
     return pm, out
 
 
-def sync_link(hw_train: HardwareSpec, hw_roll: HardwareSpec, shared_nodes: bool, cal: Mapping[str, float]) -> tuple[float, float]:
+def sync_link(
+    hw_train: HardwareSpec, hw_roll: HardwareSpec, shared_nodes: bool, cal: Mapping[str, float]
+) -> tuple[float, float]:
     """(bandwidth per GPU, latency) of the link the cross-pool broadcast runs over: NVLink when the pools
     share nodes, the NIC otherwise; the slower of the two profiles' when they differ."""
     scale = cal["comm_efficiency_scale"]
@@ -321,7 +261,9 @@ def cross_pool_sync(
     }
 
 
-def compose_step(gen_s: float, train_s: float, sync_s: float, staleness: int, sync_interval: int = 1) -> dict[str, float]:
+def compose_step(
+    gen_s: float, train_s: float, sync_s: float, staleness: int, sync_interval: int = 1
+) -> dict[str, float]:
     """The steady-state step of two pools and each pool's busy fraction.
 
     staleness 0: ``gen + sync + train`` (in sequence); staleness >= 1: ``max(gen, train) + sync / interval``
@@ -345,7 +287,9 @@ def tokens_per_usd(tokens: float, step_s: float, gpu_hours_price: float | None) 
     return tokens / (step_s / 3600.0 * gpu_hours_price)
 
 
-def cluster_price(hw_train: HardwareSpec, train_gpus: int, hw_roll: HardwareSpec | None = None, rollout_gpus: int = 0) -> float | None:
+def cluster_price(
+    hw_train: HardwareSpec, train_gpus: int, hw_roll: HardwareSpec | None = None, rollout_gpus: int = 0
+) -> float | None:
     """US dollars per hour of the two pools together (None when a profile has no price)."""
     pt = hw_train.price_per_gpu_hour_usd
     if pt is None:
@@ -434,7 +378,9 @@ def estimate_separate(
     s = strategy
     _check_rollout_degrees(m, s, ps.rollout)
     if train is None:
-        train = train_pool(model=m, hardware=hardware, cluster=ps.train, strategy=s, workload=wl, calibration=calibration)
+        train = train_pool(
+            model=m, hardware=hardware, cluster=ps.train, strategy=s, workload=wl, calibration=calibration
+        )
     assert train.time is not None
     roll_s = rollout_strategy(s)
     partial = placement.partial_rollout and placement.staleness >= 1
@@ -551,7 +497,8 @@ def _check_rollout_degrees(m: ModelSpec, s: Strategy, roll: Cluster) -> None:
         )
     if m.heads % rtp or not (kv % rtp == 0 or rtp % kv == 0):
         raise InvalidDegreesError(
-            f"rollout_tp {rtp} does not divide {m.name}'s {m.heads} heads / {kv} KV heads", "give a divisor of the heads"
+            f"rollout_tp {rtp} does not divide {m.name}'s {m.heads} heads / {kv} KV heads",
+            "give a divisor of the heads",
         )
     if rtp > roll.gpus_per_node and rtp % roll.gpus_per_node:
         raise InvalidDegreesError(

@@ -190,4 +190,6 @@ class Estimate:
 
 def _plain(d: Mapping[str, Any]) -> dict[str, Any]:
     """A placement block as plain YAML/JSON types (nested mappings copied, floats as floats)."""
-    return {k: (_plain(v) if isinstance(v, Mapping) else (float(v) if isinstance(v, float) else v)) for k, v in d.items()}
+    return {
+        k: (_plain(v) if isinstance(v, Mapping) else (float(v) if isinstance(v, float) else v)) for k, v in d.items()
+    }

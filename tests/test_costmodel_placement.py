@@ -1,0 +1,312 @@
+"""Separate rollout and training pools (costmodel/placement.py, autotune/placement_search.py): trends
+against hand-computed values, the pools' memory, the cross-pool sync, and the split the search finds."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from grpo_tune.autotune.placement_search import choose_split, search_placement
+from grpo_tune.autotune.search import search
+from grpo_tune.core.errors import ConfigError, InvalidDegreesError
+from grpo_tune.core.placement import Placement
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
+from grpo_tune.costmodel import memory
+from grpo_tune.costmodel import placement as P
+from grpo_tune.costmodel.estimate import estimate
+from grpo_tune.costmodel.timing_base import PARAM_BYTES, check_calibration, model_consts
+
+H100 = load_hardware("h100")
+CAL = check_calibration(None)
+
+
+def sep(r: int, k: int = 0, **kw) -> Placement:
+    return Placement(mode="separate", rollout_gpus=r, staleness=k, **kw)
+
+
+# -- composition ------------------------------------------------------------------------------
+
+
+def test_compose_hand_computed():
+    # staleness 0: in sequence; >= 1: the slower pool plus the sync (every interval steps)
+    assert P.compose_step(10.0, 5.0, 2.0, 0)["step_s"] == pytest.approx(17.0)
+    one = P.compose_step(10.0, 5.0, 2.0, 1)
+    assert one["step_s"] == pytest.approx(12.0)
+    assert (one["rollout_busy"], one["train_busy"]) == pytest.approx((10 / 12, 5 / 12))
+    assert P.compose_step(10.0, 5.0, 2.0, 2, sync_interval=2)["step_s"] == pytest.approx(11.0)
+    assert P.compose_step(4.0, 9.0, 1.0, 1)["step_s"] == pytest.approx(10.0)  # training-bound
+
+
+def test_staleness_zero_is_the_sum_of_the_phases_plus_the_sync():
+    m, wl = load_model("qwen2.5-1.5b"), Workload(prompts=256, mini_batch=64)
+    cl = Cluster(gpus=16)
+    s = Strategy(tp=1, rollout_tp=1, gpu_memory_utilization=0.9)
+    e = P.estimate_separate(model=m, hardware=H100, cluster=cl, strategy=s, workload=wl, placement=sep(8))
+    f = e.placement
+    # the parts, priced on their own pools
+    train = P.train_pool(model=m, hardware=H100, cluster=Cluster(gpus=8), strategy=s, workload=wl)
+    roll = P.generation(m, H100, Cluster(gpus=8), P.rollout_strategy(s), wl, CAL, partial=False)
+    ps = P.pools(cl, 8)
+    sync = P.cross_pool_sync(m, H100, H100, ps, s, CAL)
+    assert f["train_s"] == pytest.approx(train.step_s)
+    assert f["gen_s"] == pytest.approx(roll["gen_s"])
+    assert f["sync_s"] == pytest.approx(sync["sync_s"])
+    assert e.step_s == pytest.approx(roll["gen_s"] + sync["sync_s"] + train.step_s, rel=1e-12)
+    # no vLLM sleep/wake in either pool; no old log-prob pass (the rollout's log-probs are used)
+    assert e.time.phases["rollout"] == pytest.approx(roll["prefill_s"] + roll["decode_s"])
+    assert "old_logprob" not in train.time.phases
+    # one step later (staleness 1) the pools overlap
+    e1 = P.estimate_separate(model=m, hardware=H100, cluster=cl, strategy=s, workload=wl, placement=sep(8, 1))
+    assert e1.step_s == pytest.approx(max(f["gen_s"], f["train_s"]) + f["sync_s"])
+    assert e1.step_s < e.step_s
+
+
+# -- the split ---------------------------------------------------------------------------------
+
+
+def test_search_finds_the_balanced_split_of_a_two_phase_toy():
+    # generation 100/r s on r GPUs, training 60/(16-r) s on the rest: balanced where 100(16-r) = 60r, r = 10
+    cands = list(range(1, 16))
+    order = choose_split(cands, lambda r: 100 / r, lambda r: 60 / (16 - r), lambda r: 0.0, staleness=1)
+    assert order[0] == (pytest.approx(10.0), 10)
+    steps = dict((r, st) for st, r in order)
+    # moving GPUs to the rollout pool helps while generation dominates, then hurts once training does
+    assert all(steps[r] > steps[r + 1] for r in range(1, 10))
+    assert all(steps[r] < steps[r + 1] for r in range(10, 15))
+    # on-policy (in sequence) the optimum of 100/r + 60/(16-r) is at r = 16/(1+sqrt(0.6)) = 9.02 -> 9
+    order0 = choose_split(cands, lambda r: 100 / r, lambda r: 60 / (16 - r), lambda r: 0.0, staleness=0)
+    assert order0[0][1] == 9
+    assert order0[0][0] == pytest.approx(100 / 9 + 60 / 7)
+
+
+def test_real_split_curve_falls_while_generation_dominates_then_rises():
+    # qwen2.5-1.5b on 2 nodes, GPUs split on every node; long responses make generation dominate at first
+    m = load_model("qwen2.5-1.5b")
+    wl = Workload(prompts=672, mini_batch=168, n=5, response_len=4096)  # 840 sequences split over 2..14 ranks
+    cl = Cluster(gpus=16)
+    s = Strategy(tp=1, rollout_tp=1, gpu_memory_utilization=0.9)
+    rows = []
+    for r in range(2, 16, 2):
+        e = P.estimate_separate(model=m, hardware=H100, cluster=cl, strategy=s, workload=wl, placement=sep(r, 1))
+        assert e.fits, [v.message for v in e.violations]
+        rows.append((r, e.step_s, e.placement["gen_s"], e.placement["train_s"]))
+    best = min(rows, key=lambda x: x[1])
+    for (r0, s0, g0, t0), (r1, s1, g1, t1) in zip(rows, rows[1:]):
+        if g1 > t1:  # still generation-bound after the move: it helps
+            assert s1 < s0, (r0, r1)
+        if g0 < t0:  # already training-bound: moving more GPUs hurts
+            assert s1 > s0, (r0, r1)
+    assert rows[0][2] > rows[0][3] and rows[-1][2] < rows[-1][3]  # both regimes are present
+    assert rows[0][0] < best[0] < rows[-1][0]
+
+
+# -- the sync ------------------------------------------------------------------------------------
+
+
+def test_cross_pool_sync_grows_with_bytes_over_the_link():
+    m = load_model("qwen2.5-7b")
+    s = Strategy(tp=1, rollout_tp=1)
+    ps = P.pools(Cluster(gpus=16), 8)  # whole nodes: the NIC
+    a = P.cross_pool_sync(m, H100, H100, ps, s, CAL)
+    nbytes = model_consts(m)["total_params"] * PARAM_BYTES
+    bw = H100.inter_node_bandwidth_bytes_per_s * H100.efficiency.comm_efficiency
+    lat = H100.efficiency.inter_node_latency_s
+    assert a["bytes_per_rollout_gpu"] == pytest.approx(nbytes)
+    assert a["transfer_s"] == pytest.approx(nbytes / bw + a["buckets"] * lat)
+    fast = dataclasses.replace(H100, inter_node_bandwidth_bytes_per_s=2 * H100.inter_node_bandwidth_bytes_per_s)
+    b = P.cross_pool_sync(m, fast, fast, ps, s, CAL)
+    assert b["transfer_s"] - b["buckets"] * lat == pytest.approx((a["transfer_s"] - a["buckets"] * lat) / 2)
+    big = P.cross_pool_sync(load_model("qwen2.5-14b"), H100, H100, ps, s, CAL)
+    ratio = model_consts(load_model("qwen2.5-14b"))["total_params"] / model_consts(m)["total_params"]
+    assert big["transfer_s"] - big["buckets"] * lat == pytest.approx((a["transfer_s"] - a["buckets"] * lat) * ratio)
+    # pools sharing nodes broadcast over NVLink
+    shared = P.cross_pool_sync(m, H100, H100, P.pools(Cluster(gpus=16), 4), s, CAL)
+    assert shared["link_bytes_per_s"] == pytest.approx(H100.intra_node_bandwidth_bytes_per_s * 0.8)
+    assert shared["transfer_s"] < a["transfer_s"]
+    # a rollout pool on a slower NIC (H20's) is bound by it
+    h20 = load_hardware("h20")
+    het = P.cross_pool_sync(m, H100, h20, ps, s, CAL)
+    assert het["link_bytes_per_s"] == pytest.approx(
+        min(H100.inter_node_bandwidth_bytes_per_s, h20.inter_node_bandwidth_bytes_per_s) * 0.8
+    )
+
+
+# -- memory -------------------------------------------------------------------------------------
+
+
+def test_a_rollout_pool_without_training_state_has_more_kv_cache():
+    m, wl = load_model("qwen2.5-7b"), Workload()
+    cl = Cluster(gpus=16)
+    s = Strategy(tp=2, rollout_tp=1)
+    # colocated: the largest vLLM fraction of the grid that still fits beside the resident training state
+    best = None
+    for g in (0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
+        e = estimate(model=m, hardware=H100, cluster=cl, strategy=s.replace(gpu_memory_utilization=g), workload=wl)
+        if e.fits:
+            best = e
+    assert best is not None and best.strategy.gpu_memory_utilization < 0.9
+    colo_tokens = best.memory["rollout"].info["kv_cache_tokens"]
+    e = P.estimate_separate(
+        model=m,
+        hardware=H100,
+        cluster=cl,
+        strategy=s.replace(gpu_memory_utilization=0.9),
+        workload=wl,
+        placement=sep(8),
+    )
+    assert e.fits
+    rm = e.memory["rollout"]
+    assert set(rm.parts) == {"rollout_weights", "rollout_activations", "rollout_cuda_graphs", "rollout_kv_cache"}
+    kvc = memory.kv_cache_capacity(m, H100, s.replace(gpu_memory_utilization=0.9), wl, 8)
+    assert rm.info["kv_cache_tokens"] == kvc.tokens
+    hand = (0.9 * H100.hbm_bytes - kvc.weights_bytes - kvc.working_bytes) // kvc.bytes_per_token
+    assert kvc.tokens == hand
+    assert rm.info["kv_cache_tokens"] > colo_tokens
+    # and the training pool holds no vLLM part
+    for name, pm in e.memory.items():
+        if name != "rollout":
+            assert not any(k.startswith(("rollout_", "vllm_")) for k in pm.parts), (name, pm.parts)
+
+
+# -- validation ------------------------------------------------------------------------------------
+
+
+def test_pool_shapes_follow_verl():
+    one = P.pools(Cluster(gpus=8), 3)
+    assert (one.rollout.gpus, one.train.gpus, one.shared_nodes) == (3, 5, True)
+    whole = P.pools(Cluster(gpus=32), 8)
+    assert (whole.rollout.gpus, whole.train.gpus, whole.shared_nodes) == (8, 24, False)
+    per = P.pools(Cluster(gpus=32), 8 * 0 + 4)  # one GPU on each of the 4 nodes
+    assert (per.rollout.gpus_per_node, per.train.gpus_per_node, per.shared_nodes) == (1, 7, True)
+    with pytest.raises(InvalidDegreesError):
+        P.pools(Cluster(gpus=32), 3)
+    with pytest.raises(InvalidDegreesError):
+        P.pools(Cluster(gpus=8), 8)
+    assert P.split_candidates(Cluster(gpus=16)) == [2, 4, 6, 8, 10, 12, 14]
+
+
+def test_placement_rules():
+    with pytest.raises(ConfigError, match="sync_interval"):
+        P.check_fields(sep(8, 1, sync_interval=2))
+    P.check_fields(sep(8, 2, sync_interval=2))
+    with pytest.raises(ConfigError, match="partial_rollout"):
+        P.check_fields(sep(8, 0, partial_rollout=True))
+    m, wl = load_model("qwen2.5-1.5b"), Workload(prompts=256, mini_batch=64)
+    with pytest.raises(InvalidDegreesError, match="rollout_tp"):
+        P.estimate_separate(
+            model=m,
+            hardware=H100,
+            cluster=Cluster(gpus=8),
+            strategy=Strategy(rollout_tp=2),
+            workload=wl,
+            placement=sep(3),
+        )
+
+
+def test_partial_rollout_prices_decode_at_sustained_concurrency():
+    m, wl = load_model("qwen2.5-1.5b"), Workload(prompts=256, mini_batch=64, response_len=8192, response_len_mean=2048)
+    s = P.rollout_strategy(Strategy(rollout_tp=1, gpu_memory_utilization=0.9))
+    full = P.generation(m, H100, Cluster(gpus=8), s, wl, CAL, partial=False)
+    part = P.generation(m, H100, Cluster(gpus=8), s, wl, CAL, partial=True)
+    assert part["decode_s"] < full["decode_s"]  # the tail is carried over
+    from grpo_tune.costmodel.rollout import rollout_s
+
+    rs = rollout_s(m, H100, Cluster(gpus=8), s, wl, CAL)
+    seqs = wl.prompts * wl.n / 8
+    assert part["decode_s"] == pytest.approx(seqs * wl.mean_response_len / rs["concurrency"] * rs["decode_step_s"])
+
+
+# -- search ---------------------------------------------------------------------------------------
+
+
+def test_default_placement_is_todays_search():
+    m, hw = load_model("qwen2.5-1.5b"), H100
+    wl = Workload(prompts=256, mini_batch=64)
+    plain = search(m, hw, Cluster(gpus=8), wl)
+    res = search_placement(m, hw, Cluster(gpus=8), wl)
+    assert res.best.strategy == plain.best.strategy and res.best.step_s == plain.best.step_s
+    assert res.separate == [] and not res.best.placement
+
+
+def test_auto_returns_both_placements_and_the_faster_wins():
+    m = load_model("qwen2.5-1.5b")
+    wl = Workload(prompts=256, mini_batch=64, response_len=4096)
+    res = search_placement(m, H100, Cluster(gpus=8), wl, placement="auto", staleness=1)
+    c, s = res.best_colocated, res.best_separate
+    assert c is not None and s is not None
+    assert res.best.step_s == min(c.step_s, s.step_s)
+    assert res.speedup() == pytest.approx(c.step_s / s.step_s)
+    assert s.fits and s.placement["staleness"] in (0, 1)
+    # every separate plan the search returns prices the same when estimated again from its parts
+    again = P.estimate_separate(
+        model=m,
+        hardware=H100,
+        cluster=Cluster(gpus=8),
+        strategy=s.strategy,
+        workload=wl,
+        placement=sep(s.placement["rollout_gpus"], s.placement["staleness"]),
+    )
+    assert again.step_s == pytest.approx(s.step_s, rel=1e-9)
+    assert math.isfinite(s.placement["rollout_busy"]) and 0 < s.placement["train_busy"] <= 1
+
+
+# -- CLI ----------------------------------------------------------------------------------------
+
+
+def _cli(*args: str):
+    """(exit code, stdout + stderr) of ``grpo-tune ARGS`` through the CLI's own entry point."""
+    import contextlib
+    import io
+    from types import SimpleNamespace
+
+    from grpo_tune.cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        rc = main(list(args))
+    return SimpleNamespace(exit_code=rc, output=out.getvalue())
+
+
+def test_search_auto_prints_both_placements_side_by_side():
+    r = _cli(
+        "search", "--model", "qwen2.5-1.5b", "--gpus", "8", "--prompts", "256", "--mini-batch", "64",
+        "--response-len", "4096", "--placement", "auto", "--staleness", "1", "--no-emit",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "Best plan of each placement" in r.output
+    for word in ("colocated", "separate", "busy R/T", "speed", "stated error"):
+        assert word in r.output
+    assert all(len(line) <= 80 for line in r.output.splitlines() if "│" in line or "placement" in line)
+
+
+def test_estimate_separate_json_keeps_step_s_as_the_steady_state():
+    import json
+
+    r = _cli(
+        "estimate", "--model", "qwen2.5-1.5b", "--gpus", "16", "--prompts", "256", "--mini-batch", "64",
+        "--placement", "separate", "--rollout-gpus", "8", "--staleness", "1", "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    f = d["placement"]
+    assert d["time"]["step_s"] == pytest.approx(max(f["gen_s"], f["train_s"]) + f["sync_s"])
+    assert f["rollout_gpus"] == 8 and f["train_gpus"] == 8
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--placement", "separate"], "--rollout-gpus"),
+        (["--staleness", "1"], "separate"),
+        (["--placement", "separate", "--rollout-gpus", "3"], "rollout_gpus 3"),
+        (["--placement", "separate", "--rollout-gpus", "8", "--partial-rollout"], "staleness"),
+        (["--placement", "auto", "--rollout-gpus", "8"], "auto is for search"),
+    ],
+)
+def test_bad_placement_flags_are_coded_errors(args, words):
+    r = _cli("estimate", "--model", "qwen2.5-1.5b", "--gpus", "16", *args)
+    assert r.exit_code == 2, r.output
+    assert words in r.output and "Traceback" not in r.output
