@@ -92,9 +92,11 @@ class SearchResult:
 class _Evaluator:
     """Calls the cost model and turns an Estimate into flat per-phase vectors."""
 
-    def __init__(self, space: Space, calibration: dict[str, float] | None, price: Callable[..., Estimate] = estimate):
+    def __init__(
+        self, space: Space, calibration: dict[str, float] | None, price: Callable[..., Estimate] | None = None
+    ):
         self.space = space
-        self.price = price
+        self.price = price or estimate  # looked up per search (tests replace the module's estimate)
         self.calibration = calibration
         self.calls = 0
         self.cache: dict[Strategy, Estimate] = {}
@@ -161,7 +163,7 @@ def search(
     min_headroom: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
     log_prob_mbs_max: int | None = None,
-    _price: Callable[..., Estimate] = estimate,
+    _price: Callable[..., Estimate] | None = None,
 ) -> SearchResult:
     """Rank the valid plans for ``model`` on ``cluster``; raise NO_FEASIBLE_PLAN when none fits.
 
