@@ -84,6 +84,7 @@ SURFACE = {
         "--allow-cross-node-tp",
         "--calibration",
         "--emit / --no-emit",
+        "--framework",
         "--min-headroom",
         "--out",
         "--refine",

@@ -88,6 +88,7 @@ def emit(
     measured: dict[str, Any] | None = None,
     meta: dict[str, Any] | None = None,
     trainer: TrainerOptions | None = None,
+    frameworks: Sequence[str] = ("verl",),
 ) -> dict[str, Path]:
     """Write the run folder for ``est`` into ``out_dir`` (created); return ``{name: path}``.
 
@@ -102,6 +103,7 @@ def emit(
         measured: figures from profiling runs (refine); go to ``best.yaml`` and the report.
         meta: extra ``meta`` entries for ``best.yaml``.
         trainer: trainer options (default: TrainerOptions with ``out_dir`` inside the run folder).
+        frameworks: the launches to write: ``verl`` (verl.sh) and/or ``nemo-rl`` (nemo_rl.yaml).
     """
     d = Path(out_dir)
     ranked: Sequence[Estimate] = search.ranked if search is not None else ()
@@ -121,20 +123,46 @@ def emit(
 
     # Rendered before any file is written: a name the exporters refuse (a control character) must not leave
     # a best.yaml without its verl.sh, nor replace half of an earlier run's files.
-    verl_text, megatron_text = export.verl_script(cfg), export.megatron_args_text(cfg)
+    verl_text = export.verl_script(cfg) if "verl" in frameworks else None
+    megatron_text = export.megatron_args_text(cfg)
+    nemo_text = None
+    if "nemo-rl" in frameworks:
+        from grpo_tune.frameworks.nemo_rl import recipe as nemo_recipe
+
+        nemo_text = nemo_recipe.recipe_text(cfg, run_id=d.name)
     d.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {"best": save(cfg, d / "best.yaml")}
-    paths["verl"] = atomic_write(d / "verl.sh", verl_text)
+    files = {"run config for `grpo-tune train`": paths["best"]}
+    use: list[str] = []
+    if verl_text is not None:
+        paths["verl"] = atomic_write(d / "verl.sh", verl_text)
+        files["verl 0.9.1 launch"] = paths["verl"]
+    if nemo_text is not None:
+        from grpo_tune.frameworks.nemo_rl.snapshot import RELEASE as NEMO_RL_RELEASE
+
+        paths["nemo_rl"] = atomic_write(d / "nemo_rl.yaml", nemo_text)
+        files[f"NeMo-RL {NEMO_RL_RELEASE} recipe"] = paths["nemo_rl"]
+        use = [
+            "grpo-tune diagnose nemo_rl.yaml       # check the NeMo-RL recipe",
+            f"{nemo_recipe.launch_line(d, d.name)}   # NeMo-RL {NEMO_RL_RELEASE}, from its checkout",
+        ]
     paths["megatron_args"] = atomic_write(d / "megatron_args.txt", megatron_text)
+    files["Megatron-LM flags"] = paths["megatron_args"]
     from .report import write_report
 
-    files = {
-        "run config for `grpo-tune train`": paths["best"],
-        "verl 0.9.1 launch": paths["verl"],
-        "Megatron-LM flags": paths["megatron_args"],
-    }
     paths.update(
-        write_report(d, est, ranked=ranked, pareto=pareto, stats=stats, measured=measured, files=files, run_id=d.name)
+        write_report(
+            d,
+            est,
+            ranked=ranked,
+            pareto=pareto,
+            stats=stats,
+            measured=measured,
+            files=files,
+            run_id=d.name,
+            use=use,
+            verl="verl" in frameworks,
+        )
     )
     umask = os.umask(0)
     os.umask(umask)

@@ -341,6 +341,8 @@ def _plans_and_use_lines(
     pareto: list[Estimate],
     stats: dict[str, Any] | None,
     files: dict[str, Path] | None,
+    use: Sequence[str] = (),
+    verl: bool = True,
 ) -> list[str]:
     """Top plans, Pareto front, search statistics, files and the "Use it" commands."""
     L: list[str] = []
@@ -380,8 +382,15 @@ def _plans_and_use_lines(
         "",
         "```bash",
         "grpo-tune train --config best.yaml    # megatron-core GRPO trainer",
-        "grpo-tune diagnose verl.sh            # check the verl launch",
-        "bash verl.sh                          # verl 0.9.1",
+        *(
+            [
+                "grpo-tune diagnose verl.sh            # check the verl launch",
+                "bash verl.sh                          # verl 0.9.1",
+            ]
+            if verl
+            else []
+        ),
+        *use,
         "```",
         "",
     ]
@@ -398,8 +407,11 @@ def write_report(
     measured: dict[str, Any] | None = None,
     files: dict[str, Path] | None = None,
     run_id: str | None = None,
+    use: Sequence[str] = (),
+    verl: bool = True,
 ) -> dict[str, Path]:
-    """Write report.md and its two PNGs into ``run_dir``; return their paths."""
+    """Write report.md and its two PNGs into ``run_dir``; return their paths. ``use``: more "Use it" lines
+    (another framework's launch); ``verl``: whether the folder has verl.sh."""
     run_dir = Path(run_dir)
     ranked = list(ranked) or [best]
     pareto = list(pareto) or [best]
@@ -410,6 +422,6 @@ def write_report(
     L = _inputs_lines(best, run_id)
     L += _winner_lines(best)
     L += _measured_and_why_lines(best, ranked, measured)
-    L += _plans_and_use_lines(ranked, pareto, stats, files)
+    L += _plans_and_use_lines(ranked, pareto, stats, files, use, verl)
     out["report"] = atomic_write(run_dir / "report.md", "\n".join(L))
     return out

@@ -40,6 +40,14 @@ P_REF = "Refinement (real profiling runs)"
 # --top also sizes the exact re-evaluation (4 x top plans): 1,000 answers in ~1.5 s for 7B on 8 GPUs, 10**5 took
 # 22 s (measured on this repo's 2-core dev box). Nobody reads more rows than that.
 MAX_TOP = 1000
+FrameworkOpt = Annotated[
+    str,
+    typer.Option(
+        "--framework",
+        help="Launch files to write: verl (verl.sh), nemo-rl (nemo_rl.yaml) or all; only plans they run.",
+        rich_help_panel=P_OUT,
+    ),
+]
 Top = Annotated[int, typer.Option("--top", help=f"Plans to show (1..{MAX_TOP}).", rich_help_panel=P_OUT)]
 Out = Annotated[
     Path,
@@ -201,10 +209,14 @@ def search(
     out: Out = Path("runs"),
     emit: Emit = True,
     calibration: Calibration = None,
+    framework: FrameworkOpt = "verl",
     **plan: Any,
 ) -> None:
     """Rank every valid plan by predicted step time; print the best and write runs/<id>/."""
+    from grpo_tune import frameworks as F
     from grpo_tune.autotune import search as S
+
+    fws = F.select(framework)
 
     ref = {name: plan.pop(name, default) for name, _, default in REFINE_FLAGS}
     place = placement_flags(plan)
@@ -218,6 +230,7 @@ def search(
 
         check_out_dir(out, "--out", inputs={"--calibration": calibration})  # before the search, not after it (issue 14)
     m, hw, cluster, wl, pins = inputs_from_flags(plan_flags(plan, hardware=hardware))
+    pins = F.check_pins(fws, pins)
     cal = None
     if calibration is not None:
         from grpo_tune.autotune.calibrate import load as load_calibration
@@ -258,7 +271,13 @@ def search(
     files: dict[str, Path] = {}
     if emit or refine:
         run_dir, files = _write_run_folder(
-            result, out, refine=refine, study_name=study_name, calibration=calibration, inputs=(m, hw, cluster, wl)
+            result,
+            out,
+            refine=refine,
+            study_name=study_name,
+            calibration=calibration,
+            inputs=(m, hw, cluster, wl),
+            frameworks=fws,
         )
 
     if json_out and not refine:
@@ -280,13 +299,22 @@ def search(
 
 
 def _write_run_folder(
-    result, out: Path, *, refine: bool, study_name: str | None, calibration: Path | None, inputs: tuple
+    result,
+    out: Path,
+    *,
+    refine: bool,
+    study_name: str | None,
+    calibration: Path | None,
+    inputs: tuple,
+    frameworks: tuple[str, ...] = ("verl",),
 ) -> tuple[Path, dict[str, Path]]:
     """The run folder of the best plan: a new runs/<id>/, or under --refine a stable folder named like the
     study, so that re-running the command resumes it (written only once: refine's finish replaces it atomically)."""
     from grpo_tune.autotune.emit import emit as emit_into, emit_run
 
     kw: dict[str, Any] = dict(search=result, meta={"calibration": str(calibration)} if calibration else None)
+    if frameworks != ("verl",):
+        kw["frameworks"] = frameworks
     if not refine:
         return emit_run(result.best, out=out, **kw)
     from grpo_tune.autotune.refine import default_study_name

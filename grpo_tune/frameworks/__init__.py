@@ -1,0 +1,58 @@
+"""Framework integrations behind one small contract: each writes a plan as that framework's launch files,
+reads its launches back, and names what it cannot express (the search's pins when planning for it).
+
+``verl`` (the default) lives in ``autotune/`` (export.py, verl.py, verl_table.py); ``nemo-rl`` in
+:mod:`frameworks.nemo_rl`. :data:`NAMES` is what ``--framework`` accepts (``all`` = every one).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from grpo_tune.core.errors import ConfigError
+
+NAMES = ("verl", "nemo-rl")
+DEFAULT = "verl"
+
+
+def select(value: str | None) -> tuple[str, ...]:
+    """``--framework`` -> the frameworks to write (``all``: every registered one)."""
+    v = (value or DEFAULT).strip().lower()
+    if v == "all":
+        return NAMES
+    if v.replace("_", "-") in NAMES:
+        return (v.replace("_", "-"),)
+    raise ConfigError(f"--framework {value!r}: not a framework grpo-tune writes", hint="choose verl, nemo-rl or all")
+
+
+def constraints(names: Sequence[str]) -> dict[str, Any]:
+    """Strategy fields the chosen frameworks fix (the search's pins): a plan must run in every one of them."""
+    out: dict[str, Any] = {}
+    if "nemo-rl" in names:
+        from grpo_tune.frameworks.nemo_rl.table import SEARCH_PINS
+
+        out.update(SEARCH_PINS)
+    return out
+
+
+def check_pins(names: Sequence[str], pins: dict[str, Any]) -> dict[str, Any]:
+    """The user's pins plus the frameworks' fixed fields; a user pin that a framework cannot express is an error."""
+    fixed = constraints(names)
+    if "nemo-rl" in names and pins.get("cpu_optimizer") is not None:
+        raise ConfigError(
+            f"--cpu-optimizer {pins['cpu_optimizer']}: the search prices Megatron's CPU optimizer with its copies "
+            "overlapped, which NeMo-RL 0.7.0 cannot set (and it takes only the whole state, fraction 1.0)",
+            hint="plan for verl (--framework verl), or price a NeMo-RL recipe with the CPU optimizer through "
+            "`grpo-tune tune RECIPE`",
+        )
+    for k, v in fixed.items():
+        if k in pins and pins[k] is not None and _norm(pins[k]) != _norm(v):
+            raise ConfigError(
+                f"--{k.replace('_', '-')} {pins[k]!r}: NeMo-RL cannot run it (it fixes {k}={v!r})",
+                hint="drop the flag, or plan for verl only (--framework verl)",
+            )
+    return {**pins, **fixed}
+
+
+def _norm(v: Any) -> Any:
+    return tuple(v) if isinstance(v, (list, tuple)) else v

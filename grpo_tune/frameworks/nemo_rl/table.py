@@ -1,0 +1,439 @@
+"""The two-way table between a grpo-tune plan and NeMo-RL's GRPO config keys (its Megatron-Core path).
+
+As for verl (autotune/verl_table.py), each plan field is one :class:`Row`: the dotted NeMo-RL keys it writes
+(export: plan -> recipe) and how it is read back (diagnose/tune: recipe -> plan). The key names are NeMo-RL
+v0.7.0's (``data/nemo-rl-0.7.0-keys.json``, from ``examples/configs/grpo_math_1B.yaml`` and the TypedDicts
+of ``nemo_rl/models/policy/__init__.py``); how NeMo-RL uses them is cited per row from v0.7.0's source.
+
+What NeMo-RL cannot express (:data:`CONSTRAINTS`), and so what the search is pinned to when it plans for
+NeMo-RL:
+
+- no virtual pipeline: ``megatron_cfg`` has no ``virtual_pipeline_model_parallel_size`` (vpp = 1);
+- full recompute is every layer: ``nemo_rl/models/megatron/setup.py`` sets ``recompute_method="uniform"``,
+  ``recompute_num_layers=1`` (no partial recompute);
+- the CPU optimizer is all or nothing: ``_validate_optimizer_config`` asserts ``optimizer_offload_fraction
+  == 1.0`` when ``optimizer_cpu_offload`` is on; Megatron's overlapped D2H/H2D has no key;
+- colocated generation moves the policy off the GPU around generation (``offload_before_refit`` /
+  ``offload_after_refit`` in ``grpo.py``): weights, gradients and optimizer, so the plan's offload is all
+  three when colocated; vLLM always runs with ``enable_sleep_mode=True`` (``vllm_worker.py``);
+- one update epoch per step (GRPO in NeMo-RL has no PPO epochs).
+
+Round trip: ``read_plan(write_plan(plan)) == canonical(plan)``; ``canonical`` folds the constraints above
+and what NeMo-RL cannot tell apart (a log-prob micro-batch or token cap equal to the update's is the
+default; a dense model's expert TP is its TP).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from grpo_tune.core.config import TrainerOptions
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
+
+P = "policy"
+MEG = f"{P}.megatron_cfg"
+OPT = f"{MEG}.optimizer"
+DDP = f"{MEG}.distributed_data_parallel_config"
+GEN = f"{P}.generation"
+VLLM = f"{GEN}.vllm_cfg"
+VKW = f"{GEN}.vllm_kwargs"
+PACK = f"{P}.sequence_packing"
+DYN = f"{P}.dynamic_batching"
+GRPO = "grpo"
+LOSS = "loss_fn"
+
+PRECISION = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DTYPE_FROM = {v: k for k, v in PRECISION.items()}
+ALL_OFFLOAD = ("param", "grad", "optimizer")
+
+Plan = dict[str, Any]
+Get = Callable[[str], Any]
+
+
+@dataclass(frozen=True)
+class Row:
+    section: str
+    field: str
+    keys: tuple[str, ...]
+    write: Callable[[Plan], dict[str, Any]] | None
+    read: Callable[[Get], Any] | None
+    why: str = ""
+
+
+def _f(plan: Plan, section: str, name: str) -> Any:
+    return getattr(plan[section], name)
+
+
+def same(section: str, name: str, key: str, *, attr: str = "") -> Row:
+    return Row(section, name, (key,), lambda p: {key: _f(p, section, attr or name)}, lambda get: get(key))
+
+
+def none(section: str, name: str, why: str) -> Row:
+    return Row(section, name, (), None, None, why)
+
+
+S, W, T, C = "strategy", "workload", "trainer", "cluster"
+SECTIONS = {S: Strategy, W: Workload, T: TrainerOptions, C: Cluster}
+
+
+def _recompute_write(p: Plan) -> dict[str, Any]:
+    r = p[S].recompute
+    if r == "none":
+        return {f"{MEG}.activation_checkpointing": False}
+    out: dict[str, Any] = {f"{MEG}.activation_checkpointing": True, f"{MEG}.recompute_granularity": r}
+    if r == "selective":
+        out[f"{MEG}.recompute_modules"] = ["core_attn"]
+    return out
+
+
+def _recompute_read(get: Get) -> str:
+    if get(f"{MEG}.activation_checkpointing") is not True:
+        return "none"
+    g = get(f"{MEG}.recompute_granularity") or "full"  # setup.py: .get("recompute_granularity", "full")
+    return g if g in ("full", "selective") else "full"
+
+
+def _stage_write(which: str) -> Callable[[Plan], dict[str, Any]]:
+    return lambda p: {f"{MEG}.num_layers_in_{which}_pipeline_stage": getattr(p[S], f"{which}_stage_layers")}
+
+
+def _pack_write(p: Plan) -> dict[str, Any]:
+    s = p[S]
+    n = s.max_tokens_per_gpu
+    # Megatron in NeMo-RL packs sequences (dynamic batching is off: grpo_math_1B_megatron.yaml, "incompatible
+    # with Pipeline parallelism"); the token caps are the packed micro-batches' sizes per GPU.
+    out: dict[str, Any] = {f"{DYN}.enabled": False, f"{PACK}.enabled": n is not None}
+    if n is not None:
+        out[f"{PACK}.train_mb_tokens"] = n
+        out[f"{PACK}.logprob_mb_tokens"] = s.log_prob_max_tokens_per_gpu or n
+    return out
+
+
+def _caps(get: Get) -> tuple[int | None, int | None]:
+    for sec in (PACK, DYN):
+        if get(f"{sec}.enabled") is True:
+            t = get(f"{sec}.train_mb_tokens")
+            lp = get(f"{sec}.logprob_mb_tokens")
+            return t, (None if lp == t else lp)
+    return None, None
+
+
+def _cpu_write(p: Plan) -> dict[str, Any]:
+    f = p[S].cpu_optimizer
+    return {f"{OPT}.optimizer_cpu_offload": f is not None, f"{OPT}.optimizer_offload_fraction": float(f or 0.0)}
+
+
+def _cpu_read(get: Get) -> float | None:
+    if get(f"{OPT}.optimizer_cpu_offload") is not True:
+        return None
+    f = get(f"{OPT}.optimizer_offload_fraction")
+    return float(f) if isinstance(f, (int, float)) and not isinstance(f, bool) else 1.0
+
+
+def _offload_read(get: Get) -> tuple[str, ...]:
+    return ALL_OFFLOAD if get(f"{GEN}.colocated.enabled") is not False else ()
+
+
+def _lp_mbs_read(get: Get) -> int | None:
+    n = get(f"{P}.logprob_batch_size")
+    return None if n is None or n == get(f"{P}.train_micro_batch_size") else n
+
+
+def _bucket_write(p: Plan) -> dict[str, Any]:
+    return {f"{P}.refit_buffer_size_gb": p[S].sync_bucket_mb / 1024}
+
+
+def _bucket_read(get: Get) -> int | None:
+    gb = get(f"{P}.refit_buffer_size_gb")
+    return None if gb is None else int(round(float(gb) * 1024))
+
+
+def _lens_write(p: Plan) -> dict[str, Any]:
+    w = p[W]
+    total = w.prompt_len + w.response_len
+    return {
+        f"{P}.max_total_sequence_length": total,
+        "data.max_input_seq_length": w.prompt_len,
+        f"{GEN}.max_new_tokens": w.response_len,
+        f"{VLLM}.max_model_len": total,
+    }
+
+
+def _gbs_write(p: Plan) -> dict[str, Any]:
+    w = p[W]
+    return {f"{P}.train_global_batch_size": w.mini_batch * w.n}
+
+
+def _mini_read(get: Get) -> int | None:
+    g, n = get(f"{P}.train_global_batch_size"), get(f"{GRPO}.num_generations_per_prompt")
+    if isinstance(g, int) and isinstance(n, int) and n > 0:
+        return max(1, g // n)
+    return None
+
+
+def _kl_write(p: Plan) -> dict[str, Any]:
+    return {f"{LOSS}.reference_policy_kl_penalty": p[T].kl_coef if p[W].kl else 0.0}
+
+
+def _kl_read(get: Get) -> bool:
+    v = get(f"{LOSS}.reference_policy_kl_penalty")
+    return isinstance(v, (int, float)) and v > 0  # grpo.py: init_reference_model = penalty > 0
+
+
+def _kl_coef_read(get: Get) -> float:
+    v = get(f"{LOSS}.reference_policy_kl_penalty")
+    return float(v) if isinstance(v, (int, float)) and v > 0 else TrainerOptions().kl_coef
+
+
+def _clip_high_write(p: Plan) -> dict[str, Any]:
+    t: TrainerOptions = p[T]
+    return {f"{LOSS}.ratio_clip_max": t.clip_ratio if t.clip_ratio_high is None else t.clip_ratio_high}
+
+
+def _clip_high_read(get: Get) -> float | None:
+    hi = get(f"{LOSS}.ratio_clip_max")
+    return None if hi == get(f"{LOSS}.ratio_clip_min") else hi
+
+
+def _nodes_write(p: Plan) -> dict[str, Any]:
+    c: Cluster = p[C]
+    return {"cluster.gpus_per_node": min(c.gpus, c.gpus_per_node), "cluster.num_nodes": c.nnodes}
+
+
+ROWS: tuple[Row, ...] = (
+    same(S, "tp", f"{MEG}.tensor_model_parallel_size"),
+    same(S, "pp", f"{MEG}.pipeline_model_parallel_size"),
+    none(S, "vpp", "NeMo-RL 0.7.0's megatron_cfg has no virtual pipeline size (always 1)"),
+    same(S, "cp", f"{MEG}.context_parallel_size"),
+    same(S, "ep", f"{MEG}.expert_model_parallel_size"),
+    same(S, "etp", f"{MEG}.expert_tensor_parallel_size", attr="etp_"),
+    none(S, "dp", "derived: world size / (tp x pp x cp)"),
+    same(S, "mbs", f"{P}.train_micro_batch_size"),
+    Row(
+        S,
+        "log_prob_mbs",
+        (f"{P}.logprob_batch_size",),
+        lambda p: {f"{P}.logprob_batch_size": p[S].log_prob_mbs_},
+        _lp_mbs_read,
+    ),
+    same(S, "sequence_parallel", f"{MEG}.sequence_parallel", attr="sp"),
+    Row(
+        S,
+        "recompute",
+        (f"{MEG}.activation_checkpointing", f"{MEG}.recompute_granularity", f"{MEG}.recompute_modules"),
+        _recompute_write,
+        _recompute_read,
+    ),
+    none(S, "recompute_layers", "NeMo-RL's full recompute is uniform over every layer (megatron/setup.py)"),
+    same(S, "distributed_optimizer", f"{OPT}.use_distributed_optimizer"),
+    Row(S, "offload", (), None, _offload_read, "colocated generation offloads the policy around generation"),
+    Row(
+        S,
+        "first_stage_layers",
+        (f"{MEG}.num_layers_in_first_pipeline_stage",),
+        _stage_write("first"),
+        lambda get: get(f"{MEG}.num_layers_in_first_pipeline_stage"),
+    ),
+    Row(
+        S,
+        "last_stage_layers",
+        (f"{MEG}.num_layers_in_last_pipeline_stage",),
+        _stage_write("last"),
+        lambda get: get(f"{MEG}.num_layers_in_last_pipeline_stage"),
+    ),
+    same(S, "rollout_tp", f"{VLLM}.tensor_parallel_size"),
+    same(S, "gpu_memory_utilization", f"{VLLM}.gpu_memory_utilization"),
+    Row(
+        S,
+        "max_tokens_per_gpu",
+        (f"{DYN}.enabled", f"{PACK}.enabled", f"{PACK}.train_mb_tokens", f"{PACK}.logprob_mb_tokens"),
+        _pack_write,
+        lambda get: _caps(get)[0],
+    ),
+    Row(S, "log_prob_max_tokens_per_gpu", (), None, lambda get: _caps(get)[1], "written by max_tokens_per_gpu"),
+    Row(
+        S, "cpu_optimizer", (f"{OPT}.optimizer_cpu_offload", f"{OPT}.optimizer_offload_fraction"), _cpu_write, _cpu_read
+    ),
+    none(S, "overlap_cpu_optimizer", "NeMo-RL has no key for Megatron's overlapped CPU-optimizer copies"),
+    same(S, "precision_aware_optimizer", f"{OPT}.use_precision_aware_optimizer"),
+    same(S, "max_num_seqs", f"{VKW}.max_num_seqs"),
+    same(S, "max_num_batched_tokens", f"{VKW}.max_num_batched_tokens"),
+    same(S, "enforce_eager", f"{VLLM}.enforce_eager"),
+    same(S, "chunked_prefill", f"{VKW}.enable_chunked_prefill"),
+    none(S, "free_cache_engine", "NeMo-RL's vLLM always sleeps between generations (enable_sleep_mode=True)"),
+    Row(S, "sync_bucket_mb", (f"{P}.refit_buffer_size_gb",), _bucket_write, _bucket_read),
+    none(W, "kind", "NeMo-RL's GRPO"),
+    same(W, "prompts", f"{GRPO}.num_prompts_per_step"),
+    same(W, "n", f"{GRPO}.num_generations_per_prompt"),
+    Row(
+        W,
+        "prompt_len",
+        (
+            f"{P}.max_total_sequence_length",
+            "data.max_input_seq_length",
+            f"{GEN}.max_new_tokens",
+            f"{VLLM}.max_model_len",
+        ),
+        _lens_write,
+        lambda get: get("data.max_input_seq_length"),
+    ),
+    Row(W, "response_len", (), None, lambda get: get(f"{GEN}.max_new_tokens"), "written by prompt_len"),
+    Row(W, "mini_batch", (f"{P}.train_global_batch_size",), _gbs_write, _mini_read),
+    none(W, "ppo_epochs", "one update epoch per GRPO step in NeMo-RL"),
+    Row(W, "kl", (f"{LOSS}.reference_policy_kl_penalty",), _kl_write, _kl_read),
+    Row(
+        W,
+        "dtype",
+        (f"{P}.precision",),
+        lambda p: {f"{P}.precision": PRECISION[p[W].dtype]},
+        lambda get: DTYPE_FROM.get(get(f"{P}.precision"), "bf16"),
+    ),
+    same(T, "steps", f"{GRPO}.max_num_steps"),
+    same(T, "seed", f"{GRPO}.seed"),
+    same(T, "lr", f"{OPT}.lr"),
+    same(T, "weight_decay", f"{OPT}.weight_decay"),
+    same(T, "grad_clip", f"{OPT}.clip_grad"),
+    same(T, "temperature", f"{GEN}.temperature"),
+    same(T, "top_p", f"{GEN}.top_p"),
+    same(T, "clip_ratio", f"{LOSS}.ratio_clip_min"),
+    Row(T, "clip_ratio_high", (f"{LOSS}.ratio_clip_max",), _clip_high_write, _clip_high_read),
+    Row(T, "kl_coef", (), None, _kl_coef_read, "written by the workload's kl row"),
+    *(
+        none(W, f, why)
+        for f, why in (
+            ("prompt_len_mean", "a statistic of the dataset, not a setting"),
+            ("response_len_mean", "a statistic of the policy's answers, not a setting"),
+            ("response_len_quantiles", "a measured length histogram, not a setting"),
+            ("lengths_source", "provenance of the length statistics"),
+            ("seq_len", "pretraining only"),
+            ("gbs", "pretraining only"),
+        )
+    ),
+    *(
+        none(T, f, why)
+        for f, why in (
+            ("dataset", "NeMo-RL's data section is the user's (the base config's OpenMathInstruct-2 stays)"),
+            ("reward", "NeMo-RL's env section is the user's (the base config's math environment stays)"),
+            ("hf_checkpoint", "NeMo-RL loads policy.model_name"),
+            ("out_dir", "NeMo-RL writes under logger.log_dir and checkpointing.checkpoint_dir"),
+            ("checkpoint_every", "checkpointing.save_period is left to the user"),
+            ("log_every", "NeMo-RL logs every step"),
+            ("rollout_engine", "the recipe's generation backend is vLLM (fixed)"),
+            ("loss_agg_mode", "not priced; NeMo-RL's loss_fn.token_level_loss is left as the base config has it"),
+            ("kl_type", "not priced; NeMo-RL names its estimators k1/k2/k3 (loss_fn.reference_policy_kl_type)"),
+            ("entropy_coef", "NeMo-RL's GRPO loss has no entropy bonus"),
+            ("norm_adv_by_std", "not priced; grpo.normalize_rewards is left as the base config has it"),
+            ("moe_aux_loss_coeff", "not priced; NeMo-RL disables router load balancing for GRPO by default"),
+            ("moe_router_load_balancing_type", "not priced; megatron_cfg.moe_router_load_balancing_type stays 'none'"),
+        )
+    ),
+    Row(
+        C,
+        "gpus_per_node",
+        ("cluster.gpus_per_node", "cluster.num_nodes"),
+        _nodes_write,
+        lambda get: get("cluster.gpus_per_node"),
+    ),
+    Row(
+        C,
+        "gpus",
+        (),
+        None,
+        lambda get: get("cluster.gpus_per_node") * get("cluster.num_nodes"),
+        "gpus_per_node x num_nodes",
+    ),
+)
+
+# Settings grpo-tune always writes (not plan fields): the Megatron path, the vLLM engine, synchronous
+# colocated GRPO (the placement the plan prices), bf16 gradient reduction as priced through the stack.
+FIXED: dict[str, Any] = {
+    f"{P}.dtensor_cfg.enabled": False,
+    f"{MEG}.enabled": True,
+    f"{P}.optimizer": None,  # the performance recipes drop the DTensor optimizer and scheduler
+    f"{P}.scheduler": None,
+    f"{P}.make_sequence_length_divisible_by": "${policy.megatron_cfg.tensor_model_parallel_size}",
+    f"{DDP}.grad_reduce_in_fp32": False,
+    f"{GEN}.backend": "vllm",
+    f"{GEN}.colocated.enabled": True,
+    f"{GRPO}.async_grpo.enabled": False,
+}
+
+CONSTRAINTS: dict[str, Any] = {
+    "vpp": 1,
+    "recompute_layers": None,
+    "overlap_cpu_optimizer": False,
+    "free_cache_engine": True,
+    "offload": ALL_OFFLOAD,
+}
+"""Strategy fields NeMo-RL fixes (colocated)."""
+
+SEARCH_PINS: dict[str, Any] = {**CONSTRAINTS, "cpu_optimizer": None}
+"""What the search is pinned to when it plans for NeMo-RL: :data:`CONSTRAINTS`, and no CPU optimizer (the
+search prices Megatron's CPU optimizer with overlapped copies, as verl runs it; NeMo-RL has no key for the
+overlap). A NeMo-RL recipe that sets ``optimizer_cpu_offload`` is still read and priced as it runs."""
+
+
+def rows(section: str | None = None) -> tuple[Row, ...]:
+    return tuple(r for r in ROWS if section is None or r.section == section)
+
+
+def write_plan(plan: Plan) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for r in ROWS:
+        if r.write is not None:
+            out.update(r.write(plan))
+    return out
+
+
+def read_fields(get: Get, section: str) -> dict[str, Any]:
+    return {r.field: r.read(get) for r in ROWS if r.section == section and r.read is not None}
+
+
+def read_plan(get: Get) -> Plan:
+    c = read_fields(get, C)
+    s = read_fields(get, S)
+    s = {k: v for k, v in s.items() if v is not None or k in ("first_stage_layers", "last_stage_layers")}
+    s["dp"] = c["gpus"] // (s["tp"] * s["pp"] * s["cp"])
+    s["offload"] = list(s["offload"])
+    s["free_cache_engine"] = True
+    w = read_fields(get, W)
+    t = read_fields(get, T)
+    return {
+        S: Strategy.from_dict(s),
+        W: Workload.from_dict({k: v for k, v in w.items() if v is not None}),
+        T: TrainerOptions(**t),
+        C: Cluster(**c),
+    }
+
+
+def canonical(plan: Plan, *, model_is_moe: bool = True) -> Plan:
+    """The plan as NeMo-RL (colocated) can express it; ``read_plan(write_plan(p)) == canonical(p)``."""
+    s: Strategy = plan[S]
+    w: Workload = plan[W]
+    t: TrainerOptions = plan[T]
+    c: Cluster = plan[C]
+    lp = s.log_prob_max_tokens_per_gpu
+    if s.max_tokens_per_gpu is None or lp == s.max_tokens_per_gpu:
+        lp = None
+    s = dataclasses.replace(
+        s,
+        etp=s.etp_,
+        sequence_parallel=s.sp,
+        dp=c.gpus // s.model_parallel,
+        log_prob_max_tokens_per_gpu=lp,
+        log_prob_mbs=None if s.log_prob_mbs == s.mbs else s.log_prob_mbs,
+        cpu_optimizer=None if s.cpu_optimizer is None else s.cpu_optimizer,
+        **CONSTRAINTS,
+    )
+    keep_w = {r.field for r in rows(W) if r.read is not None}
+    w = Workload(**{k: v for k, v in dataclasses.asdict(w).items() if k in keep_w})
+    keep_t = {r.field for r in rows(T) if r.read is not None}
+    t = TrainerOptions(**{k: v for k, v in dataclasses.asdict(t).items() if k in keep_t})
+    if t.clip_ratio_high == t.clip_ratio:
+        t = dataclasses.replace(t, clip_ratio_high=None)
+    if not w.kl:
+        t = dataclasses.replace(t, kl_coef=TrainerOptions().kl_coef)
+    c = Cluster(gpus=c.gpus, gpus_per_node=min(c.gpus, c.gpus_per_node))
+    return {S: s, W: w, T: t, C: c}
