@@ -78,8 +78,17 @@ def render(report: Report, console: Console) -> None:
 
 def diagnose(
     path: Annotated[
-        str, typer.Argument(help="A run config (best.yaml), a verl launch script, or a Hydra override list.")
+        str,
+        typer.Argument(
+            help="A run config (best.yaml), a verl launch script, a Hydra override list, or a NeMo-RL recipe."
+        ),
     ],
+    overrides: Annotated[
+        Optional[list[str]],
+        typer.Argument(
+            help="Hydra-style overrides for a NeMo-RL recipe (key=value, +key=value, ~key).", show_default=False
+        ),
+    ] = None,
     hardware: Annotated[
         Optional[str],
         typer.Option(
@@ -93,7 +102,7 @@ def diagnose(
     json_out: Json = False,
 ) -> None:
     """Check a GRPO launch: degrees per role, batch rules, dtypes, unknown keys, memory per phase."""
-    report = diagnose_path(path, hardware=hardware, model=model)
+    report = diagnose_path(path, hardware=hardware, model=model, overrides=list(overrides or []))
     if json_out:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:

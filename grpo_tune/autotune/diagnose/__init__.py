@@ -129,15 +129,27 @@ def diagnose_config(cfg, *, source: str = "<run config>", hardware: str | None =
     return diagnose_overrides(ovs, hardware=hardware or cfg.hardware, model=cfg.model, source=source, kind="run_config")
 
 
-def diagnose_path(path: str | os.PathLike, *, hardware: str | None = None, model: str | None = None) -> Report:
-    """Read a run config (YAML with ``schema_version``), a verl YAML config, a launch script or an
-    override list, and diagnose it. Unreadable input raises a coded error; reading is bounded."""
+def diagnose_path(
+    path: str | os.PathLike,
+    *,
+    hardware: str | None = None,
+    model: str | None = None,
+    overrides: list[str] | None = None,
+) -> Report:
+    """Read a run config (YAML with ``schema_version``), a verl YAML config, a NeMo-RL recipe (with Hydra-style
+    ``overrides``), a launch script or an override list, and diagnose it. Unreadable input raises a coded
+    error; reading is bounded."""
     p = Path(path)
     text = read_text(p, what="launch script, override list or config")
     if not text.strip():
         raise ConfigError(f"{p} is empty", hint="pass a best.yaml, a verl launch script or an override list")
     if p.suffix in (".yaml", ".yml", ".json"):
-        return _yaml(p, text, hardware, model)
+        return _yaml(p, text, hardware, model, list(overrides or []))
+    if overrides:
+        raise ConfigError(
+            f"{p}: extra overrides apply to a NeMo-RL recipe only",
+            hint="put the overrides into the verl launch itself",
+        )
     if re.search(r"main_ppo|verl-train|diagnose\.py|^#!", text, re.M):
         ovs, fnd, facts = parse_script(text)
         return diagnose_overrides(
@@ -158,7 +170,7 @@ def diagnose_path(path: str | os.PathLike, *, hardware: str | None = None, model
     return diagnose_overrides(ovs, hardware=hardware, model=model, source=str(p), findings=fnd)
 
 
-def _yaml(p: Path, text: str, hardware: str | None, model: str | None) -> Report:
+def _yaml(p: Path, text: str, hardware: str | None, model: str | None, overrides: list[str] | None = None) -> Report:
     data, dups = load_yaml(text, str(p))
     found = [
         Finding(
@@ -174,6 +186,18 @@ def _yaml(p: Path, text: str, hardware: str | None, model: str | None) -> Report
         rep = _run_config(p, data, hardware)
         rep.findings[:0] = found
         return rep
+    from grpo_tune.frameworks.nemo_rl.recipe import looks_like_recipe
+
+    if looks_like_recipe(data):
+        from grpo_tune.frameworks.nemo_rl.diagnose import diagnose_recipe
+
+        rep = diagnose_recipe(p, overrides or [], hardware=hardware, model=model)
+        return rep
+    if overrides:
+        raise ConfigError(
+            f"{p}: extra overrides apply to a NeMo-RL recipe only",
+            hint="append key=value overrides to a verl launch inside the script, or pass a NeMo-RL recipe",
+        )
     if isinstance(data, dict) and "model_type" in data and "hidden_size" in data:
         raise ConfigError(
             f"{p} is a Hugging Face model config, not a launch",

@@ -57,6 +57,10 @@ EXTRA_FIELDS: dict[str, tuple[str, str, str]] = {
     # VllmConfig(GenerationConfig) adds these to policy.generation
     "policy.generation": ("nemo_rl/models/generation/vllm/config.py", "VllmConfig", ""),
 }
+READ_BY_CODE: dict[str, str] = {
+    # keys NeMo-RL's code reads with .get() that no TypedDict declares (checked in the file at build time)
+    "policy.sequence_packing.fuse_loss": "nemo_rl/models/megatron/train.py",
+}
 OPEN = (
     "policy.generation.vllm_kwargs",
     "policy.megatron_cfg.env_vars",
@@ -108,6 +112,11 @@ def build(checkout: Path) -> dict[str, Any]:
         declared[section] = _typed_fields((checkout / src).read_text(), cls)
     for section, (src, cls, _) in EXTRA_FIELDS.items():
         declared[section] += [f for f in _typed_fields((checkout / src).read_text(), cls) if f not in declared[section]]
+    for key, src in READ_BY_CODE.items():
+        if f'"{key.rsplit(".", 1)[-1]}"' not in (checkout / src).read_text():
+            raise KeyError(f"{src} no longer reads {key}")
+        sec, _, name = key.rpartition(".")
+        declared.setdefault(sec, []).append(name)
     return {
         "source": f"{REPO}@{TAG} ({COMMIT}): {BASE_CONFIG} flattened (values as written, interpolations kept); "
         "TypedDict fields of " + ", ".join(sorted({f"{s}:{c}" for s, c in SCHEMA.values()})),

@@ -161,6 +161,39 @@ def _lens_write(p: Plan) -> dict[str, Any]:
     }
 
 
+PROMPT_LEN_ASSUMED = 256
+"""Prompt cap assumed when a recipe leaves ``data.max_input_seq_length`` at the total sequence length (its
+default, ``${policy.max_total_sequence_length}``): NeMo-RL then bounds only prompt + response. 256 is what
+profiles/data/published_grpo.csv assumes for the base config's data (OpenMathInstruct-2 with its cot prompt)."""
+
+
+def _total(get: Get) -> int | None:
+    t, m = get(f"{P}.max_total_sequence_length"), get(f"{VLLM}.max_model_len")
+    vals = [v for v in (t, m) if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    return min(vals) if vals else None  # vLLM stops a sequence at max_model_len
+
+
+def prompt_assumed(get: Get) -> bool:
+    """Whether the recipe leaves the prompt cap open (then :data:`PROMPT_LEN_ASSUMED` applies)."""
+    p, total = get("data.max_input_seq_length"), _total(get)
+    return not isinstance(p, int) or total is None or p >= total
+
+
+def _prompt_read(get: Get) -> int | None:
+    total = _total(get)
+    if total is None:
+        return None
+    return min(PROMPT_LEN_ASSUMED, max(1, total // 2)) if prompt_assumed(get) else get("data.max_input_seq_length")
+
+
+def _response_read(get: Get) -> int | None:
+    total, p, new = _total(get), _prompt_read(get), get(f"{GEN}.max_new_tokens")
+    if total is None or p is None:
+        return None
+    room = total - p
+    return min(new, room) if isinstance(new, int) and new > 0 else room
+
+
 def _gbs_write(p: Plan) -> dict[str, Any]:
     w = p[W]
     return {f"{P}.train_global_batch_size": w.mini_batch * w.n}
@@ -277,9 +310,9 @@ ROWS: tuple[Row, ...] = (
             f"{VLLM}.max_model_len",
         ),
         _lens_write,
-        lambda get: get("data.max_input_seq_length"),
+        _prompt_read,
     ),
-    Row(W, "response_len", (), None, lambda get: get(f"{GEN}.max_new_tokens"), "written by prompt_len"),
+    Row(W, "response_len", (), None, _response_read, "written by prompt_len"),
     Row(W, "mini_batch", (f"{P}.train_global_batch_size",), _gbs_write, _mini_read),
     none(W, "ppo_epochs", "one update epoch per GRPO step in NeMo-RL"),
     Row(W, "kl", (f"{LOSS}.reference_policy_kl_penalty",), _kl_write, _kl_read),

@@ -1,0 +1,289 @@
+"""``grpo-tune diagnose`` on a NeMo-RL recipe: coded findings and the Parallel Config Summary.
+
+The recipe is resolved as NeMo-RL resolves it (:mod:`.recipe`), checked against NeMo-RL 0.7.0's own rules
+(each cites the source line that asserts it), its key tree (the shipped snapshot), Megatron's and vLLM's
+divisibility rules (:func:`grpo_tune.core.rules.check_degrees`) and the cost model's memory per phase.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Sequence
+
+from grpo_tune.autotune.diagnose.findings import Finding, Report, Severity
+from grpo_tune.core.errors import CODES, GrpoTuneError, InvalidDegreesError
+from grpo_tune.core.specs import load_hardware
+
+from . import read
+from . import recipe as R
+from . import snapshot as snap
+from . import table as T
+
+E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
+
+
+def _unknown_keys(r: R.Recipe) -> list[Finding]:
+    out = []
+    leaves = snap.leaf_names()
+    known = sorted(set(snap.keys()) | {k for v in leaves.values() for k in v})
+    for key in r.own:
+        if snap.key_status(key) != "unknown":
+            continue
+        near = leaves.get(key.rsplit(".", 1)[-1]) or difflib.get_close_matches(key, known, n=2, cutoff=0.8)
+        maybe = f"did you mean {', '.join(near[:2])}? " if near else ""
+        out.append(
+            Finding(
+                W,
+                "UNKNOWN_KEY",
+                f"{key} is not a key of NeMo-RL {snap.RELEASE}'s GRPO config: NeMo-RL ignores it silently",
+                f"{maybe}keys: {snap.BASE_CONFIG} and the TypedDicts of nemo_rl/models/policy/__init__.py",
+                key=key,
+            )
+        )
+    return out
+
+
+def _nemo_rules(r: R.Recipe) -> list[Finding]:
+    """NeMo-RL 0.7.0's own assertions, each with the file that makes it."""
+    g = r.get
+    out: list[Finding] = []
+    pp = g(f"{T.MEG}.pipeline_model_parallel_size")
+    if g(f"{T.DYN}.enabled") is True and isinstance(pp, int) and pp > 1:
+        out.append(
+            Finding(
+                E,
+                "BAD_CONFIG",
+                f"dynamic batching with pipeline_model_parallel_size={pp}: NeMo-RL asserts 'Dynamic batching is "
+                "only supported for single pipeline parallel stage' (nemo_rl/models/policy/lm_policy.py)",
+                f"use sequence packing instead: {T.DYN}.enabled=false {T.PACK}.enabled=true",
+                key=f"{T.DYN}.enabled",
+            )
+        )
+    if g(f"{T.DYN}.enabled") is True and g(f"{T.PACK}.enabled") is True:
+        out.append(
+            Finding(
+                E,
+                "BAD_CONFIG",
+                "dynamic batching and sequence packing are both on: NeMo-RL asserts they are exclusive "
+                "(nemo_rl/models/policy/lm_policy.py)",
+                f"turn one off ({T.PACK}.enabled is the base config's default on Megatron)",
+                key=f"{T.PACK}.enabled",
+            )
+        )
+    if g(f"{T.OPT}.optimizer_cpu_offload") is True and g(f"{T.OPT}.optimizer_offload_fraction") != 1.0:
+        out.append(
+            Finding(
+                E,
+                "BAD_CONFIG",
+                f"optimizer_cpu_offload with optimizer_offload_fraction={g(f'{T.OPT}.optimizer_offload_fraction')}: "
+                "NeMo-RL asserts the fraction is 1.0 (nemo_rl/models/megatron/setup.py _validate_optimizer_config)",
+                f"set {T.OPT}.optimizer_offload_fraction=1.0",
+                key=f"{T.OPT}.optimizer_offload_fraction",
+            )
+        )
+    tp, sp = g(f"{T.MEG}.tensor_model_parallel_size"), g(f"{T.MEG}.sequence_parallel")
+    if sp is True and tp == 1:
+        out.append(
+            Finding(
+                W,
+                "TP_MISMATCH",
+                "sequence_parallel with tensor_model_parallel_size=1: Megatron has nothing to split",
+                f"set {T.MEG}.sequence_parallel=false",
+                key=f"{T.MEG}.sequence_parallel",
+            )
+        )
+    if g(f"{T.GRPO}.async_grpo.enabled") is True:
+        age = g(f"{T.GRPO}.async_grpo.max_trajectory_age_steps")
+        out.append(
+            Finding(
+                W,
+                "BAD_CONFIG",
+                f"grpo.async_grpo is on (max_trajectory_age_steps={age}): the step is priced synchronous",
+                "asynchronous placement is not priced yet; the plan's phases are the synchronous step's",
+                key=f"{T.GRPO}.async_grpo.enabled",
+            )
+        )
+    if g(f"{T.P}.refit_buffer_size_gb") is None:
+        out.append(
+            Finding(
+                I,
+                "BAD_CONFIG",
+                "policy.refit_buffer_size_gb is unset: NeMo-RL sizes the refit buffer at 30% of free GPU memory "
+                "(NRL_REFIT_BUFFER_MEMORY_RATIO, grpo.py); priced with the default bucket",
+                "set policy.refit_buffer_size_gb to price and run one bucket size",
+                key=f"{T.P}.refit_buffer_size_gb",
+            )
+        )
+    if T.prompt_assumed(g):
+        out.append(
+            Finding(
+                I,
+                "BAD_CONFIG",
+                f"data.max_input_seq_length is not below policy.max_total_sequence_length: prompts assumed up to "
+                f"{T.PROMPT_LEN_ASSUMED} tokens, responses take the rest",
+                "set data.max_input_seq_length to the dataset's longest prompt to price it exactly",
+                key="data.max_input_seq_length",
+            )
+        )
+    return out
+
+
+def _batches(plan) -> list[Finding]:
+    s, w = plan.strategy, plan.workload
+    dp = s.dp or plan.cluster.gpus // s.model_parallel
+    gbs = w.mini_batch * w.n
+    out = []
+    if gbs % dp:
+        out.append(
+            Finding(
+                E,
+                "BATCH_DIVISIBILITY",
+                f"policy.train_global_batch_size={gbs} does not split over data parallel {dp}",
+                "make train_global_batch_size a multiple of world / (TP x PP x CP)",
+                key=f"{T.P}.train_global_batch_size",
+            )
+        )
+    if (w.prompts * w.n) % gbs:
+        out.append(
+            Finding(
+                W,
+                "BATCH_DIVISIBILITY",
+                f"{w.prompts * w.n} responses per step are not a whole number of optimizer steps of {gbs}",
+                "make num_prompts_per_step x num_generations_per_prompt a multiple of train_global_batch_size",
+                key=f"{T.P}.train_global_batch_size",
+            )
+        )
+    return out
+
+
+def _memory(plan, findings: list[Finding]) -> dict[str, Any] | None:
+    from grpo_tune.costmodel.estimate import estimate
+
+    try:
+        est = estimate(
+            model=plan.model,
+            hardware=plan.hardware,
+            cluster=plan.cluster,
+            strategy=plan.strategy,
+            workload=plan.workload,
+        )
+    except GrpoTuneError as exc:
+        findings.append(Finding(I, "OOM_RISK", f"memory not estimated: [{exc.code}] {exc.message}"))
+        return None
+    for v in est.violations:
+        if v.code == "OOM_RISK":
+            findings.append(
+                Finding(
+                    E,
+                    "OOM_RISK",
+                    v.message,
+                    _oom_hint(v.phase),
+                    phase=v.phase,
+                    bytes=None if v.bytes_over is None else int(v.bytes_over),
+                )
+            )
+        elif v.code in CODES:
+            findings.append(Finding(W, v.code, v.message, phase=v.phase))
+    return {
+        "capacity_bytes": int(est.capacity_bytes),
+        "peak_phase": est.peak_phase,
+        "peak_bytes": int(est.peak_bytes),
+        "phases": {k: int(p.total_bytes) for k, p in est.memory.items()},
+        "step_s": float(est.step_time_s) if hasattr(est, "step_time_s") else None,
+    }
+
+
+def _oom_hint(phase: str | None) -> str:
+    if phase == "rollout":
+        return f"lower {T.VLLM}.gpu_memory_utilization or raise {T.VLLM}.tensor_parallel_size"
+    if phase == "update":
+        return (
+            f"lower {T.PACK}.train_mb_tokens (or train_micro_batch_size), set {T.MEG}.activation_checkpointing=true, "
+            "or raise TP/PP"
+        )
+    return f"lower {T.PACK}.logprob_mb_tokens (or logprob_batch_size), or raise TP/PP"
+
+
+def _summary(plan, r: R.Recipe, memory) -> dict[str, Any]:
+    s, c, w = plan.strategy, plan.cluster, plan.workload
+    deg = {"tp": s.tp, "pp": s.pp, "vpp": s.vpp, "cp": s.cp, "ep": s.ep, "etp": s.etp_, "dp": s.dp}
+    return {
+        "model": plan.model.name,
+        "model_note": plan.model_note,
+        "hardware": plan.hardware.name,
+        "world_size": c.gpus,
+        "nnodes": c.nnodes,
+        "gpus_per_node": c.gpus_per_node,
+        "dp": s.dp,
+        "roles": {
+            "actor": dict(deg),
+            "ref": dict(deg),
+            "rollout": {
+                "tp": s.rollout_tp,
+                "pp": 1,
+                "replicas": c.gpus // s.rollout_tp,
+                "gpu_memory_utilization": s.gpu_memory_utilization,
+                "name": "vllm (colocated)",
+            },
+        },
+        "batch": {
+            "num_prompts_per_step": w.prompts,
+            "num_generations_per_prompt": w.n,
+            "train_global_batch_size": w.mini_batch * w.n,
+            "train_micro_batch_size": s.mbs,
+            "logprob_batch_size": s.log_prob_mbs_,
+            "train_mb_tokens": s.max_tokens_per_gpu,
+            "logprob_mb_tokens": s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu,
+            "max_total_sequence_length": w.prompt_len + w.response_len,
+        },
+        "memory": memory,
+        "framework": f"NeMo-RL {snap.RELEASE}",
+        "defaults": r.parents,
+    }
+
+
+def diagnose_recipe(
+    path: str | Path, overrides: Sequence[str] = (), *, hardware: str | None = None, model: str | None = None
+) -> Report:
+    r = R.load(path, list(overrides))
+    findings = [
+        Finding(
+            W,
+            "BAD_CONFIG",
+            f"line {line}: key {k!r} appears twice in its mapping; YAML keeps the last one",
+            "remove one of them",
+            line=line,
+        )
+        for k, line in r.duplicates
+    ]
+    findings += _unknown_keys(r)
+    findings += _nemo_rules(r)
+    report = Report(source=str(path), kind="nemo_rl_recipe", findings=findings)
+    for msg, hint in read.unsupported(r):
+        findings.append(Finding(E, "TRAINER_UNSUPPORTED", msg, hint))
+    if any(f.code == "TRAINER_UNSUPPORTED" for f in findings):
+        report.summary = {"framework": f"NeMo-RL {snap.RELEASE}", "defaults": r.parents}
+        return report
+    try:
+        m, note = read.resolve_model(r, model)
+        c = read.cluster_of(r)
+        wl = read.workload_of(r)
+        s = read.strategy_of(r, m, c.gpus, c.gpus_per_node)
+    except InvalidDegreesError as exc:
+        findings.append(Finding(E, "INVALID_DEGREES", exc.message, exc.hint))
+        report.summary = {"framework": f"NeMo-RL {snap.RELEASE}", "defaults": r.parents}
+        return report
+    except GrpoTuneError as exc:
+        findings.append(Finding(E, exc.code if exc.code in CODES else "BAD_CONFIG", exc.message, exc.hint))
+        report.summary = {"framework": f"NeMo-RL {snap.RELEASE}", "defaults": r.parents}
+        return report
+    from grpo_tune.autotune.tune import LaunchPlan
+
+    hw = load_hardware(hardware or "h100")
+    plan = LaunchPlan(launch=None, model=m, model_note=note, hardware=hw, cluster=c, strategy=s, workload=wl)
+    findings += _batches(plan)
+    bad = any(f.severity == E and f.code in ("BAD_CONFIG", "BATCH_DIVISIBILITY") for f in findings)
+    memory = None if bad else _memory(plan, findings)
+    report.summary = _summary(plan, r, memory)
+    return report

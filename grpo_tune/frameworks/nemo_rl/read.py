@@ -1,0 +1,137 @@
+"""A NeMo-RL recipe (with Hydra-style overrides) -> the plan grpo-tune prices: model, hardware, GPUs,
+workload and strategy, as :class:`grpo_tune.autotune.tune.LaunchPlan` holds them for a verl launch."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Sequence
+
+from grpo_tune.core.errors import ConfigError, GrpoTuneError, UnknownModelError
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
+
+from . import recipe as R
+from . import table
+
+
+def is_recipe(path: str | Path) -> bool:
+    """Whether ``path`` is a NeMo-RL recipe (a YAML mapping shaped like one), read bounded; False otherwise."""
+    p = Path(path)
+    if p.suffix not in (".yaml", ".yml") or not p.is_file():
+        return False
+    try:
+        _, data, _ = R._read_mapping(p)
+    except GrpoTuneError:
+        return False
+    return R.looks_like_recipe(data)
+
+
+def resolve_model(r: R.Recipe, model: str | None):
+    from grpo_tune.autotune.diagnose import resolve_model as lookup
+
+    if model:
+        return load_model(model), f"--model {model}"
+    name = r.get(f"{table.P}.model_name")
+    spec, note = lookup(name)
+    if spec is None and isinstance(name, str):
+        try:
+            spec, note = load_model(name), f"{name} -> preset"
+        except GrpoTuneError:
+            spec = None
+    if spec is None:
+        raise UnknownModelError(
+            f"{r.path}: policy.model_name={name!r} maps to no preset",
+            hint="pass --model PRESET (see `grpo-tune models`), a HF id, or a folder with config.json",
+        )
+    return spec, note.replace("actor_rollout_ref.model.path", "policy.model_name")
+
+
+def unsupported(r: R.Recipe) -> list[tuple[str, str]]:
+    """(message, hint) for what grpo-tune does not price in this recipe (it is then not a plan)."""
+    out = []
+    if r.get(f"{table.MEG}.enabled") is not True:
+        out.append(
+            (
+                "policy.megatron_cfg.enabled is not true: the DTensor (FSDP2) path is not priced",
+                "grpo-tune prices NeMo-RL's Megatron-Core path; set policy.megatron_cfg.enabled=true",
+            )
+        )
+    if r.get(f"{table.GEN}.colocated.enabled") is False:
+        out.append(
+            (
+                "policy.generation.colocated.enabled is false: separate generation pools are not priced yet",
+                "price the colocated plan (colocated.enabled=true) until placement planning lands",
+            )
+        )
+    if r.get(f"{table.GEN}.backend") not in (None, "vllm"):
+        out.append((f"policy.generation.backend={r.get(f'{table.GEN}.backend')!r}: only vLLM generation is priced", ""))
+    return out
+
+
+def strategy_of(r: R.Recipe, model, gpus: int, gpn: int) -> Strategy:
+    plan = table.read_fields(r.get, table.S)
+    d: dict[str, Any] = {k: v for k, v in plan.items() if v is not None}
+    for k in ("first_stage_layers", "last_stage_layers"):
+        d[k] = plan.get(k)
+    d["offload"] = tuple(plan["offload"])
+    if not model.is_moe:
+        d.pop("etp", None)
+    if isinstance(d.get("cpu_optimizer"), float) and d["cpu_optimizer"] <= 0:
+        d["cpu_optimizer"] = None
+    return validate(
+        model, Strategy.from_dict(d, where="NeMo-RL recipe"), gpus, gpus_per_node=gpn, allow_cross_node_tp=True
+    )
+
+
+def workload_of(r: R.Recipe, *, prompt_len_mean: int | None = None, response_len_mean: int | None = None) -> Workload:
+    w = table.read_fields(r.get, table.W)
+    for k in ("prompts", "n", "prompt_len", "response_len", "mini_batch"):
+        v = w.get(k)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ConfigError(
+                f"{r.path}: cannot read the workload's {k} ({v!r}) from this recipe",
+                hint="set grpo.num_prompts_per_step, grpo.num_generations_per_prompt, policy.train_global_batch_size "
+                "and policy.max_total_sequence_length to positive integers",
+            )
+    w["mini_batch"] = min(w["mini_batch"], w["prompts"])
+    w.update(prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean)
+    return Workload.from_dict({k: v for k, v in w.items() if v is not None}, where="NeMo-RL workload")
+
+
+def cluster_of(r: R.Recipe) -> Cluster:
+    gpn, nn = r.get("cluster.gpus_per_node"), r.get("cluster.num_nodes")
+    if not (isinstance(gpn, int) and gpn > 0 and isinstance(nn, int) and nn > 0):
+        raise ConfigError(
+            f"{r.path}: cluster.gpus_per_node={gpn!r} x cluster.num_nodes={nn!r} is not a GPU count",
+            hint="set both to positive integers",
+        )
+    return Cluster(gpus=gpn * nn, gpus_per_node=gpn)
+
+
+def plan_of(
+    path: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    model: str | None = None,
+    hardware: str | None = None,
+    prompt_len_mean: int | None = None,
+    response_len_mean: int | None = None,
+):
+    """The LaunchPlan of a NeMo-RL recipe (``launch`` is the :class:`~.recipe.Recipe`)."""
+    from grpo_tune.autotune.tune import LaunchPlan
+
+    r = R.load(path, list(overrides))
+    bad = unsupported(r)
+    if bad:
+        raise ConfigError(f"{r.path}: {bad[0][0]}", hint=bad[0][1])
+    m, note = resolve_model(r, model)
+    hw = load_hardware(hardware or "h100")
+    c = cluster_of(r)
+    wl = workload_of(r, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean)
+    s = strategy_of(r, m, c.gpus, c.gpus_per_node)
+    return LaunchPlan(launch=r, model=m, model_note=note, hardware=hw, cluster=c, strategy=s, workload=wl)  # type: ignore[arg-type]
+
+
+def replace_workload(plan, **kw):
+    return dataclasses.replace(plan, workload=plan.workload.replace(**kw))
