@@ -96,7 +96,7 @@ SURFACE = {
         "--trials",
     ],
     "compare": PLAN + PLACE + ["--calibration", "--min-headroom", "--out"],
-    "diagnose": ["--hardware", "--json", "--model -m", "PATH"],
+    "diagnose": ["--hardware", "--json", "--model -m", "OVERRIDES", "PATH"],
     "validate": ["--data", "--grpo", "--hardware", "--json", "--refit", "--tolerance"],
     "train": RUN + ["--dry-run", "--resume / --no-resume", "--slurm"],
     "profile": RUN,
@@ -115,6 +115,7 @@ SURFACE = {
         "--prompt-len-mean",
         "--response-len-mean",
         "LAUNCH",
+        "OVERRIDES",
         # pins as estimate spells them (issue 11: "--keep tp,pp or any estimate flag")
         "--tp",
         "--pp",

@@ -17,7 +17,13 @@ from grpo_tune.cli.plan_options import pin_options
 from grpo_tune.core.units import GiB
 
 
-Launch = Annotated[Path, typer.Argument(help="A verl launch script (bash) or a file of Hydra overrides.")]
+Launch = Annotated[
+    Path, typer.Argument(help="A verl launch script (bash), a file of Hydra overrides, or a NeMo-RL recipe (YAML).")
+]
+Overrides = Annotated[
+    list[str] | None,
+    typer.Argument(help="Hydra-style overrides for a NeMo-RL recipe (key=value, +key=value).", show_default=False),
+]
 Hardware = Annotated[
     str, typer.Option("--hardware", help="Hardware profile of the GPUs the launch runs on (h100, h200, a100, ...).")
 ]
@@ -102,6 +108,7 @@ def _summary(est) -> dict[str, Any]:
 )
 def tune(
     launch: Launch,
+    overrides: Overrides = None,
     hardware: Hardware = "h100",
     model: ModelOpt = None,
     keep: Keep = None,
@@ -124,6 +131,30 @@ def tune(
 
         # before the search, not after it (issue 14)
         check_out_dir(out, "--out", inputs={"LAUNCH": launch, "--calibration": calibration})
+    from grpo_tune.frameworks.nemo_rl import read as nemo_read
+
+    if nemo_read.is_recipe(launch):
+        return _tune_nemo_rl(
+            launch,
+            list(overrides or []),
+            hardware=hardware,
+            model=model,
+            keep=keep,
+            out=out,
+            json_out=json_out,
+            calibration=calibration,
+            min_headroom=min_headroom,
+            prompt_len_mean=prompt_len_mean,
+            response_len_mean=response_len_mean,
+            emit=emit,
+            pins=pins,
+        )
+    if overrides:
+        from grpo_tune.core.errors import ConfigError
+
+        raise ConfigError(
+            f"{launch}: extra overrides apply to a NeMo-RL recipe only", hint="put them into the verl launch itself"
+        )
     plan = T.plan_of(
         launch, model=model, hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
     )
@@ -166,6 +197,75 @@ def tune(
         f"{launch_obj.path}: {plan.model.name} ({plan.model_note}) on {plan.cluster.gpus} x {plan.hardware.name}, "
         f"{wl.prompts} prompts x n={wl.n}, lengths {wl.prompt_len}+{wl.response_len}"
         + (means if wl.prompt_len_mean or wl.response_len_mean else ""),
+        highlight=False,
+    )
+    c.print(_compare_table(cur, best))
+    _print_verdict(c, res, cur, best, keep_list)
+    if run_dir is not None:
+        c.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False)
+
+
+def _tune_nemo_rl(
+    launch: Path,
+    overrides: list[str],
+    *,
+    hardware: str,
+    model: str | None,
+    keep: str | None,
+    out: Path,
+    json_out: bool,
+    calibration: Path | None,
+    min_headroom: float,
+    prompt_len_mean: int | None,
+    response_len_mean: int | None,
+    emit: bool,
+    pins: dict[str, Any],
+) -> None:
+    """tune on a NeMo-RL recipe: the same tables and verdict; tuned.yaml (defaults: the recipe) instead of tuned.sh."""
+    from grpo_tune.autotune.emit import Tables, emit_run
+    from grpo_tune.core.config import atomic_write
+    from grpo_tune.frameworks.nemo_rl import read as nemo_read
+    from grpo_tune.frameworks.nemo_rl import tune as nemo_tune
+
+    plan = nemo_read.plan_of(
+        launch,
+        overrides,
+        model=model,
+        hardware=hardware,
+        prompt_len_mean=prompt_len_mean,
+        response_len_mean=response_len_mean,
+    )
+    cal = None
+    if calibration is not None:
+        from grpo_tune.autotune.calibrate import load as load_calibration
+
+        cal = load_calibration(calibration, hardware=plan.hardware.name)
+    keep_list = [k.strip() for k in (keep or "").split(",") if k.strip()]
+    res = nemo_tune.tune_recipe(
+        plan, keep=keep_list, calibration=cal, min_headroom=min_headroom, pins=pins_from_flags(pins)
+    )
+    run_dir = None
+    files: dict[str, Path] = {}
+    if emit:
+        run_dir, files = emit_run(
+            res.best,
+            out=out,
+            search=Tables(ranked=res.ranked, counters=res.search_stats),
+            meta={"tuned_from": str(launch), **({"calibration": str(calibration)} if calibration else {})},
+            frameworks=("nemo-rl",),
+        )
+        files["tuned.yaml"] = atomic_write(
+            run_dir / "tuned.yaml", nemo_tune.tuned_text(plan.launch, res.changes, run_dir)
+        )
+    cur, best = _summary(res.current), _summary(res.best)
+    if json_out:
+        _print_json(launch, plan, res, cur, best, run_dir, files)
+        return
+    c = Console()
+    wl = plan.workload
+    c.print(
+        f"{launch} (NeMo-RL recipe): {plan.model.name} ({plan.model_note}) on {plan.cluster.gpus} x "
+        f"{plan.hardware.name}, {wl.prompts} prompts x n={wl.n}, lengths {wl.prompt_len}+{wl.response_len}",
         highlight=False,
     )
     c.print(_compare_table(cur, best))
