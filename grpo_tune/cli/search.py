@@ -262,6 +262,7 @@ def search(
             calibration=calibration,
             console=console,
             all_plans=all_plans,
+            frameworks=fws,
         )
         return
 
@@ -429,6 +430,7 @@ def _search_placement(
     calibration,
     console,
     all_plans,
+    frameworks: tuple[str, ...] = ("verl",),
 ) -> None:
     """search --placement separate|auto: the best plan of each placement side by side, the winner emitted."""
     from grpo_tune.autotune.placement_search import search_placement
@@ -473,6 +475,7 @@ def _search_placement(
             out=out,
             search=colocated if not res.best.placement else None,
             meta={"calibration": str(calibration)} if calibration else None,
+            frameworks=frameworks,
         )
     if json_out:
         print(json.dumps(placement_json(res, run_dir, files), indent=2, default=str))
