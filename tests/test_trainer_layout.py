@@ -32,6 +32,6 @@ def test_one_layout_type_and_it_is_torch_free():
     import grpo_tune.trainer.parallel as P
 
     assert L.Layout is Layout and P.Layout is Layout
-    code = "import sys, trainer.launch, trainer.layout; sys.exit('torch' in sys.modules)"
+    code = "import sys, grpo_tune.trainer.launch, grpo_tune.trainer.layout; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
     assert Layout(world_size=4, pp=2, pp_rank=1).is_last_stage and Layout(world_size=4, nnodes=2).nproc_per_node == 2
