@@ -81,7 +81,8 @@ def open_study(storage: str, study_name: str, seed: int | None, heartbeat_s: int
             return StudyHandle(study, st, st.get_study_id_from_name(study_name), heartbeat_s, grace_s)
         except Exception as exc:  # noqa: BLE001 - SQLAlchemy, driver and URL errors all end as a coded error below
             last = exc
-            if "IntegrityError" not in type(exc).__name__ + str(exc) and "locked" not in str(exc):
+            racing = ("IntegrityError", "locked", "already exists")  # schema creation by two workers at once
+            if not any(w in type(exc).__name__ + str(exc) for w in racing):
                 break
             time.sleep(0.5 * (attempt + 1))
     raise ConfigError(
