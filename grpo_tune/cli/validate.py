@@ -34,7 +34,7 @@ Grpo = Annotated[
     bool,
     typer.Option(
         "--grpo",
-        help="The GRPO step against published verl/NeMo-RL runs (profiles/data/published_grpo.csv): step and per-phase errors, held-out step MAPE against the tolerance (default 15%).",
+        help="The GRPO step against published verl/NeMo-RL runs (profiles/data/published_grpo.csv): step and per-phase errors, leave-one-out step MAPE against the tolerance (default 15%).",
     ),
 ]
 
@@ -134,8 +134,8 @@ _GRPO_COLS = (
 def _print_grpo(rep: dict) -> None:
     con = Console()
     t = Table(title="GRPO step vs published runs (seconds)", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    for c in ("row", "split", "phase", "published", "predicted", "error"):
-        t.add_column(c, justify="left" if c in ("row", "split", "phase") else "right", no_wrap=True)
+    for c in ("row", "gpu", "phase", "published", "predicted", "error", "cv"):
+        t.add_column(c, justify="left" if c in ("row", "gpu", "phase") else "right", no_wrap=True)
     for r in rep["rows"]:
         if r["split"] == "excluded":
             continue
@@ -143,15 +143,16 @@ def _print_grpo(rep: dict) -> None:
         for key, label in _GRPO_COLS:
             if key not in r["published"]:
                 continue
-            err = r["error_pct"][key]
-            colour = "green" if abs(err) <= rep["tolerance_pct"] else "red"
+            err, cv = r["error_pct"][key], r.get("cv_error_pct", {}).get(key)
+            colour = "green" if abs(cv if cv is not None else err) <= rep["tolerance_pct"] else "red"
             t.add_row(
-                r["id"] if first else "",
-                ("fit" if r["split"] == "fit" else "held") if first else "",
+                r["id"][:28] if first else "",
+                r["hardware"].split("-")[0] if first else "",
                 label,
                 f"{r['published'][key]:,.1f}",
                 f"{r['predicted'][key]:,.1f}",
-                f"[{colour}]{err:+.1f}%[/]",
+                f"{err:+.1f}%",
+                f"[{colour}]{cv:+.1f}%[/]" if cv is not None else "",
             )
             first = False
     con.print(t)
@@ -162,16 +163,25 @@ def _print_grpo(rep: dict) -> None:
         highlight=False,
     )
     m = rep["mape_pct"]
-    for split, name in (("fit", "fit rows"), ("holdout", "held-out rows")):
+    for split, name in (("fit", "in-sample"), ("cv", "leave-one-out")):
         parts = ", ".join(f"{label} {m[split][key]:.1f}%" for key, label in _GRPO_COLS if m[split].get(key) is not None)
-        con.print(f"MAPE on {name}: {parts}", highlight=False)
-    if rep["refit"]:
-        con.print(
-            "refitted Hopper RL parameters: " + ", ".join(f"{k}={v}" for k, v in rep["refit"].items()), highlight=False
-        )
-    hold = m["holdout"]["step_s"]
+        con.print(f"MAPE {name}: {parts}", highlight=False)
+    groups = rep["cv_groups"]["step_s"]
     con.print(
-        f"held-out step MAPE {hold:.1f}% (tolerance {rep['tolerance_pct']:g}%): "
+        "leave-one-out step MAPE by group: "
+        + ", ".join(f"{g} {v['mape']:.1f}% ({v['rows']} rows)" for g, v in sorted(groups.items()) if g != "all"),
+        highlight=False,
+    )
+    for name, rows in rep["movers"].items():
+        pr = rep["priors"][name]
+        state = f"{len(rows)} rows move it" if len(rows) >= 2 else "fewer than 2 rows move it: kept at its prior"
+        con.print(f"  {name} in [{pr['lo']:g}, {pr['hi']:g}]: {state} ({', '.join(rows) or 'none'})", highlight=False)
+    if rep["refit"]:
+        con.print("refitted parameters: " + ", ".join(f"{k}={v}" for k, v in rep["refit"].items()), highlight=False)
+    step = m["cv"]["step_s"]
+    scored = sum(1 for r in rep["rows"] if r["split"] != "excluded")
+    con.print(
+        f"cross-validated step MAPE {step:.1f}% over {scored} scored rows (tolerance {rep['tolerance_pct']:g}%): "
         + ("[green]pass[/]" if rep["passed"] else "[red]FAIL[/]"),
         highlight=False,
     )

@@ -30,7 +30,10 @@ class Efficiency:
     layer_overhead_s: float = 20e-6
     """Kernel launch/dispatch cost per layer per micro-batch (forward; backward twice)."""
     decode_step_overhead_s: float = 1e-3
-    """vLLM scheduler + sampler cost per decode step with CUDA graphs."""
+    """Engine scheduler + sampler cost per decode step with CUDA graphs (a stack parameter)."""
+    decode_sequence_overhead_s: float = 0.0
+    """Engine cost per running sequence per decode step (scheduling, detokenising, sampling
+    bookkeeping on the host; a stack parameter)."""
     eager_layer_overhead_s: float = 80e-6
     """Extra launch cost per layer per decode step when vLLM runs eager (``enforce_eager``): ~10 kernel
     launches per layer at ~8 us each, which CUDA graphs replay as one (an estimate, not fitted)."""
@@ -50,8 +53,10 @@ class Efficiency:
     moe_layer_overhead_s: float = 0.0
     """Per MoE layer per micro-batch: token permutation, router, all-to-all launches (forward)."""
     decode_efficiency: float = 1.0
-    """Achieved over the roofline (HBM bandwidth, GEMM curve) of vLLM's decode steps: paged attention,
-    sampling and scheduling between kernels."""
+    """Share of the HBM roofline (``hbm_efficiency`` x bandwidth) that decode kernels reach on this GPU
+    (paged attention and small-batch GEMMs stream weights and KV cache below a STREAM copy). The
+    host's share of a decode step is the stack's ``decode_step_overhead_s`` and
+    ``decode_sequence_overhead_s``, not this."""
     moe_decode_efficiency: float = 1.0
     """Achieved over streaming HBM bandwidth when decode reads routed experts (grouped GEMM, few tokens each)."""
     vllm_sleep_s: float = 0.0
@@ -68,6 +73,9 @@ class Efficiency:
     """Tokens per micro-batch under dynamic batching, over the token cap (balanced partitions)."""
     rl_compute_scale: float = 1.0
     """Achieved FLOP/s of RL training passes (short packed micro-batches, fp32 log-prob) over pretraining's."""
+    grad_reduce_bytes: float = 4.0
+    """Bytes per gradient element in Megatron's grad buffer and DP reduce: 4 with
+    ``grad_reduce_in_fp32`` (verl's default), 2 without (NeMo-RL's). A stack parameter."""
 
     def to_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -86,6 +94,31 @@ class Efficiency:
                 )
         return cls(**{k: float(v) for k, v in data.items()})
 
+
+STACK_KEYS: frozenset[str] = frozenset(
+    {
+        "layer_overhead_s",
+        "micro_batch_overhead_s",
+        "moe_layer_overhead_s",
+        "decode_step_overhead_s",
+        "decode_sequence_overhead_s",
+        "eager_layer_overhead_s",
+        "vllm_sleep_s",
+        "vllm_wake_s",
+        "sync_tensor_overhead_s",
+        "sync_bucket_overhead_s",
+        "pageable_copy_fraction",
+        "packing_efficiency",
+        "rl_compute_scale",
+        "grad_reduce_bytes",
+    }
+)
+"""Efficiency fields that belong to the software stack (profiles/stacks/*.toml), not to the chip:
+host costs, engine costs and framework properties. A hardware profile file may not set them."""
+
+PROVENANCES = ("fitted", "transferred", "spec-only")
+"""How a hardware profile's time-model parameters were obtained: ``fitted`` on measurements (cited),
+``transferred`` from another profile by stated ratios, or ``spec-only`` (datasheet figures and defaults)."""
 
 ROLLOUT_ENGINES = ("vllm", "megatron-native")
 ATTENTION_KERNELS = ("flash", "unfused")
@@ -124,8 +157,30 @@ class HardwareSpec:
     """``te-bf16`` (TransformerEngine fused layers, bf16) or ``local-fp32`` (megatron's local spec in fp32)."""
     price_per_gpu_hour_usd: float | None = None
     aliases: tuple[str, ...] = ()
+    nvlink_domain_gpus: int = 0
+    """GPUs in one NVLink domain (0: the node's ``gpus_per_node``). GB200 NVL72: 72 GPUs in one
+    domain at 4 per host; groups inside a domain run at NVLink speed even across hosts."""
+    provenance: str = "spec-only"
+    """How the time-model parameters were obtained (one of :data:`PROVENANCES`)."""
+    provenance_note: str = ""
+    """What they were fitted on, or transferred from which profile by which ratios."""
+    default_stack: str = ""
+    """The software stack priced when none is chosen (empty: ``core.stacks.DEFAULT_STACK``)."""
+    stack: str = ""
+    """The stack whose parameters ``efficiency`` carries (set by ``core.stacks.apply_stack``)."""
     efficiency: Efficiency = field(default_factory=Efficiency)
-    """Time-model parameters (see costmodel.timing)."""
+    """Time-model parameters (see costmodel.timing): the chip's from the hardware profile, the
+    software's from the stack profile."""
+
+    @property
+    def nvlink_domain(self) -> int:
+        """GPUs that share one NVLink domain (at least a node)."""
+        return max(self.nvlink_domain_gpus, self.gpus_per_node)
+
+    @property
+    def ridge_point(self) -> float:
+        """Peak dense FLOP/s over HBM bytes/s: the arithmetic intensity where a roofline turns flat."""
+        return self.bf16_dense_flops_per_s / self.hbm_bandwidth_bytes_per_s
 
     @property
     def native_rollout(self) -> bool:
@@ -133,10 +188,22 @@ class HardwareSpec:
         return self.rollout_engine == "megatron-native"
 
     def to_dict(self) -> dict[str, Any]:
-        return to_mapping(self)
+        """The profile as a file holds it: the stack's parameters stay in the stack (named by ``stack``)."""
+        d = to_mapping(self)
+        d["efficiency"] = {k: v for k, v in d["efficiency"].items() if k not in STACK_KEYS}
+        return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "hardware") -> "HardwareSpec":
+        """A profile (a file's table, or ``to_dict`` output) with its stack's parameters applied: the
+        one named by ``stack``, else ``default_stack``, else ``core.stacks.DEFAULT_STACK``."""
+        hw = cls._from_dict(data, where=where)
+        from .stacks import apply_stack, load_stack
+
+        return apply_stack(hw, load_stack(hw.stack or hw.default_stack or None))
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any], *, where: str = "hardware") -> "HardwareSpec":
         if not isinstance(data, dict):
             raise ConfigError(f"{where} must be a table/mapping, got {type(data).__name__}")
         data = dict(data)
@@ -157,6 +224,11 @@ class HardwareSpec:
         ):
             if key in data and data[key] not in allowed:
                 raise ConfigError(f"{where}.{key} must be one of {', '.join(allowed)}, got {data[key]!r}")
+        if "provenance" in data and data["provenance"] not in PROVENANCES:
+            raise ConfigError(
+                f"{where}.provenance must be one of {', '.join(PROVENANCES)}, got {data['provenance']!r}",
+                hint="fitted (on cited measurements), transferred (from another profile) or spec-only",
+            )
         hw = from_mapping(cls, data, where, _HARDWARE_SCHEMA)
         if hw.reserved_memory_bytes >= hw.hbm_bytes:
             # capacity = hbm - reserved: zero or negative would make every plan "not fit" by a wrong amount
@@ -178,6 +250,8 @@ class HardwareSpec:
                 self.bf16_dense_flops_per_s,
                 self.hbm_bytes,
                 self.gpus_per_node,
+                self.nvlink_domain_gpus,
+                self.stack,
                 self.efficiency,
                 self.rollout_engine,
                 self.attention_kernel,

@@ -372,10 +372,31 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 @lru_cache(maxsize=64)
 def _load_hardware_file(path: str) -> HardwareSpec:
-    return HardwareSpec.from_dict(_read_toml(Path(path), "hardware"), where=f"hardware file {path}")
+    from .hardware import STACK_KEYS
+
+    data = _read_toml(Path(path), "hardware")
+    eff = data.get("efficiency")
+    moved = sorted(set(eff) & STACK_KEYS) if isinstance(eff, dict) else []
+    if moved:
+        raise ConfigError(
+            f"hardware file {path}: [efficiency] sets {', '.join(moved)}, which belong to the software stack",
+            hint="move them to a profiles/stacks/*.toml [params] table and choose it with --stack",
+        )
+    return HardwareSpec.from_dict(data, where=f"hardware file {path}")
 
 
-def load_hardware(name_or_path: str) -> HardwareSpec:
+def load_hardware(name_or_path: str, stack: str | None = None) -> HardwareSpec:
+    """A hardware profile by name, alias or .toml path, priced under ``stack`` (None: the profile's
+    default stack, else core.stacks.DEFAULT_STACK)."""
+    hw = _load_hardware(name_or_path)
+    if stack:
+        from .stacks import with_stack
+
+        hw = with_stack(hw, stack)
+    return hw
+
+
+def _load_hardware(name_or_path: str) -> HardwareSpec:
     p = Path(name_or_path)
     if name_or_path.endswith(".toml") or p.suffix == ".toml":
         return _toml_file(p, name_or_path, "hardware", _load_hardware_file, UnknownHardwareError)

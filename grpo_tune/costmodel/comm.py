@@ -53,6 +53,30 @@ def spans_nodes(span: int, gpus_per_node: int) -> bool:
     return span > gpus_per_node
 
 
+def nvlink_domain(hw: HardwareSpec, gpus_per_node: int) -> int:
+    """GPUs one NVLink domain joins: the node (``gpus_per_node``), or more where the profile says so
+    (GB200 NVL72: 72 GPUs across 18 hosts of 4)."""
+    return hw.nvlink_domain_gpus if hw.nvlink_domain_gpus > gpus_per_node else gpus_per_node
+
+
+def hierarchical_all_reduce_s(nbytes: float, n: int, domain: int, intra: tuple[float, float], inter: tuple[float, float]) -> float:
+    """All-reduce of ``nbytes`` over ``n`` ranks that span NVLink domains of ``domain`` ranks, as NCCL
+    runs it across nodes: reduce-scatter inside the domain over NVLink, an all-reduce of each rank's
+    1/domain share across the n/domain domains (every GPU on its own NIC, so all NICs at once), then an
+    all-gather inside the domain. ``intra``/``inter``: (bandwidth, latency) of the two links."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    g = min(domain, n)
+    nodes = max(1, n // g)
+    bw_i, lat_i = intra
+    bw_x, lat_x = inter
+    return (
+        reduce_scatter_s(nbytes, g, bw_i, lat_i)
+        + all_reduce_s(nbytes / g, nodes, bw_x, lat_x)
+        + all_gather_s(nbytes, g, bw_i, lat_i)
+    )
+
+
 def link(
     hw: HardwareSpec, span: int, gpus_per_node: int, cal: Mapping[str, float], e: Efficiency | None = None
 ) -> tuple[float, float]:
@@ -60,6 +84,6 @@ def link(
     by the calibration's collective speed (``comm_efficiency_scale``); ``e``: the efficiencies (the profile's)."""
     scale = cal["comm_efficiency_scale"]
     ce = (e or hw.efficiency).comm_efficiency * scale
-    if spans_nodes(span, gpus_per_node):  # NVLink inside a node, the NIC across nodes (per GPU, one direction)
+    if spans_nodes(span, nvlink_domain(hw, gpus_per_node)):  # NVLink inside a node, the NIC across nodes (per GPU, one direction)
         return hw.inter_node_bandwidth_bytes_per_s * ce, hw.efficiency.inter_node_latency_s / scale
     return hw.intra_node_bandwidth_bytes_per_s * ce, hw.efficiency.intra_node_latency_s / scale

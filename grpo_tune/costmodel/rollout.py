@@ -37,12 +37,23 @@ def response_dist(wl: Workload) -> LengthDist:
 
 
 def _tp_allreduce_s(hw: HardwareSpec, nbytes: float, rtp: int, gpn: int, cal: dict[str, float]) -> float:
-    """One rollout TP all-reduce: small messages are latency-bound, and the latency grows with the
-    group (log2 steps of a tree / one-shot kernel); a group spanning nodes pays the inter-node figures."""
+    """One rollout TP all-reduce. Inside an NVLink domain: small messages are latency-bound and the
+    latency grows with the group (log2 steps of a tree / one-shot kernel). A group spanning domains
+    (TP16/TP32 rollouts) runs hierarchically as NCCL does: an NVLink stage inside each domain, then
+    the domains' shares over every GPU's own NIC at once (comm.hierarchical_all_reduce_s)."""
     if rtp <= 1:
         return 0.0
-    bw, lat = comm.link(hw, rtp, gpn, cal)
-    return comm.all_reduce_s(nbytes, rtp, bw, lat * (1.0 + math.log2(rtp)))
+    domain = comm.nvlink_domain(hw, gpn)
+    if rtp <= domain:
+        bw, lat = comm.link(hw, rtp, gpn, cal)
+        return comm.all_reduce_s(nbytes, rtp, bw, lat * (1.0 + math.log2(rtp)))
+    g = domain
+    bw_i, lat_i = comm.link(hw, g, gpn, cal)
+    bw_x, lat_x = comm.link(hw, rtp, gpn, cal)
+    nodes = max(2, rtp // g)
+    intra = (bw_i, lat_i * (1.0 + math.log2(g)) / 2)  # the tree latency, split over the RS and AG stages
+    inter = (bw_x, lat_x * (1.0 + math.log2(nodes)))
+    return comm.hierarchical_all_reduce_s(nbytes, rtp, g, intra, inter)
 
 
 class _DecodeStep:
@@ -56,7 +67,12 @@ class _DecodeStep:
         rtp = s.rollout_tp
         self.m, self.hw, self.rtp, self.cal, self.prompt = m, hw, rtp, cal, prompt
         self.gpn = cluster.gpus_per_node
-        self.peak = hw.bf16_dense_flops_per_s * cal["rollout_efficiency_scale"] * e.decode_efficiency
+        # Decode is priced on two rooflines, each counted once: HBM traffic at the kernels' share of the
+        # achievable bandwidth (decode_efficiency, per GPU), and FLOPs at the GEMM ceiling (the low
+        # intensity of a small batch is what makes it memory-bound: the GEMM curve would count it twice).
+        # Prefill's GEMMs are large and take the curve at their own shape.
+        self.peak = hw.bf16_dense_flops_per_s * cal["rollout_efficiency_scale"]
+        self.decode_peak = self.peak * e.gemm_efficiency_max
         self.hbm = (
             hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency * cal["rollout_efficiency_scale"] * e.decode_efficiency
         )
@@ -67,8 +83,11 @@ class _DecodeStep:
         self.dense_bytes = memory.rollout_weight_bytes(m, rtp) - self.all_expert
         self.kv_tok = memory.kv_bytes_per_token(m, rtp)
         self.ffn = (m.ffn_hidden or m.expert_ffn_hidden) / rtp
-        self.graph_ovh = e.decode_step_overhead_s / cal["rollout_efficiency_scale"]
-        self.eager_ovh = self.graph_ovh + m.layers * e.eager_layer_overhead_s / cal["rollout_efficiency_scale"]
+        # Host costs (the stack's), fixed seconds: per step, per running sequence per step, and the per-layer
+        # launches of an eager step.
+        self.graph_ovh = e.decode_step_overhead_s
+        self.seq_ovh = e.decode_sequence_overhead_s
+        self.eager_ovh = self.graph_ovh + m.layers * e.eager_layer_overhead_s
         self.eager = s.enforce_eager
         self.moe_eff = e.moe_decode_efficiency
 
@@ -81,14 +100,15 @@ class _DecodeStep:
             expert = self.all_expert * touched / self.moe_eff
         t_mem = (self.dense_bytes + expert + conc * ctx * self.kv_tok) / self.hbm
         flops = conc * (self.body_flops + self.attn * ctx + self.head) / self.rtp
-        t_comp = flops / (self.peak * gemm_efficiency(self.hw.efficiency, conc, self.m.hidden, self.ffn))
+        t_comp = flops / self.decode_peak
         t_comm = (
             2
             * self.m.layers
             * _tp_allreduce_s(self.hw, conc * self.m.hidden * PARAM_BYTES, self.rtp, self.gpn, self.cal)
         )
         eager = self.eager or conc > CUDA_GRAPH_MAX_BATCH
-        return max(t_mem, t_comp) + t_comm + (self.eager_ovh if eager else self.graph_ovh), t_mem >= t_comp
+        host = (self.eager_ovh if eager else self.graph_ovh) + conc * self.seq_ovh
+        return max(t_mem, t_comp) + t_comm + host, t_mem >= t_comp
 
 
 _CACHE: dict[tuple, tuple[tuple, dict[str, float]]] = {}
@@ -192,7 +212,7 @@ def native_rollout_s(
     gather = comm.all_reduce_s(
         seqs * m.vocab * 4, cluster.gpus, *comm.link(hw, cluster.gpus, cluster.gpus_per_node, cal)
     )
-    t_step = fwd.total_s + gather + e.decode_step_overhead_s / cal["rollout_efficiency_scale"]
+    t_step = fwd.total_s + gather + e.decode_step_overhead_s
     return {
         "prefill_s": 0.0,
         "decode_s": wl.response_len * t_step,

@@ -20,7 +20,6 @@ from .params import optimizer_params
 from .results import TrainParts
 from .timing_base import (
     ADAM_BYTES_PER_PARAM,
-    GRAD_REDUCE_BYTES,
     PARAM_BYTES,
     attention_fraction,
     gemm_efficiency,
@@ -75,7 +74,7 @@ def layer_times(
     t_tp, t_sp_regather = _tp_comm_s(s, act_bytes, link)
     t_cp_f, t_cp_b = _cp_comm_s(m, s, tokens, t_attn, link)
     t_ep = _ep_comm_s(m, e, s, c, tokens, link, cal)
-    ovh = e.layer_overhead_s / cal["compute_efficiency_scale"]
+    ovh = e.layer_overhead_s  # a host cost in fixed seconds: no GPU's (or calibration's) speed scales it
     fwd = t_comp_f + t_tp + t_cp_f + t_ep + ovh
     # Backward: Megatron overlaps the TP collectives with the weight-gradient GEMMs (about half of
     # the backward compute) up to tp_backward_overlap; SP's re-gather is exposed with the rest.
@@ -292,10 +291,10 @@ def _dp_s(
             continue
         bw, lat = comm.link(hw, span, gpn, cal)
         if s.distributed_optimizer:
-            rs = comm.reduce_scatter_s(nparams * GRAD_REDUCE_BYTES, n, bw, lat)
+            rs = comm.reduce_scatter_s(nparams * e.grad_reduce_bytes, n, bw, lat)
             ag = comm.all_gather_s(nparams * PARAM_BYTES, n, bw, lat)
             t += max(rs - tb * ov, rs * (1 - ov)) + max(ag - tf * ov, ag * (1 - ov))
         else:
-            ar = comm.all_reduce_s(nparams * GRAD_REDUCE_BYTES, n, bw, lat)
+            ar = comm.all_reduce_s(nparams * e.grad_reduce_bytes, n, bw, lat)
             t += max(ar - tb * ov, ar * (1 - ov))
     return t

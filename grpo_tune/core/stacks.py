@@ -1,0 +1,168 @@
+"""Software-stack profiles: what a framework release costs on any GPU (``profiles/stacks/*.toml``).
+
+A hardware profile holds what belongs to the chip and the box (GEMM curve, HBM and attention
+efficiency, links, capacities). A stack profile holds what belongs to the software that runs on it
+(:data:`core.hardware.STACK_KEYS`): host costs per layer, micro-batch and MoE layer, the rollout
+engine's sleep, wake and scheduling costs, the refit's per-tensor and per-bucket costs, packing
+efficiency, and framework properties such as the gradient dtype. ``--stack`` chooses one; the
+default is the verl release grpo-tune exports to (:data:`DEFAULT_STACK`), or a hardware profile's
+own ``default_stack`` (the ``cpu`` profile prices grpo-tune's own CPU trainer).
+
+The time model reads one merged :class:`core.hardware.Efficiency`: :func:`apply_stack` overlays
+the stack's parameters on the hardware profile's, so the cost model's signature does not change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, close_matches
+from .hardware import STACK_KEYS, Efficiency, HardwareSpec
+
+DEFAULT_STACK = "verl-0.9.1"
+"""The stack priced when none is chosen: the verl release grpo-tune exports launches for."""
+
+STACKS_DIR = Path(__file__).resolve().parent.parent / "profiles" / "stacks"
+FRAMEWORKS = ("verl", "nemo-rl", "grpo-tune")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackSpec:
+    """One software stack (framework release + rollout engine) and its time-model parameters."""
+
+    name: str
+    framework: str
+    release: str
+    source: str
+    aliases: tuple[str, ...] = ()
+    provenance: str = "spec-only"
+    """How ``params`` were obtained: ``fitted`` (``grpo-tune validate --grpo --refit``), or priors only."""
+    params: dict[str, float] = field(default_factory=dict)
+    """Values of :data:`core.hardware.STACK_KEYS` (the rest keep Efficiency's defaults)."""
+
+    def __hash__(self) -> int:
+        return hash((self.name, tuple(sorted(self.params.items()))))
+
+    def efficiency(self, base: Efficiency) -> Efficiency:
+        """``base`` (a hardware profile's) with every stack parameter set from this stack (its value, or
+        Efficiency's default where the stack is silent: no stale value of another stack survives)."""
+        defaults = Efficiency()
+        vals = {k: self.params.get(k, getattr(defaults, k)) for k in STACK_KEYS}
+        return dataclasses.replace(base, **vals)
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str) -> "StackSpec":
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where} must be a table")
+        data = dict(data)
+        known = {"name", "framework", "release", "source", "aliases", "provenance", "params", "notes"}
+        extra = sorted(set(data) - known)
+        if extra:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(extra)}", hint="known: " + ", ".join(sorted(known)))
+        for k in ("name", "framework", "release", "source"):
+            if not isinstance(data.get(k), str) or not data[k].strip():
+                raise ConfigError(f"{where}: {k} must be a non-empty string")
+        if data["framework"] not in FRAMEWORKS:
+            raise ConfigError(f"{where}.framework must be one of {', '.join(FRAMEWORKS)}, got {data['framework']!r}")
+        params = data.get("params", {})
+        if not isinstance(params, dict):
+            raise ConfigError(f"{where}.params must be a table of numbers")
+        bad = sorted(set(params) - STACK_KEYS)
+        if bad:
+            raise ConfigError(
+                f"{where}.params: {', '.join(bad)} not a stack parameter",
+                hint="a stack sets: " + ", ".join(sorted(STACK_KEYS)) + " (chip figures go in profiles/hardware/)",
+            )
+        eff = Efficiency.from_dict(params, where=f"{where}.params")  # the same checks as a hardware profile's
+        al = data.get("aliases", [])
+        if not isinstance(al, list) or not all(isinstance(a, str) for a in al):
+            raise ConfigError(f"{where}.aliases must be a list of names")
+        prov = data.get("provenance", "spec-only")
+        if prov not in ("fitted", "spec-only"):
+            raise ConfigError(f"{where}.provenance must be fitted or spec-only, got {prov!r}")
+        return cls(
+            name=data["name"],
+            framework=data["framework"],
+            release=data["release"],
+            source=data["source"],
+            aliases=tuple(al),
+            provenance=prov,
+            params={k: getattr(eff, k) for k in params},
+        )
+
+
+def _dirs() -> list[Path]:
+    dirs = [STACKS_DIR]
+    extra = os.environ.get("GRPO_TUNE_PROFILES")
+    if extra:
+        dirs += [Path(d) / "stacks" for d in extra.split(os.pathsep)]
+    return dirs
+
+
+@lru_cache(maxsize=None)
+def _catalog(env: str | None) -> dict[str, Path]:
+    from .specs import _read_toml
+
+    out: dict[str, Path] = {}
+    for d in _dirs():
+        if not d.is_dir():
+            continue
+        for p in sorted(d.glob("*.toml")):
+            try:
+                data = _read_toml(p, "stack")
+            except ConfigError:
+                out[p.stem.lower()] = p
+                continue
+            al = data.get("aliases", [])
+            for n in [data.get("name", p.stem), p.stem, *(al if isinstance(al, list) else [])]:
+                out[str(n).lower()] = p
+    return out
+
+
+def list_stacks() -> list[str]:
+    return sorted({load_stack(str(p)).name for p in set(_catalog(os.environ.get("GRPO_TUNE_PROFILES")).values())})
+
+
+@lru_cache(maxsize=64)
+def _load_file(path: str) -> StackSpec:
+    from .specs import _read_toml
+
+    return StackSpec.from_dict(_read_toml(Path(path), "stack"), where=f"stack file {path}")
+
+
+def load_stack(name_or_path: str | None = None) -> StackSpec:
+    """A stack by name, alias or .toml path; None: :data:`DEFAULT_STACK`."""
+    name = name_or_path or DEFAULT_STACK
+    if name.endswith(".toml"):
+        p = Path(name)
+        if not p.is_file():
+            raise ConfigError(f"stack file {name} not found", hint="pass a profiles/stacks/*.toml or a stack name")
+        return _load_file(str(p.resolve()))
+    cat = _catalog(os.environ.get("GRPO_TUNE_PROFILES"))
+    p = cat.get(name.lower())
+    if p is None:
+        near = close_matches(name.lower(), cat)
+        raise ConfigError(
+            f"unknown stack {name!r}",
+            hint=(f"did you mean {near[0]!r}? " if near else "") + "known: " + ", ".join(sorted(set(cat))),
+        )
+    return _load_file(str(p))
+
+
+@lru_cache(maxsize=256)
+def apply_stack(hw: HardwareSpec, stack: StackSpec) -> HardwareSpec:
+    """``hw`` priced under ``stack``: its efficiency carries the stack's parameters, ``hw.stack`` names it."""
+    eff = stack.efficiency(hw.efficiency)
+    if hw.stack == stack.name and hw.efficiency == eff:
+        return hw
+    return dataclasses.replace(hw, stack=stack.name, efficiency=eff)
+
+
+def with_stack(hw: HardwareSpec, name: str | None) -> HardwareSpec:
+    """``hw`` under the stack ``name`` (None: as loaded, its default stack)."""
+    return hw if not name else apply_stack(hw, load_stack(name))
