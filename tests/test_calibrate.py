@@ -67,7 +67,10 @@ def test_recovers_known_parameters_of_the_time_model():
     assert len(pts) >= 8
     res = fit(pts)
     for k, v in true.items():
-        assert res.params[k] == pytest.approx(v, rel=0.05), k  # 5%: the ridge term pulls slightly to defaults
+        # 10%: the ridge term pulls towards the defaults, and more than before host costs became fixed
+        # seconds: the CPU stack's per-layer launch cost no longer scales with compute_efficiency_scale,
+        # so on tiny plans compute is a smaller share of the step and the scale moves less (0.539 vs 0.5)
+        assert res.params[k] == pytest.approx(v, rel=0.10), k
     # parameters the data cannot move stay at their defaults (no drift)
     assert res.params["moe_imbalance"] == pytest.approx(calibrate.defaults()["moe_imbalance"])
     assert res.params["offload_overhead_s"] == pytest.approx(0.0, abs=1e-3)

@@ -53,6 +53,8 @@ PLAN = [
     "--log-prob-mbs",
     # verl's weight-sync bucket (rollout.checkpoint_engine.update_weights_bucket_megabytes)
     "--sync-bucket-mb",
+    # the software stack whose host and engine costs are priced (profiles/stacks)
+    "--stack",
 ]
 # Placement: separate rollout and training pools (estimate and search; auto on search only).
 PLACE = [

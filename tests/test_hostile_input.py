@@ -619,7 +619,7 @@ def _grpo_csv(tmp_path, split: str, **cells: str) -> Path:
 @pytest.mark.parametrize(
     "split,cells",
     [
-        ("fit", {}),  # no held-out row: the report printed None with :.1f (INTERNAL_ERROR)
+        ("excluded", {}),  # no scored row: the report printed None with :.1f (INTERNAL_ERROR)
         ("holdout", {"gpus": "inf"}),  # OverflowError in int(float(...))
         ("holdout", {"tp": "2.5"}),  # was floored to 2
         ("holdout", {"step_s": "inf"}),  # passed `> 0`

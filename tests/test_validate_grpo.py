@@ -1,8 +1,9 @@
 """`grpo-tune validate --grpo`: the GRPO step against published verl / NeMo-RL runs.
 
-The shipped rows pass the stated tolerance on the held-out rows (15% step-time MAPE); corrupting
-the published figures of held-out rows makes it fail (exit 1); a malformed file is a coded error;
-the fit never reads a held-out row."""
+The report cross-validates (leave-one-out) the step and each phase, overall, per GPU type and per
+framework, and exits 1 when the cross-validated step MAPE is above the tolerance; corrupting the
+published figures makes it fail; a malformed file is a coded error; a left-out row never enters
+its own refit; a parameter fewer than two rows move keeps its prior."""
 
 from __future__ import annotations
 
@@ -31,23 +32,28 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_shipped_rows_pass_on_the_held_out_rows():
+def test_report_cross_validates_step_and_phases_by_group():
     rep = vg.run_grpo()
-    assert rep["passed"], rep["mape_pct"]
-    hold = rep["mape_pct"]["holdout"]
-    assert hold["step_s"] <= vg.TOLERANCE_PCT
-    assert hold["gen_s"] is not None and hold["train_s"] is not None  # per-phase MAPE is reported
+    cv = rep["mape_pct"]["cv"]
+    assert cv["step_s"] is not None and cv["gen_s"] is not None and cv["train_s"] is not None
+    assert rep["passed"] == (cv["step_s"] <= vg.TOLERANCE_PCT)
+    groups = rep["cv_groups"]["step_s"]
+    assert "gpu:h100" in groups and "framework:nemo-rl" in groups and "framework:verl" in groups
     scored = [r for r in rep["rows"] if r["split"] != "excluded"]
-    assert {r["split"] for r in scored} == {"fit", "holdout"}
+    assert scored and all("cv_error_pct" in r for r in scored)
     assert all(r["source"] for r in rep["rows"])
+    # no parameter is fitted that fewer than two rows move; the report names the rows that move each
+    assert set(rep["movers"]) == {f"{p.on}:{p.key}" for p in vg.PRIORS}
 
 
-def test_cli_prints_phases_and_passes():
-    p = cli()
+def test_cli_prints_phases_cv_and_movers():
+    p = cli("--tolerance", "1000")
     assert p.returncode == 0, p.stderr
-    assert "held-out step MAPE" in p.stdout and "pass" in p.stdout
+    assert "cross-validated step MAPE" in p.stdout and "pass" in p.stdout
+    assert "leave-one-out" in p.stdout and "rows move it" in p.stdout
     for phase in ("gen", "train", "logprob", "refit"):
         assert f" {phase} " in p.stdout
+    assert cli().returncode == (0 if vg.run_grpo()["passed"] else 1)
 
 
 def corrupted(tmp_path: Path, factor: float) -> Path:
@@ -59,7 +65,7 @@ def corrupted(tmp_path: Path, factor: float) -> Path:
     body = [ln for ln in lines if not ln.startswith("#")]
     reader = list(csv.DictReader(io.StringIO("\n".join(body))))
     for r in reader:
-        if r["split"] == "holdout":
+        if r["split"] != "excluded":
             for k in ("step_s", *vg.PHASES):
                 if r[k]:
                     r[k] = str(float(r[k]) * factor)
@@ -75,24 +81,52 @@ def corrupted(tmp_path: Path, factor: float) -> Path:
 def test_corrupted_rows_fail(tmp_path):
     path = corrupted(tmp_path, 2.0)
     rep = vg.run_grpo(path=path)
-    assert not rep["passed"] and rep["mape_pct"]["holdout"]["step_s"] > 30
+    assert not rep["passed"] and rep["mape_pct"]["cv"]["step_s"] > 30
     p = cli("--data", str(path), "--json")
     assert p.returncode == 1
     assert json.loads(p.stdout)["passed"] is False
 
 
-def test_fit_never_reads_held_out_rows(tmp_path):
-    base = vg.fit(vg.load_grpo_rows())
-    assert vg.fit(vg.load_grpo_rows(corrupted(tmp_path, 3.0))) == base
+def test_leave_one_out_never_reads_the_left_out_row(tmp_path):
+    """Row i's cross-validated prediction is refitted without it: corrupting only its published figures
+    changes its error, not its prediction."""
+    rows = vg.load_grpo_rows()
+    base = vg.cross_validate(rows)
+    target = next(r for r in rows if r.split != "excluded" and len(r.published) > 2)
+    bad = [
+        vg.GrpoRow(r.id, r.split, r.raw, {k: 3 * v for k, v in r.published.items()}) if r.id == target.id else r
+        for r in rows
+    ]
+    got = vg.cross_validate(bad)
+    for k, e in base[target.id].items():
+        pred = target.published[k] * (1 + e / 100)
+        assert 3 * target.published[k] * (1 + got[target.id][k] / 100) == pytest.approx(pred, rel=1e-6), k
+    other = next(i for i in base if i != target.id)
+    assert got[other] != base[other]  # the corrupted row does move the others' refits
 
 
 def test_refit_lands_on_the_shipped_parameters():
-    from grpo_tune.core.specs import load_hardware
-
     got = vg.fit(vg.load_grpo_rows())
-    eff = load_hardware("h100").efficiency
-    for k, v in got.items():
-        assert v == pytest.approx(getattr(eff, k), rel=0.02, abs=1e-4), k
+    for p in vg.PRIORS:
+        v = got[f"{p.on}:{p.key}"]
+        assert p.lo <= v <= p.hi
+        assert v == pytest.approx(vg.shipped(p), rel=0.03, abs=1e-5), (p.on, p.key)
+
+
+def test_parameters_moved_by_one_row_stay_at_their_prior():
+    rows = [r for r in vg.load_grpo_rows() if r.split != "excluded"]
+    mv = vg.movers(rows)
+    got = vg.fit(rows)
+    lone = [p for p in vg.PRIORS if len(mv[p]) < 2]
+    assert lone  # the shipped rows leave some parameters unpinned (verl's MoE overhead among them)
+    for p in lone:
+        assert got[f"{p.on}:{p.key}"] == pytest.approx(p.value)
+
+
+def test_bands_are_the_cross_validated_errors():
+    rep = vg.run_grpo()
+    for k, v in vg.BAND_PCT.items():
+        assert v == pytest.approx(rep["bands"][k], abs=0.1), k
 
 
 def test_malformed_rows_are_coded_errors(tmp_path):
@@ -101,14 +135,14 @@ def test_malformed_rows_are_coded_errors(tmp_path):
     with pytest.raises(GrpoTuneError) as ei:
         vg.load_grpo_rows(bad)
     assert ei.value.code == "BAD_CONFIG"
-    text = (ROOT / "grpo_tune/profiles/data/published_grpo.csv").read_text().replace(",holdout,", ",heldout,", 1)
+    text = (ROOT / "grpo_tune/profiles/data/published_grpo.csv").read_text().replace(",scored,", ",heldout,", 1)
     bad.write_text(text)
     with pytest.raises(GrpoTuneError):
         vg.load_grpo_rows(bad)
 
 
-def test_stated_error_is_the_held_out_mape():
-    assert vg.STATED_ERROR_PCT == pytest.approx(vg.run_grpo()["mape_pct"]["holdout"]["step_s"], abs=0.05)
+def test_stated_error_is_the_cross_validated_mape():
+    assert vg.STATED_ERROR_PCT == pytest.approx(vg.run_grpo()["mape_pct"]["cv"]["step_s"], abs=0.05)
 
 
 def test_report_says_why_the_winner_wins_and_flags_close_plans(tmp_path):

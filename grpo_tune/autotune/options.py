@@ -39,6 +39,15 @@ Hardware = Annotated[
     ),
 ]
 Gpus = Annotated[int, typer.Option("--gpus", "-g", help="Total GPUs.", rich_help_panel=P_MODEL)]
+Stack = Annotated[
+    Optional[str],
+    typer.Option(
+        "--stack",
+        help="Software stack profile (profiles/stacks: verl-0.9.1, nemo-rl-v0.3, ...) whose host and engine "
+        "costs are priced (default: verl-0.9.1, the release grpo-tune exports to).",
+        rich_help_panel=P_MODEL,
+    ),
+]
 GpusPerNode = Annotated[
     Optional[int],
     typer.Option("--gpus-per-node", help="GPUs per node (default: the profile's).", rich_help_panel=P_MODEL),
@@ -349,9 +358,10 @@ def plan_inputs(
     prompt_len_mean: int | None = None,
     response_len_mean: int | None = None,
     lengths: str | None = None,
+    stack: str | None = None,
 ) -> tuple[ModelSpec, HardwareSpec, Cluster, Workload]:
     m = load_model(model)
-    hw = load_hardware(hardware)
+    hw = load_hardware(hardware, stack=stack)
     if gpus < 1:
         raise ConfigError(f"--gpus must be >= 1, got {gpus}")
     if gpus_per_node is not None and gpus_per_node < 1:  # 0 used to mean "the default" (issue 14 #8)
@@ -450,6 +460,7 @@ def inputs_from_flags(flags: dict[str, Any]) -> tuple[ModelSpec, HardwareSpec, C
         hardware=flags["hardware"],
         gpus=flags["gpus"],
         gpus_per_node=flags["gpus_per_node"],
+        stack=flags.get("stack"),
         **workload_flags(flags),
     )
     return m, hw, cluster, wl, pins_from_flags(flags)

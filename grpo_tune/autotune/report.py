@@ -139,13 +139,23 @@ def plot_compare(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.8))
     names = [r["hardware"] for r in rows][::-1]
     vals = [r.get("tokens_per_s_per_gpu") or 0.0 for r in rows][::-1]
-    bars = ax.barh(names, vals, color=["#4C72B0" if r.get("fits") else "#BBBBBB" for r in rows][::-1])
+    colours = {"fitted": "#4C72B0", "transferred": "#DD8452", "spec-only": "#C44E52"}
+    bars = ax.barh(
+        names,
+        vals,
+        color=[colours.get(r.get("provenance", ""), "#4C72B0") if r.get("fits") else "#BBBBBB" for r in rows][::-1],
+    )
+    # the error band of each profile's class (fitted / transferred / spec-only): validate --grpo's cross-validated error
+    band = [v * r.get("band_pct", 0.0) / 100 for v, r in zip(vals, rows[::-1])]
+    ax.errorbar(vals, range(len(vals)), xerr=band, fmt="none", ecolor="black", capsize=3, lw=1)
     for b, r in zip(bars, rows[::-1]):
         if not r.get("fits"):
             txt = "no plan fits"
         else:
             cost = r.get("usd_per_million_tokens")
             txt = f"{r['step_s']:.1f} s/step" + ("" if cost is None else f", ${cost:.2f}/M tok")
+            if r.get("provenance"):
+                txt += f" ({r['provenance']} ±{r.get('band_pct', 0):.0f}%)"
         ax.text(b.get_width(), b.get_y() + b.get_height() / 2, " " + txt, va="center", fontsize=8)
     ax.set_xlabel("tokens/s per GPU (predicted, best plan)")
     ax.set_title("Best plan per hardware")

@@ -38,7 +38,11 @@ kernel, so they are priced with ``attention_kernel = "unfused"`` (the profile it
 
 
 def megatron_2021(hw: HardwareSpec) -> HardwareSpec:
-    """The profile as the published rows ran it: unfused attention, same GEMM curve."""
+    """The profile as the published rows ran it: Megatron-LM's own stack (no RL host costs), unfused
+    attention, same GEMM curve."""
+    from grpo_tune.core.stacks import with_stack
+
+    hw = with_stack(hw, "megatron-lm")
     return dataclasses.replace(hw, attention_kernel="unfused").with_efficiency(
         attention_efficiency=MEGATRON_2021_ATTENTION
     )

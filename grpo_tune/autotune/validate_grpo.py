@@ -29,9 +29,14 @@ PHASES = ("gen_s", "train_s", "old_lp_s", "ref_lp_s", "refit_s")
 TOLERANCE_PCT = 15.0
 """Held-out step-time MAPE above which ``validate --grpo`` exits 1 (issue 9's target; its goal is 10%)."""
 
-STATED_ERROR_PCT = 12.1
-"""The model's stated error: the held-out step-time MAPE that ``validate --grpo`` prints for the shipped
-rows (a test keeps the two equal). The report calls plans closer than this indistinguishable."""
+STATED_ERROR_PCT = 26.2
+"""The model's stated error: the leave-one-out step-time MAPE that ``validate --grpo`` prints for the
+shipped rows (a test keeps the two equal). The report calls plans closer than this indistinguishable."""
+
+BAND_PCT = {"fitted": 22.8, "transferred": 39.7, "spec-only": 59.6}
+"""Error band per class of hardware profile (``provenance``), as ``compare`` prints it: the leave-one-out
+step MAPE of the scored rows on profiles of that class (:func:`bands`; a test keeps the two equal).
+``spec-only`` has no measured row: half again the transferred band, a stated assumption."""
 
 _REQUIRED = ("id", "split", "framework", "backend", "source", "model", "hardware", "gpus", "step_s", "assumptions")
 PLACEMENT_COLUMNS = ("placement", "rollout_gpus", "staleness")
@@ -173,27 +178,81 @@ class Prior:
 
 
 PRIORS: tuple[Prior, ...] = (
-    Prior("decode_efficiency", "hardware", 0.6, 0.35, 0.9,
-          "paged-attention / small-GEMM decode kernels reach 35-90% of a STREAM copy's HBM bandwidth"),
-    Prior("rl_compute_scale", "stack:nemo-rl-v0.3", 0.85, 0.6, 1.0,
-          "RL passes (fp32 log-softmax, short packed micro-batches) at 60-100% of pretraining FLOP/s"),
-    Prior("micro_batch_overhead_s", "stack:nemo-rl-v0.3", 5e-3, 1e-3, 3e-2,
-          "per micro-batch host work (split, unpad/pad, loss bookkeeping): 1-30 ms"),
-    Prior("moe_layer_overhead_s", "stack:nemo-rl-v0.3", 2e-3, 5e-4, 5e-3,
-          "NeMo-RL v0.3's Qwen3 MoE recipe sets neither moe_grouped_gemm nor moe_permute_fusion (Megatron "
-          "defaults: off), so its 16 local experts run one by one: ~6 launches each at ~10-40 us per layer "
-          "and pass, above the 0.2-1 ms Megatron's MoE docs give with permute fusion and grouped GEMM"),
-    Prior("vllm_wake_s", "stack:nemo-rl-v0.3", 4.0, 1.0, 15.0,
-          "wake of weights + KV-cache re-allocation and the policy offload around it: 1-15 s"),
-    Prior("sync_tensor_overhead_s", "stack:nemo-rl-v0.3", 3.7e-4, 5e-5, 2e-3,
-          "per exported HF tensor (name mapping, gather launch): 50 us-2 ms"),
-    Prior("rl_compute_scale", "stack:verl-0.9.1", 0.85, 0.6, 1.0,
-          "as NeMo-RL's: RL passes at 60-100% of pretraining FLOP/s"),
-    Prior("moe_layer_overhead_s", "stack:verl-0.9.1", 5e-4, 2e-4, 1e-3,
-          "Megatron MoE docs: a few hundred us to ~1 ms per layer with moe_permute_fusion + grouped GEMM "
-          "(verl's Megatron MoE examples set both)"),
-    Prior("vllm_sleep_s", "stack:verl-0.9.1", 1.0, 0.2, 5.0,
-          "vLLM sleep level 2 after generation (inside timing_s/gen): 0.2-5 s"),
+    Prior(
+        "decode_efficiency",
+        "hardware",
+        0.6,
+        0.35,
+        0.9,
+        "paged-attention / small-GEMM decode kernels reach 35-90% of a STREAM copy's HBM bandwidth",
+    ),
+    Prior(
+        "rl_compute_scale",
+        "stack:nemo-rl-v0.3",
+        0.85,
+        0.6,
+        1.0,
+        "RL passes (fp32 log-softmax, short packed micro-batches) at 60-100% of pretraining FLOP/s",
+    ),
+    Prior(
+        "micro_batch_overhead_s",
+        "stack:nemo-rl-v0.3",
+        5e-3,
+        1e-3,
+        3e-2,
+        "per micro-batch host work (split, unpad/pad, loss bookkeeping): 1-30 ms",
+    ),
+    Prior(
+        "moe_layer_overhead_s",
+        "stack:nemo-rl-v0.3",
+        2e-3,
+        5e-4,
+        5e-3,
+        "NeMo-RL v0.3's Qwen3 MoE recipe sets neither moe_grouped_gemm nor moe_permute_fusion (Megatron "
+        "defaults: off), so its 16 local experts run one by one: ~6 launches each at ~10-40 us per layer "
+        "and pass, above the 0.2-1 ms Megatron's MoE docs give with permute fusion and grouped GEMM",
+    ),
+    Prior(
+        "vllm_wake_s",
+        "stack:nemo-rl-v0.3",
+        4.0,
+        1.0,
+        15.0,
+        "wake of weights + KV-cache re-allocation and the policy offload around it: 1-15 s",
+    ),
+    Prior(
+        "sync_tensor_overhead_s",
+        "stack:nemo-rl-v0.3",
+        3.7e-4,
+        5e-5,
+        2e-3,
+        "per exported HF tensor (name mapping, gather launch): 50 us-2 ms",
+    ),
+    Prior(
+        "rl_compute_scale",
+        "stack:verl-0.9.1",
+        0.85,
+        0.6,
+        1.0,
+        "as NeMo-RL's: RL passes at 60-100% of pretraining FLOP/s",
+    ),
+    Prior(
+        "moe_layer_overhead_s",
+        "stack:verl-0.9.1",
+        5e-4,
+        2e-4,
+        1e-3,
+        "Megatron MoE docs: a few hundred us to ~1 ms per layer with moe_permute_fusion + grouped GEMM "
+        "(verl's Megatron MoE examples set both)",
+    ),
+    Prior(
+        "vllm_sleep_s",
+        "stack:verl-0.9.1",
+        1.0,
+        0.2,
+        5.0,
+        "vLLM sleep level 2 after generation (inside timing_s/gen): 0.2-5 s",
+    ),
 )
 HOPPER = ("h100-sxm-80gb", "h200-141gb", "h800-sxm-80gb", "h20-96gb")
 MOVES_PCT = 2.0
@@ -209,7 +268,7 @@ def row_stack(row: GrpoRow) -> str:
 
 def _hw(row: GrpoRow, x: dict[Prior, float] | None) -> HardwareSpec:
     """The row's hardware under its stack, with the parameters ``x`` (None: as shipped) applied."""
-    from core.stacks import with_stack
+    from grpo_tune.core.stacks import with_stack
 
     hw = with_stack(load_hardware(row.raw["hardware"]), row_stack(row))
     if not x:
@@ -220,7 +279,7 @@ def _hw(row: GrpoRow, x: dict[Prior, float] | None) -> HardwareSpec:
 
 def shipped(p: Prior) -> float:
     """The parameter's value in the shipped profiles."""
-    from core.stacks import load_stack
+    from grpo_tune.core.stacks import load_stack
 
     if p.on == "hardware":
         return getattr(load_hardware("h100").efficiency, p.key)
@@ -253,7 +312,9 @@ def movers(rows: list[GrpoRow], priors: tuple[Prior, ...] = PRIORS) -> dict[Prio
         lo = _resid(rows, {**base, p: p.lo})
         hi = _resid(rows, {**base, p: p.hi})
         out[p] = [
-            r.id for r, a, b in zip(rows, lo, hi) if max((abs(u - v) for u, v in zip(a, b)), default=0) >= MOVES_PCT / 100
+            r.id
+            for r, a, b in zip(rows, lo, hi)
+            if max((abs(u - v) for u, v in zip(a, b)), default=0) >= MOVES_PCT / 100
         ]
     return out
 
@@ -261,7 +322,8 @@ def movers(rows: list[GrpoRow], priors: tuple[Prior, ...] = PRIORS) -> dict[Prio
 def fit(rows: list[GrpoRow], *, quiet: bool = True) -> dict[str, float]:
     """Bounded least squares (scipy) of the log errors of every published figure of the scored rows,
     plus a weak pull of each parameter towards its prior (PRIOR_WEIGHT). A parameter that fewer than two
-    scored rows move (:func:`movers`) is not fitted: it keeps its prior value. Keys: ``stack:key`` / ``hardware:key``."""
+    scored rows move (:func:`movers`) is not fitted: it keeps its prior value.
+    Keys: ``stack:NAME:key`` / ``hardware:key``."""
     from scipy.optimize import least_squares
 
     scored = [r for r in rows if _scored(r)]
@@ -299,7 +361,7 @@ def cross_validate(rows: list[GrpoRow]) -> dict[str, dict[str, float]]:
     z0 = np.array([math.log(x0[p] / p.lo) / math.log(p.hi / p.lo) for p in free])
 
     def at(z) -> dict[Prior, float]:
-        return {**x0, **{p: p.lo * (p.hi / p.lo) ** zi for p, zi in zip(free, z)}}
+        return {**x0, **{p: float(p.lo * (p.hi / p.lo) ** zi) for p, zi in zip(free, z)}}
 
     r0 = _resid(scored, x0)
     owner = [i for i, row in enumerate(r0) for _ in row]
@@ -325,7 +387,7 @@ def cross_validate(rows: list[GrpoRow]) -> dict[str, dict[str, float]]:
         else:
             z = z0
         pred, _ = predict(r, _hw(r, at(z)))
-        out[r.id] = {k: 100.0 * (pred[k] / v - 1) for k, v in r.published.items()}
+        out[r.id] = {k: float(100.0 * (pred[k] / v - 1)) for k, v in r.published.items()}
     return out
 
 
@@ -336,6 +398,19 @@ def _group_mape(errs: dict[str, dict[str, float]], rows: list[GrpoRow], key: str
             for g in ("all", f"gpu:{r.raw['hardware']}", f"framework:{r.raw['framework']}"):
                 by.setdefault(g, []).append(abs(errs[r.id][key]))
     return {g: {"mape": sum(v) / len(v), "rows": len(v)} for g, v in by.items()}
+
+
+def bands(cv: dict[str, dict[str, float]], rows: list[GrpoRow]) -> dict[str, float]:
+    """Leave-one-out step MAPE per provenance class of the rows' hardware profiles (BAND_PCT)."""
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        if r.id in cv and "step_s" in cv[r.id]:
+            by.setdefault(load_hardware(r.raw["hardware"]).provenance, []).append(abs(cv[r.id]["step_s"]))
+    out = {k: sum(v) / len(v) for k, v in by.items()}
+    out.setdefault("fitted", out.get("transferred", 0.0))
+    out.setdefault("transferred", out["fitted"])
+    out["spec-only"] = 1.5 * max(out["fitted"], out["transferred"])
+    return out
 
 
 def run_grpo(
@@ -389,6 +464,7 @@ def run_grpo(
     mv = movers(scored)
     step = m["cv"]["step_s"]
     return {
+        "bands": bands(cv, scored),
         "rows": out,
         "mape_pct": m,
         "cv_groups": groups,
@@ -396,5 +472,5 @@ def run_grpo(
         "priors": {f"{p.on}:{p.key}": {"value": p.value, "lo": p.lo, "hi": p.hi, "why": p.why} for p in PRIORS},
         "tolerance_pct": tolerance_pct,
         "refit": fitted,
-        "passed": step is not None and step <= tolerance_pct,
+        "passed": bool(step is not None and step <= tolerance_pct),
     }

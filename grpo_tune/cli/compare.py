@@ -29,6 +29,7 @@ from grpo_tune.autotune.options import (
 from grpo_tune.cli.plan_options import flags_after, plan_flags, plan_options
 from grpo_tune.autotune.calibrate import load as load_calibration
 from grpo_tune.core.errors import ConfigError, NoFeasiblePlanError
+from grpo_tune.autotune.validate_grpo import BAND_PCT
 from grpo_tune.core.units import GiB
 
 
@@ -55,6 +56,9 @@ def usd_per_million_tokens(price_per_gpu_hour: float | None, tokens_per_s_per_gp
     return price_per_gpu_hour / (3600.0 * tokens_per_s_per_gpu) * 1e6
 
 
+_SHORT = {"fitted": "fit", "transferred": "xfer", "spec-only": "spec"}
+
+
 def compare_rows(
     *,
     model: str,
@@ -67,6 +71,7 @@ def compare_rows(
     min_headroom: float = 0.0,
     calibration_hardware: str | None = None,
     place: dict[str, Any] | None = None,
+    stack: str | None = None,
 ) -> list[dict[str, Any]]:
     """One row per hardware profile: the best plan's figures, or why none fits."""
     from grpo_tune.autotune.report import plan_label
@@ -75,13 +80,17 @@ def compare_rows(
     rows = []
     for name in hardware:
         m, hw, cluster, wl = plan_inputs(
-            model=model, hardware=name, gpus=gpus, gpus_per_node=gpus_per_node, **workload_kw
+            model=model, hardware=name, gpus=gpus, gpus_per_node=gpus_per_node, stack=stack, **workload_kw
         )
         row: dict[str, Any] = {
             "hardware": hw.name,
             "gpus": cluster.gpus,
             "gpus_per_node": cluster.gpus_per_node,
             "price_per_gpu_hour_usd": hw.price_per_gpu_hour_usd,
+            "provenance": hw.provenance,
+            "provenance_note": hw.provenance_note,
+            "stack": hw.stack,
+            "band_pct": BAND_PCT[hw.provenance],
         }
         try:
             # a calibration file is fitted on one hardware: it applies to that profile's row only
@@ -113,6 +122,7 @@ def compare_rows(
         if b.placement:
             row["placement"] = dict(b.placement)
         rows.append(row)
+    _flag_within_band(rows)
     return rows
 
 
@@ -146,6 +156,22 @@ def _placed(m, hw, cluster, wl, pins, cal, min_headroom, place, colocated):
         min_headroom=min_headroom,
         colocated=colocated if place["placement"] == "auto" else None,
     )
+
+
+def _flag_within_band(rows: list[dict[str, Any]]) -> None:
+    """A less-known profile called faster than a better-known one by less than its error band gets a
+    ``note`` saying the two are not told apart (the bands: BAND_PCT)."""
+    rank = {"fitted": 0, "transferred": 1, "spec-only": 2}
+    ok = [r for r in rows if r.get("fits")]
+    for r in ok:
+        for o in ok:
+            if rank[r["provenance"]] > rank[o["provenance"]] and r["tokens_per_s_per_gpu"] > o["tokens_per_s_per_gpu"]:
+                gain = 100.0 * (r["tokens_per_s_per_gpu"] / o["tokens_per_s_per_gpu"] - 1)
+                if gain < r["band_pct"]:
+                    r["note"] = (
+                        f"{gain:.0f}% faster than {o['hardware']} ({o['provenance']}), inside its "
+                        f"{r['provenance']} band of {r['band_pct']:.0f}%: not told apart"
+                    )
 
 
 CalibrationFile = Annotated[
@@ -198,6 +224,7 @@ def compare(
         calibration=cal,
         calibration_hardware=cal_hw,
         place=place,
+        stack=flags.get("stack"),
     )
     if out is None:
         from grpo_tune.core.specs import load_model
@@ -212,15 +239,19 @@ def compare(
         print(json.dumps(doc, indent=2, default=str))
         return
     t = Table(title=f"Best plan per hardware: {model} on {gpus} GPUs", title_justify="left")
-    for c in ("hardware", "best plan", "step s", "tok/s/GPU", "$/M tok", "free GiB"):
-        t.add_column(c, justify="left" if c in ("hardware", "best plan") else "right")
+    for c in ("hardware", "profile", "best plan", "step s", "tok/s/GPU", "$/M tok", "free GiB"):
+        t.add_column(
+            c, justify="left" if c in ("hardware", "profile", "best plan") else "right", no_wrap=c == "profile"
+        )
     for r in rows:
+        prof = f"{_SHORT[r['provenance']]}±{r['band_pct']:.0f}%"
         if not r["fits"]:
-            t.add_row(r["hardware"], f"[red]{r['error']['code']}[/]: no plan fits", "-", "-", "-", "-")
+            t.add_row(r["hardware"], prof, f"[red]{r['error']['code']}[/]: no plan fits", "-", "-", "-", "-")
             continue
         cost = r["usd_per_million_tokens"]
         t.add_row(
             r["hardware"],
+            prof,
             r["plan"],
             f"{r['step_s']:.2f}",
             f"{r['tokens_per_s_per_gpu']:,.0f}",
@@ -229,6 +260,15 @@ def compare(
         )
     console = Console()
     console.print(t)
+    console.print(
+        "profile: how each hardware profile was obtained (fitted on measurements, transferred from another "
+        "profile by stated ratios, or spec-only) and the error band of its class: the leave-one-out step "
+        "error of `grpo-tune validate --grpo` on rows of that class",
+        highlight=False,
+    )
+    for r in rows:
+        if r.get("note"):
+            console.print(f"[yellow]note[/]: {r['hardware']} {r['note']}", highlight=False)
     console.print(f"wrote {png} and {out / 'compare.json'}", highlight=False)
 
 

@@ -20,6 +20,7 @@ _WD = O.WORKLOAD_DEFAULTS
 # (name, Annotated type, default), in --help order.
 DEGREE_FLAGS: tuple[tuple[str, Any, Any], ...] = (
     ("gpus_per_node", O.GpusPerNode, None),
+    ("stack", O.Stack, None),
     ("tp", O.Tp, None),
     ("pp", O.Pp, None),
     ("vpp", O.Vpp, None),

@@ -28,7 +28,7 @@ DEFAULT_STACK = "verl-0.9.1"
 """The stack priced when none is chosen: the verl release grpo-tune exports launches for."""
 
 STACKS_DIR = Path(__file__).resolve().parent.parent / "profiles" / "stacks"
-FRAMEWORKS = ("verl", "nemo-rl", "grpo-tune")
+FRAMEWORKS = ("verl", "nemo-rl", "megatron-lm", "grpo-tune")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,14 +144,14 @@ def load_stack(name_or_path: str | None = None) -> StackSpec:
             raise ConfigError(f"stack file {name} not found", hint="pass a profiles/stacks/*.toml or a stack name")
         return _load_file(str(p.resolve()))
     cat = _catalog(os.environ.get("GRPO_TUNE_PROFILES"))
-    p = cat.get(name.lower())
-    if p is None:
+    found = cat.get(name.lower())
+    if found is None:
         near = close_matches(name.lower(), cat)
         raise ConfigError(
             f"unknown stack {name!r}",
             hint=(f"did you mean {near[0]!r}? " if near else "") + "known: " + ", ".join(sorted(set(cat))),
         )
-    return _load_file(str(p))
+    return _load_file(str(found))
 
 
 @lru_cache(maxsize=256)

@@ -59,7 +59,9 @@ def nvlink_domain(hw: HardwareSpec, gpus_per_node: int) -> int:
     return hw.nvlink_domain_gpus if hw.nvlink_domain_gpus > gpus_per_node else gpus_per_node
 
 
-def hierarchical_all_reduce_s(nbytes: float, n: int, domain: int, intra: tuple[float, float], inter: tuple[float, float]) -> float:
+def hierarchical_all_reduce_s(
+    nbytes: float, n: int, domain: int, intra: tuple[float, float], inter: tuple[float, float]
+) -> float:
     """All-reduce of ``nbytes`` over ``n`` ranks that span NVLink domains of ``domain`` ranks, as NCCL
     runs it across nodes: reduce-scatter inside the domain over NVLink, an all-reduce of each rank's
     1/domain share across the n/domain domains (every GPU on its own NIC, so all NICs at once), then an
@@ -84,6 +86,8 @@ def link(
     by the calibration's collective speed (``comm_efficiency_scale``); ``e``: the efficiencies (the profile's)."""
     scale = cal["comm_efficiency_scale"]
     ce = (e or hw.efficiency).comm_efficiency * scale
-    if spans_nodes(span, nvlink_domain(hw, gpus_per_node)):  # NVLink inside a node, the NIC across nodes (per GPU, one direction)
+    if spans_nodes(
+        span, nvlink_domain(hw, gpus_per_node)
+    ):  # NVLink inside a node, the NIC across nodes (per GPU, one direction)
         return hw.inter_node_bandwidth_bytes_per_s * ce, hw.efficiency.inter_node_latency_s / scale
     return hw.intra_node_bandwidth_bytes_per_s * ce, hw.efficiency.intra_node_latency_s / scale
