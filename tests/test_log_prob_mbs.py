@@ -352,7 +352,8 @@ def test_tune_chooses_a_log_prob_micro_batch_that_fits_when_the_launchs_overflow
       TP2 (the launch): 2048 x 256 x (2 x 2 x 3584 / 2 + 10 x 152064 / 2) = 402,384,748,544 B;
       TP4 (the most qwen2-7b's 4 KV heads allow): 2048 x 256 x 383,744 = 201,192,374,272 B
     both over an H100's 81,559 MiB = 85,520,809,984 B (the driver's figure), so no layout runs 256 (the
-    trainer has no CP) and keeping it, as tune did, left no plan. tune now lets the search choose one up to 256: smaller, verl's rule holds
+    trainer has no CP) and keeping it, as tune did, left no plan. tune now lets the search choose one up to
+    256: smaller, verl's rule holds
     (a divisor of the rank's 5120 / dp sequences), it fits, both keys are reported, and re-tuning is a fixed
     point."""
     m = load_model("qwen2-7b")
