@@ -100,7 +100,7 @@ SURFACE = {
     "compare": PLAN + PLACE + ["--calibration", "--min-headroom", "--out"],
     "diagnose": ["--hardware", "--json", "--model -m", "OVERRIDES", "PATH"],
     "validate": ["--data", "--grpo", "--hardware", "--json", "--refit", "--tolerance"],
-    "train": RUN + ["--dry-run", "--resume / --no-resume", "--slurm"],
+    "train": RUN + ["--dry-run", "--resume / --no-resume", "--set", "--slurm"],
     "profile": RUN,
     "probe-hardware": ["--base", "--name", "--nproc", "--out -o", "--quick"],
     "models": ["--json"],

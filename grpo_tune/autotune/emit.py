@@ -60,6 +60,13 @@ def predicted(est: Estimate) -> dict[str, Any]:
     return est.predicted()
 
 
+FROM_SCRATCH_LR = {"tiny": 3e-3}
+"""The emitted learning rate for presets that have no pretrained weights and train from a random init
+(``tiny``, on CPU). verl's 1e-6 is a fine-tuning rate for a pretrained model: at it tiny's reward stays
+flat for hundreds of steps; at 3e-3 it rises within 20 steps on the synthetic task
+(tests/test_quickstart.py)."""
+
+
 def run_config(
     est: Estimate,
     *,
@@ -68,6 +75,10 @@ def run_config(
     meta: dict[str, Any] | None = None,
     trainer: TrainerOptions | None = None,
 ) -> RunConfig:
+    if trainer is None and est.model.name in FROM_SCRATCH_LR:
+        lr = FROM_SCRATCH_LR[est.model.name]
+        trainer = TrainerOptions(lr=lr)
+        meta = {**(meta or {}), "lr_note": f"trainer.lr {lr:g}: {est.model.name} trains from a random init"}
     trainer = trainer or TrainerOptions()
     if run_dir is not None and trainer.out_dir == TrainerOptions().out_dir:
         trainer = TrainerOptions(**{**trainer.__dict__, "out_dir": str(Path(run_dir) / "train")})

@@ -339,6 +339,22 @@ def strategy_pins(**flags: Any) -> dict[str, Any]:
     return out
 
 
+def fit_default_lengths(m: ModelSpec, prompt_len: int, response_len: int) -> tuple[int, int, str | None]:
+    """The default lengths (1024 + 1024) scaled to a model with fewer positions (``tiny`` has 256), and
+    the sentence that says so; lengths the user chose are returned as given (a too-long choice stays an
+    error). ``(prompt_len, response_len, note or None)``."""
+    dp, dr = Workload().prompt_len, Workload().response_len
+    if (prompt_len, response_len) != (dp, dr) or dp + dr <= m.max_seq_len:
+        return prompt_len, response_len, None
+    p = max(1, m.max_seq_len * dp // (dp + dr))
+    r = max(1, m.max_seq_len - p)
+    note = (
+        f"default lengths {dp} + {dr} exceed {m.name}'s {m.max_seq_len} positions: using {p} + {r} "
+        "(give --prompt-len / --response-len to choose)"
+    )
+    return p, r, note
+
+
 def plan_inputs(
     *,
     model: str,
@@ -376,11 +392,14 @@ def plan_inputs(
     cluster = Cluster(gpus=gpus, gpus_per_node=gpus_per_node or min(hw.gpus_per_node, gpus))
     if cluster.gpus_per_node < 1:
         raise ConfigError("--gpus-per-node must be >= 1")
+    prompt_len, response_len, fitted = fit_default_lengths(m, prompt_len, response_len)
     stats: dict[str, Any] = {}
     if lengths:
         from .lengths import read_lengths
 
         stats = read_lengths(lengths, model=m, prompt_len=prompt_len, response_len=response_len)
+    if fitted:  # stated where the lengths are (search header, report.md, best.yaml)
+        stats["lengths_source"] = "; ".join(filter(None, [fitted, stats.get("lengths_source")]))
     if prompt_len_mean is not None:
         stats["prompt_len_mean"] = prompt_len_mean
     if response_len_mean is not None:

@@ -297,6 +297,8 @@ NO_SETTING: dict[tuple[str, str], str] = {
     (T, "out_dir"): "verl writes under trainer.default_local_dir",
     (T, "checkpoint_every"): "verl's trainer.save_freq is left to the caller (verl.sh passes extra overrides on)",
     (T, "log_every"): "verl logs every step",
+    (T, "tensorboard"): "verl's trainer.logger list is the caller's choice (verl.sh passes extra overrides on)",
+    (T, "wandb_project"): "verl's trainer.project_name and trainer.logger are the caller's choice",
 }
 
 

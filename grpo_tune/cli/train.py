@@ -20,6 +20,15 @@ from rich.table import Table
 ConfigOpt = Annotated[
     Path, typer.Option("--config", "-c", help="Run config written by `grpo-tune search` (best.yaml).")
 ]
+SetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--set",
+        metavar="SECTION.KEY=VALUE",
+        help="Override one key of the config, checked like the file (repeatable): "
+        "--set trainer.lr=3e-3 --set trainer.dataset=data/train.jsonl.",
+    ),
+]
 StepsOpt = Annotated[Optional[int], typer.Option("--steps", help="GRPO steps (default: trainer.steps).")]
 OutOpt = Annotated[
     Optional[Path],
@@ -64,6 +73,7 @@ def load_checked(
     resume: bool = True,
     need_torch: bool = True,
     scratch: bool = False,
+    sets: list[str] | None = None,
 ):
     """Load the config, apply CLI overrides, run every pre-start check. Returns (cfg, layout, out_dir).
 
@@ -75,7 +85,7 @@ def load_checked(
     from grpo_tune.core.errors import ConfigError
     from grpo_tune.trainer import launch
 
-    cfg = run_config.load(config)
+    cfg = run_config.load(config, sets or ())
     over: dict[str, Any] = {}  # TrainerOptions fields of mixed types, for dataclasses.replace
     if steps is not None:
         if steps < 1:
@@ -344,6 +354,7 @@ def train(
         bool, typer.Option("--resume/--no-resume", help="Continue from the latest checkpoint in the output folder.")
     ] = True,
     json_out: Annotated[bool, typer.Option("--json", help="With --dry-run: print the summary as JSON.")] = False,
+    sets: SetOpt = None,
 ) -> None:
     """Run GRPO training with the config's parallel strategy (torchrun; megatron-core)."""
     from grpo_tune.autotune.outputs import check_output
@@ -360,10 +371,19 @@ def train(
         node_rank=node_rank,
         resume=resume,
         need_torch=not (dry_run or slurm),
+        sets=sets,
     )
+    set_args = [a for kv in sets or () for a in ("--set", kv)]
 
     def worker_args_for(out_path: Path) -> list[str]:  # the same flags for torchrun here and in the sbatch script
-        return ["--steps", str(cfg.trainer.steps), "--out", str(out_path), *([] if resume else ["--no-resume"])]
+        return [
+            "--steps",
+            str(cfg.trainer.steps),
+            "--out",
+            str(out_path),
+            *([] if resume else ["--no-resume"]),
+            *set_args,
+        ]
 
     worker_args = worker_args_for(out_dir)
     console = Console()

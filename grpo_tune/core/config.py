@@ -9,12 +9,13 @@ section and rejects unknown keys and impossible values with a coded error; savin
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import yaml
 
@@ -95,6 +96,10 @@ class TrainerOptions:
     """Steps between atomic sharded checkpoints (a crash resumes from the last one)."""
     log_every: int = 1
     """Steps between metrics.jsonl lines."""
+    tensorboard: bool = True
+    """TensorBoard events under ``<out_dir>/tensorboard`` with verl's metric names (``actor/pg_loss``, ...)."""
+    wandb_project: str | None = None
+    """Also log to this Weights & Biases project (needs ``pip install wandb``); None: no wandb."""
     # --- rollout ----------------------------------------------------------------------------------
     rollout_engine: str = "auto"
     """``auto`` (vllm on GPU, megatron on CPU), ``vllm`` or ``megatron``."""
@@ -257,8 +262,63 @@ _TRAINER_SCHEMA = Schema(
 )
 
 
-def load(path: str | os.PathLike) -> RunConfig:
-    """Read and validate a run config; every failure is a coded :class:`GrpoTuneError`."""
+def _override_value(text: str) -> Any:
+    """A ``--set`` value: YAML's reading of it (numbers, true/false, null, [lists]), with ``3e-3`` a
+    number (YAML 1.1 reads an exponent without a dot as a string). Quote a string that looks numeric."""
+    try:
+        v = yaml_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(v, str) and v == text.strip():
+        try:
+            f = float(v)
+        except ValueError:
+            return v
+        return f if math.isfinite(f) else v
+    return v
+
+
+def apply_overrides(data: Any, overrides: Sequence[str], where: str) -> Any:
+    """``data`` (a parsed run config) with each ``section.key=value`` of ``overrides`` set. A malformed
+    override, an unknown section, or a section that is not a mapping is a coded error here; the keys and
+    values are then validated with the file's own rules (:meth:`RunConfig.from_dict`)."""
+    if not overrides:
+        return data
+    if not isinstance(data, dict):
+        return data  # from_dict says what is wrong with the file itself
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for item in overrides:
+        key, eq, text = item.partition("=")
+        key = key.strip()
+        parts = key.split(".")
+        if not eq or len(parts) < 2 or not all(parts):
+            raise ConfigError(
+                f"--set {item!r}: expected SECTION.KEY=VALUE",
+                hint="e.g. --set trainer.lr=3e-3 --set trainer.dataset=data/train.jsonl",
+            )
+        check_names(
+            {parts[0]: None}, [s for s in _SECTIONS if s != "schema_version"], f"{where}: --set {key}", "section"
+        )
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif isinstance(child, dict):
+                child = node[part] = dict(child)
+            else:
+                raise ConfigError(
+                    f"{where}: --set {key}: {'.'.join(parts[: i + 1])} is {child!r}, not a mapping",
+                    hint=f"set it whole: --set {'.'.join(parts[: i + 1])}=VALUE",
+                )
+            node = child
+        node[parts[-1]] = _override_value(text)
+    return out
+
+
+def load(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read and validate a run config, with ``section.key=value`` ``overrides`` applied first (``train
+    --set``); every failure is a coded :class:`GrpoTuneError`."""
     from grpo_tune.core.specs import read_spec_bytes
 
     p = Path(path)
@@ -272,9 +332,12 @@ def load(path: str | os.PathLike) -> RunConfig:
         data = yaml_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    data = apply_overrides(data, overrides, str(p))
     try:
         return RunConfig.from_dict(data, where=str(p))
-    except GrpoTuneError:
+    except GrpoTuneError as exc:
+        if overrides:  # say which config was refused: the file as --set changed it
+            raise type(exc)(f"{exc.message} (after --set {' '.join(overrides)})", exc.hint, code=exc.code) from None
         raise
     except (TypeError, ValueError, KeyError, AttributeError) as exc:  # last line of defence: never a traceback
         raise ConfigError(f"{p}: {exc}") from None

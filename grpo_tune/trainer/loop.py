@@ -41,6 +41,7 @@ from . import checkpoint
 from .data import PromptStream
 from .grpo import LossConfig, actor_loss, agg_loss, group_advantages
 from .rollout.base import SamplingParams
+from .tracking import verl_metrics
 
 from grpo_tune.core.phases import MEASURED_PHASES as PHASES  # named once, in core/phases.py
 
@@ -248,6 +249,8 @@ class GRPOLoop:
         self.step_done = 0
         self.track_memory = False
         """Record each phase's memory (PhaseTimer); profile mode turns it on."""
+        self.tracker = None
+        """Where rank 0 sends each logged step's verl-named metrics (trainer.tracking.Tracking); None: nowhere."""
         self.history: list[dict] = []
         # A rollout engine that runs on the actor's own parameters needs no weight copy.
         self.sync_weights = (
@@ -439,7 +442,10 @@ class GRPOLoop:
                 and self.out_dir is not None
                 and (self.step_done % self.log_every == 0 or self.step_done == steps)
             ):
-                _append_jsonl(self.out_dir / "metrics.jsonl", m)
+                verl = verl_metrics(m)
+                _append_jsonl(self.out_dir / "metrics.jsonl", {**m, **verl})  # ours, then verl's names
+                if self.tracker is not None:
+                    self.tracker.log(verl, self.step_done)
             if on_step is not None:
                 on_step(m)
             if (

@@ -33,6 +33,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default=None, help="output folder (default: trainer.out_dir)")
     ap.add_argument("--no-resume", action="store_true", help="ignore checkpoints in --out")
     ap.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one key of the config"
+    )
+    ap.add_argument(
         "--profile-json", default=None, help="profile mode: synthetic workload, write the profile JSON here"
     )
     return ap.parse_args(argv)
@@ -51,7 +54,7 @@ def is_oom(exc: BaseException) -> bool:
 def load_config(args):
     from grpo_tune.core import config as run_config
 
-    cfg = run_config.load(args.config)
+    cfg = run_config.load(args.config, args.set)
     over = {}
     if args.steps is not None:
         over["steps"] = args.steps
@@ -153,11 +156,18 @@ def train(cfg: RunConfig, *, resume: bool = True) -> list[dict]:
 
     parallel.init(cfg)
     loop, lay = build(cfg)
-    if resume:
-        done = loop.resume()
-        if done and lay.rank == 0:
-            print(f"resumed from the checkpoint after step {done}", flush=True)
-    hist = loop.run(cfg.trainer.steps)
+    done = loop.resume() if resume else 0
+    if done and lay.rank == 0:
+        print(f"resumed from the checkpoint after step {done}", flush=True)
+    if lay.rank == 0:
+        from .tracking import Tracking
+
+        loop.tracker = Tracking(cfg, cfg.trainer.out_dir, start_step=done)
+    try:
+        hist = loop.run(cfg.trainer.steps)
+    finally:
+        if loop.tracker is not None:
+            loop.tracker.close()
     return hist
 
 
@@ -181,6 +191,26 @@ def die_with_parent() -> None:
         pass
 
 
+FALLBACK_WARNING = r"(Transformer Engine and )?Apex (is|are) not installed"
+"""megatron-core's import-time UserWarnings when Apex / Transformer Engine are absent (five of them, on
+every rank): the fallbacks are PyTorch's own, the normal case on CPU."""
+
+
+def quiet_fallback_warnings(rank: int) -> None:
+    """Silence megatron-core's Apex/Transformer Engine fallback warnings and say it once, on rank 0."""
+    import importlib.util
+    import warnings
+
+    warnings.filterwarnings("ignore", message=FALLBACK_WARNING, category=UserWarning)
+    missing = [m for m in ("apex", "transformer_engine") if importlib.util.find_spec(m) is None]
+    if rank == 0 and missing:
+        print(
+            f"[trainer] {' and '.join(missing)} not installed: megatron-core uses its PyTorch fallbacks "
+            "(norms, optimizer kernels); expected on CPU",
+            flush=True,
+        )
+
+
 def teardown() -> None:
     """Leave together and close the process groups before the interpreter exits. Without it,
     gloo's threads can be torn down at exit while a peer is already gone, and the process aborts
@@ -198,6 +228,7 @@ def main(argv=None) -> int:
     die_with_parent()
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
+    quiet_fallback_warnings(rank)
     out = Path(args.out) if args.out else None
     try:
         cfg = load_config(args)
