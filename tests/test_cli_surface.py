@@ -101,7 +101,7 @@ SURFACE = {
     "diagnose": ["--hardware", "--json", "--model -m", "OVERRIDES", "PATH"],
     "validate": ["--data", "--grpo", "--hardware", "--json", "--refit", "--tolerance"],
     "train": RUN + ["--dry-run", "--resume / --no-resume", "--set", "--slurm"],
-    "profile": RUN,
+    "profile": RUN + ["--timeout"],
     "probe-hardware": ["--base", "--name", "--nproc", "--out -o", "--quick"],
     "models": ["--json"],
     "hardware": ["--json"],
