@@ -272,7 +272,11 @@ def _parse_console_line(line: str) -> tuple[int, dict[str, Any]] | None:
 
 def read_log(path: str | os.PathLike, *, max_bytes: int = MAX_LOG_BYTES) -> RunLog:
     """Parse one log file into per-step records, oldest first (a re-logged step keeps its last record)."""
+    from grpo_tune.frameworks.nemo_rl import logs as nemo_logs
+
     p = _resolve(Path(path))
+    if nemo_logs.is_tensorboard(p):  # NeMo-RL's TensorBoard event files (a file or its folder)
+        return nemo_logs.read_tensorboard(p)
     text, ends_nl = _read_bounded(p, max_bytes)
     lines = text.split("\n")
     if lines and lines[-1] == "":
@@ -284,6 +288,8 @@ def read_log(path: str | os.PathLike, *, max_bytes: int = MAX_LOG_BYTES) -> RunL
         )
         lines.pop()
     fmt = _detect(lines)
+    if fmt == "unknown" and nemo_logs.looks_like_console(text):  # NeMo-RL's console timing table
+        return nemo_logs.read_console(text, str(p))
     by_step: dict[int, StepRecord] = {}
     nan_steps: list[tuple[int, list[str], bool]] = []  # (step, keys, whole step dropped): warned, never silent
     if fmt in ("verl-jsonl", "grpo-tune"):
@@ -415,17 +421,25 @@ class LogPoint:
     """autotune.calibrate.Point."""
     summary: dict[str, Any]
     kept_steps: int
+    fold: dict[str, str] | None = None
+    """How the log's framework folds our phases into its timers (None: verl's, :data:`VERL_FOLD`)."""
 
 
-def predict_folded(params: dict[str, float], pt) -> tuple[float, dict[str, float]]:
-    """The cost model's step and phases as verl times them: verl has no offload timer (its offloads run inside
+VERL_FOLD = {"offload": "update"}
+"""Predicted phase -> the measured phase verl times it in (verl has no offload timer)."""
+
+
+def predict_folded(params: dict[str, float], pt, fold: dict[str, str] | None = None) -> tuple[float, dict[str, float]]:
+    """The cost model's step and phases as the log's framework times them (``fold``: predicted phase -> the
+    measured phase holding it). verl's (the default) has no offload timer (its offloads run inside
     old_log_prob, update_actor and update_weights), so the predicted offload seconds are added to ``update``."""
     from grpo_tune.autotune.calibrate import predict_estimate
 
     step, phases = predict_estimate(params, pt)
-    off = phases.pop("offload", 0.0)
-    if off:
-        phases["update"] = phases.get("update", 0.0) + off
+    for src, dst in (VERL_FOLD if fold is None else fold).items():
+        v = phases.pop(src, 0.0)
+        if v:
+            phases[dst] = phases.get(dst, 0.0) + v
     return step, phases
 
 
@@ -482,7 +496,9 @@ def log_point(
         measured_phases_s=phases,
         label=label or Path(log.path).name,
     )
-    return LogPoint(log=log, plan=plan, point=pt, summary=s, kept_steps=len(kept))
+    from grpo_tune.frameworks.nemo_rl.logs import fold_for
+
+    return LogPoint(log=log, plan=plan, point=pt, summary=s, kept_steps=len(kept), fold=fold_for(log.format))
 
 
 def check_same_model(lp: LogPoint, params: dict[str, float] | None = None) -> None:
@@ -498,7 +514,7 @@ def check_same_model(lp: LogPoint, params: dict[str, float] | None = None) -> No
             f"that {lp.plan.model.name} with this plan needs for training"
         )
         _not_that_run(lp, r, ANOTHER_MODEL_MEMORY_RATIO, what, "another model or another plan", "--model")
-    _, pred = predict_folded(params or defaults(), lp.point)
+    _, pred = predict_folded(params or defaults(), lp.point, lp.fold)
     meas = lp.point.measured_phases_s
     keys = [k for k in ("old_logprob", "ref_logprob", "update") if meas.get(k) and pred.get(k)]
     if not keys:
@@ -552,17 +568,22 @@ def calibrate_logs(points: list[LogPoint], *, names: list[str] | None = None):
     from grpo_tune.costmodel.timing import CALIBRATION_BOUNDS
 
     pts = [lp.point for lp in points]
+    folds = {id(lp.point): lp.fold for lp in points}
     if len(pts) == 1:
         # fit() wants two points; one log's phases still pin the per-phase knobs, so count it twice
         pts = pts * 2
-    return fit(pts, base=defaults(), predict=predict_folded, names=names, bounds=dict(CALIBRATION_BOUNDS))
+
+    def predict(params: dict[str, float], pt) -> tuple[float, dict[str, float]]:
+        return predict_folded(params, pt, folds.get(id(pt)))
+
+    return fit(pts, base=defaults(), predict=predict, names=names, bounds=dict(CALIBRATION_BOUNDS))
 
 
 def phase_mape(points: list[LogPoint], params: dict[str, float]) -> dict[str, float]:
     """Per-phase mean absolute percentage error of the prediction with ``params`` over the logs."""
     errs: dict[str, list[float]] = {}
     for lp in points:
-        step, pred = predict_folded(params, lp.point)
+        step, pred = predict_folded(params, lp.point, lp.fold)
         for k, m in lp.point.measured_phases_s.items():
             if m > 0 and k in pred:
                 errs.setdefault(k, []).append(abs(pred[k] - m) / m)

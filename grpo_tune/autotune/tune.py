@@ -215,7 +215,18 @@ def plan_of(
     prompt_len_mean: int | None = None,
     response_len_mean: int | None = None,
 ) -> LaunchPlan:
-    """Model, hardware, GPUs, workload and plan of a launch (or of a grpo-tune run config, best.yaml)."""
+    """Model, hardware, GPUs, workload and plan of a launch (or of a grpo-tune run config, best.yaml, or of a
+    NeMo-RL recipe)."""
+    from grpo_tune.frameworks.nemo_rl import read as nemo_read
+
+    if nemo_read.is_recipe(path):
+        return nemo_read.plan_of(
+            path,
+            model=model,
+            hardware=hardware,
+            prompt_len_mean=prompt_len_mean,
+            response_len_mean=response_len_mean,
+        )
     if Path(path).suffix in (".yaml", ".yml") and Path(path).is_file():
         return _plan_of_run_config(
             Path(path), hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
