@@ -55,9 +55,9 @@ def test_staleness_zero_is_the_sum_of_the_phases_plus_the_sync():
     assert f["gen_s"] == pytest.approx(roll["gen_s"])
     assert f["sync_s"] == pytest.approx(sync["sync_s"])
     assert e.step_s == pytest.approx(roll["gen_s"] + sync["sync_s"] + train.step_s, rel=1e-12)
-    # no vLLM sleep/wake in either pool; no old log-prob pass (the rollout's log-probs are used)
+    # no vLLM sleep/wake in either pool; the training pool recomputes the proximal log-probs (decoupled PPO)
     assert e.time.phases["rollout"] == pytest.approx(roll["prefill_s"] + roll["decode_s"])
-    assert "old_logprob" not in train.time.phases
+    assert set(train.time.phases) == {"old_logprob", "ref_logprob", "update", "offload"}
     # one step later (staleness 1) the pools overlap
     e1 = P.estimate_separate(model=m, hardware=H100, cluster=cl, strategy=s, workload=wl, placement=sep(8, 1))
     assert e1.step_s == pytest.approx(max(f["gen_s"], f["train_s"]) + f["sync_s"])
@@ -310,3 +310,22 @@ def test_bad_placement_flags_are_coded_errors(args, words):
     r = _cli("estimate", "--model", "qwen2.5-1.5b", "--gpus", "16", *args)
     assert r.exit_code == 2, r.output
     assert words in r.output and "Traceback" not in r.output
+
+
+def test_run_config_carries_the_placement():
+    from grpo_tune.core.config import RunConfig
+
+    base = RunConfig(
+        model=load_model("tiny"),
+        hardware=load_hardware("cpu"),
+        cluster=Cluster(gpus=4, gpus_per_node=4),
+        strategy=Strategy(mbs=8),
+        workload=Workload(prompts=8, n=4, prompt_len=8, response_len=6, mini_batch=4, kl=False, dtype="fp32"),
+    )
+    assert "placement" not in base.to_dict()  # a colocated config reads and writes as before
+    cfg = base.replace(placement=sep(2, 1))
+    back = RunConfig.from_dict(cfg.to_dict())
+    assert back.placement == sep(2, 1)
+    assert back.strategy.dp == 2  # the training pool's 2 GPUs, not the cluster's 4
+    with pytest.raises(ConfigError, match="leaves no GPU"):
+        RunConfig.from_dict(base.replace(placement=sep(4, 1)).to_dict())

@@ -428,10 +428,10 @@ def _sync_proxy(m, hw, hw_r, pool_of, cal, cands, gens, partial_for) -> dict[int
 
 
 def _train_part(e: Estimate | None) -> float | None:
-    """Seconds of a colocated plan's training-pool phases (the reference log-probs, the update, offload)."""
+    """Seconds of a colocated plan's training-pool phases (the log-prob passes, the update, offload)."""
     if e is None or e.time is None:
         return None
-    return sum(e.time.phases.get(k, 0.0) for k in ("ref_logprob", "update", "offload"))
+    return sum(e.time.phases.get(k, 0.0) for k in ("old_logprob", "ref_logprob", "update", "offload"))
 
 
 def _train_price(**kw: Any) -> Estimate:

@@ -22,6 +22,7 @@ import yaml
 from grpo_tune.core.errors import ConfigError, GrpoTuneError
 from grpo_tune.core.choices import KlType, LossAgg, RolloutEngine
 from grpo_tune.core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
+from grpo_tune.core.placement import Placement
 from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
 from grpo_tune.core.validation import FRACTION, Schema, check_names, from_mapping
 
@@ -143,6 +144,7 @@ _SECTIONS = (
     "strategy",
     "workload",
     "trainer",
+    "placement",
     "predicted",
     "measured",
     "meta",
@@ -168,6 +170,9 @@ class RunConfig:
     strategy: Strategy
     workload: Workload = field(default_factory=Workload)
     trainer: TrainerOptions = field(default_factory=TrainerOptions)
+    placement: Placement = field(default_factory=Placement)
+    """Colocated (default) or separate pools; with separate pools the strategy's degrees are the
+    training pool's (``cluster.gpus - placement.rollout_gpus`` GPUs) and its rollout knobs the rollout pool's."""
     predicted: dict[str, Any] | None = None
     """The cost model's figures when the config was emitted."""
     measured: dict[str, Any] | None = None
@@ -185,6 +190,8 @@ class RunConfig:
             "workload": self.workload.to_dict(),
             "trainer": dataclasses.asdict(self.trainer),
         }
+        if self.placement.separate:  # a colocated config reads and writes as it always did
+            d["placement"] = self.placement.to_dict()
         for k in ("predicted", "measured", "meta"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
@@ -210,9 +217,15 @@ class RunConfig:
         strategy = Strategy.from_dict(data["strategy"] or {}, where=f"{where}.strategy")
         workload = Workload.from_dict(data.get("workload") or {}, where=f"{where}.workload")
         trainer = from_mapping(TrainerOptions, data.get("trainer") or {}, f"{where}.trainer", _TRAINER_SCHEMA)
-        strategy = validate(
-            model, strategy, cluster.gpus, gpus_per_node=cluster.gpus_per_node, allow_cross_node_tp=True
-        )
+        placement = Placement.from_dict(data.get("placement") or {}, where=f"{where}.placement")
+        train_gpus, train_gpn = cluster.gpus, cluster.gpus_per_node
+        if placement.separate:
+            from grpo_tune.core.placement import check
+
+            check(placement, f"{where}.placement", gpus=cluster.gpus)
+            train_gpus = cluster.gpus - placement.rollout_gpus
+            train_gpn = min(train_gpn, train_gpus)
+        strategy = validate(model, strategy, train_gpus, gpus_per_node=train_gpn, allow_cross_node_tp=True)
         extras: dict[str, dict[str, Any] | None] = {}
         for k in ("predicted", "measured", "meta"):
             v = data.get(k)
@@ -226,6 +239,7 @@ class RunConfig:
             strategy=strategy,
             workload=workload,
             trainer=trainer,
+            placement=placement,
             predicted=extras["predicted"],
             measured=extras["measured"],
             meta=extras["meta"],

@@ -11,9 +11,10 @@ What each pool costs:
   or wake (verl's separate trainers require ``free_cache_engine=False``), and with the KV cache
   that ``gpu_memory_utilization`` leaves on a GPU that holds no training state (so the search can
   give vLLM up to 0.9 of HBM there);
-- training pool: reference log-probs, the update and any offload (costmodel.timing), with no vLLM
-  on its GPUs; the old log-probs are the rollout's own (verl's fully-async recipe sets
-  ``use_rollout_log_probs`` and ``rollout_correction.bypass_mode``), so that pass is not run;
+- training pool: the old (proximal) and reference log-probs, the update and any offload
+  (costmodel.timing), with no vLLM on its GPUs. The old log-probs are recomputed by the training
+  pool, as decoupled PPO needs them (verl: ``rollout_correction.bypass_mode=False`` with token-level
+  truncated importance sampling against the rollout's own log-probs; the trainer does the same);
 - weight sync across pools: the training side exports its tensors in HF layout (the TP/PP/EP
   gathers of the colocated refit), then the whole model (bf16) is broadcast to every rollout GPU
   over the link between the pools (NVLink when they share nodes, the NIC otherwise; the slower
@@ -306,7 +307,7 @@ def cluster_price(
 # The estimate
 # ---------------------------------------------------------------------------------------------
 
-_TRAIN_PHASES = (Phase.REF_LOGPROB.value, Phase.UPDATE.value, Phase.OFFLOAD.value)
+_TRAIN_PHASES = (Phase.OLD_LOGPROB.value, Phase.REF_LOGPROB.value, Phase.UPDATE.value, Phase.OFFLOAD.value)
 
 
 def train_pool(
@@ -319,8 +320,8 @@ def train_pool(
     calibration: dict[str, float] | None = None,
 ) -> Estimate:
     """The training pool alone: the colocated estimate on the pool's GPUs without vLLM (its rollout and
-    weight-sync phases, the old log-prob pass that the rollout's log-probs replace, and their violations
-    dropped). ``time.step_s`` is the pool's own seconds per step. The search ranks training plans with it."""
+    weight-sync phases and their violations dropped). ``time.step_s`` is the pool's own seconds per step;
+    the search ranks training plans with it."""
     est = estimate(
         model=model,
         hardware=hardware,

@@ -110,6 +110,7 @@ def policy_loss(
     clip_ratio_c: float | None = None,
     num_tokens=None,
     num_seqs=None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """PPO clipped policy-gradient loss (to minimize) and its metrics.
 
@@ -124,6 +125,10 @@ def policy_loss(
     Metrics (detached scalars, normalized like the loss): ``pg_loss``, ``clip_frac`` (share of
     tokens where the clipped term is active), ``clip_frac_lower`` (dual clip active), ``approx_kl``
     (mean of ``old_logprobs - logprobs``, the k1 estimate of KL(old || new)).
+
+    ``is_weights`` (off-policy samples, [B, T], detached): each token's clipped loss is multiplied by
+    its importance weight pi_old / pi_behaviour, truncated (decoupled PPO: Fu et al., "AReaL", arXiv
+    2505.24298, sec. 5; the truncation as verl's ``rollout_correction`` token-level TIS). None: 1.
     """
     hi = clip_ratio if clip_ratio_high is None else clip_ratio_high
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
@@ -140,6 +145,8 @@ def policy_loss(
         bound = -adv * clip_ratio_c
         lower_active = ((per_token > bound) & (adv < 0)).float()
         per_token = torch.where(adv < 0, torch.minimum(per_token, bound), per_token)
+    if is_weights is not None:
+        per_token = per_token * is_weights
     loss = agg_loss(per_token, mask, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs)
     m = mask.to(per_token.dtype)
     tok = _clamp1(m.sum() if num_tokens is None else num_tokens)
@@ -237,6 +244,7 @@ def actor_loss(
     ref_logprobs: torch.Tensor | None = None,
     num_tokens=None,
     num_seqs=None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """The GRPO actor loss ``pg + kl_coef * kl - entropy_coef * entropy`` and its metrics.
 
@@ -256,6 +264,7 @@ def actor_loss(
         loss_agg_mode=cfg.loss_agg_mode,
         num_tokens=num_tokens,
         num_seqs=num_seqs,
+        is_weights=is_weights,
     )
     agg = dict(mode=cfg.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs)
     if cfg.use_kl and cfg.kl_coef > 0:
@@ -273,3 +282,29 @@ def actor_loss(
         raise ValueError("entropy_coef > 0 needs the entropy (logprobs(..., with_entropy=True))")
     metrics["loss"] = loss.detach()
     return loss, metrics
+
+
+def truncated_is_weights(
+    old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor, threshold: float = 2.0
+) -> tuple[torch.Tensor, dict]:
+    """Per-token importance weights ``min(pi_old / pi_behaviour, threshold)`` (detached) and their metrics.
+
+    Off-policy GRPO samples with an older policy (the behaviour policy, whose log-probs the rollout pool
+    returns) and clips against the proximal policy (the training pool's weights before the update, the
+    ``old_logprobs``): decoupled PPO (Fu et al., "AReaL: A Large-Scale Asynchronous Reinforcement Learning
+    System for Language Reasoning", arXiv 2505.24298, sec. 5; Hilton et al. 2021) weights each token's clipped
+    loss by pi_prox / pi_behaviour, truncated at ``threshold`` as verl's ``algorithm.rollout_correction``
+    (``rollout_is: token``, ``rollout_is_threshold`` 2.0) does to bound the variance.
+    Metrics: ``is_weight_mean``, ``is_weight_max`` (before truncation) and ``is_truncated_frac`` over the
+    response tokens.
+    """
+    log_w = (old_logprobs - behaviour_logprobs).clamp(-20.0, 20.0).detach()
+    w = torch.exp(log_w)
+    m = mask.to(w.dtype)
+    tok = _clamp1(m.sum())
+    trunc = w.clamp(max=threshold)
+    return trunc * m, {
+        "is_weight_mean": float((trunc * m).sum() / tok),
+        "is_weight_max": float((w * m).max()) if m.any() else 1.0,
+        "is_truncated_frac": float(((w > threshold).to(w.dtype) * m).sum() / tok),
+    }

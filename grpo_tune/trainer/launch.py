@@ -92,10 +92,15 @@ def preflight(
     if not 0 <= node_rank < lay.nnodes:
         raise ConfigError(f"--node-rank {node_rank} is outside 0..{lay.nnodes - 1}")
     s, w, t, m = cfg.strategy, cfg.workload, cfg.trainer, cfg.model
-    if s.tp * s.pp * s.cp * s.dp != lay.world_size:  # validate() guarantees it; kept as a guard
+    train_world = lay.world_size - (cfg.placement.rollout_gpus if cfg.placement.separate else 0)
+    if s.tp * s.pp * s.cp * s.dp != train_world:  # validate() guarantees it; kept as a guard
         raise InvalidDegreesError(
-            f"tp*pp*cp*dp = {s.tp * s.pp * s.cp * s.dp} differs from the world size {lay.world_size}"
+            f"tp*pp*cp*dp = {s.tp * s.pp * s.cp * s.dp} differs from the training world size {train_world}"
         )
+    if cfg.placement.separate:
+        from .separate import check_separate
+
+        check_separate(cfg)
     if w.kind != "grpo":
         raise ConfigError(
             f"the trainer runs GRPO workloads; workload.kind is {w.kind!r}", hint="set workload.kind: grpo"

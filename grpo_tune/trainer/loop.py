@@ -164,6 +164,8 @@ class LoopConfig:
     """Token budget of an update micro-batch (verl's use_dynamic_bsz); None: ``mbs`` rows each."""
     log_prob_max_tokens_per_gpu: int | None = None
     """Token budget of a log-prob micro-batch; None: the update's."""
+    is_threshold: float = 2.0
+    """Truncation of the off-policy importance weights (verl's ``rollout_is_threshold`` default)."""
 
     @classmethod
     def from_run_config(cls, cfg: RunConfig) -> LoopConfig:
@@ -284,14 +286,9 @@ class GRPOLoop:
         dist.all_gather_object(parts, mine)
         return [r for k in range(replicas) for r in parts[k * d.rollout_tp]]
 
-    def step(self, step: int) -> dict:
-        """Run step ``step`` (0-based) and return its metrics (the same on every rank)."""
-        c, d = self.cfg, self.d
-        timer = PhaseTimer(d, memory=self.track_memory)
-        t0 = time.perf_counter()
-        items = self.stream.next_batch()
-        prompts = [items[j // c.n].prompt_ids for j in range(c.prompts * c.n)]
-
+    def _rollout_phase(self, step: int, prompts: list[list[int]], timer: PhaseTimer):
+        """Colocated: sync the rollout engine's weights, generate, around any offload. Returns (responses,
+        behaviour log-probs or None: the sampling policy is the current one). Separate pools override it."""
         with timer("weight_sync"):
             if hasattr(self.rollout, "resume"):
                 self.rollout.resume()
@@ -307,6 +304,21 @@ class GRPOLoop:
         if self.offloader is not None:
             with timer("offload"):
                 self.offloader.reload()
+        return responses, None
+
+    def _after_update(self, step: int, timer: PhaseTimer) -> dict:
+        """After the update: nothing colocated (the next step syncs); separate pools broadcast the weights."""
+        return {}
+
+    def step(self, step: int) -> dict:
+        """Run step ``step`` (0-based) and return its metrics (the same on every rank)."""
+        c, d = self.cfg, self.d
+        timer = PhaseTimer(d, memory=self.track_memory)
+        t0 = time.perf_counter()
+        items = self.stream.next_batch()
+        prompts = [items[j // c.n].prompt_ids for j in range(c.prompts * c.n)]
+
+        responses, behaviour_lp = self._rollout_phase(step, prompts, timer)
 
         rewards = torch.tensor([float(self.reward_fn(items[j // c.n], r)) for j, r in enumerate(responses)])
         adv = group_advantages(rewards, c.n, norm_by_std=c.norm_adv_by_std)
@@ -319,6 +331,11 @@ class GRPOLoop:
         with timer("old_logprob"):
             old_lp, old_ent = self.actor.logprobs(tokens, micro_batch_size=lp_mbs, with_entropy=True, **temp, **lp_kw)
         lp_micro = {"old_logprob_micro_batches": getattr(self.actor, "last_logprob_micro_batches", 0)}
+        is_w, is_metrics = None, {}
+        if behaviour_lp is not None:  # off-policy samples: decoupled PPO's truncated importance weights
+            from .grpo import truncated_is_weights
+
+            is_w, is_metrics = truncated_is_weights(old_lp, behaviour_lp, mask, c.is_threshold)
         ref_lp = None
         if self.ref is not None and c.loss.use_kl:
             with timer("ref_logprob"):
@@ -334,6 +351,8 @@ class GRPOLoop:
                     batch = {"tokens": tokens[sl], "mask": mask[sl], "old_logprobs": old_lp[sl], "advantages": adv[sl]}
                     if ref_lp is not None:
                         batch["ref_logprobs"] = ref_lp[sl]
+                    if is_w is not None:
+                        batch["is_weights"] = is_w[sl]
                     # grpo.agg_loss normalizers: the whole mini-batch's token and sequence counts.
                     num_tokens = float(mask[sl].sum())
                     num_seqs = float((mask[sl].sum(-1) > 0).sum())
@@ -350,6 +369,7 @@ class GRPOLoop:
                     )
                     mb_metrics[-1]["_micro_batches"] = getattr(self.actor, "last_micro_batches", 0)
 
+        extra = self._after_update(step, timer)
         step_s = time.perf_counter() - t0 - timer.instrument_s  # the memory reads are not the step's work
         resp_lens = [len(r) for r in responses]
         total_tokens = sum(len(p) for p in prompts) + sum(resp_lens)
@@ -372,6 +392,8 @@ class GRPOLoop:
             "tokens_per_s": total_tokens / step_s,
             "tokens_per_s_per_gpu": total_tokens / step_s / d.world_size,
         }
+        out.update(is_metrics)
+        out.update(extra)
         out["update_micro_batches"] = int(sum(x.get("_micro_batches", 0) for x in mb_metrics))
         out.update(lp_micro)  # per DP rank, like the update's
         for k in ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "grad_norm"):
@@ -393,6 +415,7 @@ class GRPOLoop:
                 ref_logprobs=mb.get("ref_logprobs"),
                 num_tokens=num_tokens,
                 num_seqs=num_seqs,
+                is_weights=mb.get("is_weights"),
             )
             # Engine.train_step averages over micro-batches x DP ranks; the values here are partial
             # sums of the mini-batch mean, so scale by that count (engine.py, "Loss scaling").

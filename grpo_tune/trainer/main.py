@@ -63,19 +63,10 @@ def load_config(args):
     return cfg.replace(trainer=dataclasses.replace(cfg.trainer, **over)) if over else cfg
 
 
-def build(cfg: RunConfig, *, items=None, reward_fn=None, tokenizer=None, checkpoint_every: int | None = None):
-    """Everything a rank needs for GRPO, from the config: (loop, layout).
+def load_items(cfg: RunConfig, *, items=None, tokenizer=None):
+    """The run's prompts (trainer.loop.Item) and tokenizer: the config's dataset and checkpoint, or the given ones."""
+    from .loop import Item
 
-    ``items``/``reward_fn``/``tokenizer`` replace the dataset, the reward and the tokenizer (profile
-    mode passes synthetic ones). Call after :func:`trainer.parallel.init`.
-    """
-    from . import parallel
-    from .engine import Engine
-    from .loop import Dist, GRPOLoop, Item, LoopConfig
-    from .offload import Offloader
-    from .rollout import get_rollout_engine, resolve_engine_name
-
-    lay = parallel.layout()
     t, w = cfg.trainer, cfg.workload
     if tokenizer is None:
         from .tokenizer import load_tokenizer
@@ -91,6 +82,32 @@ def build(cfg: RunConfig, *, items=None, reward_fn=None, tokenizer=None, checkpo
             from grpo_tune.core.errors import ConfigError
 
             raise ConfigError(f"every prompt of {t.dataset} is longer than workload.prompt_len={w.prompt_len} tokens")
+    return items, tokenizer
+
+
+def build(
+    cfg: RunConfig,
+    *,
+    items=None,
+    reward_fn=None,
+    tokenizer=None,
+    checkpoint_every: int | None = None,
+    loop_cls=None,
+):
+    """Everything a rank needs for GRPO, from the config: (loop, layout).
+
+    ``items``/``reward_fn``/``tokenizer`` replace the dataset, the reward and the tokenizer (profile
+    mode passes synthetic ones). Call after :func:`trainer.parallel.init`.
+    """
+    from . import parallel
+    from .engine import Engine
+    from .loop import Dist, GRPOLoop, LoopConfig
+    from .offload import Offloader
+    from .rollout import get_rollout_engine, resolve_engine_name
+
+    lay = parallel.layout()
+    t, w = cfg.trainer, cfg.workload
+    items, tokenizer = load_items(cfg, items=items, tokenizer=tokenizer)
     if reward_fn is None:
         from .reward import load_reward
 
@@ -100,17 +117,23 @@ def build(cfg: RunConfig, *, items=None, reward_fn=None, tokenizer=None, checkpo
             return score(tokenizer.decode(ids), item.answer)
 
     rollout = None
-    if resolve_engine_name(t.rollout_engine) == "vllm":
+    separate = cfg.placement.separate or loop_cls is not None
+    if resolve_engine_name(t.rollout_engine) == "vllm" and not separate:
         # Before the actor and the reference: vLLM's start-up check wants gpu_memory_utilization x
         # total free, which it is only on an empty GPU; the engine sleeps as soon as it is built.
         rollout = get_rollout_engine("vllm", **rollout_kwargs(cfg, None, tokenizer))
     actor = Engine(cfg)
     ref = Engine(cfg, trainable=False) if w.kl and t.kl_coef > 0 else None
+    if rollout is None and separate:  # the rollout pool generates; this pool only trains
+        rollout = get_rollout_engine(
+            "megatron",
+            **rollout_kwargs(cfg.replace(trainer=dataclasses.replace(t, rollout_engine="megatron")), actor, tokenizer),
+        )
     if rollout is None:
         rollout = get_rollout_engine(t.rollout_engine, **rollout_kwargs(cfg, actor, tokenizer))
     lc = LoopConfig.from_run_config(cfg)
     d = Dist(rank=lay.rank, world_size=lay.world_size, rollout_tp=cfg.strategy.rollout_tp, log_rank=lay.rank == 0)
-    loop = GRPOLoop(
+    loop = (loop_cls or GRPOLoop)(
         lc,
         actor=actor,
         ref=ref,
@@ -154,6 +177,10 @@ def rollout_kwargs(cfg: RunConfig, actor, tokenizer) -> dict:
 def train(cfg: RunConfig, *, resume: bool = True) -> list[dict]:
     from . import parallel
 
+    if cfg.placement.separate:
+        from . import separate
+
+        return separate.train(cfg)
     parallel.init(cfg)
     loop, lay = build(cfg)
     done = loop.resume() if resume else 0
