@@ -78,7 +78,7 @@ RUN = [
 ]
 
 SURFACE = {
-    "estimate": PLAN + PLACE + ["--calibration"],
+    "estimate": PLAN + PLACE + ["--calibration", "--framework"],
     "search": PLAN
     + PLACE
     + [
@@ -97,7 +97,7 @@ SURFACE = {
         "--trial-timeout",
         "--trials",
     ],
-    "compare": PLAN + PLACE + ["--calibration", "--min-headroom", "--out"],
+    "compare": PLAN + PLACE + ["--calibration", "--framework", "--min-headroom", "--out"],
     "diagnose": ["--hardware", "--json", "--model -m", "OVERRIDES", "PATH"],
     "validate": ["--data", "--grpo", "--hardware", "--json", "--refit", "--tolerance"],
     "train": RUN + ["--dry-run", "--resume / --no-resume", "--set", "--slurm"],

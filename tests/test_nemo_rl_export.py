@@ -290,3 +290,30 @@ def test_framework_option_refuses_what_nemo_rl_cannot_run(tmp_path, capsys):
     assert main([*base, "nemo-rl", "--cpu-optimizer", "1.0"]) == 2
     assert "NeMo-RL 0.7.0 cannot set" in capsys.readouterr().err
     assert not any(tmp_path.iterdir()) if tmp_path.exists() else True
+
+
+def test_estimate_and_compare_price_under_nemo_rl_s_stack(capsys):
+    from grpo_tune.cli.main import main
+    from grpo_tune.core.stacks import load_stack
+
+    base = ["estimate", "--model", "qwen2.5-7b", "--gpus", "8", "--json"]
+    assert main(base) == 0
+    verl = json.loads(capsys.readouterr().out)
+    assert main([*base, "--framework", "nemo-rl"]) == 0
+    nemo = json.loads(capsys.readouterr().out)
+    stack = load_stack("nemo-rl")
+    assert stack.params["grad_reduce_bytes"] == 2.0  # grad_reduce_in_fp32: false in NeMo-RL's base config
+    assert nemo["details"]["weight_sync_wake_s"] == stack.params["vllm_wake_s"]
+    assert verl["details"]["weight_sync_wake_s"] == load_stack("verl").params["vllm_wake_s"]
+    assert nemo["strategy"]["offload"] == ["param", "grad", "optimizer"] and verl["strategy"]["offload"] == []
+    assert nemo["time"]["step_s"] != verl["time"]["step_s"]
+    assert main([*base, "--framework", "nemo-rl", "--pp", "2", "--vpp", "2"]) == 2
+    assert "NeMo-RL cannot run it" in capsys.readouterr().err
+    assert main([*base, "--framework", "all"]) == 2
+    capsys.readouterr()
+
+
+def test_search_for_nemo_rl_is_priced_under_its_stack(tmp_path):
+    d = _search(tmp_path, "--framework", "nemo-rl")
+    best = yaml.safe_load((d / "best.yaml").read_text())
+    assert best["hardware"]["stack"].startswith("nemo-rl")

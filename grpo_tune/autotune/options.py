@@ -48,6 +48,15 @@ Stack = Annotated[
         rich_help_panel=P_MODEL,
     ),
 ]
+Framework = Annotated[
+    str,
+    typer.Option(
+        "--framework",
+        help="Price the plan as this framework runs it: verl (default) or nemo-rl (its stack profile, bf16 "
+        "gradient reduction, colocated offload, no virtual pipeline).",
+        rich_help_panel=P_MODEL,
+    ),
+]
 GpusPerNode = Annotated[
     Optional[int],
     typer.Option("--gpus-per-node", help="GPUs per node (default: the profile's).", rich_help_panel=P_MODEL),

@@ -138,7 +138,37 @@ def plan(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[Any, HardwareSpe
         )
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"published GRPO row {row.id}: bad value ({exc})") from None
+    if r.get("framework") == "nemo-rl" and r.get("backend") == "megatron":
+        s, wl = _via_nemo_rl_recipe(row.id, m, cluster, s, wl)
     return m, hw, cluster, s, wl
+
+
+_RECIPE_PLANS: dict[str, tuple[Strategy, Workload]] = {}
+
+
+def _via_nemo_rl_recipe(row_id: str, m: Any, cluster: Cluster, s: Strategy, wl: Workload) -> tuple[Strategy, Workload]:
+    """A NeMo-RL row's plan as the NeMo-RL recipe grpo-tune exports for it reads back (nemo_rl.yaml, loaded
+    as NeMo-RL loads it): the plan that is scored is the plan the recipe runs. Cached per row (the recipe does
+    not depend on the fitted parameters); the length means are statistics of the data, not recipe keys."""
+    if row_id not in _RECIPE_PLANS:
+        import tempfile
+
+        from grpo_tune.core.config import RunConfig, TrainerOptions
+        from grpo_tune.core.strategy import validate
+        from grpo_tune.frameworks.nemo_rl import read, recipe
+
+        hw0 = load_hardware("h100")
+        s = validate(m, s, cluster.gpus, gpus_per_node=cluster.gpus_per_node, allow_cross_node_tp=True)
+        cfg = RunConfig(model=m, hardware=hw0, cluster=cluster, strategy=s, workload=wl, trainer=TrainerOptions())
+        with tempfile.TemporaryDirectory(prefix="grpo-tune-nemo-rl-") as d:
+            f = Path(d) / "nemo_rl.yaml"
+            f.write_text(recipe.recipe_text(cfg, run_id=row_id))
+            r = recipe.load(f)
+        c = read.cluster_of(r)
+        s_back = read.strategy_of(r, m, c.gpus, c.gpus_per_node)
+        wl_back = read.workload_of(r, prompt_len_mean=wl.prompt_len_mean, response_len_mean=wl.response_len_mean)
+        _RECIPE_PLANS[row_id] = (s_back, wl_back)
+    return _RECIPE_PLANS[row_id]
 
 
 def predict(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[dict[str, float], Estimate]:

@@ -20,6 +20,7 @@ from grpo_tune.autotune.options import (
     PLACEMENT_FLAGS,
     placement_flags,
     MIN_HEADROOM_DEFAULT,
+    Framework,
     Json,
     MinHeadroom,
     pins_from_flags,
@@ -191,9 +192,13 @@ def compare(
     json_out: Json = False,
     out: CompareOut = None,
     calibration: CalibrationFile = None,
+    framework: Framework = "verl",
     **plan: Any,
 ) -> None:
     """Best plan per hardware: step time, tokens/s/GPU, $ per million tokens, memory headroom."""
+    from grpo_tune import frameworks as F
+
+    fws = F.select(framework)
     from grpo_tune.core.config import atomic_write
     from grpo_tune.autotune.report import plot_compare
 
@@ -206,9 +211,10 @@ def compare(
         # before the searches, not after them (issue 14)
         check_out_dir(out, "--out", inputs={"--calibration": calibration})
     place = placement_flags(plan)
+    plan["stack"] = F.default_stack(fws, plan.get("stack"))
     flags = plan_flags(plan)
     model, gpus = flags["model"], flags["gpus"]
-    pins, wkw = pins_from_flags(flags), workload_flags(flags)
+    pins, wkw = F.check_pins(fws, pins_from_flags(flags)), workload_flags(flags)
     cal, cal_hw = None, None
     if calibration is not None:
         cal = load_calibration(calibration)

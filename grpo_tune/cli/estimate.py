@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_tune.autotune.options import Gpus, Hardware, Json, Model, inputs_from_flags
+from grpo_tune.autotune.options import Framework, Gpus, Hardware, Json, Model, inputs_from_flags
 from grpo_tune.autotune.calibrate import load as load_calibration
 from grpo_tune.costmodel.estimate import Estimate, estimate as run_estimate
 from grpo_tune.core.strategy import SYNC_BUCKET_MB, Strategy
@@ -166,11 +166,20 @@ def estimate(
     gpus: Gpus = 8,
     json_out: Json = False,
     calibration: CalibrationFile = None,
+    framework: Framework = "verl",
     **plan: Any,
 ) -> None:
     """Memory per rank per GRPO phase (and time, where the time model is present) for one plan."""
+    from grpo_tune import frameworks as F
+    from grpo_tune.core.errors import ConfigError
+
+    fws = F.select(framework)
+    if len(fws) > 1:
+        raise ConfigError("--framework all prices one framework at a time", hint="give verl or nemo-rl")
     place = placement_flags(plan)
+    plan["stack"] = F.default_stack(fws, plan.get("stack"))
     m, hw, cluster, wl, pins = inputs_from_flags(plan_flags(plan, model=model, hardware=hardware, gpus=gpus))
+    pins = F.plan_pins(fws, pins)
     strategy = Strategy.from_dict(pins, where="options")
     cal = load_calibration(calibration, hardware=hw.name) if calibration is not None else None
     if place["placement"] == "colocated" and not _asks_separate(place):

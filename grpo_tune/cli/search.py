@@ -20,6 +20,7 @@ from grpo_tune.autotune.grouping import group_by_layout
 from grpo_tune.autotune.options import (
     MIN_HEADROOM_DEFAULT,
     PLACEMENT_FLAGS,
+    Framework,
     Hardware,
     Json,
     MinHeadroom,
@@ -40,14 +41,6 @@ P_REF = "Refinement (real profiling runs)"
 # --top also sizes the exact re-evaluation (4 x top plans): 1,000 answers in ~1.5 s for 7B on 8 GPUs, 10**5 took
 # 22 s (measured on this repo's 2-core dev box). Nobody reads more rows than that.
 MAX_TOP = 1000
-FrameworkOpt = Annotated[
-    str,
-    typer.Option(
-        "--framework",
-        help="Launch files to write: verl (verl.sh), nemo-rl (nemo_rl.yaml) or all; only plans they run.",
-        rich_help_panel=P_OUT,
-    ),
-]
 Top = Annotated[int, typer.Option("--top", help=f"Plans to show (1..{MAX_TOP}).", rich_help_panel=P_OUT)]
 Out = Annotated[
     Path,
@@ -209,7 +202,7 @@ def search(
     out: Out = Path("runs"),
     emit: Emit = True,
     calibration: Calibration = None,
-    framework: FrameworkOpt = "verl",
+    framework: Framework = "verl",
     **plan: Any,
 ) -> None:
     """Rank every valid plan by predicted step time; print the best and write runs/<id>/."""
@@ -229,6 +222,7 @@ def search(
         from grpo_tune.autotune.outputs import check_out_dir
 
         check_out_dir(out, "--out", inputs={"--calibration": calibration})  # before the search, not after it (issue 14)
+    plan["stack"] = F.default_stack(fws, plan.get("stack"))
     m, hw, cluster, wl, pins = inputs_from_flags(plan_flags(plan, hardware=hardware))
     pins = F.check_pins(fws, pins)
     cal = None

@@ -54,5 +54,39 @@ def check_pins(names: Sequence[str], pins: dict[str, Any]) -> dict[str, Any]:
     return {**pins, **fixed}
 
 
+def plan_pins(names: Sequence[str], pins: dict[str, Any]) -> dict[str, Any]:
+    """``estimate --framework``: the user's plan with what the framework fixes (NeMo-RL's CPU optimizer is the
+    whole state, without overlapped copies)."""
+    if "nemo-rl" not in names:
+        return pins
+    cpu = pins.get("cpu_optimizer")
+    if cpu not in (None, 1.0):
+        raise ConfigError(
+            f"--cpu-optimizer {cpu}: NeMo-RL's CPU optimizer takes the whole state (optimizer_offload_fraction 1.0)",
+            hint="give --cpu-optimizer 1.0, or price it for verl",
+        )
+    pins = {**pins, "overlap_cpu_optimizer": False}
+    from grpo_tune.frameworks.nemo_rl.table import CONSTRAINTS
+
+    fixed = {k: v for k, v in CONSTRAINTS.items() if k != "overlap_cpu_optimizer"}
+    for k, v in fixed.items():
+        if k in pins and pins[k] is not None and _norm(pins[k]) != _norm(v):
+            raise ConfigError(
+                f"--{k.replace('_', '-')} {pins[k]!r}: NeMo-RL cannot run it (it fixes {k}={v!r})",
+                hint="drop the flag, or price it for verl (--framework verl)",
+            )
+    return {**pins, **fixed}
+
+
+def default_stack(names: Sequence[str], stack: str | None) -> str | None:
+    """The stack profile to price under: the user's ``--stack``, else NeMo-RL's when planning for NeMo-RL only
+    (its bf16 gradient reduction and host costs), else None (the hardware's default, verl's)."""
+    if stack or tuple(names) != ("nemo-rl",):
+        return stack
+    from grpo_tune.frameworks.nemo_rl.read import STACK
+
+    return STACK
+
+
 def _norm(v: Any) -> Any:
     return tuple(v) if isinstance(v, (list, tuple)) else v

@@ -280,7 +280,7 @@ def diagnose_recipe(
         return report
     from grpo_tune.autotune.tune import LaunchPlan
 
-    hw = load_hardware(hardware or "h100")
+    hw = load_hardware(hardware or "h100", stack=read.STACK)
     plan = LaunchPlan(launch=None, model=m, model_note=note, hardware=hw, cluster=c, strategy=s, workload=wl)
     findings += _batches(plan)
     bad = any(f.severity == E and f.code in ("BAD_CONFIG", "BATCH_DIVISIBILITY") for f in findings)

@@ -15,6 +15,13 @@ from . import recipe as R
 from . import table
 
 
+STACK = "nemo-rl"
+"""The stack profile NeMo-RL recipes are priced under (profiles/stacks, the ``nemo-rl`` alias): NeMo-RL's host
+and engine costs and its bf16 gradient reduction. Its values are fitted on the NeMo-RL v0.3 blog rows, the
+latest NeMo-RL release with published step times; the recipes target v0.7.0, whose base config keeps
+``grad_reduce_in_fp32: false`` and the colocated IPC refit."""
+
+
 def is_recipe(path: str | Path) -> bool:
     """Whether ``path`` is a NeMo-RL recipe (a YAML mapping shaped like one), read bounded; False otherwise."""
     p = Path(path)
@@ -117,8 +124,10 @@ def plan_of(
     hardware: str | None = None,
     prompt_len_mean: int | None = None,
     response_len_mean: int | None = None,
+    stack: str | None = None,
 ):
-    """The LaunchPlan of a NeMo-RL recipe (``launch`` is the :class:`~.recipe.Recipe`)."""
+    """The LaunchPlan of a NeMo-RL recipe (``launch`` is the :class:`~.recipe.Recipe`), priced under NeMo-RL's
+    stack profile (:data:`STACK`) unless ``stack`` names another."""
     from grpo_tune.autotune.tune import LaunchPlan
 
     r = R.load(path, list(overrides))
@@ -126,7 +135,7 @@ def plan_of(
     if bad:
         raise ConfigError(f"{r.path}: {bad[0][0]}", hint=bad[0][1])
     m, note = resolve_model(r, model)
-    hw = load_hardware(hardware or "h100")
+    hw = load_hardware(hardware or "h100", stack=stack or STACK)
     c = cluster_of(r)
     wl = workload_of(r, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean)
     s = strategy_of(r, m, c.gpus, c.gpus_per_node)

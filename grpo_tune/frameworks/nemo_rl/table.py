@@ -353,6 +353,8 @@ ROWS: tuple[Row, ...] = (
             ("out_dir", "NeMo-RL writes under logger.log_dir and checkpointing.checkpoint_dir"),
             ("checkpoint_every", "checkpointing.save_period is left to the user"),
             ("log_every", "NeMo-RL logs every step"),
+            ("tensorboard", "NeMo-RL's logger section is the user's (logger.tensorboard_enabled)"),
+            ("wandb_project", "NeMo-RL's logger section is the user's (logger.wandb)"),
             ("rollout_engine", "the recipe's generation backend is vLLM (fixed)"),
             ("loss_agg_mode", "not priced; NeMo-RL's loss_fn.token_level_loss is left as the base config has it"),
             ("kl_type", "not priced; NeMo-RL names its estimators k1/k2/k3 (loss_fn.reference_policy_kl_type)"),
