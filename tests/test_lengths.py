@@ -66,3 +66,70 @@ def test_histogram_replaces_the_assumed_distribution():
     assumed = dist(4096, sum(lengths) / 100)
     assert measured.expected_max(64) != pytest.approx(assumed.expected_max(64))
     assert measured.survival(1000) == pytest.approx(0.05, abs=0.03)
+
+
+def test_the_assumed_mean_fraction_is_the_median_of_the_published_runs():
+    """The default mean/max is not a guess: it is the median over the published Megatron GRPO rows that state a
+    mean response length (profiles/data/published_grpo.csv), to 0.01."""
+    import csv
+    import statistics
+    from pathlib import Path
+
+    from grpo_tune.autotune.lengths import ASSUMED_MEAN_FRACTION
+
+    path = Path(__file__).resolve().parents[1] / "grpo_tune/profiles/data/published_grpo.csv"
+    rows = list(csv.DictReader(ln for ln in path.read_text().splitlines() if not ln.startswith("#")))
+    ratios = [
+        int(r["response_len_mean"]) / int(r["response_len"])
+        for r in rows
+        if r["backend"] == "megatron" and r["response_len_mean"]
+    ]
+    assert len(ratios) >= 5
+    assert ASSUMED_MEAN_FRACTION == pytest.approx(statistics.median(ratios), abs=0.01)
+
+
+def test_no_mean_given_assumes_a_stated_distribution_not_the_worst_case():
+    """Without a mean the workload used to be the worst case (mean = max) without a word; now each missing mean
+    is 20% of its max, and lengths_source says so and how to replace it."""
+    sizes = dict(prompts=64, n=4, prompt_len=1024, response_len=2048, mini_batch=16, seq_len=4096, gbs=64)
+    _, _, _, wl = grpo_inputs("7b", "h100", 8, **sizes)
+    assert (wl.prompt_len_mean, wl.response_len_mean) == (205, 410)
+    src = wl.lengths_source or ""
+    assert src.startswith("assumed") and "--lengths FILE" in src and "--response-len-mean" in src
+    # a given mean is kept and not called assumed; the other one still is
+    _, _, _, wl = grpo_inputs("7b", "h100", 8, **sizes, response_len_mean=2048)
+    assert (wl.prompt_len_mean, wl.response_len_mean) == (205, 2048)
+    assert "max for prompts," in (wl.lengths_source or "") and "responses" not in (wl.lengths_source or "")
+    _, _, _, wl = grpo_inputs("7b", "h100", 8, **sizes, response_len_mean=300, prompt_len_mean=100)
+    assert wl.lengths_source is None and (wl.prompt_len_mean, wl.response_len_mean) == (100, 300)
+
+
+def test_search_states_the_assumed_lengths_in_table_report_and_best_yaml(tmp_path, capsys):
+    from grpo_tune.cli.main import main
+    from grpo_tune.core.config import load
+
+    assert main(["search", "--model", "7b", "--gpus", "8", "--top", "2", "--out", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "prompt <= 1024 (mean 205) + response <= 1024 (mean 205) tokens" in out
+    assert "Lengths: assumed mean = 20% of the max" in out and "--lengths FILE" in out
+    (run,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+    report = (run / "report.md").read_text()
+    assert "(mean 205)" in report and "- lengths: assumed mean = 20% of the max" in report
+    text = (run / "best.yaml").read_text()
+    assert text.splitlines()[1].startswith("# lengths: assumed mean = 20% of the max")
+    wl = load(run / "best.yaml").workload
+    assert (wl.prompt_len_mean, wl.response_len_mean) == (205, 205) and "--response-len-mean" in wl.lengths_source
+
+
+def test_tune_assumes_the_same_lengths_for_a_launch():
+    """A verl launch states only max_prompt_length / max_response_length: tune prices the assumed means too."""
+    from pathlib import Path
+
+    from grpo_tune.autotune.tune import plan_of
+
+    root = Path(__file__).resolve().parents[1]
+    wl = plan_of(root / "examples/qwen2-7b-grpo-megatron.sh").workload
+    assert wl.response_len_mean == round(0.2 * wl.response_len) and wl.prompt_len_mean == round(0.2 * wl.prompt_len)
+    assert (wl.lengths_source or "").startswith("assumed")
+    wl = plan_of(root / "examples/qwen2-7b-grpo-megatron.sh", response_len_mean=700).workload
+    assert wl.response_len_mean == 700

@@ -59,7 +59,7 @@ def test_golden_path_writes_run_folder(golden):
     for png in ("step_breakdown.png", "pareto.png"):
         assert (d / png).read_bytes()[:8] == PNG_MAGIC
     assert os.access(d / "verl.sh", os.X_OK)
-    assert "Top plans" in p.stdout and "tok/s/GPU" in p.stdout and "capacity" in p.stdout
+    assert "Top plans" in p.stdout and "tok/s" in p.stdout and "capacity" in p.stdout
     assert str(d) in p.stdout.replace("\n", "")
 
 
@@ -75,7 +75,7 @@ def test_best_yaml_loads_and_matches_the_table(golden):
     assert cfg.trainer.out_dir == str(d / "train")
     # the winner is the same plan a library search ranks first
     res = search(
-        load_model("7b"), load_hardware("h100"), Cluster(gpus=8), Workload(), top=1, min_headroom=MIN_HEADROOM_DEFAULT
+        load_model("7b"), load_hardware("h100"), Cluster(gpus=8), cfg.workload, top=1, min_headroom=MIN_HEADROOM_DEFAULT
     )
     assert res.best.strategy == s
 
@@ -199,3 +199,29 @@ def test_emit_keeps_no_state_between_calls(tmp_path):
     emit(res.best, d)
     assert "## Search" not in (d / "report.md").read_text()
     assert not [k for k, v in vars(E).items() if k.startswith("_") and isinstance(v, dict) and not k.startswith("__")]
+
+
+def test_the_plan_table_fits_80_columns_with_whole_headers(tmp_path):
+    """At COLUMNS=80 the headers were cut ("recompu…", "tok/s/G…"); a dense and a MoE search must both print
+    their plan table within 80 columns, every header whole, and a token cap named as one (not "mbs 1")."""
+    env = {**os.environ, "COLUMNS": "80"}
+    for model, gpus in (("7b", "8"), ("qwen3-30b-a3b", "16")):
+        p = subprocess.run(
+            [*CLI, "search", "--model", model, "--gpus", gpus, "--no-emit"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert p.returncode == 0, p.stderr
+        lines = p.stdout.splitlines()
+        head = next(i for i, ln in enumerate(lines) if ln.startswith("Top plans"))
+        end = next(i for i, ln in enumerate(lines) if ln.startswith("Per phase"))
+        table = lines[head:end]
+        assert all(len(ln) <= 80 for ln in table), max(table, key=len)
+        assert "…" not in "\n".join(table)
+        header = table[1]
+        for col in ("degrees", "batch", "recompute", "offload", "rollout", "step s", "tok/s", "MFU"):
+            assert col in header, col
+        rows = [ln for ln in table if "│" in ln and ln.split("│")[0].strip().isdigit()]
+        assert rows and all(" tok " in r or "mbs " in r for r in rows)

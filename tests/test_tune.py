@@ -173,7 +173,7 @@ def test_a_plan_that_cannot_fit_names_the_phase_the_overshoot_and_the_nearest_fi
     assert "nearest plans that fit:" in text
     for p in res["nearest_fit"]:
         row = p["plan"]
-        assert f"{row['degrees']} mbs {row['mbs']} recompute {row['recompute']} offload {row['offload']}" in text
+        assert f"{row['degrees']} {row['mbs']} recompute {row['recompute']} offload {row['offload']}" in text
 
 
 def test_the_search_prices_plans_with_the_launchs_engine_knobs():

@@ -130,14 +130,16 @@ ResponseLen = Annotated[int, typer.Option("--response-len", help="Max response t
 PromptLenMean = Annotated[
     Optional[int],
     typer.Option(
-        "--prompt-len-mean", help="Mean prompt tokens (default: the max, or --lengths).", rich_help_panel=P_WL
+        "--prompt-len-mean",
+        help="Mean prompt tokens (default: --lengths, else 20% of the max, typical of math GRPO).",
+        rich_help_panel=P_WL,
     ),
 ]
 ResponseLenMean = Annotated[
     Optional[int],
     typer.Option(
         "--response-len-mean",
-        help="Mean response tokens (default: the max, or --lengths); the max sets the decode tail.",
+        help="Mean response tokens (default: --lengths, else 20% of the max, typical of math GRPO); the max sets the decode tail.",
         rich_help_panel=P_WL,
     ),
 ]
@@ -415,6 +417,10 @@ def plan_inputs(
         stats["response_len_mean"] = response_len_mean
         if lengths:  # an explicit mean replaces the file's histogram
             stats.pop("response_len_quantiles", None)
+    if workload == "grpo":  # no mean given: a stated, typical distribution, not the worst case
+        from .lengths import assumed_means
+
+        stats = assumed_means(stats, prompt_len=prompt_len, response_len=response_len)
     wl = Workload.from_dict(
         dict(
             kind=workload,

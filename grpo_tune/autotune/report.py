@@ -168,6 +168,15 @@ def plot_compare(rows: Sequence[dict[str, Any]], path: Path) -> Path:
 # ------------------------------------------------------------------------------------------------
 
 
+def batch_cell(s: Strategy) -> str:
+    """``mbs 5`` for a fixed micro-batch, ``8k tok`` for dynamic batching's token cap per GPU (it replaces
+    the micro-batch: verl's use_dynamic_bsz ignores ppo_micro_batch_size_per_gpu)."""
+    cap = s.max_tokens_per_gpu
+    if not cap:
+        return f"mbs {s.mbs}"
+    return (f"{cap // 1024}k" if cap % 1024 == 0 else f"{cap:,}") + " tok"
+
+
 def _fmt_s(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x:.2f}"
 
@@ -269,14 +278,28 @@ def _inputs_lines(best: Estimate, run_id: str | None) -> list[str]:
         f"- hardware: `{hw.name}`, {c.gpus} GPUs, {c.gpus_per_node} per node ({c.nnodes} node(s))",
     ]
     if w.kind == "grpo":
+        from .lengths import lengths_note, workload_line
+
         L.append(
-            f"- workload: GRPO, {w.prompts} prompts x n={w.n}, prompt {w.prompt_len} + response "
-            f"{w.response_len} tokens, mini-batch {w.mini_batch}, {w.ppo_epochs} PPO epoch(s), "
+            f"- workload: GRPO, {workload_line(w)}, mini-batch {w.mini_batch}, {w.ppo_epochs} PPO epoch(s), "
             f"KL {'on' if w.kl else 'off'}, {w.dtype}"
         )
+        L.append(f"- lengths: {lengths_note(w)}")
     else:
         L.append(f"- workload: pretrain, sequence {w.seq_len}, global batch {w.gbs}")
     return L
+
+
+def _batch_text(s: Strategy) -> str:
+    """The winner's batching: a token cap is named as one (dynamic batching has no micro-batch size)."""
+    if s.max_tokens_per_gpu:
+        lp = s.log_prob_max_tokens_per_gpu
+        return f"- dynamic batching, token cap {s.max_tokens_per_gpu:,} per GPU" + (
+            f" (log-prob passes {lp:,})" if lp not in (None, s.max_tokens_per_gpu) else ""
+        )
+    return f"- micro-batch {s.mbs}" + (
+        f" (log-prob passes {s.log_prob_mbs})" if s.log_prob_mbs not in (None, s.mbs) else ""
+    )
 
 
 def _winner_lines(best: Estimate) -> list[str]:
@@ -298,9 +321,7 @@ def _winner_lines(best: Estimate) -> list[str]:
             if s.first_stage_layers or s.last_stage_layers
             else ""
         ),
-        f"- micro-batch {s.mbs}"
-        + (f" (log-prob passes {s.log_prob_mbs})" if s.log_prob_mbs not in (None, s.mbs) else "")
-        + f", sequence parallel {'on' if s.sp else 'off'}, recompute {s.recompute}, "
+        _batch_text(s) + f", sequence parallel {'on' if s.sp else 'off'}, recompute {s.recompute}, "
         f"distributed optimizer {'on' if s.distributed_optimizer else 'off'}, offload {', '.join(s.offload) or 'none'}",
         f"- rollout: TP {s.rollout_tp}, gpu_memory_utilization {s.gpu_memory_utilization}; the reference model "
         "uses the actor's degrees",

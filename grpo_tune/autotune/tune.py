@@ -155,14 +155,22 @@ def workload_from(get: Get, *, prompt_len_mean: int | None = None, response_len_
     epochs = get(f"{ACTOR}.ppo_epochs")
     dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(get(f"{ACTOR}.megatron.dtype"), "bf16")
     kl = get(f"{ACTOR}.use_kl_loss") is True or get("algorithm.use_kl_in_reward") is True
+    from grpo_tune.autotune.lengths import assumed_means
+
+    plen, rlen = pos("data.max_prompt_length"), pos("data.max_response_length")
+    # a launch states only the maxima: the means are assumed as search assumes them (autotune/lengths.py)
+    means = assumed_means(
+        {"prompt_len_mean": prompt_len_mean, "response_len_mean": response_len_mean},
+        prompt_len=plen,
+        response_len=rlen,
+    )
     return Workload.from_dict(
         {
             "prompts": prompts,
             "n": n,
-            "prompt_len": pos("data.max_prompt_length"),
-            "response_len": pos("data.max_response_length"),
-            "prompt_len_mean": prompt_len_mean,
-            "response_len_mean": response_len_mean,
+            "prompt_len": plen,
+            "response_len": rlen,
+            **means,
             "mini_batch": min(mini, prompts),
             "ppo_epochs": epochs if _is_int(epochs) and epochs > 0 else 1,
             "kl": kl,

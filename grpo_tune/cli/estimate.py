@@ -69,6 +69,9 @@ def _print_plan(est: Estimate, console: Console) -> None:
             f"mini-batch {w.mini_batch}, {w.ppo_epochs} epoch(s), kl={'on' if w.kl else 'off'}",
             highlight=False,
         )
+        from grpo_tune.autotune.lengths import lengths_note
+
+        console.print(f"lengths: {lengths_note(w)}", highlight=False)
     else:
         console.print(f"workload: pretrain, seq {w.seq_len}, global batch {w.gbs}", highlight=False)
     p = est.params

@@ -125,18 +125,31 @@ def _gib(x: float) -> str:
 def print_plans(ranked: list[Estimate], console: Console, *, top: int, title: str = "Top plans") -> None:
     """Two tables: the plans (degrees, rollout, step time, throughput), then seconds and GiB per
     GPU for each phase against the capacity."""
-    from grpo_tune.autotune.report import phase_seconds
+    from grpo_tune.autotune.report import batch_cell, phase_seconds
     from grpo_tune.autotune.search import step_s, tokens_per_s_per_gpu
 
     plans = ranked[:top]
     if not plans:
         return
-    t = Table(title=title, title_justify="left", caption="offload: p=param g=grad o=optimizer", caption_justify="left")
-    for c in ("#", "degrees", "mbs", "recompute", "offload", "rollout", "step s", "tok/s/GPU", "MFU"):
+    # Fits 80 columns with its headers whole: no outer edge, the wrapping columns (degrees, rollout) keep
+    # room for one degree per line, the rest never wrap (tests/test_search_cli.py renders it at 80).
+    t = Table(
+        title=title,
+        title_justify="left",
+        caption="batch: mbs N = micro-batch of N sequences, N tok = dynamic batching's token cap per GPU; "
+        "offload: p=param g=grad o=optimizer; tok/s per GPU",
+        caption_justify="left",
+        show_edge=False,
+        pad_edge=False,
+    )
+    for c in ("#", "degrees", "batch", "recompute", "offload", "rollout", "step s", "tok/s", "MFU"):
+        wraps = c in ("degrees", "rollout")
         t.add_column(
             c,
-            justify="left" if c in ("degrees", "recompute", "offload", "rollout") else "right",
+            justify="left" if c in ("degrees", "batch", "recompute", "offload", "rollout") else "right",
             style="bold" if c == "step s" else None,
+            no_wrap=not wraps,
+            min_width=7 if wraps else None,
         )
     for i, e in enumerate(plans):
         s = e.strategy
@@ -149,7 +162,7 @@ def print_plans(ranked: list[Estimate], console: Console, *, top: int, title: st
         t.add_row(
             str(i + 1),
             deg,
-            str(s.mbs),
+            batch_cell(s),
             s.recompute,
             ",".join(o[0] for o in s.offload) or "-",
             f"tp{s.rollout_tp} mem{s.gpu_memory_utilization:g}" if e.workload.kind == "grpo" else "-",
@@ -343,6 +356,11 @@ def _print_result(
     result, wl, console: Console, *, top: int, all_plans: bool, run_dir: Path | None, files: dict[str, Path]
 ) -> None:
     """The plan tables, why #1 wins, the search's statistics and the run folder written."""
+    if wl.kind == "grpo":
+        from grpo_tune.autotune.lengths import lengths_note, workload_line
+
+        console.print(f"Workload: {workload_line(wl)}", highlight=False)
+        console.print(f"Lengths: {lengths_note(wl)}", highlight=False)
     if all_plans:
         print_plans(result.ranked, console, top=top)
     else:  # one row per layout (autotune/grouping.py)

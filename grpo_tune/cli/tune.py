@@ -43,14 +43,20 @@ Out = Annotated[Path, typer.Option("--out", help="Parent folder of the run folde
 Calibration = Annotated[
     Path | None, typer.Option("--calibration", help="Calibration JSON (grpo-tune calibrate) applied to the time model.")
 ]
-PromptLenMean = Annotated[int | None, typer.Option("--prompt-len-mean", help="Mean prompt tokens (default: the max).")]
+PromptLenMean = Annotated[
+    int | None,
+    typer.Option("--prompt-len-mean", help="Mean prompt tokens (default: 20% of the max, typical of math GRPO)."),
+]
 ResponseLenMean = Annotated[
-    int | None, typer.Option("--response-len-mean", help="Mean response tokens (default: the max).")
+    int | None,
+    typer.Option("--response-len-mean", help="Mean response tokens (default: 20% of the max, typical of math GRPO)."),
 ]
 Emit = Annotated[bool, typer.Option("--emit/--no-emit", help="Write runs/<id>/ with tuned.sh.")]
 
 
 def _plan_row(est) -> dict[str, Any]:
+    from grpo_tune.autotune.report import batch_cell
+
     s = est.strategy
     return {
         "degrees": f"tp{s.tp} pp{s.pp}"
@@ -58,9 +64,8 @@ def _plan_row(est) -> dict[str, Any]:
         + (f" cp{s.cp}" if s.cp > 1 else "")
         + (f" ep{s.ep} etp{s.etp_}" if est.model.is_moe else "")
         + f" dp{s.dp}",
-        "mbs": "dyn"
-        if s.max_tokens_per_gpu
-        else str(s.mbs) + (f" (log-prob {s.log_prob_mbs})" if s.log_prob_mbs not in (None, s.mbs) else ""),
+        "mbs": batch_cell(s)
+        + (f" (log-prob {s.log_prob_mbs})" if not s.max_tokens_per_gpu and s.log_prob_mbs not in (None, s.mbs) else ""),
         "recompute": s.recompute,
         "offload": ",".join(o[0] for o in s.offload) or "none",
         "rollout": f"tp{s.rollout_tp} mem{s.gpu_memory_utilization:g}",
@@ -191,14 +196,14 @@ def tune(
         return
     c = Console()
     wl = plan.workload
-    # the means priced (--prompt-len-mean/--response-len-mean), else the maxima are what the model assumes
-    means = f" (means {wl.prompt_len_mean or wl.prompt_len}+{wl.response_len_mean or wl.response_len})"
+    from grpo_tune.autotune.lengths import lengths_note, workload_line
+
     c.print(
         f"{launch_obj.path}: {plan.model.name} ({plan.model_note}) on {plan.cluster.gpus} x {plan.hardware.name}, "
-        f"{wl.prompts} prompts x n={wl.n}, lengths {wl.prompt_len}+{wl.response_len}"
-        + (means if wl.prompt_len_mean or wl.response_len_mean else ""),
+        f"{workload_line(wl)}",
         highlight=False,
     )
+    c.print(f"lengths: {lengths_note(wl)}", highlight=False)
     c.print(_compare_table(cur, best))
     _print_verdict(c, res, cur, best, keep_list)
     if run_dir is not None:
@@ -307,7 +312,7 @@ def _compare_table(cur: dict, best: dict) -> Table:
     t.add_column("current")
     t.add_column("best")
     for key in ("degrees", "mbs", "recompute", "offload", "rollout"):
-        t.add_row(key, cur["plan"][key], best["plan"][key])
+        t.add_row("batch" if key == "mbs" else key, cur["plan"][key], best["plan"][key])
     for ph in cur["phases_s"]:
         t.add_row(f"{ph} s", f"{cur['phases_s'][ph]:.1f}", f"{best['phases_s'].get(ph, 0.0):.1f}")
     t.add_row(
@@ -342,7 +347,7 @@ def _print_verdict(c: Console, res, cur: dict, best: dict, keep_list: list[str])
                 s = _summary(e)
                 row = s["plan"]  # labelled, as the table's rows are
                 c.print(
-                    f"  {row['degrees']} mbs {row['mbs']} recompute {row['recompute']} offload {row['offload']} "
+                    f"  {row['degrees']} {row['mbs']} recompute {row['recompute']} offload {row['offload']} "
                     f"rollout {row['rollout']}: {s['step_s']:.1f} s, peak {s['peak_gib']:.1f} GiB",
                     highlight=False,
                 )

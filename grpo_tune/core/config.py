@@ -359,6 +359,9 @@ def load(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
 
 def dumps(cfg: RunConfig) -> str:
     header = f"# grpo-tune run config (schema_version {SCHEMA_VERSION}). `grpo-tune train --config THIS` runs it.\n"
+    src = cfg.workload.lengths_source if cfg.workload.kind == "grpo" else None
+    if src:  # the length statistics priced, stated where the user reads first (workload.lengths_source)
+        header += "# lengths: " + " ".join(str(src).split()) + "\n"
     return header + yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=False)
 
 
