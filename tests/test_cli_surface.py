@@ -109,6 +109,7 @@ SURFACE = {
         "--calibration",
         "--emit / --no-emit",
         "--hardware",
+        "--ignore-unknown",
         "--json",
         "--keep",
         "--min-headroom",

@@ -14,6 +14,7 @@ from grpo_tune.autotune.options import MIN_HEADROOM_DEFAULT
 from grpo_tune.cli.compare import usd_per_million_tokens
 from grpo_tune.autotune.search import search, tokens_per_s_per_gpu
 from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.autotune.lengths import assumed_means
 from grpo_tune.core.strategy import Cluster, Workload
 
 CLI = [sys.executable, "-c", "from grpo_tune.cli.main import run; run()"]
@@ -59,7 +60,12 @@ def test_rows_per_hardware(compared):
     assert 0 <= h100["headroom_bytes"] == pytest.approx(h100["capacity_bytes"] - h100["peak_bytes"], abs=1)
     # the row is the same plan a direct search picks
     best = search(
-        load_model("7b"), load_hardware("h100"), Cluster(gpus=8), Workload(), top=1, min_headroom=MIN_HEADROOM_DEFAULT
+        load_model("7b"),
+        load_hardware("h100"),
+        Cluster(gpus=8),
+        Workload(**assumed_means({}, prompt_len=1024, response_len=1024)),  # the CLI's assumed means
+        top=1,
+        min_headroom=MIN_HEADROOM_DEFAULT,
     ).best
     assert h100["headroom_bytes"] >= MIN_HEADROOM_DEFAULT * load_hardware("h100").hbm_bytes
     assert h100["tokens_per_s_per_gpu"] == pytest.approx(tokens_per_s_per_gpu(best))

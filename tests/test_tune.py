@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from grpo_tune.autotune import tune as T
 from grpo_tune.autotune import verl
-from grpo_tune.autotune.diagnose import parse_script
+from grpo_tune.autotune.diagnose import diagnose_path, parse_override_list, parse_script
 from _verl_logs import calibrate_from_fixture_logs
 from grpo_tune.cli.main import main
 
@@ -85,6 +85,9 @@ def test_tune_diff_applies_and_is_a_fixed_point(capsys, tmp_path, launch, hw, hy
     assert meg["tensor_model_parallel_size"] == first["best"]["strategy"]["tp"]
     assert meg["pipeline_model_parallel_size"] == first["best"]["strategy"]["pp"]
     assert tree["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == first["best"]["strategy"]["rollout_tp"]
+    # tuned.sh passes diagnose (no finding verl would refuse the launch for)
+    rep = diagnose_path(tuned, hardware=hw)
+    assert not rep.has_errors, [f.message for f in rep.findings if f.severity == "error"]
     # the plan we print is the plan the tuned script runs, and tuning it again changes nothing
     second = _tune(capsys, tuned, hw, tmp_path / "b")
     assert second["overrides"] == {}
@@ -213,7 +216,8 @@ def test_calibration_from_logs_applies_to_tune(capsys, tmp_path):
     ) == pytest.approx(logged["update"], rel=0.06)
     assert plain["current"]["step_s"] > 0  # priced without the file too
     assert main(["tune", str(fix / "launch_a.txt"), "--hardware", "h100", "--no-emit", *lens]) == 0
-    assert "lengths 1024+2048 (means 234+412)" in capsys.readouterr().out  # the header says what was priced
+    # the header says what was priced
+    assert "prompt <= 1024 (mean 234) + response <= 2048 (mean 412) tokens" in capsys.readouterr().out
     assert main(["tune", str(fix / "launch_a.txt"), "--calibration", str(cal), "--hardware", "h200", "--no-emit"]) == 2
     assert "[BAD_CONFIG]" in capsys.readouterr().err  # fitted on other hardware
 
@@ -254,3 +258,73 @@ def test_tuned_text_changes_exactly_the_given_overrides(tmp_path, launch, change
         if k not in changes:
             assert after[k].raw == o.raw
     assert set(after) == set(before) | set(changes)
+
+
+def _typo_launch(tmp_path: Path) -> Path:
+    src = (ROOT / "examples/qwen2-7b-grpo-megatron.sh").read_text()
+    key = "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"
+    assert key + "=" in src
+    p = tmp_path / "typo.sh"
+    p.write_text(src.replace(key, key.replace("pipeline", "pipline")))
+    return p
+
+
+def test_an_unknown_key_stops_tune_with_diagnoses_finding_and_writes_no_tuned_sh(capsys, tmp_path):
+    """A misspelt key was "tuned" with exit 0 and kept in tuned.sh, which diagnose then refused: tune now reports
+    it as diagnose does (with the did-you-mean), exits 1 and writes nothing, unless --ignore-unknown."""
+    launch = _typo_launch(tmp_path)
+    out = tmp_path / "runs"
+    assert main(["tune", str(launch), "--out", str(out)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "UNKNOWN_KEY" in err and "pipline_model_parallel_size does not exist in verl 0.9.1" in err
+    assert "did you mean actor_rollout_ref.actor.megatron.pipeline_model_parallel_size?" in err
+    assert "--ignore-unknown" in err
+    assert not out.exists() or not list(out.rglob("tuned.sh"))
+    assert main(["tune", str(launch), "--out", str(out), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["tuned"] is False and {f["code"] for f in doc["findings"]} == {"UNKNOWN_KEY"}
+    # --ignore-unknown: tuned, the refused key dropped (and said so), and tuned.sh passes diagnose
+    res = _tune(capsys, launch, "h100", out, "--ignore-unknown")
+    tuned = Path(res["files"]["tuned.sh"])
+    text = tuned.read_text()
+    assert "pipline_model_parallel_size=" not in text and "# grpo-tune tune: dropped" in text
+    if BASH:
+        assert subprocess.run([BASH, "-n", str(tuned)], check=False).returncode == 0
+    rep = diagnose_path(tuned)
+    assert not rep.has_errors, [f.message for f in rep.findings]
+    assert main(["diagnose", str(tuned)]) == 0
+
+
+def test_blog_only_keys_are_priced_as_the_real_ones_and_rewritten(capsys, tmp_path, hydra_config):
+    """examples/broken/unknown-keys.overrides sets algorithm.group_size=8 and training.batch_size=512 (blog keys):
+    tune priced it as verl's defaults (n=1, 1024 prompts) without a word, and megatron.grad_offload (not a 0.9.1
+    key) passed silently. Now: exit 1 without --ignore-unknown; with it, n=8 and 512 prompts are priced, a
+    warning names each key and its real twin, and tuned.sh writes the real keys, which verl 0.9.1 composes."""
+    src = ROOT / "examples/broken/unknown-keys.overrides"
+    assert main(["tune", str(src), "--no-emit"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    for key in ("algorithm.group_size", "training.batch_size", "megatron.grad_offload", "kl_coeff"):
+        assert f"{key}" in err and "does not exist in verl 0.9.1" in err
+    plan = T.plan_of(src)
+    assert (plan.workload.n, plan.workload.prompts) == (8, 512)
+    assert "param" in plan.strategy.offload  # grad_offload=True read as param_offload=True
+    res = _tune(capsys, src, "h100", tmp_path / "r", "--ignore-unknown")
+    tuned = Path(res["files"]["tuned.sh"])
+    ovs, _ = parse_override_list(tuned.read_text())
+    keys = {o.key: o.raw for o in ovs}
+    assert keys["actor_rollout_ref.rollout.n"] == "8" and keys["data.train_batch_size"] == "512"
+    assert not {"algorithm.group_size", "training.batch_size"} & set(keys)
+    assert not any(k.endswith(("grad_offload", "kl_coeff")) for k in keys)
+    rep = diagnose_path(tuned)
+    assert not rep.has_errors, [f.message for f in rep.findings]
+    assert rep.summary["batch"]["n"] == 8
+    flat = verl.flatten(verl.compose([f"{o.prefix}{o.key}={o.raw}" for o in ovs]))
+    assert flat["actor_rollout_ref.rollout.n"] == 8 and flat["data.train_batch_size"] == 512
+
+
+def test_diagnose_reads_blog_keys_as_their_real_twins_in_its_summary():
+    """diagnose reports algorithm.group_size as an error (Hydra refuses it) and its summary now shows the group
+    size the user meant (n=8), as tune prices it, not verl's default n=1."""
+    rep = diagnose_path(ROOT / "examples/broken/unknown-keys.overrides")
+    assert "UNKNOWN_KEY" in rep.codes("error")
+    assert rep.summary["batch"]["n"] == 8 and rep.summary["batch"]["train_batch_size"] == 512

@@ -26,6 +26,14 @@ class Launch:
     """``verl_script`` or ``overrides``."""
     overrides: list[D.Override]
     values: dict[str, D.Override] = field(default_factory=dict)
+    key_findings: list[D.Finding] = field(default_factory=list)
+    """diagnose's key check of the launch (unknown keys, keys Hydra refuses): tune reports them first."""
+    renames: dict[str, str] = field(default_factory=dict)
+    """Blog-only key -> the real key whose value it gives (read into ``values``; rewritten in tuned.sh)."""
+
+    def refused(self) -> list[D.Finding]:
+        """The key findings verl's Hydra would refuse the launch for (errors)."""
+        return [f for f in self.key_findings if f.severity == "error"]
 
     def get(self, key: str) -> Any:
         ov = self.values.get(key)
@@ -50,9 +58,11 @@ def read_launch(path: str | Path) -> Launch:
         text = p.read_text()
     except (UnicodeDecodeError, OSError) as exc:
         raise ConfigError(f"{p}: not a readable text file ({exc})") from None
+    config_name = None
     if re.search(r"main_ppo|verl-train|^#!", text, re.MULTILINE):
         _bash_syntax(p)
         ovs, findings, facts = D.parse_script(text)
+        config_name = facts.get("config_name")
         kind = "verl_script"
         if not facts.get("commands"):
             raise ConfigError(
@@ -80,7 +90,17 @@ def read_launch(path: str | Path) -> Launch:
         and not o.key.startswith(("data.train_files", "data.val_files"))
         and o.key != f"{ARO}.model.path"
     ]
-    launch = Launch(path=p, text=text, kind=kind, overrides=ovs, values={o.key: o for o in ovs})
+    # one reader with diagnose: its key check, and blog-only keys read as their real twins
+    mapped, renames = D.apply_renames(ovs)
+    launch = Launch(
+        path=p,
+        text=text,
+        kind=kind,
+        overrides=ovs,
+        values={o.key: o for o in mapped},
+        key_findings=D.key_findings(ovs, config_name=config_name),
+        renames=renames,
+    )
     for o in unresolved:
         if o.key in _planned_keys(launch):
             raise ConfigError(

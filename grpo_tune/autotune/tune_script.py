@@ -49,10 +49,76 @@ def _token(prefix: str, key: str, value: Any) -> str:
     return shlex.quote(f"{prefix}{key}={_fmt(value)}")
 
 
-def tuned_text(launch: Launch, changes: dict[str, tuple[Any, Any]]) -> str:
+def key_fixes(launch: Launch) -> dict[str, tuple[str, str] | None]:
+    """For each key of the launch that verl's Hydra refuses (diagnose's key errors): ``(prefix, key)`` to write
+    instead (a blog-only key's real twin, or the ``+`` Hydra needs or refuses), or None to drop it. tuned.sh
+    applies them, so that it passes ``grpo-tune diagnose``."""
+    first = {}
+    for o in launch.overrides:
+        first.setdefault(o.key, o)
+    out: dict[str, tuple[str, str] | None] = {}
+    for f in launch.refused():
+        key = f.key
+        if key is None or key in out or key not in first:
+            continue
+        ov, status = first[key], verl.key_status(key)
+        if key in launch.renames:
+            out[key] = ("", launch.renames[key])
+        elif status == "declared" and ov.prefix:
+            out[key] = ("", key)  # `+` on a key verl declares
+        elif f.code == "BAD_CONFIG" and status != "parent" and not ov.prefix:
+            out[key] = ("+", key)  # a free-form key (or a real TransformerConfig field) Hydra adds only with `+`
+        else:
+            out[key] = None
+    return out
+
+
+def fixes_header(launch: Launch, fixes: dict[str, tuple[str, str] | None]) -> list[str]:
+    """Comment lines saying what tuned.sh changed besides the plan (a renamed or dropped key)."""
+    out = []
+    for key, fix in fixes.items():
+        if fix is None:
+            out.append(f"# grpo-tune tune: dropped {key} (verl {verl.VERL_VERSION} refuses it: no such key)")
+        elif fix[1] != key:
+            out.append(f"# grpo-tune tune: {key} written as {fix[1]} (the key verl {verl.VERL_VERSION} reads)")
+        else:
+            out.append(f"# grpo-tune tune: {key} written as {fix[0]}{key} (as Hydra requires)")
+    return [" ".join(ln.split()) for ln in out]
+
+
+def _find(lines: list[str], line: int | None, key: str) -> tuple[int, re.Match[str]] | None:
+    if line is None:
+        return None
+    pat = re.compile(r"(?<![\w.+])\+{0,2}" + re.escape(key) + r"=")
+    for j in range(line - 1, min(line + 2, len(lines))):
+        m = pat.search(lines[j])
+        if m:
+            return j, m
+    return None
+
+
+def tuned_text(
+    launch: Launch, changes: dict[str, tuple[Any, Any]], fixes: dict[str, tuple[str, str] | None] | None = None
+) -> str:
     """The launch with each changed override rewritten in place; keys it did not set are added after its
-    last override. Everything else (paths, env, comments, unrelated keys) is left byte for byte."""
+    last override. ``fixes`` (:func:`key_fixes`) first renames or drops the keys verl refuses, and a comment at
+    the top says so. Everything else (paths, env, comments, unrelated keys) is left byte for byte."""
     lines = launch.text.split("\n")
+    first = {}
+    for o in launch.overrides:
+        first.setdefault(o.key, o)
+    for key, fix in (fixes or {}).items():
+        ov = first.get(key)
+        hit = _find(lines, ov.line if ov else None, key)
+        if ov is None or hit is None:
+            continue
+        idx, m = hit
+        ln = lines[idx]
+        if fix is None:  # the whole shell word goes (a line left with only its `\` still continues the command)
+            a, b = _word_span(ln, m.start())
+            lines[idx] = ln[:a] + ln[b:].lstrip(" ")
+        else:  # only the key part: the value stays as written (quotes, ${VAR} included)
+            lines[idx] = ln[: m.start()] + f"{fix[0]}{fix[1]}=" + ln[m.end() :]
     missing: list[str] = []
     for key, (_old, new) in changes.items():
         ov = launch.values.get(key)
@@ -60,17 +126,11 @@ def tuned_text(launch: Launch, changes: dict[str, tuple[Any, Any]]) -> str:
             plus = "+" if verl.key_status(key) != "declared" else ""
             missing.append(_token(plus, key, new))
             continue
-        idx = ov.line - 1
-        pat = re.compile(r"(?<![\w.+])\+{0,2}" + re.escape(key) + r"=")
-        m = None
-        for j in range(idx, min(idx + 3, len(lines))):
-            m = pat.search(lines[j])
-            if m:
-                idx = j
-                break
-        if m is None:
+        hit = _find(lines, ov.line, key)
+        if hit is None:
             missing.append(_token("", key, new))
             continue
+        idx, m = hit
         a, b = _word_span(lines[idx], m.start())
         lines[idx] = lines[idx][:a] + _token(ov.prefix or "", key, new) + lines[idx][b:]
     if missing:
@@ -85,8 +145,13 @@ def tuned_text(launch: Launch, changes: dict[str, tuple[Any, Any]]) -> str:
                 lines[last - 1] = src.rstrip() + " \\"
                 lines[last:last] = [f"{indent}{t} \\" for t in missing[:-1]] + [f"{indent}{missing[-1]}"]
         else:
-            tail = "" if launch.text.endswith("\n") else "\n"
-            return launch.text + tail + "\n".join(missing) + "\n"
+            if lines and lines[-1] == "":
+                lines.pop()
+            lines += missing + [""]
+    head = fixes_header(launch, fixes or {})
+    if head:
+        at = 1 if lines and lines[0].startswith("#!") else 0
+        lines[at:at] = head
     return "\n".join(lines)
 
 

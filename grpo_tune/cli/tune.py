@@ -52,6 +52,14 @@ ResponseLenMean = Annotated[
     typer.Option("--response-len-mean", help="Mean response tokens (default: 20% of the max, typical of math GRPO)."),
 ]
 Emit = Annotated[bool, typer.Option("--emit/--no-emit", help="Write runs/<id>/ with tuned.sh.")]
+IgnoreUnknown = Annotated[
+    bool,
+    typer.Option(
+        "--ignore-unknown",
+        help="Tune a launch with keys verl refuses anyway: blog-only keys are read (and written) as their real "
+        "twins, other refused keys are dropped from tuned.sh. Without it such a launch exits 1.",
+    ),
+]
 
 
 def _plan_row(est) -> dict[str, Any]:
@@ -124,6 +132,7 @@ def tune(
     prompt_len_mean: PromptLenMean = None,
     response_len_mean: ResponseLenMean = None,
     emit: Emit = True,
+    ignore_unknown: IgnoreUnknown = False,
     **pins: Any,
 ) -> None:
     """Price your verl launch, find a faster plan for the same workload, and print only the overrides that change."""
@@ -163,6 +172,8 @@ def tune(
     plan = T.plan_of(
         launch, model=model, hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
     )
+    if plan.launch is not None and plan.launch.key_findings:
+        _report_keys(plan.launch, refuse=not ignore_unknown, json_out=json_out)
     cal = None
     if calibration is not None:
         from grpo_tune.autotune.calibrate import load as load_calibration
@@ -175,7 +186,9 @@ def tune(
         from grpo_tune.core.errors import ConfigError
 
         raise ConfigError(f"{launch}: a run config, not a verl launch", hint="pass the verl script or override list")
-    tuned = T.tuned_text(launch_obj, res.changes)
+    from grpo_tune.autotune.tune_script import key_fixes
+
+    tuned = T.tuned_text(launch_obj, res.changes, key_fixes(launch_obj))
     run_dir = None
     files: dict[str, Path] = {}
     if emit:
@@ -303,6 +316,37 @@ def _print_json(launch: Path, plan, res, cur: dict, best: dict, run_dir: Path | 
             default=str,
         )
     )
+
+
+def _report_keys(launch, *, refuse: bool, json_out: bool) -> None:
+    """diagnose's key findings for the launch, as diagnose words them; exit 1 (nothing priced, no tuned.sh) when
+    verl would refuse a key, unless --ignore-unknown."""
+    findings = launch.key_findings
+    refused = launch.refused()
+    if json_out and refused and refuse:
+        print(json.dumps({"launch": str(launch.path), "tuned": False, "findings": [f.to_dict() for f in findings]}))
+        raise typer.Exit(1)
+    err = Console(stderr=True)
+    for f in findings:
+        sev = "warning" if f.severity == "error" and not refuse else str(f.severity)
+        where = f"{launch.path}:{f.line}" if f.line else str(launch.path)
+        read = f" (read as {launch.renames[f.key]})" if f.key in launch.renames and not refuse else ""
+        err.print(f"{sev} {f.code} {where}: {f.message}{read}; {f.hint}", highlight=False, markup=False)
+    if refused and refuse:
+        err.print(
+            f"{len(refused)} key(s) verl {_verl_version()} refuses: fix them (`grpo-tune diagnose` lists every "
+            "problem), or pass --ignore-unknown to tune anyway (blog-only keys read as their real twins, the "
+            "others dropped from tuned.sh); no tuned.sh written",
+            highlight=False,
+            markup=False,
+        )
+        raise typer.Exit(1)
+
+
+def _verl_version() -> str:
+    from grpo_tune.autotune import verl
+
+    return verl.VERL_VERSION
 
 
 def _compare_table(cur: dict, best: dict) -> Table:

@@ -34,7 +34,7 @@ from .parse import (
     parse_value,
     read_text,
 )
-from .rules import RULES, register, run_rules
+from .rules import RULES, apply_renames, register, rename_of, run_rules
 from grpo_tune.autotune.verl_table import ARO
 
 __all__ = [
@@ -44,6 +44,9 @@ __all__ = [
     "RULES",
     "SEVERITIES",
     "Severity",
+    "apply_renames",
+    "key_findings",
+    "rename_of",
     "diagnose_config",
     "diagnose_overrides",
     "diagnose_path",
@@ -78,6 +81,7 @@ def diagnose_overrides(
         elif ov.prefix != "~":
             items.append(ov)
     report = Report(source=source, kind=kind, findings=findings)
+    items, _ = apply_renames(items)  # blog-only keys are read as their real twins (and still reported)
     c = Ctx.of(items, report.findings, config_name=config_name)
     if isinstance(model, ModelSpec):
         c.model, c.model_note = model, f"preset {model.name}"
@@ -90,6 +94,14 @@ def diagnose_overrides(
     run_rules(c)
     report.summary = _summary(c)
     return report
+
+
+def key_findings(overrides: list[Override], *, config_name: str | None = None) -> list[Finding]:
+    """diagnose's key check alone (unknown keys with their did-you-mean, keys Hydra refuses without or with
+    ``+``): what ``tune`` reports before it prices a launch."""
+    found: list[Finding] = []
+    run_rules(Ctx.of(list(overrides), found, config_name=config_name), ("keys",))
+    return found
 
 
 def _summary(c: Ctx) -> dict[str, Any]:

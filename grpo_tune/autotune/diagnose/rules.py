@@ -13,6 +13,7 @@ Severity rules, decided here:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from functools import lru_cache
 from typing import Any, Callable
@@ -80,6 +81,31 @@ LEAF_RENAMES: dict[str, tuple[str | None, str]] = {
         "Megatron's field takes aux_loss, seq_aux_loss, global_aux_loss, sinkhorn or none",
     ),
 }
+
+
+def rename_of(key: str) -> str | None:
+    """The real verl key a blog-only key stands for, when its value carries over as it is (group_size -> rollout.n,
+    training.batch_size -> data.train_batch_size, kl_coeff -> kl_loss_coef, grad_offload -> param_offload);
+    None for a key verl has, or one without such a twin."""
+    if verl.key_status(key) != "unknown":
+        return None
+    real, _ = RENAMES.get(key) or LEAF_RENAMES.get(key.rsplit(".", 1)[-1]) or (None, "")
+    return real if real and verl.key_status(real) == "declared" else None
+
+
+def apply_renames(overrides: list[Any]) -> tuple[list[Any], dict[str, str]]:
+    """The overrides with each blog-only key's value also set on its real key (unless the launch sets that key
+    itself), and blog key -> real key: what diagnose's summary and tune's plan read, so that
+    ``algorithm.group_size=8`` is priced as ``rollout.n=8``, not as verl's default n=1. The blog key itself
+    stays (the keys rule reports it: Hydra refuses it)."""
+    present = {o.key for o in overrides}
+    out, renames = list(overrides), {}
+    for o in overrides:
+        real = rename_of(o.key) if o.prefix != "~" else None
+        if real and real not in present and real not in renames.values():
+            out.append(dataclasses.replace(o, key=real, prefix=""))
+            renames[o.key] = real
+    return out, renames
 
 
 MAX_SUGGESTIONS = 50
