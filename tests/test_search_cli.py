@@ -77,7 +77,9 @@ def test_best_yaml_loads_and_matches_the_table(golden):
     res = search(
         load_model("7b"), load_hardware("h100"), Cluster(gpus=8), cfg.workload, top=1, min_headroom=MIN_HEADROOM_DEFAULT
     )
-    assert res.best.strategy == s
+    from grpo_tune.autotune.defaults import with_verl_defaults  # what the CLI applies to it
+
+    assert with_verl_defaults(res, pins={}, min_headroom=MIN_HEADROOM_DEFAULT).best.strategy == s
 
 
 def test_verl_and_megatron_exports_agree_with_plan(golden):

@@ -315,7 +315,9 @@ def _winner_lines(best: Estimate) -> list[str]:
         "",
         f"`{plan_label(s)}`",
         "",
-        f"- degrees: tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} etp={s.etp_} dp={s.dp}"
+        f"- degrees: tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp}"
+        + (f" ep={s.ep} etp={s.etp_}" if best.model.is_moe else "")
+        + f" dp={s.dp}"
         + (
             f" (first/last stage layers {s.first_stage_layers}/{s.last_stage_layers})"
             if s.first_stage_layers or s.last_stage_layers
@@ -452,6 +454,19 @@ def write_report(
     }
     L = _inputs_lines(best, run_id)
     L += _winner_lines(best)
+    kept = (stats or {}).get("defaults_kept") or []
+    if kept:
+        from .defaults import NOISE
+
+        L += [
+            "",
+            "## verl's defaults kept",
+            "",
+            f"Where a knob's searched value changed the predicted step by less than {NOISE:.0%} (below the model's "
+            "error), the plan keeps verl's default for it:",
+            "",
+            *[f"- {k}" for k in kept],
+        ]
     L += _measured_and_why_lines(best, ranked, measured)
     L += _plans_and_use_lines(ranked, pareto, stats, files, use, verl)
     out["report"] = atomic_write(run_dir / "report.md", "\n".join(L))

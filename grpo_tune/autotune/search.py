@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -78,6 +78,10 @@ class SearchResult:
     combination_error: float = 0.0
     """Largest relative gap between a combined figure (step time, peak memory) and the exact
     estimate, over the plans evaluated exactly; 0 when the cost model is additive as assumed."""
+    defaults_kept: list[str] = field(default_factory=list)
+    """One note per knob of the winner moved back to verl's default within the model's noise
+    (:func:`autotune.defaults.with_verl_defaults`, which the CLI applies: then ``ranked[0]`` is that plan, and
+    may be up to 1% slower than ``ranked[1]``)."""
 
     @property
     def best(self) -> Estimate:
@@ -86,7 +90,8 @@ class SearchResult:
     def stats(self) -> dict[str, Any]:
         """The counters as they are and the two figures rounded, for the run folder and ``--json``."""
         counts = {k: getattr(self, k) for k in ("candidates", "evaluated", "combined", "layouts", "pruned_layouts")}
-        return {**counts, "seconds": round(self.seconds, 3), "combination_error": round(self.combination_error, 6)}
+        out = {**counts, "seconds": round(self.seconds, 3), "combination_error": round(self.combination_error, 6)}
+        return {**out, "defaults_kept": list(self.defaults_kept)} if self.defaults_kept else out
 
 
 class _Evaluator:

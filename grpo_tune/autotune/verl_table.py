@@ -317,6 +317,15 @@ def _vpp_write(p: Plan) -> dict[str, Any]:
     return {k: vpp if vpp > 1 else None for k in _VPP_KEYS}
 
 
+_ETP_KEYS = _megs("expert_tensor_parallel_size")
+
+
+def _etp_write(p: Plan) -> dict[str, Any]:
+    """Expert TP only where it means something: unset (a dense model's) is not written."""
+    etp = p["strategy"].etp
+    return {} if etp is None else {k: etp for k in _ETP_KEYS}
+
+
 def _dtype_read(get: Get) -> str:
     return DTYPE_FROM_VERL.get(get(_megs("dtype")[0]), "bf16")
 
@@ -325,7 +334,7 @@ def _dtype_read(get: Get) -> str:
 # of keys (offload, recompute, dynamic batching, CPU optimizer), or a value verl spells differently.
 CODED: tuple[Row, ...] = (
     Row(S, "vpp", _VPP_KEYS, _vpp_write, lambda get: get(_VPP_KEYS[0]) or 1),
-    same(S, "etp", *_megs("expert_tensor_parallel_size"), attr="etp_"),
+    Row(S, "etp", _ETP_KEYS, _etp_write, lambda get: get(_ETP_KEYS[0])),
     Row(S, "log_prob_mbs", _LP_MBS_KEYS, _lp_mbs_write, _lp_mbs_read),
     same(S, "sequence_parallel", *_megs("sequence_parallel"), attr="sp"),
     Row(S, "recompute", _RECOMPUTE_KEYS, _recompute_write, _recompute_read),
@@ -418,7 +427,7 @@ def canonical(plan: Plan) -> Plan:
         lp = None
     s = dataclasses.replace(
         s,
-        etp=s.etp_,
+        etp=s.etp,  # unset (a dense model's) is not written, so it reads back unset
         sequence_parallel=s.sp,
         dp=c.gpus // s.model_parallel,
         offload=tuple(o for o in ("param", "grad", "optimizer") if o in off),

@@ -370,6 +370,8 @@ def _print_result(
     from grpo_tune.autotune.report import runner_ups, why_winner
     from grpo_tune.autotune.validate_grpo import STATED_ERROR_PCT
 
+    for note in result.defaults_kept:
+        console.print(f"verl's default kept: {note}", highlight=False)
     others = runner_ups(result.ranked)
     if others and wl.kind == "grpo":
         console.print("Why #1 wins (runner-up minus winner, by phase):", highlight=False)
@@ -405,7 +407,9 @@ def _run_search(S, m, hw, cluster, wl, pins, top, cal, cross, err: Console, min_
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        return S.search(
+        from grpo_tune.autotune.defaults import with_verl_defaults
+
+        res = S.search(
             m,
             hw,
             cluster,
@@ -417,6 +421,8 @@ def _run_search(S, m, hw, cluster, wl, pins, top, cal, cross, err: Console, min_
             min_headroom=min_headroom,
             progress=progress,
         )
+        # a knob within the model's noise of verl's default is printed and emitted at the default
+        return with_verl_defaults(res, pins=pins, calibration=cal, min_headroom=min_headroom)
 
 
 def _separate_flags(place: dict[str, Any]) -> bool:

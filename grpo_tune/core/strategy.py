@@ -162,7 +162,10 @@ class Strategy:
         """``tp=.. pp=.. vpp=.. cp=.. ep=.. etp=.. dp=.. mbs=..`` (and ``log_prob_mbs=..`` when set): how
         verl.sh's plan line and ``grpo-tune estimate`` begin."""
         lp = "" if self.log_prob_mbs is None else f" log_prob_mbs={self.log_prob_mbs}"
-        return " ".join(f"{k}={v}" for k, v in self.degrees().items()) + f" mbs={self.mbs}{lp}"
+        deg = self.degrees()
+        if self.etp is None and self.ep == 1:  # a dense model's (validate leaves it unset): no expert TP to show
+            deg.pop("etp")
+        return " ".join(f"{k}={v}" for k, v in deg.items()) + f" mbs={self.mbs}{lp}"
 
 
 _STRATEGY_FIELDS = frozenset(f.name for f in dataclasses.fields(Strategy))
@@ -281,7 +284,7 @@ def _check_workload(obj: Workload, where: str) -> Workload:
 def validate(
     model: ModelSpec, s: Strategy, gpus: int, *, gpus_per_node: int | None = None, allow_cross_node_tp: bool = False
 ) -> Strategy:
-    """Check that the degrees can exist; return the strategy with ``dp`` and ``etp`` resolved.
+    """Check that the degrees can exist; return the strategy with ``dp`` and (for an MoE model) ``etp`` resolved.
 
     Raises :class:`InvalidDegreesError` (code ``INVALID_DEGREES``) with the first error of
     :func:`core.rules.check_degrees`.
@@ -291,4 +294,6 @@ def validate(
     ):
         raise InvalidDegreesError(f.message, f.hint)
     dp = gpus // (s.tp * s.pp * s.cp)
-    return s.replace(dp=dp, etp=s.etp_, sequence_parallel=s.sp)
+    # a dense model has no expert TP: it stays unset (verl's null, Megatron's "same as TP"), not a copy of TP
+    etp = s.etp_ if model.is_moe or s.etp not in (None, s.tp) else None
+    return s.replace(dp=dp, etp=etp, sequence_parallel=s.sp)
