@@ -4,6 +4,8 @@ are the plan's."""
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import re
 
 import pytest
@@ -135,3 +137,86 @@ def test_new_knobs_have_declared_megatron_flags():
     assert "dynamic batching (8192 tokens per GPU)" in megatron_args_text(cfg)
     # verl's optimizer offload between phases is not Megatron's CPU optimizer
     assert "--optimizer-cpu-offload" not in megatron_args(configs()["7b-tp2"])
+
+
+TYPED_FILE = DATA_DIR / "megatron-lm-arguments.json"
+
+
+def megatron_parser() -> argparse.ArgumentParser:
+    """Megatron-LM's argument parser rebuilt from its typed flag table (every ``add_argument`` of
+    megatron/training/arguments.py at the pinned commit: option strings, action, type, nargs, choices;
+    benchmarks/extract_megatron_flags.py), with Megatron's ``allow_abbrev=False``."""
+    doc = json.loads(TYPED_FILE.read_text())
+    types = {"int": int, "float": float, "str": str, "custom": str}
+    p = argparse.ArgumentParser(allow_abbrev=False)
+    for r in doc["arguments"]:
+        act = r.get("action", "store")
+        kw: dict = {}
+        if act in ("store_true", "store_false"):
+            kw["action"] = act
+        elif act == "BooleanOptionalAction":
+            kw["action"] = argparse.BooleanOptionalAction
+        elif act in ("store_const", "append_const"):
+            kw.update(action=act, const=True)
+        else:
+            if act in ("append", "extend"):
+                kw["action"] = act
+            if r.get("type"):
+                kw["type"] = types[r["type"]]
+            if r.get("nargs") is not None:
+                kw["nargs"] = r["nargs"]
+            if r.get("choices"):
+                kw["choices"] = r["choices"]
+        p.add_argument(*r["flags"], **kw)
+    return p
+
+
+def _text_args(cfg) -> list[str]:
+    text = megatron_args_text(cfg)
+    return shlex.split("\n".join(ln for ln in text.splitlines() if not ln.startswith("#")))
+
+
+def test_typed_flag_table_is_the_pinned_release_of_the_flag_list():
+    doc = json.loads(TYPED_FILE.read_text())
+    pinned = re.search(r"commit ([0-9a-f]{40})", FLAGS_FILE.read_text()).group(1)
+    assert doc["commit"] == pinned and "NVIDIA/Megatron-LM" in doc["source"]
+    flags = {f for r in doc["arguments"] for f in r["flags"]}
+    assert declared_flags() <= flags and len(flags) > 500  # the whole parser, not only what we emit
+
+
+def test_megatron_parser_refuses_what_megatron_refuses():
+    p = megatron_parser()
+    for bad in (
+        ["--grad-offload"],  # not a Megatron flag
+        ["--tensor-model-parallel-size", "two"],  # type=int
+        ["--tokenizer-type", "Qwen2Tokenizer"],  # not one of its choices
+        ["--overlap-grad"],  # allow_abbrev=False: no prefix matching
+    ):
+        with pytest.raises(SystemExit):
+            p.parse_args(bad)
+
+
+@pytest.mark.parametrize("name", sorted(configs()))
+def test_megatron_lm_parser_accepts_megatron_args_txt(name, capsys):
+    """megatron_args.txt is a flag set Megatron-LM's parser takes whole, with the overlap and tokenizer flags a
+    launch needs, and the cross-flag rules of its validate_args for them hold."""
+    cfg = configs()[name]
+    ns = megatron_parser().parse_args(_text_args(cfg))
+    s = cfg.strategy
+    assert (ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size, ns.context_parallel_size) == (
+        s.tp,
+        s.pp,
+        s.cp,
+    )
+    assert ns.overlap_grad_reduce is True
+    assert ns.overlap_param_gather is s.distributed_optimizer
+    # validate_args: --overlap-param-gather needs the distributed optimizer and --overlap-grad-reduce;
+    # --optimizer-cpu-offload needs --use-precision-aware-optimizer
+    if ns.overlap_param_gather:
+        assert ns.use_distributed_optimizer and ns.overlap_grad_reduce
+    if ns.optimizer_cpu_offload:
+        assert ns.use_precision_aware_optimizer
+    if cfg.model.hf_id:
+        assert (ns.tokenizer_type, ns.tokenizer_model) == ("HuggingFaceTokenizer", cfg.model.hf_id)
+    else:
+        assert ns.tokenizer_type == "NullTokenizer" and ns.vocab_size == cfg.model.vocab

@@ -149,8 +149,12 @@ def megatron_args(cfg: RunConfig) -> list[str]:
         a += ["--expert-model-parallel-size", str(s.ep), "--expert-tensor-parallel-size", str(s.etp_)]
     if s.sp:
         a.append("--sequence-parallel")
+    # DP gradient reduce-scatter overlapped with backward, and (distributed optimizer) the parameter all-gather
+    # with the next forward: what verl's Megatron engine turns on (overlap_grad_reduce/overlap_param_gather);
+    # Megatron-LM requires the second to come with the first and the distributed optimizer (validate_args)
+    a.append("--overlap-grad-reduce")
     if s.distributed_optimizer:
-        a.append("--use-distributed-optimizer")
+        a += ["--use-distributed-optimizer", "--overlap-param-gather"]
     if s.cpu_optimizer is not None:  # Megatron's hybrid CPU optimizer (training group of arguments.py)
         a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", repr(float(s.cpu_optimizer))]
     if s.overlap_cpu_optimizer:
@@ -176,6 +180,12 @@ def megatron_args(cfg: RunConfig) -> list[str]:
     ]
     if w.dtype in ("bf16", "fp16"):  # fp32 is Megatron's default: no flag
         a.append(f"--{w.dtype}")
+    # the model's own tokenizer (Hugging Face id); a model without one (tiny, a local config) gets Megatron's
+    # NullTokenizer over --vocab-size
+    if m.hf_id:
+        a += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", m.hf_id]
+    else:
+        a += ["--tokenizer-type", "NullTokenizer"]
     return a + _model_args(cfg)
 
 
