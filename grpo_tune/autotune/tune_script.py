@@ -53,7 +53,7 @@ def key_fixes(launch: Launch) -> dict[str, tuple[str, str] | None]:
     """For each key of the launch that verl's Hydra refuses (diagnose's key errors): ``(prefix, key)`` to write
     instead (a blog-only key's real twin, or the ``+`` Hydra needs or refuses), or None to drop it. tuned.sh
     applies them, so that it passes ``grpo-tune diagnose``."""
-    first = {}
+    first: dict[str, Any] = {}
     for o in launch.overrides:
         first.setdefault(o.key, o)
     out: dict[str, tuple[str, str] | None] = {}
@@ -104,7 +104,7 @@ def tuned_text(
     last override. ``fixes`` (:func:`key_fixes`) first renames or drops the keys verl refuses, and a comment at
     the top says so. Everything else (paths, env, comments, unrelated keys) is left byte for byte."""
     lines = launch.text.split("\n")
-    first = {}
+    first: dict[str, Any] = {}
     for o in launch.overrides:
         first.setdefault(o.key, o)
     for key, fix in (fixes or {}).items():

@@ -99,7 +99,8 @@ def apply_renames(overrides: list[Any]) -> tuple[list[Any], dict[str, str]]:
     ``algorithm.group_size=8`` is priced as ``rollout.n=8``, not as verl's default n=1. The blog key itself
     stays (the keys rule reports it: Hydra refuses it)."""
     present = {o.key for o in overrides}
-    out, renames = list(overrides), {}
+    out: list[Any] = list(overrides)
+    renames: dict[str, str] = {}
     for o in overrides:
         real = rename_of(o.key) if o.prefix != "~" else None
         if real and real not in present and real not in renames.values():
