@@ -40,9 +40,8 @@ GSM8K quick start logs ``prompt_length/mean`` 104.9 and 102.4 of ``max_prompt_le
 (docs/start/quickstart.rst), 0.20. The spread is wide (0.05 to 0.86): a mean equal to the max (the
 old default) is the worst case, which prices a different plan."""
 ASSUMED_LENGTHS_NOTE = (
-    "mean = {pct}% of the max for {what}, typical of published math GRPO runs "
-    "(NeMo-RL v0.3 blog, verl DeepSeek-V3 and GSM8K docs); replace it with --lengths FILE "
-    "(a dataset or an earlier run's log) or --prompt-len-mean / --response-len-mean"
+    "mean = {pct}% of the max for {what}, the median of published math GRPO runs (NeMo-RL v0.3, verl docs); "
+    "replace it with --lengths FILE or --prompt-len-mean / --response-len-mean"
 )
 MAX_RECORDS = 200_000
 MAX_LINE_CHARS = 4 << 20

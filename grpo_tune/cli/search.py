@@ -376,7 +376,7 @@ def _print_result(
     if others and wl.kind == "grpo":
         console.print("Why #1 wins (runner-up minus winner, by phase):", highlight=False)
         for line in why_winner(result.best, others, STATED_ERROR_PCT):
-            console.print("  " + line.lstrip("- ").replace("`", ""), highlight=False, soft_wrap=True)
+            console.print("  " + line.lstrip("- ").replace("`", ""), highlight=False)
     st = result.stats()
     console.print(
         f"{st['candidates']:,} valid plans; {st['evaluated']:,} cost-model calls, "
