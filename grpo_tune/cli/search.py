@@ -384,9 +384,13 @@ def _print_result(
         f"{st['seconds']:.2f} s; Pareto front: {len(result.pareto)} plan(s)",
         highlight=False,
     )
-    if run_dir is not None:
+    if run_dir is not None and files:
         console.print(
             f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False
+        )
+    elif run_dir is not None:  # --refine resuming: the folder's files stay until the refinement rewrites them
+        console.print(
+            f"resuming in [bold]{run_dir}/[/]: its files are rewritten when the refinement finishes", highlight=False
         )
 
 

@@ -5,9 +5,12 @@ entry point; ``grpo-tune search ... --refine`` calls it lazily. The parts:
 
 - :mod:`.space`: the plan space. Every valid plan of search's space (pins applied) plus search's
   ranked list, kept to plans predicted to fit that the trainer's torch-free preflight accepts, one
-  per stable key (``tp=2,pp=1,...``), fastest predicted first. The study's one parameter
-  ``plan_rank`` is a position in that order; trials also store the key, so duplicates are found
-  by key even when a new calibration re-ranks the space.
+  per stable key (``tp=2,pp=1,...``), fastest predicted first. The study's parameters are each
+  plan's real knobs (tp, pp, vpp, cp, ep, mbs, max_tokens_per_gpu, recompute, offload, rollout_tp,
+  gpu_memory_utilization; ``space.knob_params``), so optuna-dashboard's importance, slice and
+  contour views read them; the position in that order is the user attribute ``plan_rank``, and
+  trials also store the key, so duplicates are found by key even when a new calibration re-ranks
+  the space.
 - :mod:`.policy`: which plan next (policy ``model``, the default). The cost model's prediction is
   the prior; a Gaussian process on its log error is updated after every trial (a re-calibration
   that re-ranks the untried plans); the next plan has the largest expected improvement; exploring

@@ -20,7 +20,7 @@ from grpo_tune.costmodel.estimate import Estimate
 from . import space as S
 from .policy import ModelGuided
 from .runner import ProfileOutcome, positive, run_profile
-from .study import PARAM, StudyHandle, counted, open_study, recover, worker_host
+from .study import StudyHandle, counted, open_study, recover, worker_host
 
 POLICIES = ("model", "tpe")
 
@@ -108,12 +108,26 @@ class Plans:
     keys: list[str]
     index: dict[str, int]
     chooser: ModelGuided | None
+    dists: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The study's parameters: the plans' real knobs (refine.space.knob_distributions)."""
+    by_knobs: dict[tuple, int] = dataclasses.field(default_factory=dict)
+    """Knob values -> the best-ranked plan with them (a sampled trial's plan)."""
 
     @classmethod
     def of(cls, space: Sequence[Estimate], opts: RefineOptions) -> Plans:
         keys = [S.plan_key(e.strategy) for e in space]
         chooser = ModelGuided(space, noise=opts.noise) if opts.policy == "model" else None
-        return cls(list(space), keys, {k: i for i, k in enumerate(keys)}, chooser)
+        by_knobs: dict[tuple, int] = {}
+        for i, e in enumerate(space):
+            by_knobs.setdefault(S.knob_tuple(S.knob_params(e.strategy)), i)
+        dists = S.knob_distributions(space) if space else {}
+        return cls(list(space), keys, {k: i for i, k in enumerate(keys)}, chooser, dists, by_knobs)
+
+    def plan_of(self, trial) -> int | None:
+        """The plan a trial runs: the one it was enqueued with, else the best-ranked plan whose knobs the
+        sampler chose (None: no plan of the space has them)."""
+        i = self.index.get(trial.user_attrs.get("plan"))
+        return i if i is not None else self.by_knobs.get(S.knob_tuple(trial.params))
 
 
 def _measured(h: StudyHandle, plans: Plans) -> tuple[list[tuple[int, float]], set[int]]:
@@ -138,7 +152,9 @@ def _measured(h: StudyHandle, plans: Plans) -> tuple[list[tuple[int, float]], se
 def enqueue(h: StudyHandle, plans: Plans, index: int, *, skip_if_exists: bool = False, **attrs: Any) -> None:
     """Queue plan ``index`` for the next ask; the WAITING trial carries its plan key (public user attrs)."""
     h.study.enqueue_trial(
-        {PARAM: index}, user_attrs={"plan": plans.keys[index], **attrs}, skip_if_exists=skip_if_exists
+        S.knob_params(plans.space[index].strategy),
+        user_attrs={"plan": plans.keys[index], "plan_rank": index, **attrs},
+        skip_if_exists=skip_if_exists,
     )
 
 
@@ -176,6 +192,36 @@ def _next_plan(h: StudyHandle, plans: Plans, opts: RefineOptions) -> tuple[int, 
         if all(not S.close(plans.space[i], e) for e in taken):
             return i, "next unmeasured plan in rank order", False
     return None if fallback is None else (fallback, "next unmeasured plan in rank order", False)
+
+
+def _nearest_unseen(h: StudyHandle, plans: Plans, params: dict[str, Any]) -> int | None:
+    """The untried plan closest to a sampled set of knobs (integer knobs on a log2 scale, a differing
+    choice counts 1), the better-ranked one on a tie."""
+    import math
+
+    from optuna.trial import TrialState
+
+    seen = {
+        t.user_attrs.get("plan")
+        for t in h.study.get_trials(deepcopy=False)
+        if t.state in (TrialState.WAITING, TrialState.RUNNING) or t.user_attrs.get("ran")
+    }
+
+    def dist(i: int) -> float:
+        mine = S.knob_params(plans.space[i].strategy)
+        d = 0.0
+        for k, v in mine.items():
+            w = params.get(k, v)
+            if isinstance(v, bool) or isinstance(v, str):
+                d += float(v != w)
+            elif k in S.INT_KNOBS:
+                d += abs(math.log2(1 + float(v)) - math.log2(1 + float(w)))
+            else:
+                d += abs(float(v) - float(w)) * 10
+        return d
+
+    todo = [i for i, k in enumerate(plans.keys) if k not in seen]
+    return min(todo, key=lambda i: (dist(i), i), default=None)
 
 
 def _best(h: StudyHandle):
@@ -216,28 +262,29 @@ def _duplicate(h: StudyHandle, number: int, key: str, repeat: bool) -> str | Non
     return None
 
 
-def _ask(h: StudyHandle, plans: Plans, chooser: ModelGuided, dist) -> tuple[Any, bool] | None:
+def _ask(h: StudyHandle, plans: Plans, chooser: ModelGuided) -> tuple[Any, bool] | None:
     """``model``: enqueue the chooser's pick and ask for it; None when nothing is worth a trial."""
     from optuna.trial import TrialState
 
     if h.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):  # a requeued plan goes first
-        trial = h.study.ask({PARAM: dist})
+        trial = h.study.ask(plans.dists)
         return trial, bool(trial.user_attrs.get("repeat"))
     obs, busy = _measured(h, plans)
     pick = chooser.choose(obs, busy)
     if pick is None:
         return None
     enqueue(h, plans, pick.index, seed=pick.why, repeat=pick.repeat)
-    trial = h.study.ask({PARAM: dist})
+    trial = h.study.ask(plans.dists)
     return trial, bool(trial.user_attrs.get("repeat"))
 
 
-def _start_trial(h: StudyHandle, trial, est: Estimate, key: str, host: str) -> None:
+def _start_trial(h: StudyHandle, trial, est: Estimate, key: str, rank: int, host: str) -> None:
     import time
 
     pred_step, pred_tps = S.predicted(est)
     for k, v in (
         ("plan", key),
+        ("plan_rank", rank),
         ("worker", {"host": host, "pid": os.getpid()}),
         ("strategy", est.strategy.to_dict()),
         ("predicted_step_s", pred_step),
@@ -286,10 +333,8 @@ def run_trials(
     ``measure`` does the measuring; everything else (the choice of plan, duplicate and slow-plan
     skips, the study's records) is the same whether it profiles for real or reads a cache.
     """
-    from optuna.distributions import IntDistribution
     from optuna.trial import TrialState
 
-    dist = IntDistribution(0, len(plans.keys) - 1)
     skips = 20 * opts.trials + 20  # hard stop for sampling loops that find nothing new
     while skips > 0:
         if requeue is not None:
@@ -305,16 +350,30 @@ def run_trials(
             continue
         repeat = False
         if plans.chooser is not None:
-            asked = _ask(h, plans, plans.chooser, dist)
+            asked = _ask(h, plans, plans.chooser)
             if asked is None:
                 say("no untried plan is likely to beat the best by more than the noise; stopping early")
                 return
             trial, repeat = asked
         else:
-            trial = h.study.ask({PARAM: dist})
-        rank = trial.params[PARAM]
+            trial = h.study.ask(plans.dists)
+        found = plans.plan_of(trial)
+        if found is None:  # the sampler combined knobs no plan has: queue the nearest untried plan instead
+            skips -= 1
+            near = _nearest_unseen(h, plans, trial.params)
+            trial.set_user_attr(
+                "reason", "no plan of the space has these knobs; " + ("none left" if near is None else "nearest queued")
+            )
+            trial.set_user_attr("ran", False)
+            h.study.tell(trial, state=TrialState.PRUNED)
+            if near is None:
+                say("every plan worth running has been tried; stopping early")
+                return
+            enqueue(h, plans, near, seed="nearest plan to the sampler's proposal")
+            continue
+        rank = found
         est, key = plans.space[rank], plans.keys[rank]
-        _start_trial(h, trial, est, key, host)
+        _start_trial(h, trial, est, key, rank, host)
         reason = _duplicate(h, trial.number, key, repeat) or (
             None if repeat or plans.chooser else _too_slow(h, plans, opts, rank)
         )

@@ -11,7 +11,7 @@ from typing import Any
 from grpo_tune.core.config import TrainerOptions
 from grpo_tune.core.errors import GrpoTuneError
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
-from grpo_tune.core.strategy import Cluster, Strategy, Workload
+from grpo_tune.core.strategy import OFFLOAD, Cluster, Strategy, Workload
 from grpo_tune.costmodel.estimate import Estimate
 from grpo_tune.costmodel.estimate import estimate as cost_estimate
 
@@ -27,6 +27,47 @@ def plan_key(s: Strategy) -> str:
     d = s.to_dict()
     d["offload"] = "+".join(d["offload"]) or "none"
     return ",".join(f"{k}={d[k]}" for k in sorted(d))
+
+
+INT_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "mbs", "max_tokens_per_gpu", "rollout_tp")
+"""The plan's integer knobs as the study's parameters (``max_tokens_per_gpu`` 0: fixed micro-batches of mbs)."""
+
+
+def knob_params(s: Strategy) -> dict[str, Any]:
+    """A plan's real knobs as Optuna parameters, so optuna-dashboard's importance, slice and contour
+    views read tp, pp, ... rather than a position in a list (the plan's rank is a user attribute)."""
+    out: dict[str, Any] = {k: int(getattr(s, k) or 0) for k in INT_KNOBS}
+    out["recompute"] = s.recompute
+    out["offload"] = ",".join(o for o in OFFLOAD if o in s.offload) or "none"  # one spelling per set
+    out["gpu_memory_utilization"] = float(s.gpu_memory_utilization)
+    return out
+
+
+def _offload_choices() -> tuple[str, ...]:
+    import itertools
+
+    subsets = (c for n in range(1, len(OFFLOAD) + 1) for c in itertools.combinations(OFFLOAD, n))
+    return ("none", *(",".join(c) for c in subsets))
+
+
+def knob_distributions(space: Sequence[Estimate]) -> dict[str, Any]:
+    """The parameters' distributions: integer ranges spanning the space, and the fixed vocabularies of
+    recompute and offload (a categorical's choices may never change within a study)."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    from grpo_tune.core.strategy import RECOMPUTE
+
+    vals = [knob_params(e.strategy) for e in space]
+    d: dict[str, Any] = {k: IntDistribution(min(v[k] for v in vals), max(v[k] for v in vals)) for k in INT_KNOBS}
+    d["recompute"] = CategoricalDistribution(tuple(RECOMPUTE))
+    d["offload"] = CategoricalDistribution(_offload_choices())
+    mem = [v["gpu_memory_utilization"] for v in vals]
+    d["gpu_memory_utilization"] = FloatDistribution(min(mem), max(mem))
+    return d
+
+
+def knob_tuple(params: dict[str, Any]) -> tuple:
+    return tuple(params.get(k) for k in sorted(knob_params(Strategy())))
 
 
 def build_space(
