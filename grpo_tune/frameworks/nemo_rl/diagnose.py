@@ -94,16 +94,39 @@ def _nemo_rules(r: R.Recipe) -> list[Finding]:
             )
         )
     if g(f"{T.GRPO}.async_grpo.enabled") is True:
-        age = g(f"{T.GRPO}.async_grpo.max_trajectory_age_steps")
-        out.append(
-            Finding(
-                W,
-                "BAD_CONFIG",
-                f"grpo.async_grpo is on (max_trajectory_age_steps={age}): the step is priced synchronous",
-                "asynchronous placement is not priced yet; the plan's phases are the synchronous step's",
-                key=f"{T.GRPO}.async_grpo.enabled",
+        if g(f"{T.GEN}.colocated.enabled") is not False:
+            out.append(
+                Finding(
+                    E,
+                    "BAD_CONFIG",
+                    "grpo.async_grpo with colocated generation: NeMo-RL asserts 'Colocated inference is not "
+                    "supported for async GRPO' (nemo_rl/algorithms/grpo.py async_grpo_train)",
+                    f"set {T.GEN}.colocated.enabled=false with its resources, or turn async_grpo off",
+                    key=f"{T.GRPO}.async_grpo.enabled",
+                )
             )
-        )
+        if g(f"{T.LOSS}.use_importance_sampling_correction") is not True:
+            out.append(
+                Finding(
+                    E,
+                    "BAD_CONFIG",
+                    "grpo.async_grpo without loss_fn.use_importance_sampling_correction: NeMo-RL asserts it "
+                    "(nemo_rl/algorithms/grpo.py async_grpo_train)",
+                    f"set {T.LOSS}.use_importance_sampling_correction=true",
+                    key=f"{T.LOSS}.use_importance_sampling_correction",
+                )
+            )
+        if g(f"{T.GRPO}.async_grpo.in_flight_weight_updates") is True:
+            out.append(
+                Finding(
+                    I,
+                    "BAD_CONFIG",
+                    "in_flight_weight_updates: NeMo-RL refits while generations are pending; priced as a refit "
+                    "between steps",
+                    "",
+                    key=f"{T.GRPO}.async_grpo.in_flight_weight_updates",
+                )
+            )
     if g(f"{T.P}.refit_buffer_size_gb") is None:
         out.append(
             Finding(
@@ -129,9 +152,9 @@ def _nemo_rules(r: R.Recipe) -> list[Finding]:
     return out
 
 
-def _batches(plan) -> list[Finding]:
+def _batches(plan, train) -> list[Finding]:
     s, w = plan.strategy, plan.workload
-    dp = s.dp or plan.cluster.gpus // s.model_parallel
+    dp = s.dp or train.gpus // s.model_parallel
     gbs = w.mini_batch * w.n
     out = []
     if gbs % dp:
@@ -157,17 +180,28 @@ def _batches(plan) -> list[Finding]:
     return out
 
 
-def _memory(plan, findings: list[Finding]) -> dict[str, Any] | None:
+def _memory(plan, findings: list[Finding], placement=None) -> dict[str, Any] | None:
     from grpo_tune.costmodel.estimate import estimate
+    from grpo_tune.costmodel.placement import estimate_separate
 
     try:
-        est = estimate(
-            model=plan.model,
-            hardware=plan.hardware,
-            cluster=plan.cluster,
-            strategy=plan.strategy,
-            workload=plan.workload,
-        )
+        if placement is not None and placement.separate:
+            est = estimate_separate(
+                model=plan.model,
+                hardware=plan.hardware,
+                cluster=plan.cluster,
+                strategy=plan.strategy,
+                workload=plan.workload,
+                placement=placement,
+            )
+        else:
+            est = estimate(
+                model=plan.model,
+                hardware=plan.hardware,
+                cluster=plan.cluster,
+                strategy=plan.strategy,
+                workload=plan.workload,
+            )
     except GrpoTuneError as exc:
         findings.append(Finding(I, "OOM_RISK", f"memory not estimated: [{exc.code}] {exc.message}"))
         return None
@@ -205,8 +239,10 @@ def _oom_hint(phase: str | None) -> str:
     return f"lower {T.PACK}.logprob_mb_tokens (or logprob_batch_size), or raise TP/PP"
 
 
-def _summary(plan, r: R.Recipe, memory) -> dict[str, Any]:
+def _summary(plan, r: R.Recipe, memory, placement=None, train=None) -> dict[str, Any]:
     s, c, w = plan.strategy, plan.cluster, plan.workload
+    sep = placement is not None and placement.separate
+    gen_gpus = placement.rollout_gpus if sep else c.gpus
     deg = {"tp": s.tp, "pp": s.pp, "vpp": s.vpp, "cp": s.cp, "ep": s.ep, "etp": s.etp_, "dp": s.dp}
     return {
         "model": plan.model.name,
@@ -222,9 +258,11 @@ def _summary(plan, r: R.Recipe, memory) -> dict[str, Any]:
             "rollout": {
                 "tp": s.rollout_tp,
                 "pp": 1,
-                "replicas": c.gpus // s.rollout_tp,
+                "replicas": gen_gpus // s.rollout_tp,
                 "gpu_memory_utilization": s.gpu_memory_utilization,
-                "name": "vllm (colocated)",
+                "name": f"vllm ({gen_gpus} GPUs of its own, staleness {placement.staleness})"
+                if sep
+                else "vllm (colocated)",
             },
         },
         "batch": {
@@ -240,6 +278,7 @@ def _summary(plan, r: R.Recipe, memory) -> dict[str, Any]:
         "memory": memory,
         "framework": f"NeMo-RL {snap.RELEASE}",
         "defaults": r.parents,
+        **({"placement": placement.to_dict(), "train_gpus": train.gpus if train else None} if sep else {}),
     }
 
 
@@ -265,11 +304,17 @@ def diagnose_recipe(
     if any(f.code == "TRAINER_UNSUPPORTED" for f in findings):
         report.summary = {"framework": f"NeMo-RL {snap.RELEASE}", "defaults": r.parents}
         return report
+    placement = T.read_placement(r.get)
     try:
         m, note = read.resolve_model(r, model)
         c = read.cluster_of(r)
+        if placement.separate:
+            why = T.placement_problem(placement, c)
+            if why:
+                findings.append(Finding(E, "BAD_CONFIG", f"NeMo-RL cannot run this placement: {why}"))
+        tc = read.train_cluster(r, c)
         wl = read.workload_of(r)
-        s = read.strategy_of(r, m, c.gpus, c.gpus_per_node)
+        s = read.strategy_of(r, m, tc.gpus, tc.gpus_per_node)
     except InvalidDegreesError as exc:
         findings.append(Finding(E, "INVALID_DEGREES", exc.message, exc.hint))
         report.summary = {"framework": f"NeMo-RL {snap.RELEASE}", "defaults": r.parents}
@@ -282,8 +327,8 @@ def diagnose_recipe(
 
     hw = load_hardware(hardware or "h100", stack=read.STACK)
     plan = LaunchPlan(launch=None, model=m, model_note=note, hardware=hw, cluster=c, strategy=s, workload=wl)
-    findings += _batches(plan)
+    findings += _batches(plan, tc)
     bad = any(f.severity == E and f.code in ("BAD_CONFIG", "BATCH_DIVISIBILITY") for f in findings)
-    memory = None if bad else _memory(plan, findings)
-    report.summary = _summary(plan, r, memory)
+    memory = None if bad else _memory(plan, findings, placement)
+    report.summary = _summary(plan, r, memory, placement, tc)
     return report

@@ -54,6 +54,16 @@ def resolve_model(r: R.Recipe, model: str | None):
     return spec, note.replace("actor_rollout_ref.model.path", "policy.model_name")
 
 
+def train_cluster(r: R.Recipe, c: Cluster) -> Cluster:
+    """The training pool: the whole cluster when colocated, else the cluster minus the generation pool."""
+    p = table.read_placement(r.get)
+    if not p.separate:
+        return c
+    from grpo_tune.costmodel.placement import pools
+
+    return pools(c, p.rollout_gpus).train
+
+
 def unsupported(r: R.Recipe) -> list[tuple[str, str]]:
     """(message, hint) for what grpo-tune does not price in this recipe (it is then not a plan)."""
     out = []
@@ -62,13 +72,6 @@ def unsupported(r: R.Recipe) -> list[tuple[str, str]]:
             (
                 "policy.megatron_cfg.enabled is not true: the DTensor (FSDP2) path is not priced",
                 "grpo-tune prices NeMo-RL's Megatron-Core path; set policy.megatron_cfg.enabled=true",
-            )
-        )
-    if r.get(f"{table.GEN}.colocated.enabled") is False:
-        out.append(
-            (
-                "policy.generation.colocated.enabled is false: separate generation pools are not priced yet",
-                "price the colocated plan (colocated.enabled=true) until placement planning lands",
             )
         )
     if r.get(f"{table.GEN}.backend") not in (None, "vllm"):
@@ -134,6 +137,11 @@ def plan_of(
     bad = unsupported(r)
     if bad:
         raise ConfigError(f"{r.path}: {bad[0][0]}", hint=bad[0][1])
+    if table.read_placement(r.get).separate:
+        raise ConfigError(
+            f"{r.path}: policy.generation.colocated.enabled is false: tune and calibrate read colocated recipes",
+            hint="`grpo-tune diagnose` prices separate generation pools; search --placement plans them",
+        )
     m, note = resolve_model(r, model)
     hw = load_hardware(hardware or "h100", stack=stack or STACK)
     c = cluster_of(r)

@@ -45,7 +45,10 @@ def plan_of(cfg: Any) -> table.Plan:
 def recipe_values(cfg: Any) -> dict[str, Any]:
     """Every NeMo-RL key grpo-tune sets for this run config -> value (fixed keys, model, then the plan's)."""
     name = cfg.model.hf_id or cfg.model.name
+    from grpo_tune.core.placement import Placement
+
     out: dict[str, Any] = {f"{table.P}.model_name": name, **table.FIXED}
+    out.update(table.write_placement(getattr(cfg, "placement", None) or Placement(), cfg.cluster))
     out.update(table.write_plan(plan_of(cfg)))
     return out
 
@@ -62,7 +65,7 @@ def recipe_text(cfg: Any, *, run_id: str = "") -> str:
     head = [
         _comment(
             f"# GRPO for {m.name} on {c.gpus} x {cfg.hardware.name} ({c.nnodes} node(s)), "
-            f"NeMo-RL {snap.RELEASE} (Megatron-Core path), colocated vLLM generation."
+            f"NeMo-RL {snap.RELEASE} (Megatron-Core path), {_where(cfg)}."
         ),
         _comment(
             f"# Emitted by grpo-tune. Plan: {s.layout_text()} recompute={s.recompute} "
@@ -75,6 +78,14 @@ def recipe_text(cfg: Any, *, run_id: str = "") -> str:
     ]
     body = yaml.safe_dump({"defaults": DEFAULTS, **tree}, sort_keys=False, default_flow_style=False, width=1000)
     return "\n".join(head) + "\n" + body
+
+
+def _where(cfg: Any) -> str:
+    p = getattr(cfg, "placement", None)
+    if p is None or not p.separate:
+        return "colocated vLLM generation"
+    lag = f", samples up to {p.staleness} step(s) stale" if p.staleness else ", on-policy"
+    return f"vLLM generation on {p.rollout_gpus} GPUs of its own{lag}"
 
 
 def launch_line(run_dir: str | os.PathLike, run_id: str) -> str:

@@ -133,6 +133,7 @@ def _cpu_read(get: Get) -> float | None:
 
 
 def _offload_read(get: Get) -> tuple[str, ...]:
+    # separate generation: the training pool keeps its state (nothing to make room for)
     return ALL_OFFLOAD if get(f"{GEN}.colocated.enabled") is not False else ()
 
 
@@ -381,8 +382,8 @@ ROWS: tuple[Row, ...] = (
     ),
 )
 
-# Settings grpo-tune always writes (not plan fields): the Megatron path, the vLLM engine, synchronous
-# colocated GRPO (the placement the plan prices), bf16 gradient reduction as priced through the stack.
+# Settings grpo-tune always writes (not plan fields): the Megatron path, the vLLM engine, bf16 gradient
+# reduction as priced through the stack. The placement's keys come from write_placement below.
 FIXED: dict[str, Any] = {
     f"{P}.dtensor_cfg.enabled": False,
     f"{MEG}.enabled": True,
@@ -391,8 +392,6 @@ FIXED: dict[str, Any] = {
     f"{P}.make_sequence_length_divisible_by": "${policy.megatron_cfg.tensor_model_parallel_size}",
     f"{DDP}.grad_reduce_in_fp32": False,
     f"{GEN}.backend": "vllm",
-    f"{GEN}.colocated.enabled": True,
-    f"{GRPO}.async_grpo.enabled": False,
 }
 
 CONSTRAINTS: dict[str, Any] = {
@@ -472,3 +471,77 @@ def canonical(plan: Plan, *, model_is_moe: bool = True) -> Plan:
         t = dataclasses.replace(t, kl_coef=TrainerOptions().kl_coef)
     c = Cluster(gpus=c.gpus, gpus_per_node=min(c.gpus, c.gpus_per_node))
     return {S: s, W: w, T: t, C: c}
+
+
+# ---------------------------------------------------------------------------------------------
+# Placement: colocated generation, or a separate generation pool (NeMo-RL's non-colocated mode)
+# ---------------------------------------------------------------------------------------------
+
+COLOC = f"{GEN}.colocated"
+ASYNC = f"{GRPO}.async_grpo"
+PLACEMENT_KEYS = (
+    f"{COLOC}.enabled",
+    f"{COLOC}.resources.gpus_per_node",
+    f"{COLOC}.resources.num_nodes",
+    f"{ASYNC}.enabled",
+    f"{ASYNC}.max_trajectory_age_steps",
+    f"{LOSS}.use_importance_sampling_correction",
+)
+
+
+def placement_problem(placement: Any, cluster: Cluster) -> str | None:
+    """Why NeMo-RL 0.7.0 cannot run this placement (None: it can). ``grpo.py`` setup: on one node the
+    generation pool is ``resources.gpus_per_node`` GPUs of it; on more nodes it is ``resources.num_nodes``
+    whole nodes. Partial rollout (carrying unfinished responses over) has no NeMo-RL key."""
+    if not placement.separate:
+        return None
+    if placement.partial_rollout:
+        return "partial rollout (unfinished responses carried over) has no NeMo-RL 0.7.0 key"
+    if placement.rollout_hardware:
+        return "a generation pool of another GPU type is not one NeMo-RL cluster"
+    if placement.sync_interval != 1:
+        return "NeMo-RL refits the generation pool after every step (sync interval 1)"
+    g, gpn = placement.rollout_gpus, cluster.gpus_per_node
+    if cluster.nnodes > 1 and g % gpn:
+        return f"on {cluster.nnodes} nodes NeMo-RL's generation pool is whole nodes ({gpn} GPUs each), not {g} GPUs"
+    return None
+
+
+def write_placement(placement: Any, cluster: Cluster) -> dict[str, Any]:
+    """NeMo-RL keys for the plan's placement (colocated, or the generation pool and its staleness)."""
+    if not placement.separate:
+        return {f"{COLOC}.enabled": True, f"{ASYNC}.enabled": False}
+    why = placement_problem(placement, cluster)
+    if why:
+        from grpo_tune.core.errors import ConfigError
+
+        raise ConfigError(f"NeMo-RL cannot run this placement: {why}", hint="plan colocated, or another split")
+    g, gpn = placement.rollout_gpus, min(cluster.gpus, cluster.gpus_per_node)
+    one_node = cluster.nnodes == 1
+    out: dict[str, Any] = {
+        f"{COLOC}.enabled": False,
+        f"{COLOC}.resources.gpus_per_node": g if one_node else gpn,
+        f"{COLOC}.resources.num_nodes": 1 if one_node else g // gpn,
+        f"{ASYNC}.enabled": placement.staleness > 0,
+    }
+    if placement.staleness > 0:
+        out[f"{ASYNC}.max_trajectory_age_steps"] = placement.staleness
+        # grpo_math_1B.yaml: "Async GRPO requires importance sampling correction enabled"
+        out[f"{LOSS}.use_importance_sampling_correction"] = True
+    return out
+
+
+def read_placement(get: Get) -> Any:
+    """The Placement a recipe runs."""
+    from grpo_tune.core.placement import Placement
+
+    if get(f"{COLOC}.enabled") is not False:
+        return Placement()
+    gpn, nodes = get("cluster.gpus_per_node"), get("cluster.num_nodes")
+    r_gpn, r_nodes = get(f"{COLOC}.resources.gpus_per_node"), get(f"{COLOC}.resources.num_nodes")
+    if nodes == 1:
+        g = r_gpn if isinstance(r_gpn, int) else 0
+    else:
+        g = (r_nodes if isinstance(r_nodes, int) else 0) * (gpn if isinstance(gpn, int) else 0)
+    age = get(f"{ASYNC}.max_trajectory_age_steps") if get(f"{ASYNC}.enabled") is True else 0
+    return Placement(mode="separate", rollout_gpus=g, staleness=int(age or 0))

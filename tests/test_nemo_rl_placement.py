@@ -1,0 +1,91 @@
+"""NeMo-RL's separate generation pool: policy.generation.colocated with its resources and grpo.async_grpo
+(staleness) written from a plan's placement, read back as NeMo-RL 0.7.0's setup splits the cluster, and priced
+by diagnose through the separate-pool cost model; what NeMo-RL cannot run is a coded finding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grpo_tune.cli.main import main
+from grpo_tune.core.placement import Placement
+from grpo_tune.core.strategy import Cluster
+from grpo_tune.frameworks.nemo_rl import recipe, table
+from grpo_tune.frameworks.nemo_rl.diagnose import diagnose_recipe
+from _export_configs import make
+
+UPSTREAM = Path(__file__).resolve().parent.parent / "examples" / "nemo-rl-upstream"
+
+
+def test_nemo_rl_async_recipe_reads_its_generation_pool():
+    rep = diagnose_recipe(UPSTREAM / "grpo-qwen3-30ba3b-4n8g-async-1off.yaml")
+    assert rep.count("error") == 0 and rep.count("warning") == 0, [f.message for f in rep.findings]
+    s = rep.summary
+    assert s["placement"]["rollout_gpus"] == 16 and s["placement"]["staleness"] == 1
+    assert s["train_gpus"] == 16 and s["roles"]["actor"]["dp"] == 8  # 16 training GPUs / PP 2
+    assert s["roles"]["rollout"]["replicas"] == 8  # 16 generation GPUs / vLLM TP 2
+    assert s["memory"]["peak_bytes"] > 0
+
+
+@pytest.mark.parametrize(
+    "gpus,rollout,staleness",
+    [(8, 4, 0), (16, 8, 1), (32, 16, 2), (24, 8, 0)],
+)
+def test_placement_round_trips_through_the_recipe(tmp_path, gpus, rollout, staleness):
+    train = gpus - rollout
+    cfg = make("qwen2.5-1.5b", train, gpus_per_node=min(8, train), offload=())
+    cfg = cfg.replace(
+        cluster=Cluster(gpus=gpus, gpus_per_node=8),
+        placement=Placement(mode="separate", rollout_gpus=rollout, staleness=staleness),
+    )
+    f = tmp_path / "nemo_rl.yaml"
+    f.write_text(recipe.recipe_text(cfg))
+    r = recipe.load(f)
+    assert table.read_placement(r.get) == cfg.placement
+    assert r.get("grpo.async_grpo.enabled") is (staleness > 0)
+    assert r.get("policy.generation.colocated.enabled") is False
+    rep = diagnose_recipe(f)
+    assert rep.count("error") == 0, [x.message for x in rep.findings]
+    assert rep.summary["train_gpus"] == train
+    if staleness:
+        assert r.get("loss_fn.use_importance_sampling_correction") is True
+
+
+def test_what_nemo_rl_cannot_place_is_refused():
+    c = Cluster(gpus=32, gpus_per_node=8)
+    assert "whole nodes" in table.placement_problem(Placement(mode="separate", rollout_gpus=12), c)
+    assert "partial rollout" in table.placement_problem(
+        Placement(mode="separate", rollout_gpus=8, staleness=1, partial_rollout=True), c
+    )
+    assert table.placement_problem(Placement(mode="separate", rollout_gpus=8), c) is None
+    assert table.placement_problem(Placement(), c) is None
+
+
+def test_async_with_colocated_generation_is_nemo_rl_s_error(tmp_path):
+    rep = diagnose_recipe(
+        UPSTREAM / "grpo-qwen3-30ba3b-4n8g.yaml",
+        ["grpo.async_grpo.enabled=true"],
+    )
+    msgs = [x.message for x in rep.findings if x.severity == "error"]
+    assert any("Colocated inference is not supported for async GRPO" in m for m in msgs)
+    assert any("use_importance_sampling_correction" in m for m in msgs)
+
+
+def test_tune_reads_colocated_recipes_only(tmp_path, capsys):
+    rc = main(["tune", str(UPSTREAM / "grpo-qwen3-30ba3b-4n8g-async-1off.yaml"), "--out", str(tmp_path)])
+    assert rc == 2 and "colocated" in capsys.readouterr().err
+
+
+def test_diagnose_cli_json_of_the_async_recipe(capsys):
+    assert main(["diagnose", str(UPSTREAM / "grpo-qwen3-30ba3b-4n8g-async-1off.yaml"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["placement"]["mode"] == "separate"
+
+
+def test_placement_keys_are_nemo_rl_s():
+    from grpo_tune.frameworks.nemo_rl import snapshot
+
+    for key in table.PLACEMENT_KEYS:
+        assert snapshot.key_status(key) in ("base", "declared"), key
