@@ -67,6 +67,24 @@ flat for hundreds of steps; at 3e-3 it rises within 20 steps on the synthetic ta
 (tests/test_quickstart.py)."""
 
 
+def placement_of(est: Estimate):
+    """The Placement an estimate was priced with (colocated unless it carries separate pools' figures)."""
+    from grpo_tune.core.placement import Placement
+
+    f = est.placement
+    if not f:
+        return Placement()
+    hw_r = f.get("rollout_hardware")
+    return Placement(
+        mode="separate",
+        rollout_gpus=int(f["rollout_gpus"]),
+        rollout_hardware=None if hw_r in (None, est.hardware.name) else hw_r,
+        staleness=int(f["staleness"]),
+        partial_rollout=bool(f["partial_rollout"]),
+        sync_interval=int(f["sync_interval"]),
+    )
+
+
 def run_config(
     est: Estimate,
     *,
@@ -85,6 +103,7 @@ def run_config(
     return RunConfig(
         **inputs_of(est),
         trainer=trainer,
+        placement=placement_of(est),
         predicted=predicted(est),
         measured=measured,
         meta=meta,
@@ -137,7 +156,7 @@ def emit(
     verl_text = export.verl_script(cfg) if "verl" in frameworks else None
     megatron_text = export.megatron_args_text(cfg)
     nemo_text = None
-    if "nemo-rl" in frameworks:
+    if "nemo-rl" in frameworks and not cfg.placement.separate:  # the NeMo-RL recipe writes colocated plans only
         from grpo_tune.frameworks.nemo_rl import recipe as nemo_recipe
 
         nemo_text = nemo_recipe.recipe_text(cfg, run_id=d.name)

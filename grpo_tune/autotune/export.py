@@ -86,7 +86,12 @@ def _comment(text: str) -> str:
 def verl_script(cfg: RunConfig) -> str:
     """A bash launch for verl 0.9.1. ``MODEL_PATH``, ``TRAIN_FILES`` and ``VAL_FILES`` may be set by
     the caller; extra overrides can be appended as arguments (``"$@"``). Every value from the plan is
-    single-quoted (a model name or hf_id can never run as code)."""
+    single-quoted (a model name or hf_id can never run as code). Separate pools: the fully-async launch
+    (autotune/verl_async.py)."""
+    if cfg.placement.separate:
+        from grpo_tune.autotune import verl_async
+
+        return verl_async.script(cfg)
     s, c, m = cfg.strategy, cfg.cluster, cfg.model
     for value, what in ((m.name, "model name"), (m.hf_id or "", "model hf_id"), (cfg.hardware.name, "hardware name")):
         check_name(value, what)

@@ -43,8 +43,17 @@ def render(report: Report, console: Console) -> None:
         t.add_row(
             "cluster",
             f"world={s.get('world_size')} = {s.get('nnodes')} node(s) x {s.get('gpus_per_node')} GPUs, "
-            f"DP={s.get('dp')}",
+            f"DP={s.get('dp')}" + (" (training pool)" if s.get("placement") else ""),
         )
+        pl = s.get("placement")
+        if pl:
+            t.add_row(
+                "placement",
+                f"separate pools: rollout {pl.get('rollout_gpus')} GPUs ({pl.get('rollout_gpus_per_node')}/node), "
+                f"training {pl.get('train_gpus')}; staleness {pl.get('staleness')}, partial rollout "
+                f"{'on' if pl.get('partial_rollout') else 'off'}, sync every "
+                f"{pl.get('trigger_parameter_sync_step')} mini-batches (verl fully-async trainer)",
+            )
         b = s.get("batch") or {}
         t.add_row("batch", " ".join(f"{k}={v}" for k, v in b.items()))
         t.add_row("model", f"{s.get('model') or '-'} ({s.get('model_note')}), hardware {s.get('hardware')}")

@@ -484,12 +484,7 @@ def _search_placement(
     )
     run_dir: Path | None = None
     files: dict[str, Path] = {}
-    if emit and res.best.placement:
-        console.print(
-            "note: launch files for separate pools are not written yet: no run folder (use --no-emit)",
-            highlight=False,
-        )
-    elif emit:
+    if emit:
         from grpo_tune.autotune.emit import emit_run
 
         run_dir, files = emit_run(

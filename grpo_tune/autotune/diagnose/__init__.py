@@ -104,6 +104,12 @@ def key_findings(overrides: list[Override], *, config_name: str | None = None) -
     return found
 
 
+def _replicas(c: Ctx, rtp: int | None) -> int | None:
+    """vLLM replicas: over the rollout pool with separate pools, over the whole world colocated."""
+    gpus = c.placement["rollout_gpus"] if c.placement else c.world
+    return gpus // rtp if gpus and rtp and gpus % rtp == 0 else None
+
+
 def _summary(c: Ctx) -> dict[str, Any]:
     a, r = c.roles["actor"], c.roles["rollout"]
     rtp, world = r["tp"], c.world
@@ -121,13 +127,14 @@ def _summary(c: Ctx) -> dict[str, Any]:
             "rollout": {
                 "tp": rtp,
                 "pp": r["pp"],
-                "replicas": world // rtp if world and rtp and world % rtp == 0 else None,
+                "replicas": _replicas(c, rtp),
                 "gpu_memory_utilization": r["gpu_memory_utilization"],
                 "name": r["name"],
             },
         },
         "batch": c.batches,
         "memory": c.memory,
+        **({"placement": c.placement} if c.placement else {}),
     }
 
 
@@ -162,7 +169,7 @@ def diagnose_path(
             f"{p}: extra overrides apply to a NeMo-RL recipe only",
             hint="put the overrides into the verl launch itself",
         )
-    if re.search(r"main_ppo|verl-train|diagnose\.py|^#!", text, re.M):
+    if re.search(r"main_ppo|fully_async_main|verl-train|diagnose\.py|^#!", text, re.M):
         ovs, fnd, facts = parse_script(text)
         return diagnose_overrides(
             ovs,

@@ -32,6 +32,8 @@ class Ctx:
     dp: int | None = None
     batches: dict[str, Any] = field(default_factory=dict)
     memory: dict[str, Any] | None = None
+    placement: dict[str, Any] | None = None
+    """Separate pools (verl's fully-async launch): the rollout pool, staleness, partial rollout."""
     _reported: set[str] = field(default_factory=set)
 
     @classmethod
@@ -44,8 +46,21 @@ class Ctx:
         line = self.items[key].line if key in self.items else None
         self.findings.append(Finding(Severity(severity), code, message, hint, key=key, line=line, **kw))
 
+    @property
+    def separate(self) -> bool:
+        """A launch of verl's fully-async trainer (separate rollout and training pools)."""
+        from grpo_tune.autotune import verl_async
+
+        return self.config_name == verl_async.CONFIG_NAME
+
     def raw(self, key: str) -> Any:
-        return self.items[key].value if key in self.items else verl.default(key)
+        if key in self.items:
+            return self.items[key].value
+        if self.separate:
+            from grpo_tune.autotune import verl_async
+
+            return verl_async.default(key)
+        return verl.default(key)
 
     def set(self, key: str) -> bool:
         return key in self.items

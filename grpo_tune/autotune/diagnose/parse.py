@@ -30,6 +30,8 @@ MAX_YAML_DEPTH = 64
 E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
 
 # Hydra's own command-line flags (hydra/_internal/utils.py get_args_parser); value-taking ones map to True.
+ASYNC_ENTRY = "verl.experimental.fully_async_policy.fully_async_main"
+"""verl 0.9.1's fully-async trainer (separate rollout and training pools; autotune/verl_async.py)."""
 HYDRA_FLAGS = {
     "--config-name": True,
     "-cn": True,
@@ -377,6 +379,9 @@ def _verl_args(tokens: list[str], lineno: int, findings: list[Finding], facts: d
         if tok == "verl.trainer.main_ppo" and i > 0 and tokens[i - 1] == "-m" or base == "main_ppo.py":
             facts["commands"].append("main_ppo")
             return tokens[i + 1 :]
+        if tok == ASYNC_ENTRY and i > 0 and tokens[i - 1] == "-m" or base == "fully_async_main.py":
+            facts["commands"].append("fully_async_main")  # separate pools (autotune/verl_async.py)
+            return tokens[i + 1 :]
         if base == "verl-train":
             facts["commands"].append("verl-train")
             findings.append(
@@ -473,6 +478,10 @@ def _parse_args(
 def _flag(name: str, value: str, takes: bool | None, lineno: int, facts: dict, findings: list[Finding]) -> None:
     if name in ("--config-name", "-cn"):
         facts["config_name"] = value
+    elif name in ("--config-path", "-cp", "--config-dir", "-cd") and value.endswith(
+        "experimental/fully_async_policy/config"
+    ):
+        pass  # the fully-async trainer's own config folder inside the installed verl
     elif name in ("--config-path", "-cp", "--config-dir", "-cd"):
         findings.append(
             Finding(

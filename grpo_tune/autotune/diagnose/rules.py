@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from grpo_tune.autotune import verl
 from grpo_tune.autotune import verl_table as table
-from grpo_tune.autotune.verl_table import ACTOR, OTC, REF, REF_OTC, ROLLOUT
+from grpo_tune.autotune.verl_table import ACTOR, ARO, OTC, REF, REF_OTC, ROLLOUT
 from grpo_tune.core.errors import close_matches
 
 from .context import Ctx
@@ -125,6 +125,10 @@ def check_keys(c: Ctx) -> None:
     fields = transformer_config_fields()
     for key, ov in c.items.items():
         status = verl.key_status(key)
+        if c.separate and status != "declared" and _async_declared(key):
+            status = "declared"
+        if key == "hydra.searchpath":  # Hydra's own: where the fully-async config finds ppo_megatron_trainer
+            continue
         leaf = key.rsplit(".", 1)[-1]
         if status == "declared":
             # Hydra's `+` merges a list/dict value into an existing key but refuses a scalar
@@ -222,9 +226,15 @@ def _check_unknown_key(c: Ctx, key: str, ov: Any, leaf: str, suggested: int) -> 
     return suggested
 
 
+def _async_declared(key: str) -> bool:
+    from grpo_tune.autotune import verl_async
+
+    return key in verl_async.snapshot()
+
+
 @register("algorithm")
 def check_algorithm(c: Ctx) -> None:
-    if c.config_name not in (None, verl.CONFIG_NAME):
+    if c.config_name not in (None, verl.CONFIG_NAME) and not c.separate:
         if not (c.config_name == "ppo_trainer" and c.raw("model_engine") == "megatron"):
             c.add(
                 W,
@@ -270,8 +280,40 @@ def _degrees(c: Ctx) -> dict[str, dict[str, Any]]:
 def read_cluster(c: Ctx) -> None:
     c.gpn = c.int_("trainer.n_gpus_per_node")
     c.nnodes = c.int_("trainer.nnodes")
-    c.world = c.gpn * c.nnodes if c.gpn and c.nnodes else None
+    c.world = c.gpn * c.nnodes if c.gpn and c.nnodes else None  # separate pools: the training pool's
     c.roles = _degrees(c)
+    if c.separate:
+        _read_pools(c)
+
+
+def _read_pools(c: Ctx) -> None:
+    """The fully-async launch's pools and schedule, as grpo-tune's placement (``c.placement``), checked as
+    verl 0.9.1's rollouter asserts them."""
+    rgpn, rnodes = c.int_("rollout.n_gpus_per_node"), c.int_("rollout.nnodes")
+    rollout = rgpn * rnodes if rgpn and rnodes else None
+    stale = c.raw("async_training.staleness_threshold")
+    sync = c.int_("async_training.trigger_parameter_sync_step")
+    for key, want in (("data.train_batch_size", 0), ("data.gen_batch_size", 1)):
+        if c.raw(key) != want:
+            c.add(E, "BAD_CONFIG", f"{key}={c.raw(key)!r}: verl's fully-async rollouter asserts {want}", key=key)
+    if c.raw(f"{ARO}.hybrid_engine") is not False:
+        c.add(
+            E,
+            "BAD_CONFIG",
+            "the fully-async trainer asserts actor_rollout_ref.hybrid_engine=False",
+            key=f"{ARO}.hybrid_engine",
+        )
+    shared = bool(rgpn and c.gpn and rnodes == c.nnodes and rgpn + c.gpn <= 8 and rgpn < 8)
+    c.placement = {
+        "mode": "separate",
+        "rollout_gpus": rollout,
+        "train_gpus": c.world,
+        "rollout_gpus_per_node": rgpn,
+        "shared_nodes": shared,
+        "staleness": int(stale) if isinstance(stale, (int, float)) and float(stale).is_integer() else stale,
+        "partial_rollout": c.raw("async_training.partial_rollout"),
+        "trigger_parameter_sync_step": sync,
+    }
 
 
 register("degrees")(check_degrees)

@@ -250,9 +250,13 @@ def check_batches(c: Ctx) -> None:
 def _check_batches(c: Ctx, dp: int | None) -> dict[str, Any]:
     """verl 0.9.1's batch rules (verl/utils/config.py validate_config, workers/config/actor.py
     ActorConfig.validate, workers/engine_workers.py train_mini_batch)."""
-    tb = c.int_("data.train_batch_size")
     n = c.int_(f"{ROLLOUT}.n")
     mini = c.int_(f"{ACTOR}.ppo_mini_batch_size")
+    if c.separate:  # fully async: a parameter version trains trigger x require_batches mini-batches
+        sync, req = c.int_("async_training.trigger_parameter_sync_step"), c.int_("async_training.require_batches")
+        tb = mini * sync * req if mini and sync and req else None
+    else:
+        tb = c.int_("data.train_batch_size")
     micro = c.int_(f"{ACTOR}.ppo_micro_batch_size_per_gpu", allow_none=True)
     dyn = c.bool_(f"{ACTOR}.use_dynamic_bsz")
     out = {
@@ -371,6 +375,34 @@ def _check_log_prob_split(c: Ctx, tb: int, n: int, dp: int) -> None:
             c.add(E, f.code, f.message, "verl's engine asserts it at the first log-prob pass", key=key)
 
 
+def _separate_estimate(c: Ctx, model, hw, wl, strategy):
+    """The fully-async launch priced as separate pools (costmodel/placement.py): the pools as read back."""
+    from grpo_tune.core.placement import Placement
+    from grpo_tune.costmodel.placement import estimate_separate
+
+    p = c.placement or {}
+    r, t = int(p["rollout_gpus"]), int(c.world or 0)
+    gpn = max(c.gpn or 1, p.get("rollout_gpus_per_node") or 1)
+    if p.get("shared_nodes"):
+        gpn = (c.gpn or 0) + (p.get("rollout_gpus_per_node") or 0)
+    stale = p.get("staleness")
+    place = Placement(
+        mode="separate",
+        rollout_gpus=r,
+        staleness=int(stale) if isinstance(stale, (int, float)) and float(stale).is_integer() else 1,
+        partial_rollout=bool(p.get("partial_rollout")) and bool(stale),
+    )
+    c.placement = {**p, "priced_staleness": place.staleness}
+    return estimate_separate(
+        model=model,
+        hardware=hw,
+        cluster=Cluster(gpus=r + t, gpus_per_node=gpn),
+        strategy=strategy,
+        workload=wl,
+        placement=place,
+    )
+
+
 def _memory(c: Ctx) -> dict[str, Any] | None:
     model, hw, roles, world, gpn, batches = c.model, c.hardware, c.roles, c.world, c.gpn, c.batches
     if model is None or hw is None or world is None or gpn is None:
@@ -394,13 +426,16 @@ def _memory(c: Ctx) -> dict[str, Any] | None:
         wl = Workload.from_dict(
             {**read, "prompts": tb, "n": n, "mini_batch": mini_batch, "ppo_epochs": epochs, "kl": kl}
         )
-        est = estimate(
-            model=model,
-            hardware=hw,
-            cluster=Cluster(gpus=world, gpus_per_node=gpn),
-            strategy=_strategy(c, roles),
-            workload=wl,
-        )
+        if c.separate and c.placement and c.placement.get("rollout_gpus"):
+            est = _separate_estimate(c, model, hw, wl, _strategy(c, roles))
+        else:
+            est = estimate(
+                model=model,
+                hardware=hw,
+                cluster=Cluster(gpus=world, gpus_per_node=gpn),
+                strategy=_strategy(c, roles),
+                workload=wl,
+            )
     except ImportError as exc:
         c.add(I, "OOM_RISK", f"memory model not available ({exc}); memory not checked")
         return None

@@ -1,0 +1,95 @@
+"""The separate-pool launch (autotune/verl_async.py) composes against verl 0.9.1's real fully-async config,
+and diagnose reads it back to the plan that was searched.
+
+The wheel is fetched from PyPI (``pip download --no-deps verl==0.9.1``) into a fresh cache, as
+tests/test_verl_compose.py does: without it these tests fail, they do not skip.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grpo_tune.autotune import verl, verl_async
+from grpo_tune.autotune.diagnose import diagnose_path
+from grpo_tune.autotune.emit import emit, run_config
+from grpo_tune.autotune.placement_search import search_placement
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Workload
+
+
+@pytest.fixture(scope="module", autouse=True)
+def real_verl(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GRPO_TUNE_CACHE", str(tmp_path_factory.mktemp("cache")))
+    mp.delenv("GRPO_TUNE_VERL_WHEEL", raising=False)
+    assert (verl_async.config_dir(fetch=True) / f"{verl_async.CONFIG_NAME}.yaml").is_file()
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def best():
+    """The Must-show search: qwen3-30b-a3b on 64 H100, placement auto, staleness up to 1."""
+    res = search_placement(
+        load_model("qwen3-30b-a3b"), load_hardware("h100"), Cluster(gpus=64), Workload(), placement="auto", staleness=1
+    )
+    assert res.best_separate is not None
+    return res.best_separate
+
+
+def test_snapshot_matches_the_composed_wheel():
+    base = verl.flatten(verl.compose([]))
+    tree = verl.flatten(verl_async.compose([]))
+    delta = {k: v for k, v in tree.items() if k not in base or base[k] != v}
+    assert json.loads(json.dumps(delta, default=str)) == verl_async.snapshot()
+
+
+def test_separate_launch_composes_with_its_pools(best):
+    cfg = run_config(best)
+    p, s, w = cfg.placement, cfg.strategy, cfg.workload
+    assert p.separate and p.rollout_gpus == best.placement["rollout_gpus"]
+    tree = verl_async.compose(
+        verl_async.overrides(cfg, model_path="/m", train_files="/t.parquet", val_files="/v.parquet")
+    )
+    tr, ro, at, aro = tree["trainer"], tree["rollout"], tree["async_training"], tree["actor_rollout_ref"]
+    assert tr["nnodes"] * tr["n_gpus_per_node"] == cfg.cluster.gpus - p.rollout_gpus
+    assert ro["nnodes"] * ro["n_gpus_per_node"] == p.rollout_gpus
+    assert at["staleness_threshold"] == p.staleness and at["partial_rollout"] is p.partial_rollout
+    assert at["trigger_parameter_sync_step"] * aro["actor"]["ppo_mini_batch_size"] * at["require_batches"] == w.prompts
+    assert tree["data"]["train_batch_size"] == 0 and tree["data"]["gen_batch_size"] == 1  # the rollouter's asserts
+    assert aro["hybrid_engine"] is False and aro["rollout"]["free_cache_engine"] is False
+    assert aro["rollout"]["checkpoint_engine"]["backend"] != "naive"  # separate trainers assert it
+    assert aro["rollout"]["tensor_model_parallel_size"] == s.rollout_tp
+    assert aro["rollout"]["gpu_memory_utilization"] == s.gpu_memory_utilization
+    assert at["concurrent_samples_per_replica"] * w.n >= s.max_num_seqs
+    for role in ("actor", "ref"):
+        meg = aro[role]["megatron"]
+        assert (meg["tensor_model_parallel_size"], meg["expert_model_parallel_size"]) == (s.tp, s.ep)
+        assert meg["pipeline_model_parallel_size"] == s.pp
+    rc = tree["algorithm"]["rollout_correction"]
+    assert (rc["bypass_mode"], rc["rollout_is"], rc["rollout_is_threshold"]) == (False, "token", 2.0)
+
+
+def test_diagnose_reads_the_emitted_script_back_to_the_same_plan(best, tmp_path):
+    files = emit(best, tmp_path / "run")
+    text = files["verl"].read_text()
+    assert verl_async.ENTRY in text and f"--config-name={verl_async.CONFIG_NAME}" in text
+    rep = diagnose_path(files["verl"])
+    assert not [f for f in rep.findings if f.severity.value == "error"], [f.message for f in rep.findings]
+    sm = rep.summary
+    s, f = best.strategy, best.placement
+    assert sm["world_size"] == f["train_gpus"]
+    a = sm["roles"]["actor"]
+    assert (a["tp"], a["pp"], a["cp"], a["ep"], a["dp"]) == (s.tp, s.pp, s.cp, s.ep, s.dp)
+    assert sm["roles"]["rollout"]["tp"] == s.rollout_tp
+    assert sm["roles"]["rollout"]["replicas"] == f["rollout_gpus"] // s.rollout_tp
+    pl = sm["placement"]
+    assert (pl["rollout_gpus"], pl["staleness"], pl["partial_rollout"]) == (
+        f["rollout_gpus"],
+        f["staleness"],
+        f["partial_rollout"],
+    )
+    assert sm["memory"] is not None  # priced as separate pools
+    assert "vllm_resident" not in json.dumps(sm["memory"])  # no vLLM in the training pool's phases
