@@ -156,7 +156,7 @@ def emit(
     verl_text = export.verl_script(cfg) if "verl" in frameworks else None
     megatron_text = export.megatron_args_text(cfg)
     nemo_text = None
-    if "nemo-rl" in frameworks and not cfg.placement.separate:  # the NeMo-RL recipe writes colocated plans only
+    if "nemo-rl" in frameworks:  # separate pools too (policy.generation.colocated, grpo.async_grpo)
         from grpo_tune.frameworks.nemo_rl import recipe as nemo_recipe
 
         nemo_text = nemo_recipe.recipe_text(cfg, run_id=d.name)
