@@ -84,3 +84,20 @@ def test_unknown_hardware_exit_2(tmp_path):
         timeout=120,
     )
     assert p.returncode == 2 and "[UNKNOWN_HARDWARE]" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_text_states_the_lengths_and_fits_80_columns(tmp_path):
+    """compare priced every row on assumed mean lengths without saying so, and cut profile names at 80 columns."""
+    p = subprocess.run(
+        [*CLI, "compare", "--model", "7b", "--gpus", "8", "--hardware", "h100,a100", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert p.returncode == 0, p.stderr
+    text = " ".join(p.stdout.split())
+    assert "prompt <= 1024 (mean 205) + response <= 1024 (mean 205) tokens" in text
+    assert "Lengths: assumed mean = 20% of the max" in text and "--lengths FILE" in text
+    table = p.stdout.split("Best plan per hardware", 1)[1].split("profile:", 1)[0]
+    assert "…" not in table and all(len(ln) <= 80 for ln in table.splitlines())

@@ -247,7 +247,10 @@ def compare(
     t = Table(title=f"Best plan per hardware: {model} on {gpus} GPUs", title_justify="left")
     for c in ("hardware", "profile", "best plan", "step s", "tok/s/GPU", "$/M tok", "free GiB"):
         t.add_column(
-            c, justify="left" if c in ("hardware", "profile", "best plan") else "right", no_wrap=c == "profile"
+            c,
+            justify="left" if c in ("hardware", "profile", "best plan") else "right",
+            no_wrap=c == "profile",
+            overflow="fold" if c == "hardware" else "ellipsis",  # a profile name is never cut short
         )
     for r in rows:
         prof = f"{_SHORT[r['provenance']]}±{r['band_pct']:.0f}%"
@@ -265,6 +268,13 @@ def compare(
             f"{r['headroom_bytes'] / GiB:.1f}",
         )
     console = Console()
+    from grpo_tune.autotune.lengths import lengths_note, workload_line
+    from grpo_tune.autotune.options import plan_inputs
+
+    _, _, _, wl = plan_inputs(model=model, hardware=names[0], gpus=gpus, gpus_per_node=flags["gpus_per_node"], **wkw)
+    if wl.kind == "grpo":  # the lengths every row is priced on, and where they come from
+        console.print(f"Workload: {workload_line(wl)}", highlight=False)
+        console.print(f"Lengths: {lengths_note(wl)}", highlight=False)
     console.print(t)
     console.print(
         "profile: how each hardware profile was obtained (fitted on measurements, transferred from another "
