@@ -119,3 +119,29 @@ def test_a_dense_model_gets_no_expert_tp_and_a_moe_model_keeps_it(tmp_path):
     assert moe.best.strategy.etp is not None
     d, _ = emit_run(moe.best, out=tmp_path / "moe")
     assert f"expert_tensor_parallel_size={moe.best.strategy.etp}" in (d / "verl.sh").read_text()
+
+
+def test_offload_falls_back_to_the_verl_key_that_costs_nothing(monkeypatch):
+    """p,g,o beating p,g by 0.5% keeps verl's optimizer_offload=False (p,g); no offload at all, 50% slower,
+    is not taken. The rule, with a price table standing in for the cost model."""
+    from types import SimpleNamespace
+
+    import grpo_tune.autotune.search as S
+    from grpo_tune.core.strategy import Strategy
+
+    times = {("param", "grad", "optimizer"): 100.0, ("param", "grad"): 100.5, ("optimizer",): 120.0, (): 150.0}
+
+    def price(s):
+        return SimpleNamespace(strategy=s, step=times[tuple(s.offload)])
+
+    monkeypatch.setattr(S, "step_s", lambda e: e.step)  # the stand-in's step time
+    start = price(Strategy(offload=("param", "grad", "optimizer")))
+    others = {k: None for k in ("enforce_eager", "cpu_optimizer", "recompute", "vpp", "sequence_parallel")}
+    others |= {k: None for k in ("distributed_optimizer", "max_num_seqs", "max_num_batched_tokens")}
+    others |= {k: None for k in ("chunked_prefill", "gpu_memory_utilization", "sync_bucket_mb")}
+    got, notes = prefer_defaults(start, price, lambda e: True, others)  # every other knob pinned
+    assert tuple(got.strategy.offload) == ("param", "grad")
+    assert notes == [
+        "offload p,g (optimizer_offload=false, verl's default) instead of the searched p,g,o: 0.50% slower "
+        "predicted, within the model's noise (1%)"
+    ]

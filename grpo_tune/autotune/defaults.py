@@ -105,7 +105,12 @@ def prefer_defaults(
             t = step_s(est)
             if ok(est) and t <= base * (1.0 + noise):
                 full = knob != "offload" or tuple(value) == tuple(default or ())
-                what = "verl's default" if full else "closer to verl's default (none)"
+                dropped = set(have) - set(value) if knob == "offload" else set()
+                what = (
+                    "verl's default"
+                    if full
+                    else ("optimizer_offload" if "optimizer" in dropped else "param_offload") + "=false, verl's default"
+                )
                 pct = 100.0 * (t - step_s(cur)) / step_s(cur)
                 notes.append(
                     f"{knob} {_fmt(value)} ({what}) instead of the searched {_fmt(have)}: "
