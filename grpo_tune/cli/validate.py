@@ -58,6 +58,10 @@ def validate(
         from grpo_tune.autotune.validate_grpo import TOLERANCE_PCT, run_grpo
 
         rep = run_grpo(path=data, tolerance_pct=TOLERANCE_PCT if tolerance is None else tolerance, refit=refit)
+        if data is None:  # the shipped rows: their separate-pool pairs too (scored apart, printed per pair)
+            from grpo_tune.autotune.validate_placement import score_pairs
+
+            rep["placement_pairs"] = score_pairs()
         _report(rep, json_out, _print_grpo)
         return
     from grpo_tune.autotune.validate import run
@@ -131,6 +135,41 @@ _GRPO_COLS = (
 )
 
 
+def _print_pairs(con: Console, pp: dict) -> None:
+    """Separate pools vs colocated: the published and predicted speed-up of each pair."""
+    t = Table(
+        title=f"Separate pools vs colocated: speed-up per pair (within {pp['tolerance_pct']:g}%)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+    )
+    for c in ("pair", "R+T", "K", "pub", "pred", "error", "range"):
+        t.add_column(c, justify="left" if c in ("pair", "R+T") else "right", no_wrap=True)
+    ok = 0
+    for r in pp["pairs"]:
+        good = abs(r["error_pct"]) <= pp["tolerance_pct"]
+        ok += good
+        lo, hi = r["range"] or (r["predicted_speedup"], r["predicted_speedup"])
+        pl = r["pools"]
+        t.add_row(
+            r["id"][:24],
+            f"{pl['rollout_gpus']}+{pl['train_gpus']}",
+            str(pl["staleness"]),
+            f"{r['published_speedup']:.2f}x",
+            f"{r['predicted_speedup']:.2f}x",
+            f"[{'green' if good else 'red'}]{r['error_pct']:+.1f}%[/]",
+            f"{lo:.2f}-{hi:.2f}",
+        )
+    con.print(t)
+    con.print(
+        f"pairs within {pp['tolerance_pct']:g}%: {ok}/{len(pp['pairs'])} (speed-up = colocated step / separate step at "
+        "each pair's assumed mean response length; range: over the pair's mean_low..mean_high; "
+        "profiles/data/published_placement_pairs.csv)",
+        highlight=False,
+    )
+
+
 def _print_grpo(rep: dict) -> None:
     con = Console()
     t = Table(title="GRPO step vs published runs (seconds)", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
@@ -185,6 +224,8 @@ def _print_grpo(rep: dict) -> None:
         + ("[green]pass[/]" if rep["passed"] else "[red]FAIL[/]"),
         highlight=False,
     )
+    if rep.get("placement_pairs"):
+        _print_pairs(con, rep["placement_pairs"])
 
 
 def register(app: typer.Typer) -> None:
