@@ -89,3 +89,64 @@ def test_placement_keys_are_nemo_rl_s():
 
     for key in table.PLACEMENT_KEYS:
         assert snapshot.key_status(key) in ("base", "declared"), key
+
+
+def test_search_separate_for_nemo_rl_writes_a_recipe_that_reads_back(tmp_path, capsys):
+    from grpo_tune.core.config import load
+    from grpo_tune.frameworks.nemo_rl import read
+
+    argv = [
+        "search",
+        "--model",
+        "qwen2.5-7b",
+        "--gpus",
+        "16",
+        "--framework",
+        "nemo-rl",
+        "--placement",
+        "separate",
+        "--rollout-gpus",
+        "8",
+        "--staleness",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    capsys.readouterr()
+    (run,) = list(tmp_path.iterdir())
+    assert not (run / "verl.sh").exists()
+    cfg = load(run / "best.yaml")
+    assert cfg.placement == Placement(mode="separate", rollout_gpus=8, staleness=1)
+    r = recipe.load(run / "nemo_rl.yaml")
+    assert table.read_placement(r.get) == cfg.placement
+    c = read.cluster_of(r)
+    tc = read.train_cluster(r, c)
+    assert tc.gpus == 8
+    back = read.strategy_of(r, cfg.model, tc.gpus, tc.gpus_per_node)
+    want = cfg.strategy.replace(
+        etp=None if not cfg.model.is_moe else cfg.strategy.etp_, sequence_parallel=cfg.strategy.sp
+    )
+    assert back == want.replace(etp=back.etp)  # a dense model's expert TP is not a NeMo-RL setting
+    assert cfg.strategy.offload == ()  # a NeMo-RL training pool keeps its state: priced without offload
+    rep = diagnose_recipe(run / "nemo_rl.yaml")
+    assert rep.count("error") == 0, [x.message for x in rep.findings]
+
+
+def test_search_separate_for_verl_still_writes_no_folder(tmp_path, capsys):
+    argv = [
+        "search",
+        "--model",
+        "qwen2.5-7b",
+        "--gpus",
+        "16",
+        "--placement",
+        "separate",
+        "--rollout-gpus",
+        "8",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    assert "written for NeMo-RL only" in capsys.readouterr().out
+    assert not any(tmp_path.iterdir()) if tmp_path.exists() else True

@@ -475,7 +475,8 @@ def _search_placement(
         rollout_gpus=place["rollout_gpus"],
         rollout_hardware=hw_r,
         partial_rollout=place["partial_rollout"],
-        pins=pins,
+        # NeMo-RL offloads the policy only to make room for colocated generation: a training pool keeps it
+        pins={**pins, "offload": ()} if "nemo-rl" in frameworks else pins,
         top=top,
         calibration=cal,
         allow_cross_node_tp=cross,

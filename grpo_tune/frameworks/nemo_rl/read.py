@@ -85,6 +85,8 @@ def strategy_of(r: R.Recipe, model, gpus: int, gpn: int) -> Strategy:
     for k in ("first_stage_layers", "last_stage_layers"):
         d[k] = plan.get(k)
     d["offload"] = tuple(plan["offload"])
+    # vLLM sleeps between generations when it shares the GPUs (enable_sleep_mode); a pool of its own stays up
+    d["free_cache_engine"] = not table.read_placement(r.get).separate
     if not model.is_moe:
         d.pop("etp", None)
     if isinstance(d.get("cpu_optimizer"), float) and d["cpu_optimizer"] <= 0:
