@@ -131,22 +131,3 @@ def test_search_separate_for_nemo_rl_writes_a_recipe_that_reads_back(tmp_path, c
     assert cfg.strategy.offload == ()  # a NeMo-RL training pool keeps its state: priced without offload
     rep = diagnose_recipe(run / "nemo_rl.yaml")
     assert rep.count("error") == 0, [x.message for x in rep.findings]
-
-
-def test_search_separate_for_verl_still_writes_no_folder(tmp_path, capsys):
-    argv = [
-        "search",
-        "--model",
-        "qwen2.5-7b",
-        "--gpus",
-        "16",
-        "--placement",
-        "separate",
-        "--rollout-gpus",
-        "8",
-        "--out",
-        str(tmp_path),
-    ]
-    assert main(argv) == 0
-    assert "written for NeMo-RL only" in capsys.readouterr().out
-    assert not any(tmp_path.iterdir()) if tmp_path.exists() else True
