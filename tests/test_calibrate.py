@@ -179,3 +179,20 @@ def test_flags_a_knob_that_ends_at_its_bound():
     assert res.to_dict()["at_bound"] == ["c"] and res.to_dict()["warnings"] == res.warnings
     ok = fit(_measured(_closed_form, {"c": 1.5, "b": 0.5}, plans), base=base, predict=_closed_form, bounds=bounds)
     assert ok.at_bound == [] and ok.warnings == []
+
+
+def test_refine_summary_prints_the_bound_warning(tmp_path):
+    from rich.console import Console
+
+    from grpo_tune.autotune.refine.report import RefineResult, print_summary
+
+    plans = [Strategy(tp=t) for t in (1, 2, 4)]
+    cal = fit(
+        _measured(_closed_form, {"c": 10.0, "b": 0.5}, plans),
+        base={"c": 1.0, "b": 0.5},
+        predict=_closed_form,
+        bounds={"c": (0.5, 2.0)},
+    )
+    c = Console(record=True, width=200)
+    print_summary(RefineResult("s", "sqlite:///x", tmp_path, [], calibration=cal), c)
+    assert "calibration warning: c sits at its upper bound" in c.export_text()

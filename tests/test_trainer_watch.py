@@ -63,6 +63,8 @@ def test_a_step_maps_onto_verls_metric_names():
     assert (v["timing_s/ref"], v["timing_s/update_actor"], v["timing_s/step"]) == (0.04, 0.1, 0.3)
     assert v["perf/throughput"] == 1500.0 and v["perf/total_num_tokens"] == 900 and v["perf/time_per_step"] == 0.3
     assert "actor/kl_loss" not in v
+    no_ref = verl_metrics({**STEP, "phases_s": {**STEP["phases_s"], "ref_logprob": 0.0}})
+    assert "timing_s/ref" not in no_ref and no_ref["timing_s/gen"] == 0.1
 
 
 def test_wandb_gets_the_same_names_when_asked_for(monkeypatch, tmp_path):

@@ -59,6 +59,8 @@ def verl_metrics(m: dict[str, Any]) -> dict[str, float]:
         out["perf/time_per_step"] = out["timing_s/step"]
     for ph, theirs in _TIMERS.items():
         v = (m.get("phases_s") or {}).get(ph)
+        if ph == "ref_logprob" and not v:
+            continue  # no reference model (no KL): verl has no timing_s/ref then either
         if isinstance(v, (int, float)) and math.isfinite(v):
             out[theirs] = float(v)
     return out
