@@ -77,9 +77,10 @@ def profile(
     with acquire(
         out_dir, "grpo-tune profile", say=lambda s: console.print(s, highlight=False), name=lock_name(node_rank)
     ) as lk:
-        json_path.unlink(missing_ok=True)  # never report a previous run's figures
+        if node_rank == 0:  # node 0 holds global rank 0, which writes the JSON; the others leave it alone
+            json_path.unlink(missing_ok=True)  # never report a previous run's figures
+            launch.trim_metrics(out_dir, None)  # a scratch folder: this run's steps only
         launch.clear_failures(out_dir)
-        launch.trim_metrics(out_dir, None)  # a scratch folder: this run's steps only
         console.print(
             f"profiling {cfg.model.name} on {lay.world_size} rank(s), {steps} steps; log: {out_dir / 'train.log'}",
             highlight=False,
@@ -89,6 +90,12 @@ def profile(
     status, message, code = launch.worker_status(rc, out_dir)
     if rc == 124 and timeout is not None:
         status, message, code = "error", f"timed out: stopped after --timeout {timeout:g} s", launch.EXIT_ERROR
+    if node_rank > 0:
+        if code != launch.EXIT_OK:
+            console.print(f"[bold red]profile {status}[/] on node {node_rank}: " + escape(str(message)), soft_wrap=True)
+            raise typer.Exit(code)
+        console.print(f"node {node_rank}: done (node 0 writes {json_path})", highlight=False)
+        return
     if code == launch.EXIT_OK and not json_path.exists():
         status, message, code = (
             "error",

@@ -96,6 +96,14 @@ TrialSteps = Annotated[
 TrialTimeout = Annotated[
     float, typer.Option("--trial-timeout", help="Seconds before a profiling run is killed.", rich_help_panel=P_REF)
 ]
+Launcher = Annotated[
+    str,
+    typer.Option(
+        "--launcher",
+        help="How each trial runs: local (here) or slurm (one sbatch job sized to the plan's nodes and GPUs).",
+        rich_help_panel=P_REF,
+    ),
+]
 # The --refine flags (name, Annotated type, default) in --help order, after --calibration; all but --refine
 # itself are RefineOptions fields of the same name (trial_timeout: RefineOptions.trial_timeout_s).
 REFINE_FLAGS: tuple[tuple[str, Any, Any], ...] = (
@@ -105,6 +113,7 @@ REFINE_FLAGS: tuple[tuple[str, Any, Any], ...] = (
     ("study_name", StudyName, None),
     ("trial_steps", TrialSteps, 6),
     ("trial_timeout", TrialTimeout, 600.0),
+    ("launcher", Launcher, "local"),
 )
 
 

@@ -150,10 +150,13 @@ class Watchdog:
         except (BrokenPipeError, OSError):
             pass
 
-    def guard(self, pgid: int, *, deadline_s: float | None = None) -> None:
-        """Stop group ``pgid`` when this process dies, or ``deadline_s`` seconds from now."""
+    def guard(self, pgid: int, *, deadline_s: float | None = None, on_stop: Sequence[str] | None = None) -> None:
+        """Stop group ``pgid`` when this process dies, or ``deadline_s`` seconds from now; then run ``on_stop``
+        (e.g. ``scancel`` of the Slurm job the group was waiting on, which killing the group leaves running)."""
+        import json
+
         at = "-" if deadline_s is None else repr(time.time() + float(deadline_s))
-        self._send(f"guard {int(pgid)} {at}")
+        self._send(f"guard {int(pgid)} {at} {json.dumps(list(on_stop or []))}")
 
     def release(self, pgid: int) -> None:
         self._send(f"release {int(pgid)}")
@@ -182,7 +185,19 @@ class Watchdog:
 
 def _watch(stream: IO[bytes], grace_s: float) -> int:
     """The watchdog's loop: read ``guard PGID DEADLINE|-`` / ``release PGID`` lines until EOF."""
+    import json
+
     guarded: dict[int, float | None] = {}
+    after: dict[int, list[str]] = {}
+
+    def run_after(pgid: int) -> None:
+        cmd = after.pop(pgid, None)
+        if cmd:
+            try:
+                subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+
     fd = stream.fileno()
     buf = b""
     while True:
@@ -191,6 +206,7 @@ def _watch(stream: IO[bytes], grace_s: float) -> int:
             if at is not None and now >= at:
                 del guarded[pgid]
                 stop_group(pgid, grace_s=grace_s)
+                run_after(pgid)
         waits = [at - now for at in guarded.values() if at is not None]
         ready, _, _ = select.select([fd], [], [], max(0.05, min(waits)) if waits else 1.0)
         if not ready:
@@ -204,6 +220,7 @@ def _watch(stream: IO[bytes], grace_s: float) -> int:
                 time.sleep(0.05)
             for pgid in guarded:
                 _signal_group(pgid, signal.SIGKILL)
+                run_after(pgid)
             return 0
         buf += chunk
         *lines, buf = buf.split(b"\n")
@@ -212,8 +229,12 @@ def _watch(stream: IO[bytes], grace_s: float) -> int:
             try:
                 if parts[0] == "guard":
                     guarded[int(parts[1])] = None if parts[2] == "-" else float(parts[2])
+                    cmd = json.loads(raw.decode(errors="replace").split(None, 3)[3]) if len(parts) > 3 else []
+                    if cmd:
+                        after[int(parts[1])] = [str(c) for c in cmd]
                 elif parts[0] == "release":
                     guarded.pop(int(parts[1]), None)
+                    after.pop(int(parts[1]), None)
             except (IndexError, ValueError):
                 continue
 

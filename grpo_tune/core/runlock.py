@@ -19,7 +19,6 @@ import fcntl
 import json
 import os
 import socket
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -150,7 +149,6 @@ def acquire(
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "command": command,
-        "argv": sys.argv[1:][:20],
         "started_utc": time.time(),
         "shared": shared,
     }

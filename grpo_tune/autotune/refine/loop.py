@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_tune.core.config import RunConfig, TrainerOptions
+from grpo_tune.core.config import atomic_write
 from grpo_tune.core.config import save as save_config
 from grpo_tune.core.errors import ConfigError, NoFeasiblePlanError
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
@@ -20,7 +21,7 @@ from grpo_tune.costmodel.estimate import Estimate
 from . import space as S
 from .policy import ModelGuided
 from .runner import ProfileOutcome, positive, run_profile
-from .study import StudyHandle, counted, open_study, recover, worker_host
+from .study import StudyHandle, counted, open_study, recover, redact, worker_host
 
 POLICIES = ("model", "tpe")
 
@@ -58,6 +59,8 @@ class RefineOptions:
     progress: bool = True
     pins: dict[str, Any] | None = None
     allow_cross_node_tp: bool = False
+    launcher: str = "local"
+    """``local``: each trial's profile runs here; ``slurm``: as one sbatch job sized to the plan (refine/slurm.py)."""
 
     def check(self) -> None:
         if self.trials < 1:
@@ -66,6 +69,14 @@ class RefineOptions:
             raise ConfigError(f"--trial-steps must be >= 2 (the first step is warm-up), got {self.trial_steps}")
         if not (math.isfinite(self.trial_timeout_s) and self.trial_timeout_s > 0):  # nan passed `<= 0`
             raise ConfigError(f"--trial-timeout must be a finite number of seconds > 0, got {self.trial_timeout_s}")
+        from .slurm import LAUNCHERS
+
+        if self.launcher not in LAUNCHERS:
+            raise ConfigError(f"unknown --launcher {self.launcher!r}", hint=f"one of {', '.join(LAUNCHERS)}")
+        if self.launcher == "slurm":
+            from .slurm import check_available
+
+            check_available()
         if self.policy not in POLICIES:
             raise ConfigError(f"unknown refine policy {self.policy!r}", hint=f"one of {', '.join(POLICIES)}")
         if not 0 <= self.noise < 1:
@@ -83,17 +94,10 @@ class RefineOptions:
 
 
 def _check_storage_url(url: str) -> None:
-    """Refuse a --storage that SQLAlchemy cannot parse or has no dialect for, before any file is written."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+    """Refuse a --storage that SQLAlchemy cannot parse, or whose driver is missing, before any file is written."""
+    from .study import check_url
 
-    try:
-        make_url(url).get_dialect()
-    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
-        raise ConfigError(
-            f"--storage {url!r} is not a database URL SQLAlchemy can open ({exc})",
-            hint="use sqlite:///path/study.db, postgresql://user@host/db or mysql://...",
-        ) from None
+    check_url(url)
 
 
 Measure = Callable[[StudyHandle, int, Estimate], ProfileOutcome]
@@ -326,19 +330,21 @@ def run_trials(
     host: str,
     say: Callable[[str], None] = lambda s: None,
     on_trial: Callable[[str], None] = lambda s: None,
-    requeue: Callable[[], None] | None = None,
+    requeue: Callable[[], list[Any]] | None = None,
 ) -> None:
     """Choose, measure and record trials until the study holds ``opts.trials`` profiled ones.
 
     ``measure`` does the measuring; everything else (the choice of plan, duplicate and slow-plan
     skips, the study's records) is the same whether it profiles for real or reads a cache.
+    ``requeue()``: trials of dead workers this worker has taken over (see :func:`_take_over`), measured first.
     """
     from optuna.trial import TrialState
 
     skips = 20 * opts.trials + 20  # hard stop for sampling loops that find nothing new
     while skips > 0:
         if requeue is not None:
-            requeue()  # a dead worker's trial goes back to the queue before this worker asks for the next one
+            for trial in requeue():  # a dead worker's trial: its plan is measured here, before any other
+                on_trial(_tell(h, trial, measure(h, trial.number, plans.space[plans.index[trial.user_attrs["plan"]]])))
         if counted(h.study) >= opts.trials:
             if requeue is None or not _profiling_elsewhere(h):
                 break
@@ -377,6 +383,13 @@ def run_trials(
         reason = _duplicate(h, trial.number, key, repeat) or (
             None if repeat or plans.chooser else _too_slow(h, plans, opts, rank)
         )
+        if not reason:
+            # claim the plan, then look again: of two workers (on two machines) that took the same plan at the same
+            # moment, each sees the other's claim at least once the second looks, so at most one of them profiles it
+            trial.set_user_attr("running_profile", True)
+            reason = _duplicate(h, trial.number, key, repeat)
+            if reason:
+                trial.set_user_attr("running_profile", False)
         if reason:
             skips -= 1
             trial.set_user_attr("reason", reason)
@@ -389,7 +402,6 @@ def run_trials(
             if nxt is not None:
                 enqueue(h, plans, nxt[0], seed=nxt[1])
             continue
-        trial.set_user_attr("running_profile", True)
         on_trial(_tell(h, trial, measure(h, trial.number, est)))
     if skips <= 0:
         say("stopped sampling: the sampler kept proposing plans already measured or predicted far slower")
@@ -431,6 +443,30 @@ def profile_measure(out: Path, inputs: tuple, opts: RefineOptions, study_name: s
         def started(pid: int) -> None:
             h.set_attr(number, "worker", {"host": host, "pid": os.getpid(), "pgid": pid})
 
+        command = cleanup = stop_cmd = None
+        if opts.launcher == "slurm":
+            from . import slurm
+
+            job = f"grpo-tune-{study_name}-{number:04d}"[:120]
+            script = tdir / "job.sbatch"
+            atomic_write(
+                script,
+                slurm.job_script(
+                    path,
+                    cfg,
+                    steps=opts.trial_steps,
+                    json_path=tdir / "profile.json",
+                    timeout_s=opts.trial_timeout_s,
+                    job_name=job,
+                    log_path=tdir / "slurm.log",
+                ),
+            )
+            command = slurm.submit_command(script)
+            stop_cmd = slurm.cancel_command(job)
+
+            def cleanup() -> None:
+                slurm.cancel(job)
+
         with h.heartbeat(number):
             return run_profile(
                 path,
@@ -441,6 +477,9 @@ def profile_measure(out: Path, inputs: tuple, opts: RefineOptions, study_name: s
                 profile_cmd=opts.profile_cmd,
                 on_start=started,
                 watchdog=watchdog,
+                command=command,
+                cleanup=cleanup,
+                stop_cmd=stop_cmd,
             )
 
     return measure
@@ -515,10 +554,13 @@ def refine(
                 host=host,
                 say=lambda s: console.print(f"[yellow]{s}[/]"),
                 on_trial=lambda s: bar.advance(h, s),
-                requeue=lambda: _requeue(h, plans, host, console),
+                requeue=lambda: _take_over(h, plans, host, console),
             )
+    shown = redact(
+        storage
+    )  # what finish prints and writes (report.md, refine.json, best.yaml) never holds the password
     return finish(
-        h, name=name, storage=storage, out=out, inputs=inputs, plans=plans, opts=opts, console=console, search=search
+        h, name=name, storage=shown, out=out, inputs=inputs, plans=plans, opts=opts, console=console, search=search
     )
 
 
@@ -560,12 +602,59 @@ def _requeue(h: StudyHandle, plans: Plans, host: str, console) -> None:
     """Fail the trials of dead workers (this host: the pid is gone; elsewhere: the heartbeat went stale) and
     queue their plans again. Run at start and before every trial, so the live workers of a study take over the
     trial of one that was killed."""
-    for plan in recover(h, host):
+
+    def again(plan: str) -> None:
         if plan in plans.index:
             # an interrupted re-measurement of a plan measured before stays a repeat
-            again = any(i == plans.index[plan] for i, _ in _measured(h, plans)[0])
-            enqueue(h, plans, plans.index[plan], requeued=True, repeat=again)
+            rep = any(i == plans.index[plan] for i, _ in _measured(h, plans)[0])
+            enqueue(h, plans, plans.index[plan], requeued=True, repeat=rep)
             console.print(f"[yellow]requeued interrupted plan[/] {plan}", highlight=False)
+
+    recover(h, host, requeue=again)
+
+
+def _take_over(h: StudyHandle, plans: Plans, host: str, console) -> list[Any]:
+    """Trials of dead workers (pid gone on this host, heartbeat stale elsewhere), taken over by this worker.
+
+    For each, a RUNNING trial of the same plan is created for this worker first (it counts toward the budget at
+    once), then the dead one is failed: the budget never shows a free slot that a live worker could fill with
+    another plan, and the dead worker's plan is measured next, here. Of two workers that find the same dead trial,
+    the one whose ``fail`` lands takes it; the other closes its copy as a duplicate."""
+
+    import optuna
+    from optuna.trial import TrialState
+
+    taken: list[Any] = []
+    mine: dict[str, Any] = {}
+
+    def grab(plan: str) -> None:
+        if plan not in plans.index:
+            return
+        idx = plans.index[plan]
+        rep = any(i == idx for i, _ in _measured(h, plans)[0])  # an interrupted re-measurement stays a repeat
+        params = S.knob_params(plans.space[idx].strategy)
+        tmpl = optuna.trial.create_trial(
+            state=TrialState.RUNNING,
+            params=params,
+            distributions={k: plans.dists[k] for k in params},
+            user_attrs={"plan": plan, "plan_rank": idx, "requeued": True, "repeat": rep, "running_profile": True},
+        )
+        tid = h.storage.create_new_trial(h.study_id, template_trial=tmpl)
+        trial = optuna.trial.Trial(h.study, tid)
+        _start_trial(h, trial, plans.space[idx], plan, idx, host)
+        mine[plan] = trial
+
+    for plan in recover(h, host, requeue=grab):
+        t = mine.pop(plan, None)
+        if t is not None:
+            console.print(f"[yellow]took over the interrupted plan[/] {plan} (trial #{t.number})", highlight=False)
+            taken.append(t)
+    for plan, t in mine.items():  # another worker failed the dead trial first and took it over
+        t.set_user_attr("running_profile", False)
+        t.set_user_attr("ran", False)
+        t.set_user_attr("reason", f"duplicate: another worker took over the interrupted plan {plan}; not run")
+        h.study.tell(t, state=TrialState.PRUNED)
+    return taken
 
 
 def seed_study(h: StudyHandle, plans: Plans, opts: RefineOptions) -> None:

@@ -6,6 +6,8 @@ search's emitter just before) and writes ``refine_history.png`` and ``refine_sca
 
 from __future__ import annotations
 
+import shlex
+
 import math
 from pathlib import Path
 from typing import Any
@@ -98,6 +100,18 @@ def plot_scatter(records, calibration, path: Path) -> Path:
     return _save_png(fig, path)
 
 
+def code(text: str) -> str:
+    """``text`` as one Markdown code span, whatever it holds: the fence is longer than any run of backticks in it,
+    so backticks, ``|``, ``<b>`` or ``$(...)`` in a study name or path show as written and break nothing."""
+    import re
+
+    text = " ".join(str(text).split())  # a newline would end the list item
+    run = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * (run + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or run else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _f(x: Any, fmt: str = "{:.3g}") -> str:
     return "-" if x is None else fmt.format(x)
 
@@ -111,11 +125,11 @@ def section(result) -> list[str]:
         "## Refinement (real profiling runs)",
         "",
         (
-            f"- Optuna study `{result.study_name}` in `{result.storage}`; "
+            f"- Optuna study {code(result.study_name)} in {code(result.storage)}; "
             f"{len(ran)} profiled trial(s), {len(result.completed)} completed, "
             f"{sum(1 for r in recs if r.state == 'PRUNED' and not r.ran)} skipped without running."
         ),
-        f"- Open it: `pip install optuna-dashboard && optuna-dashboard {result.storage}`.",
+        f"- Open it: {code('pip install optuna-dashboard && optuna-dashboard ' + shlex.quote(result.storage))}.",
     ]
     if result.winner_measured:
         w = result.winner_measured

@@ -7,6 +7,8 @@ than that spread (or by more than the assumed noise when no plan was measured tw
 
 from __future__ import annotations
 
+import shlex
+
 import json
 import math
 import statistics
@@ -284,7 +286,9 @@ def print_summary(result: RefineResult, console) -> None:
             f"tokens/s: [bold]{w['speedup_vs_median_trial']:.2f}x[/]",
             highlight=False,
         )
-    console.print(f"study: {result.storage} (optuna-dashboard {result.storage})", highlight=False)
+    console.print(
+        f"study: {result.storage} (optuna-dashboard {shlex.quote(result.storage)})", highlight=False, markup=False
+    )
 
 
 def _emit(result: RefineResult, winner: RunConfig, est: Estimate | None, search) -> dict[str, Path]:

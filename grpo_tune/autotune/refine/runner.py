@@ -51,17 +51,24 @@ def run_profile(
     profile_cmd: Sequence[str] | None = None,
     on_start: Callable[[int], None] | None = None,
     watchdog: Any = None,
+    command: Sequence[str] | None = None,
+    cleanup: Callable[[], None] | None = None,
+    stop_cmd: Sequence[str] | None = None,
 ) -> ProfileOutcome:
     """Run ``grpo-tune profile`` on one config in its own process group; never raises for a bad run.
 
     The trial dies with this process (core.lifeline: a parent-death signal, and ``watchdog`` when given,
     which also stops the trial at its timeout if this process is gone or stuck); ``--timeout`` makes the
-    profile command stop its own workers at the same deadline."""
+    profile command stop its own workers at the same deadline. ``command``: run this instead (``sbatch --wait``
+    of the trial's job script), and ``cleanup()`` after it however it ends (``scancel`` of its job); ``stop_cmd``:
+    what the watchdog runs if this process dies first (the same ``scancel``)."""
     from grpo_tune.core import lifeline, safeio
 
     cmd = [*(profile_cmd or PROFILE_CMD), "--config", str(config_path), "--steps", str(steps), "--json", str(json_path)]
     if profile_cmd is None:
         cmd += ["--timeout", repr(float(timeout_s))]
+    if command is not None:
+        cmd = list(command)
     t0 = time.monotonic()
     json_path.unlink(missing_ok=True)
     try:
@@ -76,7 +83,7 @@ def run_profile(
         except OSError as exc:
             return ProfileOutcome("error", f"cannot start the profile command: {exc}", None, 0.0)
         if watchdog is not None:
-            watchdog.guard(proc.pid, deadline_s=timeout_s + 2 * lifeline.GRACE_S)
+            watchdog.guard(proc.pid, deadline_s=timeout_s + 2 * lifeline.GRACE_S, on_stop=stop_cmd)
         if on_start:
             on_start(proc.pid)
         try:
@@ -93,6 +100,8 @@ def run_profile(
             kill_group(proc.pid)
             if watchdog is not None:
                 watchdog.release(proc.pid)
+            if cleanup is not None:
+                cleanup()
     dt = time.monotonic() - t0
     data = None
     if json_path.exists():

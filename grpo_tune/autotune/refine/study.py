@@ -62,18 +62,90 @@ def _quiet_optuna():
     return optuna
 
 
+DB_TIMEOUT_S = 60.0
+"""How long a statement waits for a study database that another process holds locked (SQLite's busy timeout)."""
+
+DRIVERS = {
+    "psycopg": "psycopg[binary]",
+    "psycopg2": "psycopg2-binary",
+    "pymysql": "pymysql",
+    "mysqldb": "mysqlclient",
+    "asyncpg": "asyncpg",
+}
+"""SQLAlchemy driver -> the pip package that provides it."""
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (``postgresql://u:***@host/db``): what is printed or written."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - an unparsable URL: hide everything between '://' and '@'
+        import re
+
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def _scrub(text: str, url: str) -> str:
+    """An error text with the URL's password (if any) replaced, wherever the driver put it."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        pw = make_url(url).password
+    except Exception:  # noqa: BLE001
+        pw = None
+    text = text.replace(url, redact(url))
+    return text.replace(str(pw), "***") if pw else text
+
+
+def check_url(url: str) -> None:
+    """A --storage SQLAlchemy cannot parse, or whose database driver is missing, is a coded error now."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    from grpo_tune.core.errors import MissingDependencyError
+
+    shown = redact(url)
+    try:
+        u = make_url(url)
+        dialect = u.get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise ConfigError(
+            f"--storage {shown!r} is not a database URL SQLAlchemy can open ({_scrub(str(exc), url)})",
+            hint="use sqlite:///path/study.db, postgresql://user@host/db or mysql://...",
+        ) from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        driver = getattr(dialect, "driver", "") or u.get_driver_name()
+        pkg = DRIVERS.get(driver, driver)
+        extra = " (or pip install 'grpo-tune[cluster]')" if driver == "psycopg" else ""
+        raise MissingDependencyError(
+            f"--storage {shown}: the {u.get_backend_name()} driver {driver!r} is not installed ({exc})",
+            hint=f"pip install '{pkg}'{extra}",
+        ) from None
+
+
 def open_study(storage: str, study_name: str, seed: int | None, heartbeat_s: int, grace_s: int) -> StudyHandle:
-    """Create or load the study on an RDB URL (a bad URL or missing driver is a coded error)."""
+    """Create or load the study on an RDB URL (a bad URL, a missing driver, a damaged or locked database: coded
+    errors, with the password never shown)."""
+    from grpo_tune.core.errors import StorageError
+
     optuna = _quiet_optuna()
     from optuna.storages import RDBStorage
 
+    check_url(storage)
+    shown = redact(storage)
     if storage.startswith("sqlite:///"):
         Path(storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-    last = None
+    last: Exception | None = None
+    t0 = time.monotonic()
     for attempt in range(6):  # two workers starting together race to create the schema: retry
         try:
             st = RDBStorage(
-                storage, engine_kwargs={"connect_args": {"timeout": 60}} if storage.startswith("sqlite") else None
+                storage,
+                engine_kwargs={"connect_args": {"timeout": DB_TIMEOUT_S}} if storage.startswith("sqlite") else None,
             )
             sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4)
             study = optuna.create_study(
@@ -82,14 +154,26 @@ def open_study(storage: str, study_name: str, seed: int | None, heartbeat_s: int
             return StudyHandle(study, st, st.get_study_id_from_name(study_name), heartbeat_s, grace_s)
         except Exception as exc:  # noqa: BLE001 - SQLAlchemy, driver and URL errors all end as a coded error below
             last = exc
+            text = str(exc)
+            if "locked" in text and time.monotonic() - t0 >= DB_TIMEOUT_S:
+                break  # the busy timeout ran out: another process holds the database
             racing = ("IntegrityError", "locked", "already exists")  # schema creation by two workers at once
-            if not any(w in type(exc).__name__ + str(exc) for w in racing):
+            if not any(w in type(exc).__name__ + text for w in racing):
                 break
             time.sleep(0.5 * (attempt + 1))
-    raise ConfigError(
-        f"cannot open study storage {storage!r}: {last}",
-        hint="pass a SQLAlchemy URL such as sqlite:///runs/x/study.db or postgresql://...",
-    )
+    text = _scrub(str(last).splitlines()[0] if str(last) else type(last).__name__, storage)
+    if "locked" in text:
+        raise StorageError(
+            f"study database {shown} is locked by another process (waited {time.monotonic() - t0:.0f} s): {text}",
+            hint="stop the program holding it (a DB browser, another tool's transaction), or use --storage with a "
+            "database server (postgresql://...) for many workers",
+        )
+    if "not a database" in text or "malformed" in text or "no such table" in text:
+        raise StorageError(
+            f"study database {shown} is damaged: {text}",
+            hint="move the file away (a new study starts), or restore it from a copy",
+        )
+    raise StorageError(f"cannot open study storage {shown}: {text}")
 
 
 def memory_study(seed: int | None) -> StudyHandle:
@@ -150,8 +234,11 @@ def fail_running(h: StudyHandle, number: int, reason: str) -> bool:
     return True
 
 
-def recover(h: StudyHandle, host: str) -> list[str]:
-    """Fail trials left RUNNING by dead workers on this host, and stale ones elsewhere; return their plans."""
+def recover(h: StudyHandle, host: str, requeue=None) -> list[str]:
+    """Fail trials left RUNNING by dead workers on this host, and stale ones elsewhere; return their plans.
+
+    ``requeue(plan)`` is called before each trial is failed: the plan is back in the queue before the budget
+    count drops, so no live worker fills the freed slot with another plan first."""
     from optuna.trial import TrialState
 
     plans = []
@@ -167,6 +254,8 @@ def recover(h: StudyHandle, host: str) -> list[str]:
             reason = "interrupted: heartbeat went stale"
         else:
             continue
+        if requeue is not None and t.user_attrs.get("plan"):
+            requeue(t.user_attrs["plan"])
         if fail_running(h, t.number, reason) and t.user_attrs.get("plan"):
             plans.append(t.user_attrs["plan"])
     return plans
