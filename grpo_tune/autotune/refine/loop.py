@@ -388,6 +388,14 @@ def run_trials(
             # moment, each sees the other's claim at least once the second looks, so at most one of them profiles it
             trial.set_user_attr("running_profile", True)
             reason = _duplicate(h, trial.number, key, repeat)
+            if not reason and counted(h.study) > opts.trials:
+                # the same race on the budget: workers that claimed the last slot at once all see the overshoot
+                # once the last claim lands, so the study never holds more than `trials` (one that sees it backs off)
+                trial.set_user_attr("running_profile", False)
+                trial.set_user_attr("reason", "over budget: other workers claimed the last trial(s) at once; not run")
+                trial.set_user_attr("ran", False)
+                h.study.tell(trial, state=TrialState.PRUNED)
+                continue
             if reason:
                 trial.set_user_attr("running_profile", False)
         if reason:
