@@ -87,6 +87,7 @@ SURFACE = {
         "--calibration",
         "--emit / --no-emit",
         "--framework",
+        "--launcher",
         "--min-headroom",
         "--out",
         "--refine",
