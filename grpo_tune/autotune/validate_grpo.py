@@ -166,7 +166,9 @@ def _via_nemo_rl_recipe(row_id: str, m: Any, cluster: Cluster, s: Strategy, wl: 
             r = recipe.load(f)
         c = read.cluster_of(r)
         s_back = read.strategy_of(r, m, c.gpus, c.gpus_per_node)
-        wl_back = read.workload_of(r, prompt_len_mean=wl.prompt_len_mean, response_len_mean=wl.response_len_mean)
+        wl_back = read.workload_of(
+            r, prompt_len_mean=wl.prompt_len_mean, response_len_mean=wl.response_len_mean, assume=False
+        )
         _RECIPE_PLANS[row_id] = (s_back, wl_back)
     return _RECIPE_PLANS[row_id]
 

@@ -281,11 +281,14 @@ def _tune_nemo_rl(
         return
     c = Console()
     wl = plan.workload
+    from grpo_tune.autotune.lengths import lengths_note, workload_line
+
     c.print(
         f"{launch} (NeMo-RL recipe): {plan.model.name} ({plan.model_note}) on {plan.cluster.gpus} x "
-        f"{plan.hardware.name}, {wl.prompts} prompts x n={wl.n}, lengths {wl.prompt_len}+{wl.response_len}",
+        f"{plan.hardware.name}, {workload_line(wl)}",
         highlight=False,
     )
+    c.print(f"lengths: {lengths_note(wl)}", highlight=False)
     c.print(_compare_table(cur, best))
     _print_verdict(c, res, cur, best, keep_list)
     if run_dir is not None:

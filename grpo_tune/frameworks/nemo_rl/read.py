@@ -96,7 +96,11 @@ def strategy_of(r: R.Recipe, model, gpus: int, gpn: int) -> Strategy:
     )
 
 
-def workload_of(r: R.Recipe, *, prompt_len_mean: int | None = None, response_len_mean: int | None = None) -> Workload:
+def workload_of(
+    r: R.Recipe, *, prompt_len_mean: int | None = None, response_len_mean: int | None = None, assume: bool = True
+) -> Workload:
+    """The recipe's workload. A recipe states only the length caps: with ``assume`` the means are assumed as
+    search and tune assume them for a verl launch (autotune/lengths.py), unless given."""
     w = table.read_fields(r.get, table.W)
     for k in ("prompts", "n", "prompt_len", "response_len", "mini_batch"):
         v = w.get(k)
@@ -107,7 +111,12 @@ def workload_of(r: R.Recipe, *, prompt_len_mean: int | None = None, response_len
                 "and policy.max_total_sequence_length to positive integers",
             )
     w["mini_batch"] = min(w["mini_batch"], w["prompts"])
-    w.update(prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean)
+    means: dict[str, Any] = {"prompt_len_mean": prompt_len_mean, "response_len_mean": response_len_mean}
+    if assume:
+        from grpo_tune.autotune.lengths import assumed_means
+
+        means = assumed_means(means, prompt_len=w["prompt_len"], response_len=w["response_len"])
+    w.update(means)
     return Workload.from_dict({k: v for k, v in w.items() if v is not None}, where="NeMo-RL workload")
 
 
