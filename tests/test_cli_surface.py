@@ -134,7 +134,8 @@ SURFACE = {
         "--rollout-tp",
         "--gpu-memory-utilization",
         "--sync-bucket-mb",
-    ],
+    ]
+    + PLACE,
     "calibrate": [
         "--from-log",
         "--hardware",

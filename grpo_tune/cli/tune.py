@@ -12,8 +12,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_tune.autotune.options import MIN_HEADROOM_DEFAULT, Json, MinHeadroom, pins_from_flags
-from grpo_tune.cli.plan_options import pin_options
+from grpo_tune.autotune.options import (
+    MIN_HEADROOM_DEFAULT,
+    PLACEMENT_FLAGS,
+    Json,
+    MinHeadroom,
+    pins_from_flags,
+    placement_flags,
+)
+from grpo_tune.cli.plan_options import flags_after, pin_options
 from grpo_tune.core.units import GiB
 
 
@@ -103,7 +110,8 @@ def _summary(est) -> dict[str, Any]:
     }
 
 
-# The plan fields a user may pin (issue 11: "--keep tp,pp or any estimate flag").
+# The plan fields a user may pin (issue 11: "--keep tp,pp or any estimate flag"), then the placement flags.
+@flags_after(None, PLACEMENT_FLAGS)
 @pin_options(
     "tp",
     "pp",
@@ -140,6 +148,8 @@ def tune(
     from grpo_tune.autotune.emit import Tables, emit_run
     from grpo_tune.core.config import atomic_write
 
+    place = placement_flags(pins)
+
     if emit:
         from grpo_tune.autotune.outputs import check_out_dir
 
@@ -148,6 +158,13 @@ def tune(
     from grpo_tune.frameworks.nemo_rl import read as nemo_read
 
     if nemo_read.is_recipe(launch):
+        if _asks_split(place):
+            from grpo_tune.core.errors import ConfigError
+
+            raise ConfigError(
+                "tune proposes separate pools for verl launches only",
+                hint="drop --placement/--staleness, or `grpo-tune search --placement auto` for the same model",
+            )
         return _tune_nemo_rl(
             launch,
             list(overrides or []),
@@ -203,9 +220,34 @@ def tune(
         mode = launch_obj.path.stat().st_mode
         tuned_path.chmod(stat.S_IMODE(mode) | stat.S_IRUSR | stat.S_IWUSR)
         files["tuned.sh"] = tuned_path
+    split = _propose_split(plan, res, place, pins_from_flags(pins), cal, min_headroom) if _asks_split(place) else None
+    split_dir: Path | None = None
+    split_files: dict[str, Path] = {}
+    if split is not None and emit:
+        split_dir, split_files = emit_run(
+            split,
+            out=out,
+            meta={
+                "tuned_from": str(launch),
+                "proposal": "separate pools",
+                **({"calibration": str(calibration)} if calibration else {}),
+            },
+        )
     cur, best = _summary(res.current), _summary(res.best)
     if json_out:
-        _print_json(launch, plan, res, cur, best, run_dir, files)
+        extra = None
+        if _asks_split(place):
+            extra = {
+                "split": None
+                if split is None
+                else {
+                    **split.to_dict(),
+                    "speedup_over_tuned": res.best.step_s / split.step_s,
+                    "speedup_over_launch": res.current.step_s / split.step_s,
+                    "run_dir": None if split_dir is None else str(split_dir),
+                }
+            }
+        _print_json(launch, plan, res, cur, best, run_dir, files, extra)
         return
     c = Console()
     wl = plan.workload
@@ -221,6 +263,8 @@ def tune(
     _print_verdict(c, res, cur, best, keep_list)
     if run_dir is not None:
         c.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False)
+    if _asks_split(place):
+        _print_split(c, res, split, place, split_dir, split_files)
 
 
 def _tune_nemo_rl(
@@ -295,7 +339,84 @@ def _tune_nemo_rl(
         c.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False)
 
 
-def _print_json(launch: Path, plan, res, cur: dict, best: dict, run_dir: Path | None, files: dict[str, Path]) -> None:
+def _asks_split(place: dict[str, Any]) -> bool:
+    """The user allows separate pools: --staleness >= 1, --placement separate|auto, or a rollout pool given."""
+    return bool(
+        place["staleness"] or place["placement"] != "colocated" or place["rollout_gpus"] or place["rollout_hardware"]
+    )
+
+
+def _propose_split(plan, res, place: dict[str, Any], pins: dict[str, Any], cal, min_headroom: float):
+    """The best separate-pool plan for the launch's model, cluster and workload (staleness up to --staleness),
+    when it beats the tuned colocated launch; None otherwise."""
+    from grpo_tune.autotune.placement_search import search_placement
+    from grpo_tune.core.specs import load_hardware
+
+    if place["placement"] == "colocated" and (place["partial_rollout"] and not place["staleness"]):
+        from grpo_tune.core.errors import ConfigError
+
+        raise ConfigError("--partial-rollout needs --staleness >= 1", hint="give --staleness 1")
+    pres = search_placement(
+        plan.model,
+        plan.hardware,
+        plan.cluster,
+        plan.workload,
+        placement="separate",
+        staleness=place["staleness"],
+        rollout_gpus=place["rollout_gpus"],
+        rollout_hardware=load_hardware(place["rollout_hardware"]) if place["rollout_hardware"] else None,
+        partial_rollout=place["partial_rollout"],
+        pins=pins,
+        calibration=cal,
+        min_headroom=min_headroom,
+    )
+    sep = pres.best_separate
+    if sep is None or not sep.step_s or sep.step_s >= res.best.step_s:
+        return None
+    return sep
+
+
+def _print_split(c: Console, res, split, place: dict[str, Any], run_dir: Path | None, files: dict[str, Path]) -> None:
+    from grpo_tune.autotune.validate_grpo import STATED_ERROR_PCT
+
+    k = place["staleness"]
+    if split is None:
+        c.print(
+            f"separate pools (staleness up to {k}): no split beats the tuned colocated launch "
+            f"({res.best.step_s:,.1f} s per step); keep it colocated",
+            highlight=False,
+        )
+        return
+    f, s = split.placement, split.strategy
+    sp = res.best.step_s / split.step_s
+    c.print(
+        f"[bold]proposal: separate pools[/] {f['rollout_gpus']} rollout + {f['train_gpus']} training GPUs, "
+        f"staleness {f['staleness']}, partial rollout {'on' if f['partial_rollout'] else 'off'}: "
+        f"{split.step_s:,.1f} s per step vs {res.best.step_s:,.1f} s tuned colocated "
+        f"({res.current.step_s:,.1f} s as launched): {sp:.2f}x over the tuned launch "
+        f"({'within' if abs(sp - 1) * 100 < STATED_ERROR_PCT else 'beyond'} the model's +/-{STATED_ERROR_PCT:g}%); "
+        f"busy rollout {100 * f['rollout_busy']:.0f}%, training {100 * f['train_busy']:.0f}%; training "
+        f"{s.layout_text()}, vLLM tp{s.rollout_tp} mem{s.gpu_memory_utilization:g}",
+        highlight=False,
+    )
+    if run_dir is not None:
+        c.print(
+            f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))}): its verl.sh is "
+            "verl's fully-async launch of the split",
+            highlight=False,
+        )
+
+
+def _print_json(
+    launch: Path,
+    plan,
+    res,
+    cur: dict,
+    best: dict,
+    run_dir: Path | None,
+    files: dict[str, Path],
+    extra: dict[str, Any] | None = None,
+) -> None:
     gain = res.gain()
     print(
         json.dumps(
@@ -314,6 +435,7 @@ def _print_json(launch: Path, plan, res, cur: dict, best: dict, run_dir: Path | 
                 "pins": res.pins,
                 "run_dir": None if run_dir is None else str(run_dir),
                 "files": {k: str(v) for k, v in files.items()},
+                **(extra or {}),
             },
             indent=2,
             default=str,

@@ -1,0 +1,40 @@
+"""tune on a colocated verl launch proposes separate pools when the user allows staleness and the split wins."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+from grpo_tune.cli.main import main
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "qwen3-30b-a3b-grpo-megatron.sh"
+
+
+def _run(*args: str) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        rc = main(list(args))
+    return rc, out.getvalue()
+
+
+def test_tune_with_staleness_proposes_a_split_and_writes_its_fully_async_launch(tmp_path):
+    rc, text = _run("tune", str(EXAMPLE), "--staleness", "1", "--out", str(tmp_path), "--json")
+    assert rc == 0, text
+    d = json.loads(text)
+    sp = d["split"]
+    assert sp is not None, "the split wins on this launch as the cost model prices it"
+    f = sp["placement"]
+    assert f["mode"] == "separate" and f["staleness"] <= 1
+    assert f["rollout_gpus"] + f["train_gpus"] == d["gpus"]
+    assert sp["time"]["step_s"] < d["best"]["step_s"]  # it beats the tuned colocated launch
+    assert sp["speedup_over_tuned"] > 1.0
+    verl_sh = Path(sp["run_dir"]) / "verl.sh"
+    assert "verl.experimental.fully_async_policy.fully_async_main" in verl_sh.read_text()
+
+
+def test_tune_without_staleness_stays_colocated(tmp_path):
+    rc, text = _run("tune", str(EXAMPLE), "--out", str(tmp_path), "--json")
+    assert rc == 0, text
+    assert "split" not in json.loads(text)
