@@ -356,6 +356,29 @@ def test_startup_memory_arithmetic():
     assert "0.57" in ei.value.hint  # floor(100 * 80 / 140) / 100
 
 
+@pytest.mark.gpu
+@needs_gpu
+def test_the_start_up_check_refuses_before_vllm_does(tmp_path):
+    """On a GPU: with most of the memory held (as the actor and reference would hold it if built first),
+    the adapter refuses with OOM_RISK and the largest fraction that would start, before vLLM's own
+    'Free memory on device ... is less than desired GPU memory utilization'."""
+    import torch
+
+    from grpo_tune.core.errors import GrpoTuneError
+    from grpo_tune.trainer.rollout.vllm import VLLMRollout
+    from grpo_tune.trainer.tokenizer import CharTokenizer
+
+    free, total = torch.cuda.mem_get_info()
+    hold = torch.empty(int(free - 0.2 * total), dtype=torch.uint8, device="cuda")  # leave 20% free; asks 30%
+    try:
+        with pytest.raises(GrpoTuneError) as ei:
+            VLLMRollout(cfg=_cfg(tmp_path), tokenizer=CharTokenizer())
+        assert ei.value.code == "OOM_RISK" and "would refuse to start" in ei.value.message
+    finally:
+        del hold
+        torch.cuda.empty_cache()
+
+
 def test_build_makes_vllm_before_the_actor_and_reference(monkeypatch, tmp_path):
     """trainer.main.build starts vLLM on an empty GPU (its start-up check passes), then the actor and
     the reference; the native sampler, which runs on the actor, comes after the actor."""
