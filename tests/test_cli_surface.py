@@ -55,6 +55,8 @@ PLAN = [
     "--sync-bucket-mb",
     # the software stack whose host and engine costs are priced (profiles/stacks)
     "--stack",
+    # Megatron's use_precision_aware_optimizer, priced (10 B of state, no fp32 param copy)
+    "--precision-aware-optimizer / --no-precision-aware-optimizer",
 ]
 # Placement: separate rollout and training pools (estimate and search; auto on search only).
 PLACE = [

@@ -42,9 +42,10 @@ def _est(**kw):
 def test_log_prob_phase_memory_scales_with_log_prob_mbs_as_the_formulas_say():
     """Hand arithmetic (costmodel/activations.py), qwen2.5-7b at TP2 with SP on an H100 (bf16 activations),
     sequences of 2048 tokens, b = log-prob micro-batch:
-      logits_bytes = tokens x (2 x 2 B x hidden / tp + LOGITS_BYTES x vocab / tp)
-                   = 2048 b x (2 x 2 x 3584 / 2 + 10 x 152064 / 2) = 2048 b x 767,488 B
-      (b=4: 6,287,261,696 B; b=8: 12,574,523,392 B);
+      logits_bytes = tokens x (2 x 2 B x hidden / tp + LOGITS_FORWARD_BYTES x vocab / tp), 8 B per logit in a
+      forward-only pass with entropy (bf16 logits, their clone, one fp32 working copy: verl's old log-prob)
+                   = 2048 b x (2 x 2 x 3584 / 2 + 8 x 152064 / 2) = 2048 b x 615,424 B
+      (b=4: 5,041,553,408 B; b=8: 10,083,106,816 B);
       forward_activation_bytes = b x 2048 x (linear + quad x 2048 + 2 x layer_input): linear in b,
       so b=8 holds exactly twice b=4 and 8x b=1.
     The update phase (micro-batch 4) does not move, and every other part of the log-prob phases stays."""
@@ -54,8 +55,8 @@ def test_log_prob_phase_memory_scales_with_log_prob_mbs_as_the_formulas_say():
     base = _est().memory
     for b in (1, 4, 8):
         for name in ("old_logprob", "ref_logprob"):
-            assert phases[b][name].parts["logits"] == 2048 * b * 767_488
-    assert phases[8]["old_logprob"].parts["logits"] == 12_574_523_392
+            assert phases[b][name].parts["logits"] == 2048 * b * 615_424
+    assert phases[8]["old_logprob"].parts["logits"] == 10_083_106_816
     act = {b: phases[b]["old_logprob"].parts["activations"] for b in (1, 4, 8)}
     assert act[8] == pytest.approx(2 * act[4], rel=1e-12) and act[8] == pytest.approx(8 * act[1], rel=1e-12)
     # log_prob_mbs == mbs prices exactly as unset
@@ -348,9 +349,9 @@ def test_search_keeps_a_pinned_log_prob_micro_batch_to_the_layouts_it_splits():
 
 def test_tune_chooses_a_log_prob_micro_batch_that_fits_when_the_launchs_overflows(capsys, tmp_path):
     """The example with log-prob micro-batch 256 (training 4). One log-prob micro-batch's logits, by hand
-    (costmodel/activations.py: 2 x 2 B x hidden + 10 B x vocab per token, over TP), 2048-token sequences:
-      TP2 (the launch): 2048 x 256 x (2 x 2 x 3584 / 2 + 10 x 152064 / 2) = 402,384,748,544 B;
-      TP4 (the most qwen2-7b's 4 KV heads allow): 2048 x 256 x 383,744 = 201,192,374,272 B
+    (costmodel/activations.py: 2 x 2 B x hidden + 8 B x vocab per token, over TP), 2048-token sequences:
+      TP2 (the launch): 2048 x 256 x (2 x 2 x 3584 / 2 + 8 x 152064 / 2) = 322,659,418,112 B;
+      TP4 (the most qwen2-7b's 4 KV heads allow): 2048 x 256 x 307,712 = 161,329,709,056 B
     both over an H100's 81,559 MiB = 85,520,809,984 B (the driver's figure), so no layout runs 256 (the
     trainer has no CP) and keeping it, as tune did, left no plan. tune now lets the search choose one up to
     256: smaller, verl's rule holds
@@ -359,14 +360,14 @@ def test_tune_chooses_a_log_prob_micro_batch_that_fits_when_the_launchs_overflow
     m = load_model("qwen2-7b")
     assert (m.hidden, m.vocab, m.kv_heads) == (3584, 152064, 4)
     hbm = load_hardware("h100").hbm_bytes
-    assert hbm == 81559 * 2**20 < 2048 * 256 * (2 * 2 * 3584 // 4 + 10 * 152064 // 4) == 201_192_374_272
+    assert hbm == 81559 * 2**20 < 2048 * 256 * (2 * 2 * 3584 // 4 + 8 * 152064 // 4) == 161_329_709_056
     text = EXAMPLE.read_text().replace("log_prob_micro_batch_size_per_gpu=8", "log_prob_micro_batch_size_per_gpu=256")
     launch = tmp_path / "lp256.sh"
     launch.write_text(text)
     plan = T.plan_of(launch, hardware="h100")
     assert (plan.strategy.mbs, plan.strategy.log_prob_mbs) == (4, 256)
     res = T.tune(plan)
-    assert res.current.memory["old_logprob"].parts["logits"] == 402_384_748_544
+    assert res.current.memory["old_logprob"].parts["logits"] == 322_659_418_112
     assert {v.phase for v in res.current.violations if v.code == "OOM_RISK"} == {"old_logprob", "ref_logprob"}
 
     first = _tune(capsys, launch, tmp_path / "a")

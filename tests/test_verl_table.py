@@ -109,6 +109,7 @@ def plans(draw):
         mini_batch=mini,
         ppo_epochs=draw(st.integers(1, 4)),
         kl=draw(st.booleans()),
+        entropy=True,  # entropy_coef below is > 0, and verl computes the entropy then (what the plan prices)
         dtype=draw(st.sampled_from(["bf16", "fp16", "fp32"])),
         prompt_len_mean=draw(st.one_of(st.none(), pos)),
     )

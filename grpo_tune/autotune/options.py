@@ -175,6 +175,15 @@ MaxNumSeqs = Annotated[
         rich_help_panel=P_ROLL,
     ),
 ]
+PrecisionAware = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--precision-aware-optimizer/--no-precision-aware-optimizer",
+        help="Megatron's use_precision_aware_optimizer (TE FusedAdam keeps 10 B of state per parameter, "
+        "no fp32 param copy beside the CPU optimizer). Default: on with --cpu-optimizer, as verl's examples.",
+        rich_help_panel=P_MEM,
+    ),
+]
 EnforceEager = Annotated[
     Optional[bool],
     typer.Option(
@@ -344,9 +353,9 @@ def strategy_pins(**flags: Any) -> dict[str, Any]:
         out["max_tokens_per_gpu"] = tokens or None
     if cpu is not None:
         out["cpu_optimizer"] = cpu or None
-        if cpu:  # as verl's examples set it: overlap the copies, precision-aware Adam
+        if cpu:  # as verl's examples set it: overlap the copies, precision-aware Adam (unless pinned off)
             out["overlap_cpu_optimizer"] = True
-            out["precision_aware_optimizer"] = True
+            out.setdefault("precision_aware_optimizer", True)
     return out
 
 
@@ -474,6 +483,7 @@ PIN_FLAGS = (
     "max_num_seqs",
     "enforce_eager",
     "sync_bucket_mb",
+    "precision_aware_optimizer",
 )
 
 

@@ -103,9 +103,11 @@ def strategy_from(get: Get, model: ModelSpec) -> Strategy:
         "free_cache_engine",
         "overlap_cpu_optimizer",
         "precision_aware_optimizer",
+        "fused_kernels",
     ):
         if isinstance(f.get(k), bool):
             d[k] = f[k]
+    _pipeline_split_accounting(get, model, d)
     d["recompute"] = f.get("recompute") or "none"
     rl = f.get("recompute_layers")
     d["recompute_layers"] = rl if _is_int(rl) and rl > 0 else None
@@ -116,6 +118,26 @@ def strategy_from(get: Get, model: ModelSpec) -> Strategy:
     cpu = f.get("cpu_optimizer")
     d["cpu_optimizer"] = float(cpu) if isinstance(cpu, (int, float)) and not isinstance(cpu, bool) and cpu > 0 else None
     return Strategy.from_dict(d, where="launch plan")
+
+
+def _pipeline_split_accounting(get: Get, model: ModelSpec, d: dict[str, Any]) -> None:
+    """Megatron's ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``
+    (megatron-core TransformerConfig; verl's 235B example sets both): the embedding and the loss count as
+    one layer each in the even split, so the first / last stage hold one decoder layer fewer. Written
+    here as the explicit first / last stage sizes the plan carries (unless the launch pins those)."""
+    pp = d.get("pp", 1)
+    emb = get(f"{OTC}.account_for_embedding_in_pipeline_split") is True
+    loss = get(f"{OTC}.account_for_loss_in_pipeline_split") is True
+    if pp <= 1 or not (emb or loss) or "first_stage_layers" in d or "last_stage_layers" in d:
+        return
+    total = model.layers + int(emb) + int(loss)
+    if total % pp:
+        return  # megatron-core refuses it too; validate() reports the split
+    per = total // pp
+    if emb:
+        d["first_stage_layers"] = per - 1
+    if loss:
+        d["last_stage_layers"] = per - 1
 
 
 def overrides_for(s: Strategy, model: ModelSpec, get: Get, present: set[str]) -> dict[str, Any]:
@@ -164,6 +186,10 @@ def workload_from(get: Get, *, prompt_len_mean: int | None = None, response_len_
         prompt_len=plen,
         response_len=rlen,
     )
+    ent = get(f"{ACTOR}.entropy_coeff")
+    entropy = (isinstance(ent, (int, float)) and not isinstance(ent, bool) and ent != 0) or (
+        get(f"{ACTOR}.calculate_entropy") is True
+    )
     return Workload.from_dict(
         {
             "prompts": prompts,
@@ -174,6 +200,7 @@ def workload_from(get: Get, *, prompt_len_mean: int | None = None, response_len_
             "mini_batch": min(mini, prompts),
             "ppo_epochs": epochs if _is_int(epochs) and epochs > 0 else 1,
             "kl": kl,
+            "entropy": entropy,
             "dtype": dtype,
         },
         where="launch workload",

@@ -231,6 +231,14 @@ def _dtype_write(p: Plan) -> dict[str, Any]:
     return {**{k: d for k in _megs("dtype")}, f"{ROLLOUT}.dtype": d}
 
 
+def _entropy_read(get: Get) -> bool:
+    """verl computes the entropy in the update when actor.calculate_entropy is set or actor.entropy_coeff != 0
+    (verl/trainer/ppo/ray_trainer.py _update_actor); the trainer option entropy_coef writes entropy_coeff."""
+    coef = get(f"{ACTOR}.entropy_coeff")
+    nonzero = isinstance(coef, (int, float)) and not isinstance(coef, bool) and coef != 0
+    return get(f"{ACTOR}.calculate_entropy") is True or nonzero
+
+
 def _gpn_write(p: Plan) -> dict[str, Any]:
     c: Cluster = p["cluster"]
     return dict(zip(_NODE_KEYS, (min(c.gpus, c.gpus_per_node), c.nnodes)))
@@ -256,6 +264,7 @@ AS_IS: dict[tuple[str, str], str | tuple[str, ...]] = {
     (S, "chunked_prefill"): f"{ROLLOUT}.enable_chunked_prefill",
     (S, "free_cache_engine"): f"{ROLLOUT}.free_cache_engine",
     (S, "sync_bucket_mb"): f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes",
+    (S, "fused_kernels"): f"{ARO}.model.use_fused_kernels",
     (W, "prompts"): f"{DATA}.train_batch_size",
     (W, "n"): f"{ROLLOUT}.n",
     (W, "prompt_len"): f"{DATA}.max_prompt_length",
@@ -349,6 +358,9 @@ CODED: tuple[Row, ...] = (
     same(S, "precision_aware_optimizer", f"+{OOC}.use_precision_aware_optimizer", read=_precision_aware_read),
     Row(W, "dtype", (*_megs("dtype"), f"{ROLLOUT}.dtype"), _dtype_write, _dtype_read),
     Row(T, "clip_ratio_high", (f"{ACTOR}.clip_ratio_high",), _clip_high_write, _clip_high_read),
+    # read only: verl computes the entropy in the update when entropy_coeff != 0 (the trainer option
+    # entropy_coef writes the key); the cost model prices the logits' clone and saved softmax then
+    same(W, "entropy", f"{ACTOR}.calculate_entropy", read=_entropy_read),
     Row(C, "gpus_per_node", _NODE_KEYS, _gpn_write, lambda get: get(_NODE_KEYS[0])),
     Row(C, "gpus", (), None, lambda get: get(_NODE_KEYS[0]) * get(_NODE_KEYS[1]), _GPUS_WHY),
 )

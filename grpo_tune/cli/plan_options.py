@@ -39,6 +39,7 @@ DEGREE_FLAGS: tuple[tuple[str, Any, Any], ...] = (
     ("gpu_memory_utilization", O.GpuMemUtil, None),
     ("max_tokens_per_gpu", O.MaxTokensPerGpu, None),
     ("cpu_optimizer", O.CpuOptimizer, None),
+    ("precision_aware_optimizer", O.PrecisionAware, None),
     ("max_num_seqs", O.MaxNumSeqs, None),
     ("enforce_eager", O.EnforceEager, None),
     ("sync_bucket_mb", O.SyncBucketMb, None),

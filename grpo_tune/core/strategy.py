@@ -104,6 +104,11 @@ class Strategy:
     sync_bucket_mb: int = SYNC_BUCKET_MB
     """Weight-sync bucket in MiB (verl's ``rollout.checkpoint_engine.update_weights_bucket_megabytes``, used as
     ``<< 20`` bytes): the exported HF tensors are packed into buckets of this size, each shipped to vLLM by CUDA IPC."""
+    fused_kernels: bool = False
+    """verl's ``actor_rollout_ref.model.use_fused_kernels``: log-probs (and entropy) computed from the hidden
+    states in vocab chunks (verl/utils/kernel/linear_cross_entropy.py, 1024 entries per split), so the
+    logits are never materialised. Off: the output layer's logits feed megatron-core's vocab-parallel
+    cross-entropy (the fp32 upcast it exponentiates in place and saves)."""
 
     @property
     def etp_(self) -> int:
@@ -203,6 +208,10 @@ class Workload:
     ppo_epochs: int = 1
     kl: bool = True
     """KL loss against a frozen reference model (needs the reference log-prob phase)."""
+    entropy: bool = False
+    """The update computes the entropy over the vocabulary (verl: ``actor.entropy_coeff`` != 0 or
+    ``actor.calculate_entropy``; verl/trainer/ppo/ray_trainer.py ``_update_actor``), which keeps a clone
+    of the logits and the entropy's own saved softmax (costmodel.activations.logits_bytes_per_logit)."""
     dtype: str = "bf16"
     seq_len: int = 4096
     """Pretraining sequence length."""

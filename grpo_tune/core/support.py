@@ -64,6 +64,15 @@ def trainer_only(model: ModelSpec, strategy: Strategy) -> list[Finding]:
                 "set strategy.cp: 1 (the search keeps CP only where each CP rank holds >= 4k tokens)",
             )
         )
+    if s.fused_kernels:
+        # verl's linear_cross_entropy kernel; the trainer's loss (trainer/engine.py) reads materialised logits
+        out.append(
+            Finding(
+                CODE,
+                "fused_kernels: the trainer computes log-probs from the output layer's logits, not fused",
+                "set strategy.fused_kernels: false to run it here (verl runs it as is)",
+            )
+        )
     return out
 
 

@@ -19,10 +19,45 @@ from grpo_tune.core.strategy import Strategy, Workload, stage_layers
 BF16 = 2
 FP32 = 4
 
-# Log-prob / entropy over the vocabulary, per token per local vocab entry: the output layer's bf16
-# logits (2 B), the fp32 copy that verl's log-prob/entropy kernels work on (4 B) and the fp32
-# softmax kept for backward (4 B). Korthikanti sec. 4.3 counts 4 B (fp32 cross-entropy) alone.
+# Log-prob / entropy over the vocabulary, bytes per token per local vocab entry, as verl 0.9.1 runs them
+# on megatron-core 0.16.1 (logits_bytes_per_logit says which applies when):
+# - megatron-core tensor_parallel/cross_entropy.py VocabParallelCrossEntropy.forward: the bf16 logits are
+#   upcast (calculate_logits_max: .float(), 4 B), exponentiated in place (calculate_predicted_logits:
+#   torch.exp(out=)), and only that fp32 exp_logits is saved for backward;
+# - verl workers/engine/megatron/transformer_impl.py (the log-prob post-processing) clones the logits
+#   (2 B) when it computes the entropy, and verl utils/megatron/tensor_parallel.py
+#   _VocabParallelEntropy.forward saves the logits and their softmax (2 B + 2 B, the logits' dtype);
+# - verl computes the entropy in every old-log-prob pass (ray_trainer.py _compute_old_log_prob:
+#   calculate_entropy=True) and in the update only when entropy_coeff != 0 (_update_actor);
+# - use_fused_kernels (verl utils/kernel/linear_cross_entropy.py): log-probs and entropy from the hidden
+#   states in vocab splits of 1024, so the logits are never materialised: a few fp32 partials per split.
 LOGITS_BYTES = 2 + 4 + 4
+"""The update with entropy: bf16 logits (kept by the entropy) + their softmax (2 + 2) and the clone the
+cross-entropy upcasts and saves (2 + 4) = 10 B; kept as the figure of the worst case."""
+LOGITS_UPDATE_BYTES = 2 + 4
+"""The update without entropy (entropy_coeff 0): the bf16 logits until the loss upcasts them, and the fp32
+exp_logits the cross-entropy saves."""
+LOGITS_FORWARD_BYTES = 2 + 2 + 4
+"""A forward-only log-prob pass (with entropy, as verl's old log-prob always is): logits, their clone, and
+one fp32 working copy at a time (no_grad: nothing is saved)."""
+MOE_IMBALANCE = 1.1
+"""Busiest expert rank's routed tokens over the mean: the time model's default (timing_base
+CALIBRATION_DEFAULTS moe_imbalance; a test keeps the two equal)."""
+FUSED_SPLIT = 1024
+"""verl's linear_cross_entropy vocab split (vocab_per_split); three fp32 partials per token per split."""
+
+
+def logits_bytes_per_logit(*, grad: bool, entropy: bool, fused: bool, act_bytes: int = BF16) -> float:
+    """Bytes per token per local vocab entry of the loss path (the table above). A profile whose layers
+    run in another dtype (the CPU trainer's local fp32 spec) runs grpo-tune's own loss (trainer/engine.py,
+    measured in tests/test_costmodel_memory.py): LOGITS_BYTES with the logits in that dtype, as before."""
+    if act_bytes != BF16:
+        return LOGITS_BYTES - BF16 + act_bytes
+    if fused:
+        return 3 * FP32 / FUSED_SPLIT
+    if not grad:
+        return LOGITS_FORWARD_BYTES
+    return LOGITS_BYTES if entropy else LOGITS_UPDATE_BYTES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,8 +134,10 @@ def layer_coeffs(
     paper: bool = False,
     fused: bool = True,
     act_bytes: int = BF16,
+    imbalance: float = 1.0,
 ) -> LayerCoeffs:
-    """Per-tensor activation bytes of one layer, after Korthikanti sec. 4.1.
+    """Per-tensor activation bytes of one layer, after Korthikanti sec. 4.1. ``imbalance``: the busiest
+    expert rank's routed tokens over the mean (MoE), as the time model prices them.
 
     ``paper=True`` is the paper's bookkeeping (LayerNorm, GeLU MLP of 4f bytes, dropout masks after
     attention and MLP, softmax + dropout mask + dropout output = 5 B per score); for a GPT-3 shape
@@ -157,7 +194,7 @@ def layer_coeffs(
         mlp = 3 * m.shared_experts * m.expert_ffn_hidden
         # Each (token, expert) pair runs on the etp ranks of its expert: h of input each, 3f_e split.
         # A TP group owns T*k distinct pairs (with SP or not), spread over its tp ranks.
-        expert = m.top_k * (h * etp + 3 * m.expert_ffn_hidden) / tp
+        expert = imbalance * m.top_k * (h * etp + 3 * m.expert_ffn_hidden) / tp
     else:
         f = m.ffn_hidden
         mlp = (3 if fused else 5) * f if m.gated_mlp else 2 * f  # SwiGLU 3f (fused) or 5f; GeLU 2f
@@ -211,7 +248,11 @@ def _stage_layout(m: ModelSpec, stages: tuple[int, ...]) -> tuple[tuple[int, int
 def _stage_coeffs(m: ModelSpec, s: Strategy, k: Kernels) -> tuple[LayerCoeffs, LayerCoeffs | None]:
     kw = dict(flash=k.flash, fused=k.fused, act_bytes=k.act_bytes)
     dense = layer_coeffs(m, False, s.tp, s.etp_, s.sp, **kw)
-    moe = layer_coeffs(m, True, s.tp, s.etp_, s.sp, **kw) if m.is_moe else None
+    # Routing is not balanced: the busiest expert rank holds the time model's imbalance share of the routed
+    # tokens (costmodel.timing_base CALIBRATION_DEFAULTS moe_imbalance); with one expert rank (ep 1) it
+    # holds them all, exactly.
+    imb = MOE_IMBALANCE if s.ep > 1 else 1.0
+    moe = layer_coeffs(m, True, s.tp, s.etp_, s.sp, imbalance=imb, **kw) if m.is_moe else None
     return dense, moe
 
 
@@ -257,9 +298,20 @@ def forward_activation_bytes(
     return work + 2 * cd.layer_input * s_local * mbs
 
 
-def logits_bytes(m: ModelSpec, s: Strategy, *, seq_len: int, mbs: float, act_bytes: int = BF16) -> float:
-    """Last stage: the output layer's input (final norm in/out, h each) and the vocab-parallel logits."""
+def logits_bytes(
+    m: ModelSpec,
+    s: Strategy,
+    *,
+    seq_len: int,
+    mbs: float,
+    act_bytes: int = BF16,
+    grad: bool = True,
+    entropy: bool = True,
+) -> float:
+    """Last stage: the output layer's input (final norm in/out, h each) and the loss path over the
+    vocab-parallel logits (:func:`logits_bytes_per_logit`: ``grad`` for the update, ``entropy`` whether
+    it is computed, the plan's ``fused_kernels``)."""
     tokens = -(-seq_len // s.cp) * mbs
     d_sp = s.tp if s.sp else 1
-    per_vocab = LOGITS_BYTES - BF16 + act_bytes  # the output layer writes logits in the activation dtype
+    per_vocab = logits_bytes_per_logit(grad=grad, entropy=entropy, fused=s.fused_kernels, act_bytes=act_bytes)
     return tokens * (2 * act_bytes * m.hidden / d_sp + per_vocab * padded_vocab(m, s.tp) / s.tp)

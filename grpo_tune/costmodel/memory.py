@@ -82,10 +82,31 @@ class ModelState:
     optimizer: float
 
 
-def model_state_bytes(dense: int, expert: int, s: Strategy, dtype: str = "bf16") -> ModelState:
-    """Weights, main grads (Megatron's DDP grad buffer) and optimizer state on one rank of ``s``
-    holding ``dense`` + ``expert`` parameters (the optimizer's share: :func:`optimizer_params`)."""
+PRECISION_AWARE_OPTIMIZER_BYTES = 2 + 4 + 4
+"""megatron-core 0.16.1 with use_precision_aware_optimizer (bf16): the main params are held by TE's
+FusedAdam with store_param_remainders (optimizer/__init__.py _get_megatron_optimizer_based_on_param_groups:
+master_weights, store_param_remainders; distrib_optimizer.py _build_model_and_main_param_groups keeps no
+fp32 shard_main_param), so a parameter's state is its 16-bit remainder + fp32 m and v: 10 B, not 12."""
+CPU_OPTIMIZER_MAIN_PARAM_BYTES = 4
+"""Without the precision-aware optimizer, the distributed optimizer's fp32 copy of the param shard
+(distrib_optimizer.py _build_model_and_main_param_groups: shard_main_param = shard_model_param.clone().float())
+stays on the GPU when the hybrid CPU optimizer steps the state on the host."""
+
+
+def model_state_bytes(
+    dense: int,
+    expert: int,
+    s: Strategy,
+    dtype: str = "bf16",
+    *,
+    grad_bytes: float | None = None,
+) -> ModelState:
+    """Weights, main grads (Megatron's DDP grad buffer, ``grad_bytes`` each: the stack's gradient dtype,
+    4 with grad_reduce_in_fp32) and optimizer state on one rank of ``s`` holding ``dense`` + ``expert``
+    parameters (the optimizer's share: :func:`optimizer_params`)."""
     w, g, o = STATE_BYTES[dtype]
+    if grad_bytes is not None and dtype == "bf16":
+        g = grad_bytes
     n = dense + expert
     return ModelState(weights=float(w * n), grads=float(g * n), optimizer=float(o * optimizer_params(dense, expert, s)))
 
@@ -238,7 +259,9 @@ def phase_memory(
     stages = per_stage_params(m, s)
     seq, mbs = micro_batch_shape(s, w, s.max_tokens_per_gpu)
     acts = train_activation_bytes(m, s, seq_len=seq, mbs=mbs, microbatches=_microbatches(s, w), kernels=k)
-    logit = logits_bytes(m, s, seq_len=seq, mbs=mbs, act_bytes=k.act_bytes)
+    grpo = w.kind == "grpo"
+    # the update computes the entropy only when the loss uses it (verl: entropy_coeff != 0); pretraining none
+    logit = logits_bytes(m, s, seq_len=seq, mbs=mbs, act_bytes=k.act_bytes, entropy=grpo and w.entropy)
     last = len(stages) - 1
     # Stages with the same parameters differ only in activations: per (params, last?) keep the
     # stage that holds the most. Two or three candidates instead of pp, for speed.
@@ -248,10 +271,26 @@ def phase_memory(
         j = best.get(key)
         if j is None or acts[i] > acts[j]:
             best[key] = i
-    full = {i: model_state_bytes(stages[i].dense, stages[i].expert, s, dtype) for i in sorted(best.values())}
-    # Megatron's hybrid CPU optimizer keeps only the GPU share of the optimizer state on the GPU.
+    gb = hardware.efficiency.grad_reduce_bytes
+    full = {
+        i: model_state_bytes(stages[i].dense, stages[i].expert, s, dtype, grad_bytes=gb) for i in sorted(best.values())
+    }
+    # Megatron's hybrid CPU optimizer keeps only the GPU share of the optimizer state on the GPU, and,
+    # without the precision-aware optimizer, the fp32 copy of the param shard as well.
     gpu_share = 1.0 - (s.cpu_optimizer or 0.0)
-    states = {i: ModelState(st.weights, st.grads, st.optimizer * gpu_share) for i, st in full.items()}
+    main, pa = 0.0, 1.0
+    if dtype == "bf16" and s.precision_aware_optimizer:  # TE FusedAdam on the GPU share (the host's keeps 12 B)
+        pa = PRECISION_AWARE_OPTIMIZER_BYTES / STATE_BYTES["bf16"][2]
+    elif dtype == "bf16" and s.cpu_optimizer:
+        main = CPU_OPTIMIZER_MAIN_PARAM_BYTES
+    states = {
+        i: ModelState(
+            st.weights,
+            st.grads,
+            st.optimizer * gpu_share * pa + main * optimizer_params(stages[i].dense, stages[i].expert, s),
+        )
+        for i, st in full.items()
+    }
     kvc = (
         kv_cache_capacity(m, hardware, s, w, cluster.gpus)
         if (w.kind == "grpo" and not hardware.native_rollout)
@@ -316,7 +355,8 @@ def _phases(m, hardware, s, w, k, states, acts, logit, last, kvc) -> dict[str, P
     if w.kind == "grpo":
         fseq, fmbs = micro_batch_shape(s, w, s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu, mbs=s.log_prob_mbs_)
         fwd = forward_activation_bytes(m, s, seq_len=fseq, mbs=fmbs, kernels=k)
-        flog = logits_bytes(m, s, seq_len=fseq, mbs=fmbs, act_bytes=k.act_bytes)
+        # verl's old log-prob always computes the entropy (a metric); no backward, nothing saved
+        flog = logits_bytes(m, s, seq_len=fseq, mbs=fmbs, act_bytes=k.act_bytes, grad=False, entropy=True)
         olp, rlp, ws, ro = [], [], [], []
         bucket = min(s.sync_bucket_bytes, BF16 * float(total_params(m))) + sync_bucket_bytes(m, s.ep)
         for i, st in states.items():

@@ -261,6 +261,7 @@ ROWS: tuple[Row, ...] = (
         _recompute_read,
     ),
     none(S, "recompute_layers", "NeMo-RL's full recompute is uniform over every layer (megatron/setup.py)"),
+    none(S, "fused_kernels", "verl's fused linear cross-entropy; NeMo-RL materialises the logits (the plan's false)"),
     same(S, "distributed_optimizer", f"{OPT}.use_distributed_optimizer"),
     Row(S, "offload", (), None, _offload_read, "colocated generation offloads the policy around generation"),
     Row(
@@ -338,6 +339,7 @@ ROWS: tuple[Row, ...] = (
         none(W, f, why)
         for f, why in (
             ("prompt_len_mean", "a statistic of the dataset, not a setting"),
+            ("entropy", "NeMo-RL's GRPO loss has no entropy term: the plan prices none (workload.entropy false)"),
             ("response_len_mean", "a statistic of the policy's answers, not a setting"),
             ("response_len_quantiles", "a measured length histogram, not a setting"),
             ("lengths_source", "provenance of the length statistics"),
