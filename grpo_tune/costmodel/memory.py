@@ -104,9 +104,8 @@ def model_state_bytes(
     """Weights, main grads (Megatron's DDP grad buffer, ``grad_bytes`` each: the stack's gradient dtype,
     4 with grad_reduce_in_fp32) and optimizer state on one rank of ``s`` holding ``dense`` + ``expert``
     parameters (the optimizer's share: :func:`optimizer_params`)."""
-    w, g, o = STATE_BYTES[dtype]
-    if grad_bytes is not None and dtype == "bf16":
-        g = grad_bytes
+    w, g0, o = STATE_BYTES[dtype]
+    g = float(grad_bytes) if (grad_bytes is not None and dtype == "bf16") else float(g0)
     n = dense + expert
     return ModelState(weights=float(w * n), grads=float(g * n), optimizer=float(o * optimizer_params(dense, expert, s)))
 
