@@ -40,7 +40,14 @@ def test_the_cpu_optimizer_lowers_gpu_memory_and_adds_host_time():
     base = Strategy(tp=2, rollout_tp=2)
     cpu = base.replace(cpu_optimizer=1.0, overlap_cpu_optimizer=True)
     a, b = est(base), est(cpu)
-    assert b.memory["update"].parts["optimizer"] == 0 < a.memory["update"].parts["optimizer"]
+    # Without the precision-aware optimizer the distributed optimizer's fp32 copy of the param shard stays on
+    # the GPU (megatron-core distrib_optimizer.py: 4 B per shard parameter); with it, nothing of the state.
+    shard0 = train_time.optimizer_shard(M7, validate(M7, base, 8))
+    # (memory counts the most loaded stage's parameters exactly, the time model's shard is its O(1) twin: 3e-5 apart)
+    assert b.memory["update"].parts["optimizer"] == pytest.approx(4 * shard0, rel=1e-4)
+    assert 4 * shard0 < a.memory["update"].parts["optimizer"]
+    pa = est(cpu.replace(precision_aware_optimizer=True))
+    assert pa.memory["update"].parts["optimizer"] == 0
     assert b.peak_bytes <= a.peak_bytes and b.host_bytes_per_node > a.host_bytes_per_node
     # Update time: + CPU Adam over the rank's shard (8 ranks share the node's DRAM bandwidth and
     # FLOP/s; copies overlapped), - the GPU Adam it replaces; 4 mini-batches per step.

@@ -1,0 +1,93 @@
+"""Trends a cost model that transfers across GPUs must keep, with hand-computed values.
+
+- Same stack, a compute-bound update: B200 over H100 throughput is at most their FLOP/s ratio.
+- A memory-bound decode: B200 over H100 at most their HBM-bandwidth ratio.
+- An H20 decode is not priced slower than its HBM bandwidth implies (its low FLOP/s must not be
+  counted through the GEMM curve on top of the memory roofline).
+- The MoE overhead term grows with the micro-batch count at its documented bound (Megatron's MoE
+  docs: a few hundred microseconds to ~1 ms per layer with permute fusion and grouped GEMM), no more.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.stacks import load_stack
+from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
+from grpo_tune.costmodel import rollout, timing
+from grpo_tune.costmodel.estimate import estimate
+
+H100, B200, H20 = load_hardware("h100"), load_hardware("b200"), load_hardware("h20")
+CAL = timing.CALIBRATION_DEFAULTS
+
+
+def _update_s(hw, m, s, wl, gpus=8):
+    return estimate(model=m, hardware=hw, cluster=Cluster(gpus=gpus), strategy=s, workload=wl).time["update"]
+
+
+def test_b200_over_h100_compute_bound_update_is_at_most_the_flops_ratio():
+    """Qwen2.5-32B at TP4, micro-batches of 4 x 4k tokens: GEMMs near the curve's ceiling dominate. (An
+    update with a large memory-bound share, element-wise work and the fp32 log-softmax, may sit between
+    the FLOP/s ratio and the HBM ratio of 2.39: Llama-3.1-8B at TP1 and micro-batch 8 is priced at 2.28.)"""
+    m = load_model("qwen2.5-32b")
+    s = Strategy(tp=4, mbs=4, recompute="none")
+    wl = Workload(prompts=256, n=8, mini_batch=64, prompt_len=1024, response_len=3072, response_len_mean=3072)
+    h, b = _update_s(H100, m, s, wl), _update_s(B200, m, s, wl)
+    flops_ratio = 2.25e15 / 989.4e12  # datasheets: 2.274
+    assert B200.bf16_dense_flops_per_s / H100.bf16_dense_flops_per_s == pytest.approx(flops_ratio)
+    assert 2.0 < h / b <= flops_ratio
+
+
+def _decode_step(hw, m, rtp, conc, ctx):
+    s = validate(m, Strategy(rollout_tp=rtp), 8)
+    step = rollout._DecodeStep(m, hw, Cluster(gpus=8), s, 256.0, CAL)
+    return step(conc, ctx)
+
+
+def test_b200_over_h100_memory_bound_decode_is_at_most_the_hbm_ratio():
+    m = load_model("llama-3.1-8b")
+    for conc in (1, 8, 64):
+        th, bound_h = _decode_step(H100, m, 1, conc, 1024)
+        tb, bound_b = _decode_step(B200, m, 1, conc, 1024)
+        assert bound_h and bound_b  # memory-bound at these batches
+        assert 1.0 < th / tb <= 8.0e12 / 3.35e12  # HBM ratio 2.388
+
+
+def test_h20_decode_is_priced_by_its_hbm_bandwidth():
+    """By hand, one decode step of Llama-3.1-8B at rollout TP1, 8 sequences at context 1024 on H20:
+    weights (bf16) + KV cache read over 4.0 TB/s x hbm_efficiency x decode_efficiency, plus the stack's
+    per-step and per-sequence host costs (no TP all-reduce at TP1). The FLOPs (at the GEMM ceiling) are
+    far below: an H20's 148 TFLOP/s do not make a memory-bound step slower than its bandwidth implies."""
+    from grpo_tune.costmodel import memory
+
+    m = load_model("llama-3.1-8b")
+    conc, ctx = 8, 1024
+    t, bound = _decode_step(H20, m, 1, conc, ctx)
+    e = H20.efficiency
+    read = memory.rollout_weight_bytes(m, 1) + conc * ctx * memory.kv_bytes_per_token(m, 1)
+    want = read / (4.0e12 * e.hbm_efficiency * e.decode_efficiency) + e.decode_step_overhead_s
+    want += conc * e.decode_sequence_overhead_s
+    assert bound and t == pytest.approx(want, rel=1e-9)
+    # and faster than an H100's step (3.35 TB/s), whatever its FLOP/s
+    assert t < _decode_step(H100, m, 1, conc, ctx)[0]
+
+
+def test_moe_overhead_grows_with_micro_batches_at_its_bound():
+    """The MoE host cost is per MoE layer per micro-batch, forward and backward: raising it from 0 to
+    Megatron's ~1 ms bound adds 2 x 1 ms x 48 MoE layers per micro-batch of Qwen3-30B-A3B's update, so
+    twice the micro-batches add twice the time, and the shipped verl stack's value stays inside the bound."""
+    m = load_model("qwen3-30b-a3b")
+    wl = Workload(prompts=64, n=8, mini_batch=16, prompt_len=512, response_len=1024, response_len_mean=1024)
+    verl = load_stack("verl-0.9.1")
+    assert 2e-4 <= verl.params["moe_layer_overhead_s"] <= 1e-3
+    added = {}
+    for mbs in (1, 2):
+        s = Strategy(tp=1, ep=8, mbs=mbs, recompute="none", offload=("param", "grad", "optimizer"))
+        t = {x: _update_s(H100.with_efficiency(moe_layer_overhead_s=x), m, s, wl) for x in (0.0, 1e-3)}
+        added[mbs] = t[1e-3] - t[0.0]
+    # per DP rank: 16 x 8 / 8 = 16 sequences per mini-batch, 4 mini-batches
+    micro = {1: 16 * 4, 2: 8 * 4}
+    for mbs, n in micro.items():
+        assert added[mbs] == pytest.approx(n * 2 * 1e-3 * 48, rel=1e-6)
+    assert added[1] == pytest.approx(2 * added[2], rel=1e-6)
