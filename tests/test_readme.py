@@ -26,7 +26,8 @@ def test_readme_opens_with_the_two_commands():
 def test_user_sections_come_first_and_the_record_is_in_docs():
     heads = [ln[3:] for ln in README.splitlines() if ln.startswith("## ")]
     want = ["CPU quick start", "For verl users", "Commands", "What bad input gets", "Architecture", "More"]
-    assert heads == want, heads
+    assert [h for h in heads if h in want] == want, heads  # in this order (other "For X users" may join)
+    assert all(h in want or (h.startswith("For ") and h.endswith(" users")) for h in heads), heads
     for link in re.findall(r"\]\((docs/[\w.-]+\.md)\)", README):
         assert (ROOT / link).is_file(), link
     assert {"docs/design.md", "docs/measurements.md", "docs/verl.md"} <= set(re.findall(r"\((docs/[\w.-]+)\)", README))
@@ -39,7 +40,14 @@ def test_no_commit_hashes_or_issue_numbers_in_user_docs():
     for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = p.read_text()
         assert not re.search(r"\bissues? \d+\b", text, re.I), p.name
-        hashes = [h for h in re.findall(r"\b[0-9a-f]{7,40}\b", text) if not h.isdigit() and re.search(r"\d", h)]
+        # an upstream release pinned by its full commit is a source citation (it names its repository on the
+        # line); a short or unattributed hash is this project's history, which stays out of user docs
+        hashes = [
+            h
+            for ln in text.splitlines()
+            for h in re.findall(r"\b[0-9a-f]{7,40}\b", ln)
+            if not h.isdigit() and re.search(r"\d", h) and not (len(h) == 40 and re.search(r"\w+/[\w-]+", ln))
+        ]
         assert not hashes, (p.name, hashes[:5])
 
 
