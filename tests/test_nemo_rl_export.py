@@ -317,3 +317,15 @@ def test_search_for_nemo_rl_is_priced_under_its_stack(tmp_path):
     d = _search(tmp_path, "--framework", "nemo-rl")
     best = yaml.safe_load((d / "best.yaml").read_text())
     assert best["hardware"]["stack"].startswith("nemo-rl")
+
+
+@pytest.mark.skipif(not os.environ.get("NEMO_RL_CHECKOUT"), reason="set NEMO_RL_CHECKOUT to a NeMo-RL v0.7.0 tree")
+def test_snapshot_and_renditions_match_the_release():
+    """With a NeMo-RL v0.7.0 checkout: the shipped snapshot is what the tag builds to, and our renditions of
+    its performance recipes hold every key and value of the originals."""
+    root = Path(os.environ["NEMO_RL_CHECKOUT"])
+    assert snapshot.build(root) == {k: v for k, v in snapshot.data().items()}
+    ours = Path(__file__).resolve().parent.parent / "examples" / "nemo-rl-upstream"
+    for f in ours.glob("*.yaml"):
+        theirs = root / "examples/configs/recipes/llm/performance" / f.name
+        assert yaml.safe_load(f.read_text()) == yaml.safe_load(theirs.read_text()), f.name
