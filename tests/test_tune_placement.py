@@ -7,6 +7,8 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 from grpo_tune.cli.main import main
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "qwen3-30b-a3b-grpo-megatron.sh"
@@ -38,3 +40,19 @@ def test_tune_without_staleness_stays_colocated(tmp_path):
     rc, text = _run("tune", str(EXAMPLE), "--out", str(tmp_path), "--json")
     assert rc == 0, text
     assert "split" not in json.loads(text)
+
+
+def test_tune_reads_a_fully_async_launch_back_as_separate_pools(tmp_path):
+    # the split tune proposes, written as verl's fully-async launch, read back by tune: the same pools and price
+    rc, text = _run("tune", str(EXAMPLE), "--staleness", "1", "--out", str(tmp_path / "a"), "--json")
+    assert rc == 0, text
+    sp = json.loads(text)["split"]
+    rc, text = _run("tune", str(Path(sp["run_dir"]) / "verl.sh"), "--out", str(tmp_path / "b"), "--json")
+    assert rc == 0, text
+    d = json.loads(text)
+    cur = d["current"]
+    for k in ("rollout_gpus", "train_gpus", "staleness", "partial_rollout"):
+        assert cur["placement"][k] == sp["placement"][k], k
+    assert cur["strategy"]["tp"] == sp["strategy"]["tp"] and cur["strategy"]["ep"] == sp["strategy"]["ep"]
+    assert cur["time"]["step_s"] == pytest.approx(sp["time"]["step_s"], rel=1e-6)
+    assert d["best"]["time"]["step_s"] <= cur["time"]["step_s"]

@@ -240,6 +240,30 @@ class LaunchPlan:
     cluster: Cluster
     strategy: Strategy
     workload: Workload
+    placement: Any = None
+    """Separate pools (a fully-async launch): the Placement it runs; None: colocated."""
+
+
+def separate_of(launch: Launch) -> tuple[Any, int, int]:
+    """A fully-async launch's placement and its two pools' GPUs: (Placement, rollout GPUs, rollout GPUs per node)."""
+    from grpo_tune.core.placement import Placement
+
+    rg, rn = launch.get("rollout.n_gpus_per_node"), launch.get("rollout.nnodes")
+    if not (_is_int(rg) and rg > 0 and _is_int(rn) and rn > 0):
+        raise ConfigError(
+            f"{launch.path}: rollout.n_gpus_per_node={rg!r} x rollout.nnodes={rn!r} is not a rollout pool",
+            hint="set both to positive integers",
+        )
+    k = launch.get("async_training.staleness_threshold")
+    if not isinstance(k, (int, float)) or isinstance(k, bool) or k < 0:
+        raise ConfigError(f"{launch.path}: async_training.staleness_threshold={k!r} is not a number >= 0")
+    partial = launch.get("async_training.partial_rollout") is True
+    stale = int(-(-float(k) // 1))  # at most ceil(threshold) versions ahead
+    return (
+        Placement(mode="separate", rollout_gpus=rg * rn, staleness=stale, partial_rollout=partial and stale > 0),
+        rg * rn,
+        rg,
+    )
 
 
 def plan_of(
@@ -276,12 +300,35 @@ def plan_of(
             hint="set both to positive integers",
         )
     cluster = Cluster(gpus=gpn * nn, gpus_per_node=gpn)
-    wl = workload_from(launch.get, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean)
+    get = launch.get
+    placement = None
+    if launch.separate:  # the pools; one step = one parameter version of trigger x require_batches mini-batches
+        placement, rgpus, rgpn = separate_of(launch)
+        shared = launch.get("rollout.nnodes") == nn and rgpn + gpn <= hw.gpus_per_node
+        cluster = Cluster(gpus=gpn * nn + rgpus, gpus_per_node=(gpn + rgpn) if shared else gpn)
+        steps = (get("async_training.trigger_parameter_sync_step") or 1) * (get("async_training.require_batches") or 1)
+
+        def get(key: str, _g=launch.get, _k=steps) -> Any:
+            if key == "data.train_batch_size":
+                mini = _g(f"{ACTOR}.ppo_mini_batch_size")
+                return mini * _k if _is_int(mini) else mini
+            return _g(key)
+
+    wl = workload_from(get, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean)
     s = strategy_from(launch.get, m)
     from grpo_tune.core.strategy import validate
 
-    s = validate(m, s, cluster.gpus, gpus_per_node=gpn, allow_cross_node_tp=True)
-    return LaunchPlan(launch=launch, model=m, model_note=note, hardware=hw, cluster=cluster, strategy=s, workload=wl)
+    s = validate(m, s, gpn * nn, gpus_per_node=gpn, allow_cross_node_tp=True)
+    return LaunchPlan(
+        launch=launch,
+        model=m,
+        model_note=note,
+        hardware=hw,
+        cluster=cluster,
+        strategy=s,
+        workload=wl,
+        placement=placement,
+    )
 
 
 def _plan_of_run_config(

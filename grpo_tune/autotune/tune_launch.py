@@ -30,6 +30,14 @@ class Launch:
     """diagnose's key check of the launch (unknown keys, keys Hydra refuses): tune reports them first."""
     renames: dict[str, str] = field(default_factory=dict)
     """Blog-only key -> the real key whose value it gives (read into ``values``; rewritten in tuned.sh)."""
+    config_name: str | None = None
+    """``--config-name`` of the launch (``fully_async_ppo_megatron_trainer``: separate pools)."""
+
+    @property
+    def separate(self) -> bool:
+        from grpo_tune.autotune import verl_async
+
+        return self.config_name == verl_async.CONFIG_NAME
 
     def refused(self) -> list[D.Finding]:
         """The key findings verl's Hydra would refuse the launch for (errors)."""
@@ -42,6 +50,10 @@ class Launch:
         # the reference inherits the actor's degrees and param_offload (verl 0.9.1 ref/ref.yaml oc.select)
         if key.startswith(f"{REF}.megatron.") and key.rsplit(".", 1)[-1] in (*DEGREE_KEYS.values(), "param_offload"):
             return self.get(f"{ACTOR}.megatron." + key.rsplit(".", 1)[-1])
+        if self.separate:
+            from grpo_tune.autotune import verl_async
+
+            return verl_async.default(key)
         return verl.default(key)
 
 
@@ -59,7 +71,7 @@ def read_launch(path: str | Path) -> Launch:
     except (UnicodeDecodeError, OSError) as exc:
         raise ConfigError(f"{p}: not a readable text file ({exc})") from None
     config_name = None
-    if re.search(r"main_ppo|verl-train|^#!", text, re.MULTILINE):
+    if re.search(r"main_ppo|fully_async_main|verl-train|^#!", text, re.MULTILINE):
         _bash_syntax(p)
         ovs, findings, facts = D.parse_script(text)
         config_name = facts.get("config_name")
@@ -100,6 +112,7 @@ def read_launch(path: str | Path) -> Launch:
         values={o.key: o for o in mapped},
         key_findings=D.key_findings(ovs, config_name=config_name),
         renames=renames,
+        config_name=config_name,
     )
     for o in unresolved:
         if o.key in _planned_keys(launch):

@@ -197,6 +197,18 @@ def tune(
 
         cal = load_calibration(calibration, hardware=plan.hardware.name)
     keep_list = [k.strip() for k in (keep or "").split(",") if k.strip()]
+    if plan.placement is not None:  # verl's fully-async launch: separate pools, re-searched as separate pools
+        return _tune_separate(
+            plan,
+            place,
+            pins_from_flags(pins),
+            cal,
+            min_headroom,
+            emit=emit,
+            out=out,
+            json_out=json_out,
+            meta={"tuned_from": str(launch), **({"calibration": str(calibration)} if calibration else {})},
+        )
     res = T.tune(plan, keep=keep_list, calibration=cal, min_headroom=min_headroom, pins=pins_from_flags(pins))
     launch_obj = plan.launch
     if launch_obj is None:  # plan_of reads a best.yaml too; tune edits launches only
@@ -337,6 +349,98 @@ def _tune_nemo_rl(
     _print_verdict(c, res, cur, best, keep_list)
     if run_dir is not None:
         c.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False)
+
+
+def _tune_separate(plan, place, pins, cal, min_headroom: float, *, emit: bool, out: Path, json_out: bool, meta) -> None:
+    """A separate-pool launch: its price as read back, and the best separate plan (the split, staleness, both
+    pools' plans) for the same model, cluster and workload; the winner's run folder (a full fully-async launch)."""
+    import dataclasses
+
+    from grpo_tune.autotune.emit import emit_run
+    from grpo_tune.autotune.placement_search import search_placement
+    from grpo_tune.core.specs import load_hardware
+    from grpo_tune.costmodel.placement import estimate_separate
+
+    p0 = plan.placement
+    hw_r = load_hardware(place["rollout_hardware"]) if place["rollout_hardware"] else None
+    if hw_r is not None:
+        p0 = dataclasses.replace(p0, rollout_hardware=hw_r.name)
+    cur = estimate_separate(
+        model=plan.model,
+        hardware=plan.hardware,
+        cluster=plan.cluster,
+        strategy=plan.strategy,
+        workload=plan.workload,
+        placement=p0,
+        rollout_hardware=hw_r,
+        calibration=cal,
+    )
+    k = place["staleness"] or p0.staleness
+    res = search_placement(
+        plan.model,
+        plan.hardware,
+        plan.cluster,
+        plan.workload,
+        placement="separate",
+        staleness=k,
+        rollout_gpus=place["rollout_gpus"],
+        rollout_hardware=hw_r,
+        partial_rollout=place["partial_rollout"] or p0.partial_rollout,
+        pins=pins,
+        calibration=cal,
+        min_headroom=min_headroom,
+    )
+    found = res.best_separate
+    cur_s = float(cur.step_s or float("inf"))
+    best = found if found is not None and float(found.step_s or float("inf")) < cur_s else cur
+    gain = cur_s / float(best.step_s or float("inf"))
+    run_dir: Path | None = None
+    files: dict[str, Path] = {}
+    if emit:
+        run_dir, files = emit_run(best, out=out, meta=meta)
+    if json_out:
+        print(
+            json.dumps(
+                {
+                    "launch": str(plan.launch.path),
+                    "current": cur.to_dict(),
+                    "best": best.to_dict(),
+                    "gain": gain,
+                    "run_dir": None if run_dir is None else str(run_dir),
+                    "files": {n: str(v) for n, v in files.items()},
+                },
+                indent=2,
+                default=str,
+            )
+        )
+        return
+    c = Console()
+
+    def line(e) -> str:
+        f = e.placement
+        return (
+            f"{f['rollout_gpus']} rollout + {f['train_gpus']} training GPUs, staleness {f['staleness']}: "
+            f"{e.step_s:,.1f} s per step (generation {f['gen_s']:,.1f}, training {f['train_s']:,.1f}, sync "
+            f"{f['sync_s']:,.1f}; busy {100 * f['rollout_busy']:.0f}% / {100 * f['train_busy']:.0f}%); training "
+            f"{e.strategy.layout_text()}, vLLM tp{e.strategy.rollout_tp} mem{e.strategy.gpu_memory_utilization:g}"
+        )
+
+    c.print(
+        f"{plan.launch.path}: verl fully-async launch of {plan.model.name} on {plan.cluster.gpus} x "
+        f"{plan.hardware.name}",
+        highlight=False,
+    )
+    c.print("as launched: " + line(cur), highlight=False)
+    if best is cur:
+        c.print("no faster separate plan found: keep the launch", highlight=False)
+    else:
+        c.print(f"[bold]best:[/] {line(best)} ({gain:.2f}x)", highlight=False)
+    if run_dir is not None:
+        c.print(
+            f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))}): its verl.sh is the "
+            "whole fully-async launch (no tuned.sh for separate launches)",
+            highlight=False,
+        )
 
 
 def _asks_split(place: dict[str, Any]) -> bool:
