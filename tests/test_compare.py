@@ -101,3 +101,32 @@ def test_text_states_the_lengths_and_fits_80_columns(tmp_path):
     assert "Lengths: assumed mean = 20% of the max" in text and "--lengths FILE" in text
     table = p.stdout.split("Best plan per hardware", 1)[1].split("profile:", 1)[0]
     assert "…" not in table and all(len(ln) <= 80 for ln in table.splitlines())
+
+
+def test_each_row_says_how_its_profile_was_obtained_and_flags_close_calls():
+    """compare's rows carry the profile's provenance and its class's cross-validated band; a less-known
+    profile faster than a better-known one by less than its band is noted as not told apart."""
+    from grpo_tune.autotune.validate_grpo import BAND_PCT
+    from grpo_tune.cli.compare import _flag_within_band
+
+    rows = [
+        {
+            "hardware": "a",
+            "fits": True,
+            "provenance": "fitted",
+            "band_pct": BAND_PCT["fitted"],
+            "tokens_per_s_per_gpu": 100.0,
+        },
+        {
+            "hardware": "b",
+            "fits": True,
+            "provenance": "spec-only",
+            "band_pct": BAND_PCT["spec-only"],
+            "tokens_per_s_per_gpu": 130.0,
+        },
+        {"hardware": "c", "fits": True, "provenance": "transferred", "band_pct": 10.0, "tokens_per_s_per_gpu": 150.0},
+    ]
+    _flag_within_band(rows)
+    assert "not told apart" in rows[1]["note"] and "a (fitted)" in rows[1]["note"]  # +30% < 59.6% band
+    assert "note" not in rows[2] and "note" not in rows[0]  # +50% > its 10% band; the fitted one is the reference
+    assert BAND_PCT["fitted"] <= BAND_PCT["transferred"] <= BAND_PCT["spec-only"]

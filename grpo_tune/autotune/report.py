@@ -156,10 +156,11 @@ def plot_compare(rows: Sequence[dict[str, Any]], path: Path) -> Path:
             txt = f"{r['step_s']:.1f} s/step" + ("" if cost is None else f", ${cost:.2f}/M tok")
             if r.get("provenance"):
                 txt += f" ({r['provenance']} ±{r.get('band_pct', 0):.0f}%)"
-        ax.text(b.get_width(), b.get_y() + b.get_height() / 2, " " + txt, va="center", fontsize=8)
+        x = b.get_width() * (1 + r.get("band_pct", 0.0) / 100)  # past the error bar
+        ax.text(x, b.get_y() + b.get_height() / 2, " " + txt, va="center", fontsize=8)
     ax.set_xlabel("tokens/s per GPU (predicted, best plan)")
     ax.set_title("Best plan per hardware")
-    ax.margins(x=0.35)
+    ax.margins(x=0.6 if any(r.get("band_pct") for r in rows) else 0.35)
     return _save_png(fig, path)
 
 

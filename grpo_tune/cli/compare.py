@@ -57,9 +57,6 @@ def usd_per_million_tokens(price_per_gpu_hour: float | None, tokens_per_s_per_gp
     return price_per_gpu_hour / (3600.0 * tokens_per_s_per_gpu) * 1e6
 
 
-_SHORT = {"fitted": "fit", "transferred": "xfer", "spec-only": "spec"}
-
-
 def compare_rows(
     *,
     model: str,
@@ -245,22 +242,21 @@ def compare(
         print(json.dumps(doc, indent=2, default=str))
         return
     t = Table(title=f"Best plan per hardware: {model} on {gpus} GPUs", title_justify="left")
-    for c in ("hardware", "profile", "best plan", "step s", "tok/s/GPU", "$/M tok", "free GiB"):
+    for c in ("hardware", "best plan", "step s", "tok/s/GPU", "$/M tok", "free GiB"):
         t.add_column(
             c,
-            justify="left" if c in ("hardware", "profile", "best plan") else "right",
-            no_wrap=c == "profile",
+            justify="left" if c in ("hardware", "best plan") else "right",
             overflow="fold" if c == "hardware" else "ellipsis",  # a profile name is never cut short
         )
     for r in rows:
-        prof = f"{_SHORT[r['provenance']]}±{r['band_pct']:.0f}%"
+        # the profile's provenance and its class's error band, under its name
+        hw = f"{r['hardware']}\n[dim]{r['provenance']} ±{r['band_pct']:.0f}%[/]"
         if not r["fits"]:
-            t.add_row(r["hardware"], prof, f"[red]{r['error']['code']}[/]: no plan fits", "-", "-", "-", "-")
+            t.add_row(hw, f"[red]{r['error']['code']}[/]: no plan fits", "-", "-", "-", "-")
             continue
         cost = r["usd_per_million_tokens"]
         t.add_row(
-            r["hardware"],
-            prof,
+            hw,
             r["plan"],
             f"{r['step_s']:.2f}",
             f"{r['tokens_per_s_per_gpu']:,.0f}",
@@ -277,9 +273,9 @@ def compare(
         console.print(f"Lengths: {lengths_note(wl)}", highlight=False)
     console.print(t)
     console.print(
-        "profile: how each hardware profile was obtained (fitted on measurements, transferred from another "
-        "profile by stated ratios, or spec-only) and the error band of its class: the leave-one-out step "
-        "error of `grpo-tune validate --grpo` on rows of that class",
+        "under each hardware: how its profile was obtained (fitted on measurements, transferred from another "
+        "profile by stated ratios, or spec-only) and the error band of that class (the leave-one-out step "
+        "error of `grpo-tune validate --grpo` on its rows)",
         highlight=False,
     )
     for r in rows:
