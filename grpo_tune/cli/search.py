@@ -529,6 +529,11 @@ def placement_json(res, run_dir, files) -> dict[str, Any]:
     }
 
 
+def _sec(x: float) -> str:
+    """Seconds in at most 5 characters: one decimal below 100 s, none above."""
+    return f"{x:.1f}" if x < 99.95 else f"{x:,.0f}"
+
+
 def print_placements(res, console: Console) -> None:
     """The best plan of each placement side by side (80 columns): split, staleness, seconds per pool, busy
     fractions, the speed-up over colocated, tokens per dollar; then the model's stated error."""
@@ -564,10 +569,10 @@ def print_placements(res, console: Console) -> None:
             "separate" if sep else "colocated",
             split,
             str(f["staleness"]),
-            f"{e.step_s:.1f}",
-            f"{gen:.1f}",
-            f"{train:.1f}",
-            f"{sync:.1f}",
+            _sec(e.step_s or 0.0),
+            _sec(gen),
+            _sec(train),
+            _sec(sync),
             f"{100 * f['rollout_busy']:.0f}/{100 * f['train_busy']:.0f}%",
             speed,
             "-" if not tpd else (f"{tpd / 1e6:,.2f}M" if tpd >= 1e6 else f"{tpd / 1e3:,.0f}k"),
@@ -596,7 +601,7 @@ def print_placements(res, console: Console) -> None:
             highlight=False,
         )
     winner = "separate" if res.best.placement else "colocated"
-    console.print(f"winner: {winner} ({res.seconds:.2f} s)", highlight=False)
+    console.print(f"winner: {winner} (separate-pool search {res.seconds:.2f} s)", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
