@@ -329,3 +329,15 @@ def test_run_config_carries_the_placement():
     assert back.strategy.dp == 2  # the training pool's 2 GPUs, not the cluster's 4
     with pytest.raises(ConfigError, match="leaves no GPU"):
         RunConfig.from_dict(base.replace(placement=sep(4, 1)).to_dict())
+
+
+def test_search_auto_writes_the_split_curve(tmp_path):
+    r = _cli(
+        "search", "--model", "qwen2.5-1.5b", "--gpus", "8", "--prompts", "256", "--mini-batch", "64",
+        "--response-len", "4096", "--placement", "auto", "--staleness", "1", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    (run,) = list(tmp_path.iterdir())
+    png = run / "placement.png"
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (run / "verl.sh").is_file() and (run / "best.yaml").is_file()

@@ -504,6 +504,8 @@ def _search_placement(
             meta={"calibration": str(calibration)} if calibration else None,
             frameworks=frameworks,
         )
+    if run_dir is not None and res.splits:
+        files["placement_png"] = plot_splits(res, run_dir / "placement.png")
     if json_out:
         print(json.dumps(placement_json(res, run_dir, files), indent=2, default=str))
         return
@@ -514,6 +516,33 @@ def _search_placement(
         console.print(
             f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False
         )
+
+
+def plot_splits(res, path: Path) -> Path:
+    """placement.png: the step of each split the search priced, per staleness (the representative training
+    plans), the colocated step as a line, the chosen separate plan marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for k in sorted({int(d["staleness"]) for d in res.splits}):
+        pts = sorted((d["rollout_gpus"], d["step_s"]) for d in res.splits if d["staleness"] == k)
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=f"separate, staleness {k}")
+    c, b = res.best_colocated, res.best_separate
+    if c is not None:
+        ax.axhline(c.step_s, color="grey", linestyle="--", label=f"colocated {c.step_s:.1f} s")
+    if b is not None:
+        ax.plot([b.placement["rollout_gpus"]], [b.step_s], marker="*", markersize=14, color="black", label="chosen")
+    ax.set_xlabel(f"rollout GPUs (of {(b or c).cluster.gpus})")
+    ax.set_ylabel("seconds per step (steady state)")
+    ax.set_title("Split of the cluster between rollout and training")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def placement_json(res, run_dir, files) -> dict[str, Any]:
