@@ -60,32 +60,35 @@ def hardware(json_out: Json = False) -> None:
     if json_out:
         print(json.dumps(rows, indent=2))
         return
+    console = Console()
+    narrow = console.width < 110  # 80 columns: the links and aliases go (--json has everything)
     t = Table(title="Hardware profiles")
-    for c in (
-        "name",
-        "aliases",
-        "bf16 TFLOP/s",
-        "HBM GB",
-        "HBM TB/s",
-        "GPUs/node",
-        "intra GB/s",
-        "inter GB/s",
-        "$/GPU-h",
-    ):
-        t.add_column(c)
+    cols = ["name", "aliases", "bf16 TFLOP/s", "HBM GiB", "HBM TB/s", "GPUs/node", "intra GB/s", "inter GB/s"]
+    cols += ["$/GPU-h", "profile"]
+    if narrow:
+        cols = [c for c in cols if c not in ("aliases", "intra GB/s", "inter GB/s")]
+    for c in cols:
+        t.add_column(c, no_wrap=c in ("name", "profile"))
     for r in rows:
-        t.add_row(
-            r["name"],
-            ",".join(r["aliases"]),
-            f"{r['bf16_dense_flops_per_s'] / 1e12:.0f}",
-            f"{r['hbm_bytes'] / 1e9:.0f}",
-            f"{r['hbm_bandwidth_bytes_per_s'] / 1e12:.2f}",
-            str(r["gpus_per_node"]),
-            f"{r['intra_node_bandwidth_bytes_per_s'] / 1e9:.0f}",
-            f"{r['inter_node_bandwidth_bytes_per_s'] / 1e9:.1f}",
-            "-" if r["price_per_gpu_hour_usd"] is None else f"{r['price_per_gpu_hour_usd']:.2f}",
-        )
-    Console().print(t)
+        cells = {
+            "name": r["name"],
+            "aliases": ",".join(r["aliases"]),
+            "bf16 TFLOP/s": f"{r['bf16_dense_flops_per_s'] / 1e12:.0f}",
+            "HBM GiB": f"{r['hbm_bytes'] / 2**30:.1f}",  # as the driver reports it
+            "HBM TB/s": f"{r['hbm_bandwidth_bytes_per_s'] / 1e12:.2f}",
+            "GPUs/node": str(r["gpus_per_node"]),
+            "intra GB/s": f"{r['intra_node_bandwidth_bytes_per_s'] / 1e9:.0f}",
+            "inter GB/s": f"{r['inter_node_bandwidth_bytes_per_s'] / 1e9:.1f}",
+            "$/GPU-h": "-" if r["price_per_gpu_hour_usd"] is None else f"{r['price_per_gpu_hour_usd']:.2f}",
+            "profile": r["provenance"],
+        }
+        t.add_row(*(cells[c] for c in cols))
+    console.print(t)
+    console.print(
+        "profile: fitted (on cited measurements), transferred (from another profile by stated ratios) or "
+        "spec-only; each profile's provenance_note says which (`grpo-tune hardware --json`)",
+        highlight=False,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -59,7 +59,12 @@ def _print_plan(est: Estimate, console: Console) -> None:
         f"max_num_seqs={s.max_num_seqs} eager={'on' if s.enforce_eager else 'off'}"
         + ("" if s.sync_bucket_mb == SYNC_BUCKET_MB else f" sync_bucket_mb={s.sync_bucket_mb}")
     )
-    console.print(f"[bold]{m.name}[/] on {c.gpus} x {est.hardware.name} ({c.gpus_per_node}/node)", highlight=False)
+    hw = est.hardware
+    console.print(
+        f"[bold]{m.name}[/] on {c.gpus} x {hw.name} ({c.gpus_per_node}/node; profile {hw.provenance}, "
+        f"stack {hw.stack or 'none'})",
+        highlight=False,
+    )
     console.print(deg, highlight=False)
     w = est.workload
     if w.kind == "grpo":
