@@ -69,7 +69,7 @@ def plan_space(kind: str = "full") -> list:
     sampler ignores it), so no two plans are the same run.
     """
     from grpo_tune.autotune.refine import build_space, runnable
-    from grpo_tune.autotune.search import search
+    from grpo_tune.autotune.search.driver import search
     from grpo_tune.core.config import TrainerOptions
 
     m, hw, cl, wl = inputs()
@@ -278,8 +278,8 @@ def strat_random(space, draws, k, rng) -> tuple[str, int]:
 
 
 def strat_calibrated(space, draws, k, rng) -> tuple[str, int]:
-    """Measure K random plans, fit the time model to them (autotune.calibrate), take its top-1."""
-    from grpo_tune.autotune.calibrate import Point, fit
+    """Measure K random plans, fit the time model to them (autotune.calibrate.fit), take its top-1."""
+    from grpo_tune.autotune.calibrate.fit import Point, fit
     from grpo_tune.core.config import inputs_of
     from grpo_tune.costmodel.estimate import estimate
 

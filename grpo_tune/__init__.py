@@ -5,3 +5,5 @@ The one import package the wheel installs. Its sub-packages follow the data flow
 -> emitted config -> ``trainer`` (megatron-core GRPO); ``core`` is the contract beneath them all and
 ``cli`` sits on top.
 """
+
+__version__ = "0.1.0"

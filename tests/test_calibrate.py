@@ -8,8 +8,8 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from grpo_tune.autotune import calibrate
-from grpo_tune.autotune.calibrate import Point, fit, load, predict_estimate, save
+from grpo_tune.autotune.calibrate import fit as calibrate
+from grpo_tune.autotune.calibrate.fit import Point, fit, load, predict_estimate, save
 from grpo_tune.core.errors import ConfigError, GrpoTuneError
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_tune.autotune import runlog as R
-from grpo_tune.autotune.calibrate import defaults, load
+from grpo_tune.autotune.calibrate import runlog as R
+from grpo_tune.autotune.calibrate.fit import defaults, load
 from _verl_logs import calibrate_from_fixture_logs
 from grpo_tune.cli.main import main
 
@@ -29,7 +29,7 @@ def _fresh(folder: Path) -> bool:
     be what the cost model predicts today (to truth.json's rounding), else the logs are stale."""
     import dataclasses
 
-    from grpo_tune.autotune.calibrate import Point
+    from grpo_tune.autotune.calibrate.fit import Point
     from grpo_tune.autotune.tune import plan_of
     from grpo_tune.core.config import inputs_of
     from grpo_tune.costmodel.estimate import estimate

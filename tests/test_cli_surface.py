@@ -9,7 +9,7 @@ import typer.main
 
 from grpo_tune.cli.main import app
 
-# Degree, memory, rollout and workload flags shared by estimate, search and compare (autotune/options.py).
+# Degree, memory, rollout and workload flags shared by estimate, search and compare (cli/options.py).
 PLAN = [
     "--cp",
     "--distributed-optimizer / --no-distributed-optimizer",

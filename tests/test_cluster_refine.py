@@ -98,8 +98,8 @@ def _has_user(name: str) -> bool:
 
 DRIVER = r"""
 import sys
-from grpo_tune.autotune.options import plan_inputs
-from grpo_tune.autotune.search import search
+from grpo_tune.cli.options import plan_inputs
+from grpo_tune.autotune.search.driver import search
 from grpo_tune.autotune.refine import RefineOptions, refine
 out, trials, storage, standin = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 m, hw, cl, wl = plan_inputs(model="tiny", hardware="cpu", gpus=4, gpus_per_node=None, workload="grpo", prompts=8,

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from grpo_tune.autotune.options import MIN_HEADROOM_DEFAULT
+from grpo_tune.cli.options import MIN_HEADROOM_DEFAULT
 
 from grpo_tune.cli.compare import usd_per_million_tokens
-from grpo_tune.autotune.search import search, tokens_per_s_per_gpu
+from grpo_tune.autotune.search.driver import search, tokens_per_s_per_gpu
 from grpo_tune.core.specs import load_hardware, load_model
-from grpo_tune.autotune.lengths import assumed_means
+from grpo_tune.autotune.calibrate.lengths import assumed_means
 from grpo_tune.core.strategy import Cluster, Workload
 
 CLI = [sys.executable, "-c", "from grpo_tune.cli.main import run; run()"]
@@ -106,7 +106,7 @@ def test_text_states_the_lengths_and_fits_80_columns(tmp_path):
 def test_each_row_says_how_its_profile_was_obtained_and_flags_close_calls():
     """compare's rows carry the profile's provenance and its class's cross-validated band; a less-known
     profile faster than a better-known one by less than its band is noted as not told apart."""
-    from grpo_tune.autotune.validate_grpo import BAND_PCT
+    from grpo_tune.validate.grpo import BAND_PCT
     from grpo_tune.cli.compare import _flag_within_band
 
     rows = [

@@ -12,7 +12,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpo_tune.autotune import calibrate as calibration
+from grpo_tune.autotune.calibrate import fit as calibration
 from grpo_tune.core.config import SCHEMA_VERSION, RunConfig, TrainerOptions, atomic_write, dumps, load, save
 from grpo_tune.core.errors import CODES, ConfigError, GrpoTuneError
 from grpo_tune.core.specs import load_hardware, load_model

@@ -1,4 +1,4 @@
-"""Separate rollout and training pools (costmodel/placement.py, autotune/placement_search.py): trends
+"""Separate rollout and training pools (costmodel/placement.py, autotune/search/placement.py): trends
 against hand-computed values, the pools' memory, the cross-pool sync, and the split the search finds."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from grpo_tune.autotune.placement_search import choose_split, search_placement
-from grpo_tune.autotune.search import search
+from grpo_tune.autotune.search.placement import choose_split, search_placement
+from grpo_tune.autotune.search.driver import search
 from grpo_tune.core.errors import ConfigError, InvalidDegreesError
 from grpo_tune.core.placement import Placement
 from grpo_tune.core.specs import load_hardware, load_model

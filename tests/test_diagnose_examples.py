@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from grpo_tune.cli.main import main
-from grpo_tune.autotune.diagnose import diagnose_path
+from grpo_tune.frameworks.verl.diagnose import diagnose_path
 
 ROOT = Path(__file__).resolve().parent.parent
 GOOD = sorted((ROOT / "examples").glob("*.sh"))
@@ -141,7 +141,7 @@ def test_model_flag_when_the_path_maps_to_nothing(tmp_path):
 
 
 def test_fp16_actor_alone_warns_about_ref_and_rollout():
-    from grpo_tune.autotune.diagnose import diagnose_overrides
+    from grpo_tune.frameworks.verl.diagnose import diagnose_overrides
 
     rep = diagnose_overrides(["actor_rollout_ref.actor.megatron.dtype=float16"])
     warned = {f.key for f in rep.findings if f.code == "DTYPE_CONFLICT" and f.severity == "warning"}

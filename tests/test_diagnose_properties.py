@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grpo_tune.core.config import save
-from grpo_tune.autotune.diagnose import Finding, diagnose_overrides, diagnose_path, parse_script
-from grpo_tune.autotune.export import verl_script
+from grpo_tune.frameworks.verl.diagnose import Finding, diagnose_overrides, diagnose_path, parse_script
+from grpo_tune.frameworks.verl.export import verl_script
 from grpo_tune.core.errors import CODES
 from _export_configs import configs, make
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from grpo_tune.autotune.diagnose import diagnose_path, parse_script
+from grpo_tune.frameworks.verl.diagnose import diagnose_path, parse_script
 from grpo_tune.core.errors import GrpoTuneError
 
 A = "actor_rollout_ref.actor.megatron"

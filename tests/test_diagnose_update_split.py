@@ -13,8 +13,8 @@ import json
 import zipfile
 from pathlib import Path
 
-from grpo_tune.autotune import verl
-from grpo_tune.autotune.diagnose import diagnose_path
+from grpo_tune.frameworks.verl import snapshot as verl
+from grpo_tune.frameworks.verl.diagnose import diagnose_path
 from grpo_tune.cli.main import main
 from grpo_tune.core.rules import check_batches
 from grpo_tune.core.strategy import Workload
@@ -75,7 +75,7 @@ def test_the_cited_verl_assert_is_in_the_wheel(tmp_path):
     body = "\n".join(utils[start : start + 40])
     assert "assert total_data_size % (force_group_size * micro_batch_size_per_gpu) == 0" in body
     assert "total_data_size = len(data)" in body
-    # l.125 as cited in autotune/diagnose/rules_plan.py
+    # l.125 as cited in frameworks/verl/diagnose/rules_plan.py
     assert utils[124].strip().startswith("assert total_data_size % (force_group_size * micro_batch_size_per_gpu)")
     assert "micro_batches, indices = prepare_micro_batches(" in engine
     assert "mini_batch_size_per_gpu = mini_batch_size // self.engine.get_data_parallel_size()" in workers[269]

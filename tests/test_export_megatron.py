@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from grpo_tune.autotune.export import megatron_args, megatron_args_text
-from grpo_tune.autotune.verl import DATA_DIR
+from grpo_tune.frameworks.megatron_lm.args import megatron_args, megatron_args_text
+from grpo_tune.frameworks.megatron_lm.args import DATA_DIR
 from _export_configs import configs, make
 
 FLAGS_FILE = DATA_DIR / "megatron-lm-arguments-flags.txt"

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from grpo_tune.autotune.diagnose import diagnose_overrides, parse_script
-from grpo_tune.autotune.export import verl_overrides, verl_script
+from grpo_tune.frameworks.verl.diagnose import diagnose_overrides, parse_script
+from grpo_tune.frameworks.verl.export import verl_overrides, verl_script
 from _export_configs import configs
 
 BASH = shutil.which("bash")

@@ -2,7 +2,7 @@
 release must want the very torch the ``train`` extra pins.
 
 The pinned release's own requirements are read from a vendored copy of its METADATA
-(``grpo_tune/autotune/data/vllm-<version>-METADATA``, from PyPI's metadata for the wheel), so this runs
+(``grpo_tune/profiles/data/vllm-<version>-METADATA``, from PyPI's metadata for the wheel), so this runs
 offline. To move the pin: pick a vLLM release whose ``Requires-Dist: torch==X`` is the train
 extra's torch, vendor its METADATA, and update both pins in pyproject.toml together.
 """
@@ -33,7 +33,7 @@ def _pinned(req: Requirement) -> Version:
 
 
 def _metadata(version: Version):
-    text = (files("grpo_tune.autotune") / "data" / f"vllm-{version}-METADATA").read_text()
+    text = (files("grpo_tune.profiles") / "data" / f"vllm-{version}-METADATA").read_text()
     return email.parser.Parser().parsestr(text)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_tune.autotune.options import MIN_HEADROOM_DEFAULT
+from grpo_tune.cli.options import MIN_HEADROOM_DEFAULT
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 from grpo_tune.costmodel.estimate import estimate

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_tune.autotune.export import verl_overrides, verl_script
+from grpo_tune.frameworks.verl.export import verl_overrides, verl_script
 from grpo_tune.cli.main import main as cli_main
 from grpo_tune.core import tomlwrite
 from grpo_tune.core.config import save
@@ -601,7 +601,7 @@ def _grpo_csv(tmp_path, split: str, **cells: str) -> Path:
     import csv
     import io
 
-    from grpo_tune.autotune.validate_grpo import GRPO_DATA_PATH
+    from grpo_tune.validate.grpo import GRPO_DATA_PATH
 
     lines = GRPO_DATA_PATH.read_text().splitlines()
     head = next(i for i, ln in enumerate(lines) if ln.strip() and not ln.startswith("#"))
@@ -861,7 +861,7 @@ def test_lengths_from_a_file_without_newlines_is_read_in_bounded_memory(tmp_path
     """--lengths read each line whole: a weights file given by mistake (no newlines) took ~2x its size in RSS.
     Lines over MAX_LINE_CHARS are now skipped in bounded pieces. Measured here on a 200 MiB file: max RSS 450 MB
     before (MemoryError under a 400 MB address-space cap), 57 MB after (runs under 150 MB); the child gets 320 MiB."""
-    from grpo_tune.autotune.lengths import MAX_LINE_CHARS
+    from grpo_tune.autotune.calibrate.lengths import MAX_LINE_CHARS
 
     big = tmp_path / "model.safetensors"
     with open(big, "wb") as fh:
@@ -948,7 +948,7 @@ def test_a_log_whose_every_timing_is_nan_is_refused(tmp_path, capsys):
 
 
 def test_a_nan_timing_in_a_console_log_is_warned(tmp_path):
-    from grpo_tune.autotune.runlog import read_log
+    from grpo_tune.autotune.calibrate.runlog import read_log
 
     lines = (VERL_LOGS / "run_a.console.log").read_text().splitlines(keepends=True)
     i = next(i for i, line in enumerate(lines) if "step:3 " in line and "timing_s/gen:" in line)

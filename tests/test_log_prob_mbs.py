@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from grpo_tune.autotune import tune as T
-from grpo_tune.autotune.options import strategy_pins
+from grpo_tune.cli.options import strategy_pins
 from grpo_tune.cli.main import main
 from grpo_tune.core.config import RunConfig, TrainerOptions, load, save
 from grpo_tune.core.errors import ConfigError
@@ -248,7 +248,7 @@ def test_train_dry_run_takes_the_log_prob_micro_batch(capsys, tmp_path):
 
 
 def test_search_prices_every_plan_with_a_pinned_log_prob_micro_batch():
-    from grpo_tune.autotune.search import search
+    from grpo_tune.autotune.search.driver import search
 
     res = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), WL, pins={"log_prob_mbs": 8}, top=5)
     assert res.ranked and all(e.strategy.log_prob_mbs == 8 for e in res.ranked)
@@ -317,7 +317,7 @@ def test_log_prob_choices_follow_verls_rule():
     """1024 prompts x n=5 = 5120 sequences. dp 4: 1280 = 2^8 x 5 per rank, so above mbs 5 and up to 256 the
     divisors 8 10 16 20 32 40 64 80 128 160 256. pp2 vpp2 dp2: 2560 per rank and the micro-batch count must be
     even: 512 leaves 5 (refused), 640 leaves 4 (kept). Dynamic batching or a set log-prob micro-batch: none."""
-    from grpo_tune.autotune.log_prob import log_prob_choices
+    from grpo_tune.autotune.search.log_prob import log_prob_choices
 
     wl = Workload(prompts=1024, n=5, mini_batch=256)
     m = load_model("qwen2-7b")
@@ -335,7 +335,7 @@ def test_search_keeps_a_pinned_log_prob_micro_batch_to_the_layouts_it_splits():
     does not split (verl's engine refuses it), dp 4 and 2 leave 1250 and 2500, which it does. With dynamic
     batching off, the search ranks no dp-8 plan (it used to rank 14, each with the BATCH_DIVISIBILITY violation);
     with it on, dp-8 plans stay (verl does not use the micro-batch then)."""
-    from grpo_tune.autotune.search import search
+    from grpo_tune.autotune.search.driver import search
 
     wl = Workload(prompts=1000, n=5, mini_batch=200)
     args = (load_model("7b"), load_hardware("h100"), Cluster(gpus=8), wl)
@@ -382,9 +382,9 @@ def test_tune_chooses_a_log_prob_micro_batch_that_fits_when_the_launchs_overflow
     assert est.fits and est.details["logprob_micro_batches"] == 5120 // s.dp // lp
     assert est.memory["old_logprob"].total_bytes <= est.capacity_bytes
     # the search chose it: no other value up to 256 that verl accepts for this plan ranks before it with the
-    # 5% headroom tune asks for (autotune/log_prob.py; 256 itself is over, as above)
-    from grpo_tune.autotune.log_prob import log_prob_choices
-    from grpo_tune.autotune.search import rank_key
+    # 5% headroom tune asks for (autotune/search/log_prob.py; 256 itself is over, as above)
+    from grpo_tune.autotune.search.log_prob import log_prob_choices
+    from grpo_tune.autotune.search.driver import rank_key
 
     base = s.replace(log_prob_mbs=None)
     for v in [None, *log_prob_choices(base, tuned.workload, 256, 8)]:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_tune.autotune import runlog as R
-from grpo_tune.autotune.calibrate import defaults
+from grpo_tune.autotune.calibrate import runlog as R
+from grpo_tune.autotune.calibrate.fit import defaults
 from grpo_tune.cli.main import main
 from grpo_tune.frameworks.nemo_rl import logs as L
 

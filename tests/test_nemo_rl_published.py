@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_tune.autotune import validate_grpo as V
+from grpo_tune.validate import grpo as V
 from grpo_tune.core.strategy import validate
 from grpo_tune.costmodel.estimate import estimate
 from grpo_tune.frameworks.nemo_rl import table

@@ -22,8 +22,8 @@ STANDIN = [sys.executable, str(ROOT / "tests" / "refine_standin.py")]
 
 DRIVER = r"""
 import sys
-from grpo_tune.autotune.options import plan_inputs
-from grpo_tune.autotune.search import search
+from grpo_tune.cli.options import plan_inputs
+from grpo_tune.autotune.search.driver import search
 from grpo_tune.autotune.refine import RefineOptions, refine
 out, trials, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 m, hw, cl, wl = plan_inputs(model="tiny", hardware="cpu", gpus=4, gpus_per_node=None, workload="grpo", prompts=8,
@@ -168,7 +168,7 @@ def test_timeout_marks_trial_failed(tmp_path):
 
 def _inputs():
     from _inputs import grpo_inputs
-    from grpo_tune.autotune.search import search
+    from grpo_tune.autotune.search.driver import search
 
     m, hw, cl, wl = grpo_inputs(
         "tiny", "cpu", 2, prompts=4, n=2, prompt_len=8, response_len=8, mini_batch=4, seq_len=64, gbs=8

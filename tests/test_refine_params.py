@@ -15,7 +15,7 @@ def space():
     from _inputs import grpo_inputs
 
     from grpo_tune.autotune.refine import build_space, runnable
-    from grpo_tune.autotune.search import search
+    from grpo_tune.autotune.search.driver import search
     from grpo_tune.core.config import TrainerOptions
 
     m, hw, cl, wl = grpo_inputs(
@@ -66,7 +66,7 @@ def test_a_resumed_refine_prints_no_empty_wrote_line(tmp_path):
     from _inputs import grpo_inputs
     from rich.console import Console
 
-    from grpo_tune.autotune.search import search
+    from grpo_tune.autotune.search.driver import search
     from grpo_tune.cli.search import _print_result
 
     m, hw, cl, wl = grpo_inputs(

@@ -21,7 +21,7 @@ def _tiny_inputs():
 @pytest.fixture(scope="module")
 def space():
     from grpo_tune.autotune.refine import build_space, runnable
-    from grpo_tune.autotune.search import search
+    from grpo_tune.autotune.search.driver import search
     from grpo_tune.core.config import TrainerOptions
 
     m, hw, cl, wl = _tiny_inputs()
@@ -100,7 +100,7 @@ def test_one_lucky_run_does_not_outvote_the_model_under_large_noise(space):
 def test_a_space_of_ten_thousand_plans_needs_no_n_by_n_matrix():
     # 12,000 plans: an n x n x features kernel would take 17 GB; columns for the measured plans only
     from grpo_tune.autotune.refine import build_space
-    from grpo_tune.autotune.search import search
+    from grpo_tune.autotune.search.driver import search
 
     m, hw, cl, wl = _tiny_inputs()
     sp = build_space(search(m, hw, cl, wl).ranked, m, hw, cl, wl)

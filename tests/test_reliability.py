@@ -361,8 +361,8 @@ def test_a_killed_refine_takes_its_running_trial_down(tmp_path):
     drv = tmp_path / "refine_driver.py"
     drv.write_text(
         "import sys\n"
-        "from grpo_tune.autotune.options import plan_inputs\n"
-        "from grpo_tune.autotune.search import search\n"
+        "from grpo_tune.cli.options import plan_inputs\n"
+        "from grpo_tune.autotune.search.driver import search\n"
         "from grpo_tune.autotune.refine import RefineOptions, refine\n"
         "m, hw, cl, wl = plan_inputs(model='tiny', hardware='cpu', gpus=4, gpus_per_node=None, workload='grpo',\n"
         "    prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=8, ppo_epochs=1, kl=True, seq_len=64, gbs=8)\n"

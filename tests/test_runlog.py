@@ -1,4 +1,4 @@
-"""autotune.runlog: verl's file-logger JSONL, verl's console lines and our metrics.jsonl -> per-step records.
+"""autotune.calibrate.runlog: verl's file-logger JSONL, verl's console lines and our metrics.jsonl -> per-step records.
 
 The fixture logs under tests/fixtures/verl_logs/ are written by verl 0.9.1's own logger code
 (make_fixtures.py); the small inline cases here test edge cases of the reader.
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpo_tune.autotune import runlog
+from grpo_tune.autotune.calibrate import runlog
 from grpo_tune.core.errors import ConfigError
 
 FIX = Path(__file__).parent / "fixtures" / "verl_logs"

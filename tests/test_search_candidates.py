@@ -7,7 +7,7 @@ import itertools
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from grpo_tune.autotune.search import CP_MIN_TOKENS, Space, stage_splits
+from grpo_tune.autotune.search.driver import CP_MIN_TOKENS, Space, stage_splits
 from grpo_tune.core.errors import GrpoTuneError
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload, stage_layers, validate
@@ -198,7 +198,8 @@ def test_space_is_identical_across_processes():
     import sys
 
     code = (
-        "from grpo_tune.autotune.search import Space; from grpo_tune.core.specs import load_model, load_hardware; "
+        "from grpo_tune.autotune.search.candidates import Space; "
+        "from grpo_tune.core.specs import load_model, load_hardware; "
         "from grpo_tune.core.strategy import Cluster, Workload; "
         "sp = Space(load_model('deepseek-v3'), load_hardware('h100'), Cluster(gpus=256), Workload()); "
         "print(repr([tuple(sorted(l.items())) for l in sp.layouts()][:400]), sp.candidate_count())"
@@ -219,7 +220,7 @@ def test_space_is_identical_across_processes():
 def test_offload_options_are_what_verl_runs():
     """Every proposed offload set survives the verl table's round trip unchanged (the plan we price
     is the plan that runs)."""
-    from grpo_tune.autotune.verl_table import _offload_read, _offload_write
+    from grpo_tune.frameworks.verl.table import _offload_read, _offload_write
 
     sp = _space("7b", 8)
     for off in sp.offload_options():
@@ -229,7 +230,7 @@ def test_offload_options_are_what_verl_runs():
 
 @pytest.mark.parametrize("text", ["param", "grad", "param,optimizer", "grad,optimizer"])
 def test_offload_pin_param_or_grad_alone_refused(text):
-    from grpo_tune.autotune.options import strategy_pins
+    from grpo_tune.cli.options import strategy_pins
     from grpo_tune.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:
@@ -247,7 +248,7 @@ def test_offload_pin_param_or_grad_alone_refused(text):
     ],
 )
 def test_offload_pin_verl_sets_accepted(text, want):
-    from grpo_tune.autotune.options import strategy_pins
+    from grpo_tune.cli.options import strategy_pins
 
     assert strategy_pins(offload=text)["offload"] == want
 
@@ -259,7 +260,7 @@ def test_search_never_emits_a_plan_the_trainer_refuses():
     from grpo_tune.core.specs import load_hardware, load_model
     from grpo_tune.core.strategy import Cluster, Workload
     from grpo_tune.core.support import check_supported
-    from grpo_tune.autotune.search import search
+    from grpo_tune.autotune.search.driver import search
 
     m, hw = load_model("qwen2.5-7b"), load_hardware("h100")
     long = Workload(prompts=64, n=8, mini_batch=32, prompt_len=2048, response_len=14336)

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from grpo_tune.autotune.options import MIN_HEADROOM_DEFAULT
+from grpo_tune.cli.options import MIN_HEADROOM_DEFAULT
 import yaml
 
 from grpo_tune.core.config import load
-from grpo_tune.autotune.emit import emit, run_id
-from grpo_tune.autotune.search import search
+from grpo_tune.rundir.emit import emit, run_id
+from grpo_tune.autotune.search.driver import search
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Workload
 
@@ -77,7 +77,7 @@ def test_best_yaml_loads_and_matches_the_table(golden):
     res = search(
         load_model("7b"), load_hardware("h100"), Cluster(gpus=8), cfg.workload, top=1, min_headroom=MIN_HEADROOM_DEFAULT
     )
-    from grpo_tune.autotune.defaults import with_verl_defaults  # what the CLI applies to it
+    from grpo_tune.autotune.search.defaults import with_verl_defaults  # what the CLI applies to it
 
     assert with_verl_defaults(res, pins={}, min_headroom=MIN_HEADROOM_DEFAULT).best.strategy == s
 
@@ -149,7 +149,7 @@ def test_emit_for_refine_adds_measured(tmp_path):
 
 
 def test_calibration_flag(tmp_path):
-    from grpo_tune.autotune.calibrate import save as save_cal
+    from grpo_tune.autotune.calibrate.fit import save as save_cal
 
     cal = save_cal(tmp_path / "cal.json", params={"compute_efficiency_scale": 0.5}, hardware="h100-sxm-80gb")
     plain = json.loads(
@@ -192,7 +192,7 @@ def test_refine_reemit_keeps_search_tables(tmp_path):
 def test_emit_keeps_no_state_between_calls(tmp_path):
     """emit writes what it is given: a second emit into the same folder without the search result
     shows no search tables (there used to be a module-global cache keyed by folder)."""
-    import grpo_tune.autotune.emit as E
+    import grpo_tune.rundir.emit as E
 
     res = _tiny_search()
     d = tmp_path / "run"

@@ -10,7 +10,7 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from grpo_tune.autotune.search import Space, pareto_front, rank_key, search, step_s, tokens_per_s_per_gpu
+from grpo_tune.autotune.search.driver import Space, pareto_front, rank_key, search, step_s, tokens_per_s_per_gpu
 from grpo_tune.core.errors import GrpoTuneError, NoFeasiblePlanError
 from grpo_tune.costmodel.estimate import PhaseTimes, estimate
 from grpo_tune.core.specs import load_hardware, load_model
@@ -185,7 +185,7 @@ def test_screening_keeps_the_optimum():
 
 def test_calibration_reaches_the_ranking(tmp_path):
     """--calibration FILE is applied: halving compute efficiency slows the predicted winner."""
-    from grpo_tune.autotune.calibrate import load as load_cal, save as save_cal
+    from grpo_tune.autotune.calibrate.fit import load as load_cal, save as save_cal
 
     path = save_cal(tmp_path / "cal.json", params={"compute_efficiency_scale": 0.5}, hardware=H100.name)
     cal = load_cal(path, hardware=H100.name)
@@ -243,7 +243,7 @@ def test_progress_reports_up_to_total():
 def test_non_additive_cost_model_widens_exact_pass(monkeypatch):
     """A cost model with an interaction the factoring cannot see (param+grad offload speeding up
     the update only at large micro-batches) is detected, and the wider exact pass still finds the best plan."""
-    import grpo_tune.autotune.search as S
+    import grpo_tune.autotune.search.driver as S
 
     real = S.estimate
 

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from grpo_tune.autotune import tune as T
-from grpo_tune.autotune.options import strategy_pins
+from grpo_tune.cli.options import strategy_pins
 from grpo_tune.cli.main import main
 from grpo_tune.core.config import RunConfig, dumps, load, save
 from grpo_tune.core.errors import ConfigError
@@ -158,7 +158,7 @@ def test_estimate_takes_the_pin(capsys):
 
 
 def test_search_prices_every_plan_with_a_pinned_bucket():
-    from grpo_tune.autotune.search import search
+    from grpo_tune.autotune.search.driver import search
 
     res = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), WL, pins={"sync_bucket_mb": 64}, top=5)
     assert res.ranked and all(e.strategy.sync_bucket_mb == 64 for e in res.ranked)

@@ -3,7 +3,7 @@ check (what ``train --dry-run`` and ``profile`` run) or refused with a coded rea
 ``core.support.check_supported``, the torch-free rule set the search side can apply too.
 
 Plans: the ranked and Pareto plans of ``autotune.search.search`` plus every layout x batching
-(fixed mbs or token budget) x optimizer (distributed, CPU optimizer) choice of the valid space (``autotune.search.Space``) for each preset on H100s (tiny
+(fixed mbs or token budget) x optimizer (distributed, CPU optimizer) choice of the valid space (``autotune.search.driver.Space``) for each preset on H100s (tiny
 presets on the ``cpu`` profile), and CP plans of a long-context workload. For the first accepted
 plans of each preset the megatron-core ``TransformerConfig`` the workers build must construct (its ``__post_init__`` holds megatron's own refusals), so a plan that passes the
 pre-start check is not refused later by megatron's config checks. No process is started.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_tune.autotune.search import Space, _extra, search
+from grpo_tune.autotune.search.driver import Space, _extra, search
 from grpo_tune.core.config import RunConfig, TrainerOptions
 from grpo_tune.core.errors import GrpoTuneError, NoFeasiblePlanError
 from grpo_tune.core.specs import load_hardware, load_model

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grpo_tune.autotune import tune as T
-from grpo_tune.autotune import verl
-from grpo_tune.autotune.diagnose import diagnose_path, parse_override_list, parse_script
+from grpo_tune.frameworks.verl import snapshot as verl
+from grpo_tune.frameworks.verl.diagnose import diagnose_path, parse_override_list, parse_script
 from _verl_logs import calibrate_from_fixture_logs
 from grpo_tune.cli.main import main
 
@@ -183,9 +183,9 @@ def test_the_search_prices_plans_with_the_launchs_engine_knobs():
     """tune keeps the user's engine knobs (CPU optimizer, vLLM max_num_seqs, ...), so its search must rank plans
     with them: searched with other knobs, its shortlist filled with variants that collapse to one plan once the
     user's knobs are put back, and the best plan (equally fast, 5.7 GiB more headroom) was missed."""
-    from grpo_tune.autotune.rank import rank_key
-    from grpo_tune.autotune.search import search
-    from grpo_tune.autotune.space import ENGINE_KEYS
+    from grpo_tune.autotune.search.rank import rank_key
+    from grpo_tune.autotune.search.driver import search
+    from grpo_tune.autotune.search.candidates import ENGINE_KEYS
 
     plan = T.plan_of(ROOT / "examples/qwen2-7b-grpo-megatron.sh", hardware="h100")
     res = T.tune(plan)
@@ -207,7 +207,7 @@ def test_calibration_from_logs_applies_to_tune(capsys, tmp_path):
         capsys, fix / "launch_a.txt", "h100", tmp_path / "c", "--no-emit", "--calibration", str(cal), *lens
     )
     # the calibrated model reproduces what run_a logged (its medians after the warm-up step)
-    from grpo_tune.autotune import runlog
+    from grpo_tune.autotune.calibrate import runlog
 
     logged = runlog.summary(runlog.read_log(fix / "run_a.jsonl"), skip_warmup=1)["phases_s"]
     assert calibrated["current"]["phases_s"]["rollout"] == pytest.approx(logged["rollout"], rel=0.06)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_tune.autotune import validate as v
+from grpo_tune.validate import pretraining as v
 from grpo_tune.cli.main import main
 from grpo_tune.core.errors import GrpoTuneError
 from grpo_tune.core.specs import load_hardware

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import grpo_tune.autotune.validate_grpo as vg
+import grpo_tune.validate.grpo as vg
 from grpo_tune.core.errors import GrpoTuneError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,8 +146,8 @@ def test_stated_error_is_the_cross_validated_mape():
 
 
 def test_report_says_why_the_winner_wins_and_flags_close_plans(tmp_path):
-    from grpo_tune.autotune.report import runner_ups, why_winner, write_report
-    from grpo_tune.autotune.search import search
+    from grpo_tune.rundir.report import runner_ups, why_winner, write_report
+    from grpo_tune.autotune.search.driver import search
     from grpo_tune.core.specs import load_hardware, load_model
     from grpo_tune.core.strategy import Cluster, Workload
 

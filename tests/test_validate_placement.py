@@ -1,12 +1,12 @@
-"""validate --grpo's separate-pool pairs (autotune/validate_placement.py): the published speed-ups of verl's
+"""validate --grpo's separate-pool pairs (validate/placement.py): the published speed-ups of verl's
 one-step-off and fully-async runs against the cost model's, printed per pair."""
 
 from __future__ import annotations
 
 import pytest
 
-from grpo_tune.autotune.validate_grpo import load_grpo_rows
-from grpo_tune.autotune.validate_placement import TOLERANCE_PCT, _steps, load_pairs, score_pairs
+from grpo_tune.validate.grpo import load_grpo_rows
+from grpo_tune.validate.placement import TOLERANCE_PCT, _steps, load_pairs, score_pairs
 from grpo_tune.core.errors import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""The separate-pool launch (autotune/verl_async.py) composes against verl 0.9.1's real fully-async config,
+"""The separate-pool launch (frameworks/verl/fully_async.py) composes against verl 0.9.1's real fully-async config,
 and diagnose reads it back to the plan that was searched.
 
 The wheel is fetched from PyPI (``pip download --no-deps verl==0.9.1``) into a fresh cache, as
@@ -11,10 +11,11 @@ import json
 
 import pytest
 
-from grpo_tune.autotune import verl, verl_async
-from grpo_tune.autotune.diagnose import diagnose_path
-from grpo_tune.autotune.emit import emit, run_config
-from grpo_tune.autotune.placement_search import search_placement
+from grpo_tune.frameworks.verl import snapshot as verl
+from grpo_tune.frameworks.verl import fully_async as verl_async
+from grpo_tune.frameworks.verl.diagnose import diagnose_path
+from grpo_tune.rundir.emit import emit, run_config
+from grpo_tune.autotune.search.placement import search_placement
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Workload
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_tune.autotune import verl
-from grpo_tune.autotune.diagnose import parse_script
-from grpo_tune.autotune.export import verl_overrides
+from grpo_tune.frameworks.verl import snapshot as verl
+from grpo_tune.frameworks.verl.diagnose import parse_script
+from grpo_tune.frameworks.verl.export import verl_overrides
 from grpo_tune.core.errors import UnknownKeyError
 from _export_configs import ENGINE_KNOBS, configs
 
@@ -115,7 +115,7 @@ HYDRA_CASES = [
 def test_diagnose_agrees_with_hydra_on_keys(override):
     """diagnose flags a key as refused exactly when real Hydra + verl's config refuse to compose it."""
     from grpo_tune.core.errors import GrpoTuneError
-    from grpo_tune.autotune.diagnose import diagnose_overrides
+    from grpo_tune.frameworks.verl.diagnose import diagnose_overrides
 
     try:
         verl.compose([override])

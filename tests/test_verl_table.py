@@ -9,9 +9,10 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grpo_tune.autotune import verl, verl_table as table
-from grpo_tune.autotune.diagnose import parse_override_list, parse_script
-from grpo_tune.autotune.export import plan_of, verl_overrides, verl_script
+from grpo_tune.frameworks.verl import snapshot as verl
+from grpo_tune.frameworks.verl import table
+from grpo_tune.frameworks.verl.diagnose import parse_override_list, parse_script
+from grpo_tune.frameworks.verl.export import plan_of, verl_overrides, verl_script
 from grpo_tune.core.config import TrainerOptions
 from grpo_tune.core.strategy import SYNC_BUCKET_MB, Cluster, Strategy, Workload
 from _export_configs import ENGINE_KNOBS, configs

@@ -1,3 +1,1 @@
-"""grpo-tune's search, refinement and CLI layer. Imports no torch, megatron or vllm."""
-
-__version__ = "0.1.0"
+"""Search, refine and calibrate: plans priced by the cost model, measured, and the model fitted to them."""

@@ -2,7 +2,7 @@
 only the overrides that change (``grpo-tune tune``); also the launch -> plan reader that ``calibrate`` uses.
 
 The launch is read with diagnose's parsers (a bash script or a Hydra override list). Every value not set in
-the launch is verl 0.9.1's default (autotune/data/verl-0.9.1-keys.json). The table :data:`TABLE` below says
+the launch is verl 0.9.1's default (frameworks/verl/data/verl-0.9.1-keys.json). The table :data:`TABLE` below says
 which verl keys carry which strategy field, in both directions: :func:`strategy_from` reads a plan from
 overrides and :func:`overrides_for` writes a plan back. The tuned plan is re-read from the edited overrides
 and priced again, so the plan we print is the plan the edited script runs.
@@ -16,21 +16,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from grpo_tune.autotune import diagnose as D
-from grpo_tune.autotune import verl_table as table
-from grpo_tune.autotune.space import ENGINE_KEYS
-from grpo_tune.autotune.tune_launch import ACTOR as ACTOR
-from grpo_tune.autotune.tune_launch import ARO as ARO
-from grpo_tune.autotune.tune_launch import DEGREE_KEYS as DEGREE_KEYS
-from grpo_tune.autotune.tune_launch import OOC as OOC
-from grpo_tune.autotune.tune_launch import OTC as OTC
-from grpo_tune.autotune.tune_launch import REF as REF
-from grpo_tune.autotune.tune_launch import ROLLOUT as ROLLOUT
-from grpo_tune.autotune.tune_launch import Launch as Launch
-from grpo_tune.autotune.tune_launch import read_launch as read_launch
-from grpo_tune.autotune.tune_script import diff_lines as diff_lines
-from grpo_tune.autotune.tune_script import parse_value_str as parse_value_str
-from grpo_tune.autotune.tune_script import tuned_text as tuned_text
+from grpo_tune.frameworks.verl import diagnose as D
+from grpo_tune.frameworks.verl import table
+from grpo_tune.autotune.search.candidates import ENGINE_KEYS
+from grpo_tune.frameworks.verl.launch import ACTOR as ACTOR
+from grpo_tune.frameworks.verl.launch import ARO as ARO
+from grpo_tune.frameworks.verl.launch import DEGREE_KEYS as DEGREE_KEYS
+from grpo_tune.frameworks.verl.launch import OOC as OOC
+from grpo_tune.frameworks.verl.launch import OTC as OTC
+from grpo_tune.frameworks.verl.launch import REF as REF
+from grpo_tune.frameworks.verl.launch import ROLLOUT as ROLLOUT
+from grpo_tune.frameworks.verl.launch import Launch as Launch
+from grpo_tune.frameworks.verl.launch import read_launch as read_launch
+from grpo_tune.frameworks.verl.script import diff_lines as diff_lines
+from grpo_tune.frameworks.verl.script import parse_value_str as parse_value_str
+from grpo_tune.frameworks.verl.script import tuned_text as tuned_text
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, UnknownModelError
 from grpo_tune.core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from grpo_tune.core.strategy import DEGREES, Cluster, Strategy, Workload
@@ -70,7 +70,7 @@ def _is_int(v: Any) -> TypeGuard[int]:
 
 def strategy_from(get: Get, model: ModelSpec) -> Strategy:
     """The plan a launch runs (``get(key)`` returns the launch's value or verl's default), read through diag's
-    two-way table (autotune/verl_table.py); values verl leaves unset get the plan's defaults."""
+    two-way table (frameworks/verl/table.py); values verl leaves unset get the plan's defaults."""
     f = table.read_fields(get, "strategy")
     d: dict[str, Any] = {}
     for k in (
@@ -177,10 +177,10 @@ def workload_from(get: Get, *, prompt_len_mean: int | None = None, response_len_
     epochs = get(f"{ACTOR}.ppo_epochs")
     dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(get(f"{ACTOR}.megatron.dtype"), "bf16")
     kl = get(f"{ACTOR}.use_kl_loss") is True or get("algorithm.use_kl_in_reward") is True
-    from grpo_tune.autotune.lengths import assumed_means
+    from grpo_tune.autotune.calibrate.lengths import assumed_means
 
     plen, rlen = pos("data.max_prompt_length"), pos("data.max_response_length")
-    # a launch states only the maxima: the means are assumed as search assumes them (autotune/lengths.py)
+    # a launch states only the maxima: the means are assumed as search assumes them (autotune/calibrate/lengths.py)
     means = assumed_means(
         {"prompt_len_mean": prompt_len_mean, "response_len_mean": response_len_mean},
         prompt_len=plen,
@@ -382,7 +382,7 @@ class TuneResult:
     pins: dict[str, Any]
 
     def gain(self) -> float | None:
-        from grpo_tune.autotune.search import step_s
+        from grpo_tune.autotune.search.driver import step_s
 
         a, b = step_s(self.current), step_s(self.best)
         return a / b if math.isfinite(a) and b > 0 and math.isfinite(b) else None
@@ -425,7 +425,7 @@ def _tune_pins(
 def _overflowing_log_prob_mbs(plan: LaunchPlan, cur: Any, keep: Sequence[str], extra: dict[str, Any]) -> int | None:
     """The launch's log-prob micro-batch when it is what does not fit (an old/ref log-prob phase over capacity)
     and the user did not pin it (--keep, --log-prob-mbs): the search then chooses one up to it, instead of
-    keeping it (autotune/log_prob.py). None: tune keeps the launch's, pinned."""
+    keeping it (autotune/search/log_prob.py). None: tune keeps the launch's, pinned."""
     s0 = plan.strategy
     if s0.log_prob_mbs is None or s0.max_tokens_per_gpu is not None or "log_prob_mbs" in (*keep, *extra):
         return None
@@ -442,7 +442,7 @@ def _tune_search(
     log_prob_mbs_max: int | None = None,
 ) -> tuple[list[Any], dict[str, Any]]:
     """The search's ranked plans and statistics (none when no plan fits)."""
-    from grpo_tune.autotune.search import search
+    from grpo_tune.autotune.search.driver import search
     from grpo_tune.core.errors import NoFeasiblePlanError
 
     try:
@@ -473,7 +473,7 @@ def _repriced(
     min_headroom: float,
 ) -> list[tuple[Any, dict[str, Any]]]:
     """The search's plans re-priced with the launch's own engine knobs, those that fit, fastest first."""
-    from grpo_tune.autotune.search import rank_key
+    from grpo_tune.autotune.search.driver import rank_key
 
     s0 = plan.strategy
     # log_prob_mbs and sync_bucket_mb are in the search's plans already: the launch's (pinned) or the user's pin
@@ -502,7 +502,7 @@ def _choose(
     extra: dict[str, Any],
 ) -> tuple[Any, dict[str, tuple[Any, Any]]]:
     """The best plan and its changed overrides (the current plan and none when nothing is worth changing)."""
-    from grpo_tune.autotune.search import step_s
+    from grpo_tune.autotune.search.driver import step_s
 
     s0 = plan.strategy
     best, changes = cur, {}
@@ -519,7 +519,7 @@ def _choose(
 
 def _nearest_fit(plan: LaunchPlan, launch: Launch, candidates: list[tuple[Any, dict[str, Any]]]) -> list[Any]:
     """Plans that fit, nearest to the current one: fewest changed overrides, then fastest (at most 3)."""
-    from grpo_tune.autotune.search import step_s
+    from grpo_tune.autotune.search.driver import step_s
 
     present = set(launch.values)
     nearest: list[Any] = []

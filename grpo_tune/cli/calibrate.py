@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_tune.autotune.options import Json
+from grpo_tune.cli.options import Json
 from grpo_tune.core.errors import ConfigError, close_matches
 
 FromLog = Annotated[
@@ -60,9 +60,9 @@ def calibrate(
     json_out: Json = False,
 ) -> None:
     """Fit the time model's calibration knobs to verl logs of your own runs; write CAL.json."""
-    from grpo_tune.autotune import runlog as R
-    from grpo_tune.autotune.calibrate import defaults, save
-    from grpo_tune.autotune.outputs import check_output
+    from grpo_tune.autotune.calibrate import runlog as R
+    from grpo_tune.autotune.calibrate.fit import defaults, save
+    from grpo_tune.rundir.outputs import check_output
 
     logs = list(from_log) + list(extra or [])
     if not launch:
@@ -131,7 +131,7 @@ def _knobs(params: str | None, base: dict[str, float]) -> list[str] | None:
 
 def _read_points(logs: list[Path], launches: list[Path], *, model, hardware, warmup: int) -> list:
     """One calibration point per log (its plan from its launch), warnings (a cut last line) on stderr."""
-    from grpo_tune.autotune import runlog as R
+    from grpo_tune.autotune.calibrate import runlog as R
 
     err = Console(stderr=True)
     points = []

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_tune.autotune.options import Json
+from grpo_tune.cli.options import Json
 from grpo_tune.core.specs import list_hardware, list_models, load_hardware, load_model
 from grpo_tune.costmodel.params import active_params, total_params
 

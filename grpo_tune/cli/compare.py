@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_tune.autotune.options import (
+from grpo_tune.cli.options import (
     PLACEMENT_FLAGS,
     placement_flags,
     MIN_HEADROOM_DEFAULT,
@@ -28,9 +28,9 @@ from grpo_tune.autotune.options import (
     workload_flags,
 )
 from grpo_tune.cli.plan_options import flags_after, plan_flags, plan_options
-from grpo_tune.autotune.calibrate import load as load_calibration
+from grpo_tune.autotune.calibrate.fit import load as load_calibration
 from grpo_tune.core.errors import ConfigError, NoFeasiblePlanError
-from grpo_tune.autotune.validate_grpo import BAND_PCT
+from grpo_tune.validate.grpo import BAND_PCT
 from grpo_tune.core.units import GiB
 
 
@@ -72,8 +72,8 @@ def compare_rows(
     stack: str | None = None,
 ) -> list[dict[str, Any]]:
     """One row per hardware profile: the best plan's figures, or why none fits."""
-    from grpo_tune.autotune.report import plan_label
-    from grpo_tune.autotune.search import search, step_s, tokens_per_s_per_gpu
+    from grpo_tune.rundir.report import plan_label
+    from grpo_tune.autotune.search.driver import search, step_s, tokens_per_s_per_gpu
 
     rows = []
     for name in hardware:
@@ -130,7 +130,7 @@ def _separate_asked(place: dict[str, Any]) -> bool:
 
 def _placed(m, hw, cluster, wl, pins, cal, min_headroom, place, colocated):
     """The best plan of the placement asked for (auto: the better of colocated and separate pools)."""
-    from grpo_tune.autotune.placement_search import search_placement
+    from grpo_tune.autotune.search.placement import search_placement
     from grpo_tune.core.specs import load_hardware
 
     if place["placement"] == "colocated":
@@ -197,13 +197,13 @@ def compare(
 
     fws = F.select(framework)
     from grpo_tune.core.config import atomic_write
-    from grpo_tune.autotune.report import plot_compare
+    from grpo_tune.rundir.report import plot_compare
 
     names = [h.strip() for h in hardware.split(",") if h.strip()]
     if not names:
         raise ConfigError("--hardware needs at least one profile", hint="e.g. --hardware h100,h200,a100")
     if out is not None:
-        from grpo_tune.autotune.outputs import check_out_dir
+        from grpo_tune.rundir.outputs import check_out_dir
 
         # before the searches, not after them (issue 14)
         check_out_dir(out, "--out", inputs={"--calibration": calibration})
@@ -264,8 +264,8 @@ def compare(
             f"{r['headroom_bytes'] / GiB:.1f}",
         )
     console = Console()
-    from grpo_tune.autotune.lengths import lengths_note, workload_line
-    from grpo_tune.autotune.options import plan_inputs
+    from grpo_tune.autotune.calibrate.lengths import lengths_note, workload_line
+    from grpo_tune.cli.options import plan_inputs
 
     _, _, _, wl = plan_inputs(model=model, hardware=names[0], gpus=gpus, gpus_per_node=flags["gpus_per_node"], **wkw)
     if wl.kind == "grpo":  # the lengths every row is priced on, and where they come from

@@ -9,8 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_tune.autotune.diagnose import Report, diagnose_path
-from grpo_tune.autotune.options import Json
+from grpo_tune.frameworks.verl.diagnose import Report, diagnose_path
+from grpo_tune.cli.options import Json
 from grpo_tune.core.units import GiB
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}

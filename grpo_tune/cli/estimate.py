@@ -15,12 +15,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_tune.autotune.options import Framework, Gpus, Hardware, Json, Model, inputs_from_flags
-from grpo_tune.autotune.calibrate import load as load_calibration
+from grpo_tune.cli.options import Framework, Gpus, Hardware, Json, Model, inputs_from_flags
+from grpo_tune.autotune.calibrate.fit import load as load_calibration
 from grpo_tune.costmodel.estimate import Estimate, estimate as run_estimate
 from grpo_tune.core.strategy import SYNC_BUCKET_MB, Strategy
 from grpo_tune.cli.plan_options import flags_after, plan_flags, plan_options
-from grpo_tune.autotune.options import PLACEMENT_FLAGS, placement_flags
+from grpo_tune.cli.options import PLACEMENT_FLAGS, placement_flags
 from grpo_tune.core.units import GiB
 
 
@@ -74,7 +74,7 @@ def _print_plan(est: Estimate, console: Console) -> None:
             f"mini-batch {w.mini_batch}, {w.ppo_epochs} epoch(s), kl={'on' if w.kl else 'off'}",
             highlight=False,
         )
-        from grpo_tune.autotune.lengths import lengths_note
+        from grpo_tune.autotune.calibrate.lengths import lengths_note
 
         console.print(f"lengths: {lengths_note(w)}", highlight=False)
     else:

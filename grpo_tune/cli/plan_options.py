@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from grpo_tune.autotune import options as O
+from grpo_tune.cli import options as O
 
 _WD = O.WORKLOAD_DEFAULTS
 

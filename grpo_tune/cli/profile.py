@@ -39,7 +39,7 @@ def profile(
     ] = None,
 ) -> None:
     """Profile a run config: time per phase, tokens/s, peak memory per rank -> JSON."""
-    from grpo_tune.autotune.outputs import check_output
+    from grpo_tune.rundir.outputs import check_output
     from grpo_tune.cli.train import check_rendezvous, load_checked
     from grpo_tune.trainer import launch
     from grpo_tune.trainer import profile as tprofile

@@ -15,9 +15,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_tune.autotune.grouping import caption as grouping_caption
-from grpo_tune.autotune.grouping import group_by_layout
-from grpo_tune.autotune.options import (
+from grpo_tune.autotune.search.grouping import caption as grouping_caption
+from grpo_tune.autotune.search.grouping import group_by_layout
+from grpo_tune.cli.options import (
     MIN_HEADROOM_DEFAULT,
     PLACEMENT_FLAGS,
     Framework,
@@ -134,8 +134,8 @@ def _gib(x: float) -> str:
 def print_plans(ranked: list[Estimate], console: Console, *, top: int, title: str = "Top plans") -> None:
     """Two tables: the plans (degrees, rollout, step time, throughput), then seconds and GiB per
     GPU for each phase against the capacity."""
-    from grpo_tune.autotune.report import batch_cell, phase_seconds
-    from grpo_tune.autotune.search import step_s, tokens_per_s_per_gpu
+    from grpo_tune.rundir.report import batch_cell, phase_seconds
+    from grpo_tune.autotune.search.driver import step_s, tokens_per_s_per_gpu
 
     plans = ranked[:top]
     if not plans:
@@ -229,7 +229,7 @@ def search(
 ) -> None:
     """Rank every valid plan by predicted step time; print the best and write runs/<id>/."""
     from grpo_tune import frameworks as F
-    from grpo_tune.autotune import search as S
+    from grpo_tune.autotune.search import driver as S
 
     fws = F.select(framework)
 
@@ -241,7 +241,7 @@ def search(
             f"--top must be between 1 and {MAX_TOP}, got {top}", hint=f"give --top {MAX_TOP} or fewer plans to show"
         )
     if emit:
-        from grpo_tune.autotune.outputs import check_out_dir
+        from grpo_tune.rundir.outputs import check_out_dir
 
         check_out_dir(out, "--out", inputs={"--calibration": calibration})  # before the search, not after it (issue 14)
     plan["stack"] = F.default_stack(fws, plan.get("stack"))
@@ -249,7 +249,7 @@ def search(
     pins = F.check_pins(fws, pins)
     cal = None
     if calibration is not None:
-        from grpo_tune.autotune.calibrate import load as load_calibration
+        from grpo_tune.autotune.calibrate.fit import load as load_calibration
 
         cal = load_calibration(calibration, hardware=hw.name)
     console = Console()
@@ -327,7 +327,7 @@ def _write_run_folder(
 ) -> tuple[Path, dict[str, Path]]:
     """The run folder of the best plan: a new runs/<id>/, or under --refine a stable folder named like the
     study, so that re-running the command resumes it (written only once: refine's finish replaces it atomically)."""
-    from grpo_tune.autotune.emit import emit as emit_into, emit_run
+    from grpo_tune.rundir.emit import emit as emit_into, emit_run
 
     kw: dict[str, Any] = dict(search=result, meta={"calibration": str(calibration)} if calibration else None)
     if frameworks != ("verl",):
@@ -366,18 +366,18 @@ def _print_result(
 ) -> None:
     """The plan tables, why #1 wins, the search's statistics and the run folder written."""
     if wl.kind == "grpo":
-        from grpo_tune.autotune.lengths import lengths_note, workload_line
+        from grpo_tune.autotune.calibrate.lengths import lengths_note, workload_line
 
         console.print(f"Workload: {workload_line(wl)}", highlight=False)
         console.print(f"Lengths: {lengths_note(wl)}", highlight=False)
     if all_plans:
         print_plans(result.ranked, console, top=top)
-    else:  # one row per layout (autotune/grouping.py)
+    else:  # one row per layout (autotune/search/grouping.py)
         rows = group_by_layout(result.ranked)[:top]
         print_plans([r.best for r in rows], console, top=top, title="Top plans, one row per layout (its best variant)")
         console.print(grouping_caption(rows), highlight=False)
-    from grpo_tune.autotune.report import runner_ups, why_winner
-    from grpo_tune.autotune.validate_grpo import STATED_ERROR_PCT
+    from grpo_tune.rundir.report import runner_ups, why_winner
+    from grpo_tune.validate.grpo import STATED_ERROR_PCT
 
     for note in result.defaults_kept:
         console.print(f"verl's default kept: {note}", highlight=False)
@@ -420,7 +420,7 @@ def _run_search(S, m, hw, cluster, wl, pins, top, cal, cross, err: Console, min_
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        from grpo_tune.autotune.defaults import with_verl_defaults
+        from grpo_tune.autotune.search.defaults import with_verl_defaults
 
         res = S.search(
             m,
@@ -464,7 +464,7 @@ def _search_placement(
     frameworks: tuple[str, ...] = ("verl",),
 ) -> None:
     """search --placement separate|auto: the best plan of each placement side by side, the winner emitted."""
-    from grpo_tune.autotune.placement_search import search_placement
+    from grpo_tune.autotune.search.placement import search_placement
     from grpo_tune.core.specs import load_hardware
 
     mode = place["placement"]
@@ -495,7 +495,7 @@ def _search_placement(
     run_dir: Path | None = None
     files: dict[str, Path] = {}
     if emit:
-        from grpo_tune.autotune.emit import emit_run
+        from grpo_tune.rundir.emit import emit_run
 
         run_dir, files = emit_run(
             res.best,
@@ -566,7 +566,7 @@ def _sec(x: float) -> str:
 def print_placements(res, console: Console) -> None:
     """The best plan of each placement side by side (80 columns): split, staleness, seconds per pool, busy
     fractions, the speed-up over colocated, tokens per dollar; then the model's stated error."""
-    from grpo_tune.autotune.validate_grpo import STATED_ERROR_PCT
+    from grpo_tune.validate.grpo import STATED_ERROR_PCT
     from grpo_tune.costmodel.placement import colocated_figures
 
     from rich import box

@@ -96,7 +96,7 @@ def load_checked(
     if over:
         cfg = cfg.replace(trainer=dataclasses.replace(cfg.trainer, **over))
     out_dir = Path(cfg.trainer.out_dir)
-    from grpo_tune.autotune.outputs import check_out_dir
+    from grpo_tune.rundir.outputs import check_out_dir
 
     check_out_dir(out_dir, "--out", inputs={"CONFIG": config})
     if not resume and not scratch:
@@ -357,7 +357,7 @@ def train(
     sets: SetOpt = None,
 ) -> None:
     """Run GRPO training with the config's parallel strategy (torchrun; megatron-core)."""
-    from grpo_tune.autotune.outputs import check_output
+    from grpo_tune.rundir.outputs import check_output
     from grpo_tune.trainer import launch
 
     if slurm is not None:  # before anything is read or written: never over the config itself

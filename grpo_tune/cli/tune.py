@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_tune.autotune.options import (
+from grpo_tune.cli.options import (
     MIN_HEADROOM_DEFAULT,
     PLACEMENT_FLAGS,
     Json,
@@ -70,7 +70,7 @@ IgnoreUnknown = Annotated[
 
 
 def _plan_row(est) -> dict[str, Any]:
-    from grpo_tune.autotune.report import batch_cell
+    from grpo_tune.rundir.report import batch_cell
 
     s = est.strategy
     return {
@@ -88,7 +88,7 @@ def _plan_row(est) -> dict[str, Any]:
 
 
 def _summary(est) -> dict[str, Any]:
-    from grpo_tune.autotune.search import step_s, tokens_per_s_per_gpu
+    from grpo_tune.autotune.search.driver import step_s, tokens_per_s_per_gpu
 
     fits = not any(v.code == "OOM_RISK" for v in est.violations)
     t = step_s(est)
@@ -145,13 +145,13 @@ def tune(
 ) -> None:
     """Price your verl launch, find a faster plan for the same workload, and print only the overrides that change."""
     from grpo_tune.autotune import tune as T
-    from grpo_tune.autotune.emit import Tables, emit_run
+    from grpo_tune.rundir.emit import Tables, emit_run
     from grpo_tune.core.config import atomic_write
 
     place = placement_flags(pins)
 
     if emit:
-        from grpo_tune.autotune.outputs import check_out_dir
+        from grpo_tune.rundir.outputs import check_out_dir
 
         # before the search, not after it (issue 14)
         check_out_dir(out, "--out", inputs={"LAUNCH": launch, "--calibration": calibration})
@@ -193,7 +193,7 @@ def tune(
         _report_keys(plan.launch, refuse=not ignore_unknown, json_out=json_out)
     cal = None
     if calibration is not None:
-        from grpo_tune.autotune.calibrate import load as load_calibration
+        from grpo_tune.autotune.calibrate.fit import load as load_calibration
 
         cal = load_calibration(calibration, hardware=plan.hardware.name)
     keep_list = [k.strip() for k in (keep or "").split(",") if k.strip()]
@@ -215,7 +215,7 @@ def tune(
         from grpo_tune.core.errors import ConfigError
 
         raise ConfigError(f"{launch}: a run config, not a verl launch", hint="pass the verl script or override list")
-    from grpo_tune.autotune.tune_script import key_fixes
+    from grpo_tune.frameworks.verl.script import key_fixes
 
     tuned = T.tuned_text(launch_obj, res.changes, key_fixes(launch_obj))
     run_dir = None
@@ -263,7 +263,7 @@ def tune(
         return
     c = Console()
     wl = plan.workload
-    from grpo_tune.autotune.lengths import lengths_note, workload_line
+    from grpo_tune.autotune.calibrate.lengths import lengths_note, workload_line
 
     c.print(
         f"{launch_obj.path}: {plan.model.name} ({plan.model_note}) on {plan.cluster.gpus} x {plan.hardware.name}, "
@@ -296,7 +296,7 @@ def _tune_nemo_rl(
     pins: dict[str, Any],
 ) -> None:
     """tune on a NeMo-RL recipe: the same tables and verdict; tuned.yaml (defaults: the recipe) instead of tuned.sh."""
-    from grpo_tune.autotune.emit import Tables, emit_run
+    from grpo_tune.rundir.emit import Tables, emit_run
     from grpo_tune.core.config import atomic_write
     from grpo_tune.frameworks.nemo_rl import read as nemo_read
     from grpo_tune.frameworks.nemo_rl import tune as nemo_tune
@@ -311,7 +311,7 @@ def _tune_nemo_rl(
     )
     cal = None
     if calibration is not None:
-        from grpo_tune.autotune.calibrate import load as load_calibration
+        from grpo_tune.autotune.calibrate.fit import load as load_calibration
 
         cal = load_calibration(calibration, hardware=plan.hardware.name)
     keep_list = [k.strip() for k in (keep or "").split(",") if k.strip()]
@@ -337,7 +337,7 @@ def _tune_nemo_rl(
         return
     c = Console()
     wl = plan.workload
-    from grpo_tune.autotune.lengths import lengths_note, workload_line
+    from grpo_tune.autotune.calibrate.lengths import lengths_note, workload_line
 
     c.print(
         f"{launch} (NeMo-RL recipe): {plan.model.name} ({plan.model_note}) on {plan.cluster.gpus} x "
@@ -356,8 +356,8 @@ def _tune_separate(plan, place, pins, cal, min_headroom: float, *, emit: bool, o
     pools' plans) for the same model, cluster and workload; the winner's run folder (a full fully-async launch)."""
     import dataclasses
 
-    from grpo_tune.autotune.emit import emit_run
-    from grpo_tune.autotune.placement_search import search_placement
+    from grpo_tune.rundir.emit import emit_run
+    from grpo_tune.autotune.search.placement import search_placement
     from grpo_tune.core.specs import load_hardware
     from grpo_tune.costmodel.placement import estimate_separate
 
@@ -453,7 +453,7 @@ def _asks_split(place: dict[str, Any]) -> bool:
 def _propose_split(plan, res, place: dict[str, Any], pins: dict[str, Any], cal, min_headroom: float):
     """The best separate-pool plan for the launch's model, cluster and workload (staleness up to --staleness),
     when it beats the tuned colocated launch; None otherwise."""
-    from grpo_tune.autotune.placement_search import search_placement
+    from grpo_tune.autotune.search.placement import search_placement
     from grpo_tune.core.specs import load_hardware
 
     if place["placement"] == "colocated" and (place["partial_rollout"] and not place["staleness"]):
@@ -481,7 +481,7 @@ def _propose_split(plan, res, place: dict[str, Any], pins: dict[str, Any], cal, 
 
 
 def _print_split(c: Console, res, split, place: dict[str, Any], run_dir: Path | None, files: dict[str, Path]) -> None:
-    from grpo_tune.autotune.validate_grpo import STATED_ERROR_PCT
+    from grpo_tune.validate.grpo import STATED_ERROR_PCT
 
     k = place["staleness"]
     if split is None:
@@ -573,7 +573,7 @@ def _report_keys(launch, *, refuse: bool, json_out: bool) -> None:
 
 
 def _verl_version() -> str:
-    from grpo_tune.autotune import verl
+    from grpo_tune.frameworks.verl import snapshot as verl
 
     return verl.VERL_VERSION
 

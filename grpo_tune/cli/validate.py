@@ -10,7 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from grpo_tune.autotune.options import Json
+from grpo_tune.cli.options import Json
 
 Tolerance = Annotated[
     float,
@@ -55,16 +55,16 @@ def validate(
     """Predicted vs published throughput and iteration times (Narayanan et al. 2021, Korthikanti et al. 2022), or
     with --grpo the GRPO step against published verl and NeMo-RL runs."""
     if grpo:
-        from grpo_tune.autotune.validate_grpo import TOLERANCE_PCT, run_grpo
+        from grpo_tune.validate.grpo import TOLERANCE_PCT, run_grpo
 
         rep = run_grpo(path=data, tolerance_pct=TOLERANCE_PCT if tolerance is None else tolerance, refit=refit)
         if data is None:  # the shipped rows: their separate-pool pairs too (scored apart, printed per pair)
-            from grpo_tune.autotune.validate_placement import score_pairs
+            from grpo_tune.validate.placement import score_pairs
 
             rep["placement_pairs"] = score_pairs()
         _report(rep, json_out, _print_grpo)
         return
-    from grpo_tune.autotune.validate import run
+    from grpo_tune.validate.pretraining import run
 
     rep = run(hardware=hardware, path=data, tolerance_pct=10.0 if tolerance is None else tolerance, refit=refit)
     _report(rep, json_out, _print)

@@ -181,7 +181,7 @@ class Workload:
     """A GRPO step (default) or a plain pretraining step.
 
     The defaults follow common verl GRPO practice (verl's GRPO examples): 1024 prompts, n=5,
-    1024/1024 tokens, mini-batch 256, KL on. The CLI's flag defaults are these (autotune/options.py).
+    1024/1024 tokens, mini-batch 256, KL on. The CLI's flag defaults are these (cli/options.py).
     """
 
     kind: str = "grpo"

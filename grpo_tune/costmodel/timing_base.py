@@ -31,7 +31,7 @@ CALIBRATION_DEFAULTS: dict[str, float] = {
     "step_overhead_s": 0.0,
 }
 
-# Ranges a calibration fit may explore (autotune.calibrate reads this).
+# Ranges a calibration fit may explore (autotune.calibrate.fit reads this).
 CALIBRATION_BOUNDS: dict[str, tuple[float, float]] = {
     "compute_efficiency_scale": (0.05, 20.0),
     "comm_efficiency_scale": (0.05, 20.0),

@@ -35,7 +35,7 @@ Storage defaults to ``sqlite:///<out_dir>/study.db``; open it with
 ``optuna-dashboard sqlite:///<out_dir>/study.db`` (``pip install optuna-dashboard``).
 """
 
-from .loop import (
+from grpo_tune.autotune.refine.loop import (
     POLICIES,
     Measure,
     Plans,
@@ -45,10 +45,10 @@ from .loop import (
     run_trials,
     seed_study,
 )
-from .policy import ModelGuided, Pick, measured_noise, spread
-from .report import RefineResult, best_plan, by_plan, differ, spearman
-from .runner import PROFILE_CMD, ProfileOutcome, run_profile
-from .space import (
+from grpo_tune.autotune.refine.policy import ModelGuided, Pick, measured_noise, spread
+from grpo_tune.autotune.refine.report import RefineResult, best_plan, by_plan, differ
+from grpo_tune.autotune.refine.runner import PROFILE_CMD, ProfileOutcome, run_profile
+from grpo_tune.autotune.refine.space import (
     build_space,
     default_study_name,
     distinct,
@@ -57,7 +57,7 @@ from .space import (
     predicted,
     runnable,
 )
-from .study import StudyHandle, TrialRecord, memory_study, open_study, recover
+from grpo_tune.autotune.refine.study import StudyHandle, TrialRecord, memory_study, open_study, recover
 
 __all__ = [
     "POLICIES",
@@ -90,6 +90,5 @@ __all__ = [
     "run_trials",
     "runnable",
     "seed_study",
-    "spearman",
     "spread",
 ]

@@ -18,10 +18,10 @@ from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import Cluster, Workload
 from grpo_tune.costmodel.estimate import Estimate
 
-from . import space as S
-from .policy import ModelGuided
-from .runner import ProfileOutcome, positive, run_profile
-from .study import StudyHandle, counted, open_study, recover, redact, worker_host
+from grpo_tune.autotune.refine import space as S
+from grpo_tune.autotune.refine.policy import ModelGuided
+from grpo_tune.autotune.refine.runner import ProfileOutcome, positive, run_profile
+from grpo_tune.autotune.refine.study import StudyHandle, counted, open_study, recover, redact, worker_host
 
 POLICIES = ("model", "tpe")
 
@@ -69,12 +69,12 @@ class RefineOptions:
             raise ConfigError(f"--trial-steps must be >= 2 (the first step is warm-up), got {self.trial_steps}")
         if not (math.isfinite(self.trial_timeout_s) and self.trial_timeout_s > 0):  # nan passed `<= 0`
             raise ConfigError(f"--trial-timeout must be a finite number of seconds > 0, got {self.trial_timeout_s}")
-        from .slurm import LAUNCHERS
+        from grpo_tune.autotune.refine.slurm import LAUNCHERS
 
         if self.launcher not in LAUNCHERS:
             raise ConfigError(f"unknown --launcher {self.launcher!r}", hint=f"one of {', '.join(LAUNCHERS)}")
         if self.launcher == "slurm":
-            from .slurm import check_available
+            from grpo_tune.autotune.refine.slurm import check_available
 
             check_available()
         if self.policy not in POLICIES:
@@ -95,7 +95,7 @@ class RefineOptions:
 
 def _check_storage_url(url: str) -> None:
     """Refuse a --storage that SQLAlchemy cannot parse, or whose driver is missing, before any file is written."""
-    from .study import check_url
+    from grpo_tune.autotune.refine.study import check_url
 
     check_url(url)
 
@@ -165,8 +165,8 @@ def enqueue(h: StudyHandle, plans: Plans, index: int, *, skip_if_exists: bool = 
 def winner_plan(h: StudyHandle, plans: Plans) -> str | None:
     """The refinement's choice. ``model``: the measured plan with the fastest posterior mean
     (measurements weighed against their noise and the model); ``tpe``: the best median tokens/s."""
-    from .report import best_plan, by_plan
-    from .study import records
+    from grpo_tune.autotune.refine.report import best_plan, by_plan
+    from grpo_tune.autotune.refine.study import records
 
     obs, _ = _measured(h, plans)
     best = plans.chooser.recommend(obs) if plans.chooser is not None and obs else None
@@ -430,7 +430,7 @@ def profile_measure(out: Path, inputs: tuple, opts: RefineOptions, study_name: s
     base = opts.trainer or TrainerOptions()
 
     def measure(h: StudyHandle, number: int, est: Estimate) -> ProfileOutcome:
-        from grpo_tune.autotune.emit import predicted as predicted_block
+        from grpo_tune.rundir.emit import predicted as predicted_block
 
         tdir = out / "trials" / f"{number:04d}"
         tdir.mkdir(parents=True, exist_ok=True)
@@ -453,7 +453,7 @@ def profile_measure(out: Path, inputs: tuple, opts: RefineOptions, study_name: s
 
         command = cleanup = stop_cmd = None
         if opts.launcher == "slurm":
-            from . import slurm
+            from grpo_tune.autotune.refine import slurm
 
             job = f"grpo-tune-{study_name}-{number:04d}"[:120]
             script = tdir / "job.sbatch"
@@ -526,10 +526,10 @@ def refine(
     """Measure the most promising plans of ``ranked`` with real profiling runs and pick the fastest.
 
     ``ranked``: search's estimates, best first (made with ``opts.calibration`` when given).
-    ``search``: the :class:`autotune.search.SearchResult` they came from, for the emitted
+    ``search``: the :class:`autotune.search.driver.SearchResult` they came from, for the emitted
     report's tables. Returns a :class:`autotune.refine.report.RefineResult`.
     """
-    from .report import finish, progress_bar
+    from grpo_tune.autotune.refine.report import finish, progress_bar
 
     opts.check()
     out = Path(out_dir)

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from grpo_tune.autotune.report import _plt, _save_png
+from grpo_tune.rundir.report import _plt, _save_png
 from grpo_tune.core.config import atomic_write
 from grpo_tune.core.errors import GrpoTuneError
 
@@ -139,7 +139,7 @@ def section(result) -> list[str]:
             f"({w['median_trial_tokens_per_s']:,.1f} tokens/s)."
         )
     L.append(f"- Spearman rank correlation, predicted vs measured step time: {_f(result.spearman_step_s, '{:.3f}')}")
-    from .report import noise_lines
+    from grpo_tune.autotune.refine.report import noise_lines
 
     L += [f"- {line[0].upper()}{line[1:]}." for line in noise_lines(result)]
     cal = result.calibration
@@ -163,7 +163,7 @@ def section(result) -> list[str]:
     for r in recs:
         plan = r.plan or "-"
         if r.strategy:
-            from grpo_tune.autotune.report import plan_label
+            from grpo_tune.rundir.report import plan_label
             from grpo_tune.core.strategy import Strategy
 
             try:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from grpo_tune.costmodel.estimate import Estimate
 
-from .space import features, predicted
+from grpo_tune.autotune.refine.space import features, predicted
 
 OFFSET_SD = 0.5
 LOCAL_SD = 0.25

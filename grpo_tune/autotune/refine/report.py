@@ -10,7 +10,6 @@ from __future__ import annotations
 import shlex
 
 import json
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,8 +22,9 @@ from grpo_tune.core.errors import GrpoTuneError
 from grpo_tune.core.strategy import Strategy
 from grpo_tune.costmodel.estimate import Estimate
 
-from .policy import measured_noise, spread
-from .study import StudyHandle, TrialRecord, counted, records
+from grpo_tune.autotune.calibrate.stats import spearman
+from grpo_tune.autotune.refine.policy import measured_noise, spread
+from grpo_tune.autotune.refine.study import StudyHandle, TrialRecord, counted, records
 
 if TYPE_CHECKING:  # rich is imported lazily, only when a bar is shown
     from rich.progress import Progress
@@ -45,7 +45,7 @@ class RefineResult:
     spearman_step_s: float | None = None
     """Spearman rank correlation of predicted vs measured step time over completed trials."""
     calibration: Any = None
-    """An :class:`autotune.calibrate.CalibrationResult`, when a fit was possible."""
+    """An :class:`autotune.calibrate.fit.CalibrationResult`, when a fit was possible."""
     noise: dict[str, Any] = field(default_factory=dict)
     """``spread`` (largest (max - min) / median of a plan's repeated trials, None if none), ``per_plan``,
     ``threshold`` (what a difference must exceed), ``assumed`` (True when no plan was repeated)."""
@@ -70,18 +70,6 @@ class RefineResult:
             "emitted": {k: str(v) for k, v in self.emitted.items()},
             "trials": [r.to_dict() for r in self.records],
         }
-
-
-def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Spearman rank correlation (scipy.stats.spearmanr); None below 3 points or for constant input."""
-    if len(x) < 3:
-        return None
-    from scipy.stats import spearmanr
-
-    if len(set(x)) < 2 or len(set(y)) < 2:
-        return None
-    r = spearmanr(x, y).statistic
-    return None if math.isnan(r) else float(r)
 
 
 def _tps(r: TrialRecord) -> float:
@@ -169,7 +157,7 @@ def finish(
     result.spearman_step_s = spearman([p for p, _ in pairs], [m for _, m in pairs])
     result.median_tokens_per_s = statistics.median(_tps(r) for r in done)
     result.noise = noise_of(done, opts.noise)
-    from .loop import winner_plan
+    from grpo_tune.autotune.refine.loop import winner_plan
 
     best = _winner(result, by_plan(done), cluster.gpus, name, winner_plan(h, plans))
     est = plans.space[plans.index[best.plan]] if best.plan in plans.index else None
@@ -198,7 +186,7 @@ def finish(
 def _calibrate(result: RefineResult, done, inputs: tuple, opts, console) -> None:
     model, hardware, cluster, workload = inputs
     try:
-        from grpo_tune.autotune.calibrate import fit_records
+        from grpo_tune.autotune.calibrate.fit import fit_records
 
         result.calibration = fit_records(
             done, model=model, hardware=hardware, cluster=cluster, workload=workload, base=opts.calibration
@@ -213,7 +201,7 @@ def _calibrate(result: RefineResult, done, inputs: tuple, opts, console) -> None
 def _label(r: TrialRecord) -> str | None:
     if not r.strategy:
         return r.plan
-    from grpo_tune.autotune.report import plan_label
+    from grpo_tune.rundir.report import plan_label
 
     return plan_label(Strategy.from_dict(r.strategy))
 
@@ -297,12 +285,12 @@ def _emit(result: RefineResult, winner: RunConfig, est: Estimate | None, search)
     out = result.out_dir
     meta = {"refine": {k: v for k, v in (winner.meta or {}).items()}}
     if est is not None:
-        from grpo_tune.autotune.emit import emit as emit_plan
+        from grpo_tune.rundir.emit import emit as emit_plan
 
         paths = dict(emit_plan(est, out, search=search, measured=result.winner_measured, meta=meta, trainer=None))
     else:  # the winner's plan is not in this space (a resumed study with another space): config only
         paths = {"best": save_config(winner, out / "best.yaml")}
-    from .markdown import append_report
+    from grpo_tune.autotune.refine.markdown import append_report
 
     paths.update(append_report(out, result))
     return paths

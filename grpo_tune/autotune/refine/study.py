@@ -22,7 +22,7 @@ from typing import Any
 
 from grpo_tune.core.errors import ConfigError
 
-from .runner import kill_group
+from grpo_tune.autotune.refine.runner import kill_group
 
 PARAM = "plan_rank"
 """The user attribute holding a trial's position in the plan space (the parameters are the plan's knobs)."""

@@ -11,7 +11,7 @@ import difflib
 from pathlib import Path
 from typing import Any, Sequence
 
-from grpo_tune.autotune.diagnose.findings import Finding, Report, Severity
+from grpo_tune.frameworks.verl.diagnose.findings import Finding, Report, Severity
 from grpo_tune.core.errors import CODES, GrpoTuneError, InvalidDegreesError
 from grpo_tune.core.specs import load_hardware
 

@@ -75,8 +75,8 @@ def is_tensorboard(path: str | os.PathLike) -> bool:
 
 
 def read_tensorboard(path: str | os.PathLike):
-    """A NeMo-RL TensorBoard log (event file or folder) -> :class:`grpo_tune.autotune.runlog.RunLog`."""
-    from grpo_tune.autotune.runlog import RunLog
+    """A NeMo-RL TensorBoard log (event file or folder) -> :class:`grpo_tune.autotune.calibrate.runlog.RunLog`."""
+    from grpo_tune.autotune.calibrate.runlog import RunLog
 
     p = Path(path)
     files = event_files(p)
@@ -111,7 +111,7 @@ def read_tensorboard(path: str | os.PathLike):
 def _records(steps: list[int], value, where: str):
     import math
 
-    from grpo_tune.autotune.runlog import StepRecord
+    from grpo_tune.autotune.calibrate.runlog import StepRecord
 
     out, warnings = [], []
     for s in steps:
@@ -149,7 +149,7 @@ def looks_like_console(text: str) -> bool:
 
 def read_console(text: str, path: str):
     """NeMo-RL's console output (``Step N/M`` headers, the ``⏱️  Timing:`` table) -> RunLog."""
-    from grpo_tune.autotune.runlog import RunLog
+    from grpo_tune.autotune.calibrate.runlog import RunLog
 
     step: int | None = None
     by_step: dict[int, dict[str, float]] = {}

@@ -35,7 +35,7 @@ def is_recipe(path: str | Path) -> bool:
 
 
 def resolve_model(r: R.Recipe, model: str | None):
-    from grpo_tune.autotune.diagnose import resolve_model as lookup
+    from grpo_tune.frameworks.verl.diagnose import resolve_model as lookup
 
     if model:
         return load_model(model), f"--model {model}"
@@ -100,7 +100,7 @@ def workload_of(
     r: R.Recipe, *, prompt_len_mean: int | None = None, response_len_mean: int | None = None, assume: bool = True
 ) -> Workload:
     """The recipe's workload. A recipe states only the length caps: with ``assume`` the means are assumed as
-    search and tune assume them for a verl launch (autotune/lengths.py), unless given."""
+    search and tune assume them for a verl launch (autotune/calibrate/lengths.py), unless given."""
     w = table.read_fields(r.get, table.W)
     for k in ("prompts", "n", "prompt_len", "response_len", "mini_batch"):
         v = w.get(k)
@@ -113,7 +113,7 @@ def workload_of(
     w["mini_batch"] = min(w["mini_batch"], w["prompts"])
     means: dict[str, Any] = {"prompt_len_mean": prompt_len_mean, "response_len_mean": response_len_mean}
     if assume:
-        from grpo_tune.autotune.lengths import assumed_means
+        from grpo_tune.autotune.calibrate.lengths import assumed_means
 
         means = assumed_means(means, prompt_len=w["prompt_len"], response_len=w["response_len"])
     w.update(means)

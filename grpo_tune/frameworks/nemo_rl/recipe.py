@@ -55,7 +55,7 @@ def recipe_values(cfg: Any) -> dict[str, Any]:
 
 def recipe_text(cfg: Any, *, run_id: str = "") -> str:
     """``nemo_rl.yaml``: a header, ``defaults:``, then the overrides as one nested mapping."""
-    from grpo_tune.autotune.export import _comment, check_name
+    from grpo_tune.frameworks.verl.export import _comment, check_name
 
     m, c, s = cfg.model, cfg.cluster, cfg.strategy
     for value, what in ((m.name, "model name"), (m.hf_id or "", "model hf_id"), (cfg.hardware.name, "hardware")):
@@ -142,7 +142,7 @@ def _omegaconf():
 
 
 def _read_mapping(p: Path) -> tuple[str, dict[str, Any], list[tuple[str, int]]]:
-    from grpo_tune.autotune.diagnose.parse import load_yaml, read_text
+    from grpo_tune.frameworks.verl.diagnose.parse import load_yaml, read_text
 
     text = read_text(p, what="NeMo-RL recipe")
     data, dups = load_yaml(text, str(p))
@@ -216,7 +216,7 @@ def _apply_overrides(cfg, overrides: list[str], where: str) -> dict[str, Any]:
     ``+key=v`` adds it, ``++key=v`` adds or sets, ``~key`` deletes. Returns the flat overrides applied."""
     from omegaconf import OmegaConf
 
-    from grpo_tune.autotune.diagnose.parse import override
+    from grpo_tune.frameworks.verl.diagnose.parse import override
 
     applied: dict[str, Any] = {}
     for raw in overrides:

@@ -1,6 +1,6 @@
 """The two-way table between a grpo-tune plan and NeMo-RL's GRPO config keys (its Megatron-Core path).
 
-As for verl (autotune/verl_table.py), each plan field is one :class:`Row`: the dotted NeMo-RL keys it writes
+As for verl (frameworks/verl/table.py), each plan field is one :class:`Row`: the dotted NeMo-RL keys it writes
 (export: plan -> recipe) and how it is read back (diagnose/tune: recipe -> plan). The key names are NeMo-RL
 v0.7.0's (``data/nemo-rl-0.7.0-keys.json``, from ``examples/configs/grpo_math_1B.yaml`` and the TypedDicts
 of ``nemo_rl/models/policy/__init__.py``); how NeMo-RL uses them is cited per row from v0.7.0's source.

@@ -1,0 +1,262 @@
+"""``--lengths FILE``: prompt and response length statistics for the workload.
+
+Two kinds of file:
+
+- a dataset of prompts (``.jsonl`` or ``.parquet``; ``prompt`` as text or a chat list, as the
+  trainer reads them, and optionally a ``response``). Tokens are counted with the model's tokenizer
+  when a ``tokenizer.json`` is on disk (the model's folder, or the Hugging Face cache for its
+  ``hf_id``; the ``tokenizers`` package, no network), else estimated as characters / 4 (the
+  usual rule of thumb for English text with BPE vocabularies; stated in ``lengths_source``);
+- the metrics of an earlier run: our ``metrics.jsonl`` (``response_len`` mean and
+  ``response_len_max`` per step), verl's file-logger JSONL (``{"step", "data": {...}}``) or its
+  console lines (``step:N - key:value - ...``) with ``response_length/mean|max`` and
+  ``prompt_length/mean|max`` (verl/trainer/ppo/metric_utils.py).
+
+This module reads those formats itself (a minimal reader): ``autotune/calibrate/runlog.py`` was not on
+main when it was written. It returns Workload fields; a run log gives per-step means, so its
+response histogram is that of the per-step maxima and means is not claimed: only means are set.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterator, TextIO
+
+from grpo_tune.autotune.calibrate.runlog import json_object
+from grpo_tune.core.errors import ConfigError
+from grpo_tune.core.specs import ModelSpec
+from grpo_tune.costmodel.lengths import quantiles_from_samples
+
+CHARS_PER_TOKEN = 4.0
+ASSUMED_MEAN_FRACTION = 0.2
+"""Mean / max of prompt and response lengths when the user gives neither ``--lengths`` nor a mean.
+
+Responses: the median mean/max of the published math GRPO runs on Megatron in
+``profiles/data/published_grpo.csv`` (NeMo-RL v0.3 blog: Llama-3.1-8B 795/3840, Llama-3.1-70B 398/3840,
+Qwen3-32B 3283/3840, Qwen3-30B-A3B 3251/3840, Llama-3.1-70B 16K 749/16384; verl docs/perf/dpsk.md:
+DeepSeek-V3 1960/9632), 0.205; ``tests/test_lengths.py`` recomputes it from the CSV. Prompts: verl's
+GSM8K quick start logs ``prompt_length/mean`` 104.9 and 102.4 of ``max_prompt_length=512``
+(docs/start/quickstart.rst), 0.20. The spread is wide (0.05 to 0.86): a mean equal to the max (the
+old default) is the worst case, which prices a different plan."""
+ASSUMED_LENGTHS_NOTE = (
+    "mean = {pct}% of the max for {what}, the median of published math GRPO runs (NeMo-RL v0.3, verl docs); "
+    "replace it with --lengths FILE or --prompt-len-mean / --response-len-mean"
+)
+MAX_RECORDS = 200_000
+MAX_LINE_CHARS = 4 << 20
+"""A line longer than this is skipped unread: a file without newlines (a weights file given by mistake) was read
+whole into memory, ~2 bytes of RSS per byte of file."""
+
+
+def _lines(fh: TextIO) -> Iterator[str]:
+    """At most MAX_RECORDS lines of ``fh``, each at most MAX_LINE_CHARS long (longer ones are skipped)."""
+    n = 0
+    while n < MAX_RECORDS:
+        line = fh.readline(MAX_LINE_CHARS)
+        if not line:
+            return
+        if len(line) >= MAX_LINE_CHARS and not line.endswith("\n"):
+            while (rest := fh.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
+                pass  # the rest of an over-long line, in bounded pieces
+            continue
+        n += 1
+        yield line
+
+
+_CONSOLE = re.compile(r"(?:^|\s-\s|\s)([A-Za-z_][\w/.]*):\s*(-?[0-9.eE+-]+)")
+
+
+def assumed_means(stats: dict[str, Any], *, prompt_len: int, response_len: int) -> dict[str, Any]:
+    """``stats`` (what ``--lengths`` and the mean flags gave) with each missing mean set to
+    :data:`ASSUMED_MEAN_FRACTION` of its maximum, and ``lengths_source`` saying so and how to replace it.
+    A histogram (``response_len_quantiles``) counts as a given response distribution."""
+    out = dict(stats)
+    what = []
+    if out.get("prompt_len_mean") is None:
+        out["prompt_len_mean"] = max(1, round(ASSUMED_MEAN_FRACTION * prompt_len))
+        what.append("prompts")
+    if out.get("response_len_mean") is None and not out.get("response_len_quantiles"):
+        out["response_len_mean"] = max(1, round(ASSUMED_MEAN_FRACTION * response_len))
+        what.append("responses")
+    if what:
+        note = "assumed " + ASSUMED_LENGTHS_NOTE.format(pct=round(100 * ASSUMED_MEAN_FRACTION), what=" and ".join(what))
+        src = out.get("lengths_source")
+        out["lengths_source"] = f"{src}; {note}" if src else note
+    return out
+
+
+def lengths_note(w: Any) -> str:
+    """Where a GRPO workload's mean lengths come from, for the search header, report.md and tune:
+    the assumption and how to replace it, the file they were read from, or the flags."""
+    if w.lengths_source:
+        return " ".join(str(w.lengths_source).split())
+    if w.response_len_mean is None and not w.response_len_quantiles:
+        return "mean = max (the worst case); give --lengths FILE or --response-len-mean for a typical one"
+    return "means from --prompt-len-mean / --response-len-mean"
+
+
+def workload_line(w: Any) -> str:
+    """``1024 prompts x n=5, prompt <= 1024 (mean 205) + response <= 1024 (mean 205) tokens``."""
+    return (
+        f"{w.prompts} prompts x n={w.n}, prompt <= {w.prompt_len} (mean {w.mean_prompt_len:,.0f}) + "
+        f"response <= {w.response_len} (mean {w.mean_response_len:,.0f}) tokens"
+    )
+
+
+def read_lengths(path: str, *, model: ModelSpec | None, prompt_len: int, response_len: int) -> dict[str, Any]:
+    """Workload fields (``prompt_len_mean``, ``response_len_mean``, ``response_len_quantiles``,
+    ``lengths_source``) from ``path``; a missing or unreadable file is a BAD_CONFIG error."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(
+            f"--lengths: no file {path}", hint="pass a .jsonl/.parquet dataset or a run's metrics/log file"
+        )
+    steps = _run_metrics(p)
+    if steps:
+        return _from_run(steps, p, prompt_len, response_len)
+    prompts, responses = _dataset(p)
+    count, how = _counter(model)
+    pl = [count(t) for t in prompts]
+    out: dict[str, Any] = {"lengths_source": f"{p} ({len(pl)} prompts, {how})"}
+    if pl:
+        clipped = [min(x, prompt_len) for x in pl]
+        out["prompt_len_mean"] = max(1, round(sum(clipped) / len(clipped)))
+    if responses:
+        rl = [min(count(t), response_len) for t in responses]
+        out["response_len_mean"] = max(1, round(sum(rl) / len(rl)))
+        out["response_len_quantiles"] = quantiles_from_samples(rl)
+        out["lengths_source"] += f", {len(rl)} responses"
+    if not pl and not responses:
+        raise ConfigError(
+            f"--lengths: {path} has no prompts or length metrics",
+            hint="a dataset needs a 'prompt' field; a run log needs response_length/mean",
+        )
+    return out
+
+
+def _from_run(steps: list[dict[str, float]], p: Path, prompt_len: int, response_len: int) -> dict[str, Any]:
+    def mean_of(*keys: str) -> float | None:
+        vals = [s[k] for s in steps for k in keys if k in s]
+        return sum(vals) / len(vals) if vals else None
+
+    out: dict[str, Any] = {"lengths_source": f"{p} (run metrics, {len(steps)} steps)"}
+    r = mean_of("response_length/mean", "response_len")
+    pr = mean_of("prompt_length/mean")
+    if r is not None:
+        out["response_len_mean"] = max(1, min(response_len, round(r)))
+    if pr is not None:
+        out["prompt_len_mean"] = max(1, min(prompt_len, round(pr)))
+    if len(out) == 1:
+        raise ConfigError(f"--lengths: {p} has no response_length/mean or prompt_length/mean")
+    return out
+
+
+def _run_metrics(p: Path) -> list[dict[str, float]]:
+    """Per-step metrics if ``p`` is a run log (ours, verl's JSONL or console), else []."""
+    steps: list[dict[str, float]] = []
+    try:
+        with open(p, "r", errors="replace") as fh:
+            for line in _lines(fh):
+                line = line.strip()
+                if not line:
+                    continue
+                if line.startswith("{"):
+                    obj = json_object(line)
+                    if obj is None:
+                        continue
+                    if isinstance(obj.get("data"), dict):
+                        obj = obj["data"]
+                    if "response_length/mean" in obj or ("response_len" in obj and "step" in obj and "phases_s" in obj):
+                        steps.append(
+                            {
+                                k: float(v)
+                                for k, v in obj.items()
+                                if isinstance(v, (int, float)) and not isinstance(v, bool)
+                            }
+                        )
+                elif "response_length/mean" in line:
+                    kv = {k: float(v) for k, v in _CONSOLE.findall(line) if _num(v)}
+                    if "response_length/mean" in kv:
+                        steps.append(kv)
+    except (OSError, UnicodeDecodeError):
+        return []
+    return steps
+
+
+def _num(v: str) -> bool:
+    try:
+        float(v)
+        return True
+    except ValueError:
+        return False
+
+
+def _text(x: Any) -> str:
+    if isinstance(x, str):
+        return x
+    if isinstance(x, list):  # a chat: [{"role", "content"}, ...]
+        return "".join(str(m.get("content", "")) if isinstance(m, dict) else str(m) for m in x)
+    return "" if x is None else str(x)
+
+
+def _dataset(p: Path) -> tuple[list[str], list[str]]:
+    rows: list[dict[str, Any]] = []
+    if p.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ConfigError(
+                "--lengths: reading .parquet needs pyarrow", hint="pip install pyarrow, or pass .jsonl"
+            ) from None
+        try:
+            rows = pq.read_table(p).slice(0, MAX_RECORDS).to_pylist()
+        except Exception as exc:  # noqa: BLE001 - any parquet error is the user's file
+            raise ConfigError(f"--lengths: cannot read {p}: {exc}") from None
+    else:
+        with open(p, "r", errors="replace") as fh:
+            for line in _lines(fh):
+                obj = json_object(line)
+                if obj is not None:
+                    rows.append(obj)
+    prompts = [_text(r["prompt"]) for r in rows if "prompt" in r]
+    responses = [_text(r.get("response", r.get("completion"))) for r in rows if ("response" in r or "completion" in r)]
+    return prompts, responses
+
+
+def _counter(model: ModelSpec | None):
+    tok = _tokenizer(model)
+    if tok is not None:
+        return (lambda t: len(tok.encode(t).ids)), "counted with the model's tokenizer.json"
+    return (
+        lambda t: max(1, round(len(t) / CHARS_PER_TOKEN))
+    ), f"estimated at {CHARS_PER_TOKEN:g} characters per token (no tokenizer.json on disk)"
+
+
+def _tokenizer(model: ModelSpec | None):
+    if model is None:
+        return None
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    cands: list[Path] = []
+    src = Path(model.source) if model.source else None
+    if src is not None and src.name == "config.json":
+        cands.append(src.parent / "tokenizer.json")
+    if model.hf_id:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            hit = try_to_load_from_cache(model.hf_id, "tokenizer.json")
+            if isinstance(hit, str):
+                cands.append(Path(hit))
+        except Exception:  # noqa: BLE001 - no hub client or no cache: fall back to the estimate
+            pass
+    for c in cands:
+        if c.is_file():
+            try:
+                return Tokenizer.from_file(str(c))
+            except Exception:  # noqa: BLE001
+                continue
+    return None

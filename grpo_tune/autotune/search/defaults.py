@@ -1,0 +1,154 @@
+"""Defaults within noise: a knob whose searched value beats verl's default by less than :data:`NOISE` of the
+predicted step is emitted at verl's default.
+
+The cost model's error is several percent (``grpo-tune validate --grpo``), so a 0.04% win for
+``enforce_eager=True`` (verl's default is false) or 0.5% for offloading the optimizer on top of param/grad is
+not a finding: it departs from what verl users run for nothing the model can show. Each knob of
+:data:`KNOBS` the user did not pin is tried at verl 0.9.1's default (read from its config snapshot through the
+Strategy<->verl table), in order; the variant is kept when it still fits with the search's headroom and its step
+is within :data:`NOISE` of the searched winner's (every comparison is against that winner, so the kept plan is
+at most :data:`NOISE` slower in all). The notes say what was kept, for the search output and report.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+from grpo_tune.core.errors import GrpoTuneError
+from grpo_tune.core.strategy import Strategy
+
+NOISE = 0.01
+"""A knob changing the predicted step by less than this fraction is left at verl's default."""
+
+KNOBS = (
+    "enforce_eager",
+    "offload",
+    "cpu_optimizer",
+    "recompute",
+    "vpp",
+    "sequence_parallel",
+    "distributed_optimizer",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "chunked_prefill",
+    "gpu_memory_utilization",
+    "sync_bucket_mb",
+)
+"""Strategy fields with a verl default that the search may move away from it (degrees other than VPP and the
+batch size have no default worth keeping: they follow the model and the GPUs)."""
+
+
+@lru_cache(maxsize=1)
+def verl_defaults() -> dict[str, Any]:
+    """Strategy fields as verl 0.9.1 sets them when a launch leaves every key at its default."""
+    from grpo_tune.frameworks.verl import snapshot as verl
+    from grpo_tune.frameworks.verl import table
+
+    return table.read_fields(verl.default, "strategy")
+
+
+def _candidates(knob: str, have: Any, default: Any) -> list[Any]:
+    """Values to try for ``knob``, verl's default first; for offload also each of verl's two keys alone
+    (param_offload moves params and grads, optimizer_offload the optimizer)."""
+    if knob != "offload":
+        return [default]
+    have = tuple(have)
+    out = [tuple(default)]
+    for drop in (("optimizer",), ("param", "grad")):
+        part = tuple(o for o in have if o not in drop)
+        if part != have and part not in out:
+            out.append(part)
+    return out
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, tuple):
+        return ",".join(o[0] for o in v) if v else "none"
+    return "none" if v is None else str(v)
+
+
+def prefer_defaults(
+    best: Any,
+    price: Callable[[Strategy], Any],
+    ok: Callable[[Any], bool],
+    pins: dict[str, Any],
+    *,
+    noise: float = NOISE,
+) -> tuple[Any, list[str]]:
+    """``best`` (an Estimate) with each unpinned knob of :data:`KNOBS` moved to verl's default when that costs
+    less than ``noise`` of its predicted step and the plan still passes ``ok``; and one note per knob moved."""
+    from grpo_tune.autotune.search.driver import step_s
+
+    base = step_s(best)
+    if not base or base == float("inf"):
+        return best, []
+    defaults = verl_defaults()
+    cur, notes = best, []
+    for knob in KNOBS:
+        if knob in pins or knob not in defaults:
+            continue
+        have = getattr(cur.strategy, knob)
+        default = defaults[knob]
+        if knob == "offload" and set(have) == set(default or ()):
+            continue
+        if have == default:
+            continue
+        for value in _candidates(knob, have, default):
+            try:
+                est = price(cur.strategy.replace(**{knob: value}))
+            except GrpoTuneError:
+                continue
+            t = step_s(est)
+            if ok(est) and t <= base * (1.0 + noise):
+                full = knob != "offload" or tuple(value) == tuple(default or ())
+                dropped = set(have) - set(value) if knob == "offload" else set()
+                what = (
+                    "verl's default"
+                    if full
+                    else ("optimizer_offload" if "optimizer" in dropped else "param_offload") + "=false, verl's default"
+                )
+                pct = 100.0 * (t - step_s(cur)) / step_s(cur)
+                notes.append(
+                    f"{knob} {_fmt(value)} ({what}) instead of the searched {_fmt(have)}: "
+                    + (
+                        f"{pct:.2f}% slower predicted, within the model's noise ({noise:.0%})"
+                        if pct > 0
+                        else "no slower predicted"
+                    )
+                )
+                cur = est
+                break
+    return cur, notes
+
+
+def with_verl_defaults(
+    result: Any, *, pins: dict[str, Any], calibration: dict[str, float] | None = None, min_headroom: float = 0.0
+) -> Any:
+    """A search result whose winner keeps verl's default for every knob within :data:`NOISE` (what ``search``
+    prints and emits): ``ranked[0]`` is that plan and ``defaults_kept`` says what moved; unchanged if nothing."""
+    import dataclasses
+
+    from grpo_tune.costmodel.estimate import estimate
+
+    best = result.best
+
+    def price(s: Strategy) -> Any:
+        return estimate(
+            model=best.model,
+            hardware=best.hardware,
+            cluster=best.cluster,
+            strategy=s,
+            workload=best.workload,
+            calibration=calibration,
+        )
+
+    margin = min_headroom * best.hardware.hbm_bytes
+    chosen, kept = prefer_defaults(best, price, lambda x: x.fits and x.headroom_bytes >= margin, pins)
+    if not kept:
+        return result
+    ranked = [chosen] + [e for e in result.ranked if e.strategy != chosen.strategy]
+    return dataclasses.replace(result, ranked=ranked, defaults_kept=kept)

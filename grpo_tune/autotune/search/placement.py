@@ -1,0 +1,438 @@
+"""Search over placement: colocated, separate pools, or the better of the two (``--placement auto``).
+
+A separate plan has three parts that price apart and meet only in the step's composition
+(costmodel.placement.compose_step): the training pool's plan, the rollout pool's engine, and the
+split (how many GPUs roll out). The search therefore:
+
+1. prices the generation of every split with its fastest fitting rollout engine (cheap: the
+   rollout time depends only on the pool's GPUs and the engine's knobs);
+2. prices the training pool of every split with one representative training plan, scaled from a
+   full training-pool search at one pool size, and keeps the splits whose composed step is best
+   for some staleness <= K (and their neighbours);
+3. runs the full training-pool search (autotune.search.driver with the training pool's pricing: no vLLM
+   on its GPUs) on those splits only, and composes each exactly (estimate_separate).
+
+Staleness is searched from 0 up to the user's ``--staleness K``; among steps within 0.5% the
+smaller staleness wins (fresher samples at no cost).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from grpo_tune.core.errors import ConfigError, GrpoTuneError, InvalidDegreesError
+from grpo_tune.core.specs import HardwareSpec, ModelSpec
+from grpo_tune.core.strategy import Cluster, Strategy, Workload, divisors
+from grpo_tune.costmodel import placement as P
+from grpo_tune.costmodel.estimate import Estimate
+from grpo_tune.costmodel.params import total_params
+from grpo_tune.costmodel.timing_base import check_calibration
+
+PLACEMENT_CHOICES = ("colocated", "separate", "auto")
+ROLLOUT_GMU_GRID = (0.6, 0.7, 0.8, 0.9)
+"""vLLM memory fractions on a rollout-pool GPU (no training state there: up to 0.9)."""
+ROLLOUT_SEQS_GRID = (256, 1024)
+KEEP_SPLITS = 3
+"""Splits (best by the repriced training plans) composed exactly per staleness."""
+REPRICE = 24
+"""The reference training-pool search's best plans repriced on the other pool sizes."""
+TRAIN_KEEP_LAYOUTS = 12
+TRAIN_EXACT = 24
+"""Plans a training-pool search evaluates exactly (autotune.search.driver's exact)."""
+"""Layouts a training-pool search gives the full option grid (autotune.search.driver's keep_layouts)."""
+TIE = 0.005
+"""Steps within this fraction are ties: the smaller staleness (then the larger training pool) wins."""
+_TRAIN_PINS = dict(rollout_tp=1, gpu_memory_utilization=0.9, max_num_seqs=256, enforce_eager=True)
+"""The rollout knobs of a training-pool search: one value each (there is no vLLM on that pool)."""
+
+
+@dataclass
+class PlacementResult:
+    """The best plan of each placement searched and the overall winner."""
+
+    best: Estimate
+    colocated: Any | None = None
+    """The colocated SearchResult (None when not searched)."""
+    separate: list[Estimate] = field(default_factory=list)
+    """Separate plans composed exactly, best first (one per split and staleness kept)."""
+    splits: list[dict[str, float]] = field(default_factory=list)
+    """Per split and staleness: the representative step (step 2 of the search), for the curve."""
+    seconds: float = 0.0
+    train_searches: int = 0
+
+    @property
+    def best_separate(self) -> Estimate | None:
+        return self.separate[0] if self.separate else None
+
+    @property
+    def best_colocated(self) -> Estimate | None:
+        return None if self.colocated is None else self.colocated.best
+
+    def speedup(self) -> float | None:
+        """Colocated step over the best separate step (None without both)."""
+        c, s = self.best_colocated, self.best_separate
+        if c is None or s is None or not c.step_s or not s.step_s:
+            return None
+        return c.step_s / s.step_s
+
+
+def check_request(
+    mode: str,
+    staleness: int,
+    rollout_gpus: int | None,
+    partial: bool | None,
+    cluster: Cluster,
+    rollout_hw: HardwareSpec | None,
+) -> None:
+    if mode not in PLACEMENT_CHOICES:
+        raise ConfigError(f"--placement must be one of {', '.join(PLACEMENT_CHOICES)}, got {mode!r}")
+    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+        raise ConfigError(f"--staleness must be an integer >= 0, got {staleness!r}")
+    if mode == "colocated" and (rollout_gpus or staleness or partial or rollout_hw is not None):
+        raise ConfigError(
+            "--rollout-gpus, --rollout-hardware, --staleness and --partial-rollout need separate pools",
+            hint="add --placement separate (or auto on search)",
+        )
+    if partial and staleness < 1:
+        raise ConfigError("--partial-rollout needs --staleness >= 1", hint="give --staleness 1, or drop it")
+    if cluster.gpus < 2 and mode != "colocated":
+        raise ConfigError("separate pools need at least 2 GPUs", hint="give --gpus 2 or more")
+    if rollout_gpus is not None:
+        P.pools(cluster, rollout_gpus)  # a coded error for a split verl cannot express
+
+
+def rollout_options(m: ModelSpec, hw: HardwareSpec, roll: Cluster, pins: dict[str, Any]) -> list[dict[str, Any]]:
+    """vLLM engines a rollout pool can run: TP within one of its nodes dividing its GPUs and the heads, memory
+    fractions up to 0.9, max_num_seqs and CUDA graphs (the pins fix any of them)."""
+    kv = m.heads if m.is_mla else m.kv_heads
+    weights = 2 * total_params(m)
+    gmus = [pins["gpu_memory_utilization"]] if "gpu_memory_utilization" in pins else list(ROLLOUT_GMU_GRID)
+    if "rollout_tp" in pins:
+        tps = [pins["rollout_tp"]]
+    else:
+        ok = [t for t in divisors(roll.gpus) if m.heads % t == 0 and (kv % t == 0 or t % kv == 0)]
+        fit = [t for t in ok if weights / t < max(gmus) * hw.hbm_bytes]
+        # vLLM TP within a node, unless the weights only fit across nodes (as the colocated space does)
+        tps = [t for t in fit if t <= roll.gpus_per_node] or fit[:2]
+    seqs = [pins["max_num_seqs"]] if "max_num_seqs" in pins else list(ROLLOUT_SEQS_GRID)
+    eager = [pins["enforce_eager"]] if "enforce_eager" in pins else [False, True]
+    return [
+        dict(rollout_tp=t, gpu_memory_utilization=g, max_num_seqs=n, enforce_eager=e)
+        for t in tps
+        for g in gmus
+        if weights / t < g * hw.hbm_bytes
+        for n in seqs
+        for e in eager
+    ]
+
+
+def best_rollout(
+    m: ModelSpec,
+    hw: HardwareSpec,
+    roll: Cluster,
+    wl: Workload,
+    pins: dict[str, Any],
+    cal: dict[str, float],
+    partial: bool,
+) -> tuple[dict[str, Any], float] | None:
+    """The fastest rollout engine that fits the pool: (knobs, generation seconds), or None."""
+    best = None
+    base = Strategy(**{k: v for k, v in pins.items() if k in ("max_num_batched_tokens", "chunked_prefill")})
+    for opt in rollout_options(m, hw, roll, pins):
+        s = P.rollout_strategy(base.replace(**opt))
+        _, viol = P.rollout_memory(m, hw, roll, s, wl)
+        if viol:
+            continue
+        g = P.generation(m, hw, roll, s, wl, cal, partial=partial)["gen_s"]
+        key = (round(g, 6), -opt["gpu_memory_utilization"] if False else opt["gpu_memory_utilization"])
+        if best is None or key < best[0]:
+            best = (key, opt, g)
+    return None if best is None else (best[1], best[2])
+
+
+def choose_split(
+    candidates: list[int],
+    gen_s: Callable[[int], float],
+    train_s: Callable[[int], float],
+    sync_s: Callable[[int], float],
+    staleness: int,
+    sync_interval: int = 1,
+) -> list[tuple[float, int]]:
+    """Every candidate rollout pool size with its composed step, best first (exact over the candidates:
+    ties go to the larger training pool). ``train_s(r)`` prices the training pool left by ``r`` rollout GPUs;
+    an infinite time marks a split with no plan."""
+    out = []
+    for r in candidates:
+        g, t = gen_s(r), train_s(r)
+        if not (math.isfinite(g) and math.isfinite(t)):
+            continue
+        out.append((P.compose_step(g, t, sync_s(r), staleness, sync_interval)["step_s"], r))
+    out.sort()
+    return out
+
+
+def search_placement(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    cluster: Cluster,
+    workload: Workload,
+    *,
+    placement: str = "colocated",
+    staleness: int = 0,
+    rollout_gpus: int | None = None,
+    rollout_hardware: HardwareSpec | None = None,
+    partial_rollout: bool | None = None,
+    pins: dict[str, Any] | None = None,
+    top: int = 10,
+    calibration: dict[str, float] | None = None,
+    allow_cross_node_tp: bool = False,
+    min_headroom: float = 0.0,
+    progress: Callable[[int, int], None] | None = None,
+    colocated: Any | None = None,
+) -> PlacementResult:
+    """The best plan of each placement asked for. ``colocated``: an already-run colocated SearchResult."""
+    from grpo_tune.autotune.search.driver import search
+
+    t0 = time.perf_counter()
+    pins = dict(pins or {})
+    check_request(placement, staleness, rollout_gpus, partial_rollout, cluster, rollout_hardware)
+    if workload.kind != "grpo" and placement != "colocated":
+        raise ConfigError("separate pools are for GRPO (there is no rollout in pretraining)", hint="drop --placement")
+    res = PlacementResult(best=None)  # type: ignore[arg-type]
+    kw: dict[str, Any] = dict(
+        top=top, calibration=calibration, allow_cross_node_tp=allow_cross_node_tp, min_headroom=min_headroom
+    )
+    if placement in ("colocated", "auto"):
+        res.colocated = colocated or search(model, hardware, cluster, workload, pins=pins, progress=progress, **kw)
+    if placement in ("separate", "auto"):
+        try:
+            res.separate, res.splits, res.train_searches = _separate(
+                model,
+                hardware,
+                cluster,
+                workload,
+                staleness,
+                rollout_gpus,
+                rollout_hardware,
+                partial_rollout,
+                pins,
+                kw,
+                colocated_train_s=_train_part(res.best_colocated),
+                colocated_seeds=None if res.colocated is None else res.colocated.ranked,
+            )
+        except GrpoTuneError:
+            if placement == "separate":
+                raise
+            res.separate = []  # auto: no separate plan fits; the colocated one stands
+    cands = [e for e in (res.best_colocated, res.best_separate) if e is not None]
+    if not cands:
+        raise InvalidDegreesError(
+            f"no separate-pool plan fits {model.name} on {cluster.gpus} GPUs", "try --placement colocated"
+        )
+    res.best = min(cands, key=lambda e: (e.step_s, 0 if not e.placement else 1))
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _train_pins(pins: dict[str, Any]) -> dict[str, Any]:
+    rollout = ("rollout_tp", "gpu_memory_utilization", "max_num_seqs", "enforce_eager", "free_cache_engine")
+    return {**{k: v for k, v in pins.items() if k not in rollout}, **_TRAIN_PINS}
+
+
+def _separate(
+    m, hw, cluster, wl, K, pinned_r, hw_r, partial_flag, pins, kw, colocated_train_s=None, colocated_seeds=None
+):
+    from grpo_tune.autotune.search.driver import search
+
+    hw_r = hw_r or hw
+    cal = check_calibration(kw["calibration"])
+    cands = [pinned_r] if pinned_r else P.split_candidates(cluster)
+    stale = range(K + 1)
+    partial_for = {k: bool(partial_flag) and k >= 1 for k in stale}
+    # 1. generation per split (and per partial mode)
+    gens: dict[tuple[int, bool], tuple[dict[str, Any], float] | None] = {}
+    pool_of = {r: P.pools(cluster, r) for r in cands}
+    for r in cands:
+        for part in set(partial_for.values()):
+            gens[(r, part)] = best_rollout(m, hw_r, pool_of[r].rollout, wl, pins, cal, part)
+    cands = [r for r in cands if any(gens[(r, p)] is not None for p in set(partial_for.values()))]
+    if not cands:
+        raise InvalidDegreesError(
+            f"no rollout pool of {m.name} fits on {cluster.gpus} x {hw_r.name}", "use more GPUs or a larger rollout TP"
+        )
+    # 2. the training pool: a full search at one size (the split the colocated plan's training time balances
+    # best, else the middle one), its best plans repriced on every other pool size
+    tpins = _train_pins(pins)
+    tsearch: dict[tuple[int, int], Any] = {}
+    tkw = dict(kw, top=3, keep_layouts=TRAIN_KEEP_LAYOUTS, exact=TRAIN_EXACT)
+
+    def full(r: int):
+        tc = pool_of[r].train
+        key = (tc.gpus, tc.gpus_per_node)
+        if key not in tsearch:
+            try:
+                tsearch[key] = search(m, hw, tc, wl, pins=tpins, _price=_train_price, **tkw)
+            except GrpoTuneError:
+                tsearch[key] = None
+        return tsearch[key]
+
+    sync0 = _sync_proxy(m, hw, hw_r, pool_of, cal, cands, gens, partial_for)
+    ref_r = _reference_split(cands, pool_of, gens, partial_for, colocated_train_s, cluster, sync0, K)
+    ref = full(ref_r)
+    seeds = ([] if ref is None else ref.ranked[:REPRICE]) + list(colocated_seeds or [])[:REPRICE]
+    work = None if ref is None else ref.best.step_s * pool_of[ref_r].train.gpus
+    trains: dict[int, list[Estimate]] = {}
+
+    def repriced(r: int, *, search_if_none: bool = False) -> list[Estimate]:
+        tc = pool_of[r].train
+        if r not in trains or (search_if_none and not trains[r] and (tc.gpus, tc.gpus_per_node) not in tsearch):
+            if (tc.gpus, tc.gpus_per_node) in tsearch or search_if_none:
+                f = full(r)
+                got = [] if f is None else f.ranked[:3]
+            else:
+                got = _reprice(m, hw, tc, wl, seeds, kw["calibration"], kw["min_headroom"])
+            trains[r] = got
+        return trains[r]
+
+    def train_time(r: int) -> float:
+        got = repriced(r)
+        if got:
+            return got[0].step_s or math.inf
+        return math.inf if work is None else work / pool_of[r].train.gpus  # the work spread over the pool
+
+    splits = []
+    keep: set[int] = set()
+    _order0: list[tuple[float, int]] = []
+    for k in stale:
+        p = partial_for[k]
+        order = choose_split(
+            cands,
+            lambda r, p=p: math.inf if gens[(r, p)] is None else gens[(r, p)][1],
+            train_time,
+            lambda r: sync0.get(r, 0.0),
+            k,
+        )
+        for step, r in order:
+            splits.append({"rollout_gpus": r, "staleness": k, "step_s": step})
+        keep.update(r for _, r in order[:KEEP_SPLITS])
+        _order0 = order if k == K else _order0
+    if pinned_r:
+        keep = {pinned_r}
+    # 3. exact: each kept split composed per staleness with its best training plans
+    out: list[Estimate] = []
+    if not any(repriced(r) for r in keep):  # none repriced: search the best kept split's pool in full
+        best_r = (
+            min(keep, key=lambda r: next((st for st, rr in _order0 if rr == r), math.inf)) if _order0 else min(keep)
+        )
+        repriced(best_r, search_if_none=True)
+    for r in sorted(keep):
+        tr = repriced(r)
+        for k in stale:
+            g = gens[(r, partial_for[k])]
+            if g is None or not tr:
+                continue
+            opt, _ = g
+            pl = P.Placement(
+                mode="separate",
+                rollout_gpus=r,
+                rollout_hardware=None if hw_r is hw else hw_r.name,
+                staleness=k,
+                partial_rollout=partial_for[k],
+            )
+            best_e = None
+            for te in tr[:3]:
+                try:
+                    e = P.estimate_separate(
+                        model=m,
+                        hardware=hw,
+                        cluster=cluster,
+                        strategy=te.strategy.replace(**opt),
+                        workload=wl,
+                        placement=pl,
+                        rollout_hardware=hw_r,
+                        calibration=kw["calibration"],
+                        train=te,
+                    )
+                except GrpoTuneError:
+                    continue
+                if e.fits and (best_e is None or e.step_s < best_e.step_s):
+                    best_e = e
+            if best_e is not None:
+                out.append(best_e)
+    if not out:
+        raise InvalidDegreesError(
+            f"no separate-pool plan fits {m.name} on {cluster.gpus} GPUs", "try --placement colocated"
+        )
+    out.sort(key=_rank)
+    return out, splits, len([v for v in tsearch.values() if v is not None])
+
+
+def _reprice(m, hw, tc: Cluster, wl, seeds: list[Estimate], calibration, min_headroom: float) -> list[Estimate]:
+    """The reference search's best training plans on another pool size (dp follows the GPUs), fastest first."""
+    out, seen = [], set()
+    margin = min_headroom * hw.hbm_bytes
+    for e in seeds:
+        s = e.strategy.replace(dp=None)
+        if s in seen:
+            continue
+        seen.add(s)
+        try:
+            t = P.train_pool(model=m, hardware=hw, cluster=tc, strategy=s, workload=wl, calibration=calibration)
+        except GrpoTuneError:
+            continue
+        if t.fits and t.headroom_bytes >= margin and not any(v.code == "BATCH_DIVISIBILITY" for v in t.violations):
+            out.append(t)
+    out.sort(key=lambda t: t.step_s or math.inf)
+    return out
+
+
+def _rank(e: Estimate) -> tuple[float, int, int]:
+    """Step (steps within TIE are equal), then the smaller staleness, then the larger training pool."""
+    step = e.step_s or math.inf
+    bucket = round(math.log(step) / math.log1p(TIE)) if step > 0 and math.isfinite(step) else 10**9
+    return (bucket, int(e.placement["staleness"]), int(e.placement["rollout_gpus"]))
+
+
+def _reference_split(cands, pool_of, gens, partial_for, colocated_train_s, cluster, sync0, K) -> int:
+    """The split whose training pool is searched in full: the one the colocated plan's training time (spread
+    over the training pool's GPUs) balances best at staleness K; without it, the middle candidate."""
+    ok = [r for r in cands if gens.get((r, partial_for[K])) is not None] or cands
+    if colocated_train_s is None:
+        return ok[len(ok) // 2]
+    work = colocated_train_s * cluster.gpus
+    order = choose_split(
+        ok,
+        lambda r: gens[(r, partial_for[K])][1] if gens.get((r, partial_for[K])) else math.inf,
+        lambda r: work / pool_of[r].train.gpus,
+        lambda r: sync0.get(r, 0.0),
+        K,
+    )
+    return order[0][1] if order else ok[len(ok) // 2]
+
+
+def _sync_proxy(m, hw, hw_r, pool_of, cal, cands, gens, partial_for) -> dict[int, float]:
+    """The sync's transfer + copy + per-tensor parts per split (the training side's export is left out:
+    it depends on the training plan, not on the split)."""
+    out = {}
+    for r in cands:
+        g = gens.get((r, partial_for[0])) or next((v for (rr, _), v in gens.items() if rr == r and v), None)
+        if g is None:
+            continue
+        s = Strategy(rollout_tp=g[0]["rollout_tp"])
+        sy = P.cross_pool_sync(m, hw, hw_r, pool_of[r], s, cal)
+        out[r] = sy["sync_s"] - sy["export_s"]
+    return out
+
+
+def _train_part(e: Estimate | None) -> float | None:
+    """Seconds of a colocated plan's training-pool phases (the log-prob passes, the update, offload)."""
+    if e is None or e.time is None:
+        return None
+    return sum(e.time.phases.get(k, 0.0) for k in ("old_logprob", "ref_logprob", "update", "offload"))
+
+
+def _train_price(**kw: Any) -> Estimate:
+    return P.train_pool(**kw)

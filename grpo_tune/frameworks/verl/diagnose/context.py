@@ -1,0 +1,114 @@
+"""The state the rules share: the overrides (the last one wins, as in Hydra), typed look-ups with
+verl's defaults, the findings so far, and what earlier rules worked out (roles, world size, model)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo_tune.frameworks.verl import snapshot as verl
+from grpo_tune.core.specs import HardwareSpec, ModelSpec
+
+from grpo_tune.frameworks.verl.diagnose.findings import Finding, Severity
+from grpo_tune.frameworks.verl.diagnose.parse import Override
+
+_NO = object()
+
+
+@dataclass
+class Ctx:
+    items: dict[str, Override]
+    findings: list[Finding]
+    model: ModelSpec | None = None
+    model_note: str = ""
+    hardware: HardwareSpec | None = None
+    config_name: str | None = None
+    world: int | None = None
+    gpn: int | None = None
+    nnodes: int | None = None
+    roles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sound: bool = False
+    """The degrees are sound enough for a memory estimate."""
+    dp: int | None = None
+    batches: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] | None = None
+    placement: dict[str, Any] | None = None
+    """Separate pools (verl's fully-async launch): the rollout pool, staleness, partial rollout."""
+    _reported: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, overrides: list[Override], findings: list[Finding], **kw: Any) -> "Ctx":
+        return cls({ov.key: ov for ov in overrides}, findings, **kw)
+
+    def add(
+        self, severity: Severity | str, code: str, message: str, hint: str = "", key: str | None = None, **kw: Any
+    ) -> None:
+        line = self.items[key].line if key in self.items else None
+        self.findings.append(Finding(Severity(severity), code, message, hint, key=key, line=line, **kw))
+
+    @property
+    def separate(self) -> bool:
+        """A launch of verl's fully-async trainer (separate rollout and training pools)."""
+        from grpo_tune.frameworks.verl import fully_async as verl_async
+
+        return self.config_name == verl_async.CONFIG_NAME
+
+    def raw(self, key: str) -> Any:
+        if key in self.items:
+            return self.items[key].value
+        if self.separate:
+            from grpo_tune.frameworks.verl import fully_async as verl_async
+
+            return verl_async.default(key)
+        return verl.default(key)
+
+    def set(self, key: str) -> bool:
+        return key in self.items
+
+    def known(self, key: str) -> bool:
+        """False (and said once) when the value comes from a variable or construct we cannot evaluate."""
+        ov = self.items.get(key)
+        if ov is None or not (ov.unresolved or ov.unevaluable):
+            return True
+        if key not in self._reported:
+            self._reported.add(key)
+            if ov.unevaluable:
+                self.add(
+                    Severity.INFO,
+                    "BAD_CONFIG",
+                    f"{key}={ov.raw}: could not evaluate {ov.unevaluable}; checks that need it are skipped",
+                    "write the value, or a variable with a literal value",
+                    key=key,
+                )
+            else:
+                self.add(
+                    Severity.WARNING,
+                    "BAD_CONFIG",
+                    f"{key}={ov.raw} comes from a variable the script does not set; checks that need it are skipped",
+                    "give the variable a default: ${VAR:-4}",
+                    key=key,
+                )
+        return False
+
+    def int_(self, key: str, *, allow_none: bool = False, inherit: Any = _NO) -> int | None:
+        """A positive int, or None (reported) when the value cannot be used."""
+        if key not in self.items and inherit is not _NO:
+            return inherit
+        if not self.known(key):
+            return None
+        v = self.raw(key)
+        if v is None and allow_none:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            self.add(Severity.ERROR, "BAD_CONFIG", f"{key}={v!r} must be a positive integer", key=key)
+            return None
+        return v
+
+    def bool_(self, key: str) -> bool | None:
+        if not self.known(key):
+            return None
+        v = self.raw(key)
+        if isinstance(v, bool) or v is None:
+            return v
+        self.add(Severity.ERROR, "BAD_CONFIG", f"{key}={v!r} must be true or false", key=key)
+        return None

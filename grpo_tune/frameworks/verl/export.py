@@ -1,0 +1,125 @@
+"""Export a run config as a verl 0.9.1 launch (Hydra overrides + bash script).
+
+Every verl key emitted here is composed against verl 0.9.1's real ``ppo_megatron_trainer`` config
+in tests/test_verl_compose.py.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from grpo_tune.frameworks.verl import table
+from grpo_tune.frameworks.verl.snapshot import CONFIG_NAME, VERL_VERSION
+from grpo_tune.core.config import RunConfig
+from grpo_tune.core.errors import ConfigError
+
+ENV_DEFAULTS = {
+    "TRAIN_FILES": "$HOME/data/gsm8k/train.parquet",
+    "VAL_FILES": "$HOME/data/gsm8k/test.parquet",
+}
+
+
+def plan_of(cfg: RunConfig) -> table.Plan:
+    return {"strategy": cfg.strategy, "workload": cfg.workload, "trainer": cfg.trainer, "cluster": cfg.cluster}
+
+
+def verl_values(
+    cfg: RunConfig, *, model_path: str = "$MODEL_PATH", train_files: str = "$TRAIN_FILES", val_files: str = "$VAL_FILES"
+) -> dict[str, Any]:
+    """Every verl key grpo-tune sets for this plan -> its Python value (the table's rows, then fixed keys)."""
+    out: dict[str, Any] = {
+        **{k: v for k, v in table.FIXED.items() if not k.startswith("trainer.")},
+        "data.train_files": train_files,
+        "data.val_files": val_files,
+        f"{table.ARO}.model.path": model_path,
+    }
+    out.update(table.write_plan(plan_of(cfg)))
+    out.update({k: v for k, v in table.FIXED.items() if k.startswith("trainer.")})
+    out["trainer.experiment_name"] = f"{cfg.model.name}-{cfg.cluster.gpus}gpu"
+    return out
+
+
+def verl_overrides(
+    cfg: RunConfig, *, model_path: str = "$MODEL_PATH", train_files: str = "$TRAIN_FILES", val_files: str = "$VAL_FILES"
+) -> list[str]:
+    """Hydra overrides for ``python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer``.
+
+    Every plan field with a verl setting is written explicitly (frameworks/verl/table.py), defaults
+    included, so that the launch runs the plan that was priced. The reference model gets the actor's
+    degrees, written out. ``+`` marks keys that verl's schema does not declare.
+    """
+    return table.overrides(verl_values(cfg, model_path=model_path, train_files=train_files, val_files=val_files))
+
+
+# Words a script may keep expandable: exactly these variables, nothing else.
+_SCRIPT_VARS = {"$MODEL_PATH": "MODEL_PATH", "$TRAIN_FILES": "TRAIN_FILES", "$VAL_FILES": "VAL_FILES"}
+
+
+def _quote_override(arg: str) -> str:
+    """Shell-quote one override. Only the launch's own variables stay expandable (a value ending in one
+    of them: ``key=$MODEL_PATH``); everything else is single-quoted, so bash passes it verbatim."""
+    key, _, val = arg.partition("=")
+    if val in _SCRIPT_VARS:
+        return shlex.quote(key + "=") + f'"${{{_SCRIPT_VARS[val]}}}"'
+    return shlex.quote(arg)
+
+
+def check_name(value: str, what: str) -> str:
+    """Refuse control characters (a newline in a name starts a new shell command or TOML key)."""
+    bad = next((ch for ch in value if ord(ch) < 32 or ord(ch) == 127), None)
+    if bad is not None:
+        raise ConfigError(
+            f"{what} {value!r} holds a control character ({ord(bad):#04x})", hint="use printable characters only"
+        )
+    return value
+
+
+def _comment(text: str) -> str:
+    """Text safe inside one ``#`` comment line."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text)
+
+
+def verl_script(cfg: RunConfig) -> str:
+    """A bash launch for verl 0.9.1. ``MODEL_PATH``, ``TRAIN_FILES`` and ``VAL_FILES`` may be set by
+    the caller; extra overrides can be appended as arguments (``"$@"``). Every value from the plan is
+    single-quoted (a model name or hf_id can never run as code). Separate pools: the fully-async launch
+    (frameworks/verl/fully_async.py)."""
+    if cfg.placement.separate:
+        from grpo_tune.frameworks.verl import fully_async as verl_async
+
+        return verl_async.script(cfg)
+    s, c, m = cfg.strategy, cfg.cluster, cfg.model
+    for value, what in ((m.name, "model name"), (m.hf_id or "", "model hf_id"), (cfg.hardware.name, "hardware name")):
+        check_name(value, what)
+    plan = (
+        f"{s.layout_text()} recompute={s.recompute} offload={','.join(s.offload) or 'none'} rollout_tp={s.rollout_tp} "
+        f"gpu_memory_utilization={s.gpu_memory_utilization} max_tokens_per_gpu={s.max_tokens_per_gpu} "
+        f"cpu_optimizer={s.cpu_optimizer}"
+    )
+    lines = [
+        "#!/usr/bin/env bash",
+        _comment(
+            f"# GRPO for {m.name} on {c.gpus} x {cfg.hardware.name} ({c.nnodes} node(s) of "
+            f"{min(c.gpus, c.gpus_per_node)}), verl {VERL_VERSION} + Megatron."
+        ),
+        _comment(f"# Emitted by grpo-tune. Plan: {plan}"),
+        "# Check it before a run: grpo-tune diagnose THIS_FILE",
+        "set -euo pipefail",
+        "",
+        # the default is a plain quoted assignment: a value with `}` or `$(...)` stays data
+        f"DEFAULT_MODEL_PATH={shlex.quote(m.hf_id or m.name)}",
+        "MODEL_PATH=${MODEL_PATH:-$DEFAULT_MODEL_PATH}",
+    ]
+    for k, v in ENV_DEFAULTS.items():
+        lines.append(f"{k}=${{{k}:-{v}}}")
+    lines += [
+        "# Megatron overlaps TP communication only with one hardware queue (Megatron-LM README)",
+        "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+        "",
+        f"python3 -m verl.trainer.main_ppo --config-name={CONFIG_NAME} \\",
+    ]
+    for o in verl_overrides(cfg):
+        lines.append(f"    {_quote_override(o)} \\")
+    lines.append('    "$@"')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,262 @@
+"""verl 0.9.1's launch for separate rollout and training pools: the fully-async trainer, composed for real.
+
+verl 0.9.1 ships three ways to run rollout apart from training (docs/placement.md says why this one):
+``verl.experimental.one_step_off_policy`` (staleness exactly 1), ``verl.trainer.main_ppo`` with
+``trainer.v1.trainer_mode=separate_async`` (the v1 trainer; needs the transfer_queue package) and
+``verl.experimental.fully_async_policy.fully_async_main`` with its Megatron config
+``fully_async_ppo_megatron_trainer``. grpo-tune emits the last: it expresses every separate plan the
+search proposes (staleness 0 as its on-policy pipeline, ``staleness_threshold`` K, partial rollout on
+or off, the sync interval) with a Megatron engine.
+
+How a separate plan maps to its keys (the asserts it must pass are in the rollouter/trainer of 0.9.1):
+``trainer.nnodes`` x ``trainer.n_gpus_per_node`` is the training pool, ``rollout.nnodes`` x
+``rollout.n_gpus_per_node`` the rollout pool; ``data.train_batch_size=0`` and ``data.gen_batch_size=1``
+(asserted), ``rollout.total_rollout_steps`` = prompts x steps; one grpo-tune step is one parameter
+version: ``async_training.trigger_parameter_sync_step`` = prompts / mini_batch x sync interval with
+``require_batches=1``; ``staleness_threshold`` = K (the rollouter runs at most K batches ahead);
+``partial_rollout``; vLLM stays awake (``free_cache_engine=False``), weights move by the NCCL checkpoint
+engine; the proximal log-probs are recomputed (``rollout_correction.bypass_mode=False``) and corrected
+with token-level truncated importance sampling (``rollout_is=token``, threshold 2.0), as grpo-tune's own
+trainer does.
+
+The composed key tree ships as ``frameworks/verl/data/verl-0.9.1-fully-async-keys.json`` (the keys that the
+fully-async config adds to or changes in ``ppo_megatron_trainer``), rebuilt by
+``python -m grpo_tune.frameworks.verl.fully_async --write-snapshot`` and checked against the wheel in
+tests/test_verl_async.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import sys
+import tempfile
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable, cast
+
+from grpo_tune.frameworks.verl import snapshot as verl
+from grpo_tune.frameworks.verl import table
+from grpo_tune.core.config import RunConfig
+from grpo_tune.core.errors import ConfigError, GrpoTuneError, MissingDependencyError, UnknownKeyError, try_import
+
+ENTRY = "verl.experimental.fully_async_policy.fully_async_main"
+CONFIG_NAME = "fully_async_ppo_megatron_trainer"
+CONFIG_SUBDIR = "verl/experimental/fully_async_policy/config"
+SNAPSHOT = verl.DATA_DIR / f"verl-{verl.VERL_VERSION}-fully-async-keys.json"
+IS_THRESHOLD = 2.0
+"""Token-level truncated importance sampling bound (verl's ``rollout_is_threshold`` default)."""
+
+
+def config_dir(*, fetch: bool = True) -> Path:
+    """The fully-async config folder of the verl wheel, unzipped next to the trainer config on first use."""
+    target = verl.cache_dir() / CONFIG_SUBDIR
+    if (target / f"{CONFIG_NAME}.yaml").is_file():
+        return target
+    if not fetch:
+        raise MissingDependencyError(
+            f"verl {verl.VERL_VERSION}'s fully-async config is not cached in {verl.cache_dir()}",
+            hint="run `python -m grpo_tune.frameworks.verl.fully_async --fetch` (needs PyPI)",
+        )
+    verl.config_dir(fetch=True)  # the trainer config it builds on
+    with tempfile.TemporaryDirectory(dir=verl.cache_root(), prefix=".verl-async-") as tmp:
+        wheel = verl._download_wheel(Path(tmp))
+        stage = Path(tmp) / "tree"
+        with zipfile.ZipFile(wheel) as zf:
+            members = [n for n in zf.namelist() if n.startswith(CONFIG_SUBDIR + "/")]
+            if not members:
+                raise ConfigError(f"{wheel.name} has no {CONFIG_SUBDIR}/")
+            zf.extractall(stage, members)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            (stage / CONFIG_SUBDIR).rename(target)
+        except OSError:
+            if not (target / f"{CONFIG_NAME}.yaml").is_file():
+                shutil.rmtree(target, ignore_errors=True)
+                (stage / CONFIG_SUBDIR).rename(target)
+    return target
+
+
+def compose(overrides: Iterable[str] = (), *, fetch: bool = True, resolve: bool = True) -> dict[str, Any]:
+    """Compose ``fully_async_ppo_megatron_trainer`` as ``fully_async_main`` does (its search path points at
+    the trainer config); a key Hydra rejects raises UNKNOWN_KEY."""
+    try_import("hydra", "test")
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    adir = config_dir(fetch=fetch)
+    tdir = verl.config_dir(fetch=fetch)
+    ovs = [*overrides, f"hydra.searchpath=[file://{tdir}]"]
+    try:
+        with initialize_config_dir(config_dir=str(adir), version_base=None):
+            cfg = hydra_compose(CONFIG_NAME, overrides=ovs)
+        return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=resolve))
+    except (HydraException, OmegaConfBaseException) as exc:
+        msg = str(exc).splitlines()[0]
+        code = UnknownKeyError if "Could not override" in msg or "Key '" in msg else ConfigError
+        raise code(
+            f"verl {verl.VERL_VERSION} ({CONFIG_NAME}) rejects the overrides: {msg}",
+            hint="prefix an undeclared key with `+`, or fix its name",
+        ) from None
+
+
+@lru_cache(maxsize=1)
+def snapshot() -> dict[str, Any]:
+    """The keys the fully-async config adds to or changes in ``ppo_megatron_trainer``: dotted key -> default."""
+    try:
+        return json.loads(SNAPSHOT.read_text())["keys"]
+    except (OSError, ValueError) as exc:  # pragma: no cover - a broken install
+        raise ConfigError(f"cannot read {SNAPSHOT}: {exc}", hint="reinstall grpo-tune") from None
+
+
+def default(key: str, fallback: Any = None) -> Any:
+    snap = snapshot()
+    return snap[key] if key in snap else verl.default(key, fallback)
+
+
+def declared(key: str) -> bool:
+    return key in snapshot() or key in verl.snapshot()
+
+
+def write_snapshot(path: Path = SNAPSHOT) -> Path:
+    base = verl.flatten(verl.compose([], fetch=True))
+    tree = verl.flatten(compose([], fetch=True))
+    delta = {k: v for k, v in tree.items() if k not in base or base[k] != v}
+    data = {
+        "source": f"verl=={verl.VERL_VERSION} wheel (PyPI), {CONFIG_SUBDIR}/{CONFIG_NAME}.yaml composed with "
+        "hydra-core (search path: verl/trainer/config), OmegaConf-resolved; the keys it adds to or changes in "
+        "ppo_megatron_trainer; written by `python -m grpo_tune.frameworks.verl.fully_async --write-snapshot`",
+        "verl_version": verl.VERL_VERSION,
+        "keys": delta,
+    }
+    path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
+    return path
+
+
+# -- the launch --------------------------------------------------------------------------------
+
+
+def pool_keys(cfg: RunConfig) -> dict[str, Any]:
+    """The pools, the async schedule and the off-policy correction of a separate plan, as verl keys."""
+    from grpo_tune.costmodel.placement import pools
+
+    p, w, c = cfg.placement, cfg.workload, cfg.cluster
+    ps = pools(c, p.rollout_gpus)
+    aro = table.ARO
+    return {
+        "trainer.nnodes": ps.train.gpus // ps.train.gpus_per_node,
+        "trainer.n_gpus_per_node": ps.train.gpus_per_node,
+        "rollout.nnodes": ps.rollout.gpus // ps.rollout.gpus_per_node,
+        "rollout.n_gpus_per_node": ps.rollout.gpus_per_node,
+        "rollout.n": w.n,
+        "rollout.total_rollout_steps": w.prompts * cfg.trainer.steps,
+        "data.train_batch_size": 0,
+        "data.gen_batch_size": 1,
+        "async_training.staleness_threshold": float(p.staleness),
+        "async_training.trigger_parameter_sync_step": (w.prompts // w.mini_batch) * p.sync_interval,
+        "async_training.require_batches": 1,
+        # a sample is a prompt with its n responses: vLLM's max_num_seqs sequences per replica
+        "async_training.concurrent_samples_per_replica": max(1, -(-cfg.strategy.max_num_seqs // w.n)),
+        "async_training.partial_rollout": bool(p.partial_rollout),
+        f"{aro}.hybrid_engine": False,
+        f"{aro}.rollout.free_cache_engine": False,
+        f"{aro}.rollout.calculate_log_probs": True,
+        f"{aro}.rollout.checkpoint_engine.backend": "nccl",
+        "algorithm.rollout_correction.bypass_mode": False,
+        "algorithm.rollout_correction.rollout_is": "token",
+        "algorithm.rollout_correction.rollout_is_threshold": IS_THRESHOLD,
+    }
+
+
+def values(cfg: RunConfig, **kw: Any) -> dict[str, Any]:
+    """Every verl key of the separate plan: the colocated launch's (training layout, vLLM engine, batch) with
+    the pool and async keys replacing theirs."""
+    from grpo_tune.frameworks.verl.export import verl_values
+
+    if not cfg.placement.separate:
+        raise ConfigError("the fully-async launch is for separate pools", hint="set placement.mode: separate")
+    out = verl_values(cfg, **kw)
+    pk = pool_keys(cfg)
+    out = {k: v for k, v in out.items() if k.lstrip("+") not in pk}
+    out.update(pk)
+    return out
+
+
+def overrides(cfg: RunConfig, **kw: Any) -> list[str]:
+    """Hydra overrides for ``python3 -m verl.experimental.fully_async_policy.fully_async_main``; ``+`` marks
+    keys neither config declares."""
+    out = []
+    for k, v in values(cfg, **kw).items():
+        bare = k.lstrip("+")
+        key = bare if declared(bare) else ("+" + bare)
+        out.append(f"{key}={table.format_value(v)}")
+    return out
+
+
+def script(cfg: RunConfig) -> str:
+    """The bash launch of a separate plan (the colocated verl.sh's header, variables and quoting)."""
+    from grpo_tune.frameworks.verl.export import ENV_DEFAULTS, _comment, _quote_override, check_name
+
+    s, c, m, p = cfg.strategy, cfg.cluster, cfg.model, cfg.placement
+    for value, what in ((m.name, "model name"), (m.hf_id or "", "model hf_id"), (cfg.hardware.name, "hardware name")):
+        check_name(value, what)
+    if p.rollout_hardware:
+        check_name(p.rollout_hardware, "rollout hardware name")
+    train = c.gpus - p.rollout_gpus
+    plan = (
+        f"{s.layout_text()} recompute={s.recompute} offload={','.join(s.offload) or 'none'} rollout_tp={s.rollout_tp} "
+        f"gpu_memory_utilization={s.gpu_memory_utilization}"
+    )
+    lines = [
+        "#!/usr/bin/env bash",
+        _comment(
+            f"# GRPO for {m.name} on {c.gpus} x {cfg.hardware.name}: separate pools, {p.rollout_gpus} rollout"
+            f"{' (' + p.rollout_hardware + ')' if p.rollout_hardware else ''} + {train} training GPUs, "
+            f"staleness {p.staleness}, partial rollout {'on' if p.partial_rollout else 'off'}; "
+            f"verl {verl.VERL_VERSION} fully-async trainer + Megatron."
+        ),
+        _comment(f"# Emitted by grpo-tune. Training plan: {plan}"),
+        "# Check it before a run: grpo-tune diagnose THIS_FILE",
+        "set -euo pipefail",
+        "",
+        f"DEFAULT_MODEL_PATH={shlex.quote(m.hf_id or m.name)}",
+        "MODEL_PATH=${MODEL_PATH:-$DEFAULT_MODEL_PATH}",
+    ]
+    for k, v in ENV_DEFAULTS.items():
+        lines.append(f"{k}=${{{k}:-{v}}}")
+    lines += [
+        "# the fully-async config finds ppo_megatron_trainer on its search path: verl's own trainer config",
+        "VERL_DIR=${VERL_DIR:-$(python3 -c 'import os, verl; print(os.path.dirname(verl.__file__))')}",
+        "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+        "",
+        f"python3 -m {ENTRY} \\",
+        '    --config-path="$VERL_DIR/experimental/fully_async_policy/config" \\',
+        f"    --config-name={CONFIG_NAME} \\",
+        '    "hydra.searchpath=[file://$VERL_DIR/trainer/config]" \\',
+    ]
+    for o in overrides(cfg):
+        lines.append(f"    {_quote_override(o)} \\")
+    lines.append('    "$@"')
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if "--fetch" in argv:
+            print(config_dir(fetch=True))
+        if "--write-snapshot" in argv:
+            print(write_snapshot())
+    except GrpoTuneError as exc:
+        print(f"[{exc.code}] {exc.message}\nhint: {exc.hint}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,474 @@
+"""The one two-way table between a grpo-tune plan and verl 0.9.1's Hydra overrides.
+
+A plan is ``Strategy`` + ``Workload`` + ``TrainerOptions`` + the cluster. Each field is one :class:`Row`:
+the verl keys it writes (export: plan -> overrides) and how it is read back from a key lookup
+(diagnose: overrides -> plan). The key prefixes are spelled once, here. The rows come from three
+tables: :data:`AS_IS` (fields verl takes as they are), :data:`NO_SETTING` (fields verl has no setting
+for, and why: a statistic of the data, a pretraining-only field, ...) and :data:`CODED` (fields with
+their own rule); :data:`ROWS` holds them in the dataclasses' field order, the order export writes.
+
+Keys and defaults: verl 0.9.1's composed ``ppo_megatron_trainer`` (frameworks/verl/data/verl-0.9.1-keys.json);
+the hybrid CPU optimizer keys are spelled as verl's examples spell them
+(examples/grpo_trainer/run_deepseek671b_math_megatron_96gb.sh in volcengine/verl).
+
+Round trip: ``read_plan(write_plan(plan)) == canonical(plan)``, and ``canonical`` only folds what
+verl cannot tell apart (verl's param_offload releases parameters and gradients together; a dense
+model's expert TP is its TP; a log-prob token cap or micro-batch equal to the update's is the default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from grpo_tune.core.config import TrainerOptions
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
+
+ARO = "actor_rollout_ref"
+DATA, TRAINER, ALGORITHM = "data", "trainer", "algorithm"
+ACTOR = f"{ARO}.actor"
+REF = f"{ARO}.ref"
+ROLLOUT = f"{ARO}.rollout"
+MEG = "megatron"
+OTC = f"{ACTOR}.{MEG}.override_transformer_config"
+REF_OTC = f"{REF}.{MEG}.override_transformer_config"
+OPTIM = f"{ACTOR}.optim"
+OOC = f"{OPTIM}.override_optimizer_config"
+TRAINING_ROLES = (ACTOR, REF)
+LOG_PROB_ROLES = (REF, ROLLOUT)
+
+# verl's engine dtype names (engine/megatron.yaml: dtype ["bfloat16", "float16"]); fp32 has none.
+VERL_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
+DTYPE_FROM_VERL = {v: k for k, v in VERL_DTYPE.items()}
+
+Plan = dict[str, Any]
+"""``{"strategy": Strategy, "workload": Workload, "trainer": TrainerOptions, "cluster": Cluster}``."""
+Get = Callable[[str], Any]
+"""Key -> value as verl would see it (the override, else verl's default)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    section: str
+    """``strategy``, ``workload``, ``trainer`` or ``cluster``."""
+    field: str
+    keys: tuple[str, ...]
+    """Every verl key this field writes; ``+`` marks keys verl's schema does not declare."""
+    write: Callable[[Plan], dict[str, Any]] | None
+    """plan -> {key: value}; None when verl has no setting for the field."""
+    read: Callable[[Get], Any] | None
+    why: str = ""
+    """For a row without keys: why verl has none."""
+
+
+def _field(plan: Plan, section: str, name: str) -> Any:
+    return getattr(plan[section], name)
+
+
+def same(section: str, name: str, *keys: str, attr: str = "", read: Callable[[Get], Any] | None = None) -> Row:
+    """The field's value (or the resolved property ``attr``: ``etp_``, ``sp``), written to every key (actor and
+    reference degrees, ...); read from the first key, or by ``read``."""
+    return Row(
+        section,
+        name,
+        keys,
+        lambda p: {k: _field(p, section, attr or name) for k in keys},
+        read or (lambda get: get(keys[0].lstrip("+"))),
+    )
+
+
+def flag(section: str, name: str, key: str) -> Row:
+    """A boolean field on one key; anything but verl's ``True`` (unset, null) reads as off."""
+    return same(section, name, key, read=lambda get: get(key.lstrip("+")) is True)
+
+
+def optional(section: str, name: str, key: str) -> Row:
+    """An undeclared (``+``) key written only when the field is set."""
+    return Row(
+        section,
+        name,
+        (key,),
+        lambda p: {} if _field(p, section, name) is None else {key: _field(p, section, name)},
+        lambda get: get(key.lstrip("+")),
+    )
+
+
+def none(section: str, name: str, why: str) -> Row:
+    return Row(section, name, (), None, None, why)
+
+
+def _megs(name: str) -> tuple[str, ...]:
+    return tuple(f"{r}.{MEG}.{name}" for r in TRAINING_ROLES)
+
+
+# The keys of the coded rows (CODED below) that write more than one key.
+_VPP_KEYS = _megs("virtual_pipeline_model_parallel_size")
+_RECOMPUTE_KEYS = (f"{OTC}.recompute_granularity", f"{OTC}.recompute_modules")
+_RECOMPUTE_LAYER_KEYS = (f"{OTC}.recompute_method", f"{OTC}.recompute_num_layers")
+_DYN_KEYS = (
+    f"{ACTOR}.use_dynamic_bsz",
+    f"{ACTOR}.ppo_max_token_len_per_gpu",
+    *(f"{r}.log_prob_use_dynamic_bsz" for r in LOG_PROB_ROLES),
+)
+_LP_TOKEN_KEYS = tuple(f"{r}.log_prob_max_token_len_per_gpu" for r in LOG_PROB_ROLES)
+_LP_MBS_KEYS = tuple(f"{r}.log_prob_micro_batch_size_per_gpu" for r in LOG_PROB_ROLES)
+_CPU_OPT_KEYS = (f"+{OOC}.optimizer_cpu_offload", f"+{OOC}.optimizer_offload_fraction")
+_NODE_KEYS = (f"{TRAINER}.n_gpus_per_node", f"{TRAINER}.nnodes")
+_GPUS_WHY = "n_gpus_per_node x nnodes (written by the gpus_per_node row)"
+
+
+# --- strategy rows with more than one key ---------------------------------------------------
+
+
+def _offload_write(p: Plan) -> dict[str, Any]:
+    off = set(p["strategy"].offload)
+    # verl 0.9.1 has no grad_offload: param_offload also releases the gradient buffers (engine/megatron.yaml)
+    out = {k: bool({"param", "grad"} & off) for k in _megs("param_offload")}
+    out[f"{ACTOR}.{MEG}.optimizer_offload"] = "optimizer" in off
+    return out
+
+
+def _offload_read(get: Get) -> tuple[str, ...]:
+    off: tuple[str, ...] = ("param", "grad") if get(f"{ACTOR}.{MEG}.param_offload") is True else ()
+    return off + (("optimizer",) if get(f"{ACTOR}.{MEG}.optimizer_offload") is True else ())
+
+
+def _recompute_write(p: Plan) -> dict[str, Any]:
+    r = p["strategy"].recompute
+    if r == "selective":
+        return {f"{OTC}.recompute_granularity": "selective", f"{OTC}.recompute_modules": ["core_attn"]}
+    if r == "full":
+        return {f"{OTC}.recompute_granularity": "full"}
+    return {f"{OTC}.recompute_granularity": None}
+
+
+def _recompute_read(get: Get) -> str:
+    g = get(f"{OTC}.recompute_granularity")
+    return g if g in ("selective", "full") else "none"
+
+
+def _recompute_layers_write(p: Plan) -> dict[str, Any]:
+    s = p["strategy"]
+    if s.recompute != "full":
+        return {}
+    if s.recompute_layers is None:  # uniform, 1 layer per chunk = every layer recomputed
+        return {f"{OTC}.recompute_method": "uniform", f"{OTC}.recompute_num_layers": 1}
+    return {f"{OTC}.recompute_method": "block", f"{OTC}.recompute_num_layers": s.recompute_layers}
+
+
+def _recompute_layers_read(get: Get) -> int | None:
+    n = get(f"{OTC}.recompute_num_layers")
+    if get(f"{OTC}.recompute_granularity") == "full" and get(f"{OTC}.recompute_method") == "block":
+        return n
+    return None
+
+
+def _dyn_write(p: Plan) -> dict[str, Any]:
+    n = p["strategy"].max_tokens_per_gpu
+    out: dict[str, Any] = {f"{ACTOR}.use_dynamic_bsz": n is not None}
+    if n is not None:
+        out[f"{ACTOR}.ppo_max_token_len_per_gpu"] = n
+    # verl asserts the log-prob passes batch the same way as the update (workers/engine_workers.py l.616)
+    out.update({f"{r}.log_prob_use_dynamic_bsz": n is not None for r in LOG_PROB_ROLES})
+    return out
+
+
+def _dyn_read(get: Get) -> int | None:
+    return get(f"{ACTOR}.ppo_max_token_len_per_gpu") if get(f"{ACTOR}.use_dynamic_bsz") is True else None
+
+
+def _lp_tokens_write(p: Plan) -> dict[str, Any]:
+    s = p["strategy"]
+    if s.max_tokens_per_gpu is None:
+        return {}
+    n = s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu
+    return {f"{r}.log_prob_max_token_len_per_gpu": n for r in LOG_PROB_ROLES}
+
+
+def _lp_tokens_read(get: Get) -> int | None:
+    if get(f"{ACTOR}.use_dynamic_bsz") is not True:
+        return None
+    n = get(f"{ROLLOUT}.log_prob_max_token_len_per_gpu")
+    return None if n == get(f"{ACTOR}.ppo_max_token_len_per_gpu") else n
+
+
+def _lp_mbs_write(p: Plan) -> dict[str, Any]:
+    # verl asserts both are set without dynamic batching (engine_workers.py l.636, utils/config.py)
+    return {f"{r}.log_prob_micro_batch_size_per_gpu": p["strategy"].log_prob_mbs_ for r in LOG_PROB_ROLES}
+
+
+def _lp_mbs_read(get: Get) -> int | None:
+    # the old log-prob pass (rollout key) is the one every step runs; the ref pass only with KL
+    n = get(f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu")
+    return None if n == get(f"{ACTOR}.ppo_micro_batch_size_per_gpu") else n
+
+
+def _cpu_opt_write(p: Plan) -> dict[str, Any]:
+    f = p["strategy"].cpu_optimizer
+    out: dict[str, Any] = {f"+{OOC}.optimizer_cpu_offload": f is not None}
+    if f is not None:
+        out[f"+{OOC}.optimizer_offload_fraction"] = float(f)
+    return out
+
+
+def _cpu_opt_read(get: Get) -> float | None:
+    if get(f"{OOC}.optimizer_cpu_offload") is not True:
+        return None
+    f = get(f"{OOC}.optimizer_offload_fraction")
+    return 1.0 if f is None else f  # Megatron's OptimizerConfig default fraction
+
+
+def _precision_aware_read(get: Get) -> bool:
+    # verl also declares the first-class key actor.optim.use_precision_aware_optimizer
+    return get(f"{OOC}.use_precision_aware_optimizer") is True or get(f"{OPTIM}.use_precision_aware_optimizer") is True
+
+
+def _dtype_write(p: Plan) -> dict[str, Any]:
+    d = VERL_DTYPE.get(p["workload"].dtype)
+    if d is None:  # fp32: verl's engine has no fp32; its default (bfloat16) stays (canonical() folds it)
+        return {}
+    return {**{k: d for k in _megs("dtype")}, f"{ROLLOUT}.dtype": d}
+
+
+def _entropy_read(get: Get) -> bool:
+    """verl computes the entropy in the update when actor.calculate_entropy is set or actor.entropy_coeff != 0
+    (verl/trainer/ppo/ray_trainer.py _update_actor); the trainer option entropy_coef writes entropy_coeff."""
+    coef = get(f"{ACTOR}.entropy_coeff")
+    nonzero = isinstance(coef, (int, float)) and not isinstance(coef, bool) and coef != 0
+    return get(f"{ACTOR}.calculate_entropy") is True or nonzero
+
+
+def _gpn_write(p: Plan) -> dict[str, Any]:
+    c: Cluster = p["cluster"]
+    return dict(zip(_NODE_KEYS, (min(c.gpus, c.gpus_per_node), c.nnodes)))
+
+
+S, W, T, C = "strategy", "workload", "trainer", "cluster"
+SECTIONS = {S: Strategy, W: Workload, T: TrainerOptions, C: Cluster}
+
+# Fields verl takes as they are: the value is written to every key and read back from the first (same()).
+# The training degrees go to the actor and the reference alike, written out as verl's examples do.
+AS_IS: dict[tuple[str, str], str | tuple[str, ...]] = {
+    (S, "tp"): _megs("tensor_model_parallel_size"),
+    (S, "pp"): _megs("pipeline_model_parallel_size"),
+    (S, "cp"): _megs("context_parallel_size"),
+    (S, "ep"): _megs("expert_model_parallel_size"),
+    (S, "mbs"): f"{ACTOR}.ppo_micro_batch_size_per_gpu",
+    (S, "distributed_optimizer"): f"{ACTOR}.{MEG}.use_distributed_optimizer",
+    (S, "rollout_tp"): f"{ROLLOUT}.tensor_model_parallel_size",
+    (S, "gpu_memory_utilization"): f"{ROLLOUT}.gpu_memory_utilization",
+    (S, "max_num_seqs"): f"{ROLLOUT}.max_num_seqs",
+    (S, "max_num_batched_tokens"): f"{ROLLOUT}.max_num_batched_tokens",
+    (S, "enforce_eager"): f"{ROLLOUT}.enforce_eager",
+    (S, "chunked_prefill"): f"{ROLLOUT}.enable_chunked_prefill",
+    (S, "free_cache_engine"): f"{ROLLOUT}.free_cache_engine",
+    (S, "sync_bucket_mb"): f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes",
+    (S, "fused_kernels"): f"{ARO}.model.use_fused_kernels",
+    (W, "prompts"): f"{DATA}.train_batch_size",
+    (W, "n"): f"{ROLLOUT}.n",
+    (W, "prompt_len"): f"{DATA}.max_prompt_length",
+    (W, "response_len"): f"{DATA}.max_response_length",
+    (W, "mini_batch"): f"{ACTOR}.ppo_mini_batch_size",
+    (W, "ppo_epochs"): f"{ACTOR}.ppo_epochs",
+    (W, "kl"): f"{ACTOR}.use_kl_loss",
+    (T, "lr"): f"{OPTIM}.lr",
+    (T, "weight_decay"): f"{OPTIM}.weight_decay",
+    (T, "grad_clip"): f"{OPTIM}.clip_grad",
+    (T, "seed"): f"{DATA}.seed",
+    (T, "steps"): f"{TRAINER}.total_training_steps",
+    (T, "temperature"): f"{ROLLOUT}.temperature",
+    (T, "top_p"): f"{ROLLOUT}.top_p",
+    (T, "clip_ratio"): f"{ACTOR}.clip_ratio",
+    (T, "loss_agg_mode"): f"{ACTOR}.loss_agg_mode",
+    (T, "kl_coef"): f"{ACTOR}.kl_loss_coef",
+    (T, "kl_type"): f"{ACTOR}.kl_loss_type",
+    (T, "entropy_coef"): f"{ACTOR}.entropy_coeff",
+    (T, "norm_adv_by_std"): f"{ALGORITHM}.norm_adv_by_std_in_grpo",
+    (T, "moe_aux_loss_coeff"): f"+{OTC}.moe_aux_loss_coeff",
+    (T, "moe_router_load_balancing_type"): f"+{OTC}.moe_router_load_balancing_type",
+}
+
+# Fields verl has no setting for, and why.
+NO_SETTING: dict[tuple[str, str], str] = {
+    (S, "dp"): "derived: world size / (tp x pp x cp), as verl and Megatron derive it",
+    (W, "kind"): "verl runs GRPO; the pretraining workload exists for the cost model only",
+    (W, "prompt_len_mean"): "a statistic of the dataset, not a setting: verl reads the data",
+    (W, "response_len_mean"): "a statistic of the policy's answers, not a setting",
+    (W, "response_len_quantiles"): "a measured length histogram (--lengths), not a setting",
+    (W, "lengths_source"): "where the length statistics came from: provenance, not a setting",
+    (W, "seq_len"): "pretraining only",
+    (W, "gbs"): "pretraining only",
+    (T, "rollout_engine"): "verl's rollout engine is always vLLM here (rollout.name=vllm is fixed)",
+    (T, "dataset"): "verl.sh takes the data files from $TRAIN_FILES/$VAL_FILES",
+    (T, "reward"): "verl picks the reward by data_source (verl/utils/reward_score)",
+    (T, "hf_checkpoint"): "verl loads the model from actor_rollout_ref.model.path ($MODEL_PATH)",
+    (T, "out_dir"): "verl writes under trainer.default_local_dir",
+    (T, "checkpoint_every"): "verl's trainer.save_freq is left to the caller (verl.sh passes extra overrides on)",
+    (T, "log_every"): "verl logs every step",
+    (T, "tensorboard"): "verl's trainer.logger list is the caller's choice (verl.sh passes extra overrides on)",
+    (T, "wandb_project"): "verl's trainer.project_name and trainer.logger are the caller's choice",
+}
+
+
+def _clip_high_write(p: Plan) -> dict[str, Any]:
+    t: TrainerOptions = p[T]
+    return {f"{ACTOR}.clip_ratio_high": t.clip_ratio if t.clip_ratio_high is None else t.clip_ratio_high}
+
+
+def _clip_high_read(get: Get) -> float | None:
+    high = get(f"{ACTOR}.clip_ratio_high")
+    return None if high == get(f"{ACTOR}.clip_ratio") else high
+
+
+def _vpp_write(p: Plan) -> dict[str, Any]:
+    vpp = p[S].vpp
+    return {k: vpp if vpp > 1 else None for k in _VPP_KEYS}
+
+
+_ETP_KEYS = _megs("expert_tensor_parallel_size")
+
+
+def _etp_write(p: Plan) -> dict[str, Any]:
+    """Expert TP only where it means something: unset (a dense model's) is not written."""
+    etp = p["strategy"].etp
+    return {} if etp is None else {k: etp for k in _ETP_KEYS}
+
+
+def _dtype_read(get: Get) -> str:
+    return DTYPE_FROM_VERL.get(get(_megs("dtype")[0]), "bf16")
+
+
+# Fields with their own rule: a resolved property, a flag, a key written only when set, several fields' worth
+# of keys (offload, recompute, dynamic batching, CPU optimizer), or a value verl spells differently.
+CODED: tuple[Row, ...] = (
+    Row(S, "vpp", _VPP_KEYS, _vpp_write, lambda get: get(_VPP_KEYS[0]) or 1),
+    Row(S, "etp", _ETP_KEYS, _etp_write, lambda get: get(_ETP_KEYS[0])),
+    Row(S, "log_prob_mbs", _LP_MBS_KEYS, _lp_mbs_write, _lp_mbs_read),
+    same(S, "sequence_parallel", *_megs("sequence_parallel"), attr="sp"),
+    Row(S, "recompute", _RECOMPUTE_KEYS, _recompute_write, _recompute_read),
+    Row(S, "recompute_layers", _RECOMPUTE_LAYER_KEYS, _recompute_layers_write, _recompute_layers_read),
+    Row(S, "offload", (*_megs("param_offload"), f"{ACTOR}.{MEG}.optimizer_offload"), _offload_write, _offload_read),
+    optional(S, "first_stage_layers", f"+{OTC}.num_layers_in_first_pipeline_stage"),
+    optional(S, "last_stage_layers", f"+{OTC}.num_layers_in_last_pipeline_stage"),
+    Row(S, "max_tokens_per_gpu", _DYN_KEYS, _dyn_write, _dyn_read),
+    Row(S, "log_prob_max_tokens_per_gpu", _LP_TOKEN_KEYS, _lp_tokens_write, _lp_tokens_read),
+    Row(S, "cpu_optimizer", _CPU_OPT_KEYS, _cpu_opt_write, _cpu_opt_read),
+    flag(S, "overlap_cpu_optimizer", f"+{OOC}.overlap_cpu_optimizer_d2h_h2d"),
+    same(S, "precision_aware_optimizer", f"+{OOC}.use_precision_aware_optimizer", read=_precision_aware_read),
+    Row(W, "dtype", (*_megs("dtype"), f"{ROLLOUT}.dtype"), _dtype_write, _dtype_read),
+    Row(T, "clip_ratio_high", (f"{ACTOR}.clip_ratio_high",), _clip_high_write, _clip_high_read),
+    # read only: verl computes the entropy in the update when entropy_coeff != 0 (the trainer option
+    # entropy_coef writes the key); the cost model prices the logits' clone and saved softmax then
+    same(W, "entropy", f"{ACTOR}.calculate_entropy", read=_entropy_read),
+    Row(C, "gpus_per_node", _NODE_KEYS, _gpn_write, lambda get: get(_NODE_KEYS[0])),
+    Row(C, "gpus", (), None, lambda get: get(_NODE_KEYS[0]) * get(_NODE_KEYS[1]), _GPUS_WHY),
+)
+
+
+def _in_field_order(rows: list[Row]) -> tuple[Row, ...]:
+    """The rows in the order of the sections' dataclass fields (the order write_plan writes the keys in)."""
+    fields = [(sec, f.name) for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+    return tuple(sorted(rows, key=lambda r: fields.index((r.section, r.field))))
+
+
+ROWS: tuple[Row, ...] = _in_field_order(
+    [
+        *(same(sec, name, *((keys,) if isinstance(keys, str) else keys)) for (sec, name), keys in AS_IS.items()),
+        *(none(sec, name, why) for (sec, name), why in NO_SETTING.items()),
+        *CODED,
+    ]
+)
+
+# Settings grpo-tune always emits (not plan fields): GRPO itself, the data handling, the logger.
+FIXED: dict[str, Any] = {
+    "algorithm.adv_estimator": "grpo",
+    "algorithm.use_kl_in_reward": False,
+    "data.filter_overlong_prompts": True,
+    "data.truncation": "error",
+    f"{ROLLOUT}.name": "vllm",
+    "trainer.critic_warmup": 0,
+    "trainer.logger": ["console"],
+    "trainer.project_name": "grpo_tune",
+}
+
+
+def rows(section: str | None = None) -> tuple[Row, ...]:
+    return tuple(r for r in ROWS if section is None or r.section == section)
+
+
+def write_plan(plan: Plan) -> dict[str, Any]:
+    """plan -> ordered {key (with ``+`` where verl's schema lacks it): Python value}."""
+    out: dict[str, Any] = {}
+    for r in ROWS:
+        if r.write is not None:
+            out.update(r.write(plan))
+    return out
+
+
+def read_fields(get: Get, section: str) -> dict[str, Any]:
+    """The section's fields that verl settings determine, read through ``get``."""
+    return {r.field: r.read(get) for r in ROWS if r.section == section and r.read is not None}
+
+
+def read_plan(get: Get) -> Plan:
+    """overrides -> plan: every field with a verl setting from ``get``; the rest keep their defaults."""
+    c = read_fields(get, C)
+    s = read_fields(get, S)
+    s["dp"] = c["gpus"] // (s["tp"] * s["pp"] * s["cp"])
+    s["offload"] = list(s["offload"])
+    return {
+        S: Strategy.from_dict(s),
+        W: Workload.from_dict(read_fields(get, W)),
+        T: TrainerOptions(**read_fields(get, T)),
+        C: Cluster(**c),
+    }
+
+
+def canonical(plan: Plan) -> Plan:
+    """The plan as verl can express it (see the module docstring); ``read_plan(write_plan(p)) == canonical(p)``."""
+    s: Strategy = plan[S]
+    w: Workload = plan[W]
+    t: TrainerOptions = plan[T]
+    c: Cluster = plan[C]
+    off = set(s.offload)
+    if off & {"param", "grad"}:
+        off |= {"param", "grad"}
+    lp = s.log_prob_max_tokens_per_gpu
+    if s.max_tokens_per_gpu is None or lp == s.max_tokens_per_gpu:
+        lp = None
+    s = dataclasses.replace(
+        s,
+        etp=s.etp,  # unset (a dense model's) is not written, so it reads back unset
+        sequence_parallel=s.sp,
+        dp=c.gpus // s.model_parallel,
+        offload=tuple(o for o in ("param", "grad", "optimizer") if o in off),
+        recompute_layers=s.recompute_layers if s.recompute == "full" else None,
+        log_prob_max_tokens_per_gpu=lp,
+        log_prob_mbs=None if s.log_prob_mbs == s.mbs else s.log_prob_mbs,
+    )
+    keep_w = {r.field for r in rows(W) if r.read is not None}
+    w = Workload(**{k: v for k, v in dataclasses.asdict(w).items() if k in keep_w})
+    if w.dtype not in VERL_DTYPE:
+        w = dataclasses.replace(w, dtype="bf16")
+    keep_t = {r.field for r in rows(T) if r.read is not None}
+    t = TrainerOptions(**{k: v for k, v in dataclasses.asdict(t).items() if k in keep_t})
+    if t.clip_ratio_high == t.clip_ratio:
+        t = dataclasses.replace(t, clip_ratio_high=None)
+    c = Cluster(gpus=c.gpus, gpus_per_node=min(c.gpus, c.gpus_per_node))
+    return {S: s, W: w, T: t, C: c}
+
+
+def format_value(v: Any) -> str:
+    """A Python value as a Hydra override value (``True``, ``null``, ``[a,b]``)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(format_value(x) for x in v) + "]"
+    return str(v)
+
+
+def overrides(values: dict[str, Any]) -> list[str]:
+    return [f"{k}={format_value(v)}" for k, v in values.items()]

@@ -1,0 +1,224 @@
+"""Write a chosen plan as a run folder: ``runs/<id>/``.
+
+``best.yaml`` (the RunConfig that ``grpo-tune train`` reads, with the cost model's figures in
+``predicted``), ``verl.sh`` and ``megatron_args.txt`` (from :mod:`frameworks.verl.export`), and
+``report.md`` with its plots. Every file is written atomically. ``search`` and ``refine`` both
+emit through :func:`emit`, so a refined winner looks exactly like a searched one plus its
+``measured`` figures.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+from pathlib import Path
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+from grpo_tune.costmodel.estimate import Estimate
+
+from grpo_tune.core.config import RunConfig, TrainerOptions, atomic_write, inputs_of, save
+
+
+class SearchTables(Protocol):
+    """What the report needs from a search: :class:`autotune.search.driver.SearchResult` is one."""
+
+    @property
+    def ranked(self) -> Sequence[Estimate]: ...
+
+    @property
+    def pareto(self) -> Sequence[Estimate]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Tables:
+    """Report tables without a full search result (e.g. refine's own ranked space)."""
+
+    ranked: Sequence[Estimate] = ()
+    pareto: Sequence[Estimate] = ()
+    counters: dict[str, Any] | None = None
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.counters or {})
+
+
+SCHEMA_FILES = ("best.yaml", "verl.sh", "megatron_args.txt", "report.md", "step_breakdown.png", "pareto.png")
+
+
+def run_id(est: Estimate, now: _dt.datetime | None = None) -> str:
+    """``<model>-<gpus>g-<hardware>-<YYYYmmdd-HHMMSS>`` (UTC)."""
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    safe = lambda x: re.sub(r"[^A-Za-z0-9._-]+", "_", x)  # noqa: E731
+    return f"{safe(est.model.name)}-{est.cluster.gpus}g-{safe(est.hardware.name)}-{now:%Y%m%d-%H%M%S}"
+
+
+def predicted(est: Estimate) -> dict[str, Any]:
+    """The cost model's figures for ``best.yaml``'s ``predicted`` section (plain YAML types)."""
+    return est.predicted()
+
+
+FROM_SCRATCH_LR = {"tiny": 3e-3}
+"""The emitted learning rate for presets that have no pretrained weights and train from a random init
+(``tiny``, on CPU). verl's 1e-6 is a fine-tuning rate for a pretrained model: at it tiny's reward stays
+flat for hundreds of steps; at 3e-3 it rises within 20 steps on the synthetic task
+(tests/test_quickstart.py)."""
+
+
+def placement_of(est: Estimate):
+    """The Placement an estimate was priced with (colocated unless it carries separate pools' figures)."""
+    from grpo_tune.core.placement import Placement
+
+    f = est.placement
+    if not f:
+        return Placement()
+    hw_r = f.get("rollout_hardware")
+    return Placement(
+        mode="separate",
+        rollout_gpus=int(f["rollout_gpus"]),
+        rollout_hardware=None if hw_r in (None, est.hardware.name) else hw_r,
+        staleness=int(f["staleness"]),
+        partial_rollout=bool(f["partial_rollout"]),
+        sync_interval=int(f["sync_interval"]),
+    )
+
+
+def run_config(
+    est: Estimate,
+    *,
+    run_dir: Path | None = None,
+    measured: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
+    trainer: TrainerOptions | None = None,
+) -> RunConfig:
+    if trainer is None and est.model.name in FROM_SCRATCH_LR:
+        lr = FROM_SCRATCH_LR[est.model.name]
+        trainer = TrainerOptions(lr=lr)
+        meta = {**(meta or {}), "lr_note": f"trainer.lr {lr:g}: {est.model.name} trains from a random init"}
+    trainer = trainer or TrainerOptions()
+    if run_dir is not None and trainer.out_dir == TrainerOptions().out_dir:
+        trainer = TrainerOptions(**{**trainer.__dict__, "out_dir": str(Path(run_dir) / "train")})
+    return RunConfig(
+        **inputs_of(est),
+        trainer=trainer,
+        placement=placement_of(est),
+        predicted=predicted(est),
+        measured=measured,
+        meta=meta,
+    )
+
+
+def emit(
+    est: Estimate,
+    out_dir: str | os.PathLike,
+    *,
+    search: SearchTables | None = None,
+    measured: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
+    trainer: TrainerOptions | None = None,
+    frameworks: Sequence[str] = ("verl",),
+) -> dict[str, Path]:
+    """Write the run folder for ``est`` into ``out_dir`` (created); return ``{name: path}``.
+
+    The same inputs always write the same folder: nothing is remembered between calls, so refine,
+    re-emitting its winner into search's folder, passes the search result it was given.
+
+    Args:
+        est: the chosen plan (an exact estimate).
+        out_dir: the run folder itself (``runs/<id>``), not its parent.
+        search: the search's top plans, Pareto front and counters, for the report (a
+            :class:`autotune.search.driver.SearchResult` or :class:`Tables`); None: the report shows ``est`` only.
+        measured: figures from profiling runs (refine); go to ``best.yaml`` and the report.
+        meta: extra ``meta`` entries for ``best.yaml``.
+        trainer: trainer options (default: TrainerOptions with ``out_dir`` inside the run folder).
+        frameworks: the launches to write: ``verl`` (verl.sh) and/or ``nemo-rl`` (nemo_rl.yaml).
+    """
+    d = Path(out_dir)
+    ranked: Sequence[Estimate] = search.ranked if search is not None else ()
+    pareto: Sequence[Estimate] = search.pareto if search is not None else ()
+    stats = (search.stats() or None) if search is not None else None
+    from grpo_tune import __version__ as version
+
+    meta = {
+        "run_id": d.name,
+        "emitted_by": f"grpo-tune {version}",
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **({"search": stats} if stats else {}),
+        **(meta or {}),
+    }
+    cfg = run_config(est, run_dir=d, measured=measured, meta=meta, trainer=trainer)
+    from grpo_tune.frameworks.megatron_lm import args as megatron
+    from grpo_tune.frameworks.verl import export
+
+    # Rendered before any file is written: a name the exporters refuse (a control character) must not leave
+    # a best.yaml without its verl.sh, nor replace half of an earlier run's files.
+    verl_text = export.verl_script(cfg) if "verl" in frameworks else None
+    megatron_text = megatron.megatron_args_text(cfg)
+    nemo_text = None
+    if "nemo-rl" in frameworks:  # separate pools too (policy.generation.colocated, grpo.async_grpo)
+        from grpo_tune.frameworks.nemo_rl import recipe as nemo_recipe
+
+        nemo_text = nemo_recipe.recipe_text(cfg, run_id=d.name)
+    d.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {"best": save(cfg, d / "best.yaml")}
+    files = {"run config for `grpo-tune train`": paths["best"]}
+    use: list[str] = []
+    if verl_text is not None:
+        paths["verl"] = atomic_write(d / "verl.sh", verl_text)
+        files["verl 0.9.1 launch"] = paths["verl"]
+    if nemo_text is not None:
+        from grpo_tune.frameworks.nemo_rl.snapshot import RELEASE as NEMO_RL_RELEASE
+
+        paths["nemo_rl"] = atomic_write(d / "nemo_rl.yaml", nemo_text)
+        files[f"NeMo-RL {NEMO_RL_RELEASE} recipe"] = paths["nemo_rl"]
+        use = [
+            "grpo-tune diagnose nemo_rl.yaml       # check the NeMo-RL recipe",
+            f"{nemo_recipe.launch_line(d, d.name)}   # NeMo-RL {NEMO_RL_RELEASE}, from its checkout",
+        ]
+    paths["megatron_args"] = atomic_write(d / "megatron_args.txt", megatron_text)
+    files["Megatron-LM flags"] = paths["megatron_args"]
+    from grpo_tune.rundir.report import write_report
+
+    paths.update(
+        write_report(
+            d,
+            est,
+            ranked=ranked,
+            pareto=pareto,
+            stats=stats,
+            measured=measured,
+            files=files,
+            run_id=d.name,
+            use=use,
+            verl="verl" in frameworks,
+        )
+    )
+    umask = os.umask(0)
+    os.umask(umask)
+    for key, p in paths.items():  # atomic_write's temp files are private (0600); these are for sharing
+        os.chmod(p, (0o777 if key == "verl" else 0o666) & ~umask)
+    return paths
+
+
+def emit_run(
+    est: Estimate, *, out: str | os.PathLike = "runs", run_name: str | None = None, **kw: Any
+) -> tuple[Path, dict[str, Path]]:
+    """Create ``out/<run id>/`` (a fresh name; ``-2``, ``-3``... when taken) and :func:`emit` into it."""
+    base = Path(out)
+    name = run_name or run_id(est)
+    base.mkdir(parents=True, exist_ok=True)
+    d, k = base / name, 2
+    while True:
+        try:
+            d.mkdir()  # atomic claim of the name, even against a concurrent search
+            break
+        except FileExistsError:
+            d, k = base / f"{name}-{k}", k + 1
+    try:
+        return d, emit(est, d, **kw)
+    except BaseException:
+        if not any(d.iterdir()):  # the folder this call claimed, still empty: nothing of the user's
+            d.rmdir()
+        raise

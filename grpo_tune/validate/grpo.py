@@ -1,0 +1,508 @@
+"""``grpo-tune validate --grpo``: the GRPO step against published runs (profiles/data/published_grpo.csv).
+
+Each row is a run that verl or NeMo-RL published with its step time and, where given, the time of
+each phase. The cost model prices the row's plan (its model, GPUs, degrees, lengths and engine
+settings as the row states them, with the row's assumptions where the source is silent) and the
+result is compared per step and per phase. Rows marked ``fit`` are the ones the Hopper RL
+efficiency was fitted on (:func:`fit`); ``holdout`` rows never enter a fit; ``excluded`` rows
+(FSDP2/DTensor backends, or runs that do not publish a setting the price needs) are printed and
+not scored. The published step includes work the model does not price (reward, advantages,
+data loading), which is part of the error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_tune.core.errors import ConfigError
+from grpo_tune.core.specs import PROFILES_DIR, HardwareSpec, load_hardware, load_model
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
+from grpo_tune.costmodel.estimate import Estimate, estimate
+
+from grpo_tune.validate.pretraining import read_records
+
+GRPO_DATA_PATH = PROFILES_DIR / "data" / "published_grpo.csv"
+PHASES = ("gen_s", "train_s", "old_lp_s", "ref_lp_s", "refit_s")
+TOLERANCE_PCT = 15.0
+"""Held-out step-time MAPE above which ``validate --grpo`` exits 1 (issue 9's target; its goal is 10%)."""
+
+STATED_ERROR_PCT = 26.2
+"""The model's stated error: the leave-one-out step-time MAPE that ``validate --grpo`` prints for the
+shipped rows (a test keeps the two equal). The report calls plans closer than this indistinguishable."""
+
+BAND_PCT = {"fitted": 22.8, "transferred": 39.7, "spec-only": 59.6}
+"""Error band per class of hardware profile (``provenance``), as ``compare`` prints it: the leave-one-out
+step MAPE of the scored rows on profiles of that class (:func:`bands`; a test keeps the two equal).
+``spec-only`` has no measured row: half again the transferred band, a stated assumption."""
+
+_REQUIRED = ("id", "split", "framework", "backend", "source", "model", "hardware", "gpus", "step_s", "assumptions")
+PLACEMENT_COLUMNS = ("placement", "rollout_gpus", "staleness")
+"""Columns for separate-pool and asynchronous rows (``placement`` colocated|separate, the rollout
+pool's GPUs, the staleness bound). This module prices colocated, on-policy rows only; a ``separate``
+row is read and listed, and scored by the placement model where one prices it."""
+
+
+@dataclass(frozen=True)
+class GrpoRow:
+    """One measurement row: the validated id and split, the published figures, and every column as read
+    (``raw``: the plan, backend, source, lp_combined, ...)."""
+
+    id: str
+    split: str
+    raw: dict[str, str]
+    published: dict[str, float]
+    """step_s and the published phases (seconds)."""
+
+
+def load_grpo_rows(path: str | Path | None = None) -> list[GrpoRow]:
+    path = Path(path) if path else GRPO_DATA_PATH
+    records = read_records(path, _REQUIRED, "published GRPO runs")
+    rows = []
+    for raw in records:
+        rid = (raw.get("id") or "").strip()
+        if raw.get("split") not in ("scored", "excluded", "fit", "holdout"):
+            raise ConfigError(f"{path}: row {rid}: split must be scored or excluded")
+        if not (raw.get("source") or "").strip():
+            raise ConfigError(f"{path}: row {rid} has no source")
+        pub: dict[str, float] = {}
+        for k in ("step_s", *PHASES):
+            v = (raw.get(k) or "").strip()
+            if v:
+                try:
+                    pub[k] = float(v)
+                except ValueError:
+                    raise ConfigError(f"{path}: row {rid}: {k} is not a number ({v!r})") from None
+                if not (math.isfinite(pub[k]) and pub[k] > 0):  # inf passed `> 0`: an infinite error, MAPE inf
+                    raise ConfigError(f"{path}: row {rid}: {k} must be a finite number > 0, got {v!r}")
+        if not pub:
+            raise ConfigError(f"{path}: row {rid} publishes no step_s and no phase time")
+        rows.append(
+            GrpoRow(
+                id=rid,
+                split=raw["split"],
+                raw=dict(raw),
+                published=pub,
+            )
+        )
+    return rows
+
+
+def _i(raw: dict[str, str], k: str) -> int | None:
+    v = (raw.get(k) or "").strip()
+    if not v:
+        return None
+    f = float(v)  # "8" and "8.0" are 8; inf, nan and 2.5 are the file's mistake (plan() codes the ValueError)
+    if not (math.isfinite(f) and f == int(f)):
+        raise ValueError(f"{k} = {v!r} is not an integer")
+    return int(f)
+
+
+def _ones(raw: dict[str, str], *keys: str) -> dict[str, Any]:
+    """The columns ``keys`` as ints, an empty (or 0) cell read as 1."""
+    return {k: _i(raw, k) or 1 for k in keys}
+
+
+def plan(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[Any, HardwareSpec, Cluster, Strategy, Workload]:
+    """The row's model, hardware, cluster, strategy and workload."""
+    r = row.raw
+    try:
+        m = load_model(r["model"])
+        hw = hw or _hw(row, None)
+        gpus = _i(r, "gpus") or 0
+        cluster = Cluster(gpus=gpus, gpus_per_node=_i(r, "gpus_per_node") or hw.gpus_per_node)
+        off = tuple(o for o in (r.get("offload") or "").split(",") if o)
+        cpu = (r.get("cpu_optimizer") or "").strip()
+        s = Strategy(
+            **_ones(r, "tp", "pp", "cp", "ep", "rollout_tp", "mbs"),
+            etp=_i(r, "etp"),
+            last_stage_layers=_i(r, "last_stage_layers"),
+            gpu_memory_utilization=float(r.get("gpu_memory_utilization") or 0.6),
+            recompute=r.get("recompute") or "selective",
+            offload=off,
+            max_tokens_per_gpu=_i(r, "max_tokens_per_gpu"),
+            log_prob_max_tokens_per_gpu=_i(r, "log_prob_max_tokens_per_gpu"),
+            cpu_optimizer=float(cpu) if cpu else None,
+            overlap_cpu_optimizer=bool(cpu),
+            precision_aware_optimizer=bool(cpu),
+            enforce_eager=(r.get("enforce_eager") or "").lower() == "true",
+            max_num_seqs=_i(r, "max_num_seqs") or 256,
+        )
+        wl = Workload(
+            **_ones(r, "prompts", "n", "mini_batch", "prompt_len", "response_len"),
+            prompt_len_mean=_i(r, "prompt_len_mean"),
+            response_len_mean=_i(r, "response_len_mean"),
+            kl=(r.get("kl") or "").lower() == "true",
+        )
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"published GRPO row {row.id}: bad value ({exc})") from None
+    if r.get("framework") == "nemo-rl" and r.get("backend") == "megatron":
+        s, wl = _via_nemo_rl_recipe(row.id, m, cluster, s, wl)
+    return m, hw, cluster, s, wl
+
+
+_RECIPE_PLANS: dict[str, tuple[Strategy, Workload]] = {}
+
+
+def _via_nemo_rl_recipe(row_id: str, m: Any, cluster: Cluster, s: Strategy, wl: Workload) -> tuple[Strategy, Workload]:
+    """A NeMo-RL row's plan as the NeMo-RL recipe grpo-tune exports for it reads back (nemo_rl.yaml, loaded
+    as NeMo-RL loads it): the plan that is scored is the plan the recipe runs. Cached per row (the recipe does
+    not depend on the fitted parameters); the length means are statistics of the data, not recipe keys."""
+    if row_id not in _RECIPE_PLANS:
+        import tempfile
+
+        from grpo_tune.core.config import RunConfig, TrainerOptions
+        from grpo_tune.core.strategy import validate
+        from grpo_tune.frameworks.nemo_rl import read, recipe
+
+        hw0 = load_hardware("h100")
+        s = validate(m, s, cluster.gpus, gpus_per_node=cluster.gpus_per_node, allow_cross_node_tp=True)
+        cfg = RunConfig(model=m, hardware=hw0, cluster=cluster, strategy=s, workload=wl, trainer=TrainerOptions())
+        with tempfile.TemporaryDirectory(prefix="grpo-tune-nemo-rl-") as d:
+            f = Path(d) / "nemo_rl.yaml"
+            f.write_text(recipe.recipe_text(cfg, run_id=row_id))
+            r = recipe.load(f)
+        c = read.cluster_of(r)
+        s_back = read.strategy_of(r, m, c.gpus, c.gpus_per_node)
+        wl_back = read.workload_of(
+            r, prompt_len_mean=wl.prompt_len_mean, response_len_mean=wl.response_len_mean, assume=False
+        )
+        _RECIPE_PLANS[row_id] = (s_back, wl_back)
+    return _RECIPE_PLANS[row_id]
+
+
+def predict(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[dict[str, float], Estimate]:
+    """Predicted seconds in the row's terms: step and each published phase (``hw``: the row's
+    hardware under its stack, :func:`_hw`, unless given)."""
+    m, hw, cluster, s, wl = plan(row, hw or _hw(row, None))
+    est = estimate(model=m, hardware=hw, cluster=cluster, strategy=s, workload=wl)
+    t = est.time
+    assert t is not None
+    lp_combined = (row.raw.get("lp_combined") or "").lower() == "true"  # NeMo-RL publishes old + reference together
+    lp = t["old_logprob"] + (t["ref_logprob"] if lp_combined else 0.0)
+    return {
+        "step_s": t.step_s,
+        "gen_s": t["rollout"],
+        "train_s": t["update"] + t["offload"],
+        "old_lp_s": lp,
+        "ref_lp_s": t["ref_logprob"],
+        "refit_s": t["weight_sync"],
+    }, est
+
+
+STACK_OF = {"nemo-rl": "nemo-rl-v0.3", "verl": "verl-0.9.1"}
+"""A row's stack when its ``stack`` column is empty: the release its framework published with."""
+
+
+@dataclass(frozen=True)
+class Prior:
+    """One fitted parameter: where it lives, its prior value and bounds, and why."""
+
+    key: str
+    on: str
+    """``stack:<name>`` (a stack profile's parameter) or ``hardware`` (every Hopper profile's)."""
+    value: float
+    lo: float
+    hi: float
+    why: str
+
+
+PRIORS: tuple[Prior, ...] = (
+    Prior(
+        "decode_efficiency",
+        "hardware",
+        0.6,
+        0.35,
+        0.9,
+        "paged-attention / small-GEMM decode kernels reach 35-90% of a STREAM copy's HBM bandwidth",
+    ),
+    Prior(
+        "rl_compute_scale",
+        "stack:nemo-rl-v0.3",
+        0.85,
+        0.6,
+        1.0,
+        "RL passes (fp32 log-softmax, short packed micro-batches) at 60-100% of pretraining FLOP/s",
+    ),
+    Prior(
+        "micro_batch_overhead_s",
+        "stack:nemo-rl-v0.3",
+        5e-3,
+        1e-3,
+        3e-2,
+        "per micro-batch host work (split, unpad/pad, loss bookkeeping): 1-30 ms",
+    ),
+    Prior(
+        "moe_layer_overhead_s",
+        "stack:nemo-rl-v0.3",
+        2e-3,
+        5e-4,
+        5e-3,
+        "NeMo-RL v0.3's Qwen3 MoE recipe sets neither moe_grouped_gemm nor moe_permute_fusion (Megatron "
+        "defaults: off), so its 16 local experts run one by one: ~6 launches each at ~10-40 us per layer "
+        "and pass, above the 0.2-1 ms Megatron's MoE docs give with permute fusion and grouped GEMM",
+    ),
+    Prior(
+        "vllm_wake_s",
+        "stack:nemo-rl-v0.3",
+        4.0,
+        1.0,
+        15.0,
+        "wake of weights + KV-cache re-allocation and the policy offload around it: 1-15 s",
+    ),
+    Prior(
+        "sync_tensor_overhead_s",
+        "stack:nemo-rl-v0.3",
+        3.7e-4,
+        5e-5,
+        2e-3,
+        "per exported HF tensor (name mapping, gather launch): 50 us-2 ms",
+    ),
+    Prior(
+        "rl_compute_scale",
+        "stack:verl-0.9.1",
+        0.85,
+        0.6,
+        1.0,
+        "as NeMo-RL's: RL passes at 60-100% of pretraining FLOP/s",
+    ),
+    Prior(
+        "moe_layer_overhead_s",
+        "stack:verl-0.9.1",
+        5e-4,
+        2e-4,
+        1e-3,
+        "Megatron MoE docs: a few hundred us to ~1 ms per layer with moe_permute_fusion + grouped GEMM "
+        "(verl's Megatron MoE examples set both)",
+    ),
+    Prior(
+        "vllm_sleep_s",
+        "stack:verl-0.9.1",
+        1.0,
+        0.2,
+        5.0,
+        "vLLM sleep level 2 after generation (inside timing_s/gen): 0.2-5 s",
+    ),
+)
+HOPPER = ("h100-sxm-80gb", "h200-141gb", "h800-sxm-80gb", "h20-96gb")
+MOVES_PCT = 2.0
+"""A row moves a parameter when the parameter's prior range moves some scored figure of it by this much."""
+PRIOR_WEIGHT = 0.1
+"""Weight of each prior's log-distance (in units of its log-range) against one scored figure's log error."""
+
+
+def row_stack(row: GrpoRow) -> str:
+    st = (row.raw.get("stack") or "").strip()
+    return st or STACK_OF.get(row.raw.get("framework", ""), "verl-0.9.1")
+
+
+def _hw(row: GrpoRow, x: dict[Prior, float] | None) -> HardwareSpec:
+    """The row's hardware under its stack, with the parameters ``x`` (None: as shipped) applied."""
+    from grpo_tune.core.stacks import with_stack
+
+    hw = with_stack(load_hardware(row.raw["hardware"]), row_stack(row))
+    if not x:
+        return hw
+    vals = {p.key: v for p, v in x.items() if (p.on == "hardware" and hw.name in HOPPER) or p.on == f"stack:{hw.stack}"}
+    return hw.with_efficiency(**vals) if vals else hw
+
+
+def shipped(p: Prior) -> float:
+    """The parameter's value in the shipped profiles."""
+    from grpo_tune.core.stacks import load_stack
+
+    if p.on == "hardware":
+        return getattr(load_hardware("h100").efficiency, p.key)
+    return load_stack(p.on.split(":", 1)[1]).params.get(p.key, p.value)
+
+
+def _scored(r: GrpoRow) -> bool:
+    return r.split != "excluded"
+
+
+def _resid(rows: list[GrpoRow], x: dict[Prior, float]) -> list[list[float]]:
+    """Per row: the log errors of its published figures (step and phases), in PHASE order."""
+    out = []
+    for r in rows:
+        pred, _ = predict(r, _hw(r, x))
+        out.append([math.log(max(pred[k], 1e-6) / r.published[k]) for k in ("step_s", *PHASES) if k in r.published])
+    return out
+
+
+def _prior_resid(x: dict[Prior, float]) -> list[float]:
+    return [PRIOR_WEIGHT * math.log(x[p] / p.value) / math.log(p.hi / p.lo) for p in x]
+
+
+def movers(rows: list[GrpoRow], priors: tuple[Prior, ...] = PRIORS) -> dict[Prior, list[str]]:
+    """The rows whose scored figures move by at least MOVES_PCT when the parameter goes from its lower
+    to its upper bound (the others at their shipped values)."""
+    base = {p: shipped(p) for p in priors}
+    out: dict[Prior, list[str]] = {}
+    for p in priors:
+        lo = _resid(rows, {**base, p: p.lo})
+        hi = _resid(rows, {**base, p: p.hi})
+        out[p] = [
+            r.id
+            for r, a, b in zip(rows, lo, hi)
+            if max((abs(u - v) for u, v in zip(a, b)), default=0) >= MOVES_PCT / 100
+        ]
+    return out
+
+
+def fit(rows: list[GrpoRow], *, quiet: bool = True) -> dict[str, float]:
+    """Bounded least squares (scipy) of the log errors of every published figure of the scored rows,
+    plus a weak pull of each parameter towards its prior (PRIOR_WEIGHT). A parameter that fewer than two
+    scored rows move (:func:`movers`) is not fitted: it keeps its prior value.
+    Keys: ``stack:NAME:key`` / ``hardware:key``."""
+    from scipy.optimize import least_squares
+
+    scored = [r for r in rows if _scored(r)]
+    if not scored:
+        raise ConfigError("no published GRPO rows to fit on", hint="mark rows' split as scored")
+    mv = movers(scored)
+    free = [p for p in PRIORS if len(mv[p]) >= 2]
+    fixed = {p: p.value for p in PRIORS if p not in free}
+
+    def unpack(z) -> dict[Prior, float]:
+        return {**fixed, **{p: p.lo * (p.hi / p.lo) ** zi for p, zi in zip(free, z)}}
+
+    def f(z):
+        x = unpack(z)
+        return [e for row in _resid(scored, x) for e in row] + _prior_resid(x)
+
+    z0 = [math.log(min(max(shipped(p), p.lo), p.hi) / p.lo) / math.log(p.hi / p.lo) for p in free]
+    res = least_squares(f, z0, bounds=(0.0, 1.0), diff_step=0.02) if free else None
+    x = unpack(res.x if res is not None else [])
+    return {f"{p.on}:{p.key}": float(f"{v:.3g}") for p, v in x.items()}
+
+
+def cross_validate(rows: list[GrpoRow]) -> dict[str, dict[str, float]]:
+    """Leave-one-out error of every scored row: the fit redone without the row by one Gauss-Newton step
+    from the shipped parameters (the Jacobian of every figure's log error, by finite differences, then
+    scipy's bounded linear least squares without that row), and the row priced at that refit.
+    Returns row id -> figure -> error %."""
+    import numpy as np
+    from scipy.optimize import lsq_linear
+
+    scored = [r for r in rows if _scored(r)]
+    mv = movers(scored)
+    free = [p for p in PRIORS if len(mv[p]) >= 2]
+    x0 = {p: min(max(shipped(p), p.lo), p.hi) for p in PRIORS}
+    z0 = np.array([math.log(x0[p] / p.lo) / math.log(p.hi / p.lo) for p in free])
+
+    def at(z) -> dict[Prior, float]:
+        return {**x0, **{p: float(p.lo * (p.hi / p.lo) ** zi) for p, zi in zip(free, z)}}
+
+    r0 = _resid(scored, x0)
+    owner = [i for i, row in enumerate(r0) for _ in row]
+    flat0 = np.array([e for row in r0 for e in row])
+    cols = []
+    h = 0.02
+    for j in range(len(free)):
+        z = z0.copy()
+        z[j] = z[j] + h if z[j] + h <= 1 else z[j] - h
+        rj = np.array([e for row in _resid(scored, at(z)) for e in row])
+        cols.append((rj - flat0) / (z[j] - z0[j]))
+    J = np.array(cols).T if cols else np.zeros((len(flat0), 0))
+    out: dict[str, dict[str, float]] = {}
+    for i, r in enumerate(scored):
+        keep = np.array([o != i for o in owner])
+        if free:
+            pw = np.array([PRIOR_WEIGHT * math.log(at(z0)[p] / p.value) / math.log(p.hi / p.lo) for p in free])
+            pj = np.diag([PRIOR_WEIGHT * math.log(p.hi / p.lo) / math.log(p.hi / p.lo) for p in free])
+            A = np.vstack([J[keep], pj])
+            b = -np.concatenate([flat0[keep], pw])
+            sol = lsq_linear(A, b, bounds=(-z0, 1 - z0))
+            z = z0 + sol.x
+        else:
+            z = z0
+        pred, _ = predict(r, _hw(r, at(z)))
+        out[r.id] = {k: float(100.0 * (pred[k] / v - 1)) for k, v in r.published.items()}
+    return out
+
+
+def _group_mape(errs: dict[str, dict[str, float]], rows: list[GrpoRow], key: str) -> dict[str, dict[str, float | int]]:
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        if r.id in errs and key in errs[r.id]:
+            for g in ("all", f"gpu:{r.raw['hardware']}", f"framework:{r.raw['framework']}"):
+                by.setdefault(g, []).append(abs(errs[r.id][key]))
+    return {g: {"mape": sum(v) / len(v), "rows": len(v)} for g, v in by.items()}
+
+
+def bands(cv: dict[str, dict[str, float]], rows: list[GrpoRow]) -> dict[str, float]:
+    """Leave-one-out step MAPE per provenance class of the rows' hardware profiles (BAND_PCT)."""
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        if r.id in cv and "step_s" in cv[r.id]:
+            by.setdefault(load_hardware(r.raw["hardware"]).provenance, []).append(abs(cv[r.id]["step_s"]))
+    out = {k: sum(v) / len(v) for k, v in by.items()}
+    out.setdefault("fitted", out.get("transferred", 0.0))
+    out.setdefault("transferred", out["fitted"])
+    out["spec-only"] = 1.5 * max(out["fitted"], out["transferred"])
+    return out
+
+
+def run_grpo(
+    *, path: str | Path | None = None, tolerance_pct: float = TOLERANCE_PCT, refit: bool = False
+) -> dict[str, Any]:
+    """Predicted vs published per row (step and phases); in-sample and leave-one-out MAPE of the step
+    and each phase, overall, per GPU type and per framework; whether the cross-validated step MAPE is
+    within the tolerance. ``refit``: also run the full bounded fit and report its parameters."""
+    if not (tolerance_pct > 0):
+        raise ConfigError(f"--tolerance must be > 0, got {tolerance_pct}")
+    rows = load_grpo_rows(path)
+    scored = [r for r in rows if _scored(r)]
+    if not scored:  # the report's one figure; printing None crashed the command
+        raise ConfigError(
+            f"{path or GRPO_DATA_PATH}: no scored row with a published figure",
+            hint="mark at least one row's split as scored",
+        )
+    fitted = fit(rows) if refit else None
+    out = []
+    for r in rows:
+        entry: dict[str, Any] = {
+            "id": r.id,
+            "split": r.split,
+            "backend": r.raw.get("backend", ""),
+            "hardware": r.raw.get("hardware", ""),
+            "framework": r.raw.get("framework", ""),
+            "source": r.raw["source"],
+            "assumptions": r.raw.get("assumptions", ""),
+            "published": r.published,
+        }
+        if _scored(r):
+            pred, est = predict(r, _hw(r, None))
+            entry.update(
+                stack=row_stack(r),
+                predicted={k: pred[k] for k in r.published},
+                fits=est.fits,
+                error_pct={k: 100.0 * (pred[k] / v - 1) for k, v in r.published.items()},
+            )
+        out.append(entry)
+    cv = cross_validate(rows)
+    for e in out:
+        if e["id"] in cv:
+            e["cv_error_pct"] = cv[e["id"]]
+    insample = {e["id"]: e["error_pct"] for e in out if "error_pct" in e}
+    keys = ("step_s", *PHASES)
+    m = {
+        "fit": {k: _group_mape(insample, scored, k).get("all", {}).get("mape") for k in keys},
+        "cv": {k: _group_mape(cv, scored, k).get("all", {}).get("mape") for k in keys},
+    }
+    groups = {k: _group_mape(cv, scored, k) for k in keys}
+    mv = movers(scored)
+    step = m["cv"]["step_s"]
+    return {
+        "bands": bands(cv, scored),
+        "rows": out,
+        "mape_pct": m,
+        "cv_groups": groups,
+        "movers": {f"{p.on}:{p.key}": mv[p] for p in PRIORS},
+        "priors": {f"{p.on}:{p.key}": {"value": p.value, "lo": p.lo, "hi": p.hi, "why": p.why} for p in PRIORS},
+        "tolerance_pct": tolerance_pct,
+        "refit": fitted,
+        "passed": bool(step is not None and step <= tolerance_pct),
+    }

@@ -1,0 +1,112 @@
+"""Separate pools against published speed-ups: ``grpo-tune validate --grpo`` scores each pair of
+profiles/data/published_placement_pairs.csv.
+
+A pair is two rows of published_grpo.csv, the same task run colocated and synchronous, then on separate
+rollout and training pools (asynchronously). The colocated row is priced by the cost model as every row
+is; the separate row by :func:`costmodel.placement.estimate_separate` with its pools and staleness. The
+score is the predicted speed-up (colocated step / separate step) against the published one: a ratio, so a
+pair whose runs do not publish the mean response length still counts, at the pair's stated
+``response_len_mean`` (the predicted range over ``mean_low..mean_high`` is reported with it). Where the
+separate row publishes per-pool phases they are reported next to the prediction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from grpo_tune.core.errors import ConfigError
+from grpo_tune.core.placement import Placement
+from grpo_tune.core.specs import PROFILES_DIR
+
+from grpo_tune.validate.pretraining import read_records
+from grpo_tune.validate.grpo import GrpoRow, load_grpo_rows, plan
+
+PAIRS_PATH = PROFILES_DIR / "data" / "published_placement_pairs.csv"
+TOLERANCE_PCT = 15.0
+"""A pair's predicted speed-up must be within this of the published one."""
+_REQUIRED = ("id", "colocated", "separate", "published_speedup", "response_len_mean", "source")
+
+
+def load_pairs(path: str | Path | None = None) -> list[dict[str, str]]:
+    return read_records(Path(path) if path else PAIRS_PATH, _REQUIRED, "published placement pairs")
+
+
+def _with_mean(row: GrpoRow, mean: int) -> GrpoRow:
+    return dataclasses.replace(row, raw={**row.raw, "response_len_mean": str(mean)})
+
+
+def _steps(col: GrpoRow, sep: GrpoRow, partial: bool, mean: int) -> tuple[Any, Any]:
+    from grpo_tune.costmodel.estimate import estimate
+    from grpo_tune.costmodel.placement import estimate_separate
+
+    m, hw, cluster, s, wl = plan(_with_mean(col, mean))
+    c = estimate(model=m, hardware=hw, cluster=cluster, strategy=s, workload=wl)
+    m2, hw2, cl2, s2, wl2 = plan(_with_mean(sep, mean))
+    raw = sep.raw
+    place = Placement(
+        mode="separate",
+        rollout_gpus=int(raw["rollout_gpus"]),
+        staleness=int(raw.get("staleness") or 0),
+        partial_rollout=partial,
+    )
+    e = estimate_separate(model=m2, hardware=hw2, cluster=cl2, strategy=s2, workload=wl2, placement=place)
+    return c, e
+
+
+def score_pairs(
+    pairs_path: str | Path | None = None, rows_path: str | Path | None = None, tolerance_pct: float = TOLERANCE_PCT
+) -> dict[str, Any]:
+    """Every pair: published and predicted speed-up, the error, the range over the mean lengths, the pools."""
+    rows = {r.id: r for r in load_grpo_rows(rows_path)}
+    out = []
+    for p in load_pairs(pairs_path):
+        pid = p["id"]
+        col, sep = rows.get(p["colocated"]), rows.get(p["separate"])
+        if col is None or sep is None:
+            raise ConfigError(
+                f"placement pair {pid}: {p['colocated']} or {p['separate']} is not a row of published_grpo.csv"
+            )
+        if (sep.raw.get("placement") or "") != "separate":
+            raise ConfigError(f"placement pair {pid}: row {sep.id} is not a separate-pool row")
+        partial = (p.get("partial_rollout") or "").lower() == "true"
+        pub = float(p["published_speedup"])
+        mean = int(p["response_len_mean"])
+        c, e = _steps(col, sep, partial, mean)
+        pred = c.step_s / e.step_s
+        lo_hi = []
+        for k in ("mean_low", "mean_high"):
+            if (p.get(k) or "").strip():
+                c2, e2 = _steps(col, sep, partial, int(p[k]))
+                lo_hi.append(c2.step_s / e2.step_s)
+        f = e.placement
+        out.append(
+            {
+                "id": pid,
+                "colocated": col.id,
+                "separate": sep.id,
+                "published_speedup": pub,
+                "predicted_speedup": pred,
+                "error_pct": 100.0 * (pred / pub - 1.0),
+                "range": [min(lo_hi), max(lo_hi)] if lo_hi else None,
+                "response_len_mean": mean,
+                "published_step_s": {"colocated": col.published.get("step_s"), "separate": sep.published.get("step_s")},
+                "predicted_step_s": {"colocated": c.step_s, "separate": e.step_s},
+                "pools": {
+                    "rollout_gpus": f["rollout_gpus"],
+                    "train_gpus": f["train_gpus"],
+                    "staleness": f["staleness"],
+                    "partial_rollout": f["partial_rollout"],
+                    "gen_s": f["gen_s"],
+                    "train_s": f["train_s"],
+                    "sync_s": f["sync_s"],
+                    "rollout_busy": f["rollout_busy"],
+                    "train_busy": f["train_busy"],
+                },
+                "published_phases_s": {k: v for k, v in sep.published.items() if k != "step_s"},
+                "fits": bool(c.fits and e.fits),
+            }
+        )
+    worst = max((abs(r["error_pct"]) for r in out), default=0.0)
+    return {"pairs": out, "tolerance_pct": tolerance_pct, "worst_error_pct": worst, "passed": worst <= tolerance_pct}
