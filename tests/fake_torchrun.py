@@ -21,6 +21,12 @@ WORKER = "import ctypes, time; ctypes.CDLL(None).prctl(1, 9); time.sleep(600)"
 
 def main(argv: list[str]) -> int:
     out, steps, delay = Path(argv[0]), int(argv[1]), float(argv[2])
+    if len(argv) > 3 and argv[3] == "nospace":  # a worker whose torch.save hit a full disk, as trainer.main records it
+        print("Traceback (most recent call last):\n  ...\nOSError: [Errno 28] No space left on device", flush=True)
+        rec = {"status": "error", "rank": 0, "kind": "no_space"}
+        rec["message"] = f"[WORKER_FAILED] no space left on the device writing {out}/checkpoints/x.pt"
+        (out / "failure.rank0.json").write_text(json.dumps(rec))
+        return 1
     worker = subprocess.Popen([sys.executable, "-c", WORKER], start_new_session=True)
 
     def term(signum, frame):

@@ -29,10 +29,11 @@ FAKE = ROOT / "tests" / "fake_torchrun.py"
 DRIVER = r"""
 import sys
 from grpo_tune.trainer import launch
+import os
 fake, steps, delay = sys.argv[1], sys.argv[2], sys.argv[3]
 def fake_cmd(config, lay, *, worker_args=(), **kw):
     out = worker_args[worker_args.index("--out") + 1]
-    return [sys.executable, fake, out, steps, delay]
+    return [sys.executable, fake, out, steps, delay, os.environ.get("FAKE_MODE", "")]
 launch.torchrun_command = fake_cmd
 from grpo_tune.cli.main import main
 sys.exit(main(sys.argv[4:]))
@@ -51,10 +52,10 @@ def _config(tmp: Path, out: Path, steps: int = 6) -> Path:
     return save(cfg, tmp / "cfg.yaml")
 
 
-def _train(tmp: Path, cfg: Path, *args: str, steps: int = 6, delay: float = 0.05) -> subprocess.Popen:
+def _train(tmp: Path, cfg: Path, *args: str, steps: int = 6, delay: float = 0.05, **extra: str) -> subprocess.Popen:
     drv = tmp / "driver.py"
     drv.write_text(DRIVER)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **extra}
     return subprocess.Popen(
         [sys.executable, str(drv), str(FAKE), str(steps), str(delay), "train", "--config", str(cfg), *args],
         cwd=tmp,

@@ -72,12 +72,34 @@ def report_error(exc: BaseException) -> int:
     """Print ``[CODE] message`` and ``hint: ...`` on stderr; return the exit code (2: the input or the
     environment, 1: a bug). GRPO_TUNE_DEBUG=1 adds the traceback."""
     err = as_coded(exc)
-    err_console.print(f"[bold red]\\[{err.code}][/] {escape(err.message)}", highlight=False, soft_wrap=True)
-    if err.hint:
-        err_console.print(f"hint: {escape(err.hint)}", highlight=False, soft_wrap=True)
+    lines = [f"[{err.code}] {err.message}"] + ([f"hint: {err.hint}"] if err.hint else [])
     if os.environ.get("GRPO_TUNE_DEBUG"):
-        err_console.print("".join(traceback.format_exception(exc)), highlight=False, markup=False)
+        lines.append("".join(traceback.format_exception(exc)))
+    say_error(lines, bold=True)
     return 1 if err.code == "INTERNAL_ERROR" else 2
+
+
+def say_error(lines: list[str], *, bold: bool = False) -> None:
+    """Lines on stderr that always arrive: through rich (colour) on a terminal of a sane width, else as plain text
+    (``COLUMNS=0`` silenced rich; an ASCII-only stderr is written with escapes; a closed stderr is left alone)."""
+    try:
+        if err_console.is_terminal and err_console.width >= 20:
+            first, *rest = lines
+            head = f"[bold red]{escape(first.split(' ', 1)[0])}[/] " if bold else ""
+            body = escape(first.split(" ", 1)[1]) if bold and " " in first else escape(first)
+            err_console.print(head + body if bold else body, highlight=False, soft_wrap=True)
+            for ln in rest:
+                err_console.print(ln, highlight=False, soft_wrap=True, markup=False)
+            return
+    except Exception:  # noqa: BLE001, S110 - fall back to plain text below
+        pass
+    text = "".join(ln if ln.endswith("\n") else ln + "\n" for ln in lines)
+    enc = getattr(sys.stderr, "encoding", None) or "utf-8"
+    try:
+        sys.stderr.write(text.encode(enc, errors="backslashreplace").decode(enc, errors="replace"))
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 class Interrupted(SystemExit):
@@ -117,12 +139,59 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
+def _safe_streams() -> None:
+    """stdout/stderr that cannot fail on a character (``PYTHONIOENCODING=ascii``): what does not encode is escaped,
+    not an INTERNAL_ERROR after the run folder was written."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream.errors == "strict":
+                stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            pass
+
+
+EXIT_PIPE = 128 + 13
+"""Exit code when the reader of stdout went away (``search | head``): 141, what the shell reports for a program
+killed by SIGPIPE, so ``set -o pipefail`` still sees that the output was cut; nothing is printed."""
+
+
+def _pipe_closed() -> int:
+    # Python flushes stdout again at exit; point it at /dev/null so that flush cannot fail a second time
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_PIPE
+
+
+def _rich_broken_pipe(self: Console) -> None:
+    # rich's own handler exits 1, which reads as a failure; the CLI's is EXIT_PIPE, quietly
+    self.quiet = True
+    raise BrokenPipeError
+
+
+Console.on_broken_pipe = _rich_broken_pipe  # type: ignore[method-assign]
+
+
 def _main(argv: list[str] | None) -> int:
+    _safe_streams()
+    try:
+        code = _run(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return _pipe_closed()
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         # not standalone: click raises its usage errors here instead of printing them itself
         status = app(args=argv, prog_name="grpo-tune", standalone_mode=False)
     except SystemExit as exc:
         code = exc.code
+        if type(sys.stdout).__name__ == "PacifyFlushWrapper":  # click's answer to EPIPE on stdout: exit(1)
+            return _pipe_closed()
         if code is None:
             return 0
         if isinstance(code, int):
@@ -138,7 +207,11 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         return 130
+    except BrokenPipeError:
+        raise
     except Exception as exc:  # noqa: BLE001 - the CLI's one error boundary
+        if isinstance(exc.__context__, BrokenPipeError) or isinstance(exc.__cause__, BrokenPipeError):
+            raise BrokenPipeError from exc
         return report_error(exc)
     # a command returns None; click returns the code of a typer.Exit / ctx.exit(code) instead
     return status if isinstance(status, int) else 0

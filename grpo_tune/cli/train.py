@@ -429,14 +429,19 @@ def train(
             code = interrupted_exit(exc)
             if code is None:
                 raise
-            err.print(interrupted_line(out_dir, lay.world_size), highlight=False, soft_wrap=True)
+            from grpo_tune.cli.main import say_error
+
+            say_error([interrupted_line(out_dir, lay.world_size)])  # COLUMNS=0 or a pipe: it still arrives
             raise typer.Exit(code) from None
         finally:
             prog.stop()
     status, message, code = launch.worker_status(rc, out_dir)
     if code:
         err.print(f"[bold red]training failed ({status})[/]: " + escape(str(message)), highlight=False, soft_wrap=True)
-        err.print(launch.log_tail(out_dir), highlight=False, markup=False, soft_wrap=True)
+        if launch.classified(out_dir) is None:  # a machine cause is said in one line; anything else shows the log
+            err.print(launch.log_tail(out_dir), highlight=False, markup=False, soft_wrap=True)
+        else:
+            err.print(f"log: {out_dir / 'train.log'}", highlight=False, soft_wrap=True)
         raise typer.Exit(code)
     console.print(
         f"done: metrics in {out_dir / 'metrics.jsonl'}, checkpoints in {out_dir / 'checkpoints'}",

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from grpo_tune.cli.options import (
@@ -218,6 +219,10 @@ def tune(
     from grpo_tune.frameworks.verl.script import key_fixes
 
     tuned = T.tuned_text(launch_obj, res.changes, key_fixes(launch_obj))
+    from grpo_tune.autotune.tune_script import runtime_notes
+
+    for note in runtime_notes(launch_obj, res.changes):  # left byte for byte in tuned.sh: the user sets them
+        Console(stderr=True).print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     run_dir = None
     files: dict[str, Path] = {}
     if emit:

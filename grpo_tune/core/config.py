@@ -346,6 +346,16 @@ def load(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
         data = yaml_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if text.startswith(EMITTED_HEADER) and isinstance(data, dict):
+        # grpo-tune writes every section; one written by it and missing some was cut short (a full disk, a kill,
+        # a partial copy), and running it with defaults for the rest would run another plan
+        cut = [k for k in ("model", "hardware", "cluster", "strategy", "workload", "trainer") if k not in data]
+        if cut:
+            raise ConfigError(
+                f"{p} was written by grpo-tune but ends before its {', '.join(repr(k) for k in cut)} section(s): "
+                "the file is cut short",
+                hint="emit it again (grpo-tune search) or restore it from a copy",
+            )
     data = apply_overrides(data, overrides, str(p))
     try:
         return RunConfig.from_dict(data, where=str(p))
@@ -357,8 +367,11 @@ def load(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
         raise ConfigError(f"{p}: {exc}") from None
 
 
+EMITTED_HEADER = "# grpo-tune run config (schema_version"
+
+
 def dumps(cfg: RunConfig) -> str:
-    header = f"# grpo-tune run config (schema_version {SCHEMA_VERSION}). `grpo-tune train --config THIS` runs it.\n"
+    header = f"{EMITTED_HEADER} {SCHEMA_VERSION}). `grpo-tune train --config THIS` runs it.\n"
     src = cfg.workload.lengths_source if cfg.workload.kind == "grpo" else None
     if src:  # the length statistics priced, stated where the user reads first (workload.lengths_source)
         header += "# lengths: " + " ".join(str(src).split()) + "\n"

@@ -58,6 +58,11 @@ def _same(a: Path, b: Path) -> bool:
 def check_out_dir(path: str | os.PathLike, option: str, *, inputs: Inputs | None = None) -> Path:
     """``path`` is (or can become) a writable folder that holds none of the inputs' own paths."""
     p = Path(path)
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in str(p)):  # a newline in a folder name breaks every log line
+        raise ConfigError(
+            f"{option} {str(p)!r} holds a control character (a newline?)",
+            hint=f"give {option} a folder name of printable characters",
+        )
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{option} {p} is a file, not a folder", hint=f"give {option} a folder (it is created)")
     for opt, i in _named(inputs or {}):

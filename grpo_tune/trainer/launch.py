@@ -426,6 +426,42 @@ def trim_metrics(out_dir: str | os.PathLike, done: int | None) -> None:
         atomic_write(p, "".join(k + "\n" for k in keep))
 
 
+FAILURE_KINDS = ("no_space", "too_many_files", "host_oom", "cuda_oom")
+
+
+def classify_failure(exc: BaseException) -> tuple[str | None, str]:
+    """What a worker's failure was, when it is the machine's and not the plan's: (kind, one line naming the cause
+    and the path), else (None, ""). Kinds: no space, too many open files, out of host memory, CUDA out of memory."""
+    import errno
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:  # torch.save wraps the OSError of a full disk in a RuntimeError
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f" writing {e.filename}" if e.filename else ""
+            return "no_space", f"[WORKER_FAILED] no space left on the device{where} ({e.strerror})"
+        if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
+            where = f" opening {e.filename}" if e.filename else ""
+            return "too_many_files", (
+                f"[WORKER_FAILED] too many open files{where}: raise the limit (ulimit -n) or lower the data workers"
+            )
+        text = str(e)
+        if type(e).__name__ == "OutOfMemoryError" or "CUDA out of memory" in text:
+            return "cuda_oom", f"[WORKER_FAILED] CUDA out of memory: {text.splitlines()[0][:300] if text else ''}"
+        if isinstance(e, MemoryError) or "bad_alloc" in text or "can't allocate memory" in text:
+            return "host_oom", f"[WORKER_FAILED] out of host memory ({type(e).__name__}: {text[:200]})"
+        if "No space left on device" in text:
+            return "no_space", f"[WORKER_FAILED] no space left on the device: {text.splitlines()[0][:300]}"
+        e = e.__cause__ or e.__context__
+    return None, ""
+
+
+def classified(out_dir: str | os.PathLike) -> dict | None:
+    """The first failure record of a known machine cause (see :func:`classify_failure`), if any."""
+    return next((f for f in read_failures(out_dir) if f.get("kind") in FAILURE_KINDS), None)
+
+
 def worker_status(rc: int, out_dir: str | os.PathLike) -> tuple[str, str | None, int]:
     """(status, message, exit code) of a finished launch from torchrun's code and the workers' failure files."""
     fails = read_failures(out_dir)

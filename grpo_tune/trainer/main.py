@@ -274,18 +274,24 @@ def main(argv=None) -> int:
         oom = is_oom(exc)
         from grpo_tune.core.errors import GrpoTuneError
 
-        msg = f"[{exc.code}] {exc.message}" if isinstance(exc, GrpoTuneError) else f"{type(exc).__name__}: {exc}"
+        from .launch import classify_failure
+
+        kind, why = classify_failure(exc)
+        if kind is not None:
+            msg = why
+        elif isinstance(exc, GrpoTuneError):
+            msg = f"[{exc.code}] {exc.message}"
+        else:
+            msg = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
         if out is not None:
+            rec = {"status": "oom" if oom else "error", "message": msg, "rank": rank, "kind": kind}
             try:
                 from grpo_tune.core.config import atomic_write
 
-                atomic_write(
-                    failure_path(out, rank),
-                    json.dumps({"status": "oom" if oom else "error", "message": msg, "rank": rank}),
-                )
-            except OSError:
-                pass
+                atomic_write(failure_path(out, rank), json.dumps(rec))
+            except OSError:  # the disk is full: say it on stderr (train.log may be full too), one line
+                print(f"[grpo-tune failure] {json.dumps(rec)}", file=sys.stderr, flush=True)
         return EXIT_OOM if oom else EXIT_ERROR
 
 

@@ -188,6 +188,38 @@ def _bad_timings(fmt: str, obj: dict[str, Any]) -> list[str]:
     return [k for k, v in obj.items() if isinstance(k, str) and k.startswith("timing_s/") and _non_finite(v)]
 
 
+MAX_TIMING_S = 1e6
+"""Largest believable timing in a log (11.6 days for one phase of one step)."""
+
+
+def _implausible(fmt: str, obj: dict[str, Any]) -> tuple[str, Any] | None:
+    """A timing key whose value is no duration: a boolean, a negative number, or one beyond :data:`MAX_TIMING_S`
+    (``true``, ``-5.0``, ``1e300``). NaN/inf are warned about separately."""
+    if fmt == "grpo-tune":
+        ph = obj.get("phases_s")
+        items = [(f"phases_s/{k}", v) for k, v in ph.items()] if isinstance(ph, dict) else []
+        items += [(k, obj[k]) for k in ("step_s",) if k in obj]
+    else:
+        items = [(k, v) for k, v in obj.items() if isinstance(k, str) and k.startswith("timing_s/")]
+    for k, v in items:
+        if isinstance(v, bool):
+            return k, v
+        f = _as_float(v)
+        if f is not None and math.isfinite(f) and not 0 <= f <= MAX_TIMING_S:
+            return k, v
+    return None
+
+
+def _refuse_implausible(p: Path, line: int, fmt: str, obj: dict[str, Any]) -> None:
+    bad = _implausible(fmt, obj)
+    if bad is not None:
+        raise ConfigError(
+            f"{p}:{line}: {bad[0]} is {json.dumps(bad[1]) if not isinstance(bad[1], str) else bad[1]!r}, which is "
+            f"not a duration in seconds (0 to {MAX_TIMING_S:g})",
+            hint="the log is damaged or not a training log; fix or drop that line",
+        )
+
+
 def _non_finite_warnings(p: Path, bad: list[tuple[int, list[str], bool]]) -> list[str]:
     """One warning per step with a NaN/inf timing (the first three), and a count past those."""
     out = []
@@ -311,10 +343,12 @@ def read_log(path: str | os.PathLike, *, max_bytes: int = MAX_LOG_BYTES) -> RunL
                 step, data = obj.get("step"), obj.get("data")
                 if not isinstance(step, int) or isinstance(step, bool) or not isinstance(data, dict):
                     continue
+                _refuse_implausible(p, i, fmt, data)
                 rec = _verl_record(step, data)
                 if keys := _bad_timings(fmt, data):
                     nan_steps.append((step, keys, rec is None))
             else:
+                _refuse_implausible(p, i, fmt, obj)
                 rec = _ours_record(obj)
                 if keys := _bad_timings(fmt, obj):
                     nan_steps.append((obj.get("step", i), keys, rec is None))
@@ -323,10 +357,11 @@ def read_log(path: str | os.PathLike, *, max_bytes: int = MAX_LOG_BYTES) -> RunL
         if bad > 3:
             warnings.append(f"{p}: {bad} lines in all were not JSON")
     elif fmt == "verl-console":
-        for line in lines:
+        for i, line in enumerate(lines, 1):
             got = _parse_console_line(line)
             if got is None:
                 continue
+            _refuse_implausible(p, i, fmt, got[1])
             rec = _verl_record(*got)
             if keys := _bad_timings(fmt, got[1]):
                 nan_steps.append((got[0], keys, rec is None))

@@ -97,6 +97,60 @@ def _find(lines: list[str], line: int | None, key: str) -> tuple[int, re.Match[s
     return None
 
 
+def _source_value(lines: list[str], idx: int, m: re.Match[str]) -> str:
+    """The value of ``key=`` as the script spells it, up to the end of its shell word (a backtick or ``$(`` word
+    may hold blanks: it runs to the matching close)."""
+    ln = lines[idx]
+    j, depth, tick, quote = m.end(), 0, False, None
+    while j < len(ln):
+        ch = ln[j]
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch == "`":
+            tick = not tick
+        elif ln.startswith("$(", j):
+            depth += 1
+            j += 1
+        elif ch == ")" and depth:
+            depth -= 1
+        elif ch in "'\"" and not tick:
+            quote = ch
+        elif ch.isspace() and not tick and not depth:
+            break
+        j += 1
+    return ln[m.end() : j]
+
+
+def computed_at_run_time(src: str) -> bool:
+    """A value bash (``$(...)``, backticks, ``$VAR``) or OmegaConf (``${oc.env:TP,2}``) computes when the launch
+    runs: tune never rewrites one (splicing into it broke the script), it says what to set instead."""
+    return "`" in src or "$" in src
+
+
+def runtime_values(launch: Launch, changes: dict[str, tuple[Any, Any]]) -> list[tuple[str, str, Any]]:
+    """``(key, value as written, value tune chose)`` for each changed key whose value is computed at run time."""
+    lines = launch.text.split("\n")
+    out = []
+    for key, (_old, new) in changes.items():
+        ov = launch.values.get(key)
+        hit = _find(lines, ov.line, key) if ov is not None else None
+        if hit is None:
+            continue
+        src = _source_value(lines, *hit)
+        if computed_at_run_time(src):
+            out.append((key, src, new))
+    return out
+
+
+def runtime_notes(launch: Launch, changes: dict[str, tuple[Any, Any]]) -> list[str]:
+    """One line per value tune left alone because it is computed at run time."""
+    return [
+        f"{key}={src}: value computed at run time, left as written: set it yourself to {_fmt(new)}"
+        for key, src, new in runtime_values(launch, changes)
+    ]
+
+
 def tuned_text(
     launch: Launch, changes: dict[str, tuple[Any, Any]], fixes: dict[str, tuple[str, str] | None] | None = None
 ) -> str:
@@ -131,6 +185,8 @@ def tuned_text(
             missing.append(_token("", key, new))
             continue
         idx, m = hit
+        if computed_at_run_time(_source_value(lines, idx, m)):
+            continue  # byte for byte as written; runtime_notes() tells the user the value to set
         a, b = _word_span(lines[idx], m.start())
         lines[idx] = lines[idx][:a] + _token(ov.prefix or "", key, new) + lines[idx][b:]
     if missing:

@@ -61,6 +61,11 @@ HYDRA_FLAGS = {
 DIAGNOSE_PY_FLAGS = ("--check-parallel", "--check-memory", "--check-data-types")
 
 
+def is_interpolation(raw: str) -> bool:
+    """``${oc.env:TP,2}``, ``${actor.tp}``: an OmegaConf interpolation (resolved by Hydra, not by bash)."""
+    return bool(re.search(r"\$\{[^}]*[.:][^}]*\}", raw or ""))
+
+
 @dataclass
 class Override:
     key: str
@@ -444,7 +449,20 @@ def _parse_args(
                 Finding(W, "BAD_CONFIG", f"line {lineno}: {tok!r} is not a key=value override", line=lineno)
             )
             continue
-        if v.literal_dollar:
+        if v.literal_dollar and is_interpolation(ov.raw):
+            findings.append(
+                Finding(
+                    W,
+                    "BAD_CONFIG",
+                    f"line {lineno}: {ov.key}={ov.raw} is an OmegaConf interpolation: Hydra resolves it when verl "
+                    "loads its config, so grpo-tune cannot know the value and prices the key's default",
+                    "keep the single quotes (in double quotes bash would expand ${...} itself and stop with "
+                    "'bad substitution'); to have it priced, write the value itself",
+                    key=ov.key,
+                    line=lineno,
+                )
+            )
+        elif v.literal_dollar:
             findings.append(
                 Finding(
                     W,
