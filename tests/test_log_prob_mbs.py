@@ -161,7 +161,9 @@ def test_tune_moves_an_equal_log_prob_micro_batch_with_mbs_and_reports_it(capsys
         text, n = re.subn(rf"({re.escape(k)})=8", r"\1=4", text)
         assert n == 1
     launch = tmp_path / "equal.sh"
-    launch.write_text(text)
+    # tune leaves `=$TP` as written (a value computed at run time: it says what to set), so for the fixed point
+    # the degrees are spelt out, as ${TP:-2} gives them
+    launch.write_text(text.replace("=$TP ", "=2 "))
     plan = T.plan_of(launch, hardware="h100")
     assert (plan.strategy.mbs, plan.strategy.log_prob_mbs) == (4, None)
     first = _tune(capsys, launch, tmp_path / "a")
@@ -362,6 +364,7 @@ def test_tune_chooses_a_log_prob_micro_batch_that_fits_when_the_launchs_overflow
     hbm = load_hardware("h100").hbm_bytes
     assert hbm == 81559 * 2**20 < 2048 * 256 * (2 * 2 * 3584 // 4 + 8 * 152064 // 4) == 161_329_709_056
     text = EXAMPLE.read_text().replace("log_prob_micro_batch_size_per_gpu=8", "log_prob_micro_batch_size_per_gpu=256")
+    text = text.replace("=$TP ", "=2 ")  # spelt out: tune leaves a value computed at run time as written
     launch = tmp_path / "lp256.sh"
     launch.write_text(text)
     plan = T.plan_of(launch, hardware="h100")
