@@ -149,7 +149,7 @@ def test_a_damaged_study_db_is_named_damaged_not_a_url_problem(tmp_path):
 
 @pytest.mark.parametrize("bad", [1e300, True, -5.0])
 def test_calibrate_refuses_timings_that_are_no_durations(tmp_path, bad):
-    from grpo_tune.autotune.runlog import read_log
+    from grpo_tune.autotune.calibrate.runlog import read_log
 
     lines = [{"step": i, "step_s": 1.0, "phases_s": {"rollout": 0.5, "update": 0.4}} for i in (1, 2, 3)]
     lines[1]["phases_s"]["update"] = bad

@@ -252,7 +252,7 @@ def test_tuned_text_changes_exactly_the_given_overrides(tmp_path, launch, change
         assert subprocess.run([BASH, "-n", str(out)], check=False, capture_output=True).returncode == 0
     after = {o.key: o for o in parse_script(text)[0]}
     before = {o.key: o for o in lt.overrides}
-    from grpo_tune.autotune.tune_script import runtime_values
+    from grpo_tune.frameworks.verl.script import runtime_values
 
     runtime = {k for k, _src, _new in runtime_values(lt, {k: (lt.get(k), v) for k, v in changes.items()})}
     for k, v in changes.items():

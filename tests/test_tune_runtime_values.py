@@ -63,7 +63,7 @@ def test_tune_leaves_values_computed_at_run_time_byte_for_byte_and_says_what_to_
 
 
 def test_diagnose_advice_for_an_omegaconf_interpolation_keeps_the_single_quotes(tmp_path):
-    from grpo_tune.autotune.diagnose import diagnose_path
+    from grpo_tune.frameworks.verl.diagnose import diagnose_path
 
     launch = _launch(tmp_path)
     found = [f for f in diagnose_path(launch).findings if "OmegaConf interpolation" in f.message]

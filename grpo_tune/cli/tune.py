@@ -219,7 +219,7 @@ def tune(
     from grpo_tune.frameworks.verl.script import key_fixes
 
     tuned = T.tuned_text(launch_obj, res.changes, key_fixes(launch_obj))
-    from grpo_tune.autotune.tune_script import runtime_notes
+    from grpo_tune.frameworks.verl.script import runtime_notes
 
     for note in runtime_notes(launch_obj, res.changes):  # left byte for byte in tuned.sh: the user sets them
         Console(stderr=True).print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
