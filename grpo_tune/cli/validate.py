@@ -132,6 +132,7 @@ _GRPO_COLS = (
     ("old_lp_s", "logprob"),
     ("ref_lp_s", "ref"),
     ("refit_s", "refit"),
+    ("train_mfu", "mfu"),
 )
 
 
@@ -188,8 +189,8 @@ def _print_grpo(rep: dict) -> None:
                 r["id"][:28] if first else "",
                 r["hardware"].split("-")[0] if first else "",
                 label,
-                f"{r['published'][key]:,.1f}",
-                f"{r['predicted'][key]:,.1f}",
+                f"{r['published'][key]:,.2f}" if key == "train_mfu" else f"{r['published'][key]:,.1f}",
+                f"{r['predicted'][key]:,.2f}" if key == "train_mfu" else f"{r['predicted'][key]:,.1f}",
                 f"{err:+.1f}%",
                 f"[{colour}]{cv:+.1f}%[/]" if cv is not None else "",
             )
