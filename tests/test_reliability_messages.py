@@ -208,3 +208,33 @@ def test_train_prints_the_classified_cause_not_the_traceback(tmp_path):
     assert p.returncode == 4, err
     assert "[WORKER_FAILED] no space left on the device writing" in err and "checkpoints" in err
     assert "Traceback" not in err
+
+
+# --- run folders appear whole --------------------------------------------------------------------------
+
+
+def test_a_run_folder_appears_whole_or_not_at_all(tmp_path, monkeypatch):
+    """kill -9 during emit left a run folder with some files and not others (each file atomic, the folder not)."""
+    from grpo_tune.cli.options import plan_inputs
+    from grpo_tune.autotune.search.driver import search
+    from grpo_tune.rundir import emit as E
+    from grpo_tune.rundir import report
+
+    m, hw, cl, wl = plan_inputs(model="tiny", hardware="cpu", gpus=1, gpus_per_node=None, workload="grpo",
+                                prompts=4, n=2, prompt_len=8, response_len=8, mini_batch=4, ppo_epochs=1, kl=True,
+                                seq_len=16, gbs=4)  # fmt: skip
+    best = search(m, hw, cl, wl).best
+
+    def dies(*a, **k):  # the process dies after best.yaml, verl.sh and megatron_args.txt are on disk
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "write_report", dies)
+    with pytest.raises(KeyboardInterrupt):
+        E.emit_run(best, out=tmp_path / "runs")
+    assert list((tmp_path / "runs").iterdir()) == []  # no run folder, no partial sibling
+    monkeypatch.undo()
+    d, files = E.emit_run(best, out=tmp_path / "runs")
+    assert sorted(p.name for p in d.iterdir()) == sorted(p.name for p in files.values())
+    assert all(p.parent == d and p.is_file() for p in files.values())
+    assert str(d) in (d / "best.yaml").read_text()  # the content names the final folder, not the staging one
+    assert ".partial" not in (d / "best.yaml").read_text()

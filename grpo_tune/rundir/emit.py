@@ -119,8 +119,12 @@ def emit(
     meta: dict[str, Any] | None = None,
     trainer: TrainerOptions | None = None,
     frameworks: Sequence[str] = ("verl",),
+    stage: str | os.PathLike | None = None,
 ) -> dict[str, Path]:
     """Write the run folder for ``est`` into ``out_dir`` (created); return ``{name: path}``.
+
+    ``stage``: write the files into this folder instead, as if they were in ``out_dir`` (every path and name
+    inside them says ``out_dir``); :func:`emit_run` renames it into place, so a run folder appears whole.
 
     The same inputs always write the same folder: nothing is remembered between calls, so refine,
     re-emitting its winner into search's folder, passes the search result it was given.
@@ -161,29 +165,30 @@ def emit(
         from grpo_tune.frameworks.nemo_rl import recipe as nemo_recipe
 
         nemo_text = nemo_recipe.recipe_text(cfg, run_id=d.name)
-    d.mkdir(parents=True, exist_ok=True)
-    paths: dict[str, Path] = {"best": save(cfg, d / "best.yaml")}
+    w = Path(stage) if stage is not None else d  # where the files are written (the content always names d)
+    w.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {"best": save(cfg, w / "best.yaml")}
     files = {"run config for `grpo-tune train`": paths["best"]}
     use: list[str] = []
     if verl_text is not None:
-        paths["verl"] = atomic_write(d / "verl.sh", verl_text)
+        paths["verl"] = atomic_write(w / "verl.sh", verl_text)
         files["verl 0.9.1 launch"] = paths["verl"]
     if nemo_text is not None:
         from grpo_tune.frameworks.nemo_rl.snapshot import RELEASE as NEMO_RL_RELEASE
 
-        paths["nemo_rl"] = atomic_write(d / "nemo_rl.yaml", nemo_text)
+        paths["nemo_rl"] = atomic_write(w / "nemo_rl.yaml", nemo_text)
         files[f"NeMo-RL {NEMO_RL_RELEASE} recipe"] = paths["nemo_rl"]
         use = [
             "grpo-tune diagnose nemo_rl.yaml       # check the NeMo-RL recipe",
             f"{nemo_recipe.launch_line(d, d.name)}   # NeMo-RL {NEMO_RL_RELEASE}, from its checkout",
         ]
-    paths["megatron_args"] = atomic_write(d / "megatron_args.txt", megatron_text)
+    paths["megatron_args"] = atomic_write(w / "megatron_args.txt", megatron_text)
     files["Megatron-LM flags"] = paths["megatron_args"]
     from grpo_tune.rundir.report import write_report
 
     paths.update(
         write_report(
-            d,
+            w,
             est,
             ranked=ranked,
             pareto=pareto,
@@ -205,20 +210,37 @@ def emit(
 def emit_run(
     est: Estimate, *, out: str | os.PathLike = "runs", run_name: str | None = None, **kw: Any
 ) -> tuple[Path, dict[str, Path]]:
-    """Create ``out/<run id>/`` (a fresh name; ``-2``, ``-3``... when taken) and :func:`emit` into it."""
+    """Create ``out/<run id>/`` (a fresh name; ``-2``, ``-3``... when taken) and :func:`emit` into it.
+
+    The folder appears whole: the files are written into a hidden sibling (``.<id>.*.partial``) and renamed into
+    place at the end, so a kill at any moment leaves the complete folder or none (and at most the hidden
+    sibling). Two searches that pick the same name: the second rename fails on the first's folder, and the
+    second run is emitted again under the next name."""
+    import errno
+    import shutil
+    import tempfile
+
     base = Path(out)
     name = run_name or run_id(est)
     base.mkdir(parents=True, exist_ok=True)
+    umask = os.umask(0)
+    os.umask(umask)
     d, k = base / name, 2
     while True:
-        try:
-            d.mkdir()  # atomic claim of the name, even against a concurrent search
-            break
-        except FileExistsError:
+        while os.path.lexists(d):
             d, k = base / f"{name}-{k}", k + 1
-    try:
-        return d, emit(est, d, **kw)
-    except BaseException:
-        if not any(d.iterdir()):  # the folder this call claimed, still empty: nothing of the user's
-            d.rmdir()
-        raise
+        tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}.", suffix=".partial", dir=base))
+        try:
+            paths = emit(est, d, stage=tmp, **kw)
+            os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's folder is private; a run folder is not
+            try:
+                os.rename(tmp, d)  # atomic; refused when another search's folder took the name meanwhile
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
+                continue
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return d, {key: d / p.name for key, p in paths.items()}
