@@ -238,3 +238,17 @@ def test_a_run_folder_appears_whole_or_not_at_all(tmp_path, monkeypatch):
     assert all(p.parent == d and p.is_file() for p in files.values())
     assert str(d) in (d / "best.yaml").read_text()  # the content names the final folder, not the staging one
     assert ".partial" not in (d / "best.yaml").read_text()
+
+
+def test_a_full_disk_names_the_file_it_could_not_write(tmp_path, monkeypatch, capsys):
+    """`[IO_ERROR] No space left on device` named no path."""
+    from grpo_tune.cli.main import main as cli_main
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    rc = cli_main(["search", *TINY, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "[IO_ERROR] No space left on device" in err
+    assert str(tmp_path) in err and "best.yaml" in err, err

@@ -390,11 +390,13 @@ def atomic_write(path: str | os.PathLike, text: str | bytes) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError) and exc.filename is None:  # a full disk in write()/fsync() names no file
+            raise OSError(exc.errno, exc.strerror or str(exc), str(p)) from exc
         raise
     return p
 
