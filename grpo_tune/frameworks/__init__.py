@@ -1,8 +1,10 @@
-"""Framework integrations behind one small contract: each writes a plan as that framework's launch files,
-reads its launches back, and names what it cannot express (the search's pins when planning for it).
+"""Framework integrations behind one small contract (:mod:`.base`): each writes a plan as that framework's
+launch files, reads its launches back, and names what it cannot express (the search's pins when planning for it).
 
-``verl`` (the default) lives in ``autotune/`` (export.py, verl.py, verl_table.py); ``nemo-rl`` in
-:mod:`frameworks.nemo_rl`. :data:`NAMES` is what ``--framework`` accepts (``all`` = every one).
+:data:`REGISTRY` lists them, in the order a run folder's files are written: ``verl`` (the default,
+:mod:`.verl`), ``nemo-rl`` (:mod:`.nemo_rl`) and ``megatron-lm`` (:mod:`.megatron_lm`, written into every run).
+:data:`NAMES` is what ``--framework`` accepts (``all`` = every one). A new framework is one sub-package with a
+:class:`~.base.Framework` subclass, and one line here.
 """
 
 from __future__ import annotations
@@ -10,9 +12,19 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from grpo_tune.core.errors import ConfigError
+from grpo_tune.frameworks.base import Framework
+from grpo_tune.frameworks.megatron_lm.framework import MegatronLM
+from grpo_tune.frameworks.nemo_rl.framework import NemoRL
+from grpo_tune.frameworks.verl.framework import Verl
 
-NAMES = ("verl", "nemo-rl")
+REGISTRY: tuple[Framework, ...] = (Verl(), NemoRL(), MegatronLM())
+NAMES = tuple(f.name for f in REGISTRY if not f.always)
 DEFAULT = "verl"
+
+
+def for_run(names: Sequence[str]) -> list[Framework]:
+    """The frameworks whose files a run folder gets: the selected ones, and those written always."""
+    return [f for f in REGISTRY if f.always or f.name in names]
 
 
 def select(value: str | None) -> tuple[str, ...]:
@@ -28,10 +40,9 @@ def select(value: str | None) -> tuple[str, ...]:
 def constraints(names: Sequence[str]) -> dict[str, Any]:
     """Strategy fields the chosen frameworks fix (the search's pins): a plan must run in every one of them."""
     out: dict[str, Any] = {}
-    if "nemo-rl" in names:
-        from grpo_tune.frameworks.nemo_rl.table import SEARCH_PINS
-
-        out.update(SEARCH_PINS)
+    for f in REGISTRY:
+        if f.name in names:
+            out.update(f.constraints())
     return out
 
 

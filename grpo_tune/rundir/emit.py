@@ -153,37 +153,20 @@ def emit(
         **(meta or {}),
     }
     cfg = run_config(est, run_dir=d, measured=measured, meta=meta, trainer=trainer)
-    from grpo_tune.frameworks.megatron_lm import args as megatron
-    from grpo_tune.frameworks.verl import export
+    from grpo_tune.frameworks import for_run
 
     # Rendered before any file is written: a name the exporters refuse (a control character) must not leave
     # a best.yaml without its verl.sh, nor replace half of an earlier run's files.
-    verl_text = export.verl_script(cfg) if "verl" in frameworks else None
-    megatron_text = megatron.megatron_args_text(cfg)
-    nemo_text = None
-    if "nemo-rl" in frameworks:  # separate pools too (policy.generation.colocated, grpo.async_grpo)
-        from grpo_tune.frameworks.nemo_rl import recipe as nemo_recipe
-
-        nemo_text = nemo_recipe.recipe_text(cfg, run_id=d.name)
+    launch = [lf for fw in for_run(frameworks) for lf in fw.launch_files(cfg, d)]
     w = Path(stage) if stage is not None else d  # where the files are written (the content always names d)
     w.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {"best": save(cfg, w / "best.yaml")}
     files = {"run config for `grpo-tune train`": paths["best"]}
     use: list[str] = []
-    if verl_text is not None:
-        paths["verl"] = atomic_write(w / "verl.sh", verl_text)
-        files["verl 0.9.1 launch"] = paths["verl"]
-    if nemo_text is not None:
-        from grpo_tune.frameworks.nemo_rl.snapshot import RELEASE as NEMO_RL_RELEASE
-
-        paths["nemo_rl"] = atomic_write(w / "nemo_rl.yaml", nemo_text)
-        files[f"NeMo-RL {NEMO_RL_RELEASE} recipe"] = paths["nemo_rl"]
-        use = [
-            "grpo-tune diagnose nemo_rl.yaml       # check the NeMo-RL recipe",
-            f"{nemo_recipe.launch_line(d, d.name)}   # NeMo-RL {NEMO_RL_RELEASE}, from its checkout",
-        ]
-    paths["megatron_args"] = atomic_write(w / "megatron_args.txt", megatron_text)
-    files["Megatron-LM flags"] = paths["megatron_args"]
+    for lf in launch:
+        paths[lf.key] = atomic_write(w / lf.name, lf.text)
+        files[lf.label] = paths[lf.key]
+        use += lf.use
     from grpo_tune.rundir.report import write_report
 
     paths.update(
@@ -202,8 +185,9 @@ def emit(
     )
     umask = os.umask(0)
     os.umask(umask)
+    executable = {lf.key for lf in launch if lf.executable}
     for key, p in paths.items():  # atomic_write's temp files are private (0600); these are for sharing
-        os.chmod(p, (0o777 if key == "verl" else 0o666) & ~umask)
+        os.chmod(p, (0o777 if key in executable else 0o666) & ~umask)
     return paths
 
 

@@ -1,0 +1,59 @@
+"""The contract every framework integration meets, and the one type it hands back.
+
+A framework (verl, NeMo-RL, Megatron-LM) is one :class:`Framework` subclass in its own sub-package,
+listed once in :data:`grpo_tune.frameworks.REGISTRY`. What a subclass states:
+
+- ``name`` (as ``--framework`` spells it) and ``release`` (the pinned upstream release it is tested
+  against: its key snapshot ships in the sub-package's ``data/``);
+- :meth:`Framework.launch_files`: a run config written as that framework's launch or config files
+  (``verl.sh``, ``nemo_rl.yaml``, ``megatron_args.txt``), as text, before anything is written, so that
+  a plan the framework refuses leaves no half-written run folder;
+- :meth:`Framework.constraints`: the plan fields the framework fixes (the search's pins when planning
+  for it), empty when it expresses every plan the search proposes.
+
+The read side lives beside the writer in each sub-package (verl: ``launch`` reads a launch back into a
+plan, ``diagnose`` holds its rules and its bash reader, ``snapshot`` the key tree; NeMo-RL: ``read``,
+``diagnose``, ``logs``, ``snapshot``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from grpo_tune.core.config import RunConfig
+
+
+@dataclass(frozen=True)
+class LaunchFile:
+    """One file of a run folder that a framework writes.
+
+    ``key`` names it in the paths that :func:`grpo_tune.rundir.emit.emit` returns, ``name`` is its file name,
+    ``label`` its line in report.md's file list, ``use`` the report's lines on how to run it."""
+
+    key: str
+    name: str
+    label: str
+    text: str
+    executable: bool = False
+    use: tuple[str, ...] = ()
+
+
+class Framework(ABC):
+    """A framework integration: how a plan is written as that framework's files (see the module doc)."""
+
+    name: ClassVar[str]
+    release: ClassVar[str]
+    always: ClassVar[bool] = False
+    """Written into every run folder, whatever ``--framework`` selects (Megatron-LM's flags are)."""
+
+    @abstractmethod
+    def launch_files(self, cfg: RunConfig, run_dir: Path) -> list[LaunchFile]:
+        """``cfg`` as this framework's files for the run folder ``run_dir`` (rendered, not written)."""
+
+    def constraints(self) -> Mapping[str, object]:
+        """Plan fields this framework fixes: ``{Strategy field: value}`` (the search's pins for it)."""
+        return {}
