@@ -424,3 +424,26 @@ def test_ctrl_c_of_a_real_run_prints_the_resume_line_and_the_rerun_shows_every_s
     shown = [int(s) for s in re.findall(r"^step=(\d+)", done.stdout, re.M)]
     assert shown == [ck + 1, ck + 2, ck + 3], done.stdout
     assert _steps(out) == list(range(1, ck + 4))
+
+
+def test_profile_stops_its_workers_at_its_own_timeout(tmp_path):
+    """The trial's timeout holds in the profile command itself (refine passes --trial-timeout as --timeout), so
+    a trial whose refine worker is gone or stuck still ends on time."""
+    drv = tmp_path / "driver.py"
+    drv.write_text(DRIVER)
+    cfg = _config(tmp_path, tmp_path / "unused")
+    out = tmp_path / "p.run"
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, str(drv), str(FAKE), "100000", "0.05", "profile", "--config", str(cfg), "--steps", "2"]
+        + ["--json", str(tmp_path / "p.json"), "--out", str(out), "--timeout", "2"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 4, r.stderr
+    assert time.monotonic() - t0 < 60
+    rep = json.loads((tmp_path / "p.json").read_text())
+    assert rep["status"] == "error" and "timed out" in rep["message"]
+    assert _wait_for(lambda: not any(_alive(k) for k in _pids(out)), 20)
