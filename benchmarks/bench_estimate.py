@@ -41,7 +41,7 @@ def plans(name: str, gpus: int) -> list[Strategy]:
         [(), ("param", "optimizer")],
         [1, 4, 8],
     ):
-        s = Strategy(
+        s = Strategy.of(
             tp=tp, pp=pp, cp=cp, ep=ep, etp=1 if m.is_moe else None, mbs=mbs, recompute=rc, offload=off, rollout_tp=rtp
         )
         try:

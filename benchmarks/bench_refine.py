@@ -79,11 +79,11 @@ def plan_space(kind: str = "full") -> list:
     for e in space:
         s = e.strategy
         if (
-            (s.tp, s.pp, s.dp, s.vpp) in LAYOUTS
-            and s.mbs in MBS
-            and s.recompute in RECOMPUTE
-            and not s.offload
-            and s.rollout_tp == s.tp
+            (s.layout.tp, s.layout.pp, s.layout.dp, s.layout.vpp) in LAYOUTS
+            and s.batching.mbs in MBS
+            and s.memory.recompute in RECOMPUTE
+            and not s.memory.offload
+            and s.rollout.rollout_tp == s.layout.tp
         ):
             out.append(e)
     if kind == "small":
@@ -310,7 +310,14 @@ def strat_tpe_plain(space, draws, k, rng) -> tuple[str, int]:
 
     h = memory_study(rng.randrange(2**31))
     grid = {
-        (e.strategy.tp, e.strategy.pp, e.strategy.vpp, e.strategy.mbs, e.strategy.recompute): key for key, e in space
+        (
+            e.strategy.layout.tp,
+            e.strategy.layout.pp,
+            e.strategy.layout.vpp,
+            e.strategy.batching.mbs,
+            e.strategy.memory.recompute,
+        ): key
+        for key, e in space
     }
     layouts = sorted({g[:3] for g in grid})
     mbs = sorted({g[3] for g in grid})

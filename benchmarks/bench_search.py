@@ -57,9 +57,10 @@ def main() -> None:
             best_t = min(best_t, time.perf_counter() - t0)
             best_cpu = min(best_cpu, time.process_time() - c0)
         s = res.best.strategy
+        lay, mem, roll = s.layout, s.memory, s.rollout
         win = (
-            f"tp{s.tp} pp{s.pp} cp{s.cp} ep{s.ep} dp{s.dp} mbs{s.mbs} {s.recompute} "
-            f"off={','.join(s.offload) or '-'} rtp{s.rollout_tp}@{s.gpu_memory_utilization} "
+            f"tp{lay.tp} pp{lay.pp} cp{lay.cp} ep{lay.ep} dp{lay.dp} mbs{s.batching.mbs} {mem.recompute} "
+            f"off={','.join(mem.offload) or '-'} rtp{roll.rollout_tp}@{roll.gpu_memory_utilization} "
             f"step {step_s(res.best):.1f}s"
         )
         if args.placement == "auto":

@@ -137,7 +137,7 @@ def check_profile(tmp: Path) -> dict:
         model=m,
         hardware=load_hardware("h200"),
         cluster=Cluster(gpus=1, gpus_per_node=1),
-        strategy=validate(m, Strategy(mbs=2, recompute="none"), 1),
+        strategy=validate(m, Strategy.of(mbs=2, recompute="none"), 1),
         workload=w,
         trainer=TrainerOptions(steps=3, rollout_engine="megatron", out_dir=str(tmp / "prof")),
     )

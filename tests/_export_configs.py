@@ -22,7 +22,7 @@ def make(
     **strategy,
 ) -> RunConfig:
     m = load_model(model)
-    s = validate(m, Strategy(**strategy), gpus, gpus_per_node=gpus_per_node, allow_cross_node_tp=True)
+    s = validate(m, Strategy.of(**strategy), gpus, gpus_per_node=gpus_per_node, allow_cross_node_tp=True)
     return RunConfig(
         model=m,
         hardware=load_hardware(hardware),

@@ -27,7 +27,9 @@ def _plans() -> list[Strategy]:
             for mbs in (1, 2, 4):
                 for rtp in (1, 2):
                     try:
-                        out.append(validate(TINY, Strategy(tp=tp, pp=pp, mbs=mbs, rollout_tp=rtp), 4, gpus_per_node=8))
+                        out.append(
+                            validate(TINY, Strategy.of(tp=tp, pp=pp, mbs=mbs, rollout_tp=rtp), 4, gpus_per_node=8)
+                        )
                     except GrpoTuneError:
                         pass
     return out[::2]
@@ -43,7 +45,7 @@ def _point(s: Strategy, step_s: float = 1.0, phases_s: dict[str, float] | None =
         workload=WL,
         measured_step_s=step_s,
         measured_phases_s=phases_s or {},
-        label=str(s.tp),
+        label=str(s.layout.tp),
     )
 
 
@@ -82,12 +84,12 @@ def test_recovers_known_parameters_of_the_time_model():
 def test_fit_machinery_with_a_closed_form_model():
     # t = a / c + b * k, phases split 2:1: three plans with different k pin both parameters down
     def predict(p, pt):
-        k = pt.strategy.tp
+        k = pt.strategy.layout.tp
         step = 1.0 / p["c"] + p["b"] * k
         return step, {"x": 2 * step / 3, "y": step / 3}
 
     base = {"c": 1.0, "b": 0.5}
-    pts = _measured(predict, {"c": 4.0, "b": 2.0}, [Strategy(tp=t) for t in (1, 2, 4)])
+    pts = _measured(predict, {"c": 4.0, "b": 2.0}, [Strategy.of(tp=t) for t in (1, 2, 4)])
     res = fit(pts, base=base, predict=predict, ridge=1e-4)
     assert res.params["c"] == pytest.approx(4.0, rel=0.01)
     assert res.params["b"] == pytest.approx(2.0, rel=0.01)
@@ -151,7 +153,7 @@ def test_any_bad_value_is_a_coded_error(tmp_path_factory, v):
 
 
 def _closed_form(p, pt):
-    k = pt.strategy.tp
+    k = pt.strategy.layout.tp
     step = 1.0 / p["c"] + p["b"] * k
     return step, {}
 
@@ -159,7 +161,7 @@ def _closed_form(p, pt):
 def test_refuses_more_knobs_than_measurements():
     """Two plans with no phase split are two numbers: three knobs are not determined by them."""
     base = {"c": 1.0, "b": 0.5, "d": 1.0}
-    pts = _measured(_closed_form, {"c": 2.0, "b": 1.0, "d": 1.0}, [Strategy(tp=t) for t in (1, 2)])
+    pts = _measured(_closed_form, {"c": 2.0, "b": 1.0, "d": 1.0}, [Strategy.of(tp=t) for t in (1, 2)])
     with pytest.raises(ConfigError, match="cannot fit 3 calibration knobs to 2 measurements"):
         fit(pts, base=base, predict=_closed_form)
     res = fit(pts, base=base, predict=_closed_form, names=["c", "b"])  # as many knobs as numbers: allowed
@@ -170,7 +172,7 @@ def test_flags_a_knob_that_ends_at_its_bound():
     """The truth (c = 10) lies outside c's range (0.5, 2): the fit stops at 2, and says so in the result,
     its JSON and the file; a truth inside the range raises no flag."""
     base = {"c": 1.0, "b": 0.5}
-    plans = [Strategy(tp=t) for t in (1, 2, 4)]
+    plans = [Strategy.of(tp=t) for t in (1, 2, 4)]
     bounds = {"c": (0.5, 2.0)}
     res = fit(_measured(_closed_form, {"c": 10.0, "b": 0.5}, plans), base=base, predict=_closed_form, bounds=bounds)
     assert res.params["c"] == pytest.approx(2.0, rel=1e-3)
@@ -186,7 +188,7 @@ def test_refine_summary_prints_the_bound_warning(tmp_path):
 
     from grpo_tune.autotune.refine.report import RefineResult, print_summary
 
-    plans = [Strategy(tp=t) for t in (1, 2, 4)]
+    plans = [Strategy.of(tp=t) for t in (1, 2, 4)]
     cal = fit(
         _measured(_closed_form, {"c": 10.0, "b": 0.5}, plans),
         base={"c": 1.0, "b": 0.5},

@@ -225,7 +225,7 @@ def test_our_cpu_trainer_log_end_to_end(capsys, tmp_path):
         model=load_model("tiny"),
         hardware=load_hardware("cpu"),
         cluster=Cluster(gpus=2, gpus_per_node=2),
-        strategy=Strategy(tp=2),
+        strategy=Strategy.of(tp=2),
         workload=Workload(prompts=4, n=4, prompt_len=16, response_len=8, mini_batch=2, dtype="fp32"),
         trainer=TrainerOptions(steps=4, log_every=1, out_dir=str(tmp_path / "run")),
     )

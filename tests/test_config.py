@@ -21,7 +21,7 @@ from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
 
 def make_cfg(**kw) -> RunConfig:
     m = load_model("qwen2.5-7b")
-    s = validate(m, Strategy(tp=2, pp=2, offload=("param",)), 8)
+    s = validate(m, Strategy.of(tp=2, pp=2, offload=("param",)), 8)
     base = dict(
         model=m,
         hardware=load_hardware("h100"),
@@ -211,7 +211,7 @@ def test_corrupted_configs_give_coded_errors(section, key, value, whole):
     cfg = _load_text(text)
     if cfg is not None:  # accepted: then it is a real, consistent plan
         s = cfg.strategy
-        assert s.tp * s.pp * s.cp * s.dp == cfg.cluster.gpus
+        assert s.layout.tp * s.layout.pp * s.layout.cp * s.layout.dp == cfg.cluster.gpus
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

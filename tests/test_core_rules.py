@@ -12,7 +12,7 @@ from grpo_tune.core.strategy import Strategy, Workload, validate
 
 def test_check_degrees_reports_every_broken_rule_with_its_code():
     m = load_model("tiny")  # 4 heads, 2 kv heads, 4 layers (profiles/models/tiny.toml)
-    fs = check_degrees(m, Strategy(tp=3, pp=3, rollout_tp=3), 9)
+    fs = check_degrees(m, Strategy.of(tp=3, pp=3, rollout_tp=3), 9)
     msgs = [f.message for f in fs]
     assert any("tp=3 does not divide the 4 attention heads" in x for x in msgs)
     assert any("tp=3 does not divide the 2 key/value heads" in x for x in msgs)
@@ -20,22 +20,22 @@ def test_check_degrees_reports_every_broken_rule_with_its_code():
     assert any("rollout_tp=3 does not divide the 4 attention heads" in x for x in msgs)
     assert all(f.code == "INVALID_DEGREES" and f.severity is Severity.ERROR for f in fs)
     with pytest.raises(InvalidDegreesError, match="tp=3 does not divide the 4 attention heads"):
-        validate(m, Strategy(tp=3, pp=3, rollout_tp=3), 9)  # the first finding, as before
+        validate(m, Strategy.of(tp=3, pp=3, rollout_tp=3), 9)  # the first finding, as before
 
 
 def test_expert_rules_carry_their_own_codes():
     m = load_model("tiny-moe")  # 4 experts
-    codes = {f.code for f in check_degrees(m, Strategy(tp=1, ep=3), 8)}
+    codes = {f.code for f in check_degrees(m, Strategy.of(tp=1, ep=3), 8)}
     assert codes == {"EXPERT_IMBALANCE", "EXPERT_DEGREES"}  # 3 divides neither 4 experts nor tp*cp*dp = 8
-    codes = {f.code for f in check_degrees(m, Strategy(tp=2, ep=4, etp=2), 4)}
+    codes = {f.code for f in check_degrees(m, Strategy.of(tp=2, ep=4, etp=2), 4)}
     assert codes == {"EXPERT_DEGREES"}  # ep*etp = 8 does not divide tp*cp*dp = 2*1*2 = 4
     with pytest.raises(InvalidDegreesError) as exc:
-        validate(m, Strategy(tp=2, ep=4, etp=2), 4)
+        validate(m, Strategy.of(tp=2, ep=4, etp=2), 4)
     assert exc.value.code == "INVALID_DEGREES"  # validate's code is unchanged
 
 
 def test_valid_degrees_have_no_findings():
-    assert check_degrees(load_model("tiny"), Strategy(tp=2, pp=2), 8) == []
+    assert check_degrees(load_model("tiny"), Strategy.of(tp=2, pp=2), 8) == []
 
 
 def test_check_batches_hand_computed():

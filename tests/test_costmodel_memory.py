@@ -144,7 +144,7 @@ def test_first_stage_holds_all_layers_worth_of_activations():
     m = load_model("llama-3.1-70b")
     per_layer = layer_activation_bytes(layer_coeffs(m, False, 8, 8, True), 4096, 4096, 1, "selective")
     for pp in (1, 2, 4, 8):
-        s = validate(m, Strategy(tp=8, pp=pp), 8 * pp)
+        s = validate(m, Strategy.of(tp=8, pp=pp), 8 * pp)
         acts = train_activation_bytes(m, s, seq_len=4096, mbs=1, microbatches=64)
         assert acts[0] == pytest.approx(m.layers * per_layer)
         assert acts == sorted(acts, reverse=True)
@@ -152,17 +152,17 @@ def test_first_stage_holds_all_layers_worth_of_activations():
 
 def test_cp_divides_the_sequence_and_recompute_orders():
     m = load_model("qwen2.5-7b")
-    s1 = validate(m, Strategy(tp=2), 8)
-    s2 = validate(m, Strategy(tp=2, cp=2), 8)
+    s1 = validate(m, Strategy.of(tp=2), 8)
+    s2 = validate(m, Strategy.of(tp=2, cp=2), 8)
     a1 = train_activation_bytes(m, s1, seq_len=8192, mbs=1, microbatches=8)[0]
     a2 = train_activation_bytes(m, s2, seq_len=8192, mbs=1, microbatches=8)[0]
     assert a2 == pytest.approx(a1 / 2)
     cpu = load_hardware("cpu")  # no flash attention there: the score matrix is stored
     w = Workload(kind="pretrain", seq_len=2048, gbs=64)
     got = {
-        rc: phase_memory(m, cpu, Cluster(gpus=8), validate(m, Strategy(tp=2, recompute=rc), 8), w)[0]["update"].parts[
-            "activations"
-        ]
+        rc: phase_memory(m, cpu, Cluster(gpus=8), validate(m, Strategy.of(tp=2, recompute=rc), 8), w)[0][
+            "update"
+        ].parts["activations"]
         for rc in ("none", "selective", "full")
     }
     assert got["none"] > got["selective"] > got["full"] > 0
@@ -179,8 +179,8 @@ def test_dense_model_state_follows_megatrons_rule(dist, gpus, kw):
     """docs/source/api-guide/dist_optimizer.md: bf16 param + fp32 grads = 18 B/param, or 6 + 12/d
     with the distributed optimizer, d = DP x CP (Megatron shards over the DP group with CP)."""
     m = load_model("qwen2.5-7b")
-    s = validate(m, Strategy(distributed_optimizer=dist, **kw), gpus)
-    d = s.dp * s.cp
+    s = validate(m, Strategy.of(distributed_optimizer=dist, **kw), gpus)
+    d = s.layout.dp * s.layout.cp
     assert model_state_bytes_per_param(d, dist) == (6 + 12 / d if dist else 18)
     mem, _, _ = phase_memory(m, H100, Cluster(gpus=gpus), s, Workload())
     upd = mem["update"].parts
@@ -202,7 +202,7 @@ def test_all_rows_of_megatrons_table():
 
 def test_cpu_profile_counts_fp32_like_the_trainer():
     m = load_model("tiny")
-    s = validate(m, Strategy(tp=2), 2)
+    s = validate(m, Strategy.of(tp=2), 2)
     st = max(p.total for p in per_stage_params(m, s))
     mem, _, _ = phase_memory(m, load_hardware("cpu"), Cluster(gpus=2), s, Workload(kind="pretrain", seq_len=64, gbs=8))
     upd = mem["update"].parts
@@ -212,7 +212,7 @@ def test_cpu_profile_counts_fp32_like_the_trainer():
 
 def test_moe_optimizer_shards_experts_over_expert_dp():
     m = load_model("qwen3-30b-a3b")
-    s = validate(m, Strategy(tp=2, ep=8, etp=1), 16)  # dp=8, expert-DP = 2*1*8/(8*1) = 2
+    s = validate(m, Strategy.of(tp=2, ep=8, etp=1), 16)  # dp=8, expert-DP = 2*1*8/(8*1) = 2
     mem, _, _ = phase_memory(m, H100, Cluster(gpus=16), s, Workload())
     st = per_stage_params(m, s)[0]
     assert mem["update"].parts["optimizer"] == pytest.approx(12 * (st.dense / 8 + st.expert / 2))
@@ -237,10 +237,10 @@ def test_kv_bytes_per_token():
 
 def test_kv_capacity_and_concurrency():
     m = load_model("qwen2.5-7b")
-    s = validate(m, Strategy(tp=2, rollout_tp=2, gpu_memory_utilization=0.6), 8)
+    s = validate(m, Strategy.of(tp=2, rollout_tp=2, gpu_memory_utilization=0.6), 8)
     w = Workload()
     k = kv_cache_capacity(m, H100, s, w, 8)
-    assert k.weights_bytes == pytest.approx(2 * per_stage_params(m, Strategy(tp=2))[0].total)
+    assert k.weights_bytes == pytest.approx(2 * per_stage_params(m, Strategy.of(tp=2))[0].total)
     assert k.kv_bytes == pytest.approx(0.6 * H100.hbm_bytes - k.weights_bytes - k.working_bytes)
     assert k.tokens == int(k.kv_bytes // (57344 / 2))
     assert k.sequences == k.tokens // 2048 and k.sequences > 100
@@ -270,7 +270,7 @@ def test_rollout_budget_below_weights_is_an_oom_risk():
         model=m,
         hardware=H100,
         cluster=Cluster(gpus=8),
-        strategy=Strategy(tp=8, rollout_tp=1, gpu_memory_utilization=0.5),
+        strategy=Strategy.of(tp=8, rollout_tp=1, gpu_memory_utilization=0.5),
         workload=Workload(),
     )
     assert not e.fits
@@ -282,9 +282,9 @@ def test_rollout_budget_below_weights_is_an_oom_risk():
 def test_offload_moves_state_to_the_host_and_checks_it():
     m = load_model("qwen2.5-7b")
     w = Workload()
-    s = validate(m, Strategy(tp=2, offload=("param", "grad", "optimizer")), 8)
+    s = validate(m, Strategy.of(tp=2, offload=("param", "grad", "optimizer")), 8)
     mem, host, viol = phase_memory(m, H100, Cluster(gpus=8), s, w)
-    on = phase_memory(m, H100, Cluster(gpus=8), validate(m, Strategy(tp=2), 8), w)[0]
+    on = phase_memory(m, H100, Cluster(gpus=8), validate(m, Strategy.of(tp=2), 8), w)[0]
     ro = mem["rollout"].parts
     assert ro["weights"] == ro["grads"] == ro["optimizer"] == ro["ref_weights"] == 0
     assert mem["rollout"].total_bytes < on["rollout"].total_bytes
@@ -304,7 +304,7 @@ def test_offload_moves_state_to_the_host_and_checks_it():
 def test_plan_that_does_not_fit_is_data():
     m = load_model("llama-3.1-70b")
     e = estimate(
-        model=m, hardware=H100, cluster=Cluster(gpus=8), strategy=Strategy(tp=1), workload=Workload(kind="pretrain")
+        model=m, hardware=H100, cluster=Cluster(gpus=8), strategy=Strategy.of(tp=1), workload=Workload(kind="pretrain")
     )
     assert list(e.memory) == ["update"]
     assert not e.fits
@@ -317,7 +317,7 @@ def test_plan_that_does_not_fit_is_data():
 
 def test_grpo_phases_and_reference_model():
     m = load_model("qwen2.5-7b")
-    s = validate(m, Strategy(tp=2), 8)
+    s = validate(m, Strategy.of(tp=2), 8)
     mem, _, _ = phase_memory(m, H100, Cluster(gpus=8), s, Workload(kl=True))
     assert list(mem) == ["rollout", "weight_sync", "old_logprob", "ref_logprob", "update"]
     assert mem["ref_logprob"].parts["ref_weights"] == mem["update"].parts["weights"]
@@ -352,7 +352,7 @@ POW2 = st.sampled_from([1, 2, 4, 8, 16])
 )
 def test_estimate_is_well_formed(name, gpus, tp, pp, cp, ep, mbs, rc, off, rtp, util, kind):
     m = load_model(name)
-    s = Strategy(
+    s = Strategy.of(
         tp=tp,
         pp=pp,
         cp=cp,
@@ -368,7 +368,7 @@ def test_estimate_is_well_formed(name, gpus, tp, pp, cp, ep, mbs, rc, off, rtp, 
         e = estimate(model=m, hardware=H100, cluster=Cluster(gpus=gpus), strategy=s, workload=Workload(kind=kind))
     except InvalidDegreesError:
         return
-    assert e.strategy.tp * e.strategy.pp * e.strategy.cp * e.strategy.dp == gpus
+    assert e.strategy.layout.tp * e.strategy.layout.pp * e.strategy.layout.cp * e.strategy.layout.dp == gpus
     for pm in e.memory.values():
         assert all(v >= 0 for v in pm.parts.values()), pm
     assert e.peak_bytes == max(pm.total_bytes for pm in e.memory.values())
@@ -407,7 +407,7 @@ compat.enable()
 seq, b = 128, 4
 
 def saved(m, rc):
-    s = validate(m, Strategy(recompute=rc), 1)
+    s = validate(m, Strategy.of(recompute=rc), 1)
     parallel.init(s)
     net = tm.build_chunks(m, s, tm.transformer_config(m, s))[0]
     params = {p.untyped_storage().data_ptr() for p in net.parameters()}
@@ -479,7 +479,7 @@ def test_native_rollout_profile_has_no_vllm_budget():
         model=load_model("tiny"),
         hardware=cpu,
         cluster=Cluster(gpus=2, gpus_per_node=2),
-        strategy=Strategy(tp=2, gpu_memory_utilization=0.6),
+        strategy=Strategy.of(tp=2, gpu_memory_utilization=0.6),
         workload=wl,
     )
     ro, upd = est.memory["rollout"], est.memory["update"]

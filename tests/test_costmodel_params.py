@@ -46,14 +46,14 @@ def _sum_back(m, s) -> int:
     n = 0
     for st in per_stage_params(m, s):
         sharded = st.dense - st.replicated
-        n += sharded * s.tp + st.replicated + st.expert * s.ep * s.etp_
+        n += sharded * s.layout.tp + st.replicated + st.expert * s.layout.ep * s.layout.etp_
     return n
 
 
 def _expected_sum(m, s) -> int:
     stages = len(per_stage_params(m, s))
     copies = 2 if (not m.tied_embeddings or stages > 1) else 1  # the tied copy on the last stage
-    pad = (padded_vocab(m, s.tp) - m.vocab) * m.hidden
+    pad = (padded_vocab(m, s.layout.tp) - m.vocab) * m.hidden
     emb = m.vocab * m.hidden
     return total_params(m) + (copies - (1 if m.tied_embeddings else 2)) * emb + copies * pad
 
@@ -74,7 +74,7 @@ def _expected_sum(m, s) -> int:
 )
 def test_per_rank_sums_back_to_total(name, gpus, kw):
     m = load_model(name)
-    s = validate(m, Strategy(**kw), gpus)
+    s = validate(m, Strategy.of(**kw), gpus)
     assert _sum_back(m, s) == _expected_sum(m, s)
     assert sum(st.layers for st in per_stage_params(m, s)) == m.layers
 
@@ -83,7 +83,7 @@ def test_per_rank_tp_split_is_exact_for_qwen_7b():
     m = load_model("qwen2.5-7b")
     one = per_stage_params(m, Strategy())[0].total
     assert one == total_params(m)
-    two = per_stage_params(m, Strategy(tp=2))[0]
+    two = per_stage_params(m, Strategy.of(tp=2))[0]
     # Norms (2 per layer + final) and nothing else are replicated in Qwen2.5 (q/k/v biases are split).
     assert two.replicated == m.layers * 2 * m.hidden + m.hidden
     assert two.total == (one - two.replicated) // 2 + two.replicated
@@ -91,7 +91,7 @@ def test_per_rank_tp_split_is_exact_for_qwen_7b():
 
 def test_uneven_stages_put_embedding_and_output_on_the_ends():
     m = load_model("deepseek-v3")
-    s = validate(m, Strategy(tp=8, pp=16, ep=16, etp=1, first_stage_layers=1, last_stage_layers=4), 256)
+    s = validate(m, Strategy.of(tp=8, pp=16, ep=16, etp=1, first_stage_layers=1, last_stage_layers=4), 256)
     st = per_stage_params(m, s)
     assert [x.layers for x in st] == [1] + [4] * 14 + [4]
     emb = padded_vocab(m, 8) // 8 * m.hidden

@@ -43,7 +43,7 @@ def test_compose_hand_computed():
 def test_staleness_zero_is_the_sum_of_the_phases_plus_the_sync():
     m, wl = load_model("qwen2.5-1.5b"), Workload(prompts=256, mini_batch=64)
     cl = Cluster(gpus=16)
-    s = Strategy(tp=1, rollout_tp=1, gpu_memory_utilization=0.9)
+    s = Strategy.of(tp=1, rollout_tp=1, gpu_memory_utilization=0.9)
     e = P.estimate_separate(model=m, hardware=H100, cluster=cl, strategy=s, workload=wl, placement=sep(8))
     f = e.placement
     # the parts, priced on their own pools
@@ -87,7 +87,7 @@ def test_real_split_curve_falls_while_generation_dominates_then_rises():
     m = load_model("qwen2.5-1.5b")
     wl = Workload(prompts=672, mini_batch=168, n=5, response_len=4096)  # 840 sequences split over 2..14 ranks
     cl = Cluster(gpus=16)
-    s = Strategy(tp=1, rollout_tp=1, gpu_memory_utilization=0.9)
+    s = Strategy.of(tp=1, rollout_tp=1, gpu_memory_utilization=0.9)
     rows = []
     for r in range(2, 16, 2):
         e = P.estimate_separate(model=m, hardware=H100, cluster=cl, strategy=s, workload=wl, placement=sep(r, 1))
@@ -108,7 +108,7 @@ def test_real_split_curve_falls_while_generation_dominates_then_rises():
 
 def test_cross_pool_sync_grows_with_bytes_over_the_link():
     m = load_model("qwen2.5-7b")
-    s = Strategy(tp=1, rollout_tp=1)
+    s = Strategy.of(tp=1, rollout_tp=1)
     ps = P.pools(Cluster(gpus=16), 8)  # whole nodes: the NIC
     a = P.cross_pool_sync(m, H100, H100, ps, s, CAL)
     nbytes = model_consts(m)["total_params"] * PARAM_BYTES
@@ -140,14 +140,14 @@ def test_cross_pool_sync_grows_with_bytes_over_the_link():
 def test_a_rollout_pool_without_training_state_has_more_kv_cache():
     m, wl = load_model("qwen2.5-7b"), Workload()
     cl = Cluster(gpus=16)
-    s = Strategy(tp=2, rollout_tp=1)
+    s = Strategy.of(tp=2, rollout_tp=1)
     # colocated: the largest vLLM fraction of the grid that still fits beside the resident training state
     best = None
     for g in (0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
         e = estimate(model=m, hardware=H100, cluster=cl, strategy=s.replace(gpu_memory_utilization=g), workload=wl)
         if e.fits:
             best = e
-    assert best is not None and best.strategy.gpu_memory_utilization < 0.9
+    assert best is not None and best.strategy.rollout.gpu_memory_utilization < 0.9
     colo_tokens = best.memory["rollout"].info["kv_cache_tokens"]
     e = P.estimate_separate(
         model=m,
@@ -200,7 +200,7 @@ def test_placement_rules():
             model=m,
             hardware=H100,
             cluster=Cluster(gpus=8),
-            strategy=Strategy(rollout_tp=2),
+            strategy=Strategy.of(rollout_tp=2),
             workload=wl,
             placement=sep(3),
         )
@@ -208,7 +208,7 @@ def test_placement_rules():
 
 def test_partial_rollout_prices_decode_at_sustained_concurrency():
     m, wl = load_model("qwen2.5-1.5b"), Workload(prompts=256, mini_batch=64, response_len=8192, response_len_mean=2048)
-    s = P.rollout_strategy(Strategy(rollout_tp=1, gpu_memory_utilization=0.9))
+    s = P.rollout_strategy(Strategy.of(rollout_tp=1, gpu_memory_utilization=0.9))
     full = P.generation(m, H100, Cluster(gpus=8), s, wl, CAL, partial=False)
     part = P.generation(m, H100, Cluster(gpus=8), s, wl, CAL, partial=True)
     assert part["decode_s"] < full["decode_s"]  # the tail is carried over
@@ -319,14 +319,14 @@ def test_run_config_carries_the_placement():
         model=load_model("tiny"),
         hardware=load_hardware("cpu"),
         cluster=Cluster(gpus=4, gpus_per_node=4),
-        strategy=Strategy(mbs=8),
+        strategy=Strategy.of(mbs=8),
         workload=Workload(prompts=8, n=4, prompt_len=8, response_len=6, mini_batch=4, kl=False, dtype="fp32"),
     )
     assert "placement" not in base.to_dict()  # a colocated config reads and writes as before
     cfg = base.replace(placement=sep(2, 1))
     back = RunConfig.from_dict(cfg.to_dict())
     assert back.placement == sep(2, 1)
-    assert back.strategy.dp == 2  # the training pool's 2 GPUs, not the cluster's 4
+    assert back.strategy.layout.dp == 2  # the training pool's 2 GPUs, not the cluster's 4
     with pytest.raises(ConfigError, match="leaves no GPU"):
         RunConfig.from_dict(base.replace(placement=sep(4, 1)).to_dict())
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, InvalidDegreesError
 from grpo_tune.core.specs import load_model
-from grpo_tune.core.strategy import Strategy, Workload, stage_layers, validate
+from grpo_tune.core.strategy import Batching, Layout, Memory, RolloutEngine, Strategy, Workload, stage_layers, validate
 
 
 @pytest.mark.parametrize(
@@ -40,32 +40,32 @@ from grpo_tune.core.strategy import Strategy, Workload, stage_layers, validate
 )
 def test_invalid_degrees_say_why(name, gpus, kw, why):
     with pytest.raises(InvalidDegreesError, match=why.replace("(", r"\(").replace(")", r"\)")) as exc:
-        validate(load_model(name), Strategy(**kw), gpus)
+        validate(load_model(name), Strategy.of(**kw), gpus)
     assert exc.value.code == "INVALID_DEGREES"
 
 
 def test_valid_plan_resolves_dp_etp_and_sp():
     m = load_model("qwen3-30b-a3b")
-    s = validate(m, Strategy(tp=2, pp=2, ep=4), 16)
-    assert (s.dp, s.etp, s.sequence_parallel) == (4, 2, True)
-    s = validate(m, Strategy(tp=1), 8)
-    assert s.sequence_parallel is False  # SP needs tp > 1
+    s = validate(m, Strategy.of(tp=2, pp=2, ep=4), 16)
+    assert (s.layout.dp, s.layout.etp, s.layout.sequence_parallel) == (4, 2, True)
+    s = validate(m, Strategy.of(tp=1), 8)
+    assert s.layout.sequence_parallel is False  # SP needs tp > 1
 
 
 def test_uneven_stages_for_deepseek_and_qwen3_235b():
     ds = load_model("deepseek-v3")  # 61 layers
-    s = validate(ds, Strategy(tp=8, pp=16, ep=16, etp=1, first_stage_layers=1, last_stage_layers=4), 256)
+    s = validate(ds, Strategy.of(tp=8, pp=16, ep=16, etp=1, first_stage_layers=1, last_stage_layers=4), 256)
     assert sum(stage_layers(ds, s)) == 61
     q = load_model("qwen3-235b-a22b")  # 94 layers
-    s = validate(q, Strategy(tp=4, pp=8, ep=16, etp=1, first_stage_layers=10, last_stage_layers=12), 128)
+    s = validate(q, Strategy.of(tp=4, pp=8, ep=16, etp=1, first_stage_layers=10, last_stage_layers=12), 128)
     assert stage_layers(q, s) == [10, 12, 12, 12, 12, 12, 12, 12]
 
 
 def test_rollout_tp_above_kv_heads_is_allowed_when_a_multiple():
     m = load_model("qwen2.5-7b")  # 4 KV heads
-    assert validate(m, Strategy(rollout_tp=4), 8).rollout_tp == 4
+    assert validate(m, Strategy.of(rollout_tp=4), 8).rollout.rollout_tp == 4
     with pytest.raises(InvalidDegreesError):
-        validate(m, Strategy(rollout_tp=14), 28)  # 14 divides 28 heads, but 4 KV heads: neither way
+        validate(m, Strategy.of(rollout_tp=14), 28)  # 14 divides 28 heads, but 4 KV heads: neither way
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ ANY = st.one_of(
 )
 SMALL = st.integers(1, 64)
 # Every Strategy field (the list cannot go stale as fields are added) and one unknown key.
-KEYS = [f.name for f in dataclasses.fields(Strategy)] + ["bogus_key"]
+KEYS = Strategy.knob_names() + ["bogus_key"]
 
 
 @settings(max_examples=300, deadline=None)
@@ -110,11 +110,14 @@ def test_validator_raises_only_coded_errors(name, gpus, data):
         assert exc.code in ("INVALID_DEGREES", "BAD_CONFIG", "UNKNOWN_KEY")
         return
     # when it passes, the plan really exists
-    assert r.tp * r.pp * r.cp * r.dp == gpus
-    assert m.heads % r.tp == 0 and gpus % r.rollout_tp == 0
+    assert r.layout.tp * r.layout.pp * r.layout.cp * r.layout.dp == gpus
+    assert m.heads % r.layout.tp == 0 and gpus % r.rollout.rollout_tp == 0
     assert sum(stage_layers(m, r)) == m.layers and min(stage_layers(m, r)) >= 1
     if m.is_moe:
-        assert m.experts % r.ep == 0 and (r.tp * r.cp * r.dp) % (r.ep * r.etp) == 0
+        assert (
+            m.experts % r.layout.ep == 0
+            and (r.layout.tp * r.layout.cp * r.layout.dp) % (r.layout.ep * r.layout.etp) == 0
+        )
 
 
 @settings(max_examples=200, deadline=None)
@@ -129,12 +132,12 @@ def test_validator_raises_only_coded_errors(name, gpus, data):
 def test_valid_degrees_satisfy_every_rule(name, gpus, tp, pp, cp, ep):
     m = load_model(name)
     try:
-        r = validate(m, Strategy(tp=tp, pp=pp, cp=cp, ep=ep if m.is_moe else 1, etp=1 if m.is_moe else None), gpus)
+        r = validate(m, Strategy.of(tp=tp, pp=pp, cp=cp, ep=ep if m.is_moe else 1, etp=1 if m.is_moe else None), gpus)
     except InvalidDegreesError as exc:
         assert exc.message and exc.code == "INVALID_DEGREES"
         return
-    assert r.tp * r.pp * r.cp * r.dp == gpus
-    assert m.layers % r.pp == 0
+    assert r.layout.tp * r.layout.pp * r.layout.cp * r.layout.dp == gpus
+    assert m.layers % r.layout.pp == 0
 
 
 @settings(max_examples=200, deadline=None)
@@ -180,11 +183,17 @@ def test_workload_raises_only_coded_errors(data):
 def test_strategy_replace_equals_dataclasses_replace(tp, dp, mbs, offload, log_prob_mbs):
     """Strategy.replace copies the fields instead of re-running __init__ (estimate() resolves every plan through
     it); that is only the same as dataclasses.replace while Strategy has no __post_init__ to re-run."""
-    assert not hasattr(Strategy, "__post_init__")
-    s = Strategy(tp=2, pp=2, mbs=3)
+    assert not any(hasattr(c, "__post_init__") for c in (Strategy, Layout, Memory, Batching, RolloutEngine))
+    s = Strategy.of(tp=2, pp=2, mbs=3)
     kw = {"tp": tp, "dp": dp, "mbs": mbs, "offload": offload, "log_prob_mbs": log_prob_mbs}
-    fast, ref = s.replace(**kw), dataclasses.replace(s, **kw)
+    fast = s.replace(**kw)
+    ref = dataclasses.replace(
+        s,
+        layout=dataclasses.replace(s.layout, tp=tp, dp=dp),
+        memory=dataclasses.replace(s.memory, offload=offload),
+        batching=dataclasses.replace(s.batching, mbs=mbs, log_prob_mbs=log_prob_mbs),
+    )
     assert fast == ref and hash(fast) == hash(ref) and fast.to_dict() == ref.to_dict() and type(fast) is Strategy
-    assert s == Strategy(tp=2, pp=2, mbs=3)  # the original is untouched
+    assert s == Strategy.of(tp=2, pp=2, mbs=3)  # the original is untouched
     with pytest.raises(TypeError):
         s.replace(no_such_field=1)

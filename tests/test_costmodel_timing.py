@@ -47,7 +47,7 @@ def step(model, hw, gpus, strategy, workload, gpus_per_node=8, calibration=None)
 
 def layer_fwd(m, hw, e, c, s, seq):
     """Forward seconds of one layer for one micro-batch of mbs sequences of ``seq`` tokens."""
-    return train_time.layer_times(m, hw, e, c, s, s.mbs * seq, seq, CAL)["fwd"]
+    return train_time.layer_times(m, hw, e, c, s, s.batching.mbs * seq, seq, CAL)["fwd"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,7 +122,7 @@ def test_tp_all_reduce_term_by_hand():
     # Two layer-forward all-reduces of b*s*h bf16 values; only the link bandwidth differs.
     m = gpt(4096, 32, 8)
     e = A100.efficiency
-    s = validate(m, Strategy(tp=4, sequence_parallel=False, mbs=1), 4)
+    s = validate(m, Strategy.of(tp=4, sequence_parallel=False, mbs=1), 4)
     c = Cluster(gpus=4, gpus_per_node=8)
     slow = hw_with(A100, intra_node_bandwidth_bytes_per_s=100e9)
     fast = hw_with(A100, intra_node_bandwidth_bytes_per_s=400e9)
@@ -139,7 +139,7 @@ def test_cp_ring_exchange_by_hand():
     # with attention made free the whole ring shows.
     m = load_model("llama-3.1-8b")  # 8 KV heads of 128
     e = dataclasses.replace(H100.efficiency, attention_efficiency=1e12)
-    s = validate(m, Strategy(cp=4, mbs=1), 4)
+    s = validate(m, Strategy.of(cp=4, mbs=1), 4)
     c = Cluster(gpus=4, gpus_per_node=8)
     slow = hw_with(H100, intra_node_bandwidth_bytes_per_s=10e9)
     fast = hw_with(H100, intra_node_bandwidth_bytes_per_s=40e9)
@@ -157,7 +157,7 @@ def test_cp_ring_exchange_by_hand():
 def test_dp_all_reduce_term_by_hand():
     m = gpt(2048, 16, 4)
     hw = hw_with(A100, dp_overlap=0.0)
-    s = validate(m, Strategy(mbs=1, distributed_optimizer=False), 8)
+    s = validate(m, Strategy.of(mbs=1, distributed_optimizer=False), 8)
     parts, _ = timing.train_s(
         m, hw, Cluster(gpus=8, gpus_per_node=8), s, tokens_mb=1024, micro_batches=8, seq_len=1024, cal=CAL
     )
@@ -175,7 +175,7 @@ def test_dp_all_reduce_term_by_hand():
 
 def test_offload_transfers_by_hand():
     m = load_model("qwen2.5-7b")
-    s = validate(m, Strategy(tp=2, offload=("param", "optimizer")), 8)
+    s = validate(m, Strategy.of(tp=2, offload=("param", "optimizer")), 8)
     dense, expert = timing.rank_params(m, s)
     p = dense + expert
     wl = Workload(kl=True)
@@ -192,7 +192,7 @@ def test_offload_transfers_by_hand():
 def test_decode_follows_the_formula():
     m = load_model("qwen2.5-7b")
     wl = Workload(prompts=256, n=4, prompt_len=512, response_len=1024, response_len_mean=600, mini_batch=64)
-    s = validate(m, Strategy(tp=2, rollout_tp=2, gpu_memory_utilization=0.6), 8)
+    s = validate(m, Strategy.of(tp=2, rollout_tp=2, gpu_memory_utilization=0.6), 8)
     ro = timing.rollout_s(m, H100, Cluster(gpus=8), s, wl, CAL)
     seqs = 256 * 4 / 4  # 4 replicas
     kv_tokens = kv_cache_capacity(m, H100, s, wl).tokens
@@ -235,11 +235,11 @@ def test_more_micro_batches_shrink_the_bubble_and_vpp_shrinks_it_further():
     base = dict(tp=8, pp=4, mbs=1)
     per_seq = {}
     for gbs in (8, 32, 128):
-        per_seq[gbs] = pretrain_s(m, A100, 32, Strategy(**base), gbs=gbs) / gbs
+        per_seq[gbs] = pretrain_s(m, A100, 32, Strategy.of(**base), gbs=gbs) / gbs
     assert per_seq[8] > per_seq[32] > per_seq[128]
-    t1 = pretrain_s(m, A100, 32, Strategy(**base), gbs=16)
-    t2 = pretrain_s(m, A100, 32, Strategy(**base, vpp=2), gbs=16)
-    t4 = pretrain_s(m, A100, 32, Strategy(**base, vpp=4), gbs=16)
+    t1 = pretrain_s(m, A100, 32, Strategy.of(**base), gbs=16)
+    t2 = pretrain_s(m, A100, 32, Strategy.of(**base, vpp=2), gbs=16)
+    t4 = pretrain_s(m, A100, 32, Strategy.of(**base, vpp=4), gbs=16)
     assert t1 > t2 > t4
     # Bubble (p-1)/(v m): with m = 16 micro-batches and p = 4 the pipeline takes 16 + 3/v
     # micro-batch times. Interleaving also sends v times more p2p traffic (sec. 2.2.2): take the
@@ -257,7 +257,7 @@ def test_more_micro_batches_shrink_the_bubble_and_vpp_shrinks_it_further():
             m,
             fast,
             c,
-            validate(m, Strategy(**base, vpp=v), 32),
+            validate(m, Strategy.of(**base, vpp=v), 32),
             tokens_mb=2048,
             micro_batches=16,
             seq_len=2048,
@@ -271,18 +271,18 @@ def test_more_micro_batches_shrink_the_bubble_and_vpp_shrinks_it_further():
 
 def test_tp_spanning_nodes_is_slower():
     m = gpt(8192, 64, 8)
-    inside = pretrain_s(m, A100, 16, Strategy(tp=16, mbs=1), gbs=16, gpus_per_node=16)
-    across = pretrain_s(m, A100, 16, Strategy(tp=16, mbs=1), gbs=16, gpus_per_node=8)
+    inside = pretrain_s(m, A100, 16, Strategy.of(tp=16, mbs=1), gbs=16, gpus_per_node=16)
+    across = pretrain_s(m, A100, 16, Strategy.of(tp=16, mbs=1), gbs=16, gpus_per_node=8)
     assert across > 1.5 * inside
 
 
 def test_ep_spanning_nodes_is_slower():
     m = load_model("qwen3-30b-a3b")
     e_in = layer_fwd(
-        m, H100, H100.efficiency, Cluster(gpus=16, gpus_per_node=16), validate(m, Strategy(ep=16), 16), 4096
+        m, H100, H100.efficiency, Cluster(gpus=16, gpus_per_node=16), validate(m, Strategy.of(ep=16), 16), 4096
     )
     e_out = layer_fwd(
-        m, H100, H100.efficiency, Cluster(gpus=16, gpus_per_node=8), validate(m, Strategy(ep=16), 16), 4096
+        m, H100, H100.efficiency, Cluster(gpus=16, gpus_per_node=8), validate(m, Strategy.of(ep=16), 16), 4096
     )
     assert e_out > e_in
 
@@ -291,13 +291,13 @@ def test_offload_costs_time_and_saves_memory():
     m = load_model("qwen2.5-7b")
     c = Cluster(gpus=8)
     wl = Workload(prompts=64, n=4, prompt_len=512, response_len=512, mini_batch=16)
-    plain = estimate(model=m, hardware=H100, cluster=c, strategy=Strategy(tp=2, rollout_tp=2), workload=wl)
+    plain = estimate(model=m, hardware=H100, cluster=c, strategy=Strategy.of(tp=2, rollout_tp=2), workload=wl)
     off = estimate(
         model=m,
         hardware=H100,
         cluster=c,
         workload=wl,
-        strategy=Strategy(tp=2, rollout_tp=2, offload=("param", "grad", "optimizer")),
+        strategy=Strategy.of(tp=2, rollout_tp=2, offload=("param", "grad", "optimizer")),
     )
     assert off.time["offload"] > 0 == plain.time["offload"]
     assert off.step_s > plain.step_s
@@ -318,7 +318,7 @@ def test_rollout_tp_lowers_memory_and_changes_decode_as_modelled():
             hardware=H100,
             cluster=c,
             workload=wl,
-            strategy=Strategy(tp=4, pp=2, rollout_tp=rtp, gpu_memory_utilization=0.7, max_num_seqs=4096),
+            strategy=Strategy.of(tp=4, pp=2, rollout_tp=rtp, gpu_memory_utilization=0.7, max_num_seqs=4096),
         )
         res[rtp] = (est.memory["rollout"].parts, timing.rollout_s(m, H100, c, est.strategy, wl, CAL))
     w = {r: res[r][0]["rollout_weights"] for r in res}  # bytes per GPU, from the memory model
@@ -326,7 +326,7 @@ def test_rollout_tp_lowers_memory_and_changes_decode_as_modelled():
     # The time model's concurrency is the memory model's KV capacity (mean = max response here).
     for rtp in res:
         est_seqs = kv_cache_capacity(
-            m, H100, Strategy(rollout_tp=rtp, gpu_memory_utilization=0.7, max_num_seqs=4096), wl
+            m, H100, Strategy.of(rollout_tp=rtp, gpu_memory_utilization=0.7, max_num_seqs=4096), wl
         ).sequences
         assert int(res[rtp][1]["concurrency"]) == est_seqs
     assert res[2][1]["concurrency"] < res[4][1]["concurrency"] < res[8][1]["concurrency"]
@@ -338,7 +338,7 @@ def test_rollout_tp_lowers_memory_and_changes_decode_as_modelled():
     # with rollout TP even though each replica carries more sequences.
     m = load_model("qwen2.5-7b")
     wl = Workload(prompts=32, n=8, prompt_len=512, response_len=1024, mini_batch=32)
-    ro = {r: timing.rollout_s(m, H100, c, validate(m, Strategy(tp=2, rollout_tp=r), 8), wl, CAL) for r in (1, 2, 4)}
+    ro = {r: timing.rollout_s(m, H100, c, validate(m, Strategy.of(tp=2, rollout_tp=r), 8), wl, CAL) for r in (1, 2, 4)}
     assert [ro[r]["concurrency"] for r in (1, 2, 4)] == [32, 64, 128]
     assert ro[1]["decode_step_s"] > ro[2]["decode_step_s"] > ro[4]["decode_step_s"]
     assert ro[1]["decode_s"] == pytest.approx(1024 * ro[1]["decode_step_s"], rel=1e-2)
@@ -350,7 +350,7 @@ def test_longer_tail_raises_rollout_and_leaves_the_update_alone():
     priced on the mean tokens, so the update does not move."""
     m = load_model("qwen2.5-7b")
     c = Cluster(gpus=8)
-    s = validate(m, Strategy(tp=2, rollout_tp=2, mbs=1), 8)
+    s = validate(m, Strategy.of(tp=2, rollout_tp=2, mbs=1), 8)
     short = Workload(prompts=64, n=8, response_len=1024, response_len_mean=512, mini_batch=16)
     long = short.replace(response_len=8192)
     n = 64 * 8 / 4
@@ -366,7 +366,7 @@ def test_longer_tail_raises_rollout_and_leaves_the_update_alone():
 
 def test_recompute_costs_time():
     m = gpt(6144, 64, 48)
-    t = {r: pretrain_s(m, A100, 8, Strategy(tp=8, mbs=1, recompute=r), gbs=8) for r in ("none", "selective", "full")}
+    t = {r: pretrain_s(m, A100, 8, Strategy.of(tp=8, mbs=1, recompute=r), gbs=8) for r in ("none", "selective", "full")}
     assert t["none"] < t["selective"] < t["full"]
     assert t["full"] / t["none"] == pytest.approx(4 / 3, rel=0.12)  # one more forward of three passes
 
@@ -389,20 +389,20 @@ def test_calibration_unknown_key_is_coded():
 def test_calibration_is_applied():
     m = load_model("qwen2.5-7b")
     wl = Workload(prompts=64, n=4, prompt_len=512, response_len=512, mini_batch=16)
-    base, _ = step(m, H100, 8, Strategy(tp=2, rollout_tp=2), wl)
+    base, _ = step(m, H100, 8, Strategy.of(tp=2, rollout_tp=2), wl)
     over, _ = step(
-        m, H100, 8, Strategy(tp=2, rollout_tp=2), wl, calibration={"rollout_overhead_s": 3.0, "step_overhead_s": 1.0}
+        m, H100, 8, Strategy.of(tp=2, rollout_tp=2), wl, calibration={"rollout_overhead_s": 3.0, "step_overhead_s": 1.0}
     )
     assert over["rollout"] == pytest.approx(base["rollout"] + 3.0)
     assert over.step_s == pytest.approx(base.step_s + 4.0)
-    fast, _ = step(m, H100, 8, Strategy(tp=2, rollout_tp=2), wl, calibration={"compute_efficiency_scale": 2.0})
+    fast, _ = step(m, H100, 8, Strategy.of(tp=2, rollout_tp=2), wl, calibration={"compute_efficiency_scale": 2.0})
     assert fast["update"] < 0.7 * base["update"]
     assert fast["rollout"] == pytest.approx(base["rollout"])
 
 
 def test_phases_sum_to_the_step():
     m = load_model("qwen3-30b-a3b")
-    t, th = step(m, H100, 16, Strategy(tp=2, ep=4, rollout_tp=4, offload=("optimizer",)), Workload())
+    t, th = step(m, H100, 16, Strategy.of(tp=2, ep=4, rollout_tp=4, offload=("optimizer",)), Workload())
     assert set(t.phases) == set(timing.PHASES)
     assert sum(t.phases.values()) == pytest.approx(t.step_s)
     assert 0 < th.mfu < 1 and th.tokens_per_s_per_gpu > 0
@@ -414,7 +414,7 @@ def test_phases_sum_to_the_step():
 
 
 @pytest.mark.parametrize(
-    "gpus,strategy", [(1, Strategy()), (2, Strategy(tp=2)), (2, Strategy(pp=2)), (4, Strategy(tp=2, pp=2))]
+    "gpus,strategy", [(1, Strategy()), (2, Strategy.of(tp=2)), (2, Strategy.of(pp=2)), (4, Strategy.of(tp=2, pp=2))]
 )
 def test_cpu_profile_gives_sensible_times_for_tiny(gpus, strategy):
     m = load_model("tiny")
@@ -441,7 +441,7 @@ def test_cpu_profile_gives_sensible_times_for_tiny(gpus, strategy):
 def test_times_are_finite_and_positive(tp, pp, mbs, recompute, prompts, n, plen, rlen, rtp):
     m = load_model("llama-3.1-8b")  # 32 heads, 8 KV heads: every tp/rollout_tp here divides them
     wl = Workload(prompts=prompts, n=n, prompt_len=plen, response_len=rlen, mini_batch=min(8, prompts))
-    t, th = step(m, H100, 32, Strategy(tp=tp, pp=pp, mbs=mbs, recompute=recompute, rollout_tp=rtp), wl)
+    t, th = step(m, H100, 32, Strategy.of(tp=tp, pp=pp, mbs=mbs, recompute=recompute, rollout_tp=rtp), wl)
     assert math.isfinite(t.step_s) and t.step_s > 0
     assert all(math.isfinite(v) and v >= 0 for v in t.phases.values())
     assert 0 < th.mfu < 1
@@ -522,6 +522,6 @@ def test_native_rollout_splits_rows_into_pp_micro_batches():
     cl = Cluster(gpus=2, gpus_per_node=2)
     cal = check_calibration(None)
     dp2 = native_rollout_s(m, hw, cl, validate(m, Strategy(), 2), wl, cal)["decode_s"]
-    pp2 = native_rollout_s(m, hw, cl, validate(m, Strategy(pp=2), 2), wl, cal)["decode_s"]
+    pp2 = native_rollout_s(m, hw, cl, validate(m, Strategy.of(pp=2), 2), wl, cal)["decode_s"]
     # critical path: 3 half-batch slots of 2 layers vs one full batch of 4 layers -> 1.5x at most
     assert pp2 / dp2 < 1.6

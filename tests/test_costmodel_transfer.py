@@ -31,7 +31,7 @@ def test_b200_over_h100_compute_bound_update_is_at_most_the_flops_ratio():
     update with a large memory-bound share, element-wise work and the fp32 log-softmax, may sit between
     the FLOP/s ratio and the HBM ratio of 2.39: Llama-3.1-8B at TP1 and micro-batch 8 is priced at 2.28.)"""
     m = load_model("qwen2.5-32b")
-    s = Strategy(tp=4, mbs=4, recompute="none")
+    s = Strategy.of(tp=4, mbs=4, recompute="none")
     wl = Workload(prompts=256, n=8, mini_batch=64, prompt_len=1024, response_len=3072, response_len_mean=3072)
     h, b = _update_s(H100, m, s, wl), _update_s(B200, m, s, wl)
     flops_ratio = 2.25e15 / 989.4e12  # datasheets: 2.274
@@ -40,7 +40,7 @@ def test_b200_over_h100_compute_bound_update_is_at_most_the_flops_ratio():
 
 
 def _decode_step(hw, m, rtp, conc, ctx):
-    s = validate(m, Strategy(rollout_tp=rtp), 8)
+    s = validate(m, Strategy.of(rollout_tp=rtp), 8)
     step = rollout._DecodeStep(m, hw, Cluster(gpus=8), s, 256.0, CAL)
     return step(conc, ctx)
 
@@ -83,7 +83,7 @@ def test_moe_overhead_grows_with_micro_batches_at_its_bound():
     assert 2e-4 <= verl.params["moe_layer_overhead_s"] <= 1e-3
     added = {}
     for mbs in (1, 2):
-        s = Strategy(tp=1, ep=8, mbs=mbs, recompute="none", offload=("param", "grad", "optimizer"))
+        s = Strategy.of(tp=1, ep=8, mbs=mbs, recompute="none", offload=("param", "grad", "optimizer"))
         t = {x: _update_s(H100.with_efficiency(moe_layer_overhead_s=x), m, s, wl) for x in (0.0, 1e-3)}
         added[mbs] = t[1e-3] - t[0.0]
     # per DP rank: 16 x 8 / 8 = 16 sequences per mini-batch, 4 mini-batches

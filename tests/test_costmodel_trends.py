@@ -26,8 +26,8 @@ def test_a_lower_token_cap_lowers_peak_activations():
     """With flash attention every stored activation is linear in the micro-batch's tokens, so
     halving the cap (both caps hold the 2048-token sequence) halves the update's activations and
     the logits exactly; fewer tokens per micro-batch mean more micro-batches."""
-    big = est(Strategy(tp=2, max_tokens_per_gpu=8192, rollout_tp=2))
-    small = est(Strategy(tp=2, max_tokens_per_gpu=4096, rollout_tp=2))
+    big = est(Strategy.of(tp=2, max_tokens_per_gpu=8192, rollout_tp=2))
+    small = est(Strategy.of(tp=2, max_tokens_per_gpu=4096, rollout_tp=2))
     a_big, a_small = big.memory["update"].parts, small.memory["update"].parts
     assert a_small["activations"] == pytest.approx(a_big["activations"] / 2)
     assert a_small["logits"] == pytest.approx(a_big["logits"] / 2)
@@ -37,7 +37,7 @@ def test_a_lower_token_cap_lowers_peak_activations():
 
 
 def test_the_cpu_optimizer_lowers_gpu_memory_and_adds_host_time():
-    base = Strategy(tp=2, rollout_tp=2)
+    base = Strategy.of(tp=2, rollout_tp=2)
     cpu = base.replace(cpu_optimizer=1.0, overlap_cpu_optimizer=True)
     a, b = est(base), est(cpu)
     # Without the precision-aware optimizer the distributed optimizer's fp32 copy of the param shard stays on
@@ -70,7 +70,7 @@ def test_max_num_seqs_raises_concurrency_until_the_kv_cache_binds():
     seqs_per_replica = 512 * 8 / 4
     conc = []
     for n in (32, 64, 128, 256, 512, 1024):
-        s = validate(M7, Strategy(tp=2, rollout_tp=2, gpu_memory_utilization=0.5, max_num_seqs=n), 8)
+        s = validate(M7, Strategy.of(tp=2, rollout_tp=2, gpu_memory_utilization=0.5, max_num_seqs=n), 8)
         got = timing.rollout_s(M7, H100, c, s, wl, CAL)["concurrency"]
         kv = memory.kv_cache_capacity(M7, H100, s, wl).tokens
         assert got == pytest.approx(min(n, kv / (1024 + 2048), seqs_per_replica))  # by hand
@@ -90,11 +90,11 @@ def test_weight_sync_grows_with_model_bytes_and_buckets():
     parts = {}
     for name in ("qwen2.5-7b", "qwen2.5-14b"):
         m = load_model(name)
-        parts[name] = weight_sync_s(m, H100, c, validate(m, Strategy(tp=2, rollout_tp=2), 8), CAL)
+        parts[name] = weight_sync_s(m, H100, c, validate(m, Strategy.of(tp=2, rollout_tp=2), 8), CAL)
     assert sum(v for k, v in parts["qwen2.5-14b"].items() if k.endswith("_s")) > sum(
         v for k, v in parts["qwen2.5-7b"].items() if k.endswith("_s")
     )
-    s = validate(M7, Strategy(tp=2, rollout_tp=2), 8)
+    s = validate(M7, Strategy.of(tp=2, rollout_tp=2), 8)
     one = weight_sync_s(M7, H100, c, s, CAL)
     small = weight_sync_s(M7, H100, c, s.replace(sync_bucket_mb=SYNC_BUCKET_MB // 8), CAL)
     total = timing.model_consts(M7)["total_params"] * 2
@@ -106,9 +106,9 @@ def test_weight_sync_grows_with_model_bytes_and_buckets():
 
 
 def test_a_token_budget_below_the_longest_sequence_is_flagged():
-    e = est(Strategy(tp=2, rollout_tp=2, max_tokens_per_gpu=1000))
+    e = est(Strategy.of(tp=2, rollout_tp=2, max_tokens_per_gpu=1000))
     assert "BATCH_DIVISIBILITY" in [v.code for v in e.violations]
-    ok = est(Strategy(tp=2, rollout_tp=2, max_tokens_per_gpu=2048))
+    ok = est(Strategy.of(tp=2, rollout_tp=2, max_tokens_per_gpu=2048))
     assert "BATCH_DIVISIBILITY" not in [v.code for v in ok.violations]
 
 
@@ -116,7 +116,7 @@ def test_eager_costs_time_per_step_and_frees_the_graph_memory():
     """Eager vLLM pays layers x eager_layer_overhead_s more per decode step (CUDA graphs replay a
     layer as one launch) and gets the captured graphs' memory back for the KV cache."""
     c = Cluster(gpus=8)
-    s = validate(M7, Strategy(tp=2, rollout_tp=2, max_num_seqs=256), 8)
+    s = validate(M7, Strategy.of(tp=2, rollout_tp=2, max_num_seqs=256), 8)
     graphs = timing.rollout_s(M7, H100, c, s, WL, CAL)
     eager = timing.rollout_s(M7, H100, c, s.replace(enforce_eager=True), WL, CAL)
     assert graphs["concurrency"] <= 512  # within vLLM's captured sizes

@@ -23,7 +23,7 @@ def worst():
     res = search(
         load_model("7b"), load_hardware("h100"), Cluster(gpus=8), WORST, top=5, min_headroom=MIN_HEADROOM_DEFAULT
     )
-    assert res.best.strategy.enforce_eager is True  # the search's own fastest: eager, by 0.04%
+    assert res.best.strategy.rollout.enforce_eager is True  # the search's own fastest: eager, by 0.04%
     return with_verl_defaults(res, pins={}, min_headroom=MIN_HEADROOM_DEFAULT)
 
 
@@ -35,7 +35,7 @@ def test_verl_defaults_are_read_from_verls_config():
 
 def test_a_noise_level_win_keeps_verls_default(worst):
     best = worst.best
-    assert best.strategy.enforce_eager is False, "verl's default is false; eager won by 0.04% before"
+    assert best.strategy.rollout.enforce_eager is False, "verl's default is false; eager won by 0.04% before"
     assert any(n.startswith("enforce_eager false (verl's default)") for n in worst.defaults_kept)
     # the kept plan costs less than NOISE against every plan the search found
     fastest = min(step_s(e) for e in worst.ranked)
@@ -63,11 +63,11 @@ def test_a_real_difference_is_not_overridden_and_pins_are_respected(worst):
     # with noise 0 nothing slower is accepted; pinned knobs are never touched
     eager = price(best.strategy.replace(enforce_eager=True))
     got, notes = prefer_defaults(eager, price, ok, {}, noise=0.0)
-    assert got.strategy.enforce_eager is True and not [n for n in notes if n.startswith("enforce_eager")]
+    assert got.strategy.rollout.enforce_eager is True and not [n for n in notes if n.startswith("enforce_eager")]
     got, notes = prefer_defaults(eager, price, ok, {"enforce_eager": True})
-    assert got.strategy.enforce_eager is True and not [n for n in notes if n.startswith("enforce_eager")]
+    assert got.strategy.rollout.enforce_eager is True and not [n for n in notes if n.startswith("enforce_eager")]
     # a knob that is more than 1% faster (max_num_seqs 1024 vs verl's 256 here) keeps the searched value
-    assert best.strategy.max_num_seqs != verl_defaults()["max_num_seqs"]
+    assert best.strategy.rollout.max_num_seqs != verl_defaults()["max_num_seqs"]
     slow = price(best.strategy.replace(max_num_seqs=verl_defaults()["max_num_seqs"]))
     assert step_s(slow) > step_s(best) * (1 + NOISE)
 
@@ -77,7 +77,7 @@ def test_report_says_which_defaults_were_kept_and_names_the_token_cap(worst, tmp
     text = (d / "report.md").read_text()
     assert "## verl's defaults kept" in text and "enforce_eager false (verl's default)" in text
     # a dynamic-batching plan is described by its token cap, not as "micro-batch 1"
-    dyn = [e for e in worst.ranked if e.strategy.max_tokens_per_gpu]
+    dyn = [e for e in worst.ranked if e.strategy.batching.max_tokens_per_gpu]
     if not dyn:
         s = worst.best.strategy.replace(max_tokens_per_gpu=8192, mbs=1)
         dyn = [
@@ -91,7 +91,7 @@ def test_report_says_which_defaults_were_kept_and_names_the_token_cap(worst, tmp
         ]
     d2, _ = emit_run(dyn[0], out=tmp_path / "dyn")
     rep = (d2 / "report.md").read_text()
-    assert f"dynamic batching, token cap {dyn[0].strategy.max_tokens_per_gpu:,} per GPU" in rep
+    assert f"dynamic batching, token cap {dyn[0].strategy.batching.max_tokens_per_gpu:,} per GPU" in rep
     assert "- micro-batch 1," not in rep
 
 
@@ -103,7 +103,7 @@ def test_a_dense_model_gets_no_expert_tp_and_a_moe_model_keeps_it(tmp_path):
         Workload(prompt_len_mean=205, response_len_mean=205),
         top=1,
     )
-    assert dense.best.strategy.etp is None
+    assert dense.best.strategy.layout.etp is None
     d, _ = emit_run(dense.best, out=tmp_path / "dense")
     verl_sh = (d / "verl.sh").read_text()
     assert "expert_tensor_parallel_size" not in verl_sh and " etp=" not in verl_sh
@@ -116,9 +116,9 @@ def test_a_dense_model_gets_no_expert_tp_and_a_moe_model_keeps_it(tmp_path):
         Workload(prompt_len_mean=205, response_len_mean=205),
         top=1,
     )
-    assert moe.best.strategy.etp is not None
+    assert moe.best.strategy.layout.etp is not None
     d, _ = emit_run(moe.best, out=tmp_path / "moe")
-    assert f"expert_tensor_parallel_size={moe.best.strategy.etp}" in (d / "verl.sh").read_text()
+    assert f"expert_tensor_parallel_size={moe.best.strategy.layout.etp}" in (d / "verl.sh").read_text()
 
 
 def test_offload_falls_back_to_the_verl_key_that_costs_nothing(monkeypatch):
@@ -132,15 +132,15 @@ def test_offload_falls_back_to_the_verl_key_that_costs_nothing(monkeypatch):
     times = {("param", "grad", "optimizer"): 100.0, ("param", "grad"): 100.5, ("optimizer",): 120.0, (): 150.0}
 
     def price(s):
-        return SimpleNamespace(strategy=s, step=times[tuple(s.offload)])
+        return SimpleNamespace(strategy=s, step=times[tuple(s.memory.offload)])
 
     monkeypatch.setattr(S, "step_s", lambda e: e.step)  # the stand-in's step time
-    start = price(Strategy(offload=("param", "grad", "optimizer")))
+    start = price(Strategy.of(offload=("param", "grad", "optimizer")))
     others = {k: None for k in ("enforce_eager", "cpu_optimizer", "recompute", "vpp", "sequence_parallel")}
     others |= {k: None for k in ("distributed_optimizer", "max_num_seqs", "max_num_batched_tokens")}
     others |= {k: None for k in ("chunked_prefill", "gpu_memory_utilization", "sync_bucket_mb")}
     got, notes = prefer_defaults(start, price, lambda e: True, others)  # every other knob pinned
-    assert tuple(got.strategy.offload) == ("param", "grad")
+    assert tuple(got.strategy.memory.offload) == ("param", "grad")
     assert notes == [
         "offload p,g (optimizer_offload=false, verl's default) instead of the searched p,g,o: 0.50% slower "
         "predicted, within the model's noise (1%)"

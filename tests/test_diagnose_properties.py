@@ -118,7 +118,10 @@ def test_best_yaml_is_diagnosed_without_errors(tmp_path):
         rep = diagnose_path(path)
         assert rep.kind == "run_config"
         s = cfg.strategy
-        assert rep.summary["roles"]["actor"]["tp"] == s.tp and rep.summary["roles"]["rollout"]["tp"] == s.rollout_tp
+        assert (
+            rep.summary["roles"]["actor"]["tp"] == s.layout.tp
+            and rep.summary["roles"]["rollout"]["tp"] == s.rollout.rollout_tp
+        )
         degree_errors = rep.codes("error") - {"OOM_RISK"}
         assert not degree_errors, [f.to_dict() for f in rep.findings]
         # the exported script of the same plan reads the same

@@ -70,7 +70,7 @@ def _update_parts(**strategy):
         model=load_model("7b"),
         hardware=load_hardware("h100"),
         cluster=Cluster(gpus=8),
-        strategy=Strategy(tp=2, **strategy),
+        strategy=Strategy.of(tp=2, **strategy),
         workload=Workload(),
     )
     return e.memory["update"].parts, e.memory["old_logprob"].parts

@@ -74,24 +74,24 @@ def test_flag_values_follow_the_plan(name):
     cfg = configs()[name]
     s, m, w = cfg.strategy, cfg.model, cfg.workload
     ns = as_namespace(megatron_args(cfg))
-    assert int(ns.tensor_model_parallel_size) == s.tp
-    assert int(ns.pipeline_model_parallel_size) == s.pp
-    assert int(ns.context_parallel_size) == s.cp
-    assert int(ns.micro_batch_size) == s.mbs
+    assert int(ns.tensor_model_parallel_size) == s.layout.tp
+    assert int(ns.pipeline_model_parallel_size) == s.layout.pp
+    assert int(ns.context_parallel_size) == s.layout.cp
+    assert int(ns.micro_batch_size) == s.batching.mbs
     # one optimizer step per PPO mini-batch: mini_batch prompts x n responses
     assert int(ns.global_batch_size) == w.mini_batch * w.n
     assert int(ns.seq_length) == w.prompt_len + w.response_len
     assert int(ns.num_layers) == m.layers and int(ns.hidden_size) == m.hidden
-    assert ns.sequence_parallel == s.sp
-    assert ns.use_distributed_optimizer == s.distributed_optimizer
+    assert ns.sequence_parallel == s.layout.sp
+    assert ns.use_distributed_optimizer == s.memory.distributed_optimizer
     assert getattr(ns, w.dtype) is True
-    if s.vpp > 1:
-        assert int(ns.num_virtual_stages_per_pipeline_rank) == s.vpp
-    if s.first_stage_layers:
-        assert int(ns.decoder_first_pipeline_num_layers) == s.first_stage_layers
+    if s.layout.vpp > 1:
+        assert int(ns.num_virtual_stages_per_pipeline_rank) == s.layout.vpp
+    if s.layout.first_stage_layers:
+        assert int(ns.decoder_first_pipeline_num_layers) == s.layout.first_stage_layers
     if m.is_moe:
-        assert int(ns.expert_model_parallel_size) == s.ep
-        assert int(ns.expert_tensor_parallel_size) == s.etp_
+        assert int(ns.expert_model_parallel_size) == s.layout.ep
+        assert int(ns.expert_tensor_parallel_size) == s.layout.etp_
         assert int(ns.num_experts) == m.experts and int(ns.moe_router_topk) == m.top_k
     else:
         assert not hasattr(ns, "num_experts")
@@ -99,9 +99,9 @@ def test_flag_values_follow_the_plan(name):
         assert ns.multi_latent_attention and int(ns.kv_lora_rank) == m.kv_lora_rank
     elif m.kv_heads != m.heads:
         assert int(ns.num_query_groups) == m.kv_heads
-    if s.recompute == "full":
+    if s.memory.recompute == "full":
         assert ns.recompute_granularity == "full"
-        assert ns.recompute_method == ("uniform" if s.recompute_layers is None else "block")
+        assert ns.recompute_method == ("uniform" if s.memory.recompute_layers is None else "block")
 
 
 def test_dense_layers_pattern_counts_layers():
@@ -204,12 +204,12 @@ def test_megatron_lm_parser_accepts_megatron_args_txt(name, capsys):
     ns = megatron_parser().parse_args(_text_args(cfg))
     s = cfg.strategy
     assert (ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size, ns.context_parallel_size) == (
-        s.tp,
-        s.pp,
-        s.cp,
+        s.layout.tp,
+        s.layout.pp,
+        s.layout.cp,
     )
     assert ns.overlap_grad_reduce is True
-    assert ns.overlap_param_gather is s.distributed_optimizer
+    assert ns.overlap_param_gather is s.memory.distributed_optimizer
     # validate_args: --overlap-param-gather needs the distributed optimizer and --overlap-grad-reduce;
     # --optimizer-cpu-offload needs --use-precision-aware-optimizer
     if ns.overlap_param_gather:

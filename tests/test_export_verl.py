@@ -72,16 +72,16 @@ def test_diagnose_reads_the_script_back(name):
     s = cfg.strategy
     actor = rep.summary["roles"]["actor"]
     assert (actor["tp"], actor["pp"], actor["vpp"], actor["cp"], actor["ep"], actor["etp"], actor["dp"]) == (
-        s.tp,
-        s.pp,
-        s.vpp,
-        s.cp,
-        s.ep,
-        s.etp_,
-        s.dp,
+        s.layout.tp,
+        s.layout.pp,
+        s.layout.vpp,
+        s.layout.cp,
+        s.layout.ep,
+        s.layout.etp_,
+        s.layout.dp,
     )
     assert rep.summary["roles"]["ref"] == actor
-    assert rep.summary["roles"]["rollout"]["tp"] == s.rollout_tp
+    assert rep.summary["roles"]["rollout"]["tp"] == s.rollout.rollout_tp
     assert rep.summary["world_size"] == cfg.cluster.gpus
     degree_codes = {
         "TP_MISMATCH",

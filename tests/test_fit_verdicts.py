@@ -44,7 +44,7 @@ def _est(case):
         model=load_model(model),
         hardware=load_hardware(hw),
         cluster=Cluster(gpus=gpus),
-        strategy=Strategy(**strategy),
+        strategy=Strategy.of(**strategy),
         workload=Workload(**workload),
     )
 
@@ -68,7 +68,7 @@ def test_fixture_knobs_equal_the_upstream_rendition(name):
     p = plan_of(root / "examples" / "verl-upstream" / RENDITIONS[name], model=model, hardware=hw)
     assert p.cluster.gpus == gpus and p.model.name == load_model(model).name
     for k, v in strategy.items():
-        assert getattr(p.strategy, k) == v, k
+        assert p.strategy.knob(k) == v, k
     for k, v in workload.items():
         assert getattr(p.workload, k) == v, k
 

@@ -34,7 +34,7 @@ def _est(**kw):
         model=load_model("7b"),
         hardware=load_hardware("h100"),
         cluster=Cluster(gpus=8),
-        strategy=Strategy(tp=2, mbs=4, **kw),
+        strategy=Strategy.of(tp=2, mbs=4, **kw),
         workload=WL,
     )
 
@@ -84,7 +84,7 @@ def test_the_log_prob_batch_rule_is_verls():
     m = load_model("7b")
 
     def codes(gpus: int, **kw) -> list[str]:
-        s = validate(m, Strategy(**kw), gpus)
+        s = validate(m, Strategy.of(**kw), gpus)
         return [f.code for f in check_plan(m, s, workload=WL)]
 
     assert codes(8, tp=2, mbs=4, log_prob_mbs=8) == []  # 64 per rank / 8
@@ -105,7 +105,7 @@ def test_a_log_prob_mbs_below_one_is_a_coded_error(v):
         Strategy.from_dict({"log_prob_mbs": v})
     with pytest.raises(ConfigError, match="--log-prob-mbs must be >= 1"):
         strategy_pins(log_prob_mbs=v)
-    assert [f.code for f in check_plan(load_model("tiny"), Strategy(log_prob_mbs=v))] == ["BAD_CONFIG"]
+    assert [f.code for f in check_plan(load_model("tiny"), Strategy.of(log_prob_mbs=v))] == ["BAD_CONFIG"]
 
 
 def test_best_yaml_round_trips_log_prob_mbs(tmp_path):
@@ -115,7 +115,7 @@ def test_best_yaml_round_trips_log_prob_mbs(tmp_path):
             model=m,
             hardware=load_hardware("cpu"),
             cluster=Cluster(gpus=1),
-            strategy=validate(m, Strategy(mbs=2, log_prob_mbs=lp), 1),
+            strategy=validate(m, Strategy.of(mbs=2, log_prob_mbs=lp), 1),
             workload=Workload(prompts=4, n=3, mini_batch=2, prompt_len=8, response_len=4),
             trainer=TrainerOptions(),
         )
@@ -140,11 +140,11 @@ def _tune(capsys, path: Path, out: Path) -> dict:
 
 def test_tune_prices_and_keeps_the_launchs_log_prob_micro_batch(capsys, tmp_path):
     plan = T.plan_of(EXAMPLE, hardware="h100")
-    assert (plan.strategy.mbs, plan.strategy.log_prob_mbs) == (4, 8)
+    assert (plan.strategy.batching.mbs, plan.strategy.batching.log_prob_mbs) == (4, 8)
     res = T.tune(plan)
     # priced with 8: 1024 x 5 sequences / dp 4 = 1280 per rank -> 160 log-prob micro-batches (not 320)
     assert res.current.details["logprob_micro_batches"] == 1280 / 8
-    assert res.best.strategy.log_prob_mbs_ == 8
+    assert res.best.strategy.batching.log_prob_mbs_ == 8
     assert not set(LP_KEYS) & set(res.changes)
     first = _tune(capsys, EXAMPLE, tmp_path / "a")
     tuned = Path(first["files"]["tuned.sh"]).read_text()
@@ -165,7 +165,7 @@ def test_tune_moves_an_equal_log_prob_micro_batch_with_mbs_and_reports_it(capsys
     # the degrees are spelt out, as ${TP:-2} gives them
     launch.write_text(text.replace("=$TP ", "=2 "))
     plan = T.plan_of(launch, hardware="h100")
-    assert (plan.strategy.mbs, plan.strategy.log_prob_mbs) == (4, None)
+    assert (plan.strategy.batching.mbs, plan.strategy.batching.log_prob_mbs) == (4, None)
     first = _tune(capsys, launch, tmp_path / "a")
     new_mbs = first["best"]["strategy"]["mbs"]
     assert new_mbs != 4  # the search changes mbs on this launch (README: 4 -> 5)
@@ -231,7 +231,7 @@ def test_train_dry_run_takes_the_log_prob_micro_batch(capsys, tmp_path):
             model=m,
             hardware=load_hardware("cpu"),
             cluster=Cluster(gpus=1),
-            strategy=validate(m, Strategy(mbs=4, log_prob_mbs=lp), 1),
+            strategy=validate(m, Strategy.of(mbs=4, log_prob_mbs=lp), 1),
             workload=Workload(prompts=4, n=4, mini_batch=2, prompt_len=8, response_len=4, dtype="fp32"),
             trainer=TrainerOptions(rollout_engine="megatron", dataset="synthetic", reward="math"),
         )
@@ -253,9 +253,9 @@ def test_search_prices_every_plan_with_a_pinned_log_prob_micro_batch():
     from grpo_tune.autotune.search.driver import search
 
     res = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), WL, pins={"log_prob_mbs": 8}, top=5)
-    assert res.ranked and all(e.strategy.log_prob_mbs == 8 for e in res.ranked)
-    fixed = [e for e in res.ranked if e.strategy.max_tokens_per_gpu is None]
-    assert fixed and all(e.details["logprob_micro_batches"] == 256 / e.strategy.dp / 8 for e in fixed)
+    assert res.ranked and all(e.strategy.batching.log_prob_mbs == 8 for e in res.ranked)
+    fixed = [e for e in res.ranked if e.strategy.batching.max_tokens_per_gpu is None]
+    assert fixed and all(e.details["logprob_micro_batches"] == 256 / e.strategy.layout.dp / 8 for e in fixed)
 
 
 def _diagnose(capsys, text: str, tmp_path: Path, name: str) -> dict:
@@ -305,11 +305,11 @@ def test_tune_takes_the_log_prob_mbs_pin_as_estimate_does(capsys, tmp_path):
     best = first["best"]["strategy"]
     assert best.get("log_prob_mbs", best["mbs"]) == 4
     plan = T.plan_of(Path(first["files"]["tuned.sh"]), hardware="h100")
-    assert plan.strategy.log_prob_mbs_ == 4
+    assert plan.strategy.batching.log_prob_mbs_ == 4
     est = estimate(
         model=plan.model, hardware=plan.hardware, cluster=plan.cluster, strategy=plan.strategy, workload=plan.workload
     )
-    assert est.details["logprob_micro_batches"] == 5120 // plan.strategy.dp // 4
+    assert est.details["logprob_micro_batches"] == 5120 // plan.strategy.layout.dp // 4
     # without the flag the launch's 8 stays (test above); a value below 1 is estimate's coded error
     assert main(["tune", str(EXAMPLE), "--no-emit", "--log-prob-mbs", "0"]) == 2
     assert "--log-prob-mbs must be >= 1" in capsys.readouterr().err
@@ -323,9 +323,9 @@ def test_log_prob_choices_follow_verls_rule():
 
     wl = Workload(prompts=1024, n=5, mini_batch=256)
     m = load_model("qwen2-7b")
-    s = validate(m, Strategy(tp=2, mbs=5), 8)
+    s = validate(m, Strategy.of(tp=2, mbs=5), 8)
     assert log_prob_choices(s, wl, 256, 8) == [8, 10, 16, 20, 32, 40, 64, 80, 128, 160, 256]
-    vp = validate(m, Strategy(tp=2, pp=2, vpp=2, mbs=4), 8)
+    vp = validate(m, Strategy.of(tp=2, pp=2, vpp=2, mbs=4), 8)
     got = log_prob_choices(vp, wl, 1024, 8)
     assert 512 not in got and 640 in got and all(2560 % v == 0 and (2560 // v) % 2 == 0 for v in got)
     assert log_prob_choices(s.replace(max_tokens_per_gpu=4096), wl, 256, 8) == []
@@ -342,10 +342,10 @@ def test_search_keeps_a_pinned_log_prob_micro_batch_to_the_layouts_it_splits():
     wl = Workload(prompts=1000, n=5, mini_batch=200)
     args = (load_model("7b"), load_hardware("h100"), Cluster(gpus=8), wl)
     fixed = search(*args, pins={"log_prob_mbs": 2, "max_tokens_per_gpu": None}, top=5).ranked
-    assert fixed and {e.strategy.dp for e in fixed} == {2, 4}
+    assert fixed and {e.strategy.layout.dp for e in fixed} == {2, 4}
     assert not [v for e in fixed for v in e.violations if v.code == "BATCH_DIVISIBILITY"]
     dyn = search(*args, pins={"log_prob_mbs": 2}, top=5).ranked
-    assert {e.strategy.dp for e in dyn if e.strategy.max_tokens_per_gpu} >= {8}
+    assert {e.strategy.layout.dp for e in dyn if e.strategy.batching.max_tokens_per_gpu} >= {8}
     assert not [v for e in dyn for v in e.violations if v.code == "BATCH_DIVISIBILITY"]
 
 
@@ -368,7 +368,7 @@ def test_tune_chooses_a_log_prob_micro_batch_that_fits_when_the_launchs_overflow
     launch = tmp_path / "lp256.sh"
     launch.write_text(text)
     plan = T.plan_of(launch, hardware="h100")
-    assert (plan.strategy.mbs, plan.strategy.log_prob_mbs) == (4, 256)
+    assert (plan.strategy.batching.mbs, plan.strategy.batching.log_prob_mbs) == (4, 256)
     res = T.tune(plan)
     assert res.current.memory["old_logprob"].parts["logits"] == 322_659_418_112
     assert {v.phase for v in res.current.violations if v.code == "OOM_RISK"} == {"old_logprob", "ref_logprob"}
@@ -377,12 +377,12 @@ def test_tune_chooses_a_log_prob_micro_batch_that_fits_when_the_launchs_overflow
     assert not first["current"]["fits"] and first["best"]["fits"]
     tuned = T.plan_of(Path(first["files"]["tuned.sh"]), hardware="h100")
     s = tuned.strategy
-    lp = s.log_prob_mbs_
-    assert lp < 256 and (5120 // s.dp) % lp == 0
+    lp = s.batching.log_prob_mbs_
+    assert lp < 256 and (5120 // s.layout.dp) % lp == 0
     for k in LP_KEYS:
         assert first["overrides"][k] == {"old": 256, "new": lp}
     est = estimate(model=m, hardware=tuned.hardware, cluster=tuned.cluster, strategy=s, workload=tuned.workload)
-    assert est.fits and est.details["logprob_micro_batches"] == 5120 // s.dp // lp
+    assert est.fits and est.details["logprob_micro_batches"] == 5120 // s.layout.dp // lp
     assert est.memory["old_logprob"].total_bytes <= est.capacity_bytes
     # the search chose it: no other value up to 256 that verl accepts for this plan ranks before it with the
     # 5% headroom tune asks for (autotune/search/log_prob.py; 256 itself is over, as above)

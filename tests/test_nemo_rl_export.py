@@ -24,7 +24,8 @@ from _export_configs import make
 def test_every_field_has_exactly_one_row():
     for section, cls in table.SECTIONS.items():
         names = [r.field for r in table.rows(section)]
-        assert sorted(names) == sorted(f.name for f in dataclasses.fields(cls)), section
+        fields = Strategy.knob_names() if cls is Strategy else [f.name for f in dataclasses.fields(cls)]
+        assert sorted(names) == sorted(fields), section
     for r in table.ROWS:
         if not r.keys:
             assert r.why, r.field
@@ -108,15 +109,15 @@ def test_recipe_loads_with_omegaconf_as_nemo_rl_resolves_defaults(cfg, tmp_path)
     s, w = cfg.strategy, cfg.workload
     meg = tree["policy"]["megatron_cfg"]
     assert meg["enabled"] is True and tree["policy"]["dtensor_cfg"]["enabled"] is False
-    assert (meg["tensor_model_parallel_size"], meg["pipeline_model_parallel_size"]) == (s.tp, s.pp)
+    assert (meg["tensor_model_parallel_size"], meg["pipeline_model_parallel_size"]) == (s.layout.tp, s.layout.pp)
     assert meg["distributed_data_parallel_config"]["grad_reduce_in_fp32"] is False
-    assert tree["policy"]["make_sequence_length_divisible_by"] == s.tp
-    assert tree["policy"]["generation"]["vllm_cfg"]["tensor_parallel_size"] == s.rollout_tp
+    assert tree["policy"]["make_sequence_length_divisible_by"] == s.layout.tp
+    assert tree["policy"]["generation"]["vllm_cfg"]["tensor_parallel_size"] == s.rollout.rollout_tp
     assert tree["policy"]["generation"]["vllm_cfg"]["max_model_len"] == w.prompt_len + w.response_len
     assert tree["policy"]["train_global_batch_size"] == w.mini_batch * w.n
     assert tree["cluster"]["gpus_per_node"] * tree["cluster"]["num_nodes"] == cfg.cluster.gpus
     packed = tree["policy"]["sequence_packing"]
-    assert packed["enabled"] is (s.max_tokens_per_gpu is not None)
+    assert packed["enabled"] is (s.batching.max_tokens_per_gpu is not None)
     # our reader agrees with the plain OmegaConf resolution key for key, and with the snapshot fallback
     assert recipe.load(f).resolved == snapshot.flatten(tree)
     g = tmp_path / "alone" / "nemo_rl.yaml"
@@ -162,7 +163,7 @@ def plans(draw):
     mbs = draw(pos)
     lp_mbs = draw(st.one_of(st.none(), pos))
     frac = st.floats(0.01, 1.0, allow_nan=False)
-    s = Strategy(
+    s = Strategy.of(
         tp=tp,
         pp=pp,
         cp=cp,
@@ -244,8 +245,8 @@ def test_plan_to_recipe_to_plan_is_the_identity(plan):
 def test_canonical_folds_what_nemo_rl_fixes():
     p = recipe.plan_of(make("qwen2.5-7b", 8, pp=2, vpp=2, recompute="full", recompute_layers=2))
     c = table.canonical(p)
-    assert c["strategy"].vpp == 1 and c["strategy"].recompute_layers is None
-    assert c["strategy"].offload == ("param", "grad", "optimizer")
+    assert c["strategy"].layout.vpp == 1 and c["strategy"].memory.recompute_layers is None
+    assert c["strategy"].memory.offload == ("param", "grad", "optimizer")
 
 
 def _search(tmp_path, *extra):
@@ -271,7 +272,9 @@ def test_search_framework_option_writes_the_chosen_launches(tmp_path):
     cfg = load_run_config(d / "best.yaml")
     back = table.read_plan(recipe.load(d / "nemo_rl.yaml").get)
     assert back == table.canonical(recipe.plan_of(cfg))
-    assert back["strategy"] == cfg.strategy.replace(etp=cfg.strategy.etp_, sequence_parallel=cfg.strategy.sp)
+    assert back["strategy"] == cfg.strategy.replace(
+        etp=cfg.strategy.layout.etp_, sequence_parallel=cfg.strategy.layout.sp
+    )
     assert not (d / "nemo_rl.yaml").read_text().count("\t")
     d2 = _search(tmp_path / "a", "--framework", "all")
     assert (d2 / "nemo_rl.yaml").is_file() and (d2 / "verl.sh").is_file()

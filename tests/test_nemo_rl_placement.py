@@ -125,9 +125,9 @@ def test_search_separate_for_nemo_rl_writes_a_recipe_that_reads_back(tmp_path, c
     assert tc.gpus == 8
     back = read.strategy_of(r, cfg.model, tc.gpus, tc.gpus_per_node)
     want = cfg.strategy.replace(
-        etp=None if not cfg.model.is_moe else cfg.strategy.etp_, sequence_parallel=cfg.strategy.sp
+        etp=None if not cfg.model.is_moe else cfg.strategy.layout.etp_, sequence_parallel=cfg.strategy.layout.sp
     )
-    assert back == want.replace(etp=back.etp)  # a dense model's expert TP is not a NeMo-RL setting
-    assert cfg.strategy.offload == ()  # a NeMo-RL training pool keeps its state: priced without offload
+    assert back == want.replace(etp=back.layout.etp)  # a dense model's expert TP is not a NeMo-RL setting
+    assert cfg.strategy.memory.offload == ()  # a NeMo-RL training pool keeps its state: priced without offload
     rep = diagnose_recipe(run / "nemo_rl.yaml")
     assert rep.count("error") == 0, [x.message for x in rep.findings]

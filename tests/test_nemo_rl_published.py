@@ -25,11 +25,11 @@ def test_row_is_scored_on_its_recipe_read_back(row, monkeypatch):
     direct = validate(m, direct, c.gpus, gpus_per_node=c.gpus_per_node, allow_cross_node_tp=True)
     # what NeMo-RL's colocated recipe can say is what is scored
     fixed = table.canonical({"strategy": direct, "workload": wl, "trainer": _t(), "cluster": c})["strategy"]
-    assert via.replace(etp=via.etp_) == fixed  # a dense model's expert TP is its TP
+    assert via.replace(etp=via.layout.etp_) == fixed  # a dense model's expert TP is its TP
     assert wl_via == wl
     if V._scored(row):
         # the blog rows already price NeMo-RL's colocated offload: the recipe changes none of their numbers
-        assert via.replace(etp=via.etp_) == direct.replace(etp=direct.etp_)
+        assert via.replace(etp=via.layout.etp_) == direct.replace(etp=direct.layout.etp_)
         a = estimate(model=m, hardware=hw, cluster=c, strategy=via, workload=wl_via).time.step_s
         b = estimate(model=m, hardware=hw, cluster=c, strategy=direct, workload=wl).time.step_s
         assert a == b

@@ -29,8 +29,12 @@ def test_upstream_recipe_reads_as_nemo_rl_resolves_it():
     assert r.get("policy.make_sequence_length_divisible_by") == 1
     plan = read.plan_of(UPSTREAM)
     s, w = plan.strategy, plan.workload
-    assert (s.tp, s.pp, s.ep, s.dp, s.rollout_tp) == (1, 1, 8, 32, 2)
-    assert (s.max_tokens_per_gpu, s.log_prob_max_tokens_per_gpu, s.log_prob_mbs) == (4096, 8192, 2)
+    assert (s.layout.tp, s.layout.pp, s.layout.ep, s.layout.dp, s.rollout.rollout_tp) == (1, 1, 8, 32, 2)
+    assert (s.batching.max_tokens_per_gpu, s.batching.log_prob_max_tokens_per_gpu, s.batching.log_prob_mbs) == (
+        4096,
+        8192,
+        2,
+    )
     assert (w.prompts, w.n, w.mini_batch, w.kl) == (64, 32, 64, True)
     assert w.prompt_len + w.response_len == 4096
 

@@ -36,7 +36,7 @@ def _run(out: Path) -> None:
         model=load_model("tiny"),
         hardware=load_hardware("cpu"),
         cluster=Cluster(gpus=1, gpus_per_node=1),
-        strategy=Strategy(mbs=8, recompute="none"),
+        strategy=Strategy.of(mbs=8, recompute="none"),
         workload=Workload(prompts=4, n=4, prompt_len=16, response_len=16, mini_batch=4, dtype="fp32"),
         trainer=TrainerOptions(lr=1e-4, rollout_engine="megatron", out_dir=str(out.parent / "run"), seed=7),
     )

@@ -214,7 +214,7 @@ def test_space_holds_only_fitting_plans_the_trainer_accepts():
     steps = [predicted(e)[0] for e in space]
     assert steps == sorted(steps)
     ok, rejected = runnable(space, TrainerOptions())
-    assert all(e.strategy.cp == 1 for e in ok)  # this trainer's megatron backend has no CP
+    assert all(e.strategy.layout.cp == 1 for e in ok)  # this trainer's megatron backend has no CP
     assert len(ok) + len(rejected) == len(space)
     seeds = distinct(ok, 4)
     assert seeds[0] == 0

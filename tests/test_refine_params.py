@@ -38,7 +38,7 @@ def test_trials_carry_the_plans_knobs_as_parameters(space, policy):
 
     def measure(_h, _n, est):
         s = est.strategy
-        step = 0.1 * s.pp + 0.05 * s.tp + 0.01 * s.mbs
+        step = 0.1 * s.layout.pp + 0.05 * s.layout.tp + 0.01 * s.batching.mbs
         return ProfileOutcome("ok", None, {"step_s": step, "tokens_per_s": 1000 / step, "phases_s": {}}, 0.0)
 
     run_trials(h, plans, opts, measure, host="test")

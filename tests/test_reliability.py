@@ -45,7 +45,7 @@ def _config(tmp: Path, out: Path, steps: int = 6) -> Path:
         model=load_model("tiny"),
         hardware=load_hardware("cpu"),
         cluster=Cluster(gpus=1, gpus_per_node=1),
-        strategy=Strategy(mbs=4, recompute="none"),
+        strategy=Strategy.of(mbs=4, recompute="none"),
         workload=Workload(prompts=4, n=2, prompt_len=8, response_len=8, mini_batch=4, dtype="fp32"),
         trainer=TrainerOptions(steps=steps, out_dir=str(out), checkpoint_every=2, rollout_engine="megatron"),
     )

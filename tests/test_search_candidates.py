@@ -27,9 +27,9 @@ def _check_valid(sp: Space, s: Strategy) -> Strategy:
     )
     wl = sp.workload
     seqs = wl.mini_batch * wl.n if wl.kind == "grpo" else wl.gbs
-    assert seqs % (r.dp * r.mbs) == 0, "mbs must divide the per-DP micro-batch count (verl's rule)"
-    assert r.sp == (r.tp > 1)
-    assert sp.workload.train_seq_len % (2 * r.cp) == 0 or r.cp == 1
+    assert seqs % (r.layout.dp * r.batching.mbs) == 0, "mbs must divide the per-DP micro-batch count (verl's rule)"
+    assert r.layout.sp == (r.layout.tp > 1)
+    assert sp.workload.train_seq_len % (2 * r.layout.cp) == 0 or r.layout.cp == 1
     return r
 
 
@@ -60,7 +60,7 @@ def test_every_layout_and_rollout_validates(model, gpus):
         for roll in rolls:
             r = _check_valid(sp, sp.strategy(lay, opts[0], roll))
         for opt in opts:  # validate() does not read mbs/recompute/offload: check verl's batch rule here
-            assert seqs % (r.dp * opt["mbs"]) == 0
+            assert seqs % (r.layout.dp * opt["mbs"]) == 0
 
 
 @pytest.mark.parametrize("model,gpus,layers", [("deepseek-v3", 256, 61), ("qwen3-235b-a22b", 64, 94)])
@@ -72,7 +72,7 @@ def test_uneven_pipeline_splits(model, gpus, layers):
     assert {p for p in need if layers % p} <= pps and pps, "PP not dividing the layers gets uneven stages"
     m = load_model(model)
     for lay in uneven:
-        stages = stage_layers(m, Strategy(**lay))
+        stages = stage_layers(m, Strategy.of(**lay))
         assert sum(stages) == layers and min(stages) >= 1
         # balanced: no stage more than one layer above the even share
         assert max(stages) <= -(-layers // lay["pp"]) + 1
@@ -90,12 +90,12 @@ def test_layouts_complete_against_brute_force():
         if m.layers % pp or etp > tp or tp % etp:  # even stages here; etp among tp's divisors
             continue
         try:
-            r = validate(m, Strategy(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp), 8, gpus_per_node=8)
+            r = validate(m, Strategy.of(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp), 8, gpus_per_node=8)
         except GrpoTuneError:
             continue
         if cp > 1 and (SMALL.train_seq_len % (2 * cp) or SMALL.train_seq_len // cp < CP_MIN_TOKENS):
             continue
-        if (SMALL.mini_batch * SMALL.n) % r.dp:
+        if (SMALL.mini_batch * SMALL.n) % r.layout.dp:
             continue
         want.add((tp, pp, vpp, cp, ep, etp))
     assert got == want
@@ -156,7 +156,7 @@ def test_pins_are_honoured(pins):
             for roll in sp.rollout_options()[:2]:
                 s = sp.strategy(lay, opt, roll)
                 for k, v in pins.items():
-                    assert getattr(s, k) == v
+                    assert s.knob(k) == v
                 n += 1
     assert n > 0
 
@@ -168,7 +168,7 @@ def test_stage_splits_are_valid(layers, pp):
         m = load_model("tiny").__class__(
             name="x", family="llama", layers=layers, hidden=8, ffn_hidden=8, heads=1, kv_heads=1, head_dim=8, vocab=8
         )
-        s = Strategy(pp=pp, first_stage_layers=first, last_stage_layers=last)
+        s = Strategy.of(pp=pp, first_stage_layers=first, last_stage_layers=last)
         validate(m, s, pp)  # raises if the split cannot exist
         assert sum(stage_layers(m, s)) == layers
     if pp <= layers and layers % pp == 0:
@@ -189,7 +189,7 @@ def test_random_pins_give_valid_plans_or_coded_errors(tp, pp, cp, mbs, rollout_t
     for s in itertools.islice(sp.candidates(), 200):
         r = _check_valid(sp, s)
         for k, v in pins.items():
-            assert getattr(r, k) == v
+            assert r.knob(k) == v
 
 
 def test_space_is_identical_across_processes():
@@ -224,7 +224,7 @@ def test_offload_options_are_what_verl_runs():
 
     sp = _space("7b", 8)
     for off in sp.offload_options():
-        written = _offload_write({"strategy": Strategy(offload=off)})
+        written = _offload_write({"strategy": Strategy.of(offload=off)})
         assert _offload_read(written.get) == off
 
 
@@ -265,7 +265,7 @@ def test_search_never_emits_a_plan_the_trainer_refuses():
     m, hw = load_model("qwen2.5-7b"), load_hardware("h100")
     long = Workload(prompts=64, n=8, mini_batch=32, prompt_len=2048, response_len=14336)
     res = search(m, hw, Cluster(gpus=8), long, top=5)
-    assert res.ranked and all(e.strategy.cp == 1 for e in res.ranked + res.pareto)
+    assert res.ranked and all(e.strategy.layout.cp == 1 for e in res.ranked + res.pareto)
     assert all(not check_supported(m, e.strategy, workload=long) for e in res.ranked[:20])
     with pytest.raises(GrpoTuneError) as exc:
         search(m, hw, Cluster(gpus=8), long, pins={"cp": 2})

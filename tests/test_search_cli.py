@@ -67,7 +67,7 @@ def test_best_yaml_loads_and_matches_the_table(golden):
     _, d = golden
     cfg = load(d / "best.yaml")
     s = cfg.strategy
-    assert cfg.cluster.gpus == 8 and s.tp * s.pp * s.cp * s.dp == 8
+    assert cfg.cluster.gpus == 8 and s.layout.tp * s.layout.pp * s.layout.cp * s.layout.dp == 8
     pred = cfg.predicted
     assert pred["fits"] is True and pred["peak_memory_bytes"] <= pred["capacity_bytes"]
     assert pred["step_s"] == pytest.approx(sum(pred["phases_s"].values()), rel=1e-6)
@@ -88,12 +88,12 @@ def test_verl_and_megatron_exports_agree_with_plan(golden):
     s = cfg.strategy
     sh = (d / "verl.sh").read_text()
     assert "verl.trainer.main_ppo" in sh
-    assert f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={s.tp}" in sh
-    assert f"actor_rollout_ref.ref.megatron.tensor_model_parallel_size={s.tp}" in sh
-    assert f"actor_rollout_ref.rollout.tensor_model_parallel_size={s.rollout_tp}" in sh
+    assert f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={s.layout.tp}" in sh
+    assert f"actor_rollout_ref.ref.megatron.tensor_model_parallel_size={s.layout.tp}" in sh
+    assert f"actor_rollout_ref.rollout.tensor_model_parallel_size={s.rollout.rollout_tp}" in sh
     assert "actor_rollout_ref.rollout.n=5" in sh and "data.train_batch_size=1024" in sh
     args = (d / "megatron_args.txt").read_text()
-    assert f"--tensor-model-parallel-size {s.tp}" in args and f"--micro-batch-size {s.mbs}" in args
+    assert f"--tensor-model-parallel-size {s.layout.tp}" in args and f"--micro-batch-size {s.batching.mbs}" in args
 
 
 def test_report_references_plots(golden):

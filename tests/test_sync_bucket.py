@@ -44,14 +44,14 @@ def _est(mb: int, **kw):
         model=load_model("7b"),
         hardware=load_hardware("h100"),
         cluster=Cluster(gpus=8),
-        strategy=Strategy(tp=2, rollout_tp=2, mbs=4, sync_bucket_mb=mb, **kw),
+        strategy=Strategy.of(tp=2, rollout_tp=2, mbs=4, sync_bucket_mb=mb, **kw),
         workload=WL,
     )
 
 
 def test_the_default_is_verls_and_defined_once():
-    assert SYNC_BUCKET_MB == 2048 and Strategy().sync_bucket_mb == SYNC_BUCKET_MB
-    assert Strategy().sync_bucket_bytes == 2_147_483_648
+    assert SYNC_BUCKET_MB == 2048 and Strategy().rollout.sync_bucket_mb == SYNC_BUCKET_MB
+    assert Strategy().rollout.sync_bucket_bytes == 2_147_483_648
 
 
 def test_weight_sync_memory_moves_by_exactly_the_bucket_difference():
@@ -86,7 +86,7 @@ def test_weight_sync_buckets_and_overhead_follow_ceil_of_model_over_bucket():
     m, hw = load_model("7b"), load_hardware("h100")
     assert hw.efficiency.sync_bucket_overhead_s == 0.012
     c = Cluster(gpus=8)
-    s = validate(m, Strategy(tp=2, rollout_tp=2), 8)
+    s = validate(m, Strategy.of(tp=2, rollout_tp=2), 8)
     from grpo_tune.costmodel.timing import CALIBRATION_DEFAULTS as CAL
 
     got = {mb: weight_sync_s(m, hw, c, s.replace(sync_bucket_mb=mb), CAL) for mb in (2048, 256, 1)}
@@ -109,7 +109,7 @@ def test_a_bucket_below_one_mib_is_a_coded_error_everywhere(mb):
     assert e.value.code == "BAD_CONFIG" and "sync_bucket_mb" in str(e.value)
     with pytest.raises(ConfigError, match="--sync-bucket-mb must be >= 1"):
         strategy_pins(sync_bucket_mb=mb)
-    found = check_plan(load_model("tiny"), Strategy(sync_bucket_mb=mb))
+    found = check_plan(load_model("tiny"), Strategy.of(sync_bucket_mb=mb))
     assert [f.code for f in found] == ["BAD_CONFIG"] and "sync_bucket_mb" in found[0].message
 
 
@@ -127,10 +127,10 @@ def test_best_yaml_spells_the_bucket_and_reads_older_plans_as_the_default(tmp_pa
     older = text.replace(f"  sync_bucket_mb: {SYNC_BUCKET_MB}\n", "")
     assert "sync_bucket_mb" not in older
     (tmp_path / "old.yaml").write_text(older)
-    assert load(tmp_path / "old.yaml").strategy.sync_bucket_mb == SYNC_BUCKET_MB
-    assert load(save(_cfg(SYNC_BUCKET_MB), tmp_path / "a.yaml")).strategy.sync_bucket_mb == SYNC_BUCKET_MB
+    assert load(tmp_path / "old.yaml").strategy.rollout.sync_bucket_mb == SYNC_BUCKET_MB
+    assert load(save(_cfg(SYNC_BUCKET_MB), tmp_path / "a.yaml")).strategy.rollout.sync_bucket_mb == SYNC_BUCKET_MB
     assert "sync_bucket_mb: 512" in dumps(_cfg(512))
-    assert load(save(_cfg(512), tmp_path / "b.yaml")).strategy.sync_bucket_mb == 512
+    assert load(save(_cfg(512), tmp_path / "b.yaml")).strategy.rollout.sync_bucket_mb == 512
 
 
 def test_train_dry_run_accepts_any_bucket_and_refuses_zero(capsys, tmp_path):
@@ -161,7 +161,7 @@ def test_search_prices_every_plan_with_a_pinned_bucket():
     from grpo_tune.autotune.search.driver import search
 
     res = search(load_model("7b"), load_hardware("h100"), Cluster(gpus=8), WL, pins={"sync_bucket_mb": 64}, top=5)
-    assert res.ranked and all(e.strategy.sync_bucket_mb == 64 for e in res.ranked)
+    assert res.ranked and all(e.strategy.rollout.sync_bucket_mb == 64 for e in res.ranked)
     for e in res.ranked:
         assert e.details["weight_sync_buckets"] == math.ceil(MODEL_BF16_BYTES / (64 * MiB)) == 227
 
@@ -188,10 +188,10 @@ def test_tune_prices_and_keeps_the_launchs_bucket(capsys, tmp_path):
     ceil(15,231,233,024 / 536,870,912) = 29), reports no change of the key, and tuned.sh keeps 512."""
     launch = _with_bucket(tmp_path, 512)
     plan = T.plan_of(launch, hardware="h100")
-    assert plan.strategy.sync_bucket_mb == 512
+    assert plan.strategy.rollout.sync_bucket_mb == 512
     res = T.tune(plan)
     assert res.current.details["weight_sync_buckets"] == 29
-    assert res.best.strategy.sync_bucket_mb == 512 and KEY not in res.changes
+    assert res.best.strategy.rollout.sync_bucket_mb == 512 and KEY not in res.changes
     first = _tune(capsys, launch, tmp_path / "a")
     assert KEY not in first["overrides"]
     tuned = Path(first["files"]["tuned.sh"]).read_text()
@@ -208,7 +208,7 @@ def test_tune_takes_the_pin_and_leaves_a_launch_without_the_key_alone(capsys, tm
     assert first["overrides"][KEY] == {"old": 2048, "new": 256}
     assert first["best"]["strategy"]["sync_bucket_mb"] == 256
     tuned = Path(first["files"]["tuned.sh"])
-    assert T.plan_of(tuned, hardware="h100").strategy.sync_bucket_mb == 256
+    assert T.plan_of(tuned, hardware="h100").strategy.rollout.sync_bucket_mb == 256
     assert _tune(capsys, tuned, tmp_path / "c")["overrides"] == {}
 
 

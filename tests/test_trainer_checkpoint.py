@@ -73,7 +73,7 @@ def _config(path: Path, out: Path, steps: int) -> Path:
         model=load_model("tiny"),
         hardware=load_hardware("cpu"),
         cluster=Cluster(gpus=2, gpus_per_node=2),
-        strategy=Strategy(mbs=4, recompute="none", distributed_optimizer=True),
+        strategy=Strategy.of(mbs=4, recompute="none", distributed_optimizer=True),
         workload=Workload(prompts=4, n=4, prompt_len=8, response_len=4, mini_batch=2, dtype="fp32"),
         trainer=TrainerOptions(
             steps=steps, lr=3e-3, kl_coef=0.01, out_dir=str(out), checkpoint_every=2, rollout_engine="megatron"

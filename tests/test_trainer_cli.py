@@ -27,7 +27,7 @@ def write_cfg(path: Path, *, model="tiny", gpus=2, gpn=2, strategy=None, workloa
         model=load_model(model),
         hardware=load_hardware("cpu"),
         cluster=Cluster(gpus=gpus, gpus_per_node=gpn),
-        strategy=Strategy(**(strategy or {"tp": 2})),
+        strategy=Strategy.of(**(strategy or {"tp": 2})),
         workload=Workload(
             **(
                 {"prompts": 4, "n": 4, "prompt_len": 16, "response_len": 8, "mini_batch": 2, "dtype": "fp32"}

@@ -37,7 +37,7 @@ def test_cpu_optimizer_is_a_stated_no_op_on_cpu(caplog):
     from grpo_tune.core.strategy import Strategy
     from grpo_tune.trainer.optim import optimizer_offload_kwargs
 
-    s = Strategy(cpu_optimizer=0.5, overlap_cpu_optimizer=True, precision_aware_optimizer=True)
+    s = Strategy.of(cpu_optimizer=0.5, overlap_cpu_optimizer=True, precision_aware_optimizer=True)
     with caplog.at_level(logging.WARNING, logger="grpo_tune.trainer.optim"):
         assert optimizer_offload_kwargs(s, cuda=False) == {}
     assert "no-op on CPU" in caplog.text and "cpu_optimizer" in caplog.text

@@ -12,7 +12,7 @@ from grpo_tune.trainer.layout import Layout
 
 def test_launcher_layout_carries_placement_and_degrees():
     m = load_model("tiny")
-    s = validate(m, Strategy(tp=2, pp=2), 8)
+    s = validate(m, Strategy.of(tp=2, pp=2), 8)
     cfg = RunConfig(
         model=m,
         hardware=load_hardware("cpu"),

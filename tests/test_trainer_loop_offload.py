@@ -19,7 +19,7 @@ def _cfg(offload=("param", "grad", "optimizer"), dtype="bf16"):
         model=load_model("tiny"),
         hardware=load_hardware("h100" if torch.cuda.is_available() else "cpu"),
         cluster=Cluster(gpus=1, gpus_per_node=1),
-        strategy=Strategy(offload=tuple(offload), mbs=4),
+        strategy=Strategy.of(offload=tuple(offload), mbs=4),
         workload=Workload(prompts=2, n=4, prompt_len=8, response_len=4, mini_batch=2, dtype=dtype),
         trainer=TrainerOptions(lr=1e-3),
     )
@@ -65,7 +65,7 @@ def test_offload_frees_device_memory_and_keeps_training_exact():
         base = torch.cuda.memory_allocated()  # what the previous engine left (nothing, after the gc below)
         eng = Engine(cfg)
         eng.train_step({"tokens": tokens, "mask": mask}, loss_fn, micro_batch_size=4)  # creates optimizer state
-        off = Offloader(eng, cfg.strategy.offload)
+        off = Offloader(eng, cfg.strategy.memory.offload)
         if use:
             torch.cuda.synchronize()
             before = torch.cuda.memory_allocated()

@@ -31,7 +31,7 @@ def _check(nproc, layouts):
                 count,
                 [p.total for p in stages],
             )
-        if s.pp == 1 and s.tp == 1 and s.ep == 1:
+        if s.layout.pp == 1 and s.layout.tp == 1 and s.layout.ep == 1:
             assert r["param_counts"][0] == total_params(m)
 
 

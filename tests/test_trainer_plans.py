@@ -130,7 +130,7 @@ def test_context_parallel_plans_are_refused_with_the_shared_code():
     # unpinned, the long workload would qualify for CP; what the search emits is all runnable
     res = search(m, hw, Cluster(gpus=8), w, top=10)
     plans = [e.strategy for e in res.ranked + res.pareto]
-    assert plans and all(s.cp == 1 and not check_supported(m, s, hw, workload=w) for s in plans)
+    assert plans and all(s.layout.cp == 1 and not check_supported(m, s, hw, workload=w) for s in plans)
 
 
 def test_shared_check_is_what_the_refusals_say():
@@ -138,15 +138,15 @@ def test_shared_check_is_what_the_refusals_say():
 
     m = load_model("tiny-mla-moe")
     assert check_supported(m, Strategy()) == []
-    assert [e.code for e in check_supported(m, Strategy(cp=2))] == ["TRAINER_UNSUPPORTED"]
-    assert [e.code for e in check_supported(m, Strategy(tp=2, ep=2, sequence_parallel=False))] == [
+    assert [e.code for e in check_supported(m, Strategy.of(cp=2))] == ["TRAINER_UNSUPPORTED"]
+    assert [e.code for e in check_supported(m, Strategy.of(tp=2, ep=2, sequence_parallel=False))] == [
         "TRAINER_UNSUPPORTED"
     ]
-    assert [e.code for e in check_supported(m, Strategy(cpu_optimizer=0.5, distributed_optimizer=False))] == [
+    assert [e.code for e in check_supported(m, Strategy.of(cpu_optimizer=0.5, distributed_optimizer=False))] == [
         "TRAINER_UNSUPPORTED"
     ]
     w = Workload(prompt_len=100, response_len=100)
-    assert [e.code for e in check_supported(m, Strategy(max_tokens_per_gpu=150, dp=1), workload=w)] == [
+    assert [e.code for e in check_supported(m, Strategy.of(max_tokens_per_gpu=150, dp=1), workload=w)] == [
         "BATCH_DIVISIBILITY"
     ]
-    assert check_supported(m, Strategy(max_tokens_per_gpu=200, dp=1), workload=w) == []
+    assert check_supported(m, Strategy.of(max_tokens_per_gpu=200, dp=1), workload=w) == []

@@ -31,7 +31,7 @@ def _cfg(path: Path, *, model="tiny", gpus=2, strategy=None, trainer=None, workl
         model=load_model(model),
         hardware=load_hardware("cpu"),
         cluster=Cluster(gpus=gpus, gpus_per_node=gpus),
-        strategy=Strategy(**(strategy or {"tp": 2, "mbs": 4})),
+        strategy=Strategy.of(**(strategy or {"tp": 2, "mbs": 4})),
         workload=Workload(
             **(
                 {"prompts": 2, "n": 4, "prompt_len": 12, "response_len": 6, "mini_batch": 2, "dtype": "fp32"}

@@ -29,7 +29,7 @@ def _cfg(tmp: Path, *, separate: bool, staleness: int = 0, steps: int = 3):
         model=load_model("tiny"),
         hardware=load_hardware("cpu"),
         cluster=Cluster(gpus=gpus, gpus_per_node=gpus),
-        strategy=Strategy(mbs=8, recompute="none", rollout_tp=1),
+        strategy=Strategy.of(mbs=8, recompute="none", rollout_tp=1),
         workload=Workload(prompts=8, n=4, prompt_len=8, response_len=6, mini_batch=4, kl=False, dtype="fp32"),
         trainer=TrainerOptions(
             steps=steps,

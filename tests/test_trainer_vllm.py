@@ -41,7 +41,7 @@ def _cfg(tmp: Path, *, rollout_tp=1, gpus=1, steps=3, engine="vllm"):
         model=load_model("tiny"),
         hardware=load_hardware("h200-141gb"),
         cluster=Cluster(gpus=gpus, gpus_per_node=gpus),
-        strategy=Strategy(mbs=8, recompute="none", rollout_tp=rollout_tp, gpu_memory_utilization=0.3),
+        strategy=Strategy.of(mbs=8, recompute="none", rollout_tp=rollout_tp, gpu_memory_utilization=0.3),
         workload=Workload(prompts=8, n=4, prompt_len=8, response_len=8, mini_batch=8, kl=True, dtype="bf16"),
         trainer=TrainerOptions(
             steps=steps,

@@ -189,10 +189,10 @@ def test_the_search_prices_plans_with_the_launchs_engine_knobs():
 
     plan = T.plan_of(ROOT / "examples/qwen2-7b-grpo-megatron.sh", hardware="h100")
     res = T.tune(plan)
-    engine = {k: getattr(plan.strategy, k) for k in ENGINE_KEYS}
+    engine = {k: plan.strategy.knob(k) for k in ENGINE_KEYS}
     direct = search(plan.model, plan.hardware, plan.cluster, plan.workload, pins=engine, top=10, min_headroom=0.05)
     for e in [res.best, *res.ranked]:
-        assert {k: getattr(e.strategy, k) for k in ENGINE_KEYS} == engine
+        assert {k: e.strategy.knob(k) for k in ENGINE_KEYS} == engine
     assert rank_key(res.best) <= rank_key(direct.ranked[0])
 
 
@@ -313,7 +313,7 @@ def test_blog_only_keys_are_priced_as_the_real_ones_and_rewritten(capsys, tmp_pa
         assert f"{key}" in err and "does not exist in verl 0.9.1" in err
     plan = T.plan_of(src)
     assert (plan.workload.n, plan.workload.prompts) == (8, 512)
-    assert "param" in plan.strategy.offload  # grad_offload=True read as param_offload=True
+    assert "param" in plan.strategy.memory.offload  # grad_offload=True read as param_offload=True
     res = _tune(capsys, src, "h100", tmp_path / "r", "--ignore-unknown")
     tuned = Path(res["files"]["tuned.sh"])
     ovs, _ = parse_override_list(tuned.read_text())

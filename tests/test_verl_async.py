@@ -62,13 +62,13 @@ def test_separate_launch_composes_with_its_pools(best):
     assert tree["data"]["train_batch_size"] == 0 and tree["data"]["gen_batch_size"] == 1  # the rollouter's asserts
     assert aro["hybrid_engine"] is False and aro["rollout"]["free_cache_engine"] is False
     assert aro["rollout"]["checkpoint_engine"]["backend"] != "naive"  # separate trainers assert it
-    assert aro["rollout"]["tensor_model_parallel_size"] == s.rollout_tp
-    assert aro["rollout"]["gpu_memory_utilization"] == s.gpu_memory_utilization
-    assert at["concurrent_samples_per_replica"] * w.n >= s.max_num_seqs
+    assert aro["rollout"]["tensor_model_parallel_size"] == s.rollout.rollout_tp
+    assert aro["rollout"]["gpu_memory_utilization"] == s.rollout.gpu_memory_utilization
+    assert at["concurrent_samples_per_replica"] * w.n >= s.rollout.max_num_seqs
     for role in ("actor", "ref"):
         meg = aro[role]["megatron"]
-        assert (meg["tensor_model_parallel_size"], meg["expert_model_parallel_size"]) == (s.tp, s.ep)
-        assert meg["pipeline_model_parallel_size"] == s.pp
+        assert (meg["tensor_model_parallel_size"], meg["expert_model_parallel_size"]) == (s.layout.tp, s.layout.ep)
+        assert meg["pipeline_model_parallel_size"] == s.layout.pp
     rc = tree["algorithm"]["rollout_correction"]
     assert (rc["bypass_mode"], rc["rollout_is"], rc["rollout_is_threshold"]) == (False, "token", 2.0)
 
@@ -83,9 +83,15 @@ def test_diagnose_reads_the_emitted_script_back_to_the_same_plan(best, tmp_path)
     s, f = best.strategy, best.placement
     assert sm["world_size"] == f["train_gpus"]
     a = sm["roles"]["actor"]
-    assert (a["tp"], a["pp"], a["cp"], a["ep"], a["dp"]) == (s.tp, s.pp, s.cp, s.ep, s.dp)
-    assert sm["roles"]["rollout"]["tp"] == s.rollout_tp
-    assert sm["roles"]["rollout"]["replicas"] == f["rollout_gpus"] // s.rollout_tp
+    assert (a["tp"], a["pp"], a["cp"], a["ep"], a["dp"]) == (
+        s.layout.tp,
+        s.layout.pp,
+        s.layout.cp,
+        s.layout.ep,
+        s.layout.dp,
+    )
+    assert sm["roles"]["rollout"]["tp"] == s.rollout.rollout_tp
+    assert sm["roles"]["rollout"]["replicas"] == f["rollout_gpus"] // s.rollout.rollout_tp
     pl = sm["placement"]
     assert (pl["rollout_gpus"], pl["staleness"], pl["partial_rollout"]) == (
         f["rollout_gpus"],

@@ -50,29 +50,31 @@ def test_emitted_overrides_compose(name):
     aro = tree["actor_rollout_ref"]
     for role in ("actor", "ref"):
         meg = aro[role]["megatron"]
-        assert meg["tensor_model_parallel_size"] == s.tp
-        assert meg["pipeline_model_parallel_size"] == s.pp
-        assert meg["context_parallel_size"] == s.cp
-        assert meg["expert_model_parallel_size"] == s.ep
-        assert meg["virtual_pipeline_model_parallel_size"] == (s.vpp if s.vpp > 1 else None)
+        assert meg["tensor_model_parallel_size"] == s.layout.tp
+        assert meg["pipeline_model_parallel_size"] == s.layout.pp
+        assert meg["context_parallel_size"] == s.layout.cp
+        assert meg["expert_model_parallel_size"] == s.layout.ep
+        assert meg["virtual_pipeline_model_parallel_size"] == (s.layout.vpp if s.layout.vpp > 1 else None)
         assert meg["dtype"] == {"bf16": "bfloat16", "fp16": "float16"}[w.dtype]
     assert aro["rollout"]["n"] == w.n
-    assert aro["rollout"]["tensor_model_parallel_size"] == s.rollout_tp
-    assert aro["rollout"]["gpu_memory_utilization"] == s.gpu_memory_utilization
+    assert aro["rollout"]["tensor_model_parallel_size"] == s.rollout.rollout_tp
+    assert aro["rollout"]["gpu_memory_utilization"] == s.rollout.gpu_memory_utilization
     assert tree["data"]["train_batch_size"] == w.prompts
     assert aro["actor"]["ppo_mini_batch_size"] == w.mini_batch
-    assert aro["actor"]["ppo_micro_batch_size_per_gpu"] == s.mbs
+    assert aro["actor"]["ppo_micro_batch_size_per_gpu"] == s.batching.mbs
     assert (
-        aro["rollout"]["log_prob_micro_batch_size_per_gpu"] == aro["ref"]["log_prob_micro_batch_size_per_gpu"] == s.mbs
+        aro["rollout"]["log_prob_micro_batch_size_per_gpu"]
+        == aro["ref"]["log_prob_micro_batch_size_per_gpu"]
+        == s.batching.mbs
     )
     assert tree["trainer"]["n_gpus_per_node"] * tree["trainer"]["nnodes"] == cfg.cluster.gpus
-    assert aro["rollout"]["checkpoint_engine"]["update_weights_bucket_megabytes"] == s.sync_bucket_mb
-    assert aro["actor"]["megatron"]["optimizer_offload"] == ("optimizer" in s.offload)
-    assert aro["actor"]["megatron"]["param_offload"] == bool({"param", "grad"} & set(s.offload))
+    assert aro["rollout"]["checkpoint_engine"]["update_weights_bucket_megabytes"] == s.rollout.sync_bucket_mb
+    assert aro["actor"]["megatron"]["optimizer_offload"] == ("optimizer" in s.memory.offload)
+    assert aro["actor"]["megatron"]["param_offload"] == bool({"param", "grad"} & set(s.memory.offload))
     otc = aro["actor"]["megatron"]["override_transformer_config"]
-    assert otc["recompute_granularity"] == (None if s.recompute == "none" else s.recompute)
-    if s.first_stage_layers is not None:
-        assert otc["num_layers_in_first_pipeline_stage"] == s.first_stage_layers
+    assert otc["recompute_granularity"] == (None if s.memory.recompute == "none" else s.memory.recompute)
+    if s.layout.first_stage_layers is not None:
+        assert otc["num_layers_in_first_pipeline_stage"] == s.layout.first_stage_layers
     # the reference reads the actor's transformer overrides (verl's oc.select default)
     assert aro["ref"]["megatron"]["override_transformer_config"] == otc
 

@@ -21,7 +21,8 @@ from _export_configs import ENGINE_KNOBS, configs
 def test_every_field_has_exactly_one_row():
     for section, cls in table.SECTIONS.items():
         names = [r.field for r in table.rows(section)]
-        assert sorted(names) == sorted(f.name for f in dataclasses.fields(cls)), section
+        fields = Strategy.knob_names() if cls is Strategy else [f.name for f in dataclasses.fields(cls)]
+        assert sorted(names) == sorted(fields), section
     for r in table.ROWS:
         assert (r.write is None) == (not r.keys) or r.field == "gpus"
         if not r.keys:
@@ -59,7 +60,7 @@ def plans(draw):
     recompute = draw(st.sampled_from(["none", "selective", "full"]))
     dyn = draw(st.one_of(st.none(), st.integers(1024, 65536)))
     frac = st.floats(0.01, 1.0, allow_nan=False)
-    s = Strategy(
+    s = Strategy.of(
         tp=tp,
         pp=pp,
         cp=cp,
@@ -211,7 +212,7 @@ def test_the_log_prob_micro_batch_has_its_own_keys_both_ways():
     assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4" in ov
     assert all(f"{k}=8" in ov for k in lp_keys)
     got = table.read_plan(_reader(ov, defaults=True))
-    assert (got["strategy"].mbs, got["strategy"].log_prob_mbs) == (4, 8)
+    assert (got["strategy"].batching.mbs, got["strategy"].batching.log_prob_mbs) == (4, 8)
 
 
 def test_the_weight_sync_bucket_is_written_even_at_verls_default():
@@ -219,10 +220,10 @@ def test_the_weight_sync_bucket_is_written_even_at_verls_default():
     rather than leaving it to verl's default; a launch's 512 reads back as 512, one without it as 2048."""
     key = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
     cfg = configs()["7b-tp2"]
-    assert cfg.strategy.sync_bucket_mb == SYNC_BUCKET_MB == 2048
+    assert cfg.strategy.rollout.sync_bucket_mb == SYNC_BUCKET_MB == 2048
     assert f"{key}=2048" in verl_script(cfg).split()
     ov = verl_overrides(cfg.replace(strategy=cfg.strategy.replace(sync_bucket_mb=512)))
     assert f"{key}=512" in ov
-    assert table.read_plan(_reader(ov, defaults=True))["strategy"].sync_bucket_mb == 512
+    assert table.read_plan(_reader(ov, defaults=True))["strategy"].rollout.sync_bucket_mb == 512
     without = [o for o in ov if not o.startswith(key + "=")]
-    assert table.read_plan(_reader(without, defaults=True))["strategy"].sync_bucket_mb == 2048
+    assert table.read_plan(_reader(without, defaults=True))["strategy"].rollout.sync_bucket_mb == 2048

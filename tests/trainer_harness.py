@@ -45,7 +45,7 @@ def learning_run(tmp_path: Path, model: str, steps: int, **trainer) -> list[dict
         model=load_model(model),
         hardware=load_hardware("cpu"),
         cluster=Cluster(gpus=1, gpus_per_node=1),
-        strategy=Strategy(mbs=32, recompute="none"),
+        strategy=Strategy.of(mbs=32, recompute="none"),
         workload=Workload(prompts=16, n=8, prompt_len=8, response_len=4, mini_batch=16, kl=False, dtype="fp32"),
         trainer=TrainerOptions(
             steps=steps,

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, cast
 
 from grpo_tune.frameworks.verl import diagnose as D
 from grpo_tune.frameworks.verl import table
@@ -409,16 +409,16 @@ def _tune_pins(
             f"--{bad[0].replace('_', '-')}: tune keeps that setting as the launch has it",
             hint=f"pin one of {', '.join(SEARCHED)}",
         )
-    pins = {k: getattr(s0, k) for k in keep} | extra
+    pins = {k: s0.knob(k) for k in keep} | extra
     # The engine knobs are the user's and tuned.sh keeps them, so the search prices its plans with them too:
     # left free, it would rank plans that only fit with, say, Megatron's CPU optimizer, which tune then drops.
-    pins |= {k: getattr(s0, k) for k in ENGINE_KEYS if k not in extra}  # log_prob_mbs may be pinned
+    pins |= {k: s0.knob(k) for k in ENGINE_KEYS if k not in extra}  # log_prob_mbs may be pinned
     if "offload" in pins:
-        pins["offload"] = tuple(pins["offload"])
+        pins["offload"] = tuple(cast(Sequence[str], pins["offload"]))
     if "etp" in pins and not plan.model.is_moe:
         pins.pop("etp")
-    if s0.max_tokens_per_gpu is not None:
-        pins["mbs"] = s0.mbs  # with verl's dynamic batching the token caps make the micro-batches, not mbs
+    if s0.batching.max_tokens_per_gpu is not None:
+        pins["mbs"] = s0.batching.mbs  # with verl's dynamic batching the token caps make the micro-batches, not mbs
     return pins, extra
 
 
@@ -427,10 +427,14 @@ def _overflowing_log_prob_mbs(plan: LaunchPlan, cur: Any, keep: Sequence[str], e
     and the user did not pin it (--keep, --log-prob-mbs): the search then chooses one up to it, instead of
     keeping it (autotune/search/log_prob.py). None: tune keeps the launch's, pinned."""
     s0 = plan.strategy
-    if s0.log_prob_mbs is None or s0.max_tokens_per_gpu is not None or "log_prob_mbs" in (*keep, *extra):
+    if (
+        s0.batching.log_prob_mbs is None
+        or s0.batching.max_tokens_per_gpu is not None
+        or "log_prob_mbs" in (*keep, *extra)
+    ):
         return None
     over = any(v.code == "OOM_RISK" and v.phase in ("old_logprob", "ref_logprob") for v in cur.violations)
-    return s0.log_prob_mbs if over else None
+    return s0.batching.log_prob_mbs if over else None
 
 
 def _tune_search(
@@ -477,7 +481,7 @@ def _repriced(
 
     s0 = plan.strategy
     # log_prob_mbs and sync_bucket_mb are in the search's plans already: the launch's (pinned) or the user's pin
-    user = {k: getattr(s0, k) for k in USER_FIELDS if k not in ("log_prob_mbs", "sync_bucket_mb")}
+    user = {k: s0.knob(k) for k in USER_FIELDS if k not in ("log_prob_mbs", "sync_bucket_mb")}
     present = set(launch.values)
     candidates = []
     for est in ranked:
@@ -588,9 +592,9 @@ def tune(
 
 
 def _pinned_differs(s: Strategy, key: str, value: Any) -> bool:
-    have = getattr(s, key)
+    have = s.knob(key)
     if key == "offload":
-        return tuple(have) != tuple(value)
+        return tuple(cast(Sequence[str], have)) != tuple(value)
     return not _same(have, value)
 
 

@@ -52,12 +52,14 @@ def print_estimate(est: Estimate, console: Console) -> None:
 def _print_plan(est: Estimate, console: Console) -> None:
     s, m, c = est.strategy, est.model, est.cluster
     deg = (
-        f"{s.layout_text()} sp={'on' if s.sp else 'off'} recompute={s.recompute} "
-        f"dist-opt={'on' if s.distributed_optimizer else 'off'} "
-        f"offload={','.join(s.offload) or 'none'} rollout_tp={s.rollout_tp} gpu_mem_util={s.gpu_memory_utilization} "
-        f"max_tokens_per_gpu={s.max_tokens_per_gpu or 'off'} cpu_optimizer={s.cpu_optimizer or 'off'} "
-        f"max_num_seqs={s.max_num_seqs} eager={'on' if s.enforce_eager else 'off'}"
-        + ("" if s.sync_bucket_mb == SYNC_BUCKET_MB else f" sync_bucket_mb={s.sync_bucket_mb}")
+        f"{s.layout_text()} sp={'on' if s.layout.sp else 'off'} recompute={s.memory.recompute} "
+        f"dist-opt={'on' if s.memory.distributed_optimizer else 'off'} "
+        f"offload={','.join(s.memory.offload) or 'none'} "
+        f"rollout_tp={s.rollout.rollout_tp} "
+        f"gpu_mem_util={s.rollout.gpu_memory_utilization} "
+        f"max_tokens_per_gpu={s.batching.max_tokens_per_gpu or 'off'} cpu_optimizer={s.memory.cpu_optimizer or 'off'} "
+        f"max_num_seqs={s.rollout.max_num_seqs} eager={'on' if s.rollout.enforce_eager else 'off'}"
+        + ("" if s.rollout.sync_bucket_mb == SYNC_BUCKET_MB else f" sync_bucket_mb={s.rollout.sync_bucket_mb}")
     )
     hw = est.hardware
     console.print(

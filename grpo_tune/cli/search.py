@@ -163,18 +163,18 @@ def print_plans(ranked: list[Estimate], console: Console, *, top: int, title: st
     for i, e in enumerate(plans):
         s = e.strategy
         mfu = None if e.throughput is None else e.throughput.mfu
-        deg = f"tp{s.tp} pp{s.pp}"
-        if s.first_stage_layers or s.last_stage_layers:
-            deg += f"({s.first_stage_layers or '-'}/{s.last_stage_layers or '-'})"
-        deg += (f" vpp{s.vpp}" if s.vpp > 1 else "") + (f" cp{s.cp}" if s.cp > 1 else "")
-        deg += (f" ep{s.ep} etp{s.etp_}" if e.model.is_moe else "") + f" dp{s.dp}"
+        deg = f"tp{s.layout.tp} pp{s.layout.pp}"
+        if s.layout.first_stage_layers or s.layout.last_stage_layers:
+            deg += f"({s.layout.first_stage_layers or '-'}/{s.layout.last_stage_layers or '-'})"
+        deg += (f" vpp{s.layout.vpp}" if s.layout.vpp > 1 else "") + (f" cp{s.layout.cp}" if s.layout.cp > 1 else "")
+        deg += (f" ep{s.layout.ep} etp{s.layout.etp_}" if e.model.is_moe else "") + f" dp{s.layout.dp}"
         t.add_row(
             str(i + 1),
             deg,
             batch_cell(s),
-            s.recompute,
-            ",".join(o[0] for o in s.offload) or "-",
-            f"tp{s.rollout_tp} mem{s.gpu_memory_utilization:g}" if e.workload.kind == "grpo" else "-",
+            s.memory.recompute,
+            ",".join(o[0] for o in s.memory.offload) or "-",
+            f"tp{s.rollout.rollout_tp} mem{s.rollout.gpu_memory_utilization:g}" if e.workload.kind == "grpo" else "-",
             f"{step_s(e):.2f}",
             f"{tokens_per_s_per_gpu(e):,.0f}",
             "-" if mfu is None else f"{100 * mfu:.1f}%",
@@ -610,11 +610,12 @@ def print_placements(res, console: Console) -> None:
     s = res.best_separate
     if s is not None:
         st, f = s.strategy, s.placement
+        roll = st.rollout
         console.print(
-            f"separate: training {f['train_gpus']} x {s.hardware.name}: {st.layout_text()} {st.recompute}"
-            f" offload={','.join(st.offload) or 'none'}; rollout {f['rollout_gpus']} x {f['rollout_hardware']}: "
-            f"vLLM tp{st.rollout_tp} mem{st.gpu_memory_utilization:g} max_num_seqs {st.max_num_seqs}"
-            f"{' eager' if st.enforce_eager else ''}; partial rollout {'on' if f['partial_rollout'] else 'off'}",
+            f"separate: training {f['train_gpus']} x {s.hardware.name}: {st.layout_text()} {st.memory.recompute}"
+            f" offload={','.join(st.memory.offload) or 'none'}; rollout {f['rollout_gpus']} x {f['rollout_hardware']}: "
+            f"vLLM tp{roll.rollout_tp} mem{roll.gpu_memory_utilization:g} max_num_seqs {roll.max_num_seqs}"
+            f"{' eager' if roll.enforce_eager else ''}; partial rollout {'on' if f['partial_rollout'] else 'off'}",
             highlight=False,
         )
     sp = res.speedup()

@@ -120,21 +120,21 @@ def summary(cfg, lay) -> dict:
     s, w, t = cfg.strategy, cfg.workload, cfg.trainer
     roles = {
         "actor": {
-            **s.degrees(),
-            "sequence_parallel": s.sp,
-            "recompute": s.recompute,
-            "distributed_optimizer": s.distributed_optimizer,
-            "offload": list(s.offload),
+            **s.layout.degrees(),
+            "sequence_parallel": s.layout.sp,
+            "recompute": s.memory.recompute,
+            "distributed_optimizer": s.memory.distributed_optimizer,
+            "offload": list(s.memory.offload),
         }
     }
     if w.kl:
         # The reference shares the actor's process groups (a mismatch there is a classic verl crash).
-        roles["reference"] = s.degrees()
+        roles["reference"] = s.layout.degrees()
     roles["rollout"] = {
         "engine": t.rollout_engine,
-        "tp": s.rollout_tp,
-        "replicas": lay.world_size // s.rollout_tp,
-        "gpu_memory_utilization": s.gpu_memory_utilization,
+        "tp": s.rollout.rollout_tp,
+        "replicas": lay.world_size // s.rollout.rollout_tp,
+        "gpu_memory_utilization": s.rollout.gpu_memory_utilization,
     }
     out = {
         "model": cfg.model.name,
@@ -142,8 +142,8 @@ def summary(cfg, lay) -> dict:
         "world_size": lay.world_size,
         "nnodes": lay.nnodes,
         "nproc_per_node": lay.nproc_per_node,
-        "dp": s.dp,
-        "mbs": s.mbs,
+        "dp": s.layout.dp,
+        "mbs": s.batching.mbs,
         "roles": roles,
         "batch": launch.micro_batches(cfg),
         "workload": {

@@ -75,16 +75,20 @@ def _plan_row(est) -> dict[str, Any]:
 
     s = est.strategy
     return {
-        "degrees": f"tp{s.tp} pp{s.pp}"
-        + (f" vpp{s.vpp}" if s.vpp > 1 else "")
-        + (f" cp{s.cp}" if s.cp > 1 else "")
-        + (f" ep{s.ep} etp{s.etp_}" if est.model.is_moe else "")
-        + f" dp{s.dp}",
+        "degrees": f"tp{s.layout.tp} pp{s.layout.pp}"
+        + (f" vpp{s.layout.vpp}" if s.layout.vpp > 1 else "")
+        + (f" cp{s.layout.cp}" if s.layout.cp > 1 else "")
+        + (f" ep{s.layout.ep} etp{s.layout.etp_}" if est.model.is_moe else "")
+        + f" dp{s.layout.dp}",
         "mbs": batch_cell(s)
-        + (f" (log-prob {s.log_prob_mbs})" if not s.max_tokens_per_gpu and s.log_prob_mbs not in (None, s.mbs) else ""),
-        "recompute": s.recompute,
-        "offload": ",".join(o[0] for o in s.offload) or "none",
-        "rollout": f"tp{s.rollout_tp} mem{s.gpu_memory_utilization:g}",
+        + (
+            f" (log-prob {s.batching.log_prob_mbs})"
+            if not s.batching.max_tokens_per_gpu and s.batching.log_prob_mbs not in (None, s.batching.mbs)
+            else ""
+        ),
+        "recompute": s.memory.recompute,
+        "offload": ",".join(o[0] for o in s.memory.offload) or "none",
+        "rollout": f"tp{s.rollout.rollout_tp} mem{s.rollout.gpu_memory_utilization:g}",
     }
 
 
@@ -427,7 +431,8 @@ def _tune_separate(plan, place, pins, cal, min_headroom: float, *, emit: bool, o
             f"{f['rollout_gpus']} rollout + {f['train_gpus']} training GPUs, staleness {f['staleness']}: "
             f"{e.step_s:,.1f} s per step (generation {f['gen_s']:,.1f}, training {f['train_s']:,.1f}, sync "
             f"{f['sync_s']:,.1f}; busy {100 * f['rollout_busy']:.0f}% / {100 * f['train_busy']:.0f}%); training "
-            f"{e.strategy.layout_text()}, vLLM tp{e.strategy.rollout_tp} mem{e.strategy.gpu_memory_utilization:g}"
+            f"{e.strategy.layout_text()}, vLLM tp{e.strategy.rollout.rollout_tp} "
+            f"mem{e.strategy.rollout.gpu_memory_utilization:g}"
         )
 
     c.print(
@@ -505,7 +510,7 @@ def _print_split(c: Console, res, split, place: dict[str, Any], run_dir: Path | 
         f"({res.current.step_s:,.1f} s as launched): {sp:.2f}x over the tuned launch "
         f"({'within' if abs(sp - 1) * 100 < STATED_ERROR_PCT else 'beyond'} the model's +/-{STATED_ERROR_PCT:g}%); "
         f"busy rollout {100 * f['rollout_busy']:.0f}%, training {100 * f['train_busy']:.0f}%; training "
-        f"{s.layout_text()}, vLLM tp{s.rollout_tp} mem{s.gpu_memory_utilization:g}",
+        f"{s.layout_text()}, vLLM tp{s.rollout.rollout_tp} mem{s.rollout.gpu_memory_utilization:g}",
         highlight=False,
     )
     if run_dir is not None:

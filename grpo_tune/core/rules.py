@@ -79,86 +79,89 @@ def check_degrees(
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
         return [_err(f"GPU count must be a positive integer, got {gpus!r}")]
     out: list[Finding] = []
-    mp = s.tp * s.pp * s.cp
+    mp = s.layout.tp * s.layout.pp * s.layout.cp
     dp: int | None = None
     if gpus % mp:
         out.append(
             _err(
-                f"tp*pp*cp = {s.tp}*{s.pp}*{s.cp} = {mp} does not divide {gpus} GPUs",
+                f"tp*pp*cp = {s.layout.tp}*{s.layout.pp}*{s.layout.cp} = {mp} does not divide {gpus} GPUs",
                 "choose degrees whose product divides the GPU count",
             )
         )
     else:
         dp = gpus // mp
-        if s.dp is not None and s.dp != dp:
+        if s.layout.dp is not None and s.layout.dp != dp:
             out.append(
                 _err(
-                    f"tp*pp*cp*dp = {mp * s.dp} differs from the {gpus} GPUs",
-                    f"with tp={s.tp} pp={s.pp} cp={s.cp}, dp must be {dp}",
+                    f"tp*pp*cp*dp = {mp * s.layout.dp} differs from the {gpus} GPUs",
+                    f"with tp={s.layout.tp} pp={s.layout.pp} cp={s.layout.cp}, dp must be {dp}",
                 )
             )
-    if model.heads % s.tp:
+    if model.heads % s.layout.tp:
         out.append(
             _err(
-                f"tp={s.tp} does not divide the {model.heads} attention heads of {model.name}",
+                f"tp={s.layout.tp} does not divide the {model.heads} attention heads of {model.name}",
                 f"use a tp among {', '.join(map(str, divisors(model.heads)))}",
             )
         )
     kv = model.heads if model.is_mla else model.kv_heads
-    if kv % s.tp:
+    if kv % s.layout.tp:
         out.append(
             _err(
-                f"tp={s.tp} does not divide the {kv} key/value heads of {model.name} "
+                f"tp={s.layout.tp} does not divide the {kv} key/value heads of {model.name} "
                 "(Megatron splits query groups evenly)",
                 f"use a tp among {', '.join(map(str, divisors(kv)))}",
             )
         )
-    if gpus_per_node and s.tp > gpus_per_node and not allow_cross_node_tp:
+    if gpus_per_node and s.layout.tp > gpus_per_node and not allow_cross_node_tp:
         out.append(
-            _err(f"tp={s.tp} spans nodes of {gpus_per_node} GPUs", "keep tp <= GPUs per node, or allow it explicitly")
+            _err(
+                f"tp={s.layout.tp} spans nodes of {gpus_per_node} GPUs",
+                "keep tp <= GPUs per node, or allow it explicitly",
+            )
         )
     out += _check_stages(model, s)
-    etp = s.etp_
+    etp = s.layout.etp_
     if model.is_moe:
-        if model.experts % s.ep:
+        if model.experts % s.layout.ep:
             out.append(
                 _err(
-                    f"ep={s.ep} does not divide the {model.experts} experts of {model.name}",
+                    f"ep={s.layout.ep} does not divide the {model.experts} experts of {model.name}",
                     f"use an ep among {', '.join(map(str, divisors(model.experts)))}",
                     "EXPERT_IMBALANCE",
                 )
             )
-        if dp is not None and (s.tp * s.cp * dp) % (s.ep * etp):
+        if dp is not None and (s.layout.tp * s.layout.cp * dp) % (s.layout.ep * etp):
             out.append(
                 _err(
-                    f"ep*etp = {s.ep}*{etp} does not divide tp*cp*dp = {s.tp * s.cp * dp} "
+                    f"ep*etp = {s.layout.ep}*{etp} does not divide tp*cp*dp = {s.layout.tp * s.layout.cp * dp} "
                     "(Megatron's MoE parallel folding)",
                     "lower ep or etp",
                     "EXPERT_DEGREES",
                 )
             )
-    elif s.ep > 1 or (s.etp is not None and s.etp != s.tp):
+    elif s.layout.ep > 1 or (s.layout.etp is not None and s.layout.etp != s.layout.tp):
         out.append(_err(f"{model.name} is dense: ep/etp apply to MoE models only"))
-    if gpus % s.rollout_tp:
-        out.append(_err(f"rollout_tp={s.rollout_tp} does not divide {gpus} GPUs"))
-    if model.heads % s.rollout_tp:
-        out.append(_err(f"rollout_tp={s.rollout_tp} does not divide the {model.heads} attention heads"))
-    if kv % s.rollout_tp and s.rollout_tp % kv:
-        out.append(_err(f"rollout_tp={s.rollout_tp} neither divides nor is a multiple of the {kv} KV heads"))
+    if gpus % s.rollout.rollout_tp:
+        out.append(_err(f"rollout_tp={s.rollout.rollout_tp} does not divide {gpus} GPUs"))
+    if model.heads % s.rollout.rollout_tp:
+        out.append(_err(f"rollout_tp={s.rollout.rollout_tp} does not divide the {model.heads} attention heads"))
+    if kv % s.rollout.rollout_tp and s.rollout.rollout_tp % kv:
+        out.append(_err(f"rollout_tp={s.rollout.rollout_tp} neither divides nor is a multiple of the {kv} KV heads"))
     return out
 
 
 def stage_layers(model: ModelSpec, s: Strategy) -> list[int]:
     """Layers on each pipeline stage (Megatron's uneven first/last stage rule)."""
-    if s.pp == 1:
+    if s.layout.pp == 1:
         return [model.layers]
-    first, last = s.first_stage_layers, s.last_stage_layers
+    first, last = s.layout.first_stage_layers, s.layout.last_stage_layers
     if first is None and last is None:
-        return [model.layers // s.pp] * s.pp
-    middle = s.pp - (first is not None) - (last is not None)
+        return [model.layers // s.layout.pp] * s.layout.pp
+    middle = s.layout.pp - (first is not None) - (last is not None)
     rest = model.layers - (first or 0) - (last or 0)
     per = rest // middle if middle else 0
-    out = [per] * s.pp
+    out = [per] * s.layout.pp
     if first is not None:
         out[0] = first
     if last is not None:
@@ -169,35 +172,35 @@ def stage_layers(model: ModelSpec, s: Strategy) -> list[int]:
 def _check_stages(model: ModelSpec, s: Strategy) -> list[Finding]:
     """Pipeline stages: uneven first/last stages, pp dividing the layers, vpp dividing each stage."""
     out: list[Finding] = []
-    if s.first_stage_layers is not None or s.last_stage_layers is not None:
-        if s.pp == 1:
+    if s.layout.first_stage_layers is not None or s.layout.last_stage_layers is not None:
+        if s.layout.pp == 1:
             out.append(_err("uneven first/last stage layers need pp > 1"))
         else:
             stages = stage_layers(model, s)
-            middle = s.pp - (s.first_stage_layers is not None) - (s.last_stage_layers is not None)
-            rest = model.layers - (s.first_stage_layers or 0) - (s.last_stage_layers or 0)
+            middle = s.layout.pp - (s.layout.first_stage_layers is not None) - (s.layout.last_stage_layers is not None)
+            rest = model.layers - (s.layout.first_stage_layers or 0) - (s.layout.last_stage_layers or 0)
             if rest < 0 or (middle and rest % middle) or (not middle and rest) or min(stages) < 1:
                 out.append(
                     _err(
-                        f"first/last stage layers ({s.first_stage_layers}/{s.last_stage_layers}) leave "
+                        f"first/last stage layers ({s.layout.first_stage_layers}/{s.layout.last_stage_layers}) leave "
                         f"{rest} layers that do not split evenly over {middle} middle stages of "
                         f"{model.name}'s {model.layers}"
                     )
                 )
-    elif model.layers % s.pp:
+    elif model.layers % s.layout.pp:
         out.append(
             _err(
-                f"pp={s.pp} does not divide the {model.layers} layers of {model.name}",
+                f"pp={s.layout.pp} does not divide the {model.layers} layers of {model.name}",
                 "use --first-stage-layers/--last-stage-layers for uneven stages, or another pp",
             )
         )
-    if s.vpp > 1:
-        if s.pp == 1:
+    if s.layout.vpp > 1:
+        if s.layout.pp == 1:
             out.append(_err("vpp > 1 needs pp > 1"))
         else:
             stages = stage_layers(model, s)
-            if any(n % s.vpp for n in stages):
-                out.append(_err(f"vpp={s.vpp} does not divide the layers per stage {stages}"))
+            if any(n % s.layout.vpp for n in stages):
+                out.append(_err(f"vpp={s.layout.vpp} does not divide the layers per stage {stages}"))
     return out
 
 

@@ -1,5 +1,8 @@
 """Strategy (how a run is parallelized) and workload (what it trains), and the degree validator.
 
+A Strategy is composed of one dataclass per concern: :class:`Layout`, :class:`Memory`, :class:`Batching`
+and :class:`RolloutEngine`; core/knobs.py names every knob once. Where the roles run (one pool or two) is
+the run's :class:`~core.placement.Placement`, beside the strategy in a run config.
 A plan that cannot exist (TP not dividing the heads, a product that differs from the GPU count)
 raises :class:`InvalidDegreesError`; a plan that exists but does not fit is data (violations).
 """
@@ -10,21 +13,33 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from . import knobs as _knobs
 from .choices import Dtype, Offload, Recompute, WorkloadKind
 from .errors import ConfigError, InvalidDegreesError
+from .knobs import OFFLOAD, RECOMPUTE, SYNC_BUCKET_MB, Knob, knobs
 from .rules import check_degrees, divisors, errors, stage_layers
 from .specs import ModelSpec
-from .validation import FRACTION, Schema, check_keys, from_mapping, to_mapping
+from .validation import FRACTION, Schema, check_names, check_value, from_mapping, hints, to_mapping
 
-__all__ = ["OFFLOAD", "RECOMPUTE", "Cluster", "Strategy", "Workload", "divisors", "stage_layers", "validate"]
+__all__ = [
+    "DEGREES",
+    "OFFLOAD",
+    "RECOMPUTE",
+    "SYNC_BUCKET_MB",
+    "Batching",
+    "Cluster",
+    "Layout",
+    "Memory",
+    "RolloutEngine",
+    "Strategy",
+    "Workload",
+    "divisors",
+    "stage_layers",
+    "validate",
+]
 
 DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp")
-"""The parallel degrees a plan sets, in Strategy's field order (dp is derived from the GPU count)."""
-RECOMPUTE = Recompute.values()
-OFFLOAD = Offload.values()
-SYNC_BUCKET_MB = 2048
-"""verl 0.9.1's ``rollout.checkpoint_engine.update_weights_bucket_megabytes`` default (verl/trainer/config/
-rollout/rollout.yaml l.296; /work/scratch/research/verl_091_facts.md): the default weight-sync bucket."""
+"""The parallel degrees a plan sets, in Layout's field order (dp is derived from the GPU count)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,8 +55,8 @@ class Cluster:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Strategy:
-    """Training degrees, memory options and rollout degrees. The reference model uses the actor's."""
+class Layout:
+    """How the model is split: the parallel degrees, the pipeline stage split and its interleaving."""
 
     tp: int = 1
     """Tensor parallel."""
@@ -57,13 +72,36 @@ class Strategy:
     """Expert tensor parallel; None means the same as ``tp``."""
     dp: int | None = None
     """Data parallel; derived from the GPU count when None."""
-    mbs: int = 1
-    """Micro-batch size (sequences)."""
-    log_prob_mbs: int | None = None
-    """Micro-batch size of the old/ref log-prob passes (verl's rollout and ref
-    ``log_prob_micro_batch_size_per_gpu``); None = ``mbs``."""
     sequence_parallel: bool | None = None
     """None means on whenever tp > 1 (Megatron requires it for MoE with TP)."""
+    first_stage_layers: int | None = None
+    """Megatron's ``decoder_first_pipeline_num_layers``."""
+    last_stage_layers: int | None = None
+    """Megatron's ``decoder_last_pipeline_num_layers``."""
+
+    @property
+    def etp_(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def sp(self) -> bool:
+        return self.tp > 1 if self.sequence_parallel is None else (self.sequence_parallel and self.tp > 1)
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp * self.cp
+
+    def degrees(self) -> dict[str, int | None]:
+        """The parallel degrees by name, in :data:`DEGREES` order (``etp`` resolved), then ``dp``
+        (None until :func:`validate` fills it in), as search's, train's and the launcher's layouts show them."""
+        return {**{k: getattr(self, k) for k in DEGREES}, "etp": self.etp_, "dp": self.dp}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Memory:
+    """What is kept, recomputed or moved to the host: recompute, offload, the optimizer's placement, and
+    whether the logits are materialised (fused kernels)."""
+
     recompute: str = "selective"
     """``none``, ``selective`` (core attention) or ``full``."""
     recompute_layers: int | None = None
@@ -71,19 +109,6 @@ class Strategy:
     distributed_optimizer: bool = True
     offload: tuple[str, ...] = ()
     """Subset of ``param``, ``grad``, ``optimizer`` moved to host memory between phases."""
-    first_stage_layers: int | None = None
-    """Megatron's ``decoder_first_pipeline_num_layers``."""
-    last_stage_layers: int | None = None
-    """Megatron's ``decoder_last_pipeline_num_layers``."""
-    rollout_tp: int = 1
-    """Tensor parallel of the rollout engine (vLLM)."""
-    gpu_memory_utilization: float = 0.6
-    """vLLM's fraction of total GPU memory for weights + KV cache during rollout."""
-    max_tokens_per_gpu: int | None = None
-    """Dynamic batching (verl's ``use_dynamic_bsz`` + ``ppo_max_token_len_per_gpu``): micro-batches are
-    packed up to this many tokens per GPU instead of ``mbs`` sequences. None = off (``mbs`` applies)."""
-    log_prob_max_tokens_per_gpu: int | None = None
-    """Token cap for the log-prob passes (verl's ``log_prob_max_token_len_per_gpu``); None = the update's."""
     cpu_optimizer: float | None = None
     """Megatron's hybrid CPU optimizer: the fraction of optimizer state and step on the host
     (``optimizer_cpu_offload`` + ``optimizer_offload_fraction``). None = off."""
@@ -91,6 +116,46 @@ class Strategy:
     """Megatron's ``overlap_cpu_optimizer_d2h_h2d`` (with the CPU optimizer)."""
     precision_aware_optimizer: bool = False
     """Megatron's ``use_precision_aware_optimizer`` (bf16 master-weight-free Adam state where supported)."""
+    fused_kernels: bool = False
+    """verl's ``actor_rollout_ref.model.use_fused_kernels``: log-probs (and entropy) computed from the hidden
+    states in vocab chunks (verl/utils/kernel/linear_cross_entropy.py, 1024 entries per split), so the
+    logits are never materialised. Off: the output layer's logits feed megatron-core's vocab-parallel
+    cross-entropy (the fp32 upcast it exponentiates in place and saves)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Batching:
+    """How a step's sequences are cut into micro-batches: a fixed size, or token caps (dynamic batching)."""
+
+    mbs: int = 1
+    """Micro-batch size (sequences)."""
+    log_prob_mbs: int | None = None
+    """Micro-batch size of the old/ref log-prob passes (verl's rollout and ref
+    ``log_prob_micro_batch_size_per_gpu``); None = ``mbs``."""
+    max_tokens_per_gpu: int | None = None
+    """Dynamic batching (verl's ``use_dynamic_bsz`` + ``ppo_max_token_len_per_gpu``): micro-batches are
+    packed up to this many tokens per GPU instead of ``mbs`` sequences. None = off (``mbs`` applies)."""
+    log_prob_max_tokens_per_gpu: int | None = None
+    """Token cap for the log-prob passes (verl's ``log_prob_max_token_len_per_gpu``); None = the update's."""
+
+    @property
+    def log_prob_mbs_(self) -> int:
+        return self.mbs if self.log_prob_mbs is None else self.log_prob_mbs
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutEngine:
+    """The rollout engine's knobs (vLLM): its TP, memory, batching, graphs, and how it meets training.
+
+    ``free_cache_engine`` (sleep during training) and the weight-sync bucket live here rather than in
+    the placement: both are settings of the engine (verl spells them under ``rollout``), and the
+    bucket sizes the engine's receiving side of every weight sync, colocated or not.
+    """
+
+    rollout_tp: int = 1
+    """Tensor parallel of the rollout engine (vLLM)."""
+    gpu_memory_utilization: float = 0.6
+    """vLLM's fraction of total GPU memory for weights + KV cache during rollout."""
     max_num_seqs: int = 256
     """vLLM's ``max_num_seqs``: concurrent sequences per rollout replica (verl's default 256)."""
     max_num_batched_tokens: int = 8192
@@ -104,41 +169,112 @@ class Strategy:
     sync_bucket_mb: int = SYNC_BUCKET_MB
     """Weight-sync bucket in MiB (verl's ``rollout.checkpoint_engine.update_weights_bucket_megabytes``, used as
     ``<< 20`` bytes): the exported HF tensors are packed into buckets of this size, each shipped to vLLM by CUDA IPC."""
-    fused_kernels: bool = False
-    """verl's ``actor_rollout_ref.model.use_fused_kernels``: log-probs (and entropy) computed from the hidden
-    states in vocab chunks (verl/utils/kernel/linear_cross_entropy.py, 1024 entries per split), so the
-    logits are never materialised. Off: the output layer's logits feed megatron-core's vocab-parallel
-    cross-entropy (the fp32 upcast it exponentiates in place and saves)."""
-
-    @property
-    def etp_(self) -> int:
-        return self.tp if self.etp is None else self.etp
-
-    @property
-    def log_prob_mbs_(self) -> int:
-        return self.mbs if self.log_prob_mbs is None else self.log_prob_mbs
 
     @property
     def sync_bucket_bytes(self) -> int:
         return self.sync_bucket_mb << 20
 
-    @property
-    def sp(self) -> bool:
-        return self.tp > 1 if self.sequence_parallel is None else (self.sequence_parallel and self.tp > 1)
 
-    @property
-    def model_parallel(self) -> int:
-        return self.tp * self.pp * self.cp
+_CONCERN_TYPES: dict[str, type] = {
+    "layout": Layout,
+    "memory": Memory,
+    "batching": Batching,
+    "rollout": RolloutEngine,
+}
+"""The dataclass of each concern (core/knobs.py CONCERNS)."""
+_FLAT = ("layout", "memory", "batching", "rollout")
+"""The concerns, whose fields a plan's ``strategy`` section lists flat."""
 
-    def to_dict(self) -> dict[str, Any]:
-        d = to_mapping(self)
+
+@dataclass(frozen=True, kw_only=True)
+class Strategy:
+    """A plan: how a run is laid out, kept in memory, batched and rolled out.
+
+    One frozen dataclass per concern, composed (torchtitan's job config does the same). Callers read a
+    knob through its concern (``plan.layout.tp``, ``plan.batching.mbs``); :meth:`of` and :meth:`replace`
+    take the knobs by their flat names (the table core/knobs.py says which concern each belongs to), as
+    a plan's ``strategy`` section, the CLI's pins and the search space spell them. The reference model
+    uses the actor's layout.
+
+    Placement is not a concern of the strategy: it decides which GPUs the strategy's layout spans (the
+    training pool's), so a run config carries it beside the strategy (core/config.py), and the
+    separate-pool pricing takes both (costmodel/placement.py).
+    """
+
+    layout: Layout = Layout()
+    memory: Memory = Memory()
+    batching: Batching = Batching()
+    rollout: RolloutEngine = RolloutEngine()
+
+    @classmethod
+    def of(cls, **knobs: object) -> "Strategy":
+        """The plan with these knobs (flat names, core/knobs.py) and every other at its default."""
+        return _DEFAULT.replace(**knobs) if knobs else _DEFAULT
+
+    def replace(self, **kw: object) -> "Strategy":
+        """A copy with some knobs (flat names) or whole concerns (``layout=Layout(...)``) replaced.
+
+        The search prices thousands of plans and ``estimate`` resolves every one through here, so the
+        copy skips ``__init__``: each touched concern is copied once (none has a ``__post_init__``)."""
+        route = _route()
+        parts: dict[str, dict[str, object]] = {}
+        whole: dict[str, object] = {}
+        for k, v in kw.items():
+            r = route.get(k)
+            if r is None:
+                if k not in _CONCERN_TYPES:
+                    raise TypeError(f"Strategy.replace() got an unexpected keyword argument {k!r}")
+                whole[k] = v
+            else:
+                parts.setdefault(r[0], {})[r[1]] = v
+        new = object.__new__(Strategy)
+        d = new.__dict__
+        d.update(self.__dict__)
+        d.update(whole)
+        for concern, upd in parts.items():
+            old = d[concern]
+            part = object.__new__(type(old))
+            part.__dict__.update(old.__dict__)
+            part.__dict__.update(upd)
+            d[concern] = part
+        return new
+
+    @staticmethod
+    def knob_names() -> list[str]:
+        """The keys of a plan's ``strategy`` section, in table order (core/knobs.py)."""
+        return [k.name for k in knobs() if k.concern in _FLAT]
+
+    def knob(self, name: str) -> object:
+        """One knob's value by its flat name, or a concern's derived value (``etp_``, ``sp``) by its name:
+        how tables that spell the knobs otherwise (verl's keys, a launch's pins) read a plan."""
+        r = _route().get(name)
+        if r is not None:
+            return getattr(self.__dict__[r[0]], r[1])
+        for c in _FLAT:
+            part = self.__dict__[c]
+            if isinstance(getattr(type(part), name, None), property):
+                return getattr(part, name)
+        raise AttributeError(f"a plan has no knob {name!r}")
+
+    def knobs(self) -> dict[str, object]:
+        """Every knob of the layout, memory, batching and rollout concerns by its flat name, in table order."""
+        d = self.__dict__
+        return {k.name: getattr(d[k.concern], k.field) for k in knobs() if k.concern in _FLAT}
+
+    def to_dict(self) -> dict[str, object]:
+        """The ``strategy`` section: the knobs flat, in table order (as since schema 1)."""
+        d = {k: list(v) if isinstance(v, tuple) else v for k, v in self.knobs().items()}
         if d["log_prob_mbs"] is None:  # unset means mbs: plans (best.yaml, --json) without it read as before
             del d["log_prob_mbs"]
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, where: str = "strategy") -> "Strategy":
-        data = check_keys(cls, data, where)
+    def from_dict(cls, data: object, *, where: str = "strategy") -> "Strategy":
+        """A plan from a ``strategy`` section (its knobs flat)."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where} must be a table/mapping, got {type(data).__name__}")
+        check_names(data, cls.knob_names(), where)
+        data = dict(data)
         if "offload" in data:
             off = data["offload"]
             if isinstance(off, str):
@@ -146,34 +282,38 @@ class Strategy:
             if not isinstance(off, (list, tuple)) or not all(isinstance(o, str) for o in off):
                 raise ConfigError(f"{where}.offload must be a list of {', '.join(OFFLOAD)}")
             data["offload"] = tuple(sorted(set(off), key=lambda o: OFFLOAD.index(o) if o in OFFLOAD else 99))
-        return from_mapping(cls, data, where, _STRATEGY_SCHEMA)
-
-    def replace(self, **kw) -> "Strategy":
-        """``dataclasses.replace`` without re-running ``__init__`` over ~30 fields: estimate() resolves every plan
-        it prices through here (a search prices thousands), and Strategy has no ``__post_init__`` to re-run."""
-        if not kw.keys() <= _STRATEGY_FIELDS:
-            return dataclasses.replace(self, **kw)  # raises the TypeError naming the unknown field
-        new = object.__new__(type(self))
-        new.__dict__.update(self.__dict__)
-        new.__dict__.update(kw)
-        return new
-
-    def degrees(self) -> dict[str, int | None]:
-        """The parallel degrees by name, in :data:`DEGREES` order (``etp`` resolved), then ``dp``
-        (None until :func:`validate` fills it in), as search's, train's and the launcher's layouts show them."""
-        return {**{k: getattr(self, k) for k in DEGREES}, "etp": self.etp_, "dp": self.dp}
+        route = _route()
+        split: dict[str, dict[str, Any]] = {c: {} for c in _FLAT}
+        for k, v in data.items():  # in the section's order, as each value's error names it
+            concern, name = route[k]
+            cls_ = _CONCERN_TYPES[concern]
+            check_value(where, k, hints(cls_)[name], v, _SCHEMAS.get(concern, _PLAIN))
+            split[concern][name] = v
+        parts = {c: _CONCERN_TYPES[c](**split[c]) for c in _FLAT}
+        return cls(**parts)
 
     def layout_text(self) -> str:
         """``tp=.. pp=.. vpp=.. cp=.. ep=.. etp=.. dp=.. mbs=..`` (and ``log_prob_mbs=..`` when set): how
         verl.sh's plan line and ``grpo-tune estimate`` begin."""
-        lp = "" if self.log_prob_mbs is None else f" log_prob_mbs={self.log_prob_mbs}"
-        deg = self.degrees()
-        if self.etp is None and self.ep == 1:  # a dense model's (validate leaves it unset): no expert TP to show
+        b, lay = self.batching, self.layout
+        lp = "" if b.log_prob_mbs is None else f" log_prob_mbs={b.log_prob_mbs}"
+        deg = lay.degrees()
+        if lay.etp is None and lay.ep == 1:  # a dense model's (validate leaves it unset): no expert TP to show
             deg.pop("etp")
-        return " ".join(f"{k}={v}" for k, v in deg.items()) + f" mbs={self.mbs}{lp}"
+        return " ".join(f"{k}={v}" for k, v in deg.items()) + f" mbs={b.mbs}{lp}"
 
 
-_STRATEGY_FIELDS = frozenset(f.name for f in dataclasses.fields(Strategy))
+_DEFAULT = Strategy()
+_ROUTE: tuple[tuple[Knob, ...], dict[str, tuple[str, str]]] | None = None
+
+
+def _route() -> dict[str, tuple[str, str]]:
+    """Flat knob name -> (concern, field), rebuilt only when the table object changes (a test may extend it)."""
+    global _ROUTE
+    table = _knobs.KNOBS
+    if _ROUTE is None or _ROUTE[0] is not table:
+        _ROUTE = (table, {k.name: (k.concern, k.field) for k in table})
+    return _ROUTE[1]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,7 +321,7 @@ class Workload:
     """A GRPO step (default) or a plain pretraining step.
 
     The defaults follow common verl GRPO practice (verl's GRPO examples): 1024 prompts, n=5,
-    1024/1024 tokens, mini-batch 256, KL on. The CLI's flag defaults are these (cli/options.py).
+    1024/1024 tokens, mini-batch 256, KL on. The CLI's flag defaults are these (autotune/options.py).
     """
 
     kind: str = "grpo"
@@ -263,11 +403,12 @@ class Workload:
         return dataclasses.replace(self, **kw)
 
 
-# ints are positive; the two fractions are in (0, 1].
-_STRATEGY_SCHEMA = Schema(
-    ranges={"gpu_memory_utilization": FRACTION, "cpu_optimizer": FRACTION},
-    choices={"recompute": Recompute, "offload": Offload},
-)
+# ints are positive; the two fractions (the CPU optimizer's share, vLLM's memory) are in (0, 1].
+_PLAIN = Schema()
+_SCHEMAS = {
+    "memory": Schema(ranges={"cpu_optimizer": FRACTION}, choices={"recompute": Recompute, "offload": Offload}),
+    "rollout": Schema(ranges={"gpu_memory_utilization": FRACTION}),
+}
 _WORKLOAD_SCHEMA = Schema(choices={"kind": WorkloadKind, "dtype": Dtype})
 
 
@@ -302,7 +443,7 @@ def validate(
         check_degrees(model, s, gpus, gpus_per_node=gpus_per_node, allow_cross_node_tp=allow_cross_node_tp)
     ):
         raise InvalidDegreesError(f.message, f.hint)
-    dp = gpus // (s.tp * s.pp * s.cp)
+    lay = s.layout
     # a dense model has no expert TP: it stays unset (verl's null, Megatron's "same as TP"), not a copy of TP
-    etp = s.etp_ if model.is_moe or s.etp not in (None, s.tp) else None
-    return s.replace(dp=dp, etp=etp, sequence_parallel=s.sp)
+    etp = lay.etp_ if model.is_moe or lay.etp not in (None, lay.tp) else None
+    return s.replace(dp=gpus // (lay.tp * lay.pp * lay.cp), etp=etp, sequence_parallel=lay.sp)

@@ -53,18 +53,18 @@ def trainer_only(model: ModelSpec, strategy: Strategy) -> list[Finding]:
                 "use a SwiGLU model (Llama / Qwen / DeepSeek)",
             )
         )
-    if s.cp > 1:
+    if s.layout.cp > 1:
         # megatron-core's local attention (DotProductAttention) asserts context_parallel_size == 1;
         # only TransformerEngine's attention runs CP, and the trainer does not split GRPO's
         # variable-length sequences per CP rank.
         out.append(
             Finding(
                 CODE,
-                f"cp={s.cp}: context parallelism is not implemented in the trainer",
+                f"cp={s.layout.cp}: context parallelism is not implemented in the trainer",
                 "set strategy.cp: 1 (the search keeps CP only where each CP rank holds >= 4k tokens)",
             )
         )
-    if s.fused_kernels:
+    if s.memory.fused_kernels:
         # verl's linear_cross_entropy kernel; the trainer's loss (trainer/engine.py) reads materialised logits
         out.append(
             Finding(
@@ -80,7 +80,7 @@ def check_plan(model: ModelSpec, strategy: Strategy, *, workload: Workload | Non
     """Refusals any megatron-core backend makes (ours and verl's): the search applies these."""
     out = _moe_findings(model, strategy) + _optimizer_findings(strategy)
     for name in ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu"):
-        v = getattr(strategy, name)
+        v = getattr(strategy.batching, name)
         if v is not None and v < 1:
             out.append(
                 Finding(
@@ -89,19 +89,19 @@ def check_plan(model: ModelSpec, strategy: Strategy, *, workload: Workload | Non
                     f"set strategy.{name} to a token budget or leave it unset",
                 )
             )
-    if strategy.log_prob_mbs is not None and strategy.log_prob_mbs < 1:
+    if strategy.batching.log_prob_mbs is not None and strategy.batching.log_prob_mbs < 1:
         out.append(
             Finding(
                 "BAD_CONFIG",
-                f"strategy.log_prob_mbs must be >= 1 sequences (None = mbs), got {strategy.log_prob_mbs}",
+                f"strategy.log_prob_mbs must be >= 1 sequences (None = mbs), got {strategy.batching.log_prob_mbs}",
                 "set strategy.log_prob_mbs to a micro-batch size or leave it unset",
             )
         )
-    if strategy.sync_bucket_mb < 1:  # verl packs tensors into buckets of this many MiB: 0 is no bucket at all
+    if strategy.rollout.sync_bucket_mb < 1:  # verl packs tensors into buckets of this many MiB: 0 is no bucket at all
         out.append(
             Finding(
                 "BAD_CONFIG",
-                f"strategy.sync_bucket_mb must be >= 1 MiB, got {strategy.sync_bucket_mb}",
+                f"strategy.sync_bucket_mb must be >= 1 MiB, got {strategy.rollout.sync_bucket_mb}",
                 "set strategy.sync_bucket_mb to a bucket size in MiB (verl's default 2048) or leave it unset",
             )
         )
@@ -112,7 +112,7 @@ def check_plan(model: ModelSpec, strategy: Strategy, *, workload: Workload | Non
 
 def _moe_findings(m: ModelSpec, s: Strategy) -> list[Finding]:
     out: list[Finding] = []
-    if m.is_moe and s.tp > 1 and s.ep > 1 and not s.sp:
+    if m.is_moe and s.layout.tp > 1 and s.layout.ep > 1 and not s.layout.sp:
         # TransformerConfig.__post_init__: sequence parallelism must be used with EP and TP
         out.append(
             Finding(
@@ -144,16 +144,16 @@ def _moe_findings(m: ModelSpec, s: Strategy) -> list[Finding]:
 
 def _optimizer_findings(s: Strategy) -> list[Finding]:
     out: list[Finding] = []
-    if s.cpu_optimizer is not None:
-        if not 0.0 < s.cpu_optimizer <= 1.0:
+    if s.memory.cpu_optimizer is not None:
+        if not 0.0 < s.memory.cpu_optimizer <= 1.0:
             out.append(
                 Finding(
                     "BAD_CONFIG",
-                    f"cpu_optimizer={s.cpu_optimizer} is not a fraction in (0, 1]",
+                    f"cpu_optimizer={s.memory.cpu_optimizer} is not a fraction in (0, 1]",
                     "give the share of optimizer state on the host, e.g. 0.5 (0 turns it off)",
                 )
             )
-        if not s.distributed_optimizer:
+        if not s.memory.distributed_optimizer:
             out.append(
                 Finding(
                     CODE,
@@ -161,7 +161,7 @@ def _optimizer_findings(s: Strategy) -> list[Finding]:
                     "set strategy.distributed_optimizer: true or drop cpu_optimizer",
                 )
             )
-    if s.precision_aware_optimizer and not s.distributed_optimizer:
+    if s.memory.precision_aware_optimizer and not s.memory.distributed_optimizer:
         # OptimizerConfig.__post_init__: "only supported with distributed optimizer"
         out.append(
             Finding(
@@ -176,14 +176,16 @@ def _optimizer_findings(s: Strategy) -> list[Finding]:
 def _workload_findings(m: ModelSpec, s: Strategy, w: Workload) -> list[Finding]:
     # verl's batch rules; megatron's interleaving rule only for a fixed mbs (with a token budget
     # the trainer pads the micro-batch count to a multiple of pp itself)
-    fixed = s.max_tokens_per_gpu is None
-    out = check_batches(w, dp=s.dp or 1, mbs=s.mbs if fixed else None, pp=s.pp, vpp=s.vpp)
-    if fixed and s.log_prob_mbs is not None and s.log_prob_mbs >= 1:
-        out += check_log_prob_batches(w, dp=s.dp or 1, log_prob_mbs=s.log_prob_mbs, pp=s.pp, vpp=s.vpp)
+    fixed = s.batching.max_tokens_per_gpu is None
+    out = check_batches(w, dp=s.layout.dp or 1, mbs=s.batching.mbs if fixed else None, pp=s.layout.pp, vpp=s.layout.vpp)
+    if fixed and s.batching.log_prob_mbs is not None and s.batching.log_prob_mbs >= 1:
+        out += check_log_prob_batches(
+            w, dp=s.layout.dp or 1, log_prob_mbs=s.batching.log_prob_mbs, pp=s.layout.pp, vpp=s.layout.vpp
+        )
     longest = w.prompt_len + w.response_len
     out += check_lengths(m, w)
     for name in ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu"):
-        v = getattr(s, name)
+        v = getattr(s.batching, name)
         if v is not None and 1 <= v < longest:
             # verl's rearrange_micro_batches asserts the same: one sequence must fit a micro-batch
             out.append(

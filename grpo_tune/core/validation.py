@@ -93,7 +93,8 @@ def check_names(data: Mapping[Any, Any], names: Sequence[str], where: str, noun:
 
 
 @lru_cache(maxsize=None)
-def _hints(cls: type) -> dict[str, Any]:
+def hints(cls: type) -> dict[str, Any]:
+    """The resolved type hints of a dataclass's fields (cached: a class is hashable)."""
     return typing.get_type_hints(cls)
 
 
@@ -155,7 +156,7 @@ def from_mapping(cls: type[T], data: Any, where: str, schema: Schema = Schema())
     ]
     if missing:
         raise ConfigError(f"{where}: missing required key(s) {', '.join(missing)}")
-    hints = _hints(cls)  # type: ignore[arg-type]  # a class is hashable
+    types_ = hints(cls)  # type: ignore[arg-type]  # a class is hashable
     for k, v in data.items():
-        check_value(where, k, hints[k], v, schema)
+        check_value(where, k, types_[k], v, schema)
     return cls(**data)

@@ -27,13 +27,13 @@ def _token_budget(s: Strategy, w: Workload) -> list[Violation]:
     longest = w.prompt_len + w.response_len
     out = []
     for name in ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu"):
-        cap = getattr(s, name)
-        if cap and cap * s.cp < longest:
+        cap = getattr(s.batching, name)
+        if cap and cap * s.layout.cp < longest:
             out.append(
                 Violation(
                     "BATCH_DIVISIBILITY",
-                    f"{name}={cap} (x cp {s.cp}) is below the longest sequence "
-                    f"({longest} tokens): verl refuses it; raise it to at least {-(-longest // s.cp)}",
+                    f"{name}={cap} (x cp {s.layout.cp}) is below the longest sequence "
+                    f"({longest} tokens): verl refuses it; raise it to at least {-(-longest // s.layout.cp)}",
                 )
             )
     return out
@@ -42,10 +42,14 @@ def _token_budget(s: Strategy, w: Workload) -> list[Violation]:
 def _batches(s: Strategy, w: Workload) -> list[Violation]:
     """verl's (and megatron's) batch-split rules, as the trainer and diagnose apply them
     (core/rules.check_batches); with a token budget mbs is unused, so only the DP split counts."""
-    fixed = s.max_tokens_per_gpu is None
-    found = check_batches(w, dp=s.dp or 1, mbs=s.mbs if fixed else None, pp=s.pp, vpp=s.vpp)
-    if fixed and s.log_prob_mbs is not None:
-        found += check_log_prob_batches(w, dp=s.dp or 1, log_prob_mbs=s.log_prob_mbs, pp=s.pp, vpp=s.vpp)
+    fixed = s.batching.max_tokens_per_gpu is None
+    found = check_batches(
+        w, dp=s.layout.dp or 1, mbs=s.batching.mbs if fixed else None, pp=s.layout.pp, vpp=s.layout.vpp
+    )
+    if fixed and s.batching.log_prob_mbs is not None:
+        found += check_log_prob_batches(
+            w, dp=s.layout.dp or 1, log_prob_mbs=s.batching.log_prob_mbs, pp=s.layout.pp, vpp=s.layout.vpp
+        )
     return [Violation(f.code, f"{f.message}; {f.hint}" if f.hint else f.message) for f in found]
 
 

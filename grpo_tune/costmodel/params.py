@@ -119,7 +119,7 @@ class StageParams:
 def per_stage_params(m: ModelSpec, s: Strategy) -> list[StageParams]:
     """Per-rank parameter count of each pipeline stage under the strategy's TP/PP/EP/ETP."""
     # Cached on the few fields that matter: the search calls this for thousands of strategies.
-    return list(_per_stage(m, s.tp, s.ep, s.etp_, tuple(stage_layers(m, s))))
+    return list(_per_stage(m, s.layout.tp, s.layout.ep, s.layout.etp_, tuple(stage_layers(m, s))))
 
 
 @lru_cache(maxsize=8192)
@@ -157,7 +157,7 @@ def optimizer_params(dense: float, expert: float, s: Strategy) -> float:
     The distributed optimizer shards dense state over DP x CP and expert state over expert-DP =
     tp*cp*dp/(ep*etp) (Megatron's MoE parallel folding, arXiv 2504.14960); without it a rank holds all.
     """
-    if not s.distributed_optimizer:
+    if not s.memory.distributed_optimizer:
         return dense + expert
-    dp = s.dp or 1
-    return dense / (dp * s.cp) + expert / max(1, s.tp * s.cp * dp // (s.ep * s.etp_))
+    dp = s.layout.dp or 1
+    return dense / (dp * s.layout.cp) + expert / max(1, s.layout.tp * s.layout.cp * dp // (s.layout.ep * s.layout.etp_))

@@ -160,7 +160,7 @@ def generation(
     rs = fn(m, hw, cluster, s, wl, cal)
     decode = rs["decode_s"]
     if partial and not hw.native_rollout:
-        replicas = max(1, cluster.gpus // s.rollout_tp)
+        replicas = max(1, cluster.gpus // s.rollout.rollout_tp)
         seqs = wl.prompts * wl.n / replicas
         decode = seqs * wl.mean_response_len / rs["concurrency"] * rs["decode_step_s"]
     gen = rs["prefill_s"] + decode + cal["rollout_overhead_s"]
@@ -177,7 +177,7 @@ def rollout_memory(
             hint="give a vLLM hardware profile to --rollout-hardware",
         )
     kvc = memory.kv_cache_capacity(m, hw, s, wl, cluster.gpus)
-    graphs = 0.0 if s.enforce_eager else memory.CUDA_GRAPH_BYTES
+    graphs = 0.0 if s.rollout.enforce_eager else memory.CUDA_GRAPH_BYTES
     parts = {
         "rollout_weights": kvc.weights_bytes,
         "rollout_activations": kvc.working_bytes - graphs,
@@ -243,10 +243,10 @@ def cross_pool_sync(
     nbytes = c["total_params"] * PARAM_BYTES
     ws = weight_sync_s(m, hw_train, ps.train, train_strategy(s), cal)
     bw, lat = sync_link(hw_train, hw_roll, ps.shared_nodes, cal)
-    buckets = math.ceil(nbytes / s.sync_bucket_bytes)
+    buckets = math.ceil(nbytes / s.rollout.sync_bucket_bytes)
     transfer = nbytes / bw + buckets * lat
     e = hw_roll.efficiency
-    copy = nbytes / s.rollout_tp / (hw_roll.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
+    copy = nbytes / s.rollout.rollout_tp / (hw_roll.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
     overhead = c["hf_tensors"] * e.sync_tensor_overhead_s + buckets * e.sync_bucket_overhead_s
     export = ws["gather_s"] + ws["onload_s"]
     total = export + transfer + copy + overhead + cal["weight_sync_overhead_s"]
@@ -446,10 +446,10 @@ def estimate_separate(
         hardware=hardware,
         cluster=cluster,
         strategy=train.strategy.replace(
-            rollout_tp=s.rollout_tp,
-            gpu_memory_utilization=s.gpu_memory_utilization,
-            max_num_seqs=s.max_num_seqs,
-            enforce_eager=s.enforce_eager,
+            rollout_tp=s.rollout.rollout_tp,
+            gpu_memory_utilization=s.rollout.gpu_memory_utilization,
+            max_num_seqs=s.rollout.max_num_seqs,
+            enforce_eager=s.rollout.enforce_eager,
             free_cache_engine=False,
         ),
         workload=wl,
@@ -489,7 +489,7 @@ def colocated_figures(est: Estimate) -> dict[str, Any]:
 
 def _check_rollout_degrees(m: ModelSpec, s: Strategy, roll: Cluster) -> None:
     """vLLM's TP must divide the rollout pool and the heads, within one of the pool's nodes."""
-    rtp = s.rollout_tp
+    rtp = s.rollout.rollout_tp
     kv = m.heads if m.is_mla else m.kv_heads
     if roll.gpus % rtp:
         raise InvalidDegreesError(

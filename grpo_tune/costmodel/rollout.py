@@ -64,7 +64,7 @@ class _DecodeStep:
     ):
         e = hw.efficiency
         c = model_consts(m)
-        rtp = s.rollout_tp
+        rtp = s.rollout.rollout_tp
         self.m, self.hw, self.rtp, self.cal, self.prompt = m, hw, rtp, cal, prompt
         self.gpn = cluster.gpus_per_node
         # Decode is priced on two rooflines, each counted once: HBM traffic at the kernels' share of the
@@ -88,7 +88,7 @@ class _DecodeStep:
         self.graph_ovh = e.decode_step_overhead_s
         self.seq_ovh = e.decode_sequence_overhead_s
         self.eager_ovh = self.graph_ovh + m.layers * e.eager_layer_overhead_s
-        self.eager = s.enforce_eager
+        self.eager = s.rollout.enforce_eager
         self.moe_eff = e.moe_decode_efficiency
 
     def __call__(self, conc: float, ctx: float) -> tuple[float, bool]:
@@ -126,12 +126,12 @@ def rollout_s(
         id(wl),
         cluster.gpus,
         cluster.gpus_per_node,
-        s.rollout_tp,
-        s.gpu_memory_utilization,
-        s.max_num_seqs,
-        s.max_num_batched_tokens,
-        s.enforce_eager,
-        s.chunked_prefill,
+        s.rollout.rollout_tp,
+        s.rollout.gpu_memory_utilization,
+        s.rollout.max_num_seqs,
+        s.rollout.max_num_batched_tokens,
+        s.rollout.enforce_eager,
+        s.rollout.chunked_prefill,
         tuple(cal.values()),
     )
     hit = _CACHE.get(key)
@@ -149,7 +149,7 @@ def _rollout_s(
 ) -> dict[str, float]:
     e = hw.efficiency
     c = model_consts(m)
-    rtp = s.rollout_tp
+    rtp = s.rollout.rollout_tp
     replicas = max(1, cluster.gpus // rtp)
     seqs = wl.prompts * wl.n / replicas
     d = response_dist(wl)
@@ -159,7 +159,11 @@ def _rollout_s(
     # Prefill: the n copies of a prompt share it (prefix caching), so each unique prompt is
     # computed once, in chunks of max_num_batched_tokens.
     pre_tokens = seqs / wl.n * prompt
-    chunk = s.max_num_batched_tokens if s.chunked_prefill else max(s.max_num_batched_tokens, wl.prompt_len)
+    chunk = (
+        s.rollout.max_num_batched_tokens
+        if s.rollout.chunked_prefill
+        else max(s.rollout.max_num_batched_tokens, wl.prompt_len)
+    )
     pre_rows = min(chunk, max(1.0, pre_tokens))
     pre_flops = (
         pre_tokens * (step.body_flops + step.attn * prompt * attention_fraction(hw)) + seqs * c["head_flops"]
@@ -174,7 +178,7 @@ def _rollout_s(
     # Concurrency: max_num_seqs, the KV cache (a sequence holds prompt + mean response tokens at its
     # end; vLLM allocates blocks as sequences grow) and the sequences this replica has.
     kv_tokens = memory.kv_cache_capacity(m, hw, s, wl).tokens
-    conc = max(1.0, min(seqs, float(s.max_num_seqs), kv_tokens / (prompt + mean)))
+    conc = max(1.0, min(seqs, float(s.rollout.max_num_seqs), kv_tokens / (prompt + mean)))
     t_full, bound = step(conc, prompt + mean / 2)
     steady = max(0.0, seqs - conc) * mean / conc * t_full
     longest = d.expected_max(seqs)
@@ -203,11 +207,11 @@ def native_rollout_s(
     last token's fp32 logits are summed over the world."""
     e = hw.efficiency
     seqs = wl.prompts * wl.n
-    dp = s.dp or 1
-    rows = -(-seqs // (dp * s.pp))
+    dp = s.layout.dp or 1
+    rows = -(-seqs // (dp * s.layout.pp))
     ctx = wl.prompt_len + wl.response_len / 2  # padded prefix length, averaged over the steps
     fwd, _ = train_s(
-        m, hw, cluster, s, tokens_mb=rows * ctx, micro_batches=s.pp, seq_len=ctx, cal=cal, forward_only=True
+        m, hw, cluster, s, tokens_mb=rows * ctx, micro_batches=s.layout.pp, seq_len=ctx, cal=cal, forward_only=True
     )
     gather = comm.all_reduce_s(
         seqs * m.vocab * 4, cluster.gpus, *comm.link(hw, cluster.gpus, cluster.gpus_per_node, cal)

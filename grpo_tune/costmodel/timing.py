@@ -51,19 +51,23 @@ def micro_batch_plan(
     each. Dynamic batching (verl's rearrange_micro_batches): ceil(tokens / (cap x packing
     efficiency)) micro-batches, the same count on every DP rank, rounded up to a multiple of pp
     with interleaving."""
-    dp = s.dp or 1
+    dp = s.layout.dp or 1
     per_dp = sequences / dp
     seq = wl.mean_seq_len
-    cap = (s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu) if logprob else s.max_tokens_per_gpu
+    cap = (
+        (s.batching.log_prob_max_tokens_per_gpu or s.batching.max_tokens_per_gpu)
+        if logprob
+        else s.batching.max_tokens_per_gpu
+    )
     if not cap:
-        mbs = s.log_prob_mbs_ if logprob else s.mbs
+        mbs = s.batching.log_prob_mbs_ if logprob else s.batching.mbs
         micro = max(1, math.ceil(per_dp / mbs))
         return min(mbs, per_dp) * seq, micro
     tokens = per_dp * seq
     # verl multiplies the cap by the CP size (transformer_impl: max_token_len * sp_size).
-    micro = max(1, math.ceil(tokens / (cap * s.cp * packing_efficiency)))
-    if s.vpp > 1:
-        micro = -(-micro // s.pp) * s.pp
+    micro = max(1, math.ceil(tokens / (cap * s.layout.cp * packing_efficiency)))
+    if s.layout.vpp > 1:
+        micro = -(-micro // s.layout.pp) * s.layout.pp
     return tokens / micro, micro
 
 
@@ -73,8 +77,8 @@ def step_time(
     """``(time, throughput, details)`` for a resolved strategy (dp filled in by strategy.validate): the inputs
     of :func:`costmodel.estimate.estimate` in this module's short names, ``cal`` its calibration overrides."""
     cal = check_calibration(cal)
-    if s.dp is None:
-        s = s.replace(dp=cluster.gpus // (s.tp * s.pp * s.cp))
+    if s.layout.dp is None:
+        s = s.replace(dp=cluster.gpus // (s.layout.tp * s.layout.pp * s.layout.cp))
     if wl.kind == "pretrain":
         phases, details, tokens, model_flops = _pretrain(m, hw, cluster, s, wl, cal)
     else:
@@ -100,7 +104,7 @@ def _pretrain(m, hw, cluster, s, wl, cal):
     tok_mb, micro = micro_batch_plan(s, wl, wl.gbs, hw.efficiency.packing_efficiency)
     parts, _ = train_s(m, hw, cluster, s, tokens_mb=tok_mb, micro_batches=micro, seq_len=wl.seq_len, cal=cal)
     upd = parts.total_s + cal["update_overhead_s"]
-    off = offload_s(m, hw, s, wl) + (cal["offload_overhead_s"] if s.offload else 0.0)
+    off = offload_s(m, hw, s, wl) + (cal["offload_overhead_s"] if s.memory.offload else 0.0)
     tokens = wl.gbs * wl.seq_len
     flops = 3 * tokens * forward_flops_per_token(m, wl.seq_len, causal_fraction=attention_fraction(hw))
     details = _train_details(parts, s)
@@ -111,7 +115,7 @@ def _train_details(parts, s: Strategy) -> dict[str, float]:
     return {
         "micro_batches": float(parts.micro_batches),
         "tokens_per_micro_batch": parts.tokens_per_micro_batch,
-        "bubble_fraction": (s.pp - 1) / (s.vpp * parts.micro_batches),
+        "bubble_fraction": (s.layout.pp - 1) / (s.layout.vpp * parts.micro_batches),
         "dp_exposed_s": parts.dp_s,
         "optimizer_s": parts.optimizer_s,
     }
@@ -162,7 +166,7 @@ def _grpo(m, hw, cluster, s, wl, cal):
         lt=lt if tok_mb == tok_lp else None,
     )  # same micro-batch shape: same per-layer times
     upd = wl.ppo_epochs * (wl.prompts // wl.mini_batch) * mini.total_s + cal["update_overhead_s"]
-    off = offload_s(m, hw, s, wl) + (cal["offload_overhead_s"] if s.offload else 0.0)
+    off = offload_s(m, hw, s, wl) + (cal["offload_overhead_s"] if s.memory.offload else 0.0)
     tokens = seqs * seq
     passes = 2 + (1 if wl.kl else 0) + 3 * wl.ppo_epochs  # generate, old, ref, update (fwd + 2x bwd)
     flops = passes * tokens * forward_flops_per_token(m, seq, causal_fraction=attention_fraction(hw))

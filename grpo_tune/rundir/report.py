@@ -31,21 +31,21 @@ PHASE_COLORS = {
 
 def plan_label(s: Strategy) -> str:
     """Short plan name for tables and plot axes."""
-    parts = [f"tp{s.tp}", f"pp{s.pp}"]
-    if s.vpp > 1:
-        parts.append(f"v{s.vpp}")
-    if s.cp > 1:
-        parts.append(f"cp{s.cp}")
-    if s.ep > 1:
-        parts.append(f"ep{s.ep}/etp{s.etp_}")
-    parts.append(f"tok{s.max_tokens_per_gpu}" if s.max_tokens_per_gpu else f"mbs{s.mbs}")
-    parts.append({"none": "rc-", "selective": "rcS", "full": "rcF"}[s.recompute])
-    if s.offload:
-        parts.append("off:" + "".join(o[0] for o in s.offload))
-    if s.cpu_optimizer:
-        parts.append(f"cpuopt{s.cpu_optimizer:g}")
-    parts.append(f"R{s.rollout_tp}@{s.gpu_memory_utilization:g}")
-    parts.append(f"seqs{s.max_num_seqs}" + (" eager" if s.enforce_eager else ""))
+    parts = [f"tp{s.layout.tp}", f"pp{s.layout.pp}"]
+    if s.layout.vpp > 1:
+        parts.append(f"v{s.layout.vpp}")
+    if s.layout.cp > 1:
+        parts.append(f"cp{s.layout.cp}")
+    if s.layout.ep > 1:
+        parts.append(f"ep{s.layout.ep}/etp{s.layout.etp_}")
+    parts.append(f"tok{s.batching.max_tokens_per_gpu}" if s.batching.max_tokens_per_gpu else f"mbs{s.batching.mbs}")
+    parts.append({"none": "rc-", "selective": "rcS", "full": "rcF"}[s.memory.recompute])
+    if s.memory.offload:
+        parts.append("off:" + "".join(o[0] for o in s.memory.offload))
+    if s.memory.cpu_optimizer:
+        parts.append(f"cpuopt{s.memory.cpu_optimizer:g}")
+    parts.append(f"R{s.rollout.rollout_tp}@{s.rollout.gpu_memory_utilization:g}")
+    parts.append(f"seqs{s.rollout.max_num_seqs}" + (" eager" if s.rollout.enforce_eager else ""))
     return " ".join(parts)
 
 
@@ -172,9 +172,9 @@ def plot_compare(rows: Sequence[dict[str, Any]], path: Path) -> Path:
 def batch_cell(s: Strategy) -> str:
     """``mbs 5`` for a fixed micro-batch, ``8k tok`` for dynamic batching's token cap per GPU (it replaces
     the micro-batch: verl's use_dynamic_bsz ignores ppo_micro_batch_size_per_gpu)."""
-    cap = s.max_tokens_per_gpu
+    cap = s.batching.max_tokens_per_gpu
     if not cap:
-        return f"mbs {s.mbs}"
+        return f"mbs {s.batching.mbs}"
     return (f"{cap // 1024}k" if cap % 1024 == 0 else f"{cap:,}") + " tok"
 
 
@@ -201,7 +201,7 @@ def plans_table(plans: Sequence[Estimate]) -> list[str]:
                 [
                     str(i + 1),
                     f"`{plan_label(e.strategy)}`",
-                    str(e.strategy.dp),
+                    str(e.strategy.layout.dp),
                     _fmt_s(step_s(e)),
                     *[_fmt_s(ph.get(p)) for p in phases],
                     f"{tokens_per_s_per_gpu(e):,.0f}",
@@ -293,13 +293,13 @@ def _inputs_lines(best: Estimate, run_id: str | None) -> list[str]:
 
 def _batch_text(s: Strategy) -> str:
     """The winner's batching: a token cap is named as one (dynamic batching has no micro-batch size)."""
-    if s.max_tokens_per_gpu:
-        lp = s.log_prob_max_tokens_per_gpu
-        return f"- dynamic batching, token cap {s.max_tokens_per_gpu:,} per GPU" + (
-            f" (log-prob passes {lp:,})" if lp not in (None, s.max_tokens_per_gpu) else ""
+    if s.batching.max_tokens_per_gpu:
+        lp = s.batching.log_prob_max_tokens_per_gpu
+        return f"- dynamic batching, token cap {s.batching.max_tokens_per_gpu:,} per GPU" + (
+            f" (log-prob passes {lp:,})" if lp not in (None, s.batching.max_tokens_per_gpu) else ""
         )
-    return f"- micro-batch {s.mbs}" + (
-        f" (log-prob passes {s.log_prob_mbs})" if s.log_prob_mbs not in (None, s.mbs) else ""
+    return f"- micro-batch {s.batching.mbs}" + (
+        f" (log-prob passes {s.batching.log_prob_mbs})" if s.batching.log_prob_mbs not in (None, s.batching.mbs) else ""
     )
 
 
@@ -316,17 +316,19 @@ def _winner_lines(best: Estimate) -> list[str]:
         "",
         f"`{plan_label(s)}`",
         "",
-        f"- degrees: tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp}"
-        + (f" ep={s.ep} etp={s.etp_}" if best.model.is_moe else "")
-        + f" dp={s.dp}"
+        f"- degrees: tp={s.layout.tp} pp={s.layout.pp} vpp={s.layout.vpp} cp={s.layout.cp}"
+        + (f" ep={s.layout.ep} etp={s.layout.etp_}" if best.model.is_moe else "")
+        + f" dp={s.layout.dp}"
         + (
-            f" (first/last stage layers {s.first_stage_layers}/{s.last_stage_layers})"
-            if s.first_stage_layers or s.last_stage_layers
+            f" (first/last stage layers {s.layout.first_stage_layers}/{s.layout.last_stage_layers})"
+            if s.layout.first_stage_layers or s.layout.last_stage_layers
             else ""
         ),
-        _batch_text(s) + f", sequence parallel {'on' if s.sp else 'off'}, recompute {s.recompute}, "
-        f"distributed optimizer {'on' if s.distributed_optimizer else 'off'}, offload {', '.join(s.offload) or 'none'}",
-        f"- rollout: TP {s.rollout_tp}, gpu_memory_utilization {s.gpu_memory_utilization}; the reference model "
+        _batch_text(s) + f", sequence parallel {'on' if s.layout.sp else 'off'}, recompute {s.memory.recompute}, "
+        f"distributed optimizer {'on' if s.memory.distributed_optimizer else 'off'}, "
+        f"offload {', '.join(s.memory.offload) or 'none'}",
+        f"- rollout: TP {s.rollout.rollout_tp}, gpu_memory_utilization {s.rollout.gpu_memory_utilization}; "
+        "the reference model "
         "uses the actor's degrees",
         f"- predicted step time {_fmt_s(step_s(best))} s, {tokens_per_s_per_gpu(best):,.0f} tokens/s/GPU"
         + ("" if mfu is None else f", MFU {100 * mfu:.1f}%"),

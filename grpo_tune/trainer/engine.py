@@ -137,7 +137,7 @@ class Engine:
     def _pad_seq(self, tokens: torch.Tensor) -> torch.Tensor:
         """Pad the sequence to a multiple of TP (sequence parallel splits it) and 2*CP."""
         s = self.strategy
-        mult = (s.tp if s.sp else 1) * (2 * s.cp if s.cp > 1 else 1)
+        mult = (s.layout.tp if s.layout.sp else 1) * (2 * s.layout.cp if s.layout.cp > 1 else 1)
         S = tokens.shape[1]
         pad = (-S) % mult
         if pad:
@@ -230,7 +230,7 @@ class Engine:
     def thd_packing(self) -> bool:
         """Token-budget micro-batches run as one packed THD row: needs TransformerEngine's
         attention (a GPU with TE); megatron's local attention refuses ``packed_seq_params``."""
-        return tmodel.use_transformer_engine() and self.strategy.cp == 1
+        return tmodel.use_transformer_engine() and self.strategy.layout.cp == 1
 
     def _thd_forward(self, model, mb: dict):
         """Forward a micro-batch as one packed row (its sequences back to back, positions restarting
@@ -238,7 +238,7 @@ class Engine:
         into the padded ``[b, L, V/tp]`` layout, so the loss functions see what they see unpacked."""
         rows, lens = mb["tokens"], list(mb["_lens"])
         flat = torch.cat([rows[i, :n] for i, n in enumerate(lens)])
-        mult = self.strategy.tp if self.strategy.sp else 1
+        mult = self.strategy.layout.tp if self.strategy.layout.sp else 1
         pad = (-flat.numel()) % mult
         if pad:  # sequence parallel splits the packed row over TP: the last sequence absorbs the pad
             flat = torch.cat([flat, flat.new_zeros(pad)])
@@ -308,7 +308,7 @@ class Engine:
         micro, _, _ = self._split_budget({"tokens": padded}, lengths, max_tokens, pad_ok=True, width=S)
         self.last_logprob_micro_batches = len(micro)
         loss_func = self._logprob_loss(with_entropy, temperature)
-        uniform = self.strategy.vpp > 1
+        uniform = self.strategy.layout.vpp > 1
         out = self._run(
             micro,
             loss_func,
@@ -354,7 +354,7 @@ class Engine:
         from megatron.core import parallel_state as ps
         from megatron.core.inference.contexts import StaticInferenceContext
 
-        mbs = micro_batch_size or max(1, -(-batch // (ps.get_data_parallel_world_size() * self.strategy.pp)))
+        mbs = micro_batch_size or max(1, -(-batch // (ps.get_data_parallel_world_size() * self.strategy.layout.pp)))
         rows = self._padded_rows(batch, mbs) // ps.get_data_parallel_world_size()
         ctx = StaticInferenceContext(max_batch_size=rows, max_sequence_length=max_len)
         flipped = []
@@ -411,7 +411,7 @@ class Engine:
         B, S = tokens.shape
         lengths = torch.as_tensor(lengths, dtype=torch.long)
         # one micro-batch per pipeline stage and DP rank keeps every stage busy
-        mbs = micro_batch_size or max(1, -(-B // (ps.get_data_parallel_world_size() * self.strategy.pp)))
+        mbs = micro_batch_size or max(1, -(-B // (ps.get_data_parallel_world_size() * self.strategy.layout.pp)))
         padded = self._pad_seq(tokens.long())
         Sp = padded.shape[1]
         micro, lo, hi = self._split({"tokens": padded, "last": lengths - 1}, mbs, pad_ok=True)
@@ -492,7 +492,7 @@ class Engine:
         for c in self.chunks:
             c.zero_grad_buffer()
         self.optimizer.zero_grad()
-        uniform = bool(max_tokens) and self.strategy.vpp > 1  # one shape per micro-batch (_split_budget)
+        uniform = bool(max_tokens) and self.strategy.layout.vpp > 1  # one shape per micro-batch (_split_budget)
         out = self._run(
             micro,
             loss_func,

@@ -42,8 +42,8 @@ def layout(cfg: RunConfig, *, nnodes: int | None = None) -> Layout:
             "number of processes on every node)",
         )
     s = cfg.strategy
-    dp = s.dp or gpus // (s.tp * s.pp * s.cp)
-    return Layout(world_size=gpus, nnodes=nnodes, nproc_per_node=per, **{**s.degrees(), "dp": dp})
+    dp = s.layout.dp or gpus // (s.layout.tp * s.layout.pp * s.layout.cp)
+    return Layout(world_size=gpus, nnodes=nnodes, nproc_per_node=per, **{**s.layout.degrees(), "dp": dp})
 
 
 def micro_batches(cfg: RunConfig) -> dict[str, int | str | None]:
@@ -55,14 +55,14 @@ def micro_batches(cfg: RunConfig) -> dict[str, int | str | None]:
         "sequences_per_step": seqs,
         "sequences_per_mini_batch": mini,
         "mini_batches_per_step": w.prompts // w.mini_batch,
-        "sequences_per_dp_rank": seqs // s.dp,
-        "mini_batch_per_dp_rank": mini // s.dp,
-        "micro_batches_per_mini_batch": mini // (s.dp * s.mbs),
-        "log_prob_mbs": s.log_prob_mbs_,
-        "log_prob_micro_batches_per_dp_rank": -(-(seqs // s.dp) // s.log_prob_mbs_),
-        "max_tokens_per_gpu": s.max_tokens_per_gpu,
-        "log_prob_max_tokens_per_gpu": s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu,
-        "packing": None if s.max_tokens_per_gpu is None else PACKING_NOTE,
+        "sequences_per_dp_rank": seqs // s.layout.dp,
+        "mini_batch_per_dp_rank": mini // s.layout.dp,
+        "micro_batches_per_mini_batch": mini // (s.layout.dp * s.batching.mbs),
+        "log_prob_mbs": s.batching.log_prob_mbs_,
+        "log_prob_micro_batches_per_dp_rank": -(-(seqs // s.layout.dp) // s.batching.log_prob_mbs_),
+        "max_tokens_per_gpu": s.batching.max_tokens_per_gpu,
+        "log_prob_max_tokens_per_gpu": s.batching.log_prob_max_tokens_per_gpu or s.batching.max_tokens_per_gpu,
+        "packing": None if s.batching.max_tokens_per_gpu is None else PACKING_NOTE,
     }
 
 
@@ -93,10 +93,9 @@ def preflight(
         raise ConfigError(f"--node-rank {node_rank} is outside 0..{lay.nnodes - 1}")
     s, w, t, m = cfg.strategy, cfg.workload, cfg.trainer, cfg.model
     train_world = lay.world_size - (cfg.placement.rollout_gpus if cfg.placement.separate else 0)
-    if s.tp * s.pp * s.cp * s.dp != train_world:  # validate() guarantees it; kept as a guard
-        raise InvalidDegreesError(
-            f"tp*pp*cp*dp = {s.tp * s.pp * s.cp * s.dp} differs from the training world size {train_world}"
-        )
+    world = s.layout.model_parallel * (s.layout.dp or 1)
+    if world != train_world:  # validate() guarantees it; kept as a guard
+        raise InvalidDegreesError(f"tp*pp*cp*dp = {world} differs from the training world size {train_world}")
     if cfg.placement.separate:
         from .separate import check_separate
 
@@ -137,8 +136,8 @@ def preflight(
         raise ConfigError("trainer.steps and trainer.checkpoint_every must be >= 1")
     if (
         need_torch
-        and s.precision_aware_optimizer
-        and not s.cpu_optimizer
+        and s.memory.precision_aware_optimizer
+        and not s.memory.cpu_optimizer
         and not cfg.hardware.native_rollout
         and importlib.util.find_spec("transformer_engine") is None
     ):

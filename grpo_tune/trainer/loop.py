@@ -175,18 +175,18 @@ class LoopConfig:
             n=w.n,
             mini_batch=w.mini_batch,
             ppo_epochs=w.ppo_epochs,
-            mbs=s.mbs,
+            mbs=s.batching.mbs,
             max_response_len=w.response_len,
-            log_prob_mbs=s.log_prob_mbs,
+            log_prob_mbs=s.batching.log_prob_mbs,
             seed=t.seed,
             temperature=t.temperature,
             top_p=t.top_p,
             norm_adv_by_std=t.norm_adv_by_std,
             loss=LossConfig.from_options(t, use_kl=w.kl),
-            seq_multiple=s.tp * s.cp if s.sp or s.cp > 1 else 1,
+            seq_multiple=s.layout.tp * s.layout.cp if s.layout.sp or s.layout.cp > 1 else 1,
             max_seq_len=cfg.model.max_seq_len,
-            max_tokens_per_gpu=s.max_tokens_per_gpu,
-            log_prob_max_tokens_per_gpu=s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu,
+            max_tokens_per_gpu=s.batching.max_tokens_per_gpu,
+            log_prob_max_tokens_per_gpu=s.batching.log_prob_max_tokens_per_gpu or s.batching.max_tokens_per_gpu,
         )
 
 

@@ -132,7 +132,9 @@ def build(
     if rollout is None:
         rollout = get_rollout_engine(t.rollout_engine, **rollout_kwargs(cfg, actor, tokenizer))
     lc = LoopConfig.from_run_config(cfg)
-    d = Dist(rank=lay.rank, world_size=lay.world_size, rollout_tp=cfg.strategy.rollout_tp, log_rank=lay.rank == 0)
+    d = Dist(
+        rank=lay.rank, world_size=lay.world_size, rollout_tp=cfg.strategy.rollout.rollout_tp, log_rank=lay.rank == 0
+    )
     loop = (loop_cls or GRPOLoop)(
         lc,
         actor=actor,
@@ -146,7 +148,7 @@ def build(
         out_dir=t.out_dir,
         checkpoint_every=t.checkpoint_every if checkpoint_every is None else checkpoint_every,
         log_every=t.log_every,
-        offloader=Offloader(actor, cfg.strategy.offload) if cfg.strategy.offload else None,
+        offloader=Offloader(actor, cfg.strategy.memory.offload) if cfg.strategy.memory.offload else None,
     )
     return loop, lay
 
@@ -160,13 +162,13 @@ def rollout_kwargs(cfg: RunConfig, actor, tokenizer) -> dict:
     if name == "megatron":
         kw["max_seq_len"] = cfg.workload.prompt_len + cfg.workload.response_len
         s = cfg.strategy
-        if s.rollout_tp != s.tp:
+        if s.rollout.rollout_tp != s.layout.tp:
             import torch.distributed as dist
 
             if not dist.is_initialized() or dist.get_rank() == 0:
                 print(
-                    f"[trainer] the native Megatron sampler generates with the training layout (tp={s.tp}); "
-                    f"strategy.rollout_tp={s.rollout_tp} applies to the vLLM engine only",
+                    f"[trainer] the native Megatron sampler generates with the training layout (tp={s.layout.tp}); "
+                    f"strategy.rollout_tp={s.rollout.rollout_tp} applies to the vLLM engine only",
                     flush=True,
                 )
     elif name == "vllm":

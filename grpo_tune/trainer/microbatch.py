@@ -43,7 +43,7 @@ def padded_rows(B: int, mbs: int, dp: int, s: Strategy) -> int:
     """``B`` rounded up to whole micro-batches on every DP rank, and under VPP to at least pp of them
     (megatron's interleaved schedule needs as many micro-batches per DP rank as stages)."""
     unit = dp * mbs
-    least = unit * s.pp if s.vpp > 1 else unit
+    least = unit * s.layout.pp if s.layout.vpp > 1 else unit
     return max(-(-B // unit) * unit, least)
 
 
@@ -60,7 +60,7 @@ def split_rows(batch: dict, mbs: int, *, dp: int, rank: int, s: Strategy, device
         if not pad_ok:
             raise ValueError(
                 f"batch of {B} sequences is not a multiple of dp*micro_batch_size = {dp}*{mbs}"
-                + (f" or has fewer than pp={s.pp} micro-batches per DP rank (VPP)" if B >= unit else "")
+                + (f" or has fewer than pp={s.layout.pp} micro-batches per DP rank (VPP)" if B >= unit else "")
             )
         batch = repeat_last_row(batch, B, need - B)
         B = need
@@ -109,12 +109,12 @@ def split_budget(
     k = torch.tensor([count(mine, max_tokens)], dtype=torch.long, device=device)
     if dp > 1:
         dist.all_reduce(k, op=dist.ReduceOp.MAX, group=dp_group)
-    groups = pack(mine, max_tokens, min_count=int(k.item()), multiple=s.pp if s.vpp > 1 else 1)
-    mult = s.tp if s.sp else 1
+    groups = pack(mine, max_tokens, min_count=int(k.item()), multiple=s.layout.pp if s.layout.vpp > 1 else 1)
+    mult = s.layout.tp if s.layout.sp else 1
     # megatron's interleaved (VPP) schedule pairs a stage's sends and receives across calls, which
     # its per-call shape exchange (variable_seq_lengths) cannot follow (it hangs): under VPP every
     # micro-batch keeps one shape, [most rows, full width], filler rows fully masked
-    uniform = s.vpp > 1
+    uniform = s.layout.vpp > 1
     most = max((len(g) for g in groups), default=1) or 1
     micro = []
     for g in groups:

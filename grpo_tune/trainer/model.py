@@ -84,7 +84,7 @@ def transformer_config(
         attention_dropout=0.0,
         init_method_std=0.02,
         **megatron_degrees(s),
-        sequence_parallel=s.sp,
+        sequence_parallel=s.layout.sp,
         params_dtype=dt,
         pipeline_dtype=dt,
         bf16=dt == torch.bfloat16,
@@ -103,19 +103,21 @@ def transformer_config(
         # initializing them, and the grad norm skips unmarked params on TP ranks > 0.
         perform_initialization=True,
     )
-    if s.first_stage_layers is not None:
-        kw["num_layers_in_first_pipeline_stage"] = s.first_stage_layers
-    if s.last_stage_layers is not None:
-        kw["num_layers_in_last_pipeline_stage"] = s.last_stage_layers
-    if s.recompute == "selective":
+    if s.layout.first_stage_layers is not None:
+        kw["num_layers_in_first_pipeline_stage"] = s.layout.first_stage_layers
+    if s.layout.last_stage_layers is not None:
+        kw["num_layers_in_last_pipeline_stage"] = s.layout.last_stage_layers
+    if s.memory.recompute == "selective":
         kw.update(recompute_granularity="selective")
-    elif s.recompute == "full":
+    elif s.memory.recompute == "full":
         # Strategy.recompute_layers = layers per stage recomputed (None = all): megatron's "block"
         # method recomputes the first N layers of each stage; "uniform" with 1 recomputes every layer.
-        if s.recompute_layers is None:
+        if s.memory.recompute_layers is None:
             kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
         else:
-            kw.update(recompute_granularity="full", recompute_method="block", recompute_num_layers=s.recompute_layers)
+            kw.update(
+                recompute_granularity="full", recompute_method="block", recompute_num_layers=s.memory.recompute_layers
+            )
     if m.is_moe:
         kw.update(moe_kwargs(m, aux_loss_coeff=aux_loss_coeff, load_balancing_type=load_balancing_type))
         kw["ffn_hidden_size"] = m.ffn_hidden or m.expert_ffn_hidden  # the dense first layers' MLP
@@ -198,8 +200,8 @@ def build_chunks(m: ModelSpec, s: Strategy, config) -> list:
     compat.fix_shape_exchange()
     te = use_transformer_engine()
     chunks = []
-    vpp = s.vpp if s.vpp > 1 else None
-    for vp in range(s.vpp):
+    vpp = s.layout.vpp if s.layout.vpp > 1 else None
+    for vp in range(s.layout.vpp):
         vp_stage = vp if vpp else None
         spec = get_gpt_decoder_block_spec(config, use_transformer_engine=te, normalization="RMSNorm", vp_stage=vp_stage)
         if getattr(config, "multi_latent_attention", False) and not te:
@@ -209,7 +211,7 @@ def build_chunks(m: ModelSpec, s: Strategy, config) -> list:
         model = GPTModel(
             config=config,
             transformer_layer_spec=spec,
-            vocab_size=padded_vocab(m, s.tp),
+            vocab_size=padded_vocab(m, s.layout.tp),
             max_sequence_length=m.max_seq_len,
             pre_process=pre,
             post_process=post,

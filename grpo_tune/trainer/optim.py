@@ -26,7 +26,7 @@ def wrap_ddp(chunks, config, s: Strategy) -> list:
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         overlap_grad_reduce=False,
-        use_distributed_optimizer=s.distributed_optimizer,
+        use_distributed_optimizer=s.memory.distributed_optimizer,
         check_for_nan_in_grad=False,
     )
     wrapped = [
@@ -57,7 +57,7 @@ def build_optimizer(chunks, config, t: TrainerOptions, s: Strategy, dtype: torch
         bf16=dtype == torch.bfloat16,
         fp16=dtype == torch.float16,
         params_dtype=dtype,
-        use_distributed_optimizer=s.distributed_optimizer,
+        use_distributed_optimizer=s.memory.distributed_optimizer,
         **optimizer_offload_kwargs(s, cuda=torch.cuda.is_available()),
     )
     opt = get_megatron_optimizer(oc, chunks, use_gloo_process_groups=False)
@@ -76,7 +76,10 @@ def optimizer_offload_kwargs(s, *, cuda: bool) -> dict:
     """
     want = [
         n
-        for n, on in (("cpu_optimizer", s.cpu_optimizer), ("precision_aware_optimizer", s.precision_aware_optimizer))
+        for n, on in (
+            ("cpu_optimizer", s.memory.cpu_optimizer),
+            ("precision_aware_optimizer", s.memory.precision_aware_optimizer),
+        )
         if on
     ]
     if not cuda:
@@ -84,12 +87,12 @@ def optimizer_offload_kwargs(s, *, cuda: bool) -> dict:
             log.warning("%s requested: a no-op on CPU (optimizer state already lives in host memory)", ", ".join(want))
         return {}
     kw: dict = {}
-    if s.cpu_optimizer:
+    if s.memory.cpu_optimizer:
         kw.update(
             optimizer_cpu_offload=True,
-            optimizer_offload_fraction=float(s.cpu_optimizer),
-            overlap_cpu_optimizer_d2h_h2d=bool(s.overlap_cpu_optimizer),
+            optimizer_offload_fraction=float(s.memory.cpu_optimizer),
+            overlap_cpu_optimizer_d2h_h2d=bool(s.memory.overlap_cpu_optimizer),
         )
-    if s.precision_aware_optimizer:
+    if s.memory.precision_aware_optimizer:
         kw["use_precision_aware_optimizer"] = True
     return kw

@@ -58,12 +58,12 @@ def megatron_degrees(s: Strategy) -> dict[str, int | None]:
     """The strategy's degrees under megatron-core's names (initialize_model_parallel and
     TransformerConfig take the same keywords)."""
     return dict(
-        tensor_model_parallel_size=s.tp,
-        pipeline_model_parallel_size=s.pp,
-        virtual_pipeline_model_parallel_size=s.vpp if s.vpp > 1 else None,
-        context_parallel_size=s.cp,
-        expert_model_parallel_size=s.ep,
-        expert_tensor_parallel_size=s.etp_,
+        tensor_model_parallel_size=s.layout.tp,
+        pipeline_model_parallel_size=s.layout.pp,
+        virtual_pipeline_model_parallel_size=s.layout.vpp if s.layout.vpp > 1 else None,
+        context_parallel_size=s.layout.cp,
+        expert_model_parallel_size=s.layout.ep,
+        expert_tensor_parallel_size=s.layout.etp_,
     )
 
 
@@ -82,15 +82,15 @@ def reinit(s: Strategy, *, seed: int = 1234) -> Layout:
     from megatron.core import tensor_parallel
 
     world = dist.get_world_size()
-    mp = s.tp * s.pp * s.cp
+    mp = s.layout.tp * s.layout.pp * s.layout.cp
     if world % mp:
         raise InvalidDegreesError(f"tp*pp*cp = {mp} does not divide the world size {world}")
-    if s.dp is not None and s.dp * mp != world:
+    if s.layout.dp is not None and s.layout.dp * mp != world:
         raise InvalidDegreesError(
-            f"tp*pp*cp*dp = {mp * s.dp} differs from the world size {world}",
-            hint=f"launch {mp * s.dp} processes (cluster.gpus)",
+            f"tp*pp*cp*dp = {mp * s.layout.dp} differs from the world size {world}",
+            hint=f"launch {mp * s.layout.dp} processes (cluster.gpus)",
         )
-    if s.cp > 1 and compat.active():
+    if s.layout.cp > 1 and compat.active():
         # megatron's context parallel needs TransformerEngine's attention (CUDA only).
         raise InvalidDegreesError(
             "cp > 1 needs TransformerEngine on a GPU; the CPU backend has none", hint="set cp: 1 for CPU runs"

@@ -227,7 +227,7 @@ def train_pool(cfg, pools: Pools) -> list[dict]:
     loop.pools = pools
     loop.total_steps = cfg.trainer.steps
     loop.staleness = cfg.placement.staleness
-    loop.bucket_bytes = cfg.strategy.sync_bucket_bytes
+    loop.bucket_bytes = cfg.strategy.rollout.sync_bucket_bytes
     send_weights(loop.actor, pools, loop.bucket_bytes)  # version 0: both pools start from the same weights
     return loop.run(cfg.trainer.steps)
 
@@ -240,15 +240,15 @@ def rollout_strategy(cfg):
     from grpo_tune.core.strategy import Strategy
 
     s, r = cfg.strategy, cfg.placement.rollout_gpus
-    if r % s.rollout_tp:
-        raise ConfigError(f"strategy.rollout_tp {s.rollout_tp} does not divide placement.rollout_gpus {r}")
-    return Strategy(
-        tp=s.rollout_tp,
-        dp=r // s.rollout_tp,
-        mbs=s.log_prob_mbs_,
+    if r % s.rollout.rollout_tp:
+        raise ConfigError(f"strategy.rollout_tp {s.rollout.rollout_tp} does not divide placement.rollout_gpus {r}")
+    return Strategy.of(
+        tp=s.rollout.rollout_tp,
+        dp=r // s.rollout.rollout_tp,
+        mbs=s.batching.log_prob_mbs_,
         recompute="none",
-        rollout_tp=s.rollout_tp,
-        sync_bucket_mb=s.sync_bucket_mb,
+        rollout_tp=s.rollout.rollout_tp,
+        sync_bucket_mb=s.rollout.sync_bucket_mb,
     )
 
 
@@ -272,7 +272,7 @@ def rollout_pool(cfg, pools: Pools, *, items=None, tokenizer=None) -> None:
     lc = LoopConfig.from_run_config(cfg)
     stream = PromptStream(list(items), lc.prompts, seed=lc.seed)
     engine_name = resolve_engine_name(cfg.trainer.rollout_engine)
-    bucket = cfg.strategy.sync_bucket_bytes
+    bucket = cfg.strategy.rollout.sync_bucket_bytes
     K, steps = cfg.placement.staleness, cfg.trainer.steps
     if engine_name == "vllm":  # GPU: vLLM serves the pool (tests/test_trainer_gpu.py)
         from .rollout import get_rollout_engine

@@ -118,7 +118,7 @@ def plan(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[Any, HardwareSpe
         cluster = Cluster(gpus=gpus, gpus_per_node=_i(r, "gpus_per_node") or hw.gpus_per_node)
         off = tuple(o for o in (r.get("offload") or "").split(",") if o)
         cpu = (r.get("cpu_optimizer") or "").strip()
-        s = Strategy(
+        s = Strategy.of(
             **_ones(r, "tp", "pp", "cp", "ep", "rollout_tp", "mbs"),
             etp=_i(r, "etp"),
             last_stage_layers=_i(r, "last_stage_layers"),

@@ -168,7 +168,7 @@ def korthikanti_model_flops(row: Row) -> float:
 
 def predict_step_s(row: Row, hw: HardwareSpec, calibration: dict[str, float] | None = None) -> float:
     m = gpt_model(row)
-    s = Strategy(**{k: getattr(row, k) for k in _PLAN_COLUMNS})
+    s = Strategy.of(**{k: getattr(row, k) for k in _PLAN_COLUMNS})
     s = validate_degrees(m, s, row.gpus, gpus_per_node=hw.gpus_per_node)
     wl = Workload(kind="pretrain", seq_len=row.seq_len, gbs=row.gbs)
     time, _, _ = step_time(m, hw, Cluster(gpus=row.gpus, gpus_per_node=hw.gpus_per_node), s, wl, cal=calibration)

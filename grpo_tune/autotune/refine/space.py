@@ -6,7 +6,7 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from grpo_tune.core.config import TrainerOptions
 from grpo_tune.core.errors import GrpoTuneError
@@ -25,7 +25,7 @@ RECOMPUTE_LEVEL = {"none": 0.0, "selective": 0.5, "full": 1.0}
 def plan_key(s: Strategy) -> str:
     """A stable, readable key for a resolved strategy (stored on each trial; duplicates compare it)."""
     d = s.to_dict()
-    d["offload"] = "+".join(d["offload"]) or "none"
+    d["offload"] = "+".join(s.memory.offload) or "none"
     return ",".join(f"{k}={d[k]}" for k in sorted(d))
 
 
@@ -36,10 +36,10 @@ INT_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "mbs", "max_tokens_per_gpu", "rollou
 def knob_params(s: Strategy) -> dict[str, Any]:
     """A plan's real knobs as Optuna parameters, so optuna-dashboard's importance, slice and contour
     views read tp, pp, ... rather than a position in a list (the plan's rank is a user attribute)."""
-    out: dict[str, Any] = {k: int(getattr(s, k) or 0) for k in INT_KNOBS}
-    out["recompute"] = s.recompute
-    out["offload"] = ",".join(o for o in OFFLOAD if o in s.offload) or "none"  # one spelling per set
-    out["gpu_memory_utilization"] = float(s.gpu_memory_utilization)
+    out: dict[str, Any] = {k: int(cast(int | None, s.knob(k)) or 0) for k in INT_KNOBS}
+    out["recompute"] = s.memory.recompute
+    out["offload"] = ",".join(o for o in OFFLOAD if o in s.memory.offload) or "none"  # one spelling per set
+    out["gpu_memory_utilization"] = float(s.rollout.gpu_memory_utilization)
     return out
 
 
@@ -92,7 +92,7 @@ def build_space(
     pool: list[Estimate] = list(ranked)
     pins = dict(pins or {})
     if ranked and "gpu_memory_utilization" not in pins:
-        pins["gpu_memory_utilization"] = ranked[0].strategy.gpu_memory_utilization
+        pins["gpu_memory_utilization"] = ranked[0].strategy.rollout.gpu_memory_utilization
     space = Space(model, hardware, cluster, workload, pins, allow_cross_node_tp)
     if space.candidate_count() <= MAX_SPACE:
         for s in space.candidates():
@@ -167,21 +167,21 @@ def features(s: Strategy) -> list[float]:
     """A plan as numbers for the similarity kernel: one unit per doubling of a degree or size."""
     lg = lambda x: math.log2(x) if x else 0.0
     return [
-        lg(s.tp),
-        lg(s.pp),
-        lg(s.dp),
-        lg(s.vpp),
-        lg(s.cp),
-        lg(s.ep),
-        lg(s.mbs),
-        RECOMPUTE_LEVEL.get(s.recompute, 0.5),
-        float(bool(s.sequence_parallel)),  # None (auto) counts as off, as before for False
-        float(s.distributed_optimizer),
-        len(s.offload) / 3,
-        lg(s.rollout_tp),
-        2.0 * s.gpu_memory_utilization,
-        lg(s.max_tokens_per_gpu or 0) / 4,
-        float(s.cpu_optimizer or 0.0),
+        lg(s.layout.tp),
+        lg(s.layout.pp),
+        lg(s.layout.dp),
+        lg(s.layout.vpp),
+        lg(s.layout.cp),
+        lg(s.layout.ep),
+        lg(s.batching.mbs),
+        RECOMPUTE_LEVEL.get(s.memory.recompute, 0.5),
+        float(bool(s.layout.sequence_parallel)),  # None (auto) counts as off, as before for False
+        float(s.memory.distributed_optimizer),
+        len(s.memory.offload) / 3,
+        lg(s.rollout.rollout_tp),
+        2.0 * s.rollout.gpu_memory_utilization,
+        lg(s.batching.max_tokens_per_gpu or 0) / 4,
+        float(s.memory.cpu_optimizer or 0.0),
     ]
 
 

@@ -190,7 +190,7 @@ class Space:
         try:
             validate(
                 self.model,
-                Strategy(**lay),
+                Strategy.of(**lay),
                 self.cluster.gpus,
                 gpus_per_node=self.cluster.gpus_per_node,
                 allow_cross_node_tp=self.allow_cross_node_tp,
@@ -307,7 +307,7 @@ class Space:
     def strategy(self, lay: dict[str, Any], opt: dict[str, Any], roll: tuple) -> Strategy:
         eng = roll[2] if len(roll) > 2 else {}
         fixed = {k: self.pins[k] for k in ENGINE_KEYS if k in self.pins and k not in opt and k not in eng}
-        return Strategy(
+        return Strategy.of(
             **lay,
             **opt,
             **fixed,
@@ -335,7 +335,7 @@ class Space:
 def _plan_ok(model: ModelSpec, workload: Workload, lay: tuple, mbs: int, dp: int) -> bool:
     """No shared megatron refusal (core.support.check_plan) for this layout and micro-batch size;
     cached because the search asks for a layout's options several times."""
-    return not check_plan(model, Strategy(**dict(lay), mbs=mbs, dp=dp), workload=workload)
+    return not check_plan(model, Strategy.of(**dict(lay), mbs=mbs, dp=dp), workload=workload)
 
 
 def _stages(layers: int, pp: int, first: int | None, last: int | None) -> list[int] | None:

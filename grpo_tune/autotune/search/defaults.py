@@ -91,7 +91,7 @@ def prefer_defaults(
     for knob in KNOBS:
         if knob in pins or knob not in defaults:
             continue
-        have = getattr(cur.strategy, knob)
+        have = cur.strategy.knob(knob)
         default = defaults[knob]
         if knob == "offload" and set(have) == set(default or ()):
             continue

@@ -142,7 +142,7 @@ def _trainer_runs(space: Space) -> list[dict[str, Any]]:
     """The space's layouts that grpo-tune's own trainer runs (core.support.trainer_only: no CP, the
     model families it builds): the search never emits a plan ``train`` would refuse. A pin or a model
     that only the trainer refuses is a coded error here; ``grpo-tune estimate`` still prices it for verl."""
-    pinned = trainer_only(space.model, Strategy(cp=space.pins.get("cp", 1)))
+    pinned = trainer_only(space.model, Strategy.of(cp=space.pins.get("cp", 1)))
     if pinned:
         f = pinned[0]
         raise GrpoTuneError(
@@ -150,7 +150,7 @@ def _trainer_runs(space: Space) -> list[dict[str, Any]]:
             code=f.code,
             hint=f"{f.hint}; `grpo-tune estimate` prices the plan for verl",
         )
-    return [lay for lay in space.layouts() if not trainer_only(space.model, Strategy(**lay))]
+    return [lay for lay in space.layouts() if not trainer_only(space.model, Strategy.of(**lay))]
 
 
 def search(
@@ -490,7 +490,7 @@ def _explain_empty(space: Space, layouts: list, rolls: list) -> None:
     if not rolls:
         rt = pins.get("rollout_tp")
         if rt is not None:
-            validate(space.model, Strategy(rollout_tp=rt, tp=1), space.cluster.gpus)  # raises the specific reason
+            validate(space.model, Strategy.of(rollout_tp=rt, tp=1), space.cluster.gpus)  # raises the specific reason
         raise InvalidDegreesError(
             f"no rollout TP fits {space.model.name}'s weights on {space.cluster.gpus} GPUs",
             "use more GPUs or a GPU with more memory",
@@ -498,7 +498,7 @@ def _explain_empty(space: Space, layouts: list, rolls: list) -> None:
     train = {k: pins[k] for k in LAYOUT_KEYS if k in pins}
     if train:
         # Let the validator name the reason for the pinned degrees (raises a coded error).
-        s = Strategy(**train, rollout_tp=pins.get("rollout_tp", 1))
+        s = Strategy.of(**train, rollout_tp=pins.get("rollout_tp", 1))
         validate(
             space.model,
             s,
@@ -548,7 +548,7 @@ def _no_fit_from(est: Estimate, space: Space, margin: float = 0.0) -> NoFeasible
             f"shorter responses (--response-len {max(1, space.workload.response_len // 2)})",
             "a lower --gpu-memory-utilization or a larger --rollout-tp",
         ]
-    if len(s.offload) < len(OFFLOAD):
+    if len(s.memory.offload) < len(OFFLOAD):
         tips.append("offload (--offload param,grad,optimizer)")
     else:
         tips.append("offload is already on in the closest plan")
@@ -563,8 +563,9 @@ def _no_fit_from(est: Estimate, space: Space, margin: float = 0.0) -> NoFeasible
         )
     return NoFeasiblePlanError(
         f"no plan for {space.model.name} fits on {gpus} x {space.hardware.name}: the closest "
-        f"(tp={s.tp} pp={s.pp} cp={s.cp} ep={s.ep} recompute={s.recompute} offload={','.join(s.offload) or 'none'} "
-        f"rollout_tp={s.rollout_tp}) needs {need / GiB:.1f} GiB in the tightest phase '{phase.name}' "
+        f"(tp={s.layout.tp} pp={s.layout.pp} cp={s.layout.cp} ep={s.layout.ep} recompute={s.memory.recompute} "
+        f"offload={','.join(s.memory.offload) or 'none'} "
+        f"rollout_tp={s.rollout.rollout_tp}) needs {need / GiB:.1f} GiB in the tightest phase '{phase.name}' "
         + (
             f"> {(cap - margin) / GiB:.1f} GiB ({cap / GiB:.1f} GiB capacity less a {margin / GiB:.1f} GiB "
             "safety margin)"

@@ -20,7 +20,11 @@ Megatron-LM runs (README, "Measured figures"); plans closer than this cannot be 
 
 def layout(s) -> dict[str, Any]:
     """What makes a layout: the parallel degrees and the pipeline split (not mbs, recompute, offload, rollout)."""
-    return {**s.degrees(), "first_stage_layers": s.first_stage_layers, "last_stage_layers": s.last_stage_layers}
+    return {
+        **s.layout.degrees(),
+        "first_stage_layers": s.layout.first_stage_layers,
+        "last_stage_layers": s.layout.last_stage_layers,
+    }
 
 
 def layout_key(s) -> tuple[Any, ...]:

@@ -24,19 +24,20 @@ pipeline fill of the forward passes, so the largest is not always the fastest.""
 
 
 def log_prob_choices(s: Strategy, w: Workload, most: int, gpus: int) -> list[int]:
-    """The log-prob micro-batches above ``s.mbs`` and at most ``most`` that verl 0.9.1 accepts for plan ``s``
+    """The log-prob micro-batches above ``s.batching.mbs`` and at most ``most`` that verl 0.9.1 accepts for plan ``s``
     (core.rules.check_log_prob_batches: divisors of a DP rank's step batch, with vpp a multiple of pp
     micro-batches), ascending; none for a plan with dynamic batching or a log-prob micro-batch already set."""
-    if s.log_prob_mbs is not None or s.max_tokens_per_gpu is not None or w.kind != "grpo":
+    if s.batching.log_prob_mbs is not None or s.batching.max_tokens_per_gpu is not None or w.kind != "grpo":
         return []
-    dp = s.dp or gpus // (s.tp * s.pp * s.cp)
+    dp = s.layout.dp or gpus // (s.layout.tp * s.layout.pp * s.layout.cp)
     if dp < 1 or (w.prompts * w.n) % dp:
         return []
     per_rank = w.prompts * w.n // dp
     return [
         v
         for v in divisors(per_rank)
-        if s.mbs < v <= most and not check_log_prob_batches(w, dp=dp, log_prob_mbs=v, pp=s.pp, vpp=s.vpp)
+        if s.batching.mbs < v <= most
+        and not check_log_prob_batches(w, dp=dp, log_prob_mbs=v, pp=s.layout.pp, vpp=s.layout.vpp)
     ]
 
 

@@ -140,7 +140,7 @@ def best_rollout(
 ) -> tuple[dict[str, Any], float] | None:
     """The fastest rollout engine that fits the pool: (knobs, generation seconds), or None."""
     best = None
-    base = Strategy(**{k: v for k, v in pins.items() if k in ("max_num_batched_tokens", "chunked_prefill")})
+    base = Strategy.of(**{k: v for k, v in pins.items() if k in ("max_num_batched_tokens", "chunked_prefill")})
     for opt in rollout_options(m, hw, roll, pins):
         s = P.rollout_strategy(base.replace(**opt))
         _, viol = P.rollout_memory(m, hw, roll, s, wl)
@@ -421,7 +421,7 @@ def _sync_proxy(m, hw, hw_r, pool_of, cal, cands, gens, partial_for) -> dict[int
         g = gens.get((r, partial_for[0])) or next((v for (rr, _), v in gens.items() if rr == r and v), None)
         if g is None:
             continue
-        s = Strategy(rollout_tp=g[0]["rollout_tp"])
+        s = Strategy.of(rollout_tp=g[0]["rollout_tp"])
         sy = P.cross_pool_sync(m, hw, hw_r, pool_of[r], s, cal)
         out[r] = sy["sync_s"] - sy["export_s"]
     return out

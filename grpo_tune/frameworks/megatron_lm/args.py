@@ -27,44 +27,44 @@ def megatron_args(cfg: RunConfig) -> list[str]:
     m, s, w = cfg.model, cfg.strategy, cfg.workload
     a: list[str] = [
         "--tensor-model-parallel-size",
-        str(s.tp),
+        str(s.layout.tp),
         "--pipeline-model-parallel-size",
-        str(s.pp),
+        str(s.layout.pp),
         "--context-parallel-size",
-        str(s.cp),
+        str(s.layout.cp),
     ]
-    if s.vpp > 1:
-        a += ["--num-virtual-stages-per-pipeline-rank", str(s.vpp)]
-    if s.first_stage_layers is not None:
-        a += ["--decoder-first-pipeline-num-layers", str(s.first_stage_layers)]
-    if s.last_stage_layers is not None:
-        a += ["--decoder-last-pipeline-num-layers", str(s.last_stage_layers)]
+    if s.layout.vpp > 1:
+        a += ["--num-virtual-stages-per-pipeline-rank", str(s.layout.vpp)]
+    if s.layout.first_stage_layers is not None:
+        a += ["--decoder-first-pipeline-num-layers", str(s.layout.first_stage_layers)]
+    if s.layout.last_stage_layers is not None:
+        a += ["--decoder-last-pipeline-num-layers", str(s.layout.last_stage_layers)]
     if m.is_moe:
-        a += ["--expert-model-parallel-size", str(s.ep), "--expert-tensor-parallel-size", str(s.etp_)]
-    if s.sp:
+        a += ["--expert-model-parallel-size", str(s.layout.ep), "--expert-tensor-parallel-size", str(s.layout.etp_)]
+    if s.layout.sp:
         a.append("--sequence-parallel")
     # DP gradient reduce-scatter overlapped with backward, and (distributed optimizer) the parameter all-gather
     # with the next forward: what verl's Megatron engine turns on (overlap_grad_reduce/overlap_param_gather);
     # Megatron-LM requires the second to come with the first and the distributed optimizer (validate_args)
     a.append("--overlap-grad-reduce")
-    if s.distributed_optimizer:
+    if s.memory.distributed_optimizer:
         a += ["--use-distributed-optimizer", "--overlap-param-gather"]
-    if s.cpu_optimizer is not None:  # Megatron's hybrid CPU optimizer (training group of arguments.py)
-        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", repr(float(s.cpu_optimizer))]
-    if s.overlap_cpu_optimizer:
+    if s.memory.cpu_optimizer is not None:  # Megatron's hybrid CPU optimizer (training group of arguments.py)
+        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", repr(float(s.memory.cpu_optimizer))]
+    if s.memory.overlap_cpu_optimizer:
         a.append("--overlap-cpu-optimizer-d2h-h2d")
-    if s.precision_aware_optimizer:
+    if s.memory.precision_aware_optimizer:
         a.append("--use-precision-aware-optimizer")
-    if s.recompute == "selective":
+    if s.memory.recompute == "selective":
         a += ["--recompute-granularity", "selective", "--recompute-modules", "core_attn"]
-    elif s.recompute == "full":
-        method, n = ("uniform", 1) if s.recompute_layers is None else ("block", s.recompute_layers)
+    elif s.memory.recompute == "full":
+        method, n = ("uniform", 1) if s.memory.recompute_layers is None else ("block", s.memory.recompute_layers)
         a += ["--recompute-granularity", "full", "--recompute-method", method, "--recompute-num-layers", str(n)]
     # GRPO: one optimizer step per PPO mini-batch of mini_batch prompts x n responses.
     gbs = w.mini_batch * w.n if w.kind == "grpo" else w.gbs
     a += [
         "--micro-batch-size",
-        str(s.mbs),
+        str(s.batching.mbs),
         "--global-batch-size",
         str(gbs),
         "--seq-length",
@@ -170,13 +170,13 @@ def megatron_args_text(cfg: RunConfig) -> str:
         f"# Megatron-LM flags for {cfg.model.name} on {cfg.cluster.gpus} GPUs (emitted by grpo-tune).",
         f"# Pipeline stages (layers): {stage_layers(cfg.model, s)}",
     ]
-    if {"param", "grad"} & set(s.offload):
+    if {"param", "grad"} & set(s.memory.offload):
         out.append("# param/grad offload between phases is verl's (param_offload); Megatron-LM has no flag for it.")
-    if "optimizer" in s.offload:
+    if "optimizer" in s.memory.offload:
         out.append("# optimizer offload between phases is verl's (optimizer_offload); Megatron-LM has no flag for it.")
-    if s.max_tokens_per_gpu is not None:
+    if s.batching.max_tokens_per_gpu is not None:
         out.append(
-            f"# dynamic batching ({s.max_tokens_per_gpu} tokens per GPU) is verl's use_dynamic_bsz; "
+            f"# dynamic batching ({s.batching.max_tokens_per_gpu} tokens per GPU) is verl's use_dynamic_bsz; "
             "Megatron-LM's pretrain_gpt.py has no flag for it."
         )
     args = megatron_args(cfg)

@@ -154,7 +154,7 @@ def _nemo_rules(r: R.Recipe) -> list[Finding]:
 
 def _batches(plan, train) -> list[Finding]:
     s, w = plan.strategy, plan.workload
-    dp = s.dp or train.gpus // s.model_parallel
+    dp = s.layout.dp or train.gpus // s.layout.model_parallel
     gbs = w.mini_batch * w.n
     out = []
     if gbs % dp:
@@ -243,7 +243,15 @@ def _summary(plan, r: R.Recipe, memory, placement=None, train=None) -> dict[str,
     s, c, w = plan.strategy, plan.cluster, plan.workload
     sep = placement is not None and placement.separate
     gen_gpus = placement.rollout_gpus if sep else c.gpus
-    deg = {"tp": s.tp, "pp": s.pp, "vpp": s.vpp, "cp": s.cp, "ep": s.ep, "etp": s.etp_, "dp": s.dp}
+    deg = {
+        "tp": s.layout.tp,
+        "pp": s.layout.pp,
+        "vpp": s.layout.vpp,
+        "cp": s.layout.cp,
+        "ep": s.layout.ep,
+        "etp": s.layout.etp_,
+        "dp": s.layout.dp,
+    }
     return {
         "model": plan.model.name,
         "model_note": plan.model_note,
@@ -251,15 +259,15 @@ def _summary(plan, r: R.Recipe, memory, placement=None, train=None) -> dict[str,
         "world_size": c.gpus,
         "nnodes": c.nnodes,
         "gpus_per_node": c.gpus_per_node,
-        "dp": s.dp,
+        "dp": s.layout.dp,
         "roles": {
             "actor": dict(deg),
             "ref": dict(deg),
             "rollout": {
-                "tp": s.rollout_tp,
+                "tp": s.rollout.rollout_tp,
                 "pp": 1,
-                "replicas": gen_gpus // s.rollout_tp,
-                "gpu_memory_utilization": s.gpu_memory_utilization,
+                "replicas": gen_gpus // s.rollout.rollout_tp,
+                "gpu_memory_utilization": s.rollout.gpu_memory_utilization,
                 "name": f"vllm ({gen_gpus} GPUs of its own, staleness {placement.staleness})"
                 if sep
                 else "vllm (colocated)",
@@ -269,10 +277,10 @@ def _summary(plan, r: R.Recipe, memory, placement=None, train=None) -> dict[str,
             "num_prompts_per_step": w.prompts,
             "num_generations_per_prompt": w.n,
             "train_global_batch_size": w.mini_batch * w.n,
-            "train_micro_batch_size": s.mbs,
-            "logprob_batch_size": s.log_prob_mbs_,
-            "train_mb_tokens": s.max_tokens_per_gpu,
-            "logprob_mb_tokens": s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu,
+            "train_micro_batch_size": s.batching.mbs,
+            "logprob_batch_size": s.batching.log_prob_mbs_,
+            "train_mb_tokens": s.batching.max_tokens_per_gpu,
+            "logprob_mb_tokens": s.batching.log_prob_max_tokens_per_gpu or s.batching.max_tokens_per_gpu,
             "max_total_sequence_length": w.prompt_len + w.response_len,
         },
         "memory": memory,

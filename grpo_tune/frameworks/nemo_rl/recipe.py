@@ -68,9 +68,9 @@ def recipe_text(cfg: Any, *, run_id: str = "") -> str:
             f"NeMo-RL {snap.RELEASE} (Megatron-Core path), {_where(cfg)}."
         ),
         _comment(
-            f"# Emitted by grpo-tune. Plan: {s.layout_text()} recompute={s.recompute} "
-            f"rollout_tp={s.rollout_tp} gpu_memory_utilization={s.gpu_memory_utilization} "
-            f"max_tokens_per_gpu={s.max_tokens_per_gpu}"
+            f"# Emitted by grpo-tune. Plan: {s.layout_text()} recompute={s.memory.recompute} "
+            f"rollout_tp={s.rollout.rollout_tp} gpu_memory_utilization={s.rollout.gpu_memory_utilization} "
+            f"max_tokens_per_gpu={s.batching.max_tokens_per_gpu}"
         ),
         f"# Place it at {target} in a NeMo-RL {snap.TAG} checkout (its defaults path is relative to it),",
         f"# then: uv run examples/run_grpo.py --config {target}",

@@ -63,7 +63,8 @@ class Row:
 
 
 def _f(plan: Plan, section: str, name: str) -> Any:
-    return getattr(plan[section], name)
+    part = plan[section]
+    return part.knob(name) if isinstance(part, Strategy) else getattr(part, name)
 
 
 def same(section: str, name: str, key: str, *, attr: str = "") -> Row:
@@ -79,7 +80,7 @@ SECTIONS = {S: Strategy, W: Workload, T: TrainerOptions, C: Cluster}
 
 
 def _recompute_write(p: Plan) -> dict[str, Any]:
-    r = p[S].recompute
+    r = p[S].memory.recompute
     if r == "none":
         return {f"{MEG}.activation_checkpointing": False}
     out: dict[str, Any] = {f"{MEG}.activation_checkpointing": True, f"{MEG}.recompute_granularity": r}
@@ -96,18 +97,18 @@ def _recompute_read(get: Get) -> str:
 
 
 def _stage_write(which: str) -> Callable[[Plan], dict[str, Any]]:
-    return lambda p: {f"{MEG}.num_layers_in_{which}_pipeline_stage": getattr(p[S], f"{which}_stage_layers")}
+    return lambda p: {f"{MEG}.num_layers_in_{which}_pipeline_stage": p[S].knob(f"{which}_stage_layers")}
 
 
 def _pack_write(p: Plan) -> dict[str, Any]:
     s = p[S]
-    n = s.max_tokens_per_gpu
+    n = s.batching.max_tokens_per_gpu
     # Megatron in NeMo-RL packs sequences (dynamic batching is off: grpo_math_1B_megatron.yaml, "incompatible
     # with Pipeline parallelism"); the token caps are the packed micro-batches' sizes per GPU.
     out: dict[str, Any] = {f"{DYN}.enabled": False, f"{PACK}.enabled": n is not None}
     if n is not None:
         out[f"{PACK}.train_mb_tokens"] = n
-        out[f"{PACK}.logprob_mb_tokens"] = s.log_prob_max_tokens_per_gpu or n
+        out[f"{PACK}.logprob_mb_tokens"] = s.batching.log_prob_max_tokens_per_gpu or n
     return out
 
 
@@ -121,7 +122,7 @@ def _caps(get: Get) -> tuple[int | None, int | None]:
 
 
 def _cpu_write(p: Plan) -> dict[str, Any]:
-    f = p[S].cpu_optimizer
+    f = p[S].memory.cpu_optimizer
     return {f"{OPT}.optimizer_cpu_offload": f is not None, f"{OPT}.optimizer_offload_fraction": float(f or 0.0)}
 
 
@@ -143,7 +144,7 @@ def _lp_mbs_read(get: Get) -> int | None:
 
 
 def _bucket_write(p: Plan) -> dict[str, Any]:
-    return {f"{P}.refit_buffer_size_gb": p[S].sync_bucket_mb / 1024}
+    return {f"{P}.refit_buffer_size_gb": p[S].rollout.sync_bucket_mb / 1024}
 
 
 def _bucket_read(get: Get) -> int | None:
@@ -249,7 +250,7 @@ ROWS: tuple[Row, ...] = (
         S,
         "log_prob_mbs",
         (f"{P}.logprob_batch_size",),
-        lambda p: {f"{P}.logprob_batch_size": p[S].log_prob_mbs_},
+        lambda p: {f"{P}.logprob_batch_size": p[S].batching.log_prob_mbs_},
         _lp_mbs_read,
     ),
     same(S, "sequence_parallel", f"{MEG}.sequence_parallel", attr="sp"),
@@ -450,17 +451,16 @@ def canonical(plan: Plan, *, model_is_moe: bool = True) -> Plan:
     w: Workload = plan[W]
     t: TrainerOptions = plan[T]
     c: Cluster = plan[C]
-    lp = s.log_prob_max_tokens_per_gpu
-    if s.max_tokens_per_gpu is None or lp == s.max_tokens_per_gpu:
+    lp = s.batching.log_prob_max_tokens_per_gpu
+    if s.batching.max_tokens_per_gpu is None or lp == s.batching.max_tokens_per_gpu:
         lp = None
-    s = dataclasses.replace(
-        s,
-        etp=s.etp_,
-        sequence_parallel=s.sp,
-        dp=c.gpus // s.model_parallel,
+    s = s.replace(
+        etp=s.layout.etp_,
+        sequence_parallel=s.layout.sp,
+        dp=c.gpus // s.layout.model_parallel,
         log_prob_max_tokens_per_gpu=lp,
-        log_prob_mbs=None if s.log_prob_mbs == s.mbs else s.log_prob_mbs,
-        cpu_optimizer=None if s.cpu_optimizer is None else s.cpu_optimizer,
+        log_prob_mbs=None if s.batching.log_prob_mbs == s.batching.mbs else s.batching.log_prob_mbs,
+        cpu_optimizer=None if s.memory.cpu_optimizer is None else s.memory.cpu_optimizer,
         **CONSTRAINTS,
     )
     keep_w = {r.field for r in rows(W) if r.read is not None}

@@ -86,7 +86,7 @@ def tune_recipe(
     all_pins, extra = TU._tune_pins(plan, keep, pins)
     all_pins.update({k: v for k, v in T.CONSTRAINTS.items()})
     ranked, stats = TU._tune_search(plan, all_pins, top, calibration, min_headroom)
-    user = {k: getattr(plan.strategy, k) for k in TU.USER_FIELDS if k not in ("log_prob_mbs", "sync_bucket_mb")}
+    user = {k: plan.strategy.knob(k) for k in TU.USER_FIELDS if k not in ("log_prob_mbs", "sync_bucket_mb")}
     candidates = []
     for est in ranked:
         new = keys_for(est.strategy.replace(**user), plan.model)

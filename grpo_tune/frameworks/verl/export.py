@@ -93,9 +93,11 @@ def verl_script(cfg: RunConfig) -> str:
     for value, what in ((m.name, "model name"), (m.hf_id or "", "model hf_id"), (cfg.hardware.name, "hardware name")):
         check_name(value, what)
     plan = (
-        f"{s.layout_text()} recompute={s.recompute} offload={','.join(s.offload) or 'none'} rollout_tp={s.rollout_tp} "
-        f"gpu_memory_utilization={s.gpu_memory_utilization} max_tokens_per_gpu={s.max_tokens_per_gpu} "
-        f"cpu_optimizer={s.cpu_optimizer}"
+        f"{s.layout_text()} recompute={s.memory.recompute} "
+        f"offload={','.join(s.memory.offload) or 'none'} "
+        f"rollout_tp={s.rollout.rollout_tp} "
+        f"gpu_memory_utilization={s.rollout.gpu_memory_utilization} max_tokens_per_gpu={s.batching.max_tokens_per_gpu} "
+        f"cpu_optimizer={s.memory.cpu_optimizer}"
     )
     lines = [
         "#!/usr/bin/env bash",

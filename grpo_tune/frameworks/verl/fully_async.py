@@ -161,7 +161,7 @@ def pool_keys(cfg: RunConfig) -> dict[str, Any]:
         "async_training.trigger_parameter_sync_step": (w.prompts // w.mini_batch) * p.sync_interval,
         "async_training.require_batches": 1,
         # a sample is a prompt with its n responses: vLLM's max_num_seqs sequences per replica
-        "async_training.concurrent_samples_per_replica": max(1, -(-cfg.strategy.max_num_seqs // w.n)),
+        "async_training.concurrent_samples_per_replica": max(1, -(-cfg.strategy.rollout.max_num_seqs // w.n)),
         "async_training.partial_rollout": bool(p.partial_rollout),
         f"{aro}.hybrid_engine": False,
         f"{aro}.rollout.free_cache_engine": False,
@@ -209,8 +209,10 @@ def script(cfg: RunConfig) -> str:
         check_name(p.rollout_hardware, "rollout hardware name")
     train = c.gpus - p.rollout_gpus
     plan = (
-        f"{s.layout_text()} recompute={s.recompute} offload={','.join(s.offload) or 'none'} rollout_tp={s.rollout_tp} "
-        f"gpu_memory_utilization={s.gpu_memory_utilization}"
+        f"{s.layout_text()} recompute={s.memory.recompute} "
+        f"offload={','.join(s.memory.offload) or 'none'} "
+        f"rollout_tp={s.rollout.rollout_tp} "
+        f"gpu_memory_utilization={s.rollout.gpu_memory_utilization}"
     )
     lines = [
         "#!/usr/bin/env bash",

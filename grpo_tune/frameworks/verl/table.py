@@ -63,7 +63,8 @@ class Row:
 
 
 def _field(plan: Plan, section: str, name: str) -> Any:
-    return getattr(plan[section], name)
+    part = plan[section]
+    return part.knob(name) if isinstance(part, Strategy) else getattr(part, name)
 
 
 def same(section: str, name: str, *keys: str, attr: str = "", read: Callable[[Get], Any] | None = None) -> Row:
@@ -122,7 +123,7 @@ _GPUS_WHY = "n_gpus_per_node x nnodes (written by the gpus_per_node row)"
 
 
 def _offload_write(p: Plan) -> dict[str, Any]:
-    off = set(p["strategy"].offload)
+    off = set(p["strategy"].memory.offload)
     # verl 0.9.1 has no grad_offload: param_offload also releases the gradient buffers (engine/megatron.yaml)
     out = {k: bool({"param", "grad"} & off) for k in _megs("param_offload")}
     out[f"{ACTOR}.{MEG}.optimizer_offload"] = "optimizer" in off
@@ -135,7 +136,7 @@ def _offload_read(get: Get) -> tuple[str, ...]:
 
 
 def _recompute_write(p: Plan) -> dict[str, Any]:
-    r = p["strategy"].recompute
+    r = p["strategy"].memory.recompute
     if r == "selective":
         return {f"{OTC}.recompute_granularity": "selective", f"{OTC}.recompute_modules": ["core_attn"]}
     if r == "full":
@@ -150,11 +151,11 @@ def _recompute_read(get: Get) -> str:
 
 def _recompute_layers_write(p: Plan) -> dict[str, Any]:
     s = p["strategy"]
-    if s.recompute != "full":
+    if s.memory.recompute != "full":
         return {}
-    if s.recompute_layers is None:  # uniform, 1 layer per chunk = every layer recomputed
+    if s.memory.recompute_layers is None:  # uniform, 1 layer per chunk = every layer recomputed
         return {f"{OTC}.recompute_method": "uniform", f"{OTC}.recompute_num_layers": 1}
-    return {f"{OTC}.recompute_method": "block", f"{OTC}.recompute_num_layers": s.recompute_layers}
+    return {f"{OTC}.recompute_method": "block", f"{OTC}.recompute_num_layers": s.memory.recompute_layers}
 
 
 def _recompute_layers_read(get: Get) -> int | None:
@@ -165,7 +166,7 @@ def _recompute_layers_read(get: Get) -> int | None:
 
 
 def _dyn_write(p: Plan) -> dict[str, Any]:
-    n = p["strategy"].max_tokens_per_gpu
+    n = p["strategy"].batching.max_tokens_per_gpu
     out: dict[str, Any] = {f"{ACTOR}.use_dynamic_bsz": n is not None}
     if n is not None:
         out[f"{ACTOR}.ppo_max_token_len_per_gpu"] = n
@@ -180,9 +181,9 @@ def _dyn_read(get: Get) -> int | None:
 
 def _lp_tokens_write(p: Plan) -> dict[str, Any]:
     s = p["strategy"]
-    if s.max_tokens_per_gpu is None:
+    if s.batching.max_tokens_per_gpu is None:
         return {}
-    n = s.log_prob_max_tokens_per_gpu or s.max_tokens_per_gpu
+    n = s.batching.log_prob_max_tokens_per_gpu or s.batching.max_tokens_per_gpu
     return {f"{r}.log_prob_max_token_len_per_gpu": n for r in LOG_PROB_ROLES}
 
 
@@ -195,7 +196,7 @@ def _lp_tokens_read(get: Get) -> int | None:
 
 def _lp_mbs_write(p: Plan) -> dict[str, Any]:
     # verl asserts both are set without dynamic batching (engine_workers.py l.636, utils/config.py)
-    return {f"{r}.log_prob_micro_batch_size_per_gpu": p["strategy"].log_prob_mbs_ for r in LOG_PROB_ROLES}
+    return {f"{r}.log_prob_micro_batch_size_per_gpu": p["strategy"].batching.log_prob_mbs_ for r in LOG_PROB_ROLES}
 
 
 def _lp_mbs_read(get: Get) -> int | None:
@@ -205,7 +206,7 @@ def _lp_mbs_read(get: Get) -> int | None:
 
 
 def _cpu_opt_write(p: Plan) -> dict[str, Any]:
-    f = p["strategy"].cpu_optimizer
+    f = p["strategy"].memory.cpu_optimizer
     out: dict[str, Any] = {f"+{OOC}.optimizer_cpu_offload": f is not None}
     if f is not None:
         out[f"+{OOC}.optimizer_offload_fraction"] = float(f)
@@ -322,7 +323,7 @@ def _clip_high_read(get: Get) -> float | None:
 
 
 def _vpp_write(p: Plan) -> dict[str, Any]:
-    vpp = p[S].vpp
+    vpp = p[S].layout.vpp
     return {k: vpp if vpp > 1 else None for k in _VPP_KEYS}
 
 
@@ -331,7 +332,7 @@ _ETP_KEYS = _megs("expert_tensor_parallel_size")
 
 def _etp_write(p: Plan) -> dict[str, Any]:
     """Expert TP only where it means something: unset (a dense model's) is not written."""
-    etp = p["strategy"].etp
+    etp = p["strategy"].layout.etp
     return {} if etp is None else {k: etp for k in _ETP_KEYS}
 
 
@@ -366,9 +367,14 @@ CODED: tuple[Row, ...] = (
 )
 
 
+def _names(cls: type) -> list[str]:
+    """A section's field names: a plan's knobs flat (core/knobs.py), any other section's dataclass fields."""
+    return Strategy.knob_names() if cls is Strategy else [f.name for f in dataclasses.fields(cls)]
+
+
 def _in_field_order(rows: list[Row]) -> tuple[Row, ...]:
     """The rows in the order of the sections' dataclass fields (the order write_plan writes the keys in)."""
-    fields = [(sec, f.name) for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+    fields = [(sec, name) for sec, cls in SECTIONS.items() for name in _names(cls)]
     return tuple(sorted(rows, key=lambda r: fields.index((r.section, r.field))))
 
 
@@ -431,21 +437,20 @@ def canonical(plan: Plan) -> Plan:
     w: Workload = plan[W]
     t: TrainerOptions = plan[T]
     c: Cluster = plan[C]
-    off = set(s.offload)
+    off = set(s.memory.offload)
     if off & {"param", "grad"}:
         off |= {"param", "grad"}
-    lp = s.log_prob_max_tokens_per_gpu
-    if s.max_tokens_per_gpu is None or lp == s.max_tokens_per_gpu:
+    lp = s.batching.log_prob_max_tokens_per_gpu
+    if s.batching.max_tokens_per_gpu is None or lp == s.batching.max_tokens_per_gpu:
         lp = None
-    s = dataclasses.replace(
-        s,
-        etp=s.etp,  # unset (a dense model's) is not written, so it reads back unset
-        sequence_parallel=s.sp,
-        dp=c.gpus // s.model_parallel,
+    s = s.replace(
+        etp=s.layout.etp,  # unset (a dense model's) is not written, so it reads back unset
+        sequence_parallel=s.layout.sp,
+        dp=c.gpus // s.layout.model_parallel,
         offload=tuple(o for o in ("param", "grad", "optimizer") if o in off),
-        recompute_layers=s.recompute_layers if s.recompute == "full" else None,
+        recompute_layers=s.memory.recompute_layers if s.memory.recompute == "full" else None,
         log_prob_max_tokens_per_gpu=lp,
-        log_prob_mbs=None if s.log_prob_mbs == s.mbs else s.log_prob_mbs,
+        log_prob_mbs=None if s.batching.log_prob_mbs == s.batching.mbs else s.batching.log_prob_mbs,
     )
     keep_w = {r.field for r in rows(W) if r.read is not None}
     w = Workload(**{k: v for k, v in dataclasses.asdict(w).items() if k in keep_w})

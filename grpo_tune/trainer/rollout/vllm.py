@@ -93,13 +93,13 @@ def engine_kwargs(cfg: RunConfig) -> dict:
     """The ``vllm.LLM`` options that are the plan's own engine knobs (what the cost model priced)."""
     s = cfg.strategy
     return dict(
-        tensor_parallel_size=s.rollout_tp,
-        gpu_memory_utilization=s.gpu_memory_utilization,
-        enforce_eager=s.enforce_eager,
-        max_num_seqs=s.max_num_seqs,
-        max_num_batched_tokens=s.max_num_batched_tokens,
-        enable_chunked_prefill=s.chunked_prefill,
-        enable_sleep_mode=s.free_cache_engine,
+        tensor_parallel_size=s.rollout.rollout_tp,
+        gpu_memory_utilization=s.rollout.gpu_memory_utilization,
+        enforce_eager=s.rollout.enforce_eager,
+        max_num_seqs=s.rollout.max_num_seqs,
+        max_num_batched_tokens=s.rollout.max_num_batched_tokens,
+        enable_chunked_prefill=s.rollout.chunked_prefill,
+        enable_sleep_mode=s.rollout.free_cache_engine,
     )
 
 
@@ -160,7 +160,7 @@ class VLLMRollout:
         w, s = cfg.workload, cfg.strategy
         # the bucket the plan priced (weight_sync memory and per-bucket time); bucket_bytes overrides it in tests
         self.sleep_level = sleep_level
-        self.bucket_bytes = s.sync_bucket_bytes if bucket_bytes is None else int(bucket_bytes)
+        self.bucket_bytes = s.rollout.sync_bucket_bytes if bucket_bytes is None else int(bucket_bytes)
         self.eos_id = getattr(tokenizer, "eos_id", None)
         model_path = cfg.trainer.hf_checkpoint or self._write_config(cfg)
         dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -178,13 +178,15 @@ class VLLMRollout:
         if dist_on:
             kw["distributed_executor_backend"] = "external_launcher"
             world = torch.distributed.get_world_size()
-            if world % s.rollout_tp:
-                raise ConfigError(f"rollout_tp={s.rollout_tp} does not divide the {world} processes")
+            if world % s.rollout.rollout_tp:
+                raise ConfigError(f"rollout_tp={s.rollout.rollout_tp} does not divide the {world} processes")
             # recent vLLM wants the replica count spelled out under external_launcher (its
             # torchrun_dp_example); ranks are grouped tp-fastest, i.e. replica = rank // rollout_tp,
             # the split trainer.loop uses
-            if world > s.rollout_tp and "data_parallel_size" in {f.name for f in dataclasses.fields(vllm.EngineArgs)}:
-                kw["data_parallel_size"] = world // s.rollout_tp
+            if world > s.rollout.rollout_tp and "data_parallel_size" in {
+                f.name for f in dataclasses.fields(vllm.EngineArgs)
+            }:
+                kw["data_parallel_size"] = world // s.rollout.rollout_tp
         else:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the model in this process
         kw.update(llm_kwargs)
