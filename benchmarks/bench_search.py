@@ -17,7 +17,8 @@ import os
 import time
 
 from grpo_tune.autotune.search.placement import search_placement
-from grpo_tune.autotune.search.driver import search, step_s
+from grpo_tune.autotune.search.driver import search
+from grpo_tune.autotune.search.rank import step_s
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Workload
 

@@ -387,7 +387,7 @@ def test_tune_chooses_a_log_prob_micro_batch_that_fits_when_the_launchs_overflow
     # the search chose it: no other value up to 256 that verl accepts for this plan ranks before it with the
     # 5% headroom tune asks for (autotune/search/log_prob.py; 256 itself is over, as above)
     from grpo_tune.autotune.search.log_prob import log_prob_choices
-    from grpo_tune.autotune.search.driver import rank_key
+    from grpo_tune.autotune.search.rank import rank_key
 
     base = s.replace(log_prob_mbs=None)
     for v in [None, *log_prob_choices(base, tuned.workload, 256, 8)]:

@@ -7,7 +7,7 @@ import itertools
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from grpo_tune.autotune.search.driver import CP_MIN_TOKENS, Space, stage_splits
+from grpo_tune.autotune.search.candidates import CP_MIN_TOKENS, Space, stage_splits
 from grpo_tune.core.errors import GrpoTuneError
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload, stage_layers, validate

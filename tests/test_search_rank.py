@@ -10,7 +10,9 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from grpo_tune.autotune.search.driver import Space, pareto_front, rank_key, search, step_s, tokens_per_s_per_gpu
+from grpo_tune.autotune.search.candidates import Space
+from grpo_tune.autotune.search.rank import pareto_front, rank_key, step_s, tokens_per_s_per_gpu
+from grpo_tune.autotune.search.driver import search
 from grpo_tune.core.errors import GrpoTuneError, NoFeasiblePlanError
 from grpo_tune.costmodel.estimate import PhaseTimes, estimate
 from grpo_tune.core.specs import load_hardware, load_model

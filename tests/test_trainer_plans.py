@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_tune.autotune.search.driver import Space, _extra, search
+from grpo_tune.autotune.search.candidates import Space, _extra
+from grpo_tune.autotune.search.driver import search
 from grpo_tune.core.config import RunConfig, TrainerOptions
 from grpo_tune.core.errors import GrpoTuneError, NoFeasiblePlanError
 from grpo_tune.core.specs import load_hardware, load_model

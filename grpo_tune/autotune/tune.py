@@ -2,10 +2,10 @@
 only the overrides that change (``grpo-tune tune``); also the launch -> plan reader that ``calibrate`` uses.
 
 The launch is read with diagnose's parsers (a bash script or a Hydra override list). Every value not set in
-the launch is verl 0.9.1's default (frameworks/verl/data/verl-0.9.1-keys.json). The table :data:`TABLE` below says
-which verl keys carry which strategy field, in both directions: :func:`strategy_from` reads a plan from
-overrides and :func:`overrides_for` writes a plan back. The tuned plan is re-read from the edited overrides
-and priced again, so the plan we print is the plan the edited script runs.
+the launch is verl 0.9.1's default (frameworks/verl/data/verl-0.9.1-keys.json). The verl table
+(frameworks/verl/table.py) says which verl keys carry which strategy field, in both directions:
+:func:`strategy_from` reads a plan from overrides and :func:`overrides_for` writes a plan back. The tuned plan
+is re-read from the edited overrides and priced again, so the plan we print is the plan the edited script runs.
 """
 
 from __future__ import annotations
@@ -382,7 +382,7 @@ class TuneResult:
     pins: dict[str, Any]
 
     def gain(self) -> float | None:
-        from grpo_tune.autotune.search.driver import step_s
+        from grpo_tune.autotune.search.rank import step_s
 
         a, b = step_s(self.current), step_s(self.best)
         return a / b if math.isfinite(a) and b > 0 and math.isfinite(b) else None
@@ -477,7 +477,7 @@ def _repriced(
     min_headroom: float,
 ) -> list[tuple[Any, dict[str, Any]]]:
     """The search's plans re-priced with the launch's own engine knobs, those that fit, fastest first."""
-    from grpo_tune.autotune.search.driver import rank_key
+    from grpo_tune.autotune.search.rank import rank_key
 
     s0 = plan.strategy
     # log_prob_mbs and sync_bucket_mb are in the search's plans already: the launch's (pinned) or the user's pin
@@ -506,7 +506,7 @@ def _choose(
     extra: dict[str, Any],
 ) -> tuple[Any, dict[str, tuple[Any, Any]]]:
     """The best plan and its changed overrides (the current plan and none when nothing is worth changing)."""
-    from grpo_tune.autotune.search.driver import step_s
+    from grpo_tune.autotune.search.rank import step_s
 
     s0 = plan.strategy
     best, changes = cur, {}
@@ -523,7 +523,7 @@ def _choose(
 
 def _nearest_fit(plan: LaunchPlan, launch: Launch, candidates: list[tuple[Any, dict[str, Any]]]) -> list[Any]:
     """Plans that fit, nearest to the current one: fewest changed overrides, then fastest (at most 3)."""
-    from grpo_tune.autotune.search.driver import step_s
+    from grpo_tune.autotune.search.rank import step_s
 
     present = set(launch.values)
     nearest: list[Any] = []

@@ -73,7 +73,8 @@ def compare_rows(
 ) -> list[dict[str, Any]]:
     """One row per hardware profile: the best plan's figures, or why none fits."""
     from grpo_tune.rundir.report import plan_label
-    from grpo_tune.autotune.search.driver import search, step_s, tokens_per_s_per_gpu
+    from grpo_tune.autotune.search.driver import search
+    from grpo_tune.autotune.search.rank import step_s, tokens_per_s_per_gpu
 
     rows = []
     for name in hardware:
@@ -205,7 +206,7 @@ def compare(
     if out is not None:
         from grpo_tune.rundir.outputs import check_out_dir
 
-        # before the searches, not after them (issue 14)
+        # before the searches, not after them
         check_out_dir(out, "--out", inputs={"--calibration": calibration})
     place = placement_flags(plan)
     plan["stack"] = F.default_stack(fws, plan.get("stack"))

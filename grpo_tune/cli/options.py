@@ -316,7 +316,7 @@ def _check_gpu_memory_utilization(gpu_memory_utilization) -> None:
         )
 
 
-# Pins that must be >= 1 when given (issue 14 (diag): a zero degree divided by zero in search).
+# Pins that must be >= 1 when given: a zero degree would divide by zero in search.
 _POSITIVE_PINS = (
     *DEGREES,
     "mbs",
@@ -400,11 +400,11 @@ def plan_inputs(
     hw = load_hardware(hardware, stack=stack)
     if gpus < 1:
         raise ConfigError(f"--gpus must be >= 1, got {gpus}")
-    if gpus_per_node is not None and gpus_per_node < 1:  # 0 used to mean "the default" (issue 14 #8)
+    if gpus_per_node is not None and gpus_per_node < 1:  # 0 used to mean "the default"
         raise ConfigError(
             f"--gpus-per-node must be >= 1, got {gpus_per_node}", hint="leave it out to use the hardware profile's"
         )
-    if mini_batch > prompts:  # it used to shrink silently to --prompts (issue 14 #8)
+    if mini_batch > prompts:  # it used to shrink silently to --prompts
         raise ConfigError(
             f"--mini-batch {mini_batch} exceeds --prompts {prompts}",
             hint="verl requires ppo_mini_batch_size <= data.train_batch_size",

@@ -65,7 +65,7 @@ Calibration = Annotated[
     Optional[Path],
     typer.Option(
         "--calibration",
-        help="Calibration JSON (autotune/calibrate.py) applied to the time model.",
+        help="Calibration JSON (grpo-tune calibrate, search --refine) applied to the time model.",
         rich_help_panel=P_REF,
     ),
 ]
@@ -135,7 +135,7 @@ def print_plans(ranked: list[Estimate], console: Console, *, top: int, title: st
     """Two tables: the plans (degrees, rollout, step time, throughput), then seconds and GiB per
     GPU for each phase against the capacity."""
     from grpo_tune.rundir.report import batch_cell, phase_seconds
-    from grpo_tune.autotune.search.driver import step_s, tokens_per_s_per_gpu
+    from grpo_tune.autotune.search.rank import step_s, tokens_per_s_per_gpu
 
     plans = ranked[:top]
     if not plans:
@@ -243,7 +243,7 @@ def search(
     if emit:
         from grpo_tune.rundir.outputs import check_out_dir
 
-        check_out_dir(out, "--out", inputs={"--calibration": calibration})  # before the search, not after it (issue 14)
+        check_out_dir(out, "--out", inputs={"--calibration": calibration})  # before the search, not after it
     plan["stack"] = F.default_stack(fws, plan.get("stack"))
     m, hw, cluster, wl, pins = inputs_from_flags(plan_flags(plan, hardware=hardware))
     pins = F.check_pins(fws, pins)

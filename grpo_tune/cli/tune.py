@@ -93,7 +93,7 @@ def _plan_row(est) -> dict[str, Any]:
 
 
 def _summary(est) -> dict[str, Any]:
-    from grpo_tune.autotune.search.driver import step_s, tokens_per_s_per_gpu
+    from grpo_tune.autotune.search.rank import step_s, tokens_per_s_per_gpu
 
     fits = not any(v.code == "OOM_RISK" for v in est.violations)
     t = step_s(est)
@@ -115,7 +115,7 @@ def _summary(est) -> dict[str, Any]:
     }
 
 
-# The plan fields a user may pin (issue 11: "--keep tp,pp or any estimate flag"), then the placement flags.
+# The plan fields a user may pin, then the placement flags.
 @flags_after(None, PLACEMENT_FLAGS)
 @pin_options(
     "tp",
@@ -158,7 +158,7 @@ def tune(
     if emit:
         from grpo_tune.rundir.outputs import check_out_dir
 
-        # before the search, not after it (issue 14)
+        # before the search, not after it
         check_out_dir(out, "--out", inputs={"LAUNCH": launch, "--calibration": calibration})
     from grpo_tune.frameworks.nemo_rl import read as nemo_read
 

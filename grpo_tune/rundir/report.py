@@ -96,7 +96,7 @@ def plot_breakdown(plans: Sequence[Estimate], path: Path) -> Path:
 
 def plot_pareto(points: Sequence[Estimate], front: Sequence[Estimate], winner: Estimate, path: Path) -> Path:
     """Throughput vs peak memory: every evaluated plan that fits, the front, and the winner."""
-    from grpo_tune.autotune.search.driver import tokens_per_s_per_gpu
+    from grpo_tune.autotune.search.rank import tokens_per_s_per_gpu
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -183,7 +183,7 @@ def _fmt_s(x: float | None) -> str:
 
 
 def plans_table(plans: Sequence[Estimate]) -> list[str]:
-    from grpo_tune.autotune.search.driver import step_s, tokens_per_s_per_gpu
+    from grpo_tune.autotune.search.rank import step_s, tokens_per_s_per_gpu
 
     phases: list[str] = []
     for e in plans:
@@ -237,7 +237,7 @@ def runner_ups(ranked: Sequence[Estimate], k: int = 3) -> list[Estimate]:
 def why_winner(best: Estimate, others: Sequence[Estimate], error_pct: float) -> list[str]:
     """One line per runner-up: the step-time gap and where it comes from, phase by phase (largest
     first), and whether the gap is within the model's stated error (then measure both: --refine)."""
-    from grpo_tune.autotune.search.driver import step_s
+    from grpo_tune.autotune.search.rank import step_s
 
     lines = []
     pb = phase_seconds(best)
@@ -305,7 +305,7 @@ def _batch_text(s: Strategy) -> str:
 
 def _winner_lines(best: Estimate) -> list[str]:
     """The "Winner" section: degrees, predicted figures and the per-phase table."""
-    from grpo_tune.autotune.search.driver import step_s, tokens_per_s_per_gpu
+    from grpo_tune.autotune.search.rank import step_s, tokens_per_s_per_gpu
 
     s = best.strategy
     L: list[str] = []

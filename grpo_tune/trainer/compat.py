@@ -1,6 +1,6 @@
 """The one CPU compatibility layer for megatron-core 0.16.1: active only when no CUDA device exists.
 
-megatron-core assumes CUDA in a few recurring ways (measured in issue 5, see the list there):
+megatron-core assumes CUDA in a few recurring ways (measured on the CPU build):
 
 1. literal ``device="cuda"`` / ``torch.cuda.current_device()`` allocations and ``tensor.cuda()``
    in the pipeline schedules, optimizer, grad clipping, causal mask, RoPE and MoE router;

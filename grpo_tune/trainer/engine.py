@@ -214,7 +214,7 @@ class Engine:
 
         iters = [iter(micro_batches) for _ in self.chunks]
         fb = get_forward_backward_func()
-        ctx = torch.no_grad() if forward_only else nullcontext()  # issue 5: forward_only keeps autograd on
+        ctx = torch.no_grad() if forward_only else nullcontext()  # forward_only keeps autograd on
         with ctx:
             return fb(
                 forward_step_func=forward_step,

@@ -191,7 +191,7 @@ def _safetensors_problem(f: Path) -> str | None:
 def _check_data_and_reward(dataset: str, reward: str, *, seed: int) -> None:
     """Load the dataset and the reward exactly as the workers will, before any process starts: a bad JSON
     line, an empty file, a missing ``prompt``, a binary file or a reward module that fails to import is a
-    coded error here, not a ChildFailedError after torchrun (issue 14 #5, #6: math_format and
+    coded error here, not a ChildFailedError after torchrun (math_format and
     ``path/file.py:function`` are accepted because the workers' loader accepts them)."""
     from grpo_tune.trainer.data import load_dataset
     from grpo_tune.trainer.reward import load_reward

@@ -89,7 +89,7 @@ def transformer_config(
         pipeline_dtype=dt,
         bf16=dt == torch.bfloat16,
         fp16=dt == torch.float16,
-        # The p2p trap of issue 5: batched isend/irecv over gloo swaps VPP tensors between the same
+        # The p2p trap: batched isend/irecv over gloo swaps VPP tensors between the same
         # two peers; unbatched ops pair up in order.
         batch_p2p_comm=False,
         bias_activation_fusion=False,

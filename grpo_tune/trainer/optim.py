@@ -35,7 +35,7 @@ def wrap_ddp(chunks, config, s: Strategy) -> list:
     ]
     for w in wrapped:
         w.broadcast_params()
-    # Issue 5: without this, DP / SP-norm / tied-embedding gradient reductions are skipped.
+    # Without this, DP / SP-norm / tied-embedding gradient reductions are skipped.
     config.finalize_model_grads_func = finalize_model_grads
     config.no_sync_func = [w.no_sync for w in wrapped] if len(wrapped) > 1 else wrapped[0].no_sync
     return wrapped

@@ -30,7 +30,7 @@ PHASES = ("gen_s", "train_s", "old_lp_s", "ref_lp_s", "refit_s", "train_mfu")
 reports it (perf/mfu/actor: verl's own FLOP count over the update time, world size and the GPU's
 peak), which scores the update's speed where the step or the mean response length is not published."""
 TOLERANCE_PCT = 15.0
-"""Held-out step-time MAPE above which ``validate --grpo`` exits 1 (issue 9's target; its goal is 10%)."""
+"""Held-out step-time MAPE above which ``validate --grpo`` exits 1 (the target; the goal is 10%)."""
 
 STATED_ERROR_PCT = 24.3
 """The model's stated error: the leave-one-out step-time MAPE that ``validate --grpo`` prints for the

@@ -87,7 +87,8 @@ def build_space(
     to the best plan's) plus search's ranked list; with more than ``MAX_SPACE`` candidates only
     the ranked list.
     """
-    from grpo_tune.autotune.search.driver import Space, step_s
+    from grpo_tune.autotune.search.candidates import Space
+    from grpo_tune.autotune.search.rank import step_s
 
     pool: list[Estimate] = list(ranked)
     pins = dict(pins or {})

@@ -2,7 +2,6 @@
 
 Generation yields only plans that :func:`core.strategy.validate` accepts (and that satisfy
 verl's batch rules): the space is built from divisors, never filtered from a product.
-Moved out of autotune/search/driver.py unchanged (file-size rule of issue 10).
 """
 
 from __future__ import annotations

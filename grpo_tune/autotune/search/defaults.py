@@ -81,7 +81,7 @@ def prefer_defaults(
 ) -> tuple[Any, list[str]]:
     """``best`` (an Estimate) with each unpinned knob of :data:`KNOBS` moved to verl's default when that costs
     less than ``noise`` of its predicted step and the plan still passes ``ok``; and one note per knob moved."""
-    from grpo_tune.autotune.search.driver import step_s
+    from grpo_tune.autotune.search.rank import step_s
 
     base = step_s(best)
     if not base or base == float("inf"):

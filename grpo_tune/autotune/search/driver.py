@@ -36,24 +36,12 @@ from grpo_tune.core.strategy import OFFLOAD, RECOMPUTE, Cluster, Strategy, Workl
 from grpo_tune.core.support import trainer_only
 from grpo_tune.core.units import GiB
 
-# The candidate space and the ranking live in autotune/search/candidates.py and autotune/search/rank.py; their
-# names stay importable from here (tests and callers use autotune.search.driver.Space, step_s, ...).
 from grpo_tune.autotune.search.log_prob import with_log_prob_mbs
-from grpo_tune.autotune.search.rank import _pareto_arrays, pareto_front, rank_key, step_s, tokens_per_s_per_gpu  # noqa: F401
-from grpo_tune.autotune.search.candidates import (  # noqa: F401
-    CAP_FACTORS,
-    CP_MIN_TOKENS,
-    ENGINE_KEYS,
-    GMU_GRID,
+from grpo_tune.autotune.search.rank import _pareto_arrays, pareto_front, rank_key, step_s, tokens_per_s_per_gpu
+from grpo_tune.autotune.search.candidates import (
     LAYOUT_KEYS,
-    MAX_MBS,
-    MAX_NUM_SEQS_GRID,
-    OFFLOAD_SETS,
     Space,
     _extra,
-    _plan_ok,
-    _stages,
-    stage_splits,
 )
 
 

@@ -49,7 +49,7 @@ class LayoutRow:
 
 def group_by_layout(ranked: Sequence[Any], rel_error: float = MODEL_REL_ERROR) -> list[LayoutRow]:
     """``ranked`` (best first) grouped by layout, in the order of each layout's best plan."""
-    from grpo_tune.autotune.search.driver import step_s
+    from grpo_tune.autotune.search.rank import step_s
 
     groups: dict[tuple, list] = {}
     for est in ranked:

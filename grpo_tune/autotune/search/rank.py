@@ -1,7 +1,4 @@
-"""Ranking of the search's plans: step time, throughput, the rank key and the Pareto front.
-
-Moved out of autotune/search/driver.py unchanged (file-size rule of issue 10).
-"""
+"""Ranking of the search's plans: step time, throughput, the rank key and the Pareto front."""
 
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def tune_recipe(
 ):
     """tune()'s result for a NeMo-RL recipe (``plan.launch`` is the :class:`~.recipe.Recipe`)."""
     from grpo_tune.autotune import tune as TU
-    from grpo_tune.autotune.search.driver import rank_key
+    from grpo_tune.autotune.search.rank import rank_key
     from grpo_tune.costmodel.estimate import estimate
 
     def price(s: Strategy):
@@ -115,7 +115,7 @@ def tune_recipe(
 
 def _nearest(cur_keys: dict[str, Any], candidates: list[tuple[Any, dict[str, Any]]]) -> list[Any]:
     """Plans that fit, nearest to the current one: fewest changed keys, then fastest (at most 3)."""
-    from grpo_tune.autotune.search.driver import step_s
+    from grpo_tune.autotune.search.rank import step_s
     from grpo_tune.autotune.tune import _same
 
     scored = [(sum(not _same(cur_keys.get(k), v) for k, v in new.items()), step_s(e), e) for e, new in candidates]
