@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_tune.cli.options import Framework, Gpus, Hardware, Json, Model, inputs_from_flags
-from grpo_tune.autotune.calibrate.fit import load as load_calibration
+from grpo_tune.autotune.calibrate.fit import load_if_given
 from grpo_tune.costmodel.estimate import Estimate, estimate as run_estimate
 from grpo_tune.core.strategy import SYNC_BUCKET_MB, Strategy
 from grpo_tune.cli.plan_options import flags_after, plan_flags, plan_options
@@ -191,7 +191,7 @@ def estimate(
     m, hw, cluster, wl, pins = inputs_from_flags(plan_flags(plan, model=model, hardware=hardware, gpus=gpus))
     pins = F.plan_pins(fws, pins)
     strategy = Strategy.from_dict(pins, where="options")
-    cal = load_calibration(calibration, hardware=hw.name) if calibration is not None else None
+    cal = load_if_given(calibration, hardware=hw.name)
     if place["placement"] == "colocated" and not _asks_separate(place):
         est = run_estimate(model=m, hardware=hw, cluster=cluster, strategy=strategy, workload=wl, calibration=cal)
     else:

@@ -229,7 +229,6 @@ def search(
 ) -> None:
     """Rank every valid plan by predicted step time; print the best and write runs/<id>/."""
     from grpo_tune import frameworks as F
-    from grpo_tune.autotune.search import driver as S
 
     fws = F.select(framework)
 
@@ -247,14 +246,12 @@ def search(
     plan["stack"] = F.default_stack(fws, plan.get("stack"))
     m, hw, cluster, wl, pins = inputs_from_flags(plan_flags(plan, hardware=hardware))
     pins = F.check_pins(fws, pins)
-    cal = None
-    if calibration is not None:
-        from grpo_tune.autotune.calibrate.fit import load as load_calibration
+    from grpo_tune.autotune.calibrate.fit import load_if_given
 
-        cal = load_calibration(calibration, hardware=hw.name)
+    cal = load_if_given(calibration, hardware=hw.name)
     console = Console()
     err = Console(stderr=True)
-    result = _run_search(S, m, hw, cluster, wl, pins, top, cal, allow_cross_node_tp, err, min_headroom)
+    result = _run_search(m, hw, cluster, wl, pins, top, cal, allow_cross_node_tp, err, min_headroom)
     if place["placement"] != "colocated" or _separate_flags(place):
         if refine:
             raise ConfigError(
@@ -403,7 +400,7 @@ def _print_result(
         )
 
 
-def _run_search(S, m, hw, cluster, wl, pins, top, cal, cross, err: Console, min_headroom: float = 0.0):
+def _run_search(m, hw, cluster, wl, pins, top, cal, cross, err: Console, min_headroom: float = 0.0):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(
@@ -421,8 +418,9 @@ def _run_search(S, m, hw, cluster, wl, pins, top, cal, cross, err: Console, min_
             bar.update(task, completed=done, total=total)
 
         from grpo_tune.autotune.search.defaults import with_verl_defaults
+        from grpo_tune.autotune.search.driver import search
 
-        res = S.search(
+        res = search(
             m,
             hw,
             cluster,

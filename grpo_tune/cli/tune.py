@@ -196,11 +196,9 @@ def tune(
     )
     if plan.launch is not None and plan.launch.key_findings:
         _report_keys(plan.launch, refuse=not ignore_unknown, json_out=json_out)
-    cal = None
-    if calibration is not None:
-        from grpo_tune.autotune.calibrate.fit import load as load_calibration
+    from grpo_tune.autotune.calibrate.fit import load_if_given
 
-        cal = load_calibration(calibration, hardware=plan.hardware.name)
+    cal = load_if_given(calibration, hardware=plan.hardware.name)
     keep_list = [k.strip() for k in (keep or "").split(",") if k.strip()]
     if plan.placement is not None:  # verl's fully-async launch: separate pools, re-searched as separate pools
         return _tune_separate(
@@ -318,11 +316,9 @@ def _tune_nemo_rl(
         prompt_len_mean=prompt_len_mean,
         response_len_mean=response_len_mean,
     )
-    cal = None
-    if calibration is not None:
-        from grpo_tune.autotune.calibrate.fit import load as load_calibration
+    from grpo_tune.autotune.calibrate.fit import load_if_given
 
-        cal = load_calibration(calibration, hardware=plan.hardware.name)
+    cal = load_if_given(calibration, hardware=plan.hardware.name)
     keep_list = [k.strip() for k in (keep or "").split(",") if k.strip()]
     res = nemo_tune.tune_recipe(
         plan, keep=keep_list, calibration=cal, min_headroom=min_headroom, pins=pins_from_flags(pins)

@@ -315,6 +315,11 @@ def save(
     return atomic_write(path, json.dumps(doc, indent=2, default=str) + "\n")
 
 
+def load_if_given(path: str | os.PathLike | None, *, hardware: str | None = None) -> dict[str, float] | None:
+    """``--calibration``: :func:`load` when a file is given, else None (the model's own parameters)."""
+    return None if path is None else load(path, hardware=hardware)
+
+
 def load(path: str | os.PathLike, *, hardware: str | None = None) -> dict[str, float]:
     """Read a calibration file; returns the ``params`` for ``estimate(..., calibration=...)``.
 
