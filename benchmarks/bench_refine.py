@@ -187,7 +187,8 @@ def measure(
 ) -> None:
     """Profile every (repeat, plan) still missing from the cache; save after each run."""
     from grpo_tune.autotune.refine import plan_key, run_profile
-    from grpo_tune.core.config import RunConfig, TrainerOptions, inputs_of, save
+    from grpo_tune.core.config import RunConfig, TrainerOptions, save
+    from grpo_tune.core.target import inputs_of
 
     by_key = {plan_key(e.strategy): e for e in space}
     todo = [(r, k) for r, k in schedule(sorted(by_key), repeats) if len(cache["plans"][k]["runs"]) <= r]
@@ -280,7 +281,7 @@ def strat_random(space, draws, k, rng) -> tuple[str, int]:
 def strat_calibrated(space, draws, k, rng) -> tuple[str, int]:
     """Measure K random plans, fit the time model to them (autotune.calibrate.fit), take its top-1."""
     from grpo_tune.autotune.calibrate.fit import Point, fit
-    from grpo_tune.core.config import inputs_of
+    from grpo_tune.core.target import inputs_of
     from grpo_tune.costmodel.estimate import estimate
 
     keys = rng.sample([key for key, _ in space], k)

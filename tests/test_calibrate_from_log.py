@@ -31,7 +31,7 @@ def _fresh(folder: Path) -> bool:
 
     from grpo_tune.autotune.calibrate.fit import Point
     from grpo_tune.autotune.tune import plan_of
-    from grpo_tune.core.config import inputs_of
+    from grpo_tune.core.target import inputs_of
     from grpo_tune.costmodel.estimate import estimate
 
     truth = json.loads((folder / "truth.json").read_text())

@@ -185,7 +185,7 @@ def test_the_search_prices_plans_with_the_launchs_engine_knobs():
     user's knobs are put back, and the best plan (equally fast, 5.7 GiB more headroom) was missed."""
     from grpo_tune.autotune.search.rank import rank_key
     from grpo_tune.autotune.search.driver import search
-    from grpo_tune.autotune.search.candidates import ENGINE_KEYS
+    from grpo_tune.autotune.tune import PINNED as ENGINE_KEYS
 
     plan = T.plan_of(ROOT / "examples/qwen2-7b-grpo-megatron.sh", hardware="h100")
     res = T.tune(plan)

@@ -18,7 +18,6 @@ from typing import Any, TypeGuard, cast
 
 from grpo_tune.frameworks.verl import diagnose as D
 from grpo_tune.frameworks.verl import table
-from grpo_tune.autotune.search.candidates import ENGINE_KEYS
 from grpo_tune.frameworks.verl.launch import ACTOR as ACTOR
 from grpo_tune.frameworks.verl.launch import ARO as ARO
 from grpo_tune.frameworks.verl.launch import DEGREE_KEYS as DEGREE_KEYS
@@ -32,25 +31,29 @@ from grpo_tune.frameworks.verl.script import diff_lines as diff_lines
 from grpo_tune.frameworks.verl.script import parse_value_str as parse_value_str
 from grpo_tune.frameworks.verl.script import tuned_text as tuned_text
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, UnknownModelError
+from grpo_tune.core.knobs import names
 from grpo_tune.core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
-from grpo_tune.core.strategy import DEGREES, Cluster, Strategy, Workload
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
-# Strategy fields the search may change and tune writes back; the rest of the plan (dynamic-batching caps,
-# the CPU optimizer, vLLM engine knobs) is the user's and stays pinned to the launch's values.
-SEARCHED = (
-    *DEGREES,
+# What tune does with each plan knob is its row's ``tune`` role (core/knobs.py): the fields the search may change
+# and tune writes back (``search``, and ``keep``: pinned to the launch's, written back so that unset follows a new
+# plan); the rest (dynamic-batching caps, the CPU optimizer, vLLM engine knobs) is the user's and stays as launched.
+SEARCHED = names(tune=("search", "keep"))
+PINNED = names(tune=("keep", "user"))
+"""The knobs the search prices at the launch's values."""
+USER_FIELDS = names(tune=("keep", "user", "reapply"))
+"""The knobs that stay the user's (PINNED, and sequence parallel: searched by its default rule, then put back)."""
+_READ_APART = (
+    "dp",
+    "etp",
     "mbs",
-    "log_prob_mbs",  # pinned to the launch's (an engine key); written back so that unset follows a new mbs
     "recompute",
+    "recompute_layers",
     "offload",
-    "distributed_optimizer",
-    "rollout_tp",
     "gpu_memory_utilization",
-    "first_stage_layers",
-    "last_stage_layers",
-    "sync_bucket_mb",  # like log_prob_mbs: pinned to the launch's, written back; --sync-bucket-mb changes it
+    "cpu_optimizer",
 )
-USER_FIELDS = (*ENGINE_KEYS, "sequence_parallel")
+"""The knobs strategy_from reads by their own rule (the rest: an int when positive, a bool when a bool)."""
 MIN_GAIN = 0.01
 """A plan must be this much faster (fraction of step time) to be proposed: below it the cost model cannot
 tell the plans apart (`grpo-tune validate`: a few %), and proposing it would break the fixed point."""
@@ -73,40 +76,15 @@ def strategy_from(get: Get, model: ModelSpec) -> Strategy:
     two-way table (frameworks/verl/table.py); values verl leaves unset get the plan's defaults."""
     f = table.read_fields(get, "strategy")
     d: dict[str, Any] = {}
-    for k in (
-        "tp",
-        "pp",
-        "vpp",
-        "cp",
-        "ep",
-        "rollout_tp",
-        "first_stage_layers",
-        "last_stage_layers",
-        "max_num_seqs",
-        "max_num_batched_tokens",
-        "max_tokens_per_gpu",
-        "log_prob_max_tokens_per_gpu",
-        "log_prob_mbs",
-        "sync_bucket_mb",
-    ):
-        v = f.get(k)
-        if _is_int(v) and v > 0:
+    for k in Strategy.knob_names():  # every int knob a positive value sets, every bool knob a bool; the rest below
+        v, kind = f.get(k), Strategy.knob_type(k)
+        if k in _READ_APART:
+            continue
+        if kind is int and _is_int(v) and v > 0 or kind is bool and isinstance(v, bool):
             d[k] = v
     d["etp"] = f.get("etp") if model.is_moe and _is_int(f.get("etp")) else None
     mbs = f.get("mbs")
     d["mbs"] = mbs if _is_int(mbs) and mbs > 0 else 1  # null with dynamic batching: the caps rule instead
-    for k in (
-        "sequence_parallel",
-        "distributed_optimizer",
-        "enforce_eager",
-        "chunked_prefill",
-        "free_cache_engine",
-        "overlap_cpu_optimizer",
-        "precision_aware_optimizer",
-        "fused_kernels",
-    ):
-        if isinstance(f.get(k), bool):
-            d[k] = f[k]
     _pipeline_split_accounting(get, model, d)
     d["recompute"] = f.get("recompute") or "none"
     rl = f.get("recompute_layers")
@@ -412,7 +390,7 @@ def _tune_pins(
     pins = {k: s0.knob(k) for k in keep} | extra
     # The engine knobs are the user's and tuned.sh keeps them, so the search prices its plans with them too:
     # left free, it would rank plans that only fit with, say, Megatron's CPU optimizer, which tune then drops.
-    pins |= {k: s0.knob(k) for k in ENGINE_KEYS if k not in extra}  # log_prob_mbs may be pinned
+    pins |= {k: s0.knob(k) for k in PINNED if k not in extra}  # log_prob_mbs may be pinned
     if "offload" in pins:
         pins["offload"] = tuple(cast(Sequence[str], pins["offload"]))
     if "etp" in pins and not plan.model.is_moe:
@@ -481,7 +459,7 @@ def _repriced(
 
     s0 = plan.strategy
     # log_prob_mbs and sync_bucket_mb are in the search's plans already: the launch's (pinned) or the user's pin
-    user = {k: s0.knob(k) for k in USER_FIELDS if k not in ("log_prob_mbs", "sync_bucket_mb")}
+    user = {k: s0.knob(k) for k in names(tune=("user", "reapply"))}
     present = set(launch.values)
     candidates = []
     for est in ranked:

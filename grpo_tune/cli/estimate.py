@@ -188,7 +188,7 @@ def estimate(
         raise ConfigError("--framework all prices one framework at a time", hint="give verl or nemo-rl")
     place = placement_flags(plan)
     plan["stack"] = F.default_stack(fws, plan.get("stack"))
-    m, hw, cluster, wl, pins = inputs_from_flags(plan_flags(plan, model=model, hardware=hardware, gpus=gpus))
+    (m, hw, cluster, wl), pins = inputs_from_flags(plan_flags(plan, model=model, hardware=hardware, gpus=gpus))
     pins = F.plan_pins(fws, pins)
     strategy = Strategy.from_dict(pins, where="options")
     cal = load_if_given(calibration, hardware=hw.name)

@@ -12,13 +12,14 @@ import typer
 
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.core.rules import check_lengths
-from grpo_tune.core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
-from grpo_tune.core.strategy import DEGREES, OFFLOAD, RECOMPUTE, SYNC_BUCKET_MB, Cluster, Workload
+from grpo_tune.core.specs import ModelSpec, load_hardware, load_model
+from grpo_tune.core import knobs as K
+from grpo_tune.core.knobs import P_MEM, Knob
+from grpo_tune.core.knobs import parse_offload as _parse_offload
+from grpo_tune.core.strategy import Cluster, Workload
+from grpo_tune.core.target import Target
 
 P_MODEL = "Model"
-P_PAR = "Parallel degrees (unset: default in estimate, tuned in search)"
-P_MEM = "Memory options"
-P_ROLL = "Rollout"
 P_WL = "Workload"
 
 Model = Annotated[
@@ -61,65 +62,14 @@ GpusPerNode = Annotated[
     Optional[int],
     typer.Option("--gpus-per-node", help="GPUs per node (default: the profile's).", rich_help_panel=P_MODEL),
 ]
-Tp = Annotated[Optional[int], typer.Option("--tp", help="Tensor parallel.", rich_help_panel=P_PAR)]
-Pp = Annotated[Optional[int], typer.Option("--pp", help="Pipeline parallel.", rich_help_panel=P_PAR)]
-Vpp = Annotated[Optional[int], typer.Option("--vpp", help="Virtual pipeline chunks per stage.", rich_help_panel=P_PAR)]
-Cp = Annotated[Optional[int], typer.Option("--cp", help="Context parallel.", rich_help_panel=P_PAR)]
-Ep = Annotated[Optional[int], typer.Option("--ep", help="Expert parallel (MoE).", rich_help_panel=P_PAR)]
-Etp = Annotated[
-    Optional[int], typer.Option("--etp", help="Expert tensor parallel (default: tp).", rich_help_panel=P_PAR)
-]
-Mbs = Annotated[Optional[int], typer.Option("--mbs", help="Micro-batch size.", rich_help_panel=P_PAR)]
-LogProbMbs = Annotated[
-    Optional[int],
-    typer.Option(
-        "--log-prob-mbs",
-        help="Micro-batch size of the old/ref log-prob passes (verl log_prob_micro_batch_size_per_gpu; default: --mbs).",
-        rich_help_panel=P_PAR,
-    ),
-]
-FirstStage = Annotated[
-    Optional[int],
-    typer.Option("--first-stage-layers", help="Layers on the first pipeline stage (uneven PP).", rich_help_panel=P_PAR),
-]
-LastStage = Annotated[
-    Optional[int],
-    typer.Option("--last-stage-layers", help="Layers on the last pipeline stage (uneven PP).", rich_help_panel=P_PAR),
-]
-Recompute = Annotated[
-    Optional[str], typer.Option("--recompute", help="none | selective | full.", rich_help_panel=P_MEM)
-]
-SeqPar = Annotated[
-    Optional[bool],
-    typer.Option(
-        "--sequence-parallel/--no-sequence-parallel",
-        help="Sequence parallel (default: on when tp>1).",
-        rich_help_panel=P_MEM,
-    ),
-]
-DistOpt = Annotated[
-    Optional[bool],
-    typer.Option(
-        "--distributed-optimizer/--no-distributed-optimizer",
-        help="Shard optimizer state over DP (default: on).",
-        rich_help_panel=P_MEM,
-    ),
-]
-Offload = Annotated[
-    Optional[str],
-    typer.Option(
-        "--offload",
-        help="Comma list of param,grad,optimizer ('none' for none); param and grad go together (verl's param_offload frees both), so param or grad alone is refused.",
-        rich_help_panel=P_MEM,
-    ),
-]
-RolloutTp = Annotated[
-    Optional[int], typer.Option("--rollout-tp", help="Rollout engine tensor parallel.", rich_help_panel=P_ROLL)
-]
-GpuMemUtil = Annotated[
-    Optional[float],
-    typer.Option("--gpu-memory-utilization", help="vLLM memory fraction (0-1].", rich_help_panel=P_ROLL),
-]
+
+
+def knob_option(k: Knob) -> Any:
+    """The typer option of a plan knob, from its row of the knob table (core/knobs.py): unset means the
+    default in estimate and "search it" in search."""
+    return Annotated[Optional[k.kind], typer.Option(k.flag, help=k.help, rich_help_panel=k.panel)]
+
+
 WorkloadKind = Annotated[str, typer.Option("--workload", help="grpo | pretrain.", rich_help_panel=P_WL)]
 Prompts = Annotated[
     int, typer.Option("--prompts", help="Prompts per step (data.train_batch_size).", rich_help_panel=P_WL)
@@ -149,55 +99,6 @@ Lengths = Annotated[
         "--lengths",
         help="Length statistics from a JSONL/Parquet dataset of prompts, or from an earlier run's metrics (our metrics.jsonl, verl's JSONL or console log).",
         rich_help_panel=P_WL,
-    ),
-]
-MaxTokensPerGpu = Annotated[
-    Optional[int],
-    typer.Option(
-        "--max-tokens-per-gpu",
-        help="Dynamic batching: token cap per micro-batch per GPU (verl use_dynamic_bsz + ppo_max_token_len_per_gpu); 0 = off. Unset in search: searched.",
-        rich_help_panel=P_MEM,
-    ),
-]
-CpuOptimizer = Annotated[
-    Optional[float],
-    typer.Option(
-        "--cpu-optimizer",
-        help="Megatron's hybrid CPU optimizer: fraction of optimizer state and step on the host (0 = off). Unset in search: searched where memory needs it.",
-        rich_help_panel=P_MEM,
-    ),
-]
-MaxNumSeqs = Annotated[
-    Optional[int],
-    typer.Option(
-        "--max-num-seqs",
-        help="vLLM max_num_seqs per replica (verl default 256). Unset in search: searched.",
-        rich_help_panel=P_ROLL,
-    ),
-]
-PrecisionAware = Annotated[
-    Optional[bool],
-    typer.Option(
-        "--precision-aware-optimizer/--no-precision-aware-optimizer",
-        help="Megatron's use_precision_aware_optimizer (TE FusedAdam keeps 10 B of state per parameter, "
-        "no fp32 param copy beside the CPU optimizer). Default: on with --cpu-optimizer, as verl's examples.",
-        rich_help_panel=P_MEM,
-    ),
-]
-EnforceEager = Annotated[
-    Optional[bool],
-    typer.Option(
-        "--enforce-eager/--no-enforce-eager",
-        help="vLLM without CUDA graphs (default: graphs). Unset in search: searched.",
-        rich_help_panel=P_ROLL,
-    ),
-]
-SyncBucketMb = Annotated[
-    Optional[int],
-    typer.Option(
-        "--sync-bucket-mb",
-        help="Weight-sync bucket in MiB (verl rollout.checkpoint_engine.update_weights_bucket_megabytes; default 2048).",
-        rich_help_panel=P_ROLL,
     ),
 ]
 MiniBatch = Annotated[int, typer.Option("--mini-batch", help="Prompts per PPO mini-batch.", rich_help_panel=P_WL)]
@@ -277,86 +178,39 @@ Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instea
 
 
 def parse_offload(text: str | None) -> tuple[str, ...] | None:
-    if text is None:
-        return None
-    items = [t.strip().lower() for t in text.split(",") if t.strip()]
-    if items in ([], ["none"]):
-        return ()
-    bad = [i for i in items if i not in OFFLOAD]
-    if bad:
-        raise ConfigError(f"--offload: unknown {bad[0]!r}", hint=f"use a comma list of {', '.join(OFFLOAD)}, or none")
-    if ("param" in items) != ("grad" in items):
-        # verl 0.9.1's param_offload frees parameters and gradient buffers together and it has no
-        # grad_offload (frameworks/verl/table.py): a plan with only one of them would not be the plan that runs.
-        raise ConfigError(
-            f"--offload {text}: verl offloads parameters and gradients together, not one alone",
-            hint="use --offload param,grad (optionally with ,optimizer) or --offload optimizer",
-        )
-    return tuple(o for o in OFFLOAD if o in items)
-
-
-def _check_scalar_pins(recompute, max_tokens_per_gpu, cpu_optimizer, max_num_seqs) -> None:
-    """The non-degree flags with a range (coded errors, in the order strategy_pins checked them)."""
-    if recompute is not None and recompute not in RECOMPUTE:
-        raise ConfigError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
-    if max_tokens_per_gpu is not None and max_tokens_per_gpu < 0:
-        raise ConfigError(f"--max-tokens-per-gpu must be >= 0 (0 = off), got {max_tokens_per_gpu}")
-    if cpu_optimizer is not None and not (0.0 <= cpu_optimizer <= 1.0):
-        raise ConfigError(f"--cpu-optimizer must be a fraction in [0, 1] (0 = off), got {cpu_optimizer}")
-    if max_num_seqs is not None and max_num_seqs < 1:
-        raise ConfigError(f"--max-num-seqs must be >= 1, got {max_num_seqs}")
-
-
-def _check_gpu_memory_utilization(gpu_memory_utilization) -> None:
-    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
-        raise ConfigError(
-            f"--gpu-memory-utilization (vLLM gpu_memory_utilization) must be a fraction in (0, 1], "
-            f"got {gpu_memory_utilization}",
-            hint="vLLM's share of GPU memory for weights and KV cache, e.g. 0.6",
-        )
-
-
-# Pins that must be >= 1 when given: a zero degree would divide by zero in search.
-_POSITIVE_PINS = (
-    *DEGREES,
-    "mbs",
-    "log_prob_mbs",
-    "rollout_tp",
-    "first_stage_layers",
-    "last_stage_layers",
-    "sync_bucket_mb",
-)
-# Pins whose 0 turns the feature off (a None value in the pins).
-_ZERO_IS_OFF = ("max_tokens_per_gpu", "cpu_optimizer")
+    return None if text is None else _parse_offload(text)
 
 
 def strategy_pins(**flags: Any) -> dict[str, Any]:
-    """The strategy fields the user set (``flags`` named as in :data:`PIN_FLAGS`; unset ones None or
-    left out); the rest are left out. ``--max-tokens-per-gpu 0`` and ``--cpu-optimizer 0`` pin the
-    feature off (a None value in the pins)."""
-    unknown = sorted(set(flags) - set(PIN_FLAGS))
+    """The plan knobs the user set (``flags`` named as in :func:`pin_flags`; unset ones None or left out),
+    each checked by its row's pin rule (core/knobs.py); the rest are left out. A knob whose 0 turns it off
+    (``--max-tokens-per-gpu 0``, ``--cpu-optimizer 0``) pins the feature off (a None value in the pins); a
+    non-zero one sets what its rule implies unless that is pinned too (the CPU optimizer as verl's examples
+    run it: the copies overlapped, precision-aware Adam)."""
+    rows = [k for k in K.knobs() if k.flag]
+    unknown = sorted(set(flags) - {k.name for k in rows})
     if unknown:
         raise TypeError(f"strategy_pins() got unknown flag(s) {', '.join(unknown)}")
-    f = {k: flags.get(k) for k in PIN_FLAGS}
-    _check_scalar_pins(f["recompute"], f["max_tokens_per_gpu"], f["cpu_optimizer"], f["max_num_seqs"])
-    for name in _POSITIVE_PINS:
-        v = f[name]
-        if v is not None and v < 1:
-            flag = name.replace("_", "-")
-            unset = f"for verl's default ({SYNC_BUCKET_MB} MiB)" if name == "sync_bucket_mb" else "to let search choose"
-            raise ConfigError(f"--{flag} must be >= 1, got {v}", hint=f"leave --{flag} out {unset}")
-    _check_gpu_memory_utilization(f["gpu_memory_utilization"])  # 0/1.5/nan memory fractions fit nothing
-    f["offload"] = parse_offload(f["offload"])
-    out = {k: v for k, v in f.items() if v is not None and k not in _ZERO_IS_OFF}
-    tokens, cpu = f["max_tokens_per_gpu"], f["cpu_optimizer"]
-    if tokens is not None:
-        out["max_tokens_per_gpu"] = tokens or None
-    if cpu is not None:
-        out["cpu_optimizer"] = cpu or None
-        if cpu:  # as verl's examples set it: overlap the copies, precision-aware Adam (unless pinned off)
-            out["overlap_cpu_optimizer"] = True
-            out.setdefault("precision_aware_optimizer", True)
-    return out
+    out: dict[str, Any] = {}
+    implied: dict[str, Any] = {}
+    for k in rows:
+        v: Any = flags.get(k.name)
+        if v is None:
+            continue
+        pin = k.pin
+        if pin.parse is not None:
+            v = pin.parse(v)
+        bad = (pin.choices and v not in pin.choices) or (pin.range is not None and not pin.range.contains(v))
+        if bad:
+            hint = pin.hint.format(flag=k.option) if pin.hint else ""
+            raise ConfigError(pin.error.format(flag=k.option, v=v), hint=hint)
+        if pin.zero_is_off:
+            out[k.name] = v or None
+            if v:
+                implied.update(pin.implies)
+        else:
+            out[k.name] = v
+    return out | {k: v for k, v in implied.items() if k not in out}
 
 
 def fit_default_lengths(m: ModelSpec, prompt_len: int, response_len: int) -> tuple[int, int, str | None]:
@@ -395,7 +249,7 @@ def plan_inputs(
     response_len_mean: int | None = None,
     lengths: str | None = None,
     stack: str | None = None,
-) -> tuple[ModelSpec, HardwareSpec, Cluster, Workload]:
+) -> Target:
     m = load_model(model)
     hw = load_hardware(hardware, stack=stack)
     if gpus < 1:
@@ -448,7 +302,7 @@ def plan_inputs(
     )
     for f in check_lengths(m, wl):  # train refuses it; refuse it here before any search or estimate
         raise f.to_error()
-    return m, hw, cluster, wl
+    return Target(m, hw, cluster, wl)
 
 
 WORKLOAD_FLAGS = (
@@ -466,25 +320,11 @@ WORKLOAD_FLAGS = (
     "response_len_mean",
     "lengths",
 )
-PIN_FLAGS = (
-    *DEGREES,
-    "mbs",
-    "log_prob_mbs",
-    "recompute",
-    "sequence_parallel",
-    "distributed_optimizer",
-    "offload",
-    "rollout_tp",
-    "gpu_memory_utilization",
-    "first_stage_layers",
-    "last_stage_layers",
-    "max_tokens_per_gpu",
-    "cpu_optimizer",
-    "max_num_seqs",
-    "enforce_eager",
-    "sync_bucket_mb",
-    "precision_aware_optimizer",
-)
+
+
+def pin_flags() -> tuple[str, ...]:
+    """The plan knobs that are flags (the knob table's rows with a flag), in table order."""
+    return K.names(flag=True)
 
 
 def workload_flags(flags: dict[str, Any]) -> dict[str, Any]:
@@ -494,12 +334,12 @@ def workload_flags(flags: dict[str, Any]) -> dict[str, Any]:
 
 def pins_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
     """The strategy fields a command's degree/memory/rollout flags pinned."""
-    return strategy_pins(**{k: flags.get(k) for k in PIN_FLAGS})
+    return strategy_pins(**{k: flags.get(k) for k in pin_flags()})
 
 
-def inputs_from_flags(flags: dict[str, Any]) -> tuple[ModelSpec, HardwareSpec, Cluster, Workload, dict[str, Any]]:
-    """Model, hardware, cluster, workload and pins from the flags that estimate and search share."""
-    m, hw, cluster, wl = plan_inputs(
+def inputs_from_flags(flags: dict[str, Any]) -> tuple[Target, dict[str, Any]]:
+    """The target (model, hardware, cluster, workload) and the pins, from the flags that estimate and search share."""
+    target = plan_inputs(
         model=flags["model"],
         hardware=flags["hardware"],
         gpus=flags["gpus"],
@@ -507,7 +347,7 @@ def inputs_from_flags(flags: dict[str, Any]) -> tuple[ModelSpec, HardwareSpec, C
         stack=flags.get("stack"),
         **workload_flags(flags),
     )
-    return m, hw, cluster, wl, pins_from_flags(flags)
+    return target, pins_from_flags(flags)
 
 
 # The flags' defaults are Workload's (core/strategy.py, which says where they come from).

@@ -14,35 +14,22 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from grpo_tune.cli import options as O
+from grpo_tune.core.knobs import knobs
 
 _WD = O.WORKLOAD_DEFAULTS
 
-# (name, Annotated type, default), in --help order.
+
+def knob_flags() -> tuple[tuple[str, Any, Any], ...]:
+    """Every plan knob with a flag, from the knob table (core/knobs.py), in its order (each panel of --help
+    lists its flags in that order)."""
+    return tuple((k.name, O.knob_option(k), None) for k in knobs() if k.flag)
+
+
+# (name, Annotated type, default), in --help order: the cluster's node size and software stack, then the plan knobs.
 DEGREE_FLAGS: tuple[tuple[str, Any, Any], ...] = (
     ("gpus_per_node", O.GpusPerNode, None),
     ("stack", O.Stack, None),
-    ("tp", O.Tp, None),
-    ("pp", O.Pp, None),
-    ("vpp", O.Vpp, None),
-    ("cp", O.Cp, None),
-    ("ep", O.Ep, None),
-    ("etp", O.Etp, None),
-    ("mbs", O.Mbs, None),
-    ("log_prob_mbs", O.LogProbMbs, None),
-    ("first_stage_layers", O.FirstStage, None),
-    ("last_stage_layers", O.LastStage, None),
-    ("recompute", O.Recompute, None),
-    ("sequence_parallel", O.SeqPar, None),
-    ("distributed_optimizer", O.DistOpt, None),
-    ("offload", O.Offload, None),
-    ("rollout_tp", O.RolloutTp, None),
-    ("gpu_memory_utilization", O.GpuMemUtil, None),
-    ("max_tokens_per_gpu", O.MaxTokensPerGpu, None),
-    ("cpu_optimizer", O.CpuOptimizer, None),
-    ("precision_aware_optimizer", O.PrecisionAware, None),
-    ("max_num_seqs", O.MaxNumSeqs, None),
-    ("enforce_eager", O.EnforceEager, None),
-    ("sync_bucket_mb", O.SyncBucketMb, None),
+    *knob_flags(),
 )
 WORKLOAD_FLAGS: tuple[tuple[str, Any, Any], ...] = (
     ("workload", O.WorkloadKind, _WD["workload"]),

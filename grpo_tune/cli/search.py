@@ -244,7 +244,7 @@ def search(
 
         check_out_dir(out, "--out", inputs={"--calibration": calibration})  # before the search, not after it
     plan["stack"] = F.default_stack(fws, plan.get("stack"))
-    m, hw, cluster, wl, pins = inputs_from_flags(plan_flags(plan, hardware=hardware))
+    (m, hw, cluster, wl), pins = inputs_from_flags(plan_flags(plan, hardware=hardware))
     pins = F.check_pins(fws, pins)
     from grpo_tune.autotune.calibrate.fit import load_if_given
 

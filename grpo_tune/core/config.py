@@ -29,7 +29,7 @@ from grpo_tune.core.validation import FRACTION, Schema, check_names, from_mappin
 SCHEMA_VERSION = 1
 
 
-class _Loader(yaml.SafeLoader):
+class _Loader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types here
     """SafeLoader that reads ``3e-3`` as a float, as YAML 1.2 does (1.1 wants ``3.0e-3``)."""
 
 
@@ -152,14 +152,7 @@ _SECTIONS = (
 
 
 INPUT_FIELDS = ("model", "hardware", "cluster", "strategy", "workload")
-"""What a plan is priced from: ``costmodel.estimate``'s inputs, and the head of a RunConfig."""
-
-
-def inputs_of(plan: Any, **override: Any) -> dict[str, Any]:
-    """The five inputs of anything that carries them (an Estimate, a calibration Point, a RunConfig,
-    a parsed launch), as keywords for ``estimate``, ``RunConfig`` or ``Point``; ``override`` replaces
-    some of them (``strategy=s``)."""
-    return {**{k: getattr(plan, k) for k in INPUT_FIELDS}, **override}
+"""What a plan is priced from: ``costmodel.estimate``'s inputs, and the head of a RunConfig (core/target.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -245,8 +238,8 @@ class RunConfig:
             meta=extras["meta"],
         )
 
-    def replace(self, **kw) -> "RunConfig":
-        return dataclasses.replace(self, **kw)
+    def replace(self, **kw: object) -> "RunConfig":
+        return dataclasses.replace(self, **kw)  # type: ignore[arg-type]
 
 
 _SpecT = TypeVar("_SpecT")
@@ -330,7 +323,7 @@ def apply_overrides(data: Any, overrides: Sequence[str], where: str) -> Any:
     return out
 
 
-def load(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
+def load(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> RunConfig:
     """Read and validate a run config, with ``section.key=value`` ``overrides`` applied first (``train
     --set``); every failure is a coded :class:`GrpoTuneError`."""
     from grpo_tune.core.specs import read_spec_bytes
@@ -375,10 +368,10 @@ def dumps(cfg: RunConfig) -> str:
     src = cfg.workload.lengths_source if cfg.workload.kind == "grpo" else None
     if src:  # the length statistics priced, stated where the user reads first (workload.lengths_source)
         header += "# lengths: " + " ".join(str(src).split()) + "\n"
-    return header + yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=False)
+    return header + str(yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=False))
 
 
-def atomic_write(path: str | os.PathLike, text: str | bytes) -> Path:
+def atomic_write(path: str | os.PathLike[str], text: str | bytes) -> Path:
     """Write a file so that readers see the old or the new content, never a torn one."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -401,5 +394,5 @@ def atomic_write(path: str | os.PathLike, text: str | bytes) -> Path:
     return p
 
 
-def save(cfg: RunConfig, path: str | os.PathLike) -> Path:
+def save(cfg: RunConfig, path: str | os.PathLike[str]) -> Path:
     return atomic_write(path, dumps(cfg))

@@ -6,6 +6,8 @@ A user's mistake raises a :class:`GrpoTuneError` subclass. The CLI prints
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import difflib
 from typing import Any, Iterable
 
@@ -100,7 +102,7 @@ class GrpoTuneError(Exception):
         self.hint = hint or HINTS.get(self.code, "")
         super().__init__(f"[{self.code}] {message}")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, str]:
         return {"code": self.code, "message": self.message, "hint": self.hint}
 
 
@@ -145,7 +147,7 @@ def close_matches(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
     return ([lower[f] for f in found] + subs)[:n]
 
 
-def try_import(module: str, extra: str):
+def try_import(module: str, extra: str) -> ModuleType:
     """Import an optional dependency or raise a coded error with the install hint."""
     import importlib
 

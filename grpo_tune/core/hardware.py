@@ -120,7 +120,11 @@ PROVENANCES = ("fitted", "transferred", "spec-only")
 """How a hardware profile's time-model parameters were obtained: ``fitted`` on measurements (cited),
 ``transferred`` from another profile by stated ratios, or ``spec-only`` (datasheet figures and defaults)."""
 
-ROLLOUT_ENGINES = ("vllm", "megatron-native")
+ROLLOUT_ENGINES = ("vllm", "megatron")
+"""Who samples the responses, as the trainer's ``rollout_engine`` names them (core.choices.RolloutEngine less
+``auto``): vLLM, or the trainer's own Megatron model."""
+OLD_ROLLOUT_ENGINES = {"megatron-native": "megatron"}
+"""Spellings profiles used before the two vocabularies became one, read as their current names."""
 ATTENTION_KERNELS = ("flash", "unfused")
 ACTIVATION_LAYOUTS = ("te-bf16", "local-fp32")
 
@@ -150,7 +154,8 @@ class HardwareSpec:
     host_memory_bandwidth_bytes_per_s: float = 300e9
     """Host DRAM bandwidth per node (CPU Adam is bound by it)."""
     rollout_engine: str = "vllm"
-    """``vllm`` (colocated, KV cache) or ``megatron-native`` (the trainer's own sampler, no KV cache)."""
+    """``vllm`` (colocated, KV cache) or ``megatron`` (the trainer's own sampler, no KV cache; profiles written
+    before may say ``megatron-native``)."""
     attention_kernel: str = "flash"
     """``flash`` (no score matrix kept; causal block skipping) or ``unfused`` (softmax scores kept)."""
     activation_layout: str = "te-bf16"
@@ -185,7 +190,7 @@ class HardwareSpec:
     @property
     def native_rollout(self) -> bool:
         """The trainer samples with its own Megatron model (no second weight copy, no KV cache)."""
-        return self.rollout_engine == "megatron-native"
+        return self.rollout_engine == "megatron"
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as a file holds it: the stack's parameters stay in the stack (named by ``stack``)."""
@@ -217,6 +222,8 @@ class HardwareSpec:
             data["efficiency"] = Efficiency.from_dict(eff, where=f"{where}.efficiency")
         elif eff is not None and not isinstance(eff, Efficiency):
             raise ConfigError(f"{where}.efficiency must be a table of numbers, got {eff!r}")
+        if data.get("rollout_engine") in OLD_ROLLOUT_ENGINES:
+            data["rollout_engine"] = OLD_ROLLOUT_ENGINES[data["rollout_engine"]]
         for key, allowed in (
             ("rollout_engine", ROLLOUT_ENGINES),
             ("attention_kernel", ATTENTION_KERNELS),

@@ -24,7 +24,7 @@ from .choices import Offload, Recompute
 from .errors import ConfigError
 from .validation import FRACTION, NON_NEGATIVE, POSITIVE, Range
 
-__all__ = ["CONCERNS", "KNOBS", "Knob", "Pin", "knob", "knobs", "parse_offload"]
+__all__ = ["CONCERNS", "KNOBS", "Knob", "Pin", "knob", "knobs", "names", "parse_offload"]
 
 CONCERNS = ("layout", "memory", "batching", "rollout")
 """The concerns of a plan, as :class:`~core.strategy.Strategy` holds them (attribute names)."""
@@ -35,10 +35,11 @@ Search = Literal["space", "grid", "pinned", "fixed"]
 recompute, offload, the rollout TP and memory fraction) and applies its pin itself; ``grid`` - it tries
 each of ``values`` unless pinned; ``pinned`` - never searched, a pin (or the default) passes through to
 every plan; ``fixed`` - neither searched nor pinnable (derived, or a default the user edits in best.yaml)."""
-Tune = Literal["search", "keep", "user"]
+Tune = Literal["search", "keep", "user", "reapply"]
 """What ``tune`` does with it: ``search`` - the search may change it and tune writes it back; ``keep`` -
 pinned to the launch's value but written back (so that an unset value follows a new plan); ``user`` -
-pinned to the launch's value and left as the launch has it."""
+pinned to the launch's value and left as the launch has it; ``reapply`` - the search uses its own rule
+(sequence parallel: on with TP), then each proposal gets the launch's value back, which tune leaves as is."""
 
 P_PAR = "Parallel degrees (unset: default in estimate, tuned in search)"
 P_MEM = "Memory options"
@@ -178,7 +179,7 @@ KNOBS: tuple[Knob, ...] = (
         kind=bool,
         help="Sequence parallel (default: on when tp>1).",
         panel=P_MEM,
-        tune="user",
+        tune="reapply",
     ),
     # --- memory ------------------------------------------------------------------------------------
     Knob(
@@ -374,3 +375,28 @@ def knob(name: str) -> Knob:
         if k.name == name:
             return k
     raise KeyError(name)
+
+
+_NAMES: dict[tuple[object, ...], tuple[str, ...]] = {}
+_NAMES_OF: tuple[Knob, ...] | None = None
+
+
+def names(*, search: tuple[str, ...] = (), tune: tuple[str, ...] = (), flag: bool | None = None) -> tuple[str, ...]:
+    """The names of the rows whose ``search`` is one of ``search`` and whose ``tune`` is one of ``tune``
+    (empty: any), in table order; cached per table object (the search asks per plan; a test may extend
+    the table)."""
+    global _NAMES_OF
+    if _NAMES_OF is not KNOBS:
+        _NAMES.clear()
+        _NAMES_OF = KNOBS
+    key = (search, tune, flag)
+    out = _NAMES.get(key)
+    if out is None:
+        out = _NAMES[key] = tuple(
+            k.name
+            for k in KNOBS
+            if (not search or k.search in search)
+            and (not tune or k.tune in tune)
+            and (flag is None or bool(k.flag) == flag)
+        )
+    return out

@@ -43,7 +43,7 @@ def set_pdeathsig(sig: int = signal.SIGTERM) -> bool:
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+        return bool(libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 
@@ -58,11 +58,11 @@ def spawn(
     *,
     stdout: Any = None,
     stderr: Any = None,
-    env: dict | None = None,
+    env: dict[str, str] | None = None,
     pass_fds: Sequence[int] = (),
     sig: int = signal.SIGTERM,
     cwd: str | None = None,
-) -> subprocess.Popen:
+) -> subprocess.Popen[bytes]:
     """Start ``cmd`` in a new session (its pid is its group id), dying with this process (see module doc)."""
     return subprocess.Popen(
         shim(cmd, sig=sig),
@@ -86,7 +86,7 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def stop_group(pgid: int, *, grace_s: float = GRACE_S, proc: subprocess.Popen | None = None) -> None:
+def stop_group(pgid: int, *, grace_s: float = GRACE_S, proc: subprocess.Popen[bytes] | None = None) -> None:
     """SIGTERM the group, wait up to ``grace_s`` for it to empty, then SIGKILL what is left.
 
     ``proc`` (the group's leader, our child) is reaped while waiting, or its zombie would keep the group alive.
@@ -126,7 +126,7 @@ class Watchdog:
     """
 
     def __init__(self, grace_s: float = GRACE_S):
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self.grace_s = grace_s
 
     def start(self) -> Watchdog:

@@ -33,7 +33,7 @@ class RunLockedError(GrpoTuneError, code="RUN_LOCKED"):
     """Another live process holds the run folder's lock."""
 
 
-def _holder_text(info: dict) -> str:
+def _holder_text(info: dict[str, object]) -> str:
     host, pid = info.get("host", "?"), info.get("pid", "?")
     what = info.get("command") or "grpo-tune"
     since = info.get("started_utc")
@@ -41,7 +41,7 @@ def _holder_text(info: dict) -> str:
     return f"{what} (pid {pid} on host {host}{when})"
 
 
-def _read_info(fd: int) -> dict:
+def _read_info(fd: int) -> dict[str, object]:
     try:
         os.lseek(fd, 0, os.SEEK_SET)
         raw = os.read(fd, MAX_LOCK_BYTES)
@@ -66,7 +66,7 @@ def _pid_alive(pid: object) -> bool:
 class RunLock:
     """A held lock on one run folder (see the module doc)."""
 
-    def __init__(self, folder: Path, fd: int, info: dict, took_over: dict | None, path: Path):
+    def __init__(self, folder: Path, fd: int, info: dict[str, object], took_over: dict[str, object] | None, path: Path):
         self.folder, self.fd, self.info, self.took_over, self.path = folder, fd, info, took_over, path
 
     def release(self) -> None:
@@ -92,7 +92,7 @@ class RunLock:
 
 
 def acquire(
-    folder: str | os.PathLike,
+    folder: str | os.PathLike[str],
     command: str,
     *,
     say: Callable[[str], None] | None = None,
@@ -172,7 +172,7 @@ def lock_name(node_rank: int = 0) -> str:
 
 
 def run_lock(
-    folder: str | os.PathLike, command: str, *, say: Callable[[str], None] | None = None, name: str = LOCK_NAME
+    folder: str | os.PathLike[str], command: str, *, say: Callable[[str], None] | None = None, name: str = LOCK_NAME
 ) -> RunLock:
     """:func:`acquire` as a context manager (released on exit)."""
     return acquire(folder, command, say=say, name=name)

@@ -32,7 +32,7 @@ def _refuse(p: Path, why: str) -> GrpoTuneError:
     )
 
 
-def _open(path: str | os.PathLike, flags: int, mode: int = 0o644) -> int:
+def _open(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> int:
     p = Path(path)
     try:
         fd = os.open(p, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
@@ -55,19 +55,19 @@ def _open(path: str | os.PathLike, flags: int, mode: int = 0o644) -> int:
     return fd
 
 
-def open_append(path: str | os.PathLike) -> BinaryIO:
+def open_append(path: str | os.PathLike[str]) -> BinaryIO:
     """``open(path, 'ab')``, refusing links and non-regular files."""
     return os.fdopen(_open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
 
 
-def open_write(path: str | os.PathLike) -> BinaryIO:
+def open_write(path: str | os.PathLike[str]) -> BinaryIO:
     """``open(path, 'wb')``, refusing links and non-regular files (the check comes before the truncation)."""
     fd = _open(path, os.O_WRONLY | os.O_CREAT)
     os.ftruncate(fd, 0)
     return os.fdopen(fd, "wb")
 
 
-def read_bytes(path: str | os.PathLike, *, max_bytes: int = MAX_READ_BYTES, offset: int = 0) -> bytes:
+def read_bytes(path: str | os.PathLike[str], *, max_bytes: int = MAX_READ_BYTES, offset: int = 0) -> bytes:
     """At most ``max_bytes`` of a regular file from ``offset`` (a link, FIFO or device is an IO_ERROR)."""
     fd = _open(path, os.O_RDONLY)
     with os.fdopen(fd, "rb") as fh:
@@ -76,7 +76,7 @@ def read_bytes(path: str | os.PathLike, *, max_bytes: int = MAX_READ_BYTES, offs
         return fh.read(max_bytes)
 
 
-def read_text(path: str | os.PathLike, *, max_bytes: int = MAX_READ_BYTES) -> str:
+def read_text(path: str | os.PathLike[str], *, max_bytes: int = MAX_READ_BYTES) -> str:
     p = Path(path)
     data = read_bytes(p, max_bytes=max_bytes + 1)
     if len(data) > max_bytes:
@@ -88,7 +88,7 @@ def read_text(path: str | os.PathLike, *, max_bytes: int = MAX_READ_BYTES) -> st
     return data.decode("utf-8", errors="replace")
 
 
-def is_regular(path: str | os.PathLike) -> bool:
+def is_regular(path: str | os.PathLike[str]) -> bool:
     """A regular file, not followed through a link (for checks before a library opens the file itself)."""
     try:
         return stat.S_ISREG(os.lstat(path).st_mode)

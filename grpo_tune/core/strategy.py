@@ -19,7 +19,7 @@ from .errors import ConfigError, InvalidDegreesError
 from .knobs import OFFLOAD, RECOMPUTE, SYNC_BUCKET_MB, Knob, knobs
 from .rules import check_degrees, divisors, errors, stage_layers
 from .specs import ModelSpec
-from .validation import FRACTION, Schema, check_names, check_value, from_mapping, hints, to_mapping
+from .validation import FRACTION, Schema, check_names, check_value, from_mapping, hints, to_mapping, unwrap
 
 __all__ = [
     "DEGREES",
@@ -244,6 +244,12 @@ class Strategy:
         """The keys of a plan's ``strategy`` section, in table order (core/knobs.py)."""
         return [k.name for k in knobs() if k.concern in _FLAT]
 
+    @staticmethod
+    def knob_type(name: str) -> object:
+        """A knob's value type without its ``None`` (``int`` for ``tp`` and ``etp``, ``bool``, ``str``, ...)."""
+        concern, field = _route()[name]
+        return unwrap(hints(_CONCERN_TYPES[concern])[field])[0]
+
     def knob(self, name: str) -> object:
         """One knob's value by its flat name, or a concern's derived value (``etp_``, ``sp``) by its name:
         how tables that spell the knobs otherwise (verl's keys, a launch's pins) read a plan."""
@@ -399,8 +405,8 @@ class Workload:
             obj = dataclasses.replace(obj, response_len_quantiles=tuple(sorted(q)))
         return _check_workload(obj, where)
 
-    def replace(self, **kw) -> "Workload":
-        return dataclasses.replace(self, **kw)
+    def replace(self, **kw: object) -> "Workload":
+        return dataclasses.replace(self, **kw)  # type: ignore[arg-type]
 
 
 # ints are positive; the two fractions (the CPU optimizer's share, vLLM's memory) are in (0, 1].

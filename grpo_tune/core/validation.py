@@ -98,7 +98,7 @@ def hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _unwrap(hint: Any) -> tuple[Any, bool]:
+def unwrap(hint: Any) -> tuple[Any, bool]:
     """``(base type, None allowed)`` for ``X`` or ``X | None``."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -108,7 +108,7 @@ def _unwrap(hint: Any) -> tuple[Any, bool]:
 
 def check_value(where: str, name: str, hint: Any, v: Any, schema: Schema) -> None:
     """Raise BAD_CONFIG unless ``v`` has the type ``hint`` and lies in the schema's range/choices."""
-    base, optional = _unwrap(hint)
+    base, optional = unwrap(hint)
     if v is None:
         if optional:
             return

@@ -267,7 +267,7 @@ def train_activation_bytes(
     out = []
     for i, ((nd, nm), n) in enumerate(zip(layout, stages)):
 
-        def per_layer(c, rc):
+        def per_layer(c: LayerCoeffs, rc: str) -> float:
             return layer_activation_bytes(c, s_local, seq_len, mbs, rc)
 
         if s.memory.recompute == "full":

@@ -41,8 +41,8 @@ class LengthDist:
                 return qs[-1] + (self.max_len - qs[-1]) * min(1.0, top)
             i = int(pos)
             f = pos - i
-            return qs[i] + f * (qs[i + 1] - qs[i])
-        return self.max_len * (1.0 - (1.0 - q) ** (1.0 / self.b))
+            return float(qs[i] + f * (qs[i + 1] - qs[i]))
+        return float(self.max_len * (1.0 - (1.0 - q) ** (1.0 / self.b)))
 
     def survival(self, length: float) -> float:
         """Fraction of responses longer than ``length``."""
@@ -63,7 +63,7 @@ class LengthDist:
                     f = (length - qs[i]) / max(qs[i + 1] - qs[i], 1e-9)
                     return 1.0 - (i + 0.5 + f) / k
             return 0.0
-        return (1.0 - x) ** self.b
+        return float((1.0 - x) ** self.b)
 
     def expected_max(self, n: float) -> float:
         """Expected longest of ``n`` responses (the quantile n/(n+1), capped at the maximum)."""

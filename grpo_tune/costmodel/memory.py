@@ -10,7 +10,7 @@ Every figure is the most loaded rank of the worst pipeline stage, per phase. Pha
 - ``old_logprob`` / ``ref_logprob``: forward only (one layer's working set + logits).
 - ``rollout``: verl's colocated hybrid engine: vLLM takes ``gpu_memory_utilization`` x HBM for its
   weights, its working set and the KV cache; training state that is not offloaded stays resident.
-  A profile with ``rollout_engine = "megatron-native"`` (``cpu``) samples with the trainer's own
+  A profile with ``rollout_engine = "megatron"`` (``cpu``) samples with the trainer's own
   Megatron model instead: the actor's weights and one forward's activations, no second copy, no KV cache.
 - ``weight_sync``: training weights + the rollout copy + one gathered tensor (verl reshards per tensor).
 
@@ -313,7 +313,18 @@ def phase_memory(
     return out, host, violations
 
 
-def _phases(m, hardware, s, w, k, states, acts, logit, last, kvc) -> dict[str, PhaseMemory]:
+def _phases(
+    m: ModelSpec,
+    hardware: HardwareSpec,
+    s: Strategy,
+    w: Workload,
+    k: Kernels,
+    states: dict[int, ModelState],
+    acts: list[float],
+    logit: float,
+    last: int,
+    kvc: KvCapacity | None,
+) -> dict[str, PhaseMemory]:
     """Per phase, the worst candidate stage's parts. Offload follows verl 0.9.1
     (verl/utils/megatron_utils.py): param_offload moves weights to the host and frees the gradient
     buffers outside the update; optimizer_offload brings the optimizer back for the whole update
@@ -374,6 +385,7 @@ def _phases(m, hardware, s, w, k, states, acts, logit, last, kvc) -> dict[str, P
                 ws.append(need + (0.0, 0.0))
                 ro.append(need + (0.0, fwd + lg, 0.0))
             else:  # verl wakes vLLM's weights first, the KV cache only after the sync
+                assert kvc is not None  # a GRPO step on vLLM has its KV cache priced
                 ws.append(need + (kvc.weights_bytes, bucket))
                 ro.append(res(st, False) + (kvc.weights_bytes, kvc.working_bytes, max(0.0, kvc.kv_bytes)))
         rows["rollout"] = (state_keys + ("rollout_weights", "rollout_activations", "rollout_kv_cache"), ro)
@@ -387,7 +399,7 @@ def _phases(m, hardware, s, w, k, states, acts, logit, last, kvc) -> dict[str, P
         worst = vals[0] if len(vals) == 1 else max(vals, key=sum)
         info: dict[str, float] = {}
         if name == "rollout":
-            info = {"native_rollout": 1.0} if native else kvc.to_info()
+            info = {"native_rollout": 1.0} if native or kvc is None else kvc.to_info()
         out[name] = PhaseMemory(name, dict(zip(keys, map(float, worst))), info)
     return out
 

@@ -111,7 +111,7 @@ class _DecodeStep:
         return max(t_mem, t_comp) + t_comm + host, t_mem >= t_comp
 
 
-_CACHE: dict[tuple, tuple[tuple, dict[str, float]]] = {}
+_CACHE: dict[tuple[object, ...], tuple[tuple[object, ...], dict[str, float]]] = {}
 
 
 def rollout_s(

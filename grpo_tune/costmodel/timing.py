@@ -26,7 +26,7 @@ from grpo_tune.core.phases import Phase
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
-from .results import PhaseTimes, Throughput
+from .results import PhaseTimes, Throughput, TrainParts
 from .rollout import native_rollout_s, rollout_s
 from .timing_base import (  # noqa: F401  (re-exported: the time model's public names)
     CALIBRATION_BOUNDS,
@@ -40,6 +40,26 @@ from .timing_base import (  # noqa: F401  (re-exported: the time model's public 
 )
 from .train_time import core_share, pipeline_s, rank_params, train_s  # noqa: F401
 from .weight_sync import offload_s, sleep_s, weight_sync_s
+
+__all__ = [  # the time model's public names, some defined in timing_base and train_time
+    "CALIBRATION_BOUNDS",
+    "CALIBRATION_DEFAULTS",
+    "PHASES",
+    "attention_fraction",
+    "check_calibration",
+    "core_share",
+    "forward_flops_per_token",
+    "gemm_efficiency",
+    "micro_batch_plan",
+    "model_consts",
+    "offload_s",
+    "pipeline_s",
+    "rank_params",
+    "sleep_s",
+    "step_time",
+    "train_s",
+    "weight_sync_s",
+]
 
 
 def micro_batch_plan(
@@ -73,7 +93,7 @@ def micro_batch_plan(
 
 def step_time(
     m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, *, cal: dict[str, float] | None = None
-) -> tuple[PhaseTimes, Throughput, MappingProxyType]:
+) -> tuple[PhaseTimes, Throughput, MappingProxyType[str, float]]:
     """``(time, throughput, details)`` for a resolved strategy (dp filled in by strategy.validate): the inputs
     of :func:`costmodel.estimate.estimate` in this module's short names, ``cal`` its calibration overrides."""
     cal = check_calibration(cal)
@@ -100,7 +120,13 @@ def step_time(
     )
 
 
-def _pretrain(m, hw, cluster, s, wl, cal):
+_Phases = tuple[dict[str, float], dict[str, float], float, float]
+"""(seconds per phase, details, tokens per step, model FLOPs per step)."""
+
+
+def _pretrain(
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: dict[str, float]
+) -> _Phases:
     tok_mb, micro = micro_batch_plan(s, wl, wl.gbs, hw.efficiency.packing_efficiency)
     parts, _ = train_s(m, hw, cluster, s, tokens_mb=tok_mb, micro_batches=micro, seq_len=wl.seq_len, cal=cal)
     upd = parts.total_s + cal["update_overhead_s"]
@@ -111,7 +137,7 @@ def _pretrain(m, hw, cluster, s, wl, cal):
     return {Phase.UPDATE.value: upd, Phase.OFFLOAD.value: off}, details, tokens, flops
 
 
-def _train_details(parts, s: Strategy) -> dict[str, float]:
+def _train_details(parts: TrainParts, s: Strategy) -> dict[str, float]:
     return {
         "micro_batches": float(parts.micro_batches),
         "tokens_per_micro_batch": parts.tokens_per_micro_batch,
@@ -121,7 +147,9 @@ def _train_details(parts, s: Strategy) -> dict[str, float]:
     }
 
 
-def _grpo(m, hw, cluster, s, wl, cal):
+def _grpo(
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: dict[str, float]
+) -> _Phases:
     seq = wl.mean_seq_len
     seqs = wl.prompts * wl.n
     rs = (native_rollout_s if hw.native_rollout else rollout_s)(m, hw, cluster, s, wl, cal)

@@ -214,8 +214,8 @@ def train_s(
     cal: dict[str, float],
     forward_only: bool = False,
     logprob: bool = False,
-    lt: dict | None = None,
-) -> tuple[TrainParts, dict]:
+    lt: dict[str, float] | None = None,
+) -> tuple[TrainParts, dict[str, float]]:
     """One optimizer step (or forward-only pass) over ``micro_batches`` micro-batches of ``tokens_mb``
     tokens per DP rank. Returns the parts and the per-layer times (pass them back as ``lt`` to a
     second call with the same micro-batch shape)."""

@@ -18,7 +18,8 @@ from typing import Any, Protocol, Sequence
 
 from grpo_tune.costmodel.estimate import Estimate
 
-from grpo_tune.core.config import RunConfig, TrainerOptions, atomic_write, inputs_of, save
+from grpo_tune.core.config import RunConfig, TrainerOptions, atomic_write, save
+from grpo_tune.core.target import inputs_of
 
 
 class SearchTables(Protocol):

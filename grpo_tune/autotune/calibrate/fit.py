@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from grpo_tune.core.config import inputs_of
+from grpo_tune.core.target import inputs_of
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import Cluster, Strategy, Workload

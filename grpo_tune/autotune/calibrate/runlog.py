@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_tune.core.config import inputs_of
+from grpo_tune.core.target import inputs_of
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.core.phases import MEASURED_PHASES
 from grpo_tune.core.units import GiB

@@ -6,12 +6,14 @@ verl's batch rules): the space is built from divisors, never filtered from a pro
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterator
 
 from grpo_tune.core.errors import InvalidDegreesError
+from grpo_tune.core.knobs import knob, knobs, names
 from grpo_tune.core.rules import check_batches, check_log_prob_batches
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import RECOMPUTE, Cluster, Strategy, Workload, divisors, validate
@@ -19,11 +21,11 @@ from grpo_tune.core.support import check_plan
 from grpo_tune.costmodel.params import total_params
 
 GMU_GRID = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+"""vLLM memory fractions tried; verl's perf guide suggests 0.5-0.7 without offload, 0.8-0.9 with."""
 CAP_FACTORS = (1, 2, 4)
 """Dynamic-batching caps searched, in multiples of the longest sequence."""
-MAX_NUM_SEQS_GRID = (256, 1024)
-"""vLLM max_num_seqs searched: verl's default and vLLM's own (V1, H100-class) default."""
-"""vLLM memory fractions tried; verl's perf guide suggests 0.5-0.7 without offload, 0.8-0.9 with."""
+MAX_NUM_SEQS_GRID = knob("max_num_seqs").values
+"""vLLM max_num_seqs searched (the knob table's grid): verl's default and vLLM's own (V1, H100-class) default."""
 MAX_MBS = 16
 OFFLOAD_SETS: tuple[tuple[str, ...], ...] = ((), ("optimizer",), ("param", "grad"), ("param", "grad", "optimizer"))
 """Offload sets verl 0.9.1 can express: its ``param_offload`` frees parameters and gradient buffers
@@ -33,21 +35,8 @@ so param-only and grad-only sets would be priced but never run."""
 CP_MIN_TOKENS = 4096
 """Tokens of one sequence each context-parallel rank must keep for search to propose CP > 1 (unpinned)."""
 
-ENGINE_KEYS = (
-    "max_tokens_per_gpu",
-    "log_prob_max_tokens_per_gpu",
-    "log_prob_mbs",
-    "cpu_optimizer",
-    "overlap_cpu_optimizer",
-    "precision_aware_optimizer",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "enforce_eager",
-    "chunked_prefill",
-    "free_cache_engine",
-    "sync_bucket_mb",
-)
-"""Strategy fields passed through from the pins (the searched ones among them are set per plan)."""
+PASS_THROUGH = ("pinned", "grid")
+"""The knobs' search roles whose pins reach every plan as given (the space generates the rest itself)."""
 
 LAYOUT_KEYS = ("tp", "pp", "first_stage_layers", "last_stage_layers", "vpp", "cp", "ep", "etp")
 
@@ -264,12 +253,15 @@ class Space:
         return [(o, c) for o in self.offload_options() for c in self.cpu_options()]
 
     def engine_options(self) -> list[dict[str, Any]]:
-        """vLLM's max_num_seqs and eager mode (CUDA graphs cost memory, eager costs time per step)."""
-        if self.workload.kind != "grpo" or self.hardware.native_rollout:
-            return [{}]  # no vLLM: its knobs change nothing (the CPU trainer samples with Megatron)
-        seqs = self._choices("max_num_seqs", list(MAX_NUM_SEQS_GRID))
-        eager = self._choices("enforce_eager", [False, True])
-        return [dict(max_num_seqs=n, enforce_eager=e) for n in seqs for e in eager]
+        """The knob table's grids (core/knobs.py), each pinned or tried in full: vLLM's max_num_seqs and
+        eager mode (CUDA graphs cost memory, eager costs time per step). Without vLLM (the CPU trainer samples
+        with Megatron, or a plain pretraining step) the rollout engine's grids change nothing and are not tried."""
+        vllm = self.workload.kind == "grpo" and not self.hardware.native_rollout
+        rows = [k for k in knobs(search="grid") if vllm or k.concern != "rollout"]
+        if not rows:
+            return [{}]
+        grids = [self._choices(k.name, list(k.values)) for k in rows]
+        return [dict(zip((k.name for k in rows), combo)) for combo in itertools.product(*grids)]
 
     def train_options(self, lay: dict[str, Any]) -> list[dict[str, Any]]:
         return [
@@ -305,16 +297,11 @@ class Space:
 
     def strategy(self, lay: dict[str, Any], opt: dict[str, Any], roll: tuple) -> Strategy:
         eng = roll[2] if len(roll) > 2 else {}
-        fixed = {k: self.pins[k] for k in ENGINE_KEYS if k in self.pins and k not in opt and k not in eng}
-        return Strategy.of(
-            **lay,
-            **opt,
-            **fixed,
-            **eng,
-            rollout_tp=roll[0],
-            gpu_memory_utilization=roll[1],
-            sequence_parallel=self.pins.get("sequence_parallel"),
-        )
+        # the pins of every knob the space does not generate pass through (core/knobs.py: "pinned", "grid")
+        fixed = {
+            k: self.pins[k] for k in names(search=PASS_THROUGH) if k in self.pins and k not in opt and k not in eng
+        }
+        return Strategy.of(**lay, **opt, **fixed, **eng, rollout_tp=roll[0], gpu_memory_utilization=roll[1])
 
     def candidate_count(self, layouts: list[dict[str, Any]] | None = None) -> int:
         layouts = self.layouts() if layouts is None else layouts

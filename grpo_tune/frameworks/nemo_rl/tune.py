@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from grpo_tune.core.knobs import names
 from grpo_tune.core.errors import ConfigError, GrpoTuneError
 from grpo_tune.core.strategy import Strategy
 
@@ -86,7 +87,7 @@ def tune_recipe(
     all_pins, extra = TU._tune_pins(plan, keep, pins)
     all_pins.update({k: v for k, v in T.CONSTRAINTS.items()})
     ranked, stats = TU._tune_search(plan, all_pins, top, calibration, min_headroom)
-    user = {k: plan.strategy.knob(k) for k in TU.USER_FIELDS if k not in ("log_prob_mbs", "sync_bucket_mb")}
+    user = {k: plan.strategy.knob(k) for k in names(tune=("user", "reapply"))}
     candidates = []
     for est in ranked:
         new = keys_for(est.strategy.replace(**user), plan.model)
