@@ -27,6 +27,7 @@ from grpo_tune.frameworks.verl.launch import REF as REF
 from grpo_tune.frameworks.verl.launch import ROLLOUT as ROLLOUT
 from grpo_tune.frameworks.verl.launch import Launch as Launch
 from grpo_tune.frameworks.verl.launch import read_launch as read_launch
+from grpo_tune.frameworks.verl.launch import inherited_from
 from grpo_tune.frameworks.verl.script import diff_lines as diff_lines
 from grpo_tune.frameworks.verl.script import parse_value_str as parse_value_str
 from grpo_tune.frameworks.verl.script import tuned_text as tuned_text
@@ -590,10 +591,7 @@ class _Edited:
     def get(self, key: str) -> Any:
         if key in self.new:
             return self.new[key]
-        if (
-            key.startswith(f"{REF}.megatron.")
-            and key.rsplit(".", 1)[-1] in (*DEGREE_KEYS.values(), "param_offload")
-            and key not in self.launch.values
-        ):
-            return self.get(f"{ACTOR}.megatron." + key.rsplit(".", 1)[-1])
+        src = inherited_from(key)
+        if src is not None and key not in self.launch.values:
+            return self.get(src)
         return self.launch.get(key)

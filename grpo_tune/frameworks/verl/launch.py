@@ -18,6 +18,15 @@ from grpo_tune.core.errors import ConfigError
 DEGREE_KEYS = D.rules.DEGREES
 
 
+def inherited_from(key: str) -> str | None:
+    """The actor key that ``key`` takes its value from when the launch does not set it, else None: the
+    reference inherits the actor's degrees and param_offload (verl 0.9.1 ``ref/ref.yaml``, ``oc.select``)."""
+    leaf = key.rsplit(".", 1)[-1]
+    if key.startswith(f"{REF}.megatron.") and leaf in (*DEGREE_KEYS.values(), "param_offload"):
+        return f"{ACTOR}.megatron.{leaf}"
+    return None
+
+
 @dataclass
 class Launch:
     path: Path
@@ -47,9 +56,9 @@ class Launch:
         ov = self.values.get(key)
         if ov is not None:
             return ov.value
-        # the reference inherits the actor's degrees and param_offload (verl 0.9.1 ref/ref.yaml oc.select)
-        if key.startswith(f"{REF}.megatron.") and key.rsplit(".", 1)[-1] in (*DEGREE_KEYS.values(), "param_offload"):
-            return self.get(f"{ACTOR}.megatron." + key.rsplit(".", 1)[-1])
+        src = inherited_from(key)
+        if src is not None:
+            return self.get(src)
         if self.separate:
             from grpo_tune.frameworks.verl import fully_async as verl_async
 
