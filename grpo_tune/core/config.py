@@ -191,7 +191,7 @@ class RunConfig:
         return d
 
     @classmethod
-    def from_dict(cls, data: Any, *, where: str = "config") -> "RunConfig":
+    def from_dict(cls, data: object, *, where: str = "config") -> "RunConfig":
         if not isinstance(data, dict):
             raise ConfigError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
         check_names(data, _SECTIONS, where, noun="section")

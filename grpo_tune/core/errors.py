@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import ModuleType
 
 import difflib
-from typing import Any, Iterable
+from typing import Iterable
 
 # Stable codes. Tests and scripts match on these strings; never rename one.
 CODES = {
@@ -89,7 +89,7 @@ class GrpoTuneError(Exception):
 
     code = "BAD_CONFIG"
 
-    def __init_subclass__(cls, code: str | None = None, **kw: Any) -> None:
+    def __init_subclass__(cls, code: str | None = None, **kw: object) -> None:
         # A subclass names its code in its class line; an unregistered one fails at import, not when raised.
         super().__init_subclass__(**kw)
         if code is not None:

@@ -81,7 +81,7 @@ class Efficiency:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Any, *, where: str = "efficiency") -> "Efficiency":
+    def from_dict(cls, data: object, *, where: str = "efficiency") -> "Efficiency":
         data = check_keys(cls, data, where)
         for k, v in data.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0 or v == float("inf"):

@@ -133,7 +133,7 @@ class ProfileReport:
         return d
 
     @classmethod
-    def from_dict(cls, data: Any, *, where: str = "profile") -> ProfileReport:
+    def from_dict(cls, data: object, *, where: str = "profile") -> ProfileReport:
         """Read a profile JSON object; a malformed one is a coded BAD_CONFIG error.
 
         Unknown phases and extra keys are ignored (a newer trainer may report more)."""

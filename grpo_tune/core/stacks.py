@@ -19,7 +19,6 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 from .errors import ConfigError, close_matches
 from .hardware import STACK_KEYS, Efficiency, HardwareSpec
@@ -56,7 +55,7 @@ class StackSpec:
         return dataclasses.replace(base, **vals)
 
     @classmethod
-    def from_dict(cls, data: Any, *, where: str) -> "StackSpec":
+    def from_dict(cls, data: object, *, where: str) -> "StackSpec":
         if not isinstance(data, dict):
             raise ConfigError(f"{where} must be a table")
         data = dict(data)

@@ -145,7 +145,7 @@ def to_mapping(obj: Any) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(obj).items()}
 
 
-def from_mapping(cls: type[T], data: Any, where: str, schema: Schema = Schema()) -> T:
+def from_mapping(cls: type[T], data: object, where: str, schema: Schema = Schema()) -> T:
     """Build the dataclass ``cls`` from ``data``; every failure is a coded :class:`ConfigError`."""
     data = check_keys(cls, data, where)
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
