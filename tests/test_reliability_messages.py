@@ -200,7 +200,7 @@ def test_worker_failures_are_classified_with_their_path():
 
 
 def test_train_prints_the_classified_cause_not_the_traceback(tmp_path):
-    from tests.test_reliability import _config, _train  # the same fake-torchrun harness
+    from test_reliability import _config, _train  # the same fake-torchrun harness (tests/ is on sys.path)
 
     out = tmp_path / "run"
     p = _train(tmp_path, _config(tmp_path, out), steps=2, delay=0.01, FAKE_MODE="nospace")
