@@ -334,3 +334,28 @@ def test_diagnose_reads_blog_keys_as_their_real_twins_in_its_summary():
     rep = diagnose_path(ROOT / "examples/broken/unknown-keys.overrides")
     assert "UNKNOWN_KEY" in rep.codes("error")
     assert rep.summary["batch"]["n"] == 8 and rep.summary["batch"]["train_batch_size"] == 512
+
+
+def test_tuned_sh_appears_with_its_run_folder_not_after_it(tmp_path, monkeypatch, capsys):
+    """tuned.sh was written after the run folder was renamed into place: a kill between the two left a folder
+    without it. It is now one of the staged files: at the moment of the rename the staged folder holds it,
+    with the launch's own permission bits."""
+    import os as _os
+
+    launch = tmp_path / "run.sh"
+    launch.write_text((ROOT / "examples/qwen2-7b-grpo-megatron.sh").read_text())
+    launch.chmod(0o750)
+    seen: list[list[str]] = []
+    real_rename = _os.rename
+
+    def rename(src, dst):
+        if Path(src).name.endswith(".partial"):
+            seen.append(sorted(p.name for p in Path(src).iterdir()))
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(_os, "rename", rename)
+    assert main(["tune", str(launch), "--hardware", "h100", "--out", str(tmp_path / "runs"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert seen and "tuned.sh" in seen[0], seen
+    tuned = Path(doc["files"]["tuned.sh"])
+    assert tuned.parent.parent == tmp_path / "runs" and tuned.stat().st_mode & 0o777 == 0o750

@@ -151,7 +151,6 @@ def tune(
     """Price your verl launch, find a faster plan for the same workload, and print only the overrides that change."""
     from grpo_tune.autotune import tune as T
     from grpo_tune.rundir.emit import Tables, emit_run
-    from grpo_tune.core.config import atomic_write
 
     place = placement_flags(pins)
 
@@ -228,17 +227,14 @@ def tune(
     run_dir = None
     files: dict[str, Path] = {}
     if emit:
+        mode = stat.S_IMODE(launch_obj.path.stat().st_mode) | stat.S_IRUSR | stat.S_IWUSR  # the launch's own
         run_dir, files = emit_run(
             res.best,
             out=out,
             search=Tables(ranked=res.ranked, counters=res.search_stats),
             meta={"tuned_from": str(launch), **({"calibration": str(calibration)} if calibration else {})},
+            extra={"tuned.sh": (tuned, mode)},
         )
-        tuned_path = run_dir / "tuned.sh"
-        atomic_write(tuned_path, tuned)
-        mode = launch_obj.path.stat().st_mode
-        tuned_path.chmod(stat.S_IMODE(mode) | stat.S_IRUSR | stat.S_IWUSR)
-        files["tuned.sh"] = tuned_path
     split = _propose_split(plan, res, place, pins_from_flags(pins), cal, min_headroom) if _asks_split(place) else None
     split_dir: Path | None = None
     split_files: dict[str, Path] = {}

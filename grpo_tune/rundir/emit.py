@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from grpo_tune.costmodel.estimate import Estimate
 
@@ -121,6 +121,7 @@ def emit(
     trainer: TrainerOptions | None = None,
     frameworks: Sequence[str] = ("verl",),
     stage: str | os.PathLike | None = None,
+    extra: Mapping[str, tuple[str, int]] | None = None,
 ) -> dict[str, Path]:
     """Write the run folder for ``est`` into ``out_dir`` (created); return ``{name: path}``.
 
@@ -139,6 +140,8 @@ def emit(
         meta: extra ``meta`` entries for ``best.yaml``.
         trainer: trainer options (default: TrainerOptions with ``out_dir`` inside the run folder).
         frameworks: the launches to write: ``verl`` (verl.sh) and/or ``nemo-rl`` (nemo_rl.yaml).
+        extra: more files of the run folder, ``{name: (text, mode)}`` (tune's tuned.sh), written with the
+            others so that they appear with the folder, not after it.
     """
     d = Path(out_dir)
     ranked: Sequence[Estimate] = search.ranked if search is not None else ()
@@ -168,6 +171,8 @@ def emit(
         paths[lf.key] = atomic_write(w / lf.name, lf.text)
         files[lf.label] = paths[lf.key]
         use += lf.use
+    for name, (text, _mode) in (extra or {}).items():
+        paths[name] = atomic_write(w / name, text)
     from grpo_tune.rundir.report import write_report
 
     paths.update(
@@ -189,6 +194,8 @@ def emit(
     executable = {lf.key for lf in launch if lf.executable}
     for key, p in paths.items():  # atomic_write's temp files are private (0600); these are for sharing
         os.chmod(p, (0o777 if key in executable else 0o666) & ~umask)
+    for name, (_text, mode) in (extra or {}).items():
+        os.chmod(paths[name], mode)
     return paths
 
 
