@@ -116,7 +116,6 @@ PENDING_EDGES = {
     ("frameworks.nemo_rl", "autotune.calibrate"),
     ("frameworks.nemo_rl", "autotune.search"),
     ("frameworks.nemo_rl", "frameworks.verl"),
-    ("frameworks.verl", "frameworks.nemo_rl"),
 }
 
 
@@ -210,12 +209,7 @@ KNOWN_CYCLES = [
         "grpo_tune.autotune.calibrate.lengths",
         "grpo_tune.autotune.calibrate.runlog",
         "grpo_tune.autotune.tune",
-        "grpo_tune.frameworks.nemo_rl.diagnose",
         "grpo_tune.frameworks.nemo_rl.logs",
-        "grpo_tune.frameworks.nemo_rl.read",
-        "grpo_tune.frameworks.verl.diagnose",
-        "grpo_tune.frameworks.verl.launch",
-        "grpo_tune.frameworks.verl.script",
     ],
     ["grpo_tune.autotune.refine.loop", "grpo_tune.autotune.refine.markdown", "grpo_tune.autotune.refine.report"],
     ["grpo_tune.core.hardware", "grpo_tune.core.specs", "grpo_tune.core.stacks"],

@@ -253,18 +253,15 @@ def plan_of(
     prompt_len_mean: int | None = None,
     response_len_mean: int | None = None,
 ) -> LaunchPlan:
-    """Model, hardware, GPUs, workload and plan of a launch (or of a grpo-tune run config, best.yaml, or of a
-    NeMo-RL recipe)."""
-    from grpo_tune.frameworks.nemo_rl import read as nemo_read
+    """Model, hardware, GPUs, workload and plan of a launch (or of a grpo-tune run config, best.yaml, or of another
+    framework's file: the registry's reader for it)."""
+    from grpo_tune.frameworks import reader_for
 
-    if nemo_read.is_recipe(path):
-        return nemo_read.plan_of(
-            path,
-            model=model,
-            hardware=hardware,
-            prompt_len_mean=prompt_len_mean,
-            response_len_mean=response_len_mean,
-        )
+    read = reader_for(path).read_plan(
+        Path(path), model=model, hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
+    )
+    if read is not None:  # a framework's own reader (a NeMo-RL recipe)
+        return cast(LaunchPlan, read)
     if Path(path).suffix in (".yaml", ".yml") and Path(path).is_file():
         return _plan_of_run_config(
             Path(path), hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean

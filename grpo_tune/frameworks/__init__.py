@@ -9,6 +9,7 @@ launch files, reads its launches back, and names what it cannot express (the sea
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 from grpo_tune.core.errors import ConfigError
@@ -25,6 +26,32 @@ DEFAULT = "verl"
 def for_run(names: Sequence[str]) -> list[Framework]:
     """The frameworks whose files a run folder gets: the selected ones, and those written always."""
     return [f for f in REGISTRY if f.always or f.name in names]
+
+
+def reader_for(path: str | Path) -> Framework:
+    """The framework that reads the file ``path`` back: the first registered one whose ``detect`` claims it, else
+    the default (verl, which also reads grpo-tune's run configs and plain override lists). An unreadable file goes
+    to the default, whose reader reports why."""
+    from grpo_tune.core.errors import GrpoTuneError
+    from grpo_tune.frameworks.verl.diagnose.parse import read_text
+
+    p = Path(path)
+    default = next(f for f in REGISTRY if f.name == DEFAULT)
+    if not p.is_file():
+        return default
+    try:
+        text = read_text(p, what="launch, config or recipe")
+    except GrpoTuneError:
+        return default
+    return next((f for f in REGISTRY if f.detect(p, text)), default)
+
+
+def diagnose_path(
+    path: str | Path, *, hardware: str | None = None, model: str | None = None, overrides: Sequence[str] = ()
+) -> object:
+    """``grpo-tune diagnose PATH [overrides]``: the file's findings (a ``Report``), from the framework that reads it."""
+    p = Path(path)
+    return reader_for(p).diagnose(p, list(overrides), hardware=hardware, model=model)
 
 
 def select(value: str | None) -> tuple[str, ...]:

@@ -11,15 +11,25 @@ listed once in :data:`grpo_tune.frameworks.REGISTRY`. What a subclass states:
 - :meth:`Framework.constraints`: the plan fields the framework fixes (the search's pins when planning
   for it), empty when it expresses every plan the search proposes.
 
-The read side lives beside the writer in each sub-package (verl: ``launch`` reads a launch back into a
-plan, ``diagnose`` holds its rules and its bash reader, ``snapshot`` the key tree; NeMo-RL: ``read``,
-``diagnose``, ``logs``, ``snapshot``).
+The read side, which the generic commands reach through the registry rather than by naming a framework:
+
+- :meth:`Framework.detect`: whether a file is this framework's launch, config or recipe (by its content);
+  a file that no framework claims is read by the default one (verl, which also reads grpo-tune's run
+  configs and plain override lists);
+- :meth:`Framework.diagnose`: that file's coded findings (``grpo-tune diagnose``);
+- :meth:`Framework.read_plan`: that file read back into a plan (what ``tune`` and ``calibrate`` price),
+  None where the generic launch reader of :mod:`grpo_tune.autotune.tune` reads it (verl's launches).
+
+Their implementations live beside the writer in each sub-package (verl: ``launch`` reads a launch back into
+a plan, ``diagnose`` holds its rules and its bash reader, ``snapshot`` the key tree; NeMo-RL: ``read``,
+``diagnose``, ``logs``, ``snapshot``). The return types (a diagnose ``Report``, a tune ``LaunchPlan``) live
+above this layer, hence ``object``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -57,3 +67,24 @@ class Framework(ABC):
     def constraints(self) -> Mapping[str, object]:
         """Plan fields this framework fixes: ``{Strategy field: value}`` (the search's pins for it)."""
         return {}
+
+    def detect(self, path: Path, text: str) -> bool:
+        """Whether the file ``path`` (its text, read bounded) is this framework's launch, config or recipe."""
+        return False
+
+    def diagnose(self, path: Path, overrides: Sequence[str], *, hardware: str | None, model: str | None) -> object:
+        """``grpo-tune diagnose`` on a file this framework detects (with trailing ``key=value`` overrides)."""
+        raise NotImplementedError(f"{self.name} has no diagnose reader")
+
+    def read_plan(
+        self,
+        path: Path,
+        *,
+        model: str | None = None,
+        hardware: str | None = None,
+        prompt_len_mean: int | None = None,
+        response_len_mean: int | None = None,
+    ) -> object:
+        """A file this framework detects read back into a ``LaunchPlan``; None where the generic launch reader
+        reads it."""
+        return None

@@ -1,8 +1,9 @@
-"""NeMo-RL behind the framework contract: its recipe for a run folder, and the plan fields it fixes."""
+"""NeMo-RL behind the framework contract: its recipe for a run folder, the plan fields it fixes, and its
+recipes read back (detect, diagnose, plan)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from grpo_tune.core.config import RunConfig
@@ -27,3 +28,27 @@ class NemoRL(Framework):
 
     def constraints(self) -> Mapping[str, object]:
         return SEARCH_PINS
+
+    def detect(self, path: Path, text: str) -> bool:
+        """A NeMo-RL recipe: a YAML mapping shaped like one (not a grpo-tune run config)."""
+        return recipe.is_recipe_text(path, text)
+
+    def diagnose(self, path: Path, overrides: Sequence[str], *, hardware: str | None, model: str | None) -> object:
+        from grpo_tune.frameworks.nemo_rl.diagnose import diagnose_recipe
+
+        return diagnose_recipe(path, list(overrides), hardware=hardware, model=model)
+
+    def read_plan(
+        self,
+        path: Path,
+        *,
+        model: str | None = None,
+        hardware: str | None = None,
+        prompt_len_mean: int | None = None,
+        response_len_mean: int | None = None,
+    ) -> object:
+        from grpo_tune.frameworks.nemo_rl import read
+
+        return read.plan_of(
+            path, model=model, hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
+        )

@@ -278,6 +278,21 @@ def load(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -
     )
 
 
+def is_recipe_text(path: Path, text: str) -> bool:
+    """Whether the file ``path`` with contents ``text`` is a NeMo-RL recipe: YAML (or JSON) that parses to a mapping
+    shaped like one, and not a grpo-tune run config (``strategy``); False for anything unreadable."""
+    from grpo_tune.core.errors import GrpoTuneError
+    from grpo_tune.frameworks.verl.diagnose.parse import load_yaml
+
+    if path.suffix not in (".yaml", ".yml", ".json"):
+        return False
+    try:
+        data, _ = load_yaml(text, str(path))
+    except GrpoTuneError:
+        return False
+    return isinstance(data, dict) and "strategy" not in data and looks_like_recipe(data)
+
+
 def looks_like_recipe(data: Any) -> bool:
     """A NeMo-RL GRPO recipe: a mapping with ``defaults`` or NeMo-RL's own sections (``policy`` + ``grpo``,
     or ``policy.megatron_cfg`` / ``policy.generation``), not a grpo-tune run config nor a verl config."""

@@ -1,7 +1,8 @@
-"""verl behind the framework contract: its launch script for a run folder."""
+"""verl behind the framework contract: its launch script for a run folder, and its launches read back."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from grpo_tune.core.config import RunConfig
@@ -17,3 +18,14 @@ class Verl(Framework):
     def launch_files(self, cfg: RunConfig, run_dir: Path) -> list[LaunchFile]:
         text = verl_script(cfg)
         return [LaunchFile("verl", "verl.sh", f"verl {self.release} launch", text, executable=True)]
+
+    def detect(self, path: Path, text: str) -> bool:
+        """A verl launch script (YAML configs and override lists verl reads as the default framework)."""
+        from grpo_tune.frameworks.verl.diagnose import looks_like_script
+
+        return path.suffix not in (".yaml", ".yml", ".json") and looks_like_script(text)
+
+    def diagnose(self, path: Path, overrides: Sequence[str], *, hardware: str | None, model: str | None) -> object:
+        from grpo_tune.frameworks.verl.diagnose import diagnose_path
+
+        return diagnose_path(path, hardware=hardware, model=model, overrides=list(overrides))

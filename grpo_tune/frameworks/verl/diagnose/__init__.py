@@ -148,6 +148,11 @@ def diagnose_config(cfg, *, source: str = "<run config>", hardware: str | None =
     return diagnose_overrides(ovs, hardware=hardware or cfg.hardware, model=cfg.model, source=source, kind="run_config")
 
 
+def looks_like_script(text: str) -> bool:
+    """A verl launch script (it starts verl's trainer, or is a shell script), not a plain override list."""
+    return re.search(r"main_ppo|fully_async_main|verl-train|diagnose\.py|^#!", text, re.M) is not None
+
+
 def diagnose_path(
     path: str | os.PathLike,
     *,
@@ -155,9 +160,9 @@ def diagnose_path(
     model: str | None = None,
     overrides: list[str] | None = None,
 ) -> Report:
-    """Read a run config (YAML with ``schema_version``), a verl YAML config, a NeMo-RL recipe (with Hydra-style
-    ``overrides``), a launch script or an override list, and diagnose it. Unreadable input raises a coded
-    error; reading is bounded."""
+    """Read a run config (YAML with ``schema_version``), a verl YAML config, a launch script or an override list,
+    and diagnose it. Unreadable input raises a coded error; reading is bounded. Other frameworks' files (a
+    NeMo-RL recipe with Hydra-style ``overrides``) go through :func:`grpo_tune.frameworks.diagnose_path`."""
     p = Path(path)
     text = read_text(p, what="launch script, override list or config")
     if not text.strip():
@@ -169,7 +174,7 @@ def diagnose_path(
             f"{p}: extra overrides apply to a NeMo-RL recipe only",
             hint="put the overrides into the verl launch itself",
         )
-    if re.search(r"main_ppo|fully_async_main|verl-train|diagnose\.py|^#!", text, re.M):
+    if looks_like_script(text):
         ovs, fnd, facts = parse_script(text)
         return diagnose_overrides(
             ovs,
@@ -204,13 +209,6 @@ def _yaml(p: Path, text: str, hardware: str | None, model: str | None, overrides
     if isinstance(data, dict) and ("schema_version" in data or "strategy" in data):
         rep = _run_config(p, data, hardware)
         rep.findings[:0] = found
-        return rep
-    from grpo_tune.frameworks.nemo_rl.recipe import looks_like_recipe
-
-    if looks_like_recipe(data):
-        from grpo_tune.frameworks.nemo_rl.diagnose import diagnose_recipe
-
-        rep = diagnose_recipe(p, overrides or [], hardware=hardware, model=model)
         return rep
     if overrides:
         raise ConfigError(
