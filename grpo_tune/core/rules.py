@@ -76,92 +76,95 @@ def check_degrees(
     ``EXPERT_DEGREES`` (ep*etp does not divide tp*cp*dp). A check that needs an earlier one to
     hold (dp needs tp*pp*cp to divide the GPUs) is skipped when that one failed.
     """
+    lay = s.layout
+    eng = s.rollout
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
         return [_err(f"GPU count must be a positive integer, got {gpus!r}")]
     out: list[Finding] = []
-    mp = s.layout.tp * s.layout.pp * s.layout.cp
+    mp = lay.tp * lay.pp * lay.cp
     dp: int | None = None
     if gpus % mp:
         out.append(
             _err(
-                f"tp*pp*cp = {s.layout.tp}*{s.layout.pp}*{s.layout.cp} = {mp} does not divide {gpus} GPUs",
+                f"tp*pp*cp = {lay.tp}*{lay.pp}*{lay.cp} = {mp} does not divide {gpus} GPUs",
                 "choose degrees whose product divides the GPU count",
             )
         )
     else:
         dp = gpus // mp
-        if s.layout.dp is not None and s.layout.dp != dp:
+        if lay.dp is not None and lay.dp != dp:
             out.append(
                 _err(
-                    f"tp*pp*cp*dp = {mp * s.layout.dp} differs from the {gpus} GPUs",
-                    f"with tp={s.layout.tp} pp={s.layout.pp} cp={s.layout.cp}, dp must be {dp}",
+                    f"tp*pp*cp*dp = {mp * lay.dp} differs from the {gpus} GPUs",
+                    f"with tp={lay.tp} pp={lay.pp} cp={lay.cp}, dp must be {dp}",
                 )
             )
-    if model.heads % s.layout.tp:
+    if model.heads % lay.tp:
         out.append(
             _err(
-                f"tp={s.layout.tp} does not divide the {model.heads} attention heads of {model.name}",
+                f"tp={lay.tp} does not divide the {model.heads} attention heads of {model.name}",
                 f"use a tp among {', '.join(map(str, divisors(model.heads)))}",
             )
         )
     kv = model.heads if model.is_mla else model.kv_heads
-    if kv % s.layout.tp:
+    if kv % lay.tp:
         out.append(
             _err(
-                f"tp={s.layout.tp} does not divide the {kv} key/value heads of {model.name} "
+                f"tp={lay.tp} does not divide the {kv} key/value heads of {model.name} "
                 "(Megatron splits query groups evenly)",
                 f"use a tp among {', '.join(map(str, divisors(kv)))}",
             )
         )
-    if gpus_per_node and s.layout.tp > gpus_per_node and not allow_cross_node_tp:
+    if gpus_per_node and lay.tp > gpus_per_node and not allow_cross_node_tp:
         out.append(
             _err(
-                f"tp={s.layout.tp} spans nodes of {gpus_per_node} GPUs",
+                f"tp={lay.tp} spans nodes of {gpus_per_node} GPUs",
                 "keep tp <= GPUs per node, or allow it explicitly",
             )
         )
     out += _check_stages(model, s)
-    etp = s.layout.etp_
+    etp = lay.etp_
     if model.is_moe:
-        if model.experts % s.layout.ep:
+        if model.experts % lay.ep:
             out.append(
                 _err(
-                    f"ep={s.layout.ep} does not divide the {model.experts} experts of {model.name}",
+                    f"ep={lay.ep} does not divide the {model.experts} experts of {model.name}",
                     f"use an ep among {', '.join(map(str, divisors(model.experts)))}",
                     "EXPERT_IMBALANCE",
                 )
             )
-        if dp is not None and (s.layout.tp * s.layout.cp * dp) % (s.layout.ep * etp):
+        if dp is not None and (lay.tp * lay.cp * dp) % (lay.ep * etp):
             out.append(
                 _err(
-                    f"ep*etp = {s.layout.ep}*{etp} does not divide tp*cp*dp = {s.layout.tp * s.layout.cp * dp} "
+                    f"ep*etp = {lay.ep}*{etp} does not divide tp*cp*dp = {lay.tp * lay.cp * dp} "
                     "(Megatron's MoE parallel folding)",
                     "lower ep or etp",
                     "EXPERT_DEGREES",
                 )
             )
-    elif s.layout.ep > 1 or (s.layout.etp is not None and s.layout.etp != s.layout.tp):
+    elif lay.ep > 1 or (lay.etp is not None and lay.etp != lay.tp):
         out.append(_err(f"{model.name} is dense: ep/etp apply to MoE models only"))
-    if gpus % s.rollout.rollout_tp:
-        out.append(_err(f"rollout_tp={s.rollout.rollout_tp} does not divide {gpus} GPUs"))
-    if model.heads % s.rollout.rollout_tp:
-        out.append(_err(f"rollout_tp={s.rollout.rollout_tp} does not divide the {model.heads} attention heads"))
-    if kv % s.rollout.rollout_tp and s.rollout.rollout_tp % kv:
-        out.append(_err(f"rollout_tp={s.rollout.rollout_tp} neither divides nor is a multiple of the {kv} KV heads"))
+    if gpus % eng.rollout_tp:
+        out.append(_err(f"rollout_tp={eng.rollout_tp} does not divide {gpus} GPUs"))
+    if model.heads % eng.rollout_tp:
+        out.append(_err(f"rollout_tp={eng.rollout_tp} does not divide the {model.heads} attention heads"))
+    if kv % eng.rollout_tp and eng.rollout_tp % kv:
+        out.append(_err(f"rollout_tp={eng.rollout_tp} neither divides nor is a multiple of the {kv} KV heads"))
     return out
 
 
 def stage_layers(model: ModelSpec, s: Strategy) -> list[int]:
     """Layers on each pipeline stage (Megatron's uneven first/last stage rule)."""
-    if s.layout.pp == 1:
+    lay = s.layout
+    if lay.pp == 1:
         return [model.layers]
-    first, last = s.layout.first_stage_layers, s.layout.last_stage_layers
+    first, last = lay.first_stage_layers, lay.last_stage_layers
     if first is None and last is None:
-        return [model.layers // s.layout.pp] * s.layout.pp
-    middle = s.layout.pp - (first is not None) - (last is not None)
+        return [model.layers // lay.pp] * lay.pp
+    middle = lay.pp - (first is not None) - (last is not None)
     rest = model.layers - (first or 0) - (last or 0)
     per = rest // middle if middle else 0
-    out = [per] * s.layout.pp
+    out = [per] * lay.pp
     if first is not None:
         out[0] = first
     if last is not None:
@@ -171,36 +174,37 @@ def stage_layers(model: ModelSpec, s: Strategy) -> list[int]:
 
 def _check_stages(model: ModelSpec, s: Strategy) -> list[Finding]:
     """Pipeline stages: uneven first/last stages, pp dividing the layers, vpp dividing each stage."""
+    lay = s.layout
     out: list[Finding] = []
-    if s.layout.first_stage_layers is not None or s.layout.last_stage_layers is not None:
-        if s.layout.pp == 1:
+    if lay.first_stage_layers is not None or lay.last_stage_layers is not None:
+        if lay.pp == 1:
             out.append(_err("uneven first/last stage layers need pp > 1"))
         else:
             stages = stage_layers(model, s)
-            middle = s.layout.pp - (s.layout.first_stage_layers is not None) - (s.layout.last_stage_layers is not None)
-            rest = model.layers - (s.layout.first_stage_layers or 0) - (s.layout.last_stage_layers or 0)
+            middle = lay.pp - (lay.first_stage_layers is not None) - (lay.last_stage_layers is not None)
+            rest = model.layers - (lay.first_stage_layers or 0) - (lay.last_stage_layers or 0)
             if rest < 0 or (middle and rest % middle) or (not middle and rest) or min(stages) < 1:
                 out.append(
                     _err(
-                        f"first/last stage layers ({s.layout.first_stage_layers}/{s.layout.last_stage_layers}) leave "
+                        f"first/last stage layers ({lay.first_stage_layers}/{lay.last_stage_layers}) leave "
                         f"{rest} layers that do not split evenly over {middle} middle stages of "
                         f"{model.name}'s {model.layers}"
                     )
                 )
-    elif model.layers % s.layout.pp:
+    elif model.layers % lay.pp:
         out.append(
             _err(
-                f"pp={s.layout.pp} does not divide the {model.layers} layers of {model.name}",
+                f"pp={lay.pp} does not divide the {model.layers} layers of {model.name}",
                 "use --first-stage-layers/--last-stage-layers for uneven stages, or another pp",
             )
         )
-    if s.layout.vpp > 1:
-        if s.layout.pp == 1:
+    if lay.vpp > 1:
+        if lay.pp == 1:
             out.append(_err("vpp > 1 needs pp > 1"))
         else:
             stages = stage_layers(model, s)
-            if any(n % s.layout.vpp for n in stages):
-                out.append(_err(f"vpp={s.layout.vpp} does not divide the layers per stage {stages}"))
+            if any(n % lay.vpp for n in stages):
+                out.append(_err(f"vpp={lay.vpp} does not divide the layers per stage {stages}"))
     return out
 
 

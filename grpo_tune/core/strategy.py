@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from . import knobs as _knobs
 from .choices import Dtype, Offload, Recompute, WorkloadKind
@@ -37,6 +37,8 @@ __all__ = [
     "stage_layers",
     "validate",
 ]
+
+_T = TypeVar("_T")
 
 DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp")
 """The parallel degrees a plan sets, in Layout's field order (dp is derived from the GPU count)."""
@@ -215,7 +217,9 @@ class Strategy:
         """A copy with some knobs (flat names) or whole concerns (``layout=Layout(...)``) replaced.
 
         The search prices thousands of plans and ``estimate`` resolves every one through here, so the
-        copy skips ``__init__``: each touched concern is copied once (none has a ``__post_init__``)."""
+        copy skips ``__init__`` (no concern has a ``__post_init__``): each touched concern is copied once,
+        field by field (:func:`_copy`), which keeps the copies' attribute reads as fast as a constructed
+        object's."""
         route = _route()
         parts: dict[str, dict[str, object]] = {}
         whole: dict[str, object] = {}
@@ -227,17 +231,14 @@ class Strategy:
                 whole[k] = v
             else:
                 parts.setdefault(r[0], {})[r[1]] = v
-        new = object.__new__(Strategy)
-        d = new.__dict__
-        d.update(self.__dict__)
-        d.update(whole)
         for concern, upd in parts.items():
-            old = d[concern]
-            part = object.__new__(type(old))
-            part.__dict__.update(old.__dict__)
-            part.__dict__.update(upd)
-            d[concern] = part
-        return new
+            whole[concern] = _copy(whole.get(concern, getattr(self, concern)), upd)
+        return _copy(self, whole)
+
+    def _with_layout(self, **fields: object) -> "Strategy":
+        """A copy with some :class:`Layout` fields replaced: :meth:`replace` without its routing, for
+        :func:`validate`, which every estimate runs."""
+        return _copy(self, {"layout": _copy(self.layout, fields)})
 
     @staticmethod
     def knob_names() -> list[str]:
@@ -255,17 +256,16 @@ class Strategy:
         how tables that spell the knobs otherwise (verl's keys, a launch's pins) read a plan."""
         r = _route().get(name)
         if r is not None:
-            return getattr(self.__dict__[r[0]], r[1])
+            return getattr(getattr(self, r[0]), r[1])
         for c in _FLAT:
-            part = self.__dict__[c]
+            part = getattr(self, c)
             if isinstance(getattr(type(part), name, None), property):
                 return getattr(part, name)
         raise AttributeError(f"a plan has no knob {name!r}")
 
     def knobs(self) -> dict[str, object]:
         """Every knob of the layout, memory, batching and rollout concerns by its flat name, in table order."""
-        d = self.__dict__
-        return {k.name: getattr(d[k.concern], k.field) for k in knobs() if k.concern in _FLAT}
+        return {k.name: getattr(getattr(self, k.concern), k.field) for k in knobs() if k.concern in _FLAT}
 
     def to_dict(self) -> dict[str, object]:
         """The ``strategy`` section: the knobs flat, in table order (as since schema 1)."""
@@ -310,6 +310,23 @@ class Strategy:
 
 
 _DEFAULT = Strategy()
+_FIELDS: dict[type, tuple[str, ...]] = {
+    t: tuple(f.name for f in dataclasses.fields(t)) for t in (Strategy, Layout, Memory, Batching, RolloutEngine)
+}
+_set = object.__setattr__
+
+
+def _copy(obj: _T, upd: dict[str, object]) -> _T:
+    """``obj`` with the fields in ``upd`` replaced, without ``__init__``. Field by field through
+    ``object.__setattr__`` and ``getattr``, never through ``__dict__``: CPython 3.11 reads the attributes
+    of an object whose ``__dict__`` was touched (copied into or out of) about twice as slowly, and every
+    estimate reads a plan's knobs hundreds of times."""
+    new = object.__new__(type(obj))
+    for k in _FIELDS[type(obj)]:
+        _set(new, k, upd[k] if k in upd else getattr(obj, k))
+    return new
+
+
 _ROUTE: tuple[tuple[Knob, ...], dict[str, tuple[str, str]]] | None = None
 
 
@@ -452,4 +469,4 @@ def validate(
     lay = s.layout
     # a dense model has no expert TP: it stays unset (verl's null, Megatron's "same as TP"), not a copy of TP
     etp = lay.etp_ if model.is_moe or lay.etp not in (None, lay.tp) else None
-    return s.replace(dp=gpus // (lay.tp * lay.pp * lay.cp), etp=etp, sequence_parallel=lay.sp)
+    return s._with_layout(dp=gpus // (lay.tp * lay.pp * lay.cp), etp=etp, sequence_parallel=lay.sp)

@@ -246,13 +246,14 @@ def _stage_layout(m: ModelSpec, stages: tuple[int, ...]) -> tuple[tuple[int, int
 
 
 def _stage_coeffs(m: ModelSpec, s: Strategy, k: Kernels) -> tuple[LayerCoeffs, LayerCoeffs | None]:
+    lay = s.layout
     kw = dict(flash=k.flash, fused=k.fused, act_bytes=k.act_bytes)
-    dense = layer_coeffs(m, False, s.layout.tp, s.layout.etp_, s.layout.sp, **kw)
+    dense = layer_coeffs(m, False, lay.tp, lay.etp_, lay.sp, **kw)
     # Routing is not balanced: the busiest expert rank holds the time model's imbalance share of the routed
     # tokens (costmodel.timing_base CALIBRATION_DEFAULTS moe_imbalance); with one expert rank (ep 1) it
     # holds them all, exactly.
-    imb = MOE_IMBALANCE if s.layout.ep > 1 else 1.0
-    moe = layer_coeffs(m, True, s.layout.tp, s.layout.etp_, s.layout.sp, imbalance=imb, **kw) if m.is_moe else None
+    imb = MOE_IMBALANCE if lay.ep > 1 else 1.0
+    moe = layer_coeffs(m, True, lay.tp, lay.etp_, lay.sp, imbalance=imb, **kw) if m.is_moe else None
     return dense, moe
 
 
@@ -260,18 +261,20 @@ def train_activation_bytes(
     m: ModelSpec, s: Strategy, *, seq_len: int, mbs: float, microbatches: int, kernels: Kernels = GPU_KERNELS
 ) -> list[float]:
     """Per stage: activations held at the peak of 1F1B (logits not included)."""
+    lay = s.layout
+    smem = s.memory
     stages = tuple(stage_layers(m, s))
     layout = _stage_layout(m, stages)
     cd, cm = _stage_coeffs(m, s, kernels)
-    s_local = -(-seq_len // s.layout.cp)  # CP splits the sequence (Megatron context parallel)
+    s_local = -(-seq_len // lay.cp)  # CP splits the sequence (Megatron context parallel)
     out = []
     for i, ((nd, nm), n) in enumerate(zip(layout, stages)):
 
         def per_layer(c: LayerCoeffs, rc: str) -> float:
             return layer_activation_bytes(c, s_local, seq_len, mbs, rc)
 
-        if s.memory.recompute == "full":
-            r = n if s.memory.recompute_layers is None else min(s.memory.recompute_layers, n)
+        if smem.recompute == "full":
+            r = n if smem.recompute_layers is None else min(smem.recompute_layers, n)
             # Megatron's "block" method: the first r layers keep their input only, the rest everything.
             keep_nm = max(0, nm - max(0, r - nd))
             keep_nd = max(0, nd - r)
@@ -280,9 +283,9 @@ def train_activation_bytes(
             # Recomputing a layer in backward re-materializes its full working set once.
             work = max(per_layer(cd, "none") if nd else 0.0, per_layer(cm, "none") if (cm and nm) else 0.0)
         else:
-            held = nd * per_layer(cd, s.memory.recompute) + (nm * per_layer(cm, s.memory.recompute) if cm else 0.0)
+            held = nd * per_layer(cd, smem.recompute) + (nm * per_layer(cm, smem.recompute) if cm else 0.0)
             work = 0.0
-        out.append(held * in_flight_microbatches(s.layout.pp, s.layout.vpp, i, microbatches) + work)
+        out.append(held * in_flight_microbatches(lay.pp, lay.vpp, i, microbatches) + work)
     return out
 
 
@@ -311,7 +314,8 @@ def logits_bytes(
     """Last stage: the output layer's input (final norm in/out, h each) and the loss path over the
     vocab-parallel logits (:func:`logits_bytes_per_logit`: ``grad`` for the update, ``entropy`` whether
     it is computed, the plan's ``fused_kernels``)."""
-    tokens = -(-seq_len // s.layout.cp) * mbs
-    d_sp = s.layout.tp if s.layout.sp else 1
+    lay = s.layout
+    tokens = -(-seq_len // lay.cp) * mbs
+    d_sp = lay.tp if lay.sp else 1
     per_vocab = logits_bytes_per_logit(grad=grad, entropy=entropy, fused=s.memory.fused_kernels, act_bytes=act_bytes)
-    return tokens * (2 * act_bytes * m.hidden / d_sp + per_vocab * padded_vocab(m, s.layout.tp) / s.layout.tp)
+    return tokens * (2 * act_bytes * m.hidden / d_sp + per_vocab * padded_vocab(m, lay.tp) / lay.tp)

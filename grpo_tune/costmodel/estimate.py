@@ -22,18 +22,19 @@ __all__ = ["Estimate", "PhaseMemory", "PhaseTimes", "Throughput", "TrainParts", 
 def _token_budget(s: Strategy, w: Workload) -> list[Violation]:
     """verl's rearrange_micro_batches asserts that a token budget holds the longest sequence
     (the budget is per CP rank and multiplied by the CP size)."""
+    lay = s.layout
     if w.kind != "grpo":
         return []
     longest = w.prompt_len + w.response_len
     out = []
     for name in ("max_tokens_per_gpu", "log_prob_max_tokens_per_gpu"):
         cap = getattr(s.batching, name)
-        if cap and cap * s.layout.cp < longest:
+        if cap and cap * lay.cp < longest:
             out.append(
                 Violation(
                     "BATCH_DIVISIBILITY",
-                    f"{name}={cap} (x cp {s.layout.cp}) is below the longest sequence "
-                    f"({longest} tokens): verl refuses it; raise it to at least {-(-longest // s.layout.cp)}",
+                    f"{name}={cap} (x cp {lay.cp}) is below the longest sequence "
+                    f"({longest} tokens): verl refuses it; raise it to at least {-(-longest // lay.cp)}",
                 )
             )
     return out
@@ -42,14 +43,12 @@ def _token_budget(s: Strategy, w: Workload) -> list[Violation]:
 def _batches(s: Strategy, w: Workload) -> list[Violation]:
     """verl's (and megatron's) batch-split rules, as the trainer and diagnose apply them
     (core/rules.check_batches); with a token budget mbs is unused, so only the DP split counts."""
-    fixed = s.batching.max_tokens_per_gpu is None
-    found = check_batches(
-        w, dp=s.layout.dp or 1, mbs=s.batching.mbs if fixed else None, pp=s.layout.pp, vpp=s.layout.vpp
-    )
-    if fixed and s.batching.log_prob_mbs is not None:
-        found += check_log_prob_batches(
-            w, dp=s.layout.dp or 1, log_prob_mbs=s.batching.log_prob_mbs, pp=s.layout.pp, vpp=s.layout.vpp
-        )
+    lay = s.layout
+    bat = s.batching
+    fixed = bat.max_tokens_per_gpu is None
+    found = check_batches(w, dp=lay.dp or 1, mbs=bat.mbs if fixed else None, pp=lay.pp, vpp=lay.vpp)
+    if fixed and bat.log_prob_mbs is not None:
+        found += check_log_prob_batches(w, dp=lay.dp or 1, log_prob_mbs=bat.log_prob_mbs, pp=lay.pp, vpp=lay.vpp)
     return [Violation(f.code, f"{f.message}; {f.hint}" if f.hint else f.message) for f in found]
 
 

@@ -180,15 +180,14 @@ def kv_cache_capacity(
     model: ModelSpec, hardware: HardwareSpec, strategy: Strategy, workload: Workload, gpus: int | None = None
 ) -> KvCapacity:
     """The KV cache that ``gpu_memory_utilization`` leaves, and the concurrent sequences it holds."""
-    budget = strategy.rollout.gpu_memory_utilization * hardware.hbm_bytes
-    w = rollout_weight_bytes(model, strategy.rollout.rollout_tp)
-    work = rollout_working_bytes(
-        model, strategy.rollout.rollout_tp, strategy.rollout.max_num_seqs, strategy.rollout.max_num_batched_tokens
-    )
-    if not strategy.rollout.enforce_eager:
+    eng = strategy.rollout
+    budget = eng.gpu_memory_utilization * hardware.hbm_bytes
+    w = rollout_weight_bytes(model, eng.rollout_tp)
+    work = rollout_working_bytes(model, eng.rollout_tp, eng.max_num_seqs, eng.max_num_batched_tokens)
+    if not eng.enforce_eager:
         work += CUDA_GRAPH_BYTES
     kv = budget - w - work
-    per_tok = kv_bytes_per_token(model, strategy.rollout.rollout_tp)
+    per_tok = kv_bytes_per_token(model, eng.rollout_tp)
     tokens = int(kv // per_tok) if kv > 0 else 0
     seq = workload.prompt_len + workload.response_len
     return KvCapacity(
@@ -199,7 +198,7 @@ def kv_cache_capacity(
         bytes_per_token=per_tok,
         tokens=tokens,
         sequences=tokens // seq,
-        replicas=(gpus // strategy.rollout.rollout_tp) if gpus else 0,
+        replicas=(gpus // eng.rollout_tp) if gpus else 0,
     )
 
 
@@ -219,24 +218,28 @@ def sync_bucket_bytes(m: ModelSpec, ep: int) -> float:
 
 
 def _microbatches(s: Strategy, w: Workload) -> int:
+    lay = s.layout
+    bat = s.batching
     seqs = w.mini_batch * w.n if w.kind == "grpo" else w.gbs
-    dp = s.layout.dp
+    dp = lay.dp
     assert dp is not None, "phase_memory takes a resolved strategy (validate fills dp)"
-    if s.batching.max_tokens_per_gpu:
-        return max(1, -(-int(seqs * w.mean_seq_len) // (dp * s.batching.max_tokens_per_gpu * s.layout.cp)))
-    return micro_batches(seqs, dp=dp, mbs=s.batching.mbs)
+    if bat.max_tokens_per_gpu:
+        return max(1, -(-int(seqs * w.mean_seq_len) // (dp * bat.max_tokens_per_gpu * lay.cp)))
+    return micro_batches(seqs, dp=dp, mbs=bat.mbs)
 
 
 def micro_batch_shape(s: Strategy, w: Workload, cap: int | None, *, mbs: int | None = None) -> tuple[int, float]:
     """(sequence length, sequences) of the largest micro-batch a rank holds: ``mbs`` (default
     ``s.batching.mbs``) sequences of the maximum length, or with dynamic batching a token cap filled by
     sequences of up to the maximum length (verl asserts the cap holds the longest sequence)."""
+    lay = s.layout
+    bat = s.batching
     seq = w.train_seq_len
     if not cap:
-        return seq, float(mbs or s.batching.mbs)
+        return seq, float(mbs or bat.mbs)
     cap_rank = cap  # per CP rank (verl scales the cap by the CP size, and CP splits the sequence)
-    seq_eff = min(seq, cap_rank * s.layout.cp)
-    return seq_eff, cap_rank * s.layout.cp / seq_eff
+    seq_eff = min(seq, cap_rank * lay.cp)
+    return seq_eff, cap_rank * lay.cp / seq_eff
 
 
 def phase_memory(
@@ -255,6 +258,7 @@ def phase_memory(
     activation layout).
     """
     m, s, w = model, strategy, workload
+    smem = s.memory
     k = kernels or kernels_for(hardware, w)
     dtype = "fp32" if k.act_bytes == FP32 else w.dtype
     stages = per_stage_params(m, s)
@@ -278,11 +282,11 @@ def phase_memory(
     }
     # Megatron's hybrid CPU optimizer keeps only the GPU share of the optimizer state on the GPU, and,
     # without the precision-aware optimizer, the fp32 copy of the param shard as well.
-    gpu_share = 1.0 - (s.memory.cpu_optimizer or 0.0)
+    gpu_share = 1.0 - (smem.cpu_optimizer or 0.0)
     main, pa = 0.0, 1.0
-    if dtype == "bf16" and s.memory.precision_aware_optimizer:  # TE FusedAdam on the GPU share (the host's keeps 12 B)
+    if dtype == "bf16" and smem.precision_aware_optimizer:  # TE FusedAdam on the GPU share (the host's keeps 12 B)
         pa = PRECISION_AWARE_OPTIMIZER_BYTES / STATE_BYTES["bf16"][2]
-    elif dtype == "bf16" and s.memory.cpu_optimizer:
+    elif dtype == "bf16" and smem.cpu_optimizer:
         main = CPU_OPTIMIZER_MAIN_PARAM_BYTES
     states = {
         i: ModelState(
@@ -329,19 +333,18 @@ def _phases(
     (verl/utils/megatron_utils.py): param_offload moves weights to the host and frees the gradient
     buffers outside the update; optimizer_offload brings the optimizer back for the whole update
     (all mini-batches), so it adds to the activations' peak rather than replacing it."""
-    off = set(s.memory.offload)
+    smem, bat, eng = s.memory, s.batching, s.rollout
+    off = set(smem.offload)
     kl = w.kind == "grpo" and w.kl
     p_off, o_off = "param" in off, "optimizer" in off
     g_off = "grad" in off or p_off
     native = hardware.native_rollout
-    resident = kvc.budget_bytes if (kvc is not None and not s.rollout.free_cache_engine) else 0.0
+    resident = kvc.budget_bytes if (kvc is not None and not eng.free_cache_engine) else 0.0
     # A sleeping vLLM (free_cache_engine) releases its weights and KV cache but keeps its captured
     # CUDA graphs' memory pool through the training phases (vllm-project/vllm#56373: "Level-1 cuMem
     # sleep releases weights and KV cache, but leaves graph executables and native CUDA graph pools
     # resident"; #45648 shows the same at level 2 on H20).
-    graphs = (
-        CUDA_GRAPH_BYTES if (kvc is not None and s.rollout.free_cache_engine and not s.rollout.enforce_eager) else 0.0
-    )
+    graphs = CUDA_GRAPH_BYTES if (kvc is not None and eng.free_cache_engine and not eng.enforce_eager) else 0.0
     ref = ("ref_weights",) if kl else ()
     state_keys = ("weights", "grads", "optimizer") + ref
     extra = ("vllm_resident",) if resident else (("vllm_cuda_graphs",) if graphs else ())
@@ -368,13 +371,13 @@ def _phases(
         upd.append(fb if sum(fb) >= sum(step) else step)
     if w.kind == "grpo":
         fseq, fmbs = micro_batch_shape(
-            s, w, s.batching.log_prob_max_tokens_per_gpu or s.batching.max_tokens_per_gpu, mbs=s.batching.log_prob_mbs_
+            s, w, bat.log_prob_max_tokens_per_gpu or bat.max_tokens_per_gpu, mbs=bat.log_prob_mbs_
         )
         fwd = forward_activation_bytes(m, s, seq_len=fseq, mbs=fmbs, kernels=k)
         # verl's old log-prob always computes the entropy (a metric); no backward, nothing saved
         flog = logits_bytes(m, s, seq_len=fseq, mbs=fmbs, act_bytes=k.act_bytes, grad=False, entropy=True)
         olp, rlp, ws, ro = [], [], [], []
-        bucket = min(s.rollout.sync_bucket_bytes, BF16 * float(total_params(m))) + sync_bucket_bytes(m, s.layout.ep)
+        bucket = min(eng.sync_bucket_bytes, BF16 * float(total_params(m))) + sync_bucket_bytes(m, s.layout.ep)
         for i, st in states.items():
             lg = flog if i == last else 0.0
             need = res(st, True)
@@ -449,10 +452,11 @@ def _violations(
 def _host_bytes(s: Strategy, w: Workload, states: dict[int, ModelState], cluster: Cluster) -> float:
     """Host memory per node: every rank keeps its offloaded state there (worst stage), and the
     CPU optimizer's share of the optimizer state (fp32 master + moments) plus its fp32 grad copy."""
-    off = set(s.memory.offload)
+    smem = s.memory
+    off = set(smem.offload)
     kl = w.kind == "grpo" and w.kl
     host_rank = 0.0
-    f = s.memory.cpu_optimizer or 0.0
+    f = smem.cpu_optimizer or 0.0
     for st in states.values():
         h = (st.weights * (2 if kl else 1) if "param" in off else 0.0) + (st.grads + st.optimizer) * f
         if "optimizer" in off:

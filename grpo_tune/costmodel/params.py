@@ -118,8 +118,9 @@ class StageParams:
 
 def per_stage_params(m: ModelSpec, s: Strategy) -> list[StageParams]:
     """Per-rank parameter count of each pipeline stage under the strategy's TP/PP/EP/ETP."""
+    lay = s.layout
     # Cached on the few fields that matter: the search calls this for thousands of strategies.
-    return list(_per_stage(m, s.layout.tp, s.layout.ep, s.layout.etp_, tuple(stage_layers(m, s))))
+    return list(_per_stage(m, lay.tp, lay.ep, lay.etp_, tuple(stage_layers(m, s))))
 
 
 @lru_cache(maxsize=8192)
@@ -157,7 +158,8 @@ def optimizer_params(dense: float, expert: float, s: Strategy) -> float:
     The distributed optimizer shards dense state over DP x CP and expert state over expert-DP =
     tp*cp*dp/(ep*etp) (Megatron's MoE parallel folding, arXiv 2504.14960); without it a rank holds all.
     """
+    lay = s.layout
     if not s.memory.distributed_optimizer:
         return dense + expert
-    dp = s.layout.dp or 1
-    return dense / (dp * s.layout.cp) + expert / max(1, s.layout.tp * s.layout.cp * dp // (s.layout.ep * s.layout.etp_))
+    dp = lay.dp or 1
+    return dense / (dp * lay.cp) + expert / max(1, lay.tp * lay.cp * dp // (lay.ep * lay.etp_))

@@ -62,9 +62,10 @@ class _DecodeStep:
     def __init__(
         self, m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, prompt: float, cal: dict[str, float]
     ):
+        eng = s.rollout
         e = hw.efficiency
         c = model_consts(m)
-        rtp = s.rollout.rollout_tp
+        rtp = eng.rollout_tp
         self.m, self.hw, self.rtp, self.cal, self.prompt = m, hw, rtp, cal, prompt
         self.gpn = cluster.gpus_per_node
         # Decode is priced on two rooflines, each counted once: HBM traffic at the kernels' share of the
@@ -88,7 +89,7 @@ class _DecodeStep:
         self.graph_ovh = e.decode_step_overhead_s
         self.seq_ovh = e.decode_sequence_overhead_s
         self.eager_ovh = self.graph_ovh + m.layers * e.eager_layer_overhead_s
-        self.eager = s.rollout.enforce_eager
+        self.eager = eng.enforce_eager
         self.moe_eff = e.moe_decode_efficiency
 
     def __call__(self, conc: float, ctx: float) -> tuple[float, bool]:
@@ -120,18 +121,19 @@ def rollout_s(
     """``prefill_s``, ``decode_s``, ``decode_step_s`` (at full concurrency), ``concurrency``,
     ``longest_response`` (expected, per replica), ``memory_bound``. Memoized on the rollout's own
     inputs (the search prices each rollout option against many training plans); read-only."""
+    eng = s.rollout
     key = (
         id(m),
         id(hw),
         id(wl),
         cluster.gpus,
         cluster.gpus_per_node,
-        s.rollout.rollout_tp,
-        s.rollout.gpu_memory_utilization,
-        s.rollout.max_num_seqs,
-        s.rollout.max_num_batched_tokens,
-        s.rollout.enforce_eager,
-        s.rollout.chunked_prefill,
+        eng.rollout_tp,
+        eng.gpu_memory_utilization,
+        eng.max_num_seqs,
+        eng.max_num_batched_tokens,
+        eng.enforce_eager,
+        eng.chunked_prefill,
         tuple(cal.values()),
     )
     hit = _CACHE.get(key)
@@ -147,9 +149,10 @@ def rollout_s(
 def _rollout_s(
     m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: dict[str, float]
 ) -> dict[str, float]:
+    eng = s.rollout
     e = hw.efficiency
     c = model_consts(m)
-    rtp = s.rollout.rollout_tp
+    rtp = eng.rollout_tp
     replicas = max(1, cluster.gpus // rtp)
     seqs = wl.prompts * wl.n / replicas
     d = response_dist(wl)
@@ -159,11 +162,7 @@ def _rollout_s(
     # Prefill: the n copies of a prompt share it (prefix caching), so each unique prompt is
     # computed once, in chunks of max_num_batched_tokens.
     pre_tokens = seqs / wl.n * prompt
-    chunk = (
-        s.rollout.max_num_batched_tokens
-        if s.rollout.chunked_prefill
-        else max(s.rollout.max_num_batched_tokens, wl.prompt_len)
-    )
+    chunk = eng.max_num_batched_tokens if eng.chunked_prefill else max(eng.max_num_batched_tokens, wl.prompt_len)
     pre_rows = min(chunk, max(1.0, pre_tokens))
     pre_flops = (
         pre_tokens * (step.body_flops + step.attn * prompt * attention_fraction(hw)) + seqs * c["head_flops"]
@@ -178,7 +177,7 @@ def _rollout_s(
     # Concurrency: max_num_seqs, the KV cache (a sequence holds prompt + mean response tokens at its
     # end; vLLM allocates blocks as sequences grow) and the sequences this replica has.
     kv_tokens = memory.kv_cache_capacity(m, hw, s, wl).tokens
-    conc = max(1.0, min(seqs, float(s.rollout.max_num_seqs), kv_tokens / (prompt + mean)))
+    conc = max(1.0, min(seqs, float(eng.max_num_seqs), kv_tokens / (prompt + mean)))
     t_full, bound = step(conc, prompt + mean / 2)
     steady = max(0.0, seqs - conc) * mean / conc * t_full
     longest = d.expected_max(seqs)

@@ -71,23 +71,21 @@ def micro_batch_plan(
     each. Dynamic batching (verl's rearrange_micro_batches): ceil(tokens / (cap x packing
     efficiency)) micro-batches, the same count on every DP rank, rounded up to a multiple of pp
     with interleaving."""
-    dp = s.layout.dp or 1
+    lay = s.layout
+    bat = s.batching
+    dp = lay.dp or 1
     per_dp = sequences / dp
     seq = wl.mean_seq_len
-    cap = (
-        (s.batching.log_prob_max_tokens_per_gpu or s.batching.max_tokens_per_gpu)
-        if logprob
-        else s.batching.max_tokens_per_gpu
-    )
+    cap = (bat.log_prob_max_tokens_per_gpu or bat.max_tokens_per_gpu) if logprob else bat.max_tokens_per_gpu
     if not cap:
-        mbs = s.batching.log_prob_mbs_ if logprob else s.batching.mbs
+        mbs = bat.log_prob_mbs_ if logprob else bat.mbs
         micro = max(1, math.ceil(per_dp / mbs))
         return min(mbs, per_dp) * seq, micro
     tokens = per_dp * seq
     # verl multiplies the cap by the CP size (transformer_impl: max_token_len * sp_size).
-    micro = max(1, math.ceil(tokens / (cap * s.layout.cp * packing_efficiency)))
-    if s.layout.vpp > 1:
-        micro = -(-micro // s.layout.pp) * s.layout.pp
+    micro = max(1, math.ceil(tokens / (cap * lay.cp * packing_efficiency)))
+    if lay.vpp > 1:
+        micro = -(-micro // lay.pp) * lay.pp
     return tokens / micro, micro
 
 
@@ -138,10 +136,11 @@ def _pretrain(
 
 
 def _train_details(parts: TrainParts, s: Strategy) -> dict[str, float]:
+    lay = s.layout
     return {
         "micro_batches": float(parts.micro_batches),
         "tokens_per_micro_batch": parts.tokens_per_micro_batch,
-        "bubble_fraction": (s.layout.pp - 1) / (s.layout.vpp * parts.micro_batches),
+        "bubble_fraction": (lay.pp - 1) / (lay.vpp * parts.micro_batches),
         "dp_exposed_s": parts.dp_s,
         "optimizer_s": parts.optimizer_s,
     }

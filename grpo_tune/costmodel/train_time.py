@@ -40,9 +40,10 @@ def layer_times(
     """Seconds for one (average) layer and one micro-batch of ``tokens_mb`` tokens (packed
     sequences of ``seq_len`` on average) on one rank: ``fwd``, ``bwd`` (without recompute),
     ``attn`` (the core-attention forward that selective recompute repeats) and ``tokens``."""
+    lay = s.layout
     c = model_consts(m)
     gpn = cluster.gpus_per_node
-    tp, cp, ep, etp = s.layout.tp, s.layout.cp, s.layout.ep, s.layout.etp_
+    tp, cp, ep, etp = lay.tp, lay.cp, lay.ep, lay.etp_
     tokens = tokens_mb / cp  # CP splits every sequence
     peak = hw.bf16_dense_flops_per_s * cal["compute_efficiency_scale"]
 
@@ -64,7 +65,7 @@ def layer_times(
     # (~12h values, split by TP only with SP: Korthikanti et al. 2022 sec. 4.2.2) and the MLP
     # activation (~4 x ffn/tp values).
     ffn_act = m.ffn_hidden if not m.is_moe else m.top_k * m.expert_ffn_hidden * cal["moe_imbalance"]
-    elem = tokens * (12 * m.hidden / (tp if s.layout.sp else 1) + 4 * ffn_act / tp) * PARAM_BYTES
+    elem = tokens * (12 * m.hidden / (tp if lay.sp else 1) + 4 * ffn_act / tp) * PARAM_BYTES
     t_elem = elem / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
     t_comp_f = t_dense + t_expert + t_attn + t_elem
 
@@ -95,11 +96,12 @@ Link = Callable[[int], tuple[float, float]]
 
 def _tp_comm_s(s: Strategy, act_bytes: float, link: Link) -> tuple[float, float]:
     """TP collectives of one layer's forward and the backward SP re-gather, seconds."""
-    tp = s.layout.tp
+    lay = s.layout
+    tp = lay.tp
     t_tp = t_sp_regather = 0.0
     if tp > 1:
         bw, lat = link(tp)
-        if s.layout.sp:
+        if lay.sp:
             ag = comm.all_gather_s(act_bytes, tp, bw, lat)
             t_tp = 2 * (comm.reduce_scatter_s(act_bytes, tp, bw, lat) + ag)
             t_sp_regather = 2 * ag  # backward gathers the SP-sharded inputs of the two GEMM blocks again
@@ -110,7 +112,8 @@ def _tp_comm_s(s: Strategy, act_bytes: float, link: Link) -> tuple[float, float]
 
 def _cp_comm_s(m: ModelSpec, s: Strategy, tokens: float, t_attn: float, link: Link) -> tuple[float, float]:
     """Exposed CP ring exchange of one layer, forward and backward, seconds."""
-    tp, cp = s.layout.tp, s.layout.cp
+    lay = s.layout
+    tp, cp = lay.tp, lay.cp
     t_cp_f = t_cp_b = 0.0
     if cp > 1:  # ring exchange of the K/V chunk (cp-1 hops), overlapped with attention; backward 2x
         kv_w = (m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else 2 * m.kv_heads * m.head_dim / tp
@@ -124,11 +127,12 @@ def _ep_comm_s(
     m: ModelSpec, e: Efficiency, s: Strategy, c: dict[str, float], tokens: float, link: Link, cal: dict[str, float]
 ) -> float:
     """EP dispatch + combine of one layer (averaged over the MoE layers), seconds."""
-    tp, ep, etp = s.layout.tp, s.layout.ep, s.layout.etp_
+    lay = s.layout
+    tp, ep, etp = lay.tp, lay.ep, lay.etp_
     t_ep = 0.0
     if c["routed_flops"]:
         if ep > 1:  # dispatch + combine all-to-all (megatron-core token dispatcher)
-            a2a = tokens / (tp if s.layout.sp else 1) * m.top_k * m.hidden * PARAM_BYTES * cal["moe_imbalance"]
+            a2a = tokens / (tp if lay.sp else 1) * m.top_k * m.hidden * PARAM_BYTES * cal["moe_imbalance"]
             t_ep = 2 * comm.all_to_all_s(a2a, ep, *link(etp * ep))
         t_ep = (t_ep + e.moe_layer_overhead_s) * c["moe_fraction"]
     return t_ep
@@ -136,10 +140,11 @@ def _ep_comm_s(
 
 def recompute_s(lt: dict[str, float], s: Strategy, layers: int) -> float:
     """Extra forward work in the backward pass of one micro-batch on a stage of ``layers`` layers."""
-    if s.memory.recompute == "full":
-        n = layers if s.memory.recompute_layers is None else min(layers, s.memory.recompute_layers)
+    smem = s.memory
+    if smem.recompute == "full":
+        n = layers if smem.recompute_layers is None else min(layers, smem.recompute_layers)
         return n * lt["fwd"]
-    if s.memory.recompute == "selective":  # core attention only (Korthikanti et al. 2022 sec. 5)
+    if smem.recompute == "selective":  # core attention only (Korthikanti et al. 2022 sec. 5)
         return layers * lt["attn"]
     return 0.0
 
@@ -150,20 +155,22 @@ def head_s(
     """Output layer forward on the last stage (vocab split by TP), plus, for RL passes, the fp32
     log-softmax, the chosen-token gather and the entropy over the vocabulary: ~5 fp32 passes
     over tokens x vocab/tp values (memory-bound)."""
+    lay = s.layout
     c = model_consts(m)
     peak = hw.bf16_dense_flops_per_s * cal["compute_efficiency_scale"]
-    t = tokens * c["head_flops"] / s.layout.tp / (peak * gemm_efficiency(e, tokens, m.hidden, m.vocab / s.layout.tp))
+    t = tokens * c["head_flops"] / lay.tp / (peak * gemm_efficiency(e, tokens, m.hidden, m.vocab / lay.tp))
     if logprob:
-        t += tokens * m.vocab / s.layout.tp * 5 * 4 / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
+        t += tokens * m.vocab / lay.tp * 5 * 4 / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
     return t
 
 
 def stage_counts(m: ModelSpec, s: Strategy) -> tuple[int, int, int]:
     """(first, middle max, last) stage layer counts."""
-    if s.layout.pp == 1:
+    lay = s.layout
+    if lay.pp == 1:
         return m.layers, m.layers, m.layers
-    if s.layout.first_stage_layers is None and s.layout.last_stage_layers is None:
-        n = m.layers // s.layout.pp
+    if lay.first_stage_layers is None and lay.last_stage_layers is None:
+        n = m.layers // lay.pp
         return n, n, n
     st = stage_layers(m, s)
     mid = max(st[1:-1]) if len(st) > 2 else 0
@@ -189,11 +196,12 @@ def core_share(e: Efficiency, cluster: Cluster) -> float:
 def rank_params(m: ModelSpec, s: Strategy) -> tuple[float, float]:
     """(dense, expert) parameters on the most loaded rank, from cached per-layer averages (the
     exact per-stage count is costmodel.params.per_stage_params; this is its cheap O(1) twin)."""
+    lay = s.layout
     c = model_consts(m)
     layers = max(stage_counts(m, s))
-    emb = c["embedding_params"] / s.layout.tp * (1 if s.layout.pp > 1 else (1 if m.tied_embeddings else 2))
-    dense = layers * c["layer_dense_params"] / s.layout.tp + emb
-    expert = layers * c["moe_fraction"] * c["layer_expert_params"] / (s.layout.ep * s.layout.etp_)
+    emb = c["embedding_params"] / lay.tp * (1 if lay.pp > 1 else (1 if m.tied_embeddings else 2))
+    dense = layers * c["layer_dense_params"] / lay.tp + emb
+    expert = layers * c["moe_fraction"] * c["layer_expert_params"] / (lay.ep * lay.etp_)
     return dense, expert
 
 
@@ -219,6 +227,8 @@ def train_s(
     """One optimizer step (or forward-only pass) over ``micro_batches`` micro-batches of ``tokens_mb``
     tokens per DP rank. Returns the parts and the per-layer times (pass them back as ``lt`` to a
     second call with the same micro-batch shape)."""
+    lay = s.layout
+    smem = s.memory
     e = hw.efficiency
     gpn = cluster.gpus_per_node
     if lt is None:
@@ -226,16 +236,16 @@ def train_s(
         lt["head"] = head_s(m, hw, e, s, lt["tokens"], cal, logprob)
     first, mid, last = stage_counts(m, s)
     head_f = lt["head"]
-    mb_ovh = e.micro_batch_overhead_s / max(1, s.layout.pp)  # per micro-batch, spread over the stages it crosses
+    mb_ovh = e.micro_batch_overhead_s / max(1, lay.pp)  # per micro-batch, spread over the stages it crosses
     t_p2p = 0.0
-    if s.layout.pp > 1:  # the stage's output activation per micro-batch and chunk (Narayanan et al. 2021 sec. 4.1)
-        nbytes = lt["tokens"] * m.hidden * PARAM_BYTES / s.layout.tp
-        t_p2p = s.layout.vpp * comm.p2p_s(nbytes, *comm.link(hw, cluster.gpus, gpn, cal))
+    if lay.pp > 1:  # the stage's output activation per micro-batch and chunk (Narayanan et al. 2021 sec. 4.1)
+        nbytes = lt["tokens"] * m.hidden * PARAM_BYTES / lay.tp
+        t_p2p = lay.vpp * comm.p2p_s(nbytes, *comm.link(hw, cluster.gpus, gpn, cal))
     share = core_share(e, cluster)
     if forward_only:
         t_mb = max(first * lt["fwd"], mid * lt["fwd"], last * lt["fwd"] + head_f) + t_p2p + mb_ovh
         return TrainParts(
-            compute_s=pipeline_s(t_mb, micro_batches, s.layout.pp, s.layout.vpp, share),
+            compute_s=pipeline_s(t_mb, micro_batches, lay.pp, lay.vpp, share),
             micro_batches=micro_batches,
             fwd_mb_s=t_mb,
             tokens_per_micro_batch=tokens_mb,
@@ -244,15 +254,15 @@ def train_s(
     def stage(n: int, head: float) -> tuple[float, float]:
         return n * lt["fwd"] + head, n * lt["bwd"] + recompute_s(lt, s, n) + 2 * head
 
-    sf = [stage(first, 0.0 if s.layout.pp > 1 else head_f), stage(mid, 0.0), stage(last, head_f)]
+    sf = [stage(first, 0.0 if lay.pp > 1 else head_f), stage(mid, 0.0), stage(last, head_f)]
     tf, tb = max(sf, key=lambda x: x[0] + x[1])
     t_mb = tf + tb + 2 * t_p2p + 3 * mb_ovh
-    compute = pipeline_s(t_mb, micro_batches, s.layout.pp, s.layout.vpp, share)
+    compute = pipeline_s(t_mb, micro_batches, lay.pp, lay.vpp, share)
     t_dp = _dp_s(m, hw, cluster, s, tf, tb, cal)
     shard = optimizer_shard(m, s)
-    gpu_part = 1.0 - (s.memory.cpu_optimizer or 0.0)
+    gpu_part = 1.0 - (smem.cpu_optimizer or 0.0)
     t_opt = gpu_part * shard * ADAM_BYTES_PER_PARAM / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
-    if s.memory.cpu_optimizer:
+    if smem.cpu_optimizer:
         t_opt += _cpu_optimizer_s(hw, cluster, s, shard)
     return TrainParts(
         compute_s=compute,
@@ -277,15 +287,14 @@ def _dp_s(
     """DP: gradients reduce-scattered (distributed optimizer) or all-reduced, updated parameters
     all-gathered; Megatron overlaps the reduce with the last backward and the gather with the
     first forward (overlap_grad_reduce / overlap_param_gather), up to dp_overlap."""
+    lay = s.layout
     e = hw.efficiency
     gpn = cluster.gpus_per_node
-    dp = s.layout.dp or 1
+    dp = lay.dp or 1
     dense, expert = rank_params(m, s)
-    groups = [(dense, dp * s.layout.cp, s.layout.tp * s.layout.cp * dp)]
+    groups = [(dense, dp * lay.cp, lay.tp * lay.cp * dp)]
     if expert:
-        groups.append(
-            (expert, s.layout.tp * s.layout.cp * dp // (s.layout.ep * s.layout.etp_), s.layout.tp * s.layout.cp * dp)
-        )
+        groups.append((expert, lay.tp * lay.cp * dp // (lay.ep * lay.etp_), lay.tp * lay.cp * dp))
     t = 0.0
     ov = e.dp_overlap
     for nparams, n, span in groups:

@@ -39,28 +39,30 @@ def weight_sync_s(
     m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, cal: dict[str, float]
 ) -> dict[str, float]:
     """Seconds of one refit by part: ``wake_s``, ``onload_s``, ``gather_s``, ``copy_s``, ``overhead_s``."""
+    lay = s.layout
+    eng = s.rollout
     e = hw.efficiency
     c = model_consts(m)
     gpn = cluster.gpus_per_node
     total = c["total_params"] * PARAM_BYTES
     gather = 0.0
-    if s.layout.tp > 1:
-        gather += comm.all_gather_s(total / s.layout.pp, s.layout.tp, *comm.link(hw, s.layout.tp, gpn, cal))
-    if s.layout.pp > 1:  # every stage's tensors reach every rank: (p-1)/p of the model over the stage link
+    if lay.tp > 1:
+        gather += comm.all_gather_s(total / lay.pp, lay.tp, *comm.link(hw, lay.tp, gpn, cal))
+    if lay.pp > 1:  # every stage's tensors reach every rank: (p-1)/p of the model over the stage link
         bw, _ = comm.link(hw, cluster.gpus, gpn, cal)
-        gather += (s.layout.pp - 1) / s.layout.pp * total / bw
-    if m.is_moe and s.layout.ep > 1:
+        gather += (lay.pp - 1) / lay.pp * total / bw
+    if m.is_moe and lay.ep > 1:
         expert_bytes = total * (1 - c["active_params"] / c["total_params"])
-        gather += comm.all_gather_s(expert_bytes, s.layout.ep, *comm.link(hw, s.layout.ep * s.layout.etp_, gpn, cal))
+        gather += comm.all_gather_s(expert_bytes, lay.ep, *comm.link(hw, lay.ep * lay.etp_, gpn, cal))
     # Each colocated vLLM worker receives the whole model (HF tensors) and copies its rollout-TP slice.
-    copy = total / s.rollout.rollout_tp / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
-    buckets = math.ceil(total / s.rollout.sync_bucket_bytes)
+    copy = total / eng.rollout_tp / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
+    buckets = math.ceil(total / eng.sync_bucket_bytes)
     overhead = c["hf_tensors"] * e.sync_tensor_overhead_s + buckets * e.sync_bucket_overhead_s
     onload = 0.0
     if "param" in s.memory.offload:  # loaded for the export, offloaded after it (pinned, synchronous)
         dense, expert = rank_params(m, s)
         onload = 2 * (dense + expert) * PARAM_BYTES / hw.host_to_device_bandwidth_bytes_per_s
-    wake = e.vllm_wake_s if s.rollout.free_cache_engine else 0.0
+    wake = e.vllm_wake_s if eng.free_cache_engine else 0.0
     return {
         "wake_s": wake,
         "onload_s": onload,
@@ -76,22 +78,24 @@ def offload_s(m: ModelSpec, hw: HardwareSpec, s: Strategy, wl: Workload) -> floa
     around each phase that needs them on the GPU: old log-prob and the update (the reference model,
     offloaded with the actor's param_offload, around its log-prob, from pageable memory). Gradients
     are freed, not copied. Optimizer state (pageable) makes one round trip around the whole update."""
-    if not s.memory.offload:
+    lay = s.layout
+    smem = s.memory
+    if not smem.offload:
         return 0.0
     dense, expert = rank_params(m, s)
     p = dense + expert
-    dp = s.layout.dp or 1
+    dp = lay.dp or 1
     h2d = hw.host_to_device_bandwidth_bytes_per_s
     pageable = h2d * hw.efficiency.pageable_copy_fraction
     t = 0.0
-    if "param" in s.memory.offload:
+    if "param" in smem.offload:
         grpo = wl.kind == "grpo"
         t += 2 * (2 if grpo else 1) * p * PARAM_BYTES / h2d
         if grpo and wl.kl:
             t += 2 * p * PARAM_BYTES / pageable
-    if "optimizer" in s.memory.offload:
-        gpu_part = 1.0 - (s.memory.cpu_optimizer or 0.0)
-        shard = p / (dp * s.layout.cp) if s.memory.distributed_optimizer else p
+    if "optimizer" in smem.offload:
+        gpu_part = 1.0 - (smem.cpu_optimizer or 0.0)
+        shard = p / (dp * lay.cp) if smem.distributed_optimizer else p
         t += 2 * gpu_part * shard * OPT_STATE_BYTES / pageable
     return t
 
@@ -101,7 +105,8 @@ def cpu_optimizer_s(hw: HardwareSpec, cluster: Cluster, s: Strategy, shard_param
     stepped by CPU Adam (bound by host memory bandwidth or FLOP/s, shared by the node's ranks),
     after its fp32 gradients go to the host and before its bf16 parameters come back. With
     ``overlap_cpu_optimizer`` the copies overlap the CPU step."""
-    f = s.memory.cpu_optimizer or 0.0
+    smem = s.memory
+    f = smem.cpu_optimizer or 0.0
     if f <= 0:
         return 0.0
     n = f * shard_params
@@ -111,4 +116,4 @@ def cpu_optimizer_s(hw: HardwareSpec, cluster: Cluster, s: Strategy, shard_param
         ranks * n * CPU_ADAM_FLOPS_PER_PARAM / hw.host_flops_per_s,
     )
     t_copy = n * (4 + PARAM_BYTES) / hw.host_to_device_bandwidth_bytes_per_s
-    return max(t_cpu, t_copy) if s.memory.overlap_cpu_optimizer else t_cpu + t_copy
+    return max(t_cpu, t_copy) if smem.overlap_cpu_optimizer else t_cpu + t_copy
