@@ -321,8 +321,12 @@ def _copy(obj: _T, upd: dict[str, object]) -> _T:
     ``object.__setattr__`` and ``getattr``, never through ``__dict__``: CPython 3.11 reads the attributes
     of an object whose ``__dict__`` was touched (copied into or out of) about twice as slowly, and every
     estimate reads a plan's knobs hundreds of times."""
-    new = object.__new__(type(obj))
-    for k in _FIELDS[type(obj)]:
+    cls = type(obj)
+    names = _FIELDS.get(cls)
+    if names is None:  # a concern extended elsewhere (a test adds a knob by subclassing one)
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    new = object.__new__(cls)
+    for k in names:
         _set(new, k, upd[k] if k in upd else getattr(obj, k))
     return new
 
