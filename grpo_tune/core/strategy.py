@@ -474,3 +474,16 @@ def validate(
     # a dense model has no expert TP: it stays unset (verl's null, Megatron's "same as TP"), not a copy of TP
     etp = lay.etp_ if model.is_moe or lay.etp not in (None, lay.tp) else None
     return s._with_layout(dp=gpus // (lay.tp * lay.pp * lay.cp), etp=etp, sequence_parallel=lay.sp)
+
+
+def _drop_class_defaults(*types: type) -> None:
+    """Remove the class attributes ``@dataclass`` leaves for field defaults (``__init__`` keeps its own):
+    CPython 3.11 does not specialise an instance attribute read that a class attribute shadows, and the
+    cost model reads a plan's knobs hundreds of times per estimate."""
+    for t in types:
+        for f in dataclasses.fields(t):
+            if f.name in t.__dict__:
+                delattr(t, f.name)
+
+
+_drop_class_defaults(Strategy, Layout, Memory, Batching, RolloutEngine)
