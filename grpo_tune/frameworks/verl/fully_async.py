@@ -40,7 +40,7 @@ from typing import Any, Iterable, cast
 from grpo_tune.frameworks.verl import snapshot as verl
 from grpo_tune.frameworks.verl import table
 from grpo_tune.core.config import RunConfig
-from grpo_tune.core.errors import ConfigError, GrpoTuneError, MissingDependencyError, UnknownKeyError, try_import
+from grpo_tune.core.errors import ConfigError, MissingDependencyError, UnknownKeyError, try_import
 
 ENTRY = "verl.experimental.fully_async_policy.fully_async_main"
 CONFIG_NAME = "fully_async_ppo_megatron_trainer"
@@ -248,16 +248,7 @@ def script(cfg: RunConfig) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        if "--fetch" in argv:
-            print(config_dir(fetch=True))
-        if "--write-snapshot" in argv:
-            print(write_snapshot())
-    except GrpoTuneError as exc:
-        print(f"[{exc.code}] {exc.message}\nhint: {exc.hint}", file=sys.stderr)
-        return 2
-    return 0
+    return verl.maintain(argv, config_dir, write_snapshot)
 
 
 if __name__ == "__main__":

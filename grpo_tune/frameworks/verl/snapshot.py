@@ -24,7 +24,7 @@ import tempfile
 import zipfile
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, cast
+from typing import Any, Callable, Iterable, cast
 
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, MissingDependencyError, UnknownKeyError, try_import
 
@@ -212,17 +212,23 @@ def write_snapshot(path: Path = SNAPSHOT) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
+def maintain(argv: list[str] | None, fetch: Callable[..., Path], write: Callable[[], Path]) -> int:
+    """The maintainers' command of a snapshot module: ``--fetch`` prints the unpacked wheel's config folder,
+    ``--write-snapshot`` rewrites the shipped snapshot; a coded error prints ``[CODE]`` + hint and returns 2."""
     argv = sys.argv[1:] if argv is None else argv
     try:
         if "--fetch" in argv:
-            print(config_dir(fetch=True))
+            print(fetch(fetch=True))
         if "--write-snapshot" in argv:
-            print(write_snapshot())
+            print(write())
     except GrpoTuneError as exc:
         print(f"[{exc.code}] {exc.message}\nhint: {exc.hint}", file=sys.stderr)
         return 2
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return maintain(argv, config_dir, write_snapshot)
 
 
 if __name__ == "__main__":
