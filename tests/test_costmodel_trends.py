@@ -8,7 +8,8 @@ import pytest
 
 from grpo_tune.costmodel import memory, timing, timing_base, train_time
 from grpo_tune.costmodel.estimate import estimate
-from grpo_tune.costmodel.weight_sync import CPU_ADAM_BYTES_PER_PARAM, CPU_ADAM_FLOPS_PER_PARAM, weight_sync_s
+from grpo_tune.costmodel.train_time import CPU_ADAM_BYTES_PER_PARAM, CPU_ADAM_FLOPS_PER_PARAM
+from grpo_tune.costmodel.weight_sync import weight_sync_s
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import SYNC_BUCKET_MB, Cluster, Strategy, Workload, validate
 

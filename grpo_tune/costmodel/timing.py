@@ -6,9 +6,10 @@ per second. The parts live in:
 - :mod:`costmodel.timing_base`: FLOPs per token (Narayanan et al. 2021 eq. 3 style counting of
   every matmul, causal attention, MoE active experts, the output layer), the GEMM-efficiency
   curve, calibration knobs;
-- :mod:`costmodel.train_time`: training and log-prob passes (per layer, pipeline, DP, optimizer);
+- :mod:`costmodel.train_time`: training and log-prob passes (per layer, pipeline, DP, optimizer,
+  the hybrid CPU optimizer);
 - :mod:`costmodel.rollout`: vLLM prefill + decode over a shrinking batch (or the CPU sampler);
-- :mod:`costmodel.weight_sync`: refit, offload copies, the hybrid CPU optimizer.
+- :mod:`costmodel.weight_sync`: refit and offload copies.
 
 Training and log-prob passes are priced on the tokens that exist: verl and NeMo-RL pack
 sequences (THD, remove-padding), so a micro-batch of ``mbs`` sequences holds mbs x (mean prompt

@@ -5,7 +5,7 @@ grouped GEMMs at the tokens each expert gets, core attention at the profile's at
 memory-bound element-wise work, TP (all-reduce, or RS + AG with sequence parallel), CP's K/V
 ring, EP all-to-all and MoE's per-layer fixed cost. Then the 1F1B pipeline over the micro-batches,
 the DP gradient reduce / parameter gather with Megatron's overlap, and the optimizer step (on the
-GPU, or partly on the host with Megatron's hybrid CPU optimizer: costmodel.weight_sync).
+GPU, or partly on the host with Megatron's hybrid CPU optimizer: :func:`cpu_optimizer_s`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from .timing_base import (
     gemm_efficiency,
     model_consts,
 )
+
+CPU_ADAM_BYTES_PER_PARAM = 4 * 7  # CPU Adam reads fp32 p, g, m, v and writes p, m, v
+CPU_ADAM_FLOPS_PER_PARAM = 16  # moment updates, bias corrections, sqrt, divide, weight decay
 
 
 def layer_times(
@@ -263,7 +266,7 @@ def train_s(
     gpu_part = 1.0 - (smem.cpu_optimizer or 0.0)
     t_opt = gpu_part * shard * ADAM_BYTES_PER_PARAM / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
     if smem.cpu_optimizer:
-        t_opt += _cpu_optimizer_s(hw, cluster, s, shard)
+        t_opt += cpu_optimizer_s(hw, cluster, s, shard)
     return TrainParts(
         compute_s=compute,
         dp_s=t_dp,
@@ -275,10 +278,23 @@ def train_s(
     ), lt
 
 
-def _cpu_optimizer_s(hw: HardwareSpec, cluster: Cluster, s: Strategy, shard: float) -> float:
-    from .weight_sync import cpu_optimizer_s  # weight_sync imports this module
-
-    return cpu_optimizer_s(hw, cluster, s, shard)
+def cpu_optimizer_s(hw: HardwareSpec, cluster: Cluster, s: Strategy, shard_params: float) -> float:
+    """Megatron's HybridDeviceOptimizer: the ``cpu_optimizer`` fraction of this rank's shard is
+    stepped by CPU Adam (bound by host memory bandwidth or FLOP/s, shared by the node's ranks),
+    after its fp32 gradients go to the host and before its bf16 parameters come back. With
+    ``overlap_cpu_optimizer`` the copies overlap the CPU step."""
+    smem = s.memory
+    f = smem.cpu_optimizer or 0.0
+    if f <= 0:
+        return 0.0
+    n = f * shard_params
+    ranks = min(cluster.gpus, cluster.gpus_per_node)
+    t_cpu = max(
+        ranks * n * CPU_ADAM_BYTES_PER_PARAM / hw.host_memory_bandwidth_bytes_per_s,
+        ranks * n * CPU_ADAM_FLOPS_PER_PARAM / hw.host_flops_per_s,
+    )
+    t_copy = n * (4 + PARAM_BYTES) / hw.host_to_device_bandwidth_bytes_per_s
+    return max(t_cpu, t_copy) if smem.overlap_cpu_optimizer else t_cpu + t_copy
 
 
 def _dp_s(

@@ -1,4 +1,5 @@
-"""Weight sync, offload and Megatron's hybrid CPU optimizer, as verl 0.9.1 runs them.
+"""Weight sync and offload, as verl 0.9.1 runs them (the hybrid CPU optimizer is priced with the
+update, in costmodel.train_time).
 
 Weight sync (verl's colocated "naive" checkpoint engine; verl/workers/engine_workers.py
 ``update_weights``, verl/workers/rollout/vllm_rollout/vllm_rollout.py): wake vLLM's weights,
@@ -25,9 +26,6 @@ from grpo_tune.core.strategy import Cluster, Strategy, Workload
 from . import comm
 from .timing_base import OPT_STATE_BYTES, PARAM_BYTES, model_consts
 from .train_time import rank_params
-
-CPU_ADAM_BYTES_PER_PARAM = 4 * 7  # CPU Adam reads fp32 p, g, m, v and writes p, m, v
-CPU_ADAM_FLOPS_PER_PARAM = 16  # moment updates, bias corrections, sqrt, divide, weight decay
 
 
 def sleep_s(hw: HardwareSpec, s: Strategy) -> float:
@@ -98,22 +96,3 @@ def offload_s(m: ModelSpec, hw: HardwareSpec, s: Strategy, wl: Workload) -> floa
         shard = p / (dp * lay.cp) if smem.distributed_optimizer else p
         t += 2 * gpu_part * shard * OPT_STATE_BYTES / pageable
     return t
-
-
-def cpu_optimizer_s(hw: HardwareSpec, cluster: Cluster, s: Strategy, shard_params: float) -> float:
-    """Megatron's HybridDeviceOptimizer: the ``cpu_optimizer`` fraction of this rank's shard is
-    stepped by CPU Adam (bound by host memory bandwidth or FLOP/s, shared by the node's ranks),
-    after its fp32 gradients go to the host and before its bf16 parameters come back. With
-    ``overlap_cpu_optimizer`` the copies overlap the CPU step."""
-    smem = s.memory
-    f = smem.cpu_optimizer or 0.0
-    if f <= 0:
-        return 0.0
-    n = f * shard_params
-    ranks = min(cluster.gpus, cluster.gpus_per_node)
-    t_cpu = max(
-        ranks * n * CPU_ADAM_BYTES_PER_PARAM / hw.host_memory_bandwidth_bytes_per_s,
-        ranks * n * CPU_ADAM_FLOPS_PER_PARAM / hw.host_flops_per_s,
-    )
-    t_copy = n * (4 + PARAM_BYTES) / hw.host_to_device_bandwidth_bytes_per_s
-    return max(t_cpu, t_copy) if smem.overlap_cpu_optimizer else t_cpu + t_copy
