@@ -326,7 +326,7 @@ def apply_overrides(data: Any, overrides: Sequence[str], where: str) -> Any:
 def load(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> RunConfig:
     """Read and validate a run config, with ``section.key=value`` ``overrides`` applied first (``train
     --set``); every failure is a coded :class:`GrpoTuneError`."""
-    from grpo_tune.core.specs import read_spec_bytes
+    from grpo_tune.core.specfiles import read_spec_bytes
 
     p = Path(path)
     if not p.exists():

@@ -13,15 +13,17 @@ import dataclasses
 import json
 import os
 import sys
-import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from .errors import ConfigError, GrpoTuneError, UnknownHardwareError, UnknownModelError, close_matches
-from .hardware import Efficiency as Efficiency  # re-exported: callers import the specs from core.specs
+from .efficiency import Efficiency as Efficiency  # re-exported: callers import the specs from core.specs
+from .efficiency import STACK_KEYS
 from .hardware import HardwareSpec as HardwareSpec
+from .hardware import with_stack
+from .specfiles import _read_toml, read_spec_bytes
 from .validation import FINITE_NON_NEGATIVE, Range, Schema, from_mapping
 from .validation import check_keys as check_keys  # re-exported: older callers import it from here
 
@@ -193,38 +195,6 @@ def _search_dirs(kind: str) -> list[Path]:
     return dirs
 
 
-MAX_SPEC_BYTES = 1024 * 1024
-"""A model/hardware TOML or config.json is a few KiB; anything over this is not one (and is not read)."""
-
-
-def read_spec_bytes(path: Path, what: str) -> bytes:
-    """A regular file's bytes, at most MAX_SPEC_BYTES: a FIFO, a device or a huge file is refused unread."""
-    import stat
-
-    try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{path} is not a regular file", hint=f"pass a {what} file")
-        if st.st_size > MAX_SPEC_BYTES:
-            raise ConfigError(f"{path} is {st.st_size} bytes: too large for a {what}", hint=f"pass a {what} file")
-        with open(path, "rb") as fh:
-            return fh.read(MAX_SPEC_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})", hint="check the path and its permissions") from None
-
-
-def _read_toml(path: Path, where: str) -> dict[str, Any]:
-    data = read_spec_bytes(path, "TOML profile")
-    try:
-        return tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file", hint="a profile is UTF-8 TOML") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})", hint="fix the file's syntax") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: the TOML nests too deeply", hint="a profile has one level of tables") from None
-
-
 _SKIPPED: dict[str, str] = {}
 """Profile files that could not be read while listing a folder: path -> why (each said once on stderr)."""
 
@@ -372,8 +342,6 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 @lru_cache(maxsize=64)
 def _load_hardware_file(path: str) -> HardwareSpec:
-    from .hardware import STACK_KEYS
-
     data = _read_toml(Path(path), "hardware")
     eff = data.get("efficiency")
     moved = sorted(set(eff) & STACK_KEYS) if isinstance(eff, dict) else []
@@ -390,8 +358,6 @@ def load_hardware(name_or_path: str, stack: str | None = None) -> HardwareSpec:
     default stack, else core.stacks.DEFAULT_STACK)."""
     hw = _load_hardware(name_or_path)
     if stack:
-        from .stacks import with_stack
-
         hw = with_stack(hw, stack)
     return hw
 

@@ -2,13 +2,13 @@
 
 A hardware profile holds what belongs to the chip and the box (GEMM curve, HBM and attention
 efficiency, links, capacities). A stack profile holds what belongs to the software that runs on it
-(:data:`core.hardware.STACK_KEYS`): host costs per layer, micro-batch and MoE layer, the rollout
+(:data:`core.efficiency.STACK_KEYS`): host costs per layer, micro-batch and MoE layer, the rollout
 engine's sleep, wake and scheduling costs, the refit's per-tensor and per-bucket costs, packing
 efficiency, and framework properties such as the gradient dtype. ``--stack`` chooses one; the
 default is the verl release grpo-tune exports to (:data:`DEFAULT_STACK`), or a hardware profile's
 own ``default_stack`` (the ``cpu`` profile prices grpo-tune's own CPU trainer).
 
-The time model reads one merged :class:`core.hardware.Efficiency`: :func:`apply_stack` overlays
+The time model reads one merged :class:`core.efficiency.Efficiency`: ``core.hardware.apply_stack`` overlays
 the stack's parameters on the hardware profile's, so the cost model's signature does not change.
 """
 
@@ -21,7 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from .errors import ConfigError, close_matches
-from .hardware import STACK_KEYS, Efficiency, HardwareSpec
+from .efficiency import STACK_KEYS, Efficiency
+from .specfiles import _read_toml
 
 DEFAULT_STACK = "verl-0.9.1"
 """The stack priced when none is chosen: the verl release grpo-tune exports launches for."""
@@ -42,7 +43,7 @@ class StackSpec:
     provenance: str = "spec-only"
     """How ``params`` were obtained: ``fitted`` (``grpo-tune validate --grpo --refit``), or priors only."""
     params: dict[str, float] = field(default_factory=dict)
-    """Values of :data:`core.hardware.STACK_KEYS` (the rest keep Efficiency's defaults)."""
+    """Values of :data:`core.efficiency.STACK_KEYS` (the rest keep Efficiency's defaults)."""
 
     def __hash__(self) -> int:
         return hash((self.name, tuple(sorted(self.params.items()))))
@@ -105,8 +106,6 @@ def _dirs() -> list[Path]:
 
 @lru_cache(maxsize=None)
 def _catalog(env: str | None) -> dict[str, Path]:
-    from .specs import _read_toml
-
     out: dict[str, Path] = {}
     for d in _dirs():
         if not d.is_dir():
@@ -129,8 +128,6 @@ def list_stacks() -> list[str]:
 
 @lru_cache(maxsize=64)
 def _load_file(path: str) -> StackSpec:
-    from .specs import _read_toml
-
     return StackSpec.from_dict(_read_toml(Path(path), "stack"), where=f"stack file {path}")
 
 
@@ -151,17 +148,3 @@ def load_stack(name_or_path: str | None = None) -> StackSpec:
             hint=(f"did you mean {near[0]!r}? " if near else "") + "known: " + ", ".join(sorted(set(cat))),
         )
     return _load_file(str(found))
-
-
-@lru_cache(maxsize=256)
-def apply_stack(hw: HardwareSpec, stack: StackSpec) -> HardwareSpec:
-    """``hw`` priced under ``stack``: its efficiency carries the stack's parameters, ``hw.stack`` names it."""
-    eff = stack.efficiency(hw.efficiency)
-    if hw.stack == stack.name and hw.efficiency == eff:
-        return hw
-    return dataclasses.replace(hw, stack=stack.name, efficiency=eff)
-
-
-def with_stack(hw: HardwareSpec, name: str | None) -> HardwareSpec:
-    """``hw`` under the stack ``name`` (None: as loaded, its default stack)."""
-    return hw if not name else apply_stack(hw, load_stack(name))

@@ -322,7 +322,7 @@ def row_stack(row: GrpoRow) -> str:
 
 def _hw(row: GrpoRow, x: dict[Prior, float] | None) -> HardwareSpec:
     """The row's hardware under its stack, with the parameters ``x`` (None: as shipped) applied."""
-    from grpo_tune.core.stacks import with_stack
+    from grpo_tune.core.hardware import with_stack
 
     hw = with_stack(load_hardware(row.raw["hardware"]), row_stack(row))
     if not x:

@@ -40,7 +40,7 @@ kernel, so they are priced with ``attention_kernel = "unfused"`` (the profile it
 def megatron_2021(hw: HardwareSpec) -> HardwareSpec:
     """The profile as the published rows ran it: Megatron-LM's own stack (no RL host costs), unfused
     attention, same GEMM curve."""
-    from grpo_tune.core.stacks import with_stack
+    from grpo_tune.core.hardware import with_stack
 
     hw = with_stack(hw, "megatron-lm")
     return dataclasses.replace(hw, attention_kernel="unfused").with_efficiency(
@@ -83,7 +83,9 @@ _BOOL = {"sequence_parallel", "distributed_optimizer"}
 def read_records(path: Path, required: list[str] | tuple[str, ...], what: str) -> list[dict[str, str]]:
     """The rows of a measurement CSV (``#`` lines are comments) as dicts, read under a size cap; an
     unreadable file, a missing column or a header without rows is a coded error naming ``what``."""
-    from grpo_tune.core.specs import read_spec_bytes  # a regular file under a size cap: /dev/zero or a FIFO hung here
+    from grpo_tune.core.specfiles import (
+        read_spec_bytes,
+    )  # a regular file under a size cap: /dev/zero or a FIFO hung here
 
     try:
         text = read_spec_bytes(path, "measurements CSV").decode("utf-8")

@@ -326,7 +326,9 @@ def load(path: str | os.PathLike, *, hardware: str | None = None) -> dict[str, f
     Every failure is a coded error: a missing or malformed file, another version, a parameter the
     time model does not have, or (when ``hardware`` is given) a file made on other hardware.
     """
-    from grpo_tune.core.specs import read_spec_bytes  # a regular file under a size cap: /dev/zero or a FIFO hung here
+    from grpo_tune.core.specfiles import (
+        read_spec_bytes,
+    )  # a regular file under a size cap: /dev/zero or a FIFO hung here
 
     p = Path(path)
     if not p.exists():
