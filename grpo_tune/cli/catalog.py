@@ -56,7 +56,8 @@ def models(json_out: Json = False) -> None:
 
 def hardware(json_out: Json = False) -> None:
     """List hardware profiles."""
-    rows = [load_hardware(n).to_dict() for n in list_hardware()]
+    specs = [load_hardware(n) for n in list_hardware()]
+    rows = [hw.to_dict() for hw in specs]
     if json_out:
         print(json.dumps(rows, indent=2))
         return
@@ -69,18 +70,18 @@ def hardware(json_out: Json = False) -> None:
         cols = [c for c in cols if c not in ("aliases", "intra GB/s", "inter GB/s")]
     for c in cols:
         t.add_column(c, no_wrap=c in ("name", "profile"))
-    for r in rows:
+    for hw in specs:
         cells = {
-            "name": r["name"],
-            "aliases": ",".join(r["aliases"]),
-            "bf16 TFLOP/s": f"{r['bf16_dense_flops_per_s'] / 1e12:.0f}",
-            "HBM GiB": f"{r['hbm_bytes'] / 2**30:.1f}",  # as the driver reports it
-            "HBM TB/s": f"{r['hbm_bandwidth_bytes_per_s'] / 1e12:.2f}",
-            "GPUs/node": str(r["gpus_per_node"]),
-            "intra GB/s": f"{r['intra_node_bandwidth_bytes_per_s'] / 1e9:.0f}",
-            "inter GB/s": f"{r['inter_node_bandwidth_bytes_per_s'] / 1e9:.1f}",
-            "$/GPU-h": "-" if r["price_per_gpu_hour_usd"] is None else f"{r['price_per_gpu_hour_usd']:.2f}",
-            "profile": r["provenance"],
+            "name": hw.name,
+            "aliases": ",".join(hw.aliases),
+            "bf16 TFLOP/s": f"{hw.bf16_dense_flops_per_s / 1e12:.0f}",
+            "HBM GiB": f"{hw.hbm_bytes / 2**30:.1f}",  # as the driver reports it
+            "HBM TB/s": f"{hw.hbm_bandwidth_bytes_per_s / 1e12:.2f}",
+            "GPUs/node": str(hw.gpus_per_node),
+            "intra GB/s": f"{hw.intra_node_bandwidth_bytes_per_s / 1e9:.0f}",
+            "inter GB/s": f"{hw.inter_node_bandwidth_bytes_per_s / 1e9:.1f}",
+            "$/GPU-h": "-" if hw.price_per_gpu_hour_usd is None else f"{hw.price_per_gpu_hour_usd:.2f}",
+            "profile": hw.provenance,
         }
         t.add_row(*(cells[c] for c in cols))
     console.print(t)

@@ -15,7 +15,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 import yaml
 
@@ -58,7 +58,7 @@ def flow_depth(text: str) -> int:
     return best
 
 
-def yaml_load(text: str) -> Any:
+def yaml_load(text: str) -> object:
     """YAML with the safe loader; nesting deeper than MAX_YAML_DEPTH is a coded error, not a hang or a crash."""
     if flow_depth(text) > MAX_YAML_DEPTH:
         raise ConfigError(f"the YAML nests deeper than {MAX_YAML_DEPTH} levels", hint="a config nests a few levels")
@@ -166,15 +166,15 @@ class RunConfig:
     placement: Placement = field(default_factory=Placement)
     """Colocated (default) or separate pools; with separate pools the strategy's degrees are the
     training pool's (``cluster.gpus - placement.rollout_gpus`` GPUs) and its rollout knobs the rollout pool's."""
-    predicted: dict[str, Any] | None = None
+    predicted: dict[str, object] | None = None
     """The cost model's figures when the config was emitted."""
-    measured: dict[str, Any] | None = None
+    measured: dict[str, object] | None = None
     """Figures measured by a profiling run (autotune --refine)."""
-    meta: dict[str, Any] | None = None
+    meta: dict[str, object] | None = None
     schema_version: int = SCHEMA_VERSION
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {
             "schema_version": self.schema_version,
             "model": self.model.to_dict(),
             "hardware": self.hardware.to_dict(),
@@ -219,7 +219,7 @@ class RunConfig:
             train_gpus = cluster.gpus - placement.rollout_gpus
             train_gpn = min(train_gpn, train_gpus)
         strategy = validate(model, strategy, train_gpus, gpus_per_node=train_gpn, allow_cross_node_tp=True)
-        extras: dict[str, dict[str, Any] | None] = {}
+        extras: dict[str, dict[str, object] | None] = {}
         for k in ("predicted", "measured", "meta"):
             v = data.get(k)
             if v is not None and not isinstance(v, dict):
@@ -245,7 +245,7 @@ class RunConfig:
 _SpecT = TypeVar("_SpecT")
 
 
-def _spec(v: Any, load: Callable[[str], _SpecT], from_dict: Callable[..., _SpecT], where: str) -> _SpecT:
+def _spec(v: object, load: Callable[[str], _SpecT], from_dict: Callable[..., _SpecT], where: str) -> _SpecT:
     """A profile given by name (``tiny``, ``{name: tiny}``) is loaded; a full mapping is read as is."""
     if isinstance(v, str):
         return load(v)
@@ -254,11 +254,11 @@ def _spec(v: Any, load: Callable[[str], _SpecT], from_dict: Callable[..., _SpecT
     return from_dict(v, where=where)
 
 
-def _model(v: Any, where: str) -> ModelSpec:
+def _model(v: object, where: str) -> ModelSpec:
     return _spec(v, load_model, ModelSpec.from_dict, f"{where}.model")
 
 
-def _hardware(v: Any, where: str) -> HardwareSpec:
+def _hardware(v: object, where: str) -> HardwareSpec:
     return _spec(v, load_hardware, HardwareSpec.from_dict, f"{where}.hardware")
 
 
@@ -269,7 +269,7 @@ _TRAINER_SCHEMA = Schema(
 )
 
 
-def _override_value(text: str) -> Any:
+def _override_value(text: str) -> object:
     """A ``--set`` value: YAML's reading of it (numbers, true/false, null, [lists]), with ``3e-3`` a
     number (YAML 1.1 reads an exponent without a dot as a string). Quote a string that looks numeric."""
     try:
@@ -285,7 +285,7 @@ def _override_value(text: str) -> Any:
     return v
 
 
-def apply_overrides(data: Any, overrides: Sequence[str], where: str) -> Any:
+def apply_overrides(data: object, overrides: Sequence[str], where: str) -> object:
     """``data`` (a parsed run config) with each ``section.key=value`` of ``overrides`` set. A malformed
     override, an unknown section, or a section that is not a mapping is a coded error here; the keys and
     values are then validated with the file's own rules (:meth:`RunConfig.from_dict`)."""

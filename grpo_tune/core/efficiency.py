@@ -82,6 +82,7 @@ class Efficiency:
     @classmethod
     def from_dict(cls, data: object, *, where: str = "efficiency") -> "Efficiency":
         data = check_keys(cls, data, where)
+        values: dict[str, float] = {}
         for k, v in data.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0 or v == float("inf"):
                 raise ConfigError(f"{where}.{k} must be a finite number >= 0, got {v!r}")
@@ -91,7 +92,8 @@ class Efficiency:
                     f"{where}.{k} must be a fraction in (0, 1], got {v!r}",
                     hint="an efficiency is the achieved share of the peak figure",
                 )
-        return cls(**{k: float(v) for k, v in data.items()})
+            values[k] = float(v)
+        return cls(**values)
 
 
 STACK_KEYS: frozenset[str] = frozenset(

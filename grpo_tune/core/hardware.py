@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
 
 from .efficiency import STACK_KEYS, Efficiency
 from .errors import ConfigError
@@ -91,21 +90,21 @@ class HardwareSpec:
         """The trainer samples with its own Megatron model (no second weight copy, no KV cache)."""
         return self.rollout_engine == "megatron"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The profile as a file holds it: the stack's parameters stay in the stack (named by ``stack``)."""
         d = to_mapping(self)
-        d["efficiency"] = {k: v for k, v in d["efficiency"].items() if k not in STACK_KEYS}
+        d["efficiency"] = {k: v for k, v in self.efficiency.to_dict().items() if k not in STACK_KEYS}
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, where: str = "hardware") -> "HardwareSpec":
+    def from_dict(cls, data: object, *, where: str = "hardware") -> "HardwareSpec":
         """A profile (a file's table, or ``to_dict`` output) with its stack's parameters applied: the
         one named by ``stack``, else ``default_stack``, else ``core.stacks.DEFAULT_STACK``."""
         hw = cls._from_dict(data, where=where)
         return apply_stack(hw, load_stack(hw.stack or hw.default_stack or None))
 
     @classmethod
-    def _from_dict(cls, data: dict[str, Any], *, where: str = "hardware") -> "HardwareSpec":
+    def _from_dict(cls, data: object, *, where: str = "hardware") -> "HardwareSpec":
         if not isinstance(data, dict):
             raise ConfigError(f"{where} must be a table/mapping, got {type(data).__name__}")
         data = dict(data)

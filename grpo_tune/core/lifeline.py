@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import IO
 
 MODULE = __name__  # "core.lifeline" (or its namespaced name): the shim and the watchdog run this module
 GRACE_S = 10.0
@@ -56,8 +56,8 @@ def shim(cmd: Sequence[str], *, sig: int = signal.SIGTERM) -> list[str]:
 def spawn(
     cmd: Sequence[str],
     *,
-    stdout: Any = None,
-    stderr: Any = None,
+    stdout: int | IO[bytes] | IO[str] | None = None,
+    stderr: int | IO[bytes] | IO[str] | None = None,
     env: dict[str, str] | None = None,
     pass_fds: Sequence[int] = (),
     sig: int = signal.SIGTERM,

@@ -10,8 +10,6 @@ carried into the next step instead of holding the batch) and the weight-sync int
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 from .choices import PlacementMode
 from .errors import ConfigError
 from .validation import NON_NEGATIVE, Schema, check_keys, from_mapping, to_mapping
@@ -40,11 +38,11 @@ class Placement:
     def separate(self) -> bool:
         return self.mode == "separate"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return to_mapping(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, where: str = "placement") -> "Placement":
+    def from_dict(cls, data: object, *, where: str = "placement") -> "Placement":
         data = check_keys(cls, data, where)
         return check(from_mapping(cls, data, where, _PLACEMENT_SCHEMA), where)
 

@@ -20,10 +20,25 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Mapping, Sequence
+from typing import Mapping, NotRequired, Sequence, TypedDict, TypeVar
 
 from .errors import ConfigError
 from .phases import MEASURED_PHASES, Phase
+
+_T = TypeVar("_T")
+
+
+class StepFigures(TypedDict):
+    """One step of a profiling run as the trainer records it (the keys :meth:`ProfileReport.from_history`
+    reads; a step record may hold more)."""
+
+    step_s: float
+    phases_s: Mapping[str, float]
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    reward_mean: float
+    response_len: float
+    loss: NotRequired[float | None]
 
 
 class ProfileStatus(StrEnum):
@@ -43,8 +58,8 @@ class PeakMemory:
     tensor_bytes_per_rank: tuple[int, ...] | None = None
     """On CPU: bytes of the actor's parameters and optimizer state per rank."""
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"per_rank": list(self.per_rank), "max": self.max}
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {"per_rank": list(self.per_rank), "max": self.max}
         if self.kind is not None:
             d["kind"] = self.kind
         if self.tensor_bytes_per_rank is not None:
@@ -86,8 +101,8 @@ class ProfileReport:
         config: str,
         steps: int,
         world_size: int,
-        history: Sequence[Mapping[str, Any]] = (),
-        peak: Mapping[str, Any] | None = None,
+        history: Sequence[StepFigures] = (),
+        peak: Mapping[str, object] | None = None,
         peak_bytes_by_phase: Mapping[str, int] | None = None,
     ) -> ProfileReport:
         """Medians over the steps after the first (all steps if there is one); a failed run has no history."""
@@ -113,9 +128,9 @@ class ProfileReport:
             response_len=tuple(h["response_len"] for h in history),
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The JSON object (plain keys and types, in the order the contract lists them)."""
-        d: dict[str, Any] = {
+        d: dict[str, object] = {
             "status": self.status.value,
             "message": self.message,
             "config": self.config,
@@ -166,18 +181,18 @@ class ProfileReport:
         )
 
 
-def _positive(x: Any) -> bool:
+def _positive(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 and math.isfinite(x)
 
 
-def _opt(d: Mapping[str, Any], key: str, typ: type, where: str) -> Any:
+def _opt(d: Mapping[str, object], key: str, typ: type[_T], where: str) -> _T | None:
     v = d.get(key)
     if v is not None and (not isinstance(v, typ) or isinstance(v, bool)):
         raise ConfigError(f"{where}.{key} must be {typ.__name__} or null, got {v!r}")
     return v
 
 
-def _number(d: Mapping[str, Any], key: str, where: str) -> float | None:
+def _number(d: Mapping[str, object], key: str, where: str) -> float | None:
     v = d.get(key)
     if v is None:
         return None
@@ -186,28 +201,31 @@ def _number(d: Mapping[str, Any], key: str, where: str) -> float | None:
     return float(v)
 
 
-def _ints(v: Any, where: str) -> tuple[int, ...]:
+def _ints(v: object, where: str) -> tuple[int, ...]:
     if not isinstance(v, (list, tuple)) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
         raise ConfigError(f"{where} must be a list of byte counts, got {v!r}")
     return tuple(int(x) for x in v)
 
 
-def _peak(d: Mapping[str, Any], where: str) -> PeakMemory:
+def _peak(d: object, where: str) -> PeakMemory:
     if not isinstance(d, Mapping):
         raise ConfigError(f"{where} must be an object, got {d!r}")
     mx = d.get("max")
     if mx is not None and (not isinstance(mx, (int, float)) or isinstance(mx, bool)):
         raise ConfigError(f"{where}.max must be a byte count or null, got {mx!r}")
     tb = d.get("tensor_bytes_per_rank")
+    kind = d.get("kind")
+    if kind is not None and not isinstance(kind, str):
+        raise ConfigError(f"{where}.kind must be a string or null, got {kind!r}")
     return PeakMemory(
         per_rank=_ints(d.get("per_rank") or [], f"{where}.per_rank"),
         max=None if mx is None else int(mx),
-        kind=d.get("kind"),
+        kind=kind,
         tensor_bytes_per_rank=None if tb is None else _ints(tb, f"{where}.tensor_bytes_per_rank"),
     )
 
 
-def _phase_ints(d: Any, where: str) -> dict[Phase, int]:
+def _phase_ints(d: object, where: str) -> dict[Phase, int]:
     if not isinstance(d, Mapping):
         raise ConfigError(f"{where} must be an object of phase -> bytes, got {d!r}")
     out: dict[Phase, int] = {}

@@ -7,7 +7,6 @@ import os
 import stat
 import tomllib
 from pathlib import Path
-from typing import Any
 
 from .errors import ConfigError
 
@@ -29,7 +28,7 @@ def read_spec_bytes(path: Path, what: str) -> bytes:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})", hint="check the path and its permissions") from None
 
 
-def _read_toml(path: Path, where: str) -> dict[str, Any]:
+def _read_toml(path: Path, where: str) -> dict[str, object]:
     data = read_spec_bytes(path, "TOML profile")
     try:
         return tomllib.loads(data.decode("utf-8"))

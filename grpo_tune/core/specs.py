@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Callable, Iterable, Mapping, NoReturn, TypeVar
 
 from .errors import ConfigError, GrpoTuneError, UnknownHardwareError, UnknownModelError, close_matches
 from .efficiency import Efficiency as Efficiency  # re-exported: callers import the specs from core.specs
@@ -96,7 +96,7 @@ class ModelSpec:
             object.__setattr__(self, "_hash", h)
         return h
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     @property
@@ -115,11 +115,11 @@ class ModelSpec:
     def q_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, where: str = "model") -> "ModelSpec":
+    def from_dict(cls, data: object, *, where: str = "model") -> "ModelSpec":
         return _check_model(where, from_mapping(cls, data, where, _MODEL_SCHEMA))
 
 
@@ -199,7 +199,7 @@ _SKIPPED: dict[str, str] = {}
 """Profile files that could not be read while listing a folder: path -> why (each said once on stderr)."""
 
 
-def _listed(p: Path, kind: str) -> dict[str, Any] | None:
+def _listed(p: Path, kind: str) -> dict[str, object] | None:
     """A listed profile's data, or None for a file that cannot be read: one bad file in a profiles folder
     must not break every command, only a command that asks for that profile (it is still found by its stem)."""
     try:
@@ -392,7 +392,7 @@ def from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     path = Path(path)
     data = read_spec_bytes(path, "config.json")
 
-    def no_constant(c: str) -> Any:
+    def no_constant(c: str) -> NoReturn:
         raise ValueError(f"{c} is not a JSON number")
 
     try:
@@ -410,7 +410,7 @@ def from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     return spec_from_hf_dict(cfg, name=name or path.parent.name or path.stem, source=str(path))
 
 
-def _hf_int(cfg: dict[str, Any], where: str, key: str, default: Any = KeyError, *, minimum: int = 1) -> int:
+def _hf_int(cfg: Mapping[str, object], where: str, key: str, default: object = KeyError, *, minimum: int = 1) -> int:
     """An integer field of config.json: 2.7, true or "4" are refused, never rounded or coerced; null is unset."""
     v = cfg.get(key)
     v = default if v is None else v
@@ -424,7 +424,7 @@ def _hf_int(cfg: dict[str, Any], where: str, key: str, default: Any = KeyError, 
     return v
 
 
-def _hf_bool(cfg: dict[str, Any], where: str, key: str, default: bool) -> bool:
+def _hf_bool(cfg: Mapping[str, object], where: str, key: str, default: bool) -> bool:
     """A true/false field of config.json: "false" or 1 are refused (bool("false") is True)."""
     v = cfg.get(key, default)
     if not isinstance(v, bool):
@@ -432,19 +432,29 @@ def _hf_bool(cfg: dict[str, Any], where: str, key: str, default: bool) -> bool:
     return v
 
 
-def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, source: str = "") -> ModelSpec:
+def _hf_float(v: object) -> float:
+    """``float(v)`` of a config.json value: a number or a numeric string; else the TypeError ``float`` raises."""
+    if isinstance(v, (int, float, str)):
+        return float(v)
+    raise TypeError(f"float() argument must be a string or a real number, not {type(v).__name__!r}")
+
+
+def spec_from_hf_dict(cfg: Mapping[str, object], *, name: str, source: str = "") -> ModelSpec:
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, Iterable):
+        raise TypeError(f"{type(archs).__name__!r} object is not iterable")
     family = next((_HF_FAMILIES[a] for a in archs if a in _HF_FAMILIES), None)
     if family is None:
         mt = cfg.get("model_type", "")
-        family = {
+        by_type = {
             "llama": "llama",
             "qwen2": "qwen2",
             "qwen3": "qwen3",
             "qwen3_moe": "qwen3_moe",
             "deepseek_v3": "deepseek_v3",
             "kimi_k2": "deepseek_v3",
-        }.get(mt)
+        }
+        family = by_type.get(mt) if isinstance(mt, str) else None
     if family is None:
         raise UnknownModelError(
             f"{source or name}: unsupported architecture {archs or cfg.get('model_type')}",
@@ -461,7 +471,7 @@ def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, source: str = "") -> Mo
                 "and config.json gives no head_dim",
                 hint="add head_dim to config.json",
             )
-        kw: dict[str, Any] = dict(
+        kw: dict[str, object] = dict(
             name=name,
             family=family,
             layers=_hf_int(cfg, where, "num_hidden_layers"),
@@ -474,8 +484,8 @@ def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, source: str = "") -> Mo
             tied_embeddings=_hf_bool(cfg, where, "tie_word_embeddings", False),
             qkv_bias=_hf_bool(cfg, where, "attention_bias", family == "qwen2"),
             qk_norm=family in ("qwen3", "qwen3_moe"),
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            norm_eps=_hf_float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=_hf_float(cfg.get("rope_theta", 10000.0)),
             max_seq_len=_hf_int(cfg, where, "max_position_embeddings", 4096),
             source=source,
         )
@@ -499,7 +509,7 @@ def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, source: str = "") -> Mo
                 router_bias=cfg.get("topk_method", "noaux_tc") == "noaux_tc",
                 router_groups=_hf_int(cfg, where, "n_group", 0, minimum=0),
                 router_group_topk=_hf_int(cfg, where, "topk_group", 0, minimum=0),
-                routed_scaling=float(cfg.get("routed_scaling_factor") or 1.0),
+                routed_scaling=_hf_float(cfg.get("routed_scaling_factor") or 1.0),
                 q_lora_rank=_hf_int(cfg, where, "q_lora_rank", 0, minimum=0),
                 kv_lora_rank=_hf_int(cfg, where, "kv_lora_rank"),
                 qk_nope_head_dim=_hf_int(cfg, where, "qk_nope_head_dim"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from . import knobs as _knobs
 from .choices import Dtype, Offload, Recompute, WorkloadKind
@@ -289,7 +289,7 @@ class Strategy:
                 raise ConfigError(f"{where}.offload must be a list of {', '.join(OFFLOAD)}")
             data["offload"] = tuple(sorted(set(off), key=lambda o: OFFLOAD.index(o) if o in OFFLOAD else 99))
         route = _route()
-        split: dict[str, dict[str, Any]] = {c: {} for c in _FLAT}
+        split: dict[str, dict[str, object]] = {c: {} for c in _FLAT}
         for k, v in data.items():  # in the section's order, as each value's error names it
             concern, name = route[k]
             cls_ = _CONCERN_TYPES[concern]
@@ -408,11 +408,11 @@ class Workload:
             return float(self.seq_len)
         return self.mean_prompt_len + self.mean_response_len
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return to_mapping(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, where: str = "workload") -> "Workload":
+    def from_dict(cls, data: object, *, where: str = "workload") -> "Workload":
         data = dict(data) if isinstance(data, dict) else data
         q = data.pop("response_len_quantiles", None) if isinstance(data, dict) else None
         if q is not None and (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Mapping
+from typing import Mapping
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
@@ -28,7 +28,7 @@ def key(k: str) -> str:
     return k if _BARE_KEY.fullmatch(k) else string(k)
 
 
-def value(v: Any) -> str:
+def value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
@@ -51,7 +51,7 @@ def comment(text: str) -> str:
     return "# " + "".join(" " if ord(ch) < 0x20 or ord(ch) == 0x7F else ch for ch in text)
 
 
-def dumps(data: Mapping[str, Any], *, comments: tuple[str, ...] | list[str] = ()) -> str:
+def dumps(data: Mapping[str, object], *, comments: tuple[str, ...] | list[str] = ()) -> str:
     """Top-level keys first, then one ``[table]`` per mapping value (one level, as the profiles use)."""
     lines = [comment(c) for c in comments]
     tables = {k: v for k, v in data.items() if isinstance(v, Mapping)}

@@ -16,9 +16,12 @@ import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Mapping, Sequence, TypeVar
 
 from .errors import ConfigError, UnknownKeyError, close_matches
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 T = TypeVar("T")
 
@@ -70,7 +73,7 @@ class Schema:
     """Fields whose value (or, for a tuple, each element) must be one of the enum's values."""
 
 
-def check_keys(cls: type, data: Any, where: str) -> dict[str, Any]:
+def check_keys(cls: type, data: object, where: str) -> dict[str, object]:
     """``data`` as a dict whose keys are all fields of the dataclass ``cls``.
 
     Not a mapping is BAD_CONFIG; an unknown key is UNKNOWN_KEY with the closest field as the hint.
@@ -81,7 +84,7 @@ def check_keys(cls: type, data: Any, where: str) -> dict[str, Any]:
     return dict(data)
 
 
-def check_names(data: Mapping[Any, Any], names: Sequence[str], where: str, noun: str = "key") -> None:
+def check_names(data: Mapping[object, object], names: Sequence[str], where: str, noun: str = "key") -> None:
     """UNKNOWN_KEY for the first key of ``data`` not in ``names``, with the closest name as the hint."""
     for k in data:
         if k not in names:
@@ -93,12 +96,12 @@ def check_names(data: Mapping[Any, Any], names: Sequence[str], where: str, noun:
 
 
 @lru_cache(maxsize=None)
-def hints(cls: type) -> dict[str, Any]:
+def hints(cls: type) -> dict[str, object]:
     """The resolved type hints of a dataclass's fields (cached: a class is hashable)."""
     return typing.get_type_hints(cls)
 
 
-def unwrap(hint: Any) -> tuple[Any, bool]:
+def unwrap(hint: object) -> tuple[object, bool]:
     """``(base type, None allowed)`` for ``X`` or ``X | None``."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -106,7 +109,7 @@ def unwrap(hint: Any) -> tuple[Any, bool]:
     return hint, False
 
 
-def check_value(where: str, name: str, hint: Any, v: Any, schema: Schema) -> None:
+def check_value(where: str, name: str, hint: object, v: object, schema: Schema) -> None:
     """Raise BAD_CONFIG unless ``v`` has the type ``hint`` and lies in the schema's range/choices."""
     base, optional = unwrap(hint)
     if v is None:
@@ -140,7 +143,7 @@ def check_value(where: str, name: str, hint: Any, v: Any, schema: Schema) -> Non
             raise ConfigError(f"{key} must be a table/mapping, got {v!r}")
 
 
-def to_mapping(obj: Any) -> dict[str, Any]:
+def to_mapping(obj: DataclassInstance) -> dict[str, object]:
     """``dataclasses.asdict`` with tuple fields as lists (what YAML and JSON write and read back)."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(obj).items()}
 

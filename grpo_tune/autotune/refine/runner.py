@@ -117,17 +117,18 @@ def run_profile(
             dt,
         )
     try:  # the typed contract (core.profile_report) checks every field the study records
-        data = ProfileReport.from_dict(data, where=str(json_path)).to_dict()
+        report = ProfileReport.from_dict(data, where=str(json_path))
     except GrpoTuneError as exc:
         return ProfileOutcome("error", f"malformed profile JSON: {exc.message}", None, dt)
-    status = data.get("status")
+    data = report.to_dict()
+    status = report.status.value
     if status == "ok" and rc == 0:
-        if not positive(data.get("tokens_per_s")) or not positive(data.get("step_s")):
+        if not positive(report.tokens_per_s) or not positive(report.step_s):
             return ProfileOutcome("error", "profile JSON lacks a positive tokens_per_s/step_s", data, dt)
         return ProfileOutcome("ok", None, data, dt)
     if status == "oom" or rc == 3:
-        return ProfileOutcome("oom", data.get("message") or "out of memory", data, dt)
-    return ProfileOutcome("error", data.get("message") or f"exit code {rc}: {_tail(log_path)}", data, dt)
+        return ProfileOutcome("oom", report.message or "out of memory", data, dt)
+    return ProfileOutcome("error", report.message or f"exit code {rc}: {_tail(log_path)}", data, dt)
 
 
 def positive(x: Any) -> bool:
