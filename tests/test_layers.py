@@ -213,7 +213,6 @@ KNOWN_CYCLES = [
     ],
     ["grpo_tune.autotune.refine.loop", "grpo_tune.autotune.refine.markdown", "grpo_tune.autotune.refine.report"],
     ["grpo_tune.frameworks.verl.export", "grpo_tune.frameworks.verl.fully_async"],
-    ["grpo_tune.trainer.launch", "grpo_tune.trainer.main", "grpo_tune.trainer.profile", "grpo_tune.trainer.separate"],
 ]
 
 

@@ -181,7 +181,7 @@ def task_log_prob_passes(spec: dict) -> dict:
     import tempfile
 
     from grpo_tune.trainer import parallel
-    from grpo_tune.trainer.main import build
+    from grpo_tune.trainer.build import build
     from trainer_harness import run_config
 
     parallel.init_distributed()

@@ -28,7 +28,7 @@ def _run(out: Path) -> None:
     from grpo_tune.core.specs import load_hardware, load_model
     from grpo_tune.core.strategy import Cluster, Strategy, Workload
     from grpo_tune.trainer import parallel
-    from grpo_tune.trainer.main import build
+    from grpo_tune.trainer.build import build
     from grpo_tune.trainer.profile import _NoEos, even_share_reward, synthetic_items
     from grpo_tune.trainer.tokenizer import load_tokenizer
 

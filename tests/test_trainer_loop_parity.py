@@ -29,7 +29,7 @@ def task_grpo_layouts(spec: dict) -> dict:
 
     from grpo_tune.core.strategy import Workload
     from grpo_tune.trainer import parallel
-    from grpo_tune.trainer.main import build
+    from grpo_tune.trainer.build import build
     from trainer_harness import run_config
 
     parallel.init_distributed()

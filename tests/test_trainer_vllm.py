@@ -380,11 +380,11 @@ def test_the_start_up_check_refuses_before_vllm_does(tmp_path):
 
 
 def test_build_makes_vllm_before_the_actor_and_reference(monkeypatch, tmp_path):
-    """trainer.main.build starts vLLM on an empty GPU (its start-up check passes), then the actor and
+    """trainer.build.build starts vLLM on an empty GPU (its start-up check passes), then the actor and
     the reference; the native sampler, which runs on the actor, comes after the actor."""
     import types
 
-    from grpo_tune.trainer import engine, main, parallel, rollout
+    from grpo_tune.trainer import build, engine, parallel, rollout
     from grpo_tune.trainer.tokenizer import CharTokenizer
 
     order: list[str] = []
@@ -410,7 +410,7 @@ def test_build_makes_vllm_before_the_actor_and_reference(monkeypatch, tmp_path):
     ):
         order.clear()
         cfg = _cfg(tmp_path, engine=name)
-        main.build(cfg, items=items, reward_fn=lambda it, ids: 0.0, tokenizer=CharTokenizer())
+        build.build(cfg, items=items, reward_fn=lambda it, ids: 0.0, tokenizer=CharTokenizer())
         assert order == want, name
 
 

@@ -123,7 +123,7 @@ def run_profile(cfg: RunConfig, json_path: str | Path, *, config_path: str | Pat
     import torch.distributed as dist
 
     from . import parallel
-    from .main import build
+    from .build import build
     from .tokenizer import load_tokenizer
 
     t = cfg.trainer

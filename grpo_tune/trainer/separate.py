@@ -218,7 +218,7 @@ def train_pool(cfg, pools: Pools) -> list[dict]:
     from grpo_tune.core.strategy import Cluster
 
     from . import parallel
-    from .main import build
+    from .build import build
 
     t = pools.train_size
     tcfg = cfg.replace(cluster=Cluster(gpus=t, gpus_per_node=min(cfg.cluster.gpus_per_node, t)))
@@ -259,7 +259,7 @@ def rollout_pool(cfg, pools: Pools, *, items=None, tokenizer=None) -> None:
     from . import parallel
     from .data import PromptStream
     from .loop import Item, LoopConfig
-    from .main import load_items
+    from .build import load_items
     from .rollout import resolve_engine_name
 
     s = rollout_strategy(cfg)

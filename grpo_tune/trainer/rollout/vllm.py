@@ -30,7 +30,7 @@ How it works (the same scheme as verl's SPMD vLLM rollout):
   it). :func:`engine_kwargs` is that mapping.
 * Start-up memory: vLLM refuses to start when the GPU's free memory is below
   ``gpu_memory_utilization`` x total ("Free memory on device ... is less than desired GPU memory
-  utilization"). ``trainer.main.build`` therefore builds the vLLM engine *before* the actor and
+  utilization"). ``trainer.build.build`` therefore builds the vLLM engine *before* the actor and
   the reference, then puts it to sleep, so the check sees an empty GPU; :func:`check_startup_memory`
   runs the same arithmetic first and turns a refusal (another process on the GPU) into a coded
   error that names the largest fraction that would start.
