@@ -255,6 +255,8 @@ def _estimate_separate(m, hw, cluster, strategy, wl, cal, place):
 def print_pools(est: Estimate, console: Console) -> None:
     """The separate plan's pools: the split, each pool's seconds and busy fraction, the sync, cost."""
     f = est.placement
+    if f is None:  # a colocated plan has one pool
+        return
     sy = f["sync"]
     console.print(
         f"pools: rollout {f['rollout_gpus']} x {f['rollout_hardware']} ({f['rollout_gpus_per_node']}/node), "

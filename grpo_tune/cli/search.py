@@ -581,14 +581,17 @@ def print_placements(res, console: Console) -> None:
     base = res.best_colocated
     rows = [e for e in (base, res.best_separate) if e is not None]
     for e in rows:
-        f = e.placement or colocated_figures(e)
-        sep = bool(e.placement)
+        pools = e.placement
+        f = pools if pools is not None else colocated_figures(e)
+        sep = pools is not None
         ph = e.time.phases if e.time is not None else {}
         train = (
-            f["train_s"] if sep else sum(ph.get(k, 0.0) for k in ("old_logprob", "ref_logprob", "update", "offload"))
+            pools["train_s"]
+            if pools is not None
+            else sum(ph.get(k, 0.0) for k in ("old_logprob", "ref_logprob", "update", "offload"))
         )
-        gen = f["gen_s"] if sep else ph.get("rollout", 0.0)
-        sync = f["sync_s"] if sep else ph.get("weight_sync", 0.0)
+        gen = pools["gen_s"] if pools is not None else ph.get("rollout", 0.0)
+        sync = pools["sync_s"] if pools is not None else ph.get("weight_sync", 0.0)
         split = f"{f['rollout_gpus']}+{f['train_gpus']}" if sep else f"{e.cluster.gpus} all"
         speed = "-" if base is None or not e.step_s else f"{base.step_s / e.step_s:.2f}x"
         tpd = f.get("tokens_per_usd")

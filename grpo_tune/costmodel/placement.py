@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Mapping
 
 from grpo_tune.core.errors import ConfigError, InvalidDegreesError
 from grpo_tune.core.phases import Phase
@@ -52,7 +52,7 @@ from grpo_tune.core.units import GiB
 
 from . import memory
 from .estimate import estimate
-from .results import Estimate, PhaseMemory, PhaseTimes, Throughput, Violation
+from .results import Estimate, PhaseMemory, PhaseTimes, PoolFigures, SeparateFigures, Throughput, Violation
 from .rollout import native_rollout_s, rollout_s
 from .timing_base import PARAM_BYTES, attention_fraction, check_calibration, forward_flops_per_token, model_consts
 from .weight_sync import weight_sync_s
@@ -347,10 +347,17 @@ def train_pool(
     )
 
 
-def _replace_est(est: Estimate, **kw: Any) -> Estimate:
+def _replace_est(
+    est: Estimate,
+    *,
+    memory: Mapping[str, PhaseMemory],
+    violations: tuple[Violation, ...],
+    time: PhaseTimes,
+    throughput: Throughput,
+) -> Estimate:
     import dataclasses
 
-    return dataclasses.replace(est, **kw)
+    return dataclasses.replace(est, memory=memory, violations=violations, time=time, throughput=throughput)
 
 
 def estimate_separate(
@@ -403,7 +410,7 @@ def estimate_separate(
     cap_r = hw_r.hbm_bytes - hw_r.reserved_memory_bytes
     head_t = cap_t - max((p.total_bytes for p in train.memory.values()), default=0.0)
     head_r = cap_r - rmem.total_bytes
-    figures = {
+    figures: SeparateFigures = {
         "mode": "separate",
         "rollout_gpus": ps.rollout.gpus,
         "train_gpus": ps.train.gpus,
@@ -465,11 +472,11 @@ def estimate_separate(
         violations=tuple(train.violations) + tuple(rviol),
         host_bytes_per_node=train.host_bytes_per_node,
         details=MappingProxyType(details),
-        placement=MappingProxyType(figures),
+        placement=figures,
     )
 
 
-def colocated_figures(est: Estimate) -> dict[str, Any]:
+def colocated_figures(est: Estimate) -> PoolFigures:
     """The placement block of a colocated estimate: every GPU busy all the step, its cost per token."""
     wl = est.workload
     tokens = wl.sequences * wl.mean_seq_len

@@ -7,13 +7,52 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Mapping, TypedDict
 
 from grpo_tune.core.phases import Phase
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
 _EMPTY: Mapping[str, float] = MappingProxyType({})
+
+
+class PoolFigures(TypedDict):
+    """A plan's placement block: how the GPUs split, how busy each pool is, what a token costs
+    (``costmodel.placement.colocated_figures`` for a colocated plan; a separate plan's extend it)."""
+
+    mode: str
+    rollout_gpus: int
+    train_gpus: int
+    staleness: int
+    rollout_busy: float
+    train_busy: float
+    tokens_per_usd: float | None
+    price_per_hour_usd: float | None
+
+
+class SeparateFigures(PoolFigures):
+    """The figures of separate pools (``costmodel.placement.estimate_separate``): each pool's shape,
+    seconds, capacity and headroom, the cross-pool sync's parts (``sync``, by ``cross_pool_sync``'s keys)."""
+
+    rollout_gpus_per_node: int
+    train_gpus_per_node: int
+    shared_nodes: bool
+    rollout_hardware: str
+    partial_rollout: bool
+    sync_interval: int
+    gen_s: float
+    train_s: float
+    sync_s: float
+    exposed_sync_s: float
+    fill_s: float
+    rollout_capacity_bytes: float
+    train_capacity_bytes: float
+    rollout_headroom_bytes: float
+    train_headroom_bytes: float
+    headroom_bytes: float
+    sync: Mapping[str, float]
+    decode_concurrency: float
+    kv_cache_tokens: float
 
 
 @dataclass(frozen=True)
@@ -23,8 +62,8 @@ class Violation:
     phase: str | None = None
     bytes_over: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"code": self.code, "message": self.message}
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {"code": self.code, "message": self.message}
         if self.phase is not None:
             d["phase"] = self.phase
         if self.bytes_over is not None:
@@ -46,7 +85,7 @@ class PhaseMemory:
     def __post_init__(self) -> None:
         object.__setattr__(self, "total_bytes", float(sum(self.parts.values())))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, float]:
         return {
             "total_bytes": int(self.total_bytes),
             **{f"{k}_bytes": int(v) for k, v in self.parts.items()},
@@ -82,7 +121,7 @@ class PhaseTimes:
     def __getitem__(self, phase: str | Phase) -> float:
         return self.phases.get(phase.value if isinstance(phase, Phase) else phase, 0.0)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"step_s": float(self.step_s), "phases_s": {k: float(v) for k, v in self.phases.items()}}
 
 
@@ -114,9 +153,9 @@ class Estimate:
     host_bytes_per_node: float = 0.0
     details: Mapping[str, float] = field(default_factory=dict)
     """Figures behind the phase times for people (decode concurrency, micro-batches, ...)."""
-    placement: Mapping[str, Any] = field(default_factory=dict)
+    placement: SeparateFigures | None = None
     """Separate pools only (costmodel.placement): the split, each pool's busy fraction and headroom,
-    the sync's parts, tokens per dollar. Empty for a colocated plan."""
+    the sync's parts, tokens per dollar. None for a colocated plan."""
 
     @property
     def peak_bytes(self) -> float:
@@ -146,7 +185,7 @@ class Estimate:
             return self.throughput.tokens_per_s_per_gpu
         return 0.0
 
-    def predicted(self) -> dict[str, Any]:
+    def predicted(self) -> dict[str, object]:
         """The cost model's figures for ``best.yaml``'s ``predicted`` block (plain YAML types)."""
         t, thr = self.time, self.throughput
         return {
@@ -164,7 +203,7 @@ class Estimate:
             **({"placement": _plain(self.placement)} if self.placement else {}),
         }
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "model": self.model.name,
             "hardware": self.hardware.name,
@@ -188,7 +227,7 @@ class Estimate:
         }
 
 
-def _plain(d: Mapping[str, Any]) -> dict[str, Any]:
+def _plain(d: Mapping[str, object]) -> dict[str, object]:
     """A placement block as plain YAML/JSON types (nested mappings copied, floats as floats)."""
     return {
         k: (_plain(v) if isinstance(v, Mapping) else (float(v) if isinstance(v, float) else v)) for k, v in d.items()

@@ -393,7 +393,9 @@ def _rank(e: Estimate) -> tuple[float, int, int]:
     """Step (steps within TIE are equal), then the smaller staleness, then the larger training pool."""
     step = e.step_s or math.inf
     bucket = round(math.log(step) / math.log1p(TIE)) if step > 0 and math.isfinite(step) else 10**9
-    return (bucket, int(e.placement["staleness"]), int(e.placement["rollout_gpus"]))
+    f = e.placement
+    assert f is not None, "ranked among separate-pool plans"
+    return (bucket, int(f["staleness"]), int(f["rollout_gpus"]))
 
 
 def _reference_split(cands, pool_of, gens, partial_for, colocated_train_s, cluster, sync0, K) -> int:
