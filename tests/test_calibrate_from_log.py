@@ -215,6 +215,7 @@ def test_unparseable_launch_is_a_coded_error(capsys, tmp_path):
     assert "[BAD_CONFIG]" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_our_cpu_trainer_log_end_to_end(capsys, tmp_path):
     """A real `grpo-tune train` run of `tiny` (2 ranks, torchrun on CPU), then calibrate from its metrics.jsonl."""
     from grpo_tune.core.config import RunConfig, TrainerOptions, save

@@ -44,6 +44,7 @@ def _cfg(tmp: Path, *, separate: bool, staleness: int = 0, steps: int = 3):
     )
 
 
+@pytest.mark.slow
 def test_two_plus_two_at_staleness_one(tmp_path):
     rows = train_run(_cfg(tmp_path, separate=True, staleness=1, steps=4), tmp_path, timeout=420)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -61,6 +62,7 @@ def test_two_plus_two_at_staleness_one(tmp_path):
     assert all(r["phases_s"]["weight_sync"] >= 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_staleness_zero_separate_matches_colocated(tmp_path):
     sep = train_run(_cfg(tmp_path / "sep", separate=True, staleness=0), tmp_path / "sep", timeout=420)
     col = train_run(_cfg(tmp_path / "col", separate=False), tmp_path / "col", timeout=420)
