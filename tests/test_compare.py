@@ -15,7 +15,7 @@ from grpo_tune.cli.compare import usd_per_million_tokens
 from grpo_tune.autotune.search.driver import search
 from grpo_tune.autotune.search.rank import tokens_per_s_per_gpu
 from grpo_tune.core.specs import load_hardware, load_model
-from grpo_tune.autotune.calibrate.lengths import assumed_means
+from grpo_tune.costmodel.lengths import assumed_means
 from grpo_tune.core.strategy import Cluster, Workload
 
 CLI = [sys.executable, "-c", "from grpo_tune.cli.main import run; run()"]

@@ -75,7 +75,7 @@ def test_the_assumed_mean_fraction_is_the_median_of_the_published_runs():
     import statistics
     from pathlib import Path
 
-    from grpo_tune.autotune.calibrate.lengths import ASSUMED_MEAN_FRACTION
+    from grpo_tune.costmodel.lengths import ASSUMED_MEAN_FRACTION
 
     path = Path(__file__).resolve().parents[1] / "grpo_tune/profiles/data/published_grpo.csv"
     rows = list(csv.DictReader(ln for ln in path.read_text().splitlines() if not ln.startswith("#")))

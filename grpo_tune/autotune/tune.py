@@ -33,8 +33,9 @@ from grpo_tune.frameworks.verl.script import parse_value_str as parse_value_str
 from grpo_tune.frameworks.verl.script import tuned_text as tuned_text
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, UnknownModelError
 from grpo_tune.core.knobs import names
-from grpo_tune.core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
+from grpo_tune.core.specs import ModelSpec, load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
+from grpo_tune.frameworks.base.plan import LaunchPlan
 
 # What tune does with each plan knob is its row's ``tune`` role (core/knobs.py): the fields the search may change
 # and tune writes back (``search``, and ``keep``: pinned to the launch's, written back so that unset follows a new
@@ -156,10 +157,10 @@ def workload_from(get: Get, *, prompt_len_mean: int | None = None, response_len_
     epochs = get(f"{ACTOR}.ppo_epochs")
     dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(get(f"{ACTOR}.megatron.dtype"), "bf16")
     kl = get(f"{ACTOR}.use_kl_loss") is True or get("algorithm.use_kl_in_reward") is True
-    from grpo_tune.autotune.calibrate.lengths import assumed_means
+    from grpo_tune.costmodel.lengths import assumed_means
 
     plen, rlen = pos("data.max_prompt_length"), pos("data.max_response_length")
-    # a launch states only the maxima: the means are assumed as search assumes them (autotune/calibrate/lengths.py)
+    # a launch states only the maxima: the means are assumed as search assumes them (costmodel/lengths.py)
     means = assumed_means(
         {"prompt_len_mean": prompt_len_mean, "response_len_mean": response_len_mean},
         prompt_len=plen,
@@ -207,20 +208,6 @@ def resolve_launch_model(launch: Launch, model: str | None) -> tuple[ModelSpec, 
             hint="pass --model PRESET (see `grpo-tune models`), a HF id, or a folder with config.json",
         )
     return spec, note
-
-
-@dataclass
-class LaunchPlan:
-    launch: Launch | None
-    """None for a run config (best.yaml), which has no verl overrides to edit."""
-    model: ModelSpec
-    model_note: str
-    hardware: HardwareSpec
-    cluster: Cluster
-    strategy: Strategy
-    workload: Workload
-    placement: Any = None
-    """Separate pools (a fully-async launch): the Placement it runs; None: colocated."""
 
 
 def separate_of(launch: Launch) -> tuple[Any, int, int]:
@@ -544,7 +531,7 @@ def tune(
     ranked, stats = _tune_search(plan, pins, top, calibration, min_headroom, lp_max)
     # The search prices the engine knobs at their defaults; re-price its plans with the user's own
     # (dynamic-batching caps, CPU optimizer, vLLM engine) so that current and best compare like for like.
-    launch = plan.launch
+    launch = cast(Launch | None, plan.launch)  # a verl launch: plan_of reads NeMo-RL recipes for tune_recipe
     if launch is None:
         raise ConfigError(
             "tune needs a verl launch (script or override list), not a run config",

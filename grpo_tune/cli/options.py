@@ -281,7 +281,7 @@ def plan_inputs(
         if lengths:  # an explicit mean replaces the file's histogram
             stats.pop("response_len_quantiles", None)
     if workload == "grpo":  # no mean given: a stated, typical distribution, not the worst case
-        from grpo_tune.autotune.calibrate.lengths import assumed_means
+        from grpo_tune.costmodel.lengths import assumed_means
 
         stats = assumed_means(stats, prompt_len=prompt_len, response_len=response_len)
     wl = Workload.from_dict(

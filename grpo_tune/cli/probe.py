@@ -68,7 +68,7 @@ def probe_hardware(
         )
     if out.suffix != ".toml":
         raise ConfigError(f"--out must end in .toml, got {out}", hint="e.g. --out cpu-probed.toml")
-    from grpo_tune.frameworks.verl.export import check_name
+    from grpo_tune.frameworks.base.inputs import check_name
     from grpo_tune.rundir.outputs import check_output
 
     check_output(out, "--out", inputs={"--base": base})  # before the probe runs, not after; never over its --base

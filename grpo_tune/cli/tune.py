@@ -193,7 +193,7 @@ def tune(
     plan = T.plan_of(
         launch, model=model, hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
     )
-    if plan.launch is not None and plan.launch.key_findings:
+    if isinstance(plan.launch, T.Launch) and plan.launch.key_findings:
         _report_keys(plan.launch, refuse=not ignore_unknown, json_out=json_out)
     from grpo_tune.autotune.calibrate.fit import load_if_given
 
@@ -213,7 +213,7 @@ def tune(
         )
     res = T.tune(plan, keep=keep_list, calibration=cal, min_headroom=min_headroom, pins=pins_from_flags(pins))
     launch_obj = plan.launch
-    if launch_obj is None:  # plan_of reads a best.yaml too; tune edits launches only
+    if not isinstance(launch_obj, T.Launch):  # plan_of reads a best.yaml too; tune edits launches only
         from grpo_tune.core.errors import ConfigError
 
         raise ConfigError(f"{launch}: a run config, not a verl launch", hint="pass the verl script or override list")

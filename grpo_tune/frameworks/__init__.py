@@ -33,7 +33,7 @@ def reader_for(path: str | Path) -> Framework:
     the default (verl, which also reads grpo-tune's run configs and plain override lists). An unreadable file goes
     to the default, whose reader reports why."""
     from grpo_tune.core.errors import GrpoTuneError
-    from grpo_tune.frameworks.verl.diagnose.parse import read_text
+    from grpo_tune.frameworks.base.inputs import read_text
 
     p = Path(path)
     default = next(f for f in REGISTRY if f.name == DEFAULT)

@@ -29,20 +29,6 @@ from grpo_tune.core.specs import ModelSpec
 from grpo_tune.costmodel.lengths import quantiles_from_samples
 
 CHARS_PER_TOKEN = 4.0
-ASSUMED_MEAN_FRACTION = 0.2
-"""Mean / max of prompt and response lengths when the user gives neither ``--lengths`` nor a mean.
-
-Responses: the median mean/max of the published math GRPO runs on Megatron in
-``profiles/data/published_grpo.csv`` (NeMo-RL v0.3 blog: Llama-3.1-8B 795/3840, Llama-3.1-70B 398/3840,
-Qwen3-32B 3283/3840, Qwen3-30B-A3B 3251/3840, Llama-3.1-70B 16K 749/16384; verl docs/perf/dpsk.md:
-DeepSeek-V3 1960/9632), 0.205; ``tests/test_lengths.py`` recomputes it from the CSV. Prompts: verl's
-GSM8K quick start logs ``prompt_length/mean`` 104.9 and 102.4 of ``max_prompt_length=512``
-(docs/start/quickstart.rst), 0.20. The spread is wide (0.05 to 0.86): a mean equal to the max (the
-old default) is the worst case, which prices a different plan."""
-ASSUMED_LENGTHS_NOTE = (
-    "mean = {pct}% of the max for {what}, the median of published math GRPO runs (NeMo-RL v0.3, verl docs); "
-    "replace it with --lengths FILE or --prompt-len-mean / --response-len-mean"
-)
 MAX_RECORDS = 200_000
 MAX_LINE_CHARS = 4 << 20
 """A line longer than this is skipped unread: a file without newlines (a weights file given by mistake) was read
@@ -65,25 +51,6 @@ def _lines(fh: TextIO) -> Iterator[str]:
 
 
 _CONSOLE = re.compile(r"(?:^|\s-\s|\s)([A-Za-z_][\w/.]*):\s*(-?[0-9.eE+-]+)")
-
-
-def assumed_means(stats: dict[str, Any], *, prompt_len: int, response_len: int) -> dict[str, Any]:
-    """``stats`` (what ``--lengths`` and the mean flags gave) with each missing mean set to
-    :data:`ASSUMED_MEAN_FRACTION` of its maximum, and ``lengths_source`` saying so and how to replace it.
-    A histogram (``response_len_quantiles``) counts as a given response distribution."""
-    out = dict(stats)
-    what = []
-    if out.get("prompt_len_mean") is None:
-        out["prompt_len_mean"] = max(1, round(ASSUMED_MEAN_FRACTION * prompt_len))
-        what.append("prompts")
-    if out.get("response_len_mean") is None and not out.get("response_len_quantiles"):
-        out["response_len_mean"] = max(1, round(ASSUMED_MEAN_FRACTION * response_len))
-        what.append("responses")
-    if what:
-        note = "assumed " + ASSUMED_LENGTHS_NOTE.format(pct=round(100 * ASSUMED_MEAN_FRACTION), what=" and ".join(what))
-        src = out.get("lengths_source")
-        out["lengths_source"] = f"{src}; {note}" if src else note
-    return out
 
 
 def lengths_note(w: Any) -> str:

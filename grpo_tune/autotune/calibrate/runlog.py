@@ -28,7 +28,7 @@ import math
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from grpo_tune.core.target import inputs_of
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.core.phases import MEASURED_PHASES
 from grpo_tune.core.units import GiB
+from grpo_tune.frameworks.base.runlog import RunLog, StepRecord
 
 MAX_LOG_BYTES = 256 * 1024 * 1024
 """Largest log read (a 10,000-step verl JSONL with ~300 keys per step is ~50 MB)."""
@@ -76,47 +77,6 @@ _OURS_KEYS = {
 _CONSOLE_STEP = re.compile(r"(?:^|[\s)\]])step:(\d+)((?: - .*)?)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _WRAPPED = re.compile(r"^[A-Za-z_][\w.]*\((.*)\)$")  # np.float64(1.5), tensor(2.0)
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One logged training step. Seconds and GiB as logged; ``None`` where the log has no such key."""
-
-    step: int
-    phases_s: dict[str, float]
-    """Our phase name -> seconds (only the phases the log timed)."""
-    step_s: float | None = None
-    response_len_mean: float | None = None
-    response_len_max: float | None = None
-    response_len_min: float | None = None
-    prompt_len_mean: float | None = None
-    prompt_len_max: float | None = None
-    prompt_len_min: float | None = None
-    max_memory_allocated_gib: float | None = None
-    """verl's ``perf/max_memory_allocated_gb`` (bytes / 1024**3, engine_workers.py l.219): training side only."""
-    max_memory_reserved_gib: float | None = None
-    total_tokens: float | None = None
-    throughput_tok_s_gpu: float | None = None
-    timing_s: dict[str, float] = field(default_factory=dict)
-    """Every raw ``timing_s/*`` key of the step (verl's names)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
-@dataclass
-class RunLog:
-    path: str
-    format: str
-    """``verl-jsonl``, ``verl-console`` or ``grpo-tune``."""
-    records: list[StepRecord]
-    warnings: list[str] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
-    """Run facts the log states itself (our metrics.jsonl: nothing yet; reserved for model/plan ids)."""
-
-    def steps(self, *, skip_warmup: int = 0) -> list[StepRecord]:
-        """Records after the first ``skip_warmup`` logged steps (warm-up: CUDA graphs, allocator, compile)."""
-        return self.records[skip_warmup:]
 
 
 def _resolve(path: Path) -> Path:
@@ -451,7 +411,7 @@ class LogPoint:
 
     log: RunLog
     plan: Any
-    """autotune.tune.LaunchPlan, with the logged mean lengths in its workload."""
+    """frameworks.base.plan.LaunchPlan, with the logged mean lengths in its workload."""
     point: Any
     """autotune.calibrate.fit.Point."""
     summary: dict[str, Any]

@@ -11,7 +11,7 @@ import difflib
 from pathlib import Path
 from typing import Any, Sequence
 
-from grpo_tune.frameworks.verl.diagnose.findings import Finding, Report, Severity
+from grpo_tune.frameworks.base.findings import Finding, Report, Severity
 from grpo_tune.core.errors import CODES, GrpoTuneError, InvalidDegreesError
 from grpo_tune.core.specs import load_hardware
 
@@ -331,7 +331,7 @@ def diagnose_recipe(
         findings.append(Finding(E, exc.code if exc.code in CODES else "BAD_CONFIG", exc.message, exc.hint))
         report.summary = {"framework": f"NeMo-RL {snap.RELEASE}", "defaults": r.parents}
         return report
-    from grpo_tune.autotune.tune import LaunchPlan
+    from grpo_tune.frameworks.base.plan import LaunchPlan
 
     hw = load_hardware(hardware or "h100", stack=read.STACK)
     plan = LaunchPlan(launch=None, model=m, model_note=note, hardware=hw, cluster=c, strategy=s, workload=wl)

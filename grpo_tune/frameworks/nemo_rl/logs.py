@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_tune.core.errors import ConfigError, MissingDependencyError
+from grpo_tune.frameworks.base.runlog import RunLog, StepRecord
 
 PREFIX = "timing/train/"
 PHASES: dict[str, str] = {
@@ -75,9 +76,7 @@ def is_tensorboard(path: str | os.PathLike) -> bool:
 
 
 def read_tensorboard(path: str | os.PathLike):
-    """A NeMo-RL TensorBoard log (event file or folder) -> :class:`grpo_tune.autotune.calibrate.runlog.RunLog`."""
-    from grpo_tune.autotune.calibrate.runlog import RunLog
-
+    """A NeMo-RL TensorBoard log (event file or folder) -> :class:`grpo_tune.frameworks.base.runlog.RunLog`."""
     p = Path(path)
     files = event_files(p)
     total = sum(f.stat().st_size for f in files)
@@ -110,8 +109,6 @@ def read_tensorboard(path: str | os.PathLike):
 
 def _records(steps: list[int], value, where: str):
     import math
-
-    from grpo_tune.autotune.calibrate.runlog import StepRecord
 
     out, warnings = [], []
     for s in steps:
@@ -149,8 +146,6 @@ def looks_like_console(text: str) -> bool:
 
 def read_console(text: str, path: str):
     """NeMo-RL's console output (``Step N/M`` headers, the ``⏱️  Timing:`` table) -> RunLog."""
-    from grpo_tune.autotune.calibrate.runlog import RunLog
-
     step: int | None = None
     by_step: dict[int, dict[str, float]] = {}
     for line in text.splitlines():

@@ -1,5 +1,5 @@
 """A NeMo-RL recipe (with Hydra-style overrides) -> the plan grpo-tune prices: model, hardware, GPUs,
-workload and strategy, as :class:`grpo_tune.autotune.tune.LaunchPlan` holds them for a verl launch."""
+workload and strategy, as :class:`grpo_tune.frameworks.base.plan.LaunchPlan` holds them for a verl launch."""
 
 from __future__ import annotations
 
@@ -35,12 +35,12 @@ def is_recipe(path: str | Path) -> bool:
 
 
 def resolve_model(r: R.Recipe, model: str | None):
-    from grpo_tune.frameworks.verl.diagnose import resolve_model as lookup
+    from grpo_tune.frameworks.base.models import resolve_model as lookup
 
     if model:
         return load_model(model), f"--model {model}"
     name = r.get(f"{table.P}.model_name")
-    spec, note = lookup(name)
+    spec, note = lookup(name, key=f"{table.P}.model_name")
     if spec is None and isinstance(name, str):
         try:
             spec, note = load_model(name), f"{name} -> preset"
@@ -51,7 +51,7 @@ def resolve_model(r: R.Recipe, model: str | None):
             f"{r.path}: policy.model_name={name!r} maps to no preset",
             hint="pass --model PRESET (see `grpo-tune models`), a HF id, or a folder with config.json",
         )
-    return spec, note.replace("actor_rollout_ref.model.path", "policy.model_name")
+    return spec, note
 
 
 def train_cluster(r: R.Recipe, c: Cluster) -> Cluster:
@@ -100,7 +100,7 @@ def workload_of(
     r: R.Recipe, *, prompt_len_mean: int | None = None, response_len_mean: int | None = None, assume: bool = True
 ) -> Workload:
     """The recipe's workload. A recipe states only the length caps: with ``assume`` the means are assumed as
-    search and tune assume them for a verl launch (autotune/calibrate/lengths.py), unless given."""
+    search and tune assume them for a verl launch (costmodel/lengths.py), unless given."""
     w = table.read_fields(r.get, table.W)
     for k in ("prompts", "n", "prompt_len", "response_len", "mini_batch"):
         v = w.get(k)
@@ -113,7 +113,7 @@ def workload_of(
     w["mini_batch"] = min(w["mini_batch"], w["prompts"])
     means: dict[str, Any] = {"prompt_len_mean": prompt_len_mean, "response_len_mean": response_len_mean}
     if assume:
-        from grpo_tune.autotune.calibrate.lengths import assumed_means
+        from grpo_tune.costmodel.lengths import assumed_means
 
         means = assumed_means(means, prompt_len=w["prompt_len"], response_len=w["response_len"])
     w.update(means)
@@ -142,7 +142,7 @@ def plan_of(
 ):
     """The LaunchPlan of a NeMo-RL recipe (``launch`` is the :class:`~.recipe.Recipe`), priced under NeMo-RL's
     stack profile (:data:`STACK`) unless ``stack`` names another."""
-    from grpo_tune.autotune.tune import LaunchPlan
+    from grpo_tune.frameworks.base.plan import LaunchPlan
 
     r = R.load(path, list(overrides))
     bad = unsupported(r)
@@ -158,7 +158,7 @@ def plan_of(
     c = cluster_of(r)
     wl = workload_of(r, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean)
     s = strategy_of(r, m, c.gpus, c.gpus_per_node)
-    return LaunchPlan(launch=r, model=m, model_note=note, hardware=hw, cluster=c, strategy=s, workload=wl)  # type: ignore[arg-type]
+    return LaunchPlan(launch=r, model=m, model_note=note, hardware=hw, cluster=c, strategy=s, workload=wl)
 
 
 def replace_workload(plan, **kw):

@@ -55,7 +55,7 @@ def recipe_values(cfg: Any) -> dict[str, Any]:
 
 def recipe_text(cfg: Any, *, run_id: str = "") -> str:
     """``nemo_rl.yaml``: a header, ``defaults:``, then the overrides as one nested mapping."""
-    from grpo_tune.frameworks.verl.export import _comment, check_name
+    from grpo_tune.frameworks.base.inputs import check_name, comment_safe
 
     m, c, s = cfg.model, cfg.cluster, cfg.strategy
     for value, what in ((m.name, "model name"), (m.hf_id or "", "model hf_id"), (cfg.hardware.name, "hardware")):
@@ -63,11 +63,11 @@ def recipe_text(cfg: Any, *, run_id: str = "") -> str:
     tree = snap.unflatten(recipe_values(cfg))
     target = f"{RECIPE_DIR}/grpo-tune-{run_id or 'plan'}.yaml"
     head = [
-        _comment(
+        comment_safe(
             f"# GRPO for {m.name} on {c.gpus} x {cfg.hardware.name} ({c.nnodes} node(s)), "
             f"NeMo-RL {snap.RELEASE} (Megatron-Core path), {_where(cfg)}."
         ),
-        _comment(
+        comment_safe(
             f"# Emitted by grpo-tune. Plan: {s.layout_text()} recompute={s.memory.recompute} "
             f"rollout_tp={s.rollout.rollout_tp} gpu_memory_utilization={s.rollout.gpu_memory_utilization} "
             f"max_tokens_per_gpu={s.batching.max_tokens_per_gpu}"
@@ -142,7 +142,7 @@ def _omegaconf():
 
 
 def _read_mapping(p: Path) -> tuple[str, dict[str, Any], list[tuple[str, int]]]:
-    from grpo_tune.frameworks.verl.diagnose.parse import load_yaml, read_text
+    from grpo_tune.frameworks.base.inputs import load_yaml, read_text
 
     text = read_text(p, what="NeMo-RL recipe")
     data, dups = load_yaml(text, str(p))
@@ -216,7 +216,7 @@ def _apply_overrides(cfg, overrides: list[str], where: str) -> dict[str, Any]:
     ``+key=v`` adds it, ``++key=v`` adds or sets, ``~key`` deletes. Returns the flat overrides applied."""
     from omegaconf import OmegaConf
 
-    from grpo_tune.frameworks.verl.diagnose.parse import override
+    from grpo_tune.frameworks.base.inputs import override
 
     applied: dict[str, Any] = {}
     for raw in overrides:
@@ -282,7 +282,7 @@ def is_recipe_text(path: Path, text: str) -> bool:
     """Whether the file ``path`` with contents ``text`` is a NeMo-RL recipe: YAML (or JSON) that parses to a mapping
     shaped like one, and not a grpo-tune run config (``strategy``); False for anything unreadable."""
     from grpo_tune.core.errors import GrpoTuneError
-    from grpo_tune.frameworks.verl.diagnose.parse import load_yaml
+    from grpo_tune.frameworks.base.inputs import load_yaml
 
     if path.suffix not in (".yaml", ".yml", ".json"):
         return False

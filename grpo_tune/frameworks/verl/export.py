@@ -12,7 +12,7 @@ from typing import Any
 from grpo_tune.frameworks.verl import table
 from grpo_tune.frameworks.verl.snapshot import CONFIG_NAME, VERL_VERSION
 from grpo_tune.core.config import RunConfig
-from grpo_tune.core.errors import ConfigError
+from grpo_tune.frameworks.base.inputs import check_name, comment_safe
 
 ENV_DEFAULTS = {
     "TRAIN_FILES": "$HOME/data/gsm8k/train.parquet",
@@ -65,21 +65,6 @@ def _quote_override(arg: str) -> str:
     return shlex.quote(arg)
 
 
-def check_name(value: str, what: str) -> str:
-    """Refuse control characters (a newline in a name starts a new shell command or TOML key)."""
-    bad = next((ch for ch in value if ord(ch) < 32 or ord(ch) == 127), None)
-    if bad is not None:
-        raise ConfigError(
-            f"{what} {value!r} holds a control character ({ord(bad):#04x})", hint="use printable characters only"
-        )
-    return value
-
-
-def _comment(text: str) -> str:
-    """Text safe inside one ``#`` comment line."""
-    return "".join(ch if ch.isprintable() else "?" for ch in text)
-
-
 def verl_script(cfg: RunConfig) -> str:
     """A bash launch for verl 0.9.1. ``MODEL_PATH``, ``TRAIN_FILES`` and ``VAL_FILES`` may be set by
     the caller; extra overrides can be appended as arguments (``"$@"``). Every value from the plan is
@@ -101,11 +86,11 @@ def verl_script(cfg: RunConfig) -> str:
     )
     lines = [
         "#!/usr/bin/env bash",
-        _comment(
+        comment_safe(
             f"# GRPO for {m.name} on {c.gpus} x {cfg.hardware.name} ({c.nnodes} node(s) of "
             f"{min(c.gpus, c.gpus_per_node)}), verl {VERL_VERSION} + Megatron."
         ),
-        _comment(f"# Emitted by grpo-tune. Plan: {plan}"),
+        comment_safe(f"# Emitted by grpo-tune. Plan: {plan}"),
         "# Check it before a run: grpo-tune diagnose THIS_FILE",
         "set -euo pipefail",
         "",

@@ -200,7 +200,8 @@ def overrides(cfg: RunConfig, **kw: Any) -> list[str]:
 
 def script(cfg: RunConfig) -> str:
     """The bash launch of a separate plan (the colocated verl.sh's header, variables and quoting)."""
-    from grpo_tune.frameworks.verl.export import ENV_DEFAULTS, _comment, _quote_override, check_name
+    from grpo_tune.frameworks.base.inputs import check_name, comment_safe
+    from grpo_tune.frameworks.verl.export import ENV_DEFAULTS, _quote_override
 
     s, c, m, p = cfg.strategy, cfg.cluster, cfg.model, cfg.placement
     for value, what in ((m.name, "model name"), (m.hf_id or "", "model hf_id"), (cfg.hardware.name, "hardware name")):
@@ -216,13 +217,13 @@ def script(cfg: RunConfig) -> str:
     )
     lines = [
         "#!/usr/bin/env bash",
-        _comment(
+        comment_safe(
             f"# GRPO for {m.name} on {c.gpus} x {cfg.hardware.name}: separate pools, {p.rollout_gpus} rollout"
             f"{' (' + p.rollout_hardware + ')' if p.rollout_hardware else ''} + {train} training GPUs, "
             f"staleness {p.staleness}, partial rollout {'on' if p.partial_rollout else 'off'}; "
             f"verl {verl.VERL_VERSION} fully-async trainer + Megatron."
         ),
-        _comment(f"# Emitted by grpo-tune. Training plan: {plan}"),
+        comment_safe(f"# Emitted by grpo-tune. Training plan: {plan}"),
         "# Check it before a run: grpo-tune diagnose THIS_FILE",
         "set -euo pipefail",
         "",

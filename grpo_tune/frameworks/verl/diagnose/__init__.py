@@ -6,9 +6,9 @@ optimizer, memory) check against verl's real key tree (the shipped snapshot, see
 verl's and Megatron's own divisibility rules, and the cost model's memory estimate when the model maps
 to a preset or a local config.json.
 
-Parts: :mod:`.parse` (inputs, bounded) and :mod:`.shell` (bash words), :mod:`.lookup` (model path ->
-preset), :mod:`.rules` (the registry) and :mod:`.rules_plan` (degrees, batches, memory),
-:mod:`.findings` (``Severity``, ``Finding``, ``Report``).
+Parts: :mod:`.parse` (launch scripts and override lists, bounded) and :mod:`.shell` (bash words), :mod:`.rules`
+(the registry) and :mod:`.rules_plan` (degrees, batches, memory); what every framework's checker shares (the
+findings, bounded inputs, the model lookup) is in :mod:`grpo_tune.frameworks.base`.
 """
 
 from __future__ import annotations
@@ -22,18 +22,10 @@ from grpo_tune.core.errors import ConfigError, GrpoTuneError, InvalidDegreesErro
 from grpo_tune.core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 
 from grpo_tune.frameworks.verl.diagnose.context import Ctx
-from grpo_tune.frameworks.verl.diagnose.findings import SEVERITIES, Finding, Report, Severity
-from grpo_tune.frameworks.verl.diagnose.lookup import resolve_model
-from grpo_tune.frameworks.verl.diagnose.parse import (
-    Override,
-    from_mapping,
-    load_yaml,
-    override,
-    parse_override_list,
-    parse_script,
-    parse_value,
-    read_text,
-)
+from grpo_tune.frameworks.base.findings import SEVERITIES, Finding, Report, Severity
+from grpo_tune.frameworks.base import models
+from grpo_tune.frameworks.base.inputs import Override, load_yaml, override, parse_value, read_text
+from grpo_tune.frameworks.verl.diagnose.parse import from_mapping, parse_override_list, parse_script
 from grpo_tune.frameworks.verl.diagnose.rules import RULES, apply_renames, register, rename_of, run_rules
 from grpo_tune.frameworks.verl.table import ARO
 
@@ -56,6 +48,11 @@ __all__ = [
     "register",
     "resolve_model",
 ]
+
+
+def resolve_model(path: object) -> tuple[ModelSpec | None, str]:
+    """Map verl's model path (``{ARO}.model.path``) to a preset or a local config.json."""
+    return models.resolve_model(path, key=f"{ARO}.model.path")
 
 
 def diagnose_overrides(

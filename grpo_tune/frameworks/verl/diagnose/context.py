@@ -9,8 +9,8 @@ from typing import Any
 from grpo_tune.frameworks.verl import snapshot as verl
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
 
-from grpo_tune.frameworks.verl.diagnose.findings import Finding, Severity
-from grpo_tune.frameworks.verl.diagnose.parse import Override
+from grpo_tune.frameworks.base.findings import Finding, Severity
+from grpo_tune.frameworks.base.inputs import Override
 
 _NO = object()
 

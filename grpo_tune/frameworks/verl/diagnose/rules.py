@@ -24,7 +24,7 @@ from grpo_tune.frameworks.verl.table import ACTOR, ARO, OTC, REF, REF_OTC, ROLLO
 from grpo_tune.core.errors import close_matches
 
 from grpo_tune.frameworks.verl.diagnose.context import Ctx
-from grpo_tune.frameworks.verl.diagnose.findings import Severity
+from grpo_tune.frameworks.base.findings import Severity
 from grpo_tune.frameworks.verl.diagnose.rules_plan import DEGREES as DEGREES
 from grpo_tune.frameworks.verl.diagnose.rules_plan import MISMATCH_CODE as MISMATCH_CODE
 from grpo_tune.frameworks.verl.diagnose.rules_plan import check_batches, check_degrees, check_memory

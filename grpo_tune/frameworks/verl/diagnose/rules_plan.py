@@ -18,7 +18,7 @@ from grpo_tune.core.rules import check_log_prob_batches as core_check_log_prob_b
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
 from grpo_tune.frameworks.verl.diagnose.context import Ctx
-from grpo_tune.frameworks.verl.diagnose.findings import Severity
+from grpo_tune.frameworks.base.findings import Severity
 
 E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
 

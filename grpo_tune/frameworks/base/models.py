@@ -1,11 +1,10 @@
-"""Map verl's ``actor_rollout_ref.model.path`` to a model preset or a local config.json."""
+"""A launch's model setting (verl's model path, NeMo-RL's model name) -> a model preset or a local config.json."""
 
 from __future__ import annotations
 
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 from grpo_tune.core.errors import GrpoTuneError
 from grpo_tune.core.specs import ModelSpec, from_hf_config, list_models, load_model, name_variants
@@ -27,10 +26,10 @@ def _hf_ids() -> dict[str, str]:
 _SUFFIXES = ("-instruct", "-chat", "-base", "-it", "-hf", "-fp8", "-bf16")
 
 
-def resolve_model(path: Any) -> tuple[ModelSpec | None, str]:
-    """Map verl's ``actor_rollout_ref.model.path`` to a preset or a local config.json."""
+def resolve_model(path: object, *, key: str) -> tuple[ModelSpec | None, str]:
+    """Map a launch's model setting (``key`` names it in the notes) to a preset or a local config.json."""
     if path is None or not isinstance(path, str) or not path.strip() or path == "???":
-        return None, "actor_rollout_ref.model.path is not set"
+        return None, f"{key} is not set"
     p = Path(os.path.expanduser(path))
     try:
         if p.is_dir() and (p / "config.json").is_file():

@@ -1,4 +1,4 @@
-"""What diagnose reports: a :class:`Severity`, coded :class:`Finding` s, and the :class:`Report`."""
+"""What diagnose reports, for every framework: a :class:`Severity`, coded :class:`Finding` s, the :class:`Report`."""
 
 from __future__ import annotations
 

@@ -1,0 +1,44 @@
+"""A framework's file read back into the plan grpo-tune prices: :class:`LaunchPlan`, and the :class:`Source` it
+was read from (a verl launch, a NeMo-RL recipe), which ``tune`` edits.
+
+Every framework's reader (:meth:`grpo_tune.frameworks.base.Framework.read_plan`) returns one; ``tune`` and
+``calibrate`` price it, whatever framework wrote the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from grpo_tune.core.placement import Placement
+from grpo_tune.core.specs import HardwareSpec, ModelSpec
+from grpo_tune.core.strategy import Cluster, Strategy, Workload
+
+
+class Source(Protocol):
+    """The file a plan was read from, as its framework reads it: each key's value (the file's, else the
+    framework's default) and the keys the file itself sets."""
+
+    @property
+    def path(self) -> Path: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def values(self) -> Mapping[str, object]: ...
+    def get(self, key: str) -> object: ...
+
+
+@dataclass
+class LaunchPlan:
+    launch: Source | None
+    """None for a run config (best.yaml), which has no framework keys to edit."""
+    model: ModelSpec
+    model_note: str
+    hardware: HardwareSpec
+    cluster: Cluster
+    strategy: Strategy
+    workload: Workload
+    placement: Placement | None = None
+    """Separate pools (a fully-async launch): the Placement it runs; None: colocated."""
