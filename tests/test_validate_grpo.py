@@ -161,3 +161,76 @@ def test_report_says_why_the_winner_wins_and_flags_close_plans(tmp_path):
     write_report(tmp_path, res.best, ranked=res.ranked, pareto=res.pareto)
     text = (tmp_path / "report.md").read_text()
     assert "## Why the winner" in text and "stated error" in text
+
+
+def _row(rid: str) -> vg.GrpoRow:
+    return {r.id: r for r in vg.load_grpo_rows()}[rid]
+
+
+def test_refit_only_separate_row_scores_the_cross_pool_sync():
+    """A refit-only row with separate pools is priced by the placement model: its refit_s is the
+    cross-pool sync (export + broadcast of the whole bf16 model over the NIC + copies + per-tensor and
+    per-bucket costs), and raising the stack's per-tensor cost raises it by hf_tensors x the rise."""
+    from grpo_tune.costmodel.timing_base import model_consts
+
+    row = _row("verl_ckpt_engine_qwen3_30ba3b_on")
+    assert set(row.published) == {"refit_s"}
+    pred, est = vg.predict(row)
+    f = est.placement
+    assert f["mode"] == "separate" and f["rollout_gpus"] == 16 and not f["shared_nodes"]
+    assert pred["refit_s"] == pytest.approx(f["sync_s"], rel=1e-12)
+    # the whole model (bf16) over 50 GB/s x comm_efficiency, in 4 GiB buckets
+    m = est.model
+    nbytes = model_consts(m)["total_params"] * 2
+    assert f["sync"]["transfer_s"] == pytest.approx(nbytes / (50e9 * 0.8), rel=0.01)
+    hw = vg._hw(row, None)
+    bumped = hw.with_efficiency(sync_tensor_overhead_s=hw.efficiency.sync_tensor_overhead_s + 1e-4)
+    pred2, _ = vg.predict(row, bumped)
+    assert pred2["refit_s"] - pred["refit_s"] == pytest.approx(model_consts(m)["hf_tensors"] * 1e-4, rel=1e-6)
+
+
+def test_calibrating_figure_is_kept_out_of_the_score(tmp_path):
+    """A figure named in ``calibrates`` set the row's assumed mean: it is not scored (or the row would
+    score itself), and naming a figure the row does not publish is a coded error."""
+    row = _row("verl_onestep_qwen25math7b_mcore_colocate")
+    assert "old_lp_s" not in row.published and row.raw["old_lp_s"] == "119"
+    assert {"step_s", "gen_s", "train_s"} <= set(row.published)
+    text = (ROOT / "grpo_tune/profiles/data/published_grpo.csv").read_text()
+    bad = tmp_path / "bad.csv"
+    bad.write_text(text.replace(",false,old_lp_s,true,", ",false,refit_s,true,", 1))
+    with pytest.raises(GrpoTuneError) as ei:
+        vg.load_grpo_rows(bad)
+    assert ei.value.code == "BAD_CONFIG" and "calibrates" in str(ei.value)
+
+
+def test_gen_of_an_older_verl_row_includes_the_weight_sync():
+    """verl timed the wake-up, weight update and sleep inside timing_s/gen before its update_weights timer:
+    such a row's predicted gen is the rollout plus the weight sync; without the flag, the rollout alone."""
+    import dataclasses
+
+    row = _row("verl_onestep_qwen25math7b_mcore_colocate")
+    assert row.raw["gen_includes_refit"] == "true"
+    pred, est = vg.predict(row)
+    t = est.time
+    assert pred["gen_s"] == pytest.approx(t["rollout"] + t["weight_sync"], rel=1e-12)
+    plain = dataclasses.replace(row, raw={**row.raw, "gen_includes_refit": ""})
+    assert vg.predict(plain)[0]["gen_s"] == pytest.approx(t["rollout"], rel=1e-12)
+
+
+def test_verl_flops_of_an_mla_model_by_hand():
+    """verl's _estimate_deepseek_v3_flops for one sequence of 1,000 tokens of DeepSeek-V3, by hand:
+    per-layer weights (MLA projections, 256-expert router, 8 routed + 1 shared experts), 3 dense layers,
+    embedding + head; 6 x N x tokens + 3 x s^2 x layers x (192 + 128) x 128."""
+    from grpo_tune.core.specs import load_model
+    from grpo_tune.core.strategy import Workload
+
+    m = load_model("deepseek-v3")
+    wl = Workload(
+        prompts=1, n=1, mini_batch=1, prompt_len=500, response_len=500, prompt_len_mean=500, response_len_mean=500
+    )
+    h = 7168
+    attn = h * 1536 + 128 * 192 * 1536 + h * (512 + 64) + 128 * (192 - 64 + 128) * 512 + 128 * 128 * h
+    moe = h * 256 + h * 2048 * 9 * 3 + attn
+    n = moe * 58 + (h * 18432 * 3 + attn) * 3 + 2 * 129280 * h
+    want = 6 * n * 1000 + 3 * 1000 * 1000 * 61 * 320 * 128
+    assert vg.verl_flops(m, wl) == pytest.approx(want, rel=1e-12)

@@ -212,6 +212,20 @@ def _print_grpo(rep: dict) -> None:
         + ", ".join(f"{g} {v['mape']:.1f}% ({v['rows']} rows)" for g, v in sorted(groups.items()) if g != "all"),
         highlight=False,
     )
+    names = sorted({g for k, _ in _GRPO_COLS for g in rep["cv_groups"].get(k, {}) if g != "all"})
+    gt = Table(title="leave-one-out MAPE % / rows", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    gt.add_column("figure", no_wrap=True)
+    for g in ("all", *names):
+        gt.add_column(g.split(":", 1)[-1], justify="right", no_wrap=True)
+    for key, label in _GRPO_COLS:
+        cells = rep["cv_groups"].get(key, {})
+        if not cells:
+            continue
+        gt.add_row(
+            label,
+            *(f"{cells[g]['mape']:.0f}/{cells[g]['rows']}" if g in cells else "" for g in ("all", *names)),
+        )
+    con.print(gt)
     for name, rows in rep["movers"].items():
         pr = rep["priors"][name]
         state = f"{len(rows)} rows move it" if len(rows) >= 2 else "fewer than 2 rows move it: kept at its prior"
@@ -219,9 +233,12 @@ def _print_grpo(rep: dict) -> None:
     if rep["refit"]:
         con.print("refitted parameters: " + ", ".join(f"{k}={v}" for k, v in rep["refit"].items()), highlight=False)
     step = m["cv"]["step_s"]
-    scored = sum(1 for r in rep["rows"] if r["split"] != "excluded")
+    scored = [r for r in rep["rows"] if r["split"] != "excluded"]
+    stepped = sum(1 for r in scored if "step_s" in r["published"])
+    gpus = len({r["hardware"] for r in scored})
     con.print(
-        f"cross-validated step MAPE {step:.1f}% over {scored} scored rows (tolerance {rep['tolerance_pct']:g}%): "
+        f"cross-validated step MAPE {step:.1f}% over the {stepped} rows that publish a step ({len(scored)} scored rows "
+        f"on {gpus} GPU types; tolerance {rep['tolerance_pct']:g}%): "
         + ("[green]pass[/]" if rep["passed"] else "[red]FAIL[/]"),
         highlight=False,
     )
