@@ -47,3 +47,44 @@ def test_the_rollout_pool_must_leave_gpus_to_train():
     assert check(p, gpus=16) is p
     with pytest.raises(ConfigError, match="leaves no GPU"):
         check(p, gpus=8)
+
+
+# --- the placement options' table (core/placement.py PLACEMENT_KNOBS) -----------------------------------
+
+
+def test_every_placement_option_comes_from_its_table_row():
+    """estimate, search, compare and tune take exactly the table's placement options, with its flags and
+    defaults: the CLI spells none of them itself."""
+    import inspect
+
+    from grpo_tune.cli.compare import compare
+    from grpo_tune.cli.estimate import estimate
+    from grpo_tune.cli.search import search
+    from grpo_tune.cli.tune import tune
+    from grpo_tune.core.placement import PLACEMENT_KNOBS
+
+    for cmd in (estimate, search, compare, tune):
+        params = inspect.signature(cmd).parameters
+        for k in PLACEMENT_KNOBS:
+            p = params[k.name]
+            assert p.default == k.default, (cmd.__name__, k.name)
+            opt = p.annotation.__metadata__[0]
+            assert (opt.default, *opt.param_decls) == (k.flag,), (cmd.__name__, k.name)
+
+
+def test_placement_ask_reads_the_options_as_the_commands_did():
+    from grpo_tune.core.errors import ConfigError
+    from grpo_tune.core.placement import PlacementAsk
+
+    plain = PlacementAsk.of({})
+    assert plain == PlacementAsk() and not plain.pool_options and not plain.allows_split
+    assert PlacementAsk.of({"staleness": None}).staleness == 0  # an unset option is its default
+    assert PlacementAsk.of({"rollout_gpus": 8}).pool_options
+    assert PlacementAsk.of({"partial_rollout": True}).pool_options
+    # partial rollout alone allows no split (it needs a staleness); a staleness or a pool does
+    assert not PlacementAsk.of({"partial_rollout": True}).allows_split
+    assert PlacementAsk.of({"staleness": 1}).allows_split
+    assert PlacementAsk.of({"placement": "auto"}).allows_split
+    assert PlacementAsk.of({"placement": "auto"}).require_separate() == "auto"
+    with pytest.raises(ConfigError, match="need separate pools"):
+        PlacementAsk.of({"staleness": 1}).require_separate()

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from grpo_tune.core.placement import PlacementAsk
 from grpo_tune.cli.options import (
     PLACEMENT_FLAGS,
     placement_flags,
@@ -68,7 +69,7 @@ def compare_rows(
     calibration: dict[str, float] | None = None,
     min_headroom: float = 0.0,
     calibration_hardware: str | None = None,
-    place: dict[str, Any] | None = None,
+    place: PlacementAsk | None = None,
     stack: str | None = None,
 ) -> list[dict[str, Any]]:
     """One row per hardware profile: the best plan's figures, or why none fits."""
@@ -96,7 +97,7 @@ def compare_rows(
             cal = calibration if calibration_hardware in (None, hw.name) else None
             res = search(m, hw, cluster, wl, pins=pins, top=1, calibration=cal, min_headroom=min_headroom)
             placed = None
-            if place and (place["placement"] != "colocated" or _separate_asked(place)):
+            if place and (place.placement != "colocated" or place.pool_options):
                 placed = _placed(m, hw, cluster, wl, pins, cal, min_headroom, place, res)
         except NoFeasiblePlanError as exc:
             row.update(fits=False, error=exc.to_dict())
@@ -125,35 +126,26 @@ def compare_rows(
     return rows
 
 
-def _separate_asked(place: dict[str, Any]) -> bool:
-    return bool(place["rollout_gpus"] or place["rollout_hardware"] or place["staleness"] or place["partial_rollout"])
-
-
 def _placed(m, hw, cluster, wl, pins, cal, min_headroom, place, colocated):
     """The best plan of the placement asked for (auto: the better of colocated and separate pools)."""
     from grpo_tune.autotune.search.placement import search_placement
     from grpo_tune.core.specs import load_hardware
 
-    if place["placement"] == "colocated":
-        raise ConfigError(
-            "--rollout-gpus, --rollout-hardware, --staleness and --partial-rollout need separate pools",
-            hint="add --placement separate or --placement auto",
-        )
     return search_placement(
         m,
         hw,
         cluster,
         wl,
-        placement=place["placement"],
-        staleness=place["staleness"],
-        rollout_gpus=place["rollout_gpus"],
-        rollout_hardware=load_hardware(place["rollout_hardware"]) if place["rollout_hardware"] else None,
-        partial_rollout=place["partial_rollout"],
+        placement=place.require_separate(),
+        staleness=place.staleness,
+        rollout_gpus=place.rollout_gpus,
+        rollout_hardware=load_hardware(place.rollout_hardware) if place.rollout_hardware else None,
+        partial_rollout=place.partial_rollout,
         pins=pins,
         top=1,
         calibration=cal,
         min_headroom=min_headroom,
-        colocated=colocated if place["placement"] == "auto" else None,
+        colocated=colocated if place.placement == "auto" else None,
     )
 
 

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from grpo_tune.core.placement import PlacementAsk
 from grpo_tune.cli.options import Framework, Gpus, Hardware, Json, Model, inputs_from_flags
 from grpo_tune.autotune.calibrate.fit import load_if_given
 from grpo_tune.costmodel.estimate import Estimate, estimate as run_estimate
@@ -192,7 +193,7 @@ def estimate(
     pins = F.plan_pins(fws, pins)
     strategy = Strategy.from_dict(pins, where="options")
     cal = load_if_given(calibration, hardware=hw.name)
-    if place["placement"] == "colocated" and not _asks_separate(place):
+    if place.placement == "colocated" and not place.pool_options:
         est = run_estimate(model=m, hardware=hw, cluster=cluster, strategy=strategy, workload=wl, calibration=cal)
     else:
         est = _estimate_separate(m, hw, cluster, strategy, wl, cal, place)
@@ -204,31 +205,27 @@ def estimate(
         print_pools(est, Console())
 
 
-def _asks_separate(place: dict[str, Any]) -> bool:
-    return bool(place["rollout_gpus"] or place["rollout_hardware"] or place["staleness"] or place["partial_rollout"])
-
-
-def placement_of(place: dict[str, Any], gpus: int) -> Any:
+def placement_of(place: PlacementAsk, gpus: int) -> Any:
     """The Placement the placement flags ask for (a coded error for a bad combination)."""
     from grpo_tune.core.errors import ConfigError
     from grpo_tune.core.placement import Placement
     from grpo_tune.costmodel.placement import check_fields
 
-    mode = place["placement"]
+    mode = place.placement
     if mode not in ("colocated", "separate"):
         raise ConfigError(
             f"--placement must be colocated or separate here, got {mode!r}", hint="auto is for search: it searches both"
         )
-    if mode == "separate" and place["rollout_gpus"] is None:
+    if mode == "separate" and place.rollout_gpus is None:
         raise ConfigError(
             "--placement separate needs --rollout-gpus N", hint=f"e.g. --rollout-gpus {max(1, gpus // 4)}"
         )
     p = Placement(
         mode=mode,
-        rollout_gpus=place["rollout_gpus"] or 0,
-        rollout_hardware=place["rollout_hardware"],
-        staleness=place["staleness"],
-        partial_rollout=place["partial_rollout"],
+        rollout_gpus=place.rollout_gpus or 0,
+        rollout_hardware=place.rollout_hardware,
+        staleness=place.staleness,
+        partial_rollout=place.partial_rollout,
     )
     check_fields(p, where="options")
     return p

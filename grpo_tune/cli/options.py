@@ -15,6 +15,7 @@ from grpo_tune.core.rules import check_lengths
 from grpo_tune.core.specs import ModelSpec, load_hardware, load_model
 from grpo_tune.core import knobs as K
 from grpo_tune.core.knobs import P_MEM, Knob
+from grpo_tune.core.placement import P_PLACE, PLACEMENT_KNOBS, PlacementAsk, PlacementKnob
 from grpo_tune.core.knobs import parse_offload as _parse_offload
 from grpo_tune.core.strategy import Cluster, Workload
 from grpo_tune.core.target import Target
@@ -116,62 +117,21 @@ MinHeadroom = Annotated[
     ),
 ]
 MIN_HEADROOM_DEFAULT = 0.05
-P_PLACE = "Placement (separate rollout and training pools)"
-PlacementOpt = Annotated[
-    str,
-    typer.Option(
-        "--placement",
-        help="colocated (every GPU runs every phase) | separate (a rollout pool and a training pool); "
-        "search also takes auto (the better of the two). Default colocated.",
-        rich_help_panel=P_PLACE,
-    ),
-]
-RolloutGpus = Annotated[
-    Optional[int],
-    typer.Option(
-        "--rollout-gpus",
-        help="GPUs of the rollout pool (the training pool is the rest of --gpus): whole nodes, or the same "
-        "GPUs on every node. Unset in search: searched.",
-        rich_help_panel=P_PLACE,
-    ),
-]
-RolloutHardware = Annotated[
-    Optional[str],
-    typer.Option(
-        "--rollout-hardware",
-        help="Hardware profile of the rollout pool (default: --hardware).",
-        rich_help_panel=P_PLACE,
-    ),
-]
-Staleness = Annotated[
-    int,
-    typer.Option(
-        "--staleness",
-        help="Policy versions a sample may lag (0 = on-policy, the default; search tries 0..K).",
-        rich_help_panel=P_PLACE,
-    ),
-]
-PartialRollout = Annotated[
-    bool,
-    typer.Option(
-        "--partial-rollout/--no-partial-rollout",
-        help="Resume unfinished responses under the new weights after a sync (needs --staleness >= 1). Default off.",
-        rich_help_panel=P_PLACE,
-    ),
-]
+
+
+def placement_option(k: PlacementKnob) -> Any:
+    """The typer option of a placement knob, from its row of core/placement.py's table."""
+    kind = k.kind if k.default is not None else Optional[k.kind]
+    return Annotated[kind, typer.Option(k.flag, help=k.help, rich_help_panel=P_PLACE)]
+
+
 # (name, Annotated type, default) in --help order: the placement flags of estimate, search, compare and tune.
-PLACEMENT_FLAGS = (
-    ("placement", PlacementOpt, "colocated"),
-    ("rollout_gpus", RolloutGpus, None),
-    ("rollout_hardware", RolloutHardware, None),
-    ("staleness", Staleness, 0),
-    ("partial_rollout", PartialRollout, False),
-)
+PLACEMENT_FLAGS = tuple((k.name, placement_option(k), k.default) for k in PLACEMENT_KNOBS)
 
 
-def placement_flags(plan: dict) -> dict:
-    """Pop the placement flags out of a command's ``**plan`` (defaults filled in)."""
-    return {name: plan.pop(name, default) for name, _, default in PLACEMENT_FLAGS}
+def placement_flags(plan: dict[str, Any]) -> PlacementAsk:
+    """Pop the placement flags out of a command's ``**plan``: what they ask for (defaults filled in)."""
+    return PlacementAsk.of({k.name: plan.pop(k.name, k.default) for k in PLACEMENT_KNOBS})
 
 
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]

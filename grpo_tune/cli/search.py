@@ -252,7 +252,7 @@ def search(
     console = Console()
     err = Console(stderr=True)
     result = _run_search(m, hw, cluster, wl, pins, top, cal, allow_cross_node_tp, err, min_headroom)
-    if place["placement"] != "colocated" or _separate_flags(place):
+    if place.placement != "colocated" or place.pool_options:
         if refine:
             raise ConfigError(
                 "--refine measures colocated plans only", hint="drop --refine, or search --placement colocated"
@@ -436,10 +436,6 @@ def _run_search(m, hw, cluster, wl, pins, top, cal, cross, err: Console, min_hea
         return with_verl_defaults(res, pins=pins, calibration=cal, min_headroom=min_headroom)
 
 
-def _separate_flags(place: dict[str, Any]) -> bool:
-    return bool(place["rollout_gpus"] or place["rollout_hardware"] or place["staleness"] or place["partial_rollout"])
-
-
 def _search_placement(
     m,
     hw,
@@ -465,23 +461,18 @@ def _search_placement(
     from grpo_tune.autotune.search.placement import search_placement
     from grpo_tune.core.specs import load_hardware
 
-    mode = place["placement"]
-    if mode == "colocated":
-        raise ConfigError(
-            "--rollout-gpus, --rollout-hardware, --staleness and --partial-rollout need separate pools",
-            hint="add --placement separate or --placement auto",
-        )
-    hw_r = load_hardware(place["rollout_hardware"]) if place["rollout_hardware"] else None
+    mode = place.require_separate()
+    hw_r = load_hardware(place.rollout_hardware) if place.rollout_hardware else None
     res = search_placement(
         m,
         hw,
         cluster,
         wl,
         placement=mode,
-        staleness=place["staleness"],
-        rollout_gpus=place["rollout_gpus"],
+        staleness=place.staleness,
+        rollout_gpus=place.rollout_gpus,
         rollout_hardware=hw_r,
-        partial_rollout=place["partial_rollout"],
+        partial_rollout=place.partial_rollout,
         # NeMo-RL offloads the policy only to make room for colocated generation: a training pool keeps it
         pins={**pins, "offload": ()} if "nemo-rl" in frameworks else pins,
         top=top,

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from grpo_tune.core.placement import PlacementAsk
 from grpo_tune.cli.options import (
     MIN_HEADROOM_DEFAULT,
     PLACEMENT_FLAGS,
@@ -162,7 +163,7 @@ def tune(
     from grpo_tune.frameworks.nemo_rl import read as nemo_read
 
     if nemo_read.is_recipe(launch):
-        if _asks_split(place):
+        if place.allows_split:
             from grpo_tune.core.errors import ConfigError
 
             raise ConfigError(
@@ -235,7 +236,7 @@ def tune(
             meta={"tuned_from": str(launch), **({"calibration": str(calibration)} if calibration else {})},
             extra={"tuned.sh": (tuned, mode)},
         )
-    split = _propose_split(plan, res, place, pins_from_flags(pins), cal, min_headroom) if _asks_split(place) else None
+    split = _propose_split(plan, res, place, pins_from_flags(pins), cal, min_headroom) if place.allows_split else None
     split_dir: Path | None = None
     split_files: dict[str, Path] = {}
     if split is not None and emit:
@@ -251,7 +252,7 @@ def tune(
     cur, best = _summary(res.current), _summary(res.best)
     if json_out:
         extra = None
-        if _asks_split(place):
+        if place.allows_split:
             extra = {
                 "split": None
                 if split is None
@@ -278,7 +279,7 @@ def tune(
     _print_verdict(c, res, cur, best, keep_list)
     if run_dir is not None:
         c.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False)
-    if _asks_split(place):
+    if place.allows_split:
         _print_split(c, res, split, place, split_dir, split_files)
 
 
@@ -363,7 +364,7 @@ def _tune_separate(plan, place, pins, cal, min_headroom: float, *, emit: bool, o
     from grpo_tune.costmodel.placement import estimate_separate
 
     p0 = plan.placement
-    hw_r = load_hardware(place["rollout_hardware"]) if place["rollout_hardware"] else None
+    hw_r = load_hardware(place.rollout_hardware) if place.rollout_hardware else None
     if hw_r is not None:
         p0 = dataclasses.replace(p0, rollout_hardware=hw_r.name)
     cur = estimate_separate(
@@ -376,7 +377,7 @@ def _tune_separate(plan, place, pins, cal, min_headroom: float, *, emit: bool, o
         rollout_hardware=hw_r,
         calibration=cal,
     )
-    k = place["staleness"] or p0.staleness
+    k = place.staleness or p0.staleness
     res = search_placement(
         plan.model,
         plan.hardware,
@@ -384,9 +385,9 @@ def _tune_separate(plan, place, pins, cal, min_headroom: float, *, emit: bool, o
         plan.workload,
         placement="separate",
         staleness=k,
-        rollout_gpus=place["rollout_gpus"],
+        rollout_gpus=place.rollout_gpus,
         rollout_hardware=hw_r,
-        partial_rollout=place["partial_rollout"] or p0.partial_rollout,
+        partial_rollout=place.partial_rollout or p0.partial_rollout,
         pins=pins,
         calibration=cal,
         min_headroom=min_headroom,
@@ -445,20 +446,13 @@ def _tune_separate(plan, place, pins, cal, min_headroom: float, *, emit: bool, o
         )
 
 
-def _asks_split(place: dict[str, Any]) -> bool:
-    """The user allows separate pools: --staleness >= 1, --placement separate|auto, or a rollout pool given."""
-    return bool(
-        place["staleness"] or place["placement"] != "colocated" or place["rollout_gpus"] or place["rollout_hardware"]
-    )
-
-
-def _propose_split(plan, res, place: dict[str, Any], pins: dict[str, Any], cal, min_headroom: float):
+def _propose_split(plan, res, place: PlacementAsk, pins: dict[str, Any], cal, min_headroom: float):
     """The best separate-pool plan for the launch's model, cluster and workload (staleness up to --staleness),
     when it beats the tuned colocated launch; None otherwise."""
     from grpo_tune.autotune.search.placement import search_placement
     from grpo_tune.core.specs import load_hardware
 
-    if place["placement"] == "colocated" and (place["partial_rollout"] and not place["staleness"]):
+    if place.placement == "colocated" and (place.partial_rollout and not place.staleness):
         from grpo_tune.core.errors import ConfigError
 
         raise ConfigError("--partial-rollout needs --staleness >= 1", hint="give --staleness 1")
@@ -468,10 +462,10 @@ def _propose_split(plan, res, place: dict[str, Any], pins: dict[str, Any], cal, 
         plan.cluster,
         plan.workload,
         placement="separate",
-        staleness=place["staleness"],
-        rollout_gpus=place["rollout_gpus"],
-        rollout_hardware=load_hardware(place["rollout_hardware"]) if place["rollout_hardware"] else None,
-        partial_rollout=place["partial_rollout"],
+        staleness=place.staleness,
+        rollout_gpus=place.rollout_gpus,
+        rollout_hardware=load_hardware(place.rollout_hardware) if place.rollout_hardware else None,
+        partial_rollout=place.partial_rollout,
         pins=pins,
         calibration=cal,
         min_headroom=min_headroom,
@@ -482,10 +476,10 @@ def _propose_split(plan, res, place: dict[str, Any], pins: dict[str, Any], cal, 
     return sep
 
 
-def _print_split(c: Console, res, split, place: dict[str, Any], run_dir: Path | None, files: dict[str, Path]) -> None:
+def _print_split(c: Console, res, split, place: PlacementAsk, run_dir: Path | None, files: dict[str, Path]) -> None:
     from grpo_tune.validate.grpo import STATED_ERROR_PCT
 
-    k = place["staleness"]
+    k = place.staleness
     if split is None:
         c.print(
             f"separate pools (staleness up to {k}): no split beats the tuned colocated launch "

@@ -9,12 +9,14 @@ carried into the next step instead of holding the batch) and the weight-sync int
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
 from .choices import PlacementMode
 from .errors import ConfigError
 from .validation import NON_NEGATIVE, Schema, check_keys, from_mapping, to_mapping
 
-__all__ = ["Placement"]
+__all__ = ["PLACEMENT_KNOBS", "Placement", "PlacementAsk", "PlacementKnob"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,3 +77,110 @@ def check(p: Placement, where: str = "placement", *, gpus: int | None = None) ->
             hint="a response carried into the next step is produced by older weights",
         )
     return p
+
+
+P_PLACE = "Placement (separate rollout and training pools)"
+
+
+@dataclass(frozen=True)
+class PlacementKnob:
+    """One placement option of ``estimate``, ``search``, ``compare`` and ``tune``: its flag, its value type
+    and default, and whether giving it asks for separate pools. The CLI builds its options from
+    :data:`PLACEMENT_KNOBS` (as the plan knobs' from ``core.knobs.KNOBS``), and :class:`PlacementAsk` has a
+    field per row: adding a placement option is one :class:`Placement` field plus one row here."""
+
+    name: str
+    """The option's name in :class:`PlacementAsk` (and the command's parameter)."""
+    flag: str
+    """The CLI option (a bool as ``--x/--no-x``)."""
+    kind: type
+    default: object
+    help: str
+    pool: bool = True
+    """Giving it (a non-default value) asks for separate pools: an error with ``--placement colocated``."""
+
+
+PLACEMENT_KNOBS: tuple[PlacementKnob, ...] = (
+    PlacementKnob(
+        "placement",
+        "--placement",
+        str,
+        "colocated",
+        "colocated (every GPU runs every phase) | separate (a rollout pool and a training pool); "
+        "search also takes auto (the better of the two). Default colocated.",
+        pool=False,
+    ),
+    PlacementKnob(
+        "rollout_gpus",
+        "--rollout-gpus",
+        int,
+        None,
+        "GPUs of the rollout pool (the training pool is the rest of --gpus): whole nodes, or the same "
+        "GPUs on every node. Unset in search: searched.",
+    ),
+    PlacementKnob(
+        "rollout_hardware",
+        "--rollout-hardware",
+        str,
+        None,
+        "Hardware profile of the rollout pool (default: --hardware).",
+    ),
+    PlacementKnob(
+        "staleness",
+        "--staleness",
+        int,
+        0,
+        "Policy versions a sample may lag (0 = on-policy, the default; search tries 0..K).",
+    ),
+    PlacementKnob(
+        "partial_rollout",
+        "--partial-rollout/--no-partial-rollout",
+        bool,
+        False,
+        "Resume unfinished responses under the new weights after a sync (needs --staleness >= 1). Default off.",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class PlacementAsk:
+    """What the placement options asked for: the mode (``auto`` in search: the better of both), and the
+    pool, staleness and partial-rollout bounds, unset ones at their defaults (an unset ``rollout_gpus``
+    is searched)."""
+
+    placement: str = "colocated"
+    rollout_gpus: int | None = None
+    rollout_hardware: str | None = None
+    staleness: int = 0
+    partial_rollout: bool = False
+
+    @classmethod
+    def of(cls, values: Mapping[str, object]) -> "PlacementAsk":
+        """From a command's option values (named as the rows of :data:`PLACEMENT_KNOBS`; missing: default)."""
+        got = {k.name: values.get(k.name, k.default) for k in PLACEMENT_KNOBS}
+        return cls(**{k: (v if v is not None else _DEFAULTS[k]) for k, v in got.items()})  # type: ignore[arg-type]
+
+    @property
+    def pool_options(self) -> bool:
+        """An option that only separate pools use was given (a rollout pool, staleness, partial rollout)."""
+        return any(k.pool and getattr(self, k.name) for k in PLACEMENT_KNOBS)
+
+    @property
+    def allows_split(self) -> bool:
+        """The user allows separate pools: a mode other than colocated, a rollout pool or a staleness bound
+        (partial rollout alone allows nothing: it needs a staleness)."""
+        return self.placement != "colocated" or bool(self.rollout_gpus or self.rollout_hardware or self.staleness)
+
+    def require_separate(self) -> str:
+        """The separate mode asked for (``separate`` or ``auto``); a coded error for pool options given with
+        ``--placement colocated``."""
+        if self.placement == "colocated":
+            raise ConfigError(
+                "--rollout-gpus, --rollout-hardware, --staleness and --partial-rollout need separate pools",
+                hint="add --placement separate or --placement auto",
+            )
+        return self.placement
+
+
+_DEFAULTS: dict[str, object] = {k.name: k.default for k in PLACEMENT_KNOBS}
+assert [k.name for k in PLACEMENT_KNOBS] == [f.name for f in fields(PlacementAsk)], "one PlacementAsk field per row"
