@@ -248,7 +248,7 @@ def plan_of(
         Path(path), model=model, hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
     )
     if read is not None:  # a framework's own reader (a NeMo-RL recipe)
-        return cast(LaunchPlan, read)
+        return read
     if Path(path).suffix in (".yaml", ".yml") and Path(path).is_file():
         return _plan_of_run_config(
             Path(path), hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean

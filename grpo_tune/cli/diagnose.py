@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Optional, cast
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from grpo_tune.frameworks import diagnose_path
-from grpo_tune.frameworks.verl.diagnose import Report
+from grpo_tune.frameworks.base.findings import Report
 from grpo_tune.cli.options import Json
 from grpo_tune.core.units import GiB
 
@@ -112,7 +112,7 @@ def diagnose(
     json_out: Json = False,
 ) -> None:
     """Check a GRPO launch: degrees per role, batch rules, dtypes, unknown keys, memory per phase."""
-    report = cast(Report, diagnose_path(path, hardware=hardware, model=model, overrides=list(overrides or [])))
+    report = diagnose_path(path, hardware=hardware, model=model, overrides=list(overrides or []))
     if json_out:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:

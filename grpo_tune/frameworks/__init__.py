@@ -14,6 +14,8 @@ from typing import Any, Sequence
 
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.frameworks.base import Framework
+from grpo_tune.frameworks.base.findings import Report
+from grpo_tune.frameworks.base.runlog import RunLog
 from grpo_tune.frameworks.megatron_lm.framework import MegatronLM
 from grpo_tune.frameworks.nemo_rl.framework import NemoRL
 from grpo_tune.frameworks.verl.framework import Verl
@@ -46,9 +48,20 @@ def reader_for(path: str | Path) -> Framework:
     return next((f for f in REGISTRY if f.detect(p, text)), default)
 
 
+def read_log(path: Path, text: str | None) -> RunLog | None:
+    """The run log at ``path`` as the first registered framework that reads it hands it back (see
+    :meth:`~.base.Framework.read_log`: ``text`` None for the logs that are not one text file); None: no framework's."""
+    return next((log for f in REGISTRY if (log := f.read_log(path, text)) is not None), None)
+
+
+def log_fold(fmt: str) -> dict[str, str] | None:
+    """How the timers of the framework that writes log format ``fmt`` hold our phases; None: as verl's do."""
+    return next((f.log_folds[fmt] for f in REGISTRY if fmt in f.log_folds), None)
+
+
 def diagnose_path(
     path: str | Path, *, hardware: str | None = None, model: str | None = None, overrides: Sequence[str] = ()
-) -> object:
+) -> Report:
     """``grpo-tune diagnose PATH [overrides]``: the file's findings (a ``Report``), from the framework that reads it."""
     p = Path(path)
     return reader_for(p).diagnose(p, list(overrides), hardware=hardware, model=model)

@@ -16,6 +16,9 @@ verl's timers map to our phases as below (verl 0.9.1 ``ray_trainer.py``: ``marke
 ``generate_sequences`` *and* ``sleep_replicas``, so vLLM's sleep is inside ``gen``; offload moves happen
 inside the phase that needs them, so verl has no separate offload timer).
 
+Other frameworks' logs are read by the framework that writes them (the registry, :func:`grpo_tune.frameworks.read_log`:
+NeMo-RL's TensorBoard events and console table), and calibrated with the phase fold it states.
+
 Reads are bounded (regular files only, at most :data:`MAX_LOG_BYTES`). A last line without its newline
 (a run killed mid-write) is skipped with a warning. A log in which no step has a timing key is a
 coded error.
@@ -264,11 +267,12 @@ def _parse_console_line(line: str) -> tuple[int, dict[str, Any]] | None:
 
 def read_log(path: str | os.PathLike, *, max_bytes: int = MAX_LOG_BYTES) -> RunLog:
     """Parse one log file into per-step records, oldest first (a re-logged step keeps its last record)."""
-    from grpo_tune.frameworks.nemo_rl import logs as nemo_logs
+    from grpo_tune.frameworks import read_log as framework_log
 
     p = _resolve(Path(path))
-    if nemo_logs.is_tensorboard(p):  # NeMo-RL's TensorBoard event files (a file or its folder)
-        return nemo_logs.read_tensorboard(p)
+    own = framework_log(p, None)  # a framework's log that is not one text file (NeMo-RL's TensorBoard events)
+    if own is not None:
+        return own
     text, ends_nl = _read_bounded(p, max_bytes)
     lines = text.split("\n")
     if lines and lines[-1] == "":
@@ -280,8 +284,8 @@ def read_log(path: str | os.PathLike, *, max_bytes: int = MAX_LOG_BYTES) -> RunL
         )
         lines.pop()
     fmt = _detect(lines)
-    if fmt == "unknown" and nemo_logs.looks_like_console(text):  # NeMo-RL's console timing table
-        return nemo_logs.read_console(text, str(p))
+    if fmt == "unknown" and (own := framework_log(p, text)) is not None:  # a framework's own text log
+        return own
     by_step: dict[int, StepRecord] = {}
     nan_steps: list[tuple[int, list[str], bool]] = []  # (step, keys, whole step dropped): warned, never silent
     if fmt in ("verl-jsonl", "grpo-tune"):
@@ -491,9 +495,9 @@ def log_point(
         measured_phases_s=phases,
         label=label or Path(log.path).name,
     )
-    from grpo_tune.frameworks.nemo_rl.logs import fold_for
+    from grpo_tune.frameworks import log_fold
 
-    return LogPoint(log=log, plan=plan, point=pt, summary=s, kept_steps=len(kept), fold=fold_for(log.format))
+    return LogPoint(log=log, plan=plan, point=pt, summary=s, kept_steps=len(kept), fold=log_fold(log.format))
 
 
 def check_same_model(lp: LogPoint, params: dict[str, float] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""The contract every framework integration meets, and the one type it hands back.
+"""The contract every framework integration meets, and the types it hands back.
 
 A framework (verl, NeMo-RL, Megatron-LM) is one :class:`Framework` subclass in its own sub-package,
 listed once in :data:`grpo_tune.frameworks.REGISTRY`. What a subclass states:
@@ -18,12 +18,16 @@ The read side, which the generic commands reach through the registry rather than
   configs and plain override lists);
 - :meth:`Framework.diagnose`: that file's coded findings (``grpo-tune diagnose``);
 - :meth:`Framework.read_plan`: that file read back into a plan (what ``tune`` and ``calibrate`` price),
-  None where the generic launch reader of :mod:`grpo_tune.autotune.tune` reads it (verl's launches).
+  None where the generic launch reader of :mod:`grpo_tune.autotune.tune` reads it (verl's launches);
+- :meth:`Framework.read_log` and :attr:`Framework.log_folds`: the framework's own run logs (``calibrate
+  --from-log``) and how its timers hold our phases; verl's loggers and grpo-tune's metrics.jsonl are the
+  default readers' (:mod:`grpo_tune.autotune.calibrate.runlog`).
 
 Their implementations live beside the writer in each sub-package (verl: ``launch`` reads a launch back into
 a plan, ``diagnose`` holds its rules and its bash reader, ``snapshot`` the key tree; NeMo-RL: ``read``,
-``diagnose``, ``logs``, ``snapshot``). The return types (a diagnose ``Report``, a tune ``LaunchPlan``) live
-above this layer, hence ``object``.
+``diagnose``, ``logs``, ``snapshot``). The types they hand back live in this package: a diagnose
+:class:`~.findings.Report`, a :class:`~.plan.LaunchPlan`, a :class:`~.runlog.RunLog`; so do the readers every
+framework shares (:mod:`.inputs`: bounded files, YAML, overrides; :mod:`.models`: the model lookup).
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from grpo_tune.core.config import RunConfig
+from grpo_tune.frameworks.base.findings import Report
+from grpo_tune.frameworks.base.plan import LaunchPlan
+from grpo_tune.frameworks.base.runlog import RunLog
 
 
 @dataclass(frozen=True)
@@ -72,7 +79,7 @@ class Framework(ABC):
         """Whether the file ``path`` (its text, read bounded) is this framework's launch, config or recipe."""
         return False
 
-    def diagnose(self, path: Path, overrides: Sequence[str], *, hardware: str | None, model: str | None) -> object:
+    def diagnose(self, path: Path, overrides: Sequence[str], *, hardware: str | None, model: str | None) -> Report:
         """``grpo-tune diagnose`` on a file this framework detects (with trailing ``key=value`` overrides)."""
         raise NotImplementedError(f"{self.name} has no diagnose reader")
 
@@ -84,7 +91,18 @@ class Framework(ABC):
         hardware: str | None = None,
         prompt_len_mean: int | None = None,
         response_len_mean: int | None = None,
-    ) -> object:
+    ) -> LaunchPlan | None:
         """A file this framework detects read back into a ``LaunchPlan``; None where the generic launch reader
         reads it."""
+        return None
+
+    log_folds: ClassVar[Mapping[str, dict[str, str]]] = {}
+    """The log formats :meth:`read_log` returns -> how the framework's timers hold our phases (predicted phase ->
+    the measured phase timing it; a format not listed is timed as verl times it)."""
+
+    def read_log(self, path: Path, text: str | None) -> RunLog | None:
+        """This framework's run log at ``path``, None where it is not one. Asked first with ``text`` None, for the
+        logs that are not one text file (a folder of TensorBoard event files); then, for a text file that the
+        default readers (verl's loggers, grpo-tune's metrics.jsonl) do not recognise, with its text (read
+        bounded)."""
         return None

@@ -1,7 +1,8 @@
 """A training run's per-step log, as every log reader hands it back: :class:`RunLog` of :class:`StepRecord` s.
 
-The readers live with their framework (verl's and grpo-tune's own formats in :mod:`grpo_tune.autotune.calibrate.runlog`,
-NeMo-RL's in :mod:`grpo_tune.frameworks.nemo_rl.logs`); calibrate matches a log with its launch and fits on it.
+The default readers (verl's loggers, grpo-tune's metrics.jsonl) are in :mod:`grpo_tune.autotune.calibrate.runlog`;
+a framework's own logs are read by its :meth:`~grpo_tune.frameworks.base.Framework.read_log` (NeMo-RL's in
+:mod:`grpo_tune.frameworks.nemo_rl.logs`). Calibrate matches a log with its launch and fits on it.
 """
 
 from __future__ import annotations

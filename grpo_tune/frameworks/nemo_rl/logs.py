@@ -75,7 +75,7 @@ def is_tensorboard(path: str | os.PathLike) -> bool:
     return bool(event_files(Path(path)))
 
 
-def read_tensorboard(path: str | os.PathLike):
+def read_tensorboard(path: str | os.PathLike) -> RunLog:
     """A NeMo-RL TensorBoard log (event file or folder) -> :class:`grpo_tune.frameworks.base.runlog.RunLog`."""
     p = Path(path)
     files = event_files(p)
@@ -144,7 +144,7 @@ def looks_like_console(text: str) -> bool:
     return "Timing:" in text and bool(_TOTAL.search(text))
 
 
-def read_console(text: str, path: str):
+def read_console(text: str, path: str) -> RunLog:
     """NeMo-RL's console output (``Step N/M`` headers, the ``⏱️  Timing:`` table) -> RunLog."""
     step: int | None = None
     by_step: dict[int, dict[str, float]] = {}
@@ -164,11 +164,6 @@ def read_console(text: str, path: str):
     steps = sorted(s for s, d in by_step.items() if any(k.startswith(PREFIX) for k in d))
     records, warnings = _records(steps, lambda tag, s: by_step.get(s, {}).get(tag), path)
     return RunLog(path=path, format=FORMAT_CONSOLE, records=records, warnings=warnings)
-
-
-def fold_for(fmt: str) -> dict[str, str] | None:
-    """The predicted -> measured phase fold of a NeMo-RL log format (None: not NeMo-RL's)."""
-    return FOLD if fmt in (FORMAT_TB, FORMAT_CONSOLE) else None
 
 
 def meta(records: list[Any]) -> dict[str, Any]:

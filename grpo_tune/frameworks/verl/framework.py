@@ -7,6 +7,7 @@ from pathlib import Path
 
 from grpo_tune.core.config import RunConfig
 from grpo_tune.frameworks.base import Framework, LaunchFile
+from grpo_tune.frameworks.base.findings import Report
 from grpo_tune.frameworks.verl.export import verl_script
 from grpo_tune.frameworks.verl.snapshot import VERL_VERSION
 
@@ -25,7 +26,7 @@ class Verl(Framework):
 
         return path.suffix not in (".yaml", ".yml", ".json") and looks_like_script(text)
 
-    def diagnose(self, path: Path, overrides: Sequence[str], *, hardware: str | None, model: str | None) -> object:
+    def diagnose(self, path: Path, overrides: Sequence[str], *, hardware: str | None, model: str | None) -> Report:
         from grpo_tune.frameworks.verl.diagnose import diagnose_path
 
         return diagnose_path(path, hardware=hardware, model=model, overrides=list(overrides))
