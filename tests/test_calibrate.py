@@ -186,7 +186,8 @@ def test_flags_a_knob_that_ends_at_its_bound():
 def test_refine_summary_prints_the_bound_warning(tmp_path):
     from rich.console import Console
 
-    from grpo_tune.autotune.refine.report import RefineResult, print_summary
+    from grpo_tune.autotune.refine.report import print_summary
+    from grpo_tune.autotune.refine.results import RefineResult
 
     plans = [Strategy.of(tp=t) for t in (1, 2, 4)]
     cal = fit(

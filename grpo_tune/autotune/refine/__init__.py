@@ -27,8 +27,8 @@ entry point; ``grpo-tune search ... --refine`` calls it lazily. The parts:
 - :mod:`.loop`: :class:`RefineOptions`, :func:`run_trials` (the plan-choosing loop over any
   measuring function: real profiling runs, or the benchmark's cached measurements) and
   :func:`refine`.
-- :mod:`.report` and :mod:`.markdown`: winner (best median over its trials), the measured noise
-  (spread of repeated trials; smaller differences are ties), rank correlation, calibration,
+- :mod:`.results`, :mod:`.report` and :mod:`.markdown`: winner (best median over its trials), the measured
+  noise (spread of repeated trials; smaller differences are ties), rank correlation, calibration,
   console summary, report.md section and PNGs.
 
 Storage defaults to ``sqlite:///<out_dir>/study.db``; open it with
@@ -46,7 +46,7 @@ from grpo_tune.autotune.refine.loop import (
     seed_study,
 )
 from grpo_tune.autotune.refine.policy import ModelGuided, Pick, measured_noise, spread
-from grpo_tune.autotune.refine.report import RefineResult, best_plan, by_plan, differ
+from grpo_tune.autotune.refine.results import RefineResult, best_plan, by_plan, differ
 from grpo_tune.autotune.refine.runner import PROFILE_CMD, ProfileOutcome, run_profile
 from grpo_tune.autotune.refine.space import (
     build_space,

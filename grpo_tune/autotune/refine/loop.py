@@ -165,7 +165,7 @@ def enqueue(h: StudyHandle, plans: Plans, index: int, *, skip_if_exists: bool = 
 def winner_plan(h: StudyHandle, plans: Plans) -> str | None:
     """The refinement's choice. ``model``: the measured plan with the fastest posterior mean
     (measurements weighed against their noise and the model); ``tpe``: the best median tokens/s."""
-    from grpo_tune.autotune.refine.report import best_plan, by_plan
+    from grpo_tune.autotune.refine.results import best_plan, by_plan
     from grpo_tune.autotune.refine.study import records
 
     obs, _ = _measured(h, plans)
@@ -527,7 +527,7 @@ def refine(
 
     ``ranked``: search's estimates, best first (made with ``opts.calibration`` when given).
     ``search``: the :class:`autotune.search.driver.SearchResult` they came from, for the emitted
-    report's tables. Returns a :class:`autotune.refine.report.RefineResult`.
+    report's tables. Returns a :class:`autotune.refine.results.RefineResult`.
     """
     from grpo_tune.autotune.refine.report import finish, progress_bar
 
@@ -568,7 +568,16 @@ def refine(
         storage
     )  # what finish prints and writes (report.md, refine.json, best.yaml) never holds the password
     return finish(
-        h, name=name, storage=shown, out=out, inputs=inputs, plans=plans, opts=opts, console=console, search=search
+        h,
+        name=name,
+        storage=shown,
+        out=out,
+        inputs=inputs,
+        plans=plans,
+        chosen=winner_plan(h, plans),
+        opts=opts,
+        console=console,
+        search=search,
     )
 
 

@@ -139,7 +139,7 @@ def section(result) -> list[str]:
             f"({w['median_trial_tokens_per_s']:,.1f} tokens/s)."
         )
     L.append(f"- Spearman rank correlation, predicted vs measured step time: {_f(result.spearman_step_s, '{:.3f}')}")
-    from grpo_tune.autotune.refine.report import noise_lines
+    from grpo_tune.autotune.refine.results import noise_lines
 
     L += [f"- {line[0].upper()}{line[1:]}." for line in noise_lines(result)]
     cal = result.calibration

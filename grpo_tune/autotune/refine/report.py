@@ -1,9 +1,5 @@
-"""After the trials: the result (winner, noise, rank correlation, calibration), the console summary, emit.
-
-Noise is reported honestly: the spread of repeated trials of one plan ((max - min) / median) is
-printed, and two plans are called different only when their measured step times differ by more
-than that spread (or by more than the assumed noise when no plan was measured twice).
-"""
+"""After the trials: the winner's figures, the calibration, the console summary and the emitted run folder
+(the result and its measured noise are in :mod:`.results`)."""
 
 from __future__ import annotations
 
@@ -11,10 +7,8 @@ import shlex
 
 import json
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from grpo_tune.core.config import RunConfig, TrainerOptions, atomic_write
 from grpo_tune.core.config import save as save_config
@@ -23,102 +17,32 @@ from grpo_tune.core.strategy import Strategy
 from grpo_tune.costmodel.estimate import Estimate
 
 from grpo_tune.autotune.calibrate.stats import spearman
-from grpo_tune.autotune.refine.policy import measured_noise, spread
+from grpo_tune.autotune.refine.results import (
+    RefineResult,
+    best_plan,
+    by_plan,
+    differ,
+    noise_lines,
+    noise_of,
+    trial_step_s,
+    trial_tokens_per_s,
+)
 from grpo_tune.autotune.refine.study import StudyHandle, TrialRecord, counted, records
 
 if TYPE_CHECKING:  # rich is imported lazily, only when a bar is shown
     from rich.progress import Progress
 
 
-@dataclass
-class RefineResult:
-    """What a refinement produced. ``winner`` is None when no trial completed."""
-
-    study_name: str
-    storage: str
-    out_dir: Path
-    records: list[TrialRecord]
-    winner: RunConfig | None = None
-    winner_trial: int | None = None
-    winner_measured: dict[str, Any] | None = None
-    median_tokens_per_s: float | None = None
-    spearman_step_s: float | None = None
-    """Spearman rank correlation of predicted vs measured step time over completed trials."""
-    calibration: Any = None
-    """An :class:`autotune.calibrate.fit.CalibrationResult`, when a fit was possible."""
-    noise: dict[str, Any] = field(default_factory=dict)
-    """``spread`` (largest (max - min) / median of a plan's repeated trials, None if none), ``per_plan``,
-    ``threshold`` (what a difference must exceed), ``assumed`` (True when no plan was repeated)."""
-    emitted: dict[str, Any] = field(default_factory=dict)
-    """Paths written for the winner (best.yaml and whatever search's emitter writes)."""
-
-    @property
-    def completed(self) -> list[TrialRecord]:
-        return [r for r in self.records if r.state == "COMPLETE" and r.measured_tokens_per_s]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "study_name": self.study_name,
-            "storage": self.storage,
-            "out_dir": str(self.out_dir),
-            "winner_trial": self.winner_trial,
-            "winner_measured": self.winner_measured,
-            "median_tokens_per_s": self.median_tokens_per_s,
-            "spearman_step_s": self.spearman_step_s,
-            "noise": self.noise,
-            "calibration": None if self.calibration is None else self.calibration.to_dict(),
-            "emitted": {k: str(v) for k, v in self.emitted.items()},
-            "trials": [r.to_dict() for r in self.records],
-        }
-
-
-def _tps(r: TrialRecord) -> float:
-    """A completed trial's measured tokens/s (``RefineResult.completed`` keeps only trials that have one)."""
-    assert r.measured_tokens_per_s is not None, f"trial #{r.number} has no measured tokens/s"
-    return r.measured_tokens_per_s
-
-
-def _step_s(r: TrialRecord) -> float:
-    """A completed trial's measured step time (the loop records it with its tokens/s)."""
-    assert r.measured_step_s is not None, f"trial #{r.number} has no measured step time"
-    return r.measured_step_s
-
-
-def by_plan(done: Sequence[TrialRecord]) -> dict[str, list[TrialRecord]]:
-    out: dict[str, list[TrialRecord]] = {}
-    for r in done:
-        out.setdefault(r.plan or f"#{r.number}", []).append(r)
-    return out
-
-
-def noise_of(done: Sequence[TrialRecord], assumed: float) -> dict[str, Any]:
-    groups = by_plan(done)
-    per = {k: spread([_step_s(r) for r in v]) for k, v in groups.items() if len(v) >= 2}
-    s = measured_noise({i: [_step_s(r) for r in v] for i, v in enumerate(groups.values())})
-    return {"spread": s, "per_plan": per, "threshold": assumed if s is None else s, "assumed": s is None}
-
-
-def differ(a_s: float, b_s: float, threshold: float) -> bool:
-    """Are two median step times different beyond the noise threshold (relative to the faster)?"""
-    return abs(a_s - b_s) > threshold * min(a_s, b_s)
-
-
-def best_plan(groups: dict[str, list[TrialRecord]]) -> str:
-    """The plan whose completed trials have the best median tokens/s (the refinement's choice)."""
-    med = {k: statistics.median(_tps(r) for r in v) for k, v in groups.items()}
-    return max(med, key=lambda k: med[k])
-
-
 def _winner(
     result: RefineResult, groups: dict[str, list[TrialRecord]], gpus: int, study_name: str, plan: str | None = None
 ) -> TrialRecord:
     """The chosen plan (default: the best median tokens/s over its trials); figures are its medians."""
-    med = {k: statistics.median(_tps(r) for r in v) for k, v in groups.items()}
+    med = {k: statistics.median(trial_tokens_per_s(r) for r in v) for k, v in groups.items()}
     chosen = plan if plan is not None and plan in groups else best_plan(groups)
     trials = groups[chosen]
-    rep = min(trials, key=lambda r: abs(_tps(r) - med[chosen]))
-    step = statistics.median(_step_s(r) for r in trials)
-    runner = sorted(((statistics.median(_step_s(r) for r in v), k) for k, v in groups.items() if k != chosen))
+    rep = min(trials, key=lambda r: abs(trial_tokens_per_s(r) - med[chosen]))
+    step = statistics.median(trial_step_s(r) for r in trials)
+    runner = sorted(((statistics.median(trial_step_s(r) for r in v), k) for k, v in groups.items() if k != chosen))
     thr = result.noise["threshold"]
     median_all = result.median_tokens_per_s
     assert median_all is not None, "finish sets the median before it chooses the winner"
@@ -145,8 +69,19 @@ def _winner(
 
 
 def finish(
-    h: StudyHandle, *, name: str, storage: str, out: Path, inputs: tuple, plans, opts, console, search=None
+    h: StudyHandle,
+    *,
+    name: str,
+    storage: str,
+    out: Path,
+    inputs: tuple,
+    plans,
+    chosen: str | None,
+    opts,
+    console,
+    search=None,
 ) -> RefineResult:
+    """The result of the trials: ``chosen`` is the plan the loop picked (loop.winner_plan; None: the best median)."""
     model, hardware, cluster, workload = inputs
     result = RefineResult(study_name=name, storage=storage, out_dir=out, records=records(h.study))
     done = result.completed
@@ -155,11 +90,9 @@ def finish(
         return result
     pairs = [(r.predicted_step_s, r.measured_step_s) for r in done if r.predicted_step_s and r.measured_step_s]
     result.spearman_step_s = spearman([p for p, _ in pairs], [m for _, m in pairs])
-    result.median_tokens_per_s = statistics.median(_tps(r) for r in done)
+    result.median_tokens_per_s = statistics.median(trial_tokens_per_s(r) for r in done)
     result.noise = noise_of(done, opts.noise)
-    from grpo_tune.autotune.refine.loop import winner_plan
-
-    best = _winner(result, by_plan(done), cluster.gpus, name, winner_plan(h, plans))
+    best = _winner(result, by_plan(done), cluster.gpus, name, chosen)
     est = plans.space[plans.index[best.plan]] if best.plan in plans.index else None
     strategy = est.strategy if est is not None else Strategy.from_dict(best.strategy or {})
     winner = RunConfig(
@@ -204,29 +137,6 @@ def _label(r: TrialRecord) -> str | None:
     from grpo_tune.rundir.report import plan_label
 
     return plan_label(Strategy.from_dict(r.strategy))
-
-
-def noise_lines(result: RefineResult) -> list[str]:
-    """Plain-text lines on the measured noise and whether the winner is really ahead."""
-    n = result.noise
-    if not n:
-        return []
-    if n.get("assumed"):
-        out = [f"noise: no plan was measured twice; assuming {n['threshold']:.1%} (differences below it are ties)"]
-    else:
-        per = ", ".join(f"{v:.1%}" for v in n["per_plan"].values())
-        out = [
-            (
-                f"noise: spread of repeated trials (max-min)/median: {per}; plans closer than "
-                f"{n['threshold']:.1%} are called tied"
-            )
-        ]
-    w = result.winner_measured or {}
-    if w.get("runner_up_step_s") is not None:
-        gap = w["runner_up_step_s"] / w["step_s"] - 1
-        verdict = "faster beyond the noise" if w["beats_runner_up_beyond_noise"] else "tied within the noise"
-        out.append(f"winner vs runner-up: {gap:+.1%} step time; {verdict}")
-    return out
 
 
 def print_summary(result: RefineResult, console) -> None:
