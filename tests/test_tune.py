@@ -359,3 +359,26 @@ def test_tuned_sh_appears_with_its_run_folder_not_after_it(tmp_path, monkeypatch
     assert seen and "tuned.sh" in seen[0], seen
     tuned = Path(doc["files"]["tuned.sh"])
     assert tuned.parent.parent == tmp_path / "runs" and tuned.stat().st_mode & 0o777 == 0o750
+
+
+def test_stack_prices_the_launch_under_that_stack(capsys, tmp_path):
+    """--stack changes the host and engine costs tune prices: the same launch under NeMo-RL v0.3's stack
+    (bf16 gradient reduction, its micro-batch and wake costs) is priced as estimate prices that plan there;
+    an unknown stack is a coded error."""
+    from grpo_tune.core.specs import load_hardware
+    from grpo_tune.costmodel.estimate import estimate
+
+    launch = ROOT / "examples/qwen2-7b-grpo-megatron.sh"
+    verl_res = _tune(capsys, launch, "h100", tmp_path, "--no-emit")
+    nemo_res = _tune(capsys, launch, "h100", tmp_path, "--no-emit", "--stack", "nemo-rl-v0.3")
+    assert nemo_res["current"]["step_s"] != pytest.approx(verl_res["current"]["step_s"], rel=0.01)
+    plan = T.plan_of(launch, hardware="h100", stack="nemo-rl-v0.3")
+    assert plan.hardware.stack == "nemo-rl-v0.3"
+    assert plan.hardware.efficiency == load_hardware("h100", stack="nemo-rl-v0.3").efficiency
+    e = estimate(
+        model=plan.model, hardware=plan.hardware, cluster=plan.cluster, strategy=plan.strategy, workload=plan.workload
+    )
+    assert nemo_res["current"]["step_s"] == pytest.approx(e.step_s, rel=1e-3)
+    rc = main(["tune", str(launch), "--hardware", "h100", "--no-emit", "--stack", "no-such-stack"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "[BAD_CONFIG]" in err and "unknown stack" in err

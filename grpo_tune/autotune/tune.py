@@ -239,23 +239,28 @@ def plan_of(
     hardware: str | None = None,
     prompt_len_mean: int | None = None,
     response_len_mean: int | None = None,
+    stack: str | None = None,
 ) -> LaunchPlan:
     """Model, hardware, GPUs, workload and plan of a launch (or of a grpo-tune run config, best.yaml, or of another
-    framework's file: the registry's reader for it)."""
+    framework's file: the registry's reader for it), the hardware priced under ``stack`` (None: the framework's)."""
+    import dataclasses
+
+    from grpo_tune.core.hardware import with_stack
     from grpo_tune.frameworks import reader_for
 
     read = reader_for(path).read_plan(
         Path(path), model=model, hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
     )
     if read is not None:  # a framework's own reader (a NeMo-RL recipe)
-        return read
+        return dataclasses.replace(read, hardware=with_stack(read.hardware, stack)) if stack else read
     if Path(path).suffix in (".yaml", ".yml") and Path(path).is_file():
-        return _plan_of_run_config(
+        plan = _plan_of_run_config(
             Path(path), hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
         )
+        return dataclasses.replace(plan, hardware=with_stack(plan.hardware, stack)) if stack else plan
     launch = read_launch(path)
     m, note = resolve_launch_model(launch, model)
-    hw = load_hardware(hardware or "h100")
+    hw = load_hardware(hardware or "h100", stack=stack)
     gpn, nn = launch.get("trainer.n_gpus_per_node"), launch.get("trainer.nnodes")
     if not (_is_int(gpn) and gpn > 0 and _is_int(nn) and nn > 0):
         raise ConfigError(

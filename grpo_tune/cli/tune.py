@@ -19,6 +19,7 @@ from grpo_tune.cli.options import (
     PLACEMENT_FLAGS,
     Json,
     MinHeadroom,
+    Stack,
     pins_from_flags,
     placement_flags,
 )
@@ -147,6 +148,7 @@ def tune(
     response_len_mean: ResponseLenMean = None,
     emit: Emit = True,
     ignore_unknown: IgnoreUnknown = False,
+    stack: Stack = None,
     **pins: Any,
 ) -> None:
     """Price your verl launch, find a faster plan for the same workload, and print only the overrides that change."""
@@ -184,6 +186,7 @@ def tune(
             response_len_mean=response_len_mean,
             emit=emit,
             pins=pins,
+            stack=stack,
         )
     if overrides:
         from grpo_tune.core.errors import ConfigError
@@ -192,7 +195,12 @@ def tune(
             f"{launch}: extra overrides apply to a NeMo-RL recipe only", hint="put them into the verl launch itself"
         )
     plan = T.plan_of(
-        launch, model=model, hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
+        launch,
+        model=model,
+        hardware=hardware,
+        prompt_len_mean=prompt_len_mean,
+        response_len_mean=response_len_mean,
+        stack=stack,
     )
     if isinstance(plan.launch, T.Launch) and plan.launch.key_findings:
         _report_keys(plan.launch, refuse=not ignore_unknown, json_out=json_out)
@@ -298,6 +306,7 @@ def _tune_nemo_rl(
     response_len_mean: int | None,
     emit: bool,
     pins: dict[str, Any],
+    stack: str | None = None,
 ) -> None:
     """tune on a NeMo-RL recipe: the same tables and verdict; tuned.yaml (defaults: the recipe) instead of tuned.sh."""
     from grpo_tune.rundir.emit import Tables, emit_run
@@ -312,6 +321,7 @@ def _tune_nemo_rl(
         hardware=hardware,
         prompt_len_mean=prompt_len_mean,
         response_len_mean=response_len_mean,
+        stack=stack,
     )
     from grpo_tune.autotune.calibrate.fit import load_if_given
 
