@@ -14,6 +14,8 @@ import pytest
 from grpo_tune.frameworks.verl import snapshot as verl
 from grpo_tune.frameworks.verl import fully_async as verl_async
 from grpo_tune.frameworks.verl.diagnose import diagnose_path
+from grpo_tune.frameworks.verl.export import verl_script
+from grpo_tune.core.errors import ConfigError
 from grpo_tune.rundir.emit import emit, run_config
 from grpo_tune.autotune.search.placement import search_placement
 from grpo_tune.core.specs import load_hardware, load_model
@@ -71,6 +73,12 @@ def test_separate_launch_composes_with_its_pools(best):
         assert meg["pipeline_model_parallel_size"] == s.layout.pp
     rc = tree["algorithm"]["rollout_correction"]
     assert (rc["bypass_mode"], rc["rollout_is"], rc["rollout_is_threshold"]) == (False, "token", 2.0)
+
+
+def test_the_colocated_launch_refuses_a_separate_plan(best):
+    """verl.sh of a separate plan is the fully-async launch (the framework picks it); the colocated writer refuses."""
+    with pytest.raises(ConfigError, match="colocated plans"):
+        verl_script(run_config(best))
 
 
 def test_diagnose_reads_the_emitted_script_back_to_the_same_plan(best, tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 from grpo_tune.core.config import RunConfig
 from grpo_tune.frameworks.base import Framework, LaunchFile
 from grpo_tune.frameworks.base.findings import Report
+from grpo_tune.frameworks.verl import fully_async as verl_async
 from grpo_tune.frameworks.verl.export import verl_script
 from grpo_tune.frameworks.verl.snapshot import VERL_VERSION
 
@@ -17,7 +18,7 @@ class Verl(Framework):
     release = VERL_VERSION
 
     def launch_files(self, cfg: RunConfig, run_dir: Path) -> list[LaunchFile]:
-        text = verl_script(cfg)
+        text = verl_async.script(cfg) if cfg.placement.separate else verl_script(cfg)
         return [LaunchFile("verl", "verl.sh", f"verl {self.release} launch", text, executable=True)]
 
     def detect(self, path: Path, text: str) -> bool:

@@ -39,6 +39,8 @@ from typing import Any, Iterable, cast
 
 from grpo_tune.frameworks.verl import snapshot as verl
 from grpo_tune.frameworks.verl import table
+from grpo_tune.frameworks.verl.export import ENV_DEFAULTS, _quote_override, verl_values
+from grpo_tune.frameworks.base.inputs import check_name, comment_safe
 from grpo_tune.core.config import RunConfig
 from grpo_tune.core.errors import ConfigError, MissingDependencyError, UnknownKeyError, try_import
 
@@ -176,8 +178,6 @@ def pool_keys(cfg: RunConfig) -> dict[str, Any]:
 def values(cfg: RunConfig, **kw: Any) -> dict[str, Any]:
     """Every verl key of the separate plan: the colocated launch's (training layout, vLLM engine, batch) with
     the pool and async keys replacing theirs."""
-    from grpo_tune.frameworks.verl.export import verl_values
-
     if not cfg.placement.separate:
         raise ConfigError("the fully-async launch is for separate pools", hint="set placement.mode: separate")
     out = verl_values(cfg, **kw)
@@ -200,9 +200,6 @@ def overrides(cfg: RunConfig, **kw: Any) -> list[str]:
 
 def script(cfg: RunConfig) -> str:
     """The bash launch of a separate plan (the colocated verl.sh's header, variables and quoting)."""
-    from grpo_tune.frameworks.base.inputs import check_name, comment_safe
-    from grpo_tune.frameworks.verl.export import ENV_DEFAULTS, _quote_override
-
     s, c, m, p = cfg.strategy, cfg.cluster, cfg.model, cfg.placement
     for value, what in ((m.name, "model name"), (m.hf_id or "", "model hf_id"), (cfg.hardware.name, "hardware name")):
         check_name(value, what)
