@@ -219,6 +219,22 @@ def test_partial_rollout_prices_decode_at_sustained_concurrency():
     assert part["decode_s"] == pytest.approx(seqs * wl.mean_response_len / rs["concurrency"] * rs["decode_step_s"])
 
 
+def test_rollout_logprobs_as_the_old_ones_drop_exactly_the_old_logprob_pass():
+    # recompute_logprobs off (verl's bypass_mode): the training pool runs ref + update, no old log-prob pass
+    m, wl, cl = load_model("qwen2.5-7b"), Workload(prompts=128, mini_batch=32, n=8, response_len=2048), Cluster(gpus=16)
+    s = Strategy.of(tp=2, rollout_tp=2, gpu_memory_utilization=0.8)
+    on = P.estimate_separate(model=m, hardware=H100, cluster=cl, strategy=s, workload=wl, placement=sep(8, 1))
+    off = P.estimate_separate(
+        model=m, hardware=H100, cluster=cl, strategy=s, workload=wl, placement=sep(8, 1, recompute_logprobs=False)
+    )
+    old = on.time.phases["old_logprob"]
+    assert old > 0 and "old_logprob" not in off.time.phases
+    assert off.placement["train_s"] == pytest.approx(on.placement["train_s"] - old, rel=1e-12)
+    f = off.placement
+    assert off.step_s == pytest.approx(max(f["gen_s"], f["train_s"]) + f["sync_s"], rel=1e-12)
+    assert (on.placement["recompute_logprobs"], f["recompute_logprobs"]) == (True, False)
+
+
 # -- search ---------------------------------------------------------------------------------------
 
 

@@ -398,6 +398,7 @@ def _tune_separate(plan, place, pins, cal, min_headroom: float, *, emit: bool, o
         rollout_gpus=place.rollout_gpus,
         rollout_hardware=hw_r,
         partial_rollout=place.partial_rollout or p0.partial_rollout,
+        recompute_logprobs=p0.recompute_logprobs,
         pins=pins,
         calibration=cal,
         min_headroom=min_headroom,

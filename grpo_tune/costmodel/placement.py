@@ -14,7 +14,9 @@ What each pool costs:
 - training pool: the old (proximal) and reference log-probs, the update and any offload
   (costmodel.timing), with no vLLM on its GPUs. The old log-probs are recomputed by the training
   pool, as decoupled PPO needs them (verl: ``rollout_correction.bypass_mode=False`` with token-level
-  truncated importance sampling against the rollout's own log-probs; the trainer does the same);
+  truncated importance sampling against the rollout's own log-probs; the trainer does the same),
+  unless the plan takes the rollout's own log-probs as the old ones (``recompute_logprobs=False``,
+  verl fully-async's default ``bypass_mode=True``): then the pool runs no old log-prob pass;
 - weight sync across pools: the training side exports its tensors in HF layout (the TP/PP/EP
   gathers of the colocated refit), then the whole model (bf16) is broadcast to every rollout GPU
   over the link between the pools (NVLink when they share nodes, the NIC otherwise; the slower
@@ -395,13 +397,16 @@ def estimate_separate(
     g = generation(m, hw_r, ps.rollout, roll_s, wl, cal, partial=partial)
     rmem, rviol = rollout_memory(m, hw_r, ps.rollout, roll_s, wl)
     sync = cross_pool_sync(m, hardware, hw_r, ps, s, cal)
+    train_phases = dict(train.time.phases)
     t_train = train.time.step_s
+    if not placement.recompute_logprobs:  # the rollout's log-probs are the old ones: no old log-prob pass
+        t_train -= train_phases.pop(Phase.OLD_LOGPROB.value, 0.0)
     comp = compose_step(g["gen_s"], t_train, sync["sync_s"], placement.staleness, placement.sync_interval)
     step = comp["step_s"]
-    phases = {Phase.ROLLOUT.value: g["gen_s"], Phase.WEIGHT_SYNC.value: sync["sync_s"], **train.time.phases}
+    phases = {Phase.ROLLOUT.value: g["gen_s"], Phase.WEIGHT_SYNC.value: sync["sync_s"], **train_phases}
     seq = wl.mean_seq_len
     tokens = wl.sequences * seq
-    passes = 2 + (1 if wl.kl else 0) + 3 * wl.ppo_epochs
+    passes = (2 if placement.recompute_logprobs else 1) + (1 if wl.kl else 0) + 3 * wl.ppo_epochs
     flops = passes * tokens * forward_flops_per_token(m, seq, causal_fraction=attention_fraction(hardware))
     gpus = cluster.gpus
     tflops = flops / step / gpus
@@ -421,6 +426,7 @@ def estimate_separate(
         "staleness": placement.staleness,
         "partial_rollout": partial,
         "sync_interval": placement.sync_interval,
+        "recompute_logprobs": placement.recompute_logprobs,
         "gen_s": g["gen_s"],
         "train_s": t_train,
         "sync_s": sync["sync_s"],

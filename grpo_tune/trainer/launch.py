@@ -151,8 +151,14 @@ def preflight(
             if importlib.util.find_spec(mod.split(".")[0]) is None:
                 raise MissingDependencyError(f"{mod} is not installed", hint=f"pip install 'grpo-tune[{extra}]'")
     if resume_dir is not None:
-        check_resume(resume_dir, lay.world_size)
+        check_resume(resume_dir, checkpoint_world(cfg, lay))
     return lay
+
+
+def checkpoint_world(cfg: RunConfig, lay: Layout) -> int:
+    """Ranks that write a checkpoint shard: every rank colocated; the training pool's with separate pools
+    (the rollout pool's state is its weights, which the training pool's rank 0 checkpoints)."""
+    return lay.world_size - (cfg.placement.rollout_gpus if cfg.placement.separate else 0)
 
 
 def _check_hf_folder(p: Path) -> None:

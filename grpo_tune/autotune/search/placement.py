@@ -214,6 +214,7 @@ def search_placement(
     rollout_gpus: int | None = None,
     rollout_hardware: HardwareSpec | None = None,
     partial_rollout: bool | None = None,
+    recompute_logprobs: bool = True,
     pins: Mapping[str, object] | None = None,
     top: int = 10,
     calibration: dict[str, float] | None = None,
@@ -222,7 +223,9 @@ def search_placement(
     progress: Callable[[int, int], None] | None = None,
     colocated: SearchResult | None = None,
 ) -> PlacementResult:
-    """The best plan of each placement asked for. ``colocated``: an already-run colocated SearchResult."""
+    """The best plan of each placement asked for. ``colocated``: an already-run colocated SearchResult.
+    ``recompute_logprobs``: the separate plans' (Placement.recompute_logprobs; not searched: it is the
+    algorithm's choice, as the staleness is)."""
     from grpo_tune.autotune.search.driver import search
 
     t0 = time.perf_counter()
@@ -249,6 +252,7 @@ def search_placement(
                 kw,
                 colocated_train_s=_train_part(res.best_colocated),
                 colocated_seeds=None if res.colocated is None else res.colocated.ranked,
+                recompute_logprobs=recompute_logprobs,
             )
         except GrpoTuneError:
             if placement == "separate":
@@ -270,7 +274,19 @@ def _train_pins(pins: dict[str, object]) -> dict[str, object]:
 
 
 def _separate(
-    m, hw, cluster, wl, K, pinned_r, hw_r, partial_flag, pins, kw, colocated_train_s=None, colocated_seeds=None
+    m,
+    hw,
+    cluster,
+    wl,
+    K,
+    pinned_r,
+    hw_r,
+    partial_flag,
+    pins,
+    kw,
+    colocated_train_s=None,
+    colocated_seeds=None,
+    recompute_logprobs=True,
 ):
     from grpo_tune.autotune.search.driver import search
 
@@ -368,6 +384,7 @@ def _separate(
                 rollout_hardware=None if hw_r is hw else hw_r.name,
                 staleness=k,
                 partial_rollout=partial_for[k],
+                recompute_logprobs=recompute_logprobs,
             )
             best_e = None
             for te in tr[:3]:

@@ -17,7 +17,8 @@ version: ``async_training.trigger_parameter_sync_step`` = prompts / mini_batch x
 ``partial_rollout``; vLLM stays awake (``free_cache_engine=False``), weights move by the NCCL checkpoint
 engine; the proximal log-probs are recomputed (``rollout_correction.bypass_mode=False``) and corrected
 with token-level truncated importance sampling (``rollout_is=token``, threshold 2.0), as grpo-tune's own
-trainer does.
+trainer does, unless the plan takes the rollout's log-probs as the old ones (``recompute_logprobs: false``:
+``bypass_mode=True``, verl's fully-async default, no old log-prob pass).
 
 The composed key tree ships as ``frameworks/verl/data/verl-0.9.1-fully-async-keys.json`` (the keys that the
 fully-async config adds to or changes in ``ppo_megatron_trainer``), rebuilt by
@@ -169,7 +170,8 @@ def pool_keys(cfg: RunConfig) -> dict[str, Any]:
         f"{aro}.rollout.free_cache_engine": False,
         f"{aro}.rollout.calculate_log_probs": True,
         f"{aro}.rollout.checkpoint_engine.backend": "nccl",
-        "algorithm.rollout_correction.bypass_mode": False,
+        # decoupled PPO recomputes the proximal log-probs; off: the rollout's log-probs are the old ones
+        "algorithm.rollout_correction.bypass_mode": not p.recompute_logprobs,
         "algorithm.rollout_correction.rollout_is": "token",
         "algorithm.rollout_correction.rollout_is_threshold": IS_THRESHOLD,
     }

@@ -313,6 +313,8 @@ def _read_pools(c: Ctx) -> None:
         "staleness": int(stale) if isinstance(stale, (int, float)) and float(stale).is_integer() else stale,
         "partial_rollout": c.raw("async_training.partial_rollout"),
         "trigger_parameter_sync_step": sync,
+        # verl 0.9.1's fully-async default is bypass_mode=True (the rollout's log-probs are the old ones)
+        "recompute_logprobs": c.raw("algorithm.rollout_correction.bypass_mode") is False,
     }
 
 
