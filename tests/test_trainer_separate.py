@@ -92,6 +92,7 @@ def test_staleness_zero_separate_matches_colocated(tmp_path):
         assert a["pg_loss"] == pytest.approx(b["pg_loss"], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_sync_every_two_updates_then_resume_replays_the_run(tmp_path):
     # staleness 2, weights to the rollout pool after every 2nd update: batch s uses version 2 * ceil((s - 2) / 2)
     full = train_run(
@@ -117,6 +118,7 @@ def test_sync_every_two_updates_then_resume_replays_the_run(tmp_path):
         assert r["is_weight_mean"] == pytest.approx(a["is_weight_mean"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_rollout_logprobs_as_the_old_ones_skip_the_old_pass(tmp_path):
     # recompute_logprobs false (verl's bypass_mode): the PPO ratio is taken against the behaviour policy
     rows = train_run(

@@ -225,15 +225,15 @@ def separate_of(launch: Launch) -> tuple[Any, int, int]:
         raise ConfigError(f"{launch.path}: async_training.staleness_threshold={k!r} is not a number >= 0")
     partial = launch.get("async_training.partial_rollout") is True
     stale = int(-(-float(k) // 1))  # at most ceil(threshold) versions ahead
-    # verl 0.9.1's fully-async config defaults bypass_mode to true: the rollout's log-probs are the old ones
-    bypass = launch.get("algorithm.rollout_correction.bypass_mode")
+    from grpo_tune.frameworks.verl.fully_async import recomputes_logprobs
+
     return (
         Placement(
             mode="separate",
             rollout_gpus=rg * rn,
             staleness=stale,
             partial_rollout=partial and stale > 0,
-            recompute_logprobs=bypass is False,
+            recompute_logprobs=recomputes_logprobs(launch.get),
         ),
         rg * rn,
         rg,

@@ -36,7 +36,7 @@ import tempfile
 import zipfile
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, cast
+from typing import Any, Callable, Iterable, cast
 
 from grpo_tune.frameworks.verl import snapshot as verl
 from grpo_tune.frameworks.verl import table
@@ -175,6 +175,12 @@ def pool_keys(cfg: RunConfig) -> dict[str, Any]:
         "algorithm.rollout_correction.rollout_is": "token",
         "algorithm.rollout_correction.rollout_is_threshold": IS_THRESHOLD,
     }
+
+
+def recomputes_logprobs(get: Callable[[str], object]) -> bool:
+    """Whether a fully-async launch (its key reader) recomputes the old log-probs on the training pool:
+    ``rollout_correction.bypass_mode`` false. 0.9.1's fully-async default is true (the rollout's are the old ones)."""
+    return get("algorithm.rollout_correction.bypass_mode") is False
 
 
 def values(cfg: RunConfig, **kw: Any) -> dict[str, Any]:
