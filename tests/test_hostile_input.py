@@ -27,7 +27,7 @@ from grpo_tune.core import tomlwrite
 from grpo_tune.core.config import save
 from grpo_tune.core.errors import ConfigError, GrpoTuneError
 from grpo_tune.trainer.launch import slurm_script
-from grpo_tune.trainer.layout import Layout
+from grpo_tune.core.ranks import Layout
 from _export_configs import configs
 from _hostile import within
 

@@ -17,33 +17,12 @@ from pathlib import Path
 
 from grpo_tune.core.config import RunConfig, is_synthetic
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, MissingDependencyError, try_import
+from grpo_tune.core.ranks import Layout, layout
 
-from .layout import Layout
 
 DEFAULT_MASTER_PORT = 29500
 # megatron-core 0.16.1 TopKRouter load-balancing types (moe_router_load_balancing_type)
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
-
-
-def layout(cfg: RunConfig, *, nnodes: int | None = None) -> Layout:
-    """World size from the config; nodes from ``--nnodes`` or from ``cluster.gpus_per_node``."""
-    gpus = cfg.cluster.gpus
-    if nnodes is None:
-        nnodes = cfg.cluster.nnodes
-        per = min(gpus, cfg.cluster.gpus_per_node)
-    else:
-        if nnodes < 1:
-            raise ConfigError(f"--nnodes must be >= 1, got {nnodes}")
-        per = gpus // nnodes
-    if per * nnodes != gpus:
-        raise ConfigError(
-            f"the config's {gpus} GPUs do not split evenly over {nnodes} nodes",
-            hint="make cluster.gpus a multiple of the node count (torchrun starts the same "
-            "number of processes on every node)",
-        )
-    s = cfg.strategy
-    dp = s.layout.dp or gpus // (s.layout.tp * s.layout.pp * s.layout.cp)
-    return Layout(world_size=gpus, nnodes=nnodes, nproc_per_node=per, **{**s.layout.degrees(), "dp": dp})
 
 
 def micro_batches(cfg: RunConfig) -> dict[str, int | str | None]:

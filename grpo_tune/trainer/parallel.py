@@ -16,10 +16,10 @@ import torch.distributed as dist
 
 from grpo_tune.core.errors import InvalidDegreesError
 from grpo_tune.core.config import RunConfig
+from grpo_tune.core.ranks import Layout
 from grpo_tune.core.strategy import Strategy
 
 from . import compat
-from .layout import Layout
 
 
 def device() -> torch.device:
