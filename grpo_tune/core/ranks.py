@@ -1,9 +1,9 @@
-"""Where the ranks go: one ``Layout`` for the launcher, the workers and the schedulers that size their jobs.
+"""Where the ranks go: one ``RankLayout`` for the launcher, the workers and the schedulers that size their jobs.
 
 :func:`layout` fills the placement (nodes x processes per node) and the degrees from the run config
 before any process starts (the trainer's launcher, refine's Slurm jobs); a worker (trainer/parallel.py)
-fills the same type from megatron-core's process groups, adding this rank's coordinates. (Not the plan's
-``core.strategy.Layout``, the degrees a plan chooses: this one is where its ranks run.)
+fills the same type from megatron-core's process groups, adding this rank's coordinates. (The plan's
+``core.strategy.Layout`` is the degrees a plan chooses; a ``RankLayout`` is where its ranks run.)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)
-class Layout:
+class RankLayout:
     """Ranks, their placement on nodes, the parallel degrees, and (in a worker) this rank's coordinates."""
 
     world_size: int
@@ -49,7 +49,7 @@ class Layout:
         return self.pp_rank == self.pp - 1
 
 
-def layout(cfg: RunConfig, *, nnodes: int | None = None) -> Layout:
+def layout(cfg: RunConfig, *, nnodes: int | None = None) -> RankLayout:
     """World size from the config; nodes from ``--nnodes`` or from ``cluster.gpus_per_node``."""
     gpus = cfg.cluster.gpus
     if nnodes is None:
@@ -67,7 +67,7 @@ def layout(cfg: RunConfig, *, nnodes: int | None = None) -> Layout:
         )
     lay = cfg.strategy.layout
     dp = lay.dp or gpus // (lay.tp * lay.pp * lay.cp)
-    return Layout(
+    return RankLayout(
         world_size=gpus,
         nnodes=nnodes,
         nproc_per_node=per,

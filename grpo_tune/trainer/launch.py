@@ -17,7 +17,7 @@ from pathlib import Path
 
 from grpo_tune.core.config import RunConfig, is_synthetic
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, MissingDependencyError, try_import
-from grpo_tune.core.ranks import Layout, layout
+from grpo_tune.core.ranks import RankLayout, layout
 
 
 DEFAULT_MASTER_PORT = 29500
@@ -60,7 +60,7 @@ def preflight(
     node_rank: int = 0,
     resume_dir: str | os.PathLike | None = None,
     need_torch: bool = True,
-) -> Layout:
+) -> RankLayout:
     """Every check that can fail before a process starts; raises a coded :class:`GrpoTuneError`.
 
     ``cfg`` is a loaded (hence already degree-validated) RunConfig.
@@ -134,7 +134,7 @@ def preflight(
     return lay
 
 
-def checkpoint_world(cfg: RunConfig, lay: Layout) -> int:
+def checkpoint_world(cfg: RunConfig, lay: RankLayout) -> int:
     """Ranks that write a checkpoint shard: every rank colocated; the training pool's with separate pools
     (the rollout pool's state is its weights, which the training pool's rank 0 checkpoints)."""
     return lay.world_size - (cfg.placement.rollout_gpus if cfg.placement.separate else 0)
@@ -211,7 +211,7 @@ def check_resume(out_dir: str | os.PathLike, world_size: int) -> int | None:
 
 def torchrun_command(
     config: str | os.PathLike,
-    lay: Layout,
+    lay: RankLayout,
     *,
     node_rank: int = 0,
     master_addr: str | None = None,
@@ -243,7 +243,7 @@ def torchrun_command(
 
 def slurm_script(
     config: str | os.PathLike,
-    lay: Layout,
+    lay: RankLayout,
     *,
     worker_args: list[str] = (),
     job_name: str = "grpo-tune",
