@@ -30,7 +30,7 @@ def _fresh(folder: Path) -> bool:
     import dataclasses
 
     from grpo_tune.autotune.calibrate.fit import Point
-    from grpo_tune.autotune.tune import plan_of
+    from grpo_tune.frameworks import plan_of
     from grpo_tune.core.target import inputs_of
     from grpo_tune.costmodel.estimate import estimate
 

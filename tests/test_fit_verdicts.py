@@ -61,7 +61,7 @@ def test_fixture_knobs_equal_the_upstream_rendition(name):
     """A fixture says what its source says: every strategy and workload knob of the case equals what the
     rendition of the upstream script reads as (autotune.tune.plan_of, verl 0.9.1 defaults where the script
     is silent), so no setting is added to make a case pass."""
-    from grpo_tune.autotune.tune import plan_of
+    from grpo_tune.frameworks import plan_of
 
     model, hw, gpus, strategy, workload = SHIPPED[name]
     root = Path(__file__).resolve().parent.parent

@@ -125,7 +125,7 @@ def test_tune_assumes_the_same_lengths_for_a_launch():
     """A verl launch states only max_prompt_length / max_response_length: tune prices the assumed means too."""
     from pathlib import Path
 
-    from grpo_tune.autotune.tune import plan_of
+    from grpo_tune.frameworks import plan_of
 
     root = Path(__file__).resolve().parents[1]
     wl = plan_of(root / "examples/qwen2-7b-grpo-megatron.sh").workload

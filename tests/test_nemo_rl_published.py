@@ -20,7 +20,7 @@ def test_there_are_nemo_rl_rows_scored():
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.id)
 def test_row_is_scored_on_its_recipe_read_back(row, monkeypatch):
     m, hw, c, via, wl_via = V.plan(row)
-    monkeypatch.setattr(V, "_via_nemo_rl_recipe", lambda rid, m, c, s, wl: (s, wl))
+    monkeypatch.setattr(V, "_via_framework", lambda rid, fw, m, c, s, wl: (s, wl))
     _, _, _, direct, wl = V.plan(row)
     direct = validate(m, direct, c.gpus, gpus_per_node=c.gpus_per_node, allow_cross_node_tp=True)
     # what NeMo-RL's colocated recipe can say is what is scored

@@ -15,6 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grpo_tune.autotune import tune as T
+from grpo_tune.frameworks import plan_of
+from grpo_tune.frameworks.verl.launch import read_launch
+from grpo_tune.frameworks.verl.script import parse_value_str, tuned_text
 from grpo_tune.frameworks.verl import snapshot as verl
 from grpo_tune.frameworks.verl.diagnose import diagnose_path, parse_override_list, parse_script
 from _verl_logs import calibrate_from_fixture_logs
@@ -67,7 +70,7 @@ def test_tune_diff_applies_and_is_a_fixed_point(capsys, tmp_path, launch, hw, hy
     changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
     assert changed == set(first["overrides"])
     for k, v in first["overrides"].items():
-        assert T.parse_value_str(after[k]) == v["new"]
+        assert parse_value_str(after[k]) == v["new"]
     old_lines = launch.read_text().splitlines()
     new_lines = tuned.read_text().splitlines()
     untouched = [ln for ln in old_lines if not any(k + "=" in ln for k in first["overrides"])]
@@ -187,7 +190,7 @@ def test_the_search_prices_plans_with_the_launchs_engine_knobs():
     from grpo_tune.autotune.search.driver import search
     from grpo_tune.autotune.tune import PINNED as ENGINE_KEYS
 
-    plan = T.plan_of(ROOT / "examples/qwen2-7b-grpo-megatron.sh", hardware="h100")
+    plan = plan_of(ROOT / "examples/qwen2-7b-grpo-megatron.sh", hardware="h100")
     res = T.tune(plan)
     engine = {k: plan.strategy.knob(k) for k in ENGINE_KEYS}
     direct = search(plan.model, plan.hardware, plan.cluster, plan.workload, pins=engine, top=10, min_headroom=0.05)
@@ -244,8 +247,8 @@ _KEYS = [
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(launch=st.sampled_from([p for p, _ in LAUNCHES]), changes=st.dictionaries(st.sampled_from(_KEYS), _VALUES))
 def test_tuned_text_changes_exactly_the_given_overrides(tmp_path, launch, changes):
-    lt = T.read_launch(launch)
-    text = T.tuned_text(lt, {k: (lt.get(k), v) for k, v in changes.items()})
+    lt = read_launch(launch)
+    text = tuned_text(lt, {k: (lt.get(k), v) for k, v in changes.items()})
     out = tmp_path / "t.sh"
     out.write_text(text)
     if BASH:
@@ -311,7 +314,7 @@ def test_blog_only_keys_are_priced_as_the_real_ones_and_rewritten(capsys, tmp_pa
     err = " ".join(capsys.readouterr().err.split())
     for key in ("algorithm.group_size", "training.batch_size", "megatron.grad_offload", "kl_coeff"):
         assert f"{key}" in err and "does not exist in verl 0.9.1" in err
-    plan = T.plan_of(src)
+    plan = plan_of(src)
     assert (plan.workload.n, plan.workload.prompts) == (8, 512)
     assert "param" in plan.strategy.memory.offload  # grad_offload=True read as param_offload=True
     res = _tune(capsys, src, "h100", tmp_path / "r", "--ignore-unknown")
@@ -372,7 +375,7 @@ def test_stack_prices_the_launch_under_that_stack(capsys, tmp_path):
     verl_res = _tune(capsys, launch, "h100", tmp_path, "--no-emit")
     nemo_res = _tune(capsys, launch, "h100", tmp_path, "--no-emit", "--stack", "nemo-rl-v0.3")
     assert nemo_res["current"]["step_s"] != pytest.approx(verl_res["current"]["step_s"], rel=0.01)
-    plan = T.plan_of(launch, hardware="h100", stack="nemo-rl-v0.3")
+    plan = plan_of(launch, hardware="h100", stack="nemo-rl-v0.3")
     assert plan.hardware.stack == "nemo-rl-v0.3"
     assert plan.hardware.efficiency == load_hardware("h100", stack="nemo-rl-v0.3").efficiency
     e = estimate(

@@ -4,7 +4,6 @@ the overrides that change (a diff, and tuned.sh: the script with those overrides
 from __future__ import annotations
 
 import json
-import stat
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -153,6 +152,7 @@ def tune(
 ) -> None:
     """Price your verl launch, find a faster plan for the same workload, and print only the overrides that change."""
     from grpo_tune.autotune import tune as T
+    from grpo_tune.frameworks import REGISTRY, plan_of, reader_for
     from grpo_tune.rundir.emit import Tables, emit_run
 
     place = placement_flags(pins)
@@ -162,47 +162,26 @@ def tune(
 
         # before the search, not after it
         check_out_dir(out, "--out", inputs={"LAUNCH": launch, "--calibration": calibration})
-    from grpo_tune.frameworks.nemo_rl import read as nemo_read
-
-    if nemo_read.is_recipe(launch):
-        if place.allows_split:
-            from grpo_tune.core.errors import ConfigError
-
-            raise ConfigError(
-                "tune proposes separate pools for verl launches only",
-                hint="drop --placement/--staleness, or `grpo-tune search --placement auto` for the same model",
-            )
-        return _tune_nemo_rl(
-            launch,
-            list(overrides or []),
-            hardware=hardware,
-            model=model,
-            keep=keep,
-            out=out,
-            json_out=json_out,
-            calibration=calibration,
-            min_headroom=min_headroom,
-            prompt_len_mean=prompt_len_mean,
-            response_len_mean=response_len_mean,
-            emit=emit,
-            pins=pins,
-            stack=stack,
-        )
-    if overrides:
+    fw = reader_for(launch)
+    if place.allows_split and not fw.tunes_separate:
         from grpo_tune.core.errors import ConfigError
 
         raise ConfigError(
-            f"{launch}: extra overrides apply to a NeMo-RL recipe only", hint="put them into the verl launch itself"
+            f"tune proposes separate pools for {', '.join(f.name for f in REGISTRY if f.tunes_separate)} launches only",
+            hint="drop --placement/--staleness, or `grpo-tune search --placement auto` for the same model",
         )
-    plan = T.plan_of(
+    plan = plan_of(
         launch,
+        list(overrides or []),
         model=model,
         hardware=hardware,
         prompt_len_mean=prompt_len_mean,
         response_len_mean=response_len_mean,
         stack=stack,
     )
-    if isinstance(plan.launch, T.Launch) and plan.launch.key_findings:
+    from grpo_tune.frameworks.verl.launch import Launch as VerlLaunch
+
+    if isinstance(plan.launch, VerlLaunch) and plan.launch.key_findings:
         _report_keys(plan.launch, refuse=not ignore_unknown, json_out=json_out)
     from grpo_tune.autotune.calibrate.fit import load_if_given
 
@@ -221,28 +200,23 @@ def tune(
             meta={"tuned_from": str(launch), **({"calibration": str(calibration)} if calibration else {})},
         )
     res = T.tune(plan, keep=keep_list, calibration=cal, min_headroom=min_headroom, pins=pins_from_flags(pins))
-    launch_obj = plan.launch
-    if not isinstance(launch_obj, T.Launch):  # plan_of reads a best.yaml too; tune edits launches only
+    if plan.launch is None:  # plan_of reads a best.yaml too; tune edits launches only
         from grpo_tune.core.errors import ConfigError
 
         raise ConfigError(f"{launch}: a run config, not a verl launch", hint="pass the verl script or override list")
-    from grpo_tune.frameworks.verl.script import key_fixes
-
-    tuned = T.tuned_text(launch_obj, res.changes, key_fixes(launch_obj))
-    from grpo_tune.frameworks.verl.script import runtime_notes
-
-    for note in runtime_notes(launch_obj, res.changes):  # left byte for byte in tuned.sh: the user sets them
+    tuned_name, tuned, mode = fw.tuned_file(plan, res.changes, Path(out))
+    for note in fw.tune_notes(plan, res.changes):  # left byte for byte in the tuned file: the user sets them
         Console(stderr=True).print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     run_dir = None
     files: dict[str, Path] = {}
     if emit:
-        mode = stat.S_IMODE(launch_obj.path.stat().st_mode) | stat.S_IRUSR | stat.S_IWUSR  # the launch's own
         run_dir, files = emit_run(
             res.best,
             out=out,
             search=Tables(ranked=res.ranked, counters=res.search_stats),
             meta={"tuned_from": str(launch), **({"calibration": str(calibration)} if calibration else {})},
-            extra={"tuned.sh": (tuned, mode)},
+            frameworks=(fw.name,),
+            extra={tuned_name: (tuned, mode)},
         )
     split = _propose_split(plan, res, place, pins_from_flags(pins), cal, min_headroom) if place.allows_split else None
     split_dir: Path | None = None
@@ -278,8 +252,8 @@ def tune(
     from grpo_tune.autotune.calibrate.lengths import lengths_note, workload_line
 
     c.print(
-        f"{launch_obj.path}: {plan.model.name} ({plan.model_note}) on {plan.cluster.gpus} x {plan.hardware.name}, "
-        f"{workload_line(wl)}",
+        f"{launch}{fw.tune_label}: {plan.model.name} ({plan.model_note}) on {plan.cluster.gpus} x "
+        f"{plan.hardware.name}, {workload_line(wl)}",
         highlight=False,
     )
     c.print(f"lengths: {lengths_note(wl)}", highlight=False)
@@ -289,78 +263,6 @@ def tune(
         c.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False)
     if place.allows_split:
         _print_split(c, res, split, place, split_dir, split_files)
-
-
-def _tune_nemo_rl(
-    launch: Path,
-    overrides: list[str],
-    *,
-    hardware: str,
-    model: str | None,
-    keep: str | None,
-    out: Path,
-    json_out: bool,
-    calibration: Path | None,
-    min_headroom: float,
-    prompt_len_mean: int | None,
-    response_len_mean: int | None,
-    emit: bool,
-    pins: dict[str, Any],
-    stack: str | None = None,
-) -> None:
-    """tune on a NeMo-RL recipe: the same tables and verdict; tuned.yaml (defaults: the recipe) instead of tuned.sh."""
-    from grpo_tune.rundir.emit import Tables, emit_run
-    from grpo_tune.core.config import atomic_write
-    from grpo_tune.frameworks.nemo_rl import read as nemo_read
-    from grpo_tune.frameworks.nemo_rl import tune as nemo_tune
-
-    plan = nemo_read.plan_of(
-        launch,
-        overrides,
-        model=model,
-        hardware=hardware,
-        prompt_len_mean=prompt_len_mean,
-        response_len_mean=response_len_mean,
-        stack=stack,
-    )
-    from grpo_tune.autotune.calibrate.fit import load_if_given
-
-    cal = load_if_given(calibration, hardware=plan.hardware.name)
-    keep_list = [k.strip() for k in (keep or "").split(",") if k.strip()]
-    res = nemo_tune.tune_recipe(
-        plan, keep=keep_list, calibration=cal, min_headroom=min_headroom, pins=pins_from_flags(pins)
-    )
-    run_dir = None
-    files: dict[str, Path] = {}
-    if emit:
-        run_dir, files = emit_run(
-            res.best,
-            out=out,
-            search=Tables(ranked=res.ranked, counters=res.search_stats),
-            meta={"tuned_from": str(launch), **({"calibration": str(calibration)} if calibration else {})},
-            frameworks=("nemo-rl",),
-        )
-        files["tuned.yaml"] = atomic_write(
-            run_dir / "tuned.yaml", nemo_tune.tuned_text(plan.launch, res.changes, run_dir)
-        )
-    cur, best = _summary(res.current), _summary(res.best)
-    if json_out:
-        _print_json(launch, plan, res, cur, best, run_dir, files)
-        return
-    c = Console()
-    wl = plan.workload
-    from grpo_tune.autotune.calibrate.lengths import lengths_note, workload_line
-
-    c.print(
-        f"{launch} (NeMo-RL recipe): {plan.model.name} ({plan.model_note}) on {plan.cluster.gpus} x "
-        f"{plan.hardware.name}, {workload_line(wl)}",
-        highlight=False,
-    )
-    c.print(f"lengths: {lengths_note(wl)}", highlight=False)
-    c.print(_compare_table(cur, best))
-    _print_verdict(c, res, cur, best, keep_list)
-    if run_dir is not None:
-        c.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False)
 
 
 def _tune_separate(plan, place, pins, cal, min_headroom: float, *, emit: bool, out: Path, json_out: bool, meta) -> None:
@@ -398,7 +300,6 @@ def _tune_separate(plan, place, pins, cal, min_headroom: float, *, emit: bool, o
         rollout_gpus=place.rollout_gpus,
         rollout_hardware=hw_r,
         partial_rollout=place.partial_rollout or p0.partial_rollout,
-        recompute_logprobs=p0.recompute_logprobs,
         pins=pins,
         calibration=cal,
         min_headroom=min_headroom,
@@ -643,7 +544,9 @@ def _print_verdict(c: Console, res, cur: dict, best: dict, keep_list: list[str])
             highlight=False,
         )
         c.print("overrides that change:")
-        for line in T.diff_lines(res.changes):
+        from grpo_tune.frameworks.verl.script import diff_lines
+
+        for line in diff_lines(res.changes):
             c.print(f"[{'red' if line.startswith('-') else 'green'}]{line}[/]", highlight=False, soft_wrap=True)
     else:
         c.print(

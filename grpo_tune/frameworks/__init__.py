@@ -15,6 +15,7 @@ from typing import Any, Sequence
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.frameworks.base import Framework
 from grpo_tune.frameworks.base.findings import Report
+from grpo_tune.frameworks.base.plan import LaunchPlan
 from grpo_tune.frameworks.base.runlog import RunLog
 from grpo_tune.frameworks.megatron_lm.framework import MegatronLM
 from grpo_tune.frameworks.nemo_rl.framework import NemoRL
@@ -59,6 +60,67 @@ def log_fold(fmt: str) -> dict[str, str] | None:
     return next((f.log_folds[fmt] for f in REGISTRY if fmt in f.log_folds), None)
 
 
+def named(name: str) -> Framework:
+    """The registered framework called ``name`` (as ``--framework`` and :attr:`LaunchPlan.framework` spell it)."""
+    return next(f for f in REGISTRY if f.name == name)
+
+
+def plan_of(
+    path: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    model: str | None = None,
+    hardware: str | None = None,
+    prompt_len_mean: int | None = None,
+    response_len_mean: int | None = None,
+    stack: str | None = None,
+) -> LaunchPlan:
+    """Model, hardware, GPUs, workload and plan of a framework's launch, config or recipe (with trailing
+    ``key=value`` overrides, for the frameworks that take them), read by the framework that reads it, or of a
+    grpo-tune run config (best.yaml); the hardware priced under ``stack`` (None: the framework's or the
+    config's)."""
+    read = reader_for(path).read_plan(
+        Path(path),
+        list(overrides),
+        model=model,
+        hardware=hardware,
+        prompt_len_mean=prompt_len_mean,
+        response_len_mean=response_len_mean,
+        stack=stack,
+    )
+    if read is not None:
+        return read
+    import dataclasses
+
+    from grpo_tune.core.hardware import with_stack
+
+    plan = _plan_of_run_config(
+        Path(path), hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
+    )
+    return dataclasses.replace(plan, hardware=with_stack(plan.hardware, stack)) if stack else plan
+
+
+def _plan_of_run_config(
+    p: Path, *, hardware: str | None, prompt_len_mean: int | None, response_len_mean: int | None
+) -> LaunchPlan:
+    from grpo_tune.core.config import load as load_run_config
+    from grpo_tune.core.specs import load_hardware
+
+    cfg = load_run_config(p)
+    wl = cfg.workload
+    lens = {k: v for k, v in (("prompt_len_mean", prompt_len_mean), ("response_len_mean", response_len_mean)) if v}
+    hw = load_hardware(hardware) if hardware else cfg.hardware
+    return LaunchPlan(
+        launch=None,
+        model=cfg.model,
+        model_note=f"run config {p}",
+        hardware=hw,
+        cluster=cfg.cluster,
+        strategy=cfg.strategy,
+        workload=wl.replace(**lens) if lens else wl,
+    )
+
+
 def diagnose_path(
     path: str | Path, *, hardware: str | None = None, model: str | None = None, overrides: Sequence[str] = ()
 ) -> Report:
@@ -89,54 +151,35 @@ def constraints(names: Sequence[str]) -> dict[str, Any]:
 def check_pins(names: Sequence[str], pins: dict[str, Any]) -> dict[str, Any]:
     """The user's pins plus the frameworks' fixed fields; a user pin that a framework cannot express is an error."""
     fixed = constraints(names)
-    if "nemo-rl" in names and pins.get("cpu_optimizer") is not None:
-        raise ConfigError(
-            f"--cpu-optimizer {pins['cpu_optimizer']}: the search prices Megatron's CPU optimizer with its copies "
-            "overlapped, which NeMo-RL 0.7.0 cannot set (and it takes only the whole state, fraction 1.0)",
-            hint="plan for verl (--framework verl), or price a NeMo-RL recipe with the CPU optimizer through "
-            "`grpo-tune tune RECIPE`",
-        )
-    for k, v in fixed.items():
-        if k in pins and pins[k] is not None and _norm(pins[k]) != _norm(v):
-            raise ConfigError(
-                f"--{k.replace('_', '-')} {pins[k]!r}: NeMo-RL cannot run it (it fixes {k}={v!r})",
-                hint="drop the flag, or plan for verl only (--framework verl)",
-            )
+    chosen = [f for f in REGISTRY if f.name in names]
+    for f in chosen:
+        f.refuse_search_pins(pins)
+    for f in chosen:
+        for k, v in f.constraints().items():
+            if k in pins and pins[k] is not None and _norm(pins[k]) != _norm(v):
+                raise ConfigError(
+                    f"--{k.replace('_', '-')} {pins[k]!r}: {f.title} cannot run it (it fixes {k}={v!r})",
+                    hint=f"drop the flag, or plan for {DEFAULT} only (--framework {DEFAULT})",
+                )
     return {**pins, **fixed}
 
 
 def plan_pins(names: Sequence[str], pins: dict[str, Any]) -> dict[str, Any]:
-    """``estimate --framework``: the user's plan with what the framework fixes (NeMo-RL's CPU optimizer is the
-    whole state, without overlapped copies)."""
-    if "nemo-rl" not in names:
-        return pins
-    cpu = pins.get("cpu_optimizer")
-    if cpu not in (None, 1.0):
-        raise ConfigError(
-            f"--cpu-optimizer {cpu}: NeMo-RL's CPU optimizer takes the whole state (optimizer_offload_fraction 1.0)",
-            hint="give --cpu-optimizer 1.0, or price it for verl",
-        )
-    pins = {**pins, "overlap_cpu_optimizer": False}
-    from grpo_tune.frameworks.nemo_rl.table import CONSTRAINTS
-
-    fixed = {k: v for k, v in CONSTRAINTS.items() if k != "overlap_cpu_optimizer"}
-    for k, v in fixed.items():
-        if k in pins and pins[k] is not None and _norm(pins[k]) != _norm(v):
-            raise ConfigError(
-                f"--{k.replace('_', '-')} {pins[k]!r}: NeMo-RL cannot run it (it fixes {k}={v!r})",
-                hint="drop the flag, or price it for verl (--framework verl)",
-            )
-    return {**pins, **fixed}
+    """``estimate --framework``: the user's plan with what the chosen frameworks fix
+    (:meth:`~.base.Framework.plan_pins`)."""
+    for f in REGISTRY:
+        if f.name in names:
+            pins = f.plan_pins(pins)
+    return pins
 
 
 def default_stack(names: Sequence[str], stack: str | None) -> str | None:
-    """The stack profile to price under: the user's ``--stack``, else NeMo-RL's when planning for NeMo-RL only
-    (its bf16 gradient reduction and host costs), else None (the hardware's default, verl's)."""
-    if stack or tuple(names) != ("nemo-rl",):
+    """The stack profile to price under: the user's ``--stack``, else the framework's own when planning for one
+    framework only (:attr:`~.base.Framework.stack_profile`: NeMo-RL's bf16 gradient reduction and host costs),
+    else None (the hardware's default, verl's)."""
+    if stack or len(names) != 1:
         return stack
-    from grpo_tune.frameworks.nemo_rl.read import STACK
-
-    return STACK
+    return named(names[0]).stack_profile
 
 
 def _norm(v: Any) -> Any:

@@ -151,38 +151,34 @@ def plan(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[Any, HardwareSpe
         )
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"published GRPO row {row.id}: bad value ({exc})") from None
-    if r.get("framework") == "nemo-rl" and r.get("backend") == "megatron":
-        s, wl = _via_nemo_rl_recipe(row.id, m, cluster, s, wl)
+    if r.get("backend") == "megatron":
+        s, wl = _via_framework(row.id, r.get("framework") or "", m, cluster, s, wl)
     return m, hw, cluster, s, wl
 
 
 _RECIPE_PLANS: dict[str, tuple[Strategy, Workload]] = {}
 
 
-def _via_nemo_rl_recipe(row_id: str, m: Any, cluster: Cluster, s: Strategy, wl: Workload) -> tuple[Strategy, Workload]:
-    """A NeMo-RL row's plan as the NeMo-RL recipe grpo-tune exports for it reads back (nemo_rl.yaml, loaded
-    as NeMo-RL loads it): the plan that is scored is the plan the recipe runs. Cached per row (the recipe does
-    not depend on the fitted parameters); the length means are statistics of the data, not recipe keys."""
-    if row_id not in _RECIPE_PLANS:
-        import tempfile
+def _via_framework(
+    row_id: str, framework: str, m: Any, cluster: Cluster, s: Strategy, wl: Workload
+) -> tuple[Strategy, Workload]:
+    """A row's plan as the file its framework's exporter writes for it reads back (NeMo-RL: nemo_rl.yaml, loaded
+    as NeMo-RL loads it; :meth:`~grpo_tune.frameworks.base.Framework.round_trip`): the plan that is scored is
+    the plan the file runs. Rows of a framework without a round trip keep their plan. Cached per row (the file
+    does not depend on the fitted parameters)."""
+    from grpo_tune.frameworks import REGISTRY
 
+    fw = next((f for f in REGISTRY if f.name == framework), None)
+    if fw is None or not fw.round_trips:
+        return s, wl
+    if row_id not in _RECIPE_PLANS:
         from grpo_tune.core.config import RunConfig, TrainerOptions
         from grpo_tune.core.strategy import validate
-        from grpo_tune.frameworks.nemo_rl import read, recipe
 
         hw0 = load_hardware("h100")
         s = validate(m, s, cluster.gpus, gpus_per_node=cluster.gpus_per_node, allow_cross_node_tp=True)
         cfg = RunConfig(model=m, hardware=hw0, cluster=cluster, strategy=s, workload=wl, trainer=TrainerOptions())
-        with tempfile.TemporaryDirectory(prefix="grpo-tune-nemo-rl-") as d:
-            f = Path(d) / "nemo_rl.yaml"
-            f.write_text(recipe.recipe_text(cfg, run_id=row_id))
-            r = recipe.load(f)
-        c = read.cluster_of(r)
-        s_back = read.strategy_of(r, m, c.gpus, c.gpus_per_node)
-        wl_back = read.workload_of(
-            r, prompt_len_mean=wl.prompt_len_mean, response_len_mean=wl.response_len_mean, assume=False
-        )
-        _RECIPE_PLANS[row_id] = (s_back, wl_back)
+        _RECIPE_PLANS[row_id] = fw.round_trip(cfg, run_id=row_id)
     return _RECIPE_PLANS[row_id]
 
 

@@ -453,7 +453,7 @@ def log_point(
 ) -> LogPoint:
     """Match a log with its launch: the launch gives the plan, the log the lengths and the measured seconds."""
     from grpo_tune.autotune.calibrate.fit import Point
-    from grpo_tune.autotune.tune import plan_of
+    from grpo_tune.frameworks import plan_of
 
     recs = log.records
     if skip_warmup > 0 and len(recs) <= skip_warmup:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, TypedDict
+from typing import Any, Callable
 
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, InvalidDegreesError
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
@@ -30,11 +30,6 @@ from grpo_tune.costmodel import placement as P
 from grpo_tune.costmodel.estimate import Estimate
 from grpo_tune.costmodel.params import total_params
 from grpo_tune.costmodel.timing_base import check_calibration
-
-from .candidates import pinned, pinned_number
-
-if TYPE_CHECKING:
-    from .driver import SearchResult
 
 PLACEMENT_CHOICES = ("colocated", "separate", "auto")
 ROLLOUT_GMU_GRID = (0.6, 0.7, 0.8, 0.9)
@@ -50,28 +45,6 @@ TRAIN_EXACT = 24
 """Layouts a training-pool search gives the full option grid (autotune.search.driver's keep_layouts)."""
 TIE = 0.005
 """Steps within this fraction are ties: the smaller staleness (then the larger training pool) wins."""
-
-
-class EngineOption(TypedDict):
-    """One vLLM engine a rollout pool can run (the rollout knobs :func:`rollout_options` varies)."""
-
-    rollout_tp: int
-    gpu_memory_utilization: float
-    max_num_seqs: int
-    enforce_eager: bool
-
-
-class _SearchKw(TypedDict, total=False):
-    """The options every search of :func:`search_placement` passes on to ``autotune.search.driver.search``."""
-
-    top: int
-    calibration: dict[str, float] | None
-    allow_cross_node_tp: bool
-    min_headroom: float
-    keep_layouts: int
-    exact: int
-
-
 _TRAIN_PINS = dict(rollout_tp=1, gpu_memory_utilization=0.9, max_num_seqs=256, enforce_eager=True)
 """The rollout knobs of a training-pool search: one value each (there is no vLLM on that pool)."""
 
@@ -81,8 +54,8 @@ class PlacementResult:
     """The best plan of each placement searched and the overall winner."""
 
     best: Estimate
-    colocated: SearchResult | None = None
-    """The colocated search (None when not searched)."""
+    colocated: Any | None = None
+    """The colocated SearchResult (None when not searched)."""
     separate: list[Estimate] = field(default_factory=list)
     """Separate plans composed exactly, best first (one per split and staleness kept)."""
     splits: list[dict[str, float]] = field(default_factory=list)
@@ -131,37 +104,23 @@ def check_request(
         P.pools(cluster, rollout_gpus)  # a coded error for a split verl cannot express
 
 
-def rollout_options(m: ModelSpec, hw: HardwareSpec, roll: Cluster, pins: Mapping[str, object]) -> list[EngineOption]:
+def rollout_options(m: ModelSpec, hw: HardwareSpec, roll: Cluster, pins: dict[str, Any]) -> list[dict[str, Any]]:
     """vLLM engines a rollout pool can run: TP within one of its nodes dividing its GPUs and the heads, memory
-    fractions up to 0.9, max_num_seqs and CUDA graphs (the pins fix any of them). On a profile that samples
-    with the trainer's own model (``cpu``) the pool's forward-only engine has only its TP."""
+    fractions up to 0.9, max_num_seqs and CUDA graphs (the pins fix any of them)."""
     kv = m.heads if m.is_mla else m.kv_heads
     weights = 2 * total_params(m)
-    gmu, tp = pinned_number(pins, "gpu_memory_utilization"), pinned(pins, "rollout_tp", int)
-    n_seqs, eager_pin = pinned(pins, "max_num_seqs", int), pinned(pins, "enforce_eager", bool)
-    gmus = [gmu] if gmu is not None else list(ROLLOUT_GMU_GRID)
-    if tp is not None:
-        tps = [tp]
+    gmus = [pins["gpu_memory_utilization"]] if "gpu_memory_utilization" in pins else list(ROLLOUT_GMU_GRID)
+    if "rollout_tp" in pins:
+        tps = [pins["rollout_tp"]]
     else:
         ok = [t for t in divisors(roll.gpus) if m.heads % t == 0 and (kv % t == 0 or t % kv == 0)]
         fit = [t for t in ok if weights / t < max(gmus) * hw.hbm_bytes]
         # vLLM TP within a node, unless the weights only fit across nodes (as the colocated space does)
         tps = [t for t in fit if t <= roll.gpus_per_node] or fit[:2]
-    if hw.native_rollout:  # the trainer's forward-only engine samples (the cpu profile): only its TP is a knob
-        d = Strategy().rollout  # the vLLM knobs keep their defaults (nothing reads them there)
-        return [
-            EngineOption(
-                rollout_tp=t,
-                gpu_memory_utilization=d.gpu_memory_utilization if gmu is None else gmu,
-                max_num_seqs=d.max_num_seqs if n_seqs is None else n_seqs,
-                enforce_eager=d.enforce_eager if eager_pin is None else eager_pin,
-            )
-            for t in tps
-        ]
-    seqs = [n_seqs] if n_seqs is not None else list(ROLLOUT_SEQS_GRID)
-    eager = [eager_pin] if eager_pin is not None else [False, True]
+    seqs = [pins["max_num_seqs"]] if "max_num_seqs" in pins else list(ROLLOUT_SEQS_GRID)
+    eager = [pins["enforce_eager"]] if "enforce_eager" in pins else [False, True]
     return [
-        EngineOption(rollout_tp=t, gpu_memory_utilization=g, max_num_seqs=n, enforce_eager=e)
+        dict(rollout_tp=t, gpu_memory_utilization=g, max_num_seqs=n, enforce_eager=e)
         for t in tps
         for g in gmus
         if weights / t < g * hw.hbm_bytes
@@ -175,12 +134,12 @@ def best_rollout(
     hw: HardwareSpec,
     roll: Cluster,
     wl: Workload,
-    pins: Mapping[str, object],
+    pins: dict[str, Any],
     cal: dict[str, float],
     partial: bool,
-) -> tuple[EngineOption, float] | None:
+) -> tuple[dict[str, Any], float] | None:
     """The fastest rollout engine that fits the pool: (knobs, generation seconds), or None."""
-    best: tuple[tuple[float, float], EngineOption, float] | None = None
+    best = None
     base = Strategy.of(**{k: v for k, v in pins.items() if k in ("max_num_batched_tokens", "chunked_prefill")})
     for opt in rollout_options(m, hw, roll, pins):
         s = P.rollout_strategy(base.replace(**opt))
@@ -188,7 +147,7 @@ def best_rollout(
         if viol:
             continue
         g = P.generation(m, hw, roll, s, wl, cal, partial=partial)["gen_s"]
-        key = (round(g, 6), opt.get("gpu_memory_utilization", 0.0))  # ties: the smaller vLLM memory fraction
+        key = (round(g, 6), -opt["gpu_memory_utilization"] if False else opt["gpu_memory_utilization"])
         if best is None or key < best[0]:
             best = (key, opt, g)
     return None if best is None else (best[1], best[2])
@@ -226,18 +185,15 @@ def search_placement(
     rollout_gpus: int | None = None,
     rollout_hardware: HardwareSpec | None = None,
     partial_rollout: bool | None = None,
-    recompute_logprobs: bool = True,
-    pins: Mapping[str, object] | None = None,
+    pins: dict[str, Any] | None = None,
     top: int = 10,
     calibration: dict[str, float] | None = None,
     allow_cross_node_tp: bool = False,
     min_headroom: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
-    colocated: SearchResult | None = None,
+    colocated: Any | None = None,
 ) -> PlacementResult:
-    """The best plan of each placement asked for. ``colocated``: an already-run colocated SearchResult.
-    ``recompute_logprobs``: the separate plans' (Placement.recompute_logprobs; not searched: it is the
-    algorithm's choice, as the staleness is)."""
+    """The best plan of each placement asked for. ``colocated``: an already-run colocated SearchResult."""
     from grpo_tune.autotune.search.driver import search
 
     t0 = time.perf_counter()
@@ -246,7 +202,9 @@ def search_placement(
     if workload.kind != "grpo" and placement != "colocated":
         raise ConfigError("separate pools are for GRPO (there is no rollout in pretraining)", hint="drop --placement")
     res = PlacementResult(best=None)  # type: ignore[arg-type]
-    kw = _SearchKw(top=top, calibration=calibration, allow_cross_node_tp=allow_cross_node_tp, min_headroom=min_headroom)
+    kw: dict[str, Any] = dict(
+        top=top, calibration=calibration, allow_cross_node_tp=allow_cross_node_tp, min_headroom=min_headroom
+    )
     if placement in ("colocated", "auto"):
         res.colocated = colocated or search(model, hardware, cluster, workload, pins=pins, progress=progress, **kw)
     if placement in ("separate", "auto"):
@@ -264,7 +222,6 @@ def search_placement(
                 kw,
                 colocated_train_s=_train_part(res.best_colocated),
                 colocated_seeds=None if res.colocated is None else res.colocated.ranked,
-                recompute_logprobs=recompute_logprobs,
             )
         except GrpoTuneError:
             if placement == "separate":
@@ -280,25 +237,13 @@ def search_placement(
     return res
 
 
-def _train_pins(pins: dict[str, object]) -> dict[str, object]:
+def _train_pins(pins: dict[str, Any]) -> dict[str, Any]:
     rollout = ("rollout_tp", "gpu_memory_utilization", "max_num_seqs", "enforce_eager", "free_cache_engine")
     return {**{k: v for k, v in pins.items() if k not in rollout}, **_TRAIN_PINS}
 
 
 def _separate(
-    m,
-    hw,
-    cluster,
-    wl,
-    K,
-    pinned_r,
-    hw_r,
-    partial_flag,
-    pins,
-    kw,
-    colocated_train_s=None,
-    colocated_seeds=None,
-    recompute_logprobs=True,
+    m, hw, cluster, wl, K, pinned_r, hw_r, partial_flag, pins, kw, colocated_train_s=None, colocated_seeds=None
 ):
     from grpo_tune.autotune.search.driver import search
 
@@ -308,7 +253,7 @@ def _separate(
     stale = range(K + 1)
     partial_for = {k: bool(partial_flag) and k >= 1 for k in stale}
     # 1. generation per split (and per partial mode)
-    gens: dict[tuple[int, bool], tuple[EngineOption, float] | None] = {}
+    gens: dict[tuple[int, bool], tuple[dict[str, Any], float] | None] = {}
     pool_of = {r: P.pools(cluster, r) for r in cands}
     for r in cands:
         for part in set(partial_for.values()):
@@ -321,7 +266,7 @@ def _separate(
     # 2. the training pool: a full search at one size (the split the colocated plan's training time balances
     # best, else the middle one), its best plans repriced on every other pool size
     tpins = _train_pins(pins)
-    tsearch: dict[tuple[int, int], SearchResult | None] = {}
+    tsearch: dict[tuple[int, int], Any] = {}
     tkw = dict(kw, top=3, keep_layouts=TRAIN_KEEP_LAYOUTS, exact=TRAIN_EXACT)
 
     def full(r: int):
@@ -384,9 +329,7 @@ def _separate(
         )
         repriced(best_r, search_if_none=True)
     for r in sorted(keep):
-        # a kept split that no repriced plan fits (its pool's DP does not divide the batch, say) ranked on the
-        # reference work spread over its GPUs: its own pool is searched in full before it is composed
-        tr = repriced(r, search_if_none=True)
+        tr = repriced(r)
         for k in stale:
             g = gens[(r, partial_for[k])]
             if g is None or not tr:
@@ -398,7 +341,6 @@ def _separate(
                 rollout_hardware=None if hw_r is hw else hw_r.name,
                 staleness=k,
                 partial_rollout=partial_for[k],
-                recompute_logprobs=recompute_logprobs,
             )
             best_e = None
             for te in tr[:3]:
@@ -494,15 +436,5 @@ def _train_part(e: Estimate | None) -> float | None:
     return sum(e.time.phases.get(k, 0.0) for k in ("old_logprob", "ref_logprob", "update", "offload"))
 
 
-def _train_price(
-    *,
-    model: ModelSpec,
-    hardware: HardwareSpec,
-    cluster: Cluster,
-    strategy: Strategy,
-    workload: Workload,
-    calibration: dict[str, float] | None = None,
-) -> Estimate:
-    return P.train_pool(
-        model=model, hardware=hardware, cluster=cluster, strategy=strategy, workload=workload, calibration=calibration
-    )
+def _train_price(**kw: Any) -> Estimate:
+    return P.train_pool(**kw)

@@ -17,17 +17,26 @@ The read side, which the generic commands reach through the registry rather than
   a file that no framework claims is read by the default one (verl, which also reads grpo-tune's run
   configs and plain override lists);
 - :meth:`Framework.diagnose`: that file's coded findings (``grpo-tune diagnose``);
-- :meth:`Framework.read_plan`: that file read back into a plan (what ``tune`` and ``calibrate`` price),
-  None where the generic launch reader of :mod:`grpo_tune.autotune.tune` reads it (verl's launches);
+- :meth:`Framework.read_plan`: that file read back into a plan (what ``tune`` and ``calibrate`` price;
+  :func:`grpo_tune.frameworks.plan_of` asks the reader, and reads grpo-tune's run configs itself);
+- :meth:`Framework.round_trip`: a plan written as the framework's file and read back (``validate`` scores a
+  published row of that framework on it);
+- the edit side for ``tune`` (:meth:`Framework.tune_keys`, :meth:`Framework.tune_reread`,
+  :meth:`Framework.tuned_file`, :meth:`Framework.tune_constraints`, :meth:`Framework.tune_notes`): the search
+  and the choice are generic (:mod:`grpo_tune.autotune.tune`), the keys and the edited file the framework's;
+- the pins a framework puts on the search and on ``estimate`` (:meth:`Framework.constraints`,
+  :meth:`Framework.refuse_search_pins`, :meth:`Framework.plan_pins`) and its stack profile
+  (:attr:`Framework.stack_profile`);
 - :meth:`Framework.read_log` and :attr:`Framework.log_folds`: the framework's own run logs (``calibrate
   --from-log``) and how its timers hold our phases; verl's loggers and grpo-tune's metrics.jsonl are the
   default readers' (:mod:`grpo_tune.autotune.calibrate.runlog`).
 
-Their implementations live beside the writer in each sub-package (verl: ``launch`` reads a launch back into
-a plan, ``diagnose`` holds its rules and its bash reader, ``snapshot`` the key tree; NeMo-RL: ``read``,
-``diagnose``, ``logs``, ``snapshot``). The types they hand back live in this package: a diagnose
-:class:`~.findings.Report`, a :class:`~.plan.LaunchPlan`, a :class:`~.runlog.RunLog`; so do the readers every
-framework shares (:mod:`.inputs`: bounded files, YAML, overrides; :mod:`.models`: the model lookup).
+Their implementations live beside the writer in each sub-package (verl: ``launch`` parses a launch, ``read``
+reads it back into a plan and edits it for tune, ``diagnose`` holds its rules and its bash reader, ``snapshot``
+the key tree; NeMo-RL: ``read``, ``tune``, ``diagnose``, ``logs``, ``snapshot``). The types they hand back
+live in this package: a diagnose :class:`~.findings.Report`, a :class:`~.plan.LaunchPlan`, a
+:class:`~.runlog.RunLog`; so do the readers every framework shares (:mod:`.inputs`: bounded files, YAML,
+overrides; :mod:`.models`: the model lookup).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from grpo_tune.core.config import RunConfig
+from grpo_tune.core.strategy import Strategy, Workload
 from grpo_tune.frameworks.base.findings import Report
 from grpo_tune.frameworks.base.plan import LaunchPlan
 from grpo_tune.frameworks.base.runlog import RunLog
@@ -63,6 +73,8 @@ class Framework(ABC):
     """A framework integration: how a plan is written as that framework's files (see the module doc)."""
 
     name: ClassVar[str]
+    title: ClassVar[str]
+    """The name as its users write it in prose (``NeMo-RL``)."""
     release: ClassVar[str]
     always: ClassVar[bool] = False
     """Written into every run folder, whatever ``--framework`` selects (Megatron-LM's flags are)."""
@@ -75,6 +87,18 @@ class Framework(ABC):
         """Plan fields this framework fixes: ``{Strategy field: value}`` (the search's pins for it)."""
         return {}
 
+    stack_profile: ClassVar[str | None] = None
+    """The stack profile plans for this framework alone are priced under (None: the hardware's default)."""
+
+    def refuse_search_pins(self, pins: Mapping[str, object]) -> None:
+        """Raise a coded error for a user pin the search cannot plan for this framework (beyond
+        :meth:`constraints`, which the registry checks)."""
+
+    def plan_pins(self, pins: dict[str, object]) -> dict[str, object]:
+        """``estimate --framework``: the user's plan with what this framework fixes (a pin it cannot run is a
+        coded error)."""
+        return pins
+
     def detect(self, path: Path, text: str) -> bool:
         """Whether the file ``path`` (its text, read bounded) is this framework's launch, config or recipe."""
         return False
@@ -86,15 +110,56 @@ class Framework(ABC):
     def read_plan(
         self,
         path: Path,
+        overrides: Sequence[str] = (),
         *,
         model: str | None = None,
         hardware: str | None = None,
         prompt_len_mean: int | None = None,
         response_len_mean: int | None = None,
+        stack: str | None = None,
     ) -> LaunchPlan | None:
-        """A file this framework detects read back into a ``LaunchPlan``; None where the generic launch reader
-        reads it."""
+        """A file this framework reads (with trailing ``key=value`` overrides) read back into a ``LaunchPlan``, its
+        hardware priced under ``stack`` (None: the framework's own stack profile); None for a grpo-tune run
+        config, which the registry reads (:func:`grpo_tune.frameworks.plan_of`)."""
         return None
+
+    round_trips: ClassVar[bool] = False
+    """:meth:`round_trip` is implemented: ``validate`` scores a published row through this framework's file."""
+
+    def round_trip(self, cfg: RunConfig, *, run_id: str) -> tuple[Strategy, Workload]:
+        """``cfg`` written as this framework's file and read back as the framework reads it: the plan and the
+        workload that file runs (the length means kept: statistics of the data, not keys)."""
+        raise NotImplementedError(f"{self.name} has no round trip")
+
+    # The edit side, for ``tune``: the search, the pins and the choice are tune's (grpo_tune.autotune.tune); a
+    # framework says which keys make its file run a plan, how it reads the edited file, and writes the result.
+    tunes_separate: ClassVar[bool] = False
+    """``tune`` may propose separate rollout and training pools for this framework's files."""
+    tune_label: ClassVar[str] = ""
+    """Said after the file's path in tune's header (`` (NeMo-RL recipe)``)."""
+
+    def tune_constraints(self) -> Mapping[str, object]:
+        """Plan fields that every edit of this framework's file keeps (what it cannot express otherwise)."""
+        return {}
+
+    def tune_keys(self, plan: LaunchPlan, strategy: Strategy) -> dict[str, object]:
+        """Key -> value that makes ``plan``'s file run ``strategy``, for the fields tune changes."""
+        raise NotImplementedError(f"{self.name} has no tune editor")
+
+    def tune_reread(self, plan: LaunchPlan, keys: Mapping[str, object]) -> Strategy:
+        """The plan ``plan``'s file runs with ``keys`` applied, read as the framework reads the edited file."""
+        raise NotImplementedError(f"{self.name} has no tune editor")
+
+    def tuned_file(
+        self, plan: LaunchPlan, changes: Mapping[str, tuple[object, object]], run_parent: Path
+    ) -> tuple[str, str, int]:
+        """(name, text, mode) of the edited file for a run folder directly below ``run_parent`` (``tuned.sh``,
+        ``tuned.yaml``), from the keys that change (key -> (old, new))."""
+        raise NotImplementedError(f"{self.name} has no tune editor")
+
+    def tune_notes(self, plan: LaunchPlan, changes: Mapping[str, tuple[object, object]]) -> list[str]:
+        """Notes tune prints about the edited file (values it leaves to the user)."""
+        return []
 
     log_folds: ClassVar[Mapping[str, dict[str, str]]] = {}
     """The log formats :meth:`read_log` returns -> how the framework's timers hold our phases (predicted phase ->

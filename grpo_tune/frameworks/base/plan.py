@@ -12,9 +12,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from grpo_tune.core.knobs import names
 from grpo_tune.core.placement import Placement
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
+
+
+# What tune does with each plan knob is its row's ``tune`` role (core/knobs.py): the fields the search may change
+# and tune writes back (``search``, and ``keep``: pinned to the launch's, written back so that unset follows a new
+# plan); the rest (dynamic-batching caps, the CPU optimizer, vLLM engine knobs) is the user's and stays as launched.
+SEARCHED = names(tune=("search", "keep"))
+PINNED = names(tune=("keep", "user"))
+"""The knobs the search prices at the launch's values."""
+USER_FIELDS = names(tune=("keep", "user", "reapply"))
+"""The knobs that stay the user's (PINNED, and sequence parallel: searched by its default rule, then put back)."""
 
 
 class Source(Protocol):
@@ -42,3 +53,5 @@ class LaunchPlan:
     workload: Workload
     placement: Placement | None = None
     """Separate pools (a fully-async launch): the Placement it runs; None: colocated."""
+    framework: str = ""
+    """The registered framework whose file it was read from (``verl``, ``nemo-rl``); empty for a run config."""

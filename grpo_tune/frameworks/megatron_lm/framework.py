@@ -11,6 +11,7 @@ from grpo_tune.frameworks.megatron_lm.args import megatron_args_text
 
 class MegatronLM(Framework):
     name = "megatron-lm"
+    title = "Megatron-LM"
     release = "000c4ac"  # the Megatron-LM commit its flag list (data/) was read from
     always = True
 

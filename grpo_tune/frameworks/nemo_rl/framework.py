@@ -5,19 +5,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 from grpo_tune.core.config import RunConfig
+from grpo_tune.core.errors import ConfigError
+from grpo_tune.core.strategy import Strategy, Workload
 from grpo_tune.frameworks.base import Framework, LaunchFile
 from grpo_tune.frameworks.base.findings import Report
 from grpo_tune.frameworks.base.plan import LaunchPlan
 from grpo_tune.frameworks.base.runlog import RunLog
 from grpo_tune.frameworks.nemo_rl import logs, recipe
+from grpo_tune.frameworks.nemo_rl.read import STACK
 from grpo_tune.frameworks.nemo_rl.snapshot import RELEASE
-from grpo_tune.frameworks.nemo_rl.table import SEARCH_PINS
+from grpo_tune.frameworks.nemo_rl.table import CONSTRAINTS, SEARCH_PINS
 
 
 class NemoRL(Framework):
     name = "nemo-rl"
+    title = "NeMo-RL"
     release = RELEASE
 
     def launch_files(self, cfg: RunConfig, run_dir: Path) -> list[LaunchFile]:
@@ -32,6 +37,37 @@ class NemoRL(Framework):
     def constraints(self) -> Mapping[str, object]:
         return SEARCH_PINS
 
+    stack_profile = STACK
+
+    def refuse_search_pins(self, pins: Mapping[str, object]) -> None:
+        if pins.get("cpu_optimizer") is not None:
+            raise ConfigError(
+                f"--cpu-optimizer {pins['cpu_optimizer']}: the search prices Megatron's CPU optimizer with its copies "
+                "overlapped, which NeMo-RL 0.7.0 cannot set (and it takes only the whole state, fraction 1.0)",
+                hint="plan for verl (--framework verl), or price a NeMo-RL recipe with the CPU optimizer through "
+                "`grpo-tune tune RECIPE`",
+            )
+
+    def plan_pins(self, pins: dict[str, object]) -> dict[str, object]:
+        """NeMo-RL's CPU optimizer is the whole state, without overlapped copies; the rest of CONSTRAINTS fixed."""
+        cpu = pins.get("cpu_optimizer")
+        if cpu not in (None, 1.0):
+            raise ConfigError(
+                f"--cpu-optimizer {cpu}: NeMo-RL's CPU optimizer takes the whole state "
+                "(optimizer_offload_fraction 1.0)",
+                hint="give --cpu-optimizer 1.0, or price it for verl",
+            )
+        pins = {**pins, "overlap_cpu_optimizer": False}
+        fixed = {k: v for k, v in CONSTRAINTS.items() if k != "overlap_cpu_optimizer"}
+        for k, v in fixed.items():
+            have = pins.get(k)
+            if k in pins and have is not None and _norm(have) != _norm(v):
+                raise ConfigError(
+                    f"--{k.replace('_', '-')} {have!r}: NeMo-RL cannot run it (it fixes {k}={v!r})",
+                    hint="drop the flag, or price it for verl (--framework verl)",
+                )
+        return {**pins, **fixed}
+
     def detect(self, path: Path, text: str) -> bool:
         """A NeMo-RL recipe: a YAML mapping shaped like one (not a grpo-tune run config)."""
         return recipe.is_recipe_text(path, text)
@@ -44,16 +80,24 @@ class NemoRL(Framework):
     def read_plan(
         self,
         path: Path,
+        overrides: Sequence[str] = (),
         *,
         model: str | None = None,
         hardware: str | None = None,
         prompt_len_mean: int | None = None,
         response_len_mean: int | None = None,
+        stack: str | None = None,
     ) -> LaunchPlan | None:
         from grpo_tune.frameworks.nemo_rl import read
 
         return read.plan_of(
-            path, model=model, hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
+            path,
+            overrides,
+            model=model,
+            hardware=hardware,
+            prompt_len_mean=prompt_len_mean,
+            response_len_mean=response_len_mean,
+            stack=stack,
         )
 
     log_folds = {logs.FORMAT_TB: logs.FOLD, logs.FORMAT_CONSOLE: logs.FOLD}
@@ -63,3 +107,55 @@ class NemoRL(Framework):
         if text is None:
             return logs.read_tensorboard(path) if logs.is_tensorboard(path) else None
         return logs.read_console(text, str(path)) if logs.looks_like_console(text) else None
+
+    round_trips = True
+
+    def round_trip(self, cfg: RunConfig, *, run_id: str) -> tuple[Strategy, Workload]:
+        """``nemo_rl.yaml`` for ``cfg``, loaded as NeMo-RL loads it, read back."""
+        import tempfile
+
+        from grpo_tune.frameworks.nemo_rl import read
+
+        with tempfile.TemporaryDirectory(prefix="grpo-tune-nemo-rl-") as d:
+            f = Path(d) / "nemo_rl.yaml"
+            f.write_text(recipe.recipe_text(cfg, run_id=run_id))
+            r = recipe.load(f)
+        c = read.cluster_of(r)
+        wl = cfg.workload
+        s_back = read.strategy_of(r, cfg.model, c.gpus, c.gpus_per_node)
+        wl_back = read.workload_of(
+            r, prompt_len_mean=wl.prompt_len_mean, response_len_mean=wl.response_len_mean, assume=False
+        )
+        return s_back, wl_back
+
+    tune_label = " (NeMo-RL recipe)"
+
+    def tune_constraints(self) -> Mapping[str, object]:
+        return CONSTRAINTS
+
+    def tune_keys(self, plan: LaunchPlan, strategy: Strategy) -> dict[str, object]:
+        from grpo_tune.frameworks.nemo_rl import tune
+
+        return tune.keys_for(strategy, plan.model)
+
+    def tune_reread(self, plan: LaunchPlan, keys: Mapping[str, object]) -> Strategy:
+        from grpo_tune.frameworks.nemo_rl import read, tune
+
+        r = cast(recipe.Recipe, plan.launch)
+        edited = tune.Edited(r, dict(keys))
+        return read.strategy_of(edited, plan.model, plan.cluster.gpus, plan.cluster.gpus_per_node)  # type: ignore[arg-type]
+
+    def tuned_file(
+        self, plan: LaunchPlan, changes: Mapping[str, tuple[object, object]], run_parent: Path
+    ) -> tuple[str, str, int]:
+        """tuned.yaml: ``defaults:`` naming the recipe (relative to the run folder), the user's CLI overrides, the
+        changed keys."""
+        from grpo_tune.frameworks.nemo_rl import tune
+
+        # any run folder directly below run_parent names the recipe by the same relative path
+        text = tune.tuned_text(cast(recipe.Recipe, plan.launch), dict(changes), run_parent / "run")
+        return "tuned.yaml", text, 0o644
+
+
+def _norm(v: object) -> object:
+    return tuple(v) if isinstance(v, (list, tuple)) else v

@@ -158,7 +158,9 @@ def plan_of(
     c = cluster_of(r)
     wl = workload_of(r, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean)
     s = strategy_of(r, m, c.gpus, c.gpus_per_node)
-    return LaunchPlan(launch=r, model=m, model_note=note, hardware=hw, cluster=c, strategy=s, workload=wl)
+    return LaunchPlan(
+        launch=r, model=m, model_note=note, hardware=hw, cluster=c, strategy=s, workload=wl, framework="nemo-rl"
+    )
 
 
 def replace_workload(plan, **kw):

@@ -1,24 +1,32 @@
-"""verl behind the framework contract: its launch script for a run folder, and its launches read back."""
+"""verl behind the framework contract: its launch script for a run folder, its launches read back, and edited
+for ``tune`` (tuned.sh)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import stat
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 from grpo_tune.core.config import RunConfig
+from grpo_tune.core.errors import ConfigError
+from grpo_tune.core.strategy import Strategy
 from grpo_tune.frameworks.base import Framework, LaunchFile
 from grpo_tune.frameworks.base.findings import Report
-from grpo_tune.frameworks.verl import fully_async as verl_async
+from grpo_tune.frameworks.base.plan import LaunchPlan
+from grpo_tune.frameworks.verl import read
 from grpo_tune.frameworks.verl.export import verl_script
+from grpo_tune.frameworks.verl.launch import Launch
 from grpo_tune.frameworks.verl.snapshot import VERL_VERSION
 
 
 class Verl(Framework):
     name = "verl"
+    title = "verl"
     release = VERL_VERSION
 
     def launch_files(self, cfg: RunConfig, run_dir: Path) -> list[LaunchFile]:
-        text = verl_async.script(cfg) if cfg.placement.separate else verl_script(cfg)
+        text = verl_script(cfg)
         return [LaunchFile("verl", "verl.sh", f"verl {self.release} launch", text, executable=True)]
 
     def detect(self, path: Path, text: str) -> bool:
@@ -31,3 +39,54 @@ class Verl(Framework):
         from grpo_tune.frameworks.verl.diagnose import diagnose_path
 
         return diagnose_path(path, hardware=hardware, model=model, overrides=list(overrides))
+
+    def read_plan(
+        self,
+        path: Path,
+        overrides: Sequence[str] = (),
+        *,
+        model: str | None = None,
+        hardware: str | None = None,
+        prompt_len_mean: int | None = None,
+        response_len_mean: int | None = None,
+        stack: str | None = None,
+    ) -> LaunchPlan | None:
+        """A verl launch's plan; None for a YAML file that no other framework claims (a grpo-tune run config)."""
+        if overrides:
+            raise ConfigError(
+                f"{path}: extra overrides apply to a NeMo-RL recipe only", hint="put them into the verl launch itself"
+            )
+        if path.suffix in (".yaml", ".yml") and path.is_file():
+            return None
+        return read.plan_of(
+            path,
+            model=model,
+            hardware=hardware,
+            prompt_len_mean=prompt_len_mean,
+            response_len_mean=response_len_mean,
+            stack=stack,
+        )
+
+    tunes_separate = True
+
+    def tune_keys(self, plan: LaunchPlan, strategy: Strategy) -> dict[str, object]:
+        launch = cast(Launch, plan.launch)
+        return read.overrides_for(strategy, plan.model, launch.get, set(launch.values))
+
+    def tune_reread(self, plan: LaunchPlan, keys: Mapping[str, object]) -> Strategy:
+        return read.strategy_from(read.Edited(cast(Launch, plan.launch), dict(keys)).get, plan.model)
+
+    def tuned_file(
+        self, plan: LaunchPlan, changes: Mapping[str, tuple[object, object]], run_parent: Path
+    ) -> tuple[str, str, int]:
+        """tuned.sh: the launch with the changed overrides edited in place, with the launch's own mode."""
+        from grpo_tune.frameworks.verl.script import key_fixes, tuned_text
+
+        launch = cast(Launch, plan.launch)
+        mode = stat.S_IMODE(launch.path.stat().st_mode) | stat.S_IRUSR | stat.S_IWUSR
+        return "tuned.sh", tuned_text(launch, dict(changes), key_fixes(launch)), mode
+
+    def tune_notes(self, plan: LaunchPlan, changes: Mapping[str, tuple[object, object]]) -> list[str]:
+        from grpo_tune.frameworks.verl.script import runtime_notes
+
+        return runtime_notes(cast(Launch, plan.launch), dict(changes))

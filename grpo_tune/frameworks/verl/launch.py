@@ -10,8 +10,6 @@ from typing import Any
 from grpo_tune.frameworks.verl import diagnose as D
 from grpo_tune.frameworks.verl import snapshot as verl
 from grpo_tune.frameworks.verl.table import ACTOR, ARO, REF, ROLLOUT
-from grpo_tune.frameworks.verl.table import OOC as OOC  # re-exported by autotune.tune
-from grpo_tune.frameworks.verl.table import OTC as OTC
 from grpo_tune.core.errors import ConfigError
 
 # verl's key prefixes and our degree -> Megatron key map live with the Strategy<->verl table and diagnose.

@@ -25,7 +25,6 @@ from grpo_tune.core.errors import close_matches
 
 from grpo_tune.frameworks.verl.diagnose.context import Ctx
 from grpo_tune.frameworks.base.findings import Severity
-from grpo_tune.frameworks.base.inputs import Override
 from grpo_tune.frameworks.verl.diagnose.rules_plan import DEGREES as DEGREES
 from grpo_tune.frameworks.verl.diagnose.rules_plan import MISMATCH_CODE as MISMATCH_CODE
 from grpo_tune.frameworks.verl.diagnose.rules_plan import check_batches, check_degrees, check_memory
@@ -94,13 +93,13 @@ def rename_of(key: str) -> str | None:
     return real if real and verl.key_status(real) == "declared" else None
 
 
-def apply_renames(overrides: list[Override]) -> tuple[list[Override], dict[str, str]]:
+def apply_renames(overrides: list[Any]) -> tuple[list[Any], dict[str, str]]:
     """The overrides with each blog-only key's value also set on its real key (unless the launch sets that key
     itself), and blog key -> real key: what diagnose's summary and tune's plan read, so that
     ``algorithm.group_size=8`` is priced as ``rollout.n=8``, not as verl's default n=1. The blog key itself
     stays (the keys rule reports it: Hydra refuses it)."""
     present = {o.key for o in overrides}
-    out: list[Override] = list(overrides)
+    out: list[Any] = list(overrides)
     renames: dict[str, str] = {}
     for o in overrides:
         real = rename_of(o.key) if o.prefix != "~" else None
@@ -171,7 +170,7 @@ def check_keys(c: Ctx) -> None:
         suggested = _check_unknown_key(c, key, ov, leaf, suggested)
 
 
-def _check_otc_key(c: Ctx, key: str, ov: Override, otc: str, fields: frozenset[str]) -> None:
+def _check_otc_key(c: Ctx, key: str, ov: Any, otc: str, fields: frozenset[str]) -> None:
     """A key under override_transformer_config: Megatron's TransformerConfig must have the field."""
     sub = key[len(otc) + 1 :]
     name = sub.split(".", 1)[0]
@@ -204,7 +203,7 @@ def _check_otc_key(c: Ctx, key: str, ov: Override, otc: str, fields: frozenset[s
         )
 
 
-def _check_unknown_key(c: Ctx, key: str, ov: Override, leaf: str, suggested: int) -> int:
+def _check_unknown_key(c: Ctx, key: str, ov: Any, leaf: str, suggested: int) -> int:
     """A key verl does not have: a rename or a near key as the hint; returns the count of searched suggestions."""
     real, why = RENAMES.get(key) or LEAF_RENAMES.get(leaf) or (None, "")
     sev = W if ov.prefix else E
@@ -290,8 +289,6 @@ def read_cluster(c: Ctx) -> None:
 def _read_pools(c: Ctx) -> None:
     """The fully-async launch's pools and schedule, as grpo-tune's placement (``c.placement``), checked as
     verl 0.9.1's rollouter asserts them."""
-    from grpo_tune.frameworks.verl import fully_async as verl_async
-
     rgpn, rnodes = c.int_("rollout.n_gpus_per_node"), c.int_("rollout.nnodes")
     rollout = rgpn * rnodes if rgpn and rnodes else None
     stale = c.raw("async_training.staleness_threshold")
@@ -316,7 +313,6 @@ def _read_pools(c: Ctx) -> None:
         "staleness": int(stale) if isinstance(stale, (int, float)) and float(stale).is_integer() else stale,
         "partial_rollout": c.raw("async_training.partial_rollout"),
         "trigger_parameter_sync_step": sync,
-        "recompute_logprobs": verl_async.recomputes_logprobs(c.raw),
     }
 
 
