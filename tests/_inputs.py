@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from grpo_tune.cli.options import plan_inputs
+from grpo_tune.jobs.inputs import plan_inputs
 from grpo_tune.core.specs import ModelSpec
 
 # A GRPO workload with the KL term, one PPO epoch, the hardware's default node size.

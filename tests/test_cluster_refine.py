@@ -98,7 +98,7 @@ def _has_user(name: str) -> bool:
 
 DRIVER = r"""
 import sys
-from grpo_tune.cli.options import plan_inputs
+from grpo_tune.jobs.inputs import plan_inputs
 from grpo_tune.autotune.search.driver import search
 from grpo_tune.autotune.refine import RefineOptions, refine
 out, trials, storage, standin = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]

@@ -139,7 +139,7 @@ PartitionName=gpu Nodes=gpu[1-8] MaxTime=INFINITE State=UP
 
 
 def _trial_config(model: str, hardware: str, gpus: int, gpus_per_node: int | None, tmp: Path):
-    from grpo_tune.cli.options import plan_inputs
+    from grpo_tune.jobs.inputs import plan_inputs
     from grpo_tune.autotune.search.driver import search
     from grpo_tune.core.config import RunConfig, TrainerOptions, save
 
@@ -191,7 +191,7 @@ def test_a_multi_node_gpu_trial_job_is_accepted_by_slurm_sized_to_the_plan(tmp_p
 
 DRIVER = r"""
 import sys
-from grpo_tune.cli.options import plan_inputs
+from grpo_tune.jobs.inputs import plan_inputs
 from grpo_tune.autotune.search.driver import search
 from grpo_tune.autotune.refine import RefineOptions, refine
 from grpo_tune.core.config import TrainerOptions

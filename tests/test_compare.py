@@ -11,7 +11,7 @@ import pytest
 
 from grpo_tune.cli.options import MIN_HEADROOM_DEFAULT
 
-from grpo_tune.cli.compare import usd_per_million_tokens
+from grpo_tune.jobs.compare import usd_per_million_tokens
 from grpo_tune.autotune.search.driver import search
 from grpo_tune.autotune.search.rank import tokens_per_s_per_gpu
 from grpo_tune.core.specs import load_hardware, load_model
@@ -108,7 +108,7 @@ def test_each_row_says_how_its_profile_was_obtained_and_flags_close_calls():
     """compare's rows carry the profile's provenance and its class's cross-validated band; a less-known
     profile faster than a better-known one by less than its band is noted as not told apart."""
     from grpo_tune.validate.grpo import BAND_PCT
-    from grpo_tune.cli.compare import _flag_within_band
+    from grpo_tune.jobs.compare import _flag_within_band
 
     rows = [
         {

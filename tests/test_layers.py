@@ -6,11 +6,12 @@ prefixes it. Each unit may import itself and the units ``ALLOWED`` names, nothin
 
     core -> costmodel -> validate
          -> frameworks.base -> frameworks.{verl, megatron_lm, nemo_rl} -> frameworks.registry
-         -> autotune.search -> autotune.calibrate -> rundir -> autotune.refine
-    trainer (core, costmodel only)                                         cli on top of all
+         -> autotune.search -> autotune.calibrate -> rundir -> autotune.refine -> jobs
+    trainer (core, costmodel only)                                                 cli on top of all
 
 Three more rules: no import cycle between modules anywhere; typer (and click) only under ``cli/``;
-torch, megatron, vLLM and TransformerEngine only under ``trainer/``.
+torch, megatron, vLLM and TransformerEngine only under ``trainer/``. And the CLI is thin: a command parses
+its flags, calls one job of ``jobs/`` and prints what it returns (``THIN_COMMANDS``).
 tests/test_imports.py checks the last one at run time too (importing the CLI loads none of them).
 """
 
@@ -38,6 +39,10 @@ ALLOWED: dict[str, set[str]] = {
     "autotune": _LOW | {"autotune.search", "autotune.calibrate", "frameworks", "frameworks.base"},  # tune
     "rundir": _LOW | {"validate", "autotune.search", "autotune.calibrate", "frameworks", "frameworks.base"},
     "autotune.refine": _LOW | {"autotune.search", "autotune.calibrate", "rundir"},
+    # each command's work (cli parses, calls one job, prints)
+    "jobs": _LOW
+    | {"validate", "frameworks", "frameworks.base", "autotune.search", "autotune.calibrate", "autotune"}
+    | {"rundir", "autotune.refine"},
     "trainer": _LOW,
     "cli": set(),  # anything: it is the top
 }
@@ -236,3 +241,110 @@ def test_the_checker_sees_lazy_relative_and_cyclic_imports(tmp_path):
     assert imports_of(fake, tmp_path) == {"autotune.search", "trainer", "cli"}
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+# The CLI is thin: a command parses its flags into a request, calls one job (grpo_tune/jobs/) and prints the
+# outcome. WORK names what conducts the work: the searches, the refinement, writing run folders and output
+# files, the calibration and the preamble (frameworks, stack, --out); a thin command's module imports none of
+# it (the registry module `grpo_tune.frameworks` included), and calls exactly one job function, from the
+# command itself. Printing helpers (tables, labels, ranks) stay allowed. The preamble and the flag parsing of
+# jobs.setup / jobs.inputs are not jobs.
+THIN_COMMANDS = ("search", "compare", "estimate")
+PENDING_THICK = {"tune"}  # still conducting its work; may only shrink (a listed module that is thin fails)
+WORK = {
+    "grpo_tune.frameworks",
+    "grpo_tune.autotune.search.driver.search",
+    "grpo_tune.autotune.search.placement.search_placement",
+    "grpo_tune.autotune.search.defaults.with_verl_defaults",
+    "grpo_tune.autotune.refine.refine",
+    "grpo_tune.autotune.refine.loop.refine",
+    "grpo_tune.autotune.refine.RefineOptions",
+    "grpo_tune.autotune.tune.tune",
+    "grpo_tune.rundir.emit.emit",
+    "grpo_tune.rundir.emit.emit_run",
+    "grpo_tune.rundir.outputs.check_out_dir",
+    "grpo_tune.rundir.report.plot_compare",
+    "grpo_tune.rundir.report.plot_splits",
+    "grpo_tune.autotune.calibrate.fit.load",
+    "grpo_tune.autotune.calibrate.fit.load_if_given",
+    "grpo_tune.costmodel.estimate.estimate",
+    "grpo_tune.costmodel.placement.estimate_separate",
+    "grpo_tune.core.config.atomic_write",
+}
+NOT_JOBS = ("grpo_tune.jobs.setup", "grpo_tune.jobs.inputs")
+
+
+def _job_functions(tree: ast.Module) -> set[str]:
+    """Local names bound to a function of a job module (``from grpo_tune.jobs.search import run_search``)."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("grpo_tune.jobs."):
+            if node.module not in NOT_JOBS:
+                out |= {a.asname or a.name for a in node.names if a.name.startswith("run_")}
+    return out
+
+
+def _job_calls(node: ast.AST, jobs: set[str]) -> list[str]:
+    return [
+        c.func.id
+        for c in ast.walk(node)
+        if isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in jobs
+    ]
+
+
+def _thin_problems(path: Path, command: str, root: Path = ROOT) -> list[str]:
+    """Why ``path`` is not a thin command module (empty: it is)."""
+    tree = ast.parse(path.read_text())
+    bad = [f"imports {n}" for n in sorted(imported_names(path, root) & WORK)]
+    jobs = _job_functions(tree)
+    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    if command not in funcs:
+        return bad + [f"defines no command function {command}()"]
+    own = _job_calls(funcs[command], jobs)
+    if len(own) != 1:
+        bad.append(f"{command}() calls {len(own)} job functions ({own}), not exactly one")
+    for name, f in funcs.items():
+        if name != command and _job_calls(f, jobs):
+            bad.append(f"{name}() calls a job: only the command itself may")
+    return bad
+
+
+@pytest.mark.parametrize("command", THIN_COMMANDS)
+def test_a_thin_command_parses_calls_one_job_and_prints(command):
+    bad = _thin_problems(ROOT / "grpo_tune" / "cli" / f"{command}.py", command)
+    assert not bad, f"cli/{command}.py conducts work a job should: {bad}"
+
+
+def test_pending_thick_commands_are_still_thick():
+    thin = [c for c in sorted(PENDING_THICK) if not _thin_problems(ROOT / "grpo_tune" / "cli" / f"{c}.py", c)]
+    assert not thin, f"move these to THIN_COMMANDS, they are thin now: {thin}"
+
+
+def test_the_thin_check_sees_work_in_a_command(tmp_path):
+    """The check fails on the command module as it was: orchestration in the CLI, no job called."""
+    pkg = tmp_path / "grpo_tune" / "cli"
+    pkg.mkdir(parents=True)
+    thick = pkg / "search.py"
+    thick.write_text(
+        "from grpo_tune import frameworks as F\n"
+        "from grpo_tune.rundir.emit import emit_run\n"
+        "def search(out):\n"
+        "    from grpo_tune.autotune.search.driver import search as run\n"
+        "    emit_run(run(F.select('verl')), out=out)\n"
+    )
+    bad = _thin_problems(thick, "search", tmp_path)
+    assert "imports grpo_tune.frameworks" in bad and "imports grpo_tune.rundir.emit.emit_run" in bad
+    assert "imports grpo_tune.autotune.search.driver.search" in bad
+    assert any("calls 0 job functions" in b for b in bad)
+    twice = pkg / "compare.py"
+    twice.write_text(
+        "from grpo_tune.jobs.compare import run_compare\n"
+        "from grpo_tune.jobs.setup import prepare\n"
+        "def compare(r):\n"
+        "    prepare('verl')\n"
+        "    return run_compare(r), run_compare(r)\n"
+        "def _more(r):\n"
+        "    return run_compare(r)\n"
+    )
+    bad = _thin_problems(twice, "compare", tmp_path)
+    assert any("calls 2 job functions" in b for b in bad) and "_more() calls a job: only the command itself may" in bad

@@ -22,7 +22,7 @@ STANDIN = [sys.executable, str(ROOT / "tests" / "refine_standin.py")]
 
 DRIVER = r"""
 import sys
-from grpo_tune.cli.options import plan_inputs
+from grpo_tune.jobs.inputs import plan_inputs
 from grpo_tune.autotune.search.driver import search
 from grpo_tune.autotune.refine import RefineOptions, refine
 out, trials, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

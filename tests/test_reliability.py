@@ -362,7 +362,7 @@ def test_a_killed_refine_takes_its_running_trial_down(tmp_path):
     drv = tmp_path / "refine_driver.py"
     drv.write_text(
         "import sys\n"
-        "from grpo_tune.cli.options import plan_inputs\n"
+        "from grpo_tune.jobs.inputs import plan_inputs\n"
         "from grpo_tune.autotune.search.driver import search\n"
         "from grpo_tune.autotune.refine import RefineOptions, refine\n"
         "m, hw, cl, wl = plan_inputs(model='tiny', hardware='cpu', gpus=4, gpus_per_node=None, workload='grpo',\n"

@@ -215,7 +215,7 @@ def test_train_prints_the_classified_cause_not_the_traceback(tmp_path):
 
 def test_a_run_folder_appears_whole_or_not_at_all(tmp_path, monkeypatch):
     """kill -9 during emit left a run folder with some files and not others (each file atomic, the folder not)."""
-    from grpo_tune.cli.options import plan_inputs
+    from grpo_tune.jobs.inputs import plan_inputs
     from grpo_tune.autotune.search.driver import search
     from grpo_tune.rundir import emit as E
     from grpo_tune.rundir import report

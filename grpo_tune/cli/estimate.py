@@ -1,6 +1,6 @@
 """``grpo-tune estimate``: the cost model's figures for one plan.
 
-Parses the flags, calls :func:`costmodel.estimate.estimate` once, and prints a breakdown (or one
+Parses the flags, calls :func:`grpo_tune.jobs.estimate.run_estimate` once, and prints a breakdown (or one
 JSON object with ``--json``). A plan that cannot exist exits 2 with a coded error; a plan that
 exists but does not fit exits 0 with ``fits: false`` and its violations.
 """
@@ -15,11 +15,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_tune.core.placement import PlacementAsk
 from grpo_tune.cli.options import Framework, Gpus, Hardware, Json, Model, inputs_from_flags
-from grpo_tune.autotune.calibrate.fit import load_if_given
-from grpo_tune.costmodel.estimate import Estimate, estimate as run_estimate
-from grpo_tune.core.strategy import SYNC_BUCKET_MB, Strategy
+from grpo_tune.costmodel.estimate import Estimate
+from grpo_tune.core.strategy import SYNC_BUCKET_MB
+from grpo_tune.jobs.estimate import EstimateRequest, run_estimate
+from grpo_tune.jobs.setup import prepare
 from grpo_tune.cli.plan_options import flags_after, plan_flags, plan_options
 from grpo_tune.cli.options import PLACEMENT_FLAGS, placement_flags
 from grpo_tune.core.units import GiB
@@ -181,72 +181,21 @@ def estimate(
     **plan: Any,
 ) -> None:
     """Memory per rank per GRPO phase (and time, where the time model is present) for one plan."""
-    from grpo_tune import frameworks as F
     from grpo_tune.core.errors import ConfigError
 
-    fws = F.select(framework)
-    if len(fws) > 1:
+    setup = prepare(framework, stack=plan.get("stack"), calibration=calibration)
+    if len(setup.frameworks) > 1:
         raise ConfigError("--framework all prices one framework at a time", hint="give verl or nemo-rl")
     place = placement_flags(plan)
-    plan["stack"] = F.default_stack(fws, plan.get("stack"))
-    (m, hw, cluster, wl), pins = inputs_from_flags(plan_flags(plan, model=model, hardware=hardware, gpus=gpus))
-    pins = F.plan_pins(fws, pins)
-    strategy = Strategy.from_dict(pins, where="options")
-    cal = load_if_given(calibration, hardware=hw.name)
-    if place.placement == "colocated" and not place.pool_options:
-        est = run_estimate(model=m, hardware=hw, cluster=cluster, strategy=strategy, workload=wl, calibration=cal)
-    else:
-        est = _estimate_separate(m, hw, cluster, strategy, wl, cal, place)
+    plan["stack"] = setup.stack
+    target, pins = inputs_from_flags(plan_flags(plan, model=model, hardware=hardware, gpus=gpus))
+    est = run_estimate(EstimateRequest(target=target, pins=pins, setup=setup, place=place))
     if json_out:
         print(json.dumps(est.to_dict(), indent=2))
         return
     print_estimate(est, Console())
     if est.placement:
         print_pools(est, Console())
-
-
-def placement_of(place: PlacementAsk, gpus: int) -> Any:
-    """The Placement the placement flags ask for (a coded error for a bad combination)."""
-    from grpo_tune.core.errors import ConfigError
-    from grpo_tune.core.placement import Placement
-    from grpo_tune.costmodel.placement import check_fields
-
-    mode = place.placement
-    if mode not in ("colocated", "separate"):
-        raise ConfigError(
-            f"--placement must be colocated or separate here, got {mode!r}", hint="auto is for search: it searches both"
-        )
-    if mode == "separate" and place.rollout_gpus is None:
-        raise ConfigError(
-            "--placement separate needs --rollout-gpus N", hint=f"e.g. --rollout-gpus {max(1, gpus // 4)}"
-        )
-    p = Placement(
-        mode=mode,
-        rollout_gpus=place.rollout_gpus or 0,
-        rollout_hardware=place.rollout_hardware,
-        staleness=place.staleness,
-        partial_rollout=place.partial_rollout,
-    )
-    check_fields(p, where="options")
-    return p
-
-
-def _estimate_separate(m, hw, cluster, strategy, wl, cal, place):
-    from grpo_tune.core.specs import load_hardware
-    from grpo_tune.costmodel.placement import estimate_separate
-
-    p = placement_of(place, cluster.gpus)
-    hw_r = load_hardware(p.rollout_hardware) if p.rollout_hardware else None
-    return estimate_separate(
-        model=m,
-        hardware=hw,
-        cluster=cluster,
-        strategy=strategy,
-        workload=wl,
-        placement=p,
-        rollout_hardware=hw_r,
-        calibration=cal,
-    )
 
 
 def print_pools(est: Estimate, console: Console) -> None:

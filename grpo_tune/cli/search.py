@@ -8,8 +8,9 @@ runs (:func:`autotune.refine.refine`, imported only then).
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import Annotated, Any, Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -31,9 +32,8 @@ from grpo_tune.cli.plan_options import flags_after, plan_flags, plan_options
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.costmodel.estimate import Estimate
 from grpo_tune.core.units import GiB
-
-if TYPE_CHECKING:  # imported only under --refine (it loads Optuna)
-    from grpo_tune.autotune.refine import RefineOptions
+from grpo_tune.jobs.search import RefineAsk, SearchOutcome, SearchRequest, run_search
+from grpo_tune.jobs.setup import prepare
 
 P_OUT = "Output"
 P_REF = "Refinement (real profiling runs)"
@@ -115,16 +115,6 @@ REFINE_FLAGS: tuple[tuple[str, Any, Any], ...] = (
     ("trial_timeout", TrialTimeout, 600.0),
     ("launcher", Launcher, "local"),
 )
-
-
-def _refine_options(flags: dict[str, Any], **more: Any) -> RefineOptions:
-    """RefineOptions from the --refine flags' values (checked: a bad value is a coded error)."""
-    from grpo_tune.autotune.refine import RefineOptions
-
-    fields = {("trial_timeout_s" if k == "trial_timeout" else k): v for k, v in flags.items() if k != "refine"}
-    opts = RefineOptions(**fields, **more)
-    opts.check()
-    return opts
 
 
 def _gib(x: float) -> str:
@@ -228,116 +218,82 @@ def search(
     **plan: Any,
 ) -> None:
     """Rank every valid plan by predicted step time; print the best and write runs/<id>/."""
-    from grpo_tune import frameworks as F
-
-    fws = F.select(framework)
-
     ref = {name: plan.pop(name, default) for name, _, default in REFINE_FLAGS}
     place = placement_flags(plan)
-    refine, study_name = ref["refine"], ref["study_name"]
     if not 1 <= top <= MAX_TOP:
         raise ConfigError(
             f"--top must be between 1 and {MAX_TOP}, got {top}", hint=f"give --top {MAX_TOP} or fewer plans to show"
         )
-    if emit:
-        from grpo_tune.rundir.outputs import check_out_dir
-
-        check_out_dir(out, "--out", inputs={"--calibration": calibration})  # before the search, not after it
-    plan["stack"] = F.default_stack(fws, plan.get("stack"))
-    (m, hw, cluster, wl), pins = inputs_from_flags(plan_flags(plan, hardware=hardware))
-    pins = F.check_pins(fws, pins)
-    from grpo_tune.autotune.calibrate.fit import load_if_given
-
-    cal = load_if_given(calibration, hardware=hw.name)
-    console = Console()
+    # before the search, not after it
+    setup = prepare(framework, stack=plan.get("stack"), out=out if emit else None, calibration=calibration)
+    plan["stack"] = setup.stack
+    target, pins = inputs_from_flags(plan_flags(plan, hardware=hardware))
+    req = SearchRequest(
+        target=target,
+        pins=pins,
+        setup=setup,
+        place=place,
+        top=top,
+        allow_cross_node_tp=allow_cross_node_tp,
+        min_headroom=min_headroom,
+        out=out,
+        emit=emit,
+        refine=_refine_ask(ref),
+    )
     err = Console(stderr=True)
-    result = _run_search(m, hw, cluster, wl, pins, top, cal, allow_cross_node_tp, err, min_headroom)
-    if place.placement != "colocated" or place.pool_options:
-        if refine:
-            raise ConfigError(
-                "--refine measures colocated plans only", hint="drop --refine, or search --placement colocated"
-            )
-        _search_placement(
-            m,
-            hw,
-            cluster,
-            wl,
-            pins,
-            place,
-            result,
-            top=top,
-            cal=cal,
-            cross=allow_cross_node_tp,
-            min_headroom=min_headroom,
-            json_out=json_out,
-            emit=emit,
-            out=out,
-            calibration=calibration,
-            console=console,
-            all_plans=all_plans,
-            frameworks=fws,
-        )
-        return
+    console = Console()
 
-    if refine:  # every refine option is checked before the run folder (a finished refine's best.yaml) is written
-        opts = _refine_options(ref, calibration=cal, pins=pins, allow_cross_node_tp=allow_cross_node_tp)
-    run_dir: Path | None = None
-    files: dict[str, Path] = {}
-    if emit or refine:
-        run_dir, files = _write_run_folder(
-            result,
-            out,
-            refine=refine,
-            study_name=study_name,
-            calibration=calibration,
-            inputs=(m, hw, cluster, wl),
-            frameworks=fws,
-        )
-
-    if json_out and not refine:
-        _print_json(result, run_dir, files, top)
-        return
-    if not json_out:
-        _print_result(result, wl, console, top=top, all_plans=all_plans, run_dir=run_dir, files=files)
-    if refine:
-        from grpo_tune.autotune.refine import refine as run_refine
-
-        assert run_dir is not None  # --refine always writes the run folder above
-        res = run_refine(result.ranked, m, hw, cluster, wl, run_dir, opts, console=err, search=result)
-        if json_out:
-            print(
-                json.dumps(
-                    {"run_dir": str(run_dir), "stats": result.stats(), "refine": res.to_dict()}, indent=2, default=str
-                )
+    def ranked(o: SearchOutcome) -> None:  # printed before a refinement starts (it takes minutes)
+        if not json_out:
+            _print_result(
+                o.result, target.workload, console, top=top, all_plans=all_plans, run_dir=o.run_dir, files=o.files
             )
 
+    o = run_search(req, progress=lambda: _progress_bar(err), ranked=ranked, console=err)
+    if o.placement is not None:
+        _print_placement(o, console, json_out=json_out, all_plans=all_plans)
+    elif json_out and o.refine is None:
+        _print_json(o.result, o.run_dir, o.files, top)
+    elif json_out:
+        assert o.refine is not None
+        print(
+            json.dumps(
+                {"run_dir": str(o.run_dir), "stats": o.result.stats(), "refine": o.refine.to_dict()},
+                indent=2,
+                default=str,
+            )
+        )
 
-def _write_run_folder(
-    result,
-    out: Path,
-    *,
-    refine: bool,
-    study_name: str | None,
-    calibration: Path | None,
-    inputs: tuple,
-    frameworks: tuple[str, ...] = ("verl",),
-) -> tuple[Path, dict[str, Path]]:
-    """The run folder of the best plan: a new runs/<id>/, or under --refine a stable folder named like the
-    study, so that re-running the command resumes it (written only once: refine's finish replaces it atomically)."""
-    from grpo_tune.rundir.emit import emit as emit_into, emit_run
 
-    kw: dict[str, Any] = dict(search=result, meta={"calibration": str(calibration)} if calibration else None)
-    if frameworks != ("verl",):
-        kw["frameworks"] = frameworks
-    if not refine:
-        return emit_run(result.best, out=out, **kw)
-    from grpo_tune.autotune.refine import default_study_name
+def _refine_ask(flags: dict[str, Any]) -> RefineAsk | None:
+    """The --refine options (None without --refine)."""
+    if not flags["refine"]:
+        return None
+    return RefineAsk(
+        **{("trial_timeout_s" if k == "trial_timeout" else k): v for k, v in flags.items() if k != "refine"}
+    )
 
-    run_dir = out / (study_name or default_study_name(*inputs))
-    files: dict[str, Path] = {}
-    if not (run_dir / "best.yaml").exists():
-        files = emit_into(result.best, run_dir, **kw)
-    return run_dir, files
+
+@contextmanager
+def _progress_bar(err: Console) -> Iterator[Callable[[int, int], None]]:
+    """The search's progress bar on stderr (only on a terminal; gone when the search ends)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("[bold]search[/] layouts"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:
+        task = bar.add_task("search", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield progress
 
 
 def _print_json(result, run_dir: Path | None, files: dict[str, Path], top: int) -> None:
@@ -400,138 +356,28 @@ def _print_result(
         )
 
 
-def _run_search(m, hw, cluster, wl, pins, top, cal, cross, err: Console, min_headroom: float = 0.0):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(
-        TextColumn("[bold]search[/] layouts"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    ) as bar:
-        task = bar.add_task("search", total=None)
-
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        from grpo_tune.autotune.search.defaults import with_verl_defaults
-        from grpo_tune.autotune.search.driver import search
-
-        res = search(
-            m,
-            hw,
-            cluster,
-            wl,
-            pins=pins,
-            top=top,
-            calibration=cal,
-            allow_cross_node_tp=cross,
-            min_headroom=min_headroom,
-            progress=progress,
-        )
-        # a knob within the model's noise of verl's default is printed and emitted at the default
-        return with_verl_defaults(res, pins=pins, calibration=cal, min_headroom=min_headroom)
-
-
-def _search_placement(
-    m,
-    hw,
-    cluster,
-    wl,
-    pins,
-    place,
-    colocated,
-    *,
-    top,
-    cal,
-    cross,
-    min_headroom,
-    json_out,
-    emit,
-    out,
-    calibration,
-    console,
-    all_plans,
-    frameworks: tuple[str, ...] = ("verl",),
-) -> None:
-    """search --placement separate|auto: the best plan of each placement side by side, the winner emitted."""
-    from grpo_tune.autotune.search.placement import search_placement
-    from grpo_tune.core.specs import load_hardware
-
-    mode = place.require_separate()
-    hw_r = load_hardware(place.rollout_hardware) if place.rollout_hardware else None
-    res = search_placement(
-        m,
-        hw,
-        cluster,
-        wl,
-        placement=mode,
-        staleness=place.staleness,
-        rollout_gpus=place.rollout_gpus,
-        rollout_hardware=hw_r,
-        partial_rollout=place.partial_rollout,
-        # NeMo-RL offloads the policy only to make room for colocated generation: a training pool keeps it
-        pins={**pins, "offload": ()} if "nemo-rl" in frameworks else pins,
-        top=top,
-        calibration=cal,
-        allow_cross_node_tp=cross,
-        min_headroom=min_headroom,
-        colocated=colocated if mode == "auto" else None,
-    )
-    run_dir: Path | None = None
-    files: dict[str, Path] = {}
-    if emit:
-        from grpo_tune.rundir.emit import emit_run
-
-        run_dir, files = emit_run(
-            res.best,
-            out=out,
-            search=colocated if not res.best.placement else None,
-            meta={"calibration": str(calibration)} if calibration else None,
-            frameworks=frameworks,
-        )
-    if run_dir is not None and res.splits:
-        files["placement_png"] = plot_splits(res, run_dir / "placement.png")
+def _print_placement(o: SearchOutcome, console: Console, *, json_out: bool, all_plans: bool) -> None:
+    """search --placement separate|auto: the best plan of each placement side by side, the run folder written."""
+    res, colocated = o.placement, o.result
+    assert res is not None
     if json_out:
-        print(json.dumps(placement_json(res, run_dir, files), indent=2, default=str))
+        print(json.dumps(placement_json(res, o.run_dir, o.files), indent=2, default=str))
         return
     if res.best_colocated is not None and not res.best.placement:
-        _print_result(colocated, wl, console, top=top, all_plans=all_plans, run_dir=None, files={})
-    print_placements(res, console)
-    if run_dir is not None:
-        console.print(
-            f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False
+        _print_result(
+            colocated,
+            o.request.target.workload,
+            console,
+            top=o.request.top,
+            all_plans=all_plans,
+            run_dir=None,
+            files={},
         )
-
-
-def plot_splits(res, path: Path) -> Path:
-    """placement.png: the step of each split the search priced, per staleness (the representative training
-    plans), the colocated step as a line, the chosen separate plan marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for k in sorted({int(d["staleness"]) for d in res.splits}):
-        pts = sorted((d["rollout_gpus"], d["step_s"]) for d in res.splits if d["staleness"] == k)
-        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=f"separate, staleness {k}")
-    c, b = res.best_colocated, res.best_separate
-    if c is not None:
-        ax.axhline(c.step_s, color="grey", linestyle="--", label=f"colocated {c.step_s:.1f} s")
-    if b is not None:
-        ax.plot([b.placement["rollout_gpus"]], [b.step_s], marker="*", markersize=14, color="black", label="chosen")
-    ax.set_xlabel(f"rollout GPUs (of {(b or c).cluster.gpus})")
-    ax.set_ylabel("seconds per step (steady state)")
-    ax.set_title("Split of the cluster between rollout and training")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    print_placements(res, console)
+    if o.run_dir is not None:
+        console.print(
+            f"wrote [bold]{o.run_dir}/[/] ({', '.join(sorted(p.name for p in o.files.values()))})", highlight=False
+        )
 
 
 def placement_json(res, run_dir, files) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Two plots for a search: the step-time breakdown of the top plans (stacked bars, one segment per
 phase) and the Pareto front of throughput vs peak memory with the winner marked. ``compare``
-gets one plot of the best plan per hardware.
+gets one plot of the best plan per hardware, a placement search one of the step per split.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from grpo_tune.autotune.search.grouping import layout_key
 from grpo_tune.costmodel.estimate import Estimate
@@ -18,6 +18,9 @@ from grpo_tune.core.strategy import Strategy
 
 from grpo_tune.core.config import atomic_write
 from grpo_tune.core.units import GiB
+
+if TYPE_CHECKING:
+    from grpo_tune.autotune.search.placement import PlacementResult
 
 PHASE_COLORS = {
     "rollout": "#4C72B0",
@@ -474,3 +477,28 @@ def write_report(
     L += _plans_and_use_lines(ranked, pareto, stats, files, use, verl)
     out["report"] = atomic_write(run_dir / "report.md", "\n".join(L))
     return out
+
+
+def plot_splits(res: PlacementResult, path: Path) -> Path:
+    """placement.png: the step of each split the search priced, per staleness (the representative training
+    plans), the colocated step as a line, the chosen separate plan marked."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for k in sorted({int(d["staleness"]) for d in res.splits}):
+        pts = sorted((d["rollout_gpus"], d["step_s"]) for d in res.splits if d["staleness"] == k)
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=f"separate, staleness {k}")
+    c, b = res.best_colocated, res.best_separate
+    if c is not None:
+        ax.axhline(c.step_s, color="grey", linestyle="--", label=f"colocated {c.step_s:.1f} s")
+    if b is not None and b.placement is not None:  # a separate plan always has its pools' figures
+        ax.plot([b.placement["rollout_gpus"]], [b.step_s], marker="*", markersize=14, color="black", label="chosen")
+    shown = b or c
+    assert shown is not None  # a placement search that found nothing raised NoFeasiblePlanError
+    ax.set_xlabel(f"rollout GPUs (of {shown.cluster.gpus})")
+    ax.set_ylabel("seconds per step (steady state)")
+    ax.set_title("Split of the cluster between rollout and training")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

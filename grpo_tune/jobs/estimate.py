@@ -1,0 +1,83 @@
+"""``grpo-tune estimate``'s work: the cost model's figures for one plan, colocated or on separate pools.
+
+:func:`run_estimate` takes an :class:`EstimateRequest` and returns the :class:`Estimate`; ``cli/estimate.py``
+prints it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_tune.core.placement import Placement, PlacementAsk
+from grpo_tune.core.target import Target
+from grpo_tune.costmodel.estimate import Estimate, estimate
+from grpo_tune.jobs.setup import Setup
+
+
+@dataclass(frozen=True)
+class EstimateRequest:
+    """What ``estimate`` was asked: the target, the plan's knobs, the placement."""
+
+    target: Target
+    pins: dict[str, Any]
+    setup: Setup = Setup()
+    place: PlacementAsk = PlacementAsk()
+
+
+def run_estimate(req: EstimateRequest) -> Estimate:
+    """The plan the pins describe (the framework's fixed fields added), priced colocated or on the pools asked."""
+    from grpo_tune import frameworks as F
+    from grpo_tune.core.strategy import Strategy
+
+    m, hw, cluster, wl = req.target
+    pins = F.plan_pins(req.setup.frameworks, req.pins)
+    strategy = Strategy.from_dict(pins, where="options")
+    cal = req.setup.load_calibration(hw.name)
+    place = req.place
+    if place.placement == "colocated" and not place.pool_options:
+        return estimate(model=m, hardware=hw, cluster=cluster, strategy=strategy, workload=wl, calibration=cal)
+    return _estimate_separate(m, hw, cluster, strategy, wl, cal, place)
+
+
+def placement_of(place: PlacementAsk, gpus: int) -> Placement:
+    """The Placement the placement flags ask for (a coded error for a bad combination)."""
+    from grpo_tune.core.errors import ConfigError
+    from grpo_tune.costmodel.placement import check_fields
+
+    mode = place.placement
+    if mode not in ("colocated", "separate"):
+        raise ConfigError(
+            f"--placement must be colocated or separate here, got {mode!r}", hint="auto is for search: it searches both"
+        )
+    if mode == "separate" and place.rollout_gpus is None:
+        raise ConfigError(
+            "--placement separate needs --rollout-gpus N", hint=f"e.g. --rollout-gpus {max(1, gpus // 4)}"
+        )
+    p = Placement(
+        mode=mode,
+        rollout_gpus=place.rollout_gpus or 0,
+        rollout_hardware=place.rollout_hardware,
+        staleness=place.staleness,
+        partial_rollout=place.partial_rollout,
+    )
+    check_fields(p, where="options")
+    return p
+
+
+def _estimate_separate(m, hw, cluster, strategy, wl, cal, place):
+    from grpo_tune.core.specs import load_hardware
+    from grpo_tune.costmodel.placement import estimate_separate
+
+    p = placement_of(place, cluster.gpus)
+    hw_r = load_hardware(p.rollout_hardware) if p.rollout_hardware else None
+    return estimate_separate(
+        model=m,
+        hardware=hw,
+        cluster=cluster,
+        strategy=strategy,
+        workload=wl,
+        placement=p,
+        rollout_hardware=hw_r,
+        calibration=cal,
+    )

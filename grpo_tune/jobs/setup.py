@@ -1,0 +1,51 @@
+"""The preamble of the planning commands (search, compare, estimate, tune): which frameworks and stack the
+plan is for, the output folder checked before any work (never after a long search), and the calibration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a planning command plans for, settled before its work starts."""
+
+    frameworks: tuple[str, ...] = ("verl",)
+    """The frameworks whose files are written (``--framework``; ``all``: every registered one)."""
+    stack: str | None = None
+    """The stack profile priced under: the user's ``--stack``, or the framework's own default."""
+    calibration: Path | None = None
+    """``--calibration``: the calibration file applied to the time model, if any."""
+
+    def load_calibration(self, hardware: str | None = None) -> dict[str, float] | None:
+        """The calibration's parameters (None without ``--calibration``); a coded error for a bad file, or
+        (``hardware`` given) for a file fitted on other hardware."""
+        from grpo_tune.autotune.calibrate.fit import load_if_given
+
+        return load_if_given(self.calibration, hardware=hardware)
+
+    def meta(self) -> dict[str, str] | None:
+        """The run folder's meta block naming the calibration (None without one)."""
+        return {"calibration": str(self.calibration)} if self.calibration else None
+
+
+def prepare(
+    framework: str | None,
+    *,
+    stack: str | None = None,
+    out: Path | None = None,
+    calibration: Path | None = None,
+    inputs: dict[str, Path] | None = None,
+) -> Setup:
+    """The frameworks ``--framework`` names, the stack to price under, and ``out`` (when the command will write
+    there) checked before the work: a file, or a folder that is one of the command's ``inputs`` (``--calibration``
+    always is), is a coded error now rather than after a long search."""
+    from grpo_tune import frameworks as F
+
+    fws = F.select(framework)
+    if out is not None:
+        from grpo_tune.rundir.outputs import check_out_dir
+
+        check_out_dir(out, "--out", inputs={**(inputs or {}), "--calibration": calibration})
+    return Setup(frameworks=fws, stack=F.default_stack(fws, stack), calibration=calibration)
