@@ -7,8 +7,6 @@ in tests/test_verl_compose.py.
 from __future__ import annotations
 
 import shlex
-from typing import Any
-
 from grpo_tune.frameworks.verl import table
 from grpo_tune.frameworks.verl.snapshot import CONFIG_NAME, VERL_VERSION
 from grpo_tune.core.config import RunConfig
@@ -26,9 +24,9 @@ def plan_of(cfg: RunConfig) -> table.Plan:
 
 def verl_values(
     cfg: RunConfig, *, model_path: str = "$MODEL_PATH", train_files: str = "$TRAIN_FILES", val_files: str = "$VAL_FILES"
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Every verl key grpo-tune sets for this plan -> its Python value (the table's rows, then fixed keys)."""
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         **{k: v for k, v in table.FIXED.items() if not k.startswith("trainer.")},
         "data.train_files": train_files,
         "data.val_files": val_files,

@@ -35,7 +35,7 @@ import tempfile
 import zipfile
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, cast
+from typing import Iterable, cast
 
 from grpo_tune.frameworks.verl import snapshot as verl
 from grpo_tune.frameworks.verl import table
@@ -79,7 +79,7 @@ def config_dir(*, fetch: bool = True) -> Path:
     return target
 
 
-def compose(overrides: Iterable[str] = (), *, fetch: bool = True, resolve: bool = True) -> dict[str, Any]:
+def compose(overrides: Iterable[str] = (), *, fetch: bool = True, resolve: bool = True) -> dict[str, object]:
     """Compose ``fully_async_ppo_megatron_trainer`` as ``fully_async_main`` does (its search path points at
     the trainer config); a key Hydra rejects raises UNKNOWN_KEY."""
     try_import("hydra", "test")
@@ -95,7 +95,7 @@ def compose(overrides: Iterable[str] = (), *, fetch: bool = True, resolve: bool 
     try:
         with initialize_config_dir(config_dir=str(adir), version_base=None):
             cfg = hydra_compose(CONFIG_NAME, overrides=ovs)
-        return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=resolve))
+        return cast(dict[str, object], OmegaConf.to_container(cfg, resolve=resolve))
     except (HydraException, OmegaConfBaseException) as exc:
         msg = str(exc).splitlines()[0]
         code = UnknownKeyError if "Could not override" in msg or "Key '" in msg else ConfigError
@@ -106,15 +106,16 @@ def compose(overrides: Iterable[str] = (), *, fetch: bool = True, resolve: bool 
 
 
 @lru_cache(maxsize=1)
-def snapshot() -> dict[str, Any]:
+def snapshot() -> dict[str, object]:
     """The keys the fully-async config adds to or changes in ``ppo_megatron_trainer``: dotted key -> default."""
     try:
-        return json.loads(SNAPSHOT.read_text())["keys"]
+        keys: dict[str, object] = json.loads(SNAPSHOT.read_text())["keys"]
+        return keys
     except (OSError, ValueError) as exc:  # pragma: no cover - a broken install
         raise ConfigError(f"cannot read {SNAPSHOT}: {exc}", hint="reinstall grpo-tune") from None
 
 
-def default(key: str, fallback: Any = None) -> Any:
+def default(key: str, fallback: object = None) -> object:
     snap = snapshot()
     return snap[key] if key in snap else verl.default(key, fallback)
 
@@ -141,7 +142,7 @@ def write_snapshot(path: Path = SNAPSHOT) -> Path:
 # -- the launch --------------------------------------------------------------------------------
 
 
-def pool_keys(cfg: RunConfig) -> dict[str, Any]:
+def pool_keys(cfg: RunConfig) -> dict[str, object]:
     """The pools, the async schedule and the off-policy correction of a separate plan, as verl keys."""
     from grpo_tune.costmodel.placement import pools
 
@@ -173,7 +174,7 @@ def pool_keys(cfg: RunConfig) -> dict[str, Any]:
     }
 
 
-def values(cfg: RunConfig, **kw: Any) -> dict[str, Any]:
+def values(cfg: RunConfig, **kw: str) -> dict[str, object]:
     """Every verl key of the separate plan: the colocated launch's (training layout, vLLM engine, batch) with
     the pool and async keys replacing theirs."""
     from grpo_tune.frameworks.verl.export import verl_values
@@ -187,7 +188,7 @@ def values(cfg: RunConfig, **kw: Any) -> dict[str, Any]:
     return out
 
 
-def overrides(cfg: RunConfig, **kw: Any) -> list[str]:
+def overrides(cfg: RunConfig, **kw: str) -> list[str]:
     """Hydra overrides for ``python3 -m verl.experimental.fully_async_policy.fully_async_main``; ``+`` marks
     keys neither config declares."""
     out = []
