@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from grpo_tune.core.config import TrainerOptions
@@ -44,7 +45,7 @@ DTYPE_FROM_VERL = {v: k for k, v in VERL_DTYPE.items()}
 
 Plan = dict[str, Any]
 """``{"strategy": Strategy, "workload": Workload, "trainer": TrainerOptions, "cluster": Cluster}``."""
-Get = Callable[[str], Any]
+Get = Callable[[str], object]
 """Key -> value as verl would see it (the override, else verl's default)."""
 
 
@@ -57,7 +58,8 @@ class Row:
     """Every verl key this field writes; ``+`` marks keys verl's schema does not declare."""
     write: Callable[[Plan], dict[str, Any]] | None
     """plan -> {key: value}; None when verl has no setting for the field."""
-    read: Callable[[Get], Any] | None
+    read: Callable[[Get], object] | None
+    """key lookup -> the field's value as verl has it (the section's ``from_dict`` checks it)."""
     why: str = ""
     """For a row without keys: why verl has none."""
 
@@ -67,7 +69,7 @@ def _field(plan: Plan, section: str, name: str) -> Any:
     return part.knob(name) if isinstance(part, Strategy) else getattr(part, name)
 
 
-def same(section: str, name: str, *keys: str, attr: str = "", read: Callable[[Get], Any] | None = None) -> Row:
+def same(section: str, name: str, *keys: str, attr: str = "", read: Callable[[Get], object] | None = None) -> Row:
     """The field's value (or the resolved property ``attr``: ``etp_``, ``sp``), written to every key (actor and
     reference degrees, ...); read from the first key, or by ``read``."""
     return Row(
@@ -158,7 +160,7 @@ def _recompute_layers_write(p: Plan) -> dict[str, Any]:
     return {f"{OTC}.recompute_method": "block", f"{OTC}.recompute_num_layers": s.memory.recompute_layers}
 
 
-def _recompute_layers_read(get: Get) -> int | None:
+def _recompute_layers_read(get: Get) -> object:
     n = get(f"{OTC}.recompute_num_layers")
     if get(f"{OTC}.recompute_granularity") == "full" and get(f"{OTC}.recompute_method") == "block":
         return n
@@ -175,7 +177,7 @@ def _dyn_write(p: Plan) -> dict[str, Any]:
     return out
 
 
-def _dyn_read(get: Get) -> int | None:
+def _dyn_read(get: Get) -> object:
     return get(f"{ACTOR}.ppo_max_token_len_per_gpu") if get(f"{ACTOR}.use_dynamic_bsz") is True else None
 
 
@@ -187,7 +189,7 @@ def _lp_tokens_write(p: Plan) -> dict[str, Any]:
     return {f"{r}.log_prob_max_token_len_per_gpu": n for r in LOG_PROB_ROLES}
 
 
-def _lp_tokens_read(get: Get) -> int | None:
+def _lp_tokens_read(get: Get) -> object:
     if get(f"{ACTOR}.use_dynamic_bsz") is not True:
         return None
     n = get(f"{ROLLOUT}.log_prob_max_token_len_per_gpu")
@@ -199,7 +201,7 @@ def _lp_mbs_write(p: Plan) -> dict[str, Any]:
     return {f"{r}.log_prob_micro_batch_size_per_gpu": p["strategy"].batching.log_prob_mbs_ for r in LOG_PROB_ROLES}
 
 
-def _lp_mbs_read(get: Get) -> int | None:
+def _lp_mbs_read(get: Get) -> object:
     # the old log-prob pass (rollout key) is the one every step runs; the ref pass only with KL
     n = get(f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu")
     return None if n == get(f"{ACTOR}.ppo_micro_batch_size_per_gpu") else n
@@ -213,7 +215,7 @@ def _cpu_opt_write(p: Plan) -> dict[str, Any]:
     return out
 
 
-def _cpu_opt_read(get: Get) -> float | None:
+def _cpu_opt_read(get: Get) -> object:
     if get(f"{OOC}.optimizer_cpu_offload") is not True:
         return None
     f = get(f"{OOC}.optimizer_offload_fraction")
@@ -317,7 +319,7 @@ def _clip_high_write(p: Plan) -> dict[str, Any]:
     return {f"{ACTOR}.clip_ratio_high": t.clip_ratio if t.clip_ratio_high is None else t.clip_ratio_high}
 
 
-def _clip_high_read(get: Get) -> float | None:
+def _clip_high_read(get: Get) -> object:
     high = get(f"{ACTOR}.clip_ratio_high")
     return None if high == get(f"{ACTOR}.clip_ratio") else high
 
@@ -337,7 +339,16 @@ def _etp_write(p: Plan) -> dict[str, Any]:
 
 
 def _dtype_read(get: Get) -> str:
-    return DTYPE_FROM_VERL.get(get(_megs("dtype")[0]), "bf16")
+    d = get(_megs("dtype")[0])
+    return DTYPE_FROM_VERL.get(d, "bf16") if isinstance(d, str) else "bf16"
+
+
+def _gpus_read(get: Get) -> int:
+    """n_gpus_per_node x nnodes (integers; anything else is the TypeError ``*`` raises)."""
+    gpn, nodes = get(_NODE_KEYS[0]), get(_NODE_KEYS[1])
+    if isinstance(gpn, int) and isinstance(nodes, int):
+        return gpn * nodes
+    raise TypeError(f"unsupported operand type(s) for *: {type(gpn).__name__!r} and {type(nodes).__name__!r}")
 
 
 # Fields with their own rule: a resolved property, a flag, a key written only when set, several fields' worth
@@ -363,7 +374,7 @@ CODED: tuple[Row, ...] = (
     # entropy_coef writes the key); the cost model prices the logits' clone and saved softmax then
     same(W, "entropy", f"{ACTOR}.calculate_entropy", read=_entropy_read),
     Row(C, "gpus_per_node", _NODE_KEYS, _gpn_write, lambda get: get(_NODE_KEYS[0])),
-    Row(C, "gpus", (), None, lambda get: get(_NODE_KEYS[0]) * get(_NODE_KEYS[1]), _GPUS_WHY),
+    Row(C, "gpus", (), None, _gpus_read, _GPUS_WHY),
 )
 
 
@@ -464,7 +475,7 @@ def canonical(plan: Plan) -> Plan:
     return {S: s, W: w, T: t, C: c}
 
 
-def format_value(v: Any) -> str:
+def format_value(v: object) -> str:
     """A Python value as a Hydra override value (``True``, ``null``, ``[a,b]``)."""
     if v is None:
         return "null"
@@ -475,5 +486,5 @@ def format_value(v: Any) -> str:
     return str(v)
 
 
-def overrides(values: dict[str, Any]) -> list[str]:
+def overrides(values: Mapping[str, object]) -> list[str]:
     return [f"{k}={format_value(v)}" for k, v in values.items()]
