@@ -10,7 +10,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Iterator, Mapping, TypedDict, TypeVar
 
 from grpo_tune.core.errors import InvalidDegreesError
 from grpo_tune.core.knobs import knob, knobs, names
@@ -39,6 +39,43 @@ PASS_THROUGH = ("pinned", "grid")
 """The knobs' search roles whose pins reach every plan as given (the space generates the rest itself)."""
 
 LAYOUT_KEYS = ("tp", "pp", "first_stage_layers", "last_stage_layers", "vpp", "cp", "ep", "etp")
+
+
+class Degrees(TypedDict):
+    """One layout of the space (``LAYOUT_KEYS``): the parallel degrees and the stage split, as
+    ``Strategy.of`` takes them."""
+
+    tp: int
+    pp: int
+    first_stage_layers: int | None
+    last_stage_layers: int | None
+    vpp: int
+    cp: int
+    ep: int
+    etp: int | None
+
+
+Knobs = dict[str, object]
+"""Part of a plan by knob name (core/knobs.py), as ``Strategy.of`` takes it: a layout's train options
+(micro-batches, recompute, optimizer, offload) or the rollout engine's grid knobs."""
+Roll = tuple[int, float, Knobs]
+"""One rollout option: (rollout_tp, gpu_memory_utilization, the engine's grid knobs)."""
+
+_T = TypeVar("_T")
+
+
+def pinned(pins: Mapping[str, object], key: str, kind: type[_T]) -> _T | None:
+    """The pinned value of ``key`` (the CLI's pin rules gave it the knob's type), None when unpinned."""
+    v = pins.get(key)
+    assert v is None or isinstance(v, kind), f"pin {key}={v!r} is not {kind.__name__}"
+    return v
+
+
+def pinned_number(pins: Mapping[str, object], key: str) -> float | None:
+    """The pinned number of ``key`` (an int or a float, as given), None when unpinned."""
+    v = pins.get(key)
+    assert v is None or isinstance(v, (int, float)), f"pin {key}={v!r} is not a number"
+    return v
 
 
 # ------------------------------------------------------------------------------------------------
@@ -89,17 +126,24 @@ class Space:
     hardware: HardwareSpec
     cluster: Cluster
     workload: Workload
-    pins: dict[str, Any] = field(default_factory=dict)
+    pins: dict[str, object] = field(default_factory=dict)
     allow_cross_node_tp: bool = False
     gmu_grid: tuple[float, ...] = GMU_GRID
     cpu_grid: tuple[float | None, ...] = (None,)
     """CPU-optimizer fractions searched when unpinned; search() adds 1.0 when a layout needs it to fit."""
 
     # -- layouts ---------------------------------------------------------------------------
-    def _choices(self, key: str, default: list) -> list:
-        return [self.pins[key]] if key in self.pins else default
+    def _choices(self, key: str, default: list[_T]) -> list[_T]:
+        """The pinned value of ``key`` alone (the CLI's pin rules gave it the knob's type), else ``default``."""
+        return [self.pins[key]] if key in self.pins else default  # type: ignore[list-item]
 
-    def layouts(self) -> list[dict[str, Any]]:
+    def _pin(self, key: str, kind: type[_T]) -> _T | None:
+        return pinned(self.pins, key, kind)
+
+    def _pin_number(self, key: str) -> float | None:
+        return pinned_number(self.pins, key)
+
+    def layouts(self) -> list[Degrees]:
         m, gpus, gpn = self.model, self.cluster.gpus, self.cluster.gpus_per_node
         kv = m.heads if m.is_mla else m.kv_heads
         tps = [t for t in divisors(math.gcd(m.heads, kv)) if gpus % t == 0 and (t <= gpn or self.allow_cross_node_tp)]
@@ -108,7 +152,7 @@ class Space:
         for tp in self._choices("tp", tps):
             for pp in self._choices("pp", divisors(gpus // tp) if gpus % tp == 0 else []):
                 if "first_stage_layers" in self.pins or "last_stage_layers" in self.pins:
-                    splits = [(self.pins.get("first_stage_layers"), self.pins.get("last_stage_layers"))]
+                    splits = [(self._pin("first_stage_layers", int), self._pin("last_stage_layers", int))]
                 else:
                     splits = stage_splits(m.layers, pp)
                 for first, last in splits:
@@ -140,7 +184,7 @@ class Space:
                                 continue
                             for ep, etp in self._experts(tp, cp, dp):
                                 out.append(
-                                    dict(
+                                    Degrees(
                                         tp=tp,
                                         pp=pp,
                                         first_stage_layers=first,
@@ -162,7 +206,7 @@ class Space:
             if self.pins.get("ep", 1) != 1 or (etp is not None and etp != tp):
                 return []
             return [(1, None)]
-        out = []
+        out: list[tuple[int, int | None]] = []
         # Megatron's MoE parallel folding: ep*etp must divide tp*cp*dp.
         for ep in self._choices("ep", divisors(m.experts)):
             for etp in self._choices("etp", divisors(tp)):
@@ -174,7 +218,7 @@ class Space:
         # verl normalizes the mini-batch per DP rank (core/rules.py holds the rule).
         return not check_batches(self.workload, dp=dp)
 
-    def _valid_layout(self, lay: dict[str, Any]) -> bool:
+    def _valid_layout(self, lay: Degrees) -> bool:
         try:
             validate(
                 self.model,
@@ -188,19 +232,20 @@ class Space:
         return True
 
     # -- train options ---------------------------------------------------------------------
-    def sequences_per_dp(self, lay: dict[str, Any]) -> int:
+    def sequences_per_dp(self, lay: Degrees) -> int:
         dp = self.cluster.gpus // (lay["tp"] * lay["pp"] * lay["cp"])
         wl = self.workload
         return (wl.mini_batch * wl.n if wl.kind == "grpo" else wl.gbs) // dp
 
-    def mbs_options(self, lay: dict[str, Any]) -> list[int]:
+    def mbs_options(self, lay: Degrees) -> list[int]:
         per = self.sequences_per_dp(lay)
         opts = [b for b in range(1, min(per, MAX_MBS) + 1) if per % b == 0]
         # megatron's refusals shared with the trainer (core/support.py), e.g. the interleaving rule per mbs
         dp = self.cluster.gpus // (lay["tp"] * lay["pp"] * lay["cp"])
         opts = [b for b in opts if _plan_ok(self.model, self.workload, tuple(sorted(lay.items())), b, dp)]
-        if "mbs" in self.pins:
-            return [self.pins["mbs"]] if per and per % self.pins["mbs"] == 0 else []
+        pinned = self._pin("mbs", int)
+        if pinned is not None:
+            return [pinned] if per and per % pinned == 0 else []
         return opts
 
     def recompute_options(self) -> list[str]:
@@ -219,24 +264,26 @@ class Space:
         """Dynamic-batching token caps (verl's ppo_max_token_len_per_gpu): 1, 2 and 4 x the longest
         sequence (verl asserts the cap holds it), or the pinned cap; none when pinned off."""
         if "max_tokens_per_gpu" in self.pins:
-            cap = self.pins["max_tokens_per_gpu"]
+            cap = self._pin("max_tokens_per_gpu", int)
             return [cap] if cap else []
         if self.workload.kind != "grpo":
             return []
         return [k * self.workload.train_seq_len for k in CAP_FACTORS]
 
-    def batch_options(self, lay: dict[str, Any]) -> list[dict[str, Any]]:
+    def batch_options(self, lay: Degrees) -> list[Knobs]:
         """Fixed micro-batches (``mbs``) and dynamic batching (a token cap, mbs unused)."""
         mbs = self.mbs_options(lay)
         if not mbs:
             return []
-        fixed = [] if self.pins.get("max_tokens_per_gpu") or not self._log_prob_ok(lay) else [dict(mbs=b) for b in mbs]
+        fixed: list[Knobs] = (
+            [] if self.pins.get("max_tokens_per_gpu") or not self._log_prob_ok(lay) else [dict(mbs=b) for b in mbs]
+        )
         return fixed + [dict(mbs=min(mbs), max_tokens_per_gpu=c) for c in self.cap_options()]
 
-    def _log_prob_ok(self, lay: dict[str, Any]) -> bool:
+    def _log_prob_ok(self, lay: Degrees) -> bool:
         """A pinned log-prob micro-batch splits this layout's log-prob batch (verl asserts it with a fixed
         micro-batch; dynamic batching does not use it)."""
-        lp = self.pins.get("log_prob_mbs")
+        lp = self._pin("log_prob_mbs", int)
         dp = self.cluster.gpus // (lay["tp"] * lay["pp"] * lay["cp"])
         return lp is None or not check_log_prob_batches(
             self.workload, dp=dp, log_prob_mbs=lp, pp=lay["pp"], vpp=lay["vpp"]
@@ -245,14 +292,14 @@ class Space:
     def cpu_options(self) -> list[float | None]:
         """Megatron's hybrid CPU optimizer: pinned, or off plus all-on when memory needs it (``cpu_grid``)."""
         if "cpu_optimizer" in self.pins:
-            return [self.pins["cpu_optimizer"]]
+            return [self._pin_number("cpu_optimizer")]
         return list(self.cpu_grid)
 
     def extra_options(self) -> list[tuple[tuple[str, ...], float | None]]:
         """(offload set, CPU-optimizer fraction) pairs."""
         return [(o, c) for o in self.offload_options() for c in self.cpu_options()]
 
-    def engine_options(self) -> list[dict[str, Any]]:
+    def engine_options(self) -> list[Knobs]:
         """The knob table's grids (core/knobs.py), each pinned or tried in full: vLLM's max_num_seqs and
         eager mode (CUDA graphs cost memory, eager costs time per step). Without vLLM (the CPU trainer samples
         with Megatron, or a plain pretraining step) the rollout engine's grids change nothing and are not tried."""
@@ -263,7 +310,7 @@ class Space:
         grids = [self._choices(k.name, list(k.values)) for k in rows]
         return [dict(zip((k.name for k in rows), combo)) for combo in itertools.product(*grids)]
 
-    def train_options(self, lay: dict[str, Any]) -> list[dict[str, Any]]:
+    def train_options(self, lay: Degrees) -> list[Knobs]:
         return [
             dict(**b, recompute=r, distributed_optimizer=d, **_extra(x))
             for b in self.batch_options(lay)
@@ -279,11 +326,12 @@ class Space:
         weights = 2 * total_params(m)  # bf16 rollout weights
         gmus = self._choices("gpu_memory_utilization", list(self.gmu_grid))
         if self.workload.kind != "grpo":  # plain pretraining has no rollout: one placeholder option
-            return [(self.pins.get("rollout_tp", 1), self.pins.get("gpu_memory_utilization", 0.6))]
+            return [(self._pin("rollout_tp", int) or 1, self._pin_number("gpu_memory_utilization") or 0.6)]
         ok = [t for t in divisors(gpus) if m.heads % t == 0 and (kv % t == 0 or t % kv == 0)]
         fit = [t for t in ok if weights / t < max(gmus) * self.hardware.hbm_bytes]
         if "rollout_tp" in self.pins:
-            rtps = [self.pins["rollout_tp"]] if self.pins["rollout_tp"] in ok else []
+            pinned = self._pin("rollout_tp", int)
+            rtps = [pinned] if pinned in ok else []
         else:
             # vLLM TP within a node, unless the weights only fit across nodes; when they fit
             # nowhere, keep the largest TP so that the estimate says which phase overflows.
@@ -291,19 +339,19 @@ class Space:
         pairs = [(t, g) for t in rtps for g in gmus if weights / t < g * self.hardware.hbm_bytes]
         return pairs or [(t, max(gmus)) for t in rtps]
 
-    def rolls(self) -> list[tuple]:
+    def rolls(self) -> list[Roll]:
         """Every rollout option: (rollout_tp, gpu_memory_utilization, engine knobs)."""
         return [(t, g, eng) for t, g in self.rollout_options() for eng in self.engine_options()]
 
-    def strategy(self, lay: dict[str, Any], opt: dict[str, Any], roll: tuple) -> Strategy:
-        eng = roll[2] if len(roll) > 2 else {}
+    def strategy(self, lay: Degrees, opt: Knobs, roll: Roll | tuple[int, float]) -> Strategy:
+        eng: Knobs = roll[2] if len(roll) > 2 else {}
         # the pins of every knob the space does not generate pass through (core/knobs.py: "pinned", "grid")
         fixed = {
             k: self.pins[k] for k in names(search=PASS_THROUGH) if k in self.pins and k not in opt and k not in eng
         }
         return Strategy.of(**lay, **opt, **fixed, **eng, rollout_tp=roll[0], gpu_memory_utilization=roll[1])
 
-    def candidate_count(self, layouts: list[dict[str, Any]] | None = None) -> int:
+    def candidate_count(self, layouts: list[Degrees] | None = None) -> int:
         layouts = self.layouts() if layouts is None else layouts
         per = len(self.recompute_options()) * len(self.dist_opt_options()) * len(self.extra_options())
         return sum(len(self.batch_options(lay)) for lay in layouts) * per * len(self.rolls())
@@ -339,7 +387,7 @@ def _stages(layers: int, pp: int, first: int | None, last: int | None) -> list[i
 # Ranking
 
 
-def _extra(x: tuple[tuple[str, ...], float | None]) -> dict[str, Any]:
+def _extra(x: tuple[tuple[str, ...], float | None]) -> Knobs:
     """Strategy fields of an (offload, CPU-optimizer) option; the CPU optimizer as verl's examples
     run it (copies overlapped, precision-aware Adam)."""
     o, c = x

@@ -12,12 +12,16 @@ at most :data:`NOISE` slower in all). The notes say what was kept, for the searc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING
 
 from grpo_tune.core.errors import GrpoTuneError
 from grpo_tune.core.strategy import Strategy
+from grpo_tune.costmodel.results import Estimate
+
+if TYPE_CHECKING:
+    from grpo_tune.autotune.search.driver import SearchResult
 
 NOISE = 0.01
 """A knob changing the predicted step by less than this fraction is left at verl's default."""
@@ -41,7 +45,7 @@ batch size have no default worth keeping: they follow the model and the GPUs).""
 
 
 @lru_cache(maxsize=1)
-def verl_defaults() -> dict[str, Any]:
+def verl_defaults() -> dict[str, object]:
     """Strategy fields as verl 0.9.1 sets them when a launch leaves every key at its default."""
     from grpo_tune.frameworks.verl import snapshot as verl
     from grpo_tune.frameworks.verl import table
@@ -49,13 +53,20 @@ def verl_defaults() -> dict[str, Any]:
     return table.read_fields(verl.default, "strategy")
 
 
-def _candidates(knob: str, have: Any, default: Any) -> list[Any]:
+def _seq(v: object) -> tuple[object, ...]:
+    """An offload set (a tuple, or a list as read back) as a tuple; anything else is the TypeError ``tuple`` raises."""
+    if isinstance(v, Iterable):
+        return tuple(v)
+    raise TypeError(f"{type(v).__name__!r} object is not iterable")
+
+
+def _candidates(knob: str, have: object, default: object) -> list[object]:
     """Values to try for ``knob``, verl's default first; for offload also each of verl's two keys alone
     (param_offload moves params and grads, optimizer_offload the optimizer)."""
     if knob != "offload":
         return [default]
-    have = tuple(have)
-    out = [tuple(default)]
+    have = _seq(have)
+    out: list[object] = [_seq(default)]
     for drop in (("optimizer",), ("param", "grad")):
         part = tuple(o for o in have if o not in drop)
         if part != have and part not in out:
@@ -63,7 +74,7 @@ def _candidates(knob: str, have: Any, default: Any) -> list[Any]:
     return out
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, tuple):
@@ -72,13 +83,13 @@ def _fmt(v: Any) -> str:
 
 
 def prefer_defaults(
-    best: Any,
-    price: Callable[[Strategy], Any],
-    ok: Callable[[Any], bool],
-    pins: dict[str, Any],
+    best: Estimate,
+    price: Callable[[Strategy], Estimate],
+    ok: Callable[[Estimate], bool],
+    pins: Mapping[str, object],
     *,
     noise: float = NOISE,
-) -> tuple[Any, list[str]]:
+) -> tuple[Estimate, list[str]]:
     """``best`` (an Estimate) with each unpinned knob of :data:`KNOBS` moved to verl's default when that costs
     less than ``noise`` of its predicted step and the plan still passes ``ok``; and one note per knob moved."""
     from grpo_tune.autotune.search.rank import step_s
@@ -93,7 +104,7 @@ def prefer_defaults(
             continue
         have = cur.strategy.knob(knob)
         default = defaults[knob]
-        if knob == "offload" and set(have) == set(default or ()):
+        if knob == "offload" and set(_seq(have)) == set(_seq(default or ())):
             continue
         if have == default:
             continue
@@ -104,8 +115,8 @@ def prefer_defaults(
                 continue
             t = step_s(est)
             if ok(est) and t <= base * (1.0 + noise):
-                full = knob != "offload" or tuple(value) == tuple(default or ())
-                dropped = set(have) - set(value) if knob == "offload" else set()
+                full = knob != "offload" or _seq(value) == _seq(default or ())
+                dropped = set(_seq(have)) - set(_seq(value)) if knob == "offload" else set()
                 what = (
                     "verl's default"
                     if full
@@ -126,8 +137,12 @@ def prefer_defaults(
 
 
 def with_verl_defaults(
-    result: Any, *, pins: dict[str, Any], calibration: dict[str, float] | None = None, min_headroom: float = 0.0
-) -> Any:
+    result: SearchResult,
+    *,
+    pins: Mapping[str, object],
+    calibration: dict[str, float] | None = None,
+    min_headroom: float = 0.0,
+) -> SearchResult:
     """A search result whose winner keeps verl's default for every knob within :data:`NOISE` (what ``search``
     prints and emits): ``ranked[0]`` is that plan and ``defaults_kept`` says what moved; unchanged if nothing."""
     import dataclasses
@@ -136,7 +151,7 @@ def with_verl_defaults(
 
     best = result.best
 
-    def price(s: Strategy) -> Any:
+    def price(s: Strategy) -> Estimate:
         return estimate(
             model=best.model,
             hardware=best.hardware,

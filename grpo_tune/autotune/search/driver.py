@@ -25,7 +25,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from grpo_tune.autotune.search.log_prob import with_log_prob_mbs
 from grpo_tune.autotune.search.rank import _pareto_arrays, pareto_front, rank_key, step_s, tokens_per_s_per_gpu
 from grpo_tune.autotune.search.candidates import (
     LAYOUT_KEYS,
+    Degrees,
+    Knobs,
+    Roll,
     Space,
     _extra,
 )
@@ -75,7 +78,7 @@ class SearchResult:
     def best(self) -> Estimate:
         return self.ranked[0]
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         """The counters as they are and the two figures rounded, for the run folder and ``--json``."""
         counts = {k: getattr(self, k) for k in ("candidates", "evaluated", "combined", "layouts", "pruned_layouts")}
         out = {**counts, "seconds": round(self.seconds, 3), "combination_error": round(self.combination_error, 6)}
@@ -126,7 +129,7 @@ class _Evaluator:
         return np.array([k not in ("rollout", "weight_sync") for k in self.mem_keys])
 
 
-def _trainer_runs(space: Space) -> list[dict[str, Any]]:
+def _trainer_runs(space: Space) -> list[Degrees]:
     """The space's layouts that grpo-tune's own trainer runs (core.support.trainer_only: no CP, the
     model families it builds): the search never emits a plan ``train`` would refuse. A pin or a model
     that only the trainer refuses is a coded error here; ``grpo-tune estimate`` still prices it for verl."""
@@ -147,7 +150,7 @@ def search(
     cluster: Cluster,
     workload: Workload,
     *,
-    pins: dict[str, Any] | None = None,
+    pins: dict[str, object] | None = None,
     top: int = 10,
     calibration: dict[str, float] | None = None,
     allow_cross_node_tp: bool = False,
@@ -261,9 +264,7 @@ def _combine_and_rank(space, ev, layouts, rolls, rows, deltas, cap, exact, margi
     return ranked, err, int(peak.size)
 
 
-def _rollout_deltas(
-    space: Space, ev: "_Evaluator", lay0: dict[str, Any], rolls: list[tuple]
-) -> tuple[np.ndarray, np.ndarray]:
+def _rollout_deltas(space: Space, ev: "_Evaluator", lay0: Degrees, rolls: list[Roll]) -> tuple[np.ndarray, np.ndarray]:
     """Rollout deltas: one (frugal) train plan, every rollout option, minus the first option's figures."""
     opt0 = _frugal(space, lay0)
     # Not narrowed before: a first layout without batch options failed here too (a TypeError then).
@@ -398,7 +399,7 @@ def _grid(
         b0 = (0, frugal["recompute"], frugal["distributed_optimizer"])
         for sets in groups.values():
             base_x = min(sets, key=lambda x: (len(x[0]), x[1] or 0.0))
-            grid = {}
+            grid: dict[tuple[int, object, object], tuple[np.ndarray, np.ndarray]] = {}
             for bi, b in enumerate(batches):
                 for r in space.recompute_options():
                     for d in space.dist_opt_options():
@@ -445,7 +446,7 @@ def _rel(approx: float, exact: float) -> float:
     return abs(float(approx) - exact) / abs(exact)
 
 
-def _frugal(space: Space, lay: dict[str, Any]) -> dict[str, Any] | None:
+def _frugal(space: Space, lay: Degrees) -> Knobs | None:
     """The least memory-hungry train options of a layout: smallest batch, most recompute, most
     offload, the most CPU optimizer."""
     batches = space.batch_options(lay)
@@ -461,7 +462,7 @@ def _frugal(space: Space, lay: dict[str, Any]) -> dict[str, Any] | None:
     )
 
 
-def _representative(space: Space, lay: dict[str, Any]) -> dict[str, Any]:
+def _representative(space: Space, lay: Degrees) -> Knobs:
     batches = space.batch_options(lay)
     rc = space.recompute_options()
     x = min(space.extra_options(), key=lambda x: (len(x[0]), x[1] or 0.0))

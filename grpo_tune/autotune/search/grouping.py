@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+
+from grpo_tune.core.strategy import Strategy
+from grpo_tune.costmodel.results import Estimate
 
 MODEL_REL_ERROR = 0.05
 """The cost model's relative error on step time: `grpo-tune validate` gives a 4.4% MAPE on published
 Megatron-LM runs (README, "Measured figures"); plans closer than this cannot be told apart."""
 
 
-def layout(s) -> dict[str, Any]:
+def layout(s: Strategy) -> dict[str, int | None]:
     """What makes a layout: the parallel degrees and the pipeline split (not mbs, recompute, offload, rollout)."""
     return {
         **s.layout.degrees(),
@@ -27,31 +29,31 @@ def layout(s) -> dict[str, Any]:
     }
 
 
-def layout_key(s) -> tuple[Any, ...]:
+def layout_key(s: Strategy) -> tuple[int | None, ...]:
     return tuple(layout(s).values())
 
 
 @dataclass(frozen=True)
 class LayoutRow:
-    layout: dict[str, Any]
+    layout: dict[str, int | None]
     """The row's layout (:func:`layout` of its plans' strategies)."""
     variants: int
     """Plans of this layout among those ranked."""
     within_error: int
     """Of those, how many are within ``rel_error`` of the layout's best step time (the best included)."""
-    best: Any
-    """The layout's best plan (an Estimate)."""
+    best: Estimate
+    """The layout's best plan."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The fields in order, the best plan as its own dict."""
         return {**{f.name: getattr(self, f.name) for f in fields(self)}, "best": self.best.to_dict()}
 
 
-def group_by_layout(ranked: Sequence[Any], rel_error: float = MODEL_REL_ERROR) -> list[LayoutRow]:
+def group_by_layout(ranked: Sequence[Estimate], rel_error: float = MODEL_REL_ERROR) -> list[LayoutRow]:
     """``ranked`` (best first) grouped by layout, in the order of each layout's best plan."""
     from grpo_tune.autotune.search.rank import step_s
 
-    groups: dict[tuple, list] = {}
+    groups: dict[tuple[int | None, ...], list[Estimate]] = {}
     for est in ranked:
         groups.setdefault(layout_key(est.strategy), []).append(est)
     rows = []

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Mapping, TypedDict
 
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, InvalidDegreesError
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
@@ -30,6 +30,11 @@ from grpo_tune.costmodel import placement as P
 from grpo_tune.costmodel.estimate import Estimate
 from grpo_tune.costmodel.params import total_params
 from grpo_tune.costmodel.timing_base import check_calibration
+
+from .candidates import pinned, pinned_number
+
+if TYPE_CHECKING:
+    from .driver import SearchResult
 
 PLACEMENT_CHOICES = ("colocated", "separate", "auto")
 ROLLOUT_GMU_GRID = (0.6, 0.7, 0.8, 0.9)
@@ -45,6 +50,28 @@ TRAIN_EXACT = 24
 """Layouts a training-pool search gives the full option grid (autotune.search.driver's keep_layouts)."""
 TIE = 0.005
 """Steps within this fraction are ties: the smaller staleness (then the larger training pool) wins."""
+
+
+class EngineOption(TypedDict):
+    """One vLLM engine a rollout pool can run (the rollout knobs :func:`rollout_options` varies)."""
+
+    rollout_tp: int
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    enforce_eager: bool
+
+
+class _SearchKw(TypedDict, total=False):
+    """The options every search of :func:`search_placement` passes on to ``autotune.search.driver.search``."""
+
+    top: int
+    calibration: dict[str, float] | None
+    allow_cross_node_tp: bool
+    min_headroom: float
+    keep_layouts: int
+    exact: int
+
+
 _TRAIN_PINS = dict(rollout_tp=1, gpu_memory_utilization=0.9, max_num_seqs=256, enforce_eager=True)
 """The rollout knobs of a training-pool search: one value each (there is no vLLM on that pool)."""
 
@@ -54,8 +81,8 @@ class PlacementResult:
     """The best plan of each placement searched and the overall winner."""
 
     best: Estimate
-    colocated: Any | None = None
-    """The colocated SearchResult (None when not searched)."""
+    colocated: SearchResult | None = None
+    """The colocated search (None when not searched)."""
     separate: list[Estimate] = field(default_factory=list)
     """Separate plans composed exactly, best first (one per split and staleness kept)."""
     splits: list[dict[str, float]] = field(default_factory=list)
@@ -104,23 +131,25 @@ def check_request(
         P.pools(cluster, rollout_gpus)  # a coded error for a split verl cannot express
 
 
-def rollout_options(m: ModelSpec, hw: HardwareSpec, roll: Cluster, pins: dict[str, Any]) -> list[dict[str, Any]]:
+def rollout_options(m: ModelSpec, hw: HardwareSpec, roll: Cluster, pins: Mapping[str, object]) -> list[EngineOption]:
     """vLLM engines a rollout pool can run: TP within one of its nodes dividing its GPUs and the heads, memory
     fractions up to 0.9, max_num_seqs and CUDA graphs (the pins fix any of them)."""
     kv = m.heads if m.is_mla else m.kv_heads
     weights = 2 * total_params(m)
-    gmus = [pins["gpu_memory_utilization"]] if "gpu_memory_utilization" in pins else list(ROLLOUT_GMU_GRID)
-    if "rollout_tp" in pins:
-        tps = [pins["rollout_tp"]]
+    gmu, tp = pinned_number(pins, "gpu_memory_utilization"), pinned(pins, "rollout_tp", int)
+    n_seqs, eager_pin = pinned(pins, "max_num_seqs", int), pinned(pins, "enforce_eager", bool)
+    gmus = [gmu] if gmu is not None else list(ROLLOUT_GMU_GRID)
+    if tp is not None:
+        tps = [tp]
     else:
         ok = [t for t in divisors(roll.gpus) if m.heads % t == 0 and (kv % t == 0 or t % kv == 0)]
         fit = [t for t in ok if weights / t < max(gmus) * hw.hbm_bytes]
         # vLLM TP within a node, unless the weights only fit across nodes (as the colocated space does)
         tps = [t for t in fit if t <= roll.gpus_per_node] or fit[:2]
-    seqs = [pins["max_num_seqs"]] if "max_num_seqs" in pins else list(ROLLOUT_SEQS_GRID)
-    eager = [pins["enforce_eager"]] if "enforce_eager" in pins else [False, True]
+    seqs = [n_seqs] if n_seqs is not None else list(ROLLOUT_SEQS_GRID)
+    eager = [eager_pin] if eager_pin is not None else [False, True]
     return [
-        dict(rollout_tp=t, gpu_memory_utilization=g, max_num_seqs=n, enforce_eager=e)
+        EngineOption(rollout_tp=t, gpu_memory_utilization=g, max_num_seqs=n, enforce_eager=e)
         for t in tps
         for g in gmus
         if weights / t < g * hw.hbm_bytes
@@ -134,12 +163,12 @@ def best_rollout(
     hw: HardwareSpec,
     roll: Cluster,
     wl: Workload,
-    pins: dict[str, Any],
+    pins: Mapping[str, object],
     cal: dict[str, float],
     partial: bool,
-) -> tuple[dict[str, Any], float] | None:
+) -> tuple[EngineOption, float] | None:
     """The fastest rollout engine that fits the pool: (knobs, generation seconds), or None."""
-    best = None
+    best: tuple[tuple[float, float], EngineOption, float] | None = None
     base = Strategy.of(**{k: v for k, v in pins.items() if k in ("max_num_batched_tokens", "chunked_prefill")})
     for opt in rollout_options(m, hw, roll, pins):
         s = P.rollout_strategy(base.replace(**opt))
@@ -185,13 +214,13 @@ def search_placement(
     rollout_gpus: int | None = None,
     rollout_hardware: HardwareSpec | None = None,
     partial_rollout: bool | None = None,
-    pins: dict[str, Any] | None = None,
+    pins: Mapping[str, object] | None = None,
     top: int = 10,
     calibration: dict[str, float] | None = None,
     allow_cross_node_tp: bool = False,
     min_headroom: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
-    colocated: Any | None = None,
+    colocated: SearchResult | None = None,
 ) -> PlacementResult:
     """The best plan of each placement asked for. ``colocated``: an already-run colocated SearchResult."""
     from grpo_tune.autotune.search.driver import search
@@ -202,9 +231,7 @@ def search_placement(
     if workload.kind != "grpo" and placement != "colocated":
         raise ConfigError("separate pools are for GRPO (there is no rollout in pretraining)", hint="drop --placement")
     res = PlacementResult(best=None)  # type: ignore[arg-type]
-    kw: dict[str, Any] = dict(
-        top=top, calibration=calibration, allow_cross_node_tp=allow_cross_node_tp, min_headroom=min_headroom
-    )
+    kw = _SearchKw(top=top, calibration=calibration, allow_cross_node_tp=allow_cross_node_tp, min_headroom=min_headroom)
     if placement in ("colocated", "auto"):
         res.colocated = colocated or search(model, hardware, cluster, workload, pins=pins, progress=progress, **kw)
     if placement in ("separate", "auto"):
@@ -237,7 +264,7 @@ def search_placement(
     return res
 
 
-def _train_pins(pins: dict[str, Any]) -> dict[str, Any]:
+def _train_pins(pins: dict[str, object]) -> dict[str, object]:
     rollout = ("rollout_tp", "gpu_memory_utilization", "max_num_seqs", "enforce_eager", "free_cache_engine")
     return {**{k: v for k, v in pins.items() if k not in rollout}, **_TRAIN_PINS}
 
@@ -253,7 +280,7 @@ def _separate(
     stale = range(K + 1)
     partial_for = {k: bool(partial_flag) and k >= 1 for k in stale}
     # 1. generation per split (and per partial mode)
-    gens: dict[tuple[int, bool], tuple[dict[str, Any], float] | None] = {}
+    gens: dict[tuple[int, bool], tuple[EngineOption, float] | None] = {}
     pool_of = {r: P.pools(cluster, r) for r in cands}
     for r in cands:
         for part in set(partial_for.values()):
@@ -266,7 +293,7 @@ def _separate(
     # 2. the training pool: a full search at one size (the split the colocated plan's training time balances
     # best, else the middle one), its best plans repriced on every other pool size
     tpins = _train_pins(pins)
-    tsearch: dict[tuple[int, int], Any] = {}
+    tsearch: dict[tuple[int, int], SearchResult | None] = {}
     tkw = dict(kw, top=3, keep_layouts=TRAIN_KEEP_LAYOUTS, exact=TRAIN_EXACT)
 
     def full(r: int):
@@ -436,5 +463,15 @@ def _train_part(e: Estimate | None) -> float | None:
     return sum(e.time.phases.get(k, 0.0) for k in ("old_logprob", "ref_logprob", "update", "offload"))
 
 
-def _train_price(**kw: Any) -> Estimate:
-    return P.train_pool(**kw)
+def _train_price(
+    *,
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    cluster: Cluster,
+    strategy: Strategy,
+    workload: Workload,
+    calibration: dict[str, float] | None = None,
+) -> Estimate:
+    return P.train_pool(
+        model=model, hardware=hardware, cluster=cluster, strategy=strategy, workload=workload, calibration=calibration
+    )
