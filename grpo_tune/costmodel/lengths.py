@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Mapping
 
 ASSUMED_MEAN_FRACTION = 0.2
 """Mean / max of prompt and response lengths when the user gives neither ``--lengths`` nor a mean.
@@ -34,7 +34,7 @@ ASSUMED_LENGTHS_NOTE = (
 )
 
 
-def assumed_means(stats: dict[str, Any], *, prompt_len: int, response_len: int) -> dict[str, Any]:
+def assumed_means(stats: Mapping[str, object], *, prompt_len: int, response_len: int) -> dict[str, object]:
     """``stats`` (what ``--lengths`` and the mean flags gave) with each missing mean set to
     :data:`ASSUMED_MEAN_FRACTION` of its maximum, and ``lengths_source`` saying so and how to replace it.
     A histogram (``response_len_quantiles``) counts as a given response distribution."""

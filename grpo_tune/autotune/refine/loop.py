@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from grpo_tune.core.config import RunConfig, TrainerOptions
 from grpo_tune.core.config import atomic_write
@@ -22,6 +22,10 @@ from grpo_tune.autotune.refine import space as S
 from grpo_tune.autotune.refine.policy import ModelGuided
 from grpo_tune.autotune.refine.runner import ProfileOutcome, positive, run_profile
 from grpo_tune.autotune.refine.study import StudyHandle, counted, open_study, recover, redact, worker_host
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.distributions import BaseDistribution
 
 POLICIES = ("model", "tpe")
 
@@ -57,7 +61,7 @@ class RefineOptions:
     emit: bool = True
     calibrate: bool = True
     progress: bool = True
-    pins: dict[str, Any] | None = None
+    pins: dict[str, object] | None = None
     allow_cross_node_tp: bool = False
     launcher: str = "local"
     """``local``: each trial's profile runs here; ``slurm``: as one sbatch job sized to the plan (refine/slurm.py)."""
@@ -112,7 +116,7 @@ class Plans:
     keys: list[str]
     index: dict[str, int]
     chooser: ModelGuided | None
-    dists: dict[str, Any] = dataclasses.field(default_factory=dict)
+    dists: dict[str, BaseDistribution] = dataclasses.field(default_factory=dict)
     """The study's parameters: the plans' real knobs (refine.space.knob_distributions)."""
     by_knobs: dict[tuple, int] = dataclasses.field(default_factory=dict)
     """Knob values -> the best-ranked plan with them (a sampled trial's plan)."""
@@ -140,7 +144,8 @@ def _measured(h: StudyHandle, plans: Plans) -> tuple[list[tuple[int, float]], se
 
     obs, busy = [], set()
     for t in h.study.get_trials(deepcopy=False):
-        i = plans.index.get(t.user_attrs.get("plan"))
+        plan = t.user_attrs.get("plan")
+        i = plans.index.get(plan) if isinstance(plan, str) else None
         if i is None:
             continue
         if t.state == TrialState.RUNNING:
@@ -153,7 +158,7 @@ def _measured(h: StudyHandle, plans: Plans) -> tuple[list[tuple[int, float]], se
     return obs, busy
 
 
-def enqueue(h: StudyHandle, plans: Plans, index: int, *, skip_if_exists: bool = False, **attrs: Any) -> None:
+def enqueue(h: StudyHandle, plans: Plans, index: int, *, skip_if_exists: bool = False, **attrs: object) -> None:
     """Queue plan ``index`` for the next ask; the WAITING trial carries its plan key (public user attrs)."""
     h.study.enqueue_trial(
         S.knob_params(plans.space[index].strategy),
@@ -198,7 +203,7 @@ def _next_plan(h: StudyHandle, plans: Plans, opts: RefineOptions) -> tuple[int, 
     return None if fallback is None else (fallback, "next unmeasured plan in rank order", False)
 
 
-def _nearest_unseen(h: StudyHandle, plans: Plans, params: dict[str, Any]) -> int | None:
+def _nearest_unseen(h: StudyHandle, plans: Plans, params: dict[str, int | float | str]) -> int | None:
     """The untried plan closest to a sampled set of knobs (integer knobs on a log2 scale, a differing
     choice counts 1), the better-ranked one on a tie."""
     import math
@@ -232,7 +237,7 @@ def _best(h: StudyHandle):
     from optuna.trial import TrialState
 
     done = h.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return max(done, key=lambda t: t.value, default=None)
+    return max(done, key=lambda t: t.value if t.value is not None else float("-inf"), default=None)
 
 
 def _too_slow(h: StudyHandle, plans: Plans, opts: RefineOptions, i: int) -> str | None:
@@ -266,7 +271,7 @@ def _duplicate(h: StudyHandle, number: int, key: str, repeat: bool) -> str | Non
     return None
 
 
-def _ask(h: StudyHandle, plans: Plans, chooser: ModelGuided) -> tuple[Any, bool] | None:
+def _ask(h: StudyHandle, plans: Plans, chooser: ModelGuided) -> tuple[optuna.trial.Trial, bool] | None:
     """``model``: enqueue the chooser's pick and ask for it; None when nothing is worth a trial."""
     from optuna.trial import TrialState
 
@@ -330,7 +335,7 @@ def run_trials(
     host: str,
     say: Callable[[str], None] = lambda s: None,
     on_trial: Callable[[str], None] = lambda s: None,
-    requeue: Callable[[], list[Any]] | None = None,
+    requeue: Callable[[], list[optuna.trial.Trial]] | None = None,
 ) -> None:
     """Choose, measure and record trials until the study holds ``opts.trials`` profiled ones.
 
@@ -630,7 +635,7 @@ def _requeue(h: StudyHandle, plans: Plans, host: str, console) -> None:
     recover(h, host, requeue=again)
 
 
-def _take_over(h: StudyHandle, plans: Plans, host: str, console) -> list[Any]:
+def _take_over(h: StudyHandle, plans: Plans, host: str, console) -> list[optuna.trial.Trial]:
     """Trials of dead workers (pid gone on this host, heartbeat stale elsewhere), taken over by this worker.
 
     For each, a RUNNING trial of the same plan is created for this worker first (it counts toward the budget at
@@ -641,8 +646,8 @@ def _take_over(h: StudyHandle, plans: Plans, host: str, console) -> list[Any]:
     import optuna
     from optuna.trial import TrialState
 
-    taken: list[Any] = []
-    mine: dict[str, Any] = {}
+    taken: list[optuna.trial.Trial] = []
+    mine: dict[str, optuna.trial.Trial] = {}
 
     def grab(plan: str) -> None:
         if plan not in plans.index:

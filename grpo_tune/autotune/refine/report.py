@@ -171,8 +171,8 @@ def print_summary(result: RefineResult, console) -> None:
             f"[bold]{fs(a['spearman'])}[/] (saved {result.out_dir / 'calibration.json'})",
             highlight=False,
         )
-        for w in cal.warnings:
-            console.print(f"[yellow]calibration warning[/]: {w}", highlight=False)
+        for warning in cal.warnings:
+            console.print(f"[yellow]calibration warning[/]: {warning}", highlight=False)
     for line in noise_lines(result):
         console.print(line, highlight=False)
     w = result.winner_measured
@@ -216,7 +216,7 @@ class _Bar:
         from optuna.trial import TrialState
 
         done = h.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        b = max(done, key=lambda t: t.value, default=None)
+        b = max(done, key=lambda t: t.value if t.value is not None else float("-inf"), default=None)
         self.prog.update(
             self.task,
             completed=min(counted(h.study), self.total),

@@ -12,12 +12,26 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from grpo_tune.core.config import RunConfig
 
 from grpo_tune.autotune.refine.policy import measured_noise, spread
 from grpo_tune.autotune.refine.study import TrialRecord
+
+if TYPE_CHECKING:
+    from grpo_tune.autotune.calibrate.fit import CalibrationResult
+
+
+class Noise(TypedDict, total=False):
+    """The measured noise of a refinement (empty until its trials are read): ``spread``, the largest
+    (max - min) / median of a plan's repeated trials (None if no plan was repeated), ``per_plan``,
+    ``threshold`` (what a difference must exceed), ``assumed`` (True when no plan was repeated)."""
+
+    spread: float | None
+    per_plan: dict[str, float]
+    threshold: float
+    assumed: bool
 
 
 @dataclass
@@ -34,19 +48,18 @@ class RefineResult:
     median_tokens_per_s: float | None = None
     spearman_step_s: float | None = None
     """Spearman rank correlation of predicted vs measured step time over completed trials."""
-    calibration: Any = None
-    """An :class:`autotune.calibrate.fit.CalibrationResult`, when a fit was possible."""
-    noise: dict[str, Any] = field(default_factory=dict)
-    """``spread`` (largest (max - min) / median of a plan's repeated trials, None if none), ``per_plan``,
-    ``threshold`` (what a difference must exceed), ``assumed`` (True when no plan was repeated)."""
-    emitted: dict[str, Any] = field(default_factory=dict)
+    calibration: CalibrationResult | None = None
+    """The calibration fitted on the trials, when a fit was possible."""
+    noise: Noise = field(default_factory=Noise)
+    """The measured noise (:class:`Noise`)."""
+    emitted: dict[str, Path] = field(default_factory=dict)
     """Paths written for the winner (best.yaml and whatever search's emitter writes)."""
 
     @property
     def completed(self) -> list[TrialRecord]:
         return [r for r in self.records if r.state == "COMPLETE" and r.measured_tokens_per_s]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "study_name": self.study_name,
             "storage": self.storage,
@@ -81,11 +94,11 @@ def by_plan(done: Sequence[TrialRecord]) -> dict[str, list[TrialRecord]]:
     return out
 
 
-def noise_of(done: Sequence[TrialRecord], assumed: float) -> dict[str, Any]:
+def noise_of(done: Sequence[TrialRecord], assumed: float) -> Noise:
     groups = by_plan(done)
     per = {k: spread([trial_step_s(r) for r in v]) for k, v in groups.items() if len(v) >= 2}
     s = measured_noise({i: [trial_step_s(r) for r in v] for i, v in enumerate(groups.values())})
-    return {"spread": s, "per_plan": per, "threshold": assumed if s is None else s, "assumed": s is None}
+    return Noise(spread=s, per_plan=per, threshold=assumed if s is None else s, assumed=s is None)
 
 
 def differ(a_s: float, b_s: float, threshold: float) -> bool:

@@ -16,10 +16,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_tune.core.errors import GrpoTuneError
 from grpo_tune.core.profile_report import ProfileReport
+
+if TYPE_CHECKING:
+    from grpo_tune.core.lifeline import Watchdog
 
 # The profile command, run as `PROFILE_CMD + ["--config", X, "--steps", K, "--json", OUT]`.
 PROFILE_CMD = [sys.executable, "-c", "from grpo_tune.cli.main import run; run()", "profile"]
@@ -50,7 +53,7 @@ def run_profile(
     log_path: Path,
     profile_cmd: Sequence[str] | None = None,
     on_start: Callable[[int], None] | None = None,
-    watchdog: Any = None,
+    watchdog: Watchdog | None = None,
     command: Sequence[str] | None = None,
     cleanup: Callable[[], None] | None = None,
     stop_cmd: Sequence[str] | None = None,
@@ -131,7 +134,7 @@ def run_profile(
     return ProfileOutcome("error", report.message or f"exit code {rc}: {_tail(log_path)}", data, dt)
 
 
-def positive(x: Any) -> bool:
+def positive(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 and math.isfinite(x)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, cast
 
 from grpo_tune.core.config import TrainerOptions
 from grpo_tune.core.errors import GrpoTuneError
@@ -14,6 +14,9 @@ from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import OFFLOAD, Cluster, Strategy, Workload
 from grpo_tune.costmodel.estimate import Estimate
 from grpo_tune.costmodel.estimate import estimate as cost_estimate
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
 
 MAX_SPACE = 20000
 """Beyond this many candidates only search's ranked list is used."""
@@ -33,10 +36,10 @@ INT_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "mbs", "max_tokens_per_gpu", "rollou
 """The plan's integer knobs as the study's parameters (``max_tokens_per_gpu`` 0: fixed micro-batches of mbs)."""
 
 
-def knob_params(s: Strategy) -> dict[str, Any]:
+def knob_params(s: Strategy) -> dict[str, int | float | str]:
     """A plan's real knobs as Optuna parameters, so optuna-dashboard's importance, slice and contour
     views read tp, pp, ... rather than a position in a list (the plan's rank is a user attribute)."""
-    out: dict[str, Any] = {k: int(cast(int | None, s.knob(k)) or 0) for k in INT_KNOBS}
+    out: dict[str, int | float | str] = {k: int(cast(int | None, s.knob(k)) or 0) for k in INT_KNOBS}
     out["recompute"] = s.memory.recompute
     out["offload"] = ",".join(o for o in OFFLOAD if o in s.memory.offload) or "none"  # one spelling per set
     out["gpu_memory_utilization"] = float(s.rollout.gpu_memory_utilization)
@@ -50,7 +53,7 @@ def _offload_choices() -> tuple[str, ...]:
     return ("none", *(",".join(c) for c in subsets))
 
 
-def knob_distributions(space: Sequence[Estimate]) -> dict[str, Any]:
+def knob_distributions(space: Sequence[Estimate]) -> dict[str, BaseDistribution]:
     """The parameters' distributions: integer ranges spanning the space, and the fixed vocabularies of
     recompute and offload (a categorical's choices may never change within a study)."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
@@ -58,15 +61,18 @@ def knob_distributions(space: Sequence[Estimate]) -> dict[str, Any]:
     from grpo_tune.core.strategy import RECOMPUTE
 
     vals = [knob_params(e.strategy) for e in space]
-    d: dict[str, Any] = {k: IntDistribution(min(v[k] for v in vals), max(v[k] for v in vals)) for k in INT_KNOBS}
+    ints = [{k: int(v[k]) for k in INT_KNOBS} for v in vals]
+    d: dict[str, BaseDistribution] = {
+        k: IntDistribution(min(v[k] for v in ints), max(v[k] for v in ints)) for k in INT_KNOBS
+    }
     d["recompute"] = CategoricalDistribution(tuple(RECOMPUTE))
     d["offload"] = CategoricalDistribution(_offload_choices())
-    mem = [v["gpu_memory_utilization"] for v in vals]
+    mem = [float(v["gpu_memory_utilization"]) for v in vals]
     d["gpu_memory_utilization"] = FloatDistribution(min(mem), max(mem))
     return d
 
 
-def knob_tuple(params: dict[str, Any]) -> tuple:
+def knob_tuple(params: Mapping[str, object]) -> tuple[object, ...]:
     return tuple(params.get(k) for k in sorted(knob_params(Strategy())))
 
 
@@ -78,7 +84,7 @@ def build_space(
     workload: Workload,
     *,
     calibration: dict[str, float] | None = None,
-    pins: dict[str, Any] | None = None,
+    pins: Mapping[str, object] | None = None,
     allow_cross_node_tp: bool = False,
 ) -> list[Estimate]:
     """Fitting plans, one per key, fastest predicted first.

@@ -18,11 +18,15 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from grpo_tune.core.errors import ConfigError
 
 from grpo_tune.autotune.refine.runner import kill_group
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.storages import BaseStorage
 
 PARAM = "plan_rank"
 """The user attribute holding a trial's position in the plan space (the parameters are the plan's knobs)."""
@@ -32,8 +36,8 @@ PARAM = "plan_rank"
 class StudyHandle:
     """A study with the storage object it was opened on (heartbeats and attributes go through it)."""
 
-    study: Any
-    storage: Any
+    study: optuna.Study
+    storage: BaseStorage
     study_id: int
     heartbeat_s: float = 0.0
     grace_s: float = 30.0
@@ -42,7 +46,7 @@ class StudyHandle:
     def trial_id(self, number: int) -> int:
         return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
 
-    def set_attr(self, number: int, key: str, value: Any) -> None:
+    def set_attr(self, number: int, key: str, value: object) -> None:
         """Set a user attribute on a RUNNING trial by number (also one asked by another worker)."""
         self.storage.set_trial_user_attr(self.trial_id(number), key, value)
 
@@ -286,7 +290,7 @@ class TrialRecord:
     reason: str | None
     ran: bool
     """True when the trial profiled its plan (counts toward ``trials``)."""
-    strategy: dict[str, Any] | None
+    strategy: dict[str, object] | None
     predicted_step_s: float | None
     predicted_tokens_per_s: float | None
     measured_step_s: float | None
@@ -297,7 +301,7 @@ class TrialRecord:
     repeat: bool = False
     """A deliberate re-measurement of a plan already measured (to see the noise)."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
 
