@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from grpo_tune.frameworks.verl import diagnose as D
 from grpo_tune.frameworks.verl import snapshot as verl
 
 if TYPE_CHECKING:
+    from grpo_tune.frameworks.base.inputs import Override
     from grpo_tune.frameworks.verl.launch import Launch
 
+Changes = Mapping[str, tuple[object, object]]
+"""verl key -> (the launch's value, the value tune chose)."""
 
-def _fmt(v: Any) -> str:
+
+def _fmt(v: object) -> str:
     if v is None:
         return "null"
     if isinstance(v, bool):
@@ -45,7 +50,7 @@ def _word_span(line: str, start: int) -> tuple[int, int]:
     return i, j
 
 
-def _token(prefix: str, key: str, value: Any) -> str:
+def _token(prefix: str, key: str, value: object) -> str:
     return shlex.quote(f"{prefix}{key}={_fmt(value)}")
 
 
@@ -53,7 +58,7 @@ def key_fixes(launch: Launch) -> dict[str, tuple[str, str] | None]:
     """For each key of the launch that verl's Hydra refuses (diagnose's key errors): ``(prefix, key)`` to write
     instead (a blog-only key's real twin, or the ``+`` Hydra needs or refuses), or None to drop it. tuned.sh
     applies them, so that it passes ``grpo-tune diagnose``."""
-    first: dict[str, Any] = {}
+    first: dict[str, Override] = {}
     for o in launch.overrides:
         first.setdefault(o.key, o)
     out: dict[str, tuple[str, str] | None] = {}
@@ -128,7 +133,7 @@ def computed_at_run_time(src: str) -> bool:
     return "`" in src or "$" in src
 
 
-def runtime_values(launch: Launch, changes: dict[str, tuple[Any, Any]]) -> list[tuple[str, str, Any]]:
+def runtime_values(launch: Launch, changes: Changes) -> list[tuple[str, str, object]]:
     """``(key, value as written, value tune chose)`` for each changed key whose value is computed at run time."""
     lines = launch.text.split("\n")
     out = []
@@ -143,7 +148,7 @@ def runtime_values(launch: Launch, changes: dict[str, tuple[Any, Any]]) -> list[
     return out
 
 
-def runtime_notes(launch: Launch, changes: dict[str, tuple[Any, Any]]) -> list[str]:
+def runtime_notes(launch: Launch, changes: Changes) -> list[str]:
     """One line per value tune left alone because it is computed at run time."""
     return [
         f"{key}={src}: value computed at run time, left as written: set it yourself to {_fmt(new)}"
@@ -151,14 +156,12 @@ def runtime_notes(launch: Launch, changes: dict[str, tuple[Any, Any]]) -> list[s
     ]
 
 
-def tuned_text(
-    launch: Launch, changes: dict[str, tuple[Any, Any]], fixes: dict[str, tuple[str, str] | None] | None = None
-) -> str:
+def tuned_text(launch: Launch, changes: Changes, fixes: dict[str, tuple[str, str] | None] | None = None) -> str:
     """The launch with each changed override rewritten in place; keys it did not set are added after its
     last override. ``fixes`` (:func:`key_fixes`) first renames or drops the keys verl refuses, and a comment at
     the top says so. Everything else (paths, env, comments, unrelated keys) is left byte for byte."""
     lines = launch.text.split("\n")
-    first: dict[str, Any] = {}
+    first: dict[str, Override] = {}
     for o in launch.overrides:
         first.setdefault(o.key, o)
     for key, fix in (fixes or {}).items():
@@ -216,7 +219,7 @@ def parse_value_str(raw: str):
     return D.parse_value(raw)
 
 
-def diff_lines(changes: dict[str, tuple[Any, Any]]) -> list[str]:
+def diff_lines(changes: Changes) -> list[str]:
     out = []
     for key, (old, new) in changes.items():
         out.append(f"- {key}={_fmt(old)}")

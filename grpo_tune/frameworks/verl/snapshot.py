@@ -24,7 +24,7 @@ import tempfile
 import zipfile
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, cast
+from typing import Callable, Iterable, cast
 
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, MissingDependencyError, UnknownKeyError, try_import
 
@@ -119,7 +119,7 @@ def config_dir(*, fetch: bool = True) -> Path:
     return target
 
 
-def compose(overrides: Iterable[str] = (), *, fetch: bool = True, resolve: bool = True) -> dict[str, Any]:
+def compose(overrides: Iterable[str] = (), *, fetch: bool = True, resolve: bool = True) -> dict[str, object]:
     """Compose ``ppo_megatron_trainer`` with Hydra overrides, as ``main_ppo`` would; returns a plain dict.
 
     A key Hydra rejects (not in the schema and without ``+``) raises UNKNOWN_KEY.
@@ -137,7 +137,7 @@ def compose(overrides: Iterable[str] = (), *, fetch: bool = True, resolve: bool 
         with initialize_config_dir(config_dir=str(cdir), version_base=None):
             cfg = hydra_compose(CONFIG_NAME, overrides=overrides)
         # to_container is typed for any node; a composed Hydra config's root is a mapping with str keys.
-        return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=resolve))
+        return cast(dict[str, object], OmegaConf.to_container(cfg, resolve=resolve))
     except (HydraException, OmegaConfBaseException) as exc:
         msg = str(exc).splitlines()[0]
         code = UnknownKeyError if "Could not override" in msg or "Key '" in msg else ConfigError
@@ -147,9 +147,9 @@ def compose(overrides: Iterable[str] = (), *, fetch: bool = True, resolve: bool 
         ) from None
 
 
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(tree: object, prefix: str = "") -> dict[str, object]:
     """Dotted key -> leaf value. Empty mappings stay as leaves (``{}``) so open sections are kept."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     if isinstance(tree, dict) and tree:
         for k, v in tree.items():
             out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
@@ -159,13 +159,14 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 @lru_cache(maxsize=1)
-def snapshot() -> dict[str, Any]:
+def snapshot() -> dict[str, object]:
     """verl 0.9.1's composed ``ppo_megatron_trainer`` as dotted key -> resolved default (shipped data)."""
     try:
         data = json.loads(SNAPSHOT.read_text())
     except (OSError, ValueError) as exc:  # pragma: no cover - a broken install
         raise ConfigError(f"cannot read {SNAPSHOT}: {exc}", hint="reinstall grpo-tune") from None
-    return data["keys"]
+    keys: dict[str, object] = data["keys"]
+    return keys
 
 
 def key_status(key: str) -> str:
@@ -186,7 +187,7 @@ def _parents() -> frozenset[str]:
     return frozenset(k.rsplit(".", i)[0] for k in snapshot() for i in range(1, k.count(".") + 1))
 
 
-def default(key: str, fallback: Any = None) -> Any:
+def default(key: str, fallback: object = None) -> object:
     return snapshot().get(key, fallback)
 
 

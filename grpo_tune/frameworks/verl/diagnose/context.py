@@ -12,7 +12,12 @@ from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.frameworks.base.findings import Finding, Severity
 from grpo_tune.frameworks.base.inputs import Override
 
-_NO = object()
+
+class _Unset:
+    """The default of :meth:`Ctx.int_`'s ``inherit``: nothing to inherit."""
+
+
+_NO = _Unset()
 
 
 @dataclass
@@ -37,14 +42,24 @@ class Ctx:
     _reported: set[str] = field(default_factory=set)
 
     @classmethod
-    def of(cls, overrides: list[Override], findings: list[Finding], **kw: Any) -> "Ctx":
-        return cls({ov.key: ov for ov in overrides}, findings, **kw)
+    def of(cls, overrides: list[Override], findings: list[Finding], *, config_name: str | None = None) -> "Ctx":
+        return cls({ov.key: ov for ov in overrides}, findings, config_name=config_name)
 
     def add(
-        self, severity: Severity | str, code: str, message: str, hint: str = "", key: str | None = None, **kw: Any
+        self,
+        severity: Severity | str,
+        code: str,
+        message: str,
+        hint: str = "",
+        key: str | None = None,
+        *,
+        phase: str | None = None,
+        bytes: int | None = None,
     ) -> None:
         line = self.items[key].line if key in self.items else None
-        self.findings.append(Finding(Severity(severity), code, message, hint, key=key, line=line, **kw))
+        self.findings.append(
+            Finding(Severity(severity), code, message, hint, key=key, phase=phase, bytes=bytes, line=line)
+        )
 
     @property
     def separate(self) -> bool:
@@ -53,7 +68,7 @@ class Ctx:
 
         return self.config_name == verl_async.CONFIG_NAME
 
-    def raw(self, key: str) -> Any:
+    def raw(self, key: str) -> object:
         if key in self.items:
             return self.items[key].value
         if self.separate:
@@ -90,9 +105,9 @@ class Ctx:
                 )
         return False
 
-    def int_(self, key: str, *, allow_none: bool = False, inherit: Any = _NO) -> int | None:
+    def int_(self, key: str, *, allow_none: bool = False, inherit: int | None | _Unset = _NO) -> int | None:
         """A positive int, or None (reported) when the value cannot be used."""
-        if key not in self.items and inherit is not _NO:
+        if key not in self.items and not isinstance(inherit, _Unset):
             return inherit
         if not self.known(key):
             return None

@@ -7,7 +7,7 @@ bounded, linear in the input's size); this module adds what is verl's: its launc
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TypedDict
 
 
 from grpo_tune.frameworks.verl import snapshot as verl
@@ -123,13 +123,20 @@ def _layout_findings(text: str) -> list[Finding]:
     return out
 
 
-def parse_script(text: str) -> tuple[list[Override], list[Finding], dict[str, Any]]:
+class ScriptFacts(TypedDict):
+    """What a launch script says besides its overrides: verl's ``--config-name`` and the verl entry points run."""
+
+    config_name: str | None
+    commands: list[str]
+
+
+def parse_script(text: str) -> tuple[list[Override], list[Finding], ScriptFacts]:
     """Overrides passed to verl in a bash launch script, plus parse-level findings and facts
     (``config_name``, ``commands``)."""
     findings = _layout_findings(text)
     reader = ShellReader(text.replace("\r\n", "\n"))
     overrides: list[Override] = []
-    facts: dict[str, Any] = {"config_name": None, "commands": []}
+    facts = ScriptFacts(config_name=None, commands=[])
     verl_line: int | None = None
     stray: list[int] = []
     for cmd in reader.commands():
@@ -182,7 +189,7 @@ def parse_script(text: str) -> tuple[list[Override], list[Finding], dict[str, An
     return overrides, findings, facts
 
 
-def _verl_args(tokens: list[str], lineno: int, findings: list[Finding], facts: dict) -> list[str] | None:
+def _verl_args(tokens: list[str], lineno: int, findings: list[Finding], facts: ScriptFacts) -> list[str] | None:
     """The arguments after verl's entry point on this command, or None when it runs something else."""
     for i, tok in enumerate(tokens):
         base = tok.rsplit("/", 1)[-1]
@@ -223,7 +230,7 @@ def _verl_args(tokens: list[str], lineno: int, findings: list[Finding], facts: d
 
 
 def _parse_args(
-    words: list[Word], facts: dict, overrides: list[Override], findings: list[Finding], prefixed: set[str]
+    words: list[Word], facts: ScriptFacts, overrides: list[Override], findings: list[Finding], prefixed: set[str]
 ) -> None:
     i = 0
     while i < len(words):
@@ -298,7 +305,7 @@ def _parse_args(
         overrides.append(ov)
 
 
-def _flag(name: str, value: str, takes: bool | None, lineno: int, facts: dict, findings: list[Finding]) -> None:
+def _flag(name: str, value: str, takes: bool | None, lineno: int, facts: ScriptFacts, findings: list[Finding]) -> None:
     if name in ("--config-name", "-cn"):
         facts["config_name"] = value
     elif name in ("--config-path", "-cp", "--config-dir", "-cd") and value.endswith(

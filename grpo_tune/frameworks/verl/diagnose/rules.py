@@ -25,6 +25,7 @@ from grpo_tune.core.errors import close_matches
 
 from grpo_tune.frameworks.verl.diagnose.context import Ctx
 from grpo_tune.frameworks.base.findings import Severity
+from grpo_tune.frameworks.base.inputs import Override
 from grpo_tune.frameworks.verl.diagnose.rules_plan import DEGREES as DEGREES
 from grpo_tune.frameworks.verl.diagnose.rules_plan import MISMATCH_CODE as MISMATCH_CODE
 from grpo_tune.frameworks.verl.diagnose.rules_plan import check_batches, check_degrees, check_memory
@@ -93,13 +94,13 @@ def rename_of(key: str) -> str | None:
     return real if real and verl.key_status(real) == "declared" else None
 
 
-def apply_renames(overrides: list[Any]) -> tuple[list[Any], dict[str, str]]:
+def apply_renames(overrides: list[Override]) -> tuple[list[Override], dict[str, str]]:
     """The overrides with each blog-only key's value also set on its real key (unless the launch sets that key
     itself), and blog key -> real key: what diagnose's summary and tune's plan read, so that
     ``algorithm.group_size=8`` is priced as ``rollout.n=8``, not as verl's default n=1. The blog key itself
     stays (the keys rule reports it: Hydra refuses it)."""
     present = {o.key for o in overrides}
-    out: list[Any] = list(overrides)
+    out: list[Override] = list(overrides)
     renames: dict[str, str] = {}
     for o in overrides:
         real = rename_of(o.key) if o.prefix != "~" else None
@@ -170,7 +171,7 @@ def check_keys(c: Ctx) -> None:
         suggested = _check_unknown_key(c, key, ov, leaf, suggested)
 
 
-def _check_otc_key(c: Ctx, key: str, ov: Any, otc: str, fields: frozenset[str]) -> None:
+def _check_otc_key(c: Ctx, key: str, ov: Override, otc: str, fields: frozenset[str]) -> None:
     """A key under override_transformer_config: Megatron's TransformerConfig must have the field."""
     sub = key[len(otc) + 1 :]
     name = sub.split(".", 1)[0]
@@ -203,7 +204,7 @@ def _check_otc_key(c: Ctx, key: str, ov: Any, otc: str, fields: frozenset[str]) 
         )
 
 
-def _check_unknown_key(c: Ctx, key: str, ov: Any, leaf: str, suggested: int) -> int:
+def _check_unknown_key(c: Ctx, key: str, ov: Override, leaf: str, suggested: int) -> int:
     """A key verl does not have: a rename or a near key as the hint; returns the count of searched suggestions."""
     real, why = RENAMES.get(key) or LEAF_RENAMES.get(leaf) or (None, "")
     sev = W if ov.prefix else E
