@@ -73,11 +73,6 @@ def test_async_with_colocated_generation_is_nemo_rl_s_error(tmp_path):
     assert any("use_importance_sampling_correction" in m for m in msgs)
 
 
-def test_tune_reads_colocated_recipes_only(tmp_path, capsys):
-    rc = main(["tune", str(UPSTREAM / "grpo-qwen3-30ba3b-4n8g-async-1off.yaml"), "--out", str(tmp_path)])
-    assert rc == 2 and "colocated" in capsys.readouterr().err
-
-
 def test_diagnose_cli_json_of_the_async_recipe(capsys):
     assert main(["diagnose", str(UPSTREAM / "grpo-qwen3-30ba3b-4n8g-async-1off.yaml"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -131,3 +126,69 @@ def test_search_separate_for_nemo_rl_writes_a_recipe_that_reads_back(tmp_path, c
     assert cfg.strategy.memory.offload == ()  # a NeMo-RL training pool keeps its state: priced without offload
     rep = diagnose_recipe(run / "nemo_rl.yaml")
     assert rep.count("error") == 0, [x.message for x in rep.findings]
+
+
+@pytest.mark.parametrize("gpus,rollout,staleness", [(16, 8, 1), (24, 8, 0)])
+def test_a_separate_recipe_reads_back_to_its_plan(tmp_path, gpus, rollout, staleness):
+    """plan -> nemo_rl.yaml -> frameworks.plan_of is the identity for a separate generation pool: the placement,
+    the whole cluster, the training pool's strategy (as NeMo-RL can say it) and the workload."""
+    from grpo_tune.core.config import TrainerOptions
+    from grpo_tune.frameworks import plan_of
+
+    train = gpus - rollout
+    cfg = make("qwen2.5-1.5b", train, gpus_per_node=min(8, train), offload=())
+    place = Placement(mode="separate", rollout_gpus=rollout, staleness=staleness)
+    cfg = cfg.replace(cluster=Cluster(gpus=gpus, gpus_per_node=8), placement=place)
+    f = tmp_path / "nemo_rl.yaml"
+    f.write_text(recipe.recipe_text(cfg))
+    plan = plan_of(f)
+    assert plan.framework == "nemo-rl" and plan.placement == place
+    assert plan.cluster == cfg.cluster
+    tc = Cluster(gpus=train, gpus_per_node=min(8, train))
+    fixed = table.canonical(
+        {"strategy": cfg.strategy, "workload": cfg.workload, "trainer": TrainerOptions(), "cluster": tc}
+    )
+    # a generation pool of its own stays up between generations (no vLLM sleep) and the policy stays on its GPUs
+    want = fixed["strategy"].replace(free_cache_engine=False, offload=())
+    assert plan.strategy.replace(etp=plan.strategy.layout.etp_) == want.replace(etp=want.layout.etp_)
+    assert (
+        plan.strategy.layout.dp * plan.strategy.layout.tp * plan.strategy.layout.pp * plan.strategy.layout.cp == train
+    )
+    wl = plan.workload
+    assert (wl.prompts, wl.n, wl.prompt_len, wl.response_len) == (
+        cfg.workload.prompts,
+        cfg.workload.n,
+        cfg.workload.prompt_len,
+        cfg.workload.response_len,
+    )
+
+
+def test_tune_on_a_separate_recipe_keeps_its_split_and_writes_a_recipe(tmp_path, capsys):
+    """tune on NeMo-RL's own async recipe (16 generation + 16 training GPUs): priced as read back, the pools' plans
+    re-searched with the recipe's split, and the run folder holds a NeMo-RL recipe (no verl.sh) that reads back."""
+    from grpo_tune.frameworks import plan_of
+
+    src = UPSTREAM / "grpo-qwen3-30ba3b-4n8g-async-1off.yaml"
+    assert main(["tune", str(src), "--out", str(tmp_path), "--json"]) in (0, None)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["current"]["placement"]["rollout_gpus"] == 16
+    assert doc["best"]["placement"]["rollout_gpus"] == 16  # NeMo-RL's split is kept as the recipe has it
+    assert doc["gain"] >= 1.0
+    names = {Path(p).name for p in doc["files"].values()}
+    assert "nemo_rl.yaml" in names and "verl.sh" not in names
+    back = plan_of(Path(doc["files"]["nemo_rl"]))
+    assert back.placement is not None and back.placement.rollout_gpus == 16
+    assert back.strategy.memory.offload == ()  # the training pool keeps the policy on its GPUs
+    rep = diagnose_recipe(Path(doc["files"]["nemo_rl"]))
+    assert rep.count("error") == 0, [x.message for x in rep.findings]  # NeMo-RL runs what tune wrote
+
+
+def test_calibrate_refuses_a_separate_recipe(tmp_path, capsys):
+    from grpo_tune.autotune.calibrate.runlog import RunLog, StepRecord, log_point
+    from grpo_tune.core.errors import ConfigError
+
+    log = RunLog(
+        path="x", format="nemo-rl-console", records=[StepRecord(step=i, phases_s={"rollout": 1.0}) for i in (1, 2)]
+    )
+    with pytest.raises(ConfigError, match="separate rollout and training pools"):
+        log_point(log, UPSTREAM / "grpo-qwen3-30ba3b-4n8g-async-1off.yaml")

@@ -187,9 +187,10 @@ def tune(
 
     cal = load_if_given(calibration, hardware=plan.hardware.name)
     keep_list = [k.strip() for k in (keep or "").split(",") if k.strip()]
-    if plan.placement is not None:  # verl's fully-async launch: separate pools, re-searched as separate pools
+    if plan.placement is not None:  # separate pools (verl's fully-async launch, NeMo-RL's generation pool)
         return _tune_separate(
             plan,
+            fw,
             place,
             pins_from_flags(pins),
             cal,
@@ -265,9 +266,14 @@ def tune(
         _print_split(c, res, split, place, split_dir, split_files)
 
 
-def _tune_separate(plan, place, pins, cal, min_headroom: float, *, emit: bool, out: Path, json_out: bool, meta) -> None:
+def _tune_separate(
+    plan, fw, place, pins, cal, min_headroom: float, *, emit: bool, out: Path, json_out: bool, meta
+) -> None:
     """A separate-pool launch: its price as read back, and the best separate plan (the split, staleness, both
-    pools' plans) for the same model, cluster and workload; the winner's run folder (a full fully-async launch)."""
+    pools' plans) for the same model, cluster and workload; the winner's run folder (the framework's whole file:
+    verl's fully-async launch, NeMo-RL's recipe). A framework that tune proposes no splits for
+    (``tunes_separate`` false: NeMo-RL) keeps the file's split and re-searches the pools' plans and the staleness
+    within what it runs."""
     import dataclasses
 
     from grpo_tune.rundir.emit import emit_run
@@ -290,6 +296,10 @@ def _tune_separate(plan, place, pins, cal, min_headroom: float, *, emit: bool, o
         calibration=cal,
     )
     k = place.staleness or p0.staleness
+    rollout_gpus, partial = place.rollout_gpus, place.partial_rollout or p0.partial_rollout
+    if not fw.tunes_separate:
+        rollout_gpus, partial = p0.rollout_gpus, p0.partial_rollout
+        pins = fw.separate_pins({**pins, **fw.constraints()})
     res = search_placement(
         plan.model,
         plan.hardware,
@@ -297,9 +307,9 @@ def _tune_separate(plan, place, pins, cal, min_headroom: float, *, emit: bool, o
         plan.workload,
         placement="separate",
         staleness=k,
-        rollout_gpus=place.rollout_gpus,
+        rollout_gpus=rollout_gpus,
         rollout_hardware=hw_r,
-        partial_rollout=place.partial_rollout or p0.partial_rollout,
+        partial_rollout=partial,
         pins=pins,
         calibration=cal,
         min_headroom=min_headroom,
@@ -311,7 +321,7 @@ def _tune_separate(plan, place, pins, cal, min_headroom: float, *, emit: bool, o
     run_dir: Path | None = None
     files: dict[str, Path] = {}
     if emit:
-        run_dir, files = emit_run(best, out=out, meta=meta)
+        run_dir, files = emit_run(best, out=out, meta=meta, frameworks=(fw.name,))
     if json_out:
         print(
             json.dumps(
@@ -341,8 +351,7 @@ def _tune_separate(plan, place, pins, cal, min_headroom: float, *, emit: bool, o
         )
 
     c.print(
-        f"{plan.launch.path}: verl fully-async launch of {plan.model.name} on {plan.cluster.gpus} x "
-        f"{plan.hardware.name}",
+        f"{plan.launch.path}: {fw.separate_label} of {plan.model.name} on {plan.cluster.gpus} x {plan.hardware.name}",
         highlight=False,
     )
     c.print("as launched: " + line(cur), highlight=False)
@@ -352,8 +361,7 @@ def _tune_separate(plan, place, pins, cal, min_headroom: float, *, emit: bool, o
         c.print(f"[bold]best:[/] {line(best)} ({gain:.2f}x)", highlight=False)
     if run_dir is not None:
         c.print(
-            f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))}): its verl.sh is the "
-            "whole fully-async launch (no tuned.sh for separate launches)",
+            f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))}): {fw.separate_written}",
             highlight=False,
         )
 

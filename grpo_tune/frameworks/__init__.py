@@ -173,6 +173,15 @@ def plan_pins(names: Sequence[str], pins: dict[str, Any]) -> dict[str, Any]:
     return pins
 
 
+def separate_pins(names: Sequence[str], pins: dict[str, Any]) -> dict[str, Any]:
+    """The search's pins for separate pools: what each chosen framework changes there
+    (:meth:`~.base.Framework.separate_pins`)."""
+    for f in REGISTRY:
+        if f.name in names:
+            pins = f.separate_pins(pins)
+    return pins
+
+
 def default_stack(names: Sequence[str], stack: str | None) -> str | None:
     """The stack profile to price under: the user's ``--stack``, else the framework's own when planning for one
     framework only (:attr:`~.base.Framework.stack_profile`: NeMo-RL's bf16 gradient reduction and host costs),

@@ -167,6 +167,8 @@ def _search_placement(out: SearchOutcome, pins: dict[str, Any], cal: dict[str, f
     frameworks = req.setup.frameworks
     mode = place.require_separate()
     hw_r = load_hardware(place.rollout_hardware) if place.rollout_hardware else None
+    from grpo_tune.frameworks import separate_pins
+
     res = search_placement(
         m,
         hw,
@@ -177,8 +179,7 @@ def _search_placement(out: SearchOutcome, pins: dict[str, Any], cal: dict[str, f
         rollout_gpus=place.rollout_gpus,
         rollout_hardware=hw_r,
         partial_rollout=place.partial_rollout,
-        # NeMo-RL offloads the policy only to make room for colocated generation: a training pool keeps it
-        pins={**pins, "offload": ()} if "nemo-rl" in frameworks else pins,
+        pins=separate_pins(frameworks, pins),
         top=req.top,
         calibration=cal,
         allow_cross_node_tp=req.allow_cross_node_tp,

@@ -468,6 +468,12 @@ def log_point(
     rmean = s.get("response_len_mean")
     pmean = s.get("prompt_len_mean")
     plan = plan_of(Path(launch), model=model, hardware=hardware)
+    if plan.placement is not None:
+        raise ConfigError(
+            f"{launch}: separate rollout and training pools: calibrate --from-log fits colocated runs (the time model "
+            "of separate pools is priced, not fitted on logs, yet)",
+            hint="pass the launch and log of a colocated run",
+        )
     wl = plan.workload
     rmax = s.get("response_len_max")
     if rmax is not None and rmax > wl.response_len * 1.001 + 1:

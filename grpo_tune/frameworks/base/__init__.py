@@ -94,6 +94,10 @@ class Framework(ABC):
         """Raise a coded error for a user pin the search cannot plan for this framework (beyond
         :meth:`constraints`, which the registry checks)."""
 
+    def separate_pins(self, pins: dict[str, object]) -> dict[str, object]:
+        """The search's pins when it plans separate pools for this framework (:meth:`constraints` are colocated)."""
+        return pins
+
     def plan_pins(self, pins: dict[str, object]) -> dict[str, object]:
         """``estimate --framework``: the user's plan with what this framework fixes (a pin it cannot run is a
         coded error)."""
@@ -135,6 +139,10 @@ class Framework(ABC):
     # framework says which keys make its file run a plan, how it reads the edited file, and writes the result.
     tunes_separate: ClassVar[bool] = False
     """``tune`` may propose separate rollout and training pools for this framework's files."""
+    separate_label: ClassVar[str] = "launch"
+    """What tune calls this framework's file with separate pools (``verl fully-async launch``)."""
+    separate_written: ClassVar[str] = ""
+    """What tune says of the run folder it writes for separate pools (which file is the whole launch)."""
     tune_label: ClassVar[str] = ""
     """Said after the file's path in tune's header (`` (NeMo-RL recipe)``)."""
 

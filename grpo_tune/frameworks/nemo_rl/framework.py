@@ -48,6 +48,10 @@ class NemoRL(Framework):
                 "`grpo-tune tune RECIPE`",
             )
 
+    def separate_pins(self, pins: dict[str, object]) -> dict[str, object]:
+        # NeMo-RL offloads the policy only to make room for colocated generation: a training pool keeps it
+        return {**pins, "offload": ()}
+
     def plan_pins(self, pins: dict[str, object]) -> dict[str, object]:
         """NeMo-RL's CPU optimizer is the whole state, without overlapped copies; the rest of CONSTRAINTS fixed."""
         cpu = pins.get("cpu_optimizer")
@@ -129,6 +133,10 @@ class NemoRL(Framework):
         return s_back, wl_back
 
     tune_label = " (NeMo-RL recipe)"
+    separate_label = "NeMo-RL recipe with a separate generation pool"
+    separate_written = (
+        "its nemo_rl.yaml is the whole recipe, generation pool included (no tuned.yaml for separate recipes)"
+    )
 
     def tune_constraints(self) -> Mapping[str, object]:
         return CONSTRAINTS

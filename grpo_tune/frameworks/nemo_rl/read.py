@@ -148,18 +148,27 @@ def plan_of(
     bad = unsupported(r)
     if bad:
         raise ConfigError(f"{r.path}: {bad[0][0]}", hint=bad[0][1])
-    if table.read_placement(r.get).separate:
-        raise ConfigError(
-            f"{r.path}: policy.generation.colocated.enabled is false: tune and calibrate read colocated recipes",
-            hint="`grpo-tune diagnose` prices separate generation pools; search --placement plans them",
-        )
     m, note = resolve_model(r, model)
     hw = load_hardware(hardware or "h100", stack=stack or STACK)
     c = cluster_of(r)
+    placement = table.read_placement(r.get)
+    if placement.separate:  # a generation pool of its own: the plan is the training pool's
+        why = table.placement_problem(placement, c)
+        if why:
+            raise ConfigError(f"{r.path}: NeMo-RL cannot run this placement: {why}", hint="fix its resources")
+    tc = train_cluster(r, c)
     wl = workload_of(r, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean)
-    s = strategy_of(r, m, c.gpus, c.gpus_per_node)
+    s = strategy_of(r, m, tc.gpus, tc.gpus_per_node)
     return LaunchPlan(
-        launch=r, model=m, model_note=note, hardware=hw, cluster=c, strategy=s, workload=wl, framework="nemo-rl"
+        launch=r,
+        model=m,
+        model_note=note,
+        hardware=hw,
+        cluster=c,
+        strategy=s,
+        workload=wl,
+        placement=placement if placement.separate else None,
+        framework="nemo-rl",
     )
 
 

@@ -68,6 +68,8 @@ class Verl(Framework):
         )
 
     tunes_separate = True
+    separate_label = "verl fully-async launch"
+    separate_written = "its verl.sh is the whole fully-async launch (no tuned.sh for separate launches)"
 
     def tune_keys(self, plan: LaunchPlan, strategy: Strategy) -> dict[str, object]:
         launch = cast(Launch, plan.launch)
