@@ -173,7 +173,7 @@ def plan_pins(names: Sequence[str], pins: dict[str, Any]) -> dict[str, Any]:
     return pins
 
 
-def separate_pins(names: Sequence[str], pins: dict[str, Any]) -> dict[str, Any]:
+def separate_pins(names: Sequence[str], pins: dict[str, object]) -> dict[str, object]:
     """The search's pins for separate pools: what each chosen framework changes there
     (:meth:`~.base.Framework.separate_pins`)."""
     for f in REGISTRY:
