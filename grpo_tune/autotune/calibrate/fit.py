@@ -111,7 +111,7 @@ class CalibrationResult:
     warnings: list[str] = field(default_factory=list)
     """One sentence per knob at a bound, for the console and the JSON."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
     def save(self, path: str | os.PathLike, *, hardware: str) -> Path:
@@ -302,7 +302,7 @@ def fit_records(
 
 
 def save(
-    path: str | os.PathLike, *, params: dict[str, float], hardware: str, fit: dict[str, Any] | None = None
+    path: str | os.PathLike, *, params: dict[str, float], hardware: str, fit: dict[str, object] | None = None
 ) -> Path:
     from grpo_tune.core.config import atomic_write
 

@@ -26,6 +26,7 @@ from typing import Any, Iterator, TextIO
 from grpo_tune.autotune.calibrate.runlog import json_object
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.core.specs import ModelSpec
+from grpo_tune.core.strategy import Workload
 from grpo_tune.costmodel.lengths import quantiles_from_samples
 
 CHARS_PER_TOKEN = 4.0
@@ -53,7 +54,7 @@ def _lines(fh: TextIO) -> Iterator[str]:
 _CONSOLE = re.compile(r"(?:^|\s-\s|\s)([A-Za-z_][\w/.]*):\s*(-?[0-9.eE+-]+)")
 
 
-def lengths_note(w: Any) -> str:
+def lengths_note(w: Workload) -> str:
     """Where a GRPO workload's mean lengths come from, for the search header, report.md and tune:
     the assumption and how to replace it, the file they were read from, or the flags."""
     if w.lengths_source:
@@ -63,7 +64,7 @@ def lengths_note(w: Any) -> str:
     return "means from --prompt-len-mean / --response-len-mean"
 
 
-def workload_line(w: Any) -> str:
+def workload_line(w: Workload) -> str:
     """``1024 prompts x n=5, prompt <= 1024 (mean 205) + response <= 1024 (mean 205) tokens``."""
     return (
         f"{w.prompts} prompts x n={w.n}, prompt <= {w.prompt_len} (mean {w.mean_prompt_len:,.0f}) + "
@@ -71,7 +72,7 @@ def workload_line(w: Any) -> str:
     )
 
 
-def read_lengths(path: str, *, model: ModelSpec | None, prompt_len: int, response_len: int) -> dict[str, Any]:
+def read_lengths(path: str, *, model: ModelSpec | None, prompt_len: int, response_len: int) -> dict[str, object]:
     """Workload fields (``prompt_len_mean``, ``response_len_mean``, ``response_len_quantiles``,
     ``lengths_source``) from ``path``; a missing or unreadable file is a BAD_CONFIG error."""
     p = Path(path)

@@ -40,7 +40,7 @@ class Finding:
         if self.code not in CODES:
             raise ValueError(f"unregistered code {self.code!r}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {k: (str(v) if k == "severity" else v) for k, v in self.__dict__.items() if v is not None and v != ""}
 
 
@@ -69,7 +69,7 @@ class Report:
     def sorted_findings(self) -> list[Finding]:
         return sorted(self.findings, key=lambda f: _ORDER[f.severity])
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "source": self.source,
             "kind": self.kind,

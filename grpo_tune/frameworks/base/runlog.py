@@ -33,7 +33,7 @@ class StepRecord:
     timing_s: dict[str, float] = field(default_factory=dict)
     """Every raw ``timing_s/*`` key of the step (verl's names)."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
