@@ -35,10 +35,10 @@ _READ_APART = (
     "cpu_optimizer",
 )
 """The knobs strategy_from reads by their own rule (the rest: an int when positive, a bool when a bool)."""
-Get = Callable[[str], Any]
+Get = Callable[[str], object]
 
 
-def _is_int(v: Any) -> TypeGuard[int]:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -94,13 +94,13 @@ def _pipeline_split_accounting(get: Get, model: ModelSpec, d: dict[str, Any]) ->
         d["last_stage_layers"] = per - 1
 
 
-def overrides_for(s: Strategy, model: ModelSpec, get: Get, present: set[str]) -> dict[str, Any]:
+def overrides_for(s: Strategy, model: ModelSpec, get: Get, present: set[str]) -> dict[str, object]:
     """verl key -> value that makes a launch run ``s``, for the fields the search changes (:data:`SEARCHED`),
     written by diag's two-way table. ``present`` (the keys the launch sets) is unused by the table, which
     writes the reference's degrees out as verl's examples do; kept for callers."""
     del present
-    out: dict[str, Any] = {}
-    plan = {"strategy": s}
+    out: dict[str, object] = {}
+    plan: table.Plan = {"strategy": s}
     for row in table.rows("strategy"):
         if row.write is None or row.field not in (*SEARCHED, "recompute_layers"):
             continue
@@ -129,7 +129,8 @@ def workload_from(get: Get, *, prompt_len_mean: int | None = None, response_len_
     prompts, n = pos("data.train_batch_size"), pos(f"{ROLLOUT}.n")
     mini = pos(f"{ACTOR}.ppo_mini_batch_size")
     epochs = get(f"{ACTOR}.ppo_epochs")
-    dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(get(f"{ACTOR}.megatron.dtype"), "bf16")
+    verl_dtype = get(f"{ACTOR}.megatron.dtype")
+    dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(verl_dtype, "bf16") if isinstance(verl_dtype, str) else "bf16"
     kl = get(f"{ACTOR}.use_kl_loss") is True or get("algorithm.use_kl_in_reward") is True
 
     plen, rlen = pos("data.max_prompt_length"), pos("data.max_response_length")
@@ -260,10 +261,10 @@ def plan_of(
 class Edited:
     """The launch's values with ``new`` applied (what the edited script passes to verl)."""
 
-    def __init__(self, launch: Launch, new: dict[str, Any]):
+    def __init__(self, launch: Launch, new: dict[str, object]):
         self.launch, self.new = launch, new
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str) -> object:
         if key in self.new:
             return self.new[key]
         src = inherited_from(key)

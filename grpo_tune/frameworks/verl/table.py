@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any, Callable, Final, TypedDict
 
 from grpo_tune.core.config import TrainerOptions
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
@@ -43,8 +43,16 @@ LOG_PROB_ROLES = (REF, ROLLOUT)
 VERL_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 DTYPE_FROM_VERL = {v: k for k, v in VERL_DTYPE.items()}
 
-Plan = dict[str, Any]
-"""``{"strategy": Strategy, "workload": Workload, "trainer": TrainerOptions, "cluster": Cluster}``."""
+
+class Plan(TypedDict, total=False):
+    """What the table writes and reads: the plan's sections (a writer of one section's rows needs only that one)."""
+
+    strategy: Strategy
+    workload: Workload
+    trainer: TrainerOptions
+    cluster: Cluster
+
+
 Get = Callable[[str], object]
 """Key -> value as verl would see it (the override, else verl's default)."""
 
@@ -56,7 +64,7 @@ class Row:
     field: str
     keys: tuple[str, ...]
     """Every verl key this field writes; ``+`` marks keys verl's schema does not declare."""
-    write: Callable[[Plan], dict[str, Any]] | None
+    write: Callable[[Plan], dict[str, object]] | None
     """plan -> {key: value}; None when verl has no setting for the field."""
     read: Callable[[Get], object] | None
     """key lookup -> the field's value as verl has it (the section's ``from_dict`` checks it)."""
@@ -64,8 +72,9 @@ class Row:
     """For a row without keys: why verl has none."""
 
 
-def _field(plan: Plan, section: str, name: str) -> Any:
-    part = plan[section]
+def _field(plan: Plan, section: str, name: str) -> object:
+    sections: Mapping[str, object] = plan
+    part = sections[section]
     return part.knob(name) if isinstance(part, Strategy) else getattr(part, name)
 
 
@@ -124,10 +133,10 @@ _GPUS_WHY = "n_gpus_per_node x nnodes (written by the gpus_per_node row)"
 # --- strategy rows with more than one key ---------------------------------------------------
 
 
-def _offload_write(p: Plan) -> dict[str, Any]:
+def _offload_write(p: Plan) -> dict[str, object]:
     off = set(p["strategy"].memory.offload)
     # verl 0.9.1 has no grad_offload: param_offload also releases the gradient buffers (engine/megatron.yaml)
-    out = {k: bool({"param", "grad"} & off) for k in _megs("param_offload")}
+    out: dict[str, object] = {k: bool({"param", "grad"} & off) for k in _megs("param_offload")}
     out[f"{ACTOR}.{MEG}.optimizer_offload"] = "optimizer" in off
     return out
 
@@ -137,7 +146,7 @@ def _offload_read(get: Get) -> tuple[str, ...]:
     return off + (("optimizer",) if get(f"{ACTOR}.{MEG}.optimizer_offload") is True else ())
 
 
-def _recompute_write(p: Plan) -> dict[str, Any]:
+def _recompute_write(p: Plan) -> dict[str, object]:
     r = p["strategy"].memory.recompute
     if r == "selective":
         return {f"{OTC}.recompute_granularity": "selective", f"{OTC}.recompute_modules": ["core_attn"]}
@@ -151,7 +160,7 @@ def _recompute_read(get: Get) -> str:
     return g if g in ("selective", "full") else "none"
 
 
-def _recompute_layers_write(p: Plan) -> dict[str, Any]:
+def _recompute_layers_write(p: Plan) -> dict[str, object]:
     s = p["strategy"]
     if s.memory.recompute != "full":
         return {}
@@ -167,9 +176,9 @@ def _recompute_layers_read(get: Get) -> object:
     return None
 
 
-def _dyn_write(p: Plan) -> dict[str, Any]:
+def _dyn_write(p: Plan) -> dict[str, object]:
     n = p["strategy"].batching.max_tokens_per_gpu
-    out: dict[str, Any] = {f"{ACTOR}.use_dynamic_bsz": n is not None}
+    out: dict[str, object] = {f"{ACTOR}.use_dynamic_bsz": n is not None}
     if n is not None:
         out[f"{ACTOR}.ppo_max_token_len_per_gpu"] = n
     # verl asserts the log-prob passes batch the same way as the update (workers/engine_workers.py l.616)
@@ -181,7 +190,7 @@ def _dyn_read(get: Get) -> object:
     return get(f"{ACTOR}.ppo_max_token_len_per_gpu") if get(f"{ACTOR}.use_dynamic_bsz") is True else None
 
 
-def _lp_tokens_write(p: Plan) -> dict[str, Any]:
+def _lp_tokens_write(p: Plan) -> dict[str, object]:
     s = p["strategy"]
     if s.batching.max_tokens_per_gpu is None:
         return {}
@@ -196,7 +205,7 @@ def _lp_tokens_read(get: Get) -> object:
     return None if n == get(f"{ACTOR}.ppo_max_token_len_per_gpu") else n
 
 
-def _lp_mbs_write(p: Plan) -> dict[str, Any]:
+def _lp_mbs_write(p: Plan) -> dict[str, object]:
     # verl asserts both are set without dynamic batching (engine_workers.py l.636, utils/config.py)
     return {f"{r}.log_prob_micro_batch_size_per_gpu": p["strategy"].batching.log_prob_mbs_ for r in LOG_PROB_ROLES}
 
@@ -207,9 +216,9 @@ def _lp_mbs_read(get: Get) -> object:
     return None if n == get(f"{ACTOR}.ppo_micro_batch_size_per_gpu") else n
 
 
-def _cpu_opt_write(p: Plan) -> dict[str, Any]:
+def _cpu_opt_write(p: Plan) -> dict[str, object]:
     f = p["strategy"].memory.cpu_optimizer
-    out: dict[str, Any] = {f"+{OOC}.optimizer_cpu_offload": f is not None}
+    out: dict[str, object] = {f"+{OOC}.optimizer_cpu_offload": f is not None}
     if f is not None:
         out[f"+{OOC}.optimizer_offload_fraction"] = float(f)
     return out
@@ -227,7 +236,7 @@ def _precision_aware_read(get: Get) -> bool:
     return get(f"{OOC}.use_precision_aware_optimizer") is True or get(f"{OPTIM}.use_precision_aware_optimizer") is True
 
 
-def _dtype_write(p: Plan) -> dict[str, Any]:
+def _dtype_write(p: Plan) -> dict[str, object]:
     d = VERL_DTYPE.get(p["workload"].dtype)
     if d is None:  # fp32: verl's engine has no fp32; its default (bfloat16) stays (canonical() folds it)
         return {}
@@ -242,12 +251,15 @@ def _entropy_read(get: Get) -> bool:
     return get(f"{ACTOR}.calculate_entropy") is True or nonzero
 
 
-def _gpn_write(p: Plan) -> dict[str, Any]:
+def _gpn_write(p: Plan) -> dict[str, object]:
     c: Cluster = p["cluster"]
     return dict(zip(_NODE_KEYS, (min(c.gpus, c.gpus_per_node), c.nnodes)))
 
 
-S, W, T, C = "strategy", "workload", "trainer", "cluster"
+S: Final = "strategy"
+W: Final = "workload"
+T: Final = "trainer"
+C: Final = "cluster"
 SECTIONS = {S: Strategy, W: Workload, T: TrainerOptions, C: Cluster}
 
 # Fields verl takes as they are: the value is written to every key and read back from the first (same()).
@@ -314,7 +326,7 @@ NO_SETTING: dict[tuple[str, str], str] = {
 }
 
 
-def _clip_high_write(p: Plan) -> dict[str, Any]:
+def _clip_high_write(p: Plan) -> dict[str, object]:
     t: TrainerOptions = p[T]
     return {f"{ACTOR}.clip_ratio_high": t.clip_ratio if t.clip_ratio_high is None else t.clip_ratio_high}
 
@@ -324,7 +336,7 @@ def _clip_high_read(get: Get) -> object:
     return None if high == get(f"{ACTOR}.clip_ratio") else high
 
 
-def _vpp_write(p: Plan) -> dict[str, Any]:
+def _vpp_write(p: Plan) -> dict[str, object]:
     vpp = p[S].layout.vpp
     return {k: vpp if vpp > 1 else None for k in _VPP_KEYS}
 
@@ -332,7 +344,7 @@ def _vpp_write(p: Plan) -> dict[str, Any]:
 _ETP_KEYS = _megs("expert_tensor_parallel_size")
 
 
-def _etp_write(p: Plan) -> dict[str, Any]:
+def _etp_write(p: Plan) -> dict[str, object]:
     """Expert TP only where it means something: unset (a dense model's) is not written."""
     etp = p["strategy"].layout.etp
     return {} if etp is None else {k: etp for k in _ETP_KEYS}
@@ -398,7 +410,7 @@ ROWS: tuple[Row, ...] = _in_field_order(
 )
 
 # Settings grpo-tune always emits (not plan fields): GRPO itself, the data handling, the logger.
-FIXED: dict[str, Any] = {
+FIXED: dict[str, object] = {
     "algorithm.adv_estimator": "grpo",
     "algorithm.use_kl_in_reward": False,
     "data.filter_overlong_prompts": True,
@@ -414,9 +426,9 @@ def rows(section: str | None = None) -> tuple[Row, ...]:
     return tuple(r for r in ROWS if section is None or r.section == section)
 
 
-def write_plan(plan: Plan) -> dict[str, Any]:
+def write_plan(plan: Plan) -> dict[str, object]:
     """plan -> ordered {key (with ``+`` where verl's schema lacks it): Python value}."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for r in ROWS:
         if r.write is not None:
             out.update(r.write(plan))
