@@ -220,7 +220,7 @@ def tune(
     calibration: dict[str, float] | None = None,
     min_headroom: float = 0.05,
     top: int = 10,
-    pins: dict[str, Any] | None = None,
+    pins: dict[str, object] | None = None,
 ) -> TuneResult:
     """``keep``: fields held at the launch's values; ``pins``: fields set to given values (estimate's flags)."""
     from grpo_tune.costmodel.estimate import estimate

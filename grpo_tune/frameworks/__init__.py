@@ -10,7 +10,7 @@ launch files, reads its launches back, and names what it cannot express (the sea
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.frameworks.base import Framework
@@ -139,16 +139,16 @@ def select(value: str | None) -> tuple[str, ...]:
     raise ConfigError(f"--framework {value!r}: not a framework grpo-tune writes", hint="choose verl, nemo-rl or all")
 
 
-def constraints(names: Sequence[str]) -> dict[str, Any]:
+def constraints(names: Sequence[str]) -> dict[str, object]:
     """Strategy fields the chosen frameworks fix (the search's pins): a plan must run in every one of them."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for f in REGISTRY:
         if f.name in names:
             out.update(f.constraints())
     return out
 
 
-def check_pins(names: Sequence[str], pins: dict[str, Any]) -> dict[str, Any]:
+def check_pins(names: Sequence[str], pins: dict[str, object]) -> dict[str, object]:
     """The user's pins plus the frameworks' fixed fields; a user pin that a framework cannot express is an error."""
     fixed = constraints(names)
     chosen = [f for f in REGISTRY if f.name in names]
@@ -164,7 +164,7 @@ def check_pins(names: Sequence[str], pins: dict[str, Any]) -> dict[str, Any]:
     return {**pins, **fixed}
 
 
-def plan_pins(names: Sequence[str], pins: dict[str, Any]) -> dict[str, Any]:
+def plan_pins(names: Sequence[str], pins: dict[str, object]) -> dict[str, object]:
     """``estimate --framework``: the user's plan with what the chosen frameworks fix
     (:meth:`~.base.Framework.plan_pins`)."""
     for f in REGISTRY:
@@ -191,5 +191,5 @@ def default_stack(names: Sequence[str], stack: str | None) -> str | None:
     return named(names[0]).stack_profile
 
 
-def _norm(v: Any) -> Any:
+def _norm(v: object) -> object:
     return tuple(v) if isinstance(v, (list, tuple)) else v

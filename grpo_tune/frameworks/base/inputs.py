@@ -132,7 +132,7 @@ def _check_size(root: yaml.Node | None, where: str) -> None:
             )
 
 
-def load_yaml(text: str, where: str) -> tuple[Any, list[tuple[str, int]]]:
+def load_yaml(text: str, where: str) -> tuple[object, list[tuple[str, int]]]:
     """(data, duplicate keys with their lines). Refuses over-deep or over-large (aliased) documents."""
     if flow_depth(text) > MAX_YAML_DEPTH:
         raise ConfigError(
@@ -169,7 +169,7 @@ _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _FLOAT = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
 
 
-def parse_value(raw: str) -> Any:
+def parse_value(raw: str) -> object:
     """A Hydra override value as Hydra's grammar reads it (bool, null, int, float, list, string)."""
     v = raw.strip(" \t")
     low = v.lower()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Sequence
 
 from grpo_tune.core.errors import ConfigError, MissingDependencyError
 from grpo_tune.frameworks.base.runlog import RunLog, StepRecord
@@ -166,5 +166,5 @@ def read_console(text: str, path: str) -> RunLog:
     return RunLog(path=path, format=FORMAT_CONSOLE, records=records, warnings=warnings)
 
 
-def meta(records: list[Any]) -> dict[str, Any]:
+def meta(records: Sequence[StepRecord]) -> dict[str, object]:
     return {"framework": "nemo-rl", "fold": FOLD, "steps": len(records)}

@@ -24,7 +24,7 @@ import json
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 RELEASE = "0.7.0"
 TAG = f"v{RELEASE}"
@@ -80,9 +80,21 @@ def _typed_fields(source: str, cls: str) -> list[str]:
     raise KeyError(f"no class {cls}")
 
 
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+class Snapshot(TypedDict):
+    """The shipped snapshot file: the base config's dotted keys and the TypedDict fields NeMo-RL declares."""
+
+    source: str
+    release: str
+    commit: str
+    base_config: str
+    keys: dict[str, object]
+    declared: dict[str, list[str]]
+    open: list[str]
+
+
+def flatten(tree: object, prefix: str = "") -> dict[str, object]:
     """Dotted key -> leaf. Empty mappings stay leaves (``{}``); lists are leaves."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     if isinstance(tree, dict) and tree:
         for k, v in tree.items():
             out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
@@ -91,18 +103,20 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def unflatten(flat: dict[str, object]) -> dict[str, object]:
+    out: dict[str, object] = {}
     for key, v in flat.items():
         node = out
         parts = key.split(".")
         for p in parts[:-1]:
-            node = node.setdefault(p, {})
+            child = node.setdefault(p, {})
+            assert isinstance(child, dict), f"{key}: {p} is a value, not a section"
+            node = child
         node[parts[-1]] = v
     return out
 
 
-def build(checkout: Path) -> dict[str, Any]:
+def build(checkout: Path) -> Snapshot:
     from omegaconf import OmegaConf
 
     # OmegaConf's YAML reading, as NeMo-RL's load_config reads it (1e-8 is a float there, not a string)
@@ -130,16 +144,17 @@ def build(checkout: Path) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=1)
-def data() -> dict[str, Any]:
-    return json.loads(SNAPSHOT.read_text())
+def data() -> Snapshot:
+    loaded: Snapshot = json.loads(SNAPSHOT.read_text())
+    return loaded
 
 
-def keys() -> dict[str, Any]:
+def keys() -> dict[str, object]:
     """The base config's dotted keys -> default as written."""
     return data()["keys"]
 
 
-def base_tree() -> dict[str, Any]:
+def base_tree() -> dict[str, object]:
     """The base config (grpo_math_1B.yaml) rebuilt from the snapshot: the mapping NeMo-RL's ``defaults:`` loads."""
     return unflatten(keys())
 
