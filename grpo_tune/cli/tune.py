@@ -13,6 +13,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from grpo_tune.core.placement import PlacementAsk
+from grpo_tune.frameworks.base.plan import LaunchPlan
+from grpo_tune.jobs.setup import prepare
+from grpo_tune.jobs.tune import TuneOutcome, TuneRequest, run_tune
 from grpo_tune.cli.options import (
     MIN_HEADROOM_DEFAULT,
     PLACEMENT_FLAGS,
@@ -151,87 +154,45 @@ def tune(
     **pins: Any,
 ) -> None:
     """Price your verl launch, find a faster plan for the same workload, and print only the overrides that change."""
-    from grpo_tune.autotune import tune as T
-    from grpo_tune.frameworks import REGISTRY, plan_of, reader_for
-    from grpo_tune.rundir.emit import Tables, emit_run
-
     place = placement_flags(pins)
-
-    if emit:
-        from grpo_tune.rundir.outputs import check_out_dir
-
-        # before the search, not after it
-        check_out_dir(out, "--out", inputs={"LAUNCH": launch, "--calibration": calibration})
-    fw = reader_for(launch)
-    if place.allows_split and not fw.tunes_separate:
-        from grpo_tune.core.errors import ConfigError
-
-        raise ConfigError(
-            f"tune proposes separate pools for {', '.join(f.name for f in REGISTRY if f.tunes_separate)} launches only",
-            hint="drop --placement/--staleness, or `grpo-tune search --placement auto` for the same model",
-        )
-    plan = plan_of(
-        launch,
-        list(overrides or []),
-        model=model,
+    # before the search, not after it
+    setup = prepare(None, stack=stack, out=out if emit else None, calibration=calibration, inputs={"LAUNCH": launch})
+    req = TuneRequest(
+        launch=launch,
+        overrides=list(overrides or []),
         hardware=hardware,
+        model=model,
         prompt_len_mean=prompt_len_mean,
         response_len_mean=response_len_mean,
-        stack=stack,
+        keep=[k.strip() for k in (keep or "").split(",") if k.strip()],
+        pins=pins_from_flags(pins),
+        place=place,
+        setup=setup,
+        min_headroom=min_headroom,
+        out=out,
+        emit=emit,
     )
-    from grpo_tune.frameworks.verl.launch import Launch as VerlLaunch
 
-    if isinstance(plan.launch, VerlLaunch) and plan.launch.key_findings:
-        _report_keys(plan.launch, refuse=not ignore_unknown, json_out=json_out)
-    from grpo_tune.autotune.calibrate.fit import load_if_given
+    def read(plan: LaunchPlan) -> None:  # the launch's key findings, before any search
+        from grpo_tune.frameworks.verl.launch import Launch as VerlLaunch
 
-    cal = load_if_given(calibration, hardware=plan.hardware.name)
-    keep_list = [k.strip() for k in (keep or "").split(",") if k.strip()]
-    if plan.placement is not None:  # separate pools (verl's fully-async launch, NeMo-RL's generation pool)
-        return _tune_separate(
-            plan,
-            fw,
-            place,
-            pins_from_flags(pins),
-            cal,
-            min_headroom,
-            emit=emit,
-            out=out,
-            json_out=json_out,
-            meta={"tuned_from": str(launch), **({"calibration": str(calibration)} if calibration else {})},
-        )
-    res = T.tune(plan, keep=keep_list, calibration=cal, min_headroom=min_headroom, pins=pins_from_flags(pins))
-    if plan.launch is None:  # plan_of reads a best.yaml too; tune edits launches only
-        from grpo_tune.core.errors import ConfigError
+        if isinstance(plan.launch, VerlLaunch) and plan.launch.key_findings:
+            _report_keys(plan.launch, refuse=not ignore_unknown, json_out=json_out)
 
-        raise ConfigError(f"{launch}: a run config, not a verl launch", hint="pass the verl script or override list")
-    tuned_name, tuned, mode = fw.tuned_file(plan, res.changes, Path(out))
-    for note in fw.tune_notes(plan, res.changes):  # left byte for byte in the tuned file: the user sets them
+    o = run_tune(req, read=read)
+    if o.separate is not None:
+        _print_separate(o, json_out=json_out)
+        return
+    _print_tuned(o, json_out=json_out)
+
+
+def _print_tuned(o: TuneOutcome, *, json_out: bool) -> None:
+    """The launch as priced next to the best plan, the verdict and the overrides; the split proposal."""
+    launch, plan, res, fw, place = o.request.launch, o.plan, o.result, o.framework, o.request.place
+    assert res is not None
+    for note in o.notes:  # left byte for byte in the tuned file: the user sets them
         Console(stderr=True).print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
-    run_dir = None
-    files: dict[str, Path] = {}
-    if emit:
-        run_dir, files = emit_run(
-            res.best,
-            out=out,
-            search=Tables(ranked=res.ranked, counters=res.search_stats),
-            meta={"tuned_from": str(launch), **({"calibration": str(calibration)} if calibration else {})},
-            frameworks=(fw.name,),
-            extra={tuned_name: (tuned, mode)},
-        )
-    split = _propose_split(plan, res, place, pins_from_flags(pins), cal, min_headroom) if place.allows_split else None
-    split_dir: Path | None = None
-    split_files: dict[str, Path] = {}
-    if split is not None and emit:
-        split_dir, split_files = emit_run(
-            split,
-            out=out,
-            meta={
-                "tuned_from": str(launch),
-                "proposal": "separate pools",
-                **({"calibration": str(calibration)} if calibration else {}),
-            },
-        )
+    run_dir, files, split, split_dir, split_files = o.run_dir, o.files, o.split, o.split_dir, o.split_files
     cur, best = _summary(res.current), _summary(res.best)
     if json_out:
         extra = None
@@ -259,69 +220,18 @@ def tune(
     )
     c.print(f"lengths: {lengths_note(wl)}", highlight=False)
     c.print(_compare_table(cur, best))
-    _print_verdict(c, res, cur, best, keep_list)
+    _print_verdict(c, res, cur, best, o.request.keep)
     if run_dir is not None:
         c.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False)
     if place.allows_split:
         _print_split(c, res, split, place, split_dir, split_files)
 
 
-def _tune_separate(
-    plan, fw, place, pins, cal, min_headroom: float, *, emit: bool, out: Path, json_out: bool, meta
-) -> None:
-    """A separate-pool launch: its price as read back, and the best separate plan (the split, staleness, both
-    pools' plans) for the same model, cluster and workload; the winner's run folder (the framework's whole file:
-    verl's fully-async launch, NeMo-RL's recipe). A framework that tune proposes no splits for
-    (``tunes_separate`` false: NeMo-RL) keeps the file's split and re-searches the pools' plans and the staleness
-    within what it runs."""
-    import dataclasses
-
-    from grpo_tune.rundir.emit import emit_run
-    from grpo_tune.autotune.search.placement import search_placement
-    from grpo_tune.core.specs import load_hardware
-    from grpo_tune.costmodel.placement import estimate_separate
-
-    p0 = plan.placement
-    hw_r = load_hardware(place.rollout_hardware) if place.rollout_hardware else None
-    if hw_r is not None:
-        p0 = dataclasses.replace(p0, rollout_hardware=hw_r.name)
-    cur = estimate_separate(
-        model=plan.model,
-        hardware=plan.hardware,
-        cluster=plan.cluster,
-        strategy=plan.strategy,
-        workload=plan.workload,
-        placement=p0,
-        rollout_hardware=hw_r,
-        calibration=cal,
-    )
-    k = place.staleness or p0.staleness
-    rollout_gpus, partial = place.rollout_gpus, place.partial_rollout or p0.partial_rollout
-    if not fw.tunes_separate:
-        rollout_gpus, partial = p0.rollout_gpus, p0.partial_rollout
-        pins = fw.separate_pins({**pins, **fw.constraints()})
-    res = search_placement(
-        plan.model,
-        plan.hardware,
-        plan.cluster,
-        plan.workload,
-        placement="separate",
-        staleness=k,
-        rollout_gpus=rollout_gpus,
-        rollout_hardware=hw_r,
-        partial_rollout=partial,
-        pins=pins,
-        calibration=cal,
-        min_headroom=min_headroom,
-    )
-    found = res.best_separate
-    cur_s = float(cur.step_s or float("inf"))
-    best = found if found is not None and float(found.step_s or float("inf")) < cur_s else cur
-    gain = cur_s / float(best.step_s or float("inf"))
-    run_dir: Path | None = None
-    files: dict[str, Path] = {}
-    if emit:
-        run_dir, files = emit_run(best, out=out, meta=meta, frameworks=(fw.name,))
+def _print_separate(o: TuneOutcome, *, json_out: bool) -> None:
+    """A separate-pool launch: its price as read back and the best separate plan, the run folder written."""
+    plan, sep, run_dir, files, fw = o.plan, o.separate, o.run_dir, o.files, o.framework
+    assert sep is not None and plan.launch is not None
+    cur, best, gain = sep.current, sep.best, sep.gain
     if json_out:
         print(
             json.dumps(
@@ -364,36 +274,6 @@ def _tune_separate(
             f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))}): {fw.separate_written}",
             highlight=False,
         )
-
-
-def _propose_split(plan, res, place: PlacementAsk, pins: dict[str, Any], cal, min_headroom: float):
-    """The best separate-pool plan for the launch's model, cluster and workload (staleness up to --staleness),
-    when it beats the tuned colocated launch; None otherwise."""
-    from grpo_tune.autotune.search.placement import search_placement
-    from grpo_tune.core.specs import load_hardware
-
-    if place.placement == "colocated" and (place.partial_rollout and not place.staleness):
-        from grpo_tune.core.errors import ConfigError
-
-        raise ConfigError("--partial-rollout needs --staleness >= 1", hint="give --staleness 1")
-    pres = search_placement(
-        plan.model,
-        plan.hardware,
-        plan.cluster,
-        plan.workload,
-        placement="separate",
-        staleness=place.staleness,
-        rollout_gpus=place.rollout_gpus,
-        rollout_hardware=load_hardware(place.rollout_hardware) if place.rollout_hardware else None,
-        partial_rollout=place.partial_rollout,
-        pins=pins,
-        calibration=cal,
-        min_headroom=min_headroom,
-    )
-    sep = pres.best_separate
-    if sep is None or not sep.step_s or sep.step_s >= res.best.step_s:
-        return None
-    return sep
 
 
 def _print_split(c: Console, res, split, place: PlacementAsk, run_dir: Path | None, files: dict[str, Path]) -> None:

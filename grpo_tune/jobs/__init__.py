@@ -1,7 +1,7 @@
 """Each command's work, below the CLI: ``cli/`` parses the flags into a request, calls one job here, and
 prints the outcome it returns (tables, JSON and plots of the terminal stay in ``cli/``).
 
-``setup`` is the preamble every planning command shares (the frameworks and stack it plans for, the
+``setup`` is the preamble the planning commands share (the frameworks and stack it plans for, the
 ``--out`` folder checked before any work, the ``--calibration`` file); ``inputs`` turns flag values into
-the typed target; ``search``, ``compare`` and ``estimate`` hold the commands of those names.
+the typed target; ``search``, ``compare``, ``estimate`` and ``tune`` hold the commands of those names.
 """

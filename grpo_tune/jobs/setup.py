@@ -38,12 +38,13 @@ def prepare(
     calibration: Path | None = None,
     inputs: dict[str, Path] | None = None,
 ) -> Setup:
-    """The frameworks ``--framework`` names, the stack to price under, and ``out`` (when the command will write
-    there) checked before the work: a file, or a folder that is one of the command's ``inputs`` (``--calibration``
-    always is), is a coded error now rather than after a long search."""
+    """The frameworks ``--framework`` names (None: none chosen, as for tune, whose input names its own), the
+    stack to price under, and ``out`` (when the command will write there) checked before the work: a file, or a
+    folder that is one of the command's ``inputs`` (``--calibration`` always is), is a coded error now rather
+    than after a long search."""
     from grpo_tune import frameworks as F
 
-    fws = F.select(framework)
+    fws = F.select(framework) if framework is not None else ()  # None: the input file names its framework
     if out is not None:
         from grpo_tune.rundir.outputs import check_out_dir
 

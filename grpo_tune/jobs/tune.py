@@ -1,0 +1,224 @@
+"""``grpo-tune tune``'s work: read the user's launch back, price it, search the same workload, write the run
+folder with the tuned file, and (when separate pools are allowed) propose a split.
+
+:func:`run_tune` takes a :class:`TuneRequest` and returns a :class:`TuneOutcome`; ``cli/tune.py`` prints it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from grpo_tune.core.errors import ConfigError
+from grpo_tune.core.placement import PlacementAsk
+from grpo_tune.jobs.setup import Setup
+
+if TYPE_CHECKING:
+    from grpo_tune.autotune.tune import TuneResult
+    from grpo_tune.costmodel.estimate import Estimate
+    from grpo_tune.frameworks.base import Framework
+    from grpo_tune.frameworks.base.plan import LaunchPlan
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """What ``tune`` was asked: the launch (and a recipe's overrides), how to read it, what to keep and pin."""
+
+    launch: Path
+    overrides: list[str] = field(default_factory=list)
+    hardware: str = "h100"
+    model: str | None = None
+    prompt_len_mean: int | None = None
+    response_len_mean: int | None = None
+    keep: list[str] = field(default_factory=list)
+    pins: dict[str, Any] = field(default_factory=dict)
+    place: PlacementAsk = PlacementAsk()
+    setup: Setup = Setup(frameworks=())
+    min_headroom: float = 0.05
+    out: Path = Path("runs")
+    emit: bool = True
+
+    def meta(self) -> dict[str, str]:
+        """The run folder's meta block: the launch tuned, the calibration."""
+        return {"tuned_from": str(self.launch), **(self.setup.meta() or {})}
+
+
+@dataclass(frozen=True)
+class SeparateTune:
+    """A separate-pool launch re-searched as separate pools: its price as read back and the best plan found."""
+
+    current: Estimate
+    best: Estimate
+    """``current`` when no faster separate plan was found."""
+    gain: float
+
+
+@dataclass
+class TuneOutcome:
+    """What ``tune`` found and wrote."""
+
+    request: TuneRequest
+    framework: Framework
+    plan: LaunchPlan
+    result: TuneResult | None = None
+    """The colocated tuning (None for a separate-pool launch: see ``separate``)."""
+    separate: SeparateTune | None = None
+    notes: list[str] = field(default_factory=list)
+    """What the tuned file leaves as written (values computed at run time): the user sets them."""
+    run_dir: Path | None = None
+    files: dict[str, Path] = field(default_factory=dict)
+    split: Estimate | None = None
+    """The separate-pool proposal that beats the tuned colocated launch (when pools are allowed), else None."""
+    split_dir: Path | None = None
+    split_files: dict[str, Path] = field(default_factory=dict)
+
+
+def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = None) -> TuneOutcome:
+    """Tune ``req.launch``; ``read`` is told the plan as soon as the launch is read back (before any search: the
+    CLI reports the launch's key findings there, and may stop)."""
+    from grpo_tune.autotune import tune as T
+    from grpo_tune.frameworks import REGISTRY, plan_of, reader_for
+    from grpo_tune.rundir.emit import Tables, emit_run
+
+    place = req.place
+    fw = reader_for(req.launch)
+    if place.allows_split and not fw.tunes_separate:
+        raise ConfigError(
+            f"tune proposes separate pools for {', '.join(f.name for f in REGISTRY if f.tunes_separate)} launches only",
+            hint="drop --placement/--staleness, or `grpo-tune search --placement auto` for the same model",
+        )
+    plan = plan_of(
+        req.launch,
+        req.overrides,
+        model=req.model,
+        hardware=req.hardware,
+        prompt_len_mean=req.prompt_len_mean,
+        response_len_mean=req.response_len_mean,
+        stack=req.setup.stack,
+    )
+    if read is not None:
+        read(plan)
+    cal = req.setup.load_calibration(plan.hardware.name)
+    out = TuneOutcome(request=req, framework=fw, plan=plan)
+    if plan.placement is not None:  # separate pools (verl's fully-async launch, NeMo-RL's generation pool)
+        _tune_separate(out, cal)
+        return out
+    res = T.tune(plan, keep=req.keep, calibration=cal, min_headroom=req.min_headroom, pins=req.pins)
+    out.result = res
+    if plan.launch is None:  # plan_of reads a best.yaml too; tune edits launches only
+        raise ConfigError(
+            f"{req.launch}: a run config, not a verl launch", hint="pass the verl script or override list"
+        )
+    tuned_name, tuned, mode = fw.tuned_file(plan, res.changes, Path(req.out))
+    out.notes = list(fw.tune_notes(plan, res.changes))
+    if req.emit:
+        out.run_dir, out.files = emit_run(
+            res.best,
+            out=req.out,
+            search=Tables(ranked=res.ranked, counters=res.search_stats),
+            meta=req.meta(),
+            frameworks=(fw.name,),
+            extra={tuned_name: (tuned, mode)},
+        )
+    out.split = _propose_split(plan, res, place, req.pins, cal, req.min_headroom) if place.allows_split else None
+    if out.split is not None and req.emit:
+        out.split_dir, out.split_files = emit_run(
+            out.split,
+            out=req.out,
+            meta={"tuned_from": str(req.launch), "proposal": "separate pools", **(req.setup.meta() or {})},
+        )
+    return out
+
+
+def _tune_separate(out: TuneOutcome, cal: dict[str, float] | None) -> None:
+    """A separate-pool launch: its price as read back, and the best separate plan (the split, staleness, both
+    pools' plans) for the same model, cluster and workload; the winner's run folder (the framework's whole file:
+    verl's fully-async launch, NeMo-RL's recipe). A framework that tune proposes no splits for
+    (``tunes_separate`` false: NeMo-RL) keeps the file's split and re-searches the pools' plans and the staleness
+    within what it runs."""
+    import dataclasses
+
+    from grpo_tune.rundir.emit import emit_run
+    from grpo_tune.autotune.search.placement import search_placement
+    from grpo_tune.core.specs import load_hardware
+    from grpo_tune.costmodel.placement import estimate_separate
+
+    req, plan, place, fw = out.request, out.plan, out.request.place, out.framework
+    p0 = plan.placement
+    assert p0 is not None  # only a separate-pool launch comes here
+    hw_r = load_hardware(place.rollout_hardware) if place.rollout_hardware else None
+    if hw_r is not None:
+        p0 = dataclasses.replace(p0, rollout_hardware=hw_r.name)
+    cur = estimate_separate(
+        model=plan.model,
+        hardware=plan.hardware,
+        cluster=plan.cluster,
+        strategy=plan.strategy,
+        workload=plan.workload,
+        placement=p0,
+        rollout_hardware=hw_r,
+        calibration=cal,
+    )
+    k = place.staleness or p0.staleness
+    rollout_gpus, partial = place.rollout_gpus, place.partial_rollout or p0.partial_rollout
+    pins = req.pins
+    if not fw.tunes_separate:
+        rollout_gpus, partial = p0.rollout_gpus, p0.partial_rollout
+        pins = fw.separate_pins({**pins, **fw.constraints()})
+    res = search_placement(
+        plan.model,
+        plan.hardware,
+        plan.cluster,
+        plan.workload,
+        placement="separate",
+        staleness=k,
+        rollout_gpus=rollout_gpus,
+        rollout_hardware=hw_r,
+        partial_rollout=partial,
+        pins=pins,
+        calibration=cal,
+        min_headroom=req.min_headroom,
+    )
+    found = res.best_separate
+    cur_s = float(cur.step_s or float("inf"))
+    best = found if found is not None and float(found.step_s or float("inf")) < cur_s else cur
+    gain = cur_s / float(best.step_s or float("inf"))
+    out.separate = SeparateTune(current=cur, best=best, gain=gain)
+    if req.emit:
+        out.run_dir, out.files = emit_run(best, out=req.out, meta=req.meta(), frameworks=(fw.name,))
+
+
+def _propose_split(
+    plan: LaunchPlan,
+    res: TuneResult,
+    place: PlacementAsk,
+    pins: dict[str, Any],
+    cal: dict[str, float] | None,
+    min_headroom: float,
+) -> Estimate | None:
+    """The best separate-pool plan for the launch's model, cluster and workload (staleness up to --staleness),
+    when it beats the tuned colocated launch; None otherwise."""
+    from grpo_tune.autotune.search.placement import search_placement
+    from grpo_tune.core.specs import load_hardware
+
+    if place.placement == "colocated" and (place.partial_rollout and not place.staleness):
+        raise ConfigError("--partial-rollout needs --staleness >= 1", hint="give --staleness 1")
+    pres = search_placement(
+        plan.model,
+        plan.hardware,
+        plan.cluster,
+        plan.workload,
+        placement="separate",
+        staleness=place.staleness,
+        rollout_gpus=place.rollout_gpus,
+        rollout_hardware=load_hardware(place.rollout_hardware) if place.rollout_hardware else None,
+        partial_rollout=place.partial_rollout,
+        pins=pins,
+        calibration=cal,
+        min_headroom=min_headroom,
+    )
+    sep = pres.best_separate
+    if sep is None or not sep.step_s or sep.step_s >= res.best.step_s:
+        return None
+    return sep
