@@ -120,6 +120,7 @@ SURFACE = {
         "--out",
         "--prompt-len-mean",
         "--response-len-mean",
+        "--stack",
         "LAUNCH",
         "OVERRIDES",
         # pins as estimate spells them (issue 11: "--keep tp,pp or any estimate flag")
