@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from grpo_tune.core.errors import ConfigError, MissingDependencyError
+from grpo_tune.core.config import RunConfig
 
 from . import snapshot as snap
 from . import table
@@ -38,22 +39,22 @@ DEFAULTS = "../../grpo_math_1B.yaml"
 # ---------------------------------------------------------------------------------------------
 
 
-def plan_of(cfg: Any) -> table.Plan:
+def plan_of(cfg: RunConfig) -> table.Plan:
     return {"strategy": cfg.strategy, "workload": cfg.workload, "trainer": cfg.trainer, "cluster": cfg.cluster}
 
 
-def recipe_values(cfg: Any) -> dict[str, Any]:
+def recipe_values(cfg: RunConfig) -> dict[str, object]:
     """Every NeMo-RL key grpo-tune sets for this run config -> value (fixed keys, model, then the plan's)."""
     name = cfg.model.hf_id or cfg.model.name
     from grpo_tune.core.placement import Placement
 
-    out: dict[str, Any] = {f"{table.P}.model_name": name, **table.FIXED}
+    out: dict[str, object] = {f"{table.P}.model_name": name, **table.FIXED}
     out.update(table.write_placement(getattr(cfg, "placement", None) or Placement(), cfg.cluster))
     out.update(table.write_plan(plan_of(cfg)))
     return out
 
 
-def recipe_text(cfg: Any, *, run_id: str = "") -> str:
+def recipe_text(cfg: RunConfig, *, run_id: str = "") -> str:
     """``nemo_rl.yaml``: a header, ``defaults:``, then the overrides as one nested mapping."""
     from grpo_tune.frameworks.base.inputs import check_name, comment_safe
 
@@ -119,10 +120,10 @@ class Recipe:
     kind: str = "nemo_rl_recipe"
 
     @property
-    def values(self) -> dict[str, Any]:
+    def values(self) -> dict[str, object]:
         return self.own
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str) -> object:
         return self.resolved.get(key)
 
 
@@ -293,7 +294,7 @@ def is_recipe_text(path: Path, text: str) -> bool:
     return isinstance(data, dict) and "strategy" not in data and looks_like_recipe(data)
 
 
-def looks_like_recipe(data: Any) -> bool:
+def looks_like_recipe(data: object) -> bool:
     """A NeMo-RL GRPO recipe: a mapping with ``defaults`` or NeMo-RL's own sections (``policy`` + ``grpo``,
     or ``policy.megatron_cfg`` / ``policy.generation``), not a grpo-tune run config nor a verl config."""
     if not isinstance(data, dict) or "schema_version" in data or "actor_rollout_ref" in data:

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from collections.abc import Mapping
+from typing import Any, Callable, Final, TypedDict
 
 from grpo_tune.core.config import TrainerOptions
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
+from grpo_tune.core.placement import Placement
 
 P = "policy"
 MEG = f"{P}.megatron_cfg"
@@ -48,8 +50,18 @@ PRECISION = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DTYPE_FROM = {v: k for k, v in PRECISION.items()}
 ALL_OFFLOAD = ("param", "grad", "optimizer")
 
-Plan = dict[str, Any]
-Get = Callable[[str], Any]
+
+class Plan(TypedDict, total=False):
+    """What the table writes and reads: the plan's sections (a writer of one section's rows needs only that one)."""
+
+    strategy: Strategy
+    workload: Workload
+    trainer: TrainerOptions
+    cluster: Cluster
+
+
+Get = Callable[[str], object]
+"""Key -> value as NeMo-RL would see it (the recipe's, else the base config's)."""
 
 
 @dataclass(frozen=True)
@@ -57,13 +69,14 @@ class Row:
     section: str
     field: str
     keys: tuple[str, ...]
-    write: Callable[[Plan], dict[str, Any]] | None
-    read: Callable[[Get], Any] | None
+    write: Callable[[Plan], dict[str, object]] | None
+    read: Callable[[Get], object] | None
     why: str = ""
 
 
-def _f(plan: Plan, section: str, name: str) -> Any:
-    part = plan[section]
+def _f(plan: Plan, section: str, name: str) -> object:
+    sections: Mapping[str, object] = plan
+    part = sections[section]
     return part.knob(name) if isinstance(part, Strategy) else getattr(part, name)
 
 
@@ -75,15 +88,18 @@ def none(section: str, name: str, why: str) -> Row:
     return Row(section, name, (), None, None, why)
 
 
-S, W, T, C = "strategy", "workload", "trainer", "cluster"
+S: Final = "strategy"
+W: Final = "workload"
+T: Final = "trainer"
+C: Final = "cluster"
 SECTIONS = {S: Strategy, W: Workload, T: TrainerOptions, C: Cluster}
 
 
-def _recompute_write(p: Plan) -> dict[str, Any]:
+def _recompute_write(p: Plan) -> dict[str, object]:
     r = p[S].memory.recompute
     if r == "none":
         return {f"{MEG}.activation_checkpointing": False}
-    out: dict[str, Any] = {f"{MEG}.activation_checkpointing": True, f"{MEG}.recompute_granularity": r}
+    out: dict[str, object] = {f"{MEG}.activation_checkpointing": True, f"{MEG}.recompute_granularity": r}
     if r == "selective":
         out[f"{MEG}.recompute_modules"] = ["core_attn"]
     return out
@@ -96,23 +112,23 @@ def _recompute_read(get: Get) -> str:
     return g if g in ("full", "selective") else "full"
 
 
-def _stage_write(which: str) -> Callable[[Plan], dict[str, Any]]:
+def _stage_write(which: str) -> Callable[[Plan], dict[str, object]]:
     return lambda p: {f"{MEG}.num_layers_in_{which}_pipeline_stage": p[S].knob(f"{which}_stage_layers")}
 
 
-def _pack_write(p: Plan) -> dict[str, Any]:
+def _pack_write(p: Plan) -> dict[str, object]:
     s = p[S]
     n = s.batching.max_tokens_per_gpu
     # Megatron in NeMo-RL packs sequences (dynamic batching is off: grpo_math_1B_megatron.yaml, "incompatible
     # with Pipeline parallelism"); the token caps are the packed micro-batches' sizes per GPU.
-    out: dict[str, Any] = {f"{DYN}.enabled": False, f"{PACK}.enabled": n is not None}
+    out: dict[str, object] = {f"{DYN}.enabled": False, f"{PACK}.enabled": n is not None}
     if n is not None:
         out[f"{PACK}.train_mb_tokens"] = n
         out[f"{PACK}.logprob_mb_tokens"] = s.batching.log_prob_max_tokens_per_gpu or n
     return out
 
 
-def _caps(get: Get) -> tuple[int | None, int | None]:
+def _caps(get: Get) -> tuple[object, object]:
     for sec in (PACK, DYN):
         if get(f"{sec}.enabled") is True:
             t = get(f"{sec}.train_mb_tokens")
@@ -121,7 +137,7 @@ def _caps(get: Get) -> tuple[int | None, int | None]:
     return None, None
 
 
-def _cpu_write(p: Plan) -> dict[str, Any]:
+def _cpu_write(p: Plan) -> dict[str, object]:
     f = p[S].memory.cpu_optimizer
     return {f"{OPT}.optimizer_cpu_offload": f is not None, f"{OPT}.optimizer_offload_fraction": float(f or 0.0)}
 
@@ -138,21 +154,28 @@ def _offload_read(get: Get) -> tuple[str, ...]:
     return ALL_OFFLOAD if get(f"{GEN}.colocated.enabled") is not False else ()
 
 
-def _lp_mbs_read(get: Get) -> int | None:
+def _lp_mbs_read(get: Get) -> object:
     n = get(f"{P}.logprob_batch_size")
     return None if n is None or n == get(f"{P}.train_micro_batch_size") else n
 
 
-def _bucket_write(p: Plan) -> dict[str, Any]:
+def _bucket_write(p: Plan) -> dict[str, object]:
     return {f"{P}.refit_buffer_size_gb": p[S].rollout.sync_bucket_mb / 1024}
+
+
+def _number(v: object) -> float:
+    """``float(v)`` of a recipe value: a number or a numeric string; else the TypeError ``float`` raises."""
+    if isinstance(v, (int, float, str)):
+        return float(v)
+    raise TypeError(f"float() argument must be a string or a real number, not {type(v).__name__!r}")
 
 
 def _bucket_read(get: Get) -> int | None:
     gb = get(f"{P}.refit_buffer_size_gb")
-    return None if gb is None else int(round(float(gb) * 1024))
+    return None if gb is None else int(round(_number(gb) * 1024))
 
 
-def _lens_write(p: Plan) -> dict[str, Any]:
+def _lens_write(p: Plan) -> dict[str, object]:
     w = p[W]
     total = w.prompt_len + w.response_len
     return {
@@ -185,7 +208,10 @@ def _prompt_read(get: Get) -> int | None:
     total = _total(get)
     if total is None:
         return None
-    return min(PROMPT_LEN_ASSUMED, max(1, total // 2)) if prompt_assumed(get) else get("data.max_input_seq_length")
+    if prompt_assumed(get):
+        return min(PROMPT_LEN_ASSUMED, max(1, total // 2))
+    cap = get("data.max_input_seq_length")
+    return cap if isinstance(cap, int) else None  # an int below the total (prompt_assumed checked it)
 
 
 def _response_read(get: Get) -> int | None:
@@ -196,7 +222,7 @@ def _response_read(get: Get) -> int | None:
     return min(new, room) if isinstance(new, int) and new > 0 else room
 
 
-def _gbs_write(p: Plan) -> dict[str, Any]:
+def _gbs_write(p: Plan) -> dict[str, object]:
     w = p[W]
     return {f"{P}.train_global_batch_size": w.mini_batch * w.n}
 
@@ -208,7 +234,7 @@ def _mini_read(get: Get) -> int | None:
     return None
 
 
-def _kl_write(p: Plan) -> dict[str, Any]:
+def _kl_write(p: Plan) -> dict[str, object]:
     return {f"{LOSS}.reference_policy_kl_penalty": p[T].kl_coef if p[W].kl else 0.0}
 
 
@@ -222,17 +248,30 @@ def _kl_coef_read(get: Get) -> float:
     return float(v) if isinstance(v, (int, float)) and v > 0 else TrainerOptions().kl_coef
 
 
-def _clip_high_write(p: Plan) -> dict[str, Any]:
+def _clip_high_write(p: Plan) -> dict[str, object]:
     t: TrainerOptions = p[T]
     return {f"{LOSS}.ratio_clip_max": t.clip_ratio if t.clip_ratio_high is None else t.clip_ratio_high}
 
 
-def _clip_high_read(get: Get) -> float | None:
+def _clip_high_read(get: Get) -> object:
     hi = get(f"{LOSS}.ratio_clip_max")
     return None if hi == get(f"{LOSS}.ratio_clip_min") else hi
 
 
-def _nodes_write(p: Plan) -> dict[str, Any]:
+def _dtype_read(get: Get) -> str:
+    d = get(f"{P}.precision")
+    return DTYPE_FROM.get(d, "bf16") if isinstance(d, str) else "bf16"
+
+
+def _gpus_read(get: Get) -> int:
+    """gpus_per_node x num_nodes (integers; anything else is the TypeError ``*`` raises)."""
+    gpn, nodes = get("cluster.gpus_per_node"), get("cluster.num_nodes")
+    if isinstance(gpn, int) and isinstance(nodes, int):
+        return gpn * nodes
+    raise TypeError(f"unsupported operand type(s) for *: {type(gpn).__name__!r} and {type(nodes).__name__!r}")
+
+
+def _nodes_write(p: Plan) -> dict[str, object]:
     c: Cluster = p[C]
     return {"cluster.gpus_per_node": min(c.gpus, c.gpus_per_node), "cluster.num_nodes": c.nnodes}
 
@@ -324,7 +363,7 @@ ROWS: tuple[Row, ...] = (
         "dtype",
         (f"{P}.precision",),
         lambda p: {f"{P}.precision": PRECISION[p[W].dtype]},
-        lambda get: DTYPE_FROM.get(get(f"{P}.precision"), "bf16"),
+        _dtype_read,
     ),
     same(T, "steps", f"{GRPO}.max_num_steps"),
     same(T, "seed", f"{GRPO}.seed"),
@@ -380,7 +419,7 @@ ROWS: tuple[Row, ...] = (
         "gpus",
         (),
         None,
-        lambda get: get("cluster.gpus_per_node") * get("cluster.num_nodes"),
+        _gpus_read,
         "gpus_per_node x num_nodes",
     ),
 )
@@ -416,8 +455,8 @@ def rows(section: str | None = None) -> tuple[Row, ...]:
     return tuple(r for r in ROWS if section is None or r.section == section)
 
 
-def write_plan(plan: Plan) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def write_plan(plan: Plan) -> dict[str, object]:
+    out: dict[str, object] = {}
     for r in ROWS:
         if r.write is not None:
             out.update(r.write(plan))
@@ -491,7 +530,7 @@ PLACEMENT_KEYS = (
 )
 
 
-def placement_problem(placement: Any, cluster: Cluster) -> str | None:
+def placement_problem(placement: Placement, cluster: Cluster) -> str | None:
     """Why NeMo-RL 0.7.0 cannot run this placement (None: it can). ``grpo.py`` setup: on one node the
     generation pool is ``resources.gpus_per_node`` GPUs of it; on more nodes it is ``resources.num_nodes``
     whole nodes. Partial rollout (carrying unfinished responses over) has no NeMo-RL key."""
@@ -509,7 +548,7 @@ def placement_problem(placement: Any, cluster: Cluster) -> str | None:
     return None
 
 
-def write_placement(placement: Any, cluster: Cluster) -> dict[str, Any]:
+def write_placement(placement: Placement, cluster: Cluster) -> dict[str, object]:
     """NeMo-RL keys for the plan's placement (colocated, or the generation pool and its staleness)."""
     if not placement.separate:
         return {f"{COLOC}.enabled": True, f"{ASYNC}.enabled": False}
@@ -520,7 +559,7 @@ def write_placement(placement: Any, cluster: Cluster) -> dict[str, Any]:
         raise ConfigError(f"NeMo-RL cannot run this placement: {why}", hint="plan colocated, or another split")
     g, gpn = placement.rollout_gpus, min(cluster.gpus, cluster.gpus_per_node)
     one_node = cluster.nnodes == 1
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         f"{COLOC}.enabled": False,
         f"{COLOC}.resources.gpus_per_node": g if one_node else gpn,
         f"{COLOC}.resources.num_nodes": 1 if one_node else g // gpn,
@@ -533,7 +572,7 @@ def write_placement(placement: Any, cluster: Cluster) -> dict[str, Any]:
     return out
 
 
-def read_placement(get: Get) -> Any:
+def read_placement(get: Get) -> Placement:
     """The Placement a recipe runs."""
     from grpo_tune.core.placement import Placement
 
@@ -546,4 +585,9 @@ def read_placement(get: Get) -> Any:
     else:
         g = (r_nodes if isinstance(r_nodes, int) else 0) * (gpn if isinstance(gpn, int) else 0)
     age = get(f"{ASYNC}.max_trajectory_age_steps") if get(f"{ASYNC}.enabled") is True else 0
-    return Placement(mode="separate", rollout_gpus=g, staleness=int(age or 0))
+    age = age or 0
+    if not isinstance(age, (int, float, str)):
+        raise TypeError(
+            f"int() argument must be a string, a bytes-like object or a real number, not {type(age).__name__!r}"
+        )
+    return Placement(mode="separate", rollout_gpus=g, staleness=int(age))

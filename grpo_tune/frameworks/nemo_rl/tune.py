@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
 
 import yaml
 
 from grpo_tune.core.errors import ConfigError
+from grpo_tune.core.specs import ModelSpec
 from grpo_tune.core.strategy import Strategy
 from grpo_tune.frameworks.base.plan import SEARCHED
 
@@ -26,10 +27,10 @@ from . import table as T
 SEARCHED_EXTRA = ("recompute_layers",)
 
 
-def keys_for(s: Strategy, model) -> dict[str, Any]:
+def keys_for(s: Strategy, model: ModelSpec) -> dict[str, object]:
     """NeMo-RL key -> value that makes the recipe run ``s``, for the fields tune changes."""
-    plan = {"strategy": s}
-    out: dict[str, Any] = {}
+    plan: T.Plan = {"strategy": s}
+    out: dict[str, object] = {}
     for row in T.rows(T.S):
         if row.write is None or row.field not in (*SEARCHED, *SEARCHED_EXTRA):
             continue
@@ -42,12 +43,12 @@ def keys_for(s: Strategy, model) -> dict[str, Any]:
 class Edited:
     """The recipe's resolved values with ``new`` applied (what NeMo-RL reads from tuned.yaml)."""
 
-    def __init__(self, r: R.Recipe, new: dict[str, Any]):
+    def __init__(self, r: R.Recipe, new: dict[str, object]):
         self.r, self.new = r, new
         self.values = r.own
         self.path = r.path
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str) -> object:
         if key in self.new:
             return self.new[key]
         if key == f"{T.P}.make_sequence_length_divisible_by" and f"{T.MEG}.tensor_model_parallel_size" in self.new:
@@ -55,12 +56,12 @@ class Edited:
         return self.r.get(key)
 
 
-def tuned_text(r: R.Recipe, changes: dict[str, tuple[Any, Any]], out_dir: str | os.PathLike) -> str:
+def tuned_text(r: R.Recipe, changes: Mapping[str, tuple[object, object]], out_dir: str | os.PathLike) -> str:
     """``tuned.yaml`` for ``out_dir``: the user's recipe as ``defaults``, their CLI overrides, the changed keys."""
     src, here = Path(r.path).resolve(), Path(out_dir).resolve()
     # relative when both share a folder below the root (the pair can move together), else absolute
     rel = str(src) if os.path.commonpath([src, here]) == os.sep else os.path.relpath(src, here)
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     for o in r.overrides:
         tok = o.strip()
         if tok.startswith("~"):
