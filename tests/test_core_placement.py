@@ -16,6 +16,8 @@ def test_default_is_colocated_on_policy():
 def test_round_trip_through_a_mapping():
     p = Placement(mode="separate", rollout_gpus=16, rollout_hardware="h20", staleness=1, partial_rollout=True)
     assert Placement.from_dict(p.to_dict()) == p
+    q = Placement(mode="separate", rollout_gpus=16, staleness=1, recompute_logprobs=False)
+    assert Placement.from_dict(q.to_dict()) == q and q.to_dict()["recompute_logprobs"] is False
 
 
 @pytest.mark.parametrize(
@@ -24,6 +26,8 @@ def test_round_trip_through_a_mapping():
         ({"mode": "split"}, "mode"),
         ({"mode": "colocated", "staleness": 1}, "need mode 'separate'"),
         ({"mode": "colocated", "rollout_gpus": 8}, "need mode 'separate'"),
+        ({"mode": "colocated", "recompute_logprobs": False}, "needs mode 'separate'"),
+        ({"mode": "separate", "rollout_gpus": 4, "recompute_logprobs": 0}, "recompute_logprobs"),
         ({"mode": "separate"}, "rollout_gpus >= 1"),
         ({"mode": "separate", "rollout_gpus": 4, "partial_rollout": True}, "partial_rollout needs staleness"),
         ({"mode": "separate", "rollout_gpus": -1}, "rollout_gpus"),

@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from grpo_tune.autotune.search.placement import TIE as P_TIE
 from grpo_tune.autotune.search.placement import choose_split, search_placement
 from grpo_tune.autotune.search.driver import search
 from grpo_tune.core.errors import ConfigError, InvalidDegreesError
@@ -219,6 +220,22 @@ def test_partial_rollout_prices_decode_at_sustained_concurrency():
     assert part["decode_s"] == pytest.approx(seqs * wl.mean_response_len / rs["concurrency"] * rs["decode_step_s"])
 
 
+def test_rollout_logprobs_as_the_old_ones_drop_exactly_the_old_logprob_pass():
+    # recompute_logprobs off (verl's bypass_mode): the training pool runs ref + update, no old log-prob pass
+    m, wl, cl = load_model("qwen2.5-7b"), Workload(prompts=128, mini_batch=32, n=8, response_len=2048), Cluster(gpus=16)
+    s = Strategy.of(tp=2, rollout_tp=2, gpu_memory_utilization=0.8)
+    on = P.estimate_separate(model=m, hardware=H100, cluster=cl, strategy=s, workload=wl, placement=sep(8, 1))
+    off = P.estimate_separate(
+        model=m, hardware=H100, cluster=cl, strategy=s, workload=wl, placement=sep(8, 1, recompute_logprobs=False)
+    )
+    old = on.time.phases["old_logprob"]
+    assert old > 0 and "old_logprob" not in off.time.phases
+    assert off.placement["train_s"] == pytest.approx(on.placement["train_s"] - old, rel=1e-12)
+    f = off.placement
+    assert off.step_s == pytest.approx(max(f["gen_s"], f["train_s"]) + f["sync_s"], rel=1e-12)
+    assert (on.placement["recompute_logprobs"], f["recompute_logprobs"]) == (True, False)
+
+
 # -- search ---------------------------------------------------------------------------------------
 
 
@@ -251,6 +268,43 @@ def test_auto_returns_both_placements_and_the_faster_wins():
     )
     assert again.step_s == pytest.approx(s.step_s, rel=1e-9)
     assert math.isfinite(s.placement["rollout_busy"]) and 0 < s.placement["train_busy"] <= 1
+
+
+def _every_split_in_full(m, hw, cl, wl, K):
+    """The best separate step over every split verl can express and every staleness <= K, each training pool
+    searched in full (no repricing) and its three best plans composed with the split's best rollout engine."""
+    from grpo_tune.autotune.search import placement as SP
+
+    best = None
+    for r in P.split_candidates(cl):
+        ps = P.pools(cl, r)
+        g = SP.best_rollout(m, hw, ps.rollout, wl, {}, CAL, False)
+        try:
+            tr = search(m, hw, ps.train, wl, pins=SP._train_pins({}), _price=SP._train_price, top=3,
+                        keep_layouts=SP.TRAIN_KEEP_LAYOUTS, exact=SP.TRAIN_EXACT)  # fmt: skip
+        except InvalidDegreesError:
+            continue
+        for k in range(K + 1):
+            for te in tr.ranked[:3]:
+                e = P.estimate_separate(
+                    model=m, hardware=hw, cluster=cl, strategy=te.strategy.replace(**g[0]), workload=wl,
+                    placement=sep(r, k), train=te,
+                )  # fmt: skip
+                if e.fits and (best is None or e.step_s < best[0]):
+                    best = (e.step_s, r, k)
+    return best
+
+
+def test_search_finds_the_split_every_split_searched_in_full_finds():
+    # 32 GPUs: splits 4..28 (every node alike, or whole nodes); the 24-GPU training pool of the 8 + 24 split cannot
+    # take the colocated plans (at tp 2 its DP 12 does not divide the 1280 sequences of a mini-batch), so only its
+    # own search finds its plans, and that split is the best one: the search must not lose it
+    m, wl, cl = load_model("qwen2.5-7b"), Workload(), Cluster(gpus=32)
+    res = search_placement(m, H100, cl, wl, placement="separate", staleness=1)
+    step, r, k = _every_split_in_full(m, H100, cl, wl, 1)
+    b = res.best_separate
+    assert r == 8 and b.placement["rollout_gpus"] == 8
+    assert b.step_s == pytest.approx(step, rel=P_TIE), (b.placement["rollout_gpus"], r)
 
 
 # -- CLI ----------------------------------------------------------------------------------------
@@ -341,3 +395,27 @@ def test_search_auto_writes_the_split_curve(tmp_path):
     png = run / "placement.png"
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (run / "verl.sh").is_file() and (run / "best.yaml").is_file()
+
+
+def test_the_cpu_profile_prices_and_proposes_separate_pools():
+    # the CPU trainer runs separate pools (trainer/separate.py: the rollout pool samples with its own
+    # forward-only engine, tp = rollout_tp, data parallel over the pool), so the search prices and proposes them
+    from grpo_tune.costmodel.rollout import native_rollout_s
+
+    cpu, m = load_hardware("cpu"), load_model("tiny")
+    wl = Workload(prompts=8, n=4, prompt_len=8, response_len=6, mini_batch=4, kl=False, dtype="fp32")
+    cl = Cluster(gpus=4, gpus_per_node=4)
+    s = Strategy.of(mbs=8, recompute="none", rollout_tp=1)
+    e = P.estimate_separate(model=m, hardware=cpu, cluster=cl, strategy=s, workload=wl, placement=sep(2, 1))
+    assert e.fits, [v.message for v in e.violations]
+    roll = P.pools(cl, 2).rollout
+    rs = P.native_strategy(m, s, roll)
+    assert (rs.layout.tp, rs.layout.dp) == (1, 2)  # the rollout pool's own layout, not the training pool's
+    want = native_rollout_s(m, cpu, roll, rs, wl, CAL)["decode_s"] + CAL["rollout_overhead_s"]
+    assert e.placement["gen_s"] == pytest.approx(want, rel=1e-12)
+    rm = e.memory["rollout"]
+    assert rm.parts["rollout_kv_cache"] == 0 and rm.parts["rollout_weights"] > 0  # no KV cache, no training state
+    assert "grads" not in rm.parts and "optimizer" not in rm.parts
+    res = search_placement(m, cpu, cl, wl, placement="auto", staleness=1)
+    b = res.best_separate
+    assert b is not None and b.fits and b.placement["rollout_gpus"] in P.split_candidates(cl)

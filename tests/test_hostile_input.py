@@ -27,7 +27,7 @@ from grpo_tune.core import tomlwrite
 from grpo_tune.core.config import save
 from grpo_tune.core.errors import ConfigError, GrpoTuneError
 from grpo_tune.trainer.launch import slurm_script
-from grpo_tune.trainer.layout import Layout
+from grpo_tune.core.ranks import RankLayout
 from _export_configs import configs
 from _hostile import within
 
@@ -114,7 +114,7 @@ def test_slurm_passes_hostile_paths_as_exact_arguments(tmp_path):
     config = tmp_path / "my configs" / "it's $(touch X).yaml"
     out = "'$(touch X)'"
     script = slurm_script(
-        config, Layout(world_size=8, nnodes=2, nproc_per_node=4), worker_args=["--steps", "5", "--out", out]
+        config, RankLayout(world_size=8, nnodes=2, nproc_per_node=4), worker_args=["--steps", "5", "--out", out]
     )
     (tmp_path / "job.sbatch").write_text(script)
     env = {"PATH": f"{b}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "node[0-1]"}

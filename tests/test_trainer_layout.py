@@ -1,4 +1,4 @@
-"""trainer/layout.py: one Layout for the launcher (torch-free) and the workers."""
+"""core/ranks.py: one RankLayout for the launcher (torch-free) and the workers."""
 
 import subprocess
 import sys
@@ -6,8 +6,7 @@ import sys
 from grpo_tune.core.config import RunConfig
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
-from grpo_tune.trainer.launch import layout
-from grpo_tune.trainer.layout import Layout
+from grpo_tune.core.ranks import RankLayout, layout
 
 
 def test_launcher_layout_carries_placement_and_degrees():
@@ -31,7 +30,8 @@ def test_one_layout_type_and_it_is_torch_free():
     import grpo_tune.trainer.launch as L
     import grpo_tune.trainer.parallel as P
 
-    assert L.Layout is Layout and P.Layout is Layout
-    code = "import sys, grpo_tune.trainer.launch, grpo_tune.trainer.layout; sys.exit('torch' in sys.modules)"
+    assert L.RankLayout is RankLayout and P.RankLayout is RankLayout
+    code = "import sys, grpo_tune.trainer.launch, grpo_tune.core.ranks; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
-    assert Layout(world_size=4, pp=2, pp_rank=1).is_last_stage and Layout(world_size=4, nnodes=2).nproc_per_node == 2
+    assert RankLayout(world_size=4, pp=2, pp_rank=1).is_last_stage
+    assert RankLayout(world_size=4, nnodes=2).nproc_per_node == 2

@@ -18,7 +18,16 @@ from trainer_harness import train_run
 REWARD = f"{Path(__file__).resolve().parent / '_placement_reward.py'}:reward"
 
 
-def _cfg(tmp: Path, *, separate: bool, staleness: int = 0, steps: int = 3):
+def _cfg(
+    tmp: Path,
+    *,
+    separate: bool,
+    staleness: int = 0,
+    steps: int = 3,
+    sync_interval: int = 1,
+    recompute_logprobs: bool = True,
+    checkpoint_every: int | None = None,
+):
     from grpo_tune.core.config import RunConfig, TrainerOptions
     from grpo_tune.core.placement import Placement
     from grpo_tune.core.specs import load_hardware, load_model
@@ -37,10 +46,18 @@ def _cfg(tmp: Path, *, separate: bool, staleness: int = 0, steps: int = 3):
             dataset="synthetic",
             reward=REWARD,
             out_dir=str(tmp / "run"),
-            checkpoint_every=steps,
+            checkpoint_every=steps if checkpoint_every is None else checkpoint_every,
             rollout_engine="megatron",
         ),
-        placement=Placement(mode="separate", rollout_gpus=2, staleness=staleness) if separate else Placement(),
+        placement=Placement(
+            mode="separate",
+            rollout_gpus=2,
+            staleness=staleness,
+            sync_interval=sync_interval,
+            recompute_logprobs=recompute_logprobs,
+        )
+        if separate
+        else Placement(),
     )
 
 
@@ -73,3 +90,41 @@ def test_staleness_zero_separate_matches_colocated(tmp_path):
         assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-6)
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
         assert a["pg_loss"] == pytest.approx(b["pg_loss"], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_sync_every_two_updates_then_resume_replays_the_run(tmp_path):
+    # staleness 2, weights to the rollout pool after every 2nd update: batch s uses version 2 * ceil((s - 2) / 2)
+    full = train_run(
+        _cfg(tmp_path / "a", separate=True, staleness=2, sync_interval=2, steps=4), tmp_path / "a", timeout=420
+    )
+    assert [r["weight_version"] for r in full] == [0, 1, 2, 3]
+    assert [r["sample_version"] for r in full] == [0, 0, 0, 2]
+    assert [r["sample_age"] for r in full] == [0, 1, 2, 1]  # never more than the staleness
+    assert [r["rollout_version"] for r in full] == [0, 2, 2, 2]  # version 2 is the only one sent after the start
+    assert all(r["sync_interval"] == 2 for r in full)
+    assert all(math.isfinite(r["loss"]) for r in full) and any(abs(r["loss"]) > 0 for r in full)
+    # the same run killed after 2 steps (its checkpoint) and resumed: the rollout pool's next batches are
+    # generated with version 0 again (kept in the checkpoint), so steps 3 and 4 replay the uninterrupted run
+    b = tmp_path / "b"
+    first = train_run(_cfg(b, separate=True, staleness=2, sync_interval=2, steps=2), b, timeout=420)
+    assert [r["step"] for r in first] == [1, 2]
+    rows = train_run(_cfg(b, separate=True, staleness=2, sync_interval=2, steps=4), b, timeout=420)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["sample_version"] for r in rows] == [0, 0, 0, 2]
+    for a, r in zip(full, rows):
+        assert r["reward_mean"] == pytest.approx(a["reward_mean"], abs=1e-6)
+        assert r["loss"] == pytest.approx(a["loss"], abs=1e-6)
+        assert r["is_weight_mean"] == pytest.approx(a["is_weight_mean"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_rollout_logprobs_as_the_old_ones_skip_the_old_pass(tmp_path):
+    # recompute_logprobs false (verl's bypass_mode): the PPO ratio is taken against the behaviour policy
+    rows = train_run(
+        _cfg(tmp_path, separate=True, staleness=1, steps=3, recompute_logprobs=False), tmp_path, timeout=420
+    )
+    assert [r["sample_age"] for r in rows] == [0, 1, 1]
+    assert all(r["old_logprob_micro_batches"] == 0 and r["phases_s"]["old_logprob"] == 0 for r in rows)
+    assert all(r["is_weight_mean"] == 1.0 and r["is_truncated_frac"] == 0.0 for r in rows)
+    assert all(math.isfinite(r["loss"]) for r in rows) and any(abs(r["loss"]) > 0 for r in rows)

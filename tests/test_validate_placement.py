@@ -26,9 +26,7 @@ def test_scores_are_the_ratio_of_the_two_priced_steps():
     rows = {r.id: r for r in load_grpo_rows()}
     rep = score_pairs()
     for r, p in zip(rep["pairs"], load_pairs()):
-        c, e = _steps(
-            rows[p["colocated"]], rows[p["separate"]], p["partial_rollout"] == "true", int(p["response_len_mean"])
-        )
+        c, e = _steps(rows[p["colocated"]], rows[p["separate"]], p, int(p["response_len_mean"]))
         assert r["predicted_speedup"] == pytest.approx(c.step_s / e.step_s, rel=1e-12)
         assert r["error_pct"] == pytest.approx(100 * (r["predicted_speedup"] / r["published_speedup"] - 1))
         assert r["range"][0] <= r["range"][1]
@@ -51,3 +49,48 @@ def test_a_pair_of_two_colocated_rows_is_refused(tmp_path):
     )
     with pytest.raises(ConfigError, match="not a separate-pool row"):
         score_pairs(path)
+
+
+def test_the_fully_async_pair_runs_no_old_logprob_pass():
+    # the 96:32 script sets async_training.use_rollout_log_probs=True (0.9.1's fully-async config defaults
+    # rollout_correction.bypass_mode to true): its training pool computes no old log-probs, and its table
+    # publishes none ("\\"); the one-step-off run recomputes them (old_log_prob 120 s on 12 GPUs)
+    rows = {r.id: r for r in load_grpo_rows()}
+    pairs = {p["id"]: p for p in load_pairs()}
+    fa, os_ = pairs["verl_fullyasync_30ba3b_mcore"], pairs["verl_onestep_7b_mcore"]
+    assert fa["recompute_logprobs"] == "false" and os_["recompute_logprobs"] == "true"
+    _, e = _steps(rows[fa["colocated"]], rows[fa["separate"]], fa, 2048)
+    assert "old_logprob" not in e.time.phases and e.placement["recompute_logprobs"] is False
+    # the same plan recomputing them: the training pool's time is longer by exactly the old log-prob pass
+    _, e2 = _steps(rows[fa["colocated"]], rows[fa["separate"]], {**fa, "recompute_logprobs": "true"}, 2048)
+    assert e2.placement["train_s"] - e.placement["train_s"] == pytest.approx(e2.time.phases["old_logprob"], rel=1e-9)
+    assert e.step_s < e2.step_s
+    _, e3 = _steps(rows[os_["colocated"]], rows[os_["separate"]], os_, 2048)
+    assert e3.time.phases["old_logprob"] > 0
+
+
+def test_per_pool_phases_are_printed_next_to_the_published_ones():
+    rep = {r["id"]: r for r in score_pairs()["pairs"]}
+    fa = {(x["side"], x["phase"]): x for x in rep["verl_fullyasync_30ba3b_mcore"]["per_pool"]}
+    # the 96:32 table: step 282.75, Ref 50.05, Update Actor 206.63 (its Gen 22.06 is the trainer's wait: not a
+    # generation time, so the row leaves it out); the colocated one publishes every phase
+    assert {k for k in fa if k[0] == "separate"} == {
+        ("separate", "step"),
+        ("separate", "ref_logprob"),
+        ("separate", "update"),
+    }
+    assert fa[("separate", "update")]["published_s"] == pytest.approx(206.63)
+    assert fa[("colocated", "rollout")]["published_s"] == pytest.approx(348.05)
+    assert all(x["predicted_s"] is not None and x["predicted_s"] > 0 for x in fa.values())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="stated disagreement (docs/placement.md): the source's 32-GPU training pool takes 2.40x the 128-GPU "
+    "colocated run's time in both the forward-only Ref pass and the update (4x fewer GPUs), i.e. its run trained "
+    "fewer tokens per step; the model prices one workload for both rows, and prices the colocated 8k-token "
+    "generation on 128 H20 at about half the published",
+)
+def test_fully_async_pair_within_tolerance():
+    r = next(p for p in score_pairs()["pairs"] if p["id"] == "verl_fullyasync_30ba3b_mcore")
+    assert abs(r["error_pct"]) <= TOLERANCE_PCT, r

@@ -14,6 +14,8 @@ import pytest
 from grpo_tune.frameworks.verl import snapshot as verl
 from grpo_tune.frameworks.verl import fully_async as verl_async
 from grpo_tune.frameworks.verl.diagnose import diagnose_path
+from grpo_tune.frameworks.verl.export import verl_script
+from grpo_tune.core.errors import ConfigError
 from grpo_tune.rundir.emit import emit, run_config
 from grpo_tune.autotune.search.placement import search_placement
 from grpo_tune.core.specs import load_hardware, load_model
@@ -73,6 +75,12 @@ def test_separate_launch_composes_with_its_pools(best):
     assert (rc["bypass_mode"], rc["rollout_is"], rc["rollout_is_threshold"]) == (False, "token", 2.0)
 
 
+def test_the_colocated_launch_refuses_a_separate_plan(best):
+    """verl.sh of a separate plan is the fully-async launch (the framework picks it); the colocated writer refuses."""
+    with pytest.raises(ConfigError, match="colocated plans"):
+        verl_script(run_config(best))
+
+
 def test_diagnose_reads_the_emitted_script_back_to_the_same_plan(best, tmp_path):
     files = emit(best, tmp_path / "run")
     text = files["verl"].read_text()
@@ -100,3 +108,36 @@ def test_diagnose_reads_the_emitted_script_back_to_the_same_plan(best, tmp_path)
     )
     assert sm["memory"] is not None  # priced as separate pools
     assert "vllm_resident" not in json.dumps(sm["memory"])  # no vLLM in the training pool's phases
+
+
+def test_rollout_logprobs_plan_emits_bypass_mode_and_reads_back(best, tmp_path):
+    # recompute_logprobs off: verl's bypass_mode (no old log-prob pass), priced, emitted and read back as such
+    import dataclasses
+
+    from grpo_tune.core.placement import Placement
+    from grpo_tune.costmodel.placement import estimate_separate
+
+    f = best.placement
+    pl = Placement(
+        mode="separate",
+        rollout_gpus=int(f["rollout_gpus"]),
+        staleness=int(f["staleness"]),
+        partial_rollout=bool(f["partial_rollout"]),
+        recompute_logprobs=False,
+    )
+    e = estimate_separate(
+        model=best.model,
+        hardware=best.hardware,
+        cluster=best.cluster,
+        strategy=best.strategy,
+        workload=best.workload,
+        placement=pl,
+    )
+    cfg = run_config(e)
+    assert cfg.placement == dataclasses.replace(cfg.placement, recompute_logprobs=False)
+    tree = verl_async.compose(verl_async.overrides(cfg, model_path="/m", train_files="/t", val_files="/v"))
+    assert tree["algorithm"]["rollout_correction"]["bypass_mode"] is True
+    files = emit(e, tmp_path / "run")
+    rep = diagnose_path(files["verl"])
+    assert not [x for x in rep.findings if x.severity.value == "error"], [x.message for x in rep.findings]
+    assert rep.summary["placement"]["recompute_logprobs"] is False

@@ -449,11 +449,19 @@ def print_placements(res, console: Console) -> None:
     if s is not None:
         st, f = s.strategy, s.placement
         roll = st.rollout
+        from grpo_tune.core.specs import load_hardware
+
+        if load_hardware(f["rollout_hardware"]).native_rollout:  # the trainer's own forward-only sampler
+            engine = f"native sampler tp{roll.rollout_tp}"
+        else:
+            engine = (
+                f"vLLM tp{roll.rollout_tp} mem{roll.gpu_memory_utilization:g} max_num_seqs {roll.max_num_seqs}"
+                f"{' eager' if roll.enforce_eager else ''}"
+            )
         console.print(
             f"separate: training {f['train_gpus']} x {s.hardware.name}: {st.layout_text()} {st.memory.recompute}"
             f" offload={','.join(st.memory.offload) or 'none'}; rollout {f['rollout_gpus']} x {f['rollout_hardware']}: "
-            f"vLLM tp{roll.rollout_tp} mem{roll.gpu_memory_utilization:g} max_num_seqs {roll.max_num_seqs}"
-            f"{' eager' if roll.enforce_eager else ''}; partial rollout {'on' if f['partial_rollout'] else 'off'}",
+            f"{engine}; partial rollout {'on' if f['partial_rollout'] else 'off'}",
             highlight=False,
         )
     sp = res.speedup()

@@ -411,7 +411,9 @@ def train(
     with acquire(
         out_dir, "grpo-tune train", say=lambda s: err.print(s, highlight=False), name=lock_name(node_rank)
     ) as lk:
-        start = launch.check_resume(out_dir, lay.world_size)  # under the lock: no other writer can move it now
+        start = launch.check_resume(
+            out_dir, launch.checkpoint_world(cfg, lay)
+        )  # under the lock: no other writer can move it now
         console.print(
             f"training {cfg.model.name}: {lay.world_size} rank(s), {cfg.trainer.steps} steps"
             + (f", resuming after step {start}" if start else "")
@@ -431,7 +433,9 @@ def train(
                 raise
             from grpo_tune.cli.main import say_error
 
-            say_error([interrupted_line(out_dir, lay.world_size)])  # COLUMNS=0 or a pipe: it still arrives
+            say_error(
+                [interrupted_line(out_dir, launch.checkpoint_world(cfg, lay))]
+            )  # COLUMNS=0 or a pipe: it still arrives
             raise typer.Exit(code) from None
         finally:
             prog.stop()

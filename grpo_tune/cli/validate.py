@@ -136,6 +136,9 @@ _GRPO_COLS = (
 )
 
 
+_POOL_PHASE = {"rollout": "gen", "old_logprob": "old lp", "ref_logprob": "ref lp", "weight_sync": "sync"}
+
+
 def _print_pairs(con: Console, pp: dict) -> None:
     """Separate pools vs colocated: the published and predicted speed-up of each pair."""
     t = Table(
@@ -169,6 +172,24 @@ def _print_pairs(con: Console, pp: dict) -> None:
         "profiles/data/published_placement_pairs.csv)",
         highlight=False,
     )
+    t = Table(
+        title="Per pool: published vs predicted seconds (the pairs' assumed lengths)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+    )
+    for c in ("pair", "side", "phase", "published", "predicted", "error"):
+        t.add_column(c, justify="left" if c in ("pair", "side", "phase") else "right", no_wrap=True)
+    for r in pp["pairs"]:
+        for ph in r.get("per_pool", []):
+            pub, pred = ph["published_s"], ph["predicted_s"]
+            err = "" if pred is None or not pub else f"{100.0 * (pred / pub - 1.0):+.0f}%"
+            pl = r["pools"]
+            side = f"sep {pl['rollout_gpus']}+{pl['train_gpus']}" if ph["side"] == "separate" else "colocated"
+            label = _POOL_PHASE.get(ph["phase"], ph["phase"])
+            t.add_row(r["id"][:24], side, label, f"{pub:.1f}", "-" if pred is None else f"{pred:.1f}", err)
+    con.print(t)
 
 
 def _print_grpo(rep: dict) -> None:

@@ -35,6 +35,11 @@ class Placement:
     """Unfinished responses carry over to the next step (needs ``staleness >= 1``)."""
     sync_interval: int = 1
     """Optimizer steps between weight syncs to the rollout pool."""
+    recompute_logprobs: bool = True
+    """The training pool recomputes the old (proximal) log-probs of each batch and corrects the gap to the
+    rollout's own log-probs by importance sampling (decoupled PPO; verl's ``rollout_correction.bypass_mode``
+    off). ``False``: the rollout's log-probs are the old ones and there is no old log-prob pass (verl
+    fully-async's default, ``bypass_mode=True``). ``separate`` only: colocated runs always recompute."""
 
     @property
     def separate(self) -> bool:
@@ -62,6 +67,11 @@ def check(p: Placement, where: str = "placement", *, gpus: int | None = None) ->
             raise ConfigError(
                 f"{where}: rollout_gpus, rollout_hardware, staleness and partial_rollout need mode 'separate'",
                 hint="colocated rollout shares every GPU with training and is on-policy",
+            )
+        if p.recompute_logprobs is not True:
+            raise ConfigError(
+                f"{where}: recompute_logprobs false needs mode 'separate'",
+                hint="a colocated step recomputes the old log-probs with the weights that sampled them",
             )
         return p
     if p.rollout_gpus < 1:

@@ -14,7 +14,9 @@ What each pool costs:
 - training pool: the old (proximal) and reference log-probs, the update and any offload
   (costmodel.timing), with no vLLM on its GPUs. The old log-probs are recomputed by the training
   pool, as decoupled PPO needs them (verl: ``rollout_correction.bypass_mode=False`` with token-level
-  truncated importance sampling against the rollout's own log-probs; the trainer does the same);
+  truncated importance sampling against the rollout's own log-probs; the trainer does the same),
+  unless the plan takes the rollout's own log-probs as the old ones (``recompute_logprobs=False``,
+  verl fully-async's default ``bypass_mode=True``): then the pool runs no old log-prob pass;
 - weight sync across pools: the training side exports its tensors in HF layout (the TP/PP/EP
   gathers of the colocated refit), then the whole model (bf16) is broadcast to every rollout GPU
   over the link between the pools (NVLink when they share nodes, the NIC otherwise; the slower
@@ -151,13 +153,34 @@ def train_strategy(s: Strategy) -> Strategy:
     return s.replace(free_cache_engine=True, enforce_eager=True, rollout_tp=1)
 
 
+def native_strategy(m: ModelSpec, s: Strategy, roll: Cluster) -> Strategy:
+    """The rollout pool's engine on a profile that samples with the trainer's own model (the ``cpu`` profile):
+    a forward-only megatron engine with ``tp = rollout_tp`` and data parallel over the rest of the pool, as
+    trainer/separate.py builds it."""
+    from grpo_tune.core.strategy import validate
+
+    rtp = s.rollout.rollout_tp
+    rs = Strategy.of(
+        tp=rtp,
+        dp=roll.gpus // rtp,
+        mbs=s.batching.log_prob_mbs_,
+        recompute="none",
+        rollout_tp=rtp,
+        sync_bucket_mb=s.rollout.sync_bucket_mb,
+    )
+    return validate(m, rs, roll.gpus, gpus_per_node=roll.gpus_per_node)
+
+
 def generation(
     m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: dict[str, float], *, partial: bool
 ) -> dict[str, float]:
     """Seconds the rollout pool needs for one step's batch: ``gen_s`` and its parts. With ``partial``,
-    decode runs at the sustained concurrency (every slot refilled, the tail carried over)."""
-    fn = native_rollout_s if hw.native_rollout else rollout_s
-    rs = fn(m, hw, cluster, s, wl, cal)
+    decode runs at the sustained concurrency (every slot refilled, the tail carried over). On a profile
+    that samples natively the pool's forward-only engine (:func:`native_strategy`) decodes the whole batch."""
+    if hw.native_rollout:
+        rs = native_rollout_s(m, hw, cluster, native_strategy(m, s, cluster), wl, cal)
+    else:
+        rs = rollout_s(m, hw, cluster, s, wl, cal)
     decode = rs["decode_s"]
     if partial and not hw.native_rollout:
         replicas = max(1, cluster.gpus // s.rollout.rollout_tp)
@@ -170,12 +193,10 @@ def generation(
 def rollout_memory(
     m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload
 ) -> tuple[PhaseMemory, list[Violation]]:
-    """Bytes on a rollout-pool GPU: vLLM's weights, working set and KV cache; nothing of training."""
+    """Bytes on a rollout-pool GPU: vLLM's weights, working set and KV cache; nothing of training. On a
+    native-sampling profile: the forward-only engine's weights and one forward (:func:`_native_memory`)."""
     if hw.native_rollout:
-        raise ConfigError(
-            f"{hw.name} samples with the trainer's own model: it cannot host a separate rollout pool",
-            hint="give a vLLM hardware profile to --rollout-hardware",
-        )
+        return _native_memory(m, hw, cluster, s, wl)
     kvc = memory.kv_cache_capacity(m, hw, s, wl, cluster.gpus)
     graphs = 0.0 if s.rollout.enforce_eager else memory.CUDA_GRAPH_BYTES
     parts = {
@@ -205,6 +226,42 @@ def rollout_memory(
                 f"{wl.prompt_len + wl.response_len} tokens; raise gpu_memory_utilization or rollout_tp",
                 phase="rollout",
                 bytes_over=need - max(0.0, kvc.kv_bytes),
+            )
+        )
+    return pm, out
+
+
+def _native_memory(
+    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload
+) -> tuple[PhaseMemory, list[Violation]]:
+    """A native rollout pool's rank: its forward-only engine's weights (no gradients, no optimizer), the
+    sampler's forward over every prefix of its rows (no KV cache) and the behaviour log-prob pass's logits."""
+    from .activations import FP32, forward_activation_bytes, kernels_for, logits_bytes
+    from .params import per_stage_params
+
+    rs = native_strategy(m, s, cluster)
+    k = kernels_for(hw, wl)
+    dtype = "fp32" if k.act_bytes == FP32 else wl.dtype
+    wbytes = memory.STATE_BYTES[dtype][0]
+    weights = max(float(p.dense + p.expert) for p in per_stage_params(m, rs)) * wbytes
+    ctx = wl.prompt_len + wl.response_len
+    rows = -(-wl.prompts * wl.n // (rs.layout.dp or 1))
+    sample = forward_activation_bytes(m, rs, seq_len=ctx, mbs=rows, kernels=k) + rows * m.vocab * 4
+    lp = rs.batching.mbs
+    lp_pass = forward_activation_bytes(m, rs, seq_len=ctx, mbs=lp, kernels=k) + logits_bytes(
+        m, rs, seq_len=ctx, mbs=lp, act_bytes=k.act_bytes, grad=False, entropy=False
+    )
+    parts = {"rollout_weights": weights, "rollout_activations": max(sample, lp_pass), "rollout_kv_cache": 0.0}
+    pm = PhaseMemory("rollout", parts, {"native_rollout": 1.0})
+    cap = hw.hbm_bytes - hw.reserved_memory_bytes
+    out = []
+    if pm.total_bytes > cap:
+        out.append(
+            Violation(
+                "OOM_RISK",
+                f"rollout pool: the sampler takes {pm.total_bytes / GiB:.1f} GiB > {cap / GiB:.1f} GiB capacity",
+                phase="rollout",
+                bytes_over=pm.total_bytes - cap,
             )
         )
     return pm, out
@@ -395,13 +452,16 @@ def estimate_separate(
     g = generation(m, hw_r, ps.rollout, roll_s, wl, cal, partial=partial)
     rmem, rviol = rollout_memory(m, hw_r, ps.rollout, roll_s, wl)
     sync = cross_pool_sync(m, hardware, hw_r, ps, s, cal)
+    train_phases = dict(train.time.phases)
     t_train = train.time.step_s
+    if not placement.recompute_logprobs:  # the rollout's log-probs are the old ones: no old log-prob pass
+        t_train -= train_phases.pop(Phase.OLD_LOGPROB.value, 0.0)
     comp = compose_step(g["gen_s"], t_train, sync["sync_s"], placement.staleness, placement.sync_interval)
     step = comp["step_s"]
-    phases = {Phase.ROLLOUT.value: g["gen_s"], Phase.WEIGHT_SYNC.value: sync["sync_s"], **train.time.phases}
+    phases = {Phase.ROLLOUT.value: g["gen_s"], Phase.WEIGHT_SYNC.value: sync["sync_s"], **train_phases}
     seq = wl.mean_seq_len
     tokens = wl.sequences * seq
-    passes = 2 + (1 if wl.kl else 0) + 3 * wl.ppo_epochs
+    passes = (2 if placement.recompute_logprobs else 1) + (1 if wl.kl else 0) + 3 * wl.ppo_epochs
     flops = passes * tokens * forward_flops_per_token(m, seq, causal_fraction=attention_fraction(hardware))
     gpus = cluster.gpus
     tflops = flops / step / gpus
@@ -421,6 +481,7 @@ def estimate_separate(
         "staleness": placement.staleness,
         "partial_rollout": partial,
         "sync_interval": placement.sync_interval,
+        "recompute_logprobs": placement.recompute_logprobs,
         "gen_s": g["gen_s"],
         "train_s": t_train,
         "sync_s": sync["sync_s"],

@@ -40,6 +40,7 @@ class SeparateFigures(PoolFigures):
     rollout_hardware: str
     partial_rollout: bool
     sync_interval: int
+    recompute_logprobs: bool
     gen_s: float
     train_s: float
     sync_s: float

@@ -176,6 +176,7 @@ def _tune_separate(out: TuneOutcome, cal: dict[str, float] | None) -> None:
         rollout_gpus=rollout_gpus,
         rollout_hardware=hw_r,
         partial_rollout=partial,
+        recompute_logprobs=p0.recompute_logprobs,
         pins=pins,
         calibration=cal,
         min_headroom=req.min_headroom,

@@ -83,6 +83,7 @@ def placement_of(est: Estimate):
         staleness=int(f["staleness"]),
         partial_rollout=bool(f["partial_rollout"]),
         sync_interval=int(f["sync_interval"]),
+        recompute_logprobs=bool(f.get("recompute_logprobs", True)),
     )
 
 

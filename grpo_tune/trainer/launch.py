@@ -17,33 +17,12 @@ from pathlib import Path
 
 from grpo_tune.core.config import RunConfig, is_synthetic
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, MissingDependencyError, try_import
+from grpo_tune.core.ranks import RankLayout, layout
 
-from .layout import Layout
 
 DEFAULT_MASTER_PORT = 29500
 # megatron-core 0.16.1 TopKRouter load-balancing types (moe_router_load_balancing_type)
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
-
-
-def layout(cfg: RunConfig, *, nnodes: int | None = None) -> Layout:
-    """World size from the config; nodes from ``--nnodes`` or from ``cluster.gpus_per_node``."""
-    gpus = cfg.cluster.gpus
-    if nnodes is None:
-        nnodes = cfg.cluster.nnodes
-        per = min(gpus, cfg.cluster.gpus_per_node)
-    else:
-        if nnodes < 1:
-            raise ConfigError(f"--nnodes must be >= 1, got {nnodes}")
-        per = gpus // nnodes
-    if per * nnodes != gpus:
-        raise ConfigError(
-            f"the config's {gpus} GPUs do not split evenly over {nnodes} nodes",
-            hint="make cluster.gpus a multiple of the node count (torchrun starts the same "
-            "number of processes on every node)",
-        )
-    s = cfg.strategy
-    dp = s.layout.dp or gpus // (s.layout.tp * s.layout.pp * s.layout.cp)
-    return Layout(world_size=gpus, nnodes=nnodes, nproc_per_node=per, **{**s.layout.degrees(), "dp": dp})
 
 
 def micro_batches(cfg: RunConfig) -> dict[str, int | str | None]:
@@ -81,7 +60,7 @@ def preflight(
     node_rank: int = 0,
     resume_dir: str | os.PathLike | None = None,
     need_torch: bool = True,
-) -> Layout:
+) -> RankLayout:
     """Every check that can fail before a process starts; raises a coded :class:`GrpoTuneError`.
 
     ``cfg`` is a loaded (hence already degree-validated) RunConfig.
@@ -151,8 +130,14 @@ def preflight(
             if importlib.util.find_spec(mod.split(".")[0]) is None:
                 raise MissingDependencyError(f"{mod} is not installed", hint=f"pip install 'grpo-tune[{extra}]'")
     if resume_dir is not None:
-        check_resume(resume_dir, lay.world_size)
+        check_resume(resume_dir, checkpoint_world(cfg, lay))
     return lay
+
+
+def checkpoint_world(cfg: RunConfig, lay: RankLayout) -> int:
+    """Ranks that write a checkpoint shard: every rank colocated; the training pool's with separate pools
+    (the rollout pool's state is its weights, which the training pool's rank 0 checkpoints)."""
+    return lay.world_size - (cfg.placement.rollout_gpus if cfg.placement.separate else 0)
 
 
 def _check_hf_folder(p: Path) -> None:
@@ -226,7 +211,7 @@ def check_resume(out_dir: str | os.PathLike, world_size: int) -> int | None:
 
 def torchrun_command(
     config: str | os.PathLike,
-    lay: Layout,
+    lay: RankLayout,
     *,
     node_rank: int = 0,
     master_addr: str | None = None,
@@ -258,7 +243,7 @@ def torchrun_command(
 
 def slurm_script(
     config: str | os.PathLike,
-    lay: Layout,
+    lay: RankLayout,
     *,
     worker_args: list[str] = (),
     job_name: str = "grpo-tune",

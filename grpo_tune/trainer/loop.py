@@ -254,6 +254,8 @@ class GRPOLoop:
         self.tracker = None
         """Where rank 0 sends each logged step's verl-named metrics (trainer.tracking.Tracking); None: nowhere."""
         self.history: list[dict] = []
+        self.recompute_logprobs = True
+        """Recompute the old (proximal) log-probs; False (separate pools): the behaviour log-probs are the old ones."""
         # A rollout engine that runs on the actor's own parameters needs no weight copy.
         self.sync_weights = (
             (not getattr(rollout, "shares_actor_weights", False)) if sync_weights is None else sync_weights
@@ -328,11 +330,21 @@ class GRPOLoop:
         lengths = torch.tensor([len(p) + len(r) for p, r in zip(prompts, responses)], dtype=torch.long)
         lp_kw = dict(max_tokens=c.log_prob_max_tokens_per_gpu, lengths=lengths) if c.log_prob_max_tokens_per_gpu else {}
         lp_mbs = c.log_prob_mbs or c.mbs
-        with timer("old_logprob"):
-            old_lp, old_ent = self.actor.logprobs(tokens, micro_batch_size=lp_mbs, with_entropy=True, **temp, **lp_kw)
-        lp_micro = {"old_logprob_micro_batches": getattr(self.actor, "last_logprob_micro_batches", 0)}
         is_w, is_metrics = None, {}
-        if behaviour_lp is not None:  # off-policy samples: decoupled PPO's truncated importance weights
+        if behaviour_lp is not None and not self.recompute_logprobs:
+            # the rollout's log-probs are the old ones (verl's rollout_correction.bypass_mode): no old pass,
+            # the PPO ratio is taken against the behaviour policy itself
+            old_lp, old_ent = behaviour_lp, None
+            lp_micro = {"old_logprob_micro_batches": 0}
+            is_metrics = {"is_weight_mean": 1.0, "is_weight_max": 1.0, "is_truncated_frac": 0.0}
+        else:
+            with timer("old_logprob"):
+                old_lp, old_ent = self.actor.logprobs(
+                    tokens, micro_batch_size=lp_mbs, with_entropy=True, **temp, **lp_kw
+                )
+            lp_micro = {"old_logprob_micro_batches": getattr(self.actor, "last_logprob_micro_batches", 0)}
+        if behaviour_lp is not None and self.recompute_logprobs:
+            # off-policy samples: decoupled PPO's truncated importance weights
             from .grpo import truncated_is_weights
 
             is_w, is_metrics = truncated_is_weights(old_lp, behaviour_lp, mask, c.is_threshold)

@@ -70,7 +70,7 @@ def train(cfg: RunConfig, *, resume: bool = True) -> list[dict]:
     if cfg.placement.separate:
         from . import separate
 
-        return separate.train(cfg)
+        return separate.train(cfg, resume=resume)
     parallel.init(cfg)
     loop, lay = build(cfg)
     done = loop.resume() if resume else 0

@@ -16,10 +16,10 @@ import torch.distributed as dist
 
 from grpo_tune.core.errors import InvalidDegreesError
 from grpo_tune.core.config import RunConfig
+from grpo_tune.core.ranks import RankLayout
 from grpo_tune.core.strategy import Strategy
 
 from . import compat
-from .layout import Layout
 
 
 def device() -> torch.device:
@@ -67,7 +67,7 @@ def megatron_degrees(s: Strategy) -> dict[str, int | None]:
     )
 
 
-def init(cfg_or_strategy: RunConfig | Strategy, *, seed: int | None = None) -> Layout:
+def init(cfg_or_strategy: RunConfig | Strategy, *, seed: int | None = None) -> RankLayout:
     """Distributed start-up plus megatron's groups for ``cfg.strategy``; returns this rank's layout."""
     strategy = getattr(cfg_or_strategy, "strategy", cfg_or_strategy)
     if seed is None:
@@ -76,7 +76,7 @@ def init(cfg_or_strategy: RunConfig | Strategy, *, seed: int | None = None) -> L
     return reinit(strategy, seed=seed)
 
 
-def reinit(s: Strategy, *, seed: int = 1234) -> Layout:
+def reinit(s: Strategy, *, seed: int = 1234) -> RankLayout:
     """(Re)build megatron's process groups for ``s`` in the running processes."""
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
@@ -105,11 +105,11 @@ def reinit(s: Strategy, *, seed: int = 1234) -> Layout:
     return layout()
 
 
-def layout() -> Layout:
+def layout() -> RankLayout:
     from megatron.core import parallel_state as ps
 
     world = dist.get_world_size()
-    return Layout(
+    return RankLayout(
         world_size=world,
         nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
         nnodes=world // int(os.environ.get("LOCAL_WORLD_SIZE", world)),

@@ -19,12 +19,22 @@ over a process group of itself and every rollout rank (gloo on CPU; NCCL on GPUs
 queue on the job's TCP store (rollout pool rank 0 puts, every training rank gets), as verl's
 fully-async trainer takes samples from its message queue.
 
-Staleness ``K``: the rollout pool generates batch ``s`` with policy version ``max(0, s - K)``
-(version ``v`` = the weights after ``v`` updates), so a sample is at most ``K`` versions old; at
-``K = 0`` generation, sync and training run in sequence, at ``K = 1`` generation of batch ``s + 1``
-overlaps the training of batch ``s`` (one-step-off). Off-policy samples are corrected with decoupled
-PPO's truncated importance weights (:func:`trainer.grpo.truncated_is_weights`); every step logs
-``weight_version``, ``sample_version``, ``sample_age`` and the weights' statistics.
+Staleness ``K`` and sync interval ``N`` (``N <= max(1, K)``): the training pool broadcasts its weights
+after every ``N``-th update (version ``v`` = the weights after ``v`` updates), and the rollout pool
+generates batch ``s`` with the oldest synced version at most ``K`` behind, ``N * ceil(max(0, s - K) / N)``
+(:func:`sample_versions`), so a sample is at most ``K`` versions old; at ``K = 0`` generation, sync and
+training run in sequence, at ``K = 1`` generation of batch ``s + 1`` overlaps the training of batch ``s``
+(one-step-off). Off-policy samples are corrected with decoupled PPO's truncated importance weights
+(:func:`trainer.grpo.truncated_is_weights`), or, with ``placement.recompute_logprobs: false``, the
+behaviour log-probs are the old ones (no old log-prob pass; verl's ``bypass_mode``). Every step logs
+``weight_version``, ``sample_version``, ``sample_age``, ``rollout_version`` (the newest weights the
+rollout pool holds after the step) and the importance weights' statistics.
+
+Resume: the training pool checkpoints as a colocated run does (``trainer.checkpoint_every`` into
+``trainer.out_dir``; ``grpo-tune train`` resumes from the latest), and its rank 0 adds the synced
+versions that batches after the checkpoint may still be generated with (at most ``ceil(K / N)`` copies of
+the HF tensors). A resumed job hands the rollout pool the step and the prompt stream's position through
+the store and re-sends those versions, so it replays the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -69,12 +79,21 @@ class Pools:
 
 
 def check_separate(cfg) -> None:
-    p = cfg.placement
-    if p.sync_interval != 1:
-        raise ConfigError(
-            f"placement.sync_interval {p.sync_interval}: the trainer syncs after every update",
-            hint="set placement.sync_interval: 1",
-        )
+    from grpo_tune.costmodel.placement import check_fields
+
+    check_fields(cfg.placement)  # the sync interval against the staleness, as the cost model prices it
+
+
+def sample_versions(steps: int, staleness: int, interval: int = 1, start: int = 0) -> list[int]:
+    """The policy version each batch ``start..steps-1`` is generated with: the oldest synced version (a
+    multiple of ``interval``) at most ``staleness`` versions behind the batch."""
+    n = max(1, interval)
+    return [n * -(-max(0, s - staleness) // n) for s in range(start, steps)]
+
+
+def _needed(steps: int, staleness: int, interval: int, start: int) -> list[int]:
+    """The versions the rollout pool receives, in order, for the batches ``start..steps-1``."""
+    return sorted(set(sample_versions(steps, staleness, interval, start)))
 
 
 def _store(rank: int, world: int) -> Any:
@@ -143,13 +162,24 @@ def _broadcast(bridge, flat: torch.Tensor, bucket_bytes: int) -> int:
     return n
 
 
-def send_weights(actor, pools: Pools, bucket_bytes: int) -> int:
-    """Every training rank exports (a collective in the pool); training rank 0 broadcasts the HF tensors."""
+def export_flat(actor, pools: Pools) -> torch.Tensor | None:
+    """Every training rank exports (a collective in the pool); training rank 0 gets the HF tensors, flat."""
     named = dict(actor.named_parameters_for_export(torch.float32))
     if pools.bridge is None:
+        return None
+    return torch.cat([named[n].detach().reshape(-1).to(torch.float32).cpu() for n, _ in _layout(actor.spec)])
+
+
+def send_flat(flat: torch.Tensor | None, pools: Pools, bucket_bytes: int) -> int:
+    """Training rank 0 broadcasts one version's flat HF tensors to every rollout rank (others: nothing)."""
+    if pools.bridge is None or flat is None:
         return 0
-    flat = torch.cat([named[n].detach().reshape(-1).to(torch.float32).cpu() for n, _ in _layout(actor.spec)])
     return _broadcast(pools.bridge, flat, bucket_bytes)
+
+
+def send_weights(actor, pools: Pools, bucket_bytes: int) -> int:
+    """Export the current weights and broadcast them (a collective in the training pool)."""
+    return send_flat(export_flat(actor, pools), pools, bucket_bytes)
 
 
 def recv_weights(spec, pools: Pools, bucket_bytes: int) -> dict[str, torch.Tensor]:
@@ -184,14 +214,43 @@ def _get(store, step: int) -> dict:
 
 
 class SeparateLoop(GRPOLoop):
-    """The training pool's loop: samples come from the rollout pool's queue; weights go out after each update."""
+    """The training pool's loop: samples come from the rollout pool's queue; weights go out every N updates."""
 
     pools: Pools
     total_steps: int
     staleness: int
+    sync_interval: int
     bucket_bytes: int
     _sample_version = 0
-    _sync_s = 0.0
+    _rollout_version = 0
+    _start = 0
+
+    def init_versions(self, start: int) -> None:
+        """Before the first step of this job: the versions the rollout pool will receive, and the kept ones."""
+        self._start = start
+        self._needed = _needed(self.total_steps, self.staleness, self.sync_interval, start)
+        if not hasattr(self, "_kept"):
+            self._kept: dict[int, torch.Tensor] = {}
+
+    def _keep(self, version: int, flat: torch.Tensor | None) -> None:
+        """Keep the synced versions later batches (of this run or a longer resumed one) may be generated with."""
+        if flat is not None:
+            self._kept[version] = flat
+        low = sample_versions(version + 1, self.staleness, self.sync_interval, version)[0]
+        for v in [v for v in self._kept if v < low]:
+            del self._kept[v]
+
+    def send_initial(self) -> None:
+        """The versions due by now (the start's weights; on resume also the kept older ones), in order."""
+        d = self._start
+        for v in [v for v in self._needed if v <= d]:
+            flat = export_flat(self.actor, self.pools) if v == d else self._kept.get(v)
+            if self.pools.bridge is not None and flat is None:
+                raise RuntimeError(f"resume: the checkpoint after step {d} holds no copy of weight version {v}")
+            if v == d:
+                self._keep(v, flat)
+            send_flat(flat, self.pools, self.bucket_bytes)
+            self._rollout_version = v
 
     def _rollout_phase(self, step: int, prompts: list[list[int]], timer: PhaseTimer):
         with timer("rollout"):  # the wait for the rollout pool (verl's wait_prev_gen / gen in fully async)
@@ -202,19 +261,36 @@ class SeparateLoop(GRPOLoop):
         return msg["responses"], msg["behaviour_logprobs"]
 
     def _after_update(self, step: int, timer: PhaseTimer) -> dict:
-        nxt = step + 1
-        if nxt <= self.total_steps - 1 - self.staleness:  # the rollout pool still needs version nxt
+        v = step + 1  # the version this update made
+        # a synced version: sent when a later batch is generated with it, kept when a resumed run may need it
+        if v % self.sync_interval == 0 and (v in self._needed or self.checkpoint_every):
             with timer("weight_sync"):
-                send_weights(self.actor, self.pools, self.bucket_bytes)
+                flat = export_flat(self.actor, self.pools)
+                self._keep(v, flat)
+                if v in self._needed:  # a later batch of this run is generated with it
+                    send_flat(flat, self.pools, self.bucket_bytes)
+                    self._rollout_version = v
         return {
             "weight_version": step,
             "sample_version": self._sample_version,
             "sample_age": step - self._sample_version,
             "staleness": self.staleness,
+            "sync_interval": self.sync_interval,
+            "rollout_version": self._rollout_version,
         }
 
+    def state_dict(self) -> dict:
+        st = super().state_dict()
+        if self.pools.bridge is not None:  # training rank 0 holds the synced copies
+            st["synced_versions"] = dict(self._kept)
+        return st
 
-def train_pool(cfg, pools: Pools) -> list[dict]:
+    def load_state_dict(self, st: dict) -> None:
+        super().load_state_dict(st)
+        self._kept = dict(st.get("synced_versions") or {})
+
+
+def train_pool(cfg, pools: Pools, *, resume: bool = True) -> list[dict]:
     from grpo_tune.core.strategy import Cluster
 
     from . import parallel
@@ -227,8 +303,18 @@ def train_pool(cfg, pools: Pools) -> list[dict]:
     loop.pools = pools
     loop.total_steps = cfg.trainer.steps
     loop.staleness = cfg.placement.staleness
+    loop.sync_interval = cfg.placement.sync_interval
     loop.bucket_bytes = cfg.strategy.rollout.sync_bucket_bytes
-    send_weights(loop.actor, pools, loop.bucket_bytes)  # version 0: both pools start from the same weights
+    loop.recompute_logprobs = cfg.placement.recompute_logprobs
+    done = loop.resume() if resume else 0
+    if done and pools.leader:
+        print(f"resumed from the checkpoint after step {done}", flush=True)
+    loop.init_versions(done)
+    if pools.leader:  # where the rollout pool starts: the step and the prompt stream's position
+        buf = io.BytesIO()
+        torch.save({"step": done, "stream": loop.stream.state_dict()}, buf)
+        pools.store.set("start", buf.getvalue())
+    loop.send_initial()  # both pools start from the same weights
     return loop.run(cfg.trainer.steps)
 
 
@@ -287,16 +373,21 @@ def rollout_pool(cfg, pools: Pools, *, items=None, tokenizer=None) -> None:
         sampler = MegatronRollout(
             engine=eng, tokenizer=tokenizer, max_seq_len=cfg.workload.prompt_len + lc.max_response_len
         )
+    start = torch.load(io.BytesIO(pools.store.get("start")), weights_only=False)  # the training pool's
+    first = int(start["step"])
+    stream.load_state_dict(start["stream"])
+    N = cfg.placement.sync_interval
+    due = iter(_needed(steps, K, N, first))  # the versions the training pool sends, in order
     version = -1
     temp = {"temperature": lc.temperature} if lc.temperature > 0 and lc.temperature != 1.0 else {}
-    for step in range(steps):
-        while version < max(0, step - K):  # the newest weights this batch may use
+    for step, want in zip(range(first, steps), sample_versions(steps, K, N, first)):
+        while version < want:  # the oldest synced weights this batch may use
             named = recv_weights(rcfg.model, pools, bucket)
             if eng is not None:
                 eng.load_hf_tensors(named.__getitem__)
             else:
                 vllm.update_weights(named.items())
-            version += 1
+            version = next(due)
         batch = stream.next_batch()
         prompts = [batch[j // lc.n].prompt_ids for j in range(lc.prompts * lc.n)]
         params = SamplingParams(
@@ -333,11 +424,11 @@ def rollout_pool(cfg, pools: Pools, *, items=None, tokenizer=None) -> None:
         dist.barrier()
 
 
-def train(cfg) -> list[dict]:
+def train(cfg, *, resume: bool = True) -> list[dict]:
     """The separate-pool run of this process: the training loop's history, or [] on a rollout rank."""
     check_separate(cfg)
     pools = init_pools(cfg)
     if pools.role == "train":
-        return train_pool(cfg, pools)
+        return train_pool(cfg, pools, resume=resume)
     rollout_pool(cfg, pools)
     return []

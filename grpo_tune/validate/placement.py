@@ -37,7 +37,16 @@ def _with_mean(row: GrpoRow, mean: int) -> GrpoRow:
     return dataclasses.replace(row, raw={**row.raw, "response_len_mean": str(mean)})
 
 
-def _steps(col: GrpoRow, sep: GrpoRow, partial: bool, mean: int) -> tuple[Any, Any]:
+def _flag(p: dict[str, str], key: str, default: bool) -> bool:
+    v = (p.get(key) or "").strip().lower()
+    if not v:
+        return default
+    if v not in ("true", "false"):
+        raise ConfigError(f"placement pair {p.get('id')}: {key} must be true or false, got {v!r}")
+    return v == "true"
+
+
+def _steps(col: GrpoRow, sep: GrpoRow, p: dict[str, str], mean: int) -> tuple[Any, Any]:
     from grpo_tune.costmodel.estimate import estimate
     from grpo_tune.costmodel.placement import estimate_separate
 
@@ -49,10 +58,35 @@ def _steps(col: GrpoRow, sep: GrpoRow, partial: bool, mean: int) -> tuple[Any, A
         mode="separate",
         rollout_gpus=int(raw["rollout_gpus"]),
         staleness=int(raw.get("staleness") or 0),
-        partial_rollout=partial,
+        partial_rollout=_flag(p, "partial_rollout", False),
+        recompute_logprobs=_flag(p, "recompute_logprobs", True),
     )
     e = estimate_separate(model=m2, hardware=hw2, cluster=cl2, strategy=s2, workload=wl2, placement=place)
     return c, e
+
+
+PHASE_OF = {
+    "step_s": "step",
+    "gen_s": "rollout",
+    "old_lp_s": "old_logprob",
+    "ref_lp_s": "ref_logprob",
+    "train_s": "update",
+    "refit_s": "weight_sync",
+}
+"""published_grpo.csv's phase columns and the cost model's phase names."""
+
+
+def per_pool(row: GrpoRow, est: Any, side: str) -> list[dict[str, Any]]:
+    """Each phase the row publishes next to its prediction (a separate row's are the pools' own times)."""
+    phases = dict(est.time.phases) if est.time else {}
+    out = []
+    for col, name in PHASE_OF.items():
+        pub = row.published.get(col)
+        if pub is None:
+            continue
+        pred = est.step_s if name == "step" else phases.get(name)
+        out.append({"row": row.id, "side": side, "phase": name, "published_s": pub, "predicted_s": pred})
+    return out
 
 
 def score_pairs(
@@ -70,15 +104,14 @@ def score_pairs(
             )
         if (sep.raw.get("placement") or "") != "separate":
             raise ConfigError(f"placement pair {pid}: row {sep.id} is not a separate-pool row")
-        partial = (p.get("partial_rollout") or "").lower() == "true"
         pub = float(p["published_speedup"])
         mean = int(p["response_len_mean"])
-        c, e = _steps(col, sep, partial, mean)
+        c, e = _steps(col, sep, p, mean)
         pred = c.step_s / e.step_s
         lo_hi = []
         for k in ("mean_low", "mean_high"):
             if (p.get(k) or "").strip():
-                c2, e2 = _steps(col, sep, partial, int(p[k]))
+                c2, e2 = _steps(col, sep, p, int(p[k]))
                 lo_hi.append(c2.step_s / e2.step_s)
         f = e.placement
         out.append(
@@ -91,6 +124,8 @@ def score_pairs(
                 "error_pct": 100.0 * (pred / pub - 1.0),
                 "range": [min(lo_hi), max(lo_hi)] if lo_hi else None,
                 "response_len_mean": mean,
+                "prompt_len_mean": e.workload.mean_prompt_len,
+                "per_pool": per_pool(col, c, "colocated") + per_pool(sep, e, "separate"),
                 "published_step_s": {"colocated": col.published.get("step_s"), "separate": sep.published.get("step_s")},
                 "predicted_step_s": {"colocated": c.step_s, "separate": e.step_s},
                 "pools": {
@@ -98,6 +133,7 @@ def score_pairs(
                     "train_gpus": f["train_gpus"],
                     "staleness": f["staleness"],
                     "partial_rollout": f["partial_rollout"],
+                    "recompute_logprobs": f["recompute_logprobs"],
                     "gen_s": f["gen_s"],
                     "train_s": f["train_s"],
                     "sync_s": f["sync_s"],

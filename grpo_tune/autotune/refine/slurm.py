@@ -26,7 +26,7 @@ MASTER_PORT = 29500
 
 def sizing(cfg) -> dict[str, int | bool]:
     """Nodes, ranks per node and whether they are GPUs, from the trial's config (the trainer's own layout)."""
-    from grpo_tune.trainer.launch import layout
+    from grpo_tune.core.ranks import layout
 
     lay = layout(cfg)
     gpu = cfg.hardware.name != "cpu"

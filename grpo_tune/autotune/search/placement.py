@@ -133,7 +133,8 @@ def check_request(
 
 def rollout_options(m: ModelSpec, hw: HardwareSpec, roll: Cluster, pins: Mapping[str, object]) -> list[EngineOption]:
     """vLLM engines a rollout pool can run: TP within one of its nodes dividing its GPUs and the heads, memory
-    fractions up to 0.9, max_num_seqs and CUDA graphs (the pins fix any of them)."""
+    fractions up to 0.9, max_num_seqs and CUDA graphs (the pins fix any of them). On a profile that samples
+    with the trainer's own model (``cpu``) the pool's forward-only engine has only its TP."""
     kv = m.heads if m.is_mla else m.kv_heads
     weights = 2 * total_params(m)
     gmu, tp = pinned_number(pins, "gpu_memory_utilization"), pinned(pins, "rollout_tp", int)
@@ -146,6 +147,17 @@ def rollout_options(m: ModelSpec, hw: HardwareSpec, roll: Cluster, pins: Mapping
         fit = [t for t in ok if weights / t < max(gmus) * hw.hbm_bytes]
         # vLLM TP within a node, unless the weights only fit across nodes (as the colocated space does)
         tps = [t for t in fit if t <= roll.gpus_per_node] or fit[:2]
+    if hw.native_rollout:  # the trainer's forward-only engine samples (the cpu profile): only its TP is a knob
+        d = Strategy().rollout  # the vLLM knobs keep their defaults (nothing reads them there)
+        return [
+            EngineOption(
+                rollout_tp=t,
+                gpu_memory_utilization=d.gpu_memory_utilization if gmu is None else gmu,
+                max_num_seqs=d.max_num_seqs if n_seqs is None else n_seqs,
+                enforce_eager=d.enforce_eager if eager_pin is None else eager_pin,
+            )
+            for t in tps
+        ]
     seqs = [n_seqs] if n_seqs is not None else list(ROLLOUT_SEQS_GRID)
     eager = [eager_pin] if eager_pin is not None else [False, True]
     return [
@@ -176,7 +188,7 @@ def best_rollout(
         if viol:
             continue
         g = P.generation(m, hw, roll, s, wl, cal, partial=partial)["gen_s"]
-        key = (round(g, 6), -opt["gpu_memory_utilization"] if False else opt["gpu_memory_utilization"])
+        key = (round(g, 6), opt.get("gpu_memory_utilization", 0.0))  # ties: the smaller vLLM memory fraction
         if best is None or key < best[0]:
             best = (key, opt, g)
     return None if best is None else (best[1], best[2])
@@ -214,6 +226,7 @@ def search_placement(
     rollout_gpus: int | None = None,
     rollout_hardware: HardwareSpec | None = None,
     partial_rollout: bool | None = None,
+    recompute_logprobs: bool = True,
     pins: Mapping[str, object] | None = None,
     top: int = 10,
     calibration: dict[str, float] | None = None,
@@ -222,7 +235,9 @@ def search_placement(
     progress: Callable[[int, int], None] | None = None,
     colocated: SearchResult | None = None,
 ) -> PlacementResult:
-    """The best plan of each placement asked for. ``colocated``: an already-run colocated SearchResult."""
+    """The best plan of each placement asked for. ``colocated``: an already-run colocated SearchResult.
+    ``recompute_logprobs``: the separate plans' (Placement.recompute_logprobs; not searched: it is the
+    algorithm's choice, as the staleness is)."""
     from grpo_tune.autotune.search.driver import search
 
     t0 = time.perf_counter()
@@ -249,6 +264,7 @@ def search_placement(
                 kw,
                 colocated_train_s=_train_part(res.best_colocated),
                 colocated_seeds=None if res.colocated is None else res.colocated.ranked,
+                recompute_logprobs=recompute_logprobs,
             )
         except GrpoTuneError:
             if placement == "separate":
@@ -270,7 +286,19 @@ def _train_pins(pins: dict[str, object]) -> dict[str, object]:
 
 
 def _separate(
-    m, hw, cluster, wl, K, pinned_r, hw_r, partial_flag, pins, kw, colocated_train_s=None, colocated_seeds=None
+    m,
+    hw,
+    cluster,
+    wl,
+    K,
+    pinned_r,
+    hw_r,
+    partial_flag,
+    pins,
+    kw,
+    colocated_train_s=None,
+    colocated_seeds=None,
+    recompute_logprobs=True,
 ):
     from grpo_tune.autotune.search.driver import search
 
@@ -356,7 +384,9 @@ def _separate(
         )
         repriced(best_r, search_if_none=True)
     for r in sorted(keep):
-        tr = repriced(r)
+        # a kept split that no repriced plan fits (its pool's DP does not divide the batch, say) ranked on the
+        # reference work spread over its GPUs: its own pool is searched in full before it is composed
+        tr = repriced(r, search_if_none=True)
         for k in stale:
             g = gens[(r, partial_for[k])]
             if g is None or not tr:
@@ -368,6 +398,7 @@ def _separate(
                 rollout_hardware=None if hw_r is hw else hw_r.name,
                 staleness=k,
                 partial_rollout=partial_for[k],
+                recompute_logprobs=recompute_logprobs,
             )
             best_e = None
             for te in tr[:3]:

@@ -540,6 +540,8 @@ def placement_problem(placement: Placement, cluster: Cluster) -> str | None:
         return "partial rollout (unfinished responses carried over) has no NeMo-RL 0.7.0 key"
     if placement.rollout_hardware:
         return "a generation pool of another GPU type is not one NeMo-RL cluster"
+    if not placement.recompute_logprobs:
+        return "NeMo-RL recomputes the previous log-probs on the training pool (no key takes the rollout's)"
     if placement.sync_interval != 1:
         return "NeMo-RL refits the generation pool after every step (sync interval 1)"
     g, gpn = placement.rollout_gpus, cluster.gpus_per_node

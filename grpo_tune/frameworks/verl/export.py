@@ -10,6 +10,7 @@ import shlex
 from grpo_tune.frameworks.verl import table
 from grpo_tune.frameworks.verl.snapshot import CONFIG_NAME, VERL_VERSION
 from grpo_tune.core.config import RunConfig
+from grpo_tune.core.errors import ConfigError
 from grpo_tune.frameworks.base.inputs import check_name, comment_safe
 
 ENV_DEFAULTS = {
@@ -66,12 +67,10 @@ def _quote_override(arg: str) -> str:
 def verl_script(cfg: RunConfig) -> str:
     """A bash launch for verl 0.9.1. ``MODEL_PATH``, ``TRAIN_FILES`` and ``VAL_FILES`` may be set by
     the caller; extra overrides can be appended as arguments (``"$@"``). Every value from the plan is
-    single-quoted (a model name or hf_id can never run as code). Separate pools: the fully-async launch
-    (frameworks/verl/fully_async.py)."""
+    single-quoted (a model name or hf_id can never run as code). A colocated plan's launch: separate pools
+    run the fully-async one (frameworks/verl/fully_async.py), which builds on this module."""
     if cfg.placement.separate:
-        from grpo_tune.frameworks.verl import fully_async as verl_async
-
-        return verl_async.script(cfg)
+        raise ConfigError("the colocated verl launch is for colocated plans", hint="set placement.mode: colocated")
     s, c, m = cfg.strategy, cfg.cluster, cfg.model
     for value, what in ((m.name, "model name"), (m.hf_id or "", "model hf_id"), (cfg.hardware.name, "hardware name")):
         check_name(value, what)

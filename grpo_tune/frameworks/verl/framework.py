@@ -15,6 +15,7 @@ from grpo_tune.frameworks.base import Framework, LaunchFile
 from grpo_tune.frameworks.base.findings import Report
 from grpo_tune.frameworks.base.plan import LaunchPlan
 from grpo_tune.frameworks.verl import read
+from grpo_tune.frameworks.verl import fully_async as verl_async
 from grpo_tune.frameworks.verl.export import verl_script
 from grpo_tune.frameworks.verl.launch import Launch
 from grpo_tune.frameworks.verl.snapshot import VERL_VERSION
@@ -26,7 +27,7 @@ class Verl(Framework):
     release = VERL_VERSION
 
     def launch_files(self, cfg: RunConfig, run_dir: Path) -> list[LaunchFile]:
-        text = verl_script(cfg)
+        text = verl_async.script(cfg) if cfg.placement.separate else verl_script(cfg)
         return [LaunchFile("verl", "verl.sh", f"verl {self.release} launch", text, executable=True)]
 
     def detect(self, path: Path, text: str) -> bool:

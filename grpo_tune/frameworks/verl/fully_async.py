@@ -17,7 +17,8 @@ version: ``async_training.trigger_parameter_sync_step`` = prompts / mini_batch x
 ``partial_rollout``; vLLM stays awake (``free_cache_engine=False``), weights move by the NCCL checkpoint
 engine; the proximal log-probs are recomputed (``rollout_correction.bypass_mode=False``) and corrected
 with token-level truncated importance sampling (``rollout_is=token``, threshold 2.0), as grpo-tune's own
-trainer does.
+trainer does, unless the plan takes the rollout's log-probs as the old ones (``recompute_logprobs: false``:
+``bypass_mode=True``, verl's fully-async default, no old log-prob pass).
 
 The composed key tree ships as ``frameworks/verl/data/verl-0.9.1-fully-async-keys.json`` (the keys that the
 fully-async config adds to or changes in ``ppo_megatron_trainer``), rebuilt by
@@ -35,10 +36,12 @@ import tempfile
 import zipfile
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, cast
+from typing import Callable, Iterable, cast
 
 from grpo_tune.frameworks.verl import snapshot as verl
 from grpo_tune.frameworks.verl import table
+from grpo_tune.frameworks.verl.export import ENV_DEFAULTS, _quote_override, verl_values
+from grpo_tune.frameworks.base.inputs import check_name, comment_safe
 from grpo_tune.core.config import RunConfig
 from grpo_tune.core.errors import ConfigError, MissingDependencyError, UnknownKeyError, try_import
 
@@ -168,17 +171,22 @@ def pool_keys(cfg: RunConfig) -> dict[str, object]:
         f"{aro}.rollout.free_cache_engine": False,
         f"{aro}.rollout.calculate_log_probs": True,
         f"{aro}.rollout.checkpoint_engine.backend": "nccl",
-        "algorithm.rollout_correction.bypass_mode": False,
+        # decoupled PPO recomputes the proximal log-probs; off: the rollout's log-probs are the old ones
+        "algorithm.rollout_correction.bypass_mode": not p.recompute_logprobs,
         "algorithm.rollout_correction.rollout_is": "token",
         "algorithm.rollout_correction.rollout_is_threshold": IS_THRESHOLD,
     }
 
 
+def recomputes_logprobs(get: Callable[[str], object]) -> bool:
+    """Whether a fully-async launch (its key reader) recomputes the old log-probs on the training pool:
+    ``rollout_correction.bypass_mode`` false. 0.9.1's fully-async default is true (the rollout's are the old ones)."""
+    return get("algorithm.rollout_correction.bypass_mode") is False
+
+
 def values(cfg: RunConfig, **kw: str) -> dict[str, object]:
     """Every verl key of the separate plan: the colocated launch's (training layout, vLLM engine, batch) with
     the pool and async keys replacing theirs."""
-    from grpo_tune.frameworks.verl.export import verl_values
-
     if not cfg.placement.separate:
         raise ConfigError("the fully-async launch is for separate pools", hint="set placement.mode: separate")
     out = verl_values(cfg, **kw)
@@ -201,9 +209,6 @@ def overrides(cfg: RunConfig, **kw: str) -> list[str]:
 
 def script(cfg: RunConfig) -> str:
     """The bash launch of a separate plan (the colocated verl.sh's header, variables and quoting)."""
-    from grpo_tune.frameworks.base.inputs import check_name, comment_safe
-    from grpo_tune.frameworks.verl.export import ENV_DEFAULTS, _quote_override
-
     s, c, m, p = cfg.strategy, cfg.cluster, cfg.model, cfg.placement
     for value, what in ((m.name, "model name"), (m.hf_id or "", "model hf_id"), (cfg.hardware.name, "hardware name")):
         check_name(value, what)

@@ -198,8 +198,16 @@ def separate_of(launch: Launch) -> tuple[Placement, int, int]:
         raise ConfigError(f"{launch.path}: async_training.staleness_threshold={k!r} is not a number >= 0")
     partial = launch.get("async_training.partial_rollout") is True
     stale = int(-(-float(k) // 1))  # at most ceil(threshold) versions ahead
+    from grpo_tune.frameworks.verl.fully_async import recomputes_logprobs
+
     return (
-        Placement(mode="separate", rollout_gpus=rg * rn, staleness=stale, partial_rollout=partial and stale > 0),
+        Placement(
+            mode="separate",
+            rollout_gpus=rg * rn,
+            staleness=stale,
+            partial_rollout=partial and stale > 0,
+            recompute_logprobs=recomputes_logprobs(launch.get),
+        ),
         rg * rn,
         rg,
     )

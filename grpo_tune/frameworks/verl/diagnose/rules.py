@@ -290,6 +290,8 @@ def read_cluster(c: Ctx) -> None:
 def _read_pools(c: Ctx) -> None:
     """The fully-async launch's pools and schedule, as grpo-tune's placement (``c.placement``), checked as
     verl 0.9.1's rollouter asserts them."""
+    from grpo_tune.frameworks.verl import fully_async as verl_async
+
     rgpn, rnodes = c.int_("rollout.n_gpus_per_node"), c.int_("rollout.nnodes")
     rollout = rgpn * rnodes if rgpn and rnodes else None
     stale = c.raw("async_training.staleness_threshold")
@@ -314,6 +316,7 @@ def _read_pools(c: Ctx) -> None:
         "staleness": int(stale) if isinstance(stale, (int, float)) and float(stale).is_integer() else stale,
         "partial_rollout": c.raw("async_training.partial_rollout"),
         "trigger_parameter_sync_step": sync,
+        "recompute_logprobs": verl_async.recomputes_logprobs(c.raw),
     }
 
 

@@ -391,6 +391,7 @@ def _separate_estimate(c: Ctx, model, hw, wl, strategy):
         rollout_gpus=r,
         staleness=int(stale) if isinstance(stale, (int, float)) and float(stale).is_integer() else 1,
         partial_rollout=bool(p.get("partial_rollout")) and bool(stale),
+        recompute_logprobs=p.get("recompute_logprobs", True) is not False,
     )
     c.placement = {**p, "priced_staleness": place.staleness}
     return estimate_separate(
