@@ -117,7 +117,8 @@ def test_registry_errors_and_lazy_engines():
     with pytest.raises(GrpoTuneError) as e:
         get_rollout_engine("vlm")
     assert "vllm" in e.value.hint
-    register_rollout_engine("fake-test", "tests.test_trainer_sampling:_FakeEngine")
+    # by the name this module was imported under (a test that changed the working directory leaves no "tests")
+    register_rollout_engine("fake-test", f"{__name__}:_FakeEngine")
     eng = get_rollout_engine("fake-test", reply=[9])
     assert eng.generate([[1], [2]], SamplingParams()) == [[9], [9]]
 
