@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from grpo_tune.frameworks.verl import diagnose as D
 from grpo_tune.frameworks.verl import snapshot as verl
@@ -50,7 +49,7 @@ class Launch:
         """The key findings verl's Hydra would refuse the launch for (errors)."""
         return [f for f in self.key_findings if f.severity == "error"]
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str) -> object:
         ov = self.values.get(key)
         if ov is not None:
             return ov.value

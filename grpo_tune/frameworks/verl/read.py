@@ -240,9 +240,15 @@ def plan_of(
         placement, rgpus, rgpn = separate_of(launch)
         shared = launch.get("rollout.nnodes") == nn and rgpn + gpn <= hw.gpus_per_node
         cluster = Cluster(gpus=gpn * nn + rgpus, gpus_per_node=(gpn + rgpn) if shared else gpn)
-        steps = (get("async_training.trigger_parameter_sync_step") or 1) * (get("async_training.require_batches") or 1)
+        trigger = get("async_training.trigger_parameter_sync_step") or 1
+        batches = get("async_training.require_batches") or 1
+        if not (isinstance(trigger, (int, float)) and isinstance(batches, (int, float))):
+            raise TypeError(
+                f"unsupported operand type(s) for *: {type(trigger).__name__!r} and {type(batches).__name__!r}"
+            )
+        steps = trigger * batches
 
-        def get(key: str, _g=launch.get, _k=steps) -> Any:
+        def get(key: str, _g=launch.get, _k=steps) -> object:
             if key == "data.train_batch_size":
                 mini = _g(f"{ACTOR}.ppo_mini_batch_size")
                 return mini * _k if _is_int(mini) else mini
