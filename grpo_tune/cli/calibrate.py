@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -12,6 +12,9 @@ from rich.table import Table
 
 from grpo_tune.cli.options import Json
 from grpo_tune.core.errors import ConfigError, close_matches
+
+if TYPE_CHECKING:
+    from grpo_tune.autotune.calibrate.runlog import MemoryCheck
 
 FromLog = Annotated[
     list[Path],
@@ -163,7 +166,7 @@ def _log_doc(p, launch: Path) -> dict:
     }
 
 
-def _print_fit(c: Console, before: dict, after: dict, base: dict, fitted: dict, mem: list[dict]) -> None:
+def _print_fit(c: Console, before: dict, after: dict, base: dict, fitted: dict, mem: list[MemoryCheck]) -> None:
     t = Table(title="Per-phase MAPE, predicted vs logged", title_justify="left")
     for col in ("phase", "before %", "after %"):
         t.add_column(col, justify="left" if col == "phase" else "right")

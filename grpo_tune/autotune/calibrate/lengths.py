@@ -133,8 +133,9 @@ def _run_metrics(p: Path) -> list[dict[str, float]]:
                     obj = json_object(line)
                     if obj is None:
                         continue
-                    if isinstance(obj.get("data"), dict):
-                        obj = obj["data"]
+                    data = obj.get("data")
+                    if isinstance(data, dict):
+                        obj = data
                     if "response_length/mean" in obj or ("response_len" in obj and "step" in obj and "phases_s" in obj):
                         steps.append(
                             {

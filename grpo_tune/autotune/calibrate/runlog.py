@@ -33,7 +33,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from grpo_tune.core.target import inputs_of
 from grpo_tune.core.errors import ConfigError
@@ -228,7 +228,7 @@ def _ours_record(obj: dict[str, Any]) -> StepRecord | None:
     return StepRecord(step=step, phases_s=phases, **_fields(obj, _OURS_KEYS), timing_s=timing)
 
 
-def json_object(text: str) -> dict[str, Any] | None:
+def json_object(text: str) -> dict[str, object] | None:
     """``text`` parsed as a JSON object; None when it is not JSON, or JSON of another kind."""
     try:
         obj = json.loads(text)
@@ -541,7 +541,18 @@ def _not_that_run(lp: LogPoint, ratio: float, limit: float, what: str, other: st
         )
 
 
-def memory_check(lp: LogPoint) -> dict[str, Any] | None:
+class MemoryCheck(TypedDict):
+    """A log's peak allocated memory against the predicted peak of its plan's training phases."""
+
+    log: str
+    logged_gib: float
+    predicted_gib: float
+    phase: str
+    optimistic: bool
+    error_pct: float | None
+
+
+def memory_check(lp: LogPoint) -> MemoryCheck | None:
     """Logged peak allocated memory (training side) against the predicted peak of the training phases."""
     from grpo_tune.costmodel.estimate import estimate
 
