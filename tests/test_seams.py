@@ -58,11 +58,7 @@ def verl_spellings(path: Path, keys: set[str], prefixes: set[str]) -> list[str]:
 
 
 # Spellings of verl keys outside frameworks/verl/ still to move; the list may only shrink.
-VERL_PENDING: dict[str, list[str]] = {
-    # NeMo-RL's recipe detector refuses a verl YAML config by its top section; verl's own detect should claim
-    # its YAML configs first (today it claims launch scripts only)
-    "grpo_tune/frameworks/nemo_rl/recipe.py": ["actor_rollout_ref"],
-}
+VERL_PENDING: dict[str, list[str]] = {}
 
 VERL_PREFIX_NAMES = {"ARO", "ACTOR", "REF", "ROLLOUT", "MEG", "OTC", "REF_OTC", "OPTIM", "OOC"}
 """The verl table's key prefixes (frameworks/verl/table.py): importing one elsewhere is spelling verl keys there,
@@ -311,3 +307,18 @@ def test_the_any_counter_sees_aliases(tmp_path):
     assert names[pkg / "a.py"].aliases == {"JSON", "Plan", "Get"}
     assert any_in_public_signatures(pkg / "a.py", names[pkg / "a.py"]) == ["f"]
     assert any_in_public_signatures(pkg / "b.py", names[pkg / "b.py"]) == ["g", "h"]
+
+
+def test_a_verl_config_is_claimed_by_verl_before_any_other_framework(tmp_path):
+    """verl's detector claims a YAML config by its top section, so NeMo-RL's recipe detector needs no verl key:
+    a config with verl's section and NeMo-RL-looking ones goes to verl; without verl's section, to NeMo-RL."""
+    from grpo_tune import frameworks as F
+
+    both = tmp_path / "both.yaml"
+    both.write_text(
+        "actor_rollout_ref:\n  rollout:\n    tensor_model_parallel_size: 2\npolicy:\n  generation: {}\ngrpo: {}\n"
+    )
+    nemo = tmp_path / "nemo.yaml"
+    nemo.write_text("policy:\n  generation: {}\ngrpo: {}\n")
+    assert F.reader_for(both).name == "verl"
+    assert F.reader_for(nemo).name == "nemo-rl"

@@ -296,8 +296,9 @@ def is_recipe_text(path: Path, text: str) -> bool:
 
 def looks_like_recipe(data: object) -> bool:
     """A NeMo-RL GRPO recipe: a mapping with ``defaults`` or NeMo-RL's own sections (``policy`` + ``grpo``,
-    or ``policy.megatron_cfg`` / ``policy.generation``), not a grpo-tune run config nor a verl config."""
-    if not isinstance(data, dict) or "schema_version" in data or "actor_rollout_ref" in data:
+    or ``policy.megatron_cfg`` / ``policy.generation``), not a grpo-tune run config. (A verl config never gets
+    here: verl, first in the registry, claims its own.)"""
+    if not isinstance(data, dict) or "schema_version" in data:
         return False
     pol = data.get("policy")
     if isinstance(pol, dict) and ("grpo" in data or "megatron_cfg" in pol or "generation" in pol):

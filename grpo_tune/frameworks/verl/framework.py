@@ -31,10 +31,21 @@ class Verl(Framework):
         return [LaunchFile("verl", "verl.sh", f"verl {self.release} launch", text, executable=True)]
 
     def detect(self, path: Path, text: str) -> bool:
-        """A verl launch script (YAML configs and override lists verl reads as the default framework)."""
+        """A verl launch script, or a YAML/JSON config with verl's top section (``actor_rollout_ref``). The
+        registry asks verl first, so another framework's detector never sees a verl config; plain override lists
+        and grpo-tune's run configs come to verl as the default framework."""
+        from grpo_tune.core.errors import GrpoTuneError
+        from grpo_tune.frameworks.base.inputs import load_yaml
         from grpo_tune.frameworks.verl.diagnose import looks_like_script
+        from grpo_tune.frameworks.verl.table import ARO
 
-        return path.suffix not in (".yaml", ".yml", ".json") and looks_like_script(text)
+        if path.suffix not in (".yaml", ".yml", ".json"):
+            return looks_like_script(text)
+        try:
+            data, _ = load_yaml(text, str(path))
+        except GrpoTuneError:
+            return False
+        return isinstance(data, dict) and ARO in data
 
     def diagnose(self, path: Path, overrides: Sequence[str], *, hardware: str | None, model: str | None) -> Report:
         from grpo_tune.frameworks.verl.diagnose import diagnose_path
