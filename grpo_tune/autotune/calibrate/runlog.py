@@ -356,7 +356,24 @@ def read_log(path: str | os.PathLike, *, max_bytes: int = MAX_LOG_BYTES) -> RunL
     return RunLog(path=str(p), format=fmt, records=records, warnings=warnings)
 
 
-def summary(log: RunLog, *, skip_warmup: int = 0) -> dict[str, Any]:
+class LogSummary(TypedDict):
+    """A run log summarised (:func:`summary`): the kept steps, medians of the phases, step and lengths, and the
+    largest lengths and memory; None where the log has no such key."""
+
+    steps: list[int]
+    phases_s: dict[str, float]
+    step_s: float | None
+    response_len_mean: float | None
+    prompt_len_mean: float | None
+    total_tokens: float | None
+    throughput_tok_s_gpu: float | None
+    response_len_max: float | None
+    prompt_len_max: float | None
+    max_memory_allocated_gib: float | None
+    max_memory_reserved_gib: float | None
+
+
+def summary(log: RunLog, *, skip_warmup: int = 0) -> LogSummary:
     """Medians over the kept steps: phases, step, lengths, peak memory (what calibrate fits to)."""
     import statistics
 
@@ -367,13 +384,24 @@ def summary(log: RunLog, *, skip_warmup: int = 0) -> dict[str, Any]:
         return float(statistics.median(v)) if v else None
 
     phases = {ph: m for ph in PHASES if (m := med([r.phases_s.get(ph) for r in recs])) is not None}
-    out: dict[str, Any] = {"steps": [r.step for r in recs], "phases_s": phases, "step_s": med([r.step_s for r in recs])}
-    for k in ("response_len_mean", "prompt_len_mean", "total_tokens", "throughput_tok_s_gpu"):
-        out[k] = med([getattr(r, k) for r in recs])
-    for k in ("response_len_max", "prompt_len_max", "max_memory_allocated_gib", "max_memory_reserved_gib"):
-        vals = [getattr(r, k) for r in recs if getattr(r, k) is not None]
-        out[k] = max(vals) if vals else None
-    return out
+
+    def top(vals: list[float | None]) -> float | None:
+        v = [x for x in vals if x is not None]
+        return max(v) if v else None
+
+    return LogSummary(
+        steps=[r.step for r in recs],
+        phases_s=phases,
+        step_s=med([r.step_s for r in recs]),
+        response_len_mean=med([r.response_len_mean for r in recs]),
+        prompt_len_mean=med([r.prompt_len_mean for r in recs]),
+        total_tokens=med([r.total_tokens for r in recs]),
+        throughput_tok_s_gpu=med([r.throughput_tok_s_gpu for r in recs]),
+        response_len_max=top([r.response_len_max for r in recs]),
+        prompt_len_max=top([r.prompt_len_max for r in recs]),
+        max_memory_allocated_gib=top([r.max_memory_allocated_gib for r in recs]),
+        max_memory_reserved_gib=top([r.max_memory_reserved_gib for r in recs]),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,7 +446,7 @@ class LogPoint:
     """frameworks.base.plan.LaunchPlan, with the logged mean lengths in its workload."""
     point: Any
     """autotune.calibrate.fit.Point."""
-    summary: dict[str, Any]
+    summary: LogSummary
     kept_steps: int
     fold: dict[str, str] | None = None
     """How the log's framework folds our phases into its timers (None: verl's, :data:`VERL_FOLD`)."""
