@@ -249,7 +249,8 @@ def verl_flops(m: Any, wl: Workload) -> float:
     return 6.0 * n * seqs * s + 6.0 * seqs * s * s * m.head_dim * m.heads * m.layers
 
 
-STACK_OF = {"nemo-rl": "nemo-rl-v0.3", "verl": "verl-0.9.1"}
+DEFAULT_STACK = "verl-0.9.1"
+"""The stack of a row that names neither a stack nor a framework with its own (the release verl.sh targets)."""
 """A row's stack when its ``stack`` column is empty: the release its framework published with."""
 
 
@@ -360,8 +361,12 @@ PRIOR_WEIGHT = 0.1
 
 
 def row_stack(row: GrpoRow) -> str:
+    """The row's stack profile: its own ``stack`` column, else its framework's (the registry's), else verl's."""
+    from grpo_tune.frameworks import REGISTRY
+
     st = (row.raw.get("stack") or "").strip()
-    return st or STACK_OF.get(row.raw.get("framework", ""), "verl-0.9.1")
+    fw = next((f for f in REGISTRY if f.name == row.raw.get("framework", "")), None)
+    return st or (fw.stack_profile if fw is not None else None) or DEFAULT_STACK
 
 
 def _hw(row: GrpoRow, x: dict[Prior, float] | None) -> HardwareSpec:
