@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Optional, cast
 
 import typer
 from rich.console import Console
@@ -29,6 +29,7 @@ from grpo_tune.cli.plan_options import flags_after, plan_flags, plan_options
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.core.units import GiB
 from grpo_tune.jobs.compare import CompareOutcome, CompareRequest, run_compare
+from grpo_tune.jobs.inputs import WorkloadFlags
 from grpo_tune.jobs.setup import prepare
 
 
@@ -82,7 +83,7 @@ def compare(
         hardware=names,
         gpus_per_node=flags["gpus_per_node"],
         pins=pins_from_flags(flags),
-        workload=workload_flags(flags),
+        workload=cast("WorkloadFlags", workload_flags(flags)),  # typer parsed each flag to its declared type
         setup=setup,
         place=place,
         min_headroom=min_headroom,

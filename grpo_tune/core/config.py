@@ -24,7 +24,7 @@ from grpo_tune.core.choices import KlType, LossAgg, RolloutEngine
 from grpo_tune.core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from grpo_tune.core.placement import Placement
 from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
-from grpo_tune.core.validation import FRACTION, Schema, check_names, from_mapping
+from grpo_tune.core.validation import FRACTION, NON_NEGATIVE, Schema, check_names, from_mapping
 
 SCHEMA_VERSION = 1
 
@@ -265,8 +265,21 @@ def _hardware(v: object, where: str) -> HardwareSpec:
 # ints are positive, floats >= 0 (not NaN); top_p is a fraction; the named choices come from core/choices.py.
 _CLUSTER_SCHEMA = Schema()
 _TRAINER_SCHEMA = Schema(
-    ranges={"top_p": FRACTION}, choices={"rollout_engine": RolloutEngine, "loss_agg_mode": LossAgg, "kl_type": KlType}
+    # a seed of 0 is a seed (verl's and Megatron's configs accept it)
+    ranges={"top_p": FRACTION, "seed": NON_NEGATIVE},
+    choices={"rollout_engine": RolloutEngine, "loss_agg_mode": LossAgg, "kl_type": KlType},
 )
+
+
+def trainer_options(data: object, where: str = "trainer") -> TrainerOptions:
+    """:class:`TrainerOptions` from a mapping (a framework's config read back), each value checked as a run
+    config's ``trainer`` section is: a coded BAD_CONFIG error otherwise."""
+    return from_mapping(TrainerOptions, data, where, _TRAINER_SCHEMA)
+
+
+def cluster_of(data: object, where: str = "cluster") -> Cluster:
+    """:class:`~.strategy.Cluster` from a mapping, checked as a run config's ``cluster`` section is."""
+    return from_mapping(Cluster, data, where, _CLUSTER_SCHEMA)
 
 
 def _override_value(text: str) -> object:

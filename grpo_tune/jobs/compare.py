@@ -10,12 +10,13 @@ import datetime as _dt
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from grpo_tune.core.errors import NoFeasiblePlanError
 from grpo_tune.core.placement import PlacementAsk
 from grpo_tune.core.strategy import Workload
-from grpo_tune.jobs.inputs import plan_inputs
+from grpo_tune.jobs.inputs import WorkloadFlags, plan_inputs
 from grpo_tune.jobs.setup import Setup
 from grpo_tune.validate.grpo import BAND_PCT
 
@@ -27,10 +28,10 @@ class CompareRequest:
     model: str
     gpus: int
     hardware: list[str]
-    gpus_per_node: int | None = None
-    pins: dict[str, Any] = field(default_factory=dict)
-    workload: dict[str, Any] = field(default_factory=dict)
+    workload: WorkloadFlags
     """The workload flags (``plan_inputs``' keywords)."""
+    gpus_per_node: int | None = None
+    pins: dict[str, object] = field(default_factory=dict)
     setup: Setup = Setup()
     place: PlacementAsk | None = None
     min_headroom: float = 0.0
@@ -103,14 +104,14 @@ def compare_rows(
     gpus: int,
     hardware: list[str],
     gpus_per_node: int | None,
-    pins: dict[str, Any],
-    workload_kw: dict[str, Any],
+    pins: Mapping[str, object],
+    workload_kw: WorkloadFlags,
     calibration: dict[str, float] | None = None,
     min_headroom: float = 0.0,
     calibration_hardware: str | None = None,
     place: PlacementAsk | None = None,
     stack: str | None = None,
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """One row per hardware profile: the best plan's figures, or why none fits."""
     from grpo_tune.rundir.report import plan_label
     from grpo_tune.autotune.search.driver import search
@@ -134,7 +135,7 @@ def compare_rows(
         try:
             # a calibration file is fitted on one hardware: it applies to that profile's row only
             cal = calibration if calibration_hardware in (None, hw.name) else None
-            res = search(m, hw, cluster, wl, pins=pins, top=1, calibration=cal, min_headroom=min_headroom)
+            res = search(m, hw, cluster, wl, pins=dict(pins), top=1, calibration=cal, min_headroom=min_headroom)
             placed = None
             if place and (place.placement != "colocated" or place.pool_options):
                 placed = _placed(m, hw, cluster, wl, pins, cal, min_headroom, place, res)

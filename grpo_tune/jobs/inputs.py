@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.core.rules import check_lengths
@@ -25,6 +25,24 @@ def fit_default_lengths(m: ModelSpec, prompt_len: int, response_len: int) -> tup
         "(give --prompt-len / --response-len to choose)"
     )
     return p, r, note
+
+
+class WorkloadFlags(TypedDict):
+    """The workload flags of a command (as :func:`plan_inputs` takes them), typer's parsed values."""
+
+    workload: str
+    prompts: int
+    n: int
+    prompt_len: int
+    response_len: int
+    mini_batch: int
+    ppo_epochs: int
+    kl: bool
+    seq_len: int
+    gbs: int
+    prompt_len_mean: NotRequired[int | None]
+    response_len_mean: NotRequired[int | None]
+    lengths: NotRequired[str | None]
 
 
 def plan_inputs(

@@ -18,6 +18,7 @@ from grpo_tune.core.target import Target
 from grpo_tune.jobs.setup import Setup
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from grpo_tune.autotune.refine.results import RefineResult
     from grpo_tune.autotune.search.driver import SearchResult
     from grpo_tune.autotune.search.placement import PlacementResult
@@ -75,7 +76,7 @@ def run_search(
     *,
     progress: Callable[[], AbstractContextManager[Progress | None]] | None = None,
     ranked: Callable[[SearchOutcome], None] | None = None,
-    console: Any = None,
+    console: Console | None = None,
 ) -> SearchOutcome:
     """Search ``req``'s target; with a placement asked, search separate pools too and write the winner's run
     folder; else write the best plan's run folder (under ``--refine`` a stable folder named like the study) and

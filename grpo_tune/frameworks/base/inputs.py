@@ -227,3 +227,19 @@ def check_name(value: str, what: str) -> str:
 def comment_safe(text: str) -> str:
     """Text safe inside one ``#`` comment line."""
     return "".join(ch if ch.isprintable() else "?" for ch in text)
+
+
+def as_int(v: object, key: str) -> int:
+    """A value read from a framework's config as the integer the plan needs (a coded error otherwise)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    raise ConfigError(f"{key} must be an integer, got {v!r}", hint=f"set {key} to a whole number")
+
+
+def as_names(v: object, key: str) -> tuple[str, ...]:
+    """A value read from a framework's config as a list of names (None: none)."""
+    if v is None:
+        return ()
+    if isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v):
+        return tuple(v)
+    raise ConfigError(f"{key} must be a list of names, got {v!r}")

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, UnknownModelError
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
+from grpo_tune.frameworks.base.inputs import as_int, as_names
 
 from . import recipe as R
 from . import table
@@ -84,7 +85,7 @@ def strategy_of(r: R.Recipe, model, gpus: int, gpn: int) -> Strategy:
     d: dict[str, Any] = {k: v for k, v in plan.items() if v is not None}
     for k in ("first_stage_layers", "last_stage_layers"):
         d[k] = plan.get(k)
-    d["offload"] = tuple(plan["offload"])
+    d["offload"] = as_names(plan["offload"], "offload")
     # vLLM sleeps between generations when it shares the GPUs (enable_sleep_mode); a pool of its own stays up
     d["free_cache_engine"] = not table.read_placement(r.get).separate
     if not model.is_moe:
@@ -110,12 +111,16 @@ def workload_of(
                 hint="set grpo.num_prompts_per_step, grpo.num_generations_per_prompt, policy.train_global_batch_size "
                 "and policy.max_total_sequence_length to positive integers",
             )
-    w["mini_batch"] = min(w["mini_batch"], w["prompts"])
+    w["mini_batch"] = min(as_int(w["mini_batch"], "mini_batch"), as_int(w["prompts"], "prompts"))
     means: dict[str, Any] = {"prompt_len_mean": prompt_len_mean, "response_len_mean": response_len_mean}
     if assume:
         from grpo_tune.costmodel.lengths import assumed_means
 
-        means = assumed_means(means, prompt_len=w["prompt_len"], response_len=w["response_len"])
+        means = assumed_means(
+            means,
+            prompt_len=as_int(w["prompt_len"], "prompt_len"),
+            response_len=as_int(w["response_len"], "response_len"),
+        )
     w.update(means)
     return Workload.from_dict({k: v for k, v in w.items() if v is not None}, where="NeMo-RL workload")
 

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any, Callable, Final, TypedDict
 
-from grpo_tune.core.config import TrainerOptions
+from grpo_tune.core.config import TrainerOptions, cluster_of, trainer_options
+from grpo_tune.frameworks.base.inputs import as_int, as_names
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 from grpo_tune.core.placement import Placement
 
@@ -463,7 +464,7 @@ def write_plan(plan: Plan) -> dict[str, object]:
     return out
 
 
-def read_fields(get: Get, section: str) -> dict[str, Any]:
+def read_fields(get: Get, section: str) -> dict[str, object]:
     return {r.field: r.read(get) for r in ROWS if r.section == section and r.read is not None}
 
 
@@ -471,16 +472,16 @@ def read_plan(get: Get) -> Plan:
     c = read_fields(get, C)
     s = read_fields(get, S)
     s = {k: v for k, v in s.items() if v is not None or k in ("first_stage_layers", "last_stage_layers")}
-    s["dp"] = c["gpus"] // (s["tp"] * s["pp"] * s["cp"])
-    s["offload"] = list(s["offload"])
+    s["dp"] = as_int(c["gpus"], "gpus") // (as_int(s["tp"], "tp") * as_int(s["pp"], "pp") * as_int(s["cp"], "cp"))
+    s["offload"] = list(as_names(s["offload"], "offload"))
     s["free_cache_engine"] = True
     w = read_fields(get, W)
     t = read_fields(get, T)
     return {
         S: Strategy.from_dict(s),
         W: Workload.from_dict({k: v for k, v in w.items() if v is not None}),
-        T: TrainerOptions(**t),
-        C: Cluster(**c),
+        T: trainer_options(t),
+        C: cluster_of(c),
     }
 
 

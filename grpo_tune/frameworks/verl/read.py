@@ -18,6 +18,7 @@ from grpo_tune.core.placement import Placement
 from grpo_tune.core.specs import ModelSpec, load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 from grpo_tune.costmodel.lengths import assumed_means
+from grpo_tune.frameworks.base.inputs import as_names
 from grpo_tune.frameworks.base.plan import SEARCHED, LaunchPlan
 from grpo_tune.frameworks.verl import diagnose as D
 from grpo_tune.frameworks.verl import table
@@ -65,7 +66,7 @@ def strategy_from(get: Get, model: ModelSpec) -> Strategy:
     d["recompute"] = f.get("recompute") or "none"
     rl = f.get("recompute_layers")
     d["recompute_layers"] = rl if _is_int(rl) and rl > 0 else None
-    d["offload"] = tuple(f.get("offload") or ())
+    d["offload"] = as_names(f.get("offload") or (), "offload")
     gmu = f.get("gpu_memory_utilization")
     if isinstance(gmu, (int, float)) and not isinstance(gmu, bool):
         d["gpu_memory_utilization"] = float(gmu)

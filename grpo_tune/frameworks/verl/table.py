@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from collections.abc import Mapping
-from typing import Any, Callable, Final, TypedDict
+from typing import Callable, Final, TypedDict
 
-from grpo_tune.core.config import TrainerOptions
+from grpo_tune.core.config import TrainerOptions, cluster_of, trainer_options
+from grpo_tune.frameworks.base.inputs import as_int, as_names
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
 ARO = "actor_rollout_ref"
@@ -435,7 +436,7 @@ def write_plan(plan: Plan) -> dict[str, object]:
     return out
 
 
-def read_fields(get: Get, section: str) -> dict[str, Any]:
+def read_fields(get: Get, section: str) -> dict[str, object]:
     """The section's fields that verl settings determine, read through ``get``."""
     return {r.field: r.read(get) for r in ROWS if r.section == section and r.read is not None}
 
@@ -444,13 +445,13 @@ def read_plan(get: Get) -> Plan:
     """overrides -> plan: every field with a verl setting from ``get``; the rest keep their defaults."""
     c = read_fields(get, C)
     s = read_fields(get, S)
-    s["dp"] = c["gpus"] // (s["tp"] * s["pp"] * s["cp"])
-    s["offload"] = list(s["offload"])
+    s["dp"] = as_int(c["gpus"], "gpus") // (as_int(s["tp"], "tp") * as_int(s["pp"], "pp") * as_int(s["cp"], "cp"))
+    s["offload"] = list(as_names(s["offload"], "offload"))
     return {
         S: Strategy.from_dict(s),
         W: Workload.from_dict(read_fields(get, W)),
-        T: TrainerOptions(**read_fields(get, T)),
-        C: Cluster(**c),
+        T: trainer_options(read_fields(get, T)),
+        C: cluster_of(c),
     }
 
 
