@@ -14,6 +14,8 @@ from dataclasses import dataclass, fields
 
 from .choices import PlacementMode
 from .errors import ConfigError
+from .hardware import HardwareSpec
+from .specs import load_hardware
 from .validation import NON_NEGATIVE, Schema, check_keys, from_mapping, to_mapping
 
 __all__ = ["PLACEMENT_KNOBS", "Placement", "PlacementAsk", "PlacementKnob"]
@@ -180,6 +182,11 @@ class PlacementAsk:
         """The user allows separate pools: a mode other than colocated, a rollout pool or a staleness bound
         (partial rollout alone allows nothing: it needs a staleness)."""
         return self.placement != "colocated" or bool(self.rollout_gpus or self.rollout_hardware or self.staleness)
+
+    def rollout_profile(self) -> HardwareSpec | None:
+        """The rollout pool's hardware profile, loaded, when ``--rollout-hardware`` named one (None: the
+        training pool's)."""
+        return load_hardware(self.rollout_hardware) if self.rollout_hardware else None
 
     def require_separate(self) -> str:
         """The separate mode asked for (``separate`` or ``auto``); a coded error for pool options given with

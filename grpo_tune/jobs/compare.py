@@ -169,7 +169,6 @@ def compare_rows(
 def _placed(m, hw, cluster, wl, pins, cal, min_headroom, place, colocated):
     """The best plan of the placement asked for (auto: the better of colocated and separate pools)."""
     from grpo_tune.autotune.search.placement import search_placement
-    from grpo_tune.core.specs import load_hardware
 
     return search_placement(
         m,
@@ -179,7 +178,7 @@ def _placed(m, hw, cluster, wl, pins, cal, min_headroom, place, colocated):
         placement=place.require_separate(),
         staleness=place.staleness,
         rollout_gpus=place.rollout_gpus,
-        rollout_hardware=load_hardware(place.rollout_hardware) if place.rollout_hardware else None,
+        rollout_hardware=place.rollout_profile(),
         partial_rollout=place.partial_rollout,
         pins=pins,
         top=1,

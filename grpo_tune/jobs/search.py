@@ -161,13 +161,12 @@ def _write_run_folder(req: SearchRequest, result: SearchResult) -> tuple[Path, d
 def _search_placement(out: SearchOutcome, pins: dict[str, Any], cal: dict[str, float] | None) -> None:
     """search --placement separate|auto: the best plan of each placement, the winner's run folder written."""
     from grpo_tune.autotune.search.placement import search_placement
-    from grpo_tune.core.specs import load_hardware
 
     req, place, colocated = out.request, out.request.place, out.result
     m, hw, cluster, wl = req.target
     frameworks = req.setup.frameworks
     mode = place.require_separate()
-    hw_r = load_hardware(place.rollout_hardware) if place.rollout_hardware else None
+    hw_r = place.rollout_profile()
     from grpo_tune.frameworks import separate_pins
 
     res = search_placement(

@@ -141,13 +141,12 @@ def _tune_separate(out: TuneOutcome, cal: dict[str, float] | None) -> None:
 
     from grpo_tune.rundir.emit import emit_run
     from grpo_tune.autotune.search.placement import search_placement
-    from grpo_tune.core.specs import load_hardware
     from grpo_tune.costmodel.placement import estimate_separate
 
     req, plan, place, fw = out.request, out.plan, out.request.place, out.framework
     p0 = plan.placement
     assert p0 is not None  # only a separate-pool launch comes here
-    hw_r = load_hardware(place.rollout_hardware) if place.rollout_hardware else None
+    hw_r = place.rollout_profile()
     if hw_r is not None:
         p0 = dataclasses.replace(p0, rollout_hardware=hw_r.name)
     cur = estimate_separate(
@@ -201,7 +200,6 @@ def _propose_split(
     """The best separate-pool plan for the launch's model, cluster and workload (staleness up to --staleness),
     when it beats the tuned colocated launch; None otherwise."""
     from grpo_tune.autotune.search.placement import search_placement
-    from grpo_tune.core.specs import load_hardware
 
     if place.placement == "colocated" and (place.partial_rollout and not place.staleness):
         raise ConfigError("--partial-rollout needs --staleness >= 1", hint="give --staleness 1")
@@ -213,7 +211,7 @@ def _propose_split(
         placement="separate",
         staleness=place.staleness,
         rollout_gpus=place.rollout_gpus,
-        rollout_hardware=load_hardware(place.rollout_hardware) if place.rollout_hardware else None,
+        rollout_hardware=place.rollout_profile(),
         partial_rollout=place.partial_rollout,
         pins=pins,
         calibration=cal,
