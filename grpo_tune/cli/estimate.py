@@ -218,9 +218,10 @@ def print_pools(est: Estimate, console: Console) -> None:
         f"pipeline fill {f['fill_s']:,.1f} s once",
         highlight=False,
     )
+    link = "intra-node link, shared nodes" if f["shared_nodes"] else "inter-node"
     console.print(
         f"sync: {sy['bytes_per_rollout_gpu'] / GiB:,.1f} GiB to every rollout GPU at "
-        f"{sy['link_bytes_per_s'] / 1e9:,.0f} GB/s ({'NVLink, shared nodes' if f['shared_nodes'] else 'inter-node'}): "
+        f"{sy['link_bytes_per_s'] / 1e9:,.0f} GB/s ({link}): "
         f"export {sy['export_s']:,.2f} s, transfer {sy['transfer_s']:,.2f} s, load {sy['copy_s']:,.2f} s, "
         f"per-tensor/bucket {sy['overhead_s']:,.2f} s",
         highlight=False,
