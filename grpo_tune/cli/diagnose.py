@@ -1,4 +1,7 @@
-"""``grpo-tune diagnose PATH``: coded findings for a run config, a verl launch script or an override list."""
+"""``grpo-tune diagnose PATH``: coded findings for a run config, a verl launch script or an override list.
+
+Parses the arguments, calls :func:`grpo_tune.jobs.diagnose.run_diagnose` once, prints the report (tables, or JSON
+with ``--json``) and exits with its exit code."""
 
 from __future__ import annotations
 
@@ -9,9 +12,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_tune.frameworks import diagnose_path
 from grpo_tune.frameworks.base.findings import Report
 from grpo_tune.cli.options import Json
+from grpo_tune.jobs.diagnose import DiagnoseRequest, run_diagnose
 from grpo_tune.core.units import GiB
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -112,7 +115,7 @@ def diagnose(
     json_out: Json = False,
 ) -> None:
     """Check a GRPO launch: degrees per role, batch rules, dtypes, unknown keys, memory per phase."""
-    report = diagnose_path(path, hardware=hardware, model=model, overrides=list(overrides or []))
+    report = run_diagnose(DiagnoseRequest(path=path, overrides=list(overrides or []), hardware=hardware, model=model))
     if json_out:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:

@@ -1,9 +1,11 @@
-"""``grpo-tune validate``: the time model against published Megatron-LM measurements."""
+"""``grpo-tune validate``: the time model against published Megatron-LM measurements (or, with ``--grpo``, published
+GRPO runs). Parses the flags, calls :func:`grpo_tune.jobs.validate.run_validate` once, prints the tables or the
+JSON report, and exits 1 when it did not pass."""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Optional
 
 import typer
 from rich import box
@@ -11,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_tune.cli.options import Json
+from grpo_tune.jobs.validate import ValidateRequest, run_validate
 
 Tolerance = Annotated[
     float,
@@ -54,29 +57,12 @@ def validate(
 ) -> None:
     """Predicted vs published throughput and iteration times (Narayanan et al. 2021, Korthikanti et al. 2022), or
     with --grpo the GRPO step against published verl and NeMo-RL runs."""
-    if grpo:
-        from grpo_tune.validate.grpo import TOLERANCE_PCT, run_grpo
-
-        rep = run_grpo(path=data, tolerance_pct=TOLERANCE_PCT if tolerance is None else tolerance, refit=refit)
-        if data is None:  # the shipped rows: their separate-pool pairs too (scored apart, printed per pair)
-            from grpo_tune.validate.placement import score_pairs
-
-            rep["placement_pairs"] = score_pairs()
-        _report(rep, json_out, _print_grpo)
-        return
-    from grpo_tune.validate.pretraining import run
-
-    rep = run(hardware=hardware, path=data, tolerance_pct=10.0 if tolerance is None else tolerance, refit=refit)
-    _report(rep, json_out, _print)
-
-
-def _report(rep: dict, json_out: bool, print_table: Callable[[dict], None]) -> None:
-    """The report as JSON or as tables; exit 1 when it did not pass."""
+    res = run_validate(ValidateRequest(grpo=grpo, data=data, hardware=hardware, tolerance=tolerance, refit=refit))
     if json_out:
-        print(json.dumps(rep, indent=2))
+        print(json.dumps(res.report, indent=2))
     else:
-        print_table(rep)
-    if not rep["passed"]:
+        (_print_grpo if res.kind == "grpo" else _print)(res.report)
+    if not res.passed:
         raise typer.Exit(1)
 
 
