@@ -10,7 +10,13 @@ from grpo_tune.core.strategy import validate
 from grpo_tune.costmodel.estimate import estimate
 from grpo_tune.frameworks.nemo_rl import table
 
-ROWS = [r for r in V.load_grpo_rows() if r.raw["framework"] == "nemo-rl" and r.raw["backend"] == "megatron"]
+ROWS = [
+    r
+    for r in V.load_grpo_rows()
+    if r.raw["framework"] == "nemo-rl" and r.raw["backend"] == "megatron" and not V._separate(r)
+]
+"""The colocated rows (the separate-pool refit rows are read back on their training pool:
+tests/test_reshard_refit.py)."""
 
 
 def test_there_are_nemo_rl_rows_scored():
@@ -20,7 +26,7 @@ def test_there_are_nemo_rl_rows_scored():
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.id)
 def test_row_is_scored_on_its_recipe_read_back(row, monkeypatch):
     m, hw, c, via, wl_via = V.plan(row)
-    monkeypatch.setattr(V, "_via_framework", lambda rid, fw, m, c, s, wl: (s, wl))
+    monkeypatch.setattr(V, "_via_framework", lambda rid, fw, m, c, s, wl, place=None: (s, wl))
     _, _, _, direct, wl = V.plan(row)
     direct = validate(m, direct, c.gpus, gpus_per_node=c.gpus_per_node, allow_cross_node_tp=True)
     # what NeMo-RL's colocated recipe can say is what is scored

@@ -21,7 +21,9 @@ What each pool costs:
   gathers of the colocated refit), then the whole model (bf16) is broadcast to every rollout GPU
   over the link between the pools (NVLink when they share nodes, the NIC otherwise; the slower
   profile's when the pools differ), in buckets of ``sync_bucket_mb`` with the profile's per-tensor
-  and per-bucket costs; each vLLM worker copies its rollout-TP slice into place.
+  and per-bucket costs; each vLLM worker copies its rollout-TP slice into place. NeMo-RL's NCCL reshard
+  (:func:`reshard_sync`, chosen by ``refit_transport``) instead moves each destination shard of the FFN
+  weights once and broadcasts only the rest.
 
 How the step composes (steady state, seconds per optimizer step):
 
@@ -52,7 +54,7 @@ from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 from grpo_tune.core.units import GiB
 
-from . import memory
+from . import comm, memory
 from .estimate import estimate
 from .results import Estimate, PhaseMemory, PhaseTimes, PoolFigures, SeparateFigures, Throughput, Violation
 from .rollout import native_rollout_s, rollout_s
@@ -319,6 +321,93 @@ def cross_pool_sync(
     }
 
 
+REFIT_TRANSPORTS = ("broadcast", "nccl_reshard")
+"""How the cross-pool weight sync moves the weights: ``broadcast`` (every full tensor to every rollout GPU:
+verl's checkpoint engine, NeMo-RL's default collective transport; :func:`cross_pool_sync`) or
+``nccl_reshard`` (NeMo-RL's ``policy.generation.refit_transport=nccl_reshard``: each destination shard moved
+once; :func:`reshard_sync`). grpo-tune emits neither choice; ``validate --grpo`` prices the runs that used each."""
+
+
+def reshard_bulk_params(m: ModelSpec) -> float:
+    """Parameters NeMo-RL's NCCL reshard moves shard to shard (its bulk path, ``is_nccl_reshard_param`` in
+    nemo_rl/weight_sync/nccl_reshard_utils.py): the FFN projections (gate, up, down) of the dense MLP layers
+    and of every routed expert. Shared experts, attention, norms, router, embeddings and the LM head are the
+    rest (its misc path)."""
+    h = m.hidden
+    dense_layers = m.layers - m.moe_layers
+    dense = dense_layers * (3 if m.gated_mlp else 2) * h * m.ffn_hidden
+    routed = m.moe_layers * m.experts * 3 * h * m.expert_ffn_hidden if m.is_moe else 0
+    return float(dense + routed)
+
+
+def reshard_entries(m: ModelSpec) -> tuple[int, int]:
+    """(bulk entries, misc tensors) one NCCL-reshard refit walks: a bulk entry per FFN projection of each
+    layer (a MoE layer's experts grouped into one ``[experts, ...]`` entry per projection, as
+    ``build_nccl_reshard_refit_info`` groups them), and every other HF tensor one by one."""
+    from .timing_base import hf_tensor_count
+
+    per = 3 if m.gated_mlp else 2
+    dense_layers = m.layers - m.moe_layers
+    bulk = dense_layers * per + m.moe_layers * 3
+    misc = hf_tensor_count(m) - dense_layers * per - m.moe_layers * 3 * m.experts
+    return bulk, misc
+
+
+def reshard_sync(
+    m: ModelSpec,
+    hw_train: HardwareSpec,
+    hw_roll: HardwareSpec,
+    ps: Pools,
+    s: Strategy,
+    cal: dict[str, float],
+) -> dict[str, float]:
+    """Seconds of one cross-pool weight sync by NCCL reshard (NeMo-RL's ``nccl_reshard`` refit transport),
+    by part, in the keys of :func:`cross_pool_sync`:
+
+    - ``transfer_s``: the bulk (:func:`reshard_bulk_params`) moves shard to shard: each rollout GPU receives
+      exactly its rollout-TP shard once and each training GPU sends its share of the bulk once (the shards
+      striped over the training replicas), over the pools' link (:func:`sync_link`), whichever is larger,
+      plus a latency per bulk entry; the rest (misc) is broadcast whole to every rollout GPU in buckets of
+      ``sync_bucket_mb``, as the broadcast transport moves everything;
+    - ``export_s``: only the misc tensors are gathered across the training TP group (the bulk leaves as
+      each rank holds it), and the onload of offloaded parameters;
+    - ``copy_s``: each rollout GPU copies what it received into its fused parameters;
+    - ``overhead_s``: the stack's per-tensor cost for each bulk entry and misc tensor (:func:`reshard_entries`),
+      and its per-bucket cost for the misc buckets."""
+    c = model_consts(m)
+    total = c["total_params"] * PARAM_BYTES
+    bulk = min(reshard_bulk_params(m) * PARAM_BYTES, total)
+    misc = total - bulk
+    lay = s.layout
+    rtp = s.rollout.rollout_tp
+    bw, lat = sync_link(hw_train, hw_roll, ps.shared_nodes, cal)
+    entries, misc_tensors = reshard_entries(m)
+    dst = bulk / rtp
+    src = bulk / ps.train.gpus
+    buckets = math.ceil(misc / s.rollout.sync_bucket_bytes) if misc > 0 else 0
+    transfer = max(dst, src) / bw + entries * lat + misc / bw + buckets * lat
+    gather = 0.0
+    if lay.tp > 1:
+        gather = comm.all_gather_s(misc / lay.pp, lay.tp, *comm.link(hw_train, lay.tp, ps.train.gpus_per_node, cal))
+    ws = weight_sync_s(m, hw_train, ps.train, train_strategy(s), cal)
+    e = hw_roll.efficiency
+    copy = (dst + misc / rtp) / (hw_roll.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
+    overhead = (entries + misc_tensors) * e.sync_tensor_overhead_s + buckets * e.sync_bucket_overhead_s
+    export = gather + ws["onload_s"]
+    total_s = export + transfer + copy + overhead + cal["weight_sync_overhead_s"]
+    return {
+        "export_s": export,
+        "transfer_s": transfer,
+        "copy_s": copy,
+        "overhead_s": overhead,
+        "sync_s": total_s,
+        "bytes_per_rollout_gpu": float(dst + misc),
+        "link_bytes_per_s": bw,
+        "buckets": float(buckets),
+        "bulk_fraction": bulk / total if total > 0 else 0.0,
+    }
+
+
 def compose_step(
     gen_s: float, train_s: float, sync_s: float, staleness: int, sync_interval: int = 1
 ) -> dict[str, float]:
@@ -428,12 +517,16 @@ def estimate_separate(
     rollout_hardware: HardwareSpec | None = None,
     calibration: dict[str, float] | None = None,
     train: Estimate | None = None,
+    refit_transport: str = "broadcast",
 ) -> Estimate:
     """A separate-pool plan: ``strategy`` holds the training pool's layout and the rollout pool's engine
     (``rollout_tp``, ``gpu_memory_utilization``, ...); ``time.step_s`` is the steady-state step
     (:func:`compose_step`), the phases are each pool's own, ``placement`` holds the pools' figures.
-    ``train``: the training pool's :func:`train_pool` estimate when the caller has it."""
+    ``train``: the training pool's :func:`train_pool` estimate when the caller has it. ``refit_transport``:
+    how the weights cross the pools (:data:`REFIT_TRANSPORTS`)."""
     check_fields(placement)
+    if refit_transport not in REFIT_TRANSPORTS:
+        raise ConfigError(f"unknown refit transport {refit_transport!r}", hint="known: " + ", ".join(REFIT_TRANSPORTS))
     if not placement.separate:
         raise ConfigError("estimate_separate prices separate pools: give placement.mode = 'separate'")
     m, wl = model, workload
@@ -451,7 +544,8 @@ def estimate_separate(
     partial = placement.partial_rollout and placement.staleness >= 1
     g = generation(m, hw_r, ps.rollout, roll_s, wl, cal, partial=partial)
     rmem, rviol = rollout_memory(m, hw_r, ps.rollout, roll_s, wl)
-    sync = cross_pool_sync(m, hardware, hw_r, ps, s, cal)
+    sync_fn = reshard_sync if refit_transport == "nccl_reshard" else cross_pool_sync
+    sync = sync_fn(m, hardware, hw_r, ps, s, cal)
     train_phases = dict(train.time.phases)
     t_train = train.time.step_s
     if not placement.recompute_logprobs:  # the rollout's log-probs are the old ones: no old log-prob pass
@@ -579,6 +673,7 @@ def _check_rollout_degrees(m: ModelSpec, s: Strategy, roll: Cluster) -> None:
 __all__ = [
     "MODES",
     "Placement",
+    "REFIT_TRANSPORTS",
     "Pools",
     "check_fields",
     "colocated_figures",
@@ -587,6 +682,9 @@ __all__ = [
     "estimate_separate",
     "generation",
     "pools",
+    "reshard_bulk_params",
+    "reshard_entries",
+    "reshard_sync",
     "rollout_memory",
     "split_candidates",
     "sync_link",

@@ -152,15 +152,26 @@ def plan(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[Any, HardwareSpe
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"published GRPO row {row.id}: bad value ({exc})") from None
     if r.get("backend") == "megatron":
-        s, wl = _via_framework(row.id, r.get("framework") or "", m, cluster, s, wl)
+        s, wl = _via_framework(row.id, r.get("framework") or "", m, cluster, s, wl, _placement(row))
     return m, hw, cluster, s, wl
 
 
 _RECIPE_PLANS: dict[str, tuple[Strategy, Workload]] = {}
 
 
+def _placement(row: GrpoRow) -> Any:
+    """The row's placement: colocated, or separate pools with its rollout GPUs and staleness."""
+    from grpo_tune.core.placement import Placement
+
+    if not _separate(row):
+        return Placement()
+    return Placement(
+        mode="separate", rollout_gpus=_i(row.raw, "rollout_gpus") or 0, staleness=_i(row.raw, "staleness") or 0
+    )
+
+
 def _via_framework(
-    row_id: str, framework: str, m: Any, cluster: Cluster, s: Strategy, wl: Workload
+    row_id: str, framework: str, m: Any, cluster: Cluster, s: Strategy, wl: Workload, place: Any = None
 ) -> tuple[Strategy, Workload]:
     """A row's plan as the file its framework's exporter writes for it reads back (NeMo-RL: nemo_rl.yaml, loaded
     as NeMo-RL loads it; :meth:`~grpo_tune.frameworks.base.Framework.round_trip`): the plan that is scored is
@@ -176,8 +187,15 @@ def _via_framework(
         from grpo_tune.core.strategy import validate
 
         hw0 = load_hardware("h100")
-        s = validate(m, s, cluster.gpus, gpus_per_node=cluster.gpus_per_node, allow_cross_node_tp=True)
-        cfg = RunConfig(model=m, hardware=hw0, cluster=cluster, strategy=s, workload=wl, trainer=TrainerOptions())
+        if place is None:
+            from grpo_tune.core.placement import Placement
+
+            place = Placement()
+        train_gpus = cluster.gpus - (place.rollout_gpus if place.separate else 0)  # the training pool's layout
+        s = validate(m, s, train_gpus, gpus_per_node=cluster.gpus_per_node, allow_cross_node_tp=True)
+        cfg = RunConfig(
+            model=m, hardware=hw0, cluster=cluster, strategy=s, workload=wl, trainer=TrainerOptions(), placement=place
+        )
         _RECIPE_PLANS[row_id] = fw.round_trip(cfg, run_id=row_id)
     return _RECIPE_PLANS[row_id]
 
@@ -190,16 +208,26 @@ def predict(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[dict[str, flo
     """Predicted seconds in the row's terms: step and each published phase (``hw``: the row's
     hardware under its stack, :func:`_hw`, unless given). A ``separate`` row is priced by
     :func:`costmodel.placement.estimate_separate` with its pools: its ``refit_s`` is the cross-pool
-    weight sync, its ``gen_s`` the rollout pool's generation."""
+    weight sync by the row's ``refit_transport`` (empty: a broadcast; ``nccl_reshard``: NeMo-RL's shard-to-shard
+    reshard), its ``gen_s`` the rollout pool's generation."""
     m, hw, cluster, s, wl = plan(row, hw or _hw(row, None))
     if _separate(row):
-        from grpo_tune.core.placement import Placement
         from grpo_tune.costmodel.placement import estimate_separate
 
-        place = Placement(
-            mode="separate", rollout_gpus=_i(row.raw, "rollout_gpus") or 0, staleness=_i(row.raw, "staleness") or 0
-        )
-        est = estimate_separate(model=m, hardware=hw, cluster=cluster, strategy=s, workload=wl, placement=place)
+        place = _placement(row)
+        transport = (row.raw.get("refit_transport") or "").strip() or "broadcast"
+        try:
+            est = estimate_separate(
+                model=m,
+                hardware=hw,
+                cluster=cluster,
+                strategy=s,
+                workload=wl,
+                placement=place,
+                refit_transport=transport,
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"published GRPO row {row.id}: {exc.message}", hint=exc.hint) from None
     else:
         est = estimate(model=m, hardware=hw, cluster=cluster, strategy=s, workload=wl)
     t = est.time
@@ -318,6 +346,15 @@ PRIORS: tuple[Prior, ...] = (
         5e-5,
         2e-3,
         "per exported HF tensor (name mapping, gather launch): 50 us-2 ms",
+    ),
+    Prior(
+        "sync_tensor_overhead_s",
+        "stack:nemo-rl-main-2026-08",
+        3.7e-4,
+        5e-5,
+        2e-3,
+        "per NCCL-reshard bulk entry (xferdtensor call, receive-buffer pre hook, fused-copy post hook) and per "
+        "misc tensor (packed broadcast, load_weights): 50 us-2 ms",
     ),
     Prior(
         "rl_compute_scale",

@@ -124,7 +124,7 @@ class NemoRL(Framework):
             f = Path(d) / "nemo_rl.yaml"
             f.write_text(recipe.recipe_text(cfg, run_id=run_id))
             r = recipe.load(f)
-        c = read.cluster_of(r)
+        c = read.train_cluster(r, read.cluster_of(r))  # with a generation pool of its own: the training pool
         wl = cfg.workload
         s_back = read.strategy_of(r, cfg.model, c.gpus, c.gpus_per_node)
         wl_back = read.workload_of(
