@@ -177,10 +177,10 @@ def test_a_knob_added_in_one_place_reaches_flags_pins_space_and_the_verl_table(s
     assert {c.rollout.spec_tokens for c in pinned.candidates()} == {4}
     # the verl table: written to its key and read back
     plan = {"strategy": s, "workload": wl, "trainer": table.TrainerOptions(), "cluster": Cluster(gpus=2)}
-    written = table.write_plan(plan)
+    written = table.write_sections(plan)
     assert written[spec_knob] == 4
     values = {k.lstrip("+"): v for k, v in written.items()}
-    back = table.read_plan(lambda k: values[k] if k in values else verl.default(k))
+    back = table.read_sections(lambda k: values[k] if k in values else verl.default(k))
     assert back["strategy"].rollout.spec_tokens == 4
 
 

@@ -17,12 +17,13 @@ from omegaconf import OmegaConf
 
 from grpo_tune.core.config import TrainerOptions
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
+from grpo_tune.frameworks.base.sections import SECTIONS, sections_of
 from grpo_tune.frameworks.nemo_rl import recipe, snapshot, table
 from _export_configs import make
 
 
 def test_every_field_has_exactly_one_row():
-    for section, cls in table.SECTIONS.items():
+    for section, cls in SECTIONS.items():
         names = [r.field for r in table.rows(section)]
         fields = Strategy.knob_names() if cls is Strategy else [f.name for f in dataclasses.fields(cls)]
         assert sorted(names) == sorted(fields), section
@@ -225,7 +226,7 @@ class _Cfg:
     def __init__(self, plan):
         from grpo_tune.core.specs import load_hardware, load_model
 
-        self.strategy, self.workload, self.trainer, self.cluster = (plan[k] for k in table.SECTIONS)
+        self.strategy, self.workload, self.trainer, self.cluster = (plan[k] for k in SECTIONS)
         self.model, self.hardware = load_model("qwen2.5-7b"), load_hardware("h100")
 
 
@@ -238,12 +239,12 @@ def test_plan_to_recipe_to_plan_is_the_identity(plan):
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "nemo_rl.yaml"
         f.write_text(recipe.recipe_text(_Cfg(plan)))
-        back = table.read_plan(recipe.load(f).get)
+        back = table.read_sections(recipe.load(f).get)
     assert back == plan
 
 
 def test_canonical_folds_what_nemo_rl_fixes():
-    p = recipe.plan_of(make("qwen2.5-7b", 8, pp=2, vpp=2, recompute="full", recompute_layers=2))
+    p = sections_of(make("qwen2.5-7b", 8, pp=2, vpp=2, recompute="full", recompute_layers=2))
     c = table.canonical(p)
     assert c["strategy"].layout.vpp == 1 and c["strategy"].memory.recompute_layers is None
     assert c["strategy"].memory.offload == ("param", "grad", "optimizer")
@@ -270,8 +271,8 @@ def test_search_framework_option_writes_the_chosen_launches(tmp_path):
     from grpo_tune.core.config import load as load_run_config
 
     cfg = load_run_config(d / "best.yaml")
-    back = table.read_plan(recipe.load(d / "nemo_rl.yaml").get)
-    assert back == table.canonical(recipe.plan_of(cfg))
+    back = table.read_sections(recipe.load(d / "nemo_rl.yaml").get)
+    assert back == table.canonical(sections_of(cfg))
     assert back["strategy"] == cfg.strategy.replace(
         etp=cfg.strategy.layout.etp_, sequence_parallel=cfg.strategy.layout.sp
     )

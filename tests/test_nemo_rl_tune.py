@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from grpo_tune.cli.main import main
+from grpo_tune.frameworks.base.sections import sections_of
 from grpo_tune.frameworks.nemo_rl import read, recipe, snapshot, table
 from grpo_tune.frameworks.nemo_rl.diagnose import diagnose_recipe
 
@@ -122,7 +123,7 @@ def test_search_recipe_diagnoses_back_to_its_plan(tmp_path, capsys):
     from grpo_tune.core.config import load
 
     cfg = load(run / "best.yaml")
-    assert read.plan_of(run / "nemo_rl.yaml").strategy == table.canonical(recipe.plan_of(cfg))["strategy"]
+    assert read.plan_of(run / "nemo_rl.yaml").strategy == table.canonical(sections_of(cfg))["strategy"]
 
 
 @pytest.fixture(scope="module")

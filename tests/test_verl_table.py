@@ -12,14 +12,15 @@ from hypothesis import strategies as st
 from grpo_tune.frameworks.verl import snapshot as verl
 from grpo_tune.frameworks.verl import table
 from grpo_tune.frameworks.verl.diagnose import parse_override_list, parse_script
-from grpo_tune.frameworks.verl.export import plan_of, verl_overrides, verl_script
+from grpo_tune.frameworks.base.sections import SECTIONS, sections_of
+from grpo_tune.frameworks.verl.export import verl_overrides, verl_script
 from grpo_tune.core.config import TrainerOptions
 from grpo_tune.core.strategy import SYNC_BUCKET_MB, Cluster, Strategy, Workload
 from _export_configs import ENGINE_KNOBS, configs
 
 
 def test_every_field_has_exactly_one_row():
-    for section, cls in table.SECTIONS.items():
+    for section, cls in SECTIONS.items():
         names = [r.field for r in table.rows(section)]
         fields = Strategy.knob_names() if cls is Strategy else [f.name for f in dataclasses.fields(cls)]
         assert sorted(names) == sorted(fields), section
@@ -139,16 +140,16 @@ def plans(draw):
 
 @given(plans())
 def test_plan_to_overrides_to_plan_is_the_identity(plan):
-    ovs = table.overrides(table.write_plan(plan))
+    ovs = table.overrides(table.write_sections(plan))
     assert len({o.split("=", 1)[0] for o in ovs}) == len(ovs)
-    assert table.read_plan(_reader(ovs, defaults=True)) == table.canonical(plan)
+    assert table.read_sections(_reader(ovs, defaults=True)) == table.canonical(plan)
 
 
 @given(plans())
 def test_no_priced_assumption_is_left_to_verls_defaults(plan):
     """Read back with no verl defaults at all: every field with a verl setting must still come back."""
-    ovs = table.overrides(table.write_plan(plan))
-    assert table.read_plan(_reader(ovs, defaults=False)) == table.canonical(plan)
+    ovs = table.overrides(table.write_sections(plan))
+    assert table.read_sections(_reader(ovs, defaults=False)) == table.canonical(plan)
 
 
 def test_the_emitted_launch_script_carries_the_priced_plan():
@@ -156,8 +157,8 @@ def test_the_emitted_launch_script_carries_the_priced_plan():
     for name, cfg in configs().items():
         ovs, findings, _ = parse_script(verl_script(cfg))
         values = {o.key: o.value for o in ovs}
-        got = table.read_plan(lambda k: values.get(k))
-        assert got == table.canonical(plan_of(cfg)), name
+        got = table.read_sections(lambda k: values.get(k))
+        assert got == table.canonical(sections_of(cfg)), name
 
 
 def test_new_contract_fields_reach_verl():
@@ -211,7 +212,7 @@ def test_the_log_prob_micro_batch_has_its_own_keys_both_ways():
     ov = verl_overrides(cfg.replace(strategy=s.replace(log_prob_mbs=8)))
     assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4" in ov
     assert all(f"{k}=8" in ov for k in lp_keys)
-    got = table.read_plan(_reader(ov, defaults=True))
+    got = table.read_sections(_reader(ov, defaults=True))
     assert (got["strategy"].batching.mbs, got["strategy"].batching.log_prob_mbs) == (4, 8)
 
 
@@ -224,6 +225,6 @@ def test_the_weight_sync_bucket_is_written_even_at_verls_default():
     assert f"{key}=2048" in verl_script(cfg).split()
     ov = verl_overrides(cfg.replace(strategy=cfg.strategy.replace(sync_bucket_mb=512)))
     assert f"{key}=512" in ov
-    assert table.read_plan(_reader(ov, defaults=True))["strategy"].rollout.sync_bucket_mb == 512
+    assert table.read_sections(_reader(ov, defaults=True))["strategy"].rollout.sync_bucket_mb == 512
     without = [o for o in ov if not o.startswith(key + "=")]
-    assert table.read_plan(_reader(without, defaults=True))["strategy"].rollout.sync_bucket_mb == 2048
+    assert table.read_sections(_reader(without, defaults=True))["strategy"].rollout.sync_bucket_mb == 2048

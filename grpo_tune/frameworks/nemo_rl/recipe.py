@@ -25,6 +25,7 @@ import yaml
 
 from grpo_tune.core.errors import ConfigError, MissingDependencyError
 from grpo_tune.core.config import RunConfig
+from grpo_tune.frameworks.base.sections import sections_of
 
 from . import snapshot as snap
 from . import table
@@ -39,10 +40,6 @@ DEFAULTS = "../../grpo_math_1B.yaml"
 # ---------------------------------------------------------------------------------------------
 
 
-def plan_of(cfg: RunConfig) -> table.Plan:
-    return {"strategy": cfg.strategy, "workload": cfg.workload, "trainer": cfg.trainer, "cluster": cfg.cluster}
-
-
 def recipe_values(cfg: RunConfig) -> dict[str, object]:
     """Every NeMo-RL key grpo-tune sets for this run config -> value (fixed keys, model, then the plan's)."""
     name = cfg.model.hf_id or cfg.model.name
@@ -50,7 +47,7 @@ def recipe_values(cfg: RunConfig) -> dict[str, object]:
 
     out: dict[str, object] = {f"{table.P}.model_name": name, **table.FIXED}
     out.update(table.write_placement(getattr(cfg, "placement", None) or Placement(), cfg.cluster))
-    out.update(table.write_plan(plan_of(cfg)))
+    out.update(table.write_sections(sections_of(cfg)))
     return out
 
 

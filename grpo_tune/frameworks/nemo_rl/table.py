@@ -18,7 +18,7 @@ NeMo-RL:
   three when colocated; vLLM always runs with ``enable_sleep_mode=True`` (``vllm_worker.py``);
 - one update epoch per step (GRPO in NeMo-RL has no PPO epochs).
 
-Round trip: ``read_plan(write_plan(plan)) == canonical(plan)``; ``canonical`` folds the constraints above
+Round trip: ``read_sections(write_sections(s)) == canonical(s)``; ``canonical`` folds the constraints above
 and what NeMo-RL cannot tell apart (a log-prob micro-batch or token cap equal to the update's is the
 default; a dense model's expert TP is its TP).
 """
@@ -26,12 +26,23 @@ default; a dense model's expert TP is its TP).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from collections.abc import Mapping
-from typing import Any, Callable, Final, TypedDict
+from typing import Any, Callable
 
 from grpo_tune.core.config import TrainerOptions, cluster_of, trainer_options
 from grpo_tune.frameworks.base.inputs import as_int, as_names
+from grpo_tune.frameworks.base.sections import (
+    C,
+    Get,
+    Row,
+    S,
+    Sections,
+    T,
+    W,
+    none,
+    read_rows,
+    section_value,
+    write_rows,
+)
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 from grpo_tune.core.placement import Placement
 
@@ -52,51 +63,11 @@ DTYPE_FROM = {v: k for k, v in PRECISION.items()}
 ALL_OFFLOAD = ("param", "grad", "optimizer")
 
 
-class Plan(TypedDict, total=False):
-    """What the table writes and reads: the plan's sections (a writer of one section's rows needs only that one)."""
-
-    strategy: Strategy
-    workload: Workload
-    trainer: TrainerOptions
-    cluster: Cluster
-
-
-Get = Callable[[str], object]
-"""Key -> value as NeMo-RL would see it (the recipe's, else the base config's)."""
-
-
-@dataclass(frozen=True)
-class Row:
-    section: str
-    field: str
-    keys: tuple[str, ...]
-    write: Callable[[Plan], dict[str, object]] | None
-    read: Callable[[Get], object] | None
-    why: str = ""
-
-
-def _f(plan: Plan, section: str, name: str) -> object:
-    sections: Mapping[str, object] = plan
-    part = sections[section]
-    return part.knob(name) if isinstance(part, Strategy) else getattr(part, name)
-
-
 def same(section: str, name: str, key: str, *, attr: str = "") -> Row:
-    return Row(section, name, (key,), lambda p: {key: _f(p, section, attr or name)}, lambda get: get(key))
+    return Row(section, name, (key,), lambda p: {key: section_value(p, section, attr or name)}, lambda get: get(key))
 
 
-def none(section: str, name: str, why: str) -> Row:
-    return Row(section, name, (), None, None, why)
-
-
-S: Final = "strategy"
-W: Final = "workload"
-T: Final = "trainer"
-C: Final = "cluster"
-SECTIONS = {S: Strategy, W: Workload, T: TrainerOptions, C: Cluster}
-
-
-def _recompute_write(p: Plan) -> dict[str, object]:
+def _recompute_write(p: Sections) -> dict[str, object]:
     r = p[S].memory.recompute
     if r == "none":
         return {f"{MEG}.activation_checkpointing": False}
@@ -113,11 +84,11 @@ def _recompute_read(get: Get) -> str:
     return g if g in ("full", "selective") else "full"
 
 
-def _stage_write(which: str) -> Callable[[Plan], dict[str, object]]:
+def _stage_write(which: str) -> Callable[[Sections], dict[str, object]]:
     return lambda p: {f"{MEG}.num_layers_in_{which}_pipeline_stage": p[S].knob(f"{which}_stage_layers")}
 
 
-def _pack_write(p: Plan) -> dict[str, object]:
+def _pack_write(p: Sections) -> dict[str, object]:
     s = p[S]
     n = s.batching.max_tokens_per_gpu
     # Megatron in NeMo-RL packs sequences (dynamic batching is off: grpo_math_1B_megatron.yaml, "incompatible
@@ -138,7 +109,7 @@ def _caps(get: Get) -> tuple[object, object]:
     return None, None
 
 
-def _cpu_write(p: Plan) -> dict[str, object]:
+def _cpu_write(p: Sections) -> dict[str, object]:
     f = p[S].memory.cpu_optimizer
     return {f"{OPT}.optimizer_cpu_offload": f is not None, f"{OPT}.optimizer_offload_fraction": float(f or 0.0)}
 
@@ -160,7 +131,7 @@ def _lp_mbs_read(get: Get) -> object:
     return None if n is None or n == get(f"{P}.train_micro_batch_size") else n
 
 
-def _bucket_write(p: Plan) -> dict[str, object]:
+def _bucket_write(p: Sections) -> dict[str, object]:
     return {f"{P}.refit_buffer_size_gb": p[S].rollout.sync_bucket_mb / 1024}
 
 
@@ -176,7 +147,7 @@ def _bucket_read(get: Get) -> int | None:
     return None if gb is None else int(round(_number(gb) * 1024))
 
 
-def _lens_write(p: Plan) -> dict[str, object]:
+def _lens_write(p: Sections) -> dict[str, object]:
     w = p[W]
     total = w.prompt_len + w.response_len
     return {
@@ -223,7 +194,7 @@ def _response_read(get: Get) -> int | None:
     return min(new, room) if isinstance(new, int) and new > 0 else room
 
 
-def _gbs_write(p: Plan) -> dict[str, object]:
+def _gbs_write(p: Sections) -> dict[str, object]:
     w = p[W]
     return {f"{P}.train_global_batch_size": w.mini_batch * w.n}
 
@@ -235,7 +206,7 @@ def _mini_read(get: Get) -> int | None:
     return None
 
 
-def _kl_write(p: Plan) -> dict[str, object]:
+def _kl_write(p: Sections) -> dict[str, object]:
     return {f"{LOSS}.reference_policy_kl_penalty": p[T].kl_coef if p[W].kl else 0.0}
 
 
@@ -249,7 +220,7 @@ def _kl_coef_read(get: Get) -> float:
     return float(v) if isinstance(v, (int, float)) and v > 0 else TrainerOptions().kl_coef
 
 
-def _clip_high_write(p: Plan) -> dict[str, object]:
+def _clip_high_write(p: Sections) -> dict[str, object]:
     t: TrainerOptions = p[T]
     return {f"{LOSS}.ratio_clip_max": t.clip_ratio if t.clip_ratio_high is None else t.clip_ratio_high}
 
@@ -272,7 +243,7 @@ def _gpus_read(get: Get) -> int:
     raise TypeError(f"unsupported operand type(s) for *: {type(gpn).__name__!r} and {type(nodes).__name__!r}")
 
 
-def _nodes_write(p: Plan) -> dict[str, object]:
+def _nodes_write(p: Sections) -> dict[str, object]:
     c: Cluster = p[C]
     return {"cluster.gpus_per_node": min(c.gpus, c.gpus_per_node), "cluster.num_nodes": c.nnodes}
 
@@ -456,19 +427,15 @@ def rows(section: str | None = None) -> tuple[Row, ...]:
     return tuple(r for r in ROWS if section is None or r.section == section)
 
 
-def write_plan(plan: Plan) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for r in ROWS:
-        if r.write is not None:
-            out.update(r.write(plan))
-    return out
+def write_sections(sections: Sections) -> dict[str, object]:
+    return write_rows(ROWS, sections)
 
 
 def read_fields(get: Get, section: str) -> dict[str, object]:
-    return {r.field: r.read(get) for r in ROWS if r.section == section and r.read is not None}
+    return read_rows(ROWS, get, section)
 
 
-def read_plan(get: Get) -> Plan:
+def read_sections(get: Get) -> Sections:
     c = read_fields(get, C)
     s = read_fields(get, S)
     s = {k: v for k, v in s.items() if v is not None or k in ("first_stage_layers", "last_stage_layers")}
@@ -485,12 +452,12 @@ def read_plan(get: Get) -> Plan:
     }
 
 
-def canonical(plan: Plan, *, model_is_moe: bool = True) -> Plan:
-    """The plan as NeMo-RL (colocated) can express it; ``read_plan(write_plan(p)) == canonical(p)``."""
-    s: Strategy = plan[S]
-    w: Workload = plan[W]
-    t: TrainerOptions = plan[T]
-    c: Cluster = plan[C]
+def canonical(sections: Sections, *, model_is_moe: bool = True) -> Sections:
+    """The sections as NeMo-RL (colocated) can express them; ``read_sections(write_sections(p)) == canonical(p)``."""
+    s: Strategy = sections[S]
+    w: Workload = sections[W]
+    t: TrainerOptions = sections[T]
+    c: Cluster = sections[C]
     lp = s.batching.log_prob_max_tokens_per_gpu
     if s.batching.max_tokens_per_gpu is None or lp == s.batching.max_tokens_per_gpu:
         lp = None

@@ -19,6 +19,7 @@ from grpo_tune.core.errors import ConfigError
 from grpo_tune.core.specs import ModelSpec
 from grpo_tune.core.strategy import Strategy
 from grpo_tune.frameworks.base.plan import SEARCHED
+from grpo_tune.frameworks.base.sections import Sections
 
 from . import recipe as R
 from . import snapshot as snap
@@ -29,14 +30,14 @@ SEARCHED_EXTRA = ("recompute_layers",)
 
 def keys_for(s: Strategy, model: ModelSpec) -> dict[str, object]:
     """NeMo-RL key -> value that makes the recipe run ``s``, for the fields tune changes."""
-    plan: T.Plan = {"strategy": s}
+    sections: Sections = {"strategy": s}
     out: dict[str, object] = {}
     for row in T.rows(T.S):
         if row.write is None or row.field not in (*SEARCHED, *SEARCHED_EXTRA):
             continue
         if row.field == "etp" and not model.is_moe:
             continue
-        out.update(row.write(plan))
+        out.update(row.write(sections))
     return out
 
 

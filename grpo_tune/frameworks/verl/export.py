@@ -12,15 +12,12 @@ from grpo_tune.frameworks.verl.snapshot import CONFIG_NAME, VERL_VERSION
 from grpo_tune.core.config import RunConfig
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.frameworks.base.inputs import check_name, comment_safe
+from grpo_tune.frameworks.base.sections import sections_of
 
 ENV_DEFAULTS = {
     "TRAIN_FILES": "$HOME/data/gsm8k/train.parquet",
     "VAL_FILES": "$HOME/data/gsm8k/test.parquet",
 }
-
-
-def plan_of(cfg: RunConfig) -> table.Plan:
-    return {"strategy": cfg.strategy, "workload": cfg.workload, "trainer": cfg.trainer, "cluster": cfg.cluster}
 
 
 def verl_values(
@@ -33,7 +30,7 @@ def verl_values(
         "data.val_files": val_files,
         f"{table.ARO}.model.path": model_path,
     }
-    out.update(table.write_plan(plan_of(cfg)))
+    out.update(table.write_sections(sections_of(cfg)))
     out.update({k: v for k, v in table.FIXED.items() if k.startswith("trainer.")})
     out["trainer.experiment_name"] = f"{cfg.model.name}-{cfg.cluster.gpus}gpu"
     return out

@@ -20,6 +20,7 @@ from grpo_tune.core.strategy import Cluster, Strategy, Workload
 from grpo_tune.costmodel.lengths import assumed_means
 from grpo_tune.frameworks.base.inputs import as_names
 from grpo_tune.frameworks.base.plan import SEARCHED, LaunchPlan
+from grpo_tune.frameworks.base.sections import Sections
 from grpo_tune.frameworks.verl import diagnose as D
 from grpo_tune.frameworks.verl import table
 from grpo_tune.frameworks.verl.launch import Launch, inherited_from, read_launch
@@ -101,13 +102,13 @@ def overrides_for(s: Strategy, model: ModelSpec, get: Get, present: set[str]) ->
     writes the reference's degrees out as verl's examples do; kept for callers."""
     del present
     out: dict[str, object] = {}
-    plan: table.Plan = {"strategy": s}
+    sections: Sections = {"strategy": s}
     for row in table.rows("strategy"):
         if row.write is None or row.field not in (*SEARCHED, "recompute_layers"):
             continue
         if row.field == "etp" and not model.is_moe:
             continue  # a dense model's expert TP is its TP: nothing to write
-        for key, value in row.write(plan).items():
+        for key, value in row.write(sections).items():
             out[key.lstrip("+")] = value
     # a pipeline split the launch pins but the new plan does not use goes back to Megatron's even split
     for fld in ("first", "last"):

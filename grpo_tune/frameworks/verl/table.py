@@ -11,7 +11,7 @@ Keys and defaults: verl 0.9.1's composed ``ppo_megatron_trainer`` (frameworks/ve
 the hybrid CPU optimizer keys are spelled as verl's examples spell them
 (examples/grpo_trainer/run_deepseek671b_math_megatron_96gb.sh in volcengine/verl).
 
-Round trip: ``read_plan(write_plan(plan)) == canonical(plan)``, and ``canonical`` only folds what
+Round trip: ``read_sections(write_sections(s)) == canonical(s)``, and ``canonical`` only folds what
 verl cannot tell apart (verl's param_offload releases parameters and gradients together; a dense
 model's expert TP is its TP; a log-prob token cap or micro-batch equal to the update's is the default).
 """
@@ -19,12 +19,25 @@ model's expert TP is its TP; a log-prob token cap or micro-batch equal to the up
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from collections.abc import Mapping
-from typing import Callable, Final, TypedDict
+from typing import Callable
 
 from grpo_tune.core.config import TrainerOptions, cluster_of, trainer_options
 from grpo_tune.frameworks.base.inputs import as_int, as_names
+from grpo_tune.frameworks.base.sections import (
+    SECTIONS,
+    C,
+    Get,
+    Row,
+    S,
+    Sections,
+    T,
+    W,
+    none,
+    read_rows,
+    section_value,
+    write_rows,
+)
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
 ARO = "actor_rollout_ref"
@@ -45,40 +58,6 @@ VERL_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 DTYPE_FROM_VERL = {v: k for k, v in VERL_DTYPE.items()}
 
 
-class Plan(TypedDict, total=False):
-    """What the table writes and reads: the plan's sections (a writer of one section's rows needs only that one)."""
-
-    strategy: Strategy
-    workload: Workload
-    trainer: TrainerOptions
-    cluster: Cluster
-
-
-Get = Callable[[str], object]
-"""Key -> value as verl would see it (the override, else verl's default)."""
-
-
-@dataclass(frozen=True)
-class Row:
-    section: str
-    """``strategy``, ``workload``, ``trainer`` or ``cluster``."""
-    field: str
-    keys: tuple[str, ...]
-    """Every verl key this field writes; ``+`` marks keys verl's schema does not declare."""
-    write: Callable[[Plan], dict[str, object]] | None
-    """plan -> {key: value}; None when verl has no setting for the field."""
-    read: Callable[[Get], object] | None
-    """key lookup -> the field's value as verl has it (the section's ``from_dict`` checks it)."""
-    why: str = ""
-    """For a row without keys: why verl has none."""
-
-
-def _field(plan: Plan, section: str, name: str) -> object:
-    sections: Mapping[str, object] = plan
-    part = sections[section]
-    return part.knob(name) if isinstance(part, Strategy) else getattr(part, name)
-
-
 def same(section: str, name: str, *keys: str, attr: str = "", read: Callable[[Get], object] | None = None) -> Row:
     """The field's value (or the resolved property ``attr``: ``etp_``, ``sp``), written to every key (actor and
     reference degrees, ...); read from the first key, or by ``read``."""
@@ -86,7 +65,7 @@ def same(section: str, name: str, *keys: str, attr: str = "", read: Callable[[Ge
         section,
         name,
         keys,
-        lambda p: {k: _field(p, section, attr or name) for k in keys},
+        lambda p: {k: section_value(p, section, attr or name) for k in keys},
         read or (lambda get: get(keys[0].lstrip("+"))),
     )
 
@@ -102,13 +81,9 @@ def optional(section: str, name: str, key: str) -> Row:
         section,
         name,
         (key,),
-        lambda p: {} if _field(p, section, name) is None else {key: _field(p, section, name)},
+        lambda p: {} if section_value(p, section, name) is None else {key: section_value(p, section, name)},
         lambda get: get(key.lstrip("+")),
     )
-
-
-def none(section: str, name: str, why: str) -> Row:
-    return Row(section, name, (), None, None, why)
 
 
 def _megs(name: str) -> tuple[str, ...]:
@@ -134,7 +109,7 @@ _GPUS_WHY = "n_gpus_per_node x nnodes (written by the gpus_per_node row)"
 # --- strategy rows with more than one key ---------------------------------------------------
 
 
-def _offload_write(p: Plan) -> dict[str, object]:
+def _offload_write(p: Sections) -> dict[str, object]:
     off = set(p["strategy"].memory.offload)
     # verl 0.9.1 has no grad_offload: param_offload also releases the gradient buffers (engine/megatron.yaml)
     out: dict[str, object] = {k: bool({"param", "grad"} & off) for k in _megs("param_offload")}
@@ -147,7 +122,7 @@ def _offload_read(get: Get) -> tuple[str, ...]:
     return off + (("optimizer",) if get(f"{ACTOR}.{MEG}.optimizer_offload") is True else ())
 
 
-def _recompute_write(p: Plan) -> dict[str, object]:
+def _recompute_write(p: Sections) -> dict[str, object]:
     r = p["strategy"].memory.recompute
     if r == "selective":
         return {f"{OTC}.recompute_granularity": "selective", f"{OTC}.recompute_modules": ["core_attn"]}
@@ -161,7 +136,7 @@ def _recompute_read(get: Get) -> str:
     return g if g in ("selective", "full") else "none"
 
 
-def _recompute_layers_write(p: Plan) -> dict[str, object]:
+def _recompute_layers_write(p: Sections) -> dict[str, object]:
     s = p["strategy"]
     if s.memory.recompute != "full":
         return {}
@@ -177,7 +152,7 @@ def _recompute_layers_read(get: Get) -> object:
     return None
 
 
-def _dyn_write(p: Plan) -> dict[str, object]:
+def _dyn_write(p: Sections) -> dict[str, object]:
     n = p["strategy"].batching.max_tokens_per_gpu
     out: dict[str, object] = {f"{ACTOR}.use_dynamic_bsz": n is not None}
     if n is not None:
@@ -191,7 +166,7 @@ def _dyn_read(get: Get) -> object:
     return get(f"{ACTOR}.ppo_max_token_len_per_gpu") if get(f"{ACTOR}.use_dynamic_bsz") is True else None
 
 
-def _lp_tokens_write(p: Plan) -> dict[str, object]:
+def _lp_tokens_write(p: Sections) -> dict[str, object]:
     s = p["strategy"]
     if s.batching.max_tokens_per_gpu is None:
         return {}
@@ -206,7 +181,7 @@ def _lp_tokens_read(get: Get) -> object:
     return None if n == get(f"{ACTOR}.ppo_max_token_len_per_gpu") else n
 
 
-def _lp_mbs_write(p: Plan) -> dict[str, object]:
+def _lp_mbs_write(p: Sections) -> dict[str, object]:
     # verl asserts both are set without dynamic batching (engine_workers.py l.636, utils/config.py)
     return {f"{r}.log_prob_micro_batch_size_per_gpu": p["strategy"].batching.log_prob_mbs_ for r in LOG_PROB_ROLES}
 
@@ -217,7 +192,7 @@ def _lp_mbs_read(get: Get) -> object:
     return None if n == get(f"{ACTOR}.ppo_micro_batch_size_per_gpu") else n
 
 
-def _cpu_opt_write(p: Plan) -> dict[str, object]:
+def _cpu_opt_write(p: Sections) -> dict[str, object]:
     f = p["strategy"].memory.cpu_optimizer
     out: dict[str, object] = {f"+{OOC}.optimizer_cpu_offload": f is not None}
     if f is not None:
@@ -237,7 +212,7 @@ def _precision_aware_read(get: Get) -> bool:
     return get(f"{OOC}.use_precision_aware_optimizer") is True or get(f"{OPTIM}.use_precision_aware_optimizer") is True
 
 
-def _dtype_write(p: Plan) -> dict[str, object]:
+def _dtype_write(p: Sections) -> dict[str, object]:
     d = VERL_DTYPE.get(p["workload"].dtype)
     if d is None:  # fp32: verl's engine has no fp32; its default (bfloat16) stays (canonical() folds it)
         return {}
@@ -252,16 +227,10 @@ def _entropy_read(get: Get) -> bool:
     return get(f"{ACTOR}.calculate_entropy") is True or nonzero
 
 
-def _gpn_write(p: Plan) -> dict[str, object]:
+def _gpn_write(p: Sections) -> dict[str, object]:
     c: Cluster = p["cluster"]
     return dict(zip(_NODE_KEYS, (min(c.gpus, c.gpus_per_node), c.nnodes)))
 
-
-S: Final = "strategy"
-W: Final = "workload"
-T: Final = "trainer"
-C: Final = "cluster"
-SECTIONS = {S: Strategy, W: Workload, T: TrainerOptions, C: Cluster}
 
 # Fields verl takes as they are: the value is written to every key and read back from the first (same()).
 # The training degrees go to the actor and the reference alike, written out as verl's examples do.
@@ -327,7 +296,7 @@ NO_SETTING: dict[tuple[str, str], str] = {
 }
 
 
-def _clip_high_write(p: Plan) -> dict[str, object]:
+def _clip_high_write(p: Sections) -> dict[str, object]:
     t: TrainerOptions = p[T]
     return {f"{ACTOR}.clip_ratio_high": t.clip_ratio if t.clip_ratio_high is None else t.clip_ratio_high}
 
@@ -337,7 +306,7 @@ def _clip_high_read(get: Get) -> object:
     return None if high == get(f"{ACTOR}.clip_ratio") else high
 
 
-def _vpp_write(p: Plan) -> dict[str, object]:
+def _vpp_write(p: Sections) -> dict[str, object]:
     vpp = p[S].layout.vpp
     return {k: vpp if vpp > 1 else None for k in _VPP_KEYS}
 
@@ -345,7 +314,7 @@ def _vpp_write(p: Plan) -> dict[str, object]:
 _ETP_KEYS = _megs("expert_tensor_parallel_size")
 
 
-def _etp_write(p: Plan) -> dict[str, object]:
+def _etp_write(p: Sections) -> dict[str, object]:
     """Expert TP only where it means something: unset (a dense model's) is not written."""
     etp = p["strategy"].layout.etp
     return {} if etp is None else {k: etp for k in _ETP_KEYS}
@@ -397,7 +366,7 @@ def _names(cls: type) -> list[str]:
 
 
 def _in_field_order(rows: list[Row]) -> tuple[Row, ...]:
-    """The rows in the order of the sections' dataclass fields (the order write_plan writes the keys in)."""
+    """The rows in the order of the sections' dataclass fields (the order write_sections writes the keys in)."""
     fields = [(sec, name) for sec, cls in SECTIONS.items() for name in _names(cls)]
     return tuple(sorted(rows, key=lambda r: fields.index((r.section, r.field))))
 
@@ -427,22 +396,18 @@ def rows(section: str | None = None) -> tuple[Row, ...]:
     return tuple(r for r in ROWS if section is None or r.section == section)
 
 
-def write_plan(plan: Plan) -> dict[str, object]:
-    """plan -> ordered {key (with ``+`` where verl's schema lacks it): Python value}."""
-    out: dict[str, object] = {}
-    for r in ROWS:
-        if r.write is not None:
-            out.update(r.write(plan))
-    return out
+def write_sections(sections: Sections) -> dict[str, object]:
+    """sections -> ordered {key (with ``+`` where verl's schema lacks it): Python value}."""
+    return write_rows(ROWS, sections)
 
 
 def read_fields(get: Get, section: str) -> dict[str, object]:
     """The section's fields that verl settings determine, read through ``get``."""
-    return {r.field: r.read(get) for r in ROWS if r.section == section and r.read is not None}
+    return read_rows(ROWS, get, section)
 
 
-def read_plan(get: Get) -> Plan:
-    """overrides -> plan: every field with a verl setting from ``get``; the rest keep their defaults."""
+def read_sections(get: Get) -> Sections:
+    """overrides -> sections: every field with a verl setting from ``get``; the rest keep their defaults."""
     c = read_fields(get, C)
     s = read_fields(get, S)
     s["dp"] = as_int(c["gpus"], "gpus") // (as_int(s["tp"], "tp") * as_int(s["pp"], "pp") * as_int(s["cp"], "cp"))
@@ -455,12 +420,13 @@ def read_plan(get: Get) -> Plan:
     }
 
 
-def canonical(plan: Plan) -> Plan:
-    """The plan as verl can express it (see the module docstring); ``read_plan(write_plan(p)) == canonical(p)``."""
-    s: Strategy = plan[S]
-    w: Workload = plan[W]
-    t: TrainerOptions = plan[T]
-    c: Cluster = plan[C]
+def canonical(sections: Sections) -> Sections:
+    """The sections as verl can express them (see the module docstring);
+    ``read_sections(write_sections(p)) == canonical(p)``."""
+    s: Strategy = sections[S]
+    w: Workload = sections[W]
+    t: TrainerOptions = sections[T]
+    c: Cluster = sections[C]
     off = set(s.memory.offload)
     if off & {"param", "grad"}:
         off |= {"param", "grad"}
