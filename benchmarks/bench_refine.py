@@ -47,7 +47,7 @@ LAYOUTS = ((1, 1, 4, 1), (1, 2, 2, 1), (1, 4, 1, 1), (2, 1, 2, 1), (2, 2, 1, 1),
 MBS = (1, 2, 8)
 RECOMPUTE = ("none", "full")
 SMALL = 4
-"""Plans in ``--space small`` (a quick check of the machinery)."""
+"""PlanIndex in ``--space small`` (a quick check of the machinery)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,7 +346,7 @@ def _refine(policy: str):
     def strat(space, draws, k, rng) -> tuple[str, int]:
         """refine's own plan-choosing loop (autotune.refine.run_trials) with cached measurements."""
         from grpo_tune.autotune.refine import (
-            Plans,
+            PlanIndex,
             ProfileOutcome,
             RefineOptions,
             memory_study,
@@ -359,7 +359,7 @@ def _refine(policy: str):
         opts = RefineOptions(
             trials=k, policy=policy, seed=rng.randrange(2**31), progress=False, emit=False, calibrate=False
         )
-        plans = Plans.of([e for _, e in space], opts)
+        plans = PlanIndex.of([e for _, e in space], opts)
         h = memory_study(opts.seed)
         seed_study(h, plans, opts)
 

@@ -29,10 +29,10 @@ def space():
 def test_trials_carry_the_plans_knobs_as_parameters(space, policy):
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-    from grpo_tune.autotune.refine import Plans, ProfileOutcome, RefineOptions, memory_study, run_trials, seed_study
+    from grpo_tune.autotune.refine import PlanIndex, ProfileOutcome, RefineOptions, memory_study, run_trials, seed_study
 
     opts = RefineOptions(trials=6, policy=policy, seed=3, progress=False, emit=False, calibrate=False)
-    plans = Plans.of(space, opts)
+    plans = PlanIndex.of(space, opts)
     h = memory_study(opts.seed)
     seed_study(h, plans, opts)
 

@@ -38,7 +38,7 @@ Storage defaults to ``sqlite:///<out_dir>/study.db``; open it with
 from grpo_tune.autotune.refine.loop import (
     POLICIES,
     Measure,
-    Plans,
+    PlanIndex,
     RefineOptions,
     plan_space,
     refine,
@@ -65,7 +65,7 @@ __all__ = [
     "Measure",
     "ModelGuided",
     "Pick",
-    "Plans",
+    "PlanIndex",
     "ProfileOutcome",
     "RefineOptions",
     "RefineResult",

@@ -109,8 +109,10 @@ Measure = Callable[[StudyHandle, int, Estimate], ProfileOutcome]
 
 
 @dataclass
-class Plans:
-    """The space a loop chooses from, with its keys and the chooser."""
+class PlanIndex:
+    """The ranked plans a loop chooses from, indexed: by plan key (a trial's ``plan`` attribute) and by knob values
+    (a sampled trial's parameters), each to the plan's rank in ``space``; with the chooser and the study's
+    parameters."""
 
     space: list[Estimate]
     keys: list[str]
@@ -122,7 +124,7 @@ class Plans:
     """Knob values -> the best-ranked plan with them (a sampled trial's plan)."""
 
     @classmethod
-    def of(cls, space: Sequence[Estimate], opts: RefineOptions) -> Plans:
+    def of(cls, space: Sequence[Estimate], opts: RefineOptions) -> PlanIndex:
         keys = [S.plan_key(e.strategy) for e in space]
         chooser = ModelGuided(space, noise=opts.noise) if opts.policy == "model" else None
         by_knobs: dict[tuple, int] = {}
@@ -131,14 +133,15 @@ class Plans:
         dists = S.knob_distributions(space) if space else {}
         return cls(list(space), keys, {k: i for i, k in enumerate(keys)}, chooser, dists, by_knobs)
 
-    def plan_of(self, trial) -> int | None:
-        """The plan a trial runs: the one it was enqueued with, else the best-ranked plan whose knobs the
-        sampler chose (None: no plan of the space has them)."""
-        i = self.index.get(trial.user_attrs.get("plan"))
+    def rank_of(self, trial: optuna.trial.Trial) -> int | None:
+        """The rank in ``space`` of the plan a trial runs: the one it was enqueued with, else the best-ranked plan
+        whose knobs the sampler chose (None: no plan of the space has them)."""
+        key = trial.user_attrs.get("plan")
+        i = self.index.get(key) if isinstance(key, str) else None
         return i if i is not None else self.by_knobs.get(S.knob_tuple(trial.params))
 
 
-def _measured(h: StudyHandle, plans: Plans) -> tuple[list[tuple[int, float]], set[int]]:
+def _measured(h: StudyHandle, plans: PlanIndex) -> tuple[list[tuple[int, float]], set[int]]:
     """Completed measurements ``(plan index, step_s)``, and plans not to choose (profiling now, or failed)."""
     from optuna.trial import TrialState
 
@@ -158,7 +161,7 @@ def _measured(h: StudyHandle, plans: Plans) -> tuple[list[tuple[int, float]], se
     return obs, busy
 
 
-def enqueue(h: StudyHandle, plans: Plans, index: int, *, skip_if_exists: bool = False, **attrs: object) -> None:
+def enqueue(h: StudyHandle, plans: PlanIndex, index: int, *, skip_if_exists: bool = False, **attrs: object) -> None:
     """Queue plan ``index`` for the next ask; the WAITING trial carries its plan key (public user attrs)."""
     h.study.enqueue_trial(
         S.knob_params(plans.space[index].strategy),
@@ -167,7 +170,7 @@ def enqueue(h: StudyHandle, plans: Plans, index: int, *, skip_if_exists: bool = 
     )
 
 
-def winner_plan(h: StudyHandle, plans: Plans) -> str | None:
+def winner_plan(h: StudyHandle, plans: PlanIndex) -> str | None:
     """The refinement's choice. ``model``: the measured plan with the fastest posterior mean
     (measurements weighed against their noise and the model); ``tpe``: the best median tokens/s."""
     from grpo_tune.autotune.refine.results import best_plan, by_plan
@@ -181,7 +184,7 @@ def winner_plan(h: StudyHandle, plans: Plans) -> str | None:
     return best_plan(by_plan(done)) if done else None
 
 
-def _next_plan(h: StudyHandle, plans: Plans, opts: RefineOptions) -> tuple[int, str, bool] | None:
+def _next_plan(h: StudyHandle, plans: PlanIndex, opts: RefineOptions) -> tuple[int, str, bool] | None:
     """``tpe``: the next unmeasured plan in rank order (preferring a prediction unlike those measured)."""
     from optuna.trial import TrialState
 
@@ -203,7 +206,7 @@ def _next_plan(h: StudyHandle, plans: Plans, opts: RefineOptions) -> tuple[int, 
     return None if fallback is None else (fallback, "next unmeasured plan in rank order", False)
 
 
-def _nearest_unseen(h: StudyHandle, plans: Plans, params: dict[str, int | float | str]) -> int | None:
+def _nearest_unseen(h: StudyHandle, plans: PlanIndex, params: dict[str, int | float | str]) -> int | None:
     """The untried plan closest to a sampled set of knobs (integer knobs on a log2 scale, a differing
     choice counts 1), the better-ranked one on a tie."""
     import math
@@ -240,7 +243,7 @@ def _best(h: StudyHandle):
     return max(done, key=lambda t: t.value if t.value is not None else float("-inf"), default=None)
 
 
-def _too_slow(h: StudyHandle, plans: Plans, opts: RefineOptions, i: int) -> str | None:
+def _too_slow(h: StudyHandle, plans: PlanIndex, opts: RefineOptions, i: int) -> str | None:
     best = _best(h)
     if best is None:
         return None
@@ -271,7 +274,7 @@ def _duplicate(h: StudyHandle, number: int, key: str, repeat: bool) -> str | Non
     return None
 
 
-def _ask(h: StudyHandle, plans: Plans, chooser: ModelGuided) -> tuple[optuna.trial.Trial, bool] | None:
+def _ask(h: StudyHandle, plans: PlanIndex, chooser: ModelGuided) -> tuple[optuna.trial.Trial, bool] | None:
     """``model``: enqueue the chooser's pick and ask for it; None when nothing is worth a trial."""
     from optuna.trial import TrialState
 
@@ -328,7 +331,7 @@ def _tell(h: StudyHandle, trial, res: ProfileOutcome) -> str:
 
 def run_trials(
     h: StudyHandle,
-    plans: Plans,
+    plans: PlanIndex,
     opts: RefineOptions,
     measure: Measure,
     *,
@@ -368,7 +371,7 @@ def run_trials(
             trial, repeat = asked
         else:
             trial = h.study.ask(plans.dists)
-        found = plans.plan_of(trial)
+        found = plans.rank_of(trial)
         if found is None:  # the sampler combined knobs no plan has: queue the nearest untried plan instead
             skips -= 1
             near = _nearest_unseen(h, plans, trial.params)
@@ -541,7 +544,7 @@ def refine(
     out.mkdir(parents=True, exist_ok=True)
     inputs = (model, hardware, cluster, workload)
     space, rejected = plan_space(ranked, inputs, opts)
-    plans = Plans.of(space, opts)
+    plans = PlanIndex.of(space, opts)
     storage = opts.storage or f"sqlite:///{(out / 'study.db').resolve()}"
     name = opts.study_name or S.default_study_name(model, hardware, cluster, workload)
     h = open_study(storage, name, opts.seed, opts.heartbeat_s, max(3 * opts.heartbeat_s, 30))
@@ -586,7 +589,7 @@ def refine(
     )
 
 
-def _prepare(h: StudyHandle, plans: Plans, opts: RefineOptions, inputs: tuple, host: str, console) -> None:
+def _prepare(h: StudyHandle, plans: PlanIndex, opts: RefineOptions, inputs: tuple, host: str, console) -> None:
     """Record the study's inputs, recover dead workers' trials, seed the TPE study, say if resuming."""
     model, hardware, cluster, workload = inputs
     sid = S.space_id(plans.keys)
@@ -620,7 +623,7 @@ def _prepare(h: StudyHandle, plans: Plans, opts: RefineOptions, inputs: tuple, h
         )
 
 
-def _requeue(h: StudyHandle, plans: Plans, host: str, console) -> None:
+def _requeue(h: StudyHandle, plans: PlanIndex, host: str, console) -> None:
     """Fail the trials of dead workers (this host: the pid is gone; elsewhere: the heartbeat went stale) and
     queue their plans again. Run at start and before every trial, so the live workers of a study take over the
     trial of one that was killed."""
@@ -635,7 +638,7 @@ def _requeue(h: StudyHandle, plans: Plans, host: str, console) -> None:
     recover(h, host, requeue=again)
 
 
-def _take_over(h: StudyHandle, plans: Plans, host: str, console) -> list[optuna.trial.Trial]:
+def _take_over(h: StudyHandle, plans: PlanIndex, host: str, console) -> list[optuna.trial.Trial]:
     """Trials of dead workers (pid gone on this host, heartbeat stale elsewhere), taken over by this worker.
 
     For each, a RUNNING trial of the same plan is created for this worker first (it counts toward the budget at
@@ -679,7 +682,7 @@ def _take_over(h: StudyHandle, plans: Plans, host: str, console) -> list[optuna.
     return taken
 
 
-def seed_study(h: StudyHandle, plans: Plans, opts: RefineOptions) -> None:
+def seed_study(h: StudyHandle, plans: PlanIndex, opts: RefineOptions) -> None:
     """``tpe``: enqueue the cost model's top-k plans with distinct predictions (skipped if already there)."""
     if plans.chooser is None:
         for i in S.distinct(plans.space, min(opts.top_k, opts.trials)):
