@@ -30,7 +30,7 @@ def _fresh(folder: Path) -> bool:
     import dataclasses
 
     from grpo_tune.autotune.calibrate.fit import Point
-    from grpo_tune.frameworks import plan_of
+    from grpo_tune.frameworks import read_plan
     from grpo_tune.core.target import inputs_of
     from grpo_tune.costmodel.estimate import estimate
 
@@ -38,7 +38,7 @@ def _fresh(folder: Path) -> bool:
     for doc in truth["logs"].values():
         if "response_len_mean" not in doc:
             return False  # written before truth.json recorded its workload
-        plan = plan_of(COMMITTED / doc["launch"])
+        plan = read_plan(COMMITTED / doc["launch"])
         wl = plan.workload.replace(response_len_mean=doc["response_len_mean"], prompt_len_mean=doc["prompt_len_mean"])
         plan = dataclasses.replace(plan, workload=wl)
         pt = Point(**inputs_of(plan), measured_step_s=1.0)

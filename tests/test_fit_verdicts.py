@@ -59,13 +59,13 @@ RENDITIONS = {
 @pytest.mark.parametrize("name", sorted(RENDITIONS))
 def test_fixture_knobs_equal_the_upstream_rendition(name):
     """A fixture says what its source says: every strategy and workload knob of the case equals what the
-    rendition of the upstream script reads as (autotune.tune.plan_of, verl 0.9.1 defaults where the script
+    rendition of the upstream script reads as (frameworks.read_plan, verl 0.9.1 defaults where the script
     is silent), so no setting is added to make a case pass."""
-    from grpo_tune.frameworks import plan_of
+    from grpo_tune.frameworks import read_plan
 
     model, hw, gpus, strategy, workload = SHIPPED[name]
     root = Path(__file__).resolve().parent.parent
-    p = plan_of(root / "examples" / "verl-upstream" / RENDITIONS[name], model=model, hardware=hw)
+    p = read_plan(root / "examples" / "verl-upstream" / RENDITIONS[name], model=model, hardware=hw)
     assert p.cluster.gpus == gpus and p.model.name == load_model(model).name
     for k, v in strategy.items():
         assert p.strategy.knob(k) == v, k

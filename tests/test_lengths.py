@@ -125,11 +125,11 @@ def test_tune_assumes_the_same_lengths_for_a_launch():
     """A verl launch states only max_prompt_length / max_response_length: tune prices the assumed means too."""
     from pathlib import Path
 
-    from grpo_tune.frameworks import plan_of
+    from grpo_tune.frameworks import read_plan
 
     root = Path(__file__).resolve().parents[1]
-    wl = plan_of(root / "examples/qwen2-7b-grpo-megatron.sh").workload
+    wl = read_plan(root / "examples/qwen2-7b-grpo-megatron.sh").workload
     assert wl.response_len_mean == round(0.2 * wl.response_len) and wl.prompt_len_mean == round(0.2 * wl.prompt_len)
     assert (wl.lengths_source or "").startswith("assumed")
-    wl = plan_of(root / "examples/qwen2-7b-grpo-megatron.sh", response_len_mean=700).workload
+    wl = read_plan(root / "examples/qwen2-7b-grpo-megatron.sh", response_len_mean=700).workload
     assert wl.response_len_mean == 700

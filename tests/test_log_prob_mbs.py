@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from grpo_tune.autotune import tune as T
-from grpo_tune.frameworks import plan_of
+from grpo_tune.frameworks import read_plan
 from grpo_tune.cli.options import strategy_pins
 from grpo_tune.cli.main import main
 from grpo_tune.core.config import RunConfig, TrainerOptions, load, save
@@ -140,7 +140,7 @@ def _tune(capsys, path: Path, out: Path) -> dict:
 
 
 def test_tune_prices_and_keeps_the_launchs_log_prob_micro_batch(capsys, tmp_path):
-    plan = plan_of(EXAMPLE, hardware="h100")
+    plan = read_plan(EXAMPLE, hardware="h100")
     assert (plan.strategy.batching.mbs, plan.strategy.batching.log_prob_mbs) == (4, 8)
     res = T.tune(plan)
     # priced with 8: 1024 x 5 sequences / dp 4 = 1280 per rank -> 160 log-prob micro-batches (not 320)
@@ -165,7 +165,7 @@ def test_tune_moves_an_equal_log_prob_micro_batch_with_mbs_and_reports_it(capsys
     # tune leaves `=$TP` as written (a value computed at run time: it says what to set), so for the fixed point
     # the degrees are spelt out, as ${TP:-2} gives them
     launch.write_text(text.replace("=$TP ", "=2 "))
-    plan = plan_of(launch, hardware="h100")
+    plan = read_plan(launch, hardware="h100")
     assert (plan.strategy.batching.mbs, plan.strategy.batching.log_prob_mbs) == (4, None)
     first = _tune(capsys, launch, tmp_path / "a")
     new_mbs = first["best"]["strategy"]["mbs"]
@@ -305,7 +305,7 @@ def test_tune_takes_the_log_prob_mbs_pin_as_estimate_does(capsys, tmp_path):
         assert first["overrides"][k] == {"old": 8, "new": 4}
     best = first["best"]["strategy"]
     assert best.get("log_prob_mbs", best["mbs"]) == 4
-    plan = plan_of(Path(first["files"]["tuned.sh"]), hardware="h100")
+    plan = read_plan(Path(first["files"]["tuned.sh"]), hardware="h100")
     assert plan.strategy.batching.log_prob_mbs_ == 4
     est = estimate(
         model=plan.model, hardware=plan.hardware, cluster=plan.cluster, strategy=plan.strategy, workload=plan.workload
@@ -368,7 +368,7 @@ def test_tune_chooses_a_log_prob_micro_batch_that_fits_when_the_launchs_overflow
     text = text.replace("=$TP ", "=2 ")  # spelt out: tune leaves a value computed at run time as written
     launch = tmp_path / "lp256.sh"
     launch.write_text(text)
-    plan = plan_of(launch, hardware="h100")
+    plan = read_plan(launch, hardware="h100")
     assert (plan.strategy.batching.mbs, plan.strategy.batching.log_prob_mbs) == (4, 256)
     res = T.tune(plan)
     assert res.current.memory["old_logprob"].parts["logits"] == 322_659_418_112
@@ -376,7 +376,7 @@ def test_tune_chooses_a_log_prob_micro_batch_that_fits_when_the_launchs_overflow
 
     first = _tune(capsys, launch, tmp_path / "a")
     assert not first["current"]["fits"] and first["best"]["fits"]
-    tuned = plan_of(Path(first["files"]["tuned.sh"]), hardware="h100")
+    tuned = read_plan(Path(first["files"]["tuned.sh"]), hardware="h100")
     s = tuned.strategy
     lp = s.batching.log_prob_mbs_
     assert lp < 256 and (5120 // s.layout.dp) % lp == 0

@@ -130,10 +130,10 @@ def test_search_separate_for_nemo_rl_writes_a_recipe_that_reads_back(tmp_path, c
 
 @pytest.mark.parametrize("gpus,rollout,staleness", [(16, 8, 1), (24, 8, 0)])
 def test_a_separate_recipe_reads_back_to_its_plan(tmp_path, gpus, rollout, staleness):
-    """plan -> nemo_rl.yaml -> frameworks.plan_of is the identity for a separate generation pool: the placement,
+    """plan -> nemo_rl.yaml -> frameworks.read_plan is the identity for a separate generation pool: the placement,
     the whole cluster, the training pool's strategy (as NeMo-RL can say it) and the workload."""
     from grpo_tune.core.config import TrainerOptions
-    from grpo_tune.frameworks import plan_of
+    from grpo_tune.frameworks import read_plan
 
     train = gpus - rollout
     cfg = make("qwen2.5-1.5b", train, gpus_per_node=min(8, train), offload=())
@@ -141,7 +141,7 @@ def test_a_separate_recipe_reads_back_to_its_plan(tmp_path, gpus, rollout, stale
     cfg = cfg.replace(cluster=Cluster(gpus=gpus, gpus_per_node=8), placement=place)
     f = tmp_path / "nemo_rl.yaml"
     f.write_text(recipe.recipe_text(cfg))
-    plan = plan_of(f)
+    plan = read_plan(f)
     assert plan.framework == "nemo-rl" and plan.placement == place
     assert plan.cluster == cfg.cluster
     tc = Cluster(gpus=train, gpus_per_node=min(8, train))
@@ -166,7 +166,7 @@ def test_a_separate_recipe_reads_back_to_its_plan(tmp_path, gpus, rollout, stale
 def test_tune_on_a_separate_recipe_keeps_its_split_and_writes_a_recipe(tmp_path, capsys):
     """tune on NeMo-RL's own async recipe (16 generation + 16 training GPUs): priced as read back, the pools' plans
     re-searched with the recipe's split, and the run folder holds a NeMo-RL recipe (no verl.sh) that reads back."""
-    from grpo_tune.frameworks import plan_of
+    from grpo_tune.frameworks import read_plan
 
     src = UPSTREAM / "grpo-qwen3-30ba3b-4n8g-async-1off.yaml"
     assert main(["tune", str(src), "--out", str(tmp_path), "--json"]) in (0, None)
@@ -176,7 +176,7 @@ def test_tune_on_a_separate_recipe_keeps_its_split_and_writes_a_recipe(tmp_path,
     assert doc["gain"] >= 1.0
     names = {Path(p).name for p in doc["files"].values()}
     assert "nemo_rl.yaml" in names and "verl.sh" not in names
-    back = plan_of(Path(doc["files"]["nemo_rl"]))
+    back = read_plan(Path(doc["files"]["nemo_rl"]))
     assert back.placement is not None and back.placement.rollout_gpus == 16
     assert back.strategy.memory.offload == ()  # the training pool keeps the policy on its GPUs
     rep = diagnose_recipe(Path(doc["files"]["nemo_rl"]))

@@ -28,7 +28,7 @@ def test_upstream_recipe_reads_as_nemo_rl_resolves_it():
     assert r.get("policy.generation.vllm_cfg.gpu_memory_utilization") == 0.6
     assert r.get("loss_fn.reference_policy_kl_penalty") == 0.01
     assert r.get("policy.make_sequence_length_divisible_by") == 1
-    plan = read.plan_of(UPSTREAM)
+    plan = read.read_plan(UPSTREAM)
     s, w = plan.strategy, plan.workload
     assert (s.layout.tp, s.layout.pp, s.layout.ep, s.layout.dp, s.rollout.rollout_tp) == (1, 1, 8, 32, 2)
     assert (s.batching.max_tokens_per_gpu, s.batching.log_prob_max_tokens_per_gpu, s.batching.log_prob_mbs) == (
@@ -123,7 +123,7 @@ def test_search_recipe_diagnoses_back_to_its_plan(tmp_path, capsys):
     from grpo_tune.core.config import load
 
     cfg = load(run / "best.yaml")
-    assert read.plan_of(run / "nemo_rl.yaml").strategy == table.canonical(sections_of(cfg))["strategy"]
+    assert read.read_plan(run / "nemo_rl.yaml").strategy == table.canonical(sections_of(cfg))["strategy"]
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +161,7 @@ def test_tuned_yaml_changes_only_the_reported_keys(tuned):
     diff = {k for k in set(r.resolved) | set(base.resolved) if r.resolved.get(k) != base.resolved.get(k)}
     assert diff <= set(tuned["overrides"]) | derived
     # and the tuned recipe runs the plan tune priced as best
-    assert read.plan_of(f).strategy.to_dict() == tuned["best"]["strategy"]
+    assert read.read_plan(f).strategy.to_dict() == tuned["best"]["strategy"]
 
 
 def test_second_tune_proposes_nothing(tuned, tmp_path, capsys):

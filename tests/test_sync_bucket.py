@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from grpo_tune.autotune import tune as T
-from grpo_tune.frameworks import plan_of
+from grpo_tune.frameworks import read_plan
 from grpo_tune.cli.options import strategy_pins
 from grpo_tune.cli.main import main
 from grpo_tune.core.config import RunConfig, dumps, load, save
@@ -188,7 +188,7 @@ def test_tune_prices_and_keeps_the_launchs_bucket(capsys, tmp_path):
     """A launch with 512: tune reads it, prices the current and best plans with it (8 vs 29 buckets:
     ceil(15,231,233,024 / 536,870,912) = 29), reports no change of the key, and tuned.sh keeps 512."""
     launch = _with_bucket(tmp_path, 512)
-    plan = plan_of(launch, hardware="h100")
+    plan = read_plan(launch, hardware="h100")
     assert plan.strategy.rollout.sync_bucket_mb == 512
     res = T.tune(plan)
     assert res.current.details["weight_sync_buckets"] == 29
@@ -209,7 +209,7 @@ def test_tune_takes_the_pin_and_leaves_a_launch_without_the_key_alone(capsys, tm
     assert first["overrides"][KEY] == {"old": 2048, "new": 256}
     assert first["best"]["strategy"]["sync_bucket_mb"] == 256
     tuned = Path(first["files"]["tuned.sh"])
-    assert plan_of(tuned, hardware="h100").strategy.rollout.sync_bucket_mb == 256
+    assert read_plan(tuned, hardware="h100").strategy.rollout.sync_bucket_mb == 256
     assert _tune(capsys, tuned, tmp_path / "c")["overrides"] == {}
 
 

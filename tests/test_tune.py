@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grpo_tune.autotune import tune as T
-from grpo_tune.frameworks import plan_of
+from grpo_tune.frameworks import read_plan
 from grpo_tune.frameworks.verl.launch import read_launch
 from grpo_tune.frameworks.verl.script import parse_value_str, tuned_text
 from grpo_tune.frameworks.verl import snapshot as verl
@@ -190,7 +190,7 @@ def test_the_search_prices_plans_with_the_launchs_engine_knobs():
     from grpo_tune.autotune.search.driver import search
     from grpo_tune.autotune.tune import PINNED as ENGINE_KEYS
 
-    plan = plan_of(ROOT / "examples/qwen2-7b-grpo-megatron.sh", hardware="h100")
+    plan = read_plan(ROOT / "examples/qwen2-7b-grpo-megatron.sh", hardware="h100")
     res = T.tune(plan)
     engine = {k: plan.strategy.knob(k) for k in ENGINE_KEYS}
     direct = search(plan.model, plan.hardware, plan.cluster, plan.workload, pins=engine, top=10, min_headroom=0.05)
@@ -314,7 +314,7 @@ def test_blog_only_keys_are_priced_as_the_real_ones_and_rewritten(capsys, tmp_pa
     err = " ".join(capsys.readouterr().err.split())
     for key in ("algorithm.group_size", "training.batch_size", "megatron.grad_offload", "kl_coeff"):
         assert f"{key}" in err and "does not exist in verl 0.9.1" in err
-    plan = plan_of(src)
+    plan = read_plan(src)
     assert (plan.workload.n, plan.workload.prompts) == (8, 512)
     assert "param" in plan.strategy.memory.offload  # grad_offload=True read as param_offload=True
     res = _tune(capsys, src, "h100", tmp_path / "r", "--ignore-unknown")
@@ -375,7 +375,7 @@ def test_stack_prices_the_launch_under_that_stack(capsys, tmp_path):
     verl_res = _tune(capsys, launch, "h100", tmp_path, "--no-emit")
     nemo_res = _tune(capsys, launch, "h100", tmp_path, "--no-emit", "--stack", "nemo-rl-v0.3")
     assert nemo_res["current"]["step_s"] != pytest.approx(verl_res["current"]["step_s"], rel=0.01)
-    plan = plan_of(launch, hardware="h100", stack="nemo-rl-v0.3")
+    plan = read_plan(launch, hardware="h100", stack="nemo-rl-v0.3")
     assert plan.hardware.stack == "nemo-rl-v0.3"
     assert plan.hardware.efficiency == load_hardware("h100", stack="nemo-rl-v0.3").efficiency
     e = estimate(

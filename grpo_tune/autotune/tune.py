@@ -1,7 +1,7 @@
 """``grpo-tune tune``: price the plan of the user's own launch, config or recipe, search the same workload for
 faster plans that its framework runs, and hand back only the keys that change.
 
-The file is read back by its framework (:func:`grpo_tune.frameworks.plan_of`), and edited through the same
+The file is read back by its framework (:func:`grpo_tune.frameworks.read_plan`), and edited through the same
 contract (:class:`grpo_tune.frameworks.base.Framework`: ``tune_keys`` writes a plan as the file's keys,
 ``tune_reread`` reads the edited file back, ``tuned_file`` writes it). Each candidate of the search is re-read
 from the edited keys and priced again, so the plan tune prints is the plan the edited file runs.

@@ -65,7 +65,7 @@ def named(name: str) -> Framework:
     return next(f for f in REGISTRY if f.name == name)
 
 
-def plan_of(
+def read_plan(
     path: str | Path,
     overrides: Sequence[str] = (),
     *,
@@ -94,13 +94,13 @@ def plan_of(
 
     from grpo_tune.core.hardware import with_stack
 
-    plan = _plan_of_run_config(
+    plan = _read_run_config(
         Path(path), hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
     )
     return dataclasses.replace(plan, hardware=with_stack(plan.hardware, stack)) if stack else plan
 
 
-def _plan_of_run_config(
+def _read_run_config(
     p: Path, *, hardware: str | None, prompt_len_mean: int | None, response_len_mean: int | None
 ) -> LaunchPlan:
     from grpo_tune.core.config import load as load_run_config

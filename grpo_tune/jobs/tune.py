@@ -78,7 +78,7 @@ def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = No
     """Tune ``req.launch``; ``read`` is told the plan as soon as the launch is read back (before any search: the
     CLI reports the launch's key findings there, and may stop)."""
     from grpo_tune.autotune import tune as T
-    from grpo_tune.frameworks import REGISTRY, plan_of, reader_for
+    from grpo_tune.frameworks import REGISTRY, read_plan, reader_for
     from grpo_tune.rundir.emit import Tables, emit_run
 
     place = req.place
@@ -88,7 +88,7 @@ def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = No
             f"tune proposes separate pools for {', '.join(f.name for f in REGISTRY if f.tunes_separate)} launches only",
             hint="drop --placement/--staleness, or `grpo-tune search --placement auto` for the same model",
         )
-    plan = plan_of(
+    plan = read_plan(
         req.launch,
         req.overrides,
         model=req.model,
@@ -106,7 +106,7 @@ def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = No
         return out
     res = T.tune(plan, keep=req.keep, calibration=cal, min_headroom=req.min_headroom, pins=req.pins)
     out.result = res
-    if plan.launch is None:  # plan_of reads a best.yaml too; tune edits launches only
+    if plan.launch is None:  # read_plan reads a best.yaml too; tune edits launches only
         raise ConfigError(
             f"{req.launch}: a run config, not a verl launch", hint="pass the verl script or override list"
         )

@@ -18,7 +18,7 @@ The read side, which the generic commands reach through the registry rather than
   configs and plain override lists);
 - :meth:`Framework.diagnose`: that file's coded findings (``grpo-tune diagnose``);
 - :meth:`Framework.read_plan`: that file read back into a plan (what ``tune`` and ``calibrate`` price;
-  :func:`grpo_tune.frameworks.plan_of` asks the reader, and reads grpo-tune's run configs itself);
+  :func:`grpo_tune.frameworks.read_plan` asks the reader, and reads grpo-tune's run configs itself);
 - :meth:`Framework.round_trip`: a plan written as the framework's file and read back (``validate`` scores a
   published row of that framework on it);
 - the edit side for ``tune`` (:meth:`Framework.tune_keys`, :meth:`Framework.tune_reread`,
@@ -124,7 +124,7 @@ class Framework(ABC):
     ) -> LaunchPlan | None:
         """A file this framework reads (with trailing ``key=value`` overrides) read back into a ``LaunchPlan``, its
         hardware priced under ``stack`` (None: the framework's own stack profile); None for a grpo-tune run
-        config, which the registry reads (:func:`grpo_tune.frameworks.plan_of`)."""
+        config, which the registry reads (:func:`grpo_tune.frameworks.read_plan`)."""
         return None
 
     round_trips: ClassVar[bool] = False

@@ -94,7 +94,7 @@ class NemoRL(Framework):
     ) -> LaunchPlan | None:
         from grpo_tune.frameworks.nemo_rl import read
 
-        return read.plan_of(
+        return read.read_plan(
             path,
             overrides,
             model=model,

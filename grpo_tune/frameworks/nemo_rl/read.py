@@ -11,6 +11,7 @@ from grpo_tune.core.errors import ConfigError, GrpoTuneError, UnknownModelError
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
 from grpo_tune.frameworks.base.inputs import as_int, as_names
+from grpo_tune.frameworks.base.plan import LaunchPlan
 
 from . import recipe as R
 from . import table
@@ -135,7 +136,7 @@ def cluster_of(r: R.Recipe) -> Cluster:
     return Cluster(gpus=gpn * nn, gpus_per_node=gpn)
 
 
-def plan_of(
+def read_plan(
     path: str | Path,
     overrides: Sequence[str] = (),
     *,
@@ -144,11 +145,9 @@ def plan_of(
     prompt_len_mean: int | None = None,
     response_len_mean: int | None = None,
     stack: str | None = None,
-):
+) -> LaunchPlan:
     """The LaunchPlan of a NeMo-RL recipe (``launch`` is the :class:`~.recipe.Recipe`), priced under NeMo-RL's
     stack profile (:data:`STACK`) unless ``stack`` names another."""
-    from grpo_tune.frameworks.base.plan import LaunchPlan
-
     r = R.load(path, list(overrides))
     bad = unsupported(r)
     if bad:

@@ -70,7 +70,7 @@ class Verl(Framework):
             )
         if path.suffix in (".yaml", ".yml") and path.is_file():
             return None
-        return read.plan_of(
+        return read.read_plan(
             path,
             model=model,
             hardware=hardware,

@@ -215,7 +215,7 @@ def separate_of(launch: Launch) -> tuple[Placement, int, int]:
     )
 
 
-def plan_of(
+def read_plan(
     path: str | Path,
     *,
     model: str | None = None,
