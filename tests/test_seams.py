@@ -319,3 +319,59 @@ def test_a_verl_config_is_claimed_by_verl_before_any_other_framework(tmp_path):
     nemo.write_text("policy:\n  generation: {}\ngrpo: {}\n")
     assert F.reader_for(both).name == "verl"
     assert F.reader_for(nemo).name == "nemo-rl"
+
+
+def plan_names(paths: list[Path]) -> dict[str, list[str]]:
+    """Where the plan vocabulary is defined: ``class``/alias names that are or end in ``Plan``/``Plans``, and
+    every function or method called ``plan_of``, ``read_plan`` or ``sections_of`` with its return annotation
+    (``path:name -> annotation``)."""
+    out: dict[str, list[str]] = {"types": [], "functions": []}
+    for p in paths:
+        tree = ast.parse(p.read_text())
+        rel = str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else p.name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and re.search(r"Plans?$", node.name):
+                out["types"].append(f"{rel}:{node.name}")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in (
+                "plan_of",
+                "read_plan",
+                "sections_of",
+            ):
+                ret = ast.unparse(node.returns) if node.returns is not None else ""
+                out["functions"].append(f"{rel}:{node.name} -> {ret}")
+        for name, _ in _alias_candidates(tree):
+            if name in ("Plan", "Plans"):
+                out["types"].append(f"{rel}:{name}")
+    return out
+
+
+def test_one_name_per_plan_concept():
+    """One name per concept (docs/architecture.md, "Plans and their names"): the one plan class is the
+    ``LaunchPlan`` a framework's file is read back into (no ``Plan``/``Plans`` type anywhere); ``read_plan`` (the
+    registry's and each framework's) returns it; ``sections_of`` is the one run config -> ``Sections`` function; no
+    ``plan_of`` is left to mean two things."""
+    found = plan_names(_sources())
+    assert found["types"] == ["grpo_tune/frameworks/base/plan.py:LaunchPlan"]
+    funcs = found["functions"]
+    assert not [f for f in funcs if ":plan_of " in f], funcs
+    assert [f for f in funcs if ":sections_of " in f] == [
+        "grpo_tune/frameworks/base/sections.py:sections_of -> Sections"
+    ]
+    readers = [f for f in funcs if ":read_plan " in f]
+    assert len(readers) == 6, readers  # the registry's, the base contract's, verl's and NeMo-RL's (module + method)
+    assert all(f.endswith("-> LaunchPlan") or f.endswith("-> LaunchPlan | None") for f in readers), readers
+
+
+def test_the_plan_name_check_can_fail(tmp_path):
+    src = tmp_path / "x.py"
+    src.write_text(
+        "from typing import TypedDict\n"
+        "class Plan(TypedDict): ...\n"
+        "Plans = dict[str, int]\n"
+        "class OtherPlan: ...\n"
+        "def plan_of(cfg) -> dict: ...\n"
+        "def read_plan(path) -> 'LaunchPlan': ...\n"
+    )
+    found = plan_names([src])
+    assert found["types"] == ["x.py:Plan", "x.py:OtherPlan", "x.py:Plans"]
+    assert found["functions"] == ["x.py:plan_of -> dict", "x.py:read_plan -> 'LaunchPlan'"]
