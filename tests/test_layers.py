@@ -242,7 +242,7 @@ def test_the_checker_sees_lazy_relative_and_cyclic_imports(tmp_path):
 # it (the registry module `grpo_tune.frameworks` included), and calls exactly one job function, from the
 # command itself. Printing helpers (tables, labels, ranks) stay allowed. The preamble and the flag parsing of
 # jobs.setup / jobs.inputs are not jobs.
-THIN_COMMANDS = ("search", "compare", "estimate", "tune", "validate", "diagnose")
+THIN_COMMANDS = ("search", "compare", "estimate", "tune", "validate", "diagnose", "calibrate")
 PENDING_THICK: set[str] = set()  # still conducting its work; may only shrink (a listed module that is thin fails)
 WORK = {
     "grpo_tune.frameworks",
@@ -266,6 +266,11 @@ WORK = {
     "grpo_tune.validate.grpo.run_grpo",
     "grpo_tune.validate.pretraining.run",
     "grpo_tune.validate.placement.score_pairs",
+    "grpo_tune.autotune.calibrate.runlog.calibrate_logs",
+    "grpo_tune.autotune.calibrate.runlog.read_log",
+    "grpo_tune.autotune.calibrate.runlog.log_point",
+    "grpo_tune.autotune.calibrate.fit.save",
+    "grpo_tune.rundir.outputs.check_output",
 }
 NOT_JOBS = ("grpo_tune.jobs.setup", "grpo_tune.jobs.inputs")
 
