@@ -32,6 +32,16 @@ def test_bulk_share_is_the_published_xferdtensor_fraction(model, published):
     assert share == pytest.approx(published, abs=0.0006)
 
 
+def test_bulk_and_misc_bytes_are_the_published_split():
+    """NeMo-RL pull request #3659 (Qwen3-30B-A3B, BF16): 54.00 GiB through the NCCL reshard and 2.87 GiB through
+    the misc broadcast, per refit."""
+    m = load_model("qwen3-30b-a3b")
+    bulk = P.reshard_bulk_params(m) * 2
+    misc = model_consts(m)["total_params"] * 2 - bulk
+    assert bulk / 2**30 == pytest.approx(54.00, abs=0.01)
+    assert misc / 2**30 == pytest.approx(2.87, abs=0.01)
+
+
 def test_bulk_params_hand_computed():
     # Qwen3-4B: 36 layers x (gate, up, down) of 2560 x 9728; DeepSeek-V3: 3 dense layers of 7168 x 18432 and
     # 58 MoE layers x 256 routed experts of 7168 x 2048 (the shared expert rides the misc path)
@@ -143,5 +153,6 @@ def test_published_reshard_rows_score_the_reshard_transport(rid):
 def test_reshard_rows_span_h100_and_gb200_and_name_their_source():
     rows = [r for r in vg.load_grpo_rows() if (r.raw.get("refit_transport") or "") == "nccl_reshard"]
     assert {r.raw["hardware"] for r in rows} == {"h100", "gb200-nvl72"}
-    assert all("nccl-reshard-refit.md" in r.raw["source"] and r.split == "scored" for r in rows)
+    assert all(("nccl-reshard-refit.md" in r.raw["source"] or "pull/2971" in r.raw["source"]) for r in rows)
+    assert all(r.split == "scored" for r in rows) and len(rows) == 8
     assert all(with_stack(load_hardware(r.raw["hardware"]), vg.row_stack(r)).stack == STACK for r in rows)
