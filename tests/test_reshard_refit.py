@@ -154,5 +154,5 @@ def test_reshard_rows_span_h100_and_gb200_and_name_their_source():
     rows = [r for r in vg.load_grpo_rows() if (r.raw.get("refit_transport") or "") == "nccl_reshard"]
     assert {r.raw["hardware"] for r in rows} == {"h100", "gb200-nvl72"}
     assert all(("nccl-reshard-refit.md" in r.raw["source"] or "pull/2971" in r.raw["source"]) for r in rows)
-    assert all(r.split == "scored" for r in rows) and len(rows) == 8
+    assert all(r.split == "scored" for r in rows) and len(rows) == 9
     assert all(with_stack(load_hardware(r.raw["hardware"]), vg.row_stack(r)).stack == STACK for r in rows)
