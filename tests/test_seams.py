@@ -3,6 +3,8 @@
 - verl's keys are spelled only under ``grpo_tune/frameworks/verl/``: a string literal elsewhere that is a key of
   verl 0.9.1's composed config (or a dotted prefix of one under ``actor_rollout_ref``) is a finding.
   Prose (docstrings, help texts) may name keys; a literal that *is* a key is code that reads or writes it.
+- verl's metric names (``timing_s/gen``, ``perf/throughput``, ...: the prefixes of :data:`VERL_METRIC_PREFIXES`)
+  likewise: its log reader is frameworks/verl/logs.py; calibrate asks the registry for it.
 - ``Any`` in the public signatures of ``core/``, ``costmodel/``, ``autotune/`` and ``frameworks/``: module-level
   functions and the methods of module-level classes whose names have no leading underscore. An alias of ``Any``
   (``Plan = dict[str, Any]``, followed through imports and other aliases) counts as ``Any``.
@@ -116,6 +118,121 @@ def test_the_verl_check_can_fail(tmp_path):
         'KEY = f"{ACTOR}.ppo_mini_batch_size"\n'
     )
     assert verl_prefix_imports(imp) == ["import ACTOR", "import OTC"]
+
+
+VERL_METRIC_PREFIXES = (
+    "timing_s/",
+    "timing_per_token_ms/",
+    "perf/",
+    "actor/",
+    "critic/",
+    "response_length/",
+    "prompt_length/",
+    "val-core/",
+    "val-aux/",
+    "training/",
+    "global_seqlen/",
+)
+"""The prefixes of verl 0.9.1's per-step metric names (``verl/trainer/ppo/metric_utils.py``, ``ray_trainer.py``):
+a string literal that starts with one reads or writes a verl metric."""
+
+# Modules outside frameworks/verl/ that spell verl's metric names on purpose, with why; may only shrink.
+VERL_METRICS_ELSEWHERE = {
+    # our trainer logs its metrics under verl's names too (TensorBoard, wandb, metrics.jsonl) so that a verl
+    # user's dashboards read a grpo-tune run; trainer/ imports core and costmodel only, so it cannot ask
+    # frameworks/verl/ for them (test_the_trainer_logs_timers_verls_reader_reads keeps the two in step)
+    "grpo_tune/trainer/tracking.py",
+}
+
+
+def verl_metric_spellings(path: Path) -> list[str]:
+    """The string literals of ``path`` (docstrings aside, f-string parts included) that start with a verl metric
+    prefix."""
+    tree = ast.parse(path.read_text())
+    skip = _docstrings(tree)
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in skip
+        and node.value.startswith(VERL_METRIC_PREFIXES)
+    ]
+
+
+def _verl_metric_findings() -> dict[str, list[str]]:
+    out = {}
+    for p in _sources():
+        rel = str(p.relative_to(ROOT))
+        if not rel.startswith("grpo_tune/frameworks/verl/") and (hits := verl_metric_spellings(p)):
+            out[rel] = sorted(set(hits))
+    return out
+
+
+def test_verl_metric_names_are_spelled_only_in_frameworks_verl():
+    found = _verl_metric_findings()
+    assert sorted(found) == sorted(VERL_METRICS_ELSEWHERE), {k: v for k, v in found.items()}
+    assert not any(k.startswith("grpo_tune/autotune/") for k in found)
+
+
+# verl's log reader as it stood inside autotune/calibrate/runlog.py (its lines as they were, cut to a few, and an
+# f-string added): the check must see every metric name in it, and none in the docstring.
+_OLD_CALIBRATE_RUNLOG = '''"""verl's timers map to our phases (timing_s/gen wraps vLLM's sleep): prose, no finding."""
+VERL_PHASES: dict[str, str] = {
+    "timing_s/gen": "rollout",  # includes vLLM sleep (verl 0.9.1 ray_trainer.py l.1510-1514)
+    "timing_s/update_weights": "weight_sync",
+}
+_VERL_KEYS = {
+    "response_length/mean": "response_len_mean",
+    "perf/max_memory_allocated_gb": "max_memory_allocated_gib",
+}
+
+
+def _bad_timings(fmt, obj):
+    return [k for k, v in obj.items() if isinstance(k, str) and k.startswith("timing_s/") and _non_finite(v)]
+
+
+def _verl_record(step, data):
+    step_s = timing.get("timing_s/step")
+    if step_s is None:
+        step_s = _num(data.get("perf/time_per_step"))
+    return f"actor/{step}"
+'''
+
+
+def test_the_verl_metric_check_can_fail(tmp_path):
+    old = tmp_path / "runlog.py"
+    old.write_text(_OLD_CALIBRATE_RUNLOG)
+    assert sorted(verl_metric_spellings(old)) == [
+        "actor/",
+        "perf/max_memory_allocated_gb",
+        "perf/time_per_step",
+        "response_length/mean",
+        "timing_s/",
+        "timing_s/gen",
+        "timing_s/step",
+        "timing_s/update_weights",
+    ]
+    assert verl_metric_spellings(PKG / "frameworks" / "verl" / "logs.py")  # where they live now: seen there
+
+
+def test_the_trainer_logs_timers_verls_reader_reads(tmp_path):
+    """The trainer's verl-named metrics (trainer/tracking.py), written as verl's file logger writes a step, read
+    back by verl's log reader: the same phases and step time, so the two spellings cannot drift apart."""
+    import math
+
+    from grpo_tune.core.phases import MEASURED_PHASES
+    from grpo_tune.frameworks.verl.logs import read
+    from grpo_tune.trainer.tracking import verl_metrics
+
+    phases = {p.value: 1.0 + i for i, p in enumerate(MEASURED_PHASES)}
+    m = {"step_s": 20.0, "phases_s": phases, "response_len": 321.0, "tokens": 4096, "tokens_per_s_per_gpu": 7.5}
+    log = tmp_path / "verl.jsonl"
+    log.write_text(json.dumps({"step": 1, "data": verl_metrics(m)}) + "\n")
+    (rec,) = read(log, log.read_text()).records
+    assert rec.phases_s == phases and rec.step_s == 20.0
+    assert (rec.response_len_mean, rec.total_tokens, rec.throughput_tok_s_gpu) == (321.0, 4096.0, 7.5)
+    assert not math.isnan(rec.step_s)
 
 
 def _module_of(path: Path, root: Path) -> str:

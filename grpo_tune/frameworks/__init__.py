@@ -9,6 +9,7 @@ launch files, reads its launches back, and names what it cannot express (the sea
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Sequence
 
@@ -55,8 +56,21 @@ def read_log(path: Path, text: str | None) -> RunLog | None:
     return next((log for f in REGISTRY if (log := f.read_log(path, text)) is not None), None)
 
 
+def claims_log_record(obj: Mapping[str, object]) -> bool:
+    """Whether a registered framework takes this JSON object for a step record of its log
+    (:meth:`~.base.Framework.claims_log_record`)."""
+    return any(f.claims_log_record(obj) for f in REGISTRY)
+
+
+def log_lengths(line: str, obj: Mapping[str, object] | None) -> dict[str, float] | None:
+    """The mean lengths a line of a registered framework's run log states (:meth:`~.base.Framework.log_lengths`);
+    None: no framework's step."""
+    return next((got for f in REGISTRY if (got := f.log_lengths(line, obj)) is not None), None)
+
+
 def log_fold(fmt: str) -> dict[str, str] | None:
-    """How the timers of the framework that writes log format ``fmt`` hold our phases; None: as verl's do."""
+    """How the timers of the framework that writes log format ``fmt`` hold our phases; None: no framework states
+    one (grpo-tune's metrics.jsonl)."""
     return next((f.log_folds[fmt] for f in REGISTRY if fmt in f.log_folds), None)
 
 

@@ -7,27 +7,24 @@ Two kinds of file:
   when a ``tokenizer.json`` is on disk (the model's folder, or the Hugging Face cache for its
   ``hf_id``; the ``tokenizers`` package, no network), else estimated as characters / 4 (the
   usual rule of thumb for English text with BPE vocabularies; stated in ``lengths_source``);
-- the metrics of an earlier run: our ``metrics.jsonl`` (``response_len`` mean and
-  ``response_len_max`` per step), verl's file-logger JSONL (``{"step", "data": {...}}``) or its
-  console lines (``step:N - key:value - ...``) with ``response_length/mean|max`` and
-  ``prompt_length/mean|max`` (verl/trainer/ppo/metric_utils.py).
+- the metrics of an earlier run: our ``metrics.jsonl`` (``response_len`` mean per step), or a
+  framework's run log whose lines state the mean lengths (verl's file-logger JSONL and console lines, read by
+  :meth:`grpo_tune.frameworks.base.Framework.log_lengths` through the registry).
 
-This module reads those formats itself (a minimal reader): ``autotune/calibrate/runlog.py`` was not on
-main when it was written. It returns Workload fields; a run log gives per-step means, so its
-response histogram is that of the per-step maxima and means is not claimed: only means are set.
+It returns Workload fields; a run log gives per-step means, so its response histogram is that of the per-step
+maxima and means is not claimed: only means are set.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Iterator, TextIO
 
-from grpo_tune.autotune.calibrate.runlog import json_object
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.core.specs import ModelSpec
 from grpo_tune.core.strategy import Workload
 from grpo_tune.costmodel.lengths import quantiles_from_samples
+from grpo_tune.frameworks.base.runlog import json_object
 
 CHARS_PER_TOKEN = 4.0
 MAX_RECORDS = 200_000
@@ -49,9 +46,6 @@ def _lines(fh: TextIO) -> Iterator[str]:
             continue
         n += 1
         yield line
-
-
-_CONSOLE = re.compile(r"(?:^|\s-\s|\s)([A-Za-z_][\w/.]*):\s*(-?[0-9.eE+-]+)")
 
 
 def lengths_note(w: Workload) -> str:
@@ -103,14 +97,18 @@ def read_lengths(path: str, *, model: ModelSpec | None, prompt_len: int, respons
     return out
 
 
-def _from_run(steps: list[dict[str, float]], p: Path, prompt_len: int, response_len: int) -> dict[str, Any]:
-    def mean_of(*keys: str) -> float | None:
-        vals = [s[k] for s in steps for k in keys if k in s]
+_Lengths = tuple[list[float], list[float]]
+"""One logged step's response and prompt mean lengths (a log may state one twice: our metrics.jsonl carries its
+own ``response_len`` and the same number under verl's name)."""
+
+
+def _from_run(steps: list[_Lengths], p: Path, prompt_len: int, response_len: int) -> dict[str, Any]:
+    def mean_of(vals: list[float]) -> float | None:
         return sum(vals) / len(vals) if vals else None
 
     out: dict[str, Any] = {"lengths_source": f"{p} (run metrics, {len(steps)} steps)"}
-    r = mean_of("response_length/mean", "response_len")
-    pr = mean_of("prompt_length/mean")
+    r = mean_of([v for s in steps for v in s[0]])
+    pr = mean_of([v for s in steps for v in s[1]])
     if r is not None:
         out["response_len_mean"] = max(1, min(response_len, round(r)))
     if pr is not None:
@@ -120,45 +118,46 @@ def _from_run(steps: list[dict[str, float]], p: Path, prompt_len: int, response_
     return out
 
 
-def _run_metrics(p: Path) -> list[dict[str, float]]:
-    """Per-step metrics if ``p`` is a run log (ours, verl's JSONL or console), else []."""
-    steps: list[dict[str, float]] = []
+def _ours(obj: dict[str, object]) -> list[float] | None:
+    """Our metrics.jsonl record's response mean (``response_len``); None: not such a record."""
+    if not ("response_len" in obj and "step" in obj and "phases_s" in obj):
+        return None
+    v = obj["response_len"]
+    return [float(v)] if isinstance(v, (int, float)) and not isinstance(v, bool) else []
+
+
+def _step(line: str, obj: dict[str, object] | None) -> _Lengths | None:
+    """One line's step lengths: a framework's log line (through the registry), our record, or both; None: neither."""
+    from grpo_tune.frameworks import log_lengths
+
+    theirs = log_lengths(line, obj)
+    ours = _ours(obj) if obj is not None else None
+    if theirs is None and ours is None:
+        return None
+    t = theirs or {}
+    resp = [t["response_len_mean"]] if "response_len_mean" in t else []
+    return resp + (ours or []), [t["prompt_len_mean"]] if "prompt_len_mean" in t else []
+
+
+def _run_metrics(p: Path) -> list[_Lengths]:
+    """Per-step lengths if ``p`` is a run log (ours, or a framework's), else []."""
+    steps: list[_Lengths] = []
     try:
         with open(p, "r", errors="replace") as fh:
             for line in _lines(fh):
                 line = line.strip()
                 if not line:
                     continue
+                obj = None
                 if line.startswith("{"):
                     obj = json_object(line)
                     if obj is None:
                         continue
-                    data = obj.get("data")
-                    if isinstance(data, dict):
-                        obj = data
-                    if "response_length/mean" in obj or ("response_len" in obj and "step" in obj and "phases_s" in obj):
-                        steps.append(
-                            {
-                                k: float(v)
-                                for k, v in obj.items()
-                                if isinstance(v, (int, float)) and not isinstance(v, bool)
-                            }
-                        )
-                elif "response_length/mean" in line:
-                    kv = {k: float(v) for k, v in _CONSOLE.findall(line) if _num(v)}
-                    if "response_length/mean" in kv:
-                        steps.append(kv)
+                if (got := _step(line, obj)) is not None:
+                    steps.append(got)
     except (OSError, UnicodeDecodeError):
         return []
     return steps
-
-
-def _num(v: str) -> bool:
-    try:
-        float(v)
-        return True
-    except ValueError:
-        return False
 
 
 def _text(x: Any) -> str:

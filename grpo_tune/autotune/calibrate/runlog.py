@@ -1,23 +1,13 @@
-"""Read a training run's per-step log into records: verl's file logger, verl's console, or our metrics.jsonl.
+"""Read a training run's per-step log into records: our trainer's metrics.jsonl here, every other log through
+the framework that writes it; and calibrate the time model on such logs.
 
-Three formats are read (detected from the content, not the file name):
-
-- ``verl-jsonl``: verl's file logger (``trainer.logger=['console','file']``), one JSON object per step,
-  ``{"step": N, "data": {key: value, ...}}`` (verl 0.9.1 ``verl/utils/tracking.py`` ``FileLogger.log``;
-  orjson writes NaN as ``null``).
-- ``verl-console``: verl's console logger, one line per step, ``step:N - key:value - key:value ...``
-  (``verl/utils/logger/aggregate_logger.py`` ``concat_dict_to_str``; values are ``pprint.pformat`` of
-  numbers, so numpy scalars appear as ``np.float64(1.5)``). Lines may carry a Ray prefix such as
-  ``(TaskRunner pid=12) `` and colour codes; every other line is ignored.
-- ``grpo-tune``: our trainer's ``metrics.jsonl`` (trainer/loop.py: ``step``, ``step_s``, ``phases_s``,
-  ``response_len``, ``response_len_max``, ``tokens``, ...).
-
-verl's timers map to our phases as below (verl 0.9.1 ``ray_trainer.py``: ``marked_timer("gen")`` wraps
-``generate_sequences`` *and* ``sleep_replicas``, so vLLM's sleep is inside ``gen``; offload moves happen
-inside the phase that needs them, so verl has no separate offload timer).
-
-Other frameworks' logs are read by the framework that writes them (the registry, :func:`grpo_tune.frameworks.read_log`:
-NeMo-RL's TensorBoard events and console table), and calibrated with the phase fold it states.
+Our trainer's ``metrics.jsonl`` (trainer/loop.py: ``step``, ``step_s``, ``phases_s``, ``response_len``,
+``response_len_max``, ``tokens``, ...) is read here. Every other log is read by the framework that writes it,
+asked through the registry (:func:`grpo_tune.frameworks.read_log`): verl's file logger and console
+(:mod:`grpo_tune.frameworks.verl.logs`), NeMo-RL's TensorBoard events and console table
+(:mod:`grpo_tune.frameworks.nemo_rl.logs`); each is calibrated with the phase fold its framework states. A
+JSON-lines file is ours when the first of its first 200 lines that is a step record (``phases_s``, or one a
+framework claims) is ours.
 
 Reads are bounded (regular files only, at most :data:`MAX_LOG_BYTES`). A last line without its newline
 (a run killed mid-write) is skipped with a warning. A log in which no step has a timing key is a
@@ -26,10 +16,7 @@ coded error.
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,35 +26,27 @@ from grpo_tune.core.target import inputs_of
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.core.phases import MEASURED_PHASES
 from grpo_tune.core.units import GiB
-from grpo_tune.frameworks.base.runlog import RunLog, StepRecord
+from grpo_tune.frameworks.base.runlog import (
+    RunLog,
+    StepRecord,
+    fields,
+    finish,
+    json_object,
+    json_records,
+    log_lines,
+    non_finite,
+    num,
+    refuse_implausible,
+)
 
 MAX_LOG_BYTES = 256 * 1024 * 1024
 """Largest log read (a 10,000-step verl JSONL with ~300 keys per step is ~50 MB)."""
 
-VERL_PHASES: dict[str, str] = {
-    "timing_s/gen": "rollout",  # includes vLLM sleep (verl 0.9.1 ray_trainer.py l.1510-1514)
-    "timing_s/update_weights": "weight_sync",
-    "timing_s/old_log_prob": "old_logprob",
-    "timing_s/ref": "ref_logprob",
-    "timing_s/update_actor": "update",
-}
-"""verl 0.9.1 timer key -> our phase name (costmodel.timing.PHASES)."""
-
 PHASES = tuple(p.value for p in MEASURED_PHASES)  # named once, in core/phases.py
 
-# verl's metric -> StepRecord field (the step time comes from the timers, see _verl_record)
-_VERL_KEYS = {
-    "response_length/mean": "response_len_mean",
-    "response_length/max": "response_len_max",
-    "response_length/min": "response_len_min",
-    "prompt_length/mean": "prompt_len_mean",
-    "prompt_length/max": "prompt_len_max",
-    "prompt_length/min": "prompt_len_min",
-    "perf/max_memory_allocated_gb": "max_memory_allocated_gib",
-    "perf/max_memory_reserved_gb": "max_memory_reserved_gib",
-    "perf/total_num_tokens": "total_tokens",
-    "perf/throughput": "throughput_tok_s_gpu",
-}
+FORMAT = "grpo-tune"
+"""Our metrics.jsonl's format name (:attr:`RunLog.format`)."""
+
 # grpo-tune's own metrics.jsonl key -> StepRecord field
 _OURS_KEYS = {
     "step_s": "step_s",
@@ -77,18 +56,14 @@ _OURS_KEYS = {
     "tokens_per_s_per_gpu": "throughput_tok_s_gpu",
 }
 
-_CONSOLE_STEP = re.compile(r"(?:^|[\s)\]])step:(\d+)((?: - .*)?)$")
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_WRAPPED = re.compile(r"^[A-Za-z_][\w.]*\((.*)\)$")  # np.float64(1.5), tensor(2.0)
-
 
 def _resolve(path: Path) -> Path:
     """A run folder stands for its metrics.jsonl."""
     return path / "metrics.jsonl" if path.is_dir() and (path / "metrics.jsonl").is_file() else path
 
 
-def _read_bounded(path: Path, max_bytes: int) -> tuple[str, bool]:
-    """The file's text and whether it ends with a newline; only regular files, at most ``max_bytes``."""
+def _read_bounded(path: Path, max_bytes: int) -> str:
+    """The file's text; only regular files, at most ``max_bytes``."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -108,252 +83,89 @@ def _read_bounded(path: Path, max_bytes: int) -> tuple[str, bool]:
         )
     with open(path, "rb") as fh:
         raw = fh.read(max_bytes + 1)
-    text = raw.decode("utf-8", errors="replace")
-    return text, text.endswith("\n")
+    return raw.decode("utf-8", errors="replace")
 
 
-def _as_float(v: Any) -> float | None:
-    """A logged number as a float, NaN and inf included (None: null, a bool, text, a list)."""
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
-        s = v.strip()
-        m = _WRAPPED.match(s)
-        if m:
-            s = m.group(1).split(",")[0].strip()
-        try:
-            return float(s)
-        except ValueError:
-            return None
-    return None
+def _timings(obj: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The timings of one metrics.jsonl record (key, logged value): its phases and its step."""
+    ph = obj.get("phases_s")
+    items = [(f"phases_s/{k}", v) for k, v in ph.items()] if isinstance(ph, dict) else []
+    return items + [(k, obj[k]) for k in ("step_s",) if k in obj]
 
 
-def _num(v: Any) -> float | None:
-    """A logged value as a finite float, or None (null, NaN, a string, a list)."""
-    f = _as_float(v)
-    return f if f is not None and math.isfinite(f) else None
-
-
-def _non_finite(v: Any) -> bool:
-    """A logged number that is NaN or infinite (``nan``, ``inf``, ``np.float64(nan)``): a broken timer, not a
-    missing key."""
-    f = _as_float(v)
-    return f is not None and not math.isfinite(f)
-
-
-def _bad_timings(fmt: str, obj: dict[str, Any]) -> list[str]:
-    """The timing keys of one record whose value is NaN or infinite (verl's timing_s/*, our phases_s)."""
-    if fmt == "grpo-tune":
-        ph = obj.get("phases_s")
-        return [f"phases_s/{k}" for k, v in ph.items() if _non_finite(v)] if isinstance(ph, dict) else []
-    return [k for k, v in obj.items() if isinstance(k, str) and k.startswith("timing_s/") and _non_finite(v)]
-
-
-MAX_TIMING_S = 1e6
-"""Largest believable timing in a log (11.6 days for one phase of one step)."""
-
-
-def _implausible(fmt: str, obj: dict[str, Any]) -> tuple[str, Any] | None:
-    """A timing key whose value is no duration: a boolean, a negative number, or one beyond :data:`MAX_TIMING_S`
-    (``true``, ``-5.0``, ``1e300``). NaN/inf are warned about separately."""
-    if fmt == "grpo-tune":
-        ph = obj.get("phases_s")
-        items = [(f"phases_s/{k}", v) for k, v in ph.items()] if isinstance(ph, dict) else []
-        items += [(k, obj[k]) for k in ("step_s",) if k in obj]
-    else:
-        items = [(k, v) for k, v in obj.items() if isinstance(k, str) and k.startswith("timing_s/")]
-    for k, v in items:
-        if isinstance(v, bool):
-            return k, v
-        f = _as_float(v)
-        if f is not None and math.isfinite(f) and not 0 <= f <= MAX_TIMING_S:
-            return k, v
-    return None
-
-
-def _refuse_implausible(p: Path, line: int, fmt: str, obj: dict[str, Any]) -> None:
-    bad = _implausible(fmt, obj)
-    if bad is not None:
-        raise ConfigError(
-            f"{p}:{line}: {bad[0]} is {json.dumps(bad[1]) if not isinstance(bad[1], str) else bad[1]!r}, which is "
-            f"not a duration in seconds (0 to {MAX_TIMING_S:g})",
-            hint="the log is damaged or not a training log; fix or drop that line",
-        )
-
-
-def _non_finite_warnings(p: Path, bad: list[tuple[int, list[str], bool]]) -> list[str]:
-    """One warning per step with a NaN/inf timing (the first three), and a count past those."""
-    out = []
-    for step, keys, dropped in bad[:3]:
-        what = "the step is skipped" if dropped else "left out of that step"
-        out.append(f"{p}: step {step}: {', '.join(keys)} {'is' if len(keys) == 1 else 'are'} NaN or infinite; {what}")
-    if len(bad) > 3:
-        out.append(f"{p}: {len(bad)} steps in all had a NaN or infinite timing")
-    return out
-
-
-def _fields(obj: dict[str, Any], keys: dict[str, str]) -> dict[str, float | None]:
-    """StepRecord field -> the logged number (None where the log lacks it), for ``keys``' log keys."""
-    return {ours: _num(obj.get(k)) for k, ours in keys.items()}
-
-
-def _verl_record(step: int, data: dict[str, Any]) -> StepRecord | None:
-    timing = {
-        k: f for k, v in data.items() if isinstance(k, str) and k.startswith("timing_s/") and (f := _num(v)) is not None
-    }
-    phases = {VERL_PHASES[k]: v for k, v in timing.items() if k in VERL_PHASES}
-    if not phases:
-        return None  # a validation-only step (val-core/*) or a step without timers
-    step_s = timing.get("timing_s/step")
-    if step_s is None:
-        step_s = _num(data.get("perf/time_per_step"))
-    return StepRecord(step=step, phases_s=phases, step_s=step_s, **_fields(data, _VERL_KEYS), timing_s=timing)
+def _bad_timings(obj: dict[str, Any]) -> list[str]:
+    """The phases of one record whose value is NaN or infinite."""
+    ph = obj.get("phases_s")
+    return [f"phases_s/{k}" for k, v in ph.items() if non_finite(v)] if isinstance(ph, dict) else []
 
 
 def _ours_record(obj: dict[str, Any]) -> StepRecord | None:
     ph = obj.get("phases_s")
     if not isinstance(ph, dict):
         return None
-    phases = {k: f for k, v in ph.items() if k in PHASES and (f := _num(v)) is not None}
+    phases = {k: f for k, v in ph.items() if k in PHASES and (f := num(v)) is not None}
     if not phases:
         return None
     step = obj.get("step")
     if not isinstance(step, int) or isinstance(step, bool):
         return None
     timing = {f"phases_s/{k}": v for k, v in phases.items()}
-    if (off := _num(obj.get("offload_s"))) is not None:
+    if (off := num(obj.get("offload_s"))) is not None:
         timing["phases_s/offload"] = off
-    return StepRecord(step=step, phases_s=phases, **_fields(obj, _OURS_KEYS), timing_s=timing)
+    return StepRecord(step=step, phases_s=phases, **fields(obj, _OURS_KEYS), timing_s=timing)
 
 
-def json_object(text: str) -> dict[str, object] | None:
-    """``text`` parsed as a JSON object; None when it is not JSON, or JSON of another kind."""
-    try:
-        obj = json.loads(text)
-    except (ValueError, RecursionError):  # a line of 5,000 brackets is not a log record either
-        return None
-    return obj if isinstance(obj, dict) else None
+def _is_ours(lines: list[str]) -> bool:
+    """Whether the first step record among the first 200 lines is one of our metrics.jsonl (``phases_s``) rather
+    than one a framework claims."""
+    from grpo_tune.frameworks import claims_log_record
 
-
-def _detect(lines: list[str]) -> str:
     for line in lines[:200]:
         s = line.strip()
         obj = json_object(s) if s.startswith("{") else None
         if obj is None:
             continue
-        if isinstance(obj.get("data"), dict) and "step" in obj:
-            return "verl-jsonl"
+        if claims_log_record(obj):
+            return False
         if "phases_s" in obj:
-            return "grpo-tune"
-    for line in lines:
-        if _CONSOLE_STEP.search(_ANSI.sub("", line)):
-            return "verl-console"
-    return "unknown"
+            return True
+    return False
 
 
-def _parse_console_line(line: str) -> tuple[int, dict[str, Any]] | None:
-    m = _CONSOLE_STEP.search(_ANSI.sub("", line).rstrip())
-    if not m:
-        return None
-    data: dict[str, Any] = {}
-    for part in m.group(2).split(" - ")[1:]:
-        key, sep, val = part.partition(":")
-        if sep:
-            data[key.strip()] = val.strip()
-    return int(m.group(1)), data
+def _read_ours(p: Path, lines: list[str], warnings: list[str]) -> RunLog:
+    by_step: dict[int, StepRecord] = {}
+    nan_steps: list[tuple[object, list[str], bool]] = []  # (step, keys, whole step dropped): warned, never silent
+    for i, obj in json_records(p, lines, warnings):
+        refuse_implausible(p, i, _timings(obj))
+        rec = _ours_record(obj)
+        if keys := _bad_timings(obj):
+            nan_steps.append((obj.get("step", i), keys, rec is None))
+        if rec is not None:
+            by_step[rec.step] = rec
+    return finish(p, FORMAT, by_step, nan_steps, warnings, ("phases_s",))
 
 
 def read_log(path: str | os.PathLike, *, max_bytes: int = MAX_LOG_BYTES) -> RunLog:
-    """Parse one log file into per-step records, oldest first (a re-logged step keeps its last record)."""
+    """Parse one log file into per-step records, oldest first (a re-logged step keeps its last record): ours here,
+    any other as the framework that writes it reads it."""
     from grpo_tune.frameworks import read_log as framework_log
 
     p = _resolve(Path(path))
     own = framework_log(p, None)  # a framework's log that is not one text file (NeMo-RL's TensorBoard events)
     if own is not None:
         return own
-    text, ends_nl = _read_bounded(p, max_bytes)
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    warnings: list[str] = []
-    if lines and not ends_nl:
-        warnings.append(
-            f"{p}: the last line ({len(lines[-1])} characters) has no newline (a run killed while writing?); skipped"
-        )
-        lines.pop()
-    fmt = _detect(lines)
-    if fmt == "unknown" and (own := framework_log(p, text)) is not None:  # a framework's own text log
+    text = _read_bounded(p, max_bytes)
+    lines, warnings = log_lines(p, text)
+    if _is_ours(lines):
+        return _read_ours(p, lines, warnings)
+    if (own := framework_log(p, text)) is not None:  # a framework's text log (verl's loggers, NeMo-RL's console)
         return own
-    by_step: dict[int, StepRecord] = {}
-    nan_steps: list[tuple[int, list[str], bool]] = []  # (step, keys, whole step dropped): warned, never silent
-    if fmt in ("verl-jsonl", "grpo-tune"):
-        bad = 0
-        for i, line in enumerate(lines, 1):
-            s = line.strip()
-            if not s:
-                continue
-            try:
-                obj = json.loads(s)
-            except ValueError:
-                bad += 1
-                if bad <= 3:
-                    warnings.append(f"{p}:{i}: not a JSON object; skipped")
-                continue
-            if not isinstance(obj, dict):
-                continue
-            if fmt == "verl-jsonl":
-                step, data = obj.get("step"), obj.get("data")
-                if not isinstance(step, int) or isinstance(step, bool) or not isinstance(data, dict):
-                    continue
-                _refuse_implausible(p, i, fmt, data)
-                rec = _verl_record(step, data)
-                if keys := _bad_timings(fmt, data):
-                    nan_steps.append((step, keys, rec is None))
-            else:
-                _refuse_implausible(p, i, fmt, obj)
-                rec = _ours_record(obj)
-                if keys := _bad_timings(fmt, obj):
-                    nan_steps.append((obj.get("step", i), keys, rec is None))
-            if rec is not None:
-                by_step[rec.step] = rec
-        if bad > 3:
-            warnings.append(f"{p}: {bad} lines in all were not JSON")
-    elif fmt == "verl-console":
-        for i, line in enumerate(lines, 1):
-            got = _parse_console_line(line)
-            if got is None:
-                continue
-            _refuse_implausible(p, i, fmt, got[1])
-            rec = _verl_record(*got)
-            if keys := _bad_timings(fmt, got[1]):
-                nan_steps.append((got[0], keys, rec is None))
-            if rec is not None:
-                by_step[rec.step] = rec
-    else:
-        raise ConfigError(
-            f"{p}: not a training log grpo-tune reads (no `step:N - key:value` line, no "
-            '`{"step": N, "data": {...}}` object, no metrics.jsonl record)',
-            hint="pass verl's console output, its file logger's JSONL (trainer.logger=['console','file']), "
-            "or the metrics.jsonl of `grpo-tune train`",
-        )
-    if not by_step and nan_steps:
-        raise ConfigError(
-            f"{p}: every step with timings has a NaN or infinite one ({len(nan_steps)} step(s), e.g. step "
-            f"{nan_steps[0][0]}: {', '.join(nan_steps[0][1])}): nothing to calibrate on",
-            hint="pass a log of a run whose timers worked (verl logs timing_s/* as seconds)",
-        )
-    warnings += _non_finite_warnings(p, nan_steps)
-    if not by_step:
-        raise ConfigError(
-            f"{p}: no step in this {fmt} log has a timing key ("
-            + ", ".join(VERL_PHASES if fmt != "grpo-tune" else ("phases_s",))
-            + ")",
-            hint="verl logs timing_s/* on every training step; was the run stopped before its first step?",
-        )
-    records = [by_step[k] for k in sorted(by_step)]
-    return RunLog(path=str(p), format=fmt, records=records, warnings=warnings)
+    raise ConfigError(
+        f"{p}: not a training log grpo-tune reads (no `step:N - key:value` line, no "
+        '`{"step": N, "data": {...}}` object, no metrics.jsonl record)',
+        hint="pass verl's console output, its file logger's JSONL (trainer.logger=['console','file']), "
+        "or the metrics.jsonl of `grpo-tune train`",
+    )
 
 
 class LogSummary(TypedDict):
@@ -449,21 +261,23 @@ class LogPoint:
     summary: LogSummary
     kept_steps: int
     fold: dict[str, str] | None = None
-    """How the log's framework folds our phases into its timers (None: verl's, :data:`VERL_FOLD`)."""
+    """How the log's framework folds our phases into its timers (None: no framework states one, :data:`FOLD`)."""
 
 
-VERL_FOLD = {"offload": "update"}
-"""Predicted phase -> the measured phase verl times it in (verl has no offload timer)."""
+FOLD = {"offload": "update"}
+"""Predicted phase -> the measured phase holding it, for a log no framework states a fold for (our metrics.jsonl):
+offload in update, as verl times it. Our trainer times offload apart (``offload_s``, in the step time only), so for
+a run that offloads this compares update with the predicted offload added; kept as calibrate has compared it."""
 
 
 def predict_folded(params: dict[str, float], pt, fold: dict[str, str] | None = None) -> tuple[float, dict[str, float]]:
     """The cost model's step and phases as the log's framework times them (``fold``: predicted phase -> the
-    measured phase holding it). verl's (the default) has no offload timer (its offloads run inside
-    old_log_prob, update_actor and update_weights), so the predicted offload seconds are added to ``update``."""
+    measured phase holding it; None: :data:`FOLD`, offload added to ``update``, as verl times it too: its offloads
+    run inside old_log_prob, update_actor and update_weights)."""
     from grpo_tune.autotune.calibrate.fit import predict_estimate
 
     step, phases = predict_estimate(params, pt)
-    for src, dst in (VERL_FOLD if fold is None else fold).items():
+    for src, dst in (FOLD if fold is None else fold).items():
         v = phases.pop(src, 0.0)
         if v:
             phases[dst] = phases.get(dst, 0.0) + v

@@ -27,16 +27,18 @@ The read side, which the generic commands reach through the registry rather than
 - the pins a framework puts on the search and on ``estimate`` (:meth:`Framework.constraints`,
   :meth:`Framework.refuse_search_pins`, :meth:`Framework.plan_pins`) and its stack profile
   (:attr:`Framework.stack_profile`);
-- :meth:`Framework.read_log` and :attr:`Framework.log_folds`: the framework's own run logs (``calibrate
-  --from-log``) and how its timers hold our phases; verl's loggers and grpo-tune's metrics.jsonl are the
-  default readers' (:mod:`grpo_tune.autotune.calibrate.runlog`).
+- :meth:`Framework.read_log`, :meth:`Framework.claims_log_record` and :attr:`Framework.log_folds`: the
+  framework's own run logs (``calibrate --from-log``) and how its timers hold our phases;
+  :meth:`Framework.log_lengths`: the mean lengths a line of such a log states (``--lengths``). grpo-tune's own
+  metrics.jsonl is read by :mod:`grpo_tune.autotune.calibrate.runlog`, which asks the registry for the rest.
 
 Their implementations live beside the writer in each sub-package (verl: ``launch`` parses a launch, ``read``
-reads it back into a plan and edits it for tune, ``diagnose`` holds its rules and its bash reader, ``snapshot``
-the key tree; NeMo-RL: ``read``, ``tune``, ``diagnose``, ``logs``, ``snapshot``). The types they hand back
-live in this package: a diagnose :class:`~.findings.Report`, a :class:`~.plan.LaunchPlan`, a
-:class:`~.runlog.RunLog`; so do the readers every framework shares (:mod:`.inputs`: bounded files, YAML,
-overrides; :mod:`.models`: the model lookup).
+reads it back into a plan and edits it for tune, ``diagnose`` holds its rules and its bash reader, ``logs`` reads
+its loggers' output, ``snapshot`` the key tree; NeMo-RL: ``read``, ``tune``, ``diagnose``, ``logs``,
+``snapshot``). The types they hand back live in this package: a diagnose :class:`~.findings.Report`, a
+:class:`~.plan.LaunchPlan`, a :class:`~.runlog.RunLog`; so do the readers every framework shares (:mod:`.inputs`:
+bounded files, YAML, overrides; :mod:`.models`: the model lookup; :mod:`.runlog`: a text log's lines, logged
+numbers and the checks on timings).
 """
 
 from __future__ import annotations
@@ -171,11 +173,22 @@ class Framework(ABC):
 
     log_folds: ClassVar[Mapping[str, dict[str, str]]] = {}
     """The log formats :meth:`read_log` returns -> how the framework's timers hold our phases (predicted phase ->
-    the measured phase timing it; a format not listed is timed as verl times it)."""
+    the measured phase timing it; a format not listed is timed as grpo-tune's trainer times it, offload inside
+    update)."""
 
     def read_log(self, path: Path, text: str | None) -> RunLog | None:
         """This framework's run log at ``path``, None where it is not one. Asked first with ``text`` None, for the
-        logs that are not one text file (a folder of TensorBoard event files); then, for a text file that the
-        default readers (verl's loggers, grpo-tune's metrics.jsonl) do not recognise, with its text (read
-        bounded)."""
+        logs that are not one text file (a folder of TensorBoard event files); then, for a text file that is not
+        grpo-tune's own metrics.jsonl, with its text (read bounded)."""
+        return None
+
+    def claims_log_record(self, obj: Mapping[str, object]) -> bool:
+        """Whether a JSON object (a line of a JSON-lines log) is a step record of this framework's log: the first
+        such line of a file decides between this framework's log and grpo-tune's metrics.jsonl."""
+        return False
+
+    def log_lengths(self, line: str, obj: Mapping[str, object] | None) -> dict[str, float] | None:
+        """The mean lengths one line of this framework's run log states (``response_len_mean``,
+        ``prompt_len_mean``: ``--lengths`` reads them), None where the line is no such step; ``obj``: the line
+        parsed as a JSON object (None: not one)."""
         return None

@@ -1,5 +1,5 @@
 """verl behind the framework contract: its launch script for a run folder, its launches read back, and edited
-for ``tune`` (tuned.sh)."""
+for ``tune`` (tuned.sh), and its loggers' output read for ``calibrate --from-log`` and ``--lengths``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from grpo_tune.core.strategy import Strategy
 from grpo_tune.frameworks.base import Framework, LaunchFile
 from grpo_tune.frameworks.base.findings import Report
 from grpo_tune.frameworks.base.plan import LaunchPlan
-from grpo_tune.frameworks.verl import read
+from grpo_tune.frameworks.base.runlog import RunLog
+from grpo_tune.frameworks.verl import logs, read
 from grpo_tune.frameworks.verl import fully_async as verl_async
 from grpo_tune.frameworks.verl.export import verl_script
 from grpo_tune.frameworks.verl.launch import Launch
@@ -46,6 +47,18 @@ class Verl(Framework):
         except GrpoTuneError:
             return False
         return isinstance(data, dict) and ARO in data
+
+    log_folds = {logs.FORMAT_JSONL: logs.FOLD, logs.FORMAT_CONSOLE: logs.FOLD}
+
+    def read_log(self, path: Path, text: str | None) -> RunLog | None:
+        """verl's file-logger JSONL or its console output (a text file: ``text`` None is never verl's)."""
+        return None if text is None else logs.read(path, text)
+
+    def claims_log_record(self, obj: Mapping[str, object]) -> bool:
+        return logs.is_record(obj)
+
+    def log_lengths(self, line: str, obj: Mapping[str, object] | None) -> dict[str, float] | None:
+        return logs.lengths(line, obj)
 
     def diagnose(self, path: Path, overrides: Sequence[str], *, hardware: str | None, model: str | None) -> Report:
         from grpo_tune.frameworks.verl.diagnose import diagnose_path
