@@ -198,9 +198,10 @@ def test_decode_follows_the_formula():
     kv_tokens = kv_cache_capacity(m, H100, s, wl).tokens
     conc = min(seqs, 256, kv_tokens / (512 + 600))  # max_num_seqs 256 (verl's default)
     assert ro["concurrency"] == pytest.approx(conc)
-    # Lengths ~ 1024 x Beta(1, b), b = 1024/600 - 1; the expected longest of 256 is its 256/257 quantile.
+    # Lengths ~ 1024 x Beta(1, b), b = 1024/600 - 1; generation ends with the slowest replica: the expected
+    # longest of the batch's 1024 responses, its 1024/1025 quantile.
     b = 1024 / 600 - 1
-    assert ro["longest_response"] == pytest.approx(1024 * (1 - (1 / 257) ** (1 / b)))
+    assert ro["longest_response"] == pytest.approx(1024 * (1 - (1 / 1025) ** (1 / b)))
     # A step costs at least the weight + KV reads over the achieved HBM bandwidth (vLLM decode at
     # decode_efficiency of its roofline), plus the TP all-reduces and the per-step overhead.
     e = H100.efficiency
@@ -345,15 +346,15 @@ def test_rollout_tp_lowers_memory_and_changes_decode_as_modelled():
 
 
 def test_longer_tail_raises_rollout_and_leaves_the_update_alone():
-    """Same mean, a larger maximum: the expected longest response of a replica grows (by hand:
-    the quantile N/(N+1) of max x Beta(1, max/mean - 1)), so rollout takes longer; training is
-    priced on the mean tokens, so the update does not move."""
+    """Same mean, a larger maximum: the expected longest response of the batch grows (by hand:
+    the quantile N/(N+1) of max x Beta(1, max/mean - 1), N every response of the step), so rollout takes
+    longer; training is priced on the mean tokens, so the update does not move."""
     m = load_model("qwen2.5-7b")
     c = Cluster(gpus=8)
     s = validate(m, Strategy.of(tp=2, rollout_tp=2, mbs=1), 8)
     short = Workload(prompts=64, n=8, response_len=1024, response_len_mean=512, mini_batch=16)
     long = short.replace(response_len=8192)
-    n = 64 * 8 / 4
+    n = 64 * 8
     for wl in (short, long):
         b = wl.response_len / 512 - 1
         want = wl.response_len * (1 - (1 / (n + 1)) ** (1 / b))

@@ -6,6 +6,10 @@
   counted through the GEMM curve on top of the memory roofline).
 - The MoE overhead term grows with the micro-batch count at its documented bound (Megatron's MoE
   docs: a few hundred microseconds to ~1 ms per layer with permute fusion and grouped GEMM), no more.
+- Eager vLLM (``enforce_eager``, every verl H20 row): the host launches each layer's kernels, so a decode
+  step takes the longer of the GPU's time and the launches: a small batch is launch-bound (slower than its
+  HBM price by exactly the launches' excess), a large one hides them (its HBM or FLOP price, unchanged).
+- Generation ends with the batch's expected longest response (the slowest replica), not a replica's.
 """
 
 from __future__ import annotations
@@ -91,3 +95,71 @@ def test_moe_overhead_grows_with_micro_batches_at_its_bound():
     for mbs, n in micro.items():
         assert added[mbs] == pytest.approx(n * 2 * 1e-3 * 48, rel=1e-6)
     assert added[1] == pytest.approx(2 * added[2], rel=1e-6)
+
+
+def test_eager_decode_step_is_the_longer_of_the_launches_and_the_gpu():
+    """By hand, Qwen3-30B-A3B at rollout TP4 on H20, eager, at context 1024 (the verl rows' engine):
+    - 1 sequence: the GPU reads the dense weights and 8 of 128 experts per MoE layer (plus the KV) at
+      4.0 TB/s x hbm_efficiency x decode_efficiency and runs 2 x 48 TP4 all-reduces; the host launches
+      48 layers at eager_layer_overhead_s each: launch-bound, so the step is the launches plus the
+      per-step and per-sequence host costs, slower than the HBM price only by the launches' excess;
+    - 256 sequences: every expert is read (the GPU time is above the launches), so eager costs what the
+      CUDA-graph step costs, the HBM price: the launches hide behind the GPU."""
+    from grpo_tune.costmodel import memory
+
+    m = load_model("qwen3-30b-a3b")
+    hw = H20.with_efficiency(eager_layer_overhead_s=2e-4)  # a round value: 48 x 0.2 ms = 9.6 ms of launches
+    e = hw.efficiency
+    ctx = 1024
+
+    def step(conc, eager):
+        s = validate(m, Strategy.of(rollout_tp=4, enforce_eager=eager), 8)
+        return rollout._DecodeStep(m, hw, Cluster(gpus=8), s, 256.0, CAL)(conc, ctx)
+
+    launch = 48 * 2e-4
+    one_e, bound = step(1, True)
+    one_g, _ = step(1, False)
+    host = e.decode_step_overhead_s + 1 * e.decode_sequence_overhead_s
+    assert bound and one_e == pytest.approx(launch + host, rel=1e-9)  # launch-bound
+    gpu = one_g - host
+    experts = m.moe_layers * m.experts * 3 * m.hidden * m.expert_ffn_hidden * 2 / 4  # bf16, split by TP4
+    touched = experts * (m.top_k / m.experts) / e.moe_decode_efficiency
+    dense = memory.rollout_weight_bytes(m, 4) - experts
+    hbm = 4.0e12 * e.hbm_efficiency * e.decode_efficiency
+    read = (dense + touched + ctx * memory.kv_bytes_per_token(m, 4)) / hbm
+    assert read < gpu < launch  # the all-reduces are the rest of the GPU time
+    assert one_e - one_g == pytest.approx(launch - gpu, rel=1e-9)
+    big_e, _ = step(256, True)
+    big_g, _ = step(256, False)
+    assert big_e == pytest.approx(big_g, rel=1e-12)  # hidden: the GPU time (HBM-bound) is the longer
+    assert big_g - (e.decode_step_overhead_s + 256 * e.decode_sequence_overhead_s) > launch
+
+
+def test_generation_drains_to_the_batchs_longest_response():
+    """The phase ends when the slowest replica does: the drain runs to the expected longest of all
+    prompts x n responses (Beta(1, b) quantile N/(N+1)), the same on 1 or 8 replicas, and further than
+    one replica's expected longest."""
+    from grpo_tune.costmodel.lengths import dist
+
+    m = load_model("qwen2.5-7b")
+    wl = Workload(prompts=128, n=16, mini_batch=32, prompt_len=256, response_len=8192, response_len_mean=800)
+    d = dist(8192.0, 800.0)
+    n = 128 * 16
+    want = 8192 * (1 - (1 - n / (n + 1)) ** (1 / (8192 / 800 - 1)))
+    assert d.expected_max(n) == pytest.approx(want, rel=1e-9)
+    got = []
+    for gpus in (1, 8):
+        s = validate(m, Strategy.of(rollout_tp=1), gpus)
+        got.append(rollout.rollout_s(m, H20, Cluster(gpus=gpus), s, wl, CAL)["longest_response"])
+    assert got == [pytest.approx(want, rel=1e-9)] * 2
+    assert want > d.expected_max(n / 8)
+
+
+def test_shipped_eager_launch_cost_is_inside_its_prior():
+    """verl's fitted eager launch cost per layer stays inside the prior validate/grpo.py states (80 us-1.5
+    ms), and NeMo-RL's rows (CUDA graphs) leave theirs at the unfitted default."""
+    from grpo_tune.validate.grpo import PRIORS
+
+    p = next(p for p in PRIORS if p.key == "eager_layer_overhead_s" and p.on == "stack:verl-0.9.1")
+    assert p.lo <= load_stack("verl-0.9.1").params["eager_layer_overhead_s"] <= p.hi
+    assert load_stack("nemo-rl-v0.3").params["eager_layer_overhead_s"] == pytest.approx(8e-5)

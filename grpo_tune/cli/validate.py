@@ -153,9 +153,9 @@ def _print_pairs(con: Console, pp: dict) -> None:
         )
     con.print(t)
     con.print(
-        f"pairs within {pp['tolerance_pct']:g}%: {ok}/{len(pp['pairs'])} (speed-up = colocated step / separate step at "
-        "each pair's assumed mean response length; range: over the pair's mean_low..mean_high; "
-        "profiles/data/published_placement_pairs.csv)",
+        f"pairs within {pp['tolerance_pct']:g}%: {ok}/{len(pp['pairs'])} (speed-up = colocated step / separate step, "
+        "both rows at the pair's mean response length: its colocated row's solved mean unless the pair states one; "
+        "range: over the pair's mean_low..mean_high; profiles/data/published_placement_pairs.csv)",
         highlight=False,
     )
     t = Table(

@@ -34,8 +34,10 @@ class Efficiency:
     """Engine cost per running sequence per decode step (scheduling, detokenising, sampling
     bookkeeping on the host; a stack parameter)."""
     eager_layer_overhead_s: float = 80e-6
-    """Extra launch cost per layer per decode step when vLLM runs eager (``enforce_eager``): ~10 kernel
-    launches per layer at ~8 us each, which CUDA graphs replay as one (an estimate, not fitted)."""
+    """Host time to launch one layer's kernels in a decode step when vLLM runs eager (``enforce_eager``):
+    each of a layer's ~15-30 ops goes through Python and the PyTorch dispatcher; the forward takes the
+    longer of these launches and the GPU's own time (costmodel.rollout), and a CUDA graph replays it as
+    one launch (a stack parameter: fitted for verl-0.9.1, validate/grpo.py PRIORS)."""
     dp_overlap: float = 0.8
     """Fraction of the DP gradient reduce / parameter gather that Megatron hides behind compute."""
     tp_backward_overlap: float = 1.0

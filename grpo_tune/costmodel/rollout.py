@@ -5,12 +5,16 @@ Decode, per rollout replica of N sequences at concurrency C = min(max_num_seqs, 
 cache holds, N) (vLLM continuous batching):
 - while sequences wait, C run; the first N - C responses take (N - C) x mean / C steps;
 - then the batch drains: at step j of the drain C x S(j) sequences still run (S the survival of
-  the response-length distribution, costmodel.lengths), until the expected longest of the N
-  responses ends. Each step costs what it costs at the concurrency running then: the larger of
-  the weight + KV-cache reads over HBM bandwidth and the FLOPs, plus the rollout TP all-reduces
-  (latency by group size, inter-node when the group spans nodes), plus a per-step overhead that
-  is the scheduler's with CUDA graphs, or a per-layer launch cost when vLLM runs eager
-  (``enforce_eager``, or a batch above the CUDA-graph capture sizes).
+  the response-length distribution, costmodel.lengths), until the expected longest response of the
+  whole batch (every replica's N together) ends: generation returns when its slowest replica does.
+  Each step costs what it costs at the concurrency running then: the larger of the weight + KV-cache
+  reads over HBM bandwidth and the FLOPs, plus the rollout TP all-reduces (latency by group size,
+  inter-node when the group spans nodes): the GPU's time. When vLLM runs eager (``enforce_eager``, or
+  a batch above the CUDA-graph capture sizes) the host launches every kernel of every layer itself,
+  ahead of the GPU: the forward takes the longer of the GPU's time and the launches (layers x the
+  stack's ``eager_layer_overhead_s``), so a small batch is launch-bound and a large one hides them; a
+  CUDA graph replays the forward as one launch. On top, serial with the forward, the scheduler's and
+  sampler's cost per step and per running sequence.
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ class _DecodeStep:
         # launches of an eager step.
         self.graph_ovh = e.decode_step_overhead_s
         self.seq_ovh = e.decode_sequence_overhead_s
-        self.eager_ovh = self.graph_ovh + m.layers * e.eager_layer_overhead_s
+        self.eager_launch = m.layers * e.eager_layer_overhead_s
         self.eager = eng.enforce_eager
         self.moe_eff = e.moe_decode_efficiency
 
@@ -107,9 +111,12 @@ class _DecodeStep:
             * self.m.layers
             * _tp_allreduce_s(self.hw, conc * self.m.hidden * PARAM_BYTES, self.rtp, self.gpn, self.cal)
         )
-        eager = self.eager or conc > CUDA_GRAPH_MAX_BATCH
-        host = (self.eager_ovh if eager else self.graph_ovh) + conc * self.seq_ovh
-        return max(t_mem, t_comp) + t_comm + host, t_mem >= t_comp
+        t_gpu = max(t_mem, t_comp) + t_comm
+        if self.eager or conc > CUDA_GRAPH_MAX_BATCH:
+            # eager: the host launches each layer's kernels while the GPU runs the earlier ones (vLLM syncs
+            # once per step, on the sampled tokens), so the forward takes the longer of the two
+            t_gpu = max(t_gpu, self.eager_launch)
+        return t_gpu + self.graph_ovh + conc * self.seq_ovh, t_mem >= t_comp
 
 
 _CACHE: dict[tuple[object, ...], tuple[tuple[object, ...], dict[str, float]]] = {}
@@ -119,7 +126,7 @@ def rollout_s(
     m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: dict[str, float]
 ) -> dict[str, float]:
     """``prefill_s``, ``decode_s``, ``decode_step_s`` (at full concurrency), ``concurrency``,
-    ``longest_response`` (expected, per replica), ``memory_bound``. Memoized on the rollout's own
+    ``longest_response`` (expected, of the whole batch), ``memory_bound``. Memoized on the rollout's own
     inputs (the search prices each rollout option against many training plans); read-only."""
     eng = s.rollout
     key = (
@@ -180,7 +187,9 @@ def _rollout_s(
     conc = max(1.0, min(seqs, float(eng.max_num_seqs), kv_tokens / (prompt + mean)))
     t_full, bound = step(conc, prompt + mean / 2)
     steady = max(0.0, seqs - conc) * mean / conc * t_full
-    longest = d.expected_max(seqs)
+    # the phase ends when the last replica does: the drain runs to the expected longest response of the
+    # whole batch (every replica's own survival curve, held until the batch's longest finishes)
+    longest = d.expected_max(wl.prompts * wl.n)
     drain = 0.0
     h = longest / DRAIN_POINTS
     for k in range(DRAIN_POINTS):

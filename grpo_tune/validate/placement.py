@@ -5,9 +5,16 @@ A pair is two rows of published_grpo.csv, the same task run colocated and synchr
 rollout and training pools (asynchronously). The colocated row is priced by the cost model as every row
 is; the separate row by :func:`costmodel.placement.estimate_separate` with its pools and staleness. The
 score is the predicted speed-up (colocated step / separate step) against the published one: a ratio, so a
-pair whose runs do not publish the mean response length still counts, at the pair's stated
-``response_len_mean`` (the predicted range over ``mean_low..mean_high`` is reported with it). Where the
+pair whose runs do not publish the mean response length still counts, at one mean for both rows (equal work):
+the pair's ``response_len_mean``, or, where that cell is empty, the colocated row's own (published_grpo.csv's
+``response_len_mean``: solved there from the row's published old log-prob time when the source publishes none).
+The predicted range over ``mean_low..mean_high`` (empty: half and twice the mean) is reported with it. Where the
 separate row publishes per-pool phases they are reported next to the prediction.
+
+A separate row's published step is the trainer's ``timing_s/step`` (verl's fully-async trainer: summed over the
+``trigger_parameter_sync_step`` local updates of one parameter version; the parameter sync is timed apart, as
+``timing_s/param_sync``), so with ``step_excludes_sync`` the separate step is scored without the sync that the
+steady state exposes.
 """
 
 from __future__ import annotations
@@ -31,6 +38,29 @@ _REQUIRED = ("id", "colocated", "separate", "published_speedup", "response_len_m
 
 def load_pairs(path: str | Path | None = None) -> list[dict[str, str]]:
     return read_records(Path(path) if path else PAIRS_PATH, _REQUIRED, "published placement pairs")
+
+
+def pair_means(p: dict[str, str], col: GrpoRow) -> tuple[int, int, int]:
+    """(mean, low, high) response length of a pair: its own ``response_len_mean`` or, empty, the colocated
+    row's; ``mean_low``/``mean_high`` or, empty, half and twice the mean (at most the row's cap)."""
+
+    def cell(d: dict[str, str], k: str) -> int | None:
+        v = (d.get(k) or "").strip()
+        if not v:
+            return None
+        try:
+            return int(v)
+        except ValueError:
+            raise ConfigError(f"placement pair {p.get('id')}: {k} must be an integer, got {v!r}") from None
+
+    mean = cell(p, "response_len_mean") or cell(col.raw, "response_len_mean")
+    if not mean:
+        raise ConfigError(
+            f"placement pair {p.get('id')}: no response_len_mean, and its colocated row {col.id} states none",
+            hint="give the pair a response_len_mean, or the colocated row one (with its assumption)",
+        )
+    cap = cell(col.raw, "response_len") or 2 * mean
+    return mean, cell(p, "mean_low") or max(1, mean // 2), cell(p, "mean_high") or min(cap, 2 * mean)
 
 
 def _with_mean(row: GrpoRow, mean: int) -> GrpoRow:
@@ -65,6 +95,12 @@ def _steps(col: GrpoRow, sep: GrpoRow, p: dict[str, str], mean: int) -> tuple[An
     return c, e
 
 
+def separate_step(e: Any, excludes_sync: bool) -> float:
+    """The separate plan's step as the source timed it: the steady state, less the sync it exposes when the
+    source times the sync apart (``step_excludes_sync``)."""
+    return float(e.step_s - (e.placement["exposed_sync_s"] if excludes_sync else 0.0))
+
+
 PHASE_OF = {
     "step_s": "step",
     "gen_s": "rollout",
@@ -76,15 +112,18 @@ PHASE_OF = {
 """published_grpo.csv's phase columns and the cost model's phase names."""
 
 
-def per_pool(row: GrpoRow, est: Any, side: str) -> list[dict[str, Any]]:
-    """Each phase the row publishes next to its prediction (a separate row's are the pools' own times)."""
+def per_pool(row: GrpoRow, est: Any, side: str, step_s: float | None = None) -> list[dict[str, Any]]:
+    """Each phase the row publishes next to its prediction (a separate row's are the pools' own times; its step
+    ``step_s`` as scored, when given)."""
     phases = dict(est.time.phases) if est.time else {}
     out = []
     for col, name in PHASE_OF.items():
         pub = row.published.get(col)
         if pub is None:
             continue
-        pred = est.step_s if name == "step" else phases.get(name)
+        pred = (step_s if step_s is not None else est.step_s) if name == "step" else phases.get(name)
+        if name == "rollout" and pred is not None and (row.raw.get("gen_includes_refit") or "").lower() == "true":
+            pred += phases.get("weight_sync", 0.0)  # the row's gen timer also timed the refit (validate/grpo.py)
         out.append({"row": row.id, "side": side, "phase": name, "published_s": pub, "predicted_s": pred})
     return out
 
@@ -105,14 +144,14 @@ def score_pairs(
         if (sep.raw.get("placement") or "") != "separate":
             raise ConfigError(f"placement pair {pid}: row {sep.id} is not a separate-pool row")
         pub = float(p["published_speedup"])
-        mean = int(p["response_len_mean"])
+        mean, low, high = pair_means(p, col)
+        no_sync = _flag(p, "step_excludes_sync", False)
         c, e = _steps(col, sep, p, mean)
-        pred = c.step_s / e.step_s
+        pred = c.step_s / separate_step(e, no_sync)
         lo_hi = []
-        for k in ("mean_low", "mean_high"):
-            if (p.get(k) or "").strip():
-                c2, e2 = _steps(col, sep, p, int(p[k]))
-                lo_hi.append(c2.step_s / e2.step_s)
+        for m_ in (low, high):
+            c2, e2 = _steps(col, sep, p, m_)
+            lo_hi.append(c2.step_s / separate_step(e2, no_sync))
         f = e.placement
         out.append(
             {
@@ -122,12 +161,14 @@ def score_pairs(
                 "published_speedup": pub,
                 "predicted_speedup": pred,
                 "error_pct": 100.0 * (pred / pub - 1.0),
-                "range": [min(lo_hi), max(lo_hi)] if lo_hi else None,
+                "range": [min(lo_hi), max(lo_hi)],
                 "response_len_mean": mean,
+                "mean_range": [low, high],
+                "step_excludes_sync": no_sync,
                 "prompt_len_mean": e.workload.mean_prompt_len,
-                "per_pool": per_pool(col, c, "colocated") + per_pool(sep, e, "separate"),
+                "per_pool": per_pool(col, c, "colocated") + per_pool(sep, e, "separate", separate_step(e, no_sync)),
                 "published_step_s": {"colocated": col.published.get("step_s"), "separate": sep.published.get("step_s")},
-                "predicted_step_s": {"colocated": c.step_s, "separate": e.step_s},
+                "predicted_step_s": {"colocated": c.step_s, "separate": separate_step(e, no_sync)},
                 "pools": {
                     "rollout_gpus": f["rollout_gpus"],
                     "train_gpus": f["train_gpus"],
@@ -137,6 +178,7 @@ def score_pairs(
                     "gen_s": f["gen_s"],
                     "train_s": f["train_s"],
                     "sync_s": f["sync_s"],
+                    "exposed_sync_s": f["exposed_sync_s"],
                     "rollout_busy": f["rollout_busy"],
                     "train_busy": f["train_busy"],
                 },
