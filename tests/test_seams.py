@@ -438,11 +438,6 @@ def any_field_counts() -> Counter[str]:
 
 
 ANY_FIELDS_PENDING: dict[str, int] = {
-    "grpo_tune/autotune/calibrate/fit.py": 3,
-    "grpo_tune/autotune/calibrate/runlog.py": 2,
-    "grpo_tune/autotune/refine/results.py": 1,
-    "grpo_tune/autotune/refine/runner.py": 1,
-    "grpo_tune/autotune/tune.py": 7,
     "grpo_tune/frameworks/base/findings.py": 1,
     "grpo_tune/frameworks/base/inputs.py": 1,
     "grpo_tune/frameworks/base/runlog.py": 1,

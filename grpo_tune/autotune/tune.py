@@ -17,6 +17,7 @@ from typing import Any, cast
 from grpo_tune.core.errors import ConfigError, GrpoTuneError
 from grpo_tune.core.knobs import names
 from grpo_tune.core.strategy import Strategy
+from grpo_tune.costmodel.estimate import Estimate
 from grpo_tune.frameworks import named
 from grpo_tune.frameworks.base import Framework
 from grpo_tune.frameworks.base.plan import PINNED, SEARCHED, USER_FIELDS, LaunchPlan
@@ -47,16 +48,20 @@ def _same(a: Any, b: Any) -> bool:
 @dataclass
 class TuneResult:
     plan: LaunchPlan
-    current: Any
+    current: Estimate
     """Estimate of the launch as it is."""
-    best: Any
+    best: Estimate
     """Estimate of the tuned launch (re-read from the edited overrides): ``current`` when nothing changes."""
-    changes: dict[str, tuple[Any, Any]]
-    """verl key -> (old value, new value) for the overrides that change."""
-    ranked: list[Any]
-    nearest_fit: list[Any]
-    search_stats: dict[str, Any]
-    pins: dict[str, Any]
+    changes: dict[str, tuple[object, object]]
+    """Framework key -> (old value, new value) for the keys that change."""
+    ranked: list[Estimate]
+    """The search's plans that fit, re-priced with the launch's own engine knobs, fastest first (at most ``top``)."""
+    nearest_fit: list[Estimate]
+    """When the launch does not fit: the plans that fit with the fewest changed keys (at most 3)."""
+    search_stats: dict[str, object]
+    """The search's counters (``SearchResult.stats``; empty when no plan fits)."""
+    pins: dict[str, object]
+    """The pins the search ran under (the user's, the launch's kept fields, the framework's)."""
 
     def gain(self) -> float | None:
         from grpo_tune.autotune.search.rank import step_s

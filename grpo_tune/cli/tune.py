@@ -186,6 +186,11 @@ def tune(
     _print_tuned(o, json_out=json_out)
 
 
+def _ratio(a: float | None, b: float | None) -> float:
+    assert a is not None and b is not None  # the cost model times every plan it prices
+    return a / b
+
+
 def _print_tuned(o: TuneOutcome, *, json_out: bool) -> None:
     """The launch as priced next to the best plan, the verdict and the overrides; the split proposal."""
     launch, plan, res, fw, place = o.request.launch, o.plan, o.result, o.framework, o.request.place
@@ -202,8 +207,8 @@ def _print_tuned(o: TuneOutcome, *, json_out: bool) -> None:
                 if split is None
                 else {
                     **split.to_dict(),
-                    "speedup_over_tuned": res.best.step_s / split.step_s,
-                    "speedup_over_launch": res.current.step_s / split.step_s,
+                    "speedup_over_tuned": _ratio(res.best.step_s, split.step_s),
+                    "speedup_over_launch": _ratio(res.current.step_s, split.step_s),
                     "run_dir": None if split_dir is None else str(split_dir),
                 }
             }

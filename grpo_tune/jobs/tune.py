@@ -218,6 +218,8 @@ def _propose_split(
         min_headroom=min_headroom,
     )
     sep = pres.best_separate
-    if sep is None or not sep.step_s or sep.step_s >= res.best.step_s:
+    if sep is None or not sep.step_s:
         return None
-    return sep
+    best_s = res.best.step_s
+    assert best_s is not None  # the cost model times every plan it prices
+    return None if sep.step_s >= best_s else sep

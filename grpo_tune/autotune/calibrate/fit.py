@@ -23,7 +23,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence, TypedDict
 
 from grpo_tune.core.target import inputs_of
 from grpo_tune.core.errors import ConfigError
@@ -87,15 +87,33 @@ def predict_estimate(params: dict[str, float], pt: Point) -> tuple[float, dict[s
     return float(e.time.step_s), {k: float(v) for k, v in e.time.phases.items()}
 
 
+class Score(TypedDict):
+    """How well a set of parameters predicts the measured step times."""
+
+    mape_pct: float
+    spearman: float | None
+    """None below 3 points or for constant input (stats.spearman)."""
+    n: int
+
+
+class FitPoint(TypedDict):
+    """One measured plan, predicted with the base and the fitted parameters (step seconds)."""
+
+    label: str
+    measured_step_s: float
+    predicted_before_s: float
+    predicted_after_s: float
+
+
 @dataclass
 class CalibrationResult:
     params: dict[str, float]
     """Fitted values of every calibration parameter (unchanged ones at their default)."""
     base: dict[str, float]
-    before: dict[str, Any]
+    before: Score
     """``{"mape_pct", "spearman", "n"}`` of step time with the base parameters."""
-    after: dict[str, Any]
-    points: list[dict[str, Any]]
+    after: Score
+    points: list[FitPoint]
     """Per measured plan: label, measured, predicted before and after (step seconds)."""
     cost: float = 0.0
     """Half the sum of squared residuals (step, phases, ridge) at the fitted parameters."""
@@ -118,7 +136,7 @@ class CalibrationResult:
         return save(path, params=self.params, hardware=hardware, fit=self.to_dict())
 
 
-def _score(pred: list[float], meas: list[float]) -> dict[str, Any]:
+def _score(pred: list[float], meas: list[float]) -> Score:
     return {"mape_pct": round(mape(pred, meas), 3), "spearman": spearman(pred, meas), "n": len(meas)}
 
 

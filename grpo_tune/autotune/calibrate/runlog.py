@@ -20,7 +20,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from grpo_tune.core.target import inputs_of
 from grpo_tune.core.errors import ConfigError
@@ -38,6 +38,10 @@ from grpo_tune.frameworks.base.runlog import (
     num,
     refuse_implausible,
 )
+
+if TYPE_CHECKING:
+    from grpo_tune.autotune.calibrate.fit import Point
+    from grpo_tune.frameworks.base.plan import LaunchPlan
 
 MAX_LOG_BYTES = 256 * 1024 * 1024
 """Largest log read (a 10,000-step verl JSONL with ~300 keys per step is ~50 MB)."""
@@ -254,10 +258,9 @@ class LogPoint:
     """One log matched with the launch that produced it."""
 
     log: RunLog
-    plan: Any
-    """frameworks.base.plan.LaunchPlan, with the logged mean lengths in its workload."""
-    point: Any
-    """autotune.calibrate.fit.Point."""
+    plan: LaunchPlan
+    """The launch read back, with the logged mean lengths in its workload."""
+    point: Point
     summary: LogSummary
     kept_steps: int
     fold: dict[str, str] | None = None

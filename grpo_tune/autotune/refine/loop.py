@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -317,16 +317,28 @@ def _tell(h: StudyHandle, trial, res: ProfileOutcome) -> str:
         h.study.tell(trial, state=TrialState.PRUNED if res.status == "oom" else TrialState.FAIL)
         return f"#{trial.number} {res.status}"
     d = res.data
-    trial.set_user_attr("measured_step_s", float(d["step_s"]))
-    trial.set_user_attr("measured_tokens_per_s", float(d["tokens_per_s"]))
+    step, tokens_per_s = _real(d["step_s"]), _real(d["tokens_per_s"])
+    phases, peak_of = d.get("phases_s") or {}, d.get("peak_memory_bytes") or {}
+    if not isinstance(phases, Mapping) or not isinstance(peak_of, Mapping):
+        raise TypeError("a profile report's phases_s and peak_memory_bytes are mappings")
+    trial.set_user_attr("measured_step_s", step)
+    trial.set_user_attr("measured_tokens_per_s", tokens_per_s)
     trial.set_user_attr(
-        "measured_phases_s", {k: float(v) for k, v in (d.get("phases_s") or {}).items() if positive(v) or v == 0}
+        "measured_phases_s",
+        {k: float(v) for k, v in phases.items() if isinstance(v, (int, float)) and (positive(v) or v == 0)},
     )
-    peak = (d.get("peak_memory_bytes") or {}).get("max")
+    peak = peak_of.get("max")
     trial.set_user_attr("peak_memory_bytes", int(peak) if isinstance(peak, (int, float)) else None)
-    h.study.tell(trial, float(d["tokens_per_s"]))
+    h.study.tell(trial, tokens_per_s)
     pred = trial.user_attrs.get("predicted_step_s")
-    return f"#{trial.number} step predicted {'-' if pred is None else f'{pred:.3g}'} s / measured {d['step_s']:.3g} s"
+    return f"#{trial.number} step predicted {'-' if pred is None else f'{pred:.3g}'} s / measured {step:.3g} s"
+
+
+def _real(v: object) -> float:
+    """``float(v)`` for a report's figure (a number, or a numeric string as float() reads it)."""
+    if isinstance(v, (int, float, str)):
+        return float(v)
+    raise TypeError(f"float() argument must be a string or a real number, not {type(v).__name__!r}")
 
 
 def run_trials(

@@ -102,7 +102,7 @@ def finish(
         strategy=strategy,
         workload=workload,
         trainer=opts.trainer or TrainerOptions(),
-        measured=result.winner_measured,
+        measured=result.measured(),
         meta={"study": name, "trial": best.number, "storage": storage},
     )
     result.winner = winner
@@ -197,7 +197,7 @@ def _emit(result: RefineResult, winner: RunConfig, est: Estimate | None, search)
     if est is not None:
         from grpo_tune.rundir.emit import emit as emit_plan
 
-        paths = dict(emit_plan(est, out, search=search, measured=result.winner_measured, meta=meta, trainer=None))
+        paths = dict(emit_plan(est, out, search=search, measured=result.measured(), meta=meta, trainer=None))
     else:  # the winner's plan is not in this space (a resumed study with another space): config only
         paths = {"best": save_config(winner, out / "best.yaml")}
     from grpo_tune.autotune.refine.markdown import append_report

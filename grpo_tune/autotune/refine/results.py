@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from grpo_tune.core.config import RunConfig
 
@@ -34,6 +34,29 @@ class Noise(TypedDict, total=False):
     assumed: bool
 
 
+class WinnerFigures(TypedDict):
+    """What the winner measured, in the order ``best.yaml``'s ``measured`` block and report.md list it."""
+
+    trial: int
+    """The trial nearest the plan's median (its phases and peak memory are this trial's)."""
+    trials_of_plan: list[int]
+    study: str
+    storage: str
+    step_s: float
+    """Median over the plan's trials."""
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    phases_s: dict[str, float] | None
+    peak_memory_bytes: int | None
+    median_trial_tokens_per_s: float | None
+    speedup_vs_median_trial: float
+    trials_completed: int
+    runner_up_step_s: float | None
+    chosen_by: str
+    beats_runner_up_beyond_noise: bool | None
+    noise_threshold: float
+
+
 @dataclass
 class RefineResult:
     """What a refinement produced. ``winner`` is None when no trial completed."""
@@ -44,7 +67,7 @@ class RefineResult:
     records: list[TrialRecord]
     winner: RunConfig | None = None
     winner_trial: int | None = None
-    winner_measured: dict[str, Any] | None = None
+    winner_measured: WinnerFigures | None = None
     median_tokens_per_s: float | None = None
     spearman_step_s: float | None = None
     """Spearman rank correlation of predicted vs measured step time over completed trials."""
@@ -54,6 +77,10 @@ class RefineResult:
     """The measured noise (:class:`Noise`)."""
     emitted: dict[str, Path] = field(default_factory=dict)
     """Paths written for the winner (best.yaml and whatever search's emitter writes)."""
+
+    def measured(self) -> dict[str, object] | None:
+        """The winner's figures as best.yaml's ``measured`` block holds them (a copy; None before a winner)."""
+        return None if self.winner_measured is None else dict(self.winner_measured)
 
     @property
     def completed(self) -> list[TrialRecord]:
@@ -127,9 +154,10 @@ def noise_lines(result: RefineResult) -> list[str]:
                 f"{n['threshold']:.1%} are called tied"
             )
         ]
-    w = result.winner_measured or {}
-    if w.get("runner_up_step_s") is not None:
-        gap = w["runner_up_step_s"] / w["step_s"] - 1
+    w = result.winner_measured
+    runner_up = None if w is None else w["runner_up_step_s"]
+    if w is not None and runner_up is not None:
+        gap = runner_up / w["step_s"] - 1
         verdict = "faster beyond the noise" if w["beats_runner_up_beyond_noise"] else "tied within the noise"
         out.append(f"winner vs runner-up: {gap:+.1%} step time; {verdict}")
     return out

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from grpo_tune.core.errors import GrpoTuneError
 from grpo_tune.core.profile_report import ProfileReport
@@ -33,7 +33,8 @@ class ProfileOutcome:
     status: str
     """``ok``, ``oom``, ``error`` or ``timeout``."""
     message: str | None
-    data: dict[str, Any] | None
+    data: dict[str, object] | None
+    """The profile report as JSON (``core.profile_report``), checked; None when there is none."""
     duration_s: float
 
 
