@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_tune.autotune.search.defaults import NOISE, prefer_defaults, verl_defaults, with_verl_defaults
+from grpo_tune import frameworks as F
+from grpo_tune.autotune.search.defaults import NOISE, prefer_defaults, with_defaults
 from grpo_tune.rundir.emit import emit_run
 from grpo_tune.cli.options import MIN_HEADROOM_DEFAULT
 from grpo_tune.autotune.search.driver import search
@@ -19,19 +20,36 @@ from grpo_tune.costmodel.estimate import estimate
 WORST = Workload()  # means = max: the workload where enforce_eager=True won by 0.04%
 
 
+def verl_defaults():
+    return F.named("verl").knob_defaults()
+
+
+VERL = {"defaults": verl_defaults(), "owner": "verl"}
+
+
 @pytest.fixture(scope="module")
 def worst():
     res = search(
         load_model("7b"), load_hardware("h100"), Cluster(gpus=8), WORST, top=5, min_headroom=MIN_HEADROOM_DEFAULT
     )
     assert res.best.strategy.rollout.enforce_eager is True  # the search's own fastest: eager, by 0.04%
-    return with_verl_defaults(res, pins={}, min_headroom=MIN_HEADROOM_DEFAULT)
+    return with_defaults(res, pins={}, min_headroom=MIN_HEADROOM_DEFAULT, **VERL)
 
 
 def test_verl_defaults_are_read_from_verls_config():
     d = verl_defaults()
     assert d["enforce_eager"] is False and tuple(d["offload"]) == () and d["recompute"] == "none"
     assert d["max_num_batched_tokens"] == 8192 and d["gpu_memory_utilization"] == 0.5
+    # the search keeps verl's for a plan of any framework: NeMo-RL states none of its own
+    assert (
+        F.search_defaults(("verl",))
+        == F.search_defaults(("nemo-rl",))
+        == F.search_defaults(F.NAMES)
+        == (
+            "verl",
+            d,
+        )
+    )
 
 
 def test_a_noise_level_win_keeps_verls_default(worst):
@@ -63,9 +81,9 @@ def test_a_real_difference_is_not_overridden_and_pins_are_respected(worst):
     ok = lambda e: e.fits  # noqa: E731
     # with noise 0 nothing slower is accepted; pinned knobs are never touched
     eager = price(best.strategy.replace(enforce_eager=True))
-    got, notes = prefer_defaults(eager, price, ok, {}, noise=0.0)
+    got, notes = prefer_defaults(eager, price, ok, {}, noise=0.0, **VERL)
     assert got.strategy.rollout.enforce_eager is True and not [n for n in notes if n.startswith("enforce_eager")]
-    got, notes = prefer_defaults(eager, price, ok, {"enforce_eager": True})
+    got, notes = prefer_defaults(eager, price, ok, {"enforce_eager": True}, **VERL)
     assert got.strategy.rollout.enforce_eager is True and not [n for n in notes if n.startswith("enforce_eager")]
     # a knob that is more than 1% faster (max_num_seqs 1024 vs verl's 256 here) keeps the searched value
     assert best.strategy.rollout.max_num_seqs != verl_defaults()["max_num_seqs"]
@@ -140,7 +158,7 @@ def test_offload_falls_back_to_the_verl_key_that_costs_nothing(monkeypatch):
     others = {k: None for k in ("enforce_eager", "cpu_optimizer", "recompute", "vpp", "sequence_parallel")}
     others |= {k: None for k in ("distributed_optimizer", "max_num_seqs", "max_num_batched_tokens")}
     others |= {k: None for k in ("chunked_prefill", "gpu_memory_utilization", "sync_bucket_mb")}
-    got, notes = prefer_defaults(start, price, lambda e: True, others)  # every other knob pinned
+    got, notes = prefer_defaults(start, price, lambda e: True, others, **VERL)  # every other knob pinned
     assert tuple(got.strategy.memory.offload) == ("param", "grad")
     assert notes == [
         "offload p,g (optimizer_offload=false, verl's default) instead of the searched p,g,o: 0.50% slower "

@@ -33,7 +33,8 @@ ALLOWED: dict[str, set[str]] = {
     "frameworks.base": _LOW,
     **{fw: _LOW | {"frameworks.base"} for fw in _FW},
     "frameworks": _LOW | {"frameworks.base", *_FW},  # the registry: the package's __init__
-    "autotune.search": _LOW | {"frameworks", "frameworks.base", *_FW},
+    # the search reaches a framework through the registry and the contract (its defaults come as data)
+    "autotune.search": _LOW | {"frameworks", "frameworks.base"},
     # the generic layers reach a framework through the registry and the contract, never by its package
     "autotune.calibrate": _LOW | {"autotune.search", "frameworks", "frameworks.base"},
     "autotune": _LOW | {"autotune.search", "autotune.calibrate", "frameworks", "frameworks.base"},  # tune
@@ -131,6 +132,23 @@ def test_unit_imports_only_lower_layers(unit):
     edges = _unit_edges().items()
     bad = {e: f for e, f in edges if e[0] == unit and e[1] not in ALLOWED[unit] and e not in PENDING_EDGES}
     assert not bad, f"{unit} may import only {sorted(ALLOWED[unit])}; found: {bad}"
+
+
+def test_the_search_imports_no_framework_package(tmp_path):
+    """autotune/search asks the registry (verl's defaults come as data), so no module of it imports a framework's
+    own package, not even lazily; the check sees such an import (the defaults reader as it was)."""
+    edges = {e: f for e, f in _unit_edges().items() if e[0] == "autotune.search" and e[1] in _FW}
+    assert not edges, f"autotune/search imports a framework's package: {edges}"
+    old = tmp_path / "grpo_tune" / "autotune" / "search" / "defaults.py"
+    old.parent.mkdir(parents=True)
+    old.write_text(
+        "def verl_defaults():\n"
+        "    from grpo_tune.frameworks.verl import snapshot as verl\n"
+        "    from grpo_tune.frameworks.verl import table\n\n"
+        '    return table.read_fields(verl.default, "strategy")\n'
+    )
+    assert imports_of(old, tmp_path) & set(_FW) == {"frameworks.verl"}
+    assert "frameworks.verl" not in ALLOWED["autotune.search"]
 
 
 def test_pending_edges_still_exist():
@@ -248,7 +266,7 @@ WORK = {
     "grpo_tune.frameworks",
     "grpo_tune.autotune.search.driver.search",
     "grpo_tune.autotune.search.placement.search_placement",
-    "grpo_tune.autotune.search.defaults.with_verl_defaults",
+    "grpo_tune.autotune.search.defaults.with_defaults",
     "grpo_tune.autotune.refine.refine",
     "grpo_tune.autotune.refine.loop.refine",
     "grpo_tune.autotune.refine.RefineOptions",

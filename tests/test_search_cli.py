@@ -77,9 +77,12 @@ def test_best_yaml_loads_and_matches_the_table(golden):
     res = search(
         load_model("7b"), load_hardware("h100"), Cluster(gpus=8), cfg.workload, top=1, min_headroom=MIN_HEADROOM_DEFAULT
     )
-    from grpo_tune.autotune.search.defaults import with_verl_defaults  # what the CLI applies to it
+    from grpo_tune import frameworks as F
+    from grpo_tune.autotune.search.defaults import with_defaults  # what the search job applies to it
 
-    assert with_verl_defaults(res, pins={}, min_headroom=MIN_HEADROOM_DEFAULT).best.strategy == s
+    owner, defaults = F.search_defaults(("verl",))
+    kept = with_defaults(res, pins={}, defaults=defaults, owner=owner, min_headroom=MIN_HEADROOM_DEFAULT)
+    assert kept.best.strategy == s
 
 
 def test_verl_and_megatron_exports_agree_with_plan(golden):

@@ -196,6 +196,17 @@ def separate_pins(names: Sequence[str], pins: dict[str, object]) -> dict[str, ob
     return pins
 
 
+def search_defaults(names: Sequence[str]) -> tuple[str, Mapping[str, object]]:
+    """(title, defaults) of the framework whose defaults the search keeps within the model's noise
+    (:meth:`~.base.Framework.knob_defaults`): the first chosen one that states them, else the default framework
+    (verl: NeMo-RL states none of its own yet, so a plan for it keeps verl's)."""
+    for f in REGISTRY:
+        if f.name in names and (d := f.knob_defaults()):
+            return f.title, d
+    default = named(DEFAULT)
+    return default.title, default.knob_defaults()
+
+
 def default_stack(names: Sequence[str], stack: str | None) -> str | None:
     """The stack profile to price under: the user's ``--stack``, else the framework's own when planning for one
     framework only (:attr:`~.base.Framework.stack_profile`: NeMo-RL's bf16 gradient reduction and host costs),

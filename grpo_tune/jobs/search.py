@@ -91,7 +91,7 @@ def run_search(
     pins = F.check_pins(req.setup.frameworks, req.pins)
     cal = req.setup.load_calibration(hw.name)
     with progress() if progress is not None else nullcontext(None) as tick:
-        from grpo_tune.autotune.search.defaults import with_verl_defaults
+        from grpo_tune.autotune.search.defaults import with_defaults
         from grpo_tune.autotune.search.driver import search
 
         res = search(
@@ -106,8 +106,11 @@ def run_search(
             min_headroom=req.min_headroom,
             progress=tick,
         )
-        # a knob within the model's noise of verl's default is printed and emitted at the default
-        result = with_verl_defaults(res, pins=pins, calibration=cal, min_headroom=req.min_headroom)
+        # a knob within the model's noise of the framework's default (verl's) is printed and emitted at the default
+        owner, defaults = F.search_defaults(req.setup.frameworks)
+        result = with_defaults(
+            res, pins=pins, defaults=defaults, owner=owner, calibration=cal, min_headroom=req.min_headroom
+        )
     out = SearchOutcome(request=req, result=result)
     place = req.place
     if place.placement != "colocated" or place.pool_options:

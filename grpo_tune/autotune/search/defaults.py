@@ -1,19 +1,19 @@
-"""Defaults within noise: a knob whose searched value beats verl's default by less than :data:`NOISE` of the
-predicted step is emitted at verl's default.
+"""Defaults within noise: a knob whose searched value beats the framework's default by less than :data:`NOISE` of
+the predicted step is emitted at that default.
 
 The cost model's error is several percent (``grpo-tune validate --grpo``), so a 0.04% win for
 ``enforce_eager=True`` (verl's default is false) or 0.5% for offloading the optimizer on top of param/grad is
-not a finding: it departs from what verl users run for nothing the model can show. Each knob of
-:data:`KNOBS` the user did not pin is tried at verl 0.9.1's default (read from its config snapshot through the
-Strategy<->verl table), in order; the variant is kept when it still fits with the search's headroom and its step
-is within :data:`NOISE` of the searched winner's (every comparison is against that winner, so the kept plan is
-at most :data:`NOISE` slower in all). The notes say what was kept, for the search output and report.md.
+not a finding: it departs from what the framework's users run for nothing the model can show. Each knob of
+:data:`KNOBS` the user did not pin is tried at the default the caller gives (the framework's, as the registry
+states it: :func:`grpo_tune.frameworks.search_defaults`, verl 0.9.1's read from its config snapshot), in order;
+the variant is kept when it still fits with the search's headroom and its step is within :data:`NOISE` of the
+searched winner's (every comparison is against that winner, so the kept plan is at most :data:`NOISE` slower in
+all). The notes say what was kept, for the search output and report.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from grpo_tune.core.errors import GrpoTuneError
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from grpo_tune.autotune.search.driver import SearchResult
 
 NOISE = 0.01
-"""A knob changing the predicted step by less than this fraction is left at verl's default."""
+"""A knob changing the predicted step by less than this fraction is left at the framework's default."""
 
 KNOBS = (
     "enforce_eager",
@@ -40,17 +40,8 @@ KNOBS = (
     "gpu_memory_utilization",
     "sync_bucket_mb",
 )
-"""Strategy fields with a verl default that the search may move away from it (degrees other than VPP and the
+"""Strategy fields with a framework default that the search may move away from it (degrees other than VPP and the
 batch size have no default worth keeping: they follow the model and the GPUs)."""
-
-
-@lru_cache(maxsize=1)
-def verl_defaults() -> dict[str, object]:
-    """Strategy fields as verl 0.9.1 sets them when a launch leaves every key at its default."""
-    from grpo_tune.frameworks.verl import snapshot as verl
-    from grpo_tune.frameworks.verl import table
-
-    return table.read_fields(verl.default, "strategy")
 
 
 def _seq(v: object) -> tuple[object, ...]:
@@ -61,7 +52,7 @@ def _seq(v: object) -> tuple[object, ...]:
 
 
 def _candidates(knob: str, have: object, default: object) -> list[object]:
-    """Values to try for ``knob``, verl's default first; for offload also each of verl's two keys alone
+    """Values to try for ``knob``, the default first; for offload also each of verl's two keys alone
     (param_offload moves params and grads, optimizer_offload the optimizer)."""
     if knob != "offload":
         return [default]
@@ -88,16 +79,18 @@ def prefer_defaults(
     ok: Callable[[Estimate], bool],
     pins: Mapping[str, object],
     *,
+    defaults: Mapping[str, object],
+    owner: str,
     noise: float = NOISE,
 ) -> tuple[Estimate, list[str]]:
-    """``best`` (an Estimate) with each unpinned knob of :data:`KNOBS` moved to verl's default when that costs
-    less than ``noise`` of its predicted step and the plan still passes ``ok``; and one note per knob moved."""
+    """``best`` (an Estimate) with each unpinned knob of :data:`KNOBS` moved to its default (``defaults``:
+    Strategy field -> value, as the framework ``owner`` sets it) when that costs less than ``noise`` of its
+    predicted step and the plan still passes ``ok``; and one note per knob moved."""
     from grpo_tune.autotune.search.rank import step_s
 
     base = step_s(best)
     if not base or base == float("inf"):
         return best, []
-    defaults = verl_defaults()
     cur, notes = best, []
     for knob in KNOBS:
         if knob in pins or knob not in defaults:
@@ -118,9 +111,10 @@ def prefer_defaults(
                 full = knob != "offload" or _seq(value) == _seq(default or ())
                 dropped = set(_seq(have)) - set(_seq(value)) if knob == "offload" else set()
                 what = (
-                    "verl's default"
+                    f"{owner}'s default"
                     if full
-                    else ("optimizer_offload" if "optimizer" in dropped else "param_offload") + "=false, verl's default"
+                    else ("optimizer_offload" if "optimizer" in dropped else "param_offload")
+                    + f"=false, {owner}'s default"
                 )
                 pct = 100.0 * (t - step_s(cur)) / step_s(cur)
                 notes.append(
@@ -136,15 +130,18 @@ def prefer_defaults(
     return cur, notes
 
 
-def with_verl_defaults(
+def with_defaults(
     result: SearchResult,
     *,
     pins: Mapping[str, object],
+    defaults: Mapping[str, object],
+    owner: str,
     calibration: dict[str, float] | None = None,
     min_headroom: float = 0.0,
 ) -> SearchResult:
-    """A search result whose winner keeps verl's default for every knob within :data:`NOISE` (what ``search``
-    prints and emits): ``ranked[0]`` is that plan and ``defaults_kept`` says what moved; unchanged if nothing."""
+    """A search result whose winner keeps the default (``defaults``, the framework ``owner``'s) for every knob
+    within :data:`NOISE` (what ``search`` prints and emits): ``ranked[0]`` is that plan and ``defaults_kept`` says
+    what moved; unchanged if nothing."""
     import dataclasses
 
     from grpo_tune.costmodel.estimate import estimate
@@ -162,7 +159,9 @@ def with_verl_defaults(
         )
 
     margin = min_headroom * best.hardware.hbm_bytes
-    chosen, kept = prefer_defaults(best, price, lambda x: x.fits and x.headroom_bytes >= margin, pins)
+    chosen, kept = prefer_defaults(
+        best, price, lambda x: x.fits and x.headroom_bytes >= margin, pins, defaults=defaults, owner=owner
+    )
     if not kept:
         return result
     ranked = [chosen] + [e for e in result.ranked if e.strategy != chosen.strategy]

@@ -70,8 +70,8 @@ class SearchResult:
     """Largest relative gap between a combined figure (step time, peak memory) and the exact
     estimate, over the plans evaluated exactly; 0 when the cost model is additive as assumed."""
     defaults_kept: list[str] = field(default_factory=list)
-    """One note per knob of the winner moved back to verl's default within the model's noise
-    (:func:`autotune.search.defaults.with_verl_defaults`, which the CLI applies: then ``ranked[0]`` is that plan, and
+    """One note per knob of the winner moved back to the framework's default within the model's noise
+    (:func:`autotune.search.defaults.with_defaults`, which the search job applies: then ``ranked[0]`` is that plan, and
     may be up to 1% slower than ``ranked[1]``)."""
 
     @property

@@ -25,8 +25,9 @@ The read side, which the generic commands reach through the registry rather than
   :meth:`Framework.tuned_file`, :meth:`Framework.tune_constraints`, :meth:`Framework.tune_notes`): the search
   and the choice are generic (:mod:`grpo_tune.autotune.tune`), the keys and the edited file the framework's;
 - the pins a framework puts on the search and on ``estimate`` (:meth:`Framework.constraints`,
-  :meth:`Framework.refuse_search_pins`, :meth:`Framework.plan_pins`) and its stack profile
-  (:attr:`Framework.stack_profile`);
+  :meth:`Framework.refuse_search_pins`, :meth:`Framework.plan_pins`), its stack profile
+  (:attr:`Framework.stack_profile`) and its defaults, which the search keeps within the model's noise
+  (:meth:`Framework.knob_defaults`);
 - :meth:`Framework.read_log`, :meth:`Framework.claims_log_record` and :attr:`Framework.log_folds`: the
   framework's own run logs (``calibrate --from-log``) and how its timers hold our phases;
   :meth:`Framework.log_lengths`: the mean lengths a line of such a log states (``--lengths``). grpo-tune's own
@@ -87,6 +88,11 @@ class Framework(ABC):
 
     def constraints(self) -> Mapping[str, object]:
         """Plan fields this framework fixes: ``{Strategy field: value}`` (the search's pins for it)."""
+        return {}
+
+    def knob_defaults(self) -> Mapping[str, object]:
+        """Strategy fields as this framework sets them when its launch leaves every key at its default: the search
+        keeps a knob there when its searched value wins by less than the model's noise (empty: none stated)."""
         return {}
 
     stack_profile: ClassVar[str | None] = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import stat
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import cast
 
@@ -47,6 +48,11 @@ class Verl(Framework):
         except GrpoTuneError:
             return False
         return isinstance(data, dict) and ARO in data
+
+    def knob_defaults(self) -> Mapping[str, object]:
+        """Strategy fields as verl sets them when a launch leaves every key at its default (its config snapshot
+        read through the Strategy<->verl table)."""
+        return _defaults()
 
     log_folds = {logs.FORMAT_JSONL: logs.FOLD, logs.FORMAT_CONSOLE: logs.FOLD}
 
@@ -117,3 +123,10 @@ class Verl(Framework):
         from grpo_tune.frameworks.verl.script import runtime_notes
 
         return runtime_notes(cast(Launch, plan.launch), dict(changes))
+
+
+@lru_cache(maxsize=1)
+def _defaults() -> dict[str, object]:
+    from grpo_tune.frameworks.verl import snapshot, table
+
+    return table.read_fields(snapshot.default, "strategy")
