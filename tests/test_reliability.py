@@ -139,7 +139,7 @@ def test_every_signal_to_train_takes_torchrun_and_its_workers_down(tmp_path, sig
 
 def test_ctrl_c_names_the_step_and_the_checkpoint_to_resume_from(tmp_path):
     """The resume line (issue: Ctrl-C looked like a crash): the step reached and the last checkpoint."""
-    from grpo_tune.cli.train import interrupted_line
+    from grpo_tune.jobs.train import interrupted_line
 
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)

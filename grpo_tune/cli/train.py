@@ -1,21 +1,23 @@
 """``grpo-tune train --config best.yaml``: check the config, then run the GRPO trainer under torchrun.
 
-``--dry-run`` prints the Parallel Config Summary (degrees per role, world size, DP, micro-batches,
-the cost model's memory per phase) and the torchrun command, and starts nothing. Every check that
-can fail runs before a process starts (:func:`trainer.launch.preflight`). The trainer is imported
-lazily here, and trainer.launch is torch-free, so ``autotune`` never imports torch.
+Parses the flags, calls :func:`grpo_tune.jobs.train.run_train` once (following the run with a live progress
+table) and prints how it ended. ``--dry-run`` prints the Parallel Config Summary (degrees per role, world size,
+DP, micro-batches, the cost model's memory per phase) and the torchrun command, and starts nothing. Every check
+that can fail runs in the job before a process starts; nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from grpo_tune.jobs.train import Nodes, TrainRequest, TrainStart, run_train
 
 ConfigOpt = Annotated[
     Path, typer.Option("--config", "-c", help="Run config written by `grpo-tune search` (best.yaml).")
@@ -51,123 +53,6 @@ MasterPortOpt = Annotated[
     Optional[int],
     typer.Option("--master-port", help="Rendezvous port (torchrun --master-port).", rich_help_panel="Multi-node"),
 ]
-
-
-def check_rendezvous(master_addr: str | None, master_port: int | None) -> None:
-    """torchrun refuses these only after the launch: a port outside TCP's range, an address with blanks."""
-    from grpo_tune.core.errors import ConfigError
-
-    if master_port is not None and not 1 <= master_port <= 65535:
-        raise ConfigError(f"--master-port must be a TCP port in 1..65535, got {master_port}")
-    if master_addr is not None and (not master_addr or not master_addr.isprintable() or " " in master_addr):
-        raise ConfigError(f"--master-addr {master_addr!r} is not a host name or address", hint="e.g. node0 or 10.0.0.1")
-
-
-def load_checked(
-    config: Path,
-    *,
-    steps: int | None = None,
-    out: Path | None = None,
-    nnodes: int | None = None,
-    node_rank: int = 0,
-    resume: bool = True,
-    need_torch: bool = True,
-    scratch: bool = False,
-    sets: list[str] | None = None,
-):
-    """Load the config, apply CLI overrides, run every pre-start check. Returns (cfg, layout, out_dir).
-
-    ``scratch``: the output folder is the command's own scratch space (``profile``), reused freely."""
-    import dataclasses
-    import os
-
-    from grpo_tune.core import config as run_config
-    from grpo_tune.core.errors import ConfigError
-    from grpo_tune.trainer import launch
-
-    cfg = run_config.load(config, sets or ())
-    over: dict[str, Any] = {}  # TrainerOptions fields of mixed types, for dataclasses.replace
-    if steps is not None:
-        if steps < 1:
-            raise ConfigError(f"--steps must be >= 1, got {steps}")
-        over["steps"] = steps
-    if out is not None:
-        over["out_dir"] = str(out)
-    if over:
-        cfg = cfg.replace(trainer=dataclasses.replace(cfg.trainer, **over))
-    out_dir = Path(cfg.trainer.out_dir)
-    from grpo_tune.rundir.outputs import check_out_dir
-
-    check_out_dir(out_dir, "--out", inputs={"CONFIG": config})
-    if not resume and not scratch:
-        held = [n for n in ("checkpoints/latest.json", "metrics.jsonl") if os.path.lexists(out_dir / n)]
-        if held:
-            raise ConfigError(
-                f"{out_dir} already holds {' and '.join(held)} of an earlier run and --no-resume was given",
-                hint="choose another --out, or drop --no-resume to continue that run",
-            )
-    lay = launch.preflight(
-        cfg, nnodes=nnodes, node_rank=node_rank, resume_dir=out_dir if resume else None, need_torch=need_torch
-    )
-    return cfg, lay, out_dir
-
-
-def summary(cfg, lay) -> dict:
-    """The Parallel Config Summary as data (printed as tables, or as JSON with --json)."""
-    from grpo_tune.core.errors import GrpoTuneError
-    from grpo_tune.trainer import launch
-
-    s, w, t = cfg.strategy, cfg.workload, cfg.trainer
-    roles = {
-        "actor": {
-            **s.layout.degrees(),
-            "sequence_parallel": s.layout.sp,
-            "recompute": s.memory.recompute,
-            "distributed_optimizer": s.memory.distributed_optimizer,
-            "offload": list(s.memory.offload),
-        }
-    }
-    if w.kl:
-        # The reference shares the actor's process groups (a mismatch there is a classic verl crash).
-        roles["reference"] = s.layout.degrees()
-    roles["rollout"] = {
-        "engine": t.rollout_engine,
-        "tp": s.rollout.rollout_tp,
-        "replicas": lay.world_size // s.rollout.rollout_tp,
-        "gpu_memory_utilization": s.rollout.gpu_memory_utilization,
-    }
-    out = {
-        "model": cfg.model.name,
-        "hardware": cfg.hardware.name,
-        "world_size": lay.world_size,
-        "nnodes": lay.nnodes,
-        "nproc_per_node": lay.nproc_per_node,
-        "dp": s.layout.dp,
-        "mbs": s.batching.mbs,
-        "roles": roles,
-        "batch": launch.micro_batches(cfg),
-        "workload": {
-            k: getattr(w, k)
-            for k in ("prompts", "n", "prompt_len", "response_len", "mini_batch", "ppo_epochs", "kl", "dtype")
-        },
-        "memory": None,
-        "memory_note": None,
-    }
-    try:
-        from grpo_tune.costmodel.estimate import estimate
-
-        est = estimate(model=cfg.model, hardware=cfg.hardware, cluster=cfg.cluster, strategy=s, workload=w)
-        out["memory"] = {
-            "capacity_bytes": int(est.capacity_bytes),
-            "fits": est.fits,
-            "phases": {k: int(v.total_bytes) for k, v in est.memory.items()},
-            "violations": [v.to_dict() for v in est.violations],
-        }
-    except ImportError as exc:  # the memory model is a separate issue; say so rather than fail
-        out["memory_note"] = f"no memory estimate: {exc}"
-    except GrpoTuneError as exc:
-        out["memory_note"] = f"no memory estimate: [{exc.code}] {exc.message}"
-    return out
 
 
 def _human(b: float) -> str:
@@ -357,127 +242,79 @@ def train(
     sets: SetOpt = None,
 ) -> None:
     """Run GRPO training with the config's parallel strategy (torchrun; megatron-core)."""
-    from grpo_tune.rundir.outputs import check_output
-    from grpo_tune.trainer import launch
-
-    if slurm is not None:  # before anything is read or written: never over the config itself
-        check_output(slurm, "--slurm", inputs={"CONFIG": config})
-    check_rendezvous(master_addr, master_port)
-    cfg, lay, out_dir = load_checked(
-        config,
+    console = Console()
+    err = Console(stderr=True)
+    req = TrainRequest(
+        config=config,
         steps=steps,
         out=out,
-        nnodes=nnodes,
-        node_rank=node_rank,
+        nodes=Nodes(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port),
+        slurm=slurm,
+        dry_run=dry_run,
         resume=resume,
-        need_torch=not (dry_run or slurm),
-        sets=sets,
+        sets=list(sets or ()),
     )
-    set_args = [a for kv in sets or () for a in ("--set", kv)]
-
-    def worker_args_for(out_path: Path) -> list[str]:  # the same flags for torchrun here and in the sbatch script
-        return [
-            "--steps",
-            str(cfg.trainer.steps),
-            "--out",
-            str(out_path),
-            *([] if resume else ["--no-resume"]),
-            *set_args,
-        ]
-
-    worker_args = worker_args_for(out_dir)
-    console = Console()
-    if slurm is not None:
-        from grpo_tune.core.config import atomic_write
-
-        atomic_write(slurm, launch.slurm_script(config, lay, worker_args=worker_args_for(out_dir.resolve())))
+    res = run_train(req, watch=_Watch(console, err))
+    lay = res.layout
+    if res.kind == "slurm":
         console.print(
-            f"wrote {slurm}: sbatch {slurm}  ({lay.nnodes} node(s) x {lay.nproc_per_node} ranks)", highlight=False
-        )
-        return
-    cmd = launch.torchrun_command(
-        config, lay, node_rank=node_rank, master_addr=master_addr, master_port=master_port, worker_args=worker_args
-    )
-    if dry_run:
-        sm = summary(cfg, lay)
-        if json_out:
-            print(json.dumps({**sm, "command": cmd}, indent=2))
-        else:
-            print_summary(sm, cmd, console)
-        return
-    from grpo_tune.core.runlock import acquire, lock_name
-
-    err = Console(stderr=True)
-    with acquire(
-        out_dir, "grpo-tune train", say=lambda s: err.print(s, highlight=False), name=lock_name(node_rank)
-    ) as lk:
-        start = launch.check_resume(
-            out_dir, launch.checkpoint_world(cfg, lay)
-        )  # under the lock: no other writer can move it now
-        console.print(
-            f"training {cfg.model.name}: {lay.world_size} rank(s), {cfg.trainer.steps} steps"
-            + (f", resuming after step {start}" if start else "")
-            + f"; logs in {out_dir}",
+            f"wrote {res.slurm}: sbatch {res.slurm}  ({lay.nnodes} node(s) x {lay.nproc_per_node} ranks)",
             highlight=False,
         )
-        launch.clear_failures(out_dir)
-        if node_rank == 0:
-            launch.trim_metrics(out_dir, start if resume else None)
-        prog = Progress(out_dir / "metrics.jsonl", cfg.trainer.steps, console, after=start or 0)
-        try:
-            rc = launch.run_workers(cmd, out_dir, poll=prog.poll, pass_fds=(lk.fd,))
-        except (KeyboardInterrupt, SystemExit) as exc:
-            prog.stop()
-            code = interrupted_exit(exc)
-            if code is None:
-                raise
-            from grpo_tune.cli.main import say_error
-
-            say_error(
-                [interrupted_line(out_dir, launch.checkpoint_world(cfg, lay))]
-            )  # COLUMNS=0 or a pipe: it still arrives
-            raise typer.Exit(code) from None
-        finally:
-            prog.stop()
-    status, message, code = launch.worker_status(rc, out_dir)
-    if code:
-        err.print(f"[bold red]training failed ({status})[/]: " + escape(str(message)), highlight=False, soft_wrap=True)
-        if launch.classified(out_dir) is None:  # a machine cause is said in one line; anything else shows the log
-            err.print(launch.log_tail(out_dir), highlight=False, markup=False, soft_wrap=True)
+        return
+    if res.kind == "dry_run":
+        sm = res.summary or {}
+        if json_out:
+            print(json.dumps({**sm, "command": res.command}, indent=2))
         else:
-            err.print(f"log: {out_dir / 'train.log'}", highlight=False, soft_wrap=True)
-        raise typer.Exit(code)
+            print_summary(sm, res.command, console)
+        return
+    if res.kind == "interrupted":
+        from grpo_tune.cli.main import say_error
+
+        say_error([res.interrupted or ""])  # COLUMNS=0 or a pipe: it still arrives
+        raise typer.Exit(res.exit_code)
+    if res.exit_code:
+        err.print(
+            f"[bold red]training failed ({res.status})[/]: " + escape(str(res.message)), highlight=False, soft_wrap=True
+        )
+        if res.log_tail is not None:  # a machine cause is said in one line; anything else shows the log
+            err.print(res.log_tail, highlight=False, markup=False, soft_wrap=True)
+        else:
+            err.print(f"log: {res.log}", highlight=False, soft_wrap=True)
+        raise typer.Exit(res.exit_code)
     console.print(
-        f"done: metrics in {out_dir / 'metrics.jsonl'}, checkpoints in {out_dir / 'checkpoints'}",
+        f"done: metrics in {res.out_dir / 'metrics.jsonl'}, checkpoints in {res.out_dir / 'checkpoints'}",
         highlight=False,
         soft_wrap=True,
     )
 
 
-def interrupted_exit(exc: BaseException) -> int | None:
-    """The exit code of a run stopped by a signal (130 for Ctrl-C, 128 + N for signal N), else None."""
-    import signal
+class _Watch:
+    """A run as the terminal follows it: the run lock's messages on stderr, the start line, the live progress."""
 
-    if isinstance(exc, KeyboardInterrupt):
-        return 128 + signal.SIGINT
-    signum = getattr(exc, "signum", None)
-    return 128 + signum if isinstance(signum, int) else None
+    def __init__(self, console: Console, err: Console):
+        self.console, self.err = console, err
+        self.progress: Progress | None = None
 
+    def say(self, line: str) -> None:
+        self.err.print(line, highlight=False)
 
-def interrupted_line(out_dir: Path, world_size: int) -> str:
-    """``interrupted at step N; the last checkpoint is step M; rerun the same command to resume``."""
-    from grpo_tune.core.errors import GrpoTuneError
-    from grpo_tune.trainer import launch
+    def started(self, run: TrainStart) -> None:
+        self.console.print(
+            f"training {run.model}: {run.world_size} rank(s), {run.steps} steps"
+            + (f", resuming after step {run.resume_step}" if run.resume_step else "")
+            + f"; logs in {run.out_dir}",
+            highlight=False,
+        )
 
-    steps = launch.metric_steps(out_dir)
-    try:
-        ck = launch.check_resume(out_dir, world_size)
-    except GrpoTuneError:
-        ck = None
-    at = f"interrupted at step {max(steps)}" if steps else "interrupted before the first step finished"
-    if ck:
-        return f"{at}; the last checkpoint is step {ck}; rerun the same command to resume"
-    return f"{at}; no checkpoint was written yet; rerun the same command to start again"
+    def following(self, run: TrainStart) -> Callable[[], None]:
+        self.progress = Progress(run.metrics, run.steps, self.console, after=run.resume_step or 0)
+        return self.progress.poll
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
 
 
 def register(app: typer.Typer) -> None:
