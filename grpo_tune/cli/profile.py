@@ -10,7 +10,7 @@ workers die without writing the JSON, the job writes it from their failure recor
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -73,7 +73,7 @@ def profile(
         )
         console.print(res.log_tail or "", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(res.exit_code)
-    rep = res.report
+    rep: dict[str, Any] = res.report  # the profile JSON (core/profile_report.py)
     ph = ", ".join(f"{k} {v:.3f}s" for k, v in rep["phases_s"].items() if v is not None)
     console.print(
         f"ok: step {rep['step_s']:.3f}s ({ph}); {rep['tokens_per_s']:.0f} tokens/s; "

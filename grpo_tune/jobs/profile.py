@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from grpo_tune.jobs.train import Nodes
 
@@ -54,7 +54,7 @@ class ProfileOutcome:
     json_path: Path
     log_tail: str | None = None
     """A failed run's log tail (node 0)."""
-    report: dict[str, Any] | None = None
+    report: dict[str, object] | None = None
     """The profile JSON as written (node 0, a run that succeeded)."""
 
 

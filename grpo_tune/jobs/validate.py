@@ -8,7 +8,7 @@ prints it (tables, or the report as JSON) and exits 1 when it did not pass.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 PRETRAINING_TOLERANCE_PCT = 10.0
 """The pretraining rows' default tolerance (MAPE of all or held-out rows, percent)."""
@@ -34,7 +34,7 @@ class ValidateOutcome:
     """The validation report (as ``--json`` prints it) and which kind of rows it scored."""
 
     kind: Literal["pretraining", "grpo"]
-    report: dict[str, Any]
+    report: dict[str, object]
 
     @property
     def passed(self) -> bool:
