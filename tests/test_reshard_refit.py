@@ -156,3 +156,30 @@ def test_reshard_rows_span_h100_and_gb200_and_name_their_source():
     assert all(("nccl-reshard-refit.md" in r.raw["source"] or "pull/2971" in r.raw["source"]) for r in rows)
     assert all(r.split == "scored" for r in rows) and len(rows) == 9
     assert all(with_stack(load_hardware(r.raw["hardware"]), vg.row_stack(r)).stack == STACK for r in rows)
+
+
+def test_unknown_refit_transport_in_a_row_is_a_coded_error(tmp_path):
+    """A measurements file naming a transport the model does not price is BAD_CONFIG naming the row, and the
+    CLI exits 2 (no traceback)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from grpo_tune.core.errors import GrpoTuneError
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "grpo_tune/profiles/data/published_grpo.csv").read_text()
+    bad = tmp_path / "grpo.csv"
+    bad.write_text(text.replace(",nccl_reshard\n", ",pigeon\n", 1))
+    row = next(r for r in vg.load_grpo_rows(bad) if r.raw.get("refit_transport") == "pigeon")
+    with pytest.raises(GrpoTuneError) as ei:
+        vg.predict(row)
+    assert ei.value.code == "BAD_CONFIG" and row.id in ei.value.message and "pigeon" in ei.value.message
+    p = subprocess.run(
+        [sys.executable, "-c", "from grpo_tune.cli.main import run; run()", "validate", "--grpo", "--data", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=300,
+    )
+    assert p.returncode == 2 and "BAD_CONFIG" in (p.stdout + p.stderr) and "Traceback" not in p.stderr

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_tune.core.errors import ConfigError
+from grpo_tune.core.placement import Placement
 from grpo_tune.core.specs import PROFILES_DIR, HardwareSpec, load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 from grpo_tune.costmodel.estimate import Estimate, estimate
@@ -159,10 +160,8 @@ def plan(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[Any, HardwareSpe
 _RECIPE_PLANS: dict[str, tuple[Strategy, Workload]] = {}
 
 
-def _placement(row: GrpoRow) -> Any:
+def _placement(row: GrpoRow) -> Placement:
     """The row's placement: colocated, or separate pools with its rollout GPUs and staleness."""
-    from grpo_tune.core.placement import Placement
-
     if not _separate(row):
         return Placement()
     return Placement(
@@ -171,7 +170,7 @@ def _placement(row: GrpoRow) -> Any:
 
 
 def _via_framework(
-    row_id: str, framework: str, m: Any, cluster: Cluster, s: Strategy, wl: Workload, place: Any = None
+    row_id: str, framework: str, m: Any, cluster: Cluster, s: Strategy, wl: Workload, place: Placement | None = None
 ) -> tuple[Strategy, Workload]:
     """A row's plan as the file its framework's exporter writes for it reads back (NeMo-RL: nemo_rl.yaml, loaded
     as NeMo-RL loads it; :meth:`~grpo_tune.frameworks.base.Framework.round_trip`): the plan that is scored is
@@ -187,10 +186,7 @@ def _via_framework(
         from grpo_tune.core.strategy import validate
 
         hw0 = load_hardware("h100")
-        if place is None:
-            from grpo_tune.core.placement import Placement
-
-            place = Placement()
+        place = place or Placement()
         train_gpus = cluster.gpus - (place.rollout_gpus if place.separate else 0)  # the training pool's layout
         s = validate(m, s, train_gpus, gpus_per_node=cluster.gpus_per_node, allow_cross_node_tp=True)
         cfg = RunConfig(
