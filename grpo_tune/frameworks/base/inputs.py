@@ -28,7 +28,7 @@ MAX_YAML_DEPTH = 64
 @dataclass
 class Override:
     key: str
-    value: Any
+    value: object
     raw: str
     prefix: Literal["", "+", "++", "~"] = ""
     """Hydra's: ``""``, ``+`` (add), ``++`` (add or override) or ``~`` (delete; diagnose drops those)."""

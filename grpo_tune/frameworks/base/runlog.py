@@ -15,7 +15,6 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from grpo_tune.core.errors import ConfigError
 
@@ -53,7 +52,7 @@ class RunLog:
     """``verl-jsonl``, ``verl-console``, ``grpo-tune``, or a framework's own (``nemo-rl-tensorboard``, ...)."""
     records: list[StepRecord]
     warnings: list[str] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, object] = field(default_factory=dict)
     """Run facts the log states itself (our metrics.jsonl: nothing yet; reserved for model/plan ids)."""
 
     def steps(self, *, skip_warmup: int = 0) -> list[StepRecord]:

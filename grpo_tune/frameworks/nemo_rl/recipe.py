@@ -106,9 +106,9 @@ class Recipe:
 
     path: Path
     text: str
-    resolved: dict[str, Any]
+    resolved: dict[str, object]
     """Dotted key -> value after defaults, overrides and interpolation (what NeMo-RL's MasterConfig gets)."""
-    own: dict[str, Any]
+    own: dict[str, object]
     """Dotted key -> value the file itself sets (not its parents), then the CLI overrides."""
     overrides: list[str] = field(default_factory=list)
     parents: list[str] = field(default_factory=list)
