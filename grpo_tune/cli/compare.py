@@ -110,16 +110,19 @@ def _print_rows(o: CompareOutcome, title: str) -> None:
         # the profile's provenance and its class's error band, under its name
         hw = f"{r['hardware']}\n[dim]{r['provenance']} ±{r['band_pct']:.0f}%[/]"
         if not r["fits"]:
-            t.add_row(hw, f"[red]{r['error']['code']}[/]: no plan fits", "-", "-", "-", "-")
+            err = r["error"]
+            code = err["code"] if isinstance(err, dict) else err
+            t.add_row(hw, f"[red]{code}[/]: no plan fits", "-", "-", "-", "-")
             continue
-        cost = r["usd_per_million_tokens"]
+        cost, headroom = r["usd_per_million_tokens"], r["headroom_bytes"]
+        assert isinstance(headroom, int)  # compare_rows writes int(headroom) for a plan that fits
         t.add_row(
             hw,
-            r["plan"],
+            str(r["plan"]),
             f"{r['step_s']:.2f}",
             f"{r['tokens_per_s_per_gpu']:,.0f}",
             "-" if cost is None else f"{cost:.2f}",
-            f"{r['headroom_bytes'] / GiB:.1f}",
+            f"{headroom / GiB:.1f}",
         )
     console = Console()
     from grpo_tune.autotune.calibrate.lengths import lengths_note, workload_line

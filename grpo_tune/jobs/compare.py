@@ -43,8 +43,8 @@ class CompareRequest:
 class CompareOutcome:
     """The rows (one per profile), the document written to compare.json, and where it went."""
 
-    rows: list[dict[str, Any]]
-    doc: dict[str, Any]
+    rows: list[dict[str, object]]
+    doc: dict[str, object]
     out: Path
     png: Path
     workload: Workload

@@ -7,7 +7,6 @@ prints it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from grpo_tune.core.placement import Placement, PlacementAsk
 from grpo_tune.core.target import Target
@@ -20,7 +19,7 @@ class EstimateRequest:
     """What ``estimate`` was asked: the target, the plan's knobs, the placement."""
 
     target: Target
-    pins: dict[str, Any]
+    pins: dict[str, object]
     setup: Setup = Setup()
     place: PlacementAsk = PlacementAsk()
 

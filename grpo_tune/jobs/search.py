@@ -44,7 +44,7 @@ class SearchRequest:
     """What ``search`` was asked: the target, the pins, the placement, and what to write."""
 
     target: Target
-    pins: dict[str, Any]
+    pins: dict[str, object]
     setup: Setup = Setup()
     place: PlacementAsk = PlacementAsk()
     top: int = 10

@@ -32,7 +32,7 @@ class TuneRequest:
     prompt_len_mean: int | None = None
     response_len_mean: int | None = None
     keep: list[str] = field(default_factory=list)
-    pins: dict[str, Any] = field(default_factory=dict)
+    pins: dict[str, object] = field(default_factory=dict)
     place: PlacementAsk = PlacementAsk()
     setup: Setup = Setup(frameworks=())
     min_headroom: float = 0.05
