@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import grpo_tune.validate.grpo as vg
+from grpo_tune.cli.validate import _short
 from grpo_tune.core.errors import GrpoTuneError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +29,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"},
         timeout=300,
     )
 
@@ -53,6 +55,15 @@ def test_cli_prints_phases_cv_and_movers():
     assert "leave-one-out" in p.stdout and "rows move it" in p.stdout
     for phase in ("gen", "train", "logprob", "refit"):
         assert f" {phase} " in p.stdout
+    # fits 80 columns with no cell cut: only row ids are shortened (in the middle), never a figure
+    assert max(len(line) for line in p.stdout.splitlines()) <= 80
+    assert not re.search(r"…(\s|$)", p.stdout, re.M), "a cell was cut at its end"
+    rows = [r["id"] for r in vg.run_grpo()["rows"]]
+    pairs_csv = (ROOT / "grpo_tune/profiles/data/published_placement_pairs.csv").read_text().splitlines()
+    pairs = [ln.split(",", 1)[0] for ln in pairs_csv if ln and not ln.startswith("#")][1:]
+    for ids, width in ((rows, 32), (pairs, 24)):  # the widths the step table and the pair tables print
+        cut = [_short(i, width) for i in ids]
+        assert len(set(cut)) == len(ids) and max(map(len, cut)) <= width
     assert cli().returncode == (0 if vg.run_grpo()["passed"] else 1)
 
 

@@ -122,6 +122,14 @@ _GRPO_COLS = (
 )
 
 
+def _short(row_id: str, width: int) -> str:
+    """A row id cut to ``width`` characters in the middle, so that ids sharing a long prefix stay apart."""
+    if len(row_id) <= width:
+        return row_id
+    head = (width - 1) // 2
+    return row_id[:head] + "…" + row_id[-(width - 1 - head) :]
+
+
 _POOL_PHASE = {"rollout": "gen", "old_logprob": "old lp", "ref_logprob": "ref lp", "weight_sync": "sync"}
 
 
@@ -143,7 +151,7 @@ def _print_pairs(con: Console, pp: dict) -> None:
         lo, hi = r["range"] or (r["predicted_speedup"], r["predicted_speedup"])
         pl = r["pools"]
         t.add_row(
-            r["id"][:24],
+            _short(r["id"], 24),
             f"{pl['rollout_gpus']}+{pl['train_gpus']}",
             str(pl["staleness"]),
             f"{r['published_speedup']:.2f}x",
@@ -174,14 +182,19 @@ def _print_pairs(con: Console, pp: dict) -> None:
             pl = r["pools"]
             side = f"sep {pl['rollout_gpus']}+{pl['train_gpus']}" if ph["side"] == "separate" else "colocated"
             label = _POOL_PHASE.get(ph["phase"], ph["phase"])
-            t.add_row(r["id"][:24], side, label, f"{pub:.1f}", "-" if pred is None else f"{pred:.1f}", err)
+            t.add_row(_short(r["id"], 24), side, label, f"{pub:.1f}", "-" if pred is None else f"{pred:.1f}", err)
     con.print(t)
 
 
 def _print_grpo(rep: dict) -> None:
     con = Console()
-    t = Table(title="GRPO step vs published runs (seconds)", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    for c in ("row", "gpu", "phase", "published", "predicted", "error", "cv"):
+    t = Table(
+        title="GRPO step vs published runs (seconds)",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0),
+        pad_edge=False,
+    )
+    for c in ("row", "gpu", "phase", "pub", "pred", "error", "cv"):
         t.add_column(c, justify="left" if c in ("row", "gpu", "phase") else "right", no_wrap=True)
     for r in rep["rows"]:
         if r["split"] == "excluded":
@@ -193,7 +206,7 @@ def _print_grpo(rep: dict) -> None:
             err, cv = r["error_pct"][key], r.get("cv_error_pct", {}).get(key)
             colour = "green" if abs(cv if cv is not None else err) <= rep["tolerance_pct"] else "red"
             t.add_row(
-                r["id"][:28] if first else "",
+                _short(r["id"], 32) if first else "",
                 r["hardware"].split("-")[0] if first else "",
                 label,
                 f"{r['published'][key]:,.2f}" if key == "train_mfu" else f"{r['published'][key]:,.1f}",
@@ -203,6 +216,7 @@ def _print_grpo(rep: dict) -> None:
             )
             first = False
     con.print(t)
+    con.print("pub: published; pred: predicted; cv: the row's error when the fit leaves it out", highlight=False)
     excl = [r["id"] for r in rep["rows"] if r["split"] == "excluded"]
     con.print(
         f"not scored ({len(excl)}): " + ", ".join(excl) + " (FSDP2/DTensor backends, or settings not "
