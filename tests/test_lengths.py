@@ -39,6 +39,19 @@ def test_verl_console_and_jsonl_logs(tmp_path):
     assert read_lengths(str(js), model=None, prompt_len=512, response_len=2048)["response_len_mean"] == 300
 
 
+def test_verl_console_log_gives_the_lengths_of_its_jsonl_twin():
+    """verl's console writes numpy scalars as pprint does (``response_length/mean:np.float64(410.88)``): read as
+    numbers, so the console log of a run gives the means its file logger's JSONL gives (it gave none)."""
+    from pathlib import Path
+
+    fix = Path(__file__).parent / "fixtures" / "verl_logs"
+    for run in ("run_a", "run_b", "run_c"):
+        con = read_lengths(str(fix / f"{run}.console.log"), model=None, prompt_len=1024, response_len=4096)
+        js = read_lengths(str(fix / f"{run}.jsonl"), model=None, prompt_len=1024, response_len=4096)
+        assert con["response_len_mean"] == js["response_len_mean"] and con["prompt_len_mean"] == js["prompt_len_mean"]
+        assert "(run metrics, 12 steps)" in con["lengths_source"]
+
+
 def test_lengths_reach_the_workload_and_best_yaml(tmp_path):
     p = tmp_path / "d.jsonl"
     p.write_text("\n".join(json.dumps({"prompt": "a" * (40 * k), "response": "b" * (80 * k)}) for k in range(1, 50)))

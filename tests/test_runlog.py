@@ -26,6 +26,17 @@ def _w(tmp_path: Path, name: str, text: str) -> Path:
     return p
 
 
+@pytest.mark.parametrize("name", ["verl.jsonl", "metrics.jsonl"])
+def test_a_deeply_nested_line_is_skipped_with_a_warning(tmp_path, name):
+    """A line of 5,000 brackets was INTERNAL_ERROR (RecursionError) in both JSON-lines readers."""
+    verl = {"step": 1, "data": {"timing_s/gen": 2.0}}
+    ok = verl if name == "verl.jsonl" else {"step": 1, "phases_s": {"rollout": 2.0}}
+    p = _w(tmp_path, name, json.dumps(ok) + "\n" + "[" * 5000 + "\n")
+    log = runlog.read_log(p)
+    assert [r.phases_s for r in log.records] == [{"rollout": 2.0}]
+    assert log.warnings == [f"{p}:2: not a JSON object; skipped"]
+
+
 def test_console_line_with_ray_prefix_numpy_scalars_and_validation_step(tmp_path):
     p = _w(
         tmp_path,

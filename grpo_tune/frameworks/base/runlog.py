@@ -101,7 +101,7 @@ def json_records(path: Path, lines: list[str], warnings: list[str]) -> Iterator[
             continue
         try:
             obj = json.loads(s)
-        except ValueError:
+        except (ValueError, RecursionError):  # a line of 5,000 brackets is no record either
             bad += 1
             if bad <= 3:
                 warnings.append(f"{path}:{i}: not a JSON object; skipped")

@@ -160,15 +160,8 @@ def read(path: Path, text: str) -> RunLog | None:
     return finish(path, fmt, by_step, nan_steps, warnings, PHASES)
 
 
-_CONSOLE_NUMBER = re.compile(r"(?:^|\s-\s|\s)([A-Za-z_][\w/.]*):\s*(-?[0-9.eE+-]+)")
-
-
-def _is_number(v: str) -> bool:
-    try:
-        float(v)
-        return True
-    except ValueError:
-        return False
+_CONSOLE_NUMBER = re.compile(r"(?:^|\s-\s|\s)([A-Za-z_][\w/.]*):\s*((?:[A-Za-z_][\w.]*\()?-?[0-9.eE+-]+\)?)")
+"""``key:value`` in a console line, its value a number: bare, or as pprint writes a numpy scalar (``np.float64(1)``)."""
 
 
 def lengths(line: str, obj: Mapping[str, object] | None) -> dict[str, float] | None:
@@ -184,7 +177,7 @@ def lengths(line: str, obj: Mapping[str, object] | None) -> dict[str, float] | N
     else:
         if RESPONSE_MEAN not in line:
             return None
-        vals = {k: float(v) for k, v in _CONSOLE_NUMBER.findall(line) if _is_number(v)}
+        vals = {k: f for k, v in _CONSOLE_NUMBER.findall(line) if (f := num(v)) is not None}
         if RESPONSE_MEAN not in vals:
             return None
     return {ours: vals[k] for k, ours in _LENGTHS if k in vals}
