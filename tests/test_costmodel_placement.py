@@ -280,7 +280,7 @@ def _every_split_in_full(m, hw, cl, wl, K):
         ps = P.pools(cl, r)
         g = SP.best_rollout(m, hw, ps.rollout, wl, {}, CAL, False)
         try:
-            tr = search(m, hw, ps.train, wl, pins=SP._train_pins({}), _price=SP._train_price, top=3,
+            tr = search(m, hw, ps.train, wl, pins=SP._train_pins({}), _price=P.train_pool, top=3,
                         keep_layouts=SP.TRAIN_KEEP_LAYOUTS, exact=SP.TRAIN_EXACT)  # fmt: skip
         except InvalidDegreesError:
             continue

@@ -208,17 +208,7 @@ def rollout_memory(
         "rollout_kv_cache": max(0.0, kvc.kv_bytes),
     }
     pm = PhaseMemory("rollout", parts, kvc.to_info())
-    cap = hw.hbm_bytes - hw.reserved_memory_bytes
-    out = []
-    if pm.total_bytes > cap:
-        out.append(
-            Violation(
-                "OOM_RISK",
-                f"rollout pool: vLLM takes {pm.total_bytes / GiB:.1f} GiB > {cap / GiB:.1f} GiB capacity",
-                phase="rollout",
-                bytes_over=pm.total_bytes - cap,
-            )
-        )
+    out = _over_capacity(pm, hw, "vLLM")
     if kvc.kv_bytes <= 0 or kvc.sequences < 1:
         need = (wl.prompt_len + wl.response_len) * kvc.bytes_per_token
         out.append(
@@ -255,18 +245,22 @@ def _native_memory(
     )
     parts = {"rollout_weights": weights, "rollout_activations": max(sample, lp_pass), "rollout_kv_cache": 0.0}
     pm = PhaseMemory("rollout", parts, {"native_rollout": 1.0})
+    return pm, _over_capacity(pm, hw, "the sampler")
+
+
+def _over_capacity(pm: PhaseMemory, hw: HardwareSpec, engine: str) -> list[Violation]:
+    """``OOM_RISK`` when the rollout engine's bytes on a rollout-pool GPU exceed its capacity."""
     cap = hw.hbm_bytes - hw.reserved_memory_bytes
-    out = []
-    if pm.total_bytes > cap:
-        out.append(
-            Violation(
-                "OOM_RISK",
-                f"rollout pool: the sampler takes {pm.total_bytes / GiB:.1f} GiB > {cap / GiB:.1f} GiB capacity",
-                phase="rollout",
-                bytes_over=pm.total_bytes - cap,
-            )
+    if not pm.total_bytes > cap:
+        return []
+    return [
+        Violation(
+            "OOM_RISK",
+            f"rollout pool: {engine} takes {pm.total_bytes / GiB:.1f} GiB > {cap / GiB:.1f} GiB capacity",
+            phase="rollout",
+            bytes_over=pm.total_bytes - cap,
         )
-    return pm, out
+    ]
 
 
 def sync_link(
@@ -453,7 +447,8 @@ def cluster_price(
 # The estimate
 # ---------------------------------------------------------------------------------------------
 
-_TRAIN_PHASES = (Phase.OLD_LOGPROB.value, Phase.REF_LOGPROB.value, Phase.UPDATE.value, Phase.OFFLOAD.value)
+TRAIN_PHASES = (Phase.OLD_LOGPROB.value, Phase.REF_LOGPROB.value, Phase.UPDATE.value, Phase.OFFLOAD.value)
+"""The phases a training pool runs (the log-prob passes, the update, offload): its step is their sum."""
 
 
 def train_pool(
@@ -478,7 +473,7 @@ def train_pool(
     )
     cal = check_calibration(calibration)
     assert est.time is not None
-    phases = {k: v for k, v in est.time.phases.items() if k in _TRAIN_PHASES}
+    phases = {k: v for k, v in est.time.phases.items() if k in TRAIN_PHASES}
     step = sum(phases.values()) + cal["step_overhead_s"]
     mem = {k: v for k, v in est.memory.items() if k not in ("rollout", "weight_sync")}
     viol = tuple(v for v in est.violations if v.phase not in ("rollout", "weight_sync"))
@@ -688,5 +683,6 @@ __all__ = [
     "rollout_memory",
     "split_candidates",
     "sync_link",
+    "TRAIN_PHASES",
     "train_pool",
 ]

@@ -329,7 +329,7 @@ def _separate(
         key = (tc.gpus, tc.gpus_per_node)
         if key not in tsearch:
             try:
-                tsearch[key] = search(m, hw, tc, wl, pins=tpins, _price=_train_price, **tkw)
+                tsearch[key] = search(m, hw, tc, wl, pins=tpins, _price=P.train_pool, **tkw)
             except GrpoTuneError:
                 tsearch[key] = None
         return tsearch[key]
@@ -491,18 +491,4 @@ def _train_part(e: Estimate | None) -> float | None:
     """Seconds of a colocated plan's training-pool phases (the log-prob passes, the update, offload)."""
     if e is None or e.time is None:
         return None
-    return sum(e.time.phases.get(k, 0.0) for k in ("old_logprob", "ref_logprob", "update", "offload"))
-
-
-def _train_price(
-    *,
-    model: ModelSpec,
-    hardware: HardwareSpec,
-    cluster: Cluster,
-    strategy: Strategy,
-    workload: Workload,
-    calibration: dict[str, float] | None = None,
-) -> Estimate:
-    return P.train_pool(
-        model=model, hardware=hardware, cluster=cluster, strategy=strategy, workload=workload, calibration=calibration
-    )
+    return sum(e.time.phases.get(k, 0.0) for k in P.TRAIN_PHASES)
