@@ -30,19 +30,8 @@ from typing import Any, Callable
 
 from grpo_tune.core.config import TrainerOptions, cluster_of, trainer_options
 from grpo_tune.frameworks.base.inputs import as_int, as_names
-from grpo_tune.frameworks.base.sections import (
-    C,
-    Get,
-    Row,
-    S,
-    Sections,
-    T,
-    W,
-    none,
-    read_rows,
-    section_value,
-    write_rows,
-)
+from grpo_tune.frameworks.base.sections import C, Get, Row, S, Sections, T, W
+from grpo_tune.frameworks.base.sections import none, read_rows, section_value, write_rows
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 from grpo_tune.core.placement import Placement
 
