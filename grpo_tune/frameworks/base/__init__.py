@@ -179,8 +179,8 @@ class Framework(ABC):
 
     log_folds: ClassVar[Mapping[str, dict[str, str]]] = {}
     """The log formats :meth:`read_log` returns -> how the framework's timers hold our phases (predicted phase ->
-    the measured phase timing it; a format not listed is timed as grpo-tune's trainer times it, offload inside
-    update)."""
+    the measured phase timing it; a format not listed, grpo-tune's metrics.jsonl, is compared with offload in
+    update: :data:`grpo_tune.autotune.calibrate.runlog.FOLD`)."""
 
     def read_log(self, path: Path, text: str | None) -> RunLog | None:
         """This framework's run log at ``path``, None where it is not one. Asked first with ``text`` None, for the
