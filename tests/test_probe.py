@@ -95,7 +95,7 @@ def _fake_runs(monkeypatch, tmp_path, outcomes):
     """Replace the torchrun subprocess with ``outcomes`` (rc, text, writes_profile), one per call."""
     import subprocess as sp
 
-    from grpo_tune.cli import probe
+    from grpo_tune.jobs import probe
 
     calls = []
     profile = (ROOT / "grpo_tune" / "profiles" / "hardware" / "cpu.toml").read_text()
@@ -113,14 +113,14 @@ def _fake_runs(monkeypatch, tmp_path, outcomes):
 
 def test_a_rank_killed_by_a_signal_is_probed_once_more(monkeypatch, tmp_path):
     probe, calls = _fake_runs(monkeypatch, tmp_path, [(1, _CRASH, False), (0, "", True)])
-    hw, _ = probe.probe_hardware(tmp_path / "p.toml", nproc=2)
+    hw = probe.run_probe(probe.ProbeRequest(out=tmp_path / "p.toml", nproc=2)).hardware
     assert len(calls) == 2 and hw.name == "cpu"
 
 
 def test_a_second_crash_reports_the_ranks_own_error(monkeypatch, tmp_path):
     probe, calls = _fake_runs(monkeypatch, tmp_path, [(1, _CRASH, False), (1, _CRASH, False)])
     with pytest.raises(GrpoTuneError) as e:
-        probe.probe_hardware(tmp_path / "p.toml", nproc=2)
+        probe.run_probe(probe.ProbeRequest(out=tmp_path / "p.toml", nproc=2))
     assert len(calls) == 2 and e.value.code == "TRIAL_FAILED"
     assert "Connection closed by peer" in str(e.value)  # the cause, not only torchrun's tail
 
@@ -128,5 +128,5 @@ def test_a_second_crash_reports_the_ranks_own_error(monkeypatch, tmp_path):
 def test_an_ordinary_failure_is_not_retried(monkeypatch, tmp_path):
     probe, calls = _fake_runs(monkeypatch, tmp_path, [(1, "ValueError: bad shape\nexitcode  : 1", False)])
     with pytest.raises(GrpoTuneError, match="bad shape"):
-        probe.probe_hardware(tmp_path / "p.toml", nproc=2)
+        probe.run_probe(probe.ProbeRequest(out=tmp_path / "p.toml", nproc=2))
     assert len(calls) == 1

@@ -1,35 +1,21 @@
-"""``grpo-tune models`` and ``grpo-tune hardware``: what presets exist."""
+"""``grpo-tune models`` and ``grpo-tune hardware``: what presets exist. Each command calls its job of
+:mod:`grpo_tune.jobs.catalog` once and prints the presets (a table, or JSON with ``--json``)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from grpo_tune.cli.options import Json
-from grpo_tune.core.specs import list_hardware, list_models, load_hardware, load_model
-from grpo_tune.costmodel.params import active_params, total_params
+from grpo_tune.jobs.catalog import run_hardware, run_models
 
 
 def models(json_out: Json = False) -> None:
     """List model presets with exact parameter counts."""
-    rows: list[dict[str, Any]] = []
-    for name in list_models():
-        m = load_model(name)
-        rows.append(
-            {
-                "name": m.name,
-                "family": m.family,
-                "layers": m.layers,
-                "hidden": m.hidden,
-                "total_params": total_params(m),
-                "active_params": active_params(m),
-                "hf_id": m.hf_id,
-            }
-        )
+    rows = run_models()
     if json_out:
         print(json.dumps(rows, indent=2))
         return
@@ -56,7 +42,7 @@ def models(json_out: Json = False) -> None:
 
 def hardware(json_out: Json = False) -> None:
     """List hardware profiles."""
-    specs = [load_hardware(n) for n in list_hardware()]
+    specs = run_hardware()
     rows = [hw.to_dict() for hw in specs]
     if json_out:
         print(json.dumps(rows, indent=2))
