@@ -6,6 +6,7 @@ with ``--json``) and exits with its exit code."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Annotated, Optional
 
 import typer
@@ -23,7 +24,7 @@ MAX_ROWS = 200
 The counts below the table and ``--json`` cover every finding."""
 
 
-def _deg(role: dict, keys: tuple[str, ...]) -> str:
+def _deg(role: Mapping[str, object], keys: tuple[str, ...]) -> str:
     return " ".join(f"{k}={'?' if role.get(k) is None else role[k]}" for k in keys if k in role)
 
 

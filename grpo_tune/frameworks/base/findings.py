@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from collections.abc import Mapping
+from typing import NotRequired, TypedDict
 
 from grpo_tune.core.errors import CODES
 
@@ -44,13 +45,66 @@ class Finding:
         return {k: (str(v) if k == "severity" else v) for k, v in self.__dict__.items() if v is not None and v != ""}
 
 
+class RolloutRole(TypedDict, total=False):
+    """The rollout engine's degrees and settings as the file sets them (None: not usable)."""
+
+    tp: int | None
+    pp: int | None
+    replicas: int | None
+    gpu_memory_utilization: object
+    name: object
+
+
+class Roles(TypedDict, total=False):
+    """Each role's degrees: the actor's and the reference's by degree name (``tp pp vpp cp ep etp``, and ``dp``
+    once known; None: not usable), and the rollout engine's."""
+
+    actor: dict[str, int | None]
+    ref: dict[str, int | None]
+    rollout: RolloutRole
+
+
+class MemorySummary(TypedDict):
+    """The cost model's bytes per rank for the file's plan."""
+
+    capacity_bytes: int
+    peak_phase: str
+    peak_bytes: int
+    phases: dict[str, int]
+    step_s: NotRequired[float | None]
+
+
+class Summary(TypedDict, total=False):
+    """What a report says of the file's plan besides its findings (what the reader could tell)."""
+
+    model: str | None
+    model_note: str
+    hardware: str | None
+    world_size: int | None
+    nnodes: int | None
+    gpus_per_node: int | None
+    dp: int | None
+    roles: Roles
+    batch: Mapping[str, object]
+    """The framework's batch keys -> values."""
+    memory: MemorySummary | None
+    framework: str
+    defaults: list[str]
+    placement: Mapping[str, object]
+    """Separate pools: the framework's pools and schedule as read."""
+    train_gpus: int | None
+    strategy: object
+    """A run config that cannot run: its sections as written."""
+    cluster: object
+
+
 @dataclass
 class Report:
     source: str
     kind: str
     """``run_config``, ``verl_script``, ``overrides`` or ``verl_yaml``."""
     findings: list[Finding] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: Summary = field(default_factory=lambda: Summary())
 
     def count(self, severity: str) -> int:
         return sum(f.severity == severity for f in self.findings)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-from grpo_tune.frameworks.base.findings import Finding, Report, Severity
+from grpo_tune.frameworks.base.findings import Finding, MemorySummary, Report, Severity, Summary
 from grpo_tune.core.errors import CODES, GrpoTuneError, InvalidDegreesError
 from grpo_tune.core.specs import load_hardware
 
@@ -180,7 +180,7 @@ def _batches(plan, train) -> list[Finding]:
     return out
 
 
-def _memory(plan, findings: list[Finding], placement=None) -> dict[str, Any] | None:
+def _memory(plan, findings: list[Finding], placement=None) -> MemorySummary | None:
     from grpo_tune.costmodel.estimate import estimate
     from grpo_tune.costmodel.placement import estimate_separate
 
@@ -239,7 +239,7 @@ def _oom_hint(phase: str | None) -> str:
     return f"lower {T.PACK}.logprob_mb_tokens (or logprob_batch_size), or raise TP/PP"
 
 
-def _summary(plan, r: R.Recipe, memory, placement=None, train=None) -> dict[str, Any]:
+def _summary(plan, r: R.Recipe, memory, placement=None, train=None) -> Summary:
     s, c, w = plan.strategy, plan.cluster, plan.workload
     sep = placement is not None and placement.separate
     gen_gpus = placement.rollout_gpus if sep else c.gpus

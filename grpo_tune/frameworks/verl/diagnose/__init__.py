@@ -16,13 +16,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, InvalidDegreesError
 from grpo_tune.core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 
 from grpo_tune.frameworks.verl.diagnose.context import Ctx
-from grpo_tune.frameworks.base.findings import SEVERITIES, Finding, Report, Severity
+from grpo_tune.frameworks.base.findings import SEVERITIES, Finding, Report, Severity, Summary
 from grpo_tune.frameworks.base import models
 from grpo_tune.frameworks.base.inputs import Override, load_yaml, override, parse_value, read_text
 from grpo_tune.frameworks.verl.diagnose.parse import from_mapping, parse_override_list, parse_script
@@ -107,7 +106,7 @@ def _replicas(c: Ctx, rtp: int | None) -> int | None:
     return gpus // rtp if gpus and rtp and gpus % rtp == 0 else None
 
 
-def _summary(c: Ctx) -> dict[str, Any]:
+def _summary(c: Ctx) -> Summary:
     a, r = c.roles["actor"], c.roles["rollout"]
     rtp, world = r["tp"], c.world
     return {

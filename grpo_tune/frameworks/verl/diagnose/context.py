@@ -4,12 +4,12 @@ verl's defaults, the findings so far, and what earlier rules worked out (roles, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from grpo_tune.frameworks.verl import snapshot as verl
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
 
-from grpo_tune.frameworks.base.findings import Finding, Severity
+from grpo_tune.frameworks.base.findings import Finding, MemorySummary, Roles, Severity
 from grpo_tune.frameworks.base.inputs import Override
 
 
@@ -18,6 +18,34 @@ class _Unset:
 
 
 _NO = _Unset()
+
+
+class Batches(TypedDict, total=False):
+    """The launch's batch sizes as the batch rules read them (None: not usable); the fully-async trainer's train
+    batch is one parameter version's mini-batches."""
+
+    train_batch_size: int | None
+    n: int | None
+    ppo_mini_batch_size: int | None
+    ppo_micro_batch_size_per_gpu: int | None
+    use_dynamic_bsz: bool | None
+
+
+class SeparatePools(TypedDict, total=False):
+    """A fully-async launch's pools and schedule as read (verl's values where grpo-tune has no use for them)."""
+
+    mode: str
+    rollout_gpus: int | None
+    train_gpus: int | None
+    rollout_gpus_per_node: int | None
+    shared_nodes: bool
+    staleness: object
+    """verl's staleness_threshold: an int when it is a whole number, else as written."""
+    partial_rollout: object
+    trigger_parameter_sync_step: int | None
+    recompute_logprobs: bool
+    priced_staleness: int
+    """The staleness the memory estimate prices (a threshold that is not a whole number: 1)."""
 
 
 @dataclass
@@ -31,13 +59,13 @@ class Ctx:
     world: int | None = None
     gpn: int | None = None
     nnodes: int | None = None
-    roles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    roles: Roles = field(default_factory=lambda: Roles())
     sound: bool = False
     """The degrees are sound enough for a memory estimate."""
     dp: int | None = None
-    batches: dict[str, Any] = field(default_factory=dict)
-    memory: dict[str, Any] | None = None
-    placement: dict[str, Any] | None = None
+    batches: Batches = field(default_factory=lambda: Batches())
+    memory: MemorySummary | None = None
+    placement: SeparatePools | None = None
     """Separate pools (verl's fully-async launch): the rollout pool, staleness, partial rollout."""
     _reported: set[str] = field(default_factory=set)
 

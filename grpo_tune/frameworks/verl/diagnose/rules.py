@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Callable
 
 from grpo_tune.frameworks.verl import snapshot as verl
 from grpo_tune.frameworks.verl import table
@@ -24,7 +24,7 @@ from grpo_tune.frameworks.verl.table import ACTOR, ARO, OTC, REF, REF_OTC, ROLLO
 from grpo_tune.core.errors import close_matches
 
 from grpo_tune.frameworks.verl.diagnose.context import Ctx
-from grpo_tune.frameworks.base.findings import Severity
+from grpo_tune.frameworks.base.findings import RolloutRole, Roles, Severity
 from grpo_tune.frameworks.base.inputs import Override
 from grpo_tune.frameworks.verl.diagnose.rules_plan import DEGREES as DEGREES
 from grpo_tune.frameworks.verl.diagnose.rules_plan import MISMATCH_CODE as MISMATCH_CODE
@@ -259,7 +259,7 @@ def check_algorithm(c: Ctx) -> None:
         )
 
 
-def _degrees(c: Ctx) -> dict[str, dict[str, Any]]:
+def _degrees(c: Ctx) -> Roles:
     actor = {d: c.int_(f"{ACTOR}.megatron.{k}", allow_none=d in ("vpp", "etp")) for d, k in DEGREES.items()}
     ref = {
         d: c.int_(f"{REF}.megatron.{k}", allow_none=d in ("vpp", "etp"), inherit=actor[d]) for d, k in DEGREES.items()
@@ -268,7 +268,7 @@ def _degrees(c: Ctx) -> dict[str, dict[str, Any]]:
         role["vpp"] = role["vpp"] or 1
         if role["etp"] is None:
             role["etp"] = role["tp"]
-    rollout = {
+    rollout: RolloutRole = {
         "tp": c.int_(f"{ROLLOUT}.tensor_model_parallel_size"),
         "pp": c.int_(f"{ROLLOUT}.pipeline_model_parallel_size"),
         "gpu_memory_utilization": c.raw(f"{ROLLOUT}.gpu_memory_utilization"),

@@ -5,7 +5,7 @@ The severity rules are stated in :mod:`.rules`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from grpo_tune.frameworks.verl import snapshot as verl
 from grpo_tune.frameworks.verl import table
@@ -17,8 +17,8 @@ from grpo_tune.core.rules import check_degrees as core_check_degrees
 from grpo_tune.core.rules import check_log_prob_batches as core_check_log_prob_batches
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
-from grpo_tune.frameworks.verl.diagnose.context import Ctx
-from grpo_tune.frameworks.base.findings import Severity
+from grpo_tune.frameworks.verl.diagnose.context import Batches, Ctx
+from grpo_tune.frameworks.base.findings import MemorySummary, Roles, Severity
 
 E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
 
@@ -46,7 +46,8 @@ def check_degrees(c: Ctx) -> None:
     """Sets ``c.sound`` when the degrees are sound enough for a memory estimate, and ``c.dp``."""
     c.sound = _check_degrees(c)
     a = c.roles["actor"]
-    mp = None if None in (a["tp"], a["pp"], a["cp"]) else a["tp"] * a["pp"] * a["cp"]
+    tp, pp, cp = a["tp"], a["pp"], a["cp"]
+    mp = None if tp is None or pp is None or cp is None else tp * pp * cp
     c.dp = c.world // mp if c.world and mp and c.world % mp == 0 else None
 
 
@@ -220,7 +221,7 @@ def _check_rollout(c: Ctx, tp: int | None) -> bool:
     return ok
 
 
-def _strategy(c: Ctx, roles: dict) -> Strategy:
+def _strategy(c: Ctx, roles: Roles) -> Strategy:
     """The plan's strategy as verl will run it, read through the one verl table; the degrees come from
     the checked roles. A field whose value verl would not take falls back to grpo-tune's default
     (the value itself is reported by the rule that owns it)."""
@@ -236,7 +237,7 @@ def _strategy(c: Ctx, roles: dict) -> Strategy:
             continue
         fields[row.field] = list(v) if isinstance(v, tuple) else v
     fields.update(
-        {d: a[d] for d in DEGREES}, rollout_tp=r["tp"], gpu_memory_utilization=float(r["gpu_memory_utilization"])
+        {d: a[d] for d in DEGREES}, rollout_tp=r["tp"], gpu_memory_utilization=_float(r["gpu_memory_utilization"])
     )
     if fields.get("sequence_parallel") is not None:
         fields["sequence_parallel"] = bool(fields["sequence_parallel"])
@@ -247,7 +248,7 @@ def check_batches(c: Ctx) -> None:
     c.batches = _check_batches(c, c.dp)
 
 
-def _check_batches(c: Ctx, dp: int | None) -> dict[str, Any]:
+def _check_batches(c: Ctx, dp: int | None) -> Batches:
     """verl 0.9.1's batch rules (verl/utils/config.py validate_config, workers/config/actor.py
     ActorConfig.validate, workers/engine_workers.py train_mini_batch)."""
     n = c.int_(f"{ROLLOUT}.n")
@@ -259,7 +260,7 @@ def _check_batches(c: Ctx, dp: int | None) -> dict[str, Any]:
         tb = c.int_("data.train_batch_size")
     micro = c.int_(f"{ACTOR}.ppo_micro_batch_size_per_gpu", allow_none=True)
     dyn = c.bool_(f"{ACTOR}.use_dynamic_bsz")
-    out = {
+    out: Batches = {
         "train_batch_size": tb,
         "n": n,
         "ppo_mini_batch_size": mini,
@@ -381,7 +382,9 @@ def _separate_estimate(c: Ctx, model, hw, wl, strategy):
     from grpo_tune.costmodel.placement import estimate_separate
 
     p = c.placement or {}
-    r, t = int(p["rollout_gpus"]), int(c.world or 0)
+    rollout_gpus = p["rollout_gpus"]
+    assert rollout_gpus is not None  # _memory prices separate pools only when the launch states them
+    r, t = int(rollout_gpus), int(c.world or 0)
     gpn = max(c.gpn or 1, p.get("rollout_gpus_per_node") or 1)
     if p.get("shared_nodes"):
         gpn = (c.gpn or 0) + (p.get("rollout_gpus_per_node") or 0)
@@ -404,7 +407,7 @@ def _separate_estimate(c: Ctx, model, hw, wl, strategy):
     )
 
 
-def _memory(c: Ctx) -> dict[str, Any] | None:
+def _memory(c: Ctx) -> MemorySummary | None:
     model, hw, roles, world, gpn, batches = c.model, c.hardware, c.roles, c.world, c.gpn, c.batches
     if model is None or hw is None or world is None or gpn is None:
         return None
@@ -414,7 +417,7 @@ def _memory(c: Ctx) -> dict[str, Any] | None:
         return None
     tb, n, mini = batches["train_batch_size"], batches["n"], batches["ppo_mini_batch_size"]
     plen, rlen = c.raw("data.max_prompt_length"), c.raw("data.max_response_length")
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (tb, n, mini, plen, rlen)):
+    if not (_positive(tb) and _positive(n) and _positive(mini) and _positive(plen) and _positive(rlen)):
         c.add(I, "OOM_RISK", "batch sizes or lengths are not all known: memory not estimated")
         return None
     kl = c.raw(f"{ACTOR}.use_kl_loss") is True or c.raw("algorithm.use_kl_in_reward") is True
@@ -461,6 +464,17 @@ def _memory(c: Ctx) -> dict[str, Any] | None:
         "peak_bytes": int(est.peak_bytes),
         "phases": {k: int(p.total_bytes) for k, p in est.memory.items()},
     }
+
+
+def _positive(v: object) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _float(v: object) -> float:
+    """``float(v)`` for a value read from the launch (a number, or a numeric string as float() reads it)."""
+    if isinstance(v, (int, float, str)):
+        return float(v)
+    raise TypeError(f"float() argument must be a string or a real number, not {type(v).__name__!r}")
 
 
 def _oom_hint(phase: str | None) -> str:
