@@ -257,7 +257,8 @@ def test_the_checker_sees_lazy_relative_and_cyclic_imports(tmp_path):
 
 # The CLI is thin: a command parses its flags into a request, calls one job (grpo_tune/jobs/) and prints the
 # outcome. WORK names what conducts the work: the searches, the refinement, writing run folders and output
-# files, the calibration and the preamble (frameworks, stack, --out); a thin command's module imports none of
+# files, the calibration, the validation, reading logs, launching the trainer (trainer.launch, the run lock),
+# listing the presets and the preamble (frameworks, stack, --out); a thin command's module imports none of
 # it (the registry module `grpo_tune.frameworks` included), and calls exactly one job function, from the
 # command itself. Printing helpers (tables, labels, ranks) stay allowed. The preamble and the flag parsing of
 # jobs.setup / jobs.inputs are not jobs. A module's command function is named as the module, unless
