@@ -163,3 +163,38 @@ def test_shipped_eager_launch_cost_is_inside_its_prior():
     p = next(p for p in PRIORS if p.key == "eager_layer_overhead_s" and p.on == "stack:verl-0.9.1")
     assert p.lo <= load_stack("verl-0.9.1").params["eager_layer_overhead_s"] <= p.hi
     assert load_stack("nemo-rl-v0.3").params["eager_layer_overhead_s"] == pytest.approx(8e-5)
+
+
+def test_micro_batch_host_cost_is_paid_on_every_pipeline_stage():
+    """Megatron's 1F1B schedule calls the forward step on every stage, and NeMo-RL's and verl's forward steps
+    fetch and pack the micro-batch on every rank, so a stage's critical path holds the whole per-micro-batch
+    host cost (not 1/pp of it). By hand, Llama-3.1-8B on 8 H100, 64 x 8 sequences, mini-batch 16, mbs 1:
+    - PP1 (DP8): 16 micro-batches per mini-batch, 4 mini-batches, the cost once in the forward and twice in
+      the backward of each: 4 x 16 x 3 x h;
+    - PP2 (DP4): 32 micro-batches, and 1F1B runs m + pp - 1 = 33 micro-batch slots: 4 x 33 x 3 x h;
+    - PP2 with 2 model chunks per stage (interleaved): the schedule calls the forward step once per chunk, each
+      chunk with its own iterator over the micro-batches, so 2 x h per micro-batch, over 32 + 1/2 slots;
+    - the old log-prob pass (forward only, 1 sequence per micro-batch): 512 / 4 = 128 micro-batches at PP2,
+      129 slots x h."""
+    m = load_model("llama-3.1-8b")
+    wl = Workload(prompts=64, n=8, mini_batch=16, prompt_len=512, response_len=1024, response_len_mean=1024)
+    h = 1e-2
+
+    def times(pp, x, vpp=1):
+        s = Strategy.of(tp=1, pp=pp, vpp=vpp, mbs=1, recompute="none")
+        t = estimate(
+            model=m,
+            hardware=H100.with_efficiency(micro_batch_overhead_s=x),
+            cluster=Cluster(gpus=8),
+            strategy=s,
+            workload=wl,
+        ).time
+        return t["update"], t["old_logprob"]
+
+    for pp, slots in ((1, 16), (2, 33)):
+        (u0, lp0), (u1, _) = times(pp, 0.0), times(pp, h)
+        assert u1 - u0 == pytest.approx(4 * slots * 3 * h, rel=1e-6)
+    (u0, _), (u1, _) = times(2, 0.0, vpp=2), times(2, h, vpp=2)
+    assert u1 - u0 == pytest.approx(4 * 32.5 * 3 * 2 * h, rel=1e-6)
+    (_, lp0), (_, lp1) = times(2, 0.0), times(2, h)
+    assert lp1 - lp0 == pytest.approx(129 * h, rel=1e-6)

@@ -257,6 +257,18 @@ def tune(
             hint="for a best.yaml, `grpo-tune search` with its model and workload is the same search",
         )
     candidates = _repriced(plan, fw, ranked, price, min_headroom)
+    lp = pins.get("log_prob_mbs")
+    if candidates and lp is not None and lp_max is None and "log_prob_mbs" not in (*keep, *extra):
+        from grpo_tune.autotune.search.rank import rank_key
+
+        if candidates[0][0].strategy.batching.mbs == lp:
+            # The launch's log-prob micro-batch (kept: it differs from the launch's mbs) equals the best plan's
+            # mbs, so the tuned file reads back as one whose log-prob micro-batch follows mbs: tune those plans
+            # too, or tuning the tuned file would find the faster ones among them.
+            more, _ = _tune_search(plan, {**pins, "log_prob_mbs": None}, top, calibration, min_headroom, None)
+            candidates = sorted(
+                [*candidates, *_repriced(plan, fw, more, price, min_headroom)], key=lambda c: rank_key(c[0])
+            )
     best, changes = _choose(plan, cur, candidates, extra)
     nearest: list[Any] = []
     if not _fits(cur):

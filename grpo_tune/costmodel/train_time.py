@@ -239,7 +239,12 @@ def train_s(
         lt["head"] = head_s(m, hw, e, s, lt["tokens"], cal, logprob)
     first, mid, last = stage_counts(m, s)
     head_f = lt["head"]
-    mb_ovh = e.micro_batch_overhead_s / max(1, lay.pp)  # per micro-batch, spread over the stages it crosses
+    # Per micro-batch host work on every stage: Megatron's 1F1B schedule calls the forward step on each stage,
+    # and the frameworks' forward steps (NeMo-RL's forward_step_arbitrary_loss, verl's forward_step) fetch,
+    # move and pack the micro-batch on every rank, so a stage's critical path holds the whole cost, not 1/pp;
+    # interleaved, once per model chunk (the schedule calls it per chunk, each chunk with its own iterator
+    # over the micro-batches: verl's make_batch_generator, NeMo-RL's per-chunk data iterators).
+    mb_ovh = e.micro_batch_overhead_s * lay.vpp
     t_p2p = 0.0
     if lay.pp > 1:  # the stage's output activation per micro-batch and chunk (Narayanan et al. 2021 sec. 4.1)
         nbytes = lt["tokens"] * m.hidden * PARAM_BYTES / lay.tp
