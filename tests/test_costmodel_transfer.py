@@ -198,3 +198,25 @@ def test_micro_batch_host_cost_is_paid_on_every_pipeline_stage():
     assert u1 - u0 == pytest.approx(4 * 32.5 * 3 * 2 * h, rel=1e-6)
     (_, lp0), (_, lp1) = times(2, 0.0), times(2, h)
     assert lp1 - lp0 == pytest.approx(129 * h, rel=1e-6)
+
+
+def test_packed_micro_batches_padded_to_the_longest_bin_under_pipeline_parallelism():
+    """NeMo-RL v0.3 pads every packed micro-batch to the longest bin when PP > 1 (``pad_full_seq_to``, so that
+    the pipeline's buffers keep one shape; first-fit-decreasing fills that bin to within a short sequence of
+    the cap): the stack's ``pp_packed_fill`` = 1 prices each micro-batch at the cap. By hand, 16 x 8 sequences of
+    256 + 512 tokens per mini-batch, cap 4096, packing efficiency 0.95:
+    - PP2 (DP4): 32 x 768 = 24,576 tokens per rank, ceil(24,576 / 3,891.2) = 7 micro-batches of 3,510.9 packed
+      tokens, computed on 4,096 with the fill (verl's stack: 0, the packed tokens);
+    - PP1 (DP8): no pipeline buffers, the packed 12,288 / 4 = 3,072 tokens either way."""
+    from grpo_tune.costmodel.timing import micro_batch_plan
+
+    wl = Workload(
+        prompts=64, n=8, mini_batch=16, prompt_len=512, response_len=1024, prompt_len_mean=256, response_len_mean=512
+    )
+    s2 = Strategy.of(tp=1, pp=2, max_tokens_per_gpu=4096).replace(dp=4)
+    s1 = Strategy.of(tp=1, pp=1, max_tokens_per_gpu=4096).replace(dp=8)
+    assert micro_batch_plan(s2, wl, 128, 0.95) == (pytest.approx(24576 / 7), 7)
+    assert micro_batch_plan(s2, wl, 128, 0.95, pp_packed_fill=1.0) == (4096.0, 7)
+    assert micro_batch_plan(s1, wl, 128, 0.95, pp_packed_fill=1.0) == (3072.0, 4)
+    assert load_stack("nemo-rl-v0.3").params["pp_packed_fill"] == 1.0
+    assert load_stack("verl-0.9.1").params.get("pp_packed_fill", 0.0) == 0.0

@@ -72,6 +72,12 @@ class Efficiency:
     """Pageable host<->device copies over pinned ones (verl copies optimizer state pageable)."""
     packing_efficiency: float = 0.95
     """Tokens per micro-batch under dynamic batching, over the token cap (balanced partitions)."""
+    pp_packed_fill: float = 0.0
+    """With pipeline parallelism, the tokens a packed micro-batch computes on, over the token cap: 0 = the
+    packed tokens themselves (``packing_efficiency`` of the cap; verl), 1 = every micro-batch padded to the
+    longest packed bin, which first-fit-decreasing packing fills to within a short sequence of the cap
+    (NeMo-RL v0.3: ``pad_full_seq_to`` = the longest bin, so that the pipeline's buffers keep one shape;
+    a stack parameter)."""
     rl_compute_scale: float = 1.0
     """Achieved FLOP/s of RL training passes (short packed micro-batches, fp32 log-prob) over pretraining's."""
     grad_reduce_bytes: float = 4.0
@@ -112,6 +118,7 @@ STACK_KEYS: frozenset[str] = frozenset(
         "sync_bucket_overhead_s",
         "pageable_copy_fraction",
         "packing_efficiency",
+        "pp_packed_fill",
         "rl_compute_scale",
         "grad_reduce_bytes",
     }

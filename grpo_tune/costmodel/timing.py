@@ -64,14 +64,21 @@ __all__ = [  # the time model's public names, some defined in timing_base and tr
 
 
 def micro_batch_plan(
-    s: Strategy, wl: Workload, sequences: int, packing_efficiency: float, *, logprob: bool = False
+    s: Strategy,
+    wl: Workload,
+    sequences: int,
+    packing_efficiency: float,
+    *,
+    logprob: bool = False,
+    pp_packed_fill: float = 0.0,
 ) -> tuple[float, int]:
     """(tokens per micro-batch per DP rank, micro-batches) for ``sequences`` packed sequences.
 
     Fixed micro-batches: ``mbs`` (log-prob passes: ``log_prob_mbs``) sequences of the mean length
     each. Dynamic batching (verl's rearrange_micro_batches): ceil(tokens / (cap x packing
     efficiency)) micro-batches, the same count on every DP rank, rounded up to a multiple of pp
-    with interleaving."""
+    with interleaving. ``pp_packed_fill`` > 0 with PP > 1: each micro-batch computes on that share of the cap
+    (the stack pads every packed micro-batch to the longest bin), the count unchanged."""
     lay = s.layout
     bat = s.batching
     dp = lay.dp or 1
@@ -87,6 +94,8 @@ def micro_batch_plan(
     micro = max(1, math.ceil(tokens / (cap * lay.cp * packing_efficiency)))
     if lay.vpp > 1:
         micro = -(-micro // lay.pp) * lay.pp
+    if lay.pp > 1 and pp_packed_fill > 0:
+        return max(tokens / micro, cap * lay.cp * pp_packed_fill), micro
     return tokens / micro, micro
 
 
@@ -165,7 +174,8 @@ def _grpo(
     pe = hw.efficiency.packing_efficiency
     # RL passes (short packed micro-batches, fp32 log-prob) reach rl_compute_scale of pretraining's FLOP/s.
     rl = dict(cal, compute_efficiency_scale=cal["compute_efficiency_scale"] * hw.efficiency.rl_compute_scale)
-    tok_lp, micro_lp = micro_batch_plan(s, wl, seqs, pe, logprob=True)
+    fill = hw.efficiency.pp_packed_fill
+    tok_lp, micro_lp = micro_batch_plan(s, wl, seqs, pe, logprob=True, pp_packed_fill=fill)
     fwd, lt = train_s(
         m,
         hw,
@@ -180,7 +190,7 @@ def _grpo(
     )
     old = fwd.total_s + cal["old_logprob_overhead_s"]
     ref = (fwd.total_s + cal["ref_logprob_overhead_s"]) if wl.kl else 0.0
-    tok_mb, micro = micro_batch_plan(s, wl, wl.mini_batch * wl.n, pe)
+    tok_mb, micro = micro_batch_plan(s, wl, wl.mini_batch * wl.n, pe, pp_packed_fill=fill)
     mini, _ = train_s(
         m,
         hw,
