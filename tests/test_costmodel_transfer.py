@@ -220,3 +220,31 @@ def test_packed_micro_batches_padded_to_the_longest_bin_under_pipeline_paralleli
     assert micro_batch_plan(s1, wl, 128, 0.95, pp_packed_fill=1.0) == (3072.0, 4)
     assert load_stack("nemo-rl-v0.3").params["pp_packed_fill"] == 1.0
     assert load_stack("verl-0.9.1").params.get("pp_packed_fill", 0.0) == 0.0
+
+
+def test_moe_dispatcher_copies_are_priced_as_hbm_traffic():
+    """Megatron's all-to-all token dispatcher moves every routed copy of a token through HBM besides the expert
+    GEMMs: permute (read the token, write the copy), sort_chunks_by_idxs by local expert and back (a read and a
+    write each), unpermute (read the copy): 7 hidden-vectors of bf16 per copy with EP and more than one local
+    expert, 3 without EP. By hand, Qwen3-30B-A3B (h 2048, top-8 of 128, expert FFN 768, every layer MoE) at TP1,
+    4,096 tokens per micro-batch, routing imbalance 1.1: a layer's forward moves
+    4,096 x (12 x 2,048 + 4 x 8 x 768 x 1.1) x 2 B (norms, residuals, the experts' activation)
+    + 4,096 x 8 x 1.1 x 2,048 x 2 B x 7 (EP8) or x 3 (EP1) through HBM; read off as the forward's change
+    between two HBM bandwidths (nothing else in a layer's time reads them)."""
+    import dataclasses
+
+    from grpo_tune.costmodel.train_time import layer_times
+
+    m = load_model("qwen3-30b-a3b")
+    tokens = 4096.0
+    base = 4096 * (12 * 2048 + 4 * 8 * 768 * 1.1) * 2
+    copy = 4096 * 8 * 1.1 * 2048 * 2
+    for ep, passes in ((8, 7), (1, 3)):
+        s = validate(m, Strategy.of(tp=1, ep=ep, recompute="none"), 8)
+        fwd = []
+        for bw in (3.35e12, 6.7e12):
+            hw = dataclasses.replace(H100, hbm_bandwidth_bytes_per_s=bw)
+            fwd.append(layer_times(m, hw, hw.efficiency, Cluster(gpus=8), s, tokens, 2048.0, dict(CAL))["fwd"])
+        he = H100.efficiency.hbm_efficiency
+        moved = (fwd[0] - fwd[1]) / (1 / (3.35e12 * he) - 1 / (6.7e12 * he))
+        assert moved == pytest.approx(base + passes * copy, rel=1e-6)

@@ -69,6 +69,14 @@ def layer_times(
     # activation (~4 x ffn/tp values).
     ffn_act = m.ffn_hidden if not m.is_moe else m.top_k * m.expert_ffn_hidden * cal["moe_imbalance"]
     elem = tokens * (12 * m.hidden / (tp if lay.sp else 1) + 4 * ffn_act / tp) * PARAM_BYTES
+    if c["routed_flops"]:
+        # The token dispatcher's copies of each routed token (megatron-core MoEAlltoAllTokenDispatcher): permute
+        # reads the token and writes its top_k copies, sort_chunks_by_idxs orders the received copies by local
+        # expert and back (a read and a write each; with more than one local expert over EP), unpermute reads the
+        # copies into the token: 7 hidden-vectors per copy with EP, 3 without (tests/test_costmodel_transfer.py).
+        copies = tokens / (tp if lay.sp else 1) * m.top_k * cal["moe_imbalance"]
+        passes = 7 if ep > 1 and m.experts > ep else 3
+        elem += copies * m.hidden * PARAM_BYTES * passes * c["moe_fraction"]
     t_elem = elem / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
     t_comp_f = t_dense + t_expert + t_attn + t_elem
 
