@@ -249,10 +249,10 @@ def train_s(
     head_f = lt["head"]
     # Per micro-batch host work on every stage: Megatron's 1F1B schedule calls the forward step on each stage,
     # and the frameworks' forward steps (NeMo-RL's forward_step_arbitrary_loss, verl's forward_step) fetch,
-    # move and pack the micro-batch on every rank, so a stage's critical path holds the whole cost, not 1/pp;
-    # interleaved, once per model chunk (the schedule calls it per chunk, each chunk with its own iterator
-    # over the micro-batches: verl's make_batch_generator, NeMo-RL's per-chunk data iterators).
-    mb_ovh = e.micro_batch_overhead_s * lay.vpp
+    # move and pack the micro-batch on every rank, so a stage's critical path holds the whole cost, not 1/pp.
+    # (Interleaved, the schedule calls it once per model chunk; how much of the cost each call repeats is not
+    # measured, and no scored row interleaves: priced once per micro-batch.)
+    mb_ovh = e.micro_batch_overhead_s
     t_p2p = 0.0
     if lay.pp > 1:  # the stage's output activation per micro-batch and chunk (Narayanan et al. 2021 sec. 4.1)
         nbytes = lt["tokens"] * m.hidden * PARAM_BYTES / lay.tp
