@@ -31,7 +31,7 @@ def test_scores_are_the_ratio_of_the_two_priced_steps():
         sync = e.placement["exposed_sync_s"] if p["step_excludes_sync"] == "true" else 0.0
         assert r["predicted_speedup"] == pytest.approx(c.step_s / (e.step_s - sync), rel=1e-12)
         assert r["error_pct"] == pytest.approx(100 * (r["predicted_speedup"] / r["published_speedup"] - 1))
-        assert r["range"][0] <= r["range"][1]
+        assert r["range"][0] <= r["predicted_speedup"] <= r["range"][1]  # the range spans the point
         assert r["pools"]["rollout_gpus"] + r["pools"]["train_gpus"] == e.cluster.gpus
     assert rep["worst_error_pct"] == max(abs(r["error_pct"]) for r in rep["pairs"])
     assert rep["passed"] is (rep["worst_error_pct"] <= TOLERANCE_PCT)

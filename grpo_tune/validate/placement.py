@@ -148,7 +148,7 @@ def score_pairs(
         no_sync = _flag(p, "step_excludes_sync", False)
         c, e = _steps(col, sep, p, mean)
         pred = c.step_s / separate_step(e, no_sync)
-        lo_hi = []
+        lo_hi = [pred]  # the range spans the point too: the speed-up need not be monotonic in the mean
         for m_ in (low, high):
             c2, e2 = _steps(col, sep, p, m_)
             lo_hi.append(c2.step_s / separate_step(e2, no_sync))
