@@ -8,10 +8,13 @@ workers' process group is stopped on every way out (``trainer.launch.run_workers
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from grpo_tune.core.safeio import read_text
 from grpo_tune.jobs.train import Nodes
 
 
@@ -121,26 +124,11 @@ def run_profile(
             "the workers exited cleanly without writing the profile JSON",
             launch.EXIT_ERROR,
         )
+    end = dataclasses.replace(end, status=status, message=message, exit_code=code)
     if code != launch.EXIT_OK:
         tprofile.write(
             json_path,
             tprofile.result(status, message=message, config=str(config), steps=steps, world_size=lay.world_size),
         )
-        return ProfileOutcome(
-            status=status,
-            message=message,
-            exit_code=code,
-            node_rank=node_rank,
-            json_path=json_path,
-            log_tail=launch.log_tail(out_dir, 15),
-        )
-    import json
-
-    return ProfileOutcome(
-        status=status,
-        message=message,
-        exit_code=code,
-        node_rank=node_rank,
-        json_path=json_path,
-        report=json.loads(json_path.read_text()),
-    )
+        return dataclasses.replace(end, log_tail=launch.log_tail(out_dir, 15))
+    return dataclasses.replace(end, report=json.loads(read_text(json_path)))
