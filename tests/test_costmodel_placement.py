@@ -110,16 +110,15 @@ def test_real_split_curve_falls_while_generation_dominates_then_rises():
 def test_cross_pool_sync_grows_with_bytes_over_the_link():
     m = load_model("qwen2.5-7b")
     s = Strategy.of(tp=1, rollout_tp=1)
-    ps = P.pools(Cluster(gpus=16), 8)  # whole nodes: the NIC
+    ps = P.pools(Cluster(gpus=16), 8)  # whole nodes: the NICs, bounded by NVLink
     a = P.cross_pool_sync(m, H100, H100, ps, s, CAL)
     nbytes = model_consts(m)["total_params"] * PARAM_BYTES
-    bw = H100.inter_node_bandwidth_bytes_per_s * H100.efficiency.comm_efficiency
+    # eight 400 Gb/s NICs per DGX H100 node: 8 x 50 GB/s = 400 GB/s, under NVLink's 450 GB/s
+    bw = 8 * H100.inter_node_bandwidth_bytes_per_s * H100.efficiency.comm_efficiency
     lat = H100.efficiency.inter_node_latency_s
     assert a["bytes_per_rollout_gpu"] == pytest.approx(nbytes)
+    assert a["link_bytes_per_s"] == pytest.approx(400e9 * 0.8)
     assert a["transfer_s"] == pytest.approx(nbytes / bw + a["buckets"] * lat)
-    fast = dataclasses.replace(H100, inter_node_bandwidth_bytes_per_s=2 * H100.inter_node_bandwidth_bytes_per_s)
-    b = P.cross_pool_sync(m, fast, fast, ps, s, CAL)
-    assert b["transfer_s"] - b["buckets"] * lat == pytest.approx((a["transfer_s"] - a["buckets"] * lat) / 2)
     big = P.cross_pool_sync(load_model("qwen2.5-14b"), H100, H100, ps, s, CAL)
     ratio = model_consts(load_model("qwen2.5-14b"))["total_params"] / model_consts(m)["total_params"]
     assert big["transfer_s"] - big["buckets"] * lat == pytest.approx((a["transfer_s"] - a["buckets"] * lat) * ratio)
@@ -127,12 +126,55 @@ def test_cross_pool_sync_grows_with_bytes_over_the_link():
     shared = P.cross_pool_sync(m, H100, H100, P.pools(Cluster(gpus=16), 4), s, CAL)
     assert shared["link_bytes_per_s"] == pytest.approx(H100.intra_node_bandwidth_bytes_per_s * 0.8)
     assert shared["transfer_s"] < a["transfer_s"]
-    # a rollout pool on a slower NIC (H20's) is bound by it
-    h20 = load_hardware("h20")
-    het = P.cross_pool_sync(m, H100, h20, ps, s, CAL)
-    assert het["link_bytes_per_s"] == pytest.approx(
-        min(H100.inter_node_bandwidth_bytes_per_s, h20.inter_node_bandwidth_bytes_per_s) * 0.8
-    )
+    # a rollout pool whose nodes carry fewer NICs is bound by them: four 200 Gb/s NICs = 100 GB/s a node
+    slow = dataclasses.replace(load_hardware("h20"), inter_node_bandwidth_bytes_per_s=4 * 25e9 / 8)
+    het = P.cross_pool_sync(m, H100, slow, ps, s, CAL)
+    assert het["link_bytes_per_s"] == pytest.approx(100e9 * 0.8)
+
+
+@pytest.mark.parametrize("hw_name", ["h100", "h20"])
+def test_cross_pool_broadcast_halves_as_the_nodes_nics_double_until_nvlink_binds(hw_name):
+    """Hand-computed: an NCCL broadcast across nodes runs its rail-aligned channels over every NIC of a node, so
+    the wire time of the whole bf16 model is its bytes over (NICs x 50 GB/s) x comm_efficiency 0.8 until the
+    NICs' sum passes the NVLink rate each GPU forwards at (450 GB/s on H100 and H20), which then binds."""
+    hw0 = load_hardware(hw_name)
+    m = load_model("qwen2.5-7b")
+    s = Strategy.of(tp=1, rollout_tp=1)
+    ps = P.pools(Cluster(gpus=16, gpus_per_node=8), 8)
+    nbytes = model_consts(m)["total_params"] * PARAM_BYTES
+    lat = hw0.efficiency.inter_node_latency_s
+
+    def wire(nics: int) -> float:
+        hw = dataclasses.replace(hw0, inter_node_bandwidth_bytes_per_s=nics * 50e9 / 8)  # per GPU, 8 GPUs a node
+        got = P.cross_pool_sync(m, hw, hw, ps, s, CAL)
+        return got["transfer_s"] - got["buckets"] * lat
+
+    assert hw0.intra_node_bandwidth_bytes_per_s == 450e9
+    assert wire(1) == pytest.approx(nbytes / (50e9 * 0.8), rel=1e-12)
+    assert wire(2) == pytest.approx(wire(1) / 2, rel=1e-12)
+    assert wire(4) == pytest.approx(wire(2) / 2, rel=1e-12)
+    assert wire(8) == pytest.approx(wire(4) / 2, rel=1e-12)  # 400 GB/s: still under NVLink
+    assert wire(16) == pytest.approx(nbytes / (450e9 * 0.8), rel=1e-12)  # 800 GB/s of NICs: NVLink binds
+    assert wire(32) == pytest.approx(wire(16), rel=1e-12)
+
+
+def test_reshard_bulk_stays_point_to_point_and_its_misc_is_broadcast_over_the_nodes_nics():
+    """The NCCL reshard's bulk reaches each rollout GPU as its own shard over its own NIC (sync_link), while its
+    misc tensors are one broadcast to every rollout GPU (broadcast_link): doubling a node's NICs halves both
+    wire times here (neither reaches NVLink's 450 GB/s), and the bulk's per-GPU rate is 1/8 of the misc's."""
+    m = load_model("qwen3-30b-a3b")
+    s = Strategy.of(tp=1, pp=2, ep=8, etp=1, rollout_tp=8, sync_bucket_mb=1631)
+    ps = P.pools(Cluster(gpus=32, gpus_per_node=8), 16)
+    assert P.sync_link(H100, H100, False, CAL)[0] == pytest.approx(50e9 * 0.8)
+    assert P.broadcast_link(H100, H100, ps, CAL)[0] == pytest.approx(400e9 * 0.8)
+    half = dataclasses.replace(H100, inter_node_bandwidth_bytes_per_s=25e9)
+    assert P.broadcast_link(half, half, ps, CAL)[0] == pytest.approx(200e9 * 0.8)
+    lat = H100.efficiency.inter_node_latency_s
+    a = P.reshard_sync(m, H100, H100, ps, s, CAL)
+    b = P.reshard_sync(m, half, half, ps, s, CAL)
+    entries, _ = P.reshard_entries(m)
+    fixed = (entries + a["buckets"]) * lat
+    assert b["transfer_s"] - fixed == pytest.approx(2 * (a["transfer_s"] - fixed), rel=1e-9)
 
 
 # -- memory -------------------------------------------------------------------------------------

@@ -60,9 +60,10 @@ def _pools(gpus: int, rollout: int, gpn: int = 8) -> P.Pools:
 
 
 def test_reshard_sync_hand_computed_qwen3_4b_on_h100():
-    """DP8 -> TP8 on two H100 nodes: each rollout GPU receives its eighth of the FFN weights and the whole misc
-    over its own NIC (50 GB/s x comm_efficiency 0.8), a latency per bulk entry and misc bucket; copies at HBM
-    x 0.8; the stack's per-tensor cost per entry and misc tensor, its per-bucket cost per misc bucket."""
+    """DP8 -> TP8 on two H100 nodes: each rollout GPU receives its eighth of the FFN weights over its own NIC
+    (50 GB/s x comm_efficiency 0.8) and the whole misc by a broadcast over the node's eight NICs (400 GB/s x 0.8,
+    under NVLink's 450), a latency per bulk entry and misc bucket; copies at HBM x 0.8; the stack's per-tensor
+    cost per entry and misc tensor, its per-bucket cost per misc bucket."""
     hw = load_hardware("h100", stack=STACK)
     m = load_model("qwen3-4b")
     s = Strategy.of(tp=1, dp=8, rollout_tp=8, sync_bucket_mb=1631)
@@ -70,10 +71,10 @@ def test_reshard_sync_hand_computed_qwen3_4b_on_h100():
     total = 4_022_468_096 * 2
     bulk = 36 * 3 * 2560 * 9728 * 2
     misc = total - bulk
-    bw, lat = 50e9 * 0.8, 20e-6
+    bw, bw_b, lat = 50e9 * 0.8, 400e9 * 0.8, 20e-6
     buckets = math.ceil(misc / (1631 * 2**20))
     assert buckets == 2
-    transfer = bulk / 8 / bw + 108 * lat + misc / bw + buckets * lat
+    transfer = bulk / 8 / bw + 108 * lat + misc / bw_b + buckets * lat
     copy = (bulk / 8 + misc / 8) / (3.35e12 * 0.8)
     t = hw.efficiency.sync_tensor_overhead_s
     overhead = (108 + 290) * t + buckets * hw.efficiency.sync_bucket_overhead_s
@@ -89,8 +90,12 @@ def test_reshard_sync_hand_computed_qwen3_4b_on_h100():
     "model, tp, pp, ep, rtp, gpus", [("qwen3-4b", 1, 1, 1, 8, 16), ("qwen3-30b-a3b", 1, 2, 8, 8, 32)]
 )
 def test_reshard_moves_fewer_bytes_than_the_broadcast(model, tp, pp, ep, rtp, gpus):
-    """The reshard's transfer is below the broadcast's (which sends the whole model to every rollout GPU) by
-    about the bulk's share x (1 - 1/rollout TP); a larger rollout TP receives fewer bytes per GPU."""
+    """A rollout GPU receives fewer bytes by the reshard than by the broadcast (which sends it the whole model) by
+    the bulk's share x (1 - 1/rollout TP); a larger rollout TP receives fewer bytes per GPU. Across whole nodes
+    each rollout node still takes the model in once either way when rollout TP fills the node (eight shards over
+    eight NICs, or one ring over the same eight NICs forwarding over NVLink): the two wire times are then equal
+    but for the reshard's latency per bulk entry; a smaller rollout TP takes several copies in per node, so its
+    reshard wire time is the longer."""
     hw = load_hardware("h100", stack=STACK)
     m = load_model(model)
     s = Strategy.of(tp=tp, pp=pp, ep=ep, etp=1 if ep > 1 else None, rollout_tp=rtp, sync_bucket_mb=1631)
@@ -98,10 +103,16 @@ def test_reshard_moves_fewer_bytes_than_the_broadcast(model, tp, pp, ep, rtp, gp
     res = P.reshard_sync(m, hw, hw, ps, s, CAL)
     bc = P.cross_pool_sync(m, hw, hw, ps, s, CAL)
     share = P.reshard_bulk_params(m) / model_consts(m)["total_params"]
-    assert res["transfer_s"] < bc["transfer_s"]
+    entries, _ = P.reshard_entries(m)
+    lat = hw.efficiency.inter_node_latency_s
+    assert rtp == hw.gpus_per_node
+    assert res["transfer_s"] - (entries + res["buckets"]) * lat == pytest.approx(
+        bc["transfer_s"] - bc["buckets"] * lat, rel=1e-9
+    )
     assert res["bytes_per_rollout_gpu"] == pytest.approx(bc["bytes_per_rollout_gpu"] * (1 - share * (1 - 1 / rtp)))
     wider = P.reshard_sync(m, hw, hw, ps, s.replace(rollout_tp=rtp // 2), CAL)
     assert wider["bytes_per_rollout_gpu"] > res["bytes_per_rollout_gpu"]
+    assert wider["transfer_s"] > res["transfer_s"]
 
 
 def test_estimate_separate_takes_the_transport():

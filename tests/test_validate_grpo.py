@@ -180,7 +180,7 @@ def _row(rid: str) -> vg.GrpoRow:
 
 def test_refit_only_separate_row_scores_the_cross_pool_sync():
     """A refit-only row with separate pools is priced by the placement model: its refit_s is the
-    cross-pool sync (export + broadcast of the whole bf16 model over the NIC + copies + per-tensor and
+    cross-pool sync (export + broadcast of the whole bf16 model over the nodes' NICs + copies + per-tensor and
     per-bucket costs), and raising the stack's per-tensor cost raises it by hf_tensors x the rise."""
     from grpo_tune.costmodel.timing_base import model_consts
 
@@ -190,10 +190,11 @@ def test_refit_only_separate_row_scores_the_cross_pool_sync():
     f = est.placement
     assert f["mode"] == "separate" and f["rollout_gpus"] == 16 and not f["shared_nodes"]
     assert pred["refit_s"] == pytest.approx(f["sync_s"], rel=1e-12)
-    # the whole model (bf16) over 50 GB/s x comm_efficiency, in 4 GiB buckets
+    # the whole model (bf16) over an H20 node's eight NICs (8 x 50 GB/s, under NVLink's 450) x comm_efficiency,
+    # in 4 GiB buckets
     m = est.model
     nbytes = model_consts(m)["total_params"] * 2
-    assert f["sync"]["transfer_s"] == pytest.approx(nbytes / (50e9 * 0.8), rel=0.01)
+    assert f["sync"]["transfer_s"] == pytest.approx(nbytes / (400e9 * 0.8), rel=0.01)
     hw = vg._hw(row, None)
     bumped = hw.with_efficiency(sync_tensor_overhead_s=hw.efficiency.sync_tensor_overhead_s + 1e-4)
     pred2, _ = vg.predict(row, bumped)

@@ -19,9 +19,10 @@ What each pool costs:
   verl fully-async's default ``bypass_mode=True``): then the pool runs no old log-prob pass;
 - weight sync across pools: the training side exports its tensors in HF layout (the TP/PP/EP
   gathers of the colocated refit), then the whole model (bf16) is broadcast to every rollout GPU
-  over the link between the pools (NVLink when they share nodes, the NIC otherwise; the slower
-  profile's when the pools differ), in buckets of ``sync_bucket_mb`` with the profile's per-tensor
-  and per-bucket costs; each vLLM worker copies its rollout-TP slice into place. NeMo-RL's NCCL reshard
+  (NVLink when the pools share nodes; across nodes an NCCL ring broadcast over every NIC of a node,
+  bounded by NVLink: :func:`broadcast_link`; the slower profile's when the pools differ), in buckets
+  of ``sync_bucket_mb`` with the profile's per-tensor and per-bucket costs; each vLLM worker copies
+  its rollout-TP slice into place. NeMo-RL's NCCL reshard
   (:func:`reshard_sync`, chosen by ``refit_transport``) instead moves each destination shard of the FFN
   weights once and broadcasts only the rest.
 
@@ -266,8 +267,10 @@ def _over_capacity(pm: PhaseMemory, hw: HardwareSpec, engine: str) -> list[Viola
 def sync_link(
     hw_train: HardwareSpec, hw_roll: HardwareSpec, shared_nodes: bool, cal: Mapping[str, float]
 ) -> tuple[float, float]:
-    """(bandwidth per GPU, latency) of the link the cross-pool broadcast runs over: NVLink when the pools
-    share nodes, the NIC otherwise; the slower of the two profiles' when they differ."""
+    """(bandwidth per GPU, latency) of a point-to-point transfer between the pools, each GPU on its own
+    link: NVLink when the pools share nodes, the GPU's NIC otherwise; the slower of the two profiles' when
+    they differ. The NCCL reshard's shard-to-shard bulk runs at it (each rollout GPU receives its own shard);
+    a broadcast of the same buffer to every rollout GPU runs at :func:`broadcast_link`."""
     scale = cal["comm_efficiency_scale"]
     if shared_nodes:
         bw = min(hw_train.intra_node_bandwidth_bytes_per_s, hw_roll.intra_node_bandwidth_bytes_per_s)
@@ -277,6 +280,45 @@ def sync_link(
         lat = max(hw_train.efficiency.inter_node_latency_s, hw_roll.efficiency.inter_node_latency_s)
     ce = min(hw_train.efficiency.comm_efficiency, hw_roll.efficiency.comm_efficiency) * scale
     return bw * ce, lat / scale
+
+
+def node_nic_bandwidth(hw: HardwareSpec, gpus_per_node: int) -> float:
+    """Bytes/s (one direction) all the NICs of a node of ``gpus_per_node`` GPUs carry together: the
+    profile's ``inter_node_bandwidth_bytes_per_s`` is per GPU (NICs per node x line rate / GPUs per node),
+    so the node's aggregate is ``gpus_per_node`` times it (8 x 50 GB/s on a DGX H100 with its eight
+    400 Gb/s NICs)."""
+    return gpus_per_node * hw.inter_node_bandwidth_bytes_per_s
+
+
+def broadcast_link(
+    hw_train: HardwareSpec, hw_roll: HardwareSpec, ps: Pools, cal: Mapping[str, float]
+) -> tuple[float, float]:
+    """(bandwidth, latency) of an NCCL broadcast of one buffer from the training pool to every rollout GPU.
+
+    Pools sharing nodes: NVLink, as :func:`sync_link`. Pools on different nodes: NCCL runs a broadcast as a
+    pipelined ring (its only broadcast algorithm) split over several channels, and across nodes the channels
+    are rail-aligned: each enters a node on one NIC, crosses the node's GPUs over NVLink and leaves it on
+    another NIC, so the channels together use every NIC of the node (NVIDIA/nccl issue #412: NCCL aggregates
+    the NICs of a node where NVLink carries at least their sum; flows enter from a NIC, go through every GPU
+    over NVLink and exit through a NIC, several at once). Every GPU of the ring receives and forwards the
+    whole buffer once (nccl-tests PERFORMANCE.md: a broadcast's bus bandwidth is its algorithm bandwidth), so
+    the throughput is the nodes' aggregate NIC bandwidth (:func:`node_nic_bandwidth`, the smaller of the two
+    pools' nodes), bounded by the NVLink rate each GPU forwards at; the comm efficiency applies to both.
+    verl 0.9.1's NCCL checkpoint engine admits actor rank 0's node-local peers into the group as relays for
+    exactly this (``NCCLCheckpointEngine._multi_sender_ranks``, verl/checkpoint_engine/nccl_checkpoint_engine.py:
+    "fan a bucket out to over NVLink, from which it can push on over each peer's own NIC"); NeMo-RL's
+    collective update puts every training worker in the group (``init_collective``,
+    nemo_rl/models/policy/workers/base_policy_worker.py). One latency per buffer (bucket)."""
+    if ps.shared_nodes:
+        return sync_link(hw_train, hw_roll, True, cal)
+    scale = cal["comm_efficiency_scale"]
+    nic = min(
+        node_nic_bandwidth(hw_train, ps.train.gpus_per_node), node_nic_bandwidth(hw_roll, ps.rollout.gpus_per_node)
+    )
+    nvlink = min(hw_train.intra_node_bandwidth_bytes_per_s, hw_roll.intra_node_bandwidth_bytes_per_s)
+    lat = max(hw_train.efficiency.inter_node_latency_s, hw_roll.efficiency.inter_node_latency_s)
+    ce = min(hw_train.efficiency.comm_efficiency, hw_roll.efficiency.comm_efficiency) * scale
+    return min(nic, nvlink) * ce, lat / scale
 
 
 def cross_pool_sync(
@@ -289,13 +331,14 @@ def cross_pool_sync(
 ) -> dict[str, float]:
     """Seconds of one cross-pool weight sync by part: ``export_s`` (the training side's TP/PP/EP gathers
     into HF tensors, and the onload of offloaded parameters), ``transfer_s`` (the whole bf16 model to every
-    rollout GPU over the pools' link: a pipelined NCCL broadcast costs the bytes over the per-GPU bandwidth,
-    plus a latency per bucket), ``copy_s`` (each vLLM worker loads its rollout-TP slice), ``overhead_s``
-    (per tensor and per bucket) and ``sync_s`` (their sum, with the calibration's fixed cost)."""
+    rollout GPU: a pipelined NCCL broadcast costs the bytes over :func:`broadcast_link`'s bandwidth, a node's
+    NICs together bounded by NVLink, plus a latency per bucket), ``copy_s`` (each vLLM worker loads its
+    rollout-TP slice), ``overhead_s`` (per tensor and per bucket) and ``sync_s`` (their sum, with the
+    calibration's fixed cost)."""
     c = model_consts(m)
     nbytes = c["total_params"] * PARAM_BYTES
     ws = weight_sync_s(m, hw_train, ps.train, train_strategy(s), cal)
-    bw, lat = sync_link(hw_train, hw_roll, ps.shared_nodes, cal)
+    bw, lat = broadcast_link(hw_train, hw_roll, ps, cal)
     buckets = math.ceil(nbytes / s.rollout.sync_bucket_bytes)
     transfer = nbytes / bw + buckets * lat
     e = hw_roll.efficiency
@@ -362,7 +405,7 @@ def reshard_sync(
       exactly its rollout-TP shard once and each training GPU sends its share of the bulk once (the shards
       striped over the training replicas), over the pools' link (:func:`sync_link`), whichever is larger,
       plus a latency per bulk entry; the rest (misc) is broadcast whole to every rollout GPU in buckets of
-      ``sync_bucket_mb``, as the broadcast transport moves everything;
+      ``sync_bucket_mb`` at :func:`broadcast_link`'s bandwidth, as the broadcast transport moves everything;
     - ``export_s``: only the misc tensors are gathered across the training TP group (the bulk leaves as
       each rank holds it), and the onload of offloaded parameters;
     - ``copy_s``: each rollout GPU copies what it received into its fused parameters;
@@ -375,11 +418,12 @@ def reshard_sync(
     lay = s.layout
     rtp = s.rollout.rollout_tp
     bw, lat = sync_link(hw_train, hw_roll, ps.shared_nodes, cal)
+    bw_b, lat_b = broadcast_link(hw_train, hw_roll, ps, cal)
     entries, misc_tensors = reshard_entries(m)
     dst = bulk / rtp
     src = bulk / ps.train.gpus
     buckets = math.ceil(misc / s.rollout.sync_bucket_bytes) if misc > 0 else 0
-    transfer = max(dst, src) / bw + entries * lat + misc / bw + buckets * lat
+    transfer = max(dst, src) / bw + entries * lat + misc / bw_b + buckets * lat_b
     gather = 0.0
     if lay.tp > 1:
         gather = comm.all_gather_s(misc / lay.pp, lay.tp, *comm.link(hw_train, lay.tp, ps.train.gpus_per_node, cal))
@@ -683,6 +727,8 @@ __all__ = [
     "rollout_memory",
     "split_candidates",
     "sync_link",
+    "broadcast_link",
+    "node_nic_bandwidth",
     "TRAIN_PHASES",
     "train_pool",
 ]
