@@ -123,12 +123,12 @@ def test_each_row_says_how_its_profile_was_obtained_and_flags_close_calls():
             "fits": True,
             "provenance": "spec-only",
             "band_pct": BAND_PCT["spec-only"],
-            "tokens_per_s_per_gpu": 120.0,
+            "tokens_per_s_per_gpu": 100.0 * (1 + 0.5 * BAND_PCT["spec-only"] / 100),  # faster by half its band
         },
         {"hardware": "c", "fits": True, "provenance": "transferred", "band_pct": 10.0, "tokens_per_s_per_gpu": 150.0},
     ]
-    assert BAND_PCT["spec-only"] > 20.0
+    assert BAND_PCT["spec-only"] > 10.0
     _flag_within_band(rows)
-    assert "not told apart" in rows[1]["note"] and "a (fitted)" in rows[1]["note"]  # +20% < its spec-only band
+    assert "not told apart" in rows[1]["note"] and "a (fitted)" in rows[1]["note"]  # inside its spec-only band
     assert "note" not in rows[2] and "note" not in rows[0]  # +50% > its 10% band; the fitted one is the reference
     assert BAND_PCT["fitted"] <= BAND_PCT["transferred"] <= BAND_PCT["spec-only"]

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _inputs import gpt_spec
+from grpo_tune.costmodel.lengths import CLIP_FRACTION
 from grpo_tune.costmodel import comm, timing, train_time
 from grpo_tune.core.errors import GrpoTuneError
 from grpo_tune.costmodel.estimate import estimate
@@ -198,10 +199,13 @@ def test_decode_follows_the_formula():
     kv_tokens = kv_cache_capacity(m, H100, s, wl).tokens
     conc = min(seqs, 256, kv_tokens / (512 + 600))  # max_num_seqs 256 (verl's default)
     assert ro["concurrency"] == pytest.approx(conc)
-    # Lengths ~ 1024 x Beta(1, b), b = 1024/600 - 1; generation ends with the slowest replica: the expected
-    # longest of the batch's 1024 responses, its 1024/1025 quantile.
-    b = 1024 / 600 - 1
-    assert ro["longest_response"] == pytest.approx(1024 * (1 - (1 / 1025) ** (1 / b)))
+    # Lengths: a share p truncated at the cap, the rest ~ 1024 x Beta(1, b) keeping the mean 600; generation
+    # ends with the slowest replica: the expected longest of the batch's 1024 responses (the cap when one of
+    # them is truncated, else the body's 1024/1025 quantile).
+    p = CLIP_FRACTION
+    b = 1 / ((600 / 1024 - p) / (1 - p)) - 1
+    hit = 1 - (1 - p) ** 1024
+    assert ro["longest_response"] == pytest.approx(hit * 1024 + (1 - hit) * 1024 * (1 - (1 / 1025) ** (1 / b)))
     # A step costs at least the weight + KV reads over the achieved HBM bandwidth (vLLM decode at
     # decode_efficiency of its roofline), plus the TP all-reduces and the per-step overhead.
     e = H100.efficiency
@@ -346,9 +350,10 @@ def test_rollout_tp_lowers_memory_and_changes_decode_as_modelled():
 
 
 def test_longer_tail_raises_rollout_and_leaves_the_update_alone():
-    """Same mean, a larger maximum: the expected longest response of the batch grows (by hand:
-    the quantile N/(N+1) of max x Beta(1, max/mean - 1), N every response of the step), so rollout takes
-    longer; training is priced on the mean tokens, so the update does not move."""
+    """Same mean, a larger maximum: the expected longest response of the batch grows (by hand: the cap when
+    one of the N responses of the step is truncated, probability 1 - (1 - p)^N, else the quantile N/(N+1) of
+    the body max x Beta(1, b) that keeps the mean), so rollout takes longer; training is priced on the mean
+    tokens, so the update does not move."""
     m = load_model("qwen2.5-7b")
     c = Cluster(gpus=8)
     s = validate(m, Strategy.of(tp=2, rollout_tp=2, mbs=1), 8)
@@ -356,8 +361,10 @@ def test_longer_tail_raises_rollout_and_leaves_the_update_alone():
     long = short.replace(response_len=8192)
     n = 64 * 8
     for wl in (short, long):
-        b = wl.response_len / 512 - 1
-        want = wl.response_len * (1 - (1 / (n + 1)) ** (1 / b))
+        p = CLIP_FRACTION
+        b = 1 / ((512 / wl.response_len - p) / (1 - p)) - 1
+        hit = 1 - (1 - p) ** n
+        want = wl.response_len * (hit + (1 - hit) * (1 - (1 / (n + 1)) ** (1 / b)))
         assert timing.rollout_s(m, H100, c, s, wl, CAL)["longest_response"] == pytest.approx(want)
     t_short, _ = step(m, H100, 8, s, short)
     t_long, _ = step(m, H100, 8, s, long)

@@ -137,15 +137,18 @@ def test_eager_decode_step_is_the_longer_of_the_launches_and_the_gpu():
 
 def test_generation_drains_to_the_batchs_longest_response():
     """The phase ends when the slowest replica does: the drain runs to the expected longest of all
-    prompts x n responses (Beta(1, b) quantile N/(N+1)), the same on 1 or 8 replicas, and further than
-    one replica's expected longest."""
-    from grpo_tune.costmodel.lengths import dist
+    prompts x n responses (the cap if one of them is truncated, probability 1 - (1 - p)^N; else the body's
+    Beta(1, b) quantile N/(N+1)), the same on 1 or 8 replicas, and further than one replica's expected longest."""
+    from grpo_tune.costmodel.lengths import CLIP_FRACTION, dist
 
     m = load_model("qwen2.5-7b")
     wl = Workload(prompts=128, n=16, mini_batch=32, prompt_len=256, response_len=8192, response_len_mean=800)
     d = dist(8192.0, 800.0)
     n = 128 * 16
-    want = 8192 * (1 - (1 - n / (n + 1)) ** (1 / (8192 / 800 - 1)))
+    p = CLIP_FRACTION
+    b = 1 / ((800 / 8192 - p) / (1 - p)) - 1  # the body's shape: the whole keeps the mean 800
+    hit = 1 - (1 - p) ** n
+    want = hit * 8192 + (1 - hit) * 8192 * (1 - (1 / (n + 1)) ** (1 / b))
     assert d.expected_max(n) == pytest.approx(want, rel=1e-9)
     got = []
     for gpus in (1, 8):

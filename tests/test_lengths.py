@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from grpo_tune.autotune.calibrate.lengths import CHARS_PER_TOKEN, read_lengths
 from _inputs import grpo_inputs
@@ -146,3 +148,34 @@ def test_tune_assumes_the_same_lengths_for_a_launch():
     assert (wl.lengths_source or "").startswith("assumed")
     wl = read_plan(root / "examples/qwen2-7b-grpo-megatron.sh", response_len_mean=700).workload
     assert wl.response_len_mean == 700
+
+
+@settings(max_examples=60, deadline=None)
+@given(cap=st.integers(64, 32768), frac=st.floats(0.03, 0.97))
+def test_the_truncated_share_keeps_the_mean(cap, frac):
+    """The assumed distribution puts CLIP_FRACTION (at most half the mean / max) at the cap and keeps the
+    given mean: the integral of its survival over [0, cap] is the mean (midpoint rule, 4,000 points), and
+    just below the cap the survival is the truncated share plus the body's own share there."""
+    from grpo_tune.costmodel.lengths import CLIP_FRACTION
+
+    mean = frac * cap
+    d = dist(float(cap), mean)
+    p = min(CLIP_FRACTION, frac / 2)
+    assert d.clip == pytest.approx(p)
+    k = 4000
+    integral = sum(d.survival((i + 0.5) * cap / k) for i in range(k)) * cap / k
+    assert integral == pytest.approx(mean, rel=2e-3)
+    eps = 1e-9  # just below the cap: the truncated share and what the body still holds there
+    assert d.survival(cap * (1 - eps)) == pytest.approx(p + (1 - p) * eps**d.b, rel=1e-6)
+    assert d.survival(cap) == 0.0
+    assert d.quantile(1 - p / 2) == cap  # the top p of responses sit at the cap
+
+
+def test_a_batch_of_thousands_drains_to_the_cap():
+    """With 1% truncated, the longest of 2,048 responses is the cap (1 - 0.99^2048 > 1 - 1e-8), where the
+    Beta body alone would end at ~3,318 of a 3,840 cap (NeMo-RL's Llama-3.1-8B row: mean 795)."""
+    d = dist(3840.0, 795.0)
+    assert d.expected_max(2048) == pytest.approx(3840.0, rel=1e-6)
+    b = 3840 / 795 - 1  # no truncated share: the body's own 2048/2049 quantile
+    assert 3840 * (1 - (1 / 2049) ** (1 / b)) == pytest.approx(3318, abs=5)
+    assert d.expected_max(1) == 795.0

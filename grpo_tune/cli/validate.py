@@ -37,7 +37,7 @@ Grpo = Annotated[
     bool,
     typer.Option(
         "--grpo",
-        help="The GRPO step against published verl/NeMo-RL runs (profiles/data/published_grpo.csv): step and per-phase errors, leave-one-out step MAPE against the tolerance (default 15%).",
+        help="The GRPO step against published verl/NeMo-RL runs (profiles/data/published_grpo.csv): step and per-phase errors, leave-one-out step MAPE against the tolerance (default 12%).",
     ),
 ]
 
@@ -48,7 +48,7 @@ def validate(
         None,
         "--tolerance",
         help="Fail (exit 1) above this MAPE in percent (pretraining: all or held-out rows, default 10; "
-        "--grpo: held-out step time, default 15).",
+        "--grpo: held-out step time, default 12).",
     ),
     data: DataFile = None,
     hardware: HardwareOpt = "a100",
