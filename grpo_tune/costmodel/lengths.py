@@ -130,8 +130,8 @@ class LengthDist:
         if self.quantiles or not self.clip:
             return min(self.max_len, max(self.mean_len, self.quantile(n / (n + 1.0))))
         # some of the n hit the cap with probability 1 - (1 - clip)^n; else the body's own longest
-        hit = 1.0 - (1.0 - self.clip) ** n
-        body = self.max_len * (1.0 - (1.0 / (n + 1.0)) ** (1.0 / self.b))
+        hit = 1.0 - float((1.0 - self.clip) ** n)
+        body = self.max_len * (1.0 - float((1.0 / (n + 1.0)) ** (1.0 / self.b)))
         return min(self.max_len, max(self.mean_len, hit * self.max_len + (1.0 - hit) * body))
 
 
