@@ -248,6 +248,7 @@ def test_our_cpu_trainer_log_end_to_end(capsys, tmp_path):
     assert res["hardware"] == "cpu" and res["logs"][0]["steps_kept"] == 3
     assert res["phase_mape_after_pct"]["step"] <= res["phase_mape_before_pct"]["step"]
     assert load(out, hardware="cpu")
+    assert json.loads(out.read_text())["fit"]["source"] == "1 run log(s): grpo-tune"  # not "verl logs"
 
 
 def test_the_logs_are_fresh_for_the_current_cost_model(fix):

@@ -121,7 +121,7 @@ def run_calibrate(req: CalibrateRequest, *, warn: Callable[[str], None] | None =
         out,
         params=res.params,
         hardware=hw_name,
-        fit={**res.to_dict(), "source": "verl logs", "logs": logs_doc, **outcome._mape()},
+        fit={**res.to_dict(), "source": _source(points), "logs": logs_doc, **outcome._mape()},
     )
     return outcome
 
@@ -168,6 +168,13 @@ def _read_points(
                 warn(w)
         points.append(point)
     return points
+
+
+def _source(points: list[LogPoint]) -> str:
+    """What the fit was made on, by the logs' formats in the order given (a NeMo-RL or grpo-tune log is not a
+    verl log)."""
+    formats = list(dict.fromkeys(str(p.log.format) for p in points))
+    return f"{len(points)} run log(s): " + ", ".join(formats)
 
 
 def _log_doc(p: LogPoint, launch: Path) -> dict[str, object]:
