@@ -68,6 +68,17 @@ class Efficiency:
     """Per HF tensor exported (bridge conversion, gather launch) during weight sync."""
     sync_bucket_overhead_s: float = 0.0
     """Per bucket shipped to vLLM by CUDA IPC (handle rebuild, load_weights)."""
+    pp_export_tensor_overhead_s: float = 0.0
+    """Per HF tensor exported from a pipeline-parallel model, on top of ``sync_tensor_overhead_s``: verl's
+    ``per_tensor_generator`` sends each tensor's name and shape through object collectives over the pipeline
+    group (``all_gather_object``, ``broadcast_object_list``: pickling and a host sync each) before its data."""
+    reshard_entry_overhead_s: float = 0.0
+    """Per bulk entry of NeMo-RL's NCCL-reshard refit (one xferdtensor call for a layer's FFN projection, its
+    experts grouped: the shard plan, the receive-buffer pre hook and the fused-copy post hook)."""
+    load_weights_scan_s: float = 0.0
+    """Per vLLM parameter, per ``load_weights`` call that carries a single tensor (verl's weight sync without
+    the checkpoint engine calls it once per HF tensor): each call rebuilds ``dict(named_parameters())`` and
+    walks it, so the call costs this times the engine's parameter count."""
     pageable_copy_fraction: float = 0.5
     """Pageable host<->device copies over pinned ones (verl copies optimizer state pageable)."""
     packing_efficiency: float = 0.95
@@ -116,6 +127,9 @@ STACK_KEYS: frozenset[str] = frozenset(
         "vllm_wake_s",
         "sync_tensor_overhead_s",
         "sync_bucket_overhead_s",
+        "load_weights_scan_s",
+        "reshard_entry_overhead_s",
+        "pp_export_tensor_overhead_s",
         "pageable_copy_fraction",
         "packing_efficiency",
         "pp_packed_fill",

@@ -79,6 +79,24 @@ def hierarchical_all_reduce_s(
     )
 
 
+def ring_link(
+    hw: HardwareSpec, span: int, per_node: int, gpus_per_node: int, cal: Mapping[str, float]
+) -> tuple[float, float]:
+    """``(bandwidth, latency_s)`` per rank of an NCCL ring collective (broadcast, all-gather) over a group of
+    ``span`` ranks with ``per_node`` of them on each node. Inside an NVLink domain: NVLink. Across nodes NCCL's
+    channels are rail-aligned: each enters and leaves a node on its own NIC, so the group's ring crosses a node
+    at the NICs of its ``per_node`` GPUs together (``per_node`` x the per-GPU NIC bandwidth), bounded by the
+    NVLink rate each GPU forwards at (NVIDIA/nccl issue #412); a group with one rank per node (a pipeline group
+    across nodes) runs at one NIC. Both scaled by ``comm_efficiency`` and the calibration."""
+    scale = cal["comm_efficiency_scale"]
+    ce = hw.efficiency.comm_efficiency * scale
+    if not spans_nodes(span, nvlink_domain(hw, gpus_per_node)):
+        return hw.intra_node_bandwidth_bytes_per_s * ce, hw.efficiency.intra_node_latency_s / scale
+    g = max(1, min(per_node, gpus_per_node))
+    bw = min(g * hw.inter_node_bandwidth_bytes_per_s, hw.intra_node_bandwidth_bytes_per_s)
+    return bw * ce, hw.efficiency.inter_node_latency_s / scale
+
+
 def link(
     hw: HardwareSpec, span: int, gpus_per_node: int, cal: Mapping[str, float], e: Efficiency | None = None
 ) -> tuple[float, float]:

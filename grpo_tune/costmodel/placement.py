@@ -321,6 +321,61 @@ def broadcast_link(
     return min(nic, nvlink) * ce, lat / scale
 
 
+def hf_export_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, cal: Mapping[str, float]) -> float:
+    """Seconds the training pool takes to materialise every HF tensor whole on its ranks, as the Megatron bridge's
+    ``export_hf_weights`` does tensor by tensor: the owning pipeline stage broadcasts its local shard to the other
+    stages, then the TP group gathers the dense weights and the expert group (EP x ETP) gathers the routed experts.
+    Bytes each rank receives: (p-1)/p of the rank-local shard (dense / tp + routed experts / (ep x etp)) from the
+    other stages, (tp-1)/tp of the dense weights, (e-1)/e of the routed experts, each over its group's ring
+    (:func:`comm.ring_link`: a group on one node runs over NVLink; across nodes at the NICs of its ranks on each
+    node). Megatron orders ranks tp, cp, dp/ep, pp (fastest first): a TP group is ``tp`` consecutive ranks, an
+    expert group ``ep x etp`` consecutive ranks, a pipeline group strided by ``gpus / pp``."""
+    from .params import layer_params
+
+    lay = s.layout
+    gpn = cluster.gpus_per_node
+    c = model_consts(m)
+    total = c["total_params"] * PARAM_BYTES
+    routed = m.moe_layers * layer_params(m, m.layers - 1).expert * PARAM_BYTES if m.is_moe else 0.0
+    dense = total - routed
+    e = lay.ep * lay.etp_ if m.is_moe else 1
+    t = 0.0
+    if lay.pp > 1:
+        stride = max(1, cluster.gpus // lay.pp)
+        per_node = max(1, gpn // stride) if stride < gpn else 1
+        bw, lat = comm.ring_link(hw, cluster.gpus, per_node, gpn, cal)
+        t += (lay.pp - 1) / lay.pp * (dense / lay.tp + routed / e) / bw
+    if lay.tp > 1:
+        bw, lat = comm.ring_link(hw, lay.tp, min(lay.tp, gpn), gpn, cal)
+        t += comm.all_gather_s(dense, lay.tp, bw, lat)
+    if e > 1 and routed > 0:
+        bw, lat = comm.ring_link(hw, e, min(e, gpn), gpn, cal)
+        t += comm.all_gather_s(routed, e, bw, lat)
+    return t
+
+
+def export_tensor_overhead_s(hw: HardwareSpec, s: Strategy) -> float:
+    """The stack's host cost per HF tensor the training pool exports: ``sync_tensor_overhead_s``, and with
+    pipeline parallelism ``pp_export_tensor_overhead_s`` more (verl 0.9.1's ``per_tensor_generator``,
+    verl/utils/megatron_utils.py: each tensor's name goes through ``broadcast_str_from_megatron_pp`` and its shape
+    through ``broadcast_from_megatron_pp``, an ``all_gather_object`` and a ``broadcast_object_list`` over the
+    pipeline group, before the tensor itself is broadcast)."""
+    e = hw.efficiency
+    return e.sync_tensor_overhead_s + (e.pp_export_tensor_overhead_s if s.layout.pp > 1 else 0.0)
+
+
+def double_buffered(produce: float, wire: float, consume: float, buckets: float) -> tuple[float, float]:
+    """(seconds, hidden seconds) of a bucketed stream with two buffers: while bucket i is on the wire the
+    producer fills bucket i+1 and the consumer loads bucket i-1, so the stream takes its slowest stage plus the
+    other stages of one bucket (the fill and the drain); ``hidden`` is what the overlap saves against running
+    the three in sequence."""
+    parts = (produce, wire, consume)
+    n = max(1.0, buckets)
+    slow = max(parts)
+    t = slow + (sum(parts) - slow) / n
+    return t, sum(parts) - t
+
+
 def cross_pool_sync(
     m: ModelSpec,
     hw_train: HardwareSpec,
@@ -329,12 +384,23 @@ def cross_pool_sync(
     s: Strategy,
     cal: dict[str, float],
 ) -> dict[str, float]:
-    """Seconds of one cross-pool weight sync by part: ``export_s`` (the training side's TP/PP/EP gathers
-    into HF tensors, and the onload of offloaded parameters), ``transfer_s`` (the whole bf16 model to every
-    rollout GPU: a pipelined NCCL broadcast costs the bytes over :func:`broadcast_link`'s bandwidth, a node's
-    NICs together bounded by NVLink, plus a latency per bucket), ``copy_s`` (each vLLM worker loads its
-    rollout-TP slice), ``overhead_s`` (per tensor and per bucket) and ``sync_s`` (their sum, with the
-    calibration's fixed cost)."""
+    """Seconds of one cross-pool weight sync by bucketed broadcast, by part: ``export_s`` (the training side's
+    PP/TP/EP gathers into HF tensors, :func:`hf_export_s`, and the onload of offloaded parameters),
+    ``transfer_s`` (the whole bf16 model to every rollout GPU: a pipelined NCCL broadcast costs the bytes over
+    :func:`broadcast_link`'s bandwidth, a node's NICs together bounded by NVLink, plus a latency per bucket),
+    ``copy_s`` (each vLLM worker loads its rollout-TP slice), ``overhead_s`` (the stack's cost per HF tensor on
+    the producing side and per bucket on the consuming side), ``overlap_s`` (what the double buffering hides)
+    and ``sync_s``.
+
+    Both engines this prices keep two buffers: verl 0.9.1's NCCL checkpoint engine fills one bucket while the
+    other is broadcast and yields the last bucket's tensors while receiving the next
+    (``NCCLCheckpointEngine.send_weights`` / ``_receive_weight_chunks``); NeMo-RL's packed collective update packs
+    the next bucket on a second stream while the last is broadcast, and unpacks and loads on a second stream
+    while receiving (``packed_broadcast_producer`` / ``packed_broadcast_consumer``, nemo_rl/utils/packed_tensor.py;
+    NeMo-RL pull request #1379 measured DeepSeek-V3 at 34 s before this overlap and 14 s after). So the stream is
+    priced as its slowest stage, producing (export and per-tensor costs), the wire, or consuming (copies and
+    per-bucket costs), plus one bucket of the other two (:func:`double_buffered`); the onload of offloaded
+    parameters precedes it and the calibration's fixed cost follows."""
     c = model_consts(m)
     nbytes = c["total_params"] * PARAM_BYTES
     ws = weight_sync_s(m, hw_train, ps.train, train_strategy(s), cal)
@@ -343,8 +409,78 @@ def cross_pool_sync(
     transfer = nbytes / bw + buckets * lat
     e = hw_roll.efficiency
     copy = nbytes / s.rollout.rollout_tp / (hw_roll.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
-    overhead = c["hf_tensors"] * e.sync_tensor_overhead_s + buckets * e.sync_bucket_overhead_s
-    export = ws["gather_s"] + ws["onload_s"]
+    per_tensor = c["hf_tensors"] * export_tensor_overhead_s(hw_train, s)
+    per_bucket = buckets * e.sync_bucket_overhead_s
+    gathers = hf_export_s(m, hw_train, ps.train, train_strategy(s), cal)
+    stream, hidden = double_buffered(gathers + per_tensor, transfer, copy + per_bucket, buckets)
+    total = ws["onload_s"] + stream + cal["weight_sync_overhead_s"]
+    return {
+        "export_s": gathers + ws["onload_s"],
+        "transfer_s": transfer,
+        "copy_s": copy,
+        "overhead_s": per_tensor + per_bucket,
+        "overlap_s": hidden,
+        "sync_s": total,
+        "bytes_per_rollout_gpu": float(nbytes),
+        "link_bytes_per_s": bw,
+        "buckets": float(buckets),
+    }
+
+
+REFIT_TRANSPORTS = ("broadcast", "nccl_reshard", "per_tensor")
+"""How the cross-pool weight sync moves the weights: ``broadcast`` (every full tensor to every rollout GPU in
+buckets: verl's checkpoint engine, NeMo-RL's default collective transport; :func:`cross_pool_sync`),
+``nccl_reshard`` (NeMo-RL's ``policy.generation.refit_transport=nccl_reshard``: each destination shard moved
+once; :func:`reshard_sync`) or ``per_tensor`` (verl's separate-pool sync without the checkpoint engine, as its
+fully-async recipe ran it before the engine: one broadcast and one vLLM ``load_weights`` per HF tensor;
+:func:`per_tensor_sync`). grpo-tune emits none of these choices (its verl launches keep verl 0.9.1's checkpoint
+engine, which the broadcast prices); ``validate --grpo`` prices the published runs that used each."""
+
+
+def vllm_param_count(m: ModelSpec) -> int:
+    """Parameters vLLM's model holds, which its ``load_weights`` rebuilds into a dict on every call: the HF
+    tensors, with each MoE layer's routed experts as vLLM's two fused tensors (``w13_weight``, ``w2_weight``).
+    vLLM also fuses q/k/v and gate/up, which this count keeps apart (it is high by up to a third; the fitted
+    per-parameter cost absorbs a constant factor)."""
+    from .timing_base import hf_tensor_count
+
+    fused = (3 * m.experts - 2) * m.moe_layers if m.is_moe else 0
+    return hf_tensor_count(m) - fused
+
+
+def per_tensor_sync(
+    m: ModelSpec,
+    hw_train: HardwareSpec,
+    hw_roll: HardwareSpec,
+    ps: Pools,
+    s: Strategy,
+    cal: dict[str, float],
+) -> dict[str, float]:
+    """Seconds of one cross-pool weight sync tensor by tensor (the ``per_tensor`` refit transport), in the keys
+    of :func:`cross_pool_sync`. verl's fully-async recipe without its checkpoint engine (``sync_rollout_weights``,
+    recipe/fully_async_policy/megatron_worker.py, verl 2025-12) walks the HF tensors in order: the bridge exports
+    one (the TP/PP/EP gathers), every actor and rollout rank allocates it, actor rank 0 fills it, one NCCL
+    broadcast over the group of every actor and rollout rank sends it, and each rollout rank passes it alone to
+    vLLM's ``load_weights`` (which rebuilds its parameter dict and expert mapping on every call), before the next
+    tensor starts: nothing overlaps and nothing is packed.
+
+    - ``export_s``: the gathers and the onload of offloaded parameters, as :func:`cross_pool_sync`;
+    - ``transfer_s``: the whole bf16 model over :func:`broadcast_link`'s bandwidth, plus one broadcast latency
+      per HF tensor (there are no buckets);
+    - ``copy_s``: each vLLM worker copies its rollout-TP slice;
+    - ``overhead_s``: per HF tensor, the stack's per-tensor cost (``sync_tensor_overhead_s``, as in the bucketed
+      path) and one ``load_weights`` call, which walks every vLLM parameter (:func:`vllm_param_count`) at the
+      stack's ``load_weights_scan_s``."""
+    c = model_consts(m)
+    nbytes = c["total_params"] * PARAM_BYTES
+    tensors = c["hf_tensors"]
+    ws = weight_sync_s(m, hw_train, ps.train, train_strategy(s), cal)
+    bw, lat = broadcast_link(hw_train, hw_roll, ps, cal)
+    transfer = nbytes / bw + tensors * lat
+    e = hw_roll.efficiency
+    copy = nbytes / s.rollout.rollout_tp / (hw_roll.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
+    overhead = tensors * (export_tensor_overhead_s(hw_train, s) + vllm_param_count(m) * e.load_weights_scan_s)
+    export = hf_export_s(m, hw_train, ps.train, train_strategy(s), cal) + ws["onload_s"]
     total = export + transfer + copy + overhead + cal["weight_sync_overhead_s"]
     return {
         "export_s": export,
@@ -354,15 +490,8 @@ def cross_pool_sync(
         "sync_s": total,
         "bytes_per_rollout_gpu": float(nbytes),
         "link_bytes_per_s": bw,
-        "buckets": float(buckets),
+        "buckets": 0.0,
     }
-
-
-REFIT_TRANSPORTS = ("broadcast", "nccl_reshard")
-"""How the cross-pool weight sync moves the weights: ``broadcast`` (every full tensor to every rollout GPU:
-verl's checkpoint engine, NeMo-RL's default collective transport; :func:`cross_pool_sync`) or
-``nccl_reshard`` (NeMo-RL's ``policy.generation.refit_transport=nccl_reshard``: each destination shard moved
-once; :func:`reshard_sync`). grpo-tune emits neither choice; ``validate --grpo`` prices the runs that used each."""
 
 
 def reshard_bulk_params(m: ModelSpec) -> float:
@@ -409,8 +538,11 @@ def reshard_sync(
     - ``export_s``: only the misc tensors are gathered across the training TP group (the bulk leaves as
       each rank holds it), and the onload of offloaded parameters;
     - ``copy_s``: each rollout GPU copies what it received into its fused parameters;
-    - ``overhead_s``: the stack's per-tensor cost for each bulk entry and misc tensor (:func:`reshard_entries`),
-      and its per-bucket cost for the misc buckets."""
+    - ``overhead_s``: the stack's cost per bulk entry (``reshard_entry_overhead_s``: one xferdtensor call with its
+      receive-buffer and fused-copy hooks), per misc tensor (``sync_tensor_overhead_s``, as every tensor of the
+      packed broadcast) and per misc bucket (:func:`reshard_entries` counts them);
+    - ``overlap_s``: the misc tensors travel by NeMo-RL's double-buffered packed broadcast, priced as
+      :func:`cross_pool_sync` prices it (:func:`double_buffered`); the bulk runs entry by entry, in sequence."""
     c = model_consts(m)
     total = c["total_params"] * PARAM_BYTES
     bulk = min(reshard_bulk_params(m) * PARAM_BYTES, total)
@@ -430,14 +562,20 @@ def reshard_sync(
     ws = weight_sync_s(m, hw_train, ps.train, train_strategy(s), cal)
     e = hw_roll.efficiency
     copy = (dst + misc / rtp) / (hw_roll.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
-    overhead = (entries + misc_tensors) * e.sync_tensor_overhead_s + buckets * e.sync_bucket_overhead_s
+    per_entry = entries * e.reshard_entry_overhead_s
+    per_misc = misc_tensors * e.sync_tensor_overhead_s
+    per_bucket = buckets * e.sync_bucket_overhead_s
+    bulk_s = max(dst, src) / bw + entries * lat + dst / (hw_roll.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
+    misc_copy = misc / rtp / (hw_roll.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
+    misc_s, hidden = double_buffered(gather + per_misc, misc / bw_b + buckets * lat_b, misc_copy + per_bucket, buckets)
     export = gather + ws["onload_s"]
-    total_s = export + transfer + copy + overhead + cal["weight_sync_overhead_s"]
+    total_s = ws["onload_s"] + bulk_s + per_entry + misc_s + cal["weight_sync_overhead_s"]
     return {
         "export_s": export,
         "transfer_s": transfer,
         "copy_s": copy,
-        "overhead_s": overhead,
+        "overhead_s": per_entry + per_misc + per_bucket,
+        "overlap_s": hidden,
         "sync_s": total_s,
         "bytes_per_rollout_gpu": float(dst + misc),
         "link_bytes_per_s": bw,
@@ -583,7 +721,7 @@ def estimate_separate(
     partial = placement.partial_rollout and placement.staleness >= 1
     g = generation(m, hw_r, ps.rollout, roll_s, wl, cal, partial=partial)
     rmem, rviol = rollout_memory(m, hw_r, ps.rollout, roll_s, wl)
-    sync_fn = reshard_sync if refit_transport == "nccl_reshard" else cross_pool_sync
+    sync_fn = {"nccl_reshard": reshard_sync, "per_tensor": per_tensor_sync}.get(refit_transport, cross_pool_sync)
     sync = sync_fn(m, hardware, hw_r, ps, s, cal)
     train_phases = dict(train.time.phases)
     t_train = train.time.step_s
@@ -724,6 +862,8 @@ __all__ = [
     "reshard_bulk_params",
     "reshard_entries",
     "reshard_sync",
+    "per_tensor_sync",
+    "vllm_param_count",
     "rollout_memory",
     "split_candidates",
     "sync_link",

@@ -346,11 +346,22 @@ PRIORS: tuple[Prior, ...] = (
     Prior(
         "sync_tensor_overhead_s",
         "stack:nemo-rl-main-2026-08",
-        3.7e-4,
-        5e-5,
+        2e-4,
+        2e-5,
         2e-3,
-        "per NCCL-reshard bulk entry (xferdtensor call, receive-buffer pre hook, fused-copy post hook) and per "
-        "misc tensor (packed broadcast, load_weights): 50 us-2 ms",
+        "per HF tensor of NeMo-RL's packed collective update (every tensor of the NCCL broadcast, the NCCL "
+        "reshard's misc tensors): the bridge's conversion task with its PP broadcast and TP/EP gather calls, its "
+        "copy into the packed bucket, and vLLM's weight_loader for it (name match, TP narrow, copy): 20 us-2 ms",
+    ),
+    Prior(
+        "reshard_entry_overhead_s",
+        "stack:nemo-rl-main-2026-08",
+        1e-3,
+        1e-4,
+        1e-2,
+        "per NCCL-reshard bulk entry: one xferdtensor call for a layer's FFN projection, its experts grouped "
+        "(the Python shard plan over the source and destination layouts, the receive-buffer pre hook, the NCCL "
+        "send/recv group and the fused-copy post hook): 0.1-10 ms",
     ),
     Prior(
         "rl_compute_scale",
@@ -376,6 +387,26 @@ PRIORS: tuple[Prior, ...] = (
         5e-5,
         2e-3,
         "per exported HF tensor (bridge name mapping, gather launch, the tensor's copy into a bucket): 50 us-2 ms",
+    ),
+    Prior(
+        "load_weights_scan_s",
+        "stack:verl-0.9.1",
+        1e-6,
+        2e-7,
+        5e-6,
+        "per vLLM parameter per single-tensor load_weights call (verl's sync without the checkpoint engine): "
+        "vLLM's model load_weights rebuilds dict(self.named_parameters()) on every call, a Python walk of the "
+        "module tree at ~0.2-5 us per parameter",
+    ),
+    Prior(
+        "pp_export_tensor_overhead_s",
+        "stack:verl-0.9.1",
+        3e-4,
+        3e-5,
+        3e-3,
+        "per HF tensor exported with PP > 1 (verl's per_tensor_generator): all_gather_object and "
+        "broadcast_object_list of its name and shape over the pipeline group, each pickling and synchronising "
+        "the host with the device: 30 us-3 ms",
     ),
     Prior(
         "eager_layer_overhead_s",
