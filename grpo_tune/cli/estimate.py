@@ -223,7 +223,8 @@ def print_pools(est: Estimate, console: Console) -> None:
         f"sync: {sy['bytes_per_rollout_gpu'] / GiB:,.1f} GiB to every rollout GPU at "
         f"{sy['link_bytes_per_s'] / 1e9:,.0f} GB/s ({link}): "
         f"export {sy['export_s']:,.2f} s, transfer {sy['transfer_s']:,.2f} s, load {sy['copy_s']:,.2f} s, "
-        f"per-tensor/bucket {sy['overhead_s']:,.2f} s",
+        f"per-tensor/bucket {sy['overhead_s']:,.2f} s"
+        + (f", overlapped -{sy['overlap_s']:,.2f} s (double-buffered)" if sy.get("overlap_s") else ""),
         highlight=False,
     )
     if f.get("tokens_per_usd"):
