@@ -33,11 +33,11 @@ peak), which scores the update's speed where the step or the mean response lengt
 TOLERANCE_PCT = 12.0
 """Held-out step-time MAPE above which ``validate --grpo`` exits 1 (the target; the goal is 10%)."""
 
-STATED_ERROR_PCT = 8.9
+STATED_ERROR_PCT = 10.3
 """The model's stated error: the leave-one-out step-time MAPE that ``validate --grpo`` prints for the
 shipped rows (a test keeps the two equal). The report calls plans closer than this indistinguishable."""
 
-BAND_PCT = {"fitted": 8.5, "transferred": 9.8, "spec-only": 14.7}
+BAND_PCT = {"fitted": 10.6, "transferred": 10.6, "spec-only": 15.9}
 """Error band per class of hardware profile (``provenance``), as ``compare`` prints it: the leave-one-out
 step MAPE of the scored rows on profiles of that class (:func:`bands`; a test keeps the two equal).
 ``spec-only`` has no measured row: half again the transferred band, a stated assumption."""
@@ -320,12 +320,12 @@ PRIORS: tuple[Prior, ...] = (
     Prior(
         "moe_layer_overhead_s",
         "stack:nemo-rl-v0.3",
-        2e-3,
         5e-4,
-        5e-3,
-        "NeMo-RL v0.3's Qwen3 MoE recipe sets neither moe_grouped_gemm nor moe_permute_fusion (Megatron "
-        "defaults: off), so its 16 local experts run one by one: ~6 launches each at ~10-40 us per layer "
-        "and pass, above the 0.2-1 ms Megatron's MoE docs give with permute fusion and grouped GEMM",
+        2e-4,
+        1e-3,
+        "Megatron MoE docs: a few hundred us to ~1 ms per layer with moe_permute_fusion + grouped GEMM; NeMo-RL "
+        "v0.3 builds Qwen3 MoE from NeMo's Qwen3MoEConfig (nemo/tron/converter/qwen.py HFQwen3Importer -> "
+        "nemo/collections/llm/gpt/model/qwen3.py: moe_grouped_gemm, moe_permute_fusion, alltoall), which sets both",
     ),
     Prior(
         "vllm_wake_s",
@@ -587,14 +587,16 @@ def _group_mape(errs: dict[str, dict[str, float]], rows: list[GrpoRow], key: str
 
 
 def bands(cv: dict[str, dict[str, float]], rows: list[GrpoRow]) -> dict[str, float]:
-    """Leave-one-out step MAPE per provenance class of the rows' hardware profiles (BAND_PCT)."""
+    """Leave-one-out step MAPE per provenance class of the rows' hardware profiles (BAND_PCT). A class is
+    known no better than a better-known one: the transferred band is at least the fitted band (its own rows
+    may happen to score lower), and spec-only is half again the larger."""
     by: dict[str, list[float]] = {}
     for r in rows:
         if r.id in cv and "step_s" in cv[r.id]:
             by.setdefault(load_hardware(r.raw["hardware"]).provenance, []).append(abs(cv[r.id]["step_s"]))
     out = {k: sum(v) / len(v) for k, v in by.items()}
     out.setdefault("fitted", out.get("transferred", 0.0))
-    out.setdefault("transferred", out["fitted"])
+    out["transferred"] = max(out.get("transferred", 0.0), out["fitted"])
     out["spec-only"] = 1.5 * max(out["fitted"], out["transferred"])
     return out
 
