@@ -60,7 +60,7 @@ from .estimate import estimate
 from .results import Estimate, PhaseMemory, PhaseTimes, PoolFigures, SeparateFigures, Throughput, Violation
 from .rollout import native_rollout_s, rollout_s
 from .timing_base import PARAM_BYTES, attention_fraction, check_calibration, forward_flops_per_token, model_consts
-from .weight_sync import weight_sync_s
+from .weight_sync import export_tensor_overhead_s, hf_export_s, weight_sync_s
 
 MODES = ("colocated", "separate")
 
@@ -319,49 +319,6 @@ def broadcast_link(
     lat = max(hw_train.efficiency.inter_node_latency_s, hw_roll.efficiency.inter_node_latency_s)
     ce = min(hw_train.efficiency.comm_efficiency, hw_roll.efficiency.comm_efficiency) * scale
     return min(nic, nvlink) * ce, lat / scale
-
-
-def hf_export_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, cal: Mapping[str, float]) -> float:
-    """Seconds the training pool takes to materialise every HF tensor whole on its ranks, as the Megatron bridge's
-    ``export_hf_weights`` does tensor by tensor: the owning pipeline stage broadcasts its local shard to the other
-    stages, then the TP group gathers the dense weights and the expert group (EP x ETP) gathers the routed experts.
-    Bytes each rank receives: (p-1)/p of the rank-local shard (dense / tp + routed experts / (ep x etp)) from the
-    other stages, (tp-1)/tp of the dense weights, (e-1)/e of the routed experts, each over its group's ring
-    (:func:`comm.ring_link`: a group on one node runs over NVLink; across nodes at the NICs of its ranks on each
-    node). Megatron orders ranks tp, cp, dp/ep, pp (fastest first): a TP group is ``tp`` consecutive ranks, an
-    expert group ``ep x etp`` consecutive ranks, a pipeline group strided by ``gpus / pp``."""
-    from .params import layer_params
-
-    lay = s.layout
-    gpn = cluster.gpus_per_node
-    c = model_consts(m)
-    total = c["total_params"] * PARAM_BYTES
-    routed = m.moe_layers * layer_params(m, m.layers - 1).expert * PARAM_BYTES if m.is_moe else 0.0
-    dense = total - routed
-    e = lay.ep * lay.etp_ if m.is_moe else 1
-    t = 0.0
-    if lay.pp > 1:
-        stride = max(1, cluster.gpus // lay.pp)
-        per_node = max(1, gpn // stride) if stride < gpn else 1
-        bw, lat = comm.ring_link(hw, cluster.gpus, per_node, gpn, cal)
-        t += (lay.pp - 1) / lay.pp * (dense / lay.tp + routed / e) / bw
-    if lay.tp > 1:
-        bw, lat = comm.ring_link(hw, lay.tp, min(lay.tp, gpn), gpn, cal)
-        t += comm.all_gather_s(dense, lay.tp, bw, lat)
-    if e > 1 and routed > 0:
-        bw, lat = comm.ring_link(hw, e, min(e, gpn), gpn, cal)
-        t += comm.all_gather_s(routed, e, bw, lat)
-    return t
-
-
-def export_tensor_overhead_s(hw: HardwareSpec, s: Strategy) -> float:
-    """The stack's host cost per HF tensor the training pool exports: ``sync_tensor_overhead_s``, and with
-    pipeline parallelism ``pp_export_tensor_overhead_s`` more (verl 0.9.1's ``per_tensor_generator``,
-    verl/utils/megatron_utils.py: each tensor's name goes through ``broadcast_str_from_megatron_pp`` and its shape
-    through ``broadcast_from_megatron_pp``, an ``all_gather_object`` and a ``broadcast_object_list`` over the
-    pipeline group, before the tensor itself is broadcast)."""
-    e = hw.efficiency
-    return e.sync_tensor_overhead_s + (e.pp_export_tensor_overhead_s if s.layout.pp > 1 else 0.0)
 
 
 def double_buffered(produce: float, wire: float, consume: float, buckets: float) -> tuple[float, float]:

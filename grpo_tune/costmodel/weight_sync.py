@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 
+from collections.abc import Mapping
+
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
@@ -33,29 +35,63 @@ def sleep_s(hw: HardwareSpec, s: Strategy) -> float:
     return hw.efficiency.vllm_sleep_s if s.rollout.free_cache_engine else 0.0
 
 
+def hf_export_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, cal: Mapping[str, float]) -> float:
+    """Seconds the training pool takes to materialise every HF tensor whole on its ranks, as the Megatron bridge's
+    ``export_hf_weights`` does tensor by tensor: the owning pipeline stage broadcasts its local shard to the other
+    stages, then the TP group gathers the dense weights and the expert group (EP x ETP) gathers the routed experts.
+    Bytes each rank receives: (p-1)/p of the rank-local shard (dense / tp + routed experts / (ep x etp)) from the
+    other stages, (tp-1)/tp of the dense weights, (e-1)/e of the routed experts, each over its group's ring
+    (:func:`comm.ring_link`: a group on one node runs over NVLink; across nodes at the NICs of its ranks on each
+    node). Megatron orders ranks tp, cp, dp/ep, pp (fastest first): a TP group is ``tp`` consecutive ranks, an
+    expert group ``ep x etp`` consecutive ranks, a pipeline group strided by ``gpus / pp``."""
+    from .params import layer_params
+
+    lay = s.layout
+    gpn = cluster.gpus_per_node
+    c = model_consts(m)
+    total = c["total_params"] * PARAM_BYTES
+    routed = m.moe_layers * layer_params(m, m.layers - 1).expert * PARAM_BYTES if m.is_moe else 0.0
+    dense = total - routed
+    e = lay.ep * lay.etp_ if m.is_moe else 1
+    t = 0.0
+    if lay.pp > 1:
+        stride = max(1, cluster.gpus // lay.pp)
+        per_node = max(1, gpn // stride) if stride < gpn else 1
+        bw, lat = comm.ring_link(hw, cluster.gpus, per_node, gpn, cal)
+        t += (lay.pp - 1) / lay.pp * (dense / lay.tp + routed / e) / bw
+    if lay.tp > 1:
+        bw, lat = comm.ring_link(hw, lay.tp, min(lay.tp, gpn), gpn, cal)
+        t += comm.all_gather_s(dense, lay.tp, bw, lat)
+    if e > 1 and routed > 0:
+        bw, lat = comm.ring_link(hw, e, min(e, gpn), gpn, cal)
+        t += comm.all_gather_s(routed, e, bw, lat)
+    return t
+
+
+def export_tensor_overhead_s(hw: HardwareSpec, s: Strategy) -> float:
+    """The stack's host cost per HF tensor the training pool exports: ``sync_tensor_overhead_s``, and with
+    pipeline parallelism ``pp_export_tensor_overhead_s`` more (verl 0.9.1's ``per_tensor_generator``,
+    verl/utils/megatron_utils.py: each tensor's name goes through ``broadcast_str_from_megatron_pp`` and its shape
+    through ``broadcast_from_megatron_pp``, an ``all_gather_object`` and a ``broadcast_object_list`` over the
+    pipeline group, before the tensor itself is broadcast)."""
+    e = hw.efficiency
+    return e.sync_tensor_overhead_s + (e.pp_export_tensor_overhead_s if s.layout.pp > 1 else 0.0)
+
+
 def weight_sync_s(
     m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, cal: dict[str, float]
 ) -> dict[str, float]:
     """Seconds of one refit by part: ``wake_s``, ``onload_s``, ``gather_s``, ``copy_s``, ``overhead_s``."""
-    lay = s.layout
     eng = s.rollout
     e = hw.efficiency
     c = model_consts(m)
-    gpn = cluster.gpus_per_node
     total = c["total_params"] * PARAM_BYTES
-    gather = 0.0
-    if lay.tp > 1:
-        gather += comm.all_gather_s(total / lay.pp, lay.tp, *comm.link(hw, lay.tp, gpn, cal))
-    if lay.pp > 1:  # every stage's tensors reach every rank: (p-1)/p of the model over the stage link
-        bw, _ = comm.link(hw, cluster.gpus, gpn, cal)
-        gather += (lay.pp - 1) / lay.pp * total / bw
-    if m.is_moe and lay.ep > 1:
-        expert_bytes = total * (1 - c["active_params"] / c["total_params"])
-        gather += comm.all_gather_s(expert_bytes, lay.ep, *comm.link(hw, lay.ep * lay.etp_, gpn, cal))
+    # the bridge's export, the same code path as the cross-pool sync's (costmodel.placement)
+    gather = hf_export_s(m, hw, cluster, s, cal)
     # Each colocated vLLM worker receives the whole model (HF tensors) and copies its rollout-TP slice.
     copy = total / eng.rollout_tp / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
     buckets = math.ceil(total / eng.sync_bucket_bytes)
-    overhead = c["hf_tensors"] * e.sync_tensor_overhead_s + buckets * e.sync_bucket_overhead_s
+    overhead = c["hf_tensors"] * export_tensor_overhead_s(hw, s) + buckets * e.sync_bucket_overhead_s
     onload = 0.0
     if "param" in s.memory.offload:  # loaded for the export, offloaded after it (pinned, synchronous)
         dense, expert = rank_params(m, s)

@@ -33,11 +33,11 @@ peak), which scores the update's speed where the step or the mean response lengt
 TOLERANCE_PCT = 12.0
 """Held-out step-time MAPE above which ``validate --grpo`` exits 1 (the target; the goal is 10%)."""
 
-STATED_ERROR_PCT = 10.3
+STATED_ERROR_PCT = 10.7
 """The model's stated error: the leave-one-out step-time MAPE that ``validate --grpo`` prints for the
 shipped rows (a test keeps the two equal). The report calls plans closer than this indistinguishable."""
 
-BAND_PCT = {"fitted": 10.6, "transferred": 10.6, "spec-only": 15.9}
+BAND_PCT = {"fitted": 10.9, "transferred": 10.9, "spec-only": 16.3}
 """Error band per class of hardware profile (``provenance``), as ``compare`` prints it: the leave-one-out
 step MAPE of the scored rows on profiles of that class (:func:`bands`; a test keeps the two equal).
 ``spec-only`` has no measured row: half again the transferred band, a stated assumption."""
