@@ -10,6 +10,7 @@ import grpo_tune.validate.grpo as vg
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy
 from grpo_tune.costmodel import placement as P
+from grpo_tune.costmodel import weight_sync as W
 from grpo_tune.costmodel.timing_base import check_calibration, hf_tensor_count, model_consts
 
 CAL = check_calibration(None)
@@ -36,7 +37,7 @@ def test_hf_export_hand_computed_deepseek_v3_tp1_pp16_ep16():
     routed = 58 * 256 * 3 * 7168 * 2048 * 2
     dense = total - routed
     want = 15 / 16 * (dense + routed / 16) / 40e9 + 20e-6 + 15 / 16 * routed / 320e9
-    got = P.hf_export_s(m, hw, Cluster(gpus=256, gpus_per_node=8), s, CAL)
+    got = W.hf_export_s(m, hw, Cluster(gpus=256, gpus_per_node=8), s, CAL)
     assert got == pytest.approx(want, rel=1e-9)
     assert 5.0 < got < 8.0  # where the colocated refit's gather prices 61 s (the whole model over one NIC per stage)
 
@@ -51,15 +52,15 @@ def test_hf_export_within_a_node_runs_over_nvlink():
     routed = 48 * 128 * 3 * 2048 * 768 * 2
     bw, lat = 450e9 * 0.8, 10e-6
     want = lat + (1 / 2) * (total - routed) / bw + lat + (7 / 8) * routed / bw
-    assert P.hf_export_s(m, hw, Cluster(gpus=16, gpus_per_node=8), s, CAL) == pytest.approx(want, rel=1e-9)
+    assert W.hf_export_s(m, hw, Cluster(gpus=16, gpus_per_node=8), s, CAL) == pytest.approx(want, rel=1e-9)
 
 
 def test_pp_export_cost_is_paid_only_with_pipeline_parallelism():
     hw = load_hardware("h20", stack="verl-0.9.1")
     e = hw.efficiency
     assert e.pp_export_tensor_overhead_s > 0
-    assert P.export_tensor_overhead_s(hw, Strategy.of(tp=2)) == e.sync_tensor_overhead_s
-    assert P.export_tensor_overhead_s(hw, Strategy.of(tp=2, pp=2)) == pytest.approx(
+    assert W.export_tensor_overhead_s(hw, Strategy.of(tp=2)) == e.sync_tensor_overhead_s
+    assert W.export_tensor_overhead_s(hw, Strategy.of(tp=2, pp=2)) == pytest.approx(
         e.sync_tensor_overhead_s + e.pp_export_tensor_overhead_s
     )
 

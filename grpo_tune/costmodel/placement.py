@@ -60,7 +60,7 @@ from .estimate import estimate
 from .results import Estimate, PhaseMemory, PhaseTimes, PoolFigures, SeparateFigures, Throughput, Violation
 from .rollout import native_rollout_s, rollout_s
 from .timing_base import PARAM_BYTES, attention_fraction, check_calibration, forward_flops_per_token, model_consts
-from .weight_sync import export_tensor_overhead_s, hf_export_s, weight_sync_s
+from .weight_sync import export_tensor_overhead_s, weight_sync_s
 
 MODES = ("colocated", "separate")
 
@@ -368,7 +368,7 @@ def cross_pool_sync(
     copy = nbytes / s.rollout.rollout_tp / (hw_roll.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
     per_tensor = c["hf_tensors"] * export_tensor_overhead_s(hw_train, s)
     per_bucket = buckets * e.sync_bucket_overhead_s
-    gathers = hf_export_s(m, hw_train, ps.train, train_strategy(s), cal)
+    gathers = ws["gather_s"]  # hf_export_s, as weight_sync_s prices the export
     stream, hidden = double_buffered(gathers + per_tensor, transfer, copy + per_bucket, buckets)
     total = ws["onload_s"] + stream + cal["weight_sync_overhead_s"]
     return {
@@ -437,7 +437,7 @@ def per_tensor_sync(
     e = hw_roll.efficiency
     copy = nbytes / s.rollout.rollout_tp / (hw_roll.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
     overhead = tensors * (export_tensor_overhead_s(hw_train, s) + vllm_param_count(m) * e.load_weights_scan_s)
-    export = hf_export_s(m, hw_train, ps.train, train_strategy(s), cal) + ws["onload_s"]
+    export = ws["gather_s"] + ws["onload_s"]  # hf_export_s, as weight_sync_s prices the export
     total = export + transfer + copy + overhead + cal["weight_sync_overhead_s"]
     return {
         "export_s": export,

@@ -36,9 +36,10 @@ def sleep_s(hw: HardwareSpec, s: Strategy) -> float:
 
 
 def hf_export_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, cal: Mapping[str, float]) -> float:
-    """Seconds the training pool takes to materialise every HF tensor whole on its ranks, as the Megatron bridge's
-    ``export_hf_weights`` does tensor by tensor: the owning pipeline stage broadcasts its local shard to the other
-    stages, then the TP group gathers the dense weights and the expert group (EP x ETP) gathers the routed experts.
+    """Seconds the training ranks take to materialise every HF tensor whole (the colocated refit and the
+    cross-pool sync alike), as the Megatron bridge's ``export_hf_weights`` does tensor by tensor: the owning
+    pipeline stage broadcasts its local shard to the other stages, then the TP group gathers the dense weights
+    and the expert group (EP x ETP) gathers the routed experts.
     Bytes each rank receives: (p-1)/p of the rank-local shard (dense / tp + routed experts / (ep x etp)) from the
     other stages, (tp-1)/tp of the dense weights, (e-1)/e of the routed experts, each over its group's ring
     (:func:`comm.ring_link`: a group on one node runs over NVLink; across nodes at the NICs of its ranks on each
