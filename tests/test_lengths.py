@@ -130,6 +130,7 @@ def test_search_states_the_assumed_lengths_in_table_report_and_best_yaml(tmp_pat
     (run,) = [d for d in tmp_path.iterdir() if d.is_dir()]
     report = (run / "report.md").read_text()
     assert "(mean 205)" in report and "- lengths: assumed mean = 20% of the max" in report
+    assert "- response-length shape (assumed): 1% truncated at the cap" in report  # the shape is stated too
     text = (run / "best.yaml").read_text()
     assert text.splitlines()[1].startswith("# lengths: assumed mean = 20% of the max")
     wl = load(run / "best.yaml").workload

@@ -289,6 +289,14 @@ def _inputs_lines(best: Estimate, run_id: str | None) -> list[str]:
             f"KL {'on' if w.kl else 'off'}, {w.dtype}"
         )
         L.append(f"- lengths: {lengths_note(w)}")
+        if not w.response_len_quantiles:
+            from grpo_tune.costmodel.lengths import CLIP_FRACTION
+
+            L.append(
+                f"- response-length shape (assumed): {CLIP_FRACTION:.0%} truncated at the cap, so the longest of a "
+                "batch of several hundred responses, which ends generation, is the cap; the rest a Beta(1, b) keeping "
+                "the mean (docs/calibration.md); `--lengths FILE` replaces it with a measured histogram"
+            )
     else:
         L.append(f"- workload: pretrain, sequence {w.seq_len}, global batch {w.gbs}")
     return L
