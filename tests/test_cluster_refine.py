@@ -46,7 +46,10 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def pg_url():
-    pytest.importorskip("psycopg", reason="pip install 'grpo-tune[cluster]'")
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:  # the group was asked for: a missing driver fails it loudly, as missing binaries do
+        pytest.fail("psycopg is not installed: pip install -e '.[cluster]'", pytrace=False)
     bindir = _pg_bin()
     import tempfile
 

@@ -39,7 +39,10 @@ def slurm():
         if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
             pytest.fail(f"{tool} not found: apt-get install -y slurm-wlm munge", pytrace=False)
     if os.geteuid() != 0:
-        pytest.skip("a local slurmd must run as root (it starts jobs as their owner)")
+        pytest.fail(  # the group was asked for: it fails loudly rather than skip its jobs
+            "a local slurmd must run as root (it starts jobs as their owner): run `pytest -m cluster` as root",
+            pytrace=False,
+        )
     base = Path(tempfile.mkdtemp(prefix="grpo-tune-slurm-"))
     os.chmod(base, 0o755)
     munge = base / "munge"
