@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_tune.cli.options import Framework, Gpus, Hardware, Json, Model, inputs_from_flags
+from grpo_tune.cli.options import Framework, Gpus, Hardware, Json, Model, inputs_from_flags, target_line
 from grpo_tune.costmodel.estimate import Estimate
 from grpo_tune.core.strategy import SYNC_BUCKET_MB
 from grpo_tune.jobs.estimate import EstimateRequest, run_estimate
@@ -63,11 +63,7 @@ def _print_plan(est: Estimate, console: Console) -> None:
         + ("" if s.rollout.sync_bucket_mb == SYNC_BUCKET_MB else f" sync_bucket_mb={s.rollout.sync_bucket_mb}")
     )
     hw = est.hardware
-    console.print(
-        f"[bold]{m.name}[/] on {c.gpus} x {hw.name} ({c.gpus_per_node}/node; profile {hw.provenance}, "
-        f"stack {hw.stack or 'none'})",
-        highlight=False,
-    )
+    console.print(target_line(m, hw, c), highlight=False)
     console.print(deg, highlight=False)
     w = est.workload
     if w.kind == "grpo":

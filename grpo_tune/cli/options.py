@@ -205,6 +205,15 @@ def pins_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
     return strategy_pins(**{k: flags.get(k) for k in pin_flags()})
 
 
+def target_line(model: Any, hw: Any, cluster: Any) -> str:
+    """What a command prices, as its first line: the model, the GPUs, where the hardware profile comes from and
+    the software stack (console markup: the model in bold)."""
+    return (
+        f"[bold]{model.name}[/] on {cluster.gpus} x {hw.name} ({cluster.gpus_per_node}/node; profile "
+        f"{hw.provenance}, stack {hw.stack or 'none'})"
+    )
+
+
 def inputs_from_flags(flags: dict[str, Any]) -> tuple[Target, dict[str, Any]]:
     """The target (model, hardware, cluster, workload) and the pins, from the flags that estimate and search share."""
     target = plan_inputs(

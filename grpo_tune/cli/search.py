@@ -242,6 +242,8 @@ def search(
     )
     err = Console(stderr=True)
     console = Console()
+    if not json_out:  # what is searched, before the search (every placement's output starts with it)
+        _print_target(target, console)
 
     def ranked(o: SearchOutcome) -> None:  # printed before a refinement starts (it takes minutes)
         if not json_out:
@@ -314,15 +316,23 @@ def _print_json(result, run_dir: Path | None, files: dict[str, Path], top: int) 
     )
 
 
-def _print_result(
-    result, wl, console: Console, *, top: int, all_plans: bool, run_dir: Path | None, files: dict[str, Path]
-) -> None:
-    """The plan tables, why #1 wins, the search's statistics and the run folder written."""
+def _print_target(target, console: Console) -> None:
+    """The model, the GPUs (profile and stack named: the defaults are stated), the workload and its lengths."""
+    from grpo_tune.cli.options import target_line
+
+    console.print(target_line(target.model, target.hardware, target.cluster), highlight=False)
+    wl = target.workload
     if wl.kind == "grpo":
         from grpo_tune.autotune.calibrate.lengths import lengths_note, workload_line
 
         console.print(f"Workload: {workload_line(wl)}", highlight=False)
         console.print(f"Lengths: {lengths_note(wl)}", highlight=False)
+
+
+def _print_result(
+    result, wl, console: Console, *, top: int, all_plans: bool, run_dir: Path | None, files: dict[str, Path]
+) -> None:
+    """The plan tables, why #1 wins, the search's statistics and the run folder written."""
     if all_plans:
         print_plans(result.ranked, console, top=top)
     else:  # one row per layout (autotune/search/grouping.py)
