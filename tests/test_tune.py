@@ -139,6 +139,20 @@ def test_current_plan_that_does_not_fit_says_which_phase_and_nearest_fits(capsys
     assert all(p["fits"] for p in res["nearest_fit"])
 
 
+def test_the_gpu_a_launch_is_priced_on_is_stated_when_assumed(capsys):
+    """A verl launch does not name its GPU: without --hardware, tune prices it on the default and says so (on
+    stderr, beside the other notes); with --hardware, no such note."""
+    launch = str(ROOT / "examples/verl-upstream/qwen2-7b-math-megatron.sh")
+    assert main(["tune", launch, "--no-emit"]) == 0
+    got = capsys.readouterr()
+    err = " ".join(got.err.split())
+    assert "priced on h100-sxm-80gb: the launch does not say which GPU it runs on (--hardware h100 assumed)" in err
+    assert "on 8 x h100-sxm-80gb" in " ".join(got.out.split())
+    assert main(["tune", launch, "--hardware", "h20", "--no-emit"]) == 0
+    got = capsys.readouterr()
+    assert "does not say which GPU" not in got.err and "on 8 x h20-96gb" in " ".join(got.out.split())
+
+
 def test_a_plan_that_cannot_fit_names_the_phase_the_overshoot_and_the_nearest_fits(capsys, tmp_path):
     """Qwen2.5-7B on 8 x H100, TP1, micro-batch 8 of 4096+4096-token sequences, no recompute: the update's
     activations alone are far past 80 GB (Korthikanti: ~34 B x tokens x hidden per layer), so the current plan

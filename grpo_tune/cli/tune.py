@@ -37,8 +37,16 @@ Overrides = Annotated[
     typer.Argument(help="Hydra-style overrides for a NeMo-RL recipe (key=value, +key=value).", show_default=False),
 ]
 Hardware = Annotated[
-    str, typer.Option("--hardware", help="Hardware profile of the GPUs the launch runs on (h100, h200, a100, ...).")
+    str | None,
+    typer.Option(
+        "--hardware",
+        help="Hardware profile of the GPUs the launch runs on (h100, h200, a100, ...); a launch does not say, so "
+        "h100 is assumed without it, and the output says so.",
+        show_default=False,
+    ),
 ]
+DEFAULT_HARDWARE = "h100"
+"""The GPU a launch is priced on without --hardware (a verl script or NeMo-RL recipe does not name its GPU)."""
 ModelOpt = Annotated[
     str | None,
     typer.Option(
@@ -139,7 +147,7 @@ def _summary(est) -> dict[str, Any]:
 def tune(
     launch: Launch,
     overrides: Overrides = None,
-    hardware: Hardware = "h100",
+    hardware: Hardware = None,
     model: ModelOpt = None,
     keep: Keep = None,
     out: Out = Path("runs"),
@@ -160,7 +168,7 @@ def tune(
     req = TuneRequest(
         launch=launch,
         overrides=list(overrides or []),
-        hardware=hardware,
+        hardware=hardware or DEFAULT_HARDWARE,
         model=model,
         prompt_len_mean=prompt_len_mean,
         response_len_mean=response_len_mean,
@@ -180,6 +188,12 @@ def tune(
             _report_keys(plan.launch, refuse=not ignore_unknown, json_out=json_out)
 
     o = run_tune(req, read=read)
+    if hardware is None and not json_out:  # stated, not silently assumed: the launch does not name its GPU
+        Console(stderr=True).print(
+            f"[yellow]note:[/] priced on {o.plan.hardware.name}: the launch does not say which GPU it runs on "
+            f"(--hardware {DEFAULT_HARDWARE} assumed); pass --hardware for yours",
+            highlight=False,
+        )
     if o.separate is not None:
         _print_separate(o, json_out=json_out)
         return
