@@ -32,6 +32,7 @@ def test_round_trip_through_a_mapping():
         ({"mode": "separate", "rollout_gpus": 4, "partial_rollout": True}, "partial_rollout needs staleness"),
         ({"mode": "separate", "rollout_gpus": -1}, "rollout_gpus"),
         ({"mode": "separate", "rollout_gpus": 4, "sync_interval": 0}, "sync_interval"),
+        ({"mode": "separate", "rollout_gpus": 4, "staleness": -1}, "staleness"),
     ],
 )
 def test_bad_placements_are_coded_errors(data, words):

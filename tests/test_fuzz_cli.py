@@ -330,3 +330,31 @@ def test_usage_errors_are_coded(argv, capsys):
     assert re.search(rf"^\[USAGE\] {cmd}: ", err, re.M), err
     assert f"hint: run `{cmd} --help`" in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag", ["--check-parallel", "--check-memory", "--check-data-types"])
+def test_the_articles_diagnose_flags_point_to_the_real_check(flag, capsys):
+    """The flags of the scripts/diagnose.py that articles on verl describe (verl's own has none of them) are
+    recognised: grpo-tune diagnose runs every check at once, and says so."""
+    assert main(["diagnose", flag, "launch.sh"]) == 2
+    err = capsys.readouterr().err
+    assert f"[USAGE] grpo-tune diagnose has no {flag}: it runs every check at once" in err, err
+    assert "hint: run `grpo-tune diagnose SCRIPT`" in err, err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["estimate", "--model", "7b", "--gpus", "8"],
+        ["estimate", "--model", "7b", "--gpus", "8", "--placement", "separate", "--rollout-gpus", "4"],
+        ["compare", "--model", "7b", "--gpus", "8", "--hardware", "h100", "--placement", "separate"],
+        ["search", "--model", "7b", "--gpus", "8", "--placement", "auto"],
+        ["tune", "launch.sh"],
+    ],
+)
+def test_a_negative_staleness_is_refused_by_every_command(argv, capsys):
+    """``--staleness -1`` was priced as if on-policy by estimate with --placement separate; every command that
+    takes the placement options refuses it the same way, before any work."""
+    assert main([*argv, "--staleness", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "[BAD_CONFIG] --staleness must be an integer >= 0, got -1" in err, err

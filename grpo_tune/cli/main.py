@@ -18,11 +18,17 @@ from rich.console import Console
 from rich.markup import escape
 
 from grpo_tune.core.errors import GrpoTuneError
+from grpo_tune.frameworks.verl.diagnose.parse import DIAGNOSE_PY_FLAGS
 
 try:  # typer >= 0.22 carries its own copy of click; its exceptions are not click's
-    from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError, NoSuchOption, UsageError
 except ImportError:  # pragma: no cover - an older typer runs on click itself
-    from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # type: ignore[assignment]
+    from click.exceptions import (  # type: ignore[assignment]
+        ClickException,
+        NoArgsIsHelpError,
+        NoSuchOption,
+        UsageError,
+    )
 
 app = typer.Typer(
     name="grpo-tune",
@@ -58,6 +64,14 @@ def as_coded(exc: BaseException) -> GrpoTuneError:
         return exc
     if isinstance(exc, UsageError):  # unknown command/option, missing option, value of the wrong type
         path = exc.ctx.command_path if exc.ctx is not None else "grpo-tune"
+        if isinstance(exc, NoSuchOption) and exc.option_name in DIAGNOSE_PY_FLAGS and path.endswith(" diagnose"):
+            # the flags of a scripts/diagnose.py that articles on verl describe and verl does not have
+            return GrpoTuneError(
+                f"{path} has no {exc.option_name}: it runs every check at once (degrees per role, batch rules, "
+                "dtypes, unknown keys, memory per phase)",
+                hint=f"run `{path} SCRIPT`; verl's own scripts/diagnose.py only checks the environment",
+                code="USAGE",
+            )
         what = "no command given" if isinstance(exc, NoArgsIsHelpError) else exc.format_message()
         return GrpoTuneError(f"{path}: {what}", hint=f"run `{path} --help` for its options", code="USAGE")
     if isinstance(exc, ClickException):

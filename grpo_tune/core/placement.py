@@ -64,6 +64,8 @@ _PLACEMENT_SCHEMA = Schema(
 
 def check(p: Placement, where: str = "placement", *, gpus: int | None = None) -> Placement:
     """The rules between a placement's fields, and (given the cluster's ``gpus``) against the cluster."""
+    if p.staleness < 0:
+        raise ConfigError(f"{where}: staleness must be >= 0, got {p.staleness}", hint="0 is on-policy")
     if not p.separate:
         if p.rollout_gpus or p.rollout_hardware is not None or p.staleness or p.partial_rollout:
             raise ConfigError(
@@ -165,6 +167,19 @@ class PlacementAsk:
     rollout_hardware: str | None = None
     staleness: int = 0
     partial_rollout: bool = False
+
+    def __post_init__(self) -> None:
+        # every command that takes these options (estimate, search, compare, tune) refuses the same values
+        if isinstance(self.staleness, bool) or not isinstance(self.staleness, int) or self.staleness < 0:
+            raise ConfigError(
+                f"--staleness must be an integer >= 0, got {self.staleness!r}",
+                hint="0 is on-policy; k lets a sample lag the weights it trains by at most k versions",
+            )
+        if self.rollout_gpus is not None and self.rollout_gpus < 1:
+            raise ConfigError(
+                f"--rollout-gpus must be >= 1, got {self.rollout_gpus}",
+                hint="the rollout pool's GPUs; the training pool is the rest of --gpus",
+            )
 
     @classmethod
     def of(cls, values: Mapping[str, object]) -> "PlacementAsk":
