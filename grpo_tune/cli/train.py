@@ -63,9 +63,15 @@ def _human(b: float) -> str:
 
 
 def print_summary(sm: dict, cmd: list[str], console: Console) -> None:
+    pools = sm.get("placement")
+    where = (
+        f"{pools['train_gpus']} x {sm['hardware']} (training) + {pools['rollout_gpus']} x "
+        f"{pools['rollout_hardware']} (rollout)"
+        if pools
+        else f"{sm['world_size']} x {sm['hardware']}"
+    )
     t = Table(
-        title=f"Parallel Config Summary: {sm['model']} on {sm['world_size']} x {sm['hardware']} "
-        f"({sm['nnodes']} node(s) x {sm['nproc_per_node']})"
+        title=f"Parallel Config Summary: {sm['model']} on {where} ({sm['nnodes']} node(s) x {sm['nproc_per_node']})"
     )
     t.add_column("role")
     for c in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp"):
@@ -82,7 +88,9 @@ def print_summary(sm: dict, cmd: list[str], console: Console) -> None:
                 "-",
                 "-",
                 str(r["replicas"]),
-                f"engine={r['engine']}, {r['replicas']} replica(s), gpu_memory_utilization={r['gpu_memory_utilization']}",
+                f"engine={r['engine']}, {r['replicas']} replica(s)"
+                + (f" on the {r['gpus']} rollout GPUs" if pools else "")
+                + f", gpu_memory_utilization={r['gpu_memory_utilization']}",
             )
             continue
         notes = (
@@ -95,6 +103,14 @@ def print_summary(sm: dict, cmd: list[str], console: Console) -> None:
         )
         t.add_row(role, *(str(r[c]) for c in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp")), notes)
     console.print(t)
+    if pools:
+        console.print(
+            f"separate pools: ranks 0-{pools['train_gpus'] - 1} train, {pools['train_gpus']}-{sm['world_size'] - 1} "
+            f"roll out; staleness {pools['staleness']}, weights synced every {pools['sync_interval']} update(s), "
+            f"partial rollout {'on' if pools['partial_rollout'] else 'off'}, old log-probs "
+            + ("recomputed (importance-weighted)" if pools["recompute_logprobs"] else "the rollout's"),
+            highlight=False,
+        )
     b, w = sm["batch"], sm["workload"]
     console.print(
         f"world size {sm['world_size']}  DP {sm['dp']}  micro-batch {sm['mbs']}  |  "
@@ -121,10 +137,15 @@ def print_summary(sm: dict, cmd: list[str], console: Console) -> None:
         m.add_column("bytes", justify="right")
         m.add_column("of capacity", justify="right")
         cap = sm["memory"]["capacity_bytes"]
+        caps = sm["memory"].get("phase_capacity_bytes") or {}
         for ph, b_ in sm["memory"]["phases"].items():
-            m.add_row(ph, _human(b_), f"{100 * b_ / cap:.1f}%")
+            m.add_row(ph, _human(b_), f"{100 * b_ / caps.get(ph, cap):.1f}%")
         console.print(m)
-        console.print(f"capacity {_human(cap)}: {'fits' if sm['memory']['fits'] else '[red]does not fit[/]'}")
+        rcap = caps.get("rollout", cap)
+        what = f"capacity {_human(cap)}" + (
+            f" (training pool), {_human(rcap)} (rollout pool)" if pools and rcap != cap else ""
+        )
+        console.print(f"{what}: {'fits' if sm['memory']['fits'] else '[red]does not fit[/]'}")
         for v in sm["memory"]["violations"]:
             console.print(f"[yellow][{v['code']}][/] {v['message']}", highlight=False)
     else:

@@ -307,12 +307,29 @@ def summary(cfg: RunConfig, lay: RankLayout) -> dict[str, object]:
     if w.kl:
         # The reference shares the actor's process groups (a mismatch there is a classic verl crash).
         roles["reference"] = dict(s.layout.degrees())
+    p = cfg.placement
+    rollout_gpus = p.rollout_gpus if p.separate else lay.world_size
     roles["rollout"] = {
         "engine": t.rollout_engine,
         "tp": s.rollout.rollout_tp,
-        "replicas": lay.world_size // s.rollout.rollout_tp,
+        "replicas": rollout_gpus // s.rollout.rollout_tp,
+        "gpus": rollout_gpus,
         "gpu_memory_utilization": s.rollout.gpu_memory_utilization,
     }
+    # a separate plan: ranks [0, N - R) train, [N - R, N) roll out (trainer/separate.py); each pool's own GPUs
+    pools = (
+        {
+            "train_gpus": lay.world_size - p.rollout_gpus,
+            "rollout_gpus": p.rollout_gpus,
+            "rollout_hardware": p.rollout_hardware or cfg.hardware.name,
+            "staleness": p.staleness,
+            "partial_rollout": p.partial_rollout,
+            "sync_interval": p.sync_interval,
+            "recompute_logprobs": p.recompute_logprobs,
+        }
+        if p.separate
+        else None
+    )
     out: dict[str, object] = {
         "model": cfg.model.name,
         "hardware": cfg.hardware.name,
@@ -322,6 +339,7 @@ def summary(cfg: RunConfig, lay: RankLayout) -> dict[str, object]:
         "dp": s.layout.dp,
         "mbs": s.batching.mbs,
         "roles": roles,
+        "placement": pools,
         "batch": launch.micro_batches(cfg),
         "workload": {
             k: getattr(w, k)
@@ -333,11 +351,29 @@ def summary(cfg: RunConfig, lay: RankLayout) -> dict[str, object]:
     try:
         from grpo_tune.costmodel.estimate import estimate
 
-        est = estimate(model=cfg.model, hardware=cfg.hardware, cluster=cfg.cluster, strategy=s, workload=w)
+        if p.separate:
+            from grpo_tune.core.specs import load_hardware
+            from grpo_tune.costmodel.placement import estimate_separate
+
+            est = estimate_separate(
+                model=cfg.model,
+                hardware=cfg.hardware,
+                cluster=cfg.cluster,
+                strategy=s,
+                workload=w,
+                placement=p,
+                rollout_hardware=load_hardware(p.rollout_hardware) if p.rollout_hardware else None,
+            )
+        else:
+            est = estimate(model=cfg.model, hardware=cfg.hardware, cluster=cfg.cluster, strategy=s, workload=w)
+        cap = int(est.capacity_bytes)
+        # each pool's phases against its own GPUs' capacity (the rollout pool may be another profile)
+        rcap = int(est.placement["rollout_capacity_bytes"]) if p.separate and est.placement else cap
         out["memory"] = {
-            "capacity_bytes": int(est.capacity_bytes),
+            "capacity_bytes": cap,
             "fits": est.fits,
             "phases": {k: int(v.total_bytes) for k, v in est.memory.items()},
+            "phase_capacity_bytes": {k: rcap if k == "rollout" else cap for k in est.memory},
             "violations": [v.to_dict() for v in est.violations],
         }
     except ImportError as exc:  # the memory model is a separate issue; say so rather than fail
