@@ -162,3 +162,58 @@ def test_an_unclosed_quote_is_an_error(tmp_path):
         assert any(f.severity == "error" and "never closes" in f.message and f.line == 2 for f in rep.findings)
     rep = run(tmp_path, HEAD + f"{CMD} \"data.train_batch_size=8\" 'trainer.nnodes=1'\n")
     assert not any("never closes" in f.message for f in rep.findings)
+
+
+ARRAYS = (
+    HEAD
+    + "TP=4\n"
+    + "DATA=(\n"
+    + "    data.train_batch_size=128  # prompts per step\n"
+    + "    'data.train_files=[\"a b.parquet\"]'\n"
+    + ")\n"
+    + "ACTOR=(\n"
+    + f"    {A}.tensor_model_parallel_size=$TP\n"
+    + "    # a commented-out element: actor_rollout_ref.actor.ppo_mini_batch_size=99\n"
+    + f"    {A}.pipeline_model_parallel_size=1 \\\n"
+    + "    actor_rollout_ref.actor.ppo_mini_batch_size=16\n"
+    + ")\n"
+    + "ACTOR+=(actor_rollout_ref.actor.use_dynamic_bsz=True)\n"
+    + 'ALL=("${DATA[@]}" "${ACTOR[@]}")\n'
+    + "python3 -m verl.trainer.main_ppo --config-name='ppo_megatron_trainer.yaml' \\\n"
+    + '    "${ALL[@]}" \\\n'
+    + "    actor_rollout_ref.rollout.n=4\n"
+)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_arrays_expand_to_one_word_per_element_as_bash_does():
+    """verl's LoRA and e2e scripts collect their overrides in bash arrays (``DATA=(...)``, ``"${DATA[@]}"``): each
+    element is one argument, comments and line continuations inside the list are bash's, ``+=`` appends. The
+    reader used to stop at the ``(`` and find no override at all."""
+    got = [o for o in bash_argv(ARRAYS) if "=" in o and not o.startswith("--")]
+    ovs, _, facts = parse_script(ARRAYS)
+    assert [f"{o.key}={o.raw}" for o in ovs] == got
+    assert len(got) == 7 and f"{A}.tensor_model_parallel_size=4" in got
+    assert facts["config_name"] == "ppo_megatron_trainer"  # Hydra finds the same file with or without .yaml
+    line = {o.key: o.line for o in ovs}
+    assert line[f"{A}.tensor_model_parallel_size"] == 8  # findings point into the array, where the value is
+
+
+def test_an_unset_array_is_said_not_guessed():
+    ovs, findings, _ = parse_script(HEAD + f'{CMD} "${{NOPE[@]}}" {A}.tensor_model_parallel_size=2\n')
+    assert [o.key for o in ovs] == [f"{A}.tensor_model_parallel_size"]
+    assert [f.message for f in findings] == ['line 2: "${NOPE[@]}" expands to nothing: the script does not set NOPE']
+
+
+def test_lora_and_other_rollout_engines_are_said_to_be_unpriced(tmp_path):
+    """A LoRA launch is priced as full-parameter training and an SGLang rollout as vLLM: diagnose says so."""
+    rep = run(
+        tmp_path,
+        HEAD + f"{CMD} actor_rollout_ref.model.lora.rank=64 actor_rollout_ref.rollout.name=sglang "
+        "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B\n",
+    )
+    msgs = [f.message for f in rep.findings if f.code == "NOT_PRICED"]
+    assert len(msgs) == 2, [f.to_dict() for f in rep.findings]
+    assert "LoRA is not priced" in msgs[0] and "priced as vLLM's" in msgs[1]
+    plain = run(tmp_path, HEAD + f"{CMD} actor_rollout_ref.rollout.name=vllm\n", name="plain.sh")
+    assert not [f for f in plain.findings if f.code == "NOT_PRICED"]

@@ -141,3 +141,37 @@ def test_rollout_logprobs_plan_emits_bypass_mode_and_reads_back(best, tmp_path):
     rep = diagnose_path(files["verl"])
     assert not [x for x in rep.findings if x.severity.value == "error"], [x.message for x in rep.findings]
     assert rep.summary["placement"]["recompute_logprobs"] is False
+
+
+def test_diagnose_reads_the_emitted_best_yaml_as_its_verl_launch(best, tmp_path):
+    """best.yaml of a separate plan is checked as the fully-async launch it exports to: the same findings and
+    summary as the emitted verl.sh (it used to be read as a colocated launch on every GPU: INVALID_DEGREES
+    whenever the training layout did not divide the whole cluster, rollout replicas over every GPU)."""
+    files = emit(best, tmp_path / "run")
+    from_yaml, from_sh = diagnose_path(files["best"]), diagnose_path(files["verl"])
+    assert not [f for f in from_yaml.findings if f.severity.value == "error"], [f.message for f in from_yaml.findings]
+    for k in ("world_size", "dp", "roles", "placement"):
+        assert from_yaml.summary[k] == from_sh.summary[k], k
+    assert from_yaml.summary["memory"] == from_sh.summary["memory"]
+
+
+def test_diagnose_prices_a_best_yaml_rollout_pool_on_its_own_hardware(tmp_path):
+    """A rollout pool on another profile (h100 training, h20 rollout): the launch cannot say so, best.yaml does,
+    and diagnose prices each pool's memory on its own GPUs, as the search did."""
+    res = search_placement(
+        load_model("qwen2.5-7b"),
+        load_hardware("h100"),
+        Cluster(gpus=16),
+        Workload(),
+        placement="separate",
+        staleness=1,
+        rollout_hardware=load_hardware("h20"),
+    )
+    e = res.best_separate
+    assert e is not None and e.placement["rollout_hardware"] == load_hardware("h20").name
+    files = emit(e, tmp_path / "run")
+    rep = diagnose_path(files["best"])
+    assert rep.summary["rollout_hardware"] == load_hardware("h20").name
+    mem = rep.summary["memory"]
+    assert mem is not None
+    assert mem["phases"] == {k: int(v.total_bytes) for k, v in e.memory.items()}  # the search's bytes per phase

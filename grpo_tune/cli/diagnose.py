@@ -61,7 +61,8 @@ def render(report: Report, console: Console) -> None:
             )
         b = s.get("batch") or {}
         t.add_row("batch", " ".join(f"{k}={v}" for k, v in b.items()))
-        t.add_row("model", f"{s.get('model') or '-'} ({s.get('model_note')}), hardware {s.get('hardware')}")
+        rhw = f" (rollout pool {s['rollout_hardware']})" if s.get("rollout_hardware") else ""
+        t.add_row("model", f"{s.get('model') or '-'} ({s.get('model_note')}), hardware {s.get('hardware')}{rhw}")
     elif s:
         t.add_row("config", json.dumps(s, default=str))
     mem = s.get("memory")
@@ -120,7 +121,7 @@ def diagnose(
     if json_out:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:
-        render(report, Console(width=max(Console().width, 120)))
+        render(report, Console())
     if report.exit_code:
         raise typer.Exit(report.exit_code)
 

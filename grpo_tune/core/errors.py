@@ -40,6 +40,7 @@ CODES = {
     "RUN_LOCKED": "another live process is writing to the same run folder",
     "STORAGE_ERROR": "the study database cannot be opened or is held by another process",
     "WORKER_FAILED": "a training worker failed for a reason of its machine (disk, files, memory)",
+    "NOT_PRICED": "a launch setting the cost model does not price (LoRA, a rollout engine other than vLLM)",
 }
 
 
@@ -75,6 +76,8 @@ HINTS = {
     "RUN_LOCKED": "wait for the other run to end (or stop it), or give this one another --out",
     "STORAGE_ERROR": "check the database URL, that the server is up, and that no other program holds a lock on it",
     "WORKER_FAILED": "free the resource named in the message (disk space, open-file limit, memory) and rerun",
+    "NOT_PRICED": "read the figures as the plan without that setting; grpo-tune prices and emits full-parameter "
+    "training with vLLM rollout",
 }
 
 

@@ -80,6 +80,8 @@ class Summary(TypedDict, total=False):
     model: str | None
     model_note: str
     hardware: str | None
+    rollout_hardware: str
+    """A separate plan's rollout pool profile, where it differs from ``hardware`` (a run config states it)."""
     world_size: int | None
     nnodes: int | None
     gpus_per_node: int | None

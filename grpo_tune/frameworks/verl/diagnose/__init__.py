@@ -63,8 +63,10 @@ def diagnose_overrides(
     kind: str = "overrides",
     findings: list[Finding] | None = None,
     config_name: str | None = None,
+    rollout_hardware: HardwareSpec | None = None,
 ) -> Report:
-    """Check a list of verl overrides (strings ``key=value`` or parsed :class:`Override`)."""
+    """Check a list of verl overrides (strings ``key=value`` or parsed :class:`Override`); ``rollout_hardware``:
+    the rollout pool's profile of a separate plan, where it is not ``hardware``."""
     findings = list(findings or [])
     items: list[Override] = []
     for o in overrides:
@@ -87,16 +89,18 @@ def diagnose_overrides(
         path = c.raw(f"{ARO}.model.path") if c.known(f"{ARO}.model.path") else None
         c.model, c.model_note = resolve_model(path)
     c.hardware = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware or "h100")
+    c.rollout_hardware = rollout_hardware
     run_rules(c)
     report.summary = _summary(c)
     return report
 
 
 def key_findings(overrides: list[Override], *, config_name: str | None = None) -> list[Finding]:
-    """diagnose's key check alone (unknown keys with their did-you-mean, keys Hydra refuses without or with
-    ``+``): what ``tune`` reports before it prices a launch."""
+    """diagnose's key check (unknown keys with their did-you-mean, keys Hydra refuses without or with ``+``) and
+    the settings it does not price (LoRA, a rollout engine other than vLLM): what ``tune`` reports before it prices
+    a launch."""
     found: list[Finding] = []
-    run_rules(Ctx.of(list(overrides), found, config_name=config_name), ("keys",))
+    run_rules(Ctx.of(list(overrides), found, config_name=config_name), ("keys", "not_priced"))
     return found
 
 
@@ -113,6 +117,7 @@ def _summary(c: Ctx) -> Summary:
         "model": c.model.name if c.model else None,
         "model_note": c.model_note,
         "hardware": c.hardware.name if c.hardware else None,
+        **({"rollout_hardware": c.rollout_hardware.name} if c.rollout_hardware else {}),
         "world_size": world,
         "nnodes": c.nnodes,
         "gpus_per_node": c.gpn,
@@ -136,11 +141,26 @@ def _summary(c: Ctx) -> Summary:
 
 def diagnose_config(cfg, *, source: str = "<run config>", hardware: str | None = None) -> Report:
     """A grpo-tune run config: checked as the verl launch it exports to, with its own model and hardware."""
+    from grpo_tune.frameworks.verl import fully_async
     from grpo_tune.frameworks.verl.export import verl_overrides
 
-    ovs = verl_overrides(
-        cfg, model_path=cfg.model.hf_id or cfg.model.name, train_files="train.parquet", val_files="test.parquet"
-    )
+    files = {
+        "model_path": cfg.model.hf_id or cfg.model.name,
+        "train_files": "train.parquet",
+        "val_files": "test.parquet",
+    }
+    if cfg.placement.separate:  # the fully-async launch that search emits for it (frameworks/verl/fully_async.py)
+        p = cfg.placement
+        return diagnose_overrides(
+            fully_async.overrides(cfg, **files),
+            hardware=hardware or cfg.hardware,
+            model=cfg.model,
+            source=source,
+            kind="run_config",
+            config_name=fully_async.CONFIG_NAME,
+            rollout_hardware=load_hardware(p.rollout_hardware) if p.rollout_hardware and not hardware else None,
+        )
+    ovs = verl_overrides(cfg, **files)
     return diagnose_overrides(ovs, hardware=hardware or cfg.hardware, model=cfg.model, source=source, kind="run_config")
 
 

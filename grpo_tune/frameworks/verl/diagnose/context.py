@@ -55,6 +55,8 @@ class Ctx:
     model: ModelSpec | None = None
     model_note: str = ""
     hardware: HardwareSpec | None = None
+    rollout_hardware: HardwareSpec | None = None
+    """The rollout pool's profile where it differs (a run config says it; a verl launch cannot)."""
     config_name: str | None = None
     world: int | None = None
     gpn: int | None = None

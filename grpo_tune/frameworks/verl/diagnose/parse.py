@@ -237,6 +237,17 @@ def _parse_args(
         w = words[i]
         tok, v, lineno = w.value.text, w.value, w.line
         i += 1
+        if not tok and v.unresolved and not v.caller_args:
+            findings.append(
+                Finding(
+                    W,
+                    "BAD_CONFIG",
+                    f"line {lineno}: {w.raw} expands to nothing: the script does not set {v.unresolved[0]}",
+                    "set it in the script (an array cannot come from the caller's environment)",
+                    line=lineno,
+                )
+            )
+            continue
         if (v.caller_args and not tok) or not tok.strip(" \t"):
             continue  # "$@" (the caller's extra arguments), or the blank of "\ " (reported by _layout_findings)
         if tok.startswith("-"):
@@ -307,7 +318,8 @@ def _parse_args(
 
 def _flag(name: str, value: str, takes: bool | None, lineno: int, facts: ScriptFacts, findings: list[Finding]) -> None:
     if name in ("--config-name", "-cn"):
-        facts["config_name"] = value
+        # Hydra finds `name.yaml` for `name` and for `name.yaml` alike (verl's own examples write both)
+        facts["config_name"] = re.sub(r"\.ya?ml$", "", value)
     elif name in ("--config-path", "-cp", "--config-dir", "-cd") and value.endswith(
         "experimental/fully_async_policy/config"
     ):

@@ -233,6 +233,39 @@ def _async_declared(key: str) -> bool:
     return key in verl_async.snapshot()
 
 
+@register("not_priced")
+def check_not_priced(c: Ctx) -> None:
+    """Settings verl runs and the cost model does not price: said, so that nobody reads a full-parameter, vLLM price
+    as theirs. LoRA: no full gradients or optimizer states, and only the adapters go to the rollout. A value the
+    script computes at run time is left to the checks that report it (this one runs in ``tune``'s key check too)."""
+
+    def value(key: str) -> object:
+        ov = c.items.get(key)
+        return None if ov is not None and (ov.unresolved or ov.unevaluable) else c.raw(key)
+
+    for key in (f"{ARO}.model.lora.rank", f"{ARO}.model.lora_rank"):
+        v = value(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            c.add(
+                W,
+                "NOT_PRICED",
+                f"{key}={v}: LoRA is not priced; the memory and times are full-parameter training's (LoRA keeps "
+                "no full gradients or optimizer states, and syncs only the adapters to the rollout)",
+                "read the update's memory as an upper bound; grpo-tune search and tune propose full-parameter plans",
+                key=key,
+            )
+            break
+    name = value(f"{ROLLOUT}.name")
+    if isinstance(name, str) and name not in ("vllm", "???"):
+        c.add(
+            W,
+            "NOT_PRICED",
+            f"{ROLLOUT}.name={name}: the rollout is priced as vLLM's (the engine grpo-tune prices and emits)",
+            f"compare against a vLLM run, or set {ROLLOUT}.name=vllm",
+            key=f"{ROLLOUT}.name",
+        )
+
+
 @register("algorithm")
 def check_algorithm(c: Ctx) -> None:
     if c.config_name not in (None, verl.CONFIG_NAME) and not c.separate:

@@ -404,6 +404,7 @@ def _separate_estimate(c: Ctx, model, hw, wl, strategy):
         strategy=strategy,
         workload=wl,
         placement=place,
+        rollout_hardware=c.rollout_hardware,
     )
 
 

@@ -3,7 +3,9 @@
 A small reader for the part of bash that verl launch scripts use: quoting (``'...'``, ``"..."``,
 backslashes), line continuations, comments, assignments (``A=1`` for the rest of the script,
 ``A=1 cmd`` for that command's environment only), ``$A``/``${A}``, the ``${A:-word}`` family
-(nested), ``$((arithmetic))``, ``;``/``&&``/``||``/``|`` and redirections. Command substitution
+(nested), ``$((arithmetic))``, indexed arrays (``A=(w1 w2 ...)``, ``A+=(...)``, expanded by ``"${A[@]}"``
+into one word per element: verl's LoRA and e2e scripts group their overrides so),
+``;``/``&&``/``||``/``|`` and redirections. Command substitution
 (``$(...)``, backticks) and the rarer expansions are not run: the word is marked *unevaluable*, so
 diagnose says "could not evaluate" instead of guessing a value. A variable the script never sets
 may come from the caller's environment: the word is marked *unresolved*.
@@ -14,6 +16,7 @@ One pass over the text, linear in its length (plain runs of characters are taken
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -21,6 +24,10 @@ _PLAIN = re.compile(r"[^\s'\"\\$`;&|<>()#]+")
 _DQ_PLAIN = re.compile(r'[^"\\$`]+')
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\+?=")
+_ARRAY_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=\(")
+_ARRAY_ALL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\[([@*])\]\}")
+_ARRAY_WORD = re.compile(r'"?\$\{[A-Za-z_][A-Za-z0-9_]*\[@\]\}"?')
+"""A word that is one array's expansion and nothing else: it becomes one word per element."""
 _SPECIAL = "@*#?$!-0123456789"
 DECLARE = ("export", "declare", "local", "readonly", "typeset")
 
@@ -38,6 +45,8 @@ class Value:
     """A ``$`` inside single quotes: bash passes it on unexpanded."""
     caller_args: bool = False
     """``"$@"``/``$*``: the caller's own arguments."""
+    elements: list["Word"] | None = None
+    """``${A[@]}``: the array's elements (a word that is only this expansion becomes one word per element)."""
 
     def add(self, other: "Value") -> None:
         self.text += other.text
@@ -45,6 +54,8 @@ class Value:
         self.unevaluable += other.unevaluable
         self.literal_dollar |= other.literal_dollar
         self.caller_args |= other.caller_args
+        if other.elements is not None:
+            self.elements = other.elements
 
 
 @dataclass
@@ -70,6 +81,8 @@ class ShellReader:
         self.i = 0
         self.line = 1
         self.env: dict[str, Value] = {}
+        self.arrays: dict[str, list[Word]] = {}
+        """Indexed arrays the script assigns (``A=(...)``), each element a word as read."""
         self.unclosed: int | None = None
         """The line of a quote that never closes (bash refuses the whole script: a syntax error)."""
 
@@ -177,8 +190,24 @@ class ShellReader:
         out.text += "$"  # a lone dollar is literal
 
     def _brace(self, out: Value) -> None:
-        """After ``${``: ``NAME``, ``NAME[:][-=+?]word``; anything else is unevaluable."""
+        """After ``${``: ``NAME``, ``NAME[:][-=+?]word``, ``NAME[@]``/``NAME[*]`` (an array's elements, joined by
+        blanks; ``elements`` keeps them apart); anything else is unevaluable."""
         start = self.i - 2
+        arr = _ARRAY_ALL.match(self.s, self.i)
+        if arr:
+            self._adv(arr.end() - self.i)
+            name = arr.group(1)
+            if name not in self.arrays:  # bash cannot export an array: an unset one is empty, or the caller's mistake
+                out.unresolved.append(name)
+                return
+            items = self.arrays[name]
+            for k, w in enumerate(items):
+                if k:
+                    out.text += " "
+                out.add(dataclasses.replace(w.value, elements=None))
+            if arr.group(2) == "@":
+                out.elements = list(items)
+            return
         m = _NAME.match(self.s, self.i)
         op = None
         if m:
@@ -394,9 +423,36 @@ class ShellReader:
         self._adv(len(op))
         return self._finish(st, op)
 
+    def _array(self, name: str, append: bool) -> None:
+        """After ``NAME=(`` / ``NAME+=(``: the elements up to the closing ``)`` (blanks, newlines, comments and
+        line continuations between them), as the array's words."""
+        items: list[Word] = []
+        while self.i < self.n:
+            c = self._peek()
+            if c in " \t\r\n":
+                self._adv()
+            elif c == "\\" and self._peek(1) == "\n":
+                self._adv(2)
+            elif c == "#":
+                end = self.s.find("\n", self.i)
+                self._adv((self.n if end < 0 else end) - self.i)
+            elif c == ")":
+                self._adv()
+                break
+            else:
+                w = self._word()
+                if w.raw == "":
+                    self._adv()  # cannot start a word here (an operator inside the list): skip it
+                    continue
+                items.extend(_spliced(w))
+        self.arrays[name] = (self.arrays.get(name, []) if append else []) + items
+
     def _add_word(self, st: "_Building", w: Word) -> None:
         if st.redirect:  # a redirection's target, not an argument
             st.redirect = False
+            return
+        if w.value.elements is not None and _ARRAY_WORD.fullmatch(w.raw):
+            st.words.extend(_spliced(w))
             return
         m = _ASSIGN.match(w.raw) if not st.words else None
         if m:
@@ -432,6 +488,9 @@ class ShellReader:
                     yield cmd
             elif c in "<>":
                 self._redirect(st)
+            elif not st.words and (arr := _ARRAY_ASSIGN.match(self.s, self.i)):
+                self._adv(arr.end() - self.i)
+                self._array(arr.group(1), append=arr.group(2) == "+")
             else:
                 w = self._word()
                 if w.raw == "" and self.i < self.n and self._peek() != "\n":
@@ -461,6 +520,13 @@ class _Building:
     pending: dict[str, Value] = field(default_factory=dict)
     redirect: bool = False
     heredoc: str | None = None
+
+
+def _spliced(w: Word) -> list[Word]:
+    """A word that is only ``"${A[@]}"``: one word per element of A (as bash passes them); any other word as is."""
+    if w.value.elements is not None and _ARRAY_WORD.fullmatch(w.raw):
+        return list(w.value.elements)
+    return [w]
 
 
 def _tail(v: Value, k: int) -> Value:
