@@ -56,8 +56,12 @@ def render(report: Report, console: Console) -> None:
                 "placement",
                 f"separate pools: rollout {pl.get('rollout_gpus')} GPUs ({pl.get('rollout_gpus_per_node')}/node), "
                 f"training {pl.get('train_gpus')}; staleness {pl.get('staleness')}, partial rollout "
-                f"{'on' if pl.get('partial_rollout') else 'off'}, sync every "
-                f"{pl.get('trigger_parameter_sync_step')} mini-batches (verl fully-async trainer)",
+                f"{'on' if pl.get('partial_rollout') else 'off'}, "
+                + (
+                    "sync after every step (verl one-step-off trainer)"
+                    if pl.get("trainer") == "one-step-off"
+                    else f"sync every {pl.get('trigger_parameter_sync_step')} mini-batches (verl fully-async trainer)"
+                ),
             )
         b = s.get("batch") or {}
         t.add_row("batch", " ".join(f"{k}={v}" for k, v in b.items()))

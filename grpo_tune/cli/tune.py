@@ -280,7 +280,8 @@ def _print_separate(o: TuneOutcome, *, json_out: bool) -> None:
         )
 
     c.print(
-        f"{plan.launch.path}: {fw.separate_label} of {plan.model.name} on {plan.cluster.gpus} x {plan.hardware.name}",
+        f"{plan.launch.path}: {fw.separate_label_of(plan)} of {plan.model.name} on {plan.cluster.gpus} x "
+        f"{plan.hardware.name}",
         highlight=False,
     )
     c.print("as launched: " + line(cur), highlight=False)
@@ -290,7 +291,8 @@ def _print_separate(o: TuneOutcome, *, json_out: bool) -> None:
         c.print(f"[bold]best:[/] {line(best)} ({gain:.2f}x)", highlight=False)
     if run_dir is not None:
         c.print(
-            f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))}): {fw.separate_written}",
+            f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))}): "
+            f"{fw.separate_written_of(plan)}",
             highlight=False,
         )
 

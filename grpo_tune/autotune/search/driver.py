@@ -496,6 +496,11 @@ def _explain_empty(space: Space, layouts: list, rolls: list) -> None:
             allow_cross_node_tp=space.allow_cross_node_tp,
         )
     wl = space.workload
+    from grpo_tune.core.rules import check_lengths
+
+    too_long = check_lengths(space.model, wl)  # no layout runs sequences past the model's positions
+    if too_long:
+        raise ConfigError(too_long[0].message, too_long[0].hint)
     mbs = f" and micro-batch {pins['mbs']} dividing the per-DP batch" if "mbs" in pins else ""
     raise InvalidDegreesError(
         f"no parallel layout of {space.model.name} on {space.cluster.gpus} GPUs satisfies the pins "

@@ -323,6 +323,7 @@ def _separate(
     tpins = _train_pins(pins)
     tsearch: dict[tuple[int, int], SearchResult | None] = {}
     tkw = dict(kw, top=3, keep_layouts=TRAIN_KEEP_LAYOUTS, exact=TRAIN_EXACT)
+    why: list[GrpoTuneError] = []  # why a training pool has no plan (said when no split has one)
 
     def full(r: int):
         tc = pool_of[r].train
@@ -330,8 +331,9 @@ def _separate(
         if key not in tsearch:
             try:
                 tsearch[key] = search(m, hw, tc, wl, pins=tpins, _price=P.train_pool, **tkw)
-            except GrpoTuneError:
+            except GrpoTuneError as exc:
                 tsearch[key] = None
+                why.append(exc)
         return tsearch[key]
 
     sync0 = _sync_proxy(m, hw, hw_r, pool_of, cal, cands, gens, partial_for)
@@ -376,6 +378,14 @@ def _separate(
         _order0 = order if k == K else _order0
     if pinned_r:
         keep = {pinned_r}
+    if not keep:  # no split has a training plan (every pool's search failed): say why, as the colocated search does
+        if why:
+            raise GrpoTuneError(
+                f"no training pool of a separate plan has a plan: {why[-1].message}", why[-1].hint, code=why[-1].code
+            )
+        raise InvalidDegreesError(
+            f"no separate-pool plan fits {m.name} on {cluster.gpus} GPUs", "try --placement colocated"
+        )
     # 3. exact: each kept split composed per staleness with its best training plans
     out: list[Estimate] = []
     if not any(repriced(r) for r in keep):  # none repriced: search the best kept split's pool in full

@@ -151,6 +151,15 @@ class Framework(ABC):
     """What tune calls this framework's file with separate pools (``verl fully-async launch``)."""
     separate_written: ClassVar[str] = ""
     """What tune says of the run folder it writes for separate pools (which file is the whole launch)."""
+
+    def separate_label_of(self, plan: LaunchPlan) -> str:
+        """:attr:`separate_label` for this file (a framework with several separate-pool trainers names its)."""
+        return self.separate_label
+
+    def separate_written_of(self, plan: LaunchPlan) -> str:
+        """:attr:`separate_written` for this file."""
+        return self.separate_written
+
     tune_label: ClassVar[str] = ""
     """Said after the file's path in tune's header (`` (NeMo-RL recipe)``)."""
 

@@ -102,6 +102,17 @@ class Verl(Framework):
     separate_label = "verl fully-async launch"
     separate_written = "its verl.sh is the whole fully-async launch (no tuned.sh for separate launches)"
 
+    def separate_label_of(self, plan: LaunchPlan) -> str:
+        return "verl one-step-off launch" if cast(Launch, plan.launch).one_step else self.separate_label
+
+    def separate_written_of(self, plan: LaunchPlan) -> str:
+        if cast(Launch, plan.launch).one_step:  # grpo-tune emits the fully-async trainer (docs/placement.md)
+            return (
+                "its verl.sh is the whole launch, for verl's fully-async trainer: the one-step-off schedule "
+                "(staleness 1, no partial rollout, a sync per step) is one of its settings; no tuned.sh"
+            )
+        return self.separate_written
+
     def tune_keys(self, plan: LaunchPlan, strategy: Strategy) -> dict[str, object]:
         launch = cast(Launch, plan.launch)
         return read.overrides_for(strategy, plan.model, launch.get, set(launch.values))

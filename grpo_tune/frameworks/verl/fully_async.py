@@ -28,118 +28,39 @@ tests/test_verl_async.py.
 
 from __future__ import annotations
 
-import json
 import shlex
-import shutil
 import sys
-import tempfile
-import zipfile
-from functools import lru_cache
-from pathlib import Path
-from typing import Callable, Iterable, cast
+from typing import Callable
 
 from grpo_tune.frameworks.verl import snapshot as verl
 from grpo_tune.frameworks.verl import table
+from grpo_tune.frameworks.verl.experimental import WheelConfig
 from grpo_tune.frameworks.verl.export import ENV_DEFAULTS, _quote_override, verl_values
 from grpo_tune.frameworks.base.inputs import check_name, comment_safe
 from grpo_tune.core.config import RunConfig
-from grpo_tune.core.errors import ConfigError, MissingDependencyError, UnknownKeyError, try_import
+from grpo_tune.core.errors import ConfigError
 
 ENTRY = "verl.experimental.fully_async_policy.fully_async_main"
 CONFIG_NAME = "fully_async_ppo_megatron_trainer"
 CONFIG_SUBDIR = "verl/experimental/fully_async_policy/config"
-SNAPSHOT = verl.DATA_DIR / f"verl-{verl.VERL_VERSION}-fully-async-keys.json"
 IS_THRESHOLD = 2.0
 """Token-level truncated importance sampling bound (verl's ``rollout_is_threshold`` default)."""
 
 
-def config_dir(*, fetch: bool = True) -> Path:
-    """The fully-async config folder of the verl wheel, unzipped next to the trainer config on first use."""
-    target = verl.cache_dir() / CONFIG_SUBDIR
-    if (target / f"{CONFIG_NAME}.yaml").is_file():
-        return target
-    if not fetch:
-        raise MissingDependencyError(
-            f"verl {verl.VERL_VERSION}'s fully-async config is not cached in {verl.cache_dir()}",
-            hint="run `python -m grpo_tune.frameworks.verl.fully_async --fetch` (needs PyPI)",
-        )
-    verl.config_dir(fetch=True)  # the trainer config it builds on
-    with tempfile.TemporaryDirectory(dir=verl.cache_root(), prefix=".verl-async-") as tmp:
-        wheel = verl._download_wheel(Path(tmp))
-        stage = Path(tmp) / "tree"
-        with zipfile.ZipFile(wheel) as zf:
-            members = [n for n in zf.namelist() if n.startswith(CONFIG_SUBDIR + "/")]
-            if not members:
-                raise ConfigError(f"{wheel.name} has no {CONFIG_SUBDIR}/")
-            zf.extractall(stage, members)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            (stage / CONFIG_SUBDIR).rename(target)
-        except OSError:
-            if not (target / f"{CONFIG_NAME}.yaml").is_file():
-                shutil.rmtree(target, ignore_errors=True)
-                (stage / CONFIG_SUBDIR).rename(target)
-    return target
-
-
-def compose(overrides: Iterable[str] = (), *, fetch: bool = True, resolve: bool = True) -> dict[str, object]:
-    """Compose ``fully_async_ppo_megatron_trainer`` as ``fully_async_main`` does (its search path points at
-    the trainer config); a key Hydra rejects raises UNKNOWN_KEY."""
-    try_import("hydra", "test")
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    adir = config_dir(fetch=fetch)
-    tdir = verl.config_dir(fetch=fetch)
-    ovs = [*overrides, f"hydra.searchpath=[file://{tdir}]"]
-    try:
-        with initialize_config_dir(config_dir=str(adir), version_base=None):
-            cfg = hydra_compose(CONFIG_NAME, overrides=ovs)
-        return cast(dict[str, object], OmegaConf.to_container(cfg, resolve=resolve))
-    except (HydraException, OmegaConfBaseException) as exc:
-        msg = str(exc).splitlines()[0]
-        code = UnknownKeyError if "Could not override" in msg or "Key '" in msg else ConfigError
-        raise code(
-            f"verl {verl.VERL_VERSION} ({CONFIG_NAME}) rejects the overrides: {msg}",
-            hint="prefix an undeclared key with `+`, or fix its name",
-        ) from None
-
-
-@lru_cache(maxsize=1)
-def snapshot() -> dict[str, object]:
-    """The keys the fully-async config adds to or changes in ``ppo_megatron_trainer``: dotted key -> default."""
-    try:
-        keys: dict[str, object] = json.loads(SNAPSHOT.read_text())["keys"]
-        return keys
-    except (OSError, ValueError) as exc:  # pragma: no cover - a broken install
-        raise ConfigError(f"cannot read {SNAPSHOT}: {exc}", hint="reinstall grpo-tune") from None
-
-
-def default(key: str, fallback: object = None) -> object:
-    snap = snapshot()
-    return snap[key] if key in snap else verl.default(key, fallback)
-
-
-def declared(key: str) -> bool:
-    return key in snapshot() or key in verl.snapshot()
-
-
-def write_snapshot(path: Path = SNAPSHOT) -> Path:
-    base = verl.flatten(verl.compose([], fetch=True))
-    tree = verl.flatten(compose([], fetch=True))
-    delta = {k: v for k, v in tree.items() if k not in base or base[k] != v}
-    data = {
-        "source": f"verl=={verl.VERL_VERSION} wheel (PyPI), {CONFIG_SUBDIR}/{CONFIG_NAME}.yaml composed with "
-        "hydra-core (search path: verl/trainer/config), OmegaConf-resolved; the keys it adds to or changes in "
-        "ppo_megatron_trainer; written by `python -m grpo_tune.frameworks.verl.fully_async --write-snapshot`",
-        "verl_version": verl.VERL_VERSION,
-        "keys": delta,
-    }
-    path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
-    return path
+CONFIG = WheelConfig(
+    entry=ENTRY,
+    name=CONFIG_NAME,
+    subdir=CONFIG_SUBDIR,
+    module="grpo_tune.frameworks.verl.fully_async",
+    what="fully-async",
+)
+"""The fully-async config in the wheel: composed for real, its snapshot shipped (frameworks/verl/experimental.py)."""
+config_dir = CONFIG.config_dir
+compose = CONFIG.compose
+snapshot = CONFIG.snapshot
+default = CONFIG.default
+declared = CONFIG.declared
+write_snapshot = CONFIG.write_snapshot
 
 
 # -- the launch --------------------------------------------------------------------------------

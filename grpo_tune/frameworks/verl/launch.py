@@ -37,13 +37,21 @@ class Launch:
     renames: dict[str, str] = field(default_factory=dict)
     """Blog-only key -> the real key whose value it gives (read into ``values``; rewritten in tuned.sh)."""
     config_name: str | None = None
-    """``--config-name`` of the launch (``fully_async_ppo_megatron_trainer``: separate pools)."""
+    """``--config-name`` of the launch (``fully_async_ppo_megatron_trainer`` or ``one_step_off_ppo_megatron_trainer``:
+    separate pools)."""
 
     @property
     def separate(self) -> bool:
-        from grpo_tune.frameworks.verl import fully_async as verl_async
+        """verl's fully-async or one-step-off trainer: separate rollout and training pools."""
+        from grpo_tune.frameworks.verl.pool_trainers import trainer_of
 
-        return self.config_name == verl_async.CONFIG_NAME
+        return trainer_of(self.config_name) is not None
+
+    @property
+    def one_step(self) -> bool:
+        from grpo_tune.frameworks.verl import one_step_off
+
+        return self.config_name == one_step_off.CONFIG_NAME
 
     def refused(self) -> list[D.Finding]:
         """The key findings verl's Hydra would refuse the launch for (errors)."""
@@ -56,11 +64,10 @@ class Launch:
         src = inherited_from(key)
         if src is not None:
             return self.get(src)
-        if self.separate:
-            from grpo_tune.frameworks.verl import fully_async as verl_async
+        from grpo_tune.frameworks.verl.pool_trainers import trainer_of
 
-            return verl_async.default(key)
-        return verl.default(key)
+        t = trainer_of(self.config_name)
+        return t.default(key) if t is not None else verl.default(key)
 
 
 def read_launch(path: str | Path) -> Launch:

@@ -170,7 +170,7 @@ def workload_from(get: Get, *, prompt_len_mean: int | None = None, response_len_
 
 def resolve_launch_model(launch: Launch, model: str | None) -> tuple[ModelSpec, str]:
     if model:
-        return load_model(model), f"--model {model}"
+        return with_positions(load_model(model), launch.get(POSITIONS_KEY), f"--model {model}")
     mp = launch.get(f"{ARO}.model.path")
     spec, note = D.resolve_model(mp)
     if spec is None and isinstance(mp, str):
@@ -183,11 +183,33 @@ def resolve_launch_model(launch: Launch, model: str | None) -> tuple[ModelSpec, 
             f"{launch.path}: {note}",
             hint="pass --model PRESET (see `grpo-tune models`), a HF id, or a folder with config.json",
         )
+    return with_positions(spec, launch.get(POSITIONS_KEY), note)
+
+
+POSITIONS_KEY = f"{ARO}.model.override_config.max_position_embeddings"
+"""verl's override of the HF config's positions (verl's DAPO recipes raise Qwen2.5-Math-7B's 4,096 to 32,768)."""
+
+
+def with_positions(spec: ModelSpec, positions: object, note: str) -> tuple[ModelSpec, str]:
+    """The model with the launch's ``max_position_embeddings`` override, when it sets one."""
+    if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0:
+        if positions != spec.max_seq_len:
+            import dataclasses
+
+            return dataclasses.replace(spec, max_seq_len=positions), f"{note}, {positions} positions (override_config)"
     return spec, note
 
 
 def separate_of(launch: Launch) -> tuple[Placement, int, int]:
-    """A fully-async launch's placement and its two pools' GPUs: (Placement, rollout GPUs, rollout GPUs per node)."""
+    """A separate-pool launch's placement and its rollout pool: (Placement, rollout GPUs, rollout GPUs per node).
+    Fully-async: staleness ``ceil(staleness_threshold)``, its partial rollout; one-step-off: staleness 1."""
+    if launch.one_step:
+        from grpo_tune.frameworks.verl import one_step_off
+
+        p = one_step_off.placement_of(launch.get, str(launch.path))
+        rg = launch.get("rollout.n_gpus_per_node")
+        assert isinstance(rg, int)
+        return p, p.rollout_gpus, rg
 
     rg, rn = launch.get("rollout.n_gpus_per_node"), launch.get("rollout.nnodes")
     if not (_is_int(rg) and rg > 0 and _is_int(rn) and rn > 0):
@@ -238,10 +260,11 @@ def read_plan(
     cluster = Cluster(gpus=gpn * nn, gpus_per_node=gpn)
     get = launch.get
     placement = None
-    if launch.separate:  # the pools; one step = one parameter version of trigger x require_batches mini-batches
+    if launch.separate:  # the pools; one step = one parameter version (fully async: trigger x require_batches minis)
         placement, rgpus, rgpn = separate_of(launch)
         shared = launch.get("rollout.nnodes") == nn and rgpn + gpn <= hw.gpus_per_node
         cluster = Cluster(gpus=gpn * nn + rgpus, gpus_per_node=(gpn + rgpn) if shared else gpn)
+    if launch.separate and not launch.one_step:  # one-step-off: a step is data.train_batch_size prompts, as colocated
         trigger = get("async_training.trigger_parameter_sync_step") or 1
         batches = get("async_training.require_batches") or 1
         if not (isinstance(trigger, (int, float)) and isinstance(batches, (int, float))):

@@ -32,7 +32,7 @@ class Batches(TypedDict, total=False):
 
 
 class SeparatePools(TypedDict, total=False):
-    """A fully-async launch's pools and schedule as read (verl's values where grpo-tune has no use for them)."""
+    """A separate-pool launch's pools and schedule as read (verl's values where grpo-tune has no use for them)."""
 
     mode: str
     rollout_gpus: int | None
@@ -46,6 +46,8 @@ class SeparatePools(TypedDict, total=False):
     recompute_logprobs: bool
     priced_staleness: int
     """The staleness the memory estimate prices (a threshold that is not a whole number: 1)."""
+    trainer: str
+    """verl's trainer: ``fully-async`` or ``one-step-off`` (staleness 1, a sync per step)."""
 
 
 @dataclass
@@ -93,19 +95,25 @@ class Ctx:
 
     @property
     def separate(self) -> bool:
-        """A launch of verl's fully-async trainer (separate rollout and training pools)."""
-        from grpo_tune.frameworks.verl import fully_async as verl_async
+        """A launch of one of verl's separate-pool trainers (fully-async or one-step-off)."""
+        from grpo_tune.frameworks.verl.pool_trainers import trainer_of
 
-        return self.config_name == verl_async.CONFIG_NAME
+        return trainer_of(self.config_name) is not None
+
+    @property
+    def one_step(self) -> bool:
+        """A launch of verl's one-step-off trainer (staleness exactly 1; frameworks/verl/one_step_off.py)."""
+        from grpo_tune.frameworks.verl import one_step_off
+
+        return self.config_name == one_step_off.CONFIG_NAME
 
     def raw(self, key: str) -> object:
         if key in self.items:
             return self.items[key].value
-        if self.separate:
-            from grpo_tune.frameworks.verl import fully_async as verl_async
+        from grpo_tune.frameworks.verl.pool_trainers import trainer_of
 
-            return verl_async.default(key)
-        return verl.default(key)
+        t = trainer_of(self.config_name)
+        return t.default(key) if t is not None else verl.default(key)
 
     def set(self, key: str) -> bool:
         return key in self.items

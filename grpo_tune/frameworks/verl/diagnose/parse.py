@@ -21,6 +21,8 @@ E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
 # Hydra's own command-line flags (hydra/_internal/utils.py get_args_parser); value-taking ones map to True.
 ASYNC_ENTRY = "verl.experimental.fully_async_policy.fully_async_main"
 """verl 0.9.1's fully-async trainer (separate rollout and training pools; frameworks/verl/fully_async.py)."""
+ONE_STEP_ENTRY = "verl.experimental.one_step_off_policy.main_ppo"
+"""verl 0.9.1's one-step-off trainer (separate pools, staleness 1; frameworks/verl/one_step_off.py)."""
 HYDRA_FLAGS = {
     "--config-name": True,
     "-cn": True,
@@ -193,6 +195,9 @@ def _verl_args(tokens: list[str], lineno: int, findings: list[Finding], facts: S
     """The arguments after verl's entry point on this command, or None when it runs something else."""
     for i, tok in enumerate(tokens):
         base = tok.rsplit("/", 1)[-1]
+        if tok == ONE_STEP_ENTRY and i > 0 and tokens[i - 1] == "-m" or tok.endswith("one_step_off_policy/main_ppo.py"):
+            facts["commands"].append("one_step_off")  # separate pools, staleness 1 (frameworks/verl/one_step_off.py)
+            return tokens[i + 1 :]
         if tok == "verl.trainer.main_ppo" and i > 0 and tokens[i - 1] == "-m" or base == "main_ppo.py":
             facts["commands"].append("main_ppo")
             return tokens[i + 1 :]

@@ -126,7 +126,7 @@ def check_keys(c: Ctx) -> None:
     fields = transformer_config_fields()
     for key, ov in c.items.items():
         status = verl.key_status(key)
-        if c.separate and status != "declared" and _async_declared(key):
+        if c.separate and status != "declared" and _async_declared(key, c.config_name):
             status = "declared"
         if key == "hydra.searchpath":  # Hydra's own: where the fully-async config finds ppo_megatron_trainer
             continue
@@ -227,10 +227,12 @@ def _check_unknown_key(c: Ctx, key: str, ov: Override, leaf: str, suggested: int
     return suggested
 
 
-def _async_declared(key: str) -> bool:
-    from grpo_tune.frameworks.verl import fully_async as verl_async
+def _async_declared(key: str, config_name: str | None) -> bool:
+    """A key that the launch's separate-pool config (fully-async or one-step-off) declares on top of verl's."""
+    from grpo_tune.frameworks.verl.pool_trainers import trainer_of
 
-    return key in verl_async.snapshot()
+    t = trainer_of(config_name)
+    return t is not None and key in t.snapshot()
 
 
 @register("not_priced")
@@ -321,22 +323,32 @@ def read_cluster(c: Ctx) -> None:
 
 
 def _read_pools(c: Ctx) -> None:
-    """The fully-async launch's pools and schedule, as grpo-tune's placement (``c.placement``), checked as
-    verl 0.9.1's rollouter asserts them."""
+    """A separate-pool launch's pools and schedule, as grpo-tune's placement (``c.placement``), checked as verl
+    0.9.1's trainers assert them: the fully-async rollouter's batch keys, and ``hybrid_engine=False`` (both)."""
     from grpo_tune.frameworks.verl import fully_async as verl_async
+    from grpo_tune.frameworks.verl import one_step_off
 
     rgpn, rnodes = c.int_("rollout.n_gpus_per_node"), c.int_("rollout.nnodes")
     rollout = rgpn * rnodes if rgpn and rnodes else None
-    stale = c.raw("async_training.staleness_threshold")
-    sync = c.int_("async_training.trigger_parameter_sync_step")
-    for key, want in (("data.train_batch_size", 0), ("data.gen_batch_size", 1)):
-        if c.raw(key) != want:
-            c.add(E, "BAD_CONFIG", f"{key}={c.raw(key)!r}: verl's fully-async rollouter asserts {want}", key=key)
+    stale: object
+    sync: int | None
+    partial: object
+    if c.one_step:  # one step ahead with the weights of the step before; a sync after every step
+        stale, sync, partial = one_step_off.STALENESS, None, False
+        recompute = c.raw("algorithm.rollout_correction.bypass_mode") is False
+    else:
+        stale = c.raw("async_training.staleness_threshold")
+        sync = c.int_("async_training.trigger_parameter_sync_step")
+        partial, recompute = c.raw("async_training.partial_rollout"), verl_async.recomputes_logprobs(c.raw)
+        for key, want in (("data.train_batch_size", 0), ("data.gen_batch_size", 1)):
+            if c.raw(key) != want:
+                c.add(E, "BAD_CONFIG", f"{key}={c.raw(key)!r}: verl's fully-async rollouter asserts {want}", key=key)
     if c.raw(f"{ARO}.hybrid_engine") is not False:
         c.add(
             E,
             "BAD_CONFIG",
-            "the fully-async trainer asserts actor_rollout_ref.hybrid_engine=False",
+            f"the {'one-step-off' if c.one_step else 'fully-async'} trainer asserts "
+            "actor_rollout_ref.hybrid_engine=False",
             key=f"{ARO}.hybrid_engine",
         )
     shared = bool(rgpn and c.gpn and rnodes == c.nnodes and rgpn + c.gpn <= 8 and rgpn < 8)
@@ -347,9 +359,10 @@ def _read_pools(c: Ctx) -> None:
         "rollout_gpus_per_node": rgpn,
         "shared_nodes": shared,
         "staleness": int(stale) if isinstance(stale, (int, float)) and float(stale).is_integer() else stale,
-        "partial_rollout": c.raw("async_training.partial_rollout"),
+        "partial_rollout": partial,
         "trigger_parameter_sync_step": sync,
-        "recompute_logprobs": verl_async.recomputes_logprobs(c.raw),
+        "recompute_logprobs": recompute,
+        "trainer": "one-step-off" if c.one_step else "fully-async",
     }
 
 

@@ -253,7 +253,7 @@ def _check_batches(c: Ctx, dp: int | None) -> Batches:
     ActorConfig.validate, workers/engine_workers.py train_mini_batch)."""
     n = c.int_(f"{ROLLOUT}.n")
     mini = c.int_(f"{ACTOR}.ppo_mini_batch_size")
-    if c.separate:  # fully async: a parameter version trains trigger x require_batches mini-batches
+    if c.separate and not c.one_step:  # fully async: a parameter version trains trigger x require_batches minis
         sync, req = c.int_("async_training.trigger_parameter_sync_step"), c.int_("async_training.require_batches")
         tb = mini * sync * req if mini and sync and req else None
     else:
