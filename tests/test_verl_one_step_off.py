@@ -27,16 +27,16 @@ def real_verl(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("GRPO_TUNE_CACHE", str(tmp_path_factory.mktemp("cache")))
     mp.delenv("GRPO_TUNE_VERL_WHEEL", raising=False)
-    assert (one_step_off.config_dir(fetch=True) / f"{one_step_off.CONFIG_NAME}.yaml").is_file()
+    assert (one_step_off.CONFIG.config_dir(fetch=True) / f"{one_step_off.CONFIG_NAME}.yaml").is_file()
     yield
     mp.undo()
 
 
 def test_snapshot_matches_the_composed_wheel():
     base = verl.flatten(verl.compose([]))
-    tree = verl.flatten(one_step_off.compose([]))
+    tree = verl.flatten(one_step_off.CONFIG.compose([]))
     delta = {k: v for k, v in tree.items() if k not in base or base[k] != v}
-    assert json.loads(json.dumps(delta, default=str)) == one_step_off.snapshot()
+    assert json.loads(json.dumps(delta, default=str)) == one_step_off.CONFIG.snapshot()
     # the rollout pool, vLLM awake, the NCCL engine, the rollout's log-probs as the old ones (0.9.1's defaults)
     assert delta["rollout.n_gpus_per_node"] == 8 and delta["algorithm.rollout_correction.bypass_mode"] is True
 

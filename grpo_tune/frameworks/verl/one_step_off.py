@@ -36,12 +36,7 @@ CONFIG = WheelConfig(
     module="grpo_tune.frameworks.verl.one_step_off",
     what="one-step-off",
 )
-config_dir = CONFIG.config_dir
-compose = CONFIG.compose
-snapshot = CONFIG.snapshot
-default = CONFIG.default
-declared = CONFIG.declared
-write_snapshot = CONFIG.write_snapshot
+"""Its config in the wheel, composed for real; ``CONFIG.snapshot()``: the keys it adds (verl/experimental.py)."""
 
 STALENESS = 1
 """Generation runs one step ahead of training, with the weights of the step before."""
@@ -67,7 +62,7 @@ def placement_of(get: Callable[[str], object], where: str) -> Placement:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return verl.maintain(argv, config_dir, write_snapshot)
+    return verl.maintain(argv, CONFIG.config_dir, CONFIG.write_snapshot)
 
 
 if __name__ == "__main__":
