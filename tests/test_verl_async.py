@@ -175,3 +175,14 @@ def test_diagnose_prices_a_best_yaml_rollout_pool_on_its_own_hardware(tmp_path):
     mem = rep.summary["memory"]
     assert mem is not None
     assert mem["phases"] == {k: int(v.total_bytes) for k, v in e.memory.items()}  # the search's bytes per phase
+
+
+def test_a_key_the_async_config_moved_is_named_where_it_went():
+    """verl 0.9.1 moved async_training.use_rollout_log_probs to actor_rollout_ref.actor.use_rollout_log_probs (verl's
+    own 96:32 script of January 2026 still sets the old one): the did-you-mean looks in the fully-async config's
+    own keys too."""
+    from grpo_tune.frameworks.verl.diagnose import diagnose_overrides
+
+    rep = diagnose_overrides(["async_training.use_rollout_log_probs=True"], config_name=verl_async.CONFIG_NAME)
+    (f,) = [f for f in rep.findings if f.key == "async_training.use_rollout_log_probs"]
+    assert f.code == "UNKNOWN_KEY" and f.hint == "did you mean actor_rollout_ref.actor.use_rollout_log_probs?"

@@ -213,7 +213,12 @@ def _check_unknown_key(c: Ctx, key: str, ov: Override, leaf: str, suggested: int
         hint = (f"use {real}" if real else "") + (f" ({why})" if real and why else why)
         c.add(sev, "UNKNOWN_KEY", f"{key} does not exist in verl {verl.VERL_VERSION}{tail}", hint, key=key)
         return suggested
-    cands = verl.leaf_names().get(leaf, [])
+    cands = list(verl.leaf_names().get(leaf, []))
+    from grpo_tune.frameworks.verl.pool_trainers import trainer_of
+
+    t = trainer_of(c.config_name)  # a separate-pool config's own keys (where 0.9.1 moved use_rollout_log_probs)
+    if t is not None:
+        cands += [k for k in t.snapshot() if k.rsplit(".", 1)[-1] == leaf and k not in cands]
     suggested += 1
     if suggested > MAX_SUGGESTIONS:  # a close-match search per key would make a long list quadratic-ish
         hint = "see verl's ppo_megatron_trainer config"
