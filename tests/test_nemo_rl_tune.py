@@ -87,6 +87,23 @@ def test_dtensor_and_degrees(tmp_path):
     assert "INVALID_DEGREES" in rep.codes("error")
 
 
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("policy.megatron_cfg.fp8_cfg.enabled=true", "FP8 training is priced as bf16"),
+        ("policy.generation.vllm_cfg.precision=fp8", "a fp8 vLLM rollout is priced as bf16"),
+        ("policy.megatron_cfg.peft.enabled=true", "LoRA (peft) training is priced as full-parameter"),
+    ],
+)
+def test_settings_the_model_does_not_price_are_said(tmp_path, override, words):
+    """NeMo-RL's FP8 70B recipe (grpo_math_70B_megatron_fp8.yaml: fp8_cfg, vllm_cfg.precision fp8) and a LoRA
+    recipe run; their prices are bf16 and full-parameter, and diagnose says so."""
+    rep = diagnose_recipe(_recipe(tmp_path), [override])
+    said = [x.message for x in rep.findings if x.code == "NOT_PRICED"]
+    assert len(said) == 1 and words in said[0], said
+    assert not [x for x in diagnose_recipe(UPSTREAM).findings if x.code == "NOT_PRICED"]
+
+
 def test_diagnose_cli_takes_overrides(tmp_path, capsys):
     assert main(["diagnose", str(UPSTREAM), "--json", "policy.megatron_cfg.pipeline_model_parallel_size=2"]) == 0
     doc = json.loads(capsys.readouterr().out)

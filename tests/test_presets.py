@@ -43,6 +43,7 @@ def test_exact_parameter_counts(name):
         ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "deepseek-r1-distill-qwen-1.5b"),
         ("meta-llama/Llama-3.2-3B-Instruct", "llama-3.2-3b"),
         ("Qwen3-30B-A3B", "qwen3-30b-a3b"),
+        ("meta-llama/Llama-3.3-70B-Instruct", "llama-3.3-70b"),  # NeMo-RL's grpo_math_70B_megatron.yaml
     ],
 )
 def test_hf_ids_and_their_instruct_base_variants_resolve(hf_id, preset):
@@ -99,3 +100,9 @@ def test_models_table_does_not_truncate_names_in_80_columns(monkeypatch):
     for name in list_models():
         assert f"│ {name} " in text, name  # whole, on one line
     assert "…" not in text
+
+
+def test_llama_3_3_70b_is_llama_3_1_70b_s_architecture():
+    """Llama 3.3 70B keeps 3.1 70B's sizes (both config.json files): the same parameters, 70,553,706,496."""
+    a, b = load_model("llama-3.3-70b"), load_model("llama-3.1-70b")
+    assert total_params(a) == total_params(b) == 70_553_706_496

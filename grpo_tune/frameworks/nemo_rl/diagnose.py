@@ -127,6 +127,7 @@ def _nemo_rules(r: R.Recipe) -> list[Finding]:
                     key=f"{T.GRPO}.async_grpo.in_flight_weight_updates",
                 )
             )
+    out += _not_priced(g)
     if g(f"{T.P}.refit_buffer_size_gb") is None:
         out.append(
             Finding(
@@ -149,6 +150,44 @@ def _nemo_rules(r: R.Recipe) -> list[Finding]:
                 key="data.max_input_seq_length",
             )
         )
+    return out
+
+
+def _not_priced(g) -> list[Finding]:
+    """What NeMo-RL runs and the cost model does not price (the figures are bf16, full-parameter, vLLM's): LoRA
+    (``policy.megatron_cfg.peft``), FP8 training (``fp8_cfg``) or rollout (``vllm_cfg.precision``), another
+    generation backend."""
+    out: list[Finding] = []
+    said = [
+        (
+            f"{T.MEG}.peft.enabled",
+            g(f"{T.MEG}.peft.enabled") is True,
+            "LoRA (peft) training is priced as full-parameter",
+        ),
+        (f"{T.MEG}.fp8_cfg.enabled", g(f"{T.MEG}.fp8_cfg.enabled") is True, "FP8 training is priced as bf16"),
+        (
+            f"{T.GEN}.vllm_cfg.precision",
+            g(f"{T.GEN}.backend") in (None, "vllm")
+            and str(g(f"{T.GEN}.vllm_cfg.precision") or "bfloat16").lower() not in ("bfloat16", "bf16", "auto"),
+            f"a {g(f'{T.GEN}.vllm_cfg.precision')} vLLM rollout is priced as bf16",
+        ),
+        (
+            f"{T.GEN}.backend",
+            g(f"{T.GEN}.backend") not in (None, "vllm"),
+            f"the {g(f'{T.GEN}.backend')} generation backend is priced as vLLM",
+        ),
+    ]
+    for key, on, what in said:
+        if on:
+            out.append(
+                Finding(
+                    W,
+                    "NOT_PRICED",
+                    f"{key}: {what}",
+                    "read the figures as the bf16, full-parameter, vLLM plan; grpo-tune emits that plan",
+                    key=key,
+                )
+            )
     return out
 
 
