@@ -378,6 +378,19 @@ def test_search_auto_prints_both_placements_side_by_side():
     assert all(len(line) <= 80 for line in r.output.splitlines() if "│" in line or "placement" in line)
 
 
+def test_search_auto_on_one_gpu_gives_the_colocated_plan_and_says_why():
+    """auto is the better of the two placements; one GPU has only one (it was refused: separate pools need 2)."""
+    r = _cli(
+        "search", "--model", "qwen2.5-0.5b", "--gpus", "1", "--prompts", "64", "--mini-batch", "16",
+        "--placement", "auto", "--staleness", "1", "--no-emit",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "separate: none (separate pools need 2 GPUs or more)" in r.output
+    assert "winner: colocated" in r.output
+    r = _cli("search", "--model", "qwen2.5-0.5b", "--gpus", "1", "--placement", "separate", "--no-emit")
+    assert r.exit_code == 2 and "separate pools need at least 2 GPUs" in r.output
+
+
 def test_estimate_separate_json_keeps_step_s_as_the_steady_state():
     import json
 

@@ -456,6 +456,10 @@ def print_placements(res, console: Console) -> None:
         )
     console.print(t)
     s = res.best_separate
+    if s is None and res.best.cluster.gpus < 2:
+        console.print("separate: none (separate pools need 2 GPUs or more)", highlight=False)
+    elif s is None:
+        console.print("separate: no separate-pool plan fits (none of the splits has a plan)", highlight=False)
     if s is not None:
         st, f = s.strategy, s.placement
         roll = st.rollout

@@ -125,7 +125,7 @@ def check_request(
         )
     if partial and staleness < 1:
         raise ConfigError("--partial-rollout needs --staleness >= 1", hint="give --staleness 1, or drop it")
-    if cluster.gpus < 2 and mode != "colocated":
+    if cluster.gpus < 2 and mode == "separate":  # auto on one GPU: the colocated plan, the only one there is
         raise ConfigError("separate pools need at least 2 GPUs", hint="give --gpus 2 or more")
     if rollout_gpus is not None:
         P.pools(cluster, rollout_gpus)  # a coded error for a split verl cannot express
@@ -249,7 +249,7 @@ def search_placement(
     kw = _SearchKw(top=top, calibration=calibration, allow_cross_node_tp=allow_cross_node_tp, min_headroom=min_headroom)
     if placement in ("colocated", "auto"):
         res.colocated = colocated or search(model, hardware, cluster, workload, pins=pins, progress=progress, **kw)
-    if placement in ("separate", "auto"):
+    if placement == "separate" or (placement == "auto" and cluster.gpus >= 2):
         try:
             res.separate, res.splits, res.train_searches = _separate(
                 model,
