@@ -56,3 +56,33 @@ def test_tune_reads_a_fully_async_launch_back_as_separate_pools(tmp_path):
     assert cur["strategy"]["tp"] == sp["strategy"]["tp"] and cur["strategy"]["ep"] == sp["strategy"]["ep"]
     assert cur["time"]["step_s"] == pytest.approx(sp["time"]["step_s"], rel=1e-6)
     assert d["best"]["time"]["step_s"] <= cur["time"]["step_s"]
+
+
+def test_a_separate_best_yaml_is_read_with_its_pools(tmp_path):
+    """A run config of a separate plan is read with its placement (its strategy is the training pool's), and tune
+    says it edits launches, pointing at the run folder's verl.sh; it said INVALID_DEGREES when the training layout
+    did not divide the whole cluster."""
+    from grpo_tune.autotune.search.placement import search_placement
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Workload
+    from grpo_tune.frameworks import read_plan
+    from grpo_tune.rundir.emit import emit
+
+    res = search_placement(
+        load_model("qwen2.5-1.5b"),
+        load_hardware("h100"),
+        Cluster(gpus=8),
+        Workload(prompts=256, mini_batch=64),
+        placement="separate",
+        rollout_gpus=2,
+        staleness=1,
+    )
+    e = res.best_separate
+    assert e is not None and e.placement["train_gpus"] == 6
+    files = emit(e, tmp_path / "run")
+    p = read_plan(files["best"])
+    assert p.placement is not None and p.placement.rollout_gpus == 2 and p.placement.staleness == 1
+    assert p.strategy.layout.dp * p.strategy.layout.tp * p.strategy.layout.pp * p.strategy.layout.cp == 6
+    rc, text = _run("tune", str(files["best"]), "--out", str(tmp_path / "t"))
+    assert rc == 2 and "a run config, not a verl launch" in text and "verl.sh" in text, text
+    assert not (tmp_path / "t").exists()  # refused before any search or output

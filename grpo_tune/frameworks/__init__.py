@@ -132,6 +132,7 @@ def _read_run_config(
         cluster=cfg.cluster,
         strategy=cfg.strategy,
         workload=wl.replace(**lens) if lens else wl,
+        placement=cfg.placement if cfg.placement.separate else None,  # the strategy is the training pool's
     )
 
 

@@ -99,6 +99,11 @@ def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = No
     )
     if read is not None:
         read(plan)
+    if plan.launch is None:  # read_plan reads a best.yaml too; tune edits launches only
+        raise ConfigError(
+            f"{req.launch}: a run config, not a verl launch",
+            hint="pass the verl script or override list (the run folder's verl.sh), or `grpo-tune search` again",
+        )
     cal = req.setup.load_calibration(plan.hardware.name)
     out = TuneOutcome(request=req, framework=fw, plan=plan)
     if plan.placement is not None:  # separate pools (verl's fully-async launch, NeMo-RL's generation pool)
@@ -106,10 +111,6 @@ def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = No
         return out
     res = T.tune(plan, keep=req.keep, calibration=cal, min_headroom=req.min_headroom, pins=req.pins)
     out.result = res
-    if plan.launch is None:  # read_plan reads a best.yaml too; tune edits launches only
-        raise ConfigError(
-            f"{req.launch}: a run config, not a verl launch", hint="pass the verl script or override list"
-        )
     tuned_name, tuned, mode = fw.tuned_file(plan, res.changes, Path(req.out))
     out.notes = list(fw.tune_notes(plan, res.changes))
     if req.emit:
