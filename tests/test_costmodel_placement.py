@@ -391,6 +391,22 @@ def test_search_auto_on_one_gpu_gives_the_colocated_plan_and_says_why():
     assert r.exit_code == 2 and "separate pools need at least 2 GPUs" in r.output
 
 
+def test_compare_of_separate_pools_shows_each_hardware_s_split(tmp_path):
+    import json
+
+    r = _cli(
+        "compare", "--model", "qwen2.5-1.5b", "--gpus", "8", "--hardware", "h100,h20", "--prompts", "256",
+        "--mini-batch", "64", "--placement", "separate", "--rollout-gpus", "2", "--staleness", "1",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    rows = json.loads((tmp_path / "compare.json").read_text())["rows"]
+    for row in rows:
+        f = row["placement"]
+        assert (f["rollout_gpus"], f["train_gpus"]) == (2, 6)
+        assert row["plan"].startswith(f"2+6 K{f['staleness']} "), row["plan"]  # the split before the layout
+
+
 def test_estimate_separate_json_keeps_step_s_as_the_steady_state():
     import json
 

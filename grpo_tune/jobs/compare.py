@@ -145,9 +145,12 @@ def compare_rows(
             continue
         b = res.best if placed is None else placed.best
         tps = tokens_per_s_per_gpu(b)
+        f = b.placement
+        # a separate plan: its split (rollout + training GPUs) and staleness before the training pool's plan
+        split = f"{f['rollout_gpus']}+{f['train_gpus']} K{f['staleness']} " if f else ""
         row.update(
             fits=True,
-            plan=plan_label(b.strategy),
+            plan=split + plan_label(b.strategy),
             strategy=b.strategy.to_dict(),
             step_s=step_s(b),
             tokens_per_s_per_gpu=tps,
