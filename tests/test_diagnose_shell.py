@@ -215,5 +215,12 @@ def test_lora_and_other_rollout_engines_are_said_to_be_unpriced(tmp_path):
     msgs = [f.message for f in rep.findings if f.code == "NOT_PRICED"]
     assert len(msgs) == 2, [f.to_dict() for f in rep.findings]
     assert "LoRA is not priced" in msgs[0] and "priced as vLLM's" in msgs[1]
+    fp8 = run(
+        tmp_path,
+        HEAD + f"{CMD} actor_rollout_ref.rollout.quantization=fp8 +{A}.override_transformer_config.fp8=e4m3\n",
+        name="fp8.sh",
+    )
+    said = [f.message for f in fp8.findings if f.code == "NOT_PRICED"]
+    assert len(said) == 2 and "quantized rollout is priced as bf16" in said[0] and "FP8 training" in said[1], said
     plain = run(tmp_path, HEAD + f"{CMD} actor_rollout_ref.rollout.name=vllm\n", name="plain.sh")
     assert not [f for f in plain.findings if f.code == "NOT_PRICED"]
