@@ -238,6 +238,24 @@ def test_any_degrees_give_a_summary_or_a_coded_error(tmp_path, capsys, tp, pp, v
         assert rc == 2 and "[" in out.err and "Traceback" not in out.err
 
 
+def test_progress_of_a_separate_run_shows_sample_ages_and_weight_versions(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from grpo_tune.cli.train import Progress
+
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": k, "loss": 0.1, "sample_age": a, "weight_version": k - 1} for k, a in ((1, 0), (2, 1))]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    buf = io.StringIO()
+    prog = Progress(path, 2, Console(file=buf, width=200))
+    prog.poll()
+    prog.stop()
+    lines = buf.getvalue().splitlines()
+    assert "sample_age=0  weight_version=0" in lines[0] and "sample_age=1  weight_version=1" in lines[1], lines
+
+
 def test_progress_follows_metrics_jsonl_live_and_plain(tmp_path):
     import io
 

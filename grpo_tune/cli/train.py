@@ -167,6 +167,8 @@ class Progress:
         ("step_s", "{:.2f}"),
         ("tokens_per_s", "{:.0f}"),
     )
+    POOL_COLS = (("sample_age", "{:d}"), ("weight_version", "{:d}"))
+    """A separate-pool run's: how many versions old its batch was, and the weights it trained."""
 
     def __init__(self, path: Path, total: int, console: Console, *, after: int = 0):
         """Shows the steps after ``after`` (the checkpoint resumed from). The file is followed by the steps it
@@ -178,6 +180,7 @@ class Progress:
         self.ident: tuple[int, int] | None = None
         self.shown: set[int] = set()
         self.rows: list[dict] = []
+        self.cols: tuple[tuple[str, str], ...] = self.COLS
         self.live = None
         if console.is_terminal:
             from rich.live import Live
@@ -188,10 +191,10 @@ class Progress:
     def _table(self) -> Table:
         done = self.rows[-1]["step"] if self.rows else 0
         t = Table(title=f"GRPO step {done}/{self.total}")
-        for c, _ in self.COLS:
+        for c, _ in self.cols:
             t.add_column(c, justify="right")
         for r in self.rows[-10:]:
-            t.add_row(*(self._fmt(r, c, f) for c, f in self.COLS))
+            t.add_row(*(self._fmt(r, c, f) for c, f in self.cols))
         return t
 
     @staticmethod
@@ -227,9 +230,11 @@ class Progress:
                 continue
             self.shown.add(step)
             self.rows.append(r)
+            if "sample_age" in r and self.cols is self.COLS:
+                self.cols = self.COLS + self.POOL_COLS
             if self.live is None:
                 self.console.print(
-                    "  ".join(f"{c}={self._fmt(r, c, f)}" for c, f in self.COLS), highlight=False, soft_wrap=True
+                    "  ".join(f"{c}={self._fmt(r, c, f)}" for c, f in self.cols), highlight=False, soft_wrap=True
                 )
         if self.live is not None:
             self.live.update(self._table())
