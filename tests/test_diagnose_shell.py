@@ -224,3 +224,20 @@ def test_lora_and_other_rollout_engines_are_said_to_be_unpriced(tmp_path):
     assert len(said) == 2 and "quantized rollout is priced as bf16" in said[0] and "FP8 training" in said[1], said
     plain = run(tmp_path, HEAD + f"{CMD} actor_rollout_ref.rollout.name=vllm\n", name="plain.sh")
     assert not [f for f in plain.findings if f.code == "NOT_PRICED"]
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ("X=ab\n" + 'X="$X$X"\n' * 40 + f"{CMD} a.b=$X\n", "expands past 1,048,576 characters"),
+        ("A=(a b)\n" + 'A=("${A[@]}" "${A[@]}")\n' * 40 + f'{CMD} "${{A[@]}}"\n', "array A passes 100,000"),
+        ("A=(" + " x" * 50_000 + ")\n" + CMD + ' "${A[@]}"' * 300 + "\n", "a command passes 100,000 arguments"),
+    ],
+    ids=["a doubling variable", "a doubling array", "an array expanded 300 times"],
+)
+def test_an_expansion_that_explodes_is_refused_not_followed(tmp_path, body, words):
+    """bash's billion laughs: a variable or an array that doubles itself 40 times is 2^40 long. The reader
+    followed it (diagnose never returned); it now stops at a bound with a coded error, as YAML's does."""
+    with pytest.raises(GrpoTuneError) as exc:
+        run(tmp_path, HEAD + body)
+    assert exc.value.code == "BAD_CONFIG" and words in exc.value.message, exc.value.message

@@ -20,6 +20,8 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
+from grpo_tune.core.errors import ConfigError
+
 _PLAIN = re.compile(r"[^\s'\"\\$`;&|<>()#]+")
 _DQ_PLAIN = re.compile(r'[^"\\$`]+')
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -29,6 +31,10 @@ _ARRAY_ALL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\[([@*])\]\}")
 _ARRAY_WORD = re.compile(r'"?\$\{[A-Za-z_][A-Za-z0-9_]*\[@\]\}"?')
 """A word that is one array's expansion and nothing else: it becomes one word per element."""
 _SPECIAL = "@*#?$!-0123456789"
+MAX_EXPANSION_CHARS = 1 << 20
+"""The longest word an expansion may build (1 MiB; the script itself is at most 4 MiB)."""
+MAX_ARRAY_WORDS = 100_000
+"""The most elements an array may hold (``A=("${A[@]}" "${A[@]}")`` doubles it)."""
 DECLARE = ("export", "declare", "local", "readonly", "typeset")
 
 
@@ -49,9 +55,15 @@ class Value:
     """``${A[@]}``: the array's elements (a word that is only this expansion becomes one word per element)."""
 
     def add(self, other: "Value") -> None:
+        if len(self.text) + len(other.text) > MAX_EXPANSION_CHARS:  # X="$X$X" forty times: 2^40 characters
+            raise ConfigError(
+                f"a word of the script expands past {MAX_EXPANSION_CHARS:,} characters (a variable that doubles "
+                "itself?): not read",
+                hint="a verl launch's values are short; check the script's assignments",
+            )
         self.text += other.text
-        self.unresolved += other.unresolved
-        self.unevaluable += other.unevaluable
+        self.unresolved += [n for n in other.unresolved if n not in self.unresolved]  # bounded by the names
+        self.unevaluable += [n for n in other.unevaluable if n not in self.unevaluable]
         self.literal_dollar |= other.literal_dollar
         self.caller_args |= other.caller_args
         if other.elements is not None:
@@ -445,7 +457,14 @@ class ShellReader:
                     self._adv()  # cannot start a word here (an operator inside the list): skip it
                     continue
                 items.extend(_spliced(w))
+                if len(items) > MAX_ARRAY_WORDS:
+                    raise ConfigError(
+                        f"line {w.line}: array {name} passes {MAX_ARRAY_WORDS:,} elements: not read",
+                        hint="a verl launch passes a few hundred overrides at most; check the array's assignments",
+                    )
         self.arrays[name] = (self.arrays.get(name, []) if append else []) + items
+        if len(self.arrays[name]) > MAX_ARRAY_WORDS:
+            raise ConfigError(f"array {name} passes {MAX_ARRAY_WORDS:,} elements: not read")
 
     def _add_word(self, st: "_Building", w: Word) -> None:
         if st.redirect:  # a redirection's target, not an argument
@@ -453,6 +472,11 @@ class ShellReader:
             return
         if w.value.elements is not None and _ARRAY_WORD.fullmatch(w.raw):
             st.words.extend(_spliced(w))
+            if len(st.words) > MAX_ARRAY_WORDS:
+                raise ConfigError(
+                    f"line {w.line}: a command passes {MAX_ARRAY_WORDS:,} arguments: not read",
+                    hint="a verl launch passes a few hundred overrides at most; check the arrays it expands",
+                )
             return
         m = _ASSIGN.match(w.raw) if not st.words else None
         if m:
