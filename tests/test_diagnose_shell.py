@@ -232,8 +232,9 @@ def test_lora_and_other_rollout_engines_are_said_to_be_unpriced(tmp_path):
         ("X=ab\n" + 'X="$X$X"\n' * 40 + f"{CMD} a.b=$X\n", "expands past 1,048,576 characters"),
         ("A=(a b)\n" + 'A=("${A[@]}" "${A[@]}")\n' * 40 + f'{CMD} "${{A[@]}}"\n', "array A passes 100,000"),
         ("A=(" + " x" * 50_000 + ")\n" + CMD + ' "${A[@]}"' * 300 + "\n", "a command passes 100,000 arguments"),
+        (f"{CMD} a.b=" + "${A:-" * 5000 + "x" + "}" * 5000 + "\n", "nests its expansions too deeply"),
     ],
-    ids=["a doubling variable", "a doubling array", "an array expanded 300 times"],
+    ids=["a doubling variable", "a doubling array", "an array expanded 300 times", "5,000 nested defaults"],
 )
 def test_an_expansion_that_explodes_is_refused_not_followed(tmp_path, body, words):
     """bash's billion laughs: a variable or an array that doubles itself 40 times is 2^40 long. The reader

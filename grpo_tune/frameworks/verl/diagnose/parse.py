@@ -12,6 +12,7 @@ from typing import TypedDict
 
 from grpo_tune.frameworks.verl import snapshot as verl
 
+from grpo_tune.core.errors import ConfigError
 from grpo_tune.frameworks.base.findings import Finding, Severity
 from grpo_tune.frameworks.base.inputs import OVERRIDE_TOKEN, Override, override
 from grpo_tune.frameworks.verl.diagnose.shell import Command, ShellReader, Word
@@ -141,7 +142,14 @@ def parse_script(text: str) -> tuple[list[Override], list[Finding], ScriptFacts]
     facts = ScriptFacts(config_name=None, commands=[])
     verl_line: int | None = None
     stray: list[int] = []
-    for cmd in reader.commands():
+    try:
+        cmds = list(reader.commands())
+    except RecursionError:  # ${A:-${A:-...}} thousands deep: bash itself gives up long before
+        raise ConfigError(
+            "the script nests its expansions too deeply to read (${A:-${B:-...}} thousands of levels)",
+            hint="a verl launch nests a few levels at most; check the script",
+        ) from None
+    for cmd in cmds:
         texts = [w.value.text for w in cmd.words]
         if not texts:
             continue
