@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from grpo_tune.core.config import save
 from grpo_tune.frameworks.verl.diagnose import Finding, diagnose_overrides, diagnose_path, parse_script
 from grpo_tune.frameworks.verl.export import verl_script
-from grpo_tune.core.errors import CODES
+from grpo_tune.core.errors import CODES, GrpoTuneError
 from _export_configs import configs, make
 
 A = "actor_rollout_ref.actor.megatron"
@@ -107,6 +107,50 @@ def _int(v: str | None) -> int | None:
 @given(st.text(alphabet=st.sampled_from(list("abc=.+-_$\\\"'{}[] \n#/12")), max_size=300))
 def test_random_script_text_never_raises(text):
     overrides, findings, facts = parse_script("python3 -m verl.trainer.main_ppo " + text)
+    rep = diagnose_overrides(overrides, findings=findings)
+    assert all(f.code in CODES for f in rep.findings)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "A=(",
+                "A+=(",
+                "B=(",
+                ")",
+                '"${A[@]}"',
+                "${A[*]}",
+                '"${B[@]}"',
+                "a.b=1",
+                "x",
+                "$A",
+                "#c",
+                "\\\n",
+                "\n",
+                " ",
+                "'",
+                '"',
+                "(",
+                "$((1+2))",
+                "${A:-",
+                "}",
+                ";",
+                "|",
+            ]
+        ),
+        max_size=60,
+    )
+)
+def test_random_array_scripts_give_words_or_a_coded_error(parts):
+    """Arrays (``A=(...)``, ``+=``, ``"${A[@]}"``) in any arrangement: overrides and findings, or a coded error."""
+    text = "#!/bin/bash\n" + "".join(parts) + "\npython3 -m verl.trainer.main_ppo " + "".join(reversed(parts)) + "\n"
+    try:
+        overrides, findings, facts = parse_script(text)
+    except GrpoTuneError as exc:
+        assert exc.code in CODES
+        return
     rep = diagnose_overrides(overrides, findings=findings)
     assert all(f.code in CODES for f in rep.findings)
 
