@@ -407,6 +407,21 @@ def test_compare_of_separate_pools_shows_each_hardware_s_split(tmp_path):
         assert row["plan"].startswith(f"2+6 K{f['staleness']} "), row["plan"]  # the split before the layout
 
 
+def test_search_and_estimate_name_the_rollout_pools_own_hardware_first():
+    """The first line says what is priced: the GPUs and their profile, and a rollout pool on another profile."""
+    common = ["--model", "qwen2.5-1.5b", "--gpus", "16", "--prompts", "256", "--mini-batch", "64"]
+    r = _cli("search", *common, "--placement", "auto", "--staleness", "1", "--rollout-hardware", "h20", "--no-emit")
+    assert r.exit_code == 0, r.output
+    first = " ".join(" ".join(r.output.split("\n")[0:2]).split())  # the line as one, however it wrapped
+    assert first.startswith("qwen2.5-1.5b on 16 x h100-sxm-80gb (8/node; profile fitted, stack verl-0.9.1; rollout")
+    assert "rollout pool on h20-96gb, profile" in first, first
+    r = _cli("estimate", *common, "--placement", "separate", "--rollout-gpus", "8", "--staleness", "1",
+             "--rollout-hardware", "h20")  # fmt: skip
+    assert r.exit_code == 0 and "rollout pool on h20-96gb" in " ".join(r.output.split("\n")[0:2]), r.output
+    r = _cli("estimate", *common)
+    assert "rollout pool" not in r.output.split("\n")[0]
+
+
 def test_estimate_separate_json_keeps_step_s_as_the_steady_state():
     import json
 

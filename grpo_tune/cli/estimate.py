@@ -63,7 +63,10 @@ def _print_plan(est: Estimate, console: Console) -> None:
         + ("" if s.rollout.sync_bucket_mb == SYNC_BUCKET_MB else f" sync_bucket_mb={s.rollout.sync_bucket_mb}")
     )
     hw = est.hardware
-    console.print(target_line(m, hw, c), highlight=False)
+    from grpo_tune.core.specs import load_hardware
+
+    rhw = est.placement.get("rollout_hardware") if est.placement else None
+    console.print(target_line(m, hw, c, load_hardware(rhw) if rhw else None), highlight=False)
     console.print(deg, highlight=False)
     w = est.workload
     if w.kind == "grpo":

@@ -205,12 +205,17 @@ def pins_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
     return strategy_pins(**{k: flags.get(k) for k in pin_flags()})
 
 
-def target_line(model: Any, hw: Any, cluster: Any) -> str:
+def target_line(model: Any, hw: Any, cluster: Any, rollout_hw: Any = None) -> str:
     """What a command prices, as its first line: the model, the GPUs, where the hardware profile comes from and
-    the software stack (console markup: the model in bold)."""
+    the software stack (console markup: the model in bold); ``rollout_hw``: a rollout pool's other profile."""
+    other = (
+        f"; rollout pool on {rollout_hw.name}, profile {rollout_hw.provenance}"
+        if rollout_hw is not None and rollout_hw.name != hw.name
+        else ""
+    )
     return (
         f"[bold]{model.name}[/] on {cluster.gpus} x {hw.name} ({cluster.gpus_per_node}/node; profile "
-        f"{hw.provenance}, stack {hw.stack or 'none'})"
+        f"{hw.provenance}, stack {hw.stack or 'none'}{other})"
     )
 
 

@@ -243,7 +243,7 @@ def search(
     err = Console(stderr=True)
     console = Console()
     if not json_out:  # what is searched, before the search (every placement's output starts with it)
-        _print_target(target, console)
+        _print_target(target, console, place.rollout_profile())
 
     def ranked(o: SearchOutcome) -> None:  # printed before a refinement starts (it takes minutes)
         if not json_out:
@@ -316,11 +316,12 @@ def _print_json(result, run_dir: Path | None, files: dict[str, Path], top: int) 
     )
 
 
-def _print_target(target, console: Console) -> None:
-    """The model, the GPUs (profile and stack named: the defaults are stated), the workload and its lengths."""
+def _print_target(target, console: Console, rollout_hw=None) -> None:
+    """The model, the GPUs (profile and stack named: the defaults are stated; a rollout pool's other profile), the
+    workload and its lengths."""
     from grpo_tune.cli.options import target_line
 
-    console.print(target_line(target.model, target.hardware, target.cluster), highlight=False)
+    console.print(target_line(target.model, target.hardware, target.cluster, rollout_hw), highlight=False)
     wl = target.workload
     if wl.kind == "grpo":
         from grpo_tune.autotune.calibrate.lengths import lengths_note, workload_line
