@@ -262,24 +262,18 @@ def check_not_priced(c: Ctx) -> None:
                 key=key,
             )
             break
-    quant = value(f"{ROLLOUT}.quantization")
-    if quant not in (None, "", False, "none", "None"):
-        c.add(
-            W,
-            "NOT_PRICED",
-            f"{ROLLOUT}.quantization={quant}: a quantized rollout is priced as bf16",
-            "read the rollout's time and memory as a bf16 engine's",
-            key=f"{ROLLOUT}.quantization",
-        )
-    fp8 = value(f"{OTC}.fp8")
-    if fp8 not in (None, "", False, "none", "None"):
-        c.add(
-            W,
-            "NOT_PRICED",
-            f"{OTC}.fp8={fp8}: FP8 training is priced as bf16",
+    off = (None, "", False, "none", "None")
+    for key, what, hint in (
+        (f"{ROLLOUT}.quantization", "a quantized rollout is priced as bf16", "read the rollout as a bf16 engine's"),
+        (
+            f"{OTC}.fp8",
+            "FP8 training is priced as bf16",
             "read the update's time as a bf16 run's (FP8 GEMMs are faster; the weights stay bf16)",
-            key=f"{OTC}.fp8",
-        )
+        ),
+    ):
+        v = value(key)
+        if v not in off:
+            c.add(W, "NOT_PRICED", f"{key}={v}: {what}", hint, key=key)
     name = value(f"{ROLLOUT}.name")
     if isinstance(name, str) and name not in ("vllm", "???"):
         c.add(

@@ -435,20 +435,30 @@ class ShellReader:
         self._adv(len(op))
         return self._finish(st, op)
 
+    def _skip_blank(self, *, newline: bool) -> bool:
+        """Past one blank, line continuation or comment at ``self.i`` (a newline too, with ``newline``: inside an
+        array list it separates words, outside it ends a command); False when none starts here."""
+        c = self._peek()
+        if c in " \t\r" or (newline and c == "\n"):
+            self._adv()
+        elif c == "\\" and self._peek(1) == "\n":
+            self._adv(2)
+        elif c == "#":
+            end = self.s.find("\n", self.i)
+            self._adv((self.n if end < 0 else end) - self.i)
+        else:
+            return False
+        return True
+
     def _array(self, name: str, append: bool) -> None:
         """After ``NAME=(`` / ``NAME+=(``: the elements up to the closing ``)`` (blanks, newlines, comments and
         line continuations between them), as the array's words."""
         items: list[Word] = []
         while self.i < self.n:
             c = self._peek()
-            if c in " \t\r\n":
-                self._adv()
-            elif c == "\\" and self._peek(1) == "\n":
-                self._adv(2)
-            elif c == "#":
-                end = self.s.find("\n", self.i)
-                self._adv((self.n if end < 0 else end) - self.i)
-            elif c == ")":
+            if self._skip_blank(newline=True):
+                continue
+            if c == ")":
                 self._adv()
                 break
             else:
@@ -491,14 +501,9 @@ class ShellReader:
         st = _Building()
         while self.i < self.n:
             c = self._peek()
-            if c in " \t\r":
-                self._adv()
-            elif c == "\\" and self._peek(1) == "\n":
-                self._adv(2)
-            elif c == "#":
-                end = self.s.find("\n", self.i)
-                self._adv((self.n if end < 0 else end) - self.i)
-            elif c == "\n":
+            if self._skip_blank(newline=False):
+                continue
+            if c == "\n":
                 self._adv()
                 cmd = self._finish(st, "\n")
                 if cmd:
