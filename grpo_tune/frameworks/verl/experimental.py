@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterable, cast
 
 from grpo_tune.frameworks.verl import snapshot as verl
-from grpo_tune.core.errors import ConfigError, MissingDependencyError, UnknownKeyError, try_import
+from grpo_tune.core.errors import ConfigError, MissingDependencyError, try_import
 
 
 @dataclass(frozen=True)
@@ -88,12 +88,7 @@ class WheelConfig:
                 cfg = hydra_compose(self.name, overrides=ovs)
             return cast(dict[str, object], OmegaConf.to_container(cfg, resolve=resolve))
         except (HydraException, OmegaConfBaseException) as exc:
-            msg = str(exc).splitlines()[0]
-            code = UnknownKeyError if "Could not override" in msg or "Key '" in msg else ConfigError
-            raise code(
-                f"verl {verl.VERL_VERSION} ({self.name}) rejects the overrides: {msg}",
-                hint="prefix an undeclared key with `+`, or fix its name",
-            ) from None
+            raise verl.rejected(exc, f"verl {verl.VERL_VERSION} ({self.name})") from None
 
     def snapshot(self) -> dict[str, object]:
         """The keys the config adds to or changes in ``ppo_megatron_trainer``: dotted key -> default."""

@@ -139,12 +139,14 @@ def compose(overrides: Iterable[str] = (), *, fetch: bool = True, resolve: bool 
         # to_container is typed for any node; a composed Hydra config's root is a mapping with str keys.
         return cast(dict[str, object], OmegaConf.to_container(cfg, resolve=resolve))
     except (HydraException, OmegaConfBaseException) as exc:
-        msg = str(exc).splitlines()[0]
-        code = UnknownKeyError if "Could not override" in msg or "Key '" in msg else ConfigError
-        raise code(
-            f"verl {VERL_VERSION} rejects the overrides: {msg}",
-            hint="prefix an undeclared key with `+`, or fix its name",
-        ) from None
+        raise rejected(exc, f"verl {VERL_VERSION}") from None
+
+
+def rejected(exc: Exception, who: str) -> ConfigError:
+    """Hydra's refusal of a list of overrides as a coded error: UNKNOWN_KEY for a key the config does not have."""
+    msg = str(exc).splitlines()[0]
+    code = UnknownKeyError if "Could not override" in msg or "Key '" in msg else ConfigError
+    return code(f"{who} rejects the overrides: {msg}", hint="prefix an undeclared key with `+`, or fix its name")
 
 
 def flatten(tree: object, prefix: str = "") -> dict[str, object]:
