@@ -47,6 +47,10 @@ class Placement:
     def separate(self) -> bool:
         return self.mode == "separate"
 
+    def rollout_profile(self) -> HardwareSpec | None:
+        """The rollout pool's hardware profile, loaded, when it names its own (None: the training pool's)."""
+        return load_hardware(self.rollout_hardware) if self.rollout_hardware else None
+
     def to_dict(self) -> dict[str, object]:
         return to_mapping(self)
 

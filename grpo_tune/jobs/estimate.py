@@ -65,11 +65,10 @@ def placement_of(place: PlacementAsk, gpus: int) -> Placement:
 
 
 def _estimate_separate(m, hw, cluster, strategy, wl, cal, place):
-    from grpo_tune.core.specs import load_hardware
     from grpo_tune.costmodel.placement import estimate_separate
 
     p = placement_of(place, cluster.gpus)
-    hw_r = load_hardware(p.rollout_hardware) if p.rollout_hardware else None
+    hw_r = p.rollout_profile()
     return estimate_separate(
         model=m,
         hardware=hw,

@@ -352,7 +352,6 @@ def summary(cfg: RunConfig, lay: RankLayout) -> dict[str, object]:
         from grpo_tune.costmodel.estimate import estimate
 
         if p.separate:
-            from grpo_tune.core.specs import load_hardware
             from grpo_tune.costmodel.placement import estimate_separate
 
             est = estimate_separate(
@@ -362,7 +361,7 @@ def summary(cfg: RunConfig, lay: RankLayout) -> dict[str, object]:
                 strategy=s,
                 workload=w,
                 placement=p,
-                rollout_hardware=load_hardware(p.rollout_hardware) if p.rollout_hardware else None,
+                rollout_hardware=p.rollout_profile(),
             )
         else:
             est = estimate(model=cfg.model, hardware=cfg.hardware, cluster=cfg.cluster, strategy=s, workload=w)

@@ -158,7 +158,7 @@ def diagnose_config(cfg, *, source: str = "<run config>", hardware: str | None =
             source=source,
             kind="run_config",
             config_name=fully_async.CONFIG_NAME,
-            rollout_hardware=load_hardware(p.rollout_hardware) if p.rollout_hardware and not hardware else None,
+            rollout_hardware=None if hardware else p.rollout_profile(),
         )
     ovs = verl_overrides(cfg, **files)
     return diagnose_overrides(ovs, hardware=hardware or cfg.hardware, model=cfg.model, source=source, kind="run_config")
