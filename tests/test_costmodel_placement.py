@@ -505,3 +505,30 @@ def test_the_cpu_profile_prices_and_proposes_separate_pools():
     res = search_placement(m, cpu, cl, wl, placement="auto", staleness=1)
     b = res.best_separate
     assert b is not None and b.fits and b.placement["rollout_gpus"] in P.split_candidates(cl)
+
+
+def test_split_curves_merge_staleness_values_that_change_nothing():
+    from grpo_tune.rundir.report import staleness_curves
+
+    splits = [{"rollout_gpus": r, "staleness": 0, "step_s": 10.0 + r} for r in (2, 4)]
+    splits += [{"rollout_gpus": r, "staleness": k, "step_s": 8.0 + r} for k in range(1, 101) for r in (2, 4)]
+    got = staleness_curves(splits)
+    assert [lab for lab, _ in got] == ["staleness 0", "staleness 1-100"]
+    assert got[1][1] == [(2, 10.0), (4, 12.0)]
+    # a curve that moves is its own; past CURVES_MAX distinct curves: 0, 1, 2, 4, ... and the last
+    moving = [{"rollout_gpus": 2, "staleness": k, "step_s": 100.0 - k} for k in range(20)]
+    labels = [lab for lab, _ in staleness_curves(moving, most=6)]
+    assert labels == ["staleness 0", "staleness 1", "staleness 2", "staleness 4", "staleness 8", "staleness 19"]
+
+
+def test_search_with_a_large_staleness_draws_a_legend_that_fits(tmp_path):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "Tight layout not applied" is a legend that overflowed
+        r = _cli(
+            "search", "--model", "qwen2.5-1.5b", "--gpus", "8", "--prompts", "256", "--mini-batch", "64",
+            "--placement", "separate", "--rollout-gpus", "7", "--staleness", "100", "--out", str(tmp_path),
+        )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "Tight layout" not in r.output

@@ -342,6 +342,14 @@ def test_the_articles_diagnose_flags_point_to_the_real_check(flag, capsys):
     assert "hint: run `grpo-tune diagnose SCRIPT`" in err, err
 
 
+def test_validate_grpo_refuses_a_hardware_it_would_ignore(capsys):
+    """The GRPO rows name their own GPUs: --hardware (the pretraining rows' profile) is refused, not dropped."""
+    assert main(["validate", "--grpo", "--hardware", "h100"]) == 2
+    err = capsys.readouterr().err
+    assert "[USAGE] validate --grpo takes no --hardware" in err, err
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_tune.cli.options import Json
+from grpo_tune.core.errors import GrpoTuneError
 from grpo_tune.jobs.validate import ValidateRequest, run_validate
 
 Tolerance = Annotated[
@@ -25,9 +26,11 @@ DataFile = Annotated[
     Optional[str], typer.Option("--data", help="Measurements CSV (default: the shipped profiles/data/published.csv).")
 ]
 HardwareOpt = Annotated[
-    str,
+    Optional[str],
     typer.Option(
-        "--hardware", help="Hardware profile the rows ran on (the shipped rows: A100; pass yours with --data)."
+        "--hardware",
+        help="Hardware profile the pretraining rows ran on (default a100, the shipped rows'; pass yours with "
+        "--data). Not with --grpo: each GRPO row names its own GPU.",
     ),
 ]
 Refit = Annotated[
@@ -51,13 +54,20 @@ def validate(
         "--grpo: held-out step time, default 12).",
     ),
     data: DataFile = None,
-    hardware: HardwareOpt = "a100",
+    hardware: HardwareOpt = None,
     refit: Refit = False,
     grpo: Grpo = False,
 ) -> None:
     """Predicted vs published throughput and iteration times (Narayanan et al. 2021, Korthikanti et al. 2022), or
     with --grpo the GRPO step against published verl and NeMo-RL runs."""
-    res = run_validate(ValidateRequest(grpo=grpo, data=data, hardware=hardware, tolerance=tolerance, refit=refit))
+    if grpo and hardware is not None:
+        raise GrpoTuneError(
+            "validate --grpo takes no --hardware: each GRPO row names the GPU it ran on",
+            hint="drop --hardware (it selects the profile of the pretraining rows)",
+            code="USAGE",
+        )
+    req = ValidateRequest(grpo=grpo, data=data, hardware=hardware or "a100", tolerance=tolerance, refit=refit)
+    res = run_validate(req)
     if json_out:
         print(json.dumps(res.report, indent=2))
     else:

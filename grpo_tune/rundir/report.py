@@ -487,14 +487,46 @@ def write_report(
     return out
 
 
+CURVES_MAX = 8
+"""Most staleness curves placement.png draws (its legend stays inside the figure)."""
+
+
+def staleness_curves(
+    splits: Sequence[dict[str, Any]], rel: float = 1e-3, most: int = CURVES_MAX
+) -> list[tuple[str, list[tuple[int, float]]]]:
+    """The curves of placement.png: (label, [(rollout GPUs, step)]) per staleness, ascending. Consecutive
+    staleness values whose curves agree within ``rel`` at every split are one curve ("staleness 1-100": past
+    the staleness that hides the generation, a larger one changes nothing); if more than ``most`` remain, the
+    first, those at powers of two and the last are drawn."""
+    per_k: dict[int, list[tuple[int, float]]] = {}
+    for d in splits:
+        per_k.setdefault(int(d["staleness"]), []).append((int(d["rollout_gpus"]), float(d["step_s"])))
+    groups: list[tuple[int, int, list[tuple[int, float]]]] = []  # (first k, last k, first k's points)
+    for k in sorted(per_k):
+        pts = sorted(per_k[k])
+        if groups:
+            k0, _, ref = groups[-1]
+            same = [x for x, _ in pts] == [x for x, _ in ref] and all(
+                abs(y - y0) <= rel * max(abs(y0), 1e-12) for (_, y), (_, y0) in zip(pts, ref)
+            )
+            if same:
+                groups[-1] = (k0, k, ref)
+                continue
+        groups.append((k, k, pts))
+    if len(groups) > most:
+        last = len(groups) - 1
+        keep = sorted(i for i in range(last) if i & (i - 1) == 0)[: most - 1]  # 0, 1, 2, 4, 8, ...
+        groups = [groups[i] for i in keep] + [groups[last]]
+    return [(f"staleness {a}" if a == b else f"staleness {a}-{b}", pts) for a, b, pts in groups]
+
+
 def plot_splits(res: PlacementResult, path: Path) -> Path:
     """placement.png: the step of each split the search priced, per staleness (the representative training
     plans), the colocated step as a line, the chosen separate plan marked."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4))
-    for k in sorted({int(d["staleness"]) for d in res.splits}):
-        pts = sorted((d["rollout_gpus"], d["step_s"]) for d in res.splits if d["staleness"] == k)
-        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=f"separate, staleness {k}")
+    for label, pts in staleness_curves(res.splits):
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=f"separate, {label}")
     c, b = res.best_colocated, res.best_separate
     if c is not None:
         ax.axhline(c.step_s, color="grey", linestyle="--", label=f"colocated {c.step_s:.1f} s")
@@ -502,6 +534,9 @@ def plot_splits(res: PlacementResult, path: Path) -> Path:
         ax.plot([b.placement["rollout_gpus"]], [b.step_s], marker="*", markersize=14, color="black", label="chosen")
     shown = b or c
     assert shown is not None  # a placement search that found nothing raised NoFeasiblePlanError
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # GPU counts
     ax.set_xlabel(f"rollout GPUs (of {shown.cluster.gpus})")
     ax.set_ylabel("seconds per step (steady state)")
     ax.set_title("Split of the cluster between rollout and training")
