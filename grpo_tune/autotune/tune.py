@@ -294,4 +294,4 @@ def _pinned_differs(s: Strategy, key: str, value: Any) -> bool:
 
 def _headroom_ok(est, min_headroom: float) -> bool:
     cap = est.capacity_bytes
-    return est.peak_bytes <= cap - min_headroom * est.hardware.hbm_bytes
+    return est.peak_bytes <= cap - min_headroom * est.hardware.rank_memory_bytes(est.cluster.ranks_per_node)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -49,8 +50,12 @@ def hardware(json_out: Json = False) -> None:
         return
     console = Console()
     narrow = console.width < 110  # 80 columns: the links and aliases go (--json has everything)
-    t = Table(title="Hardware profiles")
-    cols = ["name", "aliases", "bf16 TFLOP/s", "HBM GiB", "HBM TB/s", "GPUs/node", "intra GB/s", "inter GB/s"]
+    t = (
+        Table(title="Hardware profiles", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
+        if narrow
+        else Table(title="Hardware profiles")
+    )
+    cols = ["name", "aliases", "bf16 TF/s", "HBM GiB", "HBM TB/s", "GPUs/node", "intra GB/s", "inter GB/s"]
     cols += ["$/GPU-h", "profile"]
     if narrow:
         cols = [c for c in cols if c not in ("aliases", "intra GB/s", "inter GB/s")]
@@ -60,8 +65,8 @@ def hardware(json_out: Json = False) -> None:
         cells = {
             "name": hw.name,
             "aliases": ",".join(hw.aliases),
-            "bf16 TFLOP/s": f"{hw.bf16_dense_flops_per_s / 1e12:.0f}",
-            "HBM GiB": f"{hw.hbm_bytes / 2**30:.1f}",  # as the driver reports it
+            "bf16 TF/s": _tflops(hw.bf16_dense_flops_per_s),
+            "HBM GiB": f"{hw.hbm_bytes / 2**30:.1f}" + ("*" if hw.memory_is_host else ""),  # as the driver reports it
             "HBM TB/s": f"{hw.hbm_bandwidth_bytes_per_s / 1e12:.2f}",
             "GPUs/node": str(hw.gpus_per_node),
             "intra GB/s": f"{hw.intra_node_bandwidth_bytes_per_s / 1e9:.0f}",
@@ -73,9 +78,19 @@ def hardware(json_out: Json = False) -> None:
     console.print(t)
     console.print(
         "profile: fitted (on cited measurements), transferred (from another profile by stated ratios) or "
-        "spec-only; each profile's provenance_note says which (`grpo-tune hardware --json`)",
+        "spec-only; each profile's provenance_note says which (`grpo-tune hardware --json`)"
+        + (
+            "; * the host's RAM, shared by the ranks of a machine"
+            if any(hw.memory_is_host for hw in specs)
+            else ""
+        ),
         highlight=False,
     )
+
+
+def _tflops(flops: float) -> str:
+    """Peak FLOP/s in TFLOP/s: whole numbers for GPUs, significant digits below one (the cpu profile)."""
+    return f"{flops / 1e12:.0f}" if flops >= 1e12 else f"{flops / 1e12:.2g}"
 
 
 def register(app: typer.Typer) -> None:

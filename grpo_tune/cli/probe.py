@@ -42,7 +42,10 @@ def probe_cmd(
     t.add_row("intra-node latency", f"{hw.efficiency.intra_node_latency_s * 1e6:,.0f} us")
     for k in ("gemm_efficiency_max", "gemm_intensity_half", "max_parallel_ranks"):
         t.add_row(k, f"{getattr(hw.efficiency, k):.3g}")
-    t.add_row("memory per rank", f"{hw.hbm_bytes / 2**30:,.1f} GiB")
+    if hw.memory_is_host:
+        t.add_row("memory (every rank's share of it)", f"{hw.hbm_bytes / 2**30:,.1f} GiB")
+    else:
+        t.add_row("memory per rank", f"{hw.hbm_bytes / 2**30:,.1f} GiB")
     t.add_row("reserved per process", f"{hw.reserved_memory_bytes / 2**20:,.0f} MiB")
     console.print(t)
     console.print(log.strip(), highlight=False)

@@ -47,6 +47,9 @@ class HardwareSpec:
     host_to_device_bandwidth_bytes_per_s: float
     reserved_memory_bytes: float
     """CUDA context, NCCL buffers and allocator fragmentation that no tensor can use."""
+    memory_is_host: bool = False
+    """The ranks compute in the node's RAM (the ``cpu`` profile): every rank of a node shares ``hbm_bytes``
+    (:meth:`rank_memory_bytes`), and offloading moves nothing off it."""
     host_flops_per_s: float = 5e12
     """fp32 FLOP/s of the host CPUs per node (Megatron's CPU optimizer runs Adam there)."""
     host_memory_bandwidth_bytes_per_s: float = 300e9
@@ -84,6 +87,15 @@ class HardwareSpec:
     def ridge_point(self) -> float:
         """Peak dense FLOP/s over HBM bytes/s: the arithmetic intensity where a roofline turns flat."""
         return self.bf16_dense_flops_per_s / self.hbm_bandwidth_bytes_per_s
+
+    def rank_memory_bytes(self, ranks_per_node: int) -> float:
+        """Memory one rank computes in: a GPU's ``hbm_bytes``, or, where the ranks share the node's RAM
+        (``memory_is_host``), its share of it among ``ranks_per_node`` ranks."""
+        return self.hbm_bytes / max(1, ranks_per_node) if self.memory_is_host else self.hbm_bytes
+
+    def rank_capacity_bytes(self, ranks_per_node: int) -> float:
+        """What one rank's tensors may use: :meth:`rank_memory_bytes` less the reserved bytes."""
+        return self.rank_memory_bytes(ranks_per_node) - self.reserved_memory_bytes
 
     @property
     def native_rollout(self) -> bool:

@@ -55,6 +55,11 @@ class Cluster:
     def nnodes(self) -> int:
         return -(-self.gpus // self.gpus_per_node)
 
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks on the fullest node (fewer than ``gpus_per_node`` on a cluster smaller than a node)."""
+        return min(self.gpus_per_node, self.gpus)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Layout:

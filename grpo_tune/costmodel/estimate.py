@@ -74,7 +74,7 @@ def estimate(
         workload=workload,
         params=params,
         memory=mem,
-        capacity_bytes=hardware.hbm_bytes - hardware.reserved_memory_bytes,
+        capacity_bytes=hardware.rank_capacity_bytes(cluster.ranks_per_node),
         time=time,
         throughput=throughput,
         violations=tuple(violations),

@@ -302,7 +302,7 @@ def phase_memory(
         else None
     )
     out = _phases(m, hardware, s, w, k, states, acts, logit, last, kvc)
-    violations = _violations(out, hardware, w, kvc)
+    violations = _violations(out, hardware, w, kvc, hardware.rank_capacity_bytes(cluster.ranks_per_node))
     host = _host_bytes(s, w, full, cluster)
     if host > hardware.host_memory_bytes:
         violations.append(
@@ -314,6 +314,19 @@ def phase_memory(
                 bytes_over=host - hardware.host_memory_bytes,
             )
         )
+    elif hardware.memory_is_host and host > 0:  # offloaded to the RAM the ranks compute in
+        peak = max((pm.total_bytes for pm in out.values()), default=0.0)
+        need = host + cluster.ranks_per_node * (peak + hardware.reserved_memory_bytes)
+        if need > hardware.host_memory_bytes:
+            violations.append(
+                Violation(
+                    "OOM_RISK",
+                    f"the node's {cluster.ranks_per_node} ranks and what they offload share its RAM: "
+                    f"{need / GiB:.1f} GiB > {hardware.host_memory_bytes / GiB:.1f} GiB",
+                    phase="host",
+                    bytes_over=need - hardware.host_memory_bytes,
+                )
+            )
     return out, host, violations
 
 
@@ -408,9 +421,8 @@ def _phases(
 
 
 def _violations(
-    out: dict[str, PhaseMemory], hardware: HardwareSpec, w: Workload, kvc: KvCapacity | None
+    out: dict[str, PhaseMemory], hardware: HardwareSpec, w: Workload, kvc: KvCapacity | None, cap: float
 ) -> list[Violation]:
-    cap = hardware.hbm_bytes - hardware.reserved_memory_bytes
     violations: list[Violation] = []
     for name, pm in out.items():
         tot = pm.total_bytes

@@ -209,7 +209,7 @@ def rollout_memory(
         "rollout_kv_cache": max(0.0, kvc.kv_bytes),
     }
     pm = PhaseMemory("rollout", parts, kvc.to_info())
-    out = _over_capacity(pm, hw, "vLLM")
+    out = _over_capacity(pm, hw, "vLLM", cluster.ranks_per_node)
     if kvc.kv_bytes <= 0 or kvc.sequences < 1:
         need = (wl.prompt_len + wl.response_len) * kvc.bytes_per_token
         out.append(
@@ -246,12 +246,12 @@ def _native_memory(
     )
     parts = {"rollout_weights": weights, "rollout_activations": max(sample, lp_pass), "rollout_kv_cache": 0.0}
     pm = PhaseMemory("rollout", parts, {"native_rollout": 1.0})
-    return pm, _over_capacity(pm, hw, "the sampler")
+    return pm, _over_capacity(pm, hw, "the sampler", cluster.ranks_per_node)
 
 
-def _over_capacity(pm: PhaseMemory, hw: HardwareSpec, engine: str) -> list[Violation]:
+def _over_capacity(pm: PhaseMemory, hw: HardwareSpec, engine: str, ranks_per_node: int) -> list[Violation]:
     """``OOM_RISK`` when the rollout engine's bytes on a rollout-pool GPU exceed its capacity."""
-    cap = hw.hbm_bytes - hw.reserved_memory_bytes
+    cap = hw.rank_capacity_bytes(ranks_per_node)
     if not pm.total_bytes > cap:
         return []
     return [
@@ -694,10 +694,17 @@ def estimate_separate(
     gpus = cluster.gpus
     tflops = flops / step / gpus
     price = cluster_price(hardware, ps.train.gpus, hw_r, ps.rollout.gpus)
-    cap_t = hardware.hbm_bytes - hardware.reserved_memory_bytes
-    cap_r = hw_r.hbm_bytes - hw_r.reserved_memory_bytes
+    # where the ranks compute in RAM (the cpu profile), pools that share nodes share it too
+    node_ranks = ps.train.ranks_per_node + ps.rollout.ranks_per_node if ps.shared_nodes else 0
+    cap_t = hardware.rank_capacity_bytes(node_ranks or ps.train.ranks_per_node)
+    cap_r = hw_r.rank_capacity_bytes(node_ranks or ps.rollout.ranks_per_node)
     head_t = cap_t - max((p.total_bytes for p in train.memory.values()), default=0.0)
     head_r = cap_r - rmem.total_bytes
+    shared = []
+    if node_ranks and hardware.memory_is_host and head_t < 0 and not train.violations:
+        shared.append(_shared_ram(hardware, node_ranks, "training", -head_t))
+    if node_ranks and hw_r.memory_is_host and head_r < 0 and not rviol:
+        shared.append(_shared_ram(hw_r, node_ranks, "rollout", -head_r))
     figures: SeparateFigures = {
         "mode": "separate",
         "rollout_gpus": ps.rollout.gpus,
@@ -758,10 +765,22 @@ def estimate_separate(
             model_tflops_per_gpu=tflops / 1e12,
             mfu=tflops / hardware.bf16_dense_flops_per_s,
         ),
-        violations=tuple(train.violations) + tuple(rviol),
+        violations=tuple(train.violations) + tuple(rviol) + tuple(shared),
         host_bytes_per_node=train.host_bytes_per_node,
         details=MappingProxyType(details),
         placement=figures,
+    )
+
+
+def _shared_ram(hw: HardwareSpec, ranks: int, pool: str, over: float) -> Violation:
+    """``OOM_RISK``: a pool's rank overruns its share of the RAM its node's ``ranks`` (both pools') compute in."""
+    share = hw.rank_capacity_bytes(ranks)
+    return Violation(
+        "OOM_RISK",
+        f"{pool} pool: a rank needs {(share + over) / GiB:.1f} GiB > {share / GiB:.1f} GiB, its share of the node's "
+        f"RAM among the {ranks} ranks of both pools",
+        phase="rollout" if pool == "rollout" else "update",
+        bytes_over=over,
     )
 
 

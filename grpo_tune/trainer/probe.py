@@ -392,6 +392,7 @@ def profile_figures(m: Measured, base: dict, dev: torch.device) -> tuple[dict, d
         fields["hbm_bandwidth_bytes_per_s"] = m.bandwidth
         # every process runs on this one machine: one "node" of (at least) 8 ranks, as profiles/hardware/cpu.toml
         fields["gpus_per_node"] = max(8, n)
+        fields["memory_is_host"] = True  # the ranks share this machine's RAM
         reserved = int(m.rss)
     ar = m.collectives.get("all_reduce") or []
     ab = fit_alpha_beta(ar, 2.0 * (n - 1) / n)

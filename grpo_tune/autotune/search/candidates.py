@@ -252,7 +252,8 @@ class Space:
         return self._choices("recompute", list(RECOMPUTE))
 
     def offload_options(self) -> list[tuple[str, ...]]:
-        return self._choices("offload", list(OFFLOAD_SETS))
+        # where the ranks compute in the host's RAM (the cpu profile) offloading frees nothing: only if pinned
+        return self._choices("offload", [()] if self.hardware.memory_is_host else list(OFFLOAD_SETS))
 
     def dist_opt_options(self) -> list[bool]:
         # The distributed optimizer moves the same bytes as a DP all-reduce (reduce-scatter +

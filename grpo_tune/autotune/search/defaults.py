@@ -158,7 +158,7 @@ def with_defaults(
             calibration=calibration,
         )
 
-    margin = min_headroom * best.hardware.hbm_bytes
+    margin = min_headroom * best.hardware.rank_memory_bytes(best.cluster.ranks_per_node)
     chosen, kept = prefer_defaults(
         best, price, lambda x: x.fits and x.headroom_bytes >= margin, pins, defaults=defaults, owner=owner
     )

@@ -176,7 +176,7 @@ def search(
     """
     if not 0.0 <= min_headroom < 0.5:
         raise ConfigError(f"min_headroom must be a fraction in [0, 0.5), got {min_headroom!r}")
-    margin = min_headroom * hardware.hbm_bytes
+    margin = min_headroom * hardware.rank_memory_bytes(cluster.ranks_per_node)
     t0 = time.perf_counter()
     space = Space(model, hardware, cluster, workload, dict(pins or {}), allow_cross_node_tp)
     layouts = _trainer_runs(space)
@@ -232,7 +232,7 @@ def _screen_or_cpu_optimizer(space, ev, layouts, roll0, train_mask, cap, keep_la
     """:func:`_screen`; when some layouts overflow even frugally, screen again with Megatron's CPU optimizer in
     the space too (where memory needs it). Returns (the space searched, screened layouts, pruned count)."""
     screened, pruned = _screen(space, ev, layouts, roll0, train_mask, cap, keep_layouts, progress)
-    if pruned and "cpu_optimizer" not in space.pins and space.cpu_grid == (None,):
+    if pruned and "cpu_optimizer" not in space.pins and space.cpu_grid == (None,) and not space.hardware.memory_is_host:
         space = dataclasses.replace(space, cpu_grid=(None, 1.0))
         ev.space = space
         screened, pruned = _screen(space, ev, layouts, roll0, train_mask, cap, keep_layouts, None)
@@ -432,8 +432,14 @@ def _grid(
                 probe_err = max(
                     probe_err, _rel(float(ct.sum()), float(ft.sum())), _rel(float(cm.max()), float(fm.max()))
                 )
+            host_ok: dict[tuple[object, object], bool] = {}  # (distributed optimizer, x): the host holds x
             for key, (gm, gt) in grid.items():
                 for x, (dm, dt) in offs.items():
+                    if (key[2], x) not in host_ok:  # the host's share depends on these alone, not the batch
+                        est = ev(space.strategy(lay, opt((b0[0], b0[1], key[2]), x), roll0))
+                        host_ok[(key[2], x)] = _host_over(est, space) <= 0
+                    if not host_ok[(key[2], x)]:
+                        continue  # its offloaded state overruns the host: no batch or recompute changes that
                     rows_mem.append(gm + dm)
                     rows_tm.append(gt + dt)
                     rows_id.append((li, opt(key, x)))
@@ -516,9 +522,10 @@ def _no_fit(space: Space, ev: _Evaluator, layouts: list, rolls: list, margin: fl
         fr = _frugal(space, lay)
         if fr is None:
             continue
-        for roll in rolls[-1:]:
-            est = ev(space.strategy(lay, fr, roll))
-            over = est.peak_bytes - est.capacity_bytes
+        # the frugal plan, and the same without offload: what the frugal plan offloads may not fit the host
+        for knobs in (fr, {**fr, **_extra(min(space.extra_options(), key=lambda x: (len(x[0]), x[1] or 0.0)))}):
+            est = ev(space.strategy(lay, knobs, rolls[-1]))
+            over = max(est.peak_bytes - est.capacity_bytes, _host_over(est, space))
             if over < best_over:
                 best, best_over = est, over
     if best is None:
@@ -529,13 +536,52 @@ def _no_fit(space: Space, ev: _Evaluator, layouts: list, rolls: list, margin: fl
     return _no_fit_from(best, space, margin)
 
 
+def _no_fit_shared(est: Estimate, space: Space, phase: str, need: float, cap: float, margin: float):
+    """NO_FEASIBLE_PLAN where the ranks compute in the node's RAM (the cpu profile): each rank has its share."""
+    s, hw, cl = est.strategy, space.hardware, space.cluster
+    ranks = cl.ranks_per_node
+    tips = [
+        f"more machines (--gpus {2 * cl.nnodes * ranks} --gpus-per-node {ranks}: each holds half as much)",
+        f"shorter sequences (--response-len {max(1, space.workload.response_len // 2)})",
+        "a smaller model",
+        "a profile of a machine with more RAM (`grpo-tune probe-hardware` writes this one's)",
+    ]
+    return NoFeasiblePlanError(
+        f"no plan for {space.model.name} fits on {cl.gpus} x {hw.name}: the closest (tp={s.layout.tp} "
+        f"pp={s.layout.pp} cp={s.layout.cp} ep={s.layout.ep} recompute={s.memory.recompute}) needs "
+        f"{need / GiB:.1f} GiB per rank in the tightest phase '{phase}' > {(cap - margin) / GiB:.1f} GiB, its "
+        f"share of the {hw.hbm_bytes / GiB:.1f} GiB of RAM among the {ranks} ranks of a machine"
+        + (f", less a {margin / GiB:.1f} GiB safety margin" if margin else ""),
+        "try " + "; ".join(tips),
+    )
+
+
+def _host_over(est: Estimate, space: Space) -> float:
+    """Bytes by which the offloaded state of ``est`` overruns a node's host memory (negative: it fits)."""
+    return est.host_bytes_per_node - space.hardware.host_memory_bytes
+
+
 def _no_fit_from(est: Estimate, space: Space, margin: float = 0.0) -> NoFeasiblePlanError:
     phase = max(est.memory.values(), key=lambda p: p.total_bytes - est.capacity_bytes)
     need, cap = phase.total_bytes, est.capacity_bytes
     s = est.strategy
     gpus = space.cluster.gpus
+    host_over = _host_over(est, space)
+    if need <= cap - margin and host_over > 0:  # the GPUs hold it; the host cannot hold what it offloads
+        per_node = min(space.cluster.gpus_per_node, gpus)
+        return NoFeasiblePlanError(
+            f"no plan for {space.model.name} fits on {gpus} x {space.hardware.name}: the closest "
+            f"(tp={s.layout.tp} pp={s.layout.pp} cp={s.layout.cp} ep={s.layout.ep} recompute={s.memory.recompute} "
+            f"offload={','.join(s.memory.offload) or 'none'}) needs {need / GiB:.1f} GiB per GPU, which fits, but "
+            f"its offloaded state needs {est.host_bytes_per_node / GiB:.1f} GiB of host memory per node (its "
+            f"{per_node} ranks) > {space.hardware.host_memory_bytes / GiB:.1f} GiB",
+            f"try more nodes (e.g. --gpus {2 * gpus}: each node offloads a smaller share); fewer ranks per node "
+            "(--gpus-per-node); a host with more memory (a hardware profile with a larger host_memory_bytes)",
+        )
     more = 1 << max(1, math.ceil(2 * need / cap * gpus) - 1).bit_length()  # a power of two, ~2x the bytes
     more = max(more, 2 * gpus)
+    if space.hardware.memory_is_host:  # the ranks share the node's RAM: more of them per node make it worse
+        return _no_fit_shared(est, space, phase.name, need, cap, margin)
     tips = [f"more GPUs (e.g. --gpus {more})"]
     if phase.name == "rollout":
         tips += [

@@ -441,7 +441,7 @@ def _separate(
 def _reprice(m, hw, tc: Cluster, wl, seeds: list[Estimate], calibration, min_headroom: float) -> list[Estimate]:
     """The reference search's best training plans on another pool size (dp follows the GPUs), fastest first."""
     out, seen = [], set()
-    margin = min_headroom * hw.hbm_bytes
+    margin = min_headroom * hw.rank_memory_bytes(tc.ranks_per_node)
     for e in seeds:
         s = e.strategy.replace(dp=None)
         if s in seen:
