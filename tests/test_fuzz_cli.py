@@ -342,6 +342,34 @@ def test_the_articles_diagnose_flags_point_to_the_real_check(flag, capsys):
     assert "hint: run `grpo-tune diagnose SCRIPT`" in err, err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["search", "--model", "7b", "--gpus", "12"],  # 8 per node by default: verl would start 2 x 8
+        ["estimate", "--model", "7b", "--gpus", "16", "--gpus-per-node", "3"],
+        ["compare", "--model", "7b", "--gpus", "12", "--hardware", "h100,h200"],
+    ],
+)
+def test_a_gpu_count_that_is_not_whole_nodes_is_refused(argv, capsys):
+    """torchrun, Slurm and verl start the same number of ranks on every node: 12 GPUs at 8 per node used to be
+    priced as 12 and emitted as trainer.nnodes=2 x n_gpus_per_node=8, a 16-GPU launch."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"^\[BAD_CONFIG\] \d+ GPUs are not a whole number of \d+-GPU nodes", err, re.M), err
+    assert "Traceback" not in err
+
+
+def test_whole_nodes_and_one_partial_node_are_clusters():
+    from grpo_tune.core.errors import ConfigError
+    from grpo_tune.core.strategy import Cluster
+
+    assert Cluster(gpus=7, gpus_per_node=8).nnodes == 1  # one node, 7 of its GPUs
+    assert Cluster(gpus=12, gpus_per_node=6).nnodes == 2
+    with pytest.raises(ConfigError, match="12 GPUs are not a whole number of 8-GPU nodes") as ei:
+        Cluster(gpus=12, gpus_per_node=8)
+    assert (ei.value.hint or "").startswith("use 8 or 16 GPUs (8 per node), or 6 per node (2 nodes of 6)")
+
+
 def test_validate_grpo_refuses_a_hardware_it_would_ignore(capsys):
     """The GRPO rows name their own GPUs: --hardware (the pretraining rows' profile) is refused, not dropped."""
     assert main(["validate", "--grpo", "--hardware", "h100"]) == 2

@@ -79,11 +79,7 @@ def hardware(json_out: Json = False) -> None:
     console.print(
         "profile: fitted (on cited measurements), transferred (from another profile by stated ratios) or "
         "spec-only; each profile's provenance_note says which (`grpo-tune hardware --json`)"
-        + (
-            "; * the host's RAM, shared by the ranks of a machine"
-            if any(hw.memory_is_host for hw in specs)
-            else ""
-        ),
+        + ("; * the host's RAM, shared by the ranks of a machine" if any(hw.memory_is_host for hw in specs) else ""),
         highlight=False,
     )
 

@@ -51,6 +51,18 @@ class Cluster:
     gpus: int
     gpus_per_node: int = 8
 
+    def __post_init__(self) -> None:
+        g, n = self.gpus, self.gpus_per_node
+        if isinstance(g, int) and isinstance(n, int) and g > n > 0 and g % n:
+            # torchrun, Slurm and verl (trainer.nnodes x n_gpus_per_node) start the same count on every node
+            lower = g // n * n
+            per = max(d for d in range(1, n + 1) if g % d == 0)
+            raise ConfigError(
+                f"{g} GPUs are not a whole number of {n}-GPU nodes: every node runs the same number of ranks",
+                hint=f"use {lower} or {lower + n} GPUs ({n} per node), or {per} per node ({g // per} nodes of {per}): "
+                "--gpus / --gpus-per-node, or cluster.gpus / cluster.gpus_per_node in a config",
+            )
+
     @property
     def nnodes(self) -> int:
         return -(-self.gpus // self.gpus_per_node)
