@@ -332,6 +332,7 @@ def check_lengths(model: ModelSpec, w: Workload) -> list[Finding]:
             f"{what} exceeds {model.name}'s max_seq_len {model.max_seq_len}",
             f"shorten {flags} to at most {model.max_seq_len} tokens{together}, or give the model more positions "
             "(a config.json with a larger max_position_embeddings; in a verl launch "
-            "+actor_rollout_ref.model.override_config.max_position_embeddings=N)",
+            "+actor_rollout_ref.model.override_config.max_position_embeddings=N, in a NeMo-RL recipe "
+            "policy.hf_config_overrides.max_position_embeddings: N)",
         )
     ]

@@ -5,9 +5,13 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpo_tune.core.errors import GrpoTuneError
 from grpo_tune.core.specs import ModelSpec, from_hf_config, list_models, load_model, name_variants
+
+if TYPE_CHECKING:
+    from grpo_tune.core.config import RunConfig
 
 
 @lru_cache(maxsize=1)
@@ -50,3 +54,26 @@ def resolve_model(path: object, *, key: str) -> tuple[ModelSpec | None, str]:
     if "$" in path:
         return None, f"model path {path} comes from an unset variable"
     return None, f"model path {path} maps to no preset and has no local config.json"
+
+
+def with_positions(
+    spec: ModelSpec, positions: object, note: str, key: str = "override_config"
+) -> tuple[ModelSpec, str]:
+    """The model with a launch's ``max_position_embeddings`` override (``key`` names where it was set in the note),
+    when it sets one."""
+    if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0:
+        if positions != spec.max_seq_len:
+            import dataclasses
+
+            return dataclasses.replace(spec, max_seq_len=positions), f"{note}, {positions} positions ({key})"
+    return spec, note
+
+
+def positions_override(cfg: "RunConfig") -> int | None:
+    """The model's positions, where they exceed its preset's (read from a launch's override, as verl's DAPO recipes
+    raise Qwen2.5-Math-7B's 4,096 to 32,768): the framework must be told, or vLLM refuses the longer sequences."""
+    try:
+        stock = load_model(cfg.model.name).max_seq_len
+    except GrpoTuneError:
+        return None  # a config.json's own value
+    return cfg.model.max_seq_len if cfg.model.max_seq_len > stock else None

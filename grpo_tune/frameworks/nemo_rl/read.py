@@ -36,7 +36,19 @@ def is_recipe(path: str | Path) -> bool:
     return R.looks_like_recipe(data)
 
 
+POSITIONS_KEY = f"{table.P}.hf_config_overrides.max_position_embeddings"
+"""NeMo-RL's override of the HF config's positions (passed to vLLM as ``hf_overrides``; its DAPO recipe raises
+Qwen2.5-Math-7B's 4,096 to 16,384)."""
+
+
 def resolve_model(r: R.Recipe, model: str | None):
+    from grpo_tune.frameworks.base.models import with_positions
+
+    spec, note = _resolve_model(r, model)
+    return with_positions(spec, r.get(POSITIONS_KEY), note, key="hf_config_overrides")
+
+
+def _resolve_model(r: R.Recipe, model: str | None):
     from grpo_tune.frameworks.base.models import resolve_model as lookup
 
     if model:

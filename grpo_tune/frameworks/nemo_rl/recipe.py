@@ -25,6 +25,7 @@ import yaml
 
 from grpo_tune.core.errors import ConfigError, MissingDependencyError
 from grpo_tune.core.config import RunConfig
+from grpo_tune.frameworks.base.models import positions_override
 from grpo_tune.frameworks.base.sections import sections_of
 
 from . import snapshot as snap
@@ -48,6 +49,9 @@ def recipe_values(cfg: RunConfig) -> dict[str, object]:
     out: dict[str, object] = {f"{table.P}.model_name": name, **table.FIXED}
     out.update(table.write_placement(getattr(cfg, "placement", None) or Placement(), cfg.cluster))
     out.update(table.write_sections(sections_of(cfg)))
+    positions = positions_override(cfg)
+    if positions is not None:  # the plan's sequences need more positions than the checkpoint's config.json says
+        out[f"{table.P}.hf_config_overrides.max_position_embeddings"] = positions
     return out
 
 

@@ -7,6 +7,7 @@ in tests/test_verl_compose.py.
 from __future__ import annotations
 
 import shlex
+from grpo_tune.frameworks.base.models import positions_override
 from grpo_tune.frameworks.verl import table
 from grpo_tune.frameworks.verl.snapshot import CONFIG_NAME, VERL_VERSION
 from grpo_tune.core.config import RunConfig
@@ -31,25 +32,12 @@ def verl_values(
         f"{table.ARO}.model.path": model_path,
     }
     out.update(table.write_sections(sections_of(cfg)))
-    positions = _positions_override(cfg)
+    positions = positions_override(cfg)
     if positions is not None:  # the plan's sequences need more positions than the checkpoint's config.json says
         out[f"+{table.ARO}.model.override_config.max_position_embeddings"] = positions
     out.update({k: v for k, v in table.FIXED.items() if k.startswith("trainer.")})
     out["trainer.experiment_name"] = f"{cfg.model.name}-{cfg.cluster.gpus}gpu"
     return out
-
-
-def _positions_override(cfg: RunConfig) -> int | None:
-    """The model's positions, where they exceed its preset's (read from a launch's ``override_config``, as verl's
-    DAPO recipes raise Qwen2.5-Math-7B's 4,096 to 32,768): verl must be told, or it refuses the longer sequences."""
-    from grpo_tune.core.errors import GrpoTuneError
-    from grpo_tune.core.specs import load_model
-
-    try:
-        stock = load_model(cfg.model.name).max_seq_len
-    except GrpoTuneError:
-        return None  # a config.json's own value
-    return cfg.model.max_seq_len if cfg.model.max_seq_len > stock else None
 
 
 def verl_overrides(

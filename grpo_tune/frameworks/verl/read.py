@@ -19,6 +19,7 @@ from grpo_tune.core.specs import ModelSpec, load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 from grpo_tune.costmodel.lengths import assumed_means
 from grpo_tune.frameworks.base.inputs import as_names
+from grpo_tune.frameworks.base.models import with_positions
 from grpo_tune.frameworks.base.plan import SEARCHED, LaunchPlan
 from grpo_tune.frameworks.base.sections import Sections
 from grpo_tune.frameworks.verl import diagnose as D
@@ -188,16 +189,6 @@ def resolve_launch_model(launch: Launch, model: str | None) -> tuple[ModelSpec, 
 
 POSITIONS_KEY = f"{ARO}.model.override_config.max_position_embeddings"
 """verl's override of the HF config's positions (verl's DAPO recipes raise Qwen2.5-Math-7B's 4,096 to 32,768)."""
-
-
-def with_positions(spec: ModelSpec, positions: object, note: str) -> tuple[ModelSpec, str]:
-    """The model with the launch's ``max_position_embeddings`` override, when it sets one."""
-    if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0:
-        if positions != spec.max_seq_len:
-            import dataclasses
-
-            return dataclasses.replace(spec, max_seq_len=positions), f"{note}, {positions} positions (override_config)"
-    return spec, note
 
 
 def separate_of(launch: Launch) -> tuple[Placement, int, int]:
