@@ -145,6 +145,33 @@ def test_profile_bad_config_exits_2(tmp_path):
     assert not (tmp_path / "p.json").exists()
 
 
+def _gpu_plan(tmp_path: Path) -> Path:
+    cfg = RunConfig(
+        model=load_model("qwen2.5-7b"),
+        hardware=load_hardware("h100"),
+        cluster=Cluster(gpus=8, gpus_per_node=8),
+        strategy=Strategy.of(tp=2, mbs=2),
+        workload=Workload(prompts=64, n=4, mini_batch=16),
+        trainer=TrainerOptions(steps=2, out_dir=str(tmp_path / "run")),
+    )
+    save(cfg, tmp_path / "best.yaml")
+    return tmp_path / "best.yaml"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without CUDA GPUs")
+@pytest.mark.parametrize("command", ["train", "profile"])
+def test_a_gpu_plan_is_refused_where_there_are_no_gpus(tmp_path, command):
+    """An H100 plan started on a CPU machine used to start 8 gloo workers that loaded the 7B model into RAM until
+    the kernel killed them; it is refused before torchrun, and its dry run and sbatch script still work."""
+    cfg = _gpu_plan(tmp_path)
+    r = run_cli(command, "--config", str(cfg), *(["--json", str(tmp_path / "p.json")] if command == "profile" else []))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "[NO_GPU] this config is a plan for 8 x h100-sxm-80gb (8 rank(s) per node)" in r.stderr, r.stderr
+    assert "0 CUDA GPU(s)" in r.stderr and "--hardware cpu" in r.stderr
+    assert not (tmp_path / "run" / "train.log").exists()
+    assert run_cli("train", "--config", str(cfg), "--dry-run").returncode == 0
+
+
 def test_torchrun_command_single_and_multi_node(tmp_path):
     from grpo_tune.trainer import launch
 

@@ -41,6 +41,7 @@ CODES = {
     "STORAGE_ERROR": "the study database cannot be opened or is held by another process",
     "WORKER_FAILED": "a training worker failed for a reason of its machine (disk, files, memory)",
     "NOT_PRICED": "a launch setting the cost model does not price (LoRA, a rollout engine other than vLLM)",
+    "NO_GPU": "a plan for GPUs started where there are fewer CUDA GPUs per node than it has ranks",
 }
 
 
@@ -78,6 +79,8 @@ HINTS = {
     "WORKER_FAILED": "free the resource named in the message (disk space, open-file limit, memory) and rerun",
     "NOT_PRICED": "read the figures as the plan without that setting; grpo-tune prices and emits full-parameter "
     "training with vLLM rollout",
+    "NO_GPU": "run it on the GPUs it was planned for; on CPU, train a plan of the cpu profile "
+    "(`grpo-tune search --hardware cpu ...`)",
 }
 
 

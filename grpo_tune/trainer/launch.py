@@ -53,6 +53,23 @@ PACKING_NOTE = (
 )
 
 
+def _check_gpus(cfg: RunConfig, lay: RankLayout) -> None:
+    """A plan for GPUs needs a CUDA GPU per rank of this node: without them the workers would run it on the CPU
+    (gloo), where a GPU-sized model is killed for memory long after the start."""
+    if cfg.hardware.memory_is_host or cfg.hardware.native_rollout:  # a CPU profile: its ranks are processes
+        return
+    import torch
+
+    per_node = lay.nproc_per_node or lay.world_size // lay.nnodes
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have < per_node:
+        raise GrpoTuneError(
+            f"this config is a plan for {cfg.cluster.gpus} x {cfg.hardware.name} ({per_node} rank(s) per node), and "
+            f"this machine has {have} CUDA GPU(s)",
+            code="NO_GPU",
+        )
+
+
 def preflight(
     cfg: RunConfig,
     *,
@@ -129,6 +146,7 @@ def preflight(
         for mod, extra in (("torch", "train"), ("megatron.core", "train")):
             if importlib.util.find_spec(mod.split(".")[0]) is None:
                 raise MissingDependencyError(f"{mod} is not installed", hint=f"pip install 'grpo-tune[{extra}]'")
+        _check_gpus(cfg, lay)
     if resume_dir is not None:
         check_resume(resume_dir, checkpoint_world(cfg, lay))
     return lay
