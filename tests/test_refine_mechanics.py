@@ -228,3 +228,20 @@ def steps_of(space, i):
     from grpo_tune.autotune.refine import predicted
 
     return predicted(space[i])[0]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without CUDA GPUs")
+def test_refining_a_gpu_plan_where_there_is_no_gpu_stops_at_the_first_refusal(tmp_path):
+    """Each trial of an H100 plan on a CPU machine is refused by its pre-start check (NO_GPU): the refinement
+    stops at the first with that refusal, where it used to fail every trial the same way and exit 0."""
+    r = subprocess.run(
+        [sys.executable, "-c", "from grpo_tune.cli.main import run; run()", "search", "--model", "7b", "--gpus", "8",
+         "--refine", "--trials", "4", "--out", str(tmp_path)],
+        capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=240,
+    )  # fmt: skip
+    assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
+    assert "[NO_GPU] this config is a plan for 8 x h100-sxm-80gb" in r.stderr, r.stderr
+    assert "hint: run it on the GPUs it was planned for" in r.stderr
+    (run,) = [p for p in tmp_path.iterdir() if (p / "study.db").exists()]
+    st = _study(run)
+    assert [t.state.name for t in st.trials if t.user_attrs.get("ran")] == ["FAIL"]

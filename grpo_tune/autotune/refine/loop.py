@@ -430,9 +430,28 @@ def run_trials(
             if nxt is not None:
                 enqueue(h, plans, nxt[0], seed=nxt[1])
             continue
-        on_trial(_tell(h, trial, measure(h, trial.number, est)))
+        res = measure(h, trial.number, est)
+        on_trial(_tell(h, trial, res))
+        _stop_if_machine_refused(res)
     if skips <= 0:
         say("stopped sampling: the sampler kept proposing plans already measured or predicted far slower")
+
+
+MACHINE_REFUSALS = ("NO_GPU",)
+"""Codes of a trial's pre-start check that are about this machine, not the plan: every trial would meet them."""
+
+
+def _stop_if_machine_refused(res: ProfileOutcome) -> None:
+    """Stop the refinement at the first trial refused for a reason of this machine (a GPU plan where there is no
+    GPU), with that refusal, instead of failing every trial the same way."""
+    import re
+
+    from grpo_tune.core.errors import GrpoTuneError
+
+    for code in MACHINE_REFUSALS:
+        found = re.search(rf"\[{code}\] (.*?)(?: \| hint: (.*?))?(?: \||$)", res.message or "")
+        if res.status == "error" and found:
+            raise GrpoTuneError(found.group(1), hint=found.group(2) or "", code=code)
 
 
 def _profiling_elsewhere(h: StudyHandle) -> bool:
