@@ -474,7 +474,7 @@ def _host_bytes(s: Strategy, w: Workload, states: dict[int, ModelState], cluster
         if "optimizer" in off:
             h += st.optimizer * (1.0 - f)
         host_rank = max(host_rank, h)
-    return host_rank * min(cluster.gpus_per_node, cluster.gpus)
+    return host_rank * cluster.ranks_per_node
 
 
 __all__ = [

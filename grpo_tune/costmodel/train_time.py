@@ -301,7 +301,7 @@ def cpu_optimizer_s(hw: HardwareSpec, cluster: Cluster, s: Strategy, shard_param
     if f <= 0:
         return 0.0
     n = f * shard_params
-    ranks = min(cluster.gpus, cluster.gpus_per_node)
+    ranks = cluster.ranks_per_node
     t_cpu = max(
         ranks * n * CPU_ADAM_BYTES_PER_PARAM / hw.host_memory_bandwidth_bytes_per_s,
         ranks * n * CPU_ADAM_FLOPS_PER_PARAM / hw.host_flops_per_s,

@@ -398,7 +398,7 @@ def _grid(
         assert frugal is not None, "the screen keeps only layouts with batch options"
         b0 = (0, frugal["recompute"], frugal["distributed_optimizer"])
         for sets in groups.values():
-            base_x = min(sets, key=lambda x: (len(x[0]), x[1] or 0.0))
+            base_x = min(sets, key=_offload_weight)
             grid: dict[tuple[int, object, object], tuple[np.ndarray, np.ndarray]] = {}
             for bi, b in enumerate(batches):
                 for r in space.recompute_options():
@@ -426,7 +426,7 @@ def _grid(
                 # Additivity probe: the far corner (largest batch, other recompute, most offload)
                 # evaluated exactly against its combined value.
                 far_b = max(grid, key=lambda key: (key[0], key[1] != b0[1]))
-                far_x = max(sets, key=lambda x: (len(x[0]), x[1] or 0.0))
+                far_x = max(sets, key=_offload_weight)
                 fm, ft = ev.vector(ev(space.strategy(lay, opt(far_b, far_x), roll0)))
                 cm, ct = grid[far_b][0] + offs[far_x][0], grid[far_b][1] + offs[far_x][1]
                 probe_err = max(
@@ -452,6 +452,11 @@ def _rel(approx: float, exact: float) -> float:
     return abs(float(approx) - exact) / abs(exact)
 
 
+def _offload_weight(x: tuple[tuple[str, ...], float | None]) -> tuple[int, float]:
+    """How much an (offload set, CPU-optimizer fraction) option moves off the GPU, to order the options by."""
+    return len(x[0]), x[1] or 0.0
+
+
 def _frugal(space: Space, lay: Degrees) -> Knobs | None:
     """The least memory-hungry train options of a layout: smallest batch, most recompute, most
     offload, the most CPU optimizer."""
@@ -459,7 +464,7 @@ def _frugal(space: Space, lay: Degrees) -> Knobs | None:
     if not batches:
         return None
     rc = space.recompute_options()
-    x = max(space.extra_options(), key=lambda x: (len(x[0]), x[1] or 0.0))
+    x = max(space.extra_options(), key=_offload_weight)
     return dict(
         **batches[0],
         recompute=max(rc, key=RECOMPUTE.index),
@@ -471,7 +476,7 @@ def _frugal(space: Space, lay: Degrees) -> Knobs | None:
 def _representative(space: Space, lay: Degrees) -> Knobs:
     batches = space.batch_options(lay)
     rc = space.recompute_options()
-    x = min(space.extra_options(), key=lambda x: (len(x[0]), x[1] or 0.0))
+    x = min(space.extra_options(), key=_offload_weight)
     return dict(
         **batches[len(batches) // 2],
         recompute="selective" if "selective" in rc else rc[0],
@@ -523,7 +528,7 @@ def _no_fit(space: Space, ev: _Evaluator, layouts: list, rolls: list, margin: fl
         if fr is None:
             continue
         # the frugal plan, and the same without offload: what the frugal plan offloads may not fit the host
-        for knobs in (fr, {**fr, **_extra(min(space.extra_options(), key=lambda x: (len(x[0]), x[1] or 0.0)))}):
+        for knobs in (fr, {**fr, **_extra(min(space.extra_options(), key=_offload_weight))}):
             est = ev(space.strategy(lay, knobs, rolls[-1]))
             over = max(est.peak_bytes - est.capacity_bytes, _host_over(est, space))
             if over < best_over:
@@ -566,9 +571,8 @@ def _no_fit_from(est: Estimate, space: Space, margin: float = 0.0) -> NoFeasible
     need, cap = phase.total_bytes, est.capacity_bytes
     s = est.strategy
     gpus = space.cluster.gpus
-    host_over = _host_over(est, space)
-    if need <= cap - margin and host_over > 0:  # the GPUs hold it; the host cannot hold what it offloads
-        per_node = min(space.cluster.gpus_per_node, gpus)
+    if need <= cap - margin and _host_over(est, space) > 0:  # the GPUs hold it; the host cannot hold its offload
+        per_node = space.cluster.ranks_per_node
         return NoFeasiblePlanError(
             f"no plan for {space.model.name} fits on {gpus} x {space.hardware.name}: the closest "
             f"(tp={s.layout.tp} pp={s.layout.pp} cp={s.layout.cp} ep={s.layout.ep} recompute={s.memory.recompute} "
@@ -578,10 +582,10 @@ def _no_fit_from(est: Estimate, space: Space, margin: float = 0.0) -> NoFeasible
             f"try more nodes (e.g. --gpus {2 * gpus}: each node offloads a smaller share); fewer ranks per node "
             "(--gpus-per-node); a host with more memory (a hardware profile with a larger host_memory_bytes)",
         )
-    more = 1 << max(1, math.ceil(2 * need / cap * gpus) - 1).bit_length()  # a power of two, ~2x the bytes
-    more = max(more, 2 * gpus)
     if space.hardware.memory_is_host:  # the ranks share the node's RAM: more of them per node make it worse
         return _no_fit_shared(est, space, phase.name, need, cap, margin)
+    more = 1 << max(1, math.ceil(2 * need / cap * gpus) - 1).bit_length()  # a power of two, ~2x the bytes
+    more = max(more, 2 * gpus)
     tips = [f"more GPUs (e.g. --gpus {more})"]
     if phase.name == "rollout":
         tips += [

@@ -234,7 +234,7 @@ def _gpus_read(get: Get) -> int:
 
 def _nodes_write(p: Sections) -> dict[str, object]:
     c: Cluster = p[C]
-    return {"cluster.gpus_per_node": min(c.gpus, c.gpus_per_node), "cluster.num_nodes": c.nnodes}
+    return {"cluster.gpus_per_node": c.ranks_per_node, "cluster.num_nodes": c.nnodes}
 
 
 ROWS: tuple[Row, ...] = (
@@ -467,7 +467,7 @@ def canonical(sections: Sections, *, model_is_moe: bool = True) -> Sections:
         t = dataclasses.replace(t, clip_ratio_high=None)
     if not w.kl:
         t = dataclasses.replace(t, kl_coef=TrainerOptions().kl_coef)
-    c = Cluster(gpus=c.gpus, gpus_per_node=min(c.gpus, c.gpus_per_node))
+    c = Cluster(gpus=c.gpus, gpus_per_node=c.ranks_per_node)
     return {S: s, W: w, T: t, C: c}
 
 
@@ -516,7 +516,7 @@ def write_placement(placement: Placement, cluster: Cluster) -> dict[str, object]
         from grpo_tune.core.errors import ConfigError
 
         raise ConfigError(f"NeMo-RL cannot run this placement: {why}", hint="plan colocated, or another split")
-    g, gpn = placement.rollout_gpus, min(cluster.gpus, cluster.gpus_per_node)
+    g, gpn = placement.rollout_gpus, cluster.ranks_per_node
     one_node = cluster.nnodes == 1
     out: dict[str, object] = {
         f"{COLOC}.enabled": False,

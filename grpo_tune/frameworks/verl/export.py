@@ -86,7 +86,7 @@ def verl_script(cfg: RunConfig) -> str:
         "#!/usr/bin/env bash",
         comment_safe(
             f"# GRPO for {m.name} on {c.gpus} x {cfg.hardware.name} ({c.nnodes} node(s) of "
-            f"{min(c.gpus, c.gpus_per_node)}), verl {VERL_VERSION} + Megatron."
+            f"{c.ranks_per_node}), verl {VERL_VERSION} + Megatron."
         ),
         comment_safe(f"# Emitted by grpo-tune. Plan: {plan}"),
         "# Check it before a run: grpo-tune diagnose THIS_FILE",

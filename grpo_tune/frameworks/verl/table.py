@@ -217,7 +217,7 @@ def _entropy_read(get: Get) -> bool:
 
 def _gpn_write(p: Sections) -> dict[str, object]:
     c: Cluster = p["cluster"]
-    return dict(zip(_NODE_KEYS, (min(c.gpus, c.gpus_per_node), c.nnodes)))
+    return dict(zip(_NODE_KEYS, (c.ranks_per_node, c.nnodes)))
 
 
 # Fields verl takes as they are: the value is written to every key and read back from the first (same()).
@@ -438,7 +438,7 @@ def canonical(sections: Sections) -> Sections:
     t = TrainerOptions(**{k: v for k, v in dataclasses.asdict(t).items() if k in keep_t})
     if t.clip_ratio_high == t.clip_ratio:
         t = dataclasses.replace(t, clip_ratio_high=None)
-    c = Cluster(gpus=c.gpus, gpus_per_node=min(c.gpus, c.gpus_per_node))
+    c = Cluster(gpus=c.gpus, gpus_per_node=c.ranks_per_node)
     return {S: s, W: w, T: t, C: c}
 
 
