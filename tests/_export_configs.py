@@ -7,12 +7,12 @@ from pathlib import Path
 import yaml
 
 from grpo_tune.core.config import RunConfig, TrainerOptions
-from grpo_tune.core.specs import load_hardware, load_model
+from grpo_tune.core.specs import ModelSpec, load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
 
 
 def make(
-    model: str,
+    model: str | ModelSpec,
     gpus: int,
     *,
     hardware: str = "h100",
@@ -21,7 +21,7 @@ def make(
     trainer: TrainerOptions | None = None,
     **strategy,
 ) -> RunConfig:
-    m = load_model(model)
+    m = load_model(model) if isinstance(model, str) else model
     s = validate(m, Strategy.of(**strategy), gpus, gpus_per_node=gpus_per_node, allow_cross_node_tp=True)
     return RunConfig(
         model=m,
@@ -31,6 +31,18 @@ def make(
         workload=workload or Workload(),
         trainer=trainer or TrainerOptions(),
     )
+
+
+def dapo_7b(hardware: str, response_len: int, out_dir: Path, positions: int | None = None) -> RunConfig:
+    """Qwen2.5-Math-7B on 16 GPUs (TP2 PP2 DP4, mbs 2), 512 prompts x 16 of 2,048 + ``response_len`` tokens: the
+    DAPO recipes' plan, with the preset's 4,096 positions raised to ``positions`` as their launches override it."""
+    import dataclasses
+
+    m = load_model("qwen2.5-math-7b")
+    if positions is not None:
+        m = dataclasses.replace(m, max_seq_len=positions)
+    wl = Workload(prompts=512, n=16, mini_batch=32, prompt_len=2048, response_len=response_len)
+    return make(m, 16, hardware=hardware, workload=wl, trainer=TrainerOptions(out_dir=str(out_dir)), tp=2, pp=2, mbs=2)
 
 
 # Non-default values for the dynamic-batching, CPU-optimizer and vLLM-engine fields of Strategy, so that a test

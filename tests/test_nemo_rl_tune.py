@@ -194,11 +194,9 @@ def test_a_recipe_s_positions_override_is_read_and_written_back(tmp_path):
     recipe raises Qwen2.5-Math-7B's 4,096 positions to 16,384 that way. The recipe is read with the override's
     positions (without it the 16,384-token sequences exceed the preset), and a plan that needs more positions than
     its preset writes the override back into nemo_rl.yaml; one within them writes none."""
-    import dataclasses
+    from _export_configs import dapo_7b
 
-    from grpo_tune.core.config import RunConfig, TrainerOptions
-    from grpo_tune.core.specs import load_hardware, load_model
-    from grpo_tune.core.strategy import Cluster, Strategy, Workload
+    from grpo_tune.core.specs import load_model
 
     f = _recipe(
         tmp_path,
@@ -209,21 +207,9 @@ def test_a_recipe_s_positions_override_is_read_and_written_back(tmp_path):
     m, note = read.resolve_model(recipe.load(f), None)
     assert m.name == "qwen2.5-math-7b" and m.max_seq_len == 16384, note
     assert "16384 positions (hf_config_overrides)" in note
-    stock = load_model("qwen2.5-math-7b")
-    assert stock.max_seq_len == 4096
-
-    def cfg(model, response_len):
-        return RunConfig(
-            model=model,
-            hardware=load_hardware("h100"),
-            cluster=Cluster(gpus=16, gpus_per_node=8),
-            strategy=Strategy.of(tp=2, pp=2, dp=4, mbs=2),
-            workload=Workload(prompts=512, n=16, mini_batch=32, prompt_len=2048, response_len=response_len),
-            trainer=TrainerOptions(out_dir=str(tmp_path / "run")),
-        )
-
+    assert load_model("qwen2.5-math-7b").max_seq_len == 4096
     key = "policy.hf_config_overrides.max_position_embeddings"
     out = tmp_path / "nemo_rl.yaml"
-    out.write_text(recipe.recipe_text(cfg(dataclasses.replace(stock, max_seq_len=16384), 8192)))
+    out.write_text(recipe.recipe_text(dapo_7b("h100", 8192, tmp_path / "run", positions=16384)))
     assert recipe.load(out).get(key) == 16384
-    assert key not in recipe.recipe_values(cfg(stock, 1024))
+    assert key not in recipe.recipe_values(dapo_7b("h100", 1024, tmp_path / "run"))

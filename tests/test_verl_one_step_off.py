@@ -118,29 +118,15 @@ def test_a_colocated_launch_carries_the_positions_it_was_priced_with(tmp_path):
     """A plan whose sequences need more positions than the preset's config.json gives (read from a launch's
     override) writes the override into its colocated verl.sh too, and verl's real config takes it; a plan within
     the preset's positions writes none."""
-    import dataclasses
+    from _export_configs import dapo_7b
 
-    from grpo_tune.core.config import RunConfig, TrainerOptions
-    from grpo_tune.core.specs import load_hardware, load_model
-    from grpo_tune.core.strategy import Cluster, Strategy, Workload
+    from grpo_tune.core.specs import load_model
     from grpo_tune.frameworks.verl.export import verl_overrides
 
-    m = load_model("qwen2.5-math-7b")
-    assert m.max_seq_len == 4096
-
-    def cfg(model, response_len):
-        return RunConfig(
-            model=model,
-            hardware=load_hardware("h20"),
-            cluster=Cluster(gpus=16, gpus_per_node=8),
-            strategy=Strategy.of(tp=2, pp=2, dp=4, mbs=2),
-            workload=Workload(prompts=512, n=16, mini_batch=32, prompt_len=2048, response_len=response_len),
-            trainer=TrainerOptions(out_dir=str(tmp_path / "run")),
-        )
-
+    assert load_model("qwen2.5-math-7b").max_seq_len == 4096
     key = "actor_rollout_ref.model.override_config.max_position_embeddings"
-    long = verl_overrides(cfg(dataclasses.replace(m, max_seq_len=32768), 8192))
+    long = verl_overrides(dapo_7b("h20", 8192, tmp_path / "run", positions=32768))
     assert f"+{key}=32768" in long
     tree = verl.compose(long)
     assert tree["actor_rollout_ref"]["model"]["override_config"]["max_position_embeddings"] == 32768
-    assert not [o for o in verl_overrides(cfg(m, 1024)) if key in o]
+    assert not [o for o in verl_overrides(dapo_7b("h20", 1024, tmp_path / "run")) if key in o]
