@@ -137,6 +137,22 @@ def test_bad_pin_exit_2(tmp_path):
     assert p.returncode == 2 and "[INVALID_DEGREES]" in p.stderr and "Traceback" not in p.stderr
 
 
+def test_pretraining_search_ranks_but_writes_no_grpo_run_folder(tmp_path):
+    """best.yaml and verl.sh are GRPO runs (train refuses workload.kind pretrain): a pretraining search is refused
+    before it writes anything, and ranks with --no-emit, without a rollout knob in its plans or its notes."""
+    base = ("search", "--model", "7b", "--gpus", "8", "--workload", "pretrain", "--gbs", "3", "--out", str(tmp_path))
+    p = _run(*base)
+    assert p.returncode == 2 and "[BAD_CONFIG]" in p.stderr and "--no-emit" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and not any(tmp_path.iterdir())
+    p = _run(*base, "--no-emit", "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["top"] and not doc.get("files") and not any(tmp_path.iterdir())
+    p = _run(*base, "--no-emit")
+    assert p.returncode == 0 and "valid plans" in p.stdout, p.stderr
+    assert "gpu_memory_utilization" not in p.stdout  # no rollout default "kept" for a step without a rollout
+
+
 def test_emit_for_refine_adds_measured(tmp_path):
     """refine emits its winner through emit(est, dir, measured=...) exactly as search does."""
     res = _tiny_search()

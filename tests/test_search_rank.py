@@ -212,6 +212,25 @@ def test_pretrain_has_no_rollout_axis():
     assert set(res.best.memory) == {"update"}
 
 
+def test_pretrain_plans_keep_the_interleaving_rule():
+    """megatron-core's interleaved schedule needs >= pp micro-batches (a multiple of pp) in a pretraining step
+    too: with a global batch of 3 on tp4 pp2 (dp1), mbs 3 makes one micro-batch, which vpp > 1 cannot run."""
+    from grpo_tune.core.rules import check_batches
+    from grpo_tune.core.strategy import Strategy
+    from grpo_tune.core.support import check_plan
+
+    wl = Workload(kind="pretrain", seq_len=4096, gbs=3)
+    m = load_model("7b")
+    bad = Strategy.of(tp=4, pp=2, vpp=14, dp=1, mbs=3)
+    assert [f.code for f in check_plan(m, bad, workload=wl)] == ["BATCH_DIVISIBILITY"]
+    assert check_plan(m, Strategy.of(tp=4, pp=2, vpp=1, dp=1, mbs=3), workload=wl) == []
+    res = search(m, H100, Cluster(gpus=8), wl, top=50)
+    assert res.ranked
+    for e in res.ranked:
+        lay = e.strategy.layout
+        assert not check_batches(wl, dp=lay.dp, mbs=e.strategy.batching.mbs, pp=lay.pp, vpp=lay.vpp), lay
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     gpus=st.sampled_from([1, 2, 3, 4, 6, 8]),

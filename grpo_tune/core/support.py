@@ -107,6 +107,11 @@ def check_plan(model: ModelSpec, strategy: Strategy, *, workload: Workload | Non
         )
     if workload is not None and workload.kind == "grpo":
         out += _workload_findings(model, strategy, workload)
+    elif workload is not None:
+        # a pretraining step (Megatron-LM's pretrain_gpt.py): the global batch's split and megatron-core's
+        # interleaving rule, which its schedule enforces whatever framework drives it
+        lay = strategy.layout
+        out += check_batches(workload, dp=lay.dp or 1, mbs=strategy.batching.mbs, pp=lay.pp, vpp=lay.vpp)
     return errors(out)
 
 

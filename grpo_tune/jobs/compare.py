@@ -150,7 +150,7 @@ def compare_rows(
         split = f"{f['rollout_gpus']}+{f['train_gpus']} K{f['staleness']} " if f else ""
         row.update(
             fits=True,
-            plan=split + plan_label(b.strategy),
+            plan=split + plan_label(b.strategy, rollout=b.workload.kind == "grpo"),
             strategy=b.strategy.to_dict(),
             step_s=step_s(b),
             tokens_per_s_per_gpu=tps,

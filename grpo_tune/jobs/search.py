@@ -88,6 +88,14 @@ def run_search(
     from grpo_tune import frameworks as F
 
     m, hw, cluster, wl = req.target
+    if wl.kind != "grpo" and (req.emit or req.refine is not None):
+        # best.yaml and the framework launches are GRPO runs (the trainer and verl refuse a pretraining step):
+        # a folder written for this plan would price one run and launch another
+        raise ConfigError(
+            "search writes a GRPO run folder (best.yaml, verl.sh); a pretraining workload is ranked, not emitted",
+            hint="add --no-emit to rank pretraining plans (no --refine), or price one with grpo-tune estimate "
+            "--workload pretrain",
+        )
     pins = F.check_pins(req.setup.frameworks, req.pins)
     cal = req.setup.load_calibration(hw.name)
     with progress() if progress is not None else nullcontext(None) as tick:

@@ -32,8 +32,9 @@ PHASE_COLORS = {
 }
 
 
-def plan_label(s: Strategy) -> str:
-    """Short plan name for tables and plot axes."""
+def plan_label(s: Strategy, *, rollout: bool = True) -> str:
+    """Short plan name for tables and plot axes (``rollout`` False: without the rollout engine's knobs, for a
+    pretraining step)."""
     parts = [f"tp{s.layout.tp}", f"pp{s.layout.pp}"]
     if s.layout.vpp > 1:
         parts.append(f"v{s.layout.vpp}")
@@ -47,8 +48,9 @@ def plan_label(s: Strategy) -> str:
         parts.append("off:" + "".join(o[0] for o in s.memory.offload))
     if s.memory.cpu_optimizer:
         parts.append(f"cpuopt{s.memory.cpu_optimizer:g}")
-    parts.append(f"R{s.rollout.rollout_tp}@{s.rollout.gpu_memory_utilization:g}")
-    parts.append(f"seqs{s.rollout.max_num_seqs}" + (" eager" if s.rollout.enforce_eager else ""))
+    if rollout:
+        parts.append(f"R{s.rollout.rollout_tp}@{s.rollout.gpu_memory_utilization:g}")
+        parts.append(f"seqs{s.rollout.max_num_seqs}" + (" eager" if s.rollout.enforce_eager else ""))
     return " ".join(parts)
 
 

@@ -158,6 +158,10 @@ def with_defaults(
             calibration=calibration,
         )
 
+    if best.workload.kind != "grpo":  # a pretraining step has no rollout: its engine's defaults change nothing
+        from grpo_tune.core.knobs import knob
+
+        defaults = {k: v for k, v in defaults.items() if knob(k).concern != "rollout"}
     margin = min_headroom * best.hardware.rank_memory_bytes(best.cluster.ranks_per_node)
     chosen, kept = prefer_defaults(
         best, price, lambda x: x.fits and x.headroom_bytes >= margin, pins, defaults=defaults, owner=owner
