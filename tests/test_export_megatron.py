@@ -120,6 +120,22 @@ def test_text_form_keeps_every_flag():
     assert sum(a.startswith("--") for a in megatron_args(cfg)) == len(lines)
 
 
+def test_separate_pools_header_names_the_training_pool():
+    """The flags are the training side's: with separate pools they run on the training pool's GPUs, which the header
+    names (tp1 pp3 cannot run on all 8 GPUs of an 8 = 2 + 6 split)."""
+    import dataclasses
+
+    from grpo_tune.core.placement import Placement
+
+    cfg = make("qwen2-7b", 6, tp=1, pp=3, first_stage_layers=10, last_stage_layers=8)
+    cfg = dataclasses.replace(
+        cfg, cluster=dataclasses.replace(cfg.cluster, gpus=8), placement=Placement(mode="separate", rollout_gpus=2)
+    )
+    head = megatron_args_text(cfg).splitlines()[0]
+    assert "training pool's 6 GPUs (of 8; 2 generate)" in head, head
+    assert "on 8 GPUs" in megatron_args_text(make("qwen2-7b", 8, tp=2)).splitlines()[0]
+
+
 def test_new_knobs_have_declared_megatron_flags():
     """The hybrid CPU optimizer and its companions reach Megatron-LM with the plan's values."""
     cfg = configs()["qwen3-30b-a3b-ep8"]

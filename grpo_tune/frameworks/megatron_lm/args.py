@@ -166,8 +166,14 @@ def _model_args(cfg: RunConfig) -> list[str]:
 def megatron_args_text(cfg: RunConfig) -> str:
     """``megatron_args`` as a file: one flag (with its value) per line, with a header."""
     s = cfg.strategy
+    pool = cfg.cluster.gpus - cfg.placement.rollout_gpus if cfg.placement.separate else cfg.cluster.gpus
+    where = (
+        f"the training pool's {pool} GPUs (of {cfg.cluster.gpus}; {cfg.placement.rollout_gpus} generate)"
+        if cfg.placement.separate
+        else f"{pool} GPUs"
+    )
     out = [
-        f"# Megatron-LM flags for {cfg.model.name} on {cfg.cluster.gpus} GPUs (emitted by grpo-tune).",
+        f"# Megatron-LM flags for {cfg.model.name} on {where} (emitted by grpo-tune).",
         f"# Pipeline stages (layers): {stage_layers(cfg.model, s)}",
     ]
     if {"param", "grad"} & set(s.memory.offload):
