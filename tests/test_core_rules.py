@@ -80,3 +80,32 @@ def test_finding_is_frozen_and_defaults_to_error():
     assert f.severity is Severity.ERROR and str(Severity.WARNING) == "warning"
     with pytest.raises(AttributeError):
         f.code = "OOM_RISK"  # type: ignore[misc]
+
+
+def test_a_tp_group_never_spans_two_nodes():
+    """Ranks fill a node before the next and TP groups are consecutive ranks: on 2 nodes of 5 GPUs (the training
+    pool of a 16-GPU 6 + 10 split) tp=2 puts ranks 4 and 5 on two nodes, tp=5 and tp=1 do not; one node never
+    splits a group."""
+    from grpo_tune.core.rules import within_node
+
+    m = load_model("qwen2.5-7b")  # 28 heads, 4 kv heads
+    assert [t for t in (1, 2, 4, 5, 10) if within_node(t, 10, 5)] == [1, 5]
+    assert within_node(2, 6, 6) and within_node(4, 16, 8) and not within_node(4, 12, 6)
+    msgs = [f.message for f in check_degrees(m, Strategy.of(tp=2), 10, gpus_per_node=5)]
+    assert msgs == ["tp=2 does not divide the 5 GPUs per node: a TP group would span two nodes"]
+    assert not check_degrees(m, Strategy.of(tp=2), 10, gpus_per_node=5, allow_cross_node_tp=True)
+    assert not check_degrees(m, Strategy.of(tp=2), 6, gpus_per_node=6)
+
+
+def test_separate_rollout_replicas_stay_on_one_node():
+    """A rollout pool of 3 GPUs on each of 2 nodes: a vLLM TP2 replica would take the third GPU of one node and the
+    first of the next, so only TP 1 (and TP 3 where the heads split) is proposed."""
+    from grpo_tune.autotune.search.placement import rollout_options
+    from grpo_tune.core.specs import load_hardware
+    from grpo_tune.core.strategy import Cluster
+
+    m = load_model("qwen2.5-7b")
+    tps = {o["rollout_tp"] for o in rollout_options(m, load_hardware("h100"), Cluster(gpus=6, gpus_per_node=3), {})}
+    assert tps == {1}  # 28 heads: 3 does not divide them; 2 spans nodes
+    tps = {o["rollout_tp"] for o in rollout_options(m, load_hardware("h100"), Cluster(gpus=4, gpus_per_node=2), {})}
+    assert tps == {1, 2}

@@ -63,6 +63,13 @@ def divisors(n: int) -> list[int]:
     return small + large[::-1]
 
 
+def within_node(tp: int, gpus: int, gpus_per_node: int) -> bool:
+    """Every group of ``tp`` consecutive ranks of ``gpus`` lies on one node of ``gpus_per_node``: ranks fill a node
+    before the next (torchrun, Slurm, verl's Ray pools) and TP groups are consecutive ranks, so on more than one
+    node ``tp`` must divide the node."""
+    return tp <= gpus_per_node and (gpus <= gpus_per_node or gpus_per_node % tp == 0)
+
+
 def _err(message: str, hint: str = "", code: str = "INVALID_DEGREES") -> Finding:
     return Finding(code, message, hint)
 
@@ -120,6 +127,13 @@ def check_degrees(
             _err(
                 f"tp={lay.tp} spans nodes of {gpus_per_node} GPUs",
                 "keep tp <= GPUs per node, or allow it explicitly",
+            )
+        )
+    elif gpus_per_node and not within_node(lay.tp, gpus, gpus_per_node) and not allow_cross_node_tp:
+        out.append(
+            _err(
+                f"tp={lay.tp} does not divide the {gpus_per_node} GPUs per node: a TP group would span two nodes",
+                f"use a tp among {', '.join(map(str, divisors(gpus_per_node)))}, or allow it explicitly",
             )
         )
     out += _check_stages(model, s)

@@ -14,7 +14,7 @@ from typing import Iterator, Mapping, TypedDict, TypeVar
 
 from grpo_tune.core.errors import InvalidDegreesError
 from grpo_tune.core.knobs import knob, knobs, names
-from grpo_tune.core.rules import check_batches, check_log_prob_batches
+from grpo_tune.core.rules import check_batches, check_log_prob_batches, within_node
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import RECOMPUTE, Cluster, Strategy, Workload, divisors, validate
 from grpo_tune.core.support import check_plan
@@ -336,7 +336,7 @@ class Space:
         else:
             # vLLM TP within a node, unless the weights only fit across nodes; when they fit
             # nowhere, keep the largest TP so that the estimate says which phase overflows.
-            rtps = [t for t in fit if t <= gpn or self.allow_cross_node_tp] or fit[:2] or ok[-1:]
+            rtps = [t for t in fit if within_node(t, gpus, gpn) or self.allow_cross_node_tp] or fit[:2] or ok[-1:]
         pairs = [(t, g) for t in rtps for g in gmus if weights / t < g * self.hardware.hbm_bytes]
         return pairs or [(t, max(gmus)) for t in rtps]
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, TypedDict
 
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, InvalidDegreesError
+from grpo_tune.core.rules import within_node
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import Cluster, Strategy, Workload, divisors
 from grpo_tune.costmodel import placement as P
@@ -145,8 +146,9 @@ def rollout_options(m: ModelSpec, hw: HardwareSpec, roll: Cluster, pins: Mapping
     else:
         ok = [t for t in divisors(roll.gpus) if m.heads % t == 0 and (kv % t == 0 or t % kv == 0)]
         fit = [t for t in ok if weights / t < max(gmus) * hw.hbm_bytes]
-        # vLLM TP within a node, unless the weights only fit across nodes (as the colocated space does)
-        tps = [t for t in fit if t <= roll.gpus_per_node] or fit[:2]
+        # vLLM TP within a node (every replica's GPUs on one node), unless the weights only fit across nodes (as
+        # the colocated space does)
+        tps = [t for t in fit if within_node(t, roll.gpus, roll.gpus_per_node)] or fit[:2]
     if hw.native_rollout:  # the trainer's forward-only engine samples (the cpu profile): only its TP is a knob
         d = Strategy().rollout  # the vLLM knobs keep their defaults (nothing reads them there)
         return [
