@@ -349,6 +349,22 @@ def test_search_finds_the_split_every_split_searched_in_full_finds():
     assert b.step_s == pytest.approx(step, rel=P_TIE), (b.placement["rollout_gpus"], r)
 
 
+def test_every_separate_plan_keeps_its_tp_groups_on_one_node():
+    """Plans searched on one training pool are repriced on the others: each must still be a plan the search would
+    propose there. On 2 nodes a 6 + 10 split has a training pool of 5 GPUs per node, where tp=2 straddles nodes
+    (it was proposed, repriced from a pool of 6 per node)."""
+    from grpo_tune.core.rules import within_node
+
+    m, cl = load_model("qwen2.5-7b"), Cluster(gpus=16)
+    res = search_placement(m, H100, cl, Workload(), placement="separate", staleness=1)
+    assert {e.placement["rollout_gpus"] for e in res.separate} >= {4, 6}  # 6 + 10 is composed, but not with tp 2
+    for e in res.separate:
+        pools = P.pools(cl, e.placement["rollout_gpus"])
+        tc = pools.train
+        assert within_node(e.strategy.layout.tp, tc.gpus, tc.gpus_per_node), (e.placement, e.strategy.layout)
+        assert within_node(e.strategy.rollout.rollout_tp, pools.rollout.gpus, pools.rollout.gpus_per_node)
+
+
 # -- CLI ----------------------------------------------------------------------------------------
 
 
@@ -376,6 +392,12 @@ def test_search_auto_prints_both_placements_side_by_side():
     for word in ("colocated", "separate", "busy R/T", "speed", "stated error"):
         assert word in r.output
     assert all(len(line) <= 80 for line in r.output.splitlines() if "│" in line or "placement" in line)
+    assert "--staleness 1 lets them overlap" not in r.output  # asked for it
+    r0 = _cli(
+        "search", "--model", "qwen2.5-1.5b", "--gpus", "8", "--prompts", "256", "--mini-batch", "64",
+        "--response-len", "4096", "--placement", "auto", "--no-emit",
+    )  # fmt: skip
+    assert r0.exit_code == 0 and "staleness 0 (the default)" in r0.output, r0.output  # the lever, said
 
 
 def test_search_auto_on_one_gpu_gives_the_colocated_plan_and_says_why():

@@ -491,6 +491,12 @@ def print_placements(res, console: Console) -> None:
             f"({verdict}). Busy = 1 - verl's idle_ratio; tok/$ from the profiles' illustrative prices.",
             highlight=False,
         )
+    if res.separate and all(e.placement["staleness"] == 0 for e in res.separate):
+        console.print(
+            "staleness 0 (the default): the pools take turns, generation waiting for each update; --staleness 1 "
+            "lets them overlap (samples at most one policy version old, importance-weighted)",
+            highlight=False,
+        )
     winner = "separate" if res.best.placement else "colocated"
     console.print(f"winner: {winner} (separate-pool search {res.seconds:.2f} s)", highlight=False)
 

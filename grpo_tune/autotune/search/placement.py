@@ -352,7 +352,7 @@ def _separate(
                 f = full(r)
                 got = [] if f is None else f.ranked[:3]
             else:
-                got = _reprice(m, hw, tc, wl, seeds, kw["calibration"], kw["min_headroom"])
+                got = _reprice(m, hw, tc, wl, seeds, kw["calibration"], kw["min_headroom"], kw["allow_cross_node_tp"])
             trains[r] = got
         return trains[r]
 
@@ -440,8 +440,15 @@ def _separate(
     return out, splits, len([v for v in tsearch.values() if v is not None])
 
 
-def _reprice(m, hw, tc: Cluster, wl, seeds: list[Estimate], calibration, min_headroom: float) -> list[Estimate]:
-    """The reference search's best training plans on another pool size (dp follows the GPUs), fastest first."""
+def _reprice(
+    m, hw, tc: Cluster, wl, seeds: list[Estimate], calibration, min_headroom: float, allow_cross_node_tp: bool = False
+) -> list[Estimate]:
+    """The reference search's best training plans on another pool size (dp follows the GPUs), fastest first: only
+    those whose degrees the search itself would propose on that pool (a TP group within one of its nodes, the
+    rules megatron shares with the trainer)."""
+    from grpo_tune.core.strategy import validate
+    from grpo_tune.core.support import check_plan
+
     out, seen = [], set()
     margin = min_headroom * hw.rank_memory_bytes(tc.ranks_per_node)
     for e in seeds:
@@ -449,6 +456,12 @@ def _reprice(m, hw, tc: Cluster, wl, seeds: list[Estimate], calibration, min_hea
         if s in seen:
             continue
         seen.add(s)
+        try:
+            s = validate(m, s, tc.gpus, gpus_per_node=tc.gpus_per_node, allow_cross_node_tp=allow_cross_node_tp)
+        except GrpoTuneError:
+            continue
+        if check_plan(m, s, workload=wl):
+            continue
         try:
             t = P.train_pool(model=m, hardware=hw, cluster=tc, strategy=s, workload=wl, calibration=calibration)
         except GrpoTuneError:
