@@ -83,6 +83,26 @@ def test_rollout_tp_differing_from_actor_is_only_info():
     assert tp and all(f.severity == "info" for f in tp)
 
 
+def test_a_tp_group_straddling_two_nodes_is_a_warning(tmp_path):
+    """2 nodes of 6 GPUs with TP 4: ranks 4-7 form a TP group on two nodes. verl runs it (a warning, not an error),
+    with TP's all-reduces on the network; TP 2 divides the node and is not flagged."""
+    src = (ROOT / "examples" / "verl-upstream" / "qwen2-7b-math-megatron.sh").read_text()
+    text = (
+        src.replace("pipeline_model_parallel_size=2", "pipeline_model_parallel_size=1")
+        .replace("n_gpus_per_node=8", "n_gpus_per_node=6")
+        .replace("nnodes=1", "nnodes=2")
+    )
+    assert text != src
+    two = tmp_path / "tp2.sh"
+    two.write_text(text)
+    four = tmp_path / "tp4.sh"
+    four.write_text(text.replace("tensor_model_parallel_size=2", "tensor_model_parallel_size=4"))
+    msgs = [f.message for f in diagnose_path(four).findings if f.code == "TP_MISMATCH" and f.severity == "warning"]
+    assert any(m.startswith("actor TP=4 spans nodes of 6 GPUs") for m in msgs), msgs
+    assert any(m.startswith("rollout TP=4 spans nodes of 6 GPUs") for m in msgs), msgs
+    assert not [f for f in diagnose_path(two).findings if "spans nodes" in f.message]
+
+
 def test_cli_exit_codes_and_json(capsys, tmp_path):
     assert main(["diagnose", str(GOOD[0])]) == 0
     out = capsys.readouterr().out

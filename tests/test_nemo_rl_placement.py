@@ -29,6 +29,18 @@ def test_nemo_rl_async_recipe_reads_its_generation_pool():
     assert s["memory"]["peak_bytes"] > 0
 
 
+def test_a_vllm_tp_group_straddling_two_nodes_is_a_warning(tmp_path):
+    """The upstream recipe's 4 nodes, as nodes of 6 GPUs with vLLM TP 4: a replica takes GPUs of two nodes."""
+    src = (UPSTREAM / "grpo-qwen3-30ba3b-4n8g.yaml").read_text()
+    assert "gpus_per_node: 8" in src and "tensor_parallel_size: 2" in src
+    six = src.replace("gpus_per_node: 8", "gpus_per_node: 6")
+    for tp, flagged in ((2, False), (4, True)):
+        f = tmp_path / f"tp{tp}.yaml"
+        f.write_text(six.replace("tensor_parallel_size: 2", f"tensor_parallel_size: {tp}"))
+        msgs = [x.message for x in diagnose_recipe(f).findings if x.code == "TP_MISMATCH"]
+        assert any("vLLM tensor_parallel_size=4 spans nodes of 6 GPUs" in m for m in msgs) is flagged, msgs
+
+
 @pytest.mark.parametrize(
     "gpus,rollout,staleness",
     [(8, 4, 0), (16, 8, 1), (32, 16, 2), (24, 8, 0)],

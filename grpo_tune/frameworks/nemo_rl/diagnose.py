@@ -219,6 +219,34 @@ def _batches(plan, train) -> list[Finding]:
     return out
 
 
+def _tp_nodes(s, train, cluster, placement) -> list[Finding]:
+    """A TP group (policy or vLLM) on two nodes: NeMo-RL runs it, with TP's all-reduces on the network."""
+    from grpo_tune.core.rules import within_node
+    from grpo_tune.costmodel.placement import pools
+
+    out = []
+    if not within_node(s.layout.tp, train.gpus, train.gpus_per_node):
+        out.append(
+            Finding(
+                W,
+                "TP_MISMATCH",
+                f"policy tensor_model_parallel_size={s.layout.tp} spans nodes of {train.gpus_per_node} GPUs",
+                "Megatron all-reduces every layer's activations across TP: keep TP a divisor of the GPUs per node",
+            )
+        )
+    gen = pools(cluster, placement.rollout_gpus).rollout if placement.separate else cluster
+    if not within_node(s.rollout.rollout_tp, gen.gpus, gen.gpus_per_node):
+        out.append(
+            Finding(
+                W,
+                "TP_MISMATCH",
+                f"vLLM tensor_parallel_size={s.rollout.rollout_tp} spans nodes of {gen.gpus_per_node} GPUs",
+                "vLLM all-reduces every decoded token across TP: keep it a divisor of the GPUs per node",
+            )
+        )
+    return out
+
+
 def _memory(plan, findings: list[Finding], placement=None) -> MemorySummary | None:
     from grpo_tune.costmodel.estimate import estimate
     from grpo_tune.costmodel.placement import estimate_separate
@@ -375,6 +403,7 @@ def diagnose_recipe(
     hw = load_hardware(hardware or "h100", stack=read.STACK)
     plan = LaunchPlan(launch=None, model=m, model_note=note, hardware=hw, cluster=c, strategy=s, workload=wl)
     findings += _batches(plan, tc)
+    findings += _tp_nodes(s, tc, c, placement)
     bad = any(f.severity == E and f.code in ("BAD_CONFIG", "BATCH_DIVISIBILITY") for f in findings)
     memory = None if bad else _memory(plan, findings, placement)
     report.summary = _summary(plan, r, memory, placement, tc)

@@ -15,6 +15,7 @@ from grpo_tune.core.rules import Finding as RuleFinding
 from grpo_tune.core.rules import check_batches as core_check_batches
 from grpo_tune.core.rules import check_degrees as core_check_degrees
 from grpo_tune.core.rules import check_log_prob_batches as core_check_log_prob_batches
+from grpo_tune.core.rules import within_node
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
 from grpo_tune.frameworks.verl.diagnose.context import Batches, Ctx
@@ -174,14 +175,26 @@ def _check_rollout(c: Ctx, tp: int | None) -> bool:
                 key=f"{ROLLOUT}.tensor_model_parallel_size",
             )
             ok = False
-        if gpn is not None and rtp > gpn:
+        if gpn is not None and not within_node(rtp, world, gpn):
             c.add(
                 W,
                 "TP_MISMATCH",
-                f"rollout TP={rtp} spans nodes of {gpn} GPUs",
+                f"rollout TP={rtp} spans nodes of {gpn} GPUs"
+                + ("" if rtp > gpn else " (it does not divide them: a replica straddles two nodes)"),
                 "vLLM all-reduces every decoded token across TP: keep rollout TP within a node",
                 key=f"{ROLLOUT}.tensor_model_parallel_size",
             )
+    if tp is not None and world is not None and gpn is not None and not within_node(tp, world, gpn):
+        # verl runs it (Ray fills a node before the next), with TP's per-layer all-reduces on the network
+        c.add(
+            W,
+            "TP_MISMATCH",
+            f"actor TP={tp} spans nodes of {gpn} GPUs"
+            + ("" if tp > gpn else " (it does not divide them: a TP group straddles two nodes)"),
+            "Megatron all-reduces every layer's activations across TP: keep TP within a node (a divisor of "
+            "n_gpus_per_node)",
+            key=f"{ACTOR}.megatron.tensor_model_parallel_size",
+        )
     if rtp is not None and tp is not None and rtp != tp:
         c.add(
             I,
