@@ -1,7 +1,8 @@
 """Write a chosen plan as a run folder: ``runs/<id>/``.
 
 ``best.yaml`` (the RunConfig that ``grpo-tune train`` reads, with the cost model's figures in
-``predicted``), ``verl.sh`` and ``megatron_args.txt`` (from :mod:`frameworks.verl.export`), and
+``predicted``), ``verl.sh`` and ``megatron_args.txt`` (from :mod:`frameworks.verl.export`), the cluster
+launch files (a Slurm script that starts Ray and a KubeRay RayJob, :mod:`frameworks.base.cluster`), and
 ``report.md`` with its plots. Every file is written atomically. ``search`` and ``refine`` both
 emit through :func:`emit`, so a refined winner looks exactly like a searched one plus its
 ``measured`` figures.
@@ -140,7 +141,9 @@ def emit(
         measured: figures from profiling runs (refine); go to ``best.yaml`` and the report.
         meta: extra ``meta`` entries for ``best.yaml``.
         trainer: trainer options (default: TrainerOptions with ``out_dir`` inside the run folder).
-        frameworks: the launches to write: ``verl`` (verl.sh) and/or ``nemo-rl`` (nemo_rl.yaml).
+        frameworks: the launches to write: ``verl`` (verl.sh) and/or ``nemo-rl`` (nemo_rl.yaml), each with its
+            cluster launch files (:meth:`~grpo_tune.frameworks.base.Framework.cluster_files`: verl.sbatch and
+            verl.rayjob.yaml; nemo_rl.ray_sub.sh and nemo_rl.rayjob.yaml).
         extra: more files of the run folder, ``{name: (text, mode)}`` (tune's tuned.sh), written with the
             others so that they appear with the folder, not after it.
     """
@@ -163,6 +166,9 @@ def emit(
     # Rendered before any file is written: a name the exporters refuse (a control character) must not leave
     # a best.yaml without its verl.sh, nor replace half of an earlier run's files.
     launch = [lf for fw in for_run(frameworks) for lf in fw.launch_files(cfg, d)]
+    names = [lf.name for lf in launch] + list(extra or {})
+    # the cluster launch files (a Slurm script that starts Ray, a KubeRay RayJob) run the folder's launch
+    launch += [lf for fw in for_run(frameworks) for lf in fw.cluster_files(cfg, d, names)]
     w = Path(stage) if stage is not None else d  # where the files are written (the content always names d)
     w.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {"best": save(cfg, w / "best.yaml")}

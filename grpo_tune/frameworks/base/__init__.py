@@ -8,6 +8,8 @@ listed once in :data:`grpo_tune.frameworks.REGISTRY`. What a subclass states:
 - :meth:`Framework.launch_files`: a run config written as that framework's launch or config files
   (``verl.sh``, ``nemo_rl.yaml``, ``megatron_args.txt``), as text, before anything is written, so that
   a plan the framework refuses leaves no half-written run folder;
+- :meth:`Framework.cluster_files`: the files that start that launch on a cluster (a Slurm script that starts
+  Ray, a KubeRay ``RayJob``; :mod:`.cluster` renders both), written into the run folder with it;
 - :meth:`Framework.constraints`: the plan fields the framework fixes (the search's pins when planning
   for it), empty when it expresses every plan the search proposes.
 
@@ -85,6 +87,12 @@ class Framework(ABC):
     @abstractmethod
     def launch_files(self, cfg: RunConfig, run_dir: Path) -> list[LaunchFile]:
         """``cfg`` as this framework's files for the run folder ``run_dir`` (rendered, not written)."""
+
+    def cluster_files(self, cfg: RunConfig, run_dir: Path, names: Sequence[str]) -> list[LaunchFile]:
+        """The files that start this framework's launch on a cluster, rendered like :meth:`launch_files`: a Slurm
+        script and a KubeRay ``RayJob`` (:mod:`.cluster`); ``names``: the run folder's other files (tune's edited
+        launch, when there, runs instead of the emitted one). Empty: none (the default)."""
+        return []
 
     def constraints(self) -> Mapping[str, object]:
         """Plan fields this framework fixes: ``{Strategy field: value}`` (the search's pins for it)."""

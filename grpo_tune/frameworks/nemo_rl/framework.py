@@ -34,6 +34,20 @@ class NemoRL(Framework):
         text = recipe.recipe_text(cfg, run_id=run_id)
         return [LaunchFile("nemo_rl", "nemo_rl.yaml", f"NeMo-RL {self.release} recipe", text, use=use)]
 
+    def cluster_files(self, cfg: RunConfig, run_dir: Path, names: Sequence[str]) -> list[LaunchFile]:
+        """nemo_rl.ray_sub.sh (NeMo-RL's own ray.sub submitted with the plan's nodes) and nemo_rl.rayjob.yaml
+        (KubeRay); they run tune's tuned.yaml when the run folder has one (:mod:`.cluster`)."""
+        from grpo_tune.frameworks.nemo_rl import cluster
+
+        use = {
+            "nemo_rl_slurm": "CONTAINER=IMAGE bash nemo_rl.ray_sub.sh -A ACCOUNT -p PARTITION  # in a NeMo-RL checkout",
+            "nemo_rl_rayjob": "kubectl apply -f nemo_rl.rayjob.yaml  # the same on Kubernetes (KubeRay)",
+        }
+        return [
+            LaunchFile(key, name, label, text, executable=exe, use=(use[key],))
+            for key, name, label, text, exe in cluster.files(cfg, run_dir, names, self.release)
+        ]
+
     def constraints(self) -> Mapping[str, object]:
         return SEARCH_PINS
 

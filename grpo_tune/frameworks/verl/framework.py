@@ -32,6 +32,42 @@ class Verl(Framework):
         text = verl_async.script(cfg) if cfg.placement.separate else verl_script(cfg)
         return [LaunchFile("verl", "verl.sh", f"verl {self.release} launch", text, executable=True)]
 
+    def cluster_files(self, cfg: RunConfig, run_dir: Path, names: Sequence[str]) -> list[LaunchFile]:
+        """verl.sbatch (Ray on the Slurm allocation, then the launch on its head, after verl's
+        examples/slurm/ray_on_slurm.slurm) and verl.rayjob.yaml (KubeRay); they run tune's tuned.sh when the run
+        folder has one, else verl.sh. None for a CPU plan."""
+        import shlex
+
+        from grpo_tune.frameworks.base import cluster
+
+        if cluster.is_cpu(cfg):
+            return []
+        launch = "tuned.sh" if "tuned.sh" in names else "verl.sh"
+        title = f"verl {self.release}"
+        needs = f"{title} and Ray (verl requires ray[default]>=2.41.0) on every node"
+        sbatch = cluster.ray_slurm_script(cfg, run_dir, name="verl.sbatch", launch=launch, framework=title, needs=needs)
+        entry = shlex.join(["bash", str(Path(run_dir).resolve() / launch)])
+        job = cluster.rayjob_yaml(
+            cfg, run_dir, framework=title, key="verl", entrypoint=entry, image="replace-with-your-verl-0.9.1-image"
+        )
+        return [
+            LaunchFile(
+                "verl_slurm",
+                "verl.sbatch",
+                f"Slurm batch script: Ray on the plan's nodes, then {launch}",
+                sbatch,
+                executable=True,
+                use=(f"sbatch verl.sbatch                    # Ray on Slurm, then {launch} on its head node",),
+            ),
+            LaunchFile(
+                "verl_rayjob",
+                "verl.rayjob.yaml",
+                f"KubeRay RayJob running {launch}",
+                job,
+                use=("kubectl apply -f verl.rayjob.yaml     # the same on Kubernetes (KubeRay)",),
+            ),
+        ]
+
     def detect(self, path: Path, text: str) -> bool:
         """A verl launch script, or a YAML/JSON config with verl's top section (``actor_rollout_ref``). The
         registry asks verl first, so another framework's detector never sees a verl config; plain override lists
