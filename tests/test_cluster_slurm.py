@@ -234,3 +234,41 @@ def test_a_refine_trial_runs_as_a_slurm_job_on_the_plans_ranks(tmp_path, slurm):
     assert "profiling tiny" in log and f"{gpus} rank(s)" in log, log
     prof = json.loads((tdir / "profile.json").read_text())
     assert prof["status"] == "ok" and prof["world_size"] == gpus
+
+
+def _run_folder(tmp: Path, *args: str) -> Path:
+    from grpo_tune.cli.main import main
+
+    assert main(["search", *args, "--out", str(tmp / "runs")]) == 0
+    (run,) = [d for d in (tmp / "runs").iterdir() if d.is_dir()]
+    return run
+
+
+def test_the_cluster_launch_files_pass_slurms_own_option_parser(tmp_path, slurm):
+    """verl.sbatch of `search --model qwen3-30b-a3b --gpus 64` (8 nodes of 8 GPUs) is accepted by the scheduler
+    for the paper GPU nodes, and refused when it asks one GPU more per node; NeMo-RL's ray.sub wrapper submits
+    with options sbatch accepts (a stand-in ray.sub: NeMo-RL's own is not vendored)."""
+    run = _run_folder(tmp_path, "--model", "qwen3-30b-a3b", "--gpus", "64")
+    script = run / "verl.sbatch"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    r = subprocess.run(["sbatch", "--test-only", "-p", "gpu", str(script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "gpu[1-8]" in r.stderr, r.stderr
+    bad = tmp_path / "over.sbatch"
+    bad.write_text(script.read_text().replace("--gpus-per-node=8", "--gpus-per-node=9"))
+    r = subprocess.run(["sbatch", "--test-only", "-p", "gpu", str(bad)], capture_output=True, text=True)
+    assert r.returncode != 0
+
+    nemo = _run_folder(tmp_path / "n", "--model", "qwen3-30b-a3b", "--gpus", "32", "--framework", "nemo-rl")
+    co = tmp_path / "RL"
+    (co / "examples/configs/recipes/llm").mkdir(parents=True)
+    (co / "ray.sub").write_text("#!/bin/bash\n#SBATCH --exclusive\ntrue\n")
+    r = subprocess.run(
+        ["bash", str(nemo / "nemo_rl.ray_sub.sh"), "--test-only", "-p", "gpu"],
+        cwd=co,
+        env={**os.environ, "CONTAINER": "nvcr.io/example/nemo-rl:v0.7.0"},
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "gpu[" in r.stderr, r.stderr
