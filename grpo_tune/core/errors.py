@@ -69,7 +69,7 @@ HINTS = {
     "EXPERT_IMBALANCE": "choose an ep that divides the number of experts",
     "EXPERT_DEGREES": "lower ep or etp so that ep x etp divides tp x cp x dp",
     "MISSING_DATASET": "give an existing .jsonl/.parquet file, or 'synthetic'",
-    "MISSING_DEPENDENCY": "pip install the extra named in the message (e.g. pip install 'grpo-tune[train]')",
+    "MISSING_DEPENDENCY": "install the extra named in the message (e.g. pip install -e '.[train]' in a clone)",
     "TRIAL_FAILED": "read the trial's profile.log in the run folder's trials/<number>/",
     "CHECKPOINT_ERROR": "check the checkpoint folder (or start without --resume)",
     "TRAINER_UNSUPPORTED": "choose a plan the trainer runs; `grpo-tune search` proposes only those",
@@ -153,6 +153,11 @@ def close_matches(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
     return ([lower[f] for f in found] + subs)[:n]
 
 
+def install_hint(extra: str) -> str:
+    """How to install an optional extra: from a clone (the README's way) or from a built wheel."""
+    return f"pip install -e '.[{extra}]' in a clone of grpo-tune (from a wheel: pip install 'grpo-tune[{extra}]')"
+
+
 def try_import(module: str, extra: str) -> ModuleType:
     """Import an optional dependency or raise a coded error with the install hint."""
     import importlib
@@ -162,5 +167,5 @@ def try_import(module: str, extra: str) -> ModuleType:
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingDependencyError(
             f"{module} is not installed ({exc})",
-            hint=f"pip install 'grpo-tune[{extra}]'",
+            hint=install_hint(extra),
         ) from exc

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from grpo_tune.core.config import RunConfig, is_synthetic
-from grpo_tune.core.errors import ConfigError, GrpoTuneError, MissingDependencyError, try_import
+from grpo_tune.core.errors import ConfigError, GrpoTuneError, MissingDependencyError, install_hint, try_import
 from grpo_tune.core.ranks import RankLayout, layout
 
 
@@ -126,7 +126,7 @@ def preflight(
     if t.rollout_engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise MissingDependencyError(
             "trainer.rollout_engine is vllm, but vllm is not installed",
-            hint="pip install 'grpo-tune[gpu]', or set rollout_engine: megatron",
+            hint=f"{install_hint('gpu')}, or set rollout_engine: megatron",
         )
     if t.steps < 1 or t.checkpoint_every < 1:
         raise ConfigError("trainer.steps and trainer.checkpoint_every must be >= 1")
@@ -145,7 +145,7 @@ def preflight(
     if need_torch:
         for mod, extra in (("torch", "train"), ("megatron.core", "train")):
             if importlib.util.find_spec(mod.split(".")[0]) is None:
-                raise MissingDependencyError(f"{mod} is not installed", hint=f"pip install 'grpo-tune[{extra}]'")
+                raise MissingDependencyError(f"{mod} is not installed", hint=install_hint(extra))
         _check_gpus(cfg, lay)
     if resume_dir is not None:
         check_resume(resume_dir, checkpoint_world(cfg, lay))
