@@ -1,6 +1,6 @@
 """The CLI's surface, pinned: the set of commands and each command's options.
 
-A change here is a change of the public interface: update the table on purpose (and the README).
+A change here is a change of the public interface: update the table on purpose (and docs/commands.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ typer's CliRunner isolation) with hostile values for its options and input files
 The invariant, for every case:
 - exit status 0, 1 or 2, and never INTERNAL_ERROR (a bug) nor a traceback;
 - every exit 2 carries a ``[CODE] message`` line and a ``hint:`` line, a usage error included (a value of
-  the wrong type, an unknown or missing option: ``[USAGE]``; see the README table);
+  the wrong type, an unknown or missing option: ``[USAGE]``; see docs/reliability.md, "What bad input gets");
 - no input file changed (checksums before and after) and nothing new written next to the inputs;
 - each case ends within CASE_LIMIT_S (a SIGALRM turns a hang into a failure).
 
