@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from grpo_tune.core.config import RunConfig
+from grpo_tune.core.errors import GrpoTuneError
 from grpo_tune.frameworks.base.inputs import check_name, comment_safe
 
 RAY_PORT = 6379
@@ -72,8 +73,11 @@ def node_groups(cfg: RunConfig) -> tuple[list[NodeGroup], list[str]]:
     gpn = c.ranks_per_node
     if not p.separate:
         return [NodeGroup("gpu", c.nnodes, gpn, hw)], []
-    ps = pools(c, p.rollout_gpus)
     hw_r = p.rollout_hardware or hw
+    try:
+        ps = pools(c, p.rollout_gpus)
+    except GrpoTuneError:  # a split the framework's own rules place (pools() states verl's): one group of nodes
+        return [NodeGroup("gpu", c.nnodes, gpn, hw)], [f"separate pools: {p.rollout_gpus} rollout GPUs of {c.gpus}"]
     if ps.shared_nodes:
         note = (
             f"separate pools on the same {c.nnodes} node(s): {ps.rollout.gpus_per_node} rollout + "
@@ -103,12 +107,14 @@ def _check(*values: tuple[str, str]) -> None:
 
 
 def comment_lines(lines: Sequence[str], width: int = 110) -> str:
-    """Comment lines, each wrapped at ``width`` (a path or URL longer than that stays whole)."""
+    """Comment lines, each wrapped at ``width`` (a path or URL longer than that stays whole; an indented line, a
+    command to copy, is never wrapped)."""
     import textwrap
 
     out = []
     for ln in lines:
-        wrapped = textwrap.wrap(ln, width - 2, break_long_words=False, break_on_hyphens=False) if ln else [""]
+        keep = not ln or ln.startswith("  ")
+        wrapped = [ln] if keep else textwrap.wrap(ln, width - 2, break_long_words=False, break_on_hyphens=False)
         out += [comment_safe(f"# {w}" if w else "#") for w in wrapped]
     return "\n".join(out)
 
