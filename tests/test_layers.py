@@ -6,7 +6,8 @@ prefixes it. Each unit may import itself and the units ``ALLOWED`` names, nothin
 
     core -> costmodel -> validate
          -> frameworks.base -> frameworks.{verl, megatron_lm, nemo_rl} -> frameworks.registry
-         -> autotune.search -> autotune.calibrate -> rundir -> autotune.refine -> jobs
+         -> autotune.search -> autotune.calibrate -> autotune.refine -> jobs
+         -> rundir (core, costmodel, validate, the framework registry; never autotune) -> autotune.refine
     trainer (core, costmodel only) ---------------------------------------------> jobs   cli on top of all
 
 Three more rules: no import cycle between modules anywhere; typer (and click) only under ``cli/``;
@@ -38,7 +39,9 @@ ALLOWED: dict[str, set[str]] = {
     # the generic layers reach a framework through the registry and the contract, never by its package
     "autotune.calibrate": _LOW | {"autotune.search", "frameworks", "frameworks.base"},
     "autotune": _LOW | {"autotune.search", "autotune.calibrate", "frameworks", "frameworks.base"},  # tune
-    "rundir": _LOW | {"validate", "autotune.search", "autotune.calibrate", "frameworks", "frameworks.base"},
+    # the run folder is written from the cost model's results: the step metrics live in costmodel/results.py,
+    # so nothing of it reaches up into the search that produced them (tests/test_seams.py)
+    "rundir": _LOW | {"validate", "frameworks", "frameworks.base"},
     "autotune.refine": _LOW | {"autotune.search", "autotune.calibrate", "rundir"},
     # each command's work (cli parses, calls one job, prints)
     "jobs": _LOW

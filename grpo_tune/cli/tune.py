@@ -105,7 +105,7 @@ def _plan_row(est) -> dict[str, Any]:
 
 
 def _summary(est) -> dict[str, Any]:
-    from grpo_tune.autotune.search.rank import step_s, tokens_per_s_per_gpu
+    from grpo_tune.costmodel.results import step_s, tokens_per_s_per_gpu
 
     fits = not any(v.code == "OOM_RISK" for v in est.violations)
     t = step_s(est)
@@ -230,7 +230,7 @@ def _print_tuned(o: TuneOutcome, *, json_out: bool) -> None:
         return
     c = Console()
     wl = plan.workload
-    from grpo_tune.autotune.calibrate.lengths import lengths_note, workload_line
+    from grpo_tune.costmodel.lengths import lengths_note, workload_line
 
     c.print(
         f"{launch}{fw.tune_label}: {plan.model.name} ({plan.model_note}) on {plan.cluster.gpus} x "

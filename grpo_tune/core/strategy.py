@@ -333,6 +333,20 @@ _FIELDS: dict[type, tuple[str, ...]] = {
 _set = object.__setattr__
 
 
+def layout_of(s: Strategy) -> dict[str, int | None]:
+    """What makes a layout: the parallel degrees and the pipeline split (not mbs, recompute, offload, rollout)."""
+    return {
+        **s.layout.degrees(),
+        "first_stage_layers": s.layout.first_stage_layers,
+        "last_stage_layers": s.layout.last_stage_layers,
+    }
+
+
+def layout_key(s: Strategy) -> tuple[int | None, ...]:
+    """:func:`layout_of` as a hashable key (search's one-row-per-layout table, the report's plots)."""
+    return tuple(layout_of(s).values())
+
+
 def _copy(obj: _T, upd: dict[str, object]) -> _T:
     """``obj`` with the fields in ``upd`` replaced, without ``__init__``. Field by field through
     ``object.__setattr__`` and ``getattr``, never through ``__dict__``: CPython 3.11 reads the attributes

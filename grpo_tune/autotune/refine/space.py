@@ -94,7 +94,7 @@ def build_space(
     the ranked list.
     """
     from grpo_tune.autotune.search.candidates import Space
-    from grpo_tune.autotune.search.rank import step_s
+    from grpo_tune.costmodel.results import step_s
 
     pool: list[Estimate] = list(ranked)
     pins = dict(pins or {})
