@@ -1,10 +1,11 @@
 """Framework integrations behind one small contract (:mod:`.base`): each writes a plan as that framework's
 launch files, reads its launches back, and names what it cannot express (the search's pins when planning for it).
 
-:data:`REGISTRY` lists them, in the order a run folder's files are written: ``verl`` (the default,
+:data:`REGISTRY` lists them (by :data:`core.stacks.FRAMEWORKS`, the one list of names), in the order a run
+folder's files are written: ``verl`` (the default,
 :mod:`.verl`), ``nemo-rl`` (:mod:`.nemo_rl`) and ``megatron-lm`` (:mod:`.megatron_lm`, written into every run).
 :data:`NAMES` is what ``--framework`` accepts (``all`` = every one). A new framework is one sub-package with a
-:class:`~.base.Framework` subclass, and one line here.
+:class:`~.base.Framework` subclass, its name in core/stacks.py's FRAMEWORKS and its class here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from grpo_tune.core.errors import ConfigError
+from grpo_tune.core.stacks import FRAMEWORKS, TRAINER
 from grpo_tune.frameworks.base import Framework
 from grpo_tune.frameworks.base.findings import Report
 from grpo_tune.frameworks.base.plan import LaunchPlan
@@ -22,7 +24,9 @@ from grpo_tune.frameworks.megatron_lm.framework import MegatronLM
 from grpo_tune.frameworks.nemo_rl.framework import NemoRL
 from grpo_tune.frameworks.verl.framework import Verl
 
-REGISTRY: tuple[Framework, ...] = (Verl(), NemoRL(), MegatronLM())
+_INTEGRATIONS: dict[str, type[Framework]] = {c.name: c for c in (Verl, NemoRL, MegatronLM)}
+REGISTRY: tuple[Framework, ...] = tuple(_INTEGRATIONS[n]() for n in FRAMEWORKS if n != TRAINER)
+"""One integration per name of :data:`core.stacks.FRAMEWORKS` (the one list of framework names), in its order."""
 NAMES = tuple(f.name for f in REGISTRY if not f.always)
 DEFAULT = "verl"
 
@@ -151,7 +155,9 @@ def select(value: str | None) -> tuple[str, ...]:
         return NAMES
     if v.replace("_", "-") in NAMES:
         return (v.replace("_", "-"),)
-    raise ConfigError(f"--framework {value!r}: not a framework grpo-tune writes", hint="choose verl, nemo-rl or all")
+    raise ConfigError(
+        f"--framework {value!r}: not a framework grpo-tune writes", hint=f"choose {', '.join(NAMES)} or all"
+    )
 
 
 def constraints(names: Sequence[str]) -> dict[str, object]:
