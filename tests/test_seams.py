@@ -644,3 +644,36 @@ def test_the_step_metrics_are_defined_once():
         "step_s": ["grpo_tune/costmodel/results.py"],
         "tokens_per_s_per_gpu": ["grpo_tune/costmodel/results.py"],
     }
+
+
+# CLI modules that still import a framework's own package (past the registry and the contract); may only shrink.
+# cli/main.py: verl's diagnose.py flag names, for the hint of an unknown `diagnose --flag`.
+CLI_FRAMEWORK_PENDING = {"grpo_tune/cli/main.py"}
+
+
+def test_the_cli_reaches_frameworks_through_jobs():
+    """cli/ imports no framework's own package (frameworks.verl, .nemo_rl, .megatron_lm): tune asks jobs/tune.py
+    for the launch's key findings and the diff lines, which ask the framework contract."""
+    found = {
+        f: names
+        for fw in ("verl", "nemo_rl", "megatron_lm")
+        for f, names in arrows_into("cli", f"frameworks.{fw}").items()
+    }
+    assert set(found) == CLI_FRAMEWORK_PENDING, found
+
+
+def test_one_list_of_framework_names():
+    """core/stacks.py's FRAMEWORKS is the one list: the registry holds one integration per name (the trainer's
+    aside), in that order, and `--framework`'s hint is built from it."""
+    from grpo_tune import frameworks as F
+    from grpo_tune.core.stacks import FRAMEWORKS, TRAINER
+
+    assert tuple(f.name for f in F.REGISTRY) == tuple(n for n in FRAMEWORKS if n != TRAINER)
+    literal = [
+        p.relative_to(ROOT).as_posix()
+        for p in _sources()
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Tuple)
+        and {"verl", "nemo-rl"} <= {e.value for e in node.elts if isinstance(e, ast.Constant)}
+    ]
+    assert literal == ["grpo_tune/core/stacks.py"], literal

@@ -186,6 +186,21 @@ class Framework(ABC):
         """Notes tune prints about the edited file (values it leaves to the user)."""
         return []
 
+    def change_lines(self, changes: Mapping[str, tuple[object, object]]) -> list[str]:
+        """The keys tune changes as a diff, ``- key=old`` then ``+ key=new`` (values as Hydra's overrides spell
+        them: ``null``, ``True``/``False``)."""
+
+        def fmt(v: object) -> str:
+            return "null" if v is None else ("True" if v else "False") if isinstance(v, bool) else str(v)
+
+        return [line for k, (old, new) in changes.items() for line in (f"- {k}={fmt(old)}", f"+ {k}={fmt(new)}")]
+
+    def key_findings(self, plan: LaunchPlan) -> object | None:
+        """The launch's key findings (keys the release refuses or renames, as diagnose words them), read before any
+        search; None when there are none (or the framework checks none). The object has ``key_findings``,
+        ``refused()``, ``path`` and ``renames``."""
+        return None
+
     log_folds: ClassVar[Mapping[str, dict[str, str]]] = {}
     """The log formats :meth:`read_log` returns -> how the framework's timers hold our phases (predicted phase ->
     the measured phase timing it; a format not listed, grpo-tune's metrics.jsonl, is compared with offload in

@@ -49,6 +49,12 @@ class Verl(Framework):
             return False
         return isinstance(data, dict) and ARO in data
 
+    def key_findings(self, plan: LaunchPlan) -> object | None:
+        """The launch's keys verl 0.9.1 refuses or renames (:class:`~.launch.Launch`), None without any."""
+        from grpo_tune.frameworks.verl.launch import Launch
+
+        return plan.launch if isinstance(plan.launch, Launch) and plan.launch.key_findings else None
+
     def knob_defaults(self) -> Mapping[str, object]:
         """Strategy fields as verl sets them when a launch leaves every key at its default (its config snapshot
         read through the Strategy<->verl table)."""
