@@ -677,3 +677,23 @@ def test_one_list_of_framework_names():
         and {"verl", "nemo-rl"} <= {e.value for e in node.elts if isinstance(e, ast.Constant)}
     ]
     assert literal == ["grpo_tune/core/stacks.py"], literal
+
+
+def test_read_plan_takes_one_request():
+    """The read-back contract takes a ReadRequest (frameworks/base/plan.py): no ``read_plan`` of the registry or of
+    a Framework spells the seven parameters again (the readers' own modules, verl/read.py and nemo_rl/read.py,
+    take them unpacked)."""
+    wide = []
+    for p in _sources("frameworks"):
+        if p.name == "read.py":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name == "read_plan":
+                n = (
+                    len(node.args.args)
+                    + len(node.args.kwonlyargs)
+                    - (node.args.args[:1] and node.args.args[0].arg == "self")
+                )
+                if n > 1:
+                    wide.append(f"{p.relative_to(ROOT).as_posix()}:{node.lineno} ({n} parameters)")
+    assert not wide, wide

@@ -10,6 +10,7 @@ folder's files are written: ``verl`` (the default,
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Sequence
@@ -18,7 +19,7 @@ from grpo_tune.core.errors import ConfigError
 from grpo_tune.core.stacks import FRAMEWORKS, TRAINER
 from grpo_tune.frameworks.base import Framework
 from grpo_tune.frameworks.base.findings import Report
-from grpo_tune.frameworks.base.plan import LaunchPlan
+from grpo_tune.frameworks.base.plan import LaunchPlan, ReadRequest
 from grpo_tune.frameworks.base.runlog import RunLog
 from grpo_tune.frameworks.megatron_lm.framework import MegatronLM
 from grpo_tune.frameworks.nemo_rl.framework import NemoRL
@@ -83,39 +84,23 @@ def named(name: str) -> Framework:
     return next(f for f in REGISTRY if f.name == name)
 
 
-def read_plan(
-    path: str | Path,
-    overrides: Sequence[str] = (),
-    *,
-    model: str | None = None,
-    hardware: str | None = None,
-    prompt_len_mean: int | None = None,
-    response_len_mean: int | None = None,
-    stack: str | None = None,
-) -> LaunchPlan:
+def read_plan(req: ReadRequest | str | Path) -> LaunchPlan:
     """Model, hardware, GPUs, workload and plan of a framework's launch, config or recipe (with trailing
     ``key=value`` overrides, for the frameworks that take them), read by the framework that reads it, or of a
-    grpo-tune run config (best.yaml); the hardware priced under ``stack`` (None: the framework's or the
-    config's)."""
-    read = reader_for(path).read_plan(
-        Path(path),
-        list(overrides),
-        model=model,
-        hardware=hardware,
-        prompt_len_mean=prompt_len_mean,
-        response_len_mean=response_len_mean,
-        stack=stack,
-    )
+    grpo-tune run config (best.yaml); the hardware priced under ``req.stack`` (None: the framework's or the
+    config's). A bare path is ``ReadRequest(path)``."""
+    if not isinstance(req, ReadRequest):
+        req = ReadRequest(Path(req))
+    req = dataclasses.replace(req, path=Path(req.path), overrides=list(req.overrides))
+    read = reader_for(req.path).read_plan(req)
     if read is not None:
         return read
-    import dataclasses
-
     from grpo_tune.core.hardware import with_stack
 
     plan = _read_run_config(
-        Path(path), hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
+        req.path, hardware=req.hardware, prompt_len_mean=req.prompt_len_mean, response_len_mean=req.response_len_mean
     )
-    return dataclasses.replace(plan, hardware=with_stack(plan.hardware, stack)) if stack else plan
+    return dataclasses.replace(plan, hardware=with_stack(plan.hardware, req.stack)) if req.stack else plan
 
 
 def _read_run_config(

@@ -91,6 +91,7 @@ def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = No
     CLI reports the launch's key findings there, and may stop)."""
     from grpo_tune.autotune import tune as T
     from grpo_tune.frameworks import REGISTRY, read_plan, reader_for
+    from grpo_tune.frameworks.base.plan import ReadRequest
     from grpo_tune.rundir.emit import Tables, emit_run
 
     place = req.place
@@ -101,13 +102,15 @@ def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = No
             hint="drop --placement/--staleness, or `grpo-tune search --placement auto` for the same model",
         )
     plan = read_plan(
-        req.launch,
-        req.overrides,
-        model=req.model,
-        hardware=req.hardware,
-        prompt_len_mean=req.prompt_len_mean,
-        response_len_mean=req.response_len_mean,
-        stack=req.setup.stack,
+        ReadRequest(
+            req.launch,
+            req.overrides,
+            model=req.model,
+            hardware=req.hardware,
+            prompt_len_mean=req.prompt_len_mean,
+            response_len_mean=req.response_len_mean,
+            stack=req.setup.stack,
+        )
     )
     if read is not None:
         read(plan)

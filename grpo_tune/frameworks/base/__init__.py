@@ -53,7 +53,7 @@ from typing import ClassVar
 from grpo_tune.core.config import RunConfig
 from grpo_tune.core.strategy import Strategy, Workload
 from grpo_tune.frameworks.base.findings import Report
-from grpo_tune.frameworks.base.plan import LaunchPlan
+from grpo_tune.frameworks.base.plan import LaunchPlan, ReadRequest
 from grpo_tune.frameworks.base.runlog import RunLog
 
 
@@ -119,20 +119,10 @@ class Framework(ABC):
         """``grpo-tune diagnose`` on a file this framework detects (with trailing ``key=value`` overrides)."""
         raise NotImplementedError(f"{self.name} has no diagnose reader")
 
-    def read_plan(
-        self,
-        path: Path,
-        overrides: Sequence[str] = (),
-        *,
-        model: str | None = None,
-        hardware: str | None = None,
-        prompt_len_mean: int | None = None,
-        response_len_mean: int | None = None,
-        stack: str | None = None,
-    ) -> LaunchPlan | None:
-        """A file this framework reads (with trailing ``key=value`` overrides) read back into a ``LaunchPlan``, its
-        hardware priced under ``stack`` (None: the framework's own stack profile); None for a grpo-tune run
-        config, which the registry reads (:func:`grpo_tune.frameworks.read_plan`)."""
+    def read_plan(self, req: ReadRequest) -> LaunchPlan | None:
+        """A file this framework reads (``req.path``, with trailing ``key=value`` overrides) read back into a
+        ``LaunchPlan``, its hardware priced under ``req.stack`` (None: the framework's own stack profile); None for
+        a grpo-tune run config, which the registry reads (:func:`grpo_tune.frameworks.read_plan`)."""
         return None
 
     round_trips: ClassVar[bool] = False
