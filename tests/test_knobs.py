@@ -23,7 +23,7 @@ from grpo_tune.core import knobs as K
 from grpo_tune.core import strategy as ST
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.core.specs import load_hardware, load_model
-from grpo_tune.core.strategy import Batching, Cluster, Layout, Memory, RolloutEngine, Strategy, Workload
+from grpo_tune.core.strategy import Batching, Cluster, Layout, Memory, Precision, RolloutEngine, Strategy, Workload
 
 # The order a plan's strategy section has listed its keys in since schema 1 (best.yaml, --json): the
 # table keeps it, so every emitted plan reads byte for byte as before.
@@ -33,8 +33,10 @@ SECTION_ORDER = [
     "rollout_tp", "gpu_memory_utilization", "max_tokens_per_gpu", "log_prob_max_tokens_per_gpu",
     "cpu_optimizer", "overlap_cpu_optimizer", "precision_aware_optimizer", "max_num_seqs",
     "max_num_batched_tokens", "enforce_eager", "chunked_prefill", "free_cache_engine", "sync_bucket_mb",
-    "fused_kernels",
+    "fused_kernels", "engine", "precision", "rollout_precision", "kv_cache_dtype",
 ]  # fmt: skip
+QUIET = {"engine", "precision", "rollout_precision", "kv_cache_dtype"}
+"""Added after schema 1: left out of a plan's section at their defaults, so every emitted plan reads as before."""
 
 
 def test_every_concern_field_is_one_row_in_section_order():
@@ -42,12 +44,18 @@ def test_every_concern_field_is_one_row_in_section_order():
     assert rows == SECTION_ORDER and len(set(rows)) == len(rows)
     concern_fields = {
         c: [f.name for f in dataclasses.fields(cls)]
-        for c, cls in (("layout", Layout), ("memory", Memory), ("batching", Batching), ("rollout", RolloutEngine))
+        for c, cls in (
+            ("layout", Layout),
+            ("memory", Memory),
+            ("batching", Batching),
+            ("rollout", RolloutEngine),
+            ("precision", Precision),
+        )
     }
     for k in K.KNOBS:
         assert k.field in concern_fields[k.concern], k.name
     assert sorted(f for fs in concern_fields.values() for f in fs) == sorted(rows)
-    assert list(Strategy().to_dict()) == [n for n in SECTION_ORDER if n != "log_prob_mbs"]  # unset: left out
+    assert list(Strategy().to_dict()) == [n for n in SECTION_ORDER if n != "log_prob_mbs" and n not in QUIET]
 
 
 def test_the_readers_name_what_they_named_before():
@@ -57,6 +65,7 @@ def test_the_readers_name_what_they_named_before():
         "mbs", "log_prob_mbs", "recompute", "sequence_parallel", "distributed_optimizer", "offload", "rollout_tp",
         "gpu_memory_utilization", "first_stage_layers", "last_stage_layers", "max_tokens_per_gpu", "cpu_optimizer",
         "max_num_seqs", "enforce_eager", "sync_bucket_mb", "precision_aware_optimizer",
+        "engine", "precision", "rollout_precision", "kv_cache_dtype",
     }  # fmt: skip
     assert {k.name for k in K.KNOBS if k.pin.range == K.POSITIVE and k.pin.error.endswith(">= 1, got {v}")} == (
         degrees
@@ -71,7 +80,7 @@ def test_the_readers_name_what_they_named_before():
     engine = {
         "max_tokens_per_gpu", "log_prob_max_tokens_per_gpu", "log_prob_mbs", "cpu_optimizer", "overlap_cpu_optimizer",
         "precision_aware_optimizer", "max_num_seqs", "max_num_batched_tokens", "enforce_eager", "chunked_prefill",
-        "free_cache_engine", "sync_bucket_mb",
+        "free_cache_engine", "sync_bucket_mb", "engine", "precision", "rollout_precision", "kv_cache_dtype",
     }  # fmt: skip
     assert set(TU.PINNED) == engine and set(TU.USER_FIELDS) == engine | {"sequence_parallel"}
     assert [n for n, *_ in PO.DEGREE_FLAGS] == ["gpus_per_node", "stack", *O.pin_flags()]

@@ -4,7 +4,7 @@ Every import counts, including the ones inside functions: a lazy import hides a 
 The units below are packages or sub-packages of ``grpo_tune``; a module belongs to the longest unit that
 prefixes it. Each unit may import itself and the units ``ALLOWED`` names, nothing else:
 
-    core -> costmodel -> validate
+    core -> engines -> costmodel -> validate
          -> frameworks.base -> frameworks.{verl, megatron_lm, nemo_rl} -> frameworks.registry
          -> autotune.search -> autotune.calibrate -> autotune.refine -> jobs
          -> rundir (core, costmodel, validate, the framework registry; never autotune) -> autotune.refine
@@ -25,10 +25,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 _FW = ("frameworks.verl", "frameworks.megatron_lm", "frameworks.nemo_rl")
-_LOW = {"core", "costmodel"}
+_LOW = {"core", "engines", "costmodel"}
 ALLOWED: dict[str, set[str]] = {
     "core": set(),
-    "costmodel": {"core"},
+    # the rollout engines' contract and data (engines/<name>/: knobs, memory/KV rules, cost parameters, key names)
+    "engines": {"core"},
+    "costmodel": {"core", "engines"},
     "profiles": set(),
     "validate": _LOW | {"frameworks", "frameworks.base"},
     "frameworks.base": _LOW,
@@ -48,7 +50,7 @@ ALLOWED: dict[str, set[str]] = {
     | {"validate", "frameworks", "frameworks.base", "autotune.search", "autotune.calibrate", "autotune"}
     | {"rundir", "autotune.refine"}
     | {"trainer"},  # train and profile run the workers (trainer.launch: torch-free, imported when they run)
-    "trainer": _LOW,
+    "trainer": _LOW,  # an engine's adapter lives in trainer/ (engines name it by import path only)
     "cli": set(),  # anything: it is the top
 }
 UNITS = sorted(ALLOWED, key=len, reverse=True)

@@ -202,7 +202,7 @@ def default_study_name(model: ModelSpec, hardware: HardwareSpec, cluster: Cluste
         [
             model.name,
             hardware.name,
-            hardware.bf16_dense_flops_per_s,
+            hardware.peak_flops_per_s(),
             cluster.gpus,
             cluster.gpus_per_node,
             workload.to_dict(),
