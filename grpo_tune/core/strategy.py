@@ -223,6 +223,22 @@ class Precision:
         rollout importance-sampling correction)."""
         return self.rollout_precision == "fp8" and self.precision != "fp8"
 
+    def note(self) -> str:
+        """One line for an emitted launch's header: the number formats when not bf16, and why the off-policy
+        correction is on (empty at the defaults)."""
+        if self.default:
+            return ""
+        text = (
+            f"Precision: training {self.precision}, rollout weights {self.rollout_precision}, "
+            f"KV cache {self.kv_cache_dtype}"
+        )
+        if self.off_policy_fp8:
+            text += (
+                "; FP8 rollout with bf16 training samples from a quantized policy, so the rollout "
+                "importance-sampling correction is on (docs/precision.md)"
+            )
+        return text + "."
+
 
 _DEFAULT_PRECISION = Precision()
 

@@ -40,6 +40,12 @@ class NemoRL(Framework):
     stack_profile = STACK
 
     def refuse_search_pins(self, pins: Mapping[str, object]) -> None:
+        if pins.get("engine") not in (None, "vllm"):
+            raise ConfigError(
+                f"--rollout-engine {pins['engine']}: NeMo-RL 0.7.0's generation is vLLM here (its base config has no "
+                "SGLang section)",
+                hint="plan for verl (--framework verl) to search SGLang, or leave --rollout-engine out",
+            )
         if pins.get("cpu_optimizer") is not None:
             raise ConfigError(
                 f"--cpu-optimizer {pins['cpu_optimizer']}: the search prices Megatron's CPU optimizer with its copies "
