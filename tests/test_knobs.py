@@ -206,3 +206,78 @@ def test_one_rollout_engine_vocabulary():
     assert old == cpu
     with pytest.raises(ConfigError, match="rollout_engine must be one of vllm, megatron"):
         HardwareSpec.from_dict({**cpu.to_dict(), "rollout_engine": "sglang"})
+
+
+# --- a knob is priced: moving it moves the estimate (issue 37) -------------------------------------------------
+# Each knob with a flag, the plan it is moved on (model, GPUs, the other knobs) and the value it is moved to.
+_BASE7 = ("qwen2.5-7b", 8, dict(tp=2, rollout_tp=2, mbs=2, recompute="selective"))
+_PP = ("qwen2.5-7b", 8, dict(tp=2, pp=2, rollout_tp=2, mbs=1, recompute="selective"))
+_MOE = ("qwen3-30b-a3b", 16, dict(tp=2, ep=4, rollout_tp=2, mbs=1, recompute="full"))
+MOVES: dict[str, tuple[tuple[str, int, dict], object]] = {
+    "tp": (_BASE7, 4),
+    "pp": (_BASE7, 2),
+    "vpp": (_PP, 2),
+    "cp": (_BASE7, 2),
+    "ep": (_MOE, 8),
+    "etp": (_MOE, 1),
+    "mbs": (_BASE7, 4),
+    "log_prob_mbs": (_BASE7, 8),
+    "first_stage_layers": (_PP, 12),
+    "last_stage_layers": (_PP, 12),
+    "sequence_parallel": (_BASE7, False),
+    "recompute": (_BASE7, "full"),
+    "distributed_optimizer": (_BASE7, False),
+    "offload": (_BASE7, ("param", "grad", "optimizer")),
+    "rollout_tp": (_BASE7, 4),
+    "gpu_memory_utilization": (_BASE7, 0.8),
+    "max_tokens_per_gpu": (_BASE7, 16384),
+    "cpu_optimizer": (_BASE7, 0.5),
+    "precision_aware_optimizer": (_BASE7, True),
+    "max_num_seqs": (_BASE7, 32),
+    "enforce_eager": (_BASE7, True),
+    "sync_bucket_mb": (_BASE7, 64),
+    "engine": (_BASE7, "sglang"),
+    "precision": (_BASE7, "fp8"),
+    "rollout_precision": (_BASE7, "fp8"),
+    "kv_cache_dtype": (_BASE7, "fp8"),
+}
+# The phase that a precision or engine knob must make shorter (docs/precision.md says why).
+FASTER = {"engine": "rollout", "precision": "update", "rollout_precision": "rollout", "kv_cache_dtype": "rollout"}
+
+
+def _priced(model: str, gpus: int, knobs: dict) -> dict:
+    from grpo_tune.costmodel.estimate import estimate
+
+    m = load_model(model)
+    s = ST.validate(m, Strategy.of(**knobs), gpus, gpus_per_node=8)
+    wl = Workload(response_len=4096)  # long enough that the KV cache and the decode's context matter
+    return estimate(
+        model=m, hardware=load_hardware("h100"), cluster=Cluster(gpus=gpus), strategy=s, workload=wl
+    ).predicted()
+
+
+def test_every_flag_knob_has_a_move():
+    assert set(MOVES) == set(O.pin_flags())
+
+
+@pytest.mark.parametrize("name", sorted(MOVES))
+def test_a_knob_moves_the_estimate(name):
+    """Every knob a user can set is priced: the estimate (phase seconds or bytes per phase) changes when it does;
+    the precision and engine knobs shorten the phase they act on."""
+    (model, gpus, base), value = MOVES[name]
+    before = _priced(model, gpus, base)
+    after = _priced(model, gpus, {**base, name: value})
+    moved = {k: (before[k], after[k]) for k in ("phases_s", "memory_bytes") if before[k] != after[k]}
+    assert moved, f"{name}={value!r} changes no price"
+    if name in FASTER:
+        ph = FASTER[name]
+        assert after["phases_s"][ph] < before["phases_s"][ph], (name, before["phases_s"], after["phases_s"])
+
+
+def test_every_framework_table_has_a_row_for_every_knob():
+    """verl's and NeMo-RL's tables name every plan knob: the keys it writes, or why the framework has none (a
+    knob added to core/knobs.py without its rows fails here)."""
+    from grpo_tune.frameworks.nemo_rl import table as nemo
+
+    for t in (table, nemo):
+        assert {r.field for r in t.rows("strategy")} >= set(Strategy.knob_names()), t.__name__

@@ -84,13 +84,15 @@ def named(name: str) -> Framework:
     return next(f for f in REGISTRY if f.name == name)
 
 
-def read_plan(req: ReadRequest | str | Path) -> LaunchPlan:
+def read_plan(req: ReadRequest | str | Path, **fields: object) -> LaunchPlan:
     """Model, hardware, GPUs, workload and plan of a framework's launch, config or recipe (with trailing
     ``key=value`` overrides, for the frameworks that take them), read by the framework that reads it, or of a
     grpo-tune run config (best.yaml); the hardware priced under ``req.stack`` (None: the framework's or the
-    config's). A bare path is ``ReadRequest(path)``."""
+    config's). A path with keywords is ``ReadRequest(path, **fields)`` (``read_plan(launch, hardware="h100")``)."""
     if not isinstance(req, ReadRequest):
-        req = ReadRequest(Path(req))
+        req = ReadRequest(Path(req), **fields)  # type: ignore[arg-type]  # ReadRequest checks the names
+    elif fields:
+        req = dataclasses.replace(req, **fields)  # type: ignore[arg-type]
     req = dataclasses.replace(req, path=Path(req.path), overrides=list(req.overrides))
     read = reader_for(req.path).read_plan(req)
     if read is not None:
