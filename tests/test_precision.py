@@ -160,3 +160,23 @@ def test_diagnose_prices_a_nemo_rl_recipe_with_fp8_generation(tmp_path):
     codes = [x["code"] for x in doc["findings"]]
     assert "NOT_PRICED" not in codes and "DTYPE_CONFLICT" not in codes, doc["findings"]
     assert doc["summary"]["memory"] != base["summary"]["memory"]  # the FP8 rollout weights are priced
+
+
+def test_rollout_engine_auto_prices_both_engines():
+    """`--rollout-engine auto`: estimate prices the plan on vLLM and on SGLang and keeps the faster; the search's
+    space holds both engines (twice the candidates)."""
+    base = ["--model", "qwen3-30b-a3b", "--gpus", "16", "--rollout-tp", "2", "--json"]
+    each = {e: _cli_json("estimate", *base, "--rollout-engine", e)["time"]["step_s"] for e in ("vllm", "sglang")}
+    auto = _cli_json("estimate", *base, "--rollout-engine", "auto")
+    assert auto["time"]["step_s"] == min(each.values())
+    assert auto["strategy"].get("engine", "vllm") == min(each, key=each.get)
+    from grpo_tune.autotune.search import candidates as SP
+    from grpo_tune.core.specs import load_hardware, load_model
+
+    wl = Workload(prompts=8, n=2, mini_batch=8, prompt_len=64, response_len=64)
+    space = SP.Space(model=load_model("tiny"), hardware=load_hardware("h100"), cluster=Cluster(gpus=2), workload=wl)
+    auto_space = SP.Space(
+        model=space.model, hardware=space.hardware, cluster=space.cluster, workload=wl, pins={"engine": "auto"}
+    )
+    assert {c.rollout.engine for c in space.candidates()} == {"vllm"}
+    assert {c.rollout.engine for c in auto_space.candidates()} == {"vllm", "sglang"}

@@ -150,7 +150,8 @@ def rollout_s(
         eng.enforce_eager,
         eng.chunked_prefill,
         eng.engine,
-        s.precision,
+        s.precision.rollout_precision,
+        s.precision.kv_cache_dtype,
         tuple(cal.values()),
     )
     hit = _CACHE.get(key)

@@ -28,6 +28,6 @@ def named(name: str) -> RolloutEngineSpec:
 
 def of(s: Strategy, hw: HardwareSpec) -> RolloutEngineSpec:
     """The engine a plan's rollout runs on: the hardware's own sampler where the profile says so, else the plan's."""
-    if hw.native_rollout:
+    if hw.rollout_engine == "megatron":  # HardwareSpec.native_rollout, inlined: every estimate asks
         return MEGATRON
-    return named(s.rollout.engine)
+    return REGISTRY.get(s.rollout.engine) or named(s.rollout.engine)
