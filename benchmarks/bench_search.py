@@ -2,7 +2,7 @@
 512 H100 (target <= 15 s), with colocated plans only (default) or with separate pools in the space
 too (``--placement auto``, staleness up to 1; the winner column stays the colocated best).
 
-    python benchmarks/bench_search.py [--repeat 3] [--placement auto]
+    python benchmarks/bench_search.py [--repeat 3] [--placement auto] [--pins engine=auto]
 
 Prints the size of the valid space, the cost-model calls, the plans scored by combination, and
 the best wall time and CPU time (this process, one thread) of ``--repeat`` runs. Pin the process
@@ -18,7 +18,11 @@ import time
 
 from grpo_tune.autotune.search.placement import search_placement
 from grpo_tune.autotune.search.driver import search
-from grpo_tune.autotune.search.rank import step_s
+
+try:  # the step metric's home since issue 37; side_by_side.sh runs this script on older trees too
+    from grpo_tune.costmodel.results import step_s
+except ImportError:  # pragma: no cover - a tree before the move
+    from grpo_tune.autotune.search.rank import step_s  # type: ignore[attr-defined,no-redef]
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Workload
 
@@ -34,7 +38,14 @@ def main() -> None:
         choices=("colocated", "auto"),
         help="auto: colocated and separate pools in the space (staleness up to 1), same targets",
     )
+    ap.add_argument(
+        "--pins",
+        default="",
+        help="comma list of knob=value pins for every case (engine=auto: vLLM and SGLang in the space; "
+        "rollout_precision=fp8, ...)",
+    )
     args = ap.parse_args()
+    pins = dict(kv.split("=", 1) for kv in args.pins.split(",") if kv) or None
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover
@@ -54,7 +65,7 @@ def main() -> None:
                 pres = search_placement(m, h, cl, Workload(), placement="auto", staleness=1)
                 res = pres.colocated
             else:
-                res = search(m, h, cl, Workload())
+                res = search(m, h, cl, Workload(), pins=pins)
             best_t = min(best_t, time.perf_counter() - t0)
             best_cpu = min(best_cpu, time.process_time() - c0)
         s = res.best.strategy

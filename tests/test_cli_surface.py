@@ -57,6 +57,11 @@ PLAN = [
     "--stack",
     # Megatron's use_precision_aware_optimizer, priced (10 B of state, no fp32 param copy)
     "--precision-aware-optimizer / --no-precision-aware-optimizer",
+    # the rollout engine and the number formats (issue 37, docs/precision.md)
+    "--rollout-engine",
+    "--precision",
+    "--rollout-precision",
+    "--kv-cache-dtype",
 ]
 # Placement: separate rollout and training pools (estimate and search; auto on search only).
 PLACE = [

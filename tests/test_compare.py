@@ -13,7 +13,7 @@ from grpo_tune.cli.options import MIN_HEADROOM_DEFAULT
 
 from grpo_tune.jobs.compare import usd_per_million_tokens
 from grpo_tune.autotune.search.driver import search
-from grpo_tune.autotune.search.rank import tokens_per_s_per_gpu
+from grpo_tune.costmodel.results import tokens_per_s_per_gpu
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.costmodel.lengths import assumed_means
 from grpo_tune.core.strategy import Cluster, Workload

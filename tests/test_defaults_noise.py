@@ -12,7 +12,7 @@ from grpo_tune.autotune.search.defaults import NOISE, prefer_defaults, with_defa
 from grpo_tune.rundir.emit import emit_run
 from grpo_tune.cli.options import MIN_HEADROOM_DEFAULT
 from grpo_tune.autotune.search.driver import search
-from grpo_tune.autotune.search.rank import step_s
+from grpo_tune.costmodel.results import step_s
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Workload
 from grpo_tune.costmodel.estimate import estimate
@@ -145,7 +145,7 @@ def test_offload_falls_back_to_the_verl_key_that_costs_nothing(monkeypatch):
     is not taken. The rule, with a price table standing in for the cost model."""
     from types import SimpleNamespace
 
-    import grpo_tune.autotune.search.rank as S
+    import grpo_tune.costmodel.results as S
     from grpo_tune.core.strategy import Strategy
 
     times = {("param", "grad", "optimizer"): 100.0, ("param", "grad"): 100.5, ("optimizer",): 120.0, (): 150.0}

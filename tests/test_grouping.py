@@ -6,7 +6,7 @@ import json
 
 from grpo_tune.autotune.search.grouping import group_by_layout, layout_key
 from grpo_tune.autotune.search.driver import search
-from grpo_tune.autotune.search.rank import step_s
+from grpo_tune.costmodel.results import step_s
 from grpo_tune.cli.main import main
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Workload

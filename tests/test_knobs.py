@@ -23,7 +23,7 @@ from grpo_tune.core import knobs as K
 from grpo_tune.core import strategy as ST
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.core.specs import load_hardware, load_model
-from grpo_tune.core.strategy import Batching, Cluster, Layout, Memory, RolloutEngine, Strategy, Workload
+from grpo_tune.core.strategy import Batching, Cluster, Layout, Memory, Precision, RolloutEngine, Strategy, Workload
 
 # The order a plan's strategy section has listed its keys in since schema 1 (best.yaml, --json): the
 # table keeps it, so every emitted plan reads byte for byte as before.
@@ -33,8 +33,10 @@ SECTION_ORDER = [
     "rollout_tp", "gpu_memory_utilization", "max_tokens_per_gpu", "log_prob_max_tokens_per_gpu",
     "cpu_optimizer", "overlap_cpu_optimizer", "precision_aware_optimizer", "max_num_seqs",
     "max_num_batched_tokens", "enforce_eager", "chunked_prefill", "free_cache_engine", "sync_bucket_mb",
-    "fused_kernels",
+    "fused_kernels", "engine", "precision", "rollout_precision", "kv_cache_dtype",
 ]  # fmt: skip
+QUIET = {"engine", "precision", "rollout_precision", "kv_cache_dtype"}
+"""Added after schema 1: left out of a plan's section at their defaults, so every emitted plan reads as before."""
 
 
 def test_every_concern_field_is_one_row_in_section_order():
@@ -42,12 +44,18 @@ def test_every_concern_field_is_one_row_in_section_order():
     assert rows == SECTION_ORDER and len(set(rows)) == len(rows)
     concern_fields = {
         c: [f.name for f in dataclasses.fields(cls)]
-        for c, cls in (("layout", Layout), ("memory", Memory), ("batching", Batching), ("rollout", RolloutEngine))
+        for c, cls in (
+            ("layout", Layout),
+            ("memory", Memory),
+            ("batching", Batching),
+            ("rollout", RolloutEngine),
+            ("precision", Precision),
+        )
     }
     for k in K.KNOBS:
         assert k.field in concern_fields[k.concern], k.name
     assert sorted(f for fs in concern_fields.values() for f in fs) == sorted(rows)
-    assert list(Strategy().to_dict()) == [n for n in SECTION_ORDER if n != "log_prob_mbs"]  # unset: left out
+    assert list(Strategy().to_dict()) == [n for n in SECTION_ORDER if n != "log_prob_mbs" and n not in QUIET]
 
 
 def test_the_readers_name_what_they_named_before():
@@ -57,6 +65,7 @@ def test_the_readers_name_what_they_named_before():
         "mbs", "log_prob_mbs", "recompute", "sequence_parallel", "distributed_optimizer", "offload", "rollout_tp",
         "gpu_memory_utilization", "first_stage_layers", "last_stage_layers", "max_tokens_per_gpu", "cpu_optimizer",
         "max_num_seqs", "enforce_eager", "sync_bucket_mb", "precision_aware_optimizer",
+        "engine", "precision", "rollout_precision", "kv_cache_dtype",
     }  # fmt: skip
     assert {k.name for k in K.KNOBS if k.pin.range == K.POSITIVE and k.pin.error.endswith(">= 1, got {v}")} == (
         degrees
@@ -71,7 +80,7 @@ def test_the_readers_name_what_they_named_before():
     engine = {
         "max_tokens_per_gpu", "log_prob_max_tokens_per_gpu", "log_prob_mbs", "cpu_optimizer", "overlap_cpu_optimizer",
         "precision_aware_optimizer", "max_num_seqs", "max_num_batched_tokens", "enforce_eager", "chunked_prefill",
-        "free_cache_engine", "sync_bucket_mb",
+        "free_cache_engine", "sync_bucket_mb", "engine", "precision", "rollout_precision", "kv_cache_dtype",
     }  # fmt: skip
     assert set(TU.PINNED) == engine and set(TU.USER_FIELDS) == engine | {"sequence_parallel"}
     assert [n for n, *_ in PO.DEGREE_FLAGS] == ["gpus_per_node", "stack", *O.pin_flags()]
@@ -197,3 +206,78 @@ def test_one_rollout_engine_vocabulary():
     assert old == cpu
     with pytest.raises(ConfigError, match="rollout_engine must be one of vllm, megatron"):
         HardwareSpec.from_dict({**cpu.to_dict(), "rollout_engine": "sglang"})
+
+
+# --- a knob is priced: moving it moves the estimate (issue 37) -------------------------------------------------
+# Each knob with a flag, the plan it is moved on (model, GPUs, the other knobs) and the value it is moved to.
+_BASE7 = ("qwen2.5-7b", 8, dict(tp=2, rollout_tp=2, mbs=2, recompute="selective"))
+_PP = ("qwen2.5-7b", 8, dict(tp=2, pp=2, rollout_tp=2, mbs=1, recompute="selective"))
+_MOE = ("qwen3-30b-a3b", 16, dict(tp=2, ep=4, rollout_tp=2, mbs=1, recompute="full"))
+MOVES: dict[str, tuple[tuple[str, int, dict], object]] = {
+    "tp": (_BASE7, 4),
+    "pp": (_BASE7, 2),
+    "vpp": (_PP, 2),
+    "cp": (_BASE7, 2),
+    "ep": (_MOE, 8),
+    "etp": (_MOE, 1),
+    "mbs": (_BASE7, 4),
+    "log_prob_mbs": (_BASE7, 8),
+    "first_stage_layers": (_PP, 12),
+    "last_stage_layers": (_PP, 12),
+    "sequence_parallel": (_BASE7, False),
+    "recompute": (_BASE7, "full"),
+    "distributed_optimizer": (_BASE7, False),
+    "offload": (_BASE7, ("param", "grad", "optimizer")),
+    "rollout_tp": (_BASE7, 4),
+    "gpu_memory_utilization": (_BASE7, 0.8),
+    "max_tokens_per_gpu": (_BASE7, 16384),
+    "cpu_optimizer": (_BASE7, 0.5),
+    "precision_aware_optimizer": (_BASE7, True),
+    "max_num_seqs": (_BASE7, 32),
+    "enforce_eager": (_BASE7, True),
+    "sync_bucket_mb": (_BASE7, 64),
+    "engine": (_BASE7, "sglang"),
+    "precision": (_BASE7, "fp8"),
+    "rollout_precision": (_BASE7, "fp8"),
+    "kv_cache_dtype": (_BASE7, "fp8"),
+}
+# The phase that a precision or engine knob must make shorter (docs/precision.md says why).
+FASTER = {"engine": "rollout", "precision": "update", "rollout_precision": "rollout", "kv_cache_dtype": "rollout"}
+
+
+def _priced(model: str, gpus: int, knobs: dict) -> dict:
+    from grpo_tune.costmodel.estimate import estimate
+
+    m = load_model(model)
+    s = ST.validate(m, Strategy.of(**knobs), gpus, gpus_per_node=8)
+    wl = Workload(response_len=4096)  # long enough that the KV cache and the decode's context matter
+    return estimate(
+        model=m, hardware=load_hardware("h100"), cluster=Cluster(gpus=gpus), strategy=s, workload=wl
+    ).predicted()
+
+
+def test_every_flag_knob_has_a_move():
+    assert set(MOVES) == set(O.pin_flags())
+
+
+@pytest.mark.parametrize("name", sorted(MOVES))
+def test_a_knob_moves_the_estimate(name):
+    """Every knob a user can set is priced: the estimate (phase seconds or bytes per phase) changes when it does;
+    the precision and engine knobs shorten the phase they act on."""
+    (model, gpus, base), value = MOVES[name]
+    before = _priced(model, gpus, base)
+    after = _priced(model, gpus, {**base, name: value})
+    moved = {k: (before[k], after[k]) for k in ("phases_s", "memory_bytes") if before[k] != after[k]}
+    assert moved, f"{name}={value!r} changes no price"
+    if name in FASTER:
+        ph = FASTER[name]
+        assert after["phases_s"][ph] < before["phases_s"][ph], (name, before["phases_s"], after["phases_s"])
+
+
+def test_every_framework_table_has_a_row_for_every_knob():
+    """verl's and NeMo-RL's tables name every plan knob: the keys it writes, or why the framework has none (a
+    knob added to core/knobs.py without its rows fails here)."""
+    from grpo_tune.frameworks.nemo_rl import table as nemo
+
+    for t in (table, nemo):
+        assert {r.field for r in t.rows("strategy")} >= set(Strategy.knob_names()), t.__name__

@@ -572,3 +572,128 @@ def test_the_plan_name_check_can_fail(tmp_path):
     found = plan_names([src])
     assert found["types"] == ["x.py:Plan", "x.py:OtherPlan", "x.py:Plans"]
     assert found["functions"] == ["x.py:plan_of -> dict", "x.py:read_plan -> 'LaunchPlan'"]
+
+
+# --- issue 37's seams ------------------------------------------------------------------------------------------
+
+
+def _imports(path: Path, root: Path = ROOT) -> set[str]:
+    """Every dotted name ``path`` imports (absolute; relative ones resolved), function-level and TYPE_CHECKING
+    imports included: an annotation-only import is still an arrow in the layering."""
+    tree = ast.parse(path.read_text())
+    rel = path.relative_to(root).with_suffix("").parts
+    pkg = list(rel[:-1] if rel[-1] != "__init__" else rel[:-1])
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(pkg[: len(pkg) - node.level + 1]) if node.level else ""
+            mod = ".".join(x for x in (base, node.module or "") if x)
+            out |= {mod} | {f"{mod}.{a.name}" for a in node.names}
+    return out
+
+
+def arrows_into(under: str, target: str, root: Path = ROOT) -> dict[str, list[str]]:
+    """The modules under ``grpo_tune/<under>`` that import anything of ``grpo_tune.<target>``."""
+    hits = {}
+    for p in sorted((root / "grpo_tune" / under).rglob("*.py")):
+        names = _imports(p, root)
+        bad = sorted(n for n in names if n == f"grpo_tune.{target}" or n.startswith(f"grpo_tune.{target}."))
+        if bad:
+            hits[p.relative_to(root).as_posix()] = bad
+    return hits
+
+
+def test_no_arrow_from_rundir_into_autotune():
+    """The run folder (rundir/) is written from the cost model's results: the step metrics (step_s,
+    tokens_per_s_per_gpu) are defined once in costmodel/results.py, the layout key in core/strategy.py, the
+    workload lines in costmodel/lengths.py; nothing of rundir reaches up into the search that produced them."""
+    assert not arrows_into("rundir", "autotune"), arrows_into("rundir", "autotune")
+
+
+def test_the_arrow_check_sees_an_import_up(tmp_path):
+    """rundir/report.py as it was (a lazy import of the rank's step metric, an annotation-only import): found."""
+    fake = tmp_path / "grpo_tune" / "rundir" / "report.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from grpo_tune.autotune.search.placement import PlacementResult\n"
+        "def table(e):\n    from grpo_tune.autotune.search.rank import step_s\n    return step_s(e)\n"
+    )
+    found = arrows_into("rundir", "autotune", tmp_path)
+    assert found == {
+        "grpo_tune/rundir/report.py": [
+            "grpo_tune.autotune.search.placement",
+            "grpo_tune.autotune.search.placement.PlacementResult",
+            "grpo_tune.autotune.search.rank",
+            "grpo_tune.autotune.search.rank.step_s",
+        ]
+    }
+
+
+def test_the_step_metrics_are_defined_once():
+    """``def step_s`` / ``def tokens_per_s_per_gpu`` at module level only in costmodel/results.py (Estimate's
+    properties there call them)."""
+    defs = {}
+    for p in _sources():
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name in ("step_s", "tokens_per_s_per_gpu"):
+                defs.setdefault(node.name, []).append(str(p.relative_to(ROOT)))
+    assert defs == {
+        "step_s": ["grpo_tune/costmodel/results.py"],
+        "tokens_per_s_per_gpu": ["grpo_tune/costmodel/results.py"],
+    }
+
+
+# CLI modules that still import a framework's own package (past the registry and the contract); may only shrink.
+# cli/main.py: verl's diagnose.py flag names, for the hint of an unknown `diagnose --flag`.
+CLI_FRAMEWORK_PENDING = {"grpo_tune/cli/main.py"}
+
+
+def test_the_cli_reaches_frameworks_through_jobs():
+    """cli/ imports no framework's own package (frameworks.verl, .nemo_rl, .megatron_lm): tune asks jobs/tune.py
+    for the launch's key findings and the diff lines, which ask the framework contract."""
+    found = {
+        f: names
+        for fw in ("verl", "nemo_rl", "megatron_lm")
+        for f, names in arrows_into("cli", f"frameworks.{fw}").items()
+    }
+    assert set(found) == CLI_FRAMEWORK_PENDING, found
+
+
+def test_one_list_of_framework_names():
+    """core/stacks.py's FRAMEWORKS is the one list: the registry holds one integration per name (the trainer's
+    aside), in that order, and `--framework`'s hint is built from it."""
+    from grpo_tune import frameworks as F
+    from grpo_tune.core.stacks import FRAMEWORKS, TRAINER
+
+    assert tuple(f.name for f in F.REGISTRY) == tuple(n for n in FRAMEWORKS if n != TRAINER)
+    literal = [
+        p.relative_to(ROOT).as_posix()
+        for p in _sources()
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Tuple)
+        and {"verl", "nemo-rl"} <= {e.value for e in node.elts if isinstance(e, ast.Constant)}
+    ]
+    assert literal == ["grpo_tune/core/stacks.py"], literal
+
+
+def test_read_plan_takes_one_request():
+    """The read-back contract takes a ReadRequest (frameworks/base/plan.py): no ``read_plan`` of the registry or of
+    a Framework spells the seven parameters again (the readers' own modules, verl/read.py and nemo_rl/read.py,
+    take them unpacked)."""
+    wide = []
+    for p in _sources("frameworks"):
+        if p.name == "read.py":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name == "read_plan":
+                n = (
+                    len(node.args.args)
+                    + len(node.args.kwonlyargs)
+                    - (node.args.args[:1] and node.args.args[0].arg == "self")
+                )
+                if n > 1:
+                    wide.append(f"{p.relative_to(ROOT).as_posix()}:{node.lineno} ({n} parameters)")
+    assert not wide, wide

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from grpo_tune.autotune.search.candidates import Space
-from grpo_tune.autotune.search.rank import pareto_front, rank_key, step_s, tokens_per_s_per_gpu
+from grpo_tune.autotune.search.rank import pareto_front, rank_key
+from grpo_tune.costmodel.results import step_s, tokens_per_s_per_gpu
 from grpo_tune.autotune.search.driver import search
 from grpo_tune.core.errors import GrpoTuneError, NoFeasiblePlanError
 from grpo_tune.costmodel.estimate import PhaseTimes, estimate

@@ -182,3 +182,60 @@ def test_the_weight_sync_bucket_composes_at_the_default_and_apart_from_it():
     flat_base, flat_small = verl.flatten(base), verl.flatten(small)
     moved = {k for k in flat_base if flat_base[k] != flat_small.get(k)}
     assert moved == {f"actor_rollout_ref.rollout.{ce}.update_weights_bucket_megabytes"}
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(engine="sglang"),
+        dict(engine="sglang", rollout_precision="fp8", kv_cache_dtype="fp8"),
+        dict(precision="fp8", rollout_precision="fp8", kv_cache_dtype="fp8"),
+    ],
+    ids=["sglang", "sglang-fp8-rollout", "fp8-train-vllm"],
+)
+def test_engine_and_precision_overrides_compose(knobs):
+    """The engine and precision keys grpo-tune writes compose against verl 0.9.1's Hydra config and land where verl
+    reads them: rollout.name, rollout.quantization, the engine kwargs' kv_cache_dtype, Megatron's fp8 overrides for
+    actor and reference, and the importance-sampling correction exactly when FP8 rollout meets bf16 training."""
+    from _export_configs import make
+
+    cfg = make("qwen2.5-7b", 8, tp=2, rollout_tp=2, **knobs)
+    tree = verl.compose(verl_overrides(cfg))
+    ro = tree["actor_rollout_ref"]["rollout"]
+    prec = cfg.strategy.precision
+    assert ro["name"] == knobs.get("engine", "vllm")
+    assert ro["quantization"] == ("fp8" if prec.rollout_precision == "fp8" else None)
+    kv = ro["engine_kwargs"][ro["name"]].get("kv_cache_dtype")
+    assert kv == ({"vllm": "fp8", "sglang": "fp8_e4m3"}[ro["name"]] if prec.kv_cache_dtype == "fp8" else None)
+    for role in ("actor", "ref"):
+        otc = tree["actor_rollout_ref"][role]["megatron"]["override_transformer_config"]
+        assert (otc.get("fp8"), otc.get("fp8_recipe")) == (
+            ("e4m3", "blockwise") if prec.precision == "fp8" else (None, None)
+        )
+    assert tree["algorithm"]["rollout_correction"]["rollout_is"] == ("token" if prec.off_policy_fp8 else None)
+
+
+def test_search_with_sglang_emits_a_launch_that_composes(tmp_path):
+    """`grpo-tune search --model 7b --gpus 8 --rollout-engine sglang`: verl.sh says rollout.name=sglang, composes
+    against verl 0.9.1, and diagnose reads it back as an SGLang plan without NOT_PRICED."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from grpo_tune.cli.main import app
+
+    out = tmp_path / "runs"
+    r = CliRunner().invoke(
+        app, ["search", "--model", "7b", "--gpus", "8", "--rollout-engine", "sglang", "--out", str(out)]
+    )
+    assert r.exit_code == 0, r.output
+    (run,) = out.iterdir()
+    text = (run / "verl.sh").read_text()
+    assert "actor_rollout_ref.rollout.name=sglang" in text
+    overrides, _, _ = parse_script(text)
+    tree = verl.compose([f"{o.prefix}{o.key}={o.raw}" for o in overrides])
+    assert tree["actor_rollout_ref"]["rollout"]["name"] == "sglang"
+    d = CliRunner().invoke(app, ["diagnose", str(run / "verl.sh"), "--json"])
+    doc = json.loads(d.output)
+    assert not [f for f in doc["findings"] if f["code"] == "NOT_PRICED"], doc["findings"]
+    assert doc["summary"]["roles"]["rollout"]["name"] == "sglang"

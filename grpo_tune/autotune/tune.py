@@ -64,7 +64,7 @@ class TuneResult:
     """The pins the search ran under (the user's, the launch's kept fields, the framework's)."""
 
     def gain(self) -> float | None:
-        from grpo_tune.autotune.search.rank import step_s
+        from grpo_tune.costmodel.results import step_s
 
         a, b = step_s(self.current), step_s(self.best)
         return a / b if math.isfinite(a) and b > 0 and math.isfinite(b) else None
@@ -185,7 +185,7 @@ def _choose(
     extra: dict[str, Any],
 ) -> tuple[Any, dict[str, tuple[Any, Any]]]:
     """The best plan and its changed overrides (the current plan and none when nothing is worth changing)."""
-    from grpo_tune.autotune.search.rank import step_s
+    from grpo_tune.costmodel.results import step_s
 
     s0 = plan.strategy
     launch = plan.launch
@@ -204,7 +204,7 @@ def _choose(
 
 def _nearest_fit(plan: LaunchPlan, fw: Framework, candidates: list[tuple[Any, dict[str, object]]]) -> list[Any]:
     """Plans that fit, nearest to the current one: fewest changed overrides, then fastest (at most 3)."""
-    from grpo_tune.autotune.search.rank import step_s
+    from grpo_tune.costmodel.results import step_s
 
     nearest: list[Any] = []
     cur_ov = fw.tune_keys(plan, plan.strategy)

@@ -65,7 +65,7 @@ def hardware(json_out: Json = False) -> None:
         cells = {
             "name": hw.name,
             "aliases": ",".join(hw.aliases),
-            "bf16 TF/s": _tflops(hw.bf16_dense_flops_per_s),
+            "bf16 TF/s": _tflops(hw.peak_flops_per_s()),
             "HBM GiB": f"{hw.hbm_bytes / 2**30:.1f}" + ("*" if hw.memory_is_host else ""),  # as the driver reports it
             "HBM TB/s": f"{hw.hbm_bandwidth_bytes_per_s / 1e12:.2f}",
             "GPUs/node": str(hw.gpus_per_node),

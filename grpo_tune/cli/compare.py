@@ -125,7 +125,7 @@ def _print_rows(o: CompareOutcome, title: str) -> None:
             f"{headroom / GiB:.1f}",
         )
     console = Console()
-    from grpo_tune.autotune.calibrate.lengths import lengths_note, workload_line
+    from grpo_tune.costmodel.lengths import lengths_note, workload_line
 
     if wl.kind == "grpo":  # the lengths every row is priced on, and where they come from
         console.print(f"Workload: {workload_line(wl)}", highlight=False)

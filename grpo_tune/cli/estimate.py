@@ -76,7 +76,7 @@ def _print_plan(est: Estimate, console: Console) -> None:
             f"mini-batch {w.mini_batch}, {w.ppo_epochs} epoch(s), kl={'on' if w.kl else 'off'}",
             highlight=False,
         )
-        from grpo_tune.autotune.calibrate.lengths import lengths_note
+        from grpo_tune.costmodel.lengths import lengths_note
 
         console.print(f"lengths: {lengths_note(w)}", highlight=False)
     else:

@@ -36,7 +36,7 @@ def probe_cmd(
     t = Table(title=f"{hw.name}: written to {out}")
     t.add_column("figure")
     t.add_column("value", justify="right")
-    t.add_row("peak GEMM FLOP/s per rank", f"{hw.bf16_dense_flops_per_s / 1e9:,.1f} G")
+    t.add_row("peak GEMM FLOP/s per rank", f"{hw.peak_flops_per_s() / 1e9:,.1f} G")
     t.add_row("memory bandwidth per rank", f"{hw.hbm_bandwidth_bytes_per_s / 1e9:,.2f} GB/s")
     t.add_row("intra-node bus bandwidth", f"{hw.intra_node_bandwidth_bytes_per_s / 1e9:,.3f} GB/s")
     t.add_row("intra-node latency", f"{hw.efficiency.intra_node_latency_s * 1e6:,.0f} us")

@@ -125,7 +125,7 @@ def print_plans(ranked: list[Estimate], console: Console, *, top: int, title: st
     """Two tables: the plans (degrees, rollout, step time, throughput), then seconds and GiB per
     GPU for each phase against the capacity."""
     from grpo_tune.rundir.report import batch_cell, phase_seconds
-    from grpo_tune.autotune.search.rank import step_s, tokens_per_s_per_gpu
+    from grpo_tune.costmodel.results import step_s, tokens_per_s_per_gpu
 
     plans = ranked[:top]
     if not plans:
@@ -324,7 +324,7 @@ def _print_target(target, console: Console, rollout_hw=None) -> None:
     console.print(target_line(target.model, target.hardware, target.cluster, rollout_hw), highlight=False)
     wl = target.workload
     if wl.kind == "grpo":
-        from grpo_tune.autotune.calibrate.lengths import lengths_note, workload_line
+        from grpo_tune.costmodel.lengths import lengths_note, workload_line
 
         console.print(f"Workload: {workload_line(wl)}", highlight=False)
         console.print(f"Lengths: {lengths_note(wl)}", highlight=False)

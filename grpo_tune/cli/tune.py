@@ -15,7 +15,7 @@ from rich.table import Table
 from grpo_tune.core.placement import PlacementAsk
 from grpo_tune.frameworks.base.plan import LaunchPlan
 from grpo_tune.jobs.setup import prepare
-from grpo_tune.jobs.tune import TuneOutcome, TuneRequest, run_tune
+from grpo_tune.jobs.tune import TuneOutcome, TuneRequest, key_report, run_tune
 from grpo_tune.cli.options import (
     MIN_HEADROOM_DEFAULT,
     PLACEMENT_FLAGS,
@@ -105,7 +105,7 @@ def _plan_row(est) -> dict[str, Any]:
 
 
 def _summary(est) -> dict[str, Any]:
-    from grpo_tune.autotune.search.rank import step_s, tokens_per_s_per_gpu
+    from grpo_tune.costmodel.results import step_s, tokens_per_s_per_gpu
 
     fits = not any(v.code == "OOM_RISK" for v in est.violations)
     t = step_s(est)
@@ -182,10 +182,9 @@ def tune(
     )
 
     def read(plan: LaunchPlan) -> None:  # the launch's key findings, before any search
-        from grpo_tune.frameworks.verl.launch import Launch as VerlLaunch
-
-        if isinstance(plan.launch, VerlLaunch) and plan.launch.key_findings:
-            _report_keys(plan.launch, refuse=not ignore_unknown, json_out=json_out)
+        keys = key_report(plan)
+        if keys is not None:
+            _report_keys(*keys, refuse=not ignore_unknown, json_out=json_out)
 
     o = run_tune(req, read=read)
     if hardware is None and not json_out:  # stated, not silently assumed: the launch does not name its GPU
@@ -230,7 +229,7 @@ def _print_tuned(o: TuneOutcome, *, json_out: bool) -> None:
         return
     c = Console()
     wl = plan.workload
-    from grpo_tune.autotune.calibrate.lengths import lengths_note, workload_line
+    from grpo_tune.costmodel.lengths import lengths_note, workload_line
 
     c.print(
         f"{launch}{fw.tune_label}: {plan.model.name} ({plan.model_note}) on {plan.cluster.gpus} x "
@@ -239,7 +238,7 @@ def _print_tuned(o: TuneOutcome, *, json_out: bool) -> None:
     )
     c.print(f"lengths: {lengths_note(wl)}", highlight=False)
     c.print(_compare_table(cur, best))
-    _print_verdict(c, res, cur, best, o.request.keep)
+    _print_verdict(c, res, cur, best, o.request.keep, o.change_lines)
     if run_dir is not None:
         c.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False)
     if place.allows_split:
@@ -364,7 +363,7 @@ def _print_json(
     )
 
 
-def _report_keys(launch, *, refuse: bool, json_out: bool) -> None:
+def _report_keys(launch: Any, release: str, *, refuse: bool, json_out: bool) -> None:
     """diagnose's key findings for the launch, as diagnose words them; exit 1 (nothing priced, no tuned.sh) when
     verl would refuse a key, unless --ignore-unknown."""
     findings = launch.key_findings
@@ -380,19 +379,13 @@ def _report_keys(launch, *, refuse: bool, json_out: bool) -> None:
         err.print(f"{sev} {f.code} {where}: {f.message}{read}; {f.hint}", highlight=False, markup=False)
     if refused and refuse:
         err.print(
-            f"{len(refused)} key(s) verl {_verl_version()} refuses: fix them (`grpo-tune diagnose` lists every "
+            f"{len(refused)} key(s) verl {release} refuses: fix them (`grpo-tune diagnose` lists every "
             "problem), or pass --ignore-unknown to tune anyway (blog-only keys read as their real twins, the "
             "others dropped from tuned.sh); no tuned.sh written",
             highlight=False,
             markup=False,
         )
         raise typer.Exit(1)
-
-
-def _verl_version() -> str:
-    from grpo_tune.frameworks.verl import snapshot as verl
-
-    return verl.VERL_VERSION
 
 
 def _compare_table(cur: dict, best: dict) -> Table:
@@ -419,7 +412,7 @@ def _compare_table(cur: dict, best: dict) -> Table:
     return t
 
 
-def _print_verdict(c: Console, res, cur: dict, best: dict, keep_list: list[str]) -> None:
+def _print_verdict(c: Console, res, cur: dict, best: dict, keep_list: list[str], lines: list[str]) -> None:
     """Why the current plan does not fit (and the nearest that do), then the gain and the overrides that change."""
     from grpo_tune.autotune import tune as T
 
@@ -453,9 +446,7 @@ def _print_verdict(c: Console, res, cur: dict, best: dict, keep_list: list[str])
             highlight=False,
         )
         c.print("overrides that change:")
-        from grpo_tune.frameworks.verl.script import diff_lines
-
-        for line in diff_lines(res.changes):
+        for line in lines:
             c.print(f"[{'red' if line.startswith('-') else 'green'}]{line}[/]", highlight=False, soft_wrap=True)
     else:
         c.print(

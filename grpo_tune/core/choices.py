@@ -41,6 +41,20 @@ KlType = _choice("KlType", ("low_var_kl", "k3", "k1", "kl", "k2", "mse", "abs"))
 # Who samples the responses: ``auto`` = vllm on GPU, the training model itself (megatron) on CPU.
 RolloutEngine = _choice("RolloutEngine", ("auto", "vllm", "megatron"))
 
+# The rollout engine of a plan (engines/): vLLM or SGLang; ``auto`` on the command line searches both. The CPU
+# trainer's own sampler (megatron) comes from the hardware profile, not the plan.
+Engine = _choice("Engine", ("vllm", "sglang"))
+
+# Training GEMM precision (Megatron + TransformerEngine): bf16, or FP8 e4m3 with the blockwise recipe and bf16
+# master weights (docs/precision.md).
+TrainPrecision = _choice("TrainPrecision", ("bf16", "fp8"))
+
+# The rollout engine's weight precision: bf16, or FP8 block-wise quantized weights (W8A8, 128x128 blocks).
+RolloutPrecision = _choice("RolloutPrecision", ("bf16", "fp8"))
+
+# The rollout engine's KV-cache dtype: auto (the weights' activation dtype, bf16) or FP8 e4m3.
+KvCacheDtype = _choice("KvCacheDtype", ("auto", "fp8"))
+
 WorkloadKind = _choice("WorkloadKind", ("grpo", "pretrain"))
 
 Dtype = _choice("Dtype", ("bf16", "fp16", "fp32"))

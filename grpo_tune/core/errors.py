@@ -41,12 +41,15 @@ CODES = {
     "STORAGE_ERROR": "the study database cannot be opened or is held by another process",
     "WORKER_FAILED": "a training worker failed for a reason of its machine (disk, files, memory)",
     "NOT_PRICED": "a launch setting the cost model does not price (LoRA, a rollout engine other than vLLM)",
+    "UNSUPPORTED_PRECISION": "a precision the GPU has no tensor cores for (FP8 on an A100)",
     "NO_GPU": "a plan for GPUs started where there are fewer CUDA GPUs per node than it has ranks",
 }
 
 
 # What to do, for an error raised without its own hint (each code has one; tests/test_errors.py checks it).
 HINTS = {
+    "UNSUPPORTED_PRECISION": "use --precision/--rollout-precision bf16 on this GPU, or an FP8 GPU (H100, H200, "
+    "B200, ...): `grpo-tune hardware` lists each profile's FP8 FLOP/s",
     "BAD_CONFIG": "fix the value named above; `grpo-tune diagnose CONFIG` lists every problem of a config at once",
     "IO_ERROR": "check that the path exists and is writable, and that the disk has space",
     "INTERNAL_ERROR": "please report it with the command line; GRPO_TUNE_DEBUG=1 prints the traceback",
@@ -138,6 +141,10 @@ class NoFeasiblePlanError(GrpoTuneError, code="NO_FEASIBLE_PLAN"):
 
 class MissingDependencyError(GrpoTuneError, code="MISSING_DEPENDENCY"):
     """An optional package that the feature needs is not installed."""
+
+
+class UnsupportedPrecisionError(GrpoTuneError, code="UNSUPPORTED_PRECISION"):
+    """A training or rollout precision the hardware profile gives no peak FLOP/s for."""
 
 
 class StorageError(GrpoTuneError, code="STORAGE_ERROR"):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .efficiency import STACK_KEYS, Efficiency
-from .errors import ConfigError
+from .errors import ConfigError, UnsupportedPrecisionError
 from .stacks import StackSpec, load_stack
 from .validation import FINITE_NON_NEGATIVE, FINITE_POSITIVE, POSITIVE, Schema, from_mapping, to_mapping
 
@@ -34,7 +34,7 @@ class HardwareSpec:
     name: str
     source: str
     bf16_dense_flops_per_s: float
-    """Peak dense bf16 tensor-core FLOP/s (fp32 for the ``cpu`` profile)."""
+    """Peak dense bf16 tensor-core FLOP/s (fp32 for the ``cpu`` profile). Read through :meth:`peak_flops_per_s`."""
     hbm_bytes: float
     hbm_bandwidth_bytes_per_s: float
     gpus_per_node: int
@@ -61,6 +61,9 @@ class HardwareSpec:
     """``flash`` (no score matrix kept; causal block skipping) or ``unfused`` (softmax scores kept)."""
     activation_layout: str = "te-bf16"
     """``te-bf16`` (TransformerEngine fused layers, bf16) or ``local-fp32`` (megatron's local spec in fp32)."""
+    fp8_dense_flops_per_s: float | None = None
+    """Peak dense FP8 (e4m3) tensor-core FLOP/s, the datasheet's figure without sparsity; None: the GPU has no FP8
+    tensor cores (A100), and a plan that asks for FP8 there is an UNSUPPORTED_PRECISION error."""
     price_per_gpu_hour_usd: float | None = None
     aliases: tuple[str, ...] = ()
     nvlink_domain_gpus: int = 0
@@ -83,10 +86,26 @@ class HardwareSpec:
         """GPUs that share one NVLink domain (at least a node)."""
         return max(self.nvlink_domain_gpus, self.gpus_per_node)
 
+    def peak_flops_per_s(self, dtype: str = "bf16") -> float:
+        """Peak dense tensor-core FLOP/s for GEMMs in ``dtype`` (``bf16`` or ``fp8``): the one place the cost
+        model reads a chip's FLOP/s. FP8 on a profile without FP8 FLOP/s raises UNSUPPORTED_PRECISION."""
+        if dtype == "fp8":
+            if self.fp8_dense_flops_per_s is None:
+                raise UnsupportedPrecisionError(
+                    f"{self.name} has no FP8 tensor cores (its profile gives no fp8_dense_flops_per_s): "
+                    "FP8 training or rollout cannot run there"
+                )
+            return self.fp8_dense_flops_per_s
+        return self.bf16_dense_flops_per_s
+
+    @property
+    def supports_fp8(self) -> bool:
+        return self.fp8_dense_flops_per_s is not None
+
     @property
     def ridge_point(self) -> float:
         """Peak dense FLOP/s over HBM bytes/s: the arithmetic intensity where a roofline turns flat."""
-        return self.bf16_dense_flops_per_s / self.hbm_bandwidth_bytes_per_s
+        return self.peak_flops_per_s() / self.hbm_bandwidth_bytes_per_s
 
     def rank_memory_bytes(self, ranks_per_node: int) -> float:
         """Memory one rank computes in: a GPU's ``hbm_bytes``, or, where the ranks share the node's RAM
@@ -162,7 +181,8 @@ class HardwareSpec:
         return hash(
             (
                 self.name,
-                self.bf16_dense_flops_per_s,
+                self.peak_flops_per_s(),
+                self.fp8_dense_flops_per_s,
                 self.hbm_bytes,
                 self.gpus_per_node,
                 self.nvlink_domain_gpus,
@@ -184,6 +204,7 @@ _HARDWARE_SCHEMA = Schema(
             k: FINITE_POSITIVE
             for k in (
                 "bf16_dense_flops_per_s",
+                "fp8_dense_flops_per_s",
                 "hbm_bytes",
                 "hbm_bandwidth_bytes_per_s",
                 "intra_node_bandwidth_bytes_per_s",

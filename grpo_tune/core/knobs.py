@@ -20,16 +20,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from .choices import Offload, Recompute
+from .choices import Engine, KvCacheDtype, Offload, Recompute, RolloutPrecision, TrainPrecision
 from .errors import ConfigError
 from .validation import FRACTION, NON_NEGATIVE, POSITIVE, Range
 
 __all__ = ["CONCERNS", "KNOBS", "Knob", "Pin", "knob", "knobs", "names", "parse_offload"]
 
-CONCERNS = ("layout", "memory", "batching", "rollout")
+CONCERNS = ("layout", "memory", "batching", "rollout", "precision")
 """The concerns of a plan, as :class:`~core.strategy.Strategy` holds them (attribute names)."""
 
-Concern = Literal["layout", "memory", "batching", "rollout"]
+Concern = Literal["layout", "memory", "batching", "rollout", "precision"]
 Search = Literal["space", "grid", "pinned", "fixed"]
 """What the search does with a knob: ``space`` - the search space generates it (degrees, micro-batches,
 recompute, offload, the rollout TP and memory fraction) and applies its pin itself; ``grid`` - it tries
@@ -44,6 +44,7 @@ pinned to the launch's value and left as the launch has it; ``reapply`` - the se
 P_PAR = "Parallel degrees (unset: default in estimate, tuned in search)"
 P_MEM = "Memory options"
 P_ROLL = "Rollout"
+P_PREC = "Precision (docs/precision.md)"
 
 SYNC_BUCKET_MB = 2048
 """verl 0.9.1's ``rollout.checkpoint_engine.update_weights_bucket_megabytes`` default
@@ -88,6 +89,8 @@ class Pin:
     """Knobs set along with a non-zero pin (the CPU optimizer as verl's examples run it)."""
     parse: Callable[[str], object] | None = None
     """Turns the flag's text into the plan's value (``--offload``)."""
+    auto: tuple[object, ...] = ()
+    """The values the word ``auto`` searches (``--rollout-engine auto``: vllm and sglang); empty: no ``auto``."""
 
 
 NO_PIN = Pin(range=None, error="", hint=None)
@@ -350,6 +353,63 @@ KNOBS: tuple[Knob, ...] = (
     ),
     # --- memory: the logits path (the plan's last field since it was added) ------------------------
     Knob("fused_kernels", "memory", search=_FIXED),
+    # --- rollout: which engine (engines/) --------------------------------------------------------------
+    Knob(
+        "engine",
+        "rollout",
+        flag="--rollout-engine",
+        kind=str,
+        help="vllm | sglang | auto (search both). Default: vllm, verl's and NeMo-RL's default.",
+        panel=P_ROLL,
+        pin=Pin(
+            range=None,
+            error="{flag} must be one of " + ", ".join((*Engine.values(), "auto")) + ", got {v!r}",
+            hint=None,
+            choices=(*Engine.values(), "auto"),
+            auto=Engine.values(),
+        ),
+        search="grid",
+        values=("vllm",),  # searched only when asked (auto): the default plan is the frameworks' default engine
+        tune="user",
+    ),
+    # --- precision: number formats (docs/precision.md) -------------------------------------------------
+    Knob(
+        "precision",
+        "precision",
+        flag="--precision",
+        kind=str,
+        help="Training GEMMs: bf16 | fp8 (Megatron/TE e4m3, blockwise recipe).",
+        panel=P_PREC,
+        pin=Pin(
+            range=None, error="{flag} must be one of bf16, fp8, got {v!r}", hint=None, choices=TrainPrecision.values()
+        ),
+        tune="user",
+    ),
+    Knob(
+        "rollout_precision",
+        "precision",
+        flag="--rollout-precision",
+        kind=str,
+        help="Rollout weights: bf16 | fp8 (block-wise FP8; with bf16 training the importance-sampling "
+        "correction is emitted).",
+        panel=P_PREC,
+        pin=Pin(
+            range=None, error="{flag} must be one of bf16, fp8, got {v!r}", hint=None, choices=RolloutPrecision.values()
+        ),
+        tune="user",
+    ),
+    Knob(
+        "kv_cache_dtype",
+        "precision",
+        flag="--kv-cache-dtype",
+        kind=str,
+        help="Rollout KV cache: auto (bf16) | fp8.",
+        panel=P_PREC,
+        pin=Pin(
+            range=None, error="{flag} must be one of auto, fp8, got {v!r}", hint=None, choices=KvCacheDtype.values()
+        ),
+        tune="user",
+    ),
 )
 
 

@@ -28,7 +28,11 @@ DEFAULT_STACK = "verl-0.9.1"
 """The stack priced when none is chosen: the verl release grpo-tune exports launches for."""
 
 STACKS_DIR = Path(__file__).resolve().parent.parent / "profiles" / "stacks"
-FRAMEWORKS = ("verl", "nemo-rl", "megatron-lm", "grpo-tune")
+TRAINER = "grpo-tune"
+"""grpo-tune's own trainer, which owns a stack (``grpo-tune-cpu``) but no framework integration."""
+FRAMEWORKS = ("verl", "nemo-rl", "megatron-lm", TRAINER)
+"""Every framework's name, once: a stack profile's ``framework``, and the order of ``frameworks.REGISTRY``
+(which holds one integration per name but the trainer's, built from this tuple)."""
 
 
 @dataclass(frozen=True, kw_only=True)

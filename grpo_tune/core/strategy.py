@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from . import knobs as _knobs
-from .choices import Dtype, Offload, Recompute, WorkloadKind
+from .choices import Dtype, Engine, KvCacheDtype, Offload, Recompute, RolloutPrecision, TrainPrecision, WorkloadKind
 from .errors import ConfigError, InvalidDegreesError
 from .knobs import OFFLOAD, RECOMPUTE, SYNC_BUCKET_MB, Knob, knobs
 from .rules import check_degrees, divisors, errors, stage_layers
@@ -189,19 +189,68 @@ class RolloutEngine:
     """Weight-sync bucket in MiB (verl's ``rollout.checkpoint_engine.update_weights_bucket_megabytes``, used as
     ``<< 20`` bytes): the exported HF tensors are packed into buckets of this size, each shipped to vLLM by CUDA IPC."""
 
+    engine: str = "vllm"
+    """Which engine samples: ``vllm`` or ``sglang`` (engines/; the CPU trainer's own sampler comes from the
+    hardware profile). Its knobs above are spelled by each engine's keys (``gpu_memory_utilization`` is
+    SGLang's ``mem_fraction_static``)."""
+
     @property
     def sync_bucket_bytes(self) -> int:
         return self.sync_bucket_mb << 20
 
+
+@dataclass(frozen=True, kw_only=True)
+class Precision:
+    """The plan's number formats (docs/precision.md): training GEMMs, rollout weights, the rollout KV cache.
+    FP8 needs FP8 tensor cores (``HardwareSpec.peak_flops_per_s('fp8')``)."""
+
+    precision: str = "bf16"
+    """Training: ``bf16``, or ``fp8`` (Megatron/TransformerEngine e4m3 GEMMs, blockwise recipe, bf16 master
+    weights and optimizer as in bf16)."""
+    rollout_precision: str = "bf16"
+    """Rollout weights: ``bf16``, or ``fp8`` (block-wise FP8 W8A8, verl ``rollout.quantization=fp8``); with bf16
+    training the samples are off-policy by the quantization error, so the importance-sampling correction is on."""
+    kv_cache_dtype: str = "auto"
+    """Rollout KV cache: ``auto`` (bf16) or ``fp8`` (e4m3: half the bytes per token)."""
+
+    @property
+    def default(self) -> bool:
+        return self == _DEFAULT_PRECISION
+
+    @property
+    def off_policy_fp8(self) -> bool:
+        """FP8 rollout with bf16 training: the sampler's policy differs from the trained one (needs the
+        rollout importance-sampling correction)."""
+        return self.rollout_precision == "fp8" and self.precision != "fp8"
+
+    def note(self) -> str:
+        """One line for an emitted launch's header: the number formats when not bf16, and why the off-policy
+        correction is on (empty at the defaults)."""
+        if self.default:
+            return ""
+        text = (
+            f"Precision: training {self.precision}, rollout weights {self.rollout_precision}, "
+            f"KV cache {self.kv_cache_dtype}"
+        )
+        if self.off_policy_fp8:
+            text += (
+                "; FP8 rollout with bf16 training samples from a quantized policy, so the rollout "
+                "importance-sampling correction is on (docs/precision.md)"
+            )
+        return text + "."
+
+
+_DEFAULT_PRECISION = Precision()
 
 _CONCERN_TYPES: dict[str, type] = {
     "layout": Layout,
     "memory": Memory,
     "batching": Batching,
     "rollout": RolloutEngine,
+    "precision": Precision,
 }
 """The dataclass of each concern (core/knobs.py CONCERNS)."""
-_FLAT = ("layout", "memory", "batching", "rollout")
+_FLAT = ("layout", "memory", "batching", "rollout", "precision")
 """The concerns, whose fields a plan's ``strategy`` section lists flat."""
 
 
@@ -224,6 +273,7 @@ class Strategy:
     memory: Memory = Memory()
     batching: Batching = Batching()
     rollout: RolloutEngine = RolloutEngine()
+    precision: Precision = Precision()
 
     @classmethod
     def of(cls, **knobs: object) -> "Strategy":
@@ -289,6 +339,9 @@ class Strategy:
         d = {k: list(v) if isinstance(v, tuple) else v for k, v in self.knobs().items()}
         if d["log_prob_mbs"] is None:  # unset means mbs: plans (best.yaml, --json) without it read as before
             del d["log_prob_mbs"]
+        for k, default in _QUIET_DEFAULTS.items():  # added after schema 1: a plan at their defaults reads as before
+            if d.get(k) == default:
+                del d[k]
         return d
 
     @classmethod
@@ -327,10 +380,27 @@ class Strategy:
 
 
 _DEFAULT = Strategy()
+_QUIET_DEFAULTS = {"engine": "vllm", "precision": "bf16", "rollout_precision": "bf16", "kv_cache_dtype": "auto"}
+"""Knobs left out of a plan's strategy section at their default (they came after schema 1's section)."""
 _FIELDS: dict[type, tuple[str, ...]] = {
-    t: tuple(f.name for f in dataclasses.fields(t)) for t in (Strategy, Layout, Memory, Batching, RolloutEngine)
+    t: tuple(f.name for f in dataclasses.fields(t))
+    for t in (Strategy, Layout, Memory, Batching, RolloutEngine, Precision)
 }
 _set = object.__setattr__
+
+
+def layout_of(s: Strategy) -> dict[str, int | None]:
+    """What makes a layout: the parallel degrees and the pipeline split (not mbs, recompute, offload, rollout)."""
+    return {
+        **s.layout.degrees(),
+        "first_stage_layers": s.layout.first_stage_layers,
+        "last_stage_layers": s.layout.last_stage_layers,
+    }
+
+
+def layout_key(s: Strategy) -> tuple[int | None, ...]:
+    """:func:`layout_of` as a hashable key (search's one-row-per-layout table, the report's plots)."""
+    return tuple(layout_of(s).values())
 
 
 def _copy(obj: _T, upd: dict[str, object]) -> _T:
@@ -451,7 +521,10 @@ class Workload:
 _PLAIN = Schema()
 _SCHEMAS = {
     "memory": Schema(ranges={"cpu_optimizer": FRACTION}, choices={"recompute": Recompute, "offload": Offload}),
-    "rollout": Schema(ranges={"gpu_memory_utilization": FRACTION}),
+    "rollout": Schema(ranges={"gpu_memory_utilization": FRACTION}, choices={"engine": Engine}),
+    "precision": Schema(
+        choices={"precision": TrainPrecision, "rollout_precision": RolloutPrecision, "kv_cache_dtype": KvCacheDtype}
+    ),
 }
 _WORKLOAD_SCHEMA = Schema(choices={"kind": WorkloadKind, "dtype": Dtype})
 

@@ -64,6 +64,25 @@ def trainer_only(model: ModelSpec, strategy: Strategy) -> list[Finding]:
                 "set strategy.cp: 1 (the search keeps CP only where each CP rank holds >= 4k tokens)",
             )
         )
+    if s.rollout.engine != "vllm":
+        out.append(
+            Finding(
+                CODE,
+                f"engine {s.rollout.engine}: the trainer samples with vLLM (or its own sampler on CPU), it has no "
+                f"{s.rollout.engine} adapter (engines/{s.rollout.engine})",
+                "set strategy.engine: vllm to run it here (verl runs it as emitted in verl.sh)",
+            )
+        )
+    if not s.precision.default:
+        out.append(
+            Finding(
+                CODE,
+                f"precision {s.precision.precision}, rollout {s.precision.rollout_precision}, KV cache "
+                f"{s.precision.kv_cache_dtype}: the trainer trains and samples in bf16",
+                "drop strategy.precision / rollout_precision / kv_cache_dtype to run it here (verl and NeMo-RL run "
+                "it as emitted)",
+            )
+        )
     if s.memory.fused_kernels:
         # verl's linear_cross_entropy kernel; the trainer's loss (trainer/engine.py) reads materialised logits
         out.append(

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    from grpo_tune.core.strategy import Workload
 
 ASSUMED_MEAN_FRACTION = 0.2
 """Mean / max of prompt and response lengths when the user gives neither ``--lengths`` nor a mean.
@@ -158,3 +161,21 @@ def quantiles_from_samples(lengths: list[float], points: int = QUANTILE_POINTS) 
         f = pos - i
         out.append(int(round(xs[i] + f * (xs[min(i + 1, len(xs) - 1)] - xs[i]))))
     return tuple(out)
+
+
+def lengths_note(w: Workload) -> str:
+    """Where a GRPO workload's mean lengths come from, for the search header, report.md and tune:
+    the assumption and how to replace it, the file they were read from, or the flags."""
+    if w.lengths_source:
+        return " ".join(str(w.lengths_source).split())
+    if w.response_len_mean is None and not w.response_len_quantiles:
+        return "mean = max (the worst case); give --lengths FILE or --response-len-mean for a typical one"
+    return "means from --prompt-len-mean / --response-len-mean"
+
+
+def workload_line(w: Workload) -> str:
+    """``1024 prompts x n=5, prompt <= 1024 (mean 205) + response <= 1024 (mean 205) tokens``."""
+    return (
+        f"{w.prompts} prompts x n={w.n}, prompt <= {w.prompt_len} (mean {w.mean_prompt_len:,.0f}) + "
+        f"response <= {w.response_len} (mean {w.mean_response_len:,.0f}) tokens"
+    )

@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from grpo_tune.engines.base import KV_BYTES, WEIGHT_BYTES
+
 from .activations import (  # re-exported: callers and tests read them from costmodel.memory
     BF16,
     FP32,
@@ -93,6 +95,12 @@ CPU_OPTIMIZER_MAIN_PARAM_BYTES = 4
 stays on the GPU when the hybrid CPU optimizer steps the state on the host."""
 
 
+FP8_WEIGHT_COPY_BYTES = 2
+"""FP8 training without FP8 parameters (Megatron ``fp8_param`` off, the default): TransformerEngine keeps, besides
+the bf16 weight, its e4m3 cast in both layouts a GEMM needs (row-wise for the forward, column-wise for the
+backward's data gradient: 1 B each) for the whole step (cached across micro-batches)."""
+
+
 def model_state_bytes(
     dense: int,
     expert: int,
@@ -107,6 +115,8 @@ def model_state_bytes(
     w, g0, o = STATE_BYTES[dtype]
     g = float(grad_bytes) if (grad_bytes is not None and dtype == "bf16") else float(g0)
     n = dense + expert
+    if s.precision.precision == "fp8":
+        w += FP8_WEIGHT_COPY_BYTES
     return ModelState(weights=float(w * n), grads=float(g * n), optimizer=float(o * optimizer_params(dense, expert, s)))
 
 
@@ -116,31 +126,37 @@ def model_state_bytes(
 
 
 @lru_cache(maxsize=1024)
-def rollout_weight_bytes(m: ModelSpec, rollout_tp: int) -> float:
-    """bf16 weights on one vLLM rank: linears and vocab split by TP, norms/router replicated.
+def rollout_weight_bytes(m: ModelSpec, rollout_tp: int, precision: str = "bf16") -> float:
+    """Weights on one rollout rank: linears and vocab split by TP, norms/router replicated.
 
     With rollout_tp > kv_heads, vLLM replicates each KV head, so K/V weights do not shrink below one head.
+    ``precision`` fp8: the linear layers' weights block-wise FP8 (engines.WEIGHT_BYTES), the embedding and the
+    output layer kept in bf16 (vLLM's and SGLang's FP8 linear methods quantize the decoder's linears only).
     """
     st = per_stage_params(m, Strategy.of(tp=rollout_tp, etp=rollout_tp))[0]
     n = float(st.total)
     if not m.is_mla and rollout_tp > m.kv_heads:
         kv_w = 2 * m.hidden * m.kv_heads * m.head_dim + (2 * m.kv_heads * m.head_dim if m.qkv_bias else 0)
         n += m.layers * kv_w * (1 / m.kv_heads - 1 / rollout_tp)
-    return BF16 * n
+    if precision == "bf16":
+        return BF16 * n
+    emb = (1 if m.tied_embeddings else 2) * m.vocab * m.hidden / rollout_tp
+    return BF16 * emb + WEIGHT_BYTES[precision] * (n - emb)
 
 
 @lru_cache(maxsize=1024)
-def kv_bytes_per_token(m: ModelSpec, rollout_tp: int) -> float:
-    """KV-cache bytes per token on one rollout rank (bf16).
+def kv_bytes_per_token(m: ModelSpec, rollout_tp: int, kv_cache_dtype: str = "auto") -> float:
+    """KV-cache bytes per token on one rollout rank (bf16; ``kv_cache_dtype`` fp8: half of it, engines.KV_BYTES).
 
     GQA/MHA: 2 (K, V) x layers x kv heads per rank x head_dim x 2 B, kv heads replicated when
     rollout_tp > kv_heads. MLA (DeepSeek-V2 sec. 2.1.2): the latent (kv_lora_rank + rope dim) per
     layer, which vLLM keeps whole on every TP rank.
     """
+    b = BF16 if kv_cache_dtype == "auto" else KV_BYTES[kv_cache_dtype]
     if m.is_mla:
-        return float(m.layers * (m.kv_lora_rank + m.qk_rope_head_dim) * BF16)
+        return float(m.layers * (m.kv_lora_rank + m.qk_rope_head_dim) * b)
     heads = max(1, m.kv_heads // rollout_tp)
-    return float(2 * m.layers * heads * m.head_dim * BF16)
+    return float(2 * m.layers * heads * m.head_dim * b)
 
 
 @lru_cache(maxsize=1024)
@@ -182,12 +198,13 @@ def kv_cache_capacity(
     """The KV cache that ``gpu_memory_utilization`` leaves, and the concurrent sequences it holds."""
     eng = strategy.rollout
     budget = eng.gpu_memory_utilization * hardware.hbm_bytes
-    w = rollout_weight_bytes(model, eng.rollout_tp)
+    prec = strategy.precision
+    w = rollout_weight_bytes(model, eng.rollout_tp, prec.rollout_precision)
     work = rollout_working_bytes(model, eng.rollout_tp, eng.max_num_seqs, eng.max_num_batched_tokens)
     if not eng.enforce_eager:
         work += CUDA_GRAPH_BYTES
     kv = budget - w - work
-    per_tok = kv_bytes_per_token(model, eng.rollout_tp)
+    per_tok = kv_bytes_per_token(model, eng.rollout_tp, prec.kv_cache_dtype)
     tokens = int(kv // per_tok) if kv > 0 else 0
     seq = workload.prompt_len + workload.response_len
     return KvCapacity(

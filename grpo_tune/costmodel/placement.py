@@ -763,7 +763,7 @@ def estimate_separate(
         throughput=Throughput(
             tokens_per_s_per_gpu=tokens / step / gpus,
             model_tflops_per_gpu=tflops / 1e12,
-            mfu=tflops / hardware.bf16_dense_flops_per_s,
+            mfu=tflops / hardware.peak_flops_per_s(),
         ),
         violations=tuple(train.violations) + tuple(rviol) + tuple(shared),
         host_bytes_per_node=train.host_bytes_per_node,

@@ -5,6 +5,7 @@ block best.yaml records). Phases are named by :class:`core.phases.Phase` values.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Mapping, TypedDict
@@ -14,6 +15,10 @@ from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
 _EMPTY: Mapping[str, float] = MappingProxyType({})
+
+DEFAULTS_NOISE = 0.01
+"""A knob changing the predicted step by less than this fraction is left at the framework's default (search's
+defaults within noise, ``autotune.search.defaults``; report.md states it)."""
 
 
 class PoolFigures(TypedDict):
@@ -182,9 +187,7 @@ class Estimate:
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
-        if self.throughput is not None:
-            return self.throughput.tokens_per_s_per_gpu
-        return 0.0
+        return tokens_per_s_per_gpu(self)
 
     def predicted(self) -> dict[str, object]:
         """The cost model's figures for ``best.yaml``'s ``predicted`` block (plain YAML types)."""
@@ -233,3 +236,20 @@ def _plain(d: Mapping[str, object]) -> dict[str, object]:
     return {
         k: (_plain(v) if isinstance(v, Mapping) else (float(v) if isinstance(v, float) else v)) for k, v in d.items()
     }
+
+
+def step_s(est: Estimate) -> float:
+    """The plan's predicted step in seconds; infinite when the estimate has no time model (the rank key's
+    order: such a plan ranks last). The one definition of the step metric: search, rank, compare, tune and
+    the run folder's report all read it here."""
+    return math.inf if est.time is None else float(est.time.step_s)
+
+
+def tokens_per_s_per_gpu(est: Estimate) -> float:
+    """Trained tokens per second per GPU: the throughput block's figure, else the workload's tokens over the
+    step (0 without a time model)."""
+    if est.throughput is not None:
+        return float(est.throughput.tokens_per_s_per_gpu)
+    s = step_s(est)
+    wl = est.workload
+    return 0.0 if not math.isfinite(s) else wl.sequences * wl.train_seq_len / s / est.cluster.gpus

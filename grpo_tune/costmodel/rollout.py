@@ -24,6 +24,8 @@ import math
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
+from grpo_tune import engines
+
 from . import comm, memory
 from .lengths import LengthDist, dist
 from .timing_base import PARAM_BYTES, attention_fraction, gemm_efficiency, model_consts
@@ -76,7 +78,8 @@ class _DecodeStep:
         # achievable bandwidth (decode_efficiency, per GPU), and FLOPs at the GEMM ceiling (the low
         # intensity of a small batch is what makes it memory-bound: the GEMM curve would count it twice).
         # Prefill's GEMMs are large and take the curve at their own shape.
-        self.peak = hw.bf16_dense_flops_per_s * cal["rollout_efficiency_scale"]
+        prec, engine = s.precision, engines.of(s, hw)
+        self.peak = hw.peak_flops_per_s(prec.rollout_precision) * cal["rollout_efficiency_scale"]  # W8A8 GEMMs
         self.decode_peak = self.peak * e.gemm_efficiency_max
         self.hbm = (
             hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency * cal["rollout_efficiency_scale"] * e.decode_efficiency
@@ -84,9 +87,10 @@ class _DecodeStep:
         self.body_flops = m.layers * (c["dense_flops"] + c["routed_flops"])
         self.attn = m.layers * c["attn_coef"]
         self.head = c["head_flops"]
-        self.all_expert = (m.moe_layers * m.experts * c["expert_w"] * PARAM_BYTES / rtp) if m.is_moe else 0.0
-        self.dense_bytes = memory.rollout_weight_bytes(m, rtp) - self.all_expert
-        self.kv_tok = memory.kv_bytes_per_token(m, rtp)
+        wb = PARAM_BYTES if prec.rollout_precision == "bf16" else engine.weight_bytes(prec.rollout_precision)
+        self.all_expert = (m.moe_layers * m.experts * c["expert_w"] * wb / rtp) if m.is_moe else 0.0
+        self.dense_bytes = memory.rollout_weight_bytes(m, rtp, prec.rollout_precision) - self.all_expert
+        self.kv_tok = memory.kv_bytes_per_token(m, rtp, prec.kv_cache_dtype)
         self.ffn = (m.ffn_hidden or m.expert_ffn_hidden) / rtp
         # Host costs (the stack's), fixed seconds: per step, per running sequence per step, and the per-layer
         # launches of an eager step.
@@ -95,6 +99,8 @@ class _DecodeStep:
         self.eager_launch = m.layers * e.eager_layer_overhead_s
         self.eager = eng.enforce_eager
         self.moe_eff = e.moe_decode_efficiency
+        self.graph_max = engine.graph_batch(rtp)
+        self.overlap = engine.overlaps_host
 
     def __call__(self, conc: float, ctx: float) -> tuple[float, bool]:
         conc = max(conc, 1e-3)
@@ -112,10 +118,12 @@ class _DecodeStep:
             * _tp_allreduce_s(self.hw, conc * self.m.hidden * PARAM_BYTES, self.rtp, self.gpn, self.cal)
         )
         t_gpu = max(t_mem, t_comp) + t_comm
-        if self.eager or conc > CUDA_GRAPH_MAX_BATCH:
+        if self.eager or conc > self.graph_max:
             # eager: the host launches each layer's kernels while the GPU runs the earlier ones (vLLM syncs
             # once per step, on the sampled tokens), so the forward takes the longer of the two
             t_gpu = max(t_gpu, self.eager_launch)
+        if self.overlap:  # the next step is scheduled on the host while the GPU runs this one (engines/sglang)
+            return max(t_gpu, self.graph_ovh + conc * self.seq_ovh), t_mem >= t_comp
         return t_gpu + self.graph_ovh + conc * self.seq_ovh, t_mem >= t_comp
 
 
@@ -141,6 +149,9 @@ def rollout_s(
         eng.max_num_batched_tokens,
         eng.enforce_eager,
         eng.chunked_prefill,
+        eng.engine,
+        s.precision.rollout_precision,
+        s.precision.kv_cache_dtype,
         tuple(cal.values()),
     )
     hit = _CACHE.get(key)
@@ -175,6 +186,13 @@ def _rollout_s(
         pre_tokens * (step.body_flops + step.attn * prompt * attention_fraction(hw)) + seqs * c["head_flops"]
     ) / rtp
     t_pre = pre_flops / (step.peak * gemm_efficiency(e, pre_rows, m.hidden, step.ffn))
+    if s.precision.rollout_precision != "bf16":  # FP8 linears; prefill's attention stays bf16 (docs/precision.md)
+        attn = pre_tokens * step.attn * prompt * attention_fraction(hw) / rtp
+        t_pre += (
+            attn
+            * (1 / hw.peak_flops_per_s() - 1 / hw.peak_flops_per_s("fp8"))
+            / (cal["rollout_efficiency_scale"] * gemm_efficiency(e, pre_rows, m.hidden, step.ffn))
+        )
     t_pre += math.ceil(pre_tokens / chunk) * step.graph_ovh
     if rtp > 1:
         t_pre += (

@@ -122,7 +122,7 @@ def step_time(
         Throughput(
             tokens_per_s_per_gpu=tokens / step / gpus,
             model_tflops_per_gpu=tflops / 1e12,
-            mfu=tflops / hw.bf16_dense_flops_per_s,
+            mfu=tflops / hw.peak_flops_per_s(),
         ),
         MappingProxyType(details),
     )

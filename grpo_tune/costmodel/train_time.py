@@ -48,7 +48,11 @@ def layer_times(
     gpn = cluster.gpus_per_node
     tp, cp, ep, etp = lay.tp, lay.cp, lay.ep, lay.etp_
     tokens = tokens_mb / cp  # CP splits every sequence
-    peak = hw.bf16_dense_flops_per_s * cal["compute_efficiency_scale"]
+    peak = hw.peak_flops_per_s() * cal["compute_efficiency_scale"]
+    fp8 = s.precision.precision == "fp8"
+    # FP8 training (TransformerEngine, e4m3): the linear layers' GEMMs run at the FP8 peak; core attention, the
+    # output layer and the element-wise work stay bf16 (Megatron keeps them out of the FP8 autocast)
+    peak_lin = hw.peak_flops_per_s("fp8") * cal["compute_efficiency_scale"] if fp8 else peak
 
     def link(span: int) -> tuple[float, float]:
         return comm.link(hw, span, gpn, cal, e)
@@ -56,12 +60,12 @@ def layer_times(
     # Dense weights split by TP; routed experts: each rank does tokens*top_k/tp expert passes
     # (MoE parallel folding spreads the tokens of tp*cp*dp ranks over ep*etp).
     ffn_rank = (m.ffn_hidden if m.ffn_hidden else m.expert_ffn_hidden) / tp
-    t_dense = tokens * c["dense_flops"] / tp / (peak * gemm_efficiency(e, tokens, m.hidden, ffn_rank))
+    t_dense = tokens * c["dense_flops"] / tp / (peak_lin * gemm_efficiency(e, tokens, m.hidden, ffn_rank))
     t_expert = 0.0
     if c["routed_flops"]:
         rows_e = max(1.0, tokens * m.top_k * ep * etp / (tp * m.experts))  # tokens per local expert: grouped GEMM rows
         eff_e = gemm_efficiency(e, rows_e, m.hidden, m.expert_ffn_hidden / etp)
-        t_expert = cal["moe_imbalance"] * tokens * c["routed_flops"] / tp / (peak * eff_e)
+        t_expert = cal["moe_imbalance"] * tokens * c["routed_flops"] / tp / (peak_lin * eff_e)
     # Core attention of the rank's query tokens against their (causal) context.
     t_attn = tokens * c["attn_coef"] * seq_len * attention_fraction(hw) / tp / (peak * e.attention_efficiency)
     # Memory-bound element-wise work per token (bf16 reads + writes): norms and residual adds
@@ -77,6 +81,10 @@ def layer_times(
         copies = tokens / (tp if lay.sp else 1) * m.top_k * cal["moe_imbalance"]
         passes = 7 if ep > 1 and m.experts > ep else 3
         elem += copies * m.hidden * PARAM_BYTES * passes * c["moe_fraction"]
+    if fp8:
+        # each linear's input is quantized before its GEMM (read bf16, write e4m3 and its scales: 3 B per value):
+        # QKV, the attention projection and fc1 read hidden-wide inputs, fc2 an ffn-wide one (per rank)
+        elem += tokens * (3 * m.hidden / (tp if lay.sp else 1) + ffn_act / tp) * 3
     t_elem = elem / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
     t_comp_f = t_dense + t_expert + t_attn + t_elem
 
@@ -168,7 +176,7 @@ def head_s(
     over tokens x vocab/tp values (memory-bound)."""
     lay = s.layout
     c = model_consts(m)
-    peak = hw.bf16_dense_flops_per_s * cal["compute_efficiency_scale"]
+    peak = hw.peak_flops_per_s() * cal["compute_efficiency_scale"]
     t = tokens * c["head_flops"] / lay.tp / (peak * gemm_efficiency(e, tokens, m.hidden, m.vocab / lay.tp))
     if logprob:
         t += tokens * m.vocab / lay.tp * 5 * 4 / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)

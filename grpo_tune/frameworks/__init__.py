@@ -1,28 +1,33 @@
 """Framework integrations behind one small contract (:mod:`.base`): each writes a plan as that framework's
 launch files, reads its launches back, and names what it cannot express (the search's pins when planning for it).
 
-:data:`REGISTRY` lists them, in the order a run folder's files are written: ``verl`` (the default,
+:data:`REGISTRY` lists them (by :data:`core.stacks.FRAMEWORKS`, the one list of names), in the order a run
+folder's files are written: ``verl`` (the default,
 :mod:`.verl`), ``nemo-rl`` (:mod:`.nemo_rl`) and ``megatron-lm`` (:mod:`.megatron_lm`, written into every run).
 :data:`NAMES` is what ``--framework`` accepts (``all`` = every one). A new framework is one sub-package with a
-:class:`~.base.Framework` subclass, and one line here.
+:class:`~.base.Framework` subclass, its name in core/stacks.py's FRAMEWORKS and its class here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Sequence
 
 from grpo_tune.core.errors import ConfigError
+from grpo_tune.core.stacks import FRAMEWORKS, TRAINER
 from grpo_tune.frameworks.base import Framework
 from grpo_tune.frameworks.base.findings import Report
-from grpo_tune.frameworks.base.plan import LaunchPlan
+from grpo_tune.frameworks.base.plan import LaunchPlan, ReadRequest
 from grpo_tune.frameworks.base.runlog import RunLog
 from grpo_tune.frameworks.megatron_lm.framework import MegatronLM
 from grpo_tune.frameworks.nemo_rl.framework import NemoRL
 from grpo_tune.frameworks.verl.framework import Verl
 
-REGISTRY: tuple[Framework, ...] = (Verl(), NemoRL(), MegatronLM())
+_INTEGRATIONS: dict[str, type[Framework]] = {c.name: c for c in (Verl, NemoRL, MegatronLM)}
+REGISTRY: tuple[Framework, ...] = tuple(_INTEGRATIONS[n]() for n in FRAMEWORKS if n != TRAINER)
+"""One integration per name of :data:`core.stacks.FRAMEWORKS` (the one list of framework names), in its order."""
 NAMES = tuple(f.name for f in REGISTRY if not f.always)
 DEFAULT = "verl"
 
@@ -79,39 +84,25 @@ def named(name: str) -> Framework:
     return next(f for f in REGISTRY if f.name == name)
 
 
-def read_plan(
-    path: str | Path,
-    overrides: Sequence[str] = (),
-    *,
-    model: str | None = None,
-    hardware: str | None = None,
-    prompt_len_mean: int | None = None,
-    response_len_mean: int | None = None,
-    stack: str | None = None,
-) -> LaunchPlan:
+def read_plan(req: ReadRequest | str | Path, **fields: object) -> LaunchPlan:
     """Model, hardware, GPUs, workload and plan of a framework's launch, config or recipe (with trailing
     ``key=value`` overrides, for the frameworks that take them), read by the framework that reads it, or of a
-    grpo-tune run config (best.yaml); the hardware priced under ``stack`` (None: the framework's or the
-    config's)."""
-    read = reader_for(path).read_plan(
-        Path(path),
-        list(overrides),
-        model=model,
-        hardware=hardware,
-        prompt_len_mean=prompt_len_mean,
-        response_len_mean=response_len_mean,
-        stack=stack,
-    )
+    grpo-tune run config (best.yaml); the hardware priced under ``req.stack`` (None: the framework's or the
+    config's). A path with keywords is ``ReadRequest(path, **fields)`` (``read_plan(launch, hardware="h100")``)."""
+    if not isinstance(req, ReadRequest):
+        req = ReadRequest(Path(req), **fields)  # type: ignore[arg-type]  # ReadRequest checks the names
+    elif fields:
+        req = dataclasses.replace(req, **fields)  # type: ignore[arg-type]
+    req = dataclasses.replace(req, path=Path(req.path), overrides=list(req.overrides))
+    read = reader_for(req.path).read_plan(req)
     if read is not None:
         return read
-    import dataclasses
-
     from grpo_tune.core.hardware import with_stack
 
     plan = _read_run_config(
-        Path(path), hardware=hardware, prompt_len_mean=prompt_len_mean, response_len_mean=response_len_mean
+        req.path, hardware=req.hardware, prompt_len_mean=req.prompt_len_mean, response_len_mean=req.response_len_mean
     )
-    return dataclasses.replace(plan, hardware=with_stack(plan.hardware, stack)) if stack else plan
+    return dataclasses.replace(plan, hardware=with_stack(plan.hardware, req.stack)) if req.stack else plan
 
 
 def _read_run_config(
@@ -151,7 +142,9 @@ def select(value: str | None) -> tuple[str, ...]:
         return NAMES
     if v.replace("_", "-") in NAMES:
         return (v.replace("_", "-"),)
-    raise ConfigError(f"--framework {value!r}: not a framework grpo-tune writes", hint="choose verl, nemo-rl or all")
+    raise ConfigError(
+        f"--framework {value!r}: not a framework grpo-tune writes", hint=f"choose {', '.join(NAMES)} or all"
+    )
 
 
 def constraints(names: Sequence[str]) -> dict[str, object]:

@@ -115,7 +115,7 @@ def compare_rows(
     """One row per hardware profile: the best plan's figures, or why none fits."""
     from grpo_tune.rundir.report import plan_label
     from grpo_tune.autotune.search.driver import search
-    from grpo_tune.autotune.search.rank import step_s, tokens_per_s_per_gpu
+    from grpo_tune.costmodel.results import step_s, tokens_per_s_per_gpu
 
     rows = []
     for name in hardware:

@@ -29,6 +29,14 @@ def run_estimate(req: EstimateRequest) -> Estimate:
     from grpo_tune import frameworks as F
     from grpo_tune.core.strategy import Strategy
 
+    if req.pins.get("engine") == "auto":  # --rollout-engine auto: the plan on each engine, the faster one
+        import dataclasses
+
+        from grpo_tune.core.choices import Engine
+        from grpo_tune.costmodel.results import step_s
+
+        each = [run_estimate(dataclasses.replace(req, pins={**req.pins, "engine": e})) for e in Engine.values()]
+        return min(each, key=step_s)
     m, hw, cluster, wl = req.target
     pins = F.plan_pins(req.setup.frameworks, req.pins)
     strategy = Strategy.from_dict(pins, where="options")

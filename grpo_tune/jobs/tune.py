@@ -72,6 +72,18 @@ class TuneOutcome:
     """The separate-pool proposal that beats the tuned colocated launch (when pools are allowed), else None."""
     split_dir: Path | None = None
     split_files: dict[str, Path] = field(default_factory=dict)
+    change_lines: list[str] = field(default_factory=list)
+    """The keys that change as a diff (``- key=old``, ``+ key=new``), as the framework spells them."""
+
+
+def key_report(plan: LaunchPlan) -> tuple[object, str] | None:
+    """The launch's key findings and the release that judges them (``verl 0.9.1``'s refused or renamed keys),
+    None without any: what the CLI reports before any search (through the framework contract)."""
+    from grpo_tune.frameworks import named
+
+    fw = named(plan.framework)
+    launch = fw.key_findings(plan)
+    return None if launch is None else (launch, fw.release)
 
 
 def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = None) -> TuneOutcome:
@@ -79,6 +91,7 @@ def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = No
     CLI reports the launch's key findings there, and may stop)."""
     from grpo_tune.autotune import tune as T
     from grpo_tune.frameworks import REGISTRY, read_plan, reader_for
+    from grpo_tune.frameworks.base.plan import ReadRequest
     from grpo_tune.rundir.emit import Tables, emit_run
 
     place = req.place
@@ -89,13 +102,15 @@ def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = No
             hint="drop --placement/--staleness, or `grpo-tune search --placement auto` for the same model",
         )
     plan = read_plan(
-        req.launch,
-        req.overrides,
-        model=req.model,
-        hardware=req.hardware,
-        prompt_len_mean=req.prompt_len_mean,
-        response_len_mean=req.response_len_mean,
-        stack=req.setup.stack,
+        ReadRequest(
+            req.launch,
+            req.overrides,
+            model=req.model,
+            hardware=req.hardware,
+            prompt_len_mean=req.prompt_len_mean,
+            response_len_mean=req.response_len_mean,
+            stack=req.setup.stack,
+        )
     )
     if read is not None:
         read(plan)
@@ -113,6 +128,7 @@ def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = No
     out.result = res
     tuned_name, tuned, mode = fw.tuned_file(plan, res.changes, Path(req.out))
     out.notes = list(fw.tune_notes(plan, res.changes))
+    out.change_lines = fw.change_lines(res.changes)
     if req.emit:
         out.run_dir, out.files = emit_run(
             res.best,

@@ -10,17 +10,27 @@ from __future__ import annotations
 import io
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
-from grpo_tune.autotune.search.grouping import layout_key
 from grpo_tune.costmodel.estimate import Estimate
-from grpo_tune.core.strategy import Strategy
+from grpo_tune.core.strategy import Strategy, layout_key
 
 from grpo_tune.core.config import atomic_write
 from grpo_tune.core.units import GiB
 
-if TYPE_CHECKING:
-    from grpo_tune.autotune.search.placement import PlacementResult
+
+class SplitsResult(Protocol):
+    """What :func:`plot_splits` needs from a placement search (``autotune.search.placement.PlacementResult`` is
+    one): the priced splits and the best plan of each placement."""
+
+    splits: list[dict[str, float]]
+
+    @property
+    def best_colocated(self) -> Estimate | None: ...
+
+    @property
+    def best_separate(self) -> Estimate | None: ...
+
 
 PHASE_COLORS = {
     "rollout": "#4C72B0",
@@ -101,7 +111,7 @@ def plot_breakdown(plans: Sequence[Estimate], path: Path) -> Path:
 
 def plot_pareto(points: Sequence[Estimate], front: Sequence[Estimate], winner: Estimate, path: Path) -> Path:
     """Throughput vs peak memory: every evaluated plan that fits, the front, and the winner."""
-    from grpo_tune.autotune.search.rank import tokens_per_s_per_gpu
+    from grpo_tune.costmodel.results import tokens_per_s_per_gpu
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -188,7 +198,7 @@ def _fmt_s(x: float | None) -> str:
 
 
 def plans_table(plans: Sequence[Estimate]) -> list[str]:
-    from grpo_tune.autotune.search.rank import step_s, tokens_per_s_per_gpu
+    from grpo_tune.costmodel.results import step_s, tokens_per_s_per_gpu
 
     phases: list[str] = []
     for e in plans:
@@ -242,7 +252,7 @@ def runner_ups(ranked: Sequence[Estimate], k: int = 3) -> list[Estimate]:
 def why_winner(best: Estimate, others: Sequence[Estimate], error_pct: float) -> list[str]:
     """One line per runner-up: the step-time gap and where it comes from, phase by phase (largest
     first), and whether the gap is within the model's stated error (then measure both: --refine)."""
-    from grpo_tune.autotune.search.rank import step_s
+    from grpo_tune.costmodel.results import step_s
 
     lines = []
     pb = phase_seconds(best)
@@ -284,7 +294,7 @@ def _inputs_lines(best: Estimate, run_id: str | None) -> list[str]:
         f"- hardware: `{hw.name}`, {c.gpus} GPUs, {c.gpus_per_node} per node ({c.nnodes} node(s))",
     ]
     if w.kind == "grpo":
-        from grpo_tune.autotune.calibrate.lengths import lengths_note, workload_line
+        from grpo_tune.costmodel.lengths import lengths_note, workload_line
 
         L.append(
             f"- workload: GRPO, {workload_line(w)}, mini-batch {w.mini_batch}, {w.ppo_epochs} PPO epoch(s), "
@@ -318,7 +328,7 @@ def _batch_text(s: Strategy) -> str:
 
 def _winner_lines(best: Estimate) -> list[str]:
     """The "Winner" section: degrees, predicted figures and the per-phase table."""
-    from grpo_tune.autotune.search.rank import step_s, tokens_per_s_per_gpu
+    from grpo_tune.costmodel.results import step_s, tokens_per_s_per_gpu
 
     s = best.strategy
     L: list[str] = []
@@ -472,7 +482,7 @@ def write_report(
     L += _winner_lines(best)
     kept = (stats or {}).get("defaults_kept") or []
     if kept:
-        from grpo_tune.autotune.search.defaults import NOISE
+        from grpo_tune.costmodel.results import DEFAULTS_NOISE as NOISE
 
         L += [
             "",
@@ -522,7 +532,7 @@ def staleness_curves(
     return [(f"staleness {a}" if a == b else f"staleness {a}-{b}", pts) for a, b, pts in groups]
 
 
-def plot_splits(res: PlacementResult, path: Path) -> Path:
+def plot_splits(res: SplitsResult, path: Path) -> Path:
     """placement.png: the step of each split the search priced, per staleness (the representative training
     plans), the colocated step as a line, the chosen separate plan marked."""
     plt = _plt()

@@ -240,7 +240,7 @@ def predict(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[dict[str, flo
         "old_lp_s": lp,
         "ref_lp_s": t["ref_logprob"],
         "refit_s": t["weight_sync"],
-        "train_mfu": verl_flops(m, wl) * wl.ppo_epochs / (t["update"] * cluster.gpus * hw.bf16_dense_flops_per_s),
+        "train_mfu": verl_flops(m, wl) * wl.ppo_epochs / (t["update"] * cluster.gpus * hw.peak_flops_per_s()),
     }, est
 
 

@@ -22,7 +22,6 @@ from typing import Any, Iterator, TextIO
 
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.core.specs import ModelSpec
-from grpo_tune.core.strategy import Workload
 from grpo_tune.costmodel.lengths import quantiles_from_samples
 from grpo_tune.frameworks.base.runlog import json_object
 
@@ -46,24 +45,6 @@ def _lines(fh: TextIO) -> Iterator[str]:
             continue
         n += 1
         yield line
-
-
-def lengths_note(w: Workload) -> str:
-    """Where a GRPO workload's mean lengths come from, for the search header, report.md and tune:
-    the assumption and how to replace it, the file they were read from, or the flags."""
-    if w.lengths_source:
-        return " ".join(str(w.lengths_source).split())
-    if w.response_len_mean is None and not w.response_len_quantiles:
-        return "mean = max (the worst case); give --lengths FILE or --response-len-mean for a typical one"
-    return "means from --prompt-len-mean / --response-len-mean"
-
-
-def workload_line(w: Workload) -> str:
-    """``1024 prompts x n=5, prompt <= 1024 (mean 205) + response <= 1024 (mean 205) tokens``."""
-    return (
-        f"{w.prompts} prompts x n={w.n}, prompt <= {w.prompt_len} (mean {w.mean_prompt_len:,.0f}) + "
-        f"response <= {w.response_len} (mean {w.mean_response_len:,.0f}) tokens"
-    )
 
 
 def read_lengths(path: str, *, model: ModelSpec | None, prompt_len: int, response_len: int) -> dict[str, object]:

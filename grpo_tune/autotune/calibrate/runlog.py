@@ -299,6 +299,7 @@ def log_point(
     """Match a log with its launch: the launch gives the plan, the log the lengths and the measured seconds."""
     from grpo_tune.autotune.calibrate.fit import Point
     from grpo_tune.frameworks import read_plan
+    from grpo_tune.frameworks.base.plan import ReadRequest
 
     recs = log.records
     if skip_warmup > 0 and len(recs) <= skip_warmup:
@@ -312,7 +313,7 @@ def log_point(
     s = summary(sub)
     rmean = s.get("response_len_mean")
     pmean = s.get("prompt_len_mean")
-    plan = read_plan(Path(launch), model=model, hardware=hardware)
+    plan = read_plan(ReadRequest(Path(launch), model=model, hardware=hardware))
     if plan.placement is not None:
         raise ConfigError(
             f"{launch}: separate rollout and training pools: calibrate --from-log fits colocated runs (the time model "

@@ -94,7 +94,7 @@ def build_space(
     the ranked list.
     """
     from grpo_tune.autotune.search.candidates import Space
-    from grpo_tune.autotune.search.rank import step_s
+    from grpo_tune.costmodel.results import step_s
 
     pool: list[Estimate] = list(ranked)
     pins = dict(pins or {})
@@ -202,7 +202,7 @@ def default_study_name(model: ModelSpec, hardware: HardwareSpec, cluster: Cluste
         [
             model.name,
             hardware.name,
-            hardware.bf16_dense_flops_per_s,
+            hardware.peak_flops_per_s(),
             cluster.gpus,
             cluster.gpus_per_node,
             workload.to_dict(),

@@ -62,6 +62,8 @@ Roll = tuple[int, float, Knobs]
 """One rollout option: (rollout_tp, gpu_memory_utilization, the engine's grid knobs)."""
 
 _T = TypeVar("_T")
+_AUTO: dict[str, tuple[object, ...]] = {k.name: k.pin.auto for k in knobs() if k.pin.auto}
+"""Knobs whose pin ``auto`` searches a set of values (core/knobs.py Pin.auto): the rollout engine."""
 
 
 def pinned(pins: Mapping[str, object], key: str, kind: type[_T]) -> _T | None:
@@ -134,8 +136,14 @@ class Space:
 
     # -- layouts ---------------------------------------------------------------------------
     def _choices(self, key: str, default: list[_T]) -> list[_T]:
-        """The pinned value of ``key`` alone (the CLI's pin rules gave it the knob's type), else ``default``."""
-        return [self.pins[key]] if key in self.pins else default  # type: ignore[list-item]
+        """The pinned value of ``key`` alone (the CLI's pin rules gave it the knob's type), else ``default``; a pin
+        ``auto`` of a knob whose row lists what auto searches (``--rollout-engine auto``) is those values."""
+        if key not in self.pins:
+            return default
+        v = self.pins[key]
+        if v == "auto" and key in _AUTO:
+            return list(_AUTO[key])  # type: ignore[arg-type]
+        return [v]  # type: ignore[list-item]
 
     def _pin(self, key: str, kind: type[_T]) -> _T | None:
         return pinned(self.pins, key, kind)

@@ -18,13 +18,11 @@ from typing import TYPE_CHECKING
 
 from grpo_tune.core.errors import GrpoTuneError
 from grpo_tune.core.strategy import Strategy
+from grpo_tune.costmodel.results import DEFAULTS_NOISE as NOISE
 from grpo_tune.costmodel.results import Estimate
 
 if TYPE_CHECKING:
     from grpo_tune.autotune.search.driver import SearchResult
-
-NOISE = 0.01
-"""A knob changing the predicted step by less than this fraction is left at the framework's default."""
 
 KNOBS = (
     "enforce_eager",
@@ -86,7 +84,7 @@ def prefer_defaults(
     """``best`` (an Estimate) with each unpinned knob of :data:`KNOBS` moved to its default (``defaults``:
     Strategy field -> value, as the framework ``owner`` sets it) when that costs less than ``noise`` of its
     predicted step and the plan still passes ``ok``; and one note per knob moved."""
-    from grpo_tune.autotune.search.rank import step_s
+    from grpo_tune.costmodel.results import step_s
 
     base = step_s(best)
     if not base or base == float("inf"):

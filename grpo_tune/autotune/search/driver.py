@@ -37,7 +37,8 @@ from grpo_tune.core.support import trainer_only
 from grpo_tune.core.units import GiB
 
 from grpo_tune.autotune.search.log_prob import with_log_prob_mbs
-from grpo_tune.autotune.search.rank import _pareto_arrays, pareto_front, rank_key, step_s, tokens_per_s_per_gpu
+from grpo_tune.autotune.search.rank import _pareto_arrays, pareto_front, rank_key
+from grpo_tune.costmodel.results import step_s, tokens_per_s_per_gpu
 from grpo_tune.autotune.search.candidates import (
     LAYOUT_KEYS,
     Degrees,

@@ -12,25 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from grpo_tune.core.strategy import Strategy
+from grpo_tune.core.strategy import layout_key
+from grpo_tune.core.strategy import layout_of as layout
 from grpo_tune.costmodel.results import Estimate
 
 MODEL_REL_ERROR = 0.05
 """The cost model's relative error on step time: `grpo-tune validate` gives a 4.4% MAPE on published
 Megatron-LM runs (README, "Measured figures"); plans closer than this cannot be told apart."""
-
-
-def layout(s: Strategy) -> dict[str, int | None]:
-    """What makes a layout: the parallel degrees and the pipeline split (not mbs, recompute, offload, rollout)."""
-    return {
-        **s.layout.degrees(),
-        "first_stage_layers": s.layout.first_stage_layers,
-        "last_stage_layers": s.layout.last_stage_layers,
-    }
-
-
-def layout_key(s: Strategy) -> tuple[int | None, ...]:
-    return tuple(layout(s).values())
 
 
 @dataclass(frozen=True)
@@ -51,7 +39,7 @@ class LayoutRow:
 
 def group_by_layout(ranked: Sequence[Estimate], rel_error: float = MODEL_REL_ERROR) -> list[LayoutRow]:
     """``ranked`` (best first) grouped by layout, in the order of each layout's best plan."""
-    from grpo_tune.autotune.search.rank import step_s
+    from grpo_tune.costmodel.results import step_s
 
     groups: dict[tuple[int | None, ...], list[Estimate]] = {}
     for est in ranked:

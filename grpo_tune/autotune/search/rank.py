@@ -7,18 +7,7 @@ import math
 import numpy as np
 
 from grpo_tune.costmodel.estimate import Estimate
-
-
-def step_s(est: Estimate) -> float:
-    return math.inf if est.time is None else float(est.time.step_s)
-
-
-def tokens_per_s_per_gpu(est: Estimate) -> float:
-    if est.throughput is not None:
-        return float(est.throughput.tokens_per_s_per_gpu)
-    s = step_s(est)
-    wl = est.workload
-    return 0.0 if not math.isfinite(s) else wl.sequences * wl.train_seq_len / s / est.cluster.gpus
+from grpo_tune.costmodel.results import step_s
 
 
 def rank_key(est: Estimate) -> tuple[float, float]:

@@ -55,7 +55,7 @@ from typing import ClassVar
 from grpo_tune.core.config import RunConfig
 from grpo_tune.core.strategy import Strategy, Workload
 from grpo_tune.frameworks.base.findings import Report
-from grpo_tune.frameworks.base.plan import LaunchPlan
+from grpo_tune.frameworks.base.plan import LaunchPlan, ReadRequest
 from grpo_tune.frameworks.base.runlog import RunLog
 
 
@@ -127,20 +127,10 @@ class Framework(ABC):
         """``grpo-tune diagnose`` on a file this framework detects (with trailing ``key=value`` overrides)."""
         raise NotImplementedError(f"{self.name} has no diagnose reader")
 
-    def read_plan(
-        self,
-        path: Path,
-        overrides: Sequence[str] = (),
-        *,
-        model: str | None = None,
-        hardware: str | None = None,
-        prompt_len_mean: int | None = None,
-        response_len_mean: int | None = None,
-        stack: str | None = None,
-    ) -> LaunchPlan | None:
-        """A file this framework reads (with trailing ``key=value`` overrides) read back into a ``LaunchPlan``, its
-        hardware priced under ``stack`` (None: the framework's own stack profile); None for a grpo-tune run
-        config, which the registry reads (:func:`grpo_tune.frameworks.read_plan`)."""
+    def read_plan(self, req: ReadRequest) -> LaunchPlan | None:
+        """A file this framework reads (``req.path``, with trailing ``key=value`` overrides) read back into a
+        ``LaunchPlan``, its hardware priced under ``req.stack`` (None: the framework's own stack profile); None for
+        a grpo-tune run config, which the registry reads (:func:`grpo_tune.frameworks.read_plan`)."""
         return None
 
     round_trips: ClassVar[bool] = False
@@ -193,6 +183,21 @@ class Framework(ABC):
     def tune_notes(self, plan: LaunchPlan, changes: Mapping[str, tuple[object, object]]) -> list[str]:
         """Notes tune prints about the edited file (values it leaves to the user)."""
         return []
+
+    def change_lines(self, changes: Mapping[str, tuple[object, object]]) -> list[str]:
+        """The keys tune changes as a diff, ``- key=old`` then ``+ key=new`` (values as Hydra's overrides spell
+        them: ``null``, ``True``/``False``)."""
+
+        def fmt(v: object) -> str:
+            return "null" if v is None else ("True" if v else "False") if isinstance(v, bool) else str(v)
+
+        return [line for k, (old, new) in changes.items() for line in (f"- {k}={fmt(old)}", f"+ {k}={fmt(new)}")]
+
+    def key_findings(self, plan: LaunchPlan) -> object | None:
+        """The launch's key findings (keys the release refuses or renames, as diagnose words them), read before any
+        search; None when there are none (or the framework checks none). The object has ``key_findings``,
+        ``refused()``, ``path`` and ``renames``."""
+        return None
 
     log_folds: ClassVar[Mapping[str, dict[str, str]]] = {}
     """The log formats :meth:`read_log` returns -> how the framework's timers hold our phases (predicted phase ->

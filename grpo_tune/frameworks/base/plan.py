@@ -7,7 +7,7 @@ Every framework's reader (:meth:`grpo_tune.frameworks.base.Framework.read_plan`)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -16,6 +16,21 @@ from grpo_tune.core.knobs import names
 from grpo_tune.core.placement import Placement
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """What to read back and how: a framework's file (with trailing ``key=value`` overrides, for the frameworks that
+    take them), the model and hardware to assume where the file does not say, the mean lengths, and the stack
+    profile the hardware is priced under (None: the framework's own, or the run config's)."""
+
+    path: Path
+    overrides: Sequence[str] = ()
+    model: str | None = None
+    hardware: str | None = None
+    prompt_len_mean: int | None = None
+    response_len_mean: int | None = None
+    stack: str | None = None
 
 
 # What tune does with each plan knob is its row's ``tune`` role (core/knobs.py): the fields the search may change

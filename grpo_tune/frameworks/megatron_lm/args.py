@@ -74,6 +74,8 @@ def megatron_args(cfg: RunConfig) -> list[str]:
     ]
     if w.dtype in ("bf16", "fp16"):  # fp32 is Megatron's default: no flag
         a.append(f"--{w.dtype}")
+    if cfg.strategy.precision.precision == "fp8":  # TE FP8 GEMMs, e4m3 with block scaling (docs/precision.md)
+        a += ["--fp8-format", "e4m3", "--fp8-recipe", "blockwise"]
     # the model's own tokenizer (Hugging Face id); a model without one (tiny, a local config) gets Megatron's
     # NullTokenizer over --vocab-size
     if m.hf_id:

@@ -164,12 +164,17 @@ def _not_priced(g) -> list[Finding]:
             g(f"{T.MEG}.peft.enabled") is True,
             "LoRA (peft) training is priced as full-parameter",
         ),
-        (f"{T.MEG}.fp8_cfg.enabled", g(f"{T.MEG}.fp8_cfg.enabled") is True, "FP8 training is priced as bf16"),
+        (
+            f"{T.MEG}.fp8_cfg.fp8",
+            g(f"{T.MEG}.fp8_cfg.enabled") is True and g(f"{T.MEG}.fp8_cfg.fp8") not in (None, "e4m3", "hybrid"),
+            f"FP8 format {g(f'{T.MEG}.fp8_cfg.fp8')} is priced as bf16 (grpo-tune prices e4m3 and hybrid)",
+        ),
         (
             f"{T.GEN}.vllm_cfg.precision",
             g(f"{T.GEN}.backend") in (None, "vllm")
-            and str(g(f"{T.GEN}.vllm_cfg.precision") or "bfloat16").lower() not in ("bfloat16", "bf16", "auto"),
-            f"a {g(f'{T.GEN}.vllm_cfg.precision')} vLLM rollout is priced as bf16",
+            and str(g(f"{T.GEN}.vllm_cfg.precision") or "bfloat16").lower()
+            not in ("bfloat16", "bf16", "auto", "fp8", "${policy.precision}"),
+            f"a {g(f'{T.GEN}.vllm_cfg.precision')} vLLM rollout is priced as bf16 (grpo-tune prices bf16 and fp8)",
         ),
         (
             f"{T.GEN}.backend",
@@ -177,6 +182,22 @@ def _not_priced(g) -> list[Finding]:
             f"the {g(f'{T.GEN}.backend')} generation backend is priced as vLLM",
         ),
     ]
+    rollout_fp8 = str(g(f"{T.GEN}.vllm_cfg.precision") or "").lower() == "fp8"
+    if (
+        rollout_fp8
+        and g(f"{T.MEG}.fp8_cfg.enabled") is not True
+        and g(f"{T.LOSS}.use_importance_sampling_correction") is not True
+    ):
+        out.append(
+            Finding(
+                W,
+                "DTYPE_CONFLICT",
+                f"{T.GEN}.vllm_cfg.precision=fp8 with bf16 training: the samples come from an FP8 policy, off the "
+                "trained one by the quantization error, and no importance-sampling correction is set",
+                f"set {T.LOSS}.use_importance_sampling_correction: true, as grpo-tune emits it",
+                key=f"{T.GEN}.vllm_cfg.precision",
+            )
+        )
     for key, on, what in said:
         if on:
             out.append(

@@ -12,7 +12,7 @@ from grpo_tune.core.errors import ConfigError
 from grpo_tune.core.strategy import Strategy, Workload
 from grpo_tune.frameworks.base import Framework, LaunchFile
 from grpo_tune.frameworks.base.findings import Report
-from grpo_tune.frameworks.base.plan import LaunchPlan
+from grpo_tune.frameworks.base.plan import LaunchPlan, ReadRequest
 from grpo_tune.frameworks.base.runlog import RunLog
 from grpo_tune.frameworks.nemo_rl import logs, recipe
 from grpo_tune.frameworks.nemo_rl.read import STACK
@@ -54,6 +54,12 @@ class NemoRL(Framework):
     stack_profile = STACK
 
     def refuse_search_pins(self, pins: Mapping[str, object]) -> None:
+        if pins.get("engine") not in (None, "vllm"):
+            raise ConfigError(
+                f"--rollout-engine {pins['engine']}: NeMo-RL 0.7.0's generation is vLLM here (its base config has no "
+                "SGLang section)",
+                hint="plan for verl (--framework verl) to search SGLang, or leave --rollout-engine out",
+            )
         if pins.get("cpu_optimizer") is not None:
             raise ConfigError(
                 f"--cpu-optimizer {pins['cpu_optimizer']}: the search prices Megatron's CPU optimizer with its copies "
@@ -95,27 +101,17 @@ class NemoRL(Framework):
 
         return diagnose_recipe(path, list(overrides), hardware=hardware, model=model)
 
-    def read_plan(
-        self,
-        path: Path,
-        overrides: Sequence[str] = (),
-        *,
-        model: str | None = None,
-        hardware: str | None = None,
-        prompt_len_mean: int | None = None,
-        response_len_mean: int | None = None,
-        stack: str | None = None,
-    ) -> LaunchPlan | None:
+    def read_plan(self, req: ReadRequest) -> LaunchPlan | None:
         from grpo_tune.frameworks.nemo_rl import read
 
         return read.read_plan(
-            path,
-            overrides,
-            model=model,
-            hardware=hardware,
-            prompt_len_mean=prompt_len_mean,
-            response_len_mean=response_len_mean,
-            stack=stack,
+            req.path,
+            req.overrides,
+            model=req.model,
+            hardware=req.hardware,
+            prompt_len_mean=req.prompt_len_mean,
+            response_len_mean=req.response_len_mean,
+            stack=req.stack,
         )
 
     log_folds = {logs.FORMAT_TB: logs.FOLD, logs.FORMAT_CONSOLE: logs.FOLD}

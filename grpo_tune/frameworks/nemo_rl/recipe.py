@@ -74,6 +74,7 @@ def recipe_text(cfg: RunConfig, *, run_id: str = "") -> str:
             f"rollout_tp={s.rollout.rollout_tp} gpu_memory_utilization={s.rollout.gpu_memory_utilization} "
             f"max_tokens_per_gpu={s.batching.max_tokens_per_gpu}"
         ),
+        *([comment_safe(f"# {s.precision.note()}")] if s.precision.note() else []),
         f"# Place it at {target} in a NeMo-RL {snap.TAG} checkout (its defaults path is relative to it),",
         f"# then: uv run examples/run_grpo.py --config {target}",
         "# Check it before a run: grpo-tune diagnose THIS_FILE",

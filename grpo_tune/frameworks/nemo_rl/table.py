@@ -183,6 +183,34 @@ def _response_read(get: Get) -> int | None:
     return min(new, room) if isinstance(new, int) and new > 0 else room
 
 
+_FP8_KEYS = (f"{MEG}.fp8_cfg.enabled", f"{MEG}.fp8_cfg.fp8", f"{MEG}.fp8_cfg.fp8_recipe")
+_IS_KEY = f"{LOSS}.use_importance_sampling_correction"
+
+
+def _train_fp8_write(p: Sections) -> dict[str, object]:
+    """NeMo-RL's Megatron FP8 (policy.megatron_cfg.fp8_cfg: e4m3, blockwise, as its FP8 recipes run it)."""
+    if p[S].precision.precision != "fp8":
+        return {}
+    return dict(zip(_FP8_KEYS, (True, "e4m3", "blockwise")))
+
+
+def _train_fp8_read(get: Get) -> str:
+    return "fp8" if get(_FP8_KEYS[0]) is True else "bf16"
+
+
+def _rollout_fp8_write(p: Sections) -> dict[str, object]:
+    """FP8 generation (``vllm_cfg.precision: fp8``); with bf16 training, NeMo-RL's importance-sampling correction of
+    the sampler's policy (``loss_fn.use_importance_sampling_correction``)."""
+    prec = p[S].precision
+    if prec.rollout_precision != "fp8":
+        return {}
+    return {f"{VLLM}.precision": "fp8", **({_IS_KEY: True} if prec.off_policy_fp8 else {})}
+
+
+def _rollout_fp8_read(get: Get) -> str:
+    return "fp8" if str(get(f"{VLLM}.precision") or "").lower() == "fp8" else "bf16"
+
+
 def _gbs_write(p: Sections) -> dict[str, object]:
     w = p[W]
     return {f"{P}.train_global_batch_size": w.mini_batch * w.n}
@@ -300,6 +328,16 @@ ROWS: tuple[Row, ...] = (
     same(S, "chunked_prefill", f"{VKW}.enable_chunked_prefill"),
     none(S, "free_cache_engine", "NeMo-RL's vLLM always sleeps between generations (enable_sleep_mode=True)"),
     Row(S, "sync_bucket_mb", (f"{P}.refit_buffer_size_gb",), _bucket_write, _bucket_read),
+    none(S, "engine", "NeMo-RL 0.7.0 generates with vLLM here (its base config has no SGLang section)"),
+    Row(S, "precision", _FP8_KEYS, _train_fp8_write, _train_fp8_read),
+    Row(S, "rollout_precision", (f"{VLLM}.precision", _IS_KEY), _rollout_fp8_write, _rollout_fp8_read),
+    Row(
+        S,
+        "kv_cache_dtype",
+        (f"{VLLM}.kv_cache_dtype",),
+        lambda p: {} if p[S].precision.kv_cache_dtype == "auto" else {f"{VLLM}.kv_cache_dtype": "fp8"},
+        lambda get: "fp8" if str(get(f"{VLLM}.kv_cache_dtype") or "auto").startswith("fp8") else "auto",
+    ),
     none(W, "kind", "NeMo-RL's GRPO"),
     same(W, "prompts", f"{GRPO}.num_prompts_per_step"),
     same(W, "n", f"{GRPO}.num_generations_per_prompt"),

@@ -89,6 +89,7 @@ def verl_script(cfg: RunConfig) -> str:
             f"{c.ranks_per_node}), verl {VERL_VERSION} + Megatron."
         ),
         comment_safe(f"# Emitted by grpo-tune. Plan: {plan}"),
+        *([comment_safe(f"# {s.precision.note()}")] if s.precision.note() else []),
         "# Check it before a run: grpo-tune diagnose THIS_FILE",
         "set -euo pipefail",
         "",

@@ -14,7 +14,7 @@ from grpo_tune.core.errors import ConfigError
 from grpo_tune.core.strategy import Strategy
 from grpo_tune.frameworks.base import Framework, LaunchFile
 from grpo_tune.frameworks.base.findings import Report
-from grpo_tune.frameworks.base.plan import LaunchPlan
+from grpo_tune.frameworks.base.plan import LaunchPlan, ReadRequest
 from grpo_tune.frameworks.base.runlog import RunLog
 from grpo_tune.frameworks.verl import logs, read
 from grpo_tune.frameworks.verl import fully_async as verl_async
@@ -85,6 +85,12 @@ class Verl(Framework):
             return False
         return isinstance(data, dict) and ARO in data
 
+    def key_findings(self, plan: LaunchPlan) -> object | None:
+        """The launch's keys verl 0.9.1 refuses or renames (:class:`~.launch.Launch`), None without any."""
+        from grpo_tune.frameworks.verl.launch import Launch
+
+        return plan.launch if isinstance(plan.launch, Launch) and plan.launch.key_findings else None
+
     def knob_defaults(self) -> Mapping[str, object]:
         """Strategy fields as verl sets them when a launch leaves every key at its default (its config snapshot
         read through the Strategy<->verl table)."""
@@ -107,19 +113,10 @@ class Verl(Framework):
 
         return diagnose_path(path, hardware=hardware, model=model, overrides=list(overrides))
 
-    def read_plan(
-        self,
-        path: Path,
-        overrides: Sequence[str] = (),
-        *,
-        model: str | None = None,
-        hardware: str | None = None,
-        prompt_len_mean: int | None = None,
-        response_len_mean: int | None = None,
-        stack: str | None = None,
-    ) -> LaunchPlan | None:
+    def read_plan(self, req: ReadRequest) -> LaunchPlan | None:
         """A verl launch's plan; None for a YAML file that no other framework claims (a grpo-tune run config)."""
-        if overrides:
+        path = req.path
+        if req.overrides:
             raise ConfigError(
                 f"{path}: extra overrides apply to a NeMo-RL recipe only", hint="put them into the verl launch itself"
             )
@@ -127,11 +124,11 @@ class Verl(Framework):
             return None
         return read.read_plan(
             path,
-            model=model,
-            hardware=hardware,
-            prompt_len_mean=prompt_len_mean,
-            response_len_mean=response_len_mean,
-            stack=stack,
+            model=req.model,
+            hardware=req.hardware,
+            prompt_len_mean=req.prompt_len_mean,
+            response_len_mean=req.response_len_mean,
+            stack=req.stack,
         )
 
     tunes_separate = True

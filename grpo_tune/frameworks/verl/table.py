@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Callable
 
+from grpo_tune import engines
 from grpo_tune.core.config import TrainerOptions, cluster_of, trainer_options
 from grpo_tune.frameworks.base.inputs import as_int, as_names
 from grpo_tune.frameworks.base.sections import SECTIONS, C, Get, Row, S, Sections, T, W
@@ -215,6 +216,63 @@ def _entropy_read(get: Get) -> bool:
     return get(f"{ACTOR}.calculate_entropy") is True or nonzero
 
 
+_FP8_KEYS = (f"+{OTC}.fp8", f"+{OTC}.fp8_recipe")
+FP8_FORMAT, FP8_RECIPE = "e4m3", "blockwise"
+"""Megatron TransformerConfig ``fp8`` / ``fp8_recipe`` (megatron-core 0.16: fp8 in e4m3|hybrid, fp8_recipe in
+delayed|tensorwise|mxfp8|blockwise), set through the actor's override_transformer_config (verl's reference reads
+the actor's overrides: writing the reference's too is a Hydra error, "an item is already at ...")."""
+_ROLLOUT_FP8_KEYS = (f"{ROLLOUT}.quantization", f"{ALGORITHM}.rollout_correction.rollout_is")
+_KV_KEYS = tuple(engines.named(n).verl_kv_key() for n in ("vllm", "sglang"))
+
+
+def _engine_write(p: Sections) -> dict[str, object]:
+    return {f"{ROLLOUT}.name": engines.named(p[S].rollout.engine).verl_name}
+
+
+def _engine_read(get: Get) -> object:
+    name = get(f"{ROLLOUT}.name")
+    return name if name in ("vllm", "sglang") else "vllm"  # another engine is a diagnose finding (NOT_PRICED)
+
+
+def _train_fp8_write(p: Sections) -> dict[str, object]:
+    if p[S].precision.precision != "fp8":
+        return {}
+    return dict(zip(_FP8_KEYS, (FP8_FORMAT, FP8_RECIPE)))
+
+
+def _train_fp8_read(get: Get) -> str:
+    return "fp8" if get(_FP8_KEYS[0].lstrip("+")) in ("e4m3", "hybrid") else "bf16"
+
+
+def _rollout_fp8_write(p: Sections) -> dict[str, object]:
+    """FP8 rollout weights (verl 0.9.1 ``rollout.quantization=fp8``); with bf16 training the sampler's policy is
+    off the trained one by the quantization error, so token-level importance sampling corrects it
+    (``algorithm.rollout_correction.rollout_is=token``, verl's truncated IS at its default threshold 2.0)."""
+    prec = p[S].precision
+    if prec.rollout_precision != "fp8":
+        return {}
+    out: dict[str, object] = {_ROLLOUT_FP8_KEYS[0]: "fp8"}
+    if prec.off_policy_fp8:
+        out[_ROLLOUT_FP8_KEYS[1]] = "token"
+    return out
+
+
+def _rollout_fp8_read(get: Get) -> str:
+    return "fp8" if get(_ROLLOUT_FP8_KEYS[0]) == "fp8" else "bf16"
+
+
+def _kv_write(p: Sections) -> dict[str, object]:
+    if p[S].precision.kv_cache_dtype == "auto":
+        return {}
+    eng = engines.named(p[S].rollout.engine)
+    return {eng.verl_kv_key(): eng.kv_value(p[S].precision.kv_cache_dtype)}
+
+
+def _kv_read(get: Get) -> str:
+    vals = {get(k.lstrip("+")) for k in _KV_KEYS}
+    return "fp8" if vals & {"fp8", "fp8_e4m3", "fp8_e5m2"} else "auto"
+
+
 def _gpn_write(p: Sections) -> dict[str, object]:
     c: Cluster = p["cluster"]
     return dict(zip(_NODE_KEYS, (c.ranks_per_node, c.nnodes)))
@@ -272,7 +330,7 @@ NO_SETTING: dict[tuple[str, str], str] = {
     (W, "lengths_source"): "where the length statistics came from: provenance, not a setting",
     (W, "seq_len"): "pretraining only",
     (W, "gbs"): "pretraining only",
-    (T, "rollout_engine"): "verl's rollout engine is always vLLM here (rollout.name=vllm is fixed)",
+    (T, "rollout_engine"): "grpo-tune's own trainer's sampler; verl's engine is the plan's engine (rollout.name)",
     (T, "dataset"): "verl.sh takes the data files from $TRAIN_FILES/$VAL_FILES",
     (T, "reward"): "verl picks the reward by data_source (verl/utils/reward_score)",
     (T, "hf_checkpoint"): "verl loads the model from actor_rollout_ref.model.path ($MODEL_PATH)",
@@ -343,6 +401,10 @@ CODED: tuple[Row, ...] = (
     # read only: verl computes the entropy in the update when entropy_coeff != 0 (the trainer option
     # entropy_coef writes the key); the cost model prices the logits' clone and saved softmax then
     same(W, "entropy", f"{ACTOR}.calculate_entropy", read=_entropy_read),
+    Row(S, "engine", (f"{ROLLOUT}.name",), _engine_write, _engine_read),
+    Row(S, "precision", _FP8_KEYS, _train_fp8_write, _train_fp8_read),
+    Row(S, "rollout_precision", _ROLLOUT_FP8_KEYS, _rollout_fp8_write, _rollout_fp8_read),
+    Row(S, "kv_cache_dtype", _KV_KEYS, _kv_write, _kv_read),
     Row(C, "gpus_per_node", _NODE_KEYS, _gpn_write, lambda get: get(_NODE_KEYS[0])),
     Row(C, "gpus", (), None, _gpus_read, _GPUS_WHY),
 )
@@ -373,7 +435,7 @@ FIXED: dict[str, object] = {
     "algorithm.use_kl_in_reward": False,
     "data.filter_overlong_prompts": True,
     "data.truncation": "error",
-    f"{ROLLOUT}.name": "vllm",
+    f"{ROLLOUT}.name": "vllm",  # the engine row writes the plan's engine here (same position in verl.sh)
     "trainer.critic_warmup": 0,
     "trainer.logger": ["console"],
     "trainer.project_name": "grpo_tune",

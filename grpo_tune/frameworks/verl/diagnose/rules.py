@@ -20,7 +20,7 @@ from typing import Callable
 
 from grpo_tune.frameworks.verl import snapshot as verl
 from grpo_tune.frameworks.verl import table
-from grpo_tune.frameworks.verl.table import ACTOR, ARO, OTC, REF, REF_OTC, ROLLOUT
+from grpo_tune.frameworks.verl.table import ACTOR, ALGORITHM, ARO, OTC, REF, REF_OTC, ROLLOUT
 from grpo_tune.core.errors import close_matches
 
 from grpo_tune.frameworks.verl.diagnose.context import Ctx
@@ -263,25 +263,46 @@ def check_not_priced(c: Ctx) -> None:
             )
             break
     off = (None, "", False, "none", "None")
-    for key, what, hint in (
-        (f"{ROLLOUT}.quantization", "a quantized rollout is priced as bf16", "read the rollout as a bf16 engine's"),
+    # priced (docs/precision.md): FP8 rollout weights, Megatron FP8 GEMMs (e4m3 / hybrid), vLLM and SGLang
+    for key, priced, what, hint in (
+        (
+            f"{ROLLOUT}.quantization",
+            ("fp8",),
+            "this quantized rollout is priced as bf16",
+            "read the rollout as a bf16 engine's (grpo-tune prices rollout.quantization=fp8)",
+        ),
         (
             f"{OTC}.fp8",
-            "FP8 training is priced as bf16",
-            "read the update's time as a bf16 run's (FP8 GEMMs are faster; the weights stay bf16)",
+            ("e4m3", "hybrid"),
+            "this FP8 format is priced as bf16",
+            "read the update's time as a bf16 run's (grpo-tune prices fp8=e4m3 and hybrid)",
         ),
     ):
         v = value(key)
-        if v not in off:
+        if v not in off and v not in priced:
             c.add(W, "NOT_PRICED", f"{key}={v}: {what}", hint, key=key)
     name = value(f"{ROLLOUT}.name")
-    if isinstance(name, str) and name not in ("vllm", "???"):
+    if isinstance(name, str) and name not in ("vllm", "sglang", "???"):
         c.add(
             W,
             "NOT_PRICED",
-            f"{ROLLOUT}.name={name}: the rollout is priced as vLLM's (the engine grpo-tune prices and emits)",
+            f"{ROLLOUT}.name={name}: the rollout is priced as vLLM's (grpo-tune prices and emits vllm and sglang)",
             f"compare against a vLLM run, or set {ROLLOUT}.name=vllm",
             key=f"{ROLLOUT}.name",
+        )
+    train_fp8 = value(f"{OTC}.fp8") not in off
+    if (
+        value(f"{ROLLOUT}.quantization") == "fp8"
+        and not train_fp8
+        and value(f"{ALGORITHM}.rollout_correction.rollout_is") in off
+    ):
+        c.add(
+            W,
+            "DTYPE_CONFLICT",
+            f"{ROLLOUT}.quantization=fp8 with bf16 training: the samples come from an FP8 policy, off the trained "
+            "bf16 one by the quantization error, and no importance-sampling correction is set",
+            f"add {ALGORITHM}.rollout_correction.rollout_is=token (truncated IS, threshold 2.0), as grpo-tune emits it",
+            key=f"{ROLLOUT}.quantization",
         )
 
 

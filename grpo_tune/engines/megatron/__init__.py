@@ -1,0 +1,13 @@
+"""The trainer's own sampler (``grpo-tune train`` on CPU): the training model's forward over every prefix, no KV
+cache (costmodel/rollout.py ``native_rollout_s``). A hardware profile with ``rollout_engine = "megatron"``
+(``cpu``) samples with it."""
+
+from grpo_tune.engines.base import RolloutEngineSpec
+
+ENGINE = RolloutEngineSpec(
+    name="megatron",
+    title="the trainer's Megatron sampler",
+    adapter="grpo_tune.trainer.rollout.megatron",
+    knobs=("rollout_tp",),
+    kv_cache=False,
+)
