@@ -198,8 +198,68 @@ def _main(argv: list[str] | None) -> int:
         return _pipe_closed()
 
 
+_INT_OPTIONS: dict[tuple[str, ...], dict[str, str]] | None = None
+
+
+def _int_options() -> dict[tuple[str, ...], dict[str, str]]:
+    """Command path -> {option spelling: parameter name} for every integer option (built once)."""
+    global _INT_OPTIONS
+    if _INT_OPTIONS is None:
+        import typing
+
+        from typer.main import get_command
+
+        out: dict[tuple[str, ...], dict[str, str]] = {}
+
+        def walk(cmd: object, path: tuple[str, ...]) -> None:
+            opts: dict[str, str] = {}
+            for p in getattr(cmd, "params", []):
+                ann = getattr(getattr(p, "type_descriptor", None), "annotation", None)
+                if ann is int or int in typing.get_args(ann):
+                    opts.update({o: p.name for o in p.opts})
+            out[path] = opts
+            for name, sub in getattr(cmd, "commands", {}).items():
+                walk(sub, (*path, name))
+
+        walk(get_command(app), ())
+        _INT_OPTIONS = out
+    return _INT_OPTIONS
+
+
+def _check_int_bounds(argv: list[str]) -> None:
+    """Every integer option of every command, refused above its bound (core/bounds.py) before the command runs:
+    ``--gpus 2**63`` spun in a divisor walk for minutes."""
+    from grpo_tune.core import bounds
+
+    table = _int_options()
+    path: tuple[str, ...] = ()
+    i = 0
+    while i < len(argv) and (*path, argv[i]) in table:
+        path, i = (*path, argv[i]), i + 1
+    opts = table.get(path, {})
+    while i < len(argv):
+        tok = argv[i]
+        i += 1
+        if tok == "--":
+            break
+        name, eq, val = tok.partition("=")
+        if name not in opts:
+            continue
+        if not eq:
+            if i >= len(argv):
+                break
+            val, i = argv[i], i + 1
+        try:
+            v = int(val.strip())
+        except ValueError:
+            continue  # click says what is wrong with it
+        param = opts[name]
+        bounds.check(name, v, bounds.BY_FLAG.get(param, bounds.MAX_INT))
+
+
 def _run(argv: list[str] | None) -> int:
     try:
+        _check_int_bounds(list(sys.argv[1:] if argv is None else argv))
         # not standalone: click raises its usage errors here instead of printing them itself
         status = app(args=argv, prog_name="grpo-tune", standalone_mode=False)
     except SystemExit as exc:
