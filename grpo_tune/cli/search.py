@@ -77,7 +77,8 @@ Storage = Annotated[
     Optional[str],
     typer.Option(
         "--storage",
-        help="SQLAlchemy URL of the Optuna study (default: SQLite in the run folder).",
+        help="SQLAlchemy URL of the Optuna study (default: SQLite in the run folder). A server must answer within "
+        "10 s (?connect_timeout=N in the URL sets it); each statement within 300 s.",
         rich_help_panel=P_REF,
     ),
 ]

@@ -96,6 +96,10 @@ def run_search(
             hint="add --no-emit to rank pretraining plans (no --refine), or price one with grpo-tune estimate "
             "--workload pretrain",
         )
+    if req.refine is not None and req.refine.storage is not None:
+        from grpo_tune.autotune.refine.study import check_storage
+
+        check_storage(req.refine.storage)  # before the search runs and before anything is written
     pins = F.check_pins(req.setup.frameworks, req.pins)
     cal = req.setup.load_calibration(hw.name)
     with progress() if progress is not None else nullcontext(None) as tick:
