@@ -54,6 +54,42 @@ COMMAND_MODULES = (
 for _name in COMMAND_MODULES:
     importlib.import_module(f"grpo_tune.cli.{_name}").register(app)
 
+MIN_COLUMNS = 20
+"""Below this a terminal width is not one (``COLUMNS=0`` silenced every table, ``COLUMNS=1`` printed a letter a
+line): the CLI lays out for 80 columns instead."""
+
+
+def _sane_terminal() -> None:
+    """``COLUMNS``/``LINES`` that are no terminal size are replaced by 80x25 (rich reads them when a console is
+    made); ``TERM=dumb`` and ``NO_COLOR`` are rich's own business (plain text, no colour)."""
+    for name, default in (("COLUMNS", "80"), ("LINES", "25")):
+        v = os.environ.get(name)
+        if v is not None and not (v.strip().isdigit() and int(v) >= MIN_COLUMNS if name == "COLUMNS" else v.isdigit()):
+            os.environ[name] = default
+
+
+def _hold_std_fds() -> None:
+    """A closed stdout or stderr (``grpo-tune ... >&-``): fd 1 or 2 is held by /dev/null, so that no file the
+    command opens can land on it (its output would be written into that file), and ``sys.stdout`` is a writer
+    again (Python left None there: an AttributeError traceback). The output is discarded, as the caller asked."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        try:
+            got = os.open(os.devnull, os.O_WRONLY)
+            if got != fd:
+                os.dup2(got, fd)
+                os.close(got)
+            if getattr(sys, name) is None:
+                setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115 - lives as long as the process
+        except OSError:
+            pass
+
+
+_sane_terminal()
 err_console = Console(stderr=True)
 
 
@@ -189,6 +225,8 @@ Console.on_broken_pipe = _rich_broken_pipe  # type: ignore[method-assign]
 
 
 def _main(argv: list[str] | None) -> int:
+    _hold_std_fds()
+    _sane_terminal()
     _safe_streams()
     try:
         code = _run(argv)
