@@ -112,6 +112,8 @@ def as_coded(exc: BaseException) -> GrpoTuneError:
         return GrpoTuneError(f"{path}: {what}", hint=f"run `{path} --help` for its options", code="USAGE")
     if isinstance(exc, ClickException):
         return GrpoTuneError(exc.format_message(), code="BAD_CONFIG")
+    if isinstance(exc, RuntimeError) and str(exc).startswith("Symlink loop"):  # Path.resolve() on a link loop
+        return GrpoTuneError(f"{exc}: links that point at each other", hint="remove the loop", code="IO_ERROR")
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
         return GrpoTuneError(f"{exc.strerror or exc}{where}", code="IO_ERROR")
