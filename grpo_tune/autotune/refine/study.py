@@ -494,5 +494,5 @@ class _Heartbeat:
 
     def __exit__(self, *exc):
         self._stop.set()
-        if self._t is not None:
-            self._t.join()
+        if self._t is not None:  # a beat stuck on the database ends at its statement timeout; the thread is a daemon
+            self._t.join(timeout=STATEMENT_TIMEOUT_S + DB_TIMEOUT_S)
