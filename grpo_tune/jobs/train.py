@@ -277,7 +277,9 @@ def _coded(message: str | None) -> bool:
     from grpo_tune.core.errors import CODES
 
     m = re.match(r"\[([A-Z_]+)\] ", message or "")
-    return bool(m) and m.group(1) in CODES and m.group(1) not in ("INTERNAL_ERROR", "WORKER_FAILED", "TRIAL_FAILED")
+    return (
+        m is not None and m.group(1) in CODES and m.group(1) not in ("INTERNAL_ERROR", "WORKER_FAILED", "TRIAL_FAILED")
+    )
 
 
 def _with(o: TrainOutcome, **kw: object) -> TrainOutcome:
