@@ -16,6 +16,19 @@ import sys
 import time
 from pathlib import Path
 
+TORCHRUN_REPORT = """Traceback (most recent call last):
+  File "/usr/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+grpo_tune.trainer.main FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : 2 (pid: 4242)
+============================================================"""
+"""What torchrun prints when a worker exits non-zero (its shape, torch 2.x)."""
 WORKER = "import ctypes, time; ctypes.CDLL(None).prctl(1, 9); time.sleep(600)"
 
 
@@ -26,6 +39,11 @@ def main(argv: list[str]) -> int:
         rec = {"status": "error", "rank": 0, "kind": "no_space"}
         rec["message"] = f"[WORKER_FAILED] no space left on the device writing {out}/checkpoints/x.pt"
         (out / "failure.rank0.json").write_text(json.dumps(rec))
+        return 1
+    if len(argv) > 3 and argv[3] == "coded":  # a worker that stopped on a coded error, and torchrun's own report of it
+        rec = {"status": "error", "rank": 0, "message": "[BAD_CONFIG] the vllm rollout engine needs a CUDA GPU"}
+        (out / "failure.rank0.json").write_text(json.dumps(rec))
+        print(TORCHRUN_REPORT, flush=True)
         return 1
     worker = subprocess.Popen([sys.executable, "-c", WORKER], start_new_session=True)
 

@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
         with open(log, "a") as fh:
             fh.write(json.dumps({"config": args["--config"], "pid": os.getpid()}) + "\n")
     time.sleep(float(os.environ.get("REFINE_STANDIN_DELAY_S", "0")))
-    if str(s["tp"]) == os.environ.get("REFINE_STANDIN_CRASH_TP"):
+    if os.environ.get("REFINE_STANDIN_CRASH_TP") in (str(s["tp"]), "any"):
         print("stand-in: simulated crash", file=sys.stderr)
         os.abort()
     step = 0.1 * s["pp"] + 0.05 * s["tp"] + 0.01 * s["mbs"]

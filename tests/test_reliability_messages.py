@@ -210,6 +210,21 @@ def test_train_prints_the_classified_cause_not_the_traceback(tmp_path):
     assert "Traceback" not in err
 
 
+def test_a_coded_worker_error_arrives_without_torchruns_traceback(tmp_path):
+    """A worker that stops on `[BAD_CONFIG] the vllm rollout engine needs a CUDA GPU`: train printed that line, then
+    torchrun's ChildFailedError traceback and its "Root Cause" box (the log's tail), and exited 4."""
+    from test_reliability import _config, _train
+
+    out = tmp_path / "run"
+    p = _train(tmp_path, _config(tmp_path, out), steps=2, delay=0.01, FAKE_MODE="coded")
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 2, err
+    assert "[BAD_CONFIG] the vllm rollout engine needs a CUDA GPU" in err
+    assert "ChildFailedError" not in err and "Root Cause" not in err and "Traceback" not in err, err
+    assert "ChildFailedError" in (out / "train.log").read_text()  # still in the log, which the line names
+    assert "train.log" in err
+
+
 # --- run folders appear whole --------------------------------------------------------------------------
 
 

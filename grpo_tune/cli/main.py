@@ -54,6 +54,42 @@ COMMAND_MODULES = (
 for _name in COMMAND_MODULES:
     importlib.import_module(f"grpo_tune.cli.{_name}").register(app)
 
+MIN_COLUMNS = 20
+"""Below this a terminal width is not one (``COLUMNS=0`` silenced every table, ``COLUMNS=1`` printed a letter a
+line): the CLI lays out for 80 columns instead."""
+
+
+def _sane_terminal() -> None:
+    """``COLUMNS``/``LINES`` that are no terminal size are replaced by 80x25 (rich reads them when a console is
+    made); ``TERM=dumb`` and ``NO_COLOR`` are rich's own business (plain text, no colour)."""
+    for name, default in (("COLUMNS", "80"), ("LINES", "25")):
+        v = os.environ.get(name)
+        if v is not None and not (v.strip().isdigit() and int(v) >= MIN_COLUMNS if name == "COLUMNS" else v.isdigit()):
+            os.environ[name] = default
+
+
+def _hold_std_fds() -> None:
+    """A closed stdout or stderr (``grpo-tune ... >&-``): fd 1 or 2 is held by /dev/null, so that no file the
+    command opens can land on it (its output would be written into that file), and ``sys.stdout`` is a writer
+    again (Python left None there: an AttributeError traceback). The output is discarded, as the caller asked."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        try:
+            got = os.open(os.devnull, os.O_WRONLY)
+            if got != fd:
+                os.dup2(got, fd)
+                os.close(got)
+            if getattr(sys, name) is None:
+                setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115 - lives as long as the process
+        except OSError:
+            pass
+
+
+_sane_terminal()
 err_console = Console(stderr=True)
 
 
@@ -76,6 +112,8 @@ def as_coded(exc: BaseException) -> GrpoTuneError:
         return GrpoTuneError(f"{path}: {what}", hint=f"run `{path} --help` for its options", code="USAGE")
     if isinstance(exc, ClickException):
         return GrpoTuneError(exc.format_message(), code="BAD_CONFIG")
+    if isinstance(exc, RuntimeError) and str(exc).startswith("Symlink loop"):  # Path.resolve() on a link loop
+        return GrpoTuneError(f"{exc}: links that point at each other", hint="remove the loop", code="IO_ERROR")
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
         return GrpoTuneError(f"{exc.strerror or exc}{where}", code="IO_ERROR")
@@ -189,6 +227,8 @@ Console.on_broken_pipe = _rich_broken_pipe  # type: ignore[method-assign]
 
 
 def _main(argv: list[str] | None) -> int:
+    _hold_std_fds()
+    _sane_terminal()
     _safe_streams()
     try:
         code = _run(argv)
@@ -198,8 +238,70 @@ def _main(argv: list[str] | None) -> int:
         return _pipe_closed()
 
 
+_INT_OPTIONS: dict[tuple[str, ...], dict[str, str]] | None = None
+
+
+def _int_options() -> dict[tuple[str, ...], dict[str, str]]:
+    """Command path -> {option spelling: parameter name} for every integer option (built once)."""
+    global _INT_OPTIONS
+    if _INT_OPTIONS is None:
+        import typing
+
+        from typer.main import get_command
+
+        out: dict[tuple[str, ...], dict[str, str]] = {}
+
+        def walk(cmd: object, path: tuple[str, ...]) -> None:
+            opts: dict[str, str] = {}
+            for p in getattr(cmd, "params", []):
+                ann = getattr(getattr(p, "type_descriptor", None), "annotation", None)
+                if ann is int or int in typing.get_args(ann):
+                    opts.update({o: p.name for o in p.opts})
+            out[path] = opts
+            for name, sub in getattr(cmd, "commands", {}).items():
+                walk(sub, (*path, name))
+
+        if not isinstance(app, typer.Typer):  # a test's stand-in for the CLI: nothing to check
+            return {}
+        walk(get_command(app), ())
+        _INT_OPTIONS = out
+    return _INT_OPTIONS
+
+
+def _check_int_bounds(argv: list[str]) -> None:
+    """Every integer option of every command, refused above its bound (core/bounds.py) before the command runs:
+    ``--gpus 2**63`` spun in a divisor walk for minutes."""
+    from grpo_tune.core import bounds
+
+    table = _int_options()
+    path: tuple[str, ...] = ()
+    i = 0
+    while i < len(argv) and (*path, argv[i]) in table:
+        path, i = (*path, argv[i]), i + 1
+    opts = table.get(path, {})
+    while i < len(argv):
+        tok = argv[i]
+        i += 1
+        if tok == "--":
+            break
+        name, eq, val = tok.partition("=")
+        if name not in opts:
+            continue
+        if not eq:
+            if i >= len(argv):
+                break
+            val, i = argv[i], i + 1
+        try:
+            v = int(val.strip())
+        except ValueError:
+            continue  # click says what is wrong with it
+        param = opts[name]
+        bounds.check(name, v, bounds.BY_FLAG.get(param, bounds.MAX_INT))
+
+
 def _run(argv: list[str] | None) -> int:
     try:
+        _check_int_bounds(list(sys.argv[1:] if argv is None else argv))
         # not standalone: click raises its usage errors here instead of printing them itself
         status = app(args=argv, prog_name="grpo-tune", standalone_mode=False)
     except SystemExit as exc:

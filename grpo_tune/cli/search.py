@@ -7,6 +7,8 @@ runs (:func:`autotune.refine.refine`, imported only then).
 
 from __future__ import annotations
 
+from grpo_tune.core.errors import GrpoTuneError
+
 import json
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,7 +79,8 @@ Storage = Annotated[
     Optional[str],
     typer.Option(
         "--storage",
-        help="SQLAlchemy URL of the Optuna study (default: SQLite in the run folder).",
+        help="SQLAlchemy URL of the Optuna study (default: SQLite in the run folder). A server must answer within "
+        "10 s (?connect_timeout=N in the URL sets it); each statement within 300 s.",
         rich_help_panel=P_REF,
     ),
 ]
@@ -265,6 +268,27 @@ def search(
                 default=str,
             )
         )
+    if o.refine is not None and o.refine.winner is None:
+        raise _no_trial_completed(o.refine)
+
+
+def _no_trial_completed(res: Any) -> GrpoTuneError:
+    """``search --refine`` with no completed trial: exit 2 (TRIAL_FAILED) naming the first trial's reason (it exited
+    0, as if the refinement had measured something)."""
+    ran = sorted((r for r in res.records if r.ran or r.reason), key=lambda r: r.number)
+    if not ran:
+        return GrpoTuneError(
+            "the refinement ran no profiling trial: no plan of the search was measured",
+            hint="raise --trials, or check that the plans are ones `grpo-tune train` runs",
+            code="TRIAL_FAILED",
+        )
+    first = ran[0]
+    return GrpoTuneError(
+        f"no profiling trial completed ({len(ran)} tried); the first, trial {first.number}: "
+        f"{first.reason or first.state.lower()}",
+        hint=f"read {res.out_dir}/trials/{first.number:04d}/profile.log; rerun the command to resume the study",
+        code="TRIAL_FAILED",
+    )
 
 
 def _refine_ask(flags: dict[str, Any]) -> RefineAsk | None:

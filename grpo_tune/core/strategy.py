@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TypeVar
 
+from . import bounds as _bounds
 from . import knobs as _knobs
 from .choices import Dtype, Engine, KvCacheDtype, Offload, Recompute, RolloutPrecision, TrainPrecision, WorkloadKind
 from .errors import ConfigError, InvalidDegreesError
@@ -53,6 +54,8 @@ class Cluster:
 
     def __post_init__(self) -> None:
         g, n = self.gpus, self.gpus_per_node
+        _bounds.check("gpus", g, _bounds.MAX_GPUS, where="cluster")  # before anything walks its divisors
+        _bounds.check("gpus_per_node", n, _bounds.MAX_GPUS_PER_NODE, where="cluster")
         if isinstance(g, int) and isinstance(n, int) and g > n > 0 and g % n:
             # torchrun, Slurm and verl (trainer.nnodes x n_gpus_per_node) start the same count on every node
             lower = g // n * n
@@ -361,6 +364,7 @@ class Strategy:
         route = _route()
         split: dict[str, dict[str, object]] = {c: {} for c in _FLAT}
         for k, v in data.items():  # in the section's order, as each value's error names it
+            _bounds.check(k, v, _bounds.BY_FLAG.get(k, _bounds.MAX_INT), where=where)
             concern, name = route[k]
             cls_ = _CONCERN_TYPES[concern]
             check_value(where, k, hints(cls_)[name], v, _SCHEMAS.get(concern, _PLAIN))
@@ -531,6 +535,11 @@ _WORKLOAD_SCHEMA = Schema(choices={"kind": WorkloadKind, "dtype": Dtype})
 
 def _check_workload(obj: Workload, where: str) -> Workload:
     """The rules between a workload's fields (each field's own range is in ``_WORKLOAD_SCHEMA``)."""
+    for name in ("prompts", "n", "mini_batch", "gbs"):
+        _bounds.check(name, getattr(obj, name), _bounds.MAX_BATCH, where=where)
+    for name in ("prompt_len", "response_len", "prompt_len_mean", "response_len_mean", "seq_len"):
+        _bounds.check(name, getattr(obj, name), _bounds.MAX_TOKENS, where=where)
+    _bounds.check("ppo_epochs", obj.ppo_epochs, _bounds.MAX_STEPS, where=where)
     if obj.kind == "grpo" and obj.mini_batch > obj.prompts:
         raise ConfigError(
             f"{where}: mini_batch ({obj.mini_batch}) exceeds prompts ({obj.prompts})",

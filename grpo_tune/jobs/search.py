@@ -96,6 +96,10 @@ def run_search(
             hint="add --no-emit to rank pretraining plans (no --refine), or price one with grpo-tune estimate "
             "--workload pretrain",
         )
+    if req.refine is not None and req.refine.storage is not None:
+        from grpo_tune.autotune.refine.study import check_storage
+
+        check_storage(req.refine.storage)  # before the search runs and before anything is written
     pins = F.check_pins(req.setup.frameworks, req.pins)
     cal = req.setup.load_calibration(hw.name)
     with progress() if progress is not None else nullcontext(None) as tick:
@@ -153,7 +157,7 @@ def run_search(
 def _write_run_folder(req: SearchRequest, result: SearchResult) -> tuple[Path, dict[str, Path]]:
     """The run folder of the best plan: a new runs/<id>/, or under --refine a stable folder named like the
     study, so that re-running the command resumes it (written only once: refine's finish replaces it atomically)."""
-    from grpo_tune.rundir.emit import emit as emit_into, emit_run
+    from grpo_tune.rundir.emit import emit_run, emit_staged
 
     kw: dict[str, Any] = dict(search=result, meta=req.setup.meta())
     if req.setup.frameworks != ("verl",):
@@ -165,7 +169,7 @@ def _write_run_folder(req: SearchRequest, result: SearchResult) -> tuple[Path, d
     run_dir = req.out / (req.refine.study_name or default_study_name(*req.target))
     files: dict[str, Path] = {}
     if not (run_dir / "best.yaml").exists():
-        files = emit_into(result.best, run_dir, **kw)
+        files = emit_staged(result.best, run_dir, **kw)  # appears whole, as search's folders do
     return run_dir, files
 
 

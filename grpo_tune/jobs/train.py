@@ -260,11 +260,26 @@ def _run(
         code, line = stopped
         return _with(base, kind="interrupted", exit_code=code, interrupted=line)
     status, message, code = launch.worker_status(rc, out_dir)
+    coded = _coded(message)
+    if code == launch.EXIT_ERROR and coded:
+        code = launch.EXIT_BAD_CONFIG  # a worker refused the input, as the CLI refuses one: exit 2
     if code:
-        # a machine cause is said in one line; anything else shows the log
-        tail = launch.log_tail(out_dir) if launch.classified(out_dir) is None else None
+        # a machine cause or a coded error is said in one line (not torchrun's traceback); anything else shows the log
+        tail = launch.log_tail(out_dir) if launch.classified(out_dir) is None and not coded else None
         return _with(base, kind="failed", status=status, message=message, exit_code=code, log_tail=tail)
     return _with(base, status=status, message=message)
+
+
+def _coded(message: str | None) -> bool:
+    """A worker's failure message that is a coded error of the input (``[BAD_CONFIG] ...``), not a bug."""
+    import re
+
+    from grpo_tune.core.errors import CODES
+
+    m = re.match(r"\[([A-Z_]+)\] ", message or "")
+    return (
+        m is not None and m.group(1) in CODES and m.group(1) not in ("INTERNAL_ERROR", "WORKER_FAILED", "TRIAL_FAILED")
+    )
 
 
 def _with(o: TrainOutcome, **kw: object) -> TrainOutcome:

@@ -243,3 +243,69 @@ def emit_run(
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return d, {key: d / p.name for key, p in paths.items()}
+
+
+def staging(d: str | os.PathLike) -> Path:
+    """A fresh hidden folder inside the existing run folder ``d`` to write its files into before
+    :func:`place_files` moves them in (leftovers of a killed writer are removed first)."""
+    import shutil
+    import tempfile
+
+    d = Path(d)
+    d.mkdir(parents=True, exist_ok=True)
+    for old in d.glob(".stage.*.partial"):
+        shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=".stage.", suffix=".partial", dir=d))
+
+
+def place_files(stage: Path, d: Path, paths: Mapping[str, Path]) -> dict[str, Path]:
+    """Move each staged file into ``d`` (one ``rename`` each, best.yaml last: until it is replaced the folder's
+    best.yaml is the earlier one), then remove the stage. Every file is written before the first is moved, so a kill
+    while the files are written (seconds: plots, the report) changes nothing; only the renames (microseconds) can be
+    cut."""
+    import shutil
+
+    out: dict[str, Path] = {}
+    try:
+        for key in sorted(paths, key=lambda k: k == "best"):
+            dest = d / paths[key].name
+            os.replace(paths[key], dest)
+            out[key] = dest
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return out
+
+
+def emit_staged(est: Estimate, d: str | os.PathLike, **kw: Any) -> dict[str, Path]:
+    """:func:`emit` into the run folder ``d`` (refine's stable folder), staged: a folder that does not exist yet
+    appears whole (written beside it, renamed into place); into an existing one, the files are written in a stage
+    inside it and moved in at the end (:func:`place_files`)."""
+    import errno
+    import shutil
+    import tempfile
+
+    d = Path(d)
+    if not os.path.lexists(d):
+        d.parent.mkdir(parents=True, exist_ok=True)
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}.", suffix=".partial", dir=d.parent))
+        try:
+            paths = emit(est, d, stage=tmp, **kw)
+            os.chmod(tmp, 0o777 & ~umask)
+            os.rename(tmp, d)
+            return {key: d / p.name for key, p in paths.items()}
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    stage = staging(d)
+    try:
+        paths = emit(est, d, stage=stage, **kw)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return place_files(stage, d, paths)

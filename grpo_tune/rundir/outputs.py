@@ -52,7 +52,10 @@ def _same(a: Path, b: Path) -> bool:
             return os.path.samefile(a, b)
     except OSError:
         pass
-    return a.resolve() == b.resolve()
+    try:  # realpath, not resolve(): two links to each other made resolve() raise (RuntimeError: Symlink loop)
+        return os.path.realpath(a) == os.path.realpath(b)
+    except (OSError, RuntimeError, ValueError):
+        return os.path.abspath(a) == os.path.abspath(b)
 
 
 def check_out_dir(path: str | os.PathLike, option: str, *, inputs: Inputs | None = None) -> Path:

@@ -192,18 +192,30 @@ def print_summary(result: RefineResult, console) -> None:
 def _emit(result: RefineResult, winner: RunConfig, est: Estimate | None, search) -> dict[str, Path]:
     """Write the winner through search's emitter (best.yaml with ``measured``, exports, report.md),
     then append the refinement to report.md."""
-    out = result.out_dir
-    meta = {"refine": {k: v for k, v in (winner.meta or {}).items()}}
-    if est is not None:
-        from grpo_tune.rundir.emit import emit as emit_plan
+    import shutil
 
-        paths = dict(emit_plan(est, out, search=search, measured=result.measured(), meta=meta, trainer=None))
-    else:  # the winner's plan is not in this space (a resumed study with another space): config only
-        paths = {"best": save_config(winner, out / "best.yaml")}
     from grpo_tune.autotune.refine.markdown import append_report
+    from grpo_tune.rundir.emit import emit as emit_plan
+    from grpo_tune.rundir.emit import place_files, staging
 
-    paths.update(append_report(out, result))
-    return paths
+    out = Path(result.out_dir)
+    meta = {"refine": {k: v for k, v in (winner.meta or {}).items()}}
+    # staged as search's folders are: every file is written into a stage inside the run folder, then moved in
+    stage = staging(out)
+    try:
+        if est is not None:
+            paths = dict(
+                emit_plan(est, out, stage=stage, search=search, measured=result.measured(), meta=meta, trainer=None)
+            )
+        else:  # the winner's plan is not in this space (a resumed study with another space): config only
+            if (out / "report.md").is_file():
+                shutil.copyfile(out / "report.md", stage / "report.md")
+            paths = {"best": save_config(winner, stage / "best.yaml")}
+        paths.update(append_report(stage, result))
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return place_files(stage, out, paths)
 
 
 class _Bar:

@@ -69,6 +69,15 @@ def _quiet_optuna():
 DB_TIMEOUT_S = 60.0
 """How long a statement waits for a study database that another process holds locked (SQLite's busy timeout)."""
 
+CONNECT_TIMEOUT_S = 10.0
+"""How long connecting to a database server may take before it is a STORAGE_ERROR (the probe before the search and
+the driver's own ``connect_timeout``); a ``connect_timeout=N`` in the --storage URL's query sets it."""
+STATEMENT_TIMEOUT_S = 300.0
+"""How long one statement on a database server may run (PostgreSQL's ``statement_timeout``, MySQL's read and write
+timeouts); a study's statements take milliseconds."""
+MAX_TIMEOUT_S = 3600.0
+"""The longest connect_timeout a URL may set."""
+
 DRIVERS = {
     "psycopg": "psycopg[binary]",
     "psycopg2": "psycopg2-binary",
@@ -131,6 +140,122 @@ def check_url(url: str) -> None:
         ) from None
 
 
+def connect_timeout(url: str) -> float:
+    """The URL's ``connect_timeout`` (seconds), else :data:`CONNECT_TIMEOUT_S`; a bad one is a coded error."""
+    import math
+
+    from sqlalchemy.engine import make_url
+
+    raw = make_url(url).query.get("connect_timeout")
+    if raw is None:
+        return CONNECT_TIMEOUT_S
+    raw = raw[-1] if isinstance(raw, tuple) else raw
+    try:
+        t = float(raw)
+    except ValueError:
+        t = math.nan
+    if not (0 < t <= MAX_TIMEOUT_S):
+        raise ConfigError(
+            f"--storage {redact(url)}: connect_timeout={raw!r} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]",
+            hint=f"e.g. ?connect_timeout=10 (the default, {CONNECT_TIMEOUT_S:g} s, when it is left out)",
+        )
+    return t
+
+
+def connect_args(url: str) -> dict[str, object]:
+    """The driver's time limits for ``url``: SQLite's busy timeout; a server's connect timeout (unless the URL sets
+    one) and statement timeout (PostgreSQL through ``options``, MySQL's read/write timeouts)."""
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    backend = u.get_backend_name()
+    if backend == "sqlite":
+        return {"timeout": DB_TIMEOUT_S}
+    out: dict[str, object] = {}
+    if "connect_timeout" not in u.query:
+        out["connect_timeout"] = max(1, round(connect_timeout(url)))
+    if backend == "postgresql" and u.get_driver_name() in ("psycopg", "psycopg2") and "options" not in u.query:
+        out["options"] = f"-c statement_timeout={int(STATEMENT_TIMEOUT_S * 1000)}"
+    if backend in ("mysql", "mariadb") and u.get_driver_name() in ("pymysql", "mysqldb"):
+        out.setdefault("read_timeout", int(STATEMENT_TIMEOUT_S))
+        out.setdefault("write_timeout", int(STATEMENT_TIMEOUT_S))
+    return out
+
+
+_DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306}
+_SSL_REQUEST = b"\x00\x00\x00\x08\x04\xd2\x16\x2f"
+"""PostgreSQL's SSLRequest (length 8, code 80877103): a server answers it with one byte before any login."""
+
+
+def probe(url: str) -> None:
+    """Check a --storage before the search runs and before anything is written, with a time limit on every wait:
+    a SQLite file's folder must exist (grpo-tune creates no folder outside --out); a database server must accept a
+    connection and answer its first protocol message (PostgreSQL: SSLRequest; MySQL: the server's greeting) within
+    the connect timeout. No driver is needed for this: a server that accepts and never answers is found here."""
+    import socket
+
+    from sqlalchemy.engine import make_url
+
+    from grpo_tune.core.errors import StorageError
+
+    shown = redact(url)
+    u = make_url(url)
+    backend = u.get_backend_name()
+    if backend == "sqlite":
+        db = u.database or ""
+        if db and db != ":memory:" and not db.startswith("file:"):
+            parent = Path(db).expanduser().parent
+            if not parent.is_dir():
+                raise StorageError(
+                    f"--storage {shown}: the folder {parent} does not exist",
+                    hint="create it first, or give a path in an existing folder (grpo-tune creates no folder outside "
+                    "--out); without --storage the study is in the run folder",
+                )
+        return
+    host, port = u.host, u.port or _DEFAULT_PORTS.get(backend)
+    if not host or host.startswith("/") or port is None:
+        return  # a Unix socket or a backend we do not speak: the driver's connect_timeout holds
+    limit = connect_timeout(url)
+    where = f"{host}:{port}"
+    try:
+        with socket.create_connection((host, port), timeout=limit) as sock:
+            sock.settimeout(limit)
+            if backend == "postgresql":
+                sock.sendall(_SSL_REQUEST)
+            reply = sock.recv(1)
+    except (TimeoutError, socket.timeout):
+        raise StorageError(
+            f"--storage {shown}: the database server at {where} did not answer within {limit:g} s",
+            hint="check that a database server (not another program) listens there and is not overloaded; "
+            "?connect_timeout=N in the URL sets the time limit",
+        ) from None
+    except OSError as exc:
+        raise StorageError(
+            f"--storage {shown}: cannot connect to {where} ({exc.strerror or exc})",
+            hint="start the database server or fix the host and port",
+        ) from None
+    if not reply:
+        raise StorageError(
+            f"--storage {shown}: the server at {where} closed the connection without answering",
+            hint="check that a database server listens there",
+        )
+
+
+def check_storage(url: str) -> None:
+    """Everything about a --storage that can be known before the search runs: the URL, the server (:func:`probe`),
+    the driver (:func:`check_url`)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        make_url(url)
+    except (ArgumentError, ValueError):
+        check_url(url)  # the coded error for an unparsable URL
+    connect_timeout(url)
+    probe(url)
+    check_url(url)
+
+
 def open_study(storage: str, study_name: str, seed: int | None, heartbeat_s: int, grace_s: int) -> StudyHandle:
     """Create or load the study on an RDB URL (a bad URL, a missing driver, a damaged or locked database: coded
     errors, with the password never shown)."""
@@ -141,15 +266,14 @@ def open_study(storage: str, study_name: str, seed: int | None, heartbeat_s: int
 
     check_url(storage)
     shown = redact(storage)
-    if storage.startswith("sqlite:///"):
-        Path(storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    connect_timeout(storage)
     last: Exception | None = None
     t0 = time.monotonic()
     for attempt in range(6):  # two workers starting together race to create the schema: retry
         try:
             st = RDBStorage(
                 storage,
-                engine_kwargs={"connect_args": {"timeout": DB_TIMEOUT_S}} if storage.startswith("sqlite") else None,
+                engine_kwargs={"connect_args": connect_args(storage)},
             )
             sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4)
             study = optuna.create_study(
@@ -370,5 +494,5 @@ class _Heartbeat:
 
     def __exit__(self, *exc):
         self._stop.set()
-        if self._t is not None:
-            self._t.join()
+        if self._t is not None:  # a beat stuck on the database ends at its statement timeout; the thread is a daemon
+            self._t.join(timeout=STATEMENT_TIMEOUT_S + DB_TIMEOUT_S)

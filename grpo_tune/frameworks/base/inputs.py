@@ -99,12 +99,21 @@ def _check_size(root: yaml.Node | None, where: str) -> None:
         return
     size: dict[int, int] = {}
     depth: dict[int, int] = {}
+    open_: set[int] = set()
+    """Nodes entered and not yet finished: the ancestors of the node popped (a depth-first walk)."""
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
         node, done = stack.pop()
         nid = id(node)
         if nid in size:
             continue
+        if not done and nid in open_:  # an alias inside the node it names (`rec: &r` / `  - *r`)
+            raise ConfigError(
+                f"{where}: line {node.start_mark.line + 1}: the YAML refers to itself (an alias used inside the "
+                "node its anchor names): a loop, not a config",
+                hint="replace the alias (*name) inside its own anchor (&name) by the values themselves",
+            )
+        open_.add(nid)
         kids = (
             [c for kv in node.value for c in kv]
             if isinstance(node, yaml.MappingNode)
@@ -118,6 +127,7 @@ def _check_size(root: yaml.Node | None, where: str) -> None:
             if len(stack) > 4 * MAX_YAML_NODES:
                 break
             continue
+        open_.discard(nid)
         size[nid] = 1 + sum(size.get(id(k), 1) for k in kids)
         depth[nid] = 1 + max((depth.get(id(k), 1) for k in kids), default=0)
         if size[nid] > MAX_YAML_NODES:
@@ -169,8 +179,17 @@ _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _FLOAT = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
 
 
-def parse_value(raw: str) -> object:
+MAX_VALUE_DEPTH = 64
+"""The deepest list an override value may nest (``[[[...]]]``); a config nests a few levels."""
+
+
+def parse_value(raw: str, _depth: int = 0) -> object:
     """A Hydra override value as Hydra's grammar reads it (bool, null, int, float, list, string)."""
+    if _depth > MAX_VALUE_DEPTH:
+        raise ConfigError(
+            f"an override value nests lists deeper than {MAX_VALUE_DEPTH} levels ({raw[:40]}...)",
+            hint="a verl or NeMo-RL value nests a few levels at most; check the override",
+        )
     v = raw.strip(" \t")
     low = v.lower()
     if low == "true":
@@ -188,7 +207,7 @@ def parse_value(raw: str) -> object:
         return v[1:-1]
     if v.startswith("[") and v.endswith("]"):
         inner = v[1:-1].strip()
-        return [parse_value(x) for x in inner.split(",")] if inner else []
+        return [parse_value(x, _depth + 1) for x in inner.split(",")] if inner else []
     return v
 
 

@@ -124,6 +124,16 @@ def workload_of(
                 hint="set grpo.num_prompts_per_step, grpo.num_generations_per_prompt, policy.train_global_batch_size "
                 "and policy.max_total_sequence_length to positive integers",
             )
+    from grpo_tune.core import bounds
+
+    for k, key in (
+        ("prompts", "grpo.num_prompts_per_step"),
+        ("n", "grpo.num_generations_per_prompt"),
+        ("mini_batch", "policy.train_global_batch_size / num_generations_per_prompt"),
+    ):
+        bounds.check(key, w[k], bounds.MAX_BATCH, where=str(r.path))  # before a clamp hides an absurd value
+    for k in ("prompt_len", "response_len"):
+        bounds.check(f"{k} (policy.max_total_sequence_length)", w[k], bounds.MAX_TOKENS, where=str(r.path))
     w["mini_batch"] = min(as_int(w["mini_batch"], "mini_batch"), as_int(w["prompts"], "prompts"))
     means: dict[str, Any] = {"prompt_len_mean": prompt_len_mean, "response_len_mean": response_len_mean}
     if assume:

@@ -77,12 +77,11 @@ def read_launch(path: str | Path) -> Launch:
         raise ConfigError(
             f"no launch file at {p}", hint="pass a verl launch script (bash) or a file of Hydra overrides"
         )
-    if p.stat().st_size > 4 * 1024 * 1024:
-        raise ConfigError(f"{p}: larger than 4 MiB; not a launch script")
-    try:
-        text = p.read_text()
-    except (UnicodeDecodeError, OSError) as exc:
-        raise ConfigError(f"{p}: not a readable text file ({exc})") from None
+    from grpo_tune.frameworks.base.inputs import read_text
+
+    # the bytes as bash reads them: no newline translation (a CRLF script is refused as diagnose refuses it, and an
+    # override list's CRLF line endings are kept in tuned.sh)
+    text = read_text(p, limit=4 * 1024 * 1024, what="verl launch script or override list")
     config_name = None
     if re.search(r"main_ppo|fully_async_main|verl-train|^#!", text, re.MULTILINE):
         _bash_syntax(p)

@@ -120,8 +120,11 @@ def overrides_for(s: Strategy, model: ModelSpec, get: Get, present: set[str]) ->
 
 
 def workload_from(get: Get, *, prompt_len_mean: int | None = None, response_len_mean: int | None = None) -> Workload:
+    from grpo_tune.core import bounds
+
     def pos(key: str) -> int:
         v = get(key)
+        bounds.check(key, v, bounds.MAX_TOKENS if key.endswith("_length") else bounds.MAX_BATCH)
         if not _is_int(v) or v < 1:
             raise ConfigError(
                 f"{key}={v!r}: tune needs a positive integer here",
@@ -243,6 +246,10 @@ def read_plan(
     m, note = resolve_launch_model(launch, model)
     hw = load_hardware(hardware or "h100", stack=stack)
     gpn, nn = launch.get("trainer.n_gpus_per_node"), launch.get("trainer.nnodes")
+    from grpo_tune.core import bounds
+
+    bounds.check("trainer.nnodes", nn, bounds.MAX_GPUS, where=str(launch.path))
+    bounds.check("trainer.n_gpus_per_node", gpn, bounds.MAX_GPUS_PER_NODE, where=str(launch.path))
     if not (_is_int(gpn) and gpn > 0 and _is_int(nn) and nn > 0):
         raise ConfigError(
             f"{launch.path}: trainer.n_gpus_per_node={gpn!r} x trainer.nnodes={nn!r} is not a GPU count",

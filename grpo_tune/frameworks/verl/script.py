@@ -5,17 +5,21 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from grpo_tune.core.errors import ConfigError
+from grpo_tune.frameworks.base.inputs import Override, override
 from grpo_tune.frameworks.verl import diagnose as D
 from grpo_tune.frameworks.verl import snapshot as verl
 
 if TYPE_CHECKING:
-    from grpo_tune.frameworks.base.inputs import Override
     from grpo_tune.frameworks.verl.launch import Launch
 
 Changes = Mapping[str, tuple[object, object]]
 """verl key -> (the launch's value, the value tune chose)."""
+Fixes = Mapping[str, "tuple[str, str] | None"]
+"""A refused key -> ``(prefix, key)`` to write instead, or None to drop it (:func:`key_fixes`)."""
 
 
 def _fmt(v: object) -> str:
@@ -24,30 +28,6 @@ def _fmt(v: object) -> str:
     if isinstance(v, bool):
         return "True" if v else "False"
     return str(v)
-
-
-def _word_span(line: str, start: int) -> tuple[int, int]:
-    """The shell word of ``line`` that contains position ``start`` (quotes respected)."""
-    i = start
-    # walk back to the word's start (a quote that opens it belongs to it)
-    while i > 0 and not line[i - 1].isspace():
-        i -= 1
-    j, quote = i, None
-    while j < len(line):
-        ch = line[j]
-        if quote:
-            if ch == quote:
-                quote = None
-            elif ch == "\\" and quote == '"':
-                j += 1
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "\\" and j + 1 < len(line) and not line[j + 1].isspace():
-            j += 1
-        elif ch.isspace():
-            break
-        j += 1
-    return i, j
 
 
 def _token(prefix: str, key: str, value: object) -> str:
@@ -91,40 +71,82 @@ def fixes_header(launch: Launch, fixes: dict[str, tuple[str, str] | None]) -> li
     return [" ".join(ln.split()) for ln in out]
 
 
-def _find(lines: list[str], line: int | None, key: str) -> tuple[int, re.Match[str]] | None:
-    if line is None:
-        return None
-    pat = re.compile(r"(?<![\w.+])\+{0,2}" + re.escape(key) + r"=")
-    for j in range(line - 1, min(line + 2, len(lines))):
-        m = pat.search(lines[j])
-        if m:
-            return j, m
-    return None
+@dataclass(frozen=True)
+class _Arg:
+    """One argument of the verl command as the reader splits it (bash's word boundaries)."""
+
+    text: str
+    """What bash passes (quotes removed, variables expanded)."""
+    start: int
+    end: int
+    """Its span in the launch's text: the whole shell word, over every line it spans."""
+    raw: str
+
+    @property
+    def runtime(self) -> bool:
+        return computed_at_run_time(self.raw)
+
+    def override(self) -> Override | None:
+        return override(self.text)
 
 
-def _source_value(lines: list[str], idx: int, m: re.Match[str]) -> str:
-    """The value of ``key=`` as the script spells it, up to the end of its shell word (a backtick or ``$(`` word
-    may hold blanks: it runs to the matching close)."""
-    ln = lines[idx]
-    j, depth, tick, quote = m.end(), 0, False, None
-    while j < len(ln):
-        ch = ln[j]
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch == "`":
-            tick = not tick
-        elif ln.startswith("$(", j):
-            depth += 1
-            j += 1
-        elif ch == ")" and depth:
-            depth -= 1
-        elif ch in "'\"" and not tick:
-            quote = ch
-        elif ch.isspace() and not tick and not depth:
-            break
-        j += 1
-    return ln[m.end() : j]
+@dataclass
+class _Read:
+    """A launch's text read for rewriting: the arguments of each verl command and every other command's words."""
+
+    args: list[list[_Arg]]
+    """One list per verl command (an override list: one list, every line's words)."""
+    others: list[tuple[object, ...]]
+    """Every command of the script as (words, assignments, what ended it), the verl commands without their
+    arguments: what must not change."""
+    tails: list[int]
+    """Where each verl command's last word ends (for a key added to a command that has no override)."""
+
+
+def _newline(text: str) -> str:
+    return "\r\n" if "\r\n" in text else "\n"
+
+
+def _read(text: str, kind: str) -> _Read:
+    from grpo_tune.frameworks.verl.diagnose.parse import ScriptFacts, _verl_args
+    from grpo_tune.frameworks.verl.diagnose.shell import ShellReader, Word
+
+    def arg(w: Word, text_: str, off: int) -> _Arg:
+        return _Arg(text_, w.start + off, w.end + off, w.raw)
+
+    if kind != "verl_script":  # an override list: each line read on its own, as parse_override_list reads it
+        args: list[_Arg] = []
+        off = 0
+        for raw in text.splitlines(keepends=True):
+            line = raw.strip()
+            at = off + len(raw) - len(raw.lstrip())
+            off += len(raw)
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("- "):
+                inner = line[2:]
+                at += 2 + len(inner) - len(inner.lstrip())
+                line = inner.strip()
+            for cmd in ShellReader(line).commands():
+                args += [arg(w, f"{name}={w.value.text}", at) for name, w in cmd.assigns]
+                args += [arg(w, w.value.text, at) for w in cmd.words]
+        return _Read([args], [], [])
+    reader = ShellReader(text)
+    try:
+        cmds = list(reader.commands())
+    except RecursionError:
+        raise ConfigError("the script nests its expansions too deeply to read") from None
+    out = _Read([], [], [])
+    for cmd in cmds:
+        texts = [w.value.text for w in cmd.words]
+        found = _verl_args(texts, cmd.line, [], ScriptFacts(config_name=None, commands=[])) if texts else None
+        head = texts if found is None else texts[: len(texts) - len(found)]
+        out.others.append((tuple(head), tuple((n, w.value.text) for n, w in cmd.assigns), cmd.end, found is None))
+        if found is not None:
+            words = cmd.words[len(cmd.words) - len(found) :]
+            out.args.append([arg(w, w.value.text, 0) for w in words])
+            out.tails.append(cmd.words[-1].end)
+    return out
 
 
 def computed_at_run_time(src: str) -> bool:
@@ -133,18 +155,30 @@ def computed_at_run_time(src: str) -> bool:
     return "`" in src or "$" in src
 
 
+def _effective(a: _Arg, fixes: Fixes) -> tuple[Override, str, str] | None:
+    """``(override, prefix, key)`` an argument is written with once ``fixes`` renamed its key; None for an
+    argument that is no override (a flag, ``"$@"``) or one ``fixes`` drops."""
+    ov = a.override()
+    if ov is None or ov.prefix == "~":
+        return None
+    if ov.key in fixes:
+        fix = fixes[ov.key]
+        if fix is None:
+            return None
+        return ov, fix[0], fix[1]
+    return ov, ov.prefix, ov.key
+
+
 def runtime_values(launch: Launch, changes: Changes) -> list[tuple[str, str, object]]:
     """``(key, value as written, value tune chose)`` for each changed key whose value is computed at run time."""
-    lines = launch.text.split("\n")
     out = []
-    for key, (_old, new) in changes.items():
-        ov = launch.values.get(key)
-        hit = _find(lines, ov.line, key) if ov is not None else None
-        if hit is None:
+    seen: set[str] = set()
+    for a in (a for cmd in _read(launch.text, launch.kind).args for a in cmd):
+        eff = _effective(a, {})
+        if eff is None or eff[2] not in changes or not a.runtime or eff[2] in seen:
             continue
-        src = _source_value(lines, *hit)
-        if computed_at_run_time(src):
-            out.append((key, src, new))
+        seen.add(eff[2])
+        out.append((eff[2], a.raw.partition("=")[2] or a.raw, changes[eff[2]][1]))
     return out
 
 
@@ -156,62 +190,98 @@ def runtime_notes(launch: Launch, changes: Changes) -> list[str]:
     ]
 
 
-def tuned_text(launch: Launch, changes: Changes, fixes: dict[str, tuple[str, str] | None] | None = None) -> str:
-    """The launch with each changed override rewritten in place; keys it did not set are added after its
+def tuned_text(launch: Launch, changes: Changes, fixes: Fixes | None = None) -> str:
+    """The launch with each changed override rewritten in place; keys it did not set are added just before its
     last override. ``fixes`` (:func:`key_fixes`) first renames or drops the keys verl refuses, and a comment at
-    the top says so. Everything else (paths, env, comments, unrelated keys) is left byte for byte."""
-    lines = launch.text.split("\n")
-    first: dict[str, Override] = {}
-    for o in launch.overrides:
-        first.setdefault(o.key, o)
-    for key, fix in (fixes or {}).items():
-        ov = first.get(key)
-        hit = _find(lines, ov.line if ov else None, key)
-        if ov is None or hit is None:
-            continue
-        idx, m = hit
-        ln = lines[idx]
-        if fix is None:  # the whole shell word goes (a line left with only its `\` still continues the command)
-            a, b = _word_span(ln, m.start())
-            lines[idx] = ln[:a] + ln[b:].lstrip(" ")
-        else:  # only the key part: the value stays as written (quotes, ${VAR} included)
-            lines[idx] = ln[: m.start()] + f"{fix[0]}{fix[1]}=" + ln[m.end() :]
-    missing: list[str] = []
-    for key, (_old, new) in changes.items():
-        ov = launch.values.get(key)
-        if ov is None or ov.line is None:
-            plus = "+" if verl.key_status(key) != "declared" else ""
-            missing.append(_token(plus, key, new))
-            continue
-        hit = _find(lines, ov.line, key)
-        if hit is None:
-            missing.append(_token("", key, new))
-            continue
-        idx, m = hit
-        if computed_at_run_time(_source_value(lines, idx, m)):
-            continue  # byte for byte as written; runtime_notes() tells the user the value to set
-        a, b = _word_span(lines[idx], m.start())
-        lines[idx] = lines[idx][:a] + _token(ov.prefix or "", key, new) + lines[idx][b:]
-    if missing:
-        last = max((o.line for o in launch.overrides if o.line), default=None)
-        if launch.kind == "verl_script" and last is not None:
-            src = lines[last - 1]
-            indent = src[: len(src) - len(src.lstrip())]
-            if last >= 2 and lines[last - 2].rstrip().endswith("\\"):
-                # new lines go just above the last override line, which stays as the user wrote it
-                lines[last - 1 : last - 1] = [f"{indent}{t} \\" for t in missing]
+    the top says so. Everything else (paths, env, comments, unrelated keys, line endings) is left byte for byte.
+
+    Each edit replaces one whole shell word as the reader splits the script (a word continued over several lines
+    by a backslash, inside quotes or not, is replaced whole). The result is read back: unless its verl command
+    passes exactly the original's arguments with those edits, and every other command is unchanged, the launch
+    is refused (``BAD_CONFIG``) rather than written."""
+    fixes = dict(fixes or {})
+    text = launch.text
+    nl = _newline(text)
+    before = _read(text, launch.kind)
+    edits: list[tuple[int, int, str]] = []
+    expected: list[list[str]] = []
+    found: set[str] = set()
+    for cmd in before.args:
+        exp: list[str] = []
+        for a in cmd:
+            ov = a.override()
+            if ov is not None and ov.key in fixes and fixes[ov.key] is None:  # dropped: the word and its blanks
+                end = a.end
+                while end < len(text) and text[end] in " \t":
+                    end += 1
+                edits.append((a.start, end, ""))
+                continue
+            eff = _effective(a, fixes)
+            if eff is None:
+                exp.append(a.text)
+                continue
+            ov, prefix, key = eff
+            found.add(key)
+            if key in changes and not a.runtime:
+                new = changes[key][1]
+                edits.append((a.start, a.end, _token(prefix, key, new)))
+                exp.append(f"{prefix}{key}={_fmt(new)}")
+            elif (prefix, key) != (ov.prefix, ov.key):  # renamed: the value stays as written
+                m = re.match(r"['\"]?(\+{0,2}" + re.escape(ov.key) + ")=", a.raw)
+                if m:
+                    edits.append((a.start + m.start(1), a.start + m.end(1), f"{prefix}{key}"))
+                elif not a.runtime:
+                    edits.append((a.start, a.end, shlex.quote(f"{prefix}{key}={ov.raw}")))
+                exp.append(f"{prefix}{key}={ov.raw}")
             else:
-                lines[last - 1] = src.rstrip() + " \\"
-                lines[last:last] = [f"{indent}{t} \\" for t in missing[:-1]] + [f"{indent}{missing[-1]}"]
+                exp.append(a.text)
+        expected.append(exp)
+    missing = []
+    for key, (_old, new) in changes.items():
+        if key not in found:
+            plus = "+" if verl.key_status(key) != "declared" else ""
+            missing.append((_token(plus, key, new), f"{plus}{key}={_fmt(new)}"))
+    if missing and launch.kind == "verl_script" and before.args:
+        cmd, exp = before.args[-1], expected[-1]
+        last = next((a for a in reversed(cmd) if a.override() is not None), None)
+        if last is not None:  # new lines go just above the last override, which stays as the user wrote it
+            bol = text.rfind("\n", 0, last.start) + 1
+            indent = text[bol : last.start] if not text[bol : last.start].strip() else "    "
+            edits.append((last.start, last.start, "".join(f"{t} \\{nl}{indent}" for t, _ in missing)))
+            k = len([a for a in cmd[: cmd.index(last)] if not _dropped(a, fixes)])
+            exp[k:k] = [e for _, e in missing]
         else:
-            if lines and lines[-1] == "":
-                lines.pop()
-            lines += missing + [""]
-    head = fixes_header(launch, fixes or {})
+            at = before.tails[-1]
+            edits.append((at, at, "".join(f" {t}" for t, _ in missing)))
+            exp += [e for _, e in missing]
+    elif missing:
+        tail = "" if not text or text.endswith(("\n", "\r")) else nl
+        edits.append((len(text), len(text), tail + "".join(f"{t}{nl}" for t, _ in missing)))
+        expected[-1:] = [(expected[-1] if expected else []) + [e for _, e in missing]]
+    out = text
+    for a0, b0, rep in sorted(set(edits), reverse=True):  # a word an array passes twice is edited once
+        out = out[:a0] + rep + out[b0:]
+    after = _read(out, launch.kind)
+    got = [[a.text for a in cmd] for cmd in after.args]
+    if got != expected or after.others != before.others:
+        raise ConfigError(
+            f"{launch.path}: tune cannot rewrite this launch so that it passes exactly the arguments it passed, "
+            "with only the changed values: no tuned file written",
+            hint="write each override tune changes as one plain word on one line (key=value, no quote or "
+            "backslash that spans lines), or set the values it prints yourself",
+        )
+    head = fixes_header(launch, fixes)
     if head:
-        at = 1 if lines and lines[0].startswith("#!") else 0
-        lines[at:at] = head
-    return "\n".join(lines)
+        at = out.find("\n") + 1 if out.startswith("#!") else 0
+        if out.startswith("#!") and at == 0:
+            out, at = out + nl, len(out) + len(nl)
+        out = out[:at] + "".join(h + nl for h in head) + out[at:]
+    return out
+
+
+def _dropped(a: _Arg, fixes: Fixes) -> bool:
+    ov = a.override()
+    return ov is not None and ov.key in fixes and fixes[ov.key] is None
 
 
 def parse_value_str(raw: str):

@@ -75,6 +75,10 @@ class Word:
     value: Value
     line: int
     raw: str
+    start: int = -1
+    """Where the word starts in the text read (its opening quote included); -1 when not from the text."""
+    end: int = -1
+    """Just past the word's last character (a word that spans lines by ``\\``-newline spans them all)."""
 
 
 @dataclass
@@ -387,7 +391,7 @@ class ShellReader:
                 out.text += self._adv()  # inside a word '#' is literal
             else:
                 break
-        return Word(out, line, self.s[start : self.i])
+        return Word(out, line, self.s[start : self.i], start, self.i)
 
     def _finish(self, st: "_Building", end: str) -> Command | None:
         """The command built so far (None when empty); a bare assignment list updates the script's variables."""
@@ -491,7 +495,7 @@ class ShellReader:
         m = _ASSIGN.match(w.raw) if not st.words else None
         if m:
             val = _tail(w.value, len(m.group(0)))
-            st.assigns.append((m.group(1), Word(val, w.line, w.raw)))
+            st.assigns.append((m.group(1), Word(val, w.line, w.raw, w.start, w.end)))
             st.pending[m.group(1)] = val
         else:
             st.words.append(w)
