@@ -114,6 +114,8 @@ def test_a_nemo_rl_recipe_count_at_2_63_is_refused_within_a_second(tmp_path, cap
     rc, err, dt = _answer(capsys, ["tune", str(p), "--no-emit"])
     assert rc == 2 and re.search(r"\[(BAD_CONFIG|INVALID_DEGREES)\]", err), err
     assert dt < 1.0
+    if key in ("num_nodes", "num_prompts_per_step", "num_generations_per_prompt", "train_global_batch_size"):
+        assert key in err  # the recipe's own key is named, not a derived count
     rc, err, dt = _answer(capsys, ["diagnose", str(p)])  # diagnose answers too (its findings are its own)
     assert rc in (0, 1, 2) and "INTERNAL_ERROR" not in err and dt < 1.0, err
 
