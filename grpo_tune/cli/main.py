@@ -296,6 +296,8 @@ def _check_int_bounds(argv: list[str]) -> None:
         except ValueError:
             continue  # click says what is wrong with it
         param = opts[name]
+        if param in bounds.OWN_CHECK:
+            continue
         bounds.check(name, v, bounds.BY_FLAG.get(param, bounds.MAX_INT))
 
 

@@ -60,6 +60,9 @@ BY_FLAG: dict[str, int] = {
     "steps": MAX_STEPS,
 }
 """A command-line option's parameter name -> its bound (others: :data:`MAX_INT`)."""
+OWN_CHECK = frozenset({"top", "warmup", "seq_len"})
+"""Options refused by a check of their own before any work, with a sharper message (``--top`` between 1 and 1,000;
+``--warmup`` against the log's steps; ``--seq-len`` against the model's positions): the CLI's sweep leaves them."""
 
 _WHAT = {
     MAX_GPUS: "GPUs",

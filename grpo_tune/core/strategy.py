@@ -537,7 +537,7 @@ def _check_workload(obj: Workload, where: str) -> Workload:
     """The rules between a workload's fields (each field's own range is in ``_WORKLOAD_SCHEMA``)."""
     for name in ("prompts", "n", "mini_batch", "gbs"):
         _bounds.check(name, getattr(obj, name), _bounds.MAX_BATCH, where=where)
-    for name in ("prompt_len", "response_len", "prompt_len_mean", "response_len_mean", "seq_len"):
+    for name in ("prompt_len", "response_len", "prompt_len_mean", "response_len_mean"):  # seq_len: vs the model
         _bounds.check(name, getattr(obj, name), _bounds.MAX_TOKENS, where=where)
     _bounds.check("ppo_epochs", obj.ppo_epochs, _bounds.MAX_STEPS, where=where)
     if obj.kind == "grpo" and obj.mini_batch > obj.prompts:

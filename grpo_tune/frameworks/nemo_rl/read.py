@@ -150,6 +150,10 @@ def workload_of(
 
 def cluster_of(r: R.Recipe) -> Cluster:
     gpn, nn = r.get("cluster.gpus_per_node"), r.get("cluster.num_nodes")
+    from grpo_tune.core import bounds
+
+    bounds.check("cluster.num_nodes", nn, bounds.MAX_GPUS, where=str(r.path))
+    bounds.check("cluster.gpus_per_node", gpn, bounds.MAX_GPUS_PER_NODE, where=str(r.path))
     if not (isinstance(gpn, int) and gpn > 0 and isinstance(nn, int) and nn > 0):
         raise ConfigError(
             f"{r.path}: cluster.gpus_per_node={gpn!r} x cluster.num_nodes={nn!r} is not a GPU count",
