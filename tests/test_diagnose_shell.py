@@ -206,22 +206,32 @@ def test_an_unset_array_is_said_not_guessed():
 
 
 def test_lora_and_other_rollout_engines_are_said_to_be_unpriced(tmp_path):
-    """A LoRA launch is priced as full-parameter training and an SGLang rollout as vLLM: diagnose says so."""
+    """A LoRA launch is priced as full-parameter training and an engine other than vLLM and SGLang as vLLM: diagnose
+    says so. SGLang, FP8 rollout (quantization=fp8) and FP8 training (fp8=e4m3) are priced (docs/precision.md):
+    not said; other quantizations and FP8 formats are."""
     rep = run(
         tmp_path,
-        HEAD + f"{CMD} actor_rollout_ref.model.lora.rank=64 actor_rollout_ref.rollout.name=sglang "
+        HEAD + f"{CMD} actor_rollout_ref.model.lora.rank=64 actor_rollout_ref.rollout.name=trtllm "
         "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B\n",
     )
     msgs = [f.message for f in rep.findings if f.code == "NOT_PRICED"]
     assert len(msgs) == 2, [f.to_dict() for f in rep.findings]
     assert "LoRA is not priced" in msgs[0] and "priced as vLLM's" in msgs[1]
+    sgl = run(tmp_path, HEAD + f"{CMD} actor_rollout_ref.rollout.name=sglang\n", name="sglang.sh")
+    assert not [f for f in sgl.findings if f.code == "NOT_PRICED"]
     fp8 = run(
         tmp_path,
         HEAD + f"{CMD} actor_rollout_ref.rollout.quantization=fp8 +{A}.override_transformer_config.fp8=e4m3\n",
         name="fp8.sh",
     )
-    said = [f.message for f in fp8.findings if f.code == "NOT_PRICED"]
-    assert len(said) == 2 and "quantized rollout is priced as bf16" in said[0] and "FP8 training" in said[1], said
+    assert not [f for f in fp8.findings if f.code == "NOT_PRICED"], [f.to_dict() for f in fp8.findings]
+    other = run(
+        tmp_path,
+        HEAD + f"{CMD} actor_rollout_ref.rollout.quantization=awq +{A}.override_transformer_config.fp8=e5m2\n",
+        name="other.sh",
+    )
+    said = [f.message for f in other.findings if f.code == "NOT_PRICED"]
+    assert len(said) == 2 and "quantized rollout is priced as bf16" in said[0] and "FP8 format" in said[1], said
     plain = run(tmp_path, HEAD + f"{CMD} actor_rollout_ref.rollout.name=vllm\n", name="plain.sh")
     assert not [f for f in plain.findings if f.code == "NOT_PRICED"]
 

@@ -88,20 +88,23 @@ def test_dtensor_and_degrees(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "override, words",
+    "overrides, words",
     [
-        ("policy.megatron_cfg.fp8_cfg.enabled=true", "FP8 training is priced as bf16"),
-        ("policy.generation.vllm_cfg.precision=fp8", "a fp8 vLLM rollout is priced as bf16"),
-        ("policy.megatron_cfg.peft.enabled=true", "LoRA (peft) training is priced as full-parameter"),
+        (["policy.megatron_cfg.fp8_cfg.enabled=true", "policy.megatron_cfg.fp8_cfg.fp8=e5m2"], "FP8 format e5m2"),
+        (["policy.generation.vllm_cfg.precision=int8"], "a int8 vLLM rollout is priced as bf16"),
+        (["policy.megatron_cfg.peft.enabled=true"], "LoRA (peft) training is priced as full-parameter"),
     ],
 )
-def test_settings_the_model_does_not_price_are_said(tmp_path, override, words):
-    """NeMo-RL's FP8 70B recipe (grpo_math_70B_megatron_fp8.yaml: fp8_cfg, vllm_cfg.precision fp8) and a LoRA
-    recipe run; their prices are bf16 and full-parameter, and diagnose says so."""
-    rep = diagnose_recipe(_recipe(tmp_path), [override])
+def test_settings_the_model_does_not_price_are_said(tmp_path, overrides, words):
+    """A LoRA recipe, an FP8 format other than e4m3/hybrid and a non-FP8 quantized rollout run; their prices are
+    full-parameter and bf16, and diagnose says so. NeMo-RL's FP8 70B recipe (grpo_math_70B_megatron_fp8.yaml:
+    fp8_cfg e4m3, vllm_cfg.precision fp8) is priced (docs/precision.md): not said."""
+    rep = diagnose_recipe(_recipe(tmp_path), overrides)
     said = [x.message for x in rep.findings if x.code == "NOT_PRICED"]
     assert len(said) == 1 and words in said[0], said
     assert not [x for x in diagnose_recipe(UPSTREAM).findings if x.code == "NOT_PRICED"]
+    fp8 = ["policy.megatron_cfg.fp8_cfg.enabled=true", "policy.generation.vllm_cfg.precision=fp8"]
+    assert not [x for x in diagnose_recipe(_recipe(tmp_path), fp8).findings if x.code == "NOT_PRICED"]
 
 
 def test_diagnose_cli_takes_overrides(tmp_path, capsys):

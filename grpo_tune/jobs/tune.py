@@ -79,9 +79,11 @@ class TuneOutcome:
 def key_report(plan: LaunchPlan) -> tuple[object, str] | None:
     """The launch's key findings and the release that judges them (``verl 0.9.1``'s refused or renamed keys),
     None without any: what the CLI reports before any search (through the framework contract)."""
-    from grpo_tune.frameworks import named
+    from grpo_tune.frameworks import REGISTRY
 
-    fw = named(plan.framework)
+    fw = next((f for f in REGISTRY if f.name == plan.framework), None)
+    if fw is None:  # a grpo-tune run config (best.yaml): no framework's keys to judge
+        return None
     launch = fw.key_findings(plan)
     return None if launch is None else (launch, fw.release)
 
