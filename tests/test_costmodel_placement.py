@@ -258,11 +258,14 @@ def test_partial_rollout_prices_decode_at_sustained_concurrency():
     assert part["decode_s"] < full["decode_s"]  # the tail is carried over
     from grpo_tune.costmodel.rollout import _DecodeStep
 
+    from grpo_tune.costmodel.rollout import response_dist
+
     seqs = wl.prompts * wl.n / 8  # 160 per replica
-    kv = memory.kv_cache_capacity(m, H100, s, wl).tokens / (wl.mean_prompt_len + 2048)
+    res = response_dist(wl).resident_len()  # a resident response's mean length so far, in equilibrium
+    kv = memory.kv_cache_capacity(m, H100, s, wl).tokens / (wl.mean_prompt_len + res)
     conc = min(256, kv, 2 * seqs)
     assert conc == 256  # max_num_seqs binds: the feed (320) and the KV cache hold more
-    t = _DecodeStep(m, H100, Cluster(gpus=8), s, wl.mean_prompt_len, CAL)(conc, wl.mean_prompt_len + 1024)[0]
+    t = _DecodeStep(m, H100, Cluster(gpus=8), s, wl.mean_prompt_len, CAL)(conc, wl.mean_prompt_len + res)[0]
     assert part["concurrency"] == 256 and part["drain_s"] == 0.0
     assert part["decode_s"] == pytest.approx(seqs * 2048 / conc * t, rel=1e-12)
 
@@ -292,19 +295,40 @@ def test_server_fed_k_batches_ahead_runs_at_what_the_feed_allows_until_max_num_s
     assert got[4]["gen_s"] == pytest.approx(got[3]["gen_s"], rel=1e-12) == got[8]["gen_s"]
     # hand-computed: the step's tokens over the throughput sustained at that concurrency
     _, m, wl, s = _server(1, seqs=512)
-    from grpo_tune.costmodel.rollout import _DecodeStep
+    from grpo_tune.costmodel.rollout import _DecodeStep, response_dist
 
     step = _DecodeStep(m, H100, Cluster(gpus=1), s, wl.mean_prompt_len, CAL)
+    res = response_dist(wl).resident_len()
+    assert 512 / 2 < res < 2048  # the length-biased residual: above half the mean, the tail pulls it up
     for k, c in ((1, 256), (2, 384)):
-        t = step(c, wl.mean_prompt_len + 256)[0]
+        t = step(c, wl.mean_prompt_len + res)[0]
         assert got[k]["sustained_s"] == pytest.approx(128 * 512 / c * t, rel=1e-12)
         assert got[k]["decode_s"] == pytest.approx(got[k]["sustained_s"])  # partial rollout: no drain
+
+
+def test_resident_length_is_the_length_biased_residual():
+    from grpo_tune.costmodel.lengths import LengthDist, dist
+
+    # uniform on [0, 1000] (Beta(1, 1), nothing truncated): E[L^2] / (2 E[L]) = (1e6 / 3) / 1000
+    assert LengthDist(max_len=1000, mean_len=500, b=1.0, clip=0.0).resident_len() == pytest.approx(1000 / 3)
+    # the assumed model: 1% at the cap, a Beta(1, b) body keeping the mean 500 (b = 1/0.49495 - 1)
+    d = dist(1000, 500)
+    b = 1 / ((0.5 - 0.01) / 0.99) - 1
+    want = (0.01 * 1e6 + 0.99 * 2 / ((b + 1) * (b + 2)) * 1e6) / 1000
+    assert d.resident_len() == pytest.approx(want, rel=1e-12)
+    # a histogram: its quantiles squared, averaged (every response 400 long: 200; the top half-bin runs on to the
+    # cap, as LengthDist.quantile interpolates it, which adds 4%)
+    assert LengthDist(max_len=1000, mean_len=400, quantiles=(400.0,) * 20).resident_len() == pytest.approx(
+        208, rel=0.01
+    )
 
 
 def test_server_concurrency_stops_at_the_kv_cache():
     # a small vLLM memory fraction: the KV cache binds before the feed and before max_num_seqs
     g, m, wl, s = _server(8, seqs=1024, gmu=0.15)
-    kv = memory.kv_cache_capacity(m, H100, s, wl).tokens / (wl.mean_prompt_len + 512)
+    from grpo_tune.costmodel.rollout import response_dist
+
+    kv = memory.kv_cache_capacity(m, H100, s, wl).tokens / (wl.mean_prompt_len + response_dist(wl).resident_len())
     assert 128 < kv < 1024
     assert g["concurrency"] == pytest.approx(kv) and P.CONCURRENCY_BOUNDS[int(g["bound"])] == "kv_cache"
     assert _server(16, seqs=1024, gmu=0.15)[0]["gen_s"] == pytest.approx(g["gen_s"], rel=1e-12)

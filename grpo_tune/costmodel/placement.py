@@ -203,6 +203,10 @@ class AsyncKnobs:
     no_drain: bool = False
     fetch_fraction: float = 1.0
     per_replica: float | None = None
+    whole_batch: bool = False
+    """The rollout generates each step's batch as one synchronous call while the trainer trains the last (verl's
+    one-step-off trainer): fed by its own batch only and drained to that batch's longest response every step, the
+    pools overlapping ``ahead`` steps."""
 
     @classmethod
     def of(cls, placement: Placement) -> "AsyncKnobs":
@@ -227,10 +231,14 @@ def generation(
     """Seconds the rollout pool needs for one step's batch, priced as a server in steady state.
 
     Per replica of ``N = prompts x n / replicas`` sequences per step, the resident sequences are
-    ``C = min(max_num_seqs, what the KV cache holds at prompt + mean tokens, what the feed gives)``, the feed being
+    ``C = min(max_num_seqs, what the KV cache holds, what the feed gives)``, the feed being
     ``(1 + ahead) x N`` (the rollouter may run ``ahead`` batches beyond the one being trained) and, where the
-    framework caps it, ``per_replica``. The pool's seconds per step are the step's tokens over the throughput it
-    sustains at that concurrency, ``N x mean / C x t(C)`` (``t`` the decode step of costmodel.rollout), plus the
+    framework caps it, ``per_replica``. Fed ahead, the server holds its resident sequences in equilibrium: each has
+    reached on average the length-biased residual ``E[L^2] / (2 E[L])`` of the response lengths
+    (LengthDist.resident_len: the long responses stay resident longer), so a resident sequence holds ``prompt +``
+    that many KV tokens and each decode step reads that context. The pool's seconds per step are the step's tokens
+    over the throughput it sustains at that concurrency, ``N x mean / C x t(C)`` (``t`` the decode step of
+    costmodel.rollout), plus the
     prefill, plus a drain where a batch really drains: at ``ahead = 0`` every batch drains to the expected longest
     response of the whole batch (the synchronous batch of costmodel.rollout, which this reproduces); at
     ``ahead > 0`` without partial rollout or in-flight updates each sync waits for the sequences in flight, a drain
@@ -259,20 +267,25 @@ def generation(
             "tokens_per_s": wl.prompts * wl.n * wl.mean_response_len / rs["decode_s"] if rs["decode_s"] > 0 else 0.0,
         }
     k = knobs if knobs is not None else AsyncKnobs(ahead=1.0 if partial else 0.0, no_drain=partial)
+    if k.whole_batch:
+        k = AsyncKnobs(ahead=0.0)  # its generation is the synchronous batch's (the overlap is compose_step's)
     rs = rollout_s(m, hw, cluster, s, wl, cal)
     eng = s.rollout
     replicas = max(1, cluster.gpus // eng.rollout_tp)
     n_seq = wl.prompts * wl.n / replicas
     d = response_dist(wl)
     mean, prompt = d.mean_len, wl.mean_prompt_len
-    kv_seqs = memory.kv_cache_capacity(m, hw, s, wl).tokens / (prompt + mean)
+    # a server fed ahead holds its resident sequences at the length-biased residual (LengthDist.resident_len): the
+    # mean length a resident response has reached, which sets its KV tokens and the context each step reads
+    resident = d.resident_len() if k.ahead > 0 else mean
+    kv_seqs = memory.kv_cache_capacity(m, hw, s, wl).tokens / (prompt + resident)
     caps = [float(eng.max_num_seqs), kv_seqs, (1.0 + max(0.0, k.ahead)) * n_seq]
     if k.per_replica is not None:
         caps.append(float(k.per_replica))
     conc = max(1.0, min(caps))
     bound = float(min(range(len(caps)), key=lambda i: caps[i]))
     step = _DecodeStep(m, hw, cluster, s, prompt, cal)
-    t_c = step(conc, prompt + mean / 2)[0]
+    t_c = step(conc, prompt + (resident if k.ahead > 0 else mean / 2))[0]
     sustained = n_seq * mean / conc * t_c
     drains = k.ahead <= 0 or not k.no_drain
     drain = 0.0
