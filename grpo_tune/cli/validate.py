@@ -271,8 +271,9 @@ def _print_grpo(rep: dict) -> None:
     scored = [r for r in rep["rows"] if r["split"] != "excluded"]
     stepped = sum(1 for r in scored if "step_s" in r["published"])
     gpus = len({r["hardware"] for r in scored})
-    c = rep.get("counts")
-    if c:
+    counts = rep.get("counts")
+    if counts:
+        c = counts
         con.print(
             f"parameters vs data: {c['fitted_parameters']} fitted parameters + {c['self_solved_means']} mean lengths "
             f"solved from a row's own published time ({', '.join(c['self_solved_rows']) or 'none'}) against "

@@ -771,17 +771,17 @@ def _run_grpo(
             )
         out.append(entry)
     cv_method = cv
-    cv = cross_validate(rows, method=cv_method)
+    cv_err = cross_validate(rows, method=cv_method)
     for e in out:
-        if e["id"] in cv:
-            e["cv_error_pct"] = cv[e["id"]]
+        if e["id"] in cv_err:
+            e["cv_error_pct"] = cv_err[e["id"]]
     insample = {e["id"]: e["error_pct"] for e in out if "error_pct" in e}
     keys = ("step_s", *PHASES)
     m = {
         "fit": {k: _group_mape(insample, scored, k).get("all", {}).get("mape") for k in keys},
-        "cv": {k: _group_mape(cv, scored, k).get("all", {}).get("mape") for k in keys},
+        "cv": {k: _group_mape(cv_err, scored, k).get("all", {}).get("mape") for k in keys},
     }
-    groups = {k: _group_mape(cv, scored, k) for k in keys}
+    groups = {k: _group_mape(cv_err, scored, k) for k in keys}
     mv = movers(scored)
     step = m["cv"]["step_s"]
     solved = self_solved(rows)
@@ -798,7 +798,7 @@ def _run_grpo(
             "self_solved_means": len(solved),
             "self_solved_rows": solved,
         },
-        "bands": bands(cv, scored),
+        "bands": bands(cv_err, scored),
         "rows": out,
         "mape_pct": m,
         "cv_groups": groups,
