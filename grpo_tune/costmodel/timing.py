@@ -21,6 +21,7 @@ tokens need.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from types import MappingProxyType
 
 from grpo_tune.core.phases import Phase
@@ -99,6 +100,7 @@ def micro_batch_plan(
     return tokens / micro, micro
 
 
+@lru_cache(maxsize=4096)
 def slowest_rank_factor(wl: Workload, dp: int) -> float:
     """The expected slowest DP rank's compute over the mean rank's, per optimizer step of the update.
 
