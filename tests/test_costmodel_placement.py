@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 
@@ -522,6 +523,9 @@ def test_search_auto_prints_both_placements_side_by_side():
     assert "Best plan of each placement" in r.output
     for word in ("colocated", "separate", "busy R/T", "speed", "stated error"):
         assert word in r.output
+    # each pool in steady state, and why the split won
+    assert "resident sequences per replica (bound by" in r.output and "tokens/s sustained" in r.output
+    assert re.search(r"why \d+\+\d+: its step is ", r.output), r.output
     assert all(len(line) <= 80 for line in r.output.splitlines() if "│" in line or "placement" in line)
     assert "--staleness 1 lets them overlap" not in r.output  # asked for it
     r0 = _cli(

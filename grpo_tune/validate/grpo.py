@@ -717,15 +717,22 @@ _RUNS: dict[tuple[object, ...], dict[str, Any]] = {}
 def run_grpo(
     *, path: str | Path | None = None, tolerance_pct: float = TOLERANCE_PCT, refit: bool = False, cv: str = "refit"
 ) -> dict[str, Any]:
-    """:func:`_run_grpo`, kept per process for a file that has not changed (its refits take seconds; the report is
-    a pure function of the file's bytes and the options); a deep copy each time."""
+    """:func:`_run_grpo`, kept per process for a regular file that has not changed (same path, size, inode and
+    modification time; its refits take seconds; the report is a pure function of the file and the options); a deep
+    copy each time."""
     import copy
+
+    import os
+    import stat
 
     f = Path(path) if path else GRPO_DATA_PATH
     try:
-        key: tuple[object, ...] = (str(f.resolve()), f.read_bytes(), tolerance_pct, refit, cv)
+        st = os.stat(f)
     except OSError:
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode):  # only a regular file is kept (read_records bounds the rest)
         return _run_grpo(path=path, tolerance_pct=tolerance_pct, refit=refit, cv=cv)
+    key: tuple[object, ...] = (str(f.resolve()), st.st_mtime_ns, st.st_size, st.st_ino, tolerance_pct, refit, cv)
     if key not in _RUNS:
         if len(_RUNS) > 8:
             _RUNS.clear()
