@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 
@@ -250,16 +251,147 @@ def test_placement_rules():
 
 
 def test_partial_rollout_prices_decode_at_sustained_concurrency():
+    # one batch ahead, every slot refilled: N x mean / C x t(C) at C = min(max_num_seqs, KV, 2N), no drain
     m, wl = load_model("qwen2.5-1.5b"), Workload(prompts=256, mini_batch=64, response_len=8192, response_len_mean=2048)
     s = P.rollout_strategy(Strategy.of(rollout_tp=1, gpu_memory_utilization=0.9))
     full = P.generation(m, H100, Cluster(gpus=8), s, wl, CAL, partial=False)
     part = P.generation(m, H100, Cluster(gpus=8), s, wl, CAL, partial=True)
     assert part["decode_s"] < full["decode_s"]  # the tail is carried over
+    from grpo_tune.costmodel.rollout import _DecodeStep
+
+    from grpo_tune.costmodel.rollout import response_dist
+
+    seqs = wl.prompts * wl.n / 8  # 160 per replica
+    res = response_dist(wl).resident_len()  # a resident response's mean length so far, in equilibrium
+    kv = memory.kv_cache_capacity(m, H100, s, wl).tokens / (wl.mean_prompt_len + res)
+    conc = min(256, kv, 2 * seqs)
+    assert conc == 256  # max_num_seqs binds: the feed (320) and the KV cache hold more
+    t = _DecodeStep(m, H100, Cluster(gpus=8), s, wl.mean_prompt_len, CAL)(conc, wl.mean_prompt_len + res)[0]
+    assert part["concurrency"] == 256 and part["drain_s"] == 0.0
+    assert part["decode_s"] == pytest.approx(seqs * 2048 / conc * t, rel=1e-12)
+
+
+# -- the rollout pool as a server in steady state ------------------------------------------------------------
+
+
+def _server(k: float, *, partial: bool = True, seqs: int = 256, gmu: float = 0.9, **kw):
+    """Qwen2.5-1.5B on one H100 replica, 32 prompts x 4 (128 sequences per step), mean response 512 of 2,048."""
+    m = load_model("qwen2.5-1.5b")
+    wl = Workload(prompts=32, n=4, mini_batch=8, response_len=2048, response_len_mean=512)
+    s = P.rollout_strategy(Strategy.of(rollout_tp=1, gpu_memory_utilization=gmu, max_num_seqs=seqs))
+    kn = P.AsyncKnobs(ahead=k, no_drain=partial, **kw)
+    return P.generation(m, H100, Cluster(gpus=1), s, wl, CAL, partial=partial, knobs=kn), m, wl, s
+
+
+def test_server_fed_k_batches_ahead_runs_at_what_the_feed_allows_until_max_num_seqs_binds():
+    # 128 sequences per step, max_num_seqs 512 (within the CUDA-graph sizes), a KV cache that holds more: the feed
+    # (1 + K) x 128 sets the concurrency (192, 256, 384, 512) until max_num_seqs binds at K = 3; the time per step
+    # falls with K until then and is flat after
+    ks = (0.5, 1, 2, 3, 4, 8)
+    got = {k: _server(k, seqs=512)[0] for k in ks}
+    assert [got[k]["concurrency"] for k in ks] == [192, 256, 384, 512, 512, 512]
+    assert [P.CONCURRENCY_BOUNDS[int(got[k]["bound"])] for k in (1, 3, 4)] == ["feed", "max_num_seqs", "max_num_seqs"]
+    secs = [got[k]["gen_s"] for k in (0.5, 1, 2, 3)]
+    assert all(a > b for a, b in zip(secs, secs[1:]))  # strictly falling while the feed binds
+    assert got[4]["gen_s"] == pytest.approx(got[3]["gen_s"], rel=1e-12) == got[8]["gen_s"]
+    # hand-computed: the step's tokens over the throughput sustained at that concurrency
+    _, m, wl, s = _server(1, seqs=512)
+    from grpo_tune.costmodel.rollout import _DecodeStep, response_dist
+
+    step = _DecodeStep(m, H100, Cluster(gpus=1), s, wl.mean_prompt_len, CAL)
+    res = response_dist(wl).resident_len()
+    assert 512 / 2 < res < 2048  # the length-biased residual: above half the mean, the tail pulls it up
+    for k, c in ((1, 256), (2, 384)):
+        t = step(c, wl.mean_prompt_len + res)[0]
+        assert got[k]["sustained_s"] == pytest.approx(128 * 512 / c * t, rel=1e-12)
+        assert got[k]["decode_s"] == pytest.approx(got[k]["sustained_s"])  # partial rollout: no drain
+
+
+def test_resident_length_is_the_length_biased_residual():
+    from grpo_tune.costmodel.lengths import LengthDist, dist
+
+    # uniform on [0, 1000] (Beta(1, 1), nothing truncated): E[L^2] / (2 E[L]) = (1e6 / 3) / 1000
+    assert LengthDist(max_len=1000, mean_len=500, b=1.0, clip=0.0).resident_len() == pytest.approx(1000 / 3)
+    # the assumed model: 1% at the cap, a Beta(1, b) body keeping the mean 500 (b = 1/0.49495 - 1)
+    d = dist(1000, 500)
+    b = 1 / ((0.5 - 0.01) / 0.99) - 1
+    want = (0.01 * 1e6 + 0.99 * 2 / ((b + 1) * (b + 2)) * 1e6) / 1000
+    assert d.resident_len() == pytest.approx(want, rel=1e-12)
+    # a histogram: its quantiles squared, averaged (every response 400 long: 200; the top half-bin runs on to the
+    # cap, as LengthDist.quantile interpolates it, which adds 4%)
+    assert LengthDist(max_len=1000, mean_len=400, quantiles=(400.0,) * 20).resident_len() == pytest.approx(
+        208, rel=0.01
+    )
+
+
+def test_server_concurrency_stops_at_the_kv_cache():
+    # a small vLLM memory fraction: the KV cache binds before the feed and before max_num_seqs
+    g, m, wl, s = _server(8, seqs=1024, gmu=0.15)
+    from grpo_tune.costmodel.rollout import response_dist
+
+    kv = memory.kv_cache_capacity(m, H100, s, wl).tokens / (wl.mean_prompt_len + response_dist(wl).resident_len())
+    assert 128 < kv < 1024
+    assert g["concurrency"] == pytest.approx(kv) and P.CONCURRENCY_BOUNDS[int(g["bound"])] == "kv_cache"
+    assert _server(16, seqs=1024, gmu=0.15)[0]["gen_s"] == pytest.approx(g["gen_s"], rel=1e-12)
+
+
+def test_a_drain_is_priced_only_where_a_batch_drains():
+    # staleness 0: the synchronous batch (costmodel.rollout's drain to the batch's longest); K >= 1 without partial
+    # rollout: each sync waits for the sequences in flight (a drain, amortised over the sync interval); partial
+    # rollout or in-flight weight updates: none
+    sync0 = _server(0, partial=False)[0]
     from grpo_tune.costmodel.rollout import rollout_s
 
-    rs = rollout_s(m, H100, Cluster(gpus=8), s, wl, CAL)
-    seqs = wl.prompts * wl.n / 8
-    assert part["decode_s"] == pytest.approx(seqs * wl.mean_response_len / rs["concurrency"] * rs["decode_step_s"])
+    _, m, wl, s = _server(0)
+    rs = rollout_s(m, H100, Cluster(gpus=1), s, wl, CAL)
+    assert sync0["decode_s"] == pytest.approx(rs["decode_s"], rel=1e-12) and sync0["drain_s"] > 0
+    waits = _server(1, partial=False)[0]
+    part = _server(1, partial=True)[0]
+    assert part["drain_s"] == 0.0 and waits["drain_s"] > 0
+    assert waits["gen_s"] == pytest.approx(part["gen_s"] + waits["drain_s"], rel=1e-12)
+    m_, wl_, s_ = m, wl, s
+    kn = P.AsyncKnobs(ahead=1, no_drain=False)
+    every2 = P.generation(m_, H100, Cluster(gpus=1), s_, wl_, CAL, partial=False, knobs=kn, sync_interval=2)
+    assert every2["drain_s"] == pytest.approx(waits["drain_s"] / 2, rel=1e-12)
+    # K = 1 and K = 2 with partial rollout price apart here (the feed binds at 256 sequences a step)
+    assert _server(2, seqs=512)[0]["gen_s"] < _server(1, seqs=512)[0]["gen_s"]
+
+
+def test_trainer_waits_for_its_first_fetch_where_the_ahead_samples_do_not_hold_it():
+    # verl's staleness_threshold 0.1 with require_batches x mini = a quarter of a version: after each sync the
+    # trainer waits for 0.25 - 0.1 of the pool's batch; at 0.3 (or any integer K >= 1) it does not wait
+    kn = P.AsyncKnobs(ahead=0.1, no_drain=True, fetch_fraction=0.25)
+    assert P.first_fetch_wait(100.0, kn) == pytest.approx(15.0)
+    assert P.first_fetch_wait(100.0, dataclasses.replace(kn, ahead=0.3)) == 0.0
+    assert P.first_fetch_wait(100.0, P.AsyncKnobs(ahead=1.0)) == 0.0
+    # training-bound: step = train + wait + sync; rollout-bound: gen + sync
+    assert P.compose_step(100.0, 150.0, 4.0, 0.1, first_wait_s=15.0)["step_s"] == pytest.approx(169.0)
+    assert P.compose_step(200.0, 150.0, 4.0, 0.1, first_wait_s=15.0)["step_s"] == pytest.approx(204.0)
+
+
+def test_a_rollout_pool_with_no_kv_cache_is_infeasible_and_says_what_fraction_would_fit():
+    # Qwen3-235B at rollout TP8 and 0.6 on H100: 0 KV tokens (the issue's 2,272 s rollout, priced as a fit)
+    m = load_model("qwen3-235b-a22b")
+    wl = Workload(prompts=1024, n=5, mini_batch=256)
+    s = Strategy.of(tp=1, pp=8, vpp=2, ep=8, rollout_tp=8, gpu_memory_utilization=0.6, recompute="full")
+    rs = P.rollout_strategy(s)
+    assert memory.kv_cache_capacity(m, H100, rs, wl).tokens == 0
+    pm, viol = P.rollout_memory(m, H100, Cluster(gpus=128), rs, wl)
+    kv = [v for v in viol if "KV cache" in v.message]
+    assert len(kv) == 1 and kv[0].code == "OOM_RISK" and kv[0].phase == "rollout"
+    need = P.kv_fraction_needed(m, H100, rs, wl)
+    assert 0.6 < need < 0.9 and f"gpu_memory_utilization >= {need:.2f}" in kv[0].message
+    # the fraction it names does hold one sequence, and a hair less does not
+    ok = P.rollout_strategy(s.replace(gpu_memory_utilization=math.ceil(need * 100) / 100))
+    assert memory.kv_cache_capacity(m, H100, ok, wl).sequences >= 1
+    assert not [v for v in P.rollout_memory(m, H100, Cluster(gpus=128), ok, wl)[1] if "KV cache" in v.message]
+    # the search never proposes it: pinned at TP8 and 0.6 the pool has no engine; free, it takes a larger fraction
+    from grpo_tune.autotune.search.placement import best_rollout
+
+    pins = {"rollout_tp": 8, "gpu_memory_utilization": 0.6}
+    assert best_rollout(m, H100, Cluster(gpus=128), wl, pins, CAL, False) is None
+    opt, _ = best_rollout(m, H100, Cluster(gpus=128), wl, {"rollout_tp": 8}, CAL, False)
+    assert opt["gpu_memory_utilization"] >= need
 
 
 def test_rollout_logprobs_as_the_old_ones_drop_exactly_the_old_logprob_pass():
@@ -391,6 +523,9 @@ def test_search_auto_prints_both_placements_side_by_side():
     assert "Best plan of each placement" in r.output
     for word in ("colocated", "separate", "busy R/T", "speed", "stated error"):
         assert word in r.output
+    # each pool in steady state, and why the split won
+    assert "resident sequences per replica (bound by" in r.output and "tokens/s sustained" in r.output
+    assert re.search(r"why \d+\+\d+: its step is ", r.output), r.output
     assert all(len(line) <= 80 for line in r.output.splitlines() if "│" in line or "placement" in line)
     assert "--staleness 1 lets them overlap" not in r.output  # asked for it
     r0 = _cli(

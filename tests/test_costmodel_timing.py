@@ -353,7 +353,9 @@ def test_longer_tail_raises_rollout_and_leaves_the_update_alone():
     """Same mean, a larger maximum: the expected longest response of the batch grows (by hand: the cap when
     one of the N responses of the step is truncated, probability 1 - (1 - p)^N, else the quantile N/(N+1) of
     the body max x Beta(1, b) that keeps the mean), so rollout takes longer; training is priced on the mean
-    tokens, so the update does not move."""
+    tokens, so the log-prob passes do not move, nor the update where the stack balances every optimizer step's
+    sequences across DP ranks (NeMo-RL); under verl (the step's batch balanced, then split into mini-batches) the
+    update moves only by the slowest DP rank's spread, which the longer tail widens."""
     m = load_model("qwen2.5-7b")
     c = Cluster(gpus=8)
     s = validate(m, Strategy.of(tp=2, rollout_tp=2, mbs=1), 8)
@@ -369,7 +371,14 @@ def test_longer_tail_raises_rollout_and_leaves_the_update_alone():
     t_short, _ = step(m, H100, 8, s, short)
     t_long, _ = step(m, H100, 8, s, long)
     assert t_long["rollout"] > 1.5 * t_short["rollout"]
-    assert t_long["update"] == pytest.approx(t_short["update"])
+    assert t_long["old_logprob"] == pytest.approx(t_short["old_logprob"])
+    f_short, f_long = timing.slowest_rank_factor(short, 4), timing.slowest_rank_factor(long, 4)
+    assert 1.0 < f_short < f_long
+    assert 1.0 < t_long["update"] / t_short["update"] <= f_long / f_short + 1e-9
+    from grpo_tune.core.hardware import with_stack
+
+    nemo = with_stack(H100, "nemo-rl-v0.3")
+    assert step(m, nemo, 8, s, long)[0]["update"] == pytest.approx(step(m, nemo, 8, s, short)[0]["update"])
 
 
 def test_recompute_costs_time():

@@ -52,7 +52,8 @@ def test_cli_prints_phases_cv_and_movers():
     p = cli("--tolerance", "1000")
     assert p.returncode == 0, p.stderr
     assert "cross-validated step MAPE" in p.stdout and "pass" in p.stdout
-    assert "leave-one-out" in p.stdout and "rows move it" in p.stdout
+    assert "leave one configuration out" in p.stdout and "rows move it" in p.stdout
+    assert "fitted parameters" in p.stdout and "distinct configurations" in p.stdout
     for phase in ("gen", "train", "logprob", "refit"):
         assert f" {phase} " in p.stdout
     # fits 80 columns with no cell cut: only row ids are shortened (in the middle), never a figure
@@ -99,11 +100,14 @@ def test_corrupted_rows_fail(tmp_path):
 
 
 def test_leave_one_out_never_reads_the_left_out_row(tmp_path):
-    """Row i's cross-validated prediction is refitted without it: corrupting only its published figures
-    changes its error, not its prediction."""
+    """Row i's cross-validated prediction is refitted without its configuration: corrupting only its published
+    figures changes its error, not its prediction, nor the prediction of a rerun of the same configuration (the
+    same fold); it does move the refits of the other configurations."""
     rows = vg.load_grpo_rows()
     base = vg.cross_validate(rows)
-    target = next(r for r in rows if r.split != "excluded" and len(r.published) > 2)
+    target = next(r for r in rows if r.id == "nemorl03_llama8b_mcore")
+    rerun = next(r for r in rows if r.id == "nemorl03_llama8b_mcore_rerun959")
+    assert vg.config_of(target) == vg.config_of(rerun)  # NeMo-RL issue #959's rerun of the blog's recipe
     bad = [
         vg.GrpoRow(r.id, r.split, r.raw, {k: 3 * v for k, v in r.published.items()}) if r.id == target.id else r
         for r in rows
@@ -112,8 +116,21 @@ def test_leave_one_out_never_reads_the_left_out_row(tmp_path):
     for k, e in base[target.id].items():
         pred = target.published[k] * (1 + e / 100)
         assert 3 * target.published[k] * (1 + got[target.id][k] / 100) == pytest.approx(pred, rel=1e-6), k
-    other = next(i for i in base if i != target.id)
-    assert got[other] != base[other]  # the corrupted row does move the others' refits
+    assert got[rerun.id] == pytest.approx(base[rerun.id], rel=1e-9)  # held out with it: never refitted on it
+    others = [r.id for r in rows if r.id in base and vg.config_of(r) != vg.config_of(target)]
+    assert any(got[i] != base[i] for i in others)  # the corrupted row does move the other folds' refits
+
+
+def test_report_counts_parameters_against_distinct_configurations():
+    rep = vg.run_grpo()
+    c = rep["counts"]
+    rows = [r for r in vg.load_grpo_rows() if r.split != "excluded"]
+    assert c["scored_rows"] == len(rows) and c["configs"] == len({vg.config_of(r) for r in rows}) < len(rows)
+    assert c["fitted_parameters"] == sum(1 for p in vg.PRIORS if len(rep["movers"][f"{p.on}:{p.key}"]) >= 2)
+    # the two verl rows whose mean response length is solved from their own old log-prob time count as parameters
+    assert c["self_solved_rows"] == [r.id for r in rows if (r.raw.get("calibrates") or "").strip()]
+    assert c["self_solved_means"] == 2
+    assert rep["cv_method"] == "refit, leave one configuration out"
 
 
 def test_refit_lands_on_the_shipped_parameters():

@@ -104,9 +104,14 @@ def _print_memory(est: Estimate, console: Console) -> None:
             *[_gib(pm.parts[k]) if k in pm.parts else "-" for pm in est.memory.values()],
         )
     t.add_row("[bold]total[/]", *[f"[bold]{_gib(pm.total_bytes)}[/]" for pm in est.memory.values()])
+    # a phase fits when its bytes do and no OOM_RISK names it (a rollout pool whose KV cache holds no sequence)
+    bad = {v.phase for v in est.violations if v.code == "OOM_RISK"}
     t.add_row(
         "fits",
-        *["[green]yes[/]" if pm.total_bytes <= est.capacity_bytes else "[red]no[/]" for pm in est.memory.values()],
+        *[
+            "[green]yes[/]" if pm.total_bytes <= est.capacity_bytes and pm.name not in bad else "[red]no[/]"
+            for pm in est.memory.values()
+        ],
     )
     console.print(t)
     ro = est.memory.get("rollout")

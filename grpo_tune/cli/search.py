@@ -433,6 +433,38 @@ def _sec(x: float) -> str:
     return f"{x:.1f}" if x < 99.95 else f"{x:,.0f}"
 
 
+def pool_lines(s, splits: list[dict[str, float]]) -> list[str]:
+    """What the separate plan's pools do in steady state (each replica's resident sequences and what bounds them, the
+    rollout pool's sustained throughput and drain, the trainer's wait for its first fetch) and why its split won: the
+    pool that sets the step and the next-best split of the search at the same staleness."""
+    f = s.placement
+    out = []
+    if "concurrency_bound" in f:
+        bound = {"max_num_seqs": "max_num_seqs", "kv_cache": "the KV cache", "feed": "the batches fed ahead"}.get(
+            f["concurrency_bound"], f["concurrency_bound"]
+        )
+        out.append(
+            f"pools: rollout {f['decode_concurrency']:,.0f} resident sequences per replica (bound by {bound}; fed "
+            f"{f['rollout_ahead']:g} batch(es) ahead), {f['rollout_tokens_per_s']:,.0f} tokens/s sustained, drain "
+            f"{f['drain_s']:.1f} s per step, busy {100 * f['rollout_busy']:.0f}%; training busy "
+            f"{100 * f['train_busy']:.0f}%, waits {f['first_wait_s']:.1f} s per sync for its first fetch",
+        )
+    k = f["staleness"]
+    if k >= 1:
+        slower = "rollout" if f["gen_s"] >= f["train_s"] + f.get("first_wait_s", 0.0) else "training"
+        slow_s = max(f["gen_s"], f["train_s"])
+        setter = f"the {slower} pool ({slow_s:.1f} s) + the exposed sync ({f['exposed_sync_s']:.1f} s)"
+    else:
+        setter = f"generation + sync + training in turn ({f['gen_s']:.1f} + {f['sync_s']:.1f} + {f['train_s']:.1f} s)"
+    here = int(f["rollout_gpus"])
+    rivals = sorted(
+        (d["step_s"], int(d["rollout_gpus"])) for d in splits if d["staleness"] == k and d["rollout_gpus"] != here
+    )
+    nxt = f"; next split searched at K {k}: {rivals[0][1]} rollout GPUs at ~{rivals[0][0]:.1f} s" if rivals else ""
+    out.append(f"why {here}+{f['train_gpus']}: its step is {setter}{nxt}")
+    return out
+
+
 def print_placements(res, console: Console) -> None:
     """The best plan of each placement side by side (80 columns): split, staleness, seconds per pool, busy
     fractions, the speed-up over colocated, tokens per dollar; then the model's stated error."""
@@ -503,6 +535,8 @@ def print_placements(res, console: Console) -> None:
             f"{engine}; partial rollout {'on' if f['partial_rollout'] else 'off'}",
             highlight=False,
         )
+        for line in pool_lines(s, res.splits):
+            console.print(line, highlight=False)
     sp = res.speedup()
     if sp is not None:
         verdict = (

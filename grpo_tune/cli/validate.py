@@ -226,7 +226,10 @@ def _print_grpo(rep: dict) -> None:
             )
             first = False
     con.print(t)
-    con.print("pub: published; pred: predicted; cv: the row's error when the fit leaves it out", highlight=False)
+    con.print(
+        "pub: published; pred: predicted; cv: the row's error when the fit is redone without its configuration",
+        highlight=False,
+    )
     excl = [r["id"] for r in rep["rows"] if r["split"] == "excluded"]
     con.print(
         f"not scored ({len(excl)}): " + ", ".join(excl) + " (FSDP2/DTensor backends, or settings not "
@@ -234,17 +237,18 @@ def _print_grpo(rep: dict) -> None:
         highlight=False,
     )
     m = rep["mape_pct"]
-    for split, name in (("fit", "in-sample"), ("cv", "leave-one-out")):
+    cvname = rep.get("cv_method", "leave-one-out")
+    for split, name in (("fit", "in-sample"), ("cv", f"cross-validated ({cvname})")):
         parts = ", ".join(f"{label} {m[split][key]:.1f}%" for key, label in _GRPO_COLS if m[split].get(key) is not None)
         con.print(f"MAPE {name}: {parts}", highlight=False)
     groups = rep["cv_groups"]["step_s"]
     con.print(
-        "leave-one-out step MAPE by group: "
+        "cross-validated step MAPE by group: "
         + ", ".join(f"{g} {v['mape']:.1f}% ({v['rows']} rows)" for g, v in sorted(groups.items()) if g != "all"),
         highlight=False,
     )
     names = sorted({g for k, _ in _GRPO_COLS for g in rep["cv_groups"].get(k, {}) if g != "all"})
-    gt = Table(title="leave-one-out MAPE % / rows", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    gt = Table(title="cross-validated MAPE % / rows", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     gt.add_column("figure", no_wrap=True)
     for g in ("all", *names):
         gt.add_column(g.split(":", 1)[-1], justify="right", no_wrap=True)
@@ -267,10 +271,24 @@ def _print_grpo(rep: dict) -> None:
     scored = [r for r in rep["rows"] if r["split"] != "excluded"]
     stepped = sum(1 for r in scored if "step_s" in r["published"])
     gpus = len({r["hardware"] for r in scored})
+    counts = rep.get("counts")
+    if counts:
+        c = counts
+        con.print(
+            f"parameters vs data: {c['fitted_parameters']} fitted parameters + {c['self_solved_means']} mean lengths "
+            f"solved from a row's own published time ({', '.join(c['self_solved_rows']) or 'none'}) against "
+            f"{c['configs']} distinct configurations ({c['scored_rows']} scored rows); the step is published by "
+            f"{c['step_rows']} rows of {c['step_configs']} configurations",
+            highlight=False,
+        )
+    per_phase = ", ".join(
+        f"{label} {m['cv'][key]:.1f}%" for key, label in _GRPO_COLS if key != "step_s" and m["cv"].get(key) is not None
+    )
     con.print(
-        f"cross-validated step MAPE {step:.1f}% over the {stepped} rows that publish a step ({len(scored)} scored rows "
-        f"on {gpus} GPU types; tolerance {rep['tolerance_pct']:g}%): "
-        + ("[green]pass[/]" if rep["passed"] else "[red]FAIL[/]"),
+        f"cross-validated step MAPE {step:.1f}% ({cvname}) over the {stepped} rows that publish a step "
+        f"({len(scored)} scored rows on {gpus} GPU types; tolerance {rep['tolerance_pct']:g}%): "
+        + ("[green]pass[/]" if rep["passed"] else "[red]FAIL[/]")
+        + f"; per phase: {per_phase}",
         highlight=False,
     )
     if rep.get("placement_pairs"):

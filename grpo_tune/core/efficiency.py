@@ -94,6 +94,11 @@ class Efficiency:
     grad_reduce_bytes: float = 4.0
     """Bytes per gradient element in Megatron's grad buffer and DP reduce: 4 with
     ``grad_reduce_in_fp32`` (verl's default), 2 without (NeMo-RL's). A stack parameter."""
+    balance_per_optimizer_step: float = 0.0
+    """1 where the framework balances each optimizer step's sequences across the DP ranks by tokens (NeMo-RL shards
+    every train global batch by length for sequence packing), 0 where it balances the whole step's batch and then
+    splits it into mini-batches (verl's ``trainer.balance_batch``): the update's slowest-rank spread
+    (costmodel.timing.slowest_rank_factor) is then that of a subset of a balanced share. A stack parameter."""
 
     def to_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -135,6 +140,7 @@ STACK_KEYS: frozenset[str] = frozenset(
         "pp_packed_fill",
         "rl_compute_scale",
         "grad_reduce_bytes",
+        "balance_per_optimizer_step",
     }
 )
 """Efficiency fields that belong to the software stack (profiles/stacks/*.toml), not to the chip:

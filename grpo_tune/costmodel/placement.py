@@ -58,11 +58,13 @@ from grpo_tune.core.units import GiB
 from . import comm, memory
 from .estimate import estimate
 from .results import Estimate, PhaseMemory, PhaseTimes, PoolFigures, SeparateFigures, Throughput, Violation
-from .rollout import native_rollout_s, rollout_s
+from .rollout import DRAIN_POINTS, _DecodeStep, native_rollout_s, response_dist, rollout_s
 from .timing_base import PARAM_BYTES, attention_fraction, check_calibration, forward_flops_per_token, model_consts
 from .weight_sync import export_tensor_overhead_s, weight_sync_s
 
 MODES = ("colocated", "separate")
+CONCURRENCY_BOUNDS = ("max_num_seqs", "kv_cache", "feed", "per_replica")
+"""What sets a rollout replica's resident sequences (:func:`generation`'s ``bound``)."""
 
 
 def check_fields(p: Placement, where: str = "placement") -> None:
@@ -174,23 +176,155 @@ def native_strategy(m: ModelSpec, s: Strategy, roll: Cluster) -> Strategy:
     return validate(m, rs, roll.gpus, gpus_per_node=roll.gpus_per_node)
 
 
+@dataclass(frozen=True)
+class AsyncKnobs:
+    """How far the rollout pool may run ahead of the trainer, and what a weight sync does to it: the frameworks'
+    asynchronous knobs, in the terms the steady-state server (:func:`generation`) prices.
+
+    - ``ahead``: the batches the rollout pool may produce beyond the one being trained. verl's fully-async
+      rollouter pauses once it has produced ``(1 + staleness_threshold) x trigger_parameter_sync_step x
+      require_batches x ppo_mini_batch_size`` prompts since the last sync (``max_required_samples``,
+      verl/experimental/fully_async_policy/fully_async_rollouter.py, 0.9.1): ``ahead = staleness_threshold`` (a
+      fraction). NeMo-RL's async GRPO keeps trajectories up to ``max_trajectory_age_steps`` versions old:
+      ``ahead = max_trajectory_age_steps``. An integer staleness K prices as ``ahead = K``; 0 is on-policy (the pool
+      generates exactly one batch per version, then waits).
+    - ``no_drain``: a sync does not wait for the sequences in flight: verl's ``partial_rollout`` (aborted at the
+      sync, resumed under the new weights) or NeMo-RL's ``in_flight_weight_updates`` (the refit does not wait for
+      pending generations). Otherwise (and always at ``ahead = 0``) every sync drains the pool.
+    - ``fetch_fraction``: the share of a step's prompts the trainer takes before its first update (verl:
+      ``require_batches x ppo_mini_batch_size / prompts per version``; 1 for a trainer that takes the whole batch:
+      one-step-off, NeMo-RL). After a sync the trainer waits for its first fetch unless the rollout pool's
+      produced-ahead samples (``ahead`` of a batch) already hold it.
+    - ``per_replica``: a cap on the sequences a replica is sent at once (verl's ``concurrent_samples_per_replica``
+      x n); None: no cap but vLLM's own.
+    """
+
+    ahead: float
+    no_drain: bool = False
+    fetch_fraction: float = 1.0
+    per_replica: float | None = None
+    whole_batch: bool = False
+    """The rollout generates each step's batch as one synchronous call while the trainer trains the last (verl's
+    one-step-off trainer): fed by its own batch only and drained to that batch's longest response every step, the
+    pools overlapping ``ahead`` steps."""
+
+    @classmethod
+    def of(cls, placement: Placement) -> "AsyncKnobs":
+        """The knobs an integer staleness and partial rollout set (what grpo-tune emits: verl's fully-async with
+        ``staleness_threshold = K``, ``partial_rollout``; NeMo-RL with ``max_trajectory_age_steps = K``)."""
+        k = placement.staleness
+        return cls(ahead=float(k), no_drain=bool(placement.partial_rollout and k >= 1))
+
+
 def generation(
-    m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: dict[str, float], *, partial: bool
+    m: ModelSpec,
+    hw: HardwareSpec,
+    cluster: Cluster,
+    s: Strategy,
+    wl: Workload,
+    cal: dict[str, float],
+    *,
+    partial: bool,
+    knobs: AsyncKnobs | None = None,
+    sync_interval: int = 1,
 ) -> dict[str, float]:
-    """Seconds the rollout pool needs for one step's batch: ``gen_s`` and its parts. With ``partial``,
-    decode runs at the sustained concurrency (every slot refilled, the tail carried over). On a profile
-    that samples natively the pool's forward-only engine (:func:`native_strategy`) decodes the whole batch."""
+    """Seconds the rollout pool needs for one step's batch, priced as a server in steady state.
+
+    Per replica of ``N = prompts x n / replicas`` sequences per step, the resident sequences are
+    ``C = min(max_num_seqs, what the KV cache holds, what the feed gives)``, the feed being
+    ``(1 + ahead) x N`` (the rollouter may run ``ahead`` batches beyond the one being trained) and, where the
+    framework caps it, ``per_replica``. Fed ahead, the server holds its resident sequences in equilibrium: each has
+    reached on average the length-biased residual ``E[L^2] / (2 E[L])`` of the response lengths
+    (LengthDist.resident_len: the long responses stay resident longer), so a resident sequence holds ``prompt +``
+    that many KV tokens and each decode step reads that context. The pool's seconds per step are the step's tokens
+    over the throughput it sustains at that concurrency, ``N x mean / C x t(C)`` (``t`` the decode step of
+    costmodel.rollout), plus the
+    prefill, plus a drain where a batch really drains: at ``ahead = 0`` every batch drains to the expected longest
+    response of the whole batch (the synchronous batch of costmodel.rollout, which this reproduces); at
+    ``ahead > 0`` without partial rollout or in-flight updates each sync waits for the sequences in flight, a drain
+    to the expected longest of the ``C x replicas`` in flight, once per ``sync_interval`` steps; with them, none.
+    A drain costs its own time less what its tokens would take at full concurrency (those tokens are part of the
+    step's work). ``partial``: the plan's partial rollout (:class:`AsyncKnobs` ``no_drain`` when ``knobs`` is None,
+    which prices an integer staleness as ``ahead = 1``). On a profile that samples natively the pool's forward-only
+    engine (:func:`native_strategy`) decodes the whole batch.
+
+    Keys: ``gen_s``, ``prefill_s``, ``decode_s`` (sustained + drain), ``sustained_s``, ``drain_s`` (the drain's
+    excess), ``concurrency`` (resident sequences per replica), ``bound`` (what sets it: 0 max_num_seqs, 1 the KV
+    cache, 2 the feed, 3 the framework's cap), ``decode_step_s`` (at that concurrency), ``tokens_per_s`` (the
+    pool's sustained decode throughput)."""
     if hw.native_rollout:
         rs = native_rollout_s(m, hw, cluster, native_strategy(m, s, cluster), wl, cal)
-    else:
-        rs = rollout_s(m, hw, cluster, s, wl, cal)
-    decode = rs["decode_s"]
-    if partial and not hw.native_rollout:
-        replicas = max(1, cluster.gpus // s.rollout.rollout_tp)
-        seqs = wl.prompts * wl.n / replicas
-        decode = seqs * wl.mean_response_len / rs["concurrency"] * rs["decode_step_s"]
+        gen = rs["prefill_s"] + rs["decode_s"] + cal["rollout_overhead_s"]
+        return {
+            "gen_s": gen,
+            "prefill_s": rs["prefill_s"],
+            "decode_s": rs["decode_s"],
+            "sustained_s": rs["decode_s"],
+            "drain_s": 0.0,
+            "concurrency": rs["concurrency"],
+            "bound": 2.0,
+            "decode_step_s": rs["decode_step_s"],
+            "tokens_per_s": wl.prompts * wl.n * wl.mean_response_len / rs["decode_s"] if rs["decode_s"] > 0 else 0.0,
+        }
+    k = knobs if knobs is not None else AsyncKnobs(ahead=1.0 if partial else 0.0, no_drain=partial)
+    if k.whole_batch:
+        k = AsyncKnobs(ahead=0.0)  # its generation is the synchronous batch's (the overlap is compose_step's)
+    rs = rollout_s(m, hw, cluster, s, wl, cal)
+    eng = s.rollout
+    replicas = max(1, cluster.gpus // eng.rollout_tp)
+    n_seq = wl.prompts * wl.n / replicas
+    d = response_dist(wl)
+    mean, prompt = d.mean_len, wl.mean_prompt_len
+    # a server fed ahead holds its resident sequences at the length-biased residual (LengthDist.resident_len): the
+    # mean length a resident response has reached, which sets its KV tokens and the context each step reads
+    resident = d.resident_len() if k.ahead > 0 else mean
+    kv_seqs = memory.kv_cache_capacity(m, hw, s, wl).tokens / (prompt + resident)
+    caps = [float(eng.max_num_seqs), kv_seqs, (1.0 + max(0.0, k.ahead)) * n_seq]
+    if k.per_replica is not None:
+        caps.append(float(k.per_replica))
+    conc = max(1.0, min(caps))
+    bound = float(min(range(len(caps)), key=lambda i: caps[i]))
+    step = _DecodeStep(m, hw, cluster, s, prompt, cal)
+    t_c = step(conc, prompt + (resident if k.ahead > 0 else mean / 2))[0]
+    sustained = n_seq * mean / conc * t_c
+    drains = k.ahead <= 0 or not k.no_drain
+    drain = 0.0
+    if drains:
+        if k.ahead <= 0 and conc <= n_seq:
+            # the synchronous batch: exactly costmodel.rollout's decode (its steady part + its drain)
+            drain = max(0.0, rs["decode_s"] - sustained)
+        else:
+            in_flight = min(float(wl.prompts * wl.n), conc * replicas)
+            longest = d.expected_max(in_flight)
+            h = longest / DRAIN_POINTS
+            js = [(i + 0.5) * h for i in range(DRAIN_POINTS)]
+            t_drain = sum(step(conc * d.survival(j), prompt + j)[0] * h for j in js)
+            drain = max(0.0, t_drain - mean * t_c)
+            if k.ahead > 0:
+                drain /= max(1, sync_interval)
+    decode = sustained + drain
     gen = rs["prefill_s"] + decode + cal["rollout_overhead_s"]
-    return {"gen_s": gen, "prefill_s": rs["prefill_s"], "decode_s": decode, "concurrency": rs["concurrency"]}
+    return {
+        "gen_s": gen,
+        "prefill_s": rs["prefill_s"],
+        "decode_s": decode,
+        "sustained_s": sustained,
+        "drain_s": drain,
+        "concurrency": conc,
+        "bound": bound,
+        "decode_step_s": t_c,
+        "tokens_per_s": replicas * conc * 1.0 / t_c if t_c > 0 else 0.0,
+    }
+
+
+def first_fetch_wait(gen_s: float, knobs: AsyncKnobs) -> float:
+    """Seconds the trainer waits after a sync for its first fetch: the part of it that the rollout pool's
+    produced-ahead samples (``ahead`` of a batch) do not already hold, produced at the pool's rate (one batch per
+    ``gen_s``). Zero at an integer staleness K >= 1 (K batches ahead hold any fetch); at ``ahead = 0`` the step is
+    sequential and the whole generation is waited for (:func:`compose_step`)."""
+    if knobs.ahead <= 0:
+        return 0.0
+    return max(0.0, min(1.0, knobs.fetch_fraction) - knobs.ahead) * gen_s
 
 
 def rollout_memory(
@@ -212,16 +346,32 @@ def rollout_memory(
     out = _over_capacity(pm, hw, "vLLM", cluster.ranks_per_node)
     if kvc.kv_bytes <= 0 or kvc.sequences < 1:
         need = (wl.prompt_len + wl.response_len) * kvc.bytes_per_token
+        frac = kv_fraction_needed(m, hw, s, wl)
+        fix = (
+            f"gpu_memory_utilization >= {frac:.2f} would hold one"
+            if frac <= 0.95
+            else f"no gpu_memory_utilization up to 0.95 holds one at rollout_tp {s.rollout.rollout_tp} (it needs "
+            f"{frac:.2f} of HBM): raise rollout_tp"
+        )
         out.append(
             Violation(
                 "OOM_RISK",
                 f"rollout pool: the KV cache ({kvc.tokens} tokens) cannot hold one sequence of "
-                f"{wl.prompt_len + wl.response_len} tokens; raise gpu_memory_utilization or rollout_tp",
+                f"{wl.prompt_len + wl.response_len} tokens at gpu_memory_utilization "
+                f"{s.rollout.gpu_memory_utilization:g} (vLLM refuses to start without KV blocks); {fix}",
                 phase="rollout",
                 bytes_over=need - max(0.0, kvc.kv_bytes),
             )
         )
     return pm, out
+
+
+def kv_fraction_needed(m: ModelSpec, hw: HardwareSpec, s: Strategy, wl: Workload, sequences: int = 1) -> float:
+    """The smallest ``gpu_memory_utilization`` whose KV cache holds ``sequences`` of ``prompt_len + response_len``
+    tokens per replica, besides vLLM's weights, working set and CUDA graphs (memory.kv_cache_capacity's terms)."""
+    kvc = memory.kv_cache_capacity(m, hw, s, wl)
+    fixed = kvc.weights_bytes + kvc.working_bytes
+    return (fixed + sequences * (wl.prompt_len + wl.response_len) * kvc.bytes_per_token) / hw.hbm_bytes
 
 
 def _native_memory(
@@ -542,16 +692,18 @@ def reshard_sync(
 
 
 def compose_step(
-    gen_s: float, train_s: float, sync_s: float, staleness: int, sync_interval: int = 1
+    gen_s: float, train_s: float, sync_s: float, staleness: float, sync_interval: int = 1, first_wait_s: float = 0.0
 ) -> dict[str, float]:
     """The steady-state step of two pools and each pool's busy fraction.
 
-    staleness 0: ``gen + sync + train`` (in sequence); staleness >= 1: ``max(gen, train) + sync / interval``
-    (the pools overlap, both stop for the sync)."""
+    staleness 0: ``gen + sync + train`` (in sequence); staleness > 0 (``AsyncKnobs.ahead``):
+    ``max(gen, train + first_wait) + sync / interval`` (the pools overlap, both stop for the sync, and the trainer
+    waits ``first_wait_s`` after each sync for the first fetch the produced-ahead samples do not hold:
+    :func:`first_fetch_wait`)."""
     if staleness <= 0:
         step = gen_s + sync_s + train_s
     else:
-        step = max(gen_s, train_s) + sync_s / sync_interval
+        step = max(gen_s, train_s + first_wait_s) + sync_s / sync_interval
     return {
         "step_s": step,
         "rollout_busy": gen_s / step if step > 0 else 0.0,
@@ -652,12 +804,14 @@ def estimate_separate(
     calibration: dict[str, float] | None = None,
     train: Estimate | None = None,
     refit_transport: str = "broadcast",
+    knobs: AsyncKnobs | None = None,
 ) -> Estimate:
     """A separate-pool plan: ``strategy`` holds the training pool's layout and the rollout pool's engine
     (``rollout_tp``, ``gpu_memory_utilization``, ...); ``time.step_s`` is the steady-state step
     (:func:`compose_step`), the phases are each pool's own, ``placement`` holds the pools' figures.
     ``train``: the training pool's :func:`train_pool` estimate when the caller has it. ``refit_transport``:
-    how the weights cross the pools (:data:`REFIT_TRANSPORTS`)."""
+    how the weights cross the pools (:data:`REFIT_TRANSPORTS`). ``knobs``: the frameworks' asynchronous knobs
+    (:class:`AsyncKnobs`; default: what ``placement``'s staleness and partial rollout set)."""
     check_fields(placement)
     if refit_transport not in REFIT_TRANSPORTS:
         raise ConfigError(f"unknown refit transport {refit_transport!r}", hint="known: " + ", ".join(REFIT_TRANSPORTS))
@@ -675,8 +829,12 @@ def estimate_separate(
         )
     assert train.time is not None
     roll_s = rollout_strategy(s)
-    partial = placement.partial_rollout and placement.staleness >= 1
-    g = generation(m, hw_r, ps.rollout, roll_s, wl, cal, partial=partial)
+    knobs = knobs if knobs is not None else AsyncKnobs.of(placement)
+    partial = knobs.no_drain and knobs.ahead > 0
+    g = generation(
+        m, hw_r, ps.rollout, roll_s, wl, cal, partial=partial, knobs=knobs, sync_interval=placement.sync_interval
+    )
+    wait = first_fetch_wait(g["gen_s"], knobs)
     rmem, rviol = rollout_memory(m, hw_r, ps.rollout, roll_s, wl)
     sync_fn = {"nccl_reshard": reshard_sync, "per_tensor": per_tensor_sync}.get(refit_transport, cross_pool_sync)
     sync = sync_fn(m, hardware, hw_r, ps, s, cal)
@@ -684,7 +842,7 @@ def estimate_separate(
     t_train = train.time.step_s
     if not placement.recompute_logprobs:  # the rollout's log-probs are the old ones: no old log-prob pass
         t_train -= train_phases.pop(Phase.OLD_LOGPROB.value, 0.0)
-    comp = compose_step(g["gen_s"], t_train, sync["sync_s"], placement.staleness, placement.sync_interval)
+    comp = compose_step(g["gen_s"], t_train, sync["sync_s"], knobs.ahead, placement.sync_interval, wait)
     step = comp["step_s"]
     phases = {Phase.ROLLOUT.value: g["gen_s"], Phase.WEIGHT_SYNC.value: sync["sync_s"], **train_phases}
     seq = wl.mean_seq_len
@@ -721,7 +879,7 @@ def estimate_separate(
         "train_s": t_train,
         "sync_s": sync["sync_s"],
         "exposed_sync_s": comp["exposed_sync_s"],
-        "fill_s": g["gen_s"] if placement.staleness >= 1 else 0.0,
+        "fill_s": g["gen_s"] if knobs.ahead > 0 else 0.0,
         "rollout_busy": comp["rollout_busy"],
         "train_busy": comp["train_busy"],
         "tokens_per_usd": tokens_per_usd(tokens, step, price),
@@ -734,12 +892,18 @@ def estimate_separate(
         "sync": {k: v for k, v in sync.items()},
         "decode_concurrency": g["concurrency"],
         "kv_cache_tokens": float(rmem.info.get("kv_cache_tokens", 0.0)),
+        "rollout_ahead": knobs.ahead,
+        "concurrency_bound": CONCURRENCY_BOUNDS[int(g["bound"])],
+        "drain_s": g["drain_s"],
+        "first_wait_s": wait,
+        "rollout_tokens_per_s": g["tokens_per_s"],
     }
     details = dict(train.details)
     details.update(
         prefill_s=g["prefill_s"],
         decode_s=g["decode_s"],
         decode_concurrency=g["concurrency"],
+        decode_step_s=g["decode_step_s"],
         **{f"weight_sync_{k}": v for k, v in sync.items() if k.endswith("_s")},
     )
     mem = dict(train.memory)
@@ -824,6 +988,9 @@ def _check_rollout_degrees(m: ModelSpec, s: Strategy, roll: Cluster) -> None:
 
 
 __all__ = [
+    "AsyncKnobs",
+    "CONCURRENCY_BOUNDS",
+    "first_fetch_wait",
     "MODES",
     "Placement",
     "REFIT_TRANSPORTS",
@@ -841,6 +1008,7 @@ __all__ = [
     "per_tensor_sync",
     "vllm_param_count",
     "rollout_memory",
+    "kv_fraction_needed",
     "split_candidates",
     "sync_link",
     "broadcast_link",

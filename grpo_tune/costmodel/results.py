@@ -58,7 +58,18 @@ class SeparateFigures(PoolFigures):
     headroom_bytes: float
     sync: Mapping[str, float]
     decode_concurrency: float
+    """Resident sequences per rollout replica (costmodel.placement.generation)."""
     kv_cache_tokens: float
+    rollout_ahead: float
+    """Batches the rollout pool may run ahead of the trainer (AsyncKnobs.ahead)."""
+    concurrency_bound: str
+    """What sets the resident sequences: max_num_seqs, kv_cache, feed or per_replica."""
+    drain_s: float
+    """The rollout pool's seconds per step lost to drains (over running at full concurrency)."""
+    first_wait_s: float
+    """The trainer's wait after each sync for its first fetch."""
+    rollout_tokens_per_s: float
+    """The rollout pool's sustained decode throughput."""
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ tokens need.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from types import MappingProxyType
 
 from grpo_tune.core.phases import Phase
@@ -97,6 +98,43 @@ def micro_batch_plan(
     if lay.pp > 1 and pp_packed_fill > 0:
         return max(tokens / micro, cap * lay.cp * pp_packed_fill), micro
     return tokens / micro, micro
+
+
+@lru_cache(maxsize=4096)
+def slowest_rank_factor(wl: Workload, dp: int) -> float:
+    """The expected slowest DP rank's compute over the mean rank's, per optimizer step of the update.
+
+    Every optimizer step ends with the gradient reduction, so it waits for the DP rank with the most work. A rank's
+    work is the tokens of its ``s = mini_batch x n / dp`` sequences, whose lengths vary (the response distribution,
+    costmodel.lengths: standard deviation ``sqrt(E[L^2] - mean^2)``). Both frameworks balance the whole step's
+    batch across the DP ranks by tokens before it splits it into mini-batches (verl's ``trainer.balance_batch``, on
+    by default: Karmarkar-Karp partitions of the sequence lengths), so a mini-batch is a subset of a balanced share:
+    its sum varies by the finite-population correction ``1 - f`` of the variance, ``f = mini_batch / prompts`` (one
+    mini-batch per step: no spread). A stack that balances each optimizer step's sequences itself
+    (``balance_per_optimizer_step``: NeMo-RL) has no spread and is not priced with it. The expected largest of ``dp``
+    such sums is ``z(dp)`` standard deviations above their mean (``z`` the expected maximum of ``dp`` standard
+    normals, Blom's approximation ``Phi^-1((dp - 0.375) / (dp + 0.25))``), so the factor is
+    ``1 + z(dp) x cv x sqrt((1 - f) / s)`` with ``cv`` the per-sequence token spread over the mean sequence. It grows
+    with the DP size (a larger ``z``, fewer sequences per rank): the efficiency a pool loses with scale. The
+    log-prob passes have no per-step barrier inside them and run the balanced share whole: no factor."""
+    if dp <= 1 or wl.kind != "grpo":
+        return 1.0
+    from statistics import NormalDist
+
+    from .rollout import response_dist
+
+    d = response_dist(wl)
+    mean = d.mean_len
+    var = max(0.0, 2.0 * mean * d.resident_len() - mean * mean)  # E[L^2] = 2 E[L] x resident_len
+    seq = wl.mean_prompt_len + mean
+    if seq <= 0:
+        return 1.0
+    f = min(1.0, wl.mini_batch / wl.prompts)
+    per_rank = wl.mini_batch * wl.n / dp
+    if per_rank <= 0 or f >= 1.0:
+        return 1.0
+    z = NormalDist().inv_cdf((dp - 0.375) / (dp + 0.25))
+    return 1.0 + z * math.sqrt(var) / seq * math.sqrt((1.0 - f) / per_rank)
 
 
 def step_time(
@@ -203,7 +241,9 @@ def _grpo(
         logprob=True,
         lt=lt if tok_mb == tok_lp else None,
     )  # same micro-batch shape: same per-layer times
-    upd = wl.ppo_epochs * (wl.prompts // wl.mini_batch) * mini.total_s + cal["update_overhead_s"]
+    slowest = 1.0 if hw.efficiency.balance_per_optimizer_step else slowest_rank_factor(wl, s.layout.dp or 1)
+    per_mini = mini.compute_s * slowest + mini.dp_s + mini.optimizer_s
+    upd = wl.ppo_epochs * (wl.prompts // wl.mini_batch) * per_mini + cal["update_overhead_s"]
     off = offload_s(m, hw, s, wl) + (cal["offload_overhead_s"] if s.memory.offload else 0.0)
     tokens = seqs * seq
     passes = 2 + (1 if wl.kl else 0) + 3 * wl.ppo_epochs  # generate, old, ref, update (fwd + 2x bwd)
@@ -218,6 +258,7 @@ def _grpo(
     }
     details = _train_details(mini, s)
     details.update(
+        slowest_rank_factor=slowest,
         prefill_s=rs["prefill_s"],
         decode_s=rs["decode_s"],
         decode_step_s=rs["decode_step_s"],

@@ -33,12 +33,13 @@ peak), which scores the update's speed where the step or the mean response lengt
 TOLERANCE_PCT = 12.0
 """Held-out step-time MAPE above which ``validate --grpo`` exits 1 (the target; the goal is 10%)."""
 
-STATED_ERROR_PCT = 10.7
-"""The model's stated error: the leave-one-out step-time MAPE that ``validate --grpo`` prints for the
-shipped rows (a test keeps the two equal). The report calls plans closer than this indistinguishable."""
+STATED_ERROR_PCT = 11.9
+"""The model's stated error: the cross-validated step-time MAPE that ``validate --grpo`` prints for the shipped rows
+(the fit redone without each configuration; a test keeps the two equal). The report calls plans closer than this
+indistinguishable. (10.7 when it was one linearised Gauss-Newton step per left-out row.)"""
 
-BAND_PCT = {"fitted": 10.9, "transferred": 10.9, "spec-only": 16.3}
-"""Error band per class of hardware profile (``provenance``), as ``compare`` prints it: the leave-one-out
+BAND_PCT = {"fitted": 12.1, "transferred": 12.1, "spec-only": 18.1}
+"""Error band per class of hardware profile (``provenance``), as ``compare`` prints it: the cross-validated
 step MAPE of the scored rows on profiles of that class (:func:`bands`; a test keeps the two equal).
 ``spec-only`` has no measured row: half again the transferred band, a stated assumption."""
 
@@ -475,11 +476,45 @@ def _scored(r: GrpoRow) -> bool:
     return r.split != "excluded"
 
 
+_PRED_MEMO: dict[tuple[object, ...], dict[str, float]] = {}
+
+
+def _applied(row: GrpoRow, x: dict[Prior, float]) -> tuple[tuple[str, str, float], ...]:
+    """The parameters of ``x`` that reach the row's hardware and stack (what :func:`_hw` applies)."""
+    from grpo_tune.core.hardware import with_stack
+
+    name = row.raw["hardware"]
+    stack = row_stack(row)
+    hw_name = with_stack(load_hardware(name), stack).name
+    own = {p.key for p in x if p.on == f"hardware:{hw_name}"}
+    return tuple(
+        sorted(
+            (p.on, p.key, v)
+            for p, v in x.items()
+            if (p.on == "hardware" and hw_name in HOPPER and p.key not in own)
+            or p.on in (f"hardware:{hw_name}", f"stack:{stack}")
+        )
+    )
+
+
+def _predict_at(row: GrpoRow, x: dict[Prior, float]) -> dict[str, float]:
+    """:func:`predict` of the row at the parameters ``x``, memoized on the row's plan and the parameters that reach
+    it (a fit's finite differences move one parameter at a time: the rows of other stacks are not priced again)."""
+    key = (row.id, tuple(sorted(row.raw.items())), _applied(row, x))
+    hit = _PRED_MEMO.get(key)
+    if hit is None:
+        if len(_PRED_MEMO) > 20000:
+            _PRED_MEMO.clear()
+        hit, _ = predict(row, _hw(row, x))
+        _PRED_MEMO[key] = hit
+    return hit
+
+
 def _resid(rows: list[GrpoRow], x: dict[Prior, float]) -> list[list[float]]:
     """Per row: the log errors of its published figures (step and phases), in PHASE order."""
     out = []
     for r in rows:
-        pred, _ = predict(r, _hw(r, x))
+        pred = _predict_at(r, x)
         out.append([math.log(max(pred[k], 1e-6) / r.published[k]) for k in ("step_s", *PHASES) if k in r.published])
     return out
 
@@ -505,18 +540,14 @@ def movers(rows: list[GrpoRow], priors: tuple[Prior, ...] = PRIORS) -> dict[Prio
     return out
 
 
-def fit(rows: list[GrpoRow], *, quiet: bool = True) -> dict[str, float]:
-    """Bounded least squares (scipy) of the log errors of every published figure of the scored rows,
-    plus a weak pull of each parameter towards its prior (PRIOR_WEIGHT). A parameter that fewer than two
-    scored rows move (:func:`movers`) is not fitted: it keeps its prior value.
-    Keys: ``stack:NAME:key`` / ``hardware:key``."""
+def _fit_params(
+    scored: list[GrpoRow], free: list[Prior], start: dict[Prior, float] | None = None
+) -> dict[Prior, float]:
+    """Bounded least squares (scipy) of the log errors of every published figure of ``scored``, plus a weak pull
+    of each parameter towards its prior (PRIOR_WEIGHT); ``free`` are fitted (from ``start``, else the shipped
+    values), the rest keep their prior values."""
     from scipy.optimize import least_squares
 
-    scored = [r for r in rows if _scored(r)]
-    if not scored:
-        raise ConfigError("no published GRPO rows to fit on", hint="mark rows' split as scored")
-    mv = movers(scored)
-    free = [p for p in PRIORS if len(mv[p]) >= 2]
     fixed = {p: p.value for p in PRIORS if p not in free}
 
     def unpack(z) -> dict[Prior, float]:
@@ -526,15 +557,94 @@ def fit(rows: list[GrpoRow], *, quiet: bool = True) -> dict[str, float]:
         x = unpack(z)
         return [e for row in _resid(scored, x) for e in row] + _prior_resid(x)
 
-    z0 = [math.log(min(max(shipped(p), p.lo), p.hi) / p.lo) / math.log(p.hi / p.lo) for p in free]
+    def z_of(p: Prior) -> float:
+        v = (start or {}).get(p, shipped(p))
+        return math.log(min(max(v, p.lo), p.hi) / p.lo) / math.log(p.hi / p.lo)
+
+    z0 = [z_of(p) for p in free]
     res = least_squares(f, z0, bounds=(0.0, 1.0), diff_step=0.02) if free else None
-    x = unpack(res.x if res is not None else [])
+    return unpack(res.x if res is not None else [])
+
+
+def fit(rows: list[GrpoRow], *, quiet: bool = True) -> dict[str, float]:
+    """Bounded least squares (scipy) of the log errors of every published figure of the scored rows,
+    plus a weak pull of each parameter towards its prior (PRIOR_WEIGHT). A parameter that fewer than two
+    scored rows move (:func:`movers`) is not fitted: it keeps its prior value.
+    Keys: ``stack:NAME:key`` / ``hardware:key``."""
+    scored = [r for r in rows if _scored(r)]
+    if not scored:
+        raise ConfigError("no published GRPO rows to fit on", hint="mark rows' split as scored")
+    mv = movers(scored)
+    x = _fit_params(scored, [p for p in PRIORS if len(mv[p]) >= 2])
     return {f"{p.on}:{p.key}": float(f"{v:.3g}") for p, v in x.items()}
 
 
-def cross_validate(rows: list[GrpoRow]) -> dict[str, dict[str, float]]:
-    """Leave-one-out error of every scored row: the fit redone without the row by one Gauss-Newton step
-    from the shipped parameters (the Jacobian of every figure's log error, by finite differences, then
+CONFIG_COLUMNS = (
+    "framework",
+    "backend",
+    "model",
+    "hardware",
+    "gpus",
+    "placement",
+    "rollout_gpus",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "etp",
+    "rollout_tp",
+    "prompts",
+    "n",
+    "mini_batch",
+    "prompt_len",
+    "response_len",
+    "refit_transport",
+)
+"""The columns that make two rows the same configuration: a rerun of a config (NeMo-RL issue #959's reruns of the
+v0.3 blog's rows) is the same config, and a fold holds out every row of it."""
+
+
+def config_of(r: GrpoRow) -> tuple[str, ...]:
+    return tuple((r.raw.get(c) or "").strip() for c in CONFIG_COLUMNS)
+
+
+def self_solved(rows: list[GrpoRow]) -> list[str]:
+    """Scored rows whose mean response length was solved from one of their own published figures (``calibrates``):
+    a fitted parameter per row, which no fold redoes (it is in the row's data)."""
+    return [r.id for r in rows if _scored(r) and (r.raw.get("calibrates") or "").strip()]
+
+
+def cross_validate(rows: list[GrpoRow], *, method: str = "refit") -> dict[str, dict[str, float]]:
+    """Held-out error of every scored row. ``refit`` (the default): leave one configuration out
+    (:data:`CONFIG_COLUMNS`; reruns of a config fall in one fold): the bounded fit is redone on the other configs'
+    rows (parameters that fewer than two of them move keep their priors) and the held-out rows are priced at that
+    refit (each fold starts from the shipped values). ``linear``: the former one-row-out estimate, one Gauss-Newton
+    step from the shipped parameters (kept to compare). Returns row id -> figure -> error %."""
+    if method == "linear":
+        return _cross_validate_linear(rows)
+    if method != "refit":
+        raise ConfigError(f"unknown cross-validation method {method!r}", hint="refit or linear")
+    scored = [r for r in rows if _scored(r)]
+    mv = movers(scored)
+    groups: dict[tuple[str, ...], list[GrpoRow]] = {}
+    for r in scored:
+        groups.setdefault(config_of(r), []).append(r)
+    out: dict[str, dict[str, float]] = {}
+    for key, held in groups.items():
+        train = [r for r in scored if config_of(r) != key]
+        ids = {r.id for r in train}
+        free = [p for p in PRIORS if len([i for i in mv[p] if i in ids]) >= 2]
+        # from the shipped values (constants), never from a fit that saw the held-out rows
+        x = _fit_params(train, free) if train else {p: p.value for p in PRIORS}
+        for r in held:
+            pred = _predict_at(r, x)
+            out[r.id] = {k: float(100.0 * (pred[k] / v - 1)) for k, v in r.published.items()}
+    return out
+
+
+def _cross_validate_linear(rows: list[GrpoRow]) -> dict[str, dict[str, float]]:
+    """The linearised leave-one-row-out error of every scored row: the fit redone without the row by one Gauss-Newton
+    step from the shipped parameters (the Jacobian of every figure's log error, by finite differences, then
     scipy's bounded linear least squares without that row), and the row priced at that refit.
     Returns row id -> figure -> error %."""
     import numpy as np
@@ -601,8 +711,37 @@ def bands(cv: dict[str, dict[str, float]], rows: list[GrpoRow]) -> dict[str, flo
     return out
 
 
+_RUNS: dict[tuple[object, ...], dict[str, Any]] = {}
+
+
 def run_grpo(
-    *, path: str | Path | None = None, tolerance_pct: float = TOLERANCE_PCT, refit: bool = False
+    *, path: str | Path | None = None, tolerance_pct: float = TOLERANCE_PCT, refit: bool = False, cv: str = "refit"
+) -> dict[str, Any]:
+    """:func:`_run_grpo`, kept per process for a regular file that has not changed (same path, size, inode and
+    modification time; its refits take seconds; the report is a pure function of the file and the options); a deep
+    copy each time."""
+    import copy
+
+    import os
+    import stat
+
+    f = Path(path) if path else GRPO_DATA_PATH
+    try:
+        st = os.stat(f)
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode):  # only a regular file is kept (read_records bounds the rest)
+        return _run_grpo(path=path, tolerance_pct=tolerance_pct, refit=refit, cv=cv)
+    key: tuple[object, ...] = (str(f.resolve()), st.st_mtime_ns, st.st_size, st.st_ino, tolerance_pct, refit, cv)
+    if key not in _RUNS:
+        if len(_RUNS) > 8:
+            _RUNS.clear()
+        _RUNS[key] = _run_grpo(path=path, tolerance_pct=tolerance_pct, refit=refit, cv=cv)
+    return copy.deepcopy(_RUNS[key])
+
+
+def _run_grpo(
+    *, path: str | Path | None = None, tolerance_pct: float = TOLERANCE_PCT, refit: bool = False, cv: str = "refit"
 ) -> dict[str, Any]:
     """Predicted vs published per row (step and phases); in-sample and leave-one-out MAPE of the step
     and each phase, overall, per GPU type and per framework; whether the cross-validated step MAPE is
@@ -638,21 +777,35 @@ def run_grpo(
                 error_pct={k: 100.0 * (pred[k] / v - 1) for k, v in r.published.items()},
             )
         out.append(entry)
-    cv = cross_validate(rows)
+    cv_method = cv
+    cv_err = cross_validate(rows, method=cv_method)
     for e in out:
-        if e["id"] in cv:
-            e["cv_error_pct"] = cv[e["id"]]
+        if e["id"] in cv_err:
+            e["cv_error_pct"] = cv_err[e["id"]]
     insample = {e["id"]: e["error_pct"] for e in out if "error_pct" in e}
     keys = ("step_s", *PHASES)
     m = {
         "fit": {k: _group_mape(insample, scored, k).get("all", {}).get("mape") for k in keys},
-        "cv": {k: _group_mape(cv, scored, k).get("all", {}).get("mape") for k in keys},
+        "cv": {k: _group_mape(cv_err, scored, k).get("all", {}).get("mape") for k in keys},
     }
-    groups = {k: _group_mape(cv, scored, k) for k in keys}
+    groups = {k: _group_mape(cv_err, scored, k) for k in keys}
     mv = movers(scored)
     step = m["cv"]["step_s"]
+    solved = self_solved(rows)
     return {
-        "bands": bands(cv, scored),
+        "cv_method": (
+            "refit, leave one configuration out" if cv_method == "refit" else "linearised, leave one row out"
+        ),
+        "counts": {
+            "scored_rows": len(scored),
+            "configs": len({config_of(r) for r in scored}),
+            "step_rows": sum(1 for r in scored if "step_s" in r.published),
+            "step_configs": len({config_of(r) for r in scored if "step_s" in r.published}),
+            "fitted_parameters": sum(1 for p in PRIORS if len(mv[p]) >= 2),
+            "self_solved_means": len(solved),
+            "self_solved_rows": solved,
+        },
+        "bands": bands(cv_err, scored),
         "rows": out,
         "mape_pct": m,
         "cv_groups": groups,

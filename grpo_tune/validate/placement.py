@@ -91,8 +91,31 @@ def _steps(col: GrpoRow, sep: GrpoRow, p: dict[str, str], mean: int) -> tuple[An
         partial_rollout=_flag(p, "partial_rollout", False),
         recompute_logprobs=_flag(p, "recompute_logprobs", True),
     )
-    e = estimate_separate(model=m2, hardware=hw2, cluster=cl2, strategy=s2, workload=wl2, placement=place)
+    e = estimate_separate(
+        model=m2, hardware=hw2, cluster=cl2, strategy=s2, workload=wl2, placement=place, knobs=pair_knobs(p, place, wl2)
+    )
     return c, e
+
+
+def pair_knobs(p: dict[str, str], place: Placement, wl: Any) -> Any:
+    """The separate run's asynchronous knobs (costmodel.placement.AsyncKnobs) from the pair's columns:
+    ``one_step_off`` (verl's one-step-off trainer: each batch one synchronous generate call, overlapped one step),
+    else verl's fully-async ``staleness_threshold`` (empty: the row's integer staleness) with its partial rollout,
+    and ``require_batches`` (the trainer's fetch: require_batches x the row's mini-batch of its prompts per step)."""
+    from grpo_tune.costmodel.placement import AsyncKnobs
+
+    if _flag(p, "one_step_off", False):
+        return AsyncKnobs(ahead=float(place.staleness), whole_batch=True)
+    th = (p.get("staleness_threshold") or "").strip()
+    rb = (p.get("require_batches") or "").strip()
+    try:
+        ahead = float(th) if th else float(place.staleness)
+        fetch = int(rb) * wl.mini_batch / wl.prompts if rb else 1.0
+    except ValueError:
+        raise ConfigError(
+            f"placement pair {p.get('id')}: staleness_threshold / require_batches must be numbers"
+        ) from None
+    return AsyncKnobs(ahead=ahead, no_drain=place.partial_rollout and ahead > 0, fetch_fraction=fetch)
 
 
 def separate_step(e: Any, excludes_sync: bool) -> float:

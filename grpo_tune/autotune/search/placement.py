@@ -180,8 +180,11 @@ def best_rollout(
     pins: Mapping[str, object],
     cal: dict[str, float],
     partial: bool,
+    knobs: P.AsyncKnobs | None = None,
 ) -> tuple[EngineOption, float] | None:
-    """The fastest rollout engine that fits the pool: (knobs, generation seconds), or None."""
+    """The fastest rollout engine that fits the pool: (knobs, generation seconds), or None. ``knobs``: how far the
+    pool runs ahead (costmodel.placement.AsyncKnobs; None: the synchronous batch, or partial rollout at one batch
+    ahead)."""
     best: tuple[tuple[float, float], EngineOption, float] | None = None
     base = Strategy.of(**{k: v for k, v in pins.items() if k in ("max_num_batched_tokens", "chunked_prefill")})
     for opt in rollout_options(m, hw, roll, pins):
@@ -189,7 +192,7 @@ def best_rollout(
         _, viol = P.rollout_memory(m, hw, roll, s, wl)
         if viol:
             continue
-        g = P.generation(m, hw, roll, s, wl, cal, partial=partial)["gen_s"]
+        g = P.generation(m, hw, roll, s, wl, cal, partial=partial, knobs=knobs)["gen_s"]
         key = (round(g, 6), opt.get("gpu_memory_utilization", 0.0))  # ties: the smaller vLLM memory fraction
         if best is None or key < best[0]:
             best = (key, opt, g)
@@ -309,13 +312,29 @@ def _separate(
     cands = [pinned_r] if pinned_r else P.split_candidates(cluster)
     stale = range(K + 1)
     partial_for = {k: bool(partial_flag) and k >= 1 for k in stale}
-    # 1. generation per split (and per partial mode)
-    gens: dict[tuple[int, bool], tuple[EngineOption, float] | None] = {}
+    # 1. generation per split and staleness: the pool is a server fed k batches ahead (costmodel.placement.generation),
+    # so k changes its concurrency only while the feed binds: beyond k_sat (where (1 + k) x its sequences per replica
+    # reach the largest max_num_seqs of the grid) every k prices the same, and is computed once
     pool_of = {r: P.pools(cluster, r) for r in cands}
-    for r in cands:
-        for part in set(partial_for.values()):
-            gens[(r, part)] = best_rollout(m, hw_r, pool_of[r].rollout, wl, pins, cal, part)
-    cands = [r for r in cands if any(gens[(r, p)] is not None for p in set(partial_for.values()))]
+    seq_cap = max([int(pins["max_num_seqs"])] if "max_num_seqs" in pins else list(ROLLOUT_SEQS_GRID))
+    gens: dict[tuple[int, int], tuple[EngineOption, float] | None] = {}
+
+    def gkey(r: int, k: int) -> tuple[int, int]:
+        if k <= 0:
+            return (r, 0)
+        per = wl.prompts * wl.n / max(1, pool_of[r].rollout.gpus)  # the fewest sequences a replica gets (TP 1)
+        k_sat = max(1, math.ceil(seq_cap / max(per, 1e-9)) - 1)
+        return (r, min(k, k_sat))
+
+    def gen_of(r: int, k: int) -> tuple[EngineOption, float] | None:
+        key = gkey(r, k)
+        if key not in gens:
+            kk = key[1]
+            kn = P.AsyncKnobs(ahead=float(kk), no_drain=partial_for[k] and kk >= 1)
+            gens[key] = best_rollout(m, hw_r, pool_of[r].rollout, wl, pins, cal, partial_for[k], kn)
+        return gens[key]
+
+    cands = [r for r in cands if any(gen_of(r, k) is not None for k in stale)]
     if not cands:
         raise InvalidDegreesError(
             f"no rollout pool of {m.name} fits on {cluster.gpus} x {hw_r.name}", "use more GPUs or a larger rollout TP"
@@ -338,8 +357,8 @@ def _separate(
                 why.append(exc)
         return tsearch[key]
 
-    sync0 = _sync_proxy(m, hw, hw_r, pool_of, cal, cands, gens, partial_for)
-    ref_r = _reference_split(cands, pool_of, gens, partial_for, colocated_train_s, cluster, sync0, K)
+    sync0 = _sync_proxy(m, hw, hw_r, pool_of, cal, cands, gen_of, K)
+    ref_r = _reference_split(cands, pool_of, gen_of, colocated_train_s, cluster, sync0, K)
     ref = full(ref_r)
     seeds = ([] if ref is None else ref.ranked[:REPRICE]) + list(colocated_seeds or [])[:REPRICE]
     work = None if ref is None else ref.best.step_s * pool_of[ref_r].train.gpus
@@ -366,10 +385,9 @@ def _separate(
     keep: set[int] = set()
     _order0: list[tuple[float, int]] = []
     for k in stale:
-        p = partial_for[k]
         order = choose_split(
             cands,
-            lambda r, p=p: math.inf if gens[(r, p)] is None else gens[(r, p)][1],
+            lambda r, k=k: math.inf if gen_of(r, k) is None else gen_of(r, k)[1],
             train_time,
             lambda r: sync0.get(r, 0.0),
             k,
@@ -400,7 +418,7 @@ def _separate(
         # reference work spread over its GPUs: its own pool is searched in full before it is composed
         tr = repriced(r, search_if_none=True)
         for k in stale:
-            g = gens[(r, partial_for[k])]
+            g = gen_of(r, k)
             if g is None or not tr:
                 continue
             opt, _ = g
@@ -481,16 +499,16 @@ def _rank(e: Estimate) -> tuple[float, int, int]:
     return (bucket, int(f["staleness"]), int(f["rollout_gpus"]))
 
 
-def _reference_split(cands, pool_of, gens, partial_for, colocated_train_s, cluster, sync0, K) -> int:
+def _reference_split(cands, pool_of, gen_of, colocated_train_s, cluster, sync0, K) -> int:
     """The split whose training pool is searched in full: the one the colocated plan's training time (spread
     over the training pool's GPUs) balances best at staleness K; without it, the middle candidate."""
-    ok = [r for r in cands if gens.get((r, partial_for[K])) is not None] or cands
+    ok = [r for r in cands if gen_of(r, K) is not None] or cands
     if colocated_train_s is None:
         return ok[len(ok) // 2]
     work = colocated_train_s * cluster.gpus
     order = choose_split(
         ok,
-        lambda r: gens[(r, partial_for[K])][1] if gens.get((r, partial_for[K])) else math.inf,
+        lambda r: gen_of(r, K)[1] if gen_of(r, K) else math.inf,
         lambda r: work / pool_of[r].train.gpus,
         lambda r: sync0.get(r, 0.0),
         K,
@@ -498,12 +516,12 @@ def _reference_split(cands, pool_of, gens, partial_for, colocated_train_s, clust
     return order[0][1] if order else ok[len(ok) // 2]
 
 
-def _sync_proxy(m, hw, hw_r, pool_of, cal, cands, gens, partial_for) -> dict[int, float]:
+def _sync_proxy(m, hw, hw_r, pool_of, cal, cands, gen_of, K) -> dict[int, float]:
     """The sync's transfer + copy + per-tensor parts per split (the training side's export is left out:
     it depends on the training plan, not on the split)."""
     out = {}
     for r in cands:
-        g = gens.get((r, partial_for[0])) or next((v for (rr, _), v in gens.items() if rr == r and v), None)
+        g = next((v for v in (gen_of(r, k) for k in range(K + 1)) if v), None)
         if g is None:
             continue
         s = Strategy.of(rollout_tp=g[0]["rollout_tp"])
