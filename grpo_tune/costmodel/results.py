@@ -54,6 +54,10 @@ class SeparateFigures(PoolFigures):
     sync: Mapping[str, float]
     decode_concurrency: float
     kv_cache_tokens: float
+    stream_units: int
+    """Units the training pool took as they arrived (costmodel.streaming); 0: the step did not stream."""
+    unstreamed_step_s: float
+    """The same plan's step run in sequence (equal to the step when it did not stream)."""
 
 
 @dataclass(frozen=True)
