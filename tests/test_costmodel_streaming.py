@@ -159,3 +159,20 @@ def test_stream_needs_separate_pools() -> None:
 
     with pytest.raises(ConfigError):
         check(Placement(stream=True))
+
+
+def test_rlinf_formula_is_the_tailless_pipeline() -> None:
+    """RLinf's DisaggregatedScheduleResult (one warm-up group) on even per-group costs is streamed_step without a
+    tail: the side-by-side benchmark's two rules differ only in the tail, the units and the sync."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_rlinf_placement.py"
+    spec = importlib.util.spec_from_file_location("bench_rlinf_placement", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for gen, train, groups in ((12.7, 14.8, 1024), (30.0, 5.0, 16), (4.0, 4.0, 2)):
+        assert mod.rlinf_two(gen, train, groups) == pytest.approx(S.streamed_step(gen / groups, train / groups, groups))
+    # three pools, by hand: 10 groups, per group 1 / 0.5 / 2 s: warm-up (1 + (0.5 + 2)) + 2 x 9
+    assert mod.rlinf_three(10.0, 5.0, 20.0, 10) == pytest.approx(1 + 2.5 + 2 * 9)

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "even_arrivals",
+    "stage_through",
     "streamed_step",
     "streamed_step_at",
     "units_of",
@@ -54,6 +55,16 @@ def streamed_step_at(arrivals: Sequence[float], train_unit_s: float, serial_s: f
     for a in arrivals:  # the training pool takes unit i when it has arrived and unit i-1 is done
         end = max(end, a) + train_unit_s
     return end + serial_s
+
+
+def stage_through(arrivals: Sequence[float], unit_s: float) -> list[float]:
+    """Completion times of units arriving at ``arrivals`` through one more in-order stage of ``unit_s`` each:
+    the arrivals of the stage after it (a chain of pools, each taking the previous one's units as they end)."""
+    out, end = [], 0.0
+    for a in arrivals:
+        end = max(end, a) + unit_s
+        out.append(end)
+    return out
 
 
 def even_arrivals(gen_unit_s: float, units: int, tail_s: float = 0.0, warmup_s: float | None = None) -> list[float]:
