@@ -509,9 +509,10 @@ def streaming_why(sep, colocated) -> str:
     f = sep.placement
     seq, step = float(f["unstreamed_step_s"]), sep.step_s
     text = (
-        f"staleness 0 (the default), streamed on-policy: the training pool takes each of {f['stream_units']} mini-batches as its "
-        f"groups finish while the rollout pool generates the rest: {step:.1f} s per step against {seq:.1f} s in "
-        f"sequence (gen {f['gen_s']:.1f} + train {f['train_s']:.1f} + sync {f['exposed_sync_s']:.1f} s); "
+        f"staleness 0 (the default), streamed on-policy: the training pool takes each of {f['stream_units']} "
+        f"mini-batches as its groups finish while the rollout pool generates the rest: {step:.1f} s per step "
+        f"against {seq:.1f} s in sequence (gen {f['gen_s']:.1f} + train {f['train_s']:.1f} + "
+        f"sync {f['exposed_sync_s']:.1f} s); "
     )
     if colocated is not None:
         c = colocated.step_s

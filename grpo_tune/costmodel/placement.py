@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from grpo_tune.core.errors import ConfigError, InvalidDegreesError
 from grpo_tune.core.phases import Phase
@@ -571,7 +571,18 @@ def compose_step(
     }
 
 
-def stream_shape(m, hw_r, roll, roll_s, wl, cal, gen_s, train_phases, t_train, placement) -> dict:
+def stream_shape(
+    m: ModelSpec,
+    hw_r: HardwareSpec,
+    roll: Cluster,
+    roll_s: Strategy,
+    wl: Workload,
+    cal: dict[str, float],
+    gen_s: float,
+    train_phases: dict[str, float],
+    t_train: float,
+    placement: Placement,
+) -> dict[str, Any]:
     """:func:`compose_step`'s streaming arguments of a plan (none unless it streams: staleness 0, ``stream``)."""
     if placement.staleness > 0 or not placement.stream:
         return {}

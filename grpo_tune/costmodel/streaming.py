@@ -31,7 +31,12 @@ Pure float math, no torch; nothing here reads a profile.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from grpo_tune.core.specs import HardwareSpec, ModelSpec
+    from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
 __all__ = [
     "even_arrivals",
@@ -111,7 +116,7 @@ def unit_arrivals(
     start_s: float,
     steady_s: float,
     steady_fraction: float,
-    survival,
+    survival: Callable[[float], float],
     longest: float,
     n: int,
     units: int,
@@ -159,7 +164,16 @@ def check_bounds(step: float, gen_s: float, train_s: float) -> bool:
     return max(gen_s, train_s) - 1e-9 <= step <= gen_s + train_s + 1e-9 and math.isfinite(step)
 
 
-def rollout_arrivals(m, hw, cluster, s, wl, cal: dict[str, float], gen_s: float, units: int) -> list[float]:
+def rollout_arrivals(
+    m: ModelSpec,
+    hw: HardwareSpec,
+    cluster: Cluster,
+    s: Strategy,
+    wl: Workload,
+    cal: dict[str, float],
+    gen_s: float,
+    units: int,
+) -> list[float]:
     """:func:`unit_arrivals` of a rollout pool's synchronous batch (costmodel.rollout's phases: prefill, the
     steady phase while queued sequences refill the slots, the drain to the batch's longest response). On a
     profile that samples natively (the CPU trainer's forward-only engine) every response runs to the maximum,

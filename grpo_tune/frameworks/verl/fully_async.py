@@ -15,7 +15,8 @@ How a separate plan maps to its keys (the asserts it must pass are in the rollou
 version: ``async_training.trigger_parameter_sync_step`` = prompts / mini_batch x sync interval with
 ``require_batches=1`` (the trainer takes each mini-batch as it arrives: at staleness 0 the on-policy stream that
 costmodel.streaming prices; a staleness-0 plan with ``stream: false`` fetches the whole batch, ``require_batches``
-= prompts / mini_batch, one fetch per version); ``staleness_threshold`` = K (the rollouter runs at most K batches ahead);
+= prompts / mini_batch, one fetch per version); ``staleness_threshold`` = K (the rollouter runs at most K batches
+ahead);
 ``partial_rollout``; vLLM stays awake (``free_cache_engine=False``), weights move by the NCCL checkpoint
 engine; the proximal log-probs are recomputed (``rollout_correction.bypass_mode=False``) and corrected
 with token-level truncated importance sampling (``rollout_is=token``, threshold 2.0), as grpo-tune's own
