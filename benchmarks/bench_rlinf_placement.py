@@ -1,6 +1,7 @@
 """Our stage times through RLinf's published placement formula, side by side with our own streamed pricing.
 
-RLinf's auto-placement (RLinf/RLinf, ``toolkits/auto_placement/placement.py`` at commit a3816b59,
+RLinf's auto-placement (RLinf/RLinf, ``toolkits/auto_placement/placement.py`` at commit
+a3816b596478dcd8a5c69a6ec1468c9519f77b5b,
 ``DisaggregatedScheduleResult._get_disaggregated_time``) prices two components on disjoint GPUs as a pipeline over
 prompt groups: ``warmup = (source_per_group + sink_per_group) x warmup_groups`` and
 ``total = warmup + max(source_per_group, sink_per_group) x (groups - warmup_groups)``; components that share GPUs

@@ -204,3 +204,27 @@ def test_staleness0_stream_is_the_minibatch_fetch(best, stream):
     units = w.prompts // w.mini_batch
     assert at["staleness_threshold"] == 0
     assert (at["require_batches"], at["trigger_parameter_sync_step"]) == ((1, units) if stream else (units, 1))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_staleness0_stream_is_emitted_priced_and_read_back(best, tmp_path, stream):
+    """A staleness-0 plan's stream (issue 40) survives emit -> verl.sh -> diagnose: best.yaml records it, the launch
+    fetches per mini-batch (or the whole batch), and diagnose prices the launch it reads as the same step."""
+    from grpo_tune.core.placement import Placement
+    from grpo_tune.costmodel.placement import estimate_separate
+
+    f = best.placement
+    e = estimate_separate(
+        model=best.model,
+        hardware=best.hardware,
+        cluster=best.cluster,
+        strategy=best.strategy,
+        workload=best.workload,
+        placement=Placement(mode="separate", rollout_gpus=int(f["rollout_gpus"]), stream=stream),
+    )
+    assert bool(e.placement["stream_units"]) is stream
+    assert run_config(e).placement.stream is stream
+    files = emit(e, tmp_path / "run")
+    rep = diagnose_path(files["verl"])
+    assert not [x for x in rep.findings if x.severity.value == "error"], [x.message for x in rep.findings]
+    assert rep.summary["placement"]["stream"] is stream
