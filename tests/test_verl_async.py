@@ -209,7 +209,7 @@ def test_staleness0_stream_is_the_minibatch_fetch(best, stream):
 @pytest.mark.parametrize("stream", [True, False])
 def test_staleness0_stream_is_emitted_priced_and_read_back(best, tmp_path, stream):
     """A staleness-0 plan's stream (issue 40) survives emit -> verl.sh -> diagnose: best.yaml records it, the launch
-    fetches per mini-batch (or the whole batch), and diagnose prices the launch it reads as the same step."""
+    fetches per mini-batch (or the whole batch), diagnose finds no error in it, and reading it back gives the stream."""
     from grpo_tune.core.placement import Placement
     from grpo_tune.costmodel.placement import estimate_separate
 
@@ -227,4 +227,7 @@ def test_staleness0_stream_is_emitted_priced_and_read_back(best, tmp_path, strea
     files = emit(e, tmp_path / "run")
     rep = diagnose_path(files["verl"])
     assert not [x for x in rep.findings if x.severity.value == "error"], [x.message for x in rep.findings]
-    assert rep.summary["placement"]["stream"] is stream
+    from grpo_tune.frameworks.verl.launch import read_launch
+    from grpo_tune.frameworks.verl.read import separate_of
+
+    assert separate_of(read_launch(files["verl"]))[0].stream is stream

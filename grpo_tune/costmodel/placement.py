@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from grpo_tune.core.errors import ConfigError, InvalidDegreesError
 from grpo_tune.core.phases import Phase
@@ -582,7 +582,7 @@ def stream_shape(
     train_phases: dict[str, float],
     t_train: float,
     placement: Placement,
-) -> dict[str, Any]:
+) -> streaming.StreamShape:
     """:func:`compose_step`'s streaming arguments of a plan (none unless it streams: staleness 0, ``stream``)."""
     if placement.staleness > 0 or not placement.stream:
         return {}

@@ -32,13 +32,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
     from grpo_tune.core.specs import HardwareSpec, ModelSpec
     from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
+
+class StreamShape(TypedDict, total=False):
+    """A streamed step's shape, as ``costmodel.placement.compose_step`` takes it (empty: the step does not stream)."""
+
+    arrivals: list[float]
+    """Each unit's arrival, seconds from the step's start (non-decreasing, the last at the generation's end)."""
+    serial_s: float
+    """Training-pool seconds that wait for the last unit (later PPO epochs, offload, the fixed overhead)."""
+
+
 __all__ = [
+    "StreamShape",
     "even_arrivals",
     "stage_through",
     "streamed_step",

@@ -30,6 +30,7 @@ from grpo_tune.core.strategy import Cluster, Strategy, Workload, divisors
 from grpo_tune.costmodel import placement as P
 from grpo_tune.costmodel.estimate import Estimate
 from grpo_tune.costmodel.params import total_params
+from grpo_tune.costmodel.streaming import StreamShape
 from grpo_tune.costmodel.timing_base import check_calibration
 
 from .candidates import pinned, pinned_number
@@ -207,7 +208,7 @@ def choose_split(
     sync_s: Callable[[int], float],
     staleness: int,
     sync_interval: int = 1,
-    stream: Callable[[int, float, float], dict] | None = None,
+    stream: Callable[[int, float, float], StreamShape] | None = None,
 ) -> list[tuple[float, int]]:
     """Every candidate rollout pool size with its composed step, best first (exact over the candidates:
     ties go to the larger training pool). ``train_s(r)`` prices the training pool left by ``r`` rollout GPUs;
@@ -372,7 +373,7 @@ def _separate(
             return got[0].step_s or math.inf
         return math.inf if work is None else work / pool_of[r].train.gpus  # the work spread over the pool
 
-    def stream_kw(r: int, g: float, t: float) -> dict:
+    def stream_kw(r: int, g: float, t: float) -> StreamShape:
         # the split's units arrive as its best engine generates them; the training pool's serial part follows the
         # reference plan's phases (the repriced plans share its layout's proportions)
         got = gens[(r, False)]
