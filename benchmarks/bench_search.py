@@ -13,6 +13,7 @@ CPU time is the figure that does not depend on what else runs.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import time
 
@@ -26,6 +27,9 @@ except ImportError:  # pragma: no cover - a tree before the move
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Workload
 
+STREAM = (
+    {"stream": True} if "stream" in inspect.signature(search_placement).parameters else {}
+)  # the CLI's default since issue 40 (staleness 0 streamed); absent on older trees, so one script times both
 CASES = [("7b", 8, "h100", 1.0), ("qwen3-30b-a3b", 64, "h100", None), ("deepseek-v3", 512, "h100", 15.0)]
 
 
@@ -62,7 +66,7 @@ def main() -> None:
         for _ in range(args.repeat):
             t0, c0 = time.perf_counter(), time.process_time()
             if args.placement == "auto":
-                pres = search_placement(m, h, cl, Workload(), placement="auto", staleness=1)
+                pres = search_placement(m, h, cl, Workload(), placement="auto", staleness=1, **STREAM)
                 res = pres.colocated
             else:
                 res = search(m, h, cl, Workload(), pins=pins)

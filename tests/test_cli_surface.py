@@ -70,6 +70,7 @@ PLACE = [
     "--rollout-hardware",
     "--staleness",
     "--partial-rollout / --no-partial-rollout",
+    "--stream / --no-stream",
 ]
 
 # Flags of the commands that launch a run from a config (train and profile).

@@ -186,3 +186,48 @@ def test_a_key_the_async_config_moved_is_named_where_it_went():
     rep = diagnose_overrides(["async_training.use_rollout_log_probs=True"], config_name=verl_async.CONFIG_NAME)
     (f,) = [f for f in rep.findings if f.key == "async_training.use_rollout_log_probs"]
     assert f.code == "UNKNOWN_KEY" and f.hint == "did you mean actor_rollout_ref.actor.use_rollout_log_probs?"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_staleness0_stream_is_the_minibatch_fetch(best, stream):
+    """Issue 40: a streamed staleness-0 plan fetches one mini-batch at a time (the trainer starts on the first
+    finished groups); one that does not stream fetches the whole batch; both compose against the wheel."""
+    import dataclasses
+
+    cfg = run_config(best)
+    p = dataclasses.replace(cfg.placement, staleness=0, partial_rollout=False, stream=stream)
+    cfg = dataclasses.replace(cfg, placement=p)
+    tree = verl_async.compose(
+        verl_async.overrides(cfg, model_path="/m", train_files="/t.parquet", val_files="/v.parquet")
+    )
+    at, w = tree["async_training"], cfg.workload
+    units = w.prompts // w.mini_batch
+    assert at["staleness_threshold"] == 0
+    assert (at["require_batches"], at["trigger_parameter_sync_step"]) == ((1, units) if stream else (units, 1))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_staleness0_stream_is_emitted_priced_and_read_back(best, tmp_path, stream):
+    """A staleness-0 plan's stream (issue 40) survives emit -> verl.sh -> diagnose: best.yaml records it, the launch
+    fetches per mini-batch (or the whole batch), diagnose finds no error in it, and reading it back gives the stream."""
+    from grpo_tune.core.placement import Placement
+    from grpo_tune.costmodel.placement import estimate_separate
+
+    f = best.placement
+    e = estimate_separate(
+        model=best.model,
+        hardware=best.hardware,
+        cluster=best.cluster,
+        strategy=best.strategy,
+        workload=best.workload,
+        placement=Placement(mode="separate", rollout_gpus=int(f["rollout_gpus"]), stream=stream),
+    )
+    assert bool(e.placement["stream_units"]) is stream
+    assert run_config(e).placement.stream is stream
+    files = emit(e, tmp_path / "run")
+    rep = diagnose_path(files["verl"])
+    assert not [x for x in rep.findings if x.severity.value == "error"], [x.message for x in rep.findings]
+    from grpo_tune.frameworks.verl.launch import read_launch
+    from grpo_tune.frameworks.verl.read import separate_of
+
+    assert separate_of(read_launch(files["verl"]))[0].stream is stream

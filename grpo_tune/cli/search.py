@@ -549,7 +549,10 @@ def print_placements(res, console: Console) -> None:
             f"({verdict}). Busy = 1 - verl's idle_ratio; tok/$ from the profiles' illustrative prices.",
             highlight=False,
         )
-    if res.separate and all(e.placement["staleness"] == 0 for e in res.separate):
+    best_sep = res.best_separate
+    if best_sep is not None and best_sep.placement.get("stream_units"):
+        console.print(streaming_why(best_sep, res.best_colocated), highlight=False)
+    elif res.separate and all(e.placement["staleness"] == 0 for e in res.separate):
         console.print(
             "staleness 0 (the default): the pools take turns, generation waiting for each update; --staleness 1 "
             "lets them overlap (samples at most one policy version old, importance-weighted)",
@@ -557,6 +560,26 @@ def print_placements(res, console: Console) -> None:
         )
     winner = "separate" if res.best.placement else "colocated"
     console.print(f"winner: {winner} (separate-pool search {res.seconds:.2f} s)", highlight=False)
+
+
+def streaming_why(sep, colocated) -> str:
+    """Why a streamed separate plan wins or loses: its step against the same plan in sequence and the colocated."""
+    f = sep.placement
+    seq, step = float(f["unstreamed_step_s"]), sep.step_s
+    text = (
+        f"staleness 0 (the default), streamed on-policy: the training pool takes each of {f['stream_units']} "
+        f"mini-batches as its groups finish while the rollout pool generates the rest: {step:.1f} s per step "
+        f"against {seq:.1f} s in sequence (gen {f['gen_s']:.1f} + train {f['train_s']:.1f} + "
+        f"sync {f['exposed_sync_s']:.1f} s); "
+    )
+    if colocated is not None:
+        c = colocated.step_s
+        text += (
+            f"the split {'beats' if step < c else 'does not beat'} colocated ({c:.1f} s)"
+            + (" only because it streams" if seq >= c > step else "")
+            + "."
+        )
+    return text + " --no-stream prices the pools in turn; --staleness 1 lets them overlap across steps."
 
 
 def register(app: typer.Typer) -> None:

@@ -42,6 +42,10 @@ class Placement:
     rollout's own log-probs by importance sampling (decoupled PPO; verl's ``rollout_correction.bypass_mode``
     off). ``False``: the rollout's log-probs are the old ones and there is no old log-prob pass (verl
     fully-async's default, ``bypass_mode=True``). ``separate`` only: colocated runs always recompute."""
+    stream: bool = False
+    """Staleness 0 with separate pools: the training pool takes each mini-batch of finished prompt groups as it
+    arrives while the rollout pool generates the rest (verl fully-async's on-policy pipeline); the samples are
+    still all from the step's weights. False: generation, then training, in sequence. ``separate`` only."""
 
     @property
     def separate(self) -> bool:
@@ -76,6 +80,8 @@ def check(p: Placement, where: str = "placement", *, gpus: int | None = None) ->
                 f"{where}: rollout_gpus, rollout_hardware, staleness and partial_rollout need mode 'separate'",
                 hint="colocated rollout shares every GPU with training and is on-policy",
             )
+        if p.stream:
+            raise ConfigError(f"{where}: stream needs mode 'separate'", hint="a colocated step runs its phases in turn")
         if p.recompute_logprobs is not True:
             raise ConfigError(
                 f"{where}: recompute_logprobs false needs mode 'separate'",
@@ -157,6 +163,15 @@ PLACEMENT_KNOBS: tuple[PlacementKnob, ...] = (
         False,
         "Resume unfinished responses under the new weights after a sync (needs --staleness >= 1). Default off.",
     ),
+    PlacementKnob(
+        "stream",
+        "--stream/--no-stream",
+        bool,
+        True,
+        "Separate pools at staleness 0: train each mini-batch of finished groups while the rest generate "
+        "(on-policy). Default on where every chosen framework runs it (verl's fully-async trainer; not NeMo-RL).",
+        pool=False,
+    ),
 )
 
 
@@ -171,6 +186,7 @@ class PlacementAsk:
     rollout_hardware: str | None = None
     staleness: int = 0
     partial_rollout: bool = False
+    stream: bool = True
 
     def __post_init__(self) -> None:
         # every command that takes these options (estimate, search, compare, tune) refuses the same values

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from grpo_tune.core.errors import ConfigError, InvalidDegreesError
 from grpo_tune.core.phases import Phase
@@ -55,7 +55,7 @@ from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 from grpo_tune.core.units import GiB
 
-from . import comm, memory
+from . import comm, memory, streaming
 from .estimate import estimate
 from .results import Estimate, PhaseMemory, PhaseTimes, PoolFigures, SeparateFigures, Throughput, Violation
 from .rollout import DRAIN_POINTS, _DecodeStep, native_rollout_s, response_dist, rollout_s
@@ -692,15 +692,27 @@ def reshard_sync(
 
 
 def compose_step(
-    gen_s: float, train_s: float, sync_s: float, staleness: float, sync_interval: int = 1, first_wait_s: float = 0.0
+    gen_s: float,
+    train_s: float,
+    sync_s: float,
+    staleness: float,
+    sync_interval: int = 1,
+    first_wait_s: float = 0.0,
+    *,
+    arrivals: Sequence[float] | None = None,
+    serial_s: float = 0.0,
 ) -> dict[str, float]:
     """The steady-state step of two pools and each pool's busy fraction.
 
-    staleness 0: ``gen + sync + train`` (in sequence); staleness > 0 (``AsyncKnobs.ahead``):
+    staleness 0: ``gen + sync + train`` (in sequence), or streamed when ``arrivals`` (the units' arrival times,
+    costmodel.streaming) are given: the training pool takes each unit as it arrives, ``serial_s`` of its
+    ``train_s`` waiting for the last; staleness > 0 (``AsyncKnobs.ahead``):
     ``max(gen, train + first_wait) + sync / interval`` (the pools overlap, both stop for the sync, and the trainer
     waits ``first_wait_s`` after each sync for the first fetch the produced-ahead samples do not hold:
     :func:`first_fetch_wait`)."""
-    if staleness <= 0:
+    if staleness <= 0 and arrivals:
+        step = streaming.streamed_step_at(arrivals, (train_s - serial_s) / len(arrivals), serial_s) + sync_s
+    elif staleness <= 0:
         step = gen_s + sync_s + train_s
     else:
         step = max(gen_s, train_s + first_wait_s) + sync_s / sync_interval
@@ -710,6 +722,26 @@ def compose_step(
         "train_busy": train_s / step if step > 0 else 0.0,
         "exposed_sync_s": sync_s if staleness <= 0 else sync_s / sync_interval,
     }
+
+
+def stream_shape(
+    m: ModelSpec,
+    hw_r: HardwareSpec,
+    roll: Cluster,
+    roll_s: Strategy,
+    wl: Workload,
+    cal: dict[str, float],
+    gen_s: float,
+    train_phases: dict[str, float],
+    t_train: float,
+    placement: Placement,
+) -> streaming.StreamShape:
+    """:func:`compose_step`'s streaming arguments of a plan (none unless it streams: staleness 0, ``stream``)."""
+    if placement.staleness > 0 or not placement.stream:
+        return {}
+    units = streaming.units_of(wl.prompts, wl.mini_batch)
+    _, serial = streaming.train_split(train_phases, t_train, wl.ppo_epochs)
+    return {"arrivals": streaming.rollout_arrivals(m, hw_r, roll, roll_s, wl, cal, gen_s, units), "serial_s": serial}
 
 
 def tokens_per_usd(tokens: float, step_s: float, gpu_hours_price: float | None) -> float | None:
@@ -842,7 +874,8 @@ def estimate_separate(
     t_train = train.time.step_s
     if not placement.recompute_logprobs:  # the rollout's log-probs are the old ones: no old log-prob pass
         t_train -= train_phases.pop(Phase.OLD_LOGPROB.value, 0.0)
-    comp = compose_step(g["gen_s"], t_train, sync["sync_s"], knobs.ahead, placement.sync_interval, wait)
+    stream = stream_shape(m, hw_r, ps.rollout, roll_s, wl, cal, g["gen_s"], train_phases, t_train, placement)
+    comp = compose_step(g["gen_s"], t_train, sync["sync_s"], knobs.ahead, placement.sync_interval, wait, **stream)
     step = comp["step_s"]
     phases = {Phase.ROLLOUT.value: g["gen_s"], Phase.WEIGHT_SYNC.value: sync["sync_s"], **train_phases}
     seq = wl.mean_seq_len
@@ -897,6 +930,10 @@ def estimate_separate(
         "drain_s": g["drain_s"],
         "first_wait_s": wait,
         "rollout_tokens_per_s": g["tokens_per_s"],
+        "stream_units": len(stream.get("arrivals", ())),
+        "unstreamed_step_s": compose_step(
+            g["gen_s"], t_train, sync["sync_s"], knobs.ahead, placement.sync_interval, wait
+        )["step_s"],
     }
     details = dict(train.details)
     details.update(

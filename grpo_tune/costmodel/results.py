@@ -70,6 +70,10 @@ class SeparateFigures(PoolFigures):
     """The trainer's wait after each sync for its first fetch."""
     rollout_tokens_per_s: float
     """The rollout pool's sustained decode throughput."""
+    stream_units: int
+    """Units the training pool took as they arrived (costmodel.streaming); 0: the step did not stream."""
+    unstreamed_step_s: float
+    """The same plan's step run in sequence (equal to the step when it did not stream)."""
 
 
 @dataclass(frozen=True)

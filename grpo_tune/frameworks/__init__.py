@@ -190,6 +190,13 @@ def separate_pins(names: Sequence[str], pins: dict[str, object]) -> dict[str, ob
     return pins
 
 
+def can_stream(names: Sequence[str]) -> bool:
+    """Every chosen framework that runs separate pools can stream a staleness-0 step
+    (:attr:`~.base.Framework.streams_within_step`; docs/placement.md says which release does)."""
+    chosen = [f for f in REGISTRY if f.name in names]
+    return bool(chosen) and all(f.streams_within_step for f in chosen)
+
+
 def search_defaults(names: Sequence[str]) -> tuple[str, Mapping[str, object]]:
     """(title, defaults) of the framework whose defaults the search keeps within the model's noise
     (:meth:`~.base.Framework.knob_defaults`): the first chosen one that states them, else the default framework

@@ -6,6 +6,8 @@ prints it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import datetime as _dt
 import json
 from dataclasses import dataclass, field
@@ -58,6 +60,9 @@ def run_compare(req: CompareRequest) -> CompareOutcome:
     from grpo_tune.rundir.report import plot_compare
 
     pins = F.check_pins(req.setup.frameworks, req.pins)
+    place = req.place
+    if place is not None and place.stream and not F.can_stream(req.setup.frameworks):
+        place = dataclasses.replace(place, stream=False)  # issue 40: a stream no chosen framework runs
     cal, cal_hw = None, None
     if req.setup.calibration is not None:
         cal = req.setup.load_calibration()
@@ -72,7 +77,7 @@ def run_compare(req: CompareRequest) -> CompareOutcome:
         min_headroom=req.min_headroom,
         calibration=cal,
         calibration_hardware=cal_hw,
-        place=req.place,
+        place=place,
         stack=req.setup.stack,
     )
     out = req.out
@@ -183,6 +188,7 @@ def _placed(m, hw, cluster, wl, pins, cal, min_headroom, place, colocated):
         rollout_gpus=place.rollout_gpus,
         rollout_hardware=place.rollout_profile(),
         partial_rollout=place.partial_rollout,
+        stream=place.stream,
         pins=pins,
         top=1,
         calibration=cal,

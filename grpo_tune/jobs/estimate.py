@@ -6,6 +6,8 @@ prints it.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
 from grpo_tune.core.placement import Placement, PlacementAsk
@@ -42,6 +44,8 @@ def run_estimate(req: EstimateRequest) -> Estimate:
     strategy = Strategy.from_dict(pins, where="options")
     cal = req.setup.load_calibration(hw.name)
     place = req.place
+    if place.stream and not F.can_stream(req.setup.frameworks):
+        place = dataclasses.replace(place, stream=False)  # a plan no chosen framework runs is not priced
     if place.placement == "colocated" and not place.pool_options:
         return estimate(model=m, hardware=hw, cluster=cluster, strategy=strategy, workload=wl, calibration=cal)
     return _estimate_separate(m, hw, cluster, strategy, wl, cal, place)
@@ -67,6 +71,7 @@ def placement_of(place: PlacementAsk, gpus: int) -> Placement:
         rollout_hardware=place.rollout_hardware,
         staleness=place.staleness,
         partial_rollout=place.partial_rollout,
+        stream=place.stream and mode == "separate" and place.staleness == 0,
     )
     check_fields(p, where="options")
     return p

@@ -182,6 +182,7 @@ def _search_placement(out: SearchOutcome, pins: dict[str, Any], cal: dict[str, f
     frameworks = req.setup.frameworks
     mode = place.require_separate()
     hw_r = place.rollout_profile()
+    from grpo_tune import frameworks as F
     from grpo_tune.frameworks import separate_pins
 
     res = search_placement(
@@ -194,6 +195,7 @@ def _search_placement(out: SearchOutcome, pins: dict[str, Any], cal: dict[str, f
         rollout_gpus=place.rollout_gpus,
         rollout_hardware=hw_r,
         partial_rollout=place.partial_rollout,
+        stream=place.stream and F.can_stream(frameworks),
         pins=separate_pins(frameworks, pins),
         top=req.top,
         calibration=cal,

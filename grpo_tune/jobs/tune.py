@@ -6,6 +6,8 @@ folder with the tuned file, and (when separate pools are allowed) propose a spli
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -140,6 +142,8 @@ def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = No
             frameworks=(fw.name,),
             extra={tuned_name: (tuned, mode)},
         )
+    if place.stream and not fw.streams_within_step:  # issue 40: a stream the launch's framework cannot run
+        place = dataclasses.replace(place, stream=False)
     out.split = _propose_split(plan, res, place, req.pins, cal, req.min_headroom) if place.allows_split else None
     if out.split is not None and req.emit:
         out.split_dir, out.split_files = emit_run(
@@ -232,6 +236,7 @@ def _propose_split(
         rollout_gpus=place.rollout_gpus,
         rollout_hardware=place.rollout_profile(),
         partial_rollout=place.partial_rollout,
+        stream=place.stream,
         pins=pins,
         calibration=cal,
         min_headroom=min_headroom,

@@ -85,6 +85,7 @@ def placement_of(est: Estimate):
         partial_rollout=bool(f["partial_rollout"]),
         sync_interval=int(f["sync_interval"]),
         recompute_logprobs=bool(f.get("recompute_logprobs", True)),
+        stream=bool(f.get("stream_units", 0)),
     )
 
 

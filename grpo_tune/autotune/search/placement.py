@@ -30,6 +30,7 @@ from grpo_tune.core.strategy import Cluster, Strategy, Workload, divisors
 from grpo_tune.costmodel import placement as P
 from grpo_tune.costmodel.estimate import Estimate
 from grpo_tune.costmodel.params import total_params
+from grpo_tune.costmodel.streaming import StreamShape
 from grpo_tune.costmodel.timing_base import check_calibration
 
 from .candidates import pinned, pinned_number
@@ -172,6 +173,10 @@ def rollout_options(m: ModelSpec, hw: HardwareSpec, roll: Cluster, pins: Mapping
     ]
 
 
+_ENGINE_BASE = ("max_num_batched_tokens", "chunked_prefill")
+"""The pinned engine knobs a rollout pool's strategy starts from (the rest are each option's)."""
+
+
 def best_rollout(
     m: ModelSpec,
     hw: HardwareSpec,
@@ -186,7 +191,7 @@ def best_rollout(
     pool runs ahead (costmodel.placement.AsyncKnobs; None: the synchronous batch, or partial rollout at one batch
     ahead)."""
     best: tuple[tuple[float, float], EngineOption, float] | None = None
-    base = Strategy.of(**{k: v for k, v in pins.items() if k in ("max_num_batched_tokens", "chunked_prefill")})
+    base = Strategy.of(**{k: v for k, v in pins.items() if k in _ENGINE_BASE})
     for opt in rollout_options(m, hw, roll, pins):
         s = P.rollout_strategy(base.replace(**opt))
         _, viol = P.rollout_memory(m, hw, roll, s, wl)
@@ -206,16 +211,19 @@ def choose_split(
     sync_s: Callable[[int], float],
     staleness: int,
     sync_interval: int = 1,
+    stream: Callable[[int, float, float], StreamShape] | None = None,
 ) -> list[tuple[float, int]]:
     """Every candidate rollout pool size with its composed step, best first (exact over the candidates:
     ties go to the larger training pool). ``train_s(r)`` prices the training pool left by ``r`` rollout GPUs;
-    an infinite time marks a split with no plan."""
+    an infinite time marks a split with no plan. ``stream(r, gen_s, train_s)``: compose_step's streaming
+    arguments of a split (staleness 0 only; costmodel.streaming)."""
     out = []
     for r in candidates:
         g, t = gen_s(r), train_s(r)
         if not (math.isfinite(g) and math.isfinite(t)):
             continue
-        out.append((P.compose_step(g, t, sync_s(r), staleness, sync_interval)["step_s"], r))
+        kw = stream(r, g, t) if stream is not None and staleness == 0 else {}
+        out.append((P.compose_step(g, t, sync_s(r), staleness, sync_interval, **kw)["step_s"], r))
     out.sort()
     return out
 
@@ -232,6 +240,7 @@ def search_placement(
     rollout_hardware: HardwareSpec | None = None,
     partial_rollout: bool | None = None,
     recompute_logprobs: bool = True,
+    stream: bool = False,
     pins: Mapping[str, object] | None = None,
     top: int = 10,
     calibration: dict[str, float] | None = None,
@@ -270,6 +279,7 @@ def search_placement(
                 colocated_train_s=_train_part(res.best_colocated),
                 colocated_seeds=None if res.colocated is None else res.colocated.ranked,
                 recompute_logprobs=recompute_logprobs,
+                stream=stream,
             )
         except GrpoTuneError:
             if placement == "separate":
@@ -304,6 +314,7 @@ def _separate(
     colocated_train_s=None,
     colocated_seeds=None,
     recompute_logprobs=True,
+    stream=False,
 ):
     from grpo_tune.autotune.search.driver import search
 
@@ -381,6 +392,21 @@ def _separate(
             return got[0].step_s or math.inf
         return math.inf if work is None else work / pool_of[r].train.gpus  # the work spread over the pool
 
+    def stream_kw(r: int, g: float, t: float) -> StreamShape:
+        # the split's units arrive as its best engine generates them; the training pool's serial part follows the
+        # reference plan's phases (the repriced plans share its layout's proportions)
+        got = gens[(r, False)]
+        tr = repriced(r)
+        if got is None or not tr or tr[0].time is None:
+            return {}
+        opt, _ = got
+        rs = P.rollout_strategy(Strategy.of(**{k: v for k, v in pins.items() if k in _ENGINE_BASE}).replace(**opt))
+        pl = P.Placement(mode="separate", rollout_gpus=r, stream=True, recompute_logprobs=recompute_logprobs)
+        phases = dict(tr[0].time.phases)
+        if not recompute_logprobs:
+            phases.pop("old_logprob", None)
+        return P.stream_shape(m, hw_r, pool_of[r].rollout, rs, wl, cal, g, phases, t, pl)
+
     splits = []
     keep: set[int] = set()
     _order0: list[tuple[float, int]] = []
@@ -391,6 +417,7 @@ def _separate(
             train_time,
             lambda r: sync0.get(r, 0.0),
             k,
+            stream=stream_kw if stream else None,
         )
         for step, r in order:
             splits.append({"rollout_gpus": r, "staleness": k, "step_s": step})
@@ -429,6 +456,7 @@ def _separate(
                 staleness=k,
                 partial_rollout=partial_for[k],
                 recompute_logprobs=recompute_logprobs,
+                stream=stream and k == 0,
             )
             best_e = None
             for te in tr[:3]:

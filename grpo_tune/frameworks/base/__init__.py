@@ -80,6 +80,9 @@ class Framework(ABC):
     name: ClassVar[str]
     title: ClassVar[str]
     """The name as its users write it in prose (``NeMo-RL``)."""
+    streams_within_step: ClassVar[bool] = False
+    """Its separate pools can stream a staleness-0 step: the trainer takes each mini-batch of finished prompt
+    groups while the rest generate (costmodel.streaming). False: it waits for the whole step's batch."""
     release: ClassVar[str]
     always: ClassVar[bool] = False
     """Written into every run folder, whatever ``--framework`` selects (Megatron-LM's flags are)."""

@@ -12,6 +12,8 @@ from grpo_tune.frameworks.megatron_lm.args import megatron_args_text
 class MegatronLM(Framework):
     name = "megatron-lm"
     title = "Megatron-LM"
+    streams_within_step = True
+    """It emits the training pool's flags only: how the pools meet is the orchestrator's (verl's) choice."""
     release = "000c4ac"  # the Megatron-LM commit its flag list (data/) was read from
     always = True
 

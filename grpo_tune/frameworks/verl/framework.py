@@ -26,6 +26,9 @@ from grpo_tune.frameworks.verl.snapshot import VERL_VERSION
 class Verl(Framework):
     name = "verl"
     title = "verl"
+    streams_within_step = True
+    """verl 0.9.1's fully-async trainer at ``staleness_threshold=0`` fetches ``require_batches`` mini-batches at a
+    time while the rollouter generates the rest of the parameter version (docs/placement.md)."""
     release = VERL_VERSION
 
     def launch_files(self, cfg: RunConfig, run_dir: Path) -> list[LaunchFile]:

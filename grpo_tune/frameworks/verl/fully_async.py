@@ -13,7 +13,10 @@ How a separate plan maps to its keys (the asserts it must pass are in the rollou
 ``rollout.n_gpus_per_node`` the rollout pool; ``data.train_batch_size=0`` and ``data.gen_batch_size=1``
 (asserted), ``rollout.total_rollout_steps`` = prompts x steps; one grpo-tune step is one parameter
 version: ``async_training.trigger_parameter_sync_step`` = prompts / mini_batch x sync interval with
-``require_batches=1``; ``staleness_threshold`` = K (the rollouter runs at most K batches ahead);
+``require_batches=1`` (the trainer takes each mini-batch as it arrives: at staleness 0 the on-policy stream that
+costmodel.streaming prices; a staleness-0 plan with ``stream: false`` fetches the whole batch, ``require_batches``
+= prompts / mini_batch, one fetch per version); ``staleness_threshold`` = K (the rollouter runs at most K batches
+ahead);
 ``partial_rollout``; vLLM stays awake (``free_cache_engine=False``), weights move by the NCCL checkpoint
 engine; the proximal log-probs are recomputed (``rollout_correction.bypass_mode=False``) and corrected
 with token-level truncated importance sampling (``rollout_is=token``, threshold 2.0), as grpo-tune's own
@@ -73,6 +76,8 @@ def pool_keys(cfg: RunConfig) -> dict[str, object]:
     p, w, c = cfg.placement, cfg.workload, cfg.cluster
     ps = pools(c, p.rollout_gpus)
     aro = table.ARO
+    units = w.prompts // w.mini_batch
+    fetch_each = p.stream or p.staleness > 0  # issue 40: the on-policy stream is verl's mini-batch fetch
     return {
         "trainer.nnodes": ps.train.gpus // ps.train.gpus_per_node,
         "trainer.n_gpus_per_node": ps.train.gpus_per_node,
@@ -83,8 +88,10 @@ def pool_keys(cfg: RunConfig) -> dict[str, object]:
         "data.train_batch_size": 0,
         "data.gen_batch_size": 1,
         "async_training.staleness_threshold": float(p.staleness),
-        "async_training.trigger_parameter_sync_step": (w.prompts // w.mini_batch) * p.sync_interval,
-        "async_training.require_batches": 1,
+        # streaming (and any staleness > 0): the trainer fetches one mini-batch at a time, trigger_parameter_sync_step
+        # of them per version; a staleness-0 plan that does not stream fetches the whole batch at once
+        "async_training.trigger_parameter_sync_step": (units if fetch_each else 1) * p.sync_interval,
+        "async_training.require_batches": 1 if fetch_each else units,
         # a sample is a prompt with its n responses: vLLM's max_num_seqs sequences per replica
         "async_training.concurrent_samples_per_replica": max(1, -(-cfg.strategy.rollout.max_num_seqs // w.n)),
         "async_training.partial_rollout": bool(p.partial_rollout),

@@ -194,6 +194,11 @@ POSITIONS_KEY = f"{ARO}.model.override_config.max_position_embeddings"
 """verl's override of the HF config's positions (verl's DAPO recipes raise Qwen2.5-Math-7B's 4,096 to 32,768)."""
 
 
+def _streams(trigger: object) -> bool:
+    """A staleness-0 fully-async launch with more than one fetch per parameter version streams (issue 40)."""
+    return _is_int(trigger) and trigger > 1
+
+
 def separate_of(launch: Launch) -> tuple[Placement, int, int]:
     """A separate-pool launch's placement and its rollout pool: (Placement, rollout GPUs, rollout GPUs per node).
     Fully-async: staleness ``ceil(staleness_threshold)``, its partial rollout; one-step-off: staleness 1."""
@@ -225,6 +230,8 @@ def separate_of(launch: Launch) -> tuple[Placement, int, int]:
             staleness=stale,
             partial_rollout=partial and stale > 0,
             recompute_logprobs=recomputes_logprobs(launch.get),
+            # issue 40: at staleness 0, more than one fetch per parameter version is the on-policy stream
+            stream=stale == 0 and _streams(launch.get("async_training.trigger_parameter_sync_step")),
         ),
         rg * rn,
         rg,

@@ -1,0 +1,212 @@
+"""Streaming within a step: separate pools at staleness 0 that overlap generation and training.
+
+With separate rollout and training pools, an on-policy (staleness 0) step need not run its stages strictly in
+sequence: the training pool can take the first finished *units* (mini-batches of whole prompt groups, as verl's
+fully-async trainer fetches ``require_batches x ppo_mini_batch_size`` samples at a time) while the rollout pool
+generates the rest. Every sample of the step is still produced by the weights of the step's start (the rollout
+pool gets new weights only at the sync after the last unit is trained), so the update is exactly the colocated
+step's mini-batch sequence: on-policy in the same sense, with no staleness.
+
+The step is a two-stage pipeline over ``units`` items. Unit ``i`` (1-based) is ready at ``a_i`` seconds (its
+*arrival*: when its last response ends); the training pool processes units in order, each for ``t`` seconds;
+after the last unit the training pool runs what cannot stream (``serial_s``: later PPO epochs, offload, the
+step's fixed overhead). So the step ends at ``max_i(a_i + (units - i + 1) x t) + serial_s``.
+
+- With evenly spaced arrivals (``a_i = i x g``) this is the pipeline formula ``g + t + (units - 1) x max(g, t)``:
+  one unit of warm-up plus the slower side per unit (RLinf's ``toolkits/auto_placement/placement.py``
+  ``DisaggregatedScheduleResult`` with one warm-up group; StreamRL's stream generation).
+- The tail: the last unit ends with the batch's longest response, ``tail_s`` after the even spacing would put it.
+- Bounds (for non-decreasing arrivals whose last is the generation's end ``G``): the step is never more than the
+  sequential ``G + units x t + serial_s`` and never less than the slower pool alone, ``max(G, units x t)``.
+
+:func:`unit_arrivals` turns the rollout's own physics (costmodel.rollout: a steady phase while queued sequences
+refill the freed slots, then a drain through the length distribution) into arrival times: during the steady
+phase units complete at an even rate; in the drain a prompt group completes when its longest response does, so
+the fraction of the in-flight groups done by response position ``j`` is ``(1 - S(j))^n``. A batch whose responses
+all have the maximum length and all run at once completes at one instant, and then nothing streams.
+
+Pure float math, no torch; nothing here reads a profile.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from grpo_tune.core.specs import HardwareSpec, ModelSpec
+    from grpo_tune.core.strategy import Cluster, Strategy, Workload
+
+
+class StreamShape(TypedDict, total=False):
+    """A streamed step's shape, as ``costmodel.placement.compose_step`` takes it (empty: the step does not stream)."""
+
+    arrivals: list[float]
+    """Each unit's arrival, seconds from the step's start (non-decreasing, the last at the generation's end)."""
+    serial_s: float
+    """Training-pool seconds that wait for the last unit (later PPO epochs, offload, the fixed overhead)."""
+
+
+__all__ = [
+    "StreamShape",
+    "even_arrivals",
+    "stage_through",
+    "streamed_step",
+    "streamed_step_at",
+    "units_of",
+    "unit_arrivals",
+    "train_split",
+    "rollout_arrivals",
+]
+
+
+def streamed_step_at(arrivals: Sequence[float], train_unit_s: float, serial_s: float = 0.0) -> float:
+    """Seconds of a streamed step: units arriving at ``arrivals`` (seconds from the step's start, non-decreasing),
+    each trained for ``train_unit_s`` in order, then ``serial_s`` of work that waits for every unit."""
+    n = len(arrivals)
+    if n == 0:
+        return serial_s
+    end = 0.0
+    for a in arrivals:  # the training pool takes unit i when it has arrived and unit i-1 is done
+        end = max(end, a) + train_unit_s
+    return end + serial_s
+
+
+def stage_through(arrivals: Sequence[float], unit_s: float) -> list[float]:
+    """Completion times of units arriving at ``arrivals`` through one more in-order stage of ``unit_s`` each:
+    the arrivals of the stage after it (a chain of pools, each taking the previous one's units as they end)."""
+    out, end = [], 0.0
+    for a in arrivals:
+        end = max(end, a) + unit_s
+        out.append(end)
+    return out
+
+
+def even_arrivals(gen_unit_s: float, units: int, tail_s: float = 0.0, warmup_s: float | None = None) -> list[float]:
+    """Arrivals of ``units`` units generated ``gen_unit_s`` apart, the first at ``warmup_s`` (default one unit),
+    the last ``tail_s`` late (the batch's longest response)."""
+    first = gen_unit_s if warmup_s is None else warmup_s
+    out = [first + i * gen_unit_s for i in range(units)]
+    if out:
+        out[-1] += tail_s
+    return out
+
+
+def streamed_step(
+    gen_unit_s: float, train_unit_s: float, units: int, tail_s: float = 0.0, serial_s: float = 0.0
+) -> float:
+    """The streamed step of evenly generated units: ``max(g + n t, n g + tail + t) + serial``, which is one unit of
+    warm-up plus the slower side per unit, ``g + t + (n - 1) max(g, t)``, when there is no tail."""
+    if units < 1:
+        raise ValueError(f"units must be >= 1, got {units}")
+    return streamed_step_at(even_arrivals(gen_unit_s, units, tail_s), train_unit_s, serial_s)
+
+
+def units_of(prompts: int, mini_batch: int, require_batches: int = 1) -> int:
+    """Units a step streams in: the trainer fetches ``require_batches`` mini-batches of whole prompt groups at a
+    time (verl's ``required_samples = ppo_mini_batch_size x require_batches``)."""
+    per = max(1, mini_batch * max(1, require_batches))
+    return max(1, prompts // per)
+
+
+def train_split(phases: dict[str, float], step_s: float, ppo_epochs: int) -> tuple[float, float]:
+    """(streamable seconds, serial seconds) of a training pool's step: the log-prob passes and the first epoch
+    of the update stream with the units; later epochs need every unit, and what is not a pass (offload, the
+    step's fixed overhead) runs after the last. ``phases``: the pool's phases (costmodel.timing names)."""
+    logprob = phases.get("old_logprob", 0.0) + phases.get("ref_logprob", 0.0)
+    upd = phases.get("update", 0.0)
+    first = upd / max(1, ppo_epochs)
+    streamable = logprob + first
+    return streamable, max(0.0, step_s - streamable)
+
+
+def unit_arrivals(
+    *,
+    gen_s: float,
+    start_s: float,
+    steady_s: float,
+    steady_fraction: float,
+    survival: Callable[[float], float],
+    longest: float,
+    n: int,
+    units: int,
+) -> list[float]:
+    """Arrival times of ``units`` equal units of prompt groups from a synchronous rollout.
+
+    ``start_s``: before any response can end (prefill, the engine's fixed overhead); ``steady_s``: the steady
+    phase, during which ``steady_fraction`` of the groups complete at an even rate; then the drain, to
+    ``gen_s``, through which the rest complete as ``(1 - S(j))^n`` of them by response position ``j`` (``S`` =
+    ``survival``, ``j`` running from 0 to ``longest`` over the drain). The last unit arrives at ``gen_s``."""
+    if units < 1:
+        raise ValueError(f"units must be >= 1, got {units}")
+    q = min(max(steady_fraction, 0.0), 1.0)
+    drain_s = max(0.0, gen_s - start_s - steady_s)
+    out = []
+    for i in range(1, units):
+        f = i / units
+        if q > 0 and f <= q:
+            out.append(start_s + steady_s * f / q)
+            continue
+        want = (f - q) / (1.0 - q) if q < 1 else 1.0
+        lo, hi = 0.0, longest
+        if (1.0 - survival(hi)) ** n < want:
+            out.append(gen_s)  # the groups still running hold the rest until the end
+            continue
+        for _ in range(40):  # bisection: (1 - S(j))^n is non-decreasing in j
+            mid = 0.5 * (lo + hi)
+            if (1.0 - survival(mid)) ** n >= want:
+                hi = mid
+            else:
+                lo = mid
+        frac = hi / longest if longest > 0 else 1.0
+        out.append(start_s + steady_s + drain_s * frac)
+    out.append(gen_s)
+    return [min(a, gen_s) for a in out]
+
+
+def sequential_step(gen_s: float, train_s: float) -> float:
+    """The unstreamed step of two pools at staleness 0 (before the sync): generation, then training."""
+    return gen_s + train_s
+
+
+def check_bounds(step: float, gen_s: float, train_s: float) -> bool:
+    """The streamed step lies between the slower pool alone and the sequential sum (a tolerance of 1e-9 s)."""
+    return max(gen_s, train_s) - 1e-9 <= step <= gen_s + train_s + 1e-9 and math.isfinite(step)
+
+
+def rollout_arrivals(
+    m: ModelSpec,
+    hw: HardwareSpec,
+    cluster: Cluster,
+    s: Strategy,
+    wl: Workload,
+    cal: dict[str, float],
+    gen_s: float,
+    units: int,
+) -> list[float]:
+    """:func:`unit_arrivals` of a rollout pool's synchronous batch (costmodel.rollout's phases: prefill, the
+    steady phase while queued sequences refill the slots, the drain to the batch's longest response). On a
+    profile that samples natively (the CPU trainer's forward-only engine) every response runs to the maximum,
+    so every unit arrives at the end."""
+    from .rollout import response_dist, rollout_s
+
+    if units <= 1 or hw.native_rollout:
+        return [gen_s] * max(1, units)
+    rs = rollout_s(m, hw, cluster, s, wl, cal)
+    replicas = max(1, cluster.gpus // s.rollout.rollout_tp)
+    seqs = wl.prompts * wl.n / replicas
+    d = response_dist(wl)
+    conc = rs["concurrency"]
+    steady = max(0.0, seqs - conc) * d.mean_len / conc * rs["decode_step_s"]
+    start = max(0.0, gen_s - rs["decode_s"])
+    return unit_arrivals(
+        gen_s=gen_s,
+        start_s=start,
+        steady_s=steady,
+        steady_fraction=max(0.0, seqs - conc) / seqs if seqs > 0 else 0.0,
+        survival=d.survival,
+        longest=rs["longest_response"],
+        n=wl.n,
+        units=units,
+    )
