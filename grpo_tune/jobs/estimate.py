@@ -6,7 +6,6 @@ prints it.
 
 from __future__ import annotations
 
-import dataclasses
 
 from dataclasses import dataclass
 
