@@ -259,6 +259,8 @@ def _print_separate(o: TuneOutcome, *, json_out: bool) -> None:
                     "current": cur.to_dict(),
                     "best": best.to_dict(),
                     "gain": gain,
+                    "overrides": {k: {"old": a, "new": b} for k, (a, b) in sep.changes.items()},
+                    "notes": o.notes,
                     "run_dir": None if run_dir is None else str(run_dir),
                     "files": {n: str(v) for n, v in files.items()},
                 },
@@ -289,6 +291,13 @@ def _print_separate(o: TuneOutcome, *, json_out: bool) -> None:
         c.print("no faster separate plan found: keep the launch", highlight=False)
     else:
         c.print(f"[bold]best:[/] {line(best)} ({gain:.2f}x)", highlight=False)
+        for note in o.notes:
+            c.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+        c.print("keys that change or are added:")
+        from grpo_tune.frameworks.verl.script import diff_lines
+
+        for ln in diff_lines(sep.changes):
+            c.print(f"[{'red' if ln.startswith('-') else 'green'}]{escape(ln)}[/]", highlight=False, soft_wrap=True)
     if run_dir is not None:
         c.print(
             f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))}): "

@@ -50,8 +50,12 @@ class SeparateTune:
 
     current: Estimate
     best: Estimate
-    """``current`` when no faster separate plan was found."""
+    """``current`` when no faster separate plan was found; else the edited file read back and priced."""
     gain: float
+    changes: dict[str, tuple[object, object]] = field(default_factory=dict)
+    """Key -> (old, new) for every key the tuned file changes or adds."""
+    found: Estimate | None = None
+    """The search's best separate plan (``best`` is what the edited file runs, read back)."""
 
 
 @dataclass
@@ -140,6 +144,7 @@ def _tune_separate(out: TuneOutcome, cal: dict[str, float] | None) -> None:
     within what it runs."""
     import dataclasses
 
+    from grpo_tune.autotune import tune as T
     from grpo_tune.rundir.emit import emit_run
     from grpo_tune.autotune.search.placement import search_placement
     from grpo_tune.costmodel.placement import estimate_separate
@@ -183,11 +188,68 @@ def _tune_separate(out: TuneOutcome, cal: dict[str, float] | None) -> None:
     )
     found = res.best_separate
     cur_s = float(cur.step_s or float("inf"))
-    best = found if found is not None and float(found.step_s or float("inf")) < cur_s else cur
+    best, changes, notes = cur, {}, []
+    tuned: tuple[str, str, int] | None = None
+    if found is not None and float(found.step_s or float("inf")) < cur_s:
+        name, text, mode, changes, notes = fw.separate_tuned_file(plan, found, Path(req.out))
+        back = _reread_separate(out, found, cal, hw_r) if changes else None
+        if back is not None and float(back.step_s or float("inf")) < cur_s * (1 - T.MIN_GAIN):
+            best, tuned = back, (name, text, mode)
+        else:
+            changes, notes = {}, []
+    if tuned is None:  # nothing worth changing: the file as the user wrote it (verl: with refused keys fixed)
+        name, text, mode = fw.tuned_file(plan, {}, Path(req.out))
+        tuned = (name, text, mode)
     gain = cur_s / float(best.step_s or float("inf"))
-    out.separate = SeparateTune(current=cur, best=best, gain=gain)
+    out.separate = SeparateTune(current=cur, best=best, gain=gain, changes=changes, found=found)
+    out.notes = list(notes)
     if req.emit:
-        out.run_dir, out.files = emit_run(best, out=req.out, meta=req.meta(), frameworks=(fw.name,))
+        out.run_dir, out.files = emit_run(
+            best, out=req.out, meta=req.meta(), frameworks=(fw.name,), extra={tuned[0]: (tuned[1], tuned[2])}
+        )
+
+
+def _reread_separate(out: TuneOutcome, found: Estimate, cal: dict[str, float] | None, hw_r) -> Estimate | None:
+    """The edited file for ``found`` written to a scratch folder, read back as tune reads a launch, and priced: the
+    plan the tuned file runs (values computed at run time stay the user's). None when it does not read back."""
+    import dataclasses
+    import tempfile
+
+    from grpo_tune.core.errors import GrpoTuneError
+    from grpo_tune.costmodel.placement import estimate_separate
+    from grpo_tune.frameworks import read_plan
+
+    req, plan, fw = out.request, out.plan, out.framework
+    with tempfile.TemporaryDirectory(prefix="grpo-tune-tuned-") as d:
+        name, text, _mode, _ch, _notes = fw.separate_tuned_file(plan, found, Path(d))
+        (Path(d) / "run").mkdir()
+        f = Path(d) / "run" / name
+        f.write_text(text)
+        try:
+            p2 = read_plan(
+                f,
+                [],
+                model=req.model,
+                hardware=req.hardware,
+                prompt_len_mean=req.prompt_len_mean,
+                response_len_mean=req.response_len_mean,
+                stack=req.setup.stack,
+            )
+        except GrpoTuneError:
+            return None
+    if p2 is None or p2.placement is None:
+        return None
+    p = p2.placement if hw_r is None else dataclasses.replace(p2.placement, rollout_hardware=hw_r.name)
+    return estimate_separate(
+        model=p2.model,
+        hardware=p2.hardware,
+        cluster=p2.cluster,
+        strategy=p2.strategy,
+        workload=p2.workload,
+        placement=p,
+        rollout_hardware=hw_r,
+        calibration=cal,
+    )
 
 
 def _propose_split(

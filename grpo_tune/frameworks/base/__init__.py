@@ -48,13 +48,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from grpo_tune.core.config import RunConfig
 from grpo_tune.core.strategy import Strategy, Workload
 from grpo_tune.frameworks.base.findings import Report
 from grpo_tune.frameworks.base.plan import LaunchPlan
 from grpo_tune.frameworks.base.runlog import RunLog
+
+if TYPE_CHECKING:
+    from grpo_tune.costmodel.estimate import Estimate
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,13 @@ class Framework(ABC):
     def separate_written_of(self, plan: LaunchPlan) -> str:
         """:attr:`separate_written` for this file."""
         return self.separate_written
+
+    def separate_tuned_file(
+        self, plan: LaunchPlan, best: Estimate, run_parent: Path
+    ) -> tuple[str, str, int, dict[str, tuple[object, object]], list[str]]:
+        """A separate-pool file edited to run ``best`` (its plan and pools), for a run folder directly below
+        ``run_parent``: (name, text, mode, changes key -> (old, new), notes). Only the keys tune prices change."""
+        raise NotImplementedError(f"{self.name} has no separate-pool editor")
 
     tune_label: ClassVar[str] = ""
     """Said after the file's path in tune's header (`` (NeMo-RL recipe)``)."""

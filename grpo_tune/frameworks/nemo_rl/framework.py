@@ -134,9 +134,19 @@ class NemoRL(Framework):
 
     tune_label = " (NeMo-RL recipe)"
     separate_label = "NeMo-RL recipe with a separate generation pool"
-    separate_written = (
-        "its nemo_rl.yaml is the whole recipe, generation pool included (no tuned.yaml for separate recipes)"
-    )
+    separate_written = "tuned.yaml is your recipe (its defaults) with the keys that change"
+
+    def separate_tuned_file(self, plan: LaunchPlan, best, run_parent: Path):
+        """tuned.yaml for a separate plan: ``defaults:`` naming the user's recipe, then the priced keys that change
+        (the policy's plan, the generation pool and the staleness, with what NeMo-RL's async GRPO asserts)."""
+        from grpo_tune.frameworks.nemo_rl import table, tune
+        from grpo_tune.rundir.emit import placement_of
+
+        r = cast(recipe.Recipe, plan.launch)
+        new = {**tune.keys_for(best.strategy, plan.model), **table.write_placement(placement_of(best), best.cluster)}
+        changes = {k: (r.get(k), v) for k, v in new.items() if not _same(r.get(k), v)}
+        text = tune.tuned_text(r, changes, run_parent / "run")
+        return "tuned.yaml", text, 0o644, changes, []
 
     def tune_constraints(self) -> Mapping[str, object]:
         return CONSTRAINTS
@@ -163,6 +173,12 @@ class NemoRL(Framework):
         # any run folder directly below run_parent names the recipe by the same relative path
         text = tune.tuned_text(cast(recipe.Recipe, plan.launch), dict(changes), run_parent / "run")
         return "tuned.yaml", text, 0o644
+
+
+def _same(a: object, b: object) -> bool:
+    from grpo_tune.autotune.tune import _same as same
+
+    return same(a, b)
 
 
 def _norm(v: object) -> object:

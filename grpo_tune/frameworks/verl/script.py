@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from grpo_tune.frameworks.verl import diagnose as D
@@ -156,9 +156,15 @@ def runtime_notes(launch: Launch, changes: Changes) -> list[str]:
     ]
 
 
-def tuned_text(launch: Launch, changes: Changes, fixes: dict[str, tuple[str, str] | None] | None = None) -> str:
+def tuned_text(
+    launch: Launch,
+    changes: Changes,
+    fixes: dict[str, tuple[str, str] | None] | None = None,
+    declared: Callable[[str], bool] | None = None,
+) -> str:
     """The launch with each changed override rewritten in place; keys it did not set are added after its
-    last override. ``fixes`` (:func:`key_fixes`) first renames or drops the keys verl refuses, and a comment at
+    last override (with ``+`` unless ``declared(key)``: the trainer's config has it; verl's base config by
+    default). ``fixes`` (:func:`key_fixes`) first renames or drops the keys verl refuses, and a comment at
     the top says so. Everything else (paths, env, comments, unrelated keys) is left byte for byte."""
     lines = launch.text.split("\n")
     first: dict[str, Override] = {}
@@ -180,7 +186,8 @@ def tuned_text(launch: Launch, changes: Changes, fixes: dict[str, tuple[str, str
     for key, (_old, new) in changes.items():
         ov = launch.values.get(key)
         if ov is None or ov.line is None:
-            plus = "+" if verl.key_status(key) != "declared" else ""
+            known = declared(key) if declared is not None else verl.key_status(key) == "declared"
+            plus = "" if known else "+"
             missing.append(_token(plus, key, new))
             continue
         hit = _find(lines, ov.line, key)
