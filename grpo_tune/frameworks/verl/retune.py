@@ -159,3 +159,29 @@ def edited_launch(launch: Launch, edit: SeparateEdit) -> str:
     at = 1 if lines and lines[0].startswith("#!") else 0
     lines.insert(at, f"# grpo-tune tune: this launch now runs verl's fully-async trainer ({fully_async.ENTRY})")
     return "\n".join(lines)
+
+
+SWITCH_KEYS = (
+    f"{ARO}.hybrid_engine",
+    "data.train_batch_size",
+    "data.gen_batch_size",
+    f"{ROLLOUT}.calculate_log_probs",
+    f"{ROLLOUT}.free_cache_engine",
+    f"{ROLLOUT}.checkpoint_engine.backend",
+    "rollout.n",
+    "rollout.total_rollout_steps",
+    "async_training.require_batches",
+    "algorithm.rollout_correction.bypass_mode",
+)
+"""What a switch to the fully-async trainer adds besides the priced keys (what it asserts, the same workload)."""
+
+
+def priced_keys() -> frozenset[str]:
+    """Every verl key tune may change: the keys the table writes for the searched plan fields, the pools and the
+    async schedule. The contract (tests/test_tune_contract.py): any other key of the user's launch is left as is
+    (a trainer switch adds :data:`SWITCH_KEYS` too, each listed)."""
+    from grpo_tune.frameworks.base.plan import SEARCHED
+    from grpo_tune.frameworks.verl import table
+
+    keys = {k.lstrip("+") for r in table.rows("strategy") if r.field in (*SEARCHED, "recompute_layers") for k in r.keys}
+    return frozenset(keys | set(POOL_KEYS) | {ST, TRIGGER, PARTIAL})
