@@ -371,7 +371,20 @@ def _summary(plan, r: R.Recipe, memory, placement=None, train=None) -> Summary:
         "memory": memory,
         "framework": f"NeMo-RL {snap.RELEASE}",
         "defaults": r.parents,
-        **({"placement": placement.to_dict(), "train_gpus": train.gpus if train else None} if sep else {}),
+        **({"placement": _placement(placement, c, train), "train_gpus": train.gpus if train else None} if sep else {}),
+    }
+
+
+def _placement(placement, c, train) -> dict[str, object]:
+    """The separate pools as the summary shows them: each pool's GPUs and GPUs per node, NeMo-RL's schedule."""
+    one_node = c.nnodes == 1
+    return {
+        **placement.to_dict(),
+        "rollout_gpus_per_node": placement.rollout_gpus if one_node else c.gpus_per_node,
+        "train_gpus": train.gpus if train else c.gpus - placement.rollout_gpus,
+        "train_gpus_per_node": train.gpus_per_node if train else c.gpus_per_node,
+        "shared_nodes": one_node,
+        "trainer": "NeMo-RL async GRPO" if placement.staleness > 0 else "NeMo-RL GRPO, non-colocated",
     }
 
 
