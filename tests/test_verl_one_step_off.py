@@ -192,7 +192,8 @@ def test_a_plan_one_step_off_cannot_run_switches_the_users_launch_to_fully_async
         assert tree[k] == v, (k, tree[k])
     assert tree["data.train_batch_size"] == 0 and tree["data.gen_batch_size"] == 1
     assert tree["actor_rollout_ref.hybrid_engine"] is False and tree["actor_rollout_ref.rollout.calculate_log_probs"]
-    assert tree["rollout.n"] == 12 and tree["rollout.total_rollout_steps"] == 512 * 100
+    assert tree["actor_rollout_ref.rollout.mode"] == "async"  # the rollouter asserts it (0.9.1's default)
+    assert tree["actor_rollout_ref.rollout.n"] == 12 and tree["rollout.total_rollout_steps"] == 512 * 100
     assert tree["async_training.trigger_parameter_sync_step"] * 32 == 512  # a parameter version per 512 prompts
     for k, v in d["overrides"].items():
         assert tree[k] == v["new"], k

@@ -47,7 +47,7 @@ def render(report: Report, console: Console) -> None:
     if roles:
         pl = s.get("placement")
         if pl:  # the whole cluster, then the training pool (the rollout pool is the placement row's)
-            total = (pl.get("rollout_gpus") or 0) + (pl.get("train_gpus") or 0)
+            total = int(pl.get("rollout_gpus") or 0) + int(pl.get("train_gpus") or 0)  # type: ignore[call-overload]
             tgpn = pl.get("train_gpus_per_node") or s.get("gpus_per_node")
             cluster = f"{total} GPUs; training pool {pl.get('train_gpus')} GPUs ({tgpn}/node), DP={s.get('dp')}"
         else:

@@ -188,7 +188,9 @@ def _tune_separate(out: TuneOutcome, cal: dict[str, float] | None) -> None:
     )
     found = res.best_separate
     cur_s = float(cur.step_s or float("inf"))
-    best, changes, notes = cur, {}, []
+    best = cur
+    changes: dict[str, tuple[object, object]] = {}
+    notes: list[str] = []
     tuned: tuple[str, str, int] | None = None
     if found is not None and float(found.step_s or float("inf")) < cur_s:
         name, text, mode, changes, notes = fw.separate_tuned_file(plan, found, Path(req.out))

@@ -10,7 +10,7 @@ per step). A plan it cannot run (more staleness, partial rollout), or a colocate
 switches the launch to verl 0.9.1's fully-async trainer in place: the module and ``--config-name`` words of the
 user's command, plus the keys that trainer asserts (``fully_async_rollouter.py``: ``hybrid_engine=False``,
 ``data.train_batch_size=0``, ``data.gen_batch_size=1``, ``calculate_log_probs``; the rollout mode is ``async`` by
-default) and the ones that keep the same workload (``rollout.n``, ``rollout.total_rollout_steps``). Every key
+default) and the one that keeps the same length of run (``rollout.total_rollout_steps``). Every key
 changed or added is listed.
 """
 
@@ -95,7 +95,7 @@ def separate_edit(launch: Launch, best: Estimate, model: ModelSpec) -> SeparateE
     fa_launch = launch.separate and not launch.one_step
     switched = not (fa_launch or (launch.one_step and one_step_plan))
     trainer = one_step_off.CONFIG if (launch.one_step and not switched) else fully_async.CONFIG
-    text, notes = launch.text, []
+    text, notes = launch.text, list[str]()
     if fa_launch:
         k_old = launch.get(ST)
         if not (isinstance(k_old, (int, float)) and math.ceil(float(k_old)) == p.staleness):
@@ -113,8 +113,8 @@ def separate_edit(launch: Launch, best: Estimate, model: ModelSpec) -> SeparateE
                 # vLLM stays up and receives the weights by NCCL (the plan's sync)
                 f"{ROLLOUT}.free_cache_engine": pk[f"{ROLLOUT}.free_cache_engine"],
                 f"{ROLLOUT}.checkpoint_engine.backend": pk[f"{ROLLOUT}.checkpoint_engine.backend"],
-                # the same workload: n responses per prompt, a parameter version per step of prompts
-                "rollout.n": w.n,
+                # the same workload: a parameter version per step of prompts (the responses per prompt stay the
+                # user's actor_rollout_ref.rollout.n: the fully-async trainer reads that one, detach_utils.py)
                 ST: pk[ST],
                 TRIGGER: pk[TRIGGER],
                 "async_training.require_batches": 1,
@@ -168,7 +168,6 @@ SWITCH_KEYS = (
     f"{ROLLOUT}.calculate_log_probs",
     f"{ROLLOUT}.free_cache_engine",
     f"{ROLLOUT}.checkpoint_engine.backend",
-    "rollout.n",
     "rollout.total_rollout_steps",
     "async_training.require_batches",
     "algorithm.rollout_correction.bypass_mode",
