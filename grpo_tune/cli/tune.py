@@ -226,6 +226,7 @@ def _print_tuned(o: TuneOutcome, *, json_out: bool) -> None:
                     "run_dir": None if split_dir is None else str(split_dir),
                 }
             }
+        extra = {**(extra or {}), "left_on_table": None if o.left is None else o.left.to_dict()}
         _print_json(launch, plan, res, cur, best, run_dir, files, extra)
         return
     c = Console()
@@ -244,6 +245,22 @@ def _print_tuned(o: TuneOutcome, *, json_out: bool) -> None:
         c.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False)
     if place.allows_split:
         _print_split(c, res, split, place, split_dir, split_files)
+    if o.left is not None:
+        _print_left(c, o.left)
+
+
+def _print_left(c: Console, left) -> None:
+    """The faster plan search finds with the knobs tune keeps as the launch sets them, and the command for it."""
+    s = left.best.strategy
+    c.print(
+        f"[yellow]left on the table:[/] `grpo-tune search` on the same workload and GPUs finds "
+        f"{left.step_s:,.1f} s per step vs {left.tuned_s:,.1f} s tuned ({left.tuned_s / left.step_s:.2f}x, beyond "
+        f"the model's +/-{left.error_pct:g}%) with {'; '.join(left.knobs) or 'another plan'}: knobs tune keeps as "
+        f"your launch sets them (plan {s.layout_text()}, vLLM tp{s.rollout.rollout_tp}). To get it, plan it anew:",
+        highlight=False,
+        soft_wrap=True,
+    )
+    c.print(f"  {escape(left.command)}", highlight=False, soft_wrap=True, markup=False)
 
 
 def _print_separate(o: TuneOutcome, *, json_out: bool) -> None:

@@ -16,6 +16,7 @@ from grpo_tune.jobs.setup import Setup
 
 if TYPE_CHECKING:
     from grpo_tune.autotune.tune import TuneResult
+    from grpo_tune.core.strategy import Strategy
     from grpo_tune.costmodel.estimate import Estimate
     from grpo_tune.frameworks.base import Framework
     from grpo_tune.frameworks.base.plan import LaunchPlan
@@ -76,6 +77,40 @@ class TuneOutcome:
     """The separate-pool proposal that beats the tuned colocated launch (when pools are allowed), else None."""
     split_dir: Path | None = None
     split_files: dict[str, Path] = field(default_factory=dict)
+    left: LeftOnTable | None = None
+    """A faster plan search finds with knobs tune keeps as the launch sets them (None: none beyond the model's
+    stated error)."""
+
+
+@dataclass
+class LeftOnTable:
+    """What tune leaves on the table: the plan ``search`` finds on the same workload and GPUs when it is faster than
+    the tuned launch by more than the model's stated error, using knobs tune does not change (dynamic batching,
+    the engine's knobs, the placement)."""
+
+    best: Estimate
+    tuned_s: float
+    knobs: list[str]
+    """What the faster plan sets that tune kept (``dynamic batching (max_tokens_per_gpu 12288)``)."""
+    command: str
+    """The search that gets it."""
+    error_pct: float
+
+    @property
+    def step_s(self) -> float:
+        return float(self.best.step_s or float("inf"))
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "step_s": round(self.step_s, 3),
+            "tuned_step_s": round(self.tuned_s, 3),
+            "speedup": round(self.tuned_s / self.step_s, 4),
+            "stated_error_pct": self.error_pct,
+            "knobs": self.knobs,
+            "command": self.command,
+            "strategy": self.best.strategy.to_dict(),
+            "placement": self.best.placement or None,
+        }
 
 
 def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = None) -> TuneOutcome:
@@ -127,6 +162,7 @@ def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = No
             extra={tuned_name: (tuned, mode)},
         )
     out.split = _propose_split(plan, res, place, req.pins, cal, req.min_headroom) if place.allows_split else None
+    out.left = left_on_table(out, cal)
     if out.split is not None and req.emit:
         out.split_dir, out.split_files = emit_run(
             out.split,
@@ -288,3 +324,117 @@ def _propose_split(
     best_s = res.best.step_s
     assert best_s is not None  # the cost model times every plan it prices
     return None if sep.step_s >= best_s else sep
+
+
+# ---------------------------------------------------------------------------------------------
+# What tune left on the table
+# ---------------------------------------------------------------------------------------------
+
+_KNOB_WORDS = {
+    "max_tokens_per_gpu": "dynamic batching: max_tokens_per_gpu",
+    "log_prob_max_tokens_per_gpu": "dynamic batching of the log-prob passes: max_tokens_per_gpu",
+    "cpu_optimizer": "Megatron's CPU optimizer",
+    "overlap_cpu_optimizer": "overlapped CPU optimizer copies",
+    "precision_aware_optimizer": "precision-aware optimizer",
+    "max_num_seqs": "vLLM max_num_seqs",
+    "max_num_batched_tokens": "vLLM max_num_batched_tokens",
+    "enforce_eager": "vLLM enforce_eager",
+    "chunked_prefill": "vLLM chunked prefill",
+    "free_cache_engine": "vLLM free_cache_engine",
+    "log_prob_mbs": "log-prob micro-batch",
+    "sync_bucket_mb": "weight-sync bucket MiB",
+}
+
+
+def _kept_knobs(tuned: Strategy, free: Strategy) -> list[str]:
+    """The knobs tune keeps as the launch sets them on which ``free`` differs, in words."""
+    from grpo_tune.frameworks.base.plan import PINNED
+
+    out = []
+    for k in PINNED:
+        a, b = tuned.knob(k), free.knob(k)
+        if a != b:
+            out.append(f"{_KNOB_WORDS.get(k, k)} {a if a is not None else 'off'} -> {b if b is not None else 'off'}")
+    return out
+
+
+def left_on_table(out: TuneOutcome, cal: dict[str, float] | None) -> LeftOnTable | None:
+    """Search the tuned launch's workload on its GPUs with the knobs tune keeps left free (dynamic batching, the
+    engine's knobs), and as separate pools at staleness 0 (the same on-policy algorithm); the fastest plan, when it
+    beats the tuned launch by more than the model's stated error (validate/grpo.py), else None."""
+    from grpo_tune.autotune.search.driver import search
+    from grpo_tune.autotune.search.placement import search_placement
+    from grpo_tune.core.errors import GrpoTuneError
+    from grpo_tune.validate.grpo import STATED_ERROR_PCT
+
+    req, plan, res, fw = out.request, out.plan, out.result, out.framework
+    if res is None or res.best.step_s is None:
+        return None
+    tuned_s = float(res.best.step_s)
+    s0 = plan.strategy
+    pins: dict[str, Any] = {k: s0.knob(k) for k in req.keep} | dict(req.pins) | dict(fw.tune_constraints())
+    if "offload" in pins:
+        pins["offload"] = tuple(pins["offload"])
+    best = None
+    try:
+        free = search(
+            plan.model,
+            plan.hardware,
+            plan.cluster,
+            plan.workload,
+            pins=pins,
+            top=1,
+            calibration=cal,
+            allow_cross_node_tp=True,
+            min_headroom=req.min_headroom,
+        )
+        best = free.best
+    except GrpoTuneError:
+        best = None
+    placement = False
+    if fw.tunes_separate and plan.workload.kind == "grpo":
+        try:
+            sep = search_placement(
+                plan.model,
+                plan.hardware,
+                plan.cluster,
+                plan.workload,
+                placement="separate",
+                staleness=0,
+                pins=pins,
+                calibration=cal,
+                min_headroom=req.min_headroom,
+            ).best_separate
+        except GrpoTuneError:
+            sep = None
+        if sep is not None and sep.step_s and (best is None or sep.step_s < float(best.step_s or float("inf"))):
+            best, placement = sep, True
+    if best is None or not best.step_s or best.step_s >= tuned_s * (1 - STATED_ERROR_PCT / 100):
+        return None
+    knobs = _kept_knobs(res.best.strategy, best.strategy)
+    if placement:
+        f = best.placement
+        assert f is not None  # a separate plan carries its pools' figures
+        knobs.append(f"separate pools {f['rollout_gpus']} rollout + {f['train_gpus']} training GPUs (staleness 0)")
+    w = plan.workload
+    from grpo_tune.core.specs import load_model
+
+    try:
+        model = plan.model.name if load_model(plan.model.name).name == plan.model.name else plan.model.hf_id
+    except GrpoTuneError:
+        model = plan.model.hf_id or plan.model.name
+    cmd = [
+        "grpo-tune search",
+        f"--model {model}",
+        f"--gpus {plan.cluster.gpus}",
+        f"--gpus-per-node {plan.cluster.gpus_per_node}",
+        f"--hardware {plan.hardware.name}",
+        f"--framework {fw.name}",
+        f"--prompts {w.prompts} --n {w.n} --mini-batch {w.mini_batch} --ppo-epochs {w.ppo_epochs}",
+        f"--prompt-len {w.prompt_len} --response-len {w.response_len}",
+        f"--prompt-len-mean {w.prompt_len_mean} --response-len-mean {w.response_len_mean}",
+        "--kl" if w.kl else "--no-kl",
+    ]
+    if placement and best.placement is not None:
+        cmd.append(f"--placement separate --rollout-gpus {best.placement['rollout_gpus']}")
+    return LeftOnTable(best=best, tuned_s=tuned_s, knobs=knobs, command=" ".join(cmd), error_pct=STATED_ERROR_PCT)
