@@ -224,6 +224,8 @@ def _print_tuned(o: TuneOutcome, *, json_out: bool) -> None:
                     "speedup_over_tuned": _ratio(res.best.step_s, split.step_s),
                     "speedup_over_launch": _ratio(res.current.step_s, split.step_s),
                     "run_dir": None if split_dir is None else str(split_dir),
+                    "overrides": {k: {"old": a, "new": b} for k, (a, b) in o.split_changes.items()},
+                    "notes": o.split_notes,
                 }
             }
         extra = {**(extra or {}), "left_on_table": None if o.left is None else o.left.to_dict()}
@@ -244,7 +246,7 @@ def _print_tuned(o: TuneOutcome, *, json_out: bool) -> None:
     if run_dir is not None:
         c.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False)
     if place.allows_split:
-        _print_split(c, res, split, place, split_dir, split_files)
+        _print_split(c, res, split, place, split_dir, split_files, o.split_changes, o.split_notes)
     if o.left is not None:
         _print_left(c, o.left)
 
@@ -323,7 +325,16 @@ def _print_separate(o: TuneOutcome, *, json_out: bool) -> None:
         )
 
 
-def _print_split(c: Console, res, split, place: PlacementAsk, run_dir: Path | None, files: dict[str, Path]) -> None:
+def _print_split(
+    c: Console,
+    res,
+    split,
+    place: PlacementAsk,
+    run_dir: Path | None,
+    files: dict[str, Path],
+    changes: dict[str, tuple[object, object]] | None = None,
+    notes: list[str] | None = None,
+) -> None:
     from grpo_tune.validate.grpo import STATED_ERROR_PCT
 
     k = place.staleness
@@ -346,10 +357,18 @@ def _print_split(c: Console, res, split, place: PlacementAsk, run_dir: Path | No
         f"{s.layout_text()}, vLLM tp{s.rollout.rollout_tp} mem{s.rollout.gpu_memory_utilization:g}",
         highlight=False,
     )
+    for note in notes or []:
+        c.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+    if changes:
+        from grpo_tune.frameworks.verl.script import diff_lines
+
+        c.print("keys of your launch that change or are added for it:")
+        for ln in diff_lines(changes):
+            c.print(f"[{'red' if ln.startswith('-') else 'green'}]{escape(ln)}[/]", highlight=False, soft_wrap=True)
     if run_dir is not None:
         c.print(
-            f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))}): its verl.sh is "
-            "verl's fully-async launch of the split",
+            f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))}): its tuned.sh is your "
+            "launch, switched to verl's fully-async trainer",
             highlight=False,
         )
 

@@ -77,6 +77,9 @@ class TuneOutcome:
     """The separate-pool proposal that beats the tuned colocated launch (when pools are allowed), else None."""
     split_dir: Path | None = None
     split_files: dict[str, Path] = field(default_factory=dict)
+    split_changes: dict[str, tuple[object, object]] = field(default_factory=dict)
+    """Every key the proposal's tuned file changes or adds in the user's launch."""
+    split_notes: list[str] = field(default_factory=list)
     left: LeftOnTable | None = None
     """A faster plan search finds with knobs tune keeps as the launch sets them (None: none beyond the model's
     stated error)."""
@@ -163,12 +166,16 @@ def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = No
         )
     out.split = _propose_split(plan, res, place, req.pins, cal, req.min_headroom) if place.allows_split else None
     out.left = left_on_table(out, cal)
-    if out.split is not None and req.emit:
-        out.split_dir, out.split_files = emit_run(
-            out.split,
-            out=req.out,
-            meta={"tuned_from": str(req.launch), "proposal": "separate pools", **(req.setup.meta() or {})},
-        )
+    if out.split is not None:
+        # the proposal as the user's own launch, switched to the separate-pool trainer (only priced keys change)
+        name, text, mode, out.split_changes, out.split_notes = fw.separate_tuned_file(plan, out.split, Path(req.out))
+        if req.emit:
+            out.split_dir, out.split_files = emit_run(
+                out.split,
+                out=req.out,
+                meta={"tuned_from": str(req.launch), "proposal": "separate pools", **(req.setup.meta() or {})},
+                extra={name: (text, mode)},
+            )
     return out
 
 

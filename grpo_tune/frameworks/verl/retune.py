@@ -138,11 +138,17 @@ def separate_edit(launch: Launch, best: Estimate, model: ModelSpec) -> SeparateE
             return trainer.default(key)
         return launch.get(key)
 
-    changes = {k: (launch.get(k), v) for k, v in new.items() if not _same(effective(k), v)}
+    # old: the value the key has before the edit (a switched launch: the user's, or the new trainer's default)
+    changes = {k: (effective(k), v) for k, v in new.items() if not _same(effective(k), v)}
     if switched and launch.one_step:
         notes.insert(0, "the plan is not verl's one-step-off schedule: the launch now runs the fully-async trainer")
     elif switched:
         notes.insert(0, "separate pools: the launch now runs verl's fully-async trainer")
+        notes.append(
+            "the fully-async config finds ppo_megatron_trainer through its hydra.searchpath file://verl/trainer/config: "
+            "run it from a verl checkout, as verl's fully-async scripts do, or add "
+            "'hydra.searchpath=[file://VERL_DIR/trainer/config]' (VERL_DIR: the installed verl package)"
+        )
     return SeparateEdit(text=text, changes=changes, trainer=trainer, switched=switched, notes=notes)
 
 
