@@ -145,8 +145,8 @@ def separate_edit(launch: Launch, best: Estimate, model: ModelSpec) -> SeparateE
     elif switched:
         notes.insert(0, "separate pools: the launch now runs verl's fully-async trainer")
         notes.append(
-            "the fully-async config finds ppo_megatron_trainer through its hydra.searchpath file://verl/trainer/config: "
-            "run it from a verl checkout, as verl's fully-async scripts do, or add "
+            "the fully-async config finds ppo_megatron_trainer through its hydra.searchpath "
+            "file://verl/trainer/config: run it from a verl checkout, as verl's fully-async scripts do, or add "
             "'hydra.searchpath=[file://VERL_DIR/trainer/config]' (VERL_DIR: the installed verl package)"
         )
     return SeparateEdit(text=text, changes=changes, trainer=trainer, switched=switched, notes=notes)
