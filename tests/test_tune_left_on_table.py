@@ -16,6 +16,8 @@ import pytest
 from grpo_tune.cli.main import main
 from grpo_tune.validate.grpo import STATED_ERROR_PCT
 
+pytestmark = pytest.mark.left_on_table
+
 ROOT = Path(__file__).resolve().parent.parent
 QWEN2 = ROOT / "examples" / "verl-upstream" / "qwen2-7b-math-megatron.sh"
 
@@ -29,7 +31,16 @@ def _json(*argv: str) -> dict:
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory) -> dict:
+    import grpo_tune.jobs.tune as J
+
+    assert J.LOOK_FURTHER  # module-scoped: runs before the per-test switch, with tune's default
     return _json("tune", str(QWEN2), "--hardware", "h100", "--out", str(tmp_path_factory.mktemp("runs")))
+
+
+def test_the_suite_switch_is_on_here():
+    import grpo_tune.jobs.tune as J
+
+    assert J.LOOK_FURTHER
 
 
 def test_tune_names_the_faster_plan_it_left_and_the_knobs_it_kept(tuned):

@@ -22,6 +22,12 @@ if TYPE_CHECKING:
     from grpo_tune.frameworks.base.plan import LaunchPlan
 
 
+LOOK_FURTHER = True
+"""tune searches the same workload with the knobs it keeps left free, to say what it left on the table
+(:func:`left_on_table`, a few seconds more). The test suite turns it off outside the tests of it (tests/conftest.py),
+to keep the suite's time."""
+
+
 @dataclass(frozen=True)
 class TuneRequest:
     """What ``tune`` was asked: the launch (and a recipe's overrides), how to read it, what to keep and pin."""
@@ -165,7 +171,7 @@ def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = No
             extra={tuned_name: (tuned, mode)},
         )
     out.split = _propose_split(plan, res, place, req.pins, cal, req.min_headroom) if place.allows_split else None
-    out.left = left_on_table(out, cal)
+    out.left = left_on_table(out, cal) if LOOK_FURTHER else None
     if out.split is not None:
         # the proposal as the user's own launch, switched to the separate-pool trainer (only priced keys change)
         name, text, mode, out.split_changes, out.split_notes = fw.separate_tuned_file(plan, out.split, Path(req.out))

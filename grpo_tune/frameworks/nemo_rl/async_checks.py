@@ -25,7 +25,7 @@ from typing import Any
 ASYNC_ENGINE = "policy.generation.vllm_cfg.async_engine"
 
 
-def _get(cfg: Mapping[str, Any], dotted: str, default: object = None) -> Any:
+def _get(cfg: Mapping[str, object], dotted: str, default: object = None) -> Any:
     node: Any = cfg
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node:
@@ -34,7 +34,7 @@ def _get(cfg: Mapping[str, Any], dotted: str, default: object = None) -> Any:
     return node
 
 
-def check(cfg: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+def check(cfg: Mapping[str, object]) -> list[tuple[str, str, str]]:
     """NeMo-RL 0.7.0's refusals (``error``) and warnings (``warning``) for an async GRPO recipe; empty when async
     GRPO is off or every check passes."""
     if _get(cfg, "grpo.async_grpo.enabled") is not True:
