@@ -177,7 +177,9 @@ def test_a_plan_one_step_off_cannot_run_switches_the_users_launch_to_fully_async
         workload=plan.workload,
         placement=two,
     )
-    edit = separate_edit(plan.launch, est, plan.model)
+    from grpo_tune.rundir.emit import run_config
+
+    edit = separate_edit(plan.launch, run_config(est), plan.model)
     assert edit.switched and any("fully-async" in n for n in edit.notes)
     d = {"overrides": {k: {"old": a, "new": b} for k, (a, b) in edit.changes.items()}}
     tuned = tmp_path / "tuned.sh"

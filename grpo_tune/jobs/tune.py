@@ -127,7 +127,7 @@ def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = No
     CLI reports the launch's key findings there, and may stop)."""
     from grpo_tune.autotune import tune as T
     from grpo_tune.frameworks import REGISTRY, read_plan, reader_for
-    from grpo_tune.rundir.emit import Tables, emit_run
+    from grpo_tune.rundir.emit import Tables, emit_run, run_config
 
     place = req.place
     fw = reader_for(req.launch)
@@ -174,7 +174,9 @@ def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = No
     out.left = left_on_table(out, cal) if LOOK_FURTHER else None
     if out.split is not None:
         # the proposal as the user's own launch, switched to the separate-pool trainer (only priced keys change)
-        name, text, mode, out.split_changes, out.split_notes = fw.separate_tuned_file(plan, out.split, Path(req.out))
+        name, text, mode, out.split_changes, out.split_notes = fw.separate_tuned_file(
+            plan, run_config(out.split), Path(req.out)
+        )
         if req.emit:
             out.split_dir, out.split_files = emit_run(
                 out.split,
@@ -194,7 +196,7 @@ def _tune_separate(out: TuneOutcome, cal: dict[str, float] | None) -> None:
     import dataclasses
 
     from grpo_tune.autotune import tune as T
-    from grpo_tune.rundir.emit import emit_run
+    from grpo_tune.rundir.emit import emit_run, run_config
     from grpo_tune.autotune.search.placement import search_placement
     from grpo_tune.costmodel.placement import estimate_separate
 
@@ -242,7 +244,7 @@ def _tune_separate(out: TuneOutcome, cal: dict[str, float] | None) -> None:
     notes: list[str] = []
     tuned: tuple[str, str, int] | None = None
     if found is not None and float(found.step_s or float("inf")) < cur_s:
-        name, text, mode, changes, notes = fw.separate_tuned_file(plan, found, Path(req.out))
+        name, text, mode, changes, notes = fw.separate_tuned_file(plan, run_config(found), Path(req.out))
         back = _reread_separate(out, found, cal, hw_r) if changes else None
         if back is not None and float(back.step_s or float("inf")) < cur_s * (1 - T.MIN_GAIN):
             best, tuned = back, (name, text, mode)
@@ -269,10 +271,11 @@ def _reread_separate(out: TuneOutcome, found: Estimate, cal: dict[str, float] | 
     from grpo_tune.core.errors import GrpoTuneError
     from grpo_tune.costmodel.placement import estimate_separate
     from grpo_tune.frameworks import read_plan
+    from grpo_tune.rundir.emit import run_config
 
     req, plan, fw = out.request, out.plan, out.framework
     with tempfile.TemporaryDirectory(prefix="grpo-tune-tuned-") as d:
-        name, text, _mode, _ch, _notes = fw.separate_tuned_file(plan, found, Path(d))
+        name, text, _mode, _ch, _notes = fw.separate_tuned_file(plan, run_config(found), Path(d))
         (Path(d) / "run").mkdir()
         f = Path(d) / "run" / name
         f.write_text(text)

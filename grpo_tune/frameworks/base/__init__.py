@@ -48,16 +48,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from grpo_tune.core.config import RunConfig
 from grpo_tune.core.strategy import Strategy, Workload
 from grpo_tune.frameworks.base.findings import Report
 from grpo_tune.frameworks.base.plan import LaunchPlan
 from grpo_tune.frameworks.base.runlog import RunLog
-
-if TYPE_CHECKING:
-    from grpo_tune.costmodel.estimate import Estimate
 
 
 @dataclass(frozen=True)
@@ -164,10 +161,11 @@ class Framework(ABC):
         return self.separate_written
 
     def separate_tuned_file(
-        self, plan: LaunchPlan, best: Estimate, run_parent: Path
+        self, plan: LaunchPlan, best: RunConfig, run_parent: Path
     ) -> tuple[str, str, int, dict[str, tuple[object, object]], list[str]]:
-        """A separate-pool file edited to run ``best`` (its plan and pools), for a run folder directly below
-        ``run_parent``: (name, text, mode, changes key -> (old, new), notes). Only the keys tune prices change."""
+        """``plan``'s file edited to run the separate plan ``best`` (its strategy, pools and schedule), for a run
+        folder directly below ``run_parent``: (name, text, mode, changes key -> (old, new), notes). Only the keys tune
+        prices change (docs/tune.md)."""
         raise NotImplementedError(f"{self.name} has no separate-pool editor")
 
     tune_label: ClassVar[str] = ""

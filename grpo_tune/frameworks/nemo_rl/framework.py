@@ -136,14 +136,15 @@ class NemoRL(Framework):
     separate_label = "NeMo-RL recipe with a separate generation pool"
     separate_written = "tuned.yaml is your recipe (its defaults) with the keys that change"
 
-    def separate_tuned_file(self, plan: LaunchPlan, best, run_parent: Path):
+    def separate_tuned_file(
+        self, plan: LaunchPlan, best: RunConfig, run_parent: Path
+    ) -> tuple[str, str, int, dict[str, tuple[object, object]], list[str]]:
         """tuned.yaml for a separate plan: ``defaults:`` naming the user's recipe, then the priced keys that change
         (the policy's plan, the generation pool and the staleness, with what NeMo-RL's async GRPO asserts)."""
         from grpo_tune.frameworks.nemo_rl import table, tune
-        from grpo_tune.rundir.emit import placement_of
 
         r = cast(recipe.Recipe, plan.launch)
-        new = {**tune.keys_for(best.strategy, plan.model), **table.write_placement(placement_of(best), best.cluster)}
+        new = {**tune.keys_for(best.strategy, plan.model), **table.write_placement(best.placement, best.cluster)}
         changes = {k: (r.get(k), v) for k, v in new.items() if not _same(r.get(k), v)}
         text = tune.tuned_text(r, changes, run_parent / "run")
         return "tuned.yaml", text, 0o644, changes, []
@@ -176,9 +177,13 @@ class NemoRL(Framework):
 
 
 def _same(a: object, b: object) -> bool:
-    from grpo_tune.autotune.tune import _same as same
+    """Equal values (numbers to a relative 1e-9: a YAML float and the plan's)."""
+    import math
 
-    return same(a, b)
+    num = (int, float)
+    if isinstance(a, num) and isinstance(b, num) and not isinstance(a, bool) and not isinstance(b, bool):
+        return math.isclose(float(a), float(b), rel_tol=1e-9)
+    return a == b
 
 
 def _norm(v: object) -> object:

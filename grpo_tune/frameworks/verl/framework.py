@@ -102,7 +102,9 @@ class Verl(Framework):
     separate_label = "verl fully-async launch"
     separate_written = "tuned.sh is your launch with the keys that change"
 
-    def separate_tuned_file(self, plan: LaunchPlan, best, run_parent: Path):
+    def separate_tuned_file(
+        self, plan: LaunchPlan, best: RunConfig, run_parent: Path
+    ) -> tuple[str, str, int, dict[str, tuple[object, object]], list[str]]:
         """tuned.sh for a separate plan: the user's launch with the priced keys edited in place (the trainer switched
         to fully-async when the launch's cannot run the plan; frameworks/verl/retune.py)."""
         from grpo_tune.frameworks.verl.retune import edited_launch, separate_edit

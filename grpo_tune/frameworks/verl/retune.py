@@ -26,8 +26,8 @@ from grpo_tune.frameworks.verl.experimental import WheelConfig
 from grpo_tune.frameworks.verl.table import ARO, ROLLOUT
 
 if TYPE_CHECKING:
+    from grpo_tune.core.config import RunConfig
     from grpo_tune.core.specs import ModelSpec
-    from grpo_tune.costmodel.estimate import Estimate
     from grpo_tune.frameworks.verl.launch import Launch
 
 POOL_KEYS = ("trainer.nnodes", "trainer.n_gpus_per_node", "rollout.nnodes", "rollout.n_gpus_per_node")
@@ -81,15 +81,12 @@ def _switch_text(text: str) -> tuple[str, list[str]]:
     return text, notes
 
 
-def separate_edit(launch: Launch, best: Estimate, model: ModelSpec) -> SeparateEdit:
-    """``launch`` edited to run ``best`` (a separate plan): only the keys tune prices, the trainer switched when the
+def separate_edit(launch: Launch, cfg: RunConfig, model: ModelSpec) -> SeparateEdit:
+    """``launch`` edited to run the separate plan ``cfg``: only the keys tune prices, the trainer switched when the
     launch's cannot run the plan."""
-    from grpo_tune.rundir.emit import run_config
-
-    cfg = run_config(best)
     p, w = cfg.placement, cfg.workload
     pk = fully_async.pool_keys(cfg)
-    new: dict[str, object] = dict(read.overrides_for(best.strategy, model, launch.get, set()))
+    new: dict[str, object] = dict(read.overrides_for(cfg.strategy, model, launch.get, set()))
     new.update({k: pk[k] for k in POOL_KEYS})
     one_step_plan = p.staleness == 1 and not p.partial_rollout and p.sync_interval == 1
     fa_launch = launch.separate and not launch.one_step
