@@ -10,3 +10,14 @@ settings.register_profile("grpo-tune", deadline=None, suppress_health_check=[Hea
 settings.load_profile("grpo-tune")
 # `pytest --hypothesis-profile=long tests/test_fuzz_cli.py`: many more fuzz cases than CI runs.
 settings.register_profile("long", parent=settings.get_profile("grpo-tune"), max_examples=300)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _tune_looks_further_only_where_tested(request, monkeypatch):
+    """``grpo-tune tune`` also searches the workload with the knobs it keeps left free (what it left on the table,
+    jobs/tune.py): seconds per tune, minutes over the suite's tunes. On in the tests of it, off elsewhere."""
+    if request.node.get_closest_marker("left_on_table") is None:
+        monkeypatch.setattr("grpo_tune.jobs.tune.LOOK_FURTHER", False)

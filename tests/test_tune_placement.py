@@ -86,3 +86,35 @@ def test_a_separate_best_yaml_is_read_with_its_pools(tmp_path):
     rc, text = _run("tune", str(files["best"]), "--out", str(tmp_path / "t"))
     assert rc == 2 and "a run config, not a verl launch" in text and "verl.sh" in text, text
     assert not (tmp_path / "t").exists()  # refused before any search or output
+
+
+def test_the_split_proposal_is_the_users_launch_switched_to_fully_async(tmp_path):
+    """The proposal's run folder holds tuned.sh: the user's colocated launch with its module and --config-name
+    switched to verl's fully-async trainer and only priced keys (and what that trainer asserts) changed, each
+    reported; it composes against the 0.9.1 wheel's fully-async config."""
+    from grpo_tune.frameworks.verl import fully_async
+    from grpo_tune.frameworks.verl import snapshot as verl
+    from grpo_tune.frameworks.verl.diagnose import parse_script
+    from grpo_tune.frameworks.verl.retune import SWITCH_KEYS, priced_keys
+
+    rc, text = _run("tune", str(EXAMPLE), "--staleness", "1", "--out", str(tmp_path), "--json")
+    assert rc == 0, text
+    sp = json.loads(text)["split"]
+    tuned = Path(sp["run_dir"]) / "tuned.sh"
+    t = tuned.read_text()
+    assert f"-m {fully_async.ENTRY} --config-name={fully_async.CONFIG_NAME} " in t
+    before, _, _ = parse_script(EXAMPLE.read_text())
+    after, _, facts = parse_script(t)
+    assert facts["config_name"] == fully_async.CONFIG_NAME
+    b, a = {o.key: o.raw for o in before}, {o.key: o.raw for o in after}
+    changed = {k for k in set(a) | set(b) if a.get(k) != b.get(k)}
+    assert changed <= priced_keys() | set(SWITCH_KEYS), sorted(changed - priced_keys() - set(SWITCH_KEYS))
+    assert changed <= set(sp["overrides"])
+    tree = verl.flatten(fully_async.compose([f"{o.prefix}{o.key}={o.raw}" for o in after]))
+    assert tree["data.train_batch_size"] == 0 and tree["actor_rollout_ref.hybrid_engine"] is False
+    assert tree["actor_rollout_ref.rollout.mode"] == "async"
+    f = sp["placement"]
+    assert tree["rollout.nnodes"] * tree["rollout.n_gpus_per_node"] == f["rollout_gpus"]
+    assert tree["trainer.nnodes"] * tree["trainer.n_gpus_per_node"] == f["train_gpus"]
+    for k in ("data.train_files", "actor_rollout_ref.actor.optim.lr", "trainer.logger"):
+        assert a.get(k) == b.get(k), k

@@ -62,6 +62,9 @@ def test_separate_launch_composes_with_its_pools(best):
     assert at["staleness_threshold"] == p.staleness and at["partial_rollout"] is p.partial_rollout
     assert at["trigger_parameter_sync_step"] * aro["actor"]["ppo_mini_batch_size"] * at["require_batches"] == w.prompts
     assert tree["data"]["train_batch_size"] == 0 and tree["data"]["gen_batch_size"] == 1  # the rollouter's asserts
+    # the rest of fully_async_rollouter.py's asserts (verl 0.9.1): an async rollout that computes the log-probs
+    assert aro["rollout"]["mode"] == "async" and aro["rollout"]["calculate_log_probs"] is True
+    assert at["staleness_threshold"] >= 0 and at["trigger_parameter_sync_step"] >= 1
     assert aro["hybrid_engine"] is False and aro["rollout"]["free_cache_engine"] is False
     assert aro["rollout"]["checkpoint_engine"]["backend"] != "naive"  # separate trainers assert it
     assert aro["rollout"]["tensor_model_parallel_size"] == s.rollout.rollout_tp

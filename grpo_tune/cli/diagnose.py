@@ -45,23 +45,28 @@ def render(report: Report, console: Console) -> None:
             f"engine={r.get('name')}",
         )
     if roles:
-        t.add_row(
-            "cluster",
-            f"world={s.get('world_size')} = {s.get('nnodes')} node(s) x {s.get('gpus_per_node')} GPUs, "
-            f"DP={s.get('dp')}" + (" (training pool)" if s.get("placement") else ""),
-        )
         pl = s.get("placement")
+        if pl:  # the whole cluster, then the training pool (the rollout pool is the placement row's)
+            total = int(pl.get("rollout_gpus") or 0) + int(pl.get("train_gpus") or 0)  # type: ignore[call-overload]
+            tgpn = pl.get("train_gpus_per_node") or s.get("gpus_per_node")
+            cluster = f"{total} GPUs; training pool {pl.get('train_gpus')} GPUs ({tgpn}/node), DP={s.get('dp')}"
+        else:
+            cluster = f"world={s.get('world_size')} = {s.get('nnodes')} node(s) x {s.get('gpus_per_node')} GPUs, "
+            cluster += f"DP={s.get('dp')}"
+        t.add_row("cluster", cluster)
         if pl:
+            trainer = pl.get("trainer")
+            if trainer == "one-step-off":
+                schedule = "sync after every step (verl one-step-off trainer)"
+            elif trainer == "fully-async":
+                schedule = f"sync every {pl.get('trigger_parameter_sync_step')} mini-batches (verl fully-async trainer)"
+            else:
+                schedule = f"refit after every step ({trainer})"
             t.add_row(
                 "placement",
                 f"separate pools: rollout {pl.get('rollout_gpus')} GPUs ({pl.get('rollout_gpus_per_node')}/node), "
-                f"training {pl.get('train_gpus')}; staleness {pl.get('staleness')}, partial rollout "
-                f"{'on' if pl.get('partial_rollout') else 'off'}, "
-                + (
-                    "sync after every step (verl one-step-off trainer)"
-                    if pl.get("trainer") == "one-step-off"
-                    else f"sync every {pl.get('trigger_parameter_sync_step')} mini-batches (verl fully-async trainer)"
-                ),
+                f"training {pl.get('train_gpus')} GPUs; staleness {pl.get('staleness')}, partial rollout "
+                f"{'on' if pl.get('partial_rollout') else 'off'}, {schedule}",
             )
         b = s.get("batch") or {}
         t.add_row("batch", " ".join(f"{k}={v}" for k, v in b.items()))

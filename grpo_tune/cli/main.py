@@ -36,7 +36,26 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from grpo_tune import __version__
+
+        print(f"grpo-tune {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", "-V", help="Print grpo-tune's version and exit.", is_eager=True, callback=_version
+    ),
+) -> None:
+    """Pick parallel strategies for GRPO training on Megatron: estimate, search, train."""
+
 
 COMMAND_MODULES = (
     "estimate",
@@ -301,7 +320,24 @@ def _check_int_bounds(argv: list[str]) -> None:
         bounds.check(name, v, bounds.BY_FLAG.get(param, bounds.MAX_INT))
 
 
+def contradiction(argv: list[str]) -> GrpoTuneError | None:
+    """``--X`` and ``--no-X`` on one command line (``--emit --no-emit``): click lets the last one win in silence;
+    grpo-tune refuses, since the user asked for both."""
+    toks = argv[: argv.index("--")] if "--" in argv else argv
+    for t in toks:
+        if t.startswith("--no-") and len(t) > 5 and f"--{t[5:]}" in toks:
+            return GrpoTuneError(
+                f"--{t[5:]} and {t} contradict each other",
+                hint="give only one of them",
+                code="USAGE",
+            )
+    return None
+
+
 def _run(argv: list[str] | None) -> int:
+    both = contradiction(list(sys.argv[1:] if argv is None else argv))
+    if both is not None:
+        return report_error(both)
     try:
         _check_int_bounds(list(sys.argv[1:] if argv is None else argv))
         # not standalone: click raises its usage errors here instead of printing them itself

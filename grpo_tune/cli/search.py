@@ -546,7 +546,7 @@ def print_placements(res, console: Console) -> None:
         )
         console.print(
             f"speed-up of separate pools {sp:.2f}x; stated error of a step time +/-{STATED_ERROR_PCT:g}% "
-            f"({verdict}). Busy = 1 - verl's idle_ratio; tok/$ from the profiles' illustrative prices.",
+            f"({verdict}). Busy = the share of the step each pool works; tok/$ from the profiles' illustrative prices.",
             highlight=False,
         )
     best_sep = res.best_separate

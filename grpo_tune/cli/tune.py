@@ -223,8 +223,11 @@ def _print_tuned(o: TuneOutcome, *, json_out: bool) -> None:
                     "speedup_over_tuned": _ratio(res.best.step_s, split.step_s),
                     "speedup_over_launch": _ratio(res.current.step_s, split.step_s),
                     "run_dir": None if split_dir is None else str(split_dir),
+                    "overrides": {k: {"old": a, "new": b} for k, (a, b) in o.split_changes.items()},
+                    "notes": o.split_notes,
                 }
             }
+        extra = {**(extra or {}), "left_on_table": None if o.left is None else o.left.to_dict()}
         _print_json(launch, plan, res, cur, best, run_dir, files, extra)
         return
     c = Console()
@@ -242,7 +245,23 @@ def _print_tuned(o: TuneOutcome, *, json_out: bool) -> None:
     if run_dir is not None:
         c.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False)
     if place.allows_split:
-        _print_split(c, res, split, place, split_dir, split_files)
+        _print_split(c, res, split, place, split_dir, split_files, o.split_changes, o.split_notes)
+    if o.left is not None:
+        _print_left(c, o.left)
+
+
+def _print_left(c: Console, left) -> None:
+    """The faster plan search finds with the knobs tune keeps as the launch sets them, and the command for it."""
+    s = left.best.strategy
+    c.print(
+        f"[yellow]left on the table:[/] `grpo-tune search` on the same workload and GPUs finds "
+        f"{left.step_s:,.1f} s per step vs {left.tuned_s:,.1f} s tuned ({left.tuned_s / left.step_s:.2f}x, beyond "
+        f"the model's +/-{left.error_pct:g}%) with {'; '.join(left.knobs) or 'another plan'}: knobs tune keeps as "
+        f"your launch sets them (plan {s.layout_text()}, vLLM tp{s.rollout.rollout_tp}). To get it, plan it anew:",
+        highlight=False,
+        soft_wrap=True,
+    )
+    c.print(f"  {escape(left.command)}", highlight=False, soft_wrap=True, markup=False)
 
 
 def _print_separate(o: TuneOutcome, *, json_out: bool) -> None:
@@ -258,6 +277,8 @@ def _print_separate(o: TuneOutcome, *, json_out: bool) -> None:
                     "current": cur.to_dict(),
                     "best": best.to_dict(),
                     "gain": gain,
+                    "overrides": {k: {"old": a, "new": b} for k, (a, b) in sep.changes.items()},
+                    "notes": o.notes,
                     "run_dir": None if run_dir is None else str(run_dir),
                     "files": {n: str(v) for n, v in files.items()},
                 },
@@ -288,6 +309,13 @@ def _print_separate(o: TuneOutcome, *, json_out: bool) -> None:
         c.print("no faster separate plan found: keep the launch", highlight=False)
     else:
         c.print(f"[bold]best:[/] {line(best)} ({gain:.2f}x)", highlight=False)
+        for note in o.notes:
+            c.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+        c.print("keys that change or are added:")
+        from grpo_tune.frameworks.verl.script import diff_lines
+
+        for ln in diff_lines(sep.changes):
+            c.print(f"[{'red' if ln.startswith('-') else 'green'}]{escape(ln)}[/]", highlight=False, soft_wrap=True)
     if run_dir is not None:
         c.print(
             f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))}): "
@@ -296,7 +324,16 @@ def _print_separate(o: TuneOutcome, *, json_out: bool) -> None:
         )
 
 
-def _print_split(c: Console, res, split, place: PlacementAsk, run_dir: Path | None, files: dict[str, Path]) -> None:
+def _print_split(
+    c: Console,
+    res,
+    split,
+    place: PlacementAsk,
+    run_dir: Path | None,
+    files: dict[str, Path],
+    changes: dict[str, tuple[object, object]] | None = None,
+    notes: list[str] | None = None,
+) -> None:
     from grpo_tune.validate.grpo import STATED_ERROR_PCT
 
     k = place.staleness
@@ -319,10 +356,18 @@ def _print_split(c: Console, res, split, place: PlacementAsk, run_dir: Path | No
         f"{s.layout_text()}, vLLM tp{s.rollout.rollout_tp} mem{s.rollout.gpu_memory_utilization:g}",
         highlight=False,
     )
+    for note in notes or []:
+        c.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+    if changes:
+        from grpo_tune.frameworks.verl.script import diff_lines
+
+        c.print("keys of your launch that change or are added for it:")
+        for ln in diff_lines(changes):
+            c.print(f"[{'red' if ln.startswith('-') else 'green'}]{escape(ln)}[/]", highlight=False, soft_wrap=True)
     if run_dir is not None:
         c.print(
-            f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))}): its verl.sh is "
-            "verl's fully-async launch of the split",
+            f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))}): its tuned.sh is your "
+            "launch, switched to verl's fully-async trainer",
             highlight=False,
         )
 

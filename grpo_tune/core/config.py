@@ -348,6 +348,12 @@ def load(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> RunConf
         text = read_spec_bytes(p, "run config").decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"cannot read {p}: {exc}", hint="a run config is UTF-8 YAML") from None
+    if p.suffix in (".sh", ".bash") or text.startswith("#!"):
+        raise ConfigError(
+            f"{p} is a shell script (a launch), not a run config (a best.yaml)",
+            hint="pass the best.yaml of a run folder (runs/<id>/best.yaml); `grpo-tune tune SCRIPT` prices and "
+            "edits a verl launch, and writes its run folder",
+        )
     try:
         data = yaml_load(text)
     except yaml.YAMLError as exc:

@@ -84,6 +84,50 @@ def named(name: str) -> Framework:
     return next(f for f in REGISTRY if f.name == name)
 
 
+DOCUMENTS = {
+    ".md": "Markdown",
+    ".markdown": "Markdown",
+    ".rst": "reStructuredText",
+    ".html": "HTML",
+    ".pdf": "PDF",
+    ".ipynb": "Jupyter notebook",
+    ".png": "PNG image",
+    ".txt": "text",
+}
+
+
+def check_launch_path(path: str | Path) -> None:
+    """A folder or a document given where a launch is expected: said as such (exit 2), before any framework tries
+    to read it as a script or an override list."""
+    p = Path(path)
+    hint = "pass one file: a verl launch script, a file of Hydra overrides, a NeMo-RL recipe or a best.yaml"
+    if p.is_dir():
+        try:
+            found = sorted(q.name for q in p.iterdir() if q.suffix in (".sh", ".yaml", ".yml") and q.is_file())
+        except OSError:
+            found = []
+        if found:
+            more = f" (it holds {', '.join(found[:3])}{', ...' if len(found) > 3 else ''})"
+            hint = f"pass one file of the folder{more}"
+        raise ConfigError(f"{p} is a folder, not a launch", hint=hint)
+    kind = DOCUMENTS.get(p.suffix.lower())
+    if kind is not None and p.is_file():
+        if kind == "text" and _override_list_like(p):
+            return
+        raise ConfigError(f"{p} is a {kind} document, not a launch", hint=hint)
+
+
+def _override_list_like(p: Path) -> bool:
+    """A .txt file of Hydra overrides (one key=value a line) is a launch; prose is not."""
+    try:
+        with p.open("rb") as f:
+            head = f.read(65536).decode("utf-8", "replace")
+    except OSError:
+        return True  # the reader says why
+    lines = [ln.strip() for ln in head.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    return bool(lines) and sum(1 for ln in lines if "=" in ln and " " not in ln.split("=", 1)[0]) * 2 >= len(lines)
+
+
 def read_plan(req: ReadRequest | str | Path, **fields: object) -> LaunchPlan:
     """Model, hardware, GPUs, workload and plan of a framework's launch, config or recipe (with trailing
     ``key=value`` overrides, for the frameworks that take them), read by the framework that reads it, or of a
@@ -94,6 +138,7 @@ def read_plan(req: ReadRequest | str | Path, **fields: object) -> LaunchPlan:
     elif fields:
         req = dataclasses.replace(req, **fields)  # type: ignore[arg-type]
     req = dataclasses.replace(req, path=Path(req.path), overrides=list(req.overrides))
+    check_launch_path(req.path)
     read = reader_for(req.path).read_plan(req)
     if read is not None:
         return read
@@ -132,6 +177,7 @@ def diagnose_path(
 ) -> Report:
     """``grpo-tune diagnose PATH [overrides]``: the file's findings (a ``Report``), from the framework that reads it."""
     p = Path(path)
+    check_launch_path(p)
     return reader_for(p).diagnose(p, list(overrides), hardware=hardware, model=model)
 
 

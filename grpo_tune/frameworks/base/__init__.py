@@ -161,6 +161,14 @@ class Framework(ABC):
         """:attr:`separate_written` for this file."""
         return self.separate_written
 
+    def separate_tuned_file(
+        self, plan: LaunchPlan, best: RunConfig, run_parent: Path
+    ) -> tuple[str, str, int, dict[str, tuple[object, object]], list[str]]:
+        """``plan``'s file edited to run the separate plan ``best`` (its strategy, pools and schedule), for a run
+        folder directly below ``run_parent``: (name, text, mode, changes key -> (old, new), notes). Only the keys tune
+        prices change (docs/tune.md)."""
+        raise NotImplementedError(f"{self.name} has no separate-pool editor")
+
     tune_label: ClassVar[str] = ""
     """Said after the file's path in tune's header (`` (NeMo-RL recipe)``)."""
 

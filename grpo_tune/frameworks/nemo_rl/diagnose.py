@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from grpo_tune.frameworks.base.findings import Finding, MemorySummary, Report, Severity, Summary
+from grpo_tune.frameworks.base.terms import Terms
 from grpo_tune.core.errors import CODES, GrpoTuneError, InvalidDegreesError
 from grpo_tune.core.specs import load_hardware
 
@@ -21,6 +22,23 @@ from . import snapshot as snap
 from . import table as T
 
 E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
+
+
+TERMS = Terms(
+    train_role="policy",
+    rollout_role="generation",
+    keys={
+        "tp": f"{T.MEG}.tensor_model_parallel_size",
+        "pp": f"{T.MEG}.pipeline_model_parallel_size",
+        "cp": f"{T.MEG}.context_parallel_size",
+        "ep": f"{T.MEG}.expert_model_parallel_size",
+        "etp": f"{T.MEG}.expert_tensor_parallel_size",
+        "rollout_tp": f"{T.VLLM}.tensor_parallel_size",
+        "first_stage_layers": f"{T.MEG}.num_layers_in_first_pipeline_stage",
+        "last_stage_layers": f"{T.MEG}.num_layers_in_last_pipeline_stage",
+    },
+)
+"""Core's degree findings in NeMo-RL's words: the role and the recipe's keys."""
 
 
 def _unknown_keys(r: R.Recipe) -> list[Finding]:
@@ -374,7 +392,20 @@ def _summary(plan, r: R.Recipe, memory, placement=None, train=None) -> Summary:
         "memory": memory,
         "framework": f"NeMo-RL {snap.RELEASE}",
         "defaults": r.parents,
-        **({"placement": placement.to_dict(), "train_gpus": train.gpus if train else None} if sep else {}),
+        **({"placement": _placement(placement, c, train), "train_gpus": train.gpus if train else None} if sep else {}),
+    }
+
+
+def _placement(placement, c, train) -> dict[str, object]:
+    """The separate pools as the summary shows them: each pool's GPUs and GPUs per node, NeMo-RL's schedule."""
+    one_node = c.nnodes == 1
+    return {
+        **placement.to_dict(),
+        "rollout_gpus_per_node": placement.rollout_gpus if one_node else c.gpus_per_node,
+        "train_gpus": train.gpus if train else c.gpus - placement.rollout_gpus,
+        "train_gpus_per_node": train.gpus_per_node if train else c.gpus_per_node,
+        "shared_nodes": one_node,
+        "trainer": "NeMo-RL async GRPO" if placement.staleness > 0 else "NeMo-RL GRPO, non-colocated",
     }
 
 
@@ -394,6 +425,10 @@ def diagnose_recipe(
     ]
     findings += _unknown_keys(r)
     findings += _nemo_rules(r)
+    from grpo_tune.frameworks.nemo_rl import async_checks
+
+    for sev, msg, hint in async_checks.check(snap.unflatten(dict(r.resolved))):  # NeMo-RL's own async checks
+        findings.append(Finding(E if sev == "error" else W, "BAD_CONFIG", msg, hint))
     report = Report(source=str(path), kind="nemo_rl_recipe", findings=findings)
     for msg, hint in read.unsupported(r):
         findings.append(Finding(E, "TRAINER_UNSUPPORTED", msg, hint))
@@ -412,7 +447,8 @@ def diagnose_recipe(
         wl = read.workload_of(r)
         s = read.strategy_of(r, m, tc.gpus, tc.gpus_per_node)
     except InvalidDegreesError as exc:
-        findings.append(Finding(E, "INVALID_DEGREES", exc.message, exc.hint))
+        message, hint = TERMS.say(exc.message, exc.hint)  # the role, and hints in NeMo-RL's keys
+        findings.append(Finding(E, "INVALID_DEGREES", message, hint))
         report.summary = {"framework": f"NeMo-RL {snap.RELEASE}", "defaults": r.parents}
         return report
     except GrpoTuneError as exc:

@@ -144,9 +144,20 @@ class NemoRL(Framework):
 
     tune_label = " (NeMo-RL recipe)"
     separate_label = "NeMo-RL recipe with a separate generation pool"
-    separate_written = (
-        "its nemo_rl.yaml is the whole recipe, generation pool included (no tuned.yaml for separate recipes)"
-    )
+    separate_written = "tuned.yaml is your recipe (its defaults) with the keys that change"
+
+    def separate_tuned_file(
+        self, plan: LaunchPlan, best: RunConfig, run_parent: Path
+    ) -> tuple[str, str, int, dict[str, tuple[object, object]], list[str]]:
+        """tuned.yaml for a separate plan: ``defaults:`` naming the user's recipe, then the priced keys that change
+        (the policy's plan, the generation pool and the staleness, with what NeMo-RL's async GRPO asserts)."""
+        from grpo_tune.frameworks.nemo_rl import table, tune
+
+        r = cast(recipe.Recipe, plan.launch)
+        new = {**tune.keys_for(best.strategy, plan.model), **table.write_placement(best.placement, best.cluster)}
+        changes = {k: (r.get(k), v) for k, v in new.items() if not _same(r.get(k), v)}
+        text = tune.tuned_text(r, changes, run_parent / "run")
+        return "tuned.yaml", text, 0o644, changes, []
 
     def tune_constraints(self) -> Mapping[str, object]:
         return CONSTRAINTS
@@ -173,6 +184,16 @@ class NemoRL(Framework):
         # any run folder directly below run_parent names the recipe by the same relative path
         text = tune.tuned_text(cast(recipe.Recipe, plan.launch), dict(changes), run_parent / "run")
         return "tuned.yaml", text, 0o644
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal values (numbers to a relative 1e-9: a YAML float and the plan's)."""
+    import math
+
+    num = (int, float)
+    if isinstance(a, num) and isinstance(b, num) and not isinstance(a, bool) and not isinstance(b, bool):
+        return math.isclose(float(a), float(b), rel_tol=1e-9)
+    return a == b
 
 
 def _norm(v: object) -> object:

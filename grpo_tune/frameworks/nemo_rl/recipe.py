@@ -138,9 +138,15 @@ def _omegaconf():
         ) from None
     from omegaconf import OmegaConf
 
+    import warnings
+
     for name, fn in (("mul", lambda a, b: a * b), ("div", lambda a, b: a / b), ("max", lambda a, b: max(a, b))):
         if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, fn)
+            # NeMo-RL's resolvers, registered as it does; an OmegaConf that calls this API deprecated says so on
+            # every command (issue 38): the user cannot act on it, so it is not shown
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                OmegaConf.register_new_resolver(name, fn)
     return omegaconf
 
 

@@ -522,6 +522,7 @@ PLACEMENT_KEYS = (
     f"{ASYNC}.enabled",
     f"{ASYNC}.max_trajectory_age_steps",
     f"{LOSS}.use_importance_sampling_correction",
+    f"{VLLM}.async_engine",
 )
 
 
@@ -566,6 +567,8 @@ def write_placement(placement: Placement, cluster: Cluster) -> dict[str, object]
         out[f"{ASYNC}.max_trajectory_age_steps"] = placement.staleness
         # grpo_math_1B.yaml: "Async GRPO requires importance sampling correction enabled"
         out[f"{LOSS}.use_importance_sampling_correction"] = True
+        # async_grpo_train asserts an async engine (nemo_rl/algorithms/grpo.py, v0.7.0; async_checks.py)
+        out[f"{VLLM}.async_engine"] = True
     return out
 
 

@@ -79,3 +79,11 @@ def tuned_text(r: R.Recipe, changes: Mapping[str, tuple[object, object]], out_di
     ]
     tree = snap.unflatten(values)
     return "\n".join(head) + "\n" + yaml.safe_dump({"defaults": rel, **tree}, sort_keys=False, width=1000)
+
+
+def priced_keys() -> frozenset[str]:
+    """Every NeMo-RL key tune may change: the keys the table writes for the searched plan fields, and the
+    placement's (the generation pool, the staleness, what async GRPO asserts). Any other key of the user's
+    recipe is left as is (tests/test_tune_contract.py)."""
+    keys = {k.lstrip("+") for r in T.rows(T.S) if r.field in (*SEARCHED, *SEARCHED_EXTRA) for k in r.keys}
+    return frozenset(keys | set(T.PLACEMENT_KEYS))

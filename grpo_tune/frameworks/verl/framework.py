@@ -136,18 +136,24 @@ class Verl(Framework):
 
     tunes_separate = True
     separate_label = "verl fully-async launch"
-    separate_written = "its verl.sh is the whole fully-async launch (no tuned.sh for separate launches)"
+    separate_written = "tuned.sh is your launch with the keys that change"
+
+    def separate_tuned_file(
+        self, plan: LaunchPlan, best: RunConfig, run_parent: Path
+    ) -> tuple[str, str, int, dict[str, tuple[object, object]], list[str]]:
+        """tuned.sh for a separate plan: the user's launch with the priced keys edited in place (the trainer switched
+        to fully-async when the launch's cannot run the plan; frameworks/verl/retune.py)."""
+        from grpo_tune.frameworks.verl.retune import edited_launch, separate_edit
+        from grpo_tune.frameworks.verl.script import runtime_notes
+
+        launch = cast(Launch, plan.launch)
+        edit = separate_edit(launch, best, plan.model)
+        mode = stat.S_IMODE(launch.path.stat().st_mode) | stat.S_IRUSR | stat.S_IWUSR
+        notes = edit.notes + runtime_notes(launch, edit.changes)
+        return "tuned.sh", edited_launch(launch, edit), mode, edit.changes, notes
 
     def separate_label_of(self, plan: LaunchPlan) -> str:
         return "verl one-step-off launch" if cast(Launch, plan.launch).one_step else self.separate_label
-
-    def separate_written_of(self, plan: LaunchPlan) -> str:
-        if cast(Launch, plan.launch).one_step:  # grpo-tune emits the fully-async trainer (docs/placement.md)
-            return (
-                "its verl.sh is the whole launch, for verl's fully-async trainer: the one-step-off schedule "
-                "(staleness 1, no partial rollout, a sync per step) is one of its settings; no tuned.sh"
-            )
-        return self.separate_written
 
     def tune_keys(self, plan: LaunchPlan, strategy: Strategy) -> dict[str, object]:
         launch = cast(Launch, plan.launch)

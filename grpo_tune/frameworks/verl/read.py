@@ -78,23 +78,11 @@ def strategy_from(get: Get, model: ModelSpec) -> Strategy:
 
 
 def _pipeline_split_accounting(get: Get, model: ModelSpec, d: dict[str, Any]) -> None:
-    """Megatron's ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``
-    (megatron-core TransformerConfig; verl's 235B example sets both): the embedding and the loss count as
-    one layer each in the even split, so the first / last stage hold one decoder layer fewer. Written
-    here as the explicit first / last stage sizes the plan carries (unless the launch pins those)."""
-    pp = d.get("pp", 1)
-    emb = get(f"{OTC}.account_for_embedding_in_pipeline_split") is True
-    loss = get(f"{OTC}.account_for_loss_in_pipeline_split") is True
-    if pp <= 1 or not (emb or loss) or "first_stage_layers" in d or "last_stage_layers" in d:
+    """Megatron's account_for_* pipeline-split keys as explicit first / last stage sizes (:func:`table.
+    pipeline_split`, the reading diagnose shares), unless the launch pins those."""
+    if "first_stage_layers" in d or "last_stage_layers" in d:
         return
-    total = model.layers + int(emb) + int(loss)
-    if total % pp:
-        return  # megatron-core refuses it too; validate() reports the split
-    per = total // pp
-    if emb:
-        d["first_stage_layers"] = per - 1
-    if loss:
-        d["last_stage_layers"] = per - 1
+    d.update(table.pipeline_split(get, model.layers, d.get("pp", 1)))
 
 
 def overrides_for(s: Strategy, model: ModelSpec, get: Get, present: set[str]) -> dict[str, object]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -190,9 +190,15 @@ def runtime_notes(launch: Launch, changes: Changes) -> list[str]:
     ]
 
 
-def tuned_text(launch: Launch, changes: Changes, fixes: Fixes | None = None) -> str:
+def tuned_text(
+    launch: Launch,
+    changes: Changes,
+    fixes: Fixes | None = None,
+    declared: Callable[[str], bool] | None = None,
+) -> str:
     """The launch with each changed override rewritten in place; keys it did not set are added just before its
-    last override. ``fixes`` (:func:`key_fixes`) first renames or drops the keys verl refuses, and a comment at
+    last override (with ``+`` unless ``declared(key)``: the trainer's config has it; verl's base config by
+    default). ``fixes`` (:func:`key_fixes`) first renames or drops the keys verl refuses, and a comment at
     the top says so. Everything else (paths, env, comments, unrelated keys, line endings) is left byte for byte.
 
     Each edit replaces one whole shell word as the reader splits the script (a word continued over several lines
@@ -239,7 +245,8 @@ def tuned_text(launch: Launch, changes: Changes, fixes: Fixes | None = None) -> 
     missing = []
     for key, (_old, new) in changes.items():
         if key not in found:
-            plus = "+" if verl.key_status(key) != "declared" else ""
+            known = declared(key) if declared is not None else verl.key_status(key) == "declared"
+            plus = "" if known else "+"
             missing.append((_token(plus, key, new), f"{plus}{key}={_fmt(new)}"))
     if missing and launch.kind == "verl_script" and before.args:
         cmd, exp = before.args[-1], expected[-1]

@@ -517,3 +517,26 @@ def format_value(v: object) -> str:
 
 def overrides(values: Mapping[str, object]) -> list[str]:
     return [f"{k}={format_value(v)}" for k, v in values.items()]
+
+
+def pipeline_split(get: Get, layers: int, pp: int) -> dict[str, int]:
+    """Megatron's ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``
+    (megatron-core TransformerConfig; verl's Qwen3-235B example sets both): the embedding and the loss count as
+    one layer each in the even split, so the first / last stage hold one decoder layer fewer. Returned as the
+    explicit first / last stage sizes (``first_stage_layers`` / ``last_stage_layers``) the plan carries; empty
+    when neither key is set, pp is 1, or the counted layers do not split evenly (megatron-core refuses that too,
+    and the stage rule says so). The one reading: ``tune`` (read.py) and ``diagnose`` (rules_plan.py) use it."""
+    emb = get(f"{OTC}.account_for_embedding_in_pipeline_split") is True
+    loss = get(f"{OTC}.account_for_loss_in_pipeline_split") is True
+    if pp <= 1 or not (emb or loss):
+        return {}
+    total = layers + int(emb) + int(loss)
+    if total % pp:
+        return {}
+    per = total // pp
+    out: dict[str, int] = {}
+    if emb:
+        out["first_stage_layers"] = per - 1
+    if loss:
+        out["last_stage_layers"] = per - 1
+    return out

@@ -202,9 +202,12 @@ def diagnose_path(
             config_name=facts["config_name"],
         )
     ovs, fnd = parse_override_list(text)
-    if not ovs:
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    plain = [ln for ln in lines if all("=" in w for w in ln.replace("\\", " ").split())]
+    if not ovs or len(plain) * 2 < len(lines):  # prose with a few `a=b` in it (a README) is not an override list
         raise ConfigError(
-            f"{p}: no key=value overrides found",
+            f"{p} is not a launch: neither a script that starts verl nor a list of key=value overrides "
+            f"({len(plain)} of its {len(lines)} lines are overrides)",
             hint="pass a best.yaml, a verl launch script or a file with one override per line",
         )
     return diagnose_overrides(ovs, hardware=hardware, model=model, source=str(p), findings=fnd)

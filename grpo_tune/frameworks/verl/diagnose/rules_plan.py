@@ -20,8 +20,34 @@ from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
 from grpo_tune.frameworks.verl.diagnose.context import Batches, Ctx
 from grpo_tune.frameworks.base.findings import MemorySummary, Roles, Severity
+from grpo_tune.frameworks.base.terms import Terms
 
 E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
+
+_M = f"{ACTOR}.megatron"
+TERMS = Terms(
+    train_role="actor (and ref)",
+    rollout_role="rollout",
+    keys={
+        **{
+            d: f"{_M}.{k}"
+            for d, k in {
+                "tp": "tensor_model_parallel_size",
+                "pp": "pipeline_model_parallel_size",
+                "vpp": "virtual_pipeline_model_parallel_size",
+                "cp": "context_parallel_size",
+                "ep": "expert_model_parallel_size",
+                "etp": "expert_tensor_parallel_size",
+            }.items()
+        },
+        "rollout_tp": f"{ROLLOUT}.tensor_model_parallel_size",
+        "first_stage_layers": f"+{table.OTC}.num_layers_in_first_pipeline_stage",
+        "last_stage_layers": f"+{table.OTC}.num_layers_in_last_pipeline_stage",
+    },
+    uneven=f" (or {table.OTC}.account_for_embedding_in_pipeline_split=True / account_for_loss_in_pipeline_split=True, "
+    "which count the embedding and the loss as a layer each)",
+)
+"""Core's degree findings in verl's words: the role and the launch's keys."""
 
 
 # verl engine key -> our degree name
@@ -70,7 +96,8 @@ def _check_degrees(c: Ctx) -> bool:
         for f in found:
             if f.code == "EXPERT_IMBALANCE" and any(x.code == f.code for x in c.findings):
                 continue  # already said from the verl keys
-            c.add(Severity(str(f.severity)), f.code, f.message, f.hint)
+            message, hint = TERMS.say(f.message, f.hint)  # the role, and hints in verl's keys
+            c.add(Severity(str(f.severity)), f.code, message, hint)
             ok = ok and f.severity != "error"
     return ok
 
@@ -254,6 +281,9 @@ def _strategy(c: Ctx, roles: Roles) -> Strategy:
     )
     if fields.get("sequence_parallel") is not None:
         fields["sequence_parallel"] = bool(fields["sequence_parallel"])
+    if c.model is not None and fields.get("first_stage_layers") is None and fields.get("last_stage_layers") is None:
+        # the account_for_* keys, read as tune reads them (table.pipeline_split)
+        fields.update(table.pipeline_split(c.raw, c.model.layers, a["pp"] or 1))
     return Strategy.from_dict(fields)
 
 
