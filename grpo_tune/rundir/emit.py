@@ -61,10 +61,10 @@ def predicted(est: Estimate) -> dict[str, Any]:
     return est.predicted()
 
 
-FROM_SCRATCH_LR = {"tiny": 3e-3}
+FROM_SCRATCH_LR = {"tiny": 3e-3, "tiny-vllm": 3e-3}
 """The emitted learning rate for presets that have no pretrained weights and train from a random init
-(``tiny``, on CPU). verl's 1e-6 is a fine-tuning rate for a pretrained model: at it tiny's reward stays
-flat for hundreds of steps; at 3e-3 it rises within 20 steps on the synthetic task
+(``tiny`` and ``tiny-vllm``, on CPU). verl's 1e-6 is a fine-tuning rate for a pretrained model: at it tiny's
+reward stays flat for hundreds of steps; at 3e-3 it rises within 20 steps on the synthetic task
 (tests/test_quickstart.py)."""
 
 
