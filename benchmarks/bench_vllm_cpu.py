@@ -137,14 +137,20 @@ def fit(rows: list[dict]) -> dict:
     pts = []
     for r in rows:
         m, hw, cl, s, w = _plan(r["concurrency"], r["response_len"])
-        pts.append(Point(m, hw, cl, s, w, measured_step_s=r["call_s"], label=f"C{r['concurrency']}L{r['response_len']}"))
+        pts.append(
+            Point(m, hw, cl, s, w, measured_step_s=r["call_s"], label=f"C{r['concurrency']}L{r['response_len']}")
+        )
 
     def pred(params: dict[str, float], pt: Point):
         t = predict(pt.workload.prompts, pt.workload.response_len, params["decode_efficiency"])["call_s"]
         return t, {"rollout": t}
 
     res = calibrate_fit(
-        pts, base={"decode_efficiency": base}, predict=pred, names=["decode_efficiency"], bounds={"decode_efficiency": (1e-3, 1.0)}
+        pts,
+        base={"decode_efficiency": base},
+        predict=pred,
+        names=["decode_efficiency"],
+        bounds={"decode_efficiency": (1e-3, 1.0)},
     )
     de = res.params["decode_efficiency"]
     meas = [r["call_s"] for r in rows]

@@ -47,6 +47,9 @@ How it works (the same scheme as verl's SPMD vLLM rollout):
   - sleep mode is off (vLLM's CPU platform refuses it: "Sleep mode is not supported on current platform"):
     ``free_cache_engine`` is not honoured and the engine stays resident, which a note says once;
   - the engine is in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the weight push reaches its model;
+  - the CPU backend repacks the linear weights for its GEMM kernels after loading, so a second
+    ``load_weights`` cannot write them: each push runs inside vLLM's layerwise in-place reload
+    (:meth:`VLLMRollout._reload_hooks`), bucket by bucket;
   - rollout TP > 1 is refused with a coded error (this adapter has not run vLLM's CPU backend sharded
     under torchrun); rollout replicas (rollout DP) are what a multi-rank CPU run uses;
   - vLLM's CPU wheel pulls the CUDA torchvision/torchaudio/torchcodec from PyPI, which cannot load with the
