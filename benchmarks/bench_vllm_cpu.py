@@ -11,10 +11,13 @@ decode step ((t_L - t_1) / (L - 1)).
 The cost model prices the same call on the ``cpu`` profile with vLLM as its engine (costmodel.rollout.rollout_s,
 ``rollout_engine = "vllm"``: one replica, C prompts x n=1 of exactly L response tokens, max_num_seqs = C):
 ``decode_step_s`` at concurrency C and ``prefill_s + decode_s`` for the call. With ``--fit`` the cpu profile's
-rollout parameter ``decode_efficiency`` (profiles/hardware/cpu.toml, the share of the bandwidth roofline decode
-reaches) is fitted to the measured call times through the calibration path (autotune.calibrate.fit.fit with a
-rollout-only predict), and the rollout error (MAPE over the points, and for the tiny plan C=16, L=64) is printed
-before and after. The stack's per-step overheads (profiles/stacks/grpo-tune-cpu.toml) stay as they are.
+rollout parameters are fitted to the measured call times through the calibration path (autotune.calibrate.fit.fit
+with a rollout-only predict), and the rollout error (MAPE over the points, and for the tiny plan C=16, L=64) is
+printed before and after. Two fits: ``decode_efficiency`` alone (the rollout key profiles/hardware/cpu.toml holds:
+the share of the bandwidth roofline decode reaches), and the decode step's host costs, which the time model keeps
+in the software stack (``decode_step_overhead_s``, ``decode_sequence_overhead_s``, ``eager_layer_overhead_s``;
+profiles/stacks/grpo-tune-cpu.toml holds the native sampler's). Nothing is written into a profile: the fitted
+values are in the JSON (see docs/measurements.md).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def _cfg(max_len: int):
     )
 
 
-def measure(lengths: list[int], repeats: int = 2) -> list[dict]:
+def measure(lengths: list[int], repeats: int = 5) -> list[dict]:
     import random
 
     from grpo_tune.trainer.rollout import get_rollout_engine
@@ -103,70 +106,71 @@ def measure(lengths: list[int], repeats: int = 2) -> list[dict]:
     return [{"engine_build_s": build_s}] + rows
 
 
-def _plan(C: int, L: int, decode_efficiency: float | None = None):
-    """The cost model's inputs for one measured call (cpu profile, vLLM as the engine)."""
+def _plan(C: int, L: int, eff: dict[str, float] | None = None):
+    """The cost model's inputs for one measured call (cpu profile, vLLM as the engine, ``eff`` overriding
+    efficiency fields)."""
     from grpo_tune.core.specs import load_hardware, load_model
     from grpo_tune.core.strategy import Cluster, Strategy, Workload
 
     hw = load_hardware("cpu")
     hw = dataclasses.replace(hw, rollout_engine="vllm")
-    if decode_efficiency is not None:
-        hw = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, decode_efficiency=decode_efficiency))
+    if eff:
+        hw = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, **eff))
     s = Strategy.of(enforce_eager=True, max_num_seqs=C, max_num_batched_tokens=1024)
     w = Workload(prompts=C, n=1, prompt_len=PROMPT_LEN, response_len=L, response_len_mean=L, mini_batch=C, dtype="fp32")
     return load_model("tiny-vllm"), hw, Cluster(gpus=1, gpus_per_node=1), s, w
 
 
-def predict(C: int, L: int, decode_efficiency: float | None = None) -> dict[str, float]:
+def predict(C: int, L: int, eff: dict[str, float] | None = None) -> dict[str, float]:
     from grpo_tune.costmodel.rollout import rollout_s
     from grpo_tune.costmodel.timing import CALIBRATION_DEFAULTS
 
-    m, hw, cl, s, w = _plan(C, L, decode_efficiency)
+    m, hw, cl, s, w = _plan(C, L, eff)
     r = rollout_s(m, hw, cl, s, w, dict(CALIBRATION_DEFAULTS))
     return {"call_s": r["prefill_s"] + r["decode_s"], "decode_step_s": r["decode_step_s"]}
 
 
+HOST_KEYS = ("decode_step_overhead_s", "decode_sequence_overhead_s", "eager_layer_overhead_s")
+
+
 def fit(rows: list[dict]) -> dict:
-    """decode_efficiency fitted to the measured call times through autotune.calibrate.fit.fit."""
+    """The cpu profile's rollout parameters fitted to the measured call times through autotune.calibrate.fit.fit."""
     from grpo_tune.autotune.calibrate.fit import Point
     from grpo_tune.autotune.calibrate.fit import fit as calibrate_fit
     from grpo_tune.autotune.calibrate.stats import mape
     from grpo_tune.core.specs import load_hardware
 
-    base = load_hardware("cpu").efficiency.decode_efficiency
+    eff0 = load_hardware("cpu").efficiency
     pts = []
     for r in rows:
         m, hw, cl, s, w = _plan(r["concurrency"], r["response_len"])
-        pts.append(
-            Point(m, hw, cl, s, w, measured_step_s=r["call_s"], label=f"C{r['concurrency']}L{r['response_len']}")
-        )
+        label = f"C{r['concurrency']}L{r['response_len']}"
+        pts.append(Point(m, hw, cl, s, w, measured_step_s=r["call_s"], label=label))
 
     def pred(params: dict[str, float], pt: Point):
-        t = predict(pt.workload.prompts, pt.workload.response_len, params["decode_efficiency"])["call_s"]
+        t = predict(pt.workload.prompts, pt.workload.response_len, params)["call_s"]
         return t, {"rollout": t}
 
-    res = calibrate_fit(
-        pts,
-        base={"decode_efficiency": base},
-        predict=pred,
-        names=["decode_efficiency"],
-        bounds={"decode_efficiency": (1e-3, 1.0)},
-    )
-    de = res.params["decode_efficiency"]
     meas = [r["call_s"] for r in rows]
     tiny = next(r for r in rows if (r["concurrency"], r["response_len"]) == TINY_PLAN)
-    before_t = predict(*TINY_PLAN, base)["call_s"]
-    after_t = predict(*TINY_PLAN, de)["call_s"]
-    return {
-        "decode_efficiency_before": base,
-        "decode_efficiency_after": de,
-        "mape_before_pct": mape([predict(r["concurrency"], r["response_len"], base)["call_s"] for r in rows], meas),
-        "mape_after_pct": mape([predict(r["concurrency"], r["response_len"], de)["call_s"] for r in rows], meas),
-        "tiny_plan": {"concurrency": TINY_PLAN[0], "response_len": TINY_PLAN[1], "measured_s": tiny["call_s"]},
-        "tiny_plan_error_before_pct": 100 * (before_t - tiny["call_s"]) / tiny["call_s"],
-        "tiny_plan_error_after_pct": 100 * (after_t - tiny["call_s"]) / tiny["call_s"],
-        "at_bound": res.at_bound,
+    out: dict = {"tiny_plan": {"concurrency": TINY_PLAN[0], "response_len": TINY_PLAN[1], "measured_s": tiny["call_s"]}}
+    fits = {
+        "decode_efficiency": ({"decode_efficiency": eff0.decode_efficiency}, {"decode_efficiency": (1e-3, 1.0)}),
+        "host_costs": ({k: getattr(eff0, k) for k in HOST_KEYS}, {k: (1e-7, 1.0) for k in HOST_KEYS}),
     }
+    for name, (base, bounds) in fits.items():
+        res = calibrate_fit(pts, base=base, predict=pred, names=list(base), bounds=bounds)
+        after = {k: res.params[k] for k in base}
+        out[name] = {
+            "before": base,
+            "after": after,
+            "mape_before_pct": mape([predict(r["concurrency"], r["response_len"], base)["call_s"] for r in rows], meas),
+            "mape_after_pct": mape([predict(r["concurrency"], r["response_len"], after)["call_s"] for r in rows], meas),
+            "tiny_plan_error_before_pct": 100 * (predict(*TINY_PLAN, base)["call_s"] / tiny["call_s"] - 1),
+            "tiny_plan_error_after_pct": 100 * (predict(*TINY_PLAN, after)["call_s"] / tiny["call_s"] - 1),
+            "at_bound": res.at_bound,
+        }
+    return out
 
 
 def main(argv=None) -> int:

@@ -142,6 +142,8 @@ def _separate_cfg(tmp: Path, *, rollout_tp: int = 1):
 
 def test_two_plus_two_separate_pools_at_staleness_one_with_vllm_rollouts(tmp_path):
     rows = train_run(_separate_cfg(tmp_path), tmp_path, timeout=900)
+    for r in rows:
+        print({k: r.get(k) for k in ("step", "sample_age", "is_weight_mean", "rollout_logprob_diff_max", "loss")})
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["weight_version"] for r in rows] == [0, 1, 2, 3]
     assert [r["sample_version"] for r in rows] == [0, 0, 1, 2]
