@@ -93,8 +93,10 @@ def test_the_emitted_plan_trains_with_vllm_and_the_reward_rises_as_with_the_nati
         assert {"timing_s/gen", "timing_s/update_weights", "timing_s/update_actor"} <= set(x)
         assert x["weight_sync_buckets"] >= 1
         # vLLM (fp32, CPU) against the trainer's recomputed log-probs of the same tokens: close, not equal
-        assert 0 <= x["training/rollout_probs_diff_mean"] <= x["training/rollout_probs_diff_max"] < 0.05
-        assert 0 <= x["rollout_logprob_diff_mean"] <= x["rollout_logprob_diff_max"] < 0.1
+        # (measured over 80 steps: log-prob |diff| mean 0.0014-0.0057, max up to 0.22; docs/measurements.md)
+        assert 0 <= x["training/rollout_probs_diff_mean"] <= x["training/rollout_probs_diff_max"] < 0.2
+        assert 0 <= x["rollout_logprob_diff_mean"] <= x["rollout_logprob_diff_max"] < 1.0
+        assert x["rollout_logprob_diff_mean"] < 0.03
         assert x["training/rollout_actor_probs_pearson_corr"] > 0.99
     assert not any("rollout_probs_diff_mean" in x for x in n)  # the native sampler is the trainer itself
     (vb, va), (nb, na) = _rise(v), _rise(n)
@@ -150,7 +152,7 @@ def test_two_plus_two_separate_pools_at_staleness_one_with_vllm_rollouts(tmp_pat
     assert all(0 <= r["sample_age"] <= 1 for r in rows)
     assert all(math.isfinite(r["loss"]) for r in rows)
     # the behaviour log-probs are vLLM's: on-policy (step 1) they still differ a little from the trainer's
-    assert 0 < rows[0]["rollout_logprob_diff_max"] < 0.1
+    assert 0 < rows[0]["rollout_logprob_diff_max"] < 1.0 and rows[0]["rollout_logprob_diff_mean"] < 0.03
     # and the off-policy correction is made of them: truncated importance weights pi_old / pi_vllm
     assert all(r["is_weight_mean"] <= 2.0 and r["is_weight_max"] > 0 for r in rows)
     stale = [r for r in rows if r["sample_age"] == 1 and r["step"] > 2]
@@ -165,3 +167,19 @@ def test_rollout_tp_above_one_is_refused_on_cpu_with_a_coded_error(tmp_path):
     with pytest.raises(ConfigError) as e:
         get_rollout_engine("vllm", cfg=cfg, tokenizer=None)
     assert e.value.code == "TRAINER_UNSUPPORTED" and "rollout_tp=2" in str(e.value)
+
+
+def test_profile_runs_the_plan_with_vllm(best, tmp_path):
+    """`grpo-tune profile` (what refine's trials run) with rollout_engine: vllm: its synthetic tokenizer has no
+    EOS (id -1), which vLLM would refuse as a stop id."""
+    text = best.read_text()
+    assert "rollout_engine: auto" in text
+    cfg = tmp_path / "best_vllm.yaml"
+    cfg.write_text(text.replace("rollout_engine: auto", "rollout_engine: vllm"))
+    out = tmp_path / "profile.json"
+    _cli(
+        ["profile", "--config", str(cfg), "--steps", "3", "--out", str(tmp_path / "prof"), "--json", str(out)], tmp_path
+    )
+    d = json.loads(out.read_text())
+    assert d["status"] == "ok" and d["step_s"] > 0
+    assert all(d["phases_s"][p] > 0 for p in ("rollout", "weight_sync", "update"))

@@ -467,7 +467,8 @@ class VLLMRollout:
         if self._stale_prefixes and hasattr(self.llm, "reset_prefix_cache"):
             self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self._stale_prefixes = False
-        stop = sorted({*params.stop_token_ids, *([] if self.eos_id is None else [self.eos_id])})
+        # a negative id means "no such token" (profile mode's synthetic tokenizer has no EOS): vLLM refuses it
+        stop = sorted(t for t in {*params.stop_token_ids, *([] if self.eos_id is None else [self.eos_id])} if t >= 0)
         base = dict(
             n=1,
             temperature=params.temperature,
