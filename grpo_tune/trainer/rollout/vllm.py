@@ -162,7 +162,7 @@ def cpu_kv_cache_bytes(cfg: RunConfig) -> int:
     The cost model's KV arithmetic (:func:`costmodel.memory.kv_cache_capacity`: ``gpu_memory_utilization``
     x the rank's memory, less vLLM's weights and working set) on this rank's share of the host's RAM (a
     ``memory_is_host`` profile), capped at what ``max_num_seqs`` sequences of ``prompt_len + response_len``
-    can ever hold (vLLM allocates the whole budget at start-up; more is never used), at the run's dtype,
+    can ever hold at the run's dtype (vLLM allocates the whole budget at start-up; more is never used),
     and at least one full-length sequence (vLLM refuses to start below that). A sequence holds whole blocks
     of :data:`CPU_BLOCK_SIZE` tokens, so the cap counts each one rounded up to blocks.
     """
@@ -180,7 +180,7 @@ def cpu_kv_cache_bytes(cfg: RunConfig) -> int:
     seq = -(-(w.prompt_len + w.response_len) // CPU_BLOCK_SIZE) * CPU_BLOCK_SIZE
     most = eng.max_num_seqs * seq * per_tok
     least = seq * per_tok
-    return int(max(least, min(cap.kv_bytes * scale, most)))
+    return int(max(least, min(cap.kv_bytes, most)))  # bytes left are bytes: a wider dtype holds fewer tokens
 
 
 def _inner_model(llm):
