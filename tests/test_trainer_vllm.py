@@ -442,3 +442,84 @@ def test_adapter_buckets_the_sync_by_the_plans_sync_bucket_mb(fake_vllm, tmp_pat
     assert loads == [["w0", "w1"], ["w2", "w3"], ["w4"]]
     default = VLLMRollout(cfg=_cfg(tmp_path), tokenizer=CharTokenizer(), device="cpu", sleep_level=1)
     assert default.bucket_bytes == 2048 << 20  # verl 0.9.1's default, the plan's when unset
+
+
+# ---- vLLM on CPU: what runs without vLLM (the real engine: tests/test_vllm_cpu*.py, marker `vllm`) ----------------
+
+
+def test_rollout_mismatch_is_verls_probability_difference_and_ours_in_log_probs():
+    """verl's calculate_debug_metrics: |exp(lp_actor) - exp(lp_rollout)| over the response tokens (mean, max,
+    std) and the Pearson correlation of the probabilities; ours: the log-prob difference. Golden values by hand."""
+    import math as m
+
+    import torch
+
+    from grpo_tune.trainer.loop import rollout_mismatch, scatter_response_logprobs
+
+    trainer = torch.tensor([[0.0, -1.0, -2.0, 0.0], [0.0, -0.5, -3.0, 0.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
+    rollout = scatter_response_logprobs([[1, 2], [1, 2]], [[-1.1, -2.0], [-0.3]], mask)
+    assert torch.allclose(rollout, torch.tensor([[0.0, -1.1, -2.0, 0.0], [0.0, -0.3, 0.0, 0.0]]))
+    got = rollout_mismatch(trainer, rollout, mask)
+    dp = [abs(m.exp(-1.0) - m.exp(-1.1)), 0.0, abs(m.exp(-0.5) - m.exp(-0.3))]
+    assert got["rollout_probs_diff_mean"] == pytest.approx(sum(dp) / 3, rel=1e-5)
+    assert got["rollout_probs_diff_max"] == pytest.approx(max(dp), rel=1e-5)
+    assert got["rollout_logprob_diff_mean"] == pytest.approx((0.1 + 0.0 + 0.2) / 3, rel=1e-5)
+    assert got["rollout_logprob_diff_max"] == pytest.approx(0.2, rel=1e-5)
+    assert 0.9 < got["rollout_actor_probs_pearson_corr"] <= 1.0
+    assert rollout_mismatch(trainer, trainer, torch.zeros_like(mask)) == {}  # no response token: nothing to log
+
+
+def test_the_mismatch_reaches_verls_names():
+    from grpo_tune.trainer.tracking import verl_metrics
+
+    out = verl_metrics({"rollout_probs_diff_mean": 0.01, "rollout_probs_diff_max": 0.2, "weight_version": 3})
+    assert out["training/rollout_probs_diff_mean"] == 0.01 and out["training/rollout_probs_diff_max"] == 0.2
+    assert out["training/rollout_probs_diff_valid"] == 1.0 and out["training/weight_version"] == 3.0
+    assert "training/rollout_probs_diff_valid" not in verl_metrics({"weight_version": 0})  # the native sampler
+
+
+def test_the_cpu_kv_cache_is_the_priced_one_capped_by_max_num_seqs(tmp_path):
+    """vLLM on CPU gets the KV bytes the cost model leaves (gpu_memory_utilization x this rank's share of the RAM,
+    less weights and working set), but never more than max_num_seqs sequences in whole 128-token blocks hold at
+    the run's dtype."""
+    import dataclasses
+
+    from grpo_tune.core.config import RunConfig, TrainerOptions
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Strategy, Workload
+    from grpo_tune.costmodel.memory import kv_bytes_per_token, kv_cache_capacity
+    from grpo_tune.trainer.rollout.vllm import CPU_BLOCK_SIZE, cpu_kv_cache_bytes
+
+    m, hw = load_model("tiny-vllm"), load_hardware("cpu")
+
+    def cfg(seqs, gmu, gpus=1, dtype="fp32"):
+        return RunConfig(
+            model=m,
+            hardware=hw,
+            cluster=Cluster(gpus=gpus, gpus_per_node=gpus),
+            strategy=Strategy.of(max_num_seqs=seqs, gpu_memory_utilization=gmu),
+            workload=Workload(prompts=8, n=2, prompt_len=100, response_len=60, mini_batch=8, dtype=dtype),
+            trainer=TrainerOptions(rollout_engine="vllm"),
+        )
+
+    per_tok = kv_bytes_per_token(m, 1)  # bf16 bytes per token
+    assert cpu_kv_cache_bytes(cfg(16, 0.5)) == 16 * 2 * CPU_BLOCK_SIZE * per_tok * 2  # 160 tokens: 2 blocks, fp32
+    assert cpu_kv_cache_bytes(cfg(16, 0.5, dtype="bf16")) == 16 * 2 * CPU_BLOCK_SIZE * per_tok
+    # a budget below the cap: the cost model's KV bytes on this rank's share of the host's RAM (2 ranks)
+    c = cfg(20_000, 0.2, gpus=2)
+    share = dataclasses.replace(hw, hbm_bytes=int(hw.rank_memory_bytes(2)))
+    want = kv_cache_capacity(m, share, c.strategy, c.workload).kv_bytes
+    assert cpu_kv_cache_bytes(c) == int(want) and 0 < want < hw.hbm_bytes / 2
+
+
+def test_negative_stop_ids_never_reach_vllm(fake_vllm, tmp_path):
+    """Profile mode's synthetic tokenizer has no EOS (id -1): vLLM refuses an out-of-vocabulary stop id."""
+    import types
+
+    from grpo_tune.trainer.rollout import SamplingParams
+    from grpo_tune.trainer.rollout.vllm import VLLMRollout
+
+    eng = VLLMRollout(cfg=_cfg(tmp_path), tokenizer=types.SimpleNamespace(eos_id=-1), device="cpu")
+    eng.generate([[2, 5]], SamplingParams(max_tokens=2, stop_token_ids=(7,)))
+    assert fake_vllm.seen_params[0].kw["stop_token_ids"] == [7]

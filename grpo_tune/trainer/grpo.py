@@ -295,6 +295,11 @@ def truncated_is_weights(
     System for Language Reasoning", arXiv 2505.24298, sec. 5; Hilton et al. 2021) weights each token's clipped
     loss by pi_prox / pi_behaviour, truncated at ``threshold`` as verl's ``algorithm.rollout_correction``
     (``rollout_is: token``, ``rollout_is_threshold`` 2.0) does to bound the variance.
+    When the behaviour log-probs are the rollout engine's own (vLLM returns them with each sampled token), the
+    same weights also correct the engine/trainer mismatch: this is the truncated importance sampling (TIS) of
+    Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training" (the trainer's
+    probability over the inference engine's, truncated at C), which verl implements as that token-level
+    ``rollout_is``; separate pools at staleness >= 1 with ``rollout_engine: vllm`` use it so.
     Metrics: ``is_weight_mean``, ``is_weight_max`` (before truncation) and ``is_truncated_frac`` over the
     response tokens.
     """

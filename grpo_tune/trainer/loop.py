@@ -267,7 +267,11 @@ class GRPOLoop:
 
     # -- phases ---------------------------------------------------------------------------------
     def _generate(self, prompts: list[list[int]], step: int) -> list[list[int]]:
+        """Responses in prompt order. An engine that returns its own log-probs of the sampled tokens
+        (vLLM) leaves them in ``self._rollout_lp`` for the rollout/trainer mismatch metrics."""
         c, d = self.cfg, self.d
+        self._rollout_lp = None
+        with_lp = callable(getattr(self.rollout, "generate_with_logprobs", None))
         params = SamplingParams(
             temperature=c.temperature,
             top_p=c.top_p,
@@ -276,17 +280,26 @@ class GRPOLoop:
             seed=c.seed * 1_000_003 + step,
         )
         if getattr(self.rollout, "collective_batch", False) or d.world_size == 1:
+            if with_lp:
+                out, self._rollout_lp = self.rollout.generate_with_logprobs(prompts, params)
+                return out
             return self.rollout.generate(prompts, params)
         # One replica per rollout_tp ranks; each replica samples its contiguous share.
         replicas = d.world_size // d.rollout_tp
         rep = d.rank // d.rollout_tp
         per = -(-len(prompts) // replicas)
-        mine = self.rollout.generate(
-            prompts[rep * per : (rep + 1) * per], dataclasses.replace(params, seed=params.seed * 4099 + rep)
+        share = prompts[rep * per : (rep + 1) * per]
+        share_params = dataclasses.replace(params, seed=params.seed * 4099 + rep)
+        mine = (
+            self.rollout.generate_with_logprobs(share, share_params)
+            if with_lp
+            else (self.rollout.generate(share, share_params), None)
         )
         parts: list = [None] * d.world_size
         dist.all_gather_object(parts, mine)
-        return [r for k in range(replicas) for r in parts[k * d.rollout_tp]]
+        if with_lp:
+            self._rollout_lp = [x for k in range(replicas) for x in parts[k * d.rollout_tp][1]]
+        return [r for k in range(replicas) for r in parts[k * d.rollout_tp][0]]
 
     def _rollout_phase(self, step: int, prompts: list[list[int]], timer: PhaseTimer):
         """Colocated: sync the rollout engine's weights, generate, around any offload. Returns (responses,
@@ -331,6 +344,9 @@ class GRPOLoop:
         lp_kw = dict(max_tokens=c.log_prob_max_tokens_per_gpu, lengths=lengths) if c.log_prob_max_tokens_per_gpu else {}
         lp_mbs = c.log_prob_mbs or c.mbs
         is_w, is_metrics = None, {}
+        rollout_lp = behaviour_lp
+        if rollout_lp is None and getattr(self, "_rollout_lp", None) is not None:
+            rollout_lp = scatter_response_logprobs(prompts, self._rollout_lp, mask)
         if behaviour_lp is not None and not self.recompute_logprobs:
             # the rollout's log-probs are the old ones (verl's rollout_correction.bypass_mode): no old pass,
             # the PPO ratio is taken against the behaviour policy itself
@@ -348,6 +364,7 @@ class GRPOLoop:
             from .grpo import truncated_is_weights
 
             is_w, is_metrics = truncated_is_weights(old_lp, behaviour_lp, mask, c.is_threshold)
+        mismatch = rollout_mismatch(old_lp, rollout_lp, mask) if rollout_lp is not None else {}
         ref_lp = None
         if self.ref is not None and c.loss.use_kl:
             with timer("ref_logprob"):
@@ -404,6 +421,10 @@ class GRPOLoop:
             "tokens_per_s": total_tokens / step_s,
             "tokens_per_s_per_gpu": total_tokens / step_s / d.world_size,
         }
+        out["weight_version"] = step  # colocated: the rollout ran on the weights after `step` updates
+        if self.sync_weights and hasattr(self.rollout, "buckets_pushed"):
+            out["weight_sync_buckets"] = int(self.rollout.buckets_pushed)
+        out.update(mismatch)
         out.update(is_metrics)
         out.update(extra)
         out["update_micro_batches"] = int(sum(x.get("_micro_batches", 0) for x in mb_metrics))
@@ -490,6 +511,41 @@ class GRPOLoop:
             ):
                 self.save()
         return self.history
+
+
+def scatter_response_logprobs(prompts: list[list[int]], lps: list[list[float]], mask: torch.Tensor) -> torch.Tensor:
+    """Per-response log-prob lists (a rollout engine's, one per sampled token) on the ``mask[B, S-1]`` grid."""
+    out = torch.zeros_like(mask, dtype=torch.float32)
+    for i, (p, lp) in enumerate(zip(prompts, lps)):
+        if lp:
+            out[i, len(p) - 1 : len(p) - 1 + len(lp)] = torch.tensor(lp, dtype=torch.float32)
+    return out
+
+
+def rollout_mismatch(trainer_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> dict:
+    """The rollout engine's log-probs of its sampled tokens against the trainer's recomputed ones.
+
+    Under verl's names and definitions (``verl/utils/debug/metrics.py``, ``calculate_debug_metrics``, logged
+    as ``training/rollout_probs_diff_*``): the absolute difference of the two *probabilities*
+    ``|exp(lp_trainer) - exp(lp_rollout)|`` over the response tokens (mean, max, std) and the Pearson
+    correlation of the probabilities; and, ours, the absolute difference of the log-probs
+    (``rollout_logprob_diff_mean`` / ``_max``), the figure the off-policy correction's weights are made of.
+    """
+    m = mask.bool()
+    if not bool(m.any()):
+        return {}
+    a, b = trainer_lp.detach().float()[m], rollout_lp.detach().float()[m]
+    pa, pb = a.exp(), b.exp()
+    dp, dl = (pa - pb).abs(), (a - b).abs()
+    corr = float(torch.corrcoef(torch.stack([pa, pb]))[0, 1]) if a.numel() > 1 else 1.0
+    return {
+        "rollout_probs_diff_mean": float(dp.mean()),
+        "rollout_probs_diff_max": float(dp.max()),
+        "rollout_probs_diff_std": float(dp.std()) if dp.numel() > 1 else 0.0,
+        "rollout_actor_probs_pearson_corr": corr if corr == corr else 1.0,  # constant vectors: nan -> 1
+        "rollout_logprob_diff_mean": float(dl.mean()),
+        "rollout_logprob_diff_max": float(dl.max()),
+    }
 
 
 def _append_jsonl(path: Path, rec: dict) -> None:

