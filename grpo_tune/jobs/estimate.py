@@ -7,6 +7,7 @@ prints it.
 from __future__ import annotations
 
 
+import dataclasses
 from dataclasses import dataclass
 
 from grpo_tune.core.placement import Placement, PlacementAsk
@@ -31,8 +32,6 @@ def run_estimate(req: EstimateRequest) -> Estimate:
     from grpo_tune.core.strategy import Strategy
 
     if req.pins.get("engine") == "auto":  # --rollout-engine auto: the plan on each engine, the faster one
-        import dataclasses
-
         from grpo_tune.core.choices import Engine
         from grpo_tune.costmodel.results import step_s
 
