@@ -245,7 +245,9 @@ def _print_tuned(o: TuneOutcome, *, json_out: bool) -> None:
     if run_dir is not None:
         c.print(f"wrote [bold]{run_dir}/[/] ({', '.join(sorted(p.name for p in files.values()))})", highlight=False)
     if place.allows_split:
-        _print_split(c, res, split, place, split_dir, split_files, o.split_changes, o.split_notes)
+        _print_split(
+            c, res, split, place, split_dir, split_files, o.framework.change_lines(o.split_changes), o.split_notes
+        )
     if o.left is not None:
         _print_left(c, o.left)
 
@@ -312,9 +314,7 @@ def _print_separate(o: TuneOutcome, *, json_out: bool) -> None:
         for note in o.notes:
             c.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
         c.print("keys that change or are added:")
-        from grpo_tune.frameworks.verl.script import diff_lines
-
-        for ln in diff_lines(sep.changes):
+        for ln in fw.change_lines(sep.changes):
             c.print(f"[{'red' if ln.startswith('-') else 'green'}]{escape(ln)}[/]", highlight=False, soft_wrap=True)
     if run_dir is not None:
         c.print(
@@ -331,9 +331,10 @@ def _print_split(
     place: PlacementAsk,
     run_dir: Path | None,
     files: dict[str, Path],
-    changes: dict[str, tuple[object, object]] | None = None,
+    changes: list[str] | None = None,
     notes: list[str] | None = None,
 ) -> None:
+    """``changes``: the keys of the user's launch that change, as the framework's diff lines."""
     from grpo_tune.validate.grpo import STATED_ERROR_PCT
 
     k = place.staleness
@@ -359,10 +360,8 @@ def _print_split(
     for note in notes or []:
         c.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     if changes:
-        from grpo_tune.frameworks.verl.script import diff_lines
-
         c.print("keys of your launch that change or are added for it:")
-        for ln in diff_lines(changes):
+        for ln in changes:
             c.print(f"[{'red' if ln.startswith('-') else 'green'}]{escape(ln)}[/]", highlight=False, soft_wrap=True)
     if run_dir is not None:
         c.print(

@@ -10,6 +10,8 @@ type, launches and recipes through :class:`~grpo_tune.core.strategy.Cluster` and
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from .errors import ConfigError
 
 MAX_GPUS = 1 << 20
@@ -85,3 +87,27 @@ def check(name: str, value: object, bound: int, *, where: str = "") -> None:
         hint=f"give a value of at most {bound:,} (the bound is far above any real cluster or batch: "
         "a larger number is a typo or a unit mix-up)",
     )
+
+
+def bound_of_key(key: str) -> int:
+    """The bound of a framework key by what its name counts (verl's and NeMo-RL's spellings): nodes and GPUs,
+    GPUs per node, tokens and lengths, batch sizes and counts of prompts; any other integer :data:`MAX_INT`."""
+    leaf = key.rsplit(".", 1)[-1].lower()
+    if leaf.endswith("per_node"):
+        return MAX_GPUS_PER_NODE
+    if leaf in ("nnodes", "num_nodes") or leaf.endswith(("_parallel_size", "model_parallel_size")):
+        return MAX_GPUS
+    if "length" in leaf or "token" in leaf or leaf.endswith("_len"):
+        return MAX_TOKENS
+    if "batch" in leaf or "prompts" in leaf or "generations" in leaf or leaf in ("n", "max_num_seqs"):
+        return MAX_BATCH
+    if "epoch" in leaf or "steps" in leaf:
+        return MAX_STEPS
+    return MAX_INT
+
+
+def check_keys(values: Iterable[tuple[str, object]], *, where: str = "") -> None:
+    """Every integer value of a launch or recipe, refused above its key's bound (:func:`bound_of_key`): what
+    diagnose reads is held to the bounds tune and search hold it to."""
+    for key, value in values:
+        check(key, value, bound_of_key(key), where=where)

@@ -241,7 +241,9 @@ def _tune_separate(out: TuneOutcome, cal: dict[str, float] | None) -> None:
     )
     k = place.staleness or p0.staleness
     rollout_gpus, partial = place.rollout_gpus, place.partial_rollout or p0.partial_rollout
-    pins = req.pins
+    # the knobs tune keeps as the launch sets them (the engine's, the batching mode) are pinned here as in the
+    # colocated tuning: tuned.sh keeps them, so a plan that needs others is not what the tuned file runs
+    pins = T._tune_pins(plan, req.keep, req.pins)[0]
     if not fw.tunes_separate:
         rollout_gpus, partial = p0.rollout_gpus, p0.partial_rollout
         pins = fw.separate_pins({**pins, **fw.constraints()})

@@ -295,7 +295,7 @@ def rayjob_yaml(
         f"The PersistentVolumeClaim {RUNS_CLAIM!r} (a shared volume holding the run folders; change",
         "claimName to yours) is mounted in every pod at",
         f"  {mount}",
-        "so that the entrypoint finds the run folder where grpo-tune wrote it.",
+        "so that the entrypoint finds the run folder that grpo-tune filled.",
         f"image {image!r} is a placeholder for an image with {framework} and Ray; set",
         "spec.rayClusterSpec.rayVersion to its Ray version, and the pods' cpu/memory to your nodes.",
         f"Run:  kubectl apply -f THIS_FILE; kubectl get rayjob {name}; kubectl logs -f job/{name}",

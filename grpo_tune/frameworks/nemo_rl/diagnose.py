@@ -413,6 +413,9 @@ def diagnose_recipe(
     path: str | Path, overrides: Sequence[str] = (), *, hardware: str | None = None, model: str | None = None
 ) -> Report:
     r = R.load(path, list(overrides))
+    from grpo_tune.core import bounds
+
+    bounds.check_keys(dict(r.resolved).items(), where=str(path))  # held to the bounds tune holds it to
     findings = [
         Finding(
             W,

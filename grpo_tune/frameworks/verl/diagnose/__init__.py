@@ -17,6 +17,7 @@ import os
 import re
 from pathlib import Path
 
+from grpo_tune.core import bounds as _bounds
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, InvalidDegreesError
 from grpo_tune.core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 
@@ -192,6 +193,7 @@ def diagnose_path(
         )
     if looks_like_script(text):
         ovs, fnd, facts = parse_script(text)
+        _bounds.check_keys(((o.key, o.value) for o in ovs), where=str(p))
         return diagnose_overrides(
             ovs,
             hardware=hardware,
@@ -202,6 +204,7 @@ def diagnose_path(
             config_name=facts["config_name"],
         )
     ovs, fnd = parse_override_list(text)
+    _bounds.check_keys(((o.key, o.value) for o in ovs), where=str(p))
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     plain = [ln for ln in lines if all("=" in w for w in ln.replace("\\", " ").split())]
     if not ovs or len(plain) * 2 < len(lines):  # prose with a few `a=b` in it (a README) is not an override list
