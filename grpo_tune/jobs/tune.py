@@ -221,7 +221,6 @@ def _tune_separate(out: TuneOutcome, cal: dict[str, float] | None) -> None:
     from grpo_tune.autotune import tune as T
     from grpo_tune.rundir.emit import emit_run, run_config
     from grpo_tune.autotune.search.placement import search_placement
-    from grpo_tune.costmodel.placement import estimate_separate
 
     req, plan, place, fw = out.request, out.plan, out.request.place, out.framework
     p0 = plan.placement
@@ -229,16 +228,7 @@ def _tune_separate(out: TuneOutcome, cal: dict[str, float] | None) -> None:
     hw_r = place.rollout_profile()
     if hw_r is not None:
         p0 = dataclasses.replace(p0, rollout_hardware=hw_r.name)
-    cur = estimate_separate(
-        model=plan.model,
-        hardware=plan.hardware,
-        cluster=plan.cluster,
-        strategy=plan.strategy,
-        workload=plan.workload,
-        placement=p0,
-        rollout_hardware=hw_r,
-        calibration=cal,
-    )
+    cur = _price_separate(plan, p0, hw_r, cal)
     k = place.staleness or p0.staleness
     rollout_gpus, partial = place.rollout_gpus, place.partial_rollout or p0.partial_rollout
     # the knobs tune keeps as the launch sets them (the engine's, the batching mode) are pinned here as in the
@@ -294,7 +284,6 @@ def _reread_separate(out: TuneOutcome, found: Estimate, cal: dict[str, float] | 
     import tempfile
 
     from grpo_tune.core.errors import GrpoTuneError
-    from grpo_tune.costmodel.placement import estimate_separate
     from grpo_tune.frameworks import read_plan
     from grpo_tune.rundir.emit import run_config
 
@@ -318,13 +307,21 @@ def _reread_separate(out: TuneOutcome, found: Estimate, cal: dict[str, float] | 
     if p2 is None or p2.placement is None:
         return None
     p = p2.placement if hw_r is None else dataclasses.replace(p2.placement, rollout_hardware=hw_r.name)
+    return _price_separate(p2, p, hw_r, cal)
+
+
+def _price_separate(plan: LaunchPlan, placement, hw_r, cal: dict[str, float] | None) -> Estimate:
+    """A launch's plan priced on its separate pools (the rollout pool on ``hw_r`` when given): the launch as read
+    and the tuned file read back are priced alike."""
+    from grpo_tune.costmodel.placement import estimate_separate
+
     return estimate_separate(
-        model=p2.model,
-        hardware=p2.hardware,
-        cluster=p2.cluster,
-        strategy=p2.strategy,
-        workload=p2.workload,
-        placement=p,
+        model=plan.model,
+        hardware=plan.hardware,
+        cluster=plan.cluster,
+        strategy=plan.strategy,
+        workload=plan.workload,
+        placement=placement,
         rollout_hardware=hw_r,
         calibration=cal,
     )
