@@ -138,3 +138,39 @@ class _FakeEngine:
 
     def resume(self):
         pass
+
+
+def test_a_batch_sampled_in_parts_draws_the_whole_batchs_tokens():
+    # rows=(offset, total): each part draws its rows' share of the whole batch's uniforms, so a rollout pool that
+    # streams a step one mini-batch at a time (trainer/separate.py) samples the colocated step's responses
+    w = torch.randn(V, V, generator=torch.Generator().manual_seed(3)) * 2
+
+    def fn(tokens, lengths):  # a row's next-token logits depend on its own last token only
+        return w[tokens[torch.arange(tokens.shape[0]), lengths - 1]]
+
+    def step(chunk, start):  # the same model as a KV-cache step function
+        return w[chunk[:, -1]]
+
+    g = torch.Generator().manual_seed(5)
+    prompts = [[int(t) for t in torch.randint(4, V, (1 + i % 3,), generator=g)] for i in range(12)]
+    params = SamplingParams(max_tokens=7, seed=11, top_p=0.9)
+    for cached, logits_fn in ((False, fn), (True, step)):
+        whole = sample(logits_fn, prompts, params, pad_id=PAD, eos_id=EOS, cached=cached)
+        parts = [
+            r
+            for o in range(0, 12, 4)
+            for r in sample(logits_fn, prompts[o : o + 4], params, pad_id=PAD, eos_id=EOS, cached=cached, rows=(o, 12))
+        ]
+        assert parts == whole
+        assert len({len(r) for r in whole}) > 1  # some rows stop at EOS early: the draws are not in lockstep
+        # without the whole batch's draws, the parts sample other tokens
+        apart = [
+            r
+            for o in range(0, 12, 4)
+            for r in sample(logits_fn, prompts[o : o + 4], params, pad_id=PAD, eos_id=EOS, cached=cached)
+        ]
+        assert apart != whole
+    # the cached and uncached samplers agree on the parts too
+    assert sample(step, prompts[4:8], params, pad_id=PAD, eos_id=EOS, cached=True, rows=(4, 12)) == sample(
+        fn, prompts[4:8], params, pad_id=PAD, eos_id=EOS, rows=(4, 12)
+    )

@@ -3,7 +3,8 @@
 A 2 + 2 process run at staleness 1 trains on samples at most one policy version old, logs the weight
 version per step and finite losses, and corrects off-policy samples with truncated importance weights;
 a staleness-0 separate run (2 rollout + 2 training processes) reproduces the colocated run's losses
-(2 processes training and sampling) on the same seed.
+(2 processes training and sampling) on the same seed, also when the training pool streams the step's
+mini-batches (``placement.stream``) and starts updating before the last one is generated.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ def _cfg(
     sync_interval: int = 1,
     recompute_logprobs: bool = True,
     checkpoint_every: int | None = None,
+    stream: bool = False,
+    mini_batch: int = 4,
+    response_len: int = 6,
+    mbs: int = 8,
 ):
     from grpo_tune.core.config import RunConfig, TrainerOptions
     from grpo_tune.core.placement import Placement
@@ -38,8 +43,10 @@ def _cfg(
         model=load_model("tiny"),
         hardware=load_hardware("cpu"),
         cluster=Cluster(gpus=gpus, gpus_per_node=gpus),
-        strategy=Strategy.of(mbs=8, recompute="none", rollout_tp=1),
-        workload=Workload(prompts=8, n=4, prompt_len=8, response_len=6, mini_batch=4, kl=False, dtype="fp32"),
+        strategy=Strategy.of(mbs=mbs, recompute="none", rollout_tp=1),
+        workload=Workload(
+            prompts=8, n=4, prompt_len=8, response_len=response_len, mini_batch=mini_batch, kl=False, dtype="fp32"
+        ),
         trainer=TrainerOptions(
             steps=steps,
             lr=3e-3,
@@ -55,6 +62,7 @@ def _cfg(
             staleness=staleness,
             sync_interval=sync_interval,
             recompute_logprobs=recompute_logprobs,
+            stream=stream,
         )
         if separate
         else Placement(),
@@ -128,3 +136,32 @@ def test_rollout_logprobs_as_the_old_ones_skip_the_old_pass(tmp_path):
     assert all(r["old_logprob_micro_batches"] == 0 and r["phases_s"]["old_logprob"] == 0 for r in rows)
     assert all(r["is_weight_mean"] == 1.0 and r["is_truncated_frac"] == 0.0 for r in rows)
     assert all(math.isfinite(r["loss"]) for r in rows) and any(abs(r["loss"]) > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_streamed_step_updates_before_the_last_group_and_matches_colocated(tmp_path):
+    # 4 mini-batches of 2 prompt groups; the rollout pool queues each as it is done, the training pool trains it
+    kw = dict(mini_batch=2, response_len=12, mbs=4)
+    sep = train_run(
+        _cfg(tmp_path / "sep", separate=True, stream=True, recompute_logprobs=False, **kw),
+        tmp_path / "sep",
+        timeout=420,
+    )
+    col = train_run(_cfg(tmp_path / "col", separate=False, **kw), tmp_path / "col", timeout=420)
+    assert [r["sample_age"] for r in sep] == [0, 0, 0]  # on-policy: every group of step t from the weights after t-1
+    for r in sep:
+        ev = r["stream_events"]
+        assert r["stream"] is True and r["stream_units"] == 4 and [e["unit"] for e in ev] == [0, 1, 2, 3]
+        # (a) the first mini-batch's update starts before the last mini-batch is generated (both clocks: time.time())
+        assert ev[0]["update_start_s"] < ev[-1]["ready_s"] == pytest.approx(r["stream_gen_end_s"])
+        assert all(e["ready_s"] <= e["got_s"] <= e["update_start_s"] <= e["update_end_s"] for e in ev)
+        assert r["stream_overlap_s"] > 0 and 0 < r["stream_first_wait_s"] < r["step_s"]
+        assert r["old_logprob_micro_batches"] == 0  # the rollout's log-probs are the old ones
+    # (b) the streamed losses are the colocated run's (same seed, data order and plan)
+    assert any(abs(r["loss"]) > 1e-6 for r in col)
+    for a, b in zip(sep, col):
+        assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-6)
+        assert a["response_len"] == b["response_len"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+        assert a["pg_loss"] == pytest.approx(b["pg_loss"], abs=1e-5)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)

@@ -214,6 +214,30 @@ def build_batch(
     return tokens, mask
 
 
+@dataclass
+class LogProbs:
+    """What the log-prob passes give the update of some rows (:meth:`GRPOLoop._logprob_passes`)."""
+
+    old: torch.Tensor
+    """The old (proximal) log-probs: recomputed, or the rollout's own (``recompute_logprobs`` off)."""
+    entropy: torch.Tensor | None
+    """The old pass's entropy (None when there was no old pass)."""
+    ref: torch.Tensor | None
+    is_weights: torch.Tensor | None
+    is_metrics: dict
+    micro: dict
+    """The passes' micro-batch counts (``old_logprob_micro_batches``, ``ref_logprob_micro_batches``)."""
+
+    def mini_batch(self, tokens: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, sl: slice) -> dict:
+        """The update's input for rows ``sl``."""
+        batch = {"tokens": tokens[sl], "mask": mask[sl], "old_logprobs": self.old[sl], "advantages": adv[sl]}
+        if self.ref is not None:
+            batch["ref_logprobs"] = self.ref[sl]
+        if self.is_weights is not None:
+            batch["is_weights"] = self.is_weights[sl]
+        return batch
+
+
 class GRPOLoop:
     """Runs GRPO steps on an actor :class:`Engine`, an optional reference, and a rollout engine.
 
@@ -327,8 +351,8 @@ class GRPOLoop:
 
     def step(self, step: int) -> dict:
         """Run step ``step`` (0-based) and return its metrics (the same on every rank)."""
-        c, d = self.cfg, self.d
-        timer = PhaseTimer(d, memory=self.track_memory)
+        c = self.cfg
+        timer = PhaseTimer(self.d, memory=self.track_memory)
         t0 = time.perf_counter()
         items = self.stream.next_batch()
         prompts = [items[j // c.n].prompt_ids for j in range(c.prompts * c.n)]
@@ -338,15 +362,47 @@ class GRPOLoop:
         rewards = torch.tensor([float(self.reward_fn(items[j // c.n], r)) for j, r in enumerate(responses)])
         adv = group_advantages(rewards, c.n, norm_by_std=c.norm_adv_by_std)
         tokens, mask = build_batch(prompts, responses, pad_id=self.pad_id, seq_multiple=c.seq_multiple)
-        temp = {"temperature": c.temperature} if c.temperature > 0 and c.temperature != 1.0 else {}
 
         lengths = torch.tensor([len(p) + len(r) for p, r in zip(prompts, responses)], dtype=torch.long)
-        lp_kw = dict(max_tokens=c.log_prob_max_tokens_per_gpu, lengths=lengths) if c.log_prob_max_tokens_per_gpu else {}
-        lp_mbs = c.log_prob_mbs or c.mbs
-        is_w, is_metrics = None, {}
         rollout_lp = behaviour_lp
         if rollout_lp is None and getattr(self, "_rollout_lp", None) is not None:
             rollout_lp = scatter_response_logprobs(prompts, self._rollout_lp, mask)
+        lp = self._logprob_passes(tokens, mask, lengths, behaviour_lp, timer)
+        old_lp = lp.old
+        mismatch = rollout_mismatch(old_lp, rollout_lp, mask) if rollout_lp is not None else {}
+
+        M = c.mini_batch * c.n
+        mb_metrics: list[dict] = []
+        with timer("update"):
+            for _epoch in range(c.ppo_epochs):
+                for b in range(c.prompts // c.mini_batch):
+                    sl = slice(b * M, (b + 1) * M)
+                    mb_metrics.append(self._train_minibatch(lp.mini_batch(tokens, mask, adv, sl), lengths[sl]))
+
+        extra = self._after_update(step, timer)
+        step_s = time.perf_counter() - t0 - timer.instrument_s  # the memory reads are not the step's work
+        entropy = float(agg_loss(lp.entropy, mask, "token-mean")) if lp.entropy is not None else None
+        return self._metrics(
+            step,
+            prompts,
+            responses,
+            rewards,
+            entropy=entropy,
+            step_s=step_s,
+            timer=timer,
+            mb_metrics=mb_metrics,
+            extra={**mismatch, **lp.is_metrics, **extra},
+            lp_micro=lp.micro,
+        )
+
+    def _logprob_passes(self, tokens, mask, lengths, behaviour_lp, timer: PhaseTimer) -> LogProbs:
+        """The old (proximal) and reference log-prob passes over ``tokens`` (a step's batch, or one streamed
+        mini-batch), and the off-policy importance weights: what the update of those rows needs."""
+        c = self.cfg
+        temp = {"temperature": c.temperature} if c.temperature > 0 and c.temperature != 1.0 else {}
+        lp_kw = dict(max_tokens=c.log_prob_max_tokens_per_gpu, lengths=lengths) if c.log_prob_max_tokens_per_gpu else {}
+        lp_mbs = c.log_prob_mbs or c.mbs
+        is_w, is_metrics = None, {}
         if behaviour_lp is not None and not self.recompute_logprobs:
             # the rollout's log-probs are the old ones (verl's rollout_correction.bypass_mode): no old pass,
             # the PPO ratio is taken against the behaviour policy itself
@@ -364,42 +420,50 @@ class GRPOLoop:
             from .grpo import truncated_is_weights
 
             is_w, is_metrics = truncated_is_weights(old_lp, behaviour_lp, mask, c.is_threshold)
-        mismatch = rollout_mismatch(old_lp, rollout_lp, mask) if rollout_lp is not None else {}
         ref_lp = None
         if self.ref is not None and c.loss.use_kl:
             with timer("ref_logprob"):
                 ref_lp, _ = self.ref.logprobs(tokens, micro_batch_size=lp_mbs, **temp, **lp_kw)
             lp_micro["ref_logprob_micro_batches"] = getattr(self.ref, "last_logprob_micro_batches", 0)
+        return LogProbs(old_lp, old_ent, ref_lp, is_w, is_metrics, lp_micro)
 
-        M = c.mini_batch * c.n
-        mb_metrics: list[dict] = []
-        with timer("update"):
-            for _epoch in range(c.ppo_epochs):
-                for b in range(c.prompts // c.mini_batch):
-                    sl = slice(b * M, (b + 1) * M)
-                    batch = {"tokens": tokens[sl], "mask": mask[sl], "old_logprobs": old_lp[sl], "advantages": adv[sl]}
-                    if ref_lp is not None:
-                        batch["ref_logprobs"] = ref_lp[sl]
-                    if is_w is not None:
-                        batch["is_weights"] = is_w[sl]
-                    # grpo.agg_loss normalizers: the whole mini-batch's token and sequence counts.
-                    num_tokens = float(mask[sl].sum())
-                    num_seqs = float((mask[sl].sum(-1) > 0).sum())
-                    up_kw = dict(max_tokens=c.max_tokens_per_gpu, lengths=lengths[sl]) if c.max_tokens_per_gpu else {}
-                    mb_metrics.append(
-                        self.actor.train_step(
-                            batch,
-                            self._loss_fn(num_tokens, num_seqs),
-                            micro_batch_size=c.mbs,
-                            with_entropy=c.loss.entropy_coef > 0,
-                            **temp,
-                            **up_kw,
-                        )
-                    )
-                    mb_metrics[-1]["_micro_batches"] = getattr(self.actor, "last_micro_batches", 0)
+    def _train_minibatch(self, batch: dict, lengths: torch.Tensor) -> dict:
+        """One optimizer step on one mini-batch (``batch``: its tokens, mask, old log-probs, advantages and, if
+        any, reference log-probs and importance weights); returns the engine's metrics."""
+        c = self.cfg
+        temp = {"temperature": c.temperature} if c.temperature > 0 and c.temperature != 1.0 else {}
+        # grpo.agg_loss normalizers: the whole mini-batch's token and sequence counts.
+        mask = batch["mask"]
+        num_tokens = float(mask.sum())
+        num_seqs = float((mask.sum(-1) > 0).sum())
+        up_kw = dict(max_tokens=c.max_tokens_per_gpu, lengths=lengths) if c.max_tokens_per_gpu else {}
+        m = self.actor.train_step(
+            batch,
+            self._loss_fn(num_tokens, num_seqs),
+            micro_batch_size=c.mbs,
+            with_entropy=c.loss.entropy_coef > 0,
+            **temp,
+            **up_kw,
+        )
+        m["_micro_batches"] = getattr(self.actor, "last_micro_batches", 0)
+        return m
 
-        extra = self._after_update(step, timer)
-        step_s = time.perf_counter() - t0 - timer.instrument_s  # the memory reads are not the step's work
+    def _metrics(
+        self,
+        step: int,
+        prompts: list[list[int]],
+        responses: list[list[int]],
+        rewards: torch.Tensor,
+        *,
+        entropy: float | None,
+        step_s: float,
+        timer: PhaseTimer,
+        mb_metrics: list[dict],
+        extra: dict,
+        lp_micro: dict,
+    ) -> dict:
+        """One step's metrics (the same on every rank)."""
+        d = self.d
         resp_lens = [len(r) for r in responses]
         total_tokens = sum(len(p) for p in prompts) + sum(resp_lens)
         out = {
@@ -408,7 +472,7 @@ class GRPOLoop:
             "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
             "response_len": float(statistics.fmean(resp_lens)),
             "response_len_max": max(resp_lens),
-            "entropy": float(agg_loss(old_ent, mask, "token-mean")) if old_ent is not None else None,
+            "entropy": entropy,
             "step_s": step_s,
             "phases_s": {p.value: timer.times[p] for p in PHASES},
             **(
@@ -424,8 +488,6 @@ class GRPOLoop:
         out["weight_version"] = step  # colocated: the rollout ran on the weights after `step` updates
         if self.sync_weights and hasattr(self.rollout, "buckets_pushed"):
             out["weight_sync_buckets"] = int(self.rollout.buckets_pushed)
-        out.update(mismatch)
-        out.update(is_metrics)
         out.update(extra)
         out["update_micro_batches"] = int(sum(x.get("_micro_batches", 0) for x in mb_metrics))
         out.update(lp_micro)  # per DP rank, like the update's

@@ -43,6 +43,7 @@ import dataclasses
 import datetime
 import io
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +52,8 @@ import torch.distributed as dist
 
 from grpo_tune.core.errors import ConfigError
 
-from .loop import GRPOLoop, PhaseTimer, build_batch, scatter_response_logprobs
+from .grpo import agg_loss, group_advantages, truncated_is_weights
+from .loop import GRPOLoop, PhaseTimer, build_batch, rollout_mismatch, scatter_response_logprobs
 from .rollout.base import SamplingParams
 
 _PREFIX = "grpo-tune-pools/"
@@ -200,14 +202,19 @@ def recv_weights(spec, pools: Pools, bucket_bytes: int) -> dict[str, torch.Tenso
 # -- samples -----------------------------------------------------------------------------------
 
 
-def _put(store, step: int, payload: dict) -> None:
+def _key(step: int, unit: int | None) -> str:
+    """A step's batch (``unit`` None), or mini-batch ``unit`` of a streamed step."""
+    return f"samples/{step}" if unit is None else f"samples/{step}/{unit}"
+
+
+def _put(store, step: int, payload: dict, unit: int | None = None) -> None:
     buf = io.BytesIO()
     torch.save(payload, buf)
-    store.set(f"samples/{step}", buf.getvalue())
+    store.set(_key(step, unit), buf.getvalue())
 
 
-def _get(store, step: int) -> dict:
-    raw = store.get(f"samples/{step}")  # blocks until the rollout pool has put it
+def _get(store, step: int, unit: int | None = None) -> dict:
+    raw = store.get(_key(step, unit))  # blocks until the rollout pool has put it
     return torch.load(io.BytesIO(raw), weights_only=False)
 
 
@@ -222,6 +229,8 @@ class SeparateLoop(GRPOLoop):
     staleness: int
     sync_interval: int
     bucket_bytes: int
+    streamed = False
+    """Take each step's mini-batches as they arrive (``placement.stream``); False: the whole batch at once."""
     _sample_version = 0
     _rollout_version = 0
     _start = 0
@@ -280,6 +289,105 @@ class SeparateLoop(GRPOLoop):
             "rollout_version": self._rollout_version,
         }
 
+    def step(self, step: int) -> dict:
+        return self._stream_step(step) if self.streamed else super().step(step)
+
+    def _stream_step(self, step: int) -> dict:
+        """A streamed step: each mini-batch of whole prompt groups is scored, passed through the log-prob passes
+        and trained (the first PPO epoch) as it arrives, while the rollout pool generates the rest; later epochs
+        wait for the last. The mini-batches are trained in the colocated step's order, each normalised by its own
+        token (or sequence) totals as :meth:`GRPOLoop.step` does, and group advantages need only the group, so
+        with the rollout's log-probs as the old ones (``recompute_logprobs: false``) the losses are the colocated
+        step's. With recomputed old log-probs, mini-batch ``k``'s proximal policy is the one after ``k`` updates
+        (verl's fully-async trainer computes them so), corrected to the rollout's by importance weights."""
+        c = self.cfg
+        timer = PhaseTimer(self.d, memory=self.track_memory)
+        t0, w0 = time.perf_counter(), time.time()
+        items = self.stream.next_batch()
+        prompts = [items[j // c.n].prompt_ids for j in range(c.prompts * c.n)]
+        M, units = c.mini_batch * c.n, c.prompts // c.mini_batch
+        parts, events, mb_metrics = [], [], []
+        responses: list[list[int]] = []
+        gen = (0.0, 0.0)
+        for k in range(units):
+            with timer("rollout"):  # the wait for mini-batch k (verl fully-async: _get_samples_from_queue)
+                msg = _get(self.pools.store, step, k)
+            got = time.time()
+            sl = slice(k * M, (k + 1) * M)
+            if msg["step"] != step or msg["unit"] != k or [list(p) for p in msg["prompts"]] != prompts[sl]:
+                raise RuntimeError(f"sample queue out of order at step {step}, mini-batch {k}")
+            self._sample_version = int(msg["version"])
+            gen = (float(msg["gen_start_ts"]), float(msg["ready_ts"]))
+            resp = msg["responses"]
+            responses += resp
+            rewards = torch.tensor([float(self.reward_fn(items[(k * M + j) // c.n], r)) for j, r in enumerate(resp)])
+            adv = group_advantages(rewards, c.n, norm_by_std=c.norm_adv_by_std)  # whole groups: the step's values
+            tokens, mask = build_batch(prompts[sl], resp, pad_id=self.pad_id, seq_multiple=c.seq_multiple)
+            lengths = torch.tensor([len(p) + len(r) for p, r in zip(prompts[sl], resp)], dtype=torch.long)
+            behaviour = msg["behaviour_logprobs"]
+            lp = self._logprob_passes(tokens, mask, lengths, behaviour, timer)
+            parts.append((tokens, mask, adv, lengths, lp, behaviour, rewards))
+            started = time.time()
+            with timer("update"):
+                mb_metrics.append(self._train_minibatch(lp.mini_batch(tokens, mask, adv, slice(None)), lengths))
+            events.append(
+                {
+                    "unit": k,
+                    "ready_s": float(msg["ready_ts"]) - w0,
+                    "got_s": got - w0,
+                    "update_start_s": started - w0,
+                    "update_end_s": time.time() - w0,
+                }
+            )
+        with timer("update"):  # later PPO epochs: every mini-batch is here now
+            for _epoch in range(1, c.ppo_epochs):
+                for tokens, mask, adv, lengths, lp, _, _ in parts:
+                    mb_metrics.append(self._train_minibatch(lp.mini_batch(tokens, mask, adv, slice(None)), lengths))
+        extra = self._after_update(step, timer)
+        step_s = time.perf_counter() - t0 - timer.instrument_s
+
+        # the step's figures over all mini-batches, as the whole batch gives them
+        def flat(i: int, of=lambda x: x) -> torch.Tensor:
+            return torch.cat([of(p[i])[p[1].bool()] for p in parts])
+
+        ones = torch.ones(sum(int(p[1].sum()) for p in parts))
+        old = flat(4, lambda lp: lp.old)
+        behaviour_flat = flat(5)
+        is_metrics = parts[0][4].is_metrics
+        if self.recompute_logprobs:
+            is_metrics = truncated_is_weights(old, behaviour_flat, ones, self.cfg.is_threshold)[1]
+        entropy = None
+        if parts[0][4].entropy is not None:
+            entropy = float(agg_loss(flat(4, lambda lp: lp.entropy), ones, "token-mean"))
+        micro: dict = {}
+        for p in parts:
+            for key, v in p[4].micro.items():
+                micro[key] = micro.get(key, 0) + v
+        gen_start, gen_end = gen[0] - w0, gen[1] - w0
+        overlap = sum(max(0.0, min(e["update_end_s"], gen_end) - e["got_s"]) for e in events)
+        stream = {
+            "stream": True,
+            "stream_units": units,
+            "stream_first_wait_s": events[0]["got_s"],
+            "stream_wait_s": timer.times["rollout"],
+            "stream_gen_start_s": gen_start,
+            "stream_gen_end_s": gen_end,
+            "stream_overlap_s": overlap,
+            "stream_events": events,
+        }
+        return self._metrics(
+            step,
+            prompts,
+            responses,
+            torch.cat([p[6] for p in parts]),
+            entropy=entropy,
+            step_s=step_s,
+            timer=timer,
+            mb_metrics=mb_metrics,
+            extra={**rollout_mismatch(old, behaviour_flat, ones), **is_metrics, **extra, **stream},
+            lp_micro=micro,
+        )
+
     def state_dict(self) -> dict:
         st = super().state_dict()
         if self.pools.bridge is not None:  # training rank 0 holds the synced copies
@@ -307,6 +415,7 @@ def train_pool(cfg, pools: Pools, *, resume: bool = True) -> list[dict]:
     loop.sync_interval = cfg.placement.sync_interval
     loop.bucket_bytes = cfg.strategy.rollout.sync_bucket_bytes
     loop.recompute_logprobs = cfg.placement.recompute_logprobs
+    loop.streamed = cfg.placement.stream
     done = loop.resume() if resume else 0
     if done and pools.leader:
         print(f"resumed from the checkpoint after step {done}", flush=True)
@@ -409,37 +518,64 @@ def _produce(cfg, pools: Pools, rcfg, lc, stream, tokenizer, eng, sampler, vllm,
             stop_token_ids=lc.stop_token_ids,
             seed=lc.seed * 1_000_003 + step,  # the colocated loop's seed for this step
         )
-        if eng is not None:
-            responses = sampler.generate(prompts, params)
-            tokens, mask = build_batch(prompts, responses, pad_id=tokenizer.pad_id, seq_multiple=lc.seq_multiple)
-            behaviour, _ = eng.logprobs(tokens, micro_batch_size=lc.log_prob_mbs or lc.mbs, **temp)
-        else:
-            # one vLLM replica per rollout_tp ranks, each sampling its contiguous share (as the colocated loop)
-            tp = cfg.strategy.rollout.rollout_tp
-            replicas, rep = pools.rollout_size // tp, pools.pool_rank // tp
-            per = -(-len(prompts) // replicas)
-            mine = vllm.generate_with_logprobs(
-                prompts[rep * per : (rep + 1) * per], dataclasses.replace(params, seed=params.seed * 4099 + rep)
-            )
-            parts: list = [None] * pools.rollout_size
-            dist.all_gather_object(parts, mine)
-            responses = [x for k in range(replicas) for x in parts[k * tp][0]]
-            lps = [x for k in range(replicas) for x in parts[k * tp][1]]
-            tokens, mask = build_batch(prompts, responses, pad_id=tokenizer.pad_id, seq_multiple=lc.seq_multiple)
-            behaviour = scatter_response_logprobs(prompts, lps, mask)
-        if pools.leader:
-            _put(
-                pools.store,
-                step,
-                {
-                    "step": step,
-                    "version": version,
-                    "prompts": prompts,
-                    "responses": responses,
-                    "behaviour_logprobs": behaviour.detach().cpu(),
-                },
-            )
+        gen_start = time.time()
+        if not cfg.placement.stream:
+            responses, behaviour = _sample(cfg, pools, lc, tokenizer, eng, sampler, vllm, prompts, params, temp)
+            if pools.leader:
+                _put(
+                    pools.store,
+                    step,
+                    {
+                        "step": step,
+                        "version": version,
+                        "prompts": prompts,
+                        "responses": responses,
+                        "behaviour_logprobs": behaviour.detach().cpu(),
+                    },
+                )
+        else:  # one mini-batch at a time, each queued as soon as it is done (the native sampler: the batch's draws)
+            M = lc.mini_batch * lc.n
+            for k in range(lc.prompts // lc.mini_batch):
+                part = prompts[k * M : (k + 1) * M]
+                responses, behaviour = _sample(
+                    cfg, pools, lc, tokenizer, eng, sampler, vllm, part, params, temp, rows=(k * M, len(prompts))
+                )
+                if pools.leader:
+                    payload = {
+                        "step": step,
+                        "unit": k,
+                        "version": version,
+                        "prompts": part,
+                        "responses": responses,
+                        "behaviour_logprobs": behaviour.detach().cpu(),
+                        "gen_start_ts": gen_start,
+                        "ready_ts": time.time(),
+                    }
+                    _put(pools.store, step, payload, unit=k)
         dist.barrier()
+
+
+def _sample(cfg, pools: Pools, lc, tokenizer, eng, sampler, vllm, prompts, params, temp, rows=None):
+    """The rollout pool's responses to ``prompts`` (rows ``rows = (offset, total)`` of the step's batch, or the
+    whole batch) and their behaviour log-probs on the ``build_batch`` grid (a collective in the pool)."""
+    if eng is not None:
+        responses = sampler.generate(prompts, params, rows=rows)
+        tokens, mask = build_batch(prompts, responses, pad_id=tokenizer.pad_id, seq_multiple=lc.seq_multiple)
+        behaviour, _ = eng.logprobs(tokens, micro_batch_size=lc.log_prob_mbs or lc.mbs, **temp)
+        return responses, behaviour
+    # one vLLM replica per rollout_tp ranks, each sampling its contiguous share (as the colocated loop); a
+    # streamed mini-batch is shared out the same way, its seeds apart from the other mini-batches'
+    tp = cfg.strategy.rollout.rollout_tp
+    replicas, rep = pools.rollout_size // tp, pools.pool_rank // tp
+    per = -(-len(prompts) // replicas)
+    seed = params.seed * 4099 + rep + (0 if rows is None else 7_919 * rows[0])
+    mine = vllm.generate_with_logprobs(prompts[rep * per : (rep + 1) * per], dataclasses.replace(params, seed=seed))
+    parts: list = [None] * pools.rollout_size
+    dist.all_gather_object(parts, mine)
+    responses = [x for k in range(replicas) for x in parts[k * tp][0]]
+    lps = [x for k in range(replicas) for x in parts[k * tp][1]]
+    tokens, mask = build_batch(prompts, responses, pad_id=tokenizer.pad_id, seq_multiple=lc.seq_multiple)
+    return responses, scatter_response_logprobs(prompts, lps, mask)
 
 
 def train(cfg, *, resume: bool = True) -> list[dict]:

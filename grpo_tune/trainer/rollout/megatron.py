@@ -47,10 +47,18 @@ class MegatronRollout:
     def _next_logits(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         return self.engine.next_token_logits(tokens, lengths, micro_batch_size=self.micro_batch_size)
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams, *, rows: tuple[int, int] | None = None
+    ) -> list[list[int]]:
+        """``rows = (offset, total)``: the prompts are that slice of a batch of ``total`` and draw its rows'
+        uniforms (:func:`trainer.rollout.sampling.sample`), so a batch sampled in parts is the whole batch's."""
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else self.generator
         kw = dict(
-            pad_id=self.tokenizer.pad_id, eos_id=self.tokenizer.eos_id, generator=gen, max_seq_len=self.max_seq_len
+            pad_id=self.tokenizer.pad_id,
+            eos_id=self.tokenizer.eos_id,
+            generator=gen,
+            max_seq_len=self.max_seq_len,
+            rows=rows,
         )
         with torch.no_grad():
             if not self.kv_cache or not prompt_ids:

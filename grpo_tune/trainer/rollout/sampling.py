@@ -90,6 +90,7 @@ def sample(
     max_seq_len: int | None = None,
     device: torch.device | str | None = None,
     cached: bool = False,
+    rows: tuple[int, int] | None = None,
 ) -> list[list[int]]:
     """Sample one response per prompt; returns the response ids only (see ``RolloutEngine.generate``).
 
@@ -99,11 +100,16 @@ def sample(
 
     ``logits_fn`` is a :data:`NextLogitsFn` (each step re-runs the whole prefix), or with
     ``cached=True`` a KV-cache :data:`StepFn` (``Engine.kv_session``): the same responses, draw for draw.
+
+    ``rows = (offset, total)``: these prompts are rows ``offset .. offset + len(prompt_ids) - 1`` of a batch of
+    ``total``, and each row draws the uniforms that row of the whole batch would draw (each draw is made for all
+    ``total`` rows and sliced), so sampling a batch in parts gives the whole batch's responses, draw for draw
+    (a rollout pool that streams a step's mini-batches samples them so: trainer/separate.py).
     """
     if len(prompt_ids) == 0:
         return []
     lens, budget, tokens = _padded_prompts(prompt_ids, params, pad_id=pad_id, max_seq_len=max_seq_len, device=device)
-    batch = _Batch(lens, budget, tokens, params, {eos_id, *params.stop_token_ids}, generator)
+    batch = _Batch(lens, budget, tokens, params, {eos_id, *params.stop_token_ids}, generator, rows)
     return _decode_cached(logits_fn, batch) if cached else _decode(logits_fn, batch)
 
 
@@ -118,6 +124,16 @@ class _Batch:
     params: SamplingParams
     stop_ids: set[int]
     generator: torch.Generator | None
+    rows: tuple[int, int] | None = None
+    """(offset, total): these rows' share of a whole batch's draws (see :func:`sample`); None: the batch is whole."""
+
+    def uniforms(self, device: torch.device) -> torch.Tensor:
+        """One decoding step's uniforms, one per row ``[B, 1]``: from the generator, over the whole batch."""
+        n = len(self.lens)
+        if self.rows is None:
+            return torch.rand((n, 1), generator=self.rng(device), device=device)
+        off, total = self.rows
+        return torch.rand((total, 1), generator=self.rng(device), device=device)[off : off + n]
 
     def rng(self, device: torch.device) -> torch.Generator | None:
         """The caller's generator, else one seeded with ``params.seed`` on the logits' device (made on first use),
@@ -143,8 +159,9 @@ def _decode(next_logits_fn: NextLogitsFn, batch: _Batch) -> list[list[int]]:
             break
         cur = int(lengths.max())
         logits = next_logits_fn(tokens[:, :cur], lengths)
+        u = batch.uniforms(logits.device) if batch.rows is not None and params.temperature != 0 else None
         nxt = sample_next(
-            logits, temperature=params.temperature, top_p=params.top_p, generator=batch.rng(logits.device)
+            logits, temperature=params.temperature, top_p=params.top_p, generator=batch.rng(logits.device), u=u
         ).to(tokens.device)
         live = ~done
         tokens[rows[live], lengths[live]] = nxt[live]
@@ -185,7 +202,7 @@ def _decode_cached(step_fn: StepFn, batch: _Batch) -> list[list[int]]:
             if params.temperature != 0:
                 for k in sorted({produced[b] for b in live}):
                     while len(draws) <= k:
-                        draws.append(torch.rand((n, 1), generator=generator, device=logits.device))
+                        draws.append(batch.uniforms(logits.device))
                 u = torch.stack([draws[produced[b]][b] for b in live])
             rows = torch.tensor(live)
             nxt = sample_next(
