@@ -99,19 +99,20 @@ def test_dry_run_of_a_separate_plan_shows_both_pools(tmp_path, capsys):
 
     cfg_path = write_cfg(tmp_path / "c.yaml", gpus=4, gpn=4, strategy={"tp": 2, "pp": 1})
     d = yaml.safe_load(cfg_path.read_text())
-    d["placement"] = Placement(mode="separate", rollout_gpus=2, staleness=1).to_dict()
+    d["placement"] = Placement(mode="separate", rollout_gpus=2, staleness=1, stream=True).to_dict()
     cfg_path.write_text(yaml.safe_dump(d))
     assert cli_main(["train", "--config", str(cfg_path), "--dry-run", "--json"]) == 0
     sm = json.loads(capsys.readouterr().out)
     assert sm["world_size"] == 4 and sm["dp"] == 1
     assert sm["placement"]["train_gpus"] == 2 and sm["placement"]["rollout_gpus"] == 2
-    assert sm["placement"]["staleness"] == 1
+    assert sm["placement"]["staleness"] == 1 and sm["placement"]["stream"] is True
     assert sm["roles"]["rollout"]["replicas"] == 2 and sm["roles"]["rollout"]["gpus"] == 2  # rollout_tp 1
     assert sm["memory"] is not None, sm["memory_note"]
     assert {"rollout", "update"} <= set(sm["memory"]["phases"])
     assert cli_main(["train", "--config", str(cfg_path), "--dry-run"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "separate pools: ranks 0-1 train, 2-3 roll out; staleness 1" in out, out
+    assert "each mini-batch trained as it arrives (streamed)" in out, out
     assert "tiny on 2 x cpu (training) + 2 x cpu (rollout)" in out, out
     assert "engine=auto, 2 replica(s)" in out and "on the 2 rollout GPUs" in out, out
 

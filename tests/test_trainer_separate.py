@@ -165,3 +165,17 @@ def test_streamed_step_updates_before_the_last_group_and_matches_colocated(tmp_p
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
         assert a["pg_loss"] == pytest.approx(b["pg_loss"], abs=1e-5)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_streamed_step_with_recomputed_old_logprobs_weighs_the_later_mini_batches(tmp_path):
+    # recompute_logprobs true: mini-batch k's old log-probs come from the weights after k updates of the step (as
+    # verl's fully-async trainer computes them), corrected to the rollout's by truncated importance weights
+    rows = train_run(
+        _cfg(tmp_path, separate=True, stream=True, steps=2, mini_batch=2, response_len=12, mbs=4), tmp_path, timeout=420
+    )
+    assert [r["sample_age"] for r in rows] == [0, 0] and all(r["stream_units"] == 4 for r in rows)
+    assert all(r["old_logprob_micro_batches"] > 0 and r["phases_s"]["old_logprob"] > 0 for r in rows)
+    # the first mini-batch is on-policy (weight 1); the updates before the later ones move their weights off 1
+    assert all(abs(r["is_weight_mean"] - 1.0) > 1e-4 and r["is_weight_mean"] <= 2.0 for r in rows)
+    assert all(math.isfinite(r["loss"]) for r in rows)

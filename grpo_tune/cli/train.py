@@ -108,7 +108,8 @@ def print_summary(sm: dict, cmd: list[str], console: Console) -> None:
             f"separate pools: ranks 0-{pools['train_gpus'] - 1} train, {pools['train_gpus']}-{sm['world_size'] - 1} "
             f"roll out; staleness {pools['staleness']}, weights synced every {pools['sync_interval']} update(s), "
             f"partial rollout {'on' if pools['partial_rollout'] else 'off'}, old log-probs "
-            + ("recomputed (importance-weighted)" if pools["recompute_logprobs"] else "the rollout's"),
+            + ("recomputed (importance-weighted)" if pools["recompute_logprobs"] else "the rollout's")
+            + (", each mini-batch trained as it arrives (streamed)" if pools.get("stream") else ""),
             highlight=False,
         )
     b, w = sm["batch"], sm["workload"]

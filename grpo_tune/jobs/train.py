@@ -341,6 +341,7 @@ def summary(cfg: RunConfig, lay: RankLayout) -> dict[str, object]:
             "partial_rollout": p.partial_rollout,
             "sync_interval": p.sync_interval,
             "recompute_logprobs": p.recompute_logprobs,
+            "stream": p.stream,
         }
         if p.separate
         else None
