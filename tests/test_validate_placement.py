@@ -137,3 +137,28 @@ def test_per_pool_phases_are_printed_next_to_the_published_ones():
 def test_fully_async_pair_within_tolerance():
     r = next(p for p in score_pairs()["pairs"] if p["id"] == "verl_fullyasync_30ba3b_mcore")
     assert abs(r["error_pct"]) <= TOLERANCE_PCT, r
+
+
+def test_a_staleness_zero_fully_async_pair_is_priced_streamed():
+    # verl's fully-async trainer at staleness_threshold 0 with require_batches 1 trains each mini-batch as it
+    # arrives (the on-policy stream, issue 40); a whole-batch fetch, the one-step-off trainer, or a rollouter ahead
+    # by any fraction is not priced streamed. The scored pairs (K = 1, threshold 0.5) do not stream.
+    import dataclasses
+
+    rows = {r.id: r for r in load_grpo_rows()}
+    fa = next(p for p in load_pairs() if p["id"] == "verl_fullyasync_30ba3b_mcore")
+    col, sep = rows[fa["colocated"]], rows[fa["separate"]]
+    sep0 = dataclasses.replace(sep, raw={**sep.raw, "staleness": "0"})
+    mean = pair_means(fa, col)[0]
+    on = {**fa, "staleness_threshold": "0", "require_batches": "1", "partial_rollout": "false"}
+    _, streamed = _steps(col, sep0, on, mean)
+    whole = {**on, "require_batches": str(streamed.workload.prompts // streamed.workload.mini_batch)}
+    _, serial = _steps(col, sep0, whole, mean)
+    f, g = streamed.placement, serial.placement
+    assert f["stream_units"] == streamed.workload.prompts // streamed.workload.mini_batch > 1
+    assert g["stream_units"] == 0 and f["unstreamed_step_s"] == pytest.approx(serial.step_s)
+    # the stream lies between the slower pool alone and the sequential sum
+    assert max(f["gen_s"], f["train_s"]) <= streamed.step_s - f["sync_s"] < serial.step_s - g["sync_s"]
+    for row, p in ((sep, fa), (sep0, {**on, "one_step_off": "true"}), (sep0, {**on, "staleness_threshold": "0.5"})):
+        assert _steps(col, row, p, mean)[1].placement["stream_units"] == 0
+    assert all(r["pools"]["stream_units"] == 0 for r in score_pairs()["pairs"])

@@ -91,10 +91,21 @@ def _steps(col: GrpoRow, sep: GrpoRow, p: dict[str, str], mean: int) -> tuple[An
         partial_rollout=_flag(p, "partial_rollout", False),
         recompute_logprobs=_flag(p, "recompute_logprobs", True),
     )
-    e = estimate_separate(
-        model=m2, hardware=hw2, cluster=cl2, strategy=s2, workload=wl2, placement=place, knobs=pair_knobs(p, place, wl2)
-    )
+    knobs = pair_knobs(p, place, wl2)
+    place = dataclasses.replace(place, stream=pair_streams(p, place, knobs))
+    e = estimate_separate(model=m2, hardware=hw2, cluster=cl2, strategy=s2, workload=wl2, placement=place, knobs=knobs)
     return c, e
+
+
+def pair_streams(p: dict[str, str], place: Placement, knobs: Any) -> bool:
+    """Whether the separate run streamed its on-policy step: verl's fully-async trainer at staleness 0 (no
+    ``staleness_threshold`` ahead) that fetches fewer than all of a step's mini-batches at a time
+    (``require_batches`` x mini-batch < the step's prompts) trains each fetch as it arrives while the rollouter
+    generates the rest of the step under the same weights (docs/placement.md, "Streaming within a step"). The
+    one-step-off trainer and a whole-batch fetch do not."""
+    return (
+        not _flag(p, "one_step_off", False) and place.staleness == 0 and knobs.ahead <= 0 and knobs.fetch_fraction < 1
+    )
 
 
 def pair_knobs(p: dict[str, str], place: Placement, wl: Any) -> Any:
@@ -198,6 +209,7 @@ def score_pairs(
                     "staleness": f["staleness"],
                     "partial_rollout": f["partial_rollout"],
                     "recompute_logprobs": f["recompute_logprobs"],
+                    "stream_units": f.get("stream_units", 0),
                     "gen_s": f["gen_s"],
                     "train_s": f["train_s"],
                     "sync_s": f["sync_s"],
