@@ -125,13 +125,36 @@ def test_all_at_once_does_not_stream() -> None:
     assert S.streamed_step_at(arr, 1.0) == pytest.approx(10.0 + 8.0)  # the sequential sum
 
 
-def _separate_30b(stream: bool, staleness: int = 0):
+@pytest.mark.parametrize(
+    ("pass_s", "m", "pp", "vpp", "units", "want"),
+    [
+        (11.0, 8, 4, 1, 4, 9.0),  # t = 11 / (8 + 3) = 1; 4 passes of 2 + 3: 20 - 11 = (units - 1)(pp - 1) t
+        (9.0, 8, 4, 3, 4, 3.0),  # vpp 3: a bubble of 1 micro-batch per pass; 4 x 3 - 9
+        (9.0, 6, 4, 1, 4, 11.0),  # 6 micro-batches over 4 units: 2 each (the split rounds up), 4 x 5 - 9
+        (10.0, 8, 1, 1, 4, 0.0),  # no pipeline: no bubble
+        (11.0, 8, 4, 1, 1, 0.0),  # one unit: the step's own pass
+    ],
+)
+def test_pass_bubbles_by_hand(pass_s: float, m: int, pp: int, vpp: int, units: int, want: float) -> None:
+    assert S.pass_bubbles_s(pass_s, m, pp, vpp, units) == pytest.approx(want)
+
+
+def test_pass_bubbles_grow_with_units_and_stages_and_shrink_with_chunks() -> None:
+    by_units = [S.pass_bubbles_s(20.0, 16, 4, 1, u) for u in (1, 2, 4, 8, 16)]
+    assert by_units == sorted(by_units) and by_units[0] == 0.0 < by_units[-1]
+    by_pp = [S.pass_bubbles_s(20.0, 16, p, 1, 4) for p in (1, 2, 4, 8)]
+    assert by_pp == sorted(by_pp) and len(set(by_pp)) == 4
+    by_vpp = [S.pass_bubbles_s(20.0, 16, 4, v, 4) for v in (1, 2, 4)]
+    assert by_vpp == sorted(by_vpp, reverse=True) and len(set(by_vpp)) == 3
+
+
+def _separate_30b(stream: bool, staleness: int = 0, pp: int = 1):
     from grpo_tune.core.placement import Placement
     from grpo_tune.core.specs import load_hardware, load_model
     from grpo_tune.core.strategy import Cluster, Strategy, Workload
     from grpo_tune.costmodel.placement import estimate_separate
 
-    s = Strategy.of(tp=2, ep=8, rollout_tp=4, max_num_seqs=1024)
+    s = Strategy.of(tp=2, pp=pp, ep=8, rollout_tp=4, max_num_seqs=1024)
     return estimate_separate(
         model=load_model("qwen3-30b-a3b"),
         hardware=load_hardware("h100-sxm-80gb"),
@@ -151,6 +174,28 @@ def test_separate_step_streams_within_its_bounds() -> None:
     assert max(f["gen_s"], f["train_s"]) + f["sync_s"] - 1e-9 <= on.step_s < off.step_s
     # the phases (each pool's own work) do not change; only their composition does
     assert dict(on.time.phases) == dict(off.time.phases)
+
+
+def test_a_pipelined_stream_pays_each_units_log_prob_bubbles(monkeypatch) -> None:
+    # PP 2: the streamed log-prob passes run once per unit, each filling and draining the pipeline
+    from grpo_tune.costmodel.timing_base import check_calibration
+
+    on = _separate_30b(True, pp=2)
+    f, ph, d = on.placement, on.time.phases, on.details
+    assert _separate_30b(True).placement["stream_bubble_s"] == 0.0  # PP 1: none
+    cal = check_calibration(None)
+    want = sum(
+        S.pass_bubbles_s(ph[p] - cal[o], d["logprob_micro_batches"], 2, 1, f["stream_units"])
+        for p, o in (("old_logprob", "old_logprob_overhead_s"), ("ref_logprob", "ref_logprob_overhead_s"))
+        if ph.get(p, 0.0) > 0
+    )
+    assert f["stream_bubble_s"] == pytest.approx(want) and want > 0
+    # the bubbles lengthen the streamed step by at most their own sum; the unstreamed step has none
+    monkeypatch.setattr(S, "pass_bubbles_s", lambda *a: 0.0)
+    flat = _separate_30b(True, pp=2)
+    assert flat.placement["stream_bubble_s"] == 0.0
+    assert flat.step_s < on.step_s <= flat.step_s + want + 1e-9
+    assert f["unstreamed_step_s"] == pytest.approx(flat.placement["unstreamed_step_s"])
 
 
 def test_stream_needs_separate_pools() -> None:

@@ -701,17 +701,20 @@ def compose_step(
     *,
     arrivals: Sequence[float] | None = None,
     serial_s: float = 0.0,
+    bubble_s: float = 0.0,
 ) -> dict[str, float]:
     """The steady-state step of two pools and each pool's busy fraction.
 
     staleness 0: ``gen + sync + train`` (in sequence), or streamed when ``arrivals`` (the units' arrival times,
     costmodel.streaming) are given: the training pool takes each unit as it arrives, ``serial_s`` of its
-    ``train_s`` waiting for the last; staleness > 0 (``AsyncKnobs.ahead``):
+    ``train_s`` waiting for the last, ``bubble_s`` added to the streamed part (each unit's own pipeline fill and
+    drain, :func:`costmodel.streaming.pass_bubbles_s`); staleness > 0 (``AsyncKnobs.ahead``):
     ``max(gen, train + first_wait) + sync / interval`` (the pools overlap, both stop for the sync, and the trainer
     waits ``first_wait_s`` after each sync for the first fetch the produced-ahead samples do not hold:
     :func:`first_fetch_wait`)."""
     if staleness <= 0 and arrivals:
-        step = streaming.streamed_step_at(arrivals, (train_s - serial_s) / len(arrivals), serial_s) + sync_s
+        unit_s = (train_s - serial_s + bubble_s) / len(arrivals)
+        step = streaming.streamed_step_at(arrivals, unit_s, serial_s) + sync_s
     elif staleness <= 0:
         step = gen_s + sync_s + train_s
     else:
@@ -735,13 +738,27 @@ def stream_shape(
     train_phases: dict[str, float],
     t_train: float,
     placement: Placement,
+    train: Estimate | None = None,
 ) -> streaming.StreamShape:
-    """:func:`compose_step`'s streaming arguments of a plan (none unless it streams: staleness 0, ``stream``)."""
+    """:func:`compose_step`'s streaming arguments of a plan (none unless it streams: staleness 0, ``stream``).
+    ``train``: the training pool's estimate (its layout and log-prob micro-batches price each unit's own pipeline
+    bubbles; None: none priced)."""
     if placement.staleness > 0 or not placement.stream:
         return {}
     units = streaming.units_of(wl.prompts, wl.mini_batch)
     _, serial = streaming.train_split(train_phases, t_train, wl.ppo_epochs)
-    return {"arrivals": streaming.rollout_arrivals(m, hw_r, roll, roll_s, wl, cal, gen_s, units), "serial_s": serial}
+    bubble = 0.0
+    if train is not None:
+        lay, micro = train.strategy.layout, float(train.details.get("logprob_micro_batches", 0.0))
+        for ph, over in (
+            (Phase.OLD_LOGPROB.value, "old_logprob_overhead_s"),
+            (Phase.REF_LOGPROB.value, "ref_logprob_overhead_s"),
+        ):
+            t = train_phases.get(ph, 0.0)
+            if t > 0:
+                bubble += streaming.pass_bubbles_s(max(0.0, t - cal[over]), micro, lay.pp, lay.vpp, units)
+    arrivals = streaming.rollout_arrivals(m, hw_r, roll, roll_s, wl, cal, gen_s, units)
+    return {"arrivals": arrivals, "serial_s": serial, "bubble_s": bubble}
 
 
 def tokens_per_usd(tokens: float, step_s: float, gpu_hours_price: float | None) -> float | None:
@@ -874,7 +891,7 @@ def estimate_separate(
     t_train = train.time.step_s
     if not placement.recompute_logprobs:  # the rollout's log-probs are the old ones: no old log-prob pass
         t_train -= train_phases.pop(Phase.OLD_LOGPROB.value, 0.0)
-    stream = stream_shape(m, hw_r, ps.rollout, roll_s, wl, cal, g["gen_s"], train_phases, t_train, placement)
+    stream = stream_shape(m, hw_r, ps.rollout, roll_s, wl, cal, g["gen_s"], train_phases, t_train, placement, train)
     comp = compose_step(g["gen_s"], t_train, sync["sync_s"], knobs.ahead, placement.sync_interval, wait, **stream)
     step = comp["step_s"]
     phases = {Phase.ROLLOUT.value: g["gen_s"], Phase.WEIGHT_SYNC.value: sync["sync_s"], **train_phases}
@@ -931,6 +948,7 @@ def estimate_separate(
         "first_wait_s": wait,
         "rollout_tokens_per_s": g["tokens_per_s"],
         "stream_units": len(stream.get("arrivals", ())),
+        "stream_bubble_s": stream.get("bubble_s", 0.0),
         "unstreamed_step_s": compose_step(
             g["gen_s"], t_train, sync["sync_s"], knobs.ahead, placement.sync_interval, wait
         )["step_s"],

@@ -72,6 +72,8 @@ class SeparateFigures(PoolFigures):
     """The rollout pool's sustained decode throughput."""
     stream_units: int
     """Units the training pool took as they arrived (costmodel.streaming); 0: the step did not stream."""
+    stream_bubble_s: float
+    """Training-pool seconds the stream adds at PP > 1: each unit's log-prob passes fill and drain the pipeline."""
     unstreamed_step_s: float
     """The same plan's step run in sequence (equal to the step when it did not stream)."""
 

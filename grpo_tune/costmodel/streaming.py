@@ -46,6 +46,9 @@ class StreamShape(TypedDict, total=False):
     """Each unit's arrival, seconds from the step's start (non-decreasing, the last at the generation's end)."""
     serial_s: float
     """Training-pool seconds that wait for the last unit (later PPO epochs, offload, the fixed overhead)."""
+    bubble_s: float
+    """Training-pool seconds the stream adds: the pipeline fill and drain of each unit's own log-prob passes
+    (:func:`pass_bubbles_s`; 0 at PP 1)."""
 
 
 __all__ = [
@@ -57,6 +60,7 @@ __all__ = [
     "units_of",
     "unit_arrivals",
     "train_split",
+    "pass_bubbles_s",
     "rollout_arrivals",
 ]
 
@@ -119,6 +123,25 @@ def train_split(phases: dict[str, float], step_s: float, ppo_epochs: int) -> tup
     first = upd / max(1, ppo_epochs)
     streamable = logprob + first
     return streamable, max(0.0, step_s - streamable)
+
+
+def pass_bubbles_s(pass_s: float, micro_batches: float, pp: int, vpp: int, units: int) -> float:
+    """Seconds a streamed step adds to one forward-only pass (the old or the reference log-probs) by running it
+    once per unit instead of once over the step's batch.
+
+    A pipeline of ``pp`` stages (``vpp`` model chunks per stage) runs ``m`` micro-batches per DP rank in
+    ``(m + (pp - 1) / vpp)`` micro-batch times: one fill and drain per pass (Narayanan et al. 2021 sec. 2.2, as
+    costmodel.train_time.pipeline_s prices it). Split into ``units`` passes of ``ceil(m / units)`` micro-batches,
+    each pays its own fill and drain: ``units x (ceil(m / units) + (pp - 1) / vpp)`` micro-batch times. The
+    micro-batch time is the whole pass's, ``pass_s / (m + (pp - 1) / vpp)`` (``pass_s``: the pass without its
+    fixed overhead). The update needs no such term: it already runs one pipeline per mini-batch (an optimizer
+    step each), streamed or not. 0 at ``pp = 1`` or one unit."""
+    if pp <= 1 or units <= 1 or micro_batches <= 0 or pass_s <= 0:
+        return 0.0
+    bubble = (pp - 1) / max(1, vpp)
+    t_micro = pass_s / (micro_batches + bubble)
+    per_unit = math.ceil(micro_batches / units - 1e-9)
+    return max(0.0, units * (per_unit + bubble) * t_micro - pass_s)
 
 
 def unit_arrivals(

@@ -405,7 +405,7 @@ def _separate(
         phases = dict(tr[0].time.phases)
         if not recompute_logprobs:
             phases.pop("old_logprob", None)
-        return P.stream_shape(m, hw_r, pool_of[r].rollout, rs, wl, cal, g, phases, t, pl)
+        return P.stream_shape(m, hw_r, pool_of[r].rollout, rs, wl, cal, g, phases, t, pl, tr[0])
 
     splits = []
     keep: set[int] = set()
