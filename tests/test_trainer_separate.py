@@ -32,6 +32,7 @@ def _cfg(
     mini_batch: int = 4,
     response_len: int = 6,
     mbs: int = 8,
+    max_num_seqs: int = 256,
 ):
     from grpo_tune.core.config import RunConfig, TrainerOptions
     from grpo_tune.core.placement import Placement
@@ -43,7 +44,7 @@ def _cfg(
         model=load_model("tiny"),
         hardware=load_hardware("cpu"),
         cluster=Cluster(gpus=gpus, gpus_per_node=gpus),
-        strategy=Strategy.of(mbs=mbs, recompute="none", rollout_tp=1),
+        strategy=Strategy.of(mbs=mbs, recompute="none", rollout_tp=1, max_num_seqs=max_num_seqs),
         workload=Workload(
             prompts=8, n=4, prompt_len=8, response_len=response_len, mini_batch=mini_batch, kl=False, dtype="fp32"
         ),
@@ -140,8 +141,9 @@ def test_rollout_logprobs_as_the_old_ones_skip_the_old_pass(tmp_path):
 
 @pytest.mark.slow
 def test_streamed_step_updates_before_the_last_group_and_matches_colocated(tmp_path):
-    # 4 mini-batches of 2 prompt groups; the rollout pool queues each as it is done, the training pool trains it
-    kw = dict(mini_batch=2, response_len=12, mbs=4)
+    # 4 mini-batches of 2 prompt groups (8 sequences); the rollout pool's 2 replicas hold 4 sequences each at once,
+    # so it samples the step in 4 waves of one mini-batch and queues each as it is done; the training pool trains it
+    kw = dict(mini_batch=2, response_len=12, mbs=4, max_num_seqs=4)
     sep = train_run(
         _cfg(tmp_path / "sep", separate=True, stream=True, recompute_logprobs=False, **kw),
         tmp_path / "sep",
@@ -152,6 +154,7 @@ def test_streamed_step_updates_before_the_last_group_and_matches_colocated(tmp_p
     for r in sep:
         ev = r["stream_events"]
         assert r["stream"] is True and r["stream_units"] == 4 and [e["unit"] for e in ev] == [0, 1, 2, 3]
+        assert [e["wave"] for e in ev] == [0, 1, 2, 3]
         # (a) the first mini-batch's update starts before the last mini-batch is generated (both clocks: time.time())
         assert ev[0]["update_start_s"] < ev[-1]["ready_s"] == pytest.approx(r["stream_gen_end_s"])
         assert all(e["ready_s"] <= e["got_s"] <= e["update_start_s"] <= e["update_end_s"] for e in ev)
@@ -175,6 +178,9 @@ def test_streamed_step_with_recomputed_old_logprobs_weighs_the_later_mini_batche
         _cfg(tmp_path, separate=True, stream=True, steps=2, mini_batch=2, response_len=12, mbs=4), tmp_path, timeout=420
     )
     assert [r["sample_age"] for r in rows] == [0, 0] and all(r["stream_units"] == 4 for r in rows)
+    # the whole batch fits the pool's replicas at once (max_num_seqs 256): one sampling call, every mini-batch
+    # queued when it ends (as the cost model prices a batch that runs at once); the passes still go per mini-batch
+    assert all([e["wave"] for e in r["stream_events"]] == [0, 0, 0, 0] for r in rows)
     assert all(r["old_logprob_micro_batches"] > 0 and r["phases_s"]["old_logprob"] > 0 for r in rows)
     # the first mini-batch is on-policy (weight 1); the updates before the later ones move their weights off 1
     assert all(abs(r["is_weight_mean"] - 1.0) > 1e-4 and r["is_weight_mean"] <= 2.0 for r in rows)

@@ -30,6 +30,13 @@ behaviour log-probs are the old ones (no old log-prob pass; verl's ``bypass_mode
 ``weight_version``, ``sample_version``, ``sample_age``, ``rollout_version`` (the newest weights the
 rollout pool holds after the step) and the importance weights' statistics.
 
+Streaming within a step (``placement.stream``): the rollout pool samples each step in waves of as many whole
+mini-batches as its replicas hold at once (``strategy.rollout.max_num_seqs`` per replica, :func:`wave_units`;
+the native sampler draws the whole batch's per-row uniforms, so the waves give the batch's responses) and queues
+each mini-batch as its wave ends; the training pool scores, passes and trains each as it arrives
+(:meth:`SeparateLoop._stream_step`), the later PPO epochs after the last, and logs ``stream_*`` timings per step.
+At staleness 0 with ``recompute_logprobs: false`` the losses are the colocated run's.
+
 Resume: the training pool checkpoints as a colocated run does (``trainer.checkpoint_every`` into
 ``trainer.out_dir``; ``grpo-tune train`` resumes from the latest), and its rank 0 adds the synced
 versions that batches after the checkpoint may still be generated with (at most ``ceil(K / N)`` copies of
@@ -333,6 +340,7 @@ class SeparateLoop(GRPOLoop):
             events.append(
                 {
                     "unit": k,
+                    "wave": int(msg["wave"]),
                     "ready_s": float(msg["ready_ts"]) - w0,
                     "got_s": got - w0,
                     "update_start_s": started - w0,
@@ -533,26 +541,47 @@ def _produce(cfg, pools: Pools, rcfg, lc, stream, tokenizer, eng, sampler, vllm,
                         "behaviour_logprobs": behaviour.detach().cpu(),
                     },
                 )
-        else:  # one mini-batch at a time, each queued as soon as it is done (the native sampler: the batch's draws)
-            M = lc.mini_batch * lc.n
-            for k in range(lc.prompts // lc.mini_batch):
-                part = prompts[k * M : (k + 1) * M]
+        else:  # in waves of the engine's concurrency, each mini-batch queued as soon as its wave is done
+            M, units = lc.mini_batch * lc.n, lc.prompts // lc.mini_batch
+            per_wave = wave_units(cfg, pools.rollout_size, M, units)
+            for w, first_unit in enumerate(range(0, units, per_wave)):
+                ks = range(first_unit, min(units, first_unit + per_wave))
+                lo, hi = ks[0] * M, (ks[-1] + 1) * M
+                rows = None if per_wave >= units else (lo, len(prompts))  # one wave: the unstreamed call itself
                 responses, behaviour = _sample(
-                    cfg, pools, lc, tokenizer, eng, sampler, vllm, part, params, temp, rows=(k * M, len(prompts))
+                    cfg, pools, lc, tokenizer, eng, sampler, vllm, prompts[lo:hi], params, temp, rows=rows
                 )
-                if pools.leader:
+                ready = time.time()
+                if not pools.leader:
+                    continue
+                for k in ks:
+                    part, resp = prompts[k * M : (k + 1) * M], responses[k * M - lo : (k + 1) * M - lo]
+                    _, mask = build_batch(part, resp, pad_id=tokenizer.pad_id, seq_multiple=lc.seq_multiple)
                     payload = {
                         "step": step,
                         "unit": k,
+                        "wave": w,
                         "version": version,
                         "prompts": part,
-                        "responses": responses,
-                        "behaviour_logprobs": behaviour.detach().cpu(),
+                        "responses": resp,
+                        # the wave's grid cut to the mini-batch's own (right padding: the positions are the same)
+                        "behaviour_logprobs": behaviour[k * M - lo : (k + 1) * M - lo, : mask.shape[1]].detach().cpu(),
                         "gen_start_ts": gen_start,
-                        "ready_ts": time.time(),
+                        "ready_ts": ready,
                     }
                     _put(pools.store, step, payload, unit=k)
         dist.barrier()
+
+
+def wave_units(cfg, rollout_gpus: int, unit_rows: int, units: int) -> int:
+    """Mini-batches a streaming rollout pool samples per call: as many whole ones as its replicas hold at once
+    (``strategy.rollout.max_num_seqs`` sequences per replica of ``rollout_tp`` ranks), at least one. The engine's
+    concurrency bounds a wave as it bounds vLLM's running batch: a batch that fits at once is one call (every
+    mini-batch ends with the batch's longest response, as the cost model prices a pool whose batch runs at once:
+    costmodel.streaming), and a larger one streams wave by wave."""
+    r = cfg.strategy.rollout
+    replicas = max(1, rollout_gpus // r.rollout_tp)
+    return max(1, min(units, r.max_num_seqs * replicas // unit_rows))
 
 
 def _sample(cfg, pools: Pools, lc, tokenizer, eng, sampler, vllm, prompts, params, temp, rows=None):
