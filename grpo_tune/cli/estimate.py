@@ -195,9 +195,11 @@ def estimate(
     target, pins = inputs_from_flags(plan_flags(plan, model=model, hardware=hardware, gpus=gpus))
     est = run_estimate(EstimateRequest(target=target, pins=pins, setup=setup, place=place))
     if json_out:
-        print(json.dumps(est.to_dict(), indent=2))
+        print(json.dumps({**est.to_dict(), "stack": setup.stack_info(est.hardware.stack)}, indent=2))
         return
     print_estimate(est, Console())
+    if line := setup.stack_line(est.hardware.stack):
+        Console().print(line, highlight=False)
     if est.placement:
         print_pools(est, Console())
 
