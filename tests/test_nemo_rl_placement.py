@@ -69,7 +69,8 @@ def test_what_nemo_rl_cannot_place_is_refused():
     c = Cluster(gpus=32, gpus_per_node=8)
     assert "whole nodes" in table.placement_problem(Placement(mode="separate", rollout_gpus=12), c)
     # partial rollout is NeMo-RL 0.7.0's in_flight_weight_updates (issue 36): placed, not refused
-    assert table.placement_problem(Placement(mode="separate", rollout_gpus=8, staleness=1, partial_rollout=True), c) is None
+    partial = Placement(mode="separate", rollout_gpus=8, staleness=1, partial_rollout=True)
+    assert table.placement_problem(partial, c) is None
     assert table.placement_problem(Placement(mode="separate", rollout_gpus=8), c) is None
     assert table.placement_problem(Placement(), c) is None
 
