@@ -466,6 +466,15 @@ def pool_lines(s, splits: list[dict[str, float]]) -> list[str]:
     )
     nxt = f"; next split searched at K {k}: {rivals[0][1]} rollout GPUs at ~{rivals[0][0]:.1f} s" if rivals else ""
     out.append(f"why {here}+{f['train_gpus']}: its step is {setter}{nxt}")
+    other_k = sorted(
+        (int(d["staleness"]), d["step_s"]) for d in splits if d["rollout_gpus"] == here and d["staleness"] != k
+    )
+    if other_k:  # why this staleness: the same split at every other staleness searched
+        each = ", ".join(f"K {kk} ~{st:.1f} s" for kk, st in other_k)
+        mine = min((d["step_s"] for d in splits if d["rollout_gpus"] == here and d["staleness"] == k), default=None)
+        tie = [kk for kk, st in other_k if mine is not None and kk > k and abs(st - mine) <= 5e-3 * mine]
+        why = f" (K {', '.join(map(str, tie))} within 0.5%: the smaller staleness is kept)" if tie else ""
+        out.append(f"why K {k}: at {here}+{f['train_gpus']}, {each}{why}")
     return out
 
 
