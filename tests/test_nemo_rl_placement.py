@@ -68,9 +68,9 @@ def test_placement_round_trips_through_the_recipe(tmp_path, gpus, rollout, stale
 def test_what_nemo_rl_cannot_place_is_refused():
     c = Cluster(gpus=32, gpus_per_node=8)
     assert "whole nodes" in table.placement_problem(Placement(mode="separate", rollout_gpus=12), c)
-    assert "partial rollout" in table.placement_problem(
-        Placement(mode="separate", rollout_gpus=8, staleness=1, partial_rollout=True), c
-    )
+    # partial rollout is NeMo-RL 0.7.0's in_flight_weight_updates (issue 36): placed, not refused
+    partial = Placement(mode="separate", rollout_gpus=8, staleness=1, partial_rollout=True)
+    assert table.placement_problem(partial, c) is None
     assert table.placement_problem(Placement(mode="separate", rollout_gpus=8), c) is None
     assert table.placement_problem(Placement(), c) is None
 
@@ -204,3 +204,28 @@ def test_calibrate_refuses_a_separate_recipe(tmp_path, capsys):
     )
     with pytest.raises(ConfigError, match="separate rollout and training pools"):
         log_point(log, UPSTREAM / "grpo-qwen3-30ba3b-4n8g-async-1off.yaml")
+
+
+@pytest.mark.parametrize("partial", [True, False])
+def test_partial_rollout_is_written_as_in_flight_weight_updates(tmp_path, partial):
+    """NeMo-RL 0.7.0's refit skips the wait for pending generations with grpo.async_grpo.in_flight_weight_updates
+    and the async engine (trajectory_collector.py prepare_for_refit): the exporter writes it for partial rollout,
+    the recipe reads back to the same placement, and NeMo-RL's own async checks pass (no warning either)."""
+    from grpo_tune.frameworks.nemo_rl import async_checks, snapshot
+
+    c = Cluster(gpus=16, gpus_per_node=8)
+    p = Placement(mode="separate", rollout_gpus=8, staleness=2, partial_rollout=partial)
+    keys = table.write_placement(p, c)
+    assert keys["grpo.async_grpo.in_flight_weight_updates"] is partial
+    assert keys["policy.generation.vllm_cfg.async_engine"] is True
+    assert table.read_placement(lambda k: {**keys, "cluster.gpus_per_node": 8, "cluster.num_nodes": 2}.get(k)) == p
+    tree = snapshot.base_tree()
+    for k, v in {**keys, "policy.generation.backend": "vllm"}.items():
+        node = tree
+        *head, last = k.split(".")
+        for part in head:
+            node = node.setdefault(part, {})
+        node[last] = v
+    got = async_checks.check(tree)
+    assert [x for x in got if x[0] == "error"] == []
+    assert any("in_flight_weight_updates" in m for _, m, _ in got) is (not partial)  # NeMo-RL's own warning at age 2

@@ -118,3 +118,55 @@ def test_the_split_proposal_is_the_users_launch_switched_to_fully_async(tmp_path
     assert tree["trainer.nnodes"] * tree["trainer.n_gpus_per_node"] == f["train_gpus"]
     for k in ("data.train_files", "actor_rollout_ref.actor.optim.lr", "trainer.logger"):
         assert a.get(k) == b.get(k), k
+
+
+@pytest.mark.slow
+def test_a_fractional_staleness_threshold_is_priced_as_the_fraction(tmp_path):
+    """verl 0.9.1's rollouter runs ahead by (1 + staleness_threshold) x a version's samples: a launch with 0.5 is
+    read at staleness ceil(0.5) = 1 (the versions a sample may lag) and priced with the pool half a batch ahead, not
+    a whole one; tune's rewrite keeps the fraction as written and prices what it writes (issue 36)."""
+    from grpo_tune.autotune.search.placement import search_placement
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Workload
+    from grpo_tune.costmodel.placement import AsyncKnobs, estimate_separate
+    from grpo_tune.frameworks import read_plan
+    from grpo_tune.rundir.emit import emit
+
+    res = search_placement(
+        load_model("qwen2.5-1.5b"),
+        load_hardware("h100"),
+        Cluster(gpus=8),
+        Workload(prompts=256, mini_batch=64),
+        placement="separate",
+        rollout_gpus=2,
+        staleness=1,
+    )
+    assert res.best_separate is not None
+    whole = emit(res.best_separate, tmp_path / "run")["verl"]
+    assert "async_training.staleness_threshold=1.0 " in whole.read_text()
+    half = tmp_path / "half.sh"
+    half.write_text(whole.read_text().replace("staleness_threshold=1.0 ", "staleness_threshold=0.5 "))
+    p1, p05 = read_plan(whole), read_plan(half)
+    assert p1.placement is not None and p05.placement is not None
+    assert p1.placement.staleness == p05.placement.staleness == 1
+    assert p1.ahead is None and p05.ahead == 0.5
+
+    def price(p, ahead):
+        return estimate_separate(
+            model=p.model,
+            hardware=p.hardware,
+            cluster=p.cluster,
+            strategy=p.strategy,
+            workload=p.workload,
+            placement=p.placement,
+            knobs=AsyncKnobs(ahead=ahead),
+        ).step_s
+
+    rc, text = _run("tune", str(half), "--out", str(tmp_path / "t"), "--json")
+    assert rc == 0, text
+    cur = json.loads(text)["current"]["time"]["step_s"]
+    assert cur == pytest.approx(price(p05, 0.5), rel=1e-9)  # the fraction, as written
+    assert price(p05, 0.5) != pytest.approx(price(p05, 1.0), rel=1e-6)  # and it is not ceil()'s price
+    tuned = tmp_path / "t" / "tuned.sh"
+    if tuned.exists():  # the rewrite keeps the user's fraction
+        assert "staleness_threshold=0.5 " in tuned.read_text()

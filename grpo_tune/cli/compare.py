@@ -93,6 +93,8 @@ def compare(
     if json_out:
         print(json.dumps(o.doc, indent=2, default=str))
         return
+    if line := setup.stack_line(str(o.rows[0]["stack"]) if o.rows and o.rows[0].get("stack") else None):
+        Console().print(line, highlight=False)
     _print_rows(o, f"Best plan per hardware: {req.model} on {req.gpus} GPUs")
 
 
@@ -133,8 +135,9 @@ def _print_rows(o: CompareOutcome, title: str) -> None:
     console.print(t)
     console.print(
         "under each hardware: how its profile was obtained (fitted on measurements, transferred from another "
-        "profile by stated ratios, or spec-only) and the error band of that class (the leave-one-out step "
-        "error of `grpo-tune validate --grpo` on its rows)",
+        "profile by stated ratios, or spec-only) and the error band of that class: fitted, the cross-validated step "
+        "error of `grpo-tune validate --grpo`; transferred, the step error measured by leaving each GPU type's rows "
+        "out of the fit (the worst GPU: profiles/data/transfer_bands.toml); spec-only, 1.5x that",
         highlight=False,
     )
     for r in rows:

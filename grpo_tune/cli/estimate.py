@@ -18,7 +18,7 @@ from rich.table import Table
 from grpo_tune.cli.options import Framework, Gpus, Hardware, Json, Model, inputs_from_flags, target_line
 from grpo_tune.costmodel.estimate import Estimate
 from grpo_tune.core.strategy import SYNC_BUCKET_MB
-from grpo_tune.jobs.estimate import EstimateRequest, run_estimate
+from grpo_tune.jobs.estimate import separate_memory_note, EstimateRequest, run_estimate
 from grpo_tune.jobs.setup import prepare
 from grpo_tune.cli.plan_options import flags_after, plan_flags, plan_options
 from grpo_tune.cli.options import PLACEMENT_FLAGS, placement_flags
@@ -193,11 +193,20 @@ def estimate(
     place = placement_flags(plan)
     plan["stack"] = setup.stack
     target, pins = inputs_from_flags(plan_flags(plan, model=model, hardware=hardware, gpus=gpus))
-    est = run_estimate(EstimateRequest(target=target, pins=pins, setup=setup, place=place))
+    ereq = EstimateRequest(target=target, pins=pins, setup=setup, place=place)
+    est = run_estimate(ereq)
+    mem_note = separate_memory_note(ereq)
     if json_out:
-        print(json.dumps(est.to_dict(), indent=2))
+        doc = {**est.to_dict(), "stack": setup.stack_info(est.hardware.stack)}
+        if mem_note:
+            doc["rollout_memory_default"] = mem_note
+        print(json.dumps(doc, indent=2))
         return
     print_estimate(est, Console())
+    if mem_note:
+        Console().print(mem_note, highlight=False)
+    if line := setup.stack_line(est.hardware.stack):
+        Console().print(line, highlight=False)
     if est.placement:
         print_pools(est, Console())
 

@@ -247,6 +247,9 @@ def search(
     console = Console()
     if not json_out:  # what is searched, before the search (every placement's output starts with it)
         _print_target(target, console, place.rollout_profile())
+        if line := setup.stack_line(target.hardware.stack):
+            console.print(line, highlight=False)
+    stack_info = setup.stack_info(target.hardware.stack)
 
     def ranked(o: SearchOutcome) -> None:  # printed before a refinement starts (it takes minutes)
         if not json_out:
@@ -256,9 +259,9 @@ def search(
 
     o = run_search(req, progress=lambda: _progress_bar(err), ranked=ranked, console=err)
     if o.placement is not None:
-        _print_placement(o, console, json_out=json_out, all_plans=all_plans)
+        _print_placement(o, console, json_out=json_out, all_plans=all_plans, stack=stack_info)
     elif json_out and o.refine is None:
-        _print_json(o.result, o.run_dir, o.files, top)
+        _print_json(o.result, o.run_dir, o.files, top, stack=stack_info)
     elif json_out:
         assert o.refine is not None
         print(
@@ -322,11 +325,12 @@ def _progress_bar(err: Console) -> Iterator[Callable[[int, int], None]]:
         yield progress
 
 
-def _print_json(result, run_dir: Path | None, files: dict[str, Path], top: int) -> None:
+def _print_json(result, run_dir: Path | None, files: dict[str, Path], top: int, stack: Any = None) -> None:
     print(
         json.dumps(
             {
                 "run_dir": None if run_dir is None else str(run_dir),
+                "stack": stack,
                 "files": {k: str(v) for k, v in files.items()},
                 "stats": result.stats(),
                 "best": result.best.to_dict(),
@@ -391,12 +395,12 @@ def _print_result(
         )
 
 
-def _print_placement(o: SearchOutcome, console: Console, *, json_out: bool, all_plans: bool) -> None:
+def _print_placement(o: SearchOutcome, console: Console, *, json_out: bool, all_plans: bool, stack: Any = None) -> None:
     """search --placement separate|auto: the best plan of each placement side by side, the run folder written."""
     res, colocated = o.placement, o.result
     assert res is not None
     if json_out:
-        print(json.dumps(placement_json(res, o.run_dir, o.files), indent=2, default=str))
+        print(json.dumps({**placement_json(res, o.run_dir, o.files), "stack": stack}, indent=2, default=str))
         return
     if res.best_colocated is not None and not res.best.placement:
         _print_result(
@@ -462,6 +466,15 @@ def pool_lines(s, splits: list[dict[str, float]]) -> list[str]:
     )
     nxt = f"; next split searched at K {k}: {rivals[0][1]} rollout GPUs at ~{rivals[0][0]:.1f} s" if rivals else ""
     out.append(f"why {here}+{f['train_gpus']}: its step is {setter}{nxt}")
+    other_k = sorted(
+        (int(d["staleness"]), d["step_s"]) for d in splits if d["rollout_gpus"] == here and d["staleness"] != k
+    )
+    if other_k:  # why this staleness: the same split at every other staleness searched
+        each = ", ".join(f"K {kk} ~{st:.1f} s" for kk, st in other_k)
+        mine = min((d["step_s"] for d in splits if d["rollout_gpus"] == here and d["staleness"] == k), default=None)
+        tie = [kk for kk, st in other_k if mine is not None and kk > k and abs(st - mine) <= 5e-3 * mine]
+        why = f" (K {', '.join(map(str, tie))} within 0.5%: the smaller staleness is kept)" if tie else ""
+        out.append(f"why K {k}: at {here}+{f['train_gpus']}, {each}{why}")
     return out
 
 

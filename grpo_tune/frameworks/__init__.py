@@ -254,6 +254,17 @@ def search_defaults(names: Sequence[str]) -> tuple[str, Mapping[str, object]]:
     return default.title, default.knob_defaults()
 
 
+def separate_memory(names: Sequence[str]) -> tuple[float, str]:
+    """A separate rollout pool's memory fraction where the plan sets none, and its source: the first chosen
+    framework's own for that mode (:attr:`~.base.Framework.separate_memory`), else the default framework's (verl)."""
+    for f in REGISTRY:
+        if f.name in names and f.separate_memory is not None:
+            return f.separate_memory
+    d = named(DEFAULT).separate_memory
+    assert d is not None
+    return d
+
+
 def default_stack(names: Sequence[str], stack: str | None) -> str | None:
     """The stack profile to price under: the user's ``--stack``, else the framework's own when planning for one
     framework only (:attr:`~.base.Framework.stack_profile`: NeMo-RL's bf16 gradient reduction and host costs),

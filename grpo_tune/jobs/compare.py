@@ -21,6 +21,7 @@ from grpo_tune.core.strategy import Workload
 from grpo_tune.jobs.inputs import WorkloadFlags, plan_inputs
 from grpo_tune.jobs.setup import Setup
 from grpo_tune.validate.grpo import BAND_PCT
+from grpo_tune.validate.transfer import band_pct
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,8 @@ def run_compare(req: CompareRequest) -> CompareOutcome:
         out = Path("runs") / f"compare-{load_model(req.model).name}-{req.gpus}g-{stamp}"
     out.mkdir(parents=True, exist_ok=True)
     png = plot_compare(rows, out / "compare.png")
-    doc = {"model": req.model, "gpus": req.gpus, "rows": rows, "png": str(png)}
+    stack = req.setup.stack_info(str(rows[0]["stack"])) if rows and rows[0].get("stack") else None
+    doc = {"model": req.model, "gpus": req.gpus, "stack": stack, "rows": rows, "png": str(png)}
     atomic_write(out / "compare.json", json.dumps(doc, indent=2, default=str) + "\n")
     _, _, _, wl = plan_inputs(
         model=req.model, hardware=req.hardware[0], gpus=req.gpus, gpus_per_node=req.gpus_per_node, **req.workload
@@ -135,7 +137,9 @@ def compare_rows(
             "provenance": hw.provenance,
             "provenance_note": hw.provenance_note,
             "stack": hw.stack,
-            "band_pct": BAND_PCT[hw.provenance],
+            # fitted: the refit cross-validated step error; transferred / spec-only: the measured transfer error
+            # (leave one GPU type out, profiles/data/transfer_bands.toml)
+            "band_pct": band_pct(hw.provenance, BAND_PCT["fitted"]),
         }
         try:
             # a calibration file is fitted on one hardware: it applies to that profile's row only

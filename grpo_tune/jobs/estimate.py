@@ -38,7 +38,7 @@ def run_estimate(req: EstimateRequest) -> Estimate:
         each = [run_estimate(dataclasses.replace(req, pins={**req.pins, "engine": e})) for e in Engine.values()]
         return min(each, key=step_s)
     m, hw, cluster, wl = req.target
-    pins = F.plan_pins(req.setup.frameworks, req.pins)
+    pins = F.plan_pins(req.setup.frameworks, separate_memory_pins(req))
     strategy = Strategy.from_dict(pins, where="options")
     cal = req.setup.load_calibration(hw.name)
     place = req.place
@@ -47,6 +47,26 @@ def run_estimate(req: EstimateRequest) -> Estimate:
     if place.placement == "colocated" and not place.pool_options:
         return estimate(model=m, hardware=hw, cluster=cluster, strategy=strategy, workload=wl, calibration=cal)
     return _estimate_separate(m, hw, cluster, strategy, wl, cal, place)
+
+
+def separate_memory_note(req: EstimateRequest) -> str | None:
+    """What the rollout pool's memory fraction is when separate pools are priced without one: the framework's own
+    for that mode (frameworks.separate_memory), said in the output. None: colocated, or the user set it."""
+    from grpo_tune import frameworks as F
+
+    if req.place.placement != "separate" or req.pins.get("gpu_memory_utilization") is not None:
+        return None
+    v, why = F.separate_memory(req.setup.frameworks or (F.DEFAULT,))
+    return f"rollout pool gpu_memory_utilization {v}: the framework's default for a separate pool ({why})"
+
+
+def separate_memory_pins(req: EstimateRequest) -> dict[str, object]:
+    """``req.pins`` with the separate rollout pool's default memory fraction where the user set none."""
+    from grpo_tune import frameworks as F
+
+    if separate_memory_note(req) is None:
+        return req.pins
+    return {**req.pins, "gpu_memory_utilization": F.separate_memory(req.setup.frameworks or (F.DEFAULT,))[0]}
 
 
 def placement_of(place: PlacementAsk, gpus: int) -> Placement:

@@ -324,6 +324,7 @@ def _price_separate(plan: LaunchPlan, placement, hw_r, cal: dict[str, float] | N
         placement=placement,
         rollout_hardware=hw_r,
         calibration=cal,
+        knobs=plan.async_knobs(),  # verl's fractional staleness_threshold, as the fraction it is
     )
 
 

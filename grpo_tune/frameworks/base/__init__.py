@@ -83,6 +83,9 @@ class Framework(ABC):
     streams_within_step: ClassVar[bool] = False
     """Its separate pools can stream a staleness-0 step: the trainer takes each mini-batch of finished prompt
     groups while the rest generate (costmodel.streaming). False: it waits for the whole step's batch."""
+    separate_memory: ClassVar[tuple[float, str] | None] = None
+    """A separate rollout pool's vLLM memory fraction when the plan does not set one: (fraction, where the framework
+    sets it for that mode). None: the colocated default (core.strategy)."""
     release: ClassVar[str]
     always: ClassVar[bool] = False
     """Written into every run folder, whatever ``--framework`` selects (Megatron-LM's flags are)."""

@@ -70,3 +70,17 @@ class LaunchPlan:
     """Separate pools (a fully-async launch): the Placement it runs; None: colocated."""
     framework: str = ""
     """The registered framework whose file it was read from (``verl``, ``nemo-rl``); empty for a run config."""
+    ahead: float | None = None
+    """How many parameter versions' batches the rollout pool may run ahead, where the launch sets it as a fraction
+    the integer :attr:`Placement.staleness` rounds up: verl 0.9.1's fully-async ``staleness_threshold`` (its
+    rollouter pauses at ``(1 + staleness_threshold)`` x a version's samples, fully_async_rollouter.py
+    ``max_required_samples``). None: the staleness itself. Priced by :meth:`async_knobs`."""
+
+    def async_knobs(self):
+        """The separate plan's asynchronous knobs (costmodel.placement.AsyncKnobs) with the launch's own run-ahead
+        (:attr:`ahead`); None where the placement's integer staleness says it all."""
+        if self.placement is None or self.ahead is None:
+            return None
+        from grpo_tune.costmodel.placement import AsyncKnobs
+
+        return AsyncKnobs(ahead=self.ahead, no_drain=bool(self.placement.partial_rollout and self.ahead > 0))

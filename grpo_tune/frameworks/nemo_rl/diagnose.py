@@ -139,8 +139,8 @@ def _nemo_rules(r: R.Recipe) -> list[Finding]:
                 Finding(
                     I,
                     "BAD_CONFIG",
-                    "in_flight_weight_updates: NeMo-RL refits while generations are pending; priced as a refit "
-                    "between steps",
+                    "in_flight_weight_updates: NeMo-RL refits while generations are pending (they finish under the "
+                    "new weights); priced as partial rollout: no drain at the refit",
                     "",
                     key=f"{T.GRPO}.async_grpo.in_flight_weight_updates",
                 )

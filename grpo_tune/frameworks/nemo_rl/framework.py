@@ -24,6 +24,12 @@ class NemoRL(Framework):
     name = "nemo-rl"
     title = "NeMo-RL"
     release = RELEASE
+    separate_memory = (
+        0.8,
+        "NeMo-RL 0.7.0's async performance recipes with a separate generation pool "
+        "(examples/configs/recipes/llm/performance/*-async-*off.yaml: vllm_cfg.gpu_memory_utilization 0.8 in 8 of "
+        "the 11 that set it; its base config's 0.6 is the colocated one)",
+    )
 
     def launch_files(self, cfg: RunConfig, run_dir: Path) -> list[LaunchFile]:
         run_id = run_dir.name

@@ -521,6 +521,7 @@ PLACEMENT_KEYS = (
     f"{COLOC}.resources.num_nodes",
     f"{ASYNC}.enabled",
     f"{ASYNC}.max_trajectory_age_steps",
+    f"{ASYNC}.in_flight_weight_updates",
     f"{LOSS}.use_importance_sampling_correction",
     f"{VLLM}.async_engine",
 )
@@ -529,11 +530,9 @@ PLACEMENT_KEYS = (
 def placement_problem(placement: Placement, cluster: Cluster) -> str | None:
     """Why NeMo-RL 0.7.0 cannot run this placement (None: it can). ``grpo.py`` setup: on one node the
     generation pool is ``resources.gpus_per_node`` GPUs of it; on more nodes it is ``resources.num_nodes``
-    whole nodes. Partial rollout (carrying unfinished responses over) has no NeMo-RL key."""
+    whole nodes. Partial rollout is ``grpo.async_grpo.in_flight_weight_updates`` (:func:`write_placement`)."""
     if not placement.separate:
         return None
-    if placement.partial_rollout:
-        return "partial rollout (unfinished responses carried over) has no NeMo-RL 0.7.0 key"
     if placement.rollout_hardware:
         return "a generation pool of another GPU type is not one NeMo-RL cluster"
     if not placement.recompute_logprobs:
@@ -565,6 +564,10 @@ def write_placement(placement: Placement, cluster: Cluster) -> dict[str, object]
     }
     if placement.staleness > 0:
         out[f"{ASYNC}.max_trajectory_age_steps"] = placement.staleness
+        # partial rollout: the refit does not wait for pending generations, which finish under the new weights with
+        # their KV caches (nemo_rl/algorithms/async_utils/trajectory_collector.py prepare_for_refit, v0.7.0; it
+        # takes effect with the async engine, set below); recompute_kv_cache_after_weight_updates stays false
+        out[f"{ASYNC}.in_flight_weight_updates"] = placement.partial_rollout
         # grpo_math_1B.yaml: "Async GRPO requires importance sampling correction enabled"
         out[f"{LOSS}.use_importance_sampling_correction"] = True
         # async_grpo_train asserts an async engine (nemo_rl/algorithms/grpo.py, v0.7.0; async_checks.py)
@@ -590,4 +593,7 @@ def read_placement(get: Get) -> Placement:
         raise TypeError(
             f"int() argument must be a string, a bytes-like object or a real number, not {type(age).__name__!r}"
         )
-    return Placement(mode="separate", rollout_gpus=g, staleness=int(age))
+    # in-flight weight updates (with the async engine, which async GRPO asserts): a refit does not wait for pending
+    # generations (trajectory_collector.py prepare_for_refit, v0.7.0), grpo-tune's partial rollout
+    partial = int(age) >= 1 and get(f"{ASYNC}.in_flight_weight_updates") is True
+    return Placement(mode="separate", rollout_gpus=g, staleness=int(age), partial_rollout=partial)

@@ -27,6 +27,11 @@ class Verl(Framework):
     name = "verl"
     title = "verl"
     streams_within_step = True
+    separate_memory = (
+        0.5,
+        "verl 0.9.1's rollout.gpu_memory_utilization (verl/workers/config/rollout.py); the fully-async trainer's "
+        "standalone_gpu_memory_utilization is null and falls back to it (fully_async_rollouter.py)",
+    )
     """verl 0.9.1's fully-async trainer at ``staleness_threshold=0`` fetches ``require_batches`` mini-batches at a
     time while the rollouter generates the rest of the parameter version (docs/placement.md)."""
     release = VERL_VERSION

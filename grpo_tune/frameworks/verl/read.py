@@ -189,7 +189,8 @@ def _streams(trigger: object) -> bool:
 
 def separate_of(launch: Launch) -> tuple[Placement, int, int]:
     """A separate-pool launch's placement and its rollout pool: (Placement, rollout GPUs, rollout GPUs per node).
-    Fully-async: staleness ``ceil(staleness_threshold)``, its partial rollout; one-step-off: staleness 1."""
+    Fully-async: staleness ``ceil(staleness_threshold)`` (the versions a sample may lag), its partial rollout (the
+    run-ahead itself is the fraction: :attr:`LaunchPlan.ahead`); one-step-off: staleness 1."""
     if launch.one_step:
         from grpo_tune.frameworks.verl import one_step_off
 
@@ -252,9 +253,12 @@ def read_plan(
         )
     cluster = Cluster(gpus=gpn * nn, gpus_per_node=gpn)
     get = launch.get
-    placement = None
+    placement, ahead = None, None
     if launch.separate:  # the pools; one step = one parameter version (fully async: trigger x require_batches minis)
         placement, rgpus, rgpn = separate_of(launch)
+        if not launch.one_step:  # the fraction as written (the staleness rounds it up): priced as the fraction it is
+            k = float(launch.get("async_training.staleness_threshold"))  # type: ignore[arg-type]  # checked above
+            ahead = k if k != placement.staleness else None
         shared = launch.get("rollout.nnodes") == nn and rgpn + gpn <= hw.gpus_per_node
         cluster = Cluster(gpus=gpn * nn + rgpus, gpus_per_node=(gpn + rgpn) if shared else gpn)
     if launch.separate and not launch.one_step:  # one-step-off: a step is data.train_batch_size prompts, as colocated
@@ -287,6 +291,7 @@ def read_plan(
         workload=wl,
         placement=placement,
         framework="verl",
+        ahead=ahead,
     )
 
 

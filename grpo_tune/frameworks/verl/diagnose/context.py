@@ -45,7 +45,8 @@ class SeparatePools(TypedDict, total=False):
     trigger_parameter_sync_step: int | None
     recompute_logprobs: bool
     priced_staleness: int
-    """The staleness the memory estimate prices (a threshold that is not a whole number: 1)."""
+    """The staleness the memory estimate prices (a threshold that is not a whole number: its ceiling, with the pool
+    that fraction of a batch ahead)."""
     trainer: str
     """verl's trainer: ``fully-async`` or ``one-step-off`` (staleness 1, a sync per step)."""
 

@@ -5,6 +5,7 @@ The severity rules are stated in :mod:`.rules`.
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypeGuard
 
 from grpo_tune.frameworks.verl import snapshot as verl
@@ -432,14 +433,22 @@ def _separate_estimate(c: Ctx, model, hw, wl, strategy):
     if p.get("shared_nodes"):
         gpn = (c.gpn or 0) + (p.get("rollout_gpus_per_node") or 0)
     stale = p.get("staleness")
+    ahead = float(stale) if isinstance(stale, (int, float)) and not isinstance(stale, bool) else None
     place = Placement(
         mode="separate",
         rollout_gpus=r,
-        staleness=int(stale) if isinstance(stale, (int, float)) and float(stale).is_integer() else 1,
+        # a threshold that is not a whole number: its ceiling (the versions a sample may lag)
+        staleness=math.ceil(ahead) if ahead is not None else 1,
         partial_rollout=bool(p.get("partial_rollout")) and bool(stale),
         recompute_logprobs=p.get("recompute_logprobs", True) is not False,
     )
     c.placement = {**p, "priced_staleness": place.staleness}
+    knobs = None
+    if ahead is not None and not ahead.is_integer():
+        from grpo_tune.costmodel.placement import AsyncKnobs
+
+        # verl's fractional staleness_threshold: the pool runs that fraction of a batch ahead (issue 36)
+        knobs = AsyncKnobs(ahead=ahead, no_drain=place.partial_rollout)
     return estimate_separate(
         model=model,
         hardware=hw,
@@ -448,6 +457,7 @@ def _separate_estimate(c: Ctx, model, hw, wl, strategy):
         workload=wl,
         placement=place,
         rollout_hardware=c.rollout_hardware,
+        knobs=knobs,
     )
 
 
