@@ -106,14 +106,24 @@ def measure(lengths: list[int], repeats: int = 5) -> list[dict]:
     return [{"engine_build_s": build_s}] + rows
 
 
-def _plan(C: int, L: int, eff: dict[str, float] | None = None):
-    """The cost model's inputs for one measured call (cpu profile, vLLM as the engine, ``eff`` overriding
-    efficiency fields)."""
-    from grpo_tune.core.specs import load_hardware, load_model
-    from grpo_tune.core.strategy import Cluster, Strategy, Workload
+def _hardware(source: str = "profile"):
+    """The ``cpu`` profile with vLLM sampling. ``profile``: priced as the search prices it, with the
+    ``grpo-tune-cpu`` stack's ``[engines.vllm]`` costs (core.hardware.with_rollout_engine); ``prior``: with the
+    stack's own (the native sampler's) host costs, as the model priced vLLM before the fit."""
+    from grpo_tune.core.hardware import with_rollout_engine
+    from grpo_tune.core.specs import load_hardware
 
     hw = load_hardware("cpu")
-    hw = dataclasses.replace(hw, rollout_engine="vllm")
+    return with_rollout_engine(hw, "vllm") if source == "profile" else dataclasses.replace(hw, rollout_engine="vllm")
+
+
+def _plan(C: int, L: int, eff: dict[str, float] | None = None, source: str = "profile"):
+    """The cost model's inputs for one measured call (cpu profile, vLLM as the engine, ``eff`` overriding
+    efficiency fields)."""
+    from grpo_tune.core.specs import load_model
+    from grpo_tune.core.strategy import Cluster, Strategy, Workload
+
+    hw = _hardware(source)
     if eff:
         hw = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, **eff))
     s = Strategy.of(enforce_eager=True, max_num_seqs=C, max_num_batched_tokens=1024)
@@ -121,56 +131,77 @@ def _plan(C: int, L: int, eff: dict[str, float] | None = None):
     return load_model("tiny-vllm"), hw, Cluster(gpus=1, gpus_per_node=1), s, w
 
 
-def predict(C: int, L: int, eff: dict[str, float] | None = None) -> dict[str, float]:
+def predict(C: int, L: int, eff: dict[str, float] | None = None, source: str = "profile") -> dict[str, float]:
     from grpo_tune.costmodel.rollout import rollout_s
     from grpo_tune.costmodel.timing import CALIBRATION_DEFAULTS
 
-    m, hw, cl, s, w = _plan(C, L, eff)
+    m, hw, cl, s, w = _plan(C, L, eff, source)
     r = rollout_s(m, hw, cl, s, w, dict(CALIBRATION_DEFAULTS))
     return {"call_s": r["prefill_s"] + r["decode_s"], "decode_step_s": r["decode_step_s"]}
 
 
-HOST_KEYS = ("decode_step_overhead_s", "decode_sequence_overhead_s", "eager_layer_overhead_s")
+HOST_KEYS = ("decode_step_overhead_s", "decode_sequence_overhead_s")
+"""The decode step's host costs the fit moves (stack parameters; ``eager_layer_overhead_s`` has no say here: a
+step's eager launches of tiny-vllm's 2 layers stay under its compute, so it kept its prior in every fit)."""
+FIT_COMMAND = "python benchmarks/bench_vllm_cpu.py --from-json benchmarks/results/vllm_cpu.json --fit"
+"""The command the stack file's ``[engines.vllm]`` table names: it refits and prints the table."""
 
 
 def fit(rows: list[dict]) -> dict:
-    """The cpu profile's rollout parameters fitted to the measured call times through autotune.calibrate.fit.fit."""
+    """The decode host costs of vLLM on CPU fitted to the measured call times through autotune.calibrate.fit.fit
+    (a rollout-only predict), from the prior (the native sampler's costs), and the rollout error before (prior),
+    after (the fit) and as the profile prices it now (the stack's ``[engines.vllm]`` table)."""
     from grpo_tune.autotune.calibrate.fit import Point
     from grpo_tune.autotune.calibrate.fit import fit as calibrate_fit
     from grpo_tune.autotune.calibrate.stats import mape
-    from grpo_tune.core.specs import load_hardware
 
-    eff0 = load_hardware("cpu").efficiency
+    eff0 = _hardware("prior").efficiency
     pts = []
     for r in rows:
-        m, hw, cl, s, w = _plan(r["concurrency"], r["response_len"])
+        m, hw, cl, s, w = _plan(r["concurrency"], r["response_len"], source="prior")
         label = f"C{r['concurrency']}L{r['response_len']}"
         pts.append(Point(m, hw, cl, s, w, measured_step_s=r["call_s"], label=label))
 
     def pred(params: dict[str, float], pt: Point):
-        t = predict(pt.workload.prompts, pt.workload.response_len, params)["call_s"]
+        t = predict(pt.workload.prompts, pt.workload.response_len, params, "prior")["call_s"]
         return t, {"rollout": t}
 
     meas = [r["call_s"] for r in rows]
     tiny = next(r for r in rows if (r["concurrency"], r["response_len"]) == TINY_PLAN)
-    out: dict = {"tiny_plan": {"concurrency": TINY_PLAN[0], "response_len": TINY_PLAN[1], "measured_s": tiny["call_s"]}}
-    fits = {
-        "decode_efficiency": ({"decode_efficiency": eff0.decode_efficiency}, {"decode_efficiency": (1e-3, 1.0)}),
-        "host_costs": ({k: getattr(eff0, k) for k in HOST_KEYS}, {k: (1e-7, 1.0) for k in HOST_KEYS}),
-    }
-    for name, (base, bounds) in fits.items():
-        res = calibrate_fit(pts, base=base, predict=pred, names=list(base), bounds=bounds)
-        after = {k: res.params[k] for k in base}
-        out[name] = {
+
+    def scores(eff: dict[str, float] | None, source: str) -> dict[str, float]:
+        calls = [predict(r["concurrency"], r["response_len"], eff, source)["call_s"] for r in rows]
+        return {
+            "mape_pct": mape(calls, meas),
+            "tiny_plan_error_pct": 100 * (predict(*TINY_PLAN, eff, source)["call_s"] / tiny["call_s"] - 1),
+        }
+
+    base = {k: getattr(eff0, k) for k in HOST_KEYS}
+    res = calibrate_fit(pts, base=base, predict=pred, names=list(base), bounds={k: (1e-7, 1.0) for k in HOST_KEYS})
+    after = {k: res.params[k] for k in base}
+    prof = _hardware("profile").efficiency
+    return {
+        "tiny_plan": {"concurrency": TINY_PLAN[0], "response_len": TINY_PLAN[1], "measured_s": tiny["call_s"]},
+        "host_costs": {
             "before": base,
             "after": after,
-            "mape_before_pct": mape([predict(r["concurrency"], r["response_len"], base)["call_s"] for r in rows], meas),
-            "mape_after_pct": mape([predict(r["concurrency"], r["response_len"], after)["call_s"] for r in rows], meas),
-            "tiny_plan_error_before_pct": 100 * (predict(*TINY_PLAN, base)["call_s"] / tiny["call_s"] - 1),
-            "tiny_plan_error_after_pct": 100 * (predict(*TINY_PLAN, after)["call_s"] / tiny["call_s"] - 1),
+            "profile": {k: getattr(prof, k) for k in HOST_KEYS},
             "at_bound": res.at_bound,
-        }
-    return out
+            "prior": scores(None, "prior"),
+            "fitted": scores(after, "prior"),
+            "as_profiled": scores(None, "profile"),
+        },
+    }
+
+
+def stack_table(fitted: dict) -> str:
+    """The ``[engines.vllm]`` table of profiles/stacks/grpo-tune-cpu.toml for these fitted values."""
+    h = fitted["host_costs"]
+    lines = [
+        "[engines.vllm.params]",
+        *(f"{k} = {h['after'][k]:.3e}" for k in HOST_KEYS),
+    ]
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -200,6 +231,8 @@ def main(argv=None) -> int:
     if args.fit:
         out["fit"] = fit(rows)
         print(json.dumps(out["fit"], indent=2))
+        print(f"# profiles/stacks/grpo-tune-cpu.toml (refit: {FIT_COMMAND})")
+        print(stack_table(out["fit"]))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
