@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -56,7 +57,10 @@ def _cfg(max_len: int):
     )
 
 
-def measure(lengths: list[int], repeats: int = 5) -> list[dict]:
+def measure(lengths: list[int], repeats: int = 5, rounds: int = 1) -> list[dict]:
+    """Each point (C, L) timed ``repeats`` times per round, full call and prefill + 1 token alternating, over
+    ``rounds`` sweeps of all points; the fastest of each is kept (on a shared machine the load comes and goes
+    over minutes: rounds spread a point's samples over the whole run)."""
     import random
 
     from grpo_tune.trainer.rollout import get_rollout_engine
@@ -67,7 +71,9 @@ def measure(lengths: list[int], repeats: int = 5) -> list[dict]:
     build_s = time.perf_counter() - t0
     vllm = eng._vllm
     rng = random.Random(0)
-    rows = []
+    points = [(C, L) for L in lengths for C in CONCURRENCY]
+    prompts = {p: [[rng.randrange(4, 120) for _ in range(PROMPT_LEN)] for _ in range(p[0])] for p in points}
+    best: dict[tuple[int, int], list[float]] = {p: [math.inf, math.inf] for p in points}
     try:
 
         def call(prompts, max_tokens):
@@ -80,29 +86,31 @@ def measure(lengths: list[int], repeats: int = 5) -> list[dict]:
             return dt
 
         call([[5] * PROMPT_LEN], 4)  # warm-up
-        for L in lengths:
-            for C in CONCURRENCY:
-                prompts = [[rng.randrange(4, 120) for _ in range(PROMPT_LEN)] for _ in range(C)]
-                t_full = min(call(prompts, L) for _ in range(repeats))
-                t_one = min(call(prompts, 1) for _ in range(repeats))
-                step = (t_full - t_one) / (L - 1)
-                rows.append(
-                    {
-                        "concurrency": C,
-                        "response_len": L,
-                        "call_s": t_full,
-                        "prefill_s": t_one,
-                        "decode_step_s": step,
-                        "tokens_per_s": C * L / t_full,
-                    }
-                )
+        for rnd in range(rounds):
+            for C, L in points:
+                b = best[(C, L)]
+                for _ in range(repeats):
+                    b[0] = min(b[0], call(prompts[(C, L)], L))
+                    b[1] = min(b[1], call(prompts[(C, L)], 1))
+                step = (b[0] - b[1]) / (L - 1)
                 print(
-                    f"C={C:3d} L={L:4d}  {C * L / t_full:8.0f} tok/s  {1e3 * step:7.2f} ms/decode step  "
-                    f"(call {t_full:.3f} s, prefill+1 {t_one:.3f} s)",
+                    f"round {rnd + 1}/{rounds} C={C:3d} L={L:4d}  {C * L / b[0]:8.0f} tok/s  {1e3 * step:7.2f} "
+                    f"ms/decode step  (call {b[0]:.3f} s, prefill+1 {b[1]:.3f} s; load {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )
     finally:
         eng.close()
+    rows = [
+        {
+            "concurrency": C,
+            "response_len": L,
+            "call_s": best[(C, L)][0],
+            "prefill_s": best[(C, L)][1],
+            "decode_step_s": (best[(C, L)][0] - best[(C, L)][1]) / (L - 1),
+            "tokens_per_s": C * L / best[(C, L)][0],
+        }
+        for C, L in points
+    ]
     return [{"engine_build_s": build_s}] + rows
 
 
@@ -208,16 +216,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="16,64", help="response lengths (comma-separated)")
     ap.add_argument("--out", default=None, help="write the points (and the fit) as JSON here")
-    ap.add_argument("--fit", action="store_true", help="fit the cpu profile's decode_efficiency to the points")
+    ap.add_argument("--fit", action="store_true", help="fit vLLM's decode host costs to the points; print the table")
+    ap.add_argument("--rounds", type=int, default=1, help="sweeps of all points (the fastest of each is kept)")
     ap.add_argument("--from-json", default=None, help="re-price and re-fit measured points instead of measuring")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if args.from_json:
         rows = json.loads(Path(args.from_json).read_text())["points"]
-        build = None
+        build, meta = None, {}
     else:
-        got = measure([int(x) for x in args.lengths.split(",")])
+        load0 = os.getloadavg()[0]
+        got = measure([int(x) for x in args.lengths.split(",")], rounds=args.rounds)
         build, rows = got[0]["engine_build_s"], got[1:]
+        meta = {"load_average_start": load0, "load_average_end": os.getloadavg()[0], "rounds": args.rounds}
         print(f"engine build: {build:.1f} s")
     print(f"{'C':>3} {'L':>4} {'meas ms/step':>12} {'model ms/step':>13} {'meas call s':>11} {'model call s':>12}")
     for r in rows:
@@ -227,7 +238,7 @@ def main(argv=None) -> int:
             f"{r['concurrency']:3d} {r['response_len']:4d} {1e3 * r['decode_step_s']:12.2f} "
             f"{1e3 * p['decode_step_s']:13.2f} {r['call_s']:11.3f} {p['call_s']:12.3f}"
         )
-    out = {"engine_build_s": build, "points": rows}
+    out = {"engine_build_s": build, **meta, "points": rows}
     if args.fit:
         out["fit"] = fit(rows)
         print(json.dumps(out["fit"], indent=2))
