@@ -139,3 +139,14 @@ def test_a_stack_engine_table_is_checked():
         with pytest.raises(ConfigError) as e:
             StackSpec.from_dict({**head, "engines": bad}, where="t")
         assert words in str(e.value), (bad, str(e.value))
+
+
+def test_vllms_memory_on_cpu_is_a_share_of_one_ranks_ram():
+    """gpu_memory_utilization on the cpu profile is a fraction of one rank's share of the RAM (as the trainer gives
+    vLLM its KV cache): 4 ranks of 24 GiB at 0.5 hold 3 GiB each for vLLM, not half of the whole machine."""
+    argv = "estimate --model tiny-vllm --gpus 4 --hardware cpu --mbs 8 --rollout-engine vllm --json".split()
+    doc = json.loads(_cli(*argv, "--gpu-memory-utilization", "0.5"))
+    assert doc["fits"]
+    roll = doc["memory"]["phases"]["rollout"]
+    vllm = roll["rollout_weights_bytes"] + roll["rollout_activations_bytes"] + roll["rollout_kv_cache_bytes"]
+    assert vllm == pytest.approx(0.5 * 24 * 2**30 / 4, rel=1e-6)
