@@ -8,7 +8,8 @@
   ``training/rollout_probs_diff_*`` names, in metrics.jsonl and TensorBoard.
 * Separate pools, 2 training + 2 rollout processes at staleness 1 with vLLM on each rollout rank (one replica
   each): sample ages <= 1, and the stale batches' truncated importance weights are made of vLLM's log-probs.
-* A plan with rollout TP 2 is refused on CPU with a coded error, not attempted.
+* Rollout TP 2 on CPU: one replica sharded over two training ranks, its log-probs the trainer's after each push.
+* ``search --hardware cpu --rollout-engine vllm`` emits a best.yaml that trains with vLLM as emitted.
 
 In CI (``CI=true``) a missing vLLM fails the group (tests/conftest.py), never skips it.
 """
@@ -159,14 +160,37 @@ def test_two_plus_two_separate_pools_at_staleness_one_with_vllm_rollouts(tmp_pat
     assert stale and any(abs(r["is_weight_mean"] - 1.0) > 1e-4 for r in stale)
 
 
-def test_rollout_tp_above_one_is_refused_on_cpu_with_a_coded_error(tmp_path):
-    from grpo_tune.core.errors import ConfigError
-    from grpo_tune.trainer.rollout import get_rollout_engine
+def test_rollout_tp_two_on_cpu_one_replica_over_both_ranks(tmp_path):
+    """Rollout TP 2, colocated on 2 ranks: one vLLM replica sharded over both training processes (torchrun's
+    external launcher, vLLM's CPU worker all-reducing over gloo); every push's full tensors are sliced for each
+    rank's shard, so vLLM's fp32 log-probs equal the trainer's after every push (measured: max 1.4e-6)."""
+    from grpo_tune.core.placement import Placement
+    from grpo_tune.core.strategy import Cluster
 
-    cfg = _separate_cfg(tmp_path, rollout_tp=2)
-    with pytest.raises(ConfigError) as e:
-        get_rollout_engine("vllm", cfg=cfg, tokenizer=None)
-    assert e.value.code == "TRAINER_UNSUPPORTED" and "rollout_tp=2" in str(e.value)
+    cfg = _separate_cfg(tmp_path, rollout_tp=2).replace(cluster=Cluster(gpus=2, gpus_per_node=2), placement=Placement())
+    rows = train_run(cfg, tmp_path, timeout=900)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and [r["weight_version"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["rollout_logprob_diff_max"] < 1e-4 for r in rows)
+    assert all(math.isfinite(r["loss"]) for r in rows)
+    log = (Path(cfg.trainer.out_dir) / "train.log").read_text(errors="replace")
+    assert "'tensor_parallel_size': 2" in log  # vLLM's own record of the engine it built
+
+
+def test_search_with_rollout_engine_vllm_emits_a_plan_that_trains_with_vllm(tmp_path):
+    """`grpo-tune search --model tiny-vllm --hardware cpu --rollout-engine vllm` prices vLLM's CPU build (the
+    grpo-tune-cpu stack's [engines.vllm] costs) and emits best.yaml with trainer.rollout_engine: vllm, which
+    `grpo-tune train` runs as it is (no --set)."""
+    import yaml
+
+    _cli([*SEARCH.replace("runs/quick", "runs/vllm").split(), "--rollout-engine", "vllm"], tmp_path)
+    (path,) = (tmp_path / "runs" / "vllm").glob("tiny-vllm-1g-cpu-*/best.yaml")
+    doc = yaml.safe_load(path.read_text())
+    assert doc["trainer"]["rollout_engine"] == "vllm" and doc["hardware"]["rollout_engine"] == "vllm"
+    run = path.parent / "train2"
+    _cli(["train", "--config", str(path), "--steps", "2", "--out", str(run)], path.parent)
+    rows = _rows(run)
+    assert [x["step"] for x in rows] == [1, 2] and [x["weight_version"] for x in rows] == [0, 1]
+    assert all("training/rollout_probs_diff_mean" in x and x["phases_s"]["weight_sync"] > 0 for x in rows)
 
 
 def test_profile_runs_the_plan_with_vllm(best, tmp_path):

@@ -220,7 +220,11 @@ def target_line(model: Any, hw: Any, cluster: Any, rollout_hw: Any = None) -> st
 
 
 def inputs_from_flags(flags: dict[str, Any]) -> tuple[Target, dict[str, Any]]:
-    """The target (model, hardware, cluster, workload) and the pins, from the flags that estimate and search share."""
+    """The target (model, hardware, cluster, workload) and the pins, from the flags that estimate and search share.
+    ``--rollout-engine vllm`` on a profile whose ranks sample with the trainer's own model (``cpu``) prices vLLM's
+    CPU build instead (core.hardware.with_rollout_engine); left out or ``auto``, the native sampler stays."""
+    from grpo_tune.core.hardware import with_rollout_engine
+
     target = plan_inputs(
         model=flags["model"],
         hardware=flags["hardware"],
@@ -229,7 +233,11 @@ def inputs_from_flags(flags: dict[str, Any]) -> tuple[Target, dict[str, Any]]:
         stack=flags.get("stack"),
         **workload_flags(flags),
     )
-    return target, pins_from_flags(flags)
+    pins = pins_from_flags(flags)
+    engine = pins.get("engine")
+    if isinstance(engine, str) and engine != "auto" and target.hardware.native_rollout:
+        target = target._replace(hardware=with_rollout_engine(target.hardware, engine, flags.get("stack")))
+    return target, pins
 
 
 # The flags' defaults are Workload's (core/strategy.py, which says where they come from).

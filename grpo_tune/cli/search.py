@@ -535,7 +535,9 @@ def print_placements(res, console: Console) -> None:
         roll = st.rollout
         from grpo_tune.core.specs import load_hardware
 
-        if load_hardware(f["rollout_hardware"]).native_rollout:  # the trainer's own forward-only sampler
+        # the pool's own profile (a cpu plan priced with vLLM keeps its engine; another profile is read by name)
+        hw_r = s.hardware if f["rollout_hardware"] == s.hardware.name else load_hardware(f["rollout_hardware"])
+        if hw_r.native_rollout:  # the trainer's own forward-only sampler
             engine = f"native sampler tp{roll.rollout_tp}"
         else:
             engine = (

@@ -220,8 +220,9 @@ _HARDWARE_SCHEMA = Schema(
 
 @lru_cache(maxsize=256)
 def apply_stack(hw: HardwareSpec, stack: StackSpec) -> HardwareSpec:
-    """``hw`` priced under ``stack``: its efficiency carries the stack's parameters, ``hw.stack`` names it."""
-    eff = stack.efficiency(hw.efficiency)
+    """``hw`` priced under ``stack``: its efficiency carries the stack's parameters (its ``[engines.<name>]``
+    table's where ``hw.rollout_engine`` has one), ``hw.stack`` names it."""
+    eff = stack.efficiency(hw.efficiency, hw.rollout_engine)
     if hw.stack == stack.name and hw.efficiency == eff:
         return hw
     return dataclasses.replace(hw, stack=stack.name, efficiency=eff)
@@ -230,3 +231,30 @@ def apply_stack(hw: HardwareSpec, stack: StackSpec) -> HardwareSpec:
 def with_stack(hw: HardwareSpec, name: str | None) -> HardwareSpec:
     """``hw`` under the stack ``name`` (None: as loaded, its default stack)."""
     return hw if not name else apply_stack(hw, load_stack(name))
+
+
+def with_rollout_engine(hw: HardwareSpec, engine: str, stack: str | None = None) -> HardwareSpec:
+    """``hw`` with ``engine`` (vllm) sampling instead of the trainer's own model, on a profile whose ranks sample
+    with it (``rollout_engine = "megatron"``: ``cpu``), priced with its stack's ``[engines.<engine>]`` costs (the
+    ``grpo-tune-cpu`` stack's vLLM-on-CPU decode costs). Other profiles and engines come back unchanged. A stack
+    without that table is a NOT_PRICED error: its costs are the native sampler's. ``stack``: the stack ``hw`` is
+    priced under, by name or path (default: the one ``hw.stack`` names)."""
+    if not hw.native_rollout or engine == hw.rollout_engine:
+        return hw
+    spec = load_stack(stack or hw.stack or hw.default_stack or None)
+    if engine not in ROLLOUT_ENGINES:  # SGLang: no CPU build the trainer runs
+        raise ConfigError(
+            f"{hw.name} samples with the trainer's own model or vLLM's CPU build, not {engine}: a plan with {engine} "
+            "on it is not priced",
+            hint="--rollout-engine vllm (vLLM's CPU build), or leave it out for the native sampler",
+            code="NOT_PRICED",
+        )
+    if engine not in spec.engines:
+        raise ConfigError(
+            f"{hw.name} samples with the trainer's own model, and its stack {spec.name} has no {engine} costs "
+            f"(no [engines.{engine}] table): a plan with {engine} on it is not priced",
+            hint=f"fit them (docs/measurements.md, 'vLLM on CPU') into the stack's [engines.{engine}] table, or leave "
+            "--rollout-engine out for the native sampler",
+            code="NOT_PRICED",
+        )
+    return apply_stack(dataclasses.replace(hw, rollout_engine=engine), spec)

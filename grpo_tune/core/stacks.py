@@ -35,6 +35,22 @@ FRAMEWORKS = ("verl", "nemo-rl", "megatron-lm", TRAINER)
 (which holds one integration per name but the trainer's, built from this tuple)."""
 
 
+@dataclass(frozen=True)
+class EngineCosts:
+    """One ``[engines.<name>]`` table of a stack: the stack's parameters as they are where ``name`` samples,
+    with where they come from and the command that refits them."""
+
+    params: dict[str, float]
+    source: str = ""
+    command: str = ""
+    """The command that reproduces ``params`` (a fit prints them)."""
+    provenance: str = "spec-only"
+
+
+ENGINE_NAMES = ("vllm", "sglang")
+"""The engines a stack may price beside its own (core.choices.Engine)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class StackSpec:
     """One software stack (framework release + rollout engine) and its time-model parameters."""
@@ -48,15 +64,21 @@ class StackSpec:
     """How ``params`` were obtained: ``fitted`` (``grpo-tune validate --grpo --refit``), or priors only."""
     params: dict[str, float] = field(default_factory=dict)
     """Values of :data:`core.efficiency.STACK_KEYS` (the rest keep Efficiency's defaults)."""
+    engines: dict[str, EngineCosts] = field(default_factory=dict)
+    """Costs that replace ``params`` where a rollout engine other than the stack's own samples (its
+    ``[engines.<name>]`` tables: the ``grpo-tune-cpu`` stack's vLLM-on-CPU decode costs)."""
 
     def __hash__(self) -> int:
-        return hash((self.name, tuple(sorted(self.params.items()))))
+        eng = tuple(sorted((n, tuple(sorted(e.params.items()))) for n, e in self.engines.items()))
+        return hash((self.name, tuple(sorted(self.params.items())), eng))
 
-    def efficiency(self, base: Efficiency) -> Efficiency:
+    def efficiency(self, base: Efficiency, engine: str = "") -> Efficiency:
         """``base`` (a hardware profile's) with every stack parameter set from this stack (its value, or
-        Efficiency's default where the stack is silent: no stale value of another stack survives)."""
+        Efficiency's default where the stack is silent: no stale value of another stack survives); where
+        ``engine`` has an ``[engines.<engine>]`` table, its values replace the stack's."""
         defaults = Efficiency()
-        vals = {k: self.params.get(k, getattr(defaults, k)) for k in STACK_KEYS}
+        own = self.engines[engine].params if engine in self.engines else {}
+        vals = {k: own.get(k, self.params.get(k, getattr(defaults, k))) for k in STACK_KEYS}
         return dataclasses.replace(base, **vals)
 
     @classmethod
@@ -64,7 +86,7 @@ class StackSpec:
         if not isinstance(data, dict):
             raise ConfigError(f"{where} must be a table")
         data = dict(data)
-        known = {"name", "framework", "release", "source", "aliases", "provenance", "params", "notes"}
+        known = {"name", "framework", "release", "source", "aliases", "provenance", "params", "notes", "engines"}
         extra = sorted(set(data) - known)
         if extra:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(extra)}", hint="known: " + ", ".join(sorted(known)))
@@ -76,13 +98,7 @@ class StackSpec:
         params = data.get("params", {})
         if not isinstance(params, dict):
             raise ConfigError(f"{where}.params must be a table of numbers")
-        bad = sorted(set(params) - STACK_KEYS)
-        if bad:
-            raise ConfigError(
-                f"{where}.params: {', '.join(bad)} not a stack parameter",
-                hint="a stack sets: " + ", ".join(sorted(STACK_KEYS)) + " (chip figures go in profiles/hardware/)",
-            )
-        eff = Efficiency.from_dict(params, where=f"{where}.params")  # the same checks as a hardware profile's
+        eff = _stack_params(params, where=f"{where}.params")
         al = data.get("aliases", [])
         if not isinstance(al, list) or not all(isinstance(a, str) for a in al):
             raise ConfigError(f"{where}.aliases must be a list of names")
@@ -97,7 +113,50 @@ class StackSpec:
             aliases=tuple(al),
             provenance=prov,
             params={k: getattr(eff, k) for k in params},
+            engines=_engines(data.get("engines", {}), where=f"{where}.engines"),
         )
+
+
+def _stack_params(params: object, *, where: str) -> Efficiency:
+    if not isinstance(params, dict):
+        raise ConfigError(f"{where} must be a table of numbers")
+    bad = sorted(set(params) - STACK_KEYS)
+    if bad:
+        raise ConfigError(
+            f"{where}: {', '.join(bad)} not a stack parameter",
+            hint="a stack sets: " + ", ".join(sorted(STACK_KEYS)) + " (chip figures go in profiles/hardware/)",
+        )
+    return Efficiency.from_dict(params, where=where)  # the same checks as a hardware profile's
+
+
+def _engines(data: object, *, where: str) -> dict[str, EngineCosts]:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a table of [engines.<name>] tables")
+    out: dict[str, EngineCosts] = {}
+    for name, t in data.items():
+        w = f"{where}.{name}"
+        if name not in ENGINE_NAMES:
+            raise ConfigError(f"{where}: unknown engine {name!r}", hint="known: " + ", ".join(ENGINE_NAMES))
+        if not isinstance(t, dict):
+            raise ConfigError(f"{w} must be a table")
+        extra = sorted(set(t) - {"params", "source", "command", "provenance"})
+        if extra:
+            known = "command, params, provenance, source"
+            raise ConfigError(f"{w}: unknown key(s) {', '.join(extra)}", hint=f"known: {known}")
+        for k in ("source", "command"):
+            if not isinstance(t.get(k, ""), str):
+                raise ConfigError(f"{w}.{k} must be a string")
+        if t.get("provenance", "spec-only") not in ("fitted", "spec-only"):
+            raise ConfigError(f"{w}.provenance must be fitted or spec-only, got {t['provenance']!r}")
+        p = t.get("params", {})
+        eff = _stack_params(p, where=f"{w}.params")
+        out[name] = EngineCosts(
+            params={k: getattr(eff, k) for k in p},
+            source=t.get("source", ""),
+            command=t.get("command", ""),
+            provenance=t.get("provenance", "spec-only"),
+        )
+    return out
 
 
 def _dirs() -> list[Path]:

@@ -193,11 +193,19 @@ class KvCapacity:
 
 
 def kv_cache_capacity(
-    model: ModelSpec, hardware: HardwareSpec, strategy: Strategy, workload: Workload, gpus: int | None = None
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    strategy: Strategy,
+    workload: Workload,
+    gpus: int | None = None,
+    ranks_per_node: int = 0,
 ) -> KvCapacity:
-    """The KV cache that ``gpu_memory_utilization`` leaves, and the concurrent sequences it holds."""
+    """The KV cache that ``gpu_memory_utilization`` leaves, and the concurrent sequences it holds. ``ranks_per_node``:
+    on a profile whose ranks share the node's RAM (``memory_is_host``: vLLM's CPU build) the fraction is of one
+    rank's share, as the trainer gives it (trainer/rollout/vllm.py ``cpu_kv_cache_bytes``); 0 or a GPU: of HBM."""
     eng = strategy.rollout
-    budget = eng.gpu_memory_utilization * hardware.hbm_bytes
+    mem = hardware.rank_memory_bytes(ranks_per_node) if ranks_per_node else hardware.hbm_bytes
+    budget = eng.gpu_memory_utilization * mem
     prec = strategy.precision
     w = rollout_weight_bytes(model, eng.rollout_tp, prec.rollout_precision)
     work = rollout_working_bytes(model, eng.rollout_tp, eng.max_num_seqs, eng.max_num_batched_tokens)
@@ -314,7 +322,7 @@ def phase_memory(
         for i, st in full.items()
     }
     kvc = (
-        kv_cache_capacity(m, hardware, s, w, cluster.gpus)
+        kv_cache_capacity(m, hardware, s, w, cluster.gpus, cluster.ranks_per_node)
         if (w.kind == "grpo" and not hardware.native_rollout)
         else None
     )

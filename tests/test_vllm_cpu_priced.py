@@ -1,0 +1,152 @@
+"""vLLM on CPU, priced (default suite: no vLLM needed, pure cost model).
+
+* The ``grpo-tune-cpu`` stack's ``[engines.vllm]`` table holds the decode host costs fitted to the measured vLLM-CPU
+  rollout curve (benchmarks/results/vllm_cpu.json) through autotune.calibrate.fit: refitting them with the
+  command the table names gives the file's values, and with them the model's error on the tiny plan (16
+  sequences x 64 tokens, measured 2.80 s) is +4.2% where the native sampler's costs gave -84%.
+* ``search --hardware cpu --rollout-engine vllm`` prices that engine with those costs and emits a best.yaml whose
+  trainer runs vLLM (``trainer.rollout_engine: vllm``); without the flag (or with ``auto``) the cpu profile keeps
+  its native sampler. The price moves with the table's values; SGLang on CPU, or a stack with no vLLM costs, is a
+  coded NOT_PRICED error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from grpo_tune.cli.main import app
+
+ROOT = Path(__file__).resolve().parent.parent
+STACK = ROOT / "grpo_tune" / "profiles" / "stacks" / "grpo-tune-cpu.toml"
+SEARCH = (
+    "search --model tiny-vllm --gpus 1 --hardware cpu --prompts 16 --n 8 --mini-batch 16 --no-kl --prompt-len 8 "
+    "--prompt-len-mean 3 --response-len 4 --response-len-mean 4 --enforce-eager --max-num-seqs 128 --top 1"
+).split()
+ESTIMATE = "estimate --model tiny-vllm --gpus 1 --hardware cpu --mbs 8 --enforce-eager --max-num-seqs 64 --json".split()
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_vllm_cpu", ROOT / "benchmarks" / "bench_vllm_cpu.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_vllm_cpu", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _cli(*argv: str) -> str:
+    r = CliRunner().invoke(app, list(argv))
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def test_the_cpu_stack_holds_the_refit_of_the_measured_rollout_curve():
+    from grpo_tune.core.stacks import load_stack
+
+    bench = _bench()
+    table = load_stack("grpo-tune-cpu").engines["vllm"]
+    assert table.provenance == "fitted" and table.command == bench.FIT_COMMAND
+    assert "benchmarks/results/vllm_cpu.json" in table.source
+    rows = json.loads((ROOT / "benchmarks" / "results" / "vllm_cpu.json").read_text())["points"]
+    got = bench.fit(rows)["host_costs"]
+    assert set(table.params) == set(bench.HOST_KEYS)
+    for k in bench.HOST_KEYS:  # the file keeps 4 significant digits of the fit
+        assert table.params[k] == pytest.approx(got["after"][k], rel=1e-3), k
+    assert table.params["decode_step_overhead_s"] == pytest.approx(28.3e-3, rel=0.01)
+    assert table.params["decode_sequence_overhead_s"] == pytest.approx(0.933e-3, rel=0.01)
+    # the tiny plan's rollout error: -84% with the native sampler's costs, +4.2% as the profile prices it now
+    assert got["prior"]["tiny_plan_error_pct"] == pytest.approx(-84.2, abs=0.5)
+    assert got["as_profiled"]["tiny_plan_error_pct"] == pytest.approx(4.2, abs=0.5)
+    assert got["as_profiled"]["mape_pct"] == pytest.approx(25.3, abs=0.5)
+    assert got["prior"]["mape_pct"] == pytest.approx(82.5, abs=0.5)
+    # the printed table is the file's
+    text = bench.stack_table({"host_costs": got})
+    assert text.startswith("[engines.vllm.params]") and "decode_step_overhead_s = 2.833e-02" in text
+
+
+def test_a_cpu_search_prices_vllm_when_asked_and_emits_a_plan_the_trainer_runs_with_it(tmp_path):
+    from grpo_tune.core.config import load
+
+    native = json.loads(_cli(*SEARCH, "--json", "--no-emit"))["best"]
+    auto = json.loads(_cli(*SEARCH, "--rollout-engine", "auto", "--json", "--no-emit"))["best"]
+    assert auto["time"] == native["time"]  # auto on cpu: the native sampler, as without the flag
+    _cli(*SEARCH, "--rollout-engine", "vllm", "--out", str(tmp_path))
+    (path,) = tmp_path.glob("tiny-vllm-1g-cpu-*/best.yaml")
+    doc = yaml.safe_load(path.read_text())
+    assert doc["trainer"]["rollout_engine"] == "vllm"
+    assert doc["hardware"]["rollout_engine"] == "vllm" and doc["hardware"]["stack"] == "grpo-tune-cpu"
+    assert doc["strategy"]["rollout_tp"] == 1 and doc["strategy"]["enforce_eager"] is True
+    # priced with vLLM's costs: a different rollout from the native sampler's, and a KV cache in its memory
+    assert doc["predicted"]["phases_s"]["rollout"] != pytest.approx(native["time"]["phases_s"]["rollout"], rel=0.05)
+    # read back, the plan is priced with the stack's [engines.vllm] table
+    cfg = load(path)
+    assert cfg.hardware.efficiency.decode_step_overhead_s == pytest.approx(28.33e-3)
+    assert cfg.hardware.efficiency.decode_sequence_overhead_s == pytest.approx(0.9334e-3)
+    assert cfg.trainer.rollout_engine == "vllm"
+
+
+def test_the_price_moves_with_the_stacks_vllm_costs_and_the_refusals_are_coded(tmp_path, capsys):
+    from grpo_tune.cli.main import main
+
+    def rollout(*extra: str) -> dict:
+        doc = json.loads(_cli(*ESTIMATE, *extra))
+        return doc["details"] | doc["time"]
+
+    base, vllm = rollout(), rollout("--rollout-engine", "vllm")
+    assert vllm["phases_s"]["rollout"] != pytest.approx(base["phases_s"]["rollout"], rel=0.05)
+    # a copy of the stack whose vLLM step overhead is doubled: the decode step grows by the same 28.33 ms
+    text = STACK.read_text()
+    slow = tmp_path / "slow.toml"
+    slow.write_text(text.replace("decode_step_overhead_s = 2.833e-2", "decode_step_overhead_s = 5.666e-2"))
+    moved = rollout("--rollout-engine", "vllm", "--stack", str(slow))
+    assert moved["decode_step_s"] - vllm["decode_step_s"] == pytest.approx(28.33e-3, rel=1e-3)
+    assert moved["phases_s"]["rollout"] > vllm["phases_s"]["rollout"]
+    # the native sampler does not read the table
+    assert rollout("--stack", str(slow))["phases_s"] == base["phases_s"]
+
+    bare = tmp_path / "bare.toml"
+    bare.write_text(text[: text.index("[engines.vllm]")])
+    capsys.readouterr()
+    for extra, words in (
+        (["--rollout-engine", "sglang"], "not sglang"),
+        (["--rollout-engine", "vllm", "--stack", str(bare)], "no [engines.vllm] table"),
+    ):
+        assert main([*ESTIMATE, *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert "[NOT_PRICED]" in err and words in " ".join(err.split()) and "Traceback" not in err, err
+
+
+def test_a_stack_engine_table_is_checked():
+    from grpo_tune.core.errors import ConfigError
+    from grpo_tune.core.stacks import StackSpec
+
+    head = {"name": "x", "framework": "grpo-tune", "release": "1", "source": "s"}
+    ok = StackSpec.from_dict({**head, "engines": {"vllm": {"params": {"decode_step_overhead_s": 0.01}}}}, where="t")
+    assert ok.engines["vllm"].params == {"decode_step_overhead_s": 0.01}
+    for bad, words in (
+        ({"tgi": {"params": {}}}, "unknown engine 'tgi'"),
+        ({"vllm": {"params": {"hbm_efficiency": 0.5}}}, "hbm_efficiency not a stack parameter"),
+        ({"vllm": {"speed": 1}}, "unknown key(s) speed"),
+        ({"vllm": {"params": {}, "provenance": "guessed"}}, "provenance must be fitted or spec-only"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            StackSpec.from_dict({**head, "engines": bad}, where="t")
+        assert words in str(e.value), (bad, str(e.value))
+
+
+def test_vllms_memory_on_cpu_is_a_share_of_one_ranks_ram():
+    """gpu_memory_utilization on the cpu profile is a fraction of one rank's share of the RAM (as the trainer gives
+    vLLM its KV cache): 4 ranks of 24 GiB at 0.5 hold 3 GiB each for vLLM, not half of the whole machine."""
+    argv = "estimate --model tiny-vllm --gpus 4 --hardware cpu --mbs 8 --rollout-engine vllm --json".split()
+    doc = json.loads(_cli(*argv, "--gpu-memory-utilization", "0.5"))
+    assert doc["fits"]
+    roll = doc["memory"]["phases"]["rollout"]
+    vllm = roll["rollout_weights_bytes"] + roll["rollout_activations_bytes"] + roll["rollout_kv_cache_bytes"]
+    assert vllm == pytest.approx(0.5 * 24 * 2**30 / 4, rel=1e-6)
