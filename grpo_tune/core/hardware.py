@@ -19,7 +19,7 @@ PROVENANCES = ("fitted", "transferred", "spec-only")
 ``transferred`` from another profile by stated ratios, or ``spec-only`` (datasheet figures and defaults)."""
 
 ROLLOUT_ENGINES = ("vllm", "megatron")
-"""Who samples the responses, as the trainer's ``rollout_engine`` names them (core.choices.RolloutEngine less
+"""Who samples the responses, as the trainer's ``rollout_engine`` names them (core.choices.TrainerRolloutEngine less
 ``auto``): vLLM, or the trainer's own Megatron model."""
 OLD_ROLLOUT_ENGINES = {"megatron-native": "megatron"}
 """Spellings profiles used before the two vocabularies became one, read as their current names."""
@@ -77,6 +77,9 @@ class HardwareSpec:
     """The software stack priced when none is chosen (empty: ``core.stacks.DEFAULT_STACK``)."""
     stack: str = ""
     """The stack whose parameters ``efficiency`` carries (set by :func:`apply_stack`)."""
+    stack_engine: str = "vllm"
+    """That stack's rollout engine (``StackSpec.engine``, set by :func:`apply_stack`): ``efficiency``'s
+    ``engine_sleep_s`` / ``engine_wake_s`` are its figures (engines.sleep_wake_s)."""
     efficiency: Efficiency = field(default_factory=Efficiency)
     """Time-model parameters (see costmodel.timing): the chip's from the hardware profile, the
     software's from the stack profile."""
@@ -124,6 +127,7 @@ class HardwareSpec:
     def to_dict(self) -> dict[str, object]:
         """The profile as a file holds it: the stack's parameters stay in the stack (named by ``stack``)."""
         d = to_mapping(self)
+        d.pop("stack_engine", None)  # the stack's, named by ``stack``
         d["efficiency"] = {k: v for k, v in self.efficiency.to_dict().items() if k not in STACK_KEYS}
         return d
 
@@ -187,6 +191,7 @@ class HardwareSpec:
                 self.gpus_per_node,
                 self.nvlink_domain_gpus,
                 self.stack,
+                self.stack_engine,
                 self.efficiency,
                 self.rollout_engine,
                 self.attention_kernel,
@@ -222,9 +227,9 @@ _HARDWARE_SCHEMA = Schema(
 def apply_stack(hw: HardwareSpec, stack: StackSpec) -> HardwareSpec:
     """``hw`` priced under ``stack``: its efficiency carries the stack's parameters, ``hw.stack`` names it."""
     eff = stack.efficiency(hw.efficiency)
-    if hw.stack == stack.name and hw.efficiency == eff:
+    if hw.stack == stack.name and hw.efficiency == eff and hw.stack_engine == stack.engine:
         return hw
-    return dataclasses.replace(hw, stack=stack.name, efficiency=eff)
+    return dataclasses.replace(hw, stack=stack.name, stack_engine=stack.engine, efficiency=eff)
 
 
 def with_stack(hw: HardwareSpec, name: str | None) -> HardwareSpec:

@@ -329,7 +329,7 @@ PRIORS: tuple[Prior, ...] = (
         "nemo/collections/llm/gpt/model/qwen3.py: moe_grouped_gemm, moe_permute_fusion, alltoall), which sets both",
     ),
     Prior(
-        "vllm_wake_s",
+        "engine_wake_s",
         "stack:nemo-rl-v0.3",
         4.0,
         1.0,
@@ -420,7 +420,7 @@ PRIORS: tuple[Prior, ...] = (
         "fused-MoE kernels) at ~5-50 us of dispatch each: 80 us-1.5 ms per layer per decode step",
     ),
     Prior(
-        "vllm_sleep_s",
+        "engine_sleep_s",
         "stack:verl-0.9.1",
         1.0,
         0.2,
