@@ -125,11 +125,12 @@ def as_coded(exc: BaseException) -> GrpoTuneError:
         return exc
     if isinstance(exc, UsageError):  # unknown command/option, missing option, value of the wrong type
         path = exc.ctx.command_path if exc.ctx is not None else "grpo-tune"
-        note = _absent_flag_note(exc.option_name if isinstance(exc, NoSuchOption) else None)
+        flag = exc.option_name if isinstance(exc, NoSuchOption) else None
+        note = _absent_flag_note(flag)
         if note is not None and path.endswith(" diagnose"):
             # the flags of a framework's diagnose script that articles describe and the framework does not have
             return GrpoTuneError(
-                f"{path} has no {exc.option_name}: it runs every check at once (degrees per role, batch rules, "
+                f"{path} has no {flag}: it runs every check at once (degrees per role, batch rules, "
                 "dtypes, unknown keys, memory per phase)",
                 hint=f"run `{path} SCRIPT`; {note}",
                 code="USAGE",
