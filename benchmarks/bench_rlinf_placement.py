@@ -34,7 +34,7 @@ from grpo_tune.autotune.search.placement import best_rollout
 from grpo_tune.core.placement import Placement
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
-from grpo_tune.costmodel import placement as P
+from grpo_tune.costmodel import pools as P
 from grpo_tune.core import placement as CP
 from grpo_tune.costmodel import streaming as S
 from grpo_tune.costmodel.timing_base import check_calibration

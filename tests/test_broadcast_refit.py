@@ -1,4 +1,4 @@
-"""The bucketed cross-pool broadcast (costmodel/placement.py ``cross_pool_sync``): the training pool's HF export
+"""The bucketed cross-pool broadcast (costmodel/pools.py ``cross_pool_sync``): the training pool's HF export
 by hand, the double-buffered stream, and NeMo-RL's DeepSeek-V3 NCCL refit row that scores it (validate --grpo),
 with the per-tensor and per-entry costs of NeMo-RL's stack each set by at least two rows."""
 

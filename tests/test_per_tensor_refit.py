@@ -1,4 +1,4 @@
-"""verl's separate-pool weight sync without its checkpoint engine (costmodel/placement.py ``per_tensor_sync``):
+"""verl's separate-pool weight sync without its checkpoint engine (costmodel/pools.py ``per_tensor_sync``):
 one sync priced by hand, trends against the bucketed broadcast, and the two published engine-off rows that
 score it (validate --grpo) with the layouts of their engine-on twins."""
 
@@ -12,7 +12,7 @@ import grpo_tune.validate.grpo as vg
 from grpo_tune.core.placement import Placement
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
-from grpo_tune.costmodel import placement as P
+from grpo_tune.costmodel import pools as P
 from grpo_tune.core import placement as CP
 from grpo_tune.costmodel import weight_sync as WS
 from grpo_tune.costmodel.timing_base import check_calibration, hf_tensor_count, model_consts

@@ -1,4 +1,4 @@
-"""NeMo-RL's NCCL-reshard refit across pools (costmodel/placement.py ``reshard_sync``): the bulk share against
+"""NeMo-RL's NCCL-reshard refit across pools (costmodel/pools.py ``reshard_sync``): the bulk share against
 the fraction NeMo-RL publishes, one sync priced by hand, trends against the broadcast transport, and the
 published refit rows that score it (validate --grpo)."""
 
@@ -14,7 +14,7 @@ from grpo_tune.core.hardware import with_stack
 from grpo_tune.core.placement import Placement
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
-from grpo_tune.costmodel import placement as P
+from grpo_tune.costmodel import pools as P
 from grpo_tune.core import placement as CP
 from grpo_tune.costmodel import weight_sync as WS
 from grpo_tune.costmodel.timing_base import check_calibration, hf_tensor_count, model_consts

@@ -271,7 +271,7 @@ class Strategy:
 
     Placement is not a concern of the strategy: it decides which GPUs the strategy's layout spans (the
     training pool's), so a run config carries it beside the strategy (core/config.py), and the
-    separate-pool pricing takes both (costmodel/placement.py).
+    separate-pool pricing takes both (costmodel/pools.py).
     """
 
     layout: Layout = Layout()

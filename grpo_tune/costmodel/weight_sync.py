@@ -93,7 +93,7 @@ def weight_sync_s(
     e = hw.efficiency
     c = model_consts(m)
     total = c["total_params"] * PARAM_BYTES
-    # the bridge's export, the same code path as the cross-pool sync's (costmodel.placement)
+    # the bridge's export, the same code path as the cross-pool sync's (costmodel.pools)
     gather = hf_export_s(m, hw, cluster, s, cal)
     # Each colocated vLLM worker receives the whole model (HF tensors) and copies its rollout-TP slice.
     copy = total / eng.rollout_tp / (hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)

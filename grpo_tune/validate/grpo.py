@@ -204,12 +204,12 @@ def _separate(row: GrpoRow) -> bool:
 def predict(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[dict[str, float], Estimate]:
     """Predicted seconds in the row's terms: step and each published phase (``hw``: the row's
     hardware under its stack, :func:`_hw`, unless given). A ``separate`` row is priced by
-    :func:`costmodel.placement.estimate_separate` with its pools: its ``refit_s`` is the cross-pool
+    :func:`costmodel.pools.estimate_separate` with its pools: its ``refit_s`` is the cross-pool
     weight sync by the row's ``refit_transport`` (empty: a broadcast; ``nccl_reshard``: NeMo-RL's shard-to-shard
     reshard), its ``gen_s`` the rollout pool's generation."""
     m, hw, cluster, s, wl = plan(row, hw or _hw(row, None))
     if _separate(row):
-        from grpo_tune.costmodel.placement import estimate_separate
+        from grpo_tune.costmodel.pools import estimate_separate
 
         place = _placement(row)
         transport = (row.raw.get("refit_transport") or "").strip() or "broadcast"

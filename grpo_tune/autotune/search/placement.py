@@ -1,7 +1,7 @@
 """Search over placement: colocated, separate pools, or the better of the two (``--placement auto``).
 
 A separate plan has three parts that price apart and meet only in the step's composition
-(costmodel.placement.compose_step): the training pool's plan, the rollout pool's engine, and the
+(costmodel.pools.compose_step): the training pool's plan, the rollout pool's engine, and the
 split (how many GPUs roll out). The search therefore:
 
 1. prices the generation of every split with its fastest fitting rollout engine (cheap: the
@@ -23,12 +23,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, TypedDict
 
+from grpo_tune.core.choices import PlacementMode
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, InvalidDegreesError
 from grpo_tune.core.rules import within_node
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import Cluster, Strategy, Workload, divisors
-from grpo_tune.costmodel import placement as P
 from grpo_tune.core import placement as CP
+from grpo_tune.costmodel import pools as P
 from grpo_tune.costmodel import weight_sync as WS
 from grpo_tune.costmodel.estimate import Estimate
 from grpo_tune.costmodel.params import total_params
@@ -40,7 +41,8 @@ from .candidates import pinned, pinned_number
 if TYPE_CHECKING:
     from .driver import SearchResult
 
-PLACEMENT_CHOICES = ("colocated", "separate", "auto")
+PLACEMENT_CHOICES = (*PlacementMode.values(), "auto")
+"""``--placement`` on search: a placement mode (core.choices.PlacementMode), or the better of the two."""
 ROLLOUT_GMU_GRID = (0.6, 0.7, 0.8, 0.9)
 """vLLM memory fractions on a rollout-pool GPU (no training state there: up to 0.9)."""
 ROLLOUT_SEQS_GRID = (256, 1024)
@@ -190,7 +192,7 @@ def best_rollout(
     knobs: P.AsyncKnobs | None = None,
 ) -> tuple[EngineOption, float] | None:
     """The fastest rollout engine that fits the pool: (knobs, generation seconds), or None. ``knobs``: how far the
-    pool runs ahead (costmodel.placement.AsyncKnobs; None: the synchronous batch, or partial rollout at one batch
+    pool runs ahead (costmodel.pools.AsyncKnobs; None: the synchronous batch, or partial rollout at one batch
     ahead)."""
     best: tuple[tuple[float, float], EngineOption, float] | None = None
     base = Strategy.of(**{k: v for k, v in pins.items() if k in _ENGINE_BASE})
@@ -325,7 +327,7 @@ def _separate(
     cands = [pinned_r] if pinned_r else CP.split_candidates(cluster)
     stale = range(K + 1)
     partial_for = {k: bool(partial_flag) and k >= 1 for k in stale}
-    # 1. generation per split and staleness: the pool is a server fed k batches ahead (costmodel.placement.generation),
+    # 1. generation per split and staleness: the pool is a server fed k batches ahead (costmodel.pools.generation),
     # so k changes its concurrency only while the feed binds: beyond k_sat (where (1 + k) x its sequences per replica
     # reach the largest max_num_seqs of the grid) every k prices the same, and is computed once
     pool_of = {r: CP.pools(cluster, r) for r in cands}

@@ -288,7 +288,7 @@ def _tp_nodes(s, train, cluster, placement) -> list[Finding]:
 
 def _memory(plan, findings: list[Finding], placement=None) -> MemorySummary | None:
     from grpo_tune.costmodel.estimate import estimate
-    from grpo_tune.costmodel.placement import estimate_separate
+    from grpo_tune.costmodel.pools import estimate_separate
 
     try:
         if placement is not None and placement.separate:

@@ -1,4 +1,4 @@
-"""Separate rollout and training pools (costmodel/placement.py, autotune/search/placement.py): trends
+"""Separate rollout and training pools (costmodel/pools.py, autotune/search/placement.py): trends
 against hand-computed values, the pools' memory, the cross-pool sync, and the split the search finds."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from grpo_tune.core.placement import Placement
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 from grpo_tune.costmodel import memory
-from grpo_tune.costmodel import placement as P
+from grpo_tune.costmodel import pools as P
 from grpo_tune.core import placement as CP
 from grpo_tune.costmodel import weight_sync as WS
 from grpo_tune.costmodel.estimate import estimate

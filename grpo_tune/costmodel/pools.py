@@ -61,7 +61,6 @@ from .rollout import DRAIN_POINTS, _DecodeStep, native_rollout_s, response_dist,
 from .timing_base import attention_fraction, check_calibration, forward_flops_per_token
 from .weight_sync import REFIT_TRANSPORTS, cross_pool_sync, per_tensor_sync, reshard_sync
 
-MODES = ("colocated", "separate")
 CONCURRENCY_BOUNDS = ("max_num_seqs", "kv_cache", "feed", "per_replica")
 """What sets a rollout replica's resident sequences (:func:`generation`'s ``bound``)."""
 
@@ -679,7 +678,6 @@ __all__ = [
     "AsyncKnobs",
     "CONCURRENCY_BOUNDS",
     "first_fetch_wait",
-    "MODES",
     "check_fields",
     "colocated_figures",
     "compose_step",
