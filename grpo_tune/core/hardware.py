@@ -23,6 +23,12 @@ ROLLOUT_ENGINES = ("vllm", "megatron")
 ``auto``): vLLM, or the trainer's own Megatron model."""
 OLD_ROLLOUT_ENGINES = {"megatron-native": "megatron"}
 """Spellings profiles used before the two vocabularies became one, read as their current names."""
+FP8_GEMM_EFFICIENCY = 0.72
+"""Achieved FP8 GEMM FLOP/s over twice the achieved bf16 FLOP/s at the same shape
+(:meth:`HardwareSpec.gemm_flops_per_s`): vLLM's ``benchmark_fp8_gemm.py`` on an H100 (vllm-project/vllm#49363,
+N=12288 K=5376) gives block-wise FP8 263.3 against bf16 182.6 TFLOP/s at 64 tokens (1.44x) and FP8 with the
+per-token activation quantization 505.7 against 352.6 at 128 (1.43x): 0.72 of the 2x the datasheets' peaks promise.
+Measured on Hopper; other FP8 GPUs take it until measured (docs/precision.md)."""
 ATTENTION_KERNELS = ("flash", "unfused")
 ACTIVATION_LAYOUTS = ("te-bf16", "local-fp32")
 
@@ -100,6 +106,13 @@ class HardwareSpec:
                 )
             return self.fp8_dense_flops_per_s
         return self.bf16_dense_flops_per_s
+
+    def gemm_flops_per_s(self, dtype: str = "bf16") -> float:
+        """The peak a GEMM in ``dtype`` is priced against: :meth:`peak_flops_per_s`, and for FP8 that times
+        :data:`FP8_GEMM_EFFICIENCY` (FP8 kernels reach a lower share of their peak than bf16 ones: the efficiency
+        curve, fitted on bf16, then applies to both)."""
+        peak = self.peak_flops_per_s(dtype)
+        return peak * FP8_GEMM_EFFICIENCY if dtype == "fp8" else peak
 
     @property
     def supports_fp8(self) -> bool:
