@@ -34,7 +34,8 @@ from grpo_tune.autotune.search.placement import best_rollout
 from grpo_tune.core.placement import Placement
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
-from grpo_tune.costmodel import placement as P
+from grpo_tune.costmodel import pools as P
+from grpo_tune.core import placement as CP
 from grpo_tune.costmodel import streaming as S
 from grpo_tune.costmodel.timing_base import check_calibration
 
@@ -76,7 +77,7 @@ def main() -> None:
     def train_plan(g: int):
         """The best training plan of a pool of ``g`` GPUs (its pool's nodes as a training pool of that size gets)."""
         if g not in train_cache:
-            c = P.pools(cluster, args.gpus - g).train
+            c = CP.pools(cluster, args.gpus - g).train
             try:
                 train_cache[g] = search(m, hw, c, wl, _price=P.train_pool, top=1).best
             except Exception:  # noqa: BLE001 - a pool with no plan is skipped
@@ -87,7 +88,7 @@ def main() -> None:
 
     def gen(r: int):
         if r not in gen_cache:
-            roll = P.pools(cluster, r).rollout
+            roll = CP.pools(cluster, r).rollout
             got = best_rollout(m, hw, roll, wl, {}, cal, False)
             gen_cache[r] = None if got is None else (got[0], got[1], roll)
         return gen_cache[r]
@@ -120,7 +121,9 @@ def main() -> None:
             f"{f'{r}+{args.gpus - r}':<16}{f['gen_s']:>7.1f}{logp:>7.1f}{upd:>7.1f}{f['sync_s']:>6.1f}"
             f"{rl:>9.2f}{ours:>9.2f}"
         )
-        arrivals = S.rollout_arrivals(m, hw, roll, P.rollout_strategy(Strategy().replace(**opt)), wl, cal, gen_s, units)
+        arrivals = S.rollout_arrivals(
+            m, hw, roll, CP.rollout_strategy(Strategy().replace(**opt)), wl, cal, gen_s, units
+        )
         for i in sizes:
             a = args.gpus - r - i
             if a < args.step:

@@ -9,7 +9,8 @@ A restructuring ("move, don't rewrite") must leave every number and every emitte
 What it captures: `estimate --json` on a spread of plans, `search --json --all` and the run folder's
 text files (best.yaml, verl.sh, megatron_args.txt, report.md) for three targets, `compare --json`,
 `validate` and `validate --grpo`, `diagnose --json` on every shipped example, and each command's
-`--help`. Run ids, wall-clock seconds and temporary paths are replaced by fixed tokens, so that only
+`--help`; the estimates and searches cover both engines, FP8, separate pools (streamed or not) and NeMo-RL.
+Run ids, wall-clock seconds and temporary paths are replaced by fixed tokens, so that only
 real differences remain.
 """
 
@@ -24,19 +25,37 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+H30 = ["--model", "qwen3-30b-a3b", "--gpus", "16", "--hardware", "h100", "--rollout-tp", "2"]
 ESTIMATES = [
     ["--model", "7b", "--gpus", "8"],
     ["--model", "7b", "--gpus", "8", "--tp", "2", "--mbs", "2", "--recompute", "full"],
     ["--model", "qwen3-30b-a3b", "--gpus", "16", "--ep", "8", "--tp", "1"],
     ["--model", "70b", "--gpus", "16", "--tp", "8", "--pp", "2", "--hardware", "h200"],
     ["--model", "8b", "--gpus", "8", "--hardware", "a100", "--max-tokens-per-gpu", "8192"],
+    # engines, precision, placements and frameworks (issue 37's moves: weight sync, pools, engine names)
+    H30,
+    [*H30, "--rollout-precision", "fp8"],
+    [*H30, "--rollout-engine", "sglang"],
+    ["--model", "qwen3-30b-a3b", "--gpus", "16", "--hardware", "a100", "--rollout-precision", "fp8"],
+    ["--model", "7b", "--gpus", "8", "--precision", "fp8", "--kv-cache-dtype", "fp8"],
+    ["--model", "7b", "--gpus", "16", "--placement", "separate", "--rollout-gpus", "8", "--staleness", "1"],
+    ["--model", "qwen3-30b-a3b", "--gpus", "64", "--placement", "separate", "--rollout-gpus", "32", "--staleness", "0"],
+    ["--model", "qwen3-30b-a3b", "--gpus", "64", "--placement", "separate", "--rollout-gpus", "32", "--no-stream"],
+    ["--model", "7b", "--gpus", "16", "--placement", "separate", "--rollout-gpus", "8", "--rollout-engine", "sglang"],
+    ["--model", "7b", "--gpus", "8", "--framework", "nemo-rl"],
+    ["--model", "7b", "--gpus", "16", "--framework", "nemo-rl", "--placement", "separate", "--rollout-gpus", "8"],
+    ["--model", "7b", "--gpus", "8", "--hardware", "cpu"],
 ]
 SEARCHES = [
     ["--model", "7b", "--gpus", "8"],
     ["--model", "qwen3-30b-a3b", "--gpus", "64"],
     ["--model", "70b", "--gpus", "16"],
+    ["--model", "7b", "--gpus", "8", "--rollout-engine", "sglang"],
+    ["--model", "qwen3-30b-a3b", "--gpus", "16", "--hardware", "h100", "--rollout-precision", "fp8"],
+    ["--model", "qwen3-30b-a3b", "--gpus", "64", "--placement", "auto", "--staleness", "0"],
+    ["--model", "7b", "--gpus", "16", "--framework", "nemo-rl", "--placement", "auto", "--staleness", "1"],
 ]
-RUN_FILES = ["best.yaml", "verl.sh", "megatron_args.txt", "report.md"]
+RUN_FILES = ["best.yaml", "verl.sh", "nemo_rl.yaml", "megatron_args.txt", "report.md"]
 _RUN_ID = re.compile(r"[a-z0-9.\-]+-\d+g-[a-z0-9.\-]+-\d{8}-\d{6}(-\d+)?")
 
 
@@ -54,7 +73,7 @@ def _cli(args: list[str], cwd: Path) -> str:
 
 
 def _normalise(text: str, tmp: Path) -> str:
-    text = text.replace(str(tmp), "<TMP>")
+    text = text.replace(str(tmp), "<TMP>").replace(str(ROOT), "<ROOT>")
     text = _RUN_ID.sub("<RUN>", text)
     text = re.sub(r'"seconds": [0-9.e-]+', '"seconds": <S>', text)
     text = re.sub(r"; [0-9.]+ s;", "; <S> s;", text)

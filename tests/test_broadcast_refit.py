@@ -1,4 +1,4 @@
-"""The bucketed cross-pool broadcast (costmodel/placement.py ``cross_pool_sync``): the training pool's HF export
+"""The bucketed cross-pool broadcast (costmodel/pools.py ``cross_pool_sync``): the training pool's HF export
 by hand, the double-buffered stream, and NeMo-RL's DeepSeek-V3 NCCL refit row that scores it (validate --grpo),
 with the per-tensor and per-entry costs of NeMo-RL's stack each set by at least two rows."""
 
@@ -9,7 +9,7 @@ import pytest
 import grpo_tune.validate.grpo as vg
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy
-from grpo_tune.costmodel import placement as P
+from grpo_tune.costmodel import weight_sync as WS
 from grpo_tune.costmodel import weight_sync as W
 from grpo_tune.costmodel.timing_base import check_calibration, hf_tensor_count, model_consts
 
@@ -18,11 +18,11 @@ CAL = check_calibration(None)
 
 def test_double_buffered_hand_computed():
     """Two buffers: the slowest stage plus one bucket of the other two; one bucket runs them in sequence."""
-    t, hidden = P.double_buffered(6.0, 4.0, 2.0, 10)
+    t, hidden = WS.double_buffered(6.0, 4.0, 2.0, 10)
     assert t == pytest.approx(6.0 + (4.0 + 2.0) / 10)
     assert hidden == pytest.approx(12.0 - t)
-    assert P.double_buffered(6.0, 4.0, 2.0, 1)[0] == pytest.approx(12.0)
-    assert P.double_buffered(1.0, 9.0, 2.0, 3)[0] == pytest.approx(9.0 + 1.0)
+    assert WS.double_buffered(6.0, 4.0, 2.0, 1)[0] == pytest.approx(12.0)
+    assert WS.double_buffered(1.0, 9.0, 2.0, 3)[0] == pytest.approx(9.0 + 1.0)
 
 
 def test_hf_export_hand_computed_deepseek_v3_tp1_pp16_ep16():

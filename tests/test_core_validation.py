@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_tune.core.choices import KlType, LossAgg, Offload, Recompute, RolloutEngine
+from grpo_tune.core.choices import KlType, LossAgg, Offload, Recompute, TrainerRolloutEngine
 from grpo_tune.core.config import TrainerOptions, _TRAINER_SCHEMA
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, UnknownKeyError
 from grpo_tune.core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
@@ -56,7 +56,7 @@ def test_model_and_hardware_ranges():
 
 def test_trainer_section_choices_come_from_core_choices():
     assert set(_TRAINER_SCHEMA.choices) == {"rollout_engine", "loss_agg_mode", "kl_type"}
-    for field, enum in (("rollout_engine", RolloutEngine), ("loss_agg_mode", LossAgg), ("kl_type", KlType)):
+    for field, enum in (("rollout_engine", TrainerRolloutEngine), ("loss_agg_mode", LossAgg), ("kl_type", KlType)):
         for v in enum.values():
             assert getattr(from_mapping(TrainerOptions, {field: v}, "t", _TRAINER_SCHEMA), field) == v
         with pytest.raises(ConfigError, match=f"t.{field} must be one of"):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, InvalidDegreesError
 from grpo_tune.core.specs import load_model
-from grpo_tune.core.strategy import Batching, Layout, Memory, RolloutEngine, Strategy, Workload, stage_layers, validate
+from grpo_tune.core.strategy import Batching, Layout, Memory, Rollout, Strategy, Workload, stage_layers, validate
 
 
 @pytest.mark.parametrize(
@@ -183,7 +183,7 @@ def test_workload_raises_only_coded_errors(data):
 def test_strategy_replace_equals_dataclasses_replace(tp, dp, mbs, offload, log_prob_mbs):
     """Strategy.replace copies the fields instead of re-running __init__ (estimate() resolves every plan through
     it); that is only the same as dataclasses.replace while Strategy has no __post_init__ to re-run."""
-    assert not any(hasattr(c, "__post_init__") for c in (Strategy, Layout, Memory, Batching, RolloutEngine))
+    assert not any(hasattr(c, "__post_init__") for c in (Strategy, Layout, Memory, Batching, Rollout))
     s = Strategy.of(tp=2, pp=2, mbs=3)
     kw = {"tp": tp, "dp": dp, "mbs": mbs, "offload": offload, "log_prob_mbs": log_prob_mbs}
     fast = s.replace(**kw)

@@ -152,7 +152,7 @@ def _separate_30b(stream: bool, staleness: int = 0, pp: int = 1):
     from grpo_tune.core.placement import Placement
     from grpo_tune.core.specs import load_hardware, load_model
     from grpo_tune.core.strategy import Cluster, Strategy, Workload
-    from grpo_tune.costmodel.placement import estimate_separate
+    from grpo_tune.costmodel.pools import estimate_separate
 
     s = Strategy.of(tp=2, pp=pp, ep=8, rollout_tp=4, max_num_seqs=1024)
     return estimate_separate(

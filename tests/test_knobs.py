@@ -23,7 +23,7 @@ from grpo_tune.core import knobs as K
 from grpo_tune.core import strategy as ST
 from grpo_tune.core.errors import ConfigError
 from grpo_tune.core.specs import load_hardware, load_model
-from grpo_tune.core.strategy import Batching, Cluster, Layout, Memory, Precision, RolloutEngine, Strategy, Workload
+from grpo_tune.core.strategy import Batching, Cluster, Layout, Memory, Precision, Rollout, Strategy, Workload
 
 # The order a plan's strategy section has listed its keys in since schema 1 (best.yaml, --json): the
 # table keeps it, so every emitted plan reads byte for byte as before.
@@ -48,7 +48,7 @@ def test_every_concern_field_is_one_row_in_section_order():
             ("layout", Layout),
             ("memory", Memory),
             ("batching", Batching),
-            ("rollout", RolloutEngine),
+            ("rollout", Rollout),
             ("precision", Precision),
         )
     }
@@ -126,7 +126,7 @@ def test_pins_are_checked_by_their_row():
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class _RolloutPlus(RolloutEngine):
+class _RolloutPlus(Rollout):
     """The rollout concern with one more field (a knob added in this module only)."""
 
     spec_tokens: int = 0
@@ -196,7 +196,7 @@ def test_a_knob_added_in_one_place_reaches_flags_pins_space_and_the_verl_table(s
 def test_one_rollout_engine_vocabulary():
     """Profiles name the rollout engine as the trainer does (vllm | megatron; the trainer adds auto); a
     profile written with the old ``megatron-native`` loads as ``megatron``, the same plan priced."""
-    from grpo_tune.core.choices import RolloutEngine as Engines
+    from grpo_tune.core.choices import TrainerRolloutEngine as Engines
     from grpo_tune.core.hardware import ROLLOUT_ENGINES, HardwareSpec
 
     assert set(ROLLOUT_ENGINES) == set(Engines.values()) - {"auto"}

@@ -307,8 +307,8 @@ def test_estimate_and_compare_price_under_nemo_rl_s_stack(capsys):
     nemo = json.loads(capsys.readouterr().out)
     stack = load_stack("nemo-rl")
     assert stack.params["grad_reduce_bytes"] == 2.0  # grad_reduce_in_fp32: false in NeMo-RL's base config
-    assert nemo["details"]["weight_sync_wake_s"] == stack.params["vllm_wake_s"]
-    assert verl["details"]["weight_sync_wake_s"] == load_stack("verl").params["vllm_wake_s"]
+    assert nemo["details"]["weight_sync_wake_s"] == stack.params["engine_wake_s"]
+    assert verl["details"]["weight_sync_wake_s"] == load_stack("verl").params["engine_wake_s"]
     assert nemo["strategy"]["offload"] == ["param", "grad", "optimizer"] and verl["strategy"]["offload"] == []
     assert nemo["time"]["step_s"] != verl["time"]["step_s"]
     assert main([*base, "--framework", "nemo-rl", "--pp", "2", "--vpp", "2"]) == 2

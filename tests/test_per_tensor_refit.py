@@ -1,4 +1,4 @@
-"""verl's separate-pool weight sync without its checkpoint engine (costmodel/placement.py ``per_tensor_sync``):
+"""verl's separate-pool weight sync without its checkpoint engine (costmodel/pools.py ``per_tensor_sync``):
 one sync priced by hand, trends against the bucketed broadcast, and the two published engine-off rows that
 score it (validate --grpo) with the layouts of their engine-on twins."""
 
@@ -12,7 +12,9 @@ import grpo_tune.validate.grpo as vg
 from grpo_tune.core.placement import Placement
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
-from grpo_tune.costmodel import placement as P
+from grpo_tune.costmodel import pools as P
+from grpo_tune.core import placement as CP
+from grpo_tune.costmodel import weight_sync as WS
 from grpo_tune.costmodel.timing_base import check_calibration, hf_tensor_count, model_consts
 
 CAL = check_calibration(None)
@@ -24,9 +26,9 @@ def test_vllm_param_count_hand_computed():
     18,867 - 48 x (384 - 2) = 531. A dense model keeps its HF count."""
     m = load_model("qwen3-30b-a3b")
     assert hf_tensor_count(m) == 48 * (4 + 2 + 2 + 1 + 3 * 128) + 3 == 18_867
-    assert P.vllm_param_count(m) == 18_867 - 48 * (3 * 128 - 2) == 531
+    assert WS.vllm_param_count(m) == 18_867 - 48 * (3 * 128 - 2) == 531
     dense = load_model("qwen2.5-7b")
-    assert P.vllm_param_count(dense) == hf_tensor_count(dense)
+    assert WS.vllm_param_count(dense) == hf_tensor_count(dense)
 
 
 def test_per_tensor_sync_hand_computed_qwen3_30ba3b_on_h20():
@@ -37,8 +39,8 @@ def test_per_tensor_sync_hand_computed_qwen3_30ba3b_on_h20():
     hw = hw0.with_efficiency(sync_tensor_overhead_s=2e-4, load_weights_scan_s=1e-6)
     m = load_model("qwen3-30b-a3b")
     s = Strategy.of(tp=1, ep=8, etp=1, rollout_tp=4)
-    ps = P.pools(Cluster(gpus=32, gpus_per_node=8), 16)
-    got = P.per_tensor_sync(m, hw, hw, ps, s, CAL)
+    ps = CP.pools(Cluster(gpus=32, gpus_per_node=8), 16)
+    got = WS.per_tensor_sync(m, hw, hw, ps, s, CAL)
     nbytes = model_consts(m)["total_params"] * 2
     tensors = 18_867
     assert got["transfer_s"] == pytest.approx(nbytes / (400e9 * 0.8) + tensors * 20e-6, rel=1e-9)
@@ -57,9 +59,9 @@ def test_per_tensor_sync_costs_more_than_the_bucketed_broadcast_by_its_per_call_
     hw = load_hardware("h20", stack="verl-0.9.1")
     m = load_model("qwen3-30b-a3b")
     s = Strategy.of(tp=1, ep=8, etp=1, rollout_tp=4, sync_bucket_mb=4096)
-    ps = P.pools(Cluster(gpus=32, gpus_per_node=8), 16)
-    per = P.per_tensor_sync(m, hw, hw, ps, s, CAL)
-    bc = P.cross_pool_sync(m, hw, hw, ps, s, CAL)
+    ps = CP.pools(Cluster(gpus=32, gpus_per_node=8), 16)
+    per = WS.per_tensor_sync(m, hw, hw, ps, s, CAL)
+    bc = WS.cross_pool_sync(m, hw, hw, ps, s, CAL)
     e = hw.efficiency
     tensors = hf_tensor_count(m)
     lat = e.inter_node_latency_s
@@ -67,14 +69,14 @@ def test_per_tensor_sync_costs_more_than_the_bucketed_broadcast_by_its_per_call_
     assert per["link_bytes_per_s"] == pytest.approx(bc["link_bytes_per_s"])
     assert per["transfer_s"] - bc["transfer_s"] == pytest.approx((tensors - bc["buckets"]) * lat, rel=1e-9)
     assert per["overhead_s"] - bc["overhead_s"] == pytest.approx(
-        tensors * P.vllm_param_count(m) * e.load_weights_scan_s - bc["buckets"] * e.sync_bucket_overhead_s, rel=1e-9
+        tensors * WS.vllm_param_count(m) * e.load_weights_scan_s - bc["buckets"] * e.sync_bucket_overhead_s, rel=1e-9
     )
     serial = bc["export_s"] + bc["transfer_s"] + bc["copy_s"] + bc["overhead_s"]
     assert bc["sync_s"] == pytest.approx(serial - bc["overlap_s"], rel=1e-9) and bc["overlap_s"] > 0
     assert per["sync_s"] > 2 * bc["sync_s"]
     deep = dataclasses.replace(m, layers=96)
     assert deep.moe_layers == 96
-    assert P.vllm_param_count(deep) == pytest.approx(2 * P.vllm_param_count(m), abs=3)
+    assert WS.vllm_param_count(deep) == pytest.approx(2 * WS.vllm_param_count(m), abs=3)
 
 
 def test_estimate_separate_prices_the_per_tensor_transport():
@@ -91,7 +93,7 @@ def test_estimate_separate_prices_the_per_tensor_transport():
     bc = P.estimate_separate(**kw)
     assert per.time.phases["weight_sync"] == pytest.approx(per.placement["sync"]["sync_s"])
     assert per.placement["sync"]["sync_s"] > bc.placement["sync"]["sync_s"]
-    assert "per_tensor" in P.REFIT_TRANSPORTS
+    assert "per_tensor" in WS.REFIT_TRANSPORTS
 
 
 @pytest.mark.parametrize("size", ["qwen3_30ba3b", "qwen3_235b"])

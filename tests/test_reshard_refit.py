@@ -1,4 +1,4 @@
-"""NeMo-RL's NCCL-reshard refit across pools (costmodel/placement.py ``reshard_sync``): the bulk share against
+"""NeMo-RL's NCCL-reshard refit across pools (costmodel/pools.py ``reshard_sync``): the bulk share against
 the fraction NeMo-RL publishes, one sync priced by hand, trends against the broadcast transport, and the
 published refit rows that score it (validate --grpo)."""
 
@@ -14,7 +14,9 @@ from grpo_tune.core.hardware import with_stack
 from grpo_tune.core.placement import Placement
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
-from grpo_tune.costmodel import placement as P
+from grpo_tune.costmodel import pools as P
+from grpo_tune.core import placement as CP
+from grpo_tune.costmodel import weight_sync as WS
 from grpo_tune.costmodel.timing_base import check_calibration, hf_tensor_count, model_consts
 
 CAL = check_calibration(None)
@@ -28,7 +30,7 @@ STACK = "nemo-rl-main-2026-08"
 )
 def test_bulk_share_is_the_published_xferdtensor_fraction(model, published):
     m = load_model(model)
-    share = P.reshard_bulk_params(m) / model_consts(m)["total_params"]
+    share = WS.reshard_bulk_params(m) / model_consts(m)["total_params"]
     assert share == pytest.approx(published, abs=0.0006)
 
 
@@ -36,7 +38,7 @@ def test_bulk_and_misc_bytes_are_the_published_split():
     """NeMo-RL pull request #3659 (Qwen3-30B-A3B, BF16): 54.00 GiB through the NCCL reshard and 2.87 GiB through
     the misc broadcast, per refit."""
     m = load_model("qwen3-30b-a3b")
-    bulk = P.reshard_bulk_params(m) * 2
+    bulk = WS.reshard_bulk_params(m) * 2
     misc = model_consts(m)["total_params"] * 2 - bulk
     assert bulk / 2**30 == pytest.approx(54.00, abs=0.01)
     assert misc / 2**30 == pytest.approx(2.87, abs=0.01)
@@ -45,18 +47,18 @@ def test_bulk_and_misc_bytes_are_the_published_split():
 def test_bulk_params_hand_computed():
     # Qwen3-4B: 36 layers x (gate, up, down) of 2560 x 9728; DeepSeek-V3: 3 dense layers of 7168 x 18432 and
     # 58 MoE layers x 256 routed experts of 7168 x 2048 (the shared expert rides the misc path)
-    assert P.reshard_bulk_params(load_model("qwen3-4b")) == 36 * 3 * 2560 * 9728
-    assert P.reshard_bulk_params(load_model("deepseek-v3")) == 3 * 3 * 7168 * 18432 + 58 * 256 * 3 * 7168 * 2048
+    assert WS.reshard_bulk_params(load_model("qwen3-4b")) == 36 * 3 * 2560 * 9728
+    assert WS.reshard_bulk_params(load_model("deepseek-v3")) == 3 * 3 * 7168 * 18432 + 58 * 256 * 3 * 7168 * 2048
     # entries: one per projection per layer (experts grouped); the rest of the HF tensors one by one
     m = load_model("deepseek-v3")
-    bulk, misc = P.reshard_entries(m)
+    bulk, misc = WS.reshard_entries(m)
     assert bulk == 61 * 3
     assert bulk + misc == hf_tensor_count(m) - 58 * 3 * 256 + 58 * 3
     assert hf_tensor_count(m) == 45395  # NeMo-RL's NIXL benchmark: 45,395 tensors per vLLM rank (TP32)
 
 
-def _pools(gpus: int, rollout: int, gpn: int = 8) -> P.Pools:
-    return P.pools(Cluster(gpus=gpus, gpus_per_node=gpn), rollout)
+def _pools(gpus: int, rollout: int, gpn: int = 8) -> CP.Pools:
+    return CP.pools(Cluster(gpus=gpus, gpus_per_node=gpn), rollout)
 
 
 def test_reshard_sync_hand_computed_qwen3_4b_on_h100():
@@ -69,7 +71,7 @@ def test_reshard_sync_hand_computed_qwen3_4b_on_h100():
     hw = load_hardware("h100", stack=STACK)
     m = load_model("qwen3-4b")
     s = Strategy.of(tp=1, dp=8, rollout_tp=8, sync_bucket_mb=1631)
-    got = P.reshard_sync(m, hw, hw, _pools(16, 8), s, CAL)
+    got = WS.reshard_sync(m, hw, hw, _pools(16, 8), s, CAL)
     total = 4_022_468_096 * 2
     bulk = 36 * 3 * 2560 * 9728 * 2
     misc = total - bulk
@@ -107,17 +109,17 @@ def test_reshard_moves_fewer_bytes_than_the_broadcast(model, tp, pp, ep, rtp, gp
     m = load_model(model)
     s = Strategy.of(tp=tp, pp=pp, ep=ep, etp=1 if ep > 1 else None, rollout_tp=rtp, sync_bucket_mb=1631)
     ps = _pools(gpus, gpus // 2)
-    res = P.reshard_sync(m, hw, hw, ps, s, CAL)
-    bc = P.cross_pool_sync(m, hw, hw, ps, s, CAL)
-    share = P.reshard_bulk_params(m) / model_consts(m)["total_params"]
-    entries, _ = P.reshard_entries(m)
+    res = WS.reshard_sync(m, hw, hw, ps, s, CAL)
+    bc = WS.cross_pool_sync(m, hw, hw, ps, s, CAL)
+    share = WS.reshard_bulk_params(m) / model_consts(m)["total_params"]
+    entries, _ = WS.reshard_entries(m)
     lat = hw.efficiency.inter_node_latency_s
     assert rtp == hw.gpus_per_node
     assert res["transfer_s"] - (entries + res["buckets"]) * lat == pytest.approx(
         bc["transfer_s"] - bc["buckets"] * lat, rel=1e-9
     )
     assert res["bytes_per_rollout_gpu"] == pytest.approx(bc["bytes_per_rollout_gpu"] * (1 - share * (1 - 1 / rtp)))
-    wider = P.reshard_sync(m, hw, hw, ps, s.replace(rollout_tp=rtp // 2), CAL)
+    wider = WS.reshard_sync(m, hw, hw, ps, s.replace(rollout_tp=rtp // 2), CAL)
     assert wider["bytes_per_rollout_gpu"] > res["bytes_per_rollout_gpu"]
     assert wider["transfer_s"] > res["transfer_s"]
 
@@ -162,7 +164,7 @@ def test_published_reshard_rows_score_the_reshard_transport(rid):
     assert pred["refit_s"] == pytest.approx(f["sync_s"], rel=1e-12)
     assert est.strategy.memory.offload == ()  # a training pool of its own keeps its state on the GPU
     m = est.model
-    bulk, misc = P.reshard_entries(m)
+    bulk, misc = WS.reshard_entries(m)
     hw = vg._hw(row, None)
     assert hw.stack == STACK
     bumped = hw.with_efficiency(reshard_entry_overhead_s=hw.efficiency.reshard_entry_overhead_s + 1e-4)

@@ -647,13 +647,14 @@ def test_the_step_metrics_are_defined_once():
 
 
 # CLI modules that still import a framework's own package (past the registry and the contract); may only shrink.
-# cli/main.py: verl's diagnose.py flag names, for the hint of an unknown `diagnose --flag`.
-CLI_FRAMEWORK_PENDING = {"grpo_tune/cli/main.py"}
+# (cli/main.py's verl diagnose.py flag names now come through jobs/diagnose.py and Framework.absent_diagnose_flags.)
+CLI_FRAMEWORK_PENDING: set[str] = set()
 
 
 def test_the_cli_reaches_frameworks_through_jobs():
     """cli/ imports no framework's own package (frameworks.verl, .nemo_rl, .megatron_lm): tune asks jobs/tune.py
-    for the launch's key findings and the diff lines, which ask the framework contract."""
+    for the launch's key findings and the diff lines, and an unknown ``diagnose --check-*`` flag asks
+    jobs/diagnose.py, both of which ask the framework contract."""
     found = {
         f: names
         for fw in ("verl", "nemo_rl", "megatron_lm")
@@ -697,3 +698,34 @@ def test_read_plan_takes_one_request():
                 if n > 1:
                     wide.append(f"{p.relative_to(ROOT).as_posix()}:{node.lineno} ({n} parameters)")
     assert not wide, wide
+
+
+POOLS_PENDING = {"grpo_tune/trainer/separate.py"}
+"""Modules defining a second ``Pools`` (may only shrink): trainer/separate.py's is one process's place in a
+separate-pool job (its role and ranks), not the cluster split; left for issue 40, which owns the file."""
+
+
+def test_one_placement_vocabulary():
+    """core/placement.py defines the placement's types and names (Placement, the knobs, the pools of a separate
+    placement); core/choices.py its modes. Elsewhere a module is named for what it does with them: the search over
+    the placement (autotune/search/placement.py), the pricing of separate pools (costmodel/pools.py), the weight
+    sync's transports (costmodel/weight_sync.py), the published pairs' scores (validate/placement_pairs.py)."""
+    named = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "grpo_tune").rglob("placement.py"))
+    assert named == ["grpo_tune/autotune/search/placement.py", "grpo_tune/core/placement.py"]
+    modes: list[str] = []
+    pools: list[str] = []
+    for p in (ROOT / "grpo_tune").rglob("*.py"):
+        tree = ast.parse(p.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Tuple) and [getattr(e, "value", None) for e in node.elts[:2]] == [
+                "colocated",
+                "separate",
+            ]:
+                modes.append(p.relative_to(ROOT).as_posix())
+        rel = p.relative_to(ROOT).as_posix()
+        for node in tree.body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in ("Pools", "pools"):
+                pools.append(rel)
+    assert modes == ["grpo_tune/core/choices.py"], modes
+    assert sorted(p for p in pools if p not in POOLS_PENDING) == ["grpo_tune/core/placement.py"] * 2
+    assert POOLS_PENDING <= set(pools)

@@ -14,7 +14,7 @@ from grpo_tune.core.placement import Placement
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 from grpo_tune.core.units import GiB
-from grpo_tune.costmodel import placement as P
+from grpo_tune.costmodel import pools as P
 from grpo_tune.costmodel.estimate import estimate
 
 CPU = load_hardware("cpu")

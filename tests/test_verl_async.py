@@ -118,7 +118,7 @@ def test_rollout_logprobs_plan_emits_bypass_mode_and_reads_back(best, tmp_path):
     import dataclasses
 
     from grpo_tune.core.placement import Placement
-    from grpo_tune.costmodel.placement import estimate_separate
+    from grpo_tune.costmodel.pools import estimate_separate
 
     f = best.placement
     pl = Placement(
@@ -214,7 +214,7 @@ def test_staleness0_stream_is_emitted_priced_and_read_back(best, tmp_path, strea
     """A staleness-0 plan's stream (issue 40) survives emit -> verl.sh -> diagnose: best.yaml records it, the launch
     fetches per mini-batch (or the whole batch), diagnose finds no error in it, and reading it back gives the stream."""
     from grpo_tune.core.placement import Placement
-    from grpo_tune.costmodel.placement import estimate_separate
+    from grpo_tune.costmodel.pools import estimate_separate
 
     f = best.placement
     e = estimate_separate(

@@ -163,7 +163,7 @@ def test_a_plan_one_step_off_cannot_run_switches_the_users_launch_to_fully_async
     or added listed; it composes against the wheel's fully-async config and keeps the recipe's other settings."""
     import dataclasses
 
-    from grpo_tune.costmodel.placement import estimate_separate
+    from grpo_tune.costmodel.pools import estimate_separate
     from grpo_tune.frameworks.verl.retune import edited_launch, separate_edit
 
     plan = read_plan(RECIPE, hardware="h20")

@@ -18,7 +18,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from grpo_tune.core.errors import GrpoTuneError
-from grpo_tune.frameworks.verl.diagnose.parse import DIAGNOSE_PY_FLAGS
 
 try:  # typer >= 0.22 carries its own copy of click; its exceptions are not click's
     from typer._click.exceptions import ClickException, NoArgsIsHelpError, NoSuchOption, UsageError
@@ -112,6 +111,13 @@ _sane_terminal()
 err_console = Console(stderr=True)
 
 
+def _absent_flag_note(option: str | None) -> str | None:
+    """jobs/diagnose.py's answer for a flag some framework's articles describe (imported only on a usage error)."""
+    from grpo_tune.jobs.diagnose import absent_flag_note
+
+    return absent_flag_note(option) if option else None
+
+
 def as_coded(exc: BaseException) -> GrpoTuneError:
     """Any exception as a coded error: a GrpoTuneError as is, a file-system error as IO_ERROR, anything else
     (a bug) as INTERNAL_ERROR. The one place that decides what a failure looks like to the user."""
@@ -119,12 +125,14 @@ def as_coded(exc: BaseException) -> GrpoTuneError:
         return exc
     if isinstance(exc, UsageError):  # unknown command/option, missing option, value of the wrong type
         path = exc.ctx.command_path if exc.ctx is not None else "grpo-tune"
-        if isinstance(exc, NoSuchOption) and exc.option_name in DIAGNOSE_PY_FLAGS and path.endswith(" diagnose"):
-            # the flags of a scripts/diagnose.py that articles on verl describe and verl does not have
+        flag = exc.option_name if isinstance(exc, NoSuchOption) else None
+        note = _absent_flag_note(flag)
+        if note is not None and path.endswith(" diagnose"):
+            # the flags of a framework's diagnose script that articles describe and the framework does not have
             return GrpoTuneError(
-                f"{path} has no {exc.option_name}: it runs every check at once (degrees per role, batch rules, "
+                f"{path} has no {flag}: it runs every check at once (degrees per role, batch rules, "
                 "dtypes, unknown keys, memory per phase)",
-                hint=f"run `{path} SCRIPT`; verl's own scripts/diagnose.py only checks the environment",
+                hint=f"run `{path} SCRIPT`; {note}",
                 code="USAGE",
             )
         what = "no command given" if isinstance(exc, NoArgsIsHelpError) else exc.format_message()

@@ -482,7 +482,7 @@ def print_placements(res, console: Console) -> None:
     """The best plan of each placement side by side (80 columns): split, staleness, seconds per pool, busy
     fractions, the speed-up over colocated, tokens per dollar; then the model's stated error."""
     from grpo_tune.validate.grpo import STATED_ERROR_PCT
-    from grpo_tune.costmodel.placement import colocated_figures
+    from grpo_tune.costmodel.pools import colocated_figures
 
     from rich import box
 

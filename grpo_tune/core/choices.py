@@ -38,8 +38,9 @@ LossAgg = _choice("LossAgg", ("token-mean", "seq-mean-token-mean", "seq-mean-tok
 # verl's ``kl_loss_type`` estimators (verl 0.9.1 trainer/ppo/core_algos.py kl_penalty).
 KlType = _choice("KlType", ("low_var_kl", "k3", "k1", "kl", "k2", "mse", "abs"))
 
-# Who samples the responses: ``auto`` = vllm on GPU, the training model itself (megatron) on CPU.
-RolloutEngine = _choice("RolloutEngine", ("auto", "vllm", "megatron"))
+# Who samples the responses in grpo-tune's own trainer (its run config's ``rollout_engine``): ``auto`` = vllm on
+# GPU, the training model itself (megatron) on CPU. Not the plan's engine (``Engine`` below, engines/).
+TrainerRolloutEngine = _choice("TrainerRolloutEngine", ("auto", "vllm", "megatron"))
 
 # The rollout engine of a plan (engines/): vLLM or SGLang; ``auto`` on the command line searches both. The CPU
 # trainer's own sampler (megatron) comes from the hardware profile, not the plan.

@@ -20,7 +20,7 @@ from typing import Callable, Sequence, TypeVar
 import yaml
 
 from grpo_tune.core.errors import ConfigError, GrpoTuneError
-from grpo_tune.core.choices import KlType, LossAgg, RolloutEngine
+from grpo_tune.core.choices import KlType, LossAgg, TrainerRolloutEngine
 from grpo_tune.core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from grpo_tune.core.placement import Placement
 from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
@@ -267,7 +267,7 @@ _CLUSTER_SCHEMA = Schema()
 _TRAINER_SCHEMA = Schema(
     # a seed of 0 is a seed (verl's and Megatron's configs accept it)
     ranges={"top_p": FRACTION, "seed": NON_NEGATIVE},
-    choices={"rollout_engine": RolloutEngine, "loss_agg_mode": LossAgg, "kl_type": KlType},
+    choices={"rollout_engine": TrainerRolloutEngine, "loss_agg_mode": LossAgg, "kl_type": KlType},
 )
 
 

@@ -60,10 +60,14 @@ class Efficiency:
     ``decode_sequence_overhead_s``, not this."""
     moe_decode_efficiency: float = 1.0
     """Achieved over streaming HBM bandwidth when decode reads routed experts (grouped GEMM, few tokens each)."""
-    vllm_sleep_s: float = 0.0
-    """vLLM sleep (level 2: drop weights and KV cache), counted in verl's ``timing_s/gen``."""
-    vllm_wake_s: float = 0.0
-    """vLLM wake of weights and re-allocation of the KV cache, counted in ``timing_s/update_weights``."""
+    engine_sleep_s: float = 0.0
+    """The stack's own rollout engine (``StackSpec.engine``: the engine its figures were fitted on) going to sleep
+    after generation (vLLM sleep level 2: drop weights and KV cache), counted in verl's ``timing_s/gen``. A stack
+    file sets it in its ``[engine]`` table as ``sleep_s`` (older files: ``[params] vllm_sleep_s``). A plan on
+    another engine is priced with that engine's own figures (engines/)."""
+    engine_wake_s: float = 0.0
+    """The stack's own rollout engine waking its weights and re-allocating its KV cache, counted in
+    ``timing_s/update_weights`` (``[engine] wake_s``; older files: ``[params] vllm_wake_s``)."""
     sync_tensor_overhead_s: float = 0.0
     """Per HF tensor exported (bridge conversion, gather launch) during weight sync."""
     sync_bucket_overhead_s: float = 0.0
@@ -128,8 +132,8 @@ STACK_KEYS: frozenset[str] = frozenset(
         "decode_step_overhead_s",
         "decode_sequence_overhead_s",
         "eager_layer_overhead_s",
-        "vllm_sleep_s",
-        "vllm_wake_s",
+        "engine_sleep_s",
+        "engine_wake_s",
         "sync_tensor_overhead_s",
         "sync_bucket_overhead_s",
         "load_weights_scan_s",
@@ -145,3 +149,11 @@ STACK_KEYS: frozenset[str] = frozenset(
 )
 """Efficiency fields that belong to the software stack (profiles/stacks/*.toml), not to the chip:
 host costs, engine costs and framework properties. A hardware profile file may not set them."""
+
+ENGINE_KEYS: dict[str, str] = {"sleep_s": "engine_sleep_s", "wake_s": "engine_wake_s"}
+"""A stack file's ``[engine]`` table (the rollout engine its figures were fitted on): each key and the Efficiency
+field it sets. The same names as the engine contract's own figures (engines/base.py ``RolloutEngineSpec.sleep_s``,
+``wake_s``), which price a plan on an engine the stack was not fitted on."""
+OLD_STACK_KEYS: dict[str, str] = {"vllm_sleep_s": "sleep_s", "vllm_wake_s": "wake_s"}
+"""``[params]`` keys of stack files written before the engines got their own table, read as ``[engine]`` keys of a
+vLLM stack (they priced vLLM's sleep and wake)."""

@@ -19,10 +19,16 @@ PROVENANCES = ("fitted", "transferred", "spec-only")
 ``transferred`` from another profile by stated ratios, or ``spec-only`` (datasheet figures and defaults)."""
 
 ROLLOUT_ENGINES = ("vllm", "megatron")
-"""Who samples the responses, as the trainer's ``rollout_engine`` names them (core.choices.RolloutEngine less
+"""Who samples the responses, as the trainer's ``rollout_engine`` names them (core.choices.TrainerRolloutEngine less
 ``auto``): vLLM, or the trainer's own Megatron model."""
 OLD_ROLLOUT_ENGINES = {"megatron-native": "megatron"}
 """Spellings profiles used before the two vocabularies became one, read as their current names."""
+FP8_GEMM_EFFICIENCY = 0.72
+"""Achieved FP8 GEMM FLOP/s over twice the achieved bf16 FLOP/s at the same shape
+(:meth:`HardwareSpec.gemm_flops_per_s`): vLLM's ``benchmark_fp8_gemm.py`` on an H100 (vllm-project/vllm#49363,
+N=12288 K=5376) gives block-wise FP8 263.3 against bf16 182.6 TFLOP/s at 64 tokens (1.44x) and FP8 with the
+per-token activation quantization 505.7 against 352.6 at 128 (1.43x): 0.72 of the 2x the datasheets' peaks promise.
+Measured on Hopper; other FP8 GPUs take it until measured (docs/precision.md)."""
 ATTENTION_KERNELS = ("flash", "unfused")
 ACTIVATION_LAYOUTS = ("te-bf16", "local-fp32")
 
@@ -77,6 +83,9 @@ class HardwareSpec:
     """The software stack priced when none is chosen (empty: ``core.stacks.DEFAULT_STACK``)."""
     stack: str = ""
     """The stack whose parameters ``efficiency`` carries (set by :func:`apply_stack`)."""
+    stack_engine: str = "vllm"
+    """That stack's rollout engine (``StackSpec.engine``, set by :func:`apply_stack`): ``efficiency``'s
+    ``engine_sleep_s`` / ``engine_wake_s`` are its figures (engines.sleep_wake_s)."""
     efficiency: Efficiency = field(default_factory=Efficiency)
     """Time-model parameters (see costmodel.timing): the chip's from the hardware profile, the
     software's from the stack profile."""
@@ -97,6 +106,13 @@ class HardwareSpec:
                 )
             return self.fp8_dense_flops_per_s
         return self.bf16_dense_flops_per_s
+
+    def gemm_flops_per_s(self, dtype: str = "bf16") -> float:
+        """The peak a GEMM in ``dtype`` is priced against: :meth:`peak_flops_per_s`, and for FP8 that times
+        :data:`FP8_GEMM_EFFICIENCY` (FP8 kernels reach a lower share of their peak than bf16 ones: the efficiency
+        curve, fitted on bf16, then applies to both)."""
+        peak = self.peak_flops_per_s(dtype)
+        return peak * FP8_GEMM_EFFICIENCY if dtype == "fp8" else peak
 
     @property
     def supports_fp8(self) -> bool:
@@ -124,6 +140,7 @@ class HardwareSpec:
     def to_dict(self) -> dict[str, object]:
         """The profile as a file holds it: the stack's parameters stay in the stack (named by ``stack``)."""
         d = to_mapping(self)
+        d.pop("stack_engine", None)  # the stack's, named by ``stack``
         d["efficiency"] = {k: v for k, v in self.efficiency.to_dict().items() if k not in STACK_KEYS}
         return d
 
@@ -187,6 +204,7 @@ class HardwareSpec:
                 self.gpus_per_node,
                 self.nvlink_domain_gpus,
                 self.stack,
+                self.stack_engine,
                 self.efficiency,
                 self.rollout_engine,
                 self.attention_kernel,
@@ -223,9 +241,9 @@ def apply_stack(hw: HardwareSpec, stack: StackSpec) -> HardwareSpec:
     """``hw`` priced under ``stack``: its efficiency carries the stack's parameters (its ``[engines.<name>]``
     table's where ``hw.rollout_engine`` has one), ``hw.stack`` names it."""
     eff = stack.efficiency(hw.efficiency, hw.rollout_engine)
-    if hw.stack == stack.name and hw.efficiency == eff:
+    if hw.stack == stack.name and hw.efficiency == eff and hw.stack_engine == stack.engine:
         return hw
-    return dataclasses.replace(hw, stack=stack.name, efficiency=eff)
+    return dataclasses.replace(hw, stack=stack.name, stack_engine=stack.engine, efficiency=eff)
 
 
 def with_stack(hw: HardwareSpec, name: str | None) -> HardwareSpec:

@@ -13,12 +13,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from .choices import PlacementMode
-from .errors import ConfigError
+from .errors import ConfigError, InvalidDegreesError
 from .hardware import HardwareSpec
 from .specs import load_hardware
+from .strategy import Cluster, Strategy
 from .validation import NON_NEGATIVE, Schema, check_keys, from_mapping, to_mapping
 
-__all__ = ["PLACEMENT_KNOBS", "Placement", "PlacementAsk", "PlacementKnob"]
+__all__ = [
+    "PLACEMENT_KNOBS",
+    "Placement",
+    "PlacementAsk",
+    "PlacementKnob",
+    "Pools",
+    "check",
+    "pools",
+    "rollout_strategy",
+    "split_candidates",
+    "train_strategy",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -236,3 +248,79 @@ class PlacementAsk:
 
 _DEFAULTS: dict[str, object] = {k.name: k.default for k in PLACEMENT_KNOBS}
 assert [k.name for k in PLACEMENT_KNOBS] == [f.name for f in fields(PlacementAsk)], "one PlacementAsk field per row"
+
+
+# ---------------------------------------------------------------------------------------------
+# The pools of a separate placement: the cluster split, and what each pool runs
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pools:
+    """The two pools of a separate plan as clusters, and whether they share nodes."""
+
+    rollout: Cluster
+    train: Cluster
+    shared_nodes: bool
+    """Pools on the same nodes (GPUs within a node): the sync runs over NVLink."""
+
+
+def pools(cluster: Cluster, rollout_gpus: int) -> Pools:
+    """Split ``cluster`` as verl's separate trainers can (one GPU count per node per pool):
+
+    - whole nodes: ``rollout_gpus`` a multiple of the node size (``rollout.nnodes`` nodes roll out);
+    - GPUs within a node: on one node, or the same ``rollout_gpus / nodes`` GPUs on every node
+      (verl's ``trainer.nnodes = rollout.nnodes``, the two ``n_gpus_per_node`` summing to the node).
+    """
+    gpn, n = cluster.gpus_per_node, cluster.gpus
+    nodes = cluster.nnodes
+    if not 1 <= rollout_gpus < n:
+        raise InvalidDegreesError(
+            f"rollout_gpus {rollout_gpus} must leave the training pool at least one of the {n} GPUs",
+            f"give --rollout-gpus between 1 and {n - 1}",
+        )
+    if n % gpn and nodes > 1:
+        raise InvalidDegreesError(
+            f"{n} GPUs are not whole nodes of {gpn}: separate pools need whole nodes", "give a multiple of the node"
+        )
+    if rollout_gpus % gpn == 0:
+        return Pools(
+            Cluster(gpus=rollout_gpus, gpus_per_node=gpn), Cluster(gpus=n - rollout_gpus, gpus_per_node=gpn), False
+        )
+    if nodes == 1:
+        return Pools(
+            Cluster(gpus=rollout_gpus, gpus_per_node=rollout_gpus),
+            Cluster(gpus=n - rollout_gpus, gpus_per_node=n - rollout_gpus),
+            True,
+        )
+    if rollout_gpus % nodes == 0 and rollout_gpus // nodes < gpn:
+        per = rollout_gpus // nodes
+        return Pools(
+            Cluster(gpus=rollout_gpus, gpus_per_node=per), Cluster(gpus=n - rollout_gpus, gpus_per_node=gpn - per), True
+        )
+    raise InvalidDegreesError(
+        f"rollout_gpus {rollout_gpus} on {nodes} nodes of {gpn} is neither whole nodes nor the same GPUs on every node",
+        f"give a multiple of {gpn} (whole nodes) or of {nodes} below {gpn * nodes} (GPUs on every node)",
+    )
+
+
+def split_candidates(cluster: Cluster) -> list[int]:
+    """Every rollout pool size :func:`pools` accepts, smallest first."""
+    out = []
+    for r in range(1, cluster.gpus):
+        try:
+            pools(cluster, r)
+        except InvalidDegreesError:
+            continue
+        out.append(r)
+    return out
+
+
+def rollout_strategy(s: Strategy) -> Strategy:
+    """The rollout pool's engine: vLLM stays awake (verl's separate trainers need free_cache_engine off)."""
+    return s.replace(free_cache_engine=False)
+
+
+def train_strategy(s: Strategy) -> Strategy:
+    """The training pool's plan: no vLLM on its GPUs (no resident engine, no captured graphs)."""
+    return s.replace(free_cache_engine=True, enforce_eager=True, rollout_tp=1)

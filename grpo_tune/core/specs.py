@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Mapping, NoReturn, TypeVar
 
 from .errors import ConfigError, GrpoTuneError, UnknownHardwareError, UnknownModelError, close_matches
 from .efficiency import Efficiency as Efficiency  # re-exported: callers import the specs from core.specs
-from .efficiency import STACK_KEYS
+from .efficiency import OLD_STACK_KEYS, STACK_KEYS
 from .hardware import HardwareSpec as HardwareSpec
 from .hardware import with_stack
 from .specfiles import _read_toml, read_spec_bytes
@@ -344,11 +344,12 @@ def load_model(name_or_path: str) -> ModelSpec:
 def _load_hardware_file(path: str) -> HardwareSpec:
     data = _read_toml(Path(path), "hardware")
     eff = data.get("efficiency")
-    moved = sorted(set(eff) & STACK_KEYS) if isinstance(eff, dict) else []
+    moved = sorted(set(eff) & (STACK_KEYS | set(OLD_STACK_KEYS))) if isinstance(eff, dict) else []
     if moved:
         raise ConfigError(
             f"hardware file {path}: [efficiency] sets {', '.join(moved)}, which belong to the software stack",
-            hint="move them to a profiles/stacks/*.toml [params] table and choose it with --stack",
+            hint="move them to a profiles/stacks/*.toml (its [params] table; the engine's sleep and wake: its [engine] "
+            "table) and choose it with --stack",
         )
     return HardwareSpec.from_dict(data, where=f"hardware file {path}")
 

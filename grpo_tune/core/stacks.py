@@ -21,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .errors import ConfigError, close_matches
-from .efficiency import STACK_KEYS, Efficiency
+from .efficiency import ENGINE_KEYS, OLD_STACK_KEYS, STACK_KEYS, Efficiency
 from .specfiles import _read_toml
 
 DEFAULT_STACK = "verl-0.9.1"
@@ -33,6 +33,9 @@ TRAINER = "grpo-tune"
 FRAMEWORKS = ("verl", "nemo-rl", "megatron-lm", TRAINER)
 """Every framework's name, once: a stack profile's ``framework``, and the order of ``frameworks.REGISTRY``
 (which holds one integration per name but the trainer's, built from this tuple)."""
+ENGINES = ("vllm", "sglang", "megatron")
+"""A stack's ``[engine] name``: the names of ``engines.REGISTRY`` (tests/test_seams.py holds them equal; core sits
+below engines/ and cannot import it)."""
 
 
 @dataclass(frozen=True)
@@ -62,15 +65,19 @@ class StackSpec:
     aliases: tuple[str, ...] = ()
     provenance: str = "spec-only"
     """How ``params`` were obtained: ``fitted`` (``grpo-tune validate --grpo --refit``), or priors only."""
+    engine: str = "vllm"
+    """The rollout engine its figures were fitted on (its ``[engine]`` table's ``name``): its ``[engine]`` sleep and
+    wake price plans on that engine; a plan on another engine is priced with that engine's own (engines/)."""
     params: dict[str, float] = field(default_factory=dict)
-    """Values of :data:`core.efficiency.STACK_KEYS` (the rest keep Efficiency's defaults)."""
+    """Values of :data:`core.efficiency.STACK_KEYS` (the rest keep Efficiency's defaults); the ``[engine]`` table's
+    figures under their Efficiency names (:data:`core.efficiency.ENGINE_KEYS`)."""
     engines: dict[str, EngineCosts] = field(default_factory=dict)
     """Costs that replace ``params`` where a rollout engine other than the stack's own samples (its
     ``[engines.<name>]`` tables: the ``grpo-tune-cpu`` stack's vLLM-on-CPU decode costs)."""
 
     def __hash__(self) -> int:
         eng = tuple(sorted((n, tuple(sorted(e.params.items()))) for n, e in self.engines.items()))
-        return hash((self.name, tuple(sorted(self.params.items())), eng))
+        return hash((self.name, self.engine, tuple(sorted(self.params.items())), eng))
 
     def efficiency(self, base: Efficiency, engine: str = "") -> Efficiency:
         """``base`` (a hardware profile's) with every stack parameter set from this stack (its value, or
@@ -86,7 +93,7 @@ class StackSpec:
         if not isinstance(data, dict):
             raise ConfigError(f"{where} must be a table")
         data = dict(data)
-        known = {"name", "framework", "release", "source", "aliases", "provenance", "params", "notes", "engines"}
+        known = {"name", "framework", "release", "source", "aliases", "provenance", "params", "engine", "engines", "notes"}
         extra = sorted(set(data) - known)
         if extra:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(extra)}", hint="known: " + ", ".join(sorted(known)))
@@ -98,6 +105,7 @@ class StackSpec:
         params = data.get("params", {})
         if not isinstance(params, dict):
             raise ConfigError(f"{where}.params must be a table of numbers")
+        engine, params = _engine_table(data.get("engine"), dict(params), where)
         eff = _stack_params(params, where=f"{where}.params")
         al = data.get("aliases", [])
         if not isinstance(al, list) or not all(isinstance(a, str) for a in al):
@@ -112,6 +120,7 @@ class StackSpec:
             source=data["source"],
             aliases=tuple(al),
             provenance=prov,
+            engine=engine,
             params={k: getattr(eff, k) for k in params},
             engines=_engines(data.get("engines", {}), where=f"{where}.engines"),
         )
@@ -157,6 +166,46 @@ def _engines(data: object, *, where: str) -> dict[str, EngineCosts]:
             provenance=t.get("provenance", "spec-only"),
         )
     return out
+
+
+def _engine_table(table: object, params: dict[str, object], where: str) -> tuple[str, dict[str, object]]:
+    """The ``[engine]`` table's engine name, and ``params`` with its figures under their Efficiency names. A file
+    written before the table existed sets ``[params] vllm_sleep_s`` / ``vllm_wake_s``: read as a vLLM ``[engine]``
+    table's ``sleep_s`` / ``wake_s``; both spellings of one figure is a coded error."""
+    if table is None:
+        table = {}
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}.engine must be a table (name, sleep_s, wake_s)")
+    table = dict(table)
+    name = table.pop("name", "vllm")
+    if name not in ENGINES:
+        raise ConfigError(f"{where}.engine.name must be one of {', '.join(ENGINES)}, got {name!r}")
+    for old, key in OLD_STACK_KEYS.items():
+        if old not in params:
+            continue
+        if key in table:
+            raise ConfigError(
+                f"{where}: both [params] {old} and [engine] {key} are set",
+                hint=f"keep [engine] {key} (the older spelling {old} names vLLM's figure)",
+            )
+        if name != "vllm":
+            raise ConfigError(
+                f"{where}: [params] {old} prices vLLM, but the stack's engine is {name!r}",
+                hint=f"set it as [engine] {key}",
+            )
+        table[key] = params.pop(old)
+    for key in sorted(set(table) - set(ENGINE_KEYS)):
+        raise ConfigError(
+            f"{where}.engine: unknown key {key!r}", hint="an [engine] table sets: name, " + ", ".join(ENGINE_KEYS)
+        )
+    moved = sorted(set(params) & set(ENGINE_KEYS.values()))
+    if moved:
+        raise ConfigError(
+            f"{where}.params: {', '.join(moved)} are the engine's figures",
+            hint="set them in the [engine] table as " + ", ".join(k for k, v in ENGINE_KEYS.items() if v in moved),
+        )
+    params.update({ENGINE_KEYS[k]: v for k, v in table.items()})
+    return str(name), params
 
 
 def _dirs() -> list[Path]:

@@ -1,7 +1,7 @@
 """Strategy (how a run is parallelized) and workload (what it trains), and the degree validator.
 
 A Strategy is composed of one dataclass per concern: :class:`Layout`, :class:`Memory`, :class:`Batching`
-and :class:`RolloutEngine`; core/knobs.py names every knob once. Where the roles run (one pool or two) is
+and :class:`Rollout`; core/knobs.py names every knob once. Where the roles run (one pool or two) is
 the run's :class:`~core.placement.Placement`, beside the strategy in a run config.
 A plan that cannot exist (TP not dividing the heads, a product that differs from the GPU count)
 raises :class:`InvalidDegreesError`; a plan that exists but does not fit is data (violations).
@@ -31,7 +31,7 @@ __all__ = [
     "Cluster",
     "Layout",
     "Memory",
-    "RolloutEngine",
+    "Rollout",
     "Strategy",
     "Workload",
     "divisors",
@@ -166,8 +166,10 @@ class Batching:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RolloutEngine:
-    """The rollout engine's knobs (vLLM): its TP, memory, batching, graphs, and how it meets training.
+class Rollout:
+    """The plan's rollout concern (``Strategy.rollout``): which engine samples (``engine``, engines/) and the
+    knobs every engine shares, spelled by each engine in its own keys: its TP, memory, batching, graphs, and how
+    it meets training.
 
     ``free_cache_engine`` (sleep during training) and the weight-sync bucket live here rather than in
     the placement: both are settings of the engine (verl spells them under ``rollout``), and the
@@ -249,7 +251,7 @@ _CONCERN_TYPES: dict[str, type] = {
     "layout": Layout,
     "memory": Memory,
     "batching": Batching,
-    "rollout": RolloutEngine,
+    "rollout": Rollout,
     "precision": Precision,
 }
 """The dataclass of each concern (core/knobs.py CONCERNS)."""
@@ -269,13 +271,13 @@ class Strategy:
 
     Placement is not a concern of the strategy: it decides which GPUs the strategy's layout spans (the
     training pool's), so a run config carries it beside the strategy (core/config.py), and the
-    separate-pool pricing takes both (costmodel/placement.py).
+    separate-pool pricing takes both (costmodel/pools.py).
     """
 
     layout: Layout = Layout()
     memory: Memory = Memory()
     batching: Batching = Batching()
-    rollout: RolloutEngine = RolloutEngine()
+    rollout: Rollout = Rollout()
     precision: Precision = Precision()
 
     @classmethod
@@ -387,8 +389,7 @@ _DEFAULT = Strategy()
 _QUIET_DEFAULTS = {"engine": "vllm", "precision": "bf16", "rollout_precision": "bf16", "kv_cache_dtype": "auto"}
 """Knobs left out of a plan's strategy section at their default (they came after schema 1's section)."""
 _FIELDS: dict[type, tuple[str, ...]] = {
-    t: tuple(f.name for f in dataclasses.fields(t))
-    for t in (Strategy, Layout, Memory, Batching, RolloutEngine, Precision)
+    t: tuple(f.name for f in dataclasses.fields(t)) for t in (Strategy, Layout, Memory, Batching, Rollout, Precision)
 }
 _set = object.__setattr__
 
@@ -585,4 +586,4 @@ def _drop_class_defaults(*types: type) -> None:
                 delattr(t, f.name)
 
 
-_drop_class_defaults(Strategy, Layout, Memory, Batching, RolloutEngine)
+_drop_class_defaults(Strategy, Layout, Memory, Batching, Rollout)

@@ -23,7 +23,7 @@ defaults within noise, ``autotune.search.defaults``; report.md states it)."""
 
 class PoolFigures(TypedDict):
     """A plan's placement block: how the GPUs split, how busy each pool is, what a token costs
-    (``costmodel.placement.colocated_figures`` for a colocated plan; a separate plan's extend it)."""
+    (``costmodel.pools.colocated_figures`` for a colocated plan; a separate plan's extend it)."""
 
     mode: str
     rollout_gpus: int
@@ -36,7 +36,7 @@ class PoolFigures(TypedDict):
 
 
 class SeparateFigures(PoolFigures):
-    """The figures of separate pools (``costmodel.placement.estimate_separate``): each pool's shape,
+    """The figures of separate pools (``costmodel.pools.estimate_separate``): each pool's shape,
     seconds, capacity and headroom, the cross-pool sync's parts (``sync``, by ``cross_pool_sync``'s keys)."""
 
     rollout_gpus_per_node: int
@@ -58,7 +58,7 @@ class SeparateFigures(PoolFigures):
     headroom_bytes: float
     sync: Mapping[str, float]
     decode_concurrency: float
-    """Resident sequences per rollout replica (costmodel.placement.generation)."""
+    """Resident sequences per rollout replica (costmodel.pools.generation)."""
     kv_cache_tokens: float
     rollout_ahead: float
     """Batches the rollout pool may run ahead of the trainer (AsyncKnobs.ahead)."""
@@ -177,7 +177,7 @@ class Estimate:
     details: Mapping[str, float] = field(default_factory=dict)
     """Figures behind the phase times for people (decode concurrency, micro-batches, ...)."""
     placement: SeparateFigures | None = None
-    """Separate pools only (costmodel.placement): the split, each pool's busy fraction and headroom,
+    """Separate pools only (costmodel.pools): the split, each pool's busy fraction and headroom,
     the sync's parts, tokens per dollar. None for a colocated plan."""
 
     @property

@@ -79,7 +79,7 @@ class _DecodeStep:
         # intensity of a small batch is what makes it memory-bound: the GEMM curve would count it twice).
         # Prefill's GEMMs are large and take the curve at their own shape.
         prec, engine = s.precision, engines.of(s, hw)
-        self.peak = hw.peak_flops_per_s(prec.rollout_precision) * cal["rollout_efficiency_scale"]  # W8A8 GEMMs
+        self.peak = hw.gemm_flops_per_s(prec.rollout_precision) * cal["rollout_efficiency_scale"]  # W8A8 GEMMs
         self.decode_peak = self.peak * e.gemm_efficiency_max
         self.hbm = (
             hw.hbm_bandwidth_bytes_per_s * e.hbm_efficiency * cal["rollout_efficiency_scale"] * e.decode_efficiency
@@ -190,7 +190,7 @@ def _rollout_s(
         attn = pre_tokens * step.attn * prompt * attention_fraction(hw) / rtp
         t_pre += (
             attn
-            * (1 / hw.peak_flops_per_s() - 1 / hw.peak_flops_per_s("fp8"))
+            * (1 / hw.peak_flops_per_s() - 1 / hw.gemm_flops_per_s("fp8"))
             / (cal["rollout_efficiency_scale"] * gemm_efficiency(e, pre_rows, m.hidden, step.ffn))
         )
     t_pre += math.ceil(pre_tokens / chunk) * step.graph_ovh

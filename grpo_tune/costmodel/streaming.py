@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 
 class StreamShape(TypedDict, total=False):
-    """A streamed step's shape, as ``costmodel.placement.compose_step`` takes it (empty: the step does not stream)."""
+    """A streamed step's shape, as ``costmodel.pools.compose_step`` takes it (empty: the step does not stream)."""
 
     arrivals: list[float]
     """Each unit's arrival, seconds from the step's start (non-decreasing, the last at the generation's end)."""

@@ -50,9 +50,9 @@ def layer_times(
     tokens = tokens_mb / cp  # CP splits every sequence
     peak = hw.peak_flops_per_s() * cal["compute_efficiency_scale"]
     fp8 = s.precision.precision == "fp8"
-    # FP8 training (TransformerEngine, e4m3): the linear layers' GEMMs run at the FP8 peak; core attention, the
+    # FP8 training (TransformerEngine, e4m3): the linear layers' GEMMs run at the FP8 GEMM rate; core attention, the
     # output layer and the element-wise work stay bf16 (Megatron keeps them out of the FP8 autocast)
-    peak_lin = hw.peak_flops_per_s("fp8") * cal["compute_efficiency_scale"] if fp8 else peak
+    peak_lin = hw.gemm_flops_per_s("fp8") * cal["compute_efficiency_scale"] if fp8 else peak
 
     def link(span: int) -> tuple[float, float]:
         return comm.link(hw, span, gpn, cal, e)

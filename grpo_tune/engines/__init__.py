@@ -15,7 +15,7 @@ from grpo_tune.engines.megatron import ENGINE as MEGATRON
 from grpo_tune.engines.sglang import ENGINE as SGLANG
 from grpo_tune.engines.vllm import ENGINE as VLLM
 
-__all__ = ["KV_BYTES", "REGISTRY", "WEIGHT_BYTES", "RolloutEngineSpec", "named", "of"]
+__all__ = ["KV_BYTES", "REGISTRY", "WEIGHT_BYTES", "RolloutEngineSpec", "named", "of", "sleep_wake_s"]
 
 REGISTRY: dict[str, RolloutEngineSpec] = {e.name: e for e in (VLLM, SGLANG, MEGATRON)}
 DEFAULT = "vllm"
@@ -31,3 +31,12 @@ def of(s: Strategy, hw: HardwareSpec) -> RolloutEngineSpec:
     if hw.rollout_engine == "megatron":  # HardwareSpec.native_rollout, inlined: every estimate asks
         return MEGATRON
     return REGISTRY.get(s.rollout.engine) or named(s.rollout.engine)
+
+
+def sleep_wake_s(s: Strategy, hw: HardwareSpec) -> tuple[float, float]:
+    """(sleep, wake) seconds of the plan's rollout engine: the stack's ``[engine]`` figures where the stack was fitted
+    on this engine (``hw.stack_engine``) or the engine has no figures of its own, else the engine's own
+    (:meth:`RolloutEngineSpec.own_sleep_wake_s` over its memory pool, ``gpu_memory_utilization`` of the GPU)."""
+    e = of(s, hw)
+    own = None if e.name == hw.stack_engine else e.own_sleep_wake_s(s.rollout.gpu_memory_utilization * hw.hbm_bytes)
+    return own if own is not None else (hw.efficiency.engine_sleep_s, hw.efficiency.engine_wake_s)

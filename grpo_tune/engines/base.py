@@ -7,8 +7,9 @@ An engine (``engines/<name>/``, beside ``frameworks/<name>/``) owns:
 - its memory and KV rules: bytes per weight and per KV-cache value in each precision
   (:meth:`weight_bytes`, :meth:`kv_bytes`), the largest batch its CUDA graphs capture;
 - its costs: whether its scheduler overlaps the host's per-step work with the GPU's (:attr:`overlaps_host`),
-  and which stack parameters (``profiles/stacks/*.toml``) price its sleep, wake and weight load
-  (:attr:`sleep_param`, :attr:`wake_param`);
+  and its sleep and wake: a stack fitted on it prices them in its ``[engine]`` table (``sleep_s``, ``wake_s``;
+  ``profiles/stacks/*.toml``), and an engine the stack was not fitted on prices them with its own figures
+  (:meth:`own_sleep_wake_s`);
 - its trainer adapter, by import path (:attr:`adapter`: only ``trainer/`` imports it);
 - its key names, which the framework tables ask for (:attr:`verl_name`, :meth:`verl_kv_key`, :attr:`nemo_rl_backend`).
 
@@ -47,16 +48,24 @@ class RolloutEngineSpec:
     """Largest decode batch its CUDA graphs capture at rollout TP < 4; above it a step runs eager."""
     cuda_graph_max_batch_tp4: int = 512
     """The same at rollout TP >= 4."""
-    sleep_param: str = "vllm_sleep_s"
-    """The stack parameter (core/efficiency.py STACK_KEYS) pricing the sleep that frees weights and KV cache."""
-    wake_param: str = "vllm_wake_s"
-    """The stack parameter pricing the wake before the weight load."""
+    memory_map_s_per_gib: float | None = None
+    """Its own sleep and wake price, where a stack was not fitted on it: seconds per GiB of its memory pool (weights
+    + KV cache, ``gpu_memory_utilization`` of the GPU) that its sleep unmaps and its wake maps back, neither copied
+    (the weights are reloaded from the trainer after the wake). None: no figures of its own; the stack's
+    ``[engine]`` figures price it."""
     fp8_kv_name: str = "fp8"
     """Its spelling of an FP8 KV cache (``kv_cache_dtype``)."""
     verl_name: str = ""
     """verl 0.9.1's ``actor_rollout_ref.rollout.name`` (empty: verl cannot run it)."""
     nemo_rl_backend: str = ""
     """NeMo-RL's ``policy.generation.backend`` (empty: NeMo-RL cannot run it)."""
+
+    def own_sleep_wake_s(self, pool_bytes: float) -> tuple[float, float] | None:
+        """Its own (sleep, wake) seconds for a memory pool of ``pool_bytes`` per GPU (None: it has none)."""
+        if self.memory_map_s_per_gib is None:
+            return None
+        t = pool_bytes / 2**30 * self.memory_map_s_per_gib
+        return t, t
 
     def graph_batch(self, rollout_tp: int) -> int:
         """Largest decode batch its CUDA graphs capture at this rollout TP."""

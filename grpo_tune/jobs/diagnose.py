@@ -29,3 +29,11 @@ def run_diagnose(req: DiagnoseRequest) -> Report:
     from grpo_tune.frameworks import diagnose_path
 
     return diagnose_path(req.path, hardware=req.hardware, model=req.model, overrides=req.overrides)
+
+
+def absent_flag_note(option: str) -> str | None:
+    """What a framework's own diagnose script does instead, where ``option`` is a flag that articles on it describe and
+    it does not have (``Framework.absent_diagnose_flags``); None for any other option."""
+    from grpo_tune.frameworks import REGISTRY
+
+    return next((f.absent_diagnose_note for f in REGISTRY if option in f.absent_diagnose_flags), None)

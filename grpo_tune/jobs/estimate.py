@@ -71,11 +71,12 @@ def separate_memory_pins(req: EstimateRequest) -> dict[str, object]:
 
 def placement_of(place: PlacementAsk, gpus: int) -> Placement:
     """The Placement the placement flags ask for (a coded error for a bad combination)."""
+    from grpo_tune.core.choices import PlacementMode
     from grpo_tune.core.errors import ConfigError
-    from grpo_tune.costmodel.placement import check_fields
+    from grpo_tune.costmodel.pools import check_fields
 
     mode = place.placement
-    if mode not in ("colocated", "separate"):
+    if mode not in PlacementMode.values():
         raise ConfigError(
             f"--placement must be colocated or separate here, got {mode!r}", hint="auto is for search: it searches both"
         )
@@ -96,7 +97,7 @@ def placement_of(place: PlacementAsk, gpus: int) -> Placement:
 
 
 def _estimate_separate(m, hw, cluster, strategy, wl, cal, place):
-    from grpo_tune.costmodel.placement import estimate_separate
+    from grpo_tune.costmodel.pools import estimate_separate
 
     p = placement_of(place, cluster.gpus)
     hw_r = p.rollout_profile()

@@ -368,7 +368,7 @@ def summary(cfg: RunConfig, lay: RankLayout) -> dict[str, object]:
         from grpo_tune.costmodel.estimate import estimate
 
         if p.separate:
-            from grpo_tune.costmodel.placement import estimate_separate
+            from grpo_tune.costmodel.pools import estimate_separate
 
             est = estimate_separate(
                 model=cfg.model,

@@ -313,7 +313,7 @@ def _reread_separate(out: TuneOutcome, found: Estimate, cal: dict[str, float] | 
 def _price_separate(plan: LaunchPlan, placement, hw_r, cal: dict[str, float] | None) -> Estimate:
     """A launch's plan priced on its separate pools (the rollout pool on ``hw_r`` when given): the launch as read
     and the tuned file read back are priced alike."""
-    from grpo_tune.costmodel.placement import estimate_separate
+    from grpo_tune.costmodel.pools import estimate_separate
 
     return estimate_separate(
         model=plan.model,

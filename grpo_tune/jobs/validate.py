@@ -49,7 +49,7 @@ def run_validate(req: ValidateRequest) -> ValidateOutcome:
         tol = TOLERANCE_PCT if req.tolerance is None else req.tolerance
         rep = run_grpo(path=req.data, tolerance_pct=tol, refit=req.refit)
         if req.data is None:
-            from grpo_tune.validate.placement import score_pairs
+            from grpo_tune.validate.placement_pairs import score_pairs
 
             rep["placement_pairs"] = score_pairs()
         return ValidateOutcome(kind="grpo", report=rep)

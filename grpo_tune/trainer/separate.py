@@ -89,7 +89,7 @@ class Pools:
 
 
 def check_separate(cfg) -> None:
-    from grpo_tune.costmodel.placement import check_fields
+    from grpo_tune.costmodel.pools import check_fields
 
     check_fields(cfg.placement)  # the sync interval against the staleness, as the cost model prices it
 

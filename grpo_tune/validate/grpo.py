@@ -204,12 +204,12 @@ def _separate(row: GrpoRow) -> bool:
 def predict(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[dict[str, float], Estimate]:
     """Predicted seconds in the row's terms: step and each published phase (``hw``: the row's
     hardware under its stack, :func:`_hw`, unless given). A ``separate`` row is priced by
-    :func:`costmodel.placement.estimate_separate` with its pools: its ``refit_s`` is the cross-pool
+    :func:`costmodel.pools.estimate_separate` with its pools: its ``refit_s`` is the cross-pool
     weight sync by the row's ``refit_transport`` (empty: a broadcast; ``nccl_reshard``: NeMo-RL's shard-to-shard
     reshard), its ``gen_s`` the rollout pool's generation."""
     m, hw, cluster, s, wl = plan(row, hw or _hw(row, None))
     if _separate(row):
-        from grpo_tune.costmodel.placement import estimate_separate
+        from grpo_tune.costmodel.pools import estimate_separate
 
         place = _placement(row)
         transport = (row.raw.get("refit_transport") or "").strip() or "broadcast"
@@ -329,7 +329,7 @@ PRIORS: tuple[Prior, ...] = (
         "nemo/collections/llm/gpt/model/qwen3.py: moe_grouped_gemm, moe_permute_fusion, alltoall), which sets both",
     ),
     Prior(
-        "vllm_wake_s",
+        "engine_wake_s",
         "stack:nemo-rl-v0.3",
         4.0,
         1.0,
@@ -420,7 +420,7 @@ PRIORS: tuple[Prior, ...] = (
         "fused-MoE kernels) at ~5-50 us of dispatch each: 80 us-1.5 ms per layer per decode step",
     ),
     Prior(
-        "vllm_sleep_s",
+        "engine_sleep_s",
         "stack:verl-0.9.1",
         1.0,
         0.2,

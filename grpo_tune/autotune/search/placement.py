@@ -1,7 +1,7 @@
 """Search over placement: colocated, separate pools, or the better of the two (``--placement auto``).
 
 A separate plan has three parts that price apart and meet only in the step's composition
-(costmodel.placement.compose_step): the training pool's plan, the rollout pool's engine, and the
+(costmodel.pools.compose_step): the training pool's plan, the rollout pool's engine, and the
 split (how many GPUs roll out). The search therefore:
 
 1. prices the generation of every split with its fastest fitting rollout engine (cheap: the
@@ -23,11 +23,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, TypedDict
 
+from grpo_tune.core.choices import PlacementMode
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, InvalidDegreesError
 from grpo_tune.core.rules import within_node
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import Cluster, Strategy, Workload, divisors
-from grpo_tune.costmodel import placement as P
+from grpo_tune.core import placement as CP
+from grpo_tune.costmodel import pools as P
+from grpo_tune.costmodel import weight_sync as WS
 from grpo_tune.costmodel.estimate import Estimate
 from grpo_tune.costmodel.params import total_params
 from grpo_tune.costmodel.streaming import StreamShape
@@ -38,7 +41,8 @@ from .candidates import pinned, pinned_number
 if TYPE_CHECKING:
     from .driver import SearchResult
 
-PLACEMENT_CHOICES = ("colocated", "separate", "auto")
+PLACEMENT_CHOICES = (*PlacementMode.values(), "auto")
+"""``--placement`` on search: a placement mode (core.choices.PlacementMode), or the better of the two."""
 ROLLOUT_GMU_GRID = (0.6, 0.7, 0.8, 0.9)
 """vLLM memory fractions on a rollout-pool GPU (no training state there: up to 0.9)."""
 ROLLOUT_SEQS_GRID = (256, 1024)
@@ -130,7 +134,7 @@ def check_request(
     if cluster.gpus < 2 and mode == "separate":  # auto on one GPU: the colocated plan, the only one there is
         raise ConfigError("separate pools need at least 2 GPUs", hint="give --gpus 2 or more")
     if rollout_gpus is not None:
-        P.pools(cluster, rollout_gpus)  # a coded error for a split verl cannot express
+        CP.pools(cluster, rollout_gpus)  # a coded error for a split verl cannot express
 
 
 def rollout_options(m: ModelSpec, hw: HardwareSpec, roll: Cluster, pins: Mapping[str, object]) -> list[EngineOption]:
@@ -188,12 +192,12 @@ def best_rollout(
     knobs: P.AsyncKnobs | None = None,
 ) -> tuple[EngineOption, float] | None:
     """The fastest rollout engine that fits the pool: (knobs, generation seconds), or None. ``knobs``: how far the
-    pool runs ahead (costmodel.placement.AsyncKnobs; None: the synchronous batch, or partial rollout at one batch
+    pool runs ahead (costmodel.pools.AsyncKnobs; None: the synchronous batch, or partial rollout at one batch
     ahead)."""
     best: tuple[tuple[float, float], EngineOption, float] | None = None
     base = Strategy.of(**{k: v for k, v in pins.items() if k in _ENGINE_BASE})
     for opt in rollout_options(m, hw, roll, pins):
-        s = P.rollout_strategy(base.replace(**opt))
+        s = CP.rollout_strategy(base.replace(**opt))
         _, viol = P.rollout_memory(m, hw, roll, s, wl)
         if viol:
             continue
@@ -320,13 +324,13 @@ def _separate(
 
     hw_r = hw_r or hw
     cal = check_calibration(kw["calibration"])
-    cands = [pinned_r] if pinned_r else P.split_candidates(cluster)
+    cands = [pinned_r] if pinned_r else CP.split_candidates(cluster)
     stale = range(K + 1)
     partial_for = {k: bool(partial_flag) and k >= 1 for k in stale}
-    # 1. generation per split and staleness: the pool is a server fed k batches ahead (costmodel.placement.generation),
+    # 1. generation per split and staleness: the pool is a server fed k batches ahead (costmodel.pools.generation),
     # so k changes its concurrency only while the feed binds: beyond k_sat (where (1 + k) x its sequences per replica
     # reach the largest max_num_seqs of the grid) every k prices the same, and is computed once
-    pool_of = {r: P.pools(cluster, r) for r in cands}
+    pool_of = {r: CP.pools(cluster, r) for r in cands}
     seq_cap = max([int(pins["max_num_seqs"])] if "max_num_seqs" in pins else list(ROLLOUT_SEQS_GRID))
     gens: dict[tuple[int, int], tuple[EngineOption, float] | None] = {}
 
@@ -400,8 +404,8 @@ def _separate(
         if got is None or not tr or tr[0].time is None:
             return {}
         opt, _ = got
-        rs = P.rollout_strategy(Strategy.of(**{k: v for k, v in pins.items() if k in _ENGINE_BASE}).replace(**opt))
-        pl = P.Placement(mode="separate", rollout_gpus=r, stream=True, recompute_logprobs=recompute_logprobs)
+        rs = CP.rollout_strategy(Strategy.of(**{k: v for k, v in pins.items() if k in _ENGINE_BASE}).replace(**opt))
+        pl = CP.Placement(mode="separate", rollout_gpus=r, stream=True, recompute_logprobs=recompute_logprobs)
         phases = dict(tr[0].time.phases)
         if not recompute_logprobs:
             phases.pop("old_logprob", None)
@@ -449,7 +453,7 @@ def _separate(
             if g is None or not tr:
                 continue
             opt, _ = g
-            pl = P.Placement(
+            pl = CP.Placement(
                 mode="separate",
                 rollout_gpus=r,
                 rollout_hardware=None if hw_r is hw else hw_r.name,
@@ -553,7 +557,7 @@ def _sync_proxy(m, hw, hw_r, pool_of, cal, cands, gen_of, K) -> dict[int, float]
         if g is None:
             continue
         s = Strategy.of(rollout_tp=g[0]["rollout_tp"])
-        sy = P.cross_pool_sync(m, hw, hw_r, pool_of[r], s, cal)
+        sy = WS.cross_pool_sync(m, hw, hw_r, pool_of[r], s, cal)
         out[r] = sy["sync_s"] - sy["export_s"]
     return out
 

@@ -10,4 +10,5 @@ ENGINE = RolloutEngineSpec(
     adapter="grpo_tune.trainer.rollout.megatron",
     knobs=("rollout_tp",),
     kv_cache=False,
+    memory_map_s_per_gib=0.0,  # it is the training model: nothing sleeps or wakes
 )

@@ -129,6 +129,12 @@ class Framework(ABC):
         """Whether the file ``path`` (its text, read bounded) is this framework's launch, config or recipe."""
         return False
 
+    absent_diagnose_flags: ClassVar[tuple[str, ...]] = ()
+    """Flags of a diagnose script that articles on this framework describe and the framework does not have: ``grpo-tune
+    diagnose`` given one answers with a coded USAGE error and :attr:`absent_diagnose_note` (jobs/diagnose.py)."""
+    absent_diagnose_note: ClassVar[str] = ""
+    """What the framework's own script does instead (the USAGE error's hint)."""
+
     def diagnose(self, path: Path, overrides: Sequence[str], *, hardware: str | None, model: str | None) -> Report:
         """``grpo-tune diagnose`` on a file this framework detects (with trailing ``key=value`` overrides)."""
         raise NotImplementedError(f"{self.name} has no diagnose reader")

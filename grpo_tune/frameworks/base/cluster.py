@@ -67,7 +67,7 @@ def is_cpu(cfg: RunConfig) -> bool:
 
 def node_groups(cfg: RunConfig) -> tuple[list[NodeGroup], list[str]]:
     """The plan's nodes per pool, and what the files must say about them (one comment line each)."""
-    from grpo_tune.costmodel.placement import pools
+    from grpo_tune.core.placement import pools
 
     c, hw, p = cfg.cluster, cfg.hardware.name, cfg.placement
     gpn = c.ranks_per_node

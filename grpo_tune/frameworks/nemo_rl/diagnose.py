@@ -261,7 +261,7 @@ def _batches(plan, train) -> list[Finding]:
 def _tp_nodes(s, train, cluster, placement) -> list[Finding]:
     """A TP group (policy or vLLM) on two nodes: NeMo-RL runs it, with TP's all-reduces on the network."""
     from grpo_tune.core.rules import within_node
-    from grpo_tune.costmodel.placement import pools
+    from grpo_tune.core.placement import pools
 
     out = []
     if not within_node(s.layout.tp, train.gpus, train.gpus_per_node):
@@ -288,7 +288,7 @@ def _tp_nodes(s, train, cluster, placement) -> list[Finding]:
 
 def _memory(plan, findings: list[Finding], placement=None) -> MemorySummary | None:
     from grpo_tune.costmodel.estimate import estimate
-    from grpo_tune.costmodel.placement import estimate_separate
+    from grpo_tune.costmodel.pools import estimate_separate
 
     try:
         if placement is not None and placement.separate:

@@ -73,7 +73,7 @@ def train_cluster(r: R.Recipe, c: Cluster) -> Cluster:
     p = table.read_placement(r.get)
     if not p.separate:
         return c
-    from grpo_tune.costmodel.placement import pools
+    from grpo_tune.core.placement import pools
 
     return pools(c, p.rollout_gpus).train
 

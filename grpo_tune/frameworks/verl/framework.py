@@ -18,6 +18,7 @@ from grpo_tune.frameworks.base.plan import LaunchPlan, ReadRequest
 from grpo_tune.frameworks.base.runlog import RunLog
 from grpo_tune.frameworks.verl import logs, read
 from grpo_tune.frameworks.verl import fully_async as verl_async
+from grpo_tune.frameworks.verl.diagnose.parse import DIAGNOSE_PY_FLAGS
 from grpo_tune.frameworks.verl.export import verl_script
 from grpo_tune.frameworks.verl.launch import Launch
 from grpo_tune.frameworks.verl.snapshot import VERL_VERSION
@@ -35,6 +36,8 @@ class Verl(Framework):
     """verl 0.9.1's fully-async trainer at ``staleness_threshold=0`` fetches ``require_batches`` mini-batches at a
     time while the rollouter generates the rest of the parameter version (docs/placement.md)."""
     release = VERL_VERSION
+    absent_diagnose_flags = DIAGNOSE_PY_FLAGS
+    absent_diagnose_note = "verl's own scripts/diagnose.py only checks the environment"
 
     def launch_files(self, cfg: RunConfig, run_dir: Path) -> list[LaunchFile]:
         text = verl_async.script(cfg) if cfg.placement.separate else verl_script(cfg)

@@ -71,7 +71,7 @@ write_snapshot = CONFIG.write_snapshot
 
 def pool_keys(cfg: RunConfig) -> dict[str, object]:
     """The pools, the async schedule and the off-policy correction of a separate plan, as verl keys."""
-    from grpo_tune.costmodel.placement import pools
+    from grpo_tune.core.placement import pools
 
     p, w, c = cfg.placement, cfg.workload, cfg.cluster
     ps = pools(c, p.rollout_gpus)

@@ -421,9 +421,9 @@ def _check_log_prob_split(c: Ctx, tb: int, n: int, dp: int) -> None:
 
 
 def _separate_estimate(c: Ctx, model, hw, wl, strategy):
-    """The fully-async launch priced as separate pools (costmodel/placement.py): the pools as read back."""
+    """The fully-async launch priced as separate pools (costmodel/pools.py): the pools as read back."""
     from grpo_tune.core.placement import Placement
-    from grpo_tune.costmodel.placement import estimate_separate
+    from grpo_tune.costmodel.pools import estimate_separate
 
     p = c.placement or {}
     rollout_gpus = p["rollout_gpus"]

@@ -3,7 +3,7 @@ profiles/data/published_placement_pairs.csv.
 
 A pair is two rows of published_grpo.csv, the same task run colocated and synchronous, then on separate
 rollout and training pools (asynchronously). The colocated row is priced by the cost model as every row
-is; the separate row by :func:`costmodel.placement.estimate_separate` with its pools and staleness. The
+is; the separate row by :func:`costmodel.pools.estimate_separate` with its pools and staleness. The
 score is the predicted speed-up (colocated step / separate step) against the published one: a ratio, so a
 pair whose runs do not publish the mean response length still counts, at one mean for both rows (equal work):
 the pair's ``response_len_mean``, or, where that cell is empty, the colocated row's own (published_grpo.csv's
@@ -78,7 +78,7 @@ def _flag(p: dict[str, str], key: str, default: bool) -> bool:
 
 def _steps(col: GrpoRow, sep: GrpoRow, p: dict[str, str], mean: int) -> tuple[Any, Any]:
     from grpo_tune.costmodel.estimate import estimate
-    from grpo_tune.costmodel.placement import estimate_separate
+    from grpo_tune.costmodel.pools import estimate_separate
 
     m, hw, cluster, s, wl = plan(_with_mean(col, mean))
     c = estimate(model=m, hardware=hw, cluster=cluster, strategy=s, workload=wl)
@@ -109,11 +109,11 @@ def pair_streams(p: dict[str, str], place: Placement, knobs: Any) -> bool:
 
 
 def pair_knobs(p: dict[str, str], place: Placement, wl: Any) -> Any:
-    """The separate run's asynchronous knobs (costmodel.placement.AsyncKnobs) from the pair's columns:
+    """The separate run's asynchronous knobs (costmodel.pools.AsyncKnobs) from the pair's columns:
     ``one_step_off`` (verl's one-step-off trainer: each batch one synchronous generate call, overlapped one step),
     else verl's fully-async ``staleness_threshold`` (empty: the row's integer staleness) with its partial rollout,
     and ``require_batches`` (the trainer's fetch: require_batches x the row's mini-batch of its prompts per step)."""
-    from grpo_tune.costmodel.placement import AsyncKnobs
+    from grpo_tune.costmodel.pools import AsyncKnobs
 
     if _flag(p, "one_step_off", False):
         return AsyncKnobs(ahead=float(place.staleness), whole_batch=True)

@@ -1,4 +1,4 @@
-"""validate --grpo's separate-pool pairs (validate/placement.py): the published speed-ups of verl's
+"""validate --grpo's separate-pool pairs (validate/placement_pairs.py): the published speed-ups of verl's
 one-step-off and fully-async runs against the cost model's, printed per pair."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_tune.validate.grpo import load_grpo_rows
-from grpo_tune.validate.placement import TOLERANCE_PCT, _steps, load_pairs, pair_means, score_pairs, separate_step
+from grpo_tune.validate.placement_pairs import TOLERANCE_PCT, _steps, load_pairs, pair_means, score_pairs, separate_step
 from grpo_tune.core.errors import ConfigError
 
 

@@ -20,11 +20,11 @@ What each pool costs:
 - weight sync across pools: the training side exports its tensors in HF layout (the TP/PP/EP
   gathers of the colocated refit), then the whole model (bf16) is broadcast to every rollout GPU
   (NVLink when the pools share nodes; across nodes an NCCL ring broadcast over every NIC of a node,
-  bounded by NVLink: :func:`broadcast_link`; the slower profile's when the pools differ), in buckets
-  of ``sync_bucket_mb`` with the profile's per-tensor and per-bucket costs; each vLLM worker copies
-  its rollout-TP slice into place. NeMo-RL's NCCL reshard
-  (:func:`reshard_sync`, chosen by ``refit_transport``) instead moves each destination shard of the FFN
-  weights once and broadcasts only the rest.
+  bounded by NVLink: :func:`costmodel.weight_sync.broadcast_link`; the slower profile's when the pools differ),
+  in buckets of ``sync_bucket_mb`` with the profile's per-tensor and per-bucket costs; each vLLM worker copies
+  its rollout-TP slice into place. NeMo-RL's NCCL reshard (:func:`costmodel.weight_sync.reshard_sync`, chosen by
+  ``refit_transport``) instead moves each destination shard of the FFN weights once and broadcasts only the rest.
+  Every transport is priced in costmodel/weight_sync.py, beside the colocated refit.
 
 How the step composes (steady state, seconds per optimizer step):
 
@@ -43,26 +43,24 @@ Pure float math, no torch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from grpo_tune.core.errors import ConfigError, InvalidDegreesError
 from grpo_tune.core.phases import Phase
-from grpo_tune.core.placement import Placement, check
+from grpo_tune.core.placement import Placement, check, pools, rollout_strategy, train_strategy
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 from grpo_tune.core.units import GiB
 
-from . import comm, memory, streaming
+from . import memory, streaming
 from .estimate import estimate
 from .results import Estimate, PhaseMemory, PhaseTimes, PoolFigures, SeparateFigures, Throughput, Violation
 from .rollout import DRAIN_POINTS, _DecodeStep, native_rollout_s, response_dist, rollout_s
-from .timing_base import PARAM_BYTES, attention_fraction, check_calibration, forward_flops_per_token, model_consts
-from .weight_sync import export_tensor_overhead_s, weight_sync_s
+from .timing_base import attention_fraction, check_calibration, forward_flops_per_token
+from .weight_sync import REFIT_TRANSPORTS, cross_pool_sync, per_tensor_sync, reshard_sync
 
-MODES = ("colocated", "separate")
 CONCURRENCY_BOUNDS = ("max_num_seqs", "kv_cache", "feed", "per_replica")
 """What sets a rollout replica's resident sequences (:func:`generation`'s ``bound``)."""
 
@@ -82,80 +80,9 @@ def check_fields(p: Placement, where: str = "placement") -> None:
         )
 
 
-@dataclass(frozen=True)
-class Pools:
-    """The two pools of a separate plan as clusters, and whether they share nodes."""
-
-    rollout: Cluster
-    train: Cluster
-    shared_nodes: bool
-    """Pools on the same nodes (GPUs within a node): the sync runs over NVLink."""
-
-
-def pools(cluster: Cluster, rollout_gpus: int) -> Pools:
-    """Split ``cluster`` as verl's separate trainers can (one GPU count per node per pool):
-
-    - whole nodes: ``rollout_gpus`` a multiple of the node size (``rollout.nnodes`` nodes roll out);
-    - GPUs within a node: on one node, or the same ``rollout_gpus / nodes`` GPUs on every node
-      (verl's ``trainer.nnodes = rollout.nnodes``, the two ``n_gpus_per_node`` summing to the node).
-    """
-    gpn, n = cluster.gpus_per_node, cluster.gpus
-    nodes = cluster.nnodes
-    if not 1 <= rollout_gpus < n:
-        raise InvalidDegreesError(
-            f"rollout_gpus {rollout_gpus} must leave the training pool at least one of the {n} GPUs",
-            f"give --rollout-gpus between 1 and {n - 1}",
-        )
-    if n % gpn and nodes > 1:
-        raise InvalidDegreesError(
-            f"{n} GPUs are not whole nodes of {gpn}: separate pools need whole nodes", "give a multiple of the node"
-        )
-    if rollout_gpus % gpn == 0:
-        return Pools(
-            Cluster(gpus=rollout_gpus, gpus_per_node=gpn), Cluster(gpus=n - rollout_gpus, gpus_per_node=gpn), False
-        )
-    if nodes == 1:
-        return Pools(
-            Cluster(gpus=rollout_gpus, gpus_per_node=rollout_gpus),
-            Cluster(gpus=n - rollout_gpus, gpus_per_node=n - rollout_gpus),
-            True,
-        )
-    if rollout_gpus % nodes == 0 and rollout_gpus // nodes < gpn:
-        per = rollout_gpus // nodes
-        return Pools(
-            Cluster(gpus=rollout_gpus, gpus_per_node=per), Cluster(gpus=n - rollout_gpus, gpus_per_node=gpn - per), True
-        )
-    raise InvalidDegreesError(
-        f"rollout_gpus {rollout_gpus} on {nodes} nodes of {gpn} is neither whole nodes nor the same GPUs on every node",
-        f"give a multiple of {gpn} (whole nodes) or of {nodes} below {gpn * nodes} (GPUs on every node)",
-    )
-
-
-def split_candidates(cluster: Cluster) -> list[int]:
-    """Every rollout pool size :func:`pools` accepts, smallest first."""
-    out = []
-    for r in range(1, cluster.gpus):
-        try:
-            pools(cluster, r)
-        except InvalidDegreesError:
-            continue
-        out.append(r)
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # The parts
 # ---------------------------------------------------------------------------------------------
-
-
-def rollout_strategy(s: Strategy) -> Strategy:
-    """The rollout pool's engine: vLLM stays awake (verl's separate trainers need free_cache_engine off)."""
-    return s.replace(free_cache_engine=False)
-
-
-def train_strategy(s: Strategy) -> Strategy:
-    """The training pool's plan: no vLLM on its GPUs (no resident engine, no captured graphs)."""
-    return s.replace(free_cache_engine=True, enforce_eager=True, rollout_tp=1)
 
 
 def native_strategy(m: ModelSpec, s: Strategy, roll: Cluster) -> Strategy:
@@ -412,283 +339,6 @@ def _over_capacity(pm: PhaseMemory, hw: HardwareSpec, engine: str, ranks_per_nod
             bytes_over=pm.total_bytes - cap,
         )
     ]
-
-
-def sync_link(
-    hw_train: HardwareSpec, hw_roll: HardwareSpec, shared_nodes: bool, cal: Mapping[str, float]
-) -> tuple[float, float]:
-    """(bandwidth per GPU, latency) of a point-to-point transfer between the pools, each GPU on its own
-    link: NVLink when the pools share nodes, the GPU's NIC otherwise; the slower of the two profiles' when
-    they differ. The NCCL reshard's shard-to-shard bulk runs at it (each rollout GPU receives its own shard);
-    a broadcast of the same buffer to every rollout GPU runs at :func:`broadcast_link`."""
-    scale = cal["comm_efficiency_scale"]
-    if shared_nodes:
-        bw = min(hw_train.intra_node_bandwidth_bytes_per_s, hw_roll.intra_node_bandwidth_bytes_per_s)
-        lat = max(hw_train.efficiency.intra_node_latency_s, hw_roll.efficiency.intra_node_latency_s)
-    else:
-        bw = min(hw_train.inter_node_bandwidth_bytes_per_s, hw_roll.inter_node_bandwidth_bytes_per_s)
-        lat = max(hw_train.efficiency.inter_node_latency_s, hw_roll.efficiency.inter_node_latency_s)
-    ce = min(hw_train.efficiency.comm_efficiency, hw_roll.efficiency.comm_efficiency) * scale
-    return bw * ce, lat / scale
-
-
-def node_nic_bandwidth(hw: HardwareSpec, gpus_per_node: int) -> float:
-    """Bytes/s (one direction) all the NICs of a node of ``gpus_per_node`` GPUs carry together: the
-    profile's ``inter_node_bandwidth_bytes_per_s`` is per GPU (NICs per node x line rate / GPUs per node),
-    so the node's aggregate is ``gpus_per_node`` times it (8 x 50 GB/s on a DGX H100 with its eight
-    400 Gb/s NICs)."""
-    return gpus_per_node * hw.inter_node_bandwidth_bytes_per_s
-
-
-def broadcast_link(
-    hw_train: HardwareSpec, hw_roll: HardwareSpec, ps: Pools, cal: Mapping[str, float]
-) -> tuple[float, float]:
-    """(bandwidth, latency) of an NCCL broadcast of one buffer from the training pool to every rollout GPU.
-
-    Pools sharing nodes: NVLink, as :func:`sync_link`. Pools on different nodes: NCCL runs a broadcast as a
-    pipelined ring (its only broadcast algorithm) split over several channels, and across nodes the channels
-    are rail-aligned: each enters a node on one NIC, crosses the node's GPUs over NVLink and leaves it on
-    another NIC, so the channels together use every NIC of the node (NVIDIA/nccl issue #412: NCCL aggregates
-    the NICs of a node where NVLink carries at least their sum; flows enter from a NIC, go through every GPU
-    over NVLink and exit through a NIC, several at once). Every GPU of the ring receives and forwards the
-    whole buffer once (nccl-tests PERFORMANCE.md: a broadcast's bus bandwidth is its algorithm bandwidth), so
-    the throughput is the nodes' aggregate NIC bandwidth (:func:`node_nic_bandwidth`, the smaller of the two
-    pools' nodes), bounded by the NVLink rate each GPU forwards at; the comm efficiency applies to both.
-    verl 0.9.1's NCCL checkpoint engine admits actor rank 0's node-local peers into the group as relays for
-    exactly this (``NCCLCheckpointEngine._multi_sender_ranks``, verl/checkpoint_engine/nccl_checkpoint_engine.py:
-    "fan a bucket out to over NVLink, from which it can push on over each peer's own NIC"); NeMo-RL's
-    collective update puts every training worker in the group (``init_collective``,
-    nemo_rl/models/policy/workers/base_policy_worker.py). One latency per buffer (bucket)."""
-    if ps.shared_nodes:
-        return sync_link(hw_train, hw_roll, True, cal)
-    scale = cal["comm_efficiency_scale"]
-    nic = min(
-        node_nic_bandwidth(hw_train, ps.train.gpus_per_node), node_nic_bandwidth(hw_roll, ps.rollout.gpus_per_node)
-    )
-    nvlink = min(hw_train.intra_node_bandwidth_bytes_per_s, hw_roll.intra_node_bandwidth_bytes_per_s)
-    lat = max(hw_train.efficiency.inter_node_latency_s, hw_roll.efficiency.inter_node_latency_s)
-    ce = min(hw_train.efficiency.comm_efficiency, hw_roll.efficiency.comm_efficiency) * scale
-    return min(nic, nvlink) * ce, lat / scale
-
-
-def double_buffered(produce: float, wire: float, consume: float, buckets: float) -> tuple[float, float]:
-    """(seconds, hidden seconds) of a bucketed stream with two buffers: while bucket i is on the wire the
-    producer fills bucket i+1 and the consumer loads bucket i-1, so the stream takes its slowest stage plus the
-    other stages of one bucket (the fill and the drain); ``hidden`` is what the overlap saves against running
-    the three in sequence."""
-    parts = (produce, wire, consume)
-    n = max(1.0, buckets)
-    slow = max(parts)
-    t = slow + (sum(parts) - slow) / n
-    return t, sum(parts) - t
-
-
-def cross_pool_sync(
-    m: ModelSpec,
-    hw_train: HardwareSpec,
-    hw_roll: HardwareSpec,
-    ps: Pools,
-    s: Strategy,
-    cal: dict[str, float],
-) -> dict[str, float]:
-    """Seconds of one cross-pool weight sync by bucketed broadcast, by part: ``export_s`` (the training side's
-    PP/TP/EP gathers into HF tensors, :func:`hf_export_s`, and the onload of offloaded parameters),
-    ``transfer_s`` (the whole bf16 model to every rollout GPU: a pipelined NCCL broadcast costs the bytes over
-    :func:`broadcast_link`'s bandwidth, a node's NICs together bounded by NVLink, plus a latency per bucket),
-    ``copy_s`` (each vLLM worker loads its rollout-TP slice), ``overhead_s`` (the stack's cost per HF tensor on
-    the producing side and per bucket on the consuming side), ``overlap_s`` (what the double buffering hides)
-    and ``sync_s``.
-
-    Both engines this prices keep two buffers: verl 0.9.1's NCCL checkpoint engine fills one bucket while the
-    other is broadcast and yields the last bucket's tensors while receiving the next
-    (``NCCLCheckpointEngine.send_weights`` / ``_receive_weight_chunks``); NeMo-RL's packed collective update packs
-    the next bucket on a second stream while the last is broadcast, and unpacks and loads on a second stream
-    while receiving (``packed_broadcast_producer`` / ``packed_broadcast_consumer``, nemo_rl/utils/packed_tensor.py;
-    NeMo-RL pull request #1379 measured DeepSeek-V3 at 34 s before this overlap and 14 s after). So the stream is
-    priced as its slowest stage, producing (export and per-tensor costs), the wire, or consuming (copies and
-    per-bucket costs), plus one bucket of the other two (:func:`double_buffered`); the onload of offloaded
-    parameters precedes it and the calibration's fixed cost follows."""
-    c = model_consts(m)
-    nbytes = c["total_params"] * PARAM_BYTES
-    ws = weight_sync_s(m, hw_train, ps.train, train_strategy(s), cal)
-    bw, lat = broadcast_link(hw_train, hw_roll, ps, cal)
-    buckets = math.ceil(nbytes / s.rollout.sync_bucket_bytes)
-    transfer = nbytes / bw + buckets * lat
-    e = hw_roll.efficiency
-    copy = nbytes / s.rollout.rollout_tp / (hw_roll.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
-    per_tensor = c["hf_tensors"] * export_tensor_overhead_s(hw_train, s)
-    per_bucket = buckets * e.sync_bucket_overhead_s
-    gathers = ws["gather_s"]  # hf_export_s, as weight_sync_s prices the export
-    stream, hidden = double_buffered(gathers + per_tensor, transfer, copy + per_bucket, buckets)
-    total = ws["onload_s"] + stream + cal["weight_sync_overhead_s"]
-    return {
-        "export_s": gathers + ws["onload_s"],
-        "transfer_s": transfer,
-        "copy_s": copy,
-        "overhead_s": per_tensor + per_bucket,
-        "overlap_s": hidden,
-        "sync_s": total,
-        "bytes_per_rollout_gpu": float(nbytes),
-        "link_bytes_per_s": bw,
-        "buckets": float(buckets),
-    }
-
-
-REFIT_TRANSPORTS = ("broadcast", "nccl_reshard", "per_tensor")
-"""How the cross-pool weight sync moves the weights: ``broadcast`` (every full tensor to every rollout GPU in
-buckets: verl's checkpoint engine, NeMo-RL's default collective transport; :func:`cross_pool_sync`),
-``nccl_reshard`` (NeMo-RL's ``policy.generation.refit_transport=nccl_reshard``: each destination shard moved
-once; :func:`reshard_sync`) or ``per_tensor`` (verl's separate-pool sync without the checkpoint engine, as its
-fully-async recipe ran it before the engine: one broadcast and one vLLM ``load_weights`` per HF tensor;
-:func:`per_tensor_sync`). grpo-tune emits none of these choices (its verl launches keep verl 0.9.1's checkpoint
-engine, which the broadcast prices); ``validate --grpo`` prices the published runs that used each."""
-
-
-def vllm_param_count(m: ModelSpec) -> int:
-    """Parameters vLLM's model holds, which its ``load_weights`` rebuilds into a dict on every call: the HF
-    tensors, with each MoE layer's routed experts as vLLM's two fused tensors (``w13_weight``, ``w2_weight``).
-    vLLM also fuses q/k/v and gate/up, which this count keeps apart (it is high by up to a third; the fitted
-    per-parameter cost absorbs a constant factor)."""
-    from .timing_base import hf_tensor_count
-
-    fused = (3 * m.experts - 2) * m.moe_layers if m.is_moe else 0
-    return hf_tensor_count(m) - fused
-
-
-def per_tensor_sync(
-    m: ModelSpec,
-    hw_train: HardwareSpec,
-    hw_roll: HardwareSpec,
-    ps: Pools,
-    s: Strategy,
-    cal: dict[str, float],
-) -> dict[str, float]:
-    """Seconds of one cross-pool weight sync tensor by tensor (the ``per_tensor`` refit transport), in the keys
-    of :func:`cross_pool_sync`. verl's fully-async recipe without its checkpoint engine (``sync_rollout_weights``,
-    recipe/fully_async_policy/megatron_worker.py, verl 2025-12) walks the HF tensors in order: the bridge exports
-    one (the TP/PP/EP gathers), every actor and rollout rank allocates it, actor rank 0 fills it, one NCCL
-    broadcast over the group of every actor and rollout rank sends it, and each rollout rank passes it alone to
-    vLLM's ``load_weights`` (which rebuilds its parameter dict and expert mapping on every call), before the next
-    tensor starts: nothing overlaps and nothing is packed.
-
-    - ``export_s``: the gathers and the onload of offloaded parameters, as :func:`cross_pool_sync`;
-    - ``transfer_s``: the whole bf16 model over :func:`broadcast_link`'s bandwidth, plus one broadcast latency
-      per HF tensor (there are no buckets);
-    - ``copy_s``: each vLLM worker copies its rollout-TP slice;
-    - ``overhead_s``: per HF tensor, the stack's per-tensor cost (``sync_tensor_overhead_s``, as in the bucketed
-      path) and one ``load_weights`` call, which walks every vLLM parameter (:func:`vllm_param_count`) at the
-      stack's ``load_weights_scan_s``."""
-    c = model_consts(m)
-    nbytes = c["total_params"] * PARAM_BYTES
-    tensors = c["hf_tensors"]
-    ws = weight_sync_s(m, hw_train, ps.train, train_strategy(s), cal)
-    bw, lat = broadcast_link(hw_train, hw_roll, ps, cal)
-    transfer = nbytes / bw + tensors * lat
-    e = hw_roll.efficiency
-    copy = nbytes / s.rollout.rollout_tp / (hw_roll.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
-    overhead = tensors * (export_tensor_overhead_s(hw_train, s) + vllm_param_count(m) * e.load_weights_scan_s)
-    export = ws["gather_s"] + ws["onload_s"]  # hf_export_s, as weight_sync_s prices the export
-    total = export + transfer + copy + overhead + cal["weight_sync_overhead_s"]
-    return {
-        "export_s": export,
-        "transfer_s": transfer,
-        "copy_s": copy,
-        "overhead_s": overhead,
-        "sync_s": total,
-        "bytes_per_rollout_gpu": float(nbytes),
-        "link_bytes_per_s": bw,
-        "buckets": 0.0,
-    }
-
-
-def reshard_bulk_params(m: ModelSpec) -> float:
-    """Parameters NeMo-RL's NCCL reshard moves shard to shard (its bulk path, ``is_nccl_reshard_param`` in
-    nemo_rl/weight_sync/nccl_reshard_utils.py): the FFN projections (gate, up, down) of the dense MLP layers
-    and of every routed expert. Shared experts, attention, norms, router, embeddings and the LM head are the
-    rest (its misc path)."""
-    h = m.hidden
-    dense_layers = m.layers - m.moe_layers
-    dense = dense_layers * (3 if m.gated_mlp else 2) * h * m.ffn_hidden
-    routed = m.moe_layers * m.experts * 3 * h * m.expert_ffn_hidden if m.is_moe else 0
-    return float(dense + routed)
-
-
-def reshard_entries(m: ModelSpec) -> tuple[int, int]:
-    """(bulk entries, misc tensors) one NCCL-reshard refit walks: a bulk entry per FFN projection of each
-    layer (a MoE layer's experts grouped into one ``[experts, ...]`` entry per projection, as
-    ``build_nccl_reshard_refit_info`` groups them), and every other HF tensor one by one."""
-    from .timing_base import hf_tensor_count
-
-    per = 3 if m.gated_mlp else 2
-    dense_layers = m.layers - m.moe_layers
-    bulk = dense_layers * per + m.moe_layers * 3
-    misc = hf_tensor_count(m) - dense_layers * per - m.moe_layers * 3 * m.experts
-    return bulk, misc
-
-
-def reshard_sync(
-    m: ModelSpec,
-    hw_train: HardwareSpec,
-    hw_roll: HardwareSpec,
-    ps: Pools,
-    s: Strategy,
-    cal: dict[str, float],
-) -> dict[str, float]:
-    """Seconds of one cross-pool weight sync by NCCL reshard (NeMo-RL's ``nccl_reshard`` refit transport),
-    by part, in the keys of :func:`cross_pool_sync`:
-
-    - ``transfer_s``: the bulk (:func:`reshard_bulk_params`) moves shard to shard: each rollout GPU receives
-      exactly its rollout-TP shard once and each training GPU sends its share of the bulk once (the shards
-      striped over the training replicas), over the pools' link (:func:`sync_link`), whichever is larger,
-      plus a latency per bulk entry; the rest (misc) is broadcast whole to every rollout GPU in buckets of
-      ``sync_bucket_mb`` at :func:`broadcast_link`'s bandwidth, as the broadcast transport moves everything;
-    - ``export_s``: only the misc tensors are gathered across the training TP group (the bulk leaves as
-      each rank holds it), and the onload of offloaded parameters;
-    - ``copy_s``: each rollout GPU copies what it received into its fused parameters;
-    - ``overhead_s``: the stack's cost per bulk entry (``reshard_entry_overhead_s``: one xferdtensor call with its
-      receive-buffer and fused-copy hooks), per misc tensor (``sync_tensor_overhead_s``, as every tensor of the
-      packed broadcast) and per misc bucket (:func:`reshard_entries` counts them);
-    - ``overlap_s``: the misc tensors travel by NeMo-RL's double-buffered packed broadcast, priced as
-      :func:`cross_pool_sync` prices it (:func:`double_buffered`); the bulk runs entry by entry, in sequence."""
-    c = model_consts(m)
-    total = c["total_params"] * PARAM_BYTES
-    bulk = min(reshard_bulk_params(m) * PARAM_BYTES, total)
-    misc = total - bulk
-    lay = s.layout
-    rtp = s.rollout.rollout_tp
-    bw, lat = sync_link(hw_train, hw_roll, ps.shared_nodes, cal)
-    bw_b, lat_b = broadcast_link(hw_train, hw_roll, ps, cal)
-    entries, misc_tensors = reshard_entries(m)
-    dst = bulk / rtp
-    src = bulk / ps.train.gpus
-    buckets = math.ceil(misc / s.rollout.sync_bucket_bytes) if misc > 0 else 0
-    transfer = max(dst, src) / bw + entries * lat + misc / bw_b + buckets * lat_b
-    gather = 0.0
-    if lay.tp > 1:
-        gather = comm.all_gather_s(misc / lay.pp, lay.tp, *comm.link(hw_train, lay.tp, ps.train.gpus_per_node, cal))
-    ws = weight_sync_s(m, hw_train, ps.train, train_strategy(s), cal)
-    e = hw_roll.efficiency
-    copy = (dst + misc / rtp) / (hw_roll.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
-    per_entry = entries * e.reshard_entry_overhead_s
-    per_misc = misc_tensors * e.sync_tensor_overhead_s
-    per_bucket = buckets * e.sync_bucket_overhead_s
-    bulk_s = max(dst, src) / bw + entries * lat + dst / (hw_roll.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
-    misc_copy = misc / rtp / (hw_roll.hbm_bandwidth_bytes_per_s * e.hbm_efficiency)
-    misc_s, hidden = double_buffered(gather + per_misc, misc / bw_b + buckets * lat_b, misc_copy + per_bucket, buckets)
-    export = gather + ws["onload_s"]
-    total_s = ws["onload_s"] + bulk_s + per_entry + misc_s + cal["weight_sync_overhead_s"]
-    return {
-        "export_s": export,
-        "transfer_s": transfer,
-        "copy_s": copy,
-        "overhead_s": per_entry + per_misc + per_bucket,
-        "overlap_s": hidden,
-        "sync_s": total_s,
-        "bytes_per_rollout_gpu": float(dst + misc),
-        "link_bytes_per_s": bw,
-        "buckets": float(buckets),
-        "bulk_fraction": bulk / total if total > 0 else 0.0,
-    }
 
 
 def compose_step(
@@ -1046,28 +696,13 @@ __all__ = [
     "AsyncKnobs",
     "CONCURRENCY_BOUNDS",
     "first_fetch_wait",
-    "MODES",
-    "Placement",
-    "REFIT_TRANSPORTS",
-    "Pools",
     "check_fields",
     "colocated_figures",
     "compose_step",
-    "cross_pool_sync",
     "estimate_separate",
     "generation",
-    "pools",
-    "reshard_bulk_params",
-    "reshard_entries",
-    "reshard_sync",
-    "per_tensor_sync",
-    "vllm_param_count",
     "rollout_memory",
     "kv_fraction_needed",
-    "split_candidates",
-    "sync_link",
-    "broadcast_link",
-    "node_nic_bandwidth",
     "TRAIN_PHASES",
     "train_pool",
 ]

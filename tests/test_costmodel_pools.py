@@ -1,4 +1,4 @@
-"""Separate rollout and training pools (costmodel/placement.py, autotune/search/placement.py): trends
+"""Separate rollout and training pools (costmodel/pools.py, autotune/search/placement.py): trends
 against hand-computed values, the pools' memory, the cross-pool sync, and the split the search finds."""
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from grpo_tune.core.placement import Placement
 from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Strategy, Workload
 from grpo_tune.costmodel import memory
-from grpo_tune.costmodel import placement as P
+from grpo_tune.costmodel import pools as P
+from grpo_tune.core import placement as CP
+from grpo_tune.costmodel import weight_sync as WS
 from grpo_tune.costmodel.estimate import estimate
 from grpo_tune.costmodel.timing_base import PARAM_BYTES, check_calibration, model_consts
 
@@ -50,9 +52,9 @@ def test_staleness_zero_is_the_sum_of_the_phases_plus_the_sync():
     f = e.placement
     # the parts, priced on their own pools
     train = P.train_pool(model=m, hardware=H100, cluster=Cluster(gpus=8), strategy=s, workload=wl)
-    roll = P.generation(m, H100, Cluster(gpus=8), P.rollout_strategy(s), wl, CAL, partial=False)
-    ps = P.pools(cl, 8)
-    sync = P.cross_pool_sync(m, H100, H100, ps, s, CAL)
+    roll = P.generation(m, H100, Cluster(gpus=8), CP.rollout_strategy(s), wl, CAL, partial=False)
+    ps = CP.pools(cl, 8)
+    sync = WS.cross_pool_sync(m, H100, H100, ps, s, CAL)
     assert f["train_s"] == pytest.approx(train.step_s)
     assert f["gen_s"] == pytest.approx(roll["gen_s"])
     assert f["sync_s"] == pytest.approx(sync["sync_s"])
@@ -111,8 +113,8 @@ def test_real_split_curve_falls_while_generation_dominates_then_rises():
 def test_cross_pool_sync_grows_with_bytes_over_the_link():
     m = load_model("qwen2.5-7b")
     s = Strategy.of(tp=1, rollout_tp=1)
-    ps = P.pools(Cluster(gpus=16), 8)  # whole nodes: the NICs, bounded by NVLink
-    a = P.cross_pool_sync(m, H100, H100, ps, s, CAL)
+    ps = CP.pools(Cluster(gpus=16), 8)  # whole nodes: the NICs, bounded by NVLink
+    a = WS.cross_pool_sync(m, H100, H100, ps, s, CAL)
     nbytes = model_consts(m)["total_params"] * PARAM_BYTES
     # eight 400 Gb/s NICs per DGX H100 node: 8 x 50 GB/s = 400 GB/s, under NVLink's 450 GB/s
     bw = 8 * H100.inter_node_bandwidth_bytes_per_s * H100.efficiency.comm_efficiency
@@ -120,16 +122,16 @@ def test_cross_pool_sync_grows_with_bytes_over_the_link():
     assert a["bytes_per_rollout_gpu"] == pytest.approx(nbytes)
     assert a["link_bytes_per_s"] == pytest.approx(400e9 * 0.8)
     assert a["transfer_s"] == pytest.approx(nbytes / bw + a["buckets"] * lat)
-    big = P.cross_pool_sync(load_model("qwen2.5-14b"), H100, H100, ps, s, CAL)
+    big = WS.cross_pool_sync(load_model("qwen2.5-14b"), H100, H100, ps, s, CAL)
     ratio = model_consts(load_model("qwen2.5-14b"))["total_params"] / model_consts(m)["total_params"]
     assert big["transfer_s"] - big["buckets"] * lat == pytest.approx((a["transfer_s"] - a["buckets"] * lat) * ratio)
     # pools sharing nodes broadcast over NVLink
-    shared = P.cross_pool_sync(m, H100, H100, P.pools(Cluster(gpus=16), 4), s, CAL)
+    shared = WS.cross_pool_sync(m, H100, H100, CP.pools(Cluster(gpus=16), 4), s, CAL)
     assert shared["link_bytes_per_s"] == pytest.approx(H100.intra_node_bandwidth_bytes_per_s * 0.8)
     assert shared["transfer_s"] < a["transfer_s"]
     # a rollout pool whose nodes carry fewer NICs is bound by them: four 200 Gb/s NICs = 100 GB/s a node
     slow = dataclasses.replace(load_hardware("h20"), inter_node_bandwidth_bytes_per_s=4 * 25e9 / 8)
-    het = P.cross_pool_sync(m, H100, slow, ps, s, CAL)
+    het = WS.cross_pool_sync(m, H100, slow, ps, s, CAL)
     assert het["link_bytes_per_s"] == pytest.approx(100e9 * 0.8)
 
 
@@ -141,13 +143,13 @@ def test_cross_pool_broadcast_halves_as_the_nodes_nics_double_until_nvlink_binds
     hw0 = load_hardware(hw_name)
     m = load_model("qwen2.5-7b")
     s = Strategy.of(tp=1, rollout_tp=1)
-    ps = P.pools(Cluster(gpus=16, gpus_per_node=8), 8)
+    ps = CP.pools(Cluster(gpus=16, gpus_per_node=8), 8)
     nbytes = model_consts(m)["total_params"] * PARAM_BYTES
     lat = hw0.efficiency.inter_node_latency_s
 
     def wire(nics: int) -> float:
         hw = dataclasses.replace(hw0, inter_node_bandwidth_bytes_per_s=nics * 50e9 / 8)  # per GPU, 8 GPUs a node
-        got = P.cross_pool_sync(m, hw, hw, ps, s, CAL)
+        got = WS.cross_pool_sync(m, hw, hw, ps, s, CAL)
         return got["transfer_s"] - got["buckets"] * lat
 
     assert hw0.intra_node_bandwidth_bytes_per_s == 450e9
@@ -165,15 +167,15 @@ def test_reshard_bulk_stays_point_to_point_and_its_misc_is_broadcast_over_the_no
     wire times here (neither reaches NVLink's 450 GB/s), and the bulk's per-GPU rate is 1/8 of the misc's."""
     m = load_model("qwen3-30b-a3b")
     s = Strategy.of(tp=1, pp=2, ep=8, etp=1, rollout_tp=8, sync_bucket_mb=1631)
-    ps = P.pools(Cluster(gpus=32, gpus_per_node=8), 16)
-    assert P.sync_link(H100, H100, False, CAL)[0] == pytest.approx(50e9 * 0.8)
-    assert P.broadcast_link(H100, H100, ps, CAL)[0] == pytest.approx(400e9 * 0.8)
+    ps = CP.pools(Cluster(gpus=32, gpus_per_node=8), 16)
+    assert WS.sync_link(H100, H100, False, CAL)[0] == pytest.approx(50e9 * 0.8)
+    assert WS.broadcast_link(H100, H100, ps, CAL)[0] == pytest.approx(400e9 * 0.8)
     half = dataclasses.replace(H100, inter_node_bandwidth_bytes_per_s=25e9)
-    assert P.broadcast_link(half, half, ps, CAL)[0] == pytest.approx(200e9 * 0.8)
+    assert WS.broadcast_link(half, half, ps, CAL)[0] == pytest.approx(200e9 * 0.8)
     lat = H100.efficiency.inter_node_latency_s
-    a = P.reshard_sync(m, H100, H100, ps, s, CAL)
-    b = P.reshard_sync(m, half, half, ps, s, CAL)
-    entries, _ = P.reshard_entries(m)
+    a = WS.reshard_sync(m, H100, H100, ps, s, CAL)
+    b = WS.reshard_sync(m, half, half, ps, s, CAL)
+    entries, _ = WS.reshard_entries(m)
     fixed = (entries + a["buckets"]) * lat
     assert b["transfer_s"] - fixed == pytest.approx(2 * (a["transfer_s"] - fixed), rel=1e-9)
 
@@ -219,17 +221,17 @@ def test_a_rollout_pool_without_training_state_has_more_kv_cache():
 
 
 def test_pool_shapes_follow_verl():
-    one = P.pools(Cluster(gpus=8), 3)
+    one = CP.pools(Cluster(gpus=8), 3)
     assert (one.rollout.gpus, one.train.gpus, one.shared_nodes) == (3, 5, True)
-    whole = P.pools(Cluster(gpus=32), 8)
+    whole = CP.pools(Cluster(gpus=32), 8)
     assert (whole.rollout.gpus, whole.train.gpus, whole.shared_nodes) == (8, 24, False)
-    per = P.pools(Cluster(gpus=32), 8 * 0 + 4)  # one GPU on each of the 4 nodes
+    per = CP.pools(Cluster(gpus=32), 8 * 0 + 4)  # one GPU on each of the 4 nodes
     assert (per.rollout.gpus_per_node, per.train.gpus_per_node, per.shared_nodes) == (1, 7, True)
     with pytest.raises(InvalidDegreesError):
-        P.pools(Cluster(gpus=32), 3)
+        CP.pools(Cluster(gpus=32), 3)
     with pytest.raises(InvalidDegreesError):
-        P.pools(Cluster(gpus=8), 8)
-    assert P.split_candidates(Cluster(gpus=16)) == [2, 4, 6, 8, 10, 12, 14]
+        CP.pools(Cluster(gpus=8), 8)
+    assert CP.split_candidates(Cluster(gpus=16)) == [2, 4, 6, 8, 10, 12, 14]
 
 
 def test_placement_rules():
@@ -253,7 +255,7 @@ def test_placement_rules():
 def test_partial_rollout_prices_decode_at_sustained_concurrency():
     # one batch ahead, every slot refilled: N x mean / C x t(C) at C = min(max_num_seqs, KV, 2N), no drain
     m, wl = load_model("qwen2.5-1.5b"), Workload(prompts=256, mini_batch=64, response_len=8192, response_len_mean=2048)
-    s = P.rollout_strategy(Strategy.of(rollout_tp=1, gpu_memory_utilization=0.9))
+    s = CP.rollout_strategy(Strategy.of(rollout_tp=1, gpu_memory_utilization=0.9))
     full = P.generation(m, H100, Cluster(gpus=8), s, wl, CAL, partial=False)
     part = P.generation(m, H100, Cluster(gpus=8), s, wl, CAL, partial=True)
     assert part["decode_s"] < full["decode_s"]  # the tail is carried over
@@ -278,7 +280,7 @@ def _server(k: float, *, partial: bool = True, seqs: int = 256, gmu: float = 0.9
     """Qwen2.5-1.5B on one H100 replica, 32 prompts x 4 (128 sequences per step), mean response 512 of 2,048."""
     m = load_model("qwen2.5-1.5b")
     wl = Workload(prompts=32, n=4, mini_batch=8, response_len=2048, response_len_mean=512)
-    s = P.rollout_strategy(Strategy.of(rollout_tp=1, gpu_memory_utilization=gmu, max_num_seqs=seqs))
+    s = CP.rollout_strategy(Strategy.of(rollout_tp=1, gpu_memory_utilization=gmu, max_num_seqs=seqs))
     kn = P.AsyncKnobs(ahead=k, no_drain=partial, **kw)
     return P.generation(m, H100, Cluster(gpus=1), s, wl, CAL, partial=partial, knobs=kn), m, wl, s
 
@@ -374,7 +376,7 @@ def test_a_rollout_pool_with_no_kv_cache_is_infeasible_and_says_what_fraction_wo
     m = load_model("qwen3-235b-a22b")
     wl = Workload(prompts=1024, n=5, mini_batch=256)
     s = Strategy.of(tp=1, pp=8, vpp=2, ep=8, rollout_tp=8, gpu_memory_utilization=0.6, recompute="full")
-    rs = P.rollout_strategy(s)
+    rs = CP.rollout_strategy(s)
     assert memory.kv_cache_capacity(m, H100, rs, wl).tokens == 0
     pm, viol = P.rollout_memory(m, H100, Cluster(gpus=128), rs, wl)
     kv = [v for v in viol if "KV cache" in v.message]
@@ -382,7 +384,7 @@ def test_a_rollout_pool_with_no_kv_cache_is_infeasible_and_says_what_fraction_wo
     need = P.kv_fraction_needed(m, H100, rs, wl)
     assert 0.6 < need < 0.9 and f"gpu_memory_utilization >= {need:.2f}" in kv[0].message
     # the fraction it names does hold one sequence, and a hair less does not
-    ok = P.rollout_strategy(s.replace(gpu_memory_utilization=math.ceil(need * 100) / 100))
+    ok = CP.rollout_strategy(s.replace(gpu_memory_utilization=math.ceil(need * 100) / 100))
     assert memory.kv_cache_capacity(m, H100, ok, wl).sequences >= 1
     assert not [v for v in P.rollout_memory(m, H100, Cluster(gpus=128), ok, wl)[1] if "KV cache" in v.message]
     # the search never proposes it: pinned at TP8 and 0.6 the pool has no engine; free, it takes a larger fraction
@@ -450,8 +452,8 @@ def _every_split_in_full(m, hw, cl, wl, K):
     from grpo_tune.autotune.search import placement as SP
 
     best = None
-    for r in P.split_candidates(cl):
-        ps = P.pools(cl, r)
+    for r in CP.split_candidates(cl):
+        ps = CP.pools(cl, r)
         g = SP.best_rollout(m, hw, ps.rollout, wl, {}, CAL, False)
         try:
             tr = search(m, hw, ps.train, wl, pins=SP._train_pins({}), _price=P.train_pool, top=3,
@@ -491,7 +493,7 @@ def test_every_separate_plan_keeps_its_tp_groups_on_one_node():
     res = search_placement(m, H100, cl, Workload(), placement="separate", staleness=1)
     assert {e.placement["rollout_gpus"] for e in res.separate} >= {4, 6}  # 6 + 10 is composed, but not with tp 2
     for e in res.separate:
-        pools = P.pools(cl, e.placement["rollout_gpus"])
+        pools = CP.pools(cl, e.placement["rollout_gpus"])
         tc = pools.train
         assert within_node(e.strategy.layout.tp, tc.gpus, tc.gpus_per_node), (e.placement, e.strategy.layout)
         assert within_node(e.strategy.rollout.rollout_tp, pools.rollout.gpus, pools.rollout.gpus_per_node)
@@ -651,7 +653,7 @@ def test_the_cpu_profile_prices_and_proposes_separate_pools():
     s = Strategy.of(mbs=8, recompute="none", rollout_tp=1)
     e = P.estimate_separate(model=m, hardware=cpu, cluster=cl, strategy=s, workload=wl, placement=sep(2, 1))
     assert e.fits, [v.message for v in e.violations]
-    roll = P.pools(cl, 2).rollout
+    roll = CP.pools(cl, 2).rollout
     rs = P.native_strategy(m, s, roll)
     assert (rs.layout.tp, rs.layout.dp) == (1, 2)  # the rollout pool's own layout, not the training pool's
     want = native_rollout_s(m, cpu, roll, rs, wl, CAL)["decode_s"] + CAL["rollout_overhead_s"]
@@ -661,7 +663,7 @@ def test_the_cpu_profile_prices_and_proposes_separate_pools():
     assert "grads" not in rm.parts and "optimizer" not in rm.parts
     res = search_placement(m, cpu, cl, wl, placement="auto", staleness=1)
     b = res.best_separate
-    assert b is not None and b.fits and b.placement["rollout_gpus"] in P.split_candidates(cl)
+    assert b is not None and b.fits and b.placement["rollout_gpus"] in CP.split_candidates(cl)
 
 
 def test_split_curves_merge_staleness_values_that_change_nothing():
