@@ -43,7 +43,8 @@ def test_every_later_value_says_where_it_comes_from():
     v03 = set(load_stack("nemo-rl-v0.3").params)
     for name in ("nemo-rl-0.7.0", "nemo-rl-main-2026-08"):
         text = (STACKS_DIR / f"{name}.toml").read_text()
-        params = text.split("[params]", 1)[1].strip().splitlines()
+        tables = text.split("[params]", 1)[1].split("\n[")  # [params], then the [engine] table
+        params = [ln for t in tables for ln in t.strip().splitlines()[(0 if t is tables[0] else 1) :]]
         assert params and all("#" in line for line in params if line.strip()), name
         assert v03 <= set(load_stack(name).params), name
 
