@@ -700,9 +700,9 @@ def test_read_plan_takes_one_request():
     assert not wide, wide
 
 
-POOLS_PENDING = {"grpo_tune/trainer/separate.py"}
-"""Modules defining a second ``Pools`` (may only shrink): trainer/separate.py's is one process's place in a
-separate-pool job (its role and ranks), not the cluster split; left for issue 40, which owns the file."""
+POOLS_PENDING: set[str] = set()
+"""Modules defining a second ``Pools`` (may only shrink; now none: trainer/separate.py's one process's place in a
+separate-pool job is ``PoolRank``)."""
 
 
 def test_one_placement_vocabulary():

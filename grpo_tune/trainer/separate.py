@@ -68,7 +68,7 @@ TIMEOUT_S = 600.0
 
 
 @dataclass
-class Pools:
+class PoolRank:
     """This process's place in a separate-pool job."""
 
     role: str
@@ -117,7 +117,7 @@ def _store(rank: int, world: int) -> Any:
     return dist.PrefixStore(_PREFIX, base)
 
 
-def init_pools(cfg) -> Pools:
+def init_pools(cfg) -> PoolRank:
     """Start this process's pool (the default process group) and, on its members, the bridge group."""
     from . import compat
 
@@ -148,7 +148,7 @@ def init_pools(cfg) -> Pools:
         brank = 0 if rank == 0 else pool_rank + 1
         bstore = dist.PrefixStore("bridge/", store)
         bridge = dist.ProcessGroupGloo(bstore, brank, r + 1, timeout)
-    return Pools(role, rank, pool_rank, t, r, store, bridge)
+    return PoolRank(role, rank, pool_rank, t, r, store, bridge)
 
 
 # -- weights -----------------------------------------------------------------------------------
@@ -172,7 +172,7 @@ def _broadcast(bridge, flat: torch.Tensor, bucket_bytes: int) -> int:
     return n
 
 
-def export_flat(actor, pools: Pools) -> torch.Tensor | None:
+def export_flat(actor, pools: PoolRank) -> torch.Tensor | None:
     """Every training rank exports (a collective in the pool); training rank 0 gets the HF tensors, flat."""
     named = dict(actor.named_parameters_for_export(torch.float32))
     if pools.bridge is None:
@@ -180,19 +180,19 @@ def export_flat(actor, pools: Pools) -> torch.Tensor | None:
     return torch.cat([named[n].detach().reshape(-1).to(torch.float32).cpu() for n, _ in _layout(actor.spec)])
 
 
-def send_flat(flat: torch.Tensor | None, pools: Pools, bucket_bytes: int) -> int:
+def send_flat(flat: torch.Tensor | None, pools: PoolRank, bucket_bytes: int) -> int:
     """Training rank 0 broadcasts one version's flat HF tensors to every rollout rank (others: nothing)."""
     if pools.bridge is None or flat is None:
         return 0
     return _broadcast(pools.bridge, flat, bucket_bytes)
 
 
-def send_weights(actor, pools: Pools, bucket_bytes: int) -> int:
+def send_weights(actor, pools: PoolRank, bucket_bytes: int) -> int:
     """Export the current weights and broadcast them (a collective in the training pool)."""
     return send_flat(export_flat(actor, pools), pools, bucket_bytes)
 
 
-def recv_weights(spec, pools: Pools, bucket_bytes: int) -> dict[str, torch.Tensor]:
+def recv_weights(spec, pools: PoolRank, bucket_bytes: int) -> dict[str, torch.Tensor]:
     """A rollout rank's copy of the broadcast HF tensors, by name."""
     lay = _layout(spec)
     total = sum(int(torch.Size(s).numel()) for _, s in lay)
@@ -231,7 +231,7 @@ def _get(store, step: int, unit: int | None = None) -> dict:
 class SeparateLoop(GRPOLoop):
     """The training pool's loop: samples come from the rollout pool's queue; weights go out every N updates."""
 
-    pools: Pools
+    pools: PoolRank
     total_steps: int
     staleness: int
     sync_interval: int
@@ -407,7 +407,7 @@ class SeparateLoop(GRPOLoop):
         self._kept = dict(st.get("synced_versions") or {})
 
 
-def train_pool(cfg, pools: Pools, *, resume: bool = True) -> list[dict]:
+def train_pool(cfg, pools: PoolRank, *, resume: bool = True) -> list[dict]:
     from grpo_tune.core.strategy import Cluster
 
     from . import parallel
@@ -456,7 +456,7 @@ def rollout_strategy(cfg):
     )
 
 
-def rollout_pool(cfg, pools: Pools, *, items=None, tokenizer=None) -> None:
+def rollout_pool(cfg, pools: PoolRank, *, items=None, tokenizer=None) -> None:
     """Generate every step's batch with the newest weights received, and queue it (rank 0 of the pool)."""
     from grpo_tune.core.strategy import Cluster
 
@@ -501,7 +501,7 @@ def rollout_pool(cfg, pools: Pools, *, items=None, tokenizer=None) -> None:
             vllm.close()  # vLLM's groups go before torch's (teardown)
 
 
-def _produce(cfg, pools: Pools, rcfg, lc, stream, tokenizer, eng, sampler, vllm, first: int) -> None:
+def _produce(cfg, pools: PoolRank, rcfg, lc, stream, tokenizer, eng, sampler, vllm, first: int) -> None:
     """The rollout pool's steps ``first..steps-1``: receive due weights, generate, queue."""
     K, steps = cfg.placement.staleness, cfg.trainer.steps
     bucket = cfg.strategy.rollout.sync_bucket_bytes
@@ -584,7 +584,7 @@ def wave_units(cfg, rollout_gpus: int, unit_rows: int, units: int) -> int:
     return max(1, min(units, r.max_num_seqs * replicas // unit_rows))
 
 
-def _sample(cfg, pools: Pools, lc, tokenizer, eng, sampler, vllm, prompts, params, temp, rows=None):
+def _sample(cfg, pools: PoolRank, lc, tokenizer, eng, sampler, vllm, prompts, params, temp, rows=None):
     """The rollout pool's responses to ``prompts`` (rows ``rows = (offset, total)`` of the step's batch, or the
     whole batch) and their behaviour log-probs on the ``build_batch`` grid (a collective in the pool)."""
     if eng is not None:
