@@ -31,7 +31,7 @@ from grpo_tune.core.strategy import Cluster, Strategy, Workload, divisors
 from grpo_tune.costmodel import placement as P
 from grpo_tune.costmodel.estimate import Estimate
 from grpo_tune.costmodel.params import total_params
-from grpo_tune.costmodel.streaming import StreamShape, cheaper_stream
+from grpo_tune.costmodel.streaming import TIE_REL, StreamShape, cheaper_stream
 from grpo_tune.costmodel.timing_base import check_calibration
 
 from .candidates import pinned, pinned_number
@@ -410,8 +410,8 @@ def _separate(
         if not recompute_logprobs:
             phases.pop("old_logprob", None)
         shape = P.stream_shape(m, hw_r, pool_of[r].rollout, rs, wl, cal, g, phases, t, pl, tr[0])
-        if stream is None and shape and P.compose_step(g, t, 0.0, 0, **shape)["step_s"] > g + t:
-            return {}  # auto: this split runs in sequence (its stream's PP bubbles cost more than it overlaps)
+        if stream is None and shape and P.compose_step(g, t, 0.0, 0, **shape)["step_s"] > (g + t) * (1 + TIE_REL):
+            return {}  # auto: in sequence (the stream's PP bubbles or a native pool's waves cost more than it overlaps)
         return shape
 
     splits = []
