@@ -28,8 +28,9 @@ from grpo_tune.core.specs import load_hardware, load_model
 from grpo_tune.core.strategy import Cluster, Workload
 
 STREAM = (
-    {"stream": True} if "stream" in inspect.signature(search_placement).parameters else {}
-)  # the CLI's default since issue 40 (staleness 0 streamed); absent on older trees, so one script times both
+    {"stream": None} if "stream" in inspect.signature(search_placement).parameters else {}
+)  # the CLI's default (neither --stream nor --no-stream: each staleness-0 split the cheaper of streamed and in
+# sequence; issue 40); absent on older trees, so one script times both
 CASES = [("7b", 8, "h100", 1.0), ("qwen3-30b-a3b", 64, "h100", None), ("deepseek-v3", 512, "h100", 15.0)]
 
 

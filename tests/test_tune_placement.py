@@ -128,7 +128,7 @@ def test_a_fractional_staleness_threshold_is_priced_as_the_fraction(tmp_path):
     from grpo_tune.autotune.search.placement import search_placement
     from grpo_tune.core.specs import load_hardware, load_model
     from grpo_tune.core.strategy import Cluster, Workload
-    from grpo_tune.costmodel.placement import AsyncKnobs, estimate_separate
+    from grpo_tune.costmodel.pools import AsyncKnobs, estimate_separate
     from grpo_tune.frameworks import read_plan
     from grpo_tune.rundir.emit import emit
 

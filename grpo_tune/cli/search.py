@@ -458,6 +458,11 @@ def pool_lines(s, splits: list[dict[str, float]]) -> list[str]:
         slower = "rollout" if f["gen_s"] >= f["train_s"] + f.get("first_wait_s", 0.0) else "training"
         slow_s = max(f["gen_s"], f["train_s"])
         setter = f"the {slower} pool ({slow_s:.1f} s) + the exposed sync ({f['exposed_sync_s']:.1f} s)"
+    elif f.get("stream_units"):
+        setter = (
+            f"generation ({f['gen_s']:.1f} s) streamed into training ({f['train_s']:.1f} s) over "
+            f"{f['stream_units']} mini-batches, then the sync ({f['sync_s']:.1f} s)"
+        )
     else:
         setter = f"generation + sync + training in turn ({f['gen_s']:.1f} + {f['sync_s']:.1f} + {f['train_s']:.1f} s)"
     here = int(f["rollout_gpus"])
@@ -565,8 +570,8 @@ def print_placements(res, console: Console) -> None:
             highlight=False,
         )
     best_sep = res.best_separate
-    if best_sep is not None and best_sep.placement.get("stream_units"):
-        console.print(streaming_why(best_sep, res.best_colocated), highlight=False)
+    if best_sep is not None and (best_sep.placement.get("stream_units") or best_sep.placement.get("streamed_step_s")):
+        console.print(streaming_why(best_sep, res.best_colocated, res.stream), highlight=False)
     elif res.separate and all(e.placement["staleness"] == 0 for e in res.separate):
         console.print(
             "staleness 0 (the default): the pools take turns, generation waiting for each update; --staleness 1 "
@@ -577,11 +582,31 @@ def print_placements(res, console: Console) -> None:
     console.print(f"winner: {winner} (separate-pool search {res.seconds:.2f} s)", highlight=False)
 
 
-def streaming_why(sep, colocated) -> str:
-    """Why a streamed separate plan wins or loses: its step against the same plan in sequence and the colocated."""
+def streaming_why(sep, colocated, ask: bool | None = True) -> str:
+    """Why a streamed separate plan wins or loses: its step against the same plan in sequence and the colocated.
+    ``ask``: the stream asked for (None: the search chose it; a plan that declined carries ``streamed_step_s``)."""
     f = sep.placement
     seq, step = float(f["unstreamed_step_s"]), sep.step_s
-    text = (
+    if not f.get("stream_units"):  # auto, and streaming this split costs more than running it in sequence
+        from grpo_tune.core.specs import load_hardware
+
+        more = float(f["streamed_step_s"]) - seq
+        cause = (
+            "the native sampler would decode the stream in waves of max_num_seqs per replica, slower than the batch "
+            "in one call,"
+            if load_hardware(f["rollout_hardware"]).native_rollout
+            else "each mini-batch's log-prob passes would fill and drain the PP pipeline again (PP bubbles),"
+        )
+        return (
+            f"not streamed: streaming this split would cost {more:.2f} s more per step ({f['streamed_step_s']:.1f} "
+            f"against {seq:.1f} s in sequence): {cause} and the overlap does not pay for it. --stream forces it."
+        )
+    why = ""
+    if ask is None:
+        why = f"streamed: saves {seq - step:.2f} s per step against the same plan in sequence ({seq:.1f} s). "
+    elif ask and step > seq:
+        why = f"streamed (--stream): costs {step - seq:.2f} s more than in sequence (PP bubbles). "
+    text = why + (
         f"staleness 0 (the default), streamed on-policy: the training pool takes each of {f['stream_units']} "
         f"mini-batches as its groups finish while the rollout pool generates the rest: {step:.1f} s per step "
         f"against {seq:.1f} s in sequence (gen {f['gen_s']:.1f} + train {f['train_s']:.1f} + "

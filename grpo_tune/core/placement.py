@@ -179,9 +179,10 @@ PLACEMENT_KNOBS: tuple[PlacementKnob, ...] = (
         "stream",
         "--stream/--no-stream",
         bool,
-        True,
+        None,
         "Separate pools at staleness 0: train each mini-batch of finished groups while the rest generate "
-        "(on-policy). Default on where every chosen framework runs it (verl's fully-async trainer; not NeMo-RL).",
+        "(on-policy). --stream forces it, --no-stream forbids it; unset: each plan takes the cheaper of streamed "
+        "and in sequence, where every chosen framework streams (verl's fully-async trainer; not NeMo-RL).",
         pool=False,
     ),
 )
@@ -198,7 +199,8 @@ class PlacementAsk:
     rollout_hardware: str | None = None
     staleness: int = 0
     partial_rollout: bool = False
-    stream: bool = True
+    stream: bool | None = None
+    """True: every staleness-0 split streams; False: none does; None: each takes the cheaper of the two."""
 
     def __post_init__(self) -> None:
         # every command that takes these options (estimate, search, compare, tune) refuses the same values
@@ -229,6 +231,11 @@ class PlacementAsk:
         """The user allows separate pools: a mode other than colocated, a rollout pool or a staleness bound
         (partial rollout alone allows nothing: it needs a staleness)."""
         return self.placement != "colocated" or bool(self.rollout_gpus or self.rollout_hardware or self.staleness)
+
+    def stream_for(self, can_stream: bool) -> bool | None:
+        """The stream asked for where the chosen frameworks ``can_stream`` (False where they cannot: a plan no
+        framework runs is never priced)."""
+        return self.stream if can_stream else False
 
     def rollout_profile(self) -> HardwareSpec | None:
         """The rollout pool's hardware profile, loaded, when ``--rollout-hardware`` named one (None: the

@@ -93,7 +93,8 @@ class StackSpec:
         if not isinstance(data, dict):
             raise ConfigError(f"{where} must be a table")
         data = dict(data)
-        known = {"name", "framework", "release", "source", "aliases", "provenance", "params", "engine", "engines", "notes"}
+        known = {"name", "framework", "release", "source", "aliases", "provenance", "params", "engine", "engines"}
+        known.add("notes")
         extra = sorted(set(data) - known)
         if extra:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(extra)}", hint="known: " + ", ".join(sorted(known)))

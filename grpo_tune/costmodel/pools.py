@@ -57,7 +57,7 @@ from grpo_tune.core.units import GiB
 from . import memory, streaming
 from .estimate import estimate
 from .results import Estimate, PhaseMemory, PhaseTimes, PoolFigures, SeparateFigures, Throughput, Violation
-from .rollout import DRAIN_POINTS, _DecodeStep, native_rollout_s, response_dist, rollout_s
+from .rollout import DRAIN_POINTS, _DecodeStep, native_rollout_s, native_strategy, response_dist, rollout_s
 from .timing_base import attention_fraction, check_calibration, forward_flops_per_token
 from .weight_sync import REFIT_TRANSPORTS, cross_pool_sync, per_tensor_sync, reshard_sync
 
@@ -83,24 +83,6 @@ def check_fields(p: Placement, where: str = "placement") -> None:
 # ---------------------------------------------------------------------------------------------
 # The parts
 # ---------------------------------------------------------------------------------------------
-
-
-def native_strategy(m: ModelSpec, s: Strategy, roll: Cluster) -> Strategy:
-    """The rollout pool's engine on a profile that samples with the trainer's own model (the ``cpu`` profile):
-    a forward-only megatron engine with ``tp = rollout_tp`` and data parallel over the rest of the pool, as
-    trainer/separate.py builds it."""
-    from grpo_tune.core.strategy import validate
-
-    rtp = s.rollout.rollout_tp
-    rs = Strategy.of(
-        tp=rtp,
-        dp=roll.gpus // rtp,
-        mbs=s.batching.log_prob_mbs_,
-        recompute="none",
-        rollout_tp=rtp,
-        sync_bucket_mb=s.rollout.sync_bucket_mb,
-    )
-    return validate(m, rs, roll.gpus, gpus_per_node=roll.gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -542,9 +524,10 @@ def estimate_separate(
     if not placement.recompute_logprobs:  # the rollout's log-probs are the old ones: no old log-prob pass
         t_train -= train_phases.pop(Phase.OLD_LOGPROB.value, 0.0)
     stream = stream_shape(m, hw_r, ps.rollout, roll_s, wl, cal, g["gen_s"], train_phases, t_train, placement, train)
-    comp = compose_step(g["gen_s"], t_train, sync["sync_s"], knobs.ahead, placement.sync_interval, wait, **stream)
+    gen_s = stream["arrivals"][-1] if stream else g["gen_s"]  # a native pool's waves can end later than one call
+    comp = compose_step(gen_s, t_train, sync["sync_s"], knobs.ahead, placement.sync_interval, wait, **stream)
     step = comp["step_s"]
-    phases = {Phase.ROLLOUT.value: g["gen_s"], Phase.WEIGHT_SYNC.value: sync["sync_s"], **train_phases}
+    phases = {Phase.ROLLOUT.value: gen_s, Phase.WEIGHT_SYNC.value: sync["sync_s"], **train_phases}
     seq = wl.mean_seq_len
     tokens = wl.sequences * seq
     passes = (2 if placement.recompute_logprobs else 1) + (1 if wl.kl else 0) + 3 * wl.ppo_epochs
@@ -575,7 +558,7 @@ def estimate_separate(
         "partial_rollout": partial,
         "sync_interval": placement.sync_interval,
         "recompute_logprobs": placement.recompute_logprobs,
-        "gen_s": g["gen_s"],
+        "gen_s": gen_s,
         "train_s": t_train,
         "sync_s": sync["sync_s"],
         "exposed_sync_s": comp["exposed_sync_s"],
@@ -602,6 +585,7 @@ def estimate_separate(
         "unstreamed_step_s": compose_step(
             g["gen_s"], t_train, sync["sync_s"], knobs.ahead, placement.sync_interval, wait
         )["step_s"],
+        "streamed_step_s": step if stream else 0.0,
     }
     details = dict(train.details)
     details.update(

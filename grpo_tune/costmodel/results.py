@@ -76,6 +76,9 @@ class SeparateFigures(PoolFigures):
     """Training-pool seconds the stream adds at PP > 1: each unit's log-prob passes fill and drain the pipeline."""
     unstreamed_step_s: float
     """The same plan's step run in sequence (equal to the step when it did not stream)."""
+    streamed_step_s: float
+    """The same plan's step streamed (equal to the step when it streamed; 0: not priced, as when the plan may not
+    stream; a plan that declined to stream because it costs more carries it: costmodel.streaming.cheaper_stream)."""
 
 
 @dataclass(frozen=True)

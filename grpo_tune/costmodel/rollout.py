@@ -224,6 +224,24 @@ def _rollout_s(
     }
 
 
+def native_strategy(m: ModelSpec, s: Strategy, roll: Cluster) -> Strategy:
+    """The rollout pool's engine on a profile that samples with the trainer's own model (the ``cpu`` profile):
+    a forward-only megatron engine with ``tp = rollout_tp`` and data parallel over the rest of the pool, as
+    trainer/separate.py builds it."""
+    from grpo_tune.core.strategy import validate
+
+    rtp = s.rollout.rollout_tp
+    rs = Strategy.of(
+        tp=rtp,
+        dp=roll.gpus // rtp,
+        mbs=s.batching.log_prob_mbs_,
+        recompute="none",
+        rollout_tp=rtp,
+        sync_bucket_mb=s.rollout.sync_bucket_mb,
+    )
+    return validate(m, rs, roll.gpus, gpus_per_node=roll.gpus_per_node)
+
+
 def native_rollout_s(
     m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, wl: Workload, cal: dict[str, float]
 ) -> dict[str, float]:

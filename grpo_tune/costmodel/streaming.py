@@ -23,7 +23,10 @@ step's fixed overhead). So the step ends at ``max_i(a_i + (units - i + 1) x t) +
 refill the freed slots, then a drain through the length distribution) into arrival times: during the steady
 phase units complete at an even rate; in the drain a prompt group completes when its longest response does, so
 the fraction of the in-flight groups done by response position ``j`` is ``(1 - S(j))^n``. A batch whose responses
-all have the maximum length and all run at once completes at one instant, and then nothing streams.
+all have the maximum length and all run at once completes at one instant, and then nothing streams. A native
+rollout pool (the CPU trainer's sampler, no continuous batching) streams in waves of its replicas' ``max_num_seqs``
+(:func:`native_wave_arrivals`): each wave's units arrive at its end, and the waves may take longer than the batch
+in one call.
 
 Pure float math, no torch; nothing here reads a profile.
 """
@@ -37,6 +40,8 @@ from typing import TYPE_CHECKING, TypedDict
 if TYPE_CHECKING:
     from grpo_tune.core.specs import HardwareSpec, ModelSpec
     from grpo_tune.core.strategy import Cluster, Strategy, Workload
+
+    from .estimate import Estimate
 
 
 class StreamShape(TypedDict, total=False):
@@ -62,6 +67,9 @@ __all__ = [
     "train_split",
     "pass_bubbles_s",
     "rollout_arrivals",
+    "cheaper_stream",
+    "native_waves",
+    "native_wave_arrivals",
 ]
 
 
@@ -188,6 +196,50 @@ def unit_arrivals(
     return [min(a, gen_s) for a in out]
 
 
+def native_waves(units: int, unit_rows: int, max_num_seqs: int, replicas: int) -> list[int]:
+    """Units per wave of a streaming native rollout pool (trainer/separate.py ``wave_units``): as many whole units
+    of ``unit_rows`` sequences as its ``replicas`` hold at once (``max_num_seqs`` each), at least one, the last
+    wave what is left. The native sampler has no continuous batching: a wave decodes to the maximum length and
+    the next starts after it."""
+    per = max(1, min(units, max_num_seqs * max(1, replicas) // max(1, unit_rows)))
+    return [min(per, units - lo) for lo in range(0, units, per)]
+
+
+def native_wave_arrivals(
+    m: ModelSpec,
+    hw: HardwareSpec,
+    cluster: Cluster,
+    s: Strategy,
+    wl: Workload,
+    cal: dict[str, float],
+    gen_s: float,
+    units: int,
+) -> list[float]:
+    """Arrivals of a streaming native rollout pool's units: the pool samples the step in waves
+    (:func:`native_waves`), each decoding ``response_len`` steps of its own rows (costmodel.rollout
+    ``native_rollout_s`` on the wave's prompts), and a wave's units arrive together at its end. One wave (the
+    batch fits the replicas' ``max_num_seqs``): every unit at ``gen_s``, the unstreamed call. Otherwise the
+    waves run one after the other after the unstreamed generation's fixed part (``gen_s`` less its decode), so
+    the last arrival (the streamed generation's end) is later than ``gen_s`` when small waves decode less
+    efficiently than the whole batch."""
+    import dataclasses
+
+    from .rollout import native_rollout_s, native_strategy
+
+    replicas = cluster.gpus // max(1, s.rollout.rollout_tp)
+    waves = native_waves(units, wl.mini_batch * wl.n, s.rollout.max_num_seqs, replicas)
+    if len(waves) <= 1:
+        return [gen_s] * units
+    ns = native_strategy(m, s, cluster)
+    whole = native_rollout_s(m, hw, cluster, ns, wl, cal)["decode_s"]
+    end, out = gen_s - whole, []
+    for size in waves:
+        part = dataclasses.replace(wl, prompts=size * wl.mini_batch)
+        end += native_rollout_s(m, hw, cluster, ns, part, cal)["decode_s"]
+        out += [end] * size
+    return out
+
+
 def sequential_step(gen_s: float, train_s: float) -> float:
     """The unstreamed step of two pools at staleness 0 (before the sync): generation, then training."""
     return gen_s + train_s
@@ -210,12 +262,14 @@ def rollout_arrivals(
 ) -> list[float]:
     """:func:`unit_arrivals` of a rollout pool's synchronous batch (costmodel.rollout's phases: prefill, the
     steady phase while queued sequences refill the slots, the drain to the batch's longest response). On a
-    profile that samples natively (the CPU trainer's forward-only engine) every response runs to the maximum,
-    so every unit arrives at the end."""
+    profile that samples natively (the CPU trainer's forward-only engine) every response runs to the maximum:
+    :func:`native_wave_arrivals`."""
     from .rollout import response_dist, rollout_s
 
-    if units <= 1 or hw.native_rollout:
+    if units <= 1:
         return [gen_s] * max(1, units)
+    if hw.native_rollout:
+        return native_wave_arrivals(m, hw, cluster, s, wl, cal, gen_s, units)
     rs = rollout_s(m, hw, cluster, s, wl, cal)
     replicas = max(1, cluster.gpus // s.rollout.rollout_tp)
     seqs = wl.prompts * wl.n / replicas
@@ -233,3 +287,27 @@ def rollout_arrivals(
         n=wl.n,
         units=units,
     )
+
+
+TIE_REL = 1e-9
+"""A stream within this fraction of the sequential step ties with it (at PP 1 with every unit arriving at the
+generation's end the two are equal but for rounding)."""
+
+
+def cheaper_stream(price: Callable[[bool], Estimate]) -> Estimate:
+    """The cheaper of a separate plan streamed and in sequence, where the user forced neither (``price(stream)``:
+    the plan's estimate with ``placement.stream`` set so). Streamed, a staleness-0 step costs at most the
+    sequential sum plus the stream's own pipeline bubbles (:func:`pass_bubbles_s`: at PP > 1 each unit's log-prob
+    passes fill and drain the pipeline), so at PP > 1 a stream that overlaps little can cost more than the same
+    plan in sequence; then the plan runs in sequence and carries the streamed step it declined
+    (``streamed_step_s``). Ties (within :data:`TIE_REL`) stream. A plan that does not stream when asked
+    (staleness > 0, one unit) is priced once."""
+    import dataclasses
+
+    on = price(True)
+    f = on.placement
+    if not f or not f.get("stream_units") or on.step_s is None or on.step_s <= f["unstreamed_step_s"] * (1 + TIE_REL):
+        return on
+    off = price(False)
+    assert off.placement is not None
+    return dataclasses.replace(off, placement={**off.placement, "streamed_step_s": on.step_s})

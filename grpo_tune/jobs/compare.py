@@ -62,8 +62,8 @@ def run_compare(req: CompareRequest) -> CompareOutcome:
 
     pins = F.check_pins(req.setup.frameworks, req.pins)
     place = req.place
-    if place is not None and place.stream and not F.can_stream(req.setup.frameworks):
-        place = dataclasses.replace(place, stream=False)  # issue 40: a stream no chosen framework runs
+    if place is not None:  # issue 40: a stream no chosen framework runs is never priced
+        place = dataclasses.replace(place, stream=place.stream_for(F.can_stream(req.setup.frameworks)))
     cal, cal_hw = None, None
     if req.setup.calibration is not None:
         cal = req.setup.load_calibration()

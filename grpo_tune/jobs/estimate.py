@@ -42,7 +42,7 @@ def run_estimate(req: EstimateRequest) -> Estimate:
     strategy = Strategy.from_dict(pins, where="options")
     cal = req.setup.load_calibration(hw.name)
     place = req.place
-    if place.stream and not F.can_stream(req.setup.frameworks):
+    if place.stream is not False and not F.can_stream(req.setup.frameworks):
         place = dataclasses.replace(place, stream=False)  # a plan no chosen framework runs is not priced
     if place.placement == "colocated" and not place.pool_options:
         return estimate(model=m, hardware=hw, cluster=cluster, strategy=strategy, workload=wl, calibration=cal)
@@ -90,7 +90,7 @@ def placement_of(place: PlacementAsk, gpus: int) -> Placement:
         rollout_hardware=place.rollout_hardware,
         staleness=place.staleness,
         partial_rollout=place.partial_rollout,
-        stream=place.stream and mode == "separate" and place.staleness == 0,
+        stream=place.stream is not False and mode == "separate" and place.staleness == 0,
     )
     check_fields(p, where="options")
     return p
@@ -98,16 +98,23 @@ def placement_of(place: PlacementAsk, gpus: int) -> Placement:
 
 def _estimate_separate(m, hw, cluster, strategy, wl, cal, place):
     from grpo_tune.costmodel.pools import estimate_separate
+    from grpo_tune.costmodel.streaming import cheaper_stream
 
     p = placement_of(place, cluster.gpus)
     hw_r = p.rollout_profile()
-    return estimate_separate(
-        model=m,
-        hardware=hw,
-        cluster=cluster,
-        strategy=strategy,
-        workload=wl,
-        placement=p,
-        rollout_hardware=hw_r,
-        calibration=cal,
-    )
+
+    def price(stream: bool) -> Estimate:
+        return estimate_separate(
+            model=m,
+            hardware=hw,
+            cluster=cluster,
+            strategy=strategy,
+            workload=wl,
+            placement=dataclasses.replace(p, stream=stream),
+            rollout_hardware=hw_r,
+            calibration=cal,
+        )
+
+    if place.stream is None and p.stream:  # neither --stream nor --no-stream: the cheaper of the two
+        return cheaper_stream(price)
+    return price(p.stream)

@@ -195,7 +195,7 @@ def _search_placement(out: SearchOutcome, pins: dict[str, Any], cal: dict[str, f
         rollout_gpus=place.rollout_gpus,
         rollout_hardware=hw_r,
         partial_rollout=place.partial_rollout,
-        stream=place.stream and F.can_stream(frameworks),
+        stream=place.stream_for(F.can_stream(frameworks)),
         pins=separate_pins(frameworks, pins),
         top=req.top,
         calibration=cal,

@@ -191,7 +191,7 @@ def run_tune(req: TuneRequest, *, read: Callable[[LaunchPlan], None] | None = No
             frameworks=(fw.name,),
             extra={tuned_name: (tuned, mode)},
         )
-    if place.stream and not fw.streams_within_step:  # issue 40: a stream the launch's framework cannot run
+    if place.stream is not False and not fw.streams_within_step:  # issue 40: a stream the launch's framework cannot run
         place = dataclasses.replace(place, stream=False)
     out.split = _propose_split(plan, res, place, req.pins, cal, req.min_headroom) if place.allows_split else None
     out.left = left_on_table(out, cal) if LOOK_FURTHER else None

@@ -18,6 +18,7 @@ smaller staleness wins (fresher samples at no cost).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from grpo_tune.costmodel import pools as P
 from grpo_tune.costmodel import weight_sync as WS
 from grpo_tune.costmodel.estimate import Estimate
 from grpo_tune.costmodel.params import total_params
-from grpo_tune.costmodel.streaming import StreamShape
+from grpo_tune.costmodel.streaming import TIE_REL, StreamShape, cheaper_stream
 from grpo_tune.costmodel.timing_base import check_calibration
 
 from .candidates import pinned, pinned_number
@@ -95,6 +96,8 @@ class PlacementResult:
     """Per split and staleness: the representative step (step 2 of the search), for the curve."""
     seconds: float = 0.0
     train_searches: int = 0
+    stream: bool | None = False
+    """The stream asked for: True forced, False off, None each staleness-0 split the cheaper of the two."""
 
     @property
     def best_separate(self) -> Estimate | None:
@@ -244,7 +247,7 @@ def search_placement(
     rollout_hardware: HardwareSpec | None = None,
     partial_rollout: bool | None = None,
     recompute_logprobs: bool = True,
-    stream: bool = False,
+    stream: bool | None = False,
     pins: Mapping[str, object] | None = None,
     top: int = 10,
     calibration: dict[str, float] | None = None,
@@ -255,7 +258,8 @@ def search_placement(
 ) -> PlacementResult:
     """The best plan of each placement asked for. ``colocated``: an already-run colocated SearchResult.
     ``recompute_logprobs``: the separate plans' (Placement.recompute_logprobs; not searched: it is the
-    algorithm's choice, as the staleness is)."""
+    algorithm's choice, as the staleness is). ``stream``: the staleness-0 splits stream (True), run in sequence
+    (False), or each takes the cheaper of the two (None; costmodel.streaming.cheaper_stream)."""
     from grpo_tune.autotune.search.driver import search
 
     t0 = time.perf_counter()
@@ -263,7 +267,7 @@ def search_placement(
     check_request(placement, staleness, rollout_gpus, partial_rollout, cluster, rollout_hardware)
     if workload.kind != "grpo" and placement != "colocated":
         raise ConfigError("separate pools are for GRPO (there is no rollout in pretraining)", hint="drop --placement")
-    res = PlacementResult(best=None)  # type: ignore[arg-type]
+    res = PlacementResult(best=None, stream=stream)  # type: ignore[arg-type]
     kw = _SearchKw(top=top, calibration=calibration, allow_cross_node_tp=allow_cross_node_tp, min_headroom=min_headroom)
     if placement in ("colocated", "auto"):
         res.colocated = colocated or search(model, hardware, cluster, workload, pins=pins, progress=progress, **kw)
@@ -409,7 +413,10 @@ def _separate(
         phases = dict(tr[0].time.phases)
         if not recompute_logprobs:
             phases.pop("old_logprob", None)
-        return P.stream_shape(m, hw_r, pool_of[r].rollout, rs, wl, cal, g, phases, t, pl, tr[0])
+        shape = P.stream_shape(m, hw_r, pool_of[r].rollout, rs, wl, cal, g, phases, t, pl, tr[0])
+        if stream is None and shape and P.compose_step(g, t, 0.0, 0, **shape)["step_s"] > (g + t) * (1 + TIE_REL):
+            return {}  # auto: in sequence (the stream's PP bubbles or a native pool's waves cost more than it overlaps)
+        return shape
 
     splits = []
     keep: set[int] = set()
@@ -421,7 +428,7 @@ def _separate(
             train_time,
             lambda r: sync0.get(r, 0.0),
             k,
-            stream=stream_kw if stream else None,
+            stream=stream_kw if stream is not False else None,
         )
         for step, r in order:
             splits.append({"rollout_gpus": r, "staleness": k, "step_s": step})
@@ -460,22 +467,26 @@ def _separate(
                 staleness=k,
                 partial_rollout=partial_for[k],
                 recompute_logprobs=recompute_logprobs,
-                stream=stream and k == 0,
+                stream=stream is not False and k == 0,
             )
             best_e = None
             for te in tr[:3]:
-                try:
-                    e = P.estimate_separate(
+
+                def price(on: bool, te=te, pl=pl, opt=opt) -> Estimate:
+                    return P.estimate_separate(
                         model=m,
                         hardware=hw,
                         cluster=cluster,
                         strategy=te.strategy.replace(**opt),
                         workload=wl,
-                        placement=pl,
+                        placement=dataclasses.replace(pl, stream=on),
                         rollout_hardware=hw_r,
                         calibration=kw["calibration"],
                         train=te,
                     )
+
+                try:
+                    e = cheaper_stream(price) if stream is None and pl.stream else price(pl.stream)
                 except GrpoTuneError:
                     continue
                 if e.fits and (best_e is None or e.step_s < best_e.step_s):

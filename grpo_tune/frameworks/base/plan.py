@@ -77,10 +77,10 @@ class LaunchPlan:
     ``max_required_samples``). None: the staleness itself. Priced by :meth:`async_knobs`."""
 
     def async_knobs(self):
-        """The separate plan's asynchronous knobs (costmodel.placement.AsyncKnobs) with the launch's own run-ahead
+        """The separate plan's asynchronous knobs (costmodel.pools.AsyncKnobs) with the launch's own run-ahead
         (:attr:`ahead`); None where the placement's integer staleness says it all."""
         if self.placement is None or self.ahead is None:
             return None
-        from grpo_tune.costmodel.placement import AsyncKnobs
+        from grpo_tune.costmodel.pools import AsyncKnobs
 
         return AsyncKnobs(ahead=self.ahead, no_drain=bool(self.placement.partial_rollout and self.ahead > 0))

@@ -445,7 +445,7 @@ def _separate_estimate(c: Ctx, model, hw, wl, strategy):
     c.placement = {**p, "priced_staleness": place.staleness}
     knobs = None
     if ahead is not None and not ahead.is_integer():
-        from grpo_tune.costmodel.placement import AsyncKnobs
+        from grpo_tune.costmodel.pools import AsyncKnobs
 
         # verl's fractional staleness_threshold: the pool runs that fraction of a batch ahead (issue 36)
         knobs = AsyncKnobs(ahead=ahead, no_drain=place.partial_rollout)
