@@ -38,7 +38,7 @@ SPEC_ONLY_FACTOR = 1.5
 
 def _ridge(name: str) -> float:
     hw = load_hardware(name)
-    return hw.bf16_dense_flops_per_s / hw.hbm_bandwidth_bytes_per_s
+    return hw.peak_flops_per_s() / hw.hbm_bandwidth_bytes_per_s
 
 
 def leave_gpu_out(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
