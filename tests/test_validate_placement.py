@@ -140,3 +140,19 @@ def test_fully_async_pair_within_tolerance():
     ratio = pool[("separate", "update")] / pool[("colocated", "update")]
     assert 2.4 < ratio < 3.6, ratio  # 3.64x without the controller's cost; the source's 2.40x
 
+
+def test_fsdp_rows_are_rollout_side_ratio_checks():
+    # the FSDP2 rows of verl's docs serve as ratio checks of the rollout side only: each check prices both
+    # generation times by the rollout side alone, and the ratio is reported (not in validate's pass/fail)
+    from grpo_tune.validate.placement import score_rollout_ratios
+
+    rep = {r["id"]: r for r in score_rollout_ratios()["checks"]}
+    assert {r["backend"] for r in rep.values()} >= {"fsdp2", "megatron"}
+    fs = rep["onestep_fsdp2_4_12"]
+    assert fs["published_ratio"] == pytest.approx(458 / 247)
+    pa, pb = fs["predicted_s"]
+    assert fs["predicted_ratio"] == pytest.approx(pa / pb) and pa > pb > 0  # 3,072 sequences per replica over 768
+    # the Megatron pair's rollout side: 3.09x published for 3x the sequences per replica; the model amortises the
+    # drain (docs/placement.md: what is left of the one-step-off pair)
+    mc = rep["onestep_megatron_4_12"]
+    assert mc["published_ratio"] == pytest.approx(501 / 162) and 1.0 < mc["predicted_ratio"] < mc["published_ratio"]
