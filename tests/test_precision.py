@@ -55,10 +55,15 @@ def test_docs_figures_for_fp8_rollout_on_qwen3_30b():
     the decode roofline: the rollout phase from 23.85 s to 15.66 s (the figures printed there, within 2%); the
     training phases do not move."""
     base = ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--hardware", "h100", "--rollout-tp", "2", "--json"]
-    bf = _cli_json(*base)["time"]
-    f8 = _cli_json(*base, "--rollout-precision", "fp8")["time"]
-    assert bf["phases_s"]["rollout"] == pytest.approx(23.85, rel=0.02)
-    assert f8["phases_s"]["rollout"] == pytest.approx(15.66, rel=0.02)
+    bf_all = _cli_json(*base)
+    f8_all = _cli_json(*base, "--rollout-precision", "fp8")
+    bf, f8 = bf_all["time"], f8_all["time"]
+    # the doc's figures are vLLM's part: verl's controller moves the generated batch back on top (0.99 s either
+    # way; costmodel.train_time.controller_s, docs/placement.md)
+    ctl = bf_all["details"]["controller_rollout_s"]
+    assert ctl == pytest.approx(f8_all["details"]["controller_rollout_s"]) and 0 < ctl < 2
+    assert bf["phases_s"]["rollout"] - ctl == pytest.approx(23.85, rel=0.02)
+    assert f8["phases_s"]["rollout"] - ctl == pytest.approx(15.66, rel=0.02)
     for k in ("update", "old_logprob", "ref_logprob"):  # training untouched
         assert f8["phases_s"][k] == bf["phases_s"][k]
 

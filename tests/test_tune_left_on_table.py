@@ -46,12 +46,11 @@ def test_the_suite_switch_is_on_here():
 def test_tune_names_the_faster_plan_it_left_and_the_knobs_it_kept(tuned):
     left = tuned["left_on_table"]
     assert left is not None
-    assert tuned["best"]["step_s"] == pytest.approx(
-        80.9, abs=0.5
-    )  # what tune reaches with the launch's knobs (84.2 before the slowest-rank term)
-    assert left["step_s"] == pytest.approx(
-        70.1, abs=0.5
-    )  # search's plan on the same workload (72.9 before the slowest-rank term)
+    # what tune reaches with the launch's knobs (84.2 before the slowest-rank term, 80.9 before the controller's
+    # batch moves and the verl refit with them, docs/placement.md)
+    assert tuned["best"]["step_s"] == pytest.approx(87.9, abs=0.5)
+    # search's plan on the same workload (72.9 before the slowest-rank term, 70.1 before the controller's moves)
+    assert left["step_s"] == pytest.approx(77.0, abs=0.5)
     assert left["tuned_step_s"] == pytest.approx(tuned["best"]["step_s"], rel=1e-3)
     assert left["step_s"] < left["tuned_step_s"] * (1 - STATED_ERROR_PCT / 100)
     assert any(k.startswith("dynamic batching") for k in left["knobs"])

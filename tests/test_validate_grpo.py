@@ -62,7 +62,9 @@ def test_cli_prints_phases_cv_and_movers():
     rows = [r["id"] for r in vg.run_grpo()["rows"]]
     pairs_csv = (ROOT / "grpo_tune/profiles/data/published_placement_pairs.csv").read_text().splitlines()
     pairs = [ln.split(",", 1)[0] for ln in pairs_csv if ln and not ln.startswith("#")][1:]
-    for ids, width in ((rows, 32), (pairs, 24)):  # the widths the step table and the pair tables print
+    ratios_csv = (ROOT / "grpo_tune/profiles/data/published_rollout_ratios.csv").read_text().splitlines()
+    ratios = [ln.split(",", 1)[0] for ln in ratios_csv if ln and not ln.startswith("#")][1:]
+    for ids, width in ((rows, 32), (pairs, 24), (ratios, 24)):  # the widths the step, pair and ratio tables print
         cut = [_short(i, width) for i in ids]
         assert len(set(cut)) == len(ids) and max(map(len, cut)) <= width
     assert cli().returncode == (0 if vg.run_grpo()["passed"] else 1)

@@ -196,6 +196,37 @@ def _print_pairs(con: Console, pp: dict) -> None:
     con.print(t)
 
 
+def _print_rollout_ratios(con: Console, rr: dict) -> None:
+    """Rollout-side ratio checks: FSDP rows and generation timers whose ratio the rollout side prices alone."""
+    t = Table(
+        title="Rollout side only: generation-time ratios (not in the pass/fail)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+    )
+    for c in ("check", "backend", "pub", "pred", "error", "pred s a / b"):
+        t.add_column(c, justify="left" if c in ("check", "backend") else "right", no_wrap=True)
+    for r in rr["checks"]:
+        pa, pb = r["predicted_s"]
+        t.add_row(
+            _short(r["id"], 24),
+            r["backend"],
+            f"{r['published_ratio']:.2f}",
+            f"{r['predicted_ratio']:.2f}",
+            f"{r['error_pct']:+.0f}%",
+            f"{pa:.0f} / {pb:.0f}",
+        )
+    con.print(t)
+    con.print(
+        "rollout-side ratio = generation time of row a / row b (verl's generate_sequences or gen timer), both at "
+        "the check's stated mean response length; "
+        "FSDP2 rows serve as checks of the rollout side only (the cost model does not price an FSDP2 trainer); "
+        "profiles/data/published_rollout_ratios.csv",
+        highlight=False,
+    )
+
+
 def _print_grpo(rep: dict) -> None:
     con = Console()
     t = Table(
@@ -233,7 +264,8 @@ def _print_grpo(rep: dict) -> None:
     excl = [r["id"] for r in rep["rows"] if r["split"] == "excluded"]
     con.print(
         f"not scored ({len(excl)}): " + ", ".join(excl) + " (FSDP2/DTensor backends, or settings not "
-        "published; see each row's assumptions in profiles/data/published_grpo.csv)",
+        "published; see each row's assumptions in profiles/data/published_grpo.csv; the separate halves score as "
+        "speed-up pairs and the FSDP2 rows' generation as rollout-side ratios, below)",
         highlight=False,
     )
     m = rep["mape_pct"]
@@ -293,6 +325,8 @@ def _print_grpo(rep: dict) -> None:
     )
     if rep.get("placement_pairs"):
         _print_pairs(con, rep["placement_pairs"])
+    if rep.get("rollout_ratios"):
+        _print_rollout_ratios(con, rep["rollout_ratios"])
 
 
 def register(app: typer.Typer) -> None:

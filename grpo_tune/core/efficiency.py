@@ -76,6 +76,10 @@ class Efficiency:
     """Per HF tensor exported from a pipeline-parallel model, on top of ``sync_tensor_overhead_s``: verl's
     ``per_tensor_generator`` sends each tensor's name and shape through object collectives over the pipeline
     group (``all_gather_object``, ``broadcast_object_list``: pickling and a host sync each) before its data."""
+    controller_bytes_per_s: float = 0.0
+    """Bytes per second at which a single-controller framework moves a phase's batch between its driver and
+    the workers (verl: the padded ``DataProto`` put into Ray's object store once per DP chunk, fetched by the
+    workers, the outputs gathered back; costmodel.train_time.controller_s). 0: not priced (a stack parameter)."""
     reshard_entry_overhead_s: float = 0.0
     """Per bulk entry of NeMo-RL's NCCL-reshard refit (one xferdtensor call for a layer's FFN projection, its
     experts grouped: the shard plan, the receive-buffer pre hook and the fused-copy post hook)."""
@@ -145,6 +149,7 @@ STACK_KEYS: frozenset[str] = frozenset(
         "rl_compute_scale",
         "grad_reduce_bytes",
         "balance_per_optimizer_step",
+        "controller_bytes_per_s",
     }
 )
 """Efficiency fields that belong to the software stack (profiles/stacks/*.toml), not to the chip:

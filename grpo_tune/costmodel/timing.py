@@ -40,7 +40,7 @@ from .timing_base import (  # noqa: F401  (re-exported: the time model's public 
     gemm_efficiency,
     model_consts,
 )
-from .train_time import core_share, pipeline_s, rank_params, train_s  # noqa: F401
+from .train_time import controller_s, core_share, pipeline_s, rank_params, train_s  # noqa: F401
 from .weight_sync import offload_s, sleep_s, weight_sync_s
 
 __all__ = [  # the time model's public names, some defined in timing_base and train_time
@@ -200,8 +200,13 @@ def _grpo(
     seq = wl.mean_seq_len
     seqs = wl.prompts * wl.n
     rs = (native_rollout_s if hw.native_rollout else rollout_s)(m, hw, cluster, s, wl, cal)
+    ctl_gen = 0.0 if hw.native_rollout else controller_s(hw, wl, "rollout")  # the generated batch back to the driver
     rollout = (
-        rs["prefill_s"] + rs["decode_s"] + (0.0 if hw.native_rollout else sleep_s(hw, s)) + cal["rollout_overhead_s"]
+        rs["prefill_s"]
+        + rs["decode_s"]
+        + (0.0 if hw.native_rollout else sleep_s(hw, s))
+        + cal["rollout_overhead_s"]
+        + ctl_gen
     )
     if hw.native_rollout:
         sync, ws = 0.0, {}
@@ -226,8 +231,10 @@ def _grpo(
         forward_only=True,
         logprob=True,
     )
-    old = fwd.total_s + cal["old_logprob_overhead_s"]
-    ref = (fwd.total_s + cal["ref_logprob_overhead_s"]) if wl.kl else 0.0
+    # the single controller's batch moves (verl: DataProto through Ray), once per call, whatever the GPU count
+    ctl_lp, ctl_up = controller_s(hw, wl, "logprob"), controller_s(hw, wl, "update")
+    old = fwd.total_s + cal["old_logprob_overhead_s"] + ctl_lp
+    ref = (fwd.total_s + cal["ref_logprob_overhead_s"] + ctl_lp) if wl.kl else 0.0
     tok_mb, micro = micro_batch_plan(s, wl, wl.mini_batch * wl.n, pe, pp_packed_fill=fill)
     mini, _ = train_s(
         m,
@@ -243,7 +250,7 @@ def _grpo(
     )  # same micro-batch shape: same per-layer times
     slowest = 1.0 if hw.efficiency.balance_per_optimizer_step else slowest_rank_factor(wl, s.layout.dp or 1)
     per_mini = mini.compute_s * slowest + mini.dp_s + mini.optimizer_s
-    upd = wl.ppo_epochs * (wl.prompts // wl.mini_batch) * per_mini + cal["update_overhead_s"]
+    upd = wl.ppo_epochs * (wl.prompts // wl.mini_batch) * per_mini + cal["update_overhead_s"] + ctl_up
     off = offload_s(m, hw, s, wl) + (cal["offload_overhead_s"] if s.memory.offload else 0.0)
     tokens = seqs * seq
     passes = 2 + (1 if wl.kl else 0) + 3 * wl.ppo_epochs  # generate, old, ref, update (fwd + 2x bwd)
@@ -259,6 +266,9 @@ def _grpo(
     details = _train_details(mini, s)
     details.update(
         slowest_rank_factor=slowest,
+        controller_rollout_s=ctl_gen,
+        controller_logprob_s=ctl_lp,
+        controller_update_s=ctl_up,
         prefill_s=rs["prefill_s"],
         decode_s=rs["decode_s"],
         decode_step_s=rs["decode_step_s"],

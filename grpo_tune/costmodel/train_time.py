@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from grpo_tune.core.specs import Efficiency, HardwareSpec, ModelSpec
-from grpo_tune.core.strategy import Cluster, Strategy, stage_layers
+from grpo_tune.core.strategy import Cluster, Strategy, Workload, stage_layers
 
 from . import comm
 from .params import optimizer_params
@@ -346,3 +346,29 @@ def _dp_s(
             ar = comm.all_reduce_s(nparams * e.grad_reduce_bytes, n, bw, lat)
             t += max(ar - tb * ov, ar * (1 - ov))
     return t
+
+
+CONTROLLER_INT64_COLUMNS = {"rollout": (4, 4), "logprob": (4, 5), "update": (4, 5)}
+"""Per phase, the int64 tensors of verl's padded batch as (columns per prompt slot, per response slot):
+input_ids, attention_mask and position_ids span prompt + response, ``prompts`` the prompt, ``responses`` the
+response; from the log-prob calls on, ``response_mask`` too (verl/trainer/ppo/ray_trainer.py)."""
+CONTROLLER_FP32_RESPONSE = {"rollout": 0, "logprob": 2, "update": 5}
+"""Per phase, the float32 [batch, response] tensors moved: the log-prob calls carry the token-level scores
+in and the log-probs out; the update the scores, rewards, old log-probs, advantages and returns (and the
+reference log-probs with a KL term: + 1)."""
+
+
+def controller_s(hw: HardwareSpec, wl: Workload, phase: str) -> float:
+    """Seconds a single-controller framework spends moving one phase's batch between its driver and the
+    workers: the batch padded to the caps (``prompt_len`` + ``response_len`` columns, as verl's DataProto holds
+    it), over the stack's ``controller_bytes_per_s`` (0: not priced). verl puts each DP chunk into Ray's object
+    store once (``dispatch_nd_compute``: ``parallel_put``), the workers fetch it and the outputs come back
+    through the driver, whatever the GPU count: a fixed cost per call that the GPUs do not divide."""
+    bw = hw.efficiency.controller_bytes_per_s
+    if bw <= 0:
+        return 0.0
+    p, r = float(wl.prompt_len), float(wl.response_len)
+    a, b = CONTROLLER_INT64_COLUMNS[phase]
+    fp32 = CONTROLLER_FP32_RESPONSE[phase] + (1 if phase == "update" and wl.kl else 0)
+    per_seq = 8.0 * (a * p + b * r) + 4.0 * fp32 * r
+    return wl.prompts * wl.n * per_seq / bw

@@ -49,9 +49,10 @@ def run_validate(req: ValidateRequest) -> ValidateOutcome:
         tol = TOLERANCE_PCT if req.tolerance is None else req.tolerance
         rep = run_grpo(path=req.data, tolerance_pct=tol, refit=req.refit)
         if req.data is None:
-            from grpo_tune.validate.placement_pairs import score_pairs
+            from grpo_tune.validate.placement_pairs import score_pairs, score_rollout_ratios
 
             rep["placement_pairs"] = score_pairs()
+            rep["rollout_ratios"] = score_rollout_ratios()
         return ValidateOutcome(kind="grpo", report=rep)
     from grpo_tune.validate.pretraining import run
 

@@ -241,7 +241,10 @@ def predict(row: GrpoRow, hw: HardwareSpec | None = None) -> tuple[dict[str, flo
         "old_lp_s": lp,
         "ref_lp_s": t["ref_logprob"],
         "refit_s": t["weight_sync"],
-        "train_mfu": verl_flops(m, wl) * wl.ppo_epochs / (t["update"] * cluster.gpus * hw.peak_flops_per_s()),
+        # verl times its MFU inside the worker (update_policy): the controller's batch move is not in it
+        "train_mfu": verl_flops(m, wl)
+        * wl.ppo_epochs
+        / ((t["update"] - est.details.get("controller_update_s", 0.0)) * cluster.gpus * hw.peak_flops_per_s()),
     }, est
 
 

@@ -223,3 +223,62 @@ def score_pairs(
         )
     worst = max((abs(r["error_pct"]) for r in out), default=0.0)
     return {"pairs": out, "tolerance_pct": tolerance_pct, "worst_error_pct": worst, "passed": worst <= tolerance_pct}
+
+
+ROLLOUT_RATIOS_PATH = PROFILES_DIR / "data" / "published_rollout_ratios.csv"
+_RATIO_REQUIRED = ("id", "a_row", "a_kind", "a_s", "b_row", "b_kind", "b_s", "response_len_mean", "source")
+_RATIO_OVERRIDES = ("rollout_tp", "gpu_memory_utilization", "max_num_seqs", "enforce_eager", "n", "response_len")
+
+
+def _rollout_side_s(row: GrpoRow, kind: str, overrides: dict[str, str], mean: str) -> float:
+    """Seconds of the row's generation priced by the rollout side alone: ``generate`` = vLLM's prefill + decode of
+    the step's batch on the row's colocated GPUs (costmodel.rollout.rollout_s), ``pool`` = the separate row's rollout
+    pool generating one step's batch in one synchronous call (verl's one-step-off trainer; placement.generation)."""
+    from grpo_tune.costmodel.placement import AsyncKnobs, generation, pools, rollout_strategy
+    from grpo_tune.costmodel.rollout import rollout_s
+    from grpo_tune.costmodel.timing import check_calibration
+
+    raw = {**row.raw, **{k: v for k, v in overrides.items() if v}, "response_len_mean": mean}
+    m, hw, cluster, s, wl = plan(dataclasses.replace(row, raw=raw))
+    cal = check_calibration(None)
+    if kind == "generate":
+        r = rollout_s(m, hw, cluster, s, wl, cal)
+        return float(r["prefill_s"] + r["decode_s"])
+    if kind == "pool":
+        ps = pools(cluster, int(raw["rollout_gpus"]))
+        one_step_off = AsyncKnobs(ahead=1.0, whole_batch=True)
+        g = generation(m, hw, ps.rollout, rollout_strategy(s), wl, cal, partial=False, knobs=one_step_off)
+        return float(g["gen_s"])
+    raise ConfigError(f"rollout ratio check: kind must be generate or pool, got {kind!r}")
+
+
+def score_rollout_ratios(path: str | Path | None = None, rows_path: str | Path | None = None) -> dict[str, Any]:
+    """Every rollout-side ratio check (profiles/data/published_rollout_ratios.csv): the published ratio of two
+    generation times against the rollout side's, printed per check and not in validate's pass/fail."""
+    rows = {r.id: r for r in load_grpo_rows(rows_path)}
+    out = []
+    for c in read_records(Path(path) if path else ROLLOUT_RATIOS_PATH, _RATIO_REQUIRED, "rollout ratio checks"):
+        a, b = rows.get(c["a_row"]), rows.get(c["b_row"])
+        if a is None or b is None:
+            raise ConfigError(f"rollout ratio check {c['id']}: {c['a_row']} or {c['b_row']} is not a published row")
+        over = {k: (c.get(k) or "").strip() for k in _RATIO_OVERRIDES}
+        try:
+            pub = float(c["a_s"]) / float(c["b_s"])
+        except (ValueError, ZeroDivisionError):
+            raise ConfigError(f"rollout ratio check {c['id']}: a_s and b_s must be positive numbers") from None
+        pa = _rollout_side_s(a, c["a_kind"], over, c["response_len_mean"])
+        pb = _rollout_side_s(b, c["b_kind"], over, c["response_len_mean"])
+        out.append(
+            {
+                "id": c["id"],
+                "backend": a.raw.get("backend") or "",
+                "timer": c.get("timer") or "",
+                "published_ratio": pub,
+                "predicted_ratio": pa / pb,
+                "error_pct": 100.0 * (pa / pb / pub - 1.0),
+                "published_s": [float(c["a_s"]), float(c["b_s"])],
+                "predicted_s": [pa, pb],
+                "response_len_mean": int(c["response_len_mean"]),
+            }
+        )
+    return {"checks": out}
