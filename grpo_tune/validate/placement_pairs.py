@@ -234,7 +234,8 @@ def _rollout_side_s(row: GrpoRow, kind: str, overrides: dict[str, str], mean: st
     """Seconds of the row's generation priced by the rollout side alone: ``generate`` = vLLM's prefill + decode of
     the step's batch on the row's colocated GPUs (costmodel.rollout.rollout_s), ``pool`` = the separate row's rollout
     pool generating one step's batch in one synchronous call (verl's one-step-off trainer; placement.generation)."""
-    from grpo_tune.costmodel.placement import AsyncKnobs, generation, pools, rollout_strategy
+    from grpo_tune.core.placement import pools, rollout_strategy
+    from grpo_tune.costmodel.pools import AsyncKnobs, generation
     from grpo_tune.costmodel.rollout import rollout_s
     from grpo_tune.costmodel.timing import check_calibration
 
