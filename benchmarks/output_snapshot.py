@@ -115,10 +115,10 @@ def snapshot(out: Path) -> None:
         for i, a in enumerate(SEARCHES):
             runs = tmp / f"runs{i}"
             put(f"search-{i}.txt", _cli(["search", *a, "--json", "--all", "--out", str(runs)], tmp))
-            (run,) = list(runs.iterdir())
-            for f in RUN_FILES:
-                if (run / f).exists():
-                    put(f"search-{i}-{f}", (run / f).read_text())
+            for run in sorted(runs.iterdir()) if runs.exists() else []:  # none where the search refused (exit 2)
+                for f in RUN_FILES:
+                    if (run / f).exists():
+                        put(f"search-{i}-{f}", (run / f).read_text())
         put(
             "compare.txt",
             _cli(
