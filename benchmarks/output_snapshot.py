@@ -27,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 H30 = ["--model", "qwen3-30b-a3b", "--gpus", "16", "--hardware", "h100", "--rollout-tp", "2"]
 CPU_TINY = ["--model", "tiny-vllm", "--gpus", "1", "--hardware", "cpu", "--enforce-eager", "--max-num-seqs", "64"]
+CPU_SEARCH = [*CPU_TINY, "--prompts", "16", "--n", "8", "--mini-batch", "16", "--no-kl", "--prompt-len", "8"]
+CPU_SEARCH += ["--prompt-len-mean", "3", "--response-len", "4", "--response-len-mean", "4"]
 ESTIMATES = [
     ["--model", "7b", "--gpus", "8"],
     ["--model", "7b", "--gpus", "8", "--tp", "2", "--mbs", "2", "--recompute", "full"],
@@ -58,21 +60,8 @@ SEARCHES = [
     ["--model", "qwen3-30b-a3b", "--gpus", "16", "--hardware", "h100", "--rollout-precision", "fp8"],
     ["--model", "qwen3-30b-a3b", "--gpus", "64", "--placement", "auto", "--staleness", "0"],
     ["--model", "7b", "--gpus", "16", "--framework", "nemo-rl", "--placement", "auto", "--staleness", "1"],
-    [*CPU_TINY, "--prompts", "16", "--n", "8", "--mini-batch", "16", "--no-kl", "--response-len", "4"],
-    [
-        *CPU_TINY,
-        "--prompts",
-        "16",
-        "--n",
-        "8",
-        "--mini-batch",
-        "16",
-        "--no-kl",
-        "--response-len",
-        "4",
-        "--rollout-engine",
-        "vllm",
-    ],
+    CPU_SEARCH,
+    [*CPU_SEARCH, "--rollout-engine", "vllm"],
 ]
 RUN_FILES = ["best.yaml", "verl.sh", "nemo_rl.yaml", "megatron_args.txt", "report.md"]
 _RUN_ID = re.compile(r"[a-z0-9.\-]+-\d+g-[a-z0-9.\-]+-\d{8}-\d{6}(-\d+)?")
