@@ -21,7 +21,7 @@ import yaml
 
 from grpo_tune.core.errors import ConfigError, GrpoTuneError
 from grpo_tune.core.choices import KlType, LossAgg, TrainerRolloutEngine
-from grpo_tune.core.hardware import OLD_ROLLOUT_ENGINES, with_rollout_engine
+from grpo_tune.core.hardware import NATIVE_ENGINE, OLD_ROLLOUT_ENGINES, ROLLOUT_ENGINES, with_rollout_engine
 from grpo_tune.core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from grpo_tune.core.placement import Placement
 from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
@@ -173,6 +173,15 @@ class RunConfig:
     """Figures measured by a profiling run (autotune --refine)."""
     meta: dict[str, object] | None = None
     schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        # On a platform without GPU engines (cpu) grpo-tune's own trainer samples with what trainer.rollout_engine
+        # names (auto there: its own sampler): the plan's engine follows it, so that what is priced is what runs
+        # (a config built in code with Strategy()'s vllm and the trainer's megatron is the native sampler's plan).
+        if self.hardware.default_engine == NATIVE_ENGINE and self.strategy.rollout.engine in ROLLOUT_ENGINES:
+            want = "vllm" if self.trainer.rollout_engine == "vllm" else NATIVE_ENGINE
+            if self.strategy.rollout.engine != want:
+                object.__setattr__(self, "strategy", self.strategy.replace(engine=want))
 
     def to_dict(self) -> dict[str, object]:
         d: dict[str, object] = {
