@@ -123,7 +123,7 @@ def _hardware(source: str = "profile"):
     from grpo_tune.core.specs import load_hardware
 
     hw = load_hardware("cpu")
-    return with_rollout_engine(hw, "vllm") if source == "profile" else dataclasses.replace(hw, rollout_engine="vllm")
+    return with_rollout_engine(hw, "vllm") if source == "profile" else hw  # the plan (Strategy.of) names vllm
 
 
 def _plan(C: int, L: int, eff: dict[str, float] | None = None, source: str = "profile"):
@@ -135,7 +135,7 @@ def _plan(C: int, L: int, eff: dict[str, float] | None = None, source: str = "pr
     hw = _hardware(source)
     if eff:
         hw = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, **eff))
-    s = Strategy.of(enforce_eager=True, max_num_seqs=C, max_num_batched_tokens=1024)
+    s = Strategy.of(enforce_eager=True, max_num_seqs=C, max_num_batched_tokens=1024, engine="vllm")
     w = Workload(prompts=C, n=1, prompt_len=PROMPT_LEN, response_len=L, response_len_mean=L, mini_batch=C, dtype="fp32")
     return load_model("tiny-vllm"), hw, Cluster(gpus=1, gpus_per_node=1), s, w
 

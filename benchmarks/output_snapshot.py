@@ -26,6 +26,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 H30 = ["--model", "qwen3-30b-a3b", "--gpus", "16", "--hardware", "h100", "--rollout-tp", "2"]
+CPU_TINY = ["--model", "tiny-vllm", "--gpus", "1", "--hardware", "cpu", "--enforce-eager", "--max-num-seqs", "64"]
+CPU_SEARCH = [*CPU_TINY, "--prompts", "16", "--n", "8", "--mini-batch", "16", "--no-kl", "--prompt-len", "8"]
+CPU_SEARCH += ["--prompt-len-mean", "3", "--response-len", "4", "--response-len-mean", "4"]
 ESTIMATES = [
     ["--model", "7b", "--gpus", "8"],
     ["--model", "7b", "--gpus", "8", "--tp", "2", "--mbs", "2", "--recompute", "full"],
@@ -45,6 +48,9 @@ ESTIMATES = [
     ["--model", "7b", "--gpus", "8", "--framework", "nemo-rl"],
     ["--model", "7b", "--gpus", "16", "--framework", "nemo-rl", "--placement", "separate", "--rollout-gpus", "8"],
     ["--model", "7b", "--gpus", "8", "--hardware", "cpu"],
+    # the cpu profile's engines: its native sampler by default, vLLM's CPU build when the plan asks for it
+    [*CPU_TINY, "--mbs", "8"],
+    [*CPU_TINY, "--mbs", "8", "--rollout-engine", "vllm"],
 ]
 SEARCHES = [
     ["--model", "7b", "--gpus", "8"],
@@ -54,6 +60,8 @@ SEARCHES = [
     ["--model", "qwen3-30b-a3b", "--gpus", "16", "--hardware", "h100", "--rollout-precision", "fp8"],
     ["--model", "qwen3-30b-a3b", "--gpus", "64", "--placement", "auto", "--staleness", "0"],
     ["--model", "7b", "--gpus", "16", "--framework", "nemo-rl", "--placement", "auto", "--staleness", "1"],
+    CPU_SEARCH,
+    [*CPU_SEARCH, "--rollout-engine", "vllm"],
 ]
 RUN_FILES = ["best.yaml", "verl.sh", "nemo_rl.yaml", "megatron_args.txt", "report.md"]
 _RUN_ID = re.compile(r"[a-z0-9.\-]+-\d+g-[a-z0-9.\-]+-\d{8}-\d{6}(-\d+)?")
@@ -96,10 +104,10 @@ def snapshot(out: Path) -> None:
         for i, a in enumerate(SEARCHES):
             runs = tmp / f"runs{i}"
             put(f"search-{i}.txt", _cli(["search", *a, "--json", "--all", "--out", str(runs)], tmp))
-            (run,) = list(runs.iterdir())
-            for f in RUN_FILES:
-                if (run / f).exists():
-                    put(f"search-{i}-{f}", (run / f).read_text())
+            for run in sorted(runs.iterdir()) if runs.exists() else []:  # none where the search refused (exit 2)
+                for f in RUN_FILES:
+                    if (run / f).exists():
+                        put(f"search-{i}-{f}", (run / f).read_text())
         put(
             "compare.txt",
             _cli(

@@ -479,7 +479,7 @@ def test_native_rollout_profile_has_no_vllm_budget():
         model=load_model("tiny"),
         hardware=cpu,
         cluster=Cluster(gpus=2, gpus_per_node=2),
-        strategy=Strategy.of(tp=2, gpu_memory_utilization=0.6),
+        strategy=Strategy.of(tp=2, gpu_memory_utilization=0.6, engine="megatron"),
         workload=wl,
     )
     ro, upd = est.memory["rollout"], est.memory["update"]
@@ -492,7 +492,7 @@ def test_native_rollout_profile_has_no_vllm_budget():
 
 def test_a_probed_cpu_profile_keeps_the_cpu_trainers_activations():
     """The kernels come from the profile's stated fields, not its name: a profile written by
-    `probe-hardware` on a CPU (named after its file, engine and kernel fields copied from the
+    `probe-hardware` on a CPU (named after its file, kernel fields copied from the
     ``cpu`` base as trainer/probe.py writes them) prices tiny's activations like ``cpu`` does
     (megatron's local fp32 spec: 671,744 B), not as a GPU's TE/bf16 layers (212,992 B)."""
     from grpo_tune.core.specs import HardwareSpec, load_hardware, load_model
@@ -514,7 +514,6 @@ def test_a_probed_cpu_profile_keeps_the_cpu_trainers_activations():
             "host_memory_bytes",
             "host_to_device_bandwidth_bytes_per_s",
             "reserved_memory_bytes",
-            "rollout_engine",
             "attention_kernel",
             "activation_layout",
             "efficiency",
@@ -529,7 +528,6 @@ def test_a_probed_cpu_profile_keeps_the_cpu_trainers_activations():
             {
                 **probed,
                 "name": "gpu-like",
-                "rollout_engine": "vllm",
                 "attention_kernel": "flash",
                 "activation_layout": "te-bf16",
             }

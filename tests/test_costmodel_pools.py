@@ -650,7 +650,7 @@ def test_the_cpu_profile_prices_and_proposes_separate_pools():
     cpu, m = load_hardware("cpu"), load_model("tiny")
     wl = Workload(prompts=8, n=4, prompt_len=8, response_len=6, mini_batch=4, kl=False, dtype="fp32")
     cl = Cluster(gpus=4, gpus_per_node=4)
-    s = Strategy.of(mbs=8, recompute="none", rollout_tp=1)
+    s = Strategy.of(mbs=8, recompute="none", rollout_tp=1, engine="megatron")  # the cpu plans' default engine
     e = P.estimate_separate(model=m, hardware=cpu, cluster=cl, strategy=s, workload=wl, placement=sep(2, 1))
     assert e.fits, [v.message for v in e.violations]
     roll = CP.pools(cl, 2).rollout

@@ -356,7 +356,7 @@ def _cpu_pool(max_num_seqs: int, stream: bool):
 
     cpu, m = load_hardware("cpu"), load_model("tiny")
     wl = Workload(prompts=8, n=4, prompt_len=8, response_len=6, mini_batch=2, kl=False, dtype="fp32")
-    s = Strategy.of(mbs=8, recompute="none", rollout_tp=1, max_num_seqs=max_num_seqs)
+    s = Strategy.of(mbs=8, recompute="none", rollout_tp=1, max_num_seqs=max_num_seqs, engine="megatron")
     pl = Placement(mode="separate", rollout_gpus=2, stream=stream, recompute_logprobs=False)
     return estimate_separate(model=m, hardware=cpu, cluster=Cluster(gpus=4, gpus_per_node=4), strategy=s,
                              workload=wl, placement=pl)  # fmt: skip

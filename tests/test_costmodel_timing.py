@@ -508,7 +508,7 @@ def test_cpu_rollout_is_the_native_sampler():
     # weights shared with the actor (no sync).
     m = load_model("tiny")
     wl = Workload(prompts=8, n=4, prompt_len=16, response_len=16, mini_batch=4)
-    s = validate(m, Strategy(), 2)
+    s = validate(m, Strategy.of(engine="megatron"), 2)  # the plan's engine: cpu plans default to it
     c = Cluster(gpus=2)
     ro = timing.native_rollout_s(m, CPU, c, s, wl, CAL)
     assert ro["decode_s"] == pytest.approx(16 * ro["decode_step_s"])

@@ -194,18 +194,41 @@ def test_a_knob_added_in_one_place_reaches_flags_pins_space_and_the_verl_table(s
 
 
 def test_one_rollout_engine_vocabulary():
-    """Profiles name the rollout engine as the trainer does (vllm | megatron; the trainer adds auto); a
-    profile written with the old ``megatron-native`` loads as ``megatron``, the same plan priced."""
+    """The plan names the engine as the trainer does (vllm | megatron; the trainer adds auto); the cpu platform only
+    makes megatron the default of its plans. A run config written while the engine was the hardware profile's
+    (``hardware.rollout_engine``, the old ``megatron-native`` included) reads as that plan, priced the same; a
+    hardware file that still names one is a coded BAD_CONFIG."""
+    from grpo_tune.core.choices import PlanEngine
     from grpo_tune.core.choices import TrainerRolloutEngine as Engines
+    from grpo_tune.core.config import RunConfig
     from grpo_tune.core.hardware import ROLLOUT_ENGINES, HardwareSpec
+    from grpo_tune.core.target import inputs_of
+    from grpo_tune.costmodel.estimate import estimate
+    from grpo_tune.costmodel.results import step_s
+    from grpo_tune.rundir.emit import run_config
 
-    assert set(ROLLOUT_ENGINES) == set(Engines.values()) - {"auto"}
+    assert set(ROLLOUT_ENGINES) == set(Engines.values()) - {"auto"} <= set(PlanEngine.values())
     cpu = load_hardware("cpu")
-    assert cpu.rollout_engine == "megatron" and cpu.native_rollout
-    old = HardwareSpec.from_dict({**cpu.to_dict(), "rollout_engine": "megatron-native"})
-    assert old == cpu
-    with pytest.raises(ConfigError, match="rollout_engine must be one of vllm, megatron"):
-        HardwareSpec.from_dict({**cpu.to_dict(), "rollout_engine": "sglang"})
+    assert cpu.default_engine == "megatron" and load_hardware("h100").default_engine == "vllm"
+    assert not hasattr(cpu, "rollout_engine") and not hasattr(cpu, "native_rollout")
+    with pytest.raises(ConfigError, match="rollout engine is the plan's") as e:
+        HardwareSpec.from_dict({**cpu.to_dict(), "rollout_engine": "megatron"})
+    assert e.value.code == "BAD_CONFIG" and "--rollout-engine" in (e.value.hint or "")
+    est = estimate(
+        model=load_model("tiny"),
+        hardware=cpu,
+        cluster=Cluster(gpus=1, gpus_per_node=1),
+        strategy=Strategy.of(mbs=8, engine="megatron"),
+        workload=Workload(prompts=4, n=4, mini_batch=4, prompt_len=8, response_len=8, kl=False),
+    )
+    now = run_config(est).to_dict()
+    assert now["strategy"]["engine"] == "megatron" and "rollout_engine" not in now["hardware"]
+    for old in ("megatron", "megatron-native"):
+        doc = {**now, "hardware": {**now["hardware"], "rollout_engine": old}}
+        doc["strategy"] = {k: v for k, v in now["strategy"].items() if k != "engine"}
+        back = RunConfig.from_dict(doc)
+        assert back.strategy.rollout.engine == "megatron" and back.hardware == cpu
+        assert step_s(estimate(**inputs_of(back))) == step_s(est)
 
 
 # --- a knob is priced: moving it moves the estimate (issue 37) -------------------------------------------------

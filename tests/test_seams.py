@@ -729,3 +729,69 @@ def test_one_placement_vocabulary():
     assert modes == ["grpo_tune/core/choices.py"], modes
     assert sorted(p for p in pools if p not in POOLS_PENDING) == ["grpo_tune/core/placement.py"] * 2
     assert POOLS_PENDING <= set(pools)
+
+
+_HW_PRICING_FIELDS = {"stack_engine", "engine_costs"}
+"""HardwareSpec fields that name an engine as pricing state set from the stack (:func:`core.hardware.apply_stack`),
+never read from a profile (``to_dict`` leaves them out): which engine the stack was fitted on, which of its
+``[engines.<name>]`` tables the plan's engine brought in."""
+
+
+def engine_in_hardware(root: Path = ROOT) -> list[str]:
+    """Where the hardware still carries a rollout engine: a key naming one in a hardware profile, a HardwareSpec
+    field naming one (less the stack's pricing state), an attribute ``native_rollout`` or a ``rollout_engine`` read
+    off a hardware object (``hw``, ``hardware``, ``hw_r``, ``.hardware``) anywhere in the package."""
+    out = []
+    for p in sorted((root / "grpo_tune" / "profiles" / "hardware").glob("*.toml")):
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            key = line.split("#", 1)[0].split("=", 1)[0].strip()
+            if "=" in line.split("#", 1)[0] and "engine" in key:
+                out.append(f"{p.relative_to(root).as_posix()}:{n}: {key}")
+    hw_src = root / "grpo_tune" / "core" / "hardware.py"
+    for node in ast.walk(ast.parse(hw_src.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == "HardwareSpec":
+            for st in node.body:
+                if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name):
+                    name = st.target.id
+                    if "engine" in name and name not in _HW_PRICING_FIELDS:
+                        out.append(f"grpo_tune/core/hardware.py: HardwareSpec.{name}")
+    hw_names = {"hw", "hardware", "hw_r", "hw0"}
+    for p in sorted((root / "grpo_tune").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if not isinstance(node, ast.Attribute):
+                continue
+            base = node.value
+            on_hw = (isinstance(base, ast.Name) and base.id in hw_names) or (
+                isinstance(base, ast.Attribute) and base.attr == "hardware"
+            )
+            if node.attr == "native_rollout" or (node.attr == "rollout_engine" and on_hw):
+                out.append(f"{p.relative_to(root).as_posix()}:{node.lineno}: .{node.attr}")
+    return out
+
+
+def test_the_engine_is_the_plans_not_the_hardwares():
+    """Issue 37: the rollout engine left the hardware profile for the plan (``Strategy.rollout.engine``). A profile
+    says what the platform is (``memory_is_host``: the cpu default engine, ``HardwareSpec.default_engine``); no
+    profile names an engine and nothing reads one off the hardware."""
+    assert not engine_in_hardware(), engine_in_hardware()
+
+
+def test_the_engine_check_can_fail(tmp_path):
+    """The tree as it was: a profile key, the HardwareSpec field, a cost-model read of each kind."""
+    (tmp_path / "grpo_tune" / "profiles" / "hardware").mkdir(parents=True)
+    (tmp_path / "grpo_tune" / "profiles" / "hardware" / "x.toml").write_text(
+        'name = "x"\nrollout_engine = "vllm"   # engine\n# rollout_engine = "old"\n'
+    )
+    (tmp_path / "grpo_tune" / "core").mkdir()
+    (tmp_path / "grpo_tune" / "core" / "hardware.py").write_text(
+        "class HardwareSpec:\n    rollout_engine: str = 'vllm'\n    stack_engine: str = 'vllm'\n"
+    )
+    (tmp_path / "grpo_tune" / "timing.py").write_text(
+        "def f(hw, cfg, t):\n    return hw.native_rollout, cfg.hardware.rollout_engine, t.rollout_engine\n"
+    )
+    assert engine_in_hardware(tmp_path) == [
+        "grpo_tune/profiles/hardware/x.toml:2: rollout_engine",
+        "grpo_tune/core/hardware.py: HardwareSpec.rollout_engine",
+        "grpo_tune/timing.py:2: .native_rollout",
+        "grpo_tune/timing.py:2: .rollout_engine",
+    ]

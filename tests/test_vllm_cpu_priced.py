@@ -81,7 +81,9 @@ def test_a_cpu_search_prices_vllm_when_asked_and_emits_a_plan_the_trainer_runs_w
     (path,) = tmp_path.glob("tiny-vllm-1g-cpu-*/best.yaml")
     doc = yaml.safe_load(path.read_text())
     assert doc["trainer"]["rollout_engine"] == "vllm"
-    assert doc["hardware"]["rollout_engine"] == "vllm" and doc["hardware"]["stack"] == "grpo-tune-cpu"
+    # the engine is the plan's: written in the strategy (not the cpu platform's default), not in the hardware
+    assert doc["strategy"]["engine"] == "vllm" and "rollout_engine" not in doc["hardware"]
+    assert doc["hardware"]["stack"] == "grpo-tune-cpu"
     assert doc["strategy"]["rollout_tp"] == 1 and doc["strategy"]["enforce_eager"] is True
     # priced with vLLM's costs: a different rollout from the native sampler's, and a KV cache in its memory
     assert doc["predicted"]["phases_s"]["rollout"] != pytest.approx(native["time"]["phases_s"]["rollout"], rel=0.05)

@@ -185,7 +185,7 @@ def test_search_with_rollout_engine_vllm_emits_a_plan_that_trains_with_vllm(tmp_
     _cli([*SEARCH.replace("runs/quick", "runs/vllm").split(), "--rollout-engine", "vllm"], tmp_path)
     (path,) = (tmp_path / "runs" / "vllm").glob("tiny-vllm-1g-cpu-*/best.yaml")
     doc = yaml.safe_load(path.read_text())
-    assert doc["trainer"]["rollout_engine"] == "vllm" and doc["hardware"]["rollout_engine"] == "vllm"
+    assert doc["trainer"]["rollout_engine"] == "vllm" and doc["strategy"]["engine"] == "vllm"  # the plan's engine
     run = path.parent / "train2"
     _cli(["train", "--config", str(path), "--steps", "2", "--out", str(run)], path.parent)
     rows = _rows(run)

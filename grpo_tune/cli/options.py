@@ -221,9 +221,10 @@ def target_line(model: Any, hw: Any, cluster: Any, rollout_hw: Any = None) -> st
 
 def inputs_from_flags(flags: dict[str, Any]) -> tuple[Target, dict[str, Any]]:
     """The target (model, hardware, cluster, workload) and the pins, from the flags that estimate and search share.
-    ``--rollout-engine vllm`` on a profile whose ranks sample with the trainer's own model (``cpu``) prices vLLM's
-    CPU build instead (core.hardware.with_rollout_engine); left out or ``auto``, the native sampler stays."""
-    from grpo_tune.core.hardware import with_rollout_engine
+    The plan's engine is pinned here where the platform has one default (``cpu``: the trainer's own sampler, left
+    out or ``auto``); ``--rollout-engine vllm`` there prices vLLM's CPU build with its stack's costs
+    (core.hardware.with_rollout_engine)."""
+    from grpo_tune.core.hardware import NATIVE_ENGINE, plan_engine, with_rollout_engine
 
     target = plan_inputs(
         model=flags["model"],
@@ -234,8 +235,8 @@ def inputs_from_flags(flags: dict[str, Any]) -> tuple[Target, dict[str, Any]]:
         **workload_flags(flags),
     )
     pins = pins_from_flags(flags)
-    engine = pins.get("engine")
-    if isinstance(engine, str) and engine != "auto" and target.hardware.native_rollout:
+    if target.hardware.default_engine == NATIVE_ENGINE:
+        pins["engine"] = engine = plan_engine(pins, target.hardware)
         target = target._replace(hardware=with_rollout_engine(target.hardware, engine, flags.get("stack")))
     return target, pins
 

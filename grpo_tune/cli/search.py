@@ -8,6 +8,7 @@ runs (:func:`autotune.refine.refine`, imported only then).
 from __future__ import annotations
 
 from grpo_tune.core.errors import GrpoTuneError
+from grpo_tune.core.hardware import NATIVE_ENGINE
 
 import json
 from contextlib import contextmanager
@@ -542,7 +543,7 @@ def print_placements(res, console: Console) -> None:
 
         # the pool's own profile (a cpu plan priced with vLLM keeps its engine; another profile is read by name)
         hw_r = s.hardware if f["rollout_hardware"] == s.hardware.name else load_hardware(f["rollout_hardware"])
-        if hw_r.native_rollout:  # the trainer's own forward-only sampler
+        if roll.native or (hw_r is not s.hardware and hw_r.default_engine == NATIVE_ENGINE):  # the trainer's sampler
             engine = f"native sampler tp{roll.rollout_tp}"
         else:
             engine = (
@@ -594,7 +595,11 @@ def streaming_why(sep, colocated, ask: bool | None = True) -> str:
         cause = (
             "the native sampler would decode the stream in waves of max_num_seqs per replica, slower than the batch "
             "in one call,"
-            if load_hardware(f["rollout_hardware"]).native_rollout
+            if sep.strategy.rollout.native
+            or (
+                f["rollout_hardware"] != sep.hardware.name
+                and load_hardware(f["rollout_hardware"]).default_engine == NATIVE_ENGINE
+            )
             else "each mini-batch's log-prob passes would fill and drain the PP pipeline again (PP bubbles),"
         )
         return (

@@ -43,8 +43,10 @@ KlType = _choice("KlType", ("low_var_kl", "k3", "k1", "kl", "k2", "mse", "abs"))
 TrainerRolloutEngine = _choice("TrainerRolloutEngine", ("auto", "vllm", "megatron"))
 
 # The rollout engine of a plan (engines/): vLLM or SGLang; ``auto`` on the command line searches both. The CPU
-# trainer's own sampler (megatron) comes from the hardware profile, not the plan.
+# trainer's own sampler (megatron) is a plan's engine too (``PlanEngine``), the default of plans on a platform
+# whose ranks compute in host memory (``HardwareSpec.default_engine``); the command line does not offer it.
 Engine = _choice("Engine", ("vllm", "sglang"))
+PlanEngine = _choice("PlanEngine", ("vllm", "sglang", "megatron"))
 
 # Training GEMM precision (Megatron + TransformerEngine): bf16, or FP8 e4m3 with the blockwise recipe and bf16
 # master weights (docs/precision.md).

@@ -21,6 +21,7 @@ import yaml
 
 from grpo_tune.core.errors import ConfigError, GrpoTuneError
 from grpo_tune.core.choices import KlType, LossAgg, TrainerRolloutEngine
+from grpo_tune.core.hardware import NATIVE_ENGINE, OLD_ROLLOUT_ENGINES, ROLLOUT_ENGINES, with_rollout_engine
 from grpo_tune.core.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from grpo_tune.core.placement import Placement
 from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
@@ -173,13 +174,22 @@ class RunConfig:
     meta: dict[str, object] | None = None
     schema_version: int = SCHEMA_VERSION
 
+    def __post_init__(self) -> None:
+        # On a platform without GPU engines (cpu) grpo-tune's own trainer samples with what trainer.rollout_engine
+        # names (auto there: its own sampler): the plan's engine follows it, so that what is priced is what runs
+        # (a config built in code with Strategy()'s vllm and the trainer's megatron is the native sampler's plan).
+        if self.hardware.default_engine == NATIVE_ENGINE and self.strategy.rollout.engine in ROLLOUT_ENGINES:
+            want = "vllm" if self.trainer.rollout_engine == "vllm" else NATIVE_ENGINE
+            if self.strategy.rollout.engine != want:
+                object.__setattr__(self, "strategy", self.strategy.replace(engine=want))
+
     def to_dict(self) -> dict[str, object]:
         d: dict[str, object] = {
             "schema_version": self.schema_version,
             "model": self.model.to_dict(),
             "hardware": self.hardware.to_dict(),
             "cluster": dataclasses.asdict(self.cluster),
-            "strategy": self.strategy.to_dict(),
+            "strategy": self._strategy_dict(),
             "workload": self.workload.to_dict(),
             "trainer": dataclasses.asdict(self.trainer),
         }
@@ -188,6 +198,14 @@ class RunConfig:
         for k in ("predicted", "measured", "meta"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
+        return d
+
+    def _strategy_dict(self) -> dict[str, object]:
+        """The strategy section; its engine written out where it is not the platform's default (a cpu plan on vLLM:
+        read back without it, the plan would be the platform's own sampler's)."""
+        d = self.strategy.to_dict()
+        if "engine" not in d and self.strategy.rollout.engine != self.hardware.default_engine:
+            d["engine"] = self.strategy.rollout.engine
         return d
 
     @classmethod
@@ -205,9 +223,13 @@ class RunConfig:
             if k not in data:
                 raise ConfigError(f"{where}: missing section {k!r}")
         model = _model(data["model"], where)
-        hw = _hardware(data["hardware"], where)
+        hw_data, st_data = _engine_moved(data["hardware"], data["strategy"] or {})
+        hw = _hardware(hw_data, where)
+        if isinstance(st_data, dict) and "engine" not in st_data and hw.default_engine != "vllm":
+            st_data = {**st_data, "engine": hw.default_engine}  # the platform's default engine (cpu: its own sampler)
         cluster = from_mapping(Cluster, data["cluster"], f"{where}.cluster", _CLUSTER_SCHEMA)
-        strategy = Strategy.from_dict(data["strategy"] or {}, where=f"{where}.strategy")
+        strategy = Strategy.from_dict(st_data, where=f"{where}.strategy")
+        hw = with_rollout_engine(hw, strategy.rollout.engine)  # the plan's engine's stack costs (cpu + vllm)
         workload = Workload.from_dict(data.get("workload") or {}, where=f"{where}.workload")
         trainer = from_mapping(TrainerOptions, data.get("trainer") or {}, f"{where}.trainer", _TRAINER_SCHEMA)
         placement = Placement.from_dict(data.get("placement") or {}, where=f"{where}.placement")
@@ -256,6 +278,19 @@ def _spec(v: object, load: Callable[[str], _SpecT], from_dict: Callable[..., _Sp
 
 def _model(v: object, where: str) -> ModelSpec:
     return _spec(v, load_model, ModelSpec.from_dict, f"{where}.model")
+
+
+def _engine_moved(hw: object, strategy: object) -> tuple[object, object]:
+    """A run config written while the engine was the hardware profile's (``hardware.rollout_engine``): the key
+    moves to the plan (``strategy.engine``, unless the strategy names one), read as the plan it priced."""
+    if not (isinstance(hw, dict) and "rollout_engine" in hw):
+        return hw, strategy
+    hw = dict(hw)
+    raw = hw.pop("rollout_engine")
+    engine = OLD_ROLLOUT_ENGINES.get(str(raw), raw)
+    if isinstance(strategy, dict) and "engine" not in strategy:
+        strategy = {**strategy, "engine": engine}
+    return hw, strategy
 
 
 def _hardware(v: object, where: str) -> HardwareSpec:

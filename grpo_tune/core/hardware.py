@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from functools import lru_cache
 
 from .efficiency import STACK_KEYS, Efficiency
@@ -19,10 +20,12 @@ PROVENANCES = ("fitted", "transferred", "spec-only")
 ``transferred`` from another profile by stated ratios, or ``spec-only`` (datasheet figures and defaults)."""
 
 ROLLOUT_ENGINES = ("vllm", "megatron")
-"""Who samples the responses, as the trainer's ``rollout_engine`` names them (core.choices.TrainerRolloutEngine less
-``auto``): vLLM, or the trainer's own Megatron model."""
+"""The engines a platform without GPU engines (``memory_is_host``: ``cpu``) prices: its trainer's own Megatron
+sampler, or vLLM's CPU build where the stack has its costs (:func:`with_rollout_engine`)."""
 OLD_ROLLOUT_ENGINES = {"megatron-native": "megatron"}
-"""Spellings profiles used before the two vocabularies became one, read as their current names."""
+"""Spellings run configs used for the trainer's own sampler before the two vocabularies became one."""
+NATIVE_ENGINE = "megatron"
+"""The trainer's own sampler (engines/megatron): the default engine of plans on a ``memory_is_host`` platform."""
 FP8_GEMM_EFFICIENCY = 0.72
 """Achieved FP8 GEMM FLOP/s over twice the achieved bf16 FLOP/s at the same shape
 (:meth:`HardwareSpec.gemm_flops_per_s`): vLLM's ``benchmark_fp8_gemm.py`` on an H100 (vllm-project/vllm#49363,
@@ -60,9 +63,6 @@ class HardwareSpec:
     """fp32 FLOP/s of the host CPUs per node (Megatron's CPU optimizer runs Adam there)."""
     host_memory_bandwidth_bytes_per_s: float = 300e9
     """Host DRAM bandwidth per node (CPU Adam is bound by it)."""
-    rollout_engine: str = "vllm"
-    """``vllm`` (colocated, KV cache) or ``megatron`` (the trainer's own sampler, no KV cache; profiles written
-    before may say ``megatron-native``)."""
     attention_kernel: str = "flash"
     """``flash`` (no score matrix kept; causal block skipping) or ``unfused`` (softmax scores kept)."""
     activation_layout: str = "te-bf16"
@@ -86,6 +86,10 @@ class HardwareSpec:
     stack_engine: str = "vllm"
     """That stack's rollout engine (``StackSpec.engine``, set by :func:`apply_stack`): ``efficiency``'s
     ``engine_sleep_s`` / ``engine_wake_s`` are its figures (engines.sleep_wake_s)."""
+    engine_costs: str = ""
+    """The stack's ``[engines.<name>]`` table ``efficiency`` carries (set by :func:`with_rollout_engine` for a plan
+    whose engine has one; empty: the stack's own ``[params]``). Pricing state like ``stack``, not a profile key: the
+    engine is the plan's (``Strategy.rollout.engine``), and the profile only says what the platform is."""
     efficiency: Efficiency = field(default_factory=Efficiency)
     """Time-model parameters (see costmodel.timing): the chip's from the hardware profile, the
     software's from the stack profile."""
@@ -133,14 +137,16 @@ class HardwareSpec:
         return self.rank_memory_bytes(ranks_per_node) - self.reserved_memory_bytes
 
     @property
-    def native_rollout(self) -> bool:
-        """The trainer samples with its own Megatron model (no second weight copy, no KV cache)."""
-        return self.rollout_engine == "megatron"
+    def default_engine(self) -> str:
+        """The rollout engine of a plan built on this platform when the plan names none: the trainer's own sampler
+        where the ranks compute in host memory (``memory_is_host``: no GPU engine), else vLLM (engines.DEFAULT)."""
+        return NATIVE_ENGINE if self.memory_is_host else "vllm"
 
     def to_dict(self) -> dict[str, object]:
         """The profile as a file holds it: the stack's parameters stay in the stack (named by ``stack``)."""
         d = to_mapping(self)
         d.pop("stack_engine", None)  # the stack's, named by ``stack``
+        d.pop("engine_costs", None)  # the plan's engine's, applied again when the plan is read back
         d["efficiency"] = {k: v for k, v in self.efficiency.to_dict().items() if k not in STACK_KEYS}
         return d
 
@@ -166,10 +172,14 @@ class HardwareSpec:
             data["efficiency"] = Efficiency.from_dict(eff, where=f"{where}.efficiency")
         elif eff is not None and not isinstance(eff, Efficiency):
             raise ConfigError(f"{where}.efficiency must be a table of numbers, got {eff!r}")
-        if data.get("rollout_engine") in OLD_ROLLOUT_ENGINES:
-            data["rollout_engine"] = OLD_ROLLOUT_ENGINES[data["rollout_engine"]]
+        if "rollout_engine" in data:
+            raise ConfigError(
+                f"{where}.rollout_engine: the rollout engine is the plan's, not the hardware profile's "
+                f"(got {data['rollout_engine']!r})",
+                hint="delete the key; choose the engine with --rollout-engine vllm|sglang|auto (a plan's strategy "
+                "'engine'); a memory_is_host profile (cpu) defaults to the trainer's own sampler",
+            )
         for key, allowed in (
-            ("rollout_engine", ROLLOUT_ENGINES),
             ("attention_kernel", ATTENTION_KERNELS),
             ("activation_layout", ACTIVATION_LAYOUTS),
         ):
@@ -206,7 +216,7 @@ class HardwareSpec:
                 self.stack,
                 self.stack_engine,
                 self.efficiency,
-                self.rollout_engine,
+                self.engine_costs,
                 self.attention_kernel,
                 self.activation_layout,
             )
@@ -237,13 +247,16 @@ _HARDWARE_SCHEMA = Schema(
 
 
 @lru_cache(maxsize=256)
-def apply_stack(hw: HardwareSpec, stack: StackSpec) -> HardwareSpec:
-    """``hw`` priced under ``stack``: its efficiency carries the stack's parameters (its ``[engines.<name>]``
-    table's where ``hw.rollout_engine`` has one), ``hw.stack`` names it."""
-    eff = stack.efficiency(hw.efficiency, hw.rollout_engine)
-    if hw.stack == stack.name and hw.efficiency == eff and hw.stack_engine == stack.engine:
+def apply_stack(hw: HardwareSpec, stack: StackSpec, engine: str | None = None) -> HardwareSpec:
+    """``hw`` priced under ``stack``: its efficiency carries the stack's parameters (its ``[engines.<engine>]``
+    table's where ``engine``, the plan's, has one: ``engine_costs`` names it; None: the one ``hw`` carries),
+    ``hw.stack`` names it."""
+    costs = hw.engine_costs if engine is None else engine
+    costs = costs if costs in stack.engines else ""
+    eff = stack.efficiency(hw.efficiency, costs)
+    if hw.stack == stack.name and hw.efficiency == eff and hw.stack_engine == stack.engine and hw.engine_costs == costs:
         return hw
-    return dataclasses.replace(hw, stack=stack.name, stack_engine=stack.engine, efficiency=eff)
+    return dataclasses.replace(hw, stack=stack.name, stack_engine=stack.engine, efficiency=eff, engine_costs=costs)
 
 
 def with_stack(hw: HardwareSpec, name: str | None) -> HardwareSpec:
@@ -251,14 +264,25 @@ def with_stack(hw: HardwareSpec, name: str | None) -> HardwareSpec:
     return hw if not name else apply_stack(hw, load_stack(name))
 
 
+def plan_engine(pins: Mapping[str, object], hw: HardwareSpec) -> str:
+    """The engine of plans built from ``pins`` on ``hw``: the pinned one, else (no pin, or ``auto`` on a platform with
+    one engine) the platform's default (:attr:`HardwareSpec.default_engine`). ``auto`` on a GPU stays ``auto`` (the
+    search tries each engine)."""
+    e = pins.get("engine")
+    if isinstance(e, str) and e not in ("", "auto"):
+        return e
+    return hw.default_engine if (e is None or hw.default_engine == NATIVE_ENGINE) else "auto"
+
+
 def with_rollout_engine(hw: HardwareSpec, engine: str, stack: str | None = None) -> HardwareSpec:
-    """``hw`` with ``engine`` (vllm) sampling instead of the trainer's own model, on a profile whose ranks sample
-    with it (``rollout_engine = "megatron"``: ``cpu``), priced with its stack's ``[engines.<engine>]`` costs (the
-    ``grpo-tune-cpu`` stack's vLLM-on-CPU decode costs). Other profiles and engines come back unchanged. A stack
-    without that table is a NOT_PRICED error: its costs are the native sampler's. ``stack``: the stack ``hw`` is
-    priced under, by name or path (default: the one ``hw.stack`` names)."""
-    if not hw.native_rollout or engine == hw.rollout_engine:
-        return hw
+    """``hw`` priced for a plan whose rollout engine is ``engine``. On a platform whose default engine is the
+    trainer's own sampler (``memory_is_host``: ``cpu``), another engine (vllm) is priced with its stack's
+    ``[engines.<engine>]`` costs (the ``grpo-tune-cpu`` stack's vLLM-on-CPU decode costs); other platforms and the
+    default engine come back unchanged. SGLang there, or a stack without that table, is a NOT_PRICED error: its
+    costs are the native sampler's. ``stack``: the stack ``hw`` is priced under, by name or path (default: the one
+    ``hw.stack`` names)."""
+    if engine in ("auto", "", hw.default_engine, hw.engine_costs) or hw.default_engine != NATIVE_ENGINE:
+        return hw  # already priced for it (under the stack it was priced with), or nothing to price
     spec = load_stack(stack or hw.stack or hw.default_stack or None)
     if engine not in ROLLOUT_ENGINES:  # SGLang: no CPU build the trainer runs
         raise ConfigError(
@@ -275,4 +299,4 @@ def with_rollout_engine(hw: HardwareSpec, engine: str, stack: str | None = None)
             "--rollout-engine out for the native sampler",
             code="NOT_PRICED",
         )
-    return apply_stack(dataclasses.replace(hw, rollout_engine=engine), spec)
+    return apply_stack(hw, spec, engine)

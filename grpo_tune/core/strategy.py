@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from . import bounds as _bounds
 from . import knobs as _knobs
-from .choices import Dtype, Engine, KvCacheDtype, Offload, Recompute, RolloutPrecision, TrainPrecision, WorkloadKind
+from .choices import Dtype, KvCacheDtype, PlanEngine, Offload, Recompute, RolloutPrecision, TrainPrecision, WorkloadKind
 from .errors import ConfigError, InvalidDegreesError
 from .knobs import OFFLOAD, RECOMPUTE, SYNC_BUCKET_MB, Knob, knobs
 from .rules import check_degrees, divisors, errors, stage_layers
@@ -195,13 +195,18 @@ class Rollout:
     ``<< 20`` bytes): the exported HF tensors are packed into buckets of this size, each shipped to vLLM by CUDA IPC."""
 
     engine: str = "vllm"
-    """Which engine samples: ``vllm`` or ``sglang`` (engines/; the CPU trainer's own sampler comes from the
-    hardware profile). Its knobs above are spelled by each engine's keys (``gpu_memory_utilization`` is
-    SGLang's ``mem_fraction_static``)."""
+    """Which engine samples: ``vllm``, ``sglang`` or ``megatron`` (engines/; the CPU trainer's own sampler, the
+    default of plans on a ``memory_is_host`` platform: ``HardwareSpec.default_engine``). Its knobs above are
+    spelled by each engine's keys (``gpu_memory_utilization`` is SGLang's ``mem_fraction_static``)."""
 
     @property
     def sync_bucket_bytes(self) -> int:
         return self.sync_bucket_mb << 20
+
+    @property
+    def native(self) -> bool:
+        """The trainer's own Megatron sampler samples (no second weight copy, no KV cache, nothing sleeps)."""
+        return self.engine == "megatron"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -526,7 +531,7 @@ class Workload:
 _PLAIN = Schema()
 _SCHEMAS = {
     "memory": Schema(ranges={"cpu_optimizer": FRACTION}, choices={"recompute": Recompute, "offload": Offload}),
-    "rollout": Schema(ranges={"gpu_memory_utilization": FRACTION}, choices={"engine": Engine}),
+    "rollout": Schema(ranges={"gpu_memory_utilization": FRACTION}, choices={"engine": PlanEngine}),
     "precision": Schema(
         choices={"precision": TrainPrecision, "rollout_precision": RolloutPrecision, "kv_cache_dtype": KvCacheDtype}
     ),

@@ -64,7 +64,7 @@ def trainer_only(model: ModelSpec, strategy: Strategy) -> list[Finding]:
                 "set strategy.cp: 1 (the search keeps CP only where each CP rank holds >= 4k tokens)",
             )
         )
-    if s.rollout.engine != "vllm":
+    if s.rollout.engine not in ("vllm", "megatron"):
         out.append(
             Finding(
                 CODE,

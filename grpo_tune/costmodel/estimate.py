@@ -8,6 +8,7 @@ The results are the frozen dataclasses of :mod:`costmodel.results`.
 
 from __future__ import annotations
 
+from grpo_tune.core.hardware import with_rollout_engine
 from grpo_tune.core.rules import check_batches, check_log_prob_batches
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import Cluster, Strategy, Workload, validate
@@ -62,6 +63,7 @@ def estimate(
     calibration: dict[str, float] | None = None,
 ) -> Estimate:
     s = validate(model, strategy, cluster.gpus, gpus_per_node=cluster.gpus_per_node, allow_cross_node_tp=True)
+    hardware = with_rollout_engine(hardware, s.rollout.engine)  # the plan's engine's stack costs (cpu + vllm)
     params = {"total": total_params(model), "active": active_params(model), "per_rank_max": max_rank_params(model, s)}
     mem, host_bytes, violations = memory.phase_memory(model, hardware, cluster, s, workload)
     violations += _token_budget(s, workload) + _batches(s, workload)

@@ -10,7 +10,7 @@ Every figure is the most loaded rank of the worst pipeline stage, per phase. Pha
 - ``old_logprob`` / ``ref_logprob``: forward only (one layer's working set + logits).
 - ``rollout``: verl's colocated hybrid engine: vLLM takes ``gpu_memory_utilization`` x HBM for its
   weights, its working set and the KV cache; training state that is not offloaded stays resident.
-  A profile with ``rollout_engine = "megatron"`` (``cpu``) samples with the trainer's own
+  A plan with ``engine = "megatron"`` (the default on ``cpu``) samples with the trainer's own
   Megatron model instead: the actor's weights and one forward's activations, no second copy, no KV cache.
 - ``weight_sync``: training weights + the rollout copy + one gathered tensor (verl reshards per tensor).
 
@@ -323,7 +323,7 @@ def phase_memory(
     }
     kvc = (
         kv_cache_capacity(m, hardware, s, w, cluster.gpus, cluster.ranks_per_node)
-        if (w.kind == "grpo" and not hardware.native_rollout)
+        if (w.kind == "grpo" and not s.rollout.native)
         else None
     )
     out = _phases(m, hardware, s, w, k, states, acts, logit, last, kvc)
@@ -376,7 +376,7 @@ def _phases(
     kl = w.kind == "grpo" and w.kl
     p_off, o_off = "param" in off, "optimizer" in off
     g_off = "grad" in off or p_off
-    native = hardware.native_rollout
+    native = eng.native
     resident = kvc.budget_bytes if (kvc is not None and not eng.free_cache_engine) else 0.0
     # A sleeping vLLM (free_cache_engine) releases its weights and KV cache but keeps its captured
     # CUDA graphs' memory pool through the training phases (vllm-project/vllm#56373: "Level-1 cuMem

@@ -161,7 +161,7 @@ def generation(
     excess), ``concurrency`` (resident sequences per replica), ``bound`` (what sets it: 0 max_num_seqs, 1 the KV
     cache, 2 the feed, 3 the framework's cap), ``decode_step_s`` (at that concurrency), ``tokens_per_s`` (the
     pool's sustained decode throughput)."""
-    if hw.native_rollout:
+    if s.rollout.native:
         rs = native_rollout_s(m, hw, cluster, native_strategy(m, s, cluster), wl, cal)
         gen = rs["prefill_s"] + rs["decode_s"] + cal["rollout_overhead_s"]
         return {
@@ -241,7 +241,7 @@ def rollout_memory(
 ) -> tuple[PhaseMemory, list[Violation]]:
     """Bytes on a rollout-pool GPU: vLLM's weights, working set and KV cache; nothing of training. On a
     native-sampling profile: the forward-only engine's weights and one forward (:func:`_native_memory`)."""
-    if hw.native_rollout:
+    if s.rollout.native:
         return _native_memory(m, hw, cluster, s, wl)
     kvc = memory.kv_cache_capacity(m, hw, s, wl, cluster.gpus, cluster.ranks_per_node)
     graphs = 0.0 if s.rollout.enforce_eager else memory.CUDA_GRAPH_BYTES

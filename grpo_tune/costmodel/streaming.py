@@ -268,7 +268,7 @@ def rollout_arrivals(
 
     if units <= 1:
         return [gen_s] * max(1, units)
-    if hw.native_rollout:
+    if s.rollout.native:
         return native_wave_arrivals(m, hw, cluster, s, wl, cal, gen_s, units)
     rs = rollout_s(m, hw, cluster, s, wl, cal)
     replicas = max(1, cluster.gpus // s.rollout.rollout_tp)

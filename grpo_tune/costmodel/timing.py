@@ -199,16 +199,16 @@ def _grpo(
 ) -> _Phases:
     seq = wl.mean_seq_len
     seqs = wl.prompts * wl.n
-    rs = (native_rollout_s if hw.native_rollout else rollout_s)(m, hw, cluster, s, wl, cal)
-    ctl_gen = 0.0 if hw.native_rollout else controller_s(hw, wl, "rollout")  # the generated batch back to the driver
+    rs = (native_rollout_s if s.rollout.native else rollout_s)(m, hw, cluster, s, wl, cal)
+    ctl_gen = 0.0 if s.rollout.native else controller_s(hw, wl, "rollout")  # the generated batch back to the driver
     rollout = (
         rs["prefill_s"]
         + rs["decode_s"]
-        + (0.0 if hw.native_rollout else sleep_s(hw, s))
+        + (0.0 if s.rollout.native else sleep_s(hw, s))
         + cal["rollout_overhead_s"]
         + ctl_gen
     )
-    if hw.native_rollout:
+    if s.rollout.native:
         sync, ws = 0.0, {}
     else:
         ws = weight_sync_s(m, hw, cluster, s, cal)

@@ -1,9 +1,10 @@
 """Rollout engines behind one small contract (:mod:`.base`), beside the frameworks: vLLM (:mod:`.vllm`), SGLang
 (:mod:`.sglang`) and the trainer's own Megatron sampler (:mod:`.megatron`).
 
-A plan names its engine (``Strategy.rollout.engine``: vllm | sglang); a hardware profile whose ranks sample with
-the training model (``rollout_engine = "megatron"``, the ``cpu`` profile) overrides it. :func:`of` is the one place
-that decides which engine a plan's rollout runs on.
+A plan names its engine (``Strategy.rollout.engine``: vllm | sglang | megatron); the hardware profile does not. A
+platform only sets the default engine of the plans built on it (``HardwareSpec.default_engine``: the trainer's own
+sampler where the ranks compute in host memory, the ``cpu`` profile). :func:`of` is the one place that turns a
+plan's engine into its spec.
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ from grpo_tune.engines.megatron import ENGINE as MEGATRON
 from grpo_tune.engines.sglang import ENGINE as SGLANG
 from grpo_tune.engines.vllm import ENGINE as VLLM
 
-__all__ = ["KV_BYTES", "REGISTRY", "WEIGHT_BYTES", "RolloutEngineSpec", "named", "of", "sleep_wake_s"]
+__all__ = [
+    "KV_BYTES",
+    "REGISTRY",
+    "WEIGHT_BYTES",
+    "RolloutEngineSpec",
+    "for_framework",
+    "named",
+    "of",
+    "sleep_wake_s",
+]
 
 REGISTRY: dict[str, RolloutEngineSpec] = {e.name: e for e in (VLLM, SGLANG, MEGATRON)}
 DEFAULT = "vllm"
@@ -26,10 +36,16 @@ def named(name: str) -> RolloutEngineSpec:
     return REGISTRY[DEFAULT if name in ("auto", "") else name]
 
 
-def of(s: Strategy, hw: HardwareSpec) -> RolloutEngineSpec:
-    """The engine a plan's rollout runs on: the hardware's own sampler where the profile says so, else the plan's."""
-    if hw.rollout_engine == "megatron":  # HardwareSpec.native_rollout, inlined: every estimate asks
-        return MEGATRON
+def for_framework(name: str) -> RolloutEngineSpec:
+    """The engine a framework's launch (verl, NeMo-RL) names for a plan's engine ``name``: the engine itself, or the
+    default (vLLM) for the trainer's own sampler (``megatron``, grpo-tune's CPU trainer only), as those launches
+    said before the engine became the plan's."""
+    e = named(name)
+    return e if e.verl_name else REGISTRY[DEFAULT]
+
+
+def of(s: Strategy, hw: HardwareSpec | None = None) -> RolloutEngineSpec:
+    """The engine a plan's rollout runs on: the plan's (``hw`` no longer decides; kept for the callers' shape)."""
     return REGISTRY.get(s.rollout.engine) or named(s.rollout.engine)
 
 

@@ -31,6 +31,13 @@ def run_estimate(req: EstimateRequest) -> Estimate:
     from grpo_tune import frameworks as F
     from grpo_tune.core.strategy import Strategy
 
+    from grpo_tune.core.hardware import NATIVE_ENGINE, plan_engine, with_rollout_engine
+
+    hw0 = req.target.hardware
+    if hw0.default_engine == NATIVE_ENGINE and req.pins.get("engine") != (e := plan_engine(req.pins, hw0)):
+        # a platform with one default engine (cpu): the plan's engine pinned, the hardware priced for it
+        t = req.target._replace(hardware=with_rollout_engine(hw0, e))
+        return run_estimate(dataclasses.replace(req, target=t, pins={**req.pins, "engine": e}))
     if req.pins.get("engine") == "auto":  # --rollout-engine auto: the plan on each engine, the faster one
         from grpo_tune.core.choices import Engine
         from grpo_tune.costmodel.results import step_s

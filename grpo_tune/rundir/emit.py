@@ -105,7 +105,7 @@ def run_config(
         trainer = TrainerOptions(lr=lr)
         meta = {**(meta or {}), "lr_note": f"trainer.lr {lr:g}: {est.model.name} trains from a random init"}
     trainer = trainer or TrainerOptions()
-    if trainer.rollout_engine == "auto" and est.hardware.memory_is_host and not est.hardware.native_rollout:
+    if trainer.rollout_engine == "auto" and est.hardware.memory_is_host and est.strategy.rollout.engine == "vllm":
         # a CPU plan priced with vLLM's CPU build (--rollout-engine vllm): the trainer's auto would pick its own sampler
         trainer = dataclasses.replace(trainer, rollout_engine="vllm")
     if run_dir is not None and trainer.out_dir == TrainerOptions().out_dir:

@@ -56,7 +56,7 @@ PACKING_NOTE = (
 def _check_gpus(cfg: RunConfig, lay: RankLayout) -> None:
     """A plan for GPUs needs a CUDA GPU per rank of this node: without them the workers would run it on the CPU
     (gloo), where a GPU-sized model is killed for memory long after the start."""
-    if cfg.hardware.memory_is_host or cfg.hardware.native_rollout:  # a CPU profile: its ranks are processes
+    if cfg.hardware.memory_is_host:  # a CPU profile: its ranks are processes
         return
     import torch
 
@@ -134,7 +134,7 @@ def preflight(
         need_torch
         and s.memory.precision_aware_optimizer
         and not s.memory.cpu_optimizer
-        and not cfg.hardware.native_rollout
+        and not cfg.hardware.memory_is_host
         and importlib.util.find_spec("transformer_engine") is None
     ):
         # megatron-core 0.16.1 OptimizerConfig: precision-aware state needs TE's FusedAdam (or the hybrid optimizer)

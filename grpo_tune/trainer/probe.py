@@ -403,9 +403,9 @@ def profile_figures(m: Measured, base: dict, dev: torch.device) -> tuple[dict, d
     fields["host_memory_bytes"] = _mem_total_bytes()
     fields["host_to_device_bandwidth_bytes_per_s"] = m.h2d
     fields["reserved_memory_bytes"] = reserved
-    # What the base says about the engine and kernels (a CPU probe keeps the CPU trainer's).
+    # What the base says about the kernels (a CPU probe keeps the CPU trainer's; its memory_is_host, set above, makes
+    # the trainer's own sampler its plans' default engine: the engine is the plan's, not the profile's).
     for k in (
-        "rollout_engine",
         "attention_kernel",
         "activation_layout",
         "host_flops_per_s",

@@ -13,6 +13,7 @@ from functools import lru_cache
 from typing import Iterator, Mapping, TypedDict, TypeVar
 
 from grpo_tune.core.errors import InvalidDegreesError
+from grpo_tune.core.hardware import NATIVE_ENGINE, plan_engine
 from grpo_tune.core.knobs import knob, knobs, names
 from grpo_tune.core.rules import check_batches, check_log_prob_batches, within_node
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
@@ -308,11 +309,17 @@ class Space:
         """(offload set, CPU-optimizer fraction) pairs."""
         return [(o, c) for o in self.offload_options() for c in self.cpu_options()]
 
+    @property
+    def native(self) -> bool:
+        """The plans of this space sample with the trainer's own model: the pinned engine, or the platform's
+        default (core.hardware.plan_engine: ``cpu``)."""
+        return plan_engine(self.pins, self.hardware) == NATIVE_ENGINE
+
     def engine_options(self) -> list[Knobs]:
         """The knob table's grids (core/knobs.py), each pinned or tried in full: vLLM's max_num_seqs and
         eager mode (CUDA graphs cost memory, eager costs time per step). Without vLLM (the CPU trainer samples
         with Megatron, or a plain pretraining step) the rollout engine's grids change nothing and are not tried."""
-        vllm = self.workload.kind == "grpo" and not self.hardware.native_rollout
+        vllm = self.workload.kind == "grpo" and not self.native
         rows = [k for k in knobs(search="grid") if vllm or k.concern != "rollout"]
         if not rows:
             return [{}]
@@ -358,6 +365,8 @@ class Space:
         fixed = {
             k: self.pins[k] for k in names(search=PASS_THROUGH) if k in self.pins and k not in opt and k not in eng
         }
+        if self.native and "engine" not in eng and "engine" not in fixed:
+            eng = {**eng, "engine": NATIVE_ENGINE}
         return Strategy.of(**lay, **opt, **fixed, **eng, rollout_tp=roll[0], gpu_memory_utilization=roll[1])
 
     def candidate_count(self, layouts: list[Degrees] | None = None) -> int:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, TypedDict
 
 from grpo_tune.core.choices import PlacementMode
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, InvalidDegreesError
+from grpo_tune.core.hardware import NATIVE_ENGINE, plan_engine
 from grpo_tune.core.rules import within_node
 from grpo_tune.core.specs import HardwareSpec, ModelSpec
 from grpo_tune.core.strategy import Cluster, Strategy, Workload, divisors
@@ -157,7 +158,7 @@ def rollout_options(m: ModelSpec, hw: HardwareSpec, roll: Cluster, pins: Mapping
         # vLLM TP within a node (every replica's GPUs on one node), unless the weights only fit across nodes (as
         # the colocated space does)
         tps = [t for t in fit if within_node(t, roll.gpus, roll.gpus_per_node)] or fit[:2]
-    if hw.native_rollout:  # the trainer's forward-only engine samples (the cpu profile): only its TP is a knob
+    if plan_engine(pins, hw) == NATIVE_ENGINE:  # the trainer's own sampler (the cpu default): only its TP is a knob
         d = Strategy().rollout  # the vLLM knobs keep their defaults (nothing reads them there)
         return [
             EngineOption(
@@ -184,6 +185,13 @@ _ENGINE_BASE = ("max_num_batched_tokens", "chunked_prefill")
 """The pinned engine knobs a rollout pool's strategy starts from (the rest are each option's)."""
 
 
+def _pool_base(pins: Mapping[str, object], hw: HardwareSpec) -> Strategy:
+    """A rollout pool's strategy before its options: the pinned :data:`_ENGINE_BASE` knobs, on the trainer's own
+    sampler where the plan's engine is it (the pool's platform's default, core.hardware.plan_engine)."""
+    native = {"engine": NATIVE_ENGINE} if plan_engine(pins, hw) == NATIVE_ENGINE else {}
+    return Strategy.of(**{k: v for k, v in pins.items() if k in _ENGINE_BASE}, **native)
+
+
 def best_rollout(
     m: ModelSpec,
     hw: HardwareSpec,
@@ -198,7 +206,7 @@ def best_rollout(
     pool runs ahead (costmodel.pools.AsyncKnobs; None: the synchronous batch, or partial rollout at one batch
     ahead)."""
     best: tuple[tuple[float, float], EngineOption, float] | None = None
-    base = Strategy.of(**{k: v for k, v in pins.items() if k in _ENGINE_BASE})
+    base = _pool_base(pins, hw)
     for opt in rollout_options(m, hw, roll, pins):
         s = CP.rollout_strategy(base.replace(**opt))
         _, viol = P.rollout_memory(m, hw, roll, s, wl)
@@ -408,7 +416,7 @@ def _separate(
         if got is None or not tr or tr[0].time is None:
             return {}
         opt, _ = got
-        rs = CP.rollout_strategy(Strategy.of(**{k: v for k, v in pins.items() if k in _ENGINE_BASE}).replace(**opt))
+        rs = CP.rollout_strategy(_pool_base(pins, hw_r).replace(**opt))
         pl = CP.Placement(mode="separate", rollout_gpus=r, stream=True, recompute_logprobs=recompute_logprobs)
         phases = dict(tr[0].time.phases)
         if not recompute_logprobs:

@@ -1,6 +1,6 @@
 """The trainer's own sampler (``grpo-tune train`` on CPU): the training model's forward over every prefix, no KV
-cache (costmodel/rollout.py ``native_rollout_s``). A hardware profile with ``rollout_engine = "megatron"``
-(``cpu``) samples with it."""
+cache (costmodel/rollout.py ``native_rollout_s``). A plan with ``engine = "megatron"`` samples with it:
+the default on a platform whose ranks compute in host memory (``cpu``, ``HardwareSpec.default_engine``)."""
 
 from grpo_tune.engines.base import RolloutEngineSpec
 

@@ -60,7 +60,7 @@ class NemoRL(Framework):
     stack_profile = STACK
 
     def refuse_search_pins(self, pins: Mapping[str, object]) -> None:
-        if pins.get("engine") not in (None, "vllm"):
+        if pins.get("engine") not in (None, "vllm", "megatron"):  # megatron: the cpu default, not NeMo-RL's
             raise ConfigError(
                 f"--rollout-engine {pins['engine']}: NeMo-RL 0.7.0's generation is vLLM here (its base config has no "
                 "SGLang section)",

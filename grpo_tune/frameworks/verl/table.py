@@ -226,7 +226,7 @@ _KV_KEYS = tuple(engines.named(n).verl_kv_key() for n in ("vllm", "sglang"))
 
 
 def _engine_write(p: Sections) -> dict[str, object]:
-    return {f"{ROLLOUT}.name": engines.named(p[S].rollout.engine).verl_name}
+    return {f"{ROLLOUT}.name": engines.for_framework(p[S].rollout.engine).verl_name}
 
 
 def _engine_read(get: Get) -> object:
@@ -264,7 +264,7 @@ def _rollout_fp8_read(get: Get) -> str:
 def _kv_write(p: Sections) -> dict[str, object]:
     if p[S].precision.kv_cache_dtype == "auto":
         return {}
-    eng = engines.named(p[S].rollout.engine)
+    eng = engines.for_framework(p[S].rollout.engine)
     return {eng.verl_kv_key(): eng.kv_value(p[S].precision.kv_cache_dtype)}
 
 
