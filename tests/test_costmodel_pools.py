@@ -691,3 +691,91 @@ def test_search_with_a_large_staleness_draws_a_legend_that_fits(tmp_path):
         )  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "Tight layout" not in r.output
+
+
+# -- the drain at the CUDA-graph cliff ----------------------------------------------------------------------------
+
+
+def _ahead_sweep(model: str, gpus: int, rollout_gpus: int, strategy: Strategy, grid: list[float]):
+    m = load_model(model)
+    wl = Workload(prompts=256, mini_batch=64, prompt_len_mean=205, response_len_mean=205)
+    out = []
+    for a in grid:
+        e = P.estimate_separate(
+            model=m,
+            hardware=H100,
+            cluster=Cluster(gpus=gpus),
+            strategy=strategy,
+            workload=wl,
+            placement=sep(rollout_gpus, 1),
+            knobs=P.AsyncKnobs(ahead=a),
+        )
+        out.append((a, e.step_s, e.placement["gen_s"], e.placement["decode_concurrency"]))
+    return out
+
+
+# the verl launch of tests/test_tune_placement.py (Qwen2.5-1.5B, 8 H100, 2 + 6, staleness 1) and an MoE plan
+# (Qwen3-30B-A3B, 16 H100, 8 + 8, rollout TP4 on CUDA graphs): both run from 640 sequences a replica at ahead 0 to
+# max_num_seqs 1,024 at ahead 1, across vLLM's CUDA-graph batch of 512
+_CLIFF_PLANS = {
+    "qwen2.5-1.5b": (
+        8,
+        2,
+        Strategy.of(
+            tp=1, pp=3, dp=2, last_stage_layers=8, mbs=8, rollout_tp=1, gpu_memory_utilization=0.6, max_num_seqs=1024
+        ),
+        0.001,
+    ),
+    "qwen3-30b-a3b": (
+        16,
+        8,
+        Strategy.of(tp=1, ep=8, dp=8, rollout_tp=4, gpu_memory_utilization=0.6, max_num_seqs=1024),
+        0.002,
+    ),
+}
+
+
+@pytest.mark.parametrize("model", list(_CLIFF_PLANS))
+def test_running_further_ahead_never_prices_a_slower_step(model):
+    """The drain of a batch crosses the CUDA-graph cliff (above ``graph_max`` running sequences a step runs eager,
+    at least ``eager_launch``) at ``j* = quantile(1 - graph_max / conc)``; rollout.drain_s splits the drain there.
+    With one 8-point midpoint rule a point crossing the cliff moved the drain by a whole segment: the 1.5B launch
+    priced 16.25 s at ahead 0.001, 17.19 s at 0.05 and 16.66 s at 0.1. Over a fine grid of ``ahead`` the step now
+    never rises and the generation moves by at most 0.5% between neighbours (it was 27%)."""
+    gpus, rollout_gpus, s, dx = _CLIFF_PLANS[model]
+    grid = [0.0] + [round(dx * i, 6) for i in range(1, int(round(1 / dx)) + 1)]
+    rows = _ahead_sweep(model, gpus, rollout_gpus, s, grid)
+    assert rows[0][3] == pytest.approx(640) and rows[-1][3] == 1024
+    for (a0, step0, gen0, _), (a1, step1, gen1, _) in zip(rows, rows[1:]):
+        assert step1 <= step0 * (1 + 1e-9), (model, a0, a1, step0, step1)
+        assert abs(gen1 - gen0) <= 0.005 * gen0, (model, a0, a1, gen0, gen1)
+
+
+def test_the_drain_is_continuous_across_the_cuda_graph_batch():
+    """rollout_s's drain (its decode less the steady part) of one replica with 1,280 sequences as max_num_seqs runs
+    from 496 to 758 across vLLM's graph batch 512: the running sequences fall below 512 at ``j*``, which moves
+    continuously from 0, so the drain moves by at most 0.05 s for 2 more sequences (0.024 s here); the single 8-point
+    rule jumped by 2.6 s at 668 (its first point crossing the cliff). The steady part keeps its cliff at 512 itself:
+    a whole step of more than 512 sequences runs eager."""
+    from grpo_tune.costmodel.rollout import _DecodeStep, drain_s, response_dist, rollout_s
+
+    m = load_model("qwen2.5-1.5b")
+    wl = Workload(prompts=256, mini_batch=64, prompt_len_mean=205, response_len_mean=205)
+    cl = Cluster(gpus=1)
+    drains = []
+    for seqs in range(496, 760, 2):
+        s = Strategy.of(rollout_tp=1, gpu_memory_utilization=0.6, max_num_seqs=seqs)
+        r = rollout_s(m, H100, cl, s, wl, CAL)
+        assert r["concurrency"] == seqs
+        d = response_dist(wl)
+        step = _DecodeStep(m, H100, cl, s, wl.mean_prompt_len, CAL)
+        steady = (1280 - seqs) * d.mean_len / seqs * r["decode_step_s"]
+        drain = r["decode_s"] - steady
+        assert drain == pytest.approx(drain_s(step, d, seqs, wl.mean_prompt_len, r["longest_response"]), rel=1e-9)
+        drains.append(drain)
+    jumps = [abs(b - a) for a, b in zip(drains, drains[1:])]
+    assert max(jumps) < 0.05, max(jumps)
+    # the split point: conc * S(j*) = graph_max
+    d = response_dist(wl)
+    j = d.quantile(1 - 512 / 700)
+    assert 700 * d.survival(j) == pytest.approx(512, rel=1e-9)

@@ -57,7 +57,7 @@ from grpo_tune.core.units import GiB
 from . import memory, streaming
 from .estimate import estimate
 from .results import Estimate, PhaseMemory, PhaseTimes, PoolFigures, SeparateFigures, Throughput, Violation
-from .rollout import DRAIN_POINTS, _DecodeStep, native_rollout_s, native_strategy, response_dist, rollout_s
+from .rollout import _DecodeStep, drain_s, native_rollout_s, native_strategy, response_dist, rollout_s
 from .timing_base import attention_fraction, check_calibration, forward_flops_per_token
 from .weight_sync import REFIT_TRANSPORTS, cross_pool_sync, per_tensor_sync, reshard_sync
 
@@ -205,9 +205,7 @@ def generation(
         else:
             in_flight = min(float(wl.prompts * wl.n), conc * replicas)
             longest = d.expected_max(in_flight)
-            h = longest / DRAIN_POINTS
-            js = [(i + 0.5) * h for i in range(DRAIN_POINTS)]
-            t_drain = sum(step(conc * d.survival(j), prompt + j)[0] * h for j in js)
+            t_drain = drain_s(step, d, conc, prompt, longest)
             drain = max(0.0, t_drain - mean * t_c)
             if k.ahead > 0:
                 drain /= max(1, sync_interval)

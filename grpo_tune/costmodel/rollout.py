@@ -35,7 +35,7 @@ CUDA_GRAPH_MAX_BATCH = 512
 """vLLM's largest captured decode batch by default (``max_cudagraph_capture_size`` 512); larger
 batches run eager."""
 DRAIN_POINTS = 8
-"""Midpoint-rule points over the drain of the batch."""
+"""Midpoint-rule points over the drain of the batch (each side of the eager/graph crossing, :func:`drain_s`)."""
 
 
 def response_dist(wl: Workload) -> LengthDist:
@@ -127,6 +127,32 @@ class _DecodeStep:
         return t_gpu + self.graph_ovh + conc * self.seq_ovh, t_mem >= t_comp
 
 
+def drain_s(step: _DecodeStep, d: LengthDist, conc: float, prompt: float, longest: float) -> float:
+    """Seconds of a drain: ``sum over j in [0, longest] of step(conc * S(j), prompt + j)``, the decode steps of
+    ``conc`` sequences started together while they finish on the survival curve ``S`` of ``d``.
+
+    The step has a cliff where the running sequences fall to the engine's CUDA-graph batch (``graph_max``): above
+    it a step runs eager (at least ``eager_launch``), below it on the graphs. The interval is split at that
+    crossing, ``j* = quantile(1 - graph_max / conc)`` (``conc * S(j*) = graph_max``), and each side integrated
+    with the midpoint rule (:data:`DRAIN_POINTS` points), so the drain is continuous in ``conc`` across the cliff;
+    a single midpoint rule over the whole drain moved it by a whole segment (longest / 8 tokens of eager steps)
+    when a point crossed it (docs/placement.md, "The drain at the CUDA-graph cliff")."""
+    if longest <= 0:
+        return 0.0
+    cuts = [0.0, longest]
+    if not step.eager and conc > step.graph_max:
+        cross = d.quantile(1.0 - step.graph_max / conc)
+        if 0.0 < cross < longest:
+            cuts = [0.0, cross, longest]
+    total = 0.0
+    for a, b in zip(cuts, cuts[1:]):
+        h = (b - a) / DRAIN_POINTS
+        for k in range(DRAIN_POINTS):
+            j = a + (k + 0.5) * h
+            total += step(conc * d.survival(j), prompt + j)[0] * h
+    return total
+
+
 _CACHE: dict[tuple[object, ...], tuple[tuple[object, ...], dict[str, float]]] = {}
 
 
@@ -208,12 +234,7 @@ def _rollout_s(
     # the phase ends when the last replica does: the drain runs to the expected longest response of the
     # whole batch (every replica's own survival curve, held until the batch's longest finishes)
     longest = d.expected_max(wl.prompts * wl.n)
-    drain = 0.0
-    h = longest / DRAIN_POINTS
-    for k in range(DRAIN_POINTS):
-        j = (k + 0.5) * h
-        running = conc * d.survival(j)
-        drain += step(running, prompt + j)[0] * h
+    drain = drain_s(step, d, conc, prompt, longest)
     return {
         "prefill_s": t_pre,
         "decode_s": steady + drain,
