@@ -261,8 +261,7 @@ def _print_left(c: Console, left) -> None:
         f"the model's +/-{left.error_pct:g}%) with {'; '.join(left.knobs) or 'another plan'}: knobs tune keeps as "
         f"your launch sets them (plan {s.layout_text()}, vLLM tp{s.rollout.rollout_tp}). To get it, plan it anew:",
         highlight=False,
-        soft_wrap=True,
-    )
+    )  # the prose wraps to the terminal; the command below stays one line, to copy
     c.print(f"  {escape(left.command)}", highlight=False, soft_wrap=True, markup=False)
 
 
