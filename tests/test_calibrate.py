@@ -28,7 +28,12 @@ def _plans() -> list[Strategy]:
                 for rtp in (1, 2):
                     try:
                         out.append(
-                            validate(TINY, Strategy.of(tp=tp, pp=pp, mbs=mbs, rollout_tp=rtp, engine="megatron"), 4, gpus_per_node=8)
+                            validate(
+                                TINY,
+                                Strategy.of(tp=tp, pp=pp, mbs=mbs, rollout_tp=rtp, engine="megatron"),
+                                4,
+                                gpus_per_node=8,
+                            )
                         )
                     except GrpoTuneError:
                         pass
