@@ -143,17 +143,21 @@ def _short(row_id: str, width: int) -> str:
 _POOL_PHASE = {"rollout": "gen", "old_logprob": "old lp", "ref_logprob": "ref lp", "weight_sync": "sync"}
 
 
+def _pool_table(title: str, columns: tuple[str, ...], left: tuple[str, ...]) -> Table:
+    """A placement table: title on the left, one space between columns, ``left`` columns left-aligned."""
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    for c in columns:
+        t.add_column(c, justify="left" if c in left else "right", no_wrap=True)
+    return t
+
+
 def _print_pairs(con: Console, pp: dict) -> None:
     """Separate pools vs colocated: the published and predicted speed-up of each pair."""
-    t = Table(
-        title=f"Separate pools vs colocated: speed-up per pair (within {pp['tolerance_pct']:g}%)",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        padding=(0, 1),
-        pad_edge=False,
+    t = _pool_table(
+        f"Separate pools vs colocated: speed-up per pair (within {pp['tolerance_pct']:g}%)",
+        ("pair", "R+T", "K", "pub", "pred", "error", "range"),
+        ("pair", "R+T"),
     )
-    for c in ("pair", "R+T", "K", "pub", "pred", "error", "range"):
-        t.add_column(c, justify="left" if c in ("pair", "R+T") else "right", no_wrap=True)
     ok = 0
     for r in pp["pairs"]:
         good = abs(r["error_pct"]) <= pp["tolerance_pct"]
@@ -176,15 +180,11 @@ def _print_pairs(con: Console, pp: dict) -> None:
         "range: over the pair's mean_low..mean_high; profiles/data/published_placement_pairs.csv)",
         highlight=False,
     )
-    t = Table(
-        title="Per pool: published vs predicted seconds (the pairs' assumed lengths)",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        padding=(0, 1),
-        pad_edge=False,
+    t = _pool_table(
+        "Per pool: published vs predicted seconds (the pairs' assumed lengths)",
+        ("pair", "side", "phase", "published", "predicted", "error"),
+        ("pair", "side", "phase"),
     )
-    for c in ("pair", "side", "phase", "published", "predicted", "error"):
-        t.add_column(c, justify="left" if c in ("pair", "side", "phase") else "right", no_wrap=True)
     for r in pp["pairs"]:
         for ph in r.get("per_pool", []):
             pub, pred = ph["published_s"], ph["predicted_s"]
@@ -198,15 +198,11 @@ def _print_pairs(con: Console, pp: dict) -> None:
 
 def _print_rollout_ratios(con: Console, rr: dict) -> None:
     """Rollout-side ratio checks: FSDP rows and generation timers whose ratio the rollout side prices alone."""
-    t = Table(
-        title="Rollout side only: generation-time ratios (not in the pass/fail)",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        padding=(0, 1),
-        pad_edge=False,
+    t = _pool_table(
+        "Rollout side only: generation-time ratios (not in the pass/fail)",
+        ("check", "backend", "pub", "pred", "error", "pred s a / b"),
+        ("check", "backend"),
     )
-    for c in ("check", "backend", "pub", "pred", "error", "pred s a / b"):
-        t.add_column(c, justify="left" if c in ("check", "backend") else "right", no_wrap=True)
     for r in rr["checks"]:
         pa, pb = r["predicted_s"]
         t.add_row(
