@@ -155,7 +155,7 @@ def _print_pairs(con: Console, pp: dict) -> None:
     """Separate pools vs colocated: the published and predicted speed-up of each pair."""
     t = _pool_table(
         f"Separate pools vs colocated: speed-up per pair (within {pp['tolerance_pct']:g}%)",
-        ("pair", "R+T", "K", "pub", "pred", "error", "range"),
+        ("pair", "R+T", "K", "steps", "pub", "pred", "error", "range"),
         ("pair", "R+T"),
     )
     ok = 0
@@ -165,9 +165,10 @@ def _print_pairs(con: Console, pp: dict) -> None:
         lo, hi = r["range"] or (r["predicted_speedup"], r["predicted_speedup"])
         pl = r["pools"]
         t.add_row(
-            _short(r["id"], 24),
+            _short(r["id"], 20),
             f"{pl['rollout_gpus']}+{pl['train_gpus']}",
             str(pl["staleness"]),
+            str(r["steps"]) if r.get("basis") == "total" else "step",
             f"{r['published_speedup']:.2f}x",
             f"{r['predicted_speedup']:.2f}x",
             f"[{'green' if good else 'red'}]{r['error_pct']:+.1f}%[/]",
@@ -175,11 +176,23 @@ def _print_pairs(con: Console, pp: dict) -> None:
         )
     con.print(t)
     con.print(
-        f"pairs within {pp['tolerance_pct']:g}%: {ok}/{len(pp['pairs'])} (speed-up = colocated step / separate step, "
-        "both rows at the pair's mean response length: its colocated row's solved mean unless the pair states one; "
-        "range: over the pair's mean_low..mean_high; profiles/data/published_placement_pairs.csv)",
+        f"pairs within {pp['tolerance_pct']:g}%: {ok}/{len(pp['pairs'])} (speed-up = colocated over separate: the two "
+        "runs' wall-clock over the published steps, the separate run's pipeline fill included, or one step where "
+        "steps says step; both rows at the pair's mean response length: its colocated row's solved mean unless the "
+        "pair states one; range: over the pair's mean_low..mean_high; profiles/data/published_placement_pairs.csv)",
         highlight=False,
     )
+    steps = [r for r in pp["pairs"] if r.get("step_reading")]
+    if steps:
+        con.print(
+            "the tables' step column (one logged step, outside the pass/fail; docs/placement.md): "
+            + "; ".join(
+                f"{_short(r['id'], 24)} {r['step_reading']['published']:.2f}x published, "
+                f"{r['step_reading']['predicted']:.2f}x predicted ({r['step_reading']['error_pct']:+.1f}%)"
+                for r in steps
+            ),
+            highlight=False,
+        )
     t = _pool_table(
         "Per pool: published vs predicted seconds (the pairs' assumed lengths)",
         ("pair", "side", "phase", "published", "predicted", "error"),

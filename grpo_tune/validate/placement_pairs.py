@@ -129,6 +129,38 @@ def pair_knobs(p: dict[str, str], place: Placement, wl: Any) -> Any:
     return AsyncKnobs(ahead=ahead, no_drain=place.partial_rollout and ahead > 0, fetch_fraction=fetch)
 
 
+BASES = ("step", "total")
+"""What a pair's ``published_speedup`` is the ratio of: ``step``, the two runs' published step times; ``total``, their
+wall-clock totals over the same ``steps`` steps (the sources' headline figures)."""
+
+
+def pair_basis(p: dict[str, str]) -> tuple[str, int]:
+    """(basis, steps) of a pair: ``step`` (steps 1) unless it says ``total`` with a positive ``steps``."""
+    basis = (p.get("basis") or "step").strip()
+    if basis not in BASES:
+        raise ConfigError(f"placement pair {p.get('id')}: basis must be one of {', '.join(BASES)}, got {basis!r}")
+    if basis == "step":
+        return basis, 1
+    v = (p.get("steps") or "").strip()
+    if not v.isdigit() or int(v) < 1:
+        raise ConfigError(
+            f"placement pair {p.get('id')}: basis total needs the number of steps its totals span, got {v!r}",
+            hint="set steps to the run length the published total times cover",
+        )
+    return basis, int(v)
+
+
+def predicted_speedup(c: Any, e: Any, basis: str, steps: int, excludes_sync: bool) -> float:
+    """The model's speed-up on the pair's basis. ``step``: colocated step / separate step as the source timed it
+    (:func:`separate_step`). ``total``: the two runs' wall-clock over ``steps`` steps, ``steps x step`` for the
+    colocated run and ``steps x step + fill`` for the separate one (its whole steady-state step, the weight sync
+    included, and the first batch's generation, which the trainer waits for once: ``fill_s``). Validation and
+    start-up are in both published totals and priced in neither."""
+    if basis == "total":
+        return float(steps * c.step_s / (steps * e.step_s + e.placement["fill_s"]))
+    return float(c.step_s / separate_step(e, excludes_sync))
+
+
 def separate_step(e: Any, excludes_sync: bool) -> float:
     """The separate plan's step as the source timed it: the steady state, less the sync it exposes when the
     source times the sync apart (``step_excludes_sync``)."""
@@ -180,13 +212,18 @@ def score_pairs(
         pub = float(p["published_speedup"])
         mean, low, high = pair_means(p, col)
         no_sync = _flag(p, "step_excludes_sync", False)
+        basis, steps = pair_basis(p)
         c, e = _steps(col, sep, p, mean)
-        pred = c.step_s / separate_step(e, no_sync)
+        pred = predicted_speedup(c, e, basis, steps, no_sync)
         lo_hi = [pred]  # the range spans the point too: the speed-up need not be monotonic in the mean
         for m_ in (low, high):
             c2, e2 = _steps(col, sep, p, m_)
-            lo_hi.append(c2.step_s / separate_step(e2, no_sync))
+            lo_hi.append(predicted_speedup(c2, e2, basis, steps, no_sync))
         f = e.placement
+        step_reading = None
+        if basis == "total" and (p.get("step_speedup") or "").strip():
+            sp, spred = float(p["step_speedup"]), c.step_s / separate_step(e, no_sync)
+            step_reading = {"published": sp, "predicted": spred, "error_pct": 100.0 * (spred / sp - 1.0)}
         out.append(
             {
                 "id": pid,
@@ -195,6 +232,9 @@ def score_pairs(
                 "published_speedup": pub,
                 "predicted_speedup": pred,
                 "error_pct": 100.0 * (pred / pub - 1.0),
+                "basis": basis,
+                "steps": steps,
+                "step_reading": step_reading,
                 "range": [min(lo_hi), max(lo_hi)],
                 "response_len_mean": mean,
                 "mean_range": [low, high],
