@@ -403,6 +403,45 @@ def test_a_rollout_pool_with_no_kv_cache_is_infeasible_and_says_what_fraction_wo
     assert opt["gpu_memory_utilization"] >= need
 
 
+def test_engines_that_price_the_same_take_the_frameworks_memory_fraction():
+    """Issue 36 item 2: a separate rollout pool's memory fraction is searched and its default is the framework's own
+    for that mode (frameworks.separate_memory: verl 0.9.1's rollout.gpu_memory_utilization 0.5, which its
+    fully-async standalone fraction falls back to; NeMo-RL 0.7.0's async recipes' 0.8). Where the KV cache does not
+    bind, every fraction of the grid (0.6 .. 0.9) prices the same generation: the tie goes to the grid value nearest
+    the framework's (equidistant: the smaller), where it went to the smallest before. Where the KV cache binds the
+    larger fraction is faster and wins whatever the default."""
+    from grpo_tune.autotune.search import placement as SP
+
+    m, wl, roll = load_model("qwen2.5-1.5b"), Workload(prompts=64, mini_batch=16, n=4), Cluster(gpus=2)
+    picks = {md: SP.best_rollout(m, H100, roll, wl, {}, CAL, False, None, md) for md in (None, 0.5, 0.75, 0.8, 0.9)}
+    assert len({round(g, 9) for _, g in picks.values()}) == 1  # one generation time: a tie
+    assert {md: opt["gpu_memory_utilization"] for md, (opt, _) in picks.items()} == {
+        None: 0.6,  # verl's 0.5, the default framework's: the nearest grid value
+        0.5: 0.6,
+        0.75: 0.7,
+        0.8: 0.8,  # NeMo-RL's
+        0.9: 0.9,
+    }
+    assert SP.rollout_memory_default() == 0.5 and SP.rollout_memory_default(("nemo-rl",)) == 0.8
+    # a search: the same step, the framework's fraction
+    got = {
+        rm: SP.search_placement(
+            m, H100, Cluster(gpus=8), wl, placement="separate", staleness=1, rollout_gpus=2, rollout_memory=rm
+        ).best_separate
+        for rm in (None, 0.8)
+    }
+    assert got[None].strategy.rollout.gpu_memory_utilization == 0.6
+    assert got[0.8].strategy.rollout.gpu_memory_utilization == 0.8
+    assert got[0.8].step_s == got[None].step_s
+    # the KV cache binds (Qwen2.5-7B on one GPU, 8 x 256 responses of mean 4,096): 0.9 holds 201 sequences to 0.6's
+    # 114 and is the fastest, whatever the framework's fraction
+    m7 = load_model("qwen2.5-7b")
+    wl7 = Workload(prompts=256, mini_batch=64, n=8, response_len=8192, response_len_mean=4096)
+    for md in (0.5, 0.8):
+        opt, _ = SP.best_rollout(m7, H100, Cluster(gpus=1), wl7, {}, CAL, False, None, md)
+        assert opt["gpu_memory_utilization"] == 0.9
+
+
 def test_rollout_logprobs_as_the_old_ones_drop_exactly_the_old_logprob_pass():
     # recompute_logprobs off (verl's bypass_mode): the training pool runs ref + update, no old log-prob pass
     m, wl, cl = load_model("qwen2.5-7b"), Workload(prompts=128, mini_batch=32, n=8, response_len=2048), Cluster(gpus=16)
