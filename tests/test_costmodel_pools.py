@@ -287,11 +287,12 @@ def _server(k: float, *, partial: bool = True, seqs: int = 256, gmu: float = 0.9
 
 def test_server_fed_k_batches_ahead_runs_at_what_the_feed_allows_until_max_num_seqs_binds():
     # 128 sequences per step, max_num_seqs 512 (within the CUDA-graph sizes), a KV cache that holds more: the feed
-    # (1 + K) x 128 sets the concurrency (192, 256, 384, 512) until max_num_seqs binds at K = 3; the time per step
-    # falls with K until then and is flat after
+    # (1 + K) x 128 sets the concurrency (256, 384, 512) until max_num_seqs binds at K = 3; the time per step
+    # falls with K until then and is flat after. Half a batch ahead, half the step's batch is the synchronous batch
+    # (its own 128) and half the fed server's (192): 160 on average
     ks = (0.5, 1, 2, 3, 4, 8)
     got = {k: _server(k, seqs=512)[0] for k in ks}
-    assert [got[k]["concurrency"] for k in ks] == [192, 256, 384, 512, 512, 512]
+    assert [got[k]["concurrency"] for k in ks] == [160, 256, 384, 512, 512, 512]
     assert [P.CONCURRENCY_BOUNDS[int(got[k]["bound"])] for k in (1, 3, 4)] == ["feed", "max_num_seqs", "max_num_seqs"]
     secs = [got[k]["gen_s"] for k in (0.5, 1, 2, 3)]
     assert all(a > b for a, b in zip(secs, secs[1:]))  # strictly falling while the feed binds
@@ -307,6 +308,12 @@ def test_server_fed_k_batches_ahead_runs_at_what_the_feed_allows_until_max_num_s
         t = step(c, wl.mean_prompt_len + res)[0]
         assert got[k]["sustained_s"] == pytest.approx(128 * 512 / c * t, rel=1e-12)
         assert got[k]["decode_s"] == pytest.approx(got[k]["sustained_s"])  # partial rollout: no drain
+    # half a batch ahead: the synchronous batch's decode (costmodel.rollout's) and the fed server's at 192, halved
+    from grpo_tune.costmodel.rollout import rollout_s
+
+    sync_decode = rollout_s(m, H100, Cluster(gpus=1), s, wl, CAL)["decode_s"]
+    fed = 128 * 512 / 192 * step(192, wl.mean_prompt_len + res)[0]
+    assert got[0.5]["decode_s"] == pytest.approx(0.5 * sync_decode + 0.5 * fed, rel=1e-12)
 
 
 def test_resident_length_is_the_length_biased_residual():
@@ -394,6 +401,45 @@ def test_a_rollout_pool_with_no_kv_cache_is_infeasible_and_says_what_fraction_wo
     assert best_rollout(m, H100, Cluster(gpus=128), wl, pins, CAL, False) is None
     opt, _ = best_rollout(m, H100, Cluster(gpus=128), wl, {"rollout_tp": 8}, CAL, False)
     assert opt["gpu_memory_utilization"] >= need
+
+
+def test_engines_that_price_the_same_take_the_frameworks_memory_fraction():
+    """Issue 36 item 2: a separate rollout pool's memory fraction is searched and its default is the framework's own
+    for that mode (frameworks.separate_memory: verl 0.9.1's rollout.gpu_memory_utilization 0.5, which its
+    fully-async standalone fraction falls back to; NeMo-RL 0.7.0's async recipes' 0.8). Where the KV cache does not
+    bind, every fraction of the grid (0.6 .. 0.9) prices the same generation: the tie goes to the grid value nearest
+    the framework's (equidistant: the smaller), where it went to the smallest before. Where the KV cache binds the
+    larger fraction is faster and wins whatever the default."""
+    from grpo_tune.autotune.search import placement as SP
+
+    m, wl, roll = load_model("qwen2.5-1.5b"), Workload(prompts=64, mini_batch=16, n=4), Cluster(gpus=2)
+    picks = {md: SP.best_rollout(m, H100, roll, wl, {}, CAL, False, None, md) for md in (None, 0.5, 0.75, 0.8, 0.9)}
+    assert len({round(g, 9) for _, g in picks.values()}) == 1  # one generation time: a tie
+    assert {md: opt["gpu_memory_utilization"] for md, (opt, _) in picks.items()} == {
+        None: 0.6,  # verl's 0.5, the default framework's: the nearest grid value
+        0.5: 0.6,
+        0.75: 0.7,
+        0.8: 0.8,  # NeMo-RL's
+        0.9: 0.9,
+    }
+    assert SP.rollout_memory_default() == 0.5 and SP.rollout_memory_default(("nemo-rl",)) == 0.8
+    # a search: the same step, the framework's fraction
+    got = {
+        rm: SP.search_placement(
+            m, H100, Cluster(gpus=8), wl, placement="separate", staleness=1, rollout_gpus=2, rollout_memory=rm
+        ).best_separate
+        for rm in (None, 0.8)
+    }
+    assert got[None].strategy.rollout.gpu_memory_utilization == 0.6
+    assert got[0.8].strategy.rollout.gpu_memory_utilization == 0.8
+    assert got[0.8].step_s == got[None].step_s
+    # the KV cache binds (Qwen2.5-7B on one GPU, 8 x 256 responses of mean 4,096): 0.9 holds 201 sequences to 0.6's
+    # 114 and is the fastest, whatever the framework's fraction
+    m7 = load_model("qwen2.5-7b")
+    wl7 = Workload(prompts=256, mini_batch=64, n=8, response_len=8192, response_len_mean=4096)
+    for md in (0.5, 0.8):
+        opt, _ = SP.best_rollout(m7, H100, Cluster(gpus=1), wl7, {}, CAL, False, None, md)
+        assert opt["gpu_memory_utilization"] == 0.9
 
 
 def test_rollout_logprobs_as_the_old_ones_drop_exactly_the_old_logprob_pass():
@@ -779,3 +825,76 @@ def test_the_drain_is_continuous_across_the_cuda_graph_batch():
     d = response_dist(wl)
     j = d.quantile(1 - 512 / 700)
     assert 700 * d.survival(j) == pytest.approx(512, rel=1e-9)
+
+
+# -- between on-policy and one batch ahead ------------------------------------------------------------------------
+
+
+def _small_ahead(model: str, gpus: int, rollout_gpus: int, s: Strategy, wl: Workload, grid, no_drain: bool):
+    m = load_model(model)
+    out = []
+    for a in grid:
+        e = P.estimate_separate(
+            model=m,
+            hardware=H100,
+            cluster=Cluster(gpus=gpus),
+            strategy=s,
+            workload=wl,
+            placement=sep(rollout_gpus, 1),
+            knobs=P.AsyncKnobs(ahead=a, no_drain=no_drain),
+        )
+        f = e.placement
+        out.append((a, e.step_s, f["gen_s"], f["train_s"], f["concurrency_bound"]))
+    return out
+
+
+_SWEEP_WL = Workload(prompts=256, mini_batch=64, prompt_len_mean=205, response_len_mean=205)
+
+
+@pytest.mark.parametrize("no_drain", [False, True])
+@pytest.mark.parametrize("max_num_seqs", [256, 1024])
+def test_the_price_is_continuous_as_ahead_leaves_zero(max_num_seqs, no_drain):
+    """The verl launch of the CUDA-graph tests (Qwen2.5-1.5B, 8 H100, 2 + 6, 640 sequences a replica), with
+    max_num_seqs below vLLM's graph batch of 512 (256: max_num_seqs binds, every step on the graphs) and above it
+    (1,024: the feed binds, the steps eager). At ahead 0 the pool is the synchronous batch (a step reads the context
+    mean / 2 in, the batch drains to its longest); one batch ahead, the fed server (resident sequences at the
+    length-biased residual, no batch drain). Between them the pool produces the share ``ahead`` of each step's batch
+    as the fed server and the rest as the synchronous batch, so step and generation move by at most ``ahead`` of
+    their value at 0 (Lipschitz 1, relative). Before, max_num_seqs 256 jumped between ahead 0 and 0.0001: the step by
+    +0.10 s of 16.06 (+0.6%; the step read 182 tokens of context in, not 102: t(256) 5.11 -> 5.45 ms) and, with
+    partial rollout, by -2.59 s (the batch's drain of 2.76 s gone at once)."""
+    s = Strategy.of(
+        tp=1,
+        pp=3,
+        dp=2,
+        last_stage_layers=8,
+        mbs=8,
+        rollout_tp=1,
+        gpu_memory_utilization=0.6,
+        max_num_seqs=max_num_seqs,
+    )
+    rows = _small_ahead("qwen2.5-1.5b", 8, 2, s, _SWEEP_WL, [0.0, 1e-4, 1e-3, 0.01], no_drain)
+    _, step0, gen0, _, _ = rows[0]
+    for a, step, gen, _, _ in rows[1:]:
+        assert abs(step - step0) <= a * step0, (a, step0, step)
+        assert abs(gen - gen0) <= a * gen0, (a, gen0, gen)
+
+
+@pytest.mark.parametrize("no_drain", [False, True])
+@pytest.mark.parametrize("rollout_gpus", [1, 2])
+def test_where_the_feed_binds_running_further_ahead_never_prices_a_slower_step(rollout_gpus, no_drain):
+    """Qwen2.5-1.5B on 8 H100, 64 prompts x 4 of up to 4,096 tokens (mean 1,024): 256 (1 rollout GPU) or 128 (2)
+    sequences a replica, max_num_seqs 512 (within the graph batch) and a KV cache that holds more, so the feed
+    (1 + ahead) x N sets the concurrency from ahead 0 up to where max_num_seqs binds. On 1 rollout GPU the pool is
+    the slower one from ahead 0.3 on (the step is its generation), on 2 the trainer; either way the step never rises
+    with ahead (from 29.65 s to 20.73 s and 10.81 s with partial rollout on 1 GPU)."""
+    wl = Workload(prompts=64, mini_batch=16, n=4, response_len=4096, response_len_mean=1024)
+    s = Strategy.of(tp=1, dp=8 - rollout_gpus, rollout_tp=1, gpu_memory_utilization=0.9, max_num_seqs=512)
+    grid = [0.0, 1e-4, 1e-3, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0, 1.5, 2.0]
+    rows = _small_ahead("qwen2.5-1.5b", 8, rollout_gpus, s, wl, grid, no_drain)
+    assert rows[0][4] == "feed" and rows[6][4] == "feed"  # the feed binds at 0 and at 0.2
+    if rollout_gpus == 1:
+        assert all(gen > train for a, _, gen, train, _ in rows if a >= 0.3)  # rollout-bound
+    for (a0, step0, *_), (a1, step1, *_) in zip(rows, rows[1:]):
+        assert step1 <= step0 * (1 + 1e-12), (a0, a1, step0, step1)
+    assert rows[-1][1] < 0.75 * rows[0][1]

@@ -43,3 +43,17 @@ def test_verl_default_is_the_wheels():
     assert base["actor_rollout_ref.rollout.gpu_memory_utilization"] == v
     fa = json.loads((snapshot.DATA_DIR / "verl-0.9.1-fully-async-keys.json").read_text())["keys"]
     assert fa["actor_rollout_ref.rollout.standalone_gpu_memory_utilization"] is None
+
+
+@pytest.mark.parametrize(("fw", "frac"), [("verl", 0.6), ("nemo-rl", 0.8)])
+def test_search_ties_take_the_frameworks_separate_fraction(capsys, fw, frac):
+    """search --placement separate: where every vLLM memory fraction of the grid (0.6 .. 0.9) prices the same
+    generation (Qwen2.5-1.5B, 256 sequences on 2 rollout GPUs: max_num_seqs binds, not the KV cache), the plan takes
+    the grid value nearest the framework's own for a separate pool (verl 0.5 -> 0.6, NeMo-RL 0.8), not the smallest;
+    both price the same step."""
+    args = ["search", "--model", "qwen2.5-1.5b", "--gpus", "8", "--placement", "separate", "--rollout-gpus", "2"]
+    args += ["--staleness", "1", "--prompts", "64", "--n", "4", "--mini-batch", "16", "--no-emit", "--json"]
+    assert main([*args, "--framework", fw]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["best"]["strategy"]["gpu_memory_utilization"] == frac
+    assert d["best"]["placement"]["concurrency_bound"] == "max_num_seqs"

@@ -153,14 +153,18 @@ def generation(
     ``ahead > 0`` without partial rollout or in-flight updates each sync waits for the sequences in flight, a drain
     to the expected longest of the ``C x replicas`` in flight, once per ``sync_interval`` steps; with them, none.
     A drain costs its own time less what its tokens would take at full concurrency (those tokens are part of the
-    step's work). ``partial``: the plan's partial rollout (:class:`AsyncKnobs` ``no_drain`` when ``knobs`` is None,
-    which prices an integer staleness as ``ahead = 1``). On a profile that samples natively the pool's forward-only
-    engine (:func:`native_strategy`) decodes the whole batch.
+    step's work). Between ``ahead = 0`` and one batch ahead the pool produces the share ``ahead`` of each step's
+    batch ahead of the trainer's fetch, as the fed server, and the rest as the synchronous batch the trainer waits
+    for (fed its own batch only; :func:`first_fetch_wait` counts the same share): every figure is the two weighted by
+    those shares, so the price is continuous from the synchronous batch at 0 (docs/placement.md, "Between on-policy
+    and one batch ahead"). ``partial``: the plan's partial rollout (:class:`AsyncKnobs` ``no_drain`` when ``knobs`` is
+    None, which prices an integer staleness as ``ahead = 1``). On a profile that samples natively the pool's
+    forward-only engine (:func:`native_strategy`) decodes the whole batch.
 
     Keys: ``gen_s``, ``prefill_s``, ``decode_s`` (sustained + drain), ``sustained_s``, ``drain_s`` (the drain's
     excess), ``concurrency`` (resident sequences per replica), ``bound`` (what sets it: 0 max_num_seqs, 1 the KV
-    cache, 2 the feed, 3 the framework's cap), ``decode_step_s`` (at that concurrency), ``tokens_per_s`` (the
-    pool's sustained decode throughput)."""
+    cache, 2 the feed, 3 the framework's cap; the fed server's where ``ahead > 0``), ``decode_step_s`` (at that
+    concurrency), ``tokens_per_s`` (the pool's sustained decode throughput)."""
     if s.rollout.native:
         rs = native_rollout_s(m, hw, cluster, native_strategy(m, s, cluster), wl, cal)
         gen = rs["prefill_s"] + rs["decode_s"] + cal["rollout_overhead_s"]
@@ -184,31 +188,55 @@ def generation(
     n_seq = wl.prompts * wl.n / replicas
     d = response_dist(wl)
     mean, prompt = d.mean_len, wl.mean_prompt_len
-    # a server fed ahead holds its resident sequences at the length-biased residual (LengthDist.resident_len): the
-    # mean length a resident response has reached, which sets its KV tokens and the context each step reads
-    resident = d.resident_len() if k.ahead > 0 else mean
-    kv_seqs = memory.kv_cache_capacity(m, hw, s, wl).tokens / (prompt + resident)
-    caps = [float(eng.max_num_seqs), kv_seqs, (1.0 + max(0.0, k.ahead)) * n_seq]
-    if k.per_replica is not None:
-        caps.append(float(k.per_replica))
-    conc = max(1.0, min(caps))
-    bound = float(min(range(len(caps)), key=lambda i: caps[i]))
+    kv_tokens = memory.kv_cache_capacity(m, hw, s, wl).tokens
     step = _DecodeStep(m, hw, cluster, s, prompt, cal)
-    t_c = step(conc, prompt + (resident if k.ahead > 0 else mean / 2))[0]
-    sustained = n_seq * mean / conc * t_c
-    drains = k.ahead <= 0 or not k.no_drain
-    drain = 0.0
-    if drains:
-        if k.ahead <= 0 and conc <= n_seq:
-            # the synchronous batch: exactly costmodel.rollout's decode (its steady part + its drain)
-            drain = max(0.0, rs["decode_s"] - sustained)
-        else:
-            in_flight = min(float(wl.prompts * wl.n), conc * replicas)
-            longest = d.expected_max(in_flight)
-            t_drain = drain_s(step, d, conc, prompt, longest)
-            drain = max(0.0, t_drain - mean * t_c)
-            if k.ahead > 0:
-                drain /= max(1, sync_interval)
+
+    def concurrency(held: float, feed: float) -> tuple[float, float]:
+        """Resident sequences of a replica fed ``feed`` sequences, each holding ``prompt + held`` KV tokens, and what
+        bounds them (an index into :data:`CONCURRENCY_BOUNDS`)."""
+        caps = [float(eng.max_num_seqs), kv_tokens / (prompt + held), feed]
+        if k.per_replica is not None:
+            caps.append(float(k.per_replica))
+        return max(1.0, min(caps)), float(min(range(len(caps)), key=lambda i: caps[i]))
+
+    def batch() -> tuple[float, float, float, float, float]:
+        """The synchronous batch (concurrency, bound, step, sustained, drain): fed its own batch only, its slots start
+        together, a sequence holds prompt + mean at its end, a step reads the context mean / 2 in
+        (costmodel.rollout), and the batch drains to the expected longest of the whole batch."""
+        c, b = concurrency(mean, n_seq)
+        t = step(c, prompt + mean / 2)[0]
+        sus = n_seq * mean / c * t
+        if c <= n_seq:
+            return c, b, t, sus, max(0.0, rs["decode_s"] - sus)  # exactly costmodel.rollout's decode
+        longest = d.expected_max(min(float(wl.prompts * wl.n), c * replicas))  # fewer than one sequence a replica
+        return c, b, t, sus, max(0.0, drain_s(step, d, c, prompt, longest) - mean * t)
+
+    if k.ahead <= 0:
+        conc, bound, t_c, sustained, drain = batch()
+    else:
+        # the fed server: its slots refilled as sequences end, each resident sequence at the length-biased residual
+        # (LengthDist.resident_len), which sets its KV tokens and the context each step reads; a drain only where a
+        # sync waits for the sequences in flight (no partial rollout or in-flight updates), once per sync_interval
+        res = d.resident_len()
+        conc, bound = concurrency(res, (1.0 + k.ahead) * n_seq)
+        t_c = step(conc, prompt + res)[0]
+        sustained = n_seq * mean / conc * t_c
+        drain = 0.0
+        if not k.no_drain:
+            longest = d.expected_max(min(float(wl.prompts * wl.n), conc * replicas))
+            drain = max(0.0, drain_s(step, d, conc, prompt, longest) - mean * t_c) / max(1, sync_interval)
+        if k.ahead < 1.0:
+            # below one batch ahead the pool produces the share ``ahead`` of a step's batch ahead of the trainer's
+            # fetch, as the fed server, and the rest as the synchronous batch the trainer waits for (as
+            # first_fetch_wait counts it: (fetch - ahead) x gen): each figure is the two weighted by those shares,
+            # so the price runs from the synchronous batch's at ahead 0 to the fed server's at one batch ahead
+            # (docs/placement.md, "Between on-policy and one batch ahead")
+            w = k.ahead
+            c_b, _, t_b, sus_b, drain_b = batch()
+            conc = (1.0 - w) * c_b + w * conc
+            t_c = (1.0 - w) * t_b + w * t_c
+            sustained = (1.0 - w) * sus_b + w * sustained
+            drain = (1.0 - w) * drain_b + w * drain
     decode = sustained + drain
     gen = rs["prefill_s"] + decode + cal["rollout_overhead_s"]
     return {

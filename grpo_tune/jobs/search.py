@@ -202,6 +202,7 @@ def _search_placement(out: SearchOutcome, pins: dict[str, Any], cal: dict[str, f
         allow_cross_node_tp=req.allow_cross_node_tp,
         min_headroom=req.min_headroom,
         colocated=colocated if mode == "auto" else None,
+        rollout_memory=F.separate_memory(frameworks or (F.DEFAULT,))[0],
     )
     out.placement = res
     if req.emit:

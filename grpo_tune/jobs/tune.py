@@ -220,7 +220,7 @@ def _tune_separate(out: TuneOutcome, cal: dict[str, float] | None) -> None:
 
     from grpo_tune.autotune import tune as T
     from grpo_tune.rundir.emit import emit_run, run_config
-    from grpo_tune.autotune.search.placement import search_placement
+    from grpo_tune.autotune.search.placement import rollout_memory_default, search_placement
 
     req, plan, place, fw = out.request, out.plan, out.request.place, out.framework
     p0 = plan.placement
@@ -251,6 +251,7 @@ def _tune_separate(out: TuneOutcome, cal: dict[str, float] | None) -> None:
         pins=pins,
         calibration=cal,
         min_headroom=req.min_headroom,
+        rollout_memory=rollout_memory_default((fw.name,)),
     )
     found = res.best_separate
     cur_s = float(cur.step_s or float("inf"))
@@ -338,7 +339,7 @@ def _propose_split(
 ) -> Estimate | None:
     """The best separate-pool plan for the launch's model, cluster and workload (staleness up to --staleness),
     when it beats the tuned colocated launch; None otherwise."""
-    from grpo_tune.autotune.search.placement import search_placement
+    from grpo_tune.autotune.search.placement import rollout_memory_default, search_placement
 
     if place.placement == "colocated" and (place.partial_rollout and not place.staleness):
         raise ConfigError("--partial-rollout needs --staleness >= 1", hint="give --staleness 1")
@@ -356,6 +357,7 @@ def _propose_split(
         pins=pins,
         calibration=cal,
         min_headroom=min_headroom,
+        rollout_memory=rollout_memory_default((plan.framework,)),
     )
     sep = pres.best_separate
     if sep is None or not sep.step_s:
@@ -402,7 +404,7 @@ def left_on_table(out: TuneOutcome, cal: dict[str, float] | None) -> LeftOnTable
     engine's knobs), and as separate pools at staleness 0 (the same on-policy algorithm); the fastest plan, when it
     beats the tuned launch by more than the model's stated error (validate/grpo.py), else None."""
     from grpo_tune.autotune.search.driver import search
-    from grpo_tune.autotune.search.placement import search_placement
+    from grpo_tune.autotune.search.placement import rollout_memory_default, search_placement
     from grpo_tune.core.errors import GrpoTuneError
     from grpo_tune.validate.grpo import STATED_ERROR_PCT
 
@@ -443,6 +445,7 @@ def left_on_table(out: TuneOutcome, cal: dict[str, float] | None) -> LeftOnTable
                 pins=pins,
                 calibration=cal,
                 min_headroom=req.min_headroom,
+                rollout_memory=rollout_memory_default((fw.name,)),
             ).best_separate
         except GrpoTuneError:
             sep = None

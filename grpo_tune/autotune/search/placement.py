@@ -22,7 +22,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, TypedDict
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TypedDict
 
 from grpo_tune.core.choices import PlacementMode
 from grpo_tune.core.errors import ConfigError, GrpoTuneError, InvalidDegreesError
@@ -192,6 +192,15 @@ def _pool_base(pins: Mapping[str, object], hw: HardwareSpec) -> Strategy:
     return Strategy.of(**{k: v for k, v in pins.items() if k in _ENGINE_BASE}, **native)
 
 
+def rollout_memory_default(frameworks: Sequence[str] = ()) -> float:
+    """The vLLM memory fraction of a separate rollout pool where the plan sets none: the first of ``frameworks`` that
+    states its own for that mode, else the default framework's (frameworks.separate_memory: verl 0.9.1's 0.5,
+    NeMo-RL 0.7.0's 0.8)."""
+    from grpo_tune import frameworks as F
+
+    return F.separate_memory(tuple(frameworks) or (F.DEFAULT,))[0]
+
+
 def best_rollout(
     m: ModelSpec,
     hw: HardwareSpec,
@@ -201,19 +210,25 @@ def best_rollout(
     cal: dict[str, float],
     partial: bool,
     knobs: P.AsyncKnobs | None = None,
+    memory_default: float | None = None,
 ) -> tuple[EngineOption, float] | None:
     """The fastest rollout engine that fits the pool: (knobs, generation seconds), or None. ``knobs``: how far the
     pool runs ahead (costmodel.pools.AsyncKnobs; None: the synchronous batch, or partial rollout at one batch
-    ahead)."""
-    best: tuple[tuple[float, float], EngineOption, float] | None = None
+    ahead). Among engines that price the same generation (the KV cache does not bind, so a larger vLLM memory
+    fraction buys nothing) the one whose fraction is nearest ``memory_default`` wins, then the smaller:
+    ``memory_default`` is the framework's own fraction for a separate rollout pool (None: the default framework's,
+    :func:`rollout_memory_default`)."""
+    best: tuple[tuple[float, float, float], EngineOption, float] | None = None
     base = _pool_base(pins, hw)
+    want = rollout_memory_default() if memory_default is None else memory_default
     for opt in rollout_options(m, hw, roll, pins):
         s = CP.rollout_strategy(base.replace(**opt))
         _, viol = P.rollout_memory(m, hw, roll, s, wl)
         if viol:
             continue
         g = P.generation(m, hw, roll, s, wl, cal, partial=partial, knobs=knobs)["gen_s"]
-        key = (round(g, 6), opt.get("gpu_memory_utilization", 0.0))  # ties: the smaller vLLM memory fraction
+        gmu = opt.get("gpu_memory_utilization", 0.0)
+        key = (round(g, 6), round(abs(gmu - want), 9), gmu)  # ties: the fraction nearest the framework's, the smaller
         if best is None or key < best[0]:
             best = (key, opt, g)
     return None if best is None else (best[1], best[2])
@@ -263,8 +278,11 @@ def search_placement(
     min_headroom: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
     colocated: SearchResult | None = None,
+    rollout_memory: float | None = None,
 ) -> PlacementResult:
     """The best plan of each placement asked for. ``colocated``: an already-run colocated SearchResult.
+    ``rollout_memory``: the framework's own vLLM memory fraction for a separate rollout pool, which wins among
+    engines that price the same (:func:`best_rollout`; None: the default framework's, :func:`rollout_memory_default`).
     ``recompute_logprobs``: the separate plans' (Placement.recompute_logprobs; not searched: it is the
     algorithm's choice, as the staleness is). ``stream``: the staleness-0 splits stream (True), run in sequence
     (False), or each takes the cheaper of the two (None; costmodel.streaming.cheaper_stream)."""
@@ -296,6 +314,7 @@ def search_placement(
                 colocated_seeds=None if res.colocated is None else res.colocated.ranked,
                 recompute_logprobs=recompute_logprobs,
                 stream=stream,
+                memory_default=rollout_memory,
             )
         except GrpoTuneError:
             if placement == "separate":
@@ -331,6 +350,7 @@ def _separate(
     colocated_seeds=None,
     recompute_logprobs=True,
     stream=False,
+    memory_default=None,
 ):
     from grpo_tune.autotune.search.driver import search
 
@@ -358,7 +378,7 @@ def _separate(
         if key not in gens:
             kk = key[1]
             kn = P.AsyncKnobs(ahead=float(kk), no_drain=partial_for[k] and kk >= 1)
-            gens[key] = best_rollout(m, hw_r, pool_of[r].rollout, wl, pins, cal, partial_for[k], kn)
+            gens[key] = best_rollout(m, hw_r, pool_of[r].rollout, wl, pins, cal, partial_for[k], kn, memory_default)
         return gens[key]
 
     cands = [r for r in cands if any(gen_of(r, k) is not None for k in stale)]
