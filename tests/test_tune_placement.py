@@ -224,6 +224,9 @@ def test_a_fractional_staleness_threshold_is_priced_as_the_fraction(tmp_path):
     tuned = tmp_path / "t" / "tuned.sh"
     if tuned.exists():  # the rewrite keeps the user's fraction
         assert "staleness_threshold=0.5 " in tuned.read_text()
+    rc, text = _run("tune", str(half), "--no-emit")  # and says so
+    flat = " ".join(text.split())  # the line as the terminal wraps it
+    assert rc == 0 and "as launched: 2 rollout + 6 training GPUs, staleness 1 (0.5 of a batch ahead)" in flat, text
 
 
 @pytest.mark.slow
