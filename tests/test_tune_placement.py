@@ -58,6 +58,60 @@ def test_tune_reads_a_fully_async_launch_back_as_separate_pools(tmp_path):
     assert d["best"]["time"]["step_s"] <= cur["time"]["step_s"]
 
 
+def _fractional_launch(tmp_path: Path, rollout_gpus: int = 6, threshold: str = "0.5") -> Path:
+    """A fully-async launch of qwen2.5-1.5b on 8 H100 (``rollout_gpus`` of them rolling out) at a fractional
+    ``staleness_threshold``: tune's own emitted launch with the fraction written in."""
+    from grpo_tune.autotune.search.placement import search_placement
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Workload
+    from grpo_tune.rundir.emit import emit
+
+    res = search_placement(
+        load_model("qwen2.5-1.5b"),
+        load_hardware("h100"),
+        Cluster(gpus=8),
+        Workload(prompts=256, mini_batch=64),
+        placement="separate",
+        rollout_gpus=rollout_gpus,
+        staleness=1,
+    )
+    assert res.best_separate is not None
+    whole = emit(res.best_separate, tmp_path / "emitted")["verl"]
+    assert "async_training.staleness_threshold=1.0 " in whole.read_text()
+    f = tmp_path / "launch.sh"
+    f.write_text(whole.read_text().replace("staleness_threshold=1.0 ", f"staleness_threshold={threshold} "))
+    return f
+
+
+def _retune(launch: Path, out: Path, staleness: int = 0):
+    from grpo_tune.core.placement import PlacementAsk
+    from grpo_tune.jobs.setup import prepare
+    from grpo_tune.jobs.tune import TuneRequest, run_tune
+
+    place = PlacementAsk(placement="separate", staleness=staleness) if staleness else PlacementAsk()
+    o = run_tune(TuneRequest(launch=launch, model="qwen2.5-1.5b", out=out, place=place, setup=prepare(None)))
+    assert o.separate is not None and o.run_dir is not None
+    return o.separate, (o.run_dir / "tuned.sh").read_text()
+
+
+def test_a_fractional_launch_is_retuned_at_its_own_run_ahead_and_reads_back_at_its_price(tmp_path):
+    """A launch at staleness_threshold 0.5 is re-searched with the pool half a batch ahead, as it is priced: the
+    plan found and its tuned.sh read back price the same step (the fraction kept as the user wrote it). Before
+    issue 36's fix the re-search priced staleness 1 a whole batch ahead: it found 3 + 5 GPUs at 8.18 s while
+    the tuned.sh it wrote (still 0.5) read back at 10.09 s."""
+    sep, tuned = _retune(_fractional_launch(tmp_path), tmp_path / "t")
+    found, back, cur = sep.found, sep.best, sep.current
+    assert found is not None and back is not cur, "6 of 8 GPUs rolling out leaves a faster split to find"
+    assert cur.placement["rollout_ahead"] == 0.5 and cur.placement["staleness"] == 1
+    assert found.placement["rollout_ahead"] == back.placement["rollout_ahead"] == 0.5
+    assert found.placement["staleness"] == back.placement["staleness"] == 1
+    assert back.step_s == pytest.approx(found.step_s, rel=1e-9)  # the plan's price is what tuned.sh runs
+    assert back.step_s < cur.step_s
+    assert "async_training.staleness_threshold=0.5 " in tuned and "async_training.staleness_threshold" not in {
+        k for k in sep.changes
+    }
+
+
 def test_a_separate_best_yaml_is_read_with_its_pools(tmp_path):
     """A run config of a separate plan is read with its placement (its strategy is the training pool's), and tune
     says it edits launches, pointing at the run folder's verl.sh; it said INVALID_DEGREES when the training layout
@@ -170,3 +224,21 @@ def test_a_fractional_staleness_threshold_is_priced_as_the_fraction(tmp_path):
     tuned = tmp_path / "t" / "tuned.sh"
     if tuned.exists():  # the rewrite keeps the user's fraction
         assert "staleness_threshold=0.5 " in tuned.read_text()
+    rc, text = _run("tune", str(half), "--no-emit")  # and says so
+    flat = " ".join(text.split())  # the line as the terminal wraps it
+    assert rc == 0 and "as launched: 2 rollout + 6 training GPUs, staleness 1 (0.5 of a batch ahead)" in flat, text
+
+
+@pytest.mark.slow
+def test_a_staleness_asked_for_searches_integers_beside_the_launchs_fraction(tmp_path):
+    """With --staleness 2 the user asks for other staleness values: staleness 1 is still the launch's 0.5 (the
+    fraction ceil() reads as 1, kept as written when it wins) and 0 and 2 are priced as integers; a winner at
+    another staleness rewrites staleness_threshold to it, and tuned.sh reads back at the plan's price."""
+    sep, tuned = _retune(_fractional_launch(tmp_path), tmp_path / "t", staleness=2)
+    found, back = sep.found, sep.best
+    assert found is not None and back is not sep.current
+    k = found.placement["staleness"]
+    assert found.placement["rollout_ahead"] == (0.5 if k == 1 else k)
+    assert back.placement["rollout_ahead"] == found.placement["rollout_ahead"]
+    assert back.step_s == pytest.approx(found.step_s, rel=1e-9)
+    assert f"async_training.staleness_threshold={0.5 if k == 1 else float(k)} " in tuned

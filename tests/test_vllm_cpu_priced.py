@@ -152,3 +152,43 @@ def test_vllms_memory_on_cpu_is_a_share_of_one_ranks_ram():
     roll = doc["memory"]["phases"]["rollout"]
     vllm = roll["rollout_weights_bytes"] + roll["rollout_activations_bytes"] + roll["rollout_kv_cache_bytes"]
     assert vllm == pytest.approx(0.5 * 24 * 2**30 / 4, rel=1e-6)
+
+
+def test_vllm_on_cpu_is_priced_without_cuda_graphs():
+    """vLLM's CPU platform runs eager whatever the plan asks (it sets enforce_eager and empties the capture sizes,
+    vllm/platforms/cpu.py): on the cpu profile a plan with enforce_eager off is priced as the eager one, with no
+    CUDA graphs kept outside the KV cache (colocated, through training, or on a rollout pool) and no graph replay
+    in its decode time. On a GPU the same plan still pays CUDA_GRAPH_BYTES out of its KV cache. Before issue 36's
+    fix the cpu plan lost 512 MiB of KV cache to graphs and kept them through training."""
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Strategy, Workload
+    from grpo_tune.costmodel import pools
+    from grpo_tune.costmodel.estimate import estimate
+    from grpo_tune.costmodel.memory import CUDA_GRAPH_BYTES, kv_bytes_per_token
+
+    m = load_model("tiny-vllm")
+    wl = Workload(prompts=16, n=8, mini_batch=16, kl=False, prompt_len=8, prompt_len_mean=3, response_len=4)
+
+    def priced(hw: str, eager: bool):
+        s = Strategy.of(mbs=8, engine="vllm", enforce_eager=eager, max_num_seqs=64)
+        return estimate(model=m, hardware=load_hardware(hw), cluster=Cluster(gpus=1), strategy=s, workload=wl)
+
+    def kv_tokens(e) -> float:
+        return e.memory["rollout"].info["kv_cache_tokens"]
+
+    eager, graphs = priced("cpu", True), priced("cpu", False)
+    assert kv_tokens(graphs) == kv_tokens(eager) > 0
+    for phase, pm in graphs.memory.items():
+        assert pm.parts == eager.memory[phase].parts, phase
+        assert not pm.parts.get("vllm_cuda_graphs") and not pm.parts.get("rollout_cuda_graphs"), phase
+    assert graphs.peak_bytes == eager.peak_bytes and graphs.time.phases == eager.time.phases
+    # a rollout pool on cpu: no graphs either
+    hw = load_hardware("cpu")
+    for e in (True, False):
+        pm, _ = pools.rollout_memory(m, hw, Cluster(gpus=1), Strategy.of(engine="vllm", enforce_eager=e), wl)
+        assert pm.parts["rollout_cuda_graphs"] == 0.0
+    # the same plan on a GPU captures them: the KV cache it leaves is CUDA_GRAPH_BYTES smaller (the test can fail)
+    g_eager, g_graphs = priced("h100", True), priced("h100", False)
+    per_tok = kv_bytes_per_token(m, 1, g_graphs.strategy.precision.kv_cache_dtype)
+    assert kv_tokens(g_eager) - kv_tokens(g_graphs) == pytest.approx(CUDA_GRAPH_BYTES / per_tok, abs=1)
+    assert g_graphs.memory["update"].parts["vllm_cuda_graphs"] == CUDA_GRAPH_BYTES  # asleep through training

@@ -292,8 +292,10 @@ def _print_separate(o: TuneOutcome, *, json_out: bool) -> None:
 
     def line(e) -> str:
         f = e.placement
+        ahead = f.get("rollout_ahead", f["staleness"])  # a fractional staleness_threshold: the batches it runs ahead
+        stale = f"{f['staleness']}" + (f" ({ahead:g} of a batch ahead)" if ahead != f["staleness"] else "")
         return (
-            f"{f['rollout_gpus']} rollout + {f['train_gpus']} training GPUs, staleness {f['staleness']}: "
+            f"{f['rollout_gpus']} rollout + {f['train_gpus']} training GPUs, staleness {stale}: "
             f"{e.step_s:,.1f} s per step (generation {f['gen_s']:,.1f}, training {f['train_s']:,.1f}, sync "
             f"{f['sync_s']:,.1f}; busy {100 * f['rollout_busy']:.0f}% / {100 * f['train_busy']:.0f}%); training "
             f"{e.strategy.layout_text()}, vLLM tp{e.strategy.rollout.rollout_tp} "

@@ -60,6 +60,14 @@ CUDA_GRAPH_BYTES = 0.5 * 2**30
 of the size vLLM logs for 7-8B models ("Graph capturing finished ... took ~0.5 GiB"), not measured here."""
 
 
+def captures_cuda_graphs(hardware: HardwareSpec, enforce_eager: bool) -> bool:
+    """vLLM captures CUDA graphs (:data:`CUDA_GRAPH_BYTES`, and decodes without eager launches) on a GPU without
+    ``enforce_eager``. On a profile whose ranks compute in host memory (``memory_is_host``: ``cpu``, vLLM's CPU
+    build) it captures none whatever the plan asks: vLLM's CPU platform sets ``enforce_eager`` itself and empties
+    the capture sizes (vllm/platforms/cpu.py, ``CpuPlatform.check_and_update_config``)."""
+    return not (enforce_eager or hardware.memory_is_host)
+
+
 # ---------------------------------------------------------------------------------------------
 # Model state
 # ---------------------------------------------------------------------------------------------
@@ -209,7 +217,7 @@ def kv_cache_capacity(
     prec = strategy.precision
     w = rollout_weight_bytes(model, eng.rollout_tp, prec.rollout_precision)
     work = rollout_working_bytes(model, eng.rollout_tp, eng.max_num_seqs, eng.max_num_batched_tokens)
-    if not eng.enforce_eager:
+    if captures_cuda_graphs(hardware, eng.enforce_eager):
         work += CUDA_GRAPH_BYTES
     kv = budget - w - work
     per_tok = kv_bytes_per_token(model, eng.rollout_tp, prec.kv_cache_dtype)
@@ -382,7 +390,11 @@ def _phases(
     # CUDA graphs' memory pool through the training phases (vllm-project/vllm#56373: "Level-1 cuMem
     # sleep releases weights and KV cache, but leaves graph executables and native CUDA graph pools
     # resident"; #45648 shows the same at level 2 on H20).
-    graphs = CUDA_GRAPH_BYTES if (kvc is not None and eng.free_cache_engine and not eng.enforce_eager) else 0.0
+    graphs = (
+        CUDA_GRAPH_BYTES
+        if (kvc is not None and eng.free_cache_engine and captures_cuda_graphs(hardware, eng.enforce_eager))
+        else 0.0
+    )
     ref = ("ref_weights",) if kl else ()
     state_keys = ("weights", "grads", "optimizer") + ref
     extra = ("vllm_resident",) if resident else (("vllm_cuda_graphs",) if graphs else ())

@@ -270,7 +270,7 @@ def rollout_memory(
     if s.rollout.native:
         return _native_memory(m, hw, cluster, s, wl)
     kvc = memory.kv_cache_capacity(m, hw, s, wl, cluster.gpus, cluster.ranks_per_node)
-    graphs = 0.0 if s.rollout.enforce_eager else memory.CUDA_GRAPH_BYTES
+    graphs = memory.CUDA_GRAPH_BYTES if memory.captures_cuda_graphs(hw, s.rollout.enforce_eager) else 0.0
     parts = {
         "rollout_weights": kvc.weights_bytes,
         "rollout_activations": kvc.working_bytes - graphs,

@@ -9,8 +9,8 @@ cache holds, N) (vLLM continuous batching):
   whole batch (every replica's N together) ends: generation returns when its slowest replica does.
   Each step costs what it costs at the concurrency running then: the larger of the weight + KV-cache
   reads over HBM bandwidth and the FLOPs, plus the rollout TP all-reduces (latency by group size,
-  inter-node when the group spans nodes): the GPU's time. When vLLM runs eager (``enforce_eager``, or
-  a batch above the CUDA-graph capture sizes) the host launches every kernel of every layer itself,
+  inter-node when the group spans nodes): the GPU's time. When vLLM runs eager (``enforce_eager``, vLLM's
+  CPU build, or a batch above the CUDA-graph capture sizes) the host launches every kernel of every layer itself,
   ahead of the GPU: the forward takes the longer of the GPU's time and the launches (layers x the
   stack's ``eager_layer_overhead_s``), so a small batch is launch-bound and a large one hides them; a
   CUDA graph replays the forward as one launch. On top, serial with the forward, the scheduler's and
@@ -97,7 +97,7 @@ class _DecodeStep:
         self.graph_ovh = e.decode_step_overhead_s
         self.seq_ovh = e.decode_sequence_overhead_s
         self.eager_launch = m.layers * e.eager_layer_overhead_s
-        self.eager = eng.enforce_eager
+        self.eager = not memory.captures_cuda_graphs(hw, eng.enforce_eager)  # vLLM on CPU always runs eager
         self.moe_eff = e.moe_decode_efficiency
         self.graph_max = engine.graph_batch(rtp)
         self.overlap = engine.overlaps_host

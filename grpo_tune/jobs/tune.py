@@ -230,6 +230,9 @@ def _tune_separate(out: TuneOutcome, cal: dict[str, float] | None) -> None:
         p0 = dataclasses.replace(p0, rollout_hardware=hw_r.name)
     cur = _price_separate(plan, p0, hw_r, cal)
     k = place.staleness or p0.staleness
+    # a fractional staleness_threshold is the user's run-ahead: the re-search prices the launch's staleness at it
+    # (tuned.sh keeps it as written, and reads back at it), and searches no other staleness unless --staleness asks
+    keep_ahead = plan.ahead is not None and not place.staleness
     rollout_gpus, partial = place.rollout_gpus, place.partial_rollout or p0.partial_rollout
     # the knobs tune keeps as the launch sets them (the engine's, the batching mode) are pinned here as in the
     # colocated tuning: tuned.sh keeps them, so a plan that needs others is not what the tuned file runs
@@ -252,6 +255,8 @@ def _tune_separate(out: TuneOutcome, cal: dict[str, float] | None) -> None:
         calibration=cal,
         min_headroom=req.min_headroom,
         rollout_memory=rollout_memory_default((fw.name,)),
+        ahead=plan.ahead,
+        min_staleness=k if keep_ahead else 0,
     )
     found = res.best_separate
     cur_s = float(cur.step_s or float("inf"))

@@ -279,13 +279,19 @@ def search_placement(
     progress: Callable[[int, int], None] | None = None,
     colocated: SearchResult | None = None,
     rollout_memory: float | None = None,
+    ahead: float | None = None,
+    min_staleness: int = 0,
 ) -> PlacementResult:
     """The best plan of each placement asked for. ``colocated``: an already-run colocated SearchResult.
     ``rollout_memory``: the framework's own vLLM memory fraction for a separate rollout pool, which wins among
     engines that price the same (:func:`best_rollout`; None: the default framework's, :func:`rollout_memory_default`).
     ``recompute_logprobs``: the separate plans' (Placement.recompute_logprobs; not searched: it is the
     algorithm's choice, as the staleness is). ``stream``: the staleness-0 splits stream (True), run in sequence
-    (False), or each takes the cheaper of the two (None; costmodel.streaming.cheaper_stream)."""
+    (False), or each takes the cheaper of the two (None; costmodel.streaming.cheaper_stream).
+    ``ahead``: a launch's own run-ahead where it is a fraction (verl's fully-async ``staleness_threshold``,
+    LaunchPlan.ahead): staleness ``ceil(ahead)`` is priced at it, as the launch itself is (tune keeps a user's
+    fraction); every other staleness at its integer. ``min_staleness``: the smallest staleness searched (tune on a
+    launch whose staleness the user did not ask to change searches only the launch's)."""
     from grpo_tune.autotune.search.driver import search
 
     t0 = time.perf_counter()
@@ -315,6 +321,8 @@ def search_placement(
                 recompute_logprobs=recompute_logprobs,
                 stream=stream,
                 memory_default=rollout_memory,
+                ahead=ahead,
+                min_staleness=min_staleness,
             )
         except GrpoTuneError:
             if placement == "separate":
@@ -351,35 +359,53 @@ def _separate(
     recompute_logprobs=True,
     stream=False,
     memory_default=None,
+    ahead=None,
+    min_staleness=0,
 ):
     from grpo_tune.autotune.search.driver import search
 
     hw_r = hw_r or hw
     cal = check_calibration(kw["calibration"])
     cands = [pinned_r] if pinned_r else CP.split_candidates(cluster)
-    stale = range(K + 1)
+    stale = range(min(min_staleness, K), K + 1)
     partial_for = {k: bool(partial_flag) and k >= 1 for k in stale}
+    # a launch's fractional run-ahead prices its own staleness (ceil): that level is fed `ahead` batches, not k
+    frac_k = math.ceil(ahead) if ahead is not None and ahead > 0 and not float(ahead).is_integer() else None
+
+    def knobs_at(k: int) -> P.AsyncKnobs | None:
+        """The launch's own knobs at its staleness (as LaunchPlan.async_knobs prices it); None: k's integer."""
+        if k != frac_k:
+            return None
+        return P.AsyncKnobs(ahead=float(ahead), no_drain=partial_for[k])
+
     # 1. generation per split and staleness: the pool is a server fed k batches ahead (costmodel.pools.generation),
     # so k changes its concurrency only while the feed binds: beyond k_sat (where (1 + k) x its sequences per replica
     # reach the largest max_num_seqs of the grid) every k prices the same, and is computed once
     pool_of = {r: CP.pools(cluster, r) for r in cands}
     seq_cap = max([int(pins["max_num_seqs"])] if "max_num_seqs" in pins else list(ROLLOUT_SEQS_GRID))
-    gens: dict[tuple[int, int], tuple[EngineOption, float] | None] = {}
+    gens: dict[tuple[int, float], tuple[EngineOption, float] | None] = {}
 
-    def gkey(r: int, k: int) -> tuple[int, int]:
+    def gkey(r: int, k: int) -> tuple[int, float]:
         if k <= 0:
             return (r, 0)
         per = wl.prompts * wl.n / max(1, pool_of[r].rollout.gpus)  # the fewest sequences a replica gets (TP 1)
         k_sat = max(1, math.ceil(seq_cap / max(per, 1e-9)) - 1)
-        return (r, min(k, k_sat))
+        kn = knobs_at(k)
+        return (r, min(k if kn is None else kn.ahead, k_sat))
 
     def gen_of(r: int, k: int) -> tuple[EngineOption, float] | None:
         key = gkey(r, k)
         if key not in gens:
             kk = key[1]
-            kn = P.AsyncKnobs(ahead=float(kk), no_drain=partial_for[k] and kk >= 1)
+            kn = P.AsyncKnobs(ahead=float(kk), no_drain=partial_for[k] and kk > 0)
             gens[key] = best_rollout(m, hw_r, pool_of[r].rollout, wl, pins, cal, partial_for[k], kn, memory_default)
         return gens[key]
+
+    def wait_of(r: int, k: int) -> float:
+        """The trainer's wait for its first fetch after a sync (costmodel.pools.first_fetch_wait): 0 at an
+        integer staleness, the part a fraction's run-ahead does not hold at the launch's."""
+        kn, g = knobs_at(k), gen_of(r, k)
+        return 0.0 if kn is None or g is None else P.first_fetch_wait(g[1], kn)
 
     cands = [r for r in cands if any(gen_of(r, k) is not None for k in stale)]
     if not cands:
@@ -404,7 +430,7 @@ def _separate(
                 why.append(exc)
         return tsearch[key]
 
-    sync0 = _sync_proxy(m, hw, hw_r, pool_of, cal, cands, gen_of, K)
+    sync0 = _sync_proxy(m, hw, hw_r, pool_of, cal, cands, gen_of, stale)
     ref_r = _reference_split(cands, pool_of, gen_of, colocated_train_s, cluster, sync0, K)
     ref = full(ref_r)
     seeds = ([] if ref is None else ref.ranked[:REPRICE]) + list(colocated_seeds or [])[:REPRICE]
@@ -453,7 +479,7 @@ def _separate(
         order = choose_split(
             cands,
             lambda r, k=k: math.inf if gen_of(r, k) is None else gen_of(r, k)[1],
-            train_time,
+            train_time if knobs_at(k) is None else (lambda r, k=k: train_time(r) + wait_of(r, k)),
             lambda r: sync0.get(r, 0.0),
             k,
             stream=stream_kw if stream is not False else None,
@@ -511,6 +537,7 @@ def _separate(
                         rollout_hardware=hw_r,
                         calibration=kw["calibration"],
                         train=te,
+                        knobs=knobs_at(pl.staleness),
                     )
 
                 try:
@@ -587,12 +614,12 @@ def _reference_split(cands, pool_of, gen_of, colocated_train_s, cluster, sync0, 
     return order[0][1] if order else ok[len(ok) // 2]
 
 
-def _sync_proxy(m, hw, hw_r, pool_of, cal, cands, gen_of, K) -> dict[int, float]:
+def _sync_proxy(m, hw, hw_r, pool_of, cal, cands, gen_of, stale) -> dict[int, float]:
     """The sync's transfer + copy + per-tensor parts per split (the training side's export is left out:
     it depends on the training plan, not on the split)."""
     out = {}
     for r in cands:
-        g = next((v for v in (gen_of(r, k) for k in range(K + 1)) if v), None)
+        g = next((v for v in (gen_of(r, k) for k in stale) if v), None)
         if g is None:
             continue
         s = Strategy.of(rollout_tp=g[0]["rollout_tp"])
