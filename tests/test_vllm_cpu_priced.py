@@ -192,3 +192,58 @@ def test_vllm_on_cpu_is_priced_without_cuda_graphs():
     per_tok = kv_bytes_per_token(m, 1, g_graphs.strategy.precision.kv_cache_dtype)
     assert kv_tokens(g_eager) - kv_tokens(g_graphs) == pytest.approx(CUDA_GRAPH_BYTES / per_tok, abs=1)
     assert g_graphs.memory["update"].parts["vllm_cuda_graphs"] == CUDA_GRAPH_BYTES  # asleep through training
+
+
+def test_vllm_on_cpu_stays_resident_through_training_with_the_trainers_kv_cache():
+    """vLLM's CPU platform has no sleep mode ("Sleep mode is not supported on current platform"), so the trainer runs
+    it with sleep off whatever free_cache_engine asks, and its weights (at the workload's dtype) and the KV cache
+    the trainer gives it (cpu_kv_cache_bytes: max_num_seqs full sequences in whole 128-token blocks, not the whole
+    memory fraction) stay resident through every training phase. No sleep or wake seconds are priced there, even
+    under a stack that sets them. On a GPU the plan still sleeps: nothing resident, and the stack's seconds paid.
+    The old tree priced the cpu engine asleep (no vllm_resident with free_cache_engine, the whole fraction without)."""
+    import dataclasses as dc
+
+    from grpo_tune.core.specs import load_hardware, load_model
+    from grpo_tune.core.strategy import Cluster, Strategy, Workload
+    from grpo_tune.costmodel.estimate import estimate
+    from grpo_tune.costmodel.memory import host_kv_cache_bytes, kv_bytes_per_token, rollout_weight_bytes
+
+    m = load_model("tiny-vllm")
+    wl = Workload(prompts=16, n=8, mini_batch=16, prompt_len=8, prompt_len_mean=3, response_len=4, dtype="fp32")
+
+    def priced(hw, free: bool, gpus: int = 1):
+        s = Strategy.of(mbs=8, engine="vllm", enforce_eager=True, max_num_seqs=64, free_cache_engine=free)
+        return estimate(model=m, hardware=hw, cluster=Cluster(gpus=gpus), strategy=s, workload=wl)
+
+    def slow(hw):  # a stack that prices a sleep and a wake
+        return dc.replace(hw, efficiency=dc.replace(hw.efficiency, engine_sleep_s=1.0, engine_wake_s=2.0))
+
+    cpu = load_hardware("cpu")
+    # 64 sequences of 8 + 4 tokens: one 128-token block each, fp32 (twice the bf16 bytes per token)
+    kv = 64 * 128 * kv_bytes_per_token(m, 1) * 2
+    weights = rollout_weight_bytes(m, 1, "bf16") * 2
+    assert kv == 16 * 2**20 and weights == pytest.approx(4.76 * 2**20, rel=0.01)
+    for gpus in (1, 2):
+        asleep, awake = priced(cpu, True, gpus), priced(cpu, False, gpus)
+        # the fraction the old tree held without free_cache_engine
+        share = awake.strategy.rollout.gpu_memory_utilization * cpu.rank_memory_bytes(gpus)
+        for phase in ("old_logprob", "ref_logprob", "update"):
+            assert asleep.memory[phase].parts == awake.memory[phase].parts, phase
+            assert asleep.memory[phase].parts["vllm_resident"] == weights + kv < share / 100, phase
+            assert "vllm_cuda_graphs" not in asleep.memory[phase].parts
+        assert host_kv_cache_bytes(m, cpu, asleep.strategy, wl, gpus) == kv
+        # no sleep or wake time, whatever the stack says
+        for e in (asleep, priced(slow(cpu), True, gpus)):
+            assert dict(e.time.phases) == dict(awake.time.phases)
+            assert e.details["weight_sync_wake_s"] == 0.0
+    # a GPU sleeps: nothing resident through training, and the stack's sleep and wake are paid
+    h100 = load_hardware("h100")
+    base, slept = priced(h100, True), priced(slow(h100), True)
+    assert "vllm_resident" not in base.memory["update"].parts
+    assert slept.details["weight_sync_wake_s"] == 2.0
+    assert slept.time.phases["rollout"] - base.time.phases["rollout"] == pytest.approx(
+        1.0 - h100.efficiency.engine_sleep_s
+    )
+    awake = priced(h100, False)  # awake: it holds its whole fraction
+    frac = awake.strategy.rollout.gpu_memory_utilization
+    assert awake.memory["update"].parts["vllm_resident"] == frac * h100.hbm_bytes

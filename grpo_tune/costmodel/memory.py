@@ -68,6 +68,15 @@ def captures_cuda_graphs(hardware: HardwareSpec, enforce_eager: bool) -> bool:
     return not (enforce_eager or hardware.memory_is_host)
 
 
+def sleeps(hardware: HardwareSpec, free_cache_engine: bool) -> bool:
+    """A colocated vLLM sleeps through the training phases (releases its weights and KV cache, and takes the stack's
+    sleep and wake seconds) when the plan sets ``free_cache_engine``, except on a profile whose ranks compute in
+    host memory (``memory_is_host``: ``cpu``, vLLM's CPU build): sleep mode is for CUDA, ROCm and XPU only
+    (vllm/platforms/interface.py ``is_sleep_mode_available``; the CPU platform raises "Sleep mode is not supported on
+    current platform"), so the trainer turns it off and the engine stays resident (trainer/rollout/vllm.py)."""
+    return free_cache_engine and not hardware.memory_is_host
+
+
 # ---------------------------------------------------------------------------------------------
 # Model state
 # ---------------------------------------------------------------------------------------------
@@ -235,6 +244,52 @@ def kv_cache_capacity(
     )
 
 
+HOST_KV_BLOCK_SIZE = 128
+"""Tokens per KV-cache block of vLLM 0.32's CPU backend (its ``cache_config.block_size`` there; read back in
+tests/test_vllm_cpu.py)."""
+HOST_VLLM_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "bfloat16": 2, "float16": 2, "float32": 4}
+"""Bytes per value of vLLM's weights and KV cache on CPU: the workload's ``dtype``, which the trainer passes to vLLM
+(``dtype=``; no quantization, no ``kv_cache_dtype``)."""
+
+
+def host_kv_cache_bytes(
+    model: ModelSpec, hardware: HardwareSpec, strategy: Strategy, workload: Workload, ranks_per_node: int
+) -> int:
+    """The KV cache the trainer gives vLLM on a ``memory_is_host`` profile (vLLM's CPU build), in bytes: what it
+    passes as ``kv_cache_memory_bytes`` (trainer/rollout/vllm.py ``cpu_kv_cache_bytes`` calls this).
+
+    :func:`kv_cache_capacity`'s arithmetic (``gpu_memory_utilization`` x the rank's memory, less vLLM's weights and
+    working set) on this rank's share of the host's RAM among ``ranks_per_node`` ranks, capped at what
+    ``max_num_seqs`` sequences of ``prompt_len + response_len`` can ever hold at the workload's dtype (vLLM allocates
+    the whole budget at start-up; more is never used), and at least one full-length sequence (vLLM refuses to start
+    below that). A sequence holds whole blocks of :data:`HOST_KV_BLOCK_SIZE` tokens, so the cap counts each one
+    rounded up to blocks.
+    """
+    import dataclasses as dc
+
+    w, eng = workload, strategy.rollout
+    rank_mem = hardware.rank_memory_bytes(max(1, ranks_per_node))
+    cap = kv_cache_capacity(model, dc.replace(hardware, hbm_bytes=int(rank_mem)), strategy, w)
+    scale = HOST_VLLM_DTYPE_BYTES.get(w.dtype, 2) / 2  # kv_bytes_per_token is priced in bf16
+    per_tok = cap.bytes_per_token * scale
+    seq = -(-(w.prompt_len + w.response_len) // HOST_KV_BLOCK_SIZE) * HOST_KV_BLOCK_SIZE
+    most = eng.max_num_seqs * seq * per_tok
+    least = seq * per_tok
+    return int(max(least, min(cap.kv_bytes, most)))  # bytes left are bytes: a wider dtype holds fewer tokens
+
+
+def host_vllm_resident_bytes(
+    model: ModelSpec, hardware: HardwareSpec, strategy: Strategy, workload: Workload, ranks_per_node: int
+) -> tuple[float, int]:
+    """(weights, KV cache) bytes that vLLM's CPU build holds on a rank from its start to the end of the run, training
+    phases included (it cannot sleep: :func:`sleeps`): its weights at the workload's dtype (the trainer passes no
+    quantization, so ``rollout_precision`` does not apply) and :func:`host_kv_cache_bytes`. Its profiling run's
+    working set is freed after start-up and is not charged outside the rollout."""
+    scale = HOST_VLLM_DTYPE_BYTES.get(workload.dtype, 2) / 2  # rollout_weight_bytes prices bf16
+    w = rollout_weight_bytes(model, strategy.rollout.rollout_tp, "bf16") * scale
+    return w, host_kv_cache_bytes(model, hardware, strategy, workload, ranks_per_node)
+
+
 @lru_cache(maxsize=1024)
 def sync_bucket_bytes(m: ModelSpec, ep: int) -> float:
     """The largest tensor gathered whole while verl reshards training weights for vLLM
@@ -334,7 +389,10 @@ def phase_memory(
         if (w.kind == "grpo" and not s.rollout.native)
         else None
     )
-    out = _phases(m, hardware, s, w, k, states, acts, logit, last, kvc)
+    held = None  # what vLLM keeps through the training phases: None where it sleeps or holds its whole fraction
+    if kvc is not None and hardware.memory_is_host:
+        held = sum(host_vllm_resident_bytes(m, hardware, s, w, cluster.ranks_per_node))
+    out = _phases(m, hardware, s, w, k, states, acts, logit, last, kvc, held)
     violations = _violations(out, hardware, w, kvc, hardware.rank_capacity_bytes(cluster.ranks_per_node))
     host = _host_bytes(s, w, full, cluster)
     if host > hardware.host_memory_bytes:
@@ -374,27 +432,30 @@ def _phases(
     logit: float,
     last: int,
     kvc: KvCapacity | None,
+    held: float | None = None,
 ) -> dict[str, PhaseMemory]:
     """Per phase, the worst candidate stage's parts. Offload follows verl 0.9.1
     (verl/utils/megatron_utils.py): param_offload moves weights to the host and frees the gradient
     buffers outside the update; optimizer_offload brings the optimizer back for the whole update
-    (all mini-batches), so it adds to the activations' peak rather than replacing it."""
+    (all mini-batches), so it adds to the activations' peak rather than replacing it. ``held``: the bytes vLLM keeps
+    through the training phases where it cannot sleep (:func:`host_vllm_resident_bytes`), whatever
+    ``free_cache_engine`` asks."""
     smem, bat, eng = s.memory, s.batching, s.rollout
     off = set(smem.offload)
     kl = w.kind == "grpo" and w.kl
     p_off, o_off = "param" in off, "optimizer" in off
     g_off = "grad" in off or p_off
     native = eng.native
-    resident = kvc.budget_bytes if (kvc is not None and not eng.free_cache_engine) else 0.0
+    if held is not None:  # vLLM's CPU build: no sleep mode, its weights and the trainer's KV cache stay
+        resident = held
+    else:
+        resident = kvc.budget_bytes if (kvc is not None and not eng.free_cache_engine) else 0.0
     # A sleeping vLLM (free_cache_engine) releases its weights and KV cache but keeps its captured
     # CUDA graphs' memory pool through the training phases (vllm-project/vllm#56373: "Level-1 cuMem
     # sleep releases weights and KV cache, but leaves graph executables and native CUDA graph pools
     # resident"; #45648 shows the same at level 2 on H20).
-    graphs = (
-        CUDA_GRAPH_BYTES
-        if (kvc is not None and eng.free_cache_engine and captures_cuda_graphs(hardware, eng.enforce_eager))
-        else 0.0
-    )
+    asleep = kvc is not None and sleeps(hardware, eng.free_cache_engine)
+    graphs = CUDA_GRAPH_BYTES if (asleep and captures_cuda_graphs(hardware, eng.enforce_eager)) else 0.0
     ref = ("ref_weights",) if kl else ()
     state_keys = ("weights", "grads", "optimizer") + ref
     extra = ("vllm_resident",) if resident else (("vllm_cuda_graphs",) if graphs else ())
@@ -522,6 +583,8 @@ __all__ = [
     "LayerCoeffs",
     "ModelState",
     "forward_activation_bytes",
+    "host_kv_cache_bytes",
+    "host_vllm_resident_bytes",
     "in_flight_microbatches",
     "kernels_for",
     "kv_bytes_per_token",
@@ -534,6 +597,7 @@ __all__ = [
     "paper_layer_activation_bytes",
     "phase_memory",
     "rollout_weight_bytes",
+    "sleeps",
     "sync_bucket_bytes",
     "train_activation_bytes",
 ]

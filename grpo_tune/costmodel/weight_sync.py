@@ -31,14 +31,16 @@ from grpo_tune.core.strategy import Cluster, Strategy, Workload
 from grpo_tune import engines
 
 from . import comm
+from .memory import sleeps
 from .timing_base import OPT_STATE_BYTES, PARAM_BYTES, model_consts
 from .train_time import rank_params
 
 
 def sleep_s(hw: HardwareSpec, s: Strategy) -> float:
     """The rollout engine's sleep after generation (inside verl's gen timer; engines.sleep_wake_s: the stack's figure
-    or the engine's own); none without free_cache_engine."""
-    return engines.sleep_wake_s(s, hw)[0] if s.rollout.free_cache_engine else 0.0
+    or the engine's own); none without free_cache_engine, nor where the engine cannot sleep (memory.sleeps: vLLM's
+    CPU build)."""
+    return engines.sleep_wake_s(s, hw)[0] if sleeps(hw, s.rollout.free_cache_engine) else 0.0
 
 
 def hf_export_s(m: ModelSpec, hw: HardwareSpec, cluster: Cluster, s: Strategy, cal: Mapping[str, float]) -> float:
@@ -103,7 +105,7 @@ def weight_sync_s(
     if "param" in s.memory.offload:  # loaded for the export, offloaded after it (pinned, synchronous)
         dense, expert = rank_params(m, s)
         onload = 2 * (dense + expert) * PARAM_BYTES / hw.host_to_device_bandwidth_bytes_per_s
-    wake = engines.sleep_wake_s(s, hw)[1] if eng.free_cache_engine else 0.0
+    wake = engines.sleep_wake_s(s, hw)[1] if sleeps(hw, eng.free_cache_engine) else 0.0
     return {
         "wake_s": wake,
         "onload_s": onload,

@@ -78,6 +78,7 @@ from typing import TYPE_CHECKING, Iterable
 import torch
 
 from grpo_tune.core.errors import ConfigError, try_import
+from grpo_tune.costmodel.memory import HOST_KV_BLOCK_SIZE, host_kv_cache_bytes
 
 from .base import SamplingParams
 
@@ -153,36 +154,32 @@ def platform_is_cpu(vllm) -> bool:
         return False
 
 
-CPU_BLOCK_SIZE = 128
+CPU_BLOCK_SIZE = HOST_KV_BLOCK_SIZE
 """Tokens per KV-cache block of vLLM 0.32's CPU backend (its ``cache_config.block_size`` there; read back in
-tests/test_vllm_cpu.py)."""
+tests/test_vllm_cpu.py): :data:`costmodel.memory.HOST_KV_BLOCK_SIZE`."""
 
 
 def cpu_kv_cache_bytes(cfg: RunConfig) -> int:
-    """The KV cache the plan gives vLLM on CPU, in bytes.
+    """The KV cache the plan gives vLLM on CPU, in bytes: :func:`costmodel.memory.host_kv_cache_bytes` (the cost
+    model's KV arithmetic on this rank's share of the host's RAM, capped at ``max_num_seqs`` full-length sequences
+    in whole :data:`CPU_BLOCK_SIZE` blocks, at least one), the same bytes the memory model keeps resident through
+    the training phases (vLLM's CPU build cannot sleep)."""
+    return host_kv_cache_bytes(cfg.model, cfg.hardware, cfg.strategy, cfg.workload, cfg.cluster.ranks_per_node)
 
-    The cost model's KV arithmetic (:func:`costmodel.memory.kv_cache_capacity`: ``gpu_memory_utilization``
-    x the rank's memory, less vLLM's weights and working set) on this rank's share of the host's RAM (a
-    ``memory_is_host`` profile), capped at what ``max_num_seqs`` sequences of ``prompt_len + response_len``
-    can ever hold at the run's dtype (vLLM allocates the whole budget at start-up; more is never used),
-    and at least one full-length sequence (vLLM refuses to start below that). A sequence holds whole blocks
-    of :data:`CPU_BLOCK_SIZE` tokens, so the cap counts each one rounded up to blocks.
-    """
-    import dataclasses as dc
 
-    from grpo_tune.costmodel.memory import kv_cache_capacity
-
-    hw, w, eng = cfg.hardware, cfg.workload, cfg.strategy.rollout
-    per_node = max(1, min(cfg.cluster.gpus, cfg.cluster.gpus_per_node))
-    rank_mem = hw.rank_memory_bytes(per_node)
-    cap = kv_cache_capacity(cfg.model, dc.replace(hw, hbm_bytes=int(rank_mem)), cfg.strategy, w)
-    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(_DTYPES.get(w.dtype, w.dtype), 2)
-    scale = dtype_bytes / 2  # kv_bytes_per_token is priced in bf16
-    per_tok = cap.bytes_per_token * scale
-    seq = -(-(w.prompt_len + w.response_len) // CPU_BLOCK_SIZE) * CPU_BLOCK_SIZE
-    most = eng.max_num_seqs * seq * per_tok
-    least = seq * per_tok
-    return int(max(least, min(cap.kv_bytes, most)))  # bytes left are bytes: a wider dtype holds fewer tokens
+def _model_runner(llm):
+    """The model runner of an in-process vLLM V1 engine (external_launcher or uniproc): its ``model``, ``kv_caches``."""
+    engine = llm.llm_engine
+    paths = (
+        lambda: engine.model_executor.driver_worker.worker.model_runner,
+        lambda: engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner,
+    )
+    for p in paths:
+        try:
+            return p()
+        except AttributeError:
+            continue
+    raise RuntimeError("cannot reach vLLM's model runner (multiprocess engine?)")
 
 
 def _inner_model(llm):
