@@ -115,6 +115,44 @@ def test_the_running_engine_is_the_priced_one(rig):
     assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ
 
 
+def test_the_memory_model_keeps_what_the_engine_holds_resident_through_training(rig):
+    """vLLM's CPU build cannot sleep, so the memory model charges its weights and KV cache to every training phase
+    (``vllm_resident``, with free_cache_engine on as here). Those bytes are what the running engine holds: its KV
+    cache tensors (to one block: vLLM rounds the priced bytes down to whole blocks) and its model's tensors."""
+    from grpo_tune.costmodel.estimate import estimate
+    from grpo_tune.costmodel.memory import host_vllm_resident_bytes
+    from grpo_tune.trainer.rollout.vllm import _inner_model, _model_runner
+
+    cfg, _, eng, _, _ = rig
+    assert cfg.strategy.rollout.free_cache_engine and not eng.sleeps
+    weights, kv = host_vllm_resident_bytes(cfg.model, cfg.hardware, cfg.strategy, cfg.workload, 1)
+    est = estimate(
+        model=cfg.model, hardware=cfg.hardware, cluster=cfg.cluster, strategy=cfg.strategy, workload=cfg.workload
+    )
+    for phase in ("old_logprob", "update"):
+        assert est.memory[phase].parts["vllm_resident"] == weights + kv, phase
+    # the KV cache vLLM allocated: the runner's cache tensors, one per layer
+    runner = _model_runner(eng.llm)
+    caches = [t for t in runner.kv_caches if t is not None]
+    built = sum(t.numel() * t.element_size() for t in caches)
+    vc = eng.llm.llm_engine.vllm_config
+    block = vc.cache_config.block_size * cfg.model.layers * 2 * cfg.model.kv_heads * cfg.model.head_dim * 4  # fp32
+    print(f"priced resident: weights {weights:.0f} + KV {kv} B; vLLM's KV tensors {built} B in {len(caches)}")
+    assert kv - block <= built <= kv, (built, kv)
+    # its weights at the run's dtype (fp32 here): the model's parameters, and the linears' weights, which vLLM's CPU
+    # backend moves into its GEMM kernels' packed copies (vllm/model_executor/layers/utils.py
+    # dispatch_cpu_unquantized_gemm leaves an empty parameter): counted by their shape
+    held, packed = 0, 0
+    for mod in _inner_model(eng.llm).modules():
+        for name, t in mod.named_parameters(recurse=False):
+            held += t.numel() * t.element_size()
+            if name == "weight" and t.numel() == 0 and hasattr(mod, "cpu_linear"):
+                packed += mod.input_size_per_partition * mod.output_size_per_partition * t.element_size()
+    print(f"vLLM's model: parameters {held} B + packed linears {packed} B")
+    held += packed
+    assert held == weights, (held, weights)
+
+
 def test_a_weight_push_reaches_the_engine(rig):
     import torch
 

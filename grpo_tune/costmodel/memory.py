@@ -12,6 +12,9 @@ Every figure is the most loaded rank of the worst pipeline stage, per phase. Pha
   weights, its working set and the KV cache; training state that is not offloaded stays resident.
   A plan with ``engine = "megatron"`` (the default on ``cpu``) samples with the trainer's own
   Megatron model instead: the actor's weights and one forward's activations, no second copy, no KV cache.
+- vLLM in the training phases: nothing with ``free_cache_engine`` (it sleeps; :func:`sleeps`), else its whole
+  fraction (``vllm_resident``). vLLM's CPU build cannot sleep: on a ``memory_is_host`` profile its weights and the KV
+  cache the trainer gives it (:func:`host_vllm_resident_bytes`) stay resident whatever ``free_cache_engine`` says.
 - ``weight_sync``: training weights + the rollout copy + one gathered tensor (verl reshards per tensor).
 
 Offloaded state lives in host memory outside the phase that needs it; the host total per node is
