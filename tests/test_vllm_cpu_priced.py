@@ -205,6 +205,7 @@ def test_vllm_on_cpu_stays_resident_through_training_with_the_trainers_kv_cache(
 
     from grpo_tune.core.specs import load_hardware, load_model
     from grpo_tune.core.strategy import Cluster, Strategy, Workload
+    from grpo_tune.costmodel import pools
     from grpo_tune.costmodel.estimate import estimate
     from grpo_tune.costmodel.memory import host_kv_cache_bytes, kv_bytes_per_token, rollout_weight_bytes
 
@@ -236,6 +237,11 @@ def test_vllm_on_cpu_stays_resident_through_training_with_the_trainers_kv_cache(
         for e in (asleep, priced(slow(cpu), True, gpus)):
             assert dict(e.time.phases) == dict(awake.time.phases)
             assert e.details["weight_sync_wake_s"] == 0.0
+    # a separate placement's training pool holds no vLLM at all
+    s = Strategy.of(mbs=8, engine="vllm", enforce_eager=True, max_num_seqs=64)
+    train = pools.train_pool(model=m, hardware=cpu, cluster=Cluster(gpus=2), strategy=s, workload=wl)
+    assert train.memory.keys() == {"old_logprob", "ref_logprob", "update"}
+    assert not any("vllm_resident" in pm.parts for pm in train.memory.values())
     # a GPU sleeps: nothing resident through training, and the stack's sleep and wake are paid
     h100 = load_hardware("h100")
     base, slept = priced(h100, True), priced(slow(h100), True)

@@ -61,11 +61,14 @@ def estimate(
     strategy: Strategy,
     workload: Workload,
     calibration: dict[str, float] | None = None,
+    colocated: bool = True,
 ) -> Estimate:
+    """``colocated`` False: a separate placement's training pool (costmodel.pools.train_pool), whose ranks hold no
+    rollout engine through training (memory.phase_memory)."""
     s = validate(model, strategy, cluster.gpus, gpus_per_node=cluster.gpus_per_node, allow_cross_node_tp=True)
     hardware = with_rollout_engine(hardware, s.rollout.engine)  # the plan's engine's stack costs (cpu + vllm)
     params = {"total": total_params(model), "active": active_params(model), "per_rank_max": max_rank_params(model, s)}
-    mem, host_bytes, violations = memory.phase_memory(model, hardware, cluster, s, workload)
+    mem, host_bytes, violations = memory.phase_memory(model, hardware, cluster, s, workload, colocated=colocated)
     violations += _token_budget(s, workload) + _batches(s, workload)
     time, throughput, details = timing.step_time(model, hardware, cluster, s, workload, cal=calibration)
     return Estimate(

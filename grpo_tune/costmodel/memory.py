@@ -341,12 +341,14 @@ def phase_memory(
     workload: Workload,
     *,
     kernels: Kernels | None = None,
+    colocated: bool = True,
 ) -> tuple[dict[str, PhaseMemory], float, list[Violation]]:
     """Bytes per phase on the most loaded rank, host bytes per node, and coded violations.
 
     ``strategy`` must be resolved (``validate`` fills dp/etp/sequence_parallel). ``kernels``: what
     the layers run (default: :func:`kernels_for`, from the profile's attention kernel and
-    activation layout).
+    activation layout). ``colocated`` False: a separate placement's training pool, whose ranks hold no rollout
+    engine (costmodel.pools.train_pool; on a GPU its plan's sleeping, eager vLLM already holds nothing there).
     """
     m, s, w = model, strategy, workload
     smem = s.memory
@@ -393,7 +395,7 @@ def phase_memory(
         else None
     )
     held = None  # what vLLM keeps through the training phases: None where it sleeps or holds its whole fraction
-    if kvc is not None and hardware.memory_is_host:
+    if kvc is not None and hardware.memory_is_host and colocated:
         held = sum(host_vllm_resident_bytes(m, hardware, s, w, cluster.ranks_per_node))
     out = _phases(m, hardware, s, w, k, states, acts, logit, last, kvc, held)
     violations = _violations(out, hardware, w, kvc, hardware.rank_capacity_bytes(cluster.ranks_per_node))

@@ -468,6 +468,7 @@ def train_pool(
         strategy=train_strategy(strategy),
         workload=workload,
         calibration=calibration,
+        colocated=False,
     )
     cal = check_calibration(calibration)
     assert est.time is not None
