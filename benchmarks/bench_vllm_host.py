@@ -479,7 +479,8 @@ def python_reference(n: int = 200_000, repeats: int = 5) -> float:
         __slots__ = ("rid", "num_computed", "out")
 
         def __init__(self, rid: int) -> None:
-            self.rid, self.num_computed, self.out = rid, 0, []
+            self.rid, self.num_computed = rid, 0
+            self.out: list[int] = []
 
     best = float("inf")
     for _ in range(repeats):
