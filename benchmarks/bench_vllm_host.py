@@ -36,15 +36,32 @@ work is single-threaded, the forward's OpenMP workers are other threads) is adde
     process_outputs OutputProcessor.process_outputs     (inclusive of:)
       detokenize       IncrementalDetokenizer.update (Fast...)
 
-``host`` = step - forward - logits (everything on the loop's thread that is not the model's GEMMs). Per
-call, each component is averaged over the steady decode steps (a step that schedules no new request and C
-tokens; the first two and the last are left out); over ``--rounds`` sweeps of all (C, mode) points the median
-is kept and the spread (max - min) reported. ``host(C) = a + b C`` is fitted by least squares per mode: ``a``
-the per-step cost, ``b`` the per-sequence cost. Modes: ``nodetok`` (``detokenize=False``, ``FINAL_ONLY``
-outputs: the trainer adapter's settings), ``detok`` (``detokenize=True``, ``FINAL_ONLY``) and ``detok_cum``
-(``detokenize=True``, ``CUMULATIVE``: verl 0.9.1's ``vLLMHttpServer.generate`` sets neither, so its
-requests take vLLM's defaults, detokenize on and cumulative outputs, though in verl's AsyncLLM the output
-processor runs in the front-end process, off the engine core's loop).
+``host`` = step - forward - logits (everything on the loop's thread that is not the model's GEMMs);
+``host_net`` = host less the wrappers' own cost (``wrapper_overhead_s``, measured: ~1.4 us per wrapped call);
+``core_host`` = the engine core's share (EngineCore.step - forward - logits); ``shared_host`` = host_net less the
+two CPU-platform parts (``sample``: the CPU sampler's fused Gumbel-argmax kernel; ``attn_metadata``: the CPU
+attention backend's builder). Per call, each component is averaged over the steady decode steps (a step that
+schedules no new request and C tokens; the first two and the last are left out); one discarded warm-up call per
+point, then over ``--rounds`` sweeps of all (C, mode) points the median is kept and the spread (max - min)
+reported. ``host(C) = a + b C`` is fitted by least squares per mode (``relative``: residuals divided by y, so the
+small C fix ``a``): ``a`` the per-step cost, ``b`` the per-sequence cost. The forward runs with one OpenMP thread
+(``--threads``): with more, on a shared machine, a torch op's main thread spins at the region's barrier for a
+descheduled worker and thread_time() counts that as host. Modes (per request, one engine with prefix caching and
+``logprobs_mode="processed_logprobs"``, verl's defaults): ``nodetok`` (``detokenize=False``, ``FINAL_ONLY``, no
+logprobs: the trainer adapter's requests), ``nodetok_lp`` (+ ``logprobs=0``: verl's in-process SPMD rollout of
+mid-2025), ``detok`` (``detokenize=True``, ``FINAL_ONLY``) and ``verl`` (``detokenize=True``, ``CUMULATIVE``,
+``logprobs=0``: verl 0.9.1's ``vLLMHttpServer.generate`` sets neither detokenize nor output_kind, so vLLM's
+defaults hold; in its AsyncLLM the output processor runs in the front-end process, off the engine core's loop).
+
+Measured (benchmarks/results/vllm_host.json, this shared 2-vCPU EPYC VM, thread CPU, relative fit of host_net):
+nodetok a = 0.64 ms, b = 31.7 us per sequence; nodetok_lp 0.97 ms, 40.9 us; detok 0.67 ms, 36.1 us; verl 0.83
+ms, 78.2 us (its engine core's share 34.6 us). The scheduler (schedule + update_from_output, ~17 us/seq) is half
+of b. Shared with a GPU host (the same Python: scheduler, V1 runner input preparation and bookkeeping,
+output processor; ``CPUModelRunner`` subclasses ``GPUModelRunner``): ``shared_host`` b = 27-35 us/seq for the
+trainer-like modes. Not exercised here: async scheduling (off on CPU, the default on GPUs: overlaps host and
+GPU), Model Runner V2 (the GPU default where Triton exists), the mp executor's output serialisation. Absolute
+speeds are this CPU's: ``python_reference()`` (stored in the JSON) scales them to another host. Full reading:
+docs/measurements.md.
 """
 
 from __future__ import annotations
@@ -318,6 +335,8 @@ COMPONENTS = (
     "step",
     "host",
     "host_net",
+    "core_host",
+    "shared_host",
     "core_step",
     "schedule",
     "update",
@@ -392,6 +411,10 @@ def analyse(data: dict) -> dict:
     for r in calls:
         per_seq = 1 if MODES[r["mode"]][0] else 0
         r["host_net"] = r["host"] - ovh * (WRAPPED_PER_STEP + per_seq * r["concurrency"])
+        # the engine core's share (what verl 0.9.1's EngineCoreProc runs; its output processor is elsewhere)
+        r["core_host"] = r["core_step"] - sum(r.get(k, 0.0) for k in FORWARD) - ovh * (WRAPPED_PER_STEP - 3)
+        # host_net less the two CPU-platform parts (the CPU sampler's kernel, the CPU attention metadata builder)
+        r["shared_host"] = r["host_net"] - r.get("sample", 0.0) - r.get("attn_metadata", 0.0)
     modes = sorted({r["mode"] for r in calls}, key=list(MODES).index)
     cs = sorted({r["concurrency"] for r in calls})
     table: dict = {}
