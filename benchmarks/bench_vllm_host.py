@@ -170,9 +170,11 @@ class Recorder:
             out = orig(*a, **k)
             c1, w1, p1 = time.thread_time(), time.perf_counter(), time.process_time()
             row = dict(rec.cur)
-            row["step"] = c1 - c0
-            row["wall"] = w1 - w0
-            row["process_cpu"] = p1 - p0
+            # the optional serialisation probe ran inside this step: not part of the in-process step
+            xc, xw = row.pop("_probe_cpu", 0.0), row.pop("_probe_wall", 0.0)
+            row["step"] = c1 - c0 - xc
+            row["wall"] = w1 - w0 - xw
+            row["process_cpu"] = p1 - p0 - xc
             rec.steps.append({**rec.info, **row})
             return out
 
@@ -180,7 +182,33 @@ class Recorder:
         self.installed.append(f"step={owner.__module__}.{owner.__qualname__}.{name}")
 
 
-def install(rec: Recorder, model_cls) -> None:
+def serialize_probe(rec: Recorder):
+    """A hook for EngineCore.step's result: msgpack-encode each client's ``EngineCoreOutputs`` as the
+    multiprocess engine core's output thread does (``MsgpackEncoder.encode_into``, vllm/v1/engine/core.py
+    ``process_output_sockets``) and decode them as the front-end client does (``MsgpackDecoder(EngineCoreOutputs)``),
+    timing both (``serialize``, ``deserialize``); the in-process engine does neither, so the step leaves them out."""
+    from vllm.v1.engine import EngineCoreOutputs
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    enc, dec, buf = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs), bytearray()
+
+    def hook(out) -> None:
+        w0, c0 = time.perf_counter(), time.thread_time()
+        for eco in out[0].values():
+            t0 = time.thread_time()
+            bufs = enc.encode_into(eco, buf)
+            t1 = time.thread_time()
+            dec.decode([bytes(b) for b in bufs])
+            t2 = time.thread_time()
+            rec.cur["serialize"] += t1 - t0
+            rec.cur["deserialize"] += t2 - t1
+        rec.cur["_probe_cpu"] += time.thread_time() - c0
+        rec.cur["_probe_wall"] += time.perf_counter() - w0
+
+    return hook
+
+
+def install(rec: Recorder, model_cls, serialize: bool = False) -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.engine.detokenizer import BaseIncrementalDetokenizer
@@ -196,7 +224,7 @@ def install(rec: Recorder, model_cls) -> None:
         }
 
     rec.wrap_step(LLMEngine, "step")
-    rec.wrap(EngineCore, "step", "core_step")
+    rec.wrap(EngineCore, "step", "core_step", hook=serialize_probe(rec) if serialize else None)
     rec.wrap(Scheduler, "schedule", "schedule", hook=sched_info)
     rec.wrap(Scheduler, "update_from_output", "update")
     for name, label in (
@@ -235,7 +263,9 @@ def summarize(steps: list[dict], C: int) -> dict:
     return out
 
 
-def measure(concurrency: list[int], length: int, rounds: int, modes: list[str], threads: int = 1) -> dict:
+def measure(
+    concurrency: list[int], length: int, rounds: int, modes: list[str], threads: int = 1, serialize: bool = False
+) -> dict:
     # One OpenMP thread by default: on a shared machine a multi-threaded torch op's main thread waits (spins)
     # at the region's barrier for a descheduled worker, which thread_time() counts as host work.
     os.environ["OMP_NUM_THREADS"] = str(threads)
@@ -250,7 +280,7 @@ def measure(concurrency: list[int], length: int, rounds: int, modes: list[str], 
     from vllm.sampling_params import RequestOutputKind
 
     rec = Recorder()
-    install(rec, Qwen2ForCausalLM)
+    install(rec, Qwen2ForCausalLM, serialize)
     tmp = tempfile.TemporaryDirectory(prefix="bench_vllm_host_")
     folder = Path(tmp.name)
     write_model(folder)
@@ -278,6 +308,7 @@ def measure(concurrency: list[int], length: int, rounds: int, modes: list[str], 
         "model_runner": f"{type(runner).__module__}.{type(runner).__qualname__}",
         "async_scheduling": bool(eng.vllm_config.scheduler_config.async_scheduling),
         "torch_threads": __import__("torch").get_num_threads(),
+        "serialize_probe": serialize,
         "wrapped": rec.installed,
     }
     print(json.dumps(meta, indent=1), flush=True)
@@ -352,6 +383,8 @@ COMPONENTS = (
     "bookkeeping",
     "process_outputs",
     "detokenize",
+    "serialize",
+    "deserialize",
     "execute_rest",
     "sample_rest",
     "core_rest",
@@ -456,6 +489,9 @@ def report(data: dict, res: dict) -> None:
     cs = sorted({r["concurrency"] for r in data["calls"]})
     show = (
         "host",
+        "host_net",
+        "core_host",
+        "shared_host",
         "schedule",
         "update",
         "update_states",
@@ -470,6 +506,8 @@ def report(data: dict, res: dict) -> None:
         "loop_rest",
         "forward",
         "logits",
+        "serialize",
+        "deserialize",
     )
     for mode, t in res["table"].items():
         print(f"\n== {mode}: thread-CPU us per decode step, median over rounds (spread)")
@@ -528,13 +566,23 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--threads", type=int, default=1, help="OpenMP threads of the forward (OMP_NUM_THREADS)")
+    ap.add_argument(
+        "--serialize", action="store_true", help="also time the mp engine's msgpack encode/decode of the outputs"
+    )
     ap.add_argument("--out", default=None)
     ap.add_argument("--from-json", default=None)
     args = ap.parse_args(argv)
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
     else:
-        data = measure([int(c) for c in args.concurrency.split(",")], args.length, args.rounds, args.modes.split(","))
+        data = measure(
+            [int(c) for c in args.concurrency.split(",")],
+            args.length,
+            args.rounds,
+            args.modes.split(","),
+            args.threads,
+            args.serialize,
+        )
     if "python_reference_s" not in data:
         data["python_reference_s"] = python_reference()
     if "wrapper_overhead_s" not in data:

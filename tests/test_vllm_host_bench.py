@@ -4,8 +4,8 @@
   store, and the fit recovers a known line;
 * ``vllm`` (the real vLLM CPU build, in a subprocess): one small point (C = 4, 12 tokens, two request modes) runs
   with every wrapper installed on vLLM 0.32's classes (a renamed method fails here), the prefill is one step and
-  the decode steps are classified as such, the inclusive components nest (no negative remainder), and the
-  detokenizer runs only when the request asks for it.
+  the decode steps are classified as such, the inclusive components nest (no negative remainder, with the
+  msgpack probe's time left out of the step), and the detokenizer runs only when the request asks for it.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_one_small_point_runs_with_every_wrapper_and_the_components_nest(tmp_pat
     length, C = 12, 4
     r = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_vllm_host.py"), "--concurrency", f"{C},8", "--rounds",
-         "1", "--length", str(length), "--modes", "nodetok,detok", "--out", str(out)],
+         "1", "--length", str(length), "--modes", "nodetok,detok", "--serialize", "--out", str(out)],
         capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -69,7 +69,8 @@ def test_one_small_point_runs_with_every_wrapper_and_the_components_nest(tmp_pat
         x = rows[(mode, C)]
         # 1 prefill step + (length - 1) decode steps; the steady ones leave out the first two and the last
         assert x["decode_steps"] == length - 1 - 3
-        for k in ("schedule", "update", "prepare_inputs", "forward", "logits", "sample", "process_outputs"):
+        for k in ("schedule", "update", "prepare_inputs", "forward", "logits", "sample", "process_outputs", "serialize",
+                  "deserialize"):  # fmt: skip
             assert x[k] > 0, (mode, k)
         for k in ("execute_rest", "sample_rest", "core_rest", "loop_rest"):
             assert x[k] >= 0, (mode, k, x[k])
