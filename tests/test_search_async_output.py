@@ -48,3 +48,18 @@ def test_pools_split_and_staleness_are_explained():
 def test_a_faster_larger_staleness_is_not_called_a_tie():
     text = " ".join(pool_lines(SimpleNamespace(placement=PLACEMENT), _splits(17.0)))
     assert "why K 1: at 32+32, K 0 ~23.1 s, K 2 ~17.0 s" in text and "within 0.5%" not in text
+
+
+def test_another_staleness_is_quoted_at_its_exact_composition():
+    # the search ranks splits by an estimate (a proxy sync) and composes the kept ones exactly: where it composed
+    # one, the line quotes that (Qwen3-235B-A22B on 256 H100, 128 + 128: the estimate said K 0 ~53.4 s, which read
+    # as faster than the winner's 54.6 s; its exact composition is 67.2 s)
+    exact = [
+        SimpleNamespace(step_s=26.2, placement={"rollout_gpus": 32, "staleness": 0}),
+        SimpleNamespace(step_s=30.0, placement={"rollout_gpus": 32, "staleness": 0}),  # a worse plan of that split
+        SimpleNamespace(step_s=21.0, placement={"rollout_gpus": 24, "staleness": 1}),
+    ]
+    own = SimpleNamespace(placement=PLACEMENT, step_s=19.4)
+    text = " ".join(pool_lines(own, _splits(19.35), exact))
+    assert "why K 1: at 32+32, K 0 26.2 s, K 2 ~19.4 s (K 2 within 0.5%: the smaller staleness is kept)" in text
+    assert "next split searched at K 1: 24 rollout GPUs at 21.0 s" in text

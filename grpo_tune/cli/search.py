@@ -7,6 +7,8 @@ runs (:func:`autotune.refine.refine`, imported only then).
 
 from __future__ import annotations
 
+import math
+
 from grpo_tune.core.errors import GrpoTuneError
 from grpo_tune.core.hardware import NATIVE_ENGINE
 
@@ -438,11 +440,30 @@ def _sec(x: float) -> str:
     return f"{x:.1f}" if x < 99.95 else f"{x:,.0f}"
 
 
-def pool_lines(s, splits: list[dict[str, float]]) -> list[str]:
+def _split_steps(splits: list[dict[str, float]], exact: list | None) -> dict[tuple[int, int], tuple[float, bool]]:
+    """Each (rollout GPUs, staleness) the search priced: the step of its exact composition where the search composed
+    one (``exact``: PlacementResult.separate), else the split-ranking estimate; the flag says which (True: exact)."""
+    out: dict[tuple[int, int], tuple[float, bool]] = {}
+    for d in splits:
+        out.setdefault((int(d["rollout_gpus"]), int(d["staleness"])), (float(d["step_s"]), False))
+    best: dict[tuple[int, int], float] = {}
+    for e in exact or []:
+        f = e.placement or {}
+        if "rollout_gpus" in f and e.step_s:
+            key = (int(f["rollout_gpus"]), int(f["staleness"]))
+            best[key] = min(best.get(key, math.inf), float(e.step_s))
+    out.update({k: (v, True) for k, v in best.items()})
+    return out
+
+
+def pool_lines(s, splits: list[dict[str, float]], exact: list | None = None) -> list[str]:
     """What the separate plan's pools do in steady state (each replica's resident sequences and what bounds them, the
     rollout pool's sustained throughput and drain, the trainer's wait for its first fetch) and why its split won: the
-    pool that sets the step and the next-best split of the search at the same staleness."""
+    pool that sets the step and the next-best split of the search at the same staleness. Another split or staleness
+    is quoted at its exact composition where the search made one (``exact``), else at the estimate the search ranked
+    splits by, marked ``~``."""
     f = s.placement
+    steps = _split_steps(splits, exact)
     out = []
     if "concurrency_bound" in f:
         bound = {"max_num_seqs": "max_num_seqs", "kv_cache": "the KV cache", "feed": "the batches fed ahead"}.get(
@@ -467,18 +488,23 @@ def pool_lines(s, splits: list[dict[str, float]]) -> list[str]:
     else:
         setter = f"generation + sync + training in turn ({f['gen_s']:.1f} + {f['sync_s']:.1f} + {f['train_s']:.1f} s)"
     here = int(f["rollout_gpus"])
-    rivals = sorted(
-        (d["step_s"], int(d["rollout_gpus"])) for d in splits if d["staleness"] == k and d["rollout_gpus"] != here
+
+    def at(st: float, exact_: bool) -> str:
+        return f"{'' if exact_ else '~'}{st:.1f} s"
+
+    rivals = sorted((st, r, ex) for (r, kk), (st, ex) in steps.items() if kk == k and r != here)
+    nxt = (
+        f"; next split searched at K {k}: {rivals[0][1]} rollout GPUs at {at(rivals[0][0], rivals[0][2])}"
+        if rivals
+        else ""
     )
-    nxt = f"; next split searched at K {k}: {rivals[0][1]} rollout GPUs at ~{rivals[0][0]:.1f} s" if rivals else ""
     out.append(f"why {here}+{f['train_gpus']}: its step is {setter}{nxt}")
-    other_k = sorted(
-        (int(d["staleness"]), d["step_s"]) for d in splits if d["rollout_gpus"] == here and d["staleness"] != k
-    )
+    other_k = sorted((kk, st, ex) for (r, kk), (st, ex) in steps.items() if r == here and kk != k)
     if other_k:  # why this staleness: the same split at every other staleness searched
-        each = ", ".join(f"K {kk} ~{st:.1f} s" for kk, st in other_k)
-        mine = min((d["step_s"] for d in splits if d["rollout_gpus"] == here and d["staleness"] == k), default=None)
-        tie = [kk for kk, st in other_k if mine is not None and kk > k and abs(st - mine) <= 5e-3 * mine]
+        each = ", ".join(f"K {kk} {at(st, ex)}" for kk, st, ex in other_k)
+        own = getattr(s, "step_s", None)
+        mine = float(own) if own else steps.get((here, k), (None, False))[0]
+        tie = [kk for kk, st, _ in other_k if mine is not None and kk > k and abs(st - mine) <= 5e-3 * mine]
         why = f" (K {', '.join(map(str, tie))} within 0.5%: the smaller staleness is kept)" if tie else ""
         out.append(f"why K {k}: at {here}+{f['train_gpus']}, {each}{why}")
     return out
@@ -556,7 +582,7 @@ def print_placements(res, console: Console) -> None:
             f"{engine}; partial rollout {'on' if f['partial_rollout'] else 'off'}",
             highlight=False,
         )
-        for line in pool_lines(s, res.splits):
+        for line in pool_lines(s, res.splits, res.separate):
             console.print(line, highlight=False)
     sp = res.speedup()
     if sp is not None:
