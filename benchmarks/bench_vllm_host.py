@@ -276,6 +276,9 @@ def measure(
     from grpo_tune.trainer.rollout.vllm import import_vllm
 
     vllm = import_vllm()
+    import torch
+
+    torch.set_num_threads(threads)  # OMP_NUM_THREADS is read once, when torch loads: set it here too
     from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
     from vllm.sampling_params import RequestOutputKind
 
@@ -300,6 +303,7 @@ def measure(
         seed=0,
     )
     build_s = time.perf_counter() - t0
+    torch.set_num_threads(threads)  # and again: the engine's CPU worker may set its own count when it starts
     eng = llm.llm_engine
     runner = eng.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
     meta = {
