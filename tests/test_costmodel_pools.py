@@ -742,20 +742,24 @@ def test_search_with_a_large_staleness_draws_a_legend_that_fits(tmp_path):
 # -- the drain at the CUDA-graph cliff ----------------------------------------------------------------------------
 
 
+def _at_ahead(model: str, gpus: int, rollout_gpus: int, s: Strategy, wl: Workload, a: float, no_drain: bool = False):
+    """The separate plan (staleness 1, ``rollout_gpus`` of ``gpus`` H100) priced with its pool ``a`` batches ahead."""
+    return P.estimate_separate(
+        model=load_model(model),
+        hardware=H100,
+        cluster=Cluster(gpus=gpus),
+        strategy=s,
+        workload=wl,
+        placement=sep(rollout_gpus, 1),
+        knobs=P.AsyncKnobs(ahead=a, no_drain=no_drain),
+    )
+
+
 def _ahead_sweep(model: str, gpus: int, rollout_gpus: int, strategy: Strategy, grid: list[float]):
-    m = load_model(model)
     wl = Workload(prompts=256, mini_batch=64, prompt_len_mean=205, response_len_mean=205)
     out = []
     for a in grid:
-        e = P.estimate_separate(
-            model=m,
-            hardware=H100,
-            cluster=Cluster(gpus=gpus),
-            strategy=strategy,
-            workload=wl,
-            placement=sep(rollout_gpus, 1),
-            knobs=P.AsyncKnobs(ahead=a),
-        )
+        e = _at_ahead(model, gpus, rollout_gpus, strategy, wl, a)
         out.append((a, e.step_s, e.placement["gen_s"], e.placement["decode_concurrency"]))
     return out
 
@@ -831,18 +835,9 @@ def test_the_drain_is_continuous_across_the_cuda_graph_batch():
 
 
 def _small_ahead(model: str, gpus: int, rollout_gpus: int, s: Strategy, wl: Workload, grid, no_drain: bool):
-    m = load_model(model)
     out = []
     for a in grid:
-        e = P.estimate_separate(
-            model=m,
-            hardware=H100,
-            cluster=Cluster(gpus=gpus),
-            strategy=s,
-            workload=wl,
-            placement=sep(rollout_gpus, 1),
-            knobs=P.AsyncKnobs(ahead=a, no_drain=no_drain),
-        )
+        e = _at_ahead(model, gpus, rollout_gpus, s, wl, a, no_drain)
         f = e.placement
         out.append((a, e.step_s, f["gen_s"], f["train_s"], f["concurrency_bound"]))
     return out
