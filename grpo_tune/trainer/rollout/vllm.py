@@ -167,34 +167,33 @@ def cpu_kv_cache_bytes(cfg: RunConfig) -> int:
     return host_kv_cache_bytes(cfg.model, cfg.hardware, cfg.strategy, cfg.workload, cfg.cluster.ranks_per_node)
 
 
-def _model_runner(llm):
-    """The model runner of an in-process vLLM V1 engine (external_launcher or uniproc): its ``model``, ``kv_caches``."""
+def _model_runners(llm):
+    """The model runners reachable inside an in-process vLLM engine (V1 external_launcher or uniproc, then V0), in
+    that order."""
     engine = llm.llm_engine
     paths = (
         lambda: engine.model_executor.driver_worker.worker.model_runner,
         lambda: engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner,
+        lambda: engine.model_executor.driver_worker.model_runner,
     )
     for p in paths:
         try:
-            return p()
+            yield p()
         except AttributeError:
             continue
+
+
+def _model_runner(llm):
+    """The model runner of an in-process vLLM engine: its ``model``, ``kv_caches``."""
+    for runner in _model_runners(llm):
+        return runner
     raise RuntimeError("cannot reach vLLM's model runner (multiprocess engine?)")
 
 
 def _inner_model(llm):
     """The torch model inside an in-process vLLM engine (V1 external_launcher/uniproc, or V0)."""
-    engine = llm.llm_engine
-    paths = (
-        lambda: engine.model_executor.driver_worker.worker.model_runner.model,
-        lambda: engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model,
-        lambda: engine.model_executor.driver_worker.model_runner.model,
-    )
-    for p in paths:
-        try:
-            model = p()
-        except AttributeError:
-            continue
+    for runner in _model_runners(llm):
+        model = getattr(runner, "model", None)
         if model is not None:
             return model
     raise RuntimeError(
