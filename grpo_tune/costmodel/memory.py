@@ -255,6 +255,12 @@ HOST_VLLM_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "bfloat16": 2, "float1
 (``dtype=``; no quantization, no ``kv_cache_dtype``)."""
 
 
+def _host_dtype_scale(workload: Workload) -> float:
+    """vLLM's bytes per value on CPU (the workload's dtype, :data:`HOST_VLLM_DTYPE_BYTES`) over the bf16 that
+    :func:`kv_bytes_per_token` and :func:`rollout_weight_bytes` price."""
+    return HOST_VLLM_DTYPE_BYTES.get(workload.dtype, 2) / 2
+
+
 def host_kv_cache_bytes(
     model: ModelSpec, hardware: HardwareSpec, strategy: Strategy, workload: Workload, ranks_per_node: int
 ) -> int:
@@ -273,8 +279,7 @@ def host_kv_cache_bytes(
     w, eng = workload, strategy.rollout
     rank_mem = hardware.rank_memory_bytes(max(1, ranks_per_node))
     cap = kv_cache_capacity(model, dc.replace(hardware, hbm_bytes=int(rank_mem)), strategy, w)
-    scale = HOST_VLLM_DTYPE_BYTES.get(w.dtype, 2) / 2  # kv_bytes_per_token is priced in bf16
-    per_tok = cap.bytes_per_token * scale
+    per_tok = cap.bytes_per_token * _host_dtype_scale(w)
     seq = -(-(w.prompt_len + w.response_len) // HOST_KV_BLOCK_SIZE) * HOST_KV_BLOCK_SIZE
     most = eng.max_num_seqs * seq * per_tok
     least = seq * per_tok
@@ -288,8 +293,7 @@ def host_vllm_resident_bytes(
     phases included (it cannot sleep: :func:`sleeps`): its weights at the workload's dtype (the trainer passes no
     quantization, so ``rollout_precision`` does not apply) and :func:`host_kv_cache_bytes`. Its profiling run's
     working set is freed after start-up and is not charged outside the rollout."""
-    scale = HOST_VLLM_DTYPE_BYTES.get(workload.dtype, 2) / 2  # rollout_weight_bytes prices bf16
-    w = rollout_weight_bytes(model, strategy.rollout.rollout_tp, "bf16") * scale
+    w = rollout_weight_bytes(model, strategy.rollout.rollout_tp, "bf16") * _host_dtype_scale(workload)
     return w, host_kv_cache_bytes(model, hardware, strategy, workload, ranks_per_node)
 
 

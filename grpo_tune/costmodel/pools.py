@@ -199,6 +199,12 @@ def generation(
             caps.append(float(k.per_replica))
         return max(1.0, min(caps)), float(min(range(len(caps)), key=lambda i: caps[i]))
 
+    def drain_excess(c: float, t: float) -> float:
+        """A drain of ``c`` sequences a replica to the expected longest of those in flight, less what its tokens
+        would take at that concurrency (step ``t``: they are part of the sustained work)."""
+        longest = d.expected_max(min(float(wl.prompts * wl.n), c * replicas))
+        return max(0.0, drain_s(step, d, c, prompt, longest) - mean * t)
+
     def batch() -> tuple[float, float, float, float, float]:
         """The synchronous batch (concurrency, bound, step, sustained, drain): fed its own batch only, its slots start
         together, a sequence holds prompt + mean at its end, a step reads the context mean / 2 in
@@ -208,8 +214,7 @@ def generation(
         sus = n_seq * mean / c * t
         if c <= n_seq:
             return c, b, t, sus, max(0.0, rs["decode_s"] - sus)  # exactly costmodel.rollout's decode
-        longest = d.expected_max(min(float(wl.prompts * wl.n), c * replicas))  # fewer than one sequence a replica
-        return c, b, t, sus, max(0.0, drain_s(step, d, c, prompt, longest) - mean * t)
+        return c, b, t, sus, drain_excess(c, t)  # fewer than one sequence a replica
 
     if k.ahead <= 0:
         conc, bound, t_c, sustained, drain = batch()
@@ -223,8 +228,7 @@ def generation(
         sustained = n_seq * mean / conc * t_c
         drain = 0.0
         if not k.no_drain:
-            longest = d.expected_max(min(float(wl.prompts * wl.n), conc * replicas))
-            drain = max(0.0, drain_s(step, d, conc, prompt, longest) - mean * t_c) / max(1, sync_interval)
+            drain = drain_excess(conc, t_c) / max(1, sync_interval)
         if k.ahead < 1.0:
             # below one batch ahead the pool produces the share ``ahead`` of a step's batch ahead of the trainer's
             # fetch, as the fed server, and the rest as the synchronous batch the trainer waits for (as
