@@ -175,7 +175,7 @@ def _write_run_folder(req: SearchRequest, result: SearchResult) -> tuple[Path, d
 
 def _search_placement(out: SearchOutcome, pins: dict[str, Any], cal: dict[str, float] | None) -> None:
     """search --placement separate|auto: the best plan of each placement, the winner's run folder written."""
-    from grpo_tune.autotune.search.placement import search_placement
+    from grpo_tune.autotune.search.placement import rollout_memory_default, search_placement
 
     req, place, colocated = out.request, out.request.place, out.result
     m, hw, cluster, wl = req.target
@@ -202,7 +202,7 @@ def _search_placement(out: SearchOutcome, pins: dict[str, Any], cal: dict[str, f
         allow_cross_node_tp=req.allow_cross_node_tp,
         min_headroom=req.min_headroom,
         colocated=colocated if mode == "auto" else None,
-        rollout_memory=F.separate_memory(frameworks or (F.DEFAULT,))[0],
+        rollout_memory=rollout_memory_default(frameworks),
     )
     out.placement = res
     if req.emit:

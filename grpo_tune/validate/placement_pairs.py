@@ -222,7 +222,7 @@ def score_pairs(
         f = e.placement
         step_reading = None
         if basis == "total" and (p.get("step_speedup") or "").strip():
-            sp, spred = float(p["step_speedup"]), c.step_s / separate_step(e, no_sync)
+            sp, spred = float(p["step_speedup"]), predicted_speedup(c, e, "step", 1, no_sync)
             step_reading = {"published": sp, "predicted": spred, "error_pct": 100.0 * (spred / sp - 1.0)}
         out.append(
             {
