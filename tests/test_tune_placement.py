@@ -58,15 +58,13 @@ def test_tune_reads_a_fully_async_launch_back_as_separate_pools(tmp_path):
     assert d["best"]["time"]["step_s"] <= cur["time"]["step_s"]
 
 
-def _fractional_launch(tmp_path: Path, rollout_gpus: int = 6, threshold: str = "0.5") -> Path:
-    """A fully-async launch of qwen2.5-1.5b on 8 H100 (``rollout_gpus`` of them rolling out) at a fractional
-    ``staleness_threshold``: tune's own emitted launch with the fraction written in."""
+def _searched(rollout_gpus: int):
+    """search_placement's result for qwen2.5-1.5b on 8 H100, ``rollout_gpus`` of them rolling out, staleness 1."""
     from grpo_tune.autotune.search.placement import search_placement
     from grpo_tune.core.specs import load_hardware, load_model
     from grpo_tune.core.strategy import Cluster, Workload
-    from grpo_tune.rundir.emit import emit
 
-    res = search_placement(
+    return search_placement(
         load_model("qwen2.5-1.5b"),
         load_hardware("h100"),
         Cluster(gpus=8),
@@ -75,6 +73,14 @@ def _fractional_launch(tmp_path: Path, rollout_gpus: int = 6, threshold: str = "
         rollout_gpus=rollout_gpus,
         staleness=1,
     )
+
+
+def _fractional_launch(tmp_path: Path, rollout_gpus: int = 6, threshold: str = "0.5") -> Path:
+    """A fully-async launch of qwen2.5-1.5b on 8 H100 (``rollout_gpus`` of them rolling out) at a fractional
+    ``staleness_threshold``: tune's own emitted launch with the fraction written in."""
+    from grpo_tune.rundir.emit import emit
+
+    res = _searched(rollout_gpus)
     assert res.best_separate is not None
     whole = emit(res.best_separate, tmp_path / "emitted")["verl"]
     assert "async_training.staleness_threshold=1.0 " in whole.read_text()
@@ -116,21 +122,10 @@ def test_a_separate_best_yaml_is_read_with_its_pools(tmp_path):
     """A run config of a separate plan is read with its placement (its strategy is the training pool's), and tune
     says it edits launches, pointing at the run folder's verl.sh; it said INVALID_DEGREES when the training layout
     did not divide the whole cluster."""
-    from grpo_tune.autotune.search.placement import search_placement
-    from grpo_tune.core.specs import load_hardware, load_model
-    from grpo_tune.core.strategy import Cluster, Workload
     from grpo_tune.frameworks import read_plan
     from grpo_tune.rundir.emit import emit
 
-    res = search_placement(
-        load_model("qwen2.5-1.5b"),
-        load_hardware("h100"),
-        Cluster(gpus=8),
-        Workload(prompts=256, mini_batch=64),
-        placement="separate",
-        rollout_gpus=2,
-        staleness=1,
-    )
+    res = _searched(2)
     e = res.best_separate
     assert e is not None and e.placement["train_gpus"] == 6
     files = emit(e, tmp_path / "run")
@@ -179,22 +174,11 @@ def test_a_fractional_staleness_threshold_is_priced_as_the_fraction(tmp_path):
     """verl 0.9.1's rollouter runs ahead by (1 + staleness_threshold) x a version's samples: a launch with 0.5 is
     read at staleness ceil(0.5) = 1 (the versions a sample may lag) and priced with the pool half a batch ahead, not
     a whole one; tune's rewrite keeps the fraction as written and prices what it writes (issue 36)."""
-    from grpo_tune.autotune.search.placement import search_placement
-    from grpo_tune.core.specs import load_hardware, load_model
-    from grpo_tune.core.strategy import Cluster, Workload
     from grpo_tune.costmodel.pools import AsyncKnobs, estimate_separate
     from grpo_tune.frameworks import read_plan
     from grpo_tune.rundir.emit import emit
 
-    res = search_placement(
-        load_model("qwen2.5-1.5b"),
-        load_hardware("h100"),
-        Cluster(gpus=8),
-        Workload(prompts=256, mini_batch=64),
-        placement="separate",
-        rollout_gpus=2,
-        staleness=1,
-    )
+    res = _searched(2)
     assert res.best_separate is not None
     whole = emit(res.best_separate, tmp_path / "run")["verl"]
     assert "async_training.staleness_threshold=1.0 " in whole.read_text()
